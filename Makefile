@@ -1,0 +1,90 @@
+# loom: plain GNU Makefile. Objects go to $(BUILD); `make SANITIZER=address,undefined` builds a separate tree.
+#   make            library, CLI, pkg-config file
+#   make test       build and run the test suite
+#   make install PREFIX=/usr/local
+#   make demo       install deps, build, prepare the default corpus, train with 2 processes, sample
+
+CC       ?= gcc
+ARCH     ?= -march=native
+OPT      ?= -O2
+PREFIX   ?= /usr/local
+SANITIZER ?=
+
+CPPFLAGS := -Iinclude -Isrc -D_GNU_SOURCE
+CFLAGS   := -std=c11 $(OPT) -g $(ARCH) -fopenmp -pthread -Wall -Wextra -Werror -MMD -MP
+LDLIBS   := -lopenblas -fopenmp -pthread -lm -lrt
+
+ifeq ($(SANITIZER),)
+BUILD := build
+else
+BUILD := build/san-$(subst $(comma),-,$(SANITIZER))
+CFLAGS  += -fsanitize=$(SANITIZER) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDLIBS  += -fsanitize=$(SANITIZER)
+endif
+comma := ,
+
+LIB_SRC  := $(sort $(shell find src -name '*.c'))
+CLI_SRC  := $(sort $(wildcard cli/*.c))
+TEST_SRC := $(sort $(wildcard tests/*.c))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
+
+all: $(BUILD)/libloom.a $(BUILD)/loom $(BUILD)/loom.pc
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libloom.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/loom: $(CLI_OBJ) $(BUILD)/libloom.a
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libloom.a $(LDLIBS)
+
+# Relocatable: paths are relative to the .pc file itself.
+$(BUILD)/loom.pc: Makefile
+	@mkdir -p $(BUILD)
+	@printf '%s\n' 'prefix=$${pcfiledir}/..' 'includedir=$${prefix}/include' 'libdir=$${pcfiledir}' '' \
+	  'Name: loom' 'Description: distributed training for GPT-style language models' 'Version: 0.1.0' \
+	  'Cflags: -I$${includedir} -pthread' \
+	  'Libs: $${libdir}/libloom.a -lopenblas -fopenmp -pthread -lm -lrt' > $@
+
+# The test list is generated from every TEST(name) in tests/*.c, so adding a test is one edit.
+$(BUILD)/tests/list.h: $(TEST_SRC)
+	@mkdir -p $(dir $@)
+	@grep -ho '^TEST([A-Za-z0-9_]*)' $(TEST_SRC) | sed 's/^TEST(\(.*\))/X(\1)/' > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/tests/run.o: $(BUILD)/tests/list.h
+$(BUILD)/tests/run.o: CPPFLAGS += -I$(BUILD)/tests
+
+$(BUILD)/tests/run: $(TEST_OBJ) $(BUILD)/libloom.a
+	$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libloom.a $(LDLIBS)
+
+tests: $(BUILD)/tests/run $(BUILD)/loom
+
+test: all tests
+	LOOM_BIN=$(BUILD)/loom $(BUILD)/tests/run
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/loom $(DESTDIR)$(PREFIX)/bin
+	install -m 644 $(BUILD)/libloom.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 include/loom/*.h $(DESTDIR)$(PREFIX)/include/loom/
+	install -m 755 $(BUILD)/loom $(DESTDIR)$(PREFIX)/bin/
+	@printf '%s\n' 'prefix=$${pcfiledir}/../..' 'includedir=$${prefix}/include' 'libdir=$${prefix}/lib' '' \
+	  'Name: loom' 'Description: distributed training for GPT-style language models' 'Version: 0.1.0' \
+	  'Cflags: -I$${includedir} -pthread' \
+	  'Libs: -L$${libdir} -lloom -lopenblas -fopenmp -pthread -lm -lrt' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/loom.pc
+
+DEMO_DIR ?= build/demo
+demo:
+	@scripts/deps.sh
+	@$(MAKE) --no-print-directory all
+	@scripts/demo.sh $(BUILD)/loom $(DEMO_DIR)
+
+clean:
+	rm -rf build
+
+.PHONY: all tests test install demo clean
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d)

@@ -1,0 +1,115 @@
+/* main.c: the `loom` command: dispatches to its subcommands and holds the shared flag parser. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct {
+	const char *name;
+	int (*fn)(int, char **);
+	const char *help;
+} commands[] = {
+	{"run", loom_cli_run, "launch N processes of a program as one job (torchrun's flags and environment)"},
+	{"train", loom_cli_train, "train a GPT-2 model on token shards"},
+	{"sample", loom_cli_sample, "generate text from a checkpoint"},
+	{"data", loom_cli_data, "prepare token shards from text (data prepare)"},
+	{"bench", loom_cli_bench, "benchmarks: comm (collectives), gemm (peak FLOP/s)"},
+	{"convert", loom_cli_convert, "convert checkpoints between safetensors and llm.c .bin"},
+	{"info", loom_cli_info, "print a checkpoint's config, tensors and parameter count"},
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: loom COMMAND [ARGS]\n\ncommands:\n");
+	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+		fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
+	fprintf(f, "\nloom COMMAND --help shows a command's flags.\n");
+}
+
+void cli_die(const char *cmd, const char *fmt, ...)
+{
+	va_list ap;
+	fprintf(stderr, "loom %s: ", cmd);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(2);
+}
+
+int cli_flag(int argc, char **argv, int *i, const char *name, const char **val)
+{
+	const char *a = argv[*i];
+	size_t n = strlen(name);
+	if (strncmp(a, name, n) != 0)
+		return 0;
+	if (a[n] == '=') {
+		*val = a + n + 1;
+		return 1;
+	}
+	if (a[n] != '\0')
+		return 0;
+	if (*i + 1 >= argc)
+		cli_die(argv[0], "%s needs a value", name);
+	*val = argv[++*i];
+	return 1;
+}
+
+long long cli_parse_int(const char *cmd, const char *flag, const char *s)
+{
+	char *end;
+	long long v;
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	if (errno || end == s || *end)
+		cli_die(cmd, "%s: '%s' is not an integer", flag, s);
+	return v;
+}
+
+double cli_parse_double(const char *cmd, const char *flag, const char *s)
+{
+	char *end;
+	double v;
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end)
+		cli_die(cmd, "%s: '%s' is not a number", flag, s);
+	return v;
+}
+
+size_t cli_parse_size(const char *cmd, const char *flag, const char *s)
+{
+	char *end;
+	unsigned long long v;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s || s[0] == '-')
+		cli_die(cmd, "%s: '%s' is not a size (e.g. 8, 4K, 16M, 1G)", flag, s);
+	switch (*end) {
+	case 'K': case 'k': v <<= 10, end++; break;
+	case 'M': case 'm': v <<= 20, end++; break;
+	case 'G': case 'g': v <<= 30, end++; break;
+	}
+	if (*end == 'B' || *end == 'b')
+		end++;
+	if (*end)
+		cli_die(cmd, "%s: '%s' is not a size (e.g. 8, 4K, 16M, 1G)", flag, s);
+	return (size_t)v;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+		usage(argc < 2 ? stderr : stdout);
+		return argc < 2 ? 2 : 0;
+	}
+	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+		if (strcmp(argv[1], commands[i].name) == 0)
+			return commands[i].fn(argc - 1, argv + 1);
+	fprintf(stderr, "loom: unknown command '%s'\n\n", argv[1]);
+	usage(stderr);
+	return 2;
+}

@@ -1,0 +1,115 @@
+/* loom/comm.h: collectives between the processes of a job (MPI/NCCL-like).
+ *
+ * A communicator is joined with loom_comm_init() from the environment that `loom run` (torchrun's
+ * contract), mpirun or Slurm set. Every fallible call returns LOOM_OK or a negative LOOM_E* code; the
+ * detail of the last failure on a communicator (rank, operation, sequence number, what was expected)
+ * is loom_comm_errmsg(). Blocking calls have a deadline (LOOM_TIMEOUT_S, default 300 s) and return
+ * LOOM_EPEERLOST within 2 s when a rank they wait on has died or exited.
+ *
+ * Environment, in order of precedence:
+ *   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE   (loom run / torchrun)
+ *   OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE   (mpirun)
+ *   SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID        (srun)
+ *   none of these: a job of one rank.
+ * LOOM_JOB_ID names the job's shared-memory segments (/dev/shm/loom-<LOOM_JOB_ID>*); `loom run` sets
+ * it, otherwise it is derived from the launcher's job id (or MASTER_ADDR/MASTER_PORT).
+ * LOOM_ALGO=op:algo[,op:algo...] overrides the algorithm choice; LOOM_DEBUG=1 checks every
+ * collective's signature across ranks.
+ *
+ * Thread-safety: a communicator is used by one application thread at a time; the non-blocking calls
+ * are progressed by the communicator's own thread. */
+#ifndef LOOM_COMM_H
+#define LOOM_COMM_H
+
+#include <stddef.h>
+
+#include "loom/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct loom_comm loom_comm_t;
+typedef struct loom_request loom_request_t;
+
+typedef enum {
+	LOOM_FLOAT32 = 0,
+	LOOM_BFLOAT16, /* reduced in float32, rounded to nearest even */
+	LOOM_FLOAT64,
+	LOOM_INT32,
+	LOOM_INT64,
+	LOOM_DTYPE_COUNT
+} loom_dtype_t;
+
+typedef enum {
+	LOOM_SUM = 0,
+	LOOM_AVG, /* sum / size; LOOM_EINVAL for integer dtypes */
+	LOOM_MAX,
+	LOOM_MIN,
+	LOOM_OP_COUNT
+} loom_op_t;
+
+#define LOOM_UNDEFINED (-32766) /* color for loom_comm_split: this rank joins no group */
+
+size_t loom_dtype_size(loom_dtype_t dt);      /* 0 for an invalid dtype */
+const char *loom_dtype_name(loom_dtype_t dt); /* "float32", ...; "?" when invalid */
+const char *loom_op_name(loom_op_t op);       /* "sum", ...; "?" when invalid */
+
+/* Join the job described by the environment. On failure *comm is NULL and loom_errmsg() says why. */
+int loom_comm_init(loom_comm_t **comm);
+/* Leave the job and free everything; safe on NULL. Not collective, but peers still waiting on this
+ * rank then get LOOM_EPEERLOST. */
+int loom_comm_destroy(loom_comm_t *comm);
+int loom_comm_rank(const loom_comm_t *comm);
+int loom_comm_size(const loom_comm_t *comm);
+int loom_comm_local_rank(const loom_comm_t *comm);
+/* Detail of the last failure on this communicator ("" if none). Valid until the next failing call. */
+const char *loom_comm_errmsg(const loom_comm_t *comm);
+
+/* MPI_Comm_split: collective over `comm`. Ranks with the same color form a new communicator, ordered
+ * by (key, old rank). color == LOOM_UNDEFINED gives *out = NULL. */
+int loom_comm_split(loom_comm_t *comm, int color, int key, loom_comm_t **out);
+
+/* Collectives. In place when send == recv. count is per rank for allgather/reduce_scatter
+ * (recv holds size*count elements for allgather, send holds size*count for reduce_scatter). */
+int loom_allreduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op);
+int loom_reduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op,
+                int root);
+int loom_broadcast(loom_comm_t *c, void *buf, size_t count, loom_dtype_t dt, int root);
+int loom_allgather(loom_comm_t *c, const void *send, void *recv, size_t count_per_rank, loom_dtype_t dt);
+int loom_reduce_scatter(loom_comm_t *c, const void *send, void *recv, size_t count_per_rank, loom_dtype_t dt,
+                        loom_op_t op);
+int loom_barrier(loom_comm_t *c);
+
+/* Point to point. Messages between a pair arrive in order; a recv whose tag or size differs from
+ * the next message's is LOOM_EMISMATCH. */
+int loom_send(loom_comm_t *c, const void *buf, size_t count, loom_dtype_t dt, int peer, int tag);
+int loom_recv(loom_comm_t *c, void *buf, size_t count, loom_dtype_t dt, int peer, int tag);
+
+/* Non-blocking collectives: queued and run in issue order by the communicator's progress thread.
+ * Buffers must stay untouched until loom_wait returns or loom_test reports done. Several may be in
+ * flight; they may be completed in any order. A blocking call first waits for queued ones. */
+int loom_iallreduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op,
+                    loom_request_t **req);
+int loom_ireduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op,
+                 int root, loom_request_t **req);
+int loom_ibroadcast(loom_comm_t *c, void *buf, size_t count, loom_dtype_t dt, int root, loom_request_t **req);
+int loom_iallgather(loom_comm_t *c, const void *send, void *recv, size_t count_per_rank, loom_dtype_t dt,
+                    loom_request_t **req);
+int loom_ireduce_scatter(loom_comm_t *c, const void *send, void *recv, size_t count_per_rank, loom_dtype_t dt,
+                         loom_op_t op, loom_request_t **req);
+int loom_ibarrier(loom_comm_t *c, loom_request_t **req);
+/* Wait for completion, free the request, return the operation's result. */
+int loom_wait(loom_request_t *req);
+/* *done = 1 when complete (the request is then freed and the result returned), else 0 and LOOM_OK. */
+int loom_test(loom_request_t *req, int *done);
+
+/* Memory in the job's shared segment: collectives on it are single-copy (zero-copy staging).
+ * NULL when the segment is exhausted (size: LOOM_SHM_MB, default 1024 MiB of address space per rank). */
+void *loom_comm_alloc(loom_comm_t *c, size_t bytes);
+void loom_comm_free(loom_comm_t *c, void *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

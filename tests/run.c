@@ -1,0 +1,332 @@
+/* run.c: the test runner. `run` runs every test, each in a forked child under a timeout;
+ * `run NAME...` runs the named ones (in-process when a single name is given, for gdb; --fork to
+ * keep the child). Last line: "N passed, N failed". Also the multi-rank harness from test.h. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "test.h"
+
+#define X(name) int test_##name(void);
+#include "list.h"
+#undef X
+
+static const struct {
+	const char *name;
+	int (*fn)(void);
+} tests[] = {
+#define X(name) {#name, test_##name},
+#include "list.h"
+#undef X
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static double timeout_scale(void)
+{
+	const char *s = getenv("LOOM_TEST_TIMEOUT_SCALE");
+	double v = s ? atof(s) : 1.0;
+	return v > 0 ? v : 1.0;
+}
+
+static void describe_status(int st, char *buf, size_t cap)
+{
+	if (WIFEXITED(st))
+		snprintf(buf, cap, "exit code %d", WEXITSTATUS(st));
+	else if (WIFSIGNALED(st))
+		snprintf(buf, cap, "signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+	else
+		snprintf(buf, cap, "status %d", st);
+}
+
+/* ---- multi-rank harness ---- */
+
+static char last_job[64];
+static unsigned job_counter;
+
+const char *test_last_job_id(void)
+{
+	return last_job;
+}
+
+const char *test_loom_bin(void)
+{
+	const char *b = getenv("LOOM_BIN");
+	return b && *b ? b : "build/loom";
+}
+
+static int leftover_segments(const char *job)
+{
+	char prefix[96];
+	int n = 0;
+	DIR *d = opendir("/dev/shm");
+	struct dirent *e;
+	snprintf(prefix, sizeof prefix, "loom-%s", job);
+	if (!d)
+		return 0;
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
+			fprintf(stderr, "  shared-memory segment left behind: /dev/shm/%s\n", e->d_name);
+			n++;
+		}
+	}
+	closedir(d);
+	return n;
+}
+
+int test_spawn(int nranks, test_rank_fn fn, void *arg, double timeout_s, const char *const *env)
+{
+	pid_t pids[256];
+	int status[256], done[256], failed = 0, remaining = nranks;
+	double deadline;
+	if (nranks < 1 || nranks > 256)
+		return 1;
+	snprintf(last_job, sizeof last_job, "t%d-%u", (int)getpid(), ++job_counter);
+	fflush(NULL);
+	for (int r = 0; r < nranks; r++) {
+		pid_t p = fork();
+		if (p < 0) {
+			perror("fork");
+			for (int k = 0; k < r; k++)
+				kill(pids[k], SIGKILL);
+			return 1;
+		}
+		if (p == 0) {
+			char v[32];
+			snprintf(v, sizeof v, "%d", r), setenv("RANK", v, 1), setenv("LOCAL_RANK", v, 1);
+			snprintf(v, sizeof v, "%d", nranks), setenv("WORLD_SIZE", v, 1), setenv("LOCAL_WORLD_SIZE", v, 1);
+			setenv("LOOM_JOB_ID", last_job, 1);
+			setenv("MASTER_ADDR", "127.0.0.1", 1);
+			setenv("MASTER_PORT", "29500", 1);
+			for (int k = 0; env && env[k]; k++)
+				putenv((char *)env[k]);
+			int rc = fn(r, nranks, arg);
+			fflush(NULL);
+			exit(rc == 0 ? 0 : 1);
+		}
+		pids[r] = p;
+		done[r] = 0;
+	}
+	deadline = now_s() + timeout_s * timeout_scale();
+	while (remaining > 0) {
+		int st;
+		pid_t p = waitpid(-1, &st, WNOHANG);
+		if (p > 0) {
+			for (int r = 0; r < nranks; r++) {
+				if (pids[r] == p && !done[r]) {
+					done[r] = 1, status[r] = st, remaining--;
+				}
+			}
+			continue;
+		}
+		if (p < 0 && errno != EINTR && errno != ECHILD)
+			break;
+		if (now_s() > deadline) {
+			fprintf(stderr, "  multi-rank test timed out after %.0f s; ranks still running:", timeout_s * timeout_scale());
+			for (int r = 0; r < nranks; r++)
+				if (!done[r])
+					fprintf(stderr, " %d", r);
+			fputc('\n', stderr);
+			for (int r = 0; r < nranks; r++)
+				if (!done[r])
+					kill(pids[r], SIGKILL);
+			for (int r = 0; r < nranks; r++)
+				if (!done[r])
+					waitpid(pids[r], &status[r], 0), done[r] = 1;
+			failed = 1;
+			remaining = 0;
+			break;
+		}
+		usleep(2000);
+	}
+	for (int r = 0; r < nranks; r++) {
+		if (!(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0)) {
+			char d[96];
+			describe_status(status[r], d, sizeof d);
+			fprintf(stderr, "  rank %d of %d failed: %s\n", r, nranks, d);
+			failed = 1;
+		}
+	}
+	if (leftover_segments(last_job))
+		failed = 1;
+	return failed;
+}
+
+int test_run_cmd(const char *cmd, char *out, size_t cap, double timeout_s)
+{
+	int fds[2], st = 0;
+	size_t len = 0;
+	pid_t p;
+	double deadline;
+	if (pipe(fds) != 0)
+		return -1;
+	fflush(NULL);
+	p = fork();
+	if (p < 0)
+		return -1;
+	if (p == 0) {
+		setpgid(0, 0);
+		dup2(fds[1], 1), dup2(fds[1], 2);
+		close(fds[0]), close(fds[1]);
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	close(fds[1]);
+	fcntl(fds[0], F_SETFL, O_NONBLOCK);
+	deadline = now_s() + timeout_s * timeout_scale();
+	for (;;) {
+		char tmp[4096];
+		ssize_t n = read(fds[0], tmp, sizeof tmp);
+		if (n > 0) {
+			size_t k = (size_t)n;
+			if (out && len + 1 < cap) {
+				if (k > cap - 1 - len)
+					k = cap - 1 - len;
+				memcpy(out + len, tmp, k);
+				len += k;
+			}
+			continue;
+		}
+		if (n == 0)
+			break;
+		if (now_s() > deadline) {
+			kill(-p, SIGKILL);
+			waitpid(p, &st, 0);
+			close(fds[0]);
+			if (out && cap)
+				out[len] = '\0';
+			return -1;
+		}
+		usleep(2000);
+	}
+	close(fds[0]);
+	waitpid(p, &st, 0);
+	if (out && cap)
+		out[len] = '\0';
+	if (WIFEXITED(st))
+		return WEXITSTATUS(st);
+	return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
+}
+
+int test_mkdtemp(char *path, size_t cap)
+{
+	const char *t = getenv("TMPDIR");
+	snprintf(path, cap, "%s/loomtest-XXXXXX", t && *t ? t : "/tmp");
+	return mkdtemp(path) ? 0 : 1;
+}
+
+void test_rmdir(const char *path)
+{
+	char cmd[4200];
+	if (!path || !*path || strcmp(path, "/") == 0)
+		return;
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+	if (system(cmd) != 0)
+		fprintf(stderr, "  could not remove %s\n", path);
+}
+
+/* ---- runner ---- */
+
+static int run_forked(int i, double timeout_s)
+{
+	int st;
+	pid_t p;
+	double deadline = now_s() + timeout_s;
+	fflush(NULL);
+	p = fork();
+	if (p == 0) {
+		setpgid(0, 0);
+		int rc = tests[i].fn();
+		fflush(NULL);
+		exit(rc == 0 ? 0 : 1);
+	}
+	if (p < 0) {
+		perror("fork");
+		return 1;
+	}
+	for (;;) {
+		pid_t w = waitpid(p, &st, WNOHANG);
+		if (w == p)
+			break;
+		if (now_s() > deadline) {
+			fprintf(stderr, "  test %s timed out after %.0f s\n", tests[i].name, timeout_s);
+			kill(-p, SIGKILL);
+			kill(p, SIGKILL);
+			waitpid(p, &st, 0);
+			return 1;
+		}
+		usleep(5000);
+	}
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+		return 0;
+	if (!(WIFEXITED(st) && WEXITSTATUS(st) == 1)) {
+		char d[96];
+		describe_status(st, d, sizeof d);
+		fprintf(stderr, "  test %s died: %s\n", tests[i].name, d);
+	}
+	return 1;
+}
+
+int main(int argc, char **argv)
+{
+	int n = (int)(sizeof tests / sizeof tests[0]), passed = 0, failed = 0, fork_mode = 1, nnames = 0, list = 0;
+	const char *names[512];
+	double timeout_s = 600 * timeout_scale();
+	for (int a = 1; a < argc; a++) {
+		if (strcmp(argv[a], "--list") == 0)
+			list = 1;
+		else if (strcmp(argv[a], "--fork") == 0)
+			fork_mode = 2;
+		else if (nnames < 512)
+			names[nnames++] = argv[a];
+	}
+	if (list) {
+		for (int i = 0; i < n; i++)
+			printf("%s\n", tests[i].name);
+		return 0;
+	}
+	if (nnames == 1 && fork_mode != 2)
+		fork_mode = 0;
+	for (int k = 0; k < nnames; k++) {
+		int found = 0;
+		for (int i = 0; i < n; i++)
+			found |= strcmp(tests[i].name, names[k]) == 0;
+		if (!found) {
+			fprintf(stderr, "no test named '%s' (run --list)\n", names[k]);
+			failed++;
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		int sel = nnames == 0, rc;
+		double t0;
+		for (int k = 0; k < nnames; k++)
+			sel |= strcmp(tests[i].name, names[k]) == 0;
+		if (!sel)
+			continue;
+		printf("[ RUN  ] %s\n", tests[i].name);
+		fflush(stdout);
+		t0 = now_s();
+		rc = fork_mode ? run_forked(i, timeout_s) : tests[i].fn();
+		printf("[ %s ] %s (%.2f s)\n", rc == 0 ? " OK " : "FAIL", tests[i].name, now_s() - t0);
+		fflush(stdout);
+		if (rc == 0)
+			passed++;
+		else
+			failed++;
+	}
+	printf("%d passed, %d failed\n", passed, failed);
+	return failed ? 1 : 0;
+}

@@ -1,0 +1,124 @@
+/* test.h: loom's test macros and multi-rank harness.
+ *
+ * A test is `TEST(name) { ...; return 0; }` in any file under tests/; the Makefile collects every
+ * TEST(...) at the start of a line into the runner's list. CHECK* macros print both sides of a failed
+ * comparison with file and line and return 1 from the enclosing function, so helpers return int too. */
+#ifndef LOOM_TEST_H
+#define LOOM_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "loom/error.h"
+
+#define TEST(name) int test_##name(void)
+
+#define TEST_FAIL_(...)                                                                          \
+	do {                                                                                         \
+		fprintf(stderr, "  %s:%d: ", __FILE__, __LINE__);                                        \
+		fprintf(stderr, __VA_ARGS__);                                                            \
+		fputc('\n', stderr);                                                                     \
+		return 1;                                                                                \
+	} while (0)
+
+#define CHECK(cond)                                                                              \
+	do {                                                                                         \
+		if (!(cond))                                                                             \
+			TEST_FAIL_("CHECK(%s) failed", #cond);                                               \
+	} while (0)
+
+#define CHECK_MSG(cond, ...)                                                                     \
+	do {                                                                                         \
+		if (!(cond)) {                                                                           \
+			fprintf(stderr, "  %s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);           \
+			fprintf(stderr, __VA_ARGS__);                                                        \
+			fputc('\n', stderr);                                                                 \
+			return 1;                                                                            \
+		}                                                                                        \
+	} while (0)
+
+#define CHECK_EQ(a, b)                                                                           \
+	do {                                                                                         \
+		long long a_ = (long long)(a), b_ = (long long)(b);                                      \
+		if (a_ != b_)                                                                            \
+			TEST_FAIL_("CHECK_EQ(%s, %s): %lld != %lld", #a, #b, a_, b_);                        \
+	} while (0)
+
+/* Exact floating-point equality (bit patterns of NaN aside). */
+#define CHECK_FEQ(a, b)                                                                          \
+	do {                                                                                         \
+		double a_ = (double)(a), b_ = (double)(b);                                               \
+		if (!(a_ == b_))                                                                         \
+			TEST_FAIL_("CHECK_FEQ(%s, %s): %.17g != %.17g", #a, #b, a_, b_);                     \
+	} while (0)
+
+/* |a - b| <= tol */
+#define CHECK_NEAR(a, b, tol)                                                                    \
+	do {                                                                                         \
+		double a_ = (double)(a), b_ = (double)(b), t_ = (double)(tol);                           \
+		if (!(fabs(a_ - b_) <= t_))                                                              \
+			TEST_FAIL_("CHECK_NEAR(%s, %s, %s): %.9g vs %.9g (diff %.3g > %.3g)", #a, #b, #tol, a_, \
+			           b_, fabs(a_ - b_), t_);                                                   \
+	} while (0)
+
+#define CHECK_STREQ(a, b)                                                                        \
+	do {                                                                                         \
+		const char *a_ = (a), *b_ = (b);                                                         \
+		if (strcmp(a_, b_) != 0)                                                                 \
+			TEST_FAIL_("CHECK_STREQ(%s, %s): \"%s\" != \"%s\"", #a, #b, a_, b_);                 \
+	} while (0)
+
+/* `needle` occurs in `hay`. */
+#define CHECK_CONTAINS(hay, needle)                                                              \
+	do {                                                                                         \
+		const char *h_ = (hay), *n_ = (needle);                                                  \
+		if (!strstr(h_, n_))                                                                     \
+			TEST_FAIL_("CHECK_CONTAINS(%s, %s): \"%s\" not found in \"%s\"", #hay, #needle, n_, h_); \
+	} while (0)
+
+/* A loom call returns LOOM_OK; otherwise print its code and detail. */
+#define CHECK_OK(expr)                                                                           \
+	do {                                                                                         \
+		int rc_ = (expr);                                                                        \
+		if (rc_ != LOOM_OK)                                                                      \
+			TEST_FAIL_("%s returned %d (%s): %s", #expr, rc_, loom_strerror(rc_), loom_errmsg()); \
+	} while (0)
+
+/* A loom call fails with exactly `code`. */
+#define CHECK_ERR(expr, code)                                                                    \
+	do {                                                                                         \
+		int rc_ = (expr);                                                                        \
+		if (rc_ != (code))                                                                       \
+			TEST_FAIL_("%s returned %d (%s), expected %d (%s)", #expr, rc_, loom_strerror(rc_),   \
+			           (int)(code), loom_strerror(code));                                        \
+	} while (0)
+
+/* ---- multi-rank harness ------------------------------------------------------------------ */
+
+/* Body of one rank: return 0 on success. */
+typedef int (*test_rank_fn)(int rank, int nranks, void *arg);
+
+/* Fork `nranks` processes that form one job (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and a
+ * fresh LOOM_JOB_ID in their environment), run fn in each, and wait at most timeout_s seconds
+ * (scaled by LOOM_TEST_TIMEOUT_SCALE, e.g. under sanitizers). On timeout every rank is killed.
+ * Returns 0 when every rank exited 0 and no /dev/shm/loom-<job>* segment was left behind; otherwise
+ * prints which ranks failed and how, and returns 1. Extra environment for the ranks can be given
+ * as "NAME=VALUE" strings in env (NULL-terminated, or NULL). */
+int test_spawn(int nranks, test_rank_fn fn, void *arg, double timeout_s, const char *const *env);
+
+/* Job id used by the most recent test_spawn (for tests that look for leftovers themselves). */
+const char *test_last_job_id(void);
+
+/* Path of the loom binary under test (LOOM_BIN, default build/loom). */
+const char *test_loom_bin(void);
+
+/* Run a shell command, capture up to cap-1 bytes of its combined stdout+stderr into out, wait at
+ * most timeout_s; returns the exit status (128+signal when killed, -1 on timeout). */
+int test_run_cmd(const char *cmd, char *out, size_t cap, double timeout_s);
+
+/* A fresh empty temporary directory (under $TMPDIR or /tmp), removed by test_rmdir. */
+int test_mkdtemp(char *path, size_t cap);
+void test_rmdir(const char *path);
+
+#endif
