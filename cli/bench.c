@@ -1,11 +1,18 @@
-/* bench.c: `loom bench` (being built; see the open issues). */
+/* bench.c: `loom bench comm|gemm`: dispatches to the benchmark subcommands. */
 #include <stdio.h>
+#include <string.h>
 
 #include "cli.h"
 
+int loom_cli_bench_comm(int argc, char **argv);
+int loom_cli_bench_gemm(int argc, char **argv);
+
 int loom_cli_bench(int argc, char **argv)
 {
-	(void)argc, (void)argv;
-	fprintf(stderr, "loom bench: not implemented yet\n");
+	if (argc >= 2 && strcmp(argv[1], "comm") == 0)
+		return loom_cli_bench_comm(argc - 1, argv + 1);
+	if (argc >= 2 && strcmp(argv[1], "gemm") == 0)
+		return loom_cli_bench_gemm(argc - 1, argv + 1);
+	fprintf(stderr, "usage: loom bench comm|gemm [FLAGS]   (loom bench comm --help)\n");
 	return 2;
 }

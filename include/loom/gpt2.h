@@ -57,6 +57,57 @@ size_t loom_gpt2_num_params(const loom_gpt2_config_t *cfg);
  * + 12 x L x C x T, with T the sequence length actually trained on. */
 double loom_gpt2_flops_per_token(const loom_gpt2_config_t *cfg, int T);
 
+/* ---- the model ------------------------------------------------------------------------------- */
+
+typedef struct loom_gpt2 loom_gpt2_t;
+
+/* Create a model for micro-batches of up to B x T tokens (T <= cfg->seq_len). Parameters, gradients
+ * and every activation buffer are allocated here, once; training steps allocate nothing. Parameters
+ * start at zero: call loom_gpt2_init or copy weights into loom_gpt2_params. */
+int loom_gpt2_create(loom_gpt2_t **m, const loom_gpt2_config_t *cfg, int B, int T);
+void loom_gpt2_destroy(loom_gpt2_t *m); /* safe on NULL */
+const loom_gpt2_config_t *loom_gpt2_config(const loom_gpt2_t *m);
+float *loom_gpt2_params(loom_gpt2_t *m); /* loom_gpt2_num_params floats, layout above */
+float *loom_gpt2_grads(loom_gpt2_t *m);  /* same layout */
+/* Use caller-owned memory (num_params floats, e.g. from loom_comm_alloc) for the gradients from now
+ * on; its contents are kept as they are. The caller keeps ownership. */
+int loom_gpt2_set_grad_buffer(loom_gpt2_t *m, float *grads);
+
+/* GPT-2 initialization, reproducible from seed: weights normal(0, 0.02), the residual projections
+ * (attn.c_proj.weight, mlp.c_proj.weight) normal(0, 0.02/sqrt(2L)), biases 0, LayerNorm weight 1. */
+void loom_gpt2_init(loom_gpt2_t *m, uint64_t seed);
+
+/* Forward pass over inputs (B,T) token ids with B, T within the sizes given at create. With targets
+ * (B,T), *loss is the mean cross-entropy over all B*T positions. Without targets (NULL), only the
+ * logits of the last position of each row are computed (loom_gpt2_logits). LOOM_EINVAL (with
+ * loom_errmsg) for a token id outside [0, V) or sizes beyond those of create. */
+int loom_gpt2_forward(loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T, float *loss);
+/* Logits (B, V) of the last position of each row after a forward without targets. */
+const float *loom_gpt2_logits(const loom_gpt2_t *m);
+
+void loom_gpt2_zero_grad(loom_gpt2_t *m);
+/* Training micro-step: forward with targets, then backward of (loss * grad_scale); gradients
+ * accumulate (+=) into the gradient buffer, so grad_scale = 1/accum gives gradient accumulation.
+ * *loss is the unscaled mean loss. When a grad-ready callback is set, it is called once per tensor,
+ * in reverse tensor order, as soon as that tensor's gradient for this micro-step is final. */
+int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
+                               float grad_scale, float *loss);
+typedef void (*loom_grad_ready_fn)(void *ctx, int tensor_index);
+void loom_gpt2_on_grad_ready(loom_gpt2_t *m, loom_grad_ready_fn fn, void *ctx);
+
+/* Autoregressive generation with a KV cache: feeds prompt (n_prompt >= 1 tokens), then samples up to
+ * max_new tokens (temperature 0: greedy; top_k 0: whole vocabulary), stopping early after
+ * stop_token (>= 0) or when the context reaches cfg.seq_len. Generated tokens go to out (capacity
+ * max_new), their number to *n_out, and each one to on_token (may be NULL) as soon as it exists. */
+int loom_gpt2_generate(loom_gpt2_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
+                       uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
+                       void *ctx);
+
+/* Per-kernel timing: when enabled, every forward/backward adds its kernels' wall time; the report
+ * prints milliseconds per call of each kernel and its share, then resets the counters. */
+void loom_gpt2_profile(loom_gpt2_t *m, int enable);
+void loom_gpt2_profile_report(loom_gpt2_t *m, void *file /* FILE* */, int steps);
+
 #ifdef __cplusplus
 }
 #endif
