@@ -29,6 +29,9 @@ TEST_SRC := $(sort $(wildcard tests/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
+# Helper programs that tests launch as ranks (each tests/progs/NAME.c becomes $(BUILD)/tests/NAME).
+PROG_SRC := $(sort $(wildcard tests/progs/*.c))
+PROG_BIN := $(PROG_SRC:tests/progs/%.c=$(BUILD)/tests/%)
 
 all: $(BUILD)/libloom.a $(BUILD)/loom $(BUILD)/loom.pc
 
@@ -62,10 +65,13 @@ $(BUILD)/tests/run.o: CPPFLAGS += -I$(BUILD)/tests
 $(BUILD)/tests/run: $(TEST_OBJ) $(BUILD)/libloom.a
 	$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libloom.a $(LDLIBS)
 
-tests: $(BUILD)/tests/run $(BUILD)/loom
+$(BUILD)/tests/%: $(BUILD)/tests/progs/%.o $(BUILD)/libloom.a
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libloom.a $(LDLIBS)
+
+tests: $(BUILD)/tests/run $(BUILD)/loom $(PROG_BIN)
 
 test: all tests
-	LOOM_BIN=$(BUILD)/loom $(BUILD)/tests/run
+	LOOM_BIN=$(BUILD)/loom LOOM_TEST_BIN=$(BUILD)/tests $(BUILD)/tests/run
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/loom $(DESTDIR)$(PREFIX)/bin
@@ -87,4 +93,4 @@ clean:
 	rm -rf build
 
 .PHONY: all tests test install demo clean
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(PROG_SRC:%.c=$(BUILD)/%.d)

@@ -68,6 +68,12 @@ const char *test_loom_bin(void)
 	return b && *b ? b : "build/loom";
 }
 
+const char *test_prog_dir(void)
+{
+	const char *b = getenv("LOOM_TEST_BIN");
+	return b && *b ? b : "build/tests";
+}
+
 static int leftover_segments(const char *job)
 {
 	char prefix[96];

@@ -113,6 +113,9 @@ const char *test_last_job_id(void);
 /* Path of the loom binary under test (LOOM_BIN, default build/loom). */
 const char *test_loom_bin(void);
 
+/* Directory of the helper programs built from tests/progs/ (LOOM_TEST_BIN, default build/tests). */
+const char *test_prog_dir(void);
+
 /* Run a shell command, capture up to cap-1 bytes of its combined stdout+stderr into out, wait at
  * most timeout_s; returns the exit status (128+signal when killed, -1 on timeout). */
 int test_run_cmd(const char *cmd, char *out, size_t cap, double timeout_s);
