@@ -14,14 +14,18 @@ CPPFLAGS := -Iinclude -Isrc -D_GNU_SOURCE
 CFLAGS   := -std=c11 $(OPT) -g $(ARCH) -fopenmp -pthread -Wall -Wextra -Werror -MMD -MP
 LDLIBS   := -lopenblas -fopenmp -pthread -lm -lrt
 
+comma := ,
 ifeq ($(SANITIZER),)
 BUILD := build
+SANLIBS :=
 else
 BUILD := build/san-$(subst $(comma),-,$(SANITIZER))
 CFLAGS  += -fsanitize=$(SANITIZER) -fno-omit-frame-pointer -fno-sanitize-recover=all
-LDLIBS  += -fsanitize=$(SANITIZER)
+SANLIBS := -fsanitize=$(SANITIZER)
+LDLIBS  += $(SANLIBS)
 endif
-comma := ,
+# From $(BUILD) back to the source tree ("..", "../.."), for the relocatable loom.pc.
+TOPREL := $(subst $(eval) ,/,$(foreach d,$(subst /, ,$(BUILD)),..))
 
 LIB_SRC  := $(sort $(shell find src -name '*.c'))
 CLI_SRC  := $(sort $(wildcard cli/*.c))
@@ -49,10 +53,10 @@ $(BUILD)/loom: $(CLI_OBJ) $(BUILD)/libloom.a
 # Relocatable: paths are relative to the .pc file itself.
 $(BUILD)/loom.pc: Makefile
 	@mkdir -p $(BUILD)
-	@printf '%s\n' 'prefix=$${pcfiledir}/..' 'includedir=$${prefix}/include' 'libdir=$${pcfiledir}' '' \
+	@printf '%s\n' 'prefix=$${pcfiledir}/$(TOPREL)' 'includedir=$${prefix}/include' 'libdir=$${pcfiledir}' '' \
 	  'Name: loom' 'Description: distributed training for GPT-style language models' 'Version: 0.1.0' \
 	  'Cflags: -I$${includedir} -pthread' \
-	  'Libs: $${libdir}/libloom.a -lopenblas -fopenmp -pthread -lm -lrt' > $@
+	  'Libs: $${libdir}/libloom.a -lopenblas -fopenmp -pthread -lm -lrt $(SANLIBS)' > $@
 
 # The test list is generated from every TEST(name) in tests/*.c, so adding a test is one edit.
 $(BUILD)/tests/list.h: $(TEST_SRC)

@@ -104,6 +104,16 @@ int loom_wait(loom_request_t *req);
 /* *done = 1 when complete (the request is then freed and the result returned), else 0 and LOOM_OK. */
 int loom_test(loom_request_t *req, int *done);
 
+/* Counters of a communicator, cumulative since init: collectives completed (blocking and
+ * non-blocking, barriers included), their payload bytes on this rank (count x dtype size; per rank
+ * count for allgather/reduce_scatter), and the wall time spent running them on any thread. */
+typedef struct {
+	unsigned long long collectives;
+	unsigned long long bytes;
+	double busy_s;
+} loom_comm_stats_t;
+void loom_comm_stats(const loom_comm_t *c, loom_comm_stats_t *st);
+
 /* Memory in the job's shared segment: collectives on it are single-copy (zero-copy staging).
  * NULL when the segment is exhausted (size: LOOM_SHM_MB, default 1024 MiB of address space per rank). */
 void *loom_comm_alloc(loom_comm_t *c, size_t bytes);

@@ -5,5 +5,6 @@
 #include "loom/error.h"
 #include "loom/comm.h"
 #include "loom/gpt2.h"
+#include "loom/ddp.h"
 
 #endif

@@ -1,0 +1,66 @@
+/* loom/ddp.h: data-parallel gradient averaging for a GPT-2 model (PyTorch DDP's reducer).
+ *
+ * Gradients move into the communicator's shared memory (so the all-reduce is single-copy) and are
+ * grouped into buckets of consecutive tensors, filled in reverse tensor order as backward produces
+ * them; the first bucket is small (about 1 MiB) so communication starts early. Each bucket's
+ * all-reduce (average) starts, non-blocking, as soon as its last gradient is final, and overlaps the
+ * rest of backward; loom_ddp_wait() waits for all of them before the optimizer step. On accumulation
+ * micro-steps before the last, nothing is communicated (loom_ddp_set_sync(d, 0): PyTorch's no_sync).
+ *
+ * Not thread-safe: one training thread drives a loom_ddp_t. Destroy the model before (or stop using
+ * it after) destroying its loom_ddp_t, since the model's gradients live in the DDP's memory. */
+#ifndef LOOM_DDP_H
+#define LOOM_DDP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/comm.h"
+#include "loom/gpt2.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct loom_ddp loom_ddp_t;
+
+typedef struct {
+	double comm_ms;         /* time the step's all-reduces ran (on the progress thread) */
+	double exposed_comm_ms; /* time the training thread waited for them (not hidden by backward) */
+	int buckets;            /* all-reduces issued this step */
+} loom_ddp_stats_t;
+
+/* bucket_mb: bucket size in MiB (PyTorch's default 25); first_bucket_mb: the first (last layers)
+ * bucket's size (PyTorch's 1). Registers the model's grad-ready callback and moves its gradients
+ * (keeping their values) into shared memory when possible. */
+int loom_ddp_create(loom_ddp_t **d, loom_comm_t *comm, loom_gpt2_t *model, double bucket_mb, double first_bucket_mb);
+void loom_ddp_destroy(loom_ddp_t *d); /* safe on NULL */
+
+/* 1 (default): the next micro-step's gradients are averaged across ranks as they are produced.
+ * 0: accumulate locally, communicate nothing (micro-steps before the last of an accumulation). */
+void loom_ddp_set_sync(loom_ddp_t *d, int sync);
+
+/* Wait for every bucket all-reduce of this micro-step; fills *st (may be NULL). An error when a
+ * bucket was never started (a gradient was not reported) or an all-reduce failed. */
+int loom_ddp_wait(loom_ddp_t *d, loom_ddp_stats_t *st);
+
+/* Broadcast the parameters from rank 0, then verify on every rank that its copy matches rank 0's
+ * checksum; LOOM_EMISMATCH naming the ranks that differ. */
+int loom_ddp_broadcast_params(loom_ddp_t *d);
+/* Compare parameter checksums across ranks; LOOM_EMISMATCH naming the ranks whose copy differs. */
+int loom_ddp_check_replicas(loom_ddp_t *d);
+
+/* Checksum of n floats (64-bit, order-sensitive, bit-exact). */
+uint64_t loom_checksum_f32(const float *x, size_t n);
+
+/* The buckets: bucket b covers gradient floats [*offset, *offset + *count) (tensors in reverse order:
+ * bucket 0 holds the last tensors). Returns the number of buckets; with b out of range, nothing is
+ * written. */
+int loom_ddp_bucket(const loom_ddp_t *d, int b, size_t *offset, size_t *count);
+/* 1 when the gradients live in shared memory (single-copy all-reduce). */
+int loom_ddp_zero_copy(const loom_ddp_t *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,82 @@
+/* loom/optim.h: AdamW with PyTorch's exact semantics, gradient-norm clipping, learning-rate schedules.
+ *
+ * AdamW (torch.optim.AdamW, torch 1.13, non-fused, amsgrad off), for step t = 1, 2, ...:
+ *   p <- p * (1 - lr*wd)                      (decoupled weight decay, only where decay = 1)
+ *   m <- beta1*m + (1-beta1)*g ;  v <- beta2*v + (1-beta2)*g*g
+ *   p <- p - (lr / (1-beta1^t)) * m / (sqrt(v) / sqrt(1-beta2^t) + eps)
+ * One fused pass over all parameters (OpenMP), reading each of p, g, m, v once. The optimizer covers
+ * a flat buffer of n floats described by segments (offset, numel, decay); for GPT-2 the segments are
+ * the model's tensor table (decay on the 2-D weights, not on biases and LayerNorm parameters).
+ *
+ * Clipping follows torch.nn.utils.clip_grad_norm_: the total L2 norm over all gradients (here
+ * accumulated in double), scale = max_norm / (norm + 1e-6), applied when it is < 1. The trainer fuses
+ * the scale into the AdamW pass (grad_scale argument), which gives the same numbers as scaling the
+ * gradients first because the scaled gradient fl(g*scale) is formed once and used everywhere. */
+#ifndef LOOM_OPTIM_H
+#define LOOM_OPTIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/error.h"
+#include "loom/gpt2.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+	float beta1;        /* default 0.9 */
+	float beta2;        /* default 0.95 (GPT-2 / nanoGPT); torch's own default is 0.999 */
+	float eps;          /* default 1e-8 */
+	float weight_decay; /* default 0.1 */
+} loom_adamw_config_t;
+
+/* The defaults above. */
+loom_adamw_config_t loom_adamw_defaults(void);
+
+typedef struct {
+	size_t offset, numel; /* in floats, within the optimizer's buffer */
+	int decay;            /* 1: weight decay applies */
+} loom_optim_segment_t;
+
+typedef struct {
+	loom_adamw_config_t cfg;
+	size_t n;                       /* floats covered */
+	float *m, *v;                   /* first and second moments, n floats each (owned) */
+	long long step;                 /* optimizer steps taken so far (t of the last update) */
+	int nseg;
+	loom_optim_segment_t *segs;     /* owned copy, sorted by offset */
+} loom_adamw_t;
+
+/* Initialize for a buffer of n floats; segments (nseg of them) must tile [0, n) without overlap (any
+ * order). m, v start at zero and step at 0. Returns LOOM_OK, LOOM_EINVAL (bad config: beta outside
+ * [0,1), eps < 0, wd < 0, or segments that do not tile) or LOOM_ENOMEM. Free with loom_adamw_free. */
+int loom_adamw_init(loom_adamw_t *o, const loom_adamw_config_t *cfg, size_t n, const loom_optim_segment_t *segs,
+                    int nseg);
+/* The same for a GPT-2 parameter buffer: one segment per tensor of the model's table. */
+int loom_adamw_init_gpt2(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_gpt2_config_t *model);
+void loom_adamw_free(loom_adamw_t *o); /* safe on a zeroed or freed struct */
+
+/* One AdamW update of params (n floats) with gradient grads * grad_scale (grad_scale = 1 for none,
+ * or the clipping scale), learning rate lr. Increments o->step. grads are not modified. Uses the
+ * OpenMP threads of the caller's team size. Returns LOOM_OK, or LOOM_EINVAL for lr < 0 / non-finite. */
+int loom_adamw_step(loom_adamw_t *o, float *params, const float *grads, float lr, float grad_scale);
+
+/* Reference (scalar, one thread, plain loop) version of loom_adamw_step; the tests compare them. */
+int loom_adamw_step_ref(loom_adamw_t *o, float *params, const float *grads, float lr, float grad_scale);
+
+/* ---- clipping ---------------------------------------------------------------------------------- */
+
+/* L2 norm of g (n floats), accumulated in double (OpenMP). */
+double loom_grad_norm(const float *g, size_t n);
+/* torch.nn.utils.clip_grad_norm_'s factor: max_norm / (norm + 1e-6) when that is < 1, else 1.
+ * max_norm <= 0 disables clipping (returns 1). */
+float loom_clip_scale(double norm, double max_norm);
+/* Scale g in place as clip_grad_norm_ does; returns the norm before clipping. */
+double loom_clip_grad_norm(float *g, size_t n, double max_norm);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

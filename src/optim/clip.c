@@ -1,0 +1,49 @@
+/* clip.c: global gradient-norm clipping with torch.nn.utils.clip_grad_norm_ semantics.
+ *
+ * The norm is the L2 norm over every gradient, accumulated in double (64 fixed chunks summed in
+ * order, so the result does not depend on the thread count). The scale is max_norm / (norm + 1e-6),
+ * applied only when it is < 1. */
+#include <math.h>
+
+#include "core/util.h"
+#include "loom/optim.h"
+
+double loom_grad_norm(const float *g, size_t n)
+{
+	/* A fixed number of chunks, whatever the thread count, summed in chunk order: the norm is the
+	 * same bits with 1 or N threads. */
+	enum { NCHUNK = 64 };
+	double part[NCHUNK], total = 0.0;
+	size_t chunk = (n + NCHUNK - 1) / NCHUNK;
+#pragma omp parallel for schedule(static)
+	for (int c = 0; c < NCHUNK; c++) {
+		size_t lo = LOOM_MIN((size_t)c * chunk, n), hi = LOOM_MIN(lo + chunk, n);
+		double s = 0.0;
+		for (size_t i = lo; i < hi; i++)
+			s += (double)g[i] * (double)g[i];
+		part[c] = s;
+	}
+	for (int c = 0; c < NCHUNK; c++)
+		total += part[c];
+	return sqrt(total);
+}
+
+float loom_clip_scale(double norm, double max_norm)
+{
+	if (!(max_norm > 0.0))
+		return 1.0f;
+	double s = max_norm / (norm + 1e-6);
+	return s < 1.0 ? (float)s : 1.0f;
+}
+
+double loom_clip_grad_norm(float *g, size_t n, double max_norm)
+{
+	double norm = loom_grad_norm(g, n);
+	float s = loom_clip_scale(norm, max_norm);
+	if (s != 1.0f) {
+#pragma omp parallel for schedule(static)
+		for (size_t i = 0; i < n; i++)
+			g[i] *= s;
+	}
+	return norm;
+}

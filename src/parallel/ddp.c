@@ -1,0 +1,240 @@
+/* ddp.c: data-parallel gradient averaging with buckets overlapped with backward (loom/ddp.h).
+ *
+ * Buckets are ranges of consecutive tensors of the gradient buffer, formed from the last tensor
+ * backwards, because backward finishes gradients in reverse tensor order. A bucket is launched when
+ * all of its tensors have been reported by the model's grad-ready callback (counted, so the order
+ * within a bucket does not matter); launches happen in bucket order on every rank, which keeps the
+ * non-blocking collectives matched across ranks. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "loom/ddp.h"
+
+typedef struct {
+	int lo, hi;          /* tensor indices, inclusive */
+	size_t offset, count; /* floats */
+	int ready;           /* tensors reported this micro-step */
+	loom_request_t *req;
+} bucket_t;
+
+struct loom_ddp {
+	loom_comm_t *comm;
+	loom_gpt2_t *model;
+	float *grads;
+	int shared; /* grads from loom_comm_alloc */
+	size_t nparams;
+	int ntensors, nbuckets, sync, launched;
+	loom_comm_stats_t at_launch; /* counters when this step's first bucket was launched */
+	int *bucket_of; /* tensor -> bucket */
+	bucket_t *buckets;
+	int err;
+};
+
+static void on_grad_ready(void *ctx, int t)
+{
+	loom_ddp_t *d = ctx;
+	bucket_t *b;
+	if (!d->sync || d->err || t < 0 || t >= d->ntensors)
+		return;
+	b = &d->buckets[d->bucket_of[t]];
+	if (++b->ready == b->hi - b->lo + 1) {
+		if (d->launched == 0)
+			loom_comm_stats(d->comm, &d->at_launch);
+		int rc = loom_iallreduce(d->comm, d->grads + b->offset, d->grads + b->offset, b->count, LOOM_FLOAT32,
+		                         LOOM_AVG, &b->req);
+		if (rc != LOOM_OK)
+			d->err = rc, b->req = NULL;
+		d->launched++;
+	}
+}
+
+int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, double bucket_mb, double first_bucket_mb)
+{
+	const loom_gpt2_config_t *cfg = loom_gpt2_config(model);
+	loom_ddp_t *d;
+	loom_tensor_info_t info;
+	size_t limit, bytes = 0;
+	*out = NULL;
+	if (!(bucket_mb > 0) || !(first_bucket_mb > 0))
+		return loom_seterr(LOOM_EINVAL, "ddp: bucket sizes must be positive (got %g MiB and first %g MiB)",
+		                   bucket_mb, first_bucket_mb);
+	d = calloc(1, sizeof *d);
+	if (!d)
+		return loom_seterr(LOOM_ENOMEM, "ddp: out of memory");
+	d->comm = comm, d->model = model, d->sync = 1;
+	d->nparams = loom_gpt2_num_params(cfg);
+	d->ntensors = loom_gpt2_num_tensors(cfg);
+	d->bucket_of = calloc((size_t)d->ntensors, sizeof *d->bucket_of);
+	d->buckets = calloc((size_t)d->ntensors, sizeof *d->buckets);
+	if (!d->bucket_of || !d->buckets)
+		goto oom;
+
+	/* Gradients into shared memory, keeping their current values. */
+	d->grads = loom_comm_alloc(comm, d->nparams * sizeof(float));
+	d->shared = d->grads != NULL;
+	if (!d->grads)
+		d->grads = loom_alloc_aligned(d->nparams * sizeof(float));
+	if (!d->grads)
+		goto oom;
+	memcpy(d->grads, loom_gpt2_grads(model), d->nparams * sizeof(float));
+	loom_gpt2_set_grad_buffer(model, d->grads);
+
+	/* Buckets from the last tensor backwards; a bucket closes once it reaches its size limit. */
+	limit = (size_t)(first_bucket_mb * 1048576.0);
+	for (int t = d->ntensors - 1; t >= 0; t--) {
+		bucket_t *b = &d->buckets[d->nbuckets];
+		loom_gpt2_tensor_info(cfg, t, &info);
+		if (bytes == 0)
+			b->hi = t;
+		b->lo = t;
+		d->bucket_of[t] = d->nbuckets;
+		bytes += info.numel * sizeof(float);
+		if (bytes >= limit || t == 0) {
+			loom_tensor_info_t lo;
+			loom_gpt2_tensor_info(cfg, b->lo, &lo);
+			b->offset = lo.offset;
+			loom_gpt2_tensor_info(cfg, b->hi, &info);
+			b->count = info.offset + info.numel - lo.offset;
+			d->nbuckets++;
+			bytes = 0;
+			limit = (size_t)(bucket_mb * 1048576.0);
+		}
+	}
+	loom_gpt2_on_grad_ready(model, on_grad_ready, d);
+	*out = d;
+	return LOOM_OK;
+oom:
+	loom_ddp_destroy(d);
+	return loom_seterr(LOOM_ENOMEM, "ddp: out of memory for %zu gradients", d ? d->nparams : 0);
+}
+
+void loom_ddp_destroy(loom_ddp_t *d)
+{
+	if (!d)
+		return;
+	for (int b = 0; b < d->nbuckets; b++)
+		if (d->buckets[b].req)
+			loom_wait(d->buckets[b].req);
+	if (d->model)
+		loom_gpt2_on_grad_ready(d->model, NULL, NULL);
+	if (d->grads) {
+		if (d->shared)
+			loom_comm_free(d->comm, d->grads);
+		else
+			loom_free_aligned(d->grads);
+	}
+	free(d->bucket_of);
+	free(d->buckets);
+	free(d);
+}
+
+void loom_ddp_set_sync(loom_ddp_t *d, int sync)
+{
+	d->sync = sync != 0;
+}
+
+int loom_ddp_wait(loom_ddp_t *d, loom_ddp_stats_t *st)
+{
+	loom_comm_stats_t now;
+	double t0 = loom_now();
+	int rc = d->err, launched = d->launched;
+	for (int b = 0; b < d->nbuckets; b++) {
+		bucket_t *k = &d->buckets[b];
+		if (k->req) {
+			int r = loom_wait(k->req);
+			k->req = NULL;
+			if (r != LOOM_OK && rc == LOOM_OK)
+				rc = loom_seterr(r, "ddp: all-reduce of gradient bucket %d failed: %s", b,
+				                 loom_comm_errmsg(d->comm));
+		} else if (d->sync && rc == LOOM_OK) {
+			rc = loom_seterr(LOOM_ESTATE, "ddp: gradient bucket %d (tensors %d..%d) was never complete: "
+			                 "%d of %d gradients reported", b, k->lo, k->hi, k->ready, k->hi - k->lo + 1);
+		}
+		k->ready = 0;
+	}
+	loom_comm_stats(d->comm, &now);
+	if (st) {
+		st->exposed_comm_ms = 1e3 * (loom_now() - t0);
+		st->comm_ms = launched ? 1e3 * (now.busy_s - d->at_launch.busy_s) : 0.0;
+		st->buckets = launched;
+	}
+	d->launched = 0;
+	d->err = LOOM_OK;
+	d->sync = 1;
+	return rc;
+}
+
+uint64_t loom_checksum_f32(const float *x, size_t n)
+{
+	/* Four independent multiply-xorshift lanes over the 32-bit words, folded at the end. */
+	uint64_t h[4] = {0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull, 0x27d4eb2f165667c5ull};
+	const uint32_t *w = (const uint32_t *)(const void *)x;
+	size_t i = 0;
+	for (; i + 4 <= n; i += 4)
+		for (int k = 0; k < 4; k++) {
+			h[k] = (h[k] ^ w[i + k]) * 0x100000001b3ull;
+			h[k] ^= h[k] >> 29;
+		}
+	for (; i < n; i++)
+		h[0] = ((h[0] ^ w[i]) * 0x100000001b3ull) ^ (h[0] >> 29);
+	return h[0] ^ (h[1] * 31) ^ (h[2] * 961) ^ (h[3] * 29791) ^ (uint64_t)n;
+}
+
+static int compare_checksums(loom_ddp_t *d, const char *what)
+{
+	int size = loom_comm_size(d->comm), rc, bad = 0;
+	uint64_t mine = loom_checksum_f32(loom_gpt2_params(d->model), d->nparams);
+	uint64_t *all = calloc((size_t)size, sizeof *all);
+	char list[512] = "";
+	size_t len = 0;
+	if (!all)
+		return loom_seterr(LOOM_ENOMEM, "ddp: out of memory");
+	rc = loom_allgather(d->comm, &mine, all, 1, LOOM_INT64);
+	if (rc != LOOM_OK) {
+		free(all);
+		return loom_seterr(rc, "ddp: %s: gathering parameter checksums failed: %s", what, loom_comm_errmsg(d->comm));
+	}
+	for (int r = 1; r < size; r++) {
+		if (all[r] != all[0]) {
+			bad++;
+			if (len + 32 < sizeof list)
+				len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", bad > 1 ? ", " : "", r);
+		}
+	}
+	if (bad) {
+		rc = loom_seterr(LOOM_EMISMATCH, "ddp: %s: parameters of rank(s) %s differ from rank 0's "
+		                 "(checksum of rank 0 %016llx, of rank %d %016llx)", what, list,
+		                 (unsigned long long)all[0], loom_comm_rank(d->comm), (unsigned long long)mine);
+	}
+	free(all);
+	return rc;
+}
+
+int loom_ddp_broadcast_params(loom_ddp_t *d)
+{
+	int rc = loom_broadcast(d->comm, loom_gpt2_params(d->model), d->nparams, LOOM_FLOAT32, 0);
+	if (rc != LOOM_OK)
+		return loom_seterr(rc, "ddp: broadcasting parameters from rank 0 failed: %s", loom_comm_errmsg(d->comm));
+	return compare_checksums(d, "after broadcast");
+}
+
+int loom_ddp_check_replicas(loom_ddp_t *d)
+{
+	return compare_checksums(d, "replica check");
+}
+
+int loom_ddp_bucket(const loom_ddp_t *d, int b, size_t *offset, size_t *count)
+{
+	if (b >= 0 && b < d->nbuckets) {
+		*offset = d->buckets[b].offset;
+		*count = d->buckets[b].count;
+	}
+	return d->nbuckets;
+}
+
+int loom_ddp_zero_copy(const loom_ddp_t *d)
+{
+	return d->shared;
+}
