@@ -1,4 +1,4 @@
-/* bench.c: `loom bench comm|gemm`: dispatches to the benchmark subcommands. */
+/* bench.c: `loom bench comm|gemm|model`: dispatches to the benchmark subcommands. */
 #include <stdio.h>
 #include <string.h>
 
@@ -6,6 +6,7 @@
 
 int loom_cli_bench_comm(int argc, char **argv);
 int loom_cli_bench_gemm(int argc, char **argv);
+int loom_cli_bench_model(int argc, char **argv);
 
 int loom_cli_bench(int argc, char **argv)
 {
@@ -13,6 +14,8 @@ int loom_cli_bench(int argc, char **argv)
 		return loom_cli_bench_comm(argc - 1, argv + 1);
 	if (argc >= 2 && strcmp(argv[1], "gemm") == 0)
 		return loom_cli_bench_gemm(argc - 1, argv + 1);
-	fprintf(stderr, "usage: loom bench comm|gemm [FLAGS]   (loom bench comm --help)\n");
+	if (argc >= 2 && strcmp(argv[1], "model") == 0)
+		return loom_cli_bench_model(argc - 1, argv + 1);
+	fprintf(stderr, "usage: loom bench comm|gemm|model [FLAGS]   (loom bench comm --help)\n");
 	return 2;
 }

@@ -1,11 +1,100 @@
-/* data.c: `loom data` (being built; see the open issues). */
+/* data.c: `loom data prepare`: text files -> byte-level token shards and tokenizer (loom/data.h). */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli.h"
+#include "loom/data.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: loom data prepare --input FILE... --out DIR [--val-fraction 0.05] [--shard-tokens N]\n"
+	           "                         [--doc-sep LINE]\n\n"
+	           "Tokenizes text with the byte-level tokenizer (vocab 257: bytes 0-255, end-of-text 256 before every\n"
+	           "document) into DIR/train_NNNNNN.bin and DIR/val_NNNNNN.bin (llm.c token shards) and writes\n"
+	           "DIR/tokenizer.bin (llm.c tokenizer, version 2).\n\n"
+	           "  --input FILE...     text files, in order (several may follow one --input; --input may repeat)\n"
+	           "  --out DIR           output directory (created; its old train_/val_ shards are removed)\n"
+	           "  --val-fraction F    in [0, 1): every (1/F)-th document goes to val, evenly spread; with fewer\n"
+	           "                      than 1/F documents val is the last F of the tokens instead (default 0.05)\n"
+	           "  --shard-tokens N    tokens per shard file (default 100M; e.g. 100M, 1M, 4096)\n"
+	           "  --doc-sep LINE      lines equal to LINE separate documents (e.g. %% for fortune files);\n"
+	           "                      default: each file is one document\n");
+}
+
+static int prepare(int argc, char **argv)
+{
+	const char **inputs = calloc((size_t)argc, sizeof *inputs);
+	loom_prepare_opts_t o = {.val_fraction = 0.05};
+	loom_prepare_summary_t s;
+	const char *v;
+	int rc;
+	if (!inputs)
+		cli_die("data", "out of memory");
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			usage(stdout);
+			free(inputs);
+			return 0;
+		} else if (cli_flag(argc, argv, &i, "--input", &v)) {
+			inputs[o.n_inputs++] = v;
+			while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
+				inputs[o.n_inputs++] = argv[++i];
+		} else if (cli_flag(argc, argv, &i, "--out", &v)) {
+			o.out_dir = v;
+		} else if (cli_flag(argc, argv, &i, "--val-fraction", &v)) {
+			o.val_fraction = cli_parse_double("data", "--val-fraction", v);
+		} else if (cli_flag(argc, argv, &i, "--shard-tokens", &v)) {
+			char *end;
+			double x = strtod(v, &end);
+			if (end != v && (*end == 'M' || *end == 'K' || *end == 'k') && end[1] == 0)
+				x *= *end == 'M' ? 1e6 : 1e3;
+			else if (end == v || *end)
+				cli_die("data", "--shard-tokens: '%s' is not a count (e.g. 100M, 1M, 4096)", v);
+			if (x < 1 || x > 2147483647.0)
+				cli_die("data", "--shard-tokens: %s is outside [1, 2^31)", v);
+			o.shard_tokens = (size_t)x;
+		} else if (cli_flag(argc, argv, &i, "--doc-sep", &v)) {
+			o.doc_sep = v;
+		} else {
+			usage(stderr);
+			cli_die("data", "prepare: unknown argument '%s'", argv[i]);
+		}
+	}
+	if (o.n_inputs == 0 || !o.out_dir) {
+		usage(stderr);
+		cli_die("data", "prepare needs --input FILE... and --out DIR");
+	}
+	o.inputs = inputs;
+	rc = loom_data_prepare(&o, &s);
+	free(inputs);
+	if (rc != LOOM_OK) {
+		fprintf(stderr, "loom data prepare: %s\n", loom_errmsg());
+		return 1;
+	}
+	if (s.removed_shards)
+		printf("removed %d old shard(s) from %s\n", s.removed_shards, o.out_dir);
+	printf("%llu documents from %d file(s)%s\n", (unsigned long long)s.documents, o.n_inputs,
+	       s.val_tail_split ? " (too few documents for a whole-document val split: val is the tail of the text)" : "");
+	printf("train: %llu documents, %llu tokens, %d shard%s -> %s/train_*.bin\n",
+	       (unsigned long long)s.train_documents, (unsigned long long)s.train_tokens, s.train_shards,
+	       s.train_shards == 1 ? "" : "s", o.out_dir);
+	if (s.val_shards)
+		printf("val: %llu documents, %llu tokens, %d shard%s -> %s/val_*.bin\n", (unsigned long long)s.val_documents,
+		       (unsigned long long)s.val_tokens, s.val_shards, s.val_shards == 1 ? "" : "s", o.out_dir);
+	printf("tokenizer: byte-level, vocab %d (end-of-text %d) -> %s/tokenizer.bin\n", LOOM_BYTE_VOCAB, LOOM_BYTE_EOT,
+	       o.out_dir);
+	return 0;
+}
 
 int loom_cli_data(int argc, char **argv)
 {
-	(void)argc, (void)argv;
-	fprintf(stderr, "loom data: not implemented yet\n");
+	if (argc >= 2 && strcmp(argv[1], "prepare") == 0)
+		return prepare(argc - 1, argv + 1);
+	if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+		usage(stdout);
+		return 0;
+	}
+	usage(stderr);
 	return 2;
 }

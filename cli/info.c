@@ -1,11 +1,206 @@
-/* info.c: `loom info` (being built; see the open issues). */
+/* info.c: `loom info FILE`: what a file holds: a model (safetensors or llm.c .bin: config, every
+ * tensor, parameter count), a token shard (token count), a tokenizer, a state file, or a training
+ * checkpoint directory (its files, verified against its MANIFEST). */
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
+#include "loom/ckpt.h"
+
+static int fail(void)
+{
+	fprintf(stderr, "loom info: %s\n", loom_errmsg());
+	return 1;
+}
+
+static void print_shape(const size_t *shape, int ndim)
+{
+	char buf[160];
+	int n = 0;
+	n += snprintf(buf + n, sizeof buf - (size_t)n, "[");
+	for (int d = 0; d < ndim && n < 140; d++)
+		n += snprintf(buf + n, sizeof buf - (size_t)n, d ? ", %zu" : "%zu", shape[d]);
+	snprintf(buf + n, sizeof buf - (size_t)n, "]");
+	printf("%-22s", buf);
+}
+
+static int info_safetensors(const char *path, int n_head)
+{
+	loom_st_t *st;
+	loom_gpt2_config_t cfg;
+	size_t total = 0;
+	int rc;
+	if ((rc = loom_st_open(&st, path)) != LOOM_OK)
+		return fail();
+	printf("%s: safetensors, %d tensors\n", path, loom_st_count(st));
+	for (int i = 0; i < loom_st_meta_count(st); i++) {
+		const char *k, *v;
+		loom_st_meta_at(st, i, &k, &v);
+		printf("  metadata %s = %s\n", k, v);
+	}
+	if (loom_model_config(path, n_head, &cfg, NULL) == LOOM_OK)
+		printf("GPT-2: n_layer=%d n_head=%d n_embd=%d n_positions=%d vocab_size=%d, %zu parameters\n", cfg.n_layer,
+		       cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, loom_gpt2_num_params(&cfg));
+	else
+		printf("not a loadable GPT-2 model: %s\n", loom_errmsg());
+	for (int i = 0; i < loom_st_count(st); i++) {
+		const loom_st_tensor_t *t = loom_st_get(st, i);
+		size_t numel = t->nbytes / loom_st_dtype_size(t->dtype);
+		printf("  %-40s ", t->name);
+		print_shape(t->shape, t->ndim);
+		printf(" %-4s %12zu\n", loom_st_dtype_name(t->dtype), numel);
+		total += numel;
+	}
+	printf("total elements: %zu\n", total);
+	loom_st_close(st);
+	return 0;
+}
+
+static int info_llmc(const char *path)
+{
+	loom_gpt2_config_t cfg;
+	size_t C, L, V, Vp, T;
+	if (loom_model_config(path, 0, &cfg, NULL) != LOOM_OK)
+		return fail();
+	C = (size_t)cfg.n_embd, L = (size_t)cfg.n_layer, V = (size_t)cfg.vocab_size, T = (size_t)cfg.seq_len;
+	Vp = (V + 127) / 128 * 128;
+	{
+		FILE *f = fopen(path, "rb");
+		int32_t h[8];
+		if (f && fread(h, 4, 8, f) == 8)
+			Vp = (size_t)h[7];
+		if (f)
+			fclose(f);
+	}
+	printf("%s: llm.c GPT-2 model\n", path);
+	printf("GPT-2: n_layer=%d n_head=%d n_embd=%d n_positions=%d vocab_size=%d (padded %zu), %zu parameters\n",
+	       cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, Vp, loom_gpt2_num_params(&cfg));
+	{
+		const struct {
+			const char *name;
+			size_t a, b, c;
+		} t[] = {
+			{"wte", Vp, C, 0},          {"wpe", T, C, 0},         {"ln1w", L, C, 0},       {"ln1b", L, C, 0},
+			{"qkvw", L, 3 * C, C},      {"qkvb", L, 3 * C, 0},    {"attprojw", L, C, C},   {"attprojb", L, C, 0},
+			{"ln2w", L, C, 0},          {"ln2b", L, C, 0},        {"fcw", L, 4 * C, C},    {"fcb", L, 4 * C, 0},
+			{"fcprojw", L, C, 4 * C},   {"fcprojb", L, C, 0},     {"lnfw", C, 0, 0},       {"lnfb", C, 0, 0},
+		};
+		for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+			size_t shape[3] = {t[i].a, t[i].b, t[i].c};
+			int nd = t[i].c ? 3 : t[i].b ? 2 : 1;
+			size_t numel = t[i].a * (t[i].b ? t[i].b : 1) * (t[i].c ? t[i].c : 1);
+			printf("  %-40s ", t[i].name);
+			print_shape(shape, nd);
+			printf(" F32  %12zu\n", numel);
+		}
+	}
+	return 0;
+}
+
+static int info_dir(const char *path)
+{
+	char sp[2048];
+	loom_kv_t *kv;
+	if (loom_ckpt_verify(path) != LOOM_OK)
+		return fail();
+	printf("%s: complete training checkpoint\n", path);
+	snprintf(sp, sizeof sp, "%s/MANIFEST", path);
+	if (loom_kv_load(&kv, sp) == LOOM_OK) {
+		for (int i = 0; i < loom_kv_count(kv); i++) {
+			const char *k = loom_kv_key_at(kv, i);
+			uint64_t n;
+			if (strncmp(k, "size:", 5) == 0 && loom_kv_get_u64(kv, k, &n) == LOOM_OK)
+				printf("  %-24s %12llu bytes\n", k + 5, (unsigned long long)n);
+		}
+		loom_kv_destroy(kv);
+	}
+	snprintf(sp, sizeof sp, "%s/state.json", path);
+	if (loom_kv_load(&kv, sp) == LOOM_OK) {
+		printf("state.json:\n");
+		for (int i = 0; i < loom_kv_count(kv); i++) {
+			const char *k = loom_kv_key_at(kv, i), *s;
+			if (loom_kv_get_str(kv, k, &s) != LOOM_OK) {
+				int64_t x;
+				double d;
+				if (loom_kv_get_i64(kv, k, &x) == LOOM_OK)
+					printf("  %-28s %lld\n", k, (long long)x);
+				else if (loom_kv_get_f64(kv, k, &d) == LOOM_OK)
+					printf("  %-28s %.9g\n", k, d);
+			} else {
+				printf("  %-28s %s\n", k, s);
+			}
+		}
+		loom_kv_destroy(kv);
+	}
+	return 0;
+}
 
 int loom_cli_info(int argc, char **argv)
 {
-	(void)argc, (void)argv;
-	fprintf(stderr, "loom info: not implemented yet\n");
-	return 2;
+	const char *path = NULL, *v;
+	int n_head = 0;
+	int32_t magic = 0;
+	struct stat sb;
+	FILE *f;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			printf("usage: loom info FILE [--n-head N]\n\nPrints what FILE holds: a model (safetensors or llm.c "
+			       ".bin: config, every tensor, parameter count), a token shard, a tokenizer, or a training "
+			       "checkpoint directory.\n");
+			return 0;
+		} else if (cli_flag(argc, argv, &i, "--n-head", &v)) {
+			n_head = (int)cli_parse_int("info", "--n-head", v);
+		} else if (!path) {
+			path = argv[i];
+		} else {
+			cli_die("info", "unexpected argument '%s'", argv[i]);
+		}
+	}
+	if (!path)
+		cli_die("info", "usage: loom info FILE [--n-head N]");
+	if (stat(path, &sb) != 0)
+		cli_die("info", "%s: no such file or directory", path);
+	if (S_ISDIR(sb.st_mode))
+		return info_dir(path);
+	f = fopen(path, "rb");
+	if (!f)
+		cli_die("info", "%s: cannot open", path);
+	if (fread(&magic, 4, 1, f) != 1)
+		magic = 0;
+	fclose(f);
+	if (magic == LOOM_SHARD_MAGIC) {
+		loom_shard_t s;
+		uint16_t maxtok = 0;
+		if (loom_shard_open(&s, path) != LOOM_OK)
+			return fail();
+		for (size_t i = 0; i < s.n_tokens; i++)
+			maxtok = s.tokens[i] > maxtok ? s.tokens[i] : maxtok;
+		printf("%s: token shard (llm.c format, version 1): %zu tokens, largest token id %u\n", path, s.n_tokens,
+		       (unsigned)maxtok);
+		loom_shard_close(&s);
+		return 0;
+	}
+	if (magic == LOOM_TOKENIZER_MAGIC) {
+		loom_tokenizer_t tok;
+		if (loom_tokenizer_load(&tok, path) != LOOM_OK)
+			return fail();
+		printf("%s: tokenizer (llm.c format): vocab %d, end-of-text %d, %s\n", path, tok.vocab_size, tok.eot_token,
+		       tok.byte_level ? "byte-level (can encode)" : "BPE table (decode only)");
+		loom_tokenizer_free(&tok);
+		return 0;
+	}
+	if (magic == LOOM_LLMC_MAGIC)
+		return info_llmc(path);
+	if ((magic & 0xff) == '{') {
+		loom_kv_t *kv;
+		if (loom_kv_load(&kv, path) != LOOM_OK)
+			return fail();
+		printf("%s: loom state file, %d keys\n", path, loom_kv_count(kv));
+		loom_kv_destroy(kv);
+		return 0;
+	}
+	return info_safetensors(path, n_head);
 }

@@ -1,11 +1,688 @@
-/* run.c: `loom run` (being built; see the open issues). */
+/* run.c: `loom run`, the launcher: starts N ranks of a program as one job with torchrun's
+ * environment contract, prefixes their output, and stops the job when a rank fails.
+ *
+ * Invariants: every rank is its own process-group leader (so signals reach its children too) and
+ * dies with loom run (PR_SET_PDEATHSIG). Signals reach us through a self-pipe, since libraries
+ * linked into `loom` may start threads that receive them; the supervisor loop is a poll() over that
+ * pipe and the ranks' output pipes. A rank is "done" when waitpid reports it, not when its pipes
+ * close (its children may hold them). The first rank that exits non-zero or dies of a signal is the
+ * job's failure: the others get SIGTERM, then SIGKILL after LOOM_KILL_GRACE_S (default 5) seconds.
+ * SIGINT/SIGTERM/SIGHUP sent to loom run go to every rank the same way (a second one: SIGKILL).
+ * Once every rank is gone, /dev/shm/loom-<LOOM_JOB_ID>* segments left behind are removed.
+ * Exit code: 0 when every rank exited 0; 1 when one failed; 2 for bad usage; 126/127 when the
+ * program cannot be executed; killed by the same signal when loom run was interrupted. */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
+#include "run_output.h"
+
+#define MAX_RANKS 1024
+
+typedef struct {
+	pid_t pid;
+	int done, status;
+	run_stream_t out, err;
+} rank_t;
+
+typedef struct {
+	int nproc, world, node_rank, nnodes, standalone, port;
+	const char *addr;
+	unsigned char *show; /* [nproc]: output shown (--ranks) */
+	char **argv;         /* PROGRAM ARGS, NULL-terminated */
+	double grace_s;
+	char job_id[64];
+} opts_t;
+
+static const int fwd_signals[] = {SIGINT, SIGTERM, SIGHUP};
+static int sig_pipe[2] = {-1, -1};
+static int handled[3]; /* we installed a handler (the signal was not ignored at startup) */
+static struct rlimit old_nofile;
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+	        "usage: loom run [--nproc-per-node N] [--standalone] [--nnodes 1 --node-rank 0]\n"
+	        "                [--master-addr A] [--master-port P] [--ranks LIST] PROGRAM [ARGS...]\n"
+	        "\n"
+	        "Start N processes (ranks) of PROGRAM as one job, as torchrun does, and supervise them.\n"
+	        "\n"
+	        "  --nproc-per-node N   ranks to start (default 1; 'auto' or 'cpu': one per CPU)\n"
+	        "  --standalone         single-node job on a free local port (MASTER_PORT)\n"
+	        "  --nnodes K           nodes in the job; only 1 is supported yet (also MIN:MAX)\n"
+	        "  --node-rank I        this node's rank (GROUP_RANK), 0 <= I < K (default 0)\n"
+	        "  --master-addr A      MASTER_ADDR (default 127.0.0.1)\n"
+	        "  --master-port P      MASTER_PORT (default 29500)\n"
+	        "  --ranks LIST         show only these ranks' output, e.g. 0 or 0,2 or 0-3\n"
+	        "                       (also torchrun's --local-ranks-filter)\n"
+	        "  --help               this text\n"
+	        "torchrun's spellings (--nproc_per_node, --node_rank, --master_addr, --master_port) work too.\n"
+	        "\n"
+	        "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,\n"
+	        "ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOOM_JOB_ID (fresh unless set; names\n"
+	        "the job's /dev/shm/loom-<id>* segments) and, with more than one rank, OMP_NUM_THREADS=1\n"
+	        "unless it is set (or empty). Each line a rank writes is prefixed \"[rank r] \" on the same\n"
+	        "stream (stdout or stderr); '\\r' progress lines are kept as such. Ranks read loom run's stdin,\n"
+	        "or /dev/null when that is a terminal.\n"
+	        "\n"
+	        "When a rank exits non-zero or dies of a signal, the others get SIGTERM and, after\n"
+	        "LOOM_KILL_GRACE_S seconds (default 5), SIGKILL; loom run names the rank that failed first.\n"
+	        "SIGINT, SIGTERM and SIGHUP are forwarded to the ranks (a second one kills them). Ranks run\n"
+	        "in their own process groups, so their children are signalled too, and die with loom run.\n"
+	        "Shared-memory segments the job left in /dev/shm are removed at the end.\n"
+	        "\n"
+	        "Exit code: 0 when every rank exited 0; 1 when a rank failed; 2 for a usage error;\n"
+	        "126/127 when PROGRAM cannot be executed; when interrupted, loom run dies of that signal.\n");
+}
+
+/* ---- options ------------------------------------------------------------------------------- */
+
+/* Accept --a-b and torchrun's --a_b for flag `name` (given with dashes). */
+static int flag2(int argc, char **argv, int *i, const char *name, const char **val)
+{
+	char alt[64];
+	size_t k;
+	if (cli_flag(argc, argv, i, name, val))
+		return 1;
+	snprintf(alt, sizeof alt, "%s", name);
+	for (k = 2; alt[k]; k++)
+		if (alt[k] == '-')
+			alt[k] = '_';
+	return cli_flag(argc, argv, i, alt, val);
+}
+
+static long parse_range(const char *flag, const char *s, long lo, long hi)
+{
+	long long v = cli_parse_int("run", flag, s);
+	if (v < lo || v > hi)
+		cli_die("run", "%s: %lld is out of range (expected %ld..%ld)", flag, v, lo, hi);
+	return (long)v;
+}
+
+/* --ranks "0,2,4-7": mark the ranks whose output is shown. */
+static void parse_ranks(const char *s, unsigned char *show, int world)
+{
+	const char *p = s;
+	memset(show, 0, (size_t)world);
+	while (*p) {
+		char *end;
+		long a, b;
+		errno = 0;
+		a = strtol(p, &end, 10);
+		if (end == p || errno || a < 0)
+			cli_die("run", "--ranks: '%s' is not a list of ranks (e.g. 0 or 0,2 or 0-3)", s);
+		b = a;
+		if (*end == '-') {
+			p = end + 1;
+			b = strtol(p, &end, 10);
+			if (end == p || errno || b < a)
+				cli_die("run", "--ranks: '%s' is not a list of ranks (e.g. 0 or 0,2 or 0-3)", s);
+		}
+		if (b >= world)
+			cli_die("run", "--ranks: rank %ld does not exist (the job has ranks 0..%d)", b, world - 1);
+		for (long r = a; r <= b; r++)
+			show[r] = 1;
+		if (*end == ',' && end[1])
+			end++;
+		else if (*end)
+			cli_die("run", "--ranks: '%s' is not a list of ranks (e.g. 0 or 0,2 or 0-3)", s);
+		p = end;
+	}
+}
+
+/* A port nobody listens on now (the kernel's choice for port 0), or -1. */
+static int free_port(void)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+	socklen_t n = sizeof a;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
+	if (fd < 0)
+		return -1;
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &n) == 0)
+		port = ntohs(a.sin_port);
+	close(fd);
+	return port;
+}
+
+static int valid_job_id(const char *s)
+{
+	if (!*s || strlen(s) > 48)
+		return 0;
+	for (; *s; s++)
+		if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' ||
+		      *s == '-' || *s == '.'))
+			return 0;
+	return 1;
+}
+
+static void parse_opts(int argc, char **argv, opts_t *o)
+{
+	const char *v, *ranks = NULL, *nnodes = NULL, *node_rank = NULL, *port = NULL;
+	int i;
+	memset(o, 0, sizeof *o);
+	o->nproc = 1, o->nnodes = 1, o->addr = NULL;
+	for (i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (strcmp(a, "--") == 0) {
+			i++;
+			break;
+		}
+		if (a[0] != '-' || a[1] == '\0')
+			break;
+		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+			usage(stdout);
+			exit(0);
+		} else if (strcmp(a, "--standalone") == 0) {
+			o->standalone = 1;
+		} else if (flag2(argc, argv, &i, "--nproc-per-node", &v)) {
+			if (strcmp(v, "auto") == 0 || strcmp(v, "cpu") == 0) {
+				long n = sysconf(_SC_NPROCESSORS_ONLN);
+				o->nproc = n > 0 ? (int)(n < MAX_RANKS ? n : MAX_RANKS) : 1;
+			} else {
+				o->nproc = (int)parse_range("--nproc-per-node", v, 1, MAX_RANKS);
+			}
+		} else if (flag2(argc, argv, &i, "--nnodes", &v)) {
+			nnodes = v;
+		} else if (flag2(argc, argv, &i, "--node-rank", &v)) {
+			node_rank = v;
+		} else if (flag2(argc, argv, &i, "--master-addr", &v)) {
+			if (!*v)
+				cli_die("run", "--master-addr: empty address");
+			o->addr = v;
+		} else if (flag2(argc, argv, &i, "--master-port", &v)) {
+			port = v;
+		} else if (cli_flag(argc, argv, &i, "--ranks", &v) || flag2(argc, argv, &i, "--local-ranks-filter", &v)) {
+			ranks = v;
+		} else {
+			cli_die("run", "unknown flag '%s' (see loom run --help)", a);
+		}
+	}
+	if (nnodes) { /* torchrun's K or MIN:MAX */
+		const char *colon = strchr(nnodes, ':');
+		char lo[32];
+		long max;
+		snprintf(lo, sizeof lo, "%.*s", colon ? (int)(colon - nnodes) : (int)strlen(nnodes), nnodes);
+		max = parse_range("--nnodes", colon ? colon + 1 : nnodes, 1, 1L << 20);
+		if (colon)
+			parse_range("--nnodes", lo, 1, max);
+		if (max > 1) {
+			fprintf(stderr, "loom run: --nnodes %s: multi-node is not supported yet (only --nnodes 1)\n", nnodes);
+			exit(2);
+		}
+	}
+	if (node_rank)
+		o->node_rank = (int)parse_range("--node-rank", node_rank, 0, o->nnodes - 1);
+	o->port = port ? (int)parse_range("--master-port", port, 1, 65535) : 29500;
+	if (o->standalone) {
+		if (o->addr || port)
+			fprintf(stderr, "loom run: --standalone: ignoring --master-addr/--master-port (it picks a free local port)\n");
+		o->addr = NULL;
+		if ((o->port = free_port()) < 0) {
+			fprintf(stderr, "loom run: --standalone: cannot find a free local port: %s\n", strerror(errno));
+			exit(1);
+		}
+	}
+	if (!o->addr)
+		o->addr = "127.0.0.1";
+	if (i >= argc)
+		cli_die("run", "missing PROGRAM to run (see loom run --help)");
+	o->argv = argv + i;
+	o->world = o->nproc * o->nnodes;
+	o->show = malloc((size_t)o->world);
+	if (!o->show)
+		cli_die("run", "out of memory");
+	memset(o->show, 1, (size_t)o->world);
+	if (ranks)
+		parse_ranks(ranks, o->show, o->world);
+	{
+		const char *g = getenv("LOOM_KILL_GRACE_S");
+		char *end;
+		o->grace_s = 5.0;
+		if (g && *g) {
+			o->grace_s = strtod(g, &end);
+			if (*end || !(o->grace_s >= 0 && o->grace_s <= 86400))
+				cli_die("run", "LOOM_KILL_GRACE_S='%s' is not a number of seconds in [0, 86400]", g);
+		}
+	}
+	v = getenv("LOOM_JOB_ID");
+	if (v && *v) {
+		if (!valid_job_id(v))
+			cli_die("run", "LOOM_JOB_ID='%s' must be 1 to 48 characters from [A-Za-z0-9_.-]", v);
+		snprintf(o->job_id, sizeof o->job_id, "%s", v);
+	} else {
+		unsigned long long rnd = 0;
+		if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd)
+			rnd = (unsigned long long)time(NULL) * 2654435761u ^ (unsigned long long)clock();
+		snprintf(o->job_id, sizeof o->job_id, "%d-%012llx", (int)getpid(), rnd & 0xffffffffffffULL);
+	}
+}
+
+/* ---- signals and processes ------------------------------------------------------------------ */
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Runs on whichever thread the kernel picks: only writes the signal number to the self-pipe. */
+static void on_signal(int sig)
+{
+	int saved = errno;
+	unsigned char b = (unsigned char)sig;
+	if (write(sig_pipe[1], &b, 1) < 0) { /* full: the loop wakes up anyway and reaps every time */
+	}
+	errno = saved;
+}
+
+static int setup_signals(void)
+{
+	struct sigaction sa, old;
+	if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+		return -1;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_signal;
+	sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+	sigemptyset(&sa.sa_mask);
+	if (sigaction(SIGCHLD, &sa, NULL) != 0)
+		return -1;
+	for (int k = 0; k < 3; k++) {
+		/* A signal ignored at startup (nohup, a background job of a script) stays ignored, for the
+		 * ranks too. */
+		sigaction(fwd_signals[k], NULL, &old);
+		if (old.sa_handler == SIG_IGN)
+			continue;
+		if (sigaction(fwd_signals[k], &sa, NULL) != 0)
+			return -1;
+		handled[k] = 1;
+	}
+	signal(SIGPIPE, SIG_IGN); /* a closed stdout shows up as EPIPE (run_output.c) */
+	return 0;
+}
+
+/* In a new rank, before exec: the signal dispositions loom run started with. */
+static void restore_signals(void)
+{
+	signal(SIGCHLD, SIG_DFL);
+	signal(SIGPIPE, SIG_DFL);
+	for (int k = 0; k < 3; k++)
+		if (handled[k])
+			signal(fwd_signals[k], SIG_DFL);
+	setrlimit(RLIMIT_NOFILE, &old_nofile);
+}
+
+/* Each rank needs two pipes (and four descriptors while it starts): raise the soft limit on open
+ * files towards the hard one if that is too few. The ranks get the original limit back. */
+static void raise_fd_limit(int nproc)
+{
+	struct rlimit rl;
+	rlim_t need = (rlim_t)(4 * nproc + 64);
+	if (getrlimit(RLIMIT_NOFILE, &old_nofile) != 0)
+		return;
+	rl = old_nofile;
+	if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+		rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need ? need : rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+}
+
+/* Signal every rank's process group (ranks that exited too: their children may still run). */
+static void signal_all(rank_t *r, int n, int sig)
+{
+	for (int i = 0; i < n; i++)
+		if (r[i].pid > 0 && kill(-r[i].pid, sig) != 0 && !r[i].done)
+			kill(r[i].pid, sig);
+}
+
+static void describe(const rank_t *r, int rank, char *buf, size_t cap)
+{
+	if (WIFEXITED(r->status))
+		snprintf(buf, cap, "rank %d (pid %d) exited with code %d", rank, (int)r->pid, WEXITSTATUS(r->status));
+	else if (WIFSIGNALED(r->status))
+		snprintf(buf, cap, "rank %d (pid %d) was killed by signal %d (SIG%s)", rank, (int)r->pid,
+		         WTERMSIG(r->status), sigabbrev_np(WTERMSIG(r->status)) ? sigabbrev_np(WTERMSIG(r->status)) : "?");
+	else
+		snprintf(buf, cap, "rank %d (pid %d) ended with status 0x%x", rank, (int)r->pid, r->status);
+}
+
+static void set_env_int(const char *name, long v)
+{
+	char s[32];
+	snprintf(s, sizeof s, "%ld", v);
+	setenv(name, s, 1);
+}
+
+/* Fork and exec rank `rank`. Returns 0, or the errno that made exec (or the setup) fail, with
+ * *pid set when a child was started (it has then exited with 127). */
+static int spawn(const opts_t *o, int rank, rank_t *r)
+{
+	int out[2], err[2], status_pipe[2], e = 0;
+	pid_t parent = getpid(), pid;
+	sigset_t all, old;
+	ssize_t n;
+	if (pipe2(out, O_CLOEXEC) != 0)
+		return errno;
+	if (pipe2(err, O_CLOEXEC) != 0) {
+		e = errno;
+		close(out[0]), close(out[1]);
+		return e;
+	}
+	if (pipe2(status_pipe, O_CLOEXEC) != 0) {
+		e = errno;
+		close(out[0]), close(out[1]), close(err[0]), close(err[1]);
+		return e;
+	}
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old); /* no handler of ours runs in the child */
+	pid = fork();
+	if (pid == 0) {
+		int local = rank % o->nproc;
+		restore_signals();
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		setpgid(0, 0);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127); /* loom run died before we set the death signal */
+		if (dup2(out[1], 1) < 0 || dup2(err[1], 2) < 0)
+			goto fail;
+		if (isatty(0)) { /* background process groups cannot read the terminal */
+			int null = open("/dev/null", O_RDONLY);
+			if (null >= 0)
+				dup2(null, 0), close(null);
+		}
+		set_env_int("RANK", rank), set_env_int("LOCAL_RANK", local), set_env_int("ROLE_RANK", rank);
+		execvp(o->argv[0], o->argv);
+		/* "Text file busy": the program is being written (just rebuilt); that ends quickly. */
+		for (int t = 0; t < 20 && errno == ETXTBSY; t++)
+			usleep(50000), execvp(o->argv[0], o->argv);
+	fail:
+		e = errno;
+		if (write(status_pipe[1], &e, sizeof e) < 0) {
+		}
+		_exit(127);
+	}
+	e = pid < 0 ? errno : 0;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	close(out[1]), close(err[1]), close(status_pipe[1]);
+	if (pid > 0) {
+		setpgid(pid, pid); /* also here: no window where signalling -pid misses the rank */
+		r->pid = pid;
+		do /* EOF when exec succeeded (close-on-exec), else the child's errno */
+			n = read(status_pipe[0], &e, sizeof e);
+		while (n < 0 && errno == EINTR);
+		if (n != (ssize_t)sizeof e)
+			e = 0;
+	}
+	close(status_pipe[0]);
+	fcntl(out[0], F_SETFL, O_NONBLOCK), fcntl(err[0], F_SETFL, O_NONBLOCK);
+	if (run_stream_init(&r->out, out[0], 1, rank, o->show[rank]) != 0 ||
+	    run_stream_init(&r->err, err[0], 2, rank, o->show[rank]) != 0) {
+		close(out[0]), close(err[0]);
+		r->out.fd = r->err.fd = -1;
+		return e ? e : ENOMEM;
+	}
+	return e;
+}
+
+/* Remove /dev/shm/loom-<job>* left behind; returns how many were removed. */
+static int remove_segments(const char *job)
+{
+	char prefix[96], path[400];
+	int n = 0;
+	DIR *d = opendir("/dev/shm");
+	struct dirent *e;
+	if (!d)
+		return 0;
+	snprintf(prefix, sizeof prefix, "loom-%s", job);
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+			continue;
+		snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+		if (unlink(path) == 0)
+			n++;
+		else
+			run_note("could not remove %s: %s", path, strerror(errno));
+	}
+	closedir(d);
+	return n;
+}
+
+/* ---- the supervisor -------------------------------------------------------------------------- */
+
+typedef struct {
+	const opts_t *o;
+	rank_t *r;
+	int n, running;
+	int failed;      /* rank that failed first, or -1 */
+	int interrupted; /* signal forwarded to the ranks, or 0 */
+	int stopping, killed;
+	double kill_at;
+} job_t;
+
+static void stop_job(job_t *j, int sig)
+{
+	signal_all(j->r, j->n, sig);
+	if (!j->stopping) {
+		j->stopping = 1;
+		j->kill_at = now_s() + j->o->grace_s;
+	}
+}
+
+/* Reap every rank that ended; the first failure stops the job. */
+static void reap(job_t *j)
+{
+	int st, first = -1;
+	pid_t p;
+	while ((p = waitpid(-1, &st, WNOHANG)) > 0) {
+		for (int i = 0; i < j->n; i++) {
+			rank_t *r = &j->r[i];
+			if (r->pid != p || r->done)
+				continue;
+			r->done = 1, r->status = st, j->running--;
+			/* Its output is all in the pipes now (unless its children still write). */
+			run_stream_drain(&r->out, now_s());
+			run_stream_drain(&r->err, now_s());
+			if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+				break;
+			/* Within one batch, a death by signal is likelier the cause than an exit code. */
+			if (first < 0 || (WIFSIGNALED(st) && !WIFSIGNALED(j->r[first].status)))
+				first = i;
+			break;
+		}
+	}
+	if (first >= 0 && j->failed < 0 && !j->interrupted) {
+		char d[160];
+		j->failed = first;
+		describe(&j->r[first], first, d, sizeof d);
+		if (j->running > 0) { /* else the final report says it */
+			run_note("%s; stopping the other ranks (SIGTERM, SIGKILL after %g s)", d, j->o->grace_s);
+			stop_job(j, SIGTERM);
+		}
+	}
+}
+
+static void on_forwarded(job_t *j, int sig)
+{
+	if (j->interrupted || j->killed) {
+		if (!j->killed)
+			run_note("got SIG%s again: killing the ranks", sigabbrev_np(sig));
+		j->killed = 1;
+		signal_all(j->r, j->n, SIGKILL);
+		return;
+	}
+	j->interrupted = sig;
+	if (j->running > 0)
+		run_note("got SIG%s: forwarding it to the ranks (SIGKILL after %g s)", sigabbrev_np(sig), j->o->grace_s);
+	stop_job(j, sig);
+}
+
+static void supervise(job_t *j)
+{
+	struct pollfd *pf = malloc(sizeof *pf * (size_t)(2 * j->n + 1));
+	run_stream_t **ps = malloc(sizeof *ps * (size_t)(2 * j->n + 1));
+	double quiet_until = 0;
+	if (!pf || !ps) {
+		run_note("out of memory supervising %d ranks: killing them", j->n);
+		signal_all(j->r, j->n, SIGKILL);
+	}
+	for (;;) {
+		int np = 0, timeout_ms = -1, rc;
+		double now = now_s(), wake = 0;
+		reap(j);
+		if (j->running == 0 && quiet_until == 0)
+			quiet_until = now + 0.2; /* the ranks' children may still be writing */
+		if (!pf || !ps) {
+			if (j->running == 0)
+				break;
+			usleep(10000);
+			continue;
+		}
+		pf[np] = (struct pollfd){.fd = sig_pipe[0], .events = POLLIN};
+		ps[np++] = NULL;
+		for (int i = 0; i < j->n; i++) {
+			run_stream_t *s2[2] = {&j->r[i].out, &j->r[i].err};
+			for (int k = 0; k < 2; k++) {
+				double d = run_stream_deadline(s2[k]);
+				if (s2[k]->fd < 0)
+					continue;
+				if (d > 0 && d <= now)
+					run_stream_flush_partial(s2[k]), d = 0;
+				if (d > 0 && (wake == 0 || d < wake))
+					wake = d;
+				pf[np] = (struct pollfd){.fd = s2[k]->fd, .events = POLLIN};
+				ps[np++] = s2[k];
+			}
+		}
+		if (j->running == 0 && (np == 1 || now >= quiet_until))
+			break;
+		if (j->stopping && !j->killed && (wake == 0 || j->kill_at < wake))
+			wake = j->kill_at;
+		if (j->running == 0 && (wake == 0 || quiet_until < wake))
+			wake = quiet_until;
+		if (wake > 0)
+			timeout_ms = wake <= now ? 0 : (int)((wake - now) * 1000) + 1;
+		rc = poll(pf, (nfds_t)np, timeout_ms);
+		if (rc < 0 && errno != EINTR) {
+			run_note("poll failed: %s", strerror(errno));
+			usleep(10000);
+		}
+		if (rc > 0 && (pf[0].revents & POLLIN)) {
+			unsigned char sigs[64];
+			ssize_t k = read(sig_pipe[0], sigs, sizeof sigs);
+			for (ssize_t t = 0; t < k; t++)
+				if (sigs[t] != SIGCHLD)
+					on_forwarded(j, sigs[t]);
+		}
+		for (int t = 1; rc > 0 && t < np; t++)
+			if (pf[t].revents)
+				run_stream_read(ps[t], now_s());
+		if (j->stopping && !j->killed && now_s() >= j->kill_at && j->running > 0) {
+			char list[256] = "";
+			size_t len = 0;
+			for (int i = 0; i < j->n && len + 16 < sizeof list; i++)
+				if (!j->r[i].done)
+					len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", len ? ", " : "", i);
+			run_note("rank%s %s still running %g s after SIG%s: sending SIGKILL", j->running > 1 ? "s" : "", list,
+			         j->o->grace_s, j->interrupted ? sigabbrev_np(j->interrupted) : "TERM");
+			j->killed = 1;
+			signal_all(j->r, j->n, SIGKILL);
+		}
+	}
+	free(pf), free(ps);
+}
 
 int loom_cli_run(int argc, char **argv)
 {
-	(void)argc, (void)argv;
-	fprintf(stderr, "loom run: not implemented yet\n");
-	return 2;
+	opts_t o;
+	job_t j = {.failed = -1};
+	rank_t *r;
+	int exec_err = 0, exec_rank = -1, spawn_failed = 0, removed;
+	const char *v;
+	parse_opts(argc, argv, &o);
+	r = calloc((size_t)o.nproc, sizeof *r);
+	if (!r || setup_signals() != 0) {
+		fprintf(stderr, "loom run: cannot set up: %s\n", strerror(errno));
+		return 1;
+	}
+	for (int i = 0; i < o.nproc; i++)
+		r[i].out.fd = r[i].err.fd = -1;
+	raise_fd_limit(o.nproc);
+	setenv("LOOM_JOB_ID", o.job_id, 1);
+	setenv("TORCHELASTIC_RUN_ID", o.job_id, 1);
+	set_env_int("WORLD_SIZE", o.world), set_env_int("LOCAL_WORLD_SIZE", o.nproc);
+	set_env_int("GROUP_RANK", o.node_rank), set_env_int("GROUP_WORLD_SIZE", o.nnodes);
+	set_env_int("ROLE_WORLD_SIZE", o.world), setenv("ROLE_NAME", "default", 1);
+	set_env_int("TORCHELASTIC_RESTART_COUNT", 0), set_env_int("TORCHELASTIC_MAX_RESTARTS", 0);
+	setenv("MASTER_ADDR", o.addr, 1), set_env_int("MASTER_PORT", o.port);
+	v = getenv("OMP_NUM_THREADS");
+	if (o.nproc > 1 && (!v || !*v)) { /* empty means nothing to OpenMP: treated as unset */
+		setenv("OMP_NUM_THREADS", "1", 1);
+		run_note("setting OMP_NUM_THREADS=1 for each rank so %d ranks do not oversubscribe the CPUs; "
+		         "set it yourself to tune", o.nproc);
+	}
+	fflush(NULL);
+	j.o = &o, j.r = r;
+	for (int i = 0; i < o.nproc; i++) {
+		int e = spawn(&o, o.node_rank * o.nproc + i, &r[i]);
+		if (r[i].pid > 0)
+			j.n = i + 1, j.running++;
+		if (e) {
+			exec_err = e, exec_rank = i;
+			break;
+		}
+	}
+	if (exec_err) {
+		if (r[exec_rank].pid > 0) {
+			run_note("cannot execute '%s': %s", o.argv[0], strerror(exec_err));
+		} else {
+			run_note("cannot start rank %d: %s%s", exec_rank, strerror(exec_err),
+			         exec_err == EMFILE ? " (raise the limit with ulimit -n)" : "");
+			spawn_failed = 1;
+		}
+		j.failed = exec_rank, j.killed = 1;
+		signal_all(r, j.n, SIGKILL);
+	}
+	supervise(&j);
+	for (int i = 0; i < j.n; i++) {
+		run_stream_finish(&r[i].out), run_stream_finish(&r[i].err);
+		if (i == j.failed && !exec_err)
+			run_stream_print_tail(&r[i].err);
+	}
+	for (int i = 0; i < o.nproc; i++)
+		run_stream_free(&r[i].out), run_stream_free(&r[i].err);
+	removed = remove_segments(o.job_id);
+	if (removed)
+		run_note("removed %d shared-memory segment%s left by the job (/dev/shm/loom-%s*)", removed,
+		         removed > 1 ? "s" : "", o.job_id);
+	if (!exec_err && !j.interrupted && j.failed >= 0) {
+		char d[160];
+		describe(&r[j.failed], j.failed, d, sizeof d);
+		run_note("job failed; first failure: %s", d);
+	}
+	free(r), free(o.show);
+	if (exec_err)
+		return spawn_failed ? 1 : exec_err == ENOENT ? 127 : 126;
+	if (j.interrupted) { /* die of the signal we were sent, as the shell expects */
+		signal(j.interrupted, SIG_DFL);
+		raise(j.interrupted);
+		return 128 + j.interrupted;
+	}
+	return j.failed >= 0 ? 1 : 0;
 }

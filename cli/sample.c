@@ -1,11 +1,213 @@
-/* sample.c: `loom sample` (being built; see the open issues). */
+/* sample.c: `loom sample`: generate text from a model file with the KV cache (loom_gpt2_generate),
+ * streaming each token as it is produced.
+ *
+ * The prompt is encoded after an end-of-text token (every training document starts with one, so
+ * this is the distribution the model learned). With the byte-level tokenizer the encoding is exact;
+ * with a BPE vocabulary (llm.c's gpt2_tokenizer.bin) loom has no merge rules, so the prompt is
+ * split by greedy longest match over the vocabulary: valid tokens, but not always GPT-2's split. */
+#include <dirent.h>
+#include <libgen.h>
+#include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
+#include "loom/ckpt.h"
+#include "loom/data.h"
+#include "loom/gpt2.h"
+
+static const char *const usage_text =
+	"usage: loom sample --model FILE [--prompt TEXT] [flags]\n"
+	"  --model FILE         .safetensors or llm.c .bin model, a training checkpoint directory, or a\n"
+	"                       --save-dir (its latest checkpoint)\n"
+	"  --prompt TEXT        text to continue (default: none, start of a document)\n"
+	"  --max-tokens N       tokens to generate (default 256; fewer when the context fills up)\n"
+	"  --temperature X      0 = greedy (default 1.0)\n"
+	"  --top-k K            sample from the K most likely tokens, 0 = all (default 40)\n"
+	"  --seed S             sampling seed (default 1337)\n"
+	"  --tokenizer FILE     llm.c tokenizer file (default: tokenizer.bin beside the model or one\n"
+	"                       directory up; the byte-level tokenizer for a 257-token vocabulary)\n"
+	"  --n-head H           when the model file does not say it\n"
+	"  --threads N          threads for the kernels\n";
+
+static int exists(const char *p)
+{
+	struct stat sb;
+	return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* Resolve --model: a file, a checkpoint directory, or a directory of checkpoints. */
+static void resolve_model(const char *arg, char *path, size_t cap)
+{
+	struct stat sb;
+	char ck[1100];
+	int64_t step;
+	if (stat(arg, &sb) != 0)
+		cli_die("sample", "--model %s: no such file or directory", arg);
+	if (!S_ISDIR(sb.st_mode)) {
+		snprintf(path, cap, "%s", arg);
+		return;
+	}
+	snprintf(path, cap, "%s/model.safetensors", arg);
+	if (exists(path))
+		return;
+	if (loom_ckpt_latest(arg, ck, sizeof ck, &step) != LOOM_OK)
+		cli_die("sample", "--model %s: a directory without model.safetensors or checkpoints", arg);
+	snprintf(path, cap, "%s/model.safetensors", ck);
+}
+
+static void load_tokenizer(const char *flag, const char *model, int vocab, loom_tokenizer_t *tok)
+{
+	char buf[1200], *d1 = strdup(model), *d2 = NULL;
+	const char *dirs[2];
+	if (flag) {
+		if (loom_tokenizer_load(tok, flag) != LOOM_OK)
+			cli_die("sample", "--tokenizer: %s", loom_errmsg());
+		goto check;
+	}
+	if (!d1)
+		cli_die("sample", "out of memory");
+	dirs[0] = dirname(d1);
+	d2 = strdup(dirs[0]);
+	dirs[1] = d2 ? dirname(d2) : dirs[0];
+	for (int i = 0; i < 2; i++) {
+		snprintf(buf, sizeof buf, "%s/tokenizer.bin", dirs[i]);
+		if (exists(buf)) {
+			if (loom_tokenizer_load(tok, buf) != LOOM_OK)
+				cli_die("sample", "%s", loom_errmsg());
+			free(d1), free(d2);
+			goto check;
+		}
+	}
+	free(d1), free(d2);
+	if (vocab != LOOM_BYTE_VOCAB)
+		cli_die("sample", "no tokenizer.bin beside %s; give --tokenizer FILE (e.g. llm.c's gpt2_tokenizer.bin)",
+		        model);
+	if (loom_tokenizer_init_bytes(tok) != LOOM_OK)
+		cli_die("sample", "%s", loom_errmsg());
+check:
+	if (tok->vocab_size > vocab)
+		cli_die("sample", "the tokenizer has %d tokens, the model only %d", tok->vocab_size, vocab);
+}
+
+/* Greedy longest-match encoding over the tokenizer's vocabulary (see the file comment). Returns
+ * the number of tokens, or -1 when some byte has no token. */
+static int encode(const loom_tokenizer_t *tok, const char *text, int *out, int cap)
+{
+	size_t len = strlen(text), pos = 0;
+	int n = 0;
+	if (tok->byte_level) {
+		size_t k;
+		if (loom_tokenizer_encode(tok, text, len, out, (size_t)cap, &k) != LOOM_OK)
+			return -1;
+		return (int)k;
+	}
+	while (pos < len && n < cap) {
+		int best = -1, best_len = 0;
+		for (int id = 0; id < tok->vocab_size; id++) {
+			int l;
+			const unsigned char *b = loom_tokenizer_decode(tok, id, &l);
+			if (id != tok->eot_token && b && l > best_len && (size_t)l <= len - pos && !memcmp(b, text + pos, (size_t)l))
+				best = id, best_len = l;
+		}
+		if (best < 0)
+			return -1;
+		out[n++] = best;
+		pos += (size_t)best_len;
+	}
+	return pos == len ? n : -1;
+}
+
+static void on_token(void *ctx, int id)
+{
+	const loom_tokenizer_t *tok = ctx;
+	int len;
+	const unsigned char *b = loom_tokenizer_decode(tok, id, &len);
+	if (id == tok->eot_token)
+		return;
+	if (b)
+		fwrite(b, 1, (size_t)len, stdout);
+	fflush(stdout);
+}
 
 int loom_cli_sample(int argc, char **argv)
 {
-	(void)argc, (void)argv;
-	fprintf(stderr, "loom sample: not implemented yet\n");
-	return 2;
+	const char *model_arg = NULL, *prompt = "", *tok_flag = NULL, *v;
+	int max_tokens = 256, top_k = 40, n_head = 0, threads = 0, status = 1;
+	double temperature = 1.0;
+	uint64_t seed = 1337;
+	char path[1200];
+	loom_gpt2_config_t cfg;
+	loom_gpt2_t *m = NULL;
+	loom_tokenizer_t tok;
+	int *ids = NULL, *out = NULL, n_prompt, n_out = 0;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			fputs(usage_text, stdout);
+			return 0;
+		} else if (cli_flag(argc, argv, &i, "--model", &v)) model_arg = v;
+		else if (cli_flag(argc, argv, &i, "--prompt", &v)) prompt = v;
+		else if (cli_flag(argc, argv, &i, "--max-tokens", &v)) max_tokens = (int)cli_parse_int("sample", "--max-tokens", v);
+		else if (cli_flag(argc, argv, &i, "--temperature", &v)) temperature = cli_parse_double("sample", "--temperature", v);
+		else if (cli_flag(argc, argv, &i, "--top-k", &v)) top_k = (int)cli_parse_int("sample", "--top-k", v);
+		else if (cli_flag(argc, argv, &i, "--seed", &v)) seed = (uint64_t)cli_parse_int("sample", "--seed", v);
+		else if (cli_flag(argc, argv, &i, "--tokenizer", &v)) tok_flag = v;
+		else if (cli_flag(argc, argv, &i, "--n-head", &v)) n_head = (int)cli_parse_int("sample", "--n-head", v);
+		else if (cli_flag(argc, argv, &i, "--threads", &v)) threads = (int)cli_parse_int("sample", "--threads", v);
+		else
+			cli_die("sample", "unknown flag '%s' (see loom sample --help)", argv[i]);
+	}
+	if (!model_arg)
+		cli_die("sample", "--model FILE is required");
+	if (max_tokens < 1)
+		cli_die("sample", "--max-tokens %d must be >= 1", max_tokens);
+	if (!(temperature >= 0.0))
+		cli_die("sample", "--temperature %g must be >= 0", temperature);
+	if (top_k < 0)
+		cli_die("sample", "--top-k %d must be >= 0", top_k);
+	loom_set_num_threads(threads > 0 ? threads : omp_get_max_threads());
+	resolve_model(model_arg, path, sizeof path);
+	if (loom_model_config(path, n_head, &cfg, NULL) != LOOM_OK)
+		cli_die("sample", "%s", loom_errmsg());
+	load_tokenizer(tok_flag, path, cfg.vocab_size, &tok);
+
+	size_t plen = strlen(prompt);
+	ids = malloc((plen + 1) * sizeof *ids);
+	out = malloc((size_t)max_tokens * sizeof *out);
+	if (!ids || !out) {
+		fprintf(stderr, "loom sample: out of memory\n");
+		goto done;
+	}
+	ids[0] = tok.eot_token;
+	n_prompt = encode(&tok, prompt, ids + 1, (int)plen);
+	if (n_prompt < 0) {
+		fprintf(stderr, "loom sample: the prompt cannot be encoded with this tokenizer\n");
+		goto done;
+	}
+	n_prompt += 1;
+	if (n_prompt >= cfg.seq_len) {
+		fprintf(stderr, "loom sample: the prompt is %d tokens, the model's context is %d\n", n_prompt, cfg.seq_len);
+		goto done;
+	}
+	if (loom_gpt2_create(&m, &cfg, 1, cfg.seq_len) != LOOM_OK ||
+	    loom_model_load(path, &cfg, loom_gpt2_params(m)) != LOOM_OK) {
+		fprintf(stderr, "loom sample: %s\n", loom_errmsg());
+		goto done;
+	}
+	fputs(prompt, stdout);
+	fflush(stdout);
+	if (loom_gpt2_generate(m, ids, n_prompt, max_tokens, (float)temperature, top_k, seed, tok.eot_token, out, &n_out,
+	                       on_token, &tok) != LOOM_OK) {
+		fprintf(stderr, "\nloom sample: %s\n", loom_errmsg());
+		goto done;
+	}
+	putchar('\n');
+	status = 0;
+done:
+	loom_gpt2_destroy(m);
+	loom_tokenizer_free(&tok);
+	free(ids), free(out);
+	return status;
 }

@@ -14,7 +14,16 @@
  * LOOM_JOB_ID names the job's shared-memory segments (/dev/shm/loom-<LOOM_JOB_ID>*); `loom run` sets
  * it, otherwise it is derived from the launcher's job id (or MASTER_ADDR/MASTER_PORT).
  * LOOM_ALGO=op:algo[,op:algo...] overrides the algorithm choice; LOOM_DEBUG=1 checks every
- * collective's signature across ranks.
+ * collective's signature across ranks (both must be the same on every rank). LOOM_TIMEOUT_S may be
+ * fractional. LOOM_SHM_MB sizes each rank's shared heap (loom_comm_alloc).
+ * RANK without WORLD_SIZE is an error; LOCAL_RANK / LOCAL_WORLD_SIZE default to RANK / WORLD_SIZE.
+ * All ranks must be on one machine for now (LOCAL_WORLD_SIZE == WORLD_SIZE, one Slurm node);
+ * otherwise loom_comm_init fails with LOOM_ENOTSUP.
+ *
+ * Failures: when a rank dies or leaves, a deadline passes, or the transport sees a message of the
+ * wrong size in a collective, the communicator is unusable afterwards: every later call on it, on
+ * every rank, fails at once with that error and its message. A LOOM_DEBUG signature mismatch fails
+ * that call on every rank and leaves the communicator usable.
  *
  * Thread-safety: a communicator is used by one application thread at a time; the non-blocking calls
  * are progressed by the communicator's own thread. */
@@ -55,7 +64,9 @@ size_t loom_dtype_size(loom_dtype_t dt);      /* 0 for an invalid dtype */
 const char *loom_dtype_name(loom_dtype_t dt); /* "float32", ...; "?" when invalid */
 const char *loom_op_name(loom_op_t op);       /* "sum", ...; "?" when invalid */
 
-/* Join the job described by the environment. On failure *comm is NULL and loom_errmsg() says why. */
+/* Join the job described by the environment; collective (returns once every rank has joined).
+ * On failure *comm is NULL and loom_errmsg() says why. The calling thread holds the rank's liveness
+ * lock: it must live as long as the communicator (peers take its exit for the rank's death). */
 int loom_comm_init(loom_comm_t **comm);
 /* Leave the job and free everything; safe on NULL. Not collective, but peers still waiting on this
  * rank then get LOOM_EPEERLOST. */
@@ -67,11 +78,13 @@ int loom_comm_local_rank(const loom_comm_t *comm);
 const char *loom_comm_errmsg(const loom_comm_t *comm);
 
 /* MPI_Comm_split: collective over `comm`. Ranks with the same color form a new communicator, ordered
- * by (key, old rank). color == LOOM_UNDEFINED gives *out = NULL. */
+ * by (key, old rank). color == LOOM_UNDEFINED gives *out = NULL; other colors must be >= 0. Parent
+ * and child are independent afterwards and may be destroyed in any order. */
 int loom_comm_split(loom_comm_t *comm, int color, int key, loom_comm_t **out);
 
 /* Collectives. In place when send == recv. count is per rank for allgather/reduce_scatter
- * (recv holds size*count elements for allgather, send holds size*count for reduce_scatter). */
+ * (recv holds size*count elements for allgather, send holds size*count for reduce_scatter).
+ * reduce's recv is used on the root only (NULL is fine elsewhere). */
 int loom_allreduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op);
 int loom_reduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op,
                 int root);
@@ -82,7 +95,11 @@ int loom_reduce_scatter(loom_comm_t *c, const void *send, void *recv, size_t cou
 int loom_barrier(loom_comm_t *c);
 
 /* Point to point. Messages between a pair arrive in order; a recv whose tag or size differs from
- * the next message's is LOOM_EMISMATCH. */
+ * the next message's is LOOM_EMISMATCH. A send returns once its data is staged (small messages
+ * do not wait for the recv; buffers from loom_comm_alloc are read in place, so such a send returns
+ * after the recv). After a mismatch the channel from that sender is unusable: the receiver's
+ * further recvs from it and the sender's further sends to it fail with LOOM_EMISMATCH.
+ * Point-to-point calls may overlap non-blocking collectives but not each other. */
 int loom_send(loom_comm_t *c, const void *buf, size_t count, loom_dtype_t dt, int peer, int tag);
 int loom_recv(loom_comm_t *c, void *buf, size_t count, loom_dtype_t dt, int peer, int tag);
 
@@ -99,7 +116,9 @@ int loom_iallgather(loom_comm_t *c, const void *send, void *recv, size_t count_p
 int loom_ireduce_scatter(loom_comm_t *c, const void *send, void *recv, size_t count_per_rank, loom_dtype_t dt,
                          loom_op_t op, loom_request_t **req);
 int loom_ibarrier(loom_comm_t *c, loom_request_t **req);
-/* Wait for completion, free the request, return the operation's result. */
+/* Wait for completion, free the request, return the operation's result (its detail in
+ * loom_errmsg()). Every request must be completed with loom_wait or loom_test before
+ * loom_comm_destroy, which runs queued requests first. */
 int loom_wait(loom_request_t *req);
 /* *done = 1 when complete (the request is then freed and the result returned), else 0 and LOOM_OK. */
 int loom_test(loom_request_t *req, int *done);
@@ -115,8 +134,12 @@ typedef struct {
 void loom_comm_stats(const loom_comm_t *c, loom_comm_stats_t *st);
 
 /* Memory in the job's shared segment: collectives on it are single-copy (zero-copy staging).
- * NULL when the segment is exhausted (size: LOOM_SHM_MB, default 1024 MiB of address space per rank). */
+ * NULL when the segment is exhausted (size: LOOM_SHM_MB, default 1024 MiB of address space per rank),
+ * with loom_errmsg() saying so. Page-aligned; usable with every communicator of the job; valid until
+ * freed or until the job's last communicator is destroyed. Thread-safe. */
 void *loom_comm_alloc(loom_comm_t *c, size_t bytes);
+/* Free memory from loom_comm_alloc. NULL and pointers that loom_comm_alloc did not return are
+ * ignored (no crash). */
 void loom_comm_free(loom_comm_t *c, void *p);
 
 #ifdef __cplusplus

@@ -11,7 +11,10 @@
  * convention). With shuffle, position k%W of epoch e reads window perm_e(k%W), where perm_e is a
  * seeded permutation of [0, W) derived from (seed, e) only, so any window can be computed directly.
  * Data-parallel rank r of `world` reads, in step i, micro-step j, window (i*accum + j)*world + r; the
- * loader's sequential next() with rank/world set yields exactly that sequence. */
+ * loader's sequential next() with rank/world set yields exactly that sequence.
+ *
+ * Thread safety: an object (shard, tokenizer, loader) may be used by one thread at a time, except
+ * where a function says otherwise; distinct objects are independent. Errors: see loom/error.h. */
 #ifndef LOOM_DATA_H
 #define LOOM_DATA_H
 

@@ -55,7 +55,7 @@ uint64_t loom_checksum_f32(const float *x, size_t n);
 
 /* The buckets: bucket b covers gradient floats [*offset, *offset + *count) (tensors in reverse order:
  * bucket 0 holds the last tensors). Returns the number of buckets; with b out of range, nothing is
- * written. */
+ * written (nor with NULL pointers). */
 int loom_ddp_bucket(const loom_ddp_t *d, int b, size_t *offset, size_t *count);
 /* 1 when the gradients live in shared memory (single-copy all-reduce). */
 int loom_ddp_zero_copy(const loom_ddp_t *d);

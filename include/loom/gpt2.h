@@ -108,6 +108,23 @@ int loom_gpt2_generate(loom_gpt2_t *m, const int *prompt, int n_prompt, int max_
 void loom_gpt2_profile(loom_gpt2_t *m, int enable);
 void loom_gpt2_profile_report(loom_gpt2_t *m, void *file /* FILE* */, int steps);
 
+/* ---- threads and the sgemm peak ---------------------------------------------------------------- */
+
+/* Run the model's kernels (loops and sgemm alike) on n threads of one OpenMP pool; n <= 0 means one
+ * per online CPU. Whichever OpenBLAS build is loaded (pthreads or OpenMP), BLAS then never starts
+ * threads of its own, so n threads in total are busy. Process-wide; call it before creating models,
+ * not while a forward or backward runs. Returns the thread count now in effect. */
+int loom_set_num_threads(int n);
+int loom_num_threads(void); /* the thread count kernels use now */
+
+/* Measured sgemm throughput in FLOP/s of C (M,N) = A (M,K) B (K,N), row-major, fp32, through the
+ * model's threaded sgemm on `threads` threads (<= 0: the current count, which is restored after):
+ * best of repeated runs lasting about `seconds` in all. 0 if the buffers cannot be allocated. */
+double loom_gemm_flops(int threads, int M, int N, int K, double seconds);
+/* Peak sgemm FLOP/s on this machine with `threads` threads, for MFU: the best of a few large shapes
+ * (square 1024 and the GPT-2 `small` preset's lm-head and MLP products), about 2 s in all. */
+double loom_gemm_peak_flops(int threads);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,6 +5,10 @@
 #include "loom/error.h"
 #include "loom/comm.h"
 #include "loom/gpt2.h"
+#include "loom/data.h"
+#include "loom/ckpt.h"
 #include "loom/ddp.h"
+#include "loom/optim.h"
+#include "loom/train.h"
 
 #endif

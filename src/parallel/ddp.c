@@ -227,7 +227,7 @@ int loom_ddp_check_replicas(loom_ddp_t *d)
 
 int loom_ddp_bucket(const loom_ddp_t *d, int b, size_t *offset, size_t *count)
 {
-	if (b >= 0 && b < d->nbuckets) {
+	if (b >= 0 && b < d->nbuckets && offset && count) {
 		*offset = d->buckets[b].offset;
 		*count = d->buckets[b].count;
 	}

@@ -56,4 +56,83 @@ void loom_algo_print_rule(void *file /* FILE* */);
  * or AUTO). Arguments are already validated by the caller (comm.c). */
 int loom_algo_run(loom_comm_t *c, const loom_coll_args_t *a, loom_algo_t forced);
 
+/* ---- internal to src/comm/algo/ ------------------------------------------------------------
+ * One function per (algorithm, collective). Each takes validated arguments, runs on every rank of
+ * the communicator, returns LOOM_OK or the transport's negative code (already recorded with
+ * loom_comm_fail), and finishes LOOM_AVG itself (sum, then one scale by 1/size of the data it
+ * owns). Buffer conventions, shared by all of them:
+ *   allreduce       send, recv: count elements; in place when send == recv.
+ *   reduce          send: count; recv: count, used on the root only (never written elsewhere).
+ *   broadcast       recv: count, the buffer on every rank (send is ignored).
+ *   allgather       send: count; recv: size*count. In place when send == recv (this rank's block is
+ *                   then read from recv[0..count)) or send == recv + rank*count.
+ *   reduce_scatter  send: size*count; recv: count. In place when send == recv (the result goes to
+ *                   recv[0..count)) or recv == send + rank*count.
+ *   barrier         no data.
+ * Temporaries come from loom_comm_scratch (slots 0 and 1). */
+typedef int (*loom_algo_fn)(loom_comm_t *c, const loom_coll_args_t *a);
+
+int loom_ring_allreduce(loom_comm_t *c, const loom_coll_args_t *a);
+int loom_ring_reduce_scatter(loom_comm_t *c, const loom_coll_args_t *a);
+int loom_ring_allgather(loom_comm_t *c, const loom_coll_args_t *a);
+int loom_rhd_allreduce(loom_comm_t *c, const loom_coll_args_t *a);
+int loom_rhd_reduce_scatter(loom_comm_t *c, const loom_coll_args_t *a);
+int loom_rd_allreduce(loom_comm_t *c, const loom_coll_args_t *a);
+int loom_rd_allgather(loom_comm_t *c, const loom_coll_args_t *a);
+int loom_rd_barrier(loom_comm_t *c, const loom_coll_args_t *a); /* dissemination */
+int loom_tree_broadcast(loom_comm_t *c, const loom_coll_args_t *a);
+int loom_tree_reduce(loom_comm_t *c, const loom_coll_args_t *a);
+int loom_tree_allreduce(loom_comm_t *c, const loom_coll_args_t *a); /* reduce to 0, then broadcast */
+int loom_tree_barrier(loom_comm_t *c, const loom_coll_args_t *a);
+
+/* The implementation of (coll, algo), or NULL when that algorithm does not implement it. */
+loom_algo_fn loom_algo_impl(loom_coll_t coll, loom_algo_t algo);
+
+/* Elements of block b when n elements are split into nb nearly equal blocks (the first n % nb
+ * blocks get one more), and where it starts. */
+static inline size_t loom_block_len(size_t n, int nb, int b)
+{
+	return n / (size_t)nb + ((size_t)b < n % (size_t)nb);
+}
+static inline size_t loom_block_off(size_t n, int nb, int b)
+{
+	size_t r = n % (size_t)nb;
+	return (size_t)b * (n / (size_t)nb) + ((size_t)b < r ? (size_t)b : r);
+}
+
+/* The op a transport combines with (LOOM_AVG reduces as LOOM_SUM, then is scaled). */
+static inline loom_op_t loom_wire_op(loom_op_t op)
+{
+	return op == LOOM_AVG ? LOOM_SUM : op;
+}
+
+static inline size_t loom_zmin(size_t a, size_t b)
+{
+	return a < b ? a : b;
+}
+
+/* Folding a rank count that is not a power of two (MPICH's scheme, used by rhd and rd): with
+ * p = the largest power of two <= n and rem = n - p, ranks r < 2*rem pair up, the even one handing
+ * its data to r+1 and sitting out; the odd ones become virtual rank r/2 and ranks >= 2*rem become
+ * r - rem, so p virtual ranks remain. */
+static inline int loom_pow2_floor(int n)
+{
+	int p = 1;
+	while (p * 2 <= n)
+		p *= 2;
+	return p;
+}
+static inline int loom_fold_vrank(int r, int rem) /* -1 for an even rank that sits out */
+{
+	return r < 2 * rem ? (r % 2 ? r / 2 : -1) : r - rem;
+}
+static inline int loom_fold_real(int v, int rem) /* the real rank acting as virtual rank v */
+{
+	return v < rem ? 2 * v + 1 : v + rem;
+}
+static inline int loom_fold_first_block(int v, int rem) /* first real rank that v stands for */
+{
+	return v < rem ? 2 * v : v + rem;
+}
+
 #endif

@@ -1,0 +1,104 @@
+/* bench_model.c: `loom bench model`: tokens/s of the GPT-2 training micro-step (forward + backward,
+ * no optimizer) on random tokens, with an optional per-kernel profile. The model's own speed,
+ * apart from data loading and the optimizer that `loom train` adds. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "core/util.h"
+#include "loom/gpt2.h"
+
+/* CPU seconds used by the whole process (all threads): on a shared machine, with one thread, the
+ * cost of a step apart from the time other processes took the core. */
+static double cpu_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: loom bench model [--model tiny|small|gpt2] [--batch B] [--seq-len T] [--threads N]\n"
+	           "                        [--steps S] [--profile] [--peak-flops F]\n"
+	           "  Times S forward_backward steps (after one warm-up) and prints the best and mean tokens/s,\n"
+	           "  and MFU against --peak-flops (default: measured now, like `loom bench gemm`).\n");
+}
+
+int loom_cli_bench_model(int argc, char **argv)
+{
+	const char *v, *preset = "small";
+	int B = 4, T = 0, threads = 0, steps = 5, profile = 0, rc;
+	double peak = 0.0;
+	loom_gpt2_config_t cfg;
+	loom_gpt2_t *m = NULL;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			usage(stdout);
+			return 0;
+		} else if (cli_flag(argc, argv, &i, "--model", &v)) {
+			preset = v;
+		} else if (cli_flag(argc, argv, &i, "--batch", &v)) {
+			B = (int)cli_parse_int("bench model", "--batch", v);
+		} else if (cli_flag(argc, argv, &i, "--seq-len", &v)) {
+			T = (int)cli_parse_int("bench model", "--seq-len", v);
+		} else if (cli_flag(argc, argv, &i, "--threads", &v)) {
+			threads = (int)cli_parse_int("bench model", "--threads", v);
+		} else if (cli_flag(argc, argv, &i, "--steps", &v)) {
+			steps = (int)cli_parse_int("bench model", "--steps", v);
+		} else if (cli_flag(argc, argv, &i, "--peak-flops", &v)) {
+			peak = cli_parse_double("bench model", "--peak-flops", v);
+		} else if (strcmp(argv[i], "--profile") == 0) {
+			profile = 1;
+		} else {
+			fprintf(stderr, "loom bench model: unknown argument '%s'\n", argv[i]);
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (loom_gpt2_preset(preset, &cfg) != LOOM_OK)
+		cli_die("bench model", "%s", loom_errmsg());
+	if (T <= 0)
+		T = cfg.seq_len;
+	if (steps < 1)
+		cli_die("bench model", "--steps: %d (expected >= 1)", steps);
+	threads = loom_set_num_threads(threads);
+	if ((rc = loom_gpt2_create(&m, &cfg, B, T)) != LOOM_OK)
+		cli_die("bench model", "%s", loom_errmsg());
+	loom_gpt2_init(m, 1);
+	int *in = malloc(sizeof(int) * (size_t)B * T), *tg = malloc(sizeof(int) * (size_t)B * T);
+	for (int i = 0; i < B * T; i++) { /* arbitrary but fixed tokens */
+		in[i] = (int)(((unsigned)i * 7919u + 13u) % (unsigned)cfg.vocab_size);
+		tg[i] = (int)(((unsigned)i * 104729u + 1u) % (unsigned)cfg.vocab_size);
+	}
+	float loss;
+	double best = 1e30, total = 0.0, best_cpu = 1e30;
+	loom_gpt2_zero_grad(m);
+	loom_gpt2_forward_backward(m, in, tg, B, T, 1.0f, &loss); /* warm-up */
+	loom_gpt2_profile(m, profile);
+	for (int s = 0; s < steps; s++) {
+		double t0 = loom_now(), c0 = cpu_now();
+		loom_gpt2_forward_backward(m, in, tg, B, T, 1.0f, &loss);
+		double dt = loom_now() - t0, dc = cpu_now() - c0;
+		best = dt < best ? dt : best;
+		best_cpu = dc < best_cpu ? dc : best_cpu;
+		total += dt;
+		printf("step %d: loss %.4f, %.1f ms, %.1f tokens/s (cpu %.1f ms)\n", s + 1, loss, 1e3 * dt, B * T / dt,
+		       1e3 * dc);
+	}
+	if (profile)
+		loom_gpt2_profile_report(m, stdout, steps);
+	if (peak <= 0)
+		peak = loom_gemm_peak_flops(threads);
+	double fpt = loom_gpt2_flops_per_token(&cfg, T);
+	printf("%s B=%d T=%d, %d thread%s: best %.1f tokens/s (%.1f ms), mean %.1f tokens/s; MFU %.1f%% of %.1f GFLOP/s\n",
+	       preset, B, T, threads, threads == 1 ? "" : "s", B * T / best, 1e3 * best, B * T * steps / total,
+	       100.0 * B * T / best * fpt / peak, peak / 1e9);
+	printf("cpu time: best %.1f ms per step (%.1f tokens per cpu-second)\n", 1e3 * best_cpu, B * T / best_cpu);
+	free(in);
+	free(tg);
+	loom_gpt2_destroy(m);
+	return 0;
+}

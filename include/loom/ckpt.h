@@ -1,0 +1,174 @@
+/* loom/ckpt.h: checkpoints: safetensors files, GPT-2 model files (HF safetensors and llm.c .bin),
+ * a small key-value state file, and atomic training-checkpoint directories.
+ *
+ * Every reader validates what it reads; every error names the file and what is wrong (loom_errmsg).
+ * Every writer is atomic: it writes a temporary file beside the target, fsyncs it, renames it over
+ * the target and fsyncs the directory, so a crash never leaves a half-written file under the final
+ * name. Data are little-endian (the host's order on every machine loom supports).
+ * Thread safety: a handle (loom_st_t, loom_kv_t, a writer) is used by one thread at a time; the
+ * file-level functions are safe to call concurrently on different paths. */
+#ifndef LOOM_CKPT_H
+#define LOOM_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/data.h"
+#include "loom/error.h"
+#include "loom/gpt2.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- safetensors ----------------------------------------------------------------------------- */
+
+typedef enum {
+	LOOM_ST_F32, LOOM_ST_F16, LOOM_ST_BF16, LOOM_ST_F64,
+	LOOM_ST_I64, LOOM_ST_I32, LOOM_ST_I16, LOOM_ST_I8, LOOM_ST_U8, LOOM_ST_BOOL,
+	LOOM_ST_COUNT_
+} loom_st_dtype_t;
+
+const char *loom_st_dtype_name(loom_st_dtype_t dt); /* "F32", ...; "?" when out of range */
+size_t loom_st_dtype_size(loom_st_dtype_t dt);      /* bytes per element; 0 when out of range */
+
+#define LOOM_ST_MAX_DIMS 8
+
+/* One tensor: for writing, the caller fills it; for reading, name and data point into the open file. */
+typedef struct {
+	const char *name;
+	loom_st_dtype_t dtype;
+	int ndim; /* 0 (a scalar) .. LOOM_ST_MAX_DIMS */
+	size_t shape[LOOM_ST_MAX_DIMS];
+	const void *data; /* nbytes = numel x dtype size */
+	size_t nbytes;
+} loom_st_tensor_t;
+
+typedef struct loom_st loom_st_t;
+
+/* Map a safetensors file and validate its header: header length within the file, JSON well formed,
+ * known dtypes, data_offsets in range, contiguous from 0 to the end of the file and non-overlapping,
+ * numel x dtype size == byte length, no duplicate names, __metadata__ a map of strings. LOOM_EFORMAT
+ * naming the file and the problem (and the tensor, when one is at fault). */
+int loom_st_open(loom_st_t **st, const char *path);
+void loom_st_close(loom_st_t *st); /* safe on NULL; invalidates every pointer obtained from st */
+const char *loom_st_path(const loom_st_t *st);
+int loom_st_count(const loom_st_t *st);                     /* tensors, in file (offset) order */
+const loom_st_tensor_t *loom_st_get(const loom_st_t *st, int i); /* NULL when out of range */
+int loom_st_find(const loom_st_t *st, const char *name);   /* index or -1 */
+/* Copy tensor i into out (numel floats, which must equal the tensor's element count), converting
+ * F16/BF16/F64 to f32. LOOM_EFORMAT for other dtypes, LOOM_EINVAL for a size mismatch. */
+int loom_st_read_f32(const loom_st_t *st, int i, float *out, size_t numel);
+int loom_st_meta_count(const loom_st_t *st);
+int loom_st_meta_at(const loom_st_t *st, int i, const char **key, const char **value);
+const char *loom_st_meta(const loom_st_t *st, const char *key); /* NULL when absent */
+
+/* Write tensors in the given order (offsets follow it) with __metadata__ from meta: n_meta pairs
+ * (meta[2i] = key, meta[2i+1] = value; meta may be NULL when n_meta is 0). The header is padded with
+ * spaces to a multiple of 8 bytes, as the reference library does. Atomic. LOOM_EINVAL for a tensor
+ * whose nbytes does not match its shape or a duplicate name. */
+int loom_st_write(const char *path, const loom_st_tensor_t *tensors, int n, const char *const *meta, int n_meta);
+
+/* ---- GPT-2 model files ----------------------------------------------------------------------- */
+
+#define LOOM_LLMC_MAGIC 20240326
+#define LOOM_LLMC_VERSION 3 /* fp32, padded vocabulary; version 5 (bf16) is read too */
+
+/* Which format a model file is: by magic (llm.c .bin starts with 20240326), else safetensors. */
+typedef enum { LOOM_MODEL_SAFETENSORS, LOOM_MODEL_LLMC } loom_model_format_t;
+
+/* Read a model file's configuration. safetensors: the shapes give V, T, C and L, n_head comes from
+ * __metadata__ "n_head", else from config.json beside the file (HF layout), else from n_head_hint
+ * (> 0; e.g. the CLI's --n-head); LOOM_EINVAL naming the file when none has it. llm.c .bin: the
+ * header. Writes the format to *fmt when fmt is not NULL. */
+int loom_model_config(const char *path, int n_head_hint, loom_gpt2_config_t *cfg, loom_model_format_t *fmt);
+/* Load the parameters (loom_gpt2_num_params(cfg) floats, layout of loom/gpt2.h) into params. cfg
+ * must be what loom_model_config returns for this file. safetensors: accepts a "transformer."
+ * prefix, ignores attn.bias / attn.masked_bias buffers and an lm_head.weight equal to wte; F16/BF16
+ * are converted. Missing, extra or wrong-shaped tensors give LOOM_EFORMAT naming the tensor.
+ * llm.c: transposes its (out, in) matrices to HF's Conv1D (in, out) and drops the padded rows. */
+int loom_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params);
+/* Both in one: *params is allocated with loom_alloc_aligned semantics (free with free()). */
+int loom_model_load_alloc(const char *path, int n_head_hint, loom_gpt2_config_t *cfg, float **params);
+/* Save as llm.c .bin (version 3, vocab padded to a multiple of 128 with zero rows) when path ends in
+ * ".bin", else as safetensors with HF names and shapes and the config in __metadata__ (n_layer,
+ * n_head, n_embd, n_positions, vocab_size, format "loom-gpt2"). Atomic. */
+int loom_model_save(const char *path, const loom_gpt2_config_t *cfg, const float *params);
+int loom_model_save_safetensors(const char *path, const loom_gpt2_config_t *cfg, const float *params);
+int loom_model_save_llmc(const char *path, const loom_gpt2_config_t *cfg, const float *params);
+
+/* AdamW state as safetensors: tensors "<name>.exp_avg" (m) and "<name>.exp_avg_sq" (v) for every
+ * model tensor (PyTorch's names), with the model config in __metadata__. load checks the config and
+ * every shape. Either buffer may be NULL on save only if both are NULL (then nothing is written and
+ * LOOM_EINVAL is returned). */
+int loom_optim_save(const char *path, const loom_gpt2_config_t *cfg, const float *m, const float *v);
+int loom_optim_load(const char *path, const loom_gpt2_config_t *cfg, float *m, float *v);
+
+/* ---- key-value state file (trainer state) ---------------------------------------------------- */
+
+/* A flat map from keys to integers, doubles and strings, saved as one JSON object with
+ * "format": "loom-state", "version": 1. Doubles are written with 17 significant digits, so they
+ * round-trip bit-exactly (non-finite ones as the strings "nan", "inf", "-inf"); 64-bit integers
+ * are kept exactly (they are parsed from their text, not through a double). */
+typedef struct loom_kv loom_kv_t;
+
+int loom_kv_create(loom_kv_t **kv);
+void loom_kv_destroy(loom_kv_t *kv); /* safe on NULL */
+/* Setting a key that exists replaces it. LOOM_ENOMEM on allocation failure. */
+int loom_kv_set_i64(loom_kv_t *kv, const char *key, int64_t v);
+int loom_kv_set_u64(loom_kv_t *kv, const char *key, uint64_t v);
+int loom_kv_set_f64(loom_kv_t *kv, const char *key, double v);
+int loom_kv_set_str(loom_kv_t *kv, const char *key, const char *v);
+/* LOOM_ENOENT when the key is absent, LOOM_EFORMAT when its value has another type or does not fit;
+ * the message names the key and the file it came from. A string from get_str lives as long as kv. */
+int loom_kv_get_i64(const loom_kv_t *kv, const char *key, int64_t *v);
+int loom_kv_get_u64(const loom_kv_t *kv, const char *key, uint64_t *v);
+int loom_kv_get_f64(const loom_kv_t *kv, const char *key, double *v);
+int loom_kv_get_str(const loom_kv_t *kv, const char *key, const char **v);
+int loom_kv_has(const loom_kv_t *kv, const char *key);
+int loom_kv_count(const loom_kv_t *kv);                /* keys, in insertion (file) order */
+const char *loom_kv_key_at(const loom_kv_t *kv, int i); /* NULL when out of range */
+/* A loader state under keys "<prefix>.next_window", "<prefix>.seed", ... */
+int loom_kv_set_loader(loom_kv_t *kv, const char *prefix, const loom_loader_state_t *st);
+int loom_kv_get_loader(const loom_kv_t *kv, const char *prefix, loom_loader_state_t *st);
+int loom_kv_save(const loom_kv_t *kv, const char *path); /* atomic */
+int loom_kv_load(loom_kv_t **kv, const char *path);      /* LOOM_EFORMAT naming the file */
+
+/* ---- training checkpoint directories ---------------------------------------------------------- */
+
+/* A checkpoint of step S is the directory DIR/step_%08lld holding any files the trainer writes
+ * (by convention model.safetensors, optim.safetensors, state.json) and a MANIFEST listing each
+ * file's size, written last. It is built in DIR/.tmp-step_%08lld and renamed into place only when
+ * complete, so a directory under a final name is always complete. */
+typedef struct {
+	char dir[1024];   /* the checkpoints' parent directory */
+	char tmp[1100];   /* DIR/.tmp-step_XXXXXXXX, where files are written */
+	char final_[1100];/* DIR/step_XXXXXXXX */
+	int64_t step;
+	int active;
+} loom_ckpt_writer_t;
+
+/* Start the checkpoint of `step`: creates DIR (and parents) if needed and an empty temp directory
+ * (removing a leftover one of the same step). LOOM_ESYS naming the path on failure. */
+int loom_ckpt_begin(loom_ckpt_writer_t *w, const char *dir, int64_t step);
+/* Path of file `name` inside the checkpoint being written (into buf; LOOM_EINVAL if it does not fit). */
+int loom_ckpt_file(const loom_ckpt_writer_t *w, const char *name, char *buf, size_t cap);
+/* fsync every file, write the MANIFEST, fsync the temp dir, rename it to DIR/step_XXXXXXXX
+ * (replacing an existing checkpoint of the same step), fsync DIR. */
+int loom_ckpt_commit(loom_ckpt_writer_t *w);
+void loom_ckpt_abort(loom_ckpt_writer_t *w); /* removes the temp dir; safe after commit */
+
+/* The newest complete checkpoint in DIR: a step_NNNNNNNN directory whose MANIFEST lists files that
+ * all exist with their listed sizes (.tmp- directories and incomplete ones are ignored). Writes its
+ * path to path (cap bytes) and its step to *step. LOOM_ENOENT when there is none. */
+int loom_ckpt_latest(const char *dir, char *path, size_t cap, int64_t *step);
+/* Verify that checkpoint directory `path` is complete (MANIFEST present, sizes match). LOOM_EFORMAT
+ * naming the missing or wrong-sized file. */
+int loom_ckpt_verify(const char *path);
+/* Delete all but the newest `keep` complete checkpoints in DIR (keep >= 1) and stale .tmp- dirs. */
+int loom_ckpt_prune(const char *dir, int keep);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

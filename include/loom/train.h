@@ -1,0 +1,133 @@
+/* loom/train.h: the training loop: LR schedules, a trainer that runs optimizer steps with gradient
+ * accumulation, clipping and AdamW, evaluates, logs JSONL and saves/resumes training checkpoints.
+ *
+ * Batch arithmetic (as llm.c and nanochat): an optimizer step is `accum` micro-steps of B x T tokens
+ * on each of `world` ranks. In step i (counting from 0), micro-step j, rank r reads data window
+ * k = (i*accum + j)*world + r (loom/data.h). Gradients accumulate with scale 1/accum, so the step's
+ * gradient is the mean over its micro-batches; the logged loss is the mean of the micro-step losses.
+ * This issue's trainer is single-process (world 1, rank 0); the data-parallel trainer adds the
+ * gradient averaging through loom/ddp.h on the same loop.
+ *
+ * A training checkpoint (DIR/step_NNNNNNNN/, written through loom/ckpt.h) holds the model, the AdamW
+ * state (m, v, step) and the trainer state (step, data-loader state, seed, config). Resuming from it
+ * and continuing gives bit-identical losses and parameters to an uninterrupted run (same thread
+ * count: OpenBLAS and OpenMP reductions are deterministic for a fixed thread count). */
+#ifndef LOOM_TRAIN_H
+#define LOOM_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "loom/error.h"
+#include "loom/gpt2.h"
+#include "loom/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- learning-rate schedule -------------------------------------------------------------------- */
+
+typedef enum { LOOM_SCHED_COSINE = 0, LOOM_SCHED_LINEAR = 1, LOOM_SCHED_CONSTANT = 2 } loom_schedule_kind_t;
+
+/* Steps s = 1..N; P = peak_lr, W = warmup, F = P*min_lr_frac:
+ *   s <= W: P*s/W;  then q = (s-W)/(N-W) in [0,1]: cosine F + (P-F)(1+cos(pi q))/2,
+ *   linear P - (P-F) q, constant P. Step W uses P, step N uses F (cosine, linear). */
+typedef struct {
+	double peak_lr;
+	long long warmup;      /* W >= 0 */
+	long long total_steps; /* N > 0 */
+	loom_schedule_kind_t kind;
+	double min_lr_frac;    /* [0, 1] */
+} loom_lr_schedule_t;
+
+/* "cosine" | "linear" | "constant"; LOOM_EINVAL (listing them) otherwise. */
+int loom_schedule_parse(const char *name, loom_schedule_kind_t *kind);
+const char *loom_schedule_name(loom_schedule_kind_t kind);
+/* LOOM_EINVAL with a message for out-of-range fields. */
+int loom_schedule_check(const loom_lr_schedule_t *s);
+/* The rate of optimizer step `step` (from 1). */
+float loom_schedule_lr(const loom_lr_schedule_t *s, long long step);
+
+/* ---- trainer ----------------------------------------------------------------------------------- */
+
+typedef struct {
+	const char *train_data;    /* glob of token shards (required) */
+	const char *val_data;      /* glob, or NULL: no evaluation */
+	int B, T;                  /* micro-batch */
+	int accum;                 /* micro-steps per optimizer step (>= 1) */
+	int shuffle;               /* shuffle windows per epoch */
+	uint64_t seed;             /* data shuffle (and sampling) seed */
+	loom_lr_schedule_t lr;     /* total_steps is the run's number of optimizer steps */
+	loom_adamw_config_t adamw;
+	double grad_clip;          /* max global norm; <= 0 disables clipping */
+	int eval_every;            /* with val_data: evaluate every K steps and at the last step
+	                              (0: only at the last step) */
+	int eval_batches;          /* micro-batches of the validation set per evaluation (windows 0..M-1) */
+	const char *save_dir;      /* training checkpoints go to save_dir/step_NNNNNNNN, or NULL */
+	int save_every;            /* every K steps (and at the last step); 0: only at the end */
+	const char *log_path;      /* JSONL, one object per step (appended to when resuming), or NULL */
+	double peak_flops;         /* FLOP/s for MFU; <= 0: MFU is reported as 0 */
+	const char *tokenizer;     /* llm.c tokenizer file copied into every checkpoint (so that
+	                              `loom sample` finds it beside the model), or NULL */
+} loom_train_config_t;
+
+/* A config with the defaults: accum 1, AdamW defaults, grad_clip 1.0, cosine, min_lr_frac 0.0,
+ * warmup 0, seed 1337, eval_batches 20. Fields without a sensible default are zero/NULL. */
+loom_train_config_t loom_train_defaults(void);
+
+/* What one optimizer step did. */
+typedef struct {
+	long long step;       /* optimizer steps done, counting from 1 */
+	long long total;      /* steps of the run */
+	float loss;           /* mean loss of the step's micro-batches, before its update */
+	float lr;
+	double grad_norm;     /* global norm before clipping */
+	double dt_ms;         /* wall time of the step (micro-steps, clipping, AdamW) */
+	double optim_ms;      /* of which the gradient norm and the AdamW update */
+	double tokens_per_s;  /* B*T*accum*world / dt */
+	double mfu;           /* tokens_per_s * flops_per_token / peak_flops (0 without a peak) */
+	double eta_s;         /* remaining steps x mean step time so far */
+	int has_val;
+	float val_loss;       /* mean loss over eval_batches validation windows, after this step's update */
+	int saved;            /* 1 when a checkpoint of this step was written */
+} loom_step_metrics_t;
+
+typedef struct loom_trainer loom_trainer_t;
+
+/* Build a trainer for `model` (borrowed: the caller keeps ownership and must keep it alive; its B
+ * and T given at create must be >= cfg->B, cfg->T). Opens the loaders and allocates the optimizer;
+ * strings in cfg are copied. Returns LOOM_EINVAL (bad settings, T beyond the model's seq_len, a
+ * token id in the data >= the model's vocabulary: the first 1M tokens of each set are checked),
+ * LOOM_ENOENT / LOOM_EFORMAT from the data, or LOOM_ENOMEM; the detail is in loom_errmsg(). */
+int loom_trainer_create(loom_trainer_t **tr, const loom_train_config_t *cfg, loom_gpt2_t *model);
+void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log */
+
+/* Restore model, optimizer and trainer state from a training checkpoint directory (or, when `path`
+ * is a directory of checkpoints, from the latest complete one in it). LOOM_ENOENT when none exists,
+ * LOOM_EMISMATCH when it was written with another model config, batch, data or world size. */
+int loom_trainer_resume(loom_trainer_t *tr, const char *path);
+/* Write a training checkpoint of the current state to cfg->save_dir/step_NNNNNNNN (atomically). */
+int loom_trainer_save(loom_trainer_t *tr);
+
+/* One optimizer step (accum micro-steps, clipping, AdamW); fills *m (without val_loss/saved). */
+int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m);
+/* Mean loss over the first cfg->eval_batches windows of the validation data (no gradients). */
+int loom_trainer_eval(loom_trainer_t *tr, float *val_loss);
+
+/* Called after every step of loom_trainer_run (e.g. to print); a non-zero return stops the run. */
+typedef int (*loom_train_step_fn)(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m);
+/* Run steps until lr.total_steps, evaluating, logging and saving as configured; calls fn (may be
+ * NULL) after each step. Returns LOOM_OK, the first error, or LOOM_ESTATE when fn stopped it. */
+int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx);
+
+long long loom_trainer_steps_done(const loom_trainer_t *tr);
+loom_gpt2_t *loom_trainer_model(loom_trainer_t *tr);
+const loom_adamw_t *loom_trainer_optimizer(const loom_trainer_t *tr);
+/* Tokens per optimizer step: B*T*accum*world. */
+long long loom_trainer_tokens_per_step(const loom_trainer_t *tr);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,276 @@
+/* llmc.c: llm.c's GPT-2 model file (train_gpt2.c's gpt2_build_from_checkpoint), read and written,
+ * plus the format dispatch of loom_model_config/load/save.
+ *
+ * File: 256 x int32 header [magic 20240326, version 3 (fp32) or 5 (bf16), maxT, V, L, NH, C, Vp],
+ * then the parameters as 16 arrays: wte (Vp,C) with rows V..Vp-1 padding, wpe (maxT,C), then for all
+ * layers at once ln1w (L,C), ln1b, qkvw (L,3C,C), qkvb (L,3C), attprojw (L,C,C), attprojb, ln2w, ln2b,
+ * fcw (L,4C,C), fcb (L,4C), fcprojw (L,C,4C), fcprojb (L,C), then lnfw (C), lnfb (C). llm.c's matrices
+ * are (out, in), the transpose of HF's Conv1D (in, out) that loom keeps. The 12 per-layer arrays come
+ * in the same order as HF's per-layer tensors, so array j of the file gathers tensor j of each layer. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/model_internal.h"
+#include "core/util.h"
+#include "data/fileio.h"
+#include "loom/ckpt.h"
+
+static size_t padded_vocab(size_t V)
+{
+	return (V + 127) / 128 * 128;
+}
+
+/* Read the header; *elsize = 4 (v3) or 2 (v5); *vp = padded vocab. */
+static int read_header(const char *path, int fd, loom_gpt2_config_t *cfg, size_t *vp, size_t *elsize, size_t *fsize)
+{
+	int32_t h[256];
+	struct stat sb;
+	if (fstat(fd, &sb) != 0)
+		return loom_seterr(LOOM_EIO, "%s: stat: %s", path, strerror(errno));
+	*fsize = (size_t)sb.st_size;
+	if (sb.st_size < (off_t)sizeof h)
+		return loom_seterr(LOOM_EFORMAT, "%s: %lld bytes, shorter than llm.c's 1024-byte header", path,
+		                   (long long)sb.st_size);
+	if (pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h)
+		return loom_seterr(LOOM_EIO, "%s: cannot read the header", path);
+	if (h[0] != LOOM_LLMC_MAGIC)
+		return loom_seterr(LOOM_EFORMAT, "%s: bad magic %d (expected %d, an llm.c model)", path, h[0],
+		                   LOOM_LLMC_MAGIC);
+	if (h[1] != 3 && h[1] != 5)
+		return loom_seterr(LOOM_EFORMAT, "%s: llm.c model version %d (expected 3, fp32, or 5, bf16)", path, h[1]);
+	cfg->seq_len = h[2], cfg->vocab_size = h[3], cfg->n_layer = h[4], cfg->n_head = h[5], cfg->n_embd = h[6];
+	if (loom_gpt2_config_check(cfg) != LOOM_OK)
+		return loom_seterr(LOOM_EFORMAT, "%s: bad header: %s", path, loom_errmsg());
+	if (h[7] < h[3])
+		return loom_seterr(LOOM_EFORMAT, "%s: padded vocab %d is smaller than vocab %d", path, h[7], h[3]);
+	*vp = (size_t)h[7];
+	*elsize = h[1] == 3 ? 4 : 2;
+	return LOOM_OK;
+}
+
+static size_t llmc_numel(const loom_gpt2_config_t *cfg, size_t vp)
+{
+	return loom_gpt2_num_params(cfg) + (vp - (size_t)cfg->vocab_size) * (size_t)cfg->n_embd;
+}
+
+int llmc_model_config(const char *path, loom_gpt2_config_t *cfg)
+{
+	size_t vp, es, fsize;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
+	if (fd < 0)
+		return loom_seterr(errno == ENOENT ? LOOM_ENOENT : LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
+	rc = read_header(path, fd, cfg, &vp, &es, &fsize);
+	close(fd);
+	return rc;
+}
+
+static float elem(const unsigned char *p, size_t i, size_t es)
+{
+	float f;
+	if (es == 4) {
+		memcpy(&f, p + 4 * i, 4);
+	} else {
+		uint32_t bits = (uint32_t)(p[2 * i] | (p[2 * i + 1] << 8)) << 16;
+		memcpy(&f, &bits, 4);
+	}
+	return f;
+}
+
+/* dst (in, out) <- file (out, in), in 32 x 32 tiles so both sides stay in cache. */
+static void transpose_from_file(float *dst, const unsigned char *p, size_t in, size_t out, size_t es)
+{
+	for (size_t o0 = 0; o0 < out; o0 += 32)
+		for (size_t i0 = 0; i0 < in; i0 += 32)
+			for (size_t o = o0; o < LOOM_MIN(o0 + 32, out); o++)
+				for (size_t i = i0; i < LOOM_MIN(i0 + 32, in); i++)
+					dst[i * out + o] = elem(p, o * in + i, es);
+}
+
+/* dst (out, in) <- src (in, out), tiled likewise. */
+static void transpose_to_file(float *dst, const float *src, size_t in, size_t out)
+{
+	for (size_t i0 = 0; i0 < in; i0 += 32)
+		for (size_t o0 = 0; o0 < out; o0 += 32)
+			for (size_t i = i0; i < LOOM_MIN(i0 + 32, in); i++)
+				for (size_t o = o0; o < LOOM_MIN(o0 + 32, out); o++)
+					dst[o * in + i] = src[i * out + o];
+}
+
+int llmc_model_load(const char *path, const loom_gpt2_config_t *want, float *params)
+{
+	loom_gpt2_config_t cfg;
+	size_t vp, es, fsize, expect, C, L;
+	const unsigned char *p;
+	void *map;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
+	if (fd < 0)
+		return loom_seterr(errno == ENOENT ? LOOM_ENOENT : LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
+	if ((rc = read_header(path, fd, &cfg, &vp, &es, &fsize)) != LOOM_OK) {
+		close(fd);
+		return rc;
+	}
+	if (memcmp(&cfg, want, sizeof cfg) != 0) {
+		close(fd);
+		return loom_seterr(LOOM_EMISMATCH, "%s: file has L=%d NH=%d C=%d T=%d V=%d, caller expected L=%d NH=%d C=%d "
+		                   "T=%d V=%d", path, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size,
+		                   want->n_layer, want->n_head, want->n_embd, want->seq_len, want->vocab_size);
+	}
+	expect = 1024 + llmc_numel(&cfg, vp) * es;
+	if (fsize != expect) {
+		close(fd);
+		return loom_seterr(LOOM_EFORMAT, "%s: %zu bytes, expected %zu for L=%d C=%d T=%d Vp=%zu in %s", path, fsize,
+		                   expect, cfg.n_layer, cfg.n_embd, cfg.seq_len, vp, es == 4 ? "fp32" : "bf16");
+	}
+	map = mmap(NULL, fsize, PROT_READ, MAP_SHARED, fd, 0);
+	close(fd);
+	if (map == MAP_FAILED)
+		return loom_seterr(LOOM_ESYS, "%s: mmap: %s", path, strerror(errno));
+	p = (const unsigned char *)map + 1024;
+	C = (size_t)cfg.n_embd, L = (size_t)cfg.n_layer;
+	/* wte: first V of Vp rows; wpe follows the padding. */
+	for (size_t i = 0; i < (size_t)cfg.vocab_size * C; i++)
+		params[i] = elem(p, i, es);
+	p += vp * C * es;
+	{
+		loom_tensor_info_t wpe;
+		loom_gpt2_tensor_info(&cfg, 1, &wpe);
+		for (size_t i = 0; i < wpe.numel; i++)
+			params[wpe.offset + i] = elem(p, i, es);
+		p += wpe.numel * es;
+	}
+	for (int j = 0; j < LOOM_GPT2_LAYER_TENSORS; j++) {
+		for (size_t l = 0; l < L; l++) {
+			loom_tensor_info_t t;
+			loom_gpt2_tensor_info(&cfg, 2 + (int)l * LOOM_GPT2_LAYER_TENSORS + j, &t);
+			float *dst = params + t.offset;
+			if (t.ndim == 2) { /* file (out, in) -> HF (in, out) */
+				transpose_from_file(dst, p, t.shape[0], t.shape[1], es);
+			} else {
+				for (size_t i = 0; i < t.numel; i++)
+					dst[i] = elem(p, i, es);
+			}
+			p += t.numel * es;
+		}
+	}
+	for (int k = 0; k < 2; k++) {
+		loom_tensor_info_t t;
+		loom_gpt2_tensor_info(&cfg, loom_gpt2_num_tensors(&cfg) - 2 + k, &t);
+		for (size_t i = 0; i < C; i++)
+			params[t.offset + i] = elem(p, i, es);
+		p += C * es;
+	}
+	munmap(map, fsize);
+	return LOOM_OK;
+}
+
+int loom_model_save_llmc(const char *path, const loom_gpt2_config_t *cfg, const float *params)
+{
+	int32_t h[256] = {0};
+	size_t C = (size_t)cfg->n_embd, V = (size_t)cfg->vocab_size, vp = padded_vocab(V), L = (size_t)cfg->n_layer;
+	float *buf;
+	atomic_file_t af;
+	int rc;
+	if ((rc = loom_gpt2_config_check(cfg)) != LOOM_OK)
+		return rc;
+	h[0] = LOOM_LLMC_MAGIC, h[1] = LOOM_LLMC_VERSION, h[2] = cfg->seq_len, h[3] = cfg->vocab_size;
+	h[4] = cfg->n_layer, h[5] = cfg->n_head, h[6] = cfg->n_embd, h[7] = (int32_t)vp;
+	buf = calloc(4 * C * C > (vp - V) * C ? 4 * C * C : (vp - V) * C + 1, sizeof *buf); /* zeroed: padding rows */
+	if (!buf)
+		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
+	if ((rc = atomic_open(&af, path)) != LOOM_OK) {
+		free(buf);
+		return rc;
+	}
+	rc = atomic_write(&af, h, sizeof h);
+	if (rc == LOOM_OK)
+		rc = atomic_write(&af, params, V * C * sizeof(float));
+	if (rc == LOOM_OK)
+		rc = atomic_write(&af, buf, (vp - V) * C * sizeof(float));
+	if (rc == LOOM_OK)
+		rc = atomic_write(&af, params + V * C, (size_t)cfg->seq_len * C * sizeof(float));
+	for (int j = 0; rc == LOOM_OK && j < LOOM_GPT2_LAYER_TENSORS; j++) {
+		for (size_t l = 0; rc == LOOM_OK && l < L; l++) {
+			loom_tensor_info_t t;
+			loom_gpt2_tensor_info(cfg, 2 + (int)l * LOOM_GPT2_LAYER_TENSORS + j, &t);
+			const float *src = params + t.offset;
+			if (t.ndim == 2) { /* HF (in, out) -> file (out, in) */
+				transpose_to_file(buf, src, t.shape[0], t.shape[1]);
+				src = buf;
+			}
+			rc = atomic_write(&af, src, t.numel * sizeof(float));
+		}
+	}
+	if (rc == LOOM_OK) {
+		loom_tensor_info_t t;
+		loom_gpt2_tensor_info(cfg, loom_gpt2_num_tensors(cfg) - 2, &t);
+		rc = atomic_write(&af, params + t.offset, 2 * C * sizeof(float));
+	}
+	free(buf);
+	if (rc != LOOM_OK) {
+		atomic_abort(&af);
+		return rc;
+	}
+	return atomic_commit(&af);
+}
+
+static int detect(const char *path, loom_model_format_t *fmt)
+{
+	int32_t magic = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n;
+	if (fd < 0)
+		return loom_seterr(errno == ENOENT ? LOOM_ENOENT : LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
+	n = pread(fd, &magic, 4, 0);
+	close(fd);
+	*fmt = n == 4 && magic == LOOM_LLMC_MAGIC ? LOOM_MODEL_LLMC : LOOM_MODEL_SAFETENSORS;
+	return LOOM_OK;
+}
+
+int loom_model_config(const char *path, int n_head_hint, loom_gpt2_config_t *cfg, loom_model_format_t *fmt)
+{
+	loom_model_format_t f;
+	int rc = detect(path, &f);
+	if (rc != LOOM_OK)
+		return rc;
+	if (fmt)
+		*fmt = f;
+	return f == LOOM_MODEL_LLMC ? llmc_model_config(path, cfg) : st_model_config(path, n_head_hint, cfg);
+}
+
+int loom_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params)
+{
+	loom_model_format_t f;
+	int rc = detect(path, &f);
+	if (rc != LOOM_OK)
+		return rc;
+	return f == LOOM_MODEL_LLMC ? llmc_model_load(path, cfg, params) : st_model_load(path, cfg, params);
+}
+
+int loom_model_load_alloc(const char *path, int n_head_hint, loom_gpt2_config_t *cfg, float **params)
+{
+	int rc;
+	*params = NULL;
+	if ((rc = loom_model_config(path, n_head_hint, cfg, NULL)) != LOOM_OK)
+		return rc;
+	*params = loom_alloc_aligned(loom_gpt2_num_params(cfg) * sizeof(float));
+	if (!*params)
+		return loom_seterr(LOOM_ENOMEM, "%s: out of memory for %zu parameters", path, loom_gpt2_num_params(cfg));
+	if ((rc = loom_model_load(path, cfg, *params)) != LOOM_OK) {
+		free(*params);
+		*params = NULL;
+	}
+	return rc;
+}
+
+int loom_model_save(const char *path, const loom_gpt2_config_t *cfg, const float *params)
+{
+	size_t n = strlen(path);
+	if (n >= 4 && strcmp(path + n - 4, ".bin") == 0)
+		return loom_model_save_llmc(path, cfg, params);
+	return loom_model_save_safetensors(path, cfg, params);
+}

@@ -1,0 +1,716 @@
+/* comm.c: the communicator: joining a job from the environment, sub-groups, argument checking and
+ * dispatch of collectives, point-to-point calls, the shared heap API and error messages.
+ *
+ * A job is named by LOOM_JOB_ID (or the launcher's job id); its world segment is "/loom-<id>"
+ * (a second loom_comm_init in the same process, after destroy, uses "/loom-<id>-g2" and so on, so
+ * names never collide with a segment still being torn down). Sub-communicators get
+ * "/loom-<id>-<split#>.<leader>" where split# counts splits on the parent (the same on every rank)
+ * and leader is the group's first rank in the parent, unique per group.
+ *
+ * Every collective entry point validates its arguments, waits until queued non-blocking collectives
+ * have run, takes the next sequence number (the same on every rank, since collectives are called
+ * in the same order everywhere), optionally checks the call's fingerprint across ranks (LOOM_DEBUG),
+ * and hands over to loom_algo_run. Invariants: a communicator whose segment recorded a fatal error
+ * (abort) refuses every further call with that error; loom_cur describes the operation the calling
+ * thread is running, and is restored on return. */
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "comm/comm_internal.h"
+#include "core/util.h"
+
+_Thread_local loom_opctx_t loom_cur;
+
+static pthread_mutex_t jobs_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned world_generation; /* loom_comm_init calls in this process */
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+
+int loom_comm_fail(loom_comm_t *c, int code, const char *fmt, ...)
+{
+	char detail[800], msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(detail, sizeof detail, fmt, ap);
+	va_end(ap);
+	if (!c) {
+		loom_seterr(code, "%s", detail);
+		return code;
+	}
+	if (loom_cur.c == c && loom_cur.op && loom_cur.seq)
+		snprintf(msg, sizeof msg, "rank %d: %s #%llu: %s", c->rank, loom_cur.op, (unsigned long long)loom_cur.seq,
+		         detail);
+	else if (loom_cur.c == c && loom_cur.op)
+		snprintf(msg, sizeof msg, "rank %d: %s: %s", c->rank, loom_cur.op, detail);
+	else
+		snprintf(msg, sizeof msg, "rank %d: %s", c->rank, detail);
+	loom_seterr(code, "%s", msg);
+	pthread_mutex_lock(&c->err_lock);
+	memcpy(c->errmsg, msg, sizeof msg);
+	pthread_mutex_unlock(&c->err_lock);
+	return code;
+}
+
+const char *loom_comm_errmsg(const loom_comm_t *comm)
+{
+	return comm ? comm->errmsg : "";
+}
+
+int comm_check_usable(loom_comm_t *c, const char *op, uint64_t seq)
+{
+	int code;
+	if (!c->hdr)
+		return loom_comm_fail(c, LOOM_ESTATE, "%s: the communicator is not initialized", op);
+	code = atomic_load(&c->hdr->abort_code);
+	if (code == 0)
+		return LOOM_OK;
+	(void)seq;
+	return loom_comm_fail(c, code, "the communicator is unusable after an earlier failure: %s", c->hdr->abort_msg);
+}
+
+/* ---- joining a job ------------------------------------------------------------------------------ */
+
+/* Integer variable: 0 when unset, 1 when set to an integer, -1 when set to something else. */
+static int env_int(const char *name, long *v)
+{
+	int ok;
+	const char *s = getenv(name);
+	if (!s || !*s)
+		return 0;
+	*v = loom_env_long(name, 0, &ok);
+	return ok ? 1 : -1;
+}
+
+typedef struct {
+	const char *launcher;
+	const char *rank, *size, *local_rank, *local_size;
+} env_family_t;
+
+static const env_family_t families[] = {
+	{"loom run / torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+	{"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+	 "OMPI_COMM_WORLD_LOCAL_SIZE"},
+	{"srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL},
+};
+
+/* Rank and size from the first launcher family whose rank variable is set; a job of one otherwise.
+ * *fam is the family's index (-1 for a job of one). */
+static int job_from_env(int *rank, int *size, int *local_rank, int *fam)
+{
+	long r = 0, n = 1, lr, ln;
+	*fam = -1;
+	for (int f = 0; f < (int)LOOM_ARRAY_LEN(families); f++) {
+		const env_family_t *e = &families[f];
+		int has = env_int(e->rank, &r);
+		if (has == 0)
+			continue;
+		*fam = f;
+		if (has < 0)
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: %s=\"%s\" is not an integer (set by %s)", e->rank,
+			                   getenv(e->rank), e->launcher);
+		if (env_int(e->size, &n) <= 0)
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: %s is set but %s is %s (set by %s)", e->rank, e->size,
+			                   getenv(e->size) ? "not an integer" : "missing", e->launcher);
+		if (n < 1 || n > 4096)
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: %s=%ld must be between 1 and 4096", e->size, n);
+		if (r < 0 || r >= n)
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: %s=%ld must be in [0, %s=%ld)", e->rank, r, e->size, n);
+		lr = r, ln = n;
+		if (env_int(e->local_rank, &lr) < 0)
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: %s=\"%s\" is not an integer", e->local_rank,
+			                   getenv(e->local_rank));
+		if (e->local_size && env_int(e->local_size, &ln) < 0)
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: %s=\"%s\" is not an integer", e->local_size,
+			                   getenv(e->local_size));
+		if (!e->local_size) { /* Slurm: more than one node means more than one machine */
+			long nodes = 1;
+			if (env_int("SLURM_STEP_NUM_NODES", &nodes) <= 0 && env_int("SLURM_NNODES", &nodes) <= 0)
+				nodes = 1;
+			if (nodes > 1)
+				ln = 0;
+		}
+		if (ln != n)
+			return loom_seterr(LOOM_ENOTSUP,
+			                   "loom_comm_init: rank %ld: the job spans more than one machine (%s=%ld, local size %ld): "
+			                   "multi-node is not supported yet (needs the MPI transport)",
+			                   r, e->size, n, ln);
+		if (lr != r)
+			return loom_seterr(LOOM_EINVAL,
+			                   "loom_comm_init: %s=%ld but %s=%ld on a single-machine job: they must be equal",
+			                   e->local_rank, lr, e->rank, r);
+		break;
+	}
+	*rank = (int)r, *size = (int)n, *local_rank = (int)r;
+	return LOOM_OK;
+}
+
+/* The job's id for segment names: LOOM_JOB_ID, else the launcher's, sanitized to [A-Za-z0-9._-]. */
+static int job_id(int fam, int size, char *out, size_t cap)
+{
+	const char *id = getenv("LOOM_JOB_ID");
+	char tmp[160] = "";
+	if (!id || !*id) {
+		const char *a = getenv("OMPI_MCA_ess_base_jobid"), *b = getenv("PMIX_NAMESPACE");
+		const char *sj = getenv("SLURM_JOB_ID"), *ss = getenv("SLURM_STEP_ID");
+		const char *ma = getenv("MASTER_ADDR"), *mp = getenv("MASTER_PORT");
+		if (fam == 1 && a && *a)
+			snprintf(tmp, sizeof tmp, "ompi%s", a);
+		else if (fam == 1 && b && *b)
+			snprintf(tmp, sizeof tmp, "pmix%s", b);
+		else if (fam == 2 && sj && *sj)
+			snprintf(tmp, sizeof tmp, "slurm%s.%s", sj, ss && *ss ? ss : "0");
+		else if (ma && *ma && mp && *mp)
+			snprintf(tmp, sizeof tmp, "m%s_%s", ma, mp);
+		else if (size == 1)
+			snprintf(tmp, sizeof tmp, "solo%d", (int)getpid());
+		else
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: cannot name the job's shared memory: set LOOM_JOB_ID "
+			                                "(the same on every rank), or start the job with loom run, mpirun or srun");
+		id = tmp;
+	}
+	snprintf(out, cap, "%.80s", id);
+	for (char *p = out; *p; p++)
+		if (!isalnum((unsigned char)*p) && *p != '.' && *p != '_' && *p != '-')
+			*p = '_';
+	return LOOM_OK;
+}
+
+static int parse_config(loom_comm_t *c)
+{
+	const char *t = getenv("LOOM_TIMEOUT_S"), *d = getenv("LOOM_DEBUG"), *algo = getenv("LOOM_ALGO");
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	c->timeout_s = 300;
+	if (t && *t) {
+		char *end;
+		double v = strtod(t, &end);
+		if (*end || !(v > 0) || v > 1e9)
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: LOOM_TIMEOUT_S=\"%s\" must be a positive number of seconds",
+			                   t);
+		c->timeout_s = v;
+	}
+	c->debug = d && *d && strcmp(d, "0") != 0;
+	for (int i = 0; i < LOOM_COLL_COUNT; i++)
+		c->forced[i] = LOOM_ALGO_AUTO;
+	if (algo && *algo) {
+		char err[512] = "";
+		if (loom_algo_parse(algo, c->forced, err, sizeof err) != LOOM_OK)
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: LOOM_ALGO=\"%s\": %s", algo, err);
+	}
+	/* More ranks than cores: spinning only steals the time the awaited rank needs. */
+	if (ncpu > 0 && c->size > ncpu)
+		c->spin_us = 0, c->yield_us = 100;
+	else
+		c->spin_us = 50, c->yield_us = 1000;
+	return LOOM_OK;
+}
+
+static loom_comm_t *comm_new(int rank, int size)
+{
+	loom_comm_t *c = calloc(1, sizeof *c);
+	if (!c)
+		return NULL;
+	c->world_of = calloc((size_t)size, sizeof *c->world_of);
+	if (!c->world_of) {
+		free(c);
+		return NULL;
+	}
+	c->rank = rank, c->size = size;
+	pthread_mutex_init(&c->err_lock, NULL);
+	pthread_mutex_init(&c->q_lock, NULL);
+	pthread_cond_init(&c->q_cond, NULL);
+	return c;
+}
+
+static void job_release(loom_job_t *j)
+{
+	int last;
+	pthread_mutex_lock(&jobs_lock);
+	last = --j->refs == 0;
+	pthread_mutex_unlock(&jobs_lock);
+	if (!last)
+		return;
+	if (j->hdr) {
+		heap_free_all(j);
+		shm_proc_end(j);
+		munmap(j->base, j->bytes);
+	}
+	if (j->fd >= 0)
+		close(j->fd);
+	free(j);
+}
+
+static void comm_free(loom_comm_t *c)
+{
+	for (int s = 0; s < 2; s++) {
+		if (c->scratch_heap[s])
+			heap_free(c->job, c->scratch[s]);
+		else
+			loom_free_aligned(c->scratch[s]);
+	}
+	if (c->job && c->base != c->job->base)
+		shm_close_segment(c);
+	if (c->job)
+		job_release(c->job);
+	pthread_mutex_destroy(&c->err_lock);
+	pthread_mutex_destroy(&c->q_lock);
+	pthread_cond_destroy(&c->q_cond);
+	free(c->world_of);
+	free(c);
+}
+
+/* Ranks must agree on what changes the sequence of messages: LOOM_DEBUG and LOOM_ALGO. */
+static int check_config(loom_comm_t *c)
+{
+	struct {
+		int32_t debug, pad;
+		uint64_t algo;
+	} mine = {c->debug, 0, 1469598103934665603ull}, *all;
+	const char *algo = getenv("LOOM_ALGO");
+	int rc = LOOM_OK;
+	for (const char *p = algo ? algo : ""; *p; p++)
+		mine.algo = (mine.algo ^ (unsigned char)*p) * 1099511628211ull;
+	all = calloc((size_t)c->size, sizeof *all);
+	if (!all)
+		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
+	rc = shm_board_exchange(c, &mine, sizeof mine, all);
+	for (int r = 0; r < c->size && rc == LOOM_OK; r++) {
+		if (all[r].debug != mine.debug)
+			rc = loom_comm_fail(c, LOOM_EINVAL, "LOOM_DEBUG differs between ranks (%d here, %d on rank %d)",
+			                    mine.debug, all[r].debug, r);
+		else if (all[r].algo != mine.algo)
+			rc = loom_comm_fail(c, LOOM_EINVAL, "LOOM_ALGO differs between rank %d and rank %d (\"%s\" here)", c->rank,
+			                    r, algo ? algo : "");
+	}
+	free(all);
+	return rc;
+}
+
+int loom_comm_init(loom_comm_t **comm)
+{
+	int rank = 0, size = 1, local_rank = 0, fam = -1, rc;
+	char id[96], name[160];
+	long shm_mb;
+	int ok;
+	unsigned gen;
+	loom_comm_t *c;
+	loom_job_t *j;
+	loom_opctx_t saved = loom_cur;
+	if (!comm)
+		return loom_seterr(LOOM_EINVAL, "loom_comm_init: comm is NULL");
+	*comm = NULL;
+	if ((rc = job_from_env(&rank, &size, &local_rank, &fam)) != LOOM_OK)
+		return rc;
+	if ((rc = job_id(fam, size, id, sizeof id)) != LOOM_OK)
+		return rc;
+	shm_mb = loom_env_long("LOOM_SHM_MB", 1024, &ok);
+	if (!ok || shm_mb < 1 || shm_mb > (1l << 22))
+		return loom_seterr(LOOM_EINVAL, "loom_comm_init: LOOM_SHM_MB=\"%s\" must be an integer number of MiB in [1, %ld]",
+		                   getenv("LOOM_SHM_MB"), 1l << 22);
+	pthread_mutex_lock(&jobs_lock);
+	gen = ++world_generation;
+	pthread_mutex_unlock(&jobs_lock);
+	if (gen == 1)
+		snprintf(name, sizeof name, "/loom-%s", id);
+	else
+		snprintf(name, sizeof name, "/loom-%s-g%u", id, gen);
+	c = comm_new(rank, size);
+	j = calloc(1, sizeof *j);
+	if (!c || !j) {
+		free(j);
+		if (c)
+			comm_free(c);
+		return loom_seterr(LOOM_ENOMEM, "loom_comm_init: out of memory");
+	}
+	j->fd = -1, j->refs = 1, j->world_rank = rank, j->world_size = size;
+	c->job = j;
+	c->local_rank = local_rank;
+	for (int r = 0; r < size; r++)
+		c->world_of[r] = r;
+	snprintf(c->name, sizeof c->name, "%s", name);
+	if ((rc = parse_config(c)) != LOOM_OK) {
+		comm_free(c);
+		return rc;
+	}
+	loom_cur = (loom_opctx_t){c, "init", 0, loom_now() + c->timeout_s};
+	rc = shm_open_segment(c, name, rank == 0, (size_t)shm_mb << 20, &j->fd);
+	if (rc == LOOM_OK && (rc = heap_init(j)) != LOOM_OK)
+		loom_comm_fail(c, rc, "%s", loom_errmsg());
+	if (rc == LOOM_OK)
+		rc = check_config(c);
+	loom_cur = saved;
+	if (rc != LOOM_OK) {
+		char msg[1024];
+		snprintf(msg, sizeof msg, "%s", loom_errmsg());
+		shm_depart(c);
+		comm_free(c);
+		return loom_seterr(rc, "%s", msg);
+	}
+	*comm = c;
+	return LOOM_OK;
+}
+
+int loom_comm_destroy(loom_comm_t *comm)
+{
+	if (!comm)
+		return LOOM_OK;
+	req_shutdown(comm);
+	shm_depart(comm);
+	comm_free(comm);
+	return LOOM_OK;
+}
+
+int loom_comm_rank(const loom_comm_t *comm)
+{
+	return comm ? comm->rank : -1;
+}
+
+int loom_comm_size(const loom_comm_t *comm)
+{
+	return comm ? comm->size : 0;
+}
+
+int loom_comm_local_rank(const loom_comm_t *comm)
+{
+	return comm ? comm->local_rank : -1;
+}
+
+/* ---- split -------------------------------------------------------------------------------- */
+
+int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
+{
+	int32_t mine[2] = {color, key}, (*all)[2] = NULL;
+	int *members = NULL, m = 0, me = -1, rc;
+	loom_comm_t *sub = NULL;
+	loom_opctx_t saved = loom_cur;
+	char name[sizeof c->name];
+	uint64_t split_no;
+	if (!c || !out)
+		return loom_seterr(LOOM_EINVAL, "loom_comm_split: %s is NULL", c ? "out" : "comm");
+	*out = NULL;
+	if (color < 0 && color != LOOM_UNDEFINED)
+		return loom_comm_fail(c, LOOM_EINVAL, "split: color %d must be >= 0 or LOOM_UNDEFINED", color);
+	req_drain(c);
+	loom_cur = (loom_opctx_t){c, "split", ++c->coll_seq, loom_now() + c->timeout_s};
+	split_no = ++c->split_count;
+	shm_publish_seq(c, loom_cur.seq, -1);
+	if ((rc = comm_check_usable(c, "split", loom_cur.seq)) != LOOM_OK)
+		goto done;
+	all = calloc((size_t)c->size, sizeof *all);
+	members = calloc((size_t)c->size, sizeof *members);
+	if (!all || !members) {
+		rc = loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
+		goto done;
+	}
+	if ((rc = shm_board_exchange(c, mine, sizeof mine, all)) != LOOM_OK || color == LOOM_UNDEFINED)
+		goto done;
+	/* Members in (key, parent rank) order: insertion by key, stable in parent rank. */
+	for (int r = 0; r < c->size; r++) {
+		int i;
+		if (all[r][0] != color)
+			continue;
+		for (i = m; i > 0 && all[members[i - 1]][1] > all[r][1]; i--)
+			members[i] = members[i - 1];
+		members[i] = r;
+		m++;
+	}
+	for (int i = 0; i < m; i++)
+		if (members[i] == c->rank)
+			me = i;
+	if (strlen(c->name) + 32 >= sizeof name) {
+		rc = loom_comm_fail(c, LOOM_ENOTSUP, "sub-communicators nested too deeply (segment name %s)", c->name);
+		goto done;
+	}
+	snprintf(name, sizeof name, "%s-%llu.%d", c->name, (unsigned long long)split_no, members[0]);
+	sub = comm_new(me, m);
+	if (!sub) {
+		rc = loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
+		goto done;
+	}
+	pthread_mutex_lock(&jobs_lock);
+	c->job->refs++;
+	pthread_mutex_unlock(&jobs_lock);
+	sub->job = c->job;
+	sub->local_rank = me;
+	for (int i = 0; i < m; i++)
+		sub->world_of[i] = c->world_of[members[i]];
+	snprintf(sub->name, sizeof sub->name, "%s", name);
+	sub->timeout_s = c->timeout_s, sub->debug = c->debug, sub->spin_us = c->spin_us, sub->yield_us = c->yield_us;
+	memcpy(sub->forced, c->forced, sizeof c->forced);
+	loom_cur.c = sub;
+	rc = shm_open_segment(sub, name, me == 0, 0, NULL);
+	loom_cur.c = c;
+	if (rc != LOOM_OK) {
+		pthread_mutex_lock(&c->err_lock);
+		snprintf(c->errmsg, sizeof c->errmsg, "%s", loom_errmsg());
+		pthread_mutex_unlock(&c->err_lock);
+		comm_free(sub);
+		sub = NULL;
+		goto done;
+	}
+	*out = sub;
+done:
+	loom_cur = saved;
+	free(all);
+	free(members);
+	return rc;
+}
+
+/* ---- collectives ------------------------------------------------------------------------------ */
+
+static int uses_root(loom_coll_t k)
+{
+	return k == LOOM_COLL_REDUCE || k == LOOM_COLL_BROADCAST;
+}
+
+static int uses_op(loom_coll_t k)
+{
+	return k == LOOM_COLL_ALLREDUCE || k == LOOM_COLL_REDUCE || k == LOOM_COLL_REDUCE_SCATTER;
+}
+
+int comm_validate(loom_comm_t *c, const loom_coll_args_t *a)
+{
+	const char *name = loom_coll_name(a->coll);
+	size_t es = loom_dtype_size(a->dt), mult = 1;
+	int is_root = a->root == c->rank;
+	if (a->coll == LOOM_COLL_BARRIER)
+		return LOOM_OK;
+	if (es == 0)
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: invalid dtype %d (expected 0..%d)", name, (int)a->dt,
+		                      LOOM_DTYPE_COUNT - 1);
+	if (uses_op(a->coll)) {
+		if ((unsigned)a->op >= LOOM_OP_COUNT)
+			return loom_comm_fail(c, LOOM_EINVAL, "%s: invalid op %d (expected 0..%d)", name, (int)a->op,
+			                      LOOM_OP_COUNT - 1);
+		if (a->op == LOOM_AVG && (a->dt == LOOM_INT32 || a->dt == LOOM_INT64))
+			return loom_comm_fail(c, LOOM_EINVAL, "%s: LOOM_AVG is not defined for integer dtype %s", name,
+			                      loom_dtype_name(a->dt));
+	}
+	if (uses_root(a->coll) && (a->root < 0 || a->root >= c->size))
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: root %d out of range (size %d)", name, a->root, c->size);
+	if (a->coll == LOOM_COLL_ALLGATHER || a->coll == LOOM_COLL_REDUCE_SCATTER)
+		mult = (size_t)c->size;
+	if (a->count > SIZE_MAX / es / mult)
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: count %zu of %s overflows the address space", name, a->count,
+		                      loom_dtype_name(a->dt));
+	if (a->count == 0)
+		return LOOM_OK;
+	switch (a->coll) {
+	case LOOM_COLL_BROADCAST:
+		if (!a->recv)
+			return loom_comm_fail(c, LOOM_EINVAL, "%s: buf is NULL with count %zu", name, a->count);
+		break;
+	case LOOM_COLL_REDUCE:
+		if (!a->send || (is_root && !a->recv))
+			return loom_comm_fail(c, LOOM_EINVAL, "%s: %s is NULL with count %zu", name, a->send ? "recv" : "send",
+			                      a->count);
+		break;
+	default:
+		if (!a->send || !a->recv)
+			return loom_comm_fail(c, LOOM_EINVAL, "%s: %s is NULL with count %zu", name, a->send ? "recv" : "send",
+			                      a->count);
+	}
+	return LOOM_OK;
+}
+
+typedef struct {
+	uint64_t seq, count;
+	int32_t coll, dt, op, root;
+} fingerprint_t;
+
+static void describe(char *out, size_t cap, const fingerprint_t *f)
+{
+	snprintf(out, cap, "%s #%llu (count %llu, %s, op %s, root %d)", loom_coll_name((loom_coll_t)f->coll),
+	         (unsigned long long)f->seq, (unsigned long long)f->count, loom_dtype_name((loom_dtype_t)f->dt),
+	         f->op < 0 ? "-" : loom_op_name((loom_op_t)f->op), f->root);
+}
+
+/* LOOM_DEBUG: every rank compares every rank's call with its own. Not fatal for the communicator:
+ * no message has moved, and every rank fails this call alike. */
+static int check_fingerprint(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
+{
+	fingerprint_t mine = {seq, a->count, (int32_t)a->coll, (int32_t)a->dt, (int32_t)a->op, (int32_t)a->root}, *all;
+	int rc;
+	if (!uses_op(a->coll))
+		mine.op = -1;
+	if (!uses_root(a->coll))
+		mine.root = -1;
+	if (a->coll == LOOM_COLL_BARRIER)
+		mine.count = 0, mine.dt = 0;
+	all = calloc((size_t)c->size, sizeof *all);
+	if (!all)
+		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
+	rc = shm_board_exchange(c, &mine, sizeof mine, all);
+	for (int r = 0; r < c->size && rc == LOOM_OK; r++) {
+		if (memcmp(&all[r], &mine, sizeof mine) != 0) {
+			char x[160], y[160];
+			describe(x, sizeof x, &mine);
+			describe(y, sizeof y, &all[r]);
+			rc = loom_comm_fail(c, LOOM_EMISMATCH, "mismatched collective calls (LOOM_DEBUG): this rank called %s, "
+			                                       "rank %d called %s",
+			                    x, r, y);
+		}
+	}
+	free(all);
+	return rc;
+}
+
+int comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
+{
+	loom_opctx_t saved = loom_cur;
+	int rc;
+	loom_cur = (loom_opctx_t){c, loom_coll_name(a->coll), seq, loom_now() + c->timeout_s};
+	shm_publish_seq(c, seq, (int)a->coll);
+	rc = comm_check_usable(c, loom_cur.op, seq);
+	if (rc == LOOM_OK && c->debug)
+		rc = check_fingerprint(c, a, seq);
+	if (rc == LOOM_OK)
+		rc = loom_algo_run(c, a, c->forced[a->coll]);
+	loom_cur = saved;
+	return rc;
+}
+
+static int coll(loom_comm_t *c, loom_coll_args_t a)
+{
+	int rc;
+	if (!c)
+		return loom_seterr(LOOM_EINVAL, "%s: communicator is NULL", loom_coll_name(a.coll));
+	if ((rc = comm_validate(c, &a)) != LOOM_OK)
+		return rc;
+	req_drain(c);
+	return comm_exec(c, &a, ++c->coll_seq);
+}
+
+int loom_allreduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op)
+{
+	return coll(c, (loom_coll_args_t){LOOM_COLL_ALLREDUCE, send, recv, count, dt, op, 0});
+}
+
+int loom_reduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op, int root)
+{
+	return coll(c, (loom_coll_args_t){LOOM_COLL_REDUCE, send, recv, count, dt, op, root});
+}
+
+int loom_broadcast(loom_comm_t *c, void *buf, size_t count, loom_dtype_t dt, int root)
+{
+	return coll(c, (loom_coll_args_t){LOOM_COLL_BROADCAST, buf, buf, count, dt, LOOM_SUM, root});
+}
+
+int loom_allgather(loom_comm_t *c, const void *send, void *recv, size_t count_per_rank, loom_dtype_t dt)
+{
+	return coll(c, (loom_coll_args_t){LOOM_COLL_ALLGATHER, send, recv, count_per_rank, dt, LOOM_SUM, 0});
+}
+
+int loom_reduce_scatter(loom_comm_t *c, const void *send, void *recv, size_t count_per_rank, loom_dtype_t dt,
+                        loom_op_t op)
+{
+	return coll(c, (loom_coll_args_t){LOOM_COLL_REDUCE_SCATTER, send, recv, count_per_rank, dt, op, 0});
+}
+
+int loom_barrier(loom_comm_t *c)
+{
+	return coll(c, (loom_coll_args_t){LOOM_COLL_BARRIER, NULL, NULL, 0, LOOM_FLOAT32, LOOM_SUM, 0});
+}
+
+/* ---- point to point ----------------------------------------------------------------------------- */
+
+static int p2p(loom_comm_t *c, int send, void *buf, size_t count, loom_dtype_t dt, int peer, int tag)
+{
+	const char *op = send ? "send" : "recv";
+	size_t es = loom_dtype_size(dt);
+	loom_opctx_t saved = loom_cur;
+	int rc;
+	if (!c)
+		return loom_seterr(LOOM_EINVAL, "loom_%s: communicator is NULL", op);
+	loom_cur = (loom_opctx_t){c, op, 0, loom_now() + c->timeout_s};
+	if (es == 0)
+		rc = loom_comm_fail(c, LOOM_EINVAL, "invalid dtype %d", (int)dt);
+	else if (peer < 0 || peer >= c->size || peer == c->rank)
+		rc = loom_comm_fail(c, LOOM_EINVAL, "peer %d must be another rank in [0, %d)", peer, c->size);
+	else if (count > SIZE_MAX / es)
+		rc = loom_comm_fail(c, LOOM_EINVAL, "count %zu overflows the address space", count);
+	else if (count && !buf)
+		rc = loom_comm_fail(c, LOOM_EINVAL, "buffer is NULL with count %zu", count);
+	else if ((rc = comm_check_usable(c, op, 0)) == LOOM_OK) {
+		if (send)
+			rc = shm_sendrecv(c, CHAN_P2P, peer, buf, count * es, tag, -1, NULL, 0, 0, NULL, dt, LOOM_SUM);
+		else
+			rc = shm_sendrecv(c, CHAN_P2P, -1, NULL, 0, 0, peer, buf, count * es, tag, NULL, dt, LOOM_SUM);
+	}
+	loom_cur = saved;
+	return rc;
+}
+
+int loom_send(loom_comm_t *c, const void *buf, size_t count, loom_dtype_t dt, int peer, int tag)
+{
+	return p2p(c, 1, (void *)buf, count, dt, peer, tag);
+}
+
+int loom_recv(loom_comm_t *c, void *buf, size_t count, loom_dtype_t dt, int peer, int tag)
+{
+	return p2p(c, 0, buf, count, dt, peer, tag);
+}
+
+/* ---- transport entry points for algorithms ------------------------------------------------------ */
+
+int loom_xp_sendrecv(loom_comm_t *c, int dst, const void *sbuf, size_t sbytes, int src, void *rbuf, size_t rbytes,
+                     const void *red_local, loom_dtype_t dt, loom_op_t op)
+{
+	return shm_sendrecv(c, CHAN_COLL, dst, sbuf, sbytes, 0, src, rbuf, rbytes, 0, red_local, dt, op);
+}
+
+int loom_xp_send(loom_comm_t *c, int dst, const void *buf, size_t bytes)
+{
+	return shm_sendrecv(c, CHAN_COLL, dst, buf, bytes, 0, -1, NULL, 0, 0, NULL, LOOM_FLOAT32, LOOM_SUM);
+}
+
+int loom_xp_recv(loom_comm_t *c, int src, void *buf, size_t bytes)
+{
+	return shm_sendrecv(c, CHAN_COLL, -1, NULL, 0, 0, src, buf, bytes, 0, NULL, LOOM_FLOAT32, LOOM_SUM);
+}
+
+void *loom_comm_scratch(loom_comm_t *c, int slot, size_t bytes)
+{
+	size_t want, old;
+	if (!c || slot < 0 || slot > 1)
+		return NULL;
+	if (c->scratch[slot] && c->scratch_bytes[slot] >= bytes)
+		return c->scratch[slot];
+	old = c->scratch_bytes[slot];
+	if (c->scratch_heap[slot])
+		heap_free(c->job, c->scratch[slot]);
+	else
+		loom_free_aligned(c->scratch[slot]);
+	c->scratch[slot] = NULL, c->scratch_bytes[slot] = 0;
+	want = LOOM_MAX(bytes, (size_t)64 << 10);
+	if (old && old < SIZE_MAX / 2 && want < old * 2)
+		want = old * 2; /* grow geometrically */
+	c->scratch[slot] = heap_alloc(c->job, want);
+	c->scratch_heap[slot] = c->scratch[slot] != NULL;
+	if (!c->scratch[slot])
+		c->scratch[slot] = loom_alloc_aligned(want);
+	if (c->scratch[slot])
+		c->scratch_bytes[slot] = want;
+	return c->scratch[slot];
+}
+
+/* ---- shared heap ------------------------------------------------------------------------------- */
+
+void *loom_comm_alloc(loom_comm_t *c, size_t bytes)
+{
+	if (!c) {
+		loom_seterr(LOOM_EINVAL, "loom_comm_alloc: communicator is NULL");
+		return NULL;
+	}
+	return heap_alloc(c->job, bytes);
+}
+
+void loom_comm_free(loom_comm_t *c, void *p)
+{
+	if (c && p)
+		heap_free(c->job, p); /* a pointer not from loom_comm_alloc is ignored */
+}

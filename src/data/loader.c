@@ -1,0 +1,241 @@
+/* loader.c: the data loader: shards matched by a glob, concatenated, cut into windows of B*T+1 tokens.
+ *
+ * Window k (over the whole run) is in epoch e = k / W with W = (N-1)/(B*T); it reads the B*T+1 tokens
+ * starting at token p*B*T where p = k % W, or p = perm_e(k % W) with shuffle. perm_e is a keyed
+ * Feistel permutation of [0, 2^bits) (six rounds of a splitmix64-based round function), restricted to
+ * [0, W) by cycle walking: a bijection computed in O(1) memory from (seed, e) alone, so any window can
+ * be read directly without replaying history (data-parallel rank r asks for k = (i*accum + j)*world + r)
+ * and the loader's whole position is the index of its next window. Windows may span shard boundaries.
+ * The tail of each epoch (fewer than B*T tokens after the last full window) is never read. */
+#include <glob.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "loom/data.h"
+
+struct loom_loader {
+	char *pattern;
+	loom_shard_t *shards;
+	uint64_t *start; /* start[i]: index of shard i's first token in the concatenation */
+	int n_shards;
+	uint64_t n_tokens, windows; /* N and W */
+	loom_loader_opts_t o;
+	uint64_t next; /* next window index for loom_loader_next */
+};
+
+static uint64_t mix64(uint64_t x)
+{
+	x += 0x9E3779B97F4A7C15ull;
+	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+	x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+	return x ^ (x >> 31);
+}
+
+/* A permutation of [0, n), keyed: i -> perm(i). */
+static uint64_t permute(uint64_t i, uint64_t n, uint64_t key)
+{
+	int bits = 2, half;
+	uint64_t mask;
+	if (n <= 1)
+		return 0;
+	while (bits < 64 && (1ull << bits) < n)
+		bits++;
+	if (bits & 1)
+		bits++;
+	half = bits / 2;
+	mask = (1ull << half) - 1;
+	do {
+		uint64_t l = i >> half, r = i & mask;
+		for (uint64_t round = 0; round < 6; round++) {
+			uint64_t f = mix64(r ^ key ^ (round << 58)) & mask, nl = r;
+			r = l ^ f;
+			l = nl;
+		}
+		i = (l << half) | r;
+	} while (i >= n);
+	return i;
+}
+
+void loom_loader_destroy(loom_loader_t *ld)
+{
+	if (!ld)
+		return;
+	for (int i = 0; i < ld->n_shards; i++)
+		loom_shard_close(&ld->shards[i]);
+	free(ld->shards);
+	free(ld->start);
+	free(ld->pattern);
+	free(ld);
+}
+
+int loom_loader_create(loom_loader_t **out, const char *pattern, const loom_loader_opts_t *opts)
+{
+	loom_loader_t *ld;
+	glob_t g;
+	int rc = LOOM_OK, grc;
+	uint64_t bt;
+	*out = NULL;
+	if (opts->B <= 0 || opts->T <= 0)
+		return loom_seterr(LOOM_EINVAL, "loader %s: B=%d and T=%d must be positive", pattern, opts->B, opts->T);
+	if (opts->world > 0 && (opts->rank < 0 || opts->rank >= opts->world))
+		return loom_seterr(LOOM_EINVAL, "loader %s: rank %d outside [0, world=%d)", pattern, opts->rank,
+		                   opts->world);
+	ld = calloc(1, sizeof *ld);
+	if (!ld)
+		return loom_seterr(LOOM_ENOMEM, "loader %s: out of memory", pattern);
+	ld->o = *opts;
+	if (ld->o.world <= 0)
+		ld->o.world = 1, ld->o.rank = 0;
+	ld->pattern = strdup(pattern);
+	grc = glob(pattern, GLOB_ERR, NULL, &g);
+	if (grc == GLOB_NOMATCH || (grc == 0 && g.gl_pathc == 0)) {
+		if (grc == 0)
+			globfree(&g);
+		loom_loader_destroy(ld);
+		return loom_seterr(LOOM_ENOENT, "loader: no file matches '%s'", pattern);
+	}
+	if (grc != 0) {
+		loom_loader_destroy(ld);
+		return loom_seterr(LOOM_EIO, "loader: cannot expand '%s' (glob error %d)", pattern, grc);
+	}
+	ld->shards = calloc(g.gl_pathc, sizeof *ld->shards);
+	ld->start = calloc(g.gl_pathc + 1, sizeof *ld->start);
+	if (!ld->pattern || !ld->shards || !ld->start) {
+		rc = loom_seterr(LOOM_ENOMEM, "loader %s: out of memory", pattern);
+		goto out;
+	}
+	for (size_t i = 0; i < g.gl_pathc; i++) {
+		if ((rc = loom_shard_open(&ld->shards[i], g.gl_pathv[i])) != LOOM_OK)
+			goto out;
+		ld->n_shards++;
+		ld->start[i] = ld->n_tokens;
+		ld->n_tokens += ld->shards[i].n_tokens;
+	}
+	ld->start[ld->n_shards] = ld->n_tokens;
+	bt = (uint64_t)opts->B * (uint64_t)opts->T;
+	ld->windows = ld->n_tokens > 0 ? (ld->n_tokens - 1) / bt : 0;
+	if (ld->windows == 0) {
+		rc = loom_seterr(LOOM_EINVAL, "loader %s: %llu tokens in %d shard(s), fewer than one window of B*T+1 = %llu "
+		                 "tokens (B=%d, T=%d)", pattern, (unsigned long long)ld->n_tokens, ld->n_shards,
+		                 (unsigned long long)bt + 1, opts->B, opts->T);
+		goto out;
+	}
+	ld->next = (uint64_t)ld->o.rank;
+out:
+	globfree(&g);
+	if (rc != LOOM_OK) {
+		loom_loader_destroy(ld);
+		return rc;
+	}
+	*out = ld;
+	return LOOM_OK;
+}
+
+uint64_t loom_loader_num_tokens(const loom_loader_t *ld)
+{
+	return ld->n_tokens;
+}
+
+uint64_t loom_loader_windows_per_epoch(const loom_loader_t *ld)
+{
+	return ld->windows;
+}
+
+int loom_loader_num_shards(const loom_loader_t *ld)
+{
+	return ld->n_shards;
+}
+
+uint64_t loom_loader_window_start(const loom_loader_t *ld, uint64_t k)
+{
+	uint64_t epoch = k / ld->windows, p = k % ld->windows;
+	if (!ld->o.shuffle)
+		return p;
+	return permute(p, ld->windows, mix64(ld->o.seed ^ mix64(epoch ^ 0x5DEECE66Dull)));
+}
+
+int loom_loader_window(const loom_loader_t *ld, uint64_t k, int *inputs, int *targets)
+{
+	uint64_t bt = (uint64_t)ld->o.B * (uint64_t)ld->o.T;
+	uint64_t s = loom_loader_window_start(ld, k) * bt, need = bt + 1, got = 0;
+	int lo = 0, hi = ld->n_shards - 1, i;
+	/* Largest shard i with start[i] <= s (zero-length shards are skipped below). */
+	while (lo < hi) {
+		int mid = (lo + hi + 1) / 2;
+		if (ld->start[mid] <= s)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	i = lo;
+	while (got < need) {
+		const loom_shard_t *sh;
+		uint64_t off, take;
+		if (i >= ld->n_shards) /* cannot happen: s + bt + 1 <= N by the choice of W */
+			return loom_seterr(LOOM_ESTATE, "loader %s: window %llu runs past the end of the data", ld->pattern,
+			                   (unsigned long long)k);
+		sh = &ld->shards[i];
+		off = s + got - ld->start[i];
+		if (off >= sh->n_tokens) {
+			i++;
+			continue;
+		}
+		take = LOOM_MIN(sh->n_tokens - off, need - got);
+		for (uint64_t j = 0; j < take; j++) {
+			int tok = sh->tokens[off + j];
+			uint64_t t = got + j;
+			if (t < bt)
+				inputs[t] = tok;
+			if (t > 0)
+				targets[t - 1] = tok;
+		}
+		got += take;
+	}
+	return LOOM_OK;
+}
+
+int loom_loader_next(loom_loader_t *ld, int *inputs, int *targets)
+{
+	int rc = loom_loader_window(ld, ld->next, inputs, targets);
+	if (rc == LOOM_OK)
+		ld->next += (uint64_t)ld->o.world;
+	return rc;
+}
+
+void loom_loader_seek(loom_loader_t *ld, uint64_t k)
+{
+	ld->next = k;
+}
+
+void loom_loader_get_state(const loom_loader_t *ld, loom_loader_state_t *st)
+{
+	memset(st, 0, sizeof *st);
+	st->next_window = ld->next;
+	st->epoch = ld->next / ld->windows;
+	st->seed = ld->o.seed;
+	st->n_tokens = ld->n_tokens;
+	st->B = ld->o.B, st->T = ld->o.T, st->shuffle = ld->o.shuffle;
+	st->rank = ld->o.rank, st->world = ld->o.world;
+}
+
+#define CHECK_FIELD(name, saved, cur)                                                                       \
+	do {                                                                                                    \
+		if ((unsigned long long)(saved) != (unsigned long long)(cur))                                       \
+			return loom_seterr(LOOM_EMISMATCH, "loader %s: saved state has %s=%llu but this loader has %llu", \
+			                   ld->pattern, name, (unsigned long long)(saved), (unsigned long long)(cur));   \
+	} while (0)
+
+int loom_loader_set_state(loom_loader_t *ld, const loom_loader_state_t *st)
+{
+	CHECK_FIELD("n_tokens", st->n_tokens, ld->n_tokens);
+	CHECK_FIELD("B", st->B, ld->o.B);
+	CHECK_FIELD("T", st->T, ld->o.T);
+	CHECK_FIELD("shuffle", st->shuffle, ld->o.shuffle);
+	CHECK_FIELD("seed", st->shuffle ? st->seed : 0, ld->o.shuffle ? ld->o.seed : 0);
+	CHECK_FIELD("world", st->world, ld->o.world);
+	CHECK_FIELD("rank", st->rank, ld->o.rank);
+	CHECK_FIELD("epoch (of next_window)", st->epoch, st->next_window / ld->windows);
+	ld->next = st->next_window;
+	return LOOM_OK;
+}

@@ -1,0 +1,173 @@
+/* generate.c: autoregressive sampling with a KV cache (loom_gpt2_generate).
+ *
+ * The cache is the model's own activations: a forward over the prompt (batch 1) leaves q, k, v of
+ * positions 0..n-1 in each layer's qkv buffer, and each new token runs the network on its single row
+ * `pos` of the same buffers, attending over rows 0..pos. Row pos then holds exactly what a full
+ * forward over the context would have computed, so greedy decoding gives the tokens a full
+ * recomputation would (tests check this). Nothing is allocated: the logits go to last_logits and
+ * the classifier's scratch serves top-k selection. The context is limited to the T given at create. */
+#include <math.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "model/fastmath.h"
+#include "model/kernels.h"
+#include "model/model.h"
+#include "model/rng.h"
+
+enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B };
+
+static float *lp(loom_gpt2_t *m, int l, int j)
+{
+	return gpt2_param(m, 2 + LOOM_GPT2_LAYER_TENSORS * l + j);
+}
+
+/* out (C) for query row pos of qkv (rows of 3C) over key/value rows 0..pos; scores: pos+1 floats. */
+static void attend_one(float *out, const float *qkv, int pos, int C, int NH, float *scores)
+{
+	int hs = C / NH, C3 = 3 * C;
+	float scale = 1.0f / sqrtf((float)hs);
+	for (int h = 0; h < NH; h++) {
+		const float *q = qkv + (size_t)pos * C3 + (size_t)h * hs;
+		float mx = -INFINITY, sum = 0.0f, *o = out + (size_t)h * hs;
+		for (int j = 0; j <= pos; j++) {
+			const float *k = qkv + (size_t)j * C3 + C + (size_t)h * hs;
+			float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+			for (int i = 0; i < hs; i++)
+				s += q[i] * k[i];
+			scores[j] = s * scale;
+			mx = scores[j] > mx ? scores[j] : mx;
+		}
+		for (int j = 0; j <= pos; j++)
+			sum += scores[j] = fast_expf(scores[j] - mx);
+		memset(o, 0, sizeof(float) * (size_t)hs);
+		for (int j = 0; j <= pos; j++) {
+			const float *v = qkv + (size_t)j * C3 + 2 * C + (size_t)h * hs;
+			float p = scores[j] / sum;
+#pragma omp simd
+			for (int i = 0; i < hs; i++)
+				o[i] += p * v[i];
+		}
+	}
+}
+
+/* Run token `tok` at position pos (rows 0..pos-1 already cached) and leave its logits in last_logits. */
+static void step(loom_gpt2_t *m, int tok, int pos)
+{
+	int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size, nt = loom_gpt2_num_tensors(&m->cfg);
+	size_t r = (size_t)pos * C;
+	encoder_forward(m->encoded + r, &tok, gpt2_param(m, 0), gpt2_param(m, 1) + r, 1, 1, C);
+	const float *res = m->encoded;
+	for (int l = 0; l < m->cfg.n_layer; l++) {
+		layer_acts_t *a = &m->layers[l];
+		layernorm_forward(a->ln1 + r, a->ln1_mean + pos, a->ln1_rstd + pos, res + r, lp(m, l, LN1_W), lp(m, l, LN1_B),
+		                  1, C);
+		matmul_forward(a->qkv + 3 * r, a->ln1 + r, lp(m, l, QKV_W), lp(m, l, QKV_B), 1, C, 3 * C);
+		attend_one(a->atty + r, a->qkv, pos, C, NH, m->att_scratch);
+		matmul_forward(a->res2 + r, a->atty + r, lp(m, l, ATTPROJ_W), lp(m, l, ATTPROJ_B), 1, C, C);
+		residual_forward(a->res2 + r, res + r, a->res2 + r, (size_t)C);
+		layernorm_forward(a->ln2 + r, a->ln2_mean + pos, a->ln2_rstd + pos, a->res2 + r, lp(m, l, LN2_W),
+		                  lp(m, l, LN2_B), 1, C);
+		matmul_forward(a->fch + 4 * r, a->ln2 + r, lp(m, l, FC_W), lp(m, l, FC_B), 1, C, 4 * C);
+		gelu_forward(a->fch_gelu + 4 * r, a->fch + 4 * r, 4 * (size_t)C);
+		matmul_forward(a->res3 + r, a->fch_gelu + 4 * r, lp(m, l, FCPROJ_W), lp(m, l, FCPROJ_B), 1, 4 * C, C);
+		residual_forward(a->res3 + r, a->res2 + r, a->res3 + r, (size_t)C);
+		res = a->res3;
+	}
+	layernorm_forward(m->lnf + r, m->lnf_mean + pos, m->lnf_rstd + pos, res + r, gpt2_param(m, nt - 2),
+	                  gpt2_param(m, nt - 1), 1, C);
+	gemm(0, 1, 1, V, C, 1.0f, m->lnf + r, C, gpt2_param(m, 0), C, 0.0f, m->last_logits, V);
+}
+
+/* The k-th largest value (1 <= k <= n) of a[0..n), which is reordered (quickselect). */
+static float kth_largest(float *a, int n, int k)
+{
+	int lo = 0, hi = n - 1, want = k - 1;
+	while (lo < hi) {
+		float pivot = a[lo + (hi - lo) / 2];
+		int i = lo, j = hi;
+		while (i <= j) {
+			while (a[i] > pivot)
+				i++;
+			while (a[j] < pivot)
+				j--;
+			if (i <= j) {
+				float t = a[i];
+				a[i++] = a[j];
+				a[j--] = t;
+			}
+		}
+		if (want <= j)
+			hi = j;
+		else if (want >= i)
+			lo = i;
+		else
+			break;
+	}
+	return a[want];
+}
+
+static int sample(loom_gpt2_t *m, const float *z, float temperature, int top_k, rng_t *r)
+{
+	int V = m->cfg.vocab_size, best = 0;
+	for (int i = 1; i < V; i++)
+		if (z[i] > z[best])
+			best = i;
+	if (temperature <= 0.0f)
+		return best;
+	float thresh = -INFINITY;
+	if (top_k > 0 && top_k < V) {
+		memcpy(m->logits, z, sizeof(float) * (size_t)V);
+		thresh = kth_largest(m->logits, V, top_k);
+	}
+	double sum = 0.0, mx = z[best];
+	for (int i = 0; i < V; i++)
+		if (z[i] >= thresh)
+			sum += exp((z[i] - mx) / temperature);
+	double u = rng_uniform(r) * sum, acc = 0.0;
+	int last = best;
+	for (int i = 0; i < V; i++)
+		if (z[i] >= thresh) {
+			acc += exp((z[i] - mx) / temperature);
+			last = i;
+			if (acc > u)
+				return i;
+		}
+	return last; /* rounding left u just above the total */
+}
+
+int loom_gpt2_generate(loom_gpt2_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
+                       uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
+                       void *ctx)
+{
+	int rc, C = m->cfg.n_embd, V = m->cfg.vocab_size;
+	rng_t r;
+	if (n_out)
+		*n_out = 0;
+	if (!n_out || (max_new > 0 && !out) || max_new < 0)
+		return loom_seterr(LOOM_EINVAL, "gpt2 generate: max_new %d with out %s and n_out %s", max_new,
+		                   out ? "given" : "NULL", n_out ? "given" : "NULL");
+	if (n_prompt < 1 || n_prompt > m->T)
+		return loom_seterr(LOOM_EINVAL, "gpt2 generate: prompt of %d tokens (expected 1 to %d, the model's T)",
+		                   n_prompt, m->T);
+	if (!(temperature >= 0.0f) || !isfinite(temperature) || top_k < 0)
+		return loom_seterr(LOOM_EINVAL, "gpt2 generate: temperature %g, top_k %d (expected >= 0 each)",
+		                   (double)temperature, top_k);
+	if ((rc = gpt2_check_tokens(m, prompt, 1, n_prompt, "prompt")) != LOOM_OK)
+		return rc;
+	gemm_setup_threads();
+	rng_seed(&r, seed);
+	gpt2_forward_body(m, prompt, 1, n_prompt);
+	gemm(0, 1, 1, V, C, 1.0f, m->lnf + (size_t)(n_prompt - 1) * C, C, gpt2_param(m, 0), C, 0.0f, m->last_logits, V);
+	for (int pos = n_prompt; *n_out < max_new && pos < m->T; pos++) {
+		int tok = sample(m, m->last_logits, temperature, top_k, &r);
+		out[(*n_out)++] = tok;
+		if (on_token)
+			on_token(ctx, tok);
+		if (tok == stop_token || *n_out == max_new || pos + 1 == m->T)
+			break;
+		step(m, tok, pos);
+	}
+	return LOOM_OK;
+}

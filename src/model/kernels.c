@@ -1,0 +1,238 @@
+/* kernels.c: GPT-2's fast elementwise, LayerNorm, embedding and matmul kernels, and the threaded
+ * sgemm wrapper every matmul goes through.
+ *
+ * Threading: one OpenMP pool does everything. Loops are `omp parallel for simd`; reductions that
+ * would race (LayerNorm and bias gradients, embedding gradients) are split over channels instead of
+ * rows, so each output element is summed by one thread in row order: results do not depend on the
+ * schedule. gemm() splits a product over the threads itself and calls single-threaded OpenBLAS in
+ * each, so OpenBLAS's own pthreads never compete with the OpenMP workers on a 2-core machine.
+ * Nothing here allocates. */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "model/fastmath.h"
+#include "model/kernels.h"
+
+/* Loops over fewer elements than this run on the calling thread: waking the pool costs more. */
+#define PAR_MIN 32768
+
+/* ---- BLAS ------------------------------------------------------------------------------------ */
+
+void gemm_setup_threads(void)
+{
+	/* The pthreads build would otherwise start its own workers; the OpenMP build already runs
+	 * single-threaded inside a parallel region, and its openblas_set_num_threads would change the
+	 * OpenMP thread count, so it is left alone. */
+	if (openblas_get_parallel() == 1 && openblas_get_num_threads() != 1)
+		openblas_set_num_threads(1);
+}
+
+static void sgemm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                   int ldb, float beta, float *C, int ldc)
+{
+	cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+	            lda, B, ldb, beta, C, ldc);
+}
+
+/* [lo, hi) of part i of n items in `parts` parts, boundaries on multiples of `align`. */
+static void split_range(int n, int parts, int i, int align, int *lo, int *hi)
+{
+	long per = ((long)n + parts - 1) / parts;
+	per = (per + align - 1) / align * align;
+	long a = per * i, b = per * (i + 1);
+	*lo = (int)(a < n ? a : n);
+	*hi = (int)(b < n ? b : n);
+}
+
+void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+          float beta, float *C, int ldc)
+{
+	int nt = omp_get_max_threads();
+	if (M <= 0 || N <= 0)
+		return;
+	if (nt <= 1 || omp_in_parallel() || (double)M * N * K < 4e6) {
+		sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+		return;
+	}
+	int split_n = N >= M;
+#pragma omp parallel num_threads(nt)
+	{
+		int lo, hi, t = omp_get_thread_num(), n = omp_get_num_threads();
+		split_range(split_n ? N : M, n, t, 16, &lo, &hi);
+		if (hi > lo) {
+			if (split_n)
+				sgemm1(ta, tb, M, hi - lo, K, alpha, A, lda, tb ? B + (size_t)lo * ldb : B + lo, ldb, beta,
+				       C + lo, ldc);
+			else
+				sgemm1(ta, tb, hi - lo, N, K, alpha, ta ? A + lo : A + (size_t)lo * lda, lda, B, ldb, beta,
+				       C + (size_t)lo * ldc, ldc);
+		}
+	}
+}
+
+/* ---- embedding ------------------------------------------------------------------------------- */
+
+void encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C)
+{
+	/* out is (B,T,C), inp (B,T), wte (V,C), wpe (maxT,C) */
+#pragma omp parallel for if ((long)B * T * C >= PAR_MIN)
+	for (int bt = 0; bt < B * T; bt++) {
+		float *o = out + (size_t)bt * C;
+		const float *e = wte + (size_t)inp[bt] * C, *p = wpe + (size_t)(bt % T) * C;
+#pragma omp simd
+		for (int c = 0; c < C; c++)
+			o[c] = e[c] + p[c];
+	}
+}
+
+void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C)
+{
+	/* Channels are split over threads: a token repeated in the batch is accumulated by one thread. */
+#pragma omp parallel if ((long)B * T * C >= PAR_MIN)
+	{
+		int c0, c1;
+		split_range(C, omp_get_num_threads(), omp_get_thread_num(), 16, &c0, &c1);
+		for (int bt = 0; bt < B * T; bt++) {
+			const float *d = dout + (size_t)bt * C;
+			float *we = dwte + (size_t)inp[bt] * C, *wp = dwpe + (size_t)(bt % T) * C;
+#pragma omp simd
+			for (int c = c0; c < c1; c++) {
+				we[c] += d[c];
+				wp[c] += d[c];
+			}
+		}
+	}
+}
+
+/* ---- LayerNorm ------------------------------------------------------------------------------- */
+
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                       const float *bias, int N, int C)
+{
+#pragma omp parallel for if ((long)N * C >= PAR_MIN)
+	for (int i = 0; i < N; i++) {
+		const float *x = inp + (size_t)i * C;
+		float *o = out + (size_t)i * C;
+		float m = 0.0f, v = 0.0f;
+#pragma omp simd reduction(+ : m)
+		for (int c = 0; c < C; c++)
+			m += x[c];
+		m /= C;
+#pragma omp simd reduction(+ : v)
+		for (int c = 0; c < C; c++)
+			v += (x[c] - m) * (x[c] - m);
+		float s = 1.0f / sqrtf(v / C + 1e-5f);
+#pragma omp simd
+		for (int c = 0; c < C; c++)
+			o[c] = (x[c] - m) * s * weight[c] + bias[c];
+		mean[i] = m;
+		rstd[i] = s;
+	}
+}
+
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                        const float *weight, const float *mean, const float *rstd, int N, int C)
+{
+#pragma omp parallel if ((long)N * C >= PAR_MIN)
+	{
+		/* pass 1, rows: dinp needs two row means of the normalized gradient */
+#pragma omp for
+		for (int i = 0; i < N; i++) {
+			const float *x = inp + (size_t)i * C, *d = dout + (size_t)i * C;
+			float *di = dinp + (size_t)i * C;
+			float m = mean[i], s = rstd[i], dm = 0.0f, dnm = 0.0f;
+#pragma omp simd reduction(+ : dm, dnm)
+			for (int c = 0; c < C; c++) {
+				float dn = weight[c] * d[c];
+				dm += dn;
+				dnm += dn * (x[c] - m) * s;
+			}
+			dm /= C;
+			dnm /= C;
+#pragma omp simd
+			for (int c = 0; c < C; c++)
+				di[c] += (weight[c] * d[c] - dm - (x[c] - m) * s * dnm) * s;
+		}
+		/* pass 2, channels (after the implicit barrier): parameter gradients summed in row order */
+		int c0, c1;
+		split_range(C, omp_get_num_threads(), omp_get_thread_num(), 16, &c0, &c1);
+		for (int i = 0; i < N; i++) {
+			const float *x = inp + (size_t)i * C, *d = dout + (size_t)i * C;
+			float m = mean[i], s = rstd[i];
+#pragma omp simd
+			for (int c = c0; c < c1; c++) {
+				dbias[c] += d[c];
+				dweight[c] += (x[c] - m) * s * d[c];
+			}
+		}
+	}
+}
+
+/* ---- matmul (Conv1D layout) -------------------------------------------------------------------- */
+
+void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC)
+{
+	/* out (N,OC) = bias broadcast, then += inp (N,C) weight (C,OC) */
+	if (bias) {
+#pragma omp parallel for if ((long)N * OC >= PAR_MIN)
+		for (int i = 0; i < N; i++)
+			memcpy(out + (size_t)i * OC, bias, sizeof(float) * (size_t)OC);
+	}
+	gemm(0, 0, N, OC, C, 1.0f, inp, C, weight, OC, bias ? 1.0f : 0.0f, out, OC);
+}
+
+void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                     const float *weight, int N, int C, int OC)
+{
+	if (dinp)
+		gemm(0, 1, N, C, OC, 1.0f, dout, OC, weight, OC, 1.0f, dinp, C);
+	if (dweight)
+		gemm(1, 0, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC);
+	if (dbias) {
+#pragma omp parallel if ((long)N * OC >= PAR_MIN)
+		{
+			int c0, c1;
+			split_range(OC, omp_get_num_threads(), omp_get_thread_num(), 16, &c0, &c1);
+			for (int i = 0; i < N; i++) {
+				const float *d = dout + (size_t)i * OC;
+#pragma omp simd
+				for (int c = c0; c < c1; c++)
+					dbias[c] += d[c];
+			}
+		}
+	}
+}
+
+/* ---- GELU and residual ------------------------------------------------------------------------ */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+void gelu_forward(float *out, const float *inp, size_t N)
+{
+#pragma omp parallel for simd schedule(static) if (N >= PAR_MIN)
+	for (size_t i = 0; i < N; i++) {
+		float x = inp[i];
+		out[i] = 0.5f * x * (1.0f + fast_tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+	}
+}
+
+void gelu_backward(float *dinp, const float *inp, const float *dout, size_t N)
+{
+#pragma omp parallel for simd schedule(static) if (N >= PAR_MIN)
+	for (size_t i = 0; i < N; i++) {
+		float x = inp[i];
+		float th = fast_tanhf(GELU_K * (x + 0.044715f * x * x * x));
+		float sech2 = 1.0f - th * th;
+		float local = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+		dinp[i] += local * dout[i];
+	}
+}
+
+void residual_forward(float *out, const float *inp1, const float *inp2, size_t N)
+{
+#pragma omp parallel for simd schedule(static) if (N >= PAR_MIN)
+	for (size_t i = 0; i < N; i++)
+		out[i] = inp1[i] + inp2[i];
+}

@@ -1,0 +1,172 @@
+/* checkpoint.c: training checkpoints: save the whole training state, and resume from it.
+ *
+ * A checkpoint of step S is DIR/step_%08lld (loom/ckpt.h writes it atomically) holding
+ *   model.safetensors  the parameters (HF GPT-2 names; loadable by `loom sample` and HF tools),
+ *   optim.safetensors  AdamW's m and v ("<name>.exp_avg", "<name>.exp_avg_sq"),
+ *   state.json         step, AdamW step count, the train loader's state, and the settings a resume
+ *                      must match (model config, B, T, accum, world) plus the others for the record,
+ *   tokenizer.bin      a copy of the data's tokenizer when one is known (for `loom sample`).
+ * That is the whole training state (see trainer.c), so a resumed run continues bit-identically. */
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/util.h"
+#include "loom/ckpt.h"
+#include "train/trainer_internal.h"
+
+static int put_state(loom_trainer_t *tr, loom_kv_t *kv)
+{
+	const loom_train_config_t *c = &tr->cfg;
+	loom_loader_state_t ls;
+	int rc = LOOM_OK;
+	loom_loader_get_state(tr->train, &ls);
+	rc = rc ? rc : loom_kv_set_str(kv, "format", "loom-train");
+	rc = rc ? rc : loom_kv_set_i64(kv, "step", tr->step);
+	rc = rc ? rc : loom_kv_set_i64(kv, "adamw.step", tr->opt.step);
+	rc = rc ? rc : loom_kv_set_loader(kv, "loader.train", &ls);
+	rc = rc ? rc : loom_kv_set_i64(kv, "model.n_layer", tr->mcfg.n_layer);
+	rc = rc ? rc : loom_kv_set_i64(kv, "model.n_head", tr->mcfg.n_head);
+	rc = rc ? rc : loom_kv_set_i64(kv, "model.n_embd", tr->mcfg.n_embd);
+	rc = rc ? rc : loom_kv_set_i64(kv, "model.seq_len", tr->mcfg.seq_len);
+	rc = rc ? rc : loom_kv_set_i64(kv, "model.vocab_size", tr->mcfg.vocab_size);
+	rc = rc ? rc : loom_kv_set_i64(kv, "batch.B", c->B);
+	rc = rc ? rc : loom_kv_set_i64(kv, "batch.T", c->T);
+	rc = rc ? rc : loom_kv_set_i64(kv, "batch.accum", c->accum);
+	rc = rc ? rc : loom_kv_set_i64(kv, "batch.world", tr->world);
+	rc = rc ? rc : loom_kv_set_u64(kv, "seed", c->seed);
+	rc = rc ? rc : loom_kv_set_i64(kv, "shuffle", c->shuffle);
+	rc = rc ? rc : loom_kv_set_str(kv, "train_data", c->train_data);
+	rc = rc ? rc : loom_kv_set_i64(kv, "lr.total_steps", c->lr.total_steps);
+	rc = rc ? rc : loom_kv_set_f64(kv, "lr.peak", c->lr.peak_lr);
+	rc = rc ? rc : loom_kv_set_i64(kv, "lr.warmup", c->lr.warmup);
+	rc = rc ? rc : loom_kv_set_str(kv, "lr.schedule", loom_schedule_name(c->lr.kind));
+	rc = rc ? rc : loom_kv_set_f64(kv, "lr.min_lr_frac", c->lr.min_lr_frac);
+	rc = rc ? rc : loom_kv_set_f64(kv, "adamw.beta1", c->adamw.beta1);
+	rc = rc ? rc : loom_kv_set_f64(kv, "adamw.beta2", c->adamw.beta2);
+	rc = rc ? rc : loom_kv_set_f64(kv, "adamw.eps", c->adamw.eps);
+	rc = rc ? rc : loom_kv_set_f64(kv, "adamw.weight_decay", c->adamw.weight_decay);
+	rc = rc ? rc : loom_kv_set_f64(kv, "grad_clip", c->grad_clip);
+	return rc;
+}
+
+int loom_trainer_save(loom_trainer_t *tr)
+{
+	loom_ckpt_writer_t w;
+	loom_kv_t *kv = NULL;
+	char path[1200];
+	int rc;
+	if (!tr->cfg.save_dir)
+		return loom_seterr(LOOM_EINVAL, "trainer: no checkpoint directory (--save-dir)");
+	if ((rc = loom_ckpt_begin(&w, tr->cfg.save_dir, tr->step)) != LOOM_OK)
+		return rc;
+	if ((rc = loom_ckpt_file(&w, "model.safetensors", path, sizeof path)) ||
+	    (rc = loom_model_save_safetensors(path, &tr->mcfg, loom_gpt2_params(tr->model))))
+		goto fail;
+	if ((rc = loom_ckpt_file(&w, "optim.safetensors", path, sizeof path)) ||
+	    (rc = loom_optim_save(path, &tr->mcfg, tr->opt.m, tr->opt.v)))
+		goto fail;
+	if (tr->cfg.tokenizer) {
+		loom_tokenizer_t tok;
+		if ((rc = loom_tokenizer_load(&tok, tr->cfg.tokenizer)) != LOOM_OK)
+			goto fail;
+		if ((rc = loom_ckpt_file(&w, "tokenizer.bin", path, sizeof path)) == LOOM_OK)
+			rc = loom_tokenizer_save(&tok, path);
+		loom_tokenizer_free(&tok);
+		if (rc != LOOM_OK)
+			goto fail;
+	}
+	if ((rc = loom_kv_create(&kv)) || (rc = put_state(tr, kv)) ||
+	    (rc = loom_ckpt_file(&w, "state.json", path, sizeof path)) || (rc = loom_kv_save(kv, path)))
+		goto fail;
+	loom_kv_destroy(kv);
+	return loom_ckpt_commit(&w);
+fail:
+	loom_kv_destroy(kv);
+	loom_ckpt_abort(&w);
+	return rc;
+}
+
+/* state.json's integer `key` must equal `want`. */
+static int expect_i64(const loom_kv_t *kv, const char *file, const char *key, int64_t want, const char *hint)
+{
+	int64_t v;
+	int rc = loom_kv_get_i64(kv, key, &v);
+	if (rc != LOOM_OK)
+		return rc;
+	if (v != want)
+		return loom_seterr(LOOM_EMISMATCH, "resume from %s: the checkpoint has %s = %lld, this run has %lld%s", file,
+		                   key, (long long)v, (long long)want, hint);
+	return LOOM_OK;
+}
+
+int loom_trainer_resume(loom_trainer_t *tr, const char *path)
+{
+	char dir[1100], file[1200], manifest[1200];
+	struct stat sb;
+	loom_kv_t *kv = NULL;
+	loom_loader_state_t ls;
+	loom_gpt2_config_t saved;
+	int64_t step, astep;
+	int rc;
+	snprintf(manifest, sizeof manifest, "%s/MANIFEST", path);
+	if (stat(manifest, &sb) == 0) {
+		if ((rc = loom_ckpt_verify(path)) != LOOM_OK)
+			return rc;
+		snprintf(dir, sizeof dir, "%s", path);
+	} else if ((rc = loom_ckpt_latest(path, dir, sizeof dir, &step)) != LOOM_OK) {
+		return loom_seterr(rc, "resume: no complete training checkpoint in '%s' (%s)", path, loom_errmsg());
+	}
+	snprintf(file, sizeof file, "%s/state.json", dir);
+	if ((rc = loom_kv_load(&kv, file)) != LOOM_OK)
+		return rc;
+	const char *m = " (the model must be the same)", *b = " (resume with the same batch settings)";
+	if ((rc = expect_i64(kv, file, "model.n_layer", tr->mcfg.n_layer, m)) ||
+	    (rc = expect_i64(kv, file, "model.n_head", tr->mcfg.n_head, m)) ||
+	    (rc = expect_i64(kv, file, "model.n_embd", tr->mcfg.n_embd, m)) ||
+	    (rc = expect_i64(kv, file, "model.seq_len", tr->mcfg.seq_len, m)) ||
+	    (rc = expect_i64(kv, file, "model.vocab_size", tr->mcfg.vocab_size, m)) ||
+	    (rc = expect_i64(kv, file, "batch.B", tr->cfg.B, b)) || (rc = expect_i64(kv, file, "batch.T", tr->cfg.T, b)) ||
+	    (rc = expect_i64(kv, file, "batch.accum", tr->cfg.accum, b)) ||
+	    (rc = expect_i64(kv, file, "batch.world", tr->world,
+	                     " (resharding a checkpoint across world sizes is not supported yet)")))
+		goto out;
+	if ((rc = loom_kv_get_i64(kv, "step", &step)) || (rc = loom_kv_get_i64(kv, "adamw.step", &astep)) ||
+	    (rc = loom_kv_get_loader(kv, "loader.train", &ls)))
+		goto out;
+	if (step < 0 || astep != step) {
+		rc = loom_seterr(LOOM_EFORMAT, "%s: step %lld and AdamW step %lld disagree", file, (long long)step,
+		                 (long long)astep);
+		goto out;
+	}
+	if ((rc = loom_loader_set_state(tr->train, &ls)) != LOOM_OK) {
+		rc = loom_seterr(rc, "resume from %s: %s", file, loom_errmsg());
+		goto out;
+	}
+	if (ls.next_window != (uint64_t)step * (uint64_t)tr->cfg.accum * (uint64_t)tr->world + (uint64_t)tr->rank) {
+		rc = loom_seterr(LOOM_EFORMAT, "%s: the loader is at window %llu, step %lld implies %llu", file,
+		                 (unsigned long long)ls.next_window, (long long)step,
+		                 (unsigned long long)((uint64_t)step * tr->cfg.accum * tr->world + tr->rank));
+		goto out;
+	}
+	snprintf(file, sizeof file, "%s/model.safetensors", dir);
+	if ((rc = loom_model_config(file, tr->mcfg.n_head, &saved, NULL)) != LOOM_OK)
+		goto out;
+	if (memcmp(&saved, &tr->mcfg, sizeof saved) != 0) {
+		rc = loom_seterr(LOOM_EMISMATCH, "resume: %s holds a model L%d H%d C%d T%d V%d, this run's is L%d H%d C%d T%d V%d",
+		                 file, saved.n_layer, saved.n_head, saved.n_embd, saved.seq_len, saved.vocab_size,
+		                 tr->mcfg.n_layer, tr->mcfg.n_head, tr->mcfg.n_embd, tr->mcfg.seq_len, tr->mcfg.vocab_size);
+		goto out;
+	}
+	if ((rc = loom_model_load(file, &tr->mcfg, loom_gpt2_params(tr->model))) != LOOM_OK)
+		goto out;
+	snprintf(file, sizeof file, "%s/optim.safetensors", dir);
+	if ((rc = loom_optim_load(file, &tr->mcfg, tr->opt.m, tr->opt.v)) != LOOM_OK)
+		goto out;
+	tr->opt.step = astep;
+	tr->step = step;
+	tr->resumed = 1;
+out:
+	loom_kv_destroy(kv);
+	return rc;
+}

@@ -1,0 +1,263 @@
+/* trainer.c: the training loop: micro-steps with gradient accumulation, global-norm clipping,
+ * AdamW under an LR schedule, evaluation, and the run loop that logs and checkpoints.
+ *
+ * Invariants: after k calls of loom_trainer_step, tr->step == k, the optimizer has taken k steps and
+ * the train loader's position is window k*accum*world + rank, so the whole training state is (model
+ * parameters, AdamW m/v/step, loader state) and checkpoint.c saves exactly that. A step allocates
+ * nothing. Evaluation reads validation windows directly (loom_loader_window) and does not touch
+ * the training state, so evaluating or not never changes the training losses. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "train/trainer_internal.h"
+
+loom_train_config_t loom_train_defaults(void)
+{
+	loom_train_config_t c;
+	memset(&c, 0, sizeof c);
+	c.accum = 1;
+	c.seed = 1337;
+	c.adamw = loom_adamw_defaults();
+	c.grad_clip = 1.0;
+	c.lr.kind = LOOM_SCHED_COSINE;
+	c.lr.min_lr_frac = 0.0;
+	c.eval_batches = 20;
+	return c;
+}
+
+static int dup_str(char **dst, const char *src)
+{
+	*dst = NULL;
+	if (!src)
+		return LOOM_OK;
+	*dst = strdup(src);
+	return *dst ? LOOM_OK : loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
+}
+
+/* Every token of the first windows (about 1M tokens) of a data set must be a valid id of the model. */
+static int check_vocab(loom_trainer_t *tr, loom_loader_t *ld, const char *what, const char *glob)
+{
+	uint64_t W = loom_loader_windows_per_epoch(ld), bt = (uint64_t)tr->cfg.B * (uint64_t)tr->cfg.T;
+	uint64_t n = LOOM_MIN(W, (1000000 + bt - 1) / bt);
+	int V = tr->mcfg.vocab_size;
+	for (uint64_t k = 0; k < n; k++) {
+		int rc = loom_loader_window(ld, k, tr->inputs, tr->targets);
+		if (rc != LOOM_OK)
+			return rc;
+		for (uint64_t i = 0; i < bt; i++) {
+			int a = tr->inputs[i], b = tr->targets[i];
+			if (a >= V || b >= V)
+				return loom_seterr(LOOM_EINVAL, "%s data '%s': token id %d (in window %llu) is outside the "
+				                   "model's vocabulary of %d: the data was tokenized for another model",
+				                   what, glob, a >= V ? a : b, (unsigned long long)k, V);
+		}
+	}
+	return LOOM_OK;
+}
+
+static int check_config(const loom_train_config_t *c, const loom_gpt2_config_t *mc)
+{
+	int rc;
+	if (!c->train_data || !*c->train_data)
+		return loom_seterr(LOOM_EINVAL, "trainer: no training data given (--train-data GLOB)");
+	if (c->B <= 0 || c->T <= 0)
+		return loom_seterr(LOOM_EINVAL, "trainer: batch size %d and sequence length %d must be positive", c->B, c->T);
+	if (c->T > mc->seq_len)
+		return loom_seterr(LOOM_EINVAL, "trainer: sequence length %d exceeds the model's maximum seq_len %d", c->T,
+		                   mc->seq_len);
+	if (c->accum < 1)
+		return loom_seterr(LOOM_EINVAL, "trainer: gradient accumulation %d must be >= 1", c->accum);
+	if ((rc = loom_schedule_check(&c->lr)) != LOOM_OK)
+		return rc;
+	if (c->eval_every < 0 || c->save_every < 0 || c->eval_batches < 0)
+		return loom_seterr(LOOM_EINVAL, "trainer: eval-every %d, eval-batches %d and save-every %d must be >= 0",
+		                   c->eval_every, c->eval_batches, c->save_every);
+	if (c->val_data && c->eval_batches == 0)
+		return loom_seterr(LOOM_EINVAL, "trainer: eval-batches must be > 0 to evaluate");
+	if (!isfinite(c->grad_clip))
+		return loom_seterr(LOOM_EINVAL, "trainer: grad clip %g must be finite", c->grad_clip);
+	return LOOM_OK;
+}
+
+int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, loom_gpt2_t *model)
+{
+	loom_trainer_t *tr;
+	loom_loader_opts_t lo;
+	int rc;
+	*out = NULL;
+	if (!model)
+		return loom_seterr(LOOM_EINVAL, "trainer: no model");
+	if ((rc = check_config(cfg, loom_gpt2_config(model))) != LOOM_OK)
+		return rc;
+	tr = calloc(1, sizeof *tr);
+	if (!tr)
+		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
+	tr->cfg = *cfg;
+	tr->model = model;
+	tr->mcfg = *loom_gpt2_config(model);
+	tr->world = 1, tr->rank = 0;
+	if ((rc = dup_str(&tr->train_data, cfg->train_data)) || (rc = dup_str(&tr->val_data, cfg->val_data)) ||
+	    (rc = dup_str(&tr->save_dir, cfg->save_dir)) || (rc = dup_str(&tr->log_path, cfg->log_path)) ||
+	    (rc = dup_str(&tr->tokenizer, cfg->tokenizer)))
+		goto fail;
+	tr->cfg.train_data = tr->train_data, tr->cfg.val_data = tr->val_data;
+	tr->cfg.save_dir = tr->save_dir, tr->cfg.log_path = tr->log_path, tr->cfg.tokenizer = tr->tokenizer;
+	tr->inputs = malloc((size_t)cfg->B * cfg->T * sizeof(int));
+	tr->targets = malloc((size_t)cfg->B * cfg->T * sizeof(int));
+	if (!tr->inputs || !tr->targets) {
+		rc = loom_seterr(LOOM_ENOMEM, "trainer: out of memory for a batch of %d x %d", cfg->B, cfg->T);
+		goto fail;
+	}
+	memset(&lo, 0, sizeof lo);
+	lo.B = cfg->B, lo.T = cfg->T, lo.shuffle = cfg->shuffle, lo.seed = cfg->seed;
+	lo.rank = tr->rank, lo.world = tr->world;
+	if ((rc = loom_loader_create(&tr->train, cfg->train_data, &lo)) != LOOM_OK)
+		goto fail;
+	if ((rc = check_vocab(tr, tr->train, "training", cfg->train_data)) != LOOM_OK)
+		goto fail;
+	if (cfg->val_data && *cfg->val_data) {
+		lo.shuffle = 0, lo.rank = 0, lo.world = 1;
+		if ((rc = loom_loader_create(&tr->val, cfg->val_data, &lo)) != LOOM_OK)
+			goto fail;
+		if ((rc = check_vocab(tr, tr->val, "validation", cfg->val_data)) != LOOM_OK)
+			goto fail;
+	}
+	if ((rc = loom_adamw_init_gpt2(&tr->opt, &cfg->adamw, &tr->mcfg)) != LOOM_OK)
+		goto fail;
+	tr->flops_per_token = loom_gpt2_flops_per_token(&tr->mcfg, cfg->T);
+	*out = tr;
+	return LOOM_OK;
+fail:
+	loom_trainer_destroy(tr);
+	return rc;
+}
+
+void loom_trainer_destroy(loom_trainer_t *tr)
+{
+	if (!tr)
+		return;
+	loom_train_log_close(tr);
+	loom_loader_destroy(tr->train);
+	loom_loader_destroy(tr->val);
+	loom_adamw_free(&tr->opt);
+	free(tr->inputs), free(tr->targets);
+	free(tr->train_data), free(tr->val_data), free(tr->save_dir), free(tr->log_path);
+	free(tr->tokenizer);
+	free(tr);
+}
+
+int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
+{
+	const loom_train_config_t *c = &tr->cfg;
+	float *params = loom_gpt2_params(tr->model), *grads = loom_gpt2_grads(tr->model);
+	size_t n = loom_gpt2_num_params(&tr->mcfg);
+	double t0 = loom_now(), loss_sum = 0.0;
+	float scale = 1.0f / (float)c->accum, loss;
+	int rc;
+	memset(m, 0, sizeof *m);
+	loom_gpt2_zero_grad(tr->model);
+	for (int j = 0; j < c->accum; j++) {
+		loom_loader_state_t st;
+		loom_loader_get_state(tr->train, &st);
+		if ((rc = loom_loader_next(tr->train, tr->inputs, tr->targets)) != LOOM_OK)
+			return rc;
+		rc = loom_gpt2_forward_backward(tr->model, tr->inputs, tr->targets, c->B, c->T, scale, &loss);
+		if (rc != LOOM_OK)
+			return loom_seterr(rc, "step %lld, micro-step %d (data window %llu of '%s'): %s", tr->step + 1, j,
+			                   (unsigned long long)st.next_window, c->train_data, loom_errmsg());
+		loss_sum += loss;
+	}
+	double t1 = loom_now();
+	m->grad_norm = loom_grad_norm(grads, n);
+	m->lr = loom_schedule_lr(&c->lr, tr->step + 1);
+	if ((rc = loom_adamw_step(&tr->opt, params, grads, m->lr, loom_clip_scale(m->grad_norm, c->grad_clip))) != LOOM_OK)
+		return rc;
+	tr->step++;
+	double t2 = loom_now(), dt = t2 - t0;
+	m->optim_ms = (t2 - t1) * 1e3;
+	m->step = tr->step;
+	m->total = c->lr.total_steps;
+	m->loss = (float)(loss_sum / c->accum);
+	m->dt_ms = dt * 1e3;
+	m->tokens_per_s = (double)loom_trainer_tokens_per_step(tr) / dt;
+	m->mfu = c->peak_flops > 0 ? m->tokens_per_s * tr->flops_per_token / c->peak_flops : 0.0;
+	/* The first step of a process (page faults, BLAS warm-up) is left out of the ETA's mean. */
+	if (tr->seen_first)
+		tr->time_sum += dt, tr->timed++;
+	tr->seen_first = 1;
+	double mean = tr->timed > 0 ? tr->time_sum / tr->timed : dt;
+	m->eta_s = mean * (double)LOOM_MAX(m->total - m->step, 0);
+	return LOOM_OK;
+}
+
+int loom_trainer_eval(loom_trainer_t *tr, float *val_loss)
+{
+	const loom_train_config_t *c = &tr->cfg;
+	double sum = 0.0;
+	float loss;
+	int rc;
+	uint64_t n;
+	if (!tr->val)
+		return loom_seterr(LOOM_ESTATE, "trainer: no validation data (--val-data)");
+	n = LOOM_MIN((uint64_t)c->eval_batches, loom_loader_windows_per_epoch(tr->val));
+	for (uint64_t k = 0; k < n; k++) {
+		if ((rc = loom_loader_window(tr->val, k, tr->inputs, tr->targets)) != LOOM_OK)
+			return rc;
+		if ((rc = loom_gpt2_forward(tr->model, tr->inputs, tr->targets, c->B, c->T, &loss)) != LOOM_OK)
+			return rc;
+		sum += loss;
+	}
+	*val_loss = (float)(sum / (double)n);
+	return LOOM_OK;
+}
+
+int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx)
+{
+	const loom_train_config_t *c = &tr->cfg;
+	loom_step_metrics_t m;
+	int rc;
+	if (c->log_path && (rc = loom_train_log_open(tr)) != LOOM_OK)
+		return rc;
+	while (tr->step < c->lr.total_steps) {
+		if ((rc = loom_trainer_step(tr, &m)) != LOOM_OK)
+			return rc;
+		int last = m.step == c->lr.total_steps;
+		if (tr->val && ((c->eval_every > 0 && m.step % c->eval_every == 0) || last)) {
+			if ((rc = loom_trainer_eval(tr, &m.val_loss)) != LOOM_OK)
+				return rc;
+			m.has_val = 1;
+		}
+		if (c->save_dir && ((c->save_every > 0 && m.step % c->save_every == 0) || last)) {
+			if ((rc = loom_trainer_save(tr)) != LOOM_OK)
+				return rc;
+			m.saved = 1;
+		}
+		if (tr->log && (rc = loom_train_log_write(tr, &m)) != LOOM_OK)
+			return rc;
+		if (fn && fn(ctx, tr, &m) != 0)
+			return loom_seterr(LOOM_ESTATE, "training stopped at step %lld", m.step);
+	}
+	return LOOM_OK;
+}
+
+long long loom_trainer_steps_done(const loom_trainer_t *tr)
+{
+	return tr->step;
+}
+
+loom_gpt2_t *loom_trainer_model(loom_trainer_t *tr)
+{
+	return tr->model;
+}
+
+const loom_adamw_t *loom_trainer_optimizer(const loom_trainer_t *tr)
+{
+	return &tr->opt;
+}
+
+long long loom_trainer_tokens_per_step(const loom_trainer_t *tr)
+{
+	return (long long)tr->cfg.B * tr->cfg.T * tr->cfg.accum * tr->world;
+}

@@ -1,0 +1,54 @@
+/* comm_prog.c: a rank program for tests that start jobs with a real launcher (mpirun, loom run):
+ * joins the job from the environment, checks an all-reduce, a broadcast and a sub-group split, and
+ * prints "rank R of N: ok" (exit 0) or what went wrong (exit 1). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "loom/comm.h"
+
+static int fail(const char *what, int rc, loom_comm_t *c)
+{
+	fprintf(stderr, "%s failed: %s: %s\n", what, loom_strerror(rc), c ? loom_comm_errmsg(c) : loom_errmsg());
+	return 1;
+}
+
+int main(void)
+{
+	loom_comm_t *c, *sub;
+	int rc, rank, n;
+	enum { N = 100003 };
+	float *x = malloc(N * sizeof *x);
+	double b;
+	if (!x)
+		return 1;
+	if ((rc = loom_comm_init(&c)) != LOOM_OK)
+		return fail("loom_comm_init", rc, NULL);
+	rank = loom_comm_rank(c), n = loom_comm_size(c);
+	for (int i = 0; i < N; i++)
+		x[i] = (float)(i % 13 + rank);
+	if ((rc = loom_allreduce(c, x, x, N, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK)
+		return fail("allreduce", rc, c);
+	for (int i = 0; i < N; i++) {
+		float want = (float)(n * (i % 13) + n * (n - 1) / 2);
+		if (x[i] != want) {
+			fprintf(stderr, "rank %d: x[%d] = %g, expected %g\n", rank, i, x[i], want);
+			return 1;
+		}
+	}
+	b = rank == n - 1 ? 2.5 : 0;
+	if ((rc = loom_broadcast(c, &b, 1, LOOM_FLOAT64, n - 1)) != LOOM_OK)
+		return fail("broadcast", rc, c);
+	if (b != 2.5) {
+		fprintf(stderr, "rank %d: broadcast gave %g\n", rank, b);
+		return 1;
+	}
+	if ((rc = loom_comm_split(c, rank % 2, -rank, &sub)) != LOOM_OK)
+		return fail("split", rc, c);
+	if ((rc = loom_barrier(sub)) != LOOM_OK)
+		return fail("barrier", rc, sub);
+	loom_comm_destroy(sub);
+	loom_comm_destroy(c);
+	free(x);
+	printf("rank %d of %d: ok\n", rank, n);
+	return 0;
+}

@@ -1,0 +1,807 @@
+/* test_ckpt.c: JSON, safetensors, GPT-2 model files (HF safetensors, llm.c .bin), optimizer state,
+ * the key-value state file and atomic training-checkpoint directories. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt/json.h"
+#include "loom/ckpt.h"
+#include "test.h"
+
+static int write_bytes(const char *path, const void *p, size_t n)
+{
+	FILE *f = fopen(path, "wb");
+	if (!f)
+		return 1;
+	if (n && fwrite(p, 1, n, f) != n) {
+		fclose(f);
+		return 1;
+	}
+	return fclose(f) != 0;
+}
+
+static long file_size(const char *path)
+{
+	struct stat sb;
+	return stat(path, &sb) == 0 ? (long)sb.st_size : -1;
+}
+
+/* Deterministic pseudo-random floats with varied exponents and signs. */
+static void fill(float *p, size_t n, uint32_t seed)
+{
+	uint32_t x = seed * 2654435761u + 1;
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+		p[i] = ((float)(x % 200001) - 100000.0f) * 1e-5f * (float)(1 + (x >> 28));
+	}
+}
+
+static const loom_gpt2_config_t tiny = {2, 2, 8, 16, 50}; /* L H C T V */
+
+TEST(json_parser)
+{
+	json_t v;
+	char err[200];
+	const char *doc = " {\"a\": [1, -2.5e3, true, false, null], \"s\": \"q\\\"\\\\\\/\\n\\u00e9\\ud83d\\ude00\", "
+	                  "\"big\": 18446744073709551615, \"o\": {}} ";
+	uint64_t u;
+	int64_t i;
+	CHECK(json_parse(doc, strlen(doc), &v, err, sizeof err) == 0);
+	CHECK_EQ(v.type, JSON_OBJECT);
+	CHECK_EQ(v.n, 4);
+	CHECK_EQ(json_get(&v, "a")->n, 5);
+	CHECK_FEQ(json_get(&v, "a")->kids[1].num, -2500.0);
+	CHECK_EQ(json_get(&v, "a")->kids[2].boolean, 1);
+	CHECK_EQ(json_get(&v, "a")->kids[4].type, JSON_NULL);
+	CHECK_STREQ(json_get(&v, "s")->s, "q\"\\/\n\xc3\xa9\xf0\x9f\x98\x80");
+	CHECK(json_to_u64(json_get(&v, "big"), &u) == 0);
+	CHECK(u == UINT64_MAX);
+	CHECK(json_to_i64(json_get(&v, "big"), &i) == -1); /* out of range */
+	CHECK(json_to_u64(&json_get(&v, "a")->kids[1], &u) == -1);
+	CHECK_EQ(json_get(&v, "o")->type, JSON_OBJECT);
+	json_free(&v);
+	static const struct {
+		const char *text, *msg;
+	} bad[] = {
+		{"{\"a\":1,}", "expected a member name"}, {"[1 2]", "expected ',' or ']'"},
+		{"{\"a\" 1}", "expected ':'"},          {"\"abc", "unterminated string"},
+		{"[01]", "expected ',' or ']'"},         {"[1.]", "no digit after '.'"},
+		{"\"\\x\"", "bad escape"},               {"\"\\ud800\"", "unpaired surrogate"},
+		{"{} x", "trailing characters"},         {"", "unexpected end of input"},
+		{"[\"a\tb\"]", "control character 0x09"}, {"nul", "unexpected character 'n'"},
+	};
+	for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+		CHECK_MSG(json_parse(bad[k].text, strlen(bad[k].text), &v, err, sizeof err) == -1, "%s", bad[k].text);
+		CHECK_CONTAINS(err, bad[k].msg);
+		json_free(&v);
+	}
+	/* nesting is bounded */
+	{
+		char deep[200];
+		memset(deep, '[', 100);
+		memset(deep + 100, ']', 100);
+		CHECK(json_parse(deep, 200, &v, err, sizeof err) == -1);
+		CHECK_CONTAINS(err, "nesting deeper than 64");
+		json_free(&v);
+	}
+	return 0;
+}
+
+TEST(safetensors_round_trip)
+{
+	char dir[256], path[512];
+	float a[6];
+	uint16_t bf[4] = {0x3f80, 0xc000, 0x0000, 0x7f80}; /* 1, -2, 0, inf as bf16 */
+	int64_t ids[3] = {-1, 0, INT64_MAX};
+	float scalar = 3.5f;
+	loom_st_tensor_t t[5] = {
+		{"a/weights", LOOM_ST_F32, 2, {2, 3}, a, sizeof a},
+		{"half \"quoted\"", LOOM_ST_BF16, 1, {4}, bf, sizeof bf},
+		{"ids", LOOM_ST_I64, 1, {3}, ids, sizeof ids},
+		{"empty", LOOM_ST_F32, 2, {0, 5}, NULL, 0},
+		{"scalar", LOOM_ST_F32, 0, {0}, &scalar, 4},
+	};
+	const char *meta[4] = {"k", "v\n\"x\"", "n_head", "2"};
+	loom_st_t *st;
+	float back[6], bfback[4];
+	uint64_t hlen;
+	FILE *f;
+	fill(a, 6, 1);
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(path, sizeof path, "%s/x.safetensors", dir);
+	CHECK_OK(loom_st_write(path, t, 5, meta, 2));
+	f = fopen(path, "rb");
+	CHECK(f && fread(&hlen, 8, 1, f) == 1);
+	fclose(f);
+	CHECK_EQ(hlen % 8, 0);
+	CHECK_EQ(file_size(path), 8 + (long)hlen + 24 + 8 + 24 + 0 + 4);
+	CHECK_OK(loom_st_open(&st, path));
+	CHECK_EQ(loom_st_count(st), 5);
+	/* file order: offsets ascending, i.e. the order written (the empty tensor sits at offset 56) */
+	CHECK_STREQ(loom_st_get(st, 0)->name, "a/weights");
+	CHECK_STREQ(loom_st_get(st, 1)->name, "half \"quoted\"");
+	CHECK_EQ(loom_st_get(st, 0)->shape[1], 3);
+	CHECK_EQ(loom_st_get(st, 1)->dtype, LOOM_ST_BF16);
+	CHECK(memcmp(loom_st_get(st, loom_st_find(st, "ids"))->data, ids, sizeof ids) == 0);
+	CHECK_EQ(loom_st_get(st, loom_st_find(st, "scalar"))->ndim, 0);
+	CHECK_EQ(loom_st_get(st, loom_st_find(st, "empty"))->nbytes, 0);
+	CHECK_EQ(loom_st_find(st, "nope"), -1);
+	CHECK_OK(loom_st_read_f32(st, 0, back, 6));
+	CHECK(memcmp(back, a, sizeof a) == 0); /* bit-exact */
+	CHECK_OK(loom_st_read_f32(st, 1, bfback, 4));
+	CHECK_FEQ(bfback[0], 1.0);
+	CHECK_FEQ(bfback[1], -2.0);
+	CHECK_FEQ(bfback[2], 0.0);
+	CHECK(isinf(bfback[3]) && bfback[3] > 0);
+	CHECK_ERR(loom_st_read_f32(st, 0, back, 5), LOOM_EINVAL);
+	CHECK_ERR(loom_st_read_f32(st, loom_st_find(st, "ids"), back, 3), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "dtype I64");
+	CHECK_EQ(loom_st_meta_count(st), 2);
+	CHECK_STREQ(loom_st_meta(st, "k"), "v\n\"x\"");
+	CHECK_STREQ(loom_st_meta(st, "n_head"), "2");
+	CHECK(loom_st_meta(st, "zz") == NULL);
+	loom_st_close(st);
+	/* writer input errors */
+	t[0].nbytes = 20;
+	CHECK_ERR(loom_st_write(path, t, 1, NULL, 0), LOOM_EINVAL);
+	t[0].nbytes = sizeof a;
+	t[1].name = "a/weights";
+	CHECK_ERR(loom_st_write(path, t, 2, NULL, 0), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "given twice");
+	test_rmdir(dir);
+	return 0;
+}
+
+TEST(safetensors_f16)
+{
+	char dir[256], path[512];
+	/* 1.0, -0.5, 65504 (max), 2^-24 (smallest subnormal), -0 */
+	uint16_t h[5] = {0x3c00, 0xb800, 0x7bff, 0x0001, 0x8000};
+	loom_st_tensor_t t = {"h", LOOM_ST_F16, 1, {5}, h, sizeof h};
+	loom_st_t *st;
+	float out[5];
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(path, sizeof path, "%s/h.safetensors", dir);
+	CHECK_OK(loom_st_write(path, &t, 1, NULL, 0));
+	CHECK_OK(loom_st_open(&st, path));
+	CHECK_OK(loom_st_read_f32(st, 0, out, 5));
+	CHECK_FEQ(out[0], 1.0);
+	CHECK_FEQ(out[1], -0.5);
+	CHECK_FEQ(out[2], 65504.0);
+	CHECK_FEQ(out[3], ldexp(1.0, -24));
+	CHECK(out[4] == 0.0f && signbit(out[4]));
+	loom_st_close(st);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* Write a safetensors file by hand: header text + data bytes. */
+static int write_st(const char *path, const char *header, const void *data, size_t n)
+{
+	size_t hl = strlen(header);
+	uint64_t h = hl;
+	unsigned char *buf = malloc(8 + hl + n + 1);
+	int rc;
+	memcpy(buf, &h, 8);
+	memcpy(buf + 8, header, hl);
+	if (n)
+		memcpy(buf + 8 + hl, data, n);
+	rc = write_bytes(path, buf, 8 + hl + n);
+	free(buf);
+	return rc;
+}
+
+TEST(safetensors_corrupt)
+{
+	char dir[256], path[512];
+	float d[4] = {1, 2, 3, 4};
+	loom_st_t *st;
+	static const struct {
+		const char *header;
+		size_t data;
+		const char *msg;
+	} cases[] = {
+		{"{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]", 16, "bad JSON header"},
+		{"{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,20]}}", 16, "data_offsets [0, 20] out of range"},
+		{"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,16]}}", 16, "is 12 bytes but data_offsets span 16"},
+		{"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],"
+		 "\"data_offsets\":[4,12]}}", 16, "tensor 'b' starts at data offset 4, expected 8"},
+		{"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 16,
+		 "tensors cover 8 bytes of data but the file holds 16"},
+		{"{\"a\":{\"dtype\":\"Q4\",\"shape\":[4],\"data_offsets\":[0,16]}}", 16, "unsupported dtype \"Q4\""},
+		{"{\"a\":{\"dtype\":\"F32\",\"shape\":[-4],\"data_offsets\":[0,16]}}", 16, "shape[0] is not a non-negative"},
+		{"{\"a\":{\"dtype\":\"F32\",\"shape\":[4]}}", 16, "\"data_offsets\" must be two"},
+		{"{\"__metadata__\":{\"x\":1}}", 0, "value of 'x' is a number, expected a string"},
+		{"[1,2]", 0, "JSON header is a array, expected an object"},
+		{"{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},\"a\":{\"dtype\":\"F32\",\"shape\":[0],"
+		 "\"data_offsets\":[16,16]}}", 16, "tensor 'a' appears twice"},
+	};
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(path, sizeof path, "%s/bad.safetensors", dir);
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		CHECK(write_st(path, cases[i].header, d, cases[i].data) == 0);
+		st = (loom_st_t *)1;
+		CHECK_MSG(loom_st_open(&st, path) == LOOM_EFORMAT, "case %zu: %s", i, cases[i].header);
+		CHECK(st == NULL);
+		CHECK_CONTAINS(loom_errmsg(), path);
+		CHECK_CONTAINS(loom_errmsg(), cases[i].msg);
+	}
+	/* header length beyond the file (a truncated file) */
+	CHECK(write_st(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", d, 16) == 0);
+	CHECK_OK(loom_st_open(&st, path));
+	loom_st_close(st);
+	{
+		uint64_t big = 1ull << 40;
+		FILE *f = fopen(path, "r+b");
+		CHECK(f && fwrite(&big, 8, 1, f) == 1);
+		fclose(f);
+		CHECK_ERR(loom_st_open(&st, path), LOOM_EFORMAT);
+		CHECK_CONTAINS(loom_errmsg(), "header length 1099511627776 exceeds the file's");
+	}
+	CHECK(write_st(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", d, 12) == 0);
+	CHECK_ERR(loom_st_open(&st, path), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "out of range (data section is 12 bytes)");
+	CHECK(write_bytes(path, "abc", 3) == 0);
+	CHECK_ERR(loom_st_open(&st, path), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "3 bytes, too short");
+	snprintf(path, sizeof path, "%s/missing.safetensors", dir);
+	CHECK_ERR(loom_st_open(&st, path), LOOM_ENOENT);
+	test_rmdir(dir);
+	return 0;
+}
+
+TEST(gpt2_safetensors_round_trip)
+{
+	char dir[256], path[512];
+	size_t n = loom_gpt2_num_params(&tiny);
+	float *p = malloc(n * sizeof *p), *q = NULL;
+	loom_gpt2_config_t cfg;
+	loom_model_format_t fmt;
+	loom_st_t *st;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	fill(p, n, 7);
+	snprintf(path, sizeof path, "%s/model.safetensors", dir);
+	CHECK_OK(loom_model_save(path, &tiny, p));
+	CHECK_OK(loom_st_open(&st, path));
+	CHECK_EQ(loom_st_count(st), loom_gpt2_num_tensors(&tiny));
+	CHECK_STREQ(loom_st_meta(st, "n_head"), "2");
+	CHECK_STREQ(loom_st_meta(st, "n_positions"), "16");
+	CHECK_STREQ(loom_st_meta(st, "format"), "pt");
+	{
+		const loom_st_tensor_t *t = loom_st_get(st, loom_st_find(st, "h.1.mlp.c_fc.weight"));
+		CHECK(t != NULL);
+		CHECK_EQ(t->shape[0], 8);
+		CHECK_EQ(t->shape[1], 32);
+		t = loom_st_get(st, loom_st_find(st, "wte.weight"));
+		CHECK_EQ(t->shape[0], 50);
+	}
+	loom_st_close(st);
+	CHECK_OK(loom_model_config(path, 0, &cfg, &fmt));
+	CHECK_EQ(fmt, LOOM_MODEL_SAFETENSORS);
+	CHECK(memcmp(&cfg, &tiny, sizeof cfg) == 0);
+	CHECK_OK(loom_model_load_alloc(path, 0, &cfg, &q));
+	CHECK(memcmp(p, q, n * sizeof *p) == 0);
+	free(q);
+	free(p);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* An HF-style file: "transformer." names, attn.bias buffers, no n_head metadata, lm_head (or none). */
+static int write_hf_style(const char *path, const float *p, const float *lm_head, int drop, const char *extra)
+{
+	loom_st_tensor_t t[64];
+	char names[64][96];
+	int n = 0, nt = loom_gpt2_num_tensors(&tiny);
+	static float mask[16 * 16];
+	for (int i = 0; i < nt; i++) {
+		loom_tensor_info_t info;
+		loom_gpt2_tensor_info(&tiny, i, &info);
+		if (i == drop)
+			continue;
+		snprintf(names[n], sizeof names[n], "transformer.%s", info.name);
+		t[n] = (loom_st_tensor_t){names[n], LOOM_ST_F32, info.ndim, {info.shape[0], info.shape[1]},
+		                          p + info.offset, info.numel * 4};
+		n++;
+		if (info.name[0] == 'h' && strstr(info.name, "ln_1.weight")) {
+			int l = atoi(info.name + 2);
+			snprintf(names[n], sizeof names[n], "transformer.h.%d.attn.bias", l);
+			t[n] = (loom_st_tensor_t){names[n], LOOM_ST_F32, 4, {1, 1, 16, 16}, mask, sizeof mask};
+			n++;
+			snprintf(names[n], sizeof names[n], "h.%d.attn.masked_bias", l);
+			t[n] = (loom_st_tensor_t){names[n], LOOM_ST_F32, 0, {0}, mask, 4};
+			n++;
+		}
+	}
+	if (lm_head)
+		t[n++] = (loom_st_tensor_t){"lm_head.weight", LOOM_ST_F32, 2, {50, 8}, lm_head, 50 * 8 * 4};
+	if (extra)
+		t[n++] = (loom_st_tensor_t){extra, LOOM_ST_F32, 1, {8}, p, 32};
+	return loom_st_write(path, t, n, NULL, 0);
+}
+
+TEST(gpt2_hf_style_file)
+{
+	char dir[256], path[512], cfgpath[512];
+	size_t n = loom_gpt2_num_params(&tiny);
+	float *p = malloc(n * sizeof *p), *q = malloc(n * sizeof *q);
+	loom_gpt2_config_t cfg;
+	const char *cj = "{\"activation_function\": \"gelu_new\", \"n_embd\": 8, \"n_head\": 2, \"n_layer\": 2,\n"
+	                 " \"n_positions\": 16, \"vocab_size\": 50, \"architectures\": [\"GPT2LMHeadModel\"]}\n";
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	fill(p, n, 11);
+	snprintf(path, sizeof path, "%s/model.safetensors", dir);
+	snprintf(cfgpath, sizeof cfgpath, "%s/config.json", dir);
+	CHECK_OK(write_hf_style(path, p, p, -1, NULL));
+	/* no metadata, no config.json, no hint: a clear error */
+	CHECK_ERR(loom_model_config(path, 0, &cfg, NULL), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "the number of heads is unknown");
+	CHECK_CONTAINS(loom_errmsg(), "--n-head");
+	/* the hint */
+	CHECK_OK(loom_model_config(path, 2, &cfg, NULL));
+	CHECK(memcmp(&cfg, &tiny, sizeof cfg) == 0);
+	/* config.json beside the file */
+	CHECK(write_bytes(cfgpath, cj, strlen(cj)) == 0);
+	memset(&cfg, 0, sizeof cfg);
+	CHECK_OK(loom_model_config(path, 0, &cfg, NULL));
+	CHECK(memcmp(&cfg, &tiny, sizeof cfg) == 0);
+	memset(q, 0, n * sizeof *q);
+	CHECK_OK(loom_model_load(path, &cfg, q));
+	CHECK(memcmp(p, q, n * sizeof *p) == 0);
+	/* an lm_head that differs from wte (an untied head) is refused */
+	memcpy(q, p, n * sizeof *q);
+	q[17] += 1.0f;
+	CHECK_OK(write_hf_style(path, p, q, -1, NULL));
+	CHECK_ERR(loom_model_load(path, &cfg, q), LOOM_ENOTSUP);
+	CHECK_CONTAINS(loom_errmsg(), "lm_head.weight differs from wte.weight");
+	/* missing tensor, extra tensor, wrong shape */
+	CHECK_OK(write_hf_style(path, p, NULL, 5, NULL)); /* tensor 5 = h.0.attn.c_attn.bias */
+	CHECK_ERR(loom_model_load(path, &cfg, q), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "missing tensor 'h.0.attn.c_attn.bias'");
+	CHECK_OK(write_hf_style(path, p, NULL, -1, "transformer.h.0.mystery"));
+	CHECK_ERR(loom_model_load(path, &cfg, q), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "unexpected tensor 'transformer.h.0.mystery'");
+	{
+		loom_gpt2_config_t wrong = tiny;
+		wrong.n_embd = 4; /* every shape now differs */
+		wrong.n_head = 2;
+		CHECK_OK(write_hf_style(path, p, NULL, -1, NULL));
+		CHECK_ERR(loom_model_load(path, &wrong, q), LOOM_EFORMAT);
+		CHECK_CONTAINS(loom_errmsg(), "tensor 'transformer.wte.weight' has shape [50,8], expected [50,4]");
+	}
+	free(p);
+	free(q);
+	test_rmdir(dir);
+	return 0;
+}
+
+TEST(llmc_round_trip)
+{
+	char dir[256], st1[512], bin[512], st2[512];
+	size_t n = loom_gpt2_num_params(&tiny);
+	float *p = malloc(n * sizeof *p), *q = NULL;
+	loom_gpt2_config_t cfg;
+	loom_model_format_t fmt;
+	FILE *f;
+	int32_t h[256];
+	float *raw;
+	size_t C = 8, L = 2, Vp = 128, T = 16, nraw;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	fill(p, n, 5);
+	snprintf(st1, sizeof st1, "%s/a.safetensors", dir);
+	snprintf(bin, sizeof bin, "%s/a.bin", dir);
+	snprintf(st2, sizeof st2, "%s/b.safetensors", dir);
+	CHECK_OK(loom_model_save(st1, &tiny, p));
+	/* safetensors -> bin -> safetensors through the CLI */
+	{
+		char cmd[4096], out[4096];
+		snprintf(cmd, sizeof cmd, "%s convert %s %s && %s convert %s %s", test_loom_bin(), st1, bin, test_loom_bin(),
+		         bin, st2);
+		CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0);
+		CHECK_CONTAINS(out, "(safetensors) -> ");
+		CHECK_CONTAINS(out, "(llm.c): L=2 H=2 C=8 T=16 V=50");
+		snprintf(cmd, sizeof cmd, "cmp %s %s", st1, st2);
+		CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0); /* bit-exact, byte for byte */
+	}
+	/* the .bin is llm.c's layout, checked element by element against the HF tensors */
+	nraw = Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+	CHECK_EQ(file_size(bin), 1024 + (long)(nraw * 4));
+	raw = malloc(nraw * sizeof *raw);
+	f = fopen(bin, "rb");
+	CHECK(f && fread(h, 4, 256, f) == 256 && fread(raw, 4, nraw, f) == nraw);
+	fclose(f);
+	CHECK_EQ(h[0], 20240326);
+	CHECK_EQ(h[1], 3);
+	CHECK_EQ(h[2], 16);
+	CHECK_EQ(h[3], 50);
+	CHECK_EQ(h[4], 2);
+	CHECK_EQ(h[5], 2);
+	CHECK_EQ(h[6], 8);
+	CHECK_EQ(h[7], 128);
+	CHECK_FEQ(raw[49 * C + 7], p[49 * C + 7]); /* last real wte row */
+	CHECK_FEQ(raw[50 * C], 0.0);              /* padding */
+	CHECK_FEQ(raw[Vp * C + 3], p[50 * C + 3]); /* wpe */
+	{
+		loom_tensor_info_t qkv, ln2b, fcproj;
+		float *base = raw + Vp * C + T * C;
+		/* ln1w (L,C), ln1b (L,C), then qkvw (L,3C,C): file[l][o][i] = HF c_attn.weight[i][o] */
+		float *qkvw = base + 2 * L * C;
+		loom_gpt2_tensor_info(&tiny, 2 + 12 * 1 + 2, &qkv); /* h.1.attn.c_attn.weight [C,3C] */
+		CHECK_FEQ(qkvw[1 * 3 * C * C + 17 * C + 5], p[qkv.offset + 5 * 3 * C + 17]);
+		/* ln2b of layer 1: after qkvb (L,3C), attprojw (L,C,C), attprojb (L,C), ln2w (L,C) */
+		float *ln2bp = qkvw + L * 3 * C * C + L * 3 * C + L * C * C + L * C + L * C;
+		loom_gpt2_tensor_info(&tiny, 2 + 12 * 1 + 7, &ln2b);
+		CHECK_FEQ(ln2bp[C + 6], p[ln2b.offset + 6]);
+		/* fcprojw (L,C,4C): file[l][o][i] = HF mlp.c_proj.weight [4C,C] [i][o] */
+		float *fcprojw = ln2bp + L * C + L * 4 * C * C + L * 4 * C;
+		loom_gpt2_tensor_info(&tiny, 2 + 12 * 0 + 10, &fcproj);
+		CHECK_FEQ(fcprojw[3 * 4 * C + 30], p[fcproj.offset + 30 * C + 3]);
+		/* lnfb is last */
+		CHECK_FEQ(raw[nraw - 1], p[n - 1]);
+	}
+	CHECK_OK(loom_model_config(bin, 0, &cfg, &fmt));
+	CHECK_EQ(fmt, LOOM_MODEL_LLMC);
+	CHECK_OK(loom_model_load_alloc(bin, 0, &cfg, &q));
+	CHECK(memcmp(p, q, n * sizeof *p) == 0);
+	free(q);
+	/* truncated .bin and a bad version */
+	CHECK(write_bytes(bin, h, 1024) == 0);
+	CHECK_ERR(loom_model_load_alloc(bin, 0, &cfg, &q), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "1024 bytes, expected");
+	CHECK(q == NULL);
+	h[1] = 4;
+	CHECK(write_bytes(bin, h, 1024) == 0);
+	CHECK_ERR(loom_model_config(bin, 0, &cfg, NULL), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "llm.c model version 4 (expected 3, fp32, or 5, bf16)");
+	free(raw);
+	free(p);
+	test_rmdir(dir);
+	return 0;
+}
+
+TEST(llmc_bf16_read)
+{
+	char dir[256], path[512];
+	size_t n = loom_gpt2_num_params(&tiny), nraw = 128 * 8 + 16 * 8 + 2 * (12 * 64 + 13 * 8) + 16;
+	int32_t h[256] = {20240326, 5, 16, 50, 2, 2, 8, 128};
+	uint16_t *raw = calloc(nraw, 2);
+	float *q = malloc(n * sizeof *q);
+	unsigned char *buf = malloc(1024 + nraw * 2);
+	loom_tensor_info_t fcb;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	for (size_t i = 0; i < nraw; i++)
+		raw[i] = 0x3f80; /* 1.0 */
+	raw[0] = 0xc040;     /* wte[0][0] = -3 */
+	memcpy(buf, h, 1024);
+	memcpy(buf + 1024, raw, nraw * 2);
+	snprintf(path, sizeof path, "%s/m.bin", dir);
+	CHECK(write_bytes(path, buf, 1024 + nraw * 2) == 0);
+	CHECK_OK(loom_model_load(path, &tiny, q));
+	CHECK_FEQ(q[0], -3.0);
+	loom_gpt2_tensor_info(&tiny, 2 + 9, &fcb);
+	CHECK_FEQ(q[fcb.offset + 31], 1.0);
+	free(raw), free(q), free(buf);
+	test_rmdir(dir);
+	return 0;
+}
+
+TEST(optim_state_round_trip)
+{
+	char dir[256], path[512];
+	size_t n = loom_gpt2_num_params(&tiny);
+	float *m = malloc(n * 4), *v = malloc(n * 4), *m2 = malloc(n * 4), *v2 = malloc(n * 4);
+	loom_gpt2_config_t other = tiny;
+	loom_st_t *st;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	fill(m, n, 1), fill(v, n, 2);
+	snprintf(path, sizeof path, "%s/optim.safetensors", dir);
+	CHECK_OK(loom_optim_save(path, &tiny, m, v));
+	CHECK_OK(loom_st_open(&st, path));
+	CHECK(loom_st_find(st, "h.1.mlp.c_proj.weight.exp_avg_sq") >= 0);
+	CHECK(loom_st_find(st, "wte.weight.exp_avg") >= 0);
+	loom_st_close(st);
+	CHECK_OK(loom_optim_load(path, &tiny, m2, v2));
+	CHECK(memcmp(m, m2, n * 4) == 0 && memcmp(v, v2, n * 4) == 0);
+	other.n_head = 4;
+	CHECK_ERR(loom_optim_load(path, &other, m2, v2), LOOM_EMISMATCH);
+	CHECK_CONTAINS(loom_errmsg(), "optimizer state has n_head=2, the model has 4");
+	CHECK_ERR(loom_optim_save(path, &tiny, m, NULL), LOOM_EINVAL);
+	free(m), free(v), free(m2), free(v2);
+	test_rmdir(dir);
+	return 0;
+}
+
+TEST(kv_state_round_trip)
+{
+	char dir[256], path[512];
+	loom_kv_t *kv, *kv2;
+	loom_loader_state_t ls = {12345678901234ull, 3, UINT64_MAX, 1000, 4, 64, 1, 1, 2, 0}, ls2;
+	int64_t i;
+	uint64_t u;
+	double d;
+	const char *s;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(path, sizeof path, "%s/state.json", dir);
+	CHECK_OK(loom_kv_create(&kv));
+	CHECK_OK(loom_kv_set_str(kv, "format", "loom-train"));
+	CHECK_OK(loom_kv_set_i64(kv, "step", INT64_MIN));
+	CHECK_OK(loom_kv_set_u64(kv, "rng", UINT64_MAX));
+	CHECK_OK(loom_kv_set_f64(kv, "lr", 0.1));
+	CHECK_OK(loom_kv_set_f64(kv, "tiny", 4.9e-324));
+	CHECK_OK(loom_kv_set_f64(kv, "negzero", -0.0));
+	CHECK_OK(loom_kv_set_f64(kv, "nan", NAN));
+	CHECK_OK(loom_kv_set_f64(kv, "inf", -INFINITY));
+	CHECK_OK(loom_kv_set_str(kv, "note", "a \"quoted\"\nline\\"));
+	CHECK_OK(loom_kv_set_loader(kv, "loader.train", &ls));
+	CHECK_OK(loom_kv_set_i64(kv, "step", 10)); /* replaces */
+	CHECK_OK(loom_kv_save(kv, path));
+	loom_kv_destroy(kv);
+	CHECK_OK(loom_kv_load(&kv2, path));
+	CHECK_OK(loom_kv_get_str(kv2, "format", &s));
+	CHECK_STREQ(s, "loom-train");
+	CHECK_OK(loom_kv_get_i64(kv2, "step", &i));
+	CHECK_EQ(i, 10);
+	CHECK_OK(loom_kv_get_u64(kv2, "rng", &u));
+	CHECK(u == UINT64_MAX);
+	CHECK_OK(loom_kv_get_f64(kv2, "lr", &d));
+	CHECK(d == 0.1);
+	CHECK_OK(loom_kv_get_f64(kv2, "tiny", &d));
+	CHECK(d == 4.9e-324);
+	CHECK_OK(loom_kv_get_f64(kv2, "negzero", &d));
+	CHECK(d == 0.0 && signbit(d));
+	CHECK_OK(loom_kv_get_f64(kv2, "nan", &d));
+	CHECK(isnan(d));
+	CHECK_OK(loom_kv_get_f64(kv2, "inf", &d));
+	CHECK(isinf(d) && d < 0);
+	CHECK_OK(loom_kv_get_str(kv2, "note", &s));
+	CHECK_STREQ(s, "a \"quoted\"\nline\\");
+	CHECK_OK(loom_kv_get_loader(kv2, "loader.train", &ls2));
+	CHECK(memcmp(&ls, &ls2, sizeof ls) == 0);
+	/* errors name the key and the file */
+	CHECK_ERR(loom_kv_get_i64(kv2, "absent", &i), LOOM_ENOENT);
+	CHECK_CONTAINS(loom_errmsg(), "no key 'absent'");
+	CHECK_CONTAINS(loom_errmsg(), path);
+	CHECK_ERR(loom_kv_get_i64(kv2, "note", &i), LOOM_EFORMAT);
+	CHECK_ERR(loom_kv_get_i64(kv2, "lr", &i), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "'lr' is 0.10000000000000001, expected a 64-bit integer");
+	CHECK_ERR(loom_kv_get_u64(kv2, "loader.train.B", &u), LOOM_OK);
+	CHECK_ERR(loom_kv_get_str(kv2, "step", &s), LOOM_EFORMAT);
+	CHECK_EQ(loom_kv_count(kv2), 18);
+	loom_kv_destroy(kv2);
+	/* a damaged state file */
+	{
+		const char *bad = "{\"format\": \"loom-state\", \"version\": 1, \"values\": {\"step\": 1";
+		CHECK(write_bytes(path, bad, strlen(bad)) == 0);
+		CHECK_ERR(loom_kv_load(&kv2, path), LOOM_EFORMAT);
+		CHECK_CONTAINS(loom_errmsg(), path);
+		CHECK_CONTAINS(loom_errmsg(), "bad JSON");
+		bad = "{\"format\": \"loom-state\", \"version\": 2, \"values\": {}}";
+		CHECK(write_bytes(path, bad, strlen(bad)) == 0);
+		CHECK_ERR(loom_kv_load(&kv2, path), LOOM_EFORMAT);
+		CHECK_CONTAINS(loom_errmsg(), "version 2 (expected 1)");
+	}
+	test_rmdir(dir);
+	return 0;
+}
+
+static int ckpt_write(const char *dir, int64_t step, const char *content)
+{
+	loom_ckpt_writer_t w;
+	char path[1400];
+	int rc = loom_ckpt_begin(&w, dir, step);
+	if (rc)
+		return rc;
+	loom_ckpt_file(&w, "model.safetensors", path, sizeof path);
+	if (write_bytes(path, content, strlen(content)))
+		return 1;
+	loom_ckpt_file(&w, "state.json", path, sizeof path);
+	if (write_bytes(path, "{}", 2))
+		return 1;
+	return loom_ckpt_commit(&w);
+}
+
+TEST(ckpt_atomic_latest)
+{
+	char dir[256], root[512], path[1400], got[1400];
+	int64_t step;
+	loom_ckpt_writer_t w;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(root, sizeof root, "%s/ckpts", dir);
+	CHECK_ERR(loom_ckpt_latest(root, got, sizeof got, &step), LOOM_ENOENT);
+	CHECK_OK(ckpt_write(root, 10, "ten"));
+	CHECK_OK(ckpt_write(root, 20, "twenty"));
+	CHECK_OK(loom_ckpt_latest(root, got, sizeof got, &step));
+	CHECK_EQ(step, 20);
+	snprintf(path, sizeof path, "%s/step_00000020", root);
+	CHECK_STREQ(got, path);
+	CHECK_OK(loom_ckpt_verify(got));
+	/* a half-written checkpoint (begin without commit) stays invisible */
+	CHECK_OK(loom_ckpt_begin(&w, root, 30));
+	loom_ckpt_file(&w, "model.safetensors", path, sizeof path);
+	CHECK(write_bytes(path, "partial", 7) == 0);
+	snprintf(path, sizeof path, "%s/.tmp-step_00000030/model.safetensors", root);
+	CHECK_EQ(file_size(path), 7);
+	CHECK_OK(loom_ckpt_latest(root, got, sizeof got, &step));
+	CHECK_EQ(step, 20);
+	/* a step directory without MANIFEST (copied by hand, or from elsewhere) is ignored */
+	snprintf(path, sizeof path, "%s/step_00000040", root);
+	CHECK(mkdir(path, 0777) == 0);
+	CHECK_OK(loom_ckpt_latest(root, got, sizeof got, &step));
+	CHECK_EQ(step, 20);
+	CHECK_ERR(loom_ckpt_verify(path), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "no MANIFEST (incomplete checkpoint)");
+	/* a damaged one (a file truncated after commit) is ignored, and verify names the file */
+	CHECK_OK(ckpt_write(root, 50, "fifty"));
+	snprintf(path, sizeof path, "%s/step_00000050/model.safetensors", root);
+	CHECK(write_bytes(path, "fif", 3) == 0);
+	CHECK_OK(loom_ckpt_latest(root, got, sizeof got, &step));
+	CHECK_EQ(step, 20);
+	snprintf(path, sizeof path, "%s/step_00000050", root);
+	CHECK_ERR(loom_ckpt_verify(path), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "model.safetensors has 3 bytes, MANIFEST says 5");
+	snprintf(path, sizeof path, "%s/step_00000050/state.json", root);
+	CHECK(remove(path) == 0);
+	snprintf(path, sizeof path, "%s/step_00000050", root);
+	CHECK_ERR(loom_ckpt_verify(path), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "is missing");
+	/* the same step again replaces it; finishing step 30 after a restart overwrites the leftover */
+	CHECK_OK(ckpt_write(root, 20, "twenty-bis"));
+	snprintf(path, sizeof path, "%s/step_00000020/model.safetensors", root);
+	CHECK_EQ(file_size(path), 10);
+	CHECK_OK(ckpt_write(root, 30, "thirty"));
+	CHECK_OK(loom_ckpt_latest(root, got, sizeof got, &step));
+	CHECK_EQ(step, 30);
+	snprintf(path, sizeof path, "%s/step_00000030/model.safetensors", root);
+	CHECK_EQ(file_size(path), 6);
+	snprintf(path, sizeof path, "%s/.tmp-step_00000030", root);
+	CHECK(file_size(path) == -1);
+	/* abort removes the temp dir */
+	CHECK_OK(loom_ckpt_begin(&w, root, 60));
+	loom_ckpt_abort(&w);
+	snprintf(path, sizeof path, "%s/.tmp-step_00000060", root);
+	CHECK(file_size(path) == -1);
+	/* prune keeps the newest complete ones and removes temp dirs */
+	CHECK_OK(loom_ckpt_begin(&w, root, 70));
+	CHECK_OK(loom_ckpt_prune(root, 2));
+	snprintf(path, sizeof path, "%s/step_00000010", root);
+	CHECK(file_size(path) == -1);
+	snprintf(path, sizeof path, "%s/step_00000020", root);
+	CHECK(file_size(path) > 0);
+	snprintf(path, sizeof path, "%s/.tmp-step_00000070", root);
+	CHECK(file_size(path) == -1);
+	CHECK_OK(loom_ckpt_latest(root, got, sizeof got, &step));
+	CHECK_EQ(step, 30);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* An independent reader (Python's json + struct) checks what the writer produced. */
+TEST(safetensors_python_cross_check)
+{
+	char dir[256], path[512], cmd[4096], out[4096];
+	size_t n = loom_gpt2_num_params(&tiny);
+	float *p = malloc(n * sizeof *p);
+	double sum = 0;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	fill(p, n, 9);
+	for (size_t i = 0; i < n; i++)
+		sum += p[i];
+	snprintf(path, sizeof path, "%s/model.safetensors", dir);
+	CHECK_OK(loom_model_save(path, &tiny, p));
+	snprintf(cmd, sizeof cmd,
+	         "/usr/bin/python3 -c '\n"
+	         "import json, struct, sys\n"
+	         "b = open(sys.argv[1], \"rb\").read()\n"
+	         "n = struct.unpack(\"<Q\", b[:8])[0]\n"
+	         "h = json.loads(b[8:8+n]); data = b[8+n:]\n"
+	         "m = h.pop(\"__metadata__\")\n"
+	         "end = 0; s = 0.0\n"
+	         "for k, v in sorted(h.items(), key=lambda kv: kv[1][\"data_offsets\"][0]):\n"
+	         "    a, e = v[\"data_offsets\"]; assert a == end, k; end = e\n"
+	         "    cnt = 1\n"
+	         "    for d in v[\"shape\"]: cnt *= d\n"
+	         "    assert v[\"dtype\"] == \"F32\" and e - a == 4 * cnt, k\n"
+	         "    s += sum(struct.unpack(\"<%%df\" %% cnt, data[a:e]))\n"
+	         "assert end == len(data)\n"
+	         "print(len(h), m[\"n_layer\"], m[\"n_head\"], m[\"n_embd\"], m[\"n_positions\"], m[\"vocab_size\"],\n"
+	         "      h[\"h.1.attn.c_attn.weight\"][\"shape\"], \"%%.6f\" %% s, n %% 8)\n"
+	         "' %s",
+	         path);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 0);
+	{
+		char want[200];
+		snprintf(want, sizeof want, "28 2 2 8 16 50 [8, 24] %.6f 0", sum);
+		CHECK_CONTAINS(out, want);
+	}
+	free(p);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* Hugging Face's layout written by an independent writer (Python's json + struct): names sorted as
+ * the reference library sorts them, "transformer." prefix, attn.bias / masked_bias buffers, a tied
+ * lm_head, no metadata, n_head only in config.json. Parameter i of the HF order holds i / 1000. */
+TEST(gpt2_hf_file_from_python)
+{
+	char dir[256], path[512], cmd[4096], out[4096];
+	loom_gpt2_config_t cfg;
+	float *p = NULL;
+	size_t n;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(path, sizeof path, "%s/model.safetensors", dir);
+	snprintf(cmd, sizeof cmd,
+	         "/usr/bin/python3 -c '\n"
+	         "import json, struct, sys, os\n"
+	         "L, C, T, V = 2, 8, 16, 50\n"
+	         "t = [(\"wte.weight\", [V, C]), (\"wpe.weight\", [T, C])]\n"
+	         "for l in range(L):\n"
+	         "    for nm, sh in [(\"ln_1.weight\", [C]), (\"ln_1.bias\", [C]), (\"attn.c_attn.weight\", [C, 3*C]),\n"
+	         "                   (\"attn.c_attn.bias\", [3*C]), (\"attn.c_proj.weight\", [C, C]), (\"attn.c_proj.bias\", [C]),\n"
+	         "                   (\"ln_2.weight\", [C]), (\"ln_2.bias\", [C]), (\"mlp.c_fc.weight\", [C, 4*C]),\n"
+	         "                   (\"mlp.c_fc.bias\", [4*C]), (\"mlp.c_proj.weight\", [4*C, C]), (\"mlp.c_proj.bias\", [C])]:\n"
+	         "        t.append((\"h.%%d.%%s\" %% (l, nm), sh))\n"
+	         "t += [(\"ln_f.weight\", [C]), (\"ln_f.bias\", [C])]\n"
+	         "vals, i = {}, 0\n"
+	         "for nm, sh in t:\n"
+	         "    k = 1\n"
+	         "    for d in sh: k *= d\n"
+	         "    vals[\"transformer.\" + nm] = (sh, [(i + j) / 1000 for j in range(k)]); i += k\n"
+	         "for l in range(L):\n"
+	         "    vals[\"transformer.h.%%d.attn.bias\" %% l] = ([1, 1, T, T], [1.0] * T * T)\n"
+	         "    vals[\"transformer.h.%%d.attn.masked_bias\" %% l] = ([], [-1e4])\n"
+	         "vals[\"lm_head.weight\"] = vals[\"transformer.wte.weight\"]\n"
+	         "hdr, data = {}, b\"\"\n"
+	         "for nm in sorted(vals):\n"
+	         "    sh, v = vals[nm]; b = struct.pack(\"<%%df\" %% len(v), *v)\n"
+	         "    hdr[nm] = {\"dtype\": \"F32\", \"shape\": sh, \"data_offsets\": [len(data), len(data) + len(b)]}; data += b\n"
+	         "h = json.dumps(hdr).encode(); h += b\" \" * (-len(h) %% 8)\n"
+	         "open(sys.argv[1], \"wb\").write(struct.pack(\"<Q\", len(h)) + h + data)\n"
+	         "json.dump({\"n_head\": 2, \"n_layer\": L, \"n_embd\": C, \"n_positions\": T, \"vocab_size\": V},\n"
+	         "          open(os.path.join(os.path.dirname(sys.argv[1]), \"config.json\"), \"w\"))\n"
+	         "print(\"wrote\", i)\n"
+	         "' %s",
+	         path);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 0);
+	CHECK_CONTAINS(out, "wrote 2288");
+	CHECK_OK(loom_model_load_alloc(path, 0, &cfg, &p));
+	CHECK(memcmp(&cfg, &tiny, sizeof cfg) == 0);
+	n = loom_gpt2_num_params(&cfg);
+	for (size_t i = 0; i < n; i++)
+		CHECK_MSG(p[i] == (float)((double)i / 1000), "param %zu: %.9g", i, p[i]);
+	free(p);
+	test_rmdir(dir);
+	return 0;
+}
+
+TEST(info_cli)
+{
+	char dir[256], path[512], cmd[2048], out[16384];
+	size_t n = loom_gpt2_num_params(&tiny);
+	float *p = calloc(n, sizeof *p);
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(path, sizeof path, "%s/m.safetensors", dir);
+	CHECK_OK(loom_model_save(path, &tiny, p));
+	snprintf(cmd, sizeof cmd, "%s info %s", test_loom_bin(), path);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0);
+	CHECK_CONTAINS(out, "GPT-2: n_layer=2 n_head=2 n_embd=8 n_positions=16 vocab_size=50, 2288 parameters");
+	CHECK_CONTAINS(out, "h.1.mlp.c_proj.weight");
+	CHECK_CONTAINS(out, "[32, 8]");
+	snprintf(path, sizeof path, "%s/m.bin", dir);
+	CHECK_OK(loom_model_save(path, &tiny, p));
+	snprintf(cmd, sizeof cmd, "%s info %s", test_loom_bin(), path);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0);
+	CHECK_CONTAINS(out, "llm.c GPT-2 model");
+	CHECK_CONTAINS(out, "(padded 128), 2288 parameters");
+	CHECK_CONTAINS(out, "qkvw");
+	snprintf(path, sizeof path, "%s/junk", dir);
+	CHECK(write_bytes(path, "abcdefghijkl", 12) == 0);
+	snprintf(cmd, sizeof cmd, "%s info %s", test_loom_bin(), path);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 1);
+	CHECK_CONTAINS(out, "junk: header length");
+	free(p);
+	test_rmdir(dir);
+	return 0;
+}

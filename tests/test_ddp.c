@@ -1,0 +1,161 @@
+/* test_ddp.c: the DDP reducer: buckets partition the gradients, every gradient is averaged exactly
+ * once across ranks, and accumulation micro-steps communicate nothing. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "loom/ddp.h"
+#include "test.h"
+
+static const loom_gpt2_config_t tiny = {2, 2, 16, 8, 11}; /* L H C T V */
+
+/* Tokens of rank r's micro-batch: different on every rank. */
+static void batch(int r, int step, int *inp, int *tgt, int n)
+{
+	for (int i = 0; i < n; i++) {
+		inp[i] = (i * 7 + r * 3 + step) % tiny.vocab_size;
+		tgt[i] = (i * 5 + r + 2 * step + 1) % tiny.vocab_size;
+	}
+}
+
+static int check_partition(loom_ddp_t *d, size_t nparams)
+{
+	size_t off, cnt, end = nparams;
+	int nb = loom_ddp_bucket(d, 0, &off, &cnt);
+	for (int b = 0; b < nb; b++) {
+		loom_ddp_bucket(d, b, &off, &cnt);
+		CHECK_EQ(off + cnt, end); /* bucket b ends where bucket b-1 starts: no gap, no overlap */
+		CHECK(cnt > 0);
+		end = off;
+	}
+	CHECK_EQ(end, 0);
+	return 0;
+}
+
+TEST(ddp_buckets_partition)
+{
+	loom_comm_t *comm;
+	loom_gpt2_t *m;
+	loom_ddp_t *d;
+	size_t n = loom_gpt2_num_params(&tiny), off, cnt;
+	/* first bucket 1 float-ish, then buckets smaller than the largest tensor (wpe/c_fc), then one bucket */
+	const double sizes[][2] = {{1e-6, 1e-6}, {0.001, 0.002}, {25, 1}};
+	CHECK_OK(loom_comm_init(&comm));
+	CHECK_OK(loom_gpt2_create(&m, &tiny, 1, 8));
+	for (size_t k = 0; k < 3; k++) {
+		CHECK_OK(loom_ddp_create(&d, comm, m, sizes[k][0], sizes[k][1]));
+		if (check_partition(d, n))
+			return 1;
+		int nb = loom_ddp_bucket(d, 0, &off, &cnt);
+		if (k == 0)
+			CHECK_EQ(nb, loom_gpt2_num_tensors(&tiny)); /* one tensor per bucket */
+		if (k == 2)
+			CHECK_EQ(nb, 1); /* the whole tiny model (28 KiB) fits in the 1 MiB first bucket */
+		loom_ddp_destroy(d);
+	}
+	CHECK_ERR(loom_ddp_create(&d, comm, m, 0, 1), LOOM_EINVAL);
+	loom_gpt2_destroy(m);
+	loom_comm_destroy(comm);
+	return 0;
+}
+
+/* Every rank computes its local gradient twice: once alone (no sync), once through DDP; the DDP result
+ * must be the average over ranks of the local ones, with the same bits on every rank. */
+static int ddp_average_rank(int rank, int nranks, void *arg)
+{
+	double bucket_mb = *(double *)arg;
+	loom_comm_t *comm;
+	loom_gpt2_t *m;
+	loom_ddp_t *d;
+	loom_comm_stats_t s0, s1;
+	loom_ddp_stats_t st;
+	int inp[16], tgt[16];
+	float loss;
+	size_t n = loom_gpt2_num_params(&tiny);
+	CHECK_OK(loom_comm_init(&comm));
+	CHECK_OK(loom_gpt2_create(&m, &tiny, 2, 8));
+	loom_gpt2_init(m, 1234);
+	CHECK_OK(loom_ddp_create(&d, comm, m, bucket_mb, bucket_mb / 4));
+	float *local = malloc(n * sizeof(float)), *all = malloc(n * sizeof(float) * (size_t)nranks);
+	CHECK(local && all);
+
+	/* local gradient, with DDP in no-sync mode: nothing may be communicated */
+	batch(rank, 0, inp, tgt, 16);
+	loom_gpt2_zero_grad(m);
+	loom_ddp_set_sync(d, 0);
+	loom_comm_stats(comm, &s0);
+	CHECK_OK(loom_gpt2_forward_backward(m, inp, tgt, 2, 8, 1.0f, &loss));
+	CHECK_OK(loom_ddp_wait(d, &st));
+	loom_comm_stats(comm, &s1);
+	CHECK_EQ(s1.collectives, s0.collectives);
+	CHECK_EQ(st.buckets, 0);
+	memcpy(local, loom_gpt2_grads(m), n * sizeof(float));
+
+	/* the same micro-step with sync: gradients averaged in buckets */
+	loom_gpt2_zero_grad(m);
+	CHECK_OK(loom_gpt2_forward_backward(m, inp, tgt, 2, 8, 1.0f, &loss));
+	CHECK_OK(loom_ddp_wait(d, &st));
+	int nb = loom_ddp_bucket(d, 0, NULL, NULL);
+	CHECK_EQ(st.buckets, nb);
+	loom_comm_stats(comm, &s0);
+	CHECK_EQ(s0.collectives - s1.collectives, nb); /* one all-reduce per bucket, nothing else */
+
+	CHECK_OK(loom_allgather(comm, local, all, n, LOOM_FLOAT32));
+	const float *g = loom_gpt2_grads(m);
+	for (size_t i = 0; i < n; i++) {
+		double ref = 0;
+		for (int r = 0; r < nranks; r++)
+			ref += all[(size_t)r * n + i];
+		ref /= nranks;
+		CHECK_NEAR(g[i], ref, 1e-6 * (1 + fabs(ref)));
+	}
+	/* replicas: the averaged gradients are bit-identical everywhere */
+	uint64_t mine = loom_checksum_f32(g, n), sums[8];
+	CHECK_OK(loom_allgather(comm, &mine, sums, 1, LOOM_INT64));
+	for (int r = 0; r < nranks; r++)
+		CHECK_EQ(sums[r], sums[0]);
+	CHECK_OK(loom_ddp_check_replicas(d));
+	free(local), free(all);
+	loom_gpt2_destroy(m);
+	loom_ddp_destroy(d);
+	loom_comm_destroy(comm);
+	return 0;
+}
+
+TEST(ddp_average_2ranks)
+{
+	double mb = 0.002; /* smaller than the largest tensor: several buckets */
+	return test_spawn(2, ddp_average_rank, &mb, 60, NULL);
+}
+
+TEST(ddp_average_3ranks_one_bucket)
+{
+	double mb = 25;
+	return test_spawn(3, ddp_average_rank, &mb, 60, NULL);
+}
+
+/* Rank 1 holds different parameters: the replica check names it on every rank. */
+static int ddp_mismatch_rank(int rank, int nranks, void *arg)
+{
+	loom_comm_t *comm;
+	loom_gpt2_t *m;
+	loom_ddp_t *d;
+	(void)nranks, (void)arg;
+	CHECK_OK(loom_comm_init(&comm));
+	CHECK_OK(loom_gpt2_create(&m, &tiny, 1, 8));
+	loom_gpt2_init(m, 7);
+	CHECK_OK(loom_ddp_create(&d, comm, m, 25, 1));
+	CHECK_OK(loom_ddp_broadcast_params(d));
+	if (rank == 1)
+		loom_gpt2_params(m)[5] += 1.0f;
+	CHECK_ERR(loom_ddp_check_replicas(d), LOOM_EMISMATCH);
+	CHECK_CONTAINS(loom_errmsg(), "rank(s) 1 differ");
+	loom_gpt2_destroy(m);
+	loom_ddp_destroy(d);
+	loom_comm_destroy(comm);
+	return 0;
+}
+
+TEST(ddp_replica_mismatch)
+{
+	return test_spawn(3, ddp_mismatch_rank, NULL, 60, NULL);
+}

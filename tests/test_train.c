@@ -1,0 +1,375 @@
+/* test_train.c: the training loop on a tiny generated dataset: resume is bit-identical, gradient
+ * accumulation equals a bigger batch, the JSONL log, settings errors, and `loom train` end to end. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/ckpt.h"
+#include "loom/data.h"
+#include "loom/gpt2.h"
+#include "loom/train.h"
+#include "test.h"
+
+static const loom_gpt2_config_t tiny = {.n_layer = 2, .n_head = 2, .n_embd = 16, .seq_len = 16, .vocab_size = 37};
+
+/* A shard of n tokens in [0, vocab) with some structure (dir/name). */
+static int make_shard(const char *dir, const char *name, int n, int vocab, uint32_t seed)
+{
+	char path[700];
+	uint16_t *t = malloc((size_t)n * sizeof *t);
+	uint32_t x = seed;
+	int rc;
+	if (!t)
+		return LOOM_ENOMEM;
+	for (int i = 0; i < n; i++) {
+		x = x * 1664525u + 1013904223u;
+		t[i] = (uint16_t)((x >> 24) % 4 == 0 ? (x >> 8) % (uint32_t)vocab : (uint32_t)(i * 5) % (uint32_t)vocab);
+	}
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	rc = loom_shard_write(path, t, (size_t)n);
+	free(t);
+	return rc;
+}
+
+typedef struct {
+	float loss[64];
+	double norm[64];
+	long long last;
+} losses_t;
+
+static int rec(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
+{
+	losses_t *l = ctx;
+	(void)tr;
+	if (m->step < 64)
+		l->loss[m->step] = m->loss, l->norm[m->step] = m->grad_norm;
+	l->last = m->step;
+	return 0;
+}
+
+static loom_train_config_t base_config(const char *data)
+{
+	loom_train_config_t c = loom_train_defaults();
+	c.train_data = data;
+	c.B = 2, c.T = 8, c.accum = 2, c.shuffle = 1, c.seed = 5;
+	c.lr = (loom_lr_schedule_t){.peak_lr = 1e-2, .warmup = 2, .total_steps = 6, .kind = LOOM_SCHED_COSINE,
+	                            .min_lr_frac = 0.1};
+	c.grad_clip = 1.0;
+	return c;
+}
+
+TEST(train_resume_bit_identical)
+{
+	char dir[512], data[700], ck1[700], ck2[700], log1[700], step3[800];
+	loom_gpt2_t *a = NULL, *b = NULL;
+	loom_trainer_t *ta = NULL, *tb = NULL;
+	losses_t la, lb;
+	size_t n = loom_gpt2_num_params(&tiny);
+	memset(&la, 0, sizeof la), memset(&lb, 0, sizeof lb);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train_000000.bin", 3000, tiny.vocab_size, 1));
+	snprintf(data, sizeof data, "%s/train_*.bin", dir);
+	snprintf(ck1, sizeof ck1, "%s/ck1", dir);
+	snprintf(ck2, sizeof ck2, "%s/ck2", dir);
+	snprintf(log1, sizeof log1, "%s/log1.jsonl", dir);
+
+	/* uninterrupted: 6 steps, checkpoints at 3 and 6 */
+	loom_train_config_t c = base_config(data);
+	c.save_dir = ck1, c.save_every = 3, c.log_path = log1;
+	CHECK_OK(loom_gpt2_create(&a, &tiny, c.B, c.T));
+	loom_gpt2_init(a, 9);
+	CHECK_OK(loom_trainer_create(&ta, &c, a));
+	CHECK_OK(loom_trainer_run(ta, rec, &la));
+	CHECK_EQ(la.last, 6);
+	CHECK_MSG(la.loss[6] < la.loss[1], "loss did not fall: %.6f -> %.6f", la.loss[1], la.loss[6]);
+
+	/* a second model with other initial weights resumes from step 3 and writes elsewhere */
+	c.save_dir = ck2, c.log_path = NULL;
+	CHECK_OK(loom_gpt2_create(&b, &tiny, c.B, c.T));
+	loom_gpt2_init(b, 77);
+	CHECK_OK(loom_trainer_create(&tb, &c, b));
+	snprintf(step3, sizeof step3, "%s/step_00000003", ck1);
+	CHECK_OK(loom_trainer_resume(tb, step3));
+	CHECK_EQ(loom_trainer_steps_done(tb), 3);
+	CHECK_OK(loom_trainer_run(tb, rec, &lb));
+	CHECK_EQ(lb.last, 6);
+	for (int s = 4; s <= 6; s++) {
+		CHECK_MSG(la.loss[s] == lb.loss[s], "step %d: loss %.9g uninterrupted, %.9g resumed", s, la.loss[s], lb.loss[s]);
+		CHECK_FEQ(la.norm[s], lb.norm[s]);
+	}
+	CHECK(memcmp(loom_gpt2_params(a), loom_gpt2_params(b), n * sizeof(float)) == 0);
+	const loom_adamw_t *oa = loom_trainer_optimizer(ta), *ob = loom_trainer_optimizer(tb);
+	CHECK_EQ(oa->step, 6);
+	CHECK_EQ(ob->step, 6);
+	CHECK(memcmp(oa->m, ob->m, n * sizeof(float)) == 0 && memcmp(oa->v, ob->v, n * sizeof(float)) == 0);
+	loom_trainer_destroy(tb), tb = NULL;
+
+	/* resuming from the directory picks the latest complete checkpoint (6); nothing is left to do */
+	CHECK_OK(loom_trainer_create(&tb, &c, b));
+	CHECK_OK(loom_trainer_resume(tb, ck1));
+	CHECK_EQ(loom_trainer_steps_done(tb), 6);
+	loom_trainer_destroy(tb), tb = NULL;
+
+	/* other batch settings are refused */
+	c.accum = 1;
+	CHECK_OK(loom_trainer_create(&tb, &c, b));
+	CHECK_ERR(loom_trainer_resume(tb, ck1), LOOM_EMISMATCH);
+	CHECK_CONTAINS(loom_errmsg(), "batch.accum = 2, this run has 1");
+	loom_trainer_destroy(tb), tb = NULL;
+	/* and an empty directory has nothing to resume */
+	CHECK_OK(loom_trainer_create(&tb, &c, b));
+	CHECK_ERR(loom_trainer_resume(tb, dir), LOOM_ENOENT);
+
+	loom_trainer_destroy(ta);
+	loom_trainer_destroy(tb);
+	loom_gpt2_destroy(a);
+	loom_gpt2_destroy(b);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* Accumulating 2 micro-batches of B=2 reads the same tokens as one of B=4 and gives the same step. */
+TEST(train_accum_equals_big_batch)
+{
+	char dir[512], data[700];
+	loom_gpt2_t *a = NULL, *b = NULL;
+	loom_trainer_t *ta = NULL, *tb = NULL;
+	losses_t la, lb;
+	memset(&la, 0, sizeof la), memset(&lb, 0, sizeof lb);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "d.bin", 2000, tiny.vocab_size, 3));
+	snprintf(data, sizeof data, "%s/d.bin", dir);
+	loom_train_config_t c = base_config(data);
+	c.shuffle = 0, c.lr.total_steps = 4;
+	CHECK_OK(loom_gpt2_create(&a, &tiny, 4, c.T));
+	CHECK_OK(loom_gpt2_create(&b, &tiny, 4, c.T));
+	loom_gpt2_init(a, 1), loom_gpt2_init(b, 1);
+	c.B = 2, c.accum = 2;
+	CHECK_OK(loom_trainer_create(&ta, &c, a));
+	c.B = 4, c.accum = 1;
+	CHECK_OK(loom_trainer_create(&tb, &c, b));
+	CHECK_EQ(loom_trainer_tokens_per_step(ta), loom_trainer_tokens_per_step(tb));
+	CHECK_OK(loom_trainer_run(ta, rec, &la));
+	CHECK_OK(loom_trainer_run(tb, rec, &lb));
+	for (int s = 1; s <= 4; s++) {
+		CHECK_MSG(fabs(la.loss[s] - lb.loss[s]) <= 1e-5 * lb.loss[s], "step %d: %.9g vs %.9g", s, la.loss[s],
+		          lb.loss[s]);
+		CHECK_MSG(fabs(la.norm[s] - lb.norm[s]) <= 1e-4 * lb.norm[s], "step %d norm: %.9g vs %.9g", s, la.norm[s],
+		          lb.norm[s]);
+	}
+	loom_trainer_destroy(ta), loom_trainer_destroy(tb);
+	loom_gpt2_destroy(a), loom_gpt2_destroy(b);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* Value of "key": in a JSON line, or NAN when absent. */
+static double field(const char *line, const char *key)
+{
+	char pat[64];
+	const char *p;
+	snprintf(pat, sizeof pat, "\"%s\":", key);
+	p = strstr(line, pat);
+	return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
+TEST(train_jsonl_log)
+{
+	char dir[512], data[700], val[700], logp[700], ck[700], line[1024];
+	loom_gpt2_t *m = NULL;
+	loom_trainer_t *tr = NULL;
+	losses_t l;
+	FILE *f;
+	int k = 0;
+	memset(&l, 0, sizeof l);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train.bin", 2000, tiny.vocab_size, 1));
+	CHECK_OK(make_shard(dir, "val.bin", 500, tiny.vocab_size, 2));
+	snprintf(data, sizeof data, "%s/train.bin", dir);
+	snprintf(val, sizeof val, "%s/val.bin", dir);
+	snprintf(logp, sizeof logp, "%s/run.jsonl", dir);
+	snprintf(ck, sizeof ck, "%s/ck", dir);
+	loom_train_config_t c = base_config(data);
+	c.val_data = val, c.eval_every = 2, c.eval_batches = 3, c.log_path = logp, c.peak_flops = 1e9;
+	c.save_dir = ck, c.save_every = 4, c.lr.total_steps = 5;
+	CHECK_OK(loom_gpt2_create(&m, &tiny, c.B, c.T));
+	loom_gpt2_init(m, 3);
+	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	CHECK_OK(loom_trainer_run(tr, rec, &l));
+	loom_trainer_destroy(tr), tr = NULL;
+
+	f = fopen(logp, "r");
+	CHECK(f != NULL);
+	while (fgets(line, sizeof line, f)) {
+		k++;
+		CHECK_EQ(field(line, "step"), k);
+		CHECK_MSG((float)field(line, "loss") == l.loss[k], "step %d: logged loss %s", k, line);
+		CHECK_FEQ((float)field(line, "lr"), loom_schedule_lr(&c.lr, k));
+		CHECK_NEAR(field(line, "grad_norm"), l.norm[k], 1e-8 * l.norm[k]);
+		double dt = field(line, "dt_ms"), tps = field(line, "tokens_per_s"), mfu = field(line, "mfu");
+		CHECK_MSG(dt > 0 && tps > 0, "%s", line);
+		CHECK_NEAR(tps, 32.0 / (dt * 1e-3), 0.01 * tps); /* B*T*accum = 32 tokens per step */
+		CHECK_NEAR(mfu, tps * loom_gpt2_flops_per_token(&tiny, c.T) / 1e9, 1e-3 * mfu + 1e-4);
+		CHECK_EQ(field(line, "tokens"), 32 * k);
+		double v = field(line, "val_loss");
+		if (k % 2 == 0 || k == 5)
+			CHECK_MSG(v > 0 && v < 10, "step %d: val_loss missing or insane: %s", k, line);
+		else
+			CHECK_MSG(isnan(v), "step %d: unexpected val_loss: %s", k, line);
+		CHECK_EQ(strstr(line, "\"checkpoint\":true") != NULL, k == 4 || k == 5);
+	}
+	fclose(f);
+	CHECK_EQ(k, 5);
+
+	/* resuming from step 4 with the same log keeps lines 1-4 and appends 5: still 5 lines */
+	char step4[800];
+	snprintf(step4, sizeof step4, "%s/step_00000004", ck);
+	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	CHECK_OK(loom_trainer_resume(tr, step4));
+	CHECK_OK(loom_trainer_run(tr, NULL, NULL));
+	loom_trainer_destroy(tr);
+	f = fopen(logp, "r");
+	CHECK(f != NULL);
+	k = 0;
+	while (fgets(line, sizeof line, f)) {
+		k++;
+		CHECK_EQ(field(line, "step"), k);
+		CHECK_MSG((float)field(line, "loss") == l.loss[k], "after resume, step %d: %s", k, line);
+	}
+	fclose(f);
+	CHECK_EQ(k, 5);
+	loom_gpt2_destroy(m);
+	test_rmdir(dir);
+	return 0;
+}
+
+TEST(train_rejects_bad_settings)
+{
+	char dir[512], data[700], bad[700];
+	loom_gpt2_t *m = NULL;
+	loom_trainer_t *tr = NULL;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "ok.bin", 500, tiny.vocab_size, 1));
+	CHECK_OK(make_shard(dir, "big.bin", 500, 300, 1)); /* ids up to 299 */
+	snprintf(data, sizeof data, "%s/ok.bin", dir);
+	snprintf(bad, sizeof bad, "%s/big.bin", dir);
+	CHECK_OK(loom_gpt2_create(&m, &tiny, 2, 16));
+	loom_train_config_t c = base_config(data);
+
+	c.T = 32;
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "sequence length 32 exceeds the model's maximum seq_len 16");
+	c = base_config(bad);
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "outside the model's vocabulary of 37");
+	CHECK_CONTAINS(loom_errmsg(), "big.bin");
+	c = base_config(data);
+	c.val_data = bad;
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "validation data");
+	c = base_config(NULL);
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "--train-data");
+	snprintf(bad, sizeof bad, "%s/nothing_*.bin", dir);
+	c = base_config(bad);
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_ENOENT);
+	c = base_config(data);
+	c.accum = 0;
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	c = base_config(data);
+	c.lr.total_steps = 0;
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK(tr == NULL);
+	loom_gpt2_destroy(m);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* `loom train` as a user runs it: errors for bad flags, then a short run with a checkpoint that
+ * `loom sample` reads back. */
+TEST(train_cli)
+{
+	char dir[512], cmd[2048], out[16384];
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train_000000.bin", 3000, 257, 1));
+	loom_tokenizer_t tok;
+	char tp[700];
+	snprintf(tp, sizeof tp, "%s/tokenizer.bin", dir);
+	CHECK_OK(loom_tokenizer_init_bytes(&tok));
+	CHECK_OK(loom_tokenizer_save(&tok, tp));
+	loom_tokenizer_free(&tok);
+
+	snprintf(cmd, sizeof cmd, "%s train --steps 2 --bogus 1", loom);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_CONTAINS(out, "unknown flag '--bogus'");
+	snprintf(cmd, sizeof cmd, "%s train --steps 2", loom);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_CONTAINS(out, "--train-data GLOB is required");
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --steps 2 --seq-len 256", loom, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_CONTAINS(out, "--seq-len 256 exceeds the model's maximum sequence length 128");
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --steps 2 --vocab-size 100 --seq-len 16", loom,
+	         dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 1);
+	CHECK_CONTAINS(out, "outside the model's vocabulary of 100");
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --steps 2 --batch-size 2 --seq-len 16 "
+	         "--total-batch-size 100", loom, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_CONTAINS(out, "valid values: 32, 64, 96");
+
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 "
+	         "--batch-size 2 --seq-len 16 --total-batch-size 64 --steps 3 --lr 1e-3 --save-dir %s/ck --threads 1 "
+	         "--peak-flops 1e10 --sample-every 3 --log %s/log.jsonl", loom, dir, dir, dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "batch: B=2 T=16 accum=2 -> 64 tokens per step");
+	CHECK_CONTAINS(out, "step 1/3 | loss ");
+	CHECK_CONTAINS(out, "step 3/3 | loss ");
+	CHECK_CONTAINS(out, "| MFU ");
+	CHECK_CONTAINS(out, "--- sample at step 3 ---");
+	/* the checkpoint holds the model and the tokenizer: loom sample finds both */
+	snprintf(cmd, sizeof cmd, "%s sample --model %s/ck/step_00000003/model.safetensors --prompt 'ab' "
+	         "--max-tokens 5 --temperature 0", loom, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_MSG(strncmp(out, "ab", 2) == 0, "sample output does not start with the prompt: '%s'", out);
+
+	/* --resume through the CLI: 4 steps with a checkpoint at 2; drop the later checkpoint and resume
+	 * with the same log: steps 3-4 are logged again with bit-identical losses */
+	char logs[2][4096];
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 "
+	         "--batch-size 2 --seq-len 16 --steps 4 --save-dir %s/ck2 --save-every 2 --threads 1 --peak-flops 1e10 "
+	         "--shuffle 1 --log %s/r.jsonl", loom, dir, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	for (int pass = 0; pass < 2; pass++) {
+		snprintf(tp, sizeof tp, "%s/r.jsonl", dir);
+		FILE *f = fopen(tp, "r");
+		size_t n = 0;
+		char line[1024];
+		CHECK(f != NULL);
+		logs[pass][0] = 0;
+		while (fgets(line, sizeof line, f)) /* keep step and loss of each line */
+			n += (size_t)snprintf(logs[pass] + n, sizeof logs[pass] - n, "%.*s\n",
+			                      (int)(strstr(line, ",\"lr\"") - line), line);
+		fclose(f);
+		if (pass == 0) {
+			char rm[800];
+			snprintf(rm, sizeof rm, "rm -rf %s/ck2/step_00000004", dir);
+			CHECK_EQ(test_run_cmd(rm, out, sizeof out, 10), 0);
+			char *resume = cmd + strlen(cmd);
+			strcpy(resume, " --resume");
+			st = test_run_cmd(cmd, out, sizeof out, 60);
+			CHECK_MSG(st == 0, "exit %d: %s", st, out);
+			CHECK_CONTAINS(out, "at step 2");
+			CHECK_CONTAINS(out, "step 3/4 | loss ");
+			CHECK_MSG(!strstr(out, "step 2/4"), "resumed run redid step 2: %s", out);
+		}
+	}
+	CHECK_STREQ(logs[1], logs[0]);
+	CHECK_CONTAINS(logs[0], "{\"step\":4,\"loss\":");
+	test_rmdir(dir);
+	return 0;
+}
