@@ -79,7 +79,10 @@ static int prepare(int argc, char **argv)
 	printf("train: %llu documents, %llu tokens, %d shard%s -> %s/train_*.bin\n",
 	       (unsigned long long)s.train_documents, (unsigned long long)s.train_tokens, s.train_shards,
 	       s.train_shards == 1 ? "" : "s", o.out_dir);
-	if (s.val_shards)
+	if (s.val_shards && s.val_tail_split)
+		printf("val: the tail of the text, %llu tokens (starting with end-of-text), %d shard%s -> %s/val_*.bin\n",
+		       (unsigned long long)s.val_tokens, s.val_shards, s.val_shards == 1 ? "" : "s", o.out_dir);
+	else if (s.val_shards)
 		printf("val: %llu documents, %llu tokens, %d shard%s -> %s/val_*.bin\n", (unsigned long long)s.val_documents,
 		       (unsigned long long)s.val_tokens, s.val_shards, s.val_shards == 1 ? "" : "s", o.out_dir);
 	printf("tokenizer: byte-level, vocab %d (end-of-text %d) -> %s/tokenizer.bin\n", LOOM_BYTE_VOCAB, LOOM_BYTE_EOT,

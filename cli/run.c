@@ -11,28 +11,23 @@
  * Once every rank is gone, /dev/shm/loom-<LOOM_JOB_ID>* segments left behind are removed.
  * Exit code: 0 when every rank exited 0; 1 when one failed; 2 for bad usage; 126/127 when the
  * program cannot be executed; killed by the same signal when loom run was interrupted. */
-#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/random.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "run_opts.h"
 #include "run_output.h"
-
-#define MAX_RANKS 1024
 
 typedef struct {
 	pid_t pid;
@@ -40,238 +35,10 @@ typedef struct {
 	run_stream_t out, err;
 } rank_t;
 
-typedef struct {
-	int nproc, world, node_rank, nnodes, standalone, port;
-	const char *addr;
-	unsigned char *show; /* [nproc]: output shown (--ranks) */
-	char **argv;         /* PROGRAM ARGS, NULL-terminated */
-	double grace_s;
-	char job_id[64];
-} opts_t;
-
 static const int fwd_signals[] = {SIGINT, SIGTERM, SIGHUP};
 static int sig_pipe[2] = {-1, -1};
 static int handled[3]; /* we installed a handler (the signal was not ignored at startup) */
 static struct rlimit old_nofile;
-
-static void usage(FILE *f)
-{
-	fprintf(f,
-	        "usage: loom run [--nproc-per-node N] [--standalone] [--nnodes 1 --node-rank 0]\n"
-	        "                [--master-addr A] [--master-port P] [--ranks LIST] PROGRAM [ARGS...]\n"
-	        "\n"
-	        "Start N processes (ranks) of PROGRAM as one job, as torchrun does, and supervise them.\n"
-	        "\n"
-	        "  --nproc-per-node N   ranks to start (default 1; 'auto' or 'cpu': one per CPU)\n"
-	        "  --standalone         single-node job on a free local port (MASTER_PORT)\n"
-	        "  --nnodes K           nodes in the job; only 1 is supported yet (also MIN:MAX)\n"
-	        "  --node-rank I        this node's rank (GROUP_RANK), 0 <= I < K (default 0)\n"
-	        "  --master-addr A      MASTER_ADDR (default 127.0.0.1)\n"
-	        "  --master-port P      MASTER_PORT (default 29500)\n"
-	        "  --ranks LIST         show only these ranks' output, e.g. 0 or 0,2 or 0-3\n"
-	        "                       (also torchrun's --local-ranks-filter)\n"
-	        "  --help               this text\n"
-	        "torchrun's spellings (--nproc_per_node, --node_rank, --master_addr, --master_port) work too.\n"
-	        "\n"
-	        "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,\n"
-	        "ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOOM_JOB_ID (fresh unless set; names\n"
-	        "the job's /dev/shm/loom-<id>* segments) and, with more than one rank, OMP_NUM_THREADS=1\n"
-	        "unless it is set (or empty). Each line a rank writes is prefixed \"[rank r] \" on the same\n"
-	        "stream (stdout or stderr); '\\r' progress lines are kept as such. Ranks read loom run's stdin,\n"
-	        "or /dev/null when that is a terminal.\n"
-	        "\n"
-	        "When a rank exits non-zero or dies of a signal, the others get SIGTERM and, after\n"
-	        "LOOM_KILL_GRACE_S seconds (default 5), SIGKILL; loom run names the rank that failed first.\n"
-	        "SIGINT, SIGTERM and SIGHUP are forwarded to the ranks (a second one kills them). Ranks run\n"
-	        "in their own process groups, so their children are signalled too, and die with loom run.\n"
-	        "Shared-memory segments the job left in /dev/shm are removed at the end.\n"
-	        "\n"
-	        "Exit code: 0 when every rank exited 0; 1 when a rank failed; 2 for a usage error;\n"
-	        "126/127 when PROGRAM cannot be executed; when interrupted, loom run dies of that signal.\n");
-}
-
-/* ---- options ------------------------------------------------------------------------------- */
-
-/* Accept --a-b and torchrun's --a_b for flag `name` (given with dashes). */
-static int flag2(int argc, char **argv, int *i, const char *name, const char **val)
-{
-	char alt[64];
-	size_t k;
-	if (cli_flag(argc, argv, i, name, val))
-		return 1;
-	snprintf(alt, sizeof alt, "%s", name);
-	for (k = 2; alt[k]; k++)
-		if (alt[k] == '-')
-			alt[k] = '_';
-	return cli_flag(argc, argv, i, alt, val);
-}
-
-static long parse_range(const char *flag, const char *s, long lo, long hi)
-{
-	long long v = cli_parse_int("run", flag, s);
-	if (v < lo || v > hi)
-		cli_die("run", "%s: %lld is out of range (expected %ld..%ld)", flag, v, lo, hi);
-	return (long)v;
-}
-
-/* --ranks "0,2,4-7": mark the ranks whose output is shown. */
-static void parse_ranks(const char *s, unsigned char *show, int world)
-{
-	const char *p = s;
-	memset(show, 0, (size_t)world);
-	while (*p) {
-		char *end;
-		long a, b;
-		errno = 0;
-		a = strtol(p, &end, 10);
-		if (end == p || errno || a < 0)
-			cli_die("run", "--ranks: '%s' is not a list of ranks (e.g. 0 or 0,2 or 0-3)", s);
-		b = a;
-		if (*end == '-') {
-			p = end + 1;
-			b = strtol(p, &end, 10);
-			if (end == p || errno || b < a)
-				cli_die("run", "--ranks: '%s' is not a list of ranks (e.g. 0 or 0,2 or 0-3)", s);
-		}
-		if (b >= world)
-			cli_die("run", "--ranks: rank %ld does not exist (the job has ranks 0..%d)", b, world - 1);
-		for (long r = a; r <= b; r++)
-			show[r] = 1;
-		if (*end == ',' && end[1])
-			end++;
-		else if (*end)
-			cli_die("run", "--ranks: '%s' is not a list of ranks (e.g. 0 or 0,2 or 0-3)", s);
-		p = end;
-	}
-}
-
-/* A port nobody listens on now (the kernel's choice for port 0), or -1. */
-static int free_port(void)
-{
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-	socklen_t n = sizeof a;
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
-	if (fd < 0)
-		return -1;
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &n) == 0)
-		port = ntohs(a.sin_port);
-	close(fd);
-	return port;
-}
-
-static int valid_job_id(const char *s)
-{
-	if (!*s || strlen(s) > 48)
-		return 0;
-	for (; *s; s++)
-		if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' ||
-		      *s == '-' || *s == '.'))
-			return 0;
-	return 1;
-}
-
-static void parse_opts(int argc, char **argv, opts_t *o)
-{
-	const char *v, *ranks = NULL, *nnodes = NULL, *node_rank = NULL, *port = NULL;
-	int i;
-	memset(o, 0, sizeof *o);
-	o->nproc = 1, o->nnodes = 1, o->addr = NULL;
-	for (i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		if (strcmp(a, "--") == 0) {
-			i++;
-			break;
-		}
-		if (a[0] != '-' || a[1] == '\0')
-			break;
-		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-			usage(stdout);
-			exit(0);
-		} else if (strcmp(a, "--standalone") == 0) {
-			o->standalone = 1;
-		} else if (flag2(argc, argv, &i, "--nproc-per-node", &v)) {
-			if (strcmp(v, "auto") == 0 || strcmp(v, "cpu") == 0) {
-				long n = sysconf(_SC_NPROCESSORS_ONLN);
-				o->nproc = n > 0 ? (int)(n < MAX_RANKS ? n : MAX_RANKS) : 1;
-			} else {
-				o->nproc = (int)parse_range("--nproc-per-node", v, 1, MAX_RANKS);
-			}
-		} else if (flag2(argc, argv, &i, "--nnodes", &v)) {
-			nnodes = v;
-		} else if (flag2(argc, argv, &i, "--node-rank", &v)) {
-			node_rank = v;
-		} else if (flag2(argc, argv, &i, "--master-addr", &v)) {
-			if (!*v)
-				cli_die("run", "--master-addr: empty address");
-			o->addr = v;
-		} else if (flag2(argc, argv, &i, "--master-port", &v)) {
-			port = v;
-		} else if (cli_flag(argc, argv, &i, "--ranks", &v) || flag2(argc, argv, &i, "--local-ranks-filter", &v)) {
-			ranks = v;
-		} else {
-			cli_die("run", "unknown flag '%s' (see loom run --help)", a);
-		}
-	}
-	if (nnodes) { /* torchrun's K or MIN:MAX */
-		const char *colon = strchr(nnodes, ':');
-		char lo[32];
-		long max;
-		snprintf(lo, sizeof lo, "%.*s", colon ? (int)(colon - nnodes) : (int)strlen(nnodes), nnodes);
-		max = parse_range("--nnodes", colon ? colon + 1 : nnodes, 1, 1L << 20);
-		if (colon)
-			parse_range("--nnodes", lo, 1, max);
-		if (max > 1) {
-			fprintf(stderr, "loom run: --nnodes %s: multi-node is not supported yet (only --nnodes 1)\n", nnodes);
-			exit(2);
-		}
-	}
-	if (node_rank)
-		o->node_rank = (int)parse_range("--node-rank", node_rank, 0, o->nnodes - 1);
-	o->port = port ? (int)parse_range("--master-port", port, 1, 65535) : 29500;
-	if (o->standalone) {
-		if (o->addr || port)
-			fprintf(stderr, "loom run: --standalone: ignoring --master-addr/--master-port (it picks a free local port)\n");
-		o->addr = NULL;
-		if ((o->port = free_port()) < 0) {
-			fprintf(stderr, "loom run: --standalone: cannot find a free local port: %s\n", strerror(errno));
-			exit(1);
-		}
-	}
-	if (!o->addr)
-		o->addr = "127.0.0.1";
-	if (i >= argc)
-		cli_die("run", "missing PROGRAM to run (see loom run --help)");
-	o->argv = argv + i;
-	o->world = o->nproc * o->nnodes;
-	o->show = malloc((size_t)o->world);
-	if (!o->show)
-		cli_die("run", "out of memory");
-	memset(o->show, 1, (size_t)o->world);
-	if (ranks)
-		parse_ranks(ranks, o->show, o->world);
-	{
-		const char *g = getenv("LOOM_KILL_GRACE_S");
-		char *end;
-		o->grace_s = 5.0;
-		if (g && *g) {
-			o->grace_s = strtod(g, &end);
-			if (*end || !(o->grace_s >= 0 && o->grace_s <= 86400))
-				cli_die("run", "LOOM_KILL_GRACE_S='%s' is not a number of seconds in [0, 86400]", g);
-		}
-	}
-	v = getenv("LOOM_JOB_ID");
-	if (v && *v) {
-		if (!valid_job_id(v))
-			cli_die("run", "LOOM_JOB_ID='%s' must be 1 to 48 characters from [A-Za-z0-9_.-]", v);
-		snprintf(o->job_id, sizeof o->job_id, "%s", v);
-	} else {
-		unsigned long long rnd = 0;
-		if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd)
-			rnd = (unsigned long long)time(NULL) * 2654435761u ^ (unsigned long long)clock();
-		snprintf(o->job_id, sizeof o->job_id, "%d-%012llx", (int)getpid(), rnd & 0xffffffffffffULL);
-	}
-}
 
 /* ---- signals and processes ------------------------------------------------------------------ */
 
@@ -356,8 +123,9 @@ static void describe(const rank_t *r, int rank, char *buf, size_t cap)
 	if (WIFEXITED(r->status))
 		snprintf(buf, cap, "rank %d (pid %d) exited with code %d", rank, (int)r->pid, WEXITSTATUS(r->status));
 	else if (WIFSIGNALED(r->status))
-		snprintf(buf, cap, "rank %d (pid %d) was killed by signal %d (SIG%s)", rank, (int)r->pid,
-		         WTERMSIG(r->status), sigabbrev_np(WTERMSIG(r->status)) ? sigabbrev_np(WTERMSIG(r->status)) : "?");
+		snprintf(buf, cap, "rank %d (pid %d) was killed by signal %d (SIG%s)%s", rank, (int)r->pid,
+		         WTERMSIG(r->status), sigabbrev_np(WTERMSIG(r->status)) ? sigabbrev_np(WTERMSIG(r->status)) : "?",
+		         WCOREDUMP(r->status) ? ", core dumped" : "");
 	else
 		snprintf(buf, cap, "rank %d (pid %d) ended with status 0x%x", rank, (int)r->pid, r->status);
 }
@@ -371,7 +139,7 @@ static void set_env_int(const char *name, long v)
 
 /* Fork and exec rank `rank`. Returns 0, or the errno that made exec (or the setup) fail, with
  * *pid set when a child was started (it has then exited with 127). */
-static int spawn(const opts_t *o, int rank, rank_t *r)
+static int spawn(const run_opts_t *o, int rank, rank_t *r)
 {
 	int out[2], err[2], status_pipe[2], e = 0;
 	pid_t parent = getpid(), pid;
@@ -467,7 +235,7 @@ static int remove_segments(const char *job)
 /* ---- the supervisor -------------------------------------------------------------------------- */
 
 typedef struct {
-	const opts_t *o;
+	const run_opts_t *o;
 	rank_t *r;
 	int n, running;
 	int failed;      /* rank that failed first, or -1 */
@@ -610,12 +378,16 @@ static void supervise(job_t *j)
 
 int loom_cli_run(int argc, char **argv)
 {
-	opts_t o;
+	run_opts_t o;
 	job_t j = {.failed = -1};
 	rank_t *r;
 	int exec_err = 0, exec_rank = -1, spawn_failed = 0, removed;
 	const char *v;
-	parse_opts(argc, argv, &o);
+	/* With stdin, stdout or stderr closed, a pipe made below could take its number. */
+	for (int fd = 0; fd < 3; fd++)
+		if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) < 0)
+			return 1;
+	run_parse_opts(argc, argv, &o);
 	r = calloc((size_t)o.nproc, sizeof *r);
 	if (!r || setup_signals() != 0) {
 		fprintf(stderr, "loom run: cannot set up: %s\n", strerror(errno));
@@ -625,6 +397,7 @@ int loom_cli_run(int argc, char **argv)
 		r[i].out.fd = r[i].err.fd = -1;
 	raise_fd_limit(o.nproc);
 	setenv("LOOM_JOB_ID", o.job_id, 1);
+	setenv("LOOM_RUN_JOB_ID", o.job_id, 1); /* marks it as ours (run_opts.c) */
 	setenv("TORCHELASTIC_RUN_ID", o.job_id, 1);
 	set_env_int("WORLD_SIZE", o.world), set_env_int("LOCAL_WORLD_SIZE", o.nproc);
 	set_env_int("GROUP_RANK", o.node_rank), set_env_int("GROUP_WORLD_SIZE", o.nnodes);

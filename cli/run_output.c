@@ -7,8 +7,9 @@
  * place. A partial line is written after RUN_PARTIAL_FLUSH_S (or when the line buffer is full) and
  * its continuation is then written without a second prefix. At most one stream has an unfinished
  * line on a given output (the "dangling" one); before anything else is written there, that line is
- * ended with '\n', so lines of different ranks never run together. Every write is one writev() of
- * prefix and text, made directly (no stdio buffering), so output appears as soon as it is read.
+ * ended with '\n', so lines of different ranks never run together. The lines found in one read are
+ * gathered and written with one write() per output before the next read, so output appears as soon
+ * as it is read, and a rank printing a lot costs few system calls.
  * When our reader is gone (EPIPE), the ranks' pipes to that output are closed, so the ranks see the
  * same broken pipe they would see writing there directly. */
 #include <errno.h>
@@ -17,18 +18,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "run_output.h"
 
 #define LINE_CAP 16384 /* longer lines are written in pieces */
 #define TAIL_CAP 4096  /* hidden stderr kept for the failure report */
+#define OUT_CAP 65536  /* output gathered per sink, written at the end of each read */
 
 static struct {
 	int checked, same_file; /* stdout and stderr are the same file (a terminal, usually) */
 	run_stream_t *dangling[2];
 	int broken[2];
+	char buf[2][OUT_CAP];
+	size_t len[2];
 } sinks;
 
 /* The dangling-line slot of output `out`: shared by stdout and stderr when they are one file. */
@@ -47,27 +50,51 @@ int run_sink_broken(int out)
 	return sinks.broken[out - 1];
 }
 
-/* Write every iov fully to `out` (retrying partial writes and EINTR). Returns 0, or -1 on error
- * (EPIPE marks the output broken; nothing more is written to it). */
-static int write_iov(int out, struct iovec *iov, int n)
+/* Write n bytes fully to `out` (retrying partial writes and EINTR); EPIPE marks the output broken
+ * and nothing more is written to it. */
+static void write_all(int out, const char *p, size_t n)
 {
-	if (sinks.broken[out - 1])
-		return -1;
-	while (n > 0) {
-		ssize_t w = writev(out, iov, n);
+	while (n > 0 && !sinks.broken[out - 1]) {
+		ssize_t w = write(out, p, n);
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
 			if (errno == EPIPE)
 				sinks.broken[out - 1] = 1;
-			return -1;
+			return;
 		}
-		while (n > 0 && (size_t)w >= iov->iov_len)
-			w -= (ssize_t)iov->iov_len, iov++, n--;
-		if (n > 0)
-			iov->iov_base = (char *)iov->iov_base + w, iov->iov_len -= (size_t)w;
+		p += w, n -= (size_t)w;
 	}
-	return 0;
+}
+
+/* Write what was gathered for output `out`. */
+static void flush_sink(int out)
+{
+	write_all(out, sinks.buf[out - 1], sinks.len[out - 1]);
+	sinks.len[out - 1] = 0;
+}
+
+/* Gather n bytes for output `out`. */
+static void put(int out, const char *p, size_t n)
+{
+	if (sinks.len[out - 1] + n > OUT_CAP)
+		flush_sink(out);
+	if (n > OUT_CAP) {
+		write_all(out, p, n);
+		return;
+	}
+	memcpy(sinks.buf[out - 1] + sinks.len[out - 1], p, n);
+	sinks.len[out - 1] += n;
+}
+
+/* Gathered output reaches the file in order: before writing to one output, flush the other when
+ * both are the same file. */
+static void put_ordered(int out, const char *p, size_t n)
+{
+	dangling_slot(out);
+	if (sinks.same_file && sinks.len[2 - out])
+		flush_sink(3 - out);
+	put(out, p, n);
 }
 
 /* End the unfinished line another stream left on `out`, so the next text starts a fresh line. */
@@ -75,8 +102,7 @@ static void end_dangling(int out, const run_stream_t *self)
 {
 	run_stream_t **d = dangling_slot(out);
 	if (*d && *d != self) {
-		struct iovec nl = {"\n", 1};
-		write_iov((*d)->out, &nl, 1);
+		put_ordered((*d)->out, "\n", 1);
 		(*d)->midline = 0;
 		*d = NULL;
 	}
@@ -102,8 +128,6 @@ static void tail_append(run_stream_t *s, const char *p, size_t n)
 static void emit(run_stream_t *s, const char *p, size_t n, const char *term)
 {
 	char prefix[32];
-	struct iovec iov[3];
-	int k = 0;
 	size_t tn = strlen(term);
 	run_stream_t **d;
 	if (!s->show) {
@@ -116,15 +140,10 @@ static void emit(run_stream_t *s, const char *p, size_t n, const char *term)
 	if (n == 0 && !s->midline && term[0] == '\r' && term[1] == '\0')
 		return; /* "\r" at the start of a line (progress bars redraw this way): nothing to show */
 	end_dangling(s->out, s);
-	if (!s->midline) {
-		int pn = snprintf(prefix, sizeof prefix, "[rank %d] ", s->rank);
-		iov[k++] = (struct iovec){prefix, (size_t)pn};
-	}
-	if (n)
-		iov[k++] = (struct iovec){(void *)p, n};
-	if (tn)
-		iov[k++] = (struct iovec){(void *)term, tn};
-	write_iov(s->out, iov, k);
+	if (!s->midline)
+		put_ordered(s->out, prefix, (size_t)snprintf(prefix, sizeof prefix, "[rank %d] ", s->rank));
+	put_ordered(s->out, p, n);
+	put_ordered(s->out, term, tn);
 	d = dangling_slot(s->out);
 	if (strcmp(term, "\n") == 0 || strcmp(term, "\r\n") == 0) {
 		s->midline = 0;
@@ -169,6 +188,7 @@ static void process(run_stream_t *s, int all)
 	}
 	memmove(s->buf, s->buf + start, s->len - start);
 	s->len -= start;
+	flush_sink(1), flush_sink(2);
 }
 
 int run_stream_init(run_stream_t *s, int fd, int out, int rank, int show)
@@ -210,6 +230,7 @@ void run_stream_finish(run_stream_t *s)
 		emit(s, "", 0, "\n");
 	else if (*dangling_slot(s->out) == s)
 		end_dangling(s->out, NULL);
+	flush_sink(1), flush_sink(2);
 }
 
 int run_stream_read(run_stream_t *s, double now)
@@ -286,6 +307,7 @@ void run_note(const char *fmt, ...)
 {
 	va_list ap;
 	end_dangling(2, NULL);
+	flush_sink(1), flush_sink(2);
 	if (sinks.broken[1])
 		return;
 	fputs("loom run: ", stderr);

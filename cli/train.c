@@ -89,54 +89,61 @@ static void parse(int argc, char **argv, opts_t *o)
 	o->mc.n_layer = o->mc.n_head = o->mc.n_embd = o->mc.seq_len = o->mc.vocab_size = -1;
 	o->tc.T = -1;
 	o->grad_accum = -1;
+#define FLAG(name) cli_flag(argc, argv, &i, name, &v)
+#define DBL(name) cli_parse_double("train", name, v)
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
 			fputs(usage_text, stdout);
 			exit(0);
-		} else if (cli_flag(argc, argv, &i, "--train-data", &v)) o->tc.train_data = v;
-		else if (cli_flag(argc, argv, &i, "--val-data", &v)) o->tc.val_data = v;
-		else if (cli_flag(argc, argv, &i, "--shuffle", &v)) o->tc.shuffle = (int)int_in("--shuffle", v, 0, 1);
-		else if (cli_flag(argc, argv, &i, "--model", &v)) o->preset = v;
-		else if (cli_flag(argc, argv, &i, "--n-layer", &v)) o->mc.n_layer = (int)int_in("--n-layer", v, 1, 1 << 12), o->have_model_flags = 1;
-		else if (cli_flag(argc, argv, &i, "--n-head", &v)) o->mc.n_head = o->n_head_flag = (int)int_in("--n-head", v, 1, 1 << 12), o->have_model_flags = 1;
-		else if (cli_flag(argc, argv, &i, "--n-embd", &v)) o->mc.n_embd = (int)int_in("--n-embd", v, 1, 1 << 16), o->have_model_flags = 1;
-		else if (cli_flag(argc, argv, &i, "--vocab-size", &v)) o->mc.vocab_size = (int)int_in("--vocab-size", v, 1, 1 << 24), o->have_model_flags = 1;
-		else if (cli_flag(argc, argv, &i, "--n-positions", &v)) o->n_positions = (int)int_in("--n-positions", v, 1, 1 << 20), o->have_model_flags = 1;
-		else if (cli_flag(argc, argv, &i, "--init-from", &v)) o->init_from = v;
-		else if (cli_flag(argc, argv, &i, "--batch-size", &v)) o->tc.B = (int)int_in("--batch-size", v, 1, 1 << 20);
-		else if (cli_flag(argc, argv, &i, "--seq-len", &v)) o->tc.T = (int)int_in("--seq-len", v, 1, 1 << 20);
-		else if (cli_flag(argc, argv, &i, "--grad-accum", &v)) o->grad_accum = (int)int_in("--grad-accum", v, 1, 1 << 20);
-		else if (cli_flag(argc, argv, &i, "--total-batch-size", &v)) o->total_batch = int_in("--total-batch-size", v, 1, 1LL << 40);
-		else if (cli_flag(argc, argv, &i, "--steps", &v)) o->tc.lr.total_steps = int_in("--steps", v, 1, 1LL << 40);
-		else if (cli_flag(argc, argv, &i, "--lr", &v)) o->tc.lr.peak_lr = cli_parse_double("train", "--lr", v);
-		else if (cli_flag(argc, argv, &i, "--warmup", &v)) o->tc.lr.warmup = int_in("--warmup", v, 0, 1LL << 40);
-		else if (cli_flag(argc, argv, &i, "--schedule", &v)) {
+		} else if (FLAG("--train-data")) o->tc.train_data = v;
+		else if (FLAG("--val-data")) o->tc.val_data = v;
+		else if (FLAG("--shuffle")) o->tc.shuffle = (int)int_in("--shuffle", v, 0, 1);
+		else if (FLAG("--model")) o->preset = v;
+		else if (FLAG("--n-layer")) o->mc.n_layer = (int)int_in("--n-layer", v, 1, 1 << 12), o->have_model_flags = 1;
+		else if (FLAG("--n-head"))
+			o->mc.n_head = o->n_head_flag = (int)int_in("--n-head", v, 1, 1 << 12), o->have_model_flags = 1;
+		else if (FLAG("--n-embd")) o->mc.n_embd = (int)int_in("--n-embd", v, 1, 1 << 16), o->have_model_flags = 1;
+		else if (FLAG("--vocab-size"))
+			o->mc.vocab_size = (int)int_in("--vocab-size", v, 1, 1 << 24), o->have_model_flags = 1;
+		else if (FLAG("--n-positions"))
+			o->n_positions = (int)int_in("--n-positions", v, 1, 1 << 20), o->have_model_flags = 1;
+		else if (FLAG("--init-from")) o->init_from = v;
+		else if (FLAG("--batch-size")) o->tc.B = (int)int_in("--batch-size", v, 1, 1 << 20);
+		else if (FLAG("--seq-len")) o->tc.T = (int)int_in("--seq-len", v, 1, 1 << 20);
+		else if (FLAG("--grad-accum")) o->grad_accum = (int)int_in("--grad-accum", v, 1, 1 << 20);
+		else if (FLAG("--total-batch-size")) o->total_batch = int_in("--total-batch-size", v, 1, 1LL << 40);
+		else if (FLAG("--steps")) o->tc.lr.total_steps = int_in("--steps", v, 1, 1LL << 40);
+		else if (FLAG("--lr")) o->tc.lr.peak_lr = DBL("--lr");
+		else if (FLAG("--warmup")) o->tc.lr.warmup = int_in("--warmup", v, 0, 1LL << 40);
+		else if (FLAG("--schedule")) {
 			if (loom_schedule_parse(v, &o->tc.lr.kind) != LOOM_OK)
 				cli_die("train", "--schedule: %s", loom_errmsg());
-		} else if (cli_flag(argc, argv, &i, "--min-lr-frac", &v)) o->tc.lr.min_lr_frac = cli_parse_double("train", "--min-lr-frac", v);
-		else if (cli_flag(argc, argv, &i, "--weight-decay", &v)) o->tc.adamw.weight_decay = (float)cli_parse_double("train", "--weight-decay", v);
-		else if (cli_flag(argc, argv, &i, "--beta1", &v)) o->tc.adamw.beta1 = (float)cli_parse_double("train", "--beta1", v);
-		else if (cli_flag(argc, argv, &i, "--beta2", &v)) o->tc.adamw.beta2 = (float)cli_parse_double("train", "--beta2", v);
-		else if (cli_flag(argc, argv, &i, "--eps", &v)) o->tc.adamw.eps = (float)cli_parse_double("train", "--eps", v);
-		else if (cli_flag(argc, argv, &i, "--grad-clip", &v)) o->tc.grad_clip = cli_parse_double("train", "--grad-clip", v);
-		else if (cli_flag(argc, argv, &i, "--seed", &v)) o->tc.seed = (uint64_t)int_in("--seed", v, 0, 1LL << 62);
-		else if (cli_flag(argc, argv, &i, "--save-dir", &v)) o->tc.save_dir = v;
-		else if (cli_flag(argc, argv, &i, "--save-every", &v)) o->tc.save_every = (int)int_in("--save-every", v, 0, 1 << 30);
+		} else if (FLAG("--min-lr-frac")) o->tc.lr.min_lr_frac = DBL("--min-lr-frac");
+		else if (FLAG("--weight-decay")) o->tc.adamw.weight_decay = (float)DBL("--weight-decay");
+		else if (FLAG("--beta1")) o->tc.adamw.beta1 = (float)DBL("--beta1");
+		else if (FLAG("--beta2")) o->tc.adamw.beta2 = (float)DBL("--beta2");
+		else if (FLAG("--eps")) o->tc.adamw.eps = (float)DBL("--eps");
+		else if (FLAG("--grad-clip")) o->tc.grad_clip = DBL("--grad-clip");
+		else if (FLAG("--seed")) o->tc.seed = (uint64_t)int_in("--seed", v, 0, 1LL << 62);
+		else if (FLAG("--save-dir")) o->tc.save_dir = v;
+		else if (FLAG("--save-every")) o->tc.save_every = (int)int_in("--save-every", v, 0, 1 << 30);
 		else if (!strcmp(a, "--resume")) o->resume = 1;
-		else if (cli_flag(argc, argv, &i, "--eval-every", &v)) o->tc.eval_every = (int)int_in("--eval-every", v, 0, 1 << 30);
-		else if (cli_flag(argc, argv, &i, "--eval-batches", &v)) o->tc.eval_batches = (int)int_in("--eval-batches", v, 1, 1 << 30);
-		else if (cli_flag(argc, argv, &i, "--sample-every", &v)) o->sample_every = (int)int_in("--sample-every", v, 0, 1 << 30);
-		else if (cli_flag(argc, argv, &i, "--log", &v)) o->tc.log_path = v;
-		else if (cli_flag(argc, argv, &i, "--threads", &v)) o->threads = (int)int_in("--threads", v, 1, 1024);
-		else if (cli_flag(argc, argv, &i, "--peak-flops", &v)) {
-			o->tc.peak_flops = cli_parse_double("train", "--peak-flops", v);
+		else if (FLAG("--eval-every")) o->tc.eval_every = (int)int_in("--eval-every", v, 0, 1 << 30);
+		else if (FLAG("--eval-batches")) o->tc.eval_batches = (int)int_in("--eval-batches", v, 1, 1 << 30);
+		else if (FLAG("--sample-every")) o->sample_every = (int)int_in("--sample-every", v, 0, 1 << 30);
+		else if (FLAG("--log")) o->tc.log_path = v;
+		else if (FLAG("--threads")) o->threads = (int)int_in("--threads", v, 1, 1024);
+		else if (FLAG("--peak-flops")) {
+			o->tc.peak_flops = DBL("--peak-flops");
 			if (!(o->tc.peak_flops > 0))
 				cli_die("train", "--peak-flops: %s must be > 0 (FLOP/s, e.g. 1e11)", v);
 		} else if (!strcmp(a, "--profile")) o->profile = 1;
 		else
 			cli_die("train", "unknown flag '%s' (see loom train --help)", a);
 	}
+#undef FLAG
+#undef DBL
 	if (!o->tc.train_data)
 		cli_die("train", "--train-data GLOB is required (token shards, e.g. from `loom data prepare`)");
 	if (o->tc.lr.total_steps < 0)
@@ -148,6 +155,10 @@ static void parse(int argc, char **argv, opts_t *o)
 	                                                               o->n_positions == 0))))
 		cli_die("train", "--init-from takes the model from the file: drop --model and the model flags "
 		        "(only --n-head, when the file does not say it)");
+	if (o->tc.eval_every > 0 && !o->tc.val_data)
+		cli_die("train", "--eval-every needs --val-data GLOB");
+	if (o->tc.save_every > 0 && !o->tc.save_dir)
+		cli_die("train", "--save-every needs --save-dir DIR");
 	if (o->grad_accum > 0 && o->total_batch > 0)
 		cli_die("train", "give --grad-accum or --total-batch-size, not both");
 }
@@ -292,7 +303,7 @@ typedef struct {
 	loom_tokenizer_t tok;
 	int have_tok;
 	int *sample_buf;
-	int steps_run;
+	int steps_run, warned_mfu;
 	double optim_ms, step_ms;
 } run_ctx_t;
 
@@ -333,6 +344,11 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 	if (m->saved)
 		printf(" | saved");
 	putchar('\n');
+	if (m->mfu > 1.0 && !r->warned_mfu) {
+		r->warned_mfu = 1;
+		printf("note: MFU above 100%%: the peak (%.1f GFLOP/s) is too low, probably measured while the machine "
+		       "was busy; delete ~/.cache/loom/gemm_peak or give --peak-flops\n", r->o->tc.peak_flops / 1e9);
+	}
 	r->steps_run++;
 	r->optim_ms += m->optim_ms, r->step_ms += m->dt_ms;
 	if (r->o->sample_every > 0 && m->step % r->o->sample_every == 0)
@@ -354,8 +370,6 @@ int loom_cli_train(int argc, char **argv)
 	batch_config(&o);
 	find_tokenizer(&o);
 	r.o = &o;
-	if (o.tc.peak_flops <= 0)
-		o.tc.peak_flops = peak_flops(loom_num_threads());
 
 	if ((rc = loom_gpt2_create(&model, &o.mc, o.tc.B, o.tc.T)) != LOOM_OK) {
 		fprintf(stderr, "loom train: creating the model: %s\n", loom_errmsg());
@@ -373,6 +387,10 @@ int loom_cli_train(int argc, char **argv)
 		fprintf(stderr, "loom train: %s\n", loom_errmsg());
 		goto out;
 	}
+	if (o.tc.peak_flops <= 0) { /* measured once the settings are known to be good */
+		o.tc.peak_flops = peak_flops(loom_num_threads());
+		loom_trainer_set_peak_flops(tr, o.tc.peak_flops);
+	}
 	if (o.resume) {
 		rc = loom_trainer_resume(tr, o.tc.save_dir);
 		if (rc == LOOM_ENOENT) {
@@ -382,6 +400,9 @@ int loom_cli_train(int argc, char **argv)
 			goto out;
 		} else {
 			printf("resumed from %s at step %lld\n", o.tc.save_dir, loom_trainer_steps_done(tr));
+			if (loom_trainer_steps_done(tr) >= o.tc.lr.total_steps)
+				printf("nothing to do: the checkpoint is at step %lld, --steps is %lld\n",
+				       loom_trainer_steps_done(tr), o.tc.lr.total_steps);
 		}
 	}
 	printf("model: L%d H%d C%d T%d V%d, %zu parameters%s%s\n", o.mc.n_layer, o.mc.n_head, o.mc.n_embd,

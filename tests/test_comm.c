@@ -791,3 +791,36 @@ TEST(comm_loom_run)
 	CHECK_CONTAINS(out, "rank 2 of 3: ok");
 	return 0;
 }
+
+/* loom_comm_stats counts completed collectives and their payload bytes, on either thread. */
+static int rank_stats(int rank, int n, void *arg)
+{
+	loom_comm_t *c;
+	loom_comm_stats_t s;
+	loom_request_t *r;
+	double x[10] = {0}, g[30];
+	(void)rank, (void)arg;
+	CHECK_OK(loom_comm_init(&c));
+	loom_comm_stats(c, &s);
+	CHECK_EQ(s.collectives, 0);
+	CHECK_EQ(s.bytes, 0);
+	CHECK_OK(loom_allreduce(c, x, x, 10, LOOM_FLOAT64, LOOM_SUM));
+	CHECK_OK(loom_allgather(c, x, g, 10, LOOM_FLOAT64));
+	CHECK_OK(loom_barrier(c));
+	CHECK_OK(loom_iallreduce(c, x, x, 4, LOOM_FLOAT32, LOOM_MAX, &r));
+	CHECK_OK(loom_wait(r));
+	CHECK_ERR(loom_allreduce(c, x, x, 1, LOOM_INT32, LOOM_AVG), LOOM_EINVAL); /* not counted */
+	loom_comm_stats(c, &s);
+	CHECK_EQ(s.collectives, 4);
+	CHECK_EQ(s.bytes, 80 + 80 + 0 + 16);
+	CHECK(s.busy_s > 0 && s.busy_s < 10);
+	CHECK_EQ(n, 3);
+	CHECK_OK(loom_comm_destroy(c));
+	return 0;
+}
+
+TEST(comm_stats)
+{
+	CHECK_EQ(test_spawn(3, rank_stats, NULL, 20, NULL), 0);
+	return 0;
+}

@@ -236,6 +236,7 @@ TEST(loader_order_and_wrap)
 	CHECK_EQ(loom_loader_num_tokens(ld), 157);
 	CHECK_EQ(loom_loader_num_shards(ld), 3);
 	CHECK_EQ(loom_loader_windows_per_epoch(ld), 15); /* (157 - 1) / 10 */
+	CHECK_EQ(loom_loader_max_token(ld), 156);
 	/* window k starts at token k*B*T; inputs are tokens s..s+9, targets s+1..s+10 */
 	for (uint64_t k = 0; k < 40; k++) {
 		uint64_t s = (k % 15) * 10;

@@ -11,7 +11,7 @@
 
 #include "test.h"
 
-#define OUT_CAP 16384
+#define OUT_CAP 65536
 
 static double now_s(void)
 {
@@ -352,5 +352,57 @@ TEST(launcher_second_signal_kills)
 	CHECK_CONTAINS(out, "rc=143\n");
 	CHECK_MSG(now_s() - t0 < 10, "took %.1f s", now_s() - t0);
 	test_rmdir(dir);
+	return 0;
+}
+
+TEST(launcher_nested_job_gets_own_id)
+{
+	char out[OUT_CAP], args[1024];
+	const char *a, *b;
+	/* A loom run inside a rank: the inner job must not reuse the outer job's id (its segments). */
+	snprintf(args, sizeof args, "sh -c 'echo outer=$LOOM_JOB_ID; %s run %s env'", test_loom_bin(),
+	         prog("launch_rank"));
+	CHECK_RUN("LOOM_JOB_ID=outerjob ", args, 0, NULL);
+	CHECK_CONTAINS(out, "[rank 0] outer=outerjob\n");
+	CHECK((a = strstr(out, "[rank 0] [rank 0] RANK=0")) != NULL);
+	CHECK((b = strstr(a, "LOOM_JOB_ID=")) != NULL);
+	CHECK_MSG(strncmp(b, "LOOM_JOB_ID=outerjob\n", 21) != 0 && b[12] != '\n', "inner id: %s", b);
+	return 0;
+}
+
+/* Every line of out starts with "[rank r] " and the rest is only rank r's letter ('A' + r); returns
+ * how many letters there were, or -1 on a malformed line. */
+static int check_homogeneous_lines(const char *out)
+{
+	int letters = 0;
+	for (const char *p = out; *p;) {
+		const char *nl = strchr(p, '\n');
+		int r = -1, k = 0;
+		if (!nl || sscanf(p, "[rank %d] %n", &r, &k) != 1 || k == 0 || r < 0 || r > 25)
+			return -1;
+		for (const char *c = p + k; c < nl; c++, letters++)
+			if (*c != 'A' + r)
+				return -1;
+		p = nl + 1;
+	}
+	return letters;
+}
+
+TEST(launcher_lines_never_run_together)
+{
+	char out[OUT_CAP], args[1024];
+	/* 3 ranks write half lines at the same moments: each half may be flushed on its own, but no
+	 * output line mixes two ranks, and nothing is lost. */
+	snprintf(args, sizeof args, "--nproc-per-node 3 %s interleave 2>/dev/null", prog("launch_rank"));
+	CHECK_RUN("OMP_NUM_THREADS=1 ", args, 0, NULL);
+	CHECK_MSG(check_homogeneous_lines(out) == 3 * 3 * 8, "output:\n%s", out);
+
+	/* A line longer than the launcher's line buffer still gets exactly one prefix. */
+	snprintf(args, sizeof args, "%s longline 40000", prog("launch_rank"));
+	CHECK_RUN(NULL, args, 0, NULL);
+	CHECK_EQ(strlen(out), strlen("[rank 0] ") + 40000 + 1 + strlen("[rank 0] end\n"));
+	CHECK(strncmp(out, "[rank 0] xxx", 12) == 0);
+	CHECK_EQ(strspn(out + 9, "x"), 40000);
+	CHECK_STREQ(out + 9 + 40000, "\n[rank 0] end\n");
 	return 0;
 }

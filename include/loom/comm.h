@@ -65,8 +65,8 @@ const char *loom_dtype_name(loom_dtype_t dt); /* "float32", ...; "?" when invali
 const char *loom_op_name(loom_op_t op);       /* "sum", ...; "?" when invalid */
 
 /* Join the job described by the environment; collective (returns once every rank has joined).
- * On failure *comm is NULL and loom_errmsg() says why. The calling thread holds the rank's liveness
- * lock: it must live as long as the communicator (peers take its exit for the rank's death). */
+ * On failure *comm is NULL and loom_errmsg() says why. A process that exits without
+ * loom_comm_destroy counts as dead for its peers. */
 int loom_comm_init(loom_comm_t **comm);
 /* Leave the job and free everything; safe on NULL. Not collective, but peers still waiting on this
  * rank then get LOOM_EPEERLOST. */

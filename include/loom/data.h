@@ -93,8 +93,9 @@ typedef struct {
 	int B, T;      /* micro-batch: B rows of T tokens */
 	int shuffle;   /* 0: windows in order; 1: seeded permutation per epoch */
 	uint64_t seed; /* shuffle seed */
-	int rank;      /* next() yields windows rank, rank + world, rank + 2 world, ... (defaults 0 and 1 */
-	int world;     /* when world <= 0) */
+	/* next() yields windows rank, rank + world, rank + 2 world, ...; world <= 0 means rank 0 of 1. */
+	int rank;
+	int world;
 } loom_loader_opts_t;
 
 /* The complete position of a loader: a plain struct that a trainer stores in its checkpoint and
@@ -120,6 +121,9 @@ void loom_loader_destroy(loom_loader_t *ld); /* safe on NULL */
 uint64_t loom_loader_num_tokens(const loom_loader_t *ld);
 uint64_t loom_loader_windows_per_epoch(const loom_loader_t *ld); /* W */
 int loom_loader_num_shards(const loom_loader_t *ld);
+/* The largest token id in all the shards (a full scan of the mapped tokens, about 50 ms per 100M
+ * tokens): lets a trainer check the whole data set against its vocabulary once, at start. */
+int loom_loader_max_token(const loom_loader_t *ld);
 
 /* Fill inputs and targets (B*T ints each) with window k, independent of the loader's position.
  * Thread-safe for concurrent calls (reads only). */

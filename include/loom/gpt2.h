@@ -59,11 +59,14 @@ double loom_gpt2_flops_per_token(const loom_gpt2_config_t *cfg, int T);
 
 /* ---- the model ------------------------------------------------------------------------------- */
 
+/* A model is used by one thread at a time (its calls are not thread-safe); inside a call its kernels
+ * run on loom_set_num_threads threads. */
 typedef struct loom_gpt2 loom_gpt2_t;
 
 /* Create a model for micro-batches of up to B x T tokens (T <= cfg->seq_len). Parameters, gradients
  * and every activation buffer are allocated here, once; training steps allocate nothing. Parameters
- * start at zero: call loom_gpt2_init or copy weights into loom_gpt2_params. */
+ * start at zero: call loom_gpt2_init or copy weights into loom_gpt2_params. LOOM_EINVAL for a bad
+ * config or size, LOOM_ENOMEM; *m is NULL on failure. The model owns all its buffers. */
 int loom_gpt2_create(loom_gpt2_t **m, const loom_gpt2_config_t *cfg, int B, int T);
 void loom_gpt2_destroy(loom_gpt2_t *m); /* safe on NULL */
 const loom_gpt2_config_t *loom_gpt2_config(const loom_gpt2_t *m);
@@ -74,7 +77,9 @@ float *loom_gpt2_grads(loom_gpt2_t *m);  /* same layout */
 int loom_gpt2_set_grad_buffer(loom_gpt2_t *m, float *grads);
 
 /* GPT-2 initialization, reproducible from seed: weights normal(0, 0.02), the residual projections
- * (attn.c_proj.weight, mlp.c_proj.weight) normal(0, 0.02/sqrt(2L)), biases 0, LayerNorm weight 1. */
+ * (attn.c_proj.weight, mlp.c_proj.weight) normal(0, 0.02/sqrt(2L)), biases 0, LayerNorm weight 1.
+ * Tensor i draws from its own splitmix64 stream seeded with seed ^ (0x9e3779b97f4a7c15 * (i + 1)),
+ * normals by Box-Muller (src/model/rng.h), so its values do not depend on the other tensors. */
 void loom_gpt2_init(loom_gpt2_t *m, uint64_t seed);
 
 /* Forward pass over inputs (B,T) token ids with B, T within the sizes given at create. With targets
@@ -82,14 +87,16 @@ void loom_gpt2_init(loom_gpt2_t *m, uint64_t seed);
  * logits of the last position of each row are computed (loom_gpt2_logits). LOOM_EINVAL (with
  * loom_errmsg) for a token id outside [0, V) or sizes beyond those of create. */
 int loom_gpt2_forward(loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T, float *loss);
-/* Logits (B, V) of the last position of each row after a forward without targets. */
+/* Logits (B, V) of the last position of each row after a forward without targets; owned by the
+ * model, valid until its next call. */
 const float *loom_gpt2_logits(const loom_gpt2_t *m);
 
-void loom_gpt2_zero_grad(loom_gpt2_t *m);
+void loom_gpt2_zero_grad(loom_gpt2_t *m); /* sets the current gradient buffer to 0 */
 /* Training micro-step: forward with targets, then backward of (loss * grad_scale); gradients
  * accumulate (+=) into the gradient buffer, so grad_scale = 1/accum gives gradient accumulation.
  * *loss is the unscaled mean loss. When a grad-ready callback is set, it is called once per tensor,
- * in reverse tensor order, as soon as that tensor's gradient for this micro-step is final. */
+ * in reverse tensor order, as soon as that tensor's gradient for this micro-step is final (on the
+ * calling thread, between kernels). LOOM_EINVAL as for loom_gpt2_forward, or for NULL targets. */
 int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
                                float grad_scale, float *loss);
 typedef void (*loom_grad_ready_fn)(void *ctx, int tensor_index);
@@ -97,8 +104,12 @@ void loom_gpt2_on_grad_ready(loom_gpt2_t *m, loom_grad_ready_fn fn, void *ctx);
 
 /* Autoregressive generation with a KV cache: feeds prompt (n_prompt >= 1 tokens), then samples up to
  * max_new tokens (temperature 0: greedy; top_k 0: whole vocabulary), stopping early after
- * stop_token (>= 0) or when the context reaches cfg.seq_len. Generated tokens go to out (capacity
- * max_new), their number to *n_out, and each one to on_token (may be NULL) as soon as it exists. */
+ * stop_token (>= 0) or when the context (prompt + generated) reaches the T given at create (at most
+ * cfg.seq_len; create with B = 1, T = seq_len for sampling). Generated tokens go to out (capacity
+ * max_new), their number to *n_out, and each one to on_token (may be NULL) as soon as it exists.
+ * The same seed gives the same tokens. The cache lives in the model's activation buffers: nothing
+ * is allocated, and the activations of a previous forward are overwritten. LOOM_EINVAL for a prompt
+ * that is empty, longer than T or has a token outside [0, V), or a negative temperature or top_k. */
 int loom_gpt2_generate(loom_gpt2_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
                        uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
                        void *ctx);

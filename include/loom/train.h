@@ -121,6 +121,8 @@ typedef int (*loom_train_step_fn)(void *ctx, loom_trainer_t *tr, const loom_step
  * NULL) after each step. Returns LOOM_OK, the first error, or LOOM_ESTATE when fn stopped it. */
 int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx);
 
+/* Set the FLOP/s that MFU is relative to (<= 0: MFU is reported as 0). */
+void loom_trainer_set_peak_flops(loom_trainer_t *tr, double flops);
 long long loom_trainer_steps_done(const loom_trainer_t *tr);
 loom_gpt2_t *loom_trainer_model(loom_trainer_t *tr);
 const loom_adamw_t *loom_trainer_optimizer(const loom_trainer_t *tr);

@@ -201,11 +201,18 @@ static int parse_config(loom_comm_t *c)
 		if (loom_algo_parse(algo, c->forced, err, sizeof err) != LOOM_OK)
 			return loom_seterr(LOOM_EINVAL, "loom_comm_init: LOOM_ALGO=\"%s\": %s", algo, err);
 	}
-	/* More ranks than cores: spinning only steals the time the awaited rank needs. */
+	/* More ranks than cores: spinning or yielding only steals the time the awaited rank needs, so
+	 * sleep at once (8 ranks on 2 cores: large all-reduces ran 2x faster than with 20-100 us of
+	 * sched_yield first). LOOM_SPIN_US / LOOM_YIELD_US override, for tuning. */
 	if (ncpu > 0 && c->size > ncpu)
-		c->spin_us = 0, c->yield_us = 100;
-	else
-		c->spin_us = 50, c->yield_us = 1000;
+		c->spin_us = 0, c->yield_us = 0;
+	else /* short: on a busy machine two ranks often share a core, and long spins starve the peer
+	      * (measured: 16 MiB all-reduce 2x faster spinning 5 us than 50 us plus yields to 1 ms).
+	      * Both are times from the start of a wait: spin until spin_us, sched_yield until yield_us,
+	      * then futex sleep. */
+		c->spin_us = 5, c->yield_us = 5;
+	c->spin_us = (int)loom_env_long("LOOM_SPIN_US", c->spin_us, NULL);
+	c->yield_us = (int)loom_env_long("LOOM_YIELD_US", c->yield_us, NULL);
 	return LOOM_OK;
 }
 
@@ -563,15 +570,35 @@ int comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
 {
 	loom_opctx_t saved = loom_cur;
 	int rc;
-	loom_cur = (loom_opctx_t){c, loom_coll_name(a->coll), seq, loom_now() + c->timeout_s};
+	double t0 = loom_now();
+	loom_cur = (loom_opctx_t){c, loom_coll_name(a->coll), seq, t0 + c->timeout_s};
 	shm_publish_seq(c, seq, (int)a->coll);
 	rc = comm_check_usable(c, loom_cur.op, seq);
 	if (rc == LOOM_OK && c->debug)
 		rc = check_fingerprint(c, a, seq);
 	if (rc == LOOM_OK)
 		rc = loom_algo_run(c, a, c->forced[a->coll]);
+	if (rc == LOOM_OK) {
+		atomic_fetch_add_explicit(&c->st_colls, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&c->st_bytes, a->coll == LOOM_COLL_BARRIER ? 0 : a->count * loom_dtype_size(a->dt),
+		                          memory_order_relaxed);
+	}
+	atomic_fetch_add_explicit(&c->st_ns, (unsigned long long)((loom_now() - t0) * 1e9), memory_order_relaxed);
 	loom_cur = saved;
 	return rc;
+}
+
+void loom_comm_stats(const loom_comm_t *c, loom_comm_stats_t *st)
+{
+	loom_comm_t *m = (loom_comm_t *)c; /* atomics are read-only here; C11 loads take non-const */
+	if (!st)
+		return;
+	memset(st, 0, sizeof *st);
+	if (!c)
+		return;
+	st->collectives = atomic_load_explicit(&m->st_colls, memory_order_relaxed);
+	st->bytes = atomic_load_explicit(&m->st_bytes, memory_order_relaxed);
+	st->busy_s = 1e-9 * (double)atomic_load_explicit(&m->st_ns, memory_order_relaxed);
 }
 
 static int coll(loom_comm_t *c, loom_coll_args_t a)

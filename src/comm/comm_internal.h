@@ -110,6 +110,11 @@ typedef struct loom_job {
 	pthread_mutex_t heap_lock;
 	heap_block_t *blocks; /* this rank's heap region, in offset order */
 	char *heap_lo, *heap_hi; /* all ranks' heaps: [heap_lo, heap_hi) */
+	/* The thread that holds this rank's liveness mutex for the job's lifetime (shm_proc_start). */
+	pthread_t keeper;
+	pthread_mutex_t keeper_lock;
+	pthread_cond_t keeper_cond;
+	int keeper_state; /* 0 starting, 1 holding, 2 asked to stop, <0 failed (-errno) */
 } loom_job_t;
 
 struct loom_request {
@@ -134,6 +139,7 @@ struct loom_comm {
 	int spin_us, yield_us; /* waiting policy (shorter when ranks outnumber cores) */
 	loom_algo_t forced[LOOM_COLL_COUNT];
 	uint64_t coll_seq, p2p_seq, board_count, split_count;
+	atomic_ullong st_colls, st_bytes, st_ns; /* loom_comm_stats (updated by whichever thread ran it) */
 
 	pthread_mutex_t err_lock;
 	char errmsg[1024];
@@ -172,7 +178,8 @@ int shm_open_segment(loom_comm_t *c, const char *name, int create, size_t heap_b
 void shm_close_segment(loom_comm_t *c);
 /* Leave: mark this rank departed and wake everyone. */
 void shm_depart(loom_comm_t *c);
-/* Lock this rank's liveness mutex in the world segment / release it at the end of the job. */
+/* Start the thread that holds this rank's liveness mutex in the world segment / release it at the
+ * end of the job (marking the process PROC_EXITED). */
 int shm_proc_start(loom_job_t *j);
 void shm_proc_end(loom_job_t *j);
 

@@ -147,6 +147,19 @@ int loom_loader_num_shards(const loom_loader_t *ld)
 	return ld->n_shards;
 }
 
+int loom_loader_max_token(const loom_loader_t *ld)
+{
+	unsigned m = 0;
+	for (int i = 0; i < ld->n_shards; i++) {
+		const uint16_t *t = ld->shards[i].tokens;
+		uint16_t sm = 0;
+		for (size_t j = 0; j < ld->shards[i].n_tokens; j++) /* vectorizes */
+			sm = t[j] > sm ? t[j] : sm;
+		m = sm > m ? sm : m;
+	}
+	return (int)m;
+}
+
 uint64_t loom_loader_window_start(const loom_loader_t *ld, uint64_t k)
 {
 	uint64_t epoch = k / ld->windows, p = k % ld->windows;

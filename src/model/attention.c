@@ -15,7 +15,9 @@
 #include "model/fastmath.h"
 #include "model/kernels.h"
 
+#ifndef ATT_BLOCK
 #define ATT_BLOCK 64
+#endif
 
 static void sgemm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                    int ldb, float beta, float *C, int ldc)

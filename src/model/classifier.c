@@ -1,10 +1,13 @@
 /* classifier.c: the tied language-model head fused with softmax, cross-entropy and their backward.
  *
  * Why chunks: the logits of a whole micro-batch are N x V floats (1024 x 50257 = 206 MB for the
- * `small` preset). Going over the positions `chunk` at a time, the logits of a chunk are produced by
- * one sgemm, turned into probabilities, losses and (in place) their gradient while still in cache,
- * and consumed by the two gradient sgemms before the next chunk overwrites them. The scratch buffer
- * is chunk x V floats and the N x V logits never exist in memory.
+ * `small` preset, 824 MB for gpt2 with B=4 T=1024). Going over the positions `chunk` at a time, one
+ * sgemm makes a chunk's logits, each row (V floats, 200 KB: it stays in L2) is turned into its loss
+ * and, in place, its gradient in one sweep, and the two gradient sgemms consume the chunk before the
+ * next one overwrites it: the scratch is chunk x V floats whatever B x T is, and the probabilities
+ * are never stored separately. The chunk should not be small: every chunk re-packs wte for its
+ * logits sgemm, and dwte's sgemm has the chunk as its inner dimension. Measured on this machine (1
+ * thread, `small`, N = 1024): chunks of 512 and 1024 cost the same, 256 about 60 ms more per step.
  *
  * Per row: z = logits, m = max z, s = sum exp(z - m); loss = log s + m - z[target];
  * dz = dloss * (exp(z - m) / s - onehot(target)). Targets must be in [0, V) (the model checks). */

@@ -19,7 +19,7 @@
 #include "model/rng.h"
 
 /* Positions per chunk of the fused classifier (override: LOOM_CLS_CHUNK). See classifier.c. */
-#define DEFAULT_CHUNK 256
+#define DEFAULT_CHUNK 512
 
 float *gpt2_param(loom_gpt2_t *m, int i)
 {
@@ -303,9 +303,17 @@ static void ready(loom_gpt2_t *m, int i)
 		PROF(CALLBACK, m->on_ready(m->on_ready_ctx, i));
 }
 
+static void zero_par(float *p, size_t n)
+{
+	const size_t block = 16384;
+#pragma omp parallel for schedule(static) if (n >= 4 * block)
+	for (size_t i = 0; i < n; i += block)
+		memset(p + i, 0, sizeof(float) * (n - i < block ? n - i : block));
+}
+
 static void zero(loom_gpt2_t *m, float *p, size_t n)
 {
-	PROF(ZERO, memset(p, 0, n * sizeof(float)));
+	PROF(ZERO, zero_par(p, n));
 }
 
 int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T,

@@ -242,6 +242,11 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx)
 	return LOOM_OK;
 }
 
+void loom_trainer_set_peak_flops(loom_trainer_t *tr, double flops)
+{
+	tr->cfg.peak_flops = flops > 0 ? flops : 0.0;
+}
+
 long long loom_trainer_steps_done(const loom_trainer_t *tr)
 {
 	return tr->step;

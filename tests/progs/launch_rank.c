@@ -8,6 +8,8 @@
  *   grandchild DIR      every rank forks a child that writes DIR/gc.<rank> (its pid) and sleeps
  *                       60 s; then rank 1 exits 3 and the others sleep
  *   shm                 rank 0 creates /dev/shm/loom-$LOOM_JOB_ID-leftover and every rank exits 0
+ *   interleave          3 times: write 4 letters ('A' + rank) without '\n', wait 0.25 s, 4 more and '\n'
+ *   longline N          one stdout line of N 'x' (written in pieces of 1000), then "end"
  *   trap DIR [ignore]   on SIGTERM print "got signal 15" and exit 0 (with ignore: ignore SIGTERM);
  *                       then create DIR/ready.<rank> and sleep 30 s
  * Sleeping ranks never finish on their own within a test's time, so a test that ends quickly shows
@@ -69,6 +71,24 @@ int main(int argc, char **argv)
 		printf("out\npart");
 		nap(0.4); /* longer than the launcher's partial-line flush */
 		printf("ial\n\r10%%\r20%%\rdone\ncrlf\r\nno newline at end");
+		return 0;
+	}
+	if (strcmp(mode, "interleave") == 0) {
+		char part[5];
+		memset(part, 'A' + rank % 26, 4), part[4] = '\0';
+		for (int k = 0; k < 3; k++) {
+			printf("%s", part);
+			nap(0.25);
+			printf("%s\n", part);
+		}
+		return 0;
+	}
+	if (strcmp(mode, "longline") == 0 && argc > 2) {
+		char piece[1000];
+		memset(piece, 'x', sizeof piece);
+		for (long left = atol(argv[2]); left > 0; left -= (long)sizeof piece)
+			fwrite(piece, 1, left < (long)sizeof piece ? (size_t)left : sizeof piece, stdout);
+		printf("\nend\n");
 		return 0;
 	}
 	if ((strcmp(mode, "exit") == 0 || strcmp(mode, "signal") == 0 || strcmp(mode, "stubborn") == 0) && argc > 3) {

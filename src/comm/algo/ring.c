@@ -10,6 +10,7 @@
  * is the one received at step s-1; after size-1 steps each rank holds one fully reduced block, and
  * every element was combined along one chain, so all ranks end with bit-identical results.
  * Messages are real even when empty (count 0 or count < size), so every rank takes part. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,13 +22,15 @@
 
 static size_t seg_elems(size_t esz)
 {
-	static size_t seg_bytes;
-	if (!seg_bytes) {
+	static _Atomic size_t seg_bytes; /* read once; every thread computes the same value */
+	size_t b = atomic_load_explicit(&seg_bytes, memory_order_relaxed);
+	if (!b) {
 		const char *s = getenv("LOOM_RING_SEG");
 		long v = s ? atol(s) : 0;
-		seg_bytes = v >= 64 ? (size_t)v : RING_SEG_DEFAULT;
+		b = v >= 64 ? (size_t)v : RING_SEG_DEFAULT;
+		atomic_store_explicit(&seg_bytes, b, memory_order_relaxed);
 	}
-	size_t e = seg_bytes / esz;
+	size_t e = b / esz;
 	return e ? e : 1;
 }
 

@@ -331,23 +331,69 @@ void shm_depart(loom_comm_t *c)
 	ring_all(c);
 }
 
-int shm_proc_start(loom_job_t *j)
+/* The keeper thread locks the rank's robust liveness mutex and holds it until shm_proc_end. A
+ * dedicated thread (rather than the caller of loom_comm_init) because a robust mutex is owned by a
+ * thread: the application's threads may come and go, the keeper ends only with the process (then
+ * peers get EOWNERDEAD) or when the job is left cleanly. */
+static void *keeper_main(void *arg)
 {
+	loom_job_t *j = arg;
 	shm_rank_t *me = rank_rec(j->hdr, j->world_rank);
 	int e = pthread_mutex_lock(&me->alive);
-	if (e == EOWNERDEAD) /* a previous holder of this rank's slot died: impossible in a fresh segment */
-		pthread_mutex_consistent(&me->alive), e = 0;
-	if (e)
-		return loom_seterr(LOOM_ESYS, "rank %d: cannot lock its liveness mutex: %s", j->world_rank, strerror(e));
-	atomic_store(&me->proc, PROC_ALIVE);
+	if (e == EOWNERDEAD) /* a previous holder of this slot died: impossible in a fresh segment */
+		e = pthread_mutex_consistent(&me->alive);
+	if (e == 0)
+		atomic_store(&me->proc, PROC_ALIVE);
+	pthread_mutex_lock(&j->keeper_lock);
+	j->keeper_state = e ? -e : 1;
+	pthread_cond_broadcast(&j->keeper_cond);
+	while (!e && j->keeper_state != 2)
+		pthread_cond_wait(&j->keeper_cond, &j->keeper_lock);
+	pthread_mutex_unlock(&j->keeper_lock);
+	if (!e) {
+		atomic_store(&me->proc, PROC_EXITED);
+		pthread_mutex_unlock(&me->alive);
+	}
+	return NULL;
+}
+
+int shm_proc_start(loom_job_t *j)
+{
+	int e;
+	pthread_mutex_init(&j->keeper_lock, NULL);
+	pthread_cond_init(&j->keeper_cond, NULL);
+	j->keeper_state = 0;
+	if ((e = pthread_create(&j->keeper, NULL, keeper_main, j)) != 0)
+		j->keeper_state = -e;
+	else {
+		pthread_mutex_lock(&j->keeper_lock);
+		while (j->keeper_state == 0)
+			pthread_cond_wait(&j->keeper_cond, &j->keeper_lock);
+		pthread_mutex_unlock(&j->keeper_lock);
+		if (j->keeper_state < 0)
+			pthread_join(j->keeper, NULL);
+	}
+	if (j->keeper_state < 0) {
+		e = -j->keeper_state;
+		pthread_cond_destroy(&j->keeper_cond);
+		pthread_mutex_destroy(&j->keeper_lock);
+		return loom_seterr(LOOM_ESYS, "rank %d: cannot hold its liveness mutex: %s", j->world_rank, strerror(e));
+	}
 	return LOOM_OK;
 }
 
 void shm_proc_end(loom_job_t *j)
 {
-	shm_rank_t *me = rank_rec(j->hdr, j->world_rank);
-	atomic_store(&me->proc, PROC_EXITED);
-	pthread_mutex_unlock(&me->alive);
+	if (j->keeper_state != 1)
+		return;
+	pthread_mutex_lock(&j->keeper_lock);
+	j->keeper_state = 2;
+	pthread_cond_broadcast(&j->keeper_cond);
+	pthread_mutex_unlock(&j->keeper_lock);
+	pthread_join(j->keeper, NULL);
+	pthread_cond_destroy(&j->keeper_cond);
+	pthread_mutex_destroy(&j->keeper_lock);
+	j->keeper_state = 0;
 }
 
 /* ---- liveness and failure ---------------------------------------------------------------- */

@@ -1,0 +1,22 @@
+/* run_opts.h: `loom run`'s command line and environment settings (internal to the CLI). */
+#ifndef LOOM_CLI_RUN_OPTS_H
+#define LOOM_CLI_RUN_OPTS_H
+
+#define RUN_MAX_RANKS 1024
+
+typedef struct {
+	int nproc;     /* ranks on this node (--nproc-per-node) */
+	int world;     /* ranks in the job: nproc * nnodes */
+	int node_rank, nnodes, standalone, port;
+	const char *addr;    /* MASTER_ADDR */
+	unsigned char *show; /* [world]: 1 when the rank's output is shown (--ranks); owned, free() it */
+	char **argv;         /* PROGRAM ARGS, NULL-terminated (points into the caller's argv) */
+	double grace_s;      /* LOOM_KILL_GRACE_S: SIGTERM to SIGKILL */
+	char job_id[64];     /* LOOM_JOB_ID: the caller's, or a fresh one */
+} run_opts_t;
+
+/* Parse `loom run`'s flags (argv[0] = "run") and environment into *o. Prints the help and exits 0
+ * for --help; prints a clear message and exits 2 for anything invalid (--nnodes > 1 included). */
+void run_parse_opts(int argc, char **argv, run_opts_t *o);
+
+#endif
