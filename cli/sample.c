@@ -109,7 +109,8 @@ static int encode(const loom_tokenizer_t *tok, const char *text, int *out, int c
 		for (int id = 0; id < tok->vocab_size; id++) {
 			int l;
 			const unsigned char *b = loom_tokenizer_decode(tok, id, &l);
-			if (id != tok->eot_token && b && l > best_len && (size_t)l <= len - pos && !memcmp(b, text + pos, (size_t)l))
+			if (id != tok->eot_token && b && l > best_len && (size_t)l <= len - pos &&
+			    !memcmp(b, text + pos, (size_t)l))
 				best = id, best_len = l;
 		}
 		if (best < 0)
@@ -143,22 +144,24 @@ int loom_cli_sample(int argc, char **argv)
 	loom_gpt2_t *m = NULL;
 	loom_tokenizer_t tok;
 	int *ids = NULL, *out = NULL, n_prompt, n_out = 0;
+#define FLAG(name) cli_flag(argc, argv, &i, name, &v)
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
 			fputs(usage_text, stdout);
 			return 0;
-		} else if (cli_flag(argc, argv, &i, "--model", &v)) model_arg = v;
-		else if (cli_flag(argc, argv, &i, "--prompt", &v)) prompt = v;
-		else if (cli_flag(argc, argv, &i, "--max-tokens", &v)) max_tokens = (int)cli_parse_int("sample", "--max-tokens", v);
-		else if (cli_flag(argc, argv, &i, "--temperature", &v)) temperature = cli_parse_double("sample", "--temperature", v);
-		else if (cli_flag(argc, argv, &i, "--top-k", &v)) top_k = (int)cli_parse_int("sample", "--top-k", v);
-		else if (cli_flag(argc, argv, &i, "--seed", &v)) seed = (uint64_t)cli_parse_int("sample", "--seed", v);
-		else if (cli_flag(argc, argv, &i, "--tokenizer", &v)) tok_flag = v;
-		else if (cli_flag(argc, argv, &i, "--n-head", &v)) n_head = (int)cli_parse_int("sample", "--n-head", v);
-		else if (cli_flag(argc, argv, &i, "--threads", &v)) threads = (int)cli_parse_int("sample", "--threads", v);
+		} else if (FLAG("--model")) model_arg = v;
+		else if (FLAG("--prompt")) prompt = v;
+		else if (FLAG("--max-tokens")) max_tokens = (int)cli_parse_int("sample", "--max-tokens", v);
+		else if (FLAG("--temperature")) temperature = cli_parse_double("sample", "--temperature", v);
+		else if (FLAG("--top-k")) top_k = (int)cli_parse_int("sample", "--top-k", v);
+		else if (FLAG("--seed")) seed = (uint64_t)cli_parse_int("sample", "--seed", v);
+		else if (FLAG("--tokenizer")) tok_flag = v;
+		else if (FLAG("--n-head")) n_head = (int)cli_parse_int("sample", "--n-head", v);
+		else if (FLAG("--threads")) threads = (int)cli_parse_int("sample", "--threads", v);
 		else
 			cli_die("sample", "unknown flag '%s' (see loom sample --help)", argv[i]);
 	}
+#undef FLAG
 	if (!model_arg)
 		cli_die("sample", "--model FILE is required");
 	if (max_tokens < 1)

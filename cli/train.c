@@ -48,6 +48,7 @@ static const char *const usage_text =
 	"checkpoints and logs:\n"
 	"  --save-dir DIR         write training checkpoints DIR/step_NNNNNNNN (always at the end)\n"
 	"  --save-every K         also every K steps\n"
+	"  --keep-checkpoints K   keep only the newest K checkpoints (default 0: all)\n"
 	"  --resume               continue from the latest complete checkpoint in --save-dir\n"
 	"  --eval-every K         evaluation interval in steps (default: only at the end)\n"
 	"  --eval-batches M       validation micro-batches per evaluation (default 20)\n"
@@ -128,6 +129,8 @@ static void parse(int argc, char **argv, opts_t *o)
 		else if (FLAG("--seed")) o->tc.seed = (uint64_t)int_in("--seed", v, 0, 1LL << 62);
 		else if (FLAG("--save-dir")) o->tc.save_dir = v;
 		else if (FLAG("--save-every")) o->tc.save_every = (int)int_in("--save-every", v, 0, 1 << 30);
+		else if (FLAG("--keep-checkpoints"))
+			o->tc.keep_checkpoints = (int)int_in("--keep-checkpoints", v, 0, 1 << 30);
 		else if (!strcmp(a, "--resume")) o->resume = 1;
 		else if (FLAG("--eval-every")) o->tc.eval_every = (int)int_in("--eval-every", v, 0, 1 << 30);
 		else if (FLAG("--eval-batches")) o->tc.eval_batches = (int)int_in("--eval-batches", v, 1, 1 << 30);

@@ -3,6 +3,7 @@
  * non-blocking collectives, point to point, and the failure paths (death, departure, timeout,
  * mismatched calls), each run as forked ranks under a timeout. Collective algorithms themselves are
  * tested in test_collectives.c. */
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -39,6 +40,35 @@ TEST(comm_init_ranks)
 {
 	CHECK_EQ(test_spawn(1, rank_basics, NULL, 20, NULL), 0);
 	CHECK_EQ(test_spawn(3, rank_basics, NULL, 20, NULL), 0);
+	return 0;
+}
+
+/* Joining on a thread that then ends must not look like death to the peers. */
+static void *init_on_thread(void *arg)
+{
+	loom_comm_init((loom_comm_t **)arg);
+	return NULL;
+}
+
+static int rank_thread_init(int rank, int n, void *arg)
+{
+	loom_comm_t *c = NULL;
+	pthread_t t;
+	int64_t x = rank;
+	(void)arg;
+	CHECK_EQ(pthread_create(&t, NULL, init_on_thread, &c), 0);
+	CHECK_EQ(pthread_join(t, NULL), 0);
+	CHECK(c != NULL);
+	usleep(150000); /* longer than a liveness check period */
+	CHECK_OK(loom_allreduce(c, &x, &x, 1, LOOM_INT64, LOOM_SUM));
+	CHECK_EQ(x, n * (n - 1) / 2);
+	CHECK_OK(loom_comm_destroy(c));
+	return 0;
+}
+
+TEST(comm_init_on_thread)
+{
+	CHECK_EQ(test_spawn(2, rank_thread_init, NULL, 20, NULL), 0);
 	return 0;
 }
 

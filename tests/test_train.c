@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "loom/ckpt.h"
 #include "loom/data.h"
@@ -95,7 +96,8 @@ TEST(train_resume_bit_identical)
 	CHECK_OK(loom_trainer_run(tb, rec, &lb));
 	CHECK_EQ(lb.last, 6);
 	for (int s = 4; s <= 6; s++) {
-		CHECK_MSG(la.loss[s] == lb.loss[s], "step %d: loss %.9g uninterrupted, %.9g resumed", s, la.loss[s], lb.loss[s]);
+		CHECK_MSG(la.loss[s] == lb.loss[s], "step %d: loss %.9g uninterrupted, %.9g resumed", s, la.loss[s],
+		          lb.loss[s]);
 		CHECK_FEQ(la.norm[s], lb.norm[s]);
 	}
 	CHECK(memcmp(loom_gpt2_params(a), loom_gpt2_params(b), n * sizeof(float)) == 0);
@@ -320,7 +322,8 @@ TEST(train_cli)
 	CHECK_CONTAINS(out, "valid values: 32, 64, 96");
 
 	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 "
-	         "--batch-size 2 --seq-len 16 --total-batch-size 64 --steps 3 --lr 1e-3 --save-dir %s/ck --threads 1 "
+	         "--batch-size 2 --seq-len 16 --total-batch-size 64 --steps 3 --lr 1e-3 --save-dir %s/ck --save-every 1 "
+	         "--keep-checkpoints 2 --threads 1 "
 	         "--peak-flops 1e10 --sample-every 3 --log %s/log.jsonl", loom, dir, dir, dir);
 	int st = test_run_cmd(cmd, out, sizeof out, 60);
 	CHECK_MSG(st == 0, "exit %d: %s", st, out);
@@ -329,6 +332,11 @@ TEST(train_cli)
 	CHECK_CONTAINS(out, "step 3/3 | loss ");
 	CHECK_CONTAINS(out, "| MFU ");
 	CHECK_CONTAINS(out, "--- sample at step 3 ---");
+	struct stat sb;
+	snprintf(tp, sizeof tp, "%s/ck/step_00000001", dir);
+	CHECK_MSG(stat(tp, &sb) != 0, "%s was not pruned (--keep-checkpoints 2)", tp);
+	snprintf(tp, sizeof tp, "%s/ck/step_00000002", dir);
+	CHECK_MSG(stat(tp, &sb) == 0, "%s is missing", tp);
 	/* the checkpoint holds the model and the tokenizer: loom sample finds both */
 	snprintf(cmd, sizeof cmd, "%s sample --model %s/ck/step_00000003/model.safetensors --prompt 'ab' "
 	         "--max-tokens 5 --temperature 0", loom, dir);

@@ -66,6 +66,7 @@ typedef struct {
 	int eval_batches;          /* micro-batches of the validation set per evaluation (windows 0..M-1) */
 	const char *save_dir;      /* training checkpoints go to save_dir/step_NNNNNNNN, or NULL */
 	int save_every;            /* every K steps (and at the last step); 0: only at the end */
+	int keep_checkpoints;      /* after saving, delete all but the newest K checkpoints; 0: keep all */
 	const char *log_path;      /* JSONL, one object per step (appended to when resuming), or NULL */
 	double peak_flops;         /* FLOP/s for MFU; <= 0: MFU is reported as 0 */
 	const char *tokenizer;     /* llm.c tokenizer file copied into every checkpoint (so that

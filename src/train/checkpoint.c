@@ -80,7 +80,9 @@ int loom_trainer_save(loom_trainer_t *tr)
 	    (rc = loom_ckpt_file(&w, "state.json", path, sizeof path)) || (rc = loom_kv_save(kv, path)))
 		goto fail;
 	loom_kv_destroy(kv);
-	return loom_ckpt_commit(&w);
+	if ((rc = loom_ckpt_commit(&w)) != LOOM_OK)
+		return rc;
+	return tr->cfg.keep_checkpoints > 0 ? loom_ckpt_prune(tr->cfg.save_dir, tr->cfg.keep_checkpoints) : LOOM_OK;
 fail:
 	loom_kv_destroy(kv);
 	loom_ckpt_abort(&w);
@@ -153,8 +155,9 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 	if ((rc = loom_model_config(file, tr->mcfg.n_head, &saved, NULL)) != LOOM_OK)
 		goto out;
 	if (memcmp(&saved, &tr->mcfg, sizeof saved) != 0) {
-		rc = loom_seterr(LOOM_EMISMATCH, "resume: %s holds a model L%d H%d C%d T%d V%d, this run's is L%d H%d C%d T%d V%d",
-		                 file, saved.n_layer, saved.n_head, saved.n_embd, saved.seq_len, saved.vocab_size,
+		rc = loom_seterr(LOOM_EMISMATCH,
+		                 "resume: %s holds a model L%d H%d C%d T%d V%d, this run's is L%d H%d C%d T%d V%d", file,
+		                 saved.n_layer, saved.n_head, saved.n_embd, saved.seq_len, saved.vocab_size,
 		                 tr->mcfg.n_layer, tr->mcfg.n_head, tr->mcfg.n_embd, tr->mcfg.seq_len, tr->mcfg.vocab_size);
 		goto out;
 	}
