@@ -117,6 +117,8 @@ int main(int argc, char **argv)
 			it = want < 20 ? 20 : want > 10000 ? 10000 : (long)want;
 		}
 		long wu = warmup >= 0 ? warmup : (it / 10 > 2 ? it / 10 : 2);
+		if (warmup < 0 && wu < (long)nslots) /* every slot once, as loom bench comm does */
+			wu = (long)nslots < it ? (long)nslots : it;
 		for (long i = 0; i < wu; i++)
 			run_once(op, (float *)(spool + (size_t)i % nslots * slot), (float *)(rpool + (size_t)i % nslots * slot),
 			         count, n);

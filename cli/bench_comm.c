@@ -190,6 +190,10 @@ static int bench_size(bench_t *b, loom_coll_t coll, size_t bytes)
 		iters = want < 20 ? 20 : want > 10000 ? 10000 : (long)want;
 	}
 	long warmup = b->warmup >= 0 ? b->warmup : LOOM_MAX(2, iters / 10);
+	/* Warm up on every slot of the pools once: a peer's first read of a registered page costs it a
+	 * page fault, which a training loop reusing its buffers pays once, not every step. */
+	if (b->warmup < 0)
+		warmup = LOOM_MAX(warmup, (long)LOOM_MIN(nslots, (size_t)iters));
 	int rc_ = 0;
 	for (long i = 0; i < warmup && !rc_; i++)
 		rc_ = run_once(b, coll, b->spool + (size_t)i % nslots * slot, b->rpool + (size_t)i % nslots * slot, count);

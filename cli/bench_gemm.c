@@ -31,10 +31,12 @@ int loom_cli_bench_gemm(int argc, char **argv)
 		} else if (cli_flag(argc, argv, &i, "--seconds", &v)) {
 			seconds = cli_parse_double("bench gemm", "--seconds", v);
 		} else if (cli_flag(argc, argv, &i, "--size", &v)) {
-			int n = sscanf(v, "%d,%d,%d", &M, &N, &K);
-			if (n == 1)
+			int used = -1;
+			if (sscanf(v, "%d,%d,%d%n", &M, &N, &K, &used) == 3 && v[used] == '\0')
+				;
+			else if (sscanf(v, "%d%n", &M, &used) == 1 && v[used] == '\0')
 				N = K = M;
-			else if (n != 3)
+			else
 				cli_die("bench gemm", "--size: '%s' is not N or M,N,K", v);
 			if (M <= 0 || N <= 0 || K <= 0)
 				cli_die("bench gemm", "--size: '%s' has a non-positive dimension", v);

@@ -344,3 +344,57 @@ TEST(algo_env)
 	CHECK_EQ(test_spawn(2, env_bad_rank, NULL, 30, bad), 0);
 	return 0;
 }
+
+/* Every data line of `loom bench comm` output ends in a #wrong of 0; returns how many lines. */
+static int bench_lines_ok(const char *out, int *wrong_lines)
+{
+	int lines = 0;
+	*wrong_lines = 0;
+	for (const char *p = out; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+		const char *q = p;
+		if (strncmp(q, "[rank 0] ", 9) == 0)
+			q += 9;
+		while (*q == ' ')
+			q++;
+		if (*q < '0' || *q > '9')
+			continue;
+		const char *end = strchr(q, '\n'), *last = end ? end : q + strlen(q);
+		while (last > q && last[-1] == ' ')
+			last--;
+		const char *tok = last;
+		while (tok > q && tok[-1] != ' ')
+			tok--;
+		lines++;
+		if (!(last - tok == 1 && *tok == '0'))
+			(*wrong_lines)++;
+	}
+	return lines;
+}
+
+TEST(bench_comm_smoke)
+{
+	static char out[1 << 16];
+	char cmd[512];
+	int wrong;
+	snprintf(cmd, sizeof cmd,
+	         "%s run --nproc-per-node 3 --ranks 0 %s bench comm --op all --min-bytes 8 --max-bytes 64K --iters 3 "
+	         "--registered 1 --verbose",
+	         test_loom_bin(), test_loom_bin());
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 0);
+	CHECK_CONTAINS(out, "memcpy baseline");
+	CHECK_CONTAINS(out, "# allreduce      rd if bytes <= ");
+	CHECK_CONTAINS(out, "busbw");
+	CHECK_CONTAINS(out, "# reduce_scatter\n");
+	CHECK_CONTAINS(out, "   tree ");
+	/* 14 sizes (8 B .. 64 KiB) x 5 operations, all correct */
+	CHECK_EQ(bench_lines_ok(out, &wrong), 14 * 5);
+	CHECK_EQ(wrong, 0);
+
+	snprintf(cmd, sizeof cmd, "%s bench comm --algo tree --op allgather", test_loom_bin());
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_CONTAINS(out, "\"tree\" does not implement allgather");
+	snprintf(cmd, sizeof cmd, "%s bench comm --op alltoall", test_loom_bin());
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_CONTAINS(out, "--op: 'alltoall' is not");
+	return 0;
+}

@@ -98,6 +98,10 @@ static int ddp_average_rank(int rank, int nranks, void *arg)
 	CHECK_EQ(st.buckets, nb);
 	loom_comm_stats(comm, &s0);
 	CHECK_EQ(s0.collectives - s1.collectives, nb); /* one all-reduce per bucket, nothing else */
+	/* With the buckets a partition (ddp_buckets_partition), the payload of exactly n floats means that
+	 * every gradient was reduced exactly once. */
+	CHECK_EQ(s0.bytes - s1.bytes, n * sizeof(float));
+	CHECK(loom_ddp_zero_copy(d));
 
 	CHECK_OK(loom_allgather(comm, local, all, n, LOOM_FLOAT32));
 	const float *g = loom_gpt2_grads(m);
@@ -114,9 +118,13 @@ static int ddp_average_rank(int rank, int nranks, void *arg)
 	for (int r = 0; r < nranks; r++)
 		CHECK_EQ(sums[r], sums[0]);
 	CHECK_OK(loom_ddp_check_replicas(d));
+	/* destroying the DDP gives the model its own buffer back, with the same gradients */
+	loom_ddp_destroy(d);
+	CHECK(loom_gpt2_grads(m) != g);
+	CHECK_EQ(loom_checksum_f32(loom_gpt2_grads(m), n), mine);
+	CHECK_OK(loom_gpt2_forward_backward(m, inp, tgt, 2, 8, 1.0f, &loss));
 	free(local), free(all);
 	loom_gpt2_destroy(m);
-	loom_ddp_destroy(d);
 	loom_comm_destroy(comm);
 	return 0;
 }
@@ -131,6 +139,84 @@ TEST(ddp_average_3ranks_one_bucket)
 {
 	double mb = 25;
 	return test_spawn(3, ddp_average_rank, &mb, 60, NULL);
+}
+
+TEST(ddp_average_2ranks_tensor_buckets)
+{
+	double mb = 1e-6; /* every tensor in a bucket of its own */
+	return test_spawn(2, ddp_average_rank, &mb, 60, NULL);
+}
+
+/* Gradient accumulation over 3 micro-steps: the first two communicate nothing at all (counted), the
+ * last one all-reduces each bucket once, and the result is the average over ranks of each rank's
+ * local accumulated gradient. */
+static int ddp_accum_rank(int rank, int nranks, void *arg)
+{
+	enum { ACCUM = 3 };
+	loom_comm_t *comm;
+	loom_gpt2_t *m;
+	loom_ddp_t *d;
+	loom_comm_stats_t s0, s1;
+	loom_ddp_stats_t st;
+	int inp[16], tgt[16];
+	float loss;
+	size_t n = loom_gpt2_num_params(&tiny);
+	(void)arg;
+	CHECK_OK(loom_comm_init(&comm));
+	CHECK_OK(loom_gpt2_create(&m, &tiny, 2, 8));
+	loom_gpt2_init(m, 99);
+	CHECK_OK(loom_ddp_create(&d, comm, m, 0.004, 0.001));
+	int nb = loom_ddp_bucket(d, 0, NULL, NULL);
+	CHECK(nb > 2);
+	float *local = malloc(n * sizeof(float)), *all = malloc(n * sizeof(float) * (size_t)nranks);
+	CHECK(local && all);
+
+	/* reference: the local accumulated gradient, every micro-step without sync */
+	loom_gpt2_zero_grad(m);
+	for (int j = 0; j < ACCUM; j++) {
+		batch(rank, j, inp, tgt, 16);
+		loom_ddp_set_sync(d, 0);
+		CHECK_OK(loom_gpt2_forward_backward(m, inp, tgt, 2, 8, 1.0f / ACCUM, &loss));
+		CHECK_OK(loom_ddp_wait(d, &st));
+	}
+	memcpy(local, loom_gpt2_grads(m), n * sizeof(float));
+
+	/* the same accumulation as a trainer runs it: sync on the last micro-step only */
+	loom_gpt2_zero_grad(m);
+	for (int j = 0; j < ACCUM; j++) {
+		batch(rank, j, inp, tgt, 16);
+		loom_ddp_set_sync(d, j == ACCUM - 1);
+		loom_comm_stats(comm, &s0);
+		CHECK_OK(loom_gpt2_forward_backward(m, inp, tgt, 2, 8, 1.0f / ACCUM, &loss));
+		CHECK_OK(loom_ddp_wait(d, &st));
+		loom_comm_stats(comm, &s1);
+		CHECK_EQ(s1.collectives - s0.collectives, j == ACCUM - 1 ? nb : 0);
+		CHECK_EQ(s1.bytes - s0.bytes, j == ACCUM - 1 ? n * sizeof(float) : 0);
+		CHECK_EQ(st.buckets, j == ACCUM - 1 ? nb : 0);
+	}
+	CHECK_OK(loom_allgather(comm, local, all, n, LOOM_FLOAT32));
+	const float *g = loom_gpt2_grads(m);
+	for (size_t i = 0; i < n; i++) {
+		double ref = 0;
+		for (int r = 0; r < nranks; r++)
+			ref += all[(size_t)r * n + i];
+		ref /= nranks;
+		CHECK_NEAR(g[i], ref, 1e-6 * (1 + fabs(ref)));
+	}
+	/* a sync micro-step whose gradients were never produced is reported, not waited on forever */
+	loom_ddp_set_sync(d, 1);
+	CHECK_ERR(loom_ddp_wait(d, &st), LOOM_ESTATE);
+	CHECK_CONTAINS(loom_errmsg(), "never complete");
+	free(local), free(all);
+	loom_ddp_destroy(d);
+	loom_gpt2_destroy(m);
+	loom_comm_destroy(comm);
+	return 0;
+}
+
+TEST(ddp_accum_no_comm_2ranks)
+{
+	return test_spawn(2, ddp_accum_rank, NULL, 60, NULL);
 }
 
 /* Rank 1 holds different parameters: the replica check names it on every rank. */
@@ -149,8 +235,8 @@ static int ddp_mismatch_rank(int rank, int nranks, void *arg)
 		loom_gpt2_params(m)[5] += 1.0f;
 	CHECK_ERR(loom_ddp_check_replicas(d), LOOM_EMISMATCH);
 	CHECK_CONTAINS(loom_errmsg(), "rank(s) 1 differ");
-	loom_gpt2_destroy(m);
 	loom_ddp_destroy(d);
+	loom_gpt2_destroy(m);
 	loom_comm_destroy(comm);
 	return 0;
 }

@@ -416,3 +416,79 @@ TEST(gpt2_threads_agree)
 	loom_gpt2_destroy(m);
 	return 0;
 }
+
+TEST(gpt2_profile_report)
+{
+	loom_gpt2_t *m;
+	int in[16], tg[16];
+	float loss;
+	char text[4096] = {0};
+	CHECK_OK(loom_gpt2_create(&m, &tiny_cfg, 2, 8));
+	loom_gpt2_init(m, 1);
+	random_tokens(in, 16, 11, 3);
+	random_tokens(tg, 16, 11, 4);
+	loom_gpt2_profile(m, 1);
+	CHECK_OK(loom_gpt2_forward_backward(m, in, tg, 2, 8, 1.0f, &loss));
+	CHECK_OK(loom_gpt2_forward_backward(m, in, tg, 2, 8, 1.0f, &loss));
+	FILE *f = tmpfile();
+	CHECK(f != NULL);
+	loom_gpt2_profile_report(m, f, 2);
+	rewind(f);
+	size_t n = fread(text, 1, sizeof text - 1, f);
+	fclose(f);
+	CHECK(n > 0);
+	/* per step: 2 layers x 4 matmuls forward and backward, 2 x 2 + 1 LayerNorms */
+	CHECK_CONTAINS(text, "matmul_forward");
+	CHECK_CONTAINS(text, "matmul_backward");
+	CHECK_CONTAINS(text, "attention_backward");
+	CHECK_CONTAINS(text, "total (timed kernels)");
+	const char *line = strstr(text, "matmul_forward");
+	double ms, calls;
+	CHECK_EQ(sscanf(line + strlen("matmul_forward"), "%lf %lf", &ms, &calls), 2);
+	CHECK_FEQ(calls, 8.0);
+	line = strstr(text, "layernorm_forward");
+	CHECK_EQ(sscanf(line + strlen("layernorm_forward"), "%lf %lf", &ms, &calls), 2);
+	CHECK_FEQ(calls, 5.0);
+	/* the report reset the counters; with profiling off nothing is counted */
+	loom_gpt2_profile(m, 0);
+	CHECK_OK(loom_gpt2_forward_backward(m, in, tg, 2, 8, 1.0f, &loss));
+	f = tmpfile();
+	loom_gpt2_profile_report(m, f, 1);
+	rewind(f);
+	memset(text, 0, sizeof text);
+	CHECK(fread(text, 1, sizeof text - 1, f) > 0);
+	fclose(f);
+	CHECK(strstr(text, "matmul_forward") == NULL);
+	loom_gpt2_destroy(m);
+	return 0;
+}
+
+TEST(gpt2_last_logits_match_loss)
+{
+	/* logits of the last position of each row (forward without targets) give, through log-softmax,
+	 * the same per-position losses as the fused classifier of a forward with targets */
+	loom_gpt2_t *m;
+	int B = 3, T = 7, in[21], tg[21], V = tiny_cfg.vocab_size;
+	float loss;
+	CHECK_OK(loom_gpt2_create(&m, &tiny_cfg, 4, 8));
+	randomize(m, 0.3, 31);
+	random_tokens(in, B * T, V, 32);
+	random_tokens(tg, B * T, V, 33);
+	CHECK_OK(loom_gpt2_forward(m, in, tg, B, T, &loss));
+	float want[3];
+	for (int b = 0; b < B; b++)
+		want[b] = m->losses[b * T + T - 1];
+	CHECK_OK(loom_gpt2_forward(m, in, NULL, B, T, NULL));
+	const float *z = loom_gpt2_logits(m);
+	for (int b = 0; b < B; b++) {
+		double mx = -INFINITY, s = 0.0;
+		for (int v = 0; v < V; v++)
+			mx = fmax(mx, z[b * V + v]);
+		for (int v = 0; v < V; v++)
+			s += exp(z[b * V + v] - mx);
+		double got = log(s) + mx - z[b * V + tg[b * T + T - 1]];
+		CHECK_NEAR(got, want[b], 1e-5 * fabs(want[b]) + 1e-6);
+	}
+	loom_gpt2_destroy(m);
+	return 0;
+}

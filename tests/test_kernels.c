@@ -506,3 +506,37 @@ TEST(kernels_classifier_backward_fd)
 	free(x), free(wte), free(loss), free(logits), free(dx), free(dw), free(dx_r), free(dw_r), free(c.x), free(c.w);
 	return 0;
 }
+
+/* ---- threads, measured sgemm throughput, `loom bench gemm` ------------------------------------ */
+
+TEST(kernels_threads_and_gemm_flops)
+{
+	int saved = loom_num_threads();
+	CHECK_EQ(loom_set_num_threads(1), 1);
+	CHECK_EQ(loom_num_threads(), 1);
+	CHECK_EQ(loom_set_num_threads(0), omp_get_num_procs());
+	CHECK_EQ(loom_set_num_threads(2), 2);
+	/* a measurement restores the thread count; bad shapes measure nothing */
+	double f = loom_gemm_flops(1, 64, 48, 32, 0.0);
+	CHECK_MSG(f > 1e6 && f < 1e13, "%g FLOP/s", f);
+	CHECK_EQ(loom_num_threads(), 2);
+	CHECK_FEQ(loom_gemm_flops(1, 0, 48, 32, 0.0), 0.0);
+	loom_set_num_threads(saved);
+	return 0;
+}
+
+TEST(kernels_bench_gemm_cli)
+{
+	char cmd[512], out[4096];
+	snprintf(cmd, sizeof cmd, "%s bench gemm --threads 1 --size 96,64,32 --seconds 0.01", test_loom_bin());
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 0);
+	CHECK_CONTAINS(out, "sgemm 96x64x32, 1 thread: ");
+	CHECK_CONTAINS(out, " GFLOP/s");
+	snprintf(cmd, sizeof cmd, "%s bench gemm --size 0,4,4", test_loom_bin());
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 2);
+	CHECK_CONTAINS(out, "--size: '0,4,4' has a non-positive dimension");
+	snprintf(cmd, sizeof cmd, "%s bench gemm --size 7,x", test_loom_bin());
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 2);
+	CHECK_CONTAINS(out, "is not N or M,N,K");
+	return 0;
+}

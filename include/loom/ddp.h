@@ -7,8 +7,9 @@
  * rest of backward; loom_ddp_wait() waits for all of them before the optimizer step. On accumulation
  * micro-steps before the last, nothing is communicated (loom_ddp_set_sync(d, 0): PyTorch's no_sync).
  *
- * Not thread-safe: one training thread drives a loom_ddp_t. Destroy the model before (or stop using
- * it after) destroying its loom_ddp_t, since the model's gradients live in the DDP's memory. */
+ * Not thread-safe: one training thread drives a loom_ddp_t. Destroy the loom_ddp_t before its model
+ * and before the communicator: destroying it gives the model back its own gradient buffer (with the
+ * current values) and removes the grad-ready callback, so the model stays usable on its own. */
 #ifndef LOOM_DDP_H
 #define LOOM_DDP_H
 
@@ -34,7 +35,9 @@ typedef struct {
  * bucket's size (PyTorch's 1). Registers the model's grad-ready callback and moves its gradients
  * (keeping their values) into shared memory when possible. */
 int loom_ddp_create(loom_ddp_t **d, loom_comm_t *comm, loom_gpt2_t *model, double bucket_mb, double first_bucket_mb);
-void loom_ddp_destroy(loom_ddp_t *d); /* safe on NULL */
+/* Waits for any all-reduce still in flight, detaches from the model (see above), frees everything.
+ * Safe on NULL. */
+void loom_ddp_destroy(loom_ddp_t *d);
 
 /* 1 (default): the next micro-step's gradients are averaged across ranks as they are produced.
  * 0: accumulate locally, communicate nothing (micro-steps before the last of an accumulation). */

@@ -61,7 +61,7 @@ const char *loom_comm_errmsg(const loom_comm_t *comm)
 	return comm ? comm->errmsg : "";
 }
 
-int comm_check_usable(loom_comm_t *c, const char *op, uint64_t seq)
+int comm_check_usable(loom_comm_t *c, const char *op)
 {
 	int code;
 	if (!c->hdr)
@@ -69,7 +69,6 @@ int comm_check_usable(loom_comm_t *c, const char *op, uint64_t seq)
 	code = atomic_load(&c->hdr->abort_code);
 	if (code == 0)
 		return LOOM_OK;
-	(void)seq;
 	return loom_comm_fail(c, code, "the communicator is unusable after an earlier failure: %s", c->hdr->abort_msg);
 }
 
@@ -201,18 +200,18 @@ static int parse_config(loom_comm_t *c)
 		if (loom_algo_parse(algo, c->forced, err, sizeof err) != LOOM_OK)
 			return loom_seterr(LOOM_EINVAL, "loom_comm_init: LOOM_ALGO=\"%s\": %s", algo, err);
 	}
-	/* More ranks than cores: spinning or yielding only steals the time the awaited rank needs, so
-	 * sleep at once (8 ranks on 2 cores: large all-reduces ran 2x faster than with 20-100 us of
-	 * sched_yield first). LOOM_SPIN_US / LOOM_YIELD_US override, for tuning. */
+	/* Waiting: spin, then futex sleep. Spinning only pays when the awaited rank runs on another core
+	 * and answers soon. With more ranks than cores it only steals the time the awaited rank needs
+	 * (8 ranks on 2 cores: large all-reduces ran 2x faster sleeping at once). With fewer, small
+	 * messages spin up to 50 us (latency), while waits for large transfers sleep after 5 us: on a
+	 * busy machine two ranks often share a core, and long spins starve the peer (16 MiB all-reduce
+	 * 2x faster than with 50 us spins). LOOM_SPIN_US / LOOM_SPIN_SMALL_US override, for tuning. */
 	if (ncpu > 0 && c->size > ncpu)
-		c->spin_us = 0, c->yield_us = 0;
-	else /* short: on a busy machine two ranks often share a core, and long spins starve the peer
-	      * (measured: 16 MiB all-reduce 2x faster spinning 5 us than 50 us plus yields to 1 ms).
-	      * Both are times from the start of a wait: spin until spin_us, sched_yield until yield_us,
-	      * then futex sleep. */
-		c->spin_us = 5, c->yield_us = 5;
+		c->spin_us = 0, c->spin_small_us = 0;
+	else
+		c->spin_us = 5, c->spin_small_us = 50;
 	c->spin_us = (int)loom_env_long("LOOM_SPIN_US", c->spin_us, NULL);
-	c->yield_us = (int)loom_env_long("LOOM_YIELD_US", c->yield_us, NULL);
+	c->spin_small_us = (int)loom_env_long("LOOM_SPIN_SMALL_US", c->spin_small_us, NULL);
 	return LOOM_OK;
 }
 
@@ -242,7 +241,7 @@ static void job_release(loom_job_t *j)
 	if (!last)
 		return;
 	if (j->hdr) {
-		heap_free_all(j);
+		shm_heap_free_all(j);
 		shm_proc_end(j);
 		munmap(j->base, j->bytes);
 	}
@@ -255,7 +254,7 @@ static void comm_free(loom_comm_t *c)
 {
 	for (int s = 0; s < 2; s++) {
 		if (c->scratch_heap[s])
-			heap_free(c->job, c->scratch[s]);
+			shm_heap_free(c->job, c->scratch[s]);
 		else
 			loom_free_aligned(c->scratch[s]);
 	}
@@ -345,7 +344,7 @@ int loom_comm_init(loom_comm_t **comm)
 	}
 	loom_cur = (loom_opctx_t){c, "init", 0, loom_now() + c->timeout_s};
 	rc = shm_open_segment(c, name, rank == 0, (size_t)shm_mb << 20, &j->fd);
-	if (rc == LOOM_OK && (rc = heap_init(j)) != LOOM_OK)
+	if (rc == LOOM_OK && (rc = shm_heap_init(j)) != LOOM_OK)
 		loom_comm_fail(c, rc, "%s", loom_errmsg());
 	if (rc == LOOM_OK)
 		rc = check_config(c);
@@ -365,7 +364,7 @@ int loom_comm_destroy(loom_comm_t *comm)
 {
 	if (!comm)
 		return LOOM_OK;
-	req_shutdown(comm);
+	comm_req_shutdown(comm);
 	shm_depart(comm);
 	comm_free(comm);
 	return LOOM_OK;
@@ -401,11 +400,11 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 	*out = NULL;
 	if (color < 0 && color != LOOM_UNDEFINED)
 		return loom_comm_fail(c, LOOM_EINVAL, "split: color %d must be >= 0 or LOOM_UNDEFINED", color);
-	req_drain(c);
+	comm_req_drain(c);
 	loom_cur = (loom_opctx_t){c, "split", ++c->coll_seq, loom_now() + c->timeout_s};
 	split_no = ++c->split_count;
 	shm_publish_seq(c, loom_cur.seq, -1);
-	if ((rc = comm_check_usable(c, "split", loom_cur.seq)) != LOOM_OK)
+	if ((rc = comm_check_usable(c, "split")) != LOOM_OK)
 		goto done;
 	all = calloc((size_t)c->size, sizeof *all);
 	members = calloc((size_t)c->size, sizeof *members);
@@ -446,7 +445,7 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 	for (int i = 0; i < m; i++)
 		sub->world_of[i] = c->world_of[members[i]];
 	snprintf(sub->name, sizeof sub->name, "%s", name);
-	sub->timeout_s = c->timeout_s, sub->debug = c->debug, sub->spin_us = c->spin_us, sub->yield_us = c->yield_us;
+	sub->timeout_s = c->timeout_s, sub->debug = c->debug, sub->spin_us = c->spin_us, sub->spin_small_us = c->spin_small_us;
 	memcpy(sub->forced, c->forced, sizeof c->forced);
 	loom_cur.c = sub;
 	rc = shm_open_segment(sub, name, me == 0, 0, NULL);
@@ -573,7 +572,7 @@ int comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
 	double t0 = loom_now();
 	loom_cur = (loom_opctx_t){c, loom_coll_name(a->coll), seq, t0 + c->timeout_s};
 	shm_publish_seq(c, seq, (int)a->coll);
-	rc = comm_check_usable(c, loom_cur.op, seq);
+	rc = comm_check_usable(c, loom_cur.op);
 	if (rc == LOOM_OK && c->debug)
 		rc = check_fingerprint(c, a, seq);
 	if (rc == LOOM_OK)
@@ -608,7 +607,7 @@ static int coll(loom_comm_t *c, loom_coll_args_t a)
 		return loom_seterr(LOOM_EINVAL, "%s: communicator is NULL", loom_coll_name(a.coll));
 	if ((rc = comm_validate(c, &a)) != LOOM_OK)
 		return rc;
-	req_drain(c);
+	comm_req_drain(c);
 	return comm_exec(c, &a, ++c->coll_seq);
 }
 
@@ -662,7 +661,7 @@ static int p2p(loom_comm_t *c, int send, void *buf, size_t count, loom_dtype_t d
 		rc = loom_comm_fail(c, LOOM_EINVAL, "count %zu overflows the address space", count);
 	else if (count && !buf)
 		rc = loom_comm_fail(c, LOOM_EINVAL, "buffer is NULL with count %zu", count);
-	else if ((rc = comm_check_usable(c, op, 0)) == LOOM_OK) {
+	else if ((rc = comm_check_usable(c, op)) == LOOM_OK) {
 		if (send)
 			rc = shm_sendrecv(c, CHAN_P2P, peer, buf, count * es, tag, -1, NULL, 0, 0, NULL, dt, LOOM_SUM);
 		else
@@ -709,14 +708,14 @@ void *loom_comm_scratch(loom_comm_t *c, int slot, size_t bytes)
 		return c->scratch[slot];
 	old = c->scratch_bytes[slot];
 	if (c->scratch_heap[slot])
-		heap_free(c->job, c->scratch[slot]);
+		shm_heap_free(c->job, c->scratch[slot]);
 	else
 		loom_free_aligned(c->scratch[slot]);
 	c->scratch[slot] = NULL, c->scratch_bytes[slot] = 0;
 	want = LOOM_MAX(bytes, (size_t)64 << 10);
 	if (old && old < SIZE_MAX / 2 && want < old * 2)
 		want = old * 2; /* grow geometrically */
-	c->scratch[slot] = heap_alloc(c->job, want);
+	c->scratch[slot] = shm_heap_alloc(c->job, want);
 	c->scratch_heap[slot] = c->scratch[slot] != NULL;
 	if (!c->scratch[slot])
 		c->scratch[slot] = loom_alloc_aligned(want);
@@ -733,11 +732,11 @@ void *loom_comm_alloc(loom_comm_t *c, size_t bytes)
 		loom_seterr(LOOM_EINVAL, "loom_comm_alloc: communicator is NULL");
 		return NULL;
 	}
-	return heap_alloc(c->job, bytes);
+	return shm_heap_alloc(c->job, bytes);
 }
 
 void loom_comm_free(loom_comm_t *c, void *p)
 {
 	if (c && p)
-		heap_free(c->job, p); /* a pointer not from loom_comm_alloc is ignored */
+		shm_heap_free(c->job, p); /* a pointer not from loom_comm_alloc is ignored */
 }

@@ -48,6 +48,7 @@ typedef struct {
 	int pid;
 	atomic_ullong seq; /* sequence number of the collective this rank last entered */
 	atomic_int coll;   /* its loom_coll_t */
+	atomic_int cpu;    /* where this rank last started waiting (sched_getcpu), to spot shared cores */
 	/* Small all-to-all exchange through the header (split, LOOM_DEBUG fingerprints), double buffered. */
 	_Alignas(64) atomic_ullong board_seq[2];
 	unsigned char board[2][SHM_BOARD_BYTES];
@@ -92,6 +93,7 @@ typedef struct {
 	atomic_uint attached;
 	_Alignas(64) atomic_int abort_code; /* first fatal error any rank hit on this communicator */
 	atomic_int abort_rank;
+	atomic_int abort_claim; /* the first failing rank claims it, writes abort_msg, then the code */
 	char abort_msg[SHM_ABORT_MSG];
 } shm_hdr_t;
 
@@ -136,7 +138,7 @@ struct loom_comm {
 	int *world_of; /* world rank of each member */
 	double timeout_s;
 	int debug;
-	int spin_us, yield_us; /* waiting policy (shorter when ranks outnumber cores) */
+	int spin_us, spin_small_us; /* waiting policy: spin this long, then sleep (see parse_config) */
 	loom_algo_t forced[LOOM_COLL_COUNT];
 	uint64_t coll_seq, p2p_seq, board_count, split_count;
 	atomic_ullong st_colls, st_bytes, st_ns; /* loom_comm_stats (updated by whichever thread ran it) */
@@ -196,13 +198,13 @@ void shm_abort(loom_comm_t *c, int code, const char *msg);
 
 /* ---- shm_heap.c ------------------------------------------------------------------------------ */
 
-int heap_init(loom_job_t *j);
-void heap_free_all(loom_job_t *j);
-void *heap_alloc(loom_job_t *j, size_t bytes);
+int shm_heap_init(loom_job_t *j);
+void shm_heap_free_all(loom_job_t *j);
+void *shm_heap_alloc(loom_job_t *j, size_t bytes);
 /* Returns 1 when p was a heap block (and was freed), 0 when p is not from the heap. */
-int heap_free(loom_job_t *j, void *p);
+int shm_heap_free(loom_job_t *j, void *p);
 /* 1 when [p, p+bytes) lies in the shared heaps of the job. */
-static inline int heap_contains(const loom_job_t *j, const void *p, size_t bytes)
+static inline int shm_heap_contains(const loom_job_t *j, const void *p, size_t bytes)
 {
 	const char *q = p;
 	return j && q >= j->heap_lo && q < j->heap_hi && bytes <= (size_t)(j->heap_hi - q);
@@ -215,15 +217,15 @@ int comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq);
 /* Validate a collective's arguments: LOOM_OK or LOOM_EINVAL recorded on c. */
 int comm_validate(loom_comm_t *c, const loom_coll_args_t *a);
 /* Fail fast when the communicator is unusable after an earlier fatal error; LOOM_OK otherwise. */
-int comm_check_usable(loom_comm_t *c, const char *op, uint64_t seq);
+int comm_check_usable(loom_comm_t *c, const char *op);
 
 /* ---- request.c ------------------------------------------------------------------------------- */
 
 /* Wait until no non-blocking collective is queued or running (called by blocking collectives). */
-void req_drain(loom_comm_t *c);
+void comm_req_drain(loom_comm_t *c);
 /* Stop the progress thread after draining; free leftover requests. */
-void req_shutdown(loom_comm_t *c);
+void comm_req_shutdown(loom_comm_t *c);
 /* Queue a validated collective; *req receives the request. */
-int req_submit(loom_comm_t *c, const loom_coll_args_t *a, loom_request_t **req);
+int comm_req_submit(loom_comm_t *c, const loom_coll_args_t *a, loom_request_t **req);
 
 #endif

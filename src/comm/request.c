@@ -47,7 +47,7 @@ static void *progress_main(void *arg)
 	return NULL;
 }
 
-void req_drain(loom_comm_t *c)
+void comm_req_drain(loom_comm_t *c)
 {
 	pthread_mutex_lock(&c->q_lock);
 	while (c->q_head || c->q_running)
@@ -55,7 +55,7 @@ void req_drain(loom_comm_t *c)
 	pthread_mutex_unlock(&c->q_lock);
 }
 
-void req_shutdown(loom_comm_t *c)
+void comm_req_shutdown(loom_comm_t *c)
 {
 	pthread_mutex_lock(&c->q_lock);
 	c->q_stop = 1;
@@ -66,7 +66,7 @@ void req_shutdown(loom_comm_t *c)
 	c->q_thread_started = 0;
 }
 
-int req_submit(loom_comm_t *c, const loom_coll_args_t *a, loom_request_t **req)
+int comm_req_submit(loom_comm_t *c, const loom_coll_args_t *a, loom_request_t **req)
 {
 	loom_request_t *r = calloc(1, sizeof *r);
 	if (!r)
@@ -146,7 +146,7 @@ static int icoll(loom_comm_t *c, loom_coll_args_t a, loom_request_t **req)
 		return loom_seterr(LOOM_EINVAL, "%s: communicator is NULL", loom_coll_name(a.coll));
 	if ((rc = comm_validate(c, &a)) != LOOM_OK)
 		return rc;
-	return req_submit(c, &a, req);
+	return comm_req_submit(c, &a, req);
 }
 
 int loom_iallreduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op,

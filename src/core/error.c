@@ -1,6 +1,7 @@
 /* error.c: loom_strerror from the LOOM_ERRORS list, and the thread-local detail of the last failure. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "core/util.h"
 
@@ -24,10 +25,14 @@ const char *loom_errmsg(void)
 
 int loom_seterr(int code, const char *fmt, ...)
 {
+	/* Formatted into a local buffer first: callers often wrap the previous message, passing
+	 * loom_errmsg() itself as an argument, and vsnprintf's source and destination must not overlap. */
+	char tmp[sizeof last_msg];
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(last_msg, sizeof last_msg, fmt, ap);
+	vsnprintf(tmp, sizeof tmp, fmt, ap);
 	va_end(ap);
+	memcpy(last_msg, tmp, sizeof last_msg);
 	return code;
 }
 

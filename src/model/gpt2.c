@@ -23,16 +23,12 @@
 
 float *gpt2_param(loom_gpt2_t *m, int i)
 {
-	loom_tensor_info_t ti;
-	loom_gpt2_tensor_info(&m->cfg, i, &ti);
-	return m->params + ti.offset;
+	return m->params + m->offset[i];
 }
 
 float *gpt2_grad(loom_gpt2_t *m, int i)
 {
-	loom_tensor_info_t ti;
-	loom_gpt2_tensor_info(&m->cfg, i, &ti);
-	return m->grads + ti.offset;
+	return m->grads + m->offset[i];
 }
 
 /* Tensor index of layer l's j-th tensor (j in the order of gpt2.h). */
@@ -106,8 +102,14 @@ int loom_gpt2_create(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, int B, in
 	long chunk = loom_env_long("LOOM_CLS_CHUNK", DEFAULT_CHUNK, NULL);
 	m->chunk = (int)LOOM_MAX(1, LOOM_MIN(chunk, (long)B * T));
 	m->att_threads = LOOM_MAX(omp_get_max_threads(), omp_get_num_procs());
-	if (!(m->layers = calloc((size_t)cfg->n_layer, sizeof *m->layers)))
+	if (!(m->layers = calloc((size_t)cfg->n_layer, sizeof *m->layers)) ||
+	    !(m->offset = calloc((size_t)loom_gpt2_num_tensors(cfg), sizeof *m->offset)))
 		goto nomem;
+	for (int i = 0; i < loom_gpt2_num_tensors(cfg); i++) {
+		loom_tensor_info_t ti;
+		loom_gpt2_tensor_info(cfg, i, &ti);
+		m->offset[i] = ti.offset;
+	}
 	if (!(m->params = loom_alloc_aligned(m->nparams * sizeof(float))) ||
 	    !(m->grads_own = loom_alloc_aligned(m->nparams * sizeof(float))))
 		goto nomem;
@@ -133,6 +135,7 @@ void loom_gpt2_destroy(loom_gpt2_t *m)
 	loom_free_aligned(m->params);
 	loom_free_aligned(m->grads_own);
 	free(m->layers);
+	free(m->offset);
 	free(m);
 }
 
@@ -165,10 +168,6 @@ void loom_gpt2_on_grad_ready(loom_gpt2_t *m, loom_grad_ready_fn fn, void *ctx)
 	m->on_ready_ctx = ctx;
 }
 
-void loom_gpt2_zero_grad(loom_gpt2_t *m)
-{
-	memset(m->grads, 0, m->nparams * sizeof(float));
-}
 
 void loom_gpt2_init(loom_gpt2_t *m, uint64_t seed)
 {
@@ -223,43 +222,41 @@ static int check_call(const loom_gpt2_t *m, const int *inputs, const int *target
 	return LOOM_OK;
 }
 
-#define PROF(k, stmt)                                                                                              \
+#define PROF(k, stmt) PROFF(k, 0.0, stmt)
+/* ... also counting `flops` floating-point operations for the report's GFLOP/s column */
+#define PROFF(k, flops, stmt)                                                                                      \
 	do {                                                                                                           \
 		double t0_ = m->prof_on ? loom_now() : 0.0;                                                                \
 		stmt;                                                                                                      \
 		if (m->prof_on)                                                                                            \
-			gpt2_prof_add(m, PROF_##k, t0_);                                                                       \
+			gpt2_prof_add(m, PROF_##k, t0_, (flops));                                                              \
 	} while (0)
 
 void gpt2_forward_body(loom_gpt2_t *m, const int *inputs, int B, int T)
 {
-	int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
+	int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T, nt = loom_gpt2_num_tensors(&m->cfg);
 	size_t NC = (size_t)N * C;
+	double fN = N, fC = C; /* for the flop counts */
 	PROF(ENCODER, encoder_forward(m->encoded, inputs, gpt2_param(m, 0), gpt2_param(m, 1), B, T, C));
 	const float *res = m->encoded;
 	for (int l = 0; l < m->cfg.n_layer; l++) {
 		layer_acts_t *a = &m->layers[l];
-		PROF(LAYERNORM, layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, gpt2_param(m, lt(l, LN1_W)),
-		                                  gpt2_param(m, lt(l, LN1_B)), N, C));
-		PROF(MATMUL, matmul_forward(a->qkv, a->ln1, gpt2_param(m, lt(l, QKV_W)), gpt2_param(m, lt(l, QKV_B)), N, C,
-		                            3 * C));
-		PROF(ATTENTION, attention_forward(a->atty, a->att, a->qkv, B, T, C, NH));
-		PROF(MATMUL, matmul_forward(a->res2, a->atty, gpt2_param(m, lt(l, ATTPROJ_W)),
-		                            gpt2_param(m, lt(l, ATTPROJ_B)), N, C, C));
+#define W(j) gpt2_param(m, lt(l, j))
+		PROF(LAYERNORM, layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, W(LN1_W), W(LN1_B), N, C));
+		PROFF(MATMUL, 6 * fN * fC * fC, matmul_forward(a->qkv, a->ln1, W(QKV_W), W(QKV_B), N, C, 3 * C));
+		PROFF(ATTENTION, 4.0 * B * T * T * fC, attention_forward(a->atty, a->att, a->qkv, B, T, C, NH));
+		PROFF(MATMUL, 2 * fN * fC * fC, matmul_forward(a->res2, a->atty, W(ATTPROJ_W), W(ATTPROJ_B), N, C, C));
 		PROF(RESIDUAL, residual_forward(a->res2, res, a->res2, NC));
-		PROF(LAYERNORM, layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, gpt2_param(m, lt(l, LN2_W)),
-		                                  gpt2_param(m, lt(l, LN2_B)), N, C));
-		PROF(MATMUL, matmul_forward(a->fch, a->ln2, gpt2_param(m, lt(l, FC_W)), gpt2_param(m, lt(l, FC_B)), N, C,
-		                            4 * C));
+		PROF(LAYERNORM, layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LN2_W), W(LN2_B), N, C));
+		PROFF(MATMUL, 8 * fN * fC * fC, matmul_forward(a->fch, a->ln2, W(FC_W), W(FC_B), N, C, 4 * C));
 		PROF(GELU, gelu_forward(a->fch_gelu, a->fch, NC * 4));
-		PROF(MATMUL, matmul_forward(a->res3, a->fch_gelu, gpt2_param(m, lt(l, FCPROJ_W)),
-		                            gpt2_param(m, lt(l, FCPROJ_B)), N, 4 * C, C));
+		PROFF(MATMUL, 8 * fN * fC * fC, matmul_forward(a->res3, a->fch_gelu, W(FCPROJ_W), W(FCPROJ_B), N, 4 * C, C));
 		PROF(RESIDUAL, residual_forward(a->res3, a->res2, a->res3, NC));
+#undef W
 		res = a->res3;
 	}
-	int nt = loom_gpt2_num_tensors(&m->cfg);
-	PROF(LAYERNORM,
-	     layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, gpt2_param(m, nt - 2), gpt2_param(m, nt - 1), N, C));
+	PROF(LAYERNORM, layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, gpt2_param(m, nt - 2),
+	                                  gpt2_param(m, nt - 1), N, C));
 }
 
 static float mean_loss(const float *losses, int N)
@@ -277,15 +274,17 @@ int loom_gpt2_forward(loom_gpt2_t *m, const int *inputs, const int *targets, int
 		return rc;
 	gemm_setup_threads();
 	gpt2_forward_body(m, inputs, B, T);
+	const float *wte = gpt2_param(m, 0);
 	if (targets) {
-		PROF(CLASSIFIER, classifier_forward_backward(m->losses, NULL, NULL, m->logits, m->chunk, m->lnf,
-		                                             gpt2_param(m, 0), targets, 0.0f, B * T, C, V));
+		PROFF(CLASSIFIER, 2.0 * B * T * C * V,
+		      classifier_forward_backward(m->losses, NULL, NULL, m->logits, m->chunk, m->lnf, wte, targets, 0.0f, B * T,
+		                                  C, V));
 		if (loss)
 			*loss = mean_loss(m->losses, B * T);
 	} else {
 		/* rows b*T + T-1 of lnf are T*C floats apart */
-		PROF(CLASSIFIER, gemm(0, 1, B, V, C, 1.0f, m->lnf + (size_t)(T - 1) * C, T * C, gpt2_param(m, 0), C, 0.0f,
-		                      m->last_logits, V));
+		PROFF(CLASSIFIER, 2.0 * B * C * V,
+		      gemm(0, 1, B, V, C, 1.0f, m->lnf + (size_t)(T - 1) * C, T * C, wte, C, 0.0f, m->last_logits, V));
 	}
 	return LOOM_OK;
 }
@@ -316,6 +315,11 @@ static void zero(loom_gpt2_t *m, float *p, size_t n)
 	PROF(ZERO, zero_par(p, n));
 }
 
+void loom_gpt2_zero_grad(loom_gpt2_t *m)
+{
+	zero_par(m->grads, m->nparams);
+}
+
 int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
                                float grad_scale, float *loss)
 {
@@ -330,9 +334,11 @@ int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *tar
 	gpt2_forward_body(m, inputs, B, T);
 
 	/* lm head, softmax, cross-entropy and their backward: dlnf into dbtc, wte's first share */
+	double fN = N, fC = C; /* for the flop counts */
 	zero(m, m->dbtc, NC);
-	PROF(CLASSIFIER, classifier_forward_backward(m->losses, m->dbtc, gpt2_grad(m, 0), m->logits, m->chunk, m->lnf,
-	                                             gpt2_param(m, 0), targets, grad_scale / (float)N, N, C, V));
+	PROFF(CLASSIFIER, 6 * fN * fC * V,
+	      classifier_forward_backward(m->losses, m->dbtc, gpt2_grad(m, 0), m->logits, m->chunk, m->lnf, gpt2_param(m, 0),
+	                                  targets, grad_scale / (float)N, N, C, V));
 	if (loss)
 		*loss = mean_loss(m->losses, N);
 	zero(m, m->dres, NC);
@@ -345,41 +351,45 @@ int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *tar
 	for (int l = L - 1; l >= 0; l--) {
 		layer_acts_t *a = &m->layers[l];
 		const float *res_in = l > 0 ? m->layers[l - 1].res3 : m->encoded;
+#define W(j) gpt2_param(m, lt(l, j))
+#define G(j) gpt2_grad(m, lt(l, j))
 		/* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))); dres is d res3 and passes through to d res2 */
 		zero(m, m->d4a, NC * 4);
-		PROF(MATMUL_BWD, matmul_backward(m->d4a, gpt2_grad(m, lt(l, FCPROJ_W)), gpt2_grad(m, lt(l, FCPROJ_B)), m->dres,
-		                                 a->fch_gelu, gpt2_param(m, lt(l, FCPROJ_W)), N, 4 * C, C));
+		PROFF(MATMUL_BWD, 16 * fN * fC * fC,
+		      matmul_backward(m->d4a, G(FCPROJ_W), G(FCPROJ_B), m->dres, a->fch_gelu, W(FCPROJ_W), N, 4 * C, C));
 		ready(m, lt(l, FCPROJ_B));
 		ready(m, lt(l, FCPROJ_W));
 		zero(m, m->d4b, NC * 4);
 		PROF(GELU_BWD, gelu_backward(m->d4b, a->fch, m->d4a, NC * 4));
 		zero(m, m->dbtc, NC);
-		PROF(MATMUL_BWD, matmul_backward(m->dbtc, gpt2_grad(m, lt(l, FC_W)), gpt2_grad(m, lt(l, FC_B)), m->d4b, a->ln2,
-		                                 gpt2_param(m, lt(l, FC_W)), N, C, 4 * C));
+		PROFF(MATMUL_BWD, 16 * fN * fC * fC,
+		      matmul_backward(m->dbtc, G(FC_W), G(FC_B), m->d4b, a->ln2, W(FC_W), N, C, 4 * C));
 		ready(m, lt(l, FC_B));
 		ready(m, lt(l, FC_W));
-		PROF(LAYERNORM_BWD, layernorm_backward(m->dres, gpt2_grad(m, lt(l, LN2_W)), gpt2_grad(m, lt(l, LN2_B)), m->dbtc,
-		                                       a->res2, gpt2_param(m, lt(l, LN2_W)), a->ln2_mean, a->ln2_rstd, N, C));
+		PROF(LAYERNORM_BWD, layernorm_backward(m->dres, G(LN2_W), G(LN2_B), m->dbtc, a->res2, W(LN2_W), a->ln2_mean,
+		                                       a->ln2_rstd, N, C));
 		ready(m, lt(l, LN2_B));
 		ready(m, lt(l, LN2_W));
 		/* attention: res2 = res_in + attn_proj(attention(qkv(ln1(res_in)))) */
 		zero(m, m->dbtc, NC);
-		PROF(MATMUL_BWD, matmul_backward(m->dbtc, gpt2_grad(m, lt(l, ATTPROJ_W)), gpt2_grad(m, lt(l, ATTPROJ_B)),
-		                                 m->dres, a->atty, gpt2_param(m, lt(l, ATTPROJ_W)), N, C, C));
+		PROFF(MATMUL_BWD, 4 * fN * fC * fC,
+		      matmul_backward(m->dbtc, G(ATTPROJ_W), G(ATTPROJ_B), m->dres, a->atty, W(ATTPROJ_W), N, C, C));
 		ready(m, lt(l, ATTPROJ_B));
 		ready(m, lt(l, ATTPROJ_W));
 		zero(m, m->dqkv, NC * 3);
-		PROF(ATTENTION_BWD, attention_backward(m->dqkv, m->att_scratch, m->att_threads, m->dbtc, a->qkv, a->att, B,
-		                                       T, C, NH));
+		PROFF(ATTENTION_BWD, 8.0 * B * T * T * fC,
+		      attention_backward(m->dqkv, m->att_scratch, m->att_threads, m->dbtc, a->qkv, a->att, B, T, C, NH));
 		zero(m, m->dbtc, NC);
-		PROF(MATMUL_BWD, matmul_backward(m->dbtc, gpt2_grad(m, lt(l, QKV_W)), gpt2_grad(m, lt(l, QKV_B)), m->dqkv,
-		                                 a->ln1, gpt2_param(m, lt(l, QKV_W)), N, C, 3 * C));
+		PROFF(MATMUL_BWD, 12 * fN * fC * fC,
+		      matmul_backward(m->dbtc, G(QKV_W), G(QKV_B), m->dqkv, a->ln1, W(QKV_W), N, C, 3 * C));
 		ready(m, lt(l, QKV_B));
 		ready(m, lt(l, QKV_W));
-		PROF(LAYERNORM_BWD, layernorm_backward(m->dres, gpt2_grad(m, lt(l, LN1_W)), gpt2_grad(m, lt(l, LN1_B)), m->dbtc,
-		                                       res_in, gpt2_param(m, lt(l, LN1_W)), a->ln1_mean, a->ln1_rstd, N, C));
+		PROF(LAYERNORM_BWD, layernorm_backward(m->dres, G(LN1_W), G(LN1_B), m->dbtc, res_in, W(LN1_W), a->ln1_mean,
+		                                       a->ln1_rstd, N, C));
 		ready(m, lt(l, LN1_B));
 		ready(m, lt(l, LN1_W));
+#undef W
+#undef G
 	}
 	PROF(ENCODER_BWD, encoder_backward(gpt2_grad(m, 0), gpt2_grad(m, 1), m->dres, inputs, B, T, C));
 	ready(m, 1);

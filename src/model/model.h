@@ -51,6 +51,7 @@ struct loom_gpt2 {
 	float *params;
 	float *grads;     /* grads_own, or the caller's buffer */
 	float *grads_own;
+	size_t *offset; /* offset[i]: tensor i's first float in params and grads */
 
 	/* activations */
 	float *encoded;                     /* (N,C) */
@@ -74,6 +75,7 @@ struct loom_gpt2 {
 
 	int prof_on;
 	double prof_s[PROF_COUNT];
+	double prof_flops[PROF_COUNT];
 	long prof_calls[PROF_COUNT];
 	void *mem; /* the one allocation holding every activation buffer */
 };
@@ -85,7 +87,7 @@ float *gpt2_grad(loom_gpt2_t *m, int i);
 int gpt2_check_tokens(const loom_gpt2_t *m, const int *ids, int B, int T, const char *what);
 /* Forward from token ids through the final LayerNorm into m->lnf (no classifier). */
 void gpt2_forward_body(loom_gpt2_t *m, const int *inputs, int B, int T);
-/* Add the time since t0 to kernel k when profiling; returns the current time for chaining. */
-void gpt2_prof_add(loom_gpt2_t *m, int k, double t0);
+/* Add the time since t0 and `flops` operations to kernel k's counters. */
+void gpt2_prof_add(loom_gpt2_t *m, int k, double t0, double flops);
 
 #endif

@@ -23,6 +23,7 @@ struct loom_ddp {
 	loom_comm_t *comm;
 	loom_gpt2_t *model;
 	float *grads;
+	float *model_grads; /* the model's own gradient buffer, given back on destroy */
 	int shared; /* grads from loom_comm_alloc */
 	size_t nparams;
 	int ntensors, nbuckets, sync, launched;
@@ -78,7 +79,8 @@ int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, dou
 		d->grads = loom_alloc_aligned(d->nparams * sizeof(float));
 	if (!d->grads)
 		goto oom;
-	memcpy(d->grads, loom_gpt2_grads(model), d->nparams * sizeof(float));
+	d->model_grads = loom_gpt2_grads(model);
+	memcpy(d->grads, d->model_grads, d->nparams * sizeof(float));
 	loom_gpt2_set_grad_buffer(model, d->grads);
 
 	/* Buckets from the last tensor backwards; a bucket closes once it reaches its size limit. */
@@ -117,8 +119,11 @@ void loom_ddp_destroy(loom_ddp_t *d)
 	for (int b = 0; b < d->nbuckets; b++)
 		if (d->buckets[b].req)
 			loom_wait(d->buckets[b].req);
-	if (d->model)
+	if (d->model && d->model_grads) { /* detach: the model works on its own buffer again */
 		loom_gpt2_on_grad_ready(d->model, NULL, NULL);
+		memcpy(d->model_grads, d->grads, d->nparams * sizeof(float));
+		loom_gpt2_set_grad_buffer(d->model, d->model_grads);
+	}
 	if (d->grads) {
 		if (d->shared)
 			loom_comm_free(d->comm, d->grads);

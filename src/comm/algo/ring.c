@@ -18,7 +18,7 @@
 #include "comm/transport.h"
 
 /* Default segment size; LOOM_RING_SEG (bytes, for tuning) overrides it. */
-#define RING_SEG_DEFAULT (256u << 10)
+#define RING_SEG_DEFAULT (1u << 20)
 
 static size_t seg_elems(size_t esz)
 {

@@ -28,7 +28,7 @@ struct heap_block {
 	heap_block_t *next;
 };
 
-int heap_init(loom_job_t *j)
+int shm_heap_init(loom_job_t *j)
 {
 	shm_hdr_t *h = j->hdr;
 	heap_block_t *b = calloc(1, sizeof *b);
@@ -43,7 +43,7 @@ int heap_init(loom_job_t *j)
 	return LOOM_OK;
 }
 
-void heap_free_all(loom_job_t *j)
+void shm_heap_free_all(loom_job_t *j)
 {
 	heap_block_t *b = j->blocks, *n;
 	for (; b; b = n) {
@@ -54,7 +54,7 @@ void heap_free_all(loom_job_t *j)
 	pthread_mutex_destroy(&j->heap_lock);
 }
 
-void *heap_alloc(loom_job_t *j, size_t bytes)
+void *shm_heap_alloc(loom_job_t *j, size_t bytes)
 {
 	size_t len;
 	heap_block_t *b;
@@ -92,7 +92,7 @@ void *heap_alloc(loom_job_t *j, size_t bytes)
 	return p;
 }
 
-int heap_free(loom_job_t *j, void *p)
+int shm_heap_free(loom_job_t *j, void *p)
 {
 	heap_block_t *b, *prev = NULL;
 	size_t off;

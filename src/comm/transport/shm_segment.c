@@ -1,0 +1,300 @@
+/* shm_segment.c: creating, joining and leaving a communicator's shared-memory segment, and the
+ * keeper thread that holds the rank's liveness mutex.
+ *
+ * Naming and cleanup: rank 0 (a group's leader for sub-communicators) creates the segment with
+ * O_EXCL and publishes `ready` once it is initialized; the others retry until it exists and is
+ * ready, within the deadline. Every rank then joins and waits until all have; from then on the name
+ * is unlinked (every rank tries; all but one get ENOENT) and only the mappings keep the memory, so
+ * nothing is left in /dev/shm even after kill -9. A rank that fails to join unlinks the name too.
+ * Layout (comm_internal.h): header | rank records | channels (kind x src x dst) | heap (world only),
+ * every part page aligned and the heap 2 MiB aligned; the file is sparse, so untouched channels and
+ * heap pages cost nothing. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/transport/shm_internal.h"
+#include "core/util.h"
+
+/* ---- layout and segments -------------------------------------------------------------------- */
+
+void shm_layout(shm_hdr_t *h, int n, size_t heap_bytes)
+{
+	long kb = loom_env_long("LOOM_SHM_SLOT_KB", 0, NULL), ns = loom_env_long("LOOM_SHM_SLOTS", 0, NULL);
+	memset(h, 0, sizeof *h);
+	h->magic = SHM_MAGIC;
+	h->version = SHM_VERSION;
+	h->nranks = (uint32_t)n;
+	h->nslots = ns >= 2 && ns <= SHM_MAX_SLOTS && (ns & (ns - 1)) == 0 ? (uint32_t)ns : 8;
+	h->slot_bytes = n <= 8 ? 128u << 10 : n <= 32 ? 32u << 10 : 8u << 10;
+	if (kb >= 4 && kb <= 4096)
+		h->slot_bytes = (uint32_t)align_up((size_t)kb << 10, 4096);
+	h->rank_off = align_up(sizeof(shm_hdr_t), 4096);
+	h->chan_off = align_up(h->rank_off + (size_t)n * sizeof(shm_rank_t), 4096);
+	h->chan_stride = align_up(SHM_CHAN_DATA_OFF + (size_t)h->nslots * h->slot_bytes, 4096);
+	h->heap_off = align_up(h->chan_off + (size_t)CHAN_KINDS * n * n * h->chan_stride, 2u << 20);
+	h->heap_bytes = align_up(heap_bytes, 2u << 20);
+	h->total_bytes = h->heap_off + (size_t)n * h->heap_bytes;
+}
+
+static int init_rank_mutexes(shm_hdr_t *h)
+{
+	pthread_mutexattr_t a;
+	int rc = 0;
+	if (pthread_mutexattr_init(&a))
+		return -1;
+	rc |= pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+	rc |= pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+	for (uint32_t r = 0; r < h->nranks && !rc; r++)
+		rc |= pthread_mutex_init(&rank_rec(h, (int)r)->alive, &a);
+	pthread_mutexattr_destroy(&a);
+	return rc ? -1 : 0;
+}
+
+static void nap(double seconds)
+{
+	struct timespec ts = {0, (long)(seconds * 1e9)};
+	nanosleep(&ts, NULL);
+}
+
+int shm_open_segment(loom_comm_t *c, const char *name, int create, size_t heap_bytes, int *fd_out)
+{
+	double deadline = shm_deadline(c), wait = 1e-4;
+	int fd = -1, rc = LOOM_OK, world = 0;
+	struct stat st;
+	char *base = MAP_FAILED;
+	size_t bytes = 0;
+	shm_hdr_t *h;
+	if (create) {
+		shm_hdr_t tmp;
+		shm_layout(&tmp, c->size, heap_bytes);
+		fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+		if (fd < 0 && errno == EEXIST)
+			return loom_comm_fail(c, LOOM_ESTATE,
+			                      "shared-memory segment %s already exists (left by an earlier job with the same "
+			                      "LOOM_JOB_ID? remove /dev/shm%s or use another LOOM_JOB_ID)",
+			                      name, name);
+		if (fd < 0)
+			return loom_comm_fail(c, LOOM_ESYS, "shm_open(%s): %s", name, strerror(errno));
+		bytes = tmp.total_bytes;
+		if (ftruncate(fd, (off_t)bytes) != 0) {
+			rc = loom_comm_fail(c, LOOM_ESYS, "ftruncate(%s, %zu): %s", name, bytes, strerror(errno));
+			goto fail;
+		}
+		base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+		if (base == MAP_FAILED) {
+			rc = loom_comm_fail(c, LOOM_ESYS, "mmap(%s, %zu bytes): %s", name, bytes, strerror(errno));
+			goto fail;
+		}
+		h = (shm_hdr_t *)base;
+		memcpy(h, &tmp, sizeof tmp);
+		if (heap_bytes && init_rank_mutexes(h) != 0) {
+			rc = loom_comm_fail(c, LOOM_ESYS, "%s: cannot initialize robust process-shared mutexes", name);
+			goto fail;
+		}
+		atomic_store_explicit(&h->ready, SHM_READY, memory_order_release);
+	} else {
+		for (;;) {
+			if (fd < 0)
+				fd = shm_open(name, O_RDWR, 0600);
+			if (fd < 0 && errno != ENOENT)
+				return loom_comm_fail(c, LOOM_ESYS, "shm_open(%s): %s", name, strerror(errno));
+			if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(shm_hdr_t))
+				break;
+			if (loom_now() > deadline) {
+				rc = loom_comm_fail(c, LOOM_ETIMEDOUT,
+				                    "timed out after %.3g s (LOOM_TIMEOUT_S) waiting for rank 0 to create %s",
+				                    c->timeout_s, name);
+				goto fail;
+			}
+			nap(wait);
+			wait = LOOM_MIN(wait * 2, 0.01);
+		}
+		bytes = (size_t)st.st_size;
+		base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+		if (base == MAP_FAILED) {
+			rc = loom_comm_fail(c, LOOM_ESYS, "mmap(%s, %zu bytes): %s", name, bytes, strerror(errno));
+			goto fail;
+		}
+		h = (shm_hdr_t *)base;
+		while (atomic_load_explicit(&h->ready, memory_order_acquire) != SHM_READY) {
+			if (loom_now() > deadline) {
+				rc = loom_comm_fail(c, LOOM_ETIMEDOUT, "timed out waiting for %s to be initialized", name);
+				goto fail;
+			}
+			nap(1e-4);
+		}
+		if (h->magic != SHM_MAGIC || h->version != SHM_VERSION || h->nranks != (uint32_t)c->size ||
+		    h->total_bytes != bytes) {
+			rc = loom_comm_fail(c, LOOM_EFORMAT,
+			                    "%s is not a loom segment for %d ranks (magic %llx version %u, %u ranks, %llu bytes)",
+			                    name, c->size, (unsigned long long)h->magic, h->version, h->nranks,
+			                    (unsigned long long)h->total_bytes);
+			goto fail;
+		}
+	}
+	c->hdr = h;
+	c->base = base;
+	c->bytes = bytes;
+	if (!c->job->hdr) { /* the world segment: it carries the job's heap and liveness mutexes */
+		world = 1;
+		c->job->hdr = h, c->job->base = base, c->job->bytes = bytes;
+		if ((rc = shm_proc_start(c->job)) != LOOM_OK) {
+			rc = loom_comm_fail(c, rc, "%s", loom_errmsg());
+			goto fail_mapped;
+		}
+	}
+	{
+		shm_rank_t *me = rank_rec(h, c->rank);
+		me->pid = (int)getpid();
+		atomic_store(&me->cpu, -1);
+		atomic_store(&me->state, RANK_JOINED);
+		atomic_fetch_add(&h->attached, 1);
+		shm_ring_all(c);
+	}
+	/* Wait for everyone, so the name can go: from then on nothing is left behind, even after kill -9. */
+	{
+		double next_lock = loom_now() + LOCK_CHECK_S;
+		wait = 1e-5;
+		while (atomic_load(&h->attached) < h->nranks) {
+			double now = loom_now();
+			char why[256];
+			int code = atomic_load(&h->abort_code);
+			if (code != 0) { /* another rank gave up joining: report its reason */
+				rc = loom_comm_fail(c, code, "%s", h->abort_msg);
+				goto fail_mapped;
+			}
+			if (now > deadline) {
+				char missing[256] = "";
+				size_t len = 0;
+				for (int r = 0; r < c->size && len + 12 < sizeof missing; r++)
+					if (atomic_load(&rank_rec(h, r)->state) == RANK_ABSENT)
+						len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", r);
+				rc = loom_comm_fail(c, LOOM_ETIMEDOUT,
+				                    "timed out after %.3g s (LOOM_TIMEOUT_S) waiting for ranks to join %s; missing: %s",
+				                    c->timeout_s, name, missing);
+				shm_abort(c, rc, loom_errmsg());
+				goto fail_mapped;
+			}
+			for (int r = 0; r < c->size; r++) {
+				if (r == c->rank || atomic_load(&rank_rec(h, r)->state) == RANK_ABSENT)
+					continue;
+				if (shm_check_peer(c, r, now >= next_lock, why, sizeof why)) {
+					rc = loom_comm_fail(c, LOOM_EPEERLOST, "while joining %s: %s", name, why);
+					shm_abort(c, rc, loom_errmsg());
+					goto fail_mapped;
+				}
+			}
+			if (now >= next_lock)
+				next_lock = now + LOCK_CHECK_S;
+			nap(wait);
+			wait = LOOM_MIN(wait * 2, 2e-3);
+		}
+	}
+	shm_unlink(name); /* every rank tries; all but the first get ENOENT */
+	if (fd_out)
+		*fd_out = fd;
+	else
+		close(fd);
+	return LOOM_OK;
+fail_mapped:
+	if (world) {
+		shm_proc_end(c->job);
+		c->job->hdr = NULL, c->job->base = NULL, c->job->bytes = 0;
+	}
+	c->hdr = NULL, c->base = NULL, c->bytes = 0;
+fail:
+	if (base != MAP_FAILED)
+		munmap(base, bytes);
+	if (fd >= 0)
+		close(fd);
+	shm_unlink(name); /* a failed join must not leave the name behind */
+	return rc;
+}
+
+void shm_close_segment(loom_comm_t *c)
+{
+	if (c->base)
+		munmap(c->base, c->bytes);
+	c->base = NULL, c->hdr = NULL, c->bytes = 0;
+}
+
+void shm_depart(loom_comm_t *c)
+{
+	if (!c->hdr)
+		return;
+	atomic_store(&rank_rec(c->hdr, c->rank)->state, RANK_DEPARTED);
+	shm_ring_all(c);
+}
+
+/* The keeper thread locks the rank's robust liveness mutex and holds it until shm_proc_end. A
+ * dedicated thread (rather than the caller of loom_comm_init) because a robust mutex is owned by a
+ * thread: the application's threads may come and go, the keeper ends only with the process (then
+ * peers get EOWNERDEAD) or when the job is left cleanly. */
+static void *keeper_main(void *arg)
+{
+	loom_job_t *j = arg;
+	shm_rank_t *me = rank_rec(j->hdr, j->world_rank);
+	int e = pthread_mutex_lock(&me->alive);
+	if (e == EOWNERDEAD) /* a previous holder of this slot died: impossible in a fresh segment */
+		e = pthread_mutex_consistent(&me->alive);
+	if (e == 0)
+		atomic_store(&me->proc, PROC_ALIVE);
+	pthread_mutex_lock(&j->keeper_lock);
+	j->keeper_state = e ? -e : 1;
+	pthread_cond_broadcast(&j->keeper_cond);
+	while (!e && j->keeper_state != 2)
+		pthread_cond_wait(&j->keeper_cond, &j->keeper_lock);
+	pthread_mutex_unlock(&j->keeper_lock);
+	if (!e) {
+		atomic_store(&me->proc, PROC_EXITED);
+		pthread_mutex_unlock(&me->alive);
+	}
+	return NULL;
+}
+
+int shm_proc_start(loom_job_t *j)
+{
+	int e;
+	pthread_mutex_init(&j->keeper_lock, NULL);
+	pthread_cond_init(&j->keeper_cond, NULL);
+	j->keeper_state = 0;
+	if ((e = pthread_create(&j->keeper, NULL, keeper_main, j)) != 0)
+		j->keeper_state = -e;
+	else {
+		pthread_mutex_lock(&j->keeper_lock);
+		while (j->keeper_state == 0)
+			pthread_cond_wait(&j->keeper_cond, &j->keeper_lock);
+		pthread_mutex_unlock(&j->keeper_lock);
+		if (j->keeper_state < 0)
+			pthread_join(j->keeper, NULL);
+	}
+	if (j->keeper_state < 0) {
+		e = -j->keeper_state;
+		pthread_cond_destroy(&j->keeper_cond);
+		pthread_mutex_destroy(&j->keeper_lock);
+		return loom_seterr(LOOM_ESYS, "rank %d: cannot hold its liveness mutex: %s", j->world_rank, strerror(e));
+	}
+	return LOOM_OK;
+}
+
+void shm_proc_end(loom_job_t *j)
+{
+	if (j->keeper_state != 1)
+		return;
+	pthread_mutex_lock(&j->keeper_lock);
+	j->keeper_state = 2;
+	pthread_cond_broadcast(&j->keeper_cond);
+	pthread_mutex_unlock(&j->keeper_lock);
+	pthread_join(j->keeper, NULL);
+	pthread_cond_destroy(&j->keeper_cond);
+	pthread_mutex_destroy(&j->keeper_lock);
+	j->keeper_state = 0;
+}
+

@@ -1,0 +1,325 @@
+/* shm_wait.c: how the shared-memory transport waits and notices failures: spin briefly, then futex
+ * sleep on the rank's doorbell; liveness of the ranks waited on (departure flag, process state,
+ * robust-mutex trylock); deadlines; the communicator-wide abort record; and the header board.
+ *
+ * Spinning. Only worth it when the awaited rank runs on another core and answers soon: waits for
+ * small messages spin up to spin_small_us, others spin_us (comm.c sets both from the rank and core
+ * counts), and none when an awaited rank last started waiting on this very core.
+ *
+ * Waking. Anyone who makes progress possible for rank r bumps r's doorbell and calls futex_wake
+ * only when r announced that it sleeps (sleepers != 0). Both sides touch `sleepers` with a seq_cst
+ * read-modify-write (the sleeper increments it, then reads the doorbell, then re-checks its
+ * condition; the waker publishes, then reads sleepers with fetch_add 0): the RMWs are totally
+ * ordered, so either the waker sees the sleeper or the sleeper's re-check sees the waker's data.
+ * If the sleeper read a doorbell value the waker already bumped, its re-check sees the data too,
+ * so futex_wait never waits for a wake that already happened. 50 ms sleep slices bound the cost of
+ * any mistake in this reasoning.
+ *
+ * Liveness. While a rank waits it periodically checks the ranks it waits on: a departure flag
+ * (loom_comm_destroy), the process state in the world segment, and every 100 ms a trylock of the
+ * peer's robust liveness mutex, whose EOWNERDEAD means the process died. A lost peer, a timeout or
+ * a message mismatch on the collective channels is recorded in the segment (abort), so every rank of
+ * the communicator fails fast with the first failure's message instead of waiting for its deadline.
+ * Before reporting a lost peer the waiter re-checks its condition: a rank that finished its part
+ * and then left is not an error.
+ *
+ * Invariants: a rank's record is written only by that rank, except doorbell (anyone), proc =
+ * PROC_DEAD (the first rank that sees EOWNERDEAD) and nothing else; board buffer s is reused for
+ * exchange k+2 only after every rank published k+1. */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/transport/shm_internal.h"
+#include "core/util.h"
+
+static void futex_wait(atomic_uint *addr, unsigned val, double seconds)
+{
+	struct timespec ts;
+	if (seconds <= 0)
+		return;
+	ts.tv_sec = (time_t)seconds;
+	ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+	syscall(SYS_futex, (unsigned *)addr, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+void shm_futex_wake(atomic_uint *addr)
+{
+	syscall(SYS_futex, (unsigned *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+void shm_ring_all(loom_comm_t *c)
+{
+	for (int r = 0; r < c->size; r++)
+		if (r != c->rank)
+			shm_ring(c, r);
+}
+
+double shm_deadline(loom_comm_t *c)
+{
+	if (loom_cur.c == c && loom_cur.deadline > 0)
+		return loom_cur.deadline;
+	return loom_now() + c->timeout_s;
+}
+
+/* ---- liveness and failure ---------------------------------------------------------------- */
+
+/* 0 when rank p of c is (as far as we can tell) alive and a member; else 1 with the reason in why. */
+int shm_check_peer(loom_comm_t *c, int p, int do_lock, char *why, size_t cap)
+{
+	shm_rank_t *r = rank_rec(c->hdr, p);
+	int w = c->world_of[p], st, departed = atomic_load(&r->state) == RANK_DEPARTED;
+	shm_rank_t *wr = rank_rec(c->job->hdr ? c->job->hdr : c->hdr, w);
+	char who[64];
+	st = atomic_load(&wr->proc);
+	if (!departed && st == PROC_ALIVE && do_lock) {
+		int e = pthread_mutex_trylock(&wr->alive);
+		if (e == EOWNERDEAD) {
+			atomic_store(&wr->proc, PROC_DEAD); /* keep the mutex: it marks nothing any more */
+			st = PROC_DEAD;
+		} else if (e == 0) {
+			pthread_mutex_unlock(&wr->alive);
+			st = atomic_load(&wr->proc);
+		} else if (e == ENOTRECOVERABLE) {
+			st = PROC_DEAD;
+		}
+	}
+	if (!departed && st != PROC_DEAD && st != PROC_EXITED)
+		return 0;
+	if (w != p)
+		snprintf(who, sizeof who, "rank %d (world rank %d, pid %d)", p, w, wr->pid);
+	else
+		snprintf(who, sizeof who, "rank %d (pid %d)", p, wr->pid);
+	if (departed)
+		snprintf(why, cap, "%s left the communicator (loom_comm_destroy)", who);
+	else if (st == PROC_DEAD)
+		snprintf(why, cap, "%s died (killed, crashed or exited without loom_comm_destroy)", who);
+	else
+		snprintf(why, cap, "%s has left the job", who);
+	return 1;
+}
+
+void shm_abort(loom_comm_t *c, int code, const char *msg)
+{
+	int zero = 0;
+	shm_hdr_t *h = c->hdr;
+	if (!h || !atomic_compare_exchange_strong(&h->abort_claim, &zero, 1))
+		return; /* someone failed first; theirs is the message everyone reports */
+	snprintf(h->abort_msg, sizeof h->abort_msg, "%s", msg);
+	atomic_store(&h->abort_rank, c->rank);
+	atomic_store(&h->abort_code, code); /* publishes the message */
+	shm_ring_all(c);
+}
+
+void shm_publish_seq(loom_comm_t *c, uint64_t seq, int coll)
+{
+	shm_rank_t *me = rank_rec(c->hdr, c->rank);
+	atomic_store_explicit(&me->seq, seq, memory_order_relaxed);
+	atomic_store_explicit(&me->coll, coll, memory_order_relaxed);
+}
+
+/* ---- waiting -------------------------------------------------------------------------------- */
+
+void shm_waiter_init(shm_waiter_t *w, loom_comm_t *c, int fatal)
+{
+	w->c = c;
+	w->fatal = fatal;
+	w->start = 0, w->next_lock = 0, w->n = 0;
+	w->npeers = 0, w->dst = -1, w->src = -1, w->small = 0;
+	w->what = NULL, w->waiting_on = NULL;
+	w->deadline = shm_deadline(c);
+}
+
+/* What the waiter waits for, in words (only built when a failure is reported). */
+static const char *waiter_what(shm_waiter_t *w)
+{
+	if (w->what)
+		return w->what;
+	if (w->dst >= 0 && w->src >= 0 && w->dst != w->src)
+		snprintf(w->whatbuf, sizeof w->whatbuf, "rank %d (receiving from it) and rank %d (sending to it)", w->src,
+		         w->dst);
+	else if (w->dst >= 0 && w->src >= 0)
+		snprintf(w->whatbuf, sizeof w->whatbuf, "rank %d (exchanging messages with it)", w->src);
+	else if (w->src >= 0)
+		snprintf(w->whatbuf, sizeof w->whatbuf, "rank %d (receiving from it)", w->src);
+	else
+		snprintf(w->whatbuf, sizeof w->whatbuf, "rank %d (sending to it)", w->dst);
+	return w->whatbuf;
+}
+
+static int waiter_fail(shm_waiter_t *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int waiter_fail(shm_waiter_t *w, int code, const char *fmt, ...)
+{
+	char detail[768];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(detail, sizeof detail, fmt, ap);
+	va_end(ap);
+	loom_comm_fail(w->c, code, "%s", detail);
+	if (w->fatal)
+		shm_abort(w->c, code, loom_errmsg());
+	return code;
+}
+
+/* Ranks behind the collective this thread is in, as "1, 3 (at #4, #4)"-style text. */
+static void list_behind(loom_comm_t *c, char *out, size_t cap)
+{
+	size_t len = 0;
+	out[0] = '\0';
+	if (loom_cur.c != c || loom_cur.seq == 0)
+		return;
+	for (int r = 0; r < c->size && len + 32 < cap; r++) {
+		uint64_t s = atomic_load_explicit(&rank_rec(c->hdr, r)->seq, memory_order_relaxed);
+		if (s < loom_cur.seq)
+			len += (size_t)snprintf(out + len, cap - len, "%s%d (at #%llu)", len ? ", " : "", r,
+			                        (unsigned long long)s);
+	}
+}
+
+static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
+{
+	loom_comm_t *c = w->c;
+	shm_hdr_t *h = c->hdr;
+	int code = atomic_load(&h->abort_code), do_lock = now >= w->next_lock;
+	char why[256];
+	if (code != 0) {
+		if (ready(arg))
+			return LOOM_OK;
+		loom_comm_fail(c, code, "communicator aborted after a failure on another rank: %s", h->abort_msg);
+		return code;
+	}
+	if (do_lock)
+		w->next_lock = now + LOCK_CHECK_S;
+	for (int i = 0; w->npeers < 0 ? i < c->size : i < w->npeers; i++) {
+		int p = w->npeers < 0 ? i : w->peers[i];
+		if (p == c->rank || (w->waiting_on && !w->waiting_on(arg, p)) || !shm_check_peer(c, p, do_lock, why, sizeof why))
+			continue;
+		if (ready(arg)) /* it finished its part before leaving */
+			return LOOM_OK;
+		return waiter_fail(w, LOOM_EPEERLOST, "%s; this rank was waiting for %s", why, waiter_what(w));
+	}
+	if (now > w->deadline) {
+		char behind[256];
+		list_behind(c, behind, sizeof behind);
+		if (w->waiting_on) {
+			size_t len = 0;
+			behind[0] = '\0';
+			for (int r = 0; r < c->size && len + 12 < sizeof behind; r++)
+				if (r != c->rank && w->waiting_on(arg, r))
+					len += (size_t)snprintf(behind + len, sizeof behind - len, "%s%d", len ? ", " : "", r);
+		}
+		if (ready(arg))
+			return LOOM_OK;
+		if (behind[0])
+			return waiter_fail(w, LOOM_ETIMEDOUT,
+			                   "timed out after %.3g s (LOOM_TIMEOUT_S) waiting for %s; ranks that had not arrived: %s",
+			                   c->timeout_s, waiter_what(w), behind);
+		return waiter_fail(w, LOOM_ETIMEDOUT, "timed out after %.3g s (LOOM_TIMEOUT_S) waiting for %s",
+		                   c->timeout_s, waiter_what(w));
+	}
+	return LOOM_OK;
+}
+
+int shm_waiter_idle(shm_waiter_t *w, ready_fn ready, void *arg)
+{
+	loom_comm_t *c = w->c;
+	double now;
+	if (w->start == 0) {
+		int cpu = sched_getcpu(), spin_us = w->small ? c->spin_small_us : c->spin_us;
+		now = loom_now();
+		w->start = now;
+		atomic_store_explicit(&rank_rec(c->hdr, c->rank)->cpu, cpu, memory_order_relaxed);
+		/* An awaited rank last seen on this core cannot run while we spin here: sleep at once. */
+		for (int i = 0; i < w->npeers && spin_us; i++)
+			if (atomic_load_explicit(&rank_rec(c->hdr, w->peers[i])->cpu, memory_order_relaxed) == cpu)
+				spin_us = 0;
+		w->spin_end = now + spin_us * 1e-6;
+		w->next_slow = now + SLOW_CHECK_S;
+		if (w->next_lock == 0)
+			w->next_lock = now + LOCK_CHECK_S;
+		w->n = 0;
+	}
+	w->n++;
+	if ((w->n & 31) != 0 && w->n < 100000) {
+		cpu_relax();
+		return LOOM_OK;
+	}
+	now = loom_now();
+	if (now < w->spin_end) {
+		cpu_relax();
+	} else {
+		shm_rank_t *me = rank_rec(c->hdr, c->rank);
+		unsigned bell;
+		atomic_fetch_add(&me->sleepers, 1);
+		bell = atomic_load(&me->doorbell);
+		if (!ready(arg) && atomic_load(&c->hdr->abort_code) == 0) {
+			double left = LOOM_MIN(SLEEP_SLICE_S, w->deadline - now + 1e-3);
+			left = LOOM_MIN(left, LOOM_MAX(w->next_lock - now, 1e-3));
+			futex_wait(&me->doorbell, bell, left);
+		}
+		atomic_fetch_sub(&me->sleepers, 1);
+		now = loom_now();
+		w->next_slow = 0;
+	}
+	if (now >= w->next_slow) {
+		w->next_slow = now + SLOW_CHECK_S;
+		return slow_checks(w, now, ready, arg);
+	}
+	return LOOM_OK;
+}
+
+/* ---- header board ----------------------------------------------------------------------------- */
+
+typedef struct {
+	loom_comm_t *c;
+	uint64_t k;
+	int s;
+} board_t;
+
+static int board_waiting_on(void *arg, int r)
+{
+	board_t *b = arg;
+	return atomic_load_explicit(&rank_rec(b->c->hdr, r)->board_seq[b->s], memory_order_acquire) != b->k;
+}
+
+static int board_ready(void *arg)
+{
+	board_t *b = arg;
+	for (int r = 0; r < b->c->size; r++)
+		if (atomic_load_explicit(&rank_rec(b->c->hdr, r)->board_seq[b->s], memory_order_acquire) != b->k)
+			return 0;
+	return 1;
+}
+
+int shm_board_exchange(loom_comm_t *c, const void *mine, size_t len, void *all)
+{
+	board_t b = {c, ++c->board_count, 0};
+	shm_rank_t *me = rank_rec(c->hdr, c->rank);
+	shm_waiter_t w;
+	int rc;
+	b.s = (int)(b.k & 1);
+	/* Rank r can only reuse buffer s for exchange k+2 after everyone published k+1, i.e. after
+	 * everyone finished reading exchange k: two buffers are enough. */
+	memcpy(me->board[b.s], mine, LOOM_MIN(len, (size_t)SHM_BOARD_BYTES));
+	atomic_store_explicit(&me->board_seq[b.s], b.k, memory_order_release);
+	shm_ring_all(c);
+	shm_waiter_init(&w, c, 1);
+	w.npeers = -1;
+	w.small = 1;
+	w.waiting_on = board_waiting_on;
+	w.what = "every rank to arrive";
+	while (!board_ready(&b))
+		if ((rc = shm_waiter_idle(&w, board_ready, &b)) != LOOM_OK)
+			return rc;
+	for (int r = 0; r < c->size; r++)
+		memcpy((char *)all + (size_t)r * len, rank_rec(c->hdr, r)->board[b.s], len);
+	return LOOM_OK;
+}
+
