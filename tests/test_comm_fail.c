@@ -104,13 +104,13 @@ static int rank_timeout(int rank, int n, void *arg)
 	CHECK_OK(loom_comm_init(&c));
 	CHECK_OK(loom_allreduce(c, &x, &x, 1, LOOM_FLOAT32, LOOM_SUM));
 	if (rank == 2) {
-		usleep(1600000);
+		usleep(2500000); /* well past the others' deadline, even on a loaded machine */
 		CHECK_ERR(loom_allreduce(c, &x, &x, 1, LOOM_FLOAT32, LOOM_SUM), LOOM_ETIMEDOUT);
 		CHECK_CONTAINS(loom_comm_errmsg(c), "unusable after an earlier failure");
 	} else {
 		t0 = loom_now();
 		CHECK_ERR(loom_allreduce(c, &x, &x, 1, LOOM_FLOAT32, LOOM_SUM), LOOM_ETIMEDOUT);
-		CHECK_MSG(loom_now() - t0 > 0.9 && loom_now() - t0 < 1.5, "took %.3f s", loom_now() - t0);
+		CHECK_MSG(loom_now() - t0 > 0.9 && loom_now() - t0 < 2.4, "took %.3f s", loom_now() - t0);
 		CHECK_CONTAINS(loom_comm_errmsg(c), "allreduce #2");
 		CHECK_CONTAINS(loom_comm_errmsg(c), "2 (at #1)");
 	}
@@ -273,13 +273,11 @@ static int rank_join_timeout(int rank, int n, void *arg)
 	loom_comm_t *c = NULL;
 	double t0 = loom_now();
 	(void)n;
-	if (rank == absent) {
-		usleep(800000);
-		return 0;
-	}
+	if (rank == absent)
+		return 0; /* never joins */
 	CHECK_ERR(loom_comm_init(&c), LOOM_ETIMEDOUT);
 	CHECK(c == NULL);
-	CHECK(loom_now() - t0 < 0.6);
+	CHECK_MSG(loom_now() - t0 < 2.0, "took %.3f s with LOOM_TIMEOUT_S=0.3", loom_now() - t0);
 	if (absent == 0)
 		CHECK_CONTAINS(loom_errmsg(), "waiting for rank 0 to create /loom-");
 	else

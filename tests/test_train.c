@@ -381,3 +381,36 @@ TEST(train_cli)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* A diverging run stops with a clear error at the first non-finite loss, and does not checkpoint it. */
+TEST(train_stops_on_divergence)
+{
+	char dir[512], data[700], ck[700];
+	loom_gpt2_t *m = NULL;
+	loom_trainer_t *tr = NULL;
+	losses_t l;
+	int64_t step = -1;
+	memset(&l, 0, sizeof l);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "d.bin", 3000, tiny.vocab_size, 1));
+	snprintf(data, sizeof data, "%s/d.bin", dir);
+	snprintf(ck, sizeof ck, "%s/ck", dir);
+	loom_train_config_t c = base_config(data);
+	c.lr = (loom_lr_schedule_t){.peak_lr = 1e30, .total_steps = 20, .kind = LOOM_SCHED_CONSTANT};
+	c.grad_clip = 0.0, c.save_dir = ck, c.save_every = 1;
+	CHECK_OK(loom_gpt2_create(&m, &tiny, c.B, c.T));
+	loom_gpt2_init(m, 1);
+	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	CHECK_ERR(loom_trainer_run(tr, rec, &l), LOOM_ESTATE);
+	CHECK_CONTAINS(loom_errmsg(), "training diverged");
+	long long bad = loom_trainer_steps_done(tr);
+	CHECK_MSG(bad >= 2 && bad < 20, "diverged at step %lld", bad);
+	CHECK_EQ(l.last, bad - 1); /* the callback never saw the bad step */
+	char path[800];
+	CHECK_OK(loom_ckpt_latest(ck, path, sizeof path, &step));
+	CHECK_EQ(step, bad - 1);
+	loom_trainer_destroy(tr);
+	loom_gpt2_destroy(m);
+	test_rmdir(dir);
+	return 0;
+}

@@ -135,8 +135,8 @@ void loom_comm_stats(const loom_comm_t *c, loom_comm_stats_t *st);
 
 /* Memory in the job's shared segment: collectives on it are single-copy (zero-copy staging).
  * NULL when the segment is exhausted (size: LOOM_SHM_MB, default 1024 MiB of address space per rank),
- * with loom_errmsg() saying so. Page-aligned; usable with every communicator of the job; valid until
- * freed or until the job's last communicator is destroyed. Thread-safe. */
+ * with loom_errmsg() saying so. Page-aligned, contents unspecified; usable with every communicator
+ * of the job; valid until freed or until the job's last communicator is destroyed. Thread-safe. */
 void *loom_comm_alloc(loom_comm_t *c, size_t bytes);
 /* Free memory from loom_comm_alloc. NULL and pointers that loom_comm_alloc did not return are
  * ignored (no crash). */

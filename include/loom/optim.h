@@ -59,8 +59,9 @@ int loom_adamw_init_gpt2(loom_adamw_t *o, const loom_adamw_config_t *cfg, const 
 void loom_adamw_free(loom_adamw_t *o); /* safe on a zeroed or freed struct */
 
 /* One AdamW update of params (n floats) with gradient grads * grad_scale (grad_scale = 1 for none,
- * or the clipping scale), learning rate lr. Increments o->step. grads are not modified. Uses the
- * OpenMP threads of the caller's team size. Returns LOOM_OK, or LOOM_EINVAL for lr < 0 / non-finite. */
+ * or the clipping scale), learning rate lr. Increments o->step. grads are not modified. Runs on
+ * the OpenMP thread count in effect; the result does not depend on it. Not thread-safe for one o.
+ * Returns LOOM_OK, or LOOM_EINVAL (o unchanged) for a negative or non-finite lr or scale. */
 int loom_adamw_step(loom_adamw_t *o, float *params, const float *grads, float lr, float grad_scale);
 
 /* Reference (scalar, one thread, plain loop) version of loom_adamw_step; the tests compare them. */

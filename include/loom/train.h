@@ -9,9 +9,11 @@
  * gradient averaging through loom/ddp.h on the same loop.
  *
  * A training checkpoint (DIR/step_NNNNNNNN/, written through loom/ckpt.h) holds the model, the AdamW
- * state (m, v, step) and the trainer state (step, data-loader state, seed, config). Resuming from it
- * and continuing gives bit-identical losses and parameters to an uninterrupted run (same thread
- * count: OpenBLAS and OpenMP reductions are deterministic for a fixed thread count). */
+ * state (m, v, step) and the trainer state (step, data-loader state, seed, config). There is no other
+ * random state: the shuffle order is a function of (seed, epoch), and samples printed during
+ * training use seed + step. Resuming and continuing gives bit-identical losses and parameters to an
+ * uninterrupted run with the same thread count (the tested case; the optimizer and the gradient norm
+ * do not depend on the thread count at all). */
 #ifndef LOOM_TRAIN_H
 #define LOOM_TRAIN_H
 
@@ -106,7 +108,9 @@ void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log *
 
 /* Restore model, optimizer and trainer state from a training checkpoint directory (or, when `path`
  * is a directory of checkpoints, from the latest complete one in it). LOOM_ENOENT when none exists,
- * LOOM_EMISMATCH when it was written with another model config, batch, data or world size. */
+ * LOOM_EMISMATCH when it was written with another model config, batch, data or world size,
+ * LOOM_EFORMAT for a damaged checkpoint. After a failure other than LOOM_ENOENT the trainer's state
+ * may be partly restored: destroy it. */
 int loom_trainer_resume(loom_trainer_t *tr, const char *path);
 /* Write a training checkpoint of the current state to cfg->save_dir/step_NNNNNNNN (atomically). */
 int loom_trainer_save(loom_trainer_t *tr);
@@ -119,7 +123,8 @@ int loom_trainer_eval(loom_trainer_t *tr, float *val_loss);
 /* Called after every step of loom_trainer_run (e.g. to print); a non-zero return stops the run. */
 typedef int (*loom_train_step_fn)(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m);
 /* Run steps until lr.total_steps, evaluating, logging and saving as configured; calls fn (may be
- * NULL) after each step. Returns LOOM_OK, the first error, or LOOM_ESTATE when fn stopped it. */
+ * NULL) after each step. Returns LOOM_OK, the first error, or LOOM_ESTATE when fn stopped it or
+ * the loss or gradient norm became non-finite (that step is logged but not checkpointed). */
 int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx);
 
 /* Set the FLOP/s that MFU is relative to (<= 0: MFU is reported as 0). */

@@ -52,8 +52,8 @@ typedef struct {
 	/* Small all-to-all exchange through the header (split, LOOM_DEBUG fingerprints), double buffered. */
 	_Alignas(64) atomic_ullong board_seq[2];
 	unsigned char board[2][SHM_BOARD_BYTES];
-	/* World segment only: held (robust, process-shared) by the rank for its process's lifetime in the
-	 * job; a peer that trylocks it and gets EOWNERDEAD knows the process died. */
+	/* World segment only: robust, process-shared, held by the rank's keeper thread for as long as the
+	 * process is in the job; a peer that trylocks it and gets EOWNERDEAD knows the process died. */
 	_Alignas(64) pthread_mutex_t alive;
 	atomic_int proc; /* PROC_* */
 } shm_rank_t;

@@ -49,6 +49,8 @@ static void *progress_main(void *arg)
 
 void comm_req_drain(loom_comm_t *c)
 {
+	if (!c->q_thread_started) /* set only by this (the application) thread: nothing was ever queued */
+		return;
 	pthread_mutex_lock(&c->q_lock);
 	while (c->q_head || c->q_running)
 		pthread_cond_wait(&c->q_cond, &c->q_lock);

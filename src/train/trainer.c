@@ -223,6 +223,12 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx)
 	while (tr->step < c->lr.total_steps) {
 		if ((rc = loom_trainer_step(tr, &m)) != LOOM_OK)
 			return rc;
+		if (!isfinite(m.loss) || !isfinite(m.grad_norm)) { /* stop before a checkpoint saves it */
+			if (tr->log)
+				loom_train_log_write(tr, &m);
+			return loom_seterr(LOOM_ESTATE, "step %lld: loss %g, gradient norm %g: training diverged (lower --lr, "
+			                   "raise --warmup or clip harder)", m.step, m.loss, m.grad_norm);
+		}
 		int last = m.step == c->lr.total_steps;
 		if (tr->val && ((c->eval_every > 0 && m.step % c->eval_every == 0) || last)) {
 			if ((rc = loom_trainer_eval(tr, &m.val_loss)) != LOOM_OK)

@@ -31,10 +31,10 @@ int loom_rd_allreduce(loom_comm_t *c, const loom_coll_args_t *a)
 		x = recv;
 	}
 	char *tmp = NULL;
-	if (p > 1 && !(tmp = loom_comm_scratch(c, 0, bytes ? bytes : 1)))
-		return loom_comm_fail(c, LOOM_ENOMEM, "allreduce: no scratch memory for %zu bytes", bytes);
 	for (int mask = 1; mask < p; mask *= 2) {
 		int partner = loom_fold_real(v ^ mask, rem);
+		if (x == recv && !tmp && !(tmp = loom_comm_scratch(c, 0, bytes ? bytes : 1)))
+			return loom_comm_fail(c, LOOM_ENOMEM, "allreduce: no scratch memory for %zu bytes", bytes);
 		char *y = x == recv ? tmp : recv;
 		if ((rc = loom_xp_sendrecv(c, partner, x, bytes, partner, y, bytes, x, a->dt, op)))
 			return rc;

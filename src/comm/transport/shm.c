@@ -202,6 +202,11 @@ static int recv_step(xfer_t *x)
 				shm_abort(x->c, LOOM_EMISMATCH, loom_errmsg());
 				return LOOM_EMISMATCH;
 			}
+			if ((s->flags & SLOT_INPLACE) &&
+			    (s->off < x->c->job->hdr->heap_off || s->off > x->c->job->bytes || s->total > x->c->job->bytes - s->off))
+				return loom_comm_fail(x->c, LOOM_EFORMAT,
+				                      "in-place message from rank %d names bytes [%llu, +%llu) outside the shared heap",
+				                      x->src, (unsigned long long)s->off, (unsigned long long)s->total);
 			x->rstarted = 1;
 		}
 		if (s->flags & SLOT_INPLACE) {

@@ -69,7 +69,9 @@ typedef int (*ready_fn)(void *arg);
 typedef struct {
 	loom_comm_t *c;
 	double start, deadline, spin_end, next_slow, next_lock;
-	int small; /* waiting for small messages only: spin longer (latency) */
+	int small;  /* waiting for small messages only: spin longer (latency) */
+	int coloc;  /* an awaited rank last started waiting on this core */
+	double yield_end;
 	unsigned n;
 	int fatal;    /* a failure aborts the communicator (collective channels, board) */
 	int peers[2]; /* ranks waited on; npeers < 0: every other rank */

@@ -167,7 +167,7 @@ int shm_open_segment(loom_comm_t *c, const char *name, int create, size_t heap_b
 			char why[256];
 			int code = atomic_load(&h->abort_code);
 			if (code != 0) { /* another rank gave up joining: report its reason */
-				rc = loom_comm_fail(c, code, "%s", h->abort_msg);
+				rc = loom_comm_fail(c, code, "joining failed on another rank: %s", h->abort_msg);
 				goto fail_mapped;
 			}
 			if (now > deadline) {

@@ -4,7 +4,8 @@
  *
  * Spinning. Only worth it when the awaited rank runs on another core and answers soon: waits for
  * small messages spin up to spin_small_us, others spin_us (comm.c sets both from the rank and core
- * counts), and none when an awaited rank last started waiting on this very core.
+ * counts), and none when an awaited rank last started waiting on this very core; then a wait for
+ * small messages yields the core to it for up to 200 us (while it is runnable) before sleeping.
  *
  * Waking. Anyone who makes progress possible for rank r bumps r's doorbell and calls futex_wake
  * only when r announced that it sleeps (sleepers != 0). Both sides touch `sleepers` with a seq_cst
@@ -227,6 +228,15 @@ static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
 	return LOOM_OK;
 }
 
+/* 1 when some awaited rank sleeps (then yielding to it is pointless). */
+static int peers_sleep(const shm_waiter_t *w)
+{
+	for (int i = 0; i < w->npeers; i++)
+		if (atomic_load_explicit(&rank_rec(w->c->hdr, w->peers[i])->sleepers, memory_order_relaxed))
+			return 1;
+	return 0;
+}
+
 int shm_waiter_idle(shm_waiter_t *w, ready_fn ready, void *arg)
 {
 	loom_comm_t *c = w->c;
@@ -236,11 +246,17 @@ int shm_waiter_idle(shm_waiter_t *w, ready_fn ready, void *arg)
 		now = loom_now();
 		w->start = now;
 		atomic_store_explicit(&rank_rec(c->hdr, c->rank)->cpu, cpu, memory_order_relaxed);
-		/* An awaited rank last seen on this core cannot run while we spin here: sleep at once. */
-		for (int i = 0; i < w->npeers && spin_us; i++)
+		/* An awaited rank last seen on this core cannot run while we spin here: hand it the core. */
+		w->coloc = 0;
+		for (int i = 0; i < w->npeers; i++)
 			if (atomic_load_explicit(&rank_rec(c->hdr, w->peers[i])->cpu, memory_order_relaxed) == cpu)
-				spin_us = 0;
+				w->coloc = 1;
+		if (w->coloc)
+			spin_us = 0;
 		w->spin_end = now + spin_us * 1e-6;
+		/* Small messages: yield to it (measured: 8 B-4 KiB all-reduce latency halved on a busy
+		 * machine); large ones: sleep (yielding measured no better there). */
+		w->yield_end = w->coloc && w->small ? now + 200e-6 : now;
 		w->next_slow = now + SLOW_CHECK_S;
 		if (w->next_lock == 0)
 			w->next_lock = now + LOCK_CHECK_S;
@@ -254,6 +270,8 @@ int shm_waiter_idle(shm_waiter_t *w, ready_fn ready, void *arg)
 	now = loom_now();
 	if (now < w->spin_end) {
 		cpu_relax();
+	} else if (now < w->yield_end && !peers_sleep(w)) {
+		sched_yield(); /* the peer is runnable on our core: let it run, without a futex round trip */
 	} else {
 		shm_rank_t *me = rank_rec(c->hdr, c->rank);
 		unsigned bell;
