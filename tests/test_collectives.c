@@ -299,6 +299,63 @@ static int split_rank(int rank, int n, void *arg)
 
 TEST(collectives_split) { return test_spawn(5, split_rank, NULL, 60, NULL); }
 
+/* The reduction kernels against a scalar reference, for every dtype and op, out of place and with
+ * out aliasing either input (they are vectorized with `omp simd`), and bfloat16 rounding. */
+TEST(reduce_kernels)
+{
+	enum { N = 1003 };
+	static double ra[N], rb[N];
+	static char a[N * 8], b[N * 8], out[N * 8 + 8];
+	for (size_t i = 0; i < N; i++) {
+		ra[i] = (double)((int)(i * 37 % 201) - 100) / 4.0; /* quarters: exact in every float type */
+		rb[i] = (double)((int)(i * 53 % 197) - 98) * 3.0;
+	}
+	for (int dt = 0; dt < LOOM_DTYPE_COUNT; dt++) {
+		size_t esz = loom_dtype_size((loom_dtype_t)dt);
+		for (int op = 0; op < LOOM_OP_COUNT; op++) {
+			for (int alias = 0; alias < 3; alias++) { /* out separate, out == a, out == b */
+				size_t n = alias == 0 ? N : N - (size_t)dt; /* odd lengths exercise the loop tails */
+				for (size_t i = 0; i < n; i++) {
+					put(a, i, (loom_dtype_t)dt, dt >= LOOM_INT32 ? floor(ra[i]) : ra[i]);
+					put(b, i, (loom_dtype_t)dt, rb[i]);
+				}
+				memset(out, 0x5A, sizeof out);
+				void *o = alias == 0 ? (void *)out : alias == 1 ? (void *)a : (void *)b;
+				loom_reduce_local(o, a, b, n, (loom_dtype_t)dt, (loom_op_t)op);
+				for (size_t i = 0; i < n; i++) {
+					double x = dt >= LOOM_INT32 ? floor(ra[i]) : ra[i], y = rb[i];
+					double want = op == LOOM_MAX ? (x > y ? x : y) : op == LOOM_MIN ? (x < y ? x : y) : x + y;
+					if (dt == LOOM_BFLOAT16) /* inputs rounded to bfloat16, sum in float, rounded back */
+						want = op == LOOM_MAX || op == LOOM_MIN
+						               ? bf16_to_f32(f32_to_bf16((float)want))
+						               : bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16((float)x)) +
+						                                         bf16_to_f32(f32_to_bf16((float)y))));
+					double got = get(o, i, (loom_dtype_t)dt);
+					CHECK_MSG(got == want, "%s %s alias %d [%zu]: %.9g op %.9g = %.9g, want %.9g",
+					          loom_dtype_name((loom_dtype_t)dt), loom_op_name((loom_op_t)op), alias, i, x, y, got,
+					          want);
+				}
+				if (alias == 0)
+					CHECK_EQ((unsigned char)out[n * esz], 0x5A);
+			}
+		}
+	}
+	/* scale: buf *= 1/n in the dtype */
+	float f[5] = {3, -6, 9, 1, 0};
+	loom_scale_local(f, 5, LOOM_FLOAT32, 3);
+	CHECK_FEQ(f[0], 3.0f * (1.0f / 3.0f));
+	CHECK_FEQ(f[1], -6.0f * (1.0f / 3.0f));
+	CHECK_FEQ(f[4], 0);
+	uint16_t h[2] = {f32_to_bf16(3.0f), f32_to_bf16(-1.0f)};
+	loom_scale_local(h, 2, LOOM_BFLOAT16, 3);
+	CHECK_FEQ(bf16_to_f32(h[0]), bf16_to_f32(f32_to_bf16(3.0f * (1.0f / 3.0f))));
+	CHECK_FEQ(bf16_to_f32(h[1]), bf16_to_f32(f32_to_bf16(-1.0f / 3.0f)));
+	int32_t iv[2] = {7, -7};
+	loom_scale_local(iv, 2, LOOM_INT32, 2); /* integers are never scaled (avg is an error for them) */
+	CHECK_EQ(iv[0], 7);
+	return 0;
+}
+
 TEST(algo_parse)
 {
 	loom_algo_t ch[LOOM_COLL_COUNT];

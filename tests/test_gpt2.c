@@ -328,6 +328,22 @@ TEST(gpt2_generate_sampling)
 	CHECK(memcmp(seen + 1, a, sizeof a) == 0); /* on_token saw each, in order */
 	CHECK_OK(loom_gpt2_generate(m, prompt, 2, 20, 1.0f, 10, 100, -1, b, &nb, NULL, NULL));
 	CHECK(memcmp(a, b, sizeof a) != 0); /* another seed, (almost surely) other tokens */
+	/* with top_k = 3 every token is one of the 3 most likely after its context */
+	int ctx[32] = {1, 2};
+	CHECK_OK(loom_gpt2_generate(m, prompt, 2, 20, 2.0f, 3, 5, -1, b, &nb, NULL, NULL));
+	CHECK_EQ(nb, 20);
+	int off_top1 = 0;
+	for (int i = 0; i < nb; i++) {
+		CHECK_OK(loom_gpt2_forward(m, ctx, NULL, 1, 2 + i, NULL));
+		const float *z = loom_gpt2_logits(m);
+		int above = 0; /* logits strictly larger than the sampled token's */
+		for (int v = 0; v < cfg.vocab_size; v++)
+			above += z[v] > z[b[i]];
+		CHECK_MSG(above < 3, "token %d (%d) has %d larger logits", i, b[i], above);
+		off_top1 += above > 0;
+		ctx[2 + i] = b[i];
+	}
+	CHECK(off_top1 > 0); /* temperature 2 does not always pick the top token */
 	/* top_k = 1 is greedy whatever the temperature */
 	CHECK_OK(loom_gpt2_generate(m, prompt, 2, 20, 0.0f, 0, 1, -1, g, &ng, NULL, NULL));
 	CHECK_OK(loom_gpt2_generate(m, prompt, 2, 20, 5.0f, 1, 7, -1, b, &nb, NULL, NULL));

@@ -69,7 +69,7 @@ int loom_algo_run(loom_comm_t *c, const loom_coll_args_t *a, loom_algo_t forced)
  *   reduce_scatter  send: size*count; recv: count. In place when send == recv (the result goes to
  *                   recv[0..count)) or recv == send + rank*count.
  *   barrier         no data.
- * Temporaries come from loom_comm_scratch (slots 0 and 1). */
+ * Temporaries come from loom_comm_scratch (slot 0; slot 1 is free for future use). */
 typedef int (*loom_algo_fn)(loom_comm_t *c, const loom_coll_args_t *a);
 
 int loom_ring_allreduce(loom_comm_t *c, const loom_coll_args_t *a);
