@@ -6,10 +6,12 @@
  * --min-bytes to --max-bytes; "size" is nccl-tests' (the whole vector; for allgather the gathered
  * result, for reduce_scatter the input). Buffers come from pools of at least 64 MiB (twice this
  * machine's last-level cache) and rotate through them, so small sizes do not run from a warm cache
- * that a training step would not have. Time per size is each rank's mean over --iters, then the
- * maximum over ranks; busbw = algbw x (2(n-1)/n for allreduce, (n-1)/n for allgather and
- * reduce_scatter, 1 for broadcast and reduce). #wrong counts wrong elements (over all ranks) of
- * one checked run per size with exactly representable values. Only rank 0 prints. */
+ * that a training step would not have; the warm-up visits every slot once (a peer's first touch of
+ * a registered page is a page fault a training loop pays once). Time per size is each rank's mean
+ * over --iters (after --warmup), then the maximum over ranks; busbw = algbw x (2(n-1)/n for
+ * allreduce, (n-1)/n for allgather and reduce_scatter, 1 for broadcast and reduce). #wrong counts
+ * wrong elements (over all ranks) of one checked run per size with exactly representable values.
+ * Only rank 0 prints. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -223,7 +225,8 @@ static int bench_size(bench_t *b, loom_coll_t coll, size_t bytes)
 	return 0;
 }
 
-/* All ranks copy 64 MiB at once (as they would during a collective); GB/s per rank. */
+/* All ranks copy 32 MiB (source and destination together exceed the LLC) at once, as they would
+ * during a collective; best of 5, GB/s per rank. */
 static int memcpy_baseline(bench_t *b)
 {
 	size_t bytes = POOL_MIN / 2;

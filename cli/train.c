@@ -1,20 +1,29 @@
 /* train.c: `loom train`: parse and validate flags, build or load the model, run the trainer (loom/train.h)
  * printing one line per step, and optionally sample text and print the per-kernel profile.
  *
+ * Data parallelism: every rank of a job (`loom run`, mpirun, srun) runs this same command; the
+ * communicator joins them (a job of one rank is the single-process trainer, unchanged), and rank 0
+ * alone prints, logs, measures the MFU peak and saves. `--nproc N` outside a job re-executes this
+ * binary (/proc/self/exe) as `loom run --nproc-per-node N loom train ARGS` without --nproc.
+ *
  * Sequence lengths: --seq-len is the length T trained on. The model's maximum (its n_positions, the
  * rows of wpe) comes from the preset, from --init-from's file, or from --n-positions; with explicit
  * model flags and no preset it defaults to T. T above the model's maximum is an error. */
+#include <errno.h>
 #include <glob.h>
 #include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "loom/ckpt.h"
+#include "loom/comm.h"
 #include "loom/data.h"
 #include "loom/gpt2.h"
 #include "loom/train.h"
@@ -33,8 +42,8 @@ static const char *const usage_text =
 	"batch:\n"
 	"  --batch-size B         sequences per micro-batch (default 4)\n"
 	"  --seq-len T            tokens per sequence (default: the model's maximum)\n"
-	"  --grad-accum K         micro-batches per optimizer step (default 1), or\n"
-	"  --total-batch-size N   tokens per optimizer step (= B x T x K)\n"
+	"  --grad-accum K         micro-batches per optimizer step and rank (default 1), or\n"
+	"  --total-batch-size N   tokens per optimizer step (= B x T x ranks x K; K is derived)\n"
 	"optimization:\n"
 	"  --steps N              optimizer steps (required)\n"
 	"  --lr X                 peak learning rate (default 6e-4)\n"
@@ -58,7 +67,16 @@ static const char *const usage_text =
 	"  --threads N            threads for the kernels (default: OMP_NUM_THREADS, else one per CPU)\n"
 	"  --peak-flops F         FLOP/s used for MFU (default: measured as `loom bench gemm` does, once,\n"
 	"                         then cached in ~/.cache/loom/gemm_peak)\n"
-	"  --profile              print the time per kernel at the end\n";
+	"  --profile              print the time per kernel at the end\n"
+	"  --print-every K        print the line of every K-th step (and the first, last, eval and save\n"
+	"                         steps; default 1)\n"
+	"data parallel (inside `loom run`, mpirun or srun every rank runs the same command):\n"
+	"  --nproc N              train with N processes: runs `loom run --nproc-per-node N loom train ...`\n"
+	"  --bucket-mb X          gradient all-reduce bucket size in MiB (default 25; the first bucket 1)\n"
+	"  --check-replicas K     every K steps verify that all ranks hold bit-identical parameters\n"
+	"  --lr-scale S           none|sqrt|linear: scale --lr by (tokens per step / --ref-batch-size)^p,\n"
+	"                         p = 1/2 (sqrt) or 1 (linear); default none\n"
+	"  --ref-batch-size N     tokens per step that --lr was tuned for\n";
 
 typedef struct {
 	loom_train_config_t tc;
@@ -68,7 +86,13 @@ typedef struct {
 	long long total_batch;
 	int grad_accum, resume, sample_every, threads, profile;
 	char tokenizer[1100];
+	int nproc, print_every, lr_scale; /* lr_scale: 0 none, 1 sqrt, 2 linear */
+	long long ref_batch;
+	double base_lr;                   /* --lr before scaling */
+	int rank, world;
 } opts_t;
+
+static const char *const lr_scale_names[] = {"none", "sqrt", "linear"};
 
 /* Parse an integer flag that must be in [lo, hi]. */
 static long long int_in(const char *flag, const char *v, long long lo, long long hi)
@@ -90,6 +114,8 @@ static void parse(int argc, char **argv, opts_t *o)
 	o->mc.n_layer = o->mc.n_head = o->mc.n_embd = o->mc.seq_len = o->mc.vocab_size = -1;
 	o->tc.T = -1;
 	o->grad_accum = -1;
+	o->print_every = 1;
+	o->world = 1;
 #define FLAG(name) cli_flag(argc, argv, &i, name, &v)
 #define DBL(name) cli_parse_double("train", name, v)
 	for (int i = 1; i < argc; i++) {
@@ -142,6 +168,22 @@ static void parse(int argc, char **argv, opts_t *o)
 			if (!(o->tc.peak_flops > 0))
 				cli_die("train", "--peak-flops: %s must be > 0 (FLOP/s, e.g. 1e11)", v);
 		} else if (!strcmp(a, "--profile")) o->profile = 1;
+		else if (FLAG("--print-every")) o->print_every = (int)int_in("--print-every", v, 1, 1 << 30);
+		else if (FLAG("--nproc")) o->nproc = (int)int_in("--nproc", v, 1, 4096);
+		else if (FLAG("--bucket-mb")) {
+			o->tc.bucket_mb = DBL("--bucket-mb");
+			if (!(o->tc.bucket_mb > 0 && o->tc.bucket_mb <= 1 << 20))
+				cli_die("train", "--bucket-mb: %s must be > 0 (MiB, e.g. 25)", v);
+		} else if (FLAG("--check-replicas"))
+			o->tc.check_replicas = (int)int_in("--check-replicas", v, 0, 1 << 30);
+		else if (FLAG("--lr-scale")) {
+			o->lr_scale = -1;
+			for (int k = 0; k < 3; k++)
+				if (!strcmp(v, lr_scale_names[k]))
+					o->lr_scale = k;
+			if (o->lr_scale < 0)
+				cli_die("train", "--lr-scale: '%s' is not one of none, sqrt, linear", v);
+		} else if (FLAG("--ref-batch-size")) o->ref_batch = int_in("--ref-batch-size", v, 1, 1LL << 40);
 		else
 			cli_die("train", "unknown flag '%s' (see loom train --help)", a);
 	}
@@ -164,6 +206,44 @@ static void parse(int argc, char **argv, opts_t *o)
 		cli_die("train", "--save-every needs --save-dir DIR");
 	if (o->grad_accum > 0 && o->total_batch > 0)
 		cli_die("train", "give --grad-accum or --total-batch-size, not both");
+	if (o->lr_scale > 0 && o->ref_batch <= 0)
+		cli_die("train", "--lr-scale %s needs --ref-batch-size TOKENS (the batch --lr was tuned for)",
+		        lr_scale_names[o->lr_scale]);
+}
+
+/* `--nproc N` outside a job: become `loom run --nproc-per-node N <this loom> train ARGS` (ARGS without
+ * --nproc). Inside a job (a launcher's environment), or with N = 1, it returns and the rank count is
+ * checked once the communicator is up. */
+static void relaunch(int argc, char **argv, const opts_t *o)
+{
+	static const char *const job_env[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"};
+	char exe[PATH_MAX], n[16];
+	ssize_t len;
+	if (o->nproc <= 1)
+		return;
+	for (size_t k = 0; k < sizeof job_env / sizeof *job_env; k++)
+		if (getenv(job_env[k]))
+			return;
+	if ((len = readlink("/proc/self/exe", exe, sizeof exe - 1)) <= 0)
+		cli_die("train", "--nproc: cannot find this program's path (/proc/self/exe): %s", strerror(errno));
+	exe[len] = 0;
+	char **args = calloc((size_t)argc + 6, sizeof *args);
+	int k = 0;
+	if (!args)
+		cli_die("train", "out of memory");
+	snprintf(n, sizeof n, "%d", o->nproc);
+	args[k++] = exe, args[k++] = "run", args[k++] = "--nproc-per-node", args[k++] = n, args[k++] = exe;
+	args[k++] = "train";
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--nproc"))
+			i++; /* and its value, validated by parse() */
+		else if (strncmp(argv[i], "--nproc=", 8) != 0)
+			args[k++] = argv[i];
+	}
+	args[k] = NULL;
+	fflush(NULL);
+	execv(exe, args);
+	cli_die("train", "--nproc: cannot run %s: %s", exe, strerror(errno));
 }
 
 /* The model config from the preset/flags or the --init-from file; T defaults here too. */
@@ -193,21 +273,33 @@ static void model_config(opts_t *o)
 	o->mc = c;
 }
 
+/* accum from --total-batch-size = B x T x ranks x accum (or --grad-accum), then the LR scaling. */
 static void batch_config(opts_t *o)
 {
-	long long micro = (long long)o->tc.B * o->tc.T; /* x world, 1 here */
+	long long micro = (long long)o->tc.B * o->tc.T * o->world;
 	if (o->total_batch > 0) {
 		if (o->total_batch % micro != 0) {
-			char valid[256];
+			char valid[256], what[96];
 			int n = 0;
 			for (int k = 1; k <= 5; k++)
 				n += snprintf(valid + n, sizeof valid - (size_t)n, "%s%lld", k > 1 ? ", " : "", micro * k);
-			cli_die("train", "--total-batch-size %lld is not a multiple of B x T = %d x %d = %lld tokens per "
-			        "micro-batch; valid values: %s, ...", o->total_batch, o->tc.B, o->tc.T, micro, valid);
+			if (o->world > 1)
+				snprintf(what, sizeof what, "B x T x ranks = %d x %d x %d = %lld tokens per micro-step",
+				         o->tc.B, o->tc.T, o->world, micro);
+			else
+				snprintf(what, sizeof what, "B x T = %d x %d = %lld tokens per micro-batch", o->tc.B, o->tc.T,
+				         micro);
+			cli_die("train", "--total-batch-size %lld is not a multiple of %s; valid values: %s, ...",
+			        o->total_batch, what, valid);
 		}
 		o->tc.accum = (int)(o->total_batch / micro);
 	} else {
 		o->tc.accum = o->grad_accum > 0 ? o->grad_accum : 1;
+	}
+	o->base_lr = o->tc.lr.peak_lr;
+	if (o->lr_scale > 0) {
+		double ratio = (double)(micro * o->tc.accum) / (double)o->ref_batch;
+		o->tc.lr.peak_lr *= o->lr_scale == 1 ? sqrt(ratio) : ratio;
 	}
 }
 
@@ -332,16 +424,55 @@ static void sample(run_ctx_t *r, loom_gpt2_t *model, long long step)
 	printf("\n---\n");
 }
 
+/* What this run does, printed by rank 0 before the first step. */
+static void print_header(const opts_t *o, loom_trainer_t *tr)
+{
+	printf("model: L%d H%d C%d T%d V%d, %zu parameters%s%s\n", o->mc.n_layer, o->mc.n_head, o->mc.n_embd,
+	       o->mc.seq_len, o->mc.vocab_size, loom_gpt2_num_params(&o->mc), o->init_from ? ", from " : "",
+	       o->init_from ? o->init_from : "");
+	if (o->world > 1)
+		printf("batch: B=%d T=%d accum=%d ranks=%d -> %lld tokens per step", o->tc.B, o->tc.T, o->tc.accum,
+		       o->world, loom_trainer_tokens_per_step(tr));
+	else
+		printf("batch: B=%d T=%d accum=%d -> %lld tokens per step", o->tc.B, o->tc.T, o->tc.accum,
+		       loom_trainer_tokens_per_step(tr));
+	printf("; %lld steps; lr %g (%s, warmup %lld, min %g x)\n", o->tc.lr.total_steps, o->tc.lr.peak_lr,
+	       loom_schedule_name(o->tc.lr.kind), o->tc.lr.warmup, o->tc.lr.min_lr_frac);
+	if (o->lr_scale > 0)
+		printf("lr: peak %g = %g x %g (%s scaling, %lld tokens per step vs a reference of %lld)\n", o->tc.lr.peak_lr,
+		       o->base_lr, o->tc.lr.peak_lr / o->base_lr, lr_scale_names[o->lr_scale],
+		       loom_trainer_tokens_per_step(tr), o->ref_batch);
+	if (o->world > 1) {
+		printf("data parallel: %d ranks x %d thread%s; gradients averaged in buckets of %g MiB (the first %g MiB) "
+		       "on the last of %d micro-step%s", o->world, loom_num_threads(), loom_num_threads() == 1 ? "" : "s",
+		       o->tc.bucket_mb, o->tc.bucket_mb < 1 ? o->tc.bucket_mb : 1.0, o->tc.accum, o->tc.accum == 1 ? "" : "s");
+		if (o->tc.check_replicas > 0)
+			printf("; replicas compared every %d step%s", o->tc.check_replicas, o->tc.check_replicas == 1 ? "" : "s");
+		putchar('\n');
+	}
+	printf("threads: %d; MFU against a peak of %.1f GFLOP/s%s; %.4g FLOP per token\n", loom_num_threads(),
+	       o->tc.peak_flops / 1e9, o->world > 1 ? " per rank" : "", loom_gpt2_flops_per_token(&o->mc, o->tc.T));
+}
+
 static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 {
 	run_ctx_t *r = ctx;
 	char eta[32], mfu[16] = "-";
 	int w = snprintf(NULL, 0, "%lld", m->total);
+	if (r->o->rank != 0) /* rank 0 prints for the job */
+		return 0;
+	r->steps_run++;
+	r->optim_ms += m->optim_ms, r->step_ms += m->dt_ms;
+	if (m->step % r->o->print_every != 0 && m->step != 1 && m->step != m->total && !m->has_val && !m->saved)
+		return 0;
 	fmt_eta(m->eta_s, eta, sizeof eta);
 	if (r->o->tc.peak_flops > 0)
 		snprintf(mfu, sizeof mfu, "%.1f%%", 100.0 * m->mfu);
-	printf("step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s | ETA %s", w, m->step,
-	       m->total, m->loss, m->lr, m->grad_norm, m->dt_ms, m->tokens_per_s, mfu, eta);
+	printf("step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s", w, m->step, m->total,
+	       m->loss, m->lr, m->grad_norm, m->dt_ms, m->tokens_per_s, mfu);
+	if (r->o->world > 1)
+		printf(" | comm %.1f ms, exposed %.1f ms", m->comm_ms, m->exposed_comm_ms);
+	printf(" | ETA %s", eta);
 	if (m->has_val)
 		printf(" | val %.6f", m->val_loss);
 	if (m->saved)
@@ -352,8 +483,6 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 		printf("note: MFU above 100%%: the peak (%.1f GFLOP/s) is too low, probably measured while the machine "
 		       "was busy; delete ~/.cache/loom/gemm_peak or give --peak-flops\n", r->o->tc.peak_flops / 1e9);
 	}
-	r->steps_run++;
-	r->optim_ms += m->optim_ms, r->step_ms += m->dt_ms;
 	if (r->o->sample_every > 0 && m->step % r->o->sample_every == 0)
 		sample(r, loom_trainer_model(tr), m->step);
 	return 0;
@@ -362,12 +491,25 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 int loom_cli_train(int argc, char **argv)
 {
 	opts_t o;
+	loom_comm_t *comm = NULL;
 	loom_gpt2_t *model = NULL;
 	loom_trainer_t *tr = NULL;
 	run_ctx_t r;
 	int rc, status = 1;
 	memset(&r, 0, sizeof r);
 	parse(argc, argv, &o);
+	relaunch(argc, argv, &o); /* --nproc N: returns only inside a job or with N = 1 */
+	/* Join the job the environment describes; a job of one rank is the single-process trainer. */
+	if (loom_comm_init(&comm) != LOOM_OK)
+		cli_die("train", "joining the data-parallel job: %s", loom_errmsg());
+	o.rank = loom_comm_rank(comm), o.world = loom_comm_size(comm);
+	if (o.nproc > 0 && o.nproc != o.world)
+		cli_die("train", "--nproc %d, but this process is already rank %d of a job of %d", o.nproc, o.rank, o.world);
+	if (o.world == 1) {
+		loom_comm_destroy(comm);
+		comm = NULL;
+	}
+	o.tc.comm = comm;
 	loom_set_num_threads(o.threads > 0 ? o.threads : omp_get_max_threads()); /* default: OMP_NUM_THREADS or CPUs */
 	model_config(&o);
 	batch_config(&o);
@@ -390,33 +532,28 @@ int loom_cli_train(int argc, char **argv)
 		fprintf(stderr, "loom train: %s\n", loom_errmsg());
 		goto out;
 	}
-	if (o.tc.peak_flops <= 0) { /* measured once the settings are known to be good */
+	if (o.tc.peak_flops <= 0 && o.rank == 0) { /* measured once the settings are known to be good */
 		o.tc.peak_flops = peak_flops(loom_num_threads());
 		loom_trainer_set_peak_flops(tr, o.tc.peak_flops);
 	}
-	if (o.resume) {
+	if (o.resume) { /* every rank reads the checkpoint; the first step re-broadcasts rank 0's parameters */
 		rc = loom_trainer_resume(tr, o.tc.save_dir);
 		if (rc == LOOM_ENOENT) {
-			printf("resume: no checkpoint in %s yet, starting from scratch\n", o.tc.save_dir);
+			if (o.rank == 0)
+				printf("resume: no checkpoint in %s yet, starting from scratch\n", o.tc.save_dir);
 		} else if (rc != LOOM_OK) {
 			fprintf(stderr, "loom train: %s\n", loom_errmsg());
 			goto out;
-		} else {
+		} else if (o.rank == 0) {
 			printf("resumed from %s at step %lld\n", o.tc.save_dir, loom_trainer_steps_done(tr));
 			if (loom_trainer_steps_done(tr) >= o.tc.lr.total_steps)
 				printf("nothing to do: the checkpoint is at step %lld, --steps is %lld\n",
 				       loom_trainer_steps_done(tr), o.tc.lr.total_steps);
 		}
 	}
-	printf("model: L%d H%d C%d T%d V%d, %zu parameters%s%s\n", o.mc.n_layer, o.mc.n_head, o.mc.n_embd,
-	       o.mc.seq_len, o.mc.vocab_size, loom_gpt2_num_params(&o.mc), o.init_from ? ", from " : "",
-	       o.init_from ? o.init_from : "");
-	printf("batch: B=%d T=%d accum=%d -> %lld tokens per step; %lld steps; lr %g (%s, warmup %lld, min %g x)\n",
-	       o.tc.B, o.tc.T, o.tc.accum, loom_trainer_tokens_per_step(tr), o.tc.lr.total_steps, o.tc.lr.peak_lr,
-	       loom_schedule_name(o.tc.lr.kind), o.tc.lr.warmup, o.tc.lr.min_lr_frac);
-	printf("threads: %d; MFU against a peak of %.1f GFLOP/s; %.4g FLOP per token\n", loom_num_threads(),
-	       o.tc.peak_flops / 1e9, loom_gpt2_flops_per_token(&o.mc, o.tc.T));
-	if (o.sample_every > 0) {
+	if (o.rank == 0)
+		print_header(&o, tr);
+	if (o.sample_every > 0 && o.rank == 0) {
 		if (o.tc.tokenizer && loom_tokenizer_load(&r.tok, o.tc.tokenizer) == LOOM_OK)
 			r.have_tok = 1;
 		else if (o.mc.vocab_size == LOOM_BYTE_VOCAB && loom_tokenizer_init_bytes(&r.tok) == LOOM_OK)
@@ -433,15 +570,16 @@ int loom_cli_train(int argc, char **argv)
 		fprintf(stderr, "loom train: %s\n", loom_errmsg());
 		goto out;
 	}
-	if (o.profile && r.steps_run > 0) {
+	if (o.profile && r.steps_run > 0 && o.rank == 0) {
 		loom_gpt2_profile_report(model, stdout, r.steps_run);
 		printf("optimizer (grad norm + AdamW): %.2f ms per step, %.1f%% of the step time\n",
 		       r.optim_ms / r.steps_run, 100.0 * r.optim_ms / r.step_ms);
 	}
 	status = 0;
 out:
-	loom_trainer_destroy(tr);
+	loom_trainer_destroy(tr); /* before the model and the communicator it uses */
 	loom_gpt2_destroy(model);
+	loom_comm_destroy(comm);
 	if (r.have_tok)
 		loom_tokenizer_free(&r.tok);
 	free(r.sample_buf);

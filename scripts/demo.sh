@@ -14,7 +14,7 @@
 set -euo pipefail
 LOOM=${1:-build/loom}
 DIR=${2:-build/demo}
-STEPS=${DEMO_STEPS:-700}
+STEPS=${DEMO_STEPS:-3000}
 NPROC=${DEMO_NPROC:-2}
 FORTUNES=/usr/share/games/fortunes
 
@@ -28,14 +28,14 @@ echo "== 1/3  corpus: ${#FILES[@]} fortune files from $FORTUNES -> $DIR/data"
 "$LOOM" data prepare --input "${FILES[@]}" --out "$DIR/data" --doc-sep % --val-fraction 0.02
 
 echo
-echo "== 2/3  training a GPT with $NPROC processes ($STEPS steps of 2 x 16 x 128 tokens; a few minutes)"
+echo "== 2/3  training a GPT with $NPROC processes ($STEPS steps of $NPROC x 4 x 128 tokens; a few minutes)"
 rm -rf "$DIR/ckpt"
 t0=$(date +%s)
 "$LOOM" train --nproc "$NPROC" --train-data "$DIR/data/train_*.bin" --val-data "$DIR/data/val_*.bin" \
-	--n-layer 4 --n-head 4 --n-embd 192 --vocab-size 257 --seq-len 128 \
-	--batch-size 16 --total-batch-size $((16 * 128 * NPROC)) --steps "$STEPS" \
-	--lr 3e-3 --warmup 30 --min-lr-frac 0.1 --weight-decay 0.1 --shuffle 1 \
-	--eval-every 100 --eval-batches 16 --save-dir "$DIR/ckpt" --log "$DIR/train.jsonl" --print-every 10
+	--n-layer 4 --n-head 4 --n-embd 128 --vocab-size 257 --seq-len 128 \
+	--batch-size 4 --total-batch-size $((4 * 128 * NPROC)) --steps "$STEPS" \
+	--lr 3e-3 --warmup 50 --min-lr-frac 0.1 --weight-decay 0.1 --shuffle 1 \
+	--eval-every 500 --eval-batches 64 --save-dir "$DIR/ckpt" --log "$DIR/train.jsonl" --print-every 50
 t1=$(date +%s)
 echo "trained in $((t1 - t0)) s; checkpoint: $(ls -d "$DIR"/ckpt/step_* | tail -1); log: $DIR/train.jsonl"
 
@@ -43,7 +43,7 @@ echo
 echo "== 3/3  three fortunes sampled from the trained model (loom sample --model $DIR/ckpt)"
 for seed in 1 2 3; do
 	echo "--"
-	"$LOOM" sample --model "$DIR/ckpt" --max-tokens 300 --temperature 0.8 --top-k 40 --seed "$seed"
+	"$LOOM" sample --model "$DIR/ckpt" --max-tokens 127 --temperature 0.8 --top-k 40 --seed "$seed"
 	echo
 done
 echo "--"

@@ -5,8 +5,15 @@
  * on each of `world` ranks. In step i (counting from 0), micro-step j, rank r reads data window
  * k = (i*accum + j)*world + r (loom/data.h). Gradients accumulate with scale 1/accum, so the step's
  * gradient is the mean over its micro-batches; the logged loss is the mean of the micro-step losses.
- * This issue's trainer is single-process (world 1, rank 0); the data-parallel trainer adds the
- * gradient averaging through loom/ddp.h on the same loop.
+ *
+ * Data parallelism: with a communicator of more than one rank in the config, every rank runs the
+ * same trainer on its own windows. The first step broadcasts rank 0's parameters (initialized,
+ * loaded or resumed) and every rank verifies their checksum; gradients are averaged across ranks
+ * through loom/ddp.h on the last micro-step of each step only (no communication before it), so the
+ * averaged gradient, its norm, the clipping and the update are bit-identical on every rank. The
+ * step's loss is averaged over ranks and micro-steps; rank 0 alone writes the log and checkpoints,
+ * which hold the loader states of all ranks. N ranks with accumulation A give the same losses (up to
+ * float rounding) as one rank with accumulation N x A.
  *
  * A training checkpoint (DIR/step_NNNNNNNN/, written through loom/ckpt.h) holds the model, the AdamW
  * state (m, v, step) and the trainer state (step, data-loader state, seed, config). There is no other
@@ -20,6 +27,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "loom/comm.h"
 #include "loom/error.h"
 #include "loom/gpt2.h"
 #include "loom/optim.h"
@@ -70,9 +78,14 @@ typedef struct {
 	int save_every;            /* every K steps (and at the last step); 0: only at the end */
 	int keep_checkpoints;      /* after saving, delete all but the newest K checkpoints; 0: keep all */
 	const char *log_path;      /* JSONL, one object per step (appended to when resuming), or NULL */
-	double peak_flops;         /* FLOP/s for MFU; <= 0: MFU is reported as 0 */
+	double peak_flops;         /* FLOP/s of one rank for MFU (against world x this); <= 0: MFU is 0 */
 	const char *tokenizer;     /* llm.c tokenizer file copied into every checkpoint (so that
 	                              `loom sample` finds it beside the model), or NULL */
+	/* Data parallelism (see the top of this file). */
+	loom_comm_t *comm;         /* the ranks (borrowed; must outlive the trainer), or NULL: one process.
+	                              A communicator of one rank is the same as NULL. */
+	double bucket_mb;          /* gradient bucket size in MiB (default 25; the first bucket 1 MiB) */
+	int check_replicas;        /* every K steps compare parameter checksums across ranks (0: never) */
 } loom_train_config_t;
 
 /* A config with the defaults: accum 1, AdamW defaults, grad_clip 1.0, cosine, min_lr_frac 0.0,
@@ -89,7 +102,10 @@ typedef struct {
 	double dt_ms;         /* wall time of the step (micro-steps, clipping, AdamW) */
 	double optim_ms;      /* of which the gradient norm and the AdamW update */
 	double tokens_per_s;  /* B*T*accum*world / dt */
-	double mfu;           /* tokens_per_s * flops_per_token / peak_flops (0 without a peak) */
+	double mfu;           /* tokens_per_s * flops_per_token / (world * peak_flops) (0 without a peak) */
+	double comm_ms;       /* all-reduce time of the step: gradient buckets (on the communicator's
+	                         thread, overlapping backward) and the loss (0 with one rank) */
+	double exposed_comm_ms; /* of which the training thread waited for: not hidden behind backward */
 	double eta_s;         /* remaining steps x mean step time so far */
 	int has_val;
 	float val_loss;       /* mean loss over eval_batches validation windows, after this step's update */
@@ -100,9 +116,12 @@ typedef struct loom_trainer loom_trainer_t;
 
 /* Build a trainer for `model` (borrowed: the caller keeps ownership and must keep it alive; its B
  * and T given at create must be >= cfg->B, cfg->T). Opens the loaders and allocates the optimizer;
- * strings in cfg are copied. Returns LOOM_EINVAL (bad settings, T beyond the model's seq_len, a
- * token id in the data >= the model's vocabulary: the first 1M tokens of each set are checked),
- * LOOM_ENOENT / LOOM_EFORMAT from the data, or LOOM_ENOMEM; the detail is in loom_errmsg(). */
+ * strings in cfg are copied. With several ranks (cfg->comm) it also attaches a loom/ddp.h reducer to
+ * the model, which moves the model's gradients into shared memory until loom_trainer_destroy
+ * (destroy the trainer before the model and the communicator); not collective. Returns
+ * LOOM_EINVAL (bad settings, T beyond the model's seq_len, a token id in the data >= the model's
+ * vocabulary: the first 1M tokens of each set are checked), LOOM_ENOENT / LOOM_EFORMAT from the data,
+ * or LOOM_ENOMEM; the detail is in loom_errmsg(). */
 int loom_trainer_create(loom_trainer_t **tr, const loom_train_config_t *cfg, loom_gpt2_t *model);
 void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log */
 
@@ -110,26 +129,38 @@ void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log *
  * is a directory of checkpoints, from the latest complete one in it). LOOM_ENOENT when none exists,
  * LOOM_EMISMATCH when it was written with another model config, batch, data or world size,
  * LOOM_EFORMAT for a damaged checkpoint. After a failure other than LOOM_ENOENT the trainer's state
- * may be partly restored: destroy it. */
+ * may be partly restored: destroy it. With several ranks every rank calls it (each reads its own
+ * loader state) and the next step broadcasts rank 0's parameters; not collective itself. */
 int loom_trainer_resume(loom_trainer_t *tr, const char *path);
-/* Write a training checkpoint of the current state to cfg->save_dir/step_NNNNNNNN (atomically). */
+/* Write a training checkpoint of the current state to cfg->save_dir/step_NNNNNNNN (atomically).
+ * Collective with several ranks: the loader states are gathered, then rank 0 writes. */
 int loom_trainer_save(loom_trainer_t *tr);
 
-/* One optimizer step (accum micro-steps, clipping, AdamW); fills *m (without val_loss/saved). */
+/* One optimizer step (accum micro-steps, clipping, AdamW); fills *m (without val_loss/saved).
+ * Collective with several ranks. */
 int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m);
-/* Mean loss over the first cfg->eval_batches windows of the validation data (no gradients). */
+/* Mean loss over the first cfg->eval_batches windows of the validation data (no gradients). With
+ * several ranks, collective: each rank evaluates a share of the windows and every rank gets the
+ * same value, summed in window order as one process would. */
 int loom_trainer_eval(loom_trainer_t *tr, float *val_loss);
+/* Compare the parameters of all ranks (checksums); LOOM_EMISMATCH naming the ranks that differ.
+ * Collective; LOOM_OK at once with one rank. */
+int loom_trainer_check_replicas(loom_trainer_t *tr);
 
 /* Called after every step of loom_trainer_run (e.g. to print); a non-zero return stops the run. */
 typedef int (*loom_train_step_fn)(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m);
-/* Run steps until lr.total_steps, evaluating, logging and saving as configured; calls fn (may be
- * NULL) after each step. Returns LOOM_OK, the first error, or LOOM_ESTATE when fn stopped it or
- * the loss or gradient norm became non-finite (that step is logged but not checkpointed). */
+/* Run steps until lr.total_steps, evaluating, checking replicas, logging and saving as configured;
+ * calls fn (may be NULL) after each step (on every rank: fn decides who prints). Returns LOOM_OK,
+ * the first error, or LOOM_ESTATE when fn stopped it (with several ranks, fn must then stop every
+ * rank at the same step) or the loss or gradient norm became non-finite (that step is logged but not
+ * checkpointed; the loss and norm are the same on every rank, so every rank stops). */
 int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx);
 
 /* Set the FLOP/s that MFU is relative to (<= 0: MFU is reported as 0). */
 void loom_trainer_set_peak_flops(loom_trainer_t *tr, double flops);
 long long loom_trainer_steps_done(const loom_trainer_t *tr);
+int loom_trainer_rank(const loom_trainer_t *tr);  /* 0 with one process */
+int loom_trainer_world(const loom_trainer_t *tr); /* ranks; 1 with one process */
 loom_gpt2_t *loom_trainer_model(loom_trainer_t *tr);
 const loom_adamw_t *loom_trainer_optimizer(const loom_trainer_t *tr);
 /* Tokens per optimizer step: B*T*accum*world. */

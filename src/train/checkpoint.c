@@ -3,11 +3,17 @@
  * A checkpoint of step S is DIR/step_%08lld (loom/ckpt.h writes it atomically) holding
  *   model.safetensors  the parameters (HF GPT-2 names; loadable by `loom sample` and HF tools),
  *   optim.safetensors  AdamW's m and v ("<name>.exp_avg", "<name>.exp_avg_sq"),
- *   state.json         step, AdamW step count, the train loader's state, and the settings a resume
- *                      must match (model config, B, T, accum, world) plus the others for the record,
+ *   state.json         step, AdamW step count, the train loader's state ("loader.train", and with
+ *                      several ranks "loader.train.rankR" for each rank R > 0), and the settings a
+ *                      resume must match (model config, B, T, accum, world) plus the others for the
+ *                      record,
  *   tokenizer.bin      a copy of the data's tokenizer when one is known (for `loom sample`).
- * That is the whole training state (see trainer.c), so a resumed run continues bit-identically. */
+ * That is the whole training state (see trainer.c), so a resumed run continues bit-identically. With
+ * several ranks the parameters and AdamW state are the same on every rank; rank 0 writes them with
+ * the loader states gathered from all ranks, and on resume every rank reads the checkpoint (its own
+ * loader state) and the next step re-broadcasts rank 0's parameters and verifies them. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -15,16 +21,44 @@
 #include "loom/ckpt.h"
 #include "train/trainer_internal.h"
 
-static int put_state(loom_trainer_t *tr, loom_kv_t *kv)
+/* state.json's key of rank r's loader state. */
+static void loader_key(char *buf, size_t cap, int rank)
+{
+	if (rank == 0)
+		snprintf(buf, cap, "loader.train");
+	else
+		snprintf(buf, cap, "loader.train.rank%d", rank);
+}
+
+/* The loader states of all ranks (world of them, rank order), on every rank. Collective. */
+static int gather_loader_states(loom_trainer_t *tr, loom_loader_state_t *all)
+{
+	loom_loader_state_t mine;
+	int rc;
+	_Static_assert(sizeof mine % sizeof(int64_t) == 0, "the loader state is gathered as int64 words");
+	loom_loader_get_state(tr->train, &mine);
+	if (!tr->comm) {
+		all[0] = mine;
+		return LOOM_OK;
+	}
+	if ((rc = loom_allgather(tr->comm, &mine, all, sizeof mine / sizeof(int64_t), LOOM_INT64)) != LOOM_OK)
+		return loom_seterr(rc, "rank %d: checkpoint of step %lld: gathering the data-loader states: %s", tr->rank,
+		                   tr->step, loom_comm_errmsg(tr->comm));
+	return LOOM_OK;
+}
+
+static int put_state(loom_trainer_t *tr, loom_kv_t *kv, const loom_loader_state_t *loaders)
 {
 	const loom_train_config_t *c = &tr->cfg;
-	loom_loader_state_t ls;
+	char key[64];
 	int rc = LOOM_OK;
-	loom_loader_get_state(tr->train, &ls);
 	rc = rc ? rc : loom_kv_set_str(kv, "format", "loom-train");
 	rc = rc ? rc : loom_kv_set_i64(kv, "step", tr->step);
 	rc = rc ? rc : loom_kv_set_i64(kv, "adamw.step", tr->opt.step);
-	rc = rc ? rc : loom_kv_set_loader(kv, "loader.train", &ls);
+	for (int r = 0; r < tr->world; r++) {
+		loader_key(key, sizeof key, r);
+		rc = rc ? rc : loom_kv_set_loader(kv, key, &loaders[r]);
+	}
 	rc = rc ? rc : loom_kv_set_i64(kv, "model.n_layer", tr->mcfg.n_layer);
 	rc = rc ? rc : loom_kv_set_i64(kv, "model.n_head", tr->mcfg.n_head);
 	rc = rc ? rc : loom_kv_set_i64(kv, "model.n_embd", tr->mcfg.n_embd);
@@ -54,12 +88,21 @@ int loom_trainer_save(loom_trainer_t *tr)
 {
 	loom_ckpt_writer_t w;
 	loom_kv_t *kv = NULL;
+	loom_loader_state_t *loaders;
 	char path[1200];
 	int rc;
 	if (!tr->cfg.save_dir)
 		return loom_seterr(LOOM_EINVAL, "trainer: no checkpoint directory (--save-dir)");
-	if ((rc = loom_ckpt_begin(&w, tr->cfg.save_dir, tr->step)) != LOOM_OK)
+	if (!(loaders = calloc((size_t)tr->world, sizeof *loaders)))
+		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
+	if ((rc = gather_loader_states(tr, loaders)) != LOOM_OK || tr->rank != 0) { /* rank 0 writes */
+		free(loaders);
 		return rc;
+	}
+	if ((rc = loom_ckpt_begin(&w, tr->cfg.save_dir, tr->step)) != LOOM_OK) {
+		free(loaders);
+		return rc;
+	}
 	if ((rc = loom_ckpt_file(&w, "model.safetensors", path, sizeof path)) ||
 	    (rc = loom_model_save_safetensors(path, &tr->mcfg, loom_gpt2_params(tr->model))))
 		goto fail;
@@ -76,15 +119,17 @@ int loom_trainer_save(loom_trainer_t *tr)
 		if (rc != LOOM_OK)
 			goto fail;
 	}
-	if ((rc = loom_kv_create(&kv)) || (rc = put_state(tr, kv)) ||
+	if ((rc = loom_kv_create(&kv)) || (rc = put_state(tr, kv, loaders)) ||
 	    (rc = loom_ckpt_file(&w, "state.json", path, sizeof path)) || (rc = loom_kv_save(kv, path)))
 		goto fail;
 	loom_kv_destroy(kv);
+	free(loaders);
 	if ((rc = loom_ckpt_commit(&w)) != LOOM_OK)
 		return rc;
 	return tr->cfg.keep_checkpoints > 0 ? loom_ckpt_prune(tr->cfg.save_dir, tr->cfg.keep_checkpoints) : LOOM_OK;
 fail:
 	loom_kv_destroy(kv);
+	free(loaders);
 	loom_ckpt_abort(&w);
 	return rc;
 }
@@ -129,12 +174,14 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 	    (rc = expect_i64(kv, file, "model.seq_len", tr->mcfg.seq_len, m)) ||
 	    (rc = expect_i64(kv, file, "model.vocab_size", tr->mcfg.vocab_size, m)) ||
 	    (rc = expect_i64(kv, file, "batch.B", tr->cfg.B, b)) || (rc = expect_i64(kv, file, "batch.T", tr->cfg.T, b)) ||
-	    (rc = expect_i64(kv, file, "batch.accum", tr->cfg.accum, b)) ||
 	    (rc = expect_i64(kv, file, "batch.world", tr->world,
-	                     " (resharding a checkpoint across world sizes is not supported yet)")))
+	                     " (resharding a checkpoint across world sizes is not supported yet)")) ||
+	    (rc = expect_i64(kv, file, "batch.accum", tr->cfg.accum, b)))
 		goto out;
+	char lkey[64];
+	loader_key(lkey, sizeof lkey, tr->rank);
 	if ((rc = loom_kv_get_i64(kv, "step", &step)) || (rc = loom_kv_get_i64(kv, "adamw.step", &astep)) ||
-	    (rc = loom_kv_get_loader(kv, "loader.train", &ls)))
+	    (rc = loom_kv_get_loader(kv, lkey, &ls)))
 		goto out;
 	if (step < 0 || astep != step) {
 		rc = loom_seterr(LOOM_EFORMAT, "%s: step %lld and AdamW step %lld disagree", file, (long long)step,
@@ -169,6 +216,7 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 	tr->opt.step = astep;
 	tr->step = step;
 	tr->resumed = 1;
+	tr->synced = 0; /* the next step broadcasts rank 0's parameters again */
 out:
 	loom_kv_destroy(kv);
 	return rc;

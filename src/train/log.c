@@ -1,4 +1,4 @@
-/* log.c: the training log, one JSON object per optimizer step (JSON Lines).
+/* log.c: the training log, one JSON object per optimizer step (JSON Lines), written by rank 0 only.
  *
  * Each line starts with {"step":N, so that a resumed run can keep exactly the lines of the steps
  * its checkpoint contains (a run that died after its last checkpoint leaves lines for steps that
@@ -73,6 +73,10 @@ int loom_train_log_write(loom_trainer_t *tr, const loom_step_metrics_t *m)
 	num(f, "dt_ms", m->dt_ms, "%.3f");
 	num(f, "tokens_per_s", m->tokens_per_s, "%.1f");
 	num(f, "mfu", m->mfu, "%.4f");
+	if (tr->world > 1) {
+		num(f, "comm_ms", m->comm_ms, "%.3f");
+		num(f, "exposed_comm_ms", m->exposed_comm_ms, "%.3f");
+	}
 	fprintf(f, ",\"tokens\":%lld", m->step * loom_trainer_tokens_per_step(tr));
 	if (m->has_val)
 		num(f, "val_loss", m->val_loss, "%.9g");

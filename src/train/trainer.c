@@ -1,10 +1,14 @@
 /* trainer.c: the training loop: micro-steps with gradient accumulation, global-norm clipping,
- * AdamW under an LR schedule, evaluation, and the run loop that logs and checkpoints.
+ * AdamW under an LR schedule, evaluation, and the run loop that logs and checkpoints; with several
+ * ranks, data-parallel through loom/ddp.h.
  *
  * Invariants: after k calls of loom_trainer_step, tr->step == k, the optimizer has taken k steps and
  * the train loader's position is window k*accum*world + rank, so the whole training state is (model
  * parameters, AdamW m/v/step, loader state) and checkpoint.c saves exactly that. A step allocates
- * nothing. Evaluation reads validation windows directly (loom_loader_window) and does not touch
+ * nothing. With several ranks, every collective call happens on every rank in the same order (the
+ * steps, evaluations, replica checks and saves of the run loop depend only on the step number), and
+ * the averaged gradients are bit-identical on every rank (the all-reduce gives every rank the same
+ * bits), so the norm, clipping and AdamW keep the replicas identical without further communication. Evaluation reads validation windows directly (loom_loader_window) and does not touch
  * the training state, so evaluating or not never changes the training losses. */
 #include <math.h>
 #include <stdlib.h>
@@ -24,6 +28,7 @@ loom_train_config_t loom_train_defaults(void)
 	c.lr.kind = LOOM_SCHED_COSINE;
 	c.lr.min_lr_frac = 0.0;
 	c.eval_batches = 20;
+	c.bucket_mb = 25;
 	return c;
 }
 
@@ -78,6 +83,10 @@ static int check_config(const loom_train_config_t *c, const loom_gpt2_config_t *
 		return loom_seterr(LOOM_EINVAL, "trainer: eval-batches must be > 0 to evaluate");
 	if (!isfinite(c->grad_clip))
 		return loom_seterr(LOOM_EINVAL, "trainer: grad clip %g must be finite", c->grad_clip);
+	if (c->comm && loom_comm_size(c->comm) > 1 && !(c->bucket_mb > 0 && c->bucket_mb < 1e6))
+		return loom_seterr(LOOM_EINVAL, "trainer: bucket size %g MiB must be > 0", c->bucket_mb);
+	if (c->check_replicas < 0)
+		return loom_seterr(LOOM_EINVAL, "trainer: check-replicas %d must be >= 0", c->check_replicas);
 	return LOOM_OK;
 }
 
@@ -98,6 +107,10 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	tr->model = model;
 	tr->mcfg = *loom_gpt2_config(model);
 	tr->world = 1, tr->rank = 0;
+	if (cfg->comm && loom_comm_size(cfg->comm) > 1) {
+		tr->comm = cfg->comm;
+		tr->world = loom_comm_size(cfg->comm), tr->rank = loom_comm_rank(cfg->comm);
+	}
 	if ((rc = dup_str(&tr->train_data, cfg->train_data)) || (rc = dup_str(&tr->val_data, cfg->val_data)) ||
 	    (rc = dup_str(&tr->save_dir, cfg->save_dir)) || (rc = dup_str(&tr->log_path, cfg->log_path)) ||
 	    (rc = dup_str(&tr->tokenizer, cfg->tokenizer)))
@@ -126,6 +139,14 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	}
 	if ((rc = loom_adamw_init_gpt2(&tr->opt, &cfg->adamw, &tr->mcfg)) != LOOM_OK)
 		goto fail;
+	if (tr->val && !(tr->val_losses = calloc((size_t)LOOM_MIN((uint64_t)cfg->eval_batches,
+	                                                          loom_loader_windows_per_epoch(tr->val)), sizeof(double)))) {
+		rc = loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
+		goto fail;
+	}
+	/* PyTorch DDP's layout: the first bucket (the last layers, whose gradients come first) 1 MiB. */
+	if (tr->comm && (rc = loom_ddp_create(&tr->ddp, tr->comm, model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb))))
+		goto fail;
 	tr->flops_per_token = loom_gpt2_flops_per_token(&tr->mcfg, cfg->T);
 	*out = tr;
 	return LOOM_OK;
@@ -138,6 +159,8 @@ void loom_trainer_destroy(loom_trainer_t *tr)
 {
 	if (!tr)
 		return;
+	loom_ddp_destroy(tr->ddp); /* gives the model its own gradient buffer back */
+	free(tr->val_losses);
 	loom_train_log_close(tr);
 	loom_loader_destroy(tr->train);
 	loom_loader_destroy(tr->val);
@@ -148,26 +171,59 @@ void loom_trainer_destroy(loom_trainer_t *tr)
 	free(tr);
 }
 
+/* Rank 0's parameters to every rank, verified there by checksum: before the first step, and again
+ * after a resume. */
+static int sync_params(loom_trainer_t *tr)
+{
+	int rc = loom_ddp_broadcast_params(tr->ddp);
+	if (rc != LOOM_OK)
+		return loom_seterr(rc, "rank %d of %d: starting from rank 0's parameters: %s", tr->rank, tr->world,
+		                   loom_errmsg());
+	tr->synced = 1;
+	return LOOM_OK;
+}
+
 int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 {
 	const loom_train_config_t *c = &tr->cfg;
 	float *params = loom_gpt2_params(tr->model), *grads = loom_gpt2_grads(tr->model);
 	size_t n = loom_gpt2_num_params(&tr->mcfg);
-	double t0 = loom_now(), loss_sum = 0.0;
+	double t0, loss_sum = 0.0, comm_ms = 0.0, exposed_ms = 0.0;
 	float scale = 1.0f / (float)c->accum, loss;
 	int rc;
 	memset(m, 0, sizeof *m);
+	if (tr->ddp && !tr->synced && (rc = sync_params(tr)) != LOOM_OK)
+		return rc;
+	t0 = loom_now();
 	loom_gpt2_zero_grad(tr->model);
 	for (int j = 0; j < c->accum; j++) {
 		loom_loader_state_t st;
 		loom_loader_get_state(tr->train, &st);
 		if ((rc = loom_loader_next(tr->train, tr->inputs, tr->targets)) != LOOM_OK)
 			return rc;
+		/* Gradients are averaged across ranks on the last micro-step only (as backward produces
+		 * them); the earlier ones accumulate locally and communicate nothing. */
+		if (tr->ddp)
+			loom_ddp_set_sync(tr->ddp, j == c->accum - 1);
 		rc = loom_gpt2_forward_backward(tr->model, tr->inputs, tr->targets, c->B, c->T, scale, &loss);
 		if (rc != LOOM_OK)
-			return loom_seterr(rc, "step %lld, micro-step %d (data window %llu of '%s'): %s", tr->step + 1, j,
-			                   (unsigned long long)st.next_window, c->train_data, loom_errmsg());
+			return loom_seterr(rc, "rank %d: step %lld, micro-step %d (data window %llu of '%s'): %s", tr->rank,
+			                   tr->step + 1, j, (unsigned long long)st.next_window, c->train_data, loom_errmsg());
+		if (tr->ddp) {
+			loom_ddp_stats_t ds;
+			if ((rc = loom_ddp_wait(tr->ddp, &ds)) != LOOM_OK)
+				return loom_seterr(rc, "rank %d: step %lld: %s", tr->rank, tr->step + 1, loom_errmsg());
+			comm_ms += ds.comm_ms, exposed_ms += ds.exposed_comm_ms;
+		}
 		loss_sum += loss;
+	}
+	if (tr->ddp) { /* the loss of all ranks: a blocking all-reduce of one double */
+		double ta = loom_now();
+		if ((rc = loom_allreduce(tr->comm, &loss_sum, &loss_sum, 1, LOOM_FLOAT64, LOOM_AVG)) != LOOM_OK)
+			return loom_seterr(rc, "rank %d: step %lld: averaging the loss across ranks: %s", tr->rank, tr->step + 1,
+			                   loom_comm_errmsg(tr->comm));
+		ta = 1e3 * (loom_now() - ta);
+		comm_ms += ta, exposed_ms += ta;
 	}
 	double t1 = loom_now();
 	m->grad_norm = loom_grad_norm(grads, n);
@@ -182,7 +238,8 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 	m->loss = (float)(loss_sum / c->accum);
 	m->dt_ms = dt * 1e3;
 	m->tokens_per_s = (double)loom_trainer_tokens_per_step(tr) / dt;
-	m->mfu = c->peak_flops > 0 ? m->tokens_per_s * tr->flops_per_token / c->peak_flops : 0.0;
+	m->mfu = c->peak_flops > 0 ? m->tokens_per_s * tr->flops_per_token / (c->peak_flops * tr->world) : 0.0;
+	m->comm_ms = comm_ms, m->exposed_comm_ms = exposed_ms;
 	/* The first step of a process (page faults, BLAS warm-up) is left out of the ETA's mean. */
 	if (tr->seen_first)
 		tr->time_sum += dt, tr->timed++;
@@ -201,15 +258,34 @@ int loom_trainer_eval(loom_trainer_t *tr, float *val_loss)
 	uint64_t n;
 	if (!tr->val)
 		return loom_seterr(LOOM_ESTATE, "trainer: no validation data (--val-data)");
+	/* Rank r evaluates windows r, r + world, ...; the per-window losses are then summed across ranks
+	 * (each slot has one non-zero term, so exactly) and added up in window order by every rank. */
 	n = LOOM_MIN((uint64_t)c->eval_batches, loom_loader_windows_per_epoch(tr->val));
-	for (uint64_t k = 0; k < n; k++) {
+	memset(tr->val_losses, 0, (size_t)n * sizeof(double));
+	for (uint64_t k = (uint64_t)tr->rank; k < n; k += (uint64_t)tr->world) {
 		if ((rc = loom_loader_window(tr->val, k, tr->inputs, tr->targets)) != LOOM_OK)
 			return rc;
 		if ((rc = loom_gpt2_forward(tr->model, tr->inputs, tr->targets, c->B, c->T, &loss)) != LOOM_OK)
 			return rc;
-		sum += loss;
+		tr->val_losses[k] = loss;
 	}
+	if (tr->comm && (rc = loom_allreduce(tr->comm, tr->val_losses, tr->val_losses, (size_t)n, LOOM_FLOAT64,
+	                                     LOOM_SUM)) != LOOM_OK)
+		return loom_seterr(rc, "rank %d: evaluation after step %lld: %s", tr->rank, tr->step,
+		                   loom_comm_errmsg(tr->comm));
+	for (uint64_t k = 0; k < n; k++)
+		sum += tr->val_losses[k];
 	*val_loss = (float)(sum / (double)n);
+	return LOOM_OK;
+}
+
+int loom_trainer_check_replicas(loom_trainer_t *tr)
+{
+	int rc;
+	if (!tr->ddp)
+		return LOOM_OK;
+	if ((rc = loom_ddp_check_replicas(tr->ddp)) != LOOM_OK)
+		return loom_seterr(rc, "after step %lld: %s", tr->step, loom_errmsg());
 	return LOOM_OK;
 }
 
@@ -218,7 +294,7 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx)
 	const loom_train_config_t *c = &tr->cfg;
 	loom_step_metrics_t m;
 	int rc;
-	if (c->log_path && (rc = loom_train_log_open(tr)) != LOOM_OK)
+	if (c->log_path && tr->rank == 0 && (rc = loom_train_log_open(tr)) != LOOM_OK)
 		return rc;
 	while (tr->step < c->lr.total_steps) {
 		if ((rc = loom_trainer_step(tr, &m)) != LOOM_OK)
@@ -230,6 +306,9 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx)
 			                   "raise --warmup or clip harder)", m.step, m.loss, m.grad_norm);
 		}
 		int last = m.step == c->lr.total_steps;
+		if (c->check_replicas > 0 && m.step % c->check_replicas == 0 &&
+		    (rc = loom_trainer_check_replicas(tr)) != LOOM_OK)
+			return rc;
 		if (tr->val && ((c->eval_every > 0 && m.step % c->eval_every == 0) || last)) {
 			if ((rc = loom_trainer_eval(tr, &m.val_loss)) != LOOM_OK)
 				return rc;
@@ -256,6 +335,16 @@ void loom_trainer_set_peak_flops(loom_trainer_t *tr, double flops)
 long long loom_trainer_steps_done(const loom_trainer_t *tr)
 {
 	return tr->step;
+}
+
+int loom_trainer_rank(const loom_trainer_t *tr)
+{
+	return tr->rank;
+}
+
+int loom_trainer_world(const loom_trainer_t *tr)
+{
+	return tr->world;
 }
 
 loom_gpt2_t *loom_trainer_model(loom_trainer_t *tr)

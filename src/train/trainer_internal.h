@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "loom/data.h"
+#include "loom/ddp.h"
 #include "loom/train.h"
 
 struct loom_trainer {
@@ -17,6 +18,10 @@ struct loom_trainer {
 	loom_adamw_t opt;
 	int *inputs, *targets;          /* B*T each */
 	int world, rank;                /* 1 and 0 in the single-process trainer */
+	loom_comm_t *comm;              /* borrowed; NULL with one rank */
+	loom_ddp_t *ddp;                /* gradient averaging; NULL with one rank */
+	int synced;                     /* rank 0's parameters were broadcast since the last init/resume */
+	double *val_losses;             /* eval_batches per-window losses, reduced across ranks */
 	long long step;                 /* optimizer steps done */
 	int resumed;                    /* state came from a checkpoint (the log is appended to) */
 	double flops_per_token;

@@ -6,6 +6,7 @@
 #define LOOM_COMM_ALGO_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "loom/comm.h"
 
@@ -104,6 +105,13 @@ static inline size_t loom_block_off(size_t n, int nb, int b)
 static inline loom_op_t loom_wire_op(loom_op_t op)
 {
 	return op == LOOM_AVG ? LOOM_SUM : op;
+}
+
+/* [p, p+pb) and [q, q+qb) share a byte. */
+static inline int loom_overlaps(const void *p, size_t pb, const void *q, size_t qb)
+{
+	uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+	return pb && qb && a < b + qb && b < a + pb;
 }
 
 static inline size_t loom_zmin(size_t a, size_t b)

@@ -7,7 +7,10 @@
  * range of virtual blocks a rank is responsible for in two, keeps the half containing its own
  * virtual rank and sends the other half to partner v ^ mask; after log2(p) steps virtual rank v holds
  * virtual block v fully reduced. Both partners of a step combine the same two partial sums, and
- * addition is commutative, so every rank ends with bit-identical results. */
+ * addition is commutative, so every rank ends with bit-identical results.
+ * All-reduce: the p virtual blocks split the vector evenly. Reduce-scatter: virtual rank v stands
+ * for the contiguous real blocks of the ranks it represents (two for a folded pair), partial sums
+ * live in scratch, and the folded partner's block is handed back at the end. */
 #include <string.h>
 
 #include "comm/algo/algo.h"
@@ -97,6 +100,9 @@ int loom_rhd_reduce_scatter(loom_comm_t *c, const loom_coll_args_t *a)
 			return rc;
 		cur = w;
 	}
+	/* Where this rank's block ends up: straight in recv when the last step keeps only that block
+	 * and recv overlaps neither what is sent nor (unless equal) the local operand; else in w. */
+	char *mine = w + (size_t)r * blk;
 	int lo = 0, hi = p;
 	for (int mask = p / 2; mask >= 1; mask /= 2) {
 		int partner = loom_fold_real(v ^ mask, rem), mid = lo + mask;
@@ -106,20 +112,26 @@ int loom_rhd_reduce_scatter(loom_comm_t *c, const loom_coll_args_t *a)
 		size_t kl = (size_t)loom_fold_first_block(khi, rem) * blk - ko;
 		size_t go = (size_t)loom_fold_first_block(glo, rem) * blk;
 		size_t gl = (size_t)loom_fold_first_block(ghi, rem) * blk - go;
-		rc = loom_xp_sendrecv(c, partner, cur + go, gl, partner, w + ko, kl, cur + ko, a->dt, op);
+		char *dst = w + ko;
+		if (mask == 1 && kl == blk && !loom_overlaps(recv, blk, cur + go, gl) &&
+		    (recv == cur + ko || !loom_overlaps(recv, blk, cur + ko, kl)))
+			dst = mine = recv;
+		rc = loom_xp_sendrecv(c, partner, cur + go, gl, partner, dst, kl, cur + ko, a->dt, op);
 		if (rc)
 			return rc;
 		cur = w;
 		lo = klo, hi = khi;
 	}
-	if (a->op == LOOM_AVG) /* this rank's block, and the folded-out partner's */
-		for (int b = loom_fold_first_block(v, rem); b <= r; b++)
-			loom_scale_local(w + (size_t)b * blk, count, a->dt, n);
+	if (a->op == LOOM_AVG) { /* this rank's block, and the folded-out partner's */
+		loom_scale_local(mine, count, a->dt, n);
+		if (r < 2 * rem)
+			loom_scale_local(w + (size_t)(r - 1) * blk, count, a->dt, n);
+	}
 	if (r < 2 * rem) {
 		if ((rc = loom_xp_sendrecv(c, r - 1, w + (size_t)(r - 1) * blk, blk, -1, NULL, 0, NULL, a->dt, op)))
 			return rc;
 	}
-	if (blk)
-		memcpy(recv, w + (size_t)r * blk, blk);
+	if (mine != recv && blk)
+		memcpy(recv, mine, blk);
 	return LOOM_OK;
 }

@@ -13,7 +13,6 @@
  * every element was combined along one chain, so all ranks end with bit-identical results.
  * Messages are real even when empty (count 0 or count < size), so every rank takes part. */
 #include <stdatomic.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,12 +72,6 @@ static void seg_of(const layout_t *L, int b, size_t j, size_t *off, size_t *len)
 static int mod(int x, int n)
 {
 	return ((x % n) + n) % n;
-}
-
-static int overlaps(const void *p, size_t pb, const void *q, size_t qb)
-{
-	uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
-	return pb && qb && a < b + qb && b < a + pb;
 }
 
 int loom_ring_allreduce(loom_comm_t *c, const loom_coll_args_t *a)
@@ -152,7 +145,7 @@ int loom_ring_reduce_scatter(loom_comm_t *c, const loom_coll_args_t *a)
 			seg_of(&L, mod(r - s - 2, n), j, &ro, &rl);
 			const char *sp = s == 0 ? send + so * esz : tmp + (size_t)((s - 1) % 2) * seg * esz;
 			char *dst = last ? recv + (ro - (size_t)r * count) * esz : tmp + (size_t)(s % 2) * seg * esz;
-			if (last && overlaps(dst, rl * esz, sp, sl * esz))
+			if (last && loom_overlaps(dst, rl * esz, sp, sl * esz))
 				dst = tmp + 2 * seg * esz;
 			rc = loom_xp_sendrecv(c, right, sp, sl * esz, left, dst, rl * esz, send + ro * esz, a->dt, op);
 			if (rc)

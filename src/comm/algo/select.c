@@ -42,15 +42,17 @@ typedef struct {
 #define ANY_BYTES SIZE_MAX
 #define RULE_MAX 5
 
-/* Every list ends with an entry that matches everything. Measured (bench comm, min of interleaved
+/* Every list ends with an entry that matches everything. Measured (bench comm, best of interleaved
  * runs, 2 cores): at 2 ranks one recursive-doubling exchange beats the ring's two up to ~64 KiB,
- * and the ring (1 MiB segments) wins beyond; at 4 and 8 ranks (oversubscribed) recursive doubling
- * wins up to ~32 KiB, halving-doubling up to ~1 MiB, the ring beyond. */
+ * and the ring (1 MiB segments) wins beyond on ordinary buffers and in place on registered ones;
+ * at 4 ranks (oversubscribed) recursive doubling and halving-doubling tie up to ~8 KiB and
+ * halving-doubling wins up to ~8 MiB (its log2(n) steps cost fewer context switches than the
+ * ring's n-1); at 8 ranks the ring wins from ~2 MiB. */
 static const rule_t rules[LOOM_COLL_COUNT][RULE_MAX] = {
 	[LOOM_COLL_ALLREDUCE] = {{2, 64 << 10, LOOM_ALGO_RD},
 	                         {2, ANY_BYTES, LOOM_ALGO_RING},
-	                         {ANY_RANKS, 32 << 10, LOOM_ALGO_RD},
-	                         {ANY_RANKS, 1 << 20, LOOM_ALGO_RHD},
+	                         {ANY_RANKS, 8 << 10, LOOM_ALGO_RD},
+	                         {ANY_RANKS, 4 << 20, LOOM_ALGO_RHD},
 	                         {ANY_RANKS, ANY_BYTES, LOOM_ALGO_RING}},
 	[LOOM_COLL_REDUCE] = {{ANY_RANKS, ANY_BYTES, LOOM_ALGO_TREE}},
 	[LOOM_COLL_BROADCAST] = {{ANY_RANKS, ANY_BYTES, LOOM_ALGO_TREE}},

@@ -1,0 +1,361 @@
+/* test_ddp_train.c: data-parallel `loom train` end to end, through the CLI on a tiny generated
+ * dataset: N ranks equal one rank with N times the accumulation, replicas stay bit-identical, resume
+ * is bit-identical, a killed rank stops the job quickly and leaves a loadable checkpoint, and bad
+ * batch or LR-scaling settings are clear errors.
+ *
+ * Every run uses a model of a few thousand parameters and 20 steps, so a whole run (process start,
+ * collectives, checkpoints) takes well under a second; each command runs under test_run_cmd's
+ * timeout. The 1-rank reference runs use one thread, as every rank of `loom run` does. */
+#include <dirent.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "loom/data.h"
+#include "test.h"
+
+enum { VOCAB = 64, STEPS = 20, MAXSTEPS = 64 };
+
+/* The model and data flags every run shares: B=2, T=16 (32 tokens per micro-batch). */
+#define MODEL_FLAGS                                                                                  \
+	"--n-layer 2 --n-head 2 --n-embd 32 --vocab-size 64 --batch-size 2 --seq-len 16 --lr 1e-2 "     \
+	"--warmup 2 --min-lr-frac 0.1 --shuffle 1 --seed 7 --peak-flops 1e10"
+
+/* Text-like tokens with some structure (so the loss moves), enough for a few epochs of windows. */
+static int make_data(const char *dir)
+{
+	enum { N = 6001 };
+	char path[700];
+	uint16_t *t = malloc(N * sizeof *t);
+	uint32_t x = 12345;
+	int rc;
+	if (!t)
+		return LOOM_ENOMEM;
+	for (int i = 0; i < N; i++) {
+		x = x * 1664525u + 1013904223u;
+		t[i] = (uint16_t)((x >> 24) % 3 == 0 ? (x >> 8) % VOCAB : (uint32_t)(i * 7 + i / 5) % VOCAB);
+	}
+	snprintf(path, sizeof path, "%s/train_000000.bin", dir);
+	rc = loom_shard_write(path, t, N);
+	free(t);
+	return rc;
+}
+
+/* The per-step losses of a JSONL log (loss[step], step from 1); returns the number of steps read. */
+static int read_losses(const char *path, double *loss, char lines[][160])
+{
+	FILE *f = fopen(path, "r");
+	char line[2048];
+	int n = 0;
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof line, f)) {
+		long long step;
+		double l;
+		if (sscanf(line, "{\"step\":%lld,\"loss\":%lf", &step, &l) == 2 && step >= 1 && step < MAXSTEPS) {
+			loss[step] = l;
+			if (lines) /* step and loss as written, for bit-exact comparison */
+				snprintf(lines[step], 160, "%.*s", (int)(strstr(line, ",\"lr\"") - line), line);
+			n++;
+		}
+	}
+	fclose(f);
+	return n;
+}
+
+/* Run `cmd`, which must exit 0; its output goes to out. */
+#define RUN_OK(cmd, out, timeout)                                                                    \
+	do {                                                                                         \
+		int st_ = test_run_cmd(cmd, out, sizeof out, timeout);                                   \
+		CHECK_MSG(st_ == 0, "`%s` exited %d:\n%s", cmd, st_, out);                               \
+	} while (0)
+
+/* `world` ranks with accumulation 1 (and ranks x accum2) against 1 rank with world x accum2 at the
+ * same total batch: per-step losses within 1e-5 relative; --check-replicas 1 verifies after every
+ * step that the parameters of all ranks are bit-identical (the run fails otherwise). */
+static int compare_worlds(int world, int accum2)
+{
+	char dir[512], cmd[4096], out[16384];
+	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
+	const char *loom = test_loom_bin();
+	int total = 32 * world * accum2;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_data(dir));
+	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s train --train-data '%s/train_*.bin' " MODEL_FLAGS
+	         " --steps %d --total-batch-size %d --threads 1 --log %s/one.jsonl", loom, dir, STEPS, total, dir);
+	RUN_OK(cmd, out, 60);
+	char want[128];
+	snprintf(want, sizeof want, "batch: B=2 T=16 accum=%d -> %d tokens per step", world * accum2, total);
+	CHECK_CONTAINS(out, want);
+
+	snprintf(cmd, sizeof cmd, "%s train --nproc %d --train-data '%s/train_*.bin' " MODEL_FLAGS
+	         " --steps %d --total-batch-size %d --check-replicas 1 --bucket-mb 0.004 --log %s/many.jsonl", loom, world,
+	         dir, STEPS, total, dir);
+	RUN_OK(cmd, out, 60);
+	snprintf(want, sizeof want, "[rank 0] batch: B=2 T=16 accum=%d ranks=%d -> %d tokens per step", accum2, world,
+	         total);
+	CHECK_CONTAINS(out, want);
+	CHECK_CONTAINS(out, "[rank 0] step 20/20 | loss ");
+	CHECK_CONTAINS(out, " | comm ");
+	CHECK_MSG(!strstr(out, "[rank 1] step"), "rank 1 logged steps:\n%s", out); /* rank 0 logs alone */
+
+	snprintf(cmd, sizeof cmd, "%s/one.jsonl", dir);
+	CHECK_EQ(read_losses(cmd, ref, NULL), STEPS);
+	snprintf(cmd, sizeof cmd, "%s/many.jsonl", dir);
+	CHECK_EQ(read_losses(cmd, got, NULL), STEPS);
+	for (int s = 1; s <= STEPS; s++)
+		CHECK_NEAR(got[s], ref[s], 1e-5 * ref[s]);
+	CHECK(ref[STEPS] < ref[1] - 0.1); /* it learned something: the comparison is not of constants */
+	FILE *f = fopen(cmd, "r");
+	char line[2048];
+	CHECK(f && fgets(line, sizeof line, f));
+	fclose(f);
+	CHECK_CONTAINS(line, ",\"comm_ms\":");
+	CHECK_CONTAINS(line, ",\"exposed_comm_ms\":");
+	test_rmdir(dir);
+	return 0;
+}
+
+TEST(ddp_train_2ranks_equals_accum2)
+{
+	return compare_worlds(2, 1);
+}
+
+TEST(ddp_train_3ranks_equals_accum3)
+{
+	return compare_worlds(3, 1);
+}
+
+/* 2 ranks x accumulation 2 (no communication on the first micro-step) against 1 rank x 4. */
+TEST(ddp_train_2ranks_accum2_equals_accum4)
+{
+	return compare_worlds(2, 2);
+}
+
+/* 2 ranks: checkpoint at step 10, stop, resume: steps 11-20 bit-identical to an uninterrupted run,
+ * and the final parameters too. A different world size is refused. */
+TEST(ddp_train_resume_bit_identical)
+{
+	char dir[512], cmd[4096], out[16384], path[1024], path2[1024];
+	static char full[MAXSTEPS][160], resumed[MAXSTEPS][160];
+	double loss[MAXSTEPS];
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_data(dir));
+	/* uninterrupted, keeping its final model */
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --train-data '%s/train_*.bin' " MODEL_FLAGS
+	         " --steps %d --grad-accum 2 --save-dir %s/ck --save-every 10 --log %s/full.jsonl", loom, dir, STEPS, dir,
+	         dir);
+	RUN_OK(cmd, out, 60);
+	snprintf(cmd, sizeof cmd, "mv %s/ck/step_00000020 %s/full_final && cp %s/full.jsonl %s/r.jsonl", dir, dir, dir,
+	         dir);
+	RUN_OK(cmd, out, 10);
+	snprintf(path, sizeof path, "%s/full.jsonl", dir);
+	CHECK_EQ(read_losses(path, loss, full), STEPS);
+
+	/* the same job resumed from its step-10 checkpoint, logging to a copy of the log */
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --train-data '%s/train_*.bin' " MODEL_FLAGS
+	         " --steps %d --grad-accum 2 --save-dir %s/ck --save-every 10 --log %s/r.jsonl --resume", loom, dir, STEPS,
+	         dir, dir);
+	RUN_OK(cmd, out, 60);
+	CHECK_CONTAINS(out, "[rank 0] resumed from ");
+	CHECK_CONTAINS(out, "at step 10");
+	CHECK_CONTAINS(out, "[rank 0] step 11/20 | loss ");
+	CHECK_MSG(!strstr(out, "step 10/20"), "resumed run redid step 10:\n%s", out);
+	snprintf(path, sizeof path, "%s/r.jsonl", dir);
+	CHECK_EQ(read_losses(path, loss, resumed), STEPS);
+	for (int s = 1; s <= STEPS; s++)
+		CHECK_STREQ(resumed[s], full[s]);
+	snprintf(cmd, sizeof cmd, "cmp %s/full_final/model.safetensors %s/ck/step_00000020/model.safetensors && "
+	         "cmp %s/full_final/optim.safetensors %s/ck/step_00000020/optim.safetensors", dir, dir, dir, dir);
+	RUN_OK(cmd, out, 10);
+	/* the checkpoint holds the loader states of both ranks */
+	snprintf(path2, sizeof path2, "%s/ck/step_00000010/state.json", dir);
+	snprintf(cmd, sizeof cmd, "cat %s", path2);
+	RUN_OK(cmd, out, 10);
+	CHECK_CONTAINS(out, "\"loader.train.rank1.next_window\":");
+
+	/* another world size: a clear error, before any step */
+	snprintf(cmd, sizeof cmd, "%s train --nproc 3 --train-data '%s/train_*.bin' " MODEL_FLAGS
+	         " --steps 30 --grad-accum 2 --save-dir %s/ck --resume", loom, dir, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 1);
+	CHECK_CONTAINS(out, "batch.world = 2, this run has 3");
+	CHECK_CONTAINS(out, "not supported yet");
+	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s train --train-data '%s/train_*.bin' " MODEL_FLAGS
+	         " --steps 30 --grad-accum 2 --save-dir %s/ck --resume", loom, dir, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 1);
+	CHECK_CONTAINS(out, "batch.world = 2, this run has 1");
+	test_rmdir(dir);
+	return 0;
+}
+
+/* pid of a child of `parent` whose environment holds the string `var` ("RANK=1"), or -1. */
+static pid_t child_with_env(pid_t parent, const char *var)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	pid_t found = -1;
+	if (!d)
+		return -1;
+	while (found < 0 && (e = readdir(d))) {
+		char path[300], buf[8192];
+		int ppid = -1;
+		pid_t pid = (pid_t)atoi(e->d_name);
+		FILE *f;
+		size_t n;
+		if (pid <= 0)
+			continue;
+		snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+		if (!(f = fopen(path, "r")))
+			continue;
+		n = fread(buf, 1, sizeof buf - 1, f);
+		fclose(f);
+		buf[n] = 0;
+		char *rp = strrchr(buf, ')'); /* the command name may hold spaces */
+		if (!rp || sscanf(rp + 1, " %*c %d", &ppid) != 1 || ppid != parent)
+			continue;
+		snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+		if (!(f = fopen(path, "r")))
+			continue;
+		n = fread(buf, 1, sizeof buf - 1, f);
+		fclose(f);
+		for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
+			if (!strcmp(buf + i, var))
+				found = pid;
+	}
+	closedir(d);
+	return found;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* kill -9 of rank 1 in the middle of training: `loom run` exits non-zero within 5 s naming rank 1,
+ * and the last complete checkpoint loads and training resumes from it. */
+TEST(ddp_train_rank_killed)
+{
+	char dir[512], cmd[4096], out[16384], latest[64] = "";
+	const char *loom = test_loom_bin();
+	struct stat sb;
+	int status = 0;
+	pid_t job;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_data(dir));
+	snprintf(cmd, sizeof cmd, "exec %s train --nproc 2 --train-data '%s/train_*.bin' " MODEL_FLAGS
+	         " --steps 100000 --schedule constant --save-dir %s/ck --save-every 5 > %s/out.txt 2>&1", loom, dir, dir,
+	         dir);
+	fflush(NULL);
+	job = fork();
+	CHECK(job >= 0);
+	if (job == 0) {
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	/* wait for the checkpoint of step 10, then kill rank 1 (a child of loom run, which `exec` made
+	 * the shell's own process) */
+	char ck[700];
+	snprintf(ck, sizeof ck, "%s/ck/step_00000010", dir);
+	double t0 = now_s();
+	pid_t victim = -1;
+	while (now_s() - t0 < 60 && (stat(ck, &sb) != 0 || (victim = child_with_env(job, "RANK=1")) < 0) &&
+	       waitpid(job, &status, WNOHANG) == 0)
+		usleep(5000);
+	if (victim < 0) {
+		kill(job, SIGKILL);
+		waitpid(job, &status, 0);
+		TEST_FAIL_("no checkpoint of step 10 or no rank 1 within 60 s (status %d)", status);
+	}
+	CHECK_EQ(kill(victim, SIGKILL), 0);
+	double tk = now_s();
+	while (waitpid(job, &status, WNOHANG) == 0 && now_s() - tk < 30)
+		usleep(2000);
+	double waited = now_s() - tk;
+	if (waited >= 30) {
+		kill(job, SIGKILL);
+		waitpid(job, &status, 0);
+	}
+	snprintf(cmd, sizeof cmd, "cat %s/out.txt", dir);
+	RUN_OK(cmd, out, 10);
+	CHECK_MSG(waited < 5.0, "loom run took %.2f s to exit after rank 1 was killed:\n%s", waited, out);
+	CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) != 0, "status %d:\n%s", status, out);
+	CHECK_CONTAINS(out, "loom run: rank 1 (pid ");
+	CHECK_CONTAINS(out, ") was killed by signal 9 (SIGKILL)");
+
+	/* the latest complete checkpoint loads: resume from it and run 3 more steps */
+	snprintf(ck, sizeof ck, "%s/ck", dir);
+	DIR *d = opendir(ck);
+	struct dirent *e;
+	CHECK(d != NULL);
+	while ((e = readdir(d)))
+		if (!strncmp(e->d_name, "step_", 5) && strlen(e->d_name) == 13 && strcmp(e->d_name, latest) > 0)
+			snprintf(latest, sizeof latest, "%s", e->d_name);
+	closedir(d);
+	long long last = atoll(latest + 5);
+	CHECK(last >= 10);
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --train-data '%s/train_*.bin' " MODEL_FLAGS
+	         " --steps %lld --schedule constant --save-dir %s/ck --save-every 5 --resume", loom, dir, last + 3, dir);
+	RUN_OK(cmd, out, 60);
+	char want[96];
+	snprintf(want, sizeof want, "at step %lld", last);
+	CHECK_CONTAINS(out, want);
+	snprintf(want, sizeof want, "[rank 0] step %lld/%lld | loss ", last + 3, last + 3);
+	CHECK_CONTAINS(out, want);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* Settings errors: a total batch that does not divide lists valid values; --lr-scale prints the
+ * effective LR and the log uses it; bad flag values are refused. */
+TEST(ddp_train_settings)
+{
+	char dir[512], cmd[4096], out[16384];
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_data(dir));
+	/* B x T x world = 64: 96 does not divide */
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --train-data '%s/train_*.bin' " MODEL_FLAGS
+	         " --steps 2 --total-batch-size 96", loom, dir);
+	CHECK(test_run_cmd(cmd, out, sizeof out, 60) != 0);
+	CHECK_CONTAINS(out, "--total-batch-size 96 is not a multiple of B x T x ranks = 2 x 16 x 2 = 64");
+	CHECK_CONTAINS(out, "valid values: 64, 128, 192");
+
+	/* sqrt scaling from a reference batch of 32 tokens to 128: lr x 2 */
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --train-data '%s/train_*.bin' " MODEL_FLAGS
+	         " --steps 3 --total-batch-size 128 --lr-scale sqrt --ref-batch-size 32 --log %s/lr.jsonl", loom, dir,
+	         dir);
+	RUN_OK(cmd, out, 60);
+	CHECK_CONTAINS(out, "[rank 0] lr: peak 0.02 = 0.01 x 2 (sqrt scaling, 128 tokens per step vs a reference of 32)");
+	snprintf(cmd, sizeof cmd, "grep '\"step\":2,' %s/lr.jsonl", dir);
+	RUN_OK(cmd, out, 10);
+	CHECK_CONTAINS(out, "\"lr\":0.0199999996"); /* the end of warmup: the peak, as a float */
+
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " MODEL_FLAGS " --steps 2 --lr-scale cubic",
+	         loom, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_CONTAINS(out, "--lr-scale: 'cubic' is not one of none, sqrt, linear");
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " MODEL_FLAGS " --steps 2 --lr-scale linear",
+	         loom, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_CONTAINS(out, "--lr-scale linear needs --ref-batch-size TOKENS");
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " MODEL_FLAGS " --steps 2 --bucket-mb 0",
+	         loom, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_CONTAINS(out, "--bucket-mb");
+	/* --nproc inside a job of another size */
+	snprintf(cmd, sizeof cmd, "%s run --nproc-per-node 2 %s train --nproc 3 --train-data '%s/train_*.bin' "
+	         MODEL_FLAGS " --steps 2", loom, loom, dir);
+	CHECK(test_run_cmd(cmd, out, sizeof out, 30) != 0);
+	CHECK_CONTAINS(out, "--nproc 3, but this process is already rank 0 of a job of 2");
+	test_rmdir(dir);
+	return 0;
+}
