@@ -22,6 +22,8 @@ MODEL=${MODEL:-small}
 B=${B:-4}
 T=${T:-256}
 WARMUP=${WARMUP:-2}
+VOCAB=50257
+[ "$MODEL" = tiny ] && VOCAB=257
 PY=/usr/bin/python3
 JEMALLOC=libjemalloc.so.2
 JEMALLOC_CONF=retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1
@@ -30,13 +32,13 @@ JEMALLOC_CONF=retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1
 WORK=$(mktemp -d /tmp/loom-bench-ddp.XXXXXX)
 [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$WORK"' EXIT
 
-# Random tokens over GPT-2's vocabulary: enough windows for every step of 2 ranks without wrapping.
-$PY - "$WORK/train_000000.bin" "$B" "$T" "$STEPS" <<'PYEOF'
+# Random tokens over the model's vocabulary: enough windows for every step of 2 ranks without wrapping.
+$PY - "$WORK/train_000000.bin" "$B" "$T" "$STEPS" "$VOCAB" <<'PYEOF'
 import sys, numpy as np
-path, B, T, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+path, B, T, steps, V = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 n = B * T * (2 * steps + 1) + 1
 hdr = np.zeros(256, np.int32); hdr[:3] = (20240520, 1, n)
-tok = np.random.default_rng(0).integers(0, 50257, n, dtype=np.uint16)
+tok = np.random.default_rng(0).integers(0, V, n, dtype=np.uint16)
 with open(path, "wb") as f:
     f.write(hdr.tobytes()); f.write(tok.tobytes())
 PYEOF

@@ -553,6 +553,16 @@ int loom_cli_train(int argc, char **argv)
 	}
 	if (o.rank == 0)
 		print_header(&o, tr);
+	if (o.world > 1) { /* rank 0's parameters to every rank, verified there (collective) */
+		uint64_t sum;
+		if (loom_trainer_sync_params(tr, &sum) != LOOM_OK) {
+			fprintf(stderr, "loom train: %s\n", loom_errmsg());
+			goto out;
+		}
+		if (o.rank == 0)
+			printf("parameters: broadcast from rank 0 to %d ranks, checksum %016llx verified on every rank\n",
+			       o.world, (unsigned long long)sum);
+	}
 	if (o.sample_every > 0 && o.rank == 0) {
 		if (o.tc.tokenizer && loom_tokenizer_load(&r.tok, o.tc.tokenizer) == LOOM_OK)
 			r.have_tok = 1;

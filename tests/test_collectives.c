@@ -186,9 +186,11 @@ static int run_case(loom_comm_t *c, bufs_t *B, const case_t *k)
 	return 0;
 }
 
+/* arg: NULL for every algorithm, or a loom_algo_t * to run only that one. */
 static int matrix_rank(int rank, int n, void *arg)
 {
-	(void)rank, (void)arg;
+	(void)rank;
+	const loom_algo_t *only = arg;
 	loom_comm_t *c;
 	bufs_t B = {.cap = ((size_t)BIG + (size_t)n) * 8 + GUARD};
 	int fails = 0;
@@ -202,7 +204,7 @@ static int matrix_rank(int rank, int n, void *arg)
 	int iter = 0;
 	for (int coll = 0; coll < LOOM_COLL_COUNT; coll++) {
 		for (int algo = 1; algo < LOOM_ALGO_COUNT; algo++) {
-			if (!loom_algo_impl((loom_coll_t)coll, (loom_algo_t)algo))
+			if (!loom_algo_impl((loom_coll_t)coll, (loom_algo_t)algo) || (only && *only != (loom_algo_t)algo))
 				continue;
 			int rooted = coll == LOOM_COLL_REDUCE || coll == LOOM_COLL_BROADCAST;
 			int data = coll != LOOM_COLL_BARRIER;
@@ -253,6 +255,19 @@ TEST(collectives_matrix_3) { return test_spawn(3, matrix_rank, NULL, 60, NULL); 
 TEST(collectives_matrix_4) { return test_spawn(4, matrix_rank, NULL, 90, NULL); }
 TEST(collectives_matrix_5) { return test_spawn(5, matrix_rank, NULL, 90, NULL); }
 TEST(collectives_matrix_8) { return test_spawn(8, matrix_rank, NULL, 120, NULL); }
+
+/* The ring's segment boundaries, which the default 4 MiB segments never reach at these counts:
+ * 666668-byte segments make the 1000003-element vector's blocks at 3 ranks end in a segment of one
+ * element (float32: 166667 + 166667 + 1) or an empty one (the shorter blocks, 2 x 166667); 4000
+ * bytes give hundreds of segments at 2 ranks. */
+TEST(collectives_ring_segments)
+{
+	static const loom_algo_t ring = LOOM_ALGO_RING;
+	const char *odd[] = {"LOOM_RING_SEG=666668", NULL}, *many[] = {"LOOM_RING_SEG=4000", NULL};
+	CHECK_EQ(test_spawn(3, matrix_rank, (void *)&ring, 60, odd), 0);
+	CHECK_EQ(test_spawn(2, matrix_rank, (void *)&ring, 60, many), 0);
+	return 0;
+}
 
 /* Every algorithm on sub-communicators: 5 ranks split into {0,2,4} (reversed by key) and {1,3}, both
  * groups running at once, small and medium counts, every op on float32 and sum on the rest. */

@@ -101,6 +101,9 @@ static int compare_worlds(int world, int accum2)
 	snprintf(want, sizeof want, "[rank 0] batch: B=2 T=16 accum=%d ranks=%d -> %d tokens per step", accum2, world,
 	         total);
 	CHECK_CONTAINS(out, want);
+	snprintf(want, sizeof want, "[rank 0] parameters: broadcast from rank 0 to %d ranks, checksum ", world);
+	CHECK_CONTAINS(out, want);
+	CHECK_CONTAINS(out, " verified on every rank\n");
 	CHECK_CONTAINS(out, "[rank 0] step 20/20 | loss ");
 	CHECK_CONTAINS(out, " | comm ");
 	CHECK_MSG(!strstr(out, "[rank 1] step"), "rank 1 logged steps:\n%s", out); /* rank 0 logs alone */

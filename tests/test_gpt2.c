@@ -151,7 +151,7 @@ TEST(gpt2_gradient_check)
 TEST(gpt2_overfits_one_batch)
 {
 	/* 150 steps of Adam (lr 1e-2, no weight decay) on one fixed batch of 2 x 16 random tokens from a
-	 * vocabulary of 32: a model of 20k parameters memorizes it, the loss going from ln 32 = 3.47 to
+	 * vocabulary of 32: a model of 27k parameters memorizes it, the loss going from ln 32 = 3.47 to
 	 * below 0.05. */
 	loom_gpt2_config_t cfg = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab_size = 32};
 	loom_gpt2_t *m;

@@ -146,6 +146,11 @@ int loom_trainer_eval(loom_trainer_t *tr, float *val_loss);
 /* Compare the parameters of all ranks (checksums); LOOM_EMISMATCH naming the ranks that differ.
  * Collective; LOOM_OK at once with one rank. */
 int loom_trainer_check_replicas(loom_trainer_t *tr);
+/* Broadcast rank 0's parameters to every rank and verify them there by checksum (LOOM_EMISMATCH
+ * naming the ranks whose copy differs); *checksum (may be NULL) gets the parameters' checksum
+ * (loom_checksum_f32). Collective. The first step after create or resume does it by itself when
+ * it has not been done; call it earlier to report it. With one rank it only computes the checksum. */
+int loom_trainer_sync_params(loom_trainer_t *tr, uint64_t *checksum);
 
 /* Called after every step of loom_trainer_run (e.g. to print); a non-zero return stops the run. */
 typedef int (*loom_train_step_fn)(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m);

@@ -61,7 +61,7 @@ size_t attention_scratch_floats(int T, int nthreads);
  * that the (N,V) logits never exist whole: for each chunk, logits (chunk,V) = x wte^T into the
  * scratch `logits`, losses (N) = -log softmax(logits)[target]; and when dx != NULL, the gradient of
  * dloss * losses (dloss: d total / d each position's loss) replaces the logits in place and
- * dx (N,C) += dlogits wte, dwte (V,C) += dlogits^T x. Targets are checked to be in [0,V). */
+ * dx (N,C) += dlogits wte, dwte (V,C) += dlogits^T x. Targets must be in [0,V) (the model checks). */
 void classifier_forward_backward(float *losses, float *dx, float *dwte, float *logits, int chunk, const float *x,
                                  const float *wte, const int *targets, float dloss, int N, int C, int V);
 

@@ -173,13 +173,15 @@ void loom_trainer_destroy(loom_trainer_t *tr)
 
 /* Rank 0's parameters to every rank, verified there by checksum: before the first step, and again
  * after a resume. */
-static int sync_params(loom_trainer_t *tr)
+int loom_trainer_sync_params(loom_trainer_t *tr, uint64_t *checksum)
 {
-	int rc = loom_ddp_broadcast_params(tr->ddp);
-	if (rc != LOOM_OK)
+	int rc;
+	if (tr->ddp && (rc = loom_ddp_broadcast_params(tr->ddp)) != LOOM_OK)
 		return loom_seterr(rc, "rank %d of %d: starting from rank 0's parameters: %s", tr->rank, tr->world,
 		                   loom_errmsg());
 	tr->synced = 1;
+	if (checksum)
+		*checksum = loom_checksum_f32(loom_gpt2_params(tr->model), loom_gpt2_num_params(&tr->mcfg));
 	return LOOM_OK;
 }
 
@@ -192,7 +194,7 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 	float scale = 1.0f / (float)c->accum, loss;
 	int rc;
 	memset(m, 0, sizeof *m);
-	if (tr->ddp && !tr->synced && (rc = sync_params(tr)) != LOOM_OK)
+	if (tr->ddp && !tr->synced && (rc = loom_trainer_sync_params(tr, NULL)) != LOOM_OK)
 		return rc;
 	t0 = loom_now();
 	loom_gpt2_zero_grad(tr->model);

@@ -44,7 +44,7 @@ typedef struct {
 
 /* Every list ends with an entry that matches everything. Measured (bench comm, best of interleaved
  * runs, 2 cores): at 2 ranks one recursive-doubling exchange beats the ring's two up to ~64 KiB,
- * and the ring (1 MiB segments) wins beyond on ordinary buffers and in place on registered ones;
+ * and the ring (4 MiB segments) wins beyond on ordinary buffers and in place on registered ones;
  * at 4 ranks (oversubscribed) recursive doubling and halving-doubling tie up to ~8 KiB and
  * halving-doubling wins up to ~8 MiB (its log2(n) steps cost fewer context switches than the
  * ring's n-1); at 8 ranks the ring wins from ~2 MiB. */
