@@ -508,3 +508,22 @@ TEST(gpt2_last_logits_match_loss)
 	loom_gpt2_destroy(m);
 	return 0;
 }
+
+TEST(gpt2_bench_model_cli)
+{
+	char cmd[512], out[8192];
+	snprintf(cmd, sizeof cmd, "%s bench model --model tiny --batch 1 --seq-len 16 --threads 1 --steps 2 --profile "
+	         "--peak-flops 1e11", test_loom_bin());
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 120), 0);
+	CHECK_CONTAINS(out, "step 2: loss ");
+	CHECK_CONTAINS(out, "profile of the fastest step:");
+	CHECK_CONTAINS(out, "classifier (lm head + softmax + CE, fwd+bwd)");
+	CHECK_CONTAINS(out, "tiny B=1 T=16, 1 thread: best ");
+	snprintf(cmd, sizeof cmd, "%s bench model --model huge", test_loom_bin());
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 2);
+	CHECK_CONTAINS(out, "unknown model preset 'huge'");
+	snprintf(cmd, sizeof cmd, "%s bench model --model tiny --seq-len 129", test_loom_bin());
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 2);
+	CHECK_CONTAINS(out, "1 <= T <= seq_len 128");
+	return 0;
+}
