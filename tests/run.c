@@ -227,6 +227,18 @@ int test_run_cmd(const char *cmd, char *out, size_t cap, double timeout_s)
 	return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
 }
 
+int test_write_file(const char *path, const void *p, size_t n)
+{
+	FILE *f = fopen(path, "wb");
+	if (!f)
+		return 1;
+	if (n && fwrite(p, 1, n, f) != n) {
+		fclose(f);
+		return 1;
+	}
+	return fclose(f) != 0;
+}
+
 int test_mkdtemp(char *path, size_t cap)
 {
 	const char *t = getenv("TMPDIR");

@@ -120,6 +120,9 @@ const char *test_prog_dir(void);
  * most timeout_s; returns the exit status (128+signal when killed, -1 on timeout). */
 int test_run_cmd(const char *cmd, char *out, size_t cap, double timeout_s);
 
+/* Write n bytes to path (created or truncated); 0 on success, 1 on any failure. */
+int test_write_file(const char *path, const void *p, size_t n);
+
 /* A fresh empty temporary directory (under $TMPDIR or /tmp), removed by test_rmdir. */
 int test_mkdtemp(char *path, size_t cap);
 void test_rmdir(const char *path);

@@ -11,18 +11,6 @@
 #include "loom/ckpt.h"
 #include "test.h"
 
-static int write_bytes(const char *path, const void *p, size_t n)
-{
-	FILE *f = fopen(path, "wb");
-	if (!f)
-		return 1;
-	if (n && fwrite(p, 1, n, f) != n) {
-		fclose(f);
-		return 1;
-	}
-	return fclose(f) != 0;
-}
-
 static long file_size(const char *path)
 {
 	struct stat sb;
@@ -189,7 +177,7 @@ static int write_st(const char *path, const char *header, const void *data, size
 	memcpy(buf + 8, header, hl);
 	if (n)
 		memcpy(buf + 8 + hl, data, n);
-	rc = write_bytes(path, buf, 8 + hl + n);
+	rc = test_write_file(path, buf, 8 + hl + n);
 	free(buf);
 	return rc;
 }
@@ -244,7 +232,7 @@ TEST(safetensors_corrupt)
 	CHECK(write_st(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", d, 12) == 0);
 	CHECK_ERR(loom_st_open(&st, path), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "out of range (data section is 12 bytes)");
-	CHECK(write_bytes(path, "abc", 3) == 0);
+	CHECK(test_write_file(path, "abc", 3) == 0);
 	CHECK_ERR(loom_st_open(&st, path), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "3 bytes, too short");
 	snprintf(path, sizeof path, "%s/missing.safetensors", dir);
@@ -344,7 +332,7 @@ TEST(gpt2_hf_style_file)
 	CHECK_OK(loom_model_config(path, 2, &cfg, NULL));
 	CHECK(memcmp(&cfg, &tiny, sizeof cfg) == 0);
 	/* config.json beside the file */
-	CHECK(write_bytes(cfgpath, cj, strlen(cj)) == 0);
+	CHECK(test_write_file(cfgpath, cj, strlen(cj)) == 0);
 	memset(&cfg, 0, sizeof cfg);
 	CHECK_OK(loom_model_config(path, 0, &cfg, NULL));
 	CHECK(memcmp(&cfg, &tiny, sizeof cfg) == 0);
@@ -448,12 +436,12 @@ TEST(llmc_round_trip)
 	CHECK(memcmp(p, q, n * sizeof *p) == 0);
 	free(q);
 	/* truncated .bin and a bad version */
-	CHECK(write_bytes(bin, h, 1024) == 0);
+	CHECK(test_write_file(bin, h, 1024) == 0);
 	CHECK_ERR(loom_model_load_alloc(bin, 0, &cfg, &q), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "1024 bytes, expected");
 	CHECK(q == NULL);
 	h[1] = 4;
-	CHECK(write_bytes(bin, h, 1024) == 0);
+	CHECK(test_write_file(bin, h, 1024) == 0);
 	CHECK_ERR(loom_model_config(bin, 0, &cfg, NULL), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "llm.c model version 4 (expected 3, fp32, or 5, bf16)");
 	free(raw);
@@ -478,7 +466,7 @@ TEST(llmc_bf16_read)
 	memcpy(buf, h, 1024);
 	memcpy(buf + 1024, raw, nraw * 2);
 	snprintf(path, sizeof path, "%s/m.bin", dir);
-	CHECK(write_bytes(path, buf, 1024 + nraw * 2) == 0);
+	CHECK(test_write_file(path, buf, 1024 + nraw * 2) == 0);
 	CHECK_OK(loom_model_load(path, &tiny, q));
 	CHECK_FEQ(q[0], -3.0);
 	loom_gpt2_tensor_info(&tiny, 2 + 9, &fcb);
@@ -574,12 +562,12 @@ TEST(kv_state_round_trip)
 	/* a damaged state file */
 	{
 		const char *bad = "{\"format\": \"loom-state\", \"version\": 1, \"values\": {\"step\": 1";
-		CHECK(write_bytes(path, bad, strlen(bad)) == 0);
+		CHECK(test_write_file(path, bad, strlen(bad)) == 0);
 		CHECK_ERR(loom_kv_load(&kv2, path), LOOM_EFORMAT);
 		CHECK_CONTAINS(loom_errmsg(), path);
 		CHECK_CONTAINS(loom_errmsg(), "bad JSON");
 		bad = "{\"format\": \"loom-state\", \"version\": 2, \"values\": {}}";
-		CHECK(write_bytes(path, bad, strlen(bad)) == 0);
+		CHECK(test_write_file(path, bad, strlen(bad)) == 0);
 		CHECK_ERR(loom_kv_load(&kv2, path), LOOM_EFORMAT);
 		CHECK_CONTAINS(loom_errmsg(), "version 2 (expected 1)");
 	}
@@ -595,10 +583,10 @@ static int ckpt_write(const char *dir, int64_t step, const char *content)
 	if (rc)
 		return rc;
 	loom_ckpt_file(&w, "model.safetensors", path, sizeof path);
-	if (write_bytes(path, content, strlen(content)))
+	if (test_write_file(path, content, strlen(content)))
 		return 1;
 	loom_ckpt_file(&w, "state.json", path, sizeof path);
-	if (write_bytes(path, "{}", 2))
+	if (test_write_file(path, "{}", 2))
 		return 1;
 	return loom_ckpt_commit(&w);
 }
@@ -621,7 +609,7 @@ TEST(ckpt_atomic_latest)
 	/* a half-written checkpoint (begin without commit) stays invisible */
 	CHECK_OK(loom_ckpt_begin(&w, root, 30));
 	loom_ckpt_file(&w, "model.safetensors", path, sizeof path);
-	CHECK(write_bytes(path, "partial", 7) == 0);
+	CHECK(test_write_file(path, "partial", 7) == 0);
 	snprintf(path, sizeof path, "%s/.tmp-step_00000030/model.safetensors", root);
 	CHECK_EQ(file_size(path), 7);
 	CHECK_OK(loom_ckpt_latest(root, got, sizeof got, &step));
@@ -636,7 +624,7 @@ TEST(ckpt_atomic_latest)
 	/* a damaged one (a file truncated after commit) is ignored, and verify names the file */
 	CHECK_OK(ckpt_write(root, 50, "fifty"));
 	snprintf(path, sizeof path, "%s/step_00000050/model.safetensors", root);
-	CHECK(write_bytes(path, "fif", 3) == 0);
+	CHECK(test_write_file(path, "fif", 3) == 0);
 	CHECK_OK(loom_ckpt_latest(root, got, sizeof got, &step));
 	CHECK_EQ(step, 20);
 	snprintf(path, sizeof path, "%s/step_00000050", root);
@@ -797,7 +785,7 @@ TEST(info_cli)
 	CHECK_CONTAINS(out, "(padded 128), 2288 parameters");
 	CHECK_CONTAINS(out, "qkvw");
 	snprintf(path, sizeof path, "%s/junk", dir);
-	CHECK(write_bytes(path, "abcdefghijkl", 12) == 0);
+	CHECK(test_write_file(path, "abcdefghijkl", 12) == 0);
 	snprintf(cmd, sizeof cmd, "%s info %s", test_loom_bin(), path);
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 1);
 	CHECK_CONTAINS(out, "junk: header length");

@@ -11,18 +11,6 @@
 #include "loom/data.h"
 #include "test.h"
 
-static int write_bytes(const char *path, const void *p, size_t n)
-{
-	FILE *f = fopen(path, "wb");
-	if (!f)
-		return 1;
-	if (n && fwrite(p, 1, n, f) != n) {
-		fclose(f);
-		return 1;
-	}
-	return fclose(f) != 0;
-}
-
 /* Shard i of `n` tokens holding the values base, base+1, ... (mod 65536). */
 static int make_shard(const char *dir, const char *name, size_t n, unsigned base)
 {
@@ -81,7 +69,7 @@ TEST(shard_errors)
 	/* wrong magic */
 	h[0] = 12345;
 	memcpy(buf, h, 1024), memcpy(buf + 1024, toks, 20);
-	CHECK(write_bytes(path, buf, sizeof buf) == 0);
+	CHECK(test_write_file(path, buf, sizeof buf) == 0);
 	CHECK_ERR(loom_shard_open(&s, path), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), path);
 	CHECK_CONTAINS(loom_errmsg(), "bad magic 12345 (expected 20240520");
@@ -89,18 +77,18 @@ TEST(shard_errors)
 	/* wrong version */
 	h[0] = 20240520, h[1] = 2;
 	memcpy(buf, h, 1024);
-	CHECK(write_bytes(path, buf, sizeof buf) == 0);
+	CHECK(test_write_file(path, buf, sizeof buf) == 0);
 	CHECK_ERR(loom_shard_open(&s, path), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "version 2 (expected 1");
 	/* truncated: header says 10 tokens, file has 9 */
 	h[1] = 1;
 	memcpy(buf, h, 1024);
-	CHECK(write_bytes(path, buf, sizeof buf - 2) == 0);
+	CHECK(test_write_file(path, buf, sizeof buf - 2) == 0);
 	CHECK_ERR(loom_shard_open(&s, path), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), path);
 	CHECK_CONTAINS(loom_errmsg(), "header says 10 tokens, so 1044 bytes expected, but the file has 1042 bytes");
 	/* shorter than the header */
-	CHECK(write_bytes(path, buf, 100) == 0);
+	CHECK(test_write_file(path, buf, 100) == 0);
 	CHECK_ERR(loom_shard_open(&s, path), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "100 bytes, shorter than the 1024-byte header");
 	/* missing */
@@ -182,7 +170,7 @@ TEST(tokenizer_v1_and_errors)
 	memcpy(buf, h, 1024);
 	for (size_t i = 0; i < 50257; i++)
 		buf[1024 + 2 * i] = 1, buf[1024 + 2 * i + 1] = (unsigned char)('a' + i % 26);
-	CHECK(write_bytes(path, buf, n) == 0);
+	CHECK(test_write_file(path, buf, n) == 0);
 	CHECK_OK(loom_tokenizer_load(&tok, path));
 	CHECK_EQ(tok.vocab_size, 50257);
 	CHECK_EQ(tok.eot_token, 50256);
@@ -191,24 +179,24 @@ TEST(tokenizer_v1_and_errors)
 	CHECK_ERR(loom_tokenizer_encode(&tok, "ab", 2, ids, 4, &nout), LOOM_ENOTSUP);
 	loom_tokenizer_free(&tok);
 	/* truncated */
-	CHECK(write_bytes(path, buf, n - 1) == 0);
+	CHECK(test_write_file(path, buf, n - 1) == 0);
 	CHECK_ERR(loom_tokenizer_load(&tok, path), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "truncated inside token 50256 of 50257");
 	CHECK_CONTAINS(loom_errmsg(), path);
 	/* trailing bytes */
-	CHECK(write_bytes(path, buf, n + 3) == 0);
+	CHECK(test_write_file(path, buf, n + 3) == 0);
 	CHECK_ERR(loom_tokenizer_load(&tok, path), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "3 trailing bytes");
 	/* bad version */
 	h[1] = 7;
 	memcpy(buf, h, 1024);
-	CHECK(write_bytes(path, buf, n) == 0);
+	CHECK(test_write_file(path, buf, n) == 0);
 	CHECK_ERR(loom_tokenizer_load(&tok, path), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "version 7 (expected 1 or 2)");
 	/* bad magic */
 	h[0] = 1;
 	memcpy(buf, h, 1024);
-	CHECK(write_bytes(path, buf, n) == 0);
+	CHECK(test_write_file(path, buf, n) == 0);
 	CHECK_ERR(loom_tokenizer_load(&tok, path), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "bad magic 1");
 	free(buf);
@@ -287,7 +275,7 @@ TEST(loader_errors)
 	CHECK_ERR(loom_loader_create(&ld, glob, &o), LOOM_ENOENT);
 	CHECK_CONTAINS(loom_errmsg(), "nothing_");
 	/* a bad shard among good ones names that shard */
-	CHECK(write_bytes(glob, "garbage", 7) == 0); /* the literal file "nothing_*.bin" matches itself */
+	CHECK(test_write_file(glob, "garbage", 7) == 0); /* the literal file "nothing_*.bin" matches itself */
 	snprintf(glob, sizeof glob, "%s/*.bin", dir);
 	CHECK_ERR(loom_loader_create(&ld, glob, &o), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "nothing_*.bin");
@@ -417,8 +405,8 @@ TEST(data_prepare_documents)
 	snprintf(in1, sizeof in1, "%s/a.txt", dir);
 	snprintf(in2, sizeof in2, "%s/b.txt", dir);
 	snprintf(out, sizeof out, "%s/out", dir);
-	CHECK(write_bytes(in1, text1, strlen(text1)) == 0);
-	CHECK(write_bytes(in2, text2, strlen(text2)) == 0);
+	CHECK(test_write_file(in1, text1, strlen(text1)) == 0);
+	CHECK(test_write_file(in2, text2, strlen(text2)) == 0);
 	inputs[0] = in1, inputs[1] = in2;
 	o.inputs = inputs, o.n_inputs = 2, o.out_dir = out, o.val_fraction = 0.2, o.doc_sep = "%", o.shard_tokens = 10;
 	/* an old shard from a previous run disappears */
@@ -499,7 +487,7 @@ TEST(data_prepare_tail_split)
 	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
 	snprintf(in1, sizeof in1, "%s/one.txt", dir);
 	snprintf(out, sizeof out, "%s/o", dir);
-	CHECK(write_bytes(in1, text, strlen(text)) == 0);
+	CHECK(test_write_file(in1, text, strlen(text)) == 0);
 	inputs[0] = in1;
 	o.inputs = inputs, o.n_inputs = 1, o.out_dir = out, o.val_fraction = 0.1;
 	CHECK_OK(loom_data_prepare(&o, &sum));
@@ -541,7 +529,7 @@ TEST(data_prepare_cli)
 	const char *text = "first\n%\nsecond\n%\nthird\n";
 	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
 	snprintf(in, sizeof in, "%s/f.txt", dir);
-	CHECK(write_bytes(in, text, strlen(text)) == 0);
+	CHECK(test_write_file(in, text, strlen(text)) == 0);
 	snprintf(cmd, sizeof cmd, "%s data prepare --input %s --out %s/d --val-fraction 0.5 --doc-sep %%", test_loom_bin(),
 	         in, dir);
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0);

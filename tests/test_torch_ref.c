@@ -32,17 +32,6 @@ static int record(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 	return 0;
 }
 
-static int write_file(const char *path, const void *p, size_t n)
-{
-	FILE *f = fopen(path, "wb");
-	if (!f || fwrite(p, 1, n, f) != n) {
-		if (f)
-			fclose(f);
-		return 1;
-	}
-	return fclose(f) != 0;
-}
-
 TEST(torch_reference)
 {
 	loom_gpt2_config_t mc = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab_size = 61};
@@ -80,7 +69,7 @@ TEST(torch_reference)
 			loom_gpt2_params(model)[ti.offset + i] *= k;
 	}
 	snprintf(path, sizeof path, "%s/params.bin", dir);
-	CHECK(write_file(path, loom_gpt2_params(model), n * sizeof(float)) == 0);
+	CHECK(test_write_file(path, loom_gpt2_params(model), n * sizeof(float)) == 0);
 
 	loom_train_config_t tc = loom_train_defaults();
 	snprintf(path, sizeof path, "%s/data.bin", dir);
