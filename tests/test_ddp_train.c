@@ -1,11 +1,14 @@
-/* test_ddp_train.c: data-parallel `loom train` end to end, through the CLI on a tiny generated
- * dataset: N ranks equal one rank with N times the accumulation, replicas stay bit-identical, resume
- * is bit-identical, a killed rank stops the job quickly and leaves a loadable checkpoint, and bad
- * batch or LR-scaling settings are clear errors.
+/* test_ddp_train.c: data-parallel training end to end, mostly through the CLI (`loom train --nproc N`)
+ * on a tiny generated dataset: N ranks equal one rank with N times the accumulation (training and
+ * validation losses), replicas stay bit-identical, resume is bit-identical, a killed rank stops the
+ * job quickly and leaves a checkpoint that resumes, bad batch or LR-scaling settings are clear errors;
+ * and the library path (loom/train.h with a communicator): rank 0's parameters win, a drifting
+ * replica is named.
  *
- * Every run uses a model of a few thousand parameters and 20 steps, so a whole run (process start,
- * collectives, checkpoints) takes well under a second; each command runs under test_run_cmd's
- * timeout. The 1-rank reference runs use one thread, as every rank of `loom run` does. */
+ * Every run uses a model of 28,000 parameters and 20 steps, so a whole run (process start,
+ * collectives, checkpoints) takes a fraction of a second; each command runs under test_run_cmd's
+ * timeout, the in-process ranks under test_spawn's. The 1-rank reference runs use one thread, as
+ * every rank of `loom run` does. */
 #include <dirent.h>
 #include <signal.h>
 #include <stdint.h>
@@ -17,7 +20,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "loom/comm.h"
 #include "loom/data.h"
+#include "loom/gpt2.h"
+#include "loom/train.h"
 #include "test.h"
 
 enum { VOCAB = 64, STEPS = 20, MAXSTEPS = 64 };
@@ -47,8 +53,9 @@ static int make_data(const char *dir)
 	return rc;
 }
 
-/* The per-step losses of a JSONL log (loss[step], step from 1); returns the number of steps read. */
-static int read_losses(const char *path, double *loss, char lines[][160])
+/* The per-step losses of a JSONL log (loss[step], step from 1), and the validation losses of the
+ * steps that have one (val[step], when val is not NULL); returns the number of steps read. */
+static int read_losses(const char *path, double *loss, char lines[][160], double *val)
 {
 	FILE *f = fopen(path, "r");
 	char line[2048];
@@ -60,6 +67,9 @@ static int read_losses(const char *path, double *loss, char lines[][160])
 		double l;
 		if (sscanf(line, "{\"step\":%lld,\"loss\":%lf", &step, &l) == 2 && step >= 1 && step < MAXSTEPS) {
 			loss[step] = l;
+			const char *v = strstr(line, "\"val_loss\":");
+			if (val && v)
+				val[step] = atof(v + 11);
 			if (lines) /* step and loss as written, for bit-exact comparison */
 				snprintf(lines[step], 160, "%.*s", (int)(strstr(line, ",\"lr\"") - line), line);
 			n++;
@@ -77,26 +87,28 @@ static int read_losses(const char *path, double *loss, char lines[][160])
 	} while (0)
 
 /* `world` ranks with accumulation 1 (and ranks x accum2) against 1 rank with world x accum2 at the
- * same total batch: per-step losses within 1e-5 relative; --check-replicas 1 verifies after every
- * step that the parameters of all ranks are bit-identical (the run fails otherwise). */
+ * same total batch: per-step losses within 1e-5 relative, and the validation losses (5 windows
+ * shared unevenly among the ranks) too; --check-replicas 1 verifies after every step that the
+ * parameters of all ranks are bit-identical (the run fails otherwise). */
 static int compare_worlds(int world, int accum2)
 {
 	char dir[512], cmd[4096], out[16384];
-	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
+	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0}, vref[MAXSTEPS] = {0}, vgot[MAXSTEPS] = {0};
 	const char *loom = test_loom_bin();
 	int total = 32 * world * accum2;
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));
 	CHECK_OK(make_data(dir));
 	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s train --train-data '%s/train_*.bin' " MODEL_FLAGS
-	         " --steps %d --total-batch-size %d --threads 1 --log %s/one.jsonl", loom, dir, STEPS, total, dir);
+	         " --steps %d --total-batch-size %d --threads 1 --log %s/one.jsonl --val-data '%s/train_*.bin' "
+	         "--eval-every 10 --eval-batches 5", loom, dir, STEPS, total, dir, dir);
 	RUN_OK(cmd, out, 60);
 	char want[128];
 	snprintf(want, sizeof want, "batch: B=2 T=16 accum=%d -> %d tokens per step", world * accum2, total);
 	CHECK_CONTAINS(out, want);
 
 	snprintf(cmd, sizeof cmd, "%s train --nproc %d --train-data '%s/train_*.bin' " MODEL_FLAGS
-	         " --steps %d --total-batch-size %d --check-replicas 1 --bucket-mb 0.004 --log %s/many.jsonl", loom, world,
-	         dir, STEPS, total, dir);
+	         " --steps %d --total-batch-size %d --check-replicas 1 --bucket-mb 0.004 --log %s/many.jsonl "
+	         "--val-data '%s/train_*.bin' --eval-every 10 --eval-batches 5", loom, world, dir, STEPS, total, dir, dir);
 	RUN_OK(cmd, out, 60);
 	snprintf(want, sizeof want, "[rank 0] batch: B=2 T=16 accum=%d ranks=%d -> %d tokens per step", accum2, world,
 	         total);
@@ -109,11 +121,15 @@ static int compare_worlds(int world, int accum2)
 	CHECK_MSG(!strstr(out, "[rank 1] step"), "rank 1 logged steps:\n%s", out); /* rank 0 logs alone */
 
 	snprintf(cmd, sizeof cmd, "%s/one.jsonl", dir);
-	CHECK_EQ(read_losses(cmd, ref, NULL), STEPS);
+	CHECK_EQ(read_losses(cmd, ref, NULL, vref), STEPS);
 	snprintf(cmd, sizeof cmd, "%s/many.jsonl", dir);
-	CHECK_EQ(read_losses(cmd, got, NULL), STEPS);
+	CHECK_EQ(read_losses(cmd, got, NULL, vgot), STEPS);
 	for (int s = 1; s <= STEPS; s++)
 		CHECK_NEAR(got[s], ref[s], 1e-5 * ref[s]);
+	for (int s = 10; s <= STEPS; s += 10) {
+		CHECK(vref[s] > 0);
+		CHECK_NEAR(vgot[s], vref[s], 1e-5 * vref[s]);
+	}
 	CHECK(ref[STEPS] < ref[1] - 0.1); /* it learned something: the comparison is not of constants */
 	FILE *f = fopen(cmd, "r");
 	char line[2048];
@@ -160,7 +176,7 @@ TEST(ddp_train_resume_bit_identical)
 	         dir);
 	RUN_OK(cmd, out, 10);
 	snprintf(path, sizeof path, "%s/full.jsonl", dir);
-	CHECK_EQ(read_losses(path, loss, full), STEPS);
+	CHECK_EQ(read_losses(path, loss, full, NULL), STEPS);
 
 	/* the same job resumed from its step-10 checkpoint, logging to a copy of the log */
 	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --train-data '%s/train_*.bin' " MODEL_FLAGS
@@ -172,7 +188,7 @@ TEST(ddp_train_resume_bit_identical)
 	CHECK_CONTAINS(out, "[rank 0] step 11/20 | loss ");
 	CHECK_MSG(!strstr(out, "step 10/20"), "resumed run redid step 10:\n%s", out);
 	snprintf(path, sizeof path, "%s/r.jsonl", dir);
-	CHECK_EQ(read_losses(path, loss, resumed), STEPS);
+	CHECK_EQ(read_losses(path, loss, resumed, NULL), STEPS);
 	for (int s = 1; s <= STEPS; s++)
 		CHECK_STREQ(resumed[s], full[s]);
 	snprintf(cmd, sizeof cmd, "cmp %s/full_final/model.safetensors %s/ck/step_00000020/model.safetensors && "
@@ -361,4 +377,61 @@ TEST(ddp_train_settings)
 	CHECK_CONTAINS(out, "--nproc 3, but this process is already rank 0 of a job of 2");
 	test_rmdir(dir);
 	return 0;
+}
+
+/* The library path (loom/train.h with a communicator), ranks as forked processes: models initialized
+ * differently on each rank become rank 0's at the first step; a replica that drifts is named by the
+ * replica check on every rank, and loom_trainer_sync_params repairs it. */
+static int trainer_rank(int rank, int nranks, void *arg)
+{
+	const char *dir = arg;
+	const loom_gpt2_config_t mc = {.n_layer = 1, .n_head = 2, .n_embd = 16, .seq_len = 16, .vocab_size = VOCAB};
+	char glob[600];
+	loom_comm_t *comm;
+	loom_gpt2_t *model;
+	loom_trainer_t *tr;
+	loom_step_metrics_t m;
+	uint64_t sum, sums[4];
+	snprintf(glob, sizeof glob, "%s/train_*.bin", dir);
+	loom_train_config_t c = loom_train_defaults();
+	c.train_data = glob;
+	c.B = 2, c.T = 16, c.accum = 2;
+	c.lr = (loom_lr_schedule_t){.peak_lr = 1e-2, .warmup = 0, .total_steps = 4, .kind = LOOM_SCHED_CONSTANT};
+	CHECK_OK(loom_comm_init(&comm));
+	CHECK_OK(loom_gpt2_create(&model, &mc, 2, 16));
+	loom_gpt2_init(model, 100 + (uint64_t)rank); /* a different model on every rank */
+	c.comm = comm;
+	CHECK_OK(loom_trainer_create(&tr, &c, model));
+	CHECK_EQ(loom_trainer_rank(tr), rank);
+	CHECK_EQ(loom_trainer_world(tr), nranks);
+	CHECK_EQ(loom_trainer_tokens_per_step(tr), 2 * 16 * 2 * nranks);
+	CHECK_ERR(loom_trainer_check_replicas(tr), LOOM_EMISMATCH);
+	CHECK_OK(loom_trainer_step(tr, &m)); /* broadcasts rank 0's parameters first */
+	CHECK_OK(loom_trainer_check_replicas(tr));
+	CHECK(m.comm_ms > 0);
+	CHECK_OK(loom_trainer_step(tr, &m));
+	if (rank == 1)
+		loom_gpt2_params(model)[3] *= 1.5f;
+	CHECK_ERR(loom_trainer_check_replicas(tr), LOOM_EMISMATCH);
+	CHECK_CONTAINS(loom_errmsg(), "after step 2: ddp: replica check: parameters of rank(s) 1 differ from rank 0's");
+	CHECK_OK(loom_trainer_sync_params(tr, &sum));
+	CHECK_OK(loom_allgather(comm, &sum, sums, 1, LOOM_INT64));
+	for (int r = 0; r < nranks; r++)
+		CHECK_EQ(sums[r], sums[0]);
+	CHECK_OK(loom_trainer_step(tr, &m));
+	CHECK_OK(loom_trainer_check_replicas(tr));
+	loom_trainer_destroy(tr);
+	loom_gpt2_destroy(model);
+	loom_comm_destroy(comm);
+	return 0;
+}
+
+TEST(ddp_trainer_replicas_3ranks)
+{
+	char dir[512];
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_data(dir));
+	int rc = test_spawn(3, trainer_rank, dir, 60, NULL);
+	test_rmdir(dir);
+	return rc;
 }

@@ -4,7 +4,8 @@
  * backwards, because backward finishes gradients in reverse tensor order. A bucket is launched when
  * all of its tensors have been reported by the model's grad-ready callback (counted, so the order
  * within a bucket does not matter); launches happen in bucket order on every rank, which keeps the
- * non-blocking collectives matched across ranks. */
+ * non-blocking collectives matched across ranks. While a loom_ddp_t exists the model's gradients
+ * live in its (shared) buffer; destroying it copies them back to the model's own buffer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -8,8 +8,9 @@
  * nothing. With several ranks, every collective call happens on every rank in the same order (the
  * steps, evaluations, replica checks and saves of the run loop depend only on the step number), and
  * the averaged gradients are bit-identical on every rank (the all-reduce gives every rank the same
- * bits), so the norm, clipping and AdamW keep the replicas identical without further communication. Evaluation reads validation windows directly (loom_loader_window) and does not touch
- * the training state, so evaluating or not never changes the training losses. */
+ * bits), so the norm, clipping and AdamW keep the replicas identical without further communication.
+ * Evaluation reads validation windows directly (loom_loader_window) and does not touch the training
+ * state, so evaluating or not never changes the training losses. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,7 +146,8 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 		goto fail;
 	}
 	/* PyTorch DDP's layout: the first bucket (the last layers, whose gradients come first) 1 MiB. */
-	if (tr->comm && (rc = loom_ddp_create(&tr->ddp, tr->comm, model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb))))
+	if (tr->comm &&
+	    (rc = loom_ddp_create(&tr->ddp, tr->comm, model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb))) != LOOM_OK)
 		goto fail;
 	tr->flops_per_token = loom_gpt2_flops_per_token(&tr->mcfg, cfg->T);
 	*out = tr;
