@@ -12,6 +12,9 @@ TEST(error_strings)
 	CHECK_STREQ(loom_strerror(12345), "unknown error");
 	CHECK_ERR(loom_seterr(LOOM_EFORMAT, "file %s: bad magic %d", "x.bin", 7), LOOM_EFORMAT);
 	CHECK_STREQ(loom_errmsg(), "file x.bin: bad magic 7");
+	/* wrapping the previous detail in a new one reads and writes the same buffer */
+	CHECK_ERR(loom_seterr(LOOM_EIO, "loading model: %s", loom_errmsg()), LOOM_EIO);
+	CHECK_STREQ(loom_errmsg(), "loading model: file x.bin: bad magic 7");
 	return 0;
 }
 
