@@ -74,7 +74,10 @@ $(BUILD)/tests/%: $(BUILD)/tests/progs/%.o $(BUILD)/libloom.a
 
 tests: $(BUILD)/tests/run $(BUILD)/loom $(PROG_BIN)
 
-test: all tests
+# Under SANITIZER=thread, OpenMP's uninstrumented runtime needs tests/tsan.supp (see the file).
+test: deps
+	@$(MAKE) --no-print-directory all tests
+	TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp history_size=7 $${TSAN_OPTIONS:-}" \
 	LOOM_BIN=$(BUILD)/loom LOOM_TEST_BIN=$(BUILD)/tests $(BUILD)/tests/run
 
 install: all
@@ -87,14 +90,17 @@ install: all
 	  'Cflags: -I$${includedir} -pthread' \
 	  'Libs: -L$${libdir} -lloom -lopenblas -fopenmp -pthread -lm -lrt' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/loom.pc
 
-DEMO_DIR ?= build/demo
-demo:
+# Installs the Debian packages that are missing (quiet when all are present).
+deps:
 	@scripts/deps.sh
+
+DEMO_DIR ?= build/demo
+demo: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/demo.sh $(BUILD)/loom $(DEMO_DIR)
 
 clean:
 	rm -rf build
 
-.PHONY: all tests test install demo clean
+.PHONY: all tests test install deps demo clean
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(PROG_SRC:%.c=$(BUILD)/%.d)
