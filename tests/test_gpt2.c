@@ -233,57 +233,6 @@ TEST(gpt2_grad_ready_order)
 	return 0;
 }
 
-/* Deferring the embedding's share of wte: wte is reported first and then stays untouched; adding the
- * kept rows back gives exactly the gradient of an ordinary backward. */
-TEST(gpt2_defer_embedding_grad)
-{
-	loom_gpt2_t *a, *b;
-	const loom_gpt2_config_t *cfg = &tiny_cfg;
-	int B = 2, T = 8, in[16], tg[16], nt = loom_gpt2_num_tensors(cfg), n;
-	size_t np = loom_gpt2_num_params(cfg), C = (size_t)cfg->n_embd;
-	const int *tok;
-	const float *rows;
-	float loss_a, loss_b;
-	ready_log_t r = {0};
-	CHECK_OK(loom_gpt2_create(&a, cfg, B, T));
-	CHECK_OK(loom_gpt2_create(&b, cfg, B, T));
-	loom_gpt2_init(a, 9);
-	loom_gpt2_init(b, 9);
-	random_tokens(in, B * T, cfg->vocab_size, 21);
-	in[3] = in[11] = in[12]; /* a token seen several times */
-	random_tokens(tg, B * T, cfg->vocab_size, 22);
-	CHECK_ERR(loom_gpt2_embedding_grad(b, &tok, &rows, &n), LOOM_ESTATE); /* deferral is off */
-	CHECK_OK(loom_gpt2_defer_embedding_grad(b, 1));
-	CHECK_ERR(loom_gpt2_embedding_grad(b, &tok, &rows, &n), LOOM_ESTATE); /* nothing deferred yet */
-	r.m = b;
-	r.snap = calloc(np, sizeof(float));
-	loom_gpt2_on_grad_ready(b, on_ready, &r);
-	loom_gpt2_zero_grad(a);
-	loom_gpt2_zero_grad(b);
-	CHECK_OK(loom_gpt2_forward_backward(a, in, tg, B, T, 0.5f, &loss_a));
-	CHECK_OK(loom_gpt2_forward_backward(b, in, tg, B, T, 0.5f, &loss_b));
-	CHECK_FEQ(loss_a, loss_b);
-	CHECK_EQ(r.n, nt);
-	CHECK_EQ(r.order[0], 0); /* wte first, right after the lm head */
-	for (int k = 1; k < nt; k++)
-		CHECK_EQ(r.order[k], nt - k);
-	CHECK(memcmp(r.snap, loom_gpt2_grads(b), np * sizeof(float)) == 0); /* nothing changed after its report */
-	CHECK_OK(loom_gpt2_embedding_grad(b, &tok, &rows, &n));
-	CHECK_EQ(n, B * T);
-	float *gb = loom_gpt2_grads(b);
-	for (int i = 0; i < n; i++) {
-		CHECK_EQ(tok[i], in[i]);
-		for (size_t c = 0; c < C; c++)
-			gb[(size_t)tok[i] * C + c] += rows[(size_t)i * C + c];
-	}
-	CHECK(memcmp(loom_gpt2_grads(a), gb, np * sizeof(float)) == 0);
-	CHECK_OK(loom_gpt2_defer_embedding_grad(b, 0));
-	free(r.snap);
-	loom_gpt2_destroy(a);
-	loom_gpt2_destroy(b);
-	return 0;
-}
-
 TEST(gpt2_grad_buffer_external)
 {
 	loom_gpt2_t *m;

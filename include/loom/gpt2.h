@@ -102,16 +102,6 @@ int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *tar
 typedef void (*loom_grad_ready_fn)(void *ctx, int tensor_index);
 void loom_gpt2_on_grad_ready(loom_gpt2_t *m, loom_grad_ready_fn fn, void *ctx);
 
-/* For data parallelism with the tied embedding: wte's gradient is otherwise final only after the
- * embedding's backward, the very last step. With deferral enabled, forward_backward reports wte
- * ready right after the lm head's backward (its gradient then holds the lm head's share plus what
- * was accumulated before), and leaves the embedding lookup's share out of it: the token ids and the
- * (n, C) gradient rows it would have added (wte_grad[tokens[i]] += rows[i]) are given by
- * loom_gpt2_embedding_grad until the next forward, and the caller adds them. Disabled by default. */
-int loom_gpt2_defer_embedding_grad(loom_gpt2_t *m, int enable);
-/* LOOM_ESTATE unless deferral is on and a forward_backward ran since it was enabled. */
-int loom_gpt2_embedding_grad(const loom_gpt2_t *m, const int **tokens, const float **rows, int *n);
-
 /* Autoregressive generation with a KV cache: feeds prompt (n_prompt >= 1 tokens), then samples up to
  * max_new tokens (temperature 0: greedy; top_k 0: whole vocabulary), stopping early after
  * stop_token (>= 0) or when the context (prompt + generated) reaches the T given at create (at most

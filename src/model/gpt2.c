@@ -134,7 +134,6 @@ void loom_gpt2_destroy(loom_gpt2_t *m)
 	loom_free_aligned(m->mem);
 	loom_free_aligned(m->params);
 	loom_free_aligned(m->grads_own);
-	free(m->defer_tokens);
 	free(m->layers);
 	free(m->offset);
 	free(m);
@@ -169,28 +168,6 @@ void loom_gpt2_on_grad_ready(loom_gpt2_t *m, loom_grad_ready_fn fn, void *ctx)
 	m->on_ready_ctx = ctx;
 }
 
-
-int loom_gpt2_defer_embedding_grad(loom_gpt2_t *m, int enable)
-{
-	if (enable && !m->defer_tokens) {
-		m->defer_tokens = malloc((size_t)m->B * m->T * sizeof *m->defer_tokens);
-		if (!m->defer_tokens)
-			return loom_seterr(LOOM_ENOMEM, "gpt2 defer_embedding_grad: out of memory");
-	}
-	m->defer_wte = enable != 0;
-	m->defer_n = 0;
-	return LOOM_OK;
-}
-
-int loom_gpt2_embedding_grad(const loom_gpt2_t *m, const int **tokens, const float **rows, int *n)
-{
-	if (!m->defer_wte || m->defer_n == 0)
-		return loom_seterr(LOOM_ESTATE, "gpt2 embedding_grad: no deferred forward_backward since deferral was enabled");
-	*tokens = m->defer_tokens;
-	*rows = m->dres;
-	*n = m->defer_n;
-	return LOOM_OK;
-}
 
 void loom_gpt2_init(loom_gpt2_t *m, uint64_t seed)
 {
@@ -364,8 +341,6 @@ int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *tar
 	                                  targets, grad_scale / (float)N, N, C, V));
 	if (loss)
 		*loss = mean_loss(m->losses, N);
-	if (m->defer_wte) /* wte holds its lm-head share now; the embedding's share is left to the caller */
-		ready(m, 0);
 	zero(m, m->dres, NC);
 	const float *res_last = L > 0 ? m->layers[L - 1].res3 : m->encoded;
 	PROF(LAYERNORM_BWD, layernorm_backward(m->dres, gpt2_grad(m, nt - 2), gpt2_grad(m, nt - 1), m->dbtc, res_last,
@@ -416,13 +391,8 @@ int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *tar
 #undef W
 #undef G
 	}
-	PROF(ENCODER_BWD, encoder_backward(m->defer_wte ? NULL : gpt2_grad(m, 0), gpt2_grad(m, 1), m->dres, inputs, B, T, C));
+	PROF(ENCODER_BWD, encoder_backward(gpt2_grad(m, 0), gpt2_grad(m, 1), m->dres, inputs, B, T, C));
 	ready(m, 1);
-	if (m->defer_wte) {
-		memcpy(m->defer_tokens, inputs, (size_t)N * sizeof *inputs);
-		m->defer_n = N;
-	} else {
-		ready(m, 0);
-	}
+	ready(m, 0);
 	return LOOM_OK;
 }

@@ -96,18 +96,11 @@ void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *in
 		split_range(C, omp_get_num_threads(), omp_get_thread_num(), 16, &c0, &c1);
 		for (int bt = 0; bt < B * T; bt++) {
 			const float *d = dout + (size_t)bt * C;
-			float *wp = dwpe + (size_t)(bt % T) * C;
-			if (dwte) {
-				float *we = dwte + (size_t)inp[bt] * C;
+			float *we = dwte + (size_t)inp[bt] * C, *wp = dwpe + (size_t)(bt % T) * C;
 #pragma omp simd
-				for (int c = c0; c < c1; c++) {
-					we[c] += d[c];
-					wp[c] += d[c];
-				}
-			} else {
-#pragma omp simd
-				for (int c = c0; c < c1; c++)
-					wp[c] += d[c];
+			for (int c = c0; c < c1; c++) {
+				we[c] += d[c];
+				wp[c] += d[c];
 			}
 		}
 	}

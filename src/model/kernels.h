@@ -26,7 +26,6 @@ void gemm_setup_threads(void);
 
 /* out (N,C) = wte[inp] + wpe[t]; inp (B,T) token ids already checked to be in [0,V). */
 void encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C);
-/* dwte may be NULL: only dwpe accumulates (the embedding's share of wte is then the caller's). */
 void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C);
 
 /* out (N,C), mean (N), rstd (N) from inp (N,C), weight (C), bias (C); eps 1e-5, biased variance. */

@@ -73,10 +73,6 @@ struct loom_gpt2 {
 	loom_grad_ready_fn on_ready;
 	void *on_ready_ctx;
 
-	int defer_wte;     /* leave the embedding's share out of wte's gradient (loom_gpt2_defer_embedding_grad) */
-	int *defer_tokens; /* (B*T) token ids of the last deferred forward_backward */
-	int defer_n;       /* how many; the rows are dres */
-
 	int prof_on;
 	double prof_s[PROF_COUNT];
 	double prof_flops[PROF_COUNT];

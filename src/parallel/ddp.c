@@ -32,20 +32,7 @@ struct loom_ddp {
 	int *bucket_of; /* tensor -> bucket */
 	bucket_t *buckets;
 	int err;
-	int defer;          /* more than one rank: the embedding's share of wte is averaged separately */
-	int *emb_tokens;    /* (world, n) gathered token ids */
-	float *emb_rows;    /* (world, n, C) gathered embedding gradient rows */
-	size_t emb_cap;     /* positions per rank the two have room for */
 };
-
-/* With more than one rank and sync on, the model reports wte right after the lm head's backward and
- * keeps the embedding lookup's share apart, so wte's 4*V*C bytes are all-reduced while the whole
- * backward still runs instead of after it; that share (B*T rows) is gathered in loom_ddp_wait. */
-static void set_defer(loom_ddp_t *d)
-{
-	if (d->defer && loom_gpt2_defer_embedding_grad(d->model, d->sync) != LOOM_OK)
-		d->err = LOOM_ENOMEM;
-}
 
 static void on_grad_ready(void *ctx, int t)
 {
@@ -107,7 +94,7 @@ int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, dou
 		b->lo = t;
 		d->bucket_of[t] = d->nbuckets;
 		bytes += info.numel * sizeof(float);
-		if (bytes >= limit || t <= 1) { /* wte (tensor 0) is always a bucket of its own */
+		if (bytes >= limit || t == 0) {
 			loom_tensor_info_t lo;
 			loom_gpt2_tensor_info(cfg, b->lo, &lo);
 			b->offset = lo.offset;
@@ -119,10 +106,6 @@ int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, dou
 		}
 	}
 	loom_gpt2_on_grad_ready(model, on_grad_ready, d);
-	d->defer = loom_comm_size(comm) > 1;
-	set_defer(d);
-	if (d->err)
-		goto oom;
 	*out = d;
 	return LOOM_OK;
 oom:
@@ -139,7 +122,6 @@ void loom_ddp_destroy(loom_ddp_t *d)
 			loom_wait(d->buckets[b].req);
 	if (d->model && d->model_grads) { /* detach: the model works on its own buffer again */
 		loom_gpt2_on_grad_ready(d->model, NULL, NULL);
-		loom_gpt2_defer_embedding_grad(d->model, 0);
 		memcpy(d->model_grads, d->grads, d->nparams * sizeof(float));
 		loom_gpt2_set_grad_buffer(d->model, d->model_grads);
 	}
@@ -151,47 +133,12 @@ void loom_ddp_destroy(loom_ddp_t *d)
 	}
 	free(d->bucket_of);
 	free(d->buckets);
-	free(d->emb_tokens);
-	free(d->emb_rows);
 	free(d);
 }
 
 void loom_ddp_set_sync(loom_ddp_t *d, int sync)
 {
 	d->sync = sync != 0;
-	set_defer(d);
-}
-
-/* Add the average over ranks of the embedding lookup's share of wte's gradient (kept apart by the
- * model): gather every rank's token ids and rows, then add them in rank order, the same on every
- * rank, so replicas stay bit-identical. */
-static int add_embedding_share(loom_ddp_t *d)
-{
-	const int *tok;
-	const float *rows;
-	int n, world = loom_comm_size(d->comm), rc;
-	size_t C = (size_t)loom_gpt2_config(d->model)->n_embd;
-	float *dwte = d->grads, inv = 1.0f / (float)world;
-	if ((rc = loom_gpt2_embedding_grad(d->model, &tok, &rows, &n)) != LOOM_OK)
-		return loom_seterr(rc, "ddp: %s", loom_errmsg());
-	if ((size_t)n > d->emb_cap) {
-		free(d->emb_tokens), free(d->emb_rows);
-		d->emb_tokens = malloc((size_t)world * n * sizeof *d->emb_tokens);
-		d->emb_rows = malloc((size_t)world * n * C * sizeof *d->emb_rows);
-		d->emb_cap = d->emb_tokens && d->emb_rows ? (size_t)n : 0;
-		if (!d->emb_cap)
-			return loom_seterr(LOOM_ENOMEM, "ddp: out of memory for %d embedding gradient rows", n);
-	}
-	if ((rc = loom_allgather(d->comm, tok, d->emb_tokens, (size_t)n, LOOM_INT32)) != LOOM_OK ||
-	    (rc = loom_allgather(d->comm, rows, d->emb_rows, (size_t)n * C, LOOM_FLOAT32)) != LOOM_OK)
-		return loom_seterr(rc, "ddp: gathering the embedding's gradient rows failed: %s", loom_comm_errmsg(d->comm));
-	for (size_t i = 0; i < (size_t)world * n; i++) {
-		float *w = dwte + (size_t)d->emb_tokens[i] * C;
-		const float *r = d->emb_rows + i * C;
-		for (size_t c = 0; c < C; c++)
-			w[c] += r[c] * inv;
-	}
-	return LOOM_OK;
 }
 
 int loom_ddp_wait(loom_ddp_t *d, loom_ddp_stats_t *st)
@@ -213,8 +160,6 @@ int loom_ddp_wait(loom_ddp_t *d, loom_ddp_stats_t *st)
 		}
 		k->ready = 0;
 	}
-	if (rc == LOOM_OK && d->defer && d->sync)
-		rc = add_embedding_share(d);
 	loom_comm_stats(d->comm, &now);
 	if (st) {
 		st->exposed_comm_ms = 1e3 * (loom_now() - t0);
@@ -224,7 +169,6 @@ int loom_ddp_wait(loom_ddp_t *d, loom_ddp_stats_t *st)
 	d->launched = 0;
 	d->err = LOOM_OK;
 	d->sync = 1;
-	set_defer(d);
 	return rc;
 }
 
