@@ -35,8 +35,3 @@ int loom_seterr(int code, const char *fmt, ...)
 	memcpy(last_msg, tmp, sizeof last_msg);
 	return code;
 }
-
-void loom_clearerr(void)
-{
-	last_msg[0] = '\0';
-}

@@ -14,7 +14,6 @@
 /* Record the detail of a failure on this thread (printf-style) and return `code`, so that error
  * paths read `return loom_seterr(LOOM_EFORMAT, "%s: bad magic %d (expected %d)", path, m, M);`. */
 int loom_seterr(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void loom_clearerr(void);
 
 /* Monotonic clock in seconds. */
 double loom_now(void);
