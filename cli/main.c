@@ -16,7 +16,7 @@ static const struct {
 	{"train", loom_cli_train, "train a GPT-2 model on token shards"},
 	{"sample", loom_cli_sample, "generate text from a checkpoint"},
 	{"data", loom_cli_data, "prepare token shards from text (data prepare)"},
-	{"bench", loom_cli_bench, "benchmarks: comm (collectives), gemm (peak FLOP/s)"},
+	{"bench", loom_cli_bench, "benchmarks: comm (collectives), loom__gemm (peak FLOP/s)"},
 	{"convert", loom_cli_convert, "convert checkpoints between safetensors and llm.c .bin"},
 	{"info", loom_cli_info, "print a checkpoint's config, tensors and parameter count"},
 };

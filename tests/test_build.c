@@ -25,3 +25,24 @@ TEST(pkgconfig_example)
 	test_rmdir(tmp);
 	return 0;
 }
+
+/* Every global symbol libloom.a defines starts with loom_ (internal ones with loom__), so a program
+ * with its own matmul_forward or read_file links against loom. */
+TEST(archive_symbols_prefixed)
+{
+	char bin[4096], cmd[8400], out[16384];
+	snprintf(bin, sizeof bin, "%s", test_loom_bin());
+	snprintf(cmd, sizeof cmd, "nm -g --defined-only %s/libloom.a | awk 'NF == 3 {print $3}' | sort -u", dirname(bin));
+	int rc = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(rc == 0, "nm failed (%d): %s", rc, out);
+	int total = 0, bad = 0;
+	char list[4096] = "";
+	for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+		total++;
+		if (strncmp(line, "loom_", 5) != 0 && ++bad < 40)
+			snprintf(list + strlen(list), sizeof list - strlen(list), " %s", line);
+	}
+	CHECK_MSG(total > 100, "nm listed only %d symbols: %s", total, out);
+	CHECK_MSG(bad == 0, "%d global symbols without the loom_ prefix:%s", bad, list);
+	return 0;
+}

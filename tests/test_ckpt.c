@@ -37,20 +37,20 @@ TEST(json_parser)
 	                  "\"big\": 18446744073709551615, \"o\": {}} ";
 	uint64_t u;
 	int64_t i;
-	CHECK(json_parse(doc, strlen(doc), &v, err, sizeof err) == 0);
+	CHECK(loom__json_parse(doc, strlen(doc), &v, err, sizeof err) == 0);
 	CHECK_EQ(v.type, JSON_OBJECT);
 	CHECK_EQ(v.n, 4);
-	CHECK_EQ(json_get(&v, "a")->n, 5);
-	CHECK_FEQ(json_get(&v, "a")->kids[1].num, -2500.0);
-	CHECK_EQ(json_get(&v, "a")->kids[2].boolean, 1);
-	CHECK_EQ(json_get(&v, "a")->kids[4].type, JSON_NULL);
-	CHECK_STREQ(json_get(&v, "s")->s, "q\"\\/\n\xc3\xa9\xf0\x9f\x98\x80");
-	CHECK(json_to_u64(json_get(&v, "big"), &u) == 0);
+	CHECK_EQ(loom__json_get(&v, "a")->n, 5);
+	CHECK_FEQ(loom__json_get(&v, "a")->kids[1].num, -2500.0);
+	CHECK_EQ(loom__json_get(&v, "a")->kids[2].boolean, 1);
+	CHECK_EQ(loom__json_get(&v, "a")->kids[4].type, JSON_NULL);
+	CHECK_STREQ(loom__json_get(&v, "s")->s, "q\"\\/\n\xc3\xa9\xf0\x9f\x98\x80");
+	CHECK(loom__json_to_u64(loom__json_get(&v, "big"), &u) == 0);
 	CHECK(u == UINT64_MAX);
-	CHECK(json_to_i64(json_get(&v, "big"), &i) == -1); /* out of range */
-	CHECK(json_to_u64(&json_get(&v, "a")->kids[1], &u) == -1);
-	CHECK_EQ(json_get(&v, "o")->type, JSON_OBJECT);
-	json_free(&v);
+	CHECK(loom__json_to_i64(loom__json_get(&v, "big"), &i) == -1); /* out of range */
+	CHECK(loom__json_to_u64(&loom__json_get(&v, "a")->kids[1], &u) == -1);
+	CHECK_EQ(loom__json_get(&v, "o")->type, JSON_OBJECT);
+	loom__json_free(&v);
 	static const struct {
 		const char *text, *msg;
 	} bad[] = {
@@ -62,18 +62,18 @@ TEST(json_parser)
 		{"[\"a\tb\"]", "control character 0x09"}, {"nul", "unexpected character 'n'"},
 	};
 	for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
-		CHECK_MSG(json_parse(bad[k].text, strlen(bad[k].text), &v, err, sizeof err) == -1, "%s", bad[k].text);
+		CHECK_MSG(loom__json_parse(bad[k].text, strlen(bad[k].text), &v, err, sizeof err) == -1, "%s", bad[k].text);
 		CHECK_CONTAINS(err, bad[k].msg);
-		json_free(&v);
+		loom__json_free(&v);
 	}
 	/* nesting is bounded */
 	{
 		char deep[200];
 		memset(deep, '[', 100);
 		memset(deep + 100, ']', 100);
-		CHECK(json_parse(deep, 200, &v, err, sizeof err) == -1);
+		CHECK(loom__json_parse(deep, 200, &v, err, sizeof err) == -1);
 		CHECK_CONTAINS(err, "nesting deeper than 64");
-		json_free(&v);
+		loom__json_free(&v);
 	}
 	return 0;
 }

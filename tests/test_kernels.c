@@ -227,12 +227,12 @@ static int layernorm_case(int N, int C)
 	float *dx_r = malloc(sizeof(float) * N * C), *dw_r = malloc(sizeof(float) * C), *db_r = malloc(sizeof(float) * C);
 	int bad = 0;
 	memcpy(dx_r, dx, sizeof(float) * N * C), memcpy(dw_r, dw, sizeof(float) * C), memcpy(db_r, db, sizeof(float) * C);
-	layernorm_forward(out, mean, rstd, x, w, b, N, C);
-	layernorm_forward_ref(out_r, mean_r, rstd_r, x, w, b, N, C);
+	loom__layernorm_forward(out, mean, rstd, x, w, b, N, C);
+	loom__layernorm_forward_ref(out_r, mean_r, rstd_r, x, w, b, N, C);
 	bad |= close_f("layernorm out", out, out_r, (size_t)N * C, 2e-5);
 	bad |= close_f("layernorm rstd", rstd, rstd_r, N, 2e-5);
-	layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
-	layernorm_backward_ref(dx_r, dw_r, db_r, dout, x, w, mean_r, rstd_r, N, C);
+	loom__layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
+	loom__layernorm_backward_ref(dx_r, dw_r, db_r, dout, x, w, mean_r, rstd_r, N, C);
 	bad |= close_f("layernorm dinp", dx, dx_r, (size_t)N * C, 2e-5);
 	bad |= close_f("layernorm dweight", dw, dw_r, C, 2e-5);
 	bad |= close_f("layernorm dbias", db, db_r, C, 2e-5);
@@ -254,14 +254,14 @@ TEST(kernels_layernorm_backward_fd)
 	float *out = zeros(N * C), *mean = zeros(N), *rstd = zeros(N), *dx = zeros(N * C), *dw = zeros(C), *db = zeros(C);
 	fd_ctx_t c = {.N = N, .C = C, .x = to_double(x, N * C), .w = to_double(w, C), .b = to_double(b, C),
 	              .dout = to_double(dout, N * C)};
-	layernorm_forward_ref(out, mean, rstd, x, w, b, N, C);
-	layernorm_backward_ref(dx, dw, db, dout, x, w, mean, rstd, N, C);
+	loom__layernorm_forward_ref(out, mean, rstd, x, w, b, N, C);
+	loom__layernorm_backward_ref(dx, dw, db, dout, x, w, mean, rstd, N, C);
 	CHECK(!fd_check("ref dinp", ln_loss, &c, c.x, N * C, dx));
 	CHECK(!fd_check("ref dweight", ln_loss, &c, c.w, C, dw));
 	CHECK(!fd_check("ref dbias", ln_loss, &c, c.b, C, db));
 	memset(dx, 0, sizeof(float) * N * C), memset(dw, 0, sizeof(float) * C), memset(db, 0, sizeof(float) * C);
-	layernorm_forward(out, mean, rstd, x, w, b, N, C);
-	layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
+	loom__layernorm_forward(out, mean, rstd, x, w, b, N, C);
+	loom__layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
 	CHECK(!fd_check("fast dinp", ln_loss, &c, c.x, N * C, dx));
 	CHECK(!fd_check("fast dweight", ln_loss, &c, c.w, C, dw));
 	free(x), free(w), free(b), free(dout), free(out), free(mean), free(rstd), free(dx), free(dw), free(db);
@@ -282,14 +282,14 @@ static int matmul_case(int N, int C, int OC)
 	int bad = 0;
 	memcpy(dx_r, dx, sizeof(float) * N * C), memcpy(dw_r, dw, sizeof(float) * C * OC);
 	memcpy(db_r, db, sizeof(float) * OC);
-	matmul_forward(out, x, w, b, N, C, OC);
-	matmul_forward_ref(out_r, x, w, b, N, C, OC);
+	loom__matmul_forward(out, x, w, b, N, C, OC);
+	loom__matmul_forward_ref(out_r, x, w, b, N, C, OC);
 	bad |= close_f("matmul out", out, out_r, (size_t)N * OC, 2e-5);
-	matmul_forward(out, x, w, NULL, N, C, OC);
-	matmul_forward_ref(out_r, x, w, NULL, N, C, OC);
+	loom__matmul_forward(out, x, w, NULL, N, C, OC);
+	loom__matmul_forward_ref(out_r, x, w, NULL, N, C, OC);
 	bad |= close_f("matmul out (no bias)", out, out_r, (size_t)N * OC, 2e-5);
-	matmul_backward(dx, dw, db, dout, x, w, N, C, OC);
-	matmul_backward_ref(dx_r, dw_r, db_r, dout, x, w, N, C, OC);
+	loom__matmul_backward(dx, dw, db, dout, x, w, N, C, OC);
+	loom__matmul_backward_ref(dx_r, dw_r, db_r, dout, x, w, N, C, OC);
 	bad |= close_f("matmul dinp", dx, dx_r, (size_t)N * C, 2e-5);
 	bad |= close_f("matmul dweight", dw, dw_r, (size_t)C * OC, 2e-5);
 	bad |= close_f("matmul dbias", db, db_r, OC, 2e-5);
@@ -300,7 +300,7 @@ static int matmul_case(int N, int C, int OC)
 
 TEST(kernels_matmul_matches_ref)
 {
-	/* the last shape is large enough (> 4e6 multiply-adds) for gemm() to split it over threads */
+	/* the last shape is large enough (> 4e6 multiply-adds) for loom__gemm() to split it over threads */
 	WITH_THREADS(matmul_case(7, 5, 9) || matmul_case(33, 24, 72) || matmul_case(130, 96, 400));
 	return 0;
 }
@@ -312,12 +312,12 @@ TEST(kernels_matmul_backward_fd)
 	float *dx = zeros(N * C), *dw = zeros(C * OC), *db = zeros(OC);
 	fd_ctx_t c = {.N = N, .C = C, .OC = OC, .x = to_double(x, N * C), .w = to_double(w, C * OC),
 	              .b = to_double(b, OC), .dout = to_double(dout, N * OC)};
-	matmul_backward_ref(dx, dw, db, dout, x, w, N, C, OC);
+	loom__matmul_backward_ref(dx, dw, db, dout, x, w, N, C, OC);
 	CHECK(!fd_check("ref dinp", mm_loss, &c, c.x, N * C, dx));
 	CHECK(!fd_check("ref dweight", mm_loss, &c, c.w, C * OC, dw));
 	CHECK(!fd_check("ref dbias", mm_loss, &c, c.b, OC, db));
 	memset(dx, 0, sizeof(float) * N * C), memset(dw, 0, sizeof(float) * C * OC), memset(db, 0, sizeof(float) * OC);
-	matmul_backward(dx, dw, db, dout, x, w, N, C, OC);
+	loom__matmul_backward(dx, dw, db, dout, x, w, N, C, OC);
 	CHECK(!fd_check("fast dinp", mm_loss, &c, c.x, N * C, dx));
 	CHECK(!fd_check("fast dweight", mm_loss, &c, c.w, C * OC, dw));
 	CHECK(!fd_check("fast dbias", mm_loss, &c, c.b, OC, db));
@@ -334,11 +334,11 @@ static int gelu_case(size_t N)
 	int bad = 0;
 	x[0] = 40.0f, x[1] = -40.0f, x[2] = 0.0f; /* saturated tanh both ways, and zero */
 	memcpy(dx_r, dx, sizeof(float) * N);
-	gelu_forward(out, x, N);
-	gelu_forward_ref(out_r, x, N);
+	loom__gelu_forward(out, x, N);
+	loom__gelu_forward_ref(out_r, x, N);
 	bad |= close_f("gelu out", out, out_r, N, 2e-6);
-	gelu_backward(dx, x, dout, N);
-	gelu_backward_ref(dx_r, x, dout, N);
+	loom__gelu_backward(dx, x, dout, N);
+	loom__gelu_backward_ref(dx_r, x, dout, N);
 	bad |= close_f("gelu dinp", dx, dx_r, N, 2e-6);
 	free(x), free(dout), free(out), free(out_r), free(dx), free(dx_r);
 	return bad;
@@ -348,8 +348,8 @@ TEST(kernels_gelu_residual_match_ref)
 {
 	WITH_THREADS(gelu_case(1001));
 	float *a = rnd(99, 1.0), *b = rnd(99, 1.0), *o = zeros(99), *o_r = zeros(99);
-	residual_forward(o, a, b, 99);
-	residual_forward_ref(o_r, a, b, 99);
+	loom__residual_forward(o, a, b, 99);
+	loom__residual_forward_ref(o_r, a, b, 99);
 	for (int i = 0; i < 99; i++)
 		CHECK_FEQ(o[i], o_r[i]);
 	CHECK_FEQ(o[5], a[5] + b[5]);
@@ -362,8 +362,8 @@ TEST(kernels_gelu_backward_fd)
 	int N = 40;
 	float *x = rnd(N, 2.0), *dout = rnd(N, 1.0), *dx = zeros(N), *dx_r = zeros(N);
 	fd_ctx_t c = {.N = N, .x = to_double(x, N), .dout = to_double(dout, N)};
-	gelu_backward(dx, x, dout, N);
-	gelu_backward_ref(dx_r, x, dout, N);
+	loom__gelu_backward(dx, x, dout, N);
+	loom__gelu_backward_ref(dx_r, x, dout, N);
 	CHECK(!fd_check("fast dinp", gelu_loss, &c, c.x, N, dx));
 	CHECK(!fd_check("ref dinp", gelu_loss, &c, c.x, N, dx_r));
 	free(x), free(dout), free(dx), free(dx_r), free(c.x), free(c.dout);
@@ -377,9 +377,9 @@ TEST(kernels_encoder)
 	float *wte = rnd(V * C, 1.0), *wpe = rnd(T * C, 1.0), *dout = rnd(B * T * C, 1.0);
 	float *out = zeros(B * T * C), *out_r = zeros(B * T * C);
 	float *dwte = zeros(V * C), *dwpe = zeros(T * C), *dwte_r = zeros(V * C), *dwpe_r = zeros(T * C);
-	encoder_forward_ref(out_r, tok, wte, wpe, B, T, C);
+	loom__encoder_forward_ref(out_r, tok, wte, wpe, B, T, C);
 	CHECK_FEQ(out_r[(1 * T + 2) * C + 3], wte[6 * C + 3] + wpe[2 * C + 3]);
-	encoder_backward_ref(dwte_r, dwpe_r, dout, tok, B, T, C);
+	loom__encoder_backward_ref(dwte_r, dwpe_r, dout, tok, B, T, C);
 	fd_ctx_t c = {.B = B, .T = T, .C = C, .x = to_double(wte, V * C), .w = to_double(wpe, T * C),
 	              .dout = to_double(dout, B * T * C), .tok = tok};
 	CHECK(!fd_check("ref dwte", enc_loss, &c, c.x, V * C, dwte_r));
@@ -388,8 +388,8 @@ TEST(kernels_encoder)
 	for (int nth = 1; nth <= 2; nth++) {
 		loom_set_num_threads(nth);
 		memset(dwte, 0, sizeof(float) * V * C), memset(dwpe, 0, sizeof(float) * T * C);
-		encoder_forward(out, tok, wte, wpe, B, T, C);
-		encoder_backward(dwte, dwpe, dout, tok, B, T, C);
+		loom__encoder_forward(out, tok, wte, wpe, B, T, C);
+		loom__encoder_backward(dwte, dwpe, dout, tok, B, T, C);
 		for (int i = 0; i < B * T * C; i++)
 			CHECK_FEQ(out[i], out_r[i]);
 		for (int i = 0; i < V * C; i++) /* same additions in the same (row) order: exact */
@@ -410,18 +410,18 @@ static int attention_case(int B, int T, int C, int NH)
 	size_t nq = (size_t)B * T * 3 * C, ny = (size_t)B * T * C, na = (size_t)B * NH * T * T;
 	float *qkv = rnd(nq, 1.0), *dout = rnd(ny, 1.0), *out = zeros(ny), *out_r = zeros(ny);
 	float *att = zeros(na), *att_r = zeros(na), *dqkv = rnd(nq, 0.1), *dqkv_r = malloc(sizeof(float) * nq);
-	float *scratch = zeros(attention_scratch_floats(T, 2));
+	float *scratch = zeros(loom__attention_scratch_floats(T, 2));
 	int bad = 0;
 	memcpy(dqkv_r, dqkv, sizeof(float) * nq);
-	attention_forward(out, att, qkv, B, T, C, NH);
-	attention_forward_ref(out_r, att_r, qkv, B, T, C, NH);
+	loom__attention_forward(out, att, qkv, B, T, C, NH);
+	loom__attention_forward_ref(out_r, att_r, qkv, B, T, C, NH);
 	bad |= close_f("attention out", out, out_r, ny, 2e-5);
 	bad |= close_f("attention probabilities", att, att_r, na, 2e-5);
 	for (size_t i = 0; i < na; i++) /* above the diagonal: exact zeros */
 		if ((i % T) > (i / T) % T && att[i] != 0.0f)
 			bad |= 1;
-	attention_backward(dqkv, scratch, 2, dout, qkv, att, B, T, C, NH);
-	attention_backward_ref(dqkv_r, dout, qkv, att_r, B, T, C, NH);
+	loom__attention_backward(dqkv, scratch, 2, dout, qkv, att, B, T, C, NH);
+	loom__attention_backward_ref(dqkv_r, dout, qkv, att_r, B, T, C, NH);
 	bad |= close_f("attention dqkv", dqkv, dqkv_r, nq, 2e-5);
 	free(qkv), free(dout), free(out), free(out_r), free(att), free(att_r), free(dqkv), free(dqkv_r), free(scratch);
 	return bad;
@@ -438,13 +438,13 @@ TEST(kernels_attention_backward_fd)
 	int B = 2, T = 5, C = 8, NH = 2;
 	size_t nq = (size_t)B * T * 3 * C, ny = (size_t)B * T * C;
 	float *qkv = rnd(nq, 1.0), *dout = rnd(ny, 1.0), *out = zeros(ny), *att = zeros((size_t)B * NH * T * T);
-	float *dqkv = zeros(nq), *dqkv_r = zeros(nq), *scratch = zeros(attention_scratch_floats(T, 2));
+	float *dqkv = zeros(nq), *dqkv_r = zeros(nq), *scratch = zeros(loom__attention_scratch_floats(T, 2));
 	fd_ctx_t c = {.B = B, .T = T, .C = C, .NH = NH, .x = to_double(qkv, nq), .dout = to_double(dout, ny)};
-	attention_forward_ref(out, att, qkv, B, T, C, NH);
-	attention_backward_ref(dqkv_r, dout, qkv, att, B, T, C, NH);
+	loom__attention_forward_ref(out, att, qkv, B, T, C, NH);
+	loom__attention_backward_ref(dqkv_r, dout, qkv, att, B, T, C, NH);
 	CHECK(!fd_check("ref dqkv", att_loss, &c, c.x, nq, dqkv_r));
-	attention_forward(out, att, qkv, B, T, C, NH);
-	attention_backward(dqkv, scratch, 2, dout, qkv, att, B, T, C, NH);
+	loom__attention_forward(out, att, qkv, B, T, C, NH);
+	loom__attention_backward(dqkv, scratch, 2, dout, qkv, att, B, T, C, NH);
 	CHECK(!fd_check("fast dqkv", att_loss, &c, c.x, nq, dqkv));
 	free(qkv), free(dout), free(out), free(att), free(dqkv), free(dqkv_r), free(scratch), free(c.x), free(c.dout);
 	return 0;
@@ -463,9 +463,9 @@ static int classifier_case(int N, int C, int V, int chunk)
 	float *dx_r = malloc(sizeof(float) * N * C), *dw_r = malloc(sizeof(float) * V * C);
 	int bad = 0;
 	memcpy(dx_r, dx, sizeof(float) * N * C), memcpy(dw_r, dw, sizeof(float) * V * C);
-	classifier_forward_backward(loss_f, NULL, NULL, logits, chunk, x, wte, tg, 0.0f, N, C, V);
-	classifier_forward_backward(loss, dx, dw, logits, chunk, x, wte, tg, 0.37f, N, C, V);
-	classifier_forward_backward_ref(loss_r, dx_r, dw_r, logits_r, x, wte, tg, 0.37f, N, C, V);
+	loom__classifier_forward_backward(loss_f, NULL, NULL, logits, chunk, x, wte, tg, 0.0f, N, C, V);
+	loom__classifier_forward_backward(loss, dx, dw, logits, chunk, x, wte, tg, 0.37f, N, C, V);
+	loom__classifier_forward_backward_ref(loss_r, dx_r, dw_r, logits_r, x, wte, tg, 0.37f, N, C, V);
 	bad |= close_f("classifier losses", loss, loss_r, N, 2e-6);
 	bad |= close_f("classifier losses (forward only)", loss_f, loss_r, N, 2e-6);
 	bad |= close_f("classifier dx", dx, dx_r, (size_t)N * C, 2e-5);
@@ -491,10 +491,10 @@ TEST(kernels_classifier_backward_fd)
 	float *dx = zeros(N * C), *dw = zeros(V * C), *dx_r = zeros(N * C), *dw_r = zeros(V * C);
 	fd_ctx_t c = {.N = N, .C = C, .V = V, .x = to_double(x, N * C), .w = to_double(wte, V * C), .tok = tg,
 	              .dloss = 0.37f};
-	classifier_forward_backward_ref(loss, dx_r, dw_r, logits, x, wte, tg, 0.37f, N, C, V);
+	loom__classifier_forward_backward_ref(loss, dx_r, dw_r, logits, x, wte, tg, 0.37f, N, C, V);
 	CHECK(!fd_check("ref dx", cls_loss, &c, c.x, N * C, dx_r));
 	CHECK(!fd_check("ref dwte", cls_loss, &c, c.w, V * C, dw_r));
-	classifier_forward_backward(loss, dx, dw, logits, 4, x, wte, tg, 0.37f, N, C, V);
+	loom__classifier_forward_backward(loss, dx, dw, logits, 4, x, wte, tg, 0.37f, N, C, V);
 	CHECK(!fd_check("fast dx", cls_loss, &c, c.x, N * C, dx));
 	CHECK(!fd_check("fast dwte", cls_loss, &c, c.w, V * C, dw));
 	/* the losses themselves: their sum against the double formula */

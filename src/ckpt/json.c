@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "ckpt/json.h"
+#include "core/util.h"
 
 #define JSON_MAX_DEPTH 64
 
@@ -96,7 +97,7 @@ static int parse_string(parser_t *ps, char **out, size_t *outlen)
 	if (q >= ps->end)
 		return fail(ps, "unterminated string");
 	cap = (size_t)(q - ps->p) + 1;
-	buf = malloc(cap);
+	buf = loom__malloc(cap);
 	if (!buf)
 		return fail(ps, "out of memory");
 	o = buf;
@@ -188,7 +189,7 @@ static int parse_number(parser_t *ps, json_t *v)
 	}
 	v->type = JSON_NUMBER;
 	v->slen = (size_t)(ps->p - s);
-	v->s = malloc(v->slen + 1);
+	v->s = loom__malloc(v->slen + 1);
 	if (!v->s)
 		return fail(ps, "out of memory");
 	memcpy(v->s, s, v->slen);
@@ -201,7 +202,7 @@ static json_t *add_kid(parser_t *ps, json_t *v)
 {
 	if (v->n == v->cap) {
 		int cap = v->cap ? 2 * v->cap : 8;
-		json_t *k = realloc(v->kids, (size_t)cap * sizeof *k);
+		json_t *k = loom__realloc(v->kids, (size_t)cap * sizeof *k);
 		if (!k) {
 			fail(ps, "out of memory");
 			return NULL;
@@ -301,7 +302,7 @@ static int parse_value(parser_t *ps, json_t *v, int depth)
 	}
 }
 
-int json_parse(const char *text, size_t len, json_t *out, char *err, size_t errcap)
+int loom__json_parse(const char *text, size_t len, json_t *out, char *err, size_t errcap)
 {
 	parser_t ps = {text, text + len, text, err, errcap};
 	memset(out, 0, sizeof *out);
@@ -315,19 +316,19 @@ int json_parse(const char *text, size_t len, json_t *out, char *err, size_t errc
 	return 0;
 }
 
-void json_free(json_t *v)
+void loom__json_free(json_t *v)
 {
 	if (!v)
 		return;
 	for (int i = 0; i < v->n; i++)
-		json_free(&v->kids[i]);
+		loom__json_free(&v->kids[i]);
 	free(v->kids);
 	free(v->key);
 	free(v->s);
 	memset(v, 0, sizeof *v);
 }
 
-const json_t *json_get(const json_t *obj, const char *key)
+const json_t *loom__json_get(const json_t *obj, const char *key)
 {
 	if (!obj || obj->type != JSON_OBJECT)
 		return NULL;
@@ -337,7 +338,7 @@ const json_t *json_get(const json_t *obj, const char *key)
 	return NULL;
 }
 
-int json_to_u64(const json_t *v, uint64_t *out)
+int loom__json_to_u64(const json_t *v, uint64_t *out)
 {
 	char *end;
 	if (!v || v->type != JSON_NUMBER || v->s[0] == '-' || strpbrk(v->s, ".eE"))
@@ -347,7 +348,7 @@ int json_to_u64(const json_t *v, uint64_t *out)
 	return errno || *end ? -1 : 0;
 }
 
-int json_to_i64(const json_t *v, int64_t *out)
+int loom__json_to_i64(const json_t *v, int64_t *out)
 {
 	char *end;
 	if (!v || v->type != JSON_NUMBER || strpbrk(v->s, ".eE"))
@@ -357,13 +358,13 @@ int json_to_i64(const json_t *v, int64_t *out)
 	return errno || *end ? -1 : 0;
 }
 
-const char *json_type_name(json_type_t t)
+const char *loom__json_type_name(json_type_t t)
 {
 	static const char *const names[] = {"null", "boolean", "number", "string", "array", "object"};
 	return (unsigned)t < 6 ? names[t] : "?";
 }
 
-void json_write_string(FILE *f, const char *s, size_t len)
+void loom__json_write_string(FILE *f, const char *s, size_t len)
 {
 	fputc('"', f);
 	for (size_t i = 0; i < len; i++) {

@@ -24,17 +24,17 @@ typedef struct json {
 
 /* Parse text[0..len) (one value, surrounded only by whitespace) into *out. Returns 0, or -1 with a
  * description of the problem and its byte offset in err. *out must be freed with json_free either way. */
-int json_parse(const char *text, size_t len, json_t *out, char *err, size_t errcap);
-void json_free(json_t *v);
+int loom__json_parse(const char *text, size_t len, json_t *out, char *err, size_t errcap);
+void loom__json_free(json_t *v);
 
 /* Member `key` of an object (the first one), or NULL. */
-const json_t *json_get(const json_t *obj, const char *key);
+const json_t *loom__json_get(const json_t *obj, const char *key);
 /* A NUMBER that is an integer in range: 0, or -1 when it is not (fraction, exponent, sign, overflow). */
-int json_to_u64(const json_t *v, uint64_t *out);
-int json_to_i64(const json_t *v, int64_t *out);
-const char *json_type_name(json_type_t t);
+int loom__json_to_u64(const json_t *v, uint64_t *out);
+int loom__json_to_i64(const json_t *v, int64_t *out);
+const char *loom__json_type_name(json_type_t t);
 
 /* Write s[0..len) as a JSON string literal with escapes. */
-void json_write_string(FILE *f, const char *s, size_t len);
+void loom__json_write_string(FILE *f, const char *s, size_t len);
 
 #endif

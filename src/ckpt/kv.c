@@ -12,7 +12,7 @@
 
 #include "ckpt/json.h"
 #include "core/util.h"
-#include "data/fileio.h"
+#include "core/fileio.h"
 #include "loom/ckpt.h"
 
 typedef struct {
@@ -29,7 +29,7 @@ struct loom_kv {
 
 int loom_kv_create(loom_kv_t **kv)
 {
-	*kv = calloc(1, sizeof **kv);
+	*kv = loom__calloc(1, sizeof **kv);
 	return *kv ? LOOM_OK : loom_seterr(LOOM_ENOMEM, "state: out of memory");
 }
 
@@ -60,13 +60,13 @@ static entry_t *find(const loom_kv_t *kv, const char *key)
 static int set(loom_kv_t *kv, const char *key, const char *text, int is_str)
 {
 	entry_t *e = find(kv, key);
-	char *t = strdup(text);
+	char *t = loom__strdup(text);
 	if (!t)
 		return loom_seterr(LOOM_ENOMEM, "state: out of memory");
 	if (!e) {
 		if (kv->n == kv->cap) {
 			int cap = kv->cap ? 2 * kv->cap : 32;
-			entry_t *ne = realloc(kv->e, (size_t)cap * sizeof *ne);
+			entry_t *ne = loom__realloc(kv->e, (size_t)cap * sizeof *ne);
 			if (!ne) {
 				free(t);
 				return loom_seterr(LOOM_ENOMEM, "state: out of memory");
@@ -74,7 +74,7 @@ static int set(loom_kv_t *kv, const char *key, const char *text, int is_str)
 			kv->e = ne, kv->cap = cap;
 		}
 		e = &kv->e[kv->n];
-		if (!(e->key = strdup(key))) {
+		if (!(e->key = loom__strdup(key))) {
 			free(t);
 			return loom_seterr(LOOM_ENOMEM, "state: out of memory");
 		}
@@ -148,7 +148,7 @@ int loom_kv_get_i64(const loom_kv_t *kv, const char *key, int64_t *v)
 	if (rc)
 		return rc;
 	j.s = e->text;
-	if (e->is_str || json_to_i64(&j, v))
+	if (e->is_str || loom__json_to_i64(&j, v))
 		return loom_seterr(LOOM_EFORMAT, "%s: '%s' is %s%s%s, expected a 64-bit integer", src(kv), key,
 		                   e->is_str ? "the string \"" : "", e->text, e->is_str ? "\"" : "");
 	return LOOM_OK;
@@ -162,7 +162,7 @@ int loom_kv_get_u64(const loom_kv_t *kv, const char *key, uint64_t *v)
 	if (rc)
 		return rc;
 	j.s = e->text;
-	if (e->is_str || json_to_u64(&j, v))
+	if (e->is_str || loom__json_to_u64(&j, v))
 		return loom_seterr(LOOM_EFORMAT, "%s: '%s' is %s%s%s, expected an unsigned 64-bit integer", src(kv), key,
 		                   e->is_str ? "the string \"" : "", e->text, e->is_str ? "\"" : "");
 	return LOOM_OK;
@@ -244,22 +244,22 @@ int loom_kv_get_loader(const loom_kv_t *kv, const char *prefix, loom_loader_stat
 int loom_kv_save(const loom_kv_t *kv, const char *path)
 {
 	atomic_file_t af;
-	int rc = atomic_open(&af, path);
+	int rc = loom__atomic_open(&af, path);
 	if (rc != LOOM_OK)
 		return rc;
 	fputs("{\"format\": \"loom-state\", \"version\": 1, \"values\": {\n", af.f);
 	for (int i = 0; i < kv->n; i++) {
 		fputs("  ", af.f);
-		json_write_string(af.f, kv->e[i].key, strlen(kv->e[i].key));
+		loom__json_write_string(af.f, kv->e[i].key, strlen(kv->e[i].key));
 		fputs(": ", af.f);
 		if (kv->e[i].is_str)
-			json_write_string(af.f, kv->e[i].text, strlen(kv->e[i].text));
+			loom__json_write_string(af.f, kv->e[i].text, strlen(kv->e[i].text));
 		else
 			fputs(kv->e[i].text, af.f);
 		fputs(i + 1 < kv->n ? ",\n" : "\n", af.f);
 	}
 	fputs("}}\n", af.f);
-	return atomic_commit(&af);
+	return loom__atomic_commit(&af);
 }
 
 int loom_kv_load(loom_kv_t **out, const char *path)
@@ -272,18 +272,18 @@ int loom_kv_load(loom_kv_t **out, const char *path)
 	int64_t version;
 	int rc;
 	*out = NULL;
-	if ((rc = read_file(path, &text, &len)) != LOOM_OK)
+	if ((rc = loom__read_file(path, &text, &len)) != LOOM_OK)
 		return rc;
-	if (json_parse(text, len, &root, err, sizeof err)) {
+	if (loom__json_parse(text, len, &root, err, sizeof err)) {
 		rc = loom_seterr(LOOM_EFORMAT, "%s: bad JSON: %s", path, err);
 		goto out;
 	}
-	fmt = json_get(&root, "format"), ver = json_get(&root, "version"), vals = json_get(&root, "values");
+	fmt = loom__json_get(&root, "format"), ver = loom__json_get(&root, "version"), vals = loom__json_get(&root, "values");
 	if (!fmt || fmt->type != JSON_STRING || strcmp(fmt->s, "loom-state") != 0) {
 		rc = loom_seterr(LOOM_EFORMAT, "%s: not a loom state file (\"format\" must be \"loom-state\")", path);
 		goto out;
 	}
-	if (json_to_i64(ver, &version) || version != 1) {
+	if (loom__json_to_i64(ver, &version) || version != 1) {
 		rc = loom_seterr(LOOM_EFORMAT, "%s: state file version %s (expected 1)", path, ver && ver->s ? ver->s : "?");
 		goto out;
 	}
@@ -293,7 +293,7 @@ int loom_kv_load(loom_kv_t **out, const char *path)
 	}
 	if ((rc = loom_kv_create(&kv)) != LOOM_OK)
 		goto out;
-	if (!(kv->src = strdup(path))) {
+	if (!(kv->src = loom__strdup(path))) {
 		rc = loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
 		goto out;
 	}
@@ -301,7 +301,7 @@ int loom_kv_load(loom_kv_t **out, const char *path)
 		const json_t *v = &vals->kids[i];
 		if (v->type != JSON_NUMBER && v->type != JSON_STRING) {
 			rc = loom_seterr(LOOM_EFORMAT, "%s: value of '%s' is a %s (expected a number or a string)", path, v->key,
-			                 json_type_name(v->type));
+			                 loom__json_type_name(v->type));
 			goto out;
 		}
 		if (v->type == JSON_STRING && strlen(v->s) != v->slen) {
@@ -313,7 +313,7 @@ int loom_kv_load(loom_kv_t **out, const char *path)
 	}
 out:
 	free(text);
-	json_free(&root);
+	loom__json_free(&root);
 	if (rc != LOOM_OK) {
 		loom_kv_destroy(kv);
 		return rc;

@@ -17,7 +17,7 @@
 
 #include "ckpt/model_internal.h"
 #include "core/util.h"
-#include "data/fileio.h"
+#include "core/fileio.h"
 #include "loom/ckpt.h"
 
 static size_t padded_vocab(size_t V)
@@ -58,7 +58,7 @@ static size_t llmc_numel(const loom_gpt2_config_t *cfg, size_t vp)
 	return loom_gpt2_num_params(cfg) + (vp - (size_t)cfg->vocab_size) * (size_t)cfg->n_embd;
 }
 
-int llmc_model_config(const char *path, loom_gpt2_config_t *cfg)
+int loom__llmc_model_config(const char *path, loom_gpt2_config_t *cfg)
 {
 	size_t vp, es, fsize;
 	int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
@@ -101,7 +101,7 @@ static void transpose_to_file(float *dst, const float *src, size_t in, size_t ou
 					dst[o * in + i] = src[i * out + o];
 }
 
-int llmc_model_load(const char *path, const loom_gpt2_config_t *want, float *params)
+int loom__llmc_model_load(const char *path, const loom_gpt2_config_t *want, float *params)
 {
 	loom_gpt2_config_t cfg;
 	size_t vp, es, fsize, expect, C, L;
@@ -179,20 +179,20 @@ int loom_model_save_llmc(const char *path, const loom_gpt2_config_t *cfg, const 
 		return rc;
 	h[0] = LOOM_LLMC_MAGIC, h[1] = LOOM_LLMC_VERSION, h[2] = cfg->seq_len, h[3] = cfg->vocab_size;
 	h[4] = cfg->n_layer, h[5] = cfg->n_head, h[6] = cfg->n_embd, h[7] = (int32_t)vp;
-	buf = calloc(4 * C * C > (vp - V) * C ? 4 * C * C : (vp - V) * C + 1, sizeof *buf); /* zeroed: padding rows */
+	buf = loom__calloc(4 * C * C > (vp - V) * C ? 4 * C * C : (vp - V) * C + 1, sizeof *buf); /* zeroed: padding rows */
 	if (!buf)
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
-	if ((rc = atomic_open(&af, path)) != LOOM_OK) {
+	if ((rc = loom__atomic_open(&af, path)) != LOOM_OK) {
 		free(buf);
 		return rc;
 	}
-	rc = atomic_write(&af, h, sizeof h);
+	rc = loom__atomic_write(&af, h, sizeof h);
 	if (rc == LOOM_OK)
-		rc = atomic_write(&af, params, V * C * sizeof(float));
+		rc = loom__atomic_write(&af, params, V * C * sizeof(float));
 	if (rc == LOOM_OK)
-		rc = atomic_write(&af, buf, (vp - V) * C * sizeof(float));
+		rc = loom__atomic_write(&af, buf, (vp - V) * C * sizeof(float));
 	if (rc == LOOM_OK)
-		rc = atomic_write(&af, params + V * C, (size_t)cfg->seq_len * C * sizeof(float));
+		rc = loom__atomic_write(&af, params + V * C, (size_t)cfg->seq_len * C * sizeof(float));
 	for (int j = 0; rc == LOOM_OK && j < LOOM_GPT2_LAYER_TENSORS; j++) {
 		for (size_t l = 0; rc == LOOM_OK && l < L; l++) {
 			loom_tensor_info_t t;
@@ -202,20 +202,20 @@ int loom_model_save_llmc(const char *path, const loom_gpt2_config_t *cfg, const 
 				transpose_to_file(buf, src, t.shape[0], t.shape[1]);
 				src = buf;
 			}
-			rc = atomic_write(&af, src, t.numel * sizeof(float));
+			rc = loom__atomic_write(&af, src, t.numel * sizeof(float));
 		}
 	}
 	if (rc == LOOM_OK) {
 		loom_tensor_info_t t;
 		loom_gpt2_tensor_info(cfg, loom_gpt2_num_tensors(cfg) - 2, &t);
-		rc = atomic_write(&af, params + t.offset, 2 * C * sizeof(float));
+		rc = loom__atomic_write(&af, params + t.offset, 2 * C * sizeof(float));
 	}
 	free(buf);
 	if (rc != LOOM_OK) {
-		atomic_abort(&af);
+		loom__atomic_abort(&af);
 		return rc;
 	}
-	return atomic_commit(&af);
+	return loom__atomic_commit(&af);
 }
 
 static int detect(const char *path, loom_model_format_t *fmt)
@@ -239,7 +239,7 @@ int loom_model_config(const char *path, int n_head_hint, loom_gpt2_config_t *cfg
 		return rc;
 	if (fmt)
 		*fmt = f;
-	return f == LOOM_MODEL_LLMC ? llmc_model_config(path, cfg) : st_model_config(path, n_head_hint, cfg);
+	return f == LOOM_MODEL_LLMC ? loom__llmc_model_config(path, cfg) : loom__st_model_config(path, n_head_hint, cfg);
 }
 
 int loom_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params)
@@ -248,7 +248,7 @@ int loom_model_load(const char *path, const loom_gpt2_config_t *cfg, float *para
 	int rc = detect(path, &f);
 	if (rc != LOOM_OK)
 		return rc;
-	return f == LOOM_MODEL_LLMC ? llmc_model_load(path, cfg, params) : st_model_load(path, cfg, params);
+	return f == LOOM_MODEL_LLMC ? loom__llmc_model_load(path, cfg, params) : loom__st_model_load(path, cfg, params);
 }
 
 int loom_model_load_alloc(const char *path, int n_head_hint, loom_gpt2_config_t *cfg, float **params)

@@ -13,7 +13,7 @@
 #include "ckpt/json.h"
 #include "ckpt/model_internal.h"
 #include "core/util.h"
-#include "data/fileio.h"
+#include "core/fileio.h"
 #include "loom/ckpt.h"
 
 static const char *strip_prefix(const char *name)
@@ -66,27 +66,27 @@ static int n_head_from_config_json(const char *path, int *n_head, char *cfgpath,
 	int rc;
 	snprintf(dir, sizeof dir, "%s", path);
 	snprintf(cfgpath, cap, "%s/config.json", dirname(dir));
-	if ((rc = read_file(cfgpath, &text, &len)) != LOOM_OK)
+	if ((rc = loom__read_file(cfgpath, &text, &len)) != LOOM_OK)
 		return rc;
-	if (json_parse(text, len, &root, err, sizeof err)) {
+	if (loom__json_parse(text, len, &root, err, sizeof err)) {
 		free(text);
-		json_free(&root);
+		loom__json_free(&root);
 		return loom_seterr(LOOM_EFORMAT, "%s: bad JSON: %s", cfgpath, err);
 	}
 	free(text);
-	v = json_get(&root, "n_head");
+	v = loom__json_get(&root, "n_head");
 	if (!v)
-		v = json_get(&root, "num_attention_heads");
-	rc = !v || json_to_i64(v, &x) || x <= 0 || x > (1 << 30)
+		v = loom__json_get(&root, "num_attention_heads");
+	rc = !v || loom__json_to_i64(v, &x) || x <= 0 || x > (1 << 30)
 	         ? loom_seterr(LOOM_EFORMAT, "%s: no positive integer \"n_head\"", cfgpath)
 	         : LOOM_OK;
 	if (rc == LOOM_OK)
 		*n_head = (int)x;
-	json_free(&root);
+	loom__json_free(&root);
 	return rc;
 }
 
-int st_model_config(const char *path, int n_head_hint, loom_gpt2_config_t *cfg)
+int loom__st_model_config(const char *path, int n_head_hint, loom_gpt2_config_t *cfg)
 {
 	loom_st_t *st;
 	const loom_st_tensor_t *wte, *wpe;
@@ -150,11 +150,11 @@ out:
 	return rc;
 }
 
-int st_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params)
+int loom__st_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params)
 {
 	loom_st_t *st;
 	int nt = loom_gpt2_num_tensors(cfg), rc = LOOM_OK, lm_head = -1;
-	unsigned char *seen = calloc((size_t)nt, 1);
+	unsigned char *seen = loom__calloc((size_t)nt, 1);
 	if (!seen)
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
 	if ((rc = loom_st_open(&st, path)) != LOOM_OK) {
@@ -207,7 +207,7 @@ int st_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params
 	}
 	if (lm_head >= 0) {
 		size_t n = (size_t)cfg->vocab_size * (size_t)cfg->n_embd;
-		float *tmp = malloc(n * sizeof *tmp);
+		float *tmp = loom__malloc(n * sizeof *tmp);
 		if (!tmp) {
 			rc = loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
 			goto out;
@@ -248,8 +248,8 @@ int loom_model_save_safetensors(const char *path, const loom_gpt2_config_t *cfg,
 	if ((rc = loom_gpt2_config_check(cfg)) != LOOM_OK)
 		return rc;
 	nt = loom_gpt2_num_tensors(cfg);
-	t = calloc((size_t)nt, sizeof *t);
-	info = calloc((size_t)nt, sizeof *info);
+	t = loom__calloc((size_t)nt, sizeof *t);
+	info = loom__calloc((size_t)nt, sizeof *info);
 	if (!t || !info) {
 		free(t), free(info);
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
@@ -280,8 +280,8 @@ int loom_optim_save(const char *path, const loom_gpt2_config_t *cfg, const float
 	if ((rc = loom_gpt2_config_check(cfg)) != LOOM_OK)
 		return rc;
 	nt = loom_gpt2_num_tensors(cfg);
-	t = calloc(2 * (size_t)nt, sizeof *t);
-	names = calloc(2 * (size_t)nt, sizeof *names);
+	t = loom__calloc(2 * (size_t)nt, sizeof *t);
+	names = loom__calloc(2 * (size_t)nt, sizeof *names);
 	if (!t || !names) {
 		free(t), free(names);
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);

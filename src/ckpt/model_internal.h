@@ -4,9 +4,9 @@
 
 #include "loom/ckpt.h"
 
-int st_model_config(const char *path, int n_head_hint, loom_gpt2_config_t *cfg);
-int st_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params);
-int llmc_model_config(const char *path, loom_gpt2_config_t *cfg);
-int llmc_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params);
+int loom__st_model_config(const char *path, int n_head_hint, loom_gpt2_config_t *cfg);
+int loom__st_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params);
+int loom__llmc_model_config(const char *path, loom_gpt2_config_t *cfg);
+int loom__llmc_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params);
 
 #endif

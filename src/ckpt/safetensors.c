@@ -16,7 +16,7 @@
 
 #include "ckpt/json.h"
 #include "core/util.h"
-#include "data/fileio.h"
+#include "core/fileio.h"
 #include "loom/ckpt.h"
 
 #define MAX_HEADER (100u << 20) /* the reference library's limit */
@@ -76,7 +76,7 @@ void loom_st_close(loom_st_t *st)
 		munmap(st->map, st->map_bytes);
 	if (st->fd >= 0)
 		close(st->fd);
-	json_free(&st->root);
+	loom__json_free(&st->root);
 	free(st->t);
 	free(st->meta);
 	free(st->path);
@@ -95,13 +95,13 @@ static int cmp_offset(const void *a, const void *b)
 static int parse_tensor(loom_st_t *st, const json_t *v, const char *data, size_t data_bytes, loom_st_tensor_t *t)
 {
 	const char *path = st->path;
-	const json_t *dt = json_get(v, "dtype"), *shape = json_get(v, "shape"), *offs = json_get(v, "data_offsets");
+	const json_t *dt = loom__json_get(v, "dtype"), *shape = loom__json_get(v, "shape"), *offs = loom__json_get(v, "data_offsets");
 	uint64_t b, e;
 	size_t want;
 	int ovf, k;
 	if (v->type != JSON_OBJECT)
 		return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s': expected an object, found a %s", path, v->key,
-		                   json_type_name(v->type));
+		                   loom__json_type_name(v->type));
 	if (!dt || dt->type != JSON_STRING)
 		return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s': missing or non-string \"dtype\"", path, v->key);
 	for (k = 0; k < LOOM_ST_COUNT_; k++)
@@ -119,13 +119,13 @@ static int parse_tensor(loom_st_t *st, const json_t *v, const char *data, size_t
 	t->ndim = shape->n;
 	for (int d = 0; d < shape->n; d++) {
 		uint64_t x;
-		if (json_to_u64(&shape->kids[d], &x) || x > SIZE_MAX)
+		if (loom__json_to_u64(&shape->kids[d], &x) || x > SIZE_MAX)
 			return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", path,
 			                   v->key, d);
 		t->shape[d] = (size_t)x;
 	}
-	if (!offs || offs->type != JSON_ARRAY || offs->n != 2 || json_to_u64(&offs->kids[0], &b) ||
-	    json_to_u64(&offs->kids[1], &e))
+	if (!offs || offs->type != JSON_ARRAY || offs->n != 2 || loom__json_to_u64(&offs->kids[0], &b) ||
+	    loom__json_to_u64(&offs->kids[1], &e))
 		return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s': \"data_offsets\" must be two non-negative integers", path,
 		                   v->key);
 	if (b > e || e > data_bytes)
@@ -150,8 +150,8 @@ int loom_st_open(loom_st_t **out, const char *path)
 	char err[256];
 	int fd, rc = LOOM_OK;
 	*out = NULL;
-	st = calloc(1, sizeof *st);
-	if (!st || !(st->path = strdup(path))) {
+	st = loom__calloc(1, sizeof *st);
+	if (!st || !(st->path = loom__strdup(path))) {
 		free(st);
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
 	}
@@ -187,18 +187,18 @@ int loom_st_open(loom_st_t **out, const char *path)
 		                 (unsigned long long)hlen);
 		goto out;
 	}
-	if (json_parse((const char *)st->map + 8, (size_t)hlen, &st->root, err, sizeof err)) {
+	if (loom__json_parse((const char *)st->map + 8, (size_t)hlen, &st->root, err, sizeof err)) {
 		rc = loom_seterr(LOOM_EFORMAT, "%s: bad JSON header: %s", path, err);
 		goto out;
 	}
 	if (st->root.type != JSON_OBJECT) {
 		rc = loom_seterr(LOOM_EFORMAT, "%s: JSON header is a %s, expected an object", path,
-		                 json_type_name(st->root.type));
+		                 loom__json_type_name(st->root.type));
 		goto out;
 	}
 	data = (const char *)st->map + 8 + hlen;
 	data_bytes = st->map_bytes - 8 - (size_t)hlen;
-	st->t = calloc((size_t)st->root.n + 1, sizeof *st->t);
+	st->t = loom__calloc((size_t)st->root.n + 1, sizeof *st->t);
 	if (!st->t) {
 		rc = loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
 		goto out;
@@ -208,10 +208,10 @@ int loom_st_open(loom_st_t **out, const char *path)
 		if (strcmp(v->key, "__metadata__") == 0) {
 			if (v->type != JSON_OBJECT) {
 				rc = loom_seterr(LOOM_EFORMAT, "%s: __metadata__ is a %s, expected an object", path,
-				                 json_type_name(v->type));
+				                 loom__json_type_name(v->type));
 				goto out;
 			}
-			st->meta = calloc(2 * (size_t)v->n + 1, sizeof *st->meta);
+			st->meta = loom__calloc(2 * (size_t)v->n + 1, sizeof *st->meta);
 			if (!st->meta) {
 				rc = loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
 				goto out;
@@ -219,7 +219,7 @@ int loom_st_open(loom_st_t **out, const char *path)
 			for (int j = 0; j < v->n; j++) {
 				if (v->kids[j].type != JSON_STRING) {
 					rc = loom_seterr(LOOM_EFORMAT, "%s: __metadata__ value of '%s' is a %s, expected a string", path,
-					                 v->kids[j].key, json_type_name(v->kids[j].type));
+					                 v->kids[j].key, loom__json_type_name(v->kids[j].type));
 					goto out;
 				}
 				st->meta[2 * j] = v->kids[j].key, st->meta[2 * j + 1] = v->kids[j].s;
@@ -410,16 +410,16 @@ int loom_st_write(const char *path, const loom_st_tensor_t *t, int n, const char
 		for (int i = 0; i < n_meta; i++) {
 			if (i)
 				fputc(',', m);
-			json_write_string(m, meta[2 * i], strlen(meta[2 * i]));
+			loom__json_write_string(m, meta[2 * i], strlen(meta[2 * i]));
 			fputc(':', m);
-			json_write_string(m, meta[2 * i + 1], strlen(meta[2 * i + 1]));
+			loom__json_write_string(m, meta[2 * i + 1], strlen(meta[2 * i + 1]));
 		}
 		fputc('}', m);
 	}
 	for (int i = 0; i < n; i++) {
 		if (i || n_meta > 0)
 			fputc(',', m);
-		json_write_string(m, t[i].name, strlen(t[i].name));
+		loom__json_write_string(m, t[i].name, strlen(t[i].name));
 		fprintf(m, ":{\"dtype\":\"%s\",\"shape\":[", loom_st_dtype_name(t[i].dtype));
 		for (int d = 0; d < t[i].ndim; d++)
 			fprintf(m, d ? ",%zu" : "%zu", t[i].shape[d]);
@@ -434,19 +434,19 @@ int loom_st_write(const char *path, const loom_st_tensor_t *t, int n, const char
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory for the header", path);
 	}
 	hlen64 = hlen;
-	if ((rc = atomic_open(&af, path)) != LOOM_OK) {
+	if ((rc = loom__atomic_open(&af, path)) != LOOM_OK) {
 		free(hdr);
 		return rc;
 	}
-	rc = atomic_write(&af, &hlen64, 8);
+	rc = loom__atomic_write(&af, &hlen64, 8);
 	if (rc == LOOM_OK)
-		rc = atomic_write(&af, hdr, hlen);
+		rc = loom__atomic_write(&af, hdr, hlen);
 	for (int i = 0; rc == LOOM_OK && i < n; i++)
-		rc = atomic_write(&af, t[i].data, t[i].nbytes);
+		rc = loom__atomic_write(&af, t[i].data, t[i].nbytes);
 	free(hdr);
 	if (rc != LOOM_OK) {
-		atomic_abort(&af);
+		loom__atomic_abort(&af);
 		return rc;
 	}
-	return atomic_commit(&af);
+	return loom__atomic_commit(&af);
 }

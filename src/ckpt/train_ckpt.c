@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "core/util.h"
-#include "data/fileio.h"
+#include "core/fileio.h"
 #include "loom/ckpt.h"
 
 #define MANIFEST "MANIFEST"
@@ -31,7 +31,7 @@ int loom_ckpt_begin(loom_ckpt_writer_t *w, const char *dir, int64_t step)
 	snprintf(w->tmp, sizeof w->tmp, "%s/.tmp-step_%08" PRId64, dir, step);
 	snprintf(w->final_, sizeof w->final_, "%s/step_%08" PRId64, dir, step);
 	w->step = step;
-	if ((rc = mkdir_p(dir)) != LOOM_OK || (rc = rm_rf(w->tmp)) != LOOM_OK)
+	if ((rc = loom__mkdir_p(dir)) != LOOM_OK || (rc = loom__rm_rf(w->tmp)) != LOOM_OK)
 		return rc;
 	if (mkdir(w->tmp, 0777) != 0)
 		return loom_seterr(LOOM_ESYS, "checkpoint %s: mkdir: %s", w->tmp, strerror(errno));
@@ -49,7 +49,7 @@ int loom_ckpt_file(const loom_ckpt_writer_t *w, const char *name, char *buf, siz
 void loom_ckpt_abort(loom_ckpt_writer_t *w)
 {
 	if (w->active)
-		rm_rf(w->tmp);
+		loom__rm_rf(w->tmp);
 	w->active = 0;
 }
 
@@ -78,7 +78,7 @@ int loom_ckpt_commit(loom_ckpt_writer_t *w)
 			rc = loom_seterr(LOOM_EINVAL, "checkpoint %s: '%s' is not a regular file", w->tmp, e->d_name);
 			break;
 		}
-		if ((rc = fsync_path(path)) != LOOM_OK)
+		if ((rc = loom__fsync_path(path)) != LOOM_OK)
 			break;
 		snprintf(key, sizeof key, "size:%s", e->d_name);
 		if ((rc = loom_kv_set_u64(kv, key, (uint64_t)sb.st_size)) != LOOM_OK)
@@ -91,11 +91,11 @@ int loom_ckpt_commit(loom_ckpt_writer_t *w)
 	if ((rc = loom_kv_set_i64(kv, "step", w->step)) != LOOM_OK || (rc = loom_kv_set_i64(kv, "files", nfiles)) != LOOM_OK)
 		goto fail;
 	snprintf(path, sizeof path, "%s/%s", w->tmp, MANIFEST);
-	if ((rc = loom_kv_save(kv, path)) != LOOM_OK || (rc = fsync_path(w->tmp)) != LOOM_OK)
+	if ((rc = loom_kv_save(kv, path)) != LOOM_OK || (rc = loom__fsync_path(w->tmp)) != LOOM_OK)
 		goto fail;
 	snprintf(old, sizeof old, "%s/.old-step_%08" PRId64, w->dir, w->step);
 	if (stat(w->final_, &sb) == 0) {
-		if ((rc = rm_rf(old)) != LOOM_OK)
+		if ((rc = loom__rm_rf(old)) != LOOM_OK)
 			goto fail;
 		if (rename(w->final_, old) != 0) {
 			rc = loom_seterr(LOOM_ESYS, "checkpoint %s: cannot move the old one aside: %s", w->final_, strerror(errno));
@@ -107,8 +107,8 @@ int loom_ckpt_commit(loom_ckpt_writer_t *w)
 		goto fail;
 	}
 	w->active = 0;
-	rc = fsync_path(w->dir);
-	rm_rf(old);
+	rc = loom__fsync_path(w->dir);
+	loom__rm_rf(old);
 	loom_kv_destroy(kv);
 	return rc;
 fail:
@@ -192,7 +192,7 @@ static int list_complete(const char *dir, int64_t **steps, int *n)
 		if (loom_ckpt_verify(path) != LOOM_OK)
 			continue;
 		if (*n == cap) {
-			int64_t *ns = realloc(*steps, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *ns);
+			int64_t *ns = loom__realloc(*steps, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *ns);
 			if (!ns) {
 				closedir(d);
 				free(*steps);
@@ -242,7 +242,7 @@ int loom_ckpt_prune(const char *dir, int keep)
 		return rc;
 	for (int i = 0; rc == LOOM_OK && i < n - keep; i++) {
 		snprintf(path, sizeof path, "%s/step_%08" PRId64, dir, steps[i]);
-		rc = rm_rf(path);
+		rc = loom__rm_rf(path);
 	}
 	free(steps);
 	if (rc != LOOM_OK || !(d = opendir(dir)))
@@ -251,7 +251,7 @@ int loom_ckpt_prune(const char *dir, int keep)
 		if (strncmp(e->d_name, ".tmp-step_", 10) != 0 && strncmp(e->d_name, ".old-step_", 10) != 0)
 			continue;
 		snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-		rc = rm_rf(path);
+		rc = loom__rm_rf(path);
 	}
 	closedir(d);
 	return rc;

@@ -61,7 +61,7 @@ const char *loom_comm_errmsg(const loom_comm_t *comm)
 	return comm ? comm->errmsg : "";
 }
 
-int comm_check_usable(loom_comm_t *c, const char *op)
+int loom__comm_check_usable(loom_comm_t *c, const char *op)
 {
 	int code;
 	if (!c->hdr)
@@ -217,10 +217,10 @@ static int parse_config(loom_comm_t *c)
 
 static loom_comm_t *comm_new(int rank, int size)
 {
-	loom_comm_t *c = calloc(1, sizeof *c);
+	loom_comm_t *c = loom__calloc(1, sizeof *c);
 	if (!c)
 		return NULL;
-	c->world_of = calloc((size_t)size, sizeof *c->world_of);
+	c->world_of = loom__calloc((size_t)size, sizeof *c->world_of);
 	if (!c->world_of) {
 		free(c);
 		return NULL;
@@ -241,8 +241,8 @@ static void job_release(loom_job_t *j)
 	if (!last)
 		return;
 	if (j->hdr) {
-		shm_heap_free_all(j);
-		shm_proc_end(j);
+		loom__shm_heap_free_all(j);
+		loom__shm_proc_end(j);
 		munmap(j->base, j->bytes);
 	}
 	if (j->fd >= 0)
@@ -254,12 +254,12 @@ static void comm_free(loom_comm_t *c)
 {
 	for (int s = 0; s < 2; s++) {
 		if (c->scratch_heap[s])
-			shm_heap_free(c->job, c->scratch[s]);
+			loom__shm_heap_free(c->job, c->scratch[s]);
 		else
 			loom_free_aligned(c->scratch[s]);
 	}
 	if (c->job && c->base != c->job->base)
-		shm_close_segment(c);
+		loom__shm_close_segment(c);
 	if (c->job)
 		job_release(c->job);
 	pthread_mutex_destroy(&c->err_lock);
@@ -280,10 +280,10 @@ static int check_config(loom_comm_t *c)
 	int rc = LOOM_OK;
 	for (const char *p = algo ? algo : ""; *p; p++)
 		mine.algo = (mine.algo ^ (unsigned char)*p) * 1099511628211ull;
-	all = calloc((size_t)c->size, sizeof *all);
+	all = loom__calloc((size_t)c->size, sizeof *all);
 	if (!all)
 		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
-	rc = shm_board_exchange(c, &mine, sizeof mine, all);
+	rc = loom__shm_board_exchange(c, &mine, sizeof mine, all);
 	for (int r = 0; r < c->size && rc == LOOM_OK; r++) {
 		if (all[r].debug != mine.debug)
 			rc = loom_comm_fail(c, LOOM_EINVAL, "LOOM_DEBUG differs between ranks (%d here, %d on rank %d)",
@@ -325,7 +325,7 @@ int loom_comm_init(loom_comm_t **comm)
 	else
 		snprintf(name, sizeof name, "/loom-%s-g%u", id, gen);
 	c = comm_new(rank, size);
-	j = calloc(1, sizeof *j);
+	j = loom__calloc(1, sizeof *j);
 	if (!c || !j) {
 		free(j);
 		if (c)
@@ -343,8 +343,8 @@ int loom_comm_init(loom_comm_t **comm)
 		return rc;
 	}
 	loom_cur = (loom_opctx_t){c, "init", 0, loom_now() + c->timeout_s};
-	rc = shm_open_segment(c, name, rank == 0, (size_t)shm_mb << 20, &j->fd);
-	if (rc == LOOM_OK && (rc = shm_heap_init(j)) != LOOM_OK)
+	rc = loom__shm_open_segment(c, name, rank == 0, (size_t)shm_mb << 20, &j->fd);
+	if (rc == LOOM_OK && (rc = loom__shm_heap_init(j)) != LOOM_OK)
 		loom_comm_fail(c, rc, "%s", loom_errmsg());
 	if (rc == LOOM_OK)
 		rc = check_config(c);
@@ -352,7 +352,7 @@ int loom_comm_init(loom_comm_t **comm)
 	if (rc != LOOM_OK) {
 		char msg[1024];
 		snprintf(msg, sizeof msg, "%s", loom_errmsg());
-		shm_depart(c);
+		loom__shm_depart(c);
 		comm_free(c);
 		return loom_seterr(rc, "%s", msg);
 	}
@@ -364,8 +364,8 @@ int loom_comm_destroy(loom_comm_t *comm)
 {
 	if (!comm)
 		return LOOM_OK;
-	comm_req_shutdown(comm);
-	shm_depart(comm);
+	loom__comm_req_shutdown(comm);
+	loom__shm_depart(comm);
 	comm_free(comm);
 	return LOOM_OK;
 }
@@ -400,19 +400,19 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 	*out = NULL;
 	if (color < 0 && color != LOOM_UNDEFINED)
 		return loom_comm_fail(c, LOOM_EINVAL, "split: color %d must be >= 0 or LOOM_UNDEFINED", color);
-	comm_req_drain(c);
+	loom__comm_req_drain(c);
 	loom_cur = (loom_opctx_t){c, "split", ++c->coll_seq, loom_now() + c->timeout_s};
 	split_no = ++c->split_count;
-	shm_publish_seq(c, loom_cur.seq, -1);
-	if ((rc = comm_check_usable(c, "split")) != LOOM_OK)
+	loom__shm_publish_seq(c, loom_cur.seq, -1);
+	if ((rc = loom__comm_check_usable(c, "split")) != LOOM_OK)
 		goto done;
-	all = calloc((size_t)c->size, sizeof *all);
-	members = calloc((size_t)c->size, sizeof *members);
+	all = loom__calloc((size_t)c->size, sizeof *all);
+	members = loom__calloc((size_t)c->size, sizeof *members);
 	if (!all || !members) {
 		rc = loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
 		goto done;
 	}
-	if ((rc = shm_board_exchange(c, mine, sizeof mine, all)) != LOOM_OK || color == LOOM_UNDEFINED)
+	if ((rc = loom__shm_board_exchange(c, mine, sizeof mine, all)) != LOOM_OK || color == LOOM_UNDEFINED)
 		goto done;
 	/* Members in (key, parent rank) order: insertion by key, stable in parent rank. */
 	for (int r = 0; r < c->size; r++) {
@@ -448,7 +448,7 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 	sub->timeout_s = c->timeout_s, sub->debug = c->debug, sub->spin_us = c->spin_us, sub->spin_small_us = c->spin_small_us;
 	memcpy(sub->forced, c->forced, sizeof c->forced);
 	loom_cur.c = sub;
-	rc = shm_open_segment(sub, name, me == 0, 0, NULL);
+	rc = loom__shm_open_segment(sub, name, me == 0, 0, NULL);
 	loom_cur.c = c;
 	if (rc != LOOM_OK) {
 		pthread_mutex_lock(&c->err_lock);
@@ -478,7 +478,7 @@ static int uses_op(loom_coll_t k)
 	return k == LOOM_COLL_ALLREDUCE || k == LOOM_COLL_REDUCE || k == LOOM_COLL_REDUCE_SCATTER;
 }
 
-int comm_validate(loom_comm_t *c, const loom_coll_args_t *a)
+int loom__comm_validate(loom_comm_t *c, const loom_coll_args_t *a)
 {
 	const char *name = loom_coll_name(a->coll);
 	size_t es = loom_dtype_size(a->dt), mult = 1;
@@ -547,10 +547,10 @@ static int check_fingerprint(loom_comm_t *c, const loom_coll_args_t *a, uint64_t
 		mine.root = -1;
 	if (a->coll == LOOM_COLL_BARRIER)
 		mine.count = 0, mine.dt = 0;
-	all = calloc((size_t)c->size, sizeof *all);
+	all = loom__calloc((size_t)c->size, sizeof *all);
 	if (!all)
 		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
-	rc = shm_board_exchange(c, &mine, sizeof mine, all);
+	rc = loom__shm_board_exchange(c, &mine, sizeof mine, all);
 	for (int r = 0; r < c->size && rc == LOOM_OK; r++) {
 		if (memcmp(&all[r], &mine, sizeof mine) != 0) {
 			char x[160], y[160];
@@ -565,14 +565,14 @@ static int check_fingerprint(loom_comm_t *c, const loom_coll_args_t *a, uint64_t
 	return rc;
 }
 
-int comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
+int loom__comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
 {
 	loom_opctx_t saved = loom_cur;
 	int rc;
 	double t0 = loom_now();
 	loom_cur = (loom_opctx_t){c, loom_coll_name(a->coll), seq, t0 + c->timeout_s};
-	shm_publish_seq(c, seq, (int)a->coll);
-	rc = comm_check_usable(c, loom_cur.op);
+	loom__shm_publish_seq(c, seq, (int)a->coll);
+	rc = loom__comm_check_usable(c, loom_cur.op);
 	if (rc == LOOM_OK && c->debug)
 		rc = check_fingerprint(c, a, seq);
 	if (rc == LOOM_OK)
@@ -605,10 +605,10 @@ static int coll(loom_comm_t *c, loom_coll_args_t a)
 	int rc;
 	if (!c)
 		return loom_seterr(LOOM_EINVAL, "%s: communicator is NULL", loom_coll_name(a.coll));
-	if ((rc = comm_validate(c, &a)) != LOOM_OK)
+	if ((rc = loom__comm_validate(c, &a)) != LOOM_OK)
 		return rc;
-	comm_req_drain(c);
-	return comm_exec(c, &a, ++c->coll_seq);
+	loom__comm_req_drain(c);
+	return loom__comm_exec(c, &a, ++c->coll_seq);
 }
 
 int loom_allreduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op)
@@ -661,11 +661,11 @@ static int p2p(loom_comm_t *c, int send, void *buf, size_t count, loom_dtype_t d
 		rc = loom_comm_fail(c, LOOM_EINVAL, "count %zu overflows the address space", count);
 	else if (count && !buf)
 		rc = loom_comm_fail(c, LOOM_EINVAL, "buffer is NULL with count %zu", count);
-	else if ((rc = comm_check_usable(c, op)) == LOOM_OK) {
+	else if ((rc = loom__comm_check_usable(c, op)) == LOOM_OK) {
 		if (send)
-			rc = shm_sendrecv(c, CHAN_P2P, peer, buf, count * es, tag, -1, NULL, 0, 0, NULL, dt, LOOM_SUM);
+			rc = loom__shm_sendrecv(c, CHAN_P2P, peer, buf, count * es, tag, -1, NULL, 0, 0, NULL, dt, LOOM_SUM);
 		else
-			rc = shm_sendrecv(c, CHAN_P2P, -1, NULL, 0, 0, peer, buf, count * es, tag, NULL, dt, LOOM_SUM);
+			rc = loom__shm_sendrecv(c, CHAN_P2P, -1, NULL, 0, 0, peer, buf, count * es, tag, NULL, dt, LOOM_SUM);
 	}
 	loom_cur = saved;
 	return rc;
@@ -686,17 +686,17 @@ int loom_recv(loom_comm_t *c, void *buf, size_t count, loom_dtype_t dt, int peer
 int loom_xp_sendrecv(loom_comm_t *c, int dst, const void *sbuf, size_t sbytes, int src, void *rbuf, size_t rbytes,
                      const void *red_local, loom_dtype_t dt, loom_op_t op)
 {
-	return shm_sendrecv(c, CHAN_COLL, dst, sbuf, sbytes, 0, src, rbuf, rbytes, 0, red_local, dt, op);
+	return loom__shm_sendrecv(c, CHAN_COLL, dst, sbuf, sbytes, 0, src, rbuf, rbytes, 0, red_local, dt, op);
 }
 
 int loom_xp_send(loom_comm_t *c, int dst, const void *buf, size_t bytes)
 {
-	return shm_sendrecv(c, CHAN_COLL, dst, buf, bytes, 0, -1, NULL, 0, 0, NULL, LOOM_FLOAT32, LOOM_SUM);
+	return loom__shm_sendrecv(c, CHAN_COLL, dst, buf, bytes, 0, -1, NULL, 0, 0, NULL, LOOM_FLOAT32, LOOM_SUM);
 }
 
 int loom_xp_recv(loom_comm_t *c, int src, void *buf, size_t bytes)
 {
-	return shm_sendrecv(c, CHAN_COLL, -1, NULL, 0, 0, src, buf, bytes, 0, NULL, LOOM_FLOAT32, LOOM_SUM);
+	return loom__shm_sendrecv(c, CHAN_COLL, -1, NULL, 0, 0, src, buf, bytes, 0, NULL, LOOM_FLOAT32, LOOM_SUM);
 }
 
 void *loom_comm_scratch(loom_comm_t *c, int slot, size_t bytes)
@@ -708,14 +708,14 @@ void *loom_comm_scratch(loom_comm_t *c, int slot, size_t bytes)
 		return c->scratch[slot];
 	old = c->scratch_bytes[slot];
 	if (c->scratch_heap[slot])
-		shm_heap_free(c->job, c->scratch[slot]);
+		loom__shm_heap_free(c->job, c->scratch[slot]);
 	else
 		loom_free_aligned(c->scratch[slot]);
 	c->scratch[slot] = NULL, c->scratch_bytes[slot] = 0;
 	want = LOOM_MAX(bytes, (size_t)64 << 10);
 	if (old && old < SIZE_MAX / 2 && want < old * 2)
 		want = old * 2; /* grow geometrically */
-	c->scratch[slot] = shm_heap_alloc(c->job, want);
+	c->scratch[slot] = loom__shm_heap_alloc(c->job, want);
 	c->scratch_heap[slot] = c->scratch[slot] != NULL;
 	if (!c->scratch[slot])
 		c->scratch[slot] = loom_alloc_aligned(want);
@@ -732,11 +732,11 @@ void *loom_comm_alloc(loom_comm_t *c, size_t bytes)
 		loom_seterr(LOOM_EINVAL, "loom_comm_alloc: communicator is NULL");
 		return NULL;
 	}
-	return shm_heap_alloc(c->job, bytes);
+	return loom__shm_heap_alloc(c->job, bytes);
 }
 
 void loom_comm_free(loom_comm_t *c, void *p)
 {
 	if (c && p)
-		shm_heap_free(c->job, p); /* a pointer not from loom_comm_alloc is ignored */
+		loom__shm_heap_free(c->job, p); /* a pointer not from loom_comm_alloc is ignored */
 }

@@ -171,38 +171,38 @@ extern _Thread_local loom_opctx_t loom_cur;
 /* ---- shm.c ------------------------------------------------------------------------------------ */
 
 /* Geometry of a segment for `n` ranks with `heap_bytes` per rank (0 for sub-communicators). */
-void shm_layout(shm_hdr_t *h, int n, size_t heap_bytes);
+void loom__shm_layout(shm_hdr_t *h, int n, size_t heap_bytes);
 /* Create (create != 0: O_EXCL, initialize, publish) or attach to segment `name` of n ranks, then
  * join it as `rank` and wait until all n ranks joined; the name is unlinked once all have attached.
  * Sets c->hdr/base/bytes (and *fd_out when not NULL: the open descriptor, else it is closed).
  * Returns LOOM_OK or an error recorded with loom_comm_fail. */
-int shm_open_segment(loom_comm_t *c, const char *name, int create, size_t heap_bytes, int *fd_out);
-void shm_close_segment(loom_comm_t *c);
+int loom__shm_open_segment(loom_comm_t *c, const char *name, int create, size_t heap_bytes, int *fd_out);
+void loom__shm_close_segment(loom_comm_t *c);
 /* Leave: mark this rank departed and wake everyone. */
-void shm_depart(loom_comm_t *c);
+void loom__shm_depart(loom_comm_t *c);
 /* Start the thread that holds this rank's liveness mutex in the world segment / release it at the
  * end of the job (marking the process PROC_EXITED). */
-int shm_proc_start(loom_job_t *j);
-void shm_proc_end(loom_job_t *j);
+int loom__shm_proc_start(loom_job_t *j);
+void loom__shm_proc_end(loom_job_t *j);
 
 /* Blocking transfer on a channel kind; see loom_xp_sendrecv. Tags are checked on CHAN_P2P. */
-int shm_sendrecv(loom_comm_t *c, int kind, int dst, const void *sbuf, size_t sbytes, int stag, int src, void *rbuf,
+int loom__shm_sendrecv(loom_comm_t *c, int kind, int dst, const void *sbuf, size_t sbytes, int stag, int src, void *rbuf,
                  size_t rbytes, int rtag, const void *red_local, loom_dtype_t dt, loom_op_t op);
 /* All-to-all of a record of <= SHM_BOARD_BYTES bytes through the header: all[r*len..] gets rank
  * r's record. Collective over c; honours the deadline and liveness. */
-int shm_board_exchange(loom_comm_t *c, const void *mine, size_t len, void *all);
+int loom__shm_board_exchange(loom_comm_t *c, const void *mine, size_t len, void *all);
 /* Publish the collective this rank is entering (for diagnostics of peers). */
-void shm_publish_seq(loom_comm_t *c, uint64_t seq, int coll);
+void loom__shm_publish_seq(loom_comm_t *c, uint64_t seq, int coll);
 /* Record a fatal error in the segment so that every rank's waits fail fast with it. */
-void shm_abort(loom_comm_t *c, int code, const char *msg);
+void loom__shm_abort(loom_comm_t *c, int code, const char *msg);
 
 /* ---- shm_heap.c ------------------------------------------------------------------------------ */
 
-int shm_heap_init(loom_job_t *j);
-void shm_heap_free_all(loom_job_t *j);
-void *shm_heap_alloc(loom_job_t *j, size_t bytes);
+int loom__shm_heap_init(loom_job_t *j);
+void loom__shm_heap_free_all(loom_job_t *j);
+void *loom__shm_heap_alloc(loom_job_t *j, size_t bytes);
 /* Returns 1 when p was a heap block (and was freed), 0 when p is not from the heap. */
-int shm_heap_free(loom_job_t *j, void *p);
+int loom__shm_heap_free(loom_job_t *j, void *p);
 /* 1 when [p, p+bytes) lies in the shared heaps of the job. */
 static inline int shm_heap_contains(const loom_job_t *j, const void *p, size_t bytes)
 {
@@ -213,19 +213,19 @@ static inline int shm_heap_contains(const loom_job_t *j, const void *p, size_t b
 /* ---- comm.c ---------------------------------------------------------------------------------- */
 
 /* Run one validated collective on the calling thread (sequence number already assigned). */
-int comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq);
+int loom__comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq);
 /* Validate a collective's arguments: LOOM_OK or LOOM_EINVAL recorded on c. */
-int comm_validate(loom_comm_t *c, const loom_coll_args_t *a);
+int loom__comm_validate(loom_comm_t *c, const loom_coll_args_t *a);
 /* Fail fast when the communicator is unusable after an earlier fatal error; LOOM_OK otherwise. */
-int comm_check_usable(loom_comm_t *c, const char *op);
+int loom__comm_check_usable(loom_comm_t *c, const char *op);
 
 /* ---- request.c ------------------------------------------------------------------------------- */
 
 /* Wait until no non-blocking collective is queued or running (called by blocking collectives). */
-void comm_req_drain(loom_comm_t *c);
+void loom__comm_req_drain(loom_comm_t *c);
 /* Stop the progress thread after draining; free leftover requests. */
-void comm_req_shutdown(loom_comm_t *c);
+void loom__comm_req_shutdown(loom_comm_t *c);
 /* Queue a validated collective; *req receives the request. */
-int comm_req_submit(loom_comm_t *c, const loom_coll_args_t *a, loom_request_t **req);
+int loom__comm_req_submit(loom_comm_t *c, const loom_coll_args_t *a, loom_request_t **req);
 
 #endif

@@ -34,7 +34,7 @@ static void *progress_main(void *arg)
 			c->q_tail = NULL;
 		c->q_running = 1;
 		pthread_mutex_unlock(&c->q_lock);
-		rc = comm_exec(c, &r->args, r->seq);
+		rc = loom__comm_exec(c, &r->args, r->seq);
 		pthread_mutex_lock(&c->q_lock);
 		r->rc = rc;
 		if (rc != LOOM_OK)
@@ -47,7 +47,7 @@ static void *progress_main(void *arg)
 	return NULL;
 }
 
-void comm_req_drain(loom_comm_t *c)
+void loom__comm_req_drain(loom_comm_t *c)
 {
 	if (!c->q_thread_started) /* set only by this (the application) thread: nothing was ever queued */
 		return;
@@ -57,7 +57,7 @@ void comm_req_drain(loom_comm_t *c)
 	pthread_mutex_unlock(&c->q_lock);
 }
 
-void comm_req_shutdown(loom_comm_t *c)
+void loom__comm_req_shutdown(loom_comm_t *c)
 {
 	pthread_mutex_lock(&c->q_lock);
 	c->q_stop = 1;
@@ -68,9 +68,9 @@ void comm_req_shutdown(loom_comm_t *c)
 	c->q_thread_started = 0;
 }
 
-int comm_req_submit(loom_comm_t *c, const loom_coll_args_t *a, loom_request_t **req)
+int loom__comm_req_submit(loom_comm_t *c, const loom_coll_args_t *a, loom_request_t **req)
 {
-	loom_request_t *r = calloc(1, sizeof *r);
+	loom_request_t *r = loom__calloc(1, sizeof *r);
 	if (!r)
 		return loom_comm_fail(c, LOOM_ENOMEM, "%s: out of memory for a request", loom_coll_name(a->coll));
 	r->c = c;
@@ -146,9 +146,9 @@ static int icoll(loom_comm_t *c, loom_coll_args_t a, loom_request_t **req)
 	*req = NULL;
 	if (!c)
 		return loom_seterr(LOOM_EINVAL, "%s: communicator is NULL", loom_coll_name(a.coll));
-	if ((rc = comm_validate(c, &a)) != LOOM_OK)
+	if ((rc = loom__comm_validate(c, &a)) != LOOM_OK)
 		return rc;
-	return comm_req_submit(c, &a, req);
+	return loom__comm_req_submit(c, &a, req);
 }
 
 int loom_iallreduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op,

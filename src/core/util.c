@@ -1,5 +1,9 @@
-/* util.c: clock, aligned allocation and environment parsing shared by every subsystem. */
+/* util.c: clock, allocation (with fault injection) and environment parsing shared by every subsystem.
+ *
+ * Fault injection: `fault_countdown` > 0 counts allocations down; the one that brings it to zero
+ * fails. It is atomic because the progress thread allocates too. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -13,9 +17,61 @@ double loom_now(void)
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static atomic_long fault_countdown;
+static atomic_int fault_hit;
+
+void loom__fault_alloc_set(long n)
+{
+	atomic_store(&fault_hit, 0);
+	atomic_store(&fault_countdown, n > 0 ? n : 0);
+}
+
+int loom__fault_alloc_hit(void)
+{
+	return atomic_load(&fault_hit);
+}
+
+/* 1 when this allocation must fail (injected). */
+static int inject_failure(void)
+{
+	long n = atomic_load_explicit(&fault_countdown, memory_order_relaxed);
+	while (n > 0) {
+		if (atomic_compare_exchange_weak(&fault_countdown, &n, n - 1)) {
+			if (n == 1) {
+				atomic_store(&fault_hit, 1);
+				return 1;
+			}
+			return 0;
+		}
+	}
+	return 0;
+}
+
+void *loom__malloc(size_t bytes)
+{
+	return inject_failure() ? NULL : malloc(bytes);
+}
+
+void *loom__calloc(size_t n, size_t size)
+{
+	return inject_failure() ? NULL : calloc(n, size);
+}
+
+void *loom__realloc(void *p, size_t bytes)
+{
+	return inject_failure() ? NULL : realloc(p, bytes);
+}
+
+char *loom__strdup(const char *s)
+{
+	return inject_failure() ? NULL : strdup(s);
+}
+
 void *loom_alloc_aligned(size_t bytes)
 {
 	void *p = NULL;
+	if (inject_failure())
+		return NULL;
 	if (bytes == 0)
 		bytes = 1;
 	if (posix_memalign(&p, 64, bytes) != 0)

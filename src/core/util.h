@@ -22,6 +22,19 @@ double loom_now(void);
 void *loom_alloc_aligned(size_t bytes);
 void loom_free_aligned(void *p);
 
+/* The library's allocation functions: malloc, calloc, realloc and strdup with an allocation-failure
+ * injection point, so that tests can make the n-th allocation along an API's path fail (SQLite's
+ * approach) and check that every error path is clean. Free with free(). */
+void *loom__malloc(size_t bytes);
+void *loom__calloc(size_t n, size_t size);
+void *loom__realloc(void *p, size_t bytes);
+char *loom__strdup(const char *s);
+/* Fault injection, for tests: with n >= 1 the n-th allocation from now (counting loom__malloc,
+ * loom__calloc, loom__realloc, loom__strdup and loom_alloc_aligned, on any thread) fails and every
+ * later one succeeds; n = 0 disables. loom__fault_alloc_hit() is 1 once the failure happened. */
+void loom__fault_alloc_set(long n);
+int loom__fault_alloc_hit(void);
+
 /* Integer environment variable, or `def` when unset/empty; *ok = 0 when set but not an integer. */
 long loom_env_long(const char *name, long def, int *ok);
 

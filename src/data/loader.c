@@ -81,13 +81,13 @@ int loom_loader_create(loom_loader_t **out, const char *pattern, const loom_load
 	if (opts->world > 0 && (opts->rank < 0 || opts->rank >= opts->world))
 		return loom_seterr(LOOM_EINVAL, "loader %s: rank %d outside [0, world=%d)", pattern, opts->rank,
 		                   opts->world);
-	ld = calloc(1, sizeof *ld);
+	ld = loom__calloc(1, sizeof *ld);
 	if (!ld)
 		return loom_seterr(LOOM_ENOMEM, "loader %s: out of memory", pattern);
 	ld->o = *opts;
 	if (ld->o.world <= 0)
 		ld->o.world = 1, ld->o.rank = 0;
-	ld->pattern = strdup(pattern);
+	ld->pattern = loom__strdup(pattern);
 	grc = glob(pattern, GLOB_ERR, NULL, &g);
 	if (grc == GLOB_NOMATCH || (grc == 0 && g.gl_pathc == 0)) {
 		if (grc == 0)
@@ -99,8 +99,8 @@ int loom_loader_create(loom_loader_t **out, const char *pattern, const loom_load
 		loom_loader_destroy(ld);
 		return loom_seterr(LOOM_EIO, "loader: cannot expand '%s' (glob error %d)", pattern, grc);
 	}
-	ld->shards = calloc(g.gl_pathc, sizeof *ld->shards);
-	ld->start = calloc(g.gl_pathc + 1, sizeof *ld->start);
+	ld->shards = loom__calloc(g.gl_pathc, sizeof *ld->shards);
+	ld->start = loom__calloc(g.gl_pathc + 1, sizeof *ld->start);
 	if (!ld->pattern || !ld->shards || !ld->start) {
 		rc = loom_seterr(LOOM_ENOMEM, "loader %s: out of memory", pattern);
 		goto out;

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "core/util.h"
-#include "data/fileio.h"
+#include "core/fileio.h"
 #include "loom/data.h"
 
 typedef struct {
@@ -83,7 +83,7 @@ static int split_docs(const char *text, size_t len, const char *sep, doc_t **doc
 		if (end > start) {
 			if (*n == *cap) {
 				size_t nc = *cap ? 2 * *cap : 1024;
-				doc_t *nd = realloc(*docs, nc * sizeof *nd);
+				doc_t *nd = loom__realloc(*docs, nc * sizeof *nd);
 				if (!nd)
 					return loom_seterr(LOOM_ENOMEM, "data prepare: out of memory");
 				*docs = nd, *cap = nc;
@@ -144,12 +144,12 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 		return loom_seterr(LOOM_EINVAL, "data prepare: the document separator must be one line");
 	if (shard_tokens > INT32_MAX)
 		return loom_seterr(LOOM_EINVAL, "data prepare: %zu tokens per shard exceed the format's limit", shard_tokens);
-	texts = calloc((size_t)o->n_inputs, sizeof *texts);
+	texts = loom__calloc((size_t)o->n_inputs, sizeof *texts);
 	if (!texts)
 		return loom_seterr(LOOM_ENOMEM, "data prepare: out of memory");
 	for (int i = 0; i < o->n_inputs; i++) {
 		size_t len;
-		if ((rc = read_file(o->inputs[i], &texts[i], &len)) != LOOM_OK)
+		if ((rc = loom__read_file(o->inputs[i], &texts[i], &len)) != LOOM_OK)
 			goto out;
 		if ((rc = split_docs(texts[i], len, o->doc_sep, &docs, &n_docs, &docs_cap)) != LOOM_OK)
 			goto out;
@@ -158,7 +158,7 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 		rc = loom_seterr(LOOM_EINVAL, "data prepare: the %d input file(s) hold no text", o->n_inputs);
 		goto out;
 	}
-	is_val = calloc(n_docs, 1);
+	is_val = loom__calloc(n_docs, 1);
 	if (!is_val) {
 		rc = loom_seterr(LOOM_ENOMEM, "data prepare: out of memory");
 		goto out;
@@ -176,11 +176,11 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 		goto out;
 	}
 	sum->train_documents = n_docs - sum->val_documents;
-	if ((rc = mkdir_p(o->out_dir)) != LOOM_OK || (rc = remove_old_shards(o->out_dir, &sum->removed_shards)) != LOOM_OK)
+	if ((rc = loom__mkdir_p(o->out_dir)) != LOOM_OK || (rc = remove_old_shards(o->out_dir, &sum->removed_shards)) != LOOM_OK)
 		goto out;
 	tw.cap = vw.cap = (size_t)LOOM_MIN((uint64_t)shard_tokens, total + 1);
-	tw.buf = malloc(tw.cap * sizeof *tw.buf);
-	vw.buf = malloc(vw.cap * sizeof *vw.buf);
+	tw.buf = loom__malloc(tw.cap * sizeof *tw.buf);
+	vw.buf = loom__malloc(vw.cap * sizeof *vw.buf);
 	if (!tw.buf || !vw.buf) {
 		rc = loom_seterr(LOOM_ENOMEM, "data prepare: out of memory for shard buffers");
 		goto out;

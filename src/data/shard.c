@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "core/util.h"
-#include "data/fileio.h"
+#include "core/fileio.h"
 #include "loom/data.h"
 
 #define HEADER_BYTES (LOOM_SHARD_HEADER_INTS * 4)
@@ -62,7 +62,7 @@ int loom_shard_open(loom_shard_t *s, const char *path)
 		                 "%lld bytes", path, hdr[2], HEADER_BYTES + 2LL * hdr[2], (long long)st.st_size);
 		goto out;
 	}
-	s->path = strdup(path);
+	s->path = loom__strdup(path);
 	if (!s->path) {
 		rc = loom_seterr(LOOM_ENOMEM, "shard %s: out of memory", path);
 		goto out;
@@ -91,11 +91,11 @@ int loom_shard_write(const char *path, const uint16_t *tokens, size_t n)
 	if (n > INT32_MAX)
 		return loom_seterr(LOOM_EINVAL, "shard %s: %zu tokens exceed the format's limit of %d", path, n, INT32_MAX);
 	hdr[2] = (int32_t)n;
-	if ((rc = atomic_open(&af, path)) != LOOM_OK)
+	if ((rc = loom__atomic_open(&af, path)) != LOOM_OK)
 		return rc;
-	if ((rc = atomic_write(&af, hdr, sizeof hdr)) != LOOM_OK || (rc = atomic_write(&af, tokens, 2 * n)) != LOOM_OK) {
-		atomic_abort(&af);
+	if ((rc = loom__atomic_write(&af, hdr, sizeof hdr)) != LOOM_OK || (rc = loom__atomic_write(&af, tokens, 2 * n)) != LOOM_OK) {
+		loom__atomic_abort(&af);
 		return rc;
 	}
-	return atomic_commit(&af);
+	return loom__atomic_commit(&af);
 }

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "core/util.h"
-#include "data/fileio.h"
+#include "core/fileio.h"
 #include "loom/data.h"
 
 static const char eot_text[] = "<|endoftext|>";
@@ -26,8 +26,8 @@ void loom_tokenizer_free(loom_tokenizer_t *tok)
 static int alloc_table(loom_tokenizer_t *tok, int vocab)
 {
 	memset(tok, 0, sizeof *tok);
-	tok->bytes = calloc((size_t)vocab, sizeof *tok->bytes);
-	tok->lengths = calloc((size_t)vocab, sizeof *tok->lengths);
+	tok->bytes = loom__calloc((size_t)vocab, sizeof *tok->bytes);
+	tok->lengths = loom__calloc((size_t)vocab, sizeof *tok->lengths);
 	if (!tok->bytes || !tok->lengths) {
 		free(tok->bytes), free(tok->lengths);
 		memset(tok, 0, sizeof *tok);
@@ -39,7 +39,7 @@ static int alloc_table(loom_tokenizer_t *tok, int vocab)
 
 static int set_token(loom_tokenizer_t *tok, int i, const void *p, int len)
 {
-	tok->bytes[i] = malloc((size_t)len + 1);
+	tok->bytes[i] = loom__malloc((size_t)len + 1);
 	if (!tok->bytes[i])
 		return loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory");
 	memcpy(tok->bytes[i], p, (size_t)len);
@@ -84,7 +84,7 @@ int loom_tokenizer_load(loom_tokenizer_t *tok, const char *path)
 	uint32_t hdr[256];
 	int rc;
 	memset(tok, 0, sizeof *tok);
-	if ((rc = read_file(path, &buf, &len)) != LOOM_OK)
+	if ((rc = loom__read_file(path, &buf, &len)) != LOOM_OK)
 		return rc;
 	if (len < sizeof hdr) {
 		rc = loom_seterr(LOOM_EFORMAT, "tokenizer %s: %zu bytes, shorter than the 1024-byte header", path, len);
@@ -155,20 +155,20 @@ int loom_tokenizer_save(const loom_tokenizer_t *tok, const char *path)
 		if (tok->lengths[i] < 1 || tok->lengths[i] > 255)
 			return loom_seterr(LOOM_EINVAL, "tokenizer %s: token %d has %d bytes (the format holds 1..255)", path, i,
 			                   tok->lengths[i]);
-	if ((rc = atomic_open(&af, path)) != LOOM_OK)
+	if ((rc = loom__atomic_open(&af, path)) != LOOM_OK)
 		return rc;
-	rc = atomic_write(&af, hdr, sizeof hdr);
+	rc = loom__atomic_write(&af, hdr, sizeof hdr);
 	for (int i = 0; rc == LOOM_OK && i < tok->vocab_size; i++) {
 		unsigned char n = (unsigned char)tok->lengths[i];
-		rc = atomic_write(&af, &n, 1);
+		rc = loom__atomic_write(&af, &n, 1);
 		if (rc == LOOM_OK)
-			rc = atomic_write(&af, tok->bytes[i], n);
+			rc = loom__atomic_write(&af, tok->bytes[i], n);
 	}
 	if (rc != LOOM_OK) {
-		atomic_abort(&af);
+		loom__atomic_abort(&af);
 		return rc;
 	}
-	return atomic_commit(&af);
+	return loom__atomic_commit(&af);
 }
 
 const unsigned char *loom_tokenizer_decode(const loom_tokenizer_t *tok, int id, int *len)

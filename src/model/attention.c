@@ -26,12 +26,12 @@ static void sgemm1(int ta, int tb, int M, int N, int K, float alpha, const float
 	            lda, B, ldb, beta, C, ldc);
 }
 
-size_t attention_scratch_floats(int T, int nthreads)
+size_t loom__attention_scratch_floats(int T, int nthreads)
 {
 	return (size_t)T * T * (size_t)(nthreads > 0 ? nthreads : 1);
 }
 
-void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+void loom__attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
 	/* qkv (B,T,3C), out (B,T,C), att (B,NH,T,T) */
 	int hs = C / NH, C3 = 3 * C;
@@ -65,7 +65,7 @@ void attention_forward(float *out, float *att, const float *qkv, int B, int T, i
 	}
 }
 
-void attention_backward(float *dqkv, float *scratch, int scratch_threads, const float *dout, const float *qkv,
+void loom__attention_backward(float *dqkv, float *scratch, int scratch_threads, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH)
 {
 	/* dqkv (B,T,3C) +=; dout (B,T,C); scratch: T*T floats per thread for dP, turned into dS in place */

@@ -17,14 +17,14 @@
 #include "model/fastmath.h"
 #include "model/kernels.h"
 
-void classifier_forward_backward(float *losses, float *dx, float *dwte, float *logits, int chunk, const float *x,
+void loom__classifier_forward_backward(float *losses, float *dx, float *dwte, float *logits, int chunk, const float *x,
                                  const float *wte, const int *targets, float dloss, int N, int C, int V)
 {
 	/* losses (N), dx (N,C), dwte (V,C), logits scratch (chunk,V), x (N,C), wte (V,C), targets (N) */
 	for (int n0 = 0; n0 < N; n0 += chunk) {
 		int nc = N - n0 < chunk ? N - n0 : chunk;
 		const float *xc = x + (size_t)n0 * C;
-		gemm(0, 1, nc, V, C, 1.0f, xc, C, wte, C, 0.0f, logits, V);
+		loom__gemm(0, 1, nc, V, C, 1.0f, xc, C, wte, C, 0.0f, logits, V);
 #pragma omp parallel for schedule(static) if ((long)nc * V >= 32768)
 		for (int i = 0; i < nc; i++) {
 			float *z = logits + (size_t)i * V, mx = -INFINITY, sum = 0.0f;
@@ -52,8 +52,8 @@ void classifier_forward_backward(float *losses, float *dx, float *dwte, float *l
 			losses[n0 + i] = logf(sum) + mx - zt;
 		}
 		if (dx) {
-			gemm(0, 0, nc, C, V, 1.0f, logits, V, wte, C, 1.0f, dx + (size_t)n0 * C, C);
-			gemm(1, 0, V, C, nc, 1.0f, logits, V, xc, C, 1.0f, dwte, C);
+			loom__gemm(0, 0, nc, C, V, 1.0f, logits, V, wte, C, 1.0f, dx + (size_t)n0 * C, C);
+			loom__gemm(1, 0, V, C, nc, 1.0f, logits, V, xc, C, 1.0f, dwte, C);
 		}
 	}
 }

@@ -19,7 +19,7 @@ enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_
 
 static float *lp(loom_gpt2_t *m, int l, int j)
 {
-	return gpt2_param(m, 2 + LOOM_GPT2_LAYER_TENSORS * l + j);
+	return loom__gpt2_param(m, 2 + LOOM_GPT2_LAYER_TENSORS * l + j);
 }
 
 /* out (C) for query row pos of qkv (rows of 3C) over key/value rows 0..pos; scores: pos+1 floats. */
@@ -57,27 +57,27 @@ static void step(loom_gpt2_t *m, int tok, int pos)
 {
 	int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size, nt = loom_gpt2_num_tensors(&m->cfg);
 	size_t r = (size_t)pos * C;
-	encoder_forward(m->encoded + r, &tok, gpt2_param(m, 0), gpt2_param(m, 1) + r, 1, 1, C);
+	loom__encoder_forward(m->encoded + r, &tok, loom__gpt2_param(m, 0), loom__gpt2_param(m, 1) + r, 1, 1, C);
 	const float *res = m->encoded;
 	for (int l = 0; l < m->cfg.n_layer; l++) {
 		layer_acts_t *a = &m->layers[l];
-		layernorm_forward(a->ln1 + r, a->ln1_mean + pos, a->ln1_rstd + pos, res + r, lp(m, l, LN1_W), lp(m, l, LN1_B),
+		loom__layernorm_forward(a->ln1 + r, a->ln1_mean + pos, a->ln1_rstd + pos, res + r, lp(m, l, LN1_W), lp(m, l, LN1_B),
 		                  1, C);
-		matmul_forward(a->qkv + 3 * r, a->ln1 + r, lp(m, l, QKV_W), lp(m, l, QKV_B), 1, C, 3 * C);
+		loom__matmul_forward(a->qkv + 3 * r, a->ln1 + r, lp(m, l, QKV_W), lp(m, l, QKV_B), 1, C, 3 * C);
 		attend_one(a->atty + r, a->qkv, pos, C, NH, m->att_scratch);
-		matmul_forward(a->res2 + r, a->atty + r, lp(m, l, ATTPROJ_W), lp(m, l, ATTPROJ_B), 1, C, C);
-		residual_forward(a->res2 + r, res + r, a->res2 + r, (size_t)C);
-		layernorm_forward(a->ln2 + r, a->ln2_mean + pos, a->ln2_rstd + pos, a->res2 + r, lp(m, l, LN2_W),
+		loom__matmul_forward(a->res2 + r, a->atty + r, lp(m, l, ATTPROJ_W), lp(m, l, ATTPROJ_B), 1, C, C);
+		loom__residual_forward(a->res2 + r, res + r, a->res2 + r, (size_t)C);
+		loom__layernorm_forward(a->ln2 + r, a->ln2_mean + pos, a->ln2_rstd + pos, a->res2 + r, lp(m, l, LN2_W),
 		                  lp(m, l, LN2_B), 1, C);
-		matmul_forward(a->fch + 4 * r, a->ln2 + r, lp(m, l, FC_W), lp(m, l, FC_B), 1, C, 4 * C);
-		gelu_forward(a->fch_gelu + 4 * r, a->fch + 4 * r, 4 * (size_t)C);
-		matmul_forward(a->res3 + r, a->fch_gelu + 4 * r, lp(m, l, FCPROJ_W), lp(m, l, FCPROJ_B), 1, 4 * C, C);
-		residual_forward(a->res3 + r, a->res2 + r, a->res3 + r, (size_t)C);
+		loom__matmul_forward(a->fch + 4 * r, a->ln2 + r, lp(m, l, FC_W), lp(m, l, FC_B), 1, C, 4 * C);
+		loom__gelu_forward(a->fch_gelu + 4 * r, a->fch + 4 * r, 4 * (size_t)C);
+		loom__matmul_forward(a->res3 + r, a->fch_gelu + 4 * r, lp(m, l, FCPROJ_W), lp(m, l, FCPROJ_B), 1, 4 * C, C);
+		loom__residual_forward(a->res3 + r, a->res2 + r, a->res3 + r, (size_t)C);
 		res = a->res3;
 	}
-	layernorm_forward(m->lnf + r, m->lnf_mean + pos, m->lnf_rstd + pos, res + r, gpt2_param(m, nt - 2),
-	                  gpt2_param(m, nt - 1), 1, C);
-	gemm(0, 1, 1, V, C, 1.0f, m->lnf + r, C, gpt2_param(m, 0), C, 0.0f, m->last_logits, V);
+	loom__layernorm_forward(m->lnf + r, m->lnf_mean + pos, m->lnf_rstd + pos, res + r, loom__gpt2_param(m, nt - 2),
+	                  loom__gpt2_param(m, nt - 1), 1, C);
+	loom__gemm(0, 1, 1, V, C, 1.0f, m->lnf + r, C, loom__gpt2_param(m, 0), C, 0.0f, m->last_logits, V);
 }
 
 /* The k-th largest value (1 <= k <= n) of a[0..n), which is reordered (quickselect). */
@@ -154,12 +154,12 @@ int loom_gpt2_generate(loom_gpt2_t *m, const int *prompt, int n_prompt, int max_
 	if (!(temperature >= 0.0f) || !isfinite(temperature) || top_k < 0)
 		return loom_seterr(LOOM_EINVAL, "gpt2 generate: temperature %g, top_k %d (expected >= 0 each)",
 		                   (double)temperature, top_k);
-	if ((rc = gpt2_check_tokens(m, prompt, 1, n_prompt, "prompt")) != LOOM_OK)
+	if ((rc = loom__gpt2_check_tokens(m, prompt, 1, n_prompt, "prompt")) != LOOM_OK)
 		return rc;
-	gemm_setup_threads();
+	loom__gemm_setup_threads();
 	rng_seed(&r, seed);
-	gpt2_forward_body(m, prompt, 1, n_prompt);
-	gemm(0, 1, 1, V, C, 1.0f, m->lnf + (size_t)(n_prompt - 1) * C, C, gpt2_param(m, 0), C, 0.0f, m->last_logits, V);
+	loom__gpt2_forward_body(m, prompt, 1, n_prompt);
+	loom__gemm(0, 1, 1, V, C, 1.0f, m->lnf + (size_t)(n_prompt - 1) * C, C, loom__gpt2_param(m, 0), C, 0.0f, m->last_logits, V);
 	for (int pos = n_prompt; *n_out < max_new && pos < m->T; pos++) {
 		int tok = sample(m, m->last_logits, temperature, top_k, &r);
 		out[(*n_out)++] = tok;

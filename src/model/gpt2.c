@@ -21,12 +21,12 @@
 /* Positions per chunk of the fused classifier (override: LOOM_CLS_CHUNK). See classifier.c. */
 #define DEFAULT_CHUNK 512
 
-float *gpt2_param(loom_gpt2_t *m, int i)
+float *loom__gpt2_param(loom_gpt2_t *m, int i)
 {
 	return m->params + m->offset[i];
 }
 
-float *gpt2_grad(loom_gpt2_t *m, int i)
+float *loom__gpt2_grad(loom_gpt2_t *m, int i)
 {
 	return m->grads + m->offset[i];
 }
@@ -79,7 +79,7 @@ static size_t layout_acts(loom_gpt2_t *m, char *base)
 	m->dqkv = carve(base, &off, N * 3 * C);
 	m->d4a = carve(base, &off, N * 4 * C);
 	m->d4b = carve(base, &off, N * 4 * C);
-	m->att_scratch = carve(base, &off, attention_scratch_floats(m->T, m->att_threads));
+	m->att_scratch = carve(base, &off, loom__attention_scratch_floats(m->T, m->att_threads));
 	return off;
 }
 
@@ -93,7 +93,7 @@ int loom_gpt2_create(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, int B, in
 	if (B <= 0 || T <= 0 || T > cfg->seq_len)
 		return loom_seterr(LOOM_EINVAL, "gpt2 create: batch %d x %d tokens (expected B >= 1 and 1 <= T <= seq_len %d)",
 		                   B, T, cfg->seq_len);
-	if (!(m = calloc(1, sizeof *m)))
+	if (!(m = loom__calloc(1, sizeof *m)))
 		goto nomem;
 	m->cfg = *cfg;
 	m->B = B;
@@ -102,8 +102,8 @@ int loom_gpt2_create(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, int B, in
 	long chunk = loom_env_long("LOOM_CLS_CHUNK", DEFAULT_CHUNK, NULL);
 	m->chunk = (int)LOOM_MAX(1, LOOM_MIN(chunk, (long)B * T));
 	m->att_threads = LOOM_MAX(omp_get_max_threads(), omp_get_num_procs());
-	if (!(m->layers = calloc((size_t)cfg->n_layer, sizeof *m->layers)) ||
-	    !(m->offset = calloc((size_t)loom_gpt2_num_tensors(cfg), sizeof *m->offset)))
+	if (!(m->layers = loom__calloc((size_t)cfg->n_layer, sizeof *m->layers)) ||
+	    !(m->offset = loom__calloc((size_t)loom_gpt2_num_tensors(cfg), sizeof *m->offset)))
 		goto nomem;
 	for (int i = 0; i < loom_gpt2_num_tensors(cfg); i++) {
 		loom_tensor_info_t ti;
@@ -118,7 +118,7 @@ int loom_gpt2_create(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, int B, in
 	if (!(m->mem = loom_alloc_aligned(bytes)))
 		goto nomem;
 	layout_acts(m, m->mem);
-	gemm_setup_threads();
+	loom__gemm_setup_threads();
 	*out = m;
 	return LOOM_OK;
 nomem:
@@ -197,7 +197,7 @@ void loom_gpt2_init(loom_gpt2_t *m, uint64_t seed)
 
 /* ---- forward ----------------------------------------------------------------------------------- */
 
-int gpt2_check_tokens(const loom_gpt2_t *m, const int *ids, int B, int T, const char *what)
+int loom__gpt2_check_tokens(const loom_gpt2_t *m, const int *ids, int B, int T, const char *what)
 {
 	int V = m->cfg.vocab_size;
 	if (!ids)
@@ -215,9 +215,9 @@ static int check_call(const loom_gpt2_t *m, const int *inputs, const int *target
 	if (B <= 0 || T <= 0 || B > m->B || T > m->T)
 		return loom_seterr(LOOM_EINVAL, "gpt2 %s: batch %d x %d tokens does not fit the model's %d x %d (from create)",
 		                   op, B, T, m->B, m->T);
-	if ((rc = gpt2_check_tokens(m, inputs, B, T, "inputs")) != LOOM_OK)
+	if ((rc = loom__gpt2_check_tokens(m, inputs, B, T, "inputs")) != LOOM_OK)
 		return rc;
-	if (targets && (rc = gpt2_check_tokens(m, targets, B, T, "targets")) != LOOM_OK)
+	if (targets && (rc = loom__gpt2_check_tokens(m, targets, B, T, "targets")) != LOOM_OK)
 		return rc;
 	return LOOM_OK;
 }
@@ -229,34 +229,34 @@ static int check_call(const loom_gpt2_t *m, const int *inputs, const int *target
 		double t0_ = m->prof_on ? loom_now() : 0.0;                                                                \
 		stmt;                                                                                                      \
 		if (m->prof_on)                                                                                            \
-			gpt2_prof_add(m, PROF_##k, t0_, (flops));                                                              \
+			loom__gpt2_prof_add(m, PROF_##k, t0_, (flops));                                                              \
 	} while (0)
 
-void gpt2_forward_body(loom_gpt2_t *m, const int *inputs, int B, int T)
+void loom__gpt2_forward_body(loom_gpt2_t *m, const int *inputs, int B, int T)
 {
 	int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T, nt = loom_gpt2_num_tensors(&m->cfg);
 	size_t NC = (size_t)N * C;
 	double fN = N, fC = C; /* for the flop counts */
-	PROF(ENCODER, encoder_forward(m->encoded, inputs, gpt2_param(m, 0), gpt2_param(m, 1), B, T, C));
+	PROF(ENCODER, loom__encoder_forward(m->encoded, inputs, loom__gpt2_param(m, 0), loom__gpt2_param(m, 1), B, T, C));
 	const float *res = m->encoded;
 	for (int l = 0; l < m->cfg.n_layer; l++) {
 		layer_acts_t *a = &m->layers[l];
-#define W(j) gpt2_param(m, lt(l, j))
-		PROF(LAYERNORM, layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, W(LN1_W), W(LN1_B), N, C));
-		PROFF(MATMUL, 6 * fN * fC * fC, matmul_forward(a->qkv, a->ln1, W(QKV_W), W(QKV_B), N, C, 3 * C));
-		PROFF(ATTENTION, 4.0 * B * T * T * fC, attention_forward(a->atty, a->att, a->qkv, B, T, C, NH));
-		PROFF(MATMUL, 2 * fN * fC * fC, matmul_forward(a->res2, a->atty, W(ATTPROJ_W), W(ATTPROJ_B), N, C, C));
-		PROF(RESIDUAL, residual_forward(a->res2, res, a->res2, NC));
-		PROF(LAYERNORM, layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LN2_W), W(LN2_B), N, C));
-		PROFF(MATMUL, 8 * fN * fC * fC, matmul_forward(a->fch, a->ln2, W(FC_W), W(FC_B), N, C, 4 * C));
-		PROF(GELU, gelu_forward(a->fch_gelu, a->fch, NC * 4));
-		PROFF(MATMUL, 8 * fN * fC * fC, matmul_forward(a->res3, a->fch_gelu, W(FCPROJ_W), W(FCPROJ_B), N, 4 * C, C));
-		PROF(RESIDUAL, residual_forward(a->res3, a->res2, a->res3, NC));
+#define W(j) loom__gpt2_param(m, lt(l, j))
+		PROF(LAYERNORM, loom__layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, W(LN1_W), W(LN1_B), N, C));
+		PROFF(MATMUL, 6 * fN * fC * fC, loom__matmul_forward(a->qkv, a->ln1, W(QKV_W), W(QKV_B), N, C, 3 * C));
+		PROFF(ATTENTION, 4.0 * B * T * T * fC, loom__attention_forward(a->atty, a->att, a->qkv, B, T, C, NH));
+		PROFF(MATMUL, 2 * fN * fC * fC, loom__matmul_forward(a->res2, a->atty, W(ATTPROJ_W), W(ATTPROJ_B), N, C, C));
+		PROF(RESIDUAL, loom__residual_forward(a->res2, res, a->res2, NC));
+		PROF(LAYERNORM, loom__layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LN2_W), W(LN2_B), N, C));
+		PROFF(MATMUL, 8 * fN * fC * fC, loom__matmul_forward(a->fch, a->ln2, W(FC_W), W(FC_B), N, C, 4 * C));
+		PROF(GELU, loom__gelu_forward(a->fch_gelu, a->fch, NC * 4));
+		PROFF(MATMUL, 8 * fN * fC * fC, loom__matmul_forward(a->res3, a->fch_gelu, W(FCPROJ_W), W(FCPROJ_B), N, 4 * C, C));
+		PROF(RESIDUAL, loom__residual_forward(a->res3, a->res2, a->res3, NC));
 #undef W
 		res = a->res3;
 	}
-	PROF(LAYERNORM, layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, gpt2_param(m, nt - 2),
-	                                  gpt2_param(m, nt - 1), N, C));
+	PROF(LAYERNORM, loom__layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, loom__gpt2_param(m, nt - 2),
+	                                  loom__gpt2_param(m, nt - 1), N, C));
 }
 
 static float mean_loss(const float *losses, int N)
@@ -272,19 +272,19 @@ int loom_gpt2_forward(loom_gpt2_t *m, const int *inputs, const int *targets, int
 	int rc, C = m->cfg.n_embd, V = m->cfg.vocab_size;
 	if ((rc = check_call(m, inputs, targets, B, T, "forward")) != LOOM_OK)
 		return rc;
-	gemm_setup_threads();
-	gpt2_forward_body(m, inputs, B, T);
-	const float *wte = gpt2_param(m, 0);
+	loom__gemm_setup_threads();
+	loom__gpt2_forward_body(m, inputs, B, T);
+	const float *wte = loom__gpt2_param(m, 0);
 	if (targets) {
 		PROFF(CLASSIFIER, 2.0 * B * T * C * V,
-		      classifier_forward_backward(m->losses, NULL, NULL, m->logits, m->chunk, m->lnf, wte, targets, 0.0f, B * T,
+		      loom__classifier_forward_backward(m->losses, NULL, NULL, m->logits, m->chunk, m->lnf, wte, targets, 0.0f, B * T,
 		                                  C, V));
 		if (loss)
 			*loss = mean_loss(m->losses, B * T);
 	} else {
 		/* rows b*T + T-1 of lnf are T*C floats apart */
 		PROFF(CLASSIFIER, 2.0 * B * C * V,
-		      gemm(0, 1, B, V, C, 1.0f, m->lnf + (size_t)(T - 1) * C, T * C, wte, C, 0.0f, m->last_logits, V));
+		      loom__gemm(0, 1, B, V, C, 1.0f, m->lnf + (size_t)(T - 1) * C, T * C, wte, C, 0.0f, m->last_logits, V));
 	}
 	return LOOM_OK;
 }
@@ -330,68 +330,68 @@ int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *tar
 		return loom_seterr(LOOM_EINVAL, "gpt2 forward_backward: targets are NULL");
 	if ((rc = check_call(m, inputs, targets, B, T, "forward_backward")) != LOOM_OK)
 		return rc;
-	gemm_setup_threads();
-	gpt2_forward_body(m, inputs, B, T);
+	loom__gemm_setup_threads();
+	loom__gpt2_forward_body(m, inputs, B, T);
 
 	/* lm head, softmax, cross-entropy and their backward: dlnf into dbtc, wte's first share */
 	double fN = N, fC = C; /* for the flop counts */
 	zero(m, m->dbtc, NC);
 	PROFF(CLASSIFIER, 6 * fN * fC * V,
-	      classifier_forward_backward(m->losses, m->dbtc, gpt2_grad(m, 0), m->logits, m->chunk, m->lnf, gpt2_param(m, 0),
+	      loom__classifier_forward_backward(m->losses, m->dbtc, loom__gpt2_grad(m, 0), m->logits, m->chunk, m->lnf, loom__gpt2_param(m, 0),
 	                                  targets, grad_scale / (float)N, N, C, V));
 	if (loss)
 		*loss = mean_loss(m->losses, N);
 	zero(m, m->dres, NC);
 	const float *res_last = L > 0 ? m->layers[L - 1].res3 : m->encoded;
-	PROF(LAYERNORM_BWD, layernorm_backward(m->dres, gpt2_grad(m, nt - 2), gpt2_grad(m, nt - 1), m->dbtc, res_last,
-	                                       gpt2_param(m, nt - 2), m->lnf_mean, m->lnf_rstd, N, C));
+	PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres, loom__gpt2_grad(m, nt - 2), loom__gpt2_grad(m, nt - 1), m->dbtc, res_last,
+	                                       loom__gpt2_param(m, nt - 2), m->lnf_mean, m->lnf_rstd, N, C));
 	ready(m, nt - 1);
 	ready(m, nt - 2);
 
 	for (int l = L - 1; l >= 0; l--) {
 		layer_acts_t *a = &m->layers[l];
 		const float *res_in = l > 0 ? m->layers[l - 1].res3 : m->encoded;
-#define W(j) gpt2_param(m, lt(l, j))
-#define G(j) gpt2_grad(m, lt(l, j))
+#define W(j) loom__gpt2_param(m, lt(l, j))
+#define G(j) loom__gpt2_grad(m, lt(l, j))
 		/* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))); dres is d res3 and passes through to d res2 */
 		zero(m, m->d4a, NC * 4);
 		PROFF(MATMUL_BWD, 16 * fN * fC * fC,
-		      matmul_backward(m->d4a, G(FCPROJ_W), G(FCPROJ_B), m->dres, a->fch_gelu, W(FCPROJ_W), N, 4 * C, C));
+		      loom__matmul_backward(m->d4a, G(FCPROJ_W), G(FCPROJ_B), m->dres, a->fch_gelu, W(FCPROJ_W), N, 4 * C, C));
 		ready(m, lt(l, FCPROJ_B));
 		ready(m, lt(l, FCPROJ_W));
 		zero(m, m->d4b, NC * 4);
-		PROF(GELU_BWD, gelu_backward(m->d4b, a->fch, m->d4a, NC * 4));
+		PROF(GELU_BWD, loom__gelu_backward(m->d4b, a->fch, m->d4a, NC * 4));
 		zero(m, m->dbtc, NC);
 		PROFF(MATMUL_BWD, 16 * fN * fC * fC,
-		      matmul_backward(m->dbtc, G(FC_W), G(FC_B), m->d4b, a->ln2, W(FC_W), N, C, 4 * C));
+		      loom__matmul_backward(m->dbtc, G(FC_W), G(FC_B), m->d4b, a->ln2, W(FC_W), N, C, 4 * C));
 		ready(m, lt(l, FC_B));
 		ready(m, lt(l, FC_W));
-		PROF(LAYERNORM_BWD, layernorm_backward(m->dres, G(LN2_W), G(LN2_B), m->dbtc, a->res2, W(LN2_W), a->ln2_mean,
+		PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres, G(LN2_W), G(LN2_B), m->dbtc, a->res2, W(LN2_W), a->ln2_mean,
 		                                       a->ln2_rstd, N, C));
 		ready(m, lt(l, LN2_B));
 		ready(m, lt(l, LN2_W));
 		/* attention: res2 = res_in + attn_proj(attention(qkv(ln1(res_in)))) */
 		zero(m, m->dbtc, NC);
 		PROFF(MATMUL_BWD, 4 * fN * fC * fC,
-		      matmul_backward(m->dbtc, G(ATTPROJ_W), G(ATTPROJ_B), m->dres, a->atty, W(ATTPROJ_W), N, C, C));
+		      loom__matmul_backward(m->dbtc, G(ATTPROJ_W), G(ATTPROJ_B), m->dres, a->atty, W(ATTPROJ_W), N, C, C));
 		ready(m, lt(l, ATTPROJ_B));
 		ready(m, lt(l, ATTPROJ_W));
 		zero(m, m->dqkv, NC * 3);
 		PROFF(ATTENTION_BWD, 8.0 * B * T * T * fC,
-		      attention_backward(m->dqkv, m->att_scratch, m->att_threads, m->dbtc, a->qkv, a->att, B, T, C, NH));
+		      loom__attention_backward(m->dqkv, m->att_scratch, m->att_threads, m->dbtc, a->qkv, a->att, B, T, C, NH));
 		zero(m, m->dbtc, NC);
 		PROFF(MATMUL_BWD, 12 * fN * fC * fC,
-		      matmul_backward(m->dbtc, G(QKV_W), G(QKV_B), m->dqkv, a->ln1, W(QKV_W), N, C, 3 * C));
+		      loom__matmul_backward(m->dbtc, G(QKV_W), G(QKV_B), m->dqkv, a->ln1, W(QKV_W), N, C, 3 * C));
 		ready(m, lt(l, QKV_B));
 		ready(m, lt(l, QKV_W));
-		PROF(LAYERNORM_BWD, layernorm_backward(m->dres, G(LN1_W), G(LN1_B), m->dbtc, res_in, W(LN1_W), a->ln1_mean,
+		PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres, G(LN1_W), G(LN1_B), m->dbtc, res_in, W(LN1_W), a->ln1_mean,
 		                                       a->ln1_rstd, N, C));
 		ready(m, lt(l, LN1_B));
 		ready(m, lt(l, LN1_W));
 #undef W
 #undef G
 	}
-	PROF(ENCODER_BWD, encoder_backward(gpt2_grad(m, 0), gpt2_grad(m, 1), m->dres, inputs, B, T, C));
+	PROF(ENCODER_BWD, loom__encoder_backward(loom__gpt2_grad(m, 0), loom__gpt2_grad(m, 1), m->dres, inputs, B, T, C));
 	ready(m, 1);
 	ready(m, 0);
 	return LOOM_OK;

@@ -4,7 +4,7 @@
  * Threading: one OpenMP pool does everything. Loops are `omp parallel for simd`; reductions that
  * would race (LayerNorm and bias gradients, embedding gradients) are split over channels instead of
  * rows, so each output element is summed by one thread in row order: results do not depend on the
- * schedule. gemm() splits a product over the threads itself and calls single-threaded OpenBLAS in
+ * schedule. loom__gemm() splits a product over the threads itself and calls single-threaded OpenBLAS in
  * each, so OpenBLAS's own pthreads never compete with the OpenMP workers on a 2-core machine.
  * Nothing here allocates. */
 #include <cblas.h>
@@ -20,7 +20,7 @@
 
 /* ---- BLAS ------------------------------------------------------------------------------------ */
 
-void gemm_setup_threads(void)
+void loom__gemm_setup_threads(void)
 {
 	/* The pthreads build would otherwise start its own workers; the OpenMP build already runs
 	 * single-threaded inside a parallel region, and its openblas_set_num_threads would change the
@@ -46,7 +46,7 @@ static void split_range(int n, int parts, int i, int align, int *lo, int *hi)
 	*hi = (int)(b < n ? b : n);
 }
 
-void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+void loom__gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
           float beta, float *C, int ldc)
 {
 	int nt = omp_get_max_threads();
@@ -74,7 +74,7 @@ void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int 
 
 /* ---- embedding ------------------------------------------------------------------------------- */
 
-void encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C)
+void loom__encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C)
 {
 	/* out is (B,T,C), inp (B,T), wte (V,C), wpe (maxT,C) */
 #pragma omp parallel for if ((long)B * T * C >= PAR_MIN)
@@ -87,7 +87,7 @@ void encoder_forward(float *out, const int *inp, const float *wte, const float *
 	}
 }
 
-void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C)
+void loom__encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C)
 {
 	/* Channels are split over threads: a token repeated in the batch is accumulated by one thread. */
 #pragma omp parallel if ((long)B * T * C >= PAR_MIN)
@@ -108,7 +108,7 @@ void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *in
 
 /* ---- LayerNorm ------------------------------------------------------------------------------- */
 
-void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+void loom__layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                        const float *bias, int N, int C)
 {
 #pragma omp parallel for if ((long)N * C >= PAR_MIN)
@@ -132,7 +132,7 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, c
 	}
 }
 
-void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+void loom__layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, const float *mean, const float *rstd, int N, int C)
 {
 #pragma omp parallel if ((long)N * C >= PAR_MIN)
@@ -172,7 +172,7 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
 
 /* ---- matmul (Conv1D layout) -------------------------------------------------------------------- */
 
-void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC)
+void loom__matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC)
 {
 	/* out (N,OC) = bias broadcast, then += inp (N,C) weight (C,OC) */
 	if (bias) {
@@ -180,16 +180,16 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
 		for (int i = 0; i < N; i++)
 			memcpy(out + (size_t)i * OC, bias, sizeof(float) * (size_t)OC);
 	}
-	gemm(0, 0, N, OC, C, 1.0f, inp, C, weight, OC, bias ? 1.0f : 0.0f, out, OC);
+	loom__gemm(0, 0, N, OC, C, 1.0f, inp, C, weight, OC, bias ? 1.0f : 0.0f, out, OC);
 }
 
-void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+void loom__matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, int N, int C, int OC)
 {
 	if (dinp)
-		gemm(0, 1, N, C, OC, 1.0f, dout, OC, weight, OC, 1.0f, dinp, C);
+		loom__gemm(0, 1, N, C, OC, 1.0f, dout, OC, weight, OC, 1.0f, dinp, C);
 	if (dweight)
-		gemm(1, 0, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC);
+		loom__gemm(1, 0, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC);
 	if (dbias) {
 #pragma omp parallel if ((long)N * OC >= PAR_MIN)
 		{
@@ -209,7 +209,7 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
-void gelu_forward(float *out, const float *inp, size_t N)
+void loom__gelu_forward(float *out, const float *inp, size_t N)
 {
 #pragma omp parallel for simd schedule(static) if (N >= PAR_MIN)
 	for (size_t i = 0; i < N; i++) {
@@ -218,7 +218,7 @@ void gelu_forward(float *out, const float *inp, size_t N)
 	}
 }
 
-void gelu_backward(float *dinp, const float *inp, const float *dout, size_t N)
+void loom__gelu_backward(float *dinp, const float *inp, const float *dout, size_t N)
 {
 #pragma omp parallel for simd schedule(static) if (N >= PAR_MIN)
 	for (size_t i = 0; i < N; i++) {
@@ -230,7 +230,7 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t N)
 	}
 }
 
-void residual_forward(float *out, const float *inp1, const float *inp2, size_t N)
+void loom__residual_forward(float *out, const float *inp1, const float *inp2, size_t N)
 {
 #pragma omp parallel for simd schedule(static) if (N >= PAR_MIN)
 	for (size_t i = 0; i < N; i++)

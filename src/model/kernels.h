@@ -17,73 +17,73 @@
  * with more than one OpenMP thread, the product is split over the threads along its larger output
  * dimension, each part a single-threaded sgemm: one thread pool for BLAS and loops, no
  * oversubscription. ta/tb: 1 to transpose. */
-void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+void loom__gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
           float beta, float *C, int ldc);
 /* Make OpenBLAS single-threaded when it runs its own pthreads (idempotent, cheap). */
-void gemm_setup_threads(void);
+void loom__gemm_setup_threads(void);
 
 /* ---- fast kernels ---------------------------------------------------------------------------- */
 
 /* out (N,C) = wte[inp] + wpe[t]; inp (B,T) token ids already checked to be in [0,V). */
-void encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C);
-void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C);
+void loom__encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C);
+void loom__encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C);
 
 /* out (N,C), mean (N), rstd (N) from inp (N,C), weight (C), bias (C); eps 1e-5, biased variance. */
-void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+void loom__layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                        const float *bias, int N, int C);
-void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+void loom__layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, const float *mean, const float *rstd, int N, int C);
 
 /* out (N,OC) = inp (N,C) weight (C,OC) + bias (OC); bias may be NULL. */
-void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC);
+void loom__matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC);
 /* dinp (N,C) += dout weight^T; dweight (C,OC) += inp^T dout; dbias (OC) += column sums of dout. */
-void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+void loom__matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, int N, int C, int OC);
 
 /* GELU, tanh approximation: out (N) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
-void gelu_forward(float *out, const float *inp, size_t N);
-void gelu_backward(float *dinp, const float *inp, const float *dout, size_t N);
+void loom__gelu_forward(float *out, const float *inp, size_t N);
+void loom__gelu_backward(float *dinp, const float *inp, const float *dout, size_t N);
 
 /* out (N) = inp1 + inp2. (Its backward is dout added to both inputs' gradients.) */
-void residual_forward(float *out, const float *inp1, const float *inp2, size_t N);
+void loom__residual_forward(float *out, const float *inp1, const float *inp2, size_t N);
 
 /* Causal self-attention. qkv (B,T,3C) holds q, k, v of each position (head h at columns h*hs of
  * each third, hs = C/NH); out (B,T,C); att (B,NH,T,T) keeps the softmax probabilities (zero above
  * the diagonal) for the backward. Scale 1/sqrt(hs). */
-void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+void loom__attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
 /* dqkv (B,T,3C) += ...; scratch holds T*T floats for each of scratch_threads threads
  * (attention_scratch_floats); at most that many threads run. */
-void attention_backward(float *dqkv, float *scratch, int scratch_threads, const float *dout, const float *qkv,
+void loom__attention_backward(float *dqkv, float *scratch, int scratch_threads, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH);
-size_t attention_scratch_floats(int T, int nthreads);
+size_t loom__attention_scratch_floats(int T, int nthreads);
 
 /* Language-model head fused with softmax and cross-entropy, over chunks of `chunk` positions so
  * that the (N,V) logits never exist whole: for each chunk, logits (chunk,V) = x wte^T into the
  * scratch `logits`, losses (N) = -log softmax(logits)[target]; and when dx != NULL, the gradient of
  * dloss * losses (dloss: d total / d each position's loss) replaces the logits in place and
  * dx (N,C) += dlogits wte, dwte (V,C) += dlogits^T x. Targets must be in [0,V) (the model checks). */
-void classifier_forward_backward(float *losses, float *dx, float *dwte, float *logits, int chunk, const float *x,
+void loom__classifier_forward_backward(float *losses, float *dx, float *dwte, float *logits, int chunk, const float *x,
                                  const float *wte, const int *targets, float dloss, int N, int C, int V);
 
 /* ---- reference kernels (kernels_ref.c): plain loops, libm, double accumulators --------------- */
 
-void encoder_forward_ref(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C);
-void encoder_backward_ref(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C);
-void layernorm_forward_ref(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+void loom__encoder_forward_ref(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C);
+void loom__encoder_backward_ref(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C);
+void loom__layernorm_forward_ref(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                            const float *bias, int N, int C);
-void layernorm_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+void loom__layernorm_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, const float *mean, const float *rstd, int N, int C);
-void matmul_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC);
-void matmul_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+void loom__matmul_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC);
+void loom__matmul_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                          const float *weight, int N, int C, int OC);
-void gelu_forward_ref(float *out, const float *inp, size_t N);
-void gelu_backward_ref(float *dinp, const float *inp, const float *dout, size_t N);
-void residual_forward_ref(float *out, const float *inp1, const float *inp2, size_t N);
-void attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
-void attention_backward_ref(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T, int C,
+void loom__gelu_forward_ref(float *out, const float *inp, size_t N);
+void loom__gelu_backward_ref(float *dinp, const float *inp, const float *dout, size_t N);
+void loom__residual_forward_ref(float *out, const float *inp1, const float *inp2, size_t N);
+void loom__attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+void loom__attention_backward_ref(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T, int C,
                             int NH);
 /* Whole logits (N,V) kept in `logits`; with dx != NULL they are replaced by their gradient. */
-void classifier_forward_backward_ref(float *losses, float *dx, float *dwte, float *logits, const float *x,
+void loom__classifier_forward_backward_ref(float *losses, float *dx, float *dwte, float *logits, const float *x,
                                      const float *wte, const int *targets, float dloss, int N, int C, int V);
 
 #endif

@@ -8,7 +8,7 @@
 
 #include "model/kernels.h"
 
-void encoder_forward_ref(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C)
+void loom__encoder_forward_ref(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C)
 {
 	for (int b = 0; b < B; b++)
 		for (int t = 0; t < T; t++)
@@ -16,7 +16,7 @@ void encoder_forward_ref(float *out, const int *inp, const float *wte, const flo
 				out[((size_t)b * T + t) * C + c] = wte[(size_t)inp[b * T + t] * C + c] + wpe[(size_t)t * C + c];
 }
 
-void encoder_backward_ref(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C)
+void loom__encoder_backward_ref(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C)
 {
 	for (int b = 0; b < B; b++)
 		for (int t = 0; t < T; t++)
@@ -27,7 +27,7 @@ void encoder_backward_ref(float *dwte, float *dwpe, const float *dout, const int
 			}
 }
 
-void layernorm_forward_ref(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+void loom__layernorm_forward_ref(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                            const float *bias, int N, int C)
 {
 	for (int i = 0; i < N; i++) {
@@ -47,7 +47,7 @@ void layernorm_forward_ref(float *out, float *mean, float *rstd, const float *in
 	}
 }
 
-void layernorm_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+void loom__layernorm_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, const float *mean, const float *rstd, int N, int C)
 {
 	for (int i = 0; i < N; i++) {
@@ -69,7 +69,7 @@ void layernorm_backward_ref(float *dinp, float *dweight, float *dbias, const flo
 	}
 }
 
-void matmul_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC)
+void loom__matmul_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC)
 {
 	for (int i = 0; i < N; i++)
 		for (int o = 0; o < OC; o++) {
@@ -80,7 +80,7 @@ void matmul_forward_ref(float *out, const float *inp, const float *weight, const
 		}
 }
 
-void matmul_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+void loom__matmul_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                          const float *weight, int N, int C, int OC)
 {
 	if (dinp)
@@ -110,7 +110,7 @@ void matmul_backward_ref(float *dinp, float *dweight, float *dbias, const float 
 
 static const double gelu_k = 0.79788456080286535588; /* sqrt(2/pi) */
 
-void gelu_forward_ref(float *out, const float *inp, size_t N)
+void loom__gelu_forward_ref(float *out, const float *inp, size_t N)
 {
 	for (size_t i = 0; i < N; i++) {
 		double x = inp[i];
@@ -118,7 +118,7 @@ void gelu_forward_ref(float *out, const float *inp, size_t N)
 	}
 }
 
-void gelu_backward_ref(float *dinp, const float *inp, const float *dout, size_t N)
+void loom__gelu_backward_ref(float *dinp, const float *inp, const float *dout, size_t N)
 {
 	for (size_t i = 0; i < N; i++) {
 		double x = inp[i];
@@ -128,13 +128,13 @@ void gelu_backward_ref(float *dinp, const float *inp, const float *dout, size_t 
 	}
 }
 
-void residual_forward_ref(float *out, const float *inp1, const float *inp2, size_t N)
+void loom__residual_forward_ref(float *out, const float *inp1, const float *inp2, size_t N)
 {
 	for (size_t i = 0; i < N; i++)
 		out[i] = inp1[i] + inp2[i];
 }
 
-void attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+void loom__attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
 	int hs = C / NH;
 	double scale = 1.0 / sqrt((double)hs);
@@ -167,7 +167,7 @@ void attention_forward_ref(float *out, float *att, const float *qkv, int B, int 
 			}
 }
 
-void attention_backward_ref(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T, int C,
+void loom__attention_backward_ref(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T, int C,
                             int NH)
 {
 	int hs = C / NH;
@@ -199,7 +199,7 @@ void attention_backward_ref(float *dqkv, const float *dout, const float *qkv, co
 			}
 }
 
-void classifier_forward_backward_ref(float *losses, float *dx, float *dwte, float *logits, const float *x,
+void loom__classifier_forward_backward_ref(float *losses, float *dx, float *dwte, float *logits, const float *x,
                                      const float *wte, const int *targets, float dloss, int N, int C, int V)
 {
 	for (int i = 0; i < N; i++) {

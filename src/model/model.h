@@ -81,13 +81,13 @@ struct loom_gpt2 {
 };
 
 /* Pointer to tensor i's parameters / gradients. */
-float *gpt2_param(loom_gpt2_t *m, int i);
-float *gpt2_grad(loom_gpt2_t *m, int i);
+float *loom__gpt2_param(loom_gpt2_t *m, int i);
+float *loom__gpt2_grad(loom_gpt2_t *m, int i);
 /* Check that every token id of ids (n of them, called `what`) is in [0, V). LOOM_EINVAL otherwise. */
-int gpt2_check_tokens(const loom_gpt2_t *m, const int *ids, int B, int T, const char *what);
+int loom__gpt2_check_tokens(const loom_gpt2_t *m, const int *ids, int B, int T, const char *what);
 /* Forward from token ids through the final LayerNorm into m->lnf (no classifier). */
-void gpt2_forward_body(loom_gpt2_t *m, const int *inputs, int B, int T);
+void loom__gpt2_forward_body(loom_gpt2_t *m, const int *inputs, int B, int T);
 /* Add the time since t0 and `flops` operations to kernel k's counters. */
-void gpt2_prof_add(loom_gpt2_t *m, int k, double t0, double flops);
+void loom__gpt2_prof_add(loom_gpt2_t *m, int k, double t0, double flops);
 
 #endif

@@ -1,6 +1,6 @@
 /* perf.c: the kernels' thread count, and measured sgemm FLOP/s (the peak that MFU is relative to).
  *
- * Threads: the model's loops and its sgemm calls share one OpenMP pool (see gemm() in kernels.c);
+ * Threads: the model's loops and its sgemm calls share one OpenMP pool (see loom__gemm() in kernels.c);
  * loom_set_num_threads sets its size and keeps OpenBLAS from starting threads of its own. The peak
  * is measured, not assumed: the best throughput of a few large products of the shapes GPT-2
  * training runs, through the same threaded sgemm the model uses. */
@@ -16,7 +16,7 @@ int loom_set_num_threads(int n)
 	if (n <= 0)
 		n = omp_get_num_procs();
 	omp_set_num_threads(n);
-	gemm_setup_threads();
+	loom__gemm_setup_threads();
 	return omp_get_max_threads();
 }
 
@@ -34,7 +34,7 @@ double loom_gemm_flops(int threads, int M, int N, int K, double seconds)
 		return 0.0;
 	if (threads > 0)
 		loom_set_num_threads(threads);
-	gemm_setup_threads();
+	loom__gemm_setup_threads();
 	A = loom_alloc_aligned(sizeof(float) * (size_t)M * K);
 	B = loom_alloc_aligned(sizeof(float) * (size_t)K * N);
 	C = loom_alloc_aligned(sizeof(float) * (size_t)M * N);
@@ -44,11 +44,11 @@ double loom_gemm_flops(int threads, int M, int N, int K, double seconds)
 		A[i] = (float)(i % 13) * 0.01f - 0.06f;
 	for (size_t i = 0; i < (size_t)K * N; i++)
 		B[i] = (float)(i % 7) * 0.01f - 0.03f;
-	gemm(0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N); /* warm-up: packing buffers, thread start */
+	loom__gemm(0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N); /* warm-up: packing buffers, thread start */
 	start = loom_now();
 	for (int rep = 0; rep < 3 || loom_now() - start < seconds; rep++) {
 		double t0 = loom_now();
-		gemm(0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
+		loom__gemm(0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
 		double dt = loom_now() - t0, f = 2.0 * M * N * K / dt;
 		best = f > best ? f : best;
 		if (rep >= 1000)

@@ -18,7 +18,7 @@ static const char *const prof_names[PROF_COUNT] = {
 #undef PROF_NAME_
 };
 
-void gpt2_prof_add(loom_gpt2_t *m, int k, double t0, double flops)
+void loom__gpt2_prof_add(loom_gpt2_t *m, int k, double t0, double flops)
 {
 	m->prof_s[k] += loom_now() - t0;
 	m->prof_flops[k] += flops;

@@ -40,7 +40,7 @@ int loom_adamw_init(loom_adamw_t *o, const loom_adamw_config_t *cfg, size_t n, c
 		                   cfg->weight_decay);
 	if (nseg <= 0 || !segs)
 		return loom_seterr(LOOM_EINVAL, "adamw: no parameter segments given");
-	o->segs = malloc((size_t)nseg * sizeof *o->segs);
+	o->segs = loom__malloc((size_t)nseg * sizeof *o->segs);
 	if (!o->segs)
 		return loom_seterr(LOOM_ENOMEM, "adamw: out of memory for %d segments", nseg);
 	memcpy(o->segs, segs, (size_t)nseg * sizeof *segs);
@@ -80,7 +80,7 @@ int loom_adamw_init_gpt2(loom_adamw_t *o, const loom_adamw_config_t *cfg, const 
 	memset(o, 0, sizeof *o);
 	if ((rc = loom_gpt2_config_check(model)) != LOOM_OK)
 		return rc;
-	segs = malloc((size_t)nt * sizeof *segs);
+	segs = loom__malloc((size_t)nt * sizeof *segs);
 	if (!segs)
 		return loom_seterr(LOOM_ENOMEM, "adamw: out of memory");
 	for (int i = 0; i < nt; i++) {

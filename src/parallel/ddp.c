@@ -62,14 +62,14 @@ int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, dou
 	if (!(bucket_mb > 0) || !(first_bucket_mb > 0))
 		return loom_seterr(LOOM_EINVAL, "ddp: bucket sizes must be positive (got %g MiB and first %g MiB)",
 		                   bucket_mb, first_bucket_mb);
-	d = calloc(1, sizeof *d);
+	d = loom__calloc(1, sizeof *d);
 	if (!d)
 		return loom_seterr(LOOM_ENOMEM, "ddp: out of memory");
 	d->comm = comm, d->model = model, d->sync = 1;
 	d->nparams = loom_gpt2_num_params(cfg);
 	d->ntensors = loom_gpt2_num_tensors(cfg);
-	d->bucket_of = calloc((size_t)d->ntensors, sizeof *d->bucket_of);
-	d->buckets = calloc((size_t)d->ntensors, sizeof *d->buckets);
+	d->bucket_of = loom__calloc((size_t)d->ntensors, sizeof *d->bucket_of);
+	d->buckets = loom__calloc((size_t)d->ntensors, sizeof *d->buckets);
 	if (!d->bucket_of || !d->buckets)
 		goto oom;
 
@@ -192,7 +192,7 @@ static int compare_checksums(loom_ddp_t *d, const char *what)
 {
 	int size = loom_comm_size(d->comm), rc, bad = 0;
 	uint64_t mine = loom_checksum_f32(loom_gpt2_params(d->model), d->nparams);
-	uint64_t *all = calloc((size_t)size, sizeof *all);
+	uint64_t *all = loom__calloc((size_t)size, sizeof *all);
 	char list[512] = "";
 	size_t len = 0;
 	if (!all)

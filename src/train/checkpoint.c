@@ -93,7 +93,7 @@ int loom_trainer_save(loom_trainer_t *tr)
 	int rc;
 	if (!tr->cfg.save_dir)
 		return loom_seterr(LOOM_EINVAL, "trainer: no checkpoint directory (--save-dir)");
-	if (!(loaders = calloc((size_t)tr->world, sizeof *loaders)))
+	if (!(loaders = loom__calloc((size_t)tr->world, sizeof *loaders)))
 		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
 	if ((rc = gather_loader_states(tr, loaders)) != LOOM_OK || tr->rank != 0) { /* rank 0 writes */
 		free(loaders);

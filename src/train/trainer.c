@@ -38,7 +38,7 @@ static int dup_str(char **dst, const char *src)
 	*dst = NULL;
 	if (!src)
 		return LOOM_OK;
-	*dst = strdup(src);
+	*dst = loom__strdup(src);
 	return *dst ? LOOM_OK : loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
 }
 
@@ -101,7 +101,7 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 		return loom_seterr(LOOM_EINVAL, "trainer: no model");
 	if ((rc = check_config(cfg, loom_gpt2_config(model))) != LOOM_OK)
 		return rc;
-	tr = calloc(1, sizeof *tr);
+	tr = loom__calloc(1, sizeof *tr);
 	if (!tr)
 		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
 	tr->cfg = *cfg;
@@ -118,8 +118,8 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 		goto fail;
 	tr->cfg.train_data = tr->train_data, tr->cfg.val_data = tr->val_data;
 	tr->cfg.save_dir = tr->save_dir, tr->cfg.log_path = tr->log_path, tr->cfg.tokenizer = tr->tokenizer;
-	tr->inputs = malloc((size_t)cfg->B * cfg->T * sizeof(int));
-	tr->targets = malloc((size_t)cfg->B * cfg->T * sizeof(int));
+	tr->inputs = loom__malloc((size_t)cfg->B * cfg->T * sizeof(int));
+	tr->targets = loom__malloc((size_t)cfg->B * cfg->T * sizeof(int));
 	if (!tr->inputs || !tr->targets) {
 		rc = loom_seterr(LOOM_ENOMEM, "trainer: out of memory for a batch of %d x %d", cfg->B, cfg->T);
 		goto fail;
@@ -140,7 +140,7 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	}
 	if ((rc = loom_adamw_init_gpt2(&tr->opt, &cfg->adamw, &tr->mcfg)) != LOOM_OK)
 		goto fail;
-	if (tr->val && !(tr->val_losses = calloc((size_t)LOOM_MIN((uint64_t)cfg->eval_batches,
+	if (tr->val && !(tr->val_losses = loom__calloc((size_t)LOOM_MIN((uint64_t)cfg->eval_batches,
 	                                                          loom_loader_windows_per_epoch(tr->val)), sizeof(double)))) {
 		rc = loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
 		goto fail;

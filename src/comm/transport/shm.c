@@ -199,7 +199,7 @@ static int recv_step(xfer_t *x)
 				               "message from rank %d belongs to collective #%llu, this rank is in #%llu "
 				               "(ranks called collectives in different orders)",
 				               x->src, (unsigned long long)s->seq, (unsigned long long)x->seq);
-				shm_abort(x->c, LOOM_EMISMATCH, loom_errmsg());
+				loom__shm_abort(x->c, LOOM_EMISMATCH, loom_errmsg());
 				return LOOM_EMISMATCH;
 			}
 			if ((s->flags & SLOT_INPLACE) &&
@@ -244,7 +244,7 @@ static int local_copy(loom_comm_t *c, const void *sbuf, size_t sbytes, void *rbu
 	return LOOM_OK;
 }
 
-int shm_sendrecv(loom_comm_t *c, int kind, int dst, const void *sbuf, size_t sbytes, int stag, int src, void *rbuf,
+int loom__shm_sendrecv(loom_comm_t *c, int kind, int dst, const void *sbuf, size_t sbytes, int stag, int src, void *rbuf,
                  size_t rbytes, int rtag, const void *red_local, loom_dtype_t dt, loom_op_t op)
 {
 	xfer_t x;
@@ -283,7 +283,7 @@ int shm_sendrecv(loom_comm_t *c, int kind, int dst, const void *sbuf, size_t sby
 		x.rbuf = rbuf, x.rbytes = rbytes, x.rtag = rtag, x.red = red_local;
 		x.esize = red_local ? loom_dtype_size(dt) : 1;
 	}
-	shm_waiter_init(&w, c, kind == CHAN_COLL);
+	loom__shm_waiter_init(&w, c, kind == CHAN_COLL);
 	w.small = (dst < 0 || sbytes <= SMALL_MSG) && (src < 0 || rbytes <= SMALL_MSG);
 	while (!x.sdone || !x.rdone) {
 		int p = 0;
@@ -307,13 +307,13 @@ int shm_sendrecv(loom_comm_t *c, int kind, int dst, const void *sbuf, size_t sby
 			w.peers[w.npeers++] = w.dst;
 		if (w.src >= 0 && w.src != w.dst)
 			w.peers[w.npeers++] = w.src;
-		if ((rc = shm_waiter_idle(&w, xfer_ready, &x)) != LOOM_OK)
+		if ((rc = loom__shm_waiter_idle(&w, xfer_ready, &x)) != LOOM_OK)
 			return rc;
 	}
 	return LOOM_OK;
 fail:
 	if (kind == CHAN_COLL)
-		shm_abort(c, rc, loom_errmsg());
+		loom__shm_abort(c, rc, loom_errmsg());
 	return rc;
 }
 

@@ -28,10 +28,10 @@ struct heap_block {
 	heap_block_t *next;
 };
 
-int shm_heap_init(loom_job_t *j)
+int loom__shm_heap_init(loom_job_t *j)
 {
 	shm_hdr_t *h = j->hdr;
-	heap_block_t *b = calloc(1, sizeof *b);
+	heap_block_t *b = loom__calloc(1, sizeof *b);
 	if (!b)
 		return loom_seterr(LOOM_ENOMEM, "rank %d: out of memory for the shared-heap bookkeeping", j->world_rank);
 	b->off = h->heap_off + (size_t)j->world_rank * h->heap_bytes;
@@ -43,7 +43,7 @@ int shm_heap_init(loom_job_t *j)
 	return LOOM_OK;
 }
 
-void shm_heap_free_all(loom_job_t *j)
+void loom__shm_heap_free_all(loom_job_t *j)
 {
 	heap_block_t *b = j->blocks, *n;
 	for (; b; b = n) {
@@ -54,7 +54,7 @@ void shm_heap_free_all(loom_job_t *j)
 	pthread_mutex_destroy(&j->heap_lock);
 }
 
-void *shm_heap_alloc(loom_job_t *j, size_t bytes)
+void *loom__shm_heap_alloc(loom_job_t *j, size_t bytes)
 {
 	size_t len;
 	heap_block_t *b;
@@ -72,7 +72,7 @@ void *shm_heap_alloc(loom_job_t *j, size_t bytes)
 			break;
 		}
 		if (b->len > len) {
-			heap_block_t *rest = calloc(1, sizeof *rest);
+			heap_block_t *rest = loom__calloc(1, sizeof *rest);
 			if (!rest)
 				break;
 			rest->off = b->off + len;
@@ -92,7 +92,7 @@ void *shm_heap_alloc(loom_job_t *j, size_t bytes)
 	return p;
 }
 
-int shm_heap_free(loom_job_t *j, void *p)
+int loom__shm_heap_free(loom_job_t *j, void *p)
 {
 	heap_block_t *b, *prev = NULL;
 	size_t off;

@@ -40,7 +40,7 @@ static inline void cpu_relax(void)
 #endif
 }
 
-void shm_futex_wake(atomic_uint *addr);
+void loom__shm_futex_wake(atomic_uint *addr);
 
 /* Wake rank r of c if it sleeps (after this thread's stores that make progress possible). */
 static inline void shm_ring(loom_comm_t *c, int r)
@@ -50,18 +50,18 @@ static inline void shm_ring(loom_comm_t *c, int r)
 	 * (see shm_wait.c), like a fence, and ThreadSanitizer understands it. */
 	if (atomic_fetch_add_explicit(&x->sleepers, 0, memory_order_seq_cst)) {
 		atomic_fetch_add(&x->doorbell, 1);
-		shm_futex_wake(&x->doorbell);
+		loom__shm_futex_wake(&x->doorbell);
 	}
 }
 
-void shm_ring_all(loom_comm_t *c);
+void loom__shm_ring_all(loom_comm_t *c);
 
 /* The deadline of the operation the calling thread runs on c (or now + LOOM_TIMEOUT_S). */
-double shm_deadline(loom_comm_t *c);
+double loom__shm_deadline(loom_comm_t *c);
 
 /* 0 when rank p of c is (as far as can be told) alive and a member; else 1 with the reason in why.
  * do_lock: also trylock its liveness mutex (rate-limited by callers: LOCK_CHECK_S). */
-int shm_check_peer(loom_comm_t *c, int p, int do_lock, char *why, size_t cap);
+int loom__shm_check_peer(loom_comm_t *c, int p, int do_lock, char *why, size_t cap);
 
 typedef int (*ready_fn)(void *arg);
 
@@ -82,13 +82,13 @@ typedef struct {
 	int (*waiting_on)(void *arg, int r); /* with npeers < 0: is rank r still awaited? */
 } shm_waiter_t;
 
-void shm_waiter_init(shm_waiter_t *w, loom_comm_t *c, int fatal);
+void loom__shm_waiter_init(shm_waiter_t *w, loom_comm_t *c, int fatal);
 static inline void shm_waiter_reset(shm_waiter_t *w)
 {
 	w->start = 0;
 }
 /* Called when no progress was possible: spin or sleep a little, then check failures.
  * Returns LOOM_OK to try again, or an error already recorded (and the abort set when fatal). */
-int shm_waiter_idle(shm_waiter_t *w, ready_fn ready, void *arg);
+int loom__shm_waiter_idle(shm_waiter_t *w, ready_fn ready, void *arg);
 
 #endif

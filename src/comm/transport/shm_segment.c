@@ -24,7 +24,7 @@
 
 /* ---- layout and segments -------------------------------------------------------------------- */
 
-void shm_layout(shm_hdr_t *h, int n, size_t heap_bytes)
+void loom__shm_layout(shm_hdr_t *h, int n, size_t heap_bytes)
 {
 	long kb = loom_env_long("LOOM_SHM_SLOT_KB", 0, NULL), ns = loom_env_long("LOOM_SHM_SLOTS", 0, NULL);
 	memset(h, 0, sizeof *h);
@@ -63,9 +63,9 @@ static void nap(double seconds)
 	nanosleep(&ts, NULL);
 }
 
-int shm_open_segment(loom_comm_t *c, const char *name, int create, size_t heap_bytes, int *fd_out)
+int loom__shm_open_segment(loom_comm_t *c, const char *name, int create, size_t heap_bytes, int *fd_out)
 {
-	double deadline = shm_deadline(c), wait = 1e-4;
+	double deadline = loom__shm_deadline(c), wait = 1e-4;
 	int fd = -1, rc = LOOM_OK, world = 0;
 	struct stat st;
 	char *base = MAP_FAILED;
@@ -73,7 +73,7 @@ int shm_open_segment(loom_comm_t *c, const char *name, int create, size_t heap_b
 	shm_hdr_t *h;
 	if (create) {
 		shm_hdr_t tmp;
-		shm_layout(&tmp, c->size, heap_bytes);
+		loom__shm_layout(&tmp, c->size, heap_bytes);
 		fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
 		if (fd < 0 && errno == EEXIST)
 			return loom_comm_fail(c, LOOM_ESTATE,
@@ -145,7 +145,7 @@ int shm_open_segment(loom_comm_t *c, const char *name, int create, size_t heap_b
 	if (!c->job->hdr) { /* the world segment: it carries the job's heap and liveness mutexes */
 		world = 1;
 		c->job->hdr = h, c->job->base = base, c->job->bytes = bytes;
-		if ((rc = shm_proc_start(c->job)) != LOOM_OK) {
+		if ((rc = loom__shm_proc_start(c->job)) != LOOM_OK) {
 			rc = loom_comm_fail(c, rc, "%s", loom_errmsg());
 			goto fail_mapped;
 		}
@@ -156,7 +156,7 @@ int shm_open_segment(loom_comm_t *c, const char *name, int create, size_t heap_b
 		atomic_store(&me->cpu, -1);
 		atomic_store(&me->state, RANK_JOINED);
 		atomic_fetch_add(&h->attached, 1);
-		shm_ring_all(c);
+		loom__shm_ring_all(c);
 	}
 	/* Wait for everyone, so the name can go: from then on nothing is left behind, even after kill -9. */
 	{
@@ -179,15 +179,15 @@ int shm_open_segment(loom_comm_t *c, const char *name, int create, size_t heap_b
 				rc = loom_comm_fail(c, LOOM_ETIMEDOUT,
 				                    "timed out after %.3g s (LOOM_TIMEOUT_S) waiting for ranks to join %s; missing: %s",
 				                    c->timeout_s, name, missing);
-				shm_abort(c, rc, loom_errmsg());
+				loom__shm_abort(c, rc, loom_errmsg());
 				goto fail_mapped;
 			}
 			for (int r = 0; r < c->size; r++) {
 				if (r == c->rank || atomic_load(&rank_rec(h, r)->state) == RANK_ABSENT)
 					continue;
-				if (shm_check_peer(c, r, now >= next_lock, why, sizeof why)) {
+				if (loom__shm_check_peer(c, r, now >= next_lock, why, sizeof why)) {
 					rc = loom_comm_fail(c, LOOM_EPEERLOST, "while joining %s: %s", name, why);
-					shm_abort(c, rc, loom_errmsg());
+					loom__shm_abort(c, rc, loom_errmsg());
 					goto fail_mapped;
 				}
 			}
@@ -205,7 +205,7 @@ int shm_open_segment(loom_comm_t *c, const char *name, int create, size_t heap_b
 	return LOOM_OK;
 fail_mapped:
 	if (world) {
-		shm_proc_end(c->job);
+		loom__shm_proc_end(c->job);
 		c->job->hdr = NULL, c->job->base = NULL, c->job->bytes = 0;
 	}
 	c->hdr = NULL, c->base = NULL, c->bytes = 0;
@@ -218,19 +218,19 @@ fail:
 	return rc;
 }
 
-void shm_close_segment(loom_comm_t *c)
+void loom__shm_close_segment(loom_comm_t *c)
 {
 	if (c->base)
 		munmap(c->base, c->bytes);
 	c->base = NULL, c->hdr = NULL, c->bytes = 0;
 }
 
-void shm_depart(loom_comm_t *c)
+void loom__shm_depart(loom_comm_t *c)
 {
 	if (!c->hdr)
 		return;
 	atomic_store(&rank_rec(c->hdr, c->rank)->state, RANK_DEPARTED);
-	shm_ring_all(c);
+	loom__shm_ring_all(c);
 }
 
 /* The keeper thread locks the rank's robust liveness mutex and holds it until shm_proc_end. A
@@ -259,7 +259,7 @@ static void *keeper_main(void *arg)
 	return NULL;
 }
 
-int shm_proc_start(loom_job_t *j)
+int loom__shm_proc_start(loom_job_t *j)
 {
 	int e;
 	pthread_mutex_init(&j->keeper_lock, NULL);
@@ -284,7 +284,7 @@ int shm_proc_start(loom_job_t *j)
 	return LOOM_OK;
 }
 
-void shm_proc_end(loom_job_t *j)
+void loom__shm_proc_end(loom_job_t *j)
 {
 	if (j->keeper_state != 1)
 		return;

@@ -51,19 +51,19 @@ static void futex_wait(atomic_uint *addr, unsigned val, double seconds)
 	syscall(SYS_futex, (unsigned *)addr, FUTEX_WAIT, val, &ts, NULL, 0);
 }
 
-void shm_futex_wake(atomic_uint *addr)
+void loom__shm_futex_wake(atomic_uint *addr)
 {
 	syscall(SYS_futex, (unsigned *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-void shm_ring_all(loom_comm_t *c)
+void loom__shm_ring_all(loom_comm_t *c)
 {
 	for (int r = 0; r < c->size; r++)
 		if (r != c->rank)
 			shm_ring(c, r);
 }
 
-double shm_deadline(loom_comm_t *c)
+double loom__shm_deadline(loom_comm_t *c)
 {
 	if (loom_cur.c == c && loom_cur.deadline > 0)
 		return loom_cur.deadline;
@@ -73,7 +73,7 @@ double shm_deadline(loom_comm_t *c)
 /* ---- liveness and failure ---------------------------------------------------------------- */
 
 /* 0 when rank p of c is (as far as we can tell) alive and a member; else 1 with the reason in why. */
-int shm_check_peer(loom_comm_t *c, int p, int do_lock, char *why, size_t cap)
+int loom__shm_check_peer(loom_comm_t *c, int p, int do_lock, char *why, size_t cap)
 {
 	shm_rank_t *r = rank_rec(c->hdr, p);
 	int w = c->world_of[p], st, departed = atomic_load(&r->state) == RANK_DEPARTED;
@@ -107,7 +107,7 @@ int shm_check_peer(loom_comm_t *c, int p, int do_lock, char *why, size_t cap)
 	return 1;
 }
 
-void shm_abort(loom_comm_t *c, int code, const char *msg)
+void loom__shm_abort(loom_comm_t *c, int code, const char *msg)
 {
 	int zero = 0;
 	shm_hdr_t *h = c->hdr;
@@ -116,10 +116,10 @@ void shm_abort(loom_comm_t *c, int code, const char *msg)
 	snprintf(h->abort_msg, sizeof h->abort_msg, "%s", msg);
 	atomic_store(&h->abort_rank, c->rank);
 	atomic_store(&h->abort_code, code); /* publishes the message */
-	shm_ring_all(c);
+	loom__shm_ring_all(c);
 }
 
-void shm_publish_seq(loom_comm_t *c, uint64_t seq, int coll)
+void loom__shm_publish_seq(loom_comm_t *c, uint64_t seq, int coll)
 {
 	shm_rank_t *me = rank_rec(c->hdr, c->rank);
 	atomic_store_explicit(&me->seq, seq, memory_order_relaxed);
@@ -128,14 +128,14 @@ void shm_publish_seq(loom_comm_t *c, uint64_t seq, int coll)
 
 /* ---- waiting -------------------------------------------------------------------------------- */
 
-void shm_waiter_init(shm_waiter_t *w, loom_comm_t *c, int fatal)
+void loom__shm_waiter_init(shm_waiter_t *w, loom_comm_t *c, int fatal)
 {
 	w->c = c;
 	w->fatal = fatal;
 	w->start = 0, w->next_lock = 0, w->n = 0;
 	w->npeers = 0, w->dst = -1, w->src = -1, w->small = 0;
 	w->what = NULL, w->waiting_on = NULL;
-	w->deadline = shm_deadline(c);
+	w->deadline = loom__shm_deadline(c);
 }
 
 /* What the waiter waits for, in words (only built when a failure is reported). */
@@ -165,7 +165,7 @@ static int waiter_fail(shm_waiter_t *w, int code, const char *fmt, ...)
 	va_end(ap);
 	loom_comm_fail(w->c, code, "%s", detail);
 	if (w->fatal)
-		shm_abort(w->c, code, loom_errmsg());
+		loom__shm_abort(w->c, code, loom_errmsg());
 	return code;
 }
 
@@ -200,7 +200,7 @@ static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
 		w->next_lock = now + LOCK_CHECK_S;
 	for (int i = 0; w->npeers < 0 ? i < c->size : i < w->npeers; i++) {
 		int p = w->npeers < 0 ? i : w->peers[i];
-		if (p == c->rank || (w->waiting_on && !w->waiting_on(arg, p)) || !shm_check_peer(c, p, do_lock, why, sizeof why))
+		if (p == c->rank || (w->waiting_on && !w->waiting_on(arg, p)) || !loom__shm_check_peer(c, p, do_lock, why, sizeof why))
 			continue;
 		if (ready(arg)) /* it finished its part before leaving */
 			return LOOM_OK;
@@ -237,7 +237,7 @@ static int peers_sleep(const shm_waiter_t *w)
 	return 0;
 }
 
-int shm_waiter_idle(shm_waiter_t *w, ready_fn ready, void *arg)
+int loom__shm_waiter_idle(shm_waiter_t *w, ready_fn ready, void *arg)
 {
 	loom_comm_t *c = w->c;
 	double now;
@@ -316,7 +316,7 @@ static int board_ready(void *arg)
 	return 1;
 }
 
-int shm_board_exchange(loom_comm_t *c, const void *mine, size_t len, void *all)
+int loom__shm_board_exchange(loom_comm_t *c, const void *mine, size_t len, void *all)
 {
 	board_t b = {c, ++c->board_count, 0};
 	shm_rank_t *me = rank_rec(c->hdr, c->rank);
@@ -327,14 +327,14 @@ int shm_board_exchange(loom_comm_t *c, const void *mine, size_t len, void *all)
 	 * everyone finished reading exchange k: two buffers are enough. */
 	memcpy(me->board[b.s], mine, LOOM_MIN(len, (size_t)SHM_BOARD_BYTES));
 	atomic_store_explicit(&me->board_seq[b.s], b.k, memory_order_release);
-	shm_ring_all(c);
-	shm_waiter_init(&w, c, 1);
+	loom__shm_ring_all(c);
+	loom__shm_waiter_init(&w, c, 1);
 	w.npeers = -1;
 	w.small = 1;
 	w.waiting_on = board_waiting_on;
 	w.what = "every rank to arrive";
 	while (!board_ready(&b))
-		if ((rc = shm_waiter_idle(&w, board_ready, &b)) != LOOM_OK)
+		if ((rc = loom__shm_waiter_idle(&w, board_ready, &b)) != LOOM_OK)
 			return rc;
 	for (int r = 0; r < c->size; r++)
 		memcpy((char *)all + (size_t)r * len, rank_rec(c->hdr, r)->board[b.s], len);

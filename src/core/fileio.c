@@ -12,9 +12,9 @@
 #include <unistd.h>
 
 #include "core/util.h"
-#include "data/fileio.h"
+#include "core/fileio.h"
 
-int fsync_path(const char *path)
+int loom__fsync_path(const char *path)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -28,15 +28,15 @@ int fsync_path(const char *path)
 	return LOOM_OK;
 }
 
-int fsync_parent(const char *path)
+int loom__fsync_parent(const char *path)
 {
 	char buf[1100];
 	if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
 		return loom_seterr(LOOM_EINVAL, "%s: path too long", path);
-	return fsync_path(dirname(buf));
+	return loom__fsync_path(dirname(buf));
 }
 
-int atomic_open(atomic_file_t *af, const char *path)
+int loom__atomic_open(atomic_file_t *af, const char *path)
 {
 	char dir[1100], base[1100];
 	memset(af, 0, sizeof *af);
@@ -54,14 +54,14 @@ int atomic_open(atomic_file_t *af, const char *path)
 	return LOOM_OK;
 }
 
-int atomic_write(atomic_file_t *af, const void *p, size_t n)
+int loom__atomic_write(atomic_file_t *af, const void *p, size_t n)
 {
 	if (n && fwrite(p, 1, n, af->f) != n)
 		return loom_seterr(LOOM_EIO, "%s: write of %zu bytes failed: %s", af->path, n, strerror(errno));
 	return LOOM_OK;
 }
 
-void atomic_abort(atomic_file_t *af)
+void loom__atomic_abort(atomic_file_t *af)
 {
 	if (af->f) {
 		fclose(af->f);
@@ -70,19 +70,19 @@ void atomic_abort(atomic_file_t *af)
 	}
 }
 
-int atomic_commit(atomic_file_t *af)
+int loom__atomic_commit(atomic_file_t *af)
 {
 	int rc;
 	if (!af->f)
 		return loom_seterr(LOOM_ESTATE, "%s: atomic file is not open", af->path);
 	if (fflush(af->f) != 0 || ferror(af->f)) {
 		rc = loom_seterr(LOOM_EIO, "%s: write failed: %s", af->path, strerror(errno));
-		atomic_abort(af);
+		loom__atomic_abort(af);
 		return rc;
 	}
 	if (fsync(fileno(af->f)) != 0) {
 		rc = loom_seterr(LOOM_EIO, "%s: fsync failed: %s", af->path, strerror(errno));
-		atomic_abort(af);
+		loom__atomic_abort(af);
 		return rc;
 	}
 	if (fclose(af->f) != 0) {
@@ -96,10 +96,10 @@ int atomic_commit(atomic_file_t *af)
 		unlink(af->tmp);
 		return rc;
 	}
-	return fsync_parent(af->path);
+	return loom__fsync_parent(af->path);
 }
 
-int mkdir_p(const char *path)
+int loom__mkdir_p(const char *path)
 {
 	char buf[1100];
 	size_t n = strlen(path);
@@ -121,7 +121,7 @@ int mkdir_p(const char *path)
 	return LOOM_OK;
 }
 
-int rm_rf(const char *path)
+int loom__rm_rf(const char *path)
 {
 	struct stat st;
 	if (lstat(path, &st) != 0)
@@ -140,7 +140,7 @@ int rm_rf(const char *path)
 				closedir(d);
 				return loom_seterr(LOOM_EINVAL, "%s/%s: path too long", path, e->d_name);
 			}
-			if ((rc = rm_rf(sub)) != LOOM_OK) {
+			if ((rc = loom__rm_rf(sub)) != LOOM_OK) {
 				closedir(d);
 				return rc;
 			}
@@ -155,7 +155,7 @@ int rm_rf(const char *path)
 	return LOOM_OK;
 }
 
-int read_file(const char *path, char **buf, size_t *len)
+int loom__read_file(const char *path, char **buf, size_t *len)
 {
 	FILE *f = fopen(path, "rb");
 	char *b = NULL;
@@ -171,7 +171,7 @@ int read_file(const char *path, char **buf, size_t *len)
 	for (;;) {
 		if (n + 1 >= cap) {
 			size_t nc = cap ? 2 * cap : 65536;
-			char *nb = realloc(b, nc);
+			char *nb = loom__realloc(b, nc);
 			if (!nb) {
 				free(b);
 				fclose(f);
