@@ -30,6 +30,10 @@ typedef struct {
 	int vocab_size; /* V */
 } loom_gpt2_config_t;
 
+/* A model is used by one thread at a time (its calls are not thread-safe); inside a call its kernels
+ * run on loom_set_num_threads threads. */
+typedef struct loom_gpt2 loom_gpt2_t;
+
 #define LOOM_GPT2_LAYER_TENSORS 12
 #define LOOM_TENSOR_NAME_MAX 64
 
@@ -40,6 +44,17 @@ typedef struct {
 	size_t offset; /* in floats, from the start of the parameter buffer */
 	size_t numel;
 	int decay; /* 1 for 2-D weights (AdamW weight decay applies), 0 for biases and LayerNorm */
+	/* The unit that uses the tensor: -1 for the embeddings (wte, wpe), the block index 0..L-1 for a
+	 * block's tensors, L (n_layer) for ln_f. (The tied lm head also reads wte.) */
+	int layer;
+	/* The dimension along which Megatron tensor parallelism splits the tensor, -1 when every rank
+	 * keeps it whole (LayerNorms, wpe, attn.c_proj.bias, mlp.c_proj.bias). Conv1D weights are [in, out]:
+	 * column-parallel attn.c_attn.weight and mlp.c_fc.weight split dim 1 (their biases dim 0), row-
+	 * parallel attn.c_proj.weight and mlp.c_proj.weight split dim 0, wte is vocab-parallel (dim 0).
+	 * attn.c_attn's output columns are three sections q | k | v of C each: its split (weight dim 1,
+	 * bias dim 0) is by heads within each section, rank r of p taking heads [r NH/p, (r+1) NH/p) of
+	 * q, of k and of v, i.e. three slices of C/p columns, not one contiguous range of 3C/p. */
+	int tp_dim;
 } loom_tensor_info_t;
 
 /* Presets: "tiny" (L4 H4 C128 T128 V257), "small" (L6 H6 C384 T256 V50257), "gpt2" (124M:
@@ -50,6 +65,9 @@ int loom_gpt2_config_check(const loom_gpt2_config_t *cfg);
 int loom_gpt2_num_tensors(const loom_gpt2_config_t *cfg); /* 2 + 12 L + 2 */
 /* Fill *info for tensor i (0 <= i < num_tensors). LOOM_EINVAL when i is out of range. */
 int loom_gpt2_tensor_info(const loom_gpt2_config_t *cfg, int i, loom_tensor_info_t *info);
+/* The whole tensor table of m's configuration (loom_gpt2_num_tensors entries, in tensor order), owned
+ * by the model; *n (may be NULL) receives the count. */
+const loom_tensor_info_t *loom_gpt2_tensors(const loom_gpt2_t *m, int *n);
 /* Index of the tensor called `name` (HF name, "transformer." prefix allowed), or -1. */
 int loom_gpt2_tensor_index(const loom_gpt2_config_t *cfg, const char *name);
 size_t loom_gpt2_num_params(const loom_gpt2_config_t *cfg);
@@ -59,22 +77,62 @@ double loom_gpt2_flops_per_token(const loom_gpt2_config_t *cfg, int T);
 
 /* ---- the model ------------------------------------------------------------------------------- */
 
-/* A model is used by one thread at a time (its calls are not thread-safe); inside a call its kernels
- * run on loom_set_num_threads threads. */
-typedef struct loom_gpt2 loom_gpt2_t;
+/* Options of loom_gpt2_create_opts; zero-initialize and set what differs. */
+typedef struct {
+	int B, T;   /* capacity of one micro-batch: up to B x T tokens, T <= cfg->seq_len */
+	int arenas; /* activation arenas, i.e. micro-batches whose activations are kept at once (0: 1) */
+	/* The blocks this model runs, [layer_lo, layer_hi) (layer_hi 0: n_layer), for a pipeline stage:
+	 * activations exist only for these blocks; the embedding is held iff layer_lo == 0 and the head
+	 * (ln_f, lm head, loss) iff layer_hi == n_layer. Parameters keep the whole model's layout. */
+	int layer_lo, layer_hi;
+	int no_own_params; /* 1: allocate no parameter buffer; the caller sets views before any pass */
+	int no_own_grads;  /* 1: allocate no gradient buffer; the caller sets views before a backward */
+} loom_gpt2_opts_t;
 
 /* Create a model for micro-batches of up to B x T tokens (T <= cfg->seq_len). Parameters, gradients
- * and every activation buffer are allocated here, once; training steps allocate nothing. Parameters
+ * and every activation buffer are allocated here, once; training steps allocate nothing (only the
+ * sampling KV cache is allocated later, see loom_gpt2_generate). Parameters
  * start at zero: call loom_gpt2_init or copy weights into loom_gpt2_params. LOOM_EINVAL for a bad
  * config or size, LOOM_ENOMEM; *m is NULL on failure. The model owns all its buffers. */
 int loom_gpt2_create(loom_gpt2_t **m, const loom_gpt2_config_t *cfg, int B, int T);
+/* The same with options: loom_gpt2_create(m, cfg, B, T) is opts {B, T} (1 arena, every layer, own
+ * buffers). LOOM_EINVAL (with loom_errmsg) for a bad config, size or layer range, LOOM_ENOMEM. */
+int loom_gpt2_create_opts(loom_gpt2_t **m, const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *opts);
 void loom_gpt2_destroy(loom_gpt2_t *m); /* safe on NULL */
 const loom_gpt2_config_t *loom_gpt2_config(const loom_gpt2_t *m);
 float *loom_gpt2_params(loom_gpt2_t *m); /* loom_gpt2_num_params floats, layout above */
 float *loom_gpt2_grads(loom_gpt2_t *m);  /* same layout */
 /* Use caller-owned memory (num_params floats, e.g. from loom_comm_alloc) for the gradients from now
- * on; its contents are kept as they are. The caller keeps ownership. */
+ * on; its contents are kept as they are. The caller keeps ownership. LOOM_EINVAL for NULL. */
 int loom_gpt2_set_grad_buffer(loom_gpt2_t *m, float *grads);
+
+/* ---- parameter and gradient views ---------------------------------------------------------------
+ *
+ * Every kernel reads tensor i's parameters and accumulates its gradient through two pointers, the
+ * tensor's views. By default they point into the model's own buffers (num_params floats each, the
+ * layout above). The calls below point them at the caller's memory instead: contents are neither
+ * copied nor cleared, the caller keeps ownership and must keep the memory alive while the views
+ * point at it. loom_gpt2_params / loom_gpt2_grads return the last whole buffer set (or the own one),
+ * even when single tensors were pointed elsewhere since. Views may change between any two calls,
+ * including from inside a param-use hook (below), which is how ZeRO-3 points a block's tensors at
+ * a buffer gathered just before the block runs. */
+
+/* Point every parameter view into params (num_params floats, the layout above); NULL points them
+ * back at the model's own buffer, allocating it (zeroed) if create was told not to. LOOM_ENOMEM. */
+int loom_gpt2_set_param_buffer(loom_gpt2_t *m, float *params);
+/* Point every gradient view back at the model's own buffer, allocating it (zeroed) if create was
+ * told not to (loom_gpt2_set_grad_buffer keeps refusing NULL, as it always did). LOOM_ENOMEM. */
+int loom_gpt2_own_grads(loom_gpt2_t *m);
+/* Point tensor i's views at param and grad (numel floats each); a NULL pointer leaves that view as it
+ * is. LOOM_EINVAL for an index out of range. */
+int loom_gpt2_set_tensor_view(loom_gpt2_t *m, int tensor, float *param, float *grad);
+/* The same for all tensors of one unit at once (-1 embeddings wte and wpe, 0..L-1 a block, L ln_f):
+ * they are contiguous in the layout, so params/grads hold them in that order, packed
+ * (e.g. LOOM_GPT2_LAYER_TENSORS tensors of a block, from h.l.ln_1.weight on). LOOM_EINVAL. */
+int loom_gpt2_set_unit_view(loom_gpt2_t *m, int unit, float *params, float *grads);
+/* Tensor i's current views (NULL when nothing backs them yet). */
+float *loom_gpt2_tensor_param(loom_gpt2_t *m, int tensor);
+float *loom_gpt2_tensor_grad(loom_gpt2_t *m, int tensor);
 
 /* GPT-2 initialization, reproducible from seed: weights normal(0, 0.02), the residual projections
  * (attn.c_proj.weight, mlp.c_proj.weight) normal(0, 0.02/sqrt(2L)), biases 0, LayerNorm weight 1.
@@ -85,31 +143,98 @@ void loom_gpt2_init(loom_gpt2_t *m, uint64_t seed);
 /* Forward pass over inputs (B,T) token ids with B, T within the sizes given at create. With targets
  * (B,T), *loss is the mean cross-entropy over all B*T positions. Without targets (NULL), only the
  * logits of the last position of each row are computed (loom_gpt2_logits). LOOM_EINVAL (with
- * loom_errmsg) for a token id outside [0, V) or sizes beyond those of create. */
+ * loom_errmsg) for a token id outside [0, V), sizes beyond those of create or a model that does not
+ * hold every layer. Runs in arena 0, whose activations it overwrites. */
 int loom_gpt2_forward(loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T, float *loss);
 /* Logits (B, V) of the last position of each row after a forward without targets; owned by the
  * model, valid until its next call. */
 const float *loom_gpt2_logits(const loom_gpt2_t *m);
 
-void loom_gpt2_zero_grad(loom_gpt2_t *m); /* sets the current gradient buffer to 0 */
+/* Sets the gradients to 0: the whole current gradient buffer, or each tensor's view when single
+ * views point elsewhere (views that are NULL are skipped). */
+void loom_gpt2_zero_grad(loom_gpt2_t *m);
 /* Training micro-step: forward with targets, then backward of (loss * grad_scale); gradients
  * accumulate (+=) into the gradient buffer, so grad_scale = 1/accum gives gradient accumulation.
  * *loss is the unscaled mean loss. When a grad-ready callback is set, it is called once per tensor,
  * in reverse tensor order, as soon as that tensor's gradient for this micro-step is final (on the
- * calling thread, between kernels). LOOM_EINVAL as for loom_gpt2_forward, or for NULL targets. */
+ * calling thread, between kernels). LOOM_EINVAL as for loom_gpt2_forward, or for NULL targets. It is
+ * exactly embed_forward, block_forward 0..L-1, head_forward_backward, block_backward L-1..0 and
+ * embed_backward in arena 0 (below). */
 int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
                                float grad_scale, float *loss);
 typedef void (*loom_grad_ready_fn)(void *ctx, int tensor_index);
 void loom_gpt2_on_grad_ready(loom_gpt2_t *m, loom_grad_ready_fn fn, void *ctx);
+
+/* ---- passes by unit: embedding, blocks, head ------------------------------------------------------
+ *
+ * The whole-model calls above are compositions of these; a caller runs them to execute a range of
+ * blocks (a pipeline stage), recompute a block (activation checkpointing) or interleave micro-
+ * batches. `mb` names an activation arena (0 <= mb < arenas), which holds the activations of one
+ * micro-batch of B x T tokens (within create's sizes; every call for one micro-batch must use the
+ * same B, T). A block l reads its input from the residual stream buffer loom_gpt2_block_input(m,
+ * mb, l) and its output is loom_gpt2_block_input(m, mb, l + 1), which is also what the head reads
+ * (l + 1 = n_layer). Backward: the gradient of the residual stream is one (B*T, C) buffer,
+ * loom_gpt2_stream_grad, shared by all arenas: one micro-batch's backward, from the head (or from
+ * the gradient injected into that buffer) down to the first block of the range (or the embedding),
+ * must finish before another's begins; forwards may be interleaved with it freely. Backward reads
+ * the arena's activations as the last forward of each unit left them; every backward accumulates
+ * (+=) into the gradient views and reports tensors to the grad-ready callback when final. Each call
+ * returns LOOM_EINVAL (with loom_errmsg) for an arena, block or size out of range, a token id
+ * outside [0, V), or a unit this model does not hold. */
+
+/* Embedding forward: block_input(layer_lo = 0) = wte[inputs] + wpe[t]. inputs (B,T). */
+int loom_gpt2_embed_forward(loom_gpt2_t *m, int mb, const int *inputs, int B, int T);
+/* Block l's forward: reads block_input(l), writes the block's activations and block_input(l + 1). */
+int loom_gpt2_block_forward(loom_gpt2_t *m, int mb, int l, int B, int T);
+/* Head forward (ln_f, logits, loss): reads block_input(n_layer). With targets (B,T), *loss (may be
+ * NULL) is the mean cross-entropy; without (NULL), the last position of each row gets its logits
+ * (loom_gpt2_logits, shared by all arenas). Leaves nothing for a backward. */
+int loom_gpt2_head_forward(loom_gpt2_t *m, int mb, const int *targets, int B, int T, float *loss);
+/* Head forward and backward fused (the fast path: the chunked classifier never stores the logits):
+ * *loss as above; the gradients of ln_f and wte's lm-head share accumulate (scaled by grad_scale),
+ * and stream_grad is SET to d(loss * grad_scale) / d block_input(n_layer). Reports ln_f's tensors
+ * (and wte, when the model does not hold the embedding: its share here is then final). */
+int loom_gpt2_head_forward_backward(loom_gpt2_t *m, int mb, const int *targets, int B, int T, float grad_scale,
+                                    float *loss);
+/* Block l's backward: stream_grad holds d block_input(l + 1) on entry and d block_input(l) on return
+ * (a pipeline stage writes the gradient it receives into stream_grad before its last block's
+ * backward, and sends stream_grad after its first block's). Reports block l's tensors. */
+int loom_gpt2_block_backward(loom_gpt2_t *m, int mb, int l, int B, int T);
+/* Embedding backward from stream_grad = d block_input(0); inputs as given to the forward. Reports
+ * wpe, then wte. */
+int loom_gpt2_embed_backward(loom_gpt2_t *m, int mb, const int *inputs, int B, int T);
+
+/* The residual stream buffer in front of block l (l in [layer_lo, layer_hi]; layer_hi: the head's
+ * input, the output of the range's last block), rows of C floats packed for B x T: writable, so a
+ * pipeline stage receives its input straight into block_input(layer_lo). Owned by the model; NULL
+ * for an arena or block out of range. */
+float *loom_gpt2_block_input(loom_gpt2_t *m, int mb, int l);
+/* The gradient of the residual stream (B*T rows of C floats), shared by all arenas; see above. */
+float *loom_gpt2_stream_grad(loom_gpt2_t *m);
+
+/* Called before a unit uses its parameters: unit -1 the embedding, 0..L-1 a block, L the head (which
+ * also reads wte); phase 0 in a forward, 1 in a backward. The fused head calls (L, 0) then (L, 1)
+ * before it starts. A hook may change views (above); it must not call back into the model. */
+typedef void (*loom_param_use_fn)(void *ctx, int unit, int phase);
+void loom_gpt2_on_param_use(loom_gpt2_t *m, loom_param_use_fn fn, void *ctx);
+
+/* ---- sampling ---------------------------------------------------------------------------------- */
+
+/* Allocate the KV cache of loom_gpt2_generate now rather than at its first call (for a context of
+ * the T given at create): L x T x 3C floats plus one layer's forward over T positions. Idempotent.
+ * LOOM_ENOMEM; LOOM_EINVAL for a model that does not hold every layer. */
+int loom_gpt2_kv_cache_alloc(loom_gpt2_t *m);
 
 /* Autoregressive generation with a KV cache: feeds prompt (n_prompt >= 1 tokens), then samples up to
  * max_new tokens (temperature 0: greedy; top_k 0: whole vocabulary), stopping early after
  * stop_token (>= 0) or when the context (prompt + generated) reaches the T given at create (at most
  * cfg.seq_len; create with B = 1, T = seq_len for sampling). Generated tokens go to out (capacity
  * max_new), their number to *n_out, and each one to on_token (may be NULL) as soon as it exists.
- * The same seed gives the same tokens. The cache lives in the model's activation buffers: nothing
- * is allocated, and the activations of a previous forward are overwritten. LOOM_EINVAL for a prompt
- * that is empty, longer than T or has a token outside [0, V), or a negative temperature or top_k. */
+ * The same seed gives the same tokens. The cache is the model's own (loom_gpt2_kv_cache_alloc,
+ * allocated at the first call if not before): the training activations, the arenas and
+ * loom_gpt2_logits are left as they are. LOOM_EINVAL for a prompt that is empty, longer than T or has
+ * a token outside [0, V), a negative temperature or top_k, or a model without every layer;
+ * LOOM_ENOMEM when the cache cannot be allocated. */
 int loom_gpt2_generate(loom_gpt2_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
                        uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
                        void *ctx);

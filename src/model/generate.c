@@ -1,12 +1,17 @@
-/* generate.c: autoregressive sampling with a KV cache (loom_gpt2_generate).
+/* generate.c: autoregressive sampling with a KV cache (loom_gpt2_generate) that is the model's own,
+ * apart from the training activations.
  *
- * The cache is the model's own activations: a forward over the prompt (batch 1) leaves q, k, v of
- * positions 0..n-1 in each layer's qkv buffer, and each new token runs the network on its single row
- * `pos` of the same buffers, attending over rows 0..pos. Row pos then holds exactly what a full
- * forward over the context would have computed, so greedy decoding gives the tokens a full
- * recomputation would (tests check this). Nothing is allocated: the logits go to last_logits and
- * the classifier's scratch serves top-k selection. The context is limited to the T given at create. */
+ * The cache holds each layer's q, k, v rows (T,3C). A forward over the prompt (batch 1, the same
+ * block code as training, loom__gpt2_block_forward) leaves q, k, v of positions 0..n-1 in each
+ * layer's cache, and each new token runs the network on its single row `pos`, attending over rows
+ * 0..pos. Row pos then holds exactly what a full forward over the context would have computed, so
+ * greedy decoding gives the tokens a full recomputation would (tests check this). Every other
+ * activation is needed only while its layer runs, so one layer's worth of scratch (for up to T
+ * positions, the prompt) serves all layers, and the residual stream alternates between two (T,C)
+ * buffers. The cache is allocated once, at the first call (or loom_gpt2_kv_cache_alloc), for the T
+ * given at create; after that generation allocates nothing. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/util.h"
@@ -52,32 +57,123 @@ static void attend_one(float *out, const float *qkv, int pos, int C, int NH, flo
 	}
 }
 
-/* Run token `tok` at position pos (rows 0..pos-1 already cached) and leave its logits in last_logits. */
-static void step(loom_gpt2_t *m, int tok, int pos)
+/* Bump allocation inside kv->mem (with base NULL it only measures); 64-byte aligned, as gpt2.c's. */
+static float *carve(char *base, size_t *off, size_t nfloats)
 {
-	int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size, nt = loom_gpt2_num_tensors(&m->cfg);
+	float *p = base ? (float *)(base + *off) : NULL;
+	*off += (nfloats * sizeof(float) + 63) / 64 * 64;
+	return p;
+}
+
+static size_t layout_kv(const loom_gpt2_t *m, kv_cache_t *kv, char *base)
+{
+	size_t off = 0, C = (size_t)m->cfg.n_embd, V = (size_t)m->cfg.vocab_size, T = (size_t)m->T;
+	size_t NH = (size_t)m->cfg.n_head;
+	layer_acts_t *a = &kv->scratch;
+	for (int l = 0; l < m->cfg.n_layer; l++)
+		kv->qkv[l] = carve(base, &off, T * 3 * C);
+	a->ln1 = carve(base, &off, T * C);
+	a->ln1_mean = carve(base, &off, T);
+	a->ln1_rstd = carve(base, &off, T);
+	a->att = carve(base, &off, NH * T * T);
+	a->atty = carve(base, &off, T * C);
+	a->res2 = carve(base, &off, T * C);
+	a->ln2 = carve(base, &off, T * C);
+	a->ln2_mean = carve(base, &off, T);
+	a->ln2_rstd = carve(base, &off, T);
+	a->fch = carve(base, &off, T * 4 * C);
+	a->fch_gelu = carve(base, &off, T * 4 * C);
+	kv->res[0] = carve(base, &off, T * C);
+	kv->res[1] = carve(base, &off, T * C);
+	kv->lnf = carve(base, &off, T * C);
+	kv->lnf_mean = carve(base, &off, T);
+	kv->lnf_rstd = carve(base, &off, T);
+	kv->logits = carve(base, &off, V);
+	kv->topk = carve(base, &off, V);
+	kv->scores = carve(base, &off, T);
+	return off;
+}
+
+void loom__gpt2_kv_cache_free(loom_gpt2_t *m)
+{
+	if (!m->kv)
+		return;
+	loom_free_aligned(m->kv->mem);
+	free(m->kv->qkv);
+	free(m->kv);
+	m->kv = NULL;
+}
+
+int loom_gpt2_kv_cache_alloc(loom_gpt2_t *m)
+{
+	kv_cache_t *kv;
+	if (m->kv)
+		return LOOM_OK;
+	if (!m->has_embed || !m->has_head)
+		return loom_seterr(LOOM_EINVAL, "gpt2 generate: needs every layer, the model holds blocks [%d, %d) of %d",
+		                   m->lo, m->hi, m->cfg.n_layer);
+	if (!(kv = loom__calloc(1, sizeof *kv)) || !(kv->qkv = loom__calloc((size_t)m->cfg.n_layer, sizeof *kv->qkv)) ||
+	    !(kv->mem = loom_alloc_aligned(layout_kv(m, kv, NULL)))) {
+		if (kv)
+			free(kv->qkv);
+		free(kv);
+		return loom_seterr(LOOM_ENOMEM, "gpt2 generate: out of memory for the KV cache (L%d, T %d, C%d)",
+		                   m->cfg.n_layer, m->T, m->cfg.n_embd);
+	}
+	layout_kv(m, kv, kv->mem);
+	m->kv = kv;
+	return LOOM_OK;
+}
+
+/* Forward over the prompt (n tokens): fills every layer's cache rows 0..n-1 and leaves the logits
+ * of the last position in kv->logits. */
+static void prompt_forward(loom_gpt2_t *m, kv_cache_t *kv, const int *prompt, int n)
+{
+	int C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->cfg.n_layer, nt = m->ntensors;
+	loom__gpt2_param_use(m, -1, 0);
+	loom__encoder_forward(kv->res[0], prompt, loom__gpt2_param(m, 0), loom__gpt2_param(m, 1), 1, n, C);
+	for (int l = 0; l < L; l++) {
+		layer_acts_t a = kv->scratch;
+		a.qkv = kv->qkv[l];
+		a.res3 = kv->res[(l + 1) & 1];
+		loom__gpt2_param_use(m, l, 0);
+		loom__gpt2_block_forward(m, l, &a, kv->res[l & 1], 1, n);
+	}
+	loom__gpt2_param_use(m, L, 0);
+	loom__layernorm_forward(kv->lnf, kv->lnf_mean, kv->lnf_rstd, kv->res[L & 1], loom__gpt2_param(m, nt - 2),
+	                        loom__gpt2_param(m, nt - 1), n, C);
+	loom__gemm(0, 1, 1, V, C, 1.0f, kv->lnf + (size_t)(n - 1) * C, C, loom__gpt2_param(m, 0), C, 0.0f, kv->logits, V);
+}
+
+/* Run token `tok` at position pos (rows 0..pos-1 already cached) and leave its logits in kv->logits. */
+static void step(loom_gpt2_t *m, kv_cache_t *kv, int tok, int pos)
+{
+	int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size, L = m->cfg.n_layer, nt = m->ntensors;
 	size_t r = (size_t)pos * C;
-	loom__encoder_forward(m->encoded + r, &tok, loom__gpt2_param(m, 0), loom__gpt2_param(m, 1) + r, 1, 1, C);
-	const float *res = m->encoded;
-	for (int l = 0; l < m->cfg.n_layer; l++) {
-		layer_acts_t *a = &m->layers[l];
-		loom__layernorm_forward(a->ln1 + r, a->ln1_mean + pos, a->ln1_rstd + pos, res + r, lp(m, l, LN1_W), lp(m, l, LN1_B),
-		                  1, C);
-		loom__matmul_forward(a->qkv + 3 * r, a->ln1 + r, lp(m, l, QKV_W), lp(m, l, QKV_B), 1, C, 3 * C);
-		attend_one(a->atty + r, a->qkv, pos, C, NH, m->att_scratch);
+	layer_acts_t *a = &kv->scratch;
+	loom__gpt2_param_use(m, -1, 0);
+	loom__encoder_forward(kv->res[0] + r, &tok, loom__gpt2_param(m, 0), loom__gpt2_param(m, 1) + r, 1, 1, C);
+	for (int l = 0; l < L; l++) {
+		const float *res = kv->res[l & 1];
+		float *out = kv->res[(l + 1) & 1], *qkv = kv->qkv[l];
+		loom__gpt2_param_use(m, l, 0);
+		loom__layernorm_forward(a->ln1 + r, a->ln1_mean + pos, a->ln1_rstd + pos, res + r, lp(m, l, LN1_W),
+		                        lp(m, l, LN1_B), 1, C);
+		loom__matmul_forward(qkv + 3 * r, a->ln1 + r, lp(m, l, QKV_W), lp(m, l, QKV_B), 1, C, 3 * C);
+		attend_one(a->atty + r, qkv, pos, C, NH, kv->scores);
 		loom__matmul_forward(a->res2 + r, a->atty + r, lp(m, l, ATTPROJ_W), lp(m, l, ATTPROJ_B), 1, C, C);
 		loom__residual_forward(a->res2 + r, res + r, a->res2 + r, (size_t)C);
 		loom__layernorm_forward(a->ln2 + r, a->ln2_mean + pos, a->ln2_rstd + pos, a->res2 + r, lp(m, l, LN2_W),
-		                  lp(m, l, LN2_B), 1, C);
+		                        lp(m, l, LN2_B), 1, C);
 		loom__matmul_forward(a->fch + 4 * r, a->ln2 + r, lp(m, l, FC_W), lp(m, l, FC_B), 1, C, 4 * C);
 		loom__gelu_forward(a->fch_gelu + 4 * r, a->fch + 4 * r, 4 * (size_t)C);
-		loom__matmul_forward(a->res3 + r, a->fch_gelu + 4 * r, lp(m, l, FCPROJ_W), lp(m, l, FCPROJ_B), 1, 4 * C, C);
-		loom__residual_forward(a->res3 + r, a->res2 + r, a->res3 + r, (size_t)C);
-		res = a->res3;
+		loom__matmul_forward(out + r, a->fch_gelu + 4 * r, lp(m, l, FCPROJ_W), lp(m, l, FCPROJ_B), 1, 4 * C, C);
+		loom__residual_forward(out + r, a->res2 + r, out + r, (size_t)C);
 	}
-	loom__layernorm_forward(m->lnf + r, m->lnf_mean + pos, m->lnf_rstd + pos, res + r, loom__gpt2_param(m, nt - 2),
-	                  loom__gpt2_param(m, nt - 1), 1, C);
-	loom__gemm(0, 1, 1, V, C, 1.0f, m->lnf + r, C, loom__gpt2_param(m, 0), C, 0.0f, m->last_logits, V);
+	loom__gpt2_param_use(m, L, 0);
+	loom__layernorm_forward(kv->lnf + r, kv->lnf_mean + pos, kv->lnf_rstd + pos, kv->res[L & 1] + r,
+	                        loom__gpt2_param(m, nt - 2), loom__gpt2_param(m, nt - 1), 1, C);
+	loom__gemm(0, 1, 1, V, C, 1.0f, kv->lnf + r, C, loom__gpt2_param(m, 0), C, 0.0f, kv->logits, V);
 }
 
 /* The k-th largest value (1 <= k <= n) of a[0..n), which is reordered (quickselect). */
@@ -118,8 +214,8 @@ static int sample(loom_gpt2_t *m, const float *z, float temperature, int top_k, 
 		return best;
 	float thresh = -INFINITY;
 	if (top_k > 0 && top_k < V) {
-		memcpy(m->logits, z, sizeof(float) * (size_t)V);
-		thresh = kth_largest(m->logits, V, top_k);
+		memcpy(m->kv->topk, z, sizeof(float) * (size_t)V);
+		thresh = kth_largest(m->kv->topk, V, top_k);
 	}
 	double sum = 0.0, mx = z[best];
 	for (int i = 0; i < V; i++)
@@ -141,7 +237,7 @@ int loom_gpt2_generate(loom_gpt2_t *m, const int *prompt, int n_prompt, int max_
                        uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
                        void *ctx)
 {
-	int rc, C = m->cfg.n_embd, V = m->cfg.vocab_size;
+	int rc;
 	rng_t r;
 	if (n_out)
 		*n_out = 0;
@@ -156,18 +252,19 @@ int loom_gpt2_generate(loom_gpt2_t *m, const int *prompt, int n_prompt, int max_
 		                   (double)temperature, top_k);
 	if ((rc = loom__gpt2_check_tokens(m, prompt, 1, n_prompt, "prompt")) != LOOM_OK)
 		return rc;
+	if ((rc = loom_gpt2_kv_cache_alloc(m)) != LOOM_OK)
+		return rc;
 	loom__gemm_setup_threads();
 	rng_seed(&r, seed);
-	loom__gpt2_forward_body(m, prompt, 1, n_prompt);
-	loom__gemm(0, 1, 1, V, C, 1.0f, m->lnf + (size_t)(n_prompt - 1) * C, C, loom__gpt2_param(m, 0), C, 0.0f, m->last_logits, V);
+	prompt_forward(m, m->kv, prompt, n_prompt);
 	for (int pos = n_prompt; *n_out < max_new && pos < m->T; pos++) {
-		int tok = sample(m, m->last_logits, temperature, top_k, &r);
+		int tok = sample(m, m->kv->logits, temperature, top_k, &r);
 		out[(*n_out)++] = tok;
 		if (on_token)
 			on_token(ctx, tok);
 		if (tok == stop_token || *n_out == max_new || pos + 1 == m->T)
 			break;
-		step(m, tok, pos);
+		step(m, m->kv, tok, pos);
 	}
 	return LOOM_OK;
 }

@@ -1,12 +1,17 @@
-/* gpt2.c: the GPT-2 model: creation, initialization, forward, backward and the grad-ready callbacks.
+/* gpt2.c: the GPT-2 model: creation, parameter/gradient views, initialization, the passes of each
+ * unit (embedding, block, head) forward and backward, the whole-model passes composed of them, and
+ * the grad-ready and param-use callbacks.
  *
- * Invariants: every buffer (parameters, gradients, activations, backward scratch) is allocated and
- * touched once in loom_gpt2_create, so a training step allocates nothing and takes no page faults.
- * Activations are laid out for the capacity B x T given at create; a call with smaller b x t packs
- * its b*t rows at the start of each buffer. The backward walks the network in exact reverse, and
- * reports tensor i to the grad-ready callback as soon as nothing later in this backward adds to it:
- * tensor indices therefore arrive strictly decreasing, each once, with wte (whose gradient also
- * gets the embedding's share) last. */
+ * Invariants: every buffer (parameters, gradients, activations of every arena, backward scratch) is
+ * allocated and touched once in loom_gpt2_create, so a training step allocates nothing and takes no
+ * page faults. Activations are laid out for the capacity B x T given at create; a call with smaller
+ * b x t packs its b*t rows at the start of each buffer. Each arena holds one micro-batch's
+ * activations; the backward scratch is shared, so one micro-batch's backward runs at a time. The
+ * backward walks the network in exact reverse, and reports tensor i to the grad-ready callback as
+ * soon as nothing later in this backward adds to it: over a whole model, tensor indices arrive
+ * strictly decreasing, each once, with wte (whose gradient also gets the embedding's share) last.
+ * The kernels reach parameters and gradients only through the views (model.h), read when the
+ * kernel is called, i.e. after the unit's param-use hook has run. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -20,16 +25,6 @@
 
 /* Positions per chunk of the fused classifier (override: LOOM_CLS_CHUNK). See classifier.c. */
 #define DEFAULT_CHUNK 512
-
-float *loom__gpt2_param(loom_gpt2_t *m, int i)
-{
-	return m->params + m->offset[i];
-}
-
-float *loom__gpt2_grad(loom_gpt2_t *m, int i)
-{
-	return m->grads + m->offset[i];
-}
 
 /* Tensor index of layer l's j-th tensor (j in the order of gpt2.h). */
 static int lt(int l, int j)
@@ -47,33 +42,42 @@ static float *carve(char *base, size_t *off, size_t nfloats)
 	return p;
 }
 
+/* Arena after arena (each: block lo's input, the held blocks' activations, the head's), then the
+ * shared head scratch and backward scratch. */
 static size_t layout_acts(loom_gpt2_t *m, char *base)
 {
 	size_t off = 0, C = (size_t)m->cfg.n_embd, V = (size_t)m->cfg.vocab_size, N = (size_t)m->B * m->T;
 	size_t NH = (size_t)m->cfg.n_head, T = (size_t)m->T;
-	m->encoded = carve(base, &off, N * C);
-	for (int l = 0; l < m->cfg.n_layer; l++) {
-		layer_acts_t *a = &m->layers[l];
-		a->ln1 = carve(base, &off, N * C);
-		a->ln1_mean = carve(base, &off, N);
-		a->ln1_rstd = carve(base, &off, N);
-		a->qkv = carve(base, &off, N * 3 * C);
-		a->att = carve(base, &off, (size_t)m->B * NH * T * T);
-		a->atty = carve(base, &off, N * C);
-		a->res2 = carve(base, &off, N * C);
-		a->ln2 = carve(base, &off, N * C);
-		a->ln2_mean = carve(base, &off, N);
-		a->ln2_rstd = carve(base, &off, N);
-		a->fch = carve(base, &off, N * 4 * C);
-		a->fch_gelu = carve(base, &off, N * 4 * C);
-		a->res3 = carve(base, &off, N * C);
+	for (int k = 0; k < m->narenas; k++) {
+		arena_t *ar = &m->arenas[k];
+		ar->in = carve(base, &off, N * C);
+		for (int l = m->lo; l < m->hi; l++) {
+			layer_acts_t *a = &ar->layers[l - m->lo];
+			a->ln1 = carve(base, &off, N * C);
+			a->ln1_mean = carve(base, &off, N);
+			a->ln1_rstd = carve(base, &off, N);
+			a->qkv = carve(base, &off, N * 3 * C);
+			a->att = carve(base, &off, (size_t)m->B * NH * T * T);
+			a->atty = carve(base, &off, N * C);
+			a->res2 = carve(base, &off, N * C);
+			a->ln2 = carve(base, &off, N * C);
+			a->ln2_mean = carve(base, &off, N);
+			a->ln2_rstd = carve(base, &off, N);
+			a->fch = carve(base, &off, N * 4 * C);
+			a->fch_gelu = carve(base, &off, N * 4 * C);
+			a->res3 = carve(base, &off, N * C);
+		}
+		if (m->has_head) {
+			ar->lnf = carve(base, &off, N * C);
+			ar->lnf_mean = carve(base, &off, N);
+			ar->lnf_rstd = carve(base, &off, N);
+			ar->losses = carve(base, &off, N);
+		}
 	}
-	m->lnf = carve(base, &off, N * C);
-	m->lnf_mean = carve(base, &off, N);
-	m->lnf_rstd = carve(base, &off, N);
-	m->losses = carve(base, &off, N);
-	m->logits = carve(base, &off, (size_t)m->chunk * V);
-	m->last_logits = carve(base, &off, (size_t)m->B * V);
+	if (m->has_head) {
+		m->logits = carve(base, &off, (size_t)m->chunk * V);
+		m->last_logits = carve(base, &off, (size_t)m->B * V);
+	}
 	m->dres = carve(base, &off, N * C);
 	m->dbtc = carve(base, &off, N * C);
 	m->dqkv = carve(base, &off, N * 3 * C);
@@ -83,65 +87,113 @@ static size_t layout_acts(loom_gpt2_t *m, char *base)
 	return off;
 }
 
-int loom_gpt2_create(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, int B, int T)
+static void point_params(loom_gpt2_t *m, float *params)
+{
+	m->params = params;
+	for (int i = 0; i < m->ntensors; i++)
+		m->pview[i] = params ? params + m->tensors[i].offset : NULL;
+}
+
+static void point_grads(loom_gpt2_t *m, float *grads)
+{
+	m->grads = grads;
+	m->grad_split = 0;
+	for (int i = 0; i < m->ntensors; i++)
+		m->gview[i] = grads ? grads + m->tensors[i].offset : NULL;
+}
+
+int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o)
 {
 	loom_gpt2_t *m = NULL;
-	int rc;
+	int rc, B = o->B, T = o->T, L = cfg->n_layer;
 	*out = NULL;
 	if ((rc = loom_gpt2_config_check(cfg)) != LOOM_OK)
 		return rc;
 	if (B <= 0 || T <= 0 || T > cfg->seq_len)
 		return loom_seterr(LOOM_EINVAL, "gpt2 create: batch %d x %d tokens (expected B >= 1 and 1 <= T <= seq_len %d)",
 		                   B, T, cfg->seq_len);
+	int lo = o->layer_lo, hi = o->layer_hi ? o->layer_hi : L, narenas = o->arenas ? o->arenas : 1;
+	if (lo < 0 || lo >= hi || hi > L || narenas < 0)
+		return loom_seterr(LOOM_EINVAL, "gpt2 create: layers [%d, %d) with %d arenas (expected 0 <= lo < hi <= "
+		                   "n_layer %d and arenas >= 1)", o->layer_lo, o->layer_hi, o->arenas, L);
 	if (!(m = loom__calloc(1, sizeof *m)))
 		goto nomem;
 	m->cfg = *cfg;
 	m->B = B;
 	m->T = T;
+	m->lo = lo;
+	m->hi = hi;
+	m->has_embed = lo == 0;
+	m->has_head = hi == L;
+	m->narenas = narenas;
 	m->nparams = loom_gpt2_num_params(cfg);
+	m->ntensors = loom_gpt2_num_tensors(cfg);
 	long chunk = loom_env_long("LOOM_CLS_CHUNK", DEFAULT_CHUNK, NULL);
 	m->chunk = (int)LOOM_MAX(1, LOOM_MIN(chunk, (long)B * T));
 	m->att_threads = LOOM_MAX(omp_get_max_threads(), omp_get_num_procs());
-	if (!(m->layers = loom__calloc((size_t)cfg->n_layer, sizeof *m->layers)) ||
-	    !(m->offset = loom__calloc((size_t)loom_gpt2_num_tensors(cfg), sizeof *m->offset)))
+	if (!(m->tensors = loom__calloc((size_t)m->ntensors, sizeof *m->tensors)) ||
+	    !(m->pview = loom__calloc((size_t)m->ntensors, sizeof *m->pview)) ||
+	    !(m->gview = loom__calloc((size_t)m->ntensors, sizeof *m->gview)) ||
+	    !(m->arenas = loom__calloc((size_t)narenas, sizeof *m->arenas)))
 		goto nomem;
-	for (int i = 0; i < loom_gpt2_num_tensors(cfg); i++) {
-		loom_tensor_info_t ti;
-		loom_gpt2_tensor_info(cfg, i, &ti);
-		m->offset[i] = ti.offset;
-	}
-	if (!(m->params = loom_alloc_aligned(m->nparams * sizeof(float))) ||
-	    !(m->grads_own = loom_alloc_aligned(m->nparams * sizeof(float))))
+	for (int k = 0; k < narenas; k++)
+		if (!(m->arenas[k].layers = loom__calloc((size_t)(hi - lo), sizeof *m->arenas[k].layers)))
+			goto nomem;
+	for (int i = 0; i < m->ntensors; i++)
+		loom_gpt2_tensor_info(cfg, i, &m->tensors[i]);
+	if ((!o->no_own_params && !(m->params_own = loom_alloc_aligned(m->nparams * sizeof(float)))) ||
+	    (!o->no_own_grads && !(m->grads_own = loom_alloc_aligned(m->nparams * sizeof(float)))))
 		goto nomem;
-	m->grads = m->grads_own;
+	point_params(m, m->params_own);
+	point_grads(m, m->grads_own);
 	size_t bytes = layout_acts(m, NULL);
 	if (!(m->mem = loom_alloc_aligned(bytes)))
 		goto nomem;
 	layout_acts(m, m->mem);
+	m->losses = m->has_head ? m->arenas[0].losses : NULL;
 	loom__gemm_setup_threads();
 	*out = m;
 	return LOOM_OK;
 nomem:
 	loom_gpt2_destroy(m);
-	return loom_seterr(LOOM_ENOMEM, "gpt2 create: out of memory for L%d C%d V%d with batch %d x %d", cfg->n_layer,
-	                   cfg->n_embd, cfg->vocab_size, B, T);
+	return loom_seterr(LOOM_ENOMEM, "gpt2 create: out of memory for L%d C%d V%d with batch %d x %d, layers [%d, %d), "
+	                   "%d arenas", cfg->n_layer, cfg->n_embd, cfg->vocab_size, B, T, lo, hi, narenas);
+}
+
+int loom_gpt2_create(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, int B, int T)
+{
+	loom_gpt2_opts_t o = {.B = B, .T = T};
+	return loom_gpt2_create_opts(out, cfg, &o);
 }
 
 void loom_gpt2_destroy(loom_gpt2_t *m)
 {
 	if (!m)
 		return;
+	loom__gpt2_kv_cache_free(m);
 	loom_free_aligned(m->mem);
-	loom_free_aligned(m->params);
+	loom_free_aligned(m->params_own);
 	loom_free_aligned(m->grads_own);
-	free(m->layers);
-	free(m->offset);
+	if (m->arenas)
+		for (int k = 0; k < m->narenas; k++)
+			free(m->arenas[k].layers);
+	free(m->arenas);
+	free(m->tensors);
+	free(m->pview);
+	free(m->gview);
 	free(m);
 }
 
 const loom_gpt2_config_t *loom_gpt2_config(const loom_gpt2_t *m)
 {
 	return &m->cfg;
+}
+
+const loom_tensor_info_t *loom_gpt2_tensors(const loom_gpt2_t *m, int *n)
+{
+	if (n)
+		*n = m->ntensors;
+	return m->tensors;
 }
 
 float *loom_gpt2_params(loom_gpt2_t *m)
@@ -154,12 +206,73 @@ float *loom_gpt2_grads(loom_gpt2_t *m)
 	return m->grads;
 }
 
+/* ---- views ------------------------------------------------------------------------------------- */
+
 int loom_gpt2_set_grad_buffer(loom_gpt2_t *m, float *grads)
 {
 	if (!grads)
 		return loom_seterr(LOOM_EINVAL, "gpt2 set_grad_buffer: NULL buffer");
-	m->grads = grads;
+	point_grads(m, grads);
 	return LOOM_OK;
+}
+
+int loom_gpt2_own_grads(loom_gpt2_t *m)
+{
+	if (!m->grads_own && !(m->grads_own = loom_alloc_aligned(m->nparams * sizeof(float))))
+		return loom_seterr(LOOM_ENOMEM, "gpt2 own_grads: out of memory for %zu gradients", m->nparams);
+	point_grads(m, m->grads_own);
+	return LOOM_OK;
+}
+
+int loom_gpt2_set_param_buffer(loom_gpt2_t *m, float *params)
+{
+	if (!params && !m->params_own && !(m->params_own = loom_alloc_aligned(m->nparams * sizeof(float))))
+		return loom_seterr(LOOM_ENOMEM, "gpt2 set_param_buffer: out of memory for %zu parameters", m->nparams);
+	point_params(m, params ? params : m->params_own);
+	return LOOM_OK;
+}
+
+int loom_gpt2_set_tensor_view(loom_gpt2_t *m, int tensor, float *param, float *grad)
+{
+	if (tensor < 0 || tensor >= m->ntensors)
+		return loom_seterr(LOOM_EINVAL, "gpt2 set_tensor_view: tensor %d out of range [0, %d)", tensor, m->ntensors);
+	if (param)
+		m->pview[tensor] = param;
+	if (grad) {
+		m->gview[tensor] = grad;
+		m->grad_split = 1;
+	}
+	return LOOM_OK;
+}
+
+/* First and one-past-last tensor of unit u (-1 embeddings, 0..L-1 a block, L ln_f). */
+static void unit_tensors(const loom_gpt2_t *m, int u, int *first, int *end)
+{
+	*first = u < 0 ? 0 : u < m->cfg.n_layer ? lt(u, 0) : m->ntensors - 2;
+	*end = u < 0 ? 2 : u < m->cfg.n_layer ? lt(u + 1, 0) : m->ntensors;
+}
+
+int loom_gpt2_set_unit_view(loom_gpt2_t *m, int unit, float *params, float *grads)
+{
+	int first, end;
+	if (unit < -1 || unit > m->cfg.n_layer)
+		return loom_seterr(LOOM_EINVAL, "gpt2 set_unit_view: unit %d out of range [-1, %d]", unit, m->cfg.n_layer);
+	unit_tensors(m, unit, &first, &end);
+	size_t base = m->tensors[first].offset;
+	for (int i = first; i < end; i++)
+		loom_gpt2_set_tensor_view(m, i, params ? params + (m->tensors[i].offset - base) : NULL,
+		                          grads ? grads + (m->tensors[i].offset - base) : NULL);
+	return LOOM_OK;
+}
+
+float *loom_gpt2_tensor_param(loom_gpt2_t *m, int tensor)
+{
+	return tensor >= 0 && tensor < m->ntensors ? m->pview[tensor] : NULL;
+}
+
+float *loom_gpt2_tensor_grad(loom_gpt2_t *m, int tensor)
+{
+	return tensor >= 0 && tensor < m->ntensors ? m->gview[tensor] : NULL;
 }
 
 void loom_gpt2_on_grad_ready(loom_gpt2_t *m, loom_grad_ready_fn fn, void *ctx)
@@ -168,6 +281,11 @@ void loom_gpt2_on_grad_ready(loom_gpt2_t *m, loom_grad_ready_fn fn, void *ctx)
 	m->on_ready_ctx = ctx;
 }
 
+void loom_gpt2_on_param_use(loom_gpt2_t *m, loom_param_use_fn fn, void *ctx)
+{
+	m->on_use = fn;
+	m->on_use_ctx = ctx;
+}
 
 void loom_gpt2_init(loom_gpt2_t *m, uint64_t seed)
 {
@@ -179,7 +297,9 @@ void loom_gpt2_init(loom_gpt2_t *m, uint64_t seed)
 		loom_tensor_info_t ti;
 		rng_t r;
 		loom_gpt2_tensor_info(&m->cfg, i, &ti);
-		float *p = m->params + ti.offset;
+		float *p = loom__gpt2_param(m, i);
+		if (!p)
+			continue; /* no memory behind this tensor (a view not set yet) */
 		size_t len = strlen(ti.name);
 		if (ti.ndim == 2) {
 			int is_proj = strstr(ti.name, "c_proj.weight") != NULL;
@@ -195,7 +315,7 @@ void loom_gpt2_init(loom_gpt2_t *m, uint64_t seed)
 	}
 }
 
-/* ---- forward ----------------------------------------------------------------------------------- */
+/* ---- checks ------------------------------------------------------------------------------------ */
 
 int loom__gpt2_check_tokens(const loom_gpt2_t *m, const int *ids, int B, int T, const char *what)
 {
@@ -209,18 +329,60 @@ int loom__gpt2_check_tokens(const loom_gpt2_t *m, const int *ids, int B, int T, 
 	return LOOM_OK;
 }
 
-static int check_call(const loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T, const char *op)
+static int check_size(const loom_gpt2_t *m, int B, int T, const char *op)
 {
-	int rc;
 	if (B <= 0 || T <= 0 || B > m->B || T > m->T)
 		return loom_seterr(LOOM_EINVAL, "gpt2 %s: batch %d x %d tokens does not fit the model's %d x %d (from create)",
 		                   op, B, T, m->B, m->T);
+	return LOOM_OK;
+}
+
+static int check_whole(const loom_gpt2_t *m, const char *op)
+{
+	if (!m->has_embed || !m->has_head)
+		return loom_seterr(LOOM_EINVAL, "gpt2 %s: needs every layer, the model holds blocks [%d, %d) of %d", op, m->lo,
+		                   m->hi, m->cfg.n_layer);
+	return LOOM_OK;
+}
+
+static int check_call(const loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T, const char *op)
+{
+	int rc;
+	if ((rc = check_whole(m, op)) != LOOM_OK || (rc = check_size(m, B, T, op)) != LOOM_OK)
+		return rc;
 	if ((rc = loom__gpt2_check_tokens(m, inputs, B, T, "inputs")) != LOOM_OK)
 		return rc;
 	if (targets && (rc = loom__gpt2_check_tokens(m, targets, B, T, "targets")) != LOOM_OK)
 		return rc;
 	return LOOM_OK;
 }
+
+static int check_block(const loom_gpt2_t *m, int l, const char *op)
+{
+	if (l < m->lo || l >= m->hi)
+		return loom_seterr(LOOM_EINVAL, "gpt2 %s: block %d is not held (blocks [%d, %d))", op, l, m->lo, m->hi);
+	return LOOM_OK;
+}
+
+/* Arena mb, unit (-1 embedding, a held block, L head) and size of a unit call. */
+static int check_unit(const loom_gpt2_t *m, int mb, int unit, int B, int T, const char *op)
+{
+	int L = m->cfg.n_layer;
+	if (mb < 0 || mb >= m->narenas)
+		return loom_seterr(LOOM_EINVAL, "gpt2 %s: arena %d out of range [0, %d)", op, mb, m->narenas);
+	if (unit < 0 && !m->has_embed)
+		return loom_seterr(LOOM_EINVAL, "gpt2 %s: the model does not hold the embedding (blocks [%d, %d))", op, m->lo,
+		                   m->hi);
+	if (unit >= L && !m->has_head)
+		return loom_seterr(LOOM_EINVAL, "gpt2 %s: the model does not hold the head (blocks [%d, %d) of %d)", op,
+		                   m->lo, m->hi, L);
+	return check_size(m, B, T, op);
+}
+
+/* ---- the units' passes --------------------------------------------------------------------------
+ *
+ * Static versions without checks; the public calls check and call these, and the whole-model calls
+ * compose them in arena 0, so there is one implementation of each pass. */
 
 #define PROF(k, stmt) PROFF(k, 0.0, stmt)
 /* ... also counting `flops` floating-point operations for the report's GFLOP/s column */
@@ -229,72 +391,14 @@ static int check_call(const loom_gpt2_t *m, const int *inputs, const int *target
 		double t0_ = m->prof_on ? loom_now() : 0.0;                                                                \
 		stmt;                                                                                                      \
 		if (m->prof_on)                                                                                            \
-			loom__gpt2_prof_add(m, PROF_##k, t0_, (flops));                                                              \
+			loom__gpt2_prof_add(m, PROF_##k, t0_, (flops));                                                        \
 	} while (0)
 
-void loom__gpt2_forward_body(loom_gpt2_t *m, const int *inputs, int B, int T)
+void loom__gpt2_param_use(loom_gpt2_t *m, int unit, int phase)
 {
-	int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T, nt = loom_gpt2_num_tensors(&m->cfg);
-	size_t NC = (size_t)N * C;
-	double fN = N, fC = C; /* for the flop counts */
-	PROF(ENCODER, loom__encoder_forward(m->encoded, inputs, loom__gpt2_param(m, 0), loom__gpt2_param(m, 1), B, T, C));
-	const float *res = m->encoded;
-	for (int l = 0; l < m->cfg.n_layer; l++) {
-		layer_acts_t *a = &m->layers[l];
-#define W(j) loom__gpt2_param(m, lt(l, j))
-		PROF(LAYERNORM, loom__layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, W(LN1_W), W(LN1_B), N, C));
-		PROFF(MATMUL, 6 * fN * fC * fC, loom__matmul_forward(a->qkv, a->ln1, W(QKV_W), W(QKV_B), N, C, 3 * C));
-		PROFF(ATTENTION, 4.0 * B * T * T * fC, loom__attention_forward(a->atty, a->att, a->qkv, B, T, C, NH));
-		PROFF(MATMUL, 2 * fN * fC * fC, loom__matmul_forward(a->res2, a->atty, W(ATTPROJ_W), W(ATTPROJ_B), N, C, C));
-		PROF(RESIDUAL, loom__residual_forward(a->res2, res, a->res2, NC));
-		PROF(LAYERNORM, loom__layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LN2_W), W(LN2_B), N, C));
-		PROFF(MATMUL, 8 * fN * fC * fC, loom__matmul_forward(a->fch, a->ln2, W(FC_W), W(FC_B), N, C, 4 * C));
-		PROF(GELU, loom__gelu_forward(a->fch_gelu, a->fch, NC * 4));
-		PROFF(MATMUL, 8 * fN * fC * fC, loom__matmul_forward(a->res3, a->fch_gelu, W(FCPROJ_W), W(FCPROJ_B), N, 4 * C, C));
-		PROF(RESIDUAL, loom__residual_forward(a->res3, a->res2, a->res3, NC));
-#undef W
-		res = a->res3;
-	}
-	PROF(LAYERNORM, loom__layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, loom__gpt2_param(m, nt - 2),
-	                                  loom__gpt2_param(m, nt - 1), N, C));
+	if (m->on_use)
+		PROF(CALLBACK, m->on_use(m->on_use_ctx, unit, phase));
 }
-
-static float mean_loss(const float *losses, int N)
-{
-	double s = 0.0;
-	for (int i = 0; i < N; i++)
-		s += losses[i];
-	return (float)(s / N);
-}
-
-int loom_gpt2_forward(loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T, float *loss)
-{
-	int rc, C = m->cfg.n_embd, V = m->cfg.vocab_size;
-	if ((rc = check_call(m, inputs, targets, B, T, "forward")) != LOOM_OK)
-		return rc;
-	loom__gemm_setup_threads();
-	loom__gpt2_forward_body(m, inputs, B, T);
-	const float *wte = loom__gpt2_param(m, 0);
-	if (targets) {
-		PROFF(CLASSIFIER, 2.0 * B * T * C * V,
-		      loom__classifier_forward_backward(m->losses, NULL, NULL, m->logits, m->chunk, m->lnf, wte, targets, 0.0f, B * T,
-		                                  C, V));
-		if (loss)
-			*loss = mean_loss(m->losses, B * T);
-	} else {
-		/* rows b*T + T-1 of lnf are T*C floats apart */
-		PROFF(CLASSIFIER, 2.0 * B * C * V,
-		      loom__gemm(0, 1, B, V, C, 1.0f, m->lnf + (size_t)(T - 1) * C, T * C, wte, C, 0.0f, m->last_logits, V));
-	}
-	return LOOM_OK;
-}
-
-const float *loom_gpt2_logits(const loom_gpt2_t *m)
-{
-	return m->last_logits;
-}
-
-/* ---- backward ---------------------------------------------------------------------------------- */
 
 static void ready(loom_gpt2_t *m, int i)
 {
@@ -315,84 +419,292 @@ static void zero(loom_gpt2_t *m, float *p, size_t n)
 	PROF(ZERO, zero_par(p, n));
 }
 
+/* The residual stream in front of block l, l in [lo, hi] (hi: the head's input). */
+static float *stream(const loom_gpt2_t *m, const arena_t *ar, int l)
+{
+	return l == m->lo ? ar->in : ar->layers[l - 1 - m->lo].res3;
+}
+
+static float mean_loss(const float *losses, int N)
+{
+	double s = 0.0;
+	for (int i = 0; i < N; i++)
+		s += losses[i];
+	return (float)(s / N);
+}
+
+static void embed_forward(loom_gpt2_t *m, arena_t *ar, const int *inputs, int B, int T)
+{
+	loom__gpt2_param_use(m, -1, 0);
+	PROF(ENCODER, loom__encoder_forward(ar->in, inputs, loom__gpt2_param(m, 0), loom__gpt2_param(m, 1), B, T,
+	                                    m->cfg.n_embd));
+}
+
+void loom__gpt2_block_forward(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res, int B, int T)
+{
+	int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
+	size_t NC = (size_t)N * C;
+	double fN = N, fC = C; /* for the flop counts */
+#define W(j) loom__gpt2_param(m, lt(l, j))
+	PROF(LAYERNORM, loom__layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, W(LN1_W), W(LN1_B), N, C));
+	PROFF(MATMUL, 6 * fN * fC * fC, loom__matmul_forward(a->qkv, a->ln1, W(QKV_W), W(QKV_B), N, C, 3 * C));
+	PROFF(ATTENTION, 4.0 * B * T * T * fC, loom__attention_forward(a->atty, a->att, a->qkv, B, T, C, NH));
+	PROFF(MATMUL, 2 * fN * fC * fC, loom__matmul_forward(a->res2, a->atty, W(ATTPROJ_W), W(ATTPROJ_B), N, C, C));
+	PROF(RESIDUAL, loom__residual_forward(a->res2, res, a->res2, NC));
+	PROF(LAYERNORM, loom__layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LN2_W), W(LN2_B), N, C));
+	PROFF(MATMUL, 8 * fN * fC * fC, loom__matmul_forward(a->fch, a->ln2, W(FC_W), W(FC_B), N, C, 4 * C));
+	PROF(GELU, loom__gelu_forward(a->fch_gelu, a->fch, NC * 4));
+	PROFF(MATMUL, 8 * fN * fC * fC, loom__matmul_forward(a->res3, a->fch_gelu, W(FCPROJ_W), W(FCPROJ_B), N, 4 * C, C));
+	PROF(RESIDUAL, loom__residual_forward(a->res3, a->res2, a->res3, NC));
+#undef W
+}
+
+static void block_forward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
+{
+	loom__gpt2_param_use(m, l, 0);
+	loom__gpt2_block_forward(m, l, &ar->layers[l - m->lo], stream(m, ar, l), B, T);
+}
+
+static void lnf_forward(loom_gpt2_t *m, arena_t *ar, int B, int T)
+{
+	int nt = m->ntensors;
+	PROF(LAYERNORM, loom__layernorm_forward(ar->lnf, ar->lnf_mean, ar->lnf_rstd, stream(m, ar, m->hi),
+	                                        loom__gpt2_param(m, nt - 2), loom__gpt2_param(m, nt - 1), B * T,
+	                                        m->cfg.n_embd));
+}
+
+static void head_forward(loom_gpt2_t *m, arena_t *ar, const int *targets, int B, int T, float *loss)
+{
+	int C = m->cfg.n_embd, V = m->cfg.vocab_size;
+	loom__gpt2_param_use(m, m->cfg.n_layer, 0);
+	lnf_forward(m, ar, B, T);
+	const float *wte = loom__gpt2_param(m, 0);
+	if (targets) {
+		PROFF(CLASSIFIER, 2.0 * B * T * C * V,
+		      loom__classifier_forward_backward(ar->losses, NULL, NULL, m->logits, m->chunk, ar->lnf, wte, targets,
+		                                        0.0f, B * T, C, V));
+		if (loss)
+			*loss = mean_loss(ar->losses, B * T);
+	} else {
+		/* rows b*T + T-1 of lnf are T*C floats apart */
+		PROFF(CLASSIFIER, 2.0 * B * C * V,
+		      loom__gemm(0, 1, B, V, C, 1.0f, ar->lnf + (size_t)(T - 1) * C, T * C, wte, C, 0.0f, m->last_logits, V));
+	}
+}
+
+/* ln_f forward, then the lm head, softmax, cross-entropy and their backward (dlnf into dbtc, wte's
+ * first share), then ln_f's backward into dres. */
+static void head_forward_backward(loom_gpt2_t *m, arena_t *ar, const int *targets, int B, int T, float grad_scale,
+                                  float *loss)
+{
+	int C = m->cfg.n_embd, V = m->cfg.vocab_size, N = B * T, nt = m->ntensors;
+	size_t NC = (size_t)N * C;
+	double fN = N, fC = C; /* for the flop counts */
+	loom__gpt2_param_use(m, m->cfg.n_layer, 0);
+	loom__gpt2_param_use(m, m->cfg.n_layer, 1);
+	lnf_forward(m, ar, B, T);
+	zero(m, m->dbtc, NC);
+	PROFF(CLASSIFIER, 6 * fN * fC * V,
+	      loom__classifier_forward_backward(ar->losses, m->dbtc, loom__gpt2_grad(m, 0), m->logits, m->chunk, ar->lnf,
+	                                        loom__gpt2_param(m, 0), targets, grad_scale / (float)N, N, C, V));
+	if (loss)
+		*loss = mean_loss(ar->losses, N);
+	zero(m, m->dres, NC);
+	PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres, loom__gpt2_grad(m, nt - 2), loom__gpt2_grad(m, nt - 1),
+	                                             m->dbtc, stream(m, ar, m->hi), loom__gpt2_param(m, nt - 2),
+	                                             ar->lnf_mean, ar->lnf_rstd, N, C));
+	ready(m, nt - 1);
+	ready(m, nt - 2);
+	if (!m->has_embed)
+		ready(m, 0); /* this model adds nothing else to wte */
+}
+
+static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
+{
+	int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
+	size_t NC = (size_t)N * C;
+	double fN = N, fC = C; /* for the flop counts */
+	layer_acts_t *a = &ar->layers[l - m->lo];
+	const float *res_in = stream(m, ar, l);
+	loom__gpt2_param_use(m, l, 1);
+#define W(j) loom__gpt2_param(m, lt(l, j))
+#define G(j) loom__gpt2_grad(m, lt(l, j))
+	/* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))); dres is d res3 and passes through to d res2 */
+	zero(m, m->d4a, NC * 4);
+	PROFF(MATMUL_BWD, 16 * fN * fC * fC,
+	      loom__matmul_backward(m->d4a, G(FCPROJ_W), G(FCPROJ_B), m->dres, a->fch_gelu, W(FCPROJ_W), N, 4 * C, C));
+	ready(m, lt(l, FCPROJ_B));
+	ready(m, lt(l, FCPROJ_W));
+	zero(m, m->d4b, NC * 4);
+	PROF(GELU_BWD, loom__gelu_backward(m->d4b, a->fch, m->d4a, NC * 4));
+	zero(m, m->dbtc, NC);
+	PROFF(MATMUL_BWD, 16 * fN * fC * fC,
+	      loom__matmul_backward(m->dbtc, G(FC_W), G(FC_B), m->d4b, a->ln2, W(FC_W), N, C, 4 * C));
+	ready(m, lt(l, FC_B));
+	ready(m, lt(l, FC_W));
+	PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres, G(LN2_W), G(LN2_B), m->dbtc, a->res2, W(LN2_W), a->ln2_mean,
+	                                             a->ln2_rstd, N, C));
+	ready(m, lt(l, LN2_B));
+	ready(m, lt(l, LN2_W));
+	/* attention: res2 = res_in + attn_proj(attention(qkv(ln1(res_in)))) */
+	zero(m, m->dbtc, NC);
+	PROFF(MATMUL_BWD, 4 * fN * fC * fC,
+	      loom__matmul_backward(m->dbtc, G(ATTPROJ_W), G(ATTPROJ_B), m->dres, a->atty, W(ATTPROJ_W), N, C, C));
+	ready(m, lt(l, ATTPROJ_B));
+	ready(m, lt(l, ATTPROJ_W));
+	zero(m, m->dqkv, NC * 3);
+	PROFF(ATTENTION_BWD, 8.0 * B * T * T * fC,
+	      loom__attention_backward(m->dqkv, m->att_scratch, m->att_threads, m->dbtc, a->qkv, a->att, B, T, C, NH));
+	zero(m, m->dbtc, NC);
+	PROFF(MATMUL_BWD, 12 * fN * fC * fC,
+	      loom__matmul_backward(m->dbtc, G(QKV_W), G(QKV_B), m->dqkv, a->ln1, W(QKV_W), N, C, 3 * C));
+	ready(m, lt(l, QKV_B));
+	ready(m, lt(l, QKV_W));
+	PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres, G(LN1_W), G(LN1_B), m->dbtc, res_in, W(LN1_W), a->ln1_mean,
+	                                             a->ln1_rstd, N, C));
+	ready(m, lt(l, LN1_B));
+	ready(m, lt(l, LN1_W));
+#undef W
+#undef G
+}
+
+static void embed_backward(loom_gpt2_t *m, const int *inputs, int B, int T)
+{
+	loom__gpt2_param_use(m, -1, 1);
+	PROF(ENCODER_BWD, loom__encoder_backward(loom__gpt2_grad(m, 0), loom__gpt2_grad(m, 1), m->dres, inputs, B, T,
+	                                         m->cfg.n_embd));
+	ready(m, 1);
+	ready(m, 0);
+}
+
+/* ---- public unit calls ------------------------------------------------------------------------- */
+
+int loom_gpt2_embed_forward(loom_gpt2_t *m, int mb, const int *inputs, int B, int T)
+{
+	int rc;
+	if ((rc = check_unit(m, mb, -1, B, T, "embed_forward")) != LOOM_OK ||
+	    (rc = loom__gpt2_check_tokens(m, inputs, B, T, "inputs")) != LOOM_OK)
+		return rc;
+	loom__gemm_setup_threads();
+	embed_forward(m, &m->arenas[mb], inputs, B, T);
+	return LOOM_OK;
+}
+
+int loom_gpt2_block_forward(loom_gpt2_t *m, int mb, int l, int B, int T)
+{
+	int rc;
+	if ((rc = check_block(m, l, "block_forward")) != LOOM_OK || (rc = check_unit(m, mb, l, B, T, "block_forward")))
+		return rc;
+	loom__gemm_setup_threads();
+	block_forward(m, &m->arenas[mb], l, B, T);
+	return LOOM_OK;
+}
+
+int loom_gpt2_head_forward(loom_gpt2_t *m, int mb, const int *targets, int B, int T, float *loss)
+{
+	int rc;
+	if ((rc = check_unit(m, mb, m->cfg.n_layer, B, T, "head_forward")) != LOOM_OK ||
+	    (targets && (rc = loom__gpt2_check_tokens(m, targets, B, T, "targets")) != LOOM_OK))
+		return rc;
+	loom__gemm_setup_threads();
+	head_forward(m, &m->arenas[mb], targets, B, T, loss);
+	return LOOM_OK;
+}
+
+int loom_gpt2_head_forward_backward(loom_gpt2_t *m, int mb, const int *targets, int B, int T, float grad_scale,
+                                    float *loss)
+{
+	int rc;
+	if ((rc = check_unit(m, mb, m->cfg.n_layer, B, T, "head_forward_backward")) != LOOM_OK ||
+	    (rc = loom__gpt2_check_tokens(m, targets, B, T, "targets")) != LOOM_OK)
+		return rc;
+	loom__gemm_setup_threads();
+	head_forward_backward(m, &m->arenas[mb], targets, B, T, grad_scale, loss);
+	return LOOM_OK;
+}
+
+int loom_gpt2_block_backward(loom_gpt2_t *m, int mb, int l, int B, int T)
+{
+	int rc;
+	if ((rc = check_block(m, l, "block_backward")) != LOOM_OK || (rc = check_unit(m, mb, l, B, T, "block_backward")))
+		return rc;
+	loom__gemm_setup_threads();
+	block_backward(m, &m->arenas[mb], l, B, T);
+	return LOOM_OK;
+}
+
+int loom_gpt2_embed_backward(loom_gpt2_t *m, int mb, const int *inputs, int B, int T)
+{
+	int rc;
+	if ((rc = check_unit(m, mb, -1, B, T, "embed_backward")) != LOOM_OK ||
+	    (rc = loom__gpt2_check_tokens(m, inputs, B, T, "inputs")) != LOOM_OK)
+		return rc;
+	loom__gemm_setup_threads();
+	embed_backward(m, inputs, B, T);
+	return LOOM_OK;
+}
+
+float *loom_gpt2_block_input(loom_gpt2_t *m, int mb, int l)
+{
+	if (mb < 0 || mb >= m->narenas || l < m->lo || l > m->hi)
+		return NULL;
+	return stream(m, &m->arenas[mb], l);
+}
+
+float *loom_gpt2_stream_grad(loom_gpt2_t *m)
+{
+	return m->dres;
+}
+
+/* ---- the whole model ----------------------------------------------------------------------------- */
+
+int loom_gpt2_forward(loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T, float *loss)
+{
+	int rc;
+	arena_t *ar = &m->arenas[0];
+	if ((rc = check_call(m, inputs, targets, B, T, "forward")) != LOOM_OK)
+		return rc;
+	loom__gemm_setup_threads();
+	embed_forward(m, ar, inputs, B, T);
+	for (int l = 0; l < m->cfg.n_layer; l++)
+		block_forward(m, ar, l, B, T);
+	head_forward(m, ar, targets, B, T, loss);
+	return LOOM_OK;
+}
+
+const float *loom_gpt2_logits(const loom_gpt2_t *m)
+{
+	return m->last_logits;
+}
+
 void loom_gpt2_zero_grad(loom_gpt2_t *m)
 {
-	zero_par(m->grads, m->nparams);
+	if (!m->grad_split) {
+		if (m->grads)
+			zero_par(m->grads, m->nparams);
+		return;
+	}
+	for (int i = 0; i < m->ntensors; i++)
+		if (m->gview[i])
+			zero_par(m->gview[i], m->tensors[i].numel);
 }
 
 int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
                                float grad_scale, float *loss)
 {
-	int rc, C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size, N = B * T, L = m->cfg.n_layer;
-	int nt = loom_gpt2_num_tensors(&m->cfg);
-	size_t NC = (size_t)N * C;
+	int rc, L = m->cfg.n_layer;
+	arena_t *ar = &m->arenas[0];
 	if (!targets)
 		return loom_seterr(LOOM_EINVAL, "gpt2 forward_backward: targets are NULL");
 	if ((rc = check_call(m, inputs, targets, B, T, "forward_backward")) != LOOM_OK)
 		return rc;
 	loom__gemm_setup_threads();
-	loom__gpt2_forward_body(m, inputs, B, T);
-
-	/* lm head, softmax, cross-entropy and their backward: dlnf into dbtc, wte's first share */
-	double fN = N, fC = C; /* for the flop counts */
-	zero(m, m->dbtc, NC);
-	PROFF(CLASSIFIER, 6 * fN * fC * V,
-	      loom__classifier_forward_backward(m->losses, m->dbtc, loom__gpt2_grad(m, 0), m->logits, m->chunk, m->lnf, loom__gpt2_param(m, 0),
-	                                  targets, grad_scale / (float)N, N, C, V));
-	if (loss)
-		*loss = mean_loss(m->losses, N);
-	zero(m, m->dres, NC);
-	const float *res_last = L > 0 ? m->layers[L - 1].res3 : m->encoded;
-	PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres, loom__gpt2_grad(m, nt - 2), loom__gpt2_grad(m, nt - 1), m->dbtc, res_last,
-	                                       loom__gpt2_param(m, nt - 2), m->lnf_mean, m->lnf_rstd, N, C));
-	ready(m, nt - 1);
-	ready(m, nt - 2);
-
-	for (int l = L - 1; l >= 0; l--) {
-		layer_acts_t *a = &m->layers[l];
-		const float *res_in = l > 0 ? m->layers[l - 1].res3 : m->encoded;
-#define W(j) loom__gpt2_param(m, lt(l, j))
-#define G(j) loom__gpt2_grad(m, lt(l, j))
-		/* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))); dres is d res3 and passes through to d res2 */
-		zero(m, m->d4a, NC * 4);
-		PROFF(MATMUL_BWD, 16 * fN * fC * fC,
-		      loom__matmul_backward(m->d4a, G(FCPROJ_W), G(FCPROJ_B), m->dres, a->fch_gelu, W(FCPROJ_W), N, 4 * C, C));
-		ready(m, lt(l, FCPROJ_B));
-		ready(m, lt(l, FCPROJ_W));
-		zero(m, m->d4b, NC * 4);
-		PROF(GELU_BWD, loom__gelu_backward(m->d4b, a->fch, m->d4a, NC * 4));
-		zero(m, m->dbtc, NC);
-		PROFF(MATMUL_BWD, 16 * fN * fC * fC,
-		      loom__matmul_backward(m->dbtc, G(FC_W), G(FC_B), m->d4b, a->ln2, W(FC_W), N, C, 4 * C));
-		ready(m, lt(l, FC_B));
-		ready(m, lt(l, FC_W));
-		PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres, G(LN2_W), G(LN2_B), m->dbtc, a->res2, W(LN2_W), a->ln2_mean,
-		                                       a->ln2_rstd, N, C));
-		ready(m, lt(l, LN2_B));
-		ready(m, lt(l, LN2_W));
-		/* attention: res2 = res_in + attn_proj(attention(qkv(ln1(res_in)))) */
-		zero(m, m->dbtc, NC);
-		PROFF(MATMUL_BWD, 4 * fN * fC * fC,
-		      loom__matmul_backward(m->dbtc, G(ATTPROJ_W), G(ATTPROJ_B), m->dres, a->atty, W(ATTPROJ_W), N, C, C));
-		ready(m, lt(l, ATTPROJ_B));
-		ready(m, lt(l, ATTPROJ_W));
-		zero(m, m->dqkv, NC * 3);
-		PROFF(ATTENTION_BWD, 8.0 * B * T * T * fC,
-		      loom__attention_backward(m->dqkv, m->att_scratch, m->att_threads, m->dbtc, a->qkv, a->att, B, T, C, NH));
-		zero(m, m->dbtc, NC);
-		PROFF(MATMUL_BWD, 12 * fN * fC * fC,
-		      loom__matmul_backward(m->dbtc, G(QKV_W), G(QKV_B), m->dqkv, a->ln1, W(QKV_W), N, C, 3 * C));
-		ready(m, lt(l, QKV_B));
-		ready(m, lt(l, QKV_W));
-		PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres, G(LN1_W), G(LN1_B), m->dbtc, res_in, W(LN1_W), a->ln1_mean,
-		                                       a->ln1_rstd, N, C));
-		ready(m, lt(l, LN1_B));
-		ready(m, lt(l, LN1_W));
-#undef W
-#undef G
-	}
-	PROF(ENCODER_BWD, loom__encoder_backward(loom__gpt2_grad(m, 0), loom__gpt2_grad(m, 1), m->dres, inputs, B, T, C));
-	ready(m, 1);
-	ready(m, 0);
+	embed_forward(m, ar, inputs, B, T);
+	for (int l = 0; l < L; l++)
+		block_forward(m, ar, l, B, T);
+	head_forward_backward(m, ar, targets, B, T, grad_scale, loss);
+	for (int l = L - 1; l >= 0; l--)
+		block_backward(m, ar, l, B, T);
+	embed_backward(m, inputs, B, T);
 	return LOOM_OK;
 }

@@ -1,7 +1,9 @@
-/* layout.c: GPT-2 configuration presets and the parameter tensor table (names, shapes, offsets).
+/* layout.c: GPT-2 configuration presets and the parameter tensor table (names, shapes, offsets, the
+ * unit that uses each tensor, weight decay, the tensor-parallel split dimension).
  *
  * The table is the one place that knows the order and shapes of GPT-2's tensors; checkpoints,
- * the optimizer (weight decay) and data-parallel bucketing all read it from here. */
+ * the optimizer (weight decay), data-parallel bucketing and the sharding strategies all read it from
+ * here, so they need not know which model they train. */
 #include <stdio.h>
 #include <string.h>
 
@@ -49,11 +51,14 @@ static const struct {
 	const char *suffix;
 	int ndim;
 	int rows, cols; /* multiples of C (rows only for 2-D) */
+	int tp_dim;     /* Megatron split: column-parallel weights dim 1 and biases dim 0, row-parallel dim 0 */
 } layer_tensors[LOOM_GPT2_LAYER_TENSORS] = {
-	{"ln_1.weight", 1, 1, 0},       {"ln_1.bias", 1, 1, 0},       {"attn.c_attn.weight", 2, 1, 3},
-	{"attn.c_attn.bias", 1, 3, 0},  {"attn.c_proj.weight", 2, 1, 1}, {"attn.c_proj.bias", 1, 1, 0},
-	{"ln_2.weight", 1, 1, 0},       {"ln_2.bias", 1, 1, 0},       {"mlp.c_fc.weight", 2, 1, 4},
-	{"mlp.c_fc.bias", 1, 4, 0},     {"mlp.c_proj.weight", 2, 4, 1}, {"mlp.c_proj.bias", 1, 1, 0},
+	{"ln_1.weight", 1, 1, 0, -1},       {"ln_1.bias", 1, 1, 0, -1},
+	{"attn.c_attn.weight", 2, 1, 3, 1}, {"attn.c_attn.bias", 1, 3, 0, 0},
+	{"attn.c_proj.weight", 2, 1, 1, 0}, {"attn.c_proj.bias", 1, 1, 0, -1},
+	{"ln_2.weight", 1, 1, 0, -1},       {"ln_2.bias", 1, 1, 0, -1},
+	{"mlp.c_fc.weight", 2, 1, 4, 1},    {"mlp.c_fc.bias", 1, 4, 0, 0},
+	{"mlp.c_proj.weight", 2, 4, 1, 0},  {"mlp.c_proj.bias", 1, 1, 0, -1},
 };
 
 static size_t layer_numel(size_t C)
@@ -75,9 +80,11 @@ int loom_gpt2_tensor_info(const loom_gpt2_config_t *cfg, int i, loom_tensor_info
 	if (i == 0) {
 		snprintf(info->name, sizeof info->name, "wte.weight");
 		info->ndim = 2, info->shape[0] = V, info->shape[1] = C, info->offset = 0, info->decay = 1;
+		info->layer = -1, info->tp_dim = 0; /* vocab-parallel */
 	} else if (i == 1) {
 		snprintf(info->name, sizeof info->name, "wpe.weight");
 		info->ndim = 2, info->shape[0] = T, info->shape[1] = C, info->offset = V * C, info->decay = 1;
+		info->layer = -1, info->tp_dim = -1;
 	} else if (i < n - 2) {
 		int l = (i - 2) / LOOM_GPT2_LAYER_TENSORS, j = (i - 2) % LOOM_GPT2_LAYER_TENSORS;
 		size_t off = V * C + T * C + (size_t)l * layer_numel(C);
@@ -92,10 +99,12 @@ int loom_gpt2_tensor_info(const loom_gpt2_config_t *cfg, int i, loom_tensor_info
 			info->shape[0] = layer_tensors[j].rows * C;
 		info->offset = off;
 		info->decay = info->ndim == 2;
+		info->layer = l, info->tp_dim = layer_tensors[j].tp_dim;
 	} else {
 		snprintf(info->name, sizeof info->name, i == n - 2 ? "ln_f.weight" : "ln_f.bias");
 		info->ndim = 1, info->shape[0] = C;
 		info->offset = V * C + T * C + (size_t)cfg->n_layer * layer_numel(C) + (size_t)(i - (n - 2)) * C;
+		info->layer = cfg->n_layer, info->tp_dim = -1;
 	}
 	info->numel = info->ndim == 2 ? info->shape[0] * info->shape[1] : info->shape[0];
 	return LOOM_OK;

@@ -1,5 +1,8 @@
 /* model.h: the GPT-2 model's internal state, shared by gpt2.c (training passes), generate.c (KV-cache
- * sampling) and profile.c (per-kernel timing). Not part of the public API. */
+ * sampling) and profile.c (per-kernel timing). Not part of the public API.
+ *
+ * Kernels reach tensors only through the views pview/gview (one pointer each per tensor), which is
+ * what lets a caller point them at a shard, a gathered buffer or a shared-memory bucket. */
 #ifndef LOOM_MODEL_MODEL_H
 #define LOOM_MODEL_MODEL_H
 
@@ -35,7 +38,7 @@ enum {
 /* Activations of one layer kept for the backward; rows are the B*T positions of the current call. */
 typedef struct {
 	float *ln1, *ln1_mean, *ln1_rstd; /* (N,C), (N), (N) */
-	float *qkv;                       /* (N,3C); also the KV cache during generation */
+	float *qkv;                       /* (N,3C) */
 	float *att;                       /* (B,NH,T,T) softmax probabilities */
 	float *atty;                      /* (N,C) attention output before c_proj */
 	float *res2;                      /* (N,C) residual after attention */
@@ -44,34 +47,65 @@ typedef struct {
 	float *res3;           /* (N,C) residual after the MLP: the layer's output */
 } layer_acts_t;
 
+/* One micro-batch's activations: the input of the first block held, each held block's, and the
+ * head's when the model holds it. */
+typedef struct {
+	float *in;                        /* (N,C) input of block lo: the embedding's output or a received one */
+	layer_acts_t *layers;             /* hi - lo: block l at layers[l - lo] */
+	float *lnf, *lnf_mean, *lnf_rstd; /* (N,C), (N), (N); head only */
+	float *losses;                    /* (N); head only */
+} arena_t;
+
+/* The sampling KV cache (generate.c): each layer's q, k, v of every position so far, and scratch for
+ * one layer's forward over up to T positions, reused layer after layer. */
+typedef struct {
+	float **qkv;          /* L of (T,3C): the cache proper */
+	layer_acts_t scratch; /* every field but qkv and res3, for one layer */
+	float *res[2];        /* (T,C) each: the residual stream, layer inputs and outputs alternating */
+	float *lnf, *lnf_mean, *lnf_rstd;
+	float *logits; /* (V) of the newest position */
+	float *topk;   /* (V) scratch of top-k selection */
+	float *scores; /* (T) attention scores of one query row */
+	void *mem;
+} kv_cache_t;
+
 struct loom_gpt2 {
 	loom_gpt2_config_t cfg;
-	int B, T;        /* capacity given at create */
+	int B, T;   /* capacity of one arena given at create */
+	int lo, hi; /* blocks held: [lo, hi) */
+	int has_embed, has_head;
+	int narenas;
 	size_t nparams;
-	float *params;
-	float *grads;     /* grads_own, or the caller's buffer */
-	float *grads_own;
-	size_t *offset; /* offset[i]: tensor i's first float in params and grads */
+	int ntensors;
+	loom_tensor_info_t *tensors; /* the table, ntensors entries */
+	float *params;               /* the last whole parameter buffer set: params_own or the caller's */
+	float *grads;                /* the same for gradients */
+	float *params_own, *grads_own;
+	float **pview, **gview; /* ntensors each: tensor i's parameters and gradient now */
+	int grad_split;         /* some gradient view was set on its own since the last whole buffer */
 
-	/* activations */
-	float *encoded;                     /* (N,C) */
-	layer_acts_t *layers;               /* L */
-	float *lnf, *lnf_mean, *lnf_rstd;   /* (N,C), (N), (N) */
-	float *losses;                      /* (N) */
-	float *logits;                      /* (chunk,V) scratch of the fused classifier, >= V floats */
-	float *last_logits;                 /* (B,V) logits of the last position of each row */
-	int chunk;                          /* positions per classifier chunk */
+	arena_t *arenas;
+	float *losses; /* arena 0's losses, when the model holds the head */
 
-	/* backward scratch */
-	float *dres;         /* (N,C) gradient of the residual stream */
-	float *dbtc;         /* (N,C) */
-	float *dqkv;         /* (N,3C) */
-	float *d4a, *d4b;    /* (N,4C) */
-	float *att_scratch;  /* T*T per thread */
-	int att_threads;     /* threads att_scratch has room for */
+	/* shared by all arenas: head scratch and outputs */
+	float *logits;      /* (chunk,V) scratch of the fused classifier, >= V floats */
+	float *last_logits; /* (B,V) logits of the last position of each row */
+	int chunk;          /* positions per classifier chunk */
+
+	/* backward scratch, shared by all arenas (one micro-batch's backward at a time) */
+	float *dres;        /* (N,C) gradient of the residual stream */
+	float *dbtc;        /* (N,C) */
+	float *dqkv;        /* (N,3C) */
+	float *d4a, *d4b;   /* (N,4C) */
+	float *att_scratch; /* T*T per thread */
+	int att_threads;    /* threads att_scratch has room for */
+
+	kv_cache_t *kv; /* NULL until the first generate or loom_gpt2_kv_cache_alloc */
 
 	loom_grad_ready_fn on_ready;
 	void *on_ready_ctx;
+	loom_param_use_fn on_use;
+	void *on_use_ctx;
 
 	int prof_on;
 	double prof_s[PROF_COUNT];
@@ -80,13 +114,26 @@ struct loom_gpt2 {
 	void *mem; /* the one allocation holding every activation buffer */
 };
 
-/* Pointer to tensor i's parameters / gradients. */
-float *loom__gpt2_param(loom_gpt2_t *m, int i);
-float *loom__gpt2_grad(loom_gpt2_t *m, int i);
+/* Pointer to tensor i's parameters / gradients (its current views). */
+static inline float *loom__gpt2_param(loom_gpt2_t *m, int i)
+{
+	return m->pview[i];
+}
+
+static inline float *loom__gpt2_grad(loom_gpt2_t *m, int i)
+{
+	return m->gview[i];
+}
+
 /* Check that every token id of ids (n of them, called `what`) is in [0, V). LOOM_EINVAL otherwise. */
 int loom__gpt2_check_tokens(const loom_gpt2_t *m, const int *ids, int B, int T, const char *what);
-/* Forward from token ids through the final LayerNorm into m->lnf (no classifier). */
-void loom__gpt2_forward_body(loom_gpt2_t *m, const int *inputs, int B, int T);
+/* Block l's forward over B x T positions from res_in (N,C) into a's buffers (output: a->res3). The one
+ * implementation behind loom_gpt2_block_forward and the sampling prompt. */
+void loom__gpt2_block_forward(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res_in, int B, int T);
+/* Free the sampling KV cache, if any (generate.c). */
+void loom__gpt2_kv_cache_free(loom_gpt2_t *m);
+/* Calls the param-use hook, if any, for (unit, phase). */
+void loom__gpt2_param_use(loom_gpt2_t *m, int unit, int phase);
 /* Add the time since t0 and `flops` operations to kernel k's counters. */
 void loom__gpt2_prof_add(loom_gpt2_t *m, int k, double t0, double flops);
 
