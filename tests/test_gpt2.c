@@ -527,3 +527,462 @@ TEST(gpt2_bench_model_cli)
 	CHECK_CONTAINS(out, "1 <= T <= seq_len 128");
 	return 0;
 }
+
+/* ---- passes by unit, arenas, stages, views, hooks ---------------------------------------------- */
+
+/* Embedding and every block of m's range forward in arena mb (the embedding only if m holds it). */
+static int units_forward(loom_gpt2_t *m, int mb, const int *in, int B, int T, int lo, int hi)
+{
+	int rc;
+	if (lo == 0 && (rc = loom_gpt2_embed_forward(m, mb, in, B, T)) != LOOM_OK)
+		return rc;
+	for (int l = lo; l < hi; l++)
+		if ((rc = loom_gpt2_block_forward(m, mb, l, B, T)) != LOOM_OK)
+			return rc;
+	return LOOM_OK;
+}
+
+/* Head forward+backward (when tg), blocks hi-1..lo backward, embedding backward (when lo == 0). */
+static int units_backward(loom_gpt2_t *m, int mb, const int *in, const int *tg, int B, int T, int lo, int hi,
+                          float scale, float *loss)
+{
+	int rc;
+	if (tg && (rc = loom_gpt2_head_forward_backward(m, mb, tg, B, T, scale, loss)) != LOOM_OK)
+		return rc;
+	for (int l = hi - 1; l >= lo; l--)
+		if ((rc = loom_gpt2_block_backward(m, mb, l, B, T)) != LOOM_OK)
+			return rc;
+	if (lo == 0 && (rc = loom_gpt2_embed_backward(m, mb, in, B, T)) != LOOM_OK)
+		return rc;
+	return LOOM_OK;
+}
+
+/* Two models with the same random parameters, for comparing a composed pass with the fused one. */
+static int twin_models(loom_gpt2_t **a, loom_gpt2_t **b, const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o,
+                       uint64_t seed)
+{
+	int rc;
+	if ((rc = loom_gpt2_create_opts(a, cfg, o)) != LOOM_OK || (rc = loom_gpt2_create_opts(b, cfg, o)) != LOOM_OK)
+		return rc;
+	randomize(*a, 0.3, seed);
+	memcpy(loom_gpt2_params(*b), loom_gpt2_params(*a), loom_gpt2_num_params(cfg) * sizeof(float));
+	return LOOM_OK;
+}
+
+TEST(gpt2_units_compose_to_fused_pass)
+{
+	/* embedding, blocks 0..L-1, head, and back, called one by one, with grad_scale 1/2 and two
+	 * accumulated micro-steps (the second smaller than the capacity): the loss, every gradient and the
+	 * grad-ready sequence equal the fused pass's, bit for bit */
+	const loom_gpt2_config_t *cfg = &tiny_cfg;
+	loom_gpt2_opts_t o = {.B = 2, .T = 8};
+	loom_gpt2_t *a, *b;
+	int in[32], tg[32], L = cfg->n_layer, nt = loom_gpt2_num_tensors(cfg);
+	size_t n = loom_gpt2_num_params(cfg);
+	float la[2], lb[2];
+	ready_log_t ra = {0}, rb = {0};
+	CHECK_OK(twin_models(&a, &b, cfg, &o, 41));
+	random_tokens(in, 32, cfg->vocab_size, 42);
+	random_tokens(tg, 32, cfg->vocab_size, 43);
+	ra.m = a, rb.m = b;
+	ra.snap = calloc(n, sizeof(float)), rb.snap = calloc(n, sizeof(float));
+	loom_gpt2_on_grad_ready(a, on_ready, &ra);
+	loom_gpt2_on_grad_ready(b, on_ready, &rb);
+	loom_gpt2_zero_grad(a);
+	loom_gpt2_zero_grad(b);
+	CHECK_OK(loom_gpt2_forward_backward(a, in, tg, 2, 8, 0.5f, &la[0]));
+	CHECK_OK(loom_gpt2_forward_backward(a, in + 16, tg + 16, 2, 5, 0.5f, &la[1]));
+	CHECK_OK(units_forward(b, 0, in, 2, 8, 0, L));
+	CHECK_OK(units_backward(b, 0, in, tg, 2, 8, 0, L, 0.5f, &lb[0]));
+	CHECK_OK(units_forward(b, 0, in + 16, 2, 5, 0, L));
+	CHECK_OK(units_backward(b, 0, in + 16, tg + 16, 2, 5, 0, L, 0.5f, &lb[1]));
+	CHECK_FEQ(la[0], lb[0]);
+	CHECK_FEQ(la[1], lb[1]);
+	CHECK(memcmp(loom_gpt2_grads(a), loom_gpt2_grads(b), n * sizeof(float)) == 0);
+	CHECK_EQ(ra.n, 2 * nt);
+	CHECK_EQ(rb.n, 2 * nt);
+	CHECK(memcmp(ra.order, rb.order, sizeof ra.order) == 0);
+	/* the head's forward alone gives the fused forward's loss and logits */
+	float f1, f2;
+	CHECK_OK(loom_gpt2_forward(a, in, tg, 2, 8, &f1));
+	CHECK_OK(units_forward(b, 0, in, 2, 8, 0, L));
+	CHECK_OK(loom_gpt2_head_forward(b, 0, tg, 2, 8, &f2));
+	CHECK_FEQ(f1, f2);
+	CHECK_FEQ(f1, la[0]);
+	CHECK_OK(loom_gpt2_forward(a, in, NULL, 2, 7, NULL));
+	CHECK_OK(units_forward(b, 0, in, 2, 7, 0, L));
+	CHECK_OK(loom_gpt2_head_forward(b, 0, NULL, 2, 7, NULL));
+	CHECK(memcmp(loom_gpt2_logits(a), loom_gpt2_logits(b), 2 * (size_t)cfg->vocab_size * sizeof(float)) == 0);
+	free(ra.snap), free(rb.snap);
+	loom_gpt2_destroy(a);
+	loom_gpt2_destroy(b);
+	return 0;
+}
+
+TEST(gpt2_arenas_interleave_micro_batches)
+{
+	/* Two arenas hold two micro-batches at once: F0 F1 B0 B1 and F0 B0 F1 B1 give, bit for bit, the
+	 * gradients and losses of two sequential fused micro-steps */
+	const loom_gpt2_config_t *cfg = &tiny_cfg;
+	loom_gpt2_opts_t o1 = {.B = 2, .T = 8}, o2 = {.B = 2, .T = 8, .arenas = 2};
+	loom_gpt2_t *ref, *m, *tmp;
+	int in[32], tg[32], L = cfg->n_layer;
+	size_t n = loom_gpt2_num_params(cfg);
+	float lr[2], l[2];
+	CHECK_OK(twin_models(&ref, &tmp, cfg, &o1, 51));
+	CHECK_OK(loom_gpt2_create_opts(&m, cfg, &o2));
+	memcpy(loom_gpt2_params(m), loom_gpt2_params(ref), n * sizeof(float));
+	random_tokens(in, 32, cfg->vocab_size, 52);
+	random_tokens(tg, 32, cfg->vocab_size, 53);
+	loom_gpt2_zero_grad(ref);
+	CHECK_OK(loom_gpt2_forward_backward(ref, in, tg, 2, 8, 0.5f, &lr[0]));
+	CHECK_OK(loom_gpt2_forward_backward(ref, in + 16, tg + 16, 2, 8, 0.5f, &lr[1]));
+	/* F0 F1 B0 B1 */
+	loom_gpt2_zero_grad(m);
+	CHECK_OK(units_forward(m, 0, in, 2, 8, 0, L));
+	CHECK_OK(units_forward(m, 1, in + 16, 2, 8, 0, L));
+	CHECK_OK(units_backward(m, 0, in, tg, 2, 8, 0, L, 0.5f, &l[0]));
+	CHECK_OK(units_backward(m, 1, in + 16, tg + 16, 2, 8, 0, L, 0.5f, &l[1]));
+	CHECK_FEQ(l[0], lr[0]);
+	CHECK_FEQ(l[1], lr[1]);
+	CHECK(memcmp(loom_gpt2_grads(m), loom_gpt2_grads(ref), n * sizeof(float)) == 0);
+	/* F0 B0 F1 B1, arenas swapped */
+	loom_gpt2_zero_grad(m);
+	CHECK_OK(units_forward(m, 1, in, 2, 8, 0, L));
+	CHECK_OK(units_backward(m, 1, in, tg, 2, 8, 0, L, 0.5f, &l[0]));
+	CHECK_OK(units_forward(m, 0, in + 16, 2, 8, 0, L));
+	CHECK_OK(units_backward(m, 0, in + 16, tg + 16, 2, 8, 0, L, 0.5f, &l[1]));
+	CHECK_FEQ(l[0], lr[0]);
+	CHECK_FEQ(l[1], lr[1]);
+	CHECK(memcmp(loom_gpt2_grads(m), loom_gpt2_grads(ref), n * sizeof(float)) == 0);
+	/* the arenas are distinct memory; arena 2 does not exist */
+	CHECK(loom_gpt2_block_input(m, 0, 1) != loom_gpt2_block_input(m, 1, 1));
+	CHECK(loom_gpt2_block_input(m, 2, 1) == NULL);
+	CHECK_ERR(loom_gpt2_block_forward(m, 2, 0, 2, 8), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "arena 2 out of range [0, 2)");
+	loom_gpt2_destroy(ref);
+	loom_gpt2_destroy(tmp);
+	loom_gpt2_destroy(m);
+	return 0;
+}
+
+TEST(gpt2_block_recompute_identical)
+{
+	/* Activation checkpointing: recomputing block 0 from its saved input gives the same output, bit
+	 * for bit, and a backward after the recompute the same gradients */
+	const loom_gpt2_config_t *cfg = &tiny_cfg;
+	loom_gpt2_opts_t o = {.B = 2, .T = 8};
+	loom_gpt2_t *a, *b;
+	int in[16], tg[16], L = cfg->n_layer, C = cfg->n_embd;
+	size_t n = loom_gpt2_num_params(cfg), NC = 16 * (size_t)C;
+	float la, lb, *out1 = malloc(NC * sizeof(float));
+	CHECK_OK(twin_models(&a, &b, cfg, &o, 61));
+	random_tokens(in, 16, cfg->vocab_size, 62);
+	random_tokens(tg, 16, cfg->vocab_size, 63);
+	CHECK_OK(units_forward(b, 0, in, 2, 8, 0, L));
+	memcpy(out1, loom_gpt2_block_input(b, 0, 1), NC * sizeof(float));
+	for (int k = 0; k < 2; k++) {
+		memset(loom_gpt2_block_input(b, 0, 1), 0, NC * sizeof(float));
+		CHECK_OK(loom_gpt2_block_forward(b, 0, 0, 2, 8));
+		CHECK(memcmp(out1, loom_gpt2_block_input(b, 0, 1), NC * sizeof(float)) == 0);
+	}
+	/* the output is not trivially equal: block 0 changed its input */
+	CHECK(memcmp(out1, loom_gpt2_block_input(b, 0, 0), NC * sizeof(float)) != 0);
+	loom_gpt2_zero_grad(a);
+	loom_gpt2_zero_grad(b);
+	CHECK_OK(loom_gpt2_forward_backward(a, in, tg, 2, 8, 1.0f, &la));
+	CHECK_OK(units_backward(b, 0, in, tg, 2, 8, 0, L, 1.0f, &lb));
+	CHECK_FEQ(la, lb);
+	CHECK(memcmp(loom_gpt2_grads(a), loom_gpt2_grads(b), n * sizeof(float)) == 0);
+	free(out1);
+	loom_gpt2_destroy(a);
+	loom_gpt2_destroy(b);
+	return 0;
+}
+
+/* Plain SGD over the current whole buffers, for training comparisons. */
+static void sgd(loom_gpt2_t *m, size_t n)
+{
+	float *p = loom_gpt2_params(m), *g = loom_gpt2_grads(m);
+	for (size_t k = 0; k < n; k++)
+		p[k] -= 0.1f * g[k];
+}
+
+TEST(gpt2_views_external_memory_train_identically)
+{
+	/* A model without buffers of its own, its views pointed at caller memory, trains bit for bit like
+	 * one on its own buffers; set_param_buffer(NULL) / own_grads allocate the own ones lazily */
+	const loom_gpt2_config_t *cfg = &tiny_cfg;
+	loom_gpt2_opts_t o = {.B = 2, .T = 8}, ov = {.B = 2, .T = 8, .no_own_params = 1, .no_own_grads = 1};
+	loom_gpt2_t *a, *v;
+	int in[16], tg[16];
+	size_t n = loom_gpt2_num_params(cfg);
+	float la, lv, *p = malloc(n * sizeof(float)), *g = malloc(n * sizeof(float));
+	CHECK_OK(loom_gpt2_create_opts(&a, cfg, &o));
+	CHECK_OK(loom_gpt2_create_opts(&v, cfg, &ov));
+	CHECK(loom_gpt2_params(v) == NULL && loom_gpt2_grads(v) == NULL && loom_gpt2_tensor_param(v, 3) == NULL);
+	CHECK_OK(loom_gpt2_set_param_buffer(v, p));
+	CHECK_OK(loom_gpt2_set_grad_buffer(v, g));
+	CHECK(loom_gpt2_params(v) == p && loom_gpt2_grads(v) == g);
+	CHECK(loom_gpt2_tensor_param(v, 3) == p + loom_gpt2_tensors(v, NULL)[3].offset);
+	loom_gpt2_init(a, 71);
+	loom_gpt2_init(v, 71); /* writes through the views */
+	CHECK(memcmp(p, loom_gpt2_params(a), n * sizeof(float)) == 0);
+	for (int step = 0; step < 3; step++) {
+		random_tokens(in, 16, cfg->vocab_size, 72 + step);
+		random_tokens(tg, 16, cfg->vocab_size, 82 + step);
+		loom_gpt2_zero_grad(a);
+		loom_gpt2_zero_grad(v);
+		CHECK_OK(loom_gpt2_forward_backward(a, in, tg, 2, 8, 1.0f, &la));
+		CHECK_OK(loom_gpt2_forward_backward(v, in, tg, 2, 8, 1.0f, &lv));
+		CHECK_FEQ(la, lv);
+		CHECK(memcmp(g, loom_gpt2_grads(a), n * sizeof(float)) == 0);
+		sgd(a, n);
+		sgd(v, n);
+	}
+	CHECK(memcmp(p, loom_gpt2_params(a), n * sizeof(float)) == 0);
+	/* back to own buffers, allocated now, zeroed */
+	CHECK_OK(loom_gpt2_set_param_buffer(v, NULL));
+	CHECK_OK(loom_gpt2_own_grads(v));
+	CHECK(loom_gpt2_params(v) != p && loom_gpt2_params(v) != NULL && loom_gpt2_grads(v) != g);
+	CHECK_EQ(loom_gpt2_params(v)[0], 0);
+	CHECK_ERR(loom_gpt2_set_tensor_view(v, loom_gpt2_num_tensors(cfg), p, g), LOOM_EINVAL);
+	CHECK_ERR(loom_gpt2_set_unit_view(v, cfg->n_layer + 1, p, g), LOOM_EINVAL);
+	free(p), free(g);
+	loom_gpt2_destroy(a);
+	loom_gpt2_destroy(v);
+	return 0;
+}
+
+/* Index of block l's j-th tensor. */
+static int lt_index(int l, int j)
+{
+	return 2 + LOOM_GPT2_LAYER_TENSORS * l + j;
+}
+
+/* ZeRO-3 in miniature: a block's parameters are copied ("gathered") from the master copy into one
+ * transient buffer just before the block uses them, from the param-use hook. */
+typedef struct {
+	loom_gpt2_t *m;
+	const float *master;
+	float *gathered; /* one block's parameters */
+	int log[128][2], n;
+} gather_t;
+
+static void gather_block(void *ctx, int unit, int phase)
+{
+	gather_t *z = ctx;
+	const loom_gpt2_config_t *cfg = loom_gpt2_config(z->m);
+	if (z->n < 128)
+		z->log[z->n][0] = unit, z->log[z->n][1] = phase;
+	z->n++;
+	if (unit < 0 || unit >= cfg->n_layer)
+		return;
+	const loom_tensor_info_t *t = loom_gpt2_tensors(z->m, NULL);
+	int first = 2 + LOOM_GPT2_LAYER_TENSORS * unit;
+	size_t numel = t[first + LOOM_GPT2_LAYER_TENSORS].offset - t[first].offset;
+	memcpy(z->gathered, z->master + t[first].offset, numel * sizeof(float));
+	loom_gpt2_set_unit_view(z->m, unit, z->gathered, NULL);
+}
+
+TEST(gpt2_param_use_hook_gathers_blocks)
+{
+	/* The hook runs before each unit uses its parameters, in order; pointing each block at a
+	 * transient buffer from the hook gives the fused pass's gradients bit for bit */
+	const loom_gpt2_config_t *cfg = &tiny_cfg;
+	loom_gpt2_opts_t o = {.B = 2, .T = 8}, oz = {.B = 2, .T = 8, .no_own_params = 1, .no_own_grads = 1};
+	loom_gpt2_t *a, *z;
+	int in[16], tg[16], L = cfg->n_layer, nt = loom_gpt2_num_tensors(cfg);
+	size_t n = loom_gpt2_num_params(cfg);
+	float la, lz, *master = malloc(n * sizeof(float)), *grads = calloc(n, sizeof(float));
+	gather_t g = {0};
+	CHECK_OK(loom_gpt2_create_opts(&a, cfg, &o));
+	CHECK_OK(loom_gpt2_create_opts(&z, cfg, &oz));
+	randomize(a, 0.3, 91);
+	memcpy(master, loom_gpt2_params(a), n * sizeof(float));
+	const loom_tensor_info_t *t = loom_gpt2_tensors(z, NULL);
+	g.m = z, g.master = master;
+	g.gathered = malloc((t[lt_index(1, 0)].offset - t[lt_index(0, 0)].offset) * sizeof(float));
+	/* embeddings and ln_f stay on the master copy; gradients all go to one caller buffer, tensor by tensor */
+	CHECK_OK(loom_gpt2_set_unit_view(z, -1, master, NULL));
+	CHECK_OK(loom_gpt2_set_unit_view(z, L, master + t[nt - 2].offset, NULL));
+	for (int i = 0; i < nt; i++)
+		CHECK_OK(loom_gpt2_set_tensor_view(z, i, NULL, grads + t[i].offset));
+	loom_gpt2_on_param_use(z, gather_block, &g);
+	loom_gpt2_zero_grad(a);
+	for (size_t k = 0; k < n; k++)
+		grads[k] = 1.0f;
+	loom_gpt2_zero_grad(z); /* through the views */
+	for (size_t k = 0; k < n; k++)
+		CHECK_FEQ(grads[k], 0.0f);
+	random_tokens(in, 16, cfg->vocab_size, 92);
+	random_tokens(tg, 16, cfg->vocab_size, 93);
+	CHECK_OK(loom_gpt2_forward_backward(a, in, tg, 2, 8, 1.0f, &la));
+	CHECK_OK(loom_gpt2_forward_backward(z, in, tg, 2, 8, 1.0f, &lz));
+	CHECK_FEQ(la, lz);
+	CHECK(memcmp(grads, loom_gpt2_grads(a), n * sizeof(float)) == 0);
+	/* order: forward -1, 0..L-1, L; the fused head L forward and backward; backward L-1..0, -1 */
+	int want[][2] = {{-1, 0}, {0, 0}, {1, 0}, {2, 0}, {2, 1}, {1, 1}, {0, 1}, {-1, 1}};
+	CHECK_EQ(g.n, 8);
+	for (int k = 0; k < 8; k++)
+		CHECK_MSG(g.log[k][0] == want[k][0] && g.log[k][1] == want[k][1], "call %d: unit %d phase %d", k,
+		          g.log[k][0], g.log[k][1]);
+	/* a forward alone: -1, 0..L-1, L in phase 0; generation: the same for the prompt and each step */
+	g.n = 0;
+	CHECK_OK(loom_gpt2_forward(z, in, tg, 2, 8, &lz));
+	CHECK_FEQ(la, lz);
+	CHECK_EQ(g.n, L + 2);
+	for (int k = 0; k < L + 2; k++)
+		CHECK(g.log[k][0] == k - 1 && g.log[k][1] == 0);
+	int out[8], n_out;
+	g.n = 0;
+	CHECK_OK(loom_gpt2_generate(z, in, 2, 5, 0.0f, 0, 1, -1, out, &n_out, NULL, NULL));
+	CHECK_EQ(n_out, 5);
+	CHECK_EQ(g.n, 5 * (L + 2)); /* the prompt, then 4 steps (the last token needs no step) */
+	int out_a[8], n_a;
+	CHECK_OK(loom_gpt2_generate(a, in, 2, 5, 0.0f, 0, 1, -1, out_a, &n_a, NULL, NULL));
+	CHECK(n_a == 5 && memcmp(out, out_a, sizeof(int) * 5) == 0);
+	loom_gpt2_on_param_use(z, NULL, NULL);
+	free(master), free(grads), free(g.gathered);
+	loom_gpt2_destroy(a);
+	loom_gpt2_destroy(z);
+	return 0;
+}
+
+TEST(gpt2_stages_match_whole_model)
+{
+	/* A 3-layer model cut into stages [0,1) and [1,3) sharing one parameter and one gradient buffer:
+	 * stage 1 fed stage 0's output computes the same head input and loss, stage 0 fed stage 1's input
+	 * gradient the same gradients as the whole model, bit for bit */
+	loom_gpt2_config_t cfg = {.n_layer = 3, .n_head = 2, .n_embd = 16, .seq_len = 8, .vocab_size = 11};
+	loom_gpt2_opts_t ow = {.B = 2, .T = 8};
+	loom_gpt2_opts_t o0 = {.B = 2, .T = 8, .layer_hi = 1, .no_own_params = 1, .no_own_grads = 1};
+	loom_gpt2_opts_t o1 = {.B = 2, .T = 8, .layer_lo = 1, .no_own_params = 1, .no_own_grads = 1};
+	loom_gpt2_t *w, *s0, *s1;
+	int in[16], tg[16], nt = loom_gpt2_num_tensors(&cfg), C = cfg.n_embd;
+	size_t n = loom_gpt2_num_params(&cfg), NC = 16 * (size_t)C;
+	float lw, ls, *g = calloc(n, sizeof(float));
+	ready_log_t r = {0};
+	CHECK_OK(loom_gpt2_create_opts(&w, &cfg, &ow));
+	CHECK_OK(loom_gpt2_create_opts(&s0, &cfg, &o0));
+	CHECK_OK(loom_gpt2_create_opts(&s1, &cfg, &o1));
+	randomize(w, 0.3, 101);
+	CHECK_OK(loom_gpt2_set_param_buffer(s0, loom_gpt2_params(w)));
+	CHECK_OK(loom_gpt2_set_param_buffer(s1, loom_gpt2_params(w)));
+	CHECK_OK(loom_gpt2_set_grad_buffer(s0, g));
+	CHECK_OK(loom_gpt2_set_grad_buffer(s1, g));
+	random_tokens(in, 16, cfg.vocab_size, 102);
+	random_tokens(tg, 16, cfg.vocab_size, 103);
+	loom_gpt2_zero_grad(w);
+	CHECK_OK(loom_gpt2_forward_backward(w, in, tg, 2, 8, 0.5f, &lw));
+
+	CHECK_OK(units_forward(s0, 0, in, 2, 8, 0, 1));
+	memcpy(loom_gpt2_block_input(s1, 0, 1), loom_gpt2_block_input(s0, 0, 1), NC * sizeof(float)); /* "send" */
+	CHECK_OK(units_forward(s1, 0, NULL, 2, 8, 1, 3));
+	CHECK(memcmp(loom_gpt2_block_input(s1, 0, 3), loom_gpt2_block_input(w, 0, 3), NC * sizeof(float)) == 0);
+	r.m = s1;
+	r.snap = calloc(n, sizeof(float));
+	loom_gpt2_on_grad_ready(s1, on_ready, &r);
+	CHECK_OK(units_backward(s1, 0, NULL, tg, 2, 8, 1, 3, 0.5f, &ls));
+	CHECK_FEQ(lw, ls);
+	/* stage 1 reports ln_f, then wte (its share is final there), then blocks 2 and 1 */
+	CHECK_EQ(r.n, 3 + 2 * LOOM_GPT2_LAYER_TENSORS);
+	CHECK(r.order[0] == nt - 1 && r.order[1] == nt - 2 && r.order[2] == 0);
+	for (int k = 3; k < r.n; k++)
+		CHECK_EQ(r.order[k], nt - k);
+	memcpy(loom_gpt2_stream_grad(s0), loom_gpt2_stream_grad(s1), NC * sizeof(float)); /* "send" back */
+	CHECK_OK(units_backward(s0, 0, in, NULL, 2, 8, 0, 1, 0.5f, NULL));
+	CHECK(memcmp(loom_gpt2_stream_grad(s0), loom_gpt2_stream_grad(w), NC * sizeof(float)) == 0);
+	CHECK(memcmp(g, loom_gpt2_grads(w), n * sizeof(float)) == 0);
+	/* what a stage does not hold */
+	CHECK_ERR(loom_gpt2_embed_forward(s1, 0, in, 2, 8), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "does not hold the embedding");
+	CHECK_ERR(loom_gpt2_block_forward(s1, 0, 0, 2, 8), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "block 0 is not held (blocks [1, 3))");
+	CHECK_ERR(loom_gpt2_head_forward(s0, 0, tg, 2, 8, &ls), LOOM_EINVAL);
+	CHECK_ERR(loom_gpt2_forward(s1, in, tg, 2, 8, &ls), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "needs every layer");
+	CHECK_ERR(loom_gpt2_forward_backward(s0, in, tg, 2, 8, 1.0f, &ls), LOOM_EINVAL);
+	CHECK_ERR(loom_gpt2_kv_cache_alloc(s0), LOOM_EINVAL);
+	CHECK(loom_gpt2_block_input(s1, 0, 0) == NULL && loom_gpt2_block_input(s1, 0, 4) == NULL);
+	loom_gpt2_opts_t bad = {.B = 2, .T = 8, .layer_lo = 2, .layer_hi = 2};
+	CHECK_ERR(loom_gpt2_create_opts(&w, &cfg, &bad), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "layers [2, 2)");
+	free(g), free(r.snap);
+	loom_gpt2_destroy(w);
+	loom_gpt2_destroy(s0);
+	loom_gpt2_destroy(s1);
+	return 0;
+}
+
+TEST(gpt2_generate_keeps_training_activations)
+{
+	/* generate between a forward and its backward changes nothing the backward reads: the gradients
+	 * equal the fused pass's bit for bit; the tokens equal those of a model that never trained, and
+	 * loom_gpt2_logits is left as the last forward made it */
+	const loom_gpt2_config_t *cfg = &tiny_cfg;
+	loom_gpt2_opts_t o = {.B = 2, .T = 8};
+	loom_gpt2_t *a, *b;
+	int in[16], tg[16], L = cfg->n_layer, prompt[2] = {3, 4}, ta[8] = {0}, tb[8] = {0}, na, nb;
+	size_t n = loom_gpt2_num_params(cfg), V = (size_t)cfg->vocab_size;
+	float la, lb, z[22];
+	CHECK_OK(twin_models(&a, &b, cfg, &o, 111));
+	random_tokens(in, 16, cfg->vocab_size, 112);
+	random_tokens(tg, 16, cfg->vocab_size, 113);
+	CHECK_OK(loom_gpt2_generate(a, prompt, 2, 6, 1.0f, 5, 7, -1, ta, &na, NULL, NULL));
+	CHECK_OK(loom_gpt2_forward(b, in, NULL, 2, 8, NULL));
+	memcpy(z, loom_gpt2_logits(b), 2 * V * sizeof(float));
+	loom_gpt2_zero_grad(a);
+	loom_gpt2_zero_grad(b);
+	CHECK_OK(loom_gpt2_forward_backward(a, in, tg, 2, 8, 1.0f, &la));
+	CHECK_OK(units_forward(b, 0, in, 2, 8, 0, L));
+	CHECK(b->kv == NULL);
+	CHECK_OK(loom_gpt2_generate(b, prompt, 2, 6, 1.0f, 5, 7, -1, tb, &nb, NULL, NULL));
+	CHECK(b->kv != NULL);
+	kv_cache_t *kv = b->kv;
+	CHECK_OK(units_backward(b, 0, in, tg, 2, 8, 0, L, 1.0f, &lb));
+	CHECK_FEQ(la, lb);
+	CHECK(memcmp(loom_gpt2_grads(a), loom_gpt2_grads(b), n * sizeof(float)) == 0);
+	CHECK(na == 6 && nb == 6 && memcmp(ta, tb, sizeof ta) == 0);
+	CHECK(memcmp(z, loom_gpt2_logits(b), 2 * V * sizeof(float)) == 0);
+	/* the cache is allocated once */
+	CHECK_OK(loom_gpt2_kv_cache_alloc(b));
+	CHECK_OK(loom_gpt2_generate(b, prompt, 2, 6, 1.0f, 5, 7, -1, tb, &nb, NULL, NULL));
+	CHECK(b->kv == kv && memcmp(ta, tb, sizeof ta) == 0);
+	loom_gpt2_destroy(a);
+	loom_gpt2_destroy(b);
+	return 0;
+}
+
+TEST(gpt2_tensor_table_layer_and_tp_dim)
+{
+	loom_gpt2_t *m;
+	int n = 0;
+	CHECK_OK(loom_gpt2_create(&m, &tiny_cfg, 1, 8));
+	const loom_tensor_info_t *t = loom_gpt2_tensors(m, &n);
+	CHECK_EQ(n, loom_gpt2_num_tensors(&tiny_cfg));
+	for (int i = 0; i < n; i++) {
+		loom_tensor_info_t ti;
+		CHECK_OK(loom_gpt2_tensor_info(&tiny_cfg, i, &ti));
+		CHECK(memcmp(&ti, &t[i], sizeof ti) == 0);
+	}
+	static const struct {
+		const char *name;
+		int layer, tp_dim, decay;
+	} want[] = {
+		{"wte.weight", -1, 0, 1},           {"wpe.weight", -1, -1, 1},         {"h.0.ln_1.weight", 0, -1, 0},
+		{"h.0.ln_1.bias", 0, -1, 0},        {"h.0.attn.c_attn.weight", 0, 1, 1}, {"h.0.attn.c_attn.bias", 0, 0, 0},
+		{"h.0.attn.c_proj.weight", 0, 0, 1}, {"h.0.attn.c_proj.bias", 0, -1, 0}, {"h.1.ln_2.weight", 1, -1, 0},
+		{"h.1.ln_2.bias", 1, -1, 0},        {"h.1.mlp.c_fc.weight", 1, 1, 1},   {"h.1.mlp.c_fc.bias", 1, 0, 0},
+		{"h.1.mlp.c_proj.weight", 1, 0, 1}, {"h.1.mlp.c_proj.bias", 1, -1, 0},  {"ln_f.weight", 2, -1, 0},
+		{"ln_f.bias", 2, -1, 0},
+	};
+	for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+		int i = loom_gpt2_tensor_index(&tiny_cfg, want[k].name);
+		CHECK_MSG(i >= 0, "%s", want[k].name);
+		CHECK_MSG(t[i].layer == want[k].layer && t[i].tp_dim == want[k].tp_dim && t[i].decay == want[k].decay,
+		          "%s: layer %d tp_dim %d decay %d", want[k].name, t[i].layer, t[i].tp_dim, t[i].decay);
+	}
+	loom_gpt2_destroy(m);
+	return 0;
+}
