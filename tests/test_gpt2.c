@@ -1,6 +1,9 @@
 /* test_gpt2.c: the GPT-2 model as a whole: init, loss at init, whole-model gradients against finite
- * differences, overfitting one batch, grad-ready callbacks, KV-cache generation, argument errors.
- * All on tiny configurations so that the file runs in about a second. */
+ * differences, overfitting one batch, grad-ready callbacks, KV-cache generation, argument errors;
+ * then the passes by unit (embedding, block, head) against the fused pass, bit for bit: arenas
+ * interleaved, a block recomputed, views on external memory, a ZeRO-3-like gather from the param-use
+ * hook, pipeline stages, and the tensor table. All on tiny configurations so that the file runs in
+ * about a second. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -2,8 +2,15 @@
  *
  * Parameters live in one contiguous float buffer, tensor after tensor in HF order (below), each
  * tensor in HF's layout (Conv1D weights are [in, out]: y = x W + b). Gradients have the same layout
- * in a second buffer. Backward produces gradients in reverse tensor order (ln_f first, wte last) and
- * can report each tensor as soon as its gradient is final (for bucketed data-parallel all-reduce).
+ * in a second buffer. The model reaches each tensor through a view (a pointer) that the caller may
+ * point at its own memory: a shard, a gathered buffer, a shared-memory bucket. Backward produces
+ * gradients in reverse tensor order (ln_f first, wte last) and can report each tensor as soon as its
+ * gradient is final (for bucketed data-parallel all-reduce).
+ *
+ * The network is a sequence of units: the embedding (unit -1), blocks 0..L-1, the head (unit L:
+ * ln_f, the lm head tied to wte, the loss). Besides whole-model passes, each unit's forward and
+ * backward can be called alone, on one of several activation arenas (one per micro-batch in
+ * flight), and a model may hold only a range of blocks (a pipeline stage).
  *
  * Tensor order: wte [V,C], wpe [T,C], then for each layer i:
  *   h.i.ln_1.weight [C], h.i.ln_1.bias [C], h.i.attn.c_attn.weight [C,3C], h.i.attn.c_attn.bias [3C],
@@ -85,15 +92,19 @@ typedef struct {
 	 * activations exist only for these blocks; the embedding is held iff layer_lo == 0 and the head
 	 * (ln_f, lm head, loss) iff layer_hi == n_layer. Parameters keep the whole model's layout. */
 	int layer_lo, layer_hi;
-	int no_own_params; /* 1: allocate no parameter buffer; the caller sets views before any pass */
-	int no_own_grads;  /* 1: allocate no gradient buffer; the caller sets views before a backward */
+	/* 1: allocate no parameter (gradient) buffer, e.g. for ZeRO-3, which would not use it; every view
+	 * is then NULL until the caller sets it, and must be set before the unit using it runs (a pass
+	 * over a NULL view is a caller error: it crashes). loom_gpt2_init skips NULL views. */
+	int no_own_params;
+	int no_own_grads;
 } loom_gpt2_opts_t;
 
 /* Create a model for micro-batches of up to B x T tokens (T <= cfg->seq_len). Parameters, gradients
  * and every activation buffer are allocated here, once; training steps allocate nothing (only the
  * sampling KV cache is allocated later, see loom_gpt2_generate). Parameters
  * start at zero: call loom_gpt2_init or copy weights into loom_gpt2_params. LOOM_EINVAL for a bad
- * config or size, LOOM_ENOMEM; *m is NULL on failure. The model owns all its buffers. */
+ * config or size, LOOM_ENOMEM; *m is NULL on failure. The model owns all its buffers (but not the
+ * memory views are pointed at). */
 int loom_gpt2_create(loom_gpt2_t **m, const loom_gpt2_config_t *cfg, int B, int T);
 /* The same with options: loom_gpt2_create(m, cfg, B, T) is opts {B, T} (1 arena, every layer, own
  * buffers). LOOM_EINVAL (with loom_errmsg) for a bad config, size or layer range, LOOM_ENOMEM. */
