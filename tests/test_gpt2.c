@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/util.h"
 #include "loom/gpt2.h"
 #include "model/model.h"
 #include "model/rng.h"
@@ -909,8 +910,10 @@ TEST(gpt2_stages_match_whole_model)
 	CHECK_ERR(loom_gpt2_kv_cache_alloc(s0), LOOM_EINVAL);
 	CHECK(loom_gpt2_block_input(s1, 0, 0) == NULL && loom_gpt2_block_input(s1, 0, 4) == NULL);
 	loom_gpt2_opts_t bad = {.B = 2, .T = 8, .layer_lo = 2, .layer_hi = 2};
-	CHECK_ERR(loom_gpt2_create_opts(&w, &cfg, &bad), LOOM_EINVAL);
+	loom_gpt2_t *none;
+	CHECK_ERR(loom_gpt2_create_opts(&none, &cfg, &bad), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "layers [2, 2)");
+	CHECK(none == NULL);
 	free(g), free(r.snap);
 	loom_gpt2_destroy(w);
 	loom_gpt2_destroy(s0);
@@ -986,6 +989,44 @@ TEST(gpt2_tensor_table_layer_and_tp_dim)
 		CHECK_MSG(t[i].layer == want[k].layer && t[i].tp_dim == want[k].tp_dim && t[i].decay == want[k].decay,
 		          "%s: layer %d tp_dim %d decay %d", want[k].name, t[i].layer, t[i].tp_dim, t[i].decay);
 	}
+	loom_gpt2_destroy(m);
+	return 0;
+}
+
+TEST(gpt2_alloc_failures_clean)
+{
+	/* Fail the n-th allocation of create (2 arenas, a stage), of the KV cache and of the lazily
+	 * allocated own buffers, for every n: each fails cleanly with LOOM_ENOMEM (ASan checks for leaks),
+	 * and once n is past the last allocation the call succeeds */
+	loom_gpt2_config_t cfg = {.n_layer = 3, .n_head = 2, .n_embd = 16, .seq_len = 8, .vocab_size = 11};
+	loom_gpt2_opts_t o = {.B = 2, .T = 8, .arenas = 2, .layer_lo = 1, .no_own_grads = 1};
+	loom_gpt2_t *m = NULL;
+	int rc = LOOM_ENOMEM, n = 0, prompt[2] = {1, 2}, out[4], n_out;
+	for (n = 1; n < 100 && rc == LOOM_ENOMEM; n++) {
+		loom__fault_alloc_set(n);
+		rc = loom_gpt2_create_opts(&m, &cfg, &o);
+		CHECK(rc == LOOM_OK || (rc == LOOM_ENOMEM && m == NULL));
+	}
+	loom__fault_alloc_set(0);
+	CHECK_OK(rc);
+	CHECK_MSG(n > 4, "create made %d allocations", n - 1);
+	loom__fault_alloc_set(1);
+	CHECK_ERR(loom_gpt2_own_grads(m), LOOM_ENOMEM);
+	CHECK(loom_gpt2_grads(m) == NULL);
+	loom__fault_alloc_set(0);
+	CHECK_OK(loom_gpt2_own_grads(m));
+	CHECK(loom_gpt2_grads(m) != NULL);
+	loom_gpt2_destroy(m);
+	CHECK_OK(loom_gpt2_create(&m, &cfg, 1, 8));
+	for (rc = LOOM_ENOMEM, n = 1; n < 100 && rc == LOOM_ENOMEM; n++) {
+		loom__fault_alloc_set(n);
+		rc = loom_gpt2_generate(m, prompt, 2, 2, 0.0f, 0, 1, -1, out, &n_out, NULL, NULL);
+		CHECK(rc == LOOM_OK || (rc == LOOM_ENOMEM && m->kv == NULL));
+	}
+	loom__fault_alloc_set(0);
+	CHECK_OK(rc);
+	CHECK_EQ(n_out, 2);
+	CHECK_EQ(n, 5); /* three allocations: the cache, its layer table, its memory */
 	loom_gpt2_destroy(m);
 	return 0;
 }
