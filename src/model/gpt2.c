@@ -593,7 +593,8 @@ int loom_gpt2_embed_forward(loom_gpt2_t *m, int mb, const int *inputs, int B, in
 int loom_gpt2_block_forward(loom_gpt2_t *m, int mb, int l, int B, int T)
 {
 	int rc;
-	if ((rc = check_block(m, l, "block_forward")) != LOOM_OK || (rc = check_unit(m, mb, l, B, T, "block_forward")))
+	if ((rc = check_block(m, l, "block_forward")) != LOOM_OK ||
+	    (rc = check_unit(m, mb, l, B, T, "block_forward")) != LOOM_OK)
 		return rc;
 	loom__gemm_setup_threads();
 	block_forward(m, &m->arenas[mb], l, B, T);
@@ -626,7 +627,8 @@ int loom_gpt2_head_forward_backward(loom_gpt2_t *m, int mb, const int *targets, 
 int loom_gpt2_block_backward(loom_gpt2_t *m, int mb, int l, int B, int T)
 {
 	int rc;
-	if ((rc = check_block(m, l, "block_backward")) != LOOM_OK || (rc = check_unit(m, mb, l, B, T, "block_backward")))
+	if ((rc = check_block(m, l, "block_backward")) != LOOM_OK ||
+	    (rc = check_unit(m, mb, l, B, T, "block_backward")) != LOOM_OK)
 		return rc;
 	loom__gemm_setup_threads();
 	block_backward(m, &m->arenas[mb], l, B, T);
