@@ -30,6 +30,7 @@
 #include "loom/comm.h"
 #include "loom/error.h"
 #include "loom/gpt2.h"
+#include "loom/mesh.h"
 #include "loom/optim.h"
 
 #ifdef __cplusplus
@@ -86,6 +87,16 @@ typedef struct {
 	                              A communicator of one rank is the same as NULL. */
 	double bucket_mb;          /* gradient bucket size in MiB (default 25; the first bucket 1 MiB) */
 	int check_replicas;        /* every K steps compare parameter checksums across ranks (0: never) */
+	/* Parallel strategy: how the training state is spread over the data-parallel ranks. "ddp" (or
+	   NULL) with zero = 0 is the only one for now (with one data-parallel rank it communicates
+	   nothing); any other name or ZeRO stage is LOOM_ENOTSUP at create. */
+	const char *strategy;
+	int zero;                  /* ZeRO stage (issue 8); 0 */
+	loom_mesh_t *mesh;         /* instead of comm: the ranks as a dp x tp x pp mesh (borrowed; must
+	                              outlive the trainer). The data-parallel axis carries the gradients,
+	                              the data sharding and the checkpoints' loader states; global rank 0
+	                              logs and saves. Only tp = pp = 1 for now (LOOM_ENOTSUP otherwise).
+	                              comm may be NULL or the mesh's world. */
 } loom_train_config_t;
 
 /* A config with the defaults: accum 1, AdamW defaults, grad_clip 1.0, cosine, min_lr_frac 0.0,
