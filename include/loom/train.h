@@ -24,6 +24,7 @@
 #ifndef LOOM_TRAIN_H
 #define LOOM_TRAIN_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -59,6 +60,36 @@ const char *loom_schedule_name(loom_schedule_kind_t kind);
 int loom_schedule_check(const loom_lr_schedule_t *s);
 /* The rate of optimizer step `step` (from 1). */
 float loom_schedule_lr(const loom_lr_schedule_t *s, long long step);
+
+/* ---- batch arithmetic and LR scaling ----------------------------------------------------------- */
+
+/* The gradient accumulation that gives total_batch tokens per optimizer step with micro-batches of
+ * B x T tokens on dp data-parallel ranks: *accum = total_batch / (B x T x dp). LOOM_EINVAL when a
+ * value is < 1 or total_batch is not a multiple of B x T x dp; the message then names the product
+ * and lists the first valid totals ("--total-batch-size 96 is not a multiple of B x T x ranks =
+ * 2 x 16 x 2 = 64 tokens per micro-step; valid values: 64, 128, 192, 256, 320, ..."). */
+int loom_train_accum(long long total_batch, int B, int T, int dp, int *accum);
+
+/* Scaling a learning rate tuned for a reference batch to the batch trained with. */
+typedef enum { LOOM_LR_SCALE_NONE = 0, LOOM_LR_SCALE_SQRT = 1, LOOM_LR_SCALE_LINEAR = 2 } loom_lr_scale_t;
+/* "none" | "sqrt" | "linear"; LOOM_EINVAL ("'X' is not one of none, sqrt, linear") otherwise. */
+int loom_lr_scale_parse(const char *name, loom_lr_scale_t *kind);
+const char *loom_lr_scale_name(loom_lr_scale_t kind); /* "?" when invalid */
+/* *out = lr x (tokens_per_step / ref_tokens)^p with p = 0 (none), 1/2 (sqrt), 1 (linear), in double.
+ * LOOM_EINVAL for an invalid kind, or (other than none) ref_tokens or tokens_per_step <= 0. */
+int loom_lr_scaled(double lr, loom_lr_scale_t kind, long long tokens_per_step, long long ref_tokens, double *out);
+
+/* ---- the sgemm peak for MFU, measured once and cached ------------------------------------------- */
+
+/* The cache file: $XDG_CACHE_HOME/loom/gemm_peak, else $HOME/.cache/loom/gemm_peak (/tmp without
+ * HOME); one "threads cpu-hash flops" line per measurement. Delete it to measure again.
+ * LOOM_EINVAL when the path does not fit in cap bytes. */
+int loom_peak_cache_path(char *buf, size_t cap);
+/* The cached peak (FLOP/s) for `threads` threads on this CPU model: LOOM_OK, or LOOM_ENOENT when
+ * there is none (measure it with loom_gemm_peak_flops, then loom_peak_cache_put). */
+int loom_peak_cache_get(int threads, double *flops);
+/* Append a measurement (creating the directories); LOOM_EINVAL for values <= 0, LOOM_EIO. */
+int loom_peak_cache_put(int threads, double flops);
 
 /* ---- trainer ----------------------------------------------------------------------------------- */
 
