@@ -1,5 +1,6 @@
-/* test_optim.c: AdamW against hand-computed values, the fused pass against its reference, gradient
- * clipping, and the learning-rate schedules at chosen steps. */
+/* test_optim.c: AdamW against hand-computed values, the fused pass against its reference, AdamW over
+ * shards against one over everything, gradient clipping, and the learning-rate schedules at chosen
+ * steps. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
