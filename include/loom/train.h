@@ -6,14 +6,16 @@
  * k = (i*accum + j)*world + r (loom/data.h). Gradients accumulate with scale 1/accum, so the step's
  * gradient is the mean over its micro-batches; the logged loss is the mean of the micro-step losses.
  *
- * Data parallelism: with a communicator of more than one rank in the config, every rank runs the
- * same trainer on its own windows. The first step broadcasts rank 0's parameters (initialized,
- * loaded or resumed) and every rank verifies their checksum; gradients are averaged across ranks
- * through loom/ddp.h on the last micro-step of each step only (no communication before it), so the
- * averaged gradient, its norm, the clipping and the update are bit-identical on every rank. The
- * step's loss is averaged over ranks and micro-steps; rank 0 alone writes the log and checkpoints,
- * which hold the loader states of all ranks. N ranks with accumulation A give the same losses (up to
- * float rounding) as one rank with accumulation N x A.
+ * Data parallelism: with a communicator of more than one rank in the config (or a mesh whose
+ * data-parallel axis has several), every rank runs the same trainer on its own windows ("world" and
+ * "rank" above are the data-parallel size and coordinate). The first step broadcasts rank 0's
+ * parameters (initialized, loaded or resumed) and every rank verifies their checksum; gradients are
+ * averaged across ranks by the parallel strategy ("ddp": loom/ddp.h's reducer) on the last
+ * micro-step of each step only (no communication before it), so the averaged gradient, its norm,
+ * the clipping and the update are bit-identical on every rank. The step's loss is averaged over
+ * ranks and micro-steps; global rank 0 alone writes the log and checkpoints, which hold the loader
+ * states of all data-parallel ranks. N ranks with accumulation A give the same losses (up to float
+ * rounding) as one rank with accumulation N x A.
  *
  * A training checkpoint (DIR/step_NNNNNNNN/, written through loom/ckpt.h) holds the model, the AdamW
  * state (m, v, step) and the trainer state (step, data-loader state, seed, config). There is no other
@@ -158,12 +160,14 @@ typedef struct loom_trainer loom_trainer_t;
 
 /* Build a trainer for `model` (borrowed: the caller keeps ownership and must keep it alive; its B
  * and T given at create must be >= cfg->B, cfg->T). Opens the loaders and allocates the optimizer;
- * strings in cfg are copied. With several ranks (cfg->comm) it also attaches a loom/ddp.h reducer to
- * the model, which moves the model's gradients into shared memory until loom_trainer_destroy
- * (destroy the trainer before the model and the communicator); not collective. Returns
- * LOOM_EINVAL (bad settings, T beyond the model's seq_len, a token id in the data >= the model's
- * vocabulary: the first 1M tokens of each set are checked), LOOM_ENOENT / LOOM_EFORMAT from the data,
- * or LOOM_ENOMEM; the detail is in loom_errmsg(). */
+ * strings in cfg are copied. It attaches the parallel strategy to the model (with several ranks,
+ * DDP: the model's gradient view points at the strategy's shared-memory storage until
+ * loom_trainer_destroy, which points it back at the model's own buffer; destroy the trainer before
+ * the model, the mesh and the communicator); not collective. Returns LOOM_EINVAL (bad settings, T
+ * beyond the model's seq_len, a token id in the data >= the model's vocabulary: the first 1M tokens
+ * of each set are checked), LOOM_ENOTSUP (a strategy or ZeRO stage that does not exist, a mesh with
+ * tp or pp > 1), LOOM_ENOENT / LOOM_EFORMAT from the data, or LOOM_ENOMEM; the detail is in
+ * loom_errmsg(). */
 int loom_trainer_create(loom_trainer_t **tr, const loom_train_config_t *cfg, loom_gpt2_t *model);
 void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log */
 
@@ -206,11 +210,11 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx);
 /* Set the FLOP/s that MFU is relative to (<= 0: MFU is reported as 0). */
 void loom_trainer_set_peak_flops(loom_trainer_t *tr, double flops);
 long long loom_trainer_steps_done(const loom_trainer_t *tr);
-int loom_trainer_rank(const loom_trainer_t *tr);  /* 0 with one process */
-int loom_trainer_world(const loom_trainer_t *tr); /* ranks; 1 with one process */
+int loom_trainer_rank(const loom_trainer_t *tr);  /* global rank; 0 with one process */
+int loom_trainer_world(const loom_trainer_t *tr); /* all ranks of the job; 1 with one process */
 loom_gpt2_t *loom_trainer_model(loom_trainer_t *tr);
 const loom_adamw_t *loom_trainer_optimizer(const loom_trainer_t *tr);
-/* Tokens per optimizer step: B*T*accum*world. */
+/* Tokens per optimizer step: B*T*accum*(data-parallel ranks). */
 long long loom_trainer_tokens_per_step(const loom_trainer_t *tr);
 
 #ifdef __cplusplus
