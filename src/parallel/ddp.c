@@ -287,7 +287,7 @@ static int ddp_s_create(loom_strategy_t **out, const loom_strategy_config_t *cfg
 	*out = NULL;
 	if (!d)
 		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
-	d->base.ops = &loom__ddp_ops;
+	d->base.ops = loom__ddp_strategy();
 	/* PyTorch DDP's layout: the first bucket (the last layers, whose gradients come first) 1 MiB. */
 	if ((rc = loom_ddp_create(&d->ddp, cfg->dp, cfg->model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb))) ||
 	    (rc = loom__replica_init(&d->base, cfg, loom_ddp_grads(d->ddp)))) {
@@ -321,7 +321,7 @@ static int ddp_s_check_replicas(loom_strategy_t *s)
 	return loom_ddp_check_replicas(((ddp_strategy_t *)s)->ddp);
 }
 
-const loom_strategy_ops_t loom__ddp_ops = {
+static const loom_strategy_ops_t ddp_ops = {
 	.name = "ddp",
 	.create = ddp_s_create,
 	.destroy = ddp_s_destroy,
@@ -334,3 +334,8 @@ const loom_strategy_ops_t loom__ddp_ops = {
 	.save = loom__replica_save,
 	.load = loom__replica_load,
 };
+
+const loom_strategy_ops_t *loom__ddp_strategy(void)
+{
+	return &ddp_ops;
+}

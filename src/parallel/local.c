@@ -23,7 +23,7 @@ static int local_create(loom_strategy_t **out, const loom_strategy_config_t *cfg
 	*out = NULL;
 	if (!s)
 		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
-	s->ops = &loom__local_ops;
+	s->ops = loom__local_strategy();
 	if ((rc = loom__replica_init(s, cfg, loom_gpt2_grads(cfg->model))) != LOOM_OK) {
 		local_destroy(s);
 		return rc;
@@ -50,7 +50,7 @@ static int local_nothing(loom_strategy_t *s)
 	return LOOM_OK;
 }
 
-const loom_strategy_ops_t loom__local_ops = {
+static const loom_strategy_ops_t local_ops = {
 	.name = "local",
 	.create = local_create,
 	.destroy = local_destroy,
@@ -63,3 +63,8 @@ const loom_strategy_ops_t loom__local_ops = {
 	.save = loom__replica_save,
 	.load = loom__replica_load,
 };
+
+const loom_strategy_ops_t *loom__local_strategy(void)
+{
+	return &local_ops;
+}

@@ -16,11 +16,11 @@ static const struct {
 	const char *name;
 	int zero;
 	int several; /* 0: the data-parallel axis has one rank; 1: more than one */
-	const loom_strategy_ops_t *ops;
+	const loom_strategy_ops_t *(*ops)(void);
 	const char *what;
 } strategies[] = {
-	{"ddp", 0, 0, &loom__local_ops, "the model's own gradients and one optimizer; nothing is communicated"},
-	{"ddp", 0, 1, &loom__ddp_ops, "every rank holds all parameters and AdamW state; gradients are averaged in "
+	{"ddp", 0, 0, loom__local_strategy, "the model's own gradients and one optimizer; nothing is communicated"},
+	{"ddp", 0, 1, loom__ddp_strategy, "every rank holds all parameters and AdamW state; gradients are averaged in "
 	                              "buckets of shared memory while backward runs"},
 };
 
@@ -31,7 +31,7 @@ void loom__strategy_describe(char *buf, size_t cap)
 		buf[0] = 0;
 	for (size_t k = 0; k < LOOM_ARRAY_LEN(strategies) && len < cap; k++) {
 		int n = snprintf(buf + len, cap - len, "%s zero=%d %s: %s: %s\n", strategies[k].name, strategies[k].zero,
-		                 strategies[k].several ? "ranks>1" : "ranks=1", strategies[k].ops->name, strategies[k].what);
+		                 strategies[k].several ? "ranks>1" : "ranks=1", strategies[k].ops()->name, strategies[k].what);
 		if (n < 0)
 			break;
 		len += (size_t)n;
@@ -48,7 +48,7 @@ int loom__strategy_create(loom_strategy_t **out, const loom_strategy_config_t *c
 			continue;
 		named = 1;
 		if (strategies[k].zero == cfg->zero && strategies[k].several == several)
-			return strategies[k].ops->create(out, cfg);
+			return strategies[k].ops()->create(out, cfg);
 	}
 	if (!named)
 		return loom_seterr(LOOM_ENOTSUP, "trainer: parallel strategy '%s' does not exist (available: ddp)", name);

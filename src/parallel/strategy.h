@@ -99,8 +99,10 @@ struct loom_strategy {
 	loom_adamw_t opt;             /* over the owned range */
 };
 
-/* The strategies (local.c, ddp.c); strategy.c's table picks among them. */
-extern const loom_strategy_ops_t loom__local_ops, loom__ddp_ops;
+/* The strategies' tables (local.c, ddp.c; static data behind functions, so that the archive exports
+ * no data symbols); strategy.c's table picks among them. */
+const loom_strategy_ops_t *loom__local_strategy(void);
+const loom_strategy_ops_t *loom__ddp_strategy(void);
 
 /* Pick the strategy for cfg by the table in strategy.c (LOOM_ENOTSUP naming what exists for an
  * unknown name or a ZeRO stage not implemented) and create it. */
