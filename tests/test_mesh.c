@@ -41,7 +41,8 @@ static int mesh_rank(int rank, int nranks, void *arg)
 	int want[16];
 	CHECK_OK(loom_comm_init(&world));
 	CHECK_OK(loom_mesh_create(&m, world, z->dp, z->tp, z->pp));
-	int DP = loom_mesh_size(m, LOOM_MESH_DP), TP = loom_mesh_size(m, LOOM_MESH_TP), PP = loom_mesh_size(m, LOOM_MESH_PP);
+	int DP = loom_mesh_size(m, LOOM_MESH_DP), TP = loom_mesh_size(m, LOOM_MESH_TP);
+	int PP = loom_mesh_size(m, LOOM_MESH_PP);
 	CHECK_EQ(DP * TP * PP, nranks);
 	if (z->dp > 0)
 		CHECK_EQ(DP, z->dp);
