@@ -13,7 +13,6 @@
 #include <glob.h>
 #include <libgen.h>
 #include <limits.h>
-#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,13 +85,12 @@ typedef struct {
 	long long total_batch;
 	int grad_accum, resume, sample_every, threads, profile;
 	char tokenizer[1100];
-	int nproc, print_every, lr_scale; /* lr_scale: 0 none, 1 sqrt, 2 linear */
+	int nproc, print_every;
+	loom_lr_scale_t lr_scale;
 	long long ref_batch;
 	double base_lr;                   /* --lr before scaling */
 	int rank, world;
 } opts_t;
-
-static const char *const lr_scale_names[] = {"none", "sqrt", "linear"};
 
 /* Parse an integer flag that must be in [lo, hi]. */
 static long long int_in(const char *flag, const char *v, long long lo, long long hi)
@@ -177,12 +175,8 @@ static void parse(int argc, char **argv, opts_t *o)
 		} else if (FLAG("--check-replicas"))
 			o->tc.check_replicas = (int)int_in("--check-replicas", v, 0, 1 << 30);
 		else if (FLAG("--lr-scale")) {
-			o->lr_scale = -1;
-			for (int k = 0; k < 3; k++)
-				if (!strcmp(v, lr_scale_names[k]))
-					o->lr_scale = k;
-			if (o->lr_scale < 0)
-				cli_die("train", "--lr-scale: '%s' is not one of none, sqrt, linear", v);
+			if (loom_lr_scale_parse(v, &o->lr_scale) != LOOM_OK)
+				cli_die("train", "--lr-scale: %s", loom_errmsg());
 		} else if (FLAG("--ref-batch-size")) o->ref_batch = int_in("--ref-batch-size", v, 1, 1LL << 40);
 		else
 			cli_die("train", "unknown flag '%s' (see loom train --help)", a);
@@ -206,9 +200,9 @@ static void parse(int argc, char **argv, opts_t *o)
 		cli_die("train", "--save-every needs --save-dir DIR");
 	if (o->grad_accum > 0 && o->total_batch > 0)
 		cli_die("train", "give --grad-accum or --total-batch-size, not both");
-	if (o->lr_scale > 0 && o->ref_batch <= 0)
-		cli_die("train", "--lr-scale %s needs --ref-batch-size TOKENS (the batch --lr was tuned for)",
-		        lr_scale_names[o->lr_scale]);
+	double scaled;
+	if (loom_lr_scaled(o->tc.lr.peak_lr, o->lr_scale, 1, o->ref_batch, &scaled) != LOOM_OK)
+		cli_die("train", "%s", loom_errmsg()); /* e.g. a scaling without its reference batch */
 }
 
 /* `--nproc N` outside a job: become `loom run --nproc-per-node N <this loom> train ARGS` (ARGS without
@@ -276,31 +270,16 @@ static void model_config(opts_t *o)
 /* accum from --total-batch-size = B x T x ranks x accum (or --grad-accum), then the LR scaling. */
 static void batch_config(opts_t *o)
 {
-	long long micro = (long long)o->tc.B * o->tc.T * o->world;
 	if (o->total_batch > 0) {
-		if (o->total_batch % micro != 0) {
-			char valid[256], what[96];
-			int n = 0;
-			for (int k = 1; k <= 5; k++)
-				n += snprintf(valid + n, sizeof valid - (size_t)n, "%s%lld", k > 1 ? ", " : "", micro * k);
-			if (o->world > 1)
-				snprintf(what, sizeof what, "B x T x ranks = %d x %d x %d = %lld tokens per micro-step",
-				         o->tc.B, o->tc.T, o->world, micro);
-			else
-				snprintf(what, sizeof what, "B x T = %d x %d = %lld tokens per micro-batch", o->tc.B, o->tc.T,
-				         micro);
-			cli_die("train", "--total-batch-size %lld is not a multiple of %s; valid values: %s, ...",
-			        o->total_batch, what, valid);
-		}
-		o->tc.accum = (int)(o->total_batch / micro);
+		if (loom_train_accum(o->total_batch, o->tc.B, o->tc.T, o->world, &o->tc.accum) != LOOM_OK)
+			cli_die("train", "%s", loom_errmsg());
 	} else {
 		o->tc.accum = o->grad_accum > 0 ? o->grad_accum : 1;
 	}
 	o->base_lr = o->tc.lr.peak_lr;
-	if (o->lr_scale > 0) {
-		double ratio = (double)(micro * o->tc.accum) / (double)o->ref_batch;
-		o->tc.lr.peak_lr *= o->lr_scale == 1 ? sqrt(ratio) : ratio;
-	}
+	if (loom_lr_scaled(o->base_lr, o->lr_scale, (long long)o->tc.B * o->tc.T * o->world * o->tc.accum, o->ref_batch,
+	                   &o->tc.lr.peak_lr) != LOOM_OK)
+		cli_die("train", "%s", loom_errmsg());
 }
 
 /* The tokenizer beside the first training shard (DIR/tokenizer.bin), if there is one. */
@@ -322,63 +301,21 @@ static void find_tokenizer(opts_t *o)
 	o->tc.tokenizer = o->tokenizer[0] ? o->tokenizer : NULL;
 }
 
-/* Hash of this machine's CPU model name, so that a cached peak is only reused on the same CPU. */
-static unsigned long cpu_hash(void)
-{
-	FILE *f = fopen("/proc/cpuinfo", "r");
-	char line[512];
-	unsigned long h = 5381;
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof line, f))
-		if (!strncmp(line, "model name", 10)) {
-			for (const char *c = line; *c; c++)
-				h = h * 33 + (unsigned char)*c;
-			break;
-		}
-	fclose(f);
-	return h;
-}
-
-/* The sgemm peak of `loom bench gemm` for `threads` threads (about 2 s to measure), cached in
- * $XDG_CACHE_HOME/loom/gemm_peak (or ~/.cache/loom/gemm_peak), one "threads cpu-hash flops" line
- * per measurement. Delete the file to measure again. */
+/* The sgemm peak of `loom bench gemm` for `threads` threads: from the cache (loom/train.h), or
+ * measured now (about 2 s) and cached. */
 static double peak_flops(int threads)
 {
-	char dir[900], path[1000];
-	const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-	unsigned long h = cpu_hash(), fh;
-	int t;
-	double v, peak;
-	FILE *f;
-	if (xdg && *xdg)
-		snprintf(dir, sizeof dir, "%s/loom", xdg);
-	else
-		snprintf(dir, sizeof dir, "%s/.cache/loom", home ? home : "/tmp");
-	snprintf(path, sizeof path, "%s/gemm_peak", dir);
-	if ((f = fopen(path, "r"))) {
-		while (fscanf(f, "%d %lu %lf", &t, &fh, &v) == 3)
-			if (t == threads && fh == h && v > 0) {
-				fclose(f);
-				return v;
-			}
-		fclose(f);
-	}
+	char path[1000];
+	double peak;
+	if (loom_peak_cache_get(threads, &peak) == LOOM_OK)
+		return peak;
+	if (loom_peak_cache_path(path, sizeof path) != LOOM_OK)
+		snprintf(path, sizeof path, "(no cache: %s)", loom_errmsg());
 	printf("measuring the sgemm peak for MFU with %d thread%s (once; cached in %s)...\n", threads,
 	       threads == 1 ? "" : "s", path);
 	peak = loom_gemm_peak_flops(threads);
-	if (peak > 0) {
-		char parent[920];
-		snprintf(parent, sizeof parent, "%s", dir);
-		char *slash = strrchr(parent, '/');
-		if (slash)
-			*slash = 0, mkdir(parent, 0755);
-		mkdir(dir, 0755);
-		if ((f = fopen(path, "a"))) {
-			fprintf(f, "%d %lu %.6e\n", threads, h, peak);
-			fclose(f);
-		}
-	}
+	if (peak > 0)
+		loom_peak_cache_put(threads, peak); /* best effort: a read-only home measures every time */
 	return peak;
 }
 
@@ -440,7 +377,7 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	       loom_schedule_name(o->tc.lr.kind), o->tc.lr.warmup, o->tc.lr.min_lr_frac);
 	if (o->lr_scale > 0)
 		printf("lr: peak %g = %g x %g (%s scaling, %lld tokens per step vs a reference of %lld)\n", o->tc.lr.peak_lr,
-		       o->base_lr, o->tc.lr.peak_lr / o->base_lr, lr_scale_names[o->lr_scale],
+		       o->base_lr, o->tc.lr.peak_lr / o->base_lr, loom_lr_scale_name(o->lr_scale),
 		       loom_trainer_tokens_per_step(tr), o->ref_batch);
 	if (o->world > 1) {
 		printf("data parallel: %d ranks x %d thread%s; gradients averaged in buckets of %g MiB (the first %g MiB) "

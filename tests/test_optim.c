@@ -1,8 +1,10 @@
-/* test_optim.c: AdamW against hand-computed values, the fused pass against its reference, gradient
- * clipping, and the learning-rate schedules at chosen steps. */
+/* test_optim.c: AdamW against hand-computed values, the fused pass against its reference, AdamW over
+ * shards against one over everything, gradient clipping, and the learning-rate schedules at chosen
+ * steps. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "loom/optim.h"
 #include "loom/train.h"
@@ -199,5 +201,67 @@ TEST(lr_schedule_values)
 	CHECK_CONTAINS(loom_errmsg(), "cosine, linear or constant");
 	s.min_lr_frac = 1.5;
 	CHECK_ERR(loom_schedule_check(&s), LOOM_EINVAL);
+	return 0;
+}
+
+/* AdamW over shards: three optimizers over a partition of a GPT-2 buffer whose cuts fall inside
+ * tensors (and an empty one) give, step after step, the same bits as one optimizer over everything:
+ * parameters, m and v. */
+TEST(adamw_range_matches_full)
+{
+	static const loom_gpt2_config_t mc = {.n_layer = 2, .n_head = 2, .n_embd = 16, .seq_len = 8, .vocab_size = 11};
+	size_t n = loom_gpt2_num_params(&mc);
+	/* cuts: inside wte, inside h.0's c_attn weight, an empty shard, then to the end */
+	const size_t cut[5] = {0, 37, 11 * 16 + 8 * 16 + 16 + 16 + 100, 11 * 16 + 8 * 16 + 16 + 16 + 100, n};
+	float *pf = malloc(n * sizeof *pf), *ps = malloc(n * sizeof *ps), *g = malloc(n * sizeof *g);
+	loom_adamw_config_t cfg = loom_adamw_defaults();
+	loom_adamw_t full, part[4];
+	CHECK(pf && ps && g);
+	srand(11);
+	for (size_t i = 0; i < n; i++)
+		pf[i] = ps[i] = (float)rand() / RAND_MAX - 0.5f;
+	CHECK_OK(loom_adamw_init_gpt2(&full, &cfg, &mc));
+	for (int k = 0; k < 4; k++) {
+		CHECK_OK(loom_adamw_init_gpt2_range(&part[k], &cfg, &mc, cut[k], cut[k + 1] - cut[k]));
+		CHECK_EQ(part[k].n, cut[k + 1] - cut[k]);
+	}
+	/* the shard inside wte is one segment, with wte's decay */
+	CHECK_EQ(part[0].nseg, 1);
+	CHECK_EQ(part[0].segs[0].decay, 1);
+	for (int t = 0; t < 4; t++) {
+		for (size_t i = 0; i < n; i++)
+			g[i] = (float)rand() / RAND_MAX - 0.5f;
+		CHECK_OK(loom_adamw_step(&full, pf, g, 1e-2f, 0.7f));
+		for (int k = 0; k < 4; k++)
+			CHECK_OK(loom_adamw_step(&part[k], ps + cut[k], g + cut[k], 1e-2f, 0.7f));
+	}
+	CHECK_EQ(memcmp(pf, ps, n * sizeof *pf), 0);
+	for (int k = 0; k < 4; k++) {
+		CHECK_EQ(part[k].step, 4);
+		CHECK_EQ(memcmp(full.m + cut[k], part[k].m, (cut[k + 1] - cut[k]) * sizeof(float)), 0);
+		CHECK_EQ(memcmp(full.v + cut[k], part[k].v, (cut[k + 1] - cut[k]) * sizeof(float)), 0);
+		loom_adamw_free(&part[k]);
+	}
+	CHECK_ERR(loom_adamw_init_gpt2_range(&part[0], &cfg, &mc, n - 3, 4), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "is outside the model's");
+	loom_adamw_free(&full);
+	free(pf), free(ps), free(g);
+	return 0;
+}
+
+/* The norm is the square root of the sum of squares, bit for bit (so a strategy that adds up the
+ * sums of its ranks' parts gets DDP's norm when there is one part). */
+TEST(grad_sumsq_is_norm_squared)
+{
+	enum { N = 10007 };
+	float *g = malloc(N * sizeof *g);
+	double direct = 0.0;
+	CHECK(g);
+	for (int i = 0; i < N; i++)
+		g[i] = (float)((i * 37) % 101 - 50) / 64.0f, direct += (double)g[i] * g[i];
+	CHECK_FEQ(loom_grad_norm(g, N), sqrt(loom_grad_sumsq(g, N)));
+	CHECK_NEAR(loom_grad_sumsq(g, N), direct, 1e-9 * direct);
+	CHECK_FEQ(loom_grad_sumsq(g, 0), 0.0);
+	free(g);
 	return 0;
 }

@@ -1,5 +1,6 @@
 /* test_train.c: the training loop on a tiny generated dataset: resume is bit-identical, gradient
- * accumulation equals a bigger batch, the JSONL log, settings errors, and `loom train` end to end. */
+ * accumulation equals a bigger batch, the JSONL log, settings errors, and `loom train` end to end;
+ * the batch arithmetic (accumulation from a total batch, LR scaling) and the sgemm-peak cache. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -411,6 +412,97 @@ TEST(train_stops_on_divergence)
 	CHECK_EQ(step, bad - 1);
 	loom_trainer_destroy(tr);
 	loom_gpt2_destroy(m);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* The accumulation from a total batch (loom_train_accum): exact values, and the errors with the
+ * product and the first valid totals. */
+TEST(train_accum_from_total_batch)
+{
+	int accum = -1;
+	CHECK_OK(loom_train_accum(128, 2, 16, 2, &accum));
+	CHECK_EQ(accum, 2);
+	CHECK_OK(loom_train_accum(32, 2, 16, 1, &accum));
+	CHECK_EQ(accum, 1);
+	CHECK_OK(loom_train_accum(524288, 8, 1024, 4, &accum)); /* GPT-2's 0.5M tokens on 4 ranks */
+	CHECK_EQ(accum, 16);
+	accum = -1;
+	CHECK_ERR(loom_train_accum(96, 2, 16, 2, &accum), LOOM_EINVAL);
+	CHECK_EQ(accum, -1);
+	CHECK_STREQ(loom_errmsg(), "--total-batch-size 96 is not a multiple of B x T x ranks = 2 x 16 x 2 = 64 tokens "
+	                           "per micro-step; valid values: 64, 128, 192, 256, 320, ...");
+	CHECK_ERR(loom_train_accum(48, 2, 16, 1, &accum), LOOM_EINVAL);
+	CHECK_STREQ(loom_errmsg(), "--total-batch-size 48 is not a multiple of B x T = 2 x 16 = 32 tokens per "
+	                           "micro-batch; valid values: 32, 64, 96, 128, 160, ...");
+	CHECK_ERR(loom_train_accum(16, 2, 16, 1, &accum), LOOM_EINVAL); /* smaller than one micro-batch */
+	CHECK_ERR(loom_train_accum(64, 0, 16, 1, &accum), LOOM_EINVAL);
+	CHECK_ERR(loom_train_accum(64, 2, 16, 0, &accum), LOOM_EINVAL);
+	CHECK_ERR(loom_train_accum(0, 2, 16, 1, &accum), LOOM_EINVAL);
+	CHECK_ERR(loom_train_accum(32LL << 31, 2, 16, 1, &accum), LOOM_EINVAL); /* 2^31 micro-steps */
+	CHECK_CONTAINS(loom_errmsg(), "too many");
+	return 0;
+}
+
+/* LR scaling: lr x (N / R)^p, exact in double for these powers of two; names and errors. */
+TEST(train_lr_scaling)
+{
+	loom_lr_scale_t k;
+	double lr = -1;
+	CHECK_OK(loom_lr_scaled(0.01, LOOM_LR_SCALE_SQRT, 128, 32, &lr));
+	CHECK_FEQ(lr, 0.02);
+	CHECK_OK(loom_lr_scaled(0.01, LOOM_LR_SCALE_LINEAR, 128, 32, &lr));
+	CHECK_FEQ(lr, 0.04);
+	CHECK_OK(loom_lr_scaled(0.01, LOOM_LR_SCALE_LINEAR, 16, 32, &lr));
+	CHECK_FEQ(lr, 0.005);
+	CHECK_OK(loom_lr_scaled(0.01, LOOM_LR_SCALE_NONE, 128, 0, &lr)); /* none needs no reference */
+	CHECK_FEQ(lr, 0.01);
+	CHECK_ERR(loom_lr_scaled(0.01, LOOM_LR_SCALE_SQRT, 128, 0, &lr), LOOM_EINVAL);
+	CHECK_STREQ(loom_errmsg(), "--lr-scale sqrt needs --ref-batch-size TOKENS (the batch --lr was tuned for)");
+	CHECK_ERR(loom_lr_scaled(0.01, (loom_lr_scale_t)3, 128, 32, &lr), LOOM_EINVAL);
+	CHECK_OK(loom_lr_scale_parse("linear", &k));
+	CHECK_EQ(k, LOOM_LR_SCALE_LINEAR);
+	CHECK_STREQ(loom_lr_scale_name(k), "linear");
+	CHECK_STREQ(loom_lr_scale_name(LOOM_LR_SCALE_SQRT), "sqrt");
+	CHECK_STREQ(loom_lr_scale_name((loom_lr_scale_t)9), "?");
+	CHECK_ERR(loom_lr_scale_parse("cubic", &k), LOOM_EINVAL);
+	CHECK_STREQ(loom_errmsg(), "'cubic' is not one of none, sqrt, linear");
+	return 0;
+}
+
+/* The sgemm-peak cache under $XDG_CACHE_HOME: absent, stored, found for its thread count only, a line
+ * of another CPU ignored. */
+TEST(train_peak_cache)
+{
+	char dir[512], path[1100], want[1100];
+	const char *old = getenv("XDG_CACHE_HOME");
+	char *saved = old ? strdup(old) : NULL;
+	double v = 0;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	setenv("XDG_CACHE_HOME", dir, 1);
+	CHECK_OK(loom_peak_cache_path(path, sizeof path));
+	snprintf(want, sizeof want, "%s/loom/gemm_peak", dir);
+	CHECK_STREQ(path, want);
+	CHECK_ERR(loom_peak_cache_get(3, &v), LOOM_ENOENT);
+	CHECK_OK(loom_peak_cache_put(3, 1.5e11)); /* creates dir/loom */
+	CHECK_OK(loom_peak_cache_put(2, 7.25e10));
+	CHECK_OK(loom_peak_cache_get(3, &v));
+	CHECK_FEQ(v, 1.5e11);
+	CHECK_OK(loom_peak_cache_get(2, &v));
+	CHECK_FEQ(v, 7.25e10);
+	CHECK_ERR(loom_peak_cache_get(4, &v), LOOM_ENOENT);
+	CHECK_CONTAINS(loom_errmsg(), "has no peak for 4 threads on this CPU");
+	/* a measurement of another CPU (hash 1) for 4 threads is not used */
+	FILE *f = fopen(path, "a");
+	CHECK(f != NULL);
+	fprintf(f, "4 1 9.0e+11\n");
+	fclose(f);
+	CHECK_ERR(loom_peak_cache_get(4, &v), LOOM_ENOENT);
+	CHECK_ERR(loom_peak_cache_put(4, 0.0), LOOM_EINVAL);
+	if (saved)
+		setenv("XDG_CACHE_HOME", saved, 1), free(saved);
+	else
+		unsetenv("XDG_CACHE_HOME");
 	test_rmdir(dir);
 	return 0;
 }

@@ -7,9 +7,17 @@
  * rest of backward; loom_ddp_wait() waits for all of them before the optimizer step. On accumulation
  * micro-steps before the last, nothing is communicated (loom_ddp_set_sync(d, 0): PyTorch's no_sync).
  *
+ * Memory: the loom_ddp_t owns its gradient storage (shared memory when possible) and, at create,
+ * points the model's gradient view at it (loom_gpt2_set_grad_buffer; the current gradient values are
+ * kept). It never takes over the model's own buffer. From create to destroy the gradients are at
+ * loom_ddp_grads(d) (= loom_gpt2_grads(model)); a gradient pointer taken before create is the model's
+ * own buffer, which is not updated meanwhile. Do not re-point the model's gradient view while a
+ * loom_ddp_t is attached.
+ *
  * Not thread-safe: one training thread drives a loom_ddp_t. Destroy the loom_ddp_t before its model
- * and before the communicator: destroying it gives the model back its own gradient buffer (with the
- * current values) and removes the grad-ready callback, so the model stays usable on its own. */
+ * and before the communicator: destroying it points the model's gradient view back at its own buffer
+ * (copying the current values there) and removes the grad-ready callback, so the model stays usable
+ * on its own. */
 #ifndef LOOM_DDP_H
 #define LOOM_DDP_H
 
@@ -32,8 +40,10 @@ typedef struct {
 } loom_ddp_stats_t;
 
 /* bucket_mb: bucket size in MiB (PyTorch's default 25); first_bucket_mb: the first (last layers)
- * bucket's size (PyTorch's 1). Registers the model's grad-ready callback and moves its gradients
- * (keeping their values) into shared memory when possible. */
+ * bucket's size (PyTorch's 1). Registers the model's grad-ready callback and points the model's
+ * gradient view at the reducer's storage (see Memory above). Not collective. Returns LOOM_OK,
+ * LOOM_EINVAL (bucket sizes not > 0) or LOOM_ENOMEM; on failure *d is NULL and the model is
+ * untouched. */
 int loom_ddp_create(loom_ddp_t **d, loom_comm_t *comm, loom_gpt2_t *model, double bucket_mb, double first_bucket_mb);
 /* Waits for any all-reduce still in flight, detaches from the model (see above), frees everything.
  * Safe on NULL. */
@@ -62,6 +72,9 @@ uint64_t loom_checksum_f32(const float *x, size_t n);
 int loom_ddp_bucket(const loom_ddp_t *d, int b, size_t *offset, size_t *count);
 /* 1 when the gradients live in shared memory (single-copy all-reduce). */
 int loom_ddp_zero_copy(const loom_ddp_t *d);
+/* The gradient storage (owned by d; loom_gpt2_num_params floats, the model's layout), valid until
+ * loom_ddp_destroy. */
+float *loom_ddp_grads(loom_ddp_t *d);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 #include "loom/data.h"
 #include "loom/ckpt.h"
 #include "loom/ddp.h"
+#include "loom/mesh.h"
 #include "loom/optim.h"
 #include "loom/train.h"
 

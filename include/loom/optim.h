@@ -56,6 +56,15 @@ int loom_adamw_init(loom_adamw_t *o, const loom_adamw_config_t *cfg, size_t n, c
                     int nseg);
 /* The same for a GPT-2 parameter buffer: one segment per tensor of the model's table. */
 int loom_adamw_init_gpt2(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_gpt2_config_t *model);
+/* An optimizer over part of a GPT-2 parameter buffer: floats [offset, offset + count) (a shard owned
+ * by one rank; it may start and end inside tensors). Its segments are the model's tensors clipped to
+ * that range and rebased to 0, each with its tensor's decay, so m and v hold count floats and a step
+ * is loom_adamw_step(o, params + offset, grads + offset, ...). Updating every shard of a partition
+ * of [0, n) this way gives bit-identical parameters and moments to one optimizer over all of them
+ * (the update is element-wise). count may be 0 (an empty shard: steps only count). LOOM_EINVAL when
+ * the range is outside the buffer, else as loom_adamw_init. */
+int loom_adamw_init_gpt2_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_gpt2_config_t *model,
+                               size_t offset, size_t count);
 void loom_adamw_free(loom_adamw_t *o); /* safe on a zeroed or freed struct */
 
 /* One AdamW update of params (n floats) with gradient grads * grad_scale (grad_scale = 1 for none,
@@ -69,8 +78,11 @@ int loom_adamw_step_ref(loom_adamw_t *o, float *params, const float *grads, floa
 
 /* ---- clipping ---------------------------------------------------------------------------------- */
 
-/* L2 norm of g (n floats), accumulated in double (OpenMP). */
+/* L2 norm of g (n floats), accumulated in double (OpenMP): sqrt(loom_grad_sumsq(g, n)). */
 double loom_grad_norm(const float *g, size_t n);
+/* Sum of squares of g (n floats) in double, in a fixed order whatever the thread count: the part of
+ * a squared norm that one rank adds when the gradients are split across ranks. */
+double loom_grad_sumsq(const float *g, size_t n);
 /* torch.nn.utils.clip_grad_norm_'s factor: max_norm / (norm + 1e-6) when that is < 1, else 1.
  * max_norm <= 0 disables clipping (returns 1). */
 float loom_clip_scale(double norm, double max_norm);

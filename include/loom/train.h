@@ -6,14 +6,16 @@
  * k = (i*accum + j)*world + r (loom/data.h). Gradients accumulate with scale 1/accum, so the step's
  * gradient is the mean over its micro-batches; the logged loss is the mean of the micro-step losses.
  *
- * Data parallelism: with a communicator of more than one rank in the config, every rank runs the
- * same trainer on its own windows. The first step broadcasts rank 0's parameters (initialized,
- * loaded or resumed) and every rank verifies their checksum; gradients are averaged across ranks
- * through loom/ddp.h on the last micro-step of each step only (no communication before it), so the
- * averaged gradient, its norm, the clipping and the update are bit-identical on every rank. The
- * step's loss is averaged over ranks and micro-steps; rank 0 alone writes the log and checkpoints,
- * which hold the loader states of all ranks. N ranks with accumulation A give the same losses (up to
- * float rounding) as one rank with accumulation N x A.
+ * Data parallelism: with a communicator of more than one rank in the config (or a mesh whose
+ * data-parallel axis has several), every rank runs the same trainer on its own windows ("world" and
+ * "rank" above are the data-parallel size and coordinate). The first step broadcasts rank 0's
+ * parameters (initialized, loaded or resumed) and every rank verifies their checksum; gradients are
+ * averaged across ranks by the parallel strategy ("ddp": loom/ddp.h's reducer) on the last
+ * micro-step of each step only (no communication before it), so the averaged gradient, its norm,
+ * the clipping and the update are bit-identical on every rank. The step's loss is averaged over
+ * ranks and micro-steps; global rank 0 alone writes the log and checkpoints, which hold the loader
+ * states of all data-parallel ranks. N ranks with accumulation A give the same losses (up to float
+ * rounding) as one rank with accumulation N x A.
  *
  * A training checkpoint (DIR/step_NNNNNNNN/, written through loom/ckpt.h) holds the model, the AdamW
  * state (m, v, step) and the trainer state (step, data-loader state, seed, config). There is no other
@@ -24,12 +26,14 @@
 #ifndef LOOM_TRAIN_H
 #define LOOM_TRAIN_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #include "loom/comm.h"
 #include "loom/error.h"
 #include "loom/gpt2.h"
+#include "loom/mesh.h"
 #include "loom/optim.h"
 
 #ifdef __cplusplus
@@ -59,6 +63,36 @@ int loom_schedule_check(const loom_lr_schedule_t *s);
 /* The rate of optimizer step `step` (from 1). */
 float loom_schedule_lr(const loom_lr_schedule_t *s, long long step);
 
+/* ---- batch arithmetic and LR scaling ----------------------------------------------------------- */
+
+/* The gradient accumulation that gives total_batch tokens per optimizer step with micro-batches of
+ * B x T tokens on dp data-parallel ranks: *accum = total_batch / (B x T x dp). LOOM_EINVAL when a
+ * value is < 1 or total_batch is not a multiple of B x T x dp; the message then names the product
+ * and lists the first valid totals ("--total-batch-size 96 is not a multiple of B x T x ranks =
+ * 2 x 16 x 2 = 64 tokens per micro-step; valid values: 64, 128, 192, 256, 320, ..."). */
+int loom_train_accum(long long total_batch, int B, int T, int dp, int *accum);
+
+/* Scaling a learning rate tuned for a reference batch to the batch trained with. */
+typedef enum { LOOM_LR_SCALE_NONE = 0, LOOM_LR_SCALE_SQRT = 1, LOOM_LR_SCALE_LINEAR = 2 } loom_lr_scale_t;
+/* "none" | "sqrt" | "linear"; LOOM_EINVAL ("'X' is not one of none, sqrt, linear") otherwise. */
+int loom_lr_scale_parse(const char *name, loom_lr_scale_t *kind);
+const char *loom_lr_scale_name(loom_lr_scale_t kind); /* "?" when invalid */
+/* *out = lr x (tokens_per_step / ref_tokens)^p with p = 0 (none), 1/2 (sqrt), 1 (linear), in double.
+ * LOOM_EINVAL for an invalid kind, or (other than none) ref_tokens or tokens_per_step <= 0. */
+int loom_lr_scaled(double lr, loom_lr_scale_t kind, long long tokens_per_step, long long ref_tokens, double *out);
+
+/* ---- the sgemm peak for MFU, measured once and cached ------------------------------------------- */
+
+/* The cache file: $XDG_CACHE_HOME/loom/gemm_peak, else $HOME/.cache/loom/gemm_peak (/tmp without
+ * HOME); one "threads cpu-hash flops" line per measurement. Delete it to measure again.
+ * LOOM_EINVAL when the path does not fit in cap bytes. */
+int loom_peak_cache_path(char *buf, size_t cap);
+/* The cached peak (FLOP/s) for `threads` threads on this CPU model: LOOM_OK, or LOOM_ENOENT when
+ * there is none (measure it with loom_gemm_peak_flops, then loom_peak_cache_put). */
+int loom_peak_cache_get(int threads, double *flops);
+/* Append a measurement (creating the directories); LOOM_EINVAL for values <= 0, LOOM_EIO. */
+int loom_peak_cache_put(int threads, double flops);
+
 /* ---- trainer ----------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -86,6 +120,16 @@ typedef struct {
 	                              A communicator of one rank is the same as NULL. */
 	double bucket_mb;          /* gradient bucket size in MiB (default 25; the first bucket 1 MiB) */
 	int check_replicas;        /* every K steps compare parameter checksums across ranks (0: never) */
+	/* Parallel strategy: how the training state is spread over the data-parallel ranks. "ddp" (or
+	   NULL) with zero = 0 is the only one for now (with one data-parallel rank it communicates
+	   nothing); any other name or ZeRO stage is LOOM_ENOTSUP at create. */
+	const char *strategy;
+	int zero;                  /* ZeRO stage (issue 8); 0 */
+	loom_mesh_t *mesh;         /* instead of comm: the ranks as a dp x tp x pp mesh (borrowed; must
+	                              outlive the trainer). The data-parallel axis carries the gradients,
+	                              the data sharding and the checkpoints' loader states; global rank 0
+	                              logs and saves. Only tp = pp = 1 for now (LOOM_ENOTSUP otherwise).
+	                              comm may be NULL or the mesh's world. */
 } loom_train_config_t;
 
 /* A config with the defaults: accum 1, AdamW defaults, grad_clip 1.0, cosine, min_lr_frac 0.0,
@@ -116,12 +160,14 @@ typedef struct loom_trainer loom_trainer_t;
 
 /* Build a trainer for `model` (borrowed: the caller keeps ownership and must keep it alive; its B
  * and T given at create must be >= cfg->B, cfg->T). Opens the loaders and allocates the optimizer;
- * strings in cfg are copied. With several ranks (cfg->comm) it also attaches a loom/ddp.h reducer to
- * the model, which moves the model's gradients into shared memory until loom_trainer_destroy
- * (destroy the trainer before the model and the communicator); not collective. Returns
- * LOOM_EINVAL (bad settings, T beyond the model's seq_len, a token id in the data >= the model's
- * vocabulary: the first 1M tokens of each set are checked), LOOM_ENOENT / LOOM_EFORMAT from the data,
- * or LOOM_ENOMEM; the detail is in loom_errmsg(). */
+ * strings in cfg are copied. It attaches the parallel strategy to the model (with several ranks,
+ * DDP: the model's gradient view points at the strategy's shared-memory storage until
+ * loom_trainer_destroy, which points it back at the model's own buffer; destroy the trainer before
+ * the model, the mesh and the communicator); not collective. Returns LOOM_EINVAL (bad settings, T
+ * beyond the model's seq_len, a token id in the data >= the model's vocabulary: the first 1M tokens
+ * of each set are checked), LOOM_ENOTSUP (a strategy or ZeRO stage that does not exist, a mesh with
+ * tp or pp > 1), LOOM_ENOENT / LOOM_EFORMAT from the data, or LOOM_ENOMEM; the detail is in
+ * loom_errmsg(). */
 int loom_trainer_create(loom_trainer_t **tr, const loom_train_config_t *cfg, loom_gpt2_t *model);
 void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log */
 
@@ -164,11 +210,11 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx);
 /* Set the FLOP/s that MFU is relative to (<= 0: MFU is reported as 0). */
 void loom_trainer_set_peak_flops(loom_trainer_t *tr, double flops);
 long long loom_trainer_steps_done(const loom_trainer_t *tr);
-int loom_trainer_rank(const loom_trainer_t *tr);  /* 0 with one process */
-int loom_trainer_world(const loom_trainer_t *tr); /* ranks; 1 with one process */
+int loom_trainer_rank(const loom_trainer_t *tr);  /* global rank; 0 with one process */
+int loom_trainer_world(const loom_trainer_t *tr); /* all ranks of the job; 1 with one process */
 loom_gpt2_t *loom_trainer_model(loom_trainer_t *tr);
 const loom_adamw_t *loom_trainer_optimizer(const loom_trainer_t *tr);
-/* Tokens per optimizer step: B*T*accum*world. */
+/* Tokens per optimizer step: B*T*accum*(data-parallel ranks). */
 long long loom_trainer_tokens_per_step(const loom_trainer_t *tr);
 
 #ifdef __cplusplus

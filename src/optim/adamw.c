@@ -74,20 +74,39 @@ int loom_adamw_init(loom_adamw_t *o, const loom_adamw_config_t *cfg, size_t n, c
 
 int loom_adamw_init_gpt2(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_gpt2_config_t *model)
 {
-	int nt = loom_gpt2_num_tensors(model), rc;
+	int rc;
+	memset(o, 0, sizeof *o);
+	if ((rc = loom_gpt2_config_check(model)) != LOOM_OK)
+		return rc;
+	return loom_adamw_init_gpt2_range(o, cfg, model, 0, loom_gpt2_num_params(model));
+}
+
+int loom_adamw_init_gpt2_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_gpt2_config_t *model,
+                               size_t offset, size_t count)
+{
+	int nt, nseg = 0, rc;
+	size_t n, hi = offset + count;
 	loom_optim_segment_t *segs;
 	loom_tensor_info_t ti;
 	memset(o, 0, sizeof *o);
 	if ((rc = loom_gpt2_config_check(model)) != LOOM_OK)
 		return rc;
+	nt = loom_gpt2_num_tensors(model), n = loom_gpt2_num_params(model);
+	if (offset > n || count > n - offset)
+		return loom_seterr(LOOM_EINVAL, "adamw: range [%zu, %zu) is outside the model's %zu parameters", offset,
+		                   offset + count, n);
 	segs = loom__malloc((size_t)nt * sizeof *segs);
 	if (!segs)
 		return loom_seterr(LOOM_ENOMEM, "adamw: out of memory");
-	for (int i = 0; i < nt; i++) {
+	for (int i = 0; i < nt; i++) { /* tensors clipped to [offset, hi), rebased to 0 */
 		loom_gpt2_tensor_info(model, i, &ti);
-		segs[i].offset = ti.offset, segs[i].numel = ti.numel, segs[i].decay = ti.decay;
+		size_t a = LOOM_MAX(ti.offset, offset), b = LOOM_MIN(ti.offset + ti.numel, hi);
+		if (a < b)
+			segs[nseg].offset = a - offset, segs[nseg].numel = b - a, segs[nseg++].decay = ti.decay;
 	}
-	rc = loom_adamw_init(o, cfg, loom_gpt2_num_params(model), segs, nt);
+	if (nseg == 0) /* an empty shard: one empty segment keeps the optimizer valid */
+		segs[nseg].offset = 0, segs[nseg].numel = 0, segs[nseg++].decay = 0;
+	rc = loom_adamw_init(o, cfg, count, segs, nseg);
 	free(segs);
 	return rc;
 }

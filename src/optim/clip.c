@@ -8,7 +8,7 @@
 #include "core/util.h"
 #include "loom/optim.h"
 
-double loom_grad_norm(const float *g, size_t n)
+double loom_grad_sumsq(const float *g, size_t n)
 {
 	/* A fixed number of chunks, whatever the thread count, summed in chunk order: the norm is the
 	 * same bits with 1 or N threads. */
@@ -25,7 +25,12 @@ double loom_grad_norm(const float *g, size_t n)
 	}
 	for (int c = 0; c < NCHUNK; c++)
 		total += part[c];
-	return sqrt(total);
+	return total;
+}
+
+double loom_grad_norm(const float *g, size_t n)
+{
+	return sqrt(loom_grad_sumsq(g, n));
 }
 
 float loom_clip_scale(double norm, double max_norm)

@@ -1,17 +1,30 @@
-/* ddp.c: data-parallel gradient averaging with buckets overlapped with backward (loom/ddp.h).
+/* ddp.c: data-parallel gradient averaging with buckets overlapped with backward (loom/ddp.h), and the
+ * "ddp" parallel strategy built on it (src/parallel/strategy.h).
  *
  * Buckets are ranges of consecutive tensors of the gradient buffer, formed from the last tensor
  * backwards, because backward finishes gradients in reverse tensor order. A bucket is launched when
  * all of its tensors have been reported by the model's grad-ready callback (counted, so the order
  * within a bucket does not matter); launches happen in bucket order on every rank, which keeps the
- * non-blocking collectives matched across ranks. While a loom_ddp_t exists the model's gradients
- * live in its (shared) buffer; destroying it copies them back to the model's own buffer. */
+ * non-blocking collectives matched across ranks.
+ *
+ * Memory: a loom_ddp_t owns its gradient storage (in the communicator's shared memory when it can,
+ * so each bucket's all-reduce is single-copy) and points the model's gradient view at it once, at
+ * create (loom_gpt2_set_grad_buffer); the model's own buffer is left alone, and destroy points the
+ * view back at it with the current values. Gradient pointers are taken from loom_ddp_grads (or from
+ * the model) after create, never before.
+ *
+ * Invariant of the strategy (checked by tests/test_ddp.c's ddp_strategy_invariant and by
+ * tests/test_ddp_train.c): after every step the parameters and AdamW state of all ranks are
+ * bit-identical, and equal to those of one process that averaged the ranks' gradients itself; the
+ * averaged gradients are the same bits on every rank (one all-reduce gives every rank the same
+ * result), so the norm, clipping and AdamW need no further communication. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/util.h"
 #include "loom/ddp.h"
+#include "parallel/strategy.h"
 
 typedef struct {
 	int lo, hi;          /* tensor indices, inclusive */
@@ -23,9 +36,9 @@ typedef struct {
 struct loom_ddp {
 	loom_comm_t *comm;
 	loom_gpt2_t *model;
-	float *grads;
-	float *model_grads; /* the model's own gradient buffer, given back on destroy */
-	int shared; /* grads from loom_comm_alloc */
+	float *grads;       /* owned: the gradient storage the model's gradient view points at */
+	float *model_grads; /* the model's own gradient buffer (not ours), its view's target again on destroy */
+	int shared;         /* grads from loom_comm_alloc */
 	size_t nparams;
 	int ntensors, nbuckets, sync, launched;
 	loom_comm_stats_t at_launch; /* counters when this step's first bucket was launched */
@@ -62,18 +75,20 @@ int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, dou
 	if (!(bucket_mb > 0) || !(first_bucket_mb > 0))
 		return loom_seterr(LOOM_EINVAL, "ddp: bucket sizes must be positive (got %g MiB and first %g MiB)",
 		                   bucket_mb, first_bucket_mb);
+	size_t nparams = loom_gpt2_num_params(cfg);
 	d = loom__calloc(1, sizeof *d);
 	if (!d)
 		return loom_seterr(LOOM_ENOMEM, "ddp: out of memory");
 	d->comm = comm, d->model = model, d->sync = 1;
-	d->nparams = loom_gpt2_num_params(cfg);
+	d->nparams = nparams;
 	d->ntensors = loom_gpt2_num_tensors(cfg);
 	d->bucket_of = loom__calloc((size_t)d->ntensors, sizeof *d->bucket_of);
 	d->buckets = loom__calloc((size_t)d->ntensors, sizeof *d->buckets);
 	if (!d->bucket_of || !d->buckets)
 		goto oom;
 
-	/* Gradients into shared memory, keeping their current values. */
+	/* Our gradient storage in shared memory, starting from the model's current gradients; the model's
+	 * gradient view points at it from here on (its own buffer is not touched). */
 	d->grads = loom_comm_alloc(comm, d->nparams * sizeof(float));
 	d->shared = d->grads != NULL;
 	if (!d->grads)
@@ -109,8 +124,8 @@ int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, dou
 	*out = d;
 	return LOOM_OK;
 oom:
-	loom_ddp_destroy(d);
-	return loom_seterr(LOOM_ENOMEM, "ddp: out of memory for %zu gradients", d ? d->nparams : 0);
+	loom_ddp_destroy(d); /* nothing attached yet: the model is untouched */
+	return loom_seterr(LOOM_ENOMEM, "ddp: out of memory for the buckets and %zu gradients", nparams);
 }
 
 void loom_ddp_destroy(loom_ddp_t *d)
@@ -243,4 +258,84 @@ int loom_ddp_bucket(const loom_ddp_t *d, int b, size_t *offset, size_t *count)
 int loom_ddp_zero_copy(const loom_ddp_t *d)
 {
 	return d->shared;
+}
+
+float *loom_ddp_grads(loom_ddp_t *d)
+{
+	return d->grads;
+}
+
+/* ---- the "ddp" strategy ------------------------------------------------------------------------ */
+
+typedef struct {
+	loom_strategy_t base; /* first: a loom_strategy_t * is a ddp_strategy_t * */
+	loom_ddp_t *ddp;
+} ddp_strategy_t;
+
+static void ddp_s_destroy(loom_strategy_t *s)
+{
+	ddp_strategy_t *d = (ddp_strategy_t *)s;
+	loom_ddp_destroy(d->ddp); /* the model's gradient view goes back to its own buffer */
+	loom__replica_free(s);
+	free(d);
+}
+
+static int ddp_s_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
+{
+	ddp_strategy_t *d = loom__calloc(1, sizeof *d);
+	int rc;
+	*out = NULL;
+	if (!d)
+		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
+	d->base.ops = loom__ddp_strategy();
+	/* PyTorch DDP's layout: the first bucket (the last layers, whose gradients come first) 1 MiB. */
+	if ((rc = loom_ddp_create(&d->ddp, cfg->dp, cfg->model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb))) ||
+	    (rc = loom__replica_init(&d->base, cfg, loom_ddp_grads(d->ddp)))) {
+		ddp_s_destroy(&d->base);
+		return rc;
+	}
+	*out = &d->base;
+	return LOOM_OK;
+}
+
+static void ddp_s_set_sync(loom_strategy_t *s, int sync)
+{
+	loom_ddp_set_sync(((ddp_strategy_t *)s)->ddp, sync);
+}
+
+static int ddp_s_finish_grads(loom_strategy_t *s, loom_strategy_stats_t *st)
+{
+	loom_ddp_stats_t ds;
+	int rc = loom_ddp_wait(((ddp_strategy_t *)s)->ddp, &ds);
+	st->comm_ms = ds.comm_ms, st->exposed_comm_ms = ds.exposed_comm_ms;
+	return rc;
+}
+
+static int ddp_s_sync_params(loom_strategy_t *s)
+{
+	return loom_ddp_broadcast_params(((ddp_strategy_t *)s)->ddp);
+}
+
+static int ddp_s_check_replicas(loom_strategy_t *s)
+{
+	return loom_ddp_check_replicas(((ddp_strategy_t *)s)->ddp);
+}
+
+static const loom_strategy_ops_t ddp_ops = {
+	.name = "ddp",
+	.create = ddp_s_create,
+	.destroy = ddp_s_destroy,
+	.set_sync = ddp_s_set_sync,
+	.finish_grads = ddp_s_finish_grads,
+	.grad_norm = loom__replica_grad_norm,
+	.optim_step = loom__replica_optim_step,
+	.sync_params = ddp_s_sync_params,
+	.check_replicas = ddp_s_check_replicas,
+	.save = loom__replica_save,
+	.load = loom__replica_load,
+};
+
+const loom_strategy_ops_t *loom__ddp_strategy(void)
+{
+	return &ddp_ops;
 }

@@ -4,14 +4,16 @@
  *   model.safetensors  the parameters (HF GPT-2 names; loadable by `loom sample` and HF tools),
  *   optim.safetensors  AdamW's m and v ("<name>.exp_avg", "<name>.exp_avg_sq"),
  *   state.json         step, AdamW step count, the train loader's state ("loader.train", and with
- *                      several ranks "loader.train.rankR" for each rank R > 0), and the settings a
- *                      resume must match (model config, B, T, accum, world) plus the others for the
- *                      record,
+ *                      several data-parallel ranks "loader.train.rankR" for each data-parallel rank
+ *                      R > 0), and the settings a resume must match (model config, B, T, accum, the
+ *                      data-parallel size as "batch.world") plus the others for the record,
  *   tokenizer.bin      a copy of the data's tokenizer when one is known (for `loom sample`).
- * That is the whole training state (see trainer.c), so a resumed run continues bit-identically. With
- * several ranks the parameters and AdamW state are the same on every rank; rank 0 writes them with
- * the loader states gathered from all ranks, and on resume every rank reads the checkpoint (its own
- * loader state) and the next step re-broadcasts rank 0's parameters and verifies them. */
+ * That is the whole training state (see trainer.c), so a resumed run continues bit-identically. The
+ * model and optimizer files are the parallel strategy's to write and read (its save/load: for DDP
+ * the state is the same on every rank, and the writer writes it); the loader states are gathered
+ * over the data-parallel axis; global rank 0 writes. On resume every rank reads the checkpoint (its
+ * own loader state and its part of the model and optimizer state) and the next step re-syncs the
+ * parameters from rank 0 and verifies them. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,20 +32,20 @@ static void loader_key(char *buf, size_t cap, int rank)
 		snprintf(buf, cap, "loader.train.rank%d", rank);
 }
 
-/* The loader states of all ranks (world of them, rank order), on every rank. Collective. */
+/* The loader states of all data-parallel ranks (dp_size of them, in order), on every rank. Collective. */
 static int gather_loader_states(loom_trainer_t *tr, loom_loader_state_t *all)
 {
 	loom_loader_state_t mine;
 	int rc;
 	_Static_assert(sizeof mine % sizeof(int64_t) == 0, "the loader state is gathered as int64 words");
 	loom_loader_get_state(tr->train, &mine);
-	if (!tr->comm) {
+	if (!tr->dp) {
 		all[0] = mine;
 		return LOOM_OK;
 	}
-	if ((rc = loom_allgather(tr->comm, &mine, all, sizeof mine / sizeof(int64_t), LOOM_INT64)) != LOOM_OK)
+	if ((rc = loom_allgather(tr->dp, &mine, all, sizeof mine / sizeof(int64_t), LOOM_INT64)) != LOOM_OK)
 		return loom_seterr(rc, "rank %d: checkpoint of step %lld: gathering the data-loader states: %s", tr->rank,
-		                   tr->step, loom_comm_errmsg(tr->comm));
+		                   tr->step, loom_comm_errmsg(tr->dp));
 	return LOOM_OK;
 }
 
@@ -54,8 +56,8 @@ static int put_state(loom_trainer_t *tr, loom_kv_t *kv, const loom_loader_state_
 	int rc = LOOM_OK;
 	rc = rc ? rc : loom_kv_set_str(kv, "format", "loom-train");
 	rc = rc ? rc : loom_kv_set_i64(kv, "step", tr->step);
-	rc = rc ? rc : loom_kv_set_i64(kv, "adamw.step", tr->opt.step);
-	for (int r = 0; r < tr->world; r++) {
+	rc = rc ? rc : loom_kv_set_i64(kv, "adamw.step", tr->strategy->opt.step);
+	for (int r = 0; r < tr->dp_size; r++) {
 		loader_key(key, sizeof key, r);
 		rc = rc ? rc : loom_kv_set_loader(kv, key, &loaders[r]);
 	}
@@ -67,7 +69,7 @@ static int put_state(loom_trainer_t *tr, loom_kv_t *kv, const loom_loader_state_
 	rc = rc ? rc : loom_kv_set_i64(kv, "batch.B", c->B);
 	rc = rc ? rc : loom_kv_set_i64(kv, "batch.T", c->T);
 	rc = rc ? rc : loom_kv_set_i64(kv, "batch.accum", c->accum);
-	rc = rc ? rc : loom_kv_set_i64(kv, "batch.world", tr->world);
+	rc = rc ? rc : loom_kv_set_i64(kv, "batch.world", tr->dp_size);
 	rc = rc ? rc : loom_kv_set_u64(kv, "seed", c->seed);
 	rc = rc ? rc : loom_kv_set_i64(kv, "shuffle", c->shuffle);
 	rc = rc ? rc : loom_kv_set_str(kv, "train_data", c->train_data);
@@ -93,21 +95,22 @@ int loom_trainer_save(loom_trainer_t *tr)
 	int rc;
 	if (!tr->cfg.save_dir)
 		return loom_seterr(LOOM_EINVAL, "trainer: no checkpoint directory (--save-dir)");
-	if (!(loaders = loom__calloc((size_t)tr->world, sizeof *loaders)))
+	if (!(loaders = loom__calloc((size_t)tr->dp_size, sizeof *loaders)))
 		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
-	if ((rc = gather_loader_states(tr, loaders)) != LOOM_OK || tr->rank != 0) { /* rank 0 writes */
+	if ((rc = gather_loader_states(tr, loaders)) != LOOM_OK) {
 		free(loaders);
 		return rc;
+	}
+	if (tr->rank != 0) { /* global rank 0 writes; the others give the strategy their part */
+		free(loaders);
+		return tr->strategy->ops->save(tr->strategy, NULL);
 	}
 	if ((rc = loom_ckpt_begin(&w, tr->cfg.save_dir, tr->step)) != LOOM_OK) {
+		tr->strategy->ops->save(tr->strategy, NULL); /* still take part, should it be collective */
 		free(loaders);
 		return rc;
 	}
-	if ((rc = loom_ckpt_file(&w, "model.safetensors", path, sizeof path)) ||
-	    (rc = loom_model_save_safetensors(path, &tr->mcfg, loom_gpt2_params(tr->model))))
-		goto fail;
-	if ((rc = loom_ckpt_file(&w, "optim.safetensors", path, sizeof path)) ||
-	    (rc = loom_optim_save(path, &tr->mcfg, tr->opt.m, tr->opt.v)))
+	if ((rc = tr->strategy->ops->save(tr->strategy, &w)) != LOOM_OK)
 		goto fail;
 	if (tr->cfg.tokenizer) {
 		loom_tokenizer_t tok;
@@ -153,7 +156,6 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 	struct stat sb;
 	loom_kv_t *kv = NULL;
 	loom_loader_state_t ls;
-	loom_gpt2_config_t saved;
 	int64_t step, astep;
 	int rc;
 	snprintf(manifest, sizeof manifest, "%s/MANIFEST", path);
@@ -174,12 +176,12 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 	    (rc = expect_i64(kv, file, "model.seq_len", tr->mcfg.seq_len, m)) ||
 	    (rc = expect_i64(kv, file, "model.vocab_size", tr->mcfg.vocab_size, m)) ||
 	    (rc = expect_i64(kv, file, "batch.B", tr->cfg.B, b)) || (rc = expect_i64(kv, file, "batch.T", tr->cfg.T, b)) ||
-	    (rc = expect_i64(kv, file, "batch.world", tr->world,
+	    (rc = expect_i64(kv, file, "batch.world", tr->dp_size,
 	                     " (resharding a checkpoint across world sizes is not supported yet)")) ||
 	    (rc = expect_i64(kv, file, "batch.accum", tr->cfg.accum, b)))
 		goto out;
 	char lkey[64];
-	loader_key(lkey, sizeof lkey, tr->rank);
+	loader_key(lkey, sizeof lkey, tr->dp_rank);
 	if ((rc = loom_kv_get_i64(kv, "step", &step)) || (rc = loom_kv_get_i64(kv, "adamw.step", &astep)) ||
 	    (rc = loom_kv_get_loader(kv, lkey, &ls)))
 		goto out;
@@ -192,28 +194,14 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 		rc = loom_seterr(rc, "resume from %s: %s", file, loom_errmsg());
 		goto out;
 	}
-	if (ls.next_window != (uint64_t)step * (uint64_t)tr->cfg.accum * (uint64_t)tr->world + (uint64_t)tr->rank) {
+	uint64_t want = (uint64_t)step * (uint64_t)tr->cfg.accum * (uint64_t)tr->dp_size + (uint64_t)tr->dp_rank;
+	if (ls.next_window != want) {
 		rc = loom_seterr(LOOM_EFORMAT, "%s: the loader is at window %llu, step %lld implies %llu", file,
-		                 (unsigned long long)ls.next_window, (long long)step,
-		                 (unsigned long long)((uint64_t)step * tr->cfg.accum * tr->world + tr->rank));
+		                 (unsigned long long)ls.next_window, (long long)step, (unsigned long long)want);
 		goto out;
 	}
-	snprintf(file, sizeof file, "%s/model.safetensors", dir);
-	if ((rc = loom_model_config(file, tr->mcfg.n_head, &saved, NULL)) != LOOM_OK)
+	if ((rc = tr->strategy->ops->load(tr->strategy, dir, astep)) != LOOM_OK)
 		goto out;
-	if (memcmp(&saved, &tr->mcfg, sizeof saved) != 0) {
-		rc = loom_seterr(LOOM_EMISMATCH,
-		                 "resume: %s holds a model L%d H%d C%d T%d V%d, this run's is L%d H%d C%d T%d V%d", file,
-		                 saved.n_layer, saved.n_head, saved.n_embd, saved.seq_len, saved.vocab_size,
-		                 tr->mcfg.n_layer, tr->mcfg.n_head, tr->mcfg.n_embd, tr->mcfg.seq_len, tr->mcfg.vocab_size);
-		goto out;
-	}
-	if ((rc = loom_model_load(file, &tr->mcfg, loom_gpt2_params(tr->model))) != LOOM_OK)
-		goto out;
-	snprintf(file, sizeof file, "%s/optim.safetensors", dir);
-	if ((rc = loom_optim_load(file, &tr->mcfg, tr->opt.m, tr->opt.v)) != LOOM_OK)
-		goto out;
-	tr->opt.step = astep;
 	tr->step = step;
 	tr->resumed = 1;
 	tr->synced = 0; /* the next step broadcasts rank 0's parameters again */

@@ -1,21 +1,27 @@
 /* trainer.c: the training loop: micro-steps with gradient accumulation, global-norm clipping,
- * AdamW under an LR schedule, evaluation, and the run loop that logs and checkpoints; with several
- * ranks, data-parallel through loom/ddp.h.
+ * AdamW under an LR schedule, evaluation, and the run loop that logs and checkpoints. How the
+ * training state is spread over the data-parallel ranks is the parallel strategy's business
+ * (src/parallel/strategy.h): the loop calls its operations and never asks which one it has.
  *
  * Invariants: after k calls of loom_trainer_step, tr->step == k, the optimizer has taken k steps and
- * the train loader's position is window k*accum*world + rank, so the whole training state is (model
- * parameters, AdamW m/v/step, loader state) and checkpoint.c saves exactly that. A step allocates
- * nothing. With several ranks, every collective call happens on every rank in the same order (the
- * steps, evaluations, replica checks and saves of the run loop depend only on the step number), and
- * the averaged gradients are bit-identical on every rank (the all-reduce gives every rank the same
- * bits), so the norm, clipping and AdamW keep the replicas identical without further communication.
- * Evaluation reads validation windows directly (loom_loader_window) and does not touch the training
- * state, so evaluating or not never changes the training losses. */
+ * the train loader's position is window k*accum*dp_size + dp_rank, so the whole training state is
+ * (model parameters, AdamW m/v/step, loader state) and checkpoint.c saves exactly that. A step
+ * allocates nothing. With several ranks, every collective call happens on every rank in the same
+ * order (the steps, evaluations, replica checks and saves of the run loop depend only on the step
+ * number), and the strategy keeps the replicas consistent (for DDP: the averaged gradients are
+ * bit-identical on every rank, so the norm, clipping and AdamW keep the replicas identical without
+ * further communication). Data sharding, the batch and the checkpoints' loader states follow the
+ * data-parallel coordinate (dp_rank of dp_size), logging and writing follow the global rank 0; with
+ * tp = pp = 1 both are the world rank. Evaluation reads validation windows directly
+ * (loom_loader_window) and does not touch the training state, so evaluating or not never changes
+ * the training losses. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/util.h"
+#include "loom/ddp.h"
+#include "loom/mesh.h"
 #include "train/trainer_internal.h"
 
 loom_train_config_t loom_train_defaults(void)
@@ -84,11 +90,39 @@ static int check_config(const loom_train_config_t *c, const loom_gpt2_config_t *
 		return loom_seterr(LOOM_EINVAL, "trainer: eval-batches must be > 0 to evaluate");
 	if (!isfinite(c->grad_clip))
 		return loom_seterr(LOOM_EINVAL, "trainer: grad clip %g must be finite", c->grad_clip);
-	if (c->comm && loom_comm_size(c->comm) > 1 && !(c->bucket_mb > 0 && c->bucket_mb < 1e6))
+	if (!(c->bucket_mb > 0 && c->bucket_mb < 1e6) &&
+	    ((c->comm && loom_comm_size(c->comm) > 1) || (c->mesh && loom_mesh_world_size(c->mesh) > 1)))
 		return loom_seterr(LOOM_EINVAL, "trainer: bucket size %g MiB must be > 0", c->bucket_mb);
 	if (c->check_replicas < 0)
 		return loom_seterr(LOOM_EINVAL, "trainer: check-replicas %d must be >= 0", c->check_replicas);
+	if (c->mesh) {
+		int tp = loom_mesh_size(c->mesh, LOOM_MESH_TP), pp = loom_mesh_size(c->mesh, LOOM_MESH_PP);
+		if (tp != 1 || pp != 1)
+			return loom_seterr(LOOM_ENOTSUP, "trainer: rank %d: a mesh with tp = %d and pp = %d: tensor and "
+			                   "pipeline parallel training are not implemented yet (issue 9); use tp = pp = 1",
+			                   loom_mesh_world_rank(c->mesh), tp, pp);
+		if (c->comm && c->comm != loom_mesh_world(c->mesh))
+			return loom_seterr(LOOM_EINVAL, "trainer: both a communicator and a mesh over another one were given: "
+			                   "give the mesh only");
+	}
 	return LOOM_OK;
+}
+
+/* Who this rank is: global rank and size, and its data-parallel axis (NULL when it has one rank). */
+static void topology(loom_trainer_t *tr, const loom_train_config_t *c)
+{
+	tr->world = 1, tr->rank = 0, tr->dp = NULL, tr->dp_rank = 0, tr->dp_size = 1;
+	if (c->mesh) {
+		tr->world = loom_mesh_world_size(c->mesh), tr->rank = loom_mesh_world_rank(c->mesh);
+		tr->dp = loom_mesh_comm(c->mesh, LOOM_MESH_DP);
+	} else if (c->comm) {
+		tr->world = loom_comm_size(c->comm), tr->rank = loom_comm_rank(c->comm);
+		tr->dp = c->comm;
+	}
+	if (tr->dp && loom_comm_size(tr->dp) == 1)
+		tr->dp = NULL; /* a communicator of one rank is the same as none */
+	if (tr->dp)
+		tr->dp_rank = loom_comm_rank(tr->dp), tr->dp_size = loom_comm_size(tr->dp);
 }
 
 int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, loom_gpt2_t *model)
@@ -107,17 +141,20 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	tr->cfg = *cfg;
 	tr->model = model;
 	tr->mcfg = *loom_gpt2_config(model);
-	tr->world = 1, tr->rank = 0;
-	if (cfg->comm && loom_comm_size(cfg->comm) > 1) {
-		tr->comm = cfg->comm;
-		tr->world = loom_comm_size(cfg->comm), tr->rank = loom_comm_rank(cfg->comm);
-	}
+	topology(tr, cfg);
 	if ((rc = dup_str(&tr->train_data, cfg->train_data)) || (rc = dup_str(&tr->val_data, cfg->val_data)) ||
 	    (rc = dup_str(&tr->save_dir, cfg->save_dir)) || (rc = dup_str(&tr->log_path, cfg->log_path)) ||
-	    (rc = dup_str(&tr->tokenizer, cfg->tokenizer)))
+	    (rc = dup_str(&tr->tokenizer, cfg->tokenizer)) || (rc = dup_str(&tr->strategy_name, cfg->strategy)))
 		goto fail;
 	tr->cfg.train_data = tr->train_data, tr->cfg.val_data = tr->val_data;
 	tr->cfg.save_dir = tr->save_dir, tr->cfg.log_path = tr->log_path, tr->cfg.tokenizer = tr->tokenizer;
+	tr->cfg.strategy = tr->strategy_name;
+	/* The strategy first (an unsupported one fails before the data is read); it attaches to the
+	 * model: the model's gradient view points at the strategy's storage until destroy. */
+	loom_strategy_config_t sc = {.name = cfg->strategy, .zero = cfg->zero, .model = model, .dp = tr->dp,
+	                             .writer = tr->rank == 0, .adamw = cfg->adamw, .bucket_mb = cfg->bucket_mb};
+	if ((rc = loom__strategy_create(&tr->strategy, &sc)) != LOOM_OK)
+		goto fail;
 	tr->inputs = loom__malloc((size_t)cfg->B * cfg->T * sizeof(int));
 	tr->targets = loom__malloc((size_t)cfg->B * cfg->T * sizeof(int));
 	if (!tr->inputs || !tr->targets) {
@@ -126,7 +163,7 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	}
 	memset(&lo, 0, sizeof lo);
 	lo.B = cfg->B, lo.T = cfg->T, lo.shuffle = cfg->shuffle, lo.seed = cfg->seed;
-	lo.rank = tr->rank, lo.world = tr->world;
+	lo.rank = tr->dp_rank, lo.world = tr->dp_size;
 	if ((rc = loom_loader_create(&tr->train, cfg->train_data, &lo)) != LOOM_OK)
 		goto fail;
 	if ((rc = check_vocab(tr, tr->train, "training", cfg->train_data)) != LOOM_OK)
@@ -138,17 +175,11 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 		if ((rc = check_vocab(tr, tr->val, "validation", cfg->val_data)) != LOOM_OK)
 			goto fail;
 	}
-	if ((rc = loom_adamw_init_gpt2(&tr->opt, &cfg->adamw, &tr->mcfg)) != LOOM_OK)
-		goto fail;
 	if (tr->val && !(tr->val_losses = loom__calloc((size_t)LOOM_MIN((uint64_t)cfg->eval_batches,
 	                                                          loom_loader_windows_per_epoch(tr->val)), sizeof(double)))) {
 		rc = loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
 		goto fail;
 	}
-	/* PyTorch DDP's layout: the first bucket (the last layers, whose gradients come first) 1 MiB. */
-	if (tr->comm &&
-	    (rc = loom_ddp_create(&tr->ddp, tr->comm, model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb))) != LOOM_OK)
-		goto fail;
 	tr->flops_per_token = loom_gpt2_flops_per_token(&tr->mcfg, cfg->T);
 	*out = tr;
 	return LOOM_OK;
@@ -161,15 +192,14 @@ void loom_trainer_destroy(loom_trainer_t *tr)
 {
 	if (!tr)
 		return;
-	loom_ddp_destroy(tr->ddp); /* gives the model its own gradient buffer back */
+	loom__strategy_destroy(tr->strategy); /* points the model's gradient view back at its own buffer */
 	free(tr->val_losses);
 	loom_train_log_close(tr);
 	loom_loader_destroy(tr->train);
 	loom_loader_destroy(tr->val);
-	loom_adamw_free(&tr->opt);
 	free(tr->inputs), free(tr->targets);
 	free(tr->train_data), free(tr->val_data), free(tr->save_dir), free(tr->log_path);
-	free(tr->tokenizer);
+	free(tr->tokenizer), free(tr->strategy_name);
 	free(tr);
 }
 
@@ -178,7 +208,7 @@ void loom_trainer_destroy(loom_trainer_t *tr)
 int loom_trainer_sync_params(loom_trainer_t *tr, uint64_t *checksum)
 {
 	int rc;
-	if (tr->ddp && (rc = loom_ddp_broadcast_params(tr->ddp)) != LOOM_OK)
+	if ((rc = tr->strategy->ops->sync_params(tr->strategy)) != LOOM_OK)
 		return loom_seterr(rc, "rank %d of %d: starting from rank 0's parameters: %s", tr->rank, tr->world,
 		                   loom_errmsg());
 	tr->synced = 1;
@@ -190,13 +220,12 @@ int loom_trainer_sync_params(loom_trainer_t *tr, uint64_t *checksum)
 int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 {
 	const loom_train_config_t *c = &tr->cfg;
-	float *params = loom_gpt2_params(tr->model), *grads = loom_gpt2_grads(tr->model);
-	size_t n = loom_gpt2_num_params(&tr->mcfg);
+	loom_strategy_t *s = tr->strategy;
 	double t0, loss_sum = 0.0, comm_ms = 0.0, exposed_ms = 0.0;
 	float scale = 1.0f / (float)c->accum, loss;
 	int rc;
 	memset(m, 0, sizeof *m);
-	if (tr->ddp && !tr->synced && (rc = loom_trainer_sync_params(tr, NULL)) != LOOM_OK)
+	if (!tr->synced && (rc = loom_trainer_sync_params(tr, NULL)) != LOOM_OK)
 		return rc;
 	t0 = loom_now();
 	loom_gpt2_zero_grad(tr->model);
@@ -205,34 +234,32 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 		loom_loader_get_state(tr->train, &st);
 		if ((rc = loom_loader_next(tr->train, tr->inputs, tr->targets)) != LOOM_OK)
 			return rc;
-		/* Gradients are averaged across ranks on the last micro-step only (as backward produces
+		/* Gradients are combined across ranks on the last micro-step only (as backward produces
 		 * them); the earlier ones accumulate locally and communicate nothing. */
-		if (tr->ddp)
-			loom_ddp_set_sync(tr->ddp, j == c->accum - 1);
+		loom_strategy_stats_t ss;
+		s->ops->set_sync(s, j == c->accum - 1);
 		rc = loom_gpt2_forward_backward(tr->model, tr->inputs, tr->targets, c->B, c->T, scale, &loss);
 		if (rc != LOOM_OK)
 			return loom_seterr(rc, "rank %d: step %lld, micro-step %d (data window %llu of '%s'): %s", tr->rank,
 			                   tr->step + 1, j, (unsigned long long)st.next_window, c->train_data, loom_errmsg());
-		if (tr->ddp) {
-			loom_ddp_stats_t ds;
-			if ((rc = loom_ddp_wait(tr->ddp, &ds)) != LOOM_OK)
-				return loom_seterr(rc, "rank %d: step %lld: %s", tr->rank, tr->step + 1, loom_errmsg());
-			comm_ms += ds.comm_ms, exposed_ms += ds.exposed_comm_ms;
-		}
+		if ((rc = s->ops->finish_grads(s, &ss)) != LOOM_OK)
+			return loom_seterr(rc, "rank %d: step %lld: %s", tr->rank, tr->step + 1, loom_errmsg());
+		comm_ms += ss.comm_ms, exposed_ms += ss.exposed_comm_ms;
 		loss_sum += loss;
 	}
-	if (tr->ddp) { /* the loss of all ranks: a blocking all-reduce of one double */
+	if (tr->dp) { /* the loss of all data-parallel ranks: a blocking all-reduce of one double */
 		double ta = loom_now();
-		if ((rc = loom_allreduce(tr->comm, &loss_sum, &loss_sum, 1, LOOM_FLOAT64, LOOM_AVG)) != LOOM_OK)
+		if ((rc = loom_allreduce(tr->dp, &loss_sum, &loss_sum, 1, LOOM_FLOAT64, LOOM_AVG)) != LOOM_OK)
 			return loom_seterr(rc, "rank %d: step %lld: averaging the loss across ranks: %s", tr->rank, tr->step + 1,
-			                   loom_comm_errmsg(tr->comm));
+			                   loom_comm_errmsg(tr->dp));
 		ta = 1e3 * (loom_now() - ta);
 		comm_ms += ta, exposed_ms += ta;
 	}
 	double t1 = loom_now();
-	m->grad_norm = loom_grad_norm(grads, n);
+	if ((rc = s->ops->grad_norm(s, &m->grad_norm)) != LOOM_OK)
+		return loom_seterr(rc, "rank %d: step %lld: gradient norm: %s", tr->rank, tr->step + 1, loom_errmsg());
 	m->lr = loom_schedule_lr(&c->lr, tr->step + 1);
-	if ((rc = loom_adamw_step(&tr->opt, params, grads, m->lr, loom_clip_scale(m->grad_norm, c->grad_clip))) != LOOM_OK)
+	if ((rc = s->ops->optim_step(s, m->lr, loom_clip_scale(m->grad_norm, c->grad_clip))) != LOOM_OK)
 		return rc;
 	tr->step++;
 	double t2 = loom_now(), dt = t2 - t0;
@@ -266,17 +293,17 @@ int loom_trainer_eval(loom_trainer_t *tr, float *val_loss)
 	 * (each slot has one non-zero term, so exactly) and added up in window order by every rank. */
 	n = LOOM_MIN((uint64_t)c->eval_batches, loom_loader_windows_per_epoch(tr->val));
 	memset(tr->val_losses, 0, (size_t)n * sizeof(double));
-	for (uint64_t k = (uint64_t)tr->rank; k < n; k += (uint64_t)tr->world) {
+	for (uint64_t k = (uint64_t)tr->dp_rank; k < n; k += (uint64_t)tr->dp_size) {
 		if ((rc = loom_loader_window(tr->val, k, tr->inputs, tr->targets)) != LOOM_OK)
 			return rc;
 		if ((rc = loom_gpt2_forward(tr->model, tr->inputs, tr->targets, c->B, c->T, &loss)) != LOOM_OK)
 			return rc;
 		tr->val_losses[k] = loss;
 	}
-	if (tr->comm && (rc = loom_allreduce(tr->comm, tr->val_losses, tr->val_losses, (size_t)n, LOOM_FLOAT64,
-	                                     LOOM_SUM)) != LOOM_OK)
+	if (tr->dp && (rc = loom_allreduce(tr->dp, tr->val_losses, tr->val_losses, (size_t)n, LOOM_FLOAT64,
+	                                   LOOM_SUM)) != LOOM_OK)
 		return loom_seterr(rc, "rank %d: evaluation after step %lld: %s", tr->rank, tr->step,
-		                   loom_comm_errmsg(tr->comm));
+		                   loom_comm_errmsg(tr->dp));
 	for (uint64_t k = 0; k < n; k++)
 		sum += tr->val_losses[k];
 	*val_loss = (float)(sum / (double)n);
@@ -286,9 +313,7 @@ int loom_trainer_eval(loom_trainer_t *tr, float *val_loss)
 int loom_trainer_check_replicas(loom_trainer_t *tr)
 {
 	int rc;
-	if (!tr->ddp)
-		return LOOM_OK;
-	if ((rc = loom_ddp_check_replicas(tr->ddp)) != LOOM_OK)
+	if ((rc = tr->strategy->ops->check_replicas(tr->strategy)) != LOOM_OK)
 		return loom_seterr(rc, "after step %lld: %s", tr->step, loom_errmsg());
 	return LOOM_OK;
 }
@@ -358,10 +383,10 @@ loom_gpt2_t *loom_trainer_model(loom_trainer_t *tr)
 
 const loom_adamw_t *loom_trainer_optimizer(const loom_trainer_t *tr)
 {
-	return &tr->opt;
+	return &tr->strategy->opt;
 }
 
 long long loom_trainer_tokens_per_step(const loom_trainer_t *tr)
 {
-	return (long long)tr->cfg.B * tr->cfg.T * tr->cfg.accum * tr->world;
+	return (long long)tr->cfg.B * tr->cfg.T * tr->cfg.accum * tr->dp_size;
 }

@@ -6,20 +6,22 @@
 #include <stdio.h>
 
 #include "loom/data.h"
-#include "loom/ddp.h"
 #include "loom/train.h"
+#include "parallel/strategy.h"
 
 struct loom_trainer {
 	loom_train_config_t cfg;        /* string fields point at the owned copies below */
-	char *train_data, *val_data, *save_dir, *log_path, *tokenizer;
+	char *train_data, *val_data, *save_dir, *log_path, *tokenizer, *strategy_name;
 	loom_gpt2_t *model;             /* borrowed */
 	loom_gpt2_config_t mcfg;
 	loom_loader_t *train, *val;     /* val may be NULL */
-	loom_adamw_t opt;
 	int *inputs, *targets;          /* B*T each */
-	int world, rank;                /* 1 and 0 in the single-process trainer */
-	loom_comm_t *comm;              /* borrowed; NULL with one rank */
-	loom_ddp_t *ddp;                /* gradient averaging; NULL with one rank */
+	int world, rank;                /* global: all ranks of the job (1 and 0 in one process); rank 0 logs
+	                                   and writes checkpoints */
+	loom_comm_t *dp;                /* the data-parallel axis (borrowed); NULL with one data-parallel rank */
+	int dp_rank, dp_size;           /* this rank's data-parallel coordinate and the axis size: the data
+	                                   sharding, the batch and the checkpoints' loader states use these */
+	loom_strategy_t *strategy;      /* the parallel strategy: gradients, norm, optimizer, parameter sync */
 	int synced;                     /* rank 0's parameters were broadcast since the last init/resume */
 	double *val_losses;             /* eval_batches per-window losses, reduced across ranks */
 	long long step;                 /* optimizer steps done */

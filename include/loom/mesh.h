@@ -1,0 +1,62 @@
+/* loom/mesh.h: a device mesh: the ranks of a job arranged as dp x tp x pp, with one communicator per
+ * axis (Megatron-LM's process groups).
+ *
+ * Rank order (Megatron's): tp varies fastest, then dp, then pp, so
+ *     world rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+ * and a tensor-parallel group is tp consecutive ranks (the ranks that exchange the most data sit
+ * next to each other). The axis communicator of a rank joins the ranks that differ from it in that
+ * coordinate only, ordered by that coordinate (so its rank in it is its coordinate).
+ *
+ * Axis communicators: an axis of size 1 has none (loom_mesh_comm returns NULL: there is nobody to
+ * talk to); an axis as large as the world is the world communicator itself (borrowed, not split, so
+ * dp x 1 x 1 costs nothing over the plain communicator); every other axis gets its own communicator
+ * from loom_comm_split, owned by the mesh. With tp = pp = 1 the mesh is today's data-parallel job.
+ *
+ * Not thread-safe; use a mesh from the thread that uses its communicators. */
+#ifndef LOOM_MESH_H
+#define LOOM_MESH_H
+
+#include <stddef.h>
+
+#include "loom/comm.h"
+#include "loom/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { LOOM_MESH_DP = 0, LOOM_MESH_TP = 1, LOOM_MESH_PP = 2, LOOM_MESH_AXES = 3 } loom_mesh_axis_t;
+
+typedef struct loom_mesh loom_mesh_t;
+
+/* Arrange the ranks of `world` (borrowed; must outlive the mesh; NULL: a job of one rank) as
+ * dp x tp x pp. One size may be 0: it is derived as world size / (product of the others). Collective
+ * over world: every rank must pass the same sizes (checked: LOOM_EMISMATCH naming the ranks that
+ * differ). LOOM_EINVAL, naming the rank, when a size is negative, more than one is 0, the world is
+ * not divisible by the given sizes, or the product is not the world size; errors of
+ * loom_comm_split otherwise. *mesh is NULL on failure. */
+int loom_mesh_create(loom_mesh_t **mesh, loom_comm_t *world, int dp, int tp, int pp);
+/* Destroy the communicators the mesh split (not the world's); safe on NULL. Not collective. */
+void loom_mesh_destroy(loom_mesh_t *mesh);
+
+int loom_mesh_size(const loom_mesh_t *m, loom_mesh_axis_t axis);  /* ranks along the axis */
+int loom_mesh_coord(const loom_mesh_t *m, loom_mesh_axis_t axis); /* this rank's coordinate on it */
+/* This rank's communicator along the axis (see above: NULL for a size-1 axis); owned by the mesh
+ * or the world, valid until loom_mesh_destroy. */
+loom_comm_t *loom_mesh_comm(const loom_mesh_t *m, loom_mesh_axis_t axis);
+loom_comm_t *loom_mesh_world(const loom_mesh_t *m); /* as given to create (may be NULL) */
+int loom_mesh_world_rank(const loom_mesh_t *m);
+int loom_mesh_world_size(const loom_mesh_t *m);
+const char *loom_mesh_axis_name(loom_mesh_axis_t axis); /* "dp", "tp", "pp"; "?" when invalid */
+
+/* The layout as text (from the same table that orders the ranks): the sizes and the rank formula,
+ * then per axis its stride and this rank's group, e.g.
+ *   "mesh dp 2 x tp 2 x pp 2 = 8 ranks; world rank = tp + 2*dp + 4*pp\n"
+ *   "  tp: stride 1, this rank (5) at 1 of {4, 5}\n" ...
+ * Writes at most cap bytes (always terminated when cap > 0); returns the length it needed. */
+size_t loom_mesh_describe(const loom_mesh_t *m, char *buf, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

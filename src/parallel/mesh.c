@@ -1,0 +1,221 @@
+/* mesh.c: the dp x tp x pp device mesh (loom/mesh.h).
+ *
+ * The rank order is data: `order` lists the axes fastest-varying first, and everything else (the
+ * strides, a rank's coordinates, the color and key of each axis's split, the description) is
+ * computed from it, so the ordering, the communicators and the printed layout cannot disagree.
+ *
+ * Invariants: the product of the sizes is the world size; world rank = sum over axes of
+ * coord * stride; the communicator of axis a joins exactly the ranks whose other coordinates equal
+ * this rank's, ordered by coord[a] (color = the group's first rank, key = coord[a]), so a rank's
+ * rank in it is coord[a]. All ranks split the same axes in the same order (the decision depends only
+ * on the sizes, which create checks to agree), which keeps the collective splits matched. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "loom/mesh.h"
+
+/* Megatron-LM's order: tensor parallel fastest (neighbouring ranks), then data, then pipeline. */
+static const struct {
+	loom_mesh_axis_t axis;
+	const char *name;
+} order[LOOM_MESH_AXES] = {
+	{LOOM_MESH_TP, "tp"},
+	{LOOM_MESH_DP, "dp"},
+	{LOOM_MESH_PP, "pp"},
+};
+
+struct loom_mesh {
+	loom_comm_t *world; /* borrowed */
+	int rank, size;
+	int sizes[LOOM_MESH_AXES], coords[LOOM_MESH_AXES], strides[LOOM_MESH_AXES];
+	loom_comm_t *comms[LOOM_MESH_AXES];
+	int owned[LOOM_MESH_AXES]; /* comms[a] came from loom_comm_split */
+};
+
+const char *loom_mesh_axis_name(loom_mesh_axis_t axis)
+{
+	for (int k = 0; k < LOOM_MESH_AXES; k++)
+		if (order[k].axis == axis)
+			return order[k].name;
+	return "?";
+}
+
+/* The sizes after deriving a 0, checked against the world size. */
+static int resolve(int rank, int world, const int req[LOOM_MESH_AXES], int sizes[LOOM_MESH_AXES])
+{
+	int zeros = 0, prod = 1;
+	for (int a = 0; a < LOOM_MESH_AXES; a++) {
+		if (req[a] < 0)
+			return loom_seterr(LOOM_EINVAL, "mesh: rank %d: %s size %d must be >= 1 (or 0: derived)", rank,
+			                   loom_mesh_axis_name((loom_mesh_axis_t)a), req[a]);
+		zeros += req[a] == 0;
+		prod *= req[a] > 0 ? req[a] : 1;
+	}
+	if (zeros > 1)
+		return loom_seterr(LOOM_EINVAL, "mesh: rank %d: only one of dp %d, tp %d, pp %d may be 0 (derived)", rank,
+		                   req[LOOM_MESH_DP], req[LOOM_MESH_TP], req[LOOM_MESH_PP]);
+	for (int a = 0; a < LOOM_MESH_AXES; a++) {
+		sizes[a] = req[a];
+		if (req[a] == 0) {
+			if (world % prod != 0)
+				return loom_seterr(LOOM_EINVAL, "mesh: rank %d of %d: the world of %d ranks is not divisible by "
+				                   "the other sizes (%d) to derive %s (dp %d, tp %d, pp %d)", rank, world, world, prod,
+				                   loom_mesh_axis_name((loom_mesh_axis_t)a), req[LOOM_MESH_DP],
+				                   req[LOOM_MESH_TP], req[LOOM_MESH_PP]);
+			sizes[a] = world / prod;
+			prod = world;
+		}
+	}
+	if (prod != world)
+		return loom_seterr(LOOM_EINVAL, "mesh: rank %d of %d: dp %d x tp %d x pp %d = %d ranks, but the world has %d",
+		                   rank, world, sizes[LOOM_MESH_DP], sizes[LOOM_MESH_TP], sizes[LOOM_MESH_PP], prod, world);
+	return LOOM_OK;
+}
+
+/* Every rank passed the same sizes: LOOM_EMISMATCH naming the ranks that differ from rank 0. */
+static int check_agree(loom_comm_t *world, int rank, int size, const int req[LOOM_MESH_AXES])
+{
+	int *all = loom__calloc((size_t)size * LOOM_MESH_AXES, sizeof *all), rc, bad = 0;
+	char list[256] = "";
+	size_t len = 0;
+	if (!all)
+		return loom_seterr(LOOM_ENOMEM, "mesh: out of memory");
+	if ((rc = loom_allgather(world, req, all, LOOM_MESH_AXES, LOOM_INT32)) != LOOM_OK) {
+		free(all);
+		return loom_seterr(rc, "mesh: rank %d: gathering the mesh sizes: %s", rank, loom_comm_errmsg(world));
+	}
+	for (int r = 1; r < size; r++)
+		if (memcmp(all + (size_t)r * LOOM_MESH_AXES, all, LOOM_MESH_AXES * sizeof *all) != 0) {
+			bad++;
+			if (len + 16 < sizeof list)
+				len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", bad > 1 ? ", " : "", r);
+		}
+	if (bad)
+		rc = loom_seterr(LOOM_EMISMATCH, "mesh: rank %d: rank(s) %s asked for other sizes than rank 0's dp %d x tp "
+		                 "%d x pp %d", rank, list, all[LOOM_MESH_DP], all[LOOM_MESH_TP], all[LOOM_MESH_PP]);
+	free(all);
+	return rc;
+}
+
+int loom_mesh_create(loom_mesh_t **out, loom_comm_t *world, int dp, int tp, int pp)
+{
+	int req[LOOM_MESH_AXES], rc;
+	loom_mesh_t *m;
+	*out = NULL;
+	req[LOOM_MESH_DP] = dp, req[LOOM_MESH_TP] = tp, req[LOOM_MESH_PP] = pp;
+	if (!(m = loom__calloc(1, sizeof *m)))
+		return loom_seterr(LOOM_ENOMEM, "mesh: out of memory");
+	m->world = world;
+	m->rank = world ? loom_comm_rank(world) : 0;
+	m->size = world ? loom_comm_size(world) : 1;
+	/* The collective check comes first, so that ranks with bad sizes still take part in it. */
+	if ((m->size > 1 && (rc = check_agree(world, m->rank, m->size, req)) != LOOM_OK) ||
+	    (rc = resolve(m->rank, m->size, req, m->sizes)) != LOOM_OK)
+		goto fail;
+	for (int k = 0, stride = 1; k < LOOM_MESH_AXES; k++) {
+		loom_mesh_axis_t a = order[k].axis;
+		m->strides[a] = stride;
+		m->coords[a] = m->rank / stride % m->sizes[a];
+		stride *= m->sizes[a];
+	}
+	for (int k = 0; k < LOOM_MESH_AXES; k++) {
+		loom_mesh_axis_t a = order[k].axis;
+		if (m->sizes[a] == 1)
+			continue; /* nobody to talk to: no communicator */
+		if (m->sizes[a] == m->size) {
+			m->comms[a] = world; /* the whole world along this axis: borrowed */
+			continue;
+		}
+		int color = m->rank - m->coords[a] * m->strides[a]; /* the group's first rank */
+		if ((rc = loom_comm_split(world, color, m->coords[a], &m->comms[a])) != LOOM_OK) {
+			rc = loom_seterr(rc, "mesh: rank %d: creating the %s communicator: %s", m->rank, order[k].name,
+			                 loom_errmsg());
+			goto fail;
+		}
+		m->owned[a] = 1;
+	}
+	*out = m;
+	return LOOM_OK;
+fail:
+	loom_mesh_destroy(m);
+	return rc;
+}
+
+void loom_mesh_destroy(loom_mesh_t *m)
+{
+	if (!m)
+		return;
+	for (int a = 0; a < LOOM_MESH_AXES; a++)
+		if (m->owned[a])
+			loom_comm_destroy(m->comms[a]);
+	free(m);
+}
+
+static int valid(loom_mesh_axis_t a)
+{
+	return (int)a >= 0 && a < LOOM_MESH_AXES;
+}
+
+int loom_mesh_size(const loom_mesh_t *m, loom_mesh_axis_t axis)
+{
+	return valid(axis) ? m->sizes[axis] : 0;
+}
+
+int loom_mesh_coord(const loom_mesh_t *m, loom_mesh_axis_t axis)
+{
+	return valid(axis) ? m->coords[axis] : -1;
+}
+
+loom_comm_t *loom_mesh_comm(const loom_mesh_t *m, loom_mesh_axis_t axis)
+{
+	return valid(axis) ? m->comms[axis] : NULL;
+}
+
+loom_comm_t *loom_mesh_world(const loom_mesh_t *m)
+{
+	return m->world;
+}
+
+int loom_mesh_world_rank(const loom_mesh_t *m)
+{
+	return m->rank;
+}
+
+int loom_mesh_world_size(const loom_mesh_t *m)
+{
+	return m->size;
+}
+
+#define APPEND(...)                                                                                   \
+	do {                                                                                              \
+		int n_ = snprintf(len < cap ? buf + len : NULL, len < cap ? cap - len : 0, __VA_ARGS__);      \
+		len += n_ > 0 ? (size_t)n_ : 0;                                                               \
+	} while (0)
+
+size_t loom_mesh_describe(const loom_mesh_t *m, char *buf, size_t cap)
+{
+	size_t len = 0;
+	if (cap)
+		buf[0] = 0;
+	APPEND("mesh dp %d x tp %d x pp %d = %d ranks; world rank =", m->sizes[LOOM_MESH_DP], m->sizes[LOOM_MESH_TP],
+	       m->sizes[LOOM_MESH_PP], m->size);
+	for (int k = 0; k < LOOM_MESH_AXES; k++) {
+		loom_mesh_axis_t a = order[k].axis;
+		if (m->strides[a] == 1)
+			APPEND("%s %s", k ? " +" : "", order[k].name);
+		else
+			APPEND("%s %d*%s", k ? " +" : "", m->strides[a], order[k].name);
+	}
+	APPEND("\n");
+	for (int k = 0; k < LOOM_MESH_AXES; k++) {
+		loom_mesh_axis_t a = order[k].axis;
+		int first = m->rank - m->coords[a] * m->strides[a];
+		APPEND("  %s: stride %d, this rank (%d) at %d of {", order[k].name, m->strides[a], m->rank, m->coords[a]);
+		for (int i = 0; i < m->sizes[a]; i++)
+			APPEND("%s%d", i ? ", " : "", first + i * m->strides[a]);
+		APPEND("}\n");
+	}
+	return len;
+}

@@ -1,0 +1,131 @@
+/* strategy.c: the choice of a parallel strategy as a table, and the whole-state operations shared by
+ * the strategies whose every rank holds the whole training state (local.c, ddp.c).
+ *
+ * The table is the rule: a row matches the trainer's `strategy` name, its ZeRO stage and whether the
+ * data-parallel axis has one rank or several; loom__strategy_describe prints the same rows, so the
+ * rule and its description cannot disagree. ZeRO (issue 8) adds rows, not branches. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "loom/ckpt.h"
+#include "parallel/strategy.h"
+
+static const struct {
+	const char *name;
+	int zero;
+	int several; /* 0: the data-parallel axis has one rank; 1: more than one */
+	const loom_strategy_ops_t *(*ops)(void);
+	const char *what;
+} strategies[] = {
+	{"ddp", 0, 0, loom__local_strategy, "the model's own gradients and one optimizer; nothing is communicated"},
+	{"ddp", 0, 1, loom__ddp_strategy, "every rank holds all parameters and AdamW state; gradients are averaged in "
+	                              "buckets of shared memory while backward runs"},
+};
+
+void loom__strategy_describe(char *buf, size_t cap)
+{
+	size_t len = 0;
+	if (cap)
+		buf[0] = 0;
+	for (size_t k = 0; k < LOOM_ARRAY_LEN(strategies) && len < cap; k++) {
+		int n = snprintf(buf + len, cap - len, "%s zero=%d %s: %s: %s\n", strategies[k].name, strategies[k].zero,
+		                 strategies[k].several ? "ranks>1" : "ranks=1", strategies[k].ops()->name, strategies[k].what);
+		if (n < 0)
+			break;
+		len += (size_t)n;
+	}
+}
+
+int loom__strategy_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
+{
+	const char *name = cfg->name && *cfg->name ? cfg->name : "ddp";
+	int several = cfg->dp && loom_comm_size(cfg->dp) > 1, named = 0;
+	*out = NULL;
+	for (size_t k = 0; k < LOOM_ARRAY_LEN(strategies); k++) {
+		if (strcmp(strategies[k].name, name) != 0)
+			continue;
+		named = 1;
+		if (strategies[k].zero == cfg->zero && strategies[k].several == several)
+			return strategies[k].ops()->create(out, cfg);
+	}
+	if (!named)
+		return loom_seterr(LOOM_ENOTSUP, "trainer: parallel strategy '%s' does not exist (available: ddp)", name);
+	return loom_seterr(LOOM_ENOTSUP, "trainer: strategy '%s' with ZeRO stage %d is not implemented (ZeRO is "
+	                   "issue 8; available: zero = 0, plain data parallel)", name, cfg->zero);
+}
+
+void loom__strategy_destroy(loom_strategy_t *s)
+{
+	if (s)
+		s->ops->destroy(s);
+}
+
+int loom__replica_init(loom_strategy_t *s, const loom_strategy_config_t *cfg, float *grads)
+{
+	s->model = cfg->model;
+	s->mcfg = *loom_gpt2_config(cfg->model);
+	s->dp = cfg->dp;
+	s->dp_rank = cfg->dp ? loom_comm_rank(cfg->dp) : 0;
+	s->dp_size = cfg->dp ? loom_comm_size(cfg->dp) : 1;
+	s->writer = cfg->writer;
+	s->params = loom_gpt2_params(cfg->model);
+	s->grads = grads;
+	s->nparams = loom_gpt2_num_params(&s->mcfg);
+	s->own_offset = 0, s->own_count = s->nparams;
+	return loom_adamw_init_gpt2_range(&s->opt, &cfg->adamw, &s->mcfg, 0, s->nparams);
+}
+
+void loom__replica_free(loom_strategy_t *s)
+{
+	loom_adamw_free(&s->opt);
+}
+
+int loom__replica_grad_norm(loom_strategy_t *s, double *norm)
+{
+	*norm = loom_grad_norm(s->grads, s->nparams);
+	return LOOM_OK;
+}
+
+int loom__replica_optim_step(loom_strategy_t *s, float lr, float grad_scale)
+{
+	return loom_adamw_step(&s->opt, s->params, s->grads, lr, grad_scale);
+}
+
+int loom__replica_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
+{
+	char path[1200];
+	int rc;
+	if (!w) /* every rank holds the same state: the writer alone writes it */
+		return LOOM_OK;
+	if ((rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) ||
+	    (rc = loom_model_save_safetensors(path, &s->mcfg, s->params)))
+		return rc;
+	if ((rc = loom_ckpt_file(w, "optim.safetensors", path, sizeof path)) ||
+	    (rc = loom_optim_save(path, &s->mcfg, s->opt.m, s->opt.v)))
+		return rc;
+	return LOOM_OK;
+}
+
+int loom__replica_load(loom_strategy_t *s, const char *dir, long long step)
+{
+	char file[1200];
+	loom_gpt2_config_t saved;
+	const loom_gpt2_config_t *c = &s->mcfg;
+	int rc;
+	snprintf(file, sizeof file, "%s/model.safetensors", dir);
+	if ((rc = loom_model_config(file, c->n_head, &saved, NULL)) != LOOM_OK)
+		return rc;
+	if (memcmp(&saved, c, sizeof saved) != 0)
+		return loom_seterr(LOOM_EMISMATCH, "resume: %s holds a model L%d H%d C%d T%d V%d, this run's is "
+		                   "L%d H%d C%d T%d V%d", file, saved.n_layer, saved.n_head, saved.n_embd, saved.seq_len,
+		                   saved.vocab_size, c->n_layer, c->n_head, c->n_embd, c->seq_len, c->vocab_size);
+	if ((rc = loom_model_load(file, c, s->params)) != LOOM_OK)
+		return rc;
+	snprintf(file, sizeof file, "%s/optim.safetensors", dir);
+	if ((rc = loom_optim_load(file, c, s->opt.m, s->opt.v)) != LOOM_OK)
+		return rc;
+	s->opt.step = step;
+	return LOOM_OK;
+}

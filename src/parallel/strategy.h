@@ -1,0 +1,123 @@
+/* strategy.h: what the trainer may ask of a parallel strategy, and nothing more (internal to src/).
+ *
+ * A strategy decides where the training state (parameters, gradients, AdamW moments) lives across
+ * the ranks of the data-parallel axis and how gradients and parameters move between them. The
+ * trainer (src/train/trainer.c) calls only the operations below, never asks which strategy it has,
+ * and drives one step as
+ *
+ *     set_sync(0) ... forward_backward ... finish_grads    (accumulation micro-steps before the last)
+ *     set_sync(1)     forward_backward     finish_grads    (the last micro-step)
+ *     grad_norm -> clip scale -> optim_step
+ *
+ * with sync_params before the first step (and after a resume), check_replicas, save and load when
+ * the run loop says so. Every operation marked collective is called on every rank of the
+ * data-parallel axis in the same order.
+ *
+ * Memory: a strategy owns the gradient storage it needs and points the model's gradient view at it
+ * once, at attach (loom_gpt2_set_grad_buffer); `grads` below is that storage, valid until destroy.
+ * Nothing else may re-point the model's gradient view while a strategy is attached; destroy points
+ * it back at the model's own buffer (with the current values). `params` is the model's parameter
+ * buffer. Callers take both from here after attach and cache nothing across attach/destroy.
+ *
+ * Ownership: each rank owns (updates, and keeps AdamW moments for) the floats [own_offset,
+ * own_offset + own_count) of the flat parameter buffer; `opt` covers exactly that range (its m and v
+ * are own_count floats, loom_adamw_init_gpt2_range). For DDP and local every rank owns everything.
+ *
+ * Adding a strategy: a file src/parallel/NAME.c that states its invariant at its top and fills a
+ * loom_strategy_ops_t, a row in strategy.c's table (the rule that maps the trainer's `strategy` and
+ * `zero` settings to it), and a test that checks the invariant. */
+#ifndef LOOM_PARALLEL_STRATEGY_H
+#define LOOM_PARALLEL_STRATEGY_H
+
+#include <stddef.h>
+
+#include "loom/ckpt.h"
+#include "loom/comm.h"
+#include "loom/gpt2.h"
+#include "loom/optim.h"
+
+typedef struct loom_strategy loom_strategy_t;
+
+/* What the trainer attaches a strategy with (everything borrowed; must outlive the strategy). */
+typedef struct {
+	const char *name;     /* "ddp" (NULL: "ddp") */
+	int zero;             /* ZeRO stage; only 0 for now */
+	loom_gpt2_t *model;
+	loom_comm_t *dp;      /* the data-parallel axis, or NULL for one data-parallel rank */
+	int writer;           /* 1 on the rank that writes checkpoints (global rank 0) */
+	loom_adamw_config_t adamw;
+	double bucket_mb;     /* gradient bucket size (MiB); the first bucket min(1, bucket_mb) */
+} loom_strategy_config_t;
+
+/* Communication of one step's gradients, as loom_ddp_stats_t. */
+typedef struct {
+	double comm_ms;         /* time the step's gradient collectives ran (on the progress thread) */
+	double exposed_comm_ms; /* of which the training thread waited for */
+} loom_strategy_stats_t;
+
+typedef struct {
+	const char *name;
+	/* Create and attach to cfg->model (point its gradient view at the strategy's storage, register
+	 * hooks, allocate the optimizer for the owned range). Not collective. *s NULL on failure. */
+	int (*create)(loom_strategy_t **s, const loom_strategy_config_t *cfg);
+	/* Detach (the model gets its own gradient buffer back, with the current values) and free.
+	 * Waits for anything in flight. Safe on NULL via loom__strategy_destroy. */
+	void (*destroy)(loom_strategy_t *s);
+	/* 1: the next micro-step's gradients are combined across ranks; 0: accumulate locally (no_sync). */
+	void (*set_sync)(loom_strategy_t *s, int sync);
+	/* After a micro-step's backward: wait for its in-flight gradient communication; fills *st. */
+	int (*finish_grads)(loom_strategy_t *s, loom_strategy_stats_t *st);
+	/* The global L2 norm of the gradients: the sum of squares of the owned part, combined across the
+	 * ranks that own disjoint parts. Collective when parts are disjoint. */
+	int (*grad_norm)(loom_strategy_t *s, double *norm);
+	/* AdamW over the owned part with gradient grads * grad_scale; then whatever makes every rank's
+	 * parameters current again. Collective when parts are disjoint. */
+	int (*optim_step)(loom_strategy_t *s, float lr, float grad_scale);
+	/* Make every rank's parameters rank 0's and verify (checksums). Collective. */
+	int (*sync_params)(loom_strategy_t *s);
+	/* LOOM_EMISMATCH naming the ranks whose replicated state differs. Collective. */
+	int (*check_replicas)(loom_strategy_t *s);
+	/* Write the model and optimizer state into the open checkpoint w (NULL on ranks that do not
+	 * write). Collective (a sharded strategy gathers its parts). */
+	int (*save)(loom_strategy_t *s, const loom_ckpt_writer_t *w);
+	/* Read this rank's part of the model and optimizer state from the committed checkpoint dir;
+	 * AdamW's step becomes `step`. Not collective. */
+	int (*load)(loom_strategy_t *s, const char *dir, long long step);
+} loom_strategy_ops_t;
+
+/* The part every strategy has; implementations embed it as their first member. */
+struct loom_strategy {
+	const loom_strategy_ops_t *ops;
+	loom_gpt2_t *model;
+	loom_gpt2_config_t mcfg;
+	loom_comm_t *dp;              /* NULL with one data-parallel rank */
+	int dp_rank, dp_size;
+	int writer;
+	float *params, *grads;        /* the full flat buffers (see Memory above) */
+	size_t nparams;
+	size_t own_offset, own_count; /* the owned range */
+	loom_adamw_t opt;             /* over the owned range */
+};
+
+/* The strategies' tables (local.c, ddp.c; static data behind functions, so that the archive exports
+ * no data symbols); strategy.c's table picks among them. */
+const loom_strategy_ops_t *loom__local_strategy(void);
+const loom_strategy_ops_t *loom__ddp_strategy(void);
+
+/* Pick the strategy for cfg by the table in strategy.c (LOOM_ENOTSUP naming what exists for an
+ * unknown name or a ZeRO stage not implemented) and create it. */
+int loom__strategy_create(loom_strategy_t **s, const loom_strategy_config_t *cfg);
+void loom__strategy_destroy(loom_strategy_t *s); /* safe on NULL */
+/* The table as text, one line per row: "ddp zero=0 ranks=1: local: ..." (for docs and errors). */
+void loom__strategy_describe(char *buf, size_t cap);
+
+/* Helpers for strategies whose every rank holds the whole state (local, ddp): fill the common part
+ * (params, grads given, own range = everything, the optimizer), and the whole-state operations. */
+int loom__replica_init(loom_strategy_t *s, const loom_strategy_config_t *cfg, float *grads);
+void loom__replica_free(loom_strategy_t *s);
+int loom__replica_grad_norm(loom_strategy_t *s, double *norm);
+int loom__replica_optim_step(loom_strategy_t *s, float lr, float grad_scale);
+int loom__replica_save(loom_strategy_t *s, const loom_ckpt_writer_t *w);
+int loom__replica_load(loom_strategy_t *s, const char *dir, long long step);
+
+#endif

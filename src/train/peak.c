@@ -1,0 +1,100 @@
+/* peak.c: the cache of measured sgemm peaks that MFU is relative to (loom/train.h).
+ *
+ * Measuring the peak (loom_gemm_peak_flops) takes about 2 s, so a program measures once per thread
+ * count and CPU and keeps the result in $XDG_CACHE_HOME/loom/gemm_peak (or ~/.cache/loom/gemm_peak,
+ * /tmp/.cache/loom/gemm_peak without HOME): one line "threads cpu-hash flops" per measurement,
+ * appended. The CPU hash is of /proc/cpuinfo's first "model name" line, so a home directory shared
+ * between machines does not reuse another CPU's figure. Lines that do not parse end the lookup. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/util.h"
+#include "loom/train.h"
+
+/* Hash of this machine's CPU model name (djb2 over the whole line); 0 without /proc/cpuinfo. */
+static unsigned long cpu_hash(void)
+{
+	FILE *f = fopen("/proc/cpuinfo", "r");
+	char line[512];
+	unsigned long h = 5381;
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof line, f))
+		if (!strncmp(line, "model name", 10)) {
+			for (const char *c = line; *c; c++)
+				h = h * 33 + (unsigned char)*c;
+			break;
+		}
+	fclose(f);
+	return h;
+}
+
+static int cache_dir(char *buf, size_t cap)
+{
+	const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+	int n;
+	if (xdg && *xdg)
+		n = snprintf(buf, cap, "%s/loom", xdg);
+	else
+		n = snprintf(buf, cap, "%s/.cache/loom", home && *home ? home : "/tmp");
+	if (n < 0 || (size_t)n >= cap)
+		return loom_seterr(LOOM_EINVAL, "peak cache: the cache directory's path is longer than %zu bytes", cap);
+	return LOOM_OK;
+}
+
+int loom_peak_cache_path(char *buf, size_t cap)
+{
+	char dir[900];
+	int rc = cache_dir(dir, sizeof dir), n;
+	if (rc != LOOM_OK)
+		return rc;
+	n = snprintf(buf, cap, "%s/gemm_peak", dir);
+	if (n < 0 || (size_t)n >= cap)
+		return loom_seterr(LOOM_EINVAL, "peak cache: %s/gemm_peak is longer than %zu bytes", dir, cap);
+	return LOOM_OK;
+}
+
+int loom_peak_cache_get(int threads, double *flops)
+{
+	char path[1000];
+	unsigned long h = cpu_hash(), fh;
+	int t, rc;
+	double v;
+	FILE *f;
+	if ((rc = loom_peak_cache_path(path, sizeof path)) != LOOM_OK)
+		return rc;
+	if (!(f = fopen(path, "r")))
+		return loom_seterr(LOOM_ENOENT, "peak cache: no %s", path);
+	while (fscanf(f, "%d %lu %lf", &t, &fh, &v) == 3)
+		if (t == threads && fh == h && v > 0) {
+			fclose(f);
+			*flops = v;
+			return LOOM_OK;
+		}
+	fclose(f);
+	return loom_seterr(LOOM_ENOENT, "peak cache: %s has no peak for %d threads on this CPU", path, threads);
+}
+
+int loom_peak_cache_put(int threads, double flops)
+{
+	char dir[900], path[1000], parent[900];
+	FILE *f;
+	int rc;
+	if (!(flops > 0) || threads < 1)
+		return loom_seterr(LOOM_EINVAL, "peak cache: %g FLOP/s for %d threads: both must be > 0", flops, threads);
+	if ((rc = cache_dir(dir, sizeof dir)) != LOOM_OK || (rc = loom_peak_cache_path(path, sizeof path)) != LOOM_OK)
+		return rc;
+	snprintf(parent, sizeof parent, "%s", dir);
+	char *slash = strrchr(parent, '/');
+	if (slash && slash != parent)
+		*slash = 0, mkdir(parent, 0755); /* ~/.cache may not exist yet; errors show at fopen */
+	mkdir(dir, 0755);
+	if (!(f = fopen(path, "a")))
+		return loom_seterr(LOOM_EIO, "peak cache: cannot append to %s", path);
+	fprintf(f, "%d %lu %.6e\n", threads, cpu_hash(), flops);
+	if (fclose(f) != 0)
+		return loom_seterr(LOOM_EIO, "peak cache: writing %s failed", path);
+	return LOOM_OK;
+}
