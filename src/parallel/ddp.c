@@ -109,8 +109,9 @@ int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, dou
 	*out = d;
 	return LOOM_OK;
 oom:
+	loom_seterr(LOOM_ENOMEM, "ddp: out of memory for %zu gradients", d->nparams);
 	loom_ddp_destroy(d);
-	return loom_seterr(LOOM_ENOMEM, "ddp: out of memory for %zu gradients", d ? d->nparams : 0);
+	return LOOM_ENOMEM;
 }
 
 void loom_ddp_destroy(loom_ddp_t *d)
