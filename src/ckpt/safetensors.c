@@ -187,8 +187,8 @@ int loom_st_open(loom_st_t **out, const char *path)
 		                 (unsigned long long)hlen);
 		goto out;
 	}
-	if (loom__json_parse((const char *)st->map + 8, (size_t)hlen, &st->root, err, sizeof err)) {
-		rc = loom_seterr(LOOM_EFORMAT, "%s: bad JSON header: %s", path, err);
+	if ((rc = loom__json_parse((const char *)st->map + 8, (size_t)hlen, &st->root, err, sizeof err)) != 0) {
+		rc = loom_seterr(rc == LOOM_ENOMEM ? rc : LOOM_EFORMAT, "%s: bad JSON header: %s", path, err);
 		goto out;
 	}
 	if (st->root.type != JSON_OBJECT) {
