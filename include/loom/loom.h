@@ -10,5 +10,6 @@
 #include "loom/ddp.h"
 #include "loom/optim.h"
 #include "loom/train.h"
+#include "loom/util.h"
 
 #endif
