@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -298,7 +299,7 @@ TEST(fault_ddp_create)
 static const loom_gpt2_config_t small_cfg = {2, 2, 8, 16, 50}; /* L H C T V */
 
 typedef struct {
-	char dir[256], st[512], bin[512], optim[512], kv[512], ckpts[512], tok[512];
+	char dir[256], st[512], bin[512], optim[512], kv[512], ckpts[512], tok[512], hf[512];
 	float *params, *m, *v;
 	size_t n;
 } ckpt_arg_t;
@@ -324,6 +325,33 @@ static int call_model_load_st(void *arg, int *rc)
 static int call_model_load_llmc(void *arg, int *rc)
 {
 	return model_load(arg, ((ckpt_arg_t *)arg)->bin, rc);
+}
+
+static int call_model_load_hf(void *arg, int *rc)
+{
+	return model_load(arg, ((ckpt_arg_t *)arg)->hf, rc);
+}
+
+/* A safetensors model as HF publishes it: "transformer."-prefixed names, no n_head in the file's
+ * metadata but in config.json beside it. */
+static int write_hf_model(const ckpt_arg_t *a)
+{
+	loom_st_tensor_t t[64];
+	loom_tensor_info_t info[64];
+	char names[64][80], cfg[600];
+	const char *json = "{\"model_type\": \"gpt2\", \"n_head\": 2, \"n_layer\": 2}";
+	int n = loom_gpt2_num_tensors(&small_cfg);
+	CHECK(n <= 64);
+	for (int i = 0; i < n; i++) {
+		CHECK_OK(loom_gpt2_tensor_info(&small_cfg, i, &info[i]));
+		snprintf(names[i], sizeof names[i], "transformer.%.63s", info[i].name);
+		t[i] = (loom_st_tensor_t){names[i], LOOM_ST_F32, info[i].ndim, {info[i].shape[0], info[i].shape[1]},
+		                          a->params + info[i].offset, info[i].numel * sizeof(float)};
+	}
+	CHECK_OK(loom_st_write(a->hf, t, n, NULL, 0));
+	snprintf(cfg, sizeof cfg, "%s/hf/config.json", a->dir);
+	CHECK(test_write_file(cfg, json, strlen(json)) == 0);
+	return 0;
 }
 
 static int call_st_open(void *arg, int *rc)
@@ -420,6 +448,7 @@ static int write_ckpt(const char *dir, int64_t step)
 TEST(fault_ckpt_load)
 {
 	ckpt_arg_t a;
+	char hfdir[600];
 	loom_kv_t *kv;
 	loom_tokenizer_t tok;
 	loom_loader_state_t ls = {42, 0, 1, 1000, 2, 8, 1, 0, 1, 0};
@@ -433,6 +462,7 @@ TEST(fault_ckpt_load)
 	snprintf(a.kv, sizeof a.kv, "%s/state.json", a.dir);
 	snprintf(a.ckpts, sizeof a.ckpts, "%s/ckpts", a.dir);
 	snprintf(a.tok, sizeof a.tok, "%s/tokenizer.bin", a.dir);
+	snprintf(a.hf, sizeof a.hf, "%s/hf/model.safetensors", a.dir);
 	a.n = loom_gpt2_num_params(&small_cfg);
 	a.params = malloc(a.n * sizeof(float)), a.m = malloc(a.n * sizeof(float)), a.v = malloc(a.n * sizeof(float));
 	for (size_t i = 0; i < a.n; i++)
@@ -449,12 +479,16 @@ TEST(fault_ckpt_load)
 	loom_kv_destroy(kv);
 	CHECK_OK(write_ckpt(a.ckpts, 10));
 	CHECK_OK(write_ckpt(a.ckpts, 20));
+	snprintf(hfdir, sizeof hfdir, "%s/hf", a.dir);
+	CHECK(mkdir(hfdir, 0777) == 0);
+	CHECK(write_hf_model(&a) == 0);
 	CHECK_OK(loom_tokenizer_init_bytes(&tok));
 	CHECK_OK(loom_tokenizer_save(&tok, a.tok));
 	loom_tokenizer_free(&tok);
 
 	rc = rc || sweep("loom_model_load_alloc (safetensors)", call_model_load_st, &a, 3, &points);
 	rc = rc || sweep("loom_model_load_alloc (llm.c)", call_model_load_llmc, &a, 1, &points);
+	rc = rc || sweep("loom_model_load_alloc (HF safetensors + config.json)", call_model_load_hf, &a, 3, &points);
 	rc = rc || sweep("loom_st_open", call_st_open, &a, 3, &points);
 	rc = rc || sweep("loom_optim_load", call_optim_load, &a, 3, &points);
 	rc = rc || sweep("loom_kv_load", call_kv_load, &a, 3, &points);
