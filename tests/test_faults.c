@@ -135,7 +135,7 @@ TEST(fault_comm_init_split)
 typedef struct {
 	long n;       /* the victim's allocation that fails */
 	int victim;   /* the rank whose allocation fails */
-	int split;    /* 1: sweep the split (init runs without failures) */
+	int split;    /* 0: sweep init then split; 1: the split alone (init runs without failures) */
 	int hit;      /* the victim reached allocation n */
 	int rc[2];    /* each rank's result */
 	char msg[2][256];
@@ -218,7 +218,7 @@ TEST(fault_comm_two_ranks)
 	for (int split = 0; split < 2 && rc == 0; split++) {
 		for (int victim = 0; victim < 2 && rc == 0; victim++) {
 			s->split = split, s->victim = victim;
-			rc = sweep_two(s, split ? "loom_comm_split (2 ranks)" : "loom_comm_init (2 ranks)", split ? 3 : 4);
+			rc = sweep_two(s, split ? "loom_comm_split (2 ranks)" : "loom_comm_init + loom_comm_split (2 ranks)", split ? 3 : 4);
 		}
 	}
 	munmap(s, sizeof *s);
