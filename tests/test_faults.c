@@ -34,8 +34,19 @@ static int leaked(void)
 }
 
 /* One call of the API under test: its LOOM_* code. On success it checks what it made (exact values)
- * and releases it; on failure its outputs must be NULL, which it checks (returning 1 otherwise). */
+ * and releases it; on failure its outputs must be NULL, which it checks (returning 1 otherwise).
+ * It calls fault_pause() after the calls under test, so that its checks run without injection. */
 typedef int (*call_fn)(void *arg, int *rc);
+
+static int paused_hit = -1;
+
+static void fault_pause(void)
+{
+	if (paused_hit < 0) { /* the first pause of a call counts */
+		paused_hit = loom__fault_alloc_hit();
+		loom__fault_alloc_set(0);
+	}
+}
 
 /* Fail allocation n = 1, 2, ... of fn's path; *points gets the number of allocations reached.
  * Returns 0 when every failure was clean and the run without one succeeded. A call may also
@@ -49,7 +60,8 @@ static int sweep(const char *api, call_fn fn, void *arg, long min_points, long *
 		loom_seterr(LOOM_OK, "%s", "");
 		loom__fault_alloc_set(n);
 		bad = fn(arg, &rc);
-		hit = loom__fault_alloc_hit();
+		hit = paused_hit >= 0 ? paused_hit : loom__fault_alloc_hit();
+		paused_hit = -1;
 		loom__fault_alloc_set(0);
 		CHECK_MSG(!bad, "%s: with allocation %ld failing (hit %d, rc %d): the call's outputs are wrong", api, n, hit,
 		          rc);
@@ -84,6 +96,7 @@ static int call_comm_init(void *arg, int *rc)
 	float x = 3;
 	(void)arg;
 	*rc = loom_comm_init(&c);
+	fault_pause();
 	if (*rc != LOOM_OK)
 		return c != NULL;
 	*rc = loom_allreduce(c, &x, &x, 1, LOOM_FLOAT32, LOOM_SUM);
@@ -95,6 +108,7 @@ static int call_comm_split(void *arg, int *rc)
 {
 	loom_comm_t *c = arg, *sub = (loom_comm_t *)1;
 	*rc = loom_comm_split(c, 5, 0, &sub);
+	fault_pause();
 	if (*rc != LOOM_OK)
 		return sub != NULL;
 	if (loom_comm_size(sub) != 1 || loom_comm_rank(sub) != 0)
@@ -234,6 +248,7 @@ static int call_gpt2_create(void *arg, int *rc)
 	int in[2 * 8], tg[2 * 8];
 	float loss = 0;
 	*rc = loom_gpt2_create(&m, cfg, 2, 8);
+	fault_pause();
 	if (*rc != LOOM_OK)
 		return m != NULL;
 	loom_gpt2_init(m, 7);
@@ -263,6 +278,7 @@ static int call_ddp_create(void *arg, int *rc)
 	loom_ddp_t *d = (loom_ddp_t *)1;
 	float *own = loom_gpt2_grads(a->model);
 	*rc = loom_ddp_create(&d, a->comm, a->model, 0.05, 0.01);
+	fault_pause();
 	if (*rc != LOOM_OK) /* a failed create leaves the model on its own gradients */
 		return d != NULL || loom_gpt2_grads(a->model) != own;
 	if (loom_ddp_bucket(d, 0, NULL, NULL) < 2)
@@ -310,6 +326,7 @@ static int model_load(ckpt_arg_t *a, const char *path, int *rc)
 	loom_gpt2_config_t cfg;
 	float *p = (float *)1;
 	*rc = loom_model_load_alloc(path, 0, &cfg, &p);
+	fault_pause();
 	if (*rc != LOOM_OK)
 		return p != NULL;
 	*rc = memcmp(&cfg, &small_cfg, sizeof cfg) != 0 || memcmp(p, a->params, a->n * sizeof *p) != 0;
@@ -360,6 +377,7 @@ static int call_st_open(void *arg, int *rc)
 	loom_st_t *st = (loom_st_t *)1;
 	int bad;
 	*rc = loom_st_open(&st, a->st);
+	fault_pause();
 	if (*rc != LOOM_OK)
 		return st != NULL;
 	bad = loom_st_count(st) != loom_gpt2_num_tensors(&small_cfg) || !loom_st_meta(st, "n_head") ||
@@ -374,6 +392,7 @@ static int call_optim_load(void *arg, int *rc)
 	float *m = calloc(a->n, sizeof *m), *v = calloc(a->n, sizeof *v);
 	int bad = 0;
 	*rc = loom_optim_load(a->optim, &small_cfg, m, v);
+	fault_pause();
 	if (*rc == LOOM_OK)
 		bad = memcmp(m, a->m, a->n * sizeof *m) != 0 || memcmp(v, a->v, a->n * sizeof *v) != 0;
 	free(m), free(v);
@@ -389,6 +408,7 @@ static int call_kv_load(void *arg, int *rc)
 	double d;
 	int bad;
 	*rc = loom_kv_load(&kv, a->kv);
+	fault_pause();
 	if (*rc != LOOM_OK)
 		return kv != NULL;
 	bad = loom_kv_get_str(kv, "name", &s) != LOOM_OK || strcmp(s, "fault") != 0 ||
@@ -421,6 +441,7 @@ static int call_tokenizer_load(void *arg, int *rc)
 	const unsigned char *b;
 	memset(&tok, 0, sizeof tok);
 	*rc = loom_tokenizer_load(&tok, a->tok);
+	fault_pause();
 	if (*rc != LOOM_OK)
 		return tok.bytes != NULL || tok.lengths != NULL;
 	b = loom_tokenizer_decode(&tok, 'q', &len);
@@ -500,6 +521,82 @@ TEST(fault_ckpt_load)
 	return rc;
 }
 
+/* ---- checkpoint writers ----------------------------------------------------------------------- */
+
+/* A failed write leaves nothing behind: no file under the final name, no temporary beside it. */
+static int dir_entries(const char *dir)
+{
+	char cmd[700], out[4096];
+	snprintf(cmd, sizeof cmd, "ls -A '%s' | wc -l", dir);
+	if (test_run_cmd(cmd, out, sizeof out, 30) != 0)
+		return -1;
+	return atoi(out);
+}
+
+static int call_writers(void *arg, int *rc)
+{
+	ckpt_arg_t *a = arg; /* writes into a->dir/w, which is empty before and after */
+	char dir[600], path[1400];
+	loom_ckpt_writer_t w;
+	loom_kv_t *kv = NULL;
+	int64_t step;
+	snprintf(dir, sizeof dir, "%s/w", a->dir);
+	snprintf(path, sizeof path, "%s/model.safetensors", dir);
+	*rc = loom_model_save(path, &small_cfg, a->params);
+	if (*rc == LOOM_OK) {
+		snprintf(path, sizeof path, "%s/optim.safetensors", dir);
+		*rc = loom_optim_save(path, &small_cfg, a->m, a->v);
+	}
+	if (*rc == LOOM_OK && (*rc = loom_kv_create(&kv)) == LOOM_OK) {
+		snprintf(path, sizeof path, "%s/state.json", dir);
+		if ((*rc = loom_kv_set_str(kv, "name", "fault")) == LOOM_OK && (*rc = loom_kv_set_i64(kv, "step", 3)) == LOOM_OK)
+			*rc = loom_kv_save(kv, path);
+		loom_kv_destroy(kv);
+	}
+	if (*rc == LOOM_OK && (*rc = loom_ckpt_begin(&w, dir, 3)) == LOOM_OK) {
+		loom_ckpt_file(&w, "model.safetensors", path, sizeof path);
+		if ((*rc = loom_model_save(path, &small_cfg, a->params)) == LOOM_OK)
+			*rc = loom_ckpt_commit(&w);
+		if (*rc != LOOM_OK)
+			loom_ckpt_abort(&w);
+	}
+	fault_pause();
+	if (*rc == LOOM_OK) { /* what was written reads back */
+		snprintf(path, sizeof path, "%s/step_00000003", dir);
+		if (dir_entries(dir) != 4 || loom_ckpt_latest(dir, path, sizeof path, &step) != LOOM_OK || step != 3 ||
+		    model_load(a, strcat(path, "/model.safetensors"), rc) != 0 || *rc != LOOM_OK)
+			return 1;
+	}
+	/* Files written before the failure stay (each is complete): remove them; nothing else may exist. */
+	snprintf(path, sizeof path, "%s/model.safetensors", dir), remove(path);
+	snprintf(path, sizeof path, "%s/optim.safetensors", dir), remove(path);
+	snprintf(path, sizeof path, "%s/state.json", dir), remove(path);
+	snprintf(path, sizeof path, "%s/step_00000003", dir);
+	test_rmdir(path);
+	return dir_entries(dir) != 0;
+}
+
+TEST(fault_ckpt_write)
+{
+	ckpt_arg_t a;
+	char dir[600];
+	long points;
+	int rc;
+	memset(&a, 0, sizeof a);
+	CHECK(test_mkdtemp(a.dir, sizeof a.dir) == 0);
+	snprintf(dir, sizeof dir, "%s/w", a.dir);
+	CHECK(mkdir(dir, 0777) == 0);
+	a.n = loom_gpt2_num_params(&small_cfg);
+	a.params = malloc(a.n * sizeof(float)), a.m = malloc(a.n * sizeof(float)), a.v = malloc(a.n * sizeof(float));
+	for (size_t i = 0; i < a.n; i++)
+		a.params[i] = (float)i * 0.5f - 1, a.m[i] = (float)i, a.v[i] = 2.0f;
+	rc = sweep("model, optimizer, state and checkpoint-directory writers", call_writers, &a, 10, &points);
+	free(a.params), free(a.m), free(a.v);
+	if (rc == 0)
+		test_rmdir(a.dir);
+	return rc;
+}
+
 /* ---- data loader -------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -513,6 +610,7 @@ static int call_loader_create(void *arg, int *rc)
 	loom_loader_t *ld = (loom_loader_t *)1;
 	int in[2 * 8], tg[2 * 8], bad;
 	*rc = loom_loader_create(&ld, a->glob, &a->o);
+	fault_pause();
 	if (*rc != LOOM_OK)
 		return ld != NULL;
 	bad = loom_loader_num_shards(ld) != 3 || loom_loader_num_tokens(ld) != 3 * 500;
