@@ -620,6 +620,24 @@ static int call_loader_create(void *arg, int *rc)
 	return bad;
 }
 
+typedef struct {
+	char in[2][600], out[600];
+} prepare_arg_t;
+
+static int call_data_prepare(void *arg, int *rc)
+{
+	prepare_arg_t *a = arg;
+	const char *inputs[2] = {a->in[0], a->in[1]};
+	loom_prepare_opts_t o = {inputs, 2, a->out, 0.25, 100, "%"};
+	loom_prepare_summary_t sum;
+	*rc = loom_data_prepare(&o, &sum);
+	fault_pause();
+	if (*rc != LOOM_OK)
+		return 0;
+	/* 4 documents, end-of-text + "a\n", "b\n", "cc\n", "dd\n" (split at the "%" lines): the 4th goes to val */
+	return sum.documents != 4 || sum.val_documents != 1 || sum.train_tokens != 3 + 3 + 4 || sum.val_tokens != 4;
+}
+
 TEST(fault_loader_create)
 {
 	char dir[256], path[512];
@@ -637,6 +655,24 @@ TEST(fault_loader_create)
 	snprintf(a.glob, sizeof a.glob, "%s/train_*.bin", dir);
 	a.o = (loom_loader_opts_t){2, 8, 1, 1234, 0, 1};
 	rc = sweep("loom_loader_create (3 shards, shuffled)", call_loader_create, &a, 4, &points);
+	if (rc == 0)
+		test_rmdir(dir);
+	return rc;
+}
+
+TEST(fault_data_prepare)
+{
+	char dir[256];
+	prepare_arg_t a;
+	long points;
+	int rc;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(a.in[0], sizeof a.in[0], "%s/one.txt", dir);
+	snprintf(a.in[1], sizeof a.in[1], "%s/two.txt", dir);
+	snprintf(a.out, sizeof a.out, "%s/out", dir);
+	CHECK(test_write_file(a.in[0], "a\n%\nb\n", 6) == 0);
+	CHECK(test_write_file(a.in[1], "cc\n%\ndd\n", 8) == 0);
+	rc = sweep("loom_data_prepare", call_data_prepare, &a, 3, &points);
 	if (rc == 0)
 		test_rmdir(dir);
 	return rc;
