@@ -18,16 +18,24 @@
 #include <string.h>
 
 #include "cli.h"
-#include "comm/algo/algo.h"
-#include "core/util.h"
 #include "loom/comm.h"
+#include "loom/util.h"
 
 #define POOL_MIN (64u << 20)
 
-static const char *const op_names[] = {"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"};
-static const loom_coll_t op_colls[] = {LOOM_COLL_ALLREDUCE, LOOM_COLL_ALLGATHER, LOOM_COLL_REDUCE_SCATTER,
-                                       LOOM_COLL_BROADCAST, LOOM_COLL_REDUCE};
-#define NOPS 5
+/* The benchmarked operations, in --op all order, named as loom/comm.h names them. */
+typedef enum { OP_ALLREDUCE, OP_ALLGATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_REDUCE, NOPS } op_t;
+static const char *const op_names[NOPS] = {"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"};
+
+static size_t zmax(size_t a, size_t b)
+{
+	return a > b ? a : b;
+}
+
+static long lmax(long a, long b)
+{
+	return a > b ? a : b;
+}
 
 typedef struct {
 	loom_comm_t *c;
@@ -37,7 +45,6 @@ typedef struct {
 	int root;
 	long iters, warmup;
 	size_t min_bytes, max_bytes;
-	loom_algo_t forced[LOOM_COLL_COUNT];
 	char *spool, *rpool; /* rotating buffer pools */
 	size_t pool;
 } bench_t;
@@ -55,36 +62,36 @@ static void usage(FILE *f)
 	        "  default) picks the count from the size. --verbose prints the selection rule.\n");
 }
 
-static double bus_factor(loom_coll_t coll, int n)
+static double bus_factor(op_t coll, int n)
 {
 	switch (coll) {
-	case LOOM_COLL_ALLREDUCE: return 2.0 * (n - 1) / n;
-	case LOOM_COLL_ALLGATHER:
-	case LOOM_COLL_REDUCE_SCATTER: return (double)(n - 1) / n;
+	case OP_ALLREDUCE: return 2.0 * (n - 1) / n;
+	case OP_ALLGATHER:
+	case OP_REDUCE_SCATTER: return (double)(n - 1) / n;
 	default: return 1.0;
 	}
 }
 
 /* Elements each rank sends and receives for a collective of nccl-tests size `count` (elements). */
-static void coll_counts(loom_coll_t coll, size_t count, int n, size_t *scount, size_t *rcount)
+static void coll_counts(op_t coll, size_t count, int n, size_t *scount, size_t *rcount)
 {
 	*scount = *rcount = count;
-	if (coll == LOOM_COLL_ALLGATHER)
+	if (coll == OP_ALLGATHER)
 		*scount = count / (size_t)n;
-	if (coll == LOOM_COLL_REDUCE_SCATTER)
+	if (coll == OP_REDUCE_SCATTER)
 		*rcount = count / (size_t)n;
 }
 
-static int run_once(bench_t *b, loom_coll_t coll, const void *send, void *recv, size_t count)
+static int run_once(bench_t *b, op_t coll, const void *send, void *recv, size_t count)
 {
 	size_t per = count / (size_t)b->n;
 	const void *s = b->inplace ? recv : send;
 	switch (coll) {
-	case LOOM_COLL_ALLREDUCE: return loom_allreduce(b->c, s, recv, count, b->dt, b->redop);
-	case LOOM_COLL_REDUCE: return loom_reduce(b->c, s, recv, count, b->dt, b->redop, b->root);
-	case LOOM_COLL_BROADCAST: return loom_broadcast(b->c, recv, count, b->dt, b->root);
-	case LOOM_COLL_ALLGATHER: return loom_allgather(b->c, s, recv, per, b->dt);
-	case LOOM_COLL_REDUCE_SCATTER: return loom_reduce_scatter(b->c, s, recv, per, b->dt, b->redop);
+	case OP_ALLREDUCE: return loom_allreduce(b->c, s, recv, count, b->dt, b->redop);
+	case OP_REDUCE: return loom_reduce(b->c, s, recv, count, b->dt, b->redop, b->root);
+	case OP_BROADCAST: return loom_broadcast(b->c, recv, count, b->dt, b->root);
+	case OP_ALLGATHER: return loom_allgather(b->c, s, recv, per, b->dt);
+	case OP_REDUCE_SCATTER: return loom_reduce_scatter(b->c, s, recv, per, b->dt, b->redop);
 	default: return loom_barrier(b->c);
 	}
 }
@@ -131,20 +138,20 @@ static double get(const void *p, size_t i, loom_dtype_t dt)
 }
 
 /* One run with known inputs; returns the number of wrong elements on this rank (or -1 on error). */
-static long long check_once(bench_t *b, loom_coll_t coll, size_t count)
+static long long check_once(bench_t *b, op_t coll, size_t count)
 {
 	size_t sc, rc;
 	coll_counts(coll, count, b->n, &sc, &rc);
 	char *send = b->spool, *recv = b->rpool;
 	int r = b->rank, n = b->n;
 	for (size_t i = 0; i < sc; i++)
-		put(b->inplace ? recv : send, i, b->dt, val(r, coll == LOOM_COLL_ALLGATHER ? r * sc + i : i));
-	if (coll == LOOM_COLL_BROADCAST)
+		put(b->inplace ? recv : send, i, b->dt, val(r, coll == OP_ALLGATHER ? r * sc + i : i));
+	if (coll == OP_BROADCAST)
 		for (size_t i = 0; i < rc; i++)
 			put(recv, i, b->dt, r == b->root ? val(r, i) : -1);
 	if (run_once(b, coll, send, recv, count))
 		return -1;
-	if (coll == LOOM_COLL_REDUCE && r != b->root)
+	if (coll == OP_REDUCE && r != b->root)
 		return 0;
 	double want[13];
 	for (size_t j = 0; j < 13; j++) {
@@ -158,12 +165,12 @@ static long long check_once(bench_t *b, loom_coll_t coll, size_t count)
 		want[j] = s;
 	}
 	long long wrong = 0;
-	size_t base = coll == LOOM_COLL_REDUCE_SCATTER ? (size_t)r * rc : 0;
+	size_t base = coll == OP_REDUCE_SCATTER ? (size_t)r * rc : 0;
 	for (size_t i = 0; i < rc; i++) {
 		double w;
-		if (coll == LOOM_COLL_ALLGATHER)
+		if (coll == OP_ALLGATHER)
 			w = val((int)(i / sc), i);
-		else if (coll == LOOM_COLL_BROADCAST)
+		else if (coll == OP_BROADCAST)
 			w = val(b->root, i);
 		else
 			w = want[(base + i) % 13];
@@ -175,27 +182,27 @@ static long long check_once(bench_t *b, loom_coll_t coll, size_t count)
 	return wrong;
 }
 
-static int bench_size(bench_t *b, loom_coll_t coll, size_t bytes)
+static int bench_size(bench_t *b, op_t coll, size_t bytes)
 {
 	size_t esz = loom_dtype_size(b->dt), unit = esz;
-	if (coll == LOOM_COLL_ALLGATHER || coll == LOOM_COLL_REDUCE_SCATTER)
+	if (coll == OP_ALLGATHER || coll == OP_REDUCE_SCATTER)
 		unit *= (size_t)b->n;
 	size_t count = bytes / unit * unit / esz, sc, rc;
 	bytes = count * esz;
 	coll_counts(coll, count, b->n, &sc, &rc);
 	/* Rotate through page-aligned slots of the pools. */
-	size_t slot = (LOOM_MAX(sc, rc) * esz + 4095) & ~(size_t)4095;
-	size_t nslots = slot ? LOOM_MAX((size_t)1, b->pool / slot) : 1;
+	size_t slot = (zmax(sc, rc) * esz + 4095) & ~(size_t)4095;
+	size_t nslots = slot ? zmax(1, b->pool / slot) : 1;
 	long iters = b->iters;
 	if (iters <= 0) {
 		double want = (double)(1u << 30) / (double)(bytes ? bytes : 1);
 		iters = want < 20 ? 20 : want > 10000 ? 10000 : (long)want;
 	}
-	long warmup = b->warmup >= 0 ? b->warmup : LOOM_MAX(2, iters / 10);
+	long warmup = b->warmup >= 0 ? b->warmup : lmax(2, iters / 10);
 	/* Warm up on every slot of the pools once: a peer's first read of a registered page costs it a
 	 * page fault, which a training loop reusing its buffers pays once, not every step. */
 	if (b->warmup < 0)
-		warmup = LOOM_MAX(warmup, (long)LOOM_MIN(nslots, (size_t)iters));
+		warmup = lmax(warmup, nslots < (size_t)iters ? (long)nslots : iters);
 	int rc_ = 0;
 	for (long i = 0; i < warmup && !rc_; i++)
 		rc_ = run_once(b, coll, b->spool + (size_t)i % nslots * slot, b->rpool + (size_t)i % nslots * slot, count);
@@ -208,17 +215,17 @@ static int bench_size(bench_t *b, loom_coll_t coll, size_t bytes)
 	long long wrong = rc_ ? -1 : check_once(b, coll, count), wsum = 0;
 	if (rc_ || wrong < 0 || loom_allreduce(b->c, &t, &tmax, 1, LOOM_FLOAT64, LOOM_MAX) ||
 	    loom_allreduce(b->c, &wrong, &wsum, 1, LOOM_INT64, LOOM_SUM)) {
-		fprintf(stderr, "loom bench comm: rank %d: %s of %zu bytes failed: %s\n", b->rank, loom_coll_name(coll),
+		fprintf(stderr, "loom bench comm: rank %d: %s of %zu bytes failed: %s\n", b->rank, op_names[coll],
 		        bytes, loom_comm_errmsg(b->c));
 		return 1;
 	}
 	if (b->rank == 0) {
 		double algbw = (double)bytes / tmax / 1e9;
-		loom_algo_t algo = loom_algo_select(coll, b->n, bytes, b->forced[coll]);
-		int rooted = coll == LOOM_COLL_BROADCAST || coll == LOOM_COLL_REDUCE;
+		const char *algo = loom_comm_algo(b->c, op_names[coll], bytes);
+		int rooted = coll == OP_BROADCAST || coll == OP_REDUCE;
 		printf("%12zu %12zu %9s %6s %5d %6s %10.2f %8.3f %8.3f %6lld\n", bytes, count, loom_dtype_name(b->dt),
-		       coll == LOOM_COLL_ALLGATHER || coll == LOOM_COLL_BROADCAST ? "none" : loom_op_name(b->redop),
-		       rooted ? b->root : -1, loom_algo_name(algo), tmax * 1e6, algbw, algbw * bus_factor(coll, b->n),
+		       coll == OP_ALLGATHER || coll == OP_BROADCAST ? "none" : loom_op_name(b->redop),
+		       rooted ? b->root : -1, algo ? algo : "?", tmax * 1e6, algbw, algbw * bus_factor(coll, b->n),
 		       wsum);
 		fflush(stdout);
 	}
@@ -323,27 +330,26 @@ int loom_cli_bench_comm(int argc, char **argv)
 
 	/* --algo becomes LOOM_ALGO, which the communicator parses at init (a bare name applies to every
 	 * benchmarked operation that implements it). */
-	char spec[256] = "", err[256];
+	char spec[256] = "";
 	if (algo && strchr(algo, ':')) {
 		snprintf(spec, sizeof spec, "%s", algo);
 	} else if (algo) {
 		size_t len = 0;
 		for (int k = 0; k < NOPS; k++) {
-			loom_algo_t one[LOOM_COLL_COUNT];
 			char entry[64];
 			snprintf(entry, sizeof entry, "%s:%s", op_names[k], algo);
-			if (run[k] && loom_algo_parse(entry, one, err, sizeof err) == LOOM_OK)
+			if (run[k] && loom_comm_algo_check(entry) == LOOM_OK)
 				len += (size_t)snprintf(spec + len, sizeof spec - len, "%s%s", len ? "," : "", entry);
 			else if (run[k] && strcmp(ops, "all") != 0)
-				cli_die("bench comm", "--algo: %s", err);
+				cli_die("bench comm", "--algo: %s", loom_errmsg());
 		}
 		if (!len)
 			cli_die("bench comm", "--algo: no benchmarked operation implements '%s'", algo);
 	}
 	if (algo)
 		setenv("LOOM_ALGO", spec, 1);
-	if (loom_algo_parse(getenv("LOOM_ALGO"), b.forced, err, sizeof err))
-		cli_die("bench comm", "%s", err);
+	if (loom_comm_algo_check(getenv("LOOM_ALGO")) != LOOM_OK)
+		cli_die("bench comm", "%s", loom_errmsg());
 
 	if (loom_comm_init(&b.c)) {
 		fprintf(stderr, "loom bench comm: %s\n", loom_errmsg());
@@ -352,7 +358,7 @@ int loom_cli_bench_comm(int argc, char **argv)
 	b.rank = loom_comm_rank(b.c), b.n = loom_comm_size(b.c);
 	if (b.root < 0 || b.root >= b.n)
 		cli_die("bench comm", "--root %d is not a rank of this job of %d", b.root, b.n);
-	b.pool = LOOM_MAX((size_t)POOL_MIN, b.max_bytes);
+	b.pool = zmax(POOL_MIN, b.max_bytes);
 	b.spool = pool_alloc(&b, b.pool);
 	b.rpool = pool_alloc(&b, b.pool);
 	int status = 0;
@@ -372,7 +378,7 @@ int loom_cli_bench_comm(int argc, char **argv)
 			printf("# LOOM_ALGO=%s\n", getenv("LOOM_ALGO"));
 		if (b.verbose) {
 			printf("# selection rule (first match; bytes as in the size column):\n");
-			loom_algo_print_rule(stdout);
+			loom_comm_algo_rule(stdout);
 		}
 	}
 	if ((status = memcpy_baseline(&b)))
@@ -385,7 +391,7 @@ int loom_cli_bench_comm(int argc, char **argv)
 			       op_names[k], "size", "count", "type", "redop", "root", "algo", "time", "algbw", "busbw", "#wrong",
 			       "(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
 		for (size_t bytes = b.min_bytes; bytes <= b.max_bytes && !status; bytes *= 2) {
-			status = bench_size(&b, op_colls[k], bytes);
+			status = bench_size(&b, (op_t)k, bytes);
 			if (bytes == 0)
 				break;
 		}

@@ -8,8 +8,8 @@
 #include <time.h>
 
 #include "cli.h"
-#include "core/util.h"
 #include "loom/gpt2.h"
+#include "loom/util.h"
 
 /* CPU seconds used by the whole process (all threads): on a shared machine, with one thread, the
  * cost of a step apart from the time other processes took the core. */

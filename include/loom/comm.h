@@ -142,6 +142,20 @@ void *loom_comm_alloc(loom_comm_t *c, size_t bytes);
  * ignored (no crash). */
 void loom_comm_free(loom_comm_t *c, void *p);
 
+/* Collective algorithms, for tools (`loom bench comm --verbose`). Operations are named "allreduce",
+ * "reduce", "broadcast", "allgather", "reduce_scatter" and "barrier"; algorithms "ring", "rhd"
+ * (recursive halving-doubling), "rd" (recursive doubling) and "tree". All three are thread-safe. */
+/* The algorithm communicator c runs operation `op` with for `bytes` bytes (nccl-tests' size: the
+ * whole vector; for allgather and reduce_scatter all ranks' parts together), honouring the LOOM_ALGO
+ * it was created with. NULL for a NULL c or an unknown op. */
+const char *loom_comm_algo(const loom_comm_t *c, const char *op, size_t bytes);
+/* Check a LOOM_ALGO value ("allreduce:ring,allgather:rd"; NULL and "" are valid) without a
+ * communicator: LOOM_OK, or LOOM_EINVAL with loom_errmsg() naming the bad entry and the valid names. */
+int loom_comm_algo_check(const char *spec);
+/* Print the selection rule (FILE *), one line per operation: which algorithm runs for which rank
+ * counts and sizes (first match wins), and the LOOM_ALGO values that operation accepts. */
+void loom_comm_algo_rule(void *file);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,5 +11,6 @@
 #include "loom/mesh.h"
 #include "loom/optim.h"
 #include "loom/train.h"
+#include "loom/util.h"
 
 #endif

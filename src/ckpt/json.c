@@ -19,6 +19,7 @@ typedef struct {
 	const char *p, *end, *start;
 	char *err;
 	size_t errcap;
+	int nomem; /* the failure was an allocation, not the text */
 } parser_t;
 
 static int fail(parser_t *ps, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -32,6 +33,12 @@ static int fail(parser_t *ps, const char *fmt, ...)
 		va_end(ap);
 	}
 	return -1;
+}
+
+static int fail_nomem(parser_t *ps)
+{
+	ps->nomem = 1;
+	return fail(ps, "out of memory");
 }
 
 static void skip_ws(parser_t *ps)
@@ -99,7 +106,7 @@ static int parse_string(parser_t *ps, char **out, size_t *outlen)
 	cap = (size_t)(q - ps->p) + 1;
 	buf = loom__malloc(cap);
 	if (!buf)
-		return fail(ps, "out of memory");
+		return fail_nomem(ps);
 	o = buf;
 	while (*ps->p != '"') {
 		unsigned char c = (unsigned char)*ps->p;
@@ -191,7 +198,7 @@ static int parse_number(parser_t *ps, json_t *v)
 	v->slen = (size_t)(ps->p - s);
 	v->s = loom__malloc(v->slen + 1);
 	if (!v->s)
-		return fail(ps, "out of memory");
+		return fail_nomem(ps);
 	memcpy(v->s, s, v->slen);
 	v->s[v->slen] = '\0';
 	v->num = strtod(v->s, NULL);
@@ -204,7 +211,7 @@ static json_t *add_kid(parser_t *ps, json_t *v)
 		int cap = v->cap ? 2 * v->cap : 8;
 		json_t *k = loom__realloc(v->kids, (size_t)cap * sizeof *k);
 		if (!k) {
-			fail(ps, "out of memory");
+			fail_nomem(ps);
 			return NULL;
 		}
 		v->kids = k, v->cap = cap;
@@ -304,12 +311,12 @@ static int parse_value(parser_t *ps, json_t *v, int depth)
 
 int loom__json_parse(const char *text, size_t len, json_t *out, char *err, size_t errcap)
 {
-	parser_t ps = {text, text + len, text, err, errcap};
+	parser_t ps = {text, text + len, text, err, errcap, 0};
 	memset(out, 0, sizeof *out);
 	if (errcap)
 		err[0] = '\0';
 	if (parse_value(&ps, out, 0))
-		return -1;
+		return ps.nomem ? LOOM_ENOMEM : -1;
 	skip_ws(&ps);
 	if (ps.p != ps.end)
 		return fail(&ps, "trailing characters after the JSON value");

@@ -22,8 +22,9 @@ typedef struct json {
 	int n, cap;
 } json_t;
 
-/* Parse text[0..len) (one value, surrounded only by whitespace) into *out. Returns 0, or -1 with a
- * description of the problem and its byte offset in err. *out must be freed with json_free either way. */
+/* Parse text[0..len) (one value, surrounded only by whitespace) into *out. Returns 0; -1 when the text
+ * is malformed, with a description of the problem and its byte offset in err; or LOOM_ENOMEM (err
+ * says "out of memory"). *out must be freed with json_free either way. */
 int loom__json_parse(const char *text, size_t len, json_t *out, char *err, size_t errcap);
 void loom__json_free(json_t *v);
 

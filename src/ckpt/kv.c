@@ -274,8 +274,8 @@ int loom_kv_load(loom_kv_t **out, const char *path)
 	*out = NULL;
 	if ((rc = loom__read_file(path, &text, &len)) != LOOM_OK)
 		return rc;
-	if (loom__json_parse(text, len, &root, err, sizeof err)) {
-		rc = loom_seterr(LOOM_EFORMAT, "%s: bad JSON: %s", path, err);
+	if ((rc = loom__json_parse(text, len, &root, err, sizeof err)) != 0) {
+		rc = loom_seterr(rc == LOOM_ENOMEM ? rc : LOOM_EFORMAT, "%s: bad JSON: %s", path, err);
 		goto out;
 	}
 	fmt = loom__json_get(&root, "format"), ver = loom__json_get(&root, "version"), vals = loom__json_get(&root, "values");

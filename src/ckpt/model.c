@@ -68,10 +68,10 @@ static int n_head_from_config_json(const char *path, int *n_head, char *cfgpath,
 	snprintf(cfgpath, cap, "%s/config.json", dirname(dir));
 	if ((rc = loom__read_file(cfgpath, &text, &len)) != LOOM_OK)
 		return rc;
-	if (loom__json_parse(text, len, &root, err, sizeof err)) {
+	if ((rc = loom__json_parse(text, len, &root, err, sizeof err)) != 0) {
 		free(text);
 		loom__json_free(&root);
-		return loom_seterr(LOOM_EFORMAT, "%s: bad JSON: %s", cfgpath, err);
+		return loom_seterr(rc == LOOM_ENOMEM ? rc : LOOM_EFORMAT, "%s: bad JSON: %s", cfgpath, err);
 	}
 	free(text);
 	v = loom__json_get(&root, "n_head");

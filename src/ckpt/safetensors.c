@@ -8,6 +8,7 @@
  * Invariant of an open handle: every tensor's data lies inside the mapping, in offset order. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -187,8 +188,8 @@ int loom_st_open(loom_st_t **out, const char *path)
 		                 (unsigned long long)hlen);
 		goto out;
 	}
-	if (loom__json_parse((const char *)st->map + 8, (size_t)hlen, &st->root, err, sizeof err)) {
-		rc = loom_seterr(LOOM_EFORMAT, "%s: bad JSON header: %s", path, err);
+	if ((rc = loom__json_parse((const char *)st->map + 8, (size_t)hlen, &st->root, err, sizeof err)) != 0) {
+		rc = loom_seterr(rc == LOOM_ENOMEM ? rc : LOOM_EFORMAT, "%s: bad JSON header: %s", path, err);
 		goto out;
 	}
 	if (st->root.type != JSON_OBJECT) {
@@ -380,10 +381,36 @@ int loom_st_read_f32(const loom_st_t *st, int i, float *out, size_t numel)
 	}
 }
 
+/* The writer builds the header through a stdio stream whose buffer grows with loom__realloc (unlike
+ * open_memstream's, so that allocation-failure injection reaches it). */
+typedef struct {
+	char *p;
+	size_t len, cap;
+	int nomem;
+} membuf_t;
+
+static ssize_t membuf_write(void *cookie, const char *s, size_t n)
+{
+	membuf_t *b = cookie;
+	if (n > b->cap - b->len) {
+		size_t cap = LOOM_MAX(LOOM_MAX(2 * b->cap, b->len + n), (size_t)4096);
+		char *p = loom__realloc(b->p, cap);
+		if (!p) {
+			b->nomem = 1;
+			return 0; /* stdio's "error" for a cookie writer */
+		}
+		b->p = p, b->cap = cap;
+	}
+	memcpy(b->p + b->len, s, n);
+	b->len += n;
+	return (ssize_t)n;
+}
+
 int loom_st_write(const char *path, const loom_st_tensor_t *t, int n, const char *const *meta, int n_meta)
 {
-	char *hdr = NULL;
-	size_t hlen = 0, off = 0;
+	membuf_t hb = {NULL, 0, 0, 0};
+	char *hdr;
+	size_t hlen, off = 0, pad;
 	uint64_t hlen64;
 	FILE *m;
 	atomic_file_t af;
@@ -401,7 +428,7 @@ int loom_st_write(const char *path, const loom_st_tensor_t *t, int n, const char
 			if (strcmp(t[i].name, t[j].name) == 0)
 				return loom_seterr(LOOM_EINVAL, "%s: tensor '%s' given twice", path, t[i].name);
 	}
-	m = open_memstream(&hdr, &hlen);
+	m = fopencookie(&hb, "w", (cookie_io_functions_t){NULL, membuf_write, NULL, NULL});
 	if (!m)
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory for the header", path);
 	fputc('{', m);
@@ -427,12 +454,15 @@ int loom_st_write(const char *path, const loom_st_tensor_t *t, int n, const char
 		off += t[i].nbytes;
 	}
 	fputc('}', m);
-	while ((ftell(m) % 8) != 0) /* 8 + hlen stays 8-aligned, as the reference writer pads */
-		fputc(' ', m);
-	if (fclose(m) != 0 || !hdr) {
-		free(hdr);
+	rc = fclose(m) != 0 || hb.nomem ? LOOM_ENOMEM : LOOM_OK;
+	pad = (8 - hb.len % 8) % 8; /* 8 + hlen stays 8-aligned, as the reference writer pads (with spaces) */
+	if (rc == LOOM_OK && membuf_write(&hb, "        ", pad) != (ssize_t)pad)
+		rc = LOOM_ENOMEM;
+	if (rc != LOOM_OK) {
+		free(hb.p);
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory for the header", path);
 	}
+	hdr = hb.p, hlen = hb.len;
 	hlen64 = hlen;
 	if ((rc = loom__atomic_open(&af, path)) != LOOM_OK) {
 		free(hdr);

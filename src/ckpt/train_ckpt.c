@@ -174,12 +174,14 @@ static int64_t parse_step(const char *name)
 	return strcmp(canon, name) == 0 ? v : -1; /* only the names loom writes */
 }
 
-/* Steps of the complete checkpoints in dir, sorted ascending (malloc'ed). */
+/* Steps of the complete checkpoints in dir, sorted ascending (malloc'ed). A directory that verify
+ * finds incomplete or damaged is skipped; any other failure (out of memory, I/O) is returned, since
+ * skipping would silently pick an older checkpoint. */
 static int list_complete(const char *dir, int64_t **steps, int *n)
 {
 	DIR *d = opendir(dir);
 	struct dirent *e;
-	int cap = 0;
+	int cap = 0, rc;
 	*steps = NULL, *n = 0;
 	if (!d)
 		return errno == ENOENT ? LOOM_OK : loom_seterr(LOOM_ESYS, "checkpoints %s: opendir: %s", dir, strerror(errno));
@@ -189,17 +191,21 @@ static int list_complete(const char *dir, int64_t **steps, int *n)
 		if (s < 0)
 			continue;
 		snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-		if (loom_ckpt_verify(path) != LOOM_OK)
+		rc = loom_ckpt_verify(path);
+		if (rc == LOOM_EFORMAT || rc == LOOM_ENOENT) /* incomplete or damaged (or removed meanwhile) */
 			continue;
-		if (*n == cap) {
+		if (rc == LOOM_OK && *n == cap) {
 			int64_t *ns = loom__realloc(*steps, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *ns);
-			if (!ns) {
-				closedir(d);
-				free(*steps);
-				*steps = NULL, *n = 0;
-				return loom_seterr(LOOM_ENOMEM, "checkpoints %s: out of memory", dir);
-			}
-			*steps = ns;
+			if (ns)
+				*steps = ns;
+			else
+				rc = loom_seterr(LOOM_ENOMEM, "checkpoints %s: out of memory", dir);
+		}
+		if (rc != LOOM_OK) { /* out of memory or an I/O error: not a verdict on the checkpoint */
+			closedir(d);
+			free(*steps);
+			*steps = NULL, *n = 0;
+			return rc;
 		}
 		(*steps)[(*n)++] = s;
 	}

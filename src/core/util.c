@@ -1,4 +1,5 @@
-/* util.c: clock, allocation (with fault injection) and environment parsing shared by every subsystem.
+/* util.c: clock, allocation (with fault injection) and environment parsing shared by every subsystem;
+ * loom_now and the aligned allocation are public (loom/util.h).
  *
  * Fault injection: `fault_countdown` > 0 counts allocations down; the one that brings it to zero
  * fails. It is atomic because the progress thread allocates too. */

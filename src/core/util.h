@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "loom/error.h"
+#include "loom/util.h" /* loom_now, loom_alloc_aligned, loom_free_aligned */
 
 #define LOOM_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define LOOM_MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -14,13 +15,6 @@
 /* Record the detail of a failure on this thread (printf-style) and return `code`, so that error
  * paths read `return loom_seterr(LOOM_EFORMAT, "%s: bad magic %d (expected %d)", path, m, M);`. */
 int loom_seterr(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* Monotonic clock in seconds. */
-double loom_now(void);
-
-/* 64-byte aligned allocation, zero-filled; NULL on failure. Free with loom_free_aligned. */
-void *loom_alloc_aligned(size_t bytes);
-void loom_free_aligned(void *p);
 
 /* The library's allocation functions: malloc, calloc, realloc and strdup with an allocation-failure
  * injection point, so that tests can make the n-th allocation along an API's path fail (SQLite's

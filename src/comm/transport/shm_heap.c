@@ -73,8 +73,10 @@ void *loom__shm_heap_alloc(loom_job_t *j, size_t bytes)
 		}
 		if (b->len > len) {
 			heap_block_t *rest = loom__calloc(1, sizeof *rest);
-			if (!rest)
+			if (!rest) {
+				loom_seterr(LOOM_ENOMEM, "rank %d: out of memory for the shared-heap bookkeeping", j->world_rank);
 				break;
+			}
 			rest->off = b->off + len;
 			rest->len = b->len - len;
 			rest->next = b->next;
