@@ -12,13 +12,36 @@
 #include "core/util.h"
 #include "train/trainer_internal.h"
 
+/* Read one line (with its newline, if any) into *buf, growing it through loom__realloc. Returns its
+ * length, 0 at end of file, or -1 when out of memory (detail set). */
+static long read_line(FILE *in, char **buf, size_t *cap)
+{
+	size_t len = 0;
+	for (;;) {
+		if (*cap - len < 2) {
+			size_t ncap = *cap ? *cap * 2 : 4096;
+			char *p = loom__realloc(*buf, ncap);
+			if (!p) {
+				loom_seterr(LOOM_ENOMEM, "out of memory for a log line of %zu bytes", ncap);
+				return -1;
+			}
+			*buf = p, *cap = ncap;
+		}
+		if (!fgets(*buf + len, (int)LOOM_MIN(*cap - len, (size_t)1 << 30), in))
+			return (long)len;
+		len += strlen(*buf + len);
+		if (len > 0 && (*buf)[len - 1] == '\n')
+			return (long)len;
+	}
+}
+
 /* Rewrite path keeping only the lines of steps <= keep (atomically: temp file + rename). */
 static int truncate_log(const char *path, long long keep)
 {
 	FILE *in = fopen(path, "r"), *out;
 	char tmp[1100], *line = NULL;
 	size_t cap = 0;
-	ssize_t len;
+	long len;
 	if (!in)
 		return LOOM_OK; /* nothing to keep */
 	snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -26,13 +49,18 @@ static int truncate_log(const char *path, long long keep)
 		fclose(in);
 		return loom_seterr(LOOM_ESYS, "log %s: cannot create %s", path, tmp);
 	}
-	while ((len = getline(&line, &cap, in)) > 0) {
+	while ((len = read_line(in, &line, &cap)) > 0) {
 		long long step;
 		if (sscanf(line, "{\"step\":%lld", &step) == 1 && step <= keep)
 			fwrite(line, 1, (size_t)len, out);
 	}
 	free(line);
 	fclose(in);
+	if (len < 0) {
+		fclose(out);
+		remove(tmp);
+		return loom_seterr(LOOM_ENOMEM, "log %s: %s", path, loom_errmsg());
+	}
 	if (fclose(out) != 0 || rename(tmp, path) != 0) {
 		remove(tmp);
 		return loom_seterr(LOOM_EIO, "log %s: cannot rewrite it", path);
