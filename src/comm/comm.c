@@ -226,9 +226,8 @@ static loom_comm_t *comm_new(int rank, int size)
 		return NULL;
 	}
 	c->rank = rank, c->size = size;
+	c->coll_lane = (loom_lane_t){.c = c, .kind = LANE_COLL, .peer = -1};
 	pthread_mutex_init(&c->err_lock, NULL);
-	pthread_mutex_init(&c->q_lock, NULL);
-	pthread_cond_init(&c->q_cond, NULL);
 	return c;
 }
 
@@ -263,8 +262,7 @@ static void comm_free(loom_comm_t *c)
 	if (c->job)
 		job_release(c->job);
 	pthread_mutex_destroy(&c->err_lock);
-	pthread_mutex_destroy(&c->q_lock);
-	pthread_cond_destroy(&c->q_cond);
+	free(c->p2p_lanes);
 	free(c->world_of);
 	free(c);
 }
@@ -475,10 +473,35 @@ static int uses_root(loom_coll_t k)
 
 static int uses_op(loom_coll_t k)
 {
-	return k == LOOM_COLL_ALLREDUCE || k == LOOM_COLL_REDUCE || k == LOOM_COLL_REDUCE_SCATTER;
+	return k == LOOM_COLL_ALLREDUCE || k == LOOM_COLL_REDUCE || k == LOOM_COLL_REDUCE_SCATTER ||
+	       k == LOOM_COLL_REDUCE_SCATTERV;
 }
 
-int loom__comm_validate(loom_comm_t *c, const loom_coll_args_t *a)
+/* The v-collectives: counts non-NULL, their sum fits, this rank's count agrees; sets a->total. */
+static int validate_v(loom_comm_t *c, loom_coll_args_t *a, size_t es)
+{
+	const char *name = loom_coll_name(a->coll);
+	size_t total = 0;
+	if (!a->counts)
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: recvcounts is NULL", name);
+	for (int q = 0; q < c->size; q++) {
+		if (a->counts[q] > SIZE_MAX / es - total)
+			return loom_comm_fail(c, LOOM_EINVAL, "%s: the sum of recvcounts overflows the address space", name);
+		total += a->counts[q];
+	}
+	a->total = total;
+	if (a->coll == LOOM_COLL_ALLGATHERV && a->count != a->counts[c->rank])
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: sendcount %zu differs from recvcounts[%d] = %zu", name, a->count,
+		                      c->rank, a->counts[c->rank]);
+	a->count = a->counts[c->rank];
+	if (a->coll == LOOM_COLL_ALLGATHERV ? (a->count && !a->send) || (total && !a->recv)
+	                                     : (total && !a->send) || (a->count && !a->recv))
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: %s is NULL with %zu elements in all and %zu on this rank", name,
+		                      !a->send ? "send" : "recv", total, a->count);
+	return LOOM_OK;
+}
+
+int loom__comm_validate(loom_comm_t *c, loom_coll_args_t *a)
 {
 	const char *name = loom_coll_name(a->coll);
 	size_t es = loom_dtype_size(a->dt), mult = 1;
@@ -496,6 +519,8 @@ int loom__comm_validate(loom_comm_t *c, const loom_coll_args_t *a)
 			return loom_comm_fail(c, LOOM_EINVAL, "%s: LOOM_AVG is not defined for integer dtype %s", name,
 			                      loom_dtype_name(a->dt));
 	}
+	if (a->coll == LOOM_COLL_ALLGATHERV || a->coll == LOOM_COLL_REDUCE_SCATTERV)
+		return validate_v(c, a, es);
 	if (uses_root(a->coll) && (a->root < 0 || a->root >= c->size))
 		return loom_comm_fail(c, LOOM_EINVAL, "%s: root %d out of range (size %d)", name, a->root, c->size);
 	if (a->coll == LOOM_COLL_ALLGATHER || a->coll == LOOM_COLL_REDUCE_SCATTER)
@@ -530,6 +555,12 @@ typedef struct {
 
 static void describe(char *out, size_t cap, const fingerprint_t *f)
 {
+	if (f->coll == LOOM_COLL_ALLGATHERV || f->coll == LOOM_COLL_REDUCE_SCATTERV) {
+		snprintf(out, cap, "%s #%llu (recvcounts digest %016llx, %s, op %s)", loom_coll_name((loom_coll_t)f->coll),
+		         (unsigned long long)f->seq, (unsigned long long)f->count, loom_dtype_name((loom_dtype_t)f->dt),
+		         f->op < 0 ? "-" : loom_op_name((loom_op_t)f->op));
+		return;
+	}
 	snprintf(out, cap, "%s #%llu (count %llu, %s, op %s, root %d)", loom_coll_name((loom_coll_t)f->coll),
 	         (unsigned long long)f->seq, (unsigned long long)f->count, loom_dtype_name((loom_dtype_t)f->dt),
 	         f->op < 0 ? "-" : loom_op_name((loom_op_t)f->op), f->root);
@@ -547,6 +578,11 @@ static int check_fingerprint(loom_comm_t *c, const loom_coll_args_t *a, uint64_t
 		mine.root = -1;
 	if (a->coll == LOOM_COLL_BARRIER)
 		mine.count = 0, mine.dt = 0;
+	if (a->counts) { /* ranks' own counts differ; the whole list must not */
+		mine.count = 1469598103934665603ull;
+		for (int q = 0; q < c->size; q++)
+			mine.count = (mine.count ^ a->counts[q]) * 1099511628211ull;
+	}
 	all = loom__calloc((size_t)c->size, sizeof *all);
 	if (!all)
 		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
@@ -613,62 +649,89 @@ static int coll(loom_comm_t *c, loom_coll_args_t a)
 
 int loom_allreduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op)
 {
-	return coll(c, (loom_coll_args_t){LOOM_COLL_ALLREDUCE, send, recv, count, dt, op, 0});
+	return coll(c, (loom_coll_args_t){LOOM_COLL_ALLREDUCE, send, recv, count, dt, op, 0, NULL, 0});
 }
 
 int loom_reduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op, int root)
 {
-	return coll(c, (loom_coll_args_t){LOOM_COLL_REDUCE, send, recv, count, dt, op, root});
+	return coll(c, (loom_coll_args_t){LOOM_COLL_REDUCE, send, recv, count, dt, op, root, NULL, 0});
 }
 
 int loom_broadcast(loom_comm_t *c, void *buf, size_t count, loom_dtype_t dt, int root)
 {
-	return coll(c, (loom_coll_args_t){LOOM_COLL_BROADCAST, buf, buf, count, dt, LOOM_SUM, root});
+	return coll(c, (loom_coll_args_t){LOOM_COLL_BROADCAST, buf, buf, count, dt, LOOM_SUM, root, NULL, 0});
 }
 
 int loom_allgather(loom_comm_t *c, const void *send, void *recv, size_t count_per_rank, loom_dtype_t dt)
 {
-	return coll(c, (loom_coll_args_t){LOOM_COLL_ALLGATHER, send, recv, count_per_rank, dt, LOOM_SUM, 0});
+	return coll(c, (loom_coll_args_t){LOOM_COLL_ALLGATHER, send, recv, count_per_rank, dt, LOOM_SUM, 0, NULL, 0});
 }
 
 int loom_reduce_scatter(loom_comm_t *c, const void *send, void *recv, size_t count_per_rank, loom_dtype_t dt,
                         loom_op_t op)
 {
-	return coll(c, (loom_coll_args_t){LOOM_COLL_REDUCE_SCATTER, send, recv, count_per_rank, dt, op, 0});
+	return coll(c, (loom_coll_args_t){LOOM_COLL_REDUCE_SCATTER, send, recv, count_per_rank, dt, op, 0, NULL, 0});
 }
 
 int loom_barrier(loom_comm_t *c)
 {
-	return coll(c, (loom_coll_args_t){LOOM_COLL_BARRIER, NULL, NULL, 0, LOOM_FLOAT32, LOOM_SUM, 0});
+	return coll(c, (loom_coll_args_t){LOOM_COLL_BARRIER, NULL, NULL, 0, LOOM_FLOAT32, LOOM_SUM, 0, NULL, 0});
+}
+
+int loom_allgatherv(loom_comm_t *c, const void *send, size_t sendcount, void *recv, const size_t *recvcounts,
+                    loom_dtype_t dt)
+{
+	return coll(c, (loom_coll_args_t){LOOM_COLL_ALLGATHERV, send, recv, sendcount, dt, LOOM_SUM, 0, recvcounts, 0});
+}
+
+int loom_reduce_scatterv(loom_comm_t *c, const void *send, void *recv, const size_t *recvcounts, loom_dtype_t dt,
+                         loom_op_t op)
+{
+	return coll(c, (loom_coll_args_t){LOOM_COLL_REDUCE_SCATTERV, send, recv, 0, dt, op, 0, recvcounts, 0});
 }
 
 /* ---- point to point ----------------------------------------------------------------------------- */
 
+int loom__comm_p2p_check(loom_comm_t *c, const char *op, const void *buf, size_t count, loom_dtype_t dt, int peer)
+{
+	size_t es = loom_dtype_size(dt);
+	if (es == 0)
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: invalid dtype %d", op, (int)dt);
+	if (peer < 0 || peer >= c->size || peer == c->rank)
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: peer %d must be another rank in [0, %d)", op, peer, c->size);
+	if (count > SIZE_MAX / es)
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: count %zu overflows the address space", op, count);
+	if (count && !buf)
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: buffer is NULL with count %zu", op, count);
+	return LOOM_OK;
+}
+
+int loom__comm_p2p_exec(loom_comm_t *c, const char *op, int dst, const void *sbuf, size_t sbytes, int src,
+                        void *rbuf, size_t rbytes, int tag)
+{
+	loom_opctx_t saved = loom_cur;
+	int rc;
+	loom_cur = (loom_opctx_t){c, op, 0, loom_now() + c->timeout_s};
+	if ((rc = loom__comm_check_usable(c, op)) == LOOM_OK)
+		rc = loom__shm_sendrecv(c, CHAN_P2P, dst, sbuf, sbytes, tag, src, rbuf, rbytes, tag, NULL, LOOM_FLOAT32,
+		                        LOOM_SUM);
+	loom_cur = saved;
+	return rc;
+}
+
+/* Blocking point to point: earlier isend/irecv on the same channel run first. */
 static int p2p(loom_comm_t *c, int send, void *buf, size_t count, loom_dtype_t dt, int peer, int tag)
 {
 	const char *op = send ? "send" : "recv";
-	size_t es = loom_dtype_size(dt);
-	loom_opctx_t saved = loom_cur;
 	int rc;
 	if (!c)
 		return loom_seterr(LOOM_EINVAL, "loom_%s: communicator is NULL", op);
-	loom_cur = (loom_opctx_t){c, op, 0, loom_now() + c->timeout_s};
-	if (es == 0)
-		rc = loom_comm_fail(c, LOOM_EINVAL, "invalid dtype %d", (int)dt);
-	else if (peer < 0 || peer >= c->size || peer == c->rank)
-		rc = loom_comm_fail(c, LOOM_EINVAL, "peer %d must be another rank in [0, %d)", peer, c->size);
-	else if (count > SIZE_MAX / es)
-		rc = loom_comm_fail(c, LOOM_EINVAL, "count %zu overflows the address space", count);
-	else if (count && !buf)
-		rc = loom_comm_fail(c, LOOM_EINVAL, "buffer is NULL with count %zu", count);
-	else if ((rc = loom__comm_check_usable(c, op)) == LOOM_OK) {
-		if (send)
-			rc = loom__shm_sendrecv(c, CHAN_P2P, peer, buf, count * es, tag, -1, NULL, 0, 0, NULL, dt, LOOM_SUM);
-		else
-			rc = loom__shm_sendrecv(c, CHAN_P2P, -1, NULL, 0, 0, peer, buf, count * es, tag, NULL, dt, LOOM_SUM);
-	}
-	loom_cur = saved;
-	return rc;
+	if ((rc = loom__comm_p2p_check(c, op, buf, count, dt, peer)) != LOOM_OK)
+		return rc;
+	loom__comm_lane_drain(c, loom__comm_p2p_lane(c, send, peer));
+	if (send)
+		return loom__comm_p2p_exec(c, op, peer, buf, count * loom_dtype_size(dt), -1, NULL, 0, tag);
+	return loom__comm_p2p_exec(c, op, -1, NULL, 0, peer, buf, count * loom_dtype_size(dt), tag);
 }
 
 int loom_send(loom_comm_t *c, const void *buf, size_t count, loom_dtype_t dt, int peer, int tag)
@@ -679,6 +742,31 @@ int loom_send(loom_comm_t *c, const void *buf, size_t count, loom_dtype_t dt, in
 int loom_recv(loom_comm_t *c, void *buf, size_t count, loom_dtype_t dt, int peer, int tag)
 {
 	return p2p(c, 0, buf, count, dt, peer, tag);
+}
+
+int loom_sendrecv(loom_comm_t *c, const void *sendbuf, size_t sendcount, int dst, void *recvbuf, size_t recvcount,
+                  int src, loom_dtype_t dt, int tag)
+{
+	size_t es = loom_dtype_size(dt);
+	int rc;
+	if (!c)
+		return loom_seterr(LOOM_EINVAL, "loom_sendrecv: communicator is NULL");
+	if (dst == c->rank && src == c->rank && es) { /* with itself: a copy */
+		if (sendcount != recvcount)
+			return loom_comm_fail(c, LOOM_EMISMATCH, "sendrecv: message to itself has %zu elements, expected %zu",
+			                      sendcount, recvcount);
+		if (sendcount > SIZE_MAX / es || (sendcount && (!sendbuf || !recvbuf)))
+			return loom_comm_fail(c, LOOM_EINVAL, "sendrecv: bad buffer or count %zu", sendcount);
+		if (sendcount && sendbuf != recvbuf)
+			memmove(recvbuf, sendbuf, sendcount * es);
+		return LOOM_OK;
+	}
+	if ((rc = loom__comm_p2p_check(c, "sendrecv", sendbuf, sendcount, dt, dst)) != LOOM_OK ||
+	    (rc = loom__comm_p2p_check(c, "sendrecv", recvbuf, recvcount, dt, src)) != LOOM_OK)
+		return rc;
+	loom__comm_lane_drain(c, loom__comm_p2p_lane(c, 1, dst));
+	loom__comm_lane_drain(c, loom__comm_p2p_lane(c, 0, src));
+	return loom__comm_p2p_exec(c, "sendrecv", dst, sendbuf, sendcount * es, src, recvbuf, recvcount * es, tag);
 }
 
 /* ---- transport entry points for algorithms ------------------------------------------------------ */

@@ -119,9 +119,26 @@ typedef struct loom_job {
 	int keeper_state; /* 0 starting, 1 holding, 2 asked to stop, <0 failed (-errno) */
 } loom_job_t;
 
+/* A lane is a FIFO of non-blocking requests that must run one after another: a communicator's
+ * collectives (one lane: every rank runs them in issue order), its sends to one peer, its receives
+ * from one peer (messages of a pair arrive in order). Lanes progress independently of each other.
+ * All fields are guarded by the engine's lock (request.c). */
+enum { LANE_COLL = 0, LANE_SEND, LANE_RECV };
+
+typedef struct loom_lane {
+	loom_comm_t *c;
+	int kind, peer;                    /* LANE_*; peer -1 for LANE_COLL */
+	struct loom_request *head, *tail;  /* queued, not started */
+	struct loom_request *cur;          /* running */
+	int in_engine;                     /* has work: queued in the engine or being run by it */
+	struct loom_lane *next_in;         /* the engine's list of lanes that got work */
+} loom_lane_t;
+
 struct loom_request {
 	loom_comm_t *c;
-	loom_coll_args_t args;
+	loom_lane_t *lane;
+	loom_coll_args_t args; /* collectives; point to point: send (isend) or recv (irecv), count, dt */
+	int peer, tag;         /* point to point */
 	uint64_t seq;
 	int done, rc;
 	char msg[1024];
@@ -150,12 +167,10 @@ struct loom_comm {
 	size_t scratch_bytes[2];
 	int scratch_heap[2];
 
-	/* non-blocking queue (request.c) */
-	pthread_mutex_t q_lock;
-	pthread_cond_t q_cond;
-	loom_request_t *q_head, *q_tail;
-	int q_running, q_thread_started, q_stop;
-	pthread_t q_thread;
+	/* non-blocking requests (request.c) */
+	loom_lane_t coll_lane;
+	loom_lane_t *p2p_lanes; /* 2*size, allocated at the first isend/irecv: sends to r, then receives from r */
+	int engine_user;        /* counted among the progress engine's users */
 };
 
 /* What the calling thread is doing: used to prefix error messages and to bound waits. */
@@ -214,18 +229,53 @@ static inline int shm_heap_contains(const loom_job_t *j, const void *p, size_t b
 
 /* Run one validated collective on the calling thread (sequence number already assigned). */
 int loom__comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq);
-/* Validate a collective's arguments: LOOM_OK or LOOM_EINVAL recorded on c. */
-int loom__comm_validate(loom_comm_t *c, const loom_coll_args_t *a);
+/* Validate a collective's arguments: LOOM_OK or LOOM_EINVAL recorded on c. For the v-collectives
+ * it also sets a->total, and a->count to this rank's count. */
+int loom__comm_validate(loom_comm_t *c, loom_coll_args_t *a);
 /* Fail fast when the communicator is unusable after an earlier fatal error; LOOM_OK otherwise. */
 int loom__comm_check_usable(loom_comm_t *c, const char *op);
 
-/* ---- request.c ------------------------------------------------------------------------------- */
+/* ---- request.c: the progress engine ----------------------------------------------------------- */
 
+/* Wait until the lane has no queued or running request (blocking calls use the lanes they touch
+ * only after that). */
+void loom__comm_lane_drain(loom_comm_t *c, loom_lane_t *l);
 /* Wait until no non-blocking collective is queued or running (called by blocking collectives). */
 void loom__comm_req_drain(loom_comm_t *c);
-/* Stop the progress thread after draining; free leftover requests. */
+/* Run every queued request of c, then stop counting c among the engine's users (the engine thread
+ * ends with its last user). */
 void loom__comm_req_shutdown(loom_comm_t *c);
 /* Queue a validated collective; *req receives the request. */
 int loom__comm_req_submit(loom_comm_t *c, const loom_coll_args_t *a, loom_request_t **req);
+/* The lane of point-to-point messages to (send != 0) or from peer, or NULL before the first
+ * isend/irecv on c. */
+loom_lane_t *loom__comm_p2p_lane(loom_comm_t *c, int send, int peer);
+
+/* For the transport's waits. 1 when the calling thread is the engine running a request and other
+ * lanes have work: the wait must then hand the thread back (loom__engine_yield) instead of
+ * sleeping. */
+int loom__engine_should_yield(void);
+/* Hand the engine thread to other lanes; returns when the engine resumes this request, which then
+ * re-checks its condition. ready(arg) tells the engine, without resuming it, whether it could
+ * progress. */
+void loom__engine_yield(int (*ready)(void *), void *arg);
+
+/* ---- comm.c, point to point ------------------------------------------------------------------- */
+
+/* Check a point-to-point call's arguments (peer another rank of c); LOOM_OK or LOOM_EINVAL recorded
+ * on c, the message prefixed with op. */
+int loom__comm_p2p_check(loom_comm_t *c, const char *op, const void *buf, size_t count, loom_dtype_t dt, int peer);
+/* Run one validated point-to-point transfer on the calling thread: sbytes to dst and rbytes from
+ * src (-1: that direction is unused), both with `tag`; `op` names it in errors. */
+int loom__comm_p2p_exec(loom_comm_t *c, const char *op, int dst, const void *sbuf, size_t sbytes, int src,
+                        void *rbuf, size_t rbytes, int tag);
+
+/* ---- shm_wait.c, for the engine ---------------------------------------------------------------- */
+
+/* Sleep (at most max_s) until something wakes this process's doorbell in c's job (any message to
+ * this rank on any communicator of the job, or loom__shm_wake_self), unless cond(arg) already holds. */
+void loom__shm_idle_wait(loom_comm_t *c, int (*cond)(void *), void *arg, double max_s);
+/* Wake whatever sleeps on this process's doorbell in c's job. */
+void loom__shm_wake_self(loom_comm_t *c);
 
 #endif

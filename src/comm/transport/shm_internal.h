@@ -42,10 +42,18 @@ static inline void cpu_relax(void)
 
 void loom__shm_futex_wake(atomic_uint *addr);
 
+/* The record holding rank r's doorbell: one per process and job, in the world segment, so that a
+ * thread waiting on several communicators (the progress engine) sleeps on one futex word and a
+ * message on any communicator wakes it. Before the world segment is mapped: c's own record. */
+static inline shm_rank_t *bell_rec(const loom_comm_t *c, int r)
+{
+	return c->job && c->job->hdr ? rank_rec(c->job->hdr, c->world_of[r]) : rank_rec(c->hdr, r);
+}
+
 /* Wake rank r of c if it sleeps (after this thread's stores that make progress possible). */
 static inline void shm_ring(loom_comm_t *c, int r)
 {
-	shm_rank_t *x = rank_rec(c->hdr, r);
+	shm_rank_t *x = bell_rec(c, r);
 	/* A read-modify-write, not a load: it orders our earlier stores before the read of sleepers
 	 * (see shm_wait.c), like a fence, and ThreadSanitizer understands it. */
 	if (atomic_fetch_add_explicit(&x->sleepers, 0, memory_order_seq_cst)) {

@@ -232,7 +232,7 @@ static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
 static int peers_sleep(const shm_waiter_t *w)
 {
 	for (int i = 0; i < w->npeers; i++)
-		if (atomic_load_explicit(&rank_rec(w->c->hdr, w->peers[i])->sleepers, memory_order_relaxed))
+		if (atomic_load_explicit(&bell_rec(w->c, w->peers[i])->sleepers, memory_order_relaxed))
 			return 1;
 	return 0;
 }
@@ -241,6 +241,24 @@ int loom__shm_waiter_idle(shm_waiter_t *w, ready_fn ready, void *arg)
 {
 	loom_comm_t *c = w->c;
 	double now;
+	if (loom__engine_should_yield()) {
+		/* On the progress engine with other lanes busy: never block the thread, hand it back. */
+		now = loom_now();
+		if (w->start == 0) {
+			w->start = now, w->spin_end = now, w->yield_end = now, w->coloc = 0, w->n = 0;
+			w->next_slow = now + SLOW_CHECK_S;
+			if (w->next_lock == 0)
+				w->next_lock = now + LOCK_CHECK_S;
+		}
+		if (now >= w->next_slow) {
+			int rc;
+			w->next_slow = now + SLOW_CHECK_S;
+			if ((rc = slow_checks(w, now, ready, arg)) != LOOM_OK)
+				return rc;
+		}
+		loom__engine_yield(ready, arg);
+		return LOOM_OK;
+	}
 	if (w->start == 0) {
 		int cpu = sched_getcpu(), spin_us = w->small ? c->spin_small_us : c->spin_us;
 		now = loom_now();
@@ -273,11 +291,11 @@ int loom__shm_waiter_idle(shm_waiter_t *w, ready_fn ready, void *arg)
 	} else if (now < w->yield_end && !peers_sleep(w)) {
 		sched_yield(); /* the peer is runnable on our core: let it run, without a futex round trip */
 	} else {
-		shm_rank_t *me = rank_rec(c->hdr, c->rank);
+		shm_rank_t *me = bell_rec(c, c->rank);
 		unsigned bell;
 		atomic_fetch_add(&me->sleepers, 1);
 		bell = atomic_load(&me->doorbell);
-		if (!ready(arg) && atomic_load(&c->hdr->abort_code) == 0) {
+		if (!ready(arg) && atomic_load(&c->hdr->abort_code) == 0 && !loom__engine_should_yield()) {
 			double left = LOOM_MIN(SLEEP_SLICE_S, w->deadline - now + 1e-3);
 			left = LOOM_MIN(left, LOOM_MAX(w->next_lock - now, 1e-3));
 			futex_wait(&me->doorbell, bell, left);
@@ -291,6 +309,23 @@ int loom__shm_waiter_idle(shm_waiter_t *w, ready_fn ready, void *arg)
 		return slow_checks(w, now, ready, arg);
 	}
 	return LOOM_OK;
+}
+
+void loom__shm_idle_wait(loom_comm_t *c, int (*cond)(void *), void *arg, double max_s)
+{
+	shm_rank_t *me = bell_rec(c, c->rank);
+	unsigned bell;
+	atomic_fetch_add(&me->sleepers, 1);
+	bell = atomic_load(&me->doorbell);
+	if (!cond(arg))
+		futex_wait(&me->doorbell, bell, max_s);
+	atomic_fetch_sub(&me->sleepers, 1);
+}
+
+void loom__shm_wake_self(loom_comm_t *c)
+{
+	if (c->hdr)
+		shm_ring(c, c->rank);
 }
 
 /* ---- header board ----------------------------------------------------------------------------- */
