@@ -132,3 +132,293 @@ TEST(comm_engine_cross_order)
 	CHECK_EQ(test_spawn(3, rank_engine, NULL, 60, seg), 0);
 	return 0;
 }
+
+/* ---- point to point: sendrecv, isend, irecv ------------------------------------------------------ */
+
+/* Elements rank r sends to rank d in message k (int64 pattern truncated to the dtype's size). */
+static size_t p2p_count(int r, int d, int k)
+{
+	size_t base[] = {0, 1, 37, 70001}; /* 70001 x 8 bytes: more than all slots of a channel */
+	return (r + d + k) % 5 == 3 ? 0 : base[(r * 3 + d + k) % 4];
+}
+
+static unsigned char p2p_byte(int r, int d, int k, size_t b)
+{
+	return (unsigned char)(b * 7 + (size_t)r * 31 + (size_t)d * 5 + (size_t)k * 11 + 1);
+}
+
+static void p2p_fill(unsigned char *buf, size_t bytes, int r, int d, int k)
+{
+	for (size_t b = 0; b < bytes; b++)
+		buf[b] = p2p_byte(r, d, k, b);
+}
+
+static int p2p_check(const unsigned char *buf, size_t bytes, int r, int d, int k)
+{
+	for (size_t b = 0; b < bytes; b++)
+		if (buf[b] != p2p_byte(r, d, k, b))
+			TEST_FAIL_("message %d from rank %d to %d: byte %zu is %d, expected %d", k, r, d, b, buf[b],
+			           p2p_byte(r, d, k, b));
+	return 0;
+}
+
+enum { NMSG = 4 };
+
+static int rank_p2p(int rank, int n, void *arg)
+{
+	loom_comm_t *c, *other;
+	int right = (rank + 1) % n, left = (rank + n - 1) % n;
+	size_t cap = 70001 * 8;
+	unsigned char *sbuf[2][NMSG], *rbuf[2][NMSG];
+	int registered = *(int *)arg;
+	CHECK_OK(loom_comm_init(&c));
+	CHECK_OK(loom_comm_split(c, 0, 0, &other));
+	for (int s = 0; s < 2; s++)
+		for (int k = 0; k < NMSG; k++) {
+			sbuf[s][k] = registered ? loom_comm_alloc(c, cap) : malloc(cap);
+			rbuf[s][k] = registered ? loom_comm_alloc(c, cap) : malloc(cap);
+			CHECK(sbuf[s][k] && rbuf[s][k]);
+		}
+	/* sendrecv around the ring, every dtype, uneven and zero counts; with n == 1 it is a copy */
+	for (int dt = 0; dt < LOOM_DTYPE_COUNT; dt++) {
+		size_t es = loom_dtype_size((loom_dtype_t)dt);
+		for (int k = 0; k < NMSG; k++) {
+			size_t sc = p2p_count(rank, right, k) * 8 / es, rc = p2p_count(left, rank, k) * 8 / es;
+			p2p_fill(sbuf[0][k], sc * es, rank, right, k);
+			memset(rbuf[0][k], 0, cap);
+			CHECK_OK(loom_sendrecv(c, sbuf[0][k], sc, right, rbuf[0][k], rc, left, (loom_dtype_t)dt, 100 + k));
+			if (p2p_check(rbuf[0][k], rc * es, left, rank, k))
+				return 1;
+		}
+	}
+	if (n == 1) {
+		loom_request_t *r = (loom_request_t *)1;
+		CHECK_ERR(loom_isend(c, sbuf[0][0], 1, LOOM_FLOAT32, 0, 0, &r), LOOM_EINVAL);
+		CHECK(r == NULL);
+		goto out;
+	}
+	/* sendrecv with one peer both ways (a pipeline neighbour) */
+	if (!(n % 2 == 1 && rank == n - 1)) {
+		int peer = rank ^ 1;
+		int64_t mine[3] = {rank, rank * 2, rank * 3}, got[3] = {0};
+		CHECK_OK(loom_sendrecv(c, mine, 3, peer, got, 3, peer, LOOM_INT64, 5));
+		CHECK_EQ(got[0], peer);
+		CHECK_EQ(got[2], peer * 3);
+	}
+	/* Several isends / irecvs in flight both ways around the ring, with a non-blocking all-reduce on
+	 * this communicator and another on a second one; completed in an order unlike issue order. */
+	for (int round = 0; round < 2; round++) {
+		loom_request_t *rs[2][NMSG], *rr[2][NMSG], *ar, *ao;
+		int64_t x = rank + 1, y = 2 * rank;
+		for (int k = 0; k < NMSG; k++) {
+			memset(rbuf[0][k], 0, cap);
+			memset(rbuf[1][k], 0, cap);
+			CHECK_OK(loom_irecv(c, rbuf[0][k], p2p_count(left, rank, k), LOOM_INT64, left, k, &rr[0][k]));
+			/* with 2 ranks left == right: both directions' messages share one channel, in this order */
+			CHECK_OK(loom_irecv(c, rbuf[1][k], p2p_count(right, rank, k + 1), LOOM_INT64, right, 10 + k, &rr[1][k]));
+		}
+		CHECK_OK(loom_iallreduce(c, &x, &x, 1, LOOM_INT64, LOOM_SUM, &ar));
+		for (int k = 0; k < NMSG; k++) {
+			p2p_fill(sbuf[0][k], p2p_count(rank, right, k) * 8, rank, right, k);
+			p2p_fill(sbuf[1][k], p2p_count(rank, left, k + 1) * 8, rank, left, k + 1);
+			CHECK_OK(loom_isend(c, sbuf[0][k], p2p_count(rank, right, k), LOOM_INT64, right, k, &rs[0][k]));
+			if (k == 1)
+				CHECK_OK(loom_iallreduce(other, &y, &y, 1, LOOM_INT64, LOOM_MAX, &ao));
+			CHECK_OK(loom_isend(c, sbuf[1][k], p2p_count(rank, left, k + 1), LOOM_INT64, left, 10 + k, &rs[1][k]));
+		}
+		for (int k = NMSG - 1; k >= 0; k--) {
+			CHECK_OK(loom_wait(rr[0][k]));
+			CHECK_OK(loom_wait(rr[1][k]));
+			if (p2p_check(rbuf[0][k], p2p_count(left, rank, k) * 8, left, rank, k) ||
+			    p2p_check(rbuf[1][k], p2p_count(right, rank, k + 1) * 8, right, rank, k + 1))
+				return 1;
+		}
+		CHECK_OK(loom_wait(ao));
+		CHECK_OK(loom_wait(ar));
+		for (int k = 0; k < NMSG; k++) {
+			int done = 0;
+			while (!done)
+				CHECK_OK(loom_test(rs[k % 2][k], &done));
+			CHECK_OK(loom_wait(rs[1 - k % 2][k]));
+		}
+		CHECK_EQ(x, n * (n + 1) / 2);
+		CHECK_EQ(y, 2 * (n - 1));
+	}
+	/* blocking calls after non-blocking ones on the same channel keep issue order */
+	{
+		loom_request_t *r1, *r2;
+		int32_t a = rank, b = -1, d = -1, e = -1;
+		CHECK_OK(loom_irecv(c, &b, 1, LOOM_INT32, left, 1, &r1));
+		CHECK_OK(loom_isend(c, &a, 1, LOOM_INT32, right, 1, &r2));
+		CHECK_OK(loom_send(c, &a, 1, LOOM_INT32, right, 2));
+		CHECK_OK(loom_recv(c, &d, 1, LOOM_INT32, left, 2));
+		CHECK_OK(loom_sendrecv(c, &a, 1, right, &e, 1, left, LOOM_INT32, 3));
+		CHECK_OK(loom_wait(r1));
+		CHECK_OK(loom_wait(r2));
+		CHECK_EQ(b, left);
+		CHECK_EQ(d, left);
+		CHECK_EQ(e, left);
+	}
+	/* errors: at issue, with no request */
+	{
+		loom_request_t *r = (loom_request_t *)1;
+		float f = 0;
+		CHECK_ERR(loom_isend(c, &f, 1, LOOM_FLOAT32, rank, 0, &r), LOOM_EINVAL);
+		CHECK(r == NULL);
+		CHECK_CONTAINS(loom_comm_errmsg(c), "peer");
+		CHECK_ERR(loom_irecv(c, &f, 1, LOOM_FLOAT32, n, 0, &r), LOOM_EINVAL);
+		CHECK_ERR(loom_irecv(c, NULL, 1, LOOM_FLOAT32, left, 0, &r), LOOM_EINVAL);
+		CHECK_ERR(loom_isend(c, &f, 1, (loom_dtype_t)77, right, 0, &r), LOOM_EINVAL);
+		CHECK_ERR(loom_isend(c, &f, 1, LOOM_FLOAT32, right, 0, NULL), LOOM_EINVAL);
+		CHECK_ERR(loom_sendrecv(c, &f, 1, -1, &f, 1, left, LOOM_FLOAT32, 0), LOOM_EINVAL);
+		CHECK_ERR(loom_sendrecv(c, &f, 1, right, &f, 1, rank, LOOM_FLOAT32, 0), LOOM_EINVAL);
+	}
+out:
+	CHECK_OK(loom_barrier(c));
+	for (int s = 0; s < 2; s++)
+		for (int k = 0; k < NMSG; k++) {
+			if (registered) {
+				loom_comm_free(c, sbuf[s][k]);
+				loom_comm_free(c, rbuf[s][k]);
+			} else {
+				free(sbuf[s][k]);
+				free(rbuf[s][k]);
+			}
+		}
+	CHECK_OK(loom_comm_destroy(other));
+	CHECK_OK(loom_comm_destroy(c));
+	return 0;
+}
+
+TEST(comm_p2p_nonblocking)
+{
+	int plain = 0, registered = 1;
+	for (int n = 1; n <= 5; n++)
+		CHECK_EQ(test_spawn(n, rank_p2p, n % 2 ? &plain : &registered, 60, NULL), 0);
+	CHECK_EQ(test_spawn(2, rank_p2p, &plain, 60, NULL), 0);
+	CHECK_EQ(test_spawn(3, rank_p2p, &registered, 60, NULL), 0);
+	return 0;
+}
+
+/* ---- v-collectives ----------------------------------------------------------------------------- */
+
+/* The v-collectives' values and layouts for every dtype and op are in test_collectives.c's matrix
+ * (send == recv in place, ordinary and shared-heap buffers). Here: the other in-place form, several
+ * in flight at once with other non-blocking operations, large shared-heap messages and errors. */
+
+static size_t v_count(int q, int n, size_t big)
+{
+	(void)n;
+	return q % 3 == 1 ? 0 : q % 3 == 2 ? big / 3 + 1 : big + (size_t)q;
+}
+
+static int64_t v_val(int r, size_t i)
+{
+	return (int64_t)(i % 1009) * 3 + r;
+}
+
+static int rank_v(int rank, int n, void *arg)
+{
+	loom_comm_t *c, *other;
+	size_t big = *(size_t *)arg, counts[8], displ[9] = {0};
+	int64_t *a, *b, *g, *s;
+	float f[4] = {0};
+	CHECK_OK(loom_comm_init(&c));
+	CHECK_OK(loom_comm_split(c, 0, -rank, &other)); /* reversed ranks */
+	for (int q = 0; q < n; q++) {
+		counts[q] = v_count(q, n, big);
+		displ[q + 1] = displ[q] + counts[q];
+	}
+	size_t total = displ[n], mine = counts[rank];
+	a = loom_comm_alloc(c, total * 8 + 8);
+	b = loom_comm_alloc(c, total * 8 + 8);
+	g = malloc(total * 8 + 8);
+	s = malloc(total * 8 + 8);
+	CHECK(a && b && g && s);
+	for (int round = 0; round < 2; round++) {
+		loom_request_t *ra, *rb, *rg, *rx;
+		double x = rank;
+		/* allgatherv in place (send == recv + displ) and reduce_scatterv in place (recv == send + displ),
+		 * both on shared-heap buffers, with a plain allgatherv and an all-reduce on another communicator */
+		for (size_t i = 0; i < total; i++) {
+			a[i] = i >= displ[rank] && i < displ[rank] + mine ? v_val(rank, i) : -1;
+			b[i] = v_val(rank, i);
+		}
+		for (size_t i = 0; i < mine; i++)
+			s[i] = v_val(rank, displ[rank] + i);
+		memset(g, 0, total * 8);
+		CHECK_OK(loom_iallgatherv(c, a + displ[rank], mine, a, counts, LOOM_INT64, &ra));
+		CHECK_OK(loom_iallreduce(other, &x, &x, 1, LOOM_FLOAT64, round ? LOOM_AVG : LOOM_SUM, &rx));
+		CHECK_OK(loom_ireduce_scatterv(c, b, b + displ[rank], counts, LOOM_INT64, round ? LOOM_MAX : LOOM_SUM, &rb));
+		CHECK_OK(loom_iallgatherv(c, s, mine, g, counts, LOOM_INT64, &rg));
+		counts[0] = 12345; /* the non-blocking calls copied the counts */
+		CHECK_OK(loom_wait(rg));
+		CHECK_OK(loom_wait(rx));
+		CHECK_OK(loom_wait(rb));
+		CHECK_OK(loom_wait(ra));
+		counts[0] = v_count(0, n, big);
+		for (int q = 0; q < n; q++)
+			for (size_t i = displ[q]; i < displ[q + 1]; i++) {
+				if (a[i] != v_val(q, i) || g[i] != v_val(q, i))
+					TEST_FAIL_("allgatherv [%zu] (rank %d's block): %lld, %lld, expected %lld", i, q,
+					           (long long)a[i], (long long)g[i], (long long)v_val(q, i));
+			}
+		for (size_t i = 0; i < mine; i++) {
+			size_t e = displ[rank] + i;
+			int64_t want = round ? v_val(n - 1, e) : (int64_t)(e % 1009) * 3 * n + n * (n - 1) / 2;
+			if (b[e] != want)
+				TEST_FAIL_("reduce_scatterv [%zu]: %lld, expected %lld", e, (long long)b[e], (long long)want);
+		}
+		CHECK_FEQ(x, round ? n * (n - 1) / 2.0 * (1.0 / n) : n * (n - 1) / 2.0);
+	}
+	/* reduce_scatterv with AVG on floats, send == recv (the result goes to the front) */
+	{
+		float *v = (float *)s;
+		for (size_t i = 0; i < total; i++)
+			v[i] = (float)(i % 7) + (float)rank;
+		CHECK_OK(loom_reduce_scatterv(c, v, v, counts, LOOM_FLOAT32, LOOM_AVG));
+		for (size_t i = 0; i < mine; i++) {
+			float sum = (float)(n * (int)((displ[rank] + i) % 7) + n * (n - 1) / 2);
+			CHECK_FEQ(v[i], sum * (1.0f / (float)n));
+		}
+	}
+	/* errors */
+	{
+		loom_request_t *r = (loom_request_t *)1;
+		CHECK_ERR(loom_allgatherv(c, s, mine + 1, g, counts, LOOM_INT64), LOOM_EINVAL);
+		CHECK_CONTAINS(loom_comm_errmsg(c), "sendcount");
+		CHECK_CONTAINS(loom_comm_errmsg(c), "recvcounts[");
+		CHECK_ERR(loom_iallgatherv(c, s, mine + 1, g, counts, LOOM_INT64, &r), LOOM_EINVAL);
+		CHECK(r == NULL);
+		CHECK_ERR(loom_reduce_scatterv(c, s, g, NULL, LOOM_INT64, LOOM_SUM), LOOM_EINVAL);
+		CHECK_CONTAINS(loom_comm_errmsg(c), "recvcounts is NULL");
+		CHECK_ERR(loom_reduce_scatterv(c, s, g, counts, LOOM_INT64, LOOM_AVG), LOOM_EINVAL);
+		CHECK_ERR(loom_reduce_scatterv(c, NULL, g, counts, LOOM_INT64, LOOM_SUM), total ? LOOM_EINVAL : LOOM_OK);
+		CHECK_ERR(loom_allgatherv(c, f, 1, f, NULL, LOOM_FLOAT32), LOOM_EINVAL);
+	}
+	/* all counts zero, NULL buffers */
+	{
+		size_t zero[8] = {0};
+		CHECK_OK(loom_allgatherv(c, NULL, 0, NULL, zero, LOOM_FLOAT32));
+		CHECK_OK(loom_reduce_scatterv(c, NULL, NULL, zero, LOOM_BFLOAT16, LOOM_MIN));
+	}
+	loom_comm_free(c, a);
+	loom_comm_free(c, b);
+	free(g);
+	free(s);
+	CHECK_OK(loom_comm_destroy(other));
+	CHECK_OK(loom_comm_destroy(c));
+	return 0;
+}
+
+TEST(comm_v_collectives)
+{
+	size_t small = 5, large = 400000; /* large: several ring segments (LOOM_RING_SEG below) */
+	const char *seg[] = {"LOOM_RING_SEG=262144", NULL}, *debug[] = {"LOOM_DEBUG=1", NULL};
+	for (int n = 1; n <= 5; n++)
+		CHECK_EQ(test_spawn(n, rank_v, &small, 60, NULL), 0);
+	CHECK_EQ(test_spawn(3, rank_v, &small, 60, debug), 0); /* fingerprints of v-collectives agree */
+	CHECK_EQ(test_spawn(2, rank_v, &large, 60, seg), 0);
+	CHECK_EQ(test_spawn(4, rank_v, &large, 90, seg), 0);
+	return 0;
+}
