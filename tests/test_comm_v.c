@@ -422,3 +422,71 @@ TEST(comm_v_collectives)
 	CHECK_EQ(test_spawn(4, rank_v, &large, 90, seg), 0);
 	return 0;
 }
+
+/* ---- settings: loom_comm_init_opts and knobs that must agree -------------------------------------- */
+
+/* arg names a knob that rank 1 sets differently; every rank's init fails naming it and the ranks. */
+static int rank_knob_mismatch(int rank, int n, void *arg)
+{
+	const char *knob = arg;
+	loom_comm_t *c = (loom_comm_t *)1;
+	loom_comm_opts_t o;
+	(void)n;
+	loom_comm_opts_default(&o);
+	if (rank == 1 && strcmp(knob, "ring_seg_bytes") == 0)
+		o.ring_seg_bytes = 1 << 20; /* through the options instead of the environment */
+	else if (rank == 1)
+		setenv(knob, strcmp(knob, "LOOM_SHM_MB") == 0 ? "64" : "65536", 1);
+	CHECK_ERR(loom_comm_init_opts(&c, &o), LOOM_EINVAL);
+	CHECK(c == NULL);
+	CHECK_CONTAINS(loom_errmsg(), strcmp(knob, "ring_seg_bytes") == 0 ? "LOOM_RING_SEG" : knob);
+	CHECK_CONTAINS(loom_errmsg(), "differs between ranks");
+	CHECK_CONTAINS(loom_errmsg(), rank == 1 ? "rank(s) 0, 2" : "rank(s) 1;");
+	return 0;
+}
+
+static int rank_opts(int rank, int n, void *arg)
+{
+	loom_comm_t *c = NULL;
+	loom_comm_opts_t o;
+	float x[3] = {1, 2, (float)rank};
+	void *p;
+	(void)arg;
+	loom_comm_opts_default(&o);
+	o.ring_seg_bytes = 10;
+	CHECK_ERR(loom_comm_init_opts(&c, &o), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "ring_seg_bytes");
+	loom_comm_opts_default(&o);
+	o.algo = "allreduce:nonsense";
+	CHECK_ERR(loom_comm_init_opts(&c, &o), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "opts.algo");
+	/* the environment says otherwise on rank 1; the options, equal everywhere, win */
+	if (rank == 1)
+		setenv("LOOM_ALGO", "allreduce:rd", 1);
+	loom_comm_opts_default(&o);
+	o.algo = "allreduce:ring";
+	o.heap_bytes = 4 << 20;
+	o.ring_seg_bytes = 4096;
+	o.debug = 1;
+	o.timeout_s = 20;
+	CHECK_OK(loom_comm_init_opts(&c, &o));
+	CHECK(loom_comm_alloc(c, 8 << 20) == NULL); /* the heap is 4 MiB */
+	p = loom_comm_alloc(c, 1 << 20);
+	CHECK(p != NULL);
+	CHECK_OK(loom_allreduce(c, x, x, 3, LOOM_FLOAT32, LOOM_SUM));
+	CHECK_FEQ(x[0], n);
+	CHECK_FEQ(x[2], n * (n - 1) / 2);
+	loom_comm_free(c, p);
+	CHECK_OK(loom_comm_destroy(c));
+	return 0;
+}
+
+TEST(comm_init_opts)
+{
+	CHECK_EQ(test_spawn(3, rank_knob_mismatch, "LOOM_RING_SEG", 20, NULL), 0);
+	CHECK_EQ(test_spawn(3, rank_knob_mismatch, "LOOM_SHM_INPLACE_MIN", 20, NULL), 0);
+	CHECK_EQ(test_spawn(3, rank_knob_mismatch, "LOOM_SHM_MB", 20, NULL), 0);
+	CHECK_EQ(test_spawn(3, rank_knob_mismatch, "ring_seg_bytes", 20, NULL), 0);
+	CHECK_EQ(test_spawn(2, rank_opts, NULL, 20, NULL), 0);
+	return 0;
+}

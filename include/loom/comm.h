@@ -14,8 +14,10 @@
  * LOOM_JOB_ID names the job's shared-memory segments (/dev/shm/loom-<LOOM_JOB_ID>*); `loom run` sets
  * it, otherwise it is derived from the launcher's job id (or MASTER_ADDR/MASTER_PORT).
  * LOOM_ALGO=op:algo[,op:algo...] overrides the algorithm choice; LOOM_DEBUG=1 checks every
- * collective's signature across ranks (both must be the same on every rank). LOOM_TIMEOUT_S may be
- * fractional. LOOM_SHM_MB sizes each rank's shared heap (loom_comm_alloc).
+ * collective's signature across ranks. LOOM_TIMEOUT_S may be fractional. LOOM_SHM_MB sizes each
+ * rank's shared heap (loom_comm_alloc). LOOM_RING_SEG and LOOM_SHM_INPLACE_MIN tune the transfer of
+ * large messages. LOOM_ALGO, LOOM_DEBUG, LOOM_SHM_MB, LOOM_RING_SEG and LOOM_SHM_INPLACE_MIN must be
+ * the same on every rank (checked at init). loom_comm_init_opts sets them in code instead.
  * RANK without WORLD_SIZE is an error; LOCAL_RANK / LOCAL_WORLD_SIZE default to RANK / WORLD_SIZE.
  * All ranks must be on one machine for now (LOCAL_WORLD_SIZE == WORLD_SIZE, one Slurm node);
  * otherwise loom_comm_init fails with LOOM_ENOTSUP.
@@ -67,8 +69,28 @@ const char *loom_op_name(loom_op_t op);       /* "sum", ...; "?" when invalid */
 
 /* Join the job described by the environment; collective (returns once every rank has joined).
  * On failure *comm is NULL and loom_errmsg() says why. A process that exits without
- * loom_comm_destroy counts as dead for its peers. */
+ * loom_comm_destroy counts as dead for its peers. Same as loom_comm_init_opts(comm, NULL). */
 int loom_comm_init(loom_comm_t **comm);
+
+/* Settings for programs that configure in code rather than through the environment. Every field
+ * left 0 / NULL (as loom_comm_opts_default leaves them) means "from the environment variable,
+ * else the default". Those marked [same] must be equal on every rank: loom_comm_init_opts checks
+ * them, LOOM_EINVAL naming the setting and the ranks that differ. The rank, size and job id still
+ * come from the launcher's environment. Sub-communicators inherit everything. */
+typedef struct {
+	const char *algo;         /* [same] LOOM_ALGO syntax, e.g. "allreduce:ring" ("" forces none) */
+	double timeout_s;         /* LOOM_TIMEOUT_S: deadline of blocking calls (default 300) */
+	size_t heap_bytes;        /* [same] LOOM_SHM_MB: shared heap per rank (default 1 GiB of address space) */
+	int debug;                /* [same] LOOM_DEBUG: 1 checks every collective's signature, -1 off */
+	size_t ring_seg_bytes;    /* [same] LOOM_RING_SEG: ring pipeline segment, >= 64 (default 4 MiB) */
+	size_t inplace_min_bytes; /* [same] LOOM_SHM_INPLACE_MIN: loom_comm_alloc sends this large or
+	                           * larger are read in place by the receiver (default 32 KiB) */
+} loom_comm_opts_t;
+
+/* Fill opts with "everything from the environment or default" (all zero). */
+void loom_comm_opts_default(loom_comm_opts_t *opts);
+/* loom_comm_init with settings (NULL: all from the environment). Collective. */
+int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts);
 /* Leave the job and free everything; safe on NULL. Not collective, but peers still waiting on this
  * rank then get LOOM_EPEERLOST. */
 int loom_comm_destroy(loom_comm_t *comm);

@@ -14,6 +14,7 @@
  * (abort) refuses every further call with that error; loom_cur describes the operation the calling
  * thread is running, and is restored on return. */
 #include <ctype.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,27 +180,53 @@ static int job_id(int fam, int size, char *out, size_t cap)
 	return LOOM_OK;
 }
 
-static int parse_config(loom_comm_t *c)
+/* Knobs from opts (when set) or the environment. */
+static int parse_config(loom_comm_t *c, const loom_comm_opts_t *o)
 {
 	const char *t = getenv("LOOM_TIMEOUT_S"), *d = getenv("LOOM_DEBUG"), *algo = getenv("LOOM_ALGO");
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	const char *seg = getenv("LOOM_RING_SEG");
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN), v;
 	c->timeout_s = 300;
-	if (t && *t) {
+	if (o->timeout_s < 0 || o->timeout_s > 1e9 || o->timeout_s != o->timeout_s)
+		return loom_seterr(LOOM_EINVAL, "loom_comm_init: opts.timeout_s = %g must be a positive number of seconds",
+		                   o->timeout_s);
+	if (o->timeout_s > 0) {
+		c->timeout_s = o->timeout_s;
+	} else if (t && *t) {
 		char *end;
-		double v = strtod(t, &end);
-		if (*end || !(v > 0) || v > 1e9)
+		double x = strtod(t, &end);
+		if (*end || !(x > 0) || x > 1e9)
 			return loom_seterr(LOOM_EINVAL, "loom_comm_init: LOOM_TIMEOUT_S=\"%s\" must be a positive number of seconds",
 			                   t);
-		c->timeout_s = v;
+		c->timeout_s = x;
 	}
-	c->debug = d && *d && strcmp(d, "0") != 0;
+	c->debug = o->debug ? o->debug > 0 : d && *d && strcmp(d, "0") != 0;
+	if (o->algo)
+		algo = o->algo;
+	snprintf(c->algo_spec, sizeof c->algo_spec, "%s", algo ? algo : "");
 	for (int i = 0; i < LOOM_COLL_COUNT; i++)
 		c->forced[i] = LOOM_ALGO_AUTO;
 	if (algo && *algo) {
 		char err[512] = "";
 		if (loom_algo_parse(algo, c->forced, err, sizeof err) != LOOM_OK)
-			return loom_seterr(LOOM_EINVAL, "loom_comm_init: LOOM_ALGO=\"%s\": %s", algo, err);
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: %s=\"%s\": %s", o->algo ? "opts.algo" : "LOOM_ALGO", algo,
+			                   err);
 	}
+	/* Ring segments: LOOM_RING_SEG bytes when >= 64 (smaller or unparsable values: the default). */
+	c->ring_seg = 4u << 20;
+	if (o->ring_seg_bytes) {
+		if (o->ring_seg_bytes < 64)
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: opts.ring_seg_bytes = %zu must be at least 64",
+			                   o->ring_seg_bytes);
+		c->ring_seg = o->ring_seg_bytes;
+	} else if (seg && (v = atol(seg)) >= 64) {
+		c->ring_seg = (size_t)v;
+	}
+	c->inplace_min = o->inplace_min_bytes;
+	if (!c->inplace_min && (v = loom_env_long("LOOM_SHM_INPLACE_MIN", 0, NULL)) > 0)
+		c->inplace_min = (size_t)v;
+	if (!c->inplace_min)
+		c->inplace_min = 32u << 10; /* smaller heap sends are copied: an ack round trip costs more */
 	/* Waiting: spin, then futex sleep. Spinning only pays when the awaited rank runs on another core
 	 * and answers soon. With more ranks than cores it only steals the time the awaited rank needs
 	 * (8 ranks on 2 cores: large all-reduces ran 2x faster sleeping at once). With fewer, small
@@ -267,54 +294,111 @@ static void comm_free(loom_comm_t *c)
 	free(c);
 }
 
-/* Ranks must agree on what changes the sequence of messages: LOOM_DEBUG and LOOM_ALGO. */
-static int check_config(loom_comm_t *c)
+/* The knobs every rank must agree on: they change which messages flow (or how they are staged),
+ * so ranks that differ would deadlock or fail later with a confusing message. One record per rank
+ * through the board (<= SHM_BOARD_BYTES). */
+typedef struct {
+	uint64_t algo, ring_seg, inplace_min, heap_bytes;
+	int32_t debug, pad;
+} knobs_t;
+
+/* "1, 3" for the ranks whose value of field `off` differs from this rank's. */
+static void ranks_differing(const knobs_t *all, int n, size_t off, const knobs_t *mine, char *out, size_t cap)
 {
-	struct {
-		int32_t debug, pad;
-		uint64_t algo;
-	} mine = {c->debug, 0, 1469598103934665603ull}, *all;
-	const char *algo = getenv("LOOM_ALGO");
+	size_t len = 0;
+	out[0] = '\0';
+	for (int r = 0; r < n && len + 16 < cap; r++)
+		if (memcmp((const char *)&all[r] + off, (const char *)mine + off, 8) != 0)
+			len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", r);
+}
+
+static int check_config(loom_comm_t *c, size_t heap_bytes)
+{
+	static const struct {
+		const char *name;
+		size_t off;
+	} fields[] = {
+		{"LOOM_DEBUG", offsetof(knobs_t, debug)},
+		{"LOOM_ALGO", offsetof(knobs_t, algo)},
+		{"LOOM_RING_SEG", offsetof(knobs_t, ring_seg)},
+		{"LOOM_SHM_INPLACE_MIN", offsetof(knobs_t, inplace_min)},
+		{"LOOM_SHM_MB", offsetof(knobs_t, heap_bytes)},
+	};
+	knobs_t mine = {1469598103934665603ull, c->ring_seg, c->inplace_min, heap_bytes, c->debug, 0}, *all;
 	int rc = LOOM_OK;
-	for (const char *p = algo ? algo : ""; *p; p++)
+	for (const char *p = c->algo_spec; *p; p++)
 		mine.algo = (mine.algo ^ (unsigned char)*p) * 1099511628211ull;
 	all = loom__calloc((size_t)c->size, sizeof *all);
 	if (!all)
 		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
 	rc = loom__shm_board_exchange(c, &mine, sizeof mine, all);
-	for (int r = 0; r < c->size && rc == LOOM_OK; r++) {
-		if (all[r].debug != mine.debug)
-			rc = loom_comm_fail(c, LOOM_EINVAL, "LOOM_DEBUG differs between ranks (%d here, %d on rank %d)",
-			                    mine.debug, all[r].debug, r);
-		else if (all[r].algo != mine.algo)
-			rc = loom_comm_fail(c, LOOM_EINVAL, "LOOM_ALGO differs between rank %d and rank %d (\"%s\" here)", c->rank,
-			                    r, algo ? algo : "");
+	for (size_t f = 0; f < LOOM_ARRAY_LEN(fields) && rc == LOOM_OK; f++) {
+		char who[256], val[160];
+		size_t off = fields[f].off;
+		ranks_differing(all, c->size, off, &mine, who, sizeof who);
+		if (!who[0])
+			continue;
+		if (off == offsetof(knobs_t, algo))
+			snprintf(val, sizeof val, "\"%.150s\"", c->algo_spec);
+		else if (off == offsetof(knobs_t, debug))
+			snprintf(val, sizeof val, "%d", c->debug);
+		else
+			snprintf(val, sizeof val, "%llu", (unsigned long long)*(const uint64_t *)((const char *)&mine + off));
+		rc = loom_comm_fail(c, LOOM_EINVAL,
+		                    "%s (or its loom_comm_opts_t field) differs between ranks: %s on rank %d (this rank), "
+		                    "something else on rank(s) %s; it must be the same on every rank",
+		                    fields[f].name, val, c->rank, who);
 	}
 	free(all);
 	return rc;
 }
 
+void loom_comm_opts_default(loom_comm_opts_t *opts)
+{
+	if (opts)
+		memset(opts, 0, sizeof *opts);
+}
+
 int loom_comm_init(loom_comm_t **comm)
+{
+	return loom_comm_init_opts(comm, NULL);
+}
+
+int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts)
 {
 	int rank = 0, size = 1, local_rank = 0, fam = -1, rc;
 	char id[96], name[160];
 	long shm_mb;
 	int ok;
 	unsigned gen;
+	size_t heap_bytes;
 	loom_comm_t *c;
 	loom_job_t *j;
 	loom_opctx_t saved = loom_cur;
+	loom_comm_opts_t none;
 	if (!comm)
 		return loom_seterr(LOOM_EINVAL, "loom_comm_init: comm is NULL");
 	*comm = NULL;
+	loom_comm_opts_default(&none);
+	if (!opts)
+		opts = &none;
 	if ((rc = job_from_env(&rank, &size, &local_rank, &fam)) != LOOM_OK)
 		return rc;
 	if ((rc = job_id(fam, size, id, sizeof id)) != LOOM_OK)
 		return rc;
-	shm_mb = loom_env_long("LOOM_SHM_MB", 1024, &ok);
-	if (!ok || shm_mb < 1 || shm_mb > (1l << 22))
-		return loom_seterr(LOOM_EINVAL, "loom_comm_init: LOOM_SHM_MB=\"%s\" must be an integer number of MiB in [1, %ld]",
-		                   getenv("LOOM_SHM_MB"), 1l << 22);
+	if (opts->heap_bytes) {
+		if (opts->heap_bytes > ((size_t)1 << 42))
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: opts.heap_bytes = %zu is more than 4 TiB",
+			                   opts->heap_bytes);
+		heap_bytes = opts->heap_bytes;
+	} else {
+		shm_mb = loom_env_long("LOOM_SHM_MB", 1024, &ok);
+		if (!ok || shm_mb < 1 || shm_mb > (1l << 22))
+			return loom_seterr(LOOM_EINVAL,
+			                   "loom_comm_init: LOOM_SHM_MB=\"%s\" must be an integer number of MiB in [1, %ld]",
+			                   getenv("LOOM_SHM_MB"), 1l << 22);
+		heap_bytes = (size_t)shm_mb << 20;
+	}
 	pthread_mutex_lock(&jobs_lock);
 	gen = ++world_generation;
 	pthread_mutex_unlock(&jobs_lock);
@@ -336,16 +420,16 @@ int loom_comm_init(loom_comm_t **comm)
 	for (int r = 0; r < size; r++)
 		c->world_of[r] = r;
 	snprintf(c->name, sizeof c->name, "%s", name);
-	if ((rc = parse_config(c)) != LOOM_OK) {
+	if ((rc = parse_config(c, opts)) != LOOM_OK) {
 		comm_free(c);
 		return rc;
 	}
 	loom_cur = (loom_opctx_t){c, "init", 0, loom_now() + c->timeout_s};
-	rc = loom__shm_open_segment(c, name, rank == 0, (size_t)shm_mb << 20, &j->fd);
+	rc = loom__shm_open_segment(c, name, rank == 0, heap_bytes, &j->fd);
 	if (rc == LOOM_OK && (rc = loom__shm_heap_init(j)) != LOOM_OK)
 		loom_comm_fail(c, rc, "%s", loom_errmsg());
 	if (rc == LOOM_OK)
-		rc = check_config(c);
+		rc = check_config(c, heap_bytes);
 	loom_cur = saved;
 	if (rc != LOOM_OK) {
 		char msg[1024];
@@ -444,7 +528,9 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 		sub->world_of[i] = c->world_of[members[i]];
 	snprintf(sub->name, sizeof sub->name, "%s", name);
 	sub->timeout_s = c->timeout_s, sub->debug = c->debug, sub->spin_us = c->spin_us, sub->spin_small_us = c->spin_small_us;
+	sub->ring_seg = c->ring_seg, sub->inplace_min = c->inplace_min;
 	memcpy(sub->forced, c->forced, sizeof c->forced);
+	memcpy(sub->algo_spec, c->algo_spec, sizeof c->algo_spec);
 	loom_cur.c = sub;
 	rc = loom__shm_open_segment(sub, name, me == 0, 0, NULL);
 	loom_cur.c = c;
@@ -785,6 +871,11 @@ int loom_xp_send(loom_comm_t *c, int dst, const void *buf, size_t bytes)
 int loom_xp_recv(loom_comm_t *c, int src, void *buf, size_t bytes)
 {
 	return loom__shm_sendrecv(c, CHAN_COLL, -1, NULL, 0, 0, src, buf, bytes, 0, NULL, LOOM_FLOAT32, LOOM_SUM);
+}
+
+size_t loom_comm_ring_seg(const loom_comm_t *c)
+{
+	return c->ring_seg;
 }
 
 void *loom_comm_scratch(loom_comm_t *c, int slot, size_t bytes)

@@ -157,6 +157,9 @@ struct loom_comm {
 	int debug;
 	int spin_us, spin_small_us; /* waiting policy: spin this long, then sleep (see parse_config) */
 	loom_algo_t forced[LOOM_COLL_COUNT];
+	char algo_spec[256];        /* LOOM_ALGO or opts.algo, as given (compared across ranks at init) */
+	size_t ring_seg;            /* bytes per ring segment (LOOM_RING_SEG) */
+	size_t inplace_min;         /* heap sends at least this large travel single-copy (LOOM_SHM_INPLACE_MIN) */
 	uint64_t coll_seq, p2p_seq, board_count, split_count;
 	atomic_ullong st_colls, st_bytes, st_ns; /* loom_comm_stats (updated by whichever thread ran it) */
 

@@ -41,6 +41,10 @@ int loom_xp_sendrecv(loom_comm_t *c, int dst, const void *sbuf, size_t sbytes, i
 int loom_xp_send(loom_comm_t *c, int dst, const void *buf, size_t bytes);
 int loom_xp_recv(loom_comm_t *c, int src, void *buf, size_t bytes);
 
+/* Bytes per segment of pipelined algorithms (LOOM_RING_SEG or loom_comm_opts_t.ring_seg_bytes,
+ * default 4 MiB): the same on every rank (checked at init). */
+size_t loom_comm_ring_seg(const loom_comm_t *c);
+
 /* Per-communicator scratch buffer `slot` (0 or 1) of at least `bytes`, in the shared segment when
  * possible (so sends from it are single-copy). Grows as needed and stays valid until the next call
  * with the same slot; NULL when memory is exhausted. Only the thread running a collective uses it. */

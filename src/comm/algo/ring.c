@@ -13,27 +13,15 @@
  * is the one received at step s-1; after size-1 steps each rank holds one fully reduced block, and
  * every element was combined along one chain, so all ranks end with bit-identical results.
  * Messages are real even when empty (count 0 or count < size), so every rank takes part. */
-#include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "comm/algo/algo.h"
 #include "comm/transport.h"
 
-/* Default segment size; LOOM_RING_SEG (bytes, for tuning; the same on every rank) overrides it. */
-#define RING_SEG_DEFAULT (4u << 20)
-
-static size_t seg_elems(size_t esz)
+/* Elements per segment: loom_comm_ring_seg bytes (default 4 MiB, the same on every rank). */
+static size_t seg_elems(loom_comm_t *c, size_t esz)
 {
-	static _Atomic size_t seg_bytes; /* read once; every thread computes the same value */
-	size_t b = atomic_load_explicit(&seg_bytes, memory_order_relaxed);
-	if (!b) {
-		const char *s = getenv("LOOM_RING_SEG");
-		long v = s ? atol(s) : 0;
-		b = v >= 64 ? (size_t)v : RING_SEG_DEFAULT;
-		atomic_store_explicit(&seg_bytes, b, memory_order_relaxed);
-	}
-	size_t e = b / esz;
+	size_t e = loom_comm_ring_seg(c) / esz;
 	return e ? e : 1;
 }
 
@@ -94,7 +82,7 @@ int loom_ring_allreduce(loom_comm_t *c, const loom_coll_args_t *a)
 			memmove(recv, send, a->count * esz);
 		return LOOM_OK;
 	}
-	layout_t L = {n, 1, a->count, seg_elems(esz), NULL, NULL, 0};
+	layout_t L = {n, 1, a->count, seg_elems(c, esz), NULL, NULL, 0};
 	int right = mod(r + 1, n), left = mod(r - 1, n), rc;
 	size_t segs = num_segs(&L), so, sl, ro, rl;
 	for (size_t j = 0; j < segs; j++) {
@@ -175,7 +163,7 @@ int loom_ring_reduce_scatter(loom_comm_t *c, const loom_coll_args_t *a)
 			memmove(a->recv, a->send, a->count * esz);
 		return LOOM_OK;
 	}
-	layout_t L = {n, 0, a->count, seg_elems(esz), NULL, NULL, 0};
+	layout_t L = {n, 0, a->count, seg_elems(c, esz), NULL, NULL, 0};
 	return reduce_scatter(c, a, &L);
 }
 
@@ -209,7 +197,7 @@ int loom_ring_allgather(loom_comm_t *c, const loom_coll_args_t *a)
 		memmove(mine, a->send, count * esz);
 	if (n == 1)
 		return LOOM_OK;
-	layout_t L = {n, 0, count, seg_elems(esz), NULL, NULL, 0};
+	layout_t L = {n, 0, count, seg_elems(c, esz), NULL, NULL, 0};
 	return allgather(c, a, &L);
 }
 
@@ -225,7 +213,7 @@ static int v_layout(loom_comm_t *c, const loom_coll_args_t *a, layout_t *L)
 		sum += a->counts[q];
 		longest = a->counts[q] > longest ? a->counts[q] : longest;
 	}
-	*L = (layout_t){n, 0, 0, seg_elems(loom_dtype_size(a->dt)), a->counts, off, longest};
+	*L = (layout_t){n, 0, 0, seg_elems(c, loom_dtype_size(a->dt)), a->counts, off, longest};
 	return LOOM_OK;
 }
 

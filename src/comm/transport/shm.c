@@ -23,19 +23,8 @@
 #include "comm/transport/shm_internal.h"
 #include "core/util.h"
 
-#define INPLACE_MIN (32u << 10)   /* smaller heap sends are copied: an ack round trip costs more */
 #define INPLACE_PIECE (256u << 10) /* receiver processes in-place data in pieces, between sends */
 #define SMALL_MSG (64u << 10)      /* waits for messages up to this size spin longer (latency-bound) */
-
-static size_t inplace_min(void)
-{
-	static size_t v;
-	if (!v) {
-		long e = loom_env_long("LOOM_SHM_INPLACE_MIN", 0, NULL);
-		v = e > 0 ? (size_t)e : INPLACE_MIN;
-	}
-	return v;
-}
 
 /* ---- channels --------------------------------------------------------------------------------- */
 
@@ -276,7 +265,7 @@ int loom__shm_sendrecv(loom_comm_t *c, int kind, int dst, const void *sbuf, size
 		x.sch = chan_of(c->hdr, kind, c->rank, dst);
 		x.sbuf = sbuf, x.sbytes = sbytes, x.stag = stag;
 		x.shead = atomic_load_explicit(&x.sch->head, memory_order_relaxed);
-		x.sinplace = sbytes >= inplace_min() && shm_heap_contains(c->job, sbuf, sbytes);
+		x.sinplace = sbytes >= c->inplace_min && shm_heap_contains(c->job, sbuf, sbytes);
 	}
 	if (src >= 0) {
 		x.rch = chan_of(c->hdr, kind, src, c->rank);
