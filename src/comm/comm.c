@@ -1,18 +1,22 @@
-/* comm.c: the communicator: joining a job from the environment, sub-groups, argument checking and
- * dispatch of collectives, point-to-point calls, the shared heap API and error messages.
+/* comm.c: the communicator: joining a job from the environment (or loom_comm_init_opts), the
+ * settings every rank must share, sub-groups, argument checking and dispatch of collectives,
+ * point-to-point calls, the shared heap API and error messages. It talks to its transport only
+ * through the table in c->xp (transport.h); the shared-memory transport is the only one so far.
  *
- * A job is named by LOOM_JOB_ID (or the launcher's job id); its world segment is "/loom-<id>"
- * (a second loom_comm_init in the same process, after destroy, uses "/loom-<id>-g2" and so on, so
- * names never collide with a segment still being torn down). Sub-communicators get
- * "/loom-<id>-<split#>.<leader>" where split# counts splits on the parent (the same on every rank)
- * and leader is the group's first rank in the parent, unique per group.
+ * A job is named by LOOM_JOB_ID (or the launcher's job id): its world communicator is "loom-<id>"
+ * (the shared-memory transport's segment "/loom-<id>"; a second loom_comm_init in the same process,
+ * after destroy, uses "loom-<id>-g2" and so on, so names never collide with a segment still being
+ * torn down). Sub-communicators get "loom-<id>-<split#>.<leader>" where split# counts splits on the
+ * parent (the same on every rank) and leader is the group's first rank in the parent, unique per
+ * group.
  *
  * Every collective entry point validates its arguments, waits until queued non-blocking collectives
  * have run, takes the next sequence number (the same on every rank, since collectives are called
  * in the same order everywhere), optionally checks the call's fingerprint across ranks (LOOM_DEBUG),
- * and hands over to loom_algo_run. Invariants: a communicator whose segment recorded a fatal error
- * (abort) refuses every further call with that error; loom_cur describes the operation the calling
- * thread is running, and is restored on return. */
+ * and hands over to loom_algo_run. Invariants: a communicator whose transport recorded a fatal
+ * error (abort) refuses every further call with that error; c->coll_ctx is the running collective's
+ * context (sequence number, deadline) while one runs and zero otherwise; loom_cur describes the
+ * operation the calling thread is running (for error messages), and is restored on return. */
 #include <ctype.h>
 #include <stddef.h>
 #include <stdarg.h>
@@ -27,8 +31,7 @@
 
 _Thread_local loom_opctx_t loom_cur;
 
-static pthread_mutex_t jobs_lock = PTHREAD_MUTEX_INITIALIZER;
-static unsigned world_generation; /* loom_comm_init calls in this process */
+static atomic_uint world_generation; /* loom_comm_init calls in this process */
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
@@ -64,13 +67,13 @@ const char *loom_comm_errmsg(const loom_comm_t *comm)
 
 int loom__comm_check_usable(loom_comm_t *c, const char *op)
 {
-	int code;
-	if (!c->hdr)
-		return loom_comm_fail(c, LOOM_ESTATE, "%s: the communicator is not initialized", op);
-	code = atomic_load(&c->hdr->abort_code);
+	char msg[600];
+	int code = c->xp.ops->aborted(c, msg, sizeof msg);
 	if (code == 0)
 		return LOOM_OK;
-	return loom_comm_fail(c, code, "the communicator is unusable after an earlier failure: %s", c->hdr->abort_msg);
+	if (!loom_xp_state(c))
+		return loom_comm_fail(c, LOOM_ESTATE, "%s: the communicator is not initialized", op);
+	return loom_comm_fail(c, code, "the communicator is unusable after an earlier failure: %s", msg);
 }
 
 /* ---- joining a job ------------------------------------------------------------------------------ */
@@ -185,7 +188,7 @@ static int parse_config(loom_comm_t *c, const loom_comm_opts_t *o)
 {
 	const char *t = getenv("LOOM_TIMEOUT_S"), *d = getenv("LOOM_DEBUG"), *algo = getenv("LOOM_ALGO");
 	const char *seg = getenv("LOOM_RING_SEG");
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN), v;
+	long v;
 	c->timeout_s = 300;
 	if (o->timeout_s < 0 || o->timeout_s > 1e9 || o->timeout_s != o->timeout_s)
 		return loom_seterr(LOOM_EINVAL, "loom_comm_init: opts.timeout_s = %g must be a positive number of seconds",
@@ -227,18 +230,6 @@ static int parse_config(loom_comm_t *c, const loom_comm_opts_t *o)
 		c->inplace_min = (size_t)v;
 	if (!c->inplace_min)
 		c->inplace_min = 32u << 10; /* smaller heap sends are copied: an ack round trip costs more */
-	/* Waiting: spin, then futex sleep. Spinning only pays when the awaited rank runs on another core
-	 * and answers soon. With more ranks than cores it only steals the time the awaited rank needs
-	 * (8 ranks on 2 cores: large all-reduces ran 2x faster sleeping at once). With fewer, small
-	 * messages spin up to 50 us (latency), while waits for large transfers sleep after 5 us: on a
-	 * busy machine two ranks often share a core, and long spins starve the peer (16 MiB all-reduce
-	 * 2x faster than with 50 us spins). LOOM_SPIN_US / LOOM_SPIN_SMALL_US override, for tuning. */
-	if (ncpu > 0 && c->size > ncpu)
-		c->spin_us = 0, c->spin_small_us = 0;
-	else
-		c->spin_us = 5, c->spin_small_us = 50;
-	c->spin_us = (int)loom_env_long("LOOM_SPIN_US", c->spin_us, NULL);
-	c->spin_small_us = (int)loom_env_long("LOOM_SPIN_SMALL_US", c->spin_small_us, NULL);
 	return LOOM_OK;
 }
 
@@ -253,41 +244,21 @@ static loom_comm_t *comm_new(int rank, int size)
 		return NULL;
 	}
 	c->rank = rank, c->size = size;
+	c->xp.ops = &loom__xport_shm; /* the only transport so far */
 	c->coll_lane = (loom_lane_t){.c = c, .kind = LANE_COLL, .peer = -1};
 	pthread_mutex_init(&c->err_lock, NULL);
 	return c;
 }
 
-static void job_release(loom_job_t *j)
-{
-	int last;
-	pthread_mutex_lock(&jobs_lock);
-	last = --j->refs == 0;
-	pthread_mutex_unlock(&jobs_lock);
-	if (!last)
-		return;
-	if (j->hdr) {
-		loom__shm_heap_free_all(j);
-		loom__shm_proc_end(j);
-		munmap(j->base, j->bytes);
-	}
-	if (j->fd >= 0)
-		close(j->fd);
-	free(j);
-}
-
 static void comm_free(loom_comm_t *c)
 {
 	for (int s = 0; s < 2; s++) {
-		if (c->scratch_heap[s])
-			loom__shm_heap_free(c->job, c->scratch[s]);
+		if (c->scratch_xp[s])
+			c->xp.ops->free(c, c->scratch[s]);
 		else
 			loom_free_aligned(c->scratch[s]);
 	}
-	if (c->job && c->base != c->job->base)
-		loom__shm_close_segment(c);
-	if (c->job)
-		job_release(c->job);
+	c->xp.ops->close(c);
 	pthread_mutex_destroy(&c->err_lock);
 	free(c->p2p_lanes);
 	free(c->world_of);
@@ -312,7 +283,7 @@ static void ranks_differing(const knobs_t *all, int n, size_t off, const knobs_t
 			len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", r);
 }
 
-static int check_config(loom_comm_t *c, size_t heap_bytes)
+static int check_config(loom_comm_t *c, const loom_xp_ctx_t *ctx, size_t heap_bytes)
 {
 	static const struct {
 		const char *name;
@@ -331,7 +302,7 @@ static int check_config(loom_comm_t *c, size_t heap_bytes)
 	all = loom__calloc((size_t)c->size, sizeof *all);
 	if (!all)
 		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
-	rc = loom__shm_board_exchange(c, &mine, sizeof mine, all);
+	rc = c->xp.ops->allgather_small(c, ctx, &mine, sizeof mine, all);
 	for (size_t f = 0; f < LOOM_ARRAY_LEN(fields) && rc == LOOM_OK; f++) {
 		char who[256], val[160];
 		size_t off = fields[f].off;
@@ -373,7 +344,7 @@ int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts)
 	unsigned gen;
 	size_t heap_bytes;
 	loom_comm_t *c;
-	loom_job_t *j;
+	loom_xp_ctx_t ctx;
 	loom_opctx_t saved = loom_cur;
 	loom_comm_opts_t none;
 	if (!comm)
@@ -399,23 +370,15 @@ int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts)
 			                   getenv("LOOM_SHM_MB"), 1l << 22);
 		heap_bytes = (size_t)shm_mb << 20;
 	}
-	pthread_mutex_lock(&jobs_lock);
-	gen = ++world_generation;
-	pthread_mutex_unlock(&jobs_lock);
+	gen = atomic_fetch_add(&world_generation, 1) + 1;
 	if (gen == 1)
-		snprintf(name, sizeof name, "/loom-%s", id);
+		snprintf(name, sizeof name, "loom-%s", id);
 	else
-		snprintf(name, sizeof name, "/loom-%s-g%u", id, gen);
+		snprintf(name, sizeof name, "loom-%s-g%u", id, gen);
 	c = comm_new(rank, size);
-	j = loom__calloc(1, sizeof *j);
-	if (!c || !j) {
-		free(j);
-		if (c)
-			comm_free(c);
+	if (!c)
 		return loom_seterr(LOOM_ENOMEM, "loom_comm_init: out of memory");
-	}
-	j->fd = -1, j->refs = 1, j->world_rank = rank, j->world_size = size;
-	c->job = j;
+	c->world_gen = gen, c->world_size = size;
 	c->local_rank = local_rank;
 	for (int r = 0; r < size; r++)
 		c->world_of[r] = r;
@@ -424,17 +387,16 @@ int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts)
 		comm_free(c);
 		return rc;
 	}
-	loom_cur = (loom_opctx_t){c, "init", 0, loom_now() + c->timeout_s};
-	rc = loom__shm_open_segment(c, name, rank == 0, heap_bytes, &j->fd);
-	if (rc == LOOM_OK && (rc = loom__shm_heap_init(j)) != LOOM_OK)
-		loom_comm_fail(c, rc, "%s", loom_errmsg());
+	ctx = (loom_xp_ctx_t){"init", 0, loom_now() + c->timeout_s};
+	loom_cur = (loom_opctx_t){c, "init", 0, ctx.deadline};
+	rc = c->xp.ops->open(c, NULL, name, heap_bytes, &ctx);
 	if (rc == LOOM_OK)
-		rc = check_config(c, heap_bytes);
+		rc = check_config(c, &ctx, heap_bytes);
 	loom_cur = saved;
 	if (rc != LOOM_OK) {
 		char msg[1024];
 		snprintf(msg, sizeof msg, "%s", loom_errmsg());
-		loom__shm_depart(c);
+		c->xp.ops->depart(c);
 		comm_free(c);
 		return loom_seterr(rc, "%s", msg);
 	}
@@ -447,7 +409,7 @@ int loom_comm_destroy(loom_comm_t *comm)
 	if (!comm)
 		return LOOM_OK;
 	loom__comm_req_shutdown(comm);
-	loom__shm_depart(comm);
+	comm->xp.ops->depart(comm);
 	comm_free(comm);
 	return LOOM_OK;
 }
@@ -475,6 +437,7 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 	int *members = NULL, m = 0, me = -1, rc;
 	loom_comm_t *sub = NULL;
 	loom_opctx_t saved = loom_cur;
+	loom_xp_ctx_t ctx;
 	char name[sizeof c->name];
 	uint64_t split_no;
 	if (!c || !out)
@@ -483,9 +446,10 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 	if (color < 0 && color != LOOM_UNDEFINED)
 		return loom_comm_fail(c, LOOM_EINVAL, "split: color %d must be >= 0 or LOOM_UNDEFINED", color);
 	loom__comm_req_drain(c);
-	loom_cur = (loom_opctx_t){c, "split", ++c->coll_seq, loom_now() + c->timeout_s};
+	ctx = (loom_xp_ctx_t){"split", ++c->coll_seq, loom_now() + c->timeout_s};
+	loom_cur = (loom_opctx_t){c, ctx.op, ctx.seq, ctx.deadline};
 	split_no = ++c->split_count;
-	loom__shm_publish_seq(c, loom_cur.seq, -1);
+	c->xp.ops->enter(c, ctx.seq, -1);
 	if ((rc = loom__comm_check_usable(c, "split")) != LOOM_OK)
 		goto done;
 	all = loom__calloc((size_t)c->size, sizeof *all);
@@ -494,7 +458,7 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 		rc = loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
 		goto done;
 	}
-	if ((rc = loom__shm_board_exchange(c, mine, sizeof mine, all)) != LOOM_OK || color == LOOM_UNDEFINED)
+	if ((rc = c->xp.ops->allgather_small(c, &ctx, mine, sizeof mine, all)) != LOOM_OK || color == LOOM_UNDEFINED)
 		goto done;
 	/* Members in (key, parent rank) order: insertion by key, stable in parent rank. */
 	for (int r = 0; r < c->size; r++) {
@@ -519,20 +483,17 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 		rc = loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
 		goto done;
 	}
-	pthread_mutex_lock(&jobs_lock);
-	c->job->refs++;
-	pthread_mutex_unlock(&jobs_lock);
-	sub->job = c->job;
 	sub->local_rank = me;
 	for (int i = 0; i < m; i++)
 		sub->world_of[i] = c->world_of[members[i]];
 	snprintf(sub->name, sizeof sub->name, "%s", name);
-	sub->timeout_s = c->timeout_s, sub->debug = c->debug, sub->spin_us = c->spin_us, sub->spin_small_us = c->spin_small_us;
+	sub->timeout_s = c->timeout_s, sub->debug = c->debug;
+	sub->world_gen = c->world_gen, sub->world_size = c->world_size;
 	sub->ring_seg = c->ring_seg, sub->inplace_min = c->inplace_min;
 	memcpy(sub->forced, c->forced, sizeof c->forced);
 	memcpy(sub->algo_spec, c->algo_spec, sizeof c->algo_spec);
 	loom_cur.c = sub;
-	rc = loom__shm_open_segment(sub, name, me == 0, 0, NULL);
+	rc = c->xp.ops->open(sub, c, name, 0, &ctx);
 	loom_cur.c = c;
 	if (rc != LOOM_OK) {
 		pthread_mutex_lock(&c->err_lock);
@@ -654,9 +615,9 @@ static void describe(char *out, size_t cap, const fingerprint_t *f)
 
 /* LOOM_DEBUG: every rank compares every rank's call with its own. Not fatal for the communicator:
  * no message has moved, and every rank fails this call alike. */
-static int check_fingerprint(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
+static int check_fingerprint(loom_comm_t *c, const loom_coll_args_t *a, const loom_xp_ctx_t *ctx)
 {
-	fingerprint_t mine = {seq, a->count, (int32_t)a->coll, (int32_t)a->dt, (int32_t)a->op, (int32_t)a->root}, *all;
+	fingerprint_t mine = {ctx->seq, a->count, (int32_t)a->coll, (int32_t)a->dt, (int32_t)a->op, (int32_t)a->root}, *all;
 	int rc;
 	if (!uses_op(a->coll))
 		mine.op = -1;
@@ -672,7 +633,7 @@ static int check_fingerprint(loom_comm_t *c, const loom_coll_args_t *a, uint64_t
 	all = loom__calloc((size_t)c->size, sizeof *all);
 	if (!all)
 		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
-	rc = loom__shm_board_exchange(c, &mine, sizeof mine, all);
+	rc = c->xp.ops->allgather_small(c, ctx, &mine, sizeof mine, all);
 	for (int r = 0; r < c->size && rc == LOOM_OK; r++) {
 		if (memcmp(&all[r], &mine, sizeof mine) != 0) {
 			char x[160], y[160];
@@ -692,11 +653,14 @@ int loom__comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
 	loom_opctx_t saved = loom_cur;
 	int rc;
 	double t0 = loom_now();
-	loom_cur = (loom_opctx_t){c, loom_coll_name(a->coll), seq, t0 + c->timeout_s};
-	loom__shm_publish_seq(c, seq, (int)a->coll);
+	/* The context travels explicitly to the transport (c->coll_ctx for the algorithm's calls);
+	 * loom_cur only prefixes error messages. */
+	c->coll_ctx = (loom_xp_ctx_t){loom_coll_name(a->coll), seq, t0 + c->timeout_s};
+	loom_cur = (loom_opctx_t){c, c->coll_ctx.op, seq, c->coll_ctx.deadline};
+	c->xp.ops->enter(c, seq, (int)a->coll);
 	rc = loom__comm_check_usable(c, loom_cur.op);
 	if (rc == LOOM_OK && c->debug)
-		rc = check_fingerprint(c, a, seq);
+		rc = check_fingerprint(c, a, &c->coll_ctx);
 	if (rc == LOOM_OK)
 		rc = loom_algo_run(c, a, c->forced[a->coll]);
 	if (rc == LOOM_OK) {
@@ -705,6 +669,7 @@ int loom__comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
 		                          memory_order_relaxed);
 	}
 	atomic_fetch_add_explicit(&c->st_ns, (unsigned long long)((loom_now() - t0) * 1e9), memory_order_relaxed);
+	memset(&c->coll_ctx, 0, sizeof c->coll_ctx);
 	loom_cur = saved;
 	return rc;
 }
@@ -796,11 +761,12 @@ int loom__comm_p2p_exec(loom_comm_t *c, const char *op, int dst, const void *sbu
                         void *rbuf, size_t rbytes, int tag)
 {
 	loom_opctx_t saved = loom_cur;
+	loom_xp_ctx_t ctx = {op, 0, loom_now() + c->timeout_s};
 	int rc;
-	loom_cur = (loom_opctx_t){c, op, 0, loom_now() + c->timeout_s};
+	loom_cur = (loom_opctx_t){c, op, 0, ctx.deadline};
 	if ((rc = loom__comm_check_usable(c, op)) == LOOM_OK)
-		rc = loom__shm_sendrecv(c, CHAN_P2P, dst, sbuf, sbytes, tag, src, rbuf, rbytes, tag, NULL, LOOM_FLOAT32,
-		                        LOOM_SUM);
+		rc = c->xp.ops->sendrecv(c, &ctx, LOOM_XP_P2P, dst, sbuf, sbytes, tag, src, rbuf, rbytes, tag, NULL,
+		                         LOOM_FLOAT32, LOOM_SUM);
 	loom_cur = saved;
 	return rc;
 }
@@ -860,22 +826,40 @@ int loom_sendrecv(loom_comm_t *c, const void *sendbuf, size_t sendcount, int dst
 int loom_xp_sendrecv(loom_comm_t *c, int dst, const void *sbuf, size_t sbytes, int src, void *rbuf, size_t rbytes,
                      const void *red_local, loom_dtype_t dt, loom_op_t op)
 {
-	return loom__shm_sendrecv(c, CHAN_COLL, dst, sbuf, sbytes, 0, src, rbuf, rbytes, 0, red_local, dt, op);
+	return c->xp.ops->sendrecv(c, &c->coll_ctx, LOOM_XP_COLL, dst, sbuf, sbytes, 0, src, rbuf, rbytes, 0, red_local, dt,
+	                           op);
 }
 
 int loom_xp_send(loom_comm_t *c, int dst, const void *buf, size_t bytes)
 {
-	return loom__shm_sendrecv(c, CHAN_COLL, dst, buf, bytes, 0, -1, NULL, 0, 0, NULL, LOOM_FLOAT32, LOOM_SUM);
+	return c->xp.ops->sendrecv(c, &c->coll_ctx, LOOM_XP_COLL, dst, buf, bytes, 0, -1, NULL, 0, 0, NULL, LOOM_FLOAT32,
+	                           LOOM_SUM);
 }
 
 int loom_xp_recv(loom_comm_t *c, int src, void *buf, size_t bytes)
 {
-	return loom__shm_sendrecv(c, CHAN_COLL, -1, NULL, 0, 0, src, buf, bytes, 0, NULL, LOOM_FLOAT32, LOOM_SUM);
+	return c->xp.ops->sendrecv(c, &c->coll_ctx, LOOM_XP_COLL, -1, NULL, 0, 0, src, buf, bytes, 0, NULL, LOOM_FLOAT32,
+	                           LOOM_SUM);
 }
 
 size_t loom_comm_ring_seg(const loom_comm_t *c)
 {
 	return c->ring_seg;
+}
+
+int loom_xp_world_rank(const loom_comm_t *c, int r)
+{
+	return c->world_of[r];
+}
+
+double loom_xp_timeout(const loom_comm_t *c)
+{
+	return c->timeout_s;
+}
+
+size_t loom_xp_inplace_min(const loom_comm_t *c)
+{
+	return c->inplace_min;
 }
 
 void *loom_comm_scratch(loom_comm_t *c, int slot, size_t bytes)
@@ -886,16 +870,16 @@ void *loom_comm_scratch(loom_comm_t *c, int slot, size_t bytes)
 	if (c->scratch[slot] && c->scratch_bytes[slot] >= bytes)
 		return c->scratch[slot];
 	old = c->scratch_bytes[slot];
-	if (c->scratch_heap[slot])
-		loom__shm_heap_free(c->job, c->scratch[slot]);
+	if (c->scratch_xp[slot])
+		c->xp.ops->free(c, c->scratch[slot]);
 	else
 		loom_free_aligned(c->scratch[slot]);
 	c->scratch[slot] = NULL, c->scratch_bytes[slot] = 0;
 	want = LOOM_MAX(bytes, (size_t)64 << 10);
 	if (old && old < SIZE_MAX / 2 && want < old * 2)
 		want = old * 2; /* grow geometrically */
-	c->scratch[slot] = loom__shm_heap_alloc(c->job, want);
-	c->scratch_heap[slot] = c->scratch[slot] != NULL;
+	c->scratch[slot] = c->xp.ops->alloc(c, want);
+	c->scratch_xp[slot] = c->scratch[slot] != NULL;
 	if (!c->scratch[slot])
 		c->scratch[slot] = loom_alloc_aligned(want);
 	if (c->scratch[slot])
@@ -911,11 +895,11 @@ void *loom_comm_alloc(loom_comm_t *c, size_t bytes)
 		loom_seterr(LOOM_EINVAL, "loom_comm_alloc: communicator is NULL");
 		return NULL;
 	}
-	return loom__shm_heap_alloc(c->job, bytes);
+	return c->xp.ops->alloc(c, bytes);
 }
 
 void loom_comm_free(loom_comm_t *c, void *p)
 {
 	if (c && p)
-		loom__shm_heap_free(c->job, p); /* a pointer not from loom_comm_alloc is ignored */
+		c->xp.ops->free(c, p); /* a pointer not from loom_comm_alloc is ignored */
 }

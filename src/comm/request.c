@@ -11,7 +11,7 @@
  * Why fibers. Algorithms are sequences of blocking transport calls. The engine runs each busy
  * lane's requests on a worker with a stack of its own (fiber.h); when a transport wait would block
  * while other lanes have work, the worker hands the thread back to the engine
- * (loom__engine_yield), which resumes the next lane round robin. When every worker is blocked the
+ * (loom_xp_yield), which resumes the next lane round robin. When every worker is blocked the
  * engine spins briefly, then sleeps on the process's doorbell, which any message to this rank
  * rings. With a single busy lane (DDP's bucket all-reduces) nothing yields: the worker waits
  * exactly as a blocking call does, so latency and bandwidth are those of the blocking path.
@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm/comm_internal.h"
 #include "comm/fiber.h"
@@ -124,12 +125,12 @@ static void resume(worker_t *w)
 	cur_worker = NULL;
 }
 
-int loom__engine_should_yield(void)
+int loom_xp_should_yield(void)
 {
 	return cur_worker && atomic_load_explicit(&eng.busy, memory_order_relaxed) > 1;
 }
 
-void loom__engine_yield(int (*ready)(void *), void *arg)
+void loom_xp_yield(int (*ready)(void *), void *arg)
 {
 	worker_t *w = cur_worker;
 	if (!w)
@@ -156,26 +157,31 @@ static int any_ready(void *arg)
 	return 0;
 }
 
-/* Every worker is blocked: spin a little (as a blocking wait would), then sleep on the doorbell. */
+/* Every worker is blocked: spin a little (as a blocking wait would, unless ranks outnumber cores),
+ * then sleep in the transport until a message or a submission arrives. */
 static void engine_idle(idle_t *s, double *idle_since)
 {
-	double now = loom_now(), spin = 0;
+	static long ncpu;
+	double now = loom_now(), spin = 50e-6;
 	loom_comm_t *first = s->active->lane->c;
 	int jobs = 1;
 	if (any_ready(s)) {
 		*idle_since = 0;
 		return;
 	}
+	if (!ncpu)
+		ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	for (worker_t *w = s->active; w; w = w->next) {
-		spin = LOOM_MAX(spin, w->lane->c->spin_small_us * 1e-6);
-		jobs += w->lane->c->job != first->job;
+		if (ncpu > 0 && w->lane->c->world_size > ncpu)
+			spin = 0;
+		jobs += w->lane->c->world_gen != first->world_gen;
 	}
 	if (*idle_since == 0)
 		*idle_since = now;
 	if (now - *idle_since < spin)
 		return;
-	/* Lanes of several jobs (several loom_comm_init alive at once) have several doorbells: poll. */
-	loom__shm_idle_wait(first, any_ready, s, jobs > 1 ? 1e-3 : ENGINE_SLEEP_S);
+	/* Lanes of several jobs (several loom_comm_init alive at once) wake different doorbells: poll. */
+	first->xp.ops->idle_wait(first, any_ready, s, jobs > 1 ? 1e-3 : ENGINE_SLEEP_S);
 }
 
 static worker_t *worker_new(void)
@@ -315,7 +321,7 @@ static int submit(loom_comm_t *c, loom_request_t *r, const char *op)
 	}
 	pthread_mutex_unlock(&eng.lock);
 	if (wake) /* the engine may sleep inside a worker's wait or its own idle wait */
-		loom__shm_wake_self(c);
+		c->xp.ops->wake_self(c);
 	return LOOM_OK;
 }
 
