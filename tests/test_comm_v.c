@@ -133,6 +133,63 @@ TEST(comm_engine_cross_order)
 	return 0;
 }
 
+/* Failures while operations of several communicators are in flight on the engine (the waits then
+ * yield instead of sleeping, and must still notice a lost peer and the deadline). arg: 0 rank 2
+ * exits without loom_comm_destroy, 1 rank 2 is late (LOOM_TIMEOUT_S=1). */
+static int rank_engine_fail(int rank, int n, void *arg)
+{
+	int how = *(int *)arg;
+	loom_comm_t *w, *a, *b;
+	loom_request_t *ra, *rb, *rr;
+	float *x = malloc(BIG * sizeof *x), *y = malloc(BIG * sizeof *y), z = 0;
+	double t0, dt;
+	(void)n;
+	CHECK(x && y);
+	CHECK_OK(loom_comm_init(&w));
+	CHECK_OK(loom_comm_split(w, 0, rank, &a));
+	CHECK_OK(loom_comm_split(w, 0, rank, &b));
+	fill(x, BIG, rank, 1), fill(y, BIG, rank, 1);
+	if (rank == 2) {
+		if (how == 0) {
+			usleep(200000); /* the others are waiting in the engine by now */
+			_exit(0);
+		}
+		usleep(2500000); /* well past the others' deadline */
+		CHECK_OK(loom_iallreduce(a, x, x, BIG, LOOM_FLOAT32, LOOM_SUM, &ra));
+		CHECK_ERR(loom_wait(ra), LOOM_ETIMEDOUT);
+		CHECK_CONTAINS(loom_errmsg(), "unusable after an earlier failure");
+		goto out;
+	}
+	t0 = loom_now();
+	CHECK_OK(loom_iallreduce(a, x, x, BIG, LOOM_FLOAT32, LOOM_SUM, &ra));
+	CHECK_OK(loom_iallreduce(b, y, y, BIG, LOOM_FLOAT32, LOOM_SUM, &rb));
+	CHECK_OK(loom_irecv(b, &z, 1, LOOM_FLOAT32, 2, 0, &rr));
+	CHECK_ERR(loom_wait(ra), how ? LOOM_ETIMEDOUT : LOOM_EPEERLOST);
+	CHECK_CONTAINS(loom_errmsg(), how ? "ranks that had not arrived: 2" : "rank 2");
+	CHECK_CONTAINS(loom_errmsg(), "allreduce #");
+	CHECK_ERR(loom_wait(rb), how ? LOOM_ETIMEDOUT : LOOM_EPEERLOST);
+	CHECK_ERR(loom_wait(rr), how ? LOOM_ETIMEDOUT : LOOM_EPEERLOST);
+	CHECK_CONTAINS(loom_errmsg(), "irecv");
+	dt = loom_now() - t0;
+	CHECK_MSG(how ? dt > 0.9 && dt < 2.4 : dt < 2.0, "failing took %.3f s", dt);
+out:
+	CHECK_OK(loom_comm_destroy(a));
+	CHECK_OK(loom_comm_destroy(b));
+	CHECK_OK(loom_comm_destroy(w));
+	free(x);
+	free(y);
+	return 0;
+}
+
+TEST(comm_engine_failures)
+{
+	int death = 0, late = 1;
+	const char *env[] = {"LOOM_TIMEOUT_S=20", NULL}, *tmo[] = {"LOOM_TIMEOUT_S=1", NULL};
+	CHECK_EQ(test_spawn(3, rank_engine_fail, &death, 30, env), 0);
+	CHECK_EQ(test_spawn(3, rank_engine_fail, &late, 30, tmo), 0);
+	return 0;
+}
+
 /* ---- point to point: sendrecv, isend, irecv ------------------------------------------------------ */
 
 /* Elements rank r sends to rank d in message k (int64 pattern truncated to the dtype's size). */
