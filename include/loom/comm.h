@@ -186,7 +186,9 @@ int loom_test(loom_request_t *req, int *done);
 
 /* Counters of a communicator, cumulative since init: collectives completed (blocking and
  * non-blocking, barriers included), their payload bytes on this rank (count x dtype size; per rank
- * count for allgather/reduce_scatter, this rank's count for the v-collectives), and the wall time spent running them on any thread. */
+ * count for allgather/reduce_scatter, this rank's count for the v-collectives), and the wall time
+ * spent running them on any thread (from start to end; non-blocking ones interleaved on the
+ * progress thread count the whole span). */
 typedef struct {
 	unsigned long long collectives;
 	unsigned long long bytes;

@@ -127,7 +127,7 @@ static void resume(worker_t *w)
 
 int loom_xp_should_yield(void)
 {
-	return cur_worker && atomic_load_explicit(&eng.busy, memory_order_relaxed) > 1;
+	return cur_worker && atomic_load(&eng.busy) > 1; /* seq_cst: ordered after the waiter's sleepers increment */
 }
 
 void loom_xp_yield(int (*ready)(void *), void *arg)

@@ -134,7 +134,8 @@ int loom_algo_parse(const char *spec, loom_algo_t choice[LOOM_COLL_COUNT], char 
 				coll = i;
 		if (coll < 0)
 			return parse_fail(err, cap, "LOOM_ALGO=\"%s\": unknown operation \"%s\" (valid: allreduce, "
-			                  "reduce, broadcast, allgather, reduce_scatter, barrier, allgatherv, reduce_scatterv)", spec, op);
+			                  "reduce, broadcast, allgather, reduce_scatter, barrier, allgatherv, reduce_scatterv)",
+			                  spec, op);
 		for (int i = 0; i < LOOM_ALGO_COUNT; i++)
 			if (strcmp(alg, algo_names[i]) == 0)
 				algo = i;

@@ -30,6 +30,7 @@
 
 typedef struct {
 	loom_comm_t *c;
+	shm_comm_t *s; /* S(c) */
 	int kind;
 	/* send side */
 	shm_chan_t *sch;
@@ -56,12 +57,12 @@ static int xfer_ready(void *arg)
 		unsigned tail = atomic_load_explicit(&x->sch->tail, memory_order_acquire);
 		if (atomic_load_explicit(&x->sch->err, memory_order_relaxed))
 			return 1;
-		if (x->sposted ? tail == x->shead : x->shead - tail < S(x->c)->hdr->nslots)
+		if (x->sposted ? tail == x->shead : x->shead - tail < x->s->hdr->nslots)
 			return 1;
 	}
 	if (!x->rdone) {
 		unsigned tail = atomic_load_explicit(&x->rch->tail, memory_order_relaxed);
-		if (atomic_load_explicit(&x->rch->slot[tail % S(x->c)->hdr->nslots].ready, memory_order_acquire) == tail + 1)
+		if (atomic_load_explicit(&x->rch->slot[tail % x->s->hdr->nslots].ready, memory_order_acquire) == tail + 1)
 			return 1;
 	}
 	return 0;
@@ -84,7 +85,7 @@ static int send_rejected(xfer_t *x)
 /* Post as many chunks as free slots allow. Returns >0 on progress, 0 if none, <0 on error. */
 static int send_step(xfer_t *x)
 {
-	shm_hdr_t *h = S(x->c)->hdr;
+	shm_hdr_t *h = x->s->hdr;
 	shm_chan_t *ch = x->sch;
 	int progress = 0;
 	if (atomic_load_explicit(&ch->err, memory_order_acquire))
@@ -109,7 +110,7 @@ static int send_step(xfer_t *x)
 		s->tag = x->stag;
 		if (x->sinplace) {
 			s->bytes = x->sbytes;
-			s->off = (uint64_t)(x->sbuf - S(x->c)->job->base);
+			s->off = (uint64_t)(x->sbuf - x->s->job->base);
 			s->flags = SLOT_INPLACE;
 			n = x->sbytes;
 		} else {
@@ -167,7 +168,7 @@ static void deliver(xfer_t *x, const char *from, size_t bytes)
 /* Consume available chunks. Returns >0 on progress, 0 if none, <0 on error. */
 static int recv_step(xfer_t *x)
 {
-	shm_hdr_t *h = S(x->c)->hdr;
+	shm_hdr_t *h = x->s->hdr;
 	shm_chan_t *ch = x->rch;
 	int progress = 0;
 	if (atomic_load_explicit(&ch->err, memory_order_acquire))
@@ -192,7 +193,7 @@ static int recv_step(xfer_t *x)
 				return LOOM_EMISMATCH;
 			}
 			if ((s->flags & SLOT_INPLACE) &&
-			    (s->off < S(x->c)->job->hdr->heap_off || s->off > S(x->c)->job->bytes || s->total > S(x->c)->job->bytes - s->off))
+			    (s->off < x->s->job->hdr->heap_off || s->off > x->s->job->bytes || s->total > x->s->job->bytes - s->off))
 				return loom_comm_fail(x->c, LOOM_EFORMAT,
 				                      "in-place message from rank %d names bytes [%llu, +%llu) outside the shared heap",
 				                      x->src, (unsigned long long)s->off, (unsigned long long)s->total);
@@ -200,7 +201,7 @@ static int recv_step(xfer_t *x)
 		}
 		if (s->flags & SLOT_INPLACE) {
 			size_t n = LOOM_MIN(x->rbytes - x->rpos, (size_t)INPLACE_PIECE);
-			const char *from = S(x->c)->job->base + s->off + x->rpos;
+			const char *from = x->s->job->base + s->off + x->rpos;
 			deliver(x, from, n);
 			x->rpos += n;
 			progress = 1;
@@ -233,8 +234,9 @@ static int local_copy(loom_comm_t *c, const void *sbuf, size_t sbytes, void *rbu
 	return LOOM_OK;
 }
 
-int loom__shm_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int kind, int dst, const void *sbuf, size_t sbytes, int stag, int src, void *rbuf,
-                 size_t rbytes, int rtag, const void *red_local, loom_dtype_t dt, loom_op_t op)
+int loom__shm_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int kind, int dst, const void *sbuf, size_t sbytes,
+                       int stag, int src, void *rbuf, size_t rbytes, int rtag, const void *red_local, loom_dtype_t dt,
+                       loom_op_t op)
 {
 	xfer_t x;
 	shm_waiter_t w;
@@ -258,7 +260,7 @@ int loom__shm_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int kind, int d
 		return loom_comm_fail(c, code, "communicator aborted after an earlier failure: %s", S(c)->hdr->abort_msg);
 	}
 	memset(&x, 0, sizeof x);
-	x.c = c, x.kind = kind, x.dt = dt, x.op = op, x.dst = dst, x.src = src;
+	x.c = c, x.s = S(c), x.kind = kind, x.dt = dt, x.op = op, x.dst = dst, x.src = src;
 	x.seq = kind == CHAN_COLL ? ctx->seq : 0;
 	x.sdone = dst < 0, x.rdone = src < 0;
 	if (dst >= 0) {

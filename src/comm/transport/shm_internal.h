@@ -159,8 +159,9 @@ int loom__shm_proc_start(loom_job_t *j);
 void loom__shm_proc_end(loom_job_t *j);
 
 /* Blocking transfer on a channel kind; see loom_xp_sendrecv. Tags are checked on CHAN_P2P. */
-int loom__shm_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int kind, int dst, const void *sbuf, size_t sbytes, int stag, int src, void *rbuf,
-                 size_t rbytes, int rtag, const void *red_local, loom_dtype_t dt, loom_op_t op);
+int loom__shm_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int kind, int dst, const void *sbuf, size_t sbytes,
+                       int stag, int src, void *rbuf, size_t rbytes, int rtag, const void *red_local, loom_dtype_t dt,
+                       loom_op_t op);
 /* All-to-all of a record of <= SHM_BOARD_BYTES bytes through the header: all[r*len..] gets rank
  * r's record. Collective over c; honours the deadline and liveness. */
 int loom__shm_board_exchange(loom_comm_t *c, const loom_xp_ctx_t *ctx, const void *mine, size_t len, void *all);

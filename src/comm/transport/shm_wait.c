@@ -201,7 +201,8 @@ static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
 		w->next_lock = now + LOCK_CHECK_S;
 	for (int i = 0; w->npeers < 0 ? i < S(c)->size : i < w->npeers; i++) {
 		int p = w->npeers < 0 ? i : w->peers[i];
-		if (p == S(c)->rank || (w->waiting_on && !w->waiting_on(arg, p)) || !loom__shm_check_peer(c, p, do_lock, why, sizeof why))
+		if (p == S(c)->rank || (w->waiting_on && !w->waiting_on(arg, p)) ||
+		    !loom__shm_check_peer(c, p, do_lock, why, sizeof why))
 			continue;
 		if (ready(arg)) /* it finished its part before leaving */
 			return LOOM_OK;
