@@ -327,7 +327,6 @@ static int submit(loom_comm_t *c, loom_request_t *r, const char *op)
 
 void loom__comm_lane_drain(loom_comm_t *c, loom_lane_t *l)
 {
-	(void)c;
 	if (!l || !c->engine_user) /* engine_user is set by this (the application) thread only */
 		return;
 	pthread_mutex_lock(&eng.lock);

@@ -9,8 +9,8 @@
  * loom_xp_state(c).
  *
  * Writing a transport (e.g. MPI): fill a loom_xport_ops_t with every entry below, declare it next
- * to loom__xport_shm at the end of this file and let loom_comm_init_opts choose it. The rules every
- * entry obeys:
+ * to loom__xport_shm at the end of this file and choose it in comm.c's comm_new (the one place that
+ * names a transport; sub-communicators inherit their parent's). The rules every entry obeys:
  *   - Blocking. Every call returns when its part is done or failed. Waits honour ctx->deadline
  *     (0: now + loom_xp_timeout(c)) with LOOM_ETIMEDOUT, and notice within 2 s a peer that died or
  *     left (LOOM_EPEERLOST), except where the peer had already done its part.
