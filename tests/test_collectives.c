@@ -121,14 +121,25 @@ static int run_case(loom_comm_t *c, bufs_t *B, const case_t *k)
 	size_t cnt = k->count, esz = loom_dtype_size(k->dt);
 	size_t sn = k->coll == LOOM_COLL_REDUCE_SCATTER ? (size_t)n * cnt : cnt; /* send elements */
 	size_t rn = k->coll == LOOM_COLL_ALLGATHER ? (size_t)n * cnt : cnt;      /* recv elements */
+	/* The v-collectives: uneven blocks (cnt, 0, cnt/2, cnt, 0, ...) at offsets displ. */
+	size_t vc[16], displ[17] = {0};
+	for (int q = 0; q < n && q < 16; q++) {
+		vc[q] = q % 3 == 1 ? 0 : q % 3 == 2 ? cnt / 2 : cnt;
+		displ[q + 1] = displ[q] + vc[q];
+	}
+	if (k->coll == LOOM_COLL_ALLGATHERV)
+		sn = vc[r], rn = displ[n];
+	if (k->coll == LOOM_COLL_REDUCE_SCATTERV)
+		sn = displ[n], rn = vc[r];
 	size_t bbytes = (k->inplace && sn > rn ? sn : rn) * esz; /* bytes of the receive buffer */
 	char *sb = B->buf[k->registered][0], *rb = B->buf[k->registered][1];
 	if ((sn > rn ? sn : rn) * esz + GUARD > B->cap)
 		return fail_case(c, k, "test buffers too small", 0, 0, 0);
 	memset(rb, 0xA5, bbytes + GUARD);
 	/* Inputs: element i of this rank's contribution is val(r, global index). */
+	size_t sfirst = k->coll == LOOM_COLL_ALLGATHER ? (size_t)r * cnt : k->coll == LOOM_COLL_ALLGATHERV ? displ[r] : 0;
 	for (size_t i = 0; i < sn; i++)
-		put(sb, i, k->dt, val(r, k->coll == LOOM_COLL_ALLGATHER ? (size_t)r * cnt + i : i, k->dt));
+		put(sb, i, k->dt, val(r, sfirst + i, k->dt));
 	if (k->coll == LOOM_COLL_BROADCAST && r == k->root)
 		for (size_t i = 0; i < cnt; i++)
 			put(rb, i, k->dt, val(r, i, k->dt));
@@ -146,6 +157,8 @@ static int run_case(loom_comm_t *c, bufs_t *B, const case_t *k)
 	case LOOM_COLL_BROADCAST: rc = loom_broadcast(c, recv, cnt, k->dt, k->root); break;
 	case LOOM_COLL_ALLGATHER: rc = loom_allgather(c, send, recv, cnt, k->dt); break;
 	case LOOM_COLL_REDUCE_SCATTER: rc = loom_reduce_scatter(c, send, recv, cnt, k->dt, k->op); break;
+	case LOOM_COLL_ALLGATHERV: rc = loom_allgatherv(c, send, vc[r], recv, vc, k->dt); break;
+	case LOOM_COLL_REDUCE_SCATTERV: rc = loom_reduce_scatterv(c, send, recv, vc, k->dt, k->op); break;
 	default: rc = loom_barrier(c); break;
 	}
 	c->forced[k->coll] = LOOM_ALGO_AUTO;
@@ -165,6 +178,14 @@ static int run_case(loom_comm_t *c, bufs_t *B, const case_t *k)
 		case LOOM_COLL_ALLGATHER: want = val((int)(i / cnt), i, k->dt); break;
 		case LOOM_COLL_BROADCAST: want = val(k->root, i, k->dt); break;
 		case LOOM_COLL_REDUCE_SCATTER: want = reduced[((size_t)r * cnt + i) % 11]; break;
+		case LOOM_COLL_ALLGATHERV: {
+			int q = 0;
+			while (i >= displ[q + 1])
+				q++;
+			want = val(q, i, k->dt);
+			break;
+		}
+		case LOOM_COLL_REDUCE_SCATTERV: want = reduced[(displ[r] + i) % 11]; break;
 		default: want = reduced[i % 11]; break;
 		}
 		if (nonroot && k->inplace)
@@ -179,7 +200,7 @@ static int run_case(loom_comm_t *c, bufs_t *B, const case_t *k)
 			return fail_case(c, k, nonroot ? "non-root recv written" : "byte past the buffer written", i,
 			                 (unsigned char)rb[i], 0xA5);
 	for (size_t i = 0; !k->inplace && k->coll != LOOM_COLL_BROADCAST && i < sn; i++) {
-		double want = val(r, k->coll == LOOM_COLL_ALLGATHER ? (size_t)r * cnt + i : i, k->dt);
+		double want = val(r, sfirst + i, k->dt);
 		if (get(sb, i, k->dt) != want)
 			return fail_case(c, k, "send buffer modified", i, get(sb, i, k->dt), want);
 	}
@@ -213,7 +234,8 @@ static int matrix_rank(int rank, int n, void *arg)
 				if (!data && ci > 0)
 					break; /* a barrier has no count */
 				size_t cnt = counts[ci];
-				if (big && (coll == LOOM_COLL_ALLGATHER || coll == LOOM_COLL_REDUCE_SCATTER))
+				if (big && (coll == LOOM_COLL_ALLGATHER || coll == LOOM_COLL_REDUCE_SCATTER ||
+				            coll == LOOM_COLL_ALLGATHERV || coll == LOOM_COLL_REDUCE_SCATTERV))
 					cnt = (BIG + (size_t)n - 1) / (size_t)n;
 				for (int dt = 0; dt < (data ? LOOM_DTYPE_COUNT : 1); dt++) {
 					for (int op = 0; op < (data ? LOOM_OP_COUNT : 1); op++) {

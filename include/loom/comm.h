@@ -14,8 +14,10 @@
  * LOOM_JOB_ID names the job's shared-memory segments (/dev/shm/loom-<LOOM_JOB_ID>*); `loom run` sets
  * it, otherwise it is derived from the launcher's job id (or MASTER_ADDR/MASTER_PORT).
  * LOOM_ALGO=op:algo[,op:algo...] overrides the algorithm choice; LOOM_DEBUG=1 checks every
- * collective's signature across ranks (both must be the same on every rank). LOOM_TIMEOUT_S may be
- * fractional. LOOM_SHM_MB sizes each rank's shared heap (loom_comm_alloc).
+ * collective's signature across ranks. LOOM_TIMEOUT_S may be fractional. LOOM_SHM_MB sizes each
+ * rank's shared heap (loom_comm_alloc). LOOM_RING_SEG and LOOM_SHM_INPLACE_MIN tune the transfer of
+ * large messages. LOOM_ALGO, LOOM_DEBUG, LOOM_SHM_MB, LOOM_RING_SEG and LOOM_SHM_INPLACE_MIN must be
+ * the same on every rank (checked at init). loom_comm_init_opts sets them in code instead.
  * RANK without WORLD_SIZE is an error; LOCAL_RANK / LOCAL_WORLD_SIZE default to RANK / WORLD_SIZE.
  * All ranks must be on one machine for now (LOCAL_WORLD_SIZE == WORLD_SIZE, one Slurm node);
  * otherwise loom_comm_init fails with LOOM_ENOTSUP.
@@ -25,8 +27,9 @@
  * every rank, fails at once with that error and its message. A LOOM_DEBUG signature mismatch fails
  * that call on every rank and leaves the communicator usable.
  *
- * Thread-safety: a communicator is used by one application thread at a time; the non-blocking calls
- * are progressed by the communicator's own thread. */
+ * Thread-safety: a communicator is used by one application thread at a time (different
+ * communicators may be used by different threads); the non-blocking calls are progressed by one
+ * progress thread per process. */
 #ifndef LOOM_COMM_H
 #define LOOM_COMM_H
 
@@ -66,8 +69,28 @@ const char *loom_op_name(loom_op_t op);       /* "sum", ...; "?" when invalid */
 
 /* Join the job described by the environment; collective (returns once every rank has joined).
  * On failure *comm is NULL and loom_errmsg() says why. A process that exits without
- * loom_comm_destroy counts as dead for its peers. */
+ * loom_comm_destroy counts as dead for its peers. Same as loom_comm_init_opts(comm, NULL). */
 int loom_comm_init(loom_comm_t **comm);
+
+/* Settings for programs that configure in code rather than through the environment. Every field
+ * left 0 / NULL (as loom_comm_opts_default leaves them) means "from the environment variable,
+ * else the default". Those marked [same] must be equal on every rank: loom_comm_init_opts checks
+ * them, LOOM_EINVAL naming the setting and the ranks that differ. The rank, size and job id still
+ * come from the launcher's environment. Sub-communicators inherit everything. */
+typedef struct {
+	const char *algo;         /* [same] LOOM_ALGO syntax, e.g. "allreduce:ring" ("" forces none) */
+	double timeout_s;         /* LOOM_TIMEOUT_S: deadline of blocking calls (default 300) */
+	size_t heap_bytes;        /* [same] LOOM_SHM_MB: shared heap per rank (default 1 GiB of address space) */
+	int debug;                /* [same] LOOM_DEBUG: 1 checks every collective's signature, -1 off */
+	size_t ring_seg_bytes;    /* [same] LOOM_RING_SEG: ring pipeline segment, >= 64 (default 4 MiB) */
+	size_t inplace_min_bytes; /* [same] LOOM_SHM_INPLACE_MIN: loom_comm_alloc sends this large or
+	                           * larger are read in place by the receiver (default 32 KiB) */
+} loom_comm_opts_t;
+
+/* Fill opts with "everything from the environment or default" (all zero). */
+void loom_comm_opts_default(loom_comm_opts_t *opts);
+/* loom_comm_init with settings (NULL: all from the environment). Collective. */
+int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts);
 /* Leave the job and free everything; safe on NULL. Not collective, but peers still waiting on this
  * rank then get LOOM_EPEERLOST. */
 int loom_comm_destroy(loom_comm_t *comm);
@@ -94,18 +117,51 @@ int loom_reduce_scatter(loom_comm_t *c, const void *send, void *recv, size_t cou
                         loom_op_t op);
 int loom_barrier(loom_comm_t *c);
 
+/* Collectives over blocks of different sizes (ZeRO / FSDP shards): recvcounts has size entries,
+ * the same on every rank, and rank q's block starts at displ(q) = recvcounts[0] + ... +
+ * recvcounts[q-1]. Counts of zero are fine (a rank may own nothing).
+ * allgatherv: this rank's sendcount elements (sendcount must equal recvcounts[rank], else
+ * LOOM_EINVAL) land at recv + displ(rank); recv holds sum(recvcounts) elements. In place when
+ * send == recv + displ(rank), or send == recv (this rank's block is then read from recv[0..sendcount)).
+ * reduce_scatterv: send holds sum(recvcounts) elements; recv receives the recvcounts[rank] reduced
+ * elements [displ(rank), +recvcounts[rank]). In place when recv == send + displ(rank), or send ==
+ * recv (the result then goes to recv[0..recvcounts[rank]), as with loom_reduce_scatter). LOOM_AVG
+ * divides by the size. Large messages run the pipelined ring, single-copy from loom_comm_alloc
+ * memory, like allgather / reduce_scatter. */
+int loom_allgatherv(loom_comm_t *c, const void *send, size_t sendcount, void *recv, const size_t *recvcounts,
+                    loom_dtype_t dt);
+int loom_reduce_scatterv(loom_comm_t *c, const void *send, void *recv, const size_t *recvcounts, loom_dtype_t dt,
+                         loom_op_t op);
+
 /* Point to point. Messages between a pair arrive in order; a recv whose tag or size differs from
  * the next message's is LOOM_EMISMATCH. A send returns once its data is staged (small messages
  * do not wait for the recv; buffers from loom_comm_alloc are read in place, so such a send returns
  * after the recv). After a mismatch the channel from that sender is unusable: the receiver's
  * further recvs from it and the sender's further sends to it fail with LOOM_EMISMATCH.
- * Point-to-point calls may overlap non-blocking collectives but not each other. */
+ * Counts of zero are real (empty) messages. Point-to-point calls, blocking and not, may overlap each
+ * other and non-blocking collectives on any communicator: a blocking send (recv) first waits for
+ * this rank's earlier isends to (irecvs from) the same peer, so issue order is message order. */
 int loom_send(loom_comm_t *c, const void *buf, size_t count, loom_dtype_t dt, int peer, int tag);
 int loom_recv(loom_comm_t *c, void *buf, size_t count, loom_dtype_t dt, int peer, int tag);
+/* Send sendcount elements to dst and receive recvcount from src, both progressing at once (so a
+ * ring or an exchange of sendrecvs cannot deadlock), both with `tag`. dst == src is fine (a
+ * pipeline neighbour); dst == src == this rank copies. */
+int loom_sendrecv(loom_comm_t *c, const void *sendbuf, size_t sendcount, int dst, void *recvbuf, size_t recvcount,
+                  int src, loom_dtype_t dt, int tag);
+/* Non-blocking send / receive, completed with loom_wait or loom_test; the buffer must stay untouched
+ * until then. Several may be in flight to and from the same or different peers; those on one
+ * channel (to a peer, from a peer) run in issue order. Argument errors are returned at once (with
+ * *req NULL); transfer errors by loom_wait / loom_test. */
+int loom_isend(loom_comm_t *c, const void *buf, size_t count, loom_dtype_t dt, int peer, int tag, loom_request_t **req);
+int loom_irecv(loom_comm_t *c, void *buf, size_t count, loom_dtype_t dt, int peer, int tag, loom_request_t **req);
 
-/* Non-blocking collectives: queued and run in issue order by the communicator's progress thread.
- * Buffers must stay untouched until loom_wait returns or loom_test reports done. Several may be in
- * flight; they may be completed in any order. A blocking call first waits for queued ones. */
+/* Non-blocking collectives: queued and run in issue order by the process's progress thread (one
+ * per process, shared by all communicators, started by the first non-blocking call and ended with
+ * the last communicator that used it). Buffers must stay untouched until loom_wait returns or
+ * loom_test reports done. Several may be in flight; they may be completed in any order. Those of
+ * different communicators progress independently, so ranks may issue them in different orders
+ * across communicators (rank 0: A then B, rank 1: B then A). A blocking collective first waits for
+ * the communicator's queued ones, then runs on the calling thread. */
 int loom_iallreduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op,
                     loom_request_t **req);
 int loom_ireduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op,
@@ -116,6 +172,11 @@ int loom_iallgather(loom_comm_t *c, const void *send, void *recv, size_t count_p
 int loom_ireduce_scatter(loom_comm_t *c, const void *send, void *recv, size_t count_per_rank, loom_dtype_t dt,
                          loom_op_t op, loom_request_t **req);
 int loom_ibarrier(loom_comm_t *c, loom_request_t **req);
+/* recvcounts is copied: the array may be reused once the call returns (the buffers may not). */
+int loom_iallgatherv(loom_comm_t *c, const void *send, size_t sendcount, void *recv, const size_t *recvcounts,
+                     loom_dtype_t dt, loom_request_t **req);
+int loom_ireduce_scatterv(loom_comm_t *c, const void *send, void *recv, const size_t *recvcounts, loom_dtype_t dt,
+                          loom_op_t op, loom_request_t **req);
 /* Wait for completion, free the request, return the operation's result (its detail in
  * loom_errmsg()). Every request must be completed with loom_wait or loom_test before
  * loom_comm_destroy, which runs queued requests first. */
@@ -125,7 +186,9 @@ int loom_test(loom_request_t *req, int *done);
 
 /* Counters of a communicator, cumulative since init: collectives completed (blocking and
  * non-blocking, barriers included), their payload bytes on this rank (count x dtype size; per rank
- * count for allgather/reduce_scatter), and the wall time spent running them on any thread. */
+ * count for allgather/reduce_scatter, this rank's count for the v-collectives), and the wall time
+ * spent running them on any thread (from start to end; non-blocking ones interleaved on the
+ * progress thread count the whole span). */
 typedef struct {
 	unsigned long long collectives;
 	unsigned long long bytes;

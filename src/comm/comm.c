@@ -1,19 +1,24 @@
-/* comm.c: the communicator: joining a job from the environment, sub-groups, argument checking and
- * dispatch of collectives, point-to-point calls, the shared heap API and error messages.
+/* comm.c: the communicator: joining a job from the environment (or loom_comm_init_opts), the
+ * settings every rank must share, sub-groups, argument checking and dispatch of collectives,
+ * point-to-point calls, the shared heap API and error messages. It talks to its transport only
+ * through the table in c->xp (transport.h); the shared-memory transport is the only one so far.
  *
- * A job is named by LOOM_JOB_ID (or the launcher's job id); its world segment is "/loom-<id>"
- * (a second loom_comm_init in the same process, after destroy, uses "/loom-<id>-g2" and so on, so
- * names never collide with a segment still being torn down). Sub-communicators get
- * "/loom-<id>-<split#>.<leader>" where split# counts splits on the parent (the same on every rank)
- * and leader is the group's first rank in the parent, unique per group.
+ * A job is named by LOOM_JOB_ID (or the launcher's job id): its world communicator is "loom-<id>"
+ * (the shared-memory transport's segment "/loom-<id>"; a second loom_comm_init in the same process,
+ * after destroy, uses "loom-<id>-g2" and so on, so names never collide with a segment still being
+ * torn down). Sub-communicators get "loom-<id>-<split#>.<leader>" where split# counts splits on the
+ * parent (the same on every rank) and leader is the group's first rank in the parent, unique per
+ * group.
  *
  * Every collective entry point validates its arguments, waits until queued non-blocking collectives
  * have run, takes the next sequence number (the same on every rank, since collectives are called
  * in the same order everywhere), optionally checks the call's fingerprint across ranks (LOOM_DEBUG),
- * and hands over to loom_algo_run. Invariants: a communicator whose segment recorded a fatal error
- * (abort) refuses every further call with that error; loom_cur describes the operation the calling
- * thread is running, and is restored on return. */
+ * and hands over to loom_algo_run. Invariants: a communicator whose transport recorded a fatal
+ * error (abort) refuses every further call with that error; c->coll_ctx is the running collective's
+ * context (sequence number, deadline) while one runs and zero otherwise; loom_cur describes the
+ * operation the calling thread is running (for error messages), and is restored on return. */
 #include <ctype.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,8 +31,7 @@
 
 _Thread_local loom_opctx_t loom_cur;
 
-static pthread_mutex_t jobs_lock = PTHREAD_MUTEX_INITIALIZER;
-static unsigned world_generation; /* loom_comm_init calls in this process */
+static atomic_uint world_generation; /* loom_comm_init calls in this process */
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
@@ -63,13 +67,13 @@ const char *loom_comm_errmsg(const loom_comm_t *comm)
 
 int loom__comm_check_usable(loom_comm_t *c, const char *op)
 {
-	int code;
-	if (!c->hdr)
-		return loom_comm_fail(c, LOOM_ESTATE, "%s: the communicator is not initialized", op);
-	code = atomic_load(&c->hdr->abort_code);
+	char msg[600];
+	int code = c->xp.ops->aborted(c, msg, sizeof msg);
 	if (code == 0)
 		return LOOM_OK;
-	return loom_comm_fail(c, code, "the communicator is unusable after an earlier failure: %s", c->hdr->abort_msg);
+	if (!loom_xp_state(c))
+		return loom_comm_fail(c, LOOM_ESTATE, "%s: the communicator is not initialized", op);
+	return loom_comm_fail(c, code, "the communicator is unusable after an earlier failure: %s", msg);
 }
 
 /* ---- joining a job ------------------------------------------------------------------------------ */
@@ -179,39 +183,53 @@ static int job_id(int fam, int size, char *out, size_t cap)
 	return LOOM_OK;
 }
 
-static int parse_config(loom_comm_t *c)
+/* Knobs from opts (when set) or the environment. */
+static int parse_config(loom_comm_t *c, const loom_comm_opts_t *o)
 {
 	const char *t = getenv("LOOM_TIMEOUT_S"), *d = getenv("LOOM_DEBUG"), *algo = getenv("LOOM_ALGO");
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	const char *seg = getenv("LOOM_RING_SEG");
+	long v;
 	c->timeout_s = 300;
-	if (t && *t) {
+	if (o->timeout_s < 0 || o->timeout_s > 1e9 || o->timeout_s != o->timeout_s)
+		return loom_seterr(LOOM_EINVAL, "loom_comm_init: opts.timeout_s = %g must be a positive number of seconds",
+		                   o->timeout_s);
+	if (o->timeout_s > 0) {
+		c->timeout_s = o->timeout_s;
+	} else if (t && *t) {
 		char *end;
-		double v = strtod(t, &end);
-		if (*end || !(v > 0) || v > 1e9)
+		double x = strtod(t, &end);
+		if (*end || !(x > 0) || x > 1e9)
 			return loom_seterr(LOOM_EINVAL, "loom_comm_init: LOOM_TIMEOUT_S=\"%s\" must be a positive number of seconds",
 			                   t);
-		c->timeout_s = v;
+		c->timeout_s = x;
 	}
-	c->debug = d && *d && strcmp(d, "0") != 0;
+	c->debug = o->debug ? o->debug > 0 : d && *d && strcmp(d, "0") != 0;
+	if (o->algo)
+		algo = o->algo;
+	snprintf(c->algo_spec, sizeof c->algo_spec, "%s", algo ? algo : "");
 	for (int i = 0; i < LOOM_COLL_COUNT; i++)
 		c->forced[i] = LOOM_ALGO_AUTO;
 	if (algo && *algo) {
 		char err[512] = "";
 		if (loom_algo_parse(algo, c->forced, err, sizeof err) != LOOM_OK)
-			return loom_seterr(LOOM_EINVAL, "loom_comm_init: LOOM_ALGO=\"%s\": %s", algo, err);
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: %s=\"%s\": %s", o->algo ? "opts.algo" : "LOOM_ALGO", algo,
+			                   err);
 	}
-	/* Waiting: spin, then futex sleep. Spinning only pays when the awaited rank runs on another core
-	 * and answers soon. With more ranks than cores it only steals the time the awaited rank needs
-	 * (8 ranks on 2 cores: large all-reduces ran 2x faster sleeping at once). With fewer, small
-	 * messages spin up to 50 us (latency), while waits for large transfers sleep after 5 us: on a
-	 * busy machine two ranks often share a core, and long spins starve the peer (16 MiB all-reduce
-	 * 2x faster than with 50 us spins). LOOM_SPIN_US / LOOM_SPIN_SMALL_US override, for tuning. */
-	if (ncpu > 0 && c->size > ncpu)
-		c->spin_us = 0, c->spin_small_us = 0;
-	else
-		c->spin_us = 5, c->spin_small_us = 50;
-	c->spin_us = (int)loom_env_long("LOOM_SPIN_US", c->spin_us, NULL);
-	c->spin_small_us = (int)loom_env_long("LOOM_SPIN_SMALL_US", c->spin_small_us, NULL);
+	/* Ring segments: LOOM_RING_SEG bytes when >= 64 (smaller or unparsable values: the default). */
+	c->ring_seg = 4u << 20;
+	if (o->ring_seg_bytes) {
+		if (o->ring_seg_bytes < 64)
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: opts.ring_seg_bytes = %zu must be at least 64",
+			                   o->ring_seg_bytes);
+		c->ring_seg = o->ring_seg_bytes;
+	} else if (seg && (v = atol(seg)) >= 64) {
+		c->ring_seg = (size_t)v;
+	}
+	c->inplace_min = o->inplace_min_bytes;
+	if (!c->inplace_min && (v = loom_env_long("LOOM_SHM_INPLACE_MIN", 0, NULL)) > 0)
+		c->inplace_min = (size_t)v;
+	if (!c->inplace_min)
+		c->inplace_min = 32u << 10; /* smaller heap sends are copied: an ack round trip costs more */
 	return LOOM_OK;
 }
 
@@ -226,133 +244,159 @@ static loom_comm_t *comm_new(int rank, int size)
 		return NULL;
 	}
 	c->rank = rank, c->size = size;
+	c->xp.ops = &loom__xport_shm; /* the only transport so far */
+	c->coll_lane = (loom_lane_t){.c = c, .kind = LANE_COLL, .peer = -1};
 	pthread_mutex_init(&c->err_lock, NULL);
-	pthread_mutex_init(&c->q_lock, NULL);
-	pthread_cond_init(&c->q_cond, NULL);
 	return c;
-}
-
-static void job_release(loom_job_t *j)
-{
-	int last;
-	pthread_mutex_lock(&jobs_lock);
-	last = --j->refs == 0;
-	pthread_mutex_unlock(&jobs_lock);
-	if (!last)
-		return;
-	if (j->hdr) {
-		loom__shm_heap_free_all(j);
-		loom__shm_proc_end(j);
-		munmap(j->base, j->bytes);
-	}
-	if (j->fd >= 0)
-		close(j->fd);
-	free(j);
 }
 
 static void comm_free(loom_comm_t *c)
 {
 	for (int s = 0; s < 2; s++) {
-		if (c->scratch_heap[s])
-			loom__shm_heap_free(c->job, c->scratch[s]);
+		if (c->scratch_xp[s])
+			c->xp.ops->free(c, c->scratch[s]);
 		else
 			loom_free_aligned(c->scratch[s]);
 	}
-	if (c->job && c->base != c->job->base)
-		loom__shm_close_segment(c);
-	if (c->job)
-		job_release(c->job);
+	c->xp.ops->close(c);
 	pthread_mutex_destroy(&c->err_lock);
-	pthread_mutex_destroy(&c->q_lock);
-	pthread_cond_destroy(&c->q_cond);
+	free(c->p2p_lanes);
 	free(c->world_of);
 	free(c);
 }
 
-/* Ranks must agree on what changes the sequence of messages: LOOM_DEBUG and LOOM_ALGO. */
-static int check_config(loom_comm_t *c)
+/* The knobs every rank must agree on: they change which messages flow (or how they are staged),
+ * so ranks that differ would deadlock or fail later with a confusing message. One record per rank
+ * through the board (<= SHM_BOARD_BYTES). */
+typedef struct {
+	uint64_t algo, ring_seg, inplace_min, heap_bytes;
+	int32_t debug, pad;
+} knobs_t;
+
+/* "1, 3" for the ranks whose value of field `off` differs from this rank's. */
+static void ranks_differing(const knobs_t *all, int n, size_t off, const knobs_t *mine, char *out, size_t cap)
 {
-	struct {
-		int32_t debug, pad;
-		uint64_t algo;
-	} mine = {c->debug, 0, 1469598103934665603ull}, *all;
-	const char *algo = getenv("LOOM_ALGO");
+	size_t len = 0;
+	out[0] = '\0';
+	for (int r = 0; r < n && len + 16 < cap; r++)
+		if (memcmp((const char *)&all[r] + off, (const char *)mine + off, 8) != 0)
+			len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", r);
+}
+
+static int check_config(loom_comm_t *c, const loom_xp_ctx_t *ctx, size_t heap_bytes)
+{
+	static const struct {
+		const char *name;
+		size_t off;
+	} fields[] = {
+		{"LOOM_DEBUG", offsetof(knobs_t, debug)},
+		{"LOOM_ALGO", offsetof(knobs_t, algo)},
+		{"LOOM_RING_SEG", offsetof(knobs_t, ring_seg)},
+		{"LOOM_SHM_INPLACE_MIN", offsetof(knobs_t, inplace_min)},
+		{"LOOM_SHM_MB", offsetof(knobs_t, heap_bytes)},
+	};
+	knobs_t mine = {1469598103934665603ull, c->ring_seg, c->inplace_min, heap_bytes, c->debug, 0}, *all;
 	int rc = LOOM_OK;
-	for (const char *p = algo ? algo : ""; *p; p++)
+	for (const char *p = c->algo_spec; *p; p++)
 		mine.algo = (mine.algo ^ (unsigned char)*p) * 1099511628211ull;
 	all = loom__calloc((size_t)c->size, sizeof *all);
 	if (!all)
 		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
-	rc = loom__shm_board_exchange(c, &mine, sizeof mine, all);
-	for (int r = 0; r < c->size && rc == LOOM_OK; r++) {
-		if (all[r].debug != mine.debug)
-			rc = loom_comm_fail(c, LOOM_EINVAL, "LOOM_DEBUG differs between ranks (%d here, %d on rank %d)",
-			                    mine.debug, all[r].debug, r);
-		else if (all[r].algo != mine.algo)
-			rc = loom_comm_fail(c, LOOM_EINVAL, "LOOM_ALGO differs between rank %d and rank %d (\"%s\" here)", c->rank,
-			                    r, algo ? algo : "");
+	rc = c->xp.ops->allgather_small(c, ctx, &mine, sizeof mine, all);
+	for (size_t f = 0; f < LOOM_ARRAY_LEN(fields) && rc == LOOM_OK; f++) {
+		char who[256], val[160];
+		size_t off = fields[f].off;
+		ranks_differing(all, c->size, off, &mine, who, sizeof who);
+		if (!who[0])
+			continue;
+		if (off == offsetof(knobs_t, algo))
+			snprintf(val, sizeof val, "\"%.150s\"", c->algo_spec);
+		else if (off == offsetof(knobs_t, debug))
+			snprintf(val, sizeof val, "%d", c->debug);
+		else
+			snprintf(val, sizeof val, "%llu", (unsigned long long)*(const uint64_t *)((const char *)&mine + off));
+		rc = loom_comm_fail(c, LOOM_EINVAL,
+		                    "%s (or its loom_comm_opts_t field) differs between ranks: %s on rank %d (this rank), "
+		                    "something else on rank(s) %s; it must be the same on every rank",
+		                    fields[f].name, val, c->rank, who);
 	}
 	free(all);
 	return rc;
 }
 
+void loom_comm_opts_default(loom_comm_opts_t *opts)
+{
+	if (opts)
+		memset(opts, 0, sizeof *opts);
+}
+
 int loom_comm_init(loom_comm_t **comm)
+{
+	return loom_comm_init_opts(comm, NULL);
+}
+
+int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts)
 {
 	int rank = 0, size = 1, local_rank = 0, fam = -1, rc;
 	char id[96], name[160];
 	long shm_mb;
 	int ok;
 	unsigned gen;
+	size_t heap_bytes;
 	loom_comm_t *c;
-	loom_job_t *j;
+	loom_xp_ctx_t ctx;
 	loom_opctx_t saved = loom_cur;
+	loom_comm_opts_t none;
 	if (!comm)
 		return loom_seterr(LOOM_EINVAL, "loom_comm_init: comm is NULL");
 	*comm = NULL;
+	loom_comm_opts_default(&none);
+	if (!opts)
+		opts = &none;
 	if ((rc = job_from_env(&rank, &size, &local_rank, &fam)) != LOOM_OK)
 		return rc;
 	if ((rc = job_id(fam, size, id, sizeof id)) != LOOM_OK)
 		return rc;
-	shm_mb = loom_env_long("LOOM_SHM_MB", 1024, &ok);
-	if (!ok || shm_mb < 1 || shm_mb > (1l << 22))
-		return loom_seterr(LOOM_EINVAL, "loom_comm_init: LOOM_SHM_MB=\"%s\" must be an integer number of MiB in [1, %ld]",
-		                   getenv("LOOM_SHM_MB"), 1l << 22);
-	pthread_mutex_lock(&jobs_lock);
-	gen = ++world_generation;
-	pthread_mutex_unlock(&jobs_lock);
-	if (gen == 1)
-		snprintf(name, sizeof name, "/loom-%s", id);
-	else
-		snprintf(name, sizeof name, "/loom-%s-g%u", id, gen);
-	c = comm_new(rank, size);
-	j = loom__calloc(1, sizeof *j);
-	if (!c || !j) {
-		free(j);
-		if (c)
-			comm_free(c);
-		return loom_seterr(LOOM_ENOMEM, "loom_comm_init: out of memory");
+	if (opts->heap_bytes) {
+		if (opts->heap_bytes > ((size_t)1 << 42))
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: opts.heap_bytes = %zu is more than 4 TiB",
+			                   opts->heap_bytes);
+		heap_bytes = opts->heap_bytes;
+	} else {
+		shm_mb = loom_env_long("LOOM_SHM_MB", 1024, &ok);
+		if (!ok || shm_mb < 1 || shm_mb > (1l << 22))
+			return loom_seterr(LOOM_EINVAL,
+			                   "loom_comm_init: LOOM_SHM_MB=\"%s\" must be an integer number of MiB in [1, %ld]",
+			                   getenv("LOOM_SHM_MB"), 1l << 22);
+		heap_bytes = (size_t)shm_mb << 20;
 	}
-	j->fd = -1, j->refs = 1, j->world_rank = rank, j->world_size = size;
-	c->job = j;
+	gen = atomic_fetch_add(&world_generation, 1) + 1;
+	if (gen == 1)
+		snprintf(name, sizeof name, "loom-%s", id);
+	else
+		snprintf(name, sizeof name, "loom-%s-g%u", id, gen);
+	c = comm_new(rank, size);
+	if (!c)
+		return loom_seterr(LOOM_ENOMEM, "loom_comm_init: out of memory");
+	c->world_gen = gen, c->world_size = size;
 	c->local_rank = local_rank;
 	for (int r = 0; r < size; r++)
 		c->world_of[r] = r;
 	snprintf(c->name, sizeof c->name, "%s", name);
-	if ((rc = parse_config(c)) != LOOM_OK) {
+	if ((rc = parse_config(c, opts)) != LOOM_OK) {
 		comm_free(c);
 		return rc;
 	}
-	loom_cur = (loom_opctx_t){c, "init", 0, loom_now() + c->timeout_s};
-	rc = loom__shm_open_segment(c, name, rank == 0, (size_t)shm_mb << 20, &j->fd);
-	if (rc == LOOM_OK && (rc = loom__shm_heap_init(j)) != LOOM_OK)
-		loom_comm_fail(c, rc, "%s", loom_errmsg());
+	ctx = (loom_xp_ctx_t){"init", 0, loom_now() + c->timeout_s};
+	loom_cur = (loom_opctx_t){c, "init", 0, ctx.deadline};
+	rc = c->xp.ops->open(c, NULL, name, heap_bytes, &ctx);
 	if (rc == LOOM_OK)
-		rc = check_config(c);
+		rc = check_config(c, &ctx, heap_bytes);
 	loom_cur = saved;
 	if (rc != LOOM_OK) {
 		char msg[1024];
 		snprintf(msg, sizeof msg, "%s", loom_errmsg());
-		loom__shm_depart(c);
+		c->xp.ops->depart(c);
 		comm_free(c);
 		return loom_seterr(rc, "%s", msg);
 	}
@@ -365,7 +409,7 @@ int loom_comm_destroy(loom_comm_t *comm)
 	if (!comm)
 		return LOOM_OK;
 	loom__comm_req_shutdown(comm);
-	loom__shm_depart(comm);
+	comm->xp.ops->depart(comm);
 	comm_free(comm);
 	return LOOM_OK;
 }
@@ -393,6 +437,7 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 	int *members = NULL, m = 0, me = -1, rc;
 	loom_comm_t *sub = NULL;
 	loom_opctx_t saved = loom_cur;
+	loom_xp_ctx_t ctx;
 	char name[sizeof c->name];
 	uint64_t split_no;
 	if (!c || !out)
@@ -401,9 +446,10 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 	if (color < 0 && color != LOOM_UNDEFINED)
 		return loom_comm_fail(c, LOOM_EINVAL, "split: color %d must be >= 0 or LOOM_UNDEFINED", color);
 	loom__comm_req_drain(c);
-	loom_cur = (loom_opctx_t){c, "split", ++c->coll_seq, loom_now() + c->timeout_s};
+	ctx = (loom_xp_ctx_t){"split", ++c->coll_seq, loom_now() + c->timeout_s};
+	loom_cur = (loom_opctx_t){c, ctx.op, ctx.seq, ctx.deadline};
 	split_no = ++c->split_count;
-	loom__shm_publish_seq(c, loom_cur.seq, -1);
+	c->xp.ops->enter(c, ctx.seq, -1);
 	if ((rc = loom__comm_check_usable(c, "split")) != LOOM_OK)
 		goto done;
 	all = loom__calloc((size_t)c->size, sizeof *all);
@@ -412,7 +458,7 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 		rc = loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
 		goto done;
 	}
-	if ((rc = loom__shm_board_exchange(c, mine, sizeof mine, all)) != LOOM_OK || color == LOOM_UNDEFINED)
+	if ((rc = c->xp.ops->allgather_small(c, &ctx, mine, sizeof mine, all)) != LOOM_OK || color == LOOM_UNDEFINED)
 		goto done;
 	/* Members in (key, parent rank) order: insertion by key, stable in parent rank. */
 	for (int r = 0; r < c->size; r++) {
@@ -437,18 +483,17 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 		rc = loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
 		goto done;
 	}
-	pthread_mutex_lock(&jobs_lock);
-	c->job->refs++;
-	pthread_mutex_unlock(&jobs_lock);
-	sub->job = c->job;
 	sub->local_rank = me;
 	for (int i = 0; i < m; i++)
 		sub->world_of[i] = c->world_of[members[i]];
 	snprintf(sub->name, sizeof sub->name, "%s", name);
-	sub->timeout_s = c->timeout_s, sub->debug = c->debug, sub->spin_us = c->spin_us, sub->spin_small_us = c->spin_small_us;
+	sub->timeout_s = c->timeout_s, sub->debug = c->debug;
+	sub->world_gen = c->world_gen, sub->world_size = c->world_size;
+	sub->ring_seg = c->ring_seg, sub->inplace_min = c->inplace_min;
 	memcpy(sub->forced, c->forced, sizeof c->forced);
+	memcpy(sub->algo_spec, c->algo_spec, sizeof c->algo_spec);
 	loom_cur.c = sub;
-	rc = loom__shm_open_segment(sub, name, me == 0, 0, NULL);
+	rc = c->xp.ops->open(sub, c, name, 0, &ctx);
 	loom_cur.c = c;
 	if (rc != LOOM_OK) {
 		pthread_mutex_lock(&c->err_lock);
@@ -475,10 +520,35 @@ static int uses_root(loom_coll_t k)
 
 static int uses_op(loom_coll_t k)
 {
-	return k == LOOM_COLL_ALLREDUCE || k == LOOM_COLL_REDUCE || k == LOOM_COLL_REDUCE_SCATTER;
+	return k == LOOM_COLL_ALLREDUCE || k == LOOM_COLL_REDUCE || k == LOOM_COLL_REDUCE_SCATTER ||
+	       k == LOOM_COLL_REDUCE_SCATTERV;
 }
 
-int loom__comm_validate(loom_comm_t *c, const loom_coll_args_t *a)
+/* The v-collectives: counts non-NULL, their sum fits, this rank's count agrees; sets a->total. */
+static int validate_v(loom_comm_t *c, loom_coll_args_t *a, size_t es)
+{
+	const char *name = loom_coll_name(a->coll);
+	size_t total = 0;
+	if (!a->counts)
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: recvcounts is NULL", name);
+	for (int q = 0; q < c->size; q++) {
+		if (a->counts[q] > SIZE_MAX / es - total)
+			return loom_comm_fail(c, LOOM_EINVAL, "%s: the sum of recvcounts overflows the address space", name);
+		total += a->counts[q];
+	}
+	a->total = total;
+	if (a->coll == LOOM_COLL_ALLGATHERV && a->count != a->counts[c->rank])
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: sendcount %zu differs from recvcounts[%d] = %zu", name, a->count,
+		                      c->rank, a->counts[c->rank]);
+	a->count = a->counts[c->rank];
+	if (a->coll == LOOM_COLL_ALLGATHERV ? (a->count && !a->send) || (total && !a->recv)
+	                                     : (total && !a->send) || (a->count && !a->recv))
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: %s is NULL with %zu elements in all and %zu on this rank", name,
+		                      !a->send ? "send" : "recv", total, a->count);
+	return LOOM_OK;
+}
+
+int loom__comm_validate(loom_comm_t *c, loom_coll_args_t *a)
 {
 	const char *name = loom_coll_name(a->coll);
 	size_t es = loom_dtype_size(a->dt), mult = 1;
@@ -496,6 +566,8 @@ int loom__comm_validate(loom_comm_t *c, const loom_coll_args_t *a)
 			return loom_comm_fail(c, LOOM_EINVAL, "%s: LOOM_AVG is not defined for integer dtype %s", name,
 			                      loom_dtype_name(a->dt));
 	}
+	if (a->coll == LOOM_COLL_ALLGATHERV || a->coll == LOOM_COLL_REDUCE_SCATTERV)
+		return validate_v(c, a, es);
 	if (uses_root(a->coll) && (a->root < 0 || a->root >= c->size))
 		return loom_comm_fail(c, LOOM_EINVAL, "%s: root %d out of range (size %d)", name, a->root, c->size);
 	if (a->coll == LOOM_COLL_ALLGATHER || a->coll == LOOM_COLL_REDUCE_SCATTER)
@@ -530,6 +602,12 @@ typedef struct {
 
 static void describe(char *out, size_t cap, const fingerprint_t *f)
 {
+	if (f->coll == LOOM_COLL_ALLGATHERV || f->coll == LOOM_COLL_REDUCE_SCATTERV) {
+		snprintf(out, cap, "%s #%llu (recvcounts digest %016llx, %s, op %s)", loom_coll_name((loom_coll_t)f->coll),
+		         (unsigned long long)f->seq, (unsigned long long)f->count, loom_dtype_name((loom_dtype_t)f->dt),
+		         f->op < 0 ? "-" : loom_op_name((loom_op_t)f->op));
+		return;
+	}
 	snprintf(out, cap, "%s #%llu (count %llu, %s, op %s, root %d)", loom_coll_name((loom_coll_t)f->coll),
 	         (unsigned long long)f->seq, (unsigned long long)f->count, loom_dtype_name((loom_dtype_t)f->dt),
 	         f->op < 0 ? "-" : loom_op_name((loom_op_t)f->op), f->root);
@@ -537,9 +615,9 @@ static void describe(char *out, size_t cap, const fingerprint_t *f)
 
 /* LOOM_DEBUG: every rank compares every rank's call with its own. Not fatal for the communicator:
  * no message has moved, and every rank fails this call alike. */
-static int check_fingerprint(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
+static int check_fingerprint(loom_comm_t *c, const loom_coll_args_t *a, const loom_xp_ctx_t *ctx)
 {
-	fingerprint_t mine = {seq, a->count, (int32_t)a->coll, (int32_t)a->dt, (int32_t)a->op, (int32_t)a->root}, *all;
+	fingerprint_t mine = {ctx->seq, a->count, (int32_t)a->coll, (int32_t)a->dt, (int32_t)a->op, (int32_t)a->root}, *all;
 	int rc;
 	if (!uses_op(a->coll))
 		mine.op = -1;
@@ -547,10 +625,15 @@ static int check_fingerprint(loom_comm_t *c, const loom_coll_args_t *a, uint64_t
 		mine.root = -1;
 	if (a->coll == LOOM_COLL_BARRIER)
 		mine.count = 0, mine.dt = 0;
+	if (a->counts) { /* ranks' own counts differ; the whole list must not */
+		mine.count = 1469598103934665603ull;
+		for (int q = 0; q < c->size; q++)
+			mine.count = (mine.count ^ a->counts[q]) * 1099511628211ull;
+	}
 	all = loom__calloc((size_t)c->size, sizeof *all);
 	if (!all)
 		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
-	rc = loom__shm_board_exchange(c, &mine, sizeof mine, all);
+	rc = c->xp.ops->allgather_small(c, ctx, &mine, sizeof mine, all);
 	for (int r = 0; r < c->size && rc == LOOM_OK; r++) {
 		if (memcmp(&all[r], &mine, sizeof mine) != 0) {
 			char x[160], y[160];
@@ -570,11 +653,14 @@ int loom__comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
 	loom_opctx_t saved = loom_cur;
 	int rc;
 	double t0 = loom_now();
-	loom_cur = (loom_opctx_t){c, loom_coll_name(a->coll), seq, t0 + c->timeout_s};
-	loom__shm_publish_seq(c, seq, (int)a->coll);
+	/* The context travels explicitly to the transport (c->coll_ctx for the algorithm's calls);
+	 * loom_cur only prefixes error messages. */
+	c->coll_ctx = (loom_xp_ctx_t){loom_coll_name(a->coll), seq, t0 + c->timeout_s};
+	loom_cur = (loom_opctx_t){c, c->coll_ctx.op, seq, c->coll_ctx.deadline};
+	c->xp.ops->enter(c, seq, (int)a->coll);
 	rc = loom__comm_check_usable(c, loom_cur.op);
 	if (rc == LOOM_OK && c->debug)
-		rc = check_fingerprint(c, a, seq);
+		rc = check_fingerprint(c, a, &c->coll_ctx);
 	if (rc == LOOM_OK)
 		rc = loom_algo_run(c, a, c->forced[a->coll]);
 	if (rc == LOOM_OK) {
@@ -583,6 +669,7 @@ int loom__comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
 		                          memory_order_relaxed);
 	}
 	atomic_fetch_add_explicit(&c->st_ns, (unsigned long long)((loom_now() - t0) * 1e9), memory_order_relaxed);
+	memset(&c->coll_ctx, 0, sizeof c->coll_ctx);
 	loom_cur = saved;
 	return rc;
 }
@@ -613,62 +700,90 @@ static int coll(loom_comm_t *c, loom_coll_args_t a)
 
 int loom_allreduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op)
 {
-	return coll(c, (loom_coll_args_t){LOOM_COLL_ALLREDUCE, send, recv, count, dt, op, 0});
+	return coll(c, (loom_coll_args_t){LOOM_COLL_ALLREDUCE, send, recv, count, dt, op, 0, NULL, 0});
 }
 
 int loom_reduce(loom_comm_t *c, const void *send, void *recv, size_t count, loom_dtype_t dt, loom_op_t op, int root)
 {
-	return coll(c, (loom_coll_args_t){LOOM_COLL_REDUCE, send, recv, count, dt, op, root});
+	return coll(c, (loom_coll_args_t){LOOM_COLL_REDUCE, send, recv, count, dt, op, root, NULL, 0});
 }
 
 int loom_broadcast(loom_comm_t *c, void *buf, size_t count, loom_dtype_t dt, int root)
 {
-	return coll(c, (loom_coll_args_t){LOOM_COLL_BROADCAST, buf, buf, count, dt, LOOM_SUM, root});
+	return coll(c, (loom_coll_args_t){LOOM_COLL_BROADCAST, buf, buf, count, dt, LOOM_SUM, root, NULL, 0});
 }
 
 int loom_allgather(loom_comm_t *c, const void *send, void *recv, size_t count_per_rank, loom_dtype_t dt)
 {
-	return coll(c, (loom_coll_args_t){LOOM_COLL_ALLGATHER, send, recv, count_per_rank, dt, LOOM_SUM, 0});
+	return coll(c, (loom_coll_args_t){LOOM_COLL_ALLGATHER, send, recv, count_per_rank, dt, LOOM_SUM, 0, NULL, 0});
 }
 
 int loom_reduce_scatter(loom_comm_t *c, const void *send, void *recv, size_t count_per_rank, loom_dtype_t dt,
                         loom_op_t op)
 {
-	return coll(c, (loom_coll_args_t){LOOM_COLL_REDUCE_SCATTER, send, recv, count_per_rank, dt, op, 0});
+	return coll(c, (loom_coll_args_t){LOOM_COLL_REDUCE_SCATTER, send, recv, count_per_rank, dt, op, 0, NULL, 0});
 }
 
 int loom_barrier(loom_comm_t *c)
 {
-	return coll(c, (loom_coll_args_t){LOOM_COLL_BARRIER, NULL, NULL, 0, LOOM_FLOAT32, LOOM_SUM, 0});
+	return coll(c, (loom_coll_args_t){LOOM_COLL_BARRIER, NULL, NULL, 0, LOOM_FLOAT32, LOOM_SUM, 0, NULL, 0});
+}
+
+int loom_allgatherv(loom_comm_t *c, const void *send, size_t sendcount, void *recv, const size_t *recvcounts,
+                    loom_dtype_t dt)
+{
+	return coll(c, (loom_coll_args_t){LOOM_COLL_ALLGATHERV, send, recv, sendcount, dt, LOOM_SUM, 0, recvcounts, 0});
+}
+
+int loom_reduce_scatterv(loom_comm_t *c, const void *send, void *recv, const size_t *recvcounts, loom_dtype_t dt,
+                         loom_op_t op)
+{
+	return coll(c, (loom_coll_args_t){LOOM_COLL_REDUCE_SCATTERV, send, recv, 0, dt, op, 0, recvcounts, 0});
 }
 
 /* ---- point to point ----------------------------------------------------------------------------- */
 
+int loom__comm_p2p_check(loom_comm_t *c, const char *op, const void *buf, size_t count, loom_dtype_t dt, int peer)
+{
+	size_t es = loom_dtype_size(dt);
+	if (es == 0)
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: invalid dtype %d", op, (int)dt);
+	if (peer < 0 || peer >= c->size || peer == c->rank)
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: peer %d must be another rank in [0, %d)", op, peer, c->size);
+	if (count > SIZE_MAX / es)
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: count %zu overflows the address space", op, count);
+	if (count && !buf)
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: buffer is NULL with count %zu", op, count);
+	return LOOM_OK;
+}
+
+int loom__comm_p2p_exec(loom_comm_t *c, const char *op, int dst, const void *sbuf, size_t sbytes, int src,
+                        void *rbuf, size_t rbytes, int tag)
+{
+	loom_opctx_t saved = loom_cur;
+	loom_xp_ctx_t ctx = {op, 0, loom_now() + c->timeout_s};
+	int rc;
+	loom_cur = (loom_opctx_t){c, op, 0, ctx.deadline};
+	if ((rc = loom__comm_check_usable(c, op)) == LOOM_OK)
+		rc = c->xp.ops->sendrecv(c, &ctx, LOOM_XP_P2P, dst, sbuf, sbytes, tag, src, rbuf, rbytes, tag, NULL,
+		                         LOOM_FLOAT32, LOOM_SUM);
+	loom_cur = saved;
+	return rc;
+}
+
+/* Blocking point to point: earlier isend/irecv on the same channel run first. */
 static int p2p(loom_comm_t *c, int send, void *buf, size_t count, loom_dtype_t dt, int peer, int tag)
 {
 	const char *op = send ? "send" : "recv";
-	size_t es = loom_dtype_size(dt);
-	loom_opctx_t saved = loom_cur;
 	int rc;
 	if (!c)
 		return loom_seterr(LOOM_EINVAL, "loom_%s: communicator is NULL", op);
-	loom_cur = (loom_opctx_t){c, op, 0, loom_now() + c->timeout_s};
-	if (es == 0)
-		rc = loom_comm_fail(c, LOOM_EINVAL, "invalid dtype %d", (int)dt);
-	else if (peer < 0 || peer >= c->size || peer == c->rank)
-		rc = loom_comm_fail(c, LOOM_EINVAL, "peer %d must be another rank in [0, %d)", peer, c->size);
-	else if (count > SIZE_MAX / es)
-		rc = loom_comm_fail(c, LOOM_EINVAL, "count %zu overflows the address space", count);
-	else if (count && !buf)
-		rc = loom_comm_fail(c, LOOM_EINVAL, "buffer is NULL with count %zu", count);
-	else if ((rc = loom__comm_check_usable(c, op)) == LOOM_OK) {
-		if (send)
-			rc = loom__shm_sendrecv(c, CHAN_P2P, peer, buf, count * es, tag, -1, NULL, 0, 0, NULL, dt, LOOM_SUM);
-		else
-			rc = loom__shm_sendrecv(c, CHAN_P2P, -1, NULL, 0, 0, peer, buf, count * es, tag, NULL, dt, LOOM_SUM);
-	}
-	loom_cur = saved;
-	return rc;
+	if ((rc = loom__comm_p2p_check(c, op, buf, count, dt, peer)) != LOOM_OK)
+		return rc;
+	loom__comm_lane_drain(c, loom__comm_p2p_lane(c, send, peer));
+	if (send)
+		return loom__comm_p2p_exec(c, op, peer, buf, count * loom_dtype_size(dt), -1, NULL, 0, tag);
+	return loom__comm_p2p_exec(c, op, -1, NULL, 0, peer, buf, count * loom_dtype_size(dt), tag);
 }
 
 int loom_send(loom_comm_t *c, const void *buf, size_t count, loom_dtype_t dt, int peer, int tag)
@@ -681,22 +796,70 @@ int loom_recv(loom_comm_t *c, void *buf, size_t count, loom_dtype_t dt, int peer
 	return p2p(c, 0, buf, count, dt, peer, tag);
 }
 
+int loom_sendrecv(loom_comm_t *c, const void *sendbuf, size_t sendcount, int dst, void *recvbuf, size_t recvcount,
+                  int src, loom_dtype_t dt, int tag)
+{
+	size_t es = loom_dtype_size(dt);
+	int rc;
+	if (!c)
+		return loom_seterr(LOOM_EINVAL, "loom_sendrecv: communicator is NULL");
+	if (dst == c->rank && src == c->rank && es) { /* with itself: a copy */
+		if (sendcount != recvcount)
+			return loom_comm_fail(c, LOOM_EMISMATCH, "sendrecv: message to itself has %zu elements, expected %zu",
+			                      sendcount, recvcount);
+		if (sendcount > SIZE_MAX / es || (sendcount && (!sendbuf || !recvbuf)))
+			return loom_comm_fail(c, LOOM_EINVAL, "sendrecv: bad buffer or count %zu", sendcount);
+		if (sendcount && sendbuf != recvbuf)
+			memmove(recvbuf, sendbuf, sendcount * es);
+		return LOOM_OK;
+	}
+	if ((rc = loom__comm_p2p_check(c, "sendrecv", sendbuf, sendcount, dt, dst)) != LOOM_OK ||
+	    (rc = loom__comm_p2p_check(c, "sendrecv", recvbuf, recvcount, dt, src)) != LOOM_OK)
+		return rc;
+	loom__comm_lane_drain(c, loom__comm_p2p_lane(c, 1, dst));
+	loom__comm_lane_drain(c, loom__comm_p2p_lane(c, 0, src));
+	return loom__comm_p2p_exec(c, "sendrecv", dst, sendbuf, sendcount * es, src, recvbuf, recvcount * es, tag);
+}
+
 /* ---- transport entry points for algorithms ------------------------------------------------------ */
 
 int loom_xp_sendrecv(loom_comm_t *c, int dst, const void *sbuf, size_t sbytes, int src, void *rbuf, size_t rbytes,
                      const void *red_local, loom_dtype_t dt, loom_op_t op)
 {
-	return loom__shm_sendrecv(c, CHAN_COLL, dst, sbuf, sbytes, 0, src, rbuf, rbytes, 0, red_local, dt, op);
+	return c->xp.ops->sendrecv(c, &c->coll_ctx, LOOM_XP_COLL, dst, sbuf, sbytes, 0, src, rbuf, rbytes, 0, red_local, dt,
+	                           op);
 }
 
 int loom_xp_send(loom_comm_t *c, int dst, const void *buf, size_t bytes)
 {
-	return loom__shm_sendrecv(c, CHAN_COLL, dst, buf, bytes, 0, -1, NULL, 0, 0, NULL, LOOM_FLOAT32, LOOM_SUM);
+	return c->xp.ops->sendrecv(c, &c->coll_ctx, LOOM_XP_COLL, dst, buf, bytes, 0, -1, NULL, 0, 0, NULL, LOOM_FLOAT32,
+	                           LOOM_SUM);
 }
 
 int loom_xp_recv(loom_comm_t *c, int src, void *buf, size_t bytes)
 {
-	return loom__shm_sendrecv(c, CHAN_COLL, -1, NULL, 0, 0, src, buf, bytes, 0, NULL, LOOM_FLOAT32, LOOM_SUM);
+	return c->xp.ops->sendrecv(c, &c->coll_ctx, LOOM_XP_COLL, -1, NULL, 0, 0, src, buf, bytes, 0, NULL, LOOM_FLOAT32,
+	                           LOOM_SUM);
+}
+
+size_t loom_comm_ring_seg(const loom_comm_t *c)
+{
+	return c->ring_seg;
+}
+
+int loom_xp_world_rank(const loom_comm_t *c, int r)
+{
+	return c->world_of[r];
+}
+
+double loom_xp_timeout(const loom_comm_t *c)
+{
+	return c->timeout_s;
+}
+
+size_t loom_xp_inplace_min(const loom_comm_t *c)
+{
+	return c->inplace_min;
 }
 
 void *loom_comm_scratch(loom_comm_t *c, int slot, size_t bytes)
@@ -707,16 +870,16 @@ void *loom_comm_scratch(loom_comm_t *c, int slot, size_t bytes)
 	if (c->scratch[slot] && c->scratch_bytes[slot] >= bytes)
 		return c->scratch[slot];
 	old = c->scratch_bytes[slot];
-	if (c->scratch_heap[slot])
-		loom__shm_heap_free(c->job, c->scratch[slot]);
+	if (c->scratch_xp[slot])
+		c->xp.ops->free(c, c->scratch[slot]);
 	else
 		loom_free_aligned(c->scratch[slot]);
 	c->scratch[slot] = NULL, c->scratch_bytes[slot] = 0;
 	want = LOOM_MAX(bytes, (size_t)64 << 10);
 	if (old && old < SIZE_MAX / 2 && want < old * 2)
 		want = old * 2; /* grow geometrically */
-	c->scratch[slot] = loom__shm_heap_alloc(c->job, want);
-	c->scratch_heap[slot] = c->scratch[slot] != NULL;
+	c->scratch[slot] = c->xp.ops->alloc(c, want);
+	c->scratch_xp[slot] = c->scratch[slot] != NULL;
 	if (!c->scratch[slot])
 		c->scratch[slot] = loom_alloc_aligned(want);
 	if (c->scratch[slot])
@@ -732,11 +895,11 @@ void *loom_comm_alloc(loom_comm_t *c, size_t bytes)
 		loom_seterr(LOOM_EINVAL, "loom_comm_alloc: communicator is NULL");
 		return NULL;
 	}
-	return loom__shm_heap_alloc(c->job, bytes);
+	return c->xp.ops->alloc(c, bytes);
 }
 
 void loom_comm_free(loom_comm_t *c, void *p)
 {
 	if (c && p)
-		loom__shm_heap_free(c->job, p); /* a pointer not from loom_comm_alloc is ignored */
+		c->xp.ops->free(c, p); /* a pointer not from loom_comm_alloc is ignored */
 }

@@ -1,24 +1,47 @@
-/* transport.h: what algorithms may ask of a communicator's transport, and nothing more.
+/* transport.h: what algorithms may ask of a communicator's transport, and what a transport must
+ * implement.
  *
- * Algorithms (src/comm/algo/) are written only against this header and the public loom_comm_rank /
- * loom_comm_size, so a transport (shared memory now, MPI later, both composed hierarchically) plugs
- * in without touching them. All calls are blocking, honour the communicator's deadline, and return
- * LOOM_EPEERLOST within 2 s when the peer they wait on has died or exited. On failure they have
- * already recorded the detail with loom_comm_fail(). */
+ * Two audiences. Algorithms (src/comm/algo/) are written only against part 1 of this header and
+ * the public loom_comm_rank / loom_comm_size, so a transport plugs in without touching them.
+ * Transports (src/comm/transport/: shared memory now, MPI later) implement part 2, the table
+ * loom_xport_ops_t, which comm.c and request.c call and nothing else; a transport includes no other
+ * loom header than this one, loom/comm.h and core/util.h, and keeps all of its state behind
+ * loom_xp_state(c).
+ *
+ * Writing a transport (e.g. MPI): fill a loom_xport_ops_t with every entry below, declare it next
+ * to loom__xport_shm at the end of this file and choose it in comm.c's comm_new (the one place that
+ * names a transport; sub-communicators inherit their parent's). The rules every entry obeys:
+ *   - Blocking. Every call returns when its part is done or failed. Waits honour ctx->deadline
+ *     (0: now + loom_xp_timeout(c)) with LOOM_ETIMEDOUT, and notice within 2 s a peer that died or
+ *     left (LOOM_EPEERLOST), except where the peer had already done its part.
+ *   - Failures are recorded with loom_comm_fail(c, code, ...) before returning the negative code.
+ *     On collective channels, in allgather_small, and on timeouts or lost peers, the transport
+ *     also aborts (ops->abort): every rank's later calls on the communicator then fail fast with the
+ *     first failure's message, which `aborted` returns.
+ *   - The progress engine. Non-blocking operations run on one thread per process that interleaves
+ *     several communicators' operations. A wait that cannot progress must therefore first ask
+ *     loom_xp_should_yield() and, when it says so, call loom_xp_yield(ready, arg) instead of
+ *     blocking (ready(arg): could this wait progress now?), then re-check and repeat. It must never
+ *     block the thread while loom_xp_should_yield() holds. `idle_wait` is how the engine sleeps
+ *     when every operation waits: until any message for this rank arrives on any communicator of
+ *     the job, or wake_self is called. (MPI: MPI_Test-style polling with a short sleep, for example.)
+ *   - Threads. Different threads may call into one communicator's transport at once for
+ *     different channels: the collective channel (one operation at a time) and the point-to-point
+ *     channels to and from each peer (one operation per direction and peer at a time). alloc and
+ *     free are thread-safe.
+ *   - Messages. Between two ranks, each channel (collective; point to point) is a FIFO. The size
+ *     (and tag on point-to-point channels, and ctx->seq on the collective channel) travels with the
+ *     message: a receive that does not match is LOOM_EMISMATCH on both sides, never an overrun.
+ *     Zero-byte messages are real messages. */
 #ifndef LOOM_COMM_TRANSPORT_H
 #define LOOM_COMM_TRANSPORT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "loom/comm.h"
 
-/* The transport's operations (one table per transport kind). */
-typedef struct loom_xport_ops {
-	const char *name; /* "shm", "mpi" */
-	/* See loom_xp_sendrecv. */
-	int (*sendrecv)(loom_comm_t *c, int dst, const void *sbuf, size_t sbytes, int src, void *rbuf, size_t rbytes,
-	                const void *red_local, loom_dtype_t dt, loom_op_t op);
-} loom_xport_ops_t;
+/* ============ Part 1: what algorithms may call ============ */
 
 /* Send sbytes from sbuf to rank dst and receive rbytes from rank src into rbuf, progressing both at
  * once so that rings and exchanges of such calls cannot deadlock. dst < 0: nothing is sent;
@@ -33,7 +56,9 @@ typedef struct loom_xport_ops {
  * The message size is part of the message: a receive of a different size than was sent is
  * LOOM_EMISMATCH on both sides, never an overrun. When sbuf lies in memory from loom_comm_alloc
  * (or the communicator's scratch), the receiver reads it in place (single copy); the call returns
- * once the receiver no longer needs sbuf. */
+ * once the receiver no longer needs sbuf. Runs on the communicator's collective channel, within
+ * the collective being run (its sequence number and deadline; outside one: sequence 0 and a
+ * deadline of LOOM_TIMEOUT_S from the call). */
 int loom_xp_sendrecv(loom_comm_t *c, int dst, const void *sbuf, size_t sbytes, int src, void *rbuf, size_t rbytes,
                      const void *red_local, loom_dtype_t dt, loom_op_t op);
 
@@ -46,6 +71,10 @@ int loom_xp_recv(loom_comm_t *c, int src, void *buf, size_t bytes);
  * with the same slot; NULL when memory is exhausted. Only the thread running a collective uses it. */
 void *loom_comm_scratch(loom_comm_t *c, int slot, size_t bytes);
 
+/* Bytes per segment of pipelined algorithms (LOOM_RING_SEG or loom_comm_opts_t.ring_seg_bytes,
+ * default 4 MiB): the same on every rank (checked at init). */
+size_t loom_comm_ring_seg(const loom_comm_t *c);
+
 /* Record the detail of a failure on the communicator, prefixed with the rank, the running operation
  * and its sequence number, and return `code`. */
 int loom_comm_fail(loom_comm_t *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -56,5 +85,79 @@ int loom_comm_fail(loom_comm_t *c, int code, const char *fmt, ...) __attribute__
 void loom_reduce_local(void *out, const void *a, const void *b, size_t count, loom_dtype_t dt, loom_op_t op);
 /* buf[i] *= 1/n for floating types (the final step of LOOM_AVG). */
 void loom_scale_local(void *buf, size_t count, loom_dtype_t dt, int n);
+
+/* ============ Part 2: what a transport implements, and what it may call ============ */
+
+/* The operation a transport call belongs to, passed explicitly to every call that waits. */
+typedef struct {
+	const char *op;  /* "allreduce", "isend", "split", ... (for messages) */
+	uint64_t seq;    /* collective sequence number (the same on every rank); 0 outside collectives */
+	double deadline; /* loom_now() time after which waits fail with LOOM_ETIMEDOUT; 0: now + timeout */
+} loom_xp_ctx_t;
+
+/* Channels between each ordered pair of ranks. */
+enum { LOOM_XP_COLL = 0, LOOM_XP_P2P = 1 };
+
+typedef struct loom_xport_ops {
+	const char *name; /* "shm", "mpi" */
+	/* Join. parent == NULL: c is the job's world communicator (rank and size from the launcher);
+	 * set up whatever the job shares (for shm: the world segment, liveness, the shared heap of
+	 * heap_bytes per rank). Otherwise c is a new sub-group of parent (c->rank, size and world ranks
+	 * set; loom_xp_world_rank), created collectively by its members. `name` is unique in the job and
+	 * the same on every member. Waits until every member joined; sets loom_xp_state(c). */
+	int (*open)(loom_comm_t *c, loom_comm_t *parent, const char *name, size_t heap_bytes,
+	            const loom_xp_ctx_t *ctx);
+	/* Leave: peers still waiting on this rank get LOOM_EPEERLOST (not an error for work it did). */
+	void (*depart)(loom_comm_t *c);
+	/* Free the communicator's transport state (after depart, or after a failed open). */
+	void (*close)(loom_comm_t *c);
+	/* See loom_xp_sendrecv; chan is LOOM_XP_COLL (tags ignored, ctx->seq checked) or LOOM_XP_P2P
+	 * (stag/rtag checked, seq 0). */
+	int (*sendrecv)(loom_comm_t *c, const loom_xp_ctx_t *ctx, int chan, int dst, const void *sbuf, size_t sbytes,
+	                int stag, int src, void *rbuf, size_t rbytes, int rtag, const void *red_local, loom_dtype_t dt,
+	                loom_op_t op);
+	/* All-to-all of a record of len <= 64 bytes: all[r*len..] gets rank r's (configuration check,
+	 * split colors, LOOM_DEBUG fingerprints). Collective; failures abort. */
+	int (*allgather_small)(loom_comm_t *c, const loom_xp_ctx_t *ctx, const void *mine, size_t len, void *all);
+	/* Record a fatal error for every rank of c (the first one recorded wins). */
+	void (*abort)(loom_comm_t *c, int code, const char *msg);
+	/* The recorded fatal error's code (0: none) and its message into msg. */
+	int (*aborted)(loom_comm_t *c, char *msg, size_t cap);
+	/* Publish that this rank enters collective seq (for the diagnostics of peers that wait). */
+	void (*enter)(loom_comm_t *c, uint64_t seq, int coll);
+	/* Memory every rank can read in place (loom_comm_alloc): NULL with loom_seterr when exhausted.
+	 * free returns 1 when p was such memory (and is freed), 0 otherwise. Thread-safe. */
+	void *(*alloc)(loom_comm_t *c, size_t bytes);
+	int (*free)(loom_comm_t *c, void *p);
+	/* The progress engine's sleep and wake-up (see the top of this file). */
+	void (*idle_wait)(loom_comm_t *c, int (*cond)(void *), void *arg, double max_s);
+	void (*wake_self)(loom_comm_t *c);
+} loom_xport_ops_t;
+
+/* Every communicator starts with this (struct loom_comm's first member), so that a transport
+ * reaches its state with one load. */
+typedef struct {
+	const loom_xport_ops_t *ops;
+	void *state; /* the transport's, set by its open */
+} loom_xp_head_t;
+
+/* What a transport may ask of the communicator. */
+static inline void *loom_xp_state(const loom_comm_t *c)
+{
+	return ((const loom_xp_head_t *)(const void *)c)->state;
+}
+static inline void loom_xp_set_state(loom_comm_t *c, void *state)
+{
+	((loom_xp_head_t *)(void *)c)->state = state;
+}
+int loom_xp_world_rank(const loom_comm_t *c, int r); /* world rank of member r */
+double loom_xp_timeout(const loom_comm_t *c);        /* seconds (LOOM_TIMEOUT_S) */
+size_t loom_xp_inplace_min(const loom_comm_t *c);    /* single-copy threshold (LOOM_SHM_INPLACE_MIN) */
+/* The progress engine (request.c): see "The progress engine" above. */
+int loom_xp_should_yield(void);
+void loom_xp_yield(int (*ready)(void *), void *arg);
+
+/* The transports. */
+extern const loom_xport_ops_t loom__xport_shm;
 
 #endif

@@ -17,6 +17,8 @@ typedef enum {
 	LOOM_COLL_ALLGATHER,
 	LOOM_COLL_REDUCE_SCATTER,
 	LOOM_COLL_BARRIER,
+	LOOM_COLL_ALLGATHERV,
+	LOOM_COLL_REDUCE_SCATTERV,
 	LOOM_COLL_COUNT
 } loom_coll_t;
 
@@ -33,10 +35,12 @@ typedef struct {
 	loom_coll_t coll;
 	const void *send;
 	void *recv; /* broadcast: the buffer */
-	size_t count; /* per rank for allgather / reduce_scatter */
+	size_t count; /* per rank for allgather / reduce_scatter; this rank's for the v-collectives */
 	loom_dtype_t dt;
 	loom_op_t op;
 	int root;
+	const size_t *counts; /* v-collectives: elements of each rank's block (size entries), else NULL */
+	size_t total;         /* v-collectives: the sum of counts */
 } loom_coll_args_t;
 
 const char *loom_coll_name(loom_coll_t coll); /* "allreduce", "reduce", ... */
@@ -70,12 +74,20 @@ int loom_algo_run(loom_comm_t *c, const loom_coll_args_t *a, loom_algo_t forced)
  *   reduce_scatter  send: size*count; recv: count. In place when send == recv (the result goes to
  *                   recv[0..count)) or recv == send + rank*count.
  *   barrier         no data.
- * Temporaries come from loom_comm_scratch (slot 0; slot 1 is free for future use). */
+ *   allgatherv      like allgather with blocks of counts[q] elements, rank q's at offset
+ *                   displ(q) = counts[0] + ... + counts[q-1]; send: count == counts[rank]. In place
+ *                   when send == recv (read from recv[0..count)) or send == recv + displ(rank).
+ *   reduce_scatterv like reduce_scatter: send holds total elements, recv gets counts[rank] elements
+ *                   reduced from [displ(rank), +counts[rank]). In place when send == recv (result in
+ *                   recv[0..counts[rank])) or recv == send + displ(rank).
+ * Temporaries come from loom_comm_scratch (slot 0; slot 1 holds the v-collectives' block offsets). */
 typedef int (*loom_algo_fn)(loom_comm_t *c, const loom_coll_args_t *a);
 
 int loom_ring_allreduce(loom_comm_t *c, const loom_coll_args_t *a);
 int loom_ring_reduce_scatter(loom_comm_t *c, const loom_coll_args_t *a);
 int loom_ring_allgather(loom_comm_t *c, const loom_coll_args_t *a);
+int loom_ring_allgatherv(loom_comm_t *c, const loom_coll_args_t *a);
+int loom_ring_reduce_scatterv(loom_comm_t *c, const loom_coll_args_t *a);
 int loom_rhd_allreduce(loom_comm_t *c, const loom_coll_args_t *a);
 int loom_rhd_reduce_scatter(loom_comm_t *c, const loom_coll_args_t *a);
 int loom_rd_allreduce(loom_comm_t *c, const loom_coll_args_t *a);

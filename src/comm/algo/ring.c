@@ -13,51 +13,46 @@
  * is the one received at step s-1; after size-1 steps each rank holds one fully reduced block, and
  * every element was combined along one chain, so all ranks end with bit-identical results.
  * Messages are real even when empty (count 0 or count < size), so every rank takes part. */
-#include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "comm/algo/algo.h"
 #include "comm/transport.h"
 
-/* Default segment size; LOOM_RING_SEG (bytes, for tuning; the same on every rank) overrides it. */
-#define RING_SEG_DEFAULT (4u << 20)
-
-static size_t seg_elems(size_t esz)
+/* Elements per segment: loom_comm_ring_seg bytes (default 4 MiB, the same on every rank). */
+static size_t seg_elems(loom_comm_t *c, size_t esz)
 {
-	static _Atomic size_t seg_bytes; /* read once; every thread computes the same value */
-	size_t b = atomic_load_explicit(&seg_bytes, memory_order_relaxed);
-	if (!b) {
-		const char *s = getenv("LOOM_RING_SEG");
-		long v = s ? atol(s) : 0;
-		b = v >= 64 ? (size_t)v : RING_SEG_DEFAULT;
-		atomic_store_explicit(&seg_bytes, b, memory_order_relaxed);
-	}
-	size_t e = b / esz;
+	size_t e = loom_comm_ring_seg(c) / esz;
 	return e ? e : 1;
 }
 
 /* How a vector is cut: `balanced` splits count elements into n near-equal blocks (all-reduce);
- * otherwise block b is [b*count, (b+1)*count) (all-gather, reduce-scatter). Each block is cut
- * into segments of seg elements. */
+ * with `vcount` block b has vcount[b] elements at voff[b] (the v-collectives); otherwise block b is
+ * [b*count, (b+1)*count) (all-gather, reduce-scatter). Each block is cut into segments of seg
+ * elements; `longest` is the longest block. */
 typedef struct {
 	int n, balanced;
 	size_t count, seg;
+	const size_t *vcount, *voff;
+	size_t longest;
 } layout_t;
 
 static size_t blk_off(const layout_t *L, int b)
 {
+	if (L->vcount)
+		return L->voff[b];
 	return L->balanced ? loom_block_off(L->count, L->n, b) : (size_t)b * L->count;
 }
 
 static size_t blk_len(const layout_t *L, int b)
 {
+	if (L->vcount)
+		return L->vcount[b];
 	return L->balanced ? loom_block_len(L->count, L->n, b) : L->count;
 }
 
 static size_t num_segs(const layout_t *L)
 {
-	size_t longest = blk_len(L, 0); /* block 0 is never shorter than the others */
+	size_t longest = L->vcount ? L->longest : blk_len(L, 0); /* block 0 is never shorter than the others */
 	size_t k = (longest + L->seg - 1) / L->seg;
 	return k ? k : 1;
 }
@@ -87,7 +82,7 @@ int loom_ring_allreduce(loom_comm_t *c, const loom_coll_args_t *a)
 			memmove(recv, send, a->count * esz);
 		return LOOM_OK;
 	}
-	layout_t L = {n, 1, a->count, seg_elems(esz)};
+	layout_t L = {n, 1, a->count, seg_elems(c, esz), NULL, NULL, 0};
 	int right = mod(r + 1, n), left = mod(r - 1, n), rc;
 	size_t segs = num_segs(&L), so, sl, ro, rl;
 	for (size_t j = 0; j < segs; j++) {
@@ -118,43 +113,76 @@ int loom_ring_allreduce(loom_comm_t *c, const loom_coll_args_t *a)
 	return LOOM_OK;
 }
 
-int loom_ring_reduce_scatter(loom_comm_t *c, const loom_coll_args_t *a)
+/* Reduce-scatter over layout L (equal or v blocks); this rank's block lands at recv. */
+static int reduce_scatter(loom_comm_t *c, const loom_coll_args_t *a, layout_t *L)
 {
-	int n = loom_comm_size(c), r = loom_comm_rank(c);
-	size_t esz = loom_dtype_size(a->dt), count = a->count;
+	int n = L->n, r = loom_comm_rank(c);
+	size_t esz = loom_dtype_size(a->dt), mine = blk_off(L, r), longest = L->vcount ? L->longest : L->count;
 	const char *send = a->send;
 	char *recv = a->recv;
 	loom_op_t op = loom_wire_op(a->op);
-	if (n == 1) {
-		if (send != recv && count)
-			memmove(recv, send, count * esz);
-		return LOOM_OK;
-	}
-	layout_t L = {n, 0, count, seg_elems(esz)};
-	size_t seg = loom_zmin(L.seg, count ? count : 1);
+	size_t seg = loom_zmin(L->seg, longest ? longest : 1);
 	/* tmp[0], tmp[1]: partial sums in flight (ping-pong); tmp[2]: landing place for the last step
-	 * when it would overwrite the block this rank is sending (in place, 2 ranks). */
+	 * when it would overwrite the block this rank is sending (in place, 2 ranks), or partly overlap
+	 * its own input (in place with uneven blocks). */
 	char *tmp = loom_comm_scratch(c, 0, 3 * seg * esz);
 	if (!tmp)
 		return loom_comm_fail(c, LOOM_ENOMEM, "reduce_scatter: no scratch memory for %zu bytes", 3 * seg * esz);
 	int right = mod(r + 1, n), left = mod(r - 1, n), rc;
-	size_t segs = num_segs(&L), so, sl, ro, rl;
+	size_t segs = num_segs(L), so, sl, ro, rl;
 	for (size_t j = 0; j < segs; j++) {
 		for (int s = 0; s < n - 1; s++) {
 			int last = s == n - 2;
-			seg_of(&L, mod(r - s - 1, n), j, &so, &sl);
-			seg_of(&L, mod(r - s - 2, n), j, &ro, &rl);
+			seg_of(L, mod(r - s - 1, n), j, &so, &sl);
+			seg_of(L, mod(r - s - 2, n), j, &ro, &rl);
 			const char *sp = s == 0 ? send + so * esz : tmp + (size_t)((s - 1) % 2) * seg * esz;
-			char *dst = last ? recv + (ro - (size_t)r * count) * esz : tmp + (size_t)(s % 2) * seg * esz;
-			if (last && loom_overlaps(dst, rl * esz, sp, sl * esz))
+			const char *red = send + ro * esz;
+			char *out = last ? recv + (ro - mine) * esz : NULL;
+			char *dst = last ? out : tmp + (size_t)(s % 2) * seg * esz;
+			if (last && (loom_overlaps(dst, rl * esz, sp, sl * esz) ||
+			             (dst != red && loom_overlaps(dst, rl * esz, red, rl * esz))))
 				dst = tmp + 2 * seg * esz;
-			rc = loom_xp_sendrecv(c, right, sp, sl * esz, left, dst, rl * esz, send + ro * esz, a->dt, op);
+			rc = loom_xp_sendrecv(c, right, sp, sl * esz, left, dst, rl * esz, red, a->dt, op);
 			if (rc)
 				return rc;
-			if (last && dst == tmp + 2 * seg * esz)
-				memcpy(recv + (ro - (size_t)r * count) * esz, dst, rl * esz);
+			if (last && dst != out && rl)
+				memcpy(out, dst, rl * esz);
 			if (last && a->op == LOOM_AVG)
-				loom_scale_local(recv + (ro - (size_t)r * count) * esz, rl, a->dt, n);
+				loom_scale_local(out, rl, a->dt, n);
+		}
+	}
+	return LOOM_OK;
+}
+
+int loom_ring_reduce_scatter(loom_comm_t *c, const loom_coll_args_t *a)
+{
+	int n = loom_comm_size(c);
+	size_t esz = loom_dtype_size(a->dt);
+	if (n == 1) {
+		if (a->send != a->recv && a->count)
+			memmove(a->recv, a->send, a->count * esz);
+		return LOOM_OK;
+	}
+	layout_t L = {n, 0, a->count, seg_elems(c, esz), NULL, NULL, 0};
+	return reduce_scatter(c, a, &L);
+}
+
+/* All-gather over layout L; this rank's block is already in place in recv. */
+static int allgather(loom_comm_t *c, const loom_coll_args_t *a, const layout_t *L)
+{
+	int n = L->n, r = loom_comm_rank(c);
+	size_t esz = loom_dtype_size(a->dt);
+	char *recv = a->recv;
+	int right = mod(r + 1, n), left = mod(r - 1, n), rc;
+	size_t segs = num_segs(L), so, sl, ro, rl;
+	for (size_t j = 0; j < segs; j++) {
+		for (int s = 0; s < n - 1; s++) {
+			seg_of(L, mod(r - s, n), j, &so, &sl);
+			seg_of(L, mod(r - s - 1, n), j, &ro, &rl);
+			rc = loom_xp_sendrecv(c, right, recv + so * esz, sl * esz, left, recv + ro * esz, rl * esz, NULL,
+			                      a->dt, LOOM_SUM);
+			if (rc)
+				return rc;
 		}
 	}
 	return LOOM_OK;
@@ -164,24 +192,56 @@ int loom_ring_allgather(loom_comm_t *c, const loom_coll_args_t *a)
 {
 	int n = loom_comm_size(c), r = loom_comm_rank(c);
 	size_t esz = loom_dtype_size(a->dt), count = a->count;
-	char *recv = a->recv;
-	char *mine = recv + (size_t)r * count * esz;
+	char *mine = (char *)a->recv + (size_t)r * count * esz;
 	if ((const char *)a->send != mine && count)
 		memmove(mine, a->send, count * esz);
 	if (n == 1)
 		return LOOM_OK;
-	layout_t L = {n, 0, count, seg_elems(esz)};
-	int right = mod(r + 1, n), left = mod(r - 1, n), rc;
-	size_t segs = num_segs(&L), so, sl, ro, rl;
-	for (size_t j = 0; j < segs; j++) {
-		for (int s = 0; s < n - 1; s++) {
-			seg_of(&L, mod(r - s, n), j, &so, &sl);
-			seg_of(&L, mod(r - s - 1, n), j, &ro, &rl);
-			rc = loom_xp_sendrecv(c, right, recv + so * esz, sl * esz, left, recv + ro * esz, rl * esz, NULL,
-			                      a->dt, LOOM_SUM);
-			if (rc)
-				return rc;
-		}
+	layout_t L = {n, 0, count, seg_elems(c, esz), NULL, NULL, 0};
+	return allgather(c, a, &L);
+}
+
+/* The v-layout: offsets are prefix sums of the counts (scratch slot 1 holds them). */
+static int v_layout(loom_comm_t *c, const loom_coll_args_t *a, layout_t *L)
+{
+	int n = loom_comm_size(c);
+	size_t *off = loom_comm_scratch(c, 1, (size_t)n * sizeof *off), sum = 0, longest = 0;
+	if (!off)
+		return loom_comm_fail(c, LOOM_ENOMEM, "%s: no scratch memory for %d offsets", loom_coll_name(a->coll), n);
+	for (int q = 0; q < n; q++) {
+		off[q] = sum;
+		sum += a->counts[q];
+		longest = a->counts[q] > longest ? a->counts[q] : longest;
 	}
+	*L = (layout_t){n, 0, 0, seg_elems(c, loom_dtype_size(a->dt)), a->counts, off, longest};
 	return LOOM_OK;
+}
+
+int loom_ring_allgatherv(loom_comm_t *c, const loom_coll_args_t *a)
+{
+	int r = loom_comm_rank(c), rc;
+	size_t esz = loom_dtype_size(a->dt);
+	layout_t L;
+	char *mine;
+	if ((rc = v_layout(c, a, &L)) != LOOM_OK)
+		return rc;
+	mine = (char *)a->recv + L.voff[r] * esz;
+	if ((const char *)a->send != mine && a->counts[r])
+		memmove(mine, a->send, a->counts[r] * esz);
+	return L.n == 1 ? LOOM_OK : allgather(c, a, &L);
+}
+
+int loom_ring_reduce_scatterv(loom_comm_t *c, const loom_coll_args_t *a)
+{
+	int rc;
+	size_t esz = loom_dtype_size(a->dt);
+	layout_t L;
+	if ((rc = v_layout(c, a, &L)) != LOOM_OK)
+		return rc;
+	if (L.n == 1) {
+		if (a->send != a->recv && a->counts[0])
+			memmove(a->recv, a->send, a->counts[0] * esz);
+		return LOOM_OK;
+	}
+	return reduce_scatter(c, a, &L);
 }

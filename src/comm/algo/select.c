@@ -16,7 +16,8 @@
 #include "comm/transport.h"
 
 static const char *const coll_names[LOOM_COLL_COUNT] = {"allreduce", "reduce", "broadcast", "allgather",
-                                                        "reduce_scatter", "barrier"};
+                                                        "reduce_scatter", "barrier", "allgatherv",
+                                                        "reduce_scatterv"};
 static const char *const algo_names[LOOM_ALGO_COUNT] = {"auto", "ring", "rhd", "rd", "tree"};
 
 /* impl[coll][algo]: NULL where the algorithm does not implement the operation. */
@@ -29,6 +30,8 @@ static const loom_algo_fn impl[LOOM_COLL_COUNT][LOOM_ALGO_COUNT] = {
 	[LOOM_COLL_REDUCE_SCATTER] = {[LOOM_ALGO_RING] = loom_ring_reduce_scatter,
 	                              [LOOM_ALGO_RHD] = loom_rhd_reduce_scatter},
 	[LOOM_COLL_BARRIER] = {[LOOM_ALGO_RD] = loom_rd_barrier, [LOOM_ALGO_TREE] = loom_tree_barrier},
+	[LOOM_COLL_ALLGATHERV] = {[LOOM_ALGO_RING] = loom_ring_allgatherv},
+	[LOOM_COLL_REDUCE_SCATTERV] = {[LOOM_ALGO_RING] = loom_ring_reduce_scatterv},
 };
 
 /* One entry of the rule: applies when nranks <= max_ranks and bytes <= max_bytes. */
@@ -59,6 +62,8 @@ static const rule_t rules[LOOM_COLL_COUNT][RULE_MAX] = {
 	[LOOM_COLL_ALLGATHER] = {{ANY_RANKS, 64 << 10, LOOM_ALGO_RD}, {ANY_RANKS, ANY_BYTES, LOOM_ALGO_RING}},
 	[LOOM_COLL_REDUCE_SCATTER] = {{ANY_RANKS, 64 << 10, LOOM_ALGO_RHD}, {ANY_RANKS, ANY_BYTES, LOOM_ALGO_RING}},
 	[LOOM_COLL_BARRIER] = {{ANY_RANKS, ANY_BYTES, LOOM_ALGO_RD}},
+	[LOOM_COLL_ALLGATHERV] = {{ANY_RANKS, ANY_BYTES, LOOM_ALGO_RING}},
+	[LOOM_COLL_REDUCE_SCATTERV] = {{ANY_RANKS, ANY_BYTES, LOOM_ALGO_RING}},
 };
 
 const char *loom_coll_name(loom_coll_t coll)
@@ -129,7 +134,8 @@ int loom_algo_parse(const char *spec, loom_algo_t choice[LOOM_COLL_COUNT], char 
 				coll = i;
 		if (coll < 0)
 			return parse_fail(err, cap, "LOOM_ALGO=\"%s\": unknown operation \"%s\" (valid: allreduce, "
-			                  "reduce, broadcast, allgather, reduce_scatter, barrier)", spec, op);
+			                  "reduce, broadcast, allgather, reduce_scatter, barrier, allgatherv, reduce_scatterv)",
+			                  spec, op);
 		for (int i = 0; i < LOOM_ALGO_COUNT; i++)
 			if (strcmp(alg, algo_names[i]) == 0)
 				algo = i;
@@ -202,6 +208,8 @@ void loom_algo_print_rule(void *file)
 static size_t coll_bytes(const loom_coll_args_t *a, int n)
 {
 	size_t b = a->count * loom_dtype_size(a->dt);
+	if (a->counts)
+		return a->total * loom_dtype_size(a->dt);
 	if (a->coll == LOOM_COLL_ALLGATHER || a->coll == LOOM_COLL_REDUCE_SCATTER)
 		b *= (size_t)n;
 	return a->coll == LOOM_COLL_BARRIER ? 0 : b;

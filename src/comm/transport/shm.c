@@ -1,7 +1,7 @@
 /* shm.c: the shared-memory transport's channels: loom_xp_sendrecv and point-to-point messages.
  *
  * Each ordered pair of ranks has one FIFO per kind (collective, point-to-point) of `nslots` slots
- * (comm_internal.h). A message is one or more chunks; every chunk's slot header repeats the message
+ * (shm_internal.h). A message is one or more chunks; every chunk's slot header repeats the message
  * size (and tag, and collective sequence number), so the receiver checks them before touching any
  * byte and a mismatch is an error on both sides, never an overrun. The sender fills a slot and
  * publishes it by storing its chunk number in the slot's `ready` word; the receiver polls that
@@ -23,24 +23,14 @@
 #include "comm/transport/shm_internal.h"
 #include "core/util.h"
 
-#define INPLACE_MIN (32u << 10)   /* smaller heap sends are copied: an ack round trip costs more */
 #define INPLACE_PIECE (256u << 10) /* receiver processes in-place data in pieces, between sends */
 #define SMALL_MSG (64u << 10)      /* waits for messages up to this size spin longer (latency-bound) */
-
-static size_t inplace_min(void)
-{
-	static size_t v;
-	if (!v) {
-		long e = loom_env_long("LOOM_SHM_INPLACE_MIN", 0, NULL);
-		v = e > 0 ? (size_t)e : INPLACE_MIN;
-	}
-	return v;
-}
 
 /* ---- channels --------------------------------------------------------------------------------- */
 
 typedef struct {
 	loom_comm_t *c;
+	shm_comm_t *s; /* S(c) */
 	int kind;
 	/* send side */
 	shm_chan_t *sch;
@@ -67,12 +57,12 @@ static int xfer_ready(void *arg)
 		unsigned tail = atomic_load_explicit(&x->sch->tail, memory_order_acquire);
 		if (atomic_load_explicit(&x->sch->err, memory_order_relaxed))
 			return 1;
-		if (x->sposted ? tail == x->shead : x->shead - tail < x->c->hdr->nslots)
+		if (x->sposted ? tail == x->shead : x->shead - tail < x->s->hdr->nslots)
 			return 1;
 	}
 	if (!x->rdone) {
 		unsigned tail = atomic_load_explicit(&x->rch->tail, memory_order_relaxed);
-		if (atomic_load_explicit(&x->rch->slot[tail % x->c->hdr->nslots].ready, memory_order_acquire) == tail + 1)
+		if (atomic_load_explicit(&x->rch->slot[tail % x->s->hdr->nslots].ready, memory_order_acquire) == tail + 1)
 			return 1;
 	}
 	return 0;
@@ -95,7 +85,7 @@ static int send_rejected(xfer_t *x)
 /* Post as many chunks as free slots allow. Returns >0 on progress, 0 if none, <0 on error. */
 static int send_step(xfer_t *x)
 {
-	shm_hdr_t *h = x->c->hdr;
+	shm_hdr_t *h = x->s->hdr;
 	shm_chan_t *ch = x->sch;
 	int progress = 0;
 	if (atomic_load_explicit(&ch->err, memory_order_acquire))
@@ -120,7 +110,7 @@ static int send_step(xfer_t *x)
 		s->tag = x->stag;
 		if (x->sinplace) {
 			s->bytes = x->sbytes;
-			s->off = (uint64_t)(x->sbuf - x->c->job->base);
+			s->off = (uint64_t)(x->sbuf - x->s->job->base);
 			s->flags = SLOT_INPLACE;
 			n = x->sbytes;
 		} else {
@@ -178,7 +168,7 @@ static void deliver(xfer_t *x, const char *from, size_t bytes)
 /* Consume available chunks. Returns >0 on progress, 0 if none, <0 on error. */
 static int recv_step(xfer_t *x)
 {
-	shm_hdr_t *h = x->c->hdr;
+	shm_hdr_t *h = x->s->hdr;
 	shm_chan_t *ch = x->rch;
 	int progress = 0;
 	if (atomic_load_explicit(&ch->err, memory_order_acquire))
@@ -203,7 +193,7 @@ static int recv_step(xfer_t *x)
 				return LOOM_EMISMATCH;
 			}
 			if ((s->flags & SLOT_INPLACE) &&
-			    (s->off < x->c->job->hdr->heap_off || s->off > x->c->job->bytes || s->total > x->c->job->bytes - s->off))
+			    (s->off < x->s->job->hdr->heap_off || s->off > x->s->job->bytes || s->total > x->s->job->bytes - s->off))
 				return loom_comm_fail(x->c, LOOM_EFORMAT,
 				                      "in-place message from rank %d names bytes [%llu, +%llu) outside the shared heap",
 				                      x->src, (unsigned long long)s->off, (unsigned long long)s->total);
@@ -211,7 +201,7 @@ static int recv_step(xfer_t *x)
 		}
 		if (s->flags & SLOT_INPLACE) {
 			size_t n = LOOM_MIN(x->rbytes - x->rpos, (size_t)INPLACE_PIECE);
-			const char *from = x->c->job->base + s->off + x->rpos;
+			const char *from = x->s->job->base + s->off + x->rpos;
 			deliver(x, from, n);
 			x->rpos += n;
 			progress = 1;
@@ -244,46 +234,47 @@ static int local_copy(loom_comm_t *c, const void *sbuf, size_t sbytes, void *rbu
 	return LOOM_OK;
 }
 
-int loom__shm_sendrecv(loom_comm_t *c, int kind, int dst, const void *sbuf, size_t sbytes, int stag, int src, void *rbuf,
-                 size_t rbytes, int rtag, const void *red_local, loom_dtype_t dt, loom_op_t op)
+int loom__shm_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int kind, int dst, const void *sbuf, size_t sbytes,
+                       int stag, int src, void *rbuf, size_t rbytes, int rtag, const void *red_local, loom_dtype_t dt,
+                       loom_op_t op)
 {
 	xfer_t x;
 	shm_waiter_t w;
 	int rc;
-	if (dst >= c->size || src >= c->size)
-		return loom_comm_fail(c, LOOM_EINVAL, "peer rank out of range (dst %d, src %d, size %d)", dst, src, c->size);
+	if (dst >= S(c)->size || src >= S(c)->size)
+		return loom_comm_fail(c, LOOM_EINVAL, "peer rank out of range (dst %d, src %d, size %d)", dst, src, S(c)->size);
 	if ((sbytes && !sbuf && dst >= 0) || (rbytes && !rbuf && src >= 0))
 		return loom_comm_fail(c, LOOM_EINVAL, "NULL buffer for a message of %zu/%zu bytes", sbytes, rbytes);
 	if (red_local && src >= 0 && (loom_dtype_size(dt) == 0 || rbytes % loom_dtype_size(dt) != 0))
 		return loom_comm_fail(c, LOOM_EINVAL, "reducing receive of %zu bytes is not a whole number of %s", rbytes,
 		                      loom_dtype_name(dt));
-	if (dst == c->rank || src == c->rank) {
-		if (dst == c->rank && src == c->rank)
+	if (dst == S(c)->rank || src == S(c)->rank) {
+		if (dst == S(c)->rank && src == S(c)->rank)
 			return local_copy(c, sbuf, sbytes, rbuf, rbytes, red_local, dt, op);
 		return loom_comm_fail(c, LOOM_EINVAL, "a message to or from itself must be a sendrecv with itself "
 		                                      "(dst %d, src %d, rank %d)",
-		                      dst, src, c->rank);
+		                      dst, src, S(c)->rank);
 	}
-	if (atomic_load(&c->hdr->abort_code) != 0) {
-		int code = atomic_load(&c->hdr->abort_code);
-		return loom_comm_fail(c, code, "communicator aborted after an earlier failure: %s", c->hdr->abort_msg);
+	if (atomic_load(&S(c)->hdr->abort_code) != 0) {
+		int code = atomic_load(&S(c)->hdr->abort_code);
+		return loom_comm_fail(c, code, "communicator aborted after an earlier failure: %s", S(c)->hdr->abort_msg);
 	}
 	memset(&x, 0, sizeof x);
-	x.c = c, x.kind = kind, x.dt = dt, x.op = op, x.dst = dst, x.src = src;
-	x.seq = kind == CHAN_COLL && loom_cur.c == c ? loom_cur.seq : 0;
+	x.c = c, x.s = S(c), x.kind = kind, x.dt = dt, x.op = op, x.dst = dst, x.src = src;
+	x.seq = kind == CHAN_COLL ? ctx->seq : 0;
 	x.sdone = dst < 0, x.rdone = src < 0;
 	if (dst >= 0) {
-		x.sch = chan_of(c->hdr, kind, c->rank, dst);
+		x.sch = chan_of(S(c)->hdr, kind, S(c)->rank, dst);
 		x.sbuf = sbuf, x.sbytes = sbytes, x.stag = stag;
 		x.shead = atomic_load_explicit(&x.sch->head, memory_order_relaxed);
-		x.sinplace = sbytes >= inplace_min() && shm_heap_contains(c->job, sbuf, sbytes);
+		x.sinplace = sbytes >= S(c)->inplace_min && shm_heap_contains(S(c)->job, sbuf, sbytes);
 	}
 	if (src >= 0) {
-		x.rch = chan_of(c->hdr, kind, src, c->rank);
+		x.rch = chan_of(S(c)->hdr, kind, src, S(c)->rank);
 		x.rbuf = rbuf, x.rbytes = rbytes, x.rtag = rtag, x.red = red_local;
 		x.esize = red_local ? loom_dtype_size(dt) : 1;
 	}
-	loom__shm_waiter_init(&w, c, kind == CHAN_COLL);
+	loom__shm_waiter_init(&w, c, ctx, kind == CHAN_COLL);
 	w.small = (dst < 0 || sbytes <= SMALL_MSG) && (src < 0 || rbytes <= SMALL_MSG);
 	while (!x.sdone || !x.rdone) {
 		int p = 0;

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm_internal.h"
+#include "comm/transport/shm_internal.h"
 #include "core/util.h"
 
 #define HEAP_ALIGN 4096u

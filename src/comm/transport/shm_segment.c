@@ -6,7 +6,7 @@
  * ready, within the deadline. Every rank then joins and waits until all have; from then on the name
  * is unlinked (every rank tries; all but one get ENOENT) and only the mappings keep the memory, so
  * nothing is left in /dev/shm even after kill -9. A rank that fails to join unlinks the name too.
- * Layout (comm_internal.h): header | rank records | channels (kind x src x dst) | heap (world only),
+ * Layout (shm_internal.h): header | rank records | channels (kind x src x dst) | heap (world only),
  * every part page aligned and the heap 2 MiB aligned; the file is sparse, so untouched channels and
  * heap pages cost nothing. */
 #include <errno.h>
@@ -63,9 +63,10 @@ static void nap(double seconds)
 	nanosleep(&ts, NULL);
 }
 
-int loom__shm_open_segment(loom_comm_t *c, const char *name, int create, size_t heap_bytes, int *fd_out)
+int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char *name, int create, size_t heap_bytes,
+                           int *fd_out)
 {
-	double deadline = loom__shm_deadline(c), wait = 1e-4;
+	double deadline = loom__shm_deadline(c, ctx), wait = 1e-4;
 	int fd = -1, rc = LOOM_OK, world = 0;
 	struct stat st;
 	char *base = MAP_FAILED;
@@ -73,7 +74,7 @@ int loom__shm_open_segment(loom_comm_t *c, const char *name, int create, size_t 
 	shm_hdr_t *h;
 	if (create) {
 		shm_hdr_t tmp;
-		loom__shm_layout(&tmp, c->size, heap_bytes);
+		loom__shm_layout(&tmp, S(c)->size, heap_bytes);
 		fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
 		if (fd < 0 && errno == EEXIST)
 			return loom_comm_fail(c, LOOM_ESTATE,
@@ -110,7 +111,7 @@ int loom__shm_open_segment(loom_comm_t *c, const char *name, int create, size_t 
 			if (loom_now() > deadline) {
 				rc = loom_comm_fail(c, LOOM_ETIMEDOUT,
 				                    "timed out after %.3g s (LOOM_TIMEOUT_S) waiting for rank 0 to create %s",
-				                    c->timeout_s, name);
+				                    S(c)->timeout_s, name);
 				goto fail;
 			}
 			nap(wait);
@@ -130,28 +131,28 @@ int loom__shm_open_segment(loom_comm_t *c, const char *name, int create, size_t 
 			}
 			nap(1e-4);
 		}
-		if (h->magic != SHM_MAGIC || h->version != SHM_VERSION || h->nranks != (uint32_t)c->size ||
+		if (h->magic != SHM_MAGIC || h->version != SHM_VERSION || h->nranks != (uint32_t)S(c)->size ||
 		    h->total_bytes != bytes) {
 			rc = loom_comm_fail(c, LOOM_EFORMAT,
 			                    "%s is not a loom segment for %d ranks (magic %llx version %u, %u ranks, %llu bytes)",
-			                    name, c->size, (unsigned long long)h->magic, h->version, h->nranks,
+			                    name, S(c)->size, (unsigned long long)h->magic, h->version, h->nranks,
 			                    (unsigned long long)h->total_bytes);
 			goto fail;
 		}
 	}
-	c->hdr = h;
-	c->base = base;
-	c->bytes = bytes;
-	if (!c->job->hdr) { /* the world segment: it carries the job's heap and liveness mutexes */
+	S(c)->hdr = h;
+	S(c)->base = base;
+	S(c)->bytes = bytes;
+	if (!S(c)->job->hdr) { /* the world segment: it carries the job's heap and liveness mutexes */
 		world = 1;
-		c->job->hdr = h, c->job->base = base, c->job->bytes = bytes;
-		if ((rc = loom__shm_proc_start(c->job)) != LOOM_OK) {
+		S(c)->job->hdr = h, S(c)->job->base = base, S(c)->job->bytes = bytes;
+		if ((rc = loom__shm_proc_start(S(c)->job)) != LOOM_OK) {
 			rc = loom_comm_fail(c, rc, "%s", loom_errmsg());
 			goto fail_mapped;
 		}
 	}
 	{
-		shm_rank_t *me = rank_rec(h, c->rank);
+		shm_rank_t *me = rank_rec(h, S(c)->rank);
 		me->pid = (int)getpid();
 		atomic_store(&me->cpu, -1);
 		atomic_store(&me->state, RANK_JOINED);
@@ -173,17 +174,17 @@ int loom__shm_open_segment(loom_comm_t *c, const char *name, int create, size_t 
 			if (now > deadline) {
 				char missing[256] = "";
 				size_t len = 0;
-				for (int r = 0; r < c->size && len + 12 < sizeof missing; r++)
+				for (int r = 0; r < S(c)->size && len + 12 < sizeof missing; r++)
 					if (atomic_load(&rank_rec(h, r)->state) == RANK_ABSENT)
 						len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", r);
 				rc = loom_comm_fail(c, LOOM_ETIMEDOUT,
 				                    "timed out after %.3g s (LOOM_TIMEOUT_S) waiting for ranks to join %s; missing: %s",
-				                    c->timeout_s, name, missing);
+				                    S(c)->timeout_s, name, missing);
 				loom__shm_abort(c, rc, loom_errmsg());
 				goto fail_mapped;
 			}
-			for (int r = 0; r < c->size; r++) {
-				if (r == c->rank || atomic_load(&rank_rec(h, r)->state) == RANK_ABSENT)
+			for (int r = 0; r < S(c)->size; r++) {
+				if (r == S(c)->rank || atomic_load(&rank_rec(h, r)->state) == RANK_ABSENT)
 					continue;
 				if (loom__shm_check_peer(c, r, now >= next_lock, why, sizeof why)) {
 					rc = loom_comm_fail(c, LOOM_EPEERLOST, "while joining %s: %s", name, why);
@@ -205,10 +206,10 @@ int loom__shm_open_segment(loom_comm_t *c, const char *name, int create, size_t 
 	return LOOM_OK;
 fail_mapped:
 	if (world) {
-		loom__shm_proc_end(c->job);
-		c->job->hdr = NULL, c->job->base = NULL, c->job->bytes = 0;
+		loom__shm_proc_end(S(c)->job);
+		S(c)->job->hdr = NULL, S(c)->job->base = NULL, S(c)->job->bytes = 0;
 	}
-	c->hdr = NULL, c->base = NULL, c->bytes = 0;
+	S(c)->hdr = NULL, S(c)->base = NULL, S(c)->bytes = 0;
 fail:
 	if (base != MAP_FAILED)
 		munmap(base, bytes);
@@ -220,16 +221,16 @@ fail:
 
 void loom__shm_close_segment(loom_comm_t *c)
 {
-	if (c->base)
-		munmap(c->base, c->bytes);
-	c->base = NULL, c->hdr = NULL, c->bytes = 0;
+	if (S(c)->base)
+		munmap(S(c)->base, S(c)->bytes);
+	S(c)->base = NULL, S(c)->hdr = NULL, S(c)->bytes = 0;
 }
 
 void loom__shm_depart(loom_comm_t *c)
 {
-	if (!c->hdr)
+	if (!S(c)->hdr)
 		return;
-	atomic_store(&rank_rec(c->hdr, c->rank)->state, RANK_DEPARTED);
+	atomic_store(&rank_rec(S(c)->hdr, S(c)->rank)->state, RANK_DEPARTED);
 	loom__shm_ring_all(c);
 }
 

@@ -58,16 +58,16 @@ void loom__shm_futex_wake(atomic_uint *addr)
 
 void loom__shm_ring_all(loom_comm_t *c)
 {
-	for (int r = 0; r < c->size; r++)
-		if (r != c->rank)
+	for (int r = 0; r < S(c)->size; r++)
+		if (r != S(c)->rank)
 			shm_ring(c, r);
 }
 
-double loom__shm_deadline(loom_comm_t *c)
+double loom__shm_deadline(loom_comm_t *c, const loom_xp_ctx_t *ctx)
 {
-	if (loom_cur.c == c && loom_cur.deadline > 0)
-		return loom_cur.deadline;
-	return loom_now() + c->timeout_s;
+	if (ctx && ctx->deadline > 0)
+		return ctx->deadline;
+	return loom_now() + S(c)->timeout_s;
 }
 
 /* ---- liveness and failure ---------------------------------------------------------------- */
@@ -75,9 +75,9 @@ double loom__shm_deadline(loom_comm_t *c)
 /* 0 when rank p of c is (as far as we can tell) alive and a member; else 1 with the reason in why. */
 int loom__shm_check_peer(loom_comm_t *c, int p, int do_lock, char *why, size_t cap)
 {
-	shm_rank_t *r = rank_rec(c->hdr, p);
-	int w = c->world_of[p], st, departed = atomic_load(&r->state) == RANK_DEPARTED;
-	shm_rank_t *wr = rank_rec(c->job->hdr ? c->job->hdr : c->hdr, w);
+	shm_rank_t *r = rank_rec(S(c)->hdr, p);
+	int w = S(c)->world_of[p], st, departed = atomic_load(&r->state) == RANK_DEPARTED;
+	shm_rank_t *wr = rank_rec(S(c)->job->hdr ? S(c)->job->hdr : S(c)->hdr, w);
 	char who[64];
 	st = atomic_load(&wr->proc);
 	if (!departed && st == PROC_ALIVE && do_lock) {
@@ -110,32 +110,33 @@ int loom__shm_check_peer(loom_comm_t *c, int p, int do_lock, char *why, size_t c
 void loom__shm_abort(loom_comm_t *c, int code, const char *msg)
 {
 	int zero = 0;
-	shm_hdr_t *h = c->hdr;
+	shm_hdr_t *h = S(c)->hdr;
 	if (!h || !atomic_compare_exchange_strong(&h->abort_claim, &zero, 1))
 		return; /* someone failed first; theirs is the message everyone reports */
 	snprintf(h->abort_msg, sizeof h->abort_msg, "%s", msg);
-	atomic_store(&h->abort_rank, c->rank);
+	atomic_store(&h->abort_rank, S(c)->rank);
 	atomic_store(&h->abort_code, code); /* publishes the message */
 	loom__shm_ring_all(c);
 }
 
 void loom__shm_publish_seq(loom_comm_t *c, uint64_t seq, int coll)
 {
-	shm_rank_t *me = rank_rec(c->hdr, c->rank);
+	shm_rank_t *me = rank_rec(S(c)->hdr, S(c)->rank);
 	atomic_store_explicit(&me->seq, seq, memory_order_relaxed);
 	atomic_store_explicit(&me->coll, coll, memory_order_relaxed);
 }
 
 /* ---- waiting -------------------------------------------------------------------------------- */
 
-void loom__shm_waiter_init(shm_waiter_t *w, loom_comm_t *c, int fatal)
+void loom__shm_waiter_init(shm_waiter_t *w, loom_comm_t *c, const loom_xp_ctx_t *ctx, int fatal)
 {
+	w->seq = ctx ? ctx->seq : 0;
 	w->c = c;
 	w->fatal = fatal;
 	w->start = 0, w->next_lock = 0, w->n = 0;
 	w->npeers = 0, w->dst = -1, w->src = -1, w->small = 0;
 	w->what = NULL, w->waiting_on = NULL;
-	w->deadline = loom__shm_deadline(c);
+	w->deadline = loom__shm_deadline(c, ctx);
 }
 
 /* What the waiter waits for, in words (only built when a failure is reported). */
@@ -170,15 +171,15 @@ static int waiter_fail(shm_waiter_t *w, int code, const char *fmt, ...)
 }
 
 /* Ranks behind the collective this thread is in, as "1, 3 (at #4, #4)"-style text. */
-static void list_behind(loom_comm_t *c, char *out, size_t cap)
+static void list_behind(loom_comm_t *c, uint64_t seq, char *out, size_t cap)
 {
 	size_t len = 0;
 	out[0] = '\0';
-	if (loom_cur.c != c || loom_cur.seq == 0)
+	if (seq == 0)
 		return;
-	for (int r = 0; r < c->size && len + 32 < cap; r++) {
-		uint64_t s = atomic_load_explicit(&rank_rec(c->hdr, r)->seq, memory_order_relaxed);
-		if (s < loom_cur.seq)
+	for (int r = 0; r < S(c)->size && len + 32 < cap; r++) {
+		uint64_t s = atomic_load_explicit(&rank_rec(S(c)->hdr, r)->seq, memory_order_relaxed);
+		if (s < seq)
 			len += (size_t)snprintf(out + len, cap - len, "%s%d (at #%llu)", len ? ", " : "", r,
 			                        (unsigned long long)s);
 	}
@@ -187,7 +188,7 @@ static void list_behind(loom_comm_t *c, char *out, size_t cap)
 static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
 {
 	loom_comm_t *c = w->c;
-	shm_hdr_t *h = c->hdr;
+	shm_hdr_t *h = S(c)->hdr;
 	int code = atomic_load(&h->abort_code), do_lock = now >= w->next_lock;
 	char why[256];
 	if (code != 0) {
@@ -198,9 +199,10 @@ static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
 	}
 	if (do_lock)
 		w->next_lock = now + LOCK_CHECK_S;
-	for (int i = 0; w->npeers < 0 ? i < c->size : i < w->npeers; i++) {
+	for (int i = 0; w->npeers < 0 ? i < S(c)->size : i < w->npeers; i++) {
 		int p = w->npeers < 0 ? i : w->peers[i];
-		if (p == c->rank || (w->waiting_on && !w->waiting_on(arg, p)) || !loom__shm_check_peer(c, p, do_lock, why, sizeof why))
+		if (p == S(c)->rank || (w->waiting_on && !w->waiting_on(arg, p)) ||
+		    !loom__shm_check_peer(c, p, do_lock, why, sizeof why))
 			continue;
 		if (ready(arg)) /* it finished its part before leaving */
 			return LOOM_OK;
@@ -208,12 +210,12 @@ static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
 	}
 	if (now > w->deadline) {
 		char behind[256];
-		list_behind(c, behind, sizeof behind);
+		list_behind(c, w->seq, behind, sizeof behind);
 		if (w->waiting_on) {
 			size_t len = 0;
 			behind[0] = '\0';
-			for (int r = 0; r < c->size && len + 12 < sizeof behind; r++)
-				if (r != c->rank && w->waiting_on(arg, r))
+			for (int r = 0; r < S(c)->size && len + 12 < sizeof behind; r++)
+				if (r != S(c)->rank && w->waiting_on(arg, r))
 					len += (size_t)snprintf(behind + len, sizeof behind - len, "%s%d", len ? ", " : "", r);
 		}
 		if (ready(arg))
@@ -221,9 +223,9 @@ static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
 		if (behind[0])
 			return waiter_fail(w, LOOM_ETIMEDOUT,
 			                   "timed out after %.3g s (LOOM_TIMEOUT_S) waiting for %s; ranks that had not arrived: %s",
-			                   c->timeout_s, waiter_what(w), behind);
+			                   S(c)->timeout_s, waiter_what(w), behind);
 		return waiter_fail(w, LOOM_ETIMEDOUT, "timed out after %.3g s (LOOM_TIMEOUT_S) waiting for %s",
-		                   c->timeout_s, waiter_what(w));
+		                   S(c)->timeout_s, waiter_what(w));
 	}
 	return LOOM_OK;
 }
@@ -232,7 +234,7 @@ static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
 static int peers_sleep(const shm_waiter_t *w)
 {
 	for (int i = 0; i < w->npeers; i++)
-		if (atomic_load_explicit(&rank_rec(w->c->hdr, w->peers[i])->sleepers, memory_order_relaxed))
+		if (atomic_load_explicit(&bell_rec(w->c, w->peers[i])->sleepers, memory_order_relaxed))
 			return 1;
 	return 0;
 }
@@ -241,15 +243,33 @@ int loom__shm_waiter_idle(shm_waiter_t *w, ready_fn ready, void *arg)
 {
 	loom_comm_t *c = w->c;
 	double now;
+	if (loom_xp_should_yield()) {
+		/* On the progress engine with other lanes busy: never block the thread, hand it back. */
+		now = loom_now();
+		if (w->start == 0) {
+			w->start = now, w->spin_end = now, w->yield_end = now, w->coloc = 0, w->n = 0;
+			w->next_slow = now + SLOW_CHECK_S;
+			if (w->next_lock == 0)
+				w->next_lock = now + LOCK_CHECK_S;
+		}
+		if (now >= w->next_slow) {
+			int rc;
+			w->next_slow = now + SLOW_CHECK_S;
+			if ((rc = slow_checks(w, now, ready, arg)) != LOOM_OK)
+				return rc;
+		}
+		loom_xp_yield(ready, arg);
+		return LOOM_OK;
+	}
 	if (w->start == 0) {
-		int cpu = sched_getcpu(), spin_us = w->small ? c->spin_small_us : c->spin_us;
+		int cpu = sched_getcpu(), spin_us = w->small ? S(c)->spin_small_us : S(c)->spin_us;
 		now = loom_now();
 		w->start = now;
-		atomic_store_explicit(&rank_rec(c->hdr, c->rank)->cpu, cpu, memory_order_relaxed);
+		atomic_store_explicit(&rank_rec(S(c)->hdr, S(c)->rank)->cpu, cpu, memory_order_relaxed);
 		/* An awaited rank last seen on this core cannot run while we spin here: hand it the core. */
 		w->coloc = 0;
 		for (int i = 0; i < w->npeers; i++)
-			if (atomic_load_explicit(&rank_rec(c->hdr, w->peers[i])->cpu, memory_order_relaxed) == cpu)
+			if (atomic_load_explicit(&rank_rec(S(c)->hdr, w->peers[i])->cpu, memory_order_relaxed) == cpu)
 				w->coloc = 1;
 		if (w->coloc)
 			spin_us = 0;
@@ -273,11 +293,11 @@ int loom__shm_waiter_idle(shm_waiter_t *w, ready_fn ready, void *arg)
 	} else if (now < w->yield_end && !peers_sleep(w)) {
 		sched_yield(); /* the peer is runnable on our core: let it run, without a futex round trip */
 	} else {
-		shm_rank_t *me = rank_rec(c->hdr, c->rank);
+		shm_rank_t *me = bell_rec(c, S(c)->rank);
 		unsigned bell;
 		atomic_fetch_add(&me->sleepers, 1);
 		bell = atomic_load(&me->doorbell);
-		if (!ready(arg) && atomic_load(&c->hdr->abort_code) == 0) {
+		if (!ready(arg) && atomic_load(&S(c)->hdr->abort_code) == 0 && !loom_xp_should_yield()) {
 			double left = LOOM_MIN(SLEEP_SLICE_S, w->deadline - now + 1e-3);
 			left = LOOM_MIN(left, LOOM_MAX(w->next_lock - now, 1e-3));
 			futex_wait(&me->doorbell, bell, left);
@@ -293,6 +313,23 @@ int loom__shm_waiter_idle(shm_waiter_t *w, ready_fn ready, void *arg)
 	return LOOM_OK;
 }
 
+void loom__shm_idle_wait(loom_comm_t *c, int (*cond)(void *), void *arg, double max_s)
+{
+	shm_rank_t *me = bell_rec(c, S(c)->rank);
+	unsigned bell;
+	atomic_fetch_add(&me->sleepers, 1);
+	bell = atomic_load(&me->doorbell);
+	if (!cond(arg))
+		futex_wait(&me->doorbell, bell, max_s);
+	atomic_fetch_sub(&me->sleepers, 1);
+}
+
+void loom__shm_wake_self(loom_comm_t *c)
+{
+	if (S(c)->hdr)
+		shm_ring(c, S(c)->rank);
+}
+
 /* ---- header board ----------------------------------------------------------------------------- */
 
 typedef struct {
@@ -304,22 +341,22 @@ typedef struct {
 static int board_waiting_on(void *arg, int r)
 {
 	board_t *b = arg;
-	return atomic_load_explicit(&rank_rec(b->c->hdr, r)->board_seq[b->s], memory_order_acquire) != b->k;
+	return atomic_load_explicit(&rank_rec(S(b->c)->hdr, r)->board_seq[b->s], memory_order_acquire) != b->k;
 }
 
 static int board_ready(void *arg)
 {
 	board_t *b = arg;
-	for (int r = 0; r < b->c->size; r++)
-		if (atomic_load_explicit(&rank_rec(b->c->hdr, r)->board_seq[b->s], memory_order_acquire) != b->k)
+	for (int r = 0; r < S(b->c)->size; r++)
+		if (atomic_load_explicit(&rank_rec(S(b->c)->hdr, r)->board_seq[b->s], memory_order_acquire) != b->k)
 			return 0;
 	return 1;
 }
 
-int loom__shm_board_exchange(loom_comm_t *c, const void *mine, size_t len, void *all)
+int loom__shm_board_exchange(loom_comm_t *c, const loom_xp_ctx_t *ctx, const void *mine, size_t len, void *all)
 {
-	board_t b = {c, ++c->board_count, 0};
-	shm_rank_t *me = rank_rec(c->hdr, c->rank);
+	board_t b = {c, ++S(c)->board_count, 0};
+	shm_rank_t *me = rank_rec(S(c)->hdr, S(c)->rank);
 	shm_waiter_t w;
 	int rc;
 	b.s = (int)(b.k & 1);
@@ -328,7 +365,7 @@ int loom__shm_board_exchange(loom_comm_t *c, const void *mine, size_t len, void 
 	memcpy(me->board[b.s], mine, LOOM_MIN(len, (size_t)SHM_BOARD_BYTES));
 	atomic_store_explicit(&me->board_seq[b.s], b.k, memory_order_release);
 	loom__shm_ring_all(c);
-	loom__shm_waiter_init(&w, c, 1);
+	loom__shm_waiter_init(&w, c, ctx, 1);
 	w.npeers = -1;
 	w.small = 1;
 	w.waiting_on = board_waiting_on;
@@ -336,8 +373,8 @@ int loom__shm_board_exchange(loom_comm_t *c, const void *mine, size_t len, void 
 	while (!board_ready(&b))
 		if ((rc = loom__shm_waiter_idle(&w, board_ready, &b)) != LOOM_OK)
 			return rc;
-	for (int r = 0; r < c->size; r++)
-		memcpy((char *)all + (size_t)r * len, rank_rec(c->hdr, r)->board[b.s], len);
+	for (int r = 0; r < S(c)->size; r++)
+		memcpy((char *)all + (size_t)r * len, rank_rec(S(c)->hdr, r)->board[b.s], len);
 	return LOOM_OK;
 }
 
