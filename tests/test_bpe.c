@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "loom/data.h"
 #include "loom/tokenizer.h"
 #include "test.h"
 
@@ -632,6 +633,75 @@ TEST(bpe_cli_encode_decode_train)
 	rc = test_run_cmd(cmd, out, sizeof out, 60);
 	CHECK_EQ(rc, 0);
 	CHECK_STREQ(out, "Hello world<|endoftext|>\n");
+	test_rmdir(dir);
+	return 0;
+}
+
+/* ---- data prepare with a BPE tokenizer ------------------------------------------------------------ */
+
+TEST(bpe_data_prepare)
+{
+	char dir[256], in[512], tokdir[512], out[512], path[700];
+	const char *corpus = "first fortune, the one\n%\nsecond fortune: the other one\n%\n  third, indented\n%\n"
+	                     "fourth <|endoftext|> inside\n";
+	const char *docs[4] = {"first fortune, the one\n", "second fortune: the other one\n", "  third, indented\n",
+	                       "fourth <|endoftext|> inside\n"};
+	const char *files[1] = {in};
+	loom_bpe_train_opts_t to = {.vocab_size = 300};
+	loom_prepare_opts_t po = {.inputs = files, .n_inputs = 1, .out_dir = out, .doc_sep = "%", .tokenizer = tokdir};
+	loom_prepare_summary_t sum;
+	loom_shard_t sh;
+	loom_bpe_t *t;
+	loom_tokenizer_t table;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(in, sizeof in, "%s/corpus.txt", dir), snprintf(tokdir, sizeof tokdir, "%s/tok", dir);
+	snprintf(out, sizeof out, "%s/data", dir);
+	CHECK(test_write_file(in, corpus, strlen(corpus)) == 0);
+	CHECK_OK(loom_bpe_train(files, 1, tokdir, &to, NULL));
+	CHECK_OK(loom_data_prepare(&po, &sum));
+	CHECK_EQ(sum.documents, 4);
+	CHECK_EQ(sum.val_documents, 0);
+	CHECK_EQ(sum.train_shards, 1);
+	/* The data directory is itself the tokenizer, and tokenizer.bin holds the same table. */
+	CHECK_OK(loom_bpe_load(&t, out));
+	CHECK_EQ(loom_bpe_vocab_size(t), 300);
+	CHECK_EQ(loom_bpe_eot(t), 299);
+	snprintf(path, sizeof path, "%s/tokenizer.bin", out);
+	CHECK_OK(loom_tokenizer_load(&table, path));
+	CHECK_EQ(table.vocab_size, 300);
+	CHECK_EQ(table.eot_token, 299);
+	for (int i = 0; i < 299; i++) {
+		size_t len;
+		const unsigned char *b = loom_bpe_token(t, i, &len);
+		CHECK(table.lengths[i] == (int)len && memcmp(table.bytes[i], b, len) == 0);
+	}
+	loom_tokenizer_free(&table);
+	/* Shard: EOT, document 0's ids, EOT, document 1's ids, ... each exactly the document's encoding. */
+	snprintf(path, sizeof path, "%s/train_000000.bin", out);
+	CHECK_OK(loom_shard_open(&sh, path));
+	{
+		size_t pos = 0;
+		for (int d = 0; d < 4; d++) {
+			int *ids;
+			size_t n;
+			CHECK_EQ(sh.tokens[pos], 299);
+			pos++;
+			CHECK_OK(loom_bpe_encode(t, docs[d], strlen(docs[d]), 0, &ids, &n));
+			CHECK(pos + n <= sh.n_tokens);
+			for (size_t i = 0; i < n; i++)
+				CHECK_EQ(sh.tokens[pos + i], ids[i]);
+			pos += n;
+			free(ids);
+		}
+		CHECK_EQ(pos, sh.n_tokens);
+		CHECK_EQ(sum.train_tokens, sh.n_tokens);
+	}
+	loom_shard_close(&sh);
+	loom_bpe_destroy(t);
+	/* A tokenizer without "<|endoftext|>" cannot separate documents. */
+	CHECK(write_tok(tokdir, "\"ab\": 256", "a b\n") == 0);
+	CHECK_ERR(loom_data_prepare(&po, &sum), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "has no \"<|endoftext|>\" token");
 	test_rmdir(dir);
 	return 0;
 }
