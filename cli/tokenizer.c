@@ -63,11 +63,15 @@ static loom_bpe_t *load(const char *dir)
 static int encode(const char *dir, int allow_special)
 {
 	size_t len, n;
+	loom_bpe_t *t = load(dir);
 	char *text = read_all(stdin, &len);
 	int *ids, rc;
-	loom_bpe_t *t = load(dir);
-	if ((rc = loom_bpe_encode(t, text, len, allow_special, &ids, &n)) != LOOM_OK)
-		cli_die("tokenizer", "encode: %s (%s)", loom_errmsg(), loom_strerror(rc));
+	if ((rc = loom_bpe_encode(t, text, len, allow_special, &ids, &n)) != LOOM_OK) {
+		fprintf(stderr, "loom tokenizer: encode: %s (%s)\n", loom_errmsg(), loom_strerror(rc));
+		free(text);
+		loom_bpe_destroy(t);
+		return 1;
+	}
 	for (size_t i = 0; i < n; i++)
 		printf(i ? " %d" : "%d", ids[i]);
 	printf("\n");
@@ -78,12 +82,14 @@ static int encode(const char *dir, int allow_special)
 
 static int decode(const char *dir)
 {
-	size_t len, n = 0, cap = 1024, out_len;
-	char *in = read_all(stdin, &len), *p = in, *out;
-	int *ids = malloc(cap * sizeof *ids), rc;
+	size_t len, n = 0, cap = 1024, out_len = 0;
 	loom_bpe_t *t = load(dir);
-	if (!ids)
-		cli_die("tokenizer", "out of memory");
+	char *in = read_all(stdin, &len), *p = in, *out = NULL;
+	int *ids = malloc(cap * sizeof *ids), status = 2;
+	if (!ids) {
+		fprintf(stderr, "loom tokenizer: out of memory\n");
+		goto done;
+	}
 	for (;;) {
 		while (*p && isspace((unsigned char)*p))
 			p++;
@@ -92,24 +98,33 @@ static int decode(const char *dir)
 		char *end;
 		errno = 0;
 		long v = strtol(p, &end, 10);
-		if (end == p || errno || v < 0 || v >= loom_bpe_vocab_size(t) || (*end && !isspace((unsigned char)*end)))
-			cli_die("tokenizer", "decode: input byte %zu: '%.20s' is not a token id in [0, %d)", (size_t)(p - in), p,
-			        loom_bpe_vocab_size(t));
+		if (end == p || errno || v < 0 || v >= loom_bpe_vocab_size(t) || (*end && !isspace((unsigned char)*end))) {
+			size_t w = strcspn(p, " \t\r\n\v\f");
+			fprintf(stderr, "loom tokenizer: decode: input byte %zu: '%.*s' is not a token id in [0, %d)\n",
+			        (size_t)(p - in), (int)(w < 20 ? w : 20), p, loom_bpe_vocab_size(t));
+			goto done;
+		}
 		if (n == cap) {
 			int *ni = realloc(ids, 2 * cap * sizeof *ids);
-			if (!ni)
-				cli_die("tokenizer", "out of memory for %zu ids", 2 * cap);
+			if (!ni) {
+				fprintf(stderr, "loom tokenizer: out of memory for %zu ids\n", 2 * cap);
+				goto done;
+			}
 			ids = ni, cap *= 2;
 		}
 		ids[n++] = (int)v;
 		p = end;
 	}
-	if ((rc = loom_bpe_decode(t, ids, n, &out, &out_len)) != LOOM_OK)
-		cli_die("tokenizer", "decode: %s (%s)", loom_errmsg(), loom_strerror(rc));
+	if (loom_bpe_decode(t, ids, n, &out, &out_len) != LOOM_OK) { /* an id with no token (a gap in the vocabulary) */
+		fprintf(stderr, "loom tokenizer: decode: %s\n", loom_errmsg());
+		goto done;
+	}
 	fwrite(out, 1, out_len, stdout);
+	status = fflush(stdout) == 0 ? 0 : 1;
+done:
 	free(out), free(ids), free(in);
 	loom_bpe_destroy(t);
-	return fflush(stdout) == 0 ? 0 : 1;
+	return status;
 }
 
 static int train(int n_inputs, const char **inputs, const char *out, int vocab, const char *pattern, int quiet)

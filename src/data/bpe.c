@@ -739,6 +739,8 @@ static int encode_piece(const unsigned char *p, size_t n, void *arg)
 	int rc;
 	cache_slot_t *slot = NULL;
 	uint64_t h = 0;
+	if (n > (size_t)INT32_MAX / 2) /* positions are ints */
+		return loom_seterr(LOOM_EINVAL, "tokenizer: a piece of %zu bytes (one class of characters) is too long", n);
 	if (n <= CACHE_MAX_PIECE) {
 		if (!t->cache) {
 			t->cache = loom__calloc(CACHE_SLOTS, sizeof *t->cache);
