@@ -704,3 +704,35 @@ TEST(bpe_data_prepare)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* The whole path through the CLI: train a tokenizer, prepare data with it, train a tiny model, and
+ * sample with the data directory as the tokenizer (the prompt is BPE-encoded, the output decoded). */
+TEST(bpe_sample_cli)
+{
+	char dir[256], cmd[4096], out[8192], path[600];
+	int rc;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(path, sizeof path, "%s/corpus.txt", dir);
+	{
+		char text[60000];
+		size_t len = 0;
+		for (int i = 0; len < 50000; i++)
+			len += (size_t)sprintf(text + len, "fortune %d: the quick brown fox jumps over the lazy dog.\n%%\n", i % 50);
+		CHECK(test_write_file(path, text, len) == 0);
+	}
+	snprintf(cmd, sizeof cmd,
+	         "%s tokenizer train --vocab-size 320 --input %s --out %s/tok --quiet && "
+	         "%s data prepare --input %s --out %s/data --doc-sep %% --tokenizer %s/tok && "
+	         "%s train --train-data '%s/data/train_*.bin' --steps 2 --n-layer 1 --n-head 2 --n-embd 16 --vocab-size 320 "
+	         "--n-positions 32 --batch-size 2 --threads 1 --save-dir %s/ckpt && "
+	         "%s sample --model %s/ckpt --tokenizer %s/data --prompt 'the lazy' --max-tokens 4 --temperature 0 "
+	         "--threads 1", test_loom_bin(), path, dir, test_loom_bin(), path, dir, dir, test_loom_bin(), dir, dir,
+	         test_loom_bin(), dir, dir);
+	rc = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(rc == 0, "%s -> %d: %s", cmd, rc, out);
+	CHECK_CONTAINS(out, "tokenizer: BPE from");
+	CHECK_CONTAINS(out, "vocab 320 (end-of-text 319)");
+	CHECK_CONTAINS(out, "\nthe lazy");
+	test_rmdir(dir);
+	return 0;
+}
