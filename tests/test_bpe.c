@@ -13,22 +13,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/util.h"
+#include "data/bpe_internal.h"
 #include "loom/data.h"
 #include "loom/tokenizer.h"
 #include "test.h"
-
-/* Internal entry points (src/data/bpe.c, bpe_internal.h). */
-int loom__bpe_piece_reference(loom_bpe_t *t, const unsigned char *p, size_t n, int **ids, size_t *m);
-int loom__bpe_well_formed(const loom_bpe_t *t);
-int loom__bpe_byte_cp(int b);
-void loom__bpe_write_mapped(FILE *f, const unsigned char *p, size_t n);
-void loom__fault_alloc_set(long n);
-int loom__fault_alloc_hit(void);
-typedef struct loom__bpe_splitter loom__bpe_splitter_t;
-int loom__bpe_splitter_create(loom__bpe_splitter_t **sp, const char *pattern);
-void loom__bpe_splitter_destroy(loom__bpe_splitter_t *sp);
-int loom__bpe_split(loom__bpe_splitter_t *sp, const char *text, size_t len,
-                    int (*fn)(const unsigned char *p, size_t n, void *arg), void *arg);
 
 static int gpt2_dir(char *buf, size_t cap)
 {
@@ -519,7 +508,7 @@ TEST(bpe_train_matches_brute_force_and_is_deterministic)
 	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
 	text = malloc(200000);
 	while (len < 150000) {
-		const char *wd = words[rng_next(&s) % sizeof words / sizeof words[0]];
+		const char *wd = words[rng_next(&s) % (sizeof words / sizeof words[0])];
 		len += (size_t)sprintf(text + len, "%s%s", rng_next(&s) % 3 ? " " : "", wd);
 	}
 	half = len / 2;

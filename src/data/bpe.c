@@ -430,8 +430,8 @@ static int load_merges(loom_bpe_t *t, char *text, size_t len, const char *path)
 		if (nf == 0)
 			goto next;
 		if (nf != 2) {
-			rc = loom_seterr(LOOM_EFORMAT, "%s:%d: expected two tokens separated by a space, found %s: \"%.60s\"", path,
-			                 line, nf < 2 ? "one" : "more", p);
+			rc = loom_seterr(LOOM_EFORMAT, "%s:%d: expected two tokens separated by a space, found %s: \"%.*s\"", path,
+			                 line, nf < 2 ? "one" : "more", (int)LOOM_MIN(e - p, 60), p);
 			goto done;
 		}
 		long na = unmap(f[0], fl[0], a), nb = unmap(f[1], fl[1], b);
@@ -839,8 +839,6 @@ int loom_bpe_decode(const loom_bpe_t *t, const int *ids, size_t n, char **text, 
 	return LOOM_OK;
 }
 
-/* For tests: encode one piece with the reference algorithm, bypassing the cache and the regex. */
-int loom__bpe_piece_reference(loom_bpe_t *t, const unsigned char *p, size_t n, int **ids, size_t *m);
 int loom__bpe_piece_reference(loom_bpe_t *t, const unsigned char *p, size_t n, int **ids, size_t *m)
 {
 	int rc = bpe_reference(t, p, n, m);
@@ -852,5 +850,4 @@ int loom__bpe_piece_reference(loom_bpe_t *t, const unsigned char *p, size_t n, i
 	return LOOM_OK;
 }
 
-int loom__bpe_well_formed(const loom_bpe_t *t);
 int loom__bpe_well_formed(const loom_bpe_t *t) { return t->well_formed; }

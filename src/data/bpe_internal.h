@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "loom/tokenizer.h"
+
 /* GPT-2's bytes_to_unicode(): byte b is written as code point loom__bpe_byte_cp(b) (printable
  * Latin-1 bytes as themselves, the others as U+0100..U+0143). loom__bpe_cp_byte() inverts it: the
  * byte, or -1 when cp is not in the table. */
@@ -28,6 +30,11 @@ void loom__bpe_splitter_destroy(loom__bpe_splitter_t *sp);
  * return, which it returns; LOOM_EINVAL on a PCRE2 matching error; else 0. */
 int loom__bpe_split(loom__bpe_splitter_t *sp, const char *text, size_t len,
                     int (*fn)(const unsigned char *p, size_t n, void *arg), void *arg);
+
+/* For tests: encode one piece with the reference algorithm (no regex, no cache) into a malloc'ed
+ * array; and whether the tokenizer's merges are well formed (bpe.c's top comment). */
+int loom__bpe_piece_reference(loom_bpe_t *t, const unsigned char *p, size_t n, int **ids, size_t *m);
+int loom__bpe_well_formed(const loom_bpe_t *t);
 
 static inline uint64_t loom__bpe_hash(const unsigned char *p, size_t n)
 {
