@@ -725,3 +725,101 @@ TEST(bpe_sample_cli)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* Hostile files: random byte edits of a valid tokenizer load or fail with LOOM_EFORMAT, never crash;
+ * what loads still round-trips text. */
+TEST(bpe_load_mutated_files)
+{
+	char dir[256], path[600], *vocab, *merges;
+	size_t vlen, mlen;
+	uint64_t s = 99;
+	int loaded = 0, refused = 0;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	CHECK(write_tok(dir, "\"ab\": 256, \"abc\": 257, \"<|endoftext|>\": 258, \"\\u0120a\": 259",
+	                "#version: 0.2\na b\nab c\n\xc4\xa0 a\n") == 0);
+	snprintf(path, sizeof path, "%s/vocab.json", dir), vocab = slurp(path, &vlen);
+	snprintf(path, sizeof path, "%s/merges.txt", dir), merges = slurp(path, &mlen);
+	CHECK(vocab && merges);
+	for (int iter = 0; iter < 400; iter++) {
+		int which = iter % 2;
+		char *buf = malloc((which ? mlen : vlen) + 1);
+		size_t len = which ? mlen : vlen;
+		loom_bpe_t *t;
+		memcpy(buf, which ? merges : vocab, len);
+		for (int k = 0, edits = 1 + (int)(rng_next(&s) % 3); k < edits; k++) {
+			size_t at = rng_next(&s) % len;
+			static const char pool[] = "\"\\{}:, 0123456789-\n\xc4\xa0\xff\x80u";
+			buf[at] = rng_next(&s) % 2 ? pool[rng_next(&s) % (sizeof pool - 1)] : (char)rng_next(&s);
+		}
+		if (iter % 5 == 0)
+			len = rng_next(&s) % len; /* truncated */
+		snprintf(path, sizeof path, "%s/%s", dir, which ? "merges.txt" : "vocab.json");
+		CHECK(test_write_file(path, buf, len) == 0);
+		int rc = loom_bpe_load(&t, dir);
+		CHECK_MSG(rc == LOOM_OK || rc == LOOM_EFORMAT, "iteration %d: %d (%s)", iter, rc, loom_errmsg());
+		if (rc == LOOM_OK) {
+			int *ids;
+			size_t n, dlen;
+			char *dec;
+			const char *text = "abc ab a\xff bca <|endoftext|>";
+			CHECK_OK(loom_bpe_encode(t, text, strlen(text), 1, &ids, &n));
+			CHECK_OK(loom_bpe_decode(t, ids, n, &dec, &dlen));
+			CHECK(dlen == strlen(text) && memcmp(dec, text, dlen) == 0);
+			free(ids), free(dec);
+			loom_bpe_destroy(t);
+			loaded++;
+		} else
+			refused++;
+		free(buf);
+		CHECK(write_tok(dir, "\"ab\": 256, \"abc\": 257, \"<|endoftext|>\": 258, \"\\u0120a\": 259",
+		                "#version: 0.2\na b\nab c\n\xc4\xa0 a\n") == 0);
+	}
+	CHECK(loaded > 10 && refused > 100);
+	free(vocab), free(merges);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* The piece cache never changes results: a text of 60,000 distinct words (more than the cache holds,
+ * so it is emptied along the way) encodes the same twice, and each word as the reference merges it. */
+TEST(bpe_cache_is_transparent)
+{
+	char dir[1024];
+	uint64_t s = 5;
+	loom_bpe_t *t;
+	size_t cap = 60000 * 12, len = 0, n1, n2;
+	char *text = malloc(cap);
+	int *ids1, *ids2;
+	if (gpt2_dir(dir, sizeof dir))
+		return 1;
+	CHECK_OK(loom_bpe_load(&t, dir));
+	for (int w = 0; w < 60000; w++) {
+		int wl = 3 + (int)(rng_next(&s) % 8);
+		text[len++] = ' ';
+		for (int k = 0; k < wl; k++)
+			text[len++] = (char)('a' + rng_next(&s) % 26);
+	}
+	CHECK_OK(loom_bpe_encode(t, text, len, 0, &ids1, &n1));
+	CHECK_OK(loom_bpe_encode(t, text, len, 0, &ids2, &n2));
+	CHECK_EQ(n1, n2);
+	CHECK(memcmp(ids1, ids2, n1 * sizeof *ids1) == 0);
+	{ /* word by word with the reference algorithm */
+		size_t pos = 0, k = 0;
+		while (pos < len) {
+			size_t end = pos + 1, m;
+			int *ref;
+			while (end < len && text[end] != ' ')
+				end++;
+			CHECK_OK(loom__bpe_piece_reference(t, (const unsigned char *)text + pos, end - pos, &ref, &m));
+			CHECK(k + m <= n1);
+			for (size_t i = 0; i < m; i++)
+				CHECK_EQ(ids1[k + i], ref[i]);
+			k += m, pos = end;
+			free(ref);
+		}
+		CHECK_EQ(k, n1);
+	}
+	free(ids1), free(ids2), free(text);
+	loom_bpe_destroy(t);
+	return 0;
+}
