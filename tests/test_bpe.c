@@ -243,6 +243,16 @@ TEST(bpe_load_errors)
 	loom_bpe_t *t;
 	int *ids;
 	size_t n;
+	/* GPT-2's byte-to-unicode table: printable bytes are themselves, the others U+0100.. in order. */
+	CHECK_EQ(loom__bpe_byte_cp('a'), 'a');
+	CHECK_EQ(loom__bpe_byte_cp(0), 0x100);
+	CHECK_EQ(loom__bpe_byte_cp('\n'), 0x10A);
+	CHECK_EQ(loom__bpe_byte_cp(' '), 0x120);
+	CHECK_EQ(loom__bpe_byte_cp(0x7F), 0x121);
+	CHECK_EQ(loom__bpe_byte_cp(0xAD), 0x143);
+	CHECK_EQ(loom__bpe_cp_byte(0x143), 0xAD);
+	CHECK_EQ(loom__bpe_cp_byte(0x144), -1);
+	CHECK_EQ(loom__bpe_cp_byte(' '), -1);
 	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
 	CHECK(load_err(dir, LOOM_ENOENT, "not a tokenizer directory") == 0);
 	/* A good one: "ab" and "abc" from two merges; "<|endoftext|>" is found as the end-of-text token. */

@@ -17,6 +17,7 @@
  *
  * Cache. Text repeats its pieces (" the", ","), so results for pieces up to CACHE_MAX_PIECE bytes
  * are cached in a hash table that is simply emptied when full; caching never changes results. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -50,40 +51,36 @@ static int printable_byte(int b)
 	return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
 }
 
+static int byte_cp_table[256];
+static signed short cp_byte_table[256 + 68]; /* 68 bytes are not printable: U+0100..U+0143 */
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+
+static void build_tables(void)
+{
+	int n = 0; /* the bytes that are not printable take 256, 257, ... in byte order */
+	for (int c = 0; c < 256 + 68; c++)
+		cp_byte_table[c] = -1;
+	for (int b = 0; b < 256; b++) {
+		byte_cp_table[b] = printable_byte(b) ? b : 256 + n++;
+		cp_byte_table[byte_cp_table[b]] = (signed short)b;
+	}
+}
+
+static void init_tables(void)
+{
+	pthread_once(&tables_once, build_tables);
+}
+
 int loom__bpe_byte_cp(int b)
 {
-	if (printable_byte(b))
-		return b;
-	int n = 0; /* the others take 256, 257, ... in byte order */
-	for (int c = 0; c < b; c++)
-		n += !printable_byte(c);
-	return 256 + n;
+	init_tables();
+	return byte_cp_table[b & 0xFF];
 }
 
 int loom__bpe_cp_byte(uint32_t cp)
 {
-	if (cp < 256)
-		return printable_byte((int)cp) ? (int)cp : -1;
-	if (cp >= 256 + 68) /* 68 bytes are not printable */
-		return -1;
-	for (int b = 0, n = 0; b < 256; b++)
-		if (!printable_byte(b) && n++ == (int)(cp - 256))
-			return b;
-	return -1;
-}
-
-static int byte_cp_table[256];
-static signed short cp_byte_table[256 + 68];
-static void init_tables(void)
-{
-	static int done;
-	if (__atomic_load_n(&done, __ATOMIC_ACQUIRE))
-		return;
-	for (int b = 0; b < 256; b++)
-		byte_cp_table[b] = loom__bpe_byte_cp(b);
-	for (int c = 0; c < 256 + 68; c++)
-		cp_byte_table[c] = (signed short)loom__bpe_cp_byte((uint32_t)c);
-	__atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+	init_tables();
+	return cp < 256 + 68 ? cp_byte_table[cp] : -1;
 }
 
 void loom__bpe_write_mapped(FILE *f, const unsigned char *p, size_t n)
@@ -110,7 +107,7 @@ static long unmap(const char *s, size_t n, unsigned char *out)
 		uint32_t cp;
 		if (p[i] < 0x80)
 			cp = p[i], i += 1;
-		else if ((p[i] & 0xE0) == 0xC0 && i + 1 < n && (p[i + 1] & 0xC0) == 0x80)
+		else if ((p[i] & 0xE0) == 0xC0 && p[i] >= 0xC2 && i + 1 < n && (p[i + 1] & 0xC0) == 0x80) /* no overlong forms */
 			cp = ((uint32_t)(p[i] & 0x1F) << 6) | (p[i + 1] & 0x3F), i += 2;
 		else
 			return -1;
