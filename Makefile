@@ -12,7 +12,11 @@ SANITIZER ?=
 
 CPPFLAGS := -Iinclude -Isrc -D_GNU_SOURCE
 CFLAGS   := -std=c11 $(OPT) -g $(ARCH) -fopenmp -pthread -Wall -Wextra -Werror -MMD -MP
-LDLIBS   := -lopenblas -fopenmp -pthread -lm -lrt
+# PCRE2 (Debian: libpcre2-dev) gives the tokenizer's Unicode regex.
+PCRE2_CFLAGS := $(shell pkg-config --cflags libpcre2-8 2>/dev/null)
+PCRE2_LIBS   := $(or $(shell pkg-config --libs libpcre2-8 2>/dev/null),-lpcre2-8)
+CPPFLAGS += $(PCRE2_CFLAGS)
+LDLIBS   := -lopenblas $(PCRE2_LIBS) -fopenmp -pthread -lm -lrt
 
 comma := ,
 ifeq ($(SANITIZER),)
@@ -56,7 +60,7 @@ $(BUILD)/loom.pc: Makefile
 	@printf '%s\n' 'prefix=$${pcfiledir}/$(TOPREL)' 'includedir=$${prefix}/include' 'libdir=$${pcfiledir}' '' \
 	  'Name: loom' 'Description: distributed training for GPT-style language models' 'Version: 0.1.0' \
 	  'Cflags: -I$${includedir} -pthread' \
-	  'Libs: $${libdir}/libloom.a -lopenblas -fopenmp -pthread -lm -lrt $(SANLIBS)' > $@
+	  'Libs: $${libdir}/libloom.a -lopenblas $(PCRE2_LIBS) -fopenmp -pthread -lm -lrt $(SANLIBS)' > $@
 
 # The test list is generated from every TEST(name) in tests/*.c, so adding a test is one edit.
 $(BUILD)/tests/list.h: $(TEST_SRC)
@@ -88,7 +92,7 @@ install: all
 	@printf '%s\n' 'prefix=$${pcfiledir}/../..' 'includedir=$${prefix}/include' 'libdir=$${prefix}/lib' '' \
 	  'Name: loom' 'Description: distributed training for GPT-style language models' 'Version: 0.1.0' \
 	  'Cflags: -I$${includedir} -pthread' \
-	  'Libs: -L$${libdir} -lloom -lopenblas -fopenmp -pthread -lm -lrt' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/loom.pc
+	  'Libs: -L$${libdir} -lloom -lopenblas $(PCRE2_LIBS) -fopenmp -pthread -lm -lrt' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/loom.pc
 
 # Installs the Debian packages that are missing (quiet when all are present).
 deps:

@@ -9,6 +9,7 @@ int loom_cli_run(int argc, char **argv);
 int loom_cli_train(int argc, char **argv);
 int loom_cli_sample(int argc, char **argv);
 int loom_cli_data(int argc, char **argv);
+int loom_cli_tokenizer(int argc, char **argv);
 int loom_cli_bench(int argc, char **argv);
 int loom_cli_convert(int argc, char **argv);
 int loom_cli_info(int argc, char **argv);

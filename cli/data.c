@@ -1,15 +1,17 @@
-/* data.c: `loom data prepare`: text files -> byte-level token shards and tokenizer (loom/data.h). */
+/* data.c: `loom data prepare`: text files -> token shards and tokenizer (loom/data.h), bytes or BPE. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "loom/data.h"
+#include "loom/tokenizer.h"
 
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: loom data prepare --input FILE... --out DIR [--val-fraction 0.05] [--shard-tokens N]\n"
-	           "                         [--doc-sep LINE]\n\n"
+	           "                         [--doc-sep LINE] [--tokenizer DIR]\n\n"
 	           "Tokenizes text with the byte-level tokenizer (vocab 257: bytes 0-255, end-of-text 256 before every\n"
 	           "document) into DIR/train_NNNNNN.bin and DIR/val_NNNNNN.bin (llm.c token shards) and writes\n"
 	           "DIR/tokenizer.bin (llm.c tokenizer, version 2).\n\n"
@@ -19,7 +21,18 @@ static void usage(FILE *f)
 	           "                      than 1/F documents val is the last F of the tokens instead (default 0.05)\n"
 	           "  --shard-tokens N    tokens per shard file (default 100M; e.g. 100M, 1M, 4096)\n"
 	           "  --doc-sep LINE      lines equal to LINE separate documents (e.g. %% for fortune files);\n"
-	           "                      default: each file is one document\n");
+	           "                      default: each file is one document\n"
+	           "  --tokenizer DIR     a BPE tokenizer directory (vocab.json + merges.txt, or encoder.json +\n"
+	           "                      vocab.bpe, e.g. GPT-2's, or one from `loom tokenizer train`) instead of\n"
+	           "                      bytes: its <|endoftext|> id starts every document, and its files are\n"
+	           "                      copied into DIR (so --tokenizer DIR works for `loom sample` too)\n");
+}
+
+static int access_ok(const char *dir)
+{
+	char path[4096];
+	snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
+	return access(path, R_OK) == 0;
 }
 
 static int prepare(int argc, char **argv)
@@ -56,6 +69,8 @@ static int prepare(int argc, char **argv)
 			o.shard_tokens = (size_t)x;
 		} else if (cli_flag(argc, argv, &i, "--doc-sep", &v)) {
 			o.doc_sep = v;
+		} else if (cli_flag(argc, argv, &i, "--tokenizer", &v)) {
+			o.tokenizer = v;
 		} else {
 			usage(stderr);
 			cli_die("data", "prepare: unknown argument '%s'", argv[i]);
@@ -85,8 +100,18 @@ static int prepare(int argc, char **argv)
 	else if (s.val_shards)
 		printf("val: %llu documents, %llu tokens, %d shard%s -> %s/val_*.bin\n", (unsigned long long)s.val_documents,
 		       (unsigned long long)s.val_tokens, s.val_shards, s.val_shards == 1 ? "" : "s", o.out_dir);
-	printf("tokenizer: byte-level, vocab %d (end-of-text %d) -> %s/tokenizer.bin\n", LOOM_BYTE_VOCAB, LOOM_BYTE_EOT,
-	       o.out_dir);
+	if (o.tokenizer) {
+		loom_bpe_t *t;
+		if (loom_bpe_load(&t, o.out_dir) != LOOM_OK) {
+			fprintf(stderr, "loom data prepare: %s\n", loom_errmsg());
+			return 1;
+		}
+		printf("tokenizer: BPE from %s, vocab %d (end-of-text %d) -> %s/vocab.json, merges.txt%s\n", o.tokenizer,
+		       loom_bpe_vocab_size(t), loom_bpe_eot(t), o.out_dir, access_ok(o.out_dir) ? ", tokenizer.bin" : "");
+		loom_bpe_destroy(t);
+	} else
+		printf("tokenizer: byte-level, vocab %d (end-of-text %d) -> %s/tokenizer.bin\n", LOOM_BYTE_VOCAB, LOOM_BYTE_EOT,
+		       o.out_dir);
 	return 0;
 }
 

@@ -16,6 +16,7 @@ static const struct {
 	{"train", loom_cli_train, "train a GPT-2 model on token shards"},
 	{"sample", loom_cli_sample, "generate text from a checkpoint"},
 	{"data", loom_cli_data, "prepare token shards from text (data prepare)"},
+	{"tokenizer", loom_cli_tokenizer, "byte-level BPE tokenizers: train, encode, decode, info (GPT-2's files)"},
 	{"bench", loom_cli_bench, "benchmarks: comm (collectives), loom__gemm (peak FLOP/s)"},
 	{"convert", loom_cli_convert, "convert checkpoints between safetensors and llm.c .bin"},
 	{"info", loom_cli_info, "print a checkpoint's config, tensors and parameter count"},
@@ -25,7 +26,7 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: loom COMMAND [ARGS]\n\ncommands:\n");
 	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-		fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
+		fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].help);
 	fprintf(f, "\nloom COMMAND --help shows a command's flags.\n");
 }
 

@@ -2,9 +2,10 @@
  * streaming each token as it is produced.
  *
  * The prompt is encoded after an end-of-text token (every training document starts with one, so
- * this is the distribution the model learned). With the byte-level tokenizer the encoding is exact;
- * with a BPE vocabulary (llm.c's gpt2_tokenizer.bin) loom has no merge rules, so the prompt is
- * split by greedy longest match over the vocabulary: valid tokens, but not always GPT-2's split. */
+ * this is the distribution the model learned). With the byte-level tokenizer or a BPE tokenizer
+ * directory (vocab.json + merges.txt, loom/tokenizer.h) the encoding is exact; with only an llm.c
+ * table (gpt2_tokenizer.bin) there are no merge rules, so the prompt is split by greedy longest
+ * match over the vocabulary: valid tokens, but not always GPT-2's split. */
 #include <dirent.h>
 #include <libgen.h>
 #include <omp.h>
@@ -17,6 +18,7 @@
 #include "loom/ckpt.h"
 #include "loom/data.h"
 #include "loom/gpt2.h"
+#include "loom/tokenizer.h"
 
 static const char *const usage_text =
 	"usage: loom sample --model FILE [--prompt TEXT] [flags]\n"
@@ -27,8 +29,10 @@ static const char *const usage_text =
 	"  --temperature X      0 = greedy (default 1.0)\n"
 	"  --top-k K            sample from the K most likely tokens, 0 = all (default 40)\n"
 	"  --seed S             sampling seed (default 1337)\n"
-	"  --tokenizer FILE     llm.c tokenizer file (default: tokenizer.bin beside the model or one\n"
-	"                       directory up; the byte-level tokenizer for a 257-token vocabulary)\n"
+	"  --tokenizer PATH     a BPE tokenizer directory (vocab.json + merges.txt, e.g. the --out DIR of\n"
+	"                       `loom data prepare --tokenizer`) or an llm.c tokenizer file (default: either\n"
+	"                       beside the model or one directory up; the byte-level tokenizer for a\n"
+	"                       257-token vocabulary)\n"
 	"  --n-head H           when the model file does not say it\n"
 	"  --threads N          threads for the kernels\n";
 
@@ -58,13 +62,53 @@ static void resolve_model(const char *arg, char *path, size_t cap)
 	snprintf(path, cap, "%s/model.safetensors", ck);
 }
 
-static void load_tokenizer(const char *flag, const char *model, int vocab, loom_tokenizer_t *tok)
+static int is_bpe_dir(const char *dir)
+{
+	char buf[1200];
+	struct stat sb;
+	snprintf(buf, sizeof buf, "%s/vocab.json", dir);
+	if (stat(buf, &sb) == 0)
+		return 1;
+	snprintf(buf, sizeof buf, "%s/encoder.json", dir);
+	return stat(buf, &sb) == 0;
+}
+
+/* Load the BPE tokenizer in dir into *bpe, and its token table into *tok (for decoding). */
+static void load_bpe(const char *dir, loom_bpe_t **bpe, loom_tokenizer_t *tok)
+{
+	if (loom_bpe_load(bpe, dir) != LOOM_OK)
+		cli_die("sample", "%s", loom_errmsg());
+	memset(tok, 0, sizeof *tok);
+	tok->vocab_size = loom_bpe_vocab_size(*bpe);
+	tok->eot_token = loom_bpe_eot(*bpe);
+	tok->bytes = calloc((size_t)tok->vocab_size, sizeof *tok->bytes);
+	tok->lengths = calloc((size_t)tok->vocab_size, sizeof *tok->lengths);
+	if (!tok->bytes || !tok->lengths)
+		cli_die("sample", "out of memory");
+	for (int i = 0; i < tok->vocab_size; i++) {
+		size_t len;
+		const unsigned char *b = loom_bpe_token(*bpe, i, &len);
+		if (!(tok->bytes[i] = calloc(len + 1, 1)))
+			cli_die("sample", "out of memory");
+		if (b)
+			memcpy(tok->bytes[i], b, len);
+		tok->lengths[i] = (int)len;
+	}
+	if (tok->eot_token < 0)
+		cli_die("sample", "tokenizer %s has no <|endoftext|> token to start the prompt with", dir);
+}
+
+static void load_tokenizer(const char *flag, const char *model, int vocab, loom_tokenizer_t *tok, loom_bpe_t **bpe)
 {
 	char buf[1200], *d1 = strdup(model), *d2 = NULL;
 	const char *dirs[2];
+	*bpe = NULL;
 	if (flag) {
-		if (loom_tokenizer_load(tok, flag) != LOOM_OK)
+		if (is_bpe_dir(flag))
+			load_bpe(flag, bpe, tok);
+		else if (loom_tokenizer_load(tok, flag) != LOOM_OK)
 			cli_die("sample", "--tokenizer: %s", loom_errmsg());
+		free(d1);
 		goto check;
 	}
 	if (!d1)
@@ -73,6 +117,11 @@ static void load_tokenizer(const char *flag, const char *model, int vocab, loom_
 	d2 = strdup(dirs[0]);
 	dirs[1] = d2 ? dirname(d2) : dirs[0];
 	for (int i = 0; i < 2; i++) {
+		if (is_bpe_dir(dirs[i])) {
+			load_bpe(dirs[i], bpe, tok);
+			free(d1), free(d2);
+			goto check;
+		}
 		snprintf(buf, sizeof buf, "%s/tokenizer.bin", dirs[i]);
 		if (exists(buf)) {
 			if (loom_tokenizer_load(tok, buf) != LOOM_OK)
@@ -94,10 +143,21 @@ check:
 
 /* Greedy longest-match encoding over the tokenizer's vocabulary (see the file comment). Returns
  * the number of tokens, or -1 when some byte has no token. */
-static int encode(const loom_tokenizer_t *tok, const char *text, int *out, int cap)
+static int encode(const loom_tokenizer_t *tok, loom_bpe_t *bpe, const char *text, int *out, int cap)
 {
 	size_t len = strlen(text), pos = 0;
 	int n = 0;
+	if (bpe) { /* exact BPE; the prompt is plain text ("<|endoftext|>" in it is not special) */
+		int *ids;
+		size_t k;
+		if (loom_bpe_encode(bpe, text, len, 0, &ids, &k) != LOOM_OK || k > (size_t)cap) {
+			free(ids);
+			return -1;
+		}
+		memcpy(out, ids, k * sizeof *ids);
+		free(ids);
+		return (int)k;
+	}
 	if (tok->byte_level) {
 		size_t k;
 		if (loom_tokenizer_encode(tok, text, len, out, (size_t)cap, &k) != LOOM_OK)
@@ -143,6 +203,7 @@ int loom_cli_sample(int argc, char **argv)
 	loom_gpt2_config_t cfg;
 	loom_gpt2_t *m = NULL;
 	loom_tokenizer_t tok;
+	loom_bpe_t *bpe = NULL;
 	int *ids = NULL, *out = NULL, n_prompt, n_out = 0;
 #define FLAG(name) cli_flag(argc, argv, &i, name, &v)
 	for (int i = 1; i < argc; i++) {
@@ -174,7 +235,7 @@ int loom_cli_sample(int argc, char **argv)
 	resolve_model(model_arg, path, sizeof path);
 	if (loom_model_config(path, n_head, &cfg, NULL) != LOOM_OK)
 		cli_die("sample", "%s", loom_errmsg());
-	load_tokenizer(tok_flag, path, cfg.vocab_size, &tok);
+	load_tokenizer(tok_flag, path, cfg.vocab_size, &tok, &bpe);
 
 	size_t plen = strlen(prompt);
 	ids = malloc((plen + 1) * sizeof *ids);
@@ -184,7 +245,7 @@ int loom_cli_sample(int argc, char **argv)
 		goto done;
 	}
 	ids[0] = tok.eot_token;
-	n_prompt = encode(&tok, prompt, ids + 1, (int)plen);
+	n_prompt = encode(&tok, bpe, prompt, ids + 1, (int)plen);
 	if (n_prompt < 0) {
 		fprintf(stderr, "loom sample: the prompt cannot be encoded with this tokenizer\n");
 		goto done;
@@ -211,6 +272,7 @@ int loom_cli_sample(int argc, char **argv)
 done:
 	loom_gpt2_destroy(m);
 	loom_tokenizer_free(&tok);
+	loom_bpe_destroy(bpe);
 	free(ids), free(out);
 	return status;
 }

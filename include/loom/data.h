@@ -151,6 +151,8 @@ typedef struct {
 	size_t shard_tokens;       /* tokens per shard file (0: 100,000,000 as llm.c's FineWeb) */
 	const char *doc_sep;       /* NULL: each file is one document; else lines equal to this string
 	                              (e.g. "%" for fortune files) separate documents and are dropped */
+	const char *tokenizer;     /* NULL: the byte tokenizer; else a BPE tokenizer directory
+	                              (loom/tokenizer.h), see loom_data_prepare */
 } loom_prepare_opts_t;
 
 typedef struct {
@@ -163,7 +165,11 @@ typedef struct {
 
 /* Tokenize text files with the byte tokenizer into OUT/train_000000.bin.. and OUT/val_000000.bin..,
  * and write OUT/tokenizer.bin (llm.c format, version 2). Every document is end-of-text (256)
- * followed by its bytes. Validation split, deterministic: document i (0-based over all inputs in
+ * followed by its bytes. With opts->tokenizer, documents are BPE-encoded as plain text and preceded
+ * by the tokenizer's "<|endoftext|>" id (LOOM_EINVAL when it has none or more than 65536 tokens);
+ * the tokenizer's files are copied into OUT as vocab.json + merges.txt (+ pattern.txt), so OUT is
+ * itself a tokenizer directory, and OUT/tokenizer.bin holds its table when llm.c's format can (every
+ * id used, tokens of at most 255 bytes, as GPT-2's). Validation split, deterministic: document i (0-based over all inputs in
  * order) goes to val when floor((i+1) f) > floor(i f), i.e. every (1/f)-th document, evenly spread,
  * round(n f) of them. When that selects no document (fewer than 1/f documents) but f > 0, val is
  * instead the last ceil(f x tokens) tokens of the stream (preceded by an end-of-text), and train the

@@ -6,6 +6,7 @@
 #include "loom/comm.h"
 #include "loom/gpt2.h"
 #include "loom/data.h"
+#include "loom/tokenizer.h"
 #include "loom/ckpt.h"
 #include "loom/ddp.h"
 #include "loom/mesh.h"

@@ -1,6 +1,8 @@
-/* prepare.c: `loom data prepare`: text files -> byte-level token shards + tokenizer (llm.c formats).
+/* prepare.c: `loom data prepare`: text files -> token shards + tokenizer (llm.c formats), with the
+ * byte-level tokenizer or a BPE tokenizer directory (loom/tokenizer.h).
  *
- * Each document becomes end-of-text (256) followed by its bytes, so every document starts with EOT.
+ * Each document becomes end-of-text (256, or the BPE tokenizer's "<|endoftext|>") followed by its
+ * tokens (its bytes, or its BPE ids encoded as plain text), so every document starts with EOT.
  * Documents are whole files, or the pieces of a file between lines equal to a separator (fortune
  * files use "%"); empty documents are dropped. The validation split is deterministic and takes whole
  * documents: document i goes to val iff floor((i+1) f) > floor(i f) (evenly spread, round(n f) of
@@ -16,11 +18,18 @@
 #include "core/util.h"
 #include "core/fileio.h"
 #include "loom/data.h"
+#include "loom/tokenizer.h"
 
 typedef struct {
 	const char *p;
-	size_t len;
+	size_t len; /* tokens: bytes of p, or ids */
+	int *ids;   /* BPE ids, or NULL for bytes */
 } doc_t;
+
+static int doc_token(const doc_t *d, size_t t)
+{
+	return d->ids ? d->ids[t] : (unsigned char)d->p[t];
+}
 
 typedef struct {
 	const char *dir, *prefix;
@@ -50,11 +59,76 @@ static int sw_push(shard_writer_t *w, int tok)
 	return w->n == w->cap ? sw_flush(w) : LOOM_OK;
 }
 
-static int sw_push_bytes(shard_writer_t *w, const char *p, size_t len)
+static int sw_push_doc(shard_writer_t *w, const doc_t *d)
 {
 	int rc = LOOM_OK;
-	for (size_t i = 0; rc == LOOM_OK && i < len; i++)
-		rc = sw_push(w, (unsigned char)p[i]);
+	for (size_t i = 0; rc == LOOM_OK && i < d->len; i++)
+		rc = sw_push(w, doc_token(d, i));
+	return rc;
+}
+
+/* Copy the BPE tokenizer's files into out_dir as vocab.json, merges.txt (and pattern.txt), so that the
+ * shards' directory is itself a tokenizer directory. Nothing to do when it is the same directory. */
+static int copy_tokenizer(const char *src, const char *out)
+{
+	static const char *const names[][2] = {{"vocab.json", "vocab.json"}, {"merges.txt", "merges.txt"},
+	                                       {"encoder.json", "vocab.json"}, {"vocab.bpe", "merges.txt"},
+	                                       {"pattern.txt", "pattern.txt"}};
+	char a[1100], b[1100], *ra = realpath(src, NULL), *rb = realpath(out, NULL);
+	int same = ra && rb && strcmp(ra, rb) == 0, rc = LOOM_OK, copied[3] = {0, 0, 0};
+	free(ra), free(rb);
+	if (same)
+		return LOOM_OK;
+	for (size_t i = 0; i < sizeof names / sizeof names[0] && rc == LOOM_OK; i++) {
+		int slot = i == 4 ? 2 : (int)(i % 2);
+		char *text = NULL;
+		size_t len = 0;
+		atomic_file_t af;
+		snprintf(a, sizeof a, "%s/%s", src, names[i][0]);
+		snprintf(b, sizeof b, "%s/%s", out, names[i][1]);
+		if (copied[slot] || access(a, R_OK) != 0)
+			continue;
+		if ((rc = loom__read_file(a, &text, &len)) == LOOM_OK && (rc = loom__atomic_open(&af, b)) == LOOM_OK) {
+			if ((rc = loom__atomic_write(&af, text, len)) == LOOM_OK)
+				rc = loom__atomic_commit(&af);
+			else
+				loom__atomic_abort(&af);
+		}
+		free(text);
+		copied[slot] = 1;
+	}
+	if (rc == LOOM_OK && !copied[2]) { /* no pattern.txt: GPT-2's; drop a stale one */
+		snprintf(b, sizeof b, "%s/pattern.txt", out);
+		unlink(b);
+	}
+	return rc;
+}
+
+/* Write tokenizer.bin (llm.c's format) for a BPE vocabulary when the format can hold it (every id in
+ * use, tokens of 1..255 bytes); otherwise leave none (and remove an old one). */
+static int save_bpe_table(const loom_bpe_t *bpe, const char *path)
+{
+	loom_tokenizer_t tok = {0};
+	int rc = LOOM_OK, v = loom_bpe_vocab_size(bpe);
+	tok.vocab_size = v, tok.eot_token = loom_bpe_eot(bpe);
+	tok.bytes = loom__calloc((size_t)v, sizeof *tok.bytes);
+	tok.lengths = loom__calloc((size_t)v, sizeof *tok.lengths);
+	if (!tok.bytes || !tok.lengths) {
+		rc = loom_seterr(LOOM_ENOMEM, "data prepare: out of memory for the tokenizer table");
+		goto done;
+	}
+	for (int i = 0; i < v; i++) {
+		size_t len;
+		const unsigned char *b = loom_bpe_token(bpe, i, &len);
+		if (!b || len < 1 || len > 255) {
+			unlink(path);
+			goto done;
+		}
+		tok.bytes[i] = (unsigned char *)b, tok.lengths[i] = (int)len;
+	}
+	rc = loom_tokenizer_save(&tok, path);
+done:
+	free(tok.bytes), free(tok.lengths); /* the bytes belong to bpe */
 	return rc;
 }
 
@@ -88,7 +162,7 @@ static int split_docs(const char *text, size_t len, const char *sep, doc_t **doc
 					return loom_seterr(LOOM_ENOMEM, "data prepare: out of memory");
 				*docs = nd, *cap = nc;
 			}
-			(*docs)[(*n)++] = (doc_t){text + start, end - start};
+			(*docs)[(*n)++] = (doc_t){text + start, end - start, NULL};
 		}
 		if (end == len)
 			return LOOM_OK;
@@ -132,9 +206,10 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 	shard_writer_t tw = {o->out_dir, "train", NULL, 0, 0, 0, 0}, vw = {o->out_dir, "val", NULL, 0, 0, 0, 0};
 	uint64_t total = 0;
 	loom_tokenizer_t tok = {0};
+	loom_bpe_t *bpe = NULL;
 	double f = o->val_fraction;
 	char path[1100];
-	int rc = LOOM_OK;
+	int rc = LOOM_OK, eot = LOOM_BYTE_EOT;
 	memset(sum, 0, sizeof *sum);
 	if (!(f >= 0.0 && f < 1.0))
 		return loom_seterr(LOOM_EINVAL, "data prepare: val fraction %g outside [0, 1)", f);
@@ -157,6 +232,19 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 	if (n_docs == 0) {
 		rc = loom_seterr(LOOM_EINVAL, "data prepare: the %d input file(s) hold no text", o->n_inputs);
 		goto out;
+	}
+	if (o->tokenizer) {
+		if ((rc = loom_bpe_load(&bpe, o->tokenizer)) != LOOM_OK)
+			goto out;
+		if ((eot = loom_bpe_eot(bpe)) < 0 || loom_bpe_vocab_size(bpe) > 65536) {
+			rc = loom_seterr(LOOM_EINVAL, "data prepare: tokenizer %s: %s", o->tokenizer,
+			                 eot < 0 ? "has no \"<|endoftext|>\" token to separate documents"
+			                         : "has more than 65536 tokens (shards hold uint16)");
+			goto out;
+		}
+		for (size_t i = 0; i < n_docs; i++) /* documents are plain text: "<|endoftext|>" in them is not special */
+			if ((rc = loom_bpe_encode(bpe, docs[i].p, docs[i].len, 0, &docs[i].ids, &docs[i].len)) != LOOM_OK)
+				goto out;
 	}
 	is_val = loom__calloc(n_docs, 1);
 	if (!is_val) {
@@ -191,12 +279,12 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 		for (size_t i = 0; rc == LOOM_OK && i < n_docs; i++) {
 			/* Token pos is EOT, tokens pos+1.. are the document's bytes. */
 			for (uint64_t t = 0; rc == LOOM_OK && t <= docs[i].len; t++, pos++) {
-				int token = t == 0 ? LOOM_BYTE_EOT : (unsigned char)docs[i].p[t - 1];
+				int token = t == 0 ? eot : doc_token(&docs[i], t - 1);
 				if (pos < n_train) {
 					rc = sw_push(&tw, token);
 				} else {
-					if (!val_started && token != LOOM_BYTE_EOT)
-						rc = sw_push(&vw, LOOM_BYTE_EOT);
+					if (!val_started && token != eot)
+						rc = sw_push(&vw, eot);
 					val_started = 1;
 					if (rc == LOOM_OK)
 						rc = sw_push(&vw, token);
@@ -206,9 +294,9 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 	} else {
 		for (size_t i = 0; rc == LOOM_OK && i < n_docs; i++) {
 			shard_writer_t *w = is_val[i] ? &vw : &tw;
-			rc = sw_push(w, LOOM_BYTE_EOT);
+			rc = sw_push(w, eot);
 			if (rc == LOOM_OK)
-				rc = sw_push_bytes(w, docs[i].p, docs[i].len);
+				rc = sw_push_doc(w, &docs[i]);
 		}
 	}
 	if (rc == LOOM_OK && tw.n > 0)
@@ -217,11 +305,16 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 		rc = sw_flush(&vw);
 	if (rc != LOOM_OK)
 		goto out;
-	if ((rc = loom_tokenizer_init_bytes(&tok)) != LOOM_OK)
-		goto out;
 	snprintf(path, sizeof path, "%s/tokenizer.bin", o->out_dir);
-	if ((rc = loom_tokenizer_save(&tok, path)) != LOOM_OK)
-		goto out;
+	if (bpe) {
+		if ((rc = save_bpe_table(bpe, path)) != LOOM_OK || (rc = copy_tokenizer(o->tokenizer, o->out_dir)) != LOOM_OK)
+			goto out;
+	} else {
+		if ((rc = loom_tokenizer_init_bytes(&tok)) != LOOM_OK)
+			goto out;
+		if ((rc = loom_tokenizer_save(&tok, path)) != LOOM_OK)
+			goto out;
+	}
 	sum->train_tokens = tw.total, sum->val_tokens = vw.total;
 	sum->train_shards = tw.index, sum->val_shards = vw.index;
 out:
@@ -229,7 +322,10 @@ out:
 	for (int i = 0; texts && i < o->n_inputs; i++)
 		free(texts[i]);
 	free(texts);
+	for (size_t i = 0; docs && i < n_docs; i++)
+		free(docs[i].ids);
 	free(docs);
+	loom_bpe_destroy(bpe);
 	free(is_val);
 	free(tw.buf);
 	free(vw.buf);
