@@ -628,7 +628,7 @@ static int call_data_prepare(void *arg, int *rc)
 {
 	prepare_arg_t *a = arg;
 	const char *inputs[2] = {a->in[0], a->in[1]};
-	loom_prepare_opts_t o = {inputs, 2, a->out, 0.25, 100, "%"};
+	loom_prepare_opts_t o = {inputs, 2, a->out, 0.25, 100, "%", NULL};
 	loom_prepare_summary_t sum;
 	*rc = loom_data_prepare(&o, &sum);
 	fault_pause();
