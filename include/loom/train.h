@@ -128,8 +128,13 @@ typedef struct {
 	loom_mesh_t *mesh;         /* instead of comm: the ranks as a dp x tp x pp mesh (borrowed; must
 	                              outlive the trainer). The data-parallel axis carries the gradients,
 	                              the data sharding and the checkpoints' loader states; global rank 0
-	                              logs and saves. Only tp = pp = 1 for now (LOOM_ENOTSUP otherwise).
+	                              logs and saves. Only tp = 1 for now (LOOM_ENOTSUP otherwise).
 	                              comm may be NULL or the mesh's world. */
+	/* Pipeline parallel (a mesh with pp > 1): the layers are split into pp stages balanced by FLOPs;
+	   the accum micro-batches of a step (the micro-batches M) run through them in this schedule. */
+	const char *pp_schedule;   /* "gpipe" | "1f1b" (NULL: 1f1b) */
+	const char *trace_dir;     /* write a Chrome trace of every rank's steps into this directory
+	                              (DIR/trace.json, one track per rank), or NULL */
 } loom_train_config_t;
 
 /* A config with the defaults: accum 1, AdamW defaults, grad_clip 1.0, cosine, min_lr_frac 0.0,
@@ -154,6 +159,10 @@ typedef struct {
 	int has_val;
 	float val_loss;       /* mean loss over eval_batches validation windows, after this step's update */
 	int saved;            /* 1 when a checkpoint of this step was written */
+	double bubble;        /* pipeline: the stages' mean idle fraction of the step's schedule (0 without) */
+	double bubble_theory; /* (P-1)/(M+P-1) */
+	int max_inflight;     /* the most micro-batches whose activations this rank held at once (1 without
+	                         a pipeline; at most P with 1F1B, M with GPipe) */
 } loom_step_metrics_t;
 
 typedef struct loom_trainer loom_trainer_t;
@@ -166,7 +175,7 @@ typedef struct loom_trainer loom_trainer_t;
  * the model, the mesh and the communicator); not collective. Returns LOOM_EINVAL (bad settings, T
  * beyond the model's seq_len, a token id in the data >= the model's vocabulary: the first 1M tokens
  * of each set are checked), LOOM_ENOTSUP (a strategy or ZeRO stage that does not exist, a mesh with
- * tp or pp > 1), LOOM_ENOENT / LOOM_EFORMAT from the data, or LOOM_ENOMEM; the detail is in
+ * tp > 1), LOOM_ENOENT / LOOM_EFORMAT from the data, or LOOM_ENOMEM; the detail is in
  * loom_errmsg(). */
 int loom_trainer_create(loom_trainer_t **tr, const loom_train_config_t *cfg, loom_gpt2_t *model);
 void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log */
