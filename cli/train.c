@@ -441,7 +441,8 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 	if (r->o->world > 1)
 		printf(" | comm %.1f ms, exposed %.1f ms", m->comm_ms, m->exposed_comm_ms);
 	if (r->o->pp > 1)
-		printf(" | bubble %.1f%% (ideal %.1f%%)", 100.0 * m->bubble, 100.0 * m->bubble_theory);
+		printf(" | bubble %.1f%% (ideal %.1f%%, for these stages %.1f%%)", 100.0 * m->bubble,
+		       100.0 * m->bubble_theory, 100.0 * m->bubble_expected);
 	printf(" | ETA %s", eta);
 	if (m->has_val)
 		printf(" | val %.6f", m->val_loss);

@@ -161,6 +161,8 @@ typedef struct {
 	int saved;            /* 1 when a checkpoint of this step was written */
 	double bubble;        /* pipeline: the stages' mean idle fraction of the step's schedule (0 without) */
 	double bubble_theory; /* (P-1)/(M+P-1) */
+	double bubble_expected; /* the theory for these stages' measured compute times t_s (unequal when
+	                           the layers do not split evenly): 1 - M mean(t) / (sum(t) + (M-1) max(t)) */
 	int max_inflight;     /* the most micro-batches whose activations this rank held at once (1 without
 	                         a pipeline; at most P with 1F1B, M with GPipe) */
 } loom_step_metrics_t;

@@ -217,9 +217,10 @@ static void event(pp_exec_t *e, loom__event_kind_t kind, int mb, int unit, doubl
 
 /* The measured bubble: each stage's idle share of the common span of the schedule (the ranks of a
  * job share one machine's monotonic clock, or clocks close enough for a fraction of a step). */
-static int measure_bubble(pp_exec_t *e, double *bubble)
+static int measure_bubble(pp_exec_t *e, double *bubble, double *expected)
 {
 	double mine[3] = {e->first_t, e->last_t, e->busy_s}, lo = 1e300, hi = -1e300, idle = 0.0;
+	double sum = 0.0, most = 0.0;
 	int rc = loom_allgather(e->cfg.pp, mine, e->times, 3, LOOM_FLOAT64);
 	if (rc != LOOM_OK)
 		return loom_seterr(rc, "pipeline stage %d of %d: gathering the stages' timings: %s", e->s, e->P,
@@ -229,6 +230,10 @@ static int measure_bubble(pp_exec_t *e, double *bubble)
 	for (int q = 0; q < e->P && hi > lo; q++)
 		idle += 1.0 - e->times[3 * q + 2] / (hi - lo);
 	*bubble = idle / e->P;
+	/* Unequal stages: the slowest sets the pace of the steady state, the others wait for it. */
+	for (int q = 0; q < e->P; q++)
+		sum += e->times[3 * q + 2] / e->M, most = LOOM_MAX(most, e->times[3 * q + 2] / e->M);
+	*expected = most > 0 ? 1.0 - e->M * (sum / e->P) / (sum + (e->M - 1) * most) : 0.0;
 	return LOOM_OK;
 }
 
@@ -348,7 +353,7 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 			e->inflight--;
 		}
 	}
-	if ((rc = drain(e, LOOM_OK)) != LOOM_OK || (rc = measure_bubble(e, &st->bubble)) != LOOM_OK)
+	if ((rc = drain(e, LOOM_OK)) != LOOM_OK || (rc = measure_bubble(e, &st->bubble, &st->bubble_expected)) != LOOM_OK)
 		goto out;
 	loom_strategy_stats_t ss;
 	if ((rc = s->ops->finish_grads(s, &ss)) != LOOM_OK)

@@ -81,6 +81,9 @@ typedef struct {
 	double bubble;                   /* the stages' mean idle fraction over the schedule's common span
 	                                    (first forward of any stage to last backward of any), from the
 	                                    same timestamps as the trace; 0 for the local executor */
+	double bubble_expected;          /* what a schedule of these stages' measured compute times t_s per
+	                                    micro-batch should idle: 1 - M mean(t) / (sum(t) + (M-1) max(t)),
+	                                    which is (P-1)/(M+P-1) when the stages are balanced */
 } loom_exec_stats_t;
 
 typedef struct {

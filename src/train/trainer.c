@@ -271,7 +271,7 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 		return loom_seterr(rc, "rank %d: step %lld (data window %llu of '%s'): %s", tr->rank, tr->step + 1,
 		                   tr->window, c->train_data, loom_errmsg());
 	comm_ms += es.comm_ms, exposed_ms += es.exposed_comm_ms;
-	m->bubble = es.bubble, m->max_inflight = es.max_inflight;
+	m->bubble = es.bubble, m->bubble_expected = es.bubble_expected, m->max_inflight = es.max_inflight;
 	m->bubble_theory = tr->pp ? loom__pp_bubble_theory(LOOM_PP_1F1B, tr->pp_size, c->accum) : 0.0;
 	if (tr->dp) { /* the loss of all data-parallel ranks: a blocking all-reduce of one double */
 		double ta = loom_now();
