@@ -32,6 +32,7 @@ enum { STEPS = 10, TT = 32 };
 
 static char g_dir[512];
 static double g_ref[STEPS + 1];
+static float g_ref_val;
 static float *g_ref_params;
 static loom_gpt2_config_t g_mc;
 
@@ -62,6 +63,7 @@ static loom_train_config_t config(const char *glob, int accum)
 	c.lr = (loom_lr_schedule_t){.peak_lr = 3e-3, .warmup = 2, .total_steps = STEPS, .kind = LOOM_SCHED_COSINE,
 	                            .min_lr_frac = 0.1};
 	c.grad_clip = 1.0;
+	c.val_data = glob, c.eval_batches = 3;
 	return c;
 }
 
@@ -87,6 +89,7 @@ static int reference(int accum)
 	}
 	/* the losses move (AdamW moves every parameter by about lr per step): not a comparison of constants */
 	CHECK_MSG(fabs(g_ref[STEPS] - g_ref[1]) > 1e-3, "losses %g .. %g", g_ref[1], g_ref[STEPS]);
+	CHECK_OK(loom_trainer_eval(tr, &g_ref_val));
 	size_t n = loom_gpt2_num_params(&g_mc);
 	free(g_ref_params);
 	CHECK((g_ref_params = malloc(n * sizeof(float))) != NULL);
@@ -174,6 +177,11 @@ static int pp_rank(int rank, int nranks, void *arg)
 		}
 	}
 	CHECK_OK(max_diff_ok(loom_gpt2_params(m), g_ref_params, loom_gpt2_num_params(&g_mc), 1e-5));
+	if (!r->save_at) { /* evaluation gathers the stages and agrees on every rank */
+		float val;
+		CHECK_OK(loom_trainer_eval(tr, &val));
+		CHECK_NEAR(val, g_ref_val, 1e-5 * g_ref_val);
+	}
 	loom_trainer_destroy(tr);
 	loom_gpt2_destroy(m);
 	loom_mesh_destroy(mesh);
@@ -445,5 +453,40 @@ TEST(pp_schedules_and_partition)
 	CHECK_EQ(lo[1], 5);
 	CHECK_ERR(loom__pp_partition(&mc, 256, 7, lo), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "7 stages for a model of 6 layers");
+	return 0;
+}
+
+/* The CLI: `--nproc 2 --pp 2` trains, says so and logs the bubble; a world not divisible by --pp is a
+ * clear error (on every rank: the mesh's check runs before any work). */
+TEST(pp_cli)
+{
+	char cmd[2048], out[16384];
+	CHECK_OK(test_mkdtemp(g_dir, sizeof g_dir));
+	CHECK_OK(make_data(g_dir));
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --pp 2 --micro-batches 4 --schedule gpipe --train-data "
+	         "'%s/train_*.bin' --model tiny --batch-size 1 --seq-len 32 --steps 3 --schedule constant "
+	         "--peak-flops 1e10 --log %s/log.jsonl", test_loom_bin(), g_dir, g_dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	CHECK_CONTAINS(out, "[rank 0] batch: B=1 T=32 micro-batches=4 dp=1 -> 128 tokens per step");
+	CHECK_CONTAINS(out, "[rank 0] pipeline parallel: 2 stages x dp 1, schedule gpipe, 4 micro-batches per step "
+	               "(ideal bubble (P-1)/(M+P-1) = 20.0%)");
+	CHECK_CONTAINS(out, "(ideal 20.0%, for these stages ");
+	CHECK_CONTAINS(out, "[rank 0] step 3/3 | loss ");
+	snprintf(cmd, sizeof cmd, "%s/log.jsonl", g_dir);
+	FILE *f = fopen(cmd, "r");
+	char line[1024];
+	CHECK(f && fgets(line, sizeof line, f));
+	fclose(f);
+	CHECK_CONTAINS(line, ",\"bubble\":");
+	CHECK_CONTAINS(line, ",\"bubble_theory\":0.2000,\"bubble_expected\":");
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --pp 3 --train-data '%s/train_*.bin' --model tiny --steps 1",
+	         test_loom_bin(), g_dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK(st != 0);
+	/* every rank fails alike; the launcher stops the others at the first failure */
+	CHECK_CONTAINS(out, " loom train: --pp 3 on 2 ranks: mesh: rank ");
+	CHECK_CONTAINS(out, "the world of 2 ranks is not divisible by the other sizes (3) to derive dp");
+	test_rmdir(g_dir);
 	return 0;
 }
