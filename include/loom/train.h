@@ -17,6 +17,12 @@
  * states of all data-parallel ranks. N ranks with accumulation A give the same losses (up to float
  * rounding) as one rank with accumulation N x A.
  *
+ * Pipeline parallelism: on a mesh with pp > 1 each rank runs a stage (a FLOP-balanced range of
+ * layers) and a step's accum micro-batches flow through the stages in a GPipe or 1F1B schedule
+ * (pp_schedule); losses match one process with the same accumulation up to float rounding, every
+ * rank reports the same metrics, checkpoints hold the whole model (gathered from the stages), and
+ * a pipeline's checkpoint resumes on any mesh with the same data-parallel size (docs/mesh.md).
+ *
  * A training checkpoint (DIR/step_NNNNNNNN/, written through loom/ckpt.h) holds the model, the AdamW
  * state (m, v, step) and the trainer state (step, data-loader state, seed, config). There is no other
  * random state: the shuffle order is a function of (seed, epoch), and samples printed during

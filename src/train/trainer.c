@@ -1,7 +1,10 @@
 /* trainer.c: the training loop: micro-steps with gradient accumulation, global-norm clipping,
  * AdamW under an LR schedule, evaluation, and the run loop that logs and checkpoints. How the
  * training state is spread over the data-parallel ranks is the parallel strategy's business
- * (src/parallel/strategy.h): the loop calls its operations and never asks which one it has.
+ * (src/parallel/strategy.h): the loop calls its operations and never asks which one it has. How a
+ * step's micro-batches run is the step executor's (src/parallel/pp.h): the local loop on the whole
+ * model, or, on a mesh with pp > 1, this rank's pipeline stage running a GPipe or 1F1B schedule (the
+ * strategy then attaches to the stage's model and covers its tensors).
  *
  * Invariants: after k calls of loom_trainer_step, tr->step == k, the optimizer has taken k steps and
  * the train loader's position is window k*accum*dp_size + dp_rank, so the whole training state is
