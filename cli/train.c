@@ -25,6 +25,7 @@
 #include "loom/comm.h"
 #include "loom/data.h"
 #include "loom/gpt2.h"
+#include "loom/mesh.h"
 #include "loom/train.h"
 
 static const char *const usage_text =
@@ -75,7 +76,15 @@ static const char *const usage_text =
 	"  --check-replicas K     every K steps verify that all ranks hold bit-identical parameters\n"
 	"  --lr-scale S           none|sqrt|linear: scale --lr by (tokens per step / --ref-batch-size)^p,\n"
 	"                         p = 1/2 (sqrt) or 1 (linear); default none\n"
-	"  --ref-batch-size N     tokens per step that --lr was tuned for\n";
+	"  --ref-batch-size N     tokens per step that --lr was tuned for\n"
+	"pipeline parallel (data parallel takes the rest of the ranks: dp = ranks / pp):\n"
+	"  --pp P                 split the layers into P stages balanced by FLOPs (the embedding on the\n"
+	"                         first, the head and loss on the last); ranks are ordered dp, then pp\n"
+	"  --micro-batches M      micro-batches per step and data-parallel rank (the same as --grad-accum M)\n"
+	"  --schedule gpipe|1f1b  the pipeline schedule (default 1f1b: at most P micro-batches' activations\n"
+	"                         stored per stage; gpipe stores M); cosine|linear|constant stay the LR's\n"
+	"  --trace DIR            write a Chrome trace (DIR/trace.json, one track per rank; open it in\n"
+	"                         Perfetto or chrome://tracing) of every step\n";
 
 typedef struct {
 	loom_train_config_t tc;
@@ -90,6 +99,7 @@ typedef struct {
 	long long ref_batch;
 	double base_lr;                   /* --lr before scaling */
 	int rank, world;
+	int pp, dp;                       /* pipeline stages; data-parallel ranks = world / pp */
 } opts_t;
 
 /* Parse an integer flag that must be in [lo, hi]. */
@@ -114,6 +124,7 @@ static void parse(int argc, char **argv, opts_t *o)
 	o->grad_accum = -1;
 	o->print_every = 1;
 	o->world = 1;
+	o->pp = 1, o->dp = 1;
 #define FLAG(name) cli_flag(argc, argv, &i, name, &v)
 #define DBL(name) cli_parse_double("train", name, v)
 	for (int i = 1; i < argc; i++) {
@@ -141,7 +152,8 @@ static void parse(int argc, char **argv, opts_t *o)
 		else if (FLAG("--steps")) o->tc.lr.total_steps = int_in("--steps", v, 1, 1LL << 40);
 		else if (FLAG("--lr")) o->tc.lr.peak_lr = DBL("--lr");
 		else if (FLAG("--warmup")) o->tc.lr.warmup = int_in("--warmup", v, 0, 1LL << 40);
-		else if (FLAG("--schedule")) {
+		else if (FLAG("--schedule") && (!strcmp(v, "gpipe") || !strcmp(v, "1f1b"))) o->tc.pp_schedule = v;
+		else if (!strcmp(a, "--schedule") || !strncmp(a, "--schedule=", 11)) {
 			if (loom_schedule_parse(v, &o->tc.lr.kind) != LOOM_OK)
 				cli_die("train", "--schedule: %s", loom_errmsg());
 		} else if (FLAG("--min-lr-frac")) o->tc.lr.min_lr_frac = DBL("--min-lr-frac");
@@ -178,6 +190,14 @@ static void parse(int argc, char **argv, opts_t *o)
 			if (loom_lr_scale_parse(v, &o->lr_scale) != LOOM_OK)
 				cli_die("train", "--lr-scale: %s", loom_errmsg());
 		} else if (FLAG("--ref-batch-size")) o->ref_batch = int_in("--ref-batch-size", v, 1, 1LL << 40);
+		else if (FLAG("--pp")) o->pp = (int)int_in("--pp", v, 1, 4096);
+		else if (FLAG("--micro-batches")) {
+			int mb = (int)int_in("--micro-batches", v, 1, 1 << 20);
+			if (o->grad_accum > 0 && o->grad_accum != mb)
+				cli_die("train", "--micro-batches %d and --grad-accum %d disagree (they are the same setting)", mb,
+				        o->grad_accum);
+			o->grad_accum = mb;
+		} else if (FLAG("--trace")) o->tc.trace_dir = v;
 		else
 			cli_die("train", "unknown flag '%s' (see loom train --help)", a);
 	}
@@ -199,7 +219,10 @@ static void parse(int argc, char **argv, opts_t *o)
 	if (o->tc.save_every > 0 && !o->tc.save_dir)
 		cli_die("train", "--save-every needs --save-dir DIR");
 	if (o->grad_accum > 0 && o->total_batch > 0)
-		cli_die("train", "give --grad-accum or --total-batch-size, not both");
+		cli_die("train", "give --grad-accum (--micro-batches) or --total-batch-size, not both");
+	if (o->pp > 1 && o->sample_every > 0)
+		cli_die("train", "--sample-every with --pp %d: a pipeline stage holds only its own layers; sample from a "
+		        "checkpoint with `loom sample` instead", o->pp);
 	double scaled;
 	if (loom_lr_scaled(o->tc.lr.peak_lr, o->lr_scale, 1, o->ref_batch, &scaled) != LOOM_OK)
 		cli_die("train", "%s", loom_errmsg()); /* e.g. a scaling without its reference batch */
@@ -271,13 +294,13 @@ static void model_config(opts_t *o)
 static void batch_config(opts_t *o)
 {
 	if (o->total_batch > 0) {
-		if (loom_train_accum(o->total_batch, o->tc.B, o->tc.T, o->world, &o->tc.accum) != LOOM_OK)
+		if (loom_train_accum(o->total_batch, o->tc.B, o->tc.T, o->dp, &o->tc.accum) != LOOM_OK)
 			cli_die("train", "%s", loom_errmsg());
 	} else {
 		o->tc.accum = o->grad_accum > 0 ? o->grad_accum : 1;
 	}
 	o->base_lr = o->tc.lr.peak_lr;
-	if (loom_lr_scaled(o->base_lr, o->lr_scale, (long long)o->tc.B * o->tc.T * o->world * o->tc.accum, o->ref_batch,
+	if (loom_lr_scaled(o->base_lr, o->lr_scale, (long long)o->tc.B * o->tc.T * o->dp * o->tc.accum, o->ref_batch,
 	                   &o->tc.lr.peak_lr) != LOOM_OK)
 		cli_die("train", "%s", loom_errmsg());
 }
@@ -367,7 +390,10 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	printf("model: L%d H%d C%d T%d V%d, %zu parameters%s%s\n", o->mc.n_layer, o->mc.n_head, o->mc.n_embd,
 	       o->mc.seq_len, o->mc.vocab_size, loom_gpt2_num_params(&o->mc), o->init_from ? ", from " : "",
 	       o->init_from ? o->init_from : "");
-	if (o->world > 1)
+	if (o->pp > 1)
+		printf("batch: B=%d T=%d micro-batches=%d dp=%d -> %lld tokens per step", o->tc.B, o->tc.T, o->tc.accum,
+		       o->dp, loom_trainer_tokens_per_step(tr));
+	else if (o->world > 1)
 		printf("batch: B=%d T=%d accum=%d ranks=%d -> %lld tokens per step", o->tc.B, o->tc.T, o->tc.accum,
 		       o->world, loom_trainer_tokens_per_step(tr));
 	else
@@ -379,9 +405,14 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		printf("lr: peak %g = %g x %g (%s scaling, %lld tokens per step vs a reference of %lld)\n", o->tc.lr.peak_lr,
 		       o->base_lr, o->tc.lr.peak_lr / o->base_lr, loom_lr_scale_name(o->lr_scale),
 		       loom_trainer_tokens_per_step(tr), o->ref_batch);
-	if (o->world > 1) {
+	if (o->pp > 1)
+		printf("pipeline parallel: %d stages x dp %d, schedule %s, %d micro-batches per step (ideal bubble "
+		       "(P-1)/(M+P-1) = %.1f%%)%s%s\n", o->pp, o->dp, o->tc.pp_schedule ? o->tc.pp_schedule : "1f1b",
+		       o->tc.accum, 100.0 * (o->pp - 1) / (o->tc.accum + o->pp - 1), o->tc.trace_dir ? "; trace in " : "",
+		       o->tc.trace_dir ? o->tc.trace_dir : "");
+	if (o->dp > 1) {
 		printf("data parallel: %d ranks x %d thread%s; gradients averaged in buckets of %g MiB (the first %g MiB) "
-		       "on the last of %d micro-step%s", o->world, loom_num_threads(), loom_num_threads() == 1 ? "" : "s",
+		       "on the last of %d micro-step%s", o->dp, loom_num_threads(), loom_num_threads() == 1 ? "" : "s",
 		       o->tc.bucket_mb, o->tc.bucket_mb < 1 ? o->tc.bucket_mb : 1.0, o->tc.accum, o->tc.accum == 1 ? "" : "s");
 		if (o->tc.check_replicas > 0)
 			printf("; replicas compared every %d step%s", o->tc.check_replicas, o->tc.check_replicas == 1 ? "" : "s");
@@ -409,6 +440,9 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 	       m->loss, m->lr, m->grad_norm, m->dt_ms, m->tokens_per_s, mfu);
 	if (r->o->world > 1)
 		printf(" | comm %.1f ms, exposed %.1f ms", m->comm_ms, m->exposed_comm_ms);
+	if (r->o->pp > 1)
+		printf(" | bubble %.1f%% (ideal %.1f%%, for these stages %.1f%%)", 100.0 * m->bubble,
+		       100.0 * m->bubble_theory, 100.0 * m->bubble_expected);
 	printf(" | ETA %s", eta);
 	if (m->has_val)
 		printf(" | val %.6f", m->val_loss);
@@ -429,6 +463,7 @@ int loom_cli_train(int argc, char **argv)
 {
 	opts_t o;
 	loom_comm_t *comm = NULL;
+	loom_mesh_t *mesh = NULL;
 	loom_gpt2_t *model = NULL;
 	loom_trainer_t *tr = NULL;
 	run_ctx_t r;
@@ -442,6 +477,14 @@ int loom_cli_train(int argc, char **argv)
 	o.rank = loom_comm_rank(comm), o.world = loom_comm_size(comm);
 	if (o.nproc > 0 && o.nproc != o.world)
 		cli_die("train", "--nproc %d, but this process is already rank %d of a job of %d", o.nproc, o.rank, o.world);
+	if (o.pp > 1) { /* the ranks as dp x 1 x pp: every rank checks the sizes before any work */
+		if (loom_mesh_create(&mesh, o.world > 1 ? comm : NULL, 0, 1, o.pp) != LOOM_OK)
+			cli_die("train", "--pp %d on %d rank%s: %s", o.pp, o.world, o.world == 1 ? "" : "s", loom_errmsg());
+		o.dp = loom_mesh_size(mesh, LOOM_MESH_DP);
+		o.tc.mesh = mesh;
+	} else {
+		o.dp = o.world;
+	}
 	if (o.world == 1) {
 		loom_comm_destroy(comm);
 		comm = NULL;
@@ -524,8 +567,9 @@ int loom_cli_train(int argc, char **argv)
 	}
 	status = 0;
 out:
-	loom_trainer_destroy(tr); /* before the model and the communicator it uses */
+	loom_trainer_destroy(tr); /* before the model, the mesh and the communicator it uses */
 	loom_gpt2_destroy(model);
+	loom_mesh_destroy(mesh);
 	loom_comm_destroy(comm);
 	if (r.have_tok)
 		loom_tokenizer_free(&r.tok);

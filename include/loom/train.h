@@ -17,6 +17,12 @@
  * states of all data-parallel ranks. N ranks with accumulation A give the same losses (up to float
  * rounding) as one rank with accumulation N x A.
  *
+ * Pipeline parallelism: on a mesh with pp > 1 each rank runs a stage (a FLOP-balanced range of
+ * layers) and a step's accum micro-batches flow through the stages in a GPipe or 1F1B schedule
+ * (pp_schedule); losses match one process with the same accumulation up to float rounding, every
+ * rank reports the same metrics, checkpoints hold the whole model (gathered from the stages), and
+ * a pipeline's checkpoint resumes on any mesh with the same data-parallel size (docs/mesh.md).
+ *
  * A training checkpoint (DIR/step_NNNNNNNN/, written through loom/ckpt.h) holds the model, the AdamW
  * state (m, v, step) and the trainer state (step, data-loader state, seed, config). There is no other
  * random state: the shuffle order is a function of (seed, epoch), and samples printed during
@@ -128,8 +134,13 @@ typedef struct {
 	loom_mesh_t *mesh;         /* instead of comm: the ranks as a dp x tp x pp mesh (borrowed; must
 	                              outlive the trainer). The data-parallel axis carries the gradients,
 	                              the data sharding and the checkpoints' loader states; global rank 0
-	                              logs and saves. Only tp = pp = 1 for now (LOOM_ENOTSUP otherwise).
+	                              logs and saves. Only tp = 1 for now (LOOM_ENOTSUP otherwise).
 	                              comm may be NULL or the mesh's world. */
+	/* Pipeline parallel (a mesh with pp > 1): the layers are split into pp stages balanced by FLOPs;
+	   the accum micro-batches of a step (the micro-batches M) run through them in this schedule. */
+	const char *pp_schedule;   /* "gpipe" | "1f1b" (NULL: 1f1b) */
+	const char *trace_dir;     /* write a Chrome trace of every rank's steps into this directory
+	                              (DIR/trace.json, one track per rank), or NULL */
 } loom_train_config_t;
 
 /* A config with the defaults: accum 1, AdamW defaults, grad_clip 1.0, cosine, min_lr_frac 0.0,
@@ -154,6 +165,12 @@ typedef struct {
 	int has_val;
 	float val_loss;       /* mean loss over eval_batches validation windows, after this step's update */
 	int saved;            /* 1 when a checkpoint of this step was written */
+	double bubble;        /* pipeline: the stages' mean idle fraction of the step's schedule (0 without) */
+	double bubble_theory; /* (P-1)/(M+P-1) */
+	double bubble_expected; /* the theory for these stages' measured compute times t_s (unequal when
+	                           the layers do not split evenly): 1 - M mean(t) / (sum(t) + (M-1) max(t)) */
+	int max_inflight;     /* the most micro-batches whose activations this rank held at once (1 without
+	                         a pipeline; at most P with 1F1B, M with GPipe) */
 } loom_step_metrics_t;
 
 typedef struct loom_trainer loom_trainer_t;
@@ -166,7 +183,7 @@ typedef struct loom_trainer loom_trainer_t;
  * the model, the mesh and the communicator); not collective. Returns LOOM_EINVAL (bad settings, T
  * beyond the model's seq_len, a token id in the data >= the model's vocabulary: the first 1M tokens
  * of each set are checked), LOOM_ENOTSUP (a strategy or ZeRO stage that does not exist, a mesh with
- * tp or pp > 1), LOOM_ENOENT / LOOM_EFORMAT from the data, or LOOM_ENOMEM; the detail is in
+ * tp > 1), LOOM_ENOENT / LOOM_EFORMAT from the data, or LOOM_ENOMEM; the detail is in
  * loom_errmsg(). */
 int loom_trainer_create(loom_trainer_t **tr, const loom_train_config_t *cfg, loom_gpt2_t *model);
 void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log */

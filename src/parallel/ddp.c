@@ -51,7 +51,7 @@ static void on_grad_ready(void *ctx, int t)
 {
 	loom_ddp_t *d = ctx;
 	bucket_t *b;
-	if (!d->sync || d->err || t < 0 || t >= d->ntensors)
+	if (!d->sync || d->err || t < 0 || t >= d->ntensors || d->bucket_of[t] < 0)
 		return;
 	b = &d->buckets[d->bucket_of[t]];
 	if (++b->ready == b->hi - b->lo + 1) {
@@ -66,6 +66,14 @@ static void on_grad_ready(void *ctx, int t)
 }
 
 int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, double bucket_mb, double first_bucket_mb)
+{
+	return loom__ddp_create_used(out, comm, model, bucket_mb, first_bucket_mb, NULL);
+}
+
+/* Buckets over the tensors with used[t] != 0 only (NULL: all), for a pipeline stage's model, which
+ * reports only its own tensors: an unused tensor closes the bucket before it and belongs to none. */
+int loom__ddp_create_used(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, double bucket_mb,
+                          double first_bucket_mb, const unsigned char *used)
 {
 	const loom_gpt2_config_t *cfg = loom_gpt2_config(model);
 	loom_ddp_t *d;
@@ -103,13 +111,17 @@ int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, dou
 	limit = (size_t)(first_bucket_mb * 1048576.0);
 	for (int t = d->ntensors - 1; t >= 0; t--) {
 		bucket_t *b = &d->buckets[d->nbuckets];
+		if (used && !used[t]) {
+			d->bucket_of[t] = -1;
+			continue;
+		}
 		loom_gpt2_tensor_info(cfg, t, &info);
 		if (bytes == 0)
 			b->hi = t;
 		b->lo = t;
 		d->bucket_of[t] = d->nbuckets;
 		bytes += info.numel * sizeof(float);
-		if (bytes >= limit || t == 0) {
+		if (bytes >= limit || t == 0 || (used && !used[t - 1])) {
 			loom_tensor_info_t lo;
 			loom_gpt2_tensor_info(cfg, b->lo, &lo);
 			b->offset = lo.offset;
@@ -289,7 +301,8 @@ static int ddp_s_create(loom_strategy_t **out, const loom_strategy_config_t *cfg
 		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
 	d->base.ops = loom__ddp_strategy();
 	/* PyTorch DDP's layout: the first bucket (the last layers, whose gradients come first) 1 MiB. */
-	if ((rc = loom_ddp_create(&d->ddp, cfg->dp, cfg->model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb))) ||
+	if ((rc = loom__ddp_create_used(&d->ddp, cfg->dp, cfg->model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb),
+	                                cfg->tensor_used)) ||
 	    (rc = loom__replica_init(&d->base, cfg, loom_ddp_grads(d->ddp)))) {
 		ddp_s_destroy(&d->base);
 		return rc;

@@ -33,6 +33,7 @@
 
 #include "loom/ckpt.h"
 #include "loom/comm.h"
+#include "loom/ddp.h"
 #include "loom/gpt2.h"
 #include "loom/optim.h"
 
@@ -47,6 +48,10 @@ typedef struct {
 	int writer;           /* 1 on the rank that writes checkpoints (global rank 0) */
 	loom_adamw_config_t adamw;
 	double bucket_mb;     /* gradient bucket size (MiB); the first bucket min(1, bucket_mb) */
+	/* NULL, or per tensor 1 when the model reports its gradient (a pipeline stage's model reports only
+	 * its own tensors): DDP's buckets cover those only. The optimizer still covers every parameter
+	 * (the unused ones get zero gradients and are never read by this rank; src/parallel/pp.c). */
+	const unsigned char *tensor_used;
 } loom_strategy_config_t;
 
 /* Communication of one step's gradients, as loom_ddp_stats_t. */
@@ -103,6 +108,10 @@ struct loom_strategy {
  * no data symbols); strategy.c's table picks among them. */
 const loom_strategy_ops_t *loom__local_strategy(void);
 const loom_strategy_ops_t *loom__ddp_strategy(void);
+
+/* loom_ddp_create with buckets over the tensors whose used[t] is non-zero only (NULL: all). */
+int loom__ddp_create_used(loom_ddp_t **d, loom_comm_t *comm, loom_gpt2_t *model, double bucket_mb,
+                          double first_bucket_mb, const unsigned char *used);
 
 /* Pick the strategy for cfg by the table in strategy.c (LOOM_ENOTSUP naming what exists for an
  * unknown name or a ZeRO stage not implemented) and create it. */

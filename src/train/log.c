@@ -105,6 +105,11 @@ int loom_train_log_write(loom_trainer_t *tr, const loom_step_metrics_t *m)
 		num(f, "comm_ms", m->comm_ms, "%.3f");
 		num(f, "exposed_comm_ms", m->exposed_comm_ms, "%.3f");
 	}
+	if (tr->pp) { /* the pipeline's measured bubble beside (P-1)/(M+P-1) */
+		num(f, "bubble", m->bubble, "%.4f");
+		num(f, "bubble_theory", m->bubble_theory, "%.4f");
+		num(f, "bubble_expected", m->bubble_expected, "%.4f");
+	}
 	fprintf(f, ",\"tokens\":%lld", m->step * loom_trainer_tokens_per_step(tr));
 	if (m->has_val)
 		num(f, "val_loss", m->val_loss, "%.9g");

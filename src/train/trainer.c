@@ -1,7 +1,10 @@
 /* trainer.c: the training loop: micro-steps with gradient accumulation, global-norm clipping,
  * AdamW under an LR schedule, evaluation, and the run loop that logs and checkpoints. How the
  * training state is spread over the data-parallel ranks is the parallel strategy's business
- * (src/parallel/strategy.h): the loop calls its operations and never asks which one it has.
+ * (src/parallel/strategy.h): the loop calls its operations and never asks which one it has. How a
+ * step's micro-batches run is the step executor's (src/parallel/pp.h): the local loop on the whole
+ * model, or, on a mesh with pp > 1, this rank's pipeline stage running a GPipe or 1F1B schedule (the
+ * strategy then attaches to the stage's model and covers its tensors).
  *
  * Invariants: after k calls of loom_trainer_step, tr->step == k, the optimizer has taken k steps and
  * the train loader's position is window k*accum*dp_size + dp_rank, so the whole training state is
@@ -95,12 +98,19 @@ static int check_config(const loom_train_config_t *c, const loom_gpt2_config_t *
 		return loom_seterr(LOOM_EINVAL, "trainer: bucket size %g MiB must be > 0", c->bucket_mb);
 	if (c->check_replicas < 0)
 		return loom_seterr(LOOM_EINVAL, "trainer: check-replicas %d must be >= 0", c->check_replicas);
+	loom_pp_schedule_t sched;
+	if (c->pp_schedule && (rc = loom__pp_schedule_parse(c->pp_schedule, &sched)) != LOOM_OK)
+		return loom_seterr(rc, "trainer: %s", loom_errmsg());
 	if (c->mesh) {
 		int tp = loom_mesh_size(c->mesh, LOOM_MESH_TP), pp = loom_mesh_size(c->mesh, LOOM_MESH_PP);
-		if (tp != 1 || pp != 1)
+		if (tp != 1)
 			return loom_seterr(LOOM_ENOTSUP, "trainer: rank %d: a mesh with tp = %d and pp = %d: tensor and "
-			                   "pipeline parallel training are not implemented yet (issue 9); use tp = pp = 1",
+			                   "pipeline parallel training are not implemented yet (issue 9); use tp = 1",
 			                   loom_mesh_world_rank(c->mesh), tp, pp);
+		if (pp > mc->n_layer)
+			return loom_seterr(LOOM_EINVAL, "trainer: rank %d: a pipeline of %d stages for a model of %d layers: "
+			                   "every stage needs at least one layer (pp <= %d)", loom_mesh_world_rank(c->mesh), pp,
+			                   mc->n_layer, mc->n_layer);
 		if (c->comm && c->comm != loom_mesh_world(c->mesh))
 			return loom_seterr(LOOM_EINVAL, "trainer: both a communicator and a mesh over another one were given: "
 			                   "give the mesh only");
@@ -123,6 +133,20 @@ static void topology(loom_trainer_t *tr, const loom_train_config_t *c)
 		tr->dp = NULL; /* a communicator of one rank is the same as none */
 	if (tr->dp)
 		tr->dp_rank = loom_comm_rank(tr->dp), tr->dp_size = loom_comm_size(tr->dp);
+	tr->pp = c->mesh ? loom_mesh_comm(c->mesh, LOOM_MESH_PP) : NULL, tr->pp_rank = 0, tr->pp_size = 1;
+	if (tr->pp)
+		tr->pp_rank = loom_comm_rank(tr->pp), tr->pp_size = loom_comm_size(tr->pp);
+}
+
+/* The trainer's loader as the executor's source of micro-batches. */
+static int next_batch(void *ctx, int j, int *inputs, int *targets)
+{
+	loom_trainer_t *tr = ctx;
+	loom_loader_state_t st;
+	(void)j;
+	loom_loader_get_state(tr->train, &st);
+	tr->window = (unsigned long long)st.next_window;
+	return loom_loader_next(tr->train, inputs, targets);
 }
 
 int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, loom_gpt2_t *model)
@@ -144,23 +168,36 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	topology(tr, cfg);
 	if ((rc = dup_str(&tr->train_data, cfg->train_data)) || (rc = dup_str(&tr->val_data, cfg->val_data)) ||
 	    (rc = dup_str(&tr->save_dir, cfg->save_dir)) || (rc = dup_str(&tr->log_path, cfg->log_path)) ||
-	    (rc = dup_str(&tr->tokenizer, cfg->tokenizer)) || (rc = dup_str(&tr->strategy_name, cfg->strategy)))
+	    (rc = dup_str(&tr->tokenizer, cfg->tokenizer)) || (rc = dup_str(&tr->strategy_name, cfg->strategy)) ||
+	    (rc = dup_str(&tr->pp_schedule, cfg->pp_schedule)) || (rc = dup_str(&tr->trace_dir, cfg->trace_dir)))
 		goto fail;
 	tr->cfg.train_data = tr->train_data, tr->cfg.val_data = tr->val_data;
 	tr->cfg.save_dir = tr->save_dir, tr->cfg.log_path = tr->log_path, tr->cfg.tokenizer = tr->tokenizer;
-	tr->cfg.strategy = tr->strategy_name;
-	/* The strategy first (an unsupported one fails before the data is read); it attaches to the
-	 * model: the model's gradient view points at the strategy's storage until destroy. */
-	loom_strategy_config_t sc = {.name = cfg->strategy, .zero = cfg->zero, .model = model, .dp = tr->dp,
-	                             .writer = tr->rank == 0, .adamw = cfg->adamw, .bucket_mb = cfg->bucket_mb};
-	if ((rc = loom__strategy_create(&tr->strategy, &sc)) != LOOM_OK)
-		goto fail;
+	tr->cfg.strategy = tr->strategy_name, tr->cfg.pp_schedule = tr->pp_schedule, tr->cfg.trace_dir = tr->trace_dir;
 	tr->inputs = loom__malloc((size_t)cfg->B * cfg->T * sizeof(int));
 	tr->targets = loom__malloc((size_t)cfg->B * cfg->T * sizeof(int));
 	if (!tr->inputs || !tr->targets) {
 		rc = loom_seterr(LOOM_ENOMEM, "trainer: out of memory for a batch of %d x %d", cfg->B, cfg->T);
 		goto fail;
 	}
+	if (cfg->trace_dir && (rc = loom__trace_open(&tr->trace, cfg->trace_dir, tr->rank)) != LOOM_OK)
+		goto fail;
+	/* The executor (with a pipeline axis: this rank's stage, a model of its layers; collective over
+	 * the axis), then the strategy (an unsupported one fails before the data is read), which attaches
+	 * to the executor's model: its gradient view points at the strategy's storage until destroy. */
+	loom_exec_config_t ec = {.model = model, .pp = tr->pp, .B = cfg->B, .T = cfg->T, .M = cfg->accum,
+	                         .schedule = LOOM_PP_1F1B, .inputs = tr->inputs, .targets = tr->targets,
+	                         .on_event = tr->trace ? loom__trace_event : NULL, .event_ctx = tr->trace};
+	if (cfg->pp_schedule)
+		loom__pp_schedule_parse(cfg->pp_schedule, &ec.schedule); /* checked above */
+	const loom_exec_ops_t *eo = tr->pp ? loom__exec_pipeline() : loom__exec_local();
+	if ((rc = eo->create(&tr->exec, &ec)) != LOOM_OK)
+		goto fail;
+	loom_strategy_config_t sc = {.name = cfg->strategy, .zero = cfg->zero, .model = eo->model(tr->exec),
+	                             .dp = tr->dp, .writer = tr->rank == 0, .adamw = cfg->adamw,
+	                             .bucket_mb = cfg->bucket_mb, .tensor_used = eo->tensor_used(tr->exec)};
+	if ((rc = loom__strategy_create(&tr->strategy, &sc)) != LOOM_OK)
+		goto fail;
 	memset(&lo, 0, sizeof lo);
 	lo.B = cfg->B, lo.T = cfg->T, lo.shuffle = cfg->shuffle, lo.seed = cfg->seed;
 	lo.rank = tr->dp_rank, lo.world = tr->dp_size;
@@ -193,13 +230,18 @@ void loom_trainer_destroy(loom_trainer_t *tr)
 	if (!tr)
 		return;
 	loom__strategy_destroy(tr->strategy); /* points the model's gradient view back at its own buffer */
+	if (tr->exec)
+		tr->exec->ops->destroy(tr->exec);
+	if (tr->trace) /* not closed by a finished run: this rank's events (merged only in a 1-rank job) */
+		loom__trace_close(tr->trace, NULL, tr->rank, tr->world);
+	loom__trace_free(tr->trace);
 	free(tr->val_losses);
 	loom_train_log_close(tr);
 	loom_loader_destroy(tr->train);
 	loom_loader_destroy(tr->val);
 	free(tr->inputs), free(tr->targets);
 	free(tr->train_data), free(tr->val_data), free(tr->save_dir), free(tr->log_path);
-	free(tr->tokenizer), free(tr->strategy_name);
+	free(tr->tokenizer), free(tr->strategy_name), free(tr->pp_schedule), free(tr->trace_dir);
 	free(tr);
 }
 
@@ -222,31 +264,18 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 	const loom_train_config_t *c = &tr->cfg;
 	loom_strategy_t *s = tr->strategy;
 	double t0, loss_sum = 0.0, comm_ms = 0.0, exposed_ms = 0.0;
-	float scale = 1.0f / (float)c->accum, loss;
 	int rc;
 	memset(m, 0, sizeof *m);
 	if (!tr->synced && (rc = loom_trainer_sync_params(tr, NULL)) != LOOM_OK)
 		return rc;
 	t0 = loom_now();
-	loom_gpt2_zero_grad(tr->model);
-	for (int j = 0; j < c->accum; j++) {
-		loom_loader_state_t st;
-		loom_loader_get_state(tr->train, &st);
-		if ((rc = loom_loader_next(tr->train, tr->inputs, tr->targets)) != LOOM_OK)
-			return rc;
-		/* Gradients are combined across ranks on the last micro-step only (as backward produces
-		 * them); the earlier ones accumulate locally and communicate nothing. */
-		loom_strategy_stats_t ss;
-		s->ops->set_sync(s, j == c->accum - 1);
-		rc = loom_gpt2_forward_backward(tr->model, tr->inputs, tr->targets, c->B, c->T, scale, &loss);
-		if (rc != LOOM_OK)
-			return loom_seterr(rc, "rank %d: step %lld, micro-step %d (data window %llu of '%s'): %s", tr->rank,
-			                   tr->step + 1, j, (unsigned long long)st.next_window, c->train_data, loom_errmsg());
-		if ((rc = s->ops->finish_grads(s, &ss)) != LOOM_OK)
-			return loom_seterr(rc, "rank %d: step %lld: %s", tr->rank, tr->step + 1, loom_errmsg());
-		comm_ms += ss.comm_ms, exposed_ms += ss.exposed_comm_ms;
-		loss_sum += loss;
-	}
+	loom_exec_stats_t es;
+	if ((rc = tr->exec->ops->step(tr->exec, s, next_batch, tr, &loss_sum, &es)) != LOOM_OK)
+		return loom_seterr(rc, "rank %d: step %lld (data window %llu of '%s'): %s", tr->rank, tr->step + 1,
+		                   tr->window, c->train_data, loom_errmsg());
+	comm_ms += es.comm_ms, exposed_ms += es.exposed_comm_ms;
+	m->bubble = es.bubble, m->bubble_expected = es.bubble_expected, m->max_inflight = es.max_inflight;
+	m->bubble_theory = tr->pp ? loom__pp_bubble_theory(LOOM_PP_1F1B, tr->pp_size, c->accum) : 0.0;
 	if (tr->dp) { /* the loss of all data-parallel ranks: a blocking all-reduce of one double */
 		double ta = loom_now();
 		if ((rc = loom_allreduce(tr->dp, &loss_sum, &loss_sum, 1, LOOM_FLOAT64, LOOM_AVG)) != LOOM_OK)
@@ -256,13 +285,17 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 		comm_ms += ta, exposed_ms += ta;
 	}
 	double t1 = loom_now();
-	if ((rc = s->ops->grad_norm(s, &m->grad_norm)) != LOOM_OK)
+	if ((rc = tr->exec->ops->grad_norm(tr->exec, s, &m->grad_norm)) != LOOM_OK)
 		return loom_seterr(rc, "rank %d: step %lld: gradient norm: %s", tr->rank, tr->step + 1, loom_errmsg());
 	m->lr = loom_schedule_lr(&c->lr, tr->step + 1);
 	if ((rc = s->ops->optim_step(s, m->lr, loom_clip_scale(m->grad_norm, c->grad_clip))) != LOOM_OK)
 		return rc;
 	tr->step++;
 	double t2 = loom_now(), dt = t2 - t0;
+	if (tr->trace) {
+		loom__trace_event(tr->trace, LOOM_EV_OPTIM, -1, -2, t1, t2);
+		loom__trace_step(tr->trace, tr->step, t0, t2);
+	}
 	m->optim_ms = (t2 - t1) * 1e3;
 	m->step = tr->step;
 	m->total = c->lr.total_steps;
@@ -293,6 +326,10 @@ int loom_trainer_eval(loom_trainer_t *tr, float *val_loss)
 	 * (each slot has one non-zero term, so exactly) and added up in window order by every rank. */
 	n = LOOM_MIN((uint64_t)c->eval_batches, loom_loader_windows_per_epoch(tr->val));
 	memset(tr->val_losses, 0, (size_t)n * sizeof(double));
+	/* A pipeline stage holds only its layers' current parameters: gather the whole model first (every
+	 * stage then evaluates its data-parallel share of the windows on it, the same on each). */
+	if ((rc = tr->exec->ops->gather(tr->exec, tr->strategy)) != LOOM_OK)
+		return rc;
 	for (uint64_t k = (uint64_t)tr->dp_rank; k < n; k += (uint64_t)tr->dp_size) {
 		if ((rc = loom_loader_window(tr->val, k, tr->inputs, tr->targets)) != LOOM_OK)
 			return rc;
@@ -352,6 +389,10 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx)
 			return rc;
 		if (fn && fn(ctx, tr, &m) != 0)
 			return loom_seterr(LOOM_ESTATE, "training stopped at step %lld", m.step);
+	}
+	if (tr->trace) { /* every rank's file, then rank 0 merges them (collective over the job) */
+		loom_comm_t *world = c->mesh ? loom_mesh_world(c->mesh) : c->comm;
+		return loom__trace_close(tr->trace, world, tr->rank, tr->world);
 	}
 	return LOOM_OK;
 }

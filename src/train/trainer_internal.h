@@ -7,6 +7,7 @@
 
 #include "loom/data.h"
 #include "loom/train.h"
+#include "parallel/pp.h"
 #include "parallel/strategy.h"
 
 struct loom_trainer {
@@ -22,6 +23,12 @@ struct loom_trainer {
 	int dp_rank, dp_size;           /* this rank's data-parallel coordinate and the axis size: the data
 	                                   sharding, the batch and the checkpoints' loader states use these */
 	loom_strategy_t *strategy;      /* the parallel strategy: gradients, norm, optimizer, parameter sync */
+	loom_exec_t *exec;              /* runs a step's micro-batches: the local loop or a pipeline stage */
+	loom_comm_t *pp;                /* the pipeline axis (borrowed); NULL with one stage */
+	int pp_rank, pp_size;
+	char *pp_schedule, *trace_dir;
+	unsigned long long window;      /* the data window of the micro-batch read last (for messages) */
+	struct loom_trace *trace;       /* --trace: this rank's events (trace.c), or NULL */
 	int synced;                     /* rank 0's parameters were broadcast since the last init/resume */
 	double *val_losses;             /* eval_batches per-window losses, reduced across ranks */
 	long long step;                 /* optimizer steps done */
@@ -32,6 +39,16 @@ struct loom_trainer {
 	int seen_first;
 	FILE *log;                      /* opened at the first logged step */
 };
+
+/* trace.c: record this rank's timed events (the executor's, the optimizer's) and write them as a
+ * Chrome trace: every rank writes DIR/rank_R.json, then rank 0 merges them into DIR/trace.json (one
+ * track per rank). loom__trace_close is collective over world (a barrier before the merge); once
+ * closed, further events are ignored. */
+int loom__trace_open(struct loom_trace **t, const char *dir, int rank);
+void loom__trace_event(void *t, loom__event_kind_t kind, int mb, int unit, double t0, double t1);
+void loom__trace_step(struct loom_trace *t, long long step, double t0, double t1);
+int loom__trace_close(struct loom_trace *t, loom_comm_t *world, int rank, int size);
+void loom__trace_free(struct loom_trace *t); /* safe on NULL */
 
 /* log.c: open the JSONL log (truncating it, or when resuming at step S keeping only its lines of
  * steps <= S), append one step's object, close. */

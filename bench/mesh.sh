@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# mesh.sh: one mesh against another on the same machine, in one run: tokens/s of `loom train` for
+# one process with 2 threads, dp 2, and pp 2 (1F1B, M = 8 micro-batches), on 2 ranks x 1 thread,
+# with each one's communication fraction of the step time and, for the pipeline, the measured bubble
+# (the stages' mean idle fraction of the schedule, from the trace's timestamps) beside the theory
+# (P-1)/(M+P-1). Same total batch for every row: 8 sequences x 256 tokens per optimizer step
+# (1 process: B=8; dp2: B=4 per rank; pp2: B=1 x 8 micro-batches), the `small` preset, fp32, the same
+# random-token shard. tokens/s is the time-weighted mean over the steps after the first WARMUP.
+# Targets (issue 9): bubble within 20% of the theory; pp2 >= 0.85 x dp2's tokens/s.
+#
+# usage: bench/mesh.sh [STEPS (default 6)]
+#   env: LOOM (default build/loom), MODEL (small), T (256), WARMUP (2), KEEP=1 keeps the work dir,
+#        TRACE=DIR writes the pp2 row's Chrome trace there
+# Run it alone: flock /tmp/loom-bench.lock bench/mesh.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${1:-6}
+LOOM=${LOOM:-build/loom}
+MODEL=${MODEL:-small}
+T=${T:-256}
+WARMUP=${WARMUP:-2}
+VOCAB=50257
+[ "$MODEL" = tiny ] && VOCAB=257
+PY=/usr/bin/python3
+
+[ -x "$LOOM" ] || { echo "build loom first (make): $LOOM not found" >&2; exit 1; }
+WORK=$(mktemp -d /tmp/loom-bench-mesh.XXXXXX)
+[ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$WORK"' EXIT
+
+$PY - "$WORK/train_000000.bin" 8 "$T" "$STEPS" "$VOCAB" <<'PYEOF'
+import sys, numpy as np
+path, B, T, steps, V = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+n = B * T * (steps + 1) + 1
+hdr = np.zeros(256, np.int32); hdr[:3] = (20240520, 1, n)
+tok = np.random.default_rng(0).integers(0, V, n, dtype=np.uint16)
+with open(path, "wb") as f:
+    f.write(hdr.tobytes()); f.write(tok.tobytes())
+PYEOF
+
+printf 'mesh: model %s, total batch 8 x %d tokens per step, %d steps (first %d untimed), fp32\n' \
+	"$MODEL" "$T" "$STEPS" "$WARMUP"
+
+# tokens/s (time-weighted), comm fraction, bubble, theory, ms per step of a JSONL log after WARMUP steps.
+stats() {
+	$PY - "$1" "$WARMUP" <<'PYEOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])][int(sys.argv[2]):]
+dt = sum(r["dt_ms"] for r in rows)
+tps = sum(r["tokens_per_s"] * r["dt_ms"] for r in rows) / dt
+comm = sum(r.get("comm_ms", 0.0) for r in rows) / dt
+bub = sum(r.get("bubble", 0.0) for r in rows) / len(rows)
+theory = rows[0].get("bubble_theory", 0.0)
+expected = sum(r.get("bubble_expected", 0.0) for r in rows) / len(rows)
+print("%.1f %.4f %.4f %.4f %.1f %.4f" % (tps, comm, bub, theory, dt / len(rows), expected))
+PYEOF
+}
+
+COMMON=(train --train-data "$WORK/train_*.bin" --model "$MODEL" --seq-len "$T" --steps "$STEPS" --lr 1e-4
+	--peak-flops 1e12 --print-every 1000)
+run() { # name, log, args...
+	local name=$1 log=$2
+	shift 2
+	if ! "$@" --log "$log" >"$WORK/$name.out" 2>&1; then
+		echo "$name failed:" >&2
+		cat "$WORK/$name.out" >&2
+		exit 1
+	fi
+}
+
+run one "$WORK/one.jsonl" env OMP_NUM_THREADS=2 "$LOOM" "${COMMON[@]}" --batch-size 8 --threads 2
+run dp2 "$WORK/dp2.jsonl" env OMP_NUM_THREADS=1 "$LOOM" "${COMMON[@]}" --nproc 2 --batch-size 4
+PPARGS=(--nproc 2 --pp 2 --schedule 1f1b --micro-batches 8 --batch-size 1)
+[ -n "${TRACE:-}" ] && PPARGS+=(--trace "$TRACE")
+run pp2 "$WORK/pp2.jsonl" env OMP_NUM_THREADS=1 "$LOOM" "${COMMON[@]}" "${PPARGS[@]}"
+
+read -r one_tps one_comm _ _ one_ms _ <<<"$(stats "$WORK/one.jsonl")"
+read -r dp_tps dp_comm _ _ dp_ms _ <<<"$(stats "$WORK/dp2.jsonl")"
+read -r pp_tps pp_comm pp_bub pp_theory pp_ms pp_exp <<<"$(stats "$WORK/pp2.jsonl")"
+printf '%-28s %12s %10s %10s %10s %10s\n' row tokens/s ms/step comm bubble theory
+printf '%-28s %12.1f %10.1f %9.1f%% %10s %10s\n' "1 process x 2 threads" "$one_tps" "$one_ms" 0 - -
+printf '%-28s %12.1f %10.1f %9.1f%% %10s %10s\n' "dp2 (2 ranks x 1 thread)" "$dp_tps" "$dp_ms" \
+	"$($PY -c "print(100*$dp_comm)")" - -
+printf '%-28s %12.1f %10.1f %9.1f%% %9.1f%% %9.1f%%\n' "pp2 1f1b M=8 (2 x 1 thread)" "$pp_tps" "$pp_ms" \
+	"$($PY -c "print(100*$pp_comm)")" "$($PY -c "print(100*$pp_bub)")" "$($PY -c "print(100*$pp_theory)")"
+$PY - "$pp_tps" "$dp_tps" "$pp_bub" "$pp_theory" "$pp_exp" <<'PYEOF'
+import sys
+pp, dp, bub, th, ex = map(float, sys.argv[1:])
+print("pp2 / dp2 tokens/s: %.3f (target >= 0.85): %s" % (pp / dp, "met" if pp / dp >= 0.85 else "NOT met"))
+rel = abs(bub - th) / th
+print("pp2 bubble %.1f%% vs theory %.1f%%: off by %.0f%% of the theory (target <= 20%%): %s"
+      % (100 * bub, 100 * th, 100 * rel, "met" if rel <= 0.2 else "NOT met"))
+print("pp2 bubble vs the theory for the stages' measured compute times (unequal: the lm head is a stage's "
+      "worth of FLOPs) %.1f%%: off by %.0f%%" % (100 * ex, 100 * abs(bub - ex) / ex))
+PYEOF

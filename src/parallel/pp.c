@@ -1,0 +1,444 @@
+/* pp.c: the pipeline-parallel step executor (src/parallel/pp.h): this rank is stage s of P on the
+ * pipeline axis and runs blocks [lo, hi) of the model (the embedding too on the first stage; ln_f,
+ * the tied lm head and the loss on the last), the step's M micro-batches in the order of a schedule
+ * from schedule.c (GPipe or 1F1B).
+ *
+ * The stage model is created here with the layer range and one activation arena per micro-batch in
+ * flight; its parameter views point into the caller's model's buffer (so parameters keep the whole
+ * model's layout and checkpoints are written as they always were), its gradients are its own
+ * (whole-model sized; the strategy points them at its storage). Only the stage's tensors are used
+ * and reported; the strategy's buckets cover only those (strategy.h's tensor_used), the optimizer
+ * covers the whole buffer (the others have zero gradients and are never read on this rank; gather
+ * makes them current before a checkpoint or a whole-model evaluation).
+ *
+ * Per micro-batch, activations (B x T x C floats, block_input(hi)) go to the next stage with loom_isend
+ * straight from the arena (waited for only before that arena is reused), and the gradient of the
+ * stage's input goes back from a copy of stream_grad (two send buffers in turn); receives are posted
+ * one micro-batch ahead into their own buffers, so transfers overlap the compute around them. The
+ * stream gradient is shared by the arenas: the schedules never run two backwards at once. On the
+ * last stage the head's forward and backward run fused, at the micro-batch's backward.
+ *
+ * Invariants: after step, every rank of the pipeline holds the step's summed loss (the last stage's,
+ * sent to all: each rank adds zeros but the last, so the sum is exact), the wte gradient is the sum
+ * of the first stage's (embedding) and the last stage's (lm head) shares on both of them (one
+ * all-reduce of two ranks, which gives both the same bits), and each stage's other gradients are the
+ * single-process ones up to float rounding, so the losses and parameters match one process with
+ * accumulation M (tests/test_pp.c checks 1e-5). At most `arenas` micro-batches are in flight at once
+ * (counted: max_inflight). A dead neighbour is reported by the transfer waiting on it (LOOM_EPEERLOST),
+ * never a hang. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "parallel/pp.h"
+
+enum { TAG_ACT = 91, TAG_GRAD = 92 };
+
+typedef struct {
+	loom_exec_t base;
+	loom_exec_config_t cfg;
+	loom_gpt2_config_t mc;
+	loom_gpt2_t *stage;
+	loom_comm_t *ends;            /* first and last stage (the pp comm itself when P = 2; owned when split) */
+	int own_ends;
+	int P, s, lo, hi, M, arenas, nplan, ntensors;
+	size_t nparams, act;          /* act: floats of one activation (B x T x C) */
+	size_t *counts;               /* floats each stage owns, in stage order (they tile the buffer) */
+	unsigned char *used;          /* per tensor: this stage reports its gradient */
+	loom__pp_action_t *plan;
+	int *inputs, *targets;        /* M x B x T each */
+	float *losses;                /* M */
+	float *act_rbuf, *grad_rbuf, *grad_sbuf[2];
+	loom_request_t **act_sends;   /* of arena k's output, to the next stage */
+	loom_request_t *grad_sends[2], *act_recv, *grad_recv;
+	int inflight;
+	double wait_ms, busy_s, first_t, last_t; /* compute time of this step; its first start, last end */
+	double *times;                /* 3 x P: every stage's (first_t, last_t, busy_s) */
+} pp_exec_t;
+
+static void pp_destroy(loom_exec_t *ex);
+
+/* Complete a request (NULL: nothing) of a transfer with stage `peer`, adding the time waited; keeps
+ * the first error. */
+static int finish(pp_exec_t *e, loom_request_t **req, int rc, loom__event_kind_t kind, int mb, int peer)
+{
+	if (!*req)
+		return rc;
+	double t0 = loom_now();
+	int r = loom_wait(*req);
+	double t1 = loom_now();
+	*req = NULL;
+	e->wait_ms += 1e3 * (t1 - t0);
+	if (e->cfg.on_event)
+		e->cfg.on_event(e->cfg.event_ctx, kind, mb, -2, t0, t1);
+	if (r != LOOM_OK && rc == LOOM_OK)
+		rc = loom_seterr(r, "pipeline stage %d of %d: %s of micro-batch %d %s stage %d: %s", e->s, e->P,
+		                 kind == LOOM_EV_SEND ? "sending" : "receiving", mb, kind == LOOM_EV_SEND ? "to" : "from",
+		                 peer, loom_comm_errmsg(e->cfg.pp));
+	return rc;
+}
+
+/* Wait for everything still in flight (after an error too: every request must be completed). */
+static int drain(pp_exec_t *e, int rc)
+{
+	for (int k = 0; k < e->arenas; k++)
+		rc = finish(e, &e->act_sends[k], rc, LOOM_EV_SEND, -1, e->s + 1);
+	for (int k = 0; k < 2; k++)
+		rc = finish(e, &e->grad_sends[k], rc, LOOM_EV_SEND, -1, e->s - 1);
+	rc = finish(e, &e->act_recv, rc, LOOM_EV_RECV, -1, e->s - 1);
+	rc = finish(e, &e->grad_recv, rc, LOOM_EV_RECV, -1, e->s + 1);
+	return rc;
+}
+
+static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
+{
+	pp_exec_t *e = loom__calloc(1, sizeof *e);
+	loom_gpt2_opts_t o;
+	int rc, *lo = NULL;
+	*out = NULL;
+	if (!e)
+		return loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
+	e->base.ops = loom__exec_pipeline();
+	e->cfg = *cfg;
+	e->mc = *loom_gpt2_config(cfg->model);
+	e->P = loom_comm_size(cfg->pp), e->s = loom_comm_rank(cfg->pp), e->M = cfg->M;
+	e->nparams = loom_gpt2_num_params(&e->mc);
+	e->ntensors = loom_gpt2_num_tensors(&e->mc);
+	e->act = (size_t)cfg->B * cfg->T * e->mc.n_embd;
+	if (!(lo = loom__malloc(sizeof(int) * (size_t)(e->P + 1)))) {
+		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
+		goto fail;
+	}
+	if ((rc = loom__pp_partition(&e->mc, cfg->T, e->P, lo)) != LOOM_OK)
+		goto fail;
+	e->lo = lo[e->s], e->hi = lo[e->s + 1];
+	e->plan = loom__calloc(2 * (size_t)e->M, sizeof *e->plan);
+	e->counts = loom__calloc((size_t)e->P, sizeof *e->counts);
+	e->used = loom__calloc((size_t)e->ntensors, 1);
+	e->inputs = loom__malloc(sizeof(int) * (size_t)e->M * cfg->B * cfg->T);
+	e->targets = loom__malloc(sizeof(int) * (size_t)e->M * cfg->B * cfg->T);
+	e->losses = loom__calloc((size_t)e->M, sizeof *e->losses);
+	e->times = loom__calloc(3 * (size_t)e->P, sizeof *e->times);
+	e->act_rbuf = loom__malloc(sizeof(float) * e->act);
+	e->grad_rbuf = loom__malloc(sizeof(float) * e->act);
+	e->grad_sbuf[0] = loom__malloc(sizeof(float) * e->act);
+	e->grad_sbuf[1] = loom__malloc(sizeof(float) * e->act);
+	if (!e->plan || !e->counts || !e->used || !e->inputs || !e->targets || !e->losses || !e->times || !e->act_rbuf ||
+	    !e->grad_rbuf || !e->grad_sbuf[0] || !e->grad_sbuf[1]) {
+		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
+		goto fail;
+	}
+	e->arenas = loom__pp_plan(cfg->schedule, e->P, e->s, e->M, e->plan);
+	e->nplan = 2 * e->M;
+	if (!(e->act_sends = loom__calloc((size_t)e->arenas, sizeof *e->act_sends))) {
+		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
+		goto fail;
+	}
+	/* Which tensors each stage owns: its blocks' (tensor table `layer`), the embeddings on the first,
+	 * ln_f on the last; they are contiguous and tile the buffer in stage order. wte is also used by the
+	 * last stage (the lm head) but owned by the first. */
+	for (int t = 0; t < e->ntensors; t++) {
+		loom_tensor_info_t ti;
+		loom_gpt2_tensor_info(&e->mc, t, &ti);
+		int u = ti.layer, owner = u < 0 ? 0 : u >= e->mc.n_layer ? e->P - 1 : 0;
+		for (int q = 0; q < e->P && u >= 0 && u < e->mc.n_layer; q++)
+			if (u >= lo[q] && u < lo[q + 1])
+				owner = q;
+		e->counts[owner] += ti.numel;
+		e->used[t] = owner == e->s || (t == 0 && e->s == e->P - 1);
+	}
+	/* The stage model: its layers, `arenas` arenas, parameters viewing the caller's buffer. */
+	memset(&o, 0, sizeof o);
+	o.B = cfg->B, o.T = cfg->T, o.arenas = e->arenas, o.layer_lo = e->lo, o.layer_hi = e->hi, o.no_own_params = 1;
+	if ((rc = loom_gpt2_create_opts(&e->stage, &e->mc, &o)) != LOOM_OK ||
+	    (rc = loom_gpt2_set_param_buffer(e->stage, loom_gpt2_params(cfg->model))) != LOOM_OK)
+		goto fail;
+	/* The first and last stage sum wte's gradient: over the pipeline comm itself with two stages,
+	 * else over a communicator of the two (collective over the pipeline axis). */
+	if (e->P == 2) {
+		e->ends = cfg->pp;
+	} else if (e->P > 2) {
+		int end = e->s == 0 || e->s == e->P - 1;
+		if ((rc = loom_comm_split(cfg->pp, end ? 0 : LOOM_UNDEFINED, e->s, &e->ends)) != LOOM_OK) {
+			rc = loom_seterr(rc, "pipeline stage %d: the first-last communicator: %s", e->s, loom_errmsg());
+			goto fail;
+		}
+		e->own_ends = 1;
+	}
+	free(lo);
+	*out = &e->base;
+	return LOOM_OK;
+fail:
+	free(lo);
+	pp_destroy(&e->base);
+	return rc;
+}
+
+static void pp_destroy(loom_exec_t *ex)
+{
+	pp_exec_t *e = (pp_exec_t *)ex;
+	if (!e)
+		return;
+	if (e->act_sends)
+		drain(e, LOOM_OK);
+	if (e->own_ends)
+		loom_comm_destroy(e->ends);
+	loom_gpt2_destroy(e->stage);
+	free(e->plan), free(e->counts), free(e->used), free(e->inputs), free(e->targets), free(e->losses);
+	free(e->times);
+	free(e->act_rbuf), free(e->grad_rbuf), free(e->grad_sbuf[0]), free(e->grad_sbuf[1]), free(e->act_sends);
+	free(e);
+}
+
+static loom_gpt2_t *pp_model(loom_exec_t *e)
+{
+	return ((pp_exec_t *)e)->stage;
+}
+
+static const unsigned char *pp_used(loom_exec_t *e)
+{
+	return ((pp_exec_t *)e)->used;
+}
+
+/* A unit's forward or backward ran from t0 to now. */
+static void event(pp_exec_t *e, loom__event_kind_t kind, int mb, int unit, double t0)
+{
+	double t1 = loom_now();
+	if (kind == LOOM_EV_FORWARD || kind == LOOM_EV_BACKWARD) {
+		e->busy_s += t1 - t0;
+		if (e->first_t == 0.0)
+			e->first_t = t0;
+		e->last_t = t1;
+	}
+	if (e->cfg.on_event)
+		e->cfg.on_event(e->cfg.event_ctx, kind, mb, unit, t0, t1);
+}
+
+/* The measured bubble: each stage's idle share of the common span of the schedule (the ranks of a
+ * job share one machine's monotonic clock, or clocks close enough for a fraction of a step). */
+static int measure_bubble(pp_exec_t *e, double *bubble, double *expected)
+{
+	double mine[3] = {e->first_t, e->last_t, e->busy_s}, lo = 1e300, hi = -1e300, idle = 0.0;
+	double sum = 0.0, most = 0.0;
+	int rc = loom_allgather(e->cfg.pp, mine, e->times, 3, LOOM_FLOAT64);
+	if (rc != LOOM_OK)
+		return loom_seterr(rc, "pipeline stage %d of %d: gathering the stages' timings: %s", e->s, e->P,
+		                   loom_comm_errmsg(e->cfg.pp));
+	for (int q = 0; q < e->P; q++)
+		lo = LOOM_MIN(lo, e->times[3 * q]), hi = LOOM_MAX(hi, e->times[3 * q + 1]);
+	for (int q = 0; q < e->P && hi > lo; q++)
+		idle += 1.0 - e->times[3 * q + 2] / (hi - lo);
+	*bubble = idle / e->P;
+	/* Unequal stages: the slowest sets the pace of the steady state, the others wait for it. */
+	for (int q = 0; q < e->P; q++)
+		sum += e->times[3 * q + 2] / e->M, most = LOOM_MAX(most, e->times[3 * q + 2] / e->M);
+	*expected = most > 0 ? 1.0 - e->M * (sum / e->P) / (sum + (e->M - 1) * most) : 0.0;
+	return LOOM_OK;
+}
+
+/* The forward of micro-batch mb on this stage, into arena a. */
+static int forward(pp_exec_t *e, int mb)
+{
+	const loom_exec_config_t *c = &e->cfg;
+	size_t bt = (size_t)c->B * c->T;
+	int a = mb % e->arenas, rc = LOOM_OK;
+	double t0;
+	/* The arena's previous output may still be on its way to the next stage. */
+	if ((rc = finish(e, &e->act_sends[a], rc, LOOM_EV_SEND, mb - e->arenas, e->s + 1)) != LOOM_OK)
+		return rc;
+	if (e->s == 0) {
+		t0 = loom_now();
+		if ((rc = loom_gpt2_embed_forward(e->stage, a, e->inputs + mb * bt, c->B, c->T)) != LOOM_OK)
+			return rc;
+		event(e, LOOM_EV_FORWARD, mb, -1, t0);
+	} else {
+		if ((rc = finish(e, &e->act_recv, rc, LOOM_EV_RECV, mb, e->s - 1)) != LOOM_OK)
+			return rc;
+		memcpy(loom_gpt2_block_input(e->stage, a, e->lo), e->act_rbuf, e->act * sizeof(float));
+		if (mb + 1 < e->M && (rc = loom_irecv(c->pp, e->act_rbuf, e->act, LOOM_FLOAT32, e->s - 1, TAG_ACT,
+		                                      &e->act_recv)) != LOOM_OK)
+			return rc;
+	}
+	for (int l = e->lo; l < e->hi; l++) {
+		t0 = loom_now();
+		if ((rc = loom_gpt2_block_forward(e->stage, a, l, c->B, c->T)) != LOOM_OK)
+			return rc;
+		event(e, LOOM_EV_FORWARD, mb, l, t0);
+	}
+	if (e->s < e->P - 1 && (rc = loom_isend(c->pp, loom_gpt2_block_input(e->stage, a, e->hi), e->act, LOOM_FLOAT32,
+	                                        e->s + 1, TAG_ACT, &e->act_sends[a])) != LOOM_OK)
+		return rc;
+	return LOOM_OK;
+}
+
+/* The backward of micro-batch mb (the head's forward and backward first on the last stage). */
+static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
+{
+	const loom_exec_config_t *c = &e->cfg;
+	size_t bt = (size_t)c->B * c->T;
+	int a = mb % e->arenas, rc = LOOM_OK, k = mb % 2;
+	float *dstream = loom_gpt2_stream_grad(e->stage);
+	double t0;
+	/* Data-parallel gradient sync on the step's last backward only (as the local loop does). */
+	st->ops->set_sync(st, mb == e->M - 1);
+	if (e->s == e->P - 1) {
+		t0 = loom_now();
+		if ((rc = loom_gpt2_head_forward_backward(e->stage, a, e->targets + mb * bt, c->B, c->T, 1.0f / (float)e->M,
+		                                          &e->losses[mb])) != LOOM_OK)
+			return rc;
+		event(e, LOOM_EV_BACKWARD, mb, -3, t0); /* the head: its forward and backward */
+	} else {
+		if ((rc = finish(e, &e->grad_recv, rc, LOOM_EV_RECV, mb, e->s + 1)) != LOOM_OK)
+			return rc;
+		memcpy(dstream, e->grad_rbuf, e->act * sizeof(float));
+		if (mb + 1 < e->M && (rc = loom_irecv(c->pp, e->grad_rbuf, e->act, LOOM_FLOAT32, e->s + 1, TAG_GRAD,
+		                                      &e->grad_recv)) != LOOM_OK)
+			return rc;
+	}
+	for (int l = e->hi - 1; l >= e->lo; l--) {
+		t0 = loom_now();
+		if ((rc = loom_gpt2_block_backward(e->stage, a, l, c->B, c->T)) != LOOM_OK)
+			return rc;
+		event(e, LOOM_EV_BACKWARD, mb, l, t0);
+	}
+	if (e->s == 0) {
+		t0 = loom_now();
+		if ((rc = loom_gpt2_embed_backward(e->stage, a, e->inputs + mb * bt, c->B, c->T)) != LOOM_OK)
+			return rc;
+		event(e, LOOM_EV_BACKWARD, mb, -1, t0);
+	} else {
+		if ((rc = finish(e, &e->grad_sends[k], rc, LOOM_EV_SEND, mb - 2, e->s - 1)) != LOOM_OK)
+			return rc;
+		memcpy(e->grad_sbuf[k], dstream, e->act * sizeof(float));
+		if ((rc = loom_isend(c->pp, e->grad_sbuf[k], e->act, LOOM_FLOAT32, e->s - 1, TAG_GRAD, &e->grad_sends[k])) !=
+		    LOOM_OK)
+			return rc;
+	}
+	return LOOM_OK;
+}
+
+static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void *ctx, double *loss_sum,
+                   loom_exec_stats_t *st)
+{
+	pp_exec_t *e = (pp_exec_t *)ex;
+	const loom_exec_config_t *c = &e->cfg;
+	size_t bt = (size_t)c->B * c->T;
+	int rc = LOOM_OK;
+	double t0;
+	*loss_sum = 0.0;
+	memset(st, 0, sizeof *st);
+	e->wait_ms = 0.0, e->inflight = 0, e->busy_s = e->first_t = e->last_t = 0.0;
+	loom_gpt2_zero_grad(e->stage);
+	/* Every stage reads every micro-batch (the loaders stay in step); the first uses the inputs, the
+	 * last the targets. */
+	for (int j = 0; j < e->M; j++)
+		if ((rc = get(ctx, j, e->inputs + j * bt, e->targets + j * bt)) != LOOM_OK)
+			return rc;
+	if (e->s > 0 && (rc = loom_irecv(c->pp, e->act_rbuf, e->act, LOOM_FLOAT32, e->s - 1, TAG_ACT, &e->act_recv)))
+		goto out;
+	if (e->s < e->P - 1 &&
+	    (rc = loom_irecv(c->pp, e->grad_rbuf, e->act, LOOM_FLOAT32, e->s + 1, TAG_GRAD, &e->grad_recv)))
+		goto out;
+	for (int i = 0; i < e->nplan; i++) {
+		const loom__pp_action_t *p = &e->plan[i];
+		if (p->op == 'F') {
+			if ((rc = forward(e, p->mb)) != LOOM_OK)
+				goto out;
+			e->inflight++;
+			st->max_inflight = LOOM_MAX(st->max_inflight, e->inflight);
+		} else {
+			if ((rc = backward(e, s, p->mb)) != LOOM_OK)
+				goto out;
+			e->inflight--;
+		}
+	}
+	if ((rc = drain(e, LOOM_OK)) != LOOM_OK || (rc = measure_bubble(e, &st->bubble, &st->bubble_expected)) != LOOM_OK)
+		goto out;
+	loom_strategy_stats_t ss;
+	if ((rc = s->ops->finish_grads(s, &ss)) != LOOM_OK)
+		goto out;
+	st->comm_ms = ss.comm_ms, st->exposed_comm_ms = ss.exposed_comm_ms;
+	/* The tied wte: the embedding's share (first stage) plus the lm head's (last). */
+	t0 = loom_now();
+	if (e->ends && (e->s == 0 || e->s == e->P - 1)) {
+		float *g = loom_gpt2_tensor_grad(e->stage, 0);
+		loom_tensor_info_t ti;
+		loom_gpt2_tensor_info(&e->mc, 0, &ti);
+		if ((rc = loom_allreduce(e->ends, g, g, ti.numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
+			rc = loom_seterr(rc, "pipeline stage %d of %d: summing wte's gradient between the first and last "
+			                 "stage: %s", e->s, e->P, loom_comm_errmsg(e->ends));
+			goto out;
+		}
+	}
+	if (e->s == e->P - 1)
+		for (int j = 0; j < e->M; j++)
+			*loss_sum += e->losses[j];
+	if ((rc = loom_allreduce(c->pp, loss_sum, loss_sum, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK) {
+		rc = loom_seterr(rc, "pipeline stage %d of %d: the loss from the last stage: %s", e->s, e->P,
+		                 loom_comm_errmsg(c->pp));
+		goto out;
+	}
+	event(e, LOOM_EV_ALLREDUCE, -1, -2, t0);
+	double ta = 1e3 * (loom_now() - t0);
+	st->comm_ms += ta, st->exposed_comm_ms += ta;
+out:
+	rc = drain(e, rc);
+	st->p2p_wait_ms = e->wait_ms;
+	return rc;
+}
+
+static int pp_grad_norm(loom_exec_t *ex, loom_strategy_t *s, double *norm)
+{
+	pp_exec_t *e = (pp_exec_t *)ex;
+	double sq;
+	int rc;
+	if ((rc = s->ops->grad_norm(s, norm)) != LOOM_OK)
+		return rc;
+	sq = *norm * *norm;
+	if (e->s == e->P - 1) { /* wte is counted once, on the first stage */
+		loom_tensor_info_t ti;
+		loom_gpt2_tensor_info(&e->mc, 0, &ti);
+		sq -= loom_grad_sumsq(loom_gpt2_tensor_grad(e->stage, 0), ti.numel);
+	}
+	if ((rc = loom_allreduce(e->cfg.pp, &sq, &sq, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK)
+		return loom_seterr(rc, "pipeline stage %d of %d: the gradient norm: %s", e->s, e->P,
+		                   loom_comm_errmsg(e->cfg.pp));
+	*norm = sqrt(LOOM_MAX(sq, 0.0));
+	return LOOM_OK;
+}
+
+static int pp_gather(loom_exec_t *ex, loom_strategy_t *s)
+{
+	pp_exec_t *e = (pp_exec_t *)ex;
+	size_t off = 0;
+	float *bufs[3] = {loom_gpt2_params(e->cfg.model), s->opt.m, s->opt.v};
+	int rc;
+	if (s->own_offset != 0 || s->own_count != e->nparams)
+		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: the strategy '%s' owns a part of the state; pipeline "
+		                   "parallel composes with whole-state strategies (ddp, zero 0) only", e->s, s->ops->name);
+	for (int q = 0; q < e->s; q++)
+		off += e->counts[q];
+	for (int k = 0; k < 3; k++)
+		if ((rc = loom_allgatherv(e->cfg.pp, bufs[k] + off, e->counts[e->s], bufs[k], e->counts, LOOM_FLOAT32)) !=
+		    LOOM_OK)
+			return loom_seterr(rc, "pipeline stage %d of %d: gathering the stages' state: %s", e->s, e->P,
+			                   loom_comm_errmsg(e->cfg.pp));
+	return LOOM_OK;
+}
+
+static const loom_exec_ops_t pp_ops = {
+	.name = "pipeline",
+	.create = pp_create,
+	.destroy = pp_destroy,
+	.model = pp_model,
+	.tensor_used = pp_used,
+	.step = pp_step,
+	.grad_norm = pp_grad_norm,
+	.gather = pp_gather,
+};
+
+const loom_exec_ops_t *loom__exec_pipeline(void)
+{
+	return &pp_ops;
+}

@@ -1,0 +1,115 @@
+/* pp.h: what the trainer may ask of a step executor, and nothing more (internal to src/): the
+ * micro-steps of one optimizer step, run on this rank's model (pp_local.c: today's loop on the whole
+ * model; pp.c: a pipeline stage running GPipe or 1F1B over the pipeline axis), and the pipeline
+ * schedules and stage partition as data (schedule.c).
+ *
+ * The trainer drives one step as
+ *
+ *     step(get_batch) -> summed loss     (zeroes the gradients, runs the step's M micro-batches with
+ *                                         the strategy's set_sync/finish_grads, leaves final gradients)
+ *     grad_norm(strategy)                (the strategy's norm, combined across stages)
+ *     strategy optim_step
+ *
+ * and calls gather before a checkpoint is saved or the whole model is evaluated (every stage's
+ * tensors to every rank of the pipeline axis). Every operation is collective over the pipeline axis
+ * (a local executor has none). The strategy attaches to loom__exec_model(e), which is the caller's
+ * model for the local executor and a stage model (layers [lo, hi), parameters viewing the caller's
+ * buffer) for a pipeline. */
+#ifndef LOOM_PARALLEL_PP_H
+#define LOOM_PARALLEL_PP_H
+
+#include "loom/comm.h"
+#include "loom/gpt2.h"
+#include "parallel/strategy.h"
+
+/* ---- schedules and partition (schedule.c) ----------------------------------------------------- */
+
+typedef enum { LOOM_PP_GPIPE = 0, LOOM_PP_1F1B = 1, LOOM_PP_SCHEDULES = 2 } loom_pp_schedule_t;
+
+/* One action of a stage: forward ('F') or backward ('B') of micro-batch mb. */
+typedef struct {
+	char op;
+	int mb;
+} loom__pp_action_t;
+
+/* "gpipe" | "1f1b"; LOOM_EINVAL naming both otherwise. */
+int loom__pp_schedule_parse(const char *name, loom_pp_schedule_t *kind);
+const char *loom__pp_schedule_name(loom_pp_schedule_t kind); /* "?" when invalid */
+/* The actions of stage s of P over M micro-batches (2M of them, into out), from the schedule's row
+ * of the table; backwards run in micro-batch order on every stage. Returns the number of arenas the
+ * stage needs (the most micro-batches whose activations it holds at once: M for GPipe,
+ * min(M, P - s) for 1F1B). */
+int loom__pp_plan(loom_pp_schedule_t kind, int P, int s, int M, loom__pp_action_t *out);
+/* The ideal bubble fraction of the schedule, (P-1)/(M+P-1) for both. */
+double loom__pp_bubble_theory(loom_pp_schedule_t kind, int P, int M);
+/* Layers of the P stages balanced by FLOPs (forward + backward per token, the embedding on the first
+ * stage, ln_f + lm head + loss on the last): stage s runs blocks [lo[s], lo[s+1]), lo[0] = 0,
+ * lo[P] = L, at least one block each (P <= L; LOOM_EINVAL naming both otherwise). Minimizes the most
+ * expensive stage; ties go to the earlier split. */
+int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo);
+
+/* ---- the executor ------------------------------------------------------------------------------ */
+
+/* A timed span for the trace (src/train/trace.c): what ran, on which micro-batch (-1: none) and unit
+ * (a block 0..L-1, -1 the embedding, -3 the head's fused forward and backward, -2 none or the whole
+ * model). */
+typedef enum {
+	LOOM_EV_FORWARD = 0, LOOM_EV_BACKWARD, LOOM_EV_SEND, LOOM_EV_RECV, LOOM_EV_ALLREDUCE, LOOM_EV_OPTIM,
+	LOOM_EV_KINDS
+} loom__event_kind_t;
+typedef void (*loom__event_fn)(void *ctx, loom__event_kind_t kind, int mb, int unit, double t0, double t1);
+
+typedef struct loom_exec loom_exec_t;
+
+typedef struct {
+	loom_gpt2_t *model;          /* the caller's whole model (borrowed) */
+	loom_comm_t *pp;             /* the pipeline axis, NULL for one stage (the local executor) */
+	int B, T, M;                 /* micro-batch and micro-batches per step (the accumulation) */
+	loom_pp_schedule_t schedule;
+	int *inputs, *targets;       /* B x T each (borrowed): where the local executor reads a micro-batch */
+	loom__event_fn on_event;     /* may be NULL */
+	void *event_ctx;
+} loom_exec_config_t;
+
+/* Reads micro-batch j of the step into inputs and targets (B x T each). */
+typedef int (*loom__batch_fn)(void *ctx, int j, int *inputs, int *targets);
+
+typedef struct {
+	double comm_ms, exposed_comm_ms; /* the strategy's gradient communication (as its stats) */
+	double p2p_wait_ms;              /* time the training thread waited for pipeline transfers */
+	int max_inflight;                /* the most micro-batches whose activations were held at once */
+	double bubble;                   /* the stages' mean idle fraction over the schedule's common span
+	                                    (first forward of any stage to last backward of any), from the
+	                                    same timestamps as the trace; 0 for the local executor */
+	double bubble_expected;          /* what a schedule of these stages' measured compute times t_s per
+	                                    micro-batch should idle: 1 - M mean(t) / (sum(t) + (M-1) max(t)),
+	                                    which is (P-1)/(M+P-1) when the stages are balanced */
+} loom_exec_stats_t;
+
+typedef struct {
+	const char *name;
+	int (*create)(loom_exec_t **e, const loom_exec_config_t *cfg);
+	void (*destroy)(loom_exec_t *e);
+	/* The model the strategy attaches to; owned by the executor or the caller's. */
+	loom_gpt2_t *(*model)(loom_exec_t *e);
+	/* 1 per tensor that this rank's model reports gradients for, or NULL for all. */
+	const unsigned char *(*tensor_used)(loom_exec_t *e);
+	/* Zero the gradients and run the step's M micro-batches (grad scale 1/M) through strategy s;
+	 * *loss_sum is the sum of the micro-batch losses, on every rank of the pipeline. */
+	int (*step)(loom_exec_t *e, loom_strategy_t *s, loom__batch_fn get, void *ctx, double *loss_sum,
+	            loom_exec_stats_t *st);
+	/* The global gradient norm (the strategy's, combined across stages). */
+	int (*grad_norm)(loom_exec_t *e, loom_strategy_t *s, double *norm);
+	/* Every stage's parameters (and AdamW moments) to every rank of the pipeline, so the caller's
+	 * model and the strategy's optimizer hold the whole current state. */
+	int (*gather)(loom_exec_t *e, loom_strategy_t *s);
+} loom_exec_ops_t;
+
+struct loom_exec {
+	const loom_exec_ops_t *ops;
+};
+
+const loom_exec_ops_t *loom__exec_local(void);    /* pp_local.c */
+const loom_exec_ops_t *loom__exec_pipeline(void); /* pp.c */
+
+#endif

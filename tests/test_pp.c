@@ -1,0 +1,492 @@
+/* test_pp.c: pipeline parallel training (src/parallel/pp.c, schedule.c) against one process at the
+ * same total batch: pp 2 and 4, GPipe and 1F1B, M = 1, 4, 8 (per-step losses within 1e-5 relative
+ * over 10 steps, final parameters within 1e-5); dp 2 x pp 2; a checkpoint written by pp 2 resumes on
+ * one process; 1F1B holds at most P micro-batches (counted by the executor, exactly min(M, P - s) on
+ * stage s); bad meshes are clear errors on every rank; a rank killed in the middle of a pipeline is
+ * reported as dead by its neighbours; the Chrome trace parses and has one track per rank with every
+ * kind of event; the schedules and the partition as data.
+ *
+ * The model is the `tiny` preset trained on sequences of 32 tokens, B = 1, so a step of 8
+ * micro-batches is a few milliseconds. The reference runs in the test process (one thread); the
+ * pipeline ranks are forked by test_spawn and inherit the reference in memory. */
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ckpt/json.h"
+#include "loom/comm.h"
+#include "loom/data.h"
+#include "loom/gpt2.h"
+#include "loom/mesh.h"
+#include "loom/train.h"
+#include "loom/util.h"
+#include "parallel/pp.h"
+#include "test.h"
+
+enum { STEPS = 10, TT = 32 };
+
+static char g_dir[512];
+static double g_ref[STEPS + 1];
+static float g_ref_val;
+static float *g_ref_params;
+static loom_gpt2_config_t g_mc;
+
+static int make_data(const char *dir)
+{
+	enum { N = 20001 };
+	char path[700];
+	uint16_t *t = malloc(N * sizeof *t);
+	uint32_t x = 4242;
+	int rc;
+	if (!t)
+		return LOOM_ENOMEM;
+	for (int i = 0; i < N; i++) {
+		x = x * 1664525u + 1013904223u;
+		t[i] = (uint16_t)((x >> 24) % 3 == 0 ? (x >> 8) % 257 : (uint32_t)(i * 7 + i / 5) % 257);
+	}
+	snprintf(path, sizeof path, "%s/train_000000.bin", dir);
+	rc = loom_shard_write(path, t, N);
+	free(t);
+	return rc;
+}
+
+static loom_train_config_t config(const char *glob, int accum)
+{
+	loom_train_config_t c = loom_train_defaults();
+	c.train_data = glob;
+	c.B = 1, c.T = TT, c.accum = accum, c.shuffle = 1, c.seed = 5;
+	c.lr = (loom_lr_schedule_t){.peak_lr = 3e-3, .warmup = 2, .total_steps = STEPS, .kind = LOOM_SCHED_COSINE,
+	                            .min_lr_frac = 0.1};
+	c.grad_clip = 1.0;
+	c.val_data = glob, c.eval_batches = 3;
+	return c;
+}
+
+/* One process with accumulation `accum`: losses into g_ref[1..STEPS], final parameters into
+ * g_ref_params. */
+static int reference(int accum)
+{
+	char glob[600];
+	loom_gpt2_t *m;
+	loom_trainer_t *tr;
+	loom_step_metrics_t sm;
+	snprintf(glob, sizeof glob, "%s/train_*.bin", g_dir);
+	loom_train_config_t c = config(glob, accum);
+	CHECK_OK(loom_gpt2_preset("tiny", &g_mc));
+	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
+	loom_gpt2_init(m, 11);
+	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	for (int s = 1; s <= STEPS; s++) {
+		CHECK_OK(loom_trainer_step(tr, &sm));
+		g_ref[s] = sm.loss;
+		CHECK_EQ(sm.max_inflight, 1);
+		CHECK(sm.bubble == 0.0);
+	}
+	/* the losses move (AdamW moves every parameter by about lr per step): not a comparison of constants */
+	CHECK_MSG(fabs(g_ref[STEPS] - g_ref[1]) > 1e-3, "losses %g .. %g", g_ref[1], g_ref[STEPS]);
+	CHECK_OK(loom_trainer_eval(tr, &g_ref_val));
+	size_t n = loom_gpt2_num_params(&g_mc);
+	free(g_ref_params);
+	CHECK((g_ref_params = malloc(n * sizeof(float))) != NULL);
+	memcpy(g_ref_params, loom_gpt2_params(m), n * sizeof(float));
+	loom_trainer_destroy(tr);
+	loom_gpt2_destroy(m);
+	return 0;
+}
+
+typedef struct {
+	int dp, pp, M;
+	const char *schedule;
+	int save_at;   /* save a checkpoint after this step (0: none) */
+	const char *trace;
+} run_t;
+
+/* The largest difference of two parameter sets must be within tol, except in the k section of each
+ * attn.c_attn.bias: softmax is invariant to it, so its exact gradient is zero and what backward
+ * produces is rounding noise, which AdamW scales up to steps of about lr whatever its size (any two
+ * computations that round differently, e.g. summing wte's two shares in another order, differ there
+ * by up to lr per step). */
+static int max_diff_ok(const float *a, const float *b, size_t n, double tol)
+{
+	double worst = 0.0;
+	size_t at = 0, C = (size_t)g_mc.n_embd;
+	unsigned char *skip = calloc(n, 1);
+	CHECK(skip != NULL);
+	for (int l = 0; l < g_mc.n_layer; l++) {
+		char name[64];
+		loom_tensor_info_t ti;
+		snprintf(name, sizeof name, "h.%d.attn.c_attn.bias", l);
+		CHECK_OK(loom_gpt2_tensor_info(&g_mc, loom_gpt2_tensor_index(&g_mc, name), &ti));
+		memset(skip + ti.offset + C, 1, C);
+	}
+	for (size_t i = 0; i < n; i++)
+		if (!skip[i] && fabs((double)a[i] - b[i]) > worst)
+			worst = fabs((double)a[i] - b[i]), at = i;
+	free(skip);
+	CHECK_MSG(worst <= tol, "parameter %zu differs by %g (%g vs %g)", at, worst, a[at], b[at]);
+	return 0;
+}
+
+/* One rank of a dp x 1 x pp mesh: the same losses as the reference after every step, the counted
+ * activations, and after the last step (a save gathers every stage's parameters into every rank's
+ * model) the same parameters. */
+static int pp_rank(int rank, int nranks, void *arg)
+{
+	const run_t *r = arg;
+	char glob[600], save[600];
+	loom_comm_t *comm;
+	loom_mesh_t *mesh;
+	loom_gpt2_t *m;
+	loom_trainer_t *tr;
+	loom_step_metrics_t sm;
+	(void)rank, (void)nranks;
+	snprintf(glob, sizeof glob, "%s/train_*.bin", g_dir);
+	snprintf(save, sizeof save, "%s/ckpt", g_dir);
+	loom_train_config_t c = config(glob, r->M);
+	c.pp_schedule = r->schedule;
+	c.bucket_mb = 0.05; /* several buckets per stage */
+	c.save_dir = save;
+	c.trace_dir = r->trace;
+	CHECK_OK(loom_comm_init(&comm));
+	CHECK_OK(loom_mesh_create(&mesh, comm, r->dp, 1, r->pp));
+	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
+	loom_gpt2_init(m, 11);
+	c.mesh = mesh;
+	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	int stage = loom_mesh_coord(mesh, LOOM_MESH_PP);
+	int want_inflight = !strcmp(r->schedule, "gpipe") ? r->M : (r->M < r->pp - stage ? r->M : r->pp - stage);
+	if (r->trace) {
+		CHECK_OK(loom_trainer_run(tr, NULL, NULL)); /* saves at the last step; writes the trace */
+	} else {
+		for (int s = 1; s <= STEPS; s++) {
+			CHECK_OK(loom_trainer_step(tr, &sm));
+			CHECK_NEAR(sm.loss, g_ref[s], 1e-5 * g_ref[s]);
+			CHECK_EQ(sm.max_inflight, want_inflight); /* 1F1B: at most P, exactly min(M, P - stage) */
+			CHECK(sm.max_inflight <= (!strcmp(r->schedule, "gpipe") ? r->M : r->pp));
+			CHECK(sm.bubble >= 0.0 && sm.bubble < 1.0);
+			CHECK_NEAR(sm.bubble_theory, (double)(r->pp - 1) / (r->M + r->pp - 1), 1e-12);
+			if (r->dp > 1)
+				CHECK_OK(loom_trainer_check_replicas(tr));
+			if (s == r->save_at || s == STEPS)
+				CHECK_OK(loom_trainer_save(tr));
+		}
+	}
+	CHECK_OK(max_diff_ok(loom_gpt2_params(m), g_ref_params, loom_gpt2_num_params(&g_mc), 1e-5));
+	if (!r->save_at) { /* evaluation gathers the stages and agrees on every rank */
+		float val;
+		CHECK_OK(loom_trainer_eval(tr, &val));
+		CHECK_NEAR(val, g_ref_val, 1e-5 * g_ref_val);
+	}
+	loom_trainer_destroy(tr);
+	loom_gpt2_destroy(m);
+	loom_mesh_destroy(mesh);
+	loom_comm_destroy(comm);
+	return 0;
+}
+
+static int setup(int accum)
+{
+	CHECK_OK(test_mkdtemp(g_dir, sizeof g_dir));
+	CHECK_OK(make_data(g_dir));
+	return reference(accum);
+}
+
+static void teardown(void)
+{
+	test_rmdir(g_dir);
+	free(g_ref_params);
+	g_ref_params = NULL;
+}
+
+/* pp 2 and 4, both schedules, M = 1, 4, 8, against one process with accumulation M. */
+TEST(pp_matches_one_process)
+{
+	static const int Ms[] = {1, 4, 8}, Ps[] = {2, 4};
+	static const char *const scheds[] = {"gpipe", "1f1b"};
+	int rc = 0;
+	for (int i = 0; i < 3 && !rc; i++) {
+		CHECK_EQ(setup(Ms[i]), 0);
+		for (int p = 0; p < 2 && !rc; p++)
+			for (int k = 0; k < 2 && !rc; k++) {
+				run_t r = {.dp = 1, .pp = Ps[p], .M = Ms[i], .schedule = scheds[k]};
+				rc = test_spawn(Ps[p], pp_rank, &r, 60, NULL);
+				if (rc)
+					fprintf(stderr, "pp %d, %s, M = %d failed\n", Ps[p], scheds[k], Ms[i]);
+			}
+		teardown();
+	}
+	return rc;
+}
+
+/* dp 2 x pp 2 (4 ranks, M = 4 each) against one process with accumulation 8: DDP on the dp axis
+ * covers each stage's tensors only, and the replicas of each stage stay identical. */
+TEST(pp_dp2_x_pp2)
+{
+	CHECK_EQ(setup(8), 0);
+	run_t r = {.dp = 2, .pp = 2, .M = 4, .schedule = "1f1b"};
+	int rc = test_spawn(4, pp_rank, &r, 60, NULL);
+	teardown();
+	return rc;
+}
+
+/* A checkpoint written by pp 2 (after step 5) resumes on one process and continues as the reference
+ * (steps 6..10 and the final parameters within 1e-5). */
+TEST(pp_checkpoint_resumes_on_one_process)
+{
+	char glob[600], save[600];
+	loom_gpt2_t *m;
+	loom_trainer_t *tr;
+	loom_step_metrics_t sm;
+	CHECK_EQ(setup(4), 0);
+	run_t r = {.dp = 1, .pp = 2, .M = 4, .schedule = "1f1b", .save_at = 5};
+	CHECK_EQ(test_spawn(2, pp_rank, &r, 60, NULL), 0);
+	snprintf(glob, sizeof glob, "%s/train_*.bin", g_dir);
+	snprintf(save, sizeof save, "%s/ckpt/step_00000005", g_dir);
+	loom_train_config_t c = config(glob, 4);
+	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
+	loom_gpt2_init(m, 99); /* overwritten by the checkpoint */
+	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	CHECK_OK(loom_trainer_resume(tr, save));
+	CHECK_EQ(loom_trainer_steps_done(tr), 5);
+	for (int s = 6; s <= STEPS; s++) {
+		CHECK_OK(loom_trainer_step(tr, &sm));
+		CHECK_NEAR(sm.loss, g_ref[s], 1e-5 * g_ref[s]);
+	}
+	CHECK_OK(max_diff_ok(loom_gpt2_params(m), g_ref_params, loom_gpt2_num_params(&g_mc), 1e-5));
+	loom_trainer_destroy(tr);
+	loom_gpt2_destroy(m);
+	teardown();
+	return 0;
+}
+
+/* Bad meshes, on every rank before any work: more stages than layers, a world not divisible by pp,
+ * an unknown schedule. */
+static int bad_rank(int rank, int nranks, void *arg)
+{
+	char glob[600], want[200];
+	loom_comm_t *comm;
+	loom_mesh_t *mesh;
+	loom_gpt2_t *m;
+	loom_trainer_t *tr;
+	loom_gpt2_config_t mc;
+	(void)nranks, (void)arg;
+	snprintf(glob, sizeof glob, "%s/train_*.bin", g_dir);
+	loom_train_config_t c = config(glob, 2);
+	CHECK_OK(loom_comm_init(&comm));
+	CHECK_ERR(loom_mesh_create(&mesh, comm, 0, 1, 3), LOOM_EINVAL);
+	CHECK(mesh == NULL);
+	CHECK_CONTAINS(loom_errmsg(), "not divisible");
+	CHECK_OK(loom_gpt2_preset("tiny", &mc));
+	mc.n_layer = 2;
+	CHECK_OK(loom_gpt2_create(&m, &mc, 1, TT));
+	CHECK_OK(loom_mesh_create(&mesh, comm, 1, 1, 4));
+	c.mesh = mesh;
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK(tr == NULL);
+	snprintf(want, sizeof want, "trainer: rank %d: a pipeline of 4 stages for a model of 2 layers: every stage "
+	         "needs at least one layer (pp <= 2)", rank);
+	CHECK_CONTAINS(loom_errmsg(), want);
+	c.pp_schedule = "zigzag";
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "pipeline schedule 'zigzag' is not one of gpipe");
+	loom_gpt2_destroy(m);
+	loom_mesh_destroy(mesh);
+	loom_comm_destroy(comm);
+	return 0;
+}
+
+TEST(pp_bad_meshes)
+{
+	CHECK_OK(test_mkdtemp(g_dir, sizeof g_dir));
+	CHECK_OK(make_data(g_dir));
+	int rc = test_spawn(4, bad_rank, NULL, 60, NULL);
+	test_rmdir(g_dir);
+	return rc;
+}
+
+/* pp 3: stage 1 (rank 1) dies by SIGKILL after two steps; stages 0 and 2, waiting on it in the
+ * pipeline, report it as dead (LOOM_EPEERLOST naming the rank) within seconds, not a hang. */
+static int death_rank(int rank, int nranks, void *arg)
+{
+	char glob[600];
+	loom_comm_t *comm;
+	loom_mesh_t *mesh;
+	loom_gpt2_t *m;
+	loom_trainer_t *tr;
+	loom_step_metrics_t sm;
+	(void)nranks, (void)arg;
+	if (rank == 1) { /* the victim runs in a child, so that this rank's process exits 0 */
+		int st;
+		pid_t p = fork();
+		if (p < 0)
+			return 1;
+		if (p > 0) {
+			waitpid(p, &st, 0);
+			CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "victim status %d", st);
+			return 0;
+		}
+	}
+	snprintf(glob, sizeof glob, "%s/train_*.bin", g_dir);
+	loom_train_config_t c = config(glob, 4);
+	CHECK_OK(loom_comm_init(&comm));
+	CHECK_OK(loom_mesh_create(&mesh, comm, 1, 1, 3));
+	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
+	loom_gpt2_init(m, 11);
+	c.mesh = mesh;
+	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	CHECK_OK(loom_trainer_step(tr, &sm));
+	CHECK_OK(loom_trainer_step(tr, &sm));
+	if (rank == 1)
+		raise(SIGKILL);
+	double t0 = loom_now();
+	int rc = LOOM_OK;
+	for (int s = 0; s < 3 && rc == LOOM_OK; s++)
+		rc = loom_trainer_step(tr, &sm);
+	CHECK_ERR(rc, LOOM_EPEERLOST);
+	CHECK_MSG(loom_now() - t0 < 10.0, "the dead rank was noticed after %.1f s", loom_now() - t0);
+	CHECK_CONTAINS(loom_errmsg(), "rank 1");
+	CHECK_CONTAINS(loom_errmsg(), "pipeline stage");
+	loom_trainer_destroy(tr);
+	loom_gpt2_destroy(m);
+	loom_mesh_destroy(mesh);
+	loom_comm_destroy(comm);
+	return 0;
+}
+
+TEST(pp_dead_rank_is_reported)
+{
+	const char *env[] = {"LOOM_TIMEOUT_S=30", NULL};
+	CHECK_OK(loom_gpt2_preset("tiny", &g_mc));
+	CHECK_OK(test_mkdtemp(g_dir, sizeof g_dir));
+	CHECK_OK(make_data(g_dir));
+	int rc = test_spawn(3, death_rank, NULL, 60, env);
+	test_rmdir(g_dir);
+	return rc;
+}
+
+/* --trace: trace.json parses (the checkpoint reader's JSON parser), holds one track per rank (a
+ * process_name record for pids 0 and 1) and every kind of event on each. */
+TEST(pp_trace_one_track_per_rank)
+{
+	char dir[600], path[700], err[200];
+	CHECK_EQ(setup(4), 0);
+	snprintf(dir, sizeof dir, "%s/trace", g_dir);
+	run_t r = {.dp = 1, .pp = 2, .M = 4, .schedule = "1f1b", .trace = dir};
+	CHECK_EQ(test_spawn(2, pp_rank, &r, 60, NULL), 0);
+	snprintf(path, sizeof path, "%s/trace.json", dir);
+	FILE *f = fopen(path, "rb");
+	CHECK_MSG(f != NULL, "no %s", path);
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *text = malloc((size_t)n + 1);
+	CHECK(text && fread(text, 1, (size_t)n, f) == (size_t)n);
+	fclose(f);
+	json_t root;
+	CHECK_MSG(loom__json_parse(text, (size_t)n, &root, err, sizeof err) == 0, "%s", err);
+	const json_t *evs = loom__json_get(&root, "traceEvents");
+	CHECK(evs && evs->type == JSON_ARRAY);
+	/* seen[pid][kind]: forward, backward, send, recv, allreduce, optimizer, step, idle, track name */
+	static const char *const cats[] = {"forward", "backward", "send", "recv", "allreduce", "optimizer", "step", "idle"};
+	int seen[2][9] = {{0}};
+	for (int i = 0; i < evs->n; i++) {
+		const json_t *e = &evs->kids[i], *pid = loom__json_get(e, "pid"), *cat = loom__json_get(e, "cat");
+		int64_t p;
+		CHECK(pid && loom__json_to_i64(pid, &p) == 0 && p >= 0 && p < 2);
+		if (!cat) {
+			CHECK_EQ(strcmp(loom__json_get(e, "ph")->s, "M"), 0);
+			seen[p][8]++;
+			continue;
+		}
+		for (int k = 0; k < 8; k++)
+			if (!strcmp(cat->s, cats[k]))
+				seen[p][k]++;
+	}
+	for (int p = 0; p < 2; p++) {
+		CHECK_EQ(seen[p][8], 1);
+		CHECK_EQ(seen[p][6], STEPS);
+		CHECK_EQ(seen[p][5], STEPS);
+		for (int k = 0; k < 8; k++)
+			CHECK_MSG(seen[p][k] > 0, "rank %d has no '%s' event", p, cats[k]);
+	}
+	/* stage 0 runs embed + its blocks, stage 1 its blocks + the head: 4 micro-batches x units each */
+	loom__json_free(&root);
+	free(text);
+	teardown();
+	return 0;
+}
+
+/* The schedules as data: 1F1B's order on each stage, GPipe's, and the partition balanced by FLOPs. */
+TEST(pp_schedules_and_partition)
+{
+	loom__pp_action_t a[16];
+	char got[64];
+	int lo[5];
+	loom_gpt2_config_t mc;
+	CHECK_EQ(loom__pp_plan(LOOM_PP_1F1B, 4, 0, 6, a), 4);
+	for (int i = 0; i < 12; i++)
+		got[i] = (char)(a[i].op == 'F' ? '0' + a[i].mb : 'a' + a[i].mb);
+	got[12] = 0;
+	CHECK_EQ(strcmp(got, "0123a4b5cdef"), 0); /* 3 warm-up forwards, then 1F1B, then the backwards */
+	CHECK_EQ(loom__pp_plan(LOOM_PP_1F1B, 4, 3, 6, a), 1);
+	for (int i = 0; i < 12; i++)
+		got[i] = (char)(a[i].op == 'F' ? '0' + a[i].mb : 'a' + a[i].mb);
+	CHECK_EQ(strcmp(got, "0a1b2c3d4e5f"), 0);
+	CHECK_EQ(loom__pp_plan(LOOM_PP_GPIPE, 2, 1, 3, a), 3);
+	for (int i = 0; i < 6; i++)
+		got[i] = (char)(a[i].op == 'F' ? '0' + a[i].mb : 'a' + a[i].mb);
+	got[6] = 0;
+	CHECK_EQ(strcmp(got, "012abc"), 0);
+	CHECK_NEAR(loom__pp_bubble_theory(LOOM_PP_1F1B, 2, 8), 1.0 / 9.0, 1e-15);
+	CHECK_OK(loom_gpt2_preset("tiny", &mc)); /* the head is cheap: 2 + 2 */
+	CHECK_OK(loom__pp_partition(&mc, 32, 2, lo));
+	CHECK_EQ(lo[0], 0);
+	CHECK_EQ(lo[1], 2);
+	CHECK_EQ(lo[2], 4);
+	CHECK_OK(loom_gpt2_preset("small", &mc)); /* the 50257-row lm head outweighs five blocks */
+	CHECK_OK(loom__pp_partition(&mc, 256, 2, lo));
+	CHECK_EQ(lo[1], 5);
+	CHECK_ERR(loom__pp_partition(&mc, 256, 7, lo), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "7 stages for a model of 6 layers");
+	return 0;
+}
+
+/* The CLI: `--nproc 2 --pp 2` trains, says so and logs the bubble; a world not divisible by --pp is a
+ * clear error (on every rank: the mesh's check runs before any work). */
+TEST(pp_cli)
+{
+	char cmd[2048], out[16384];
+	CHECK_OK(test_mkdtemp(g_dir, sizeof g_dir));
+	CHECK_OK(make_data(g_dir));
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --pp 2 --micro-batches 4 --schedule gpipe --train-data "
+	         "'%s/train_*.bin' --model tiny --batch-size 1 --seq-len 32 --steps 3 --schedule constant "
+	         "--peak-flops 1e10 --log %s/log.jsonl", test_loom_bin(), g_dir, g_dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	CHECK_CONTAINS(out, "[rank 0] batch: B=1 T=32 micro-batches=4 dp=1 -> 128 tokens per step");
+	CHECK_CONTAINS(out, "[rank 0] pipeline parallel: 2 stages x dp 1, schedule gpipe, 4 micro-batches per step "
+	               "(ideal bubble (P-1)/(M+P-1) = 20.0%)");
+	CHECK_CONTAINS(out, "(ideal 20.0%, for these stages ");
+	CHECK_CONTAINS(out, "[rank 0] step 3/3 | loss ");
+	snprintf(cmd, sizeof cmd, "%s/log.jsonl", g_dir);
+	FILE *f = fopen(cmd, "r");
+	char line[1024];
+	CHECK(f && fgets(line, sizeof line, f));
+	fclose(f);
+	CHECK_CONTAINS(line, ",\"bubble\":");
+	CHECK_CONTAINS(line, ",\"bubble_theory\":0.2000,\"bubble_expected\":");
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --pp 3 --train-data '%s/train_*.bin' --model tiny --steps 1",
+	         test_loom_bin(), g_dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK(st != 0);
+	/* every rank fails alike; the launcher stops the others at the first failure */
+	CHECK_CONTAINS(out, " loom train: --pp 3 on 2 ranks: mesh: rank ");
+	CHECK_CONTAINS(out, "the world of 2 ranks is not divisible by the other sizes (3) to derive dp");
+	test_rmdir(g_dir);
+	return 0;
+}
