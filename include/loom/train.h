@@ -128,7 +128,10 @@ typedef struct {
 	loom_mesh_t *mesh;         /* instead of comm: the ranks as a dp x tp x pp mesh (borrowed; must
 	                              outlive the trainer). The data-parallel axis carries the gradients,
 	                              the data sharding and the checkpoints' loader states; global rank 0
-	                              logs and saves. Only tp = pp = 1 for now (LOOM_ENOTSUP otherwise).
+	                              logs and saves. With tp > 1 the model must have been created as
+	                              this rank's shard (loom_gpt2_opts_t tp_size = tp, tp_rank = its tp
+	                              coordinate; LOOM_EINVAL otherwise) and the "tp" strategy runs it;
+	                              only pp = 1 for now (LOOM_ENOTSUP otherwise).
 	                              comm may be NULL or the mesh's world. */
 } loom_train_config_t;
 

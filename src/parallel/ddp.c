@@ -75,7 +75,8 @@ int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, dou
 	if (!(bucket_mb > 0) || !(first_bucket_mb > 0))
 		return loom_seterr(LOOM_EINVAL, "ddp: bucket sizes must be positive (got %g MiB and first %g MiB)",
 		                   bucket_mb, first_bucket_mb);
-	size_t nparams = loom_gpt2_num_params(cfg);
+	const loom_tensor_info_t *table = loom_gpt2_tensors(model, NULL); /* the model's (a shard's, with tp) */
+	size_t nparams = loom_gpt2_param_count(model);
 	d = loom__calloc(1, sizeof *d);
 	if (!d)
 		return loom_seterr(LOOM_ENOMEM, "ddp: out of memory");
@@ -103,7 +104,7 @@ int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, dou
 	limit = (size_t)(first_bucket_mb * 1048576.0);
 	for (int t = d->ntensors - 1; t >= 0; t--) {
 		bucket_t *b = &d->buckets[d->nbuckets];
-		loom_gpt2_tensor_info(cfg, t, &info);
+		info = table[t];
 		if (bytes == 0)
 			b->hi = t;
 		b->lo = t;
@@ -111,9 +112,9 @@ int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, dou
 		bytes += info.numel * sizeof(float);
 		if (bytes >= limit || t == 0) {
 			loom_tensor_info_t lo;
-			loom_gpt2_tensor_info(cfg, b->lo, &lo);
+			lo = table[b->lo];
 			b->offset = lo.offset;
-			loom_gpt2_tensor_info(cfg, b->hi, &info);
+			info = table[b->hi];
 			b->count = info.offset + info.numel - lo.offset;
 			d->nbuckets++;
 			bytes = 0;
