@@ -75,7 +75,10 @@ static const char *const usage_text =
 	"  --check-replicas K     every K steps verify that all ranks hold bit-identical parameters\n"
 	"  --lr-scale S           none|sqrt|linear: scale --lr by (tokens per step / --ref-batch-size)^p,\n"
 	"                         p = 1/2 (sqrt) or 1 (linear); default none\n"
-	"  --ref-batch-size N     tokens per step that --lr was tuned for\n";
+	"  --ref-batch-size N     tokens per step that --lr was tuned for\n"
+	"  --tp T                 tensor parallel (Megatron): each layer split over T neighbouring ranks (T must\n"
+	"                         divide the heads; the vocabulary is padded); data parallel takes the rest\n"
+	"  --dp D                 data-parallel ranks (default: ranks / T; when given, checked)\n";
 
 typedef struct {
 	loom_train_config_t tc;
@@ -90,6 +93,7 @@ typedef struct {
 	long long ref_batch;
 	double base_lr;                   /* --lr before scaling */
 	int rank, world;
+	int tp, dp_flag, dp;              /* --tp, --dp (0: derived), the data-parallel size */
 } opts_t;
 
 /* Parse an integer flag that must be in [lo, hi]. */
@@ -114,6 +118,7 @@ static void parse(int argc, char **argv, opts_t *o)
 	o->grad_accum = -1;
 	o->print_every = 1;
 	o->world = 1;
+	o->tp = 1;
 #define FLAG(name) cli_flag(argc, argv, &i, name, &v)
 #define DBL(name) cli_parse_double("train", name, v)
 	for (int i = 1; i < argc; i++) {
@@ -178,6 +183,8 @@ static void parse(int argc, char **argv, opts_t *o)
 			if (loom_lr_scale_parse(v, &o->lr_scale) != LOOM_OK)
 				cli_die("train", "--lr-scale: %s", loom_errmsg());
 		} else if (FLAG("--ref-batch-size")) o->ref_batch = int_in("--ref-batch-size", v, 1, 1LL << 40);
+		else if (FLAG("--tp")) o->tp = (int)int_in("--tp", v, 1, 4096);
+		else if (FLAG("--dp")) o->dp_flag = (int)int_in("--dp", v, 1, 4096);
 		else
 			cli_die("train", "unknown flag '%s' (see loom train --help)", a);
 	}
@@ -271,13 +278,13 @@ static void model_config(opts_t *o)
 static void batch_config(opts_t *o)
 {
 	if (o->total_batch > 0) {
-		if (loom_train_accum(o->total_batch, o->tc.B, o->tc.T, o->world, &o->tc.accum) != LOOM_OK)
+		if (loom_train_accum(o->total_batch, o->tc.B, o->tc.T, o->dp, &o->tc.accum) != LOOM_OK)
 			cli_die("train", "%s", loom_errmsg());
 	} else {
 		o->tc.accum = o->grad_accum > 0 ? o->grad_accum : 1;
 	}
 	o->base_lr = o->tc.lr.peak_lr;
-	if (loom_lr_scaled(o->base_lr, o->lr_scale, (long long)o->tc.B * o->tc.T * o->world * o->tc.accum, o->ref_batch,
+	if (loom_lr_scaled(o->base_lr, o->lr_scale, (long long)o->tc.B * o->tc.T * o->dp * o->tc.accum, o->ref_batch,
 	                   &o->tc.lr.peak_lr) != LOOM_OK)
 		cli_die("train", "%s", loom_errmsg());
 }
@@ -369,7 +376,7 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	       o->init_from ? o->init_from : "");
 	if (o->world > 1)
 		printf("batch: B=%d T=%d accum=%d ranks=%d -> %lld tokens per step", o->tc.B, o->tc.T, o->tc.accum,
-		       o->world, loom_trainer_tokens_per_step(tr));
+		       o->dp, loom_trainer_tokens_per_step(tr));
 	else
 		printf("batch: B=%d T=%d accum=%d -> %lld tokens per step", o->tc.B, o->tc.T, o->tc.accum,
 		       loom_trainer_tokens_per_step(tr));
@@ -379,9 +386,13 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		printf("lr: peak %g = %g x %g (%s scaling, %lld tokens per step vs a reference of %lld)\n", o->tc.lr.peak_lr,
 		       o->base_lr, o->tc.lr.peak_lr / o->base_lr, loom_lr_scale_name(o->lr_scale),
 		       loom_trainer_tokens_per_step(tr), o->ref_batch);
-	if (o->world > 1) {
+	if (o->tp > 1)
+		printf("tensor parallel: tp %d x dp %d = %d ranks (Megatron: heads, MLP columns and vocabulary rows split "
+		       "over tp neighbouring ranks; %zu shard parameters per rank)\n", o->tp, o->dp, o->world,
+		       loom_gpt2_shard_params(&o->mc, o->tp));
+	if (o->dp > 1) {
 		printf("data parallel: %d ranks x %d thread%s; gradients averaged in buckets of %g MiB (the first %g MiB) "
-		       "on the last of %d micro-step%s", o->world, loom_num_threads(), loom_num_threads() == 1 ? "" : "s",
+		       "on the last of %d micro-step%s", o->dp, loom_num_threads(), loom_num_threads() == 1 ? "" : "s",
 		       o->tc.bucket_mb, o->tc.bucket_mb < 1 ? o->tc.bucket_mb : 1.0, o->tc.accum, o->tc.accum == 1 ? "" : "s");
 		if (o->tc.check_replicas > 0)
 			printf("; replicas compared every %d step%s", o->tc.check_replicas, o->tc.check_replicas == 1 ? "" : "s");
@@ -429,6 +440,7 @@ int loom_cli_train(int argc, char **argv)
 {
 	opts_t o;
 	loom_comm_t *comm = NULL;
+	loom_mesh_t *mesh = NULL;
 	loom_gpt2_t *model = NULL;
 	loom_trainer_t *tr = NULL;
 	run_ctx_t r;
@@ -447,18 +459,38 @@ int loom_cli_train(int argc, char **argv)
 		comm = NULL;
 	}
 	o.tc.comm = comm;
+	o.dp = o.world;
+	if (o.tp > 1 || o.dp_flag) { /* the ranks as dp x tp (tp neighbouring ranks); checked on every rank */
+		if (loom_mesh_create(&mesh, comm, o.dp_flag, o.tp, 1) != LOOM_OK)
+			cli_die("train", "--dp %d --tp %d on %d rank%s: %s", o.dp_flag, o.tp, o.world, o.world == 1 ? "" : "s",
+			        loom_errmsg());
+		o.dp = loom_mesh_size(mesh, LOOM_MESH_DP);
+		o.tc.mesh = mesh;
+	}
 	loom_set_num_threads(o.threads > 0 ? o.threads : omp_get_max_threads()); /* default: OMP_NUM_THREADS or CPUs */
 	model_config(&o);
+	if (loom_gpt2_tp_check(&o.mc, o.tp) != LOOM_OK)
+		cli_die("train", "rank %d: --tp %d: %s", o.rank, o.tp, loom_errmsg());
 	batch_config(&o);
 	find_tokenizer(&o);
 	r.o = &o;
 
-	if ((rc = loom_gpt2_create(&model, &o.mc, o.tc.B, o.tc.T)) != LOOM_OK) {
+	loom_gpt2_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .tp_size = o.tp,
+	                       .tp_rank = mesh ? loom_mesh_coord(mesh, LOOM_MESH_TP) : 0};
+	if ((rc = loom_gpt2_create_opts(&model, &o.mc, &mo)) != LOOM_OK) {
 		fprintf(stderr, "loom train: creating the model: %s\n", loom_errmsg());
 		goto out;
 	}
-	if (o.init_from) {
-		if ((rc = loom_model_load(o.init_from, &o.mc, loom_gpt2_params(model))) != LOOM_OK) {
+	if (o.init_from) { /* the whole model from the file; a tensor-parallel rank keeps its shard */
+		float *full = o.tp > 1 ? malloc(loom_gpt2_num_params(&o.mc) * sizeof(float)) : loom_gpt2_params(model);
+		if (!full)
+			cli_die("train", "--init-from: out of memory for %zu parameters", loom_gpt2_num_params(&o.mc));
+		rc = loom_model_load(o.init_from, &o.mc, full);
+		if (rc == LOOM_OK && o.tp > 1)
+			loom_gpt2_tp_shard(&o.mc, o.tp, mo.tp_rank, full, loom_gpt2_params(model));
+		if (o.tp > 1)
+			free(full);
+		if (rc != LOOM_OK) {
 			fprintf(stderr, "loom train: --init-from: %s\n", loom_errmsg());
 			goto out;
 		}
@@ -496,9 +528,14 @@ int loom_cli_train(int argc, char **argv)
 			fprintf(stderr, "loom train: %s\n", loom_errmsg());
 			goto out;
 		}
-		if (o.rank == 0)
+		if (o.rank == 0 && o.dp > 1)
 			printf("parameters: broadcast from rank 0 to %d ranks, checksum %016llx verified on every rank\n",
-			       o.world, (unsigned long long)sum);
+			       o.dp, (unsigned long long)sum);
+	}
+	if (o.sample_every > 0 && o.tp > 1) {
+		if (o.rank == 0)
+			printf("note: --sample-every is ignored with --tp (sample from a checkpoint with `loom sample`)\n");
+		o.sample_every = 0;
 	}
 	if (o.sample_every > 0 && o.rank == 0) {
 		if (o.tc.tokenizer && loom_tokenizer_load(&r.tok, o.tc.tokenizer) == LOOM_OK)
@@ -526,6 +563,7 @@ int loom_cli_train(int argc, char **argv)
 out:
 	loom_trainer_destroy(tr); /* before the model and the communicator it uses */
 	loom_gpt2_destroy(model);
+	loom_mesh_destroy(mesh);
 	loom_comm_destroy(comm);
 	if (r.have_tok)
 		loom_tokenizer_free(&r.tok);
