@@ -328,3 +328,63 @@ TEST(tp_bad_mesh_errors_on_every_rank)
 	CHECK_EQ(test_spawn(3, bad_mesh_rank, NULL, 30, NULL), 0);
 	return 0;
 }
+
+/* The per-step losses of a JSONL log (loss[step], step from 1); returns the number of steps read. */
+static int read_losses(const char *path, double *loss, int max)
+{
+	FILE *f = fopen(path, "r");
+	char line[2048];
+	int n = 0;
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof line, f)) {
+		long long step;
+		double l;
+		if (sscanf(line, "{\"step\":%lld,\"loss\":%lf", &step, &l) == 2 && step >= 1 && step <= max)
+			loss[step] = l, n++;
+	}
+	fclose(f);
+	return n;
+}
+
+/* `loom train --tp 2` (2 ranks) and `--tp 2 --dp 2` (4 ranks) follow one process at the same total
+ * batch; its checkpoint samples; --tp 3 (4 heads) and a world not divisible by tp are clear errors. */
+TEST(tp_cli)
+{
+	char dir[512], cmd[4096], out[16384];
+	double ref[STEPS + 1] = {0}, got[STEPS + 1] = {0};
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_data(dir));
+#define FLAGS "--model tiny --batch-size 2 --seq-len 32 --lr 1e-2 --eps 1e-6 --seed 5 --shuffle 1 --peak-flops 1e10"
+	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s train --train-data '%s/train_*.bin' " FLAGS " --steps %d "
+	         "--total-batch-size 128 --threads 1 --log %s/one.jsonl", loom, dir, STEPS, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 0);
+	CHECK_EQ(read_losses(strcat(strcpy(cmd, dir), "/one.jsonl"), ref, STEPS), STEPS);
+	for (int world = 2; world <= 4; world += 2) {
+		snprintf(cmd, sizeof cmd, "%s train --nproc %d --tp 2%s --train-data '%s/train_*.bin' " FLAGS " --steps %d "
+		         "--total-batch-size 128 --log %s/tp.jsonl --save-dir %s/ck --check-replicas 1", loom, world,
+		         world == 4 ? " --dp 2" : "", dir, STEPS, dir, dir);
+		CHECK_MSG(test_run_cmd(cmd, out, sizeof out, 60) == 0, "%s:\n%s", cmd, out);
+		CHECK_CONTAINS(out, world == 2 ? "[rank 0] tensor parallel: tp 2 x dp 1 = 2 ranks"
+		                               : "[rank 0] tensor parallel: tp 2 x dp 2 = 4 ranks");
+		CHECK_CONTAINS(out, world == 2 ? "accum=2 ranks=1 -> 128 tokens per step" : "accum=1 ranks=2 -> 128 tokens");
+		snprintf(cmd, sizeof cmd, "%s/tp.jsonl", dir);
+		CHECK_EQ(read_losses(cmd, got, STEPS), STEPS);
+		for (int s = 1; s <= STEPS; s++)
+			CHECK_NEAR(got[s], ref[s], 1e-5 * ref[s]);
+		remove(cmd);
+	}
+	snprintf(cmd, sizeof cmd, "%s sample --model %s/ck --max-tokens 5 --seed 1", loom, dir);
+	CHECK_MSG(test_run_cmd(cmd, out, sizeof out, 60) == 0, "%s:\n%s", cmd, out);
+	/* (the launcher stops the other ranks when the first exits, so only one rank's message is certain) */
+	snprintf(cmd, sizeof cmd, "%s train --nproc 3 --tp 3 --train-data '%s/train_*.bin' " FLAGS " --steps 2", loom, dir);
+	CHECK(test_run_cmd(cmd, out, sizeof out, 60) != 0);
+	CHECK_CONTAINS(out, "--tp 3: tensor parallel: the model's 4 attention heads are not divisible by tp = 3");
+	snprintf(cmd, sizeof cmd, "%s train --nproc 3 --tp 2 --train-data '%s/train_*.bin' " FLAGS " --steps 2", loom, dir);
+	CHECK(test_run_cmd(cmd, out, sizeof out, 60) != 0);
+	CHECK_CONTAINS(out, " of 3: the world of 3 ranks is not divisible by the other sizes (2)");
+#undef FLAGS
+	test_rmdir(dir);
+	return 0;
+}
