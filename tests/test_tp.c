@@ -81,7 +81,8 @@ static int reference(tp_case_t *c)
 	size_t n = loom_gpt2_num_params(&mc);
 	CHECK((c->ref_params = malloc(n * sizeof(float))) != NULL);
 	memcpy(c->ref_params, loom_gpt2_params(m), n * sizeof(float));
-	CHECK_MSG(fabs(c->ref_loss[STEPS] - c->ref_loss[1]) > 0.01, "losses %g .. %g", c->ref_loss[1], c->ref_loss[STEPS]); /* training moved: the comparisons are not of constants */
+	/* training moved: the comparisons are not of constants */
+	CHECK_MSG(fabs(c->ref_loss[STEPS] - c->ref_loss[1]) > 0.01, "losses %g .. %g", c->ref_loss[1], c->ref_loss[STEPS]);
 	loom_trainer_destroy(tr);
 	loom_gpt2_destroy(m);
 	return 0;
@@ -202,7 +203,8 @@ TEST(tp_shard_roundtrip)
 			CHECK_OK(loom_gpt2_tensor_info(&mc, qkv, &fi));
 			CHECK_OK(loom_gpt2_shard_info(&mc, tp, qkv, &li));
 			CHECK_EQ(li.shape[1], (size_t)3 * 128 / tp);
-			CHECK_FEQ(shard[li.offset + li.shape[1] + 128 / tp + 5], full[fi.offset + 3 * 128 + 128 + r * 128 / tp + 5]);
+			CHECK_FEQ(shard[li.offset + li.shape[1] + 128 / tp + 5],
+			          full[fi.offset + 3 * 128 + 128 + r * 128 / tp + 5]);
 			/* wte: rows [r Vl, (r+1) Vl) of the padded vocabulary, the padding zero */
 			size_t Vl = (257 + (size_t)tp - 1) / tp;
 			CHECK_OK(loom_gpt2_shard_info(&mc, tp, 0, &li));
@@ -358,17 +360,23 @@ TEST(tp_cli)
 	CHECK_OK(make_data(dir));
 #define FLAGS "--model tiny --batch-size 2 --seq-len 32 --lr 1e-2 --eps 1e-6 --seed 5 --shuffle 1 --peak-flops 1e10"
 	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s train --train-data '%s/train_*.bin' " FLAGS " --steps %d "
-	         "--total-batch-size 128 --threads 1 --log %s/one.jsonl", loom, dir, STEPS, dir);
+	         "--total-batch-size 128 --threads 1 --log %s/one.jsonl --val-data '%s/train_*.bin' --eval-batches 3",
+	         loom, dir, STEPS, dir, dir);
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 0);
+	char val[64];
+	CHECK(strstr(out, "| val ") != NULL);
+	snprintf(val, sizeof val, "%.11s", strstr(out, "| val ")); /* "| val " and the loss to 3 decimals */
 	CHECK_EQ(read_losses(strcat(strcpy(cmd, dir), "/one.jsonl"), ref, STEPS), STEPS);
 	for (int world = 2; world <= 4; world += 2) {
 		snprintf(cmd, sizeof cmd, "%s train --nproc %d --tp 2%s --train-data '%s/train_*.bin' " FLAGS " --steps %d "
-		         "--total-batch-size 128 --log %s/tp.jsonl --save-dir %s/ck --check-replicas 1", loom, world,
-		         world == 4 ? " --dp 2" : "", dir, STEPS, dir, dir);
+		         "--total-batch-size 128 --log %s/tp.jsonl --save-dir %s/ck --check-replicas 1 --val-data "
+		         "'%s/train_*.bin' --eval-batches 3", loom, world, world == 4 ? " --dp 2" : "", dir, STEPS, dir, dir,
+		         dir);
 		CHECK_MSG(test_run_cmd(cmd, out, sizeof out, 60) == 0, "%s:\n%s", cmd, out);
 		CHECK_CONTAINS(out, world == 2 ? "[rank 0] tensor parallel: tp 2 x dp 1 = 2 ranks"
 		                               : "[rank 0] tensor parallel: tp 2 x dp 2 = 4 ranks");
 		CHECK_CONTAINS(out, world == 2 ? "accum=2 ranks=1 -> 128 tokens per step" : "accum=1 ranks=2 -> 128 tokens");
+		CHECK_CONTAINS(out, val); /* evaluation runs on the shards too */
 		snprintf(cmd, sizeof cmd, "%s/tp.jsonl", dir);
 		CHECK_EQ(read_losses(cmd, got, STEPS), STEPS);
 		for (int s = 1; s <= STEPS; s++)

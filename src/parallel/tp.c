@@ -212,7 +212,8 @@ static int tp_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 	tp_strategy_t *t = (tp_strategy_t *)s;
 	size_t nfull = loom_gpt2_num_params(&s->mcfg);
 	float *all = loom_alloc_aligned((size_t)t->tp_size * s->nparams * sizeof(float));
-	float *p = w ? loom_alloc_aligned(nfull * sizeof(float)) : NULL, *m = w ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
+	float *p = w ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
+	float *m = w ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
 	float *v = w ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
 	char path[1200];
 	int rc;

@@ -111,8 +111,8 @@ static int check_config(const loom_train_config_t *c, loom_gpt2_t *model)
 			return loom_seterr(LOOM_EINVAL, "trainer: both a communicator and a mesh over another one were given: "
 			                   "give the mesh only");
 	} else if (loom_gpt2_tp_size(model) != 1) {
-		return loom_seterr(LOOM_EINVAL, "trainer: the model is tensor-parallel shard %d of %d: give a mesh with tp = %d",
-		                   loom_gpt2_tp_rank(model), loom_gpt2_tp_size(model), loom_gpt2_tp_size(model));
+		return loom_seterr(LOOM_EINVAL, "trainer: the model is tensor-parallel shard %d of %d: give a mesh with "
+		                   "tp = %d", loom_gpt2_tp_rank(model), loom_gpt2_tp_size(model), loom_gpt2_tp_size(model));
 	}
 	return LOOM_OK;
 }
