@@ -31,6 +31,7 @@ typedef struct {
 	double ref_loss[STEPS + 1];
 	float *ref_params; /* the reference's final parameters, whole model */
 	int save_at;       /* > 0: stop after this step and save a checkpoint (the resume test) */
+	int resume;        /* 1: resume from the checkpoint in dir first */
 } tp_case_t;
 
 static int make_data(const char *dir)
@@ -144,8 +145,13 @@ static int tp_rank_fn(int rank, int nranks, void *arg)
 	loom_train_config_t tc = train_config(c, 1);
 	tc.mesh = mesh, tc.check_replicas = 1, tc.save_dir = c->save_at ? c->dir : NULL;
 	CHECK_OK(loom_trainer_create(&tr, &tc, m));
-	int last = c->save_at ? c->save_at : STEPS;
-	for (int s = 1; s <= last; s++) {
+	int last = c->save_at ? c->save_at : STEPS, first = 1;
+	if (c->resume) {
+		CHECK_OK(loom_trainer_resume(tr, c->dir));
+		first = (int)loom_trainer_steps_done(tr) + 1;
+		CHECK_EQ(first, HALF + 1);
+	}
+	for (int s = first; s <= last; s++) {
 		CHECK_OK(loom_trainer_step(tr, &sm));
 		CHECK_NEAR(sm.loss, c->ref_loss[s], 1e-5 * c->ref_loss[s]);
 		CHECK_OK(loom_trainer_check_replicas(tr));
@@ -262,7 +268,7 @@ TEST(dp2_tp2_train_matches_one_process)
 }
 
 /* tp 2 trains 5 steps and saves (whole HF-layout tensors); one process resumes and its steps 6-10
- * and final parameters follow the uninterrupted reference within 1e-5. */
+ * and final parameters follow the uninterrupted reference within 1e-5; so does tp 4 resuming. */
 TEST(tp2_checkpoint_resumes_on_one_process)
 {
 	static tp_case_t c;
@@ -297,6 +303,9 @@ TEST(tp2_checkpoint_resumes_on_one_process)
 	CHECK_OK(compare_params(loom_gpt2_params(m), c.ref_params, loom_gpt2_num_params(&mc)));
 	loom_trainer_destroy(tr);
 	loom_gpt2_destroy(m);
+	/* and on tp 4: every rank slices its shards from the whole tensors */
+	c.tp = 4, c.save_at = 0, c.resume = 1;
+	CHECK_EQ(test_spawn(4, tp_rank_fn, &c, 60, NULL), 0);
 	free(c.ref_params);
 	test_rmdir(c.dir);
 	return 0;
