@@ -3,7 +3,7 @@
  * within 1e-5 relative over 10 steps, final gathered parameters within 1e-5 in relative L2 distance and
  * 1e-4 each, see compare_params); a checkpoint written
  * by tp 2 (always whole HF-layout tensors) resumes on one process and continues within 1e-5; bad
- * meshes are clear errors on every rank before any work.
+ * meshes are clear errors on every rank before any work; a dead rank is reported, not a hang.
  *
  * The `tiny` preset (L4 H4 C128 V257: the vocabulary is not divisible by 2 or 4, so every run also
  * covers the padded vocabulary) with micro-batches of 2 x 32 tokens keeps each run well under a
@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "loom/ckpt.h"
 #include "loom/comm.h"
@@ -21,6 +23,7 @@
 #include "loom/gpt2.h"
 #include "loom/mesh.h"
 #include "loom/train.h"
+#include "loom/util.h"
 #include "test.h"
 
 enum { STEPS = 10, B = 2, T = 32, HALF = 5 };
@@ -403,5 +406,70 @@ TEST(tp_cli)
 	CHECK_CONTAINS(out, " of 3: the world of 3 ranks is not divisible by the other sizes (2)");
 #undef FLAGS
 	test_rmdir(dir);
+	return 0;
+}
+
+/* A tensor-parallel rank that dies mid-run: its partner's next step fails within seconds with
+ * LOOM_EPEERLOST naming the dead rank and the tensor-parallel all-reduce, instead of hanging. */
+static int tp_death_rank(int rank, int nranks, void *arg)
+{
+	tp_case_t *c = arg;
+	loom_comm_t *comm;
+	loom_mesh_t *mesh;
+	loom_gpt2_config_t mc;
+	loom_gpt2_t *m;
+	loom_trainer_t *tr;
+	loom_step_metrics_t sm;
+	(void)nranks;
+	if (rank == 1) { /* the victim works in a child, so that this process can report success */
+		int st;
+		pid_t p = fork();
+		if (p < 0)
+			return 1;
+		if (p > 0) {
+			waitpid(p, &st, 0);
+			CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "victim status %d", st);
+			return 0;
+		}
+	}
+	loom_set_num_threads(1);
+	CHECK_OK(loom_comm_init(&comm));
+	CHECK_OK(loom_mesh_create(&mesh, comm, 1, 2, 1));
+	CHECK_OK(loom_gpt2_preset("tiny", &mc));
+	loom_gpt2_opts_t o = {.B = B, .T = T, .tp_size = 2, .tp_rank = rank};
+	CHECK_OK(loom_gpt2_create_opts(&m, &mc, &o));
+	loom_gpt2_init(m, 11);
+	loom_train_config_t tc = train_config(c, 1);
+	tc.mesh = mesh;
+	CHECK_OK(loom_trainer_create(&tr, &tc, m));
+	CHECK_OK(loom_trainer_step(tr, &sm));
+	CHECK_OK(loom_trainer_step(tr, &sm));
+	if (rank == 1) {
+		usleep(100000); /* let rank 0 enter step 3's first all-reduce */
+		_exit(0);
+	}
+	double t0 = loom_now();
+	CHECK_ERR(loom_trainer_step(tr, &sm), LOOM_EPEERLOST);
+	CHECK_MSG(loom_now() - t0 < 5.0, "the dead rank was noticed after %.1f s", loom_now() - t0);
+	CHECK_CONTAINS(loom_errmsg(), "rank 0: step 3, micro-step 0");
+	CHECK_CONTAINS(loom_errmsg(), "tensor parallel: rank 0 of 2: all-reduce (sum)");
+	CHECK_CONTAINS(loom_errmsg(), "rank 1");
+	loom_trainer_destroy(tr);
+	loom_gpt2_destroy(m);
+	loom_mesh_destroy(mesh);
+	loom_comm_destroy(comm);
+	return 0;
+}
+
+TEST(tp_dead_rank_is_reported)
+{
+	static tp_case_t c;
+	const char *env[] = {"LOOM_TIMEOUT_S=20", NULL};
+	memset(&c, 0, sizeof c);
+	CHECK_OK(test_mkdtemp(c.dir, sizeof c.dir));
+	snprintf(c.glob, sizeof c.glob, "%s/train_*.bin", c.dir);
+	CHECK_OK(make_data(c.dir));
+	CHECK_EQ(test_spawn(2, tp_death_rank, &c, 60, env), 0);
+	test_rmdir(c.dir);
 	return 0;
 }
