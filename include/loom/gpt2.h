@@ -155,7 +155,8 @@ float *loom_gpt2_tensor_grad(loom_gpt2_t *m, int tensor);
 /* GPT-2 initialization, reproducible from seed: weights normal(0, 0.02), the residual projections
  * (attn.c_proj.weight, mlp.c_proj.weight) normal(0, 0.02/sqrt(2L)), biases 0, LayerNorm weight 1.
  * Tensor i draws from its own splitmix64 stream seeded with seed ^ (0x9e3779b97f4a7c15 * (i + 1)),
- * normals by Box-Muller (src/model/rng.h), so its values do not depend on the other tensors. */
+ * normals by Box-Muller (src/model/rng.h), so its values do not depend on the other tensors. A
+ * tensor-parallel shard gets exactly the whole model's values at its positions (padding rows 0). */
 void loom_gpt2_init(loom_gpt2_t *m, uint64_t seed);
 
 /* Forward pass over inputs (B,T) token ids with B, T within the sizes given at create. With targets

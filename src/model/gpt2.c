@@ -11,7 +11,9 @@
  * soon as nothing later in this backward adds to it: over a whole model, tensor indices arrive
  * strictly decreasing, each once, with wte (whose gradient also gets the embedding's share) last.
  * The kernels reach parameters and gradients only through the views (model.h), read when the
- * kernel is called, i.e. after the unit's param-use hook has run. */
+ * kernel is called, i.e. after the unit's param-use hook has run. A tensor-parallel shard (tp > 1,
+ * tp_model.c) runs the same passes on its local sizes, with the reductions at the f and g points;
+ * with tp 1 no reduction exists and the passes are the whole model's, unchanged. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
