@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # mesh.sh: one mesh against another on the same machine, in one run: tokens/s of `loom train` for
-# one process with 2 threads, dp 2, and pp 2 (1F1B, M = 8 micro-batches), on 2 ranks x 1 thread,
+# one process with 2 threads, dp 2, tp 2 and pp 2 (1F1B, M = 8 micro-batches), on 2 ranks x 1 thread,
 # with each one's communication fraction of the step time and, for the pipeline, the measured bubble
 # (the stages' mean idle fraction of the schedule, from the trace's timestamps) beside the theory
 # (P-1)/(M+P-1). Same total batch for every row: 8 sequences x 256 tokens per optimizer step
-# (1 process: B=8; dp2: B=4 per rank; pp2: B=1 x 8 micro-batches), the `small` preset, fp32, the same
+# (1 process and tp2: B=8; dp2: B=4 per rank; pp2: B=1 x 8 micro-batches), the `small` preset, fp32, the same
 # random-token shard. tokens/s is the time-weighted mean over the steps after the first WARMUP.
-# Targets (issue 9): bubble within 20% of the theory; pp2 >= 0.85 x dp2's tokens/s.
+# Targets (issue 9): bubble within 20% of the theory; tp2 and pp2 each >= 0.85 x dp2's tokens/s.
 #
 # usage: bench/mesh.sh [STEPS (default 6)]
 #   env: LOOM (default build/loom), MODEL (small), T (256), WARMUP (2), KEEP=1 keeps the work dir,
@@ -69,22 +69,27 @@ run() { # name, log, args...
 
 run one "$WORK/one.jsonl" env OMP_NUM_THREADS=2 "$LOOM" "${COMMON[@]}" --batch-size 8 --threads 2
 run dp2 "$WORK/dp2.jsonl" env OMP_NUM_THREADS=1 "$LOOM" "${COMMON[@]}" --nproc 2 --batch-size 4
+run tp2 "$WORK/tp2.jsonl" env OMP_NUM_THREADS=1 "$LOOM" "${COMMON[@]}" --nproc 2 --tp 2 --batch-size 8
 PPARGS=(--nproc 2 --pp 2 --schedule 1f1b --micro-batches 8 --batch-size 1)
 [ -n "${TRACE:-}" ] && PPARGS+=(--trace "$TRACE")
 run pp2 "$WORK/pp2.jsonl" env OMP_NUM_THREADS=1 "$LOOM" "${COMMON[@]}" "${PPARGS[@]}"
 
 read -r one_tps one_comm _ _ one_ms _ <<<"$(stats "$WORK/one.jsonl")"
 read -r dp_tps dp_comm _ _ dp_ms _ <<<"$(stats "$WORK/dp2.jsonl")"
+read -r tp_tps tp_comm _ _ tp_ms _ <<<"$(stats "$WORK/tp2.jsonl")"
 read -r pp_tps pp_comm pp_bub pp_theory pp_ms pp_exp <<<"$(stats "$WORK/pp2.jsonl")"
 printf '%-28s %12s %10s %10s %10s %10s\n' row tokens/s ms/step comm bubble theory
 printf '%-28s %12.1f %10.1f %9.1f%% %10s %10s\n' "1 process x 2 threads" "$one_tps" "$one_ms" 0 - -
 printf '%-28s %12.1f %10.1f %9.1f%% %10s %10s\n' "dp2 (2 ranks x 1 thread)" "$dp_tps" "$dp_ms" \
 	"$($PY -c "print(100*$dp_comm)")" - -
+printf '%-28s %12.1f %10.1f %9.1f%% %10s %10s\n' "tp2 (2 ranks x 1 thread)" "$tp_tps" "$tp_ms" \
+	"$($PY -c "print(100*$tp_comm)")" - -
 printf '%-28s %12.1f %10.1f %9.1f%% %9.1f%% %9.1f%%\n' "pp2 1f1b M=8 (2 x 1 thread)" "$pp_tps" "$pp_ms" \
 	"$($PY -c "print(100*$pp_comm)")" "$($PY -c "print(100*$pp_bub)")" "$($PY -c "print(100*$pp_theory)")"
-$PY - "$pp_tps" "$dp_tps" "$pp_bub" "$pp_theory" "$pp_exp" <<'PYEOF'
+$PY - "$pp_tps" "$dp_tps" "$pp_bub" "$pp_theory" "$pp_exp" "$tp_tps" <<'PYEOF'
 import sys
-pp, dp, bub, th, ex = map(float, sys.argv[1:])
+pp, dp, bub, th, ex, tp = map(float, sys.argv[1:])
+print("tp2 / dp2 tokens/s: %.3f (target >= 0.85): %s" % (tp / dp, "met" if tp / dp >= 0.85 else "NOT met"))
 print("pp2 / dp2 tokens/s: %.3f (target >= 0.85): %s" % (pp / dp, "met" if pp / dp >= 0.85 else "NOT met"))
 rel = abs(bub - th) / th
 print("pp2 bubble %.1f%% vs theory %.1f%%: off by %.0f%% of the theory (target <= 20%%): %s"

@@ -84,7 +84,11 @@ static const char *const usage_text =
 	"  --schedule gpipe|1f1b  the pipeline schedule (default 1f1b: at most P micro-batches' activations\n"
 	"                         stored per stage; gpipe stores M); cosine|linear|constant stay the LR's\n"
 	"  --trace DIR            write a Chrome trace (DIR/trace.json, one track per rank; open it in\n"
-	"                         Perfetto or chrome://tracing) of every step\n";
+	"                         Perfetto or chrome://tracing) of every step\n"
+	"tensor parallel (ranks ordered tp fastest, then dp, then pp; tp and pp are not composed yet):\n"
+	"  --tp T                 tensor parallel (Megatron): each layer split over T neighbouring ranks (T must\n"
+	"                         divide the heads; the vocabulary is padded); data parallel takes the rest\n"
+	"  --dp D                 data-parallel ranks (default: ranks / (T x P); when given, checked)\n";
 
 typedef struct {
 	loom_train_config_t tc;
@@ -99,7 +103,8 @@ typedef struct {
 	long long ref_batch;
 	double base_lr;                   /* --lr before scaling */
 	int rank, world;
-	int pp, dp;                       /* pipeline stages; data-parallel ranks = world / pp */
+	int pp;                           /* pipeline stages */
+	int tp, dp_flag, dp;              /* --tp, --dp (0: derived), the data-parallel size */
 } opts_t;
 
 /* Parse an integer flag that must be in [lo, hi]. */
@@ -125,6 +130,7 @@ static void parse(int argc, char **argv, opts_t *o)
 	o->print_every = 1;
 	o->world = 1;
 	o->pp = 1, o->dp = 1;
+	o->tp = 1;
 #define FLAG(name) cli_flag(argc, argv, &i, name, &v)
 #define DBL(name) cli_parse_double("train", name, v)
 	for (int i = 1; i < argc; i++) {
@@ -198,6 +204,8 @@ static void parse(int argc, char **argv, opts_t *o)
 				        o->grad_accum);
 			o->grad_accum = mb;
 		} else if (FLAG("--trace")) o->tc.trace_dir = v;
+		else if (FLAG("--tp")) o->tp = (int)int_in("--tp", v, 1, 4096);
+		else if (FLAG("--dp")) o->dp_flag = (int)int_in("--dp", v, 1, 4096);
 		else
 			cli_die("train", "unknown flag '%s' (see loom train --help)", a);
 	}
@@ -395,7 +403,7 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		       o->dp, loom_trainer_tokens_per_step(tr));
 	else if (o->world > 1)
 		printf("batch: B=%d T=%d accum=%d ranks=%d -> %lld tokens per step", o->tc.B, o->tc.T, o->tc.accum,
-		       o->world, loom_trainer_tokens_per_step(tr));
+		       o->dp, loom_trainer_tokens_per_step(tr));
 	else
 		printf("batch: B=%d T=%d accum=%d -> %lld tokens per step", o->tc.B, o->tc.T, o->tc.accum,
 		       loom_trainer_tokens_per_step(tr));
@@ -410,6 +418,10 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		       "(P-1)/(M+P-1) = %.1f%%)%s%s\n", o->pp, o->dp, o->tc.pp_schedule ? o->tc.pp_schedule : "1f1b",
 		       o->tc.accum, 100.0 * (o->pp - 1) / (o->tc.accum + o->pp - 1), o->tc.trace_dir ? "; trace in " : "",
 		       o->tc.trace_dir ? o->tc.trace_dir : "");
+	if (o->tp > 1)
+		printf("tensor parallel: tp %d x dp %d = %d ranks (Megatron: heads, MLP columns and vocabulary rows split "
+		       "over tp neighbouring ranks; %zu shard parameters per rank)\n", o->tp, o->dp, o->world,
+		       loom_gpt2_shard_params(&o->mc, o->tp));
 	if (o->dp > 1) {
 		printf("data parallel: %d ranks x %d thread%s; gradients averaged in buckets of %g MiB (the first %g MiB) "
 		       "on the last of %d micro-step%s", o->dp, loom_num_threads(), loom_num_threads() == 1 ? "" : "s",
@@ -477,31 +489,45 @@ int loom_cli_train(int argc, char **argv)
 	o.rank = loom_comm_rank(comm), o.world = loom_comm_size(comm);
 	if (o.nproc > 0 && o.nproc != o.world)
 		cli_die("train", "--nproc %d, but this process is already rank %d of a job of %d", o.nproc, o.rank, o.world);
-	if (o.pp > 1) { /* the ranks as dp x 1 x pp: every rank checks the sizes before any work */
-		if (loom_mesh_create(&mesh, o.world > 1 ? comm : NULL, 0, 1, o.pp) != LOOM_OK)
-			cli_die("train", "--pp %d on %d rank%s: %s", o.pp, o.world, o.world == 1 ? "" : "s", loom_errmsg());
-		o.dp = loom_mesh_size(mesh, LOOM_MESH_DP);
-		o.tc.mesh = mesh;
-	} else {
-		o.dp = o.world;
-	}
 	if (o.world == 1) {
 		loom_comm_destroy(comm);
 		comm = NULL;
 	}
 	o.tc.comm = comm;
+	o.dp = o.world;
+	if (o.tp > 1 || o.pp > 1 || o.dp_flag) {
+		/* the ranks as dp x tp x pp (tp neighbouring ranks, then dp, then pp); every rank checks the
+		 * sizes before any work */
+		if (loom_mesh_create(&mesh, comm, o.dp_flag, o.tp, o.pp) != LOOM_OK)
+			cli_die("train", "--dp %d --tp %d --pp %d on %d rank%s: %s", o.dp_flag, o.tp, o.pp, o.world,
+			        o.world == 1 ? "" : "s", loom_errmsg());
+		o.dp = loom_mesh_size(mesh, LOOM_MESH_DP);
+		o.tc.mesh = mesh;
+	}
 	loom_set_num_threads(o.threads > 0 ? o.threads : omp_get_max_threads()); /* default: OMP_NUM_THREADS or CPUs */
 	model_config(&o);
+	if (loom_gpt2_tp_check(&o.mc, o.tp) != LOOM_OK)
+		cli_die("train", "rank %d: --tp %d: %s", o.rank, o.tp, loom_errmsg());
 	batch_config(&o);
 	find_tokenizer(&o);
 	r.o = &o;
 
-	if ((rc = loom_gpt2_create(&model, &o.mc, o.tc.B, o.tc.T)) != LOOM_OK) {
+	loom_gpt2_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .tp_size = o.tp,
+	                       .tp_rank = mesh ? loom_mesh_coord(mesh, LOOM_MESH_TP) : 0};
+	if ((rc = loom_gpt2_create_opts(&model, &o.mc, &mo)) != LOOM_OK) {
 		fprintf(stderr, "loom train: creating the model: %s\n", loom_errmsg());
 		goto out;
 	}
-	if (o.init_from) {
-		if ((rc = loom_model_load(o.init_from, &o.mc, loom_gpt2_params(model))) != LOOM_OK) {
+	if (o.init_from) { /* the whole model from the file; a tensor-parallel rank keeps its shard */
+		float *full = o.tp > 1 ? malloc(loom_gpt2_num_params(&o.mc) * sizeof(float)) : loom_gpt2_params(model);
+		if (!full)
+			cli_die("train", "--init-from: out of memory for %zu parameters", loom_gpt2_num_params(&o.mc));
+		rc = loom_model_load(o.init_from, &o.mc, full);
+		if (rc == LOOM_OK && o.tp > 1)
+			loom_gpt2_tp_shard(&o.mc, o.tp, mo.tp_rank, full, loom_gpt2_params(model));
+		if (o.tp > 1)
+			free(full);
+		if (rc != LOOM_OK) {
 			fprintf(stderr, "loom train: --init-from: %s\n", loom_errmsg());
 			goto out;
 		}
@@ -539,9 +565,14 @@ int loom_cli_train(int argc, char **argv)
 			fprintf(stderr, "loom train: %s\n", loom_errmsg());
 			goto out;
 		}
-		if (o.rank == 0)
+		if (o.rank == 0 && o.dp > 1)
 			printf("parameters: broadcast from rank 0 to %d ranks, checksum %016llx verified on every rank\n",
-			       o.world, (unsigned long long)sum);
+			       o.dp, (unsigned long long)sum);
+	}
+	if (o.sample_every > 0 && o.tp > 1) {
+		if (o.rank == 0)
+			printf("note: --sample-every is ignored with --tp (sample from a checkpoint with `loom sample`)\n");
+		o.sample_every = 0;
 	}
 	if (o.sample_every > 0 && o.rank == 0) {
 		if (o.tc.tokenizer && loom_tokenizer_load(&r.tok, o.tc.tokenizer) == LOOM_OK)

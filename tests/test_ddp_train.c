@@ -4,7 +4,7 @@
  * job quickly and leaves a checkpoint that resumes, bad batch or LR-scaling settings are clear errors;
  * and the library path (loom/train.h with a communicator): rank 0's parameters win, a drifting
  * replica is named; on a mesh (loom/mesh.h) with tp = pp = 1 it trains bit-identically to the plain
- * communicator, and tensor/pipeline parallel or other strategies are LOOM_ENOTSUP.
+ * communicator, and pipeline parallel or other strategies are LOOM_ENOTSUP.
  *
  * Every run uses a model of 28,000 parameters and 20 steps, so a whole run (process start,
  * collectives, checkpoints) takes a fraction of a second; each command runs under test_run_cmd's
@@ -438,8 +438,8 @@ TEST(ddp_trainer_replicas_3ranks)
 }
 
 /* The trainer on a mesh (loom/mesh.h) of 2 ranks: dp 2 x tp 1 x pp 1 trains exactly as the plain
- * communicator does (same losses and parameters, bit for bit); tp 2 is LOOM_ENOTSUP pointing at
- * issue 9; an unknown strategy or a ZeRO stage is LOOM_ENOTSUP. */
+ * communicator does (same losses and parameters, bit for bit); tp 2 with a whole (unsharded) model
+ * is LOOM_EINVAL; an unknown strategy or a ZeRO stage is LOOM_ENOTSUP. */
 static int trainer_mesh_rank(int rank, int nranks, void *arg)
 {
 	const char *dir = arg;
@@ -462,10 +462,10 @@ static int trainer_mesh_rank(int rank, int nranks, void *arg)
 	CHECK_OK(loom_gpt2_create(&mb, &mc, 2, 16));
 	loom_gpt2_init(ma, 9), loom_gpt2_init(mb, 9);
 
-	c.mesh = tp2;
-	CHECK_ERR(loom_trainer_create(&tb, &c, mb), LOOM_ENOTSUP);
-	snprintf(want, sizeof want, "trainer: rank %d: a mesh with tp = 2 and pp = 1: tensor and pipeline parallel "
-	         "training are not implemented yet (issue 9)", rank);
+	c.mesh = tp2; /* a whole model on a tensor-parallel mesh */
+	CHECK_ERR(loom_trainer_create(&tb, &c, mb), LOOM_EINVAL);
+	snprintf(want, sizeof want, "trainer: rank %d: the mesh puts it at tensor-parallel rank %d of 2, but the model "
+	         "was created as shard 0 of 1", rank, rank);
 	CHECK_CONTAINS(loom_errmsg(), want);
 	c.mesh = NULL, c.comm = comm, c.strategy = "zero3";
 	CHECK_ERR(loom_trainer_create(&tb, &c, mb), LOOM_ENOTSUP);

@@ -72,7 +72,7 @@ uint64_t loom_checksum_f32(const float *x, size_t n);
 int loom_ddp_bucket(const loom_ddp_t *d, int b, size_t *offset, size_t *count);
 /* 1 when the gradients live in shared memory (single-copy all-reduce). */
 int loom_ddp_zero_copy(const loom_ddp_t *d);
-/* The gradient storage (owned by d; loom_gpt2_num_params floats, the model's layout), valid until
+/* The gradient storage (owned by d; loom_gpt2_param_count floats, the model's layout), valid until
  * loom_ddp_destroy. */
 float *loom_ddp_grads(loom_ddp_t *d);
 

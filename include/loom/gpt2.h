@@ -97,6 +97,13 @@ typedef struct {
 	 * over a NULL view is a caller error: it crashes). loom_gpt2_init skips NULL views. */
 	int no_own_params;
 	int no_own_grads;
+	/* Tensor parallelism (Megatron): this model is rank tp_rank of tp_size (0: 1, no parallelism) and
+	 * holds only its shards (loom_gpt2_shard_info): attention heads [r NH/p, (r+1) NH/p), MLP columns
+	 * [r 4C/p, (r+1) 4C/p) and vocabulary rows [r Vp/p, (r+1) Vp/p) of wte, where Vp is V rounded up
+	 * to a multiple of p (the padding rows are zero, never trained and never written to checkpoints);
+	 * LayerNorms, wpe and the row-parallel biases are whole on every rank. Such a model needs a
+	 * reduction (loom_gpt2_on_tp_reduce) before any pass. n_head must be divisible by tp_size. */
+	int tp_size, tp_rank;
 } loom_gpt2_opts_t;
 
 /* Create a model for micro-batches of up to B x T tokens (T <= cfg->seq_len). Parameters, gradients
@@ -148,7 +155,8 @@ float *loom_gpt2_tensor_grad(loom_gpt2_t *m, int tensor);
 /* GPT-2 initialization, reproducible from seed: weights normal(0, 0.02), the residual projections
  * (attn.c_proj.weight, mlp.c_proj.weight) normal(0, 0.02/sqrt(2L)), biases 0, LayerNorm weight 1.
  * Tensor i draws from its own splitmix64 stream seeded with seed ^ (0x9e3779b97f4a7c15 * (i + 1)),
- * normals by Box-Muller (src/model/rng.h), so its values do not depend on the other tensors. */
+ * normals by Box-Muller (src/model/rng.h), so its values do not depend on the other tensors. A
+ * tensor-parallel shard gets exactly the whole model's values at its positions (padding rows 0). */
 void loom_gpt2_init(loom_gpt2_t *m, uint64_t seed);
 
 /* Forward pass over inputs (B,T) token ids with B, T within the sizes given at create. With targets
@@ -228,6 +236,44 @@ float *loom_gpt2_stream_grad(loom_gpt2_t *m);
  * before it starts. A hook may change views (above); it must not call back into the model. */
 typedef void (*loom_param_use_fn)(void *ctx, int unit, int phase);
 void loom_gpt2_on_param_use(loom_gpt2_t *m, loom_param_use_fn fn, void *ctx);
+
+/* ---- tensor parallelism ---------------------------------------------------------------------------
+ *
+ * The model stays ignorant of communicators: at Megatron's f and g points it calls a reduction that
+ * the caller (the tensor-parallel strategy, src/parallel/tp.c) provides, on every rank of the tensor-
+ * parallel group in the same order. Per block, forward: one sum after attn.c_proj and one after
+ * mlp.c_proj (before their replicated biases are added); backward: one sum of the gradient of the
+ * input of attn.c_attn and one of mlp.c_fc. The embedding sums its vocab-parallel lookups; the vocab-
+ * parallel cross-entropy reduces per chunk of positions the row maxima (max), then the sums of
+ * exponentials and target logits (sum), and in backward the gradient of ln_f's output (sum); the full
+ * logits never exist. With tp_size 1 none of this runs. */
+
+typedef enum { LOOM_TP_SUM = 0, LOOM_TP_MAX = 1 } loom_tp_op_t;
+/* Reduce buf (n floats) in place across the tensor-parallel group with op; every rank must get the
+ * same bits. Returns LOOM_OK or a negative LOOM_E* (with loom_errmsg), which the model's pass then
+ * returns (the pass's results are undefined). */
+typedef int (*loom_tp_reduce_fn)(void *ctx, float *buf, size_t n, loom_tp_op_t op);
+void loom_gpt2_on_tp_reduce(loom_gpt2_t *m, loom_tp_reduce_fn fn, void *ctx);
+int loom_gpt2_tp_size(const loom_gpt2_t *m); /* 1 without tensor parallelism */
+int loom_gpt2_tp_rank(const loom_gpt2_t *m);
+/* LOOM_EINVAL (with loom_errmsg naming what is not divisible) when cfg cannot be split tp ways:
+ * n_head (and with it n_embd and 4 n_embd) must be divisible by tp. The vocabulary never needs to be:
+ * it is padded. LOOM_OK for tp 1. */
+int loom_gpt2_tp_check(const loom_gpt2_config_t *cfg, int tp);
+/* Tensor i of one shard of a tp-way split: its shape along tp_dim divided by tp (wte's rows: the
+ * padded vocabulary's), offsets in the shard's own flat buffer (same tensor order). With tp 1 it is
+ * loom_gpt2_tensor_info. LOOM_EINVAL for a bad index. */
+int loom_gpt2_shard_info(const loom_gpt2_config_t *cfg, int tp, int i, loom_tensor_info_t *info);
+/* Floats in one shard's flat buffer (every rank's is the same size); loom_gpt2_num_params for tp 1. */
+size_t loom_gpt2_shard_params(const loom_gpt2_config_t *cfg, int tp);
+/* Floats in m's parameter (and gradient) buffer: loom_gpt2_shard_params(cfg, its tp size). */
+size_t loom_gpt2_param_count(const loom_gpt2_t *m);
+/* Between the full HF layout (loom_gpt2_num_params floats) and rank r's shard of a tp-way split:
+ * _shard copies r's part of full into shard (padding rows set to 0); _unshard writes r's part of full
+ * from shard (whole tensors too; padding rows are dropped), leaving the other ranks' parts as they
+ * are, so unsharding every rank's shard into one buffer rebuilds the full tensors. */
+void loom_gpt2_tp_shard(const loom_gpt2_config_t *cfg, int tp, int r, const float *full, float *shard);
+void loom_gpt2_tp_unshard(const loom_gpt2_config_t *cfg, int tp, int r, const float *shard, float *full);
 
 /* ---- sampling ---------------------------------------------------------------------------------- */
 

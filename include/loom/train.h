@@ -134,7 +134,11 @@ typedef struct {
 	loom_mesh_t *mesh;         /* instead of comm: the ranks as a dp x tp x pp mesh (borrowed; must
 	                              outlive the trainer). The data-parallel axis carries the gradients,
 	                              the data sharding and the checkpoints' loader states; global rank 0
-	                              logs and saves. Only tp = 1 for now (LOOM_ENOTSUP otherwise).
+	                              logs and saves. With tp > 1 the model must have been created as
+	                              this rank's shard (loom_gpt2_opts_t tp_size = tp, tp_rank = its tp
+	                              coordinate; LOOM_EINVAL otherwise) and the "tp" strategy runs it;
+	                              tp and pp > 1 together are not composed yet
+	                              (LOOM_ENOTSUP).
 	                              comm may be NULL or the mesh's world. */
 	/* Pipeline parallel (a mesh with pp > 1): the layers are split into pp stages balanced by FLOPs;
 	   the accum micro-batches of a step (the micro-batches M) run through them in this schedule. */

@@ -11,7 +11,9 @@
  * soon as nothing later in this backward adds to it: over a whole model, tensor indices arrive
  * strictly decreasing, each once, with wte (whose gradient also gets the embedding's share) last.
  * The kernels reach parameters and gradients only through the views (model.h), read when the
- * kernel is called, i.e. after the unit's param-use hook has run. */
+ * kernel is called, i.e. after the unit's param-use hook has run. A tensor-parallel shard (tp > 1,
+ * tp_model.c) runs the same passes on its local sizes, with the reductions at the f and g points;
+ * with tp 1 no reduction exists and the passes are the whole model's, unchanged. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -46,8 +48,9 @@ static float *carve(char *base, size_t *off, size_t nfloats)
  * shared head scratch and backward scratch. */
 static size_t layout_acts(loom_gpt2_t *m, char *base)
 {
-	size_t off = 0, C = (size_t)m->cfg.n_embd, V = (size_t)m->cfg.vocab_size, N = (size_t)m->B * m->T;
-	size_t NH = (size_t)m->cfg.n_head, T = (size_t)m->T;
+	/* with tensor parallelism the per-head and per-MLP-column buffers are the local shards' */
+	size_t off = 0, C = (size_t)m->cfg.n_embd, V = (size_t)m->Vl, N = (size_t)m->B * m->T;
+	size_t NH = (size_t)m->NHl, T = (size_t)m->T, Cl = (size_t)m->Cl;
 	for (int k = 0; k < m->narenas; k++) {
 		arena_t *ar = &m->arenas[k];
 		ar->in = carve(base, &off, N * C);
@@ -56,15 +59,15 @@ static size_t layout_acts(loom_gpt2_t *m, char *base)
 			a->ln1 = carve(base, &off, N * C);
 			a->ln1_mean = carve(base, &off, N);
 			a->ln1_rstd = carve(base, &off, N);
-			a->qkv = carve(base, &off, N * 3 * C);
+			a->qkv = carve(base, &off, N * 3 * Cl);
 			a->att = carve(base, &off, (size_t)m->B * NH * T * T);
-			a->atty = carve(base, &off, N * C);
+			a->atty = carve(base, &off, N * Cl);
 			a->res2 = carve(base, &off, N * C);
 			a->ln2 = carve(base, &off, N * C);
 			a->ln2_mean = carve(base, &off, N);
 			a->ln2_rstd = carve(base, &off, N);
-			a->fch = carve(base, &off, N * 4 * C);
-			a->fch_gelu = carve(base, &off, N * 4 * C);
+			a->fch = carve(base, &off, N * 4 * Cl);
+			a->fch_gelu = carve(base, &off, N * 4 * Cl);
 			a->res3 = carve(base, &off, N * C);
 		}
 		if (m->has_head) {
@@ -77,12 +80,14 @@ static size_t layout_acts(loom_gpt2_t *m, char *base)
 	if (m->has_head) {
 		m->logits = carve(base, &off, (size_t)m->chunk * V);
 		m->last_logits = carve(base, &off, (size_t)m->B * V);
+		if (m->tp > 1)
+			m->tp_stats = carve(base, &off, 3 * (size_t)m->chunk);
 	}
 	m->dres = carve(base, &off, N * C);
 	m->dbtc = carve(base, &off, N * C);
-	m->dqkv = carve(base, &off, N * 3 * C);
-	m->d4a = carve(base, &off, N * 4 * C);
-	m->d4b = carve(base, &off, N * 4 * C);
+	m->dqkv = carve(base, &off, N * 3 * Cl);
+	m->d4a = carve(base, &off, N * 4 * Cl);
+	m->d4b = carve(base, &off, N * 4 * Cl);
 	m->att_scratch = carve(base, &off, loom__attention_scratch_floats(m->T, m->att_threads));
 	return off;
 }
@@ -116,6 +121,12 @@ int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, cons
 	if (lo < 0 || lo >= hi || hi > L || narenas < 0)
 		return loom_seterr(LOOM_EINVAL, "gpt2 create: layers [%d, %d) with %d arenas (expected 0 <= lo < hi <= "
 		                   "n_layer %d and arenas >= 1)", o->layer_lo, o->layer_hi, o->arenas, L);
+	int tp = o->tp_size ? o->tp_size : 1;
+	if (tp < 1 || o->tp_rank < 0 || o->tp_rank >= tp)
+		return loom_seterr(LOOM_EINVAL, "gpt2 create: tensor-parallel rank %d of %d (expected 0 <= rank < size)",
+		                   o->tp_rank, tp);
+	if ((rc = loom_gpt2_tp_check(cfg, tp)) != LOOM_OK)
+		return rc;
 	if (!(m = loom__calloc(1, sizeof *m)))
 		goto nomem;
 	m->cfg = *cfg;
@@ -126,7 +137,11 @@ int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, cons
 	m->has_embed = lo == 0;
 	m->has_head = hi == L;
 	m->narenas = narenas;
-	m->nparams = loom_gpt2_num_params(cfg);
+	m->tp = tp, m->tp_rank = tp > 1 ? o->tp_rank : 0;
+	m->Cl = cfg->n_embd / tp, m->NHl = cfg->n_head / tp;
+	m->Vl = (cfg->vocab_size + tp - 1) / tp, m->v0 = m->tp_rank * m->Vl;
+	m->Vv = LOOM_MAX(0, LOOM_MIN(m->Vl, cfg->vocab_size - m->v0));
+	m->nparams = loom_gpt2_shard_params(cfg, tp);
 	m->ntensors = loom_gpt2_num_tensors(cfg);
 	long chunk = loom_env_long("LOOM_CLS_CHUNK", DEFAULT_CHUNK, NULL);
 	m->chunk = (int)LOOM_MAX(1, LOOM_MIN(chunk, (long)B * T));
@@ -140,7 +155,7 @@ int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, cons
 		if (!(m->arenas[k].layers = loom__calloc((size_t)(hi - lo), sizeof *m->arenas[k].layers)))
 			goto nomem;
 	for (int i = 0; i < m->ntensors; i++)
-		loom_gpt2_tensor_info(cfg, i, &m->tensors[i]);
+		loom_gpt2_shard_info(cfg, tp, i, &m->tensors[i]);
 	if ((!o->no_own_params && !(m->params_own = loom_alloc_aligned(m->nparams * sizeof(float)))) ||
 	    (!o->no_own_grads && !(m->grads_own = loom_alloc_aligned(m->nparams * sizeof(float)))))
 		goto nomem;
@@ -281,6 +296,27 @@ void loom_gpt2_on_grad_ready(loom_gpt2_t *m, loom_grad_ready_fn fn, void *ctx)
 	m->on_ready_ctx = ctx;
 }
 
+void loom_gpt2_on_tp_reduce(loom_gpt2_t *m, loom_tp_reduce_fn fn, void *ctx)
+{
+	m->tp_reduce = fn;
+	m->tp_ctx = ctx;
+}
+
+int loom_gpt2_tp_size(const loom_gpt2_t *m)
+{
+	return m->tp;
+}
+
+int loom_gpt2_tp_rank(const loom_gpt2_t *m)
+{
+	return m->tp_rank;
+}
+
+size_t loom_gpt2_param_count(const loom_gpt2_t *m)
+{
+	return m->nparams;
+}
+
 void loom_gpt2_on_param_use(loom_gpt2_t *m, loom_param_use_fn fn, void *ctx)
 {
 	m->on_use = fn;
@@ -296,10 +332,25 @@ void loom_gpt2_init(loom_gpt2_t *m, uint64_t seed)
 	for (int i = 0; i < n; i++) {
 		loom_tensor_info_t ti;
 		rng_t r;
+		loom__tp_geom_t g;
 		loom_gpt2_tensor_info(&m->cfg, i, &ti);
 		float *p = loom__gpt2_param(m, i);
 		if (!p)
 			continue; /* no memory behind this tensor (a view not set yet) */
+		if (loom__tp_geom(&ti, m->tp, &g)) { /* a shard: the whole tensor's draws, keeping ours */
+			double std = strstr(ti.name, "c_proj.weight") ? proj_std : 0.02;
+			memset(p, 0, m->tensors[i].numel * sizeof(float));
+			if (ti.ndim == 1)
+				continue; /* split biases start at 0 */
+			rng_seed(&r, seed ^ (0x9e3779b97f4a7c15ULL * (uint64_t)(i + 1)));
+			for (size_t k = 0; k < ti.numel; k++) {
+				float v = (float)(std * rng_normal(&r));
+				long j = loom__tp_local_index(&g, m->tp_rank, k);
+				if (j >= 0)
+					p[j] = v;
+			}
+			continue;
+		}
 		size_t len = strlen(ti.name);
 		if (ti.ndim == 2) {
 			int is_proj = strstr(ti.name, "c_proj.weight") != NULL;
@@ -345,17 +396,6 @@ static int check_whole(const loom_gpt2_t *m, const char *op)
 	return LOOM_OK;
 }
 
-static int check_call(const loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T, const char *op)
-{
-	int rc;
-	if ((rc = check_whole(m, op)) != LOOM_OK || (rc = check_size(m, B, T, op)) != LOOM_OK)
-		return rc;
-	if ((rc = loom__gpt2_check_tokens(m, inputs, B, T, "inputs")) != LOOM_OK)
-		return rc;
-	if (targets && (rc = loom__gpt2_check_tokens(m, targets, B, T, "targets")) != LOOM_OK)
-		return rc;
-	return LOOM_OK;
-}
 
 static int check_block(const loom_gpt2_t *m, int l, const char *op)
 {
@@ -376,7 +416,25 @@ static int check_unit(const loom_gpt2_t *m, int mb, int unit, int B, int T, cons
 	if (unit >= L && !m->has_head)
 		return loom_seterr(LOOM_EINVAL, "gpt2 %s: the model does not hold the head (blocks [%d, %d) of %d)", op,
 		                   m->lo, m->hi, L);
+	if (m->tp > 1 && !m->tp_reduce)
+		return loom_seterr(LOOM_EINVAL, "gpt2 %s: tensor-parallel rank %d of %d has no reduction "
+		                   "(loom_gpt2_on_tp_reduce)", op, m->tp_rank, m->tp);
 	return check_size(m, B, T, op);
+}
+
+static int check_call(const loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T, const char *op)
+{
+	int rc;
+	if ((rc = check_whole(m, op)) != LOOM_OK || (rc = check_unit(m, 0, 0, B, T, op)) != LOOM_OK)
+		return rc;
+	if (m->tp > 1 && !targets)
+		return loom_seterr(LOOM_EINVAL, "gpt2 %s: a tensor-parallel model computes losses only (its logits are split "
+		                   "across ranks); load the checkpoint into a whole model to sample", op);
+	if ((rc = loom__gpt2_check_tokens(m, inputs, B, T, "inputs")) != LOOM_OK)
+		return rc;
+	if (targets && (rc = loom__gpt2_check_tokens(m, targets, B, T, "targets")) != LOOM_OK)
+		return rc;
+	return LOOM_OK;
 }
 
 /* ---- the units' passes --------------------------------------------------------------------------
@@ -436,25 +494,52 @@ static float mean_loss(const float *losses, int N)
 static void embed_forward(loom_gpt2_t *m, arena_t *ar, const int *inputs, int B, int T)
 {
 	loom__gpt2_param_use(m, -1, 0);
+	if (m->tp > 1) {
+		loom__tp_embed_forward(m, ar->in, inputs, B, T);
+		return;
+	}
 	PROF(ENCODER, loom__encoder_forward(ar->in, inputs, loom__gpt2_param(m, 0), loom__gpt2_param(m, 1), B, T,
 	                                    m->cfg.n_embd));
 }
 
+/* Tensor parallel (g in forward): out (N,C) holds this rank's part of a row-parallel product; sum the
+ * parts across the group, then add the replicated bias (N,C). */
+static void tp_sum_bias(loom_gpt2_t *m, float *out, const float *bias, int N, int C)
+{
+	loom__tp_reduce(m, out, (size_t)N * C, LOOM_TP_SUM);
+	double t0 = m->prof_on ? loom_now() : 0.0;
+#pragma omp parallel for schedule(static)
+	for (int n = 0; n < N; n++)
+		for (int c = 0; c < C; c++)
+			out[(size_t)n * C + c] += bias[c];
+	if (m->prof_on)
+		loom__gpt2_prof_add(m, PROF_RESIDUAL, t0, 0.0);
+}
+
+/* With tensor parallelism (tp > 1) the same pass on the local heads (Cl = C/tp channels, NHl heads)
+ * and MLP columns (4 Cl): attn.c_attn and mlp.c_fc are column-parallel (local outputs), attn.c_proj
+ * and mlp.c_proj row-parallel (partial sums, reduced before their bias); with tp 1, Cl = C. */
 void loom__gpt2_block_forward(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res, int B, int T)
 {
-	int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
+	int C = m->cfg.n_embd, NH = m->NHl, N = B * T, Cl = m->Cl, tp = m->tp;
 	size_t NC = (size_t)N * C;
-	double fN = N, fC = C; /* for the flop counts */
+	double fN = N, fC = C, fCl = Cl; /* for the flop counts */
 #define W(j) loom__gpt2_param(m, lt(l, j))
 	PROF(LAYERNORM, loom__layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, W(LN1_W), W(LN1_B), N, C));
-	PROFF(MATMUL, 6 * fN * fC * fC, loom__matmul_forward(a->qkv, a->ln1, W(QKV_W), W(QKV_B), N, C, 3 * C));
-	PROFF(ATTENTION, 4.0 * B * T * T * fC, loom__attention_forward(a->atty, a->att, a->qkv, B, T, C, NH));
-	PROFF(MATMUL, 2 * fN * fC * fC, loom__matmul_forward(a->res2, a->atty, W(ATTPROJ_W), W(ATTPROJ_B), N, C, C));
+	PROFF(MATMUL, 6 * fN * fC * fCl, loom__matmul_forward(a->qkv, a->ln1, W(QKV_W), W(QKV_B), N, C, 3 * Cl));
+	PROFF(ATTENTION, 4.0 * B * T * T * fCl, loom__attention_forward(a->atty, a->att, a->qkv, B, T, Cl, NH));
+	PROFF(MATMUL, 2 * fN * fC * fCl, loom__matmul_forward(a->res2, a->atty, W(ATTPROJ_W), tp > 1 ? NULL : W(ATTPROJ_B),
+	                                                      N, Cl, C));
+	if (tp > 1)
+		tp_sum_bias(m, a->res2, W(ATTPROJ_B), N, C);
 	PROF(RESIDUAL, loom__residual_forward(a->res2, res, a->res2, NC));
 	PROF(LAYERNORM, loom__layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LN2_W), W(LN2_B), N, C));
-	PROFF(MATMUL, 8 * fN * fC * fC, loom__matmul_forward(a->fch, a->ln2, W(FC_W), W(FC_B), N, C, 4 * C));
-	PROF(GELU, loom__gelu_forward(a->fch_gelu, a->fch, NC * 4));
-	PROFF(MATMUL, 8 * fN * fC * fC, loom__matmul_forward(a->res3, a->fch_gelu, W(FCPROJ_W), W(FCPROJ_B), N, 4 * C, C));
+	PROFF(MATMUL, 8 * fN * fC * fCl, loom__matmul_forward(a->fch, a->ln2, W(FC_W), W(FC_B), N, C, 4 * Cl));
+	PROF(GELU, loom__gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * Cl));
+	PROFF(MATMUL, 8 * fN * fC * fCl, loom__matmul_forward(a->res3, a->fch_gelu, W(FCPROJ_W),
+	                                                      tp > 1 ? NULL : W(FCPROJ_B), N, 4 * Cl, C));
+	if (tp > 1)
+		tp_sum_bias(m, a->res3, W(FCPROJ_B), N, C);
 	PROF(RESIDUAL, loom__residual_forward(a->res3, a->res2, a->res3, NC));
 #undef W
 }
@@ -479,7 +564,11 @@ static void head_forward(loom_gpt2_t *m, arena_t *ar, const int *targets, int B,
 	loom__gpt2_param_use(m, m->cfg.n_layer, 0);
 	lnf_forward(m, ar, B, T);
 	const float *wte = loom__gpt2_param(m, 0);
-	if (targets) {
+	if (targets && m->tp > 1) {
+		loom__tp_classifier(m, ar->losses, NULL, NULL, ar->lnf, wte, targets, 0.0f, B * T);
+		if (loss)
+			*loss = mean_loss(ar->losses, B * T);
+	} else if (targets) {
 		PROFF(CLASSIFIER, 2.0 * B * T * C * V,
 		      loom__classifier_forward_backward(ar->losses, NULL, NULL, m->logits, m->chunk, ar->lnf, wte, targets,
 		                                        0.0f, B * T, C, V));
@@ -504,9 +593,14 @@ static void head_forward_backward(loom_gpt2_t *m, arena_t *ar, const int *target
 	loom__gpt2_param_use(m, m->cfg.n_layer, 1);
 	lnf_forward(m, ar, B, T);
 	zero(m, m->dbtc, NC);
-	PROFF(CLASSIFIER, 6 * fN * fC * V,
-	      loom__classifier_forward_backward(ar->losses, m->dbtc, loom__gpt2_grad(m, 0), m->logits, m->chunk, ar->lnf,
-	                                        loom__gpt2_param(m, 0), targets, grad_scale / (float)N, N, C, V));
+	if (m->tp > 1)
+		loom__tp_classifier(m, ar->losses, m->dbtc, loom__gpt2_grad(m, 0), ar->lnf, loom__gpt2_param(m, 0), targets,
+		                    grad_scale / (float)N, N);
+	else
+		PROFF(CLASSIFIER, 6 * fN * fC * V,
+		      loom__classifier_forward_backward(ar->losses, m->dbtc, loom__gpt2_grad(m, 0), m->logits, m->chunk,
+		                                        ar->lnf, loom__gpt2_param(m, 0), targets, grad_scale / (float)N, N, C,
+		                                        V));
 	if (loss)
 		*loss = mean_loss(ar->losses, N);
 	zero(m, m->dres, NC);
@@ -521,25 +615,27 @@ static void head_forward_backward(loom_gpt2_t *m, arena_t *ar, const int *target
 
 static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 {
-	int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
-	size_t NC = (size_t)N * C;
-	double fN = N, fC = C; /* for the flop counts */
+	int C = m->cfg.n_embd, NH = m->NHl, N = B * T, Cl = m->Cl, tp = m->tp;
+	size_t NC = (size_t)N * C, NCl = (size_t)N * Cl;
+	double fN = N, fC = C, fCl = Cl; /* for the flop counts */
 	layer_acts_t *a = &ar->layers[l - m->lo];
 	const float *res_in = stream(m, ar, l);
 	loom__gpt2_param_use(m, l, 1);
 #define W(j) loom__gpt2_param(m, lt(l, j))
 #define G(j) loom__gpt2_grad(m, lt(l, j))
 	/* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))); dres is d res3 and passes through to d res2 */
-	zero(m, m->d4a, NC * 4);
-	PROFF(MATMUL_BWD, 16 * fN * fC * fC,
-	      loom__matmul_backward(m->d4a, G(FCPROJ_W), G(FCPROJ_B), m->dres, a->fch_gelu, W(FCPROJ_W), N, 4 * C, C));
+	zero(m, m->d4a, NCl * 4);
+	PROFF(MATMUL_BWD, 16 * fN * fC * fCl,
+	      loom__matmul_backward(m->d4a, G(FCPROJ_W), G(FCPROJ_B), m->dres, a->fch_gelu, W(FCPROJ_W), N, 4 * Cl, C));
 	ready(m, lt(l, FCPROJ_B));
 	ready(m, lt(l, FCPROJ_W));
-	zero(m, m->d4b, NC * 4);
-	PROF(GELU_BWD, loom__gelu_backward(m->d4b, a->fch, m->d4a, NC * 4));
+	zero(m, m->d4b, NCl * 4);
+	PROF(GELU_BWD, loom__gelu_backward(m->d4b, a->fch, m->d4a, NCl * 4));
 	zero(m, m->dbtc, NC);
-	PROFF(MATMUL_BWD, 16 * fN * fC * fC,
-	      loom__matmul_backward(m->dbtc, G(FC_W), G(FC_B), m->d4b, a->ln2, W(FC_W), N, C, 4 * C));
+	PROFF(MATMUL_BWD, 16 * fN * fC * fCl,
+	      loom__matmul_backward(m->dbtc, G(FC_W), G(FC_B), m->d4b, a->ln2, W(FC_W), N, C, 4 * Cl));
+	if (tp > 1) /* f in backward: mlp.c_fc is column-parallel, its input's gradient is the ranks' sum */
+		loom__tp_reduce(m, m->dbtc, NC, LOOM_TP_SUM);
 	ready(m, lt(l, FC_B));
 	ready(m, lt(l, FC_W));
 	PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres, G(LN2_W), G(LN2_B), m->dbtc, a->res2, W(LN2_W), a->ln2_mean,
@@ -547,17 +643,19 @@ static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 	ready(m, lt(l, LN2_B));
 	ready(m, lt(l, LN2_W));
 	/* attention: res2 = res_in + attn_proj(attention(qkv(ln1(res_in)))) */
-	zero(m, m->dbtc, NC);
-	PROFF(MATMUL_BWD, 4 * fN * fC * fC,
-	      loom__matmul_backward(m->dbtc, G(ATTPROJ_W), G(ATTPROJ_B), m->dres, a->atty, W(ATTPROJ_W), N, C, C));
+	zero(m, m->dbtc, NCl);
+	PROFF(MATMUL_BWD, 4 * fN * fC * fCl,
+	      loom__matmul_backward(m->dbtc, G(ATTPROJ_W), G(ATTPROJ_B), m->dres, a->atty, W(ATTPROJ_W), N, Cl, C));
 	ready(m, lt(l, ATTPROJ_B));
 	ready(m, lt(l, ATTPROJ_W));
-	zero(m, m->dqkv, NC * 3);
-	PROFF(ATTENTION_BWD, 8.0 * B * T * T * fC,
-	      loom__attention_backward(m->dqkv, m->att_scratch, m->att_threads, m->dbtc, a->qkv, a->att, B, T, C, NH));
+	zero(m, m->dqkv, NCl * 3);
+	PROFF(ATTENTION_BWD, 8.0 * B * T * T * fCl,
+	      loom__attention_backward(m->dqkv, m->att_scratch, m->att_threads, m->dbtc, a->qkv, a->att, B, T, Cl, NH));
 	zero(m, m->dbtc, NC);
-	PROFF(MATMUL_BWD, 12 * fN * fC * fC,
-	      loom__matmul_backward(m->dbtc, G(QKV_W), G(QKV_B), m->dqkv, a->ln1, W(QKV_W), N, C, 3 * C));
+	PROFF(MATMUL_BWD, 12 * fN * fC * fCl,
+	      loom__matmul_backward(m->dbtc, G(QKV_W), G(QKV_B), m->dqkv, a->ln1, W(QKV_W), N, C, 3 * Cl));
+	if (tp > 1) /* f in backward: attn.c_attn is column-parallel */
+		loom__tp_reduce(m, m->dbtc, NC, LOOM_TP_SUM);
 	ready(m, lt(l, QKV_B));
 	ready(m, lt(l, QKV_W));
 	PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres, G(LN1_W), G(LN1_B), m->dbtc, res_in, W(LN1_W), a->ln1_mean,
@@ -571,13 +669,25 @@ static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 static void embed_backward(loom_gpt2_t *m, const int *inputs, int B, int T)
 {
 	loom__gpt2_param_use(m, -1, 1);
-	PROF(ENCODER_BWD, loom__encoder_backward(loom__gpt2_grad(m, 0), loom__gpt2_grad(m, 1), m->dres, inputs, B, T,
-	                                         m->cfg.n_embd));
+	if (m->tp > 1)
+		loom__tp_embed_backward(m, m->dres, inputs, B, T);
+	else
+		PROF(ENCODER_BWD, loom__encoder_backward(loom__gpt2_grad(m, 0), loom__gpt2_grad(m, 1), m->dres, inputs, B,
+		                                         T, m->cfg.n_embd));
 	ready(m, 1);
 	ready(m, 0);
 }
 
 /* ---- public unit calls ------------------------------------------------------------------------- */
+
+/* LOOM_OK, or the first failure of a tensor-parallel reduction during the pass (then cleared; its
+ * message is the reduction's). */
+static int tp_status(loom_gpt2_t *m)
+{
+	int rc = m->tp_err;
+	m->tp_err = 0;
+	return rc;
+}
 
 int loom_gpt2_embed_forward(loom_gpt2_t *m, int mb, const int *inputs, int B, int T)
 {
@@ -587,7 +697,7 @@ int loom_gpt2_embed_forward(loom_gpt2_t *m, int mb, const int *inputs, int B, in
 		return rc;
 	loom__gemm_setup_threads();
 	embed_forward(m, &m->arenas[mb], inputs, B, T);
-	return LOOM_OK;
+	return tp_status(m);
 }
 
 int loom_gpt2_block_forward(loom_gpt2_t *m, int mb, int l, int B, int T)
@@ -598,7 +708,7 @@ int loom_gpt2_block_forward(loom_gpt2_t *m, int mb, int l, int B, int T)
 		return rc;
 	loom__gemm_setup_threads();
 	block_forward(m, &m->arenas[mb], l, B, T);
-	return LOOM_OK;
+	return tp_status(m);
 }
 
 int loom_gpt2_head_forward(loom_gpt2_t *m, int mb, const int *targets, int B, int T, float *loss)
@@ -607,9 +717,11 @@ int loom_gpt2_head_forward(loom_gpt2_t *m, int mb, const int *targets, int B, in
 	if ((rc = check_unit(m, mb, m->cfg.n_layer, B, T, "head_forward")) != LOOM_OK ||
 	    (targets && (rc = loom__gpt2_check_tokens(m, targets, B, T, "targets")) != LOOM_OK))
 		return rc;
+	if (m->tp > 1 && !targets)
+		return loom_seterr(LOOM_EINVAL, "gpt2 head_forward: a tensor-parallel model computes losses only");
 	loom__gemm_setup_threads();
 	head_forward(m, &m->arenas[mb], targets, B, T, loss);
-	return LOOM_OK;
+	return tp_status(m);
 }
 
 int loom_gpt2_head_forward_backward(loom_gpt2_t *m, int mb, const int *targets, int B, int T, float grad_scale,
@@ -621,7 +733,7 @@ int loom_gpt2_head_forward_backward(loom_gpt2_t *m, int mb, const int *targets, 
 		return rc;
 	loom__gemm_setup_threads();
 	head_forward_backward(m, &m->arenas[mb], targets, B, T, grad_scale, loss);
-	return LOOM_OK;
+	return tp_status(m);
 }
 
 int loom_gpt2_block_backward(loom_gpt2_t *m, int mb, int l, int B, int T)
@@ -632,7 +744,7 @@ int loom_gpt2_block_backward(loom_gpt2_t *m, int mb, int l, int B, int T)
 		return rc;
 	loom__gemm_setup_threads();
 	block_backward(m, &m->arenas[mb], l, B, T);
-	return LOOM_OK;
+	return tp_status(m);
 }
 
 int loom_gpt2_embed_backward(loom_gpt2_t *m, int mb, const int *inputs, int B, int T)
@@ -643,7 +755,7 @@ int loom_gpt2_embed_backward(loom_gpt2_t *m, int mb, const int *inputs, int B, i
 		return rc;
 	loom__gemm_setup_threads();
 	embed_backward(m, inputs, B, T);
-	return LOOM_OK;
+	return tp_status(m);
 }
 
 float *loom_gpt2_block_input(loom_gpt2_t *m, int mb, int l)
@@ -671,7 +783,7 @@ int loom_gpt2_forward(loom_gpt2_t *m, const int *inputs, const int *targets, int
 	for (int l = 0; l < m->cfg.n_layer; l++)
 		block_forward(m, ar, l, B, T);
 	head_forward(m, ar, targets, B, T, loss);
-	return LOOM_OK;
+	return tp_status(m);
 }
 
 const float *loom_gpt2_logits(const loom_gpt2_t *m)
@@ -708,5 +820,5 @@ int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *tar
 	for (int l = L - 1; l >= 0; l--)
 		block_backward(m, ar, l, B, T);
 	embed_backward(m, inputs, B, T);
-	return LOOM_OK;
+	return tp_status(m);
 }

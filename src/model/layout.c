@@ -136,3 +136,49 @@ double loom_gpt2_flops_per_token(const loom_gpt2_config_t *cfg, int T)
 	double matmul_params = L * 12.0 * C * C + V * C;
 	return 6.0 * matmul_params + 12.0 * L * C * T;
 }
+
+/* ---- tensor-parallel shards ---------------------------------------------------------------------- */
+
+int loom_gpt2_tp_check(const loom_gpt2_config_t *cfg, int tp)
+{
+	int rc;
+	if ((rc = loom_gpt2_config_check(cfg)) != LOOM_OK)
+		return rc;
+	if (tp < 1)
+		return loom_seterr(LOOM_EINVAL, "tensor parallel: tp = %d must be >= 1", tp);
+	if (cfg->n_head % tp != 0)
+		return loom_seterr(LOOM_EINVAL, "tensor parallel: the model's %d attention heads are not divisible by tp = %d "
+		                   "(attention is split by heads, and with them n_embd %d and the MLP's 4 x n_embd = %d); "
+		                   "choose tp among the divisors of %d", cfg->n_head, tp, cfg->n_embd, 4 * cfg->n_embd,
+		                   cfg->n_head);
+	return LOOM_OK;
+}
+
+int loom_gpt2_shard_info(const loom_gpt2_config_t *cfg, int tp, int i, loom_tensor_info_t *info)
+{
+	int rc;
+	size_t off = 0;
+	if (tp < 1)
+		tp = 1;
+	for (int k = 0; k <= i; k++) {
+		if ((rc = loom_gpt2_tensor_info(cfg, k, info)) != LOOM_OK)
+			return rc;
+		if (tp > 1 && info->tp_dim >= 0) {
+			size_t S = strstr(info->name, "c_attn") ? 3 : 1, D = info->shape[info->tp_dim];
+			info->shape[info->tp_dim] = S * ((D / S + (size_t)tp - 1) / (size_t)tp);
+			info->numel = info->ndim == 2 ? info->shape[0] * info->shape[1] : info->shape[0];
+		}
+		info->offset = off;
+		off += info->numel;
+	}
+	return LOOM_OK;
+}
+
+size_t loom_gpt2_shard_params(const loom_gpt2_config_t *cfg, int tp)
+{
+	loom_tensor_info_t info;
+	if (tp <= 1)
+		return loom_gpt2_num_params(cfg);
+	loom_gpt2_shard_info(cfg, tp, loom_gpt2_num_tensors(cfg) - 1, &info);
+	return info.offset + info.numel;
+}

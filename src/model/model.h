@@ -26,7 +26,8 @@
 	X(LAYERNORM_BWD, "layernorm_backward")                                                        \
 	X(ENCODER_BWD, "encoder_backward")                                                            \
 	X(ZERO, "zeroing scratch gradients")                                                          \
-	X(CALLBACK, "grad-ready callbacks")
+	X(CALLBACK, "grad-ready callbacks")                                                           \
+	X(TP_REDUCE, "tensor-parallel reductions")
 
 enum {
 #define PROF_ENUM_(name, text) PROF_##name,
@@ -100,6 +101,15 @@ struct loom_gpt2 {
 	float *att_scratch; /* T*T per thread */
 	int att_threads;    /* threads att_scratch has room for */
 
+	/* tensor parallelism (tp_model.c): this rank's shard sizes; with tp 1 they are the whole model's */
+	int tp, tp_rank;
+	int Cl, NHl;          /* local channels of attention (C/tp) and heads (NH/tp); 4*Cl is the MLP's */
+	int Vl, Vv, v0;       /* wte rows held (padded vocabulary / tp), of which valid, first vocab id */
+	float *tp_stats;      /* (3*chunk) per-position reduction scratch of the vocab-parallel loss */
+	loom_tp_reduce_fn tp_reduce;
+	void *tp_ctx;
+	int tp_err;           /* first error of a reduction in the current pass */
+
 	kv_cache_t *kv; /* NULL until the first generate or loom_gpt2_kv_cache_alloc */
 
 	loom_grad_ready_fn on_ready;
@@ -130,6 +140,32 @@ int loom__gpt2_check_tokens(const loom_gpt2_t *m, const int *ids, int B, int T, 
 /* Block l's forward over B x T positions from res_in (N,C) into a's buffers (output: a->res3). The one
  * implementation behind loom_gpt2_block_forward and the sampling prompt. */
 void loom__gpt2_block_forward(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res_in, int B, int T);
+/* ---- tensor parallelism (tp_model.c) ---- */
+
+/* How a tensor splits: viewed as (outer, D, inner) around its split dimension, D in S sections
+ * (3 for attn.c_attn: q, k, v), each cut into tp parts of `part` (the last part may be short: wte's
+ * padding). */
+typedef struct {
+	size_t outer, D, inner, S, part;
+} loom__tp_geom_t;
+/* The geometry of full tensor `full` (whole-model info) split tp ways; 0 when it is not split. */
+int loom__tp_geom(const loom_tensor_info_t *full, int tp, loom__tp_geom_t *g);
+/* Index in rank r's shard of the full tensor's element k, or -1 when another rank holds it. */
+long loom__tp_local_index(const loom__tp_geom_t *g, int r, size_t k);
+/* Call the tensor-parallel reduction on buf (n floats); the first failure is kept in m->tp_err and
+ * later reductions of the pass are skipped. */
+void loom__tp_reduce(loom_gpt2_t *m, float *buf, size_t n, loom_tp_op_t op);
+/* Vocab-parallel embedding: out (N,C) = sum over ranks of the local rows of wte[inp] (zero for ids
+ * held elsewhere), plus wpe[t] (added by tp rank 0 before the sum). */
+void loom__tp_embed_forward(loom_gpt2_t *m, float *out, const int *inp, int B, int T);
+/* dwte (local rows) += dout rows of the locally held ids; dwpe += dout. */
+void loom__tp_embed_backward(loom_gpt2_t *m, const float *dout, const int *inp, int B, int T);
+/* The vocab-parallel classifier: as loom__classifier_forward_backward over the local rows of wte,
+ * with the row maxima, sums of exponentials and target logits reduced across the group per chunk;
+ * with dx, dx (N,C) += the group's sum of dlogits wte (its partial sums reduced once at the end). */
+void loom__tp_classifier(loom_gpt2_t *m, float *losses, float *dx, float *dwte, const float *x, const float *wte,
+                         const int *targets, float dloss, int N);
+
 /* Free the sampling KV cache, if any (generate.c). */
 void loom__gpt2_kv_cache_free(loom_gpt2_t *m);
 /* Calls the param-use hook, if any, for (unit, phase). */

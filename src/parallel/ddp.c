@@ -83,7 +83,8 @@ int loom__ddp_create_used(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *mode
 	if (!(bucket_mb > 0) || !(first_bucket_mb > 0))
 		return loom_seterr(LOOM_EINVAL, "ddp: bucket sizes must be positive (got %g MiB and first %g MiB)",
 		                   bucket_mb, first_bucket_mb);
-	size_t nparams = loom_gpt2_num_params(cfg);
+	const loom_tensor_info_t *table = loom_gpt2_tensors(model, NULL); /* the model's (a shard's, with tp) */
+	size_t nparams = loom_gpt2_param_count(model);
 	d = loom__calloc(1, sizeof *d);
 	if (!d)
 		return loom_seterr(LOOM_ENOMEM, "ddp: out of memory");
@@ -115,7 +116,7 @@ int loom__ddp_create_used(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *mode
 			d->bucket_of[t] = -1;
 			continue;
 		}
-		loom_gpt2_tensor_info(cfg, t, &info);
+		info = table[t];
 		if (bytes == 0)
 			b->hi = t;
 		b->lo = t;
@@ -123,9 +124,9 @@ int loom__ddp_create_used(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *mode
 		bytes += info.numel * sizeof(float);
 		if (bytes >= limit || t == 0 || (used && !used[t - 1])) {
 			loom_tensor_info_t lo;
-			loom_gpt2_tensor_info(cfg, b->lo, &lo);
+			lo = table[b->lo];
 			b->offset = lo.offset;
-			loom_gpt2_tensor_info(cfg, b->hi, &info);
+			info = table[b->hi];
 			b->count = info.offset + info.numel - lo.offset;
 			d->nbuckets++;
 			bytes = 0;

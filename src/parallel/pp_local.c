@@ -6,6 +6,7 @@
  * in micro-step order), on the caller's model, allocating nothing; single-process and DDP losses and
  * checkpoints are therefore bit-identical to before (tests/test_train.c and test_ddp_train.c). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/util.h"
 #include "parallel/pp.h"
@@ -51,7 +52,7 @@ static int local_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, v
 	float scale = 1.0f / (float)c->M, loss;
 	int rc, *inputs = c->inputs, *targets = c->targets;
 	*loss_sum = 0.0;
-	st->comm_ms = st->exposed_comm_ms = st->p2p_wait_ms = 0.0;
+	memset(st, 0, sizeof *st);
 	st->max_inflight = 1;
 	loom_gpt2_zero_grad(c->model);
 	for (int j = 0; j < c->M; j++) {

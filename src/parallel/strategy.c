@@ -15,13 +15,17 @@
 static const struct {
 	const char *name;
 	int zero;
-	int several; /* 0: the data-parallel axis has one rank; 1: more than one */
+	int several; /* 0: the data-parallel axis has one rank; 1: more than one; -1: either */
+	int tensor;  /* 1: the tensor-parallel axis has more than one rank */
 	const loom_strategy_ops_t *(*ops)(void);
 	const char *what;
 } strategies[] = {
-	{"ddp", 0, 0, loom__local_strategy, "the model's own gradients and one optimizer; nothing is communicated"},
-	{"ddp", 0, 1, loom__ddp_strategy, "every rank holds all parameters and AdamW state; gradients are averaged in "
-	                              "buckets of shared memory while backward runs"},
+	{"ddp", 0, 0, 0, loom__local_strategy, "the model's own gradients and one optimizer; nothing is communicated"},
+	{"ddp", 0, 1, 0, loom__ddp_strategy, "every rank holds all parameters and AdamW state; gradients are averaged "
+	                                 "in buckets of shared memory while backward runs"},
+	{"ddp", 0, -1, 1, loom__tp_strategy, "each rank of a tensor-parallel group holds a shard (heads, MLP columns, "
+	                                 "vocabulary rows) and all-reduces activations in every pass; shards are "
+	                                 "averaged across data-parallel ranks as DDP does"},
 };
 
 void loom__strategy_describe(char *buf, size_t cap)
@@ -30,8 +34,9 @@ void loom__strategy_describe(char *buf, size_t cap)
 	if (cap)
 		buf[0] = 0;
 	for (size_t k = 0; k < LOOM_ARRAY_LEN(strategies) && len < cap; k++) {
-		int n = snprintf(buf + len, cap - len, "%s zero=%d %s: %s: %s\n", strategies[k].name, strategies[k].zero,
-		                 strategies[k].several ? "ranks>1" : "ranks=1", strategies[k].ops()->name, strategies[k].what);
+		int n = snprintf(buf + len, cap - len, "%s zero=%d %s%s: %s: %s\n", strategies[k].name, strategies[k].zero,
+		                 strategies[k].several < 0 ? "ranks>=1" : strategies[k].several ? "ranks>1" : "ranks=1",
+		                 strategies[k].tensor ? " tp>1" : "", strategies[k].ops()->name, strategies[k].what);
 		if (n < 0)
 			break;
 		len += (size_t)n;
@@ -41,13 +46,14 @@ void loom__strategy_describe(char *buf, size_t cap)
 int loom__strategy_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 {
 	const char *name = cfg->name && *cfg->name ? cfg->name : "ddp";
-	int several = cfg->dp && loom_comm_size(cfg->dp) > 1, named = 0;
+	int several = cfg->dp && loom_comm_size(cfg->dp) > 1, tensor = cfg->tp && loom_comm_size(cfg->tp) > 1, named = 0;
 	*out = NULL;
 	for (size_t k = 0; k < LOOM_ARRAY_LEN(strategies); k++) {
 		if (strcmp(strategies[k].name, name) != 0)
 			continue;
 		named = 1;
-		if (strategies[k].zero == cfg->zero && strategies[k].several == several)
+		if (strategies[k].zero == cfg->zero && (strategies[k].several < 0 || strategies[k].several == several) &&
+		    strategies[k].tensor == tensor)
 			return strategies[k].ops()->create(out, cfg);
 	}
 	if (!named)

@@ -45,6 +45,7 @@ typedef struct {
 	int zero;             /* ZeRO stage; only 0 for now */
 	loom_gpt2_t *model;
 	loom_comm_t *dp;      /* the data-parallel axis, or NULL for one data-parallel rank */
+	loom_comm_t *tp;      /* the tensor-parallel axis, or NULL for one tensor-parallel rank */
 	int writer;           /* 1 on the rank that writes checkpoints (global rank 0) */
 	loom_adamw_config_t adamw;
 	double bucket_mb;     /* gradient bucket size (MiB); the first bucket min(1, bucket_mb) */
@@ -108,6 +109,7 @@ struct loom_strategy {
  * no data symbols); strategy.c's table picks among them. */
 const loom_strategy_ops_t *loom__local_strategy(void);
 const loom_strategy_ops_t *loom__ddp_strategy(void);
+const loom_strategy_ops_t *loom__tp_strategy(void);
 
 /* loom_ddp_create with buckets over the tensors whose used[t] is non-zero only (NULL: all). */
 int loom__ddp_create_used(loom_ddp_t **d, loom_comm_t *comm, loom_gpt2_t *model, double bucket_mb,

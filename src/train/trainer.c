@@ -72,8 +72,9 @@ static int check_vocab(loom_trainer_t *tr, loom_loader_t *ld, const char *what, 
 	return LOOM_OK;
 }
 
-static int check_config(const loom_train_config_t *c, const loom_gpt2_config_t *mc)
+static int check_config(const loom_train_config_t *c, loom_gpt2_t *model)
 {
+	const loom_gpt2_config_t *mc = loom_gpt2_config(model);
 	int rc;
 	if (!c->train_data || !*c->train_data)
 		return loom_seterr(LOOM_EINVAL, "trainer: no training data given (--train-data GLOB)");
@@ -103,17 +104,25 @@ static int check_config(const loom_train_config_t *c, const loom_gpt2_config_t *
 		return loom_seterr(rc, "trainer: %s", loom_errmsg());
 	if (c->mesh) {
 		int tp = loom_mesh_size(c->mesh, LOOM_MESH_TP), pp = loom_mesh_size(c->mesh, LOOM_MESH_PP);
-		if (tp != 1)
-			return loom_seterr(LOOM_ENOTSUP, "trainer: rank %d: a mesh with tp = %d and pp = %d: tensor and "
-			                   "pipeline parallel training are not implemented yet (issue 9); use tp = 1",
+		if (tp > 1 && pp > 1)
+			return loom_seterr(LOOM_ENOTSUP, "trainer: rank %d: a mesh with tp = %d and pp = %d: tensor and pipeline "
+			                   "parallel are not composed yet; use one of them (with data parallel)",
 			                   loom_mesh_world_rank(c->mesh), tp, pp);
 		if (pp > mc->n_layer)
 			return loom_seterr(LOOM_EINVAL, "trainer: rank %d: a pipeline of %d stages for a model of %d layers: "
 			                   "every stage needs at least one layer (pp <= %d)", loom_mesh_world_rank(c->mesh), pp,
 			                   mc->n_layer, mc->n_layer);
+		if (tp != loom_gpt2_tp_size(model) || loom_mesh_coord(c->mesh, LOOM_MESH_TP) != loom_gpt2_tp_rank(model))
+			return loom_seterr(LOOM_EINVAL, "trainer: rank %d: the mesh puts it at tensor-parallel rank %d of %d, but "
+			                   "the model was created as shard %d of %d (loom_gpt2_opts_t tp_size, tp_rank)",
+			                   loom_mesh_world_rank(c->mesh), loom_mesh_coord(c->mesh, LOOM_MESH_TP), tp,
+			                   loom_gpt2_tp_rank(model), loom_gpt2_tp_size(model));
 		if (c->comm && c->comm != loom_mesh_world(c->mesh))
 			return loom_seterr(LOOM_EINVAL, "trainer: both a communicator and a mesh over another one were given: "
 			                   "give the mesh only");
+	} else if (loom_gpt2_tp_size(model) != 1) {
+		return loom_seterr(LOOM_EINVAL, "trainer: the model is tensor-parallel shard %d of %d: give a mesh with "
+		                   "tp = %d", loom_gpt2_tp_rank(model), loom_gpt2_tp_size(model), loom_gpt2_tp_size(model));
 	}
 	return LOOM_OK;
 }
@@ -121,10 +130,11 @@ static int check_config(const loom_train_config_t *c, const loom_gpt2_config_t *
 /* Who this rank is: global rank and size, and its data-parallel axis (NULL when it has one rank). */
 static void topology(loom_trainer_t *tr, const loom_train_config_t *c)
 {
-	tr->world = 1, tr->rank = 0, tr->dp = NULL, tr->dp_rank = 0, tr->dp_size = 1;
+	tr->world = 1, tr->rank = 0, tr->dp = NULL, tr->tp = NULL, tr->dp_rank = 0, tr->dp_size = 1;
 	if (c->mesh) {
 		tr->world = loom_mesh_world_size(c->mesh), tr->rank = loom_mesh_world_rank(c->mesh);
 		tr->dp = loom_mesh_comm(c->mesh, LOOM_MESH_DP);
+		tr->tp = loom_mesh_comm(c->mesh, LOOM_MESH_TP);
 	} else if (c->comm) {
 		tr->world = loom_comm_size(c->comm), tr->rank = loom_comm_rank(c->comm);
 		tr->dp = c->comm;
@@ -157,7 +167,7 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	*out = NULL;
 	if (!model)
 		return loom_seterr(LOOM_EINVAL, "trainer: no model");
-	if ((rc = check_config(cfg, loom_gpt2_config(model))) != LOOM_OK)
+	if ((rc = check_config(cfg, model)) != LOOM_OK)
 		return rc;
 	tr = loom__calloc(1, sizeof *tr);
 	if (!tr)
@@ -194,7 +204,7 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	if ((rc = eo->create(&tr->exec, &ec)) != LOOM_OK)
 		goto fail;
 	loom_strategy_config_t sc = {.name = cfg->strategy, .zero = cfg->zero, .model = eo->model(tr->exec),
-	                             .dp = tr->dp, .writer = tr->rank == 0, .adamw = cfg->adamw,
+	                             .dp = tr->dp, .tp = tr->tp, .writer = tr->rank == 0, .adamw = cfg->adamw,
 	                             .bucket_mb = cfg->bucket_mb, .tensor_used = eo->tensor_used(tr->exec)};
 	if ((rc = loom__strategy_create(&tr->strategy, &sc)) != LOOM_OK)
 		goto fail;
@@ -255,7 +265,7 @@ int loom_trainer_sync_params(loom_trainer_t *tr, uint64_t *checksum)
 		                   loom_errmsg());
 	tr->synced = 1;
 	if (checksum)
-		*checksum = loom_checksum_f32(loom_gpt2_params(tr->model), loom_gpt2_num_params(&tr->mcfg));
+		*checksum = loom_checksum_f32(loom_gpt2_params(tr->model), loom_gpt2_param_count(tr->model));
 	return LOOM_OK;
 }
 
@@ -269,7 +279,7 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 	if (!tr->synced && (rc = loom_trainer_sync_params(tr, NULL)) != LOOM_OK)
 		return rc;
 	t0 = loom_now();
-	loom_exec_stats_t es;
+	loom_exec_stats_t es = {0};
 	if ((rc = tr->exec->ops->step(tr->exec, s, next_batch, tr, &loss_sum, &es)) != LOOM_OK)
 		return loom_seterr(rc, "rank %d: step %lld (data window %llu of '%s'): %s", tr->rank, tr->step + 1,
 		                   tr->window, c->train_data, loom_errmsg());

@@ -20,6 +20,7 @@ struct loom_trainer {
 	int world, rank;                /* global: all ranks of the job (1 and 0 in one process); rank 0 logs
 	                                   and writes checkpoints */
 	loom_comm_t *dp;                /* the data-parallel axis (borrowed); NULL with one data-parallel rank */
+	loom_comm_t *tp;                /* the tensor-parallel axis (borrowed); NULL with one tensor-parallel rank */
 	int dp_rank, dp_size;           /* this rank's data-parallel coordinate and the axis size: the data
 	                                   sharding, the batch and the checkpoints' loader states use these */
 	loom_strategy_t *strategy;      /* the parallel strategy: gradients, norm, optimizer, parameter sync */
