@@ -72,6 +72,8 @@ static const char *const usage_text =
 	"data parallel (inside `loom run`, mpirun or srun every rank runs the same command):\n"
 	"  --nproc N              train with N processes: runs `loom run --nproc-per-node N loom train ...`\n"
 	"  --bucket-mb X          gradient all-reduce bucket size in MiB (default 25; the first bucket 1)\n"
+	"  --zero 0|1|2           ZeRO stage (docs/zero.md): 0 plain data parallel (default), 1 shards the AdamW\n"
+	"                         state over the ranks, 2 also the gradients\n"
 	"  --check-replicas K     every K steps verify that all ranks hold bit-identical parameters\n"
 	"  --lr-scale S           none|sqrt|linear: scale --lr by (tokens per step / --ref-batch-size)^p,\n"
 	"                         p = 1/2 (sqrt) or 1 (linear); default none\n"
@@ -172,7 +174,8 @@ static void parse(int argc, char **argv, opts_t *o)
 			o->tc.bucket_mb = DBL("--bucket-mb");
 			if (!(o->tc.bucket_mb > 0 && o->tc.bucket_mb <= 1 << 20))
 				cli_die("train", "--bucket-mb: %s must be > 0 (MiB, e.g. 25)", v);
-		} else if (FLAG("--check-replicas"))
+		} else if (FLAG("--zero")) o->tc.zero = (int)int_in("--zero", v, 0, 3);
+		else if (FLAG("--check-replicas"))
 			o->tc.check_replicas = (int)int_in("--check-replicas", v, 0, 1 << 30);
 		else if (FLAG("--lr-scale")) {
 			if (loom_lr_scale_parse(v, &o->lr_scale) != LOOM_OK)
@@ -380,9 +383,16 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		       o->base_lr, o->tc.lr.peak_lr / o->base_lr, loom_lr_scale_name(o->lr_scale),
 		       loom_trainer_tokens_per_step(tr), o->ref_batch);
 	if (o->world > 1) {
-		printf("data parallel: %d ranks x %d thread%s; gradients averaged in buckets of %g MiB (the first %g MiB) "
-		       "on the last of %d micro-step%s", o->world, loom_num_threads(), loom_num_threads() == 1 ? "" : "s",
-		       o->tc.bucket_mb, o->tc.bucket_mb < 1 ? o->tc.bucket_mb : 1.0, o->tc.accum, o->tc.accum == 1 ? "" : "s");
+		if (o->tc.zero > 0)
+			printf("data parallel: %d ranks x %d thread%s; ZeRO stage %d: %s", o->world, loom_num_threads(),
+			       loom_num_threads() == 1 ? "" : "s", o->tc.zero, o->tc.zero == 1 ?
+			       "AdamW state sharded, gradients reduce-scattered per unit on the last micro-step" :
+			       "AdamW state and gradients sharded, gradients reduce-scattered per unit every micro-step");
+		else
+			printf("data parallel: %d ranks x %d thread%s; gradients averaged in buckets of %g MiB (the first %g MiB) "
+			       "on the last of %d micro-step%s", o->world, loom_num_threads(), loom_num_threads() == 1 ? "" : "s",
+			       o->tc.bucket_mb, o->tc.bucket_mb < 1 ? o->tc.bucket_mb : 1.0, o->tc.accum,
+			       o->tc.accum == 1 ? "" : "s");
 		if (o->tc.check_replicas > 0)
 			printf("; replicas compared every %d step%s", o->tc.check_replicas, o->tc.check_replicas == 1 ? "" : "s");
 		putchar('\n');
@@ -453,7 +463,9 @@ int loom_cli_train(int argc, char **argv)
 	find_tokenizer(&o);
 	r.o = &o;
 
-	if ((rc = loom_gpt2_create(&model, &o.mc, o.tc.B, o.tc.T)) != LOOM_OK) {
+	/* ZeRO-2 keeps only a shard of the gradients: the model needs no gradient buffer of its own. */
+	loom_gpt2_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .no_own_grads = o.tc.zero >= 2 && o.world > 1};
+	if ((rc = loom_gpt2_create_opts(&model, &o.mc, &mo)) != LOOM_OK) {
 		fprintf(stderr, "loom train: creating the model: %s\n", loom_errmsg());
 		goto out;
 	}

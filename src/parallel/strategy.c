@@ -22,6 +22,11 @@ static const struct {
 	{"ddp", 0, 0, loom__local_strategy, "the model's own gradients and one optimizer; nothing is communicated"},
 	{"ddp", 0, 1, loom__ddp_strategy, "every rank holds all parameters and AdamW state; gradients are averaged in "
 	                              "buckets of shared memory while backward runs"},
+	{"ddp", 1, 1, loom__zero1_strategy, "ZeRO-1: each rank keeps AdamW state for its 1/N of the parameters; "
+	                                 "gradients are reduce-scattered per unit on the last micro-step, the "
+	                                 "updated parameters all-gathered"},
+	{"ddp", 2, 1, loom__zero2_strategy, "ZeRO-2: as ZeRO-1, and each rank keeps only its 1/N of the gradients; "
+	                                 "every micro-step reduce-scatters each unit as backward finishes it"},
 };
 
 void loom__strategy_describe(char *buf, size_t cap)
@@ -52,8 +57,11 @@ int loom__strategy_create(loom_strategy_t **out, const loom_strategy_config_t *c
 	}
 	if (!named)
 		return loom_seterr(LOOM_ENOTSUP, "trainer: parallel strategy '%s' does not exist (available: ddp)", name);
-	return loom_seterr(LOOM_ENOTSUP, "trainer: strategy '%s' with ZeRO stage %d is not implemented (ZeRO is "
-	                   "issue 8; available: zero = 0, plain data parallel)", name, cfg->zero);
+	if (cfg->zero > 0 && !several)
+		return loom_seterr(LOOM_ENOTSUP, "trainer: ZeRO stage %d shards the training state over the data-parallel "
+		                   "ranks and needs more than one (run under `loom run`/mpirun/srun, or --zero 0)", cfg->zero);
+	return loom_seterr(LOOM_ENOTSUP, "trainer: strategy '%s' with ZeRO stage %d is not implemented (available: "
+	                   "zero = 0, plain data parallel, and zero = 1, 2 with several ranks)", name, cfg->zero);
 }
 
 void loom__strategy_destroy(loom_strategy_t *s)
@@ -74,6 +82,10 @@ int loom__replica_init(loom_strategy_t *s, const loom_strategy_config_t *cfg, fl
 	s->grads = grads;
 	s->nparams = loom_gpt2_num_params(&s->mcfg);
 	s->own_offset = 0, s->own_count = s->nparams;
+	s->own_grads = grads;
+	s->mem.params = s->mem.grads = s->nparams * sizeof(float);
+	s->mem.optim = 2 * s->nparams * sizeof(float);
+	s->mem.comm = 0;
 	return loom_adamw_init_gpt2_range(&s->opt, &cfg->adamw, &s->mcfg, 0, s->nparams);
 }
 

@@ -41,7 +41,7 @@ typedef struct loom_strategy loom_strategy_t;
 /* What the trainer attaches a strategy with (everything borrowed; must outlive the strategy). */
 typedef struct {
 	const char *name;     /* "ddp" (NULL: "ddp") */
-	int zero;             /* ZeRO stage; only 0 for now */
+	int zero;             /* ZeRO stage: 0 (ddp/local), 1 or 2 (zero.c) */
 	loom_gpt2_t *model;
 	loom_comm_t *dp;      /* the data-parallel axis, or NULL for one data-parallel rank */
 	int writer;           /* 1 on the rank that writes checkpoints (global rank 0) */
@@ -97,12 +97,31 @@ struct loom_strategy {
 	size_t nparams;
 	size_t own_offset, own_count; /* the owned range */
 	loom_adamw_t opt;             /* over the owned range */
+	/* The gradient of the owned range (own_count floats; after the last finish_grads of a step, the
+	 * averaged one). grads + own_offset where a full gradient buffer exists; a strategy that keeps
+	 * only its shard (ZeRO-2) has grads NULL and this pointing at the shard. */
+	float *own_grads;
+	struct {
+		size_t params, grads, optim; /* bytes this rank keeps of each (the model states) */
+		size_t comm;                 /* staging and communication buffers the strategy allocated */
+	} mem;
 };
 
 /* The strategies' tables (local.c, ddp.c; static data behind functions, so that the archive exports
  * no data symbols); strategy.c's table picks among them. */
 const loom_strategy_ops_t *loom__local_strategy(void);
 const loom_strategy_ops_t *loom__ddp_strategy(void);
+const loom_strategy_ops_t *loom__zero1_strategy(void);
+const loom_strategy_ops_t *loom__zero2_strategy(void);
+
+/* ZeRO's owned-range rule (zero.c): where rank `rank` of `size` starts owning floats of a flat buffer of
+ * nparams; rank == size gives nparams. */
+size_t loom__zero_shard_offset(size_t nparams, int rank, int size);
+/* Checkpoints of a strategy whose AdamW state is sharded over the data-parallel axis (zero_ckpt.c):
+ * save gathers the moments onto data-parallel rank 0, the writer (collective); load reads this rank's
+ * slice of them from a checkpoint of any world size or stage (DDP's included). */
+int loom__sharded_save(loom_strategy_t *s, const loom_ckpt_writer_t *w);
+int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step);
 
 /* Pick the strategy for cfg by the table in strategy.c (LOOM_ENOTSUP naming what exists for an
  * unknown name or a ZeRO stage not implemented) and create it. */

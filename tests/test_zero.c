@@ -1,0 +1,304 @@
+/* test_zero.c: the ZeRO strategies (src/parallel/zero.c). Through the CLI (`loom train --nproc N
+ * --zero S`) on the `tiny` preset and a small generated dataset: each stage against DDP at 2, 3 and 4
+ * ranks, with and without accumulation (per-step losses within 1e-5 relative over 20 steps, the
+ * parameters of all ranks compared bit for bit after every step by --check-replicas 1), resume
+ * bit-identical per stage, and checkpoints that load at another world size and stage. Through the
+ * strategy interface in-process: the owned-range rule, the communication a step issues (counted),
+ * the invariant against DDP's strategy on the same ranks, and the errors. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/comm.h"
+#include "loom/data.h"
+#include "loom/gpt2.h"
+#include "loom/train.h"
+#include "parallel/strategy.h"
+#include "test.h"
+
+enum { VOCAB = 64, STEPS = 20, MAXSTEPS = 64 };
+
+#define FLAGS                                                                                                    \
+	"--model tiny --batch-size 2 --seq-len 16 --lr 2e-3 --warmup 2 --min-lr-frac 0.1 --shuffle 1 --seed 7 "      \
+	"--peak-flops 1e10"
+
+static int make_data(const char *dir)
+{
+	enum { N = 6001 };
+	char path[700];
+	uint16_t *t = malloc(N * sizeof *t);
+	uint32_t x = 12345;
+	int rc;
+	if (!t)
+		return LOOM_ENOMEM;
+	for (int i = 0; i < N; i++) {
+		x = x * 1664525u + 1013904223u;
+		t[i] = (uint16_t)((x >> 24) % 3 == 0 ? (x >> 8) % VOCAB : (uint32_t)(i * 7 + i / 5) % VOCAB);
+	}
+	snprintf(path, sizeof path, "%s/train_000000.bin", dir);
+	rc = loom_shard_write(path, t, N);
+	free(t);
+	return rc;
+}
+
+/* Per-step losses of a JSONL log (loss[step]) and each line up to its "lr" field; returns the steps read. */
+static int read_losses(const char *path, double *loss, char lines[][160])
+{
+	FILE *f = fopen(path, "r");
+	char line[2048];
+	int n = 0;
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof line, f)) {
+		long long step;
+		double l;
+		if (sscanf(line, "{\"step\":%lld,\"loss\":%lf", &step, &l) == 2 && step >= 1 && step < MAXSTEPS) {
+			loss[step] = l;
+			if (lines)
+				snprintf(lines[step], 160, "%.*s", (int)(strstr(line, ",\"lr\"") - line), line);
+			n++;
+		}
+	}
+	fclose(f);
+	return n;
+}
+
+#define RUN_OK(cmd, out, timeout)                                                                                \
+	do {                                                                                                         \
+		int st_ = test_run_cmd(cmd, out, sizeof out, timeout);                                                   \
+		CHECK_MSG(st_ == 0, "`%s` exited %d:\n%s", cmd, st_, out);                                               \
+	} while (0)
+
+/* DDP, ZeRO-1 and ZeRO-2 at `world` ranks with accumulation `accum`: the same losses within 1e-5
+ * relative; every step the parameters of all ranks are compared (--check-replicas 1). */
+static int against_ddp(int world, int accum)
+{
+	char dir[512], cmd[4096], out[16384], want[200];
+	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_data(dir));
+	for (int stage = 0; stage <= 2; stage++) {
+		snprintf(cmd, sizeof cmd, "%s train --nproc %d --train-data '%s/train_*.bin' " FLAGS " --steps %d "
+		         "--grad-accum %d --zero %d --check-replicas 1 --log %s/z%d.jsonl", loom, world, dir, STEPS, accum,
+		         stage, dir, stage);
+		RUN_OK(cmd, out, 120);
+		if (stage > 0) {
+			snprintf(want, sizeof want, "[rank 0] data parallel: %d ranks x 1 thread; ZeRO stage %d: ", world, stage);
+			CHECK_CONTAINS(out, want);
+		}
+		snprintf(cmd, sizeof cmd, "%s/z%d.jsonl", dir, stage);
+		CHECK_EQ(read_losses(cmd, stage ? got : ref, NULL), STEPS);
+		if (stage > 0)
+			for (int s = 1; s <= STEPS; s++)
+				CHECK_NEAR(got[s], ref[s], 1e-5 * ref[s]);
+	}
+	CHECK(ref[STEPS] < ref[1] - 0.1); /* it learned: the comparison is not of constants */
+	test_rmdir(dir);
+	return 0;
+}
+
+TEST(zero_vs_ddp_2ranks)
+{
+	return against_ddp(2, 1);
+}
+
+TEST(zero_vs_ddp_2ranks_accum2)
+{
+	return against_ddp(2, 2);
+}
+
+TEST(zero_vs_ddp_3ranks)
+{
+	return against_ddp(3, 1);
+}
+
+TEST(zero_vs_ddp_3ranks_accum2)
+{
+	return against_ddp(3, 2);
+}
+
+TEST(zero_vs_ddp_4ranks_accum2)
+{
+	return against_ddp(4, 2);
+}
+
+/* The owned-range rule: contiguous, in rank order, starting on multiples of 16 floats, covering
+ * everything once, as even as that allows. */
+TEST(zero_shard_rule)
+{
+	size_t sizes[] = {0, 5, 16, 100, 1000003, 30000000};
+	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+		for (int n = 1; n <= 8; n++) {
+			size_t P = sizes[i];
+			CHECK_EQ(loom__zero_shard_offset(P, 0, n), 0);
+			CHECK_EQ(loom__zero_shard_offset(P, n, n), P);
+			for (int q = 0; q < n; q++) {
+				size_t a = loom__zero_shard_offset(P, q, n), b = loom__zero_shard_offset(P, q + 1, n);
+				CHECK(a <= b);
+				CHECK_EQ(a % 16, 0);
+				CHECK(b - a <= P / n + 16);
+			}
+		}
+	CHECK_EQ(loom__zero_shard_offset(100, 1, 3), 32); /* 33 rounded down */
+	CHECK_EQ(loom__zero_shard_offset(100, 2, 3), 64); /* 66 rounded down */
+	return 0;
+}
+
+static const loom_gpt2_config_t tiny = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 8, .vocab_size = 50};
+
+static void batch(int rank, int k, int *inp, int *tgt, int n)
+{
+	for (int i = 0; i < n; i++) {
+		inp[i] = (rank * 7 + k * 13 + i * 3) % tiny.vocab_size;
+		tgt[i] = (rank * 5 + k * 11 + i * 7 + 1) % tiny.vocab_size;
+	}
+}
+
+static unsigned long long collectives(loom_comm_t *c)
+{
+	loom_comm_stats_t st;
+	loom_comm_stats(c, &st);
+	return st.collectives;
+}
+
+/* ZeRO stage `stage` beside DDP on the same ranks, driven as the trainer drives them (accumulation 2):
+ * the collectives of each phase counted (a unit is one bucket: L + 2 of them); the averaged gradient
+ * of each owned slice is DDP's up to the rounding of another summation order; and zero.c's invariant
+ * exactly: given that gradient, the gathered parameters after each step are bit-identical to those of
+ * one optimizer over the whole buffer (the local strategy, fed the gathered gradient and the same
+ * clipping scale), on every rank, and the owned moments are that optimizer's slice. */
+static int invariant_rank(int rank, int nranks, void *arg)
+{
+	enum { NSTEPS = 3, ACCUM = 2 };
+	int stage = *(int *)arg, nunits = tiny.n_layer + 2;
+	loom_comm_t *comm, *comm2;
+	loom_gpt2_t *m, *ref, *one;
+	loom_strategy_t *s, *d, *l;
+	loom_strategy_stats_t st;
+	int inp[16], tgt[16];
+	float loss;
+	size_t n = loom_gpt2_num_params(&tiny), counts[8];
+	float *g = malloc(n * sizeof *g);
+	CHECK(g != NULL);
+	CHECK_OK(loom_comm_init(&comm));
+	CHECK_OK(loom_comm_split(comm, 0, rank, &comm2)); /* DDP's own communicator: separate counters */
+	loom_gpt2_opts_t mo = {.B = 2, .T = 8, .no_own_grads = stage >= 2};
+	CHECK_OK(loom_gpt2_create_opts(&m, &tiny, &mo));
+	CHECK_OK(loom_gpt2_create(&ref, &tiny, 2, 8));
+	CHECK_OK(loom_gpt2_create(&one, &tiny, 2, 8));
+	loom_gpt2_init(m, 21 + (uint64_t)rank); /* different on every rank: sync_params makes them rank 0's */
+	loom_gpt2_init(ref, 21), loom_gpt2_init(one, 21);
+	loom_strategy_config_t c = {.name = "ddp", .zero = stage, .model = m, .dp = comm, .writer = rank == 0,
+	                            .adamw = loom_adamw_defaults(), .bucket_mb = 0.002};
+	CHECK_OK(loom__strategy_create(&s, &c));
+	CHECK_STREQ(s->ops->name, stage == 1 ? "zero1" : "zero2");
+	CHECK_EQ(s->own_offset, loom__zero_shard_offset(n, rank, nranks));
+	CHECK_EQ(s->own_offset + s->own_count, loom__zero_shard_offset(n, rank + 1, nranks));
+	CHECK_EQ(s->opt.n, s->own_count);
+	CHECK_EQ(s->mem.optim, 8 * s->own_count);
+	CHECK_EQ(s->mem.grads, 4 * (stage == 1 ? n : s->own_count));
+	CHECK(stage == 1 ? s->grads == loom_gpt2_grads(m) : s->grads == NULL);
+	for (int q = 0; q < nranks; q++)
+		counts[q] = loom__zero_shard_offset(n, q + 1, nranks) - loom__zero_shard_offset(n, q, nranks);
+	c.zero = 0, c.model = ref, c.dp = comm2;
+	CHECK_OK(loom__strategy_create(&d, &c));
+	CHECK_STREQ(d->ops->name, "ddp");
+	c.model = one, c.dp = NULL;
+	CHECK_OK(loom__strategy_create(&l, &c));
+	CHECK_STREQ(l->ops->name, "local");
+	CHECK_OK(s->ops->sync_params(s));
+	CHECK_EQ(memcmp(s->params, l->params, n * sizeof(float)), 0);
+	for (int step = 0; step < NSTEPS; step++) {
+		loom_gpt2_zero_grad(m);
+		loom_gpt2_zero_grad(ref);
+		memcpy(d->params, s->params, n * sizeof(float)); /* DDP's gradient at ZeRO's point */
+		for (int j = 0; j < ACCUM; j++) {
+			batch(rank, step * ACCUM + j, inp, tgt, 16);
+			unsigned long long c0 = collectives(comm);
+			s->ops->set_sync(s, j == ACCUM - 1);
+			CHECK_OK(loom_gpt2_forward_backward(m, inp, tgt, 2, 8, 1.0f / ACCUM, &loss));
+			CHECK_OK(s->ops->finish_grads(s, &st));
+			/* ZeRO-1: one reduce-scatter per unit on the last micro-step, none before; ZeRO-2: every one */
+			CHECK_EQ(collectives(comm) - c0, stage == 1 && j < ACCUM - 1 ? 0u : (unsigned)nunits);
+			d->ops->set_sync(d, j == ACCUM - 1);
+			CHECK_OK(loom_gpt2_forward_backward(ref, inp, tgt, 2, 8, 1.0f / ACCUM, &loss));
+			CHECK_OK(d->ops->finish_grads(d, &st));
+		}
+		for (size_t i = 0; i < s->own_count; i++) /* an average, as DDP's */
+			CHECK_NEAR(s->own_grads[i], d->grads[s->own_offset + i], 1e-7 + 1e-5 * fabsf(d->grads[s->own_offset + i]));
+		double ns, nl;
+		unsigned long long c0 = collectives(comm);
+		CHECK_OK(s->ops->grad_norm(s, &ns));
+		float scale = loom_clip_scale(ns, 0.5);
+		/* the reference: one optimizer over everything, fed the gathered averaged gradient */
+		CHECK_OK(loom_allgatherv(comm2, s->own_grads, s->own_count, g, counts, LOOM_FLOAT32));
+		CHECK_OK(s->ops->optim_step(s, 1e-2f, scale));
+		CHECK_EQ(collectives(comm) - c0, 1u + (unsigned)nunits); /* the norm's all-reduce, one all-gather per unit */
+		memcpy(l->grads, g, n * sizeof(float));
+		CHECK_OK(l->ops->grad_norm(l, &nl));
+		CHECK_NEAR(ns, nl, 1e-12 + 1e-9 * nl);
+		CHECK_OK(l->ops->optim_step(l, 1e-2f, scale));
+		CHECK_EQ(memcmp(s->params, l->params, n * sizeof(float)), 0);
+		CHECK_EQ(memcmp(s->opt.m, l->opt.m + s->own_offset, s->own_count * sizeof(float)), 0);
+		CHECK_EQ(memcmp(s->opt.v, l->opt.v + s->own_offset, s->own_count * sizeof(float)), 0);
+		CHECK_EQ(s->opt.step, step + 1);
+		CHECK_OK(s->ops->check_replicas(s)); /* the gathered parameters: the same bits on every rank */
+	}
+	if (rank == 1)
+		s->params[5] += 1.0f;
+	CHECK_ERR(s->ops->check_replicas(s), LOOM_EMISMATCH);
+	CHECK_CONTAINS(loom_errmsg(), "zero: replica check: parameters of rank(s) 1 differ from rank 0's");
+	loom__strategy_destroy(l);
+	loom__strategy_destroy(d);
+	loom__strategy_destroy(s);
+	loom_gpt2_destroy(one);
+	loom_gpt2_destroy(ref);
+	loom_gpt2_destroy(m);
+	loom_comm_destroy(comm2);
+	loom_comm_destroy(comm);
+	free(g);
+	return 0;
+}
+
+TEST(zero1_invariant_3ranks)
+{
+	int stage = 1;
+	return test_spawn(3, invariant_rank, &stage, 60, NULL);
+}
+
+TEST(zero2_invariant_3ranks)
+{
+	int stage = 2;
+	return test_spawn(3, invariant_rank, &stage, 60, NULL);
+}
+
+TEST(zero2_invariant_2ranks)
+{
+	int stage = 2;
+	return test_spawn(2, invariant_rank, &stage, 60, NULL);
+}
+
+/* Without a communicator of several ranks a ZeRO stage is a clear error; the table lists the stages. */
+TEST(zero_selection)
+{
+	loom_gpt2_t *m;
+	loom_strategy_t *s;
+	char text[2048];
+	CHECK_OK(loom_gpt2_create(&m, &tiny, 1, 8));
+	loom_strategy_config_t c = {.name = "ddp", .zero = 1, .model = m, .dp = NULL, .writer = 1,
+	                            .adamw = loom_adamw_defaults(), .bucket_mb = 25};
+	CHECK_ERR(loom__strategy_create(&s, &c), LOOM_ENOTSUP);
+	CHECK(s == NULL);
+	CHECK_CONTAINS(loom_errmsg(), "ZeRO stage 1 shards the training state over the data-parallel ranks and needs "
+	               "more than one");
+	c.zero = 9;
+	CHECK_ERR(loom__strategy_create(&s, &c), LOOM_ENOTSUP);
+	loom__strategy_describe(text, sizeof text);
+	CHECK_CONTAINS(text, "ddp zero=1 ranks>1: zero1: ZeRO-1: ");
+	CHECK_CONTAINS(text, "ddp zero=2 ranks>1: zero2: ZeRO-2: ");
+	loom_gpt2_destroy(m);
+	return 0;
+}
