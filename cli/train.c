@@ -72,8 +72,8 @@ static const char *const usage_text =
 	"data parallel (inside `loom run`, mpirun or srun every rank runs the same command):\n"
 	"  --nproc N              train with N processes: runs `loom run --nproc-per-node N loom train ...`\n"
 	"  --bucket-mb X          gradient all-reduce bucket size in MiB (default 25; the first bucket 1)\n"
-	"  --zero 0|1|2           ZeRO stage (docs/zero.md): 0 plain data parallel (default), 1 shards the AdamW\n"
-	"                         state over the ranks, 2 also the gradients\n"
+	"  --zero 0|1|2|3         ZeRO stage (docs/zero.md): 0 plain data parallel (default), 1 shards the AdamW\n"
+	"                         state over the ranks, 2 also the gradients, 3 also the parameters\n"
 	"  --check-replicas K     every K steps verify that all ranks hold bit-identical parameters\n"
 	"  --lr-scale S           none|sqrt|linear: scale --lr by (tokens per step / --ref-batch-size)^p,\n"
 	"                         p = 1/2 (sqrt) or 1 (linear); default none\n"
@@ -201,6 +201,9 @@ static void parse(int argc, char **argv, opts_t *o)
 		cli_die("train", "--eval-every needs --val-data GLOB");
 	if (o->tc.save_every > 0 && !o->tc.save_dir)
 		cli_die("train", "--save-every needs --save-dir DIR");
+	if (o->tc.zero == 3 && o->sample_every > 0)
+		cli_die("train", "--sample-every: with --zero 3 the parameters are sharded and sampling on rank 0 alone "
+		        "is not possible; sample from a checkpoint with `loom sample`");
 	if (o->grad_accum > 0 && o->total_batch > 0)
 		cli_die("train", "give --grad-accum or --total-batch-size, not both");
 	double scaled;
@@ -386,8 +389,9 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		if (o->tc.zero > 0)
 			printf("data parallel: %d ranks x %d thread%s; ZeRO stage %d: %s", o->world, loom_num_threads(),
 			       loom_num_threads() == 1 ? "" : "s", o->tc.zero, o->tc.zero == 1 ?
-			       "AdamW state sharded, gradients reduce-scattered per unit on the last micro-step" :
-			       "AdamW state and gradients sharded, gradients reduce-scattered per unit every micro-step");
+			       "AdamW state sharded, gradients reduce-scattered per unit on the last micro-step" : o->tc.zero == 2 ?
+			       "AdamW state and gradients sharded, gradients reduce-scattered per unit every micro-step" :
+			       "parameters, gradients and AdamW state sharded; each unit gathered before use, the next prefetched");
 		else
 			printf("data parallel: %d ranks x %d thread%s; gradients averaged in buckets of %g MiB (the first %g MiB) "
 			       "on the last of %d micro-step%s", o->world, loom_num_threads(), loom_num_threads() == 1 ? "" : "s",
@@ -441,6 +445,7 @@ int loom_cli_train(int argc, char **argv)
 	loom_comm_t *comm = NULL;
 	loom_gpt2_t *model = NULL;
 	loom_trainer_t *tr = NULL;
+	float *init = NULL;
 	run_ctx_t r;
 	int rc, status = 1;
 	memset(&r, 0, sizeof r);
@@ -463,10 +468,18 @@ int loom_cli_train(int argc, char **argv)
 	find_tokenizer(&o);
 	r.o = &o;
 
-	/* ZeRO-2 keeps only a shard of the gradients: the model needs no gradient buffer of its own. */
-	loom_gpt2_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .no_own_grads = o.tc.zero >= 2 && o.world > 1};
+	/* ZeRO-2 keeps only a shard of the gradients, ZeRO-3 also of the parameters: the model then has no
+	 * buffer of its own for them; at stage 3 the initial parameters live in a buffer of ours until the
+	 * strategy has taken its shard (at the parameter sync below). */
+	loom_gpt2_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .no_own_grads = o.tc.zero >= 2 && o.world > 1,
+	                       .no_own_params = o.tc.zero == 3 && o.world > 1};
 	if ((rc = loom_gpt2_create_opts(&model, &o.mc, &mo)) != LOOM_OK) {
 		fprintf(stderr, "loom train: creating the model: %s\n", loom_errmsg());
+		goto out;
+	}
+	if (mo.no_own_params && (!(init = malloc(loom_gpt2_num_params(&o.mc) * sizeof(float))) ||
+	                         loom_gpt2_set_param_buffer(model, init) != LOOM_OK)) {
+		fprintf(stderr, "loom train: out of memory for the initial parameters\n");
 		goto out;
 	}
 	if (o.init_from) {
@@ -512,6 +525,8 @@ int loom_cli_train(int argc, char **argv)
 			printf("parameters: broadcast from rank 0 to %d ranks, checksum %016llx verified on every rank\n",
 			       o.world, (unsigned long long)sum);
 	}
+	free(init); /* ZeRO-3: each rank has its shard now; the model's views point at gathered buffers */
+	init = NULL;
 	if (o.sample_every > 0 && o.rank == 0) {
 		if (o.tc.tokenizer && loom_tokenizer_load(&r.tok, o.tc.tokenizer) == LOOM_OK)
 			r.have_tok = 1;
@@ -538,6 +553,7 @@ int loom_cli_train(int argc, char **argv)
 out:
 	loom_trainer_destroy(tr); /* before the model and the communicator it uses */
 	loom_gpt2_destroy(model);
+	free(init);
 	loom_comm_destroy(comm);
 	if (r.have_tok)
 		loom_tokenizer_free(&r.tok);

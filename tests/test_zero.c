@@ -13,6 +13,7 @@
 
 #include "loom/comm.h"
 #include "loom/data.h"
+#include "loom/ddp.h"
 #include "loom/gpt2.h"
 #include "loom/train.h"
 #include "parallel/strategy.h"
@@ -43,8 +44,10 @@ static int make_data(const char *dir)
 	return rc;
 }
 
-/* Per-step losses of a JSONL log (loss[step]) and each line up to its "lr" field; returns the steps read. */
-static int read_losses(const char *path, double *loss, char lines[][160])
+/* Per-step losses of a JSONL log (loss[step]), the validation losses of the steps that have one
+ * (val[step], when val is not NULL) and each line up to its "lr" field (when lines is not NULL);
+ * returns the steps read. */
+static int read_losses(const char *path, double *loss, char lines[][160], double *val)
 {
 	FILE *f = fopen(path, "r");
 	char line[2048];
@@ -56,6 +59,9 @@ static int read_losses(const char *path, double *loss, char lines[][160])
 		double l;
 		if (sscanf(line, "{\"step\":%lld,\"loss\":%lf", &step, &l) == 2 && step >= 1 && step < MAXSTEPS) {
 			loss[step] = l;
+			const char *v = strstr(line, "\"val_loss\":");
+			if (val && v)
+				val[step] = atof(v + 11);
 			if (lines)
 				snprintf(lines[step], 160, "%.*s", (int)(strstr(line, ",\"lr\"") - line), line);
 			n++;
@@ -71,29 +77,36 @@ static int read_losses(const char *path, double *loss, char lines[][160])
 		CHECK_MSG(st_ == 0, "`%s` exited %d:\n%s", cmd, st_, out);                                               \
 	} while (0)
 
-/* DDP, ZeRO-1 and ZeRO-2 at `world` ranks with accumulation `accum`: the same losses within 1e-5
- * relative; every step the parameters of all ranks are compared (--check-replicas 1). */
+/* DDP and ZeRO stages 1-3 at `world` ranks with accumulation `accum`: the same training losses within
+ * 1e-5 relative, and the same validation losses (5 windows, uneven over 3 or 4 ranks: at stage 3 the
+ * ranks with fewer run a discarded forward, since every forward gathers); at stages 1 and 2 the
+ * parameters of all ranks are compared after every step (--check-replicas 1). */
 static int against_ddp(int world, int accum)
 {
 	char dir[512], cmd[4096], out[16384], want[200];
-	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
+	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0}, vref[MAXSTEPS] = {0}, vgot[MAXSTEPS] = {0};
 	const char *loom = test_loom_bin();
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));
 	CHECK_OK(make_data(dir));
-	for (int stage = 0; stage <= 2; stage++) {
+	for (int stage = 0; stage <= 3; stage++) {
 		snprintf(cmd, sizeof cmd, "%s train --nproc %d --train-data '%s/train_*.bin' " FLAGS " --steps %d "
-		         "--grad-accum %d --zero %d --check-replicas 1 --log %s/z%d.jsonl", loom, world, dir, STEPS, accum,
-		         stage, dir, stage);
+		         "--grad-accum %d --zero %d --check-replicas 1 --log %s/z%d.jsonl --val-data '%s/train_*.bin' "
+		         "--eval-every 10 --eval-batches 5", loom, world, dir, STEPS, accum, stage, dir, stage, dir);
 		RUN_OK(cmd, out, 120);
 		if (stage > 0) {
 			snprintf(want, sizeof want, "[rank 0] data parallel: %d ranks x 1 thread; ZeRO stage %d: ", world, stage);
 			CHECK_CONTAINS(out, want);
 		}
 		snprintf(cmd, sizeof cmd, "%s/z%d.jsonl", dir, stage);
-		CHECK_EQ(read_losses(cmd, stage ? got : ref, NULL), STEPS);
-		if (stage > 0)
+		CHECK_EQ(read_losses(cmd, stage ? got : ref, NULL, stage ? vgot : vref), STEPS);
+		if (stage > 0) {
 			for (int s = 1; s <= STEPS; s++)
 				CHECK_NEAR(got[s], ref[s], 1e-5 * ref[s]);
+			for (int s = 10; s <= STEPS; s += 10) {
+				CHECK(vref[s] > 0);
+				CHECK_NEAR(vgot[s], vref[s], 1e-5 * vref[s]);
+			}
+		}
 	}
 	CHECK(ref[STEPS] < ref[1] - 0.1); /* it learned: the comparison is not of constants */
 	test_rmdir(dir);
@@ -164,6 +177,12 @@ static unsigned long long collectives(loom_comm_t *c)
 	return st.collectives;
 }
 
+/* The whole parameters gathered from the shards (NULL when the all-gather fails). */
+static float *gathered(loom_comm_t *c, loom_strategy_t *s, float *full, const size_t *counts)
+{
+	return loom_allgatherv(c, s->own_params, s->own_count, full, counts, LOOM_FLOAT32) == LOOM_OK ? full : NULL;
+}
+
 /* ZeRO stage `stage` beside DDP on the same ranks, driven as the trainer drives them (accumulation 2):
  * the collectives of each phase counted (a unit is one bucket: L + 2 of them); the averaged gradient
  * of each owned slice is DDP's up to the rounding of another summation order; and zero.c's invariant
@@ -181,8 +200,8 @@ static int invariant_rank(int rank, int nranks, void *arg)
 	int inp[16], tgt[16];
 	float loss;
 	size_t n = loom_gpt2_num_params(&tiny), counts[8];
-	float *g = malloc(n * sizeof *g);
-	CHECK(g != NULL);
+	float *g = malloc(n * sizeof *g), *full = malloc(n * sizeof *full), *p;
+	CHECK(g != NULL && full != NULL);
 	CHECK_OK(loom_comm_init(&comm));
 	CHECK_OK(loom_comm_split(comm, 0, rank, &comm2)); /* DDP's own communicator: separate counters */
 	loom_gpt2_opts_t mo = {.B = 2, .T = 8, .no_own_grads = stage >= 2};
@@ -194,7 +213,9 @@ static int invariant_rank(int rank, int nranks, void *arg)
 	loom_strategy_config_t c = {.name = "ddp", .zero = stage, .model = m, .dp = comm, .writer = rank == 0,
 	                            .adamw = loom_adamw_defaults(), .bucket_mb = 0.002};
 	CHECK_OK(loom__strategy_create(&s, &c));
-	CHECK_STREQ(s->ops->name, stage == 1 ? "zero1" : "zero2");
+	CHECK_STREQ(s->ops->name, stage == 1 ? "zero1" : stage == 2 ? "zero2" : "zero3");
+	CHECK(stage == 3 ? s->params == NULL : s->params == loom_gpt2_params(m));
+	CHECK_EQ(s->mem.params, 4 * (stage == 3 ? s->own_count : n));
 	CHECK_EQ(s->own_offset, loom__zero_shard_offset(n, rank, nranks));
 	CHECK_EQ(s->own_offset + s->own_count, loom__zero_shard_offset(n, rank + 1, nranks));
 	CHECK_EQ(s->opt.n, s->own_count);
@@ -210,19 +231,34 @@ static int invariant_rank(int rank, int nranks, void *arg)
 	CHECK_OK(loom__strategy_create(&l, &c));
 	CHECK_STREQ(l->ops->name, "local");
 	CHECK_OK(s->ops->sync_params(s));
-	CHECK_EQ(memcmp(s->params, l->params, n * sizeof(float)), 0);
+	/* the whole parameters: replicated, or at stage 3 gathered from the shards */
+#define PARAMS() (stage < 3 ? s->params : gathered(comm2, s, full, counts))
+	p = PARAMS();
+	CHECK(p != NULL);
+	CHECK_EQ(memcmp(p, l->params, n * sizeof(float)), 0);
 	for (int step = 0; step < NSTEPS; step++) {
 		loom_gpt2_zero_grad(m);
 		loom_gpt2_zero_grad(ref);
-		memcpy(d->params, s->params, n * sizeof(float)); /* DDP's gradient at ZeRO's point */
+		CHECK((p = PARAMS()) != NULL);
+		memcpy(d->params, p, n * sizeof(float)); /* DDP's gradient at ZeRO's point */
 		for (int j = 0; j < ACCUM; j++) {
 			batch(rank, step * ACCUM + j, inp, tgt, 16);
-			unsigned long long c0 = collectives(comm);
+			unsigned long long c0 = collectives(comm), g0 = 0, g1 = 0;
+			if (stage == 3)
+				loom__zero_gathered_peak(s, &g0);
 			s->ops->set_sync(s, j == ACCUM - 1);
 			CHECK_OK(loom_gpt2_forward_backward(m, inp, tgt, 2, 8, 1.0f / ACCUM, &loss));
 			CHECK_OK(s->ops->finish_grads(s, &st));
-			/* ZeRO-1: one reduce-scatter per unit on the last micro-step, none before; ZeRO-2: every one */
-			CHECK_EQ(collectives(comm) - c0, stage == 1 && j < ACCUM - 1 ? 0u : (unsigned)nunits);
+			if (stage == 3) {
+				/* after the step the embedding, each block and the head are gathered once for the
+				 * forward and the blocks the two buffers no longer hold again for backward; the
+				 * next micro-step reuses the embedding and the two blocks still held */
+				int L = tiny.n_layer;
+				loom__zero_gathered_peak(s, &g1);
+				CHECK_EQ(g1 - g0, (unsigned long long)(j == 0 ? 2 * L + 1 : 2 * L - 2));
+			}
+			/* ZeRO-1: one reduce-scatter per unit on the last micro-step, none before; ZeRO-2, 3: every one */
+			CHECK_EQ(collectives(comm) - c0 - (g1 - g0), stage == 1 && j < ACCUM - 1 ? 0u : (unsigned)nunits);
 			d->ops->set_sync(d, j == ACCUM - 1);
 			CHECK_OK(loom_gpt2_forward_backward(ref, inp, tgt, 2, 8, 1.0f / ACCUM, &loss));
 			CHECK_OK(d->ops->finish_grads(d, &st));
@@ -236,21 +272,32 @@ static int invariant_rank(int rank, int nranks, void *arg)
 		/* the reference: one optimizer over everything, fed the gathered averaged gradient */
 		CHECK_OK(loom_allgatherv(comm2, s->own_grads, s->own_count, g, counts, LOOM_FLOAT32));
 		CHECK_OK(s->ops->optim_step(s, 1e-2f, scale));
-		CHECK_EQ(collectives(comm) - c0, 1u + (unsigned)nunits); /* the norm's all-reduce, one all-gather per unit */
+		/* the norm's all-reduce, and one all-gather per unit (none at stage 3: gathers come with use) */
+		CHECK_EQ(collectives(comm) - c0, 1u + (stage < 3 ? (unsigned)nunits : 0u));
 		memcpy(l->grads, g, n * sizeof(float));
 		CHECK_OK(l->ops->grad_norm(l, &nl));
 		CHECK_NEAR(ns, nl, 1e-12 + 1e-9 * nl);
 		CHECK_OK(l->ops->optim_step(l, 1e-2f, scale));
-		CHECK_EQ(memcmp(s->params, l->params, n * sizeof(float)), 0);
+		p = PARAMS();
+		CHECK(p != NULL);
+		CHECK_EQ(memcmp(p, l->params, n * sizeof(float)), 0);
 		CHECK_EQ(memcmp(s->opt.m, l->opt.m + s->own_offset, s->own_count * sizeof(float)), 0);
 		CHECK_EQ(memcmp(s->opt.v, l->opt.v + s->own_offset, s->own_count * sizeof(float)), 0);
 		CHECK_EQ(s->opt.step, step + 1);
 		CHECK_OK(s->ops->check_replicas(s)); /* the gathered parameters: the same bits on every rank */
+		uint64_t mine = loom_checksum_f32(p, n), all[8];
+		CHECK_OK(loom_allgather(comm2, &mine, all, 1, LOOM_INT64));
+		for (int r = 0; r < nranks; r++)
+			CHECK_EQ(all[r], mine);
 	}
-	if (rank == 1)
-		s->params[5] += 1.0f;
-	CHECK_ERR(s->ops->check_replicas(s), LOOM_EMISMATCH);
-	CHECK_CONTAINS(loom_errmsg(), "zero: replica check: parameters of rank(s) 1 differ from rank 0's");
+	if (stage == 3) { /* a block's gather prefetched while the one before runs: two at once, never more */
+		CHECK_EQ(loom__zero_gathered_peak(s, NULL), 2);
+	} else {
+		if (rank == 1)
+			s->params[5] += 1.0f;
+		CHECK_ERR(s->ops->check_replicas(s), LOOM_EMISMATCH);
+		CHECK_CONTAINS(loom_errmsg(), "zero: replica check: parameters of rank(s) 1 differ from rank 0's");
+	}
 	loom__strategy_destroy(l);
 	loom__strategy_destroy(d);
 	loom__strategy_destroy(s);
@@ -259,8 +306,9 @@ static int invariant_rank(int rank, int nranks, void *arg)
 	loom_gpt2_destroy(m);
 	loom_comm_destroy(comm2);
 	loom_comm_destroy(comm);
-	free(g);
+	free(g), free(full);
 	return 0;
+#undef PARAMS
 }
 
 TEST(zero1_invariant_3ranks)
@@ -273,6 +321,18 @@ TEST(zero2_invariant_3ranks)
 {
 	int stage = 2;
 	return test_spawn(3, invariant_rank, &stage, 60, NULL);
+}
+
+TEST(zero3_invariant_3ranks)
+{
+	int stage = 3;
+	return test_spawn(3, invariant_rank, &stage, 60, NULL);
+}
+
+TEST(zero3_invariant_2ranks)
+{
+	int stage = 3;
+	return test_spawn(2, invariant_rank, &stage, 60, NULL);
 }
 
 TEST(zero2_invariant_2ranks)

@@ -27,6 +27,9 @@ static const struct {
 	                                 "updated parameters all-gathered"},
 	{"ddp", 2, 1, loom__zero2_strategy, "ZeRO-2: as ZeRO-1, and each rank keeps only its 1/N of the gradients; "
 	                                 "every micro-step reduce-scatters each unit as backward finishes it"},
+	{"ddp", 3, 1, loom__zero3_strategy, "ZeRO-3 (fully sharded): as ZeRO-2, and each rank keeps only its 1/N of "
+	                                 "the parameters; each unit is all-gathered just before it runs, the next "
+	                                 "one prefetched"},
 };
 
 void loom__strategy_describe(char *buf, size_t cap)
@@ -61,7 +64,7 @@ int loom__strategy_create(loom_strategy_t **out, const loom_strategy_config_t *c
 		return loom_seterr(LOOM_ENOTSUP, "trainer: ZeRO stage %d shards the training state over the data-parallel "
 		                   "ranks and needs more than one (run under `loom run`/mpirun/srun, or --zero 0)", cfg->zero);
 	return loom_seterr(LOOM_ENOTSUP, "trainer: strategy '%s' with ZeRO stage %d is not implemented (available: "
-	                   "zero = 0, plain data parallel, and zero = 1, 2 with several ranks)", name, cfg->zero);
+	                   "zero = 0, plain data parallel, and zero = 1, 2, 3 with several ranks)", name, cfg->zero);
 }
 
 void loom__strategy_destroy(loom_strategy_t *s)
@@ -83,6 +86,7 @@ int loom__replica_init(loom_strategy_t *s, const loom_strategy_config_t *cfg, fl
 	s->nparams = loom_gpt2_num_params(&s->mcfg);
 	s->own_offset = 0, s->own_count = s->nparams;
 	s->own_grads = grads;
+	s->own_params = s->params;
 	s->mem.params = s->mem.grads = s->nparams * sizeof(float);
 	s->mem.optim = 2 * s->nparams * sizeof(float);
 	s->mem.comm = 0;

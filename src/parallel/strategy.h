@@ -41,7 +41,7 @@ typedef struct loom_strategy loom_strategy_t;
 /* What the trainer attaches a strategy with (everything borrowed; must outlive the strategy). */
 typedef struct {
 	const char *name;     /* "ddp" (NULL: "ddp") */
-	int zero;             /* ZeRO stage: 0 (ddp/local), 1 or 2 (zero.c) */
+	int zero;             /* ZeRO stage: 0 (ddp/local), 1, 2 or 3 (zero.c) */
 	loom_gpt2_t *model;
 	loom_comm_t *dp;      /* the data-parallel axis, or NULL for one data-parallel rank */
 	int writer;           /* 1 on the rank that writes checkpoints (global rank 0) */
@@ -101,6 +101,12 @@ struct loom_strategy {
 	 * averaged one). grads + own_offset where a full gradient buffer exists; a strategy that keeps
 	 * only its shard (ZeRO-2) has grads NULL and this pointing at the shard. */
 	float *own_grads;
+	/* The parameters of the owned range (own_count floats): params + own_offset, or, when no whole
+	 * parameter buffer is kept (ZeRO-3: params NULL), the rank's shard. */
+	float *own_params;
+	/* 1 when every forward pass communicates (ZeRO-3 gathers parameters): every rank must then run
+	 * the same passes, e.g. as many evaluation forwards (the trainer pads with a discarded one). */
+	int collective_forward;
 	struct {
 		size_t params, grads, optim; /* bytes this rank keeps of each (the model states) */
 		size_t comm;                 /* staging and communication buffers the strategy allocated */
@@ -113,6 +119,12 @@ const loom_strategy_ops_t *loom__local_strategy(void);
 const loom_strategy_ops_t *loom__ddp_strategy(void);
 const loom_strategy_ops_t *loom__zero1_strategy(void);
 const loom_strategy_ops_t *loom__zero2_strategy(void);
+const loom_strategy_ops_t *loom__zero3_strategy(void);
+/* ZeRO-3's count of block units whose parameters were gathered (or in flight) at once, at most, and
+ * of gathers issued (*gathers, may be NULL); for tests. */
+int loom__zero_gathered_peak(const loom_strategy_t *s, unsigned long long *gathers);
+/* ZeRO-3: the shards were just loaded from a checkpoint (the initial parameters are not used). */
+void loom__zero_set_loaded(loom_strategy_t *s);
 
 /* ZeRO's owned-range rule (zero.c): where rank `rank` of `size` starts owning floats of a flat buffer of
  * nparams; rank == size gives nparams. */

@@ -1,5 +1,6 @@
-/* zero.c: the ZeRO strategies, stages 1 and 2 (src/parallel/strategy.h): the AdamW state (stage 1) and
- * also the gradients (stage 2) are sharded over the data-parallel ranks; parameters stay replicated.
+/* zero.c: the ZeRO strategies (src/parallel/strategy.h): the AdamW state (stage 1), also the gradients
+ * (stage 2), also the parameters (stage 3, fully sharded data parallel) are sharded over the
+ * data-parallel ranks.
  *
  * The owned-range rule. Rank q of N owns the floats [off(q), off(q+1)) of the flat parameter buffer,
  * off(q) = floor(q P / N) rounded down to a multiple of 16 floats (64 bytes: no two ranks share a
@@ -24,10 +25,22 @@
  * its reduce-scatter completes, adding the result into the shard. So stage 2 reduce-scatters every
  * micro-step (as DeepSpeed's stage 2 does), accumulation happening on the shard.
  *
+ * Stage 3 keeps only the rank's parameter shard. The param-use hook gathers a unit's parameters
+ * (loom_iallgatherv from every rank's shard) into a transient buffer and points the unit's views at
+ * it just before the unit runs, and starts gathering the next unit's (forward: the next block; backward:
+ * the previous one) into the other of two block buffers, so at most two blocks are gathered at once
+ * and the next one's gather overlaps this one's compute. Gathered contents stay valid until the
+ * parameters change (the optimizer step), so backward reuses the last forward blocks still held. The
+ * embedding has its own gathered buffer, kept for the whole micro-step, because the tied lm head reads
+ * wte between the last block's forward and the first block's backward and the embedding's backward
+ * comes last. Gradients go as at stage 2. Every forward issues collectives, so every rank must run the
+ * same passes (the trainer's evaluation runs as many forwards on every rank; sampling on one rank
+ * alone is not possible at stage 3).
+ *
  * After the reduce: the global gradient norm is the square root of the sum, over ranks, of the sum of
  * squares of each shard (one all-reduce of a double); AdamW updates the owned slice
- * (loom_adamw_init_gpt2_range: bit-identical per element to one optimizer over everything); each
- * unit's parameters are then all-gathered.
+ * (loom_adamw_init_gpt2_range: bit-identical per element to one optimizer over everything); at
+ * stages 1 and 2 each unit's parameters are then all-gathered.
  *
  * Invariant (tests/test_zero.c checks it against DDP at 2, 3 and 4 ranks): after every step all
  * ranks hold the same parameters, bit for bit, and they equal DDP's up to the rounding of a different
@@ -42,7 +55,8 @@
 #include "loom/ddp.h"
 #include "parallel/strategy.h"
 
-#define ZERO_SLOTS 2 /* stage 2: gradient staging buffers for units other than the embedding */
+#define ZERO_SLOTS 2 /* stages 2, 3: gradient staging buffers for units other than the embedding */
+#define ZERO_PSLOTS 2 /* stage 3: gathered-parameter buffers for units other than the embedding */
 
 typedef struct {
 	int unit;               /* -1 embedding, 0..L-1 block, L head */
@@ -68,6 +82,18 @@ typedef struct {
 	float *slots[ZERO_SLOTS];
 	int slot_user[ZERO_SLOTS]; /* the unit index (u + 1) holding each slot, or -1 */
 	int shared_stage;       /* stage buffers from loom_comm_alloc */
+	/* stage 3 */
+	float *param_shard;     /* own_count floats (owned) */
+	const float *init;      /* the model's whole parameter buffer at create, until sync_params or load */
+	float *emb_gather;      /* the embedding's gathered parameters */
+	int emb_valid;
+	loom_request_t *emb_req;
+	float *pslots[ZERO_PSLOTS];
+	int pslot_unit[ZERO_PSLOTS]; /* unit index (u + 1) whose parameters the slot holds (or receives), or -1 */
+	loom_request_t *pslot_req[ZERO_PSLOTS];
+	int shared_gather;
+	int gathered_now, gathered_peak; /* block units gathered (or in flight) at once: now, and the most */
+	unsigned long long gathers;      /* unit gathers issued */
 	int sync, launched, err;
 	loom_comm_stats_t at_launch;
 } zero_t;
@@ -92,6 +118,117 @@ static void buf_free(zero_t *z, float *p, int shared)
 		loom_comm_free(z->base.dp, p);
 	else if (p)
 		loom_free_aligned(p);
+}
+
+/* ---- stage 3: gathering parameters ------------------------------------------------------------ */
+
+/* Start the gather of unit index k into dst. */
+static int start_gather(zero_t *z, int k, float *dst, loom_request_t **req)
+{
+	loom_strategy_t *s = &z->base;
+	unit_t *u = &z->units[k];
+	const float *mine = z->param_shard + (u->offset + u->mine - s->own_offset);
+	z->gathers++;
+	int rc = loom_iallgatherv(s->dp, mine, u->counts[s->dp_rank], dst, u->counts, LOOM_FLOAT32, req);
+	if (rc != LOOM_OK) {
+		*req = NULL;
+		return loom_seterr(rc, "zero: rank %d: starting the gather of unit %d's parameters: %s", s->dp_rank, u->unit,
+		                   loom_comm_errmsg(s->dp));
+	}
+	return LOOM_OK;
+}
+
+static int wait_gather(zero_t *z, int k, loom_request_t **req)
+{
+	int rc = *req ? loom_wait(*req) : LOOM_OK;
+	*req = NULL;
+	if (rc != LOOM_OK)
+		return loom_seterr(rc, "zero: rank %d: gathering unit %d's parameters: %s", z->base.dp_rank,
+		                   z->units[k].unit, loom_comm_errmsg(z->base.dp));
+	return LOOM_OK;
+}
+
+static void count_gathered(zero_t *z)
+{
+	int n = 0;
+	for (int i = 0; i < ZERO_PSLOTS; i++)
+		n += z->pslot_unit[i] >= 0;
+	z->gathered_now = n;
+	z->gathered_peak = LOOM_MAX(z->gathered_peak, n);
+}
+
+/* The slot holding (or receiving) unit index k, or -1. */
+static int slot_of(const zero_t *z, int k)
+{
+	for (int i = 0; i < ZERO_PSLOTS; i++)
+		if (z->pslot_unit[i] == k)
+			return i;
+	return -1;
+}
+
+/* Begin gathering unit index k (a block or the head) into the slot that does not hold `keep`. */
+static int prefetch(zero_t *z, int k, int keep)
+{
+	if (k < 1 || k >= z->nunits || slot_of(z, k) >= 0)
+		return LOOM_OK;
+	int i = z->pslot_unit[0] == keep ? 1 : 0;
+	if (z->pslot_req[i]) { /* still receiving another unit (not reached when units go in order) */
+		int rc = wait_gather(z, z->pslot_unit[i], &z->pslot_req[i]);
+		if (rc != LOOM_OK)
+			return rc;
+	}
+	z->pslot_unit[i] = k;
+	count_gathered(z);
+	return start_gather(z, k, z->pslots[i], &z->pslot_req[i]);
+}
+
+/* Make unit index k's parameters present and point its views at them. On failure the views still
+ * point at valid memory (whatever it holds), so the pass runs to its end and the error is reported
+ * by finish_grads. */
+static int ensure(zero_t *z, int k)
+{
+	int rc = LOOM_OK, i;
+	if (k == 0) {
+		if (!z->emb_valid) {
+			if (!z->emb_req)
+				rc = start_gather(z, 0, z->emb_gather, &z->emb_req);
+			if (rc == LOOM_OK && (rc = wait_gather(z, 0, &z->emb_req)) == LOOM_OK)
+				z->emb_valid = 1;
+		}
+		loom_gpt2_set_unit_view(z->base.model, -1, z->emb_gather, NULL);
+		return rc;
+	}
+	if ((i = slot_of(z, k)) < 0) { /* not prefetched: gather now, into the slot of the unit used longest ago */
+		rc = prefetch(z, k, -2);
+		i = slot_of(z, k);
+	}
+	if (i < 0)
+		i = 0;
+	else if (rc == LOOM_OK)
+		rc = wait_gather(z, k, &z->pslot_req[i]);
+	loom_gpt2_set_unit_view(z->base.model, z->units[k].unit, z->pslots[i], NULL);
+	return rc;
+}
+
+/* Parameters change: nothing gathered is valid any more (nothing is in flight between steps). */
+static void drop_gathered(zero_t *z)
+{
+	z->emb_valid = 0;
+	for (int i = 0; i < ZERO_PSLOTS; i++)
+		z->pslot_unit[i] = -1;
+	count_gathered(z);
+}
+
+/* The hook at stage 3: unit u is about to run (phase 0 forward, 1 backward). */
+static int use_params(zero_t *z, int unit, int phase)
+{
+	int k = unit + 1, L = z->base.mcfg.n_layer, rc;
+	if ((rc = ensure(z, k)) != LOOM_OK)
+		return rc;
+	if (unit == L && phase == 0)
+		return LOOM_OK; /* the head's backward (phase 1) comes next, on the same parameters */
+	/* forward: the next unit (after the embedding, block 0); backward: the previous block */
+	return prefetch(z, phase == 0 ? k + 1 : k - 1, k);
 }
 
 /* ---- the reduce side --------------------------------------------------------------------------- */
@@ -171,6 +308,15 @@ static void lend_stage(zero_t *z, int k)
 static void on_param_use(void *ctx, int unit, int phase)
 {
 	zero_t *z = ctx;
+	if (z->err)
+		return;
+	if (z->stage == 3) {
+		int rc = use_params(z, unit, phase);
+		if (rc != LOOM_OK) {
+			z->err = rc;
+			return;
+		}
+	}
 	if (phase != 1 || z->stage < 2)
 		return;
 	if (unit == z->base.mcfg.n_layer)
@@ -188,6 +334,13 @@ static void zero_destroy(loom_strategy_t *s)
 	for (int k = 0; k < z->nunits; k++)
 		if (z->units[k].req)
 			loom_wait(z->units[k].req);
+	if (z->emb_req)
+		loom_wait(z->emb_req);
+	for (int i = 0; i < ZERO_PSLOTS; i++)
+		if (z->pslot_req[i])
+			loom_wait(z->pslot_req[i]);
+	if (s->model && z->stage == 3 && z->emb_gather)
+		loom_gpt2_set_param_buffer(s->model, NULL); /* its own buffer again (allocated if it had none) */
 	if (s->model) {
 		loom_gpt2_on_grad_ready(s->model, NULL, NULL);
 		loom_gpt2_on_param_use(s->model, NULL, NULL);
@@ -204,6 +357,10 @@ static void zero_destroy(loom_strategy_t *s)
 	for (int k = 0; k < ZERO_SLOTS; k++)
 		buf_free(z, z->slots[k], z->shared_stage);
 	loom_free_aligned(z->grad_shard);
+	loom_free_aligned(z->param_shard);
+	buf_free(z, z->emb_gather, z->shared_gather);
+	for (int i = 0; i < ZERO_PSLOTS; i++)
+		buf_free(z, z->pslots[i], z->shared_gather);
 	if (z->units)
 		for (int k = 0; k < z->nunits; k++)
 			free(z->units[k].counts);
@@ -222,7 +379,7 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	*out = NULL;
 	if (!z)
 		return loom_seterr(LOOM_ENOMEM, "zero: out of memory");
-	s->ops = cfg->zero == 1 ? loom__zero1_strategy() : loom__zero2_strategy();
+	s->ops = cfg->zero == 1 ? loom__zero1_strategy() : cfg->zero == 2 ? loom__zero2_strategy() : loom__zero3_strategy();
 	z->stage = cfg->zero;
 	s->model = cfg->model;
 	s->mcfg = *loom_gpt2_config(cfg->model);
@@ -237,9 +394,11 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	z->sync = 1;
 	for (int k = 0; k < ZERO_SLOTS; k++)
 		z->slot_user[k] = -1;
+	for (int i = 0; i < ZERO_PSLOTS; i++)
+		z->pslot_unit[i] = -1;
 	if (!s->params) {
-		rc = loom_seterr(LOOM_EINVAL, "zero: stage %d keeps the parameters replicated: the model needs its own "
-		                 "parameter buffer", z->stage);
+		rc = loom_seterr(LOOM_EINVAL, "zero: stage %d takes the initial parameters from the model's whole "
+		                 "parameter buffer, and the model has none (loom_gpt2_set_param_buffer)", z->stage);
 		goto fail;
 	}
 	if (!(z->off = loom__calloc((size_t)N + 1, sizeof *z->off)) ||
@@ -295,10 +454,27 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 		s->own_grads = z->grad_shard;
 		loom_gpt2_on_param_use(cfg->model, on_param_use, z);
 	}
-	s->mem.params = s->nparams * sizeof(float);
+	s->own_params = s->params + s->own_offset;
+	if (z->stage == 3) { /* the parameter shard, and the buffers units are gathered into */
+		int shared = 0;
+		if (!(z->param_shard = loom_alloc_aligned(LOOM_MAX(s->own_count, 1) * sizeof(float))) ||
+		    !(z->emb_gather = buf_alloc(z, z->units[0].count, &z->shared_gather)))
+			goto oom;
+		for (int i = 0; i < ZERO_PSLOTS; i++)
+			if (!(z->pslots[i] = buf_alloc(z, largest, &shared)) || shared != z->shared_gather)
+				goto oom;
+		memcpy(z->param_shard, s->params + s->own_offset, s->own_count * sizeof(float));
+		z->init = s->params; /* rank 0's is broadcast by sync_params, unless a checkpoint is loaded first */
+		s->params = NULL;    /* no whole parameter buffer is kept */
+		s->own_params = z->param_shard;
+		s->collective_forward = 1;
+	}
+	s->mem.params = (z->stage == 3 ? s->own_count : s->nparams) * sizeof(float);
 	s->mem.grads = (z->stage == 1 ? s->nparams : s->own_count) * sizeof(float);
 	s->mem.optim = 2 * s->own_count * sizeof(float);
 	s->mem.comm = z->stage == 1 ? 0 : (z->units[0].count + ZERO_SLOTS * largest) * sizeof(float);
+	if (z->stage == 3)
+		s->mem.comm += (z->units[0].count + ZERO_PSLOTS * largest) * sizeof(float);
 	if ((rc = loom_adamw_init_gpt2_range(&s->opt, &cfg->adamw, &s->mcfg, s->own_offset, s->own_count)) != LOOM_OK)
 		goto fail;
 	loom_gpt2_on_grad_ready(cfg->model, on_grad_ready, z);
@@ -378,14 +554,32 @@ static int gather_params(zero_t *z)
 	return LOOM_OK;
 }
 
+/* Wait for gathers still in flight (a forward that prefetched a unit it did not reach). */
+static int settle_gathers(zero_t *z)
+{
+	int rc = LOOM_OK, r;
+	if (z->emb_req && (r = wait_gather(z, 0, &z->emb_req)) != LOOM_OK)
+		rc = r;
+	for (int i = 0; i < ZERO_PSLOTS; i++)
+		if (z->pslot_req[i] && (r = wait_gather(z, z->pslot_unit[i], &z->pslot_req[i])) != LOOM_OK && rc == LOOM_OK)
+			rc = r;
+	return rc;
+}
+
 static int zero_optim_step(loom_strategy_t *s, float lr, float grad_scale)
 {
 	zero_t *z = (zero_t *)s;
-	int rc = loom_adamw_step(&s->opt, s->params + s->own_offset, s->own_grads, lr, grad_scale);
-	if (rc != LOOM_OK)
+	int rc;
+	if (z->stage == 3 && (rc = settle_gathers(z)) != LOOM_OK)
+		return rc;
+	if ((rc = loom_adamw_step(&s->opt, s->own_params, s->own_grads, lr, grad_scale)) != LOOM_OK)
 		return rc;
 	if (z->stage >= 2) /* the shard accumulates the next step's micro-steps */
 		memset(z->grad_shard, 0, s->own_count * sizeof(float));
+	if (z->stage == 3) {
+		drop_gathered(z);
+		return LOOM_OK;
+	}
 	return gather_params(z);
 }
 
@@ -418,8 +612,40 @@ out:
 	return rc;
 }
 
+/* Stage 3: rank 0's initial parameters (the model's whole buffer at create) to every rank, each
+ * keeping its shard; once loaded from a checkpoint or done once, the shards are the parameters and
+ * there is nothing to do. */
+static int sync_shards(zero_t *z)
+{
+	loom_strategy_t *s = &z->base;
+	int rc, have = z->init != NULL, all = 0;
+	if ((rc = loom_allreduce(s->dp, &have, &all, 1, LOOM_INT32, LOOM_MIN)) != LOOM_OK)
+		return loom_seterr(rc, "zero: agreeing on the initial parameters: %s", loom_comm_errmsg(s->dp));
+	if (!all) {
+		z->init = NULL;
+		return LOOM_OK;
+	}
+	/* in pieces of one unit, through the first gathered buffer (no whole-buffer copy is allocated) */
+	for (int k = 0; k < z->nunits; k++) {
+		unit_t *u = &z->units[k];
+		float *tmp = k == 0 ? z->emb_gather : z->pslots[0];
+		if (s->dp_rank == 0)
+			memcpy(tmp, z->init + u->offset, u->count * sizeof(float));
+		if ((rc = loom_broadcast(s->dp, tmp, u->count, LOOM_FLOAT32, 0)) != LOOM_OK)
+			return loom_seterr(rc, "zero: broadcasting rank 0's parameters of unit %d: %s", u->unit,
+			                   loom_comm_errmsg(s->dp));
+		memcpy(z->param_shard + (u->offset + u->mine - s->own_offset), tmp + u->mine,
+		       u->counts[s->dp_rank] * sizeof(float));
+	}
+	z->init = NULL;
+	drop_gathered(z);
+	return LOOM_OK;
+}
+
 static int zero_sync_params(loom_strategy_t *s)
 {
+	if (((zero_t *)s)->stage == 3)
+		return sync_shards((zero_t *)s);
 	int rc = loom_broadcast(s->dp, s->params, s->nparams, LOOM_FLOAT32, 0);
 	if (rc != LOOM_OK)
 		return loom_seterr(rc, "zero: broadcasting parameters from rank 0 failed: %s", loom_comm_errmsg(s->dp));
@@ -428,6 +654,8 @@ static int zero_sync_params(loom_strategy_t *s)
 
 static int zero_check_replicas(loom_strategy_t *s)
 {
+	if (((zero_t *)s)->stage == 3)
+		return LOOM_OK; /* nothing is replicated */
 	return compare_checksums(s, "replica check");
 }
 
@@ -458,6 +686,40 @@ static const loom_strategy_ops_t zero2_ops = {
 	.save = loom__sharded_save,
 	.load = loom__sharded_load,
 };
+
+static const loom_strategy_ops_t zero3_ops = {
+	.name = "zero3",
+	.create = zero_create,
+	.destroy = zero_destroy,
+	.set_sync = zero_set_sync,
+	.finish_grads = zero_finish_grads,
+	.grad_norm = zero_grad_norm,
+	.optim_step = zero_optim_step,
+	.sync_params = zero_sync_params,
+	.check_replicas = zero_check_replicas,
+	.save = loom__sharded_save,
+	.load = loom__sharded_load,
+};
+
+const loom_strategy_ops_t *loom__zero3_strategy(void)
+{
+	return &zero3_ops;
+}
+
+int loom__zero_gathered_peak(const loom_strategy_t *s, unsigned long long *gathers)
+{
+	const zero_t *z = (const zero_t *)s;
+	if (gathers)
+		*gathers = z->gathers;
+	return z->gathered_peak;
+}
+
+void loom__zero_set_loaded(loom_strategy_t *s)
+{
+	zero_t *z = (zero_t *)s;
+	z->init = NULL;
+	drop_gathered(z);
+}
 
 const loom_strategy_ops_t *loom__zero1_strategy(void)
 {
