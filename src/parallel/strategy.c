@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/util.h"
 #include "loom/ckpt.h"
@@ -113,7 +114,7 @@ int loom__replica_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	char path[1200];
 	int rc;
-	if (!w) /* every rank holds the same state: the writer alone writes it */
+	if (!w || !w->active) /* every rank holds the same state: the writer alone writes it */
 		return LOOM_OK;
 	if ((rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) ||
 	    (rc = loom_model_save_safetensors(path, &s->mcfg, s->params)))
@@ -130,6 +131,10 @@ int loom__replica_load(loom_strategy_t *s, const char *dir, long long step)
 	loom_gpt2_config_t saved;
 	const loom_gpt2_config_t *c = &s->mcfg;
 	int rc;
+	struct stat sb;
+	snprintf(file, sizeof file, "%s/zero.json", dir);
+	if (stat(file, &sb) == 0) /* written by a ZeRO strategy: the moments are in shards */
+		return loom__sharded_load(s, dir, step);
 	snprintf(file, sizeof file, "%s/model.safetensors", dir);
 	if ((rc = loom_model_config(file, c->n_head, &saved, NULL)) != LOOM_OK)
 		return rc;

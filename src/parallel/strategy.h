@@ -77,11 +77,13 @@ typedef struct {
 	int (*sync_params)(loom_strategy_t *s);
 	/* LOOM_EMISMATCH naming the ranks whose replicated state differs. Collective. */
 	int (*check_replicas)(loom_strategy_t *s);
-	/* Write the model and optimizer state into the open checkpoint w (NULL on ranks that do not
-	 * write). Collective (a sharded strategy gathers its parts). */
+	/* Write the model and optimizer state into the checkpoint w: on the writer w is begun (w->active);
+	 * on the other ranks it names the same checkpoint (w->tmp) without being active, and a strategy
+	 * whose state is sharded writes its part there (once a collective tells it the writer has begun);
+	 * NULL on a writer that could not begin it. Collective. */
 	int (*save)(loom_strategy_t *s, const loom_ckpt_writer_t *w);
-	/* Read this rank's part of the model and optimizer state from the committed checkpoint dir;
-	 * AdamW's step becomes `step`. Not collective. */
+	/* Read this rank's part of the model and optimizer state from the committed checkpoint dir,
+	 * whichever strategy and world size wrote it; AdamW's step becomes `step`. Not collective. */
 	int (*load)(loom_strategy_t *s, const char *dir, long long step);
 } loom_strategy_ops_t;
 
@@ -130,9 +132,10 @@ void loom__zero_set_loaded(loom_strategy_t *s);
  * nparams; rank == size gives nparams. */
 size_t loom__zero_shard_offset(size_t nparams, int rank, int size);
 /* Checkpoints of a strategy whose AdamW state is sharded over the data-parallel axis (zero_ckpt.c):
- * save gathers the moments onto data-parallel rank 0, the writer (collective); load reads this rank's
- * slice of them from a checkpoint of any world size or stage (DDP's included). */
-int loom__sharded_save(loom_strategy_t *s, const loom_ckpt_writer_t *w);
+ * save is collective: every rank writes its shard of the moments into w->tmp, the writer (data-
+ * parallel rank 0, w->active) the whole parameters and the index zero.json; load reads this rank's
+ * slice of everything from a checkpoint of any world size or stage, DDP's included. */
+int loom__sharded_save(loom_strategy_t *s, const loom_ckpt_writer_t *w, int stage);
 int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step);
 
 /* Pick the strategy for cfg by the table in strategy.c (LOOM_ENOTSUP naming what exists for an

@@ -659,6 +659,11 @@ static int zero_check_replicas(loom_strategy_t *s)
 	return compare_checksums(s, "replica check");
 }
 
+static int zero_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
+{
+	return loom__sharded_save(s, w, ((zero_t *)s)->stage);
+}
+
 static const loom_strategy_ops_t zero1_ops = {
 	.name = "zero1",
 	.create = zero_create,
@@ -669,7 +674,7 @@ static const loom_strategy_ops_t zero1_ops = {
 	.optim_step = zero_optim_step,
 	.sync_params = zero_sync_params,
 	.check_replicas = zero_check_replicas,
-	.save = loom__sharded_save,
+	.save = zero_save,
 	.load = loom__sharded_load,
 };
 
@@ -683,7 +688,7 @@ static const loom_strategy_ops_t zero2_ops = {
 	.optim_step = zero_optim_step,
 	.sync_params = zero_sync_params,
 	.check_replicas = zero_check_replicas,
-	.save = loom__sharded_save,
+	.save = zero_save,
 	.load = loom__sharded_load,
 };
 
@@ -697,7 +702,7 @@ static const loom_strategy_ops_t zero3_ops = {
 	.optim_step = zero_optim_step,
 	.sync_params = zero_sync_params,
 	.check_replicas = zero_check_replicas,
-	.save = loom__sharded_save,
+	.save = zero_save,
 	.load = loom__sharded_load,
 };
 
