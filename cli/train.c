@@ -401,6 +401,13 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 			printf("; replicas compared every %d step%s", o->tc.check_replicas, o->tc.check_replicas == 1 ? "" : "s");
 		putchar('\n');
 	}
+	loom_train_memory_t mem;
+	loom_trainer_memory(tr, &mem);
+	printf("memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB (model states %.1f MiB; "
+	       "%s = %.1f MiB with P = %zu, N = %d), activations ~%.1f MiB, communication buffers %.1f MiB\n",
+	       mem.params / 1048576.0, mem.grads / 1048576.0, mem.optim / 1048576.0, mem.model_states / 1048576.0,
+	       mem.formula, mem.theory / 1048576.0, loom_gpt2_num_params(&o->mc), mem.dp, mem.activations / 1048576.0,
+	       mem.comm / 1048576.0);
 	printf("threads: %d; MFU against a peak of %.1f GFLOP/s%s; %.4g FLOP per token\n", loom_num_threads(),
 	       o->tc.peak_flops / 1e9, o->world > 1 ? " per rank" : "", loom_gpt2_flops_per_token(&o->mc, o->tc.T));
 }

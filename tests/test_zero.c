@@ -97,6 +97,22 @@ static int against_ddp(int world, int accum)
 			snprintf(want, sizeof want, "[rank 0] data parallel: %d ranks x 1 thread; ZeRO stage %d: ", world, stage);
 			CHECK_CONTAINS(out, want);
 		}
+		/* rank 0's figures: P = 842624 (tiny); rank 0 owns [0, floor(P/N) rounded down to 16) */
+		double P = 842624, N = world, mib = 1048576.0;
+		double own = (double)loom__zero_shard_offset(842624, 1, world), theory[4] = {16 * P, 8 * P + 8 * P / N,
+		                                                                            4 * P + 12 * P / N, 16 * P / N};
+		snprintf(want, sizeof want, "[rank 0] memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer "
+		         "%.1f MiB", 4 * (stage == 3 ? own : P) / mib, 4 * (stage >= 2 ? own : P) / mib,
+		         8 * (stage >= 1 ? own : P) / mib);
+		CHECK_CONTAINS(out, want);
+		snprintf(want, sizeof want, "%s = %.1f MiB with P = 842624, N = %d), activations ~", stage == 0 ? "16P" :
+		         stage == 1 ? "8P + 8P/N" : stage == 2 ? "4P + 12P/N" : "16P/N + the largest gathered unit",
+		         theory[stage] / mib, world);
+		CHECK_CONTAINS(out, want);
+		snprintf(cmd, sizeof cmd, "grep -c '\"mem_model_states_bytes\":[0-9]*,\"peak_rss_bytes\":[1-9]' %s/z%d.jsonl",
+		         dir, stage);
+		RUN_OK(cmd, out, 10);
+		CHECK_EQ(atoi(out), STEPS);
 		snprintf(cmd, sizeof cmd, "%s/z%d.jsonl", dir, stage);
 		CHECK_EQ(read_losses(cmd, stage ? got : ref, NULL, stage ? vgot : vref), STEPS);
 		if (stage > 0) {
@@ -477,4 +493,64 @@ TEST(zero_resharding)
 	loom_gpt2_destroy(m);
 	test_rmdir(dir);
 	return 0;
+}
+
+/* Memory accounting on the `small` preset at 2 ranks: each stage's model states against its formula
+ * (within the 16-float rounding of the shards: 64 N bytes), the communication buffers, and the JSONL
+ * fields. */
+static int memory_rank(int rank, int nranks, void *arg)
+{
+	const char *dir = arg;
+	(void)rank;
+	char glob[600];
+	loom_comm_t *comm;
+	loom_gpt2_config_t mc;
+	CHECK_OK(loom_comm_init(&comm));
+	CHECK_OK(loom_gpt2_preset("small", &mc));
+	double P = (double)loom_gpt2_num_params(&mc), N = nranks;
+	const double want[4] = {16 * P, 8 * P + 8 * P / N, 4 * P + 12 * P / N, 16 * P / N};
+	snprintf(glob, sizeof glob, "%s/train_*.bin", dir);
+	for (int stage = 0; stage <= 3; stage++) {
+		loom_gpt2_t *m;
+		loom_trainer_t *tr;
+		loom_train_memory_t mem;
+		loom_step_metrics_t sm;
+		loom_train_config_t c = loom_train_defaults();
+		c.train_data = glob, c.B = 1, c.T = 8, c.comm = comm, c.zero = stage;
+		c.lr = (loom_lr_schedule_t){.peak_lr = 1e-3, .total_steps = 1, .kind = LOOM_SCHED_CONSTANT};
+		loom_gpt2_opts_t mo = {.B = 1, .T = 8, .no_own_grads = stage >= 2};
+		CHECK_OK(loom_gpt2_create_opts(&m, &mc, &mo));
+		loom_gpt2_init(m, 5);
+		CHECK_OK(loom_trainer_create(&tr, &c, m));
+		CHECK_OK(loom_trainer_memory(tr, &mem));
+		CHECK_EQ(mem.zero, stage);
+		CHECK_EQ(mem.dp, nranks);
+		CHECK_EQ(mem.model_states, mem.params + mem.grads + mem.optim);
+		CHECK_NEAR((double)mem.theory, want[stage], 1.0);
+		CHECK_NEAR((double)mem.model_states, want[stage], 64.0 * N);
+		CHECK(mem.activations > 0);
+		if (stage == 3) { /* the embedding (wte + wpe) is small's largest unit */
+			CHECK_EQ(mem.largest_unit, 4u * (size_t)(mc.vocab_size + mc.seq_len) * (size_t)mc.n_embd);
+			CHECK(mem.comm >= 2 * mem.largest_unit); /* its gathered parameters and its gradient staging */
+		} else {
+			CHECK_EQ(mem.largest_unit, 0);
+			CHECK_EQ(mem.comm == 0, stage <= 1);
+		}
+		CHECK_OK(loom_trainer_step(tr, &sm));
+		CHECK(loom_peak_rss_bytes() > mem.model_states);
+		loom_trainer_destroy(tr);
+		loom_gpt2_destroy(m);
+	}
+	loom_comm_destroy(comm);
+	return 0;
+}
+
+TEST(zero_memory_small_2ranks)
+{
+	char dir[512];
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_data(dir));
+	int rc = test_spawn(2, memory_rank, dir, 120, NULL);
+	test_rmdir(dir);
+	return rc;
 }
