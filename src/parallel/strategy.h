@@ -71,7 +71,10 @@ typedef struct {
 	 * ranks that own disjoint parts. Collective when parts are disjoint. */
 	int (*grad_norm)(loom_strategy_t *s, double *norm);
 	/* AdamW over the owned part with gradient grads * grad_scale; then whatever makes every rank's
-	 * parameters current again. Collective when parts are disjoint. */
+	 * parameters current again: done on return, or (ZeRO) started here and finished by the time the
+	 * model next uses a unit (its param-use hook waits) or the next sync_params, check_replicas, save
+	 * or optim_step; read `params` directly only after one of those. Collective when parts are
+	 * disjoint. */
 	int (*optim_step)(loom_strategy_t *s, float lr, float grad_scale);
 	/* Make every rank's parameters rank 0's and verify (checksums). Collective. */
 	int (*sync_params)(loom_strategy_t *s);

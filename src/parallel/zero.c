@@ -40,7 +40,9 @@
  * After the reduce: the global gradient norm is the square root of the sum, over ranks, of the sum of
  * squares of each shard (one all-reduce of a double); AdamW updates the owned slice
  * (loom_adamw_init_gpt2_range: bit-identical per element to one optimizer over everything); at
- * stages 1 and 2 each unit's parameters are then all-gathered.
+ * stages 1 and 2 each unit's parameters are then all-gathered, in unit order, and the next forward's
+ * param-use hook waits for each unit's gather just before the unit runs, so later units' gathers
+ * overlap earlier units' compute (sync, replica check and save wait for all of them first).
  *
  * Invariant (tests/test_zero.c checks it against DDP at 2, 3 and 4 ranks): after every step all
  * ranks hold the same parameters, bit for bit, and they equal DDP's up to the rounding of a different
@@ -66,7 +68,8 @@ typedef struct {
 	size_t mine;            /* offset in the unit of this rank's part (its displacement) */
 	int ready;              /* tensors reported this micro-step */
 	float *stage;           /* stage 2: the staging buffer lent to the unit, or NULL */
-	loom_request_t *req;    /* its reduce-scatter (or all-gather) in flight */
+	loom_request_t *req;    /* its reduce-scatter, or (gathering) the all-gather of its parameters, in flight */
+	int gathering;          /* stages 1, 2: req is the all-gather after the step */
 } unit_t;
 
 typedef struct {
@@ -231,6 +234,55 @@ static int use_params(zero_t *z, int unit, int phase)
 	return prefetch(z, phase == 0 ? k + 1 : k - 1, k);
 }
 
+/* ---- stages 1 and 2: the all-gather after the step ------------------------------------------------ */
+
+/* Start all-gathering every unit's parameters from their owners, in place in the replicated buffer,
+ * in unit order (the embedding first, as the next forward needs it). Nothing waits here: the param-use
+ * hook waits for a unit's gather just before the unit runs, so the gathers of later blocks overlap
+ * the forward of earlier ones; settle_params waits for all of them (before anything else reads the
+ * parameters: sync, replica check, save, the next step). */
+static int start_param_gathers(zero_t *z)
+{
+	loom_strategy_t *s = &z->base;
+	int rc = LOOM_OK;
+	for (int k = 0; k < z->nunits; k++) {
+		unit_t *u = &z->units[k];
+		float *p = s->params + u->offset;
+		int r = loom_iallgatherv(s->dp, p + u->mine, u->counts[s->dp_rank], p, u->counts, LOOM_FLOAT32, &u->req);
+		if (r != LOOM_OK) {
+			u->req = NULL;
+			rc = rc ? rc : r;
+		}
+		u->gathering = u->req != NULL;
+	}
+	if (rc != LOOM_OK)
+		return loom_seterr(rc, "zero: starting the all-gather of the updated parameters: %s", loom_comm_errmsg(s->dp));
+	return LOOM_OK;
+}
+
+static int wait_param_gather(zero_t *z, unit_t *u)
+{
+	int rc;
+	if (!u->gathering)
+		return LOOM_OK;
+	rc = loom_wait(u->req);
+	u->req = NULL, u->gathering = 0;
+	if (rc != LOOM_OK)
+		return loom_seterr(rc, "zero: rank %d: all-gather of unit %d's updated parameters failed: %s", z->base.dp_rank,
+		                   u->unit, loom_comm_errmsg(z->base.dp));
+	return LOOM_OK;
+}
+
+static int settle_params(zero_t *z)
+{
+	int rc = LOOM_OK;
+	for (int k = 0; k < z->nunits; k++) {
+		int r = wait_param_gather(z, &z->units[k]);
+		rc = rc ? rc : r;
+	}
+	return rc;
+}
+
 /* ---- the reduce side --------------------------------------------------------------------------- */
 
 static void launch_rs(zero_t *z, unit_t *u, float *buf)
@@ -247,6 +299,8 @@ static void launch_rs(zero_t *z, unit_t *u, float *buf)
 static int finish_unit(zero_t *z, unit_t *u)
 {
 	int rc = LOOM_OK;
+	if (u->gathering) /* (a step without a forward since the last update) */
+		return wait_param_gather(z, u);
 	if (u->req) {
 		rc = loom_wait(u->req);
 		u->req = NULL;
@@ -310,12 +364,12 @@ static void on_param_use(void *ctx, int unit, int phase)
 	zero_t *z = ctx;
 	if (z->err)
 		return;
-	if (z->stage == 3) {
-		int rc = use_params(z, unit, phase);
-		if (rc != LOOM_OK) {
-			z->err = rc;
-			return;
-		}
+	int rc = z->stage == 3 ? use_params(z, unit, phase) : wait_param_gather(z, &z->units[unit + 1]);
+	if (rc == LOOM_OK && z->stage < 3 && unit == z->base.mcfg.n_layer)
+		rc = wait_param_gather(z, &z->units[0]); /* the tied lm head reads wte */
+	if (rc != LOOM_OK) {
+		z->err = rc;
+		return;
 	}
 	if (phase != 1 || z->stage < 2)
 		return;
@@ -441,6 +495,7 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 			memset(s->grads, 0, s->nparams * sizeof(float));
 		loom_gpt2_set_grad_buffer(cfg->model, s->grads);
 		s->own_grads = s->grads + s->own_offset;
+		loom_gpt2_on_param_use(cfg->model, on_param_use, z);
 	} else { /* the shard, and staging buffers lent to units by the param-use hook */
 		int shared = 0;
 		if (!(z->grad_shard = loom_alloc_aligned(LOOM_MAX(s->own_count, 1) * sizeof(float))) ||
@@ -527,33 +582,6 @@ static int zero_grad_norm(loom_strategy_t *s, double *norm)
 	return LOOM_OK;
 }
 
-/* All-gather every unit's parameters from their owners (in place in the replicated buffer). */
-static int gather_params(zero_t *z)
-{
-	loom_strategy_t *s = &z->base;
-	int rc = LOOM_OK;
-	for (int k = 0; k < z->nunits; k++) {
-		unit_t *u = &z->units[k];
-		float *p = s->params + u->offset;
-		int r = loom_iallgatherv(s->dp, p + u->mine, u->counts[s->dp_rank], p, u->counts, LOOM_FLOAT32, &u->req);
-		if (r != LOOM_OK) {
-			u->req = NULL;
-			rc = rc ? rc : r;
-		}
-	}
-	for (int k = 0; k < z->nunits; k++) {
-		unit_t *u = &z->units[k];
-		if (u->req) {
-			int r = loom_wait(u->req);
-			u->req = NULL;
-			rc = rc ? rc : r;
-		}
-	}
-	if (rc != LOOM_OK)
-		return loom_seterr(rc, "zero: all-gather of the updated parameters failed: %s", loom_comm_errmsg(s->dp));
-	return LOOM_OK;
-}
-
 /* Wait for gathers still in flight (a forward that prefetched a unit it did not reach). */
 static int settle_gathers(zero_t *z)
 {
@@ -570,7 +598,7 @@ static int zero_optim_step(loom_strategy_t *s, float lr, float grad_scale)
 {
 	zero_t *z = (zero_t *)s;
 	int rc;
-	if (z->stage == 3 && (rc = settle_gathers(z)) != LOOM_OK)
+	if ((rc = z->stage == 3 ? settle_gathers(z) : settle_params(z)) != LOOM_OK)
 		return rc;
 	if ((rc = loom_adamw_step(&s->opt, s->own_params, s->own_grads, lr, grad_scale)) != LOOM_OK)
 		return rc;
@@ -580,7 +608,7 @@ static int zero_optim_step(loom_strategy_t *s, float lr, float grad_scale)
 		drop_gathered(z);
 		return LOOM_OK;
 	}
-	return gather_params(z);
+	return start_param_gathers(z);
 }
 
 static int compare_checksums(loom_strategy_t *s, const char *what)
@@ -646,7 +674,10 @@ static int zero_sync_params(loom_strategy_t *s)
 {
 	if (((zero_t *)s)->stage == 3)
 		return sync_shards((zero_t *)s);
-	int rc = loom_broadcast(s->dp, s->params, s->nparams, LOOM_FLOAT32, 0);
+	int rc = settle_params((zero_t *)s);
+	if (rc != LOOM_OK)
+		return rc;
+	rc = loom_broadcast(s->dp, s->params, s->nparams, LOOM_FLOAT32, 0);
 	if (rc != LOOM_OK)
 		return loom_seterr(rc, "zero: broadcasting parameters from rank 0 failed: %s", loom_comm_errmsg(s->dp));
 	return compare_checksums(s, "after broadcast");
@@ -656,12 +687,15 @@ static int zero_check_replicas(loom_strategy_t *s)
 {
 	if (((zero_t *)s)->stage == 3)
 		return LOOM_OK; /* nothing is replicated */
-	return compare_checksums(s, "replica check");
+	int rc = settle_params((zero_t *)s);
+	return rc ? rc : compare_checksums(s, "replica check");
 }
 
 static int zero_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
-	return loom__sharded_save(s, w, ((zero_t *)s)->stage);
+	zero_t *z = (zero_t *)s;
+	int rc = z->stage == 3 ? settle_gathers(z) : settle_params(z);
+	return rc ? rc : loom__sharded_save(s, w, z->stage);
 }
 
 static const loom_strategy_ops_t zero1_ops = {
