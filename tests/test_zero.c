@@ -5,12 +5,19 @@
  * bit-identical per stage, and checkpoints that load at another world size and stage. Through the
  * strategy interface in-process: the owned-range rule, the communication a step issues (counted),
  * the invariant against DDP's strategy on the same ranks, and the errors. */
+#include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "loom/ckpt.h"
 #include "loom/comm.h"
 #include "loom/data.h"
 #include "loom/ddp.h"
@@ -555,4 +562,112 @@ TEST(zero_memory_small_2ranks)
 	int rc = test_spawn(2, memory_rank, dir, 120, NULL);
 	test_rmdir(dir);
 	return rc;
+}
+
+/* The process of `parent` whose environment holds `var` (e.g. "RANK=1"), or -1. */
+static pid_t child_with_env(pid_t parent, const char *var)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	pid_t found = -1;
+	if (!d)
+		return -1;
+	while (found < 0 && (e = readdir(d))) {
+		char path[300], buf[8192];
+		int ppid = -1;
+		pid_t pid = (pid_t)atoi(e->d_name);
+		FILE *f;
+		size_t n;
+		if (pid <= 0)
+			continue;
+		snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+		if (!(f = fopen(path, "r")))
+			continue;
+		n = fread(buf, 1, sizeof buf - 1, f);
+		fclose(f);
+		buf[n] = 0;
+		char *rp = strrchr(buf, ')');
+		if (!rp || sscanf(rp + 1, " %*c %d", &ppid) != 1 || ppid != parent)
+			continue;
+		snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+		if (!(f = fopen(path, "r")))
+			continue;
+		n = fread(buf, 1, sizeof buf - 1, f);
+		fclose(f);
+		for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
+			if (strcmp(buf + i, var) == 0)
+				found = pid;
+	}
+	closedir(d);
+	return found;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* kill -9 of rank 1 of a ZeRO-3 job that saves a sharded checkpoint every step (so the kill often
+ * lands in a save, and otherwise in a gather): `loom run` exits within 5 s naming the dead rank, and
+ * the newest complete checkpoint loads and training resumes from it. */
+TEST(zero3_rank_killed_during_saves)
+{
+	char dir[512], cmd[4096], out[16384], ck[700], latest[1200];
+	const char *loom = test_loom_bin();
+	struct stat sb;
+	int status = 0;
+	int64_t last;
+	pid_t job, victim = -1;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_data(dir));
+	snprintf(cmd, sizeof cmd, "exec %s train --nproc 2 --zero 3 --train-data '%s/train_*.bin' " FLAGS
+	         " --steps 100000 --schedule constant --save-dir %s/ck --save-every 1 --keep-checkpoints 3 > %s/out.txt "
+	         "2>&1", loom, dir, dir, dir);
+	fflush(NULL);
+	job = fork();
+	CHECK(job >= 0);
+	if (job == 0) {
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	snprintf(ck, sizeof ck, "%s/ck/step_00000005", dir);
+	double t0 = now_s();
+	while (now_s() - t0 < 60 && (stat(ck, &sb) != 0 || (victim = child_with_env(job, "RANK=1")) < 0) &&
+	       waitpid(job, &status, WNOHANG) == 0)
+		usleep(2000);
+	if (victim < 0) {
+		kill(job, SIGKILL);
+		waitpid(job, &status, 0);
+		TEST_FAIL_("no checkpoint of step 5 or no rank 1 within 60 s (status %d)", status);
+	}
+	usleep(3000); /* into the next step or save */
+	CHECK_EQ(kill(victim, SIGKILL), 0);
+	double tk = now_s();
+	while (waitpid(job, &status, WNOHANG) == 0 && now_s() - tk < 30)
+		usleep(2000);
+	double waited = now_s() - tk;
+	if (waited >= 30) {
+		kill(job, SIGKILL);
+		waitpid(job, &status, 0);
+	}
+	snprintf(cmd, sizeof cmd, "cat %s/out.txt", dir);
+	RUN_OK(cmd, out, 10);
+	CHECK_MSG(waited < 5.0, "loom run took %.2f s to exit after rank 1 was killed:\n%s", waited, out);
+	CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) != 0, "status %d:\n%s", status, out);
+	CHECK_CONTAINS(out, ") was killed by signal 9 (SIGKILL)");
+	snprintf(ck, sizeof ck, "%s/ck", dir);
+	CHECK_OK(loom_ckpt_latest(ck, latest, sizeof latest, &last));
+	CHECK(last >= 5);
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --zero 3 --train-data '%s/train_*.bin' " FLAGS
+	         " --steps %lld --schedule constant --save-dir %s/ck --resume", loom, dir, (long long)last + 2, dir);
+	RUN_OK(cmd, out, 60);
+	char want[96];
+	snprintf(want, sizeof want, "at step %lld", (long long)last);
+	CHECK_CONTAINS(out, want);
+	snprintf(want, sizeof want, "[rank 0] step %lld/%lld | loss ", (long long)last + 2, (long long)last + 2);
+	CHECK_CONTAINS(out, want);
+	test_rmdir(dir);
+	return 0;
 }
