@@ -44,10 +44,12 @@
  * param-use hook waits for each unit's gather just before the unit runs, so later units' gathers
  * overlap earlier units' compute (sync, replica check and save wait for all of them first).
  *
- * Invariant (tests/test_zero.c checks it against DDP at 2, 3 and 4 ranks): after every step all
- * ranks hold the same parameters, bit for bit, and they equal DDP's up to the rounding of a different
- * summation order (per-step losses within 1e-5 relative over 20 steps); the owned slices of the AdamW
- * moments are those DDP's optimizer holds for the same range. */
+ * Invariant (tests/test_zero.c's zero*_invariant_*): given the averaged gradient, the parameters after
+ * every step (gathered from the shards at stage 3) are bit-identical to those one optimizer over the
+ * whole buffer computes, the same bits on every rank, and each rank's moments are that optimizer's
+ * slice of the owned range; the averaged gradient is DDP's up to the rounding of another summation
+ * order, so the per-step losses equal DDP's within 1e-5 relative over 20 steps (zero_vs_ddp_*, at 2,
+ * 3 and 4 ranks, with and without accumulation). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
