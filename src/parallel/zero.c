@@ -100,6 +100,7 @@ typedef struct {
 	int gathered_now, gathered_peak; /* block units gathered (or in flight) at once: now, and the most */
 	unsigned long long gathers;      /* unit gathers issued */
 	int sync, launched, err;
+	double hook_wait_s;     /* waited for communication inside the hooks since the last finish_grads */
 	loom_comm_stats_t at_launch;
 } zero_t;
 
@@ -125,6 +126,24 @@ static void buf_free(zero_t *z, float *p, int shared)
 		loom_free_aligned(p);
 }
 
+/* Wait for a request, counting the time as exposed communication of the micro-step. */
+static int timed_wait(zero_t *z, loom_request_t *req)
+{
+	double t = loom_now();
+	int rc = loom_wait(req);
+	z->hook_wait_s += loom_now() - t;
+	return rc;
+}
+
+/* A collective of this micro-step (or of the step before, for the all-gathers after it) begins: the
+ * first one marks where its communication time starts. */
+static void mark_launch(zero_t *z)
+{
+	if (z->launched == 0)
+		loom_comm_stats(z->base.dp, &z->at_launch);
+	z->launched++;
+}
+
 /* ---- stage 3: gathering parameters ------------------------------------------------------------ */
 
 /* Start the gather of unit index k into dst. */
@@ -133,6 +152,7 @@ static int start_gather(zero_t *z, int k, float *dst, loom_request_t **req)
 	loom_strategy_t *s = &z->base;
 	unit_t *u = &z->units[k];
 	const float *mine = z->param_shard + (u->offset + u->mine - s->own_offset);
+	mark_launch(z);
 	z->gathers++;
 	int rc = loom_iallgatherv(s->dp, mine, u->counts[s->dp_rank], dst, u->counts, LOOM_FLOAT32, req);
 	if (rc != LOOM_OK) {
@@ -145,7 +165,7 @@ static int start_gather(zero_t *z, int k, float *dst, loom_request_t **req)
 
 static int wait_gather(zero_t *z, int k, loom_request_t **req)
 {
-	int rc = *req ? loom_wait(*req) : LOOM_OK;
+	int rc = *req ? timed_wait(z, *req) : LOOM_OK;
 	*req = NULL;
 	if (rc != LOOM_OK)
 		return loom_seterr(rc, "zero: rank %d: gathering unit %d's parameters: %s", z->base.dp_rank,
@@ -247,6 +267,7 @@ static int start_param_gathers(zero_t *z)
 {
 	loom_strategy_t *s = &z->base;
 	int rc = LOOM_OK;
+	mark_launch(z);
 	for (int k = 0; k < z->nunits; k++) {
 		unit_t *u = &z->units[k];
 		float *p = s->params + u->offset;
@@ -267,7 +288,7 @@ static int wait_param_gather(zero_t *z, unit_t *u)
 	int rc;
 	if (!u->gathering)
 		return LOOM_OK;
-	rc = loom_wait(u->req);
+	rc = timed_wait(z, u->req);
 	u->req = NULL, u->gathering = 0;
 	if (rc != LOOM_OK)
 		return loom_seterr(rc, "zero: rank %d: all-gather of unit %d's updated parameters failed: %s", z->base.dp_rank,
@@ -289,9 +310,7 @@ static int settle_params(zero_t *z)
 
 static void launch_rs(zero_t *z, unit_t *u, float *buf)
 {
-	if (z->launched == 0)
-		loom_comm_stats(z->base.dp, &z->at_launch);
-	z->launched++;
+	mark_launch(z);
 	int rc = loom_ireduce_scatterv(z->base.dp, buf, buf + u->mine, u->counts, LOOM_FLOAT32, LOOM_AVG, &u->req);
 	if (rc != LOOM_OK)
 		z->err = rc, u->req = NULL;
@@ -304,7 +323,7 @@ static int finish_unit(zero_t *z, unit_t *u)
 	if (u->gathering) /* (a step without a forward since the last update) */
 		return wait_param_gather(z, u);
 	if (u->req) {
-		rc = loom_wait(u->req);
+		rc = timed_wait(z, u->req);
 		u->req = NULL;
 		if (rc != LOOM_OK)
 			return loom_seterr(rc, "zero: reduce-scatter of the gradients of unit %d failed: %s", u->unit,
@@ -554,7 +573,7 @@ static int zero_finish_grads(loom_strategy_t *s, loom_strategy_stats_t *st)
 {
 	zero_t *z = (zero_t *)s;
 	loom_comm_stats_t now;
-	double t0 = loom_now();
+	double t0 = loom_now(), in_hooks = z->hook_wait_s;
 	int rc = z->err, launched = z->launched, expect = z->stage >= 2 || z->sync;
 	for (int k = 0; k < z->nunits; k++) {
 		unit_t *u = &z->units[k];
@@ -568,9 +587,10 @@ static int zero_finish_grads(loom_strategy_t *s, loom_strategy_stats_t *st)
 		u->ready = 0;
 	}
 	loom_comm_stats(s->dp, &now);
-	st->exposed_comm_ms = 1e3 * (loom_now() - t0);
+	/* exposed: the waits here and those inside the hooks during the micro-step (gathers, slots) */
+	st->exposed_comm_ms = 1e3 * (loom_now() - t0 + in_hooks);
 	st->comm_ms = launched ? 1e3 * (now.busy_s - z->at_launch.busy_s) : 0.0;
-	z->launched = 0, z->err = LOOM_OK, z->sync = 1;
+	z->launched = 0, z->err = LOOM_OK, z->sync = 1, z->hook_wait_s = 0.0;
 	return rc;
 }
 
