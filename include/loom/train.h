@@ -173,8 +173,11 @@ int loom_trainer_create(loom_trainer_t **tr, const loom_train_config_t *cfg, loo
 void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log */
 
 /* Restore model, optimizer and trainer state from a training checkpoint directory (or, when `path`
- * is a directory of checkpoints, from the latest complete one in it). LOOM_ENOENT when none exists,
- * LOOM_EMISMATCH when it was written with another model config, batch, data or world size,
+ * is a directory of checkpoints, from the latest complete one in it), whichever parallel strategy
+ * wrote it (a ZeRO checkpoint's shards are resliced for this rank). LOOM_ENOENT when none exists
+ * (or a shard it lists is missing), LOOM_EMISMATCH when it was written with another model config,
+ * B, T or data, or another number of tokens per step (accum x data-parallel ranks; another world
+ * size at the same tokens per step resumes, each rank taking rank 0's data position in the new world),
  * LOOM_EFORMAT for a damaged checkpoint. After a failure other than LOOM_ENOENT the trainer's state
  * may be partly restored: destroy it. With several ranks every rank calls it (each reads its own
  * loader state) and the next step broadcasts rank 0's parameters; not collective itself. */
