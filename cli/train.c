@@ -73,6 +73,8 @@ static const char *const usage_text =
 	"data parallel (inside `loom run`, mpirun or srun every rank runs the same command):\n"
 	"  --nproc N              train with N processes: runs `loom run --nproc-per-node N loom train ...`\n"
 	"  --bucket-mb X          gradient all-reduce bucket size in MiB (default 25; the first bucket 1)\n"
+	"  --zero 0|1|2|3         ZeRO stage (docs/zero.md): 0 plain data parallel (default), 1 shards the AdamW\n"
+	"                         state over the ranks, 2 also the gradients, 3 also the parameters\n"
 	"  --check-replicas K     every K steps verify that all ranks hold bit-identical parameters\n"
 	"  --lr-scale S           none|sqrt|linear: scale --lr by (tokens per step / --ref-batch-size)^p,\n"
 	"                         p = 1/2 (sqrt) or 1 (linear); default none\n"
@@ -190,7 +192,8 @@ static void parse(int argc, char **argv, opts_t *o)
 			o->tc.bucket_mb = DBL("--bucket-mb");
 			if (!(o->tc.bucket_mb > 0 && o->tc.bucket_mb <= 1 << 20))
 				cli_die("train", "--bucket-mb: %s must be > 0 (MiB, e.g. 25)", v);
-		} else if (FLAG("--check-replicas"))
+		} else if (FLAG("--zero")) o->tc.zero = (int)int_in("--zero", v, 0, 3);
+		else if (FLAG("--check-replicas"))
 			o->tc.check_replicas = (int)int_in("--check-replicas", v, 0, 1 << 30);
 		else if (FLAG("--lr-scale")) {
 			if (loom_lr_scale_parse(v, &o->lr_scale) != LOOM_OK)
@@ -226,6 +229,9 @@ static void parse(int argc, char **argv, opts_t *o)
 		cli_die("train", "--eval-every needs --val-data GLOB");
 	if (o->tc.save_every > 0 && !o->tc.save_dir)
 		cli_die("train", "--save-every needs --save-dir DIR");
+	if (o->tc.zero == 3 && o->sample_every > 0)
+		cli_die("train", "--sample-every: with --zero 3 the parameters are sharded and sampling on rank 0 alone "
+		        "is not possible; sample from a checkpoint with `loom sample`");
 	if (o->grad_accum > 0 && o->total_batch > 0)
 		cli_die("train", "give --grad-accum (--micro-batches) or --total-batch-size, not both");
 	if (o->pp > 1 && o->sample_every > 0)
@@ -423,13 +429,28 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		       "over tp neighbouring ranks; %zu shard parameters per rank)\n", o->tp, o->dp, o->world,
 		       loom_gpt2_shard_params(&o->mc, o->tp));
 	if (o->dp > 1) {
-		printf("data parallel: %d ranks x %d thread%s; gradients averaged in buckets of %g MiB (the first %g MiB) "
-		       "on the last of %d micro-step%s", o->dp, loom_num_threads(), loom_num_threads() == 1 ? "" : "s",
-		       o->tc.bucket_mb, o->tc.bucket_mb < 1 ? o->tc.bucket_mb : 1.0, o->tc.accum, o->tc.accum == 1 ? "" : "s");
+		if (o->tc.zero > 0)
+			printf("data parallel: %d ranks x %d thread%s; ZeRO stage %d: %s", o->dp, loom_num_threads(),
+			       loom_num_threads() == 1 ? "" : "s", o->tc.zero, o->tc.zero == 1 ?
+			       "AdamW state sharded, gradients reduce-scattered per unit on the last micro-step" : o->tc.zero == 2 ?
+			       "AdamW state and gradients sharded, gradients reduce-scattered per unit every micro-step" :
+			       "parameters, gradients and AdamW state sharded; each unit gathered before use, the next prefetched");
+		else
+			printf("data parallel: %d ranks x %d thread%s; gradients averaged in buckets of %g MiB (the first %g MiB) "
+			       "on the last of %d micro-step%s", o->dp, loom_num_threads(), loom_num_threads() == 1 ? "" : "s",
+			       o->tc.bucket_mb, o->tc.bucket_mb < 1 ? o->tc.bucket_mb : 1.0, o->tc.accum,
+			       o->tc.accum == 1 ? "" : "s");
 		if (o->tc.check_replicas > 0)
 			printf("; replicas compared every %d step%s", o->tc.check_replicas, o->tc.check_replicas == 1 ? "" : "s");
 		putchar('\n');
 	}
+	loom_train_memory_t mem;
+	loom_trainer_memory(tr, &mem);
+	printf("memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB (model states %.1f MiB; "
+	       "%s = %.1f MiB with P = %zu, N = %d), activations ~%.1f MiB, communication buffers %.1f MiB\n",
+	       mem.params / 1048576.0, mem.grads / 1048576.0, mem.optim / 1048576.0, mem.model_states / 1048576.0,
+	       mem.formula, mem.theory / 1048576.0, loom_gpt2_num_params(&o->mc), mem.dp, mem.activations / 1048576.0,
+	       mem.comm / 1048576.0);
 	printf("threads: %d; MFU against a peak of %.1f GFLOP/s%s; %.4g FLOP per token\n", loom_num_threads(),
 	       o->tc.peak_flops / 1e9, o->world > 1 ? " per rank" : "", loom_gpt2_flops_per_token(&o->mc, o->tc.T));
 }
@@ -478,6 +499,7 @@ int loom_cli_train(int argc, char **argv)
 	loom_mesh_t *mesh = NULL;
 	loom_gpt2_t *model = NULL;
 	loom_trainer_t *tr = NULL;
+	float *init = NULL;
 	run_ctx_t r;
 	int rc, status = 1;
 	memset(&r, 0, sizeof r);
@@ -512,10 +534,19 @@ int loom_cli_train(int argc, char **argv)
 	find_tokenizer(&o);
 	r.o = &o;
 
+	/* ZeRO-2 keeps only a shard of the gradients, ZeRO-3 also of the parameters: the model then has no
+	 * buffer of its own for them; at stage 3 the initial parameters live in a buffer of ours until the
+	 * strategy has taken its shard (at the parameter sync below). */
 	loom_gpt2_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .tp_size = o.tp,
-	                       .tp_rank = mesh ? loom_mesh_coord(mesh, LOOM_MESH_TP) : 0};
+	                       .tp_rank = mesh ? loom_mesh_coord(mesh, LOOM_MESH_TP) : 0,
+	                       .no_own_grads = o.tc.zero >= 2 && o.dp > 1, .no_own_params = o.tc.zero == 3 && o.dp > 1};
 	if ((rc = loom_gpt2_create_opts(&model, &o.mc, &mo)) != LOOM_OK) {
 		fprintf(stderr, "loom train: creating the model: %s\n", loom_errmsg());
+		goto out;
+	}
+	if (mo.no_own_params && (!(init = malloc(loom_gpt2_num_params(&o.mc) * sizeof(float))) ||
+	                         loom_gpt2_set_param_buffer(model, init) != LOOM_OK)) {
+		fprintf(stderr, "loom train: out of memory for the initial parameters\n");
 		goto out;
 	}
 	if (o.init_from) { /* the whole model from the file; a tensor-parallel rank keeps its shard */
@@ -574,6 +605,8 @@ int loom_cli_train(int argc, char **argv)
 			printf("note: --sample-every is ignored with --tp (sample from a checkpoint with `loom sample`)\n");
 		o.sample_every = 0;
 	}
+	free(init); /* ZeRO-3: each rank has its shard now; the model's views point at gathered buffers */
+	init = NULL;
 	if (o.sample_every > 0 && o.rank == 0) {
 		if (o.tc.tokenizer && loom_tokenizer_load(&r.tok, o.tc.tokenizer) == LOOM_OK)
 			r.have_tok = 1;
@@ -601,6 +634,7 @@ out:
 	loom_trainer_destroy(tr); /* before the model, the mesh and the communicator it uses */
 	loom_gpt2_destroy(model);
 	loom_mesh_destroy(mesh);
+	free(init);
 	loom_comm_destroy(comm);
 	if (r.have_tok)
 		loom_tokenizer_free(&r.tok);

@@ -354,7 +354,7 @@ TEST(strategy_selection)
 	CHECK_CONTAINS(loom_errmsg(), "parallel strategy 'fsdp' does not exist (available: ddp)");
 	c.name = "ddp", c.zero = 1;
 	CHECK_ERR(loom__strategy_create(&s, &c), LOOM_ENOTSUP);
-	CHECK_CONTAINS(loom_errmsg(), "ZeRO stage 1 is not implemented (ZeRO is issue 8");
+	CHECK_CONTAINS(loom_errmsg(), "ZeRO stage 1 shards the training state over the data-parallel ranks");
 	loom__strategy_describe(text, sizeof text);
 	CHECK_CONTAINS(text, "ddp zero=0 ranks=1: local: ");
 	CHECK_CONTAINS(text, "ddp zero=0 ranks>1: ddp: ");

@@ -201,16 +201,17 @@ TEST(ddp_train_resume_bit_identical)
 	RUN_OK(cmd, out, 10);
 	CHECK_CONTAINS(out, "\"loader.train.rank1.next_window\":");
 
-	/* another world size: a clear error, before any step */
+	/* another world size at another number of tokens per step: a clear error, before any step (at the
+	 * same number it reshards: tests/test_zero.c) */
 	snprintf(cmd, sizeof cmd, "%s train --nproc 3 --train-data '%s/train_*.bin' " MODEL_FLAGS
 	         " --steps 30 --grad-accum 2 --save-dir %s/ck --resume", loom, dir, dir);
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 1);
-	CHECK_CONTAINS(out, "batch.world = 2, this run has 3");
-	CHECK_CONTAINS(out, "not supported yet");
+	CHECK_CONTAINS(out, " data-parallel rank(s) x accumulation ");
+	CHECK_CONTAINS(out, "this run 3 x 2: resume with the same --total-batch-size");
 	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s train --train-data '%s/train_*.bin' " MODEL_FLAGS
 	         " --steps 30 --grad-accum 2 --save-dir %s/ck --resume", loom, dir, dir);
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 1);
-	CHECK_CONTAINS(out, "batch.world = 2, this run has 1");
+	CHECK_CONTAINS(out, "this run 1 x 2: resume with the same --total-batch-size");
 	test_rmdir(dir);
 	return 0;
 }
@@ -470,9 +471,9 @@ static int trainer_mesh_rank(int rank, int nranks, void *arg)
 	c.mesh = NULL, c.comm = comm, c.strategy = "zero3";
 	CHECK_ERR(loom_trainer_create(&tb, &c, mb), LOOM_ENOTSUP);
 	CHECK_CONTAINS(loom_errmsg(), "parallel strategy 'zero3' does not exist (available: ddp)");
-	c.strategy = "ddp", c.zero = 2;
+	c.strategy = "ddp", c.zero = 7;
 	CHECK_ERR(loom_trainer_create(&tb, &c, mb), LOOM_ENOTSUP);
-	CHECK_CONTAINS(loom_errmsg(), "ZeRO stage 2 is not implemented (ZeRO is issue 8");
+	CHECK_CONTAINS(loom_errmsg(), "strategy 'ddp' with ZeRO stage 7 is not implemented");
 	c.zero = 0;
 
 	CHECK_OK(loom_trainer_create(&ta, &c, ma)); /* the plain communicator */

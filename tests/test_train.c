@@ -118,7 +118,7 @@ TEST(train_resume_bit_identical)
 	c.accum = 1;
 	CHECK_OK(loom_trainer_create(&tb, &c, b));
 	CHECK_ERR(loom_trainer_resume(tb, ck1), LOOM_EMISMATCH);
-	CHECK_CONTAINS(loom_errmsg(), "batch.accum = 2, this run has 1");
+	CHECK_CONTAINS(loom_errmsg(), "the checkpoint has 1 data-parallel rank(s) x accumulation 2, this run 1 x 1");
 	loom_trainer_destroy(tb), tb = NULL;
 	/* and an empty directory has nothing to resume */
 	CHECK_OK(loom_trainer_create(&tb, &c, b));

@@ -127,10 +127,11 @@ typedef struct {
 	double bucket_mb;          /* gradient bucket size in MiB (default 25; the first bucket 1 MiB) */
 	int check_replicas;        /* every K steps compare parameter checksums across ranks (0: never) */
 	/* Parallel strategy: how the training state is spread over the data-parallel ranks. "ddp" (or
-	   NULL) with zero = 0 is the only one for now (with one data-parallel rank it communicates
-	   nothing); any other name or ZeRO stage is LOOM_ENOTSUP at create. */
+	   NULL); with zero = 0 plain data parallel (with one data-parallel rank it communicates nothing),
+	   zero = 1, 2, 3 the ZeRO stages (docs/zero.md; several data-parallel ranks needed); any other
+	   name or stage is LOOM_ENOTSUP at create. */
 	const char *strategy;
-	int zero;                  /* ZeRO stage (issue 8); 0 */
+	int zero;                  /* ZeRO stage 0..3 */
 	loom_mesh_t *mesh;         /* instead of comm: the ranks as a dp x tp x pp mesh (borrowed; must
 	                              outlive the trainer). The data-parallel axis carries the gradients,
 	                              the data sharding and the checkpoints' loader states; global rank 0
@@ -193,8 +194,11 @@ int loom_trainer_create(loom_trainer_t **tr, const loom_train_config_t *cfg, loo
 void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log */
 
 /* Restore model, optimizer and trainer state from a training checkpoint directory (or, when `path`
- * is a directory of checkpoints, from the latest complete one in it). LOOM_ENOENT when none exists,
- * LOOM_EMISMATCH when it was written with another model config, batch, data or world size,
+ * is a directory of checkpoints, from the latest complete one in it), whichever parallel strategy
+ * wrote it (a ZeRO checkpoint's shards are resliced for this rank). LOOM_ENOENT when none exists
+ * (or a shard it lists is missing), LOOM_EMISMATCH when it was written with another model config,
+ * B, T or data, or another number of tokens per step (accum x data-parallel ranks; another world
+ * size at the same tokens per step resumes, each rank taking rank 0's data position in the new world),
  * LOOM_EFORMAT for a damaged checkpoint. After a failure other than LOOM_ENOENT the trainer's state
  * may be partly restored: destroy it. With several ranks every rank calls it (each reads its own
  * loader state) and the next step broadcasts rank 0's parameters; not collective itself. */
@@ -237,6 +241,24 @@ loom_gpt2_t *loom_trainer_model(loom_trainer_t *tr);
 const loom_adamw_t *loom_trainer_optimizer(const loom_trainer_t *tr);
 /* Tokens per optimizer step: B*T*accum*(data-parallel ranks). */
 long long loom_trainer_tokens_per_step(const loom_trainer_t *tr);
+
+/* Memory of this rank (bytes). The model states are what the parallel strategy keeps; the theory is
+ * the ZeRO stage's formula for them (P parameters, N data-parallel ranks, fp32): DDP 16P, ZeRO-1
+ * 8P + 8P/N, ZeRO-2 4P + 12P/N, ZeRO-3 16P/N (+ largest_unit gathered at once, counted in comm). */
+typedef struct {
+	size_t params, grads, optim; /* kept by this rank */
+	size_t model_states;         /* their sum */
+	size_t activations;          /* an estimate from the model's shape and B x T */
+	size_t comm;                 /* the strategy's staging and gathered-parameter buffers */
+	size_t theory;               /* the formula's model states */
+	const char *formula;         /* "8P + 8P/N", ... (static) */
+	size_t largest_unit;         /* ZeRO-3: bytes of the largest unit's parameters, else 0 */
+	int zero, dp;                /* the ZeRO stage in effect (0 with one rank) and N */
+} loom_train_memory_t;
+/* Fill *m; LOOM_OK. Not collective. */
+int loom_trainer_memory(const loom_trainer_t *tr, loom_train_memory_t *m);
+/* The process's peak resident set size (VmHWM of /proc/self/status), 0 when unknown. */
+size_t loom_peak_rss_bytes(void);
 
 #ifdef __cplusplus
 }

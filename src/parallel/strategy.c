@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/util.h"
 #include "loom/ckpt.h"
@@ -26,6 +27,14 @@ static const struct {
 	{"ddp", 0, -1, 1, loom__tp_strategy, "each rank of a tensor-parallel group holds a shard (heads, MLP columns, "
 	                                 "vocabulary rows) and all-reduces activations in every pass; shards are "
 	                                 "averaged across data-parallel ranks as DDP does"},
+	{"ddp", 1, 1, 0, loom__zero1_strategy, "ZeRO-1: each rank keeps AdamW state for its 1/N of the parameters; "
+	                                 "gradients are reduce-scattered per unit on the last micro-step, the "
+	                                 "updated parameters all-gathered"},
+	{"ddp", 2, 1, 0, loom__zero2_strategy, "ZeRO-2: as ZeRO-1, and each rank keeps only its 1/N of the gradients; "
+	                                 "every micro-step reduce-scatters each unit as backward finishes it"},
+	{"ddp", 3, 1, 0, loom__zero3_strategy, "ZeRO-3 (fully sharded): as ZeRO-2, and each rank keeps only its 1/N of "
+	                                 "the parameters; each unit is all-gathered just before it runs, the next "
+	                                 "one prefetched"},
 };
 
 void loom__strategy_describe(char *buf, size_t cap)
@@ -58,8 +67,11 @@ int loom__strategy_create(loom_strategy_t **out, const loom_strategy_config_t *c
 	}
 	if (!named)
 		return loom_seterr(LOOM_ENOTSUP, "trainer: parallel strategy '%s' does not exist (available: ddp)", name);
-	return loom_seterr(LOOM_ENOTSUP, "trainer: strategy '%s' with ZeRO stage %d is not implemented (ZeRO is "
-	                   "issue 8; available: zero = 0, plain data parallel)", name, cfg->zero);
+	if (cfg->zero > 0 && !several)
+		return loom_seterr(LOOM_ENOTSUP, "trainer: ZeRO stage %d shards the training state over the data-parallel "
+		                   "ranks and needs more than one (run under `loom run`/mpirun/srun, or --zero 0)", cfg->zero);
+	return loom_seterr(LOOM_ENOTSUP, "trainer: strategy '%s' with ZeRO stage %d is not implemented (available: "
+	                   "zero = 0, plain data parallel, and zero = 1, 2, 3 with several ranks)", name, cfg->zero);
 }
 
 void loom__strategy_destroy(loom_strategy_t *s)
@@ -80,6 +92,11 @@ int loom__replica_init(loom_strategy_t *s, const loom_strategy_config_t *cfg, fl
 	s->grads = grads;
 	s->nparams = loom_gpt2_num_params(&s->mcfg);
 	s->own_offset = 0, s->own_count = s->nparams;
+	s->own_grads = grads;
+	s->own_params = s->params;
+	s->mem.params = s->mem.grads = s->nparams * sizeof(float);
+	s->mem.optim = 2 * s->nparams * sizeof(float);
+	s->mem.comm = 0;
 	return loom_adamw_init_gpt2_range(&s->opt, &cfg->adamw, &s->mcfg, 0, s->nparams);
 }
 
@@ -103,7 +120,7 @@ int loom__replica_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	char path[1200];
 	int rc;
-	if (!w) /* every rank holds the same state: the writer alone writes it */
+	if (!w || !w->active) /* every rank holds the same state: the writer alone writes it */
 		return LOOM_OK;
 	if ((rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) ||
 	    (rc = loom_model_save_safetensors(path, &s->mcfg, s->params)))
@@ -120,6 +137,10 @@ int loom__replica_load(loom_strategy_t *s, const char *dir, long long step)
 	loom_gpt2_config_t saved;
 	const loom_gpt2_config_t *c = &s->mcfg;
 	int rc;
+	struct stat sb;
+	snprintf(file, sizeof file, "%s/zero.json", dir);
+	if (stat(file, &sb) == 0) /* written by a ZeRO strategy: the moments are in shards */
+		return loom__sharded_load(s, dir, step);
 	snprintf(file, sizeof file, "%s/model.safetensors", dir);
 	if ((rc = loom_model_config(file, c->n_head, &saved, NULL)) != LOOM_OK)
 		return rc;

@@ -42,7 +42,7 @@ typedef struct loom_strategy loom_strategy_t;
 /* What the trainer attaches a strategy with (everything borrowed; must outlive the strategy). */
 typedef struct {
 	const char *name;     /* "ddp" (NULL: "ddp") */
-	int zero;             /* ZeRO stage; only 0 for now */
+	int zero;             /* ZeRO stage: 0 (ddp/local), 1, 2 or 3 (zero.c) */
 	loom_gpt2_t *model;
 	loom_comm_t *dp;      /* the data-parallel axis, or NULL for one data-parallel rank */
 	loom_comm_t *tp;      /* the tensor-parallel axis, or NULL for one tensor-parallel rank */
@@ -77,17 +77,22 @@ typedef struct {
 	 * ranks that own disjoint parts. Collective when parts are disjoint. */
 	int (*grad_norm)(loom_strategy_t *s, double *norm);
 	/* AdamW over the owned part with gradient grads * grad_scale; then whatever makes every rank's
-	 * parameters current again. Collective when parts are disjoint. */
+	 * parameters current again: done on return, or (ZeRO) started here and finished by the time the
+	 * model next uses a unit (its param-use hook waits) or the next sync_params, check_replicas, save
+	 * or optim_step; read `params` directly only after one of those. Collective when parts are
+	 * disjoint. */
 	int (*optim_step)(loom_strategy_t *s, float lr, float grad_scale);
 	/* Make every rank's parameters rank 0's and verify (checksums). Collective. */
 	int (*sync_params)(loom_strategy_t *s);
 	/* LOOM_EMISMATCH naming the ranks whose replicated state differs. Collective. */
 	int (*check_replicas)(loom_strategy_t *s);
-	/* Write the model and optimizer state into the open checkpoint w (NULL on ranks that do not
-	 * write). Collective (a sharded strategy gathers its parts). */
+	/* Write the model and optimizer state into the checkpoint w: on the writer w is begun (w->active);
+	 * on the other ranks it names the same checkpoint (w->tmp) without being active, and a strategy
+	 * whose state is sharded writes its part there (once a collective tells it the writer has begun);
+	 * NULL on a writer that could not begin it. Collective. */
 	int (*save)(loom_strategy_t *s, const loom_ckpt_writer_t *w);
-	/* Read this rank's part of the model and optimizer state from the committed checkpoint dir;
-	 * AdamW's step becomes `step`. Not collective. */
+	/* Read this rank's part of the model and optimizer state from the committed checkpoint dir,
+	 * whichever strategy and world size wrote it; AdamW's step becomes `step`. Not collective. */
 	int (*load)(loom_strategy_t *s, const char *dir, long long step);
 } loom_strategy_ops_t;
 
@@ -103,6 +108,20 @@ struct loom_strategy {
 	size_t nparams;
 	size_t own_offset, own_count; /* the owned range */
 	loom_adamw_t opt;             /* over the owned range */
+	/* The gradient of the owned range (own_count floats; after the last finish_grads of a step, the
+	 * averaged one). grads + own_offset where a full gradient buffer exists; a strategy that keeps
+	 * only its shard (ZeRO-2) has grads NULL and this pointing at the shard. */
+	float *own_grads;
+	/* The parameters of the owned range (own_count floats): params + own_offset, or, when no whole
+	 * parameter buffer is kept (ZeRO-3: params NULL), the rank's shard. */
+	float *own_params;
+	/* 1 when every forward pass communicates (ZeRO-3 gathers parameters): every rank must then run
+	 * the same passes, e.g. as many evaluation forwards (the trainer pads with a discarded one). */
+	int collective_forward;
+	struct {
+		size_t params, grads, optim; /* bytes this rank keeps of each (the model states) */
+		size_t comm;                 /* staging and communication buffers the strategy allocated */
+	} mem;
 };
 
 /* The strategies' tables (local.c, ddp.c; static data behind functions, so that the archive exports
@@ -114,6 +133,25 @@ const loom_strategy_ops_t *loom__tp_strategy(void);
 /* loom_ddp_create with buckets over the tensors whose used[t] is non-zero only (NULL: all). */
 int loom__ddp_create_used(loom_ddp_t **d, loom_comm_t *comm, loom_gpt2_t *model, double bucket_mb,
                           double first_bucket_mb, const unsigned char *used);
+
+const loom_strategy_ops_t *loom__zero1_strategy(void);
+const loom_strategy_ops_t *loom__zero2_strategy(void);
+const loom_strategy_ops_t *loom__zero3_strategy(void);
+/* ZeRO-3's count of block units whose parameters were gathered (or in flight) at once, at most, and
+ * of gathers issued (*gathers, may be NULL); for tests. */
+int loom__zero_gathered_peak(const loom_strategy_t *s, unsigned long long *gathers);
+/* ZeRO-3: the shards were just loaded from a checkpoint (the initial parameters are not used). */
+void loom__zero_set_loaded(loom_strategy_t *s);
+
+/* ZeRO's owned-range rule (zero.c): where rank `rank` of `size` starts owning floats of a flat buffer of
+ * nparams; rank == size gives nparams. */
+size_t loom__zero_shard_offset(size_t nparams, int rank, int size);
+/* Checkpoints of a strategy whose AdamW state is sharded over the data-parallel axis (zero_ckpt.c):
+ * save is collective: every rank writes its shard of the moments into w->tmp, the writer (data-
+ * parallel rank 0, w->active) the whole parameters and the index zero.json; load reads this rank's
+ * slice of everything from a checkpoint of any world size or stage, DDP's included. */
+int loom__sharded_save(loom_strategy_t *s, const loom_ckpt_writer_t *w, int stage);
+int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step);
 
 /* Pick the strategy for cfg by the table in strategy.c (LOOM_ENOTSUP naming what exists for an
  * unknown name or a ZeRO stage not implemented) and create it. */

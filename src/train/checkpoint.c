@@ -5,15 +5,18 @@
  *   optim.safetensors  AdamW's m and v ("<name>.exp_avg", "<name>.exp_avg_sq"),
  *   state.json         step, AdamW step count, the train loader's state ("loader.train", and with
  *                      several data-parallel ranks "loader.train.rankR" for each data-parallel rank
- *                      R > 0), and the settings a resume must match (model config, B, T, accum, the
- *                      data-parallel size as "batch.world") plus the others for the record,
+ *                      R > 0), and the settings a resume must match (model config, B, T, and accum x
+ *                      the data-parallel size "batch.world": another world size resumes when the
+ *                      tokens per step are the same, each rank taking rank 0's position as its own
+ *                      in the new world) plus the others for the record,
  *   tokenizer.bin      a copy of the data's tokenizer when one is known (for `loom sample`).
  * That is the whole training state (see trainer.c), so a resumed run continues bit-identically. The
  * model and optimizer files are the parallel strategy's to write and read (its save/load: for DDP
  * the state is the same on every rank, and the writer writes it); the loader states are gathered
  * over the data-parallel axis; global rank 0 writes. On resume every rank reads the checkpoint (its
  * own loader state and its part of the model and optimizer state) and the next step re-syncs the
- * parameters from rank 0 and verifies them. */
+ * parameters from rank 0 and verifies them. A ZeRO strategy writes its shards too (zero_ckpt.c), and
+ * any strategy reads any strategy's checkpoint. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,8 +108,13 @@ int loom_trainer_save(loom_trainer_t *tr)
 		return rc;
 	}
 	if (tr->rank != 0) { /* global rank 0 writes; the others give the strategy their part */
+		memset(&w, 0, sizeof w); /* the checkpoint rank 0 writes, not active here */
+		snprintf(w.dir, sizeof w.dir, "%s", tr->cfg.save_dir);
+		snprintf(w.tmp, sizeof w.tmp, "%s/.tmp-step_%08lld", tr->cfg.save_dir, tr->step);
+		snprintf(w.final_, sizeof w.final_, "%s/step_%08lld", tr->cfg.save_dir, tr->step);
+		w.step = tr->step;
 		free(loaders);
-		return tr->strategy->ops->save(tr->strategy, NULL);
+		return tr->strategy->ops->save(tr->strategy, &w);
 	}
 	if ((rc = loom_ckpt_begin(&w, tr->cfg.save_dir, tr->step)) != LOOM_OK) {
 		tr->strategy->ops->save(tr->strategy, NULL); /* still take part, should it be collective */
@@ -178,16 +186,29 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 	    (rc = expect_i64(kv, file, "model.n_embd", tr->mcfg.n_embd, m)) ||
 	    (rc = expect_i64(kv, file, "model.seq_len", tr->mcfg.seq_len, m)) ||
 	    (rc = expect_i64(kv, file, "model.vocab_size", tr->mcfg.vocab_size, m)) ||
-	    (rc = expect_i64(kv, file, "batch.B", tr->cfg.B, b)) || (rc = expect_i64(kv, file, "batch.T", tr->cfg.T, b)) ||
-	    (rc = expect_i64(kv, file, "batch.world", tr->dp_size,
-	                     " (resharding a checkpoint across world sizes is not supported yet)")) ||
-	    (rc = expect_i64(kv, file, "batch.accum", tr->cfg.accum, b)))
+	    (rc = expect_i64(kv, file, "batch.B", tr->cfg.B, b)) || (rc = expect_i64(kv, file, "batch.T", tr->cfg.T, b)))
 		goto out;
+	/* Another data-parallel size resumes (resharding) when the tokens per step are the same: the run
+	 * then continues on the same windows. */
+	int64_t sworld, saccum;
+	if ((rc = loom_kv_get_i64(kv, "batch.world", &sworld)) || (rc = loom_kv_get_i64(kv, "batch.accum", &saccum)))
+		goto out;
+	if (sworld * saccum != (int64_t)tr->dp_size * tr->cfg.accum) {
+		rc = loom_seterr(LOOM_EMISMATCH, "resume from %s: the checkpoint has %lld data-parallel rank(s) x "
+		                 "accumulation %lld, this run %d x %d: resume with the same --total-batch-size", file,
+		                 (long long)sworld, (long long)saccum, tr->dp_size, tr->cfg.accum);
+		goto out;
+	}
 	char lkey[64];
-	loader_key(lkey, sizeof lkey, tr->dp_rank);
+	loader_key(lkey, sizeof lkey, sworld == tr->dp_size ? tr->dp_rank : 0);
 	if ((rc = loom_kv_get_i64(kv, "step", &step)) || (rc = loom_kv_get_i64(kv, "adamw.step", &astep)) ||
 	    (rc = loom_kv_get_loader(kv, lkey, &ls)))
 		goto out;
+	if (sworld != tr->dp_size) { /* rank 0's position, as this rank's of the new world */
+		ls.rank = tr->dp_rank, ls.world = tr->dp_size;
+		ls.next_window = (uint64_t)step * (uint64_t)tr->cfg.accum * (uint64_t)tr->dp_size + (uint64_t)tr->dp_rank;
+		ls.epoch = ls.next_window / loom_loader_windows_per_epoch(tr->train);
+	}
 	if (step < 0 || astep != step) {
 		rc = loom_seterr(LOOM_EFORMAT, "%s: step %lld and AdamW step %lld disagree", file, (long long)step,
 		                 (long long)astep);

@@ -111,6 +111,9 @@ int loom_train_log_write(loom_trainer_t *tr, const loom_step_metrics_t *m)
 		num(f, "bubble_expected", m->bubble_expected, "%.4f");
 	}
 	fprintf(f, ",\"tokens\":%lld", m->step * loom_trainer_tokens_per_step(tr));
+	loom_train_memory_t mem;
+	loom_trainer_memory(tr, &mem);
+	fprintf(f, ",\"mem_model_states_bytes\":%zu,\"peak_rss_bytes\":%zu", mem.model_states, loom_peak_rss_bytes());
 	if (m->has_val)
 		num(f, "val_loss", m->val_loss, "%.9g");
 	if (m->saved)

@@ -340,12 +340,16 @@ int loom_trainer_eval(loom_trainer_t *tr, float *val_loss)
 	 * stage then evaluates its data-parallel share of the windows on it, the same on each). */
 	if ((rc = tr->exec->ops->gather(tr->exec, tr->strategy)) != LOOM_OK)
 		return rc;
-	for (uint64_t k = (uint64_t)tr->dp_rank; k < n; k += (uint64_t)tr->dp_size) {
-		if ((rc = loom_loader_window(tr->val, k, tr->inputs, tr->targets)) != LOOM_OK)
+	/* A strategy whose forwards communicate (ZeRO-3) needs as many on every rank: the ranks with a
+	 * window fewer run a discarded forward of window 0. */
+	uint64_t end = tr->strategy->collective_forward ? (n + tr->dp_size - 1) / tr->dp_size * tr->dp_size : n;
+	for (uint64_t k = (uint64_t)tr->dp_rank; k < end; k += (uint64_t)tr->dp_size) {
+		if ((rc = loom_loader_window(tr->val, k < n ? k : 0, tr->inputs, tr->targets)) != LOOM_OK)
 			return rc;
 		if ((rc = loom_gpt2_forward(tr->model, tr->inputs, tr->targets, c->B, c->T, &loss)) != LOOM_OK)
 			return rc;
-		tr->val_losses[k] = loss;
+		if (k < n)
+			tr->val_losses[k] = loss;
 	}
 	if (tr->dp && (rc = loom_allreduce(tr->dp, tr->val_losses, tr->val_losses, (size_t)n, LOOM_FLOAT64,
 	                                   LOOM_SUM)) != LOOM_OK)

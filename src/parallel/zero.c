@@ -1,0 +1,793 @@
+/* zero.c: the ZeRO strategies (src/parallel/strategy.h): the AdamW state (stage 1), also the gradients
+ * (stage 2), also the parameters (stage 3, fully sharded data parallel) are sharded over the
+ * data-parallel ranks.
+ *
+ * The owned-range rule. Rank q of N owns the floats [off(q), off(q+1)) of the flat parameter buffer,
+ * off(q) = floor(q P / N) rounded down to a multiple of 16 floats (64 bytes: no two ranks share a
+ * cache line), off(N) = P. Ranges are contiguous and in rank order, so the part of any contiguous
+ * range [a, b) that each rank owns is again contiguous and in rank order: a bucket's reduce-scatter is
+ * one loom_ireduce_scatterv over [a, b) whose counts are the overlaps with the ranks' ranges (zero for
+ * most ranks when buckets are small), and its result lands, in place, on the slice of the rank's
+ * shard that the bucket covers; the all-gather of the updated parameters is the same layout run
+ * backwards (loom_iallgatherv). Uneven parts need no padding.
+ *
+ * Buckets are the model's units (loom/gpt2.h): the embedding (wte, wpe), each block, the head (ln_f):
+ * FSDP's wrapping of one block per unit. A unit's gradient is final when its last tensor is reported
+ * (grad-ready hook); the embedding's only at the end of backward, because the tied lm head adds to
+ * wte's gradient first.
+ *
+ * Stage 1 keeps a full gradient buffer (in shared memory, the model's gradient view points at it, as
+ * DDP's); on the last micro-step each unit is reduce-scattered (averaged) as soon as backward
+ * finishes it, earlier micro-steps accumulate locally and communicate nothing. Stage 2 keeps only the
+ * rank's gradient shard (own_count floats) and small staging buffers: the embedding's (used from the
+ * head to the end of backward) and ZERO_SLOTS of the largest other unit, which the param-use hook
+ * lends to a unit before its backward (pointing the unit's gradient views at it) and takes back once
+ * its reduce-scatter completes, adding the result into the shard. So stage 2 reduce-scatters every
+ * micro-step (as DeepSpeed's stage 2 does), accumulation happening on the shard.
+ *
+ * Stage 3 keeps only the rank's parameter shard. The param-use hook gathers a unit's parameters
+ * (loom_iallgatherv from every rank's shard) into a transient buffer and points the unit's views at
+ * it just before the unit runs, and starts gathering the next unit's (forward: the next block; backward:
+ * the previous one) into the other of two block buffers, so at most two blocks are gathered at once
+ * and the next one's gather overlaps this one's compute. Gathered contents stay valid until the
+ * parameters change (the optimizer step), so backward reuses the last forward blocks still held. The
+ * embedding has its own gathered buffer, kept for the whole micro-step, because the tied lm head reads
+ * wte between the last block's forward and the first block's backward and the embedding's backward
+ * comes last. Gradients go as at stage 2. Every forward issues collectives, so every rank must run the
+ * same passes (the trainer's evaluation runs as many forwards on every rank; sampling on one rank
+ * alone is not possible at stage 3).
+ *
+ * After the reduce: the global gradient norm is the square root of the sum, over ranks, of the sum of
+ * squares of each shard (one all-reduce of a double); AdamW updates the owned slice
+ * (loom_adamw_init_gpt2_range: bit-identical per element to one optimizer over everything); at
+ * stages 1 and 2 each unit's parameters are then all-gathered, in unit order, and the next forward's
+ * param-use hook waits for each unit's gather just before the unit runs, so later units' gathers
+ * overlap earlier units' compute (sync, replica check and save wait for all of them first).
+ *
+ * Invariant (tests/test_zero.c's zero*_invariant_*): given the averaged gradient, the parameters after
+ * every step (gathered from the shards at stage 3) are bit-identical to those one optimizer over the
+ * whole buffer computes, the same bits on every rank, and each rank's moments are that optimizer's
+ * slice of the owned range; the averaged gradient is DDP's up to the rounding of another summation
+ * order, so the per-step losses equal DDP's within 1e-5 relative over 20 steps (zero_vs_ddp_*, at 2,
+ * 3 and 4 ranks, with and without accumulation). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "loom/ddp.h"
+#include "parallel/strategy.h"
+
+#define ZERO_SLOTS 2 /* stages 2, 3: gradient staging buffers for units other than the embedding */
+#define ZERO_PSLOTS 2 /* stage 3: gathered-parameter buffers for units other than the embedding */
+
+typedef struct {
+	int unit;               /* -1 embedding, 0..L-1 block, L head */
+	int lo, hi;             /* tensors [lo, hi) */
+	size_t offset, count;   /* floats of the flat buffer */
+	size_t *counts;         /* dp_size entries: each rank's part of the unit */
+	size_t mine;            /* offset in the unit of this rank's part (its displacement) */
+	int ready;              /* tensors reported this micro-step */
+	float *stage;           /* stage 2: the staging buffer lent to the unit, or NULL */
+	loom_request_t *req;    /* its reduce-scatter, or (gathering) the all-gather of its parameters, in flight */
+	int gathering;          /* stages 1, 2: req is the all-gather after the step */
+} unit_t;
+
+typedef struct {
+	loom_strategy_t base;   /* first: a loom_strategy_t * is a zero_t * */
+	int stage;
+	int nunits, ntensors;
+	unit_t *units;          /* units[u + 1] is unit u */
+	size_t *off;            /* dp_size + 1 range starts: off[q] .. off[q+1] is rank q's */
+	float *model_grads;     /* stage 1: the model's own gradient buffer, the view's target again at destroy */
+	int shared_grads;       /* stage 1: grads from loom_comm_alloc */
+	float *grad_shard;      /* stage 2: own_count floats (owned) */
+	float *emb_stage;       /* stage 2: the embedding's staging buffer (loom_comm_alloc or aligned) */
+	float *slots[ZERO_SLOTS];
+	int slot_user[ZERO_SLOTS]; /* the unit index (u + 1) holding each slot, or -1 */
+	int shared_stage;       /* stage buffers from loom_comm_alloc */
+	/* stage 3 */
+	float *param_shard;     /* own_count floats (owned) */
+	const float *init;      /* the model's whole parameter buffer at create, until sync_params or load */
+	float *emb_gather;      /* the embedding's gathered parameters */
+	int emb_valid;
+	loom_request_t *emb_req;
+	float *pslots[ZERO_PSLOTS];
+	int pslot_unit[ZERO_PSLOTS]; /* unit index (u + 1) whose parameters the slot holds (or receives), or -1 */
+	loom_request_t *pslot_req[ZERO_PSLOTS];
+	int shared_gather;
+	int gathered_now, gathered_peak; /* block units gathered (or in flight) at once: now, and the most */
+	unsigned long long gathers;      /* unit gathers issued */
+	int sync, launched, err;
+	double hook_wait_s;     /* waited for communication inside the hooks since the last finish_grads */
+	loom_comm_stats_t at_launch;
+} zero_t;
+
+size_t loom__zero_shard_offset(size_t nparams, int rank, int size)
+{
+	if (rank >= size)
+		return nparams;
+	return (size_t)(((unsigned long long)nparams * (unsigned)rank / (unsigned)size) & ~15ull);
+}
+
+static float *buf_alloc(zero_t *z, size_t n, int *shared)
+{
+	float *p = loom_comm_alloc(z->base.dp, LOOM_MAX(n, 1) * sizeof(float));
+	*shared = p != NULL;
+	return p ? p : loom_alloc_aligned(LOOM_MAX(n, 1) * sizeof(float));
+}
+
+static void buf_free(zero_t *z, float *p, int shared)
+{
+	if (p && shared)
+		loom_comm_free(z->base.dp, p);
+	else if (p)
+		loom_free_aligned(p);
+}
+
+/* Wait for a request, counting the time as exposed communication of the micro-step. */
+static int timed_wait(zero_t *z, loom_request_t *req)
+{
+	double t = loom_now();
+	int rc = loom_wait(req);
+	z->hook_wait_s += loom_now() - t;
+	return rc;
+}
+
+/* A collective of this micro-step (or of the step before, for the all-gathers after it) begins: the
+ * first one marks where its communication time starts. */
+static void mark_launch(zero_t *z)
+{
+	if (z->launched == 0)
+		loom_comm_stats(z->base.dp, &z->at_launch);
+	z->launched++;
+}
+
+/* ---- stage 3: gathering parameters ------------------------------------------------------------ */
+
+/* Start the gather of unit index k into dst. */
+static int start_gather(zero_t *z, int k, float *dst, loom_request_t **req)
+{
+	loom_strategy_t *s = &z->base;
+	unit_t *u = &z->units[k];
+	const float *mine = z->param_shard + (u->offset + u->mine - s->own_offset);
+	mark_launch(z);
+	z->gathers++;
+	int rc = loom_iallgatherv(s->dp, mine, u->counts[s->dp_rank], dst, u->counts, LOOM_FLOAT32, req);
+	if (rc != LOOM_OK) {
+		*req = NULL;
+		return loom_seterr(rc, "zero: rank %d: starting the gather of unit %d's parameters: %s", s->dp_rank, u->unit,
+		                   loom_comm_errmsg(s->dp));
+	}
+	return LOOM_OK;
+}
+
+static int wait_gather(zero_t *z, int k, loom_request_t **req)
+{
+	int rc = *req ? timed_wait(z, *req) : LOOM_OK;
+	*req = NULL;
+	if (rc != LOOM_OK)
+		return loom_seterr(rc, "zero: rank %d: gathering unit %d's parameters: %s", z->base.dp_rank,
+		                   z->units[k].unit, loom_comm_errmsg(z->base.dp));
+	return LOOM_OK;
+}
+
+static void count_gathered(zero_t *z)
+{
+	int n = 0;
+	for (int i = 0; i < ZERO_PSLOTS; i++)
+		n += z->pslot_unit[i] >= 0;
+	z->gathered_now = n;
+	z->gathered_peak = LOOM_MAX(z->gathered_peak, n);
+}
+
+/* The slot holding (or receiving) unit index k, or -1. */
+static int slot_of(const zero_t *z, int k)
+{
+	for (int i = 0; i < ZERO_PSLOTS; i++)
+		if (z->pslot_unit[i] == k)
+			return i;
+	return -1;
+}
+
+/* Begin gathering unit index k (a block or the head) into the slot that does not hold `keep`. */
+static int prefetch(zero_t *z, int k, int keep)
+{
+	if (k < 1 || k >= z->nunits || slot_of(z, k) >= 0)
+		return LOOM_OK;
+	int i = z->pslot_unit[0] == keep ? 1 : 0;
+	if (z->pslot_req[i]) { /* still receiving another unit (not reached when units go in order) */
+		int rc = wait_gather(z, z->pslot_unit[i], &z->pslot_req[i]);
+		if (rc != LOOM_OK)
+			return rc;
+	}
+	z->pslot_unit[i] = k;
+	count_gathered(z);
+	return start_gather(z, k, z->pslots[i], &z->pslot_req[i]);
+}
+
+/* Make unit index k's parameters present and point its views at them. On failure the views still
+ * point at valid memory (whatever it holds), so the pass runs to its end and the error is reported
+ * by finish_grads. */
+static int ensure(zero_t *z, int k)
+{
+	int rc = LOOM_OK, i;
+	if (k == 0) {
+		if (!z->emb_valid) {
+			if (!z->emb_req)
+				rc = start_gather(z, 0, z->emb_gather, &z->emb_req);
+			if (rc == LOOM_OK && (rc = wait_gather(z, 0, &z->emb_req)) == LOOM_OK)
+				z->emb_valid = 1;
+		}
+		loom_gpt2_set_unit_view(z->base.model, -1, z->emb_gather, NULL);
+		return rc;
+	}
+	if ((i = slot_of(z, k)) < 0) { /* not prefetched: gather now, into the slot of the unit used longest ago */
+		rc = prefetch(z, k, -2);
+		i = slot_of(z, k);
+	}
+	if (i < 0)
+		i = 0;
+	else if (rc == LOOM_OK)
+		rc = wait_gather(z, k, &z->pslot_req[i]);
+	loom_gpt2_set_unit_view(z->base.model, z->units[k].unit, z->pslots[i], NULL);
+	return rc;
+}
+
+/* Parameters change: nothing gathered is valid any more (nothing is in flight between steps). */
+static void drop_gathered(zero_t *z)
+{
+	z->emb_valid = 0;
+	for (int i = 0; i < ZERO_PSLOTS; i++)
+		z->pslot_unit[i] = -1;
+	count_gathered(z);
+}
+
+/* The hook at stage 3: unit u is about to run (phase 0 forward, 1 backward). */
+static int use_params(zero_t *z, int unit, int phase)
+{
+	int k = unit + 1, L = z->base.mcfg.n_layer, rc;
+	if ((rc = ensure(z, k)) != LOOM_OK)
+		return rc;
+	if (unit == L && phase == 0)
+		return LOOM_OK; /* the head's backward (phase 1) comes next, on the same parameters */
+	/* forward: the next unit (after the embedding, block 0); backward: the previous block */
+	return prefetch(z, phase == 0 ? k + 1 : k - 1, k);
+}
+
+/* ---- stages 1 and 2: the all-gather after the step ------------------------------------------------ */
+
+/* Start all-gathering every unit's parameters from their owners, in place in the replicated buffer,
+ * in unit order (the embedding first, as the next forward needs it). Nothing waits here: the param-use
+ * hook waits for a unit's gather just before the unit runs, so the gathers of later blocks overlap
+ * the forward of earlier ones; settle_params waits for all of them (before anything else reads the
+ * parameters: sync, replica check, save, the next step). */
+static int start_param_gathers(zero_t *z)
+{
+	loom_strategy_t *s = &z->base;
+	int rc = LOOM_OK;
+	mark_launch(z);
+	for (int k = 0; k < z->nunits; k++) {
+		unit_t *u = &z->units[k];
+		float *p = s->params + u->offset;
+		int r = loom_iallgatherv(s->dp, p + u->mine, u->counts[s->dp_rank], p, u->counts, LOOM_FLOAT32, &u->req);
+		if (r != LOOM_OK) {
+			u->req = NULL;
+			rc = rc ? rc : r;
+		}
+		u->gathering = u->req != NULL;
+	}
+	if (rc != LOOM_OK)
+		return loom_seterr(rc, "zero: starting the all-gather of the updated parameters: %s", loom_comm_errmsg(s->dp));
+	return LOOM_OK;
+}
+
+static int wait_param_gather(zero_t *z, unit_t *u)
+{
+	int rc;
+	if (!u->gathering)
+		return LOOM_OK;
+	rc = timed_wait(z, u->req);
+	u->req = NULL, u->gathering = 0;
+	if (rc != LOOM_OK)
+		return loom_seterr(rc, "zero: rank %d: all-gather of unit %d's updated parameters failed: %s", z->base.dp_rank,
+		                   u->unit, loom_comm_errmsg(z->base.dp));
+	return LOOM_OK;
+}
+
+static int settle_params(zero_t *z)
+{
+	int rc = LOOM_OK;
+	for (int k = 0; k < z->nunits; k++) {
+		int r = wait_param_gather(z, &z->units[k]);
+		rc = rc ? rc : r;
+	}
+	return rc;
+}
+
+/* ---- the reduce side --------------------------------------------------------------------------- */
+
+static void launch_rs(zero_t *z, unit_t *u, float *buf)
+{
+	mark_launch(z);
+	int rc = loom_ireduce_scatterv(z->base.dp, buf, buf + u->mine, u->counts, LOOM_FLOAT32, LOOM_AVG, &u->req);
+	if (rc != LOOM_OK)
+		z->err = rc, u->req = NULL;
+}
+
+/* Wait for unit u's reduce-scatter; at stage 2 add its result into the shard and free its slot. */
+static int finish_unit(zero_t *z, unit_t *u)
+{
+	int rc = LOOM_OK;
+	if (u->gathering) /* (a step without a forward since the last update) */
+		return wait_param_gather(z, u);
+	if (u->req) {
+		rc = timed_wait(z, u->req);
+		u->req = NULL;
+		if (rc != LOOM_OK)
+			return loom_seterr(rc, "zero: reduce-scatter of the gradients of unit %d failed: %s", u->unit,
+			                   loom_comm_errmsg(z->base.dp));
+		if (z->stage >= 2) {
+			size_t n = u->counts[z->base.dp_rank];
+			float *dst = z->grad_shard + (u->offset + u->mine - z->base.own_offset), *src = u->stage + u->mine;
+			for (size_t i = 0; i < n; i++)
+				dst[i] += src[i];
+		}
+	}
+	if (z->stage >= 2 && u->stage) {
+		for (int k = 0; k < ZERO_SLOTS; k++)
+			if (z->slot_user[k] == (int)(u - z->units))
+				z->slot_user[k] = -1;
+		u->stage = NULL;
+	}
+	return rc;
+}
+
+static void on_grad_ready(void *ctx, int t)
+{
+	zero_t *z = ctx;
+	if (z->err || t < 0 || t >= z->ntensors || (z->stage == 1 && !z->sync))
+		return;
+	loom_tensor_info_t info;
+	loom_gpt2_tensor_info(&z->base.mcfg, t, &info);
+	unit_t *u = &z->units[info.layer + 1];
+	if (++u->ready == u->hi - u->lo)
+		launch_rs(z, u, z->stage == 1 ? z->base.grads + u->offset : u->stage);
+}
+
+/* Stage 2: lend unit index k (u + 1) a staging buffer, zeroed, and point its gradient views at it. */
+static void lend_stage(zero_t *z, int k)
+{
+	unit_t *u = &z->units[k];
+	if (u->stage || z->err)
+		return;
+	if (u->unit == -1) {
+		u->stage = z->emb_stage;
+	} else {
+		int s = (z->nunits - 1 - k) % ZERO_SLOTS; /* backward takes units from the head down */
+		if (z->slot_user[s] >= 0) {
+			int rc = finish_unit(z, &z->units[z->slot_user[s]]);
+			if (rc != LOOM_OK) {
+				z->err = rc;
+				return;
+			}
+		}
+		z->slot_user[s] = k;
+		u->stage = z->slots[s];
+	}
+	memset(u->stage, 0, u->count * sizeof(float));
+	loom_gpt2_set_unit_view(z->base.model, u->unit, NULL, u->stage);
+}
+
+static void on_param_use(void *ctx, int unit, int phase)
+{
+	zero_t *z = ctx;
+	if (z->err)
+		return;
+	int rc = z->stage == 3 ? use_params(z, unit, phase) : wait_param_gather(z, &z->units[unit + 1]);
+	if (rc == LOOM_OK && z->stage < 3 && unit == z->base.mcfg.n_layer)
+		rc = wait_param_gather(z, &z->units[0]); /* the tied lm head reads wte */
+	if (rc != LOOM_OK) {
+		z->err = rc;
+		return;
+	}
+	if (phase != 1 || z->stage < 2)
+		return;
+	if (unit == z->base.mcfg.n_layer)
+		lend_stage(z, 0); /* the tied lm head adds to wte's gradient before any block */
+	lend_stage(z, unit + 1);
+}
+
+/* ---- the operations ---------------------------------------------------------------------------- */
+
+static void zero_destroy(loom_strategy_t *s)
+{
+	zero_t *z = (zero_t *)s;
+	if (!z)
+		return;
+	for (int k = 0; k < z->nunits; k++)
+		if (z->units[k].req)
+			loom_wait(z->units[k].req);
+	if (z->emb_req)
+		loom_wait(z->emb_req);
+	for (int i = 0; i < ZERO_PSLOTS; i++)
+		if (z->pslot_req[i])
+			loom_wait(z->pslot_req[i]);
+	if (s->model && z->stage == 3 && z->emb_gather)
+		loom_gpt2_set_param_buffer(s->model, NULL); /* its own buffer again (allocated if it had none) */
+	if (s->model) {
+		loom_gpt2_on_grad_ready(s->model, NULL, NULL);
+		loom_gpt2_on_param_use(s->model, NULL, NULL);
+		if (z->stage == 1 && z->model_grads) {
+			memcpy(z->model_grads, s->grads, s->nparams * sizeof(float));
+			loom_gpt2_set_grad_buffer(s->model, z->model_grads);
+		} else if (z->stage >= 2 && z->emb_stage) {
+			loom_gpt2_own_grads(s->model); /* (allocated zeroed if create was told not to) */
+		}
+	}
+	if (z->stage == 1)
+		buf_free(z, s->grads, z->shared_grads);
+	buf_free(z, z->emb_stage, z->shared_stage);
+	for (int k = 0; k < ZERO_SLOTS; k++)
+		buf_free(z, z->slots[k], z->shared_stage);
+	loom_free_aligned(z->grad_shard);
+	loom_free_aligned(z->param_shard);
+	buf_free(z, z->emb_gather, z->shared_gather);
+	for (int i = 0; i < ZERO_PSLOTS; i++)
+		buf_free(z, z->pslots[i], z->shared_gather);
+	if (z->units)
+		for (int k = 0; k < z->nunits; k++)
+			free(z->units[k].counts);
+	free(z->units);
+	free(z->off);
+	loom_adamw_free(&s->opt);
+	free(z);
+}
+
+static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
+{
+	zero_t *z = loom__calloc(1, sizeof *z);
+	loom_strategy_t *s = &z->base;
+	int rc, N, L;
+	size_t largest = 0;
+	*out = NULL;
+	if (!z)
+		return loom_seterr(LOOM_ENOMEM, "zero: out of memory");
+	s->ops = cfg->zero == 1 ? loom__zero1_strategy() : cfg->zero == 2 ? loom__zero2_strategy() : loom__zero3_strategy();
+	z->stage = cfg->zero;
+	s->model = cfg->model;
+	s->mcfg = *loom_gpt2_config(cfg->model);
+	s->dp = cfg->dp;
+	s->dp_rank = loom_comm_rank(cfg->dp), s->dp_size = N = loom_comm_size(cfg->dp);
+	s->writer = cfg->writer;
+	s->params = loom_gpt2_params(cfg->model);
+	s->nparams = loom_gpt2_num_params(&s->mcfg);
+	z->ntensors = loom_gpt2_num_tensors(&s->mcfg);
+	L = s->mcfg.n_layer;
+	z->nunits = L + 2;
+	z->sync = 1;
+	for (int k = 0; k < ZERO_SLOTS; k++)
+		z->slot_user[k] = -1;
+	for (int i = 0; i < ZERO_PSLOTS; i++)
+		z->pslot_unit[i] = -1;
+	if (!s->params) {
+		rc = loom_seterr(LOOM_EINVAL, "zero: stage %d takes the initial parameters from the model's whole "
+		                 "parameter buffer, and the model has none (loom_gpt2_set_param_buffer)", z->stage);
+		goto fail;
+	}
+	if (!(z->off = loom__calloc((size_t)N + 1, sizeof *z->off)) ||
+	    !(z->units = loom__calloc((size_t)z->nunits, sizeof *z->units)))
+		goto oom;
+	for (int q = 0; q <= N; q++)
+		z->off[q] = loom__zero_shard_offset(s->nparams, q, N);
+	s->own_offset = z->off[s->dp_rank], s->own_count = z->off[s->dp_rank + 1] - z->off[s->dp_rank];
+
+	/* The units and each rank's part of them. */
+	const loom_tensor_info_t *ti = loom_gpt2_tensors(cfg->model, NULL);
+	for (int k = 0; k < z->nunits; k++) {
+		unit_t *u = &z->units[k];
+		u->unit = k - 1;
+		u->lo = k == 0 ? 0 : k <= L ? 2 + LOOM_GPT2_LAYER_TENSORS * (k - 1) : z->ntensors - 2;
+		u->hi = k == 0 ? 2 : k <= L ? u->lo + LOOM_GPT2_LAYER_TENSORS : z->ntensors;
+		u->offset = ti[u->lo].offset;
+		u->count = ti[u->hi - 1].offset + ti[u->hi - 1].numel - u->offset;
+		if (!(u->counts = loom__calloc((size_t)N, sizeof *u->counts)))
+			goto oom;
+		size_t a = u->offset, b = u->offset + u->count, displ = 0;
+		for (int q = 0; q < N; q++) {
+			size_t lo = LOOM_MAX(a, z->off[q]), hi = LOOM_MIN(b, z->off[q + 1]);
+			u->counts[q] = hi > lo ? hi - lo : 0;
+			if (q == s->dp_rank)
+				u->mine = displ;
+			displ += u->counts[q];
+		}
+		if (k > 0)
+			largest = LOOM_MAX(largest, u->count);
+	}
+
+	if (z->stage == 1) { /* a full gradient buffer in shared memory, as DDP's */
+		if (!(s->grads = buf_alloc(z, s->nparams, &z->shared_grads)))
+			goto oom;
+		z->model_grads = loom_gpt2_grads(cfg->model);
+		if (z->model_grads)
+			memcpy(s->grads, z->model_grads, s->nparams * sizeof(float));
+		else
+			memset(s->grads, 0, s->nparams * sizeof(float));
+		loom_gpt2_set_grad_buffer(cfg->model, s->grads);
+		s->own_grads = s->grads + s->own_offset;
+		loom_gpt2_on_param_use(cfg->model, on_param_use, z);
+	} else { /* the shard, and staging buffers lent to units by the param-use hook */
+		int shared = 0;
+		if (!(z->grad_shard = loom_alloc_aligned(LOOM_MAX(s->own_count, 1) * sizeof(float))) ||
+		    !(z->emb_stage = buf_alloc(z, z->units[0].count, &z->shared_stage)))
+			goto oom;
+		for (int k = 0; k < ZERO_SLOTS; k++)
+			if (!(z->slots[k] = buf_alloc(z, largest, &shared)) || shared != z->shared_stage)
+				goto oom;
+		memset(z->grad_shard, 0, LOOM_MAX(s->own_count, 1) * sizeof(float));
+		s->grads = NULL; /* no full gradient exists */
+		s->own_grads = z->grad_shard;
+		loom_gpt2_on_param_use(cfg->model, on_param_use, z);
+	}
+	s->own_params = s->params + s->own_offset;
+	if (z->stage == 3) { /* the parameter shard, and the buffers units are gathered into */
+		int shared = 0;
+		if (!(z->param_shard = loom_alloc_aligned(LOOM_MAX(s->own_count, 1) * sizeof(float))) ||
+		    !(z->emb_gather = buf_alloc(z, z->units[0].count, &z->shared_gather)))
+			goto oom;
+		for (int i = 0; i < ZERO_PSLOTS; i++)
+			if (!(z->pslots[i] = buf_alloc(z, largest, &shared)) || shared != z->shared_gather)
+				goto oom;
+		memcpy(z->param_shard, s->params + s->own_offset, s->own_count * sizeof(float));
+		z->init = s->params; /* rank 0's is broadcast by sync_params, unless a checkpoint is loaded first */
+		s->params = NULL;    /* no whole parameter buffer is kept */
+		s->own_params = z->param_shard;
+		s->collective_forward = 1;
+	}
+	s->mem.params = (z->stage == 3 ? s->own_count : s->nparams) * sizeof(float);
+	s->mem.grads = (z->stage == 1 ? s->nparams : s->own_count) * sizeof(float);
+	s->mem.optim = 2 * s->own_count * sizeof(float);
+	s->mem.comm = z->stage == 1 ? 0 : (z->units[0].count + ZERO_SLOTS * largest) * sizeof(float);
+	if (z->stage == 3)
+		s->mem.comm += (z->units[0].count + ZERO_PSLOTS * largest) * sizeof(float);
+	if ((rc = loom_adamw_init_gpt2_range(&s->opt, &cfg->adamw, &s->mcfg, s->own_offset, s->own_count)) != LOOM_OK)
+		goto fail;
+	loom_gpt2_on_grad_ready(cfg->model, on_grad_ready, z);
+	*out = s;
+	return LOOM_OK;
+oom:
+	rc = loom_seterr(LOOM_ENOMEM, "zero: rank %d: out of memory for stage %d's buffers (%zu parameters)", s->dp_rank,
+	                 z->stage, s->nparams);
+fail:
+	zero_destroy(s);
+	return rc;
+}
+
+static void zero_set_sync(loom_strategy_t *s, int sync)
+{
+	((zero_t *)s)->sync = sync != 0;
+}
+
+static int zero_finish_grads(loom_strategy_t *s, loom_strategy_stats_t *st)
+{
+	zero_t *z = (zero_t *)s;
+	loom_comm_stats_t now;
+	double t0 = loom_now(), in_hooks = z->hook_wait_s;
+	int rc = z->err, launched = z->launched, expect = z->stage >= 2 || z->sync;
+	for (int k = 0; k < z->nunits; k++) {
+		unit_t *u = &z->units[k];
+		int had = u->req != NULL;
+		int r = finish_unit(z, u);
+		if (r != LOOM_OK && rc == LOOM_OK)
+			rc = r;
+		else if (!had && expect && rc == LOOM_OK && u->ready != u->hi - u->lo)
+			rc = loom_seterr(LOOM_ESTATE, "zero: the gradients of unit %d (tensors %d..%d) were never complete: "
+			                 "%d of %d reported", u->unit, u->lo, u->hi - 1, u->ready, u->hi - u->lo);
+		u->ready = 0;
+	}
+	loom_comm_stats(s->dp, &now);
+	/* exposed: the waits here and those inside the hooks during the micro-step (gathers, slots) */
+	st->exposed_comm_ms = 1e3 * (loom_now() - t0 + in_hooks);
+	st->comm_ms = launched ? 1e3 * (now.busy_s - z->at_launch.busy_s) : 0.0;
+	z->launched = 0, z->err = LOOM_OK, z->sync = 1, z->hook_wait_s = 0.0;
+	return rc;
+}
+
+static int zero_grad_norm(loom_strategy_t *s, double *norm)
+{
+	double sq = loom_grad_sumsq(s->own_grads, s->own_count);
+	int rc = loom_allreduce(s->dp, &sq, &sq, 1, LOOM_FLOAT64, LOOM_SUM);
+	if (rc != LOOM_OK)
+		return loom_seterr(rc, "zero: summing the squared gradient norms of the shards: %s", loom_comm_errmsg(s->dp));
+	*norm = sqrt(sq);
+	return LOOM_OK;
+}
+
+/* Wait for gathers still in flight (a forward that prefetched a unit it did not reach). */
+static int settle_gathers(zero_t *z)
+{
+	int rc = LOOM_OK, r;
+	if (z->emb_req && (r = wait_gather(z, 0, &z->emb_req)) != LOOM_OK)
+		rc = r;
+	for (int i = 0; i < ZERO_PSLOTS; i++)
+		if (z->pslot_req[i] && (r = wait_gather(z, z->pslot_unit[i], &z->pslot_req[i])) != LOOM_OK && rc == LOOM_OK)
+			rc = r;
+	return rc;
+}
+
+static int zero_optim_step(loom_strategy_t *s, float lr, float grad_scale)
+{
+	zero_t *z = (zero_t *)s;
+	int rc;
+	if ((rc = z->stage == 3 ? settle_gathers(z) : settle_params(z)) != LOOM_OK)
+		return rc;
+	if ((rc = loom_adamw_step(&s->opt, s->own_params, s->own_grads, lr, grad_scale)) != LOOM_OK)
+		return rc;
+	if (z->stage >= 2) /* the shard accumulates the next step's micro-steps */
+		memset(z->grad_shard, 0, s->own_count * sizeof(float));
+	if (z->stage == 3) {
+		drop_gathered(z);
+		return LOOM_OK;
+	}
+	return start_param_gathers(z);
+}
+
+static int compare_checksums(loom_strategy_t *s, const char *what)
+{
+	int size = s->dp_size, rc, bad = 0;
+	uint64_t mine = loom_checksum_f32(s->params, s->nparams), all[64];
+	uint64_t *a = size <= 64 ? all : loom__calloc((size_t)size, sizeof *a);
+	char list[512] = "";
+	size_t len = 0;
+	if (!a)
+		return loom_seterr(LOOM_ENOMEM, "zero: out of memory");
+	if ((rc = loom_allgather(s->dp, &mine, a, 1, LOOM_INT64)) != LOOM_OK) {
+		rc = loom_seterr(rc, "zero: %s: gathering parameter checksums failed: %s", what, loom_comm_errmsg(s->dp));
+		goto out;
+	}
+	for (int r = 1; r < size; r++)
+		if (a[r] != a[0]) {
+			bad++;
+			if (len + 32 < sizeof list)
+				len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", bad > 1 ? ", " : "", r);
+		}
+	if (bad)
+		rc = loom_seterr(LOOM_EMISMATCH, "zero: %s: parameters of rank(s) %s differ from rank 0's (checksum of rank 0 "
+		                 "%016llx, of rank %d %016llx)", what, list, (unsigned long long)a[0], s->dp_rank,
+		                 (unsigned long long)mine);
+out:
+	if (a != all)
+		free(a);
+	return rc;
+}
+
+/* Stage 3: rank 0's initial parameters (the model's whole buffer at create) to every rank, each
+ * keeping its shard; once loaded from a checkpoint or done once, the shards are the parameters and
+ * there is nothing to do. */
+static int sync_shards(zero_t *z)
+{
+	loom_strategy_t *s = &z->base;
+	int rc, have = z->init != NULL, all = 0;
+	if ((rc = loom_allreduce(s->dp, &have, &all, 1, LOOM_INT32, LOOM_MIN)) != LOOM_OK)
+		return loom_seterr(rc, "zero: agreeing on the initial parameters: %s", loom_comm_errmsg(s->dp));
+	if (!all) {
+		z->init = NULL;
+		return LOOM_OK;
+	}
+	/* in pieces of one unit, through the first gathered buffer (no whole-buffer copy is allocated) */
+	for (int k = 0; k < z->nunits; k++) {
+		unit_t *u = &z->units[k];
+		float *tmp = k == 0 ? z->emb_gather : z->pslots[0];
+		if (s->dp_rank == 0)
+			memcpy(tmp, z->init + u->offset, u->count * sizeof(float));
+		if ((rc = loom_broadcast(s->dp, tmp, u->count, LOOM_FLOAT32, 0)) != LOOM_OK)
+			return loom_seterr(rc, "zero: broadcasting rank 0's parameters of unit %d: %s", u->unit,
+			                   loom_comm_errmsg(s->dp));
+		memcpy(z->param_shard + (u->offset + u->mine - s->own_offset), tmp + u->mine,
+		       u->counts[s->dp_rank] * sizeof(float));
+	}
+	z->init = NULL;
+	drop_gathered(z);
+	return LOOM_OK;
+}
+
+static int zero_sync_params(loom_strategy_t *s)
+{
+	if (((zero_t *)s)->stage == 3)
+		return sync_shards((zero_t *)s);
+	int rc = settle_params((zero_t *)s);
+	if (rc != LOOM_OK)
+		return rc;
+	rc = loom_broadcast(s->dp, s->params, s->nparams, LOOM_FLOAT32, 0);
+	if (rc != LOOM_OK)
+		return loom_seterr(rc, "zero: broadcasting parameters from rank 0 failed: %s", loom_comm_errmsg(s->dp));
+	return compare_checksums(s, "after broadcast");
+}
+
+static int zero_check_replicas(loom_strategy_t *s)
+{
+	if (((zero_t *)s)->stage == 3)
+		return LOOM_OK; /* nothing is replicated */
+	int rc = settle_params((zero_t *)s);
+	return rc ? rc : compare_checksums(s, "replica check");
+}
+
+static int zero_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
+{
+	zero_t *z = (zero_t *)s;
+	int rc = z->stage == 3 ? settle_gathers(z) : settle_params(z);
+	return rc ? rc : loom__sharded_save(s, w, z->stage);
+}
+
+static const loom_strategy_ops_t zero1_ops = {
+	.name = "zero1",
+	.create = zero_create,
+	.destroy = zero_destroy,
+	.set_sync = zero_set_sync,
+	.finish_grads = zero_finish_grads,
+	.grad_norm = zero_grad_norm,
+	.optim_step = zero_optim_step,
+	.sync_params = zero_sync_params,
+	.check_replicas = zero_check_replicas,
+	.save = zero_save,
+	.load = loom__sharded_load,
+};
+
+static const loom_strategy_ops_t zero2_ops = {
+	.name = "zero2",
+	.create = zero_create,
+	.destroy = zero_destroy,
+	.set_sync = zero_set_sync,
+	.finish_grads = zero_finish_grads,
+	.grad_norm = zero_grad_norm,
+	.optim_step = zero_optim_step,
+	.sync_params = zero_sync_params,
+	.check_replicas = zero_check_replicas,
+	.save = zero_save,
+	.load = loom__sharded_load,
+};
+
+static const loom_strategy_ops_t zero3_ops = {
+	.name = "zero3",
+	.create = zero_create,
+	.destroy = zero_destroy,
+	.set_sync = zero_set_sync,
+	.finish_grads = zero_finish_grads,
+	.grad_norm = zero_grad_norm,
+	.optim_step = zero_optim_step,
+	.sync_params = zero_sync_params,
+	.check_replicas = zero_check_replicas,
+	.save = zero_save,
+	.load = loom__sharded_load,
+};
+
+const loom_strategy_ops_t *loom__zero3_strategy(void)
+{
+	return &zero3_ops;
+}
+
+int loom__zero_gathered_peak(const loom_strategy_t *s, unsigned long long *gathers)
+{
+	const zero_t *z = (const zero_t *)s;
+	if (gathers)
+		*gathers = z->gathers;
+	return z->gathered_peak;
+}
+
+void loom__zero_set_loaded(loom_strategy_t *s)
+{
+	zero_t *z = (zero_t *)s;
+	z->init = NULL;
+	drop_gathered(z);
+}
+
+const loom_strategy_ops_t *loom__zero1_strategy(void)
+{
+	return &zero1_ops;
+}
+
+const loom_strategy_ops_t *loom__zero2_strategy(void)
+{
+	return &zero2_ops;
+}
