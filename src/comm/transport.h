@@ -159,5 +159,15 @@ void loom_xp_yield(int (*ready)(void *), void *arg);
 
 /* The transports. */
 extern const loom_xport_ops_t loom__xport_shm;
+#ifdef LOOM_HAVE_MPI
+/* MPI (transport/mpi_xport.c), for communicators spanning hosts; built when MPI is found. Before
+ * its first open, loom__mpi_layout initializes MPI (once per process, finalized at exit) and
+ * returns this rank, the job's size, and for every world rank its host (numbered 0..nhosts-1 in
+ * order of the hosts' lowest ranks) and its rank on that host. The arrays are the transport's
+ * (valid until exit). Returns LOOM_OK or a negative LOOM_E* with loom_seterr. */
+extern const loom_xport_ops_t loom__xport_mpi;
+int loom__mpi_layout(int *rank, int *size, const int **host_of, const int **lrank_of, int *nhosts);
+const char *loom__mpi_hostname(int host); /* the hostname of host h ("?" if unknown) */
+#endif
 
 #endif
