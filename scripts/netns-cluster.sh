@@ -69,8 +69,12 @@ exec)
 	on_host "$@"
 	;;
 mpirun)
+	# Without --host among the arguments (as `loom run --hostfile` gives), both hosts with PPN ranks each.
 	shift
-	on_host 0 mpirun --allow-run-as-root --host "$NET.1:$PPN,$NET.2:$PPN" \
+	hosts="--host $NET.1:$PPN,$NET.2:$PPN"
+	for a in "$@"; do [ "$a" = --host ] && hosts=""; done
+	# shellcheck disable=SC2086
+	on_host 0 mpirun --allow-run-as-root $hosts \
 		--mca plm_rsh_agent "$SELF" --mca btl tcp,vader,self \
 		--mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" "$@"
 	;;

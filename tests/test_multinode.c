@@ -112,6 +112,37 @@ TEST(multinode_rank_killed)
 	return no_namespaces_left();
 }
 
+/* `loom run --hostfile` prints the mpirun command and runs it (LOOM_MPIRUN: the cluster's mpirun). */
+TEST(multinode_loom_run_hostfile)
+{
+	static char out[OUT_CAP], args[2048];
+	const char *why = cluster_unavailable();
+	char *dir, *loom, *script, hf[600], tmp[512];
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL), loom = realpath(test_loom_bin(), NULL);
+	script = realpath("scripts/netns-cluster.sh", NULL);
+	CHECK(dir && loom && script);
+	CHECK_OK(test_mkdtemp(tmp, sizeof tmp));
+	snprintf(hf, sizeof hf, "%s/hosts", tmp);
+	CHECK_OK(test_write_file(hf, "10.231.7.1 slots=2\n# the second host\n10.231.7.2\n", 48));
+	snprintf(args, sizeof args,
+	         "export LOOM_NETNS_PREFIX=lt%d; trap '%s down' EXIT; %s up && LOOM_MPIRUN='%s mpirun' "
+	         "timeout 60 %s run --hostfile %s --nproc-per-node 2 %s/comm_prog",
+	         (int)getpid() % 100000, script, script, script, loom, hf, dir);
+	free(dir), free(loom), free(script);
+	CHECK_MSG(test_run_cmd(args, out, OUT_CAP, 90) == 0, "loom run --hostfile failed:\n%s", out);
+	CHECK_CONTAINS(out, "loom run: running: ");
+	CHECK_CONTAINS(out, " -np 4 --host 10.231.7.1:2,10.231.7.2:2 ");
+	for (int r = 0; r < 4; r++) {
+		char want[64];
+		snprintf(want, sizeof want, "rank %d of 4: ok", r);
+		CHECK_CONTAINS(out, want);
+	}
+	test_rmdir(tmp);
+	return no_namespaces_left();
+}
+
 /* ---- DDP training across hosts ---- */
 
 enum { VOCAB = 64, STEPS = 10, MAXSTEPS = 64 };
