@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages loom needs that are missing; idempotent, and quiet when all are present.
 set -eu
-pkgs="gcc make pkg-config libopenblas-dev libopenblas0-openmp libopenmpi-dev openmpi-bin
+pkgs="gcc make pkg-config libopenblas-dev libopenblas0-openmp libopenmpi-dev openmpi-bin iproute2 util-linux
       python3 python3-torch python3-numpy fortunes libjemalloc2"
 missing=""
 for p in $pkgs; do
