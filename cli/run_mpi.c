@@ -3,7 +3,8 @@
  *
  * The hostfile has one host per line (anything after the name, e.g. "slots=4", and lines starting
  * with '#' are ignored). The command is `mpirun -np H*N --host h1:N,h2:N,... -x VAR... PROGRAM ARGS`,
- * where the -x list forwards LOOM_* and OMP_NUM_THREADS (set to 1 when unset, as for local jobs).
+ * where the -x list forwards LOOM_*, OMP_NUM_THREADS (set to 1 when unset, as for local jobs) and the
+ * sanitizers' ASAN_OPTIONS / UBSAN_OPTIONS.
  * LOOM_MPIRUN replaces "mpirun" (a command and its leading arguments, split at spaces: e.g. a
  * wrapper, or "mpirun --mca btl_tcp_if_include eth1"). The command is printed before it runs. */
 #include <errno.h>
@@ -60,7 +61,8 @@ int run_mpirun(const run_opts_t *o)
 	argv[a++] = "-np", argv[a++] = np, argv[a++] = "--host", argv[a++] = hosts;
 	for (char **e = environ; *e && a < MAX_ARGS - 40 && nx < MAX_ARGS; e++) {
 		size_t n = strcspn(*e, "=");
-		if (n >= sizeof xvars[0] || !(strncmp(*e, "LOOM_", 5) == 0 || strncmp(*e, "OMP_NUM_THREADS=", 16) == 0))
+		if (n >= sizeof xvars[0] || !(strncmp(*e, "LOOM_", 5) == 0 || strncmp(*e, "OMP_NUM_THREADS=", 16) == 0 ||
+		                              strncmp(*e, "ASAN_OPTIONS=", 13) == 0 || strncmp(*e, "UBSAN_OPTIONS=", 14) == 0))
 			continue;
 		if (strncmp(*e, "LOOM_MPIRUN=", 12) == 0 || strncmp(*e, "LOOM_RUN_JOB_ID=", 16) == 0 ||
 		    strncmp(*e, "LOOM_JOB_ID=", 12) == 0)

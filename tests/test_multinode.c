@@ -128,6 +128,7 @@ TEST(multinode_loom_run_hostfile)
 	CHECK_OK(test_write_file(hf, "10.231.7.1 slots=2\n# the second host\n10.231.7.2\n", 48));
 	snprintf(args, sizeof args,
 	         "export LOOM_NETNS_PREFIX=lt%d; trap '%s down' EXIT; %s up && LOOM_MPIRUN='%s mpirun' "
+	         "ASAN_OPTIONS=detect_leaks=0 "
 	         "timeout 60 %s run --hostfile %s --nproc-per-node 2 %s/comm_prog",
 	         (int)getpid() % 100000, script, script, script, loom, hf, dir);
 	free(dir), free(loom), free(script);

@@ -26,10 +26,24 @@ static int host_of(const loom_comm_t *c, int r)
 	return c->host_of[c->world_of[r]];
 }
 
-/* A failure of an inner communicator, recorded on c. */
+/* A failure of an inner communicator, recorded on c, with the inner ranks translated (the inner
+ * message numbers ranks within it). */
 static int inner_fail(loom_comm_t *c, loom_comm_t *in, int rc)
 {
-	return loom_comm_fail(c, rc, "%s", loom_comm_errmsg(in)[0] ? loom_comm_errmsg(in) : loom_errmsg());
+	char map[256];
+	size_t len = 0;
+	map[0] = '\0';
+	for (int r = 0; r < in->size && len + 24 < sizeof map; r++) {
+		int w = -1;
+		for (int q = 0; q < c->size && w < 0; q++) /* in's members are ranks of c, in order */
+			if (in == c->hlocal ? host_of(c, q) == host_of(c, c->rank) && c->hidx[q] == r
+			                    : c->hidx[q] == c->hidx[c->rank] && c->hcrank[q] == r)
+				w = c->world_of[q];
+		len += (size_t)snprintf(map + len, sizeof map - len, "%s%d", r ? ", " : "", w);
+	}
+	return loom_comm_fail(c, rc, "%s (in the %s group, whose ranks 0.. are world ranks %s)",
+	                      loom_comm_errmsg(in)[0] ? loom_comm_errmsg(in) : loom_errmsg(),
+	                      in == c->hlocal ? "same-host" : "cross-host", map);
 }
 
 /* An inner communicator of c with members m[0..n) (ranks of c), settings copied from c. */
