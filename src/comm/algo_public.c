@@ -25,6 +25,8 @@ const char *loom_comm_algo(const loom_comm_t *c, const char *op, size_t bytes)
 	if (loom__hier_handles(c, (loom_coll_t)k)) { /* "h-" + the inter-host phase's algorithm (hier.c) */
 		static const char *const h[LOOM_ALGO_COUNT] = {"h-auto", "h-ring", "h-rhd", "h-rd", "h-tree"};
 		size_t part = k == LOOM_COLL_ALLREDUCE ? bytes / (size_t)c->hL : bytes;
+		if (k == LOOM_COLL_ALLREDUCE && c->hcross->xp.ops->allreduce && loom__hier_cross_mpi(c, part))
+			return "h-mpi";
 		return h[loom_algo_select((loom_coll_t)k, c->hcross->size, part, c->hcross->forced[k])];
 	}
 	return loom_algo_name(loom_algo_select((loom_coll_t)k, c->size, bytes, c->forced[k]));

@@ -12,6 +12,7 @@
  * the other collectives run loom's algorithms directly over MPI. Invariants: hidx/hcrank describe
  * every member of c; the inner communicators run their collectives with their own sequence numbers
  * in the same order on every member, because every member of c runs the same phases in order. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,6 +183,48 @@ int loom__hier_handles(const loom_comm_t *c, loom_coll_t k)
 	return c->hcross && (k == LOOM_COLL_ALLREDUCE || k == LOOM_COLL_BROADCAST || k == LOOM_COLL_REDUCE);
 }
 
+/* The inter-host phase of the all-reduce: loom's algorithms (the selection rule of algo/select.c over
+ * the MPI transport) or MPI's own MPI_Iallreduce. The choice is data, first match wins, keyed on the
+ * hosts and the bytes of the slice each cross group reduces; LOOM_HIER_ALLREDUCE=loom|mpi forces
+ * one (it must be the same on every rank). Measured on the two-host cluster (bench/multinode.sh). */
+typedef struct {
+	int max_hosts;
+	size_t max_bytes;
+	int use_mpi;
+} cross_rule_t;
+
+static const cross_rule_t cross_rule[] = {
+	{1 << 30, SIZE_MAX, 0},
+};
+
+int loom__hier_cross_mpi(const loom_comm_t *c, size_t bytes)
+{
+	const char *e = getenv("LOOM_HIER_ALLREDUCE");
+	if (e && strcmp(e, "mpi") == 0)
+		return 1;
+	if (e && strcmp(e, "loom") == 0)
+		return 0;
+	for (size_t i = 0; i < LOOM_ARRAY_LEN(cross_rule); i++)
+		if (c->hH <= cross_rule[i].max_hosts && bytes <= cross_rule[i].max_bytes)
+			return cross_rule[i].use_mpi;
+	return 0;
+}
+
+static int cross_allreduce(loom_comm_t *c, void *slice, size_t count, loom_dtype_t dt, loom_op_t op)
+{
+	loom_comm_t *x = c->hcross;
+	int rc;
+	if (x->xp.ops->allreduce && loom__hier_cross_mpi(c, count * loom_dtype_size(dt))) {
+		loom_xp_ctx_t ctx = {"allreduce", ++x->coll_seq, loom_now() + x->timeout_s};
+		rc = x->xp.ops->allreduce(x, &ctx, slice, slice, count, dt, op);
+		if (rc != LOOM_ENOTSUP)
+			return rc == LOOM_OK ? LOOM_OK : inner_fail(c, x, rc);
+	}
+	if ((rc = loom_allreduce(x, slice, slice, count, dt, op)) != LOOM_OK)
+		return inner_fail(c, x, rc);
+	return LOOM_OK;
+}
+
 static int allreduce(loom_comm_t *c, const loom_coll_args_t *a)
 {
 	size_t es = loom_dtype_size(a->dt), counts[64], *cnt = counts;
@@ -201,10 +244,8 @@ static int allreduce(loom_comm_t *c, const loom_coll_args_t *a)
 		rc = inner_fail(c, c->hlocal, rc);
 		goto done;
 	}
-	if ((rc = loom_allreduce(c->hcross, slice, slice, cnt[j], a->dt, op)) != LOOM_OK) {
-		rc = inner_fail(c, c->hcross, rc);
+	if ((rc = cross_allreduce(c, slice, cnt[j], a->dt, op)) != LOOM_OK)
 		goto done;
-	}
 	if (a->op == LOOM_AVG)
 		loom_scale_local(slice, cnt[j], a->dt, c->size);
 	if ((rc = loom_allgatherv(c->hlocal, slice, cnt[j], a->recv, cnt, a->dt)) != LOOM_OK)
@@ -281,6 +322,12 @@ int loom__hier_open_sub(loom_comm_t *c, loom_comm_t *sub, const char *name, cons
 int loom__hier_handles(const loom_comm_t *c, loom_coll_t k)
 {
 	(void)c, (void)k;
+	return 0;
+}
+
+int loom__hier_cross_mpi(const loom_comm_t *c, size_t bytes)
+{
+	(void)c, (void)bytes;
 	return 0;
 }
 

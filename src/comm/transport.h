@@ -132,6 +132,11 @@ typedef struct loom_xport_ops {
 	/* The progress engine's sleep and wake-up (see the top of this file). */
 	void (*idle_wait)(loom_comm_t *c, int (*cond)(void *), void *arg, double max_s);
 	void (*wake_self)(loom_comm_t *c);
+	/* Optional (NULL: none): the transport's own all-reduce on the collective channel (MPI's), which
+	 * hier.c may choose for the inter-host phase instead of loom's algorithms. op SUM, MAX or MIN;
+	 * LOOM_ENOTSUP (recorded, not fatal) for a dtype it cannot reduce. */
+	int (*allreduce)(loom_comm_t *c, const loom_xp_ctx_t *ctx, const void *send, void *recv, size_t count,
+	                 loom_dtype_t dt, loom_op_t op);
 } loom_xport_ops_t;
 
 /* Every communicator starts with this (struct loom_comm's first member), so that a transport

@@ -389,6 +389,28 @@ static int mpi_allgather_small(loom_comm_t *c, const loom_xp_ctx_t *ctx, const v
 	return wait_all(c, ctx, &w, ctx->op ? ctx->op : "allgather_small");
 }
 
+static int mpi_allreduce(loom_comm_t *c, const loom_xp_ctx_t *ctx, const void *send, void *recv, size_t count,
+                         loom_dtype_t dt, loom_op_t op)
+{
+	mpi_comm_t *s = M(c);
+	waiter_t w = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL}, {{0}}, 0};
+	MPI_Datatype t = dt == LOOM_FLOAT32 ? MPI_FLOAT : dt == LOOM_FLOAT64 ? MPI_DOUBLE
+	                 : dt == LOOM_INT32 ? MPI_INT32_T : dt == LOOM_INT64 ? MPI_INT64_T : MPI_DATATYPE_NULL;
+	MPI_Op o = op == LOOM_MAX ? MPI_MAX : op == LOOM_MIN ? MPI_MIN : MPI_SUM;
+	int rc;
+	if (t == MPI_DATATYPE_NULL || count > (size_t)INT32_MAX)
+		return LOOM_ENOTSUP;
+	pthread_mutex_lock(&mpi_lock);
+	rc = MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, t, o, s->comm, &w.req[0]);
+	pthread_mutex_unlock(&mpi_lock);
+	if (rc != MPI_SUCCESS) {
+		rc = loom_comm_fail(c, LOOM_EIO, "MPI_Iallreduce failed");
+		mpi_abort(c, rc, loom_comm_errmsg(c));
+		return rc;
+	}
+	return wait_all(c, ctx, &w, ctx->op ? ctx->op : "allreduce");
+}
+
 static void mpi_enter(loom_comm_t *c, uint64_t seq, int coll)
 {
 	(void)c, (void)seq, (void)coll;
@@ -462,6 +484,7 @@ const loom_xport_ops_t loom__xport_mpi = {
 	.free = mpi_free,
 	.idle_wait = mpi_idle_wait,
 	.wake_self = mpi_wake_self,
+	.allreduce = mpi_allreduce,
 };
 
 #else
