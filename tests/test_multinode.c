@@ -32,7 +32,7 @@ static const char *cluster_unavailable(void)
 	static char why[256];
 	char out[512] = "";
 #ifndef LOOM_HAVE_MPI
-	return "built without MPI (pkg-config ompi-c not found)";
+	return "built without MPI (make MPI=0, or pkg-config ompi-c not found)";
 #endif
 	if (test_run_cmd("scripts/netns-cluster.sh check", out, sizeof out, 30) != 0) {
 		out[strcspn(out, "\n")] = '\0';

@@ -405,6 +405,8 @@ int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts)
 			                   mrank, msize, rank, size);
 		local_rank = lrank_of[rank];
 	}
+#else
+	(void)host_of, (void)lrank_of, (void)multi;
 #endif
 	if ((rc = job_id(fam, size, id, sizeof id)) != LOOM_OK)
 		return rc;
