@@ -3,9 +3,9 @@
 # namespaces joined by a bridge, each host's link rate limited with tc tbf), in one run:
 #   1. all-reduce bus bandwidth at 1, 16 and 64 MiB (float32, 2 hosts x 2 ranks) for loom (hierarchical:
 #      shared memory inside a host, MPI between hosts) and for OpenMPI's MPI_Allreduce (bench/comm_mpi.c)
-#      on the same 4 ranks, their ratio, and loom's inter-host link utilization: a hierarchical
-#      all-reduce over 2 hosts sends size/2 bytes each way across the link, so
-#      utilization = (size/2 x 8) / time / LOOM_NETNS_RATE;
+#      on the same 4 ranks, their ratio, and loom's inter-host link utilization: an all-reduce over H
+#      hosts must move 2(H-1)/H x size bytes each way across each host's link (size for 2 hosts), so
+#      utilization = (size x 8) / time / LOOM_NETNS_RATE;
 #   2. DDP training tokens/s at 2 hosts x 2 ranks against 1 host x 2 ranks (scaling efficiency =
 #      tokens/s(2x2) / (2 x tokens/s(1x2))) with loom's communication and exposed-communication
 #      fractions of the step, and PyTorch DDP (gloo) at 2 hosts x 2 ranks on the same cluster.
@@ -62,7 +62,7 @@ for mib in (1, 16, 64):
     if s not in loom or s not in mpi:
         continue
     (lt, lb), (mt, mb) = loom[s], mpi[s]
-    util = (s / 2 * 8) / (lt * 1e-6) / rate
+    util = (s * 8) / (lt * 1e-6) / rate
     print("%7d MiB %9.3f GB/s %9.3f GB/s %9.2fx %13.0f%%" % (mib, lb, mb, mt / lt, 100 * util))
 PYEOF
 echo
