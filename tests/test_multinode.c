@@ -107,8 +107,9 @@ TEST(multinode_rank_killed)
 	CHECK_MSG(rc != 0 && rc != -1, "mpirun mn_prog die: exit %d (expected a failure):\n%s", rc, out);
 	/* setting up the cluster and starting 4 ranks takes ~1-2 s; the death comes 0.3 s after init */
 	CHECK_MSG(secs < 15, "the job took %.1f s to end after a rank died:\n%s", secs, out);
+	/* mpirun: "process rank 3 with PID ... on node 10.231.7.2 exited on signal 9" */
 	CHECK_CONTAINS(out, "rank 3");
-	CHECK_MSG(strstr(out, ".2") || strstr(out, "1 "), "the host of rank 3 is not named:\n%s", out);
+	CHECK_CONTAINS(out, "on node 10.231.7.2");
 	return no_namespaces_left();
 }
 

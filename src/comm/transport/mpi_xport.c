@@ -58,7 +58,7 @@ static void finalize_at_exit(void)
 
 int loom__mpi_layout(int *rank, int *size, const int **host_of, const int **lrank_of, int *nhosts)
 {
-	int provided, r, n, lr, *leader = NULL, rc = LOOM_OK, flag = 0;
+	int provided, r, n, lr, rc = LOOM_OK, flag = 0;
 	MPI_Comm node;
 	void *ub;
 	pthread_mutex_lock(&mpi_lock);
@@ -80,16 +80,15 @@ int loom__mpi_layout(int *rank, int *size, const int **host_of, const int **lran
 		MPI_Comm_size(world_dup, &n);
 		MPI_Comm_split_type(world_dup, MPI_COMM_TYPE_SHARED, r, MPI_INFO_NULL, &node);
 		MPI_Comm_rank(node, &lr);
-		lay_host = calloc((size_t)n, sizeof *lay_host);
-		lay_lrank = calloc((size_t)n, sizeof *lay_lrank);
-		leader = calloc((size_t)n, sizeof *leader);
-		lay_name = calloc((size_t)n, sizeof *lay_name);
-		if (!lay_host || !lay_lrank || !leader || !lay_name) {
+		lay_host = loom__calloc((size_t)n, sizeof *lay_host);
+		lay_lrank = loom__calloc((size_t)n, sizeof *lay_lrank);
+		lay_name = loom__calloc((size_t)n, sizeof *lay_name);
+		if (!lay_host || !lay_lrank || !lay_name) {
 			rc = loom_seterr(LOOM_ENOMEM, "loom_comm_init: out of memory");
 			goto done;
 		}
 		{
-			int me[2] = {r, lr}, *all = calloc((size_t)n * 2, sizeof *all), lead = r;
+			int me[2] = {r, lr}, *all = loom__calloc((size_t)n * 2, sizeof *all), lead = r;
 			char host[64] = "";
 			if (!all) {
 				rc = loom_seterr(LOOM_ENOMEM, "loom_comm_init: out of memory");
@@ -126,7 +125,6 @@ int loom__mpi_layout(int *rank, int *size, const int **host_of, const int **lran
 	*size = lay_size, *host_of = lay_host, *lrank_of = lay_lrank, *nhosts = lay_nhosts;
 done:
 	pthread_mutex_unlock(&mpi_lock);
-	free(leader);
 	return rc;
 }
 
