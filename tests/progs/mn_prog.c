@@ -1,7 +1,8 @@
 /* mn_prog.c: a rank program for the multi-node tests (tests/test_multinode.c), started by mpirun
  * across the two-host cluster (scripts/netns-cluster.sh).
  *   mn_prog coll   the collective matrix: every collective, dtype and op, counts 0 to 16 MiB, in
- *                  place and not, on the world and on sub-communicators across and inside hosts
+ *                  place and not, on the world, on sub-communicators across and inside hosts, and on
+ *                  the axes of a dp 2 x tp 2 mesh (tp inside a host, dp across)
  *   mn_prog die    world rank 3 kills itself after an all-reduce; the others keep reducing
  * Prints "rank R of N: ok" and exits 0, or says what differed and exits 1. Values are small
  * integers, so every dtype and op has one exact answer. */
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "loom/comm.h"
+#include "loom/mesh.h"
 
 static int bad;
 
@@ -200,6 +202,19 @@ int main(int argc, char **argv)
 		return 1;
 	loom_comm_destroy(local);
 	loom_comm_destroy(cross);
+	/* A mesh dp 2 x tp 2: tp inside a host (consecutive ranks), dp across the hosts. */
+	{
+		loom_mesh_t *m;
+		if ((rc = loom_mesh_create(&m, c, 2, 2, 1)))
+			return fail(c, "loom_mesh_create", rc);
+		for (int ax = LOOM_MESH_DP; ax <= LOOM_MESH_TP; ax++) {
+			loom_comm_t *a = loom_mesh_comm(m, (loom_mesh_axis_t)ax);
+			if (!a || one(a, loom_mesh_axis_name((loom_mesh_axis_t)ax), 65537, LOOM_FLOAT32, LOOM_AVG, 0) ||
+			    one(a, loom_mesh_axis_name((loom_mesh_axis_t)ax), 1000, LOOM_INT64, LOOM_SUM, 1))
+				return 1;
+		}
+		loom_mesh_destroy(m);
+	}
 	loom_comm_destroy(c);
 	printf("rank %d of %d: ok\n", r, n);
 	return 0;
