@@ -44,21 +44,26 @@ static const char *cluster_unavailable(void)
 
 /* Bring the cluster up, run `scripts/netns-cluster.sh mpirun -np 4 <args>`, tear it down (always, by
  * a trap); the output goes to out. Returns mpirun's exit status; *secs its wall time. */
-static int cluster_mpirun(const char *args, char *out, double timeout_s, double *secs)
+static int cluster_mpirun_pre(const char *pre, const char *args, char *out, double timeout_s, double *secs)
 {
 	char cmd[4096];
 	double t0;
 	int rc;
 	snprintf(cmd, sizeof cmd,
 	         "export LOOM_NETNS_PREFIX=lt%d; trap 'scripts/netns-cluster.sh down' EXIT; scripts/netns-cluster.sh up && "
-	         "timeout %.0f scripts/netns-cluster.sh mpirun -np 4 -x ASAN_OPTIONS=detect_leaks=0 -x LOOM_TIMEOUT_S=60 "
-	         "-x OMP_NUM_THREADS=1 %s",
-	         (int)getpid() % 100000, timeout_s, args);
+	         "{ %s timeout %.0f scripts/netns-cluster.sh mpirun -np 4 -x ASAN_OPTIONS=detect_leaks=0 -x LOOM_TIMEOUT_S=60 "
+	         "-x OMP_NUM_THREADS=1 %s; }",
+	         (int)getpid() % 100000, pre, timeout_s, args);
 	t0 = now_s();
 	rc = test_run_cmd(cmd, out, OUT_CAP, timeout_s + 30);
 	if (secs)
 		*secs = now_s() - t0;
 	return rc;
+}
+
+static int cluster_mpirun(const char *args, char *out, double timeout_s, double *secs)
+{
+	return cluster_mpirun_pre("", args, out, timeout_s, secs);
 }
 
 static int no_namespaces_left(void)
@@ -110,6 +115,29 @@ TEST(multinode_rank_killed)
 	/* mpirun: "process rank 3 with PID ... on node 10.231.7.2 exited on signal 9" */
 	CHECK_CONTAINS(out, "rank 3");
 	CHECK_CONTAINS(out, "on node 10.231.7.2");
+	return no_namespaces_left();
+}
+
+/* The second host disappears (every process in its namespace killed, its daemon included) 3 s
+ * into a job that all-reduces every 0.1 s: mpirun ends the job, non-zero, within 10 s. */
+TEST(multinode_host_lost)
+{
+	static char out[OUT_CAP], args[1024], pre[256];
+	const char *why = cluster_unavailable();
+	double secs;
+	char *dir;
+	int rc;
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL);
+	CHECK(dir != NULL);
+	snprintf(args, sizeof args, "%s/mn_prog loop", dir);
+	free(dir);
+	snprintf(pre, sizeof pre, "(sleep 3; ip netns pids lt%d1 | xargs -r kill -9) &", (int)getpid() % 100000);
+	rc = cluster_mpirun_pre(pre, args, out, 60, &secs);
+	CHECK_MSG(rc != 0 && rc != -1 && rc != 124, "mpirun mn_prog loop: exit %d (expected a failure):\n%s", rc, out);
+	CHECK_MSG(secs < 3 + 10 + 3, "the job took %.1f s to end after its second host was lost:\n%s", secs, out);
+	CHECK_CONTAINS(out, "10.231.7.2"); /* "ORTE has lost communication with ... daemon ... on node 10.231.7.2" */
 	return no_namespaces_left();
 }
 

@@ -4,6 +4,7 @@
  *                  place and not, on the world, on sub-communicators across and inside hosts, and on
  *                  the axes of a dp 2 x tp 2 mesh (tp inside a host, dp across)
  *   mn_prog die    world rank 3 kills itself after an all-reduce; the others keep reducing
+ *   mn_prog loop   all-reduce every 0.1 s until killed (the test kills a whole host)
  * Prints "rank R of N: ok" and exits 0, or says what differed and exits 1. Values are small
  * integers, so every dtype and op has one exact answer. */
 #include <signal.h>
@@ -181,10 +182,10 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	r = loom_comm_rank(c), n = loom_comm_size(c);
-	if (strcmp(mode, "die") == 0) {
+	if (strcmp(mode, "die") == 0 || strcmp(mode, "loop") == 0) {
 		float x[1000] = {0};
 		for (int step = 0;; step++) {
-			if (step == 3 && r == 3)
+			if (step == 3 && r == 3 && mode[0] == 'd')
 				raise(SIGKILL);
 			if ((rc = loom_allreduce(c, x, x, 1000, LOOM_FLOAT32, LOOM_SUM)))
 				return fail(c, "allreduce", rc);
