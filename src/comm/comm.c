@@ -1,7 +1,8 @@
 /* comm.c: the communicator: joining a job from the environment (or loom_comm_init_opts), the
  * settings every rank must share, sub-groups, argument checking and dispatch of collectives,
  * point-to-point calls, the shared heap API and error messages. It talks to its transport only
- * through the table in c->xp (transport.h); the shared-memory transport is the only one so far.
+ * through the table in c->xp (transport.h): shared memory, or MPI for a job spanning hosts (whose
+ * communicators also keep hier.c's same-host and cross-host groups).
  *
  * A job is named by LOOM_JOB_ID (or the launcher's job id): its world communicator is "loom-<id>"
  * (the shared-memory transport's segment "/loom-<id>"; a second loom_comm_init in the same process,

@@ -3,14 +3,16 @@
  *
  * Two audiences. Algorithms (src/comm/algo/) are written only against part 1 of this header and
  * the public loom_comm_rank / loom_comm_size, so a transport plugs in without touching them.
- * Transports (src/comm/transport/: shared memory now, MPI later) implement part 2, the table
+ * Transports (src/comm/transport/: shared memory, and MPI between hosts) implement part 2, the table
  * loom_xport_ops_t, which comm.c and request.c call and nothing else; a transport includes no other
  * loom header than this one, loom/comm.h and core/util.h, and keeps all of its state behind
  * loom_xp_state(c).
  *
- * Writing a transport (e.g. MPI): fill a loom_xport_ops_t with every entry below, declare it next
- * to loom__xport_shm at the end of this file and choose it in comm.c's comm_new (the one place that
- * names a transport; sub-communicators inherit their parent's). The rules every entry obeys:
+ * Writing a transport: fill a loom_xport_ops_t with every entry below, declare it next to
+ * loom__xport_shm at the end of this file and choose it where a communicator is made: comm.c
+ * (loom__comm_new's default and loom_comm_init_opts: MPI when the job spans hosts; sub-communicators
+ * inherit their parent's) and hier.c (the groups of a communicator spanning hosts, and its
+ * sub-communicators: shared memory when they lie on one host). The rules every entry obeys:
  *   - Blocking. Every call returns when its part is done or failed. Waits honour ctx->deadline
  *     (0: now + loom_xp_timeout(c)) with LOOM_ETIMEDOUT, and notice within 2 s a peer that died or
  *     left (LOOM_EPEERLOST), except where the peer had already done its part.
