@@ -228,11 +228,31 @@ static int mpi_aborted(loom_comm_t *c, char *msg, size_t cap)
 	return code;
 }
 
+/* How long a wait polls before sleeping between polls, and how long it sleeps (us). With more ranks
+ * on this host than CPUs, polling steals the time the ranks that compute need (DDP's all-reduce
+ * overlaps backward): then a wait sleeps from the start, and longer. */
+static atomic_int spin_polls = -1, sleep_us; /* set once (racing threads compute the same values) */
+
+static void poll_policy(void)
+{
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	int here = 0, me = 0;
+	pthread_mutex_lock(&mpi_lock);
+	MPI_Comm_rank(world_dup, &me);
+	for (int q = 0; q < lay_size; q++)
+		here += lay_host[q] == lay_host[me];
+	pthread_mutex_unlock(&mpi_lock);
+	sleep_us = ncpu > 0 && here > ncpu ? 50 : 10; /* before spin_polls, which marks the policy set */
+	spin_polls = ncpu > 0 && here > ncpu ? 0 : 200;
+}
+
 /* Poll w until done; LOOM_OK, or a failure recorded on c (timeout, or an abort from a peer). */
 static int wait_all(loom_comm_t *c, const loom_xp_ctx_t *ctx, waiter_t *w, const char *what)
 {
 	double deadline = ctx->deadline > 0 ? ctx->deadline : loom_now() + loom_xp_timeout(c);
 	int code;
+	if (spin_polls < 0)
+		poll_policy();
 	for (long spins = 0; !poll_once(w); spins++) {
 		if ((spins & 63) == 63) {
 			char msg[600];
@@ -249,8 +269,8 @@ static int wait_all(loom_comm_t *c, const loom_xp_ctx_t *ctx, waiter_t *w, const
 		}
 		if (loom_xp_should_yield())
 			loom_xp_yield(poll_once, w);
-		else if (spins > 200)
-			usleep(spins > 20000 ? 200 : 10);
+		else if (spins >= spin_polls)
+			usleep(spins > 20000 ? 200 : (unsigned)sleep_us);
 	}
 	return LOOM_OK;
 }
@@ -459,8 +479,10 @@ static void mpi_idle_wait(loom_comm_t *c, int (*cond)(void *), void *arg, double
 {
 	double end = loom_now() + max_s;
 	(void)c;
+	if (spin_polls < 0)
+		poll_policy();
 	while (!cond(arg) && loom_now() < end)
-		usleep(20);
+		usleep((unsigned)sleep_us * 2);
 }
 
 static void mpi_wake_self(loom_comm_t *c)
