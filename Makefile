@@ -18,6 +18,16 @@ PCRE2_LIBS   := $(or $(shell pkg-config --libs libpcre2-8 2>/dev/null),-lpcre2-8
 CPPFLAGS += $(PCRE2_CFLAGS)
 LDLIBS   := -lopenblas $(PCRE2_LIBS) -fopenmp -pthread -lm -lrt
 
+# Optional MPI, for jobs spanning hosts (docs/multinode.md): on when `pkg-config ompi-c` works
+# (Debian: libopenmpi-dev), off with `make MPI=0`; without it loom builds and runs single-host.
+# After switching, `make clean` (objects do not track the flag).
+MPI ?= $(shell pkg-config --exists ompi-c 2>/dev/null && echo 1 || echo 0)
+ifeq ($(MPI),1)
+MPI_LIBS := $(shell pkg-config --libs ompi-c)
+CPPFLAGS += -DLOOM_HAVE_MPI $(patsubst -I%,-isystem %,$(shell pkg-config --cflags ompi-c))
+LDLIBS   += $(MPI_LIBS)
+endif
+
 comma := ,
 ifeq ($(SANITIZER),)
 BUILD := build
@@ -60,7 +70,7 @@ $(BUILD)/loom.pc: Makefile
 	@printf '%s\n' 'prefix=$${pcfiledir}/$(TOPREL)' 'includedir=$${prefix}/include' 'libdir=$${pcfiledir}' '' \
 	  'Name: loom' 'Description: distributed training for GPT-style language models' 'Version: 0.1.0' \
 	  'Cflags: -I$${includedir} -pthread' \
-	  'Libs: $${libdir}/libloom.a -lopenblas $(PCRE2_LIBS) -fopenmp -pthread -lm -lrt $(SANLIBS)' > $@
+	  'Libs: $${libdir}/libloom.a -lopenblas $(PCRE2_LIBS) -fopenmp -pthread -lm -lrt $(MPI_LIBS) $(SANLIBS)' > $@
 
 # The test list is generated from every TEST(name) in tests/*.c, so adding a test is one edit.
 $(BUILD)/tests/list.h: $(TEST_SRC)
@@ -92,7 +102,7 @@ install: all
 	@printf '%s\n' 'prefix=$${pcfiledir}/../..' 'includedir=$${prefix}/include' 'libdir=$${prefix}/lib' '' \
 	  'Name: loom' 'Description: distributed training for GPT-style language models' 'Version: 0.1.0' \
 	  'Cflags: -I$${includedir} -pthread' \
-	  'Libs: -L$${libdir} -lloom -lopenblas $(PCRE2_LIBS) -fopenmp -pthread -lm -lrt' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/loom.pc
+	  'Libs: -L$${libdir} -lloom -lopenblas $(PCRE2_LIBS) -fopenmp -pthread -lm -lrt $(MPI_LIBS)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/loom.pc
 
 # Installs the Debian packages that are missing (quiet when all are present).
 deps:

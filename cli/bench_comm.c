@@ -379,6 +379,9 @@ int loom_cli_bench_comm(int argc, char **argv)
 		if (b.verbose) {
 			printf("# selection rule (first match; bytes as in the size column):\n");
 			loom_comm_algo_rule(stdout);
+			if (strncmp(loom_comm_algo(b.c, "allreduce", 1u << 20), "h-", 2) == 0)
+				printf("# across hosts, h-ALGO: reduce-scatter on shared memory inside each host, ALGO (the rule "
+				       "above, at 1/L of the size) between hosts over MPI, all-gather inside each host\n");
 		}
 	}
 	if ((status = memcpy_baseline(&b)))

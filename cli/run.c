@@ -388,6 +388,8 @@ int loom_cli_run(int argc, char **argv)
 		if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) < 0)
 			return 1;
 	run_parse_opts(argc, argv, &o);
+	if (o.hostfile)
+		return run_mpirun(&o);
 	r = calloc((size_t)o.nproc, sizeof *r);
 	if (!r || setup_signals() != 0) {
 		fprintf(stderr, "loom run: cannot set up: %s\n", strerror(errno));

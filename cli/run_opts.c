@@ -32,6 +32,8 @@ static void usage(FILE *f)
 	        "  --node-rank I        this node's rank (GROUP_RANK), 0 <= I < K (default 0)\n"
 	        "  --master-addr A      MASTER_ADDR (default 127.0.0.1)\n"
 	        "  --master-port P      MASTER_PORT (default 29500)\n"
+	        "  --hostfile FILE      run across the hosts of FILE (one per line) with mpirun, N ranks\n"
+	        "                       on each; prints the mpirun command (docs/multinode.md)\n"
 	        "  --ranks LIST         show only these ranks' output, e.g. 0 or 0,2 or 0-3\n"
 	        "                       (also torchrun's --local-ranks-filter)\n"
 	        "  --help               this text\n"
@@ -169,6 +171,8 @@ void run_parse_opts(int argc, char **argv, run_opts_t *o)
 			if (!*v)
 				cli_die("run", "--master-addr: empty address");
 			o->addr = v;
+		} else if (flag2(argc, argv, &i, "--hostfile", &v)) {
+			o->hostfile = v;
 		} else if (flag2(argc, argv, &i, "--master-port", &v)) {
 			port = v;
 		} else if (cli_flag(argc, argv, &i, "--ranks", &v) || flag2(argc, argv, &i, "--local-ranks-filter", &v)) {
@@ -186,7 +190,12 @@ void run_parse_opts(int argc, char **argv, run_opts_t *o)
 		if (colon)
 			parse_range("--nnodes", lo, 1, max);
 		if (max > 1) {
-			fprintf(stderr, "loom run: --nnodes %s: multi-node is not supported yet (only --nnodes 1)\n", nnodes);
+			fprintf(stderr,
+			        "loom run: --nnodes %s: loom does not rendezvous across hosts as torchrun does; start a multi-node "
+			        "job with\n  loom run --hostfile FILE --nproc-per-node N PROGRAM ...   (runs mpirun for you)\n"
+			        "  mpirun -np K*N --host a:N,b:N PROGRAM ...\n  srun -N K --ntasks-per-node N --mpi=pmix PROGRAM ...\n"
+			        "(see docs/multinode.md)\n",
+			        nnodes);
 			exit(2);
 		}
 	}

@@ -13,10 +13,16 @@ typedef struct {
 	char **argv;         /* PROGRAM ARGS, NULL-terminated (points into the caller's argv) */
 	double grace_s;      /* LOOM_KILL_GRACE_S: SIGTERM to SIGKILL */
 	char job_id[64];     /* LOOM_JOB_ID: the caller's, or a fresh one */
+	const char *hostfile; /* --hostfile: run the job across its hosts with mpirun (run_mpi.c) */
 } run_opts_t;
 
 /* Parse `loom run`'s flags (argv[0] = "run") and environment into *o. Prints the help and exits 0
  * for --help; prints a clear message and exits 2 for anything invalid (--nnodes > 1 included). */
 void run_parse_opts(int argc, char **argv, run_opts_t *o);
+
+/* --hostfile: build the mpirun command for o (every host of the file runs o->nproc ranks), print
+ * it and exec it; returns only on failure (exit code: 2 for a bad hostfile, 127 when mpirun cannot
+ * be executed). */
+int run_mpirun(const run_opts_t *o);
 
 #endif

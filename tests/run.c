@@ -1,6 +1,7 @@
 /* run.c: the test runner. `run` runs every test, each in a forked child under a timeout;
  * `run NAME...` runs the named ones (in-process when a single name is given, for gdb; --fork to
- * keep the child). Last line: "N passed, N failed". Also the multi-rank harness from test.h. */
+ * keep the child). Last line: "N passed, N failed" (then ", N skipped" when a test
+ * skipped: TEST_SKIP, for tests that cannot run here, each with a one-line reason). Also the multi-rank harness from test.h. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -269,7 +270,7 @@ static int run_forked(int i, double timeout_s)
 		setpgid(0, 0);
 		int rc = tests[i].fn();
 		fflush(NULL);
-		exit(rc == 0 ? 0 : 1);
+		exit(rc == 0 || rc == TEST_SKIPPED ? rc : 1);
 	}
 	if (p < 0) {
 		perror("fork");
@@ -288,8 +289,8 @@ static int run_forked(int i, double timeout_s)
 		}
 		usleep(5000);
 	}
-	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
-		return 0;
+	if (WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == TEST_SKIPPED))
+		return WEXITSTATUS(st);
 	if (!(WIFEXITED(st) && WEXITSTATUS(st) == 1)) {
 		char d[96];
 		describe_status(st, d, sizeof d);
@@ -300,7 +301,8 @@ static int run_forked(int i, double timeout_s)
 
 int main(int argc, char **argv)
 {
-	int n = (int)(sizeof tests / sizeof tests[0]), passed = 0, failed = 0, fork_mode = 1, nnames = 0, list = 0;
+	int n = (int)(sizeof tests / sizeof tests[0]), passed = 0, failed = 0, skipped = 0, fork_mode = 1, nnames = 0;
+	int list = 0;
 	const char *names[512];
 	double timeout_s = 600 * timeout_scale();
 	for (int a = 1; a < argc; a++) {
@@ -338,13 +340,19 @@ int main(int argc, char **argv)
 		fflush(stdout);
 		t0 = now_s();
 		rc = fork_mode ? run_forked(i, timeout_s) : tests[i].fn();
-		printf("[ %s ] %s (%.2f s)\n", rc == 0 ? " OK " : "FAIL", tests[i].name, now_s() - t0);
+		printf("[ %s ] %s (%.2f s)\n", rc == 0 ? " OK " : rc == TEST_SKIPPED ? "SKIP" : "FAIL", tests[i].name,
+		       now_s() - t0);
 		fflush(stdout);
-		if (rc == 0)
+		if (rc == TEST_SKIPPED)
+			skipped++;
+		else if (rc == 0)
 			passed++;
 		else
 			failed++;
 	}
-	printf("%d passed, %d failed\n", passed, failed);
+	if (skipped)
+		printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+	else
+		printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
 }

@@ -14,6 +14,11 @@
 
 #define TEST(name) int test_##name(void)
 
+/* A test that cannot run here (not root, no network namespaces, built without MPI) returns
+ * TEST_SKIP("one-line reason"): counted as skipped by the runner, never as passed. */
+#define TEST_SKIPPED 77
+#define TEST_SKIP(...) (printf("  skipped: "), printf(__VA_ARGS__), printf("\n"), fflush(stdout), TEST_SKIPPED)
+
 #define TEST_FAIL_(...)                                                                          \
 	do {                                                                                         \
 		fprintf(stderr, "  %s:%d: ", __FILE__, __LINE__);                                        \

@@ -107,7 +107,7 @@ static int rank_env_errors(int rank, int n, void *arg)
 	if (init_fails(LOOM_EINVAL, "WORLD_SIZE is missing"))
 		return 1;
 	setenv("WORLD_SIZE", "2", 1), setenv("LOCAL_WORLD_SIZE", "1", 1);
-	if (init_fails(LOOM_ENOTSUP, "multi-node is not supported yet (needs the MPI transport)"))
+	if (init_fails(LOOM_ENOTSUP, "the job spans more than one machine"))
 		return 1;
 	setenv("WORLD_SIZE", "1", 1), setenv("LOCAL_WORLD_SIZE", "1", 1);
 	setenv("LOOM_TIMEOUT_S", "soon", 1);
@@ -170,7 +170,7 @@ static int rank_other_launcher(int rank, int n, void *arg)
 	CHECK_OK(loom_comm_destroy(c));
 	if (strcmp(which, "slurm") == 0) { /* two nodes: refused clearly */
 		setenv("SLURM_NNODES", "2", 1);
-		return init_fails(LOOM_ENOTSUP, "multi-node is not supported yet");
+		return init_fails(LOOM_ENOTSUP, "spans more than one machine");
 	}
 	return 0;
 }

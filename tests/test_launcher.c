@@ -250,8 +250,8 @@ TEST(launcher_bad_usage)
 		const char *env, *args, *msg;
 		int rc;
 	} cases[] = {
-		{NULL, "--nnodes 2 true", "loom run: --nnodes 2: multi-node is not supported yet", 2},
-		{NULL, "--nnodes=1:4 true", "multi-node is not supported yet", 2},
+		{NULL, "--nnodes 2 true", "loom run: --nnodes 2: loom does not rendezvous across hosts", 2},
+		{NULL, "--nnodes=1:4 true", "loom run --hostfile FILE --nproc-per-node N", 2},
 		{NULL, "--nproc-per-node 0 true", "--nproc-per-node: 0 is out of range (expected 1..1024)", 2},
 		{NULL, "--nproc-per-node two true", "--nproc-per-node: 'two' is not an integer", 2},
 		{NULL, "--nproc-per-node", "--nproc-per-node needs a value", 2},

@@ -19,8 +19,11 @@
  * large messages. LOOM_ALGO, LOOM_DEBUG, LOOM_SHM_MB, LOOM_RING_SEG and LOOM_SHM_INPLACE_MIN must be
  * the same on every rank (checked at init). loom_comm_init_opts sets them in code instead.
  * RANK without WORLD_SIZE is an error; LOCAL_RANK / LOCAL_WORLD_SIZE default to RANK / WORLD_SIZE.
- * All ranks must be on one machine for now (LOCAL_WORLD_SIZE == WORLD_SIZE, one Slurm node);
- * otherwise loom_comm_init fails with LOOM_ENOTSUP.
+ * A job spanning machines (mpirun's OMPI_COMM_WORLD_LOCAL_SIZE < SIZE, Slurm with several nodes and
+ * PMI) joins through MPI when loom was built with it: ranks on one host talk over shared memory,
+ * hosts over MPI, collectives run hierarchically (docs/multinode.md). Without MPI, or with a
+ * torchrun-style environment spanning machines (LOCAL_WORLD_SIZE < WORLD_SIZE), loom_comm_init fails
+ * with LOOM_ENOTSUP. loom_comm_alloc memory is shared with the ranks on the same host.
  *
  * Failures: when a rank dies or leaves, a deadline passes, or the transport sees a message of the
  * wrong size in a collective, the communicator is unusable afterwards: every later call on it, on
@@ -210,7 +213,8 @@ void loom_comm_free(loom_comm_t *c, void *p);
  * (recursive halving-doubling), "rd" (recursive doubling) and "tree". All three are thread-safe. */
 /* The algorithm communicator c runs operation `op` with for `bytes` bytes (nccl-tests' size: the
  * whole vector; for allgather and reduce_scatter all ranks' parts together), honouring the LOOM_ALGO
- * it was created with. NULL for a NULL c or an unknown op. */
+ * it was created with. NULL for a NULL c or an unknown op. On a communicator spanning hosts, the
+ * hierarchical collectives are "h-ALGO", ALGO being the algorithm between hosts (docs/multinode.md). */
 const char *loom_comm_algo(const loom_comm_t *c, const char *op, size_t bytes);
 /* Check a LOOM_ALGO value ("allreduce:ring,allgather:rd"; NULL and "" are valid) without a
  * communicator: LOOM_OK, or LOOM_EINVAL with loom_errmsg() naming the bad entry and the valid names. */

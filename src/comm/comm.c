@@ -1,7 +1,8 @@
 /* comm.c: the communicator: joining a job from the environment (or loom_comm_init_opts), the
  * settings every rank must share, sub-groups, argument checking and dispatch of collectives,
  * point-to-point calls, the shared heap API and error messages. It talks to its transport only
- * through the table in c->xp (transport.h); the shared-memory transport is the only one so far.
+ * through the table in c->xp (transport.h): shared memory, or MPI for a job spanning hosts (whose
+ * communicators also keep hier.c's same-host and cross-host groups).
  *
  * A job is named by LOOM_JOB_ID (or the launcher's job id): its world communicator is "loom-<id>"
  * (the shared-memory transport's segment "/loom-<id>"; a second loom_comm_init in the same process,
@@ -46,13 +47,19 @@ int loom_comm_fail(loom_comm_t *c, int code, const char *fmt, ...)
 		loom_seterr(code, "%s", detail);
 		return code;
 	}
+	char who[128];
+	snprintf(who, sizeof who, "rank %d", c->rank);
+#ifdef LOOM_HAVE_MPI
+	if (c->host_of) /* spanning hosts: name this rank's host too */
+		snprintf(who, sizeof who, "rank %d (world rank %d on host %s)", c->rank, c->world_of[c->rank],
+		         loom__mpi_hostname(c->host_of[c->world_of[c->rank]]));
+#endif
 	if (loom_cur.c == c && loom_cur.op && loom_cur.seq)
-		snprintf(msg, sizeof msg, "rank %d: %s #%llu: %s", c->rank, loom_cur.op, (unsigned long long)loom_cur.seq,
-		         detail);
+		snprintf(msg, sizeof msg, "%s: %s #%llu: %s", who, loom_cur.op, (unsigned long long)loom_cur.seq, detail);
 	else if (loom_cur.c == c && loom_cur.op)
-		snprintf(msg, sizeof msg, "rank %d: %s: %s", c->rank, loom_cur.op, detail);
+		snprintf(msg, sizeof msg, "%s: %s: %s", who, loom_cur.op, detail);
 	else
-		snprintf(msg, sizeof msg, "rank %d: %s", c->rank, detail);
+		snprintf(msg, sizeof msg, "%s: %s", who, detail);
 	loom_seterr(code, "%s", msg);
 	pthread_mutex_lock(&c->err_lock);
 	memcpy(c->errmsg, msg, sizeof msg);
@@ -103,10 +110,10 @@ static const env_family_t families[] = {
 
 /* Rank and size from the first launcher family whose rank variable is set; a job of one otherwise.
  * *fam is the family's index (-1 for a job of one). */
-static int job_from_env(int *rank, int *size, int *local_rank, int *fam)
+static int job_from_env(int *rank, int *size, int *local_rank, int *fam, int *multi)
 {
 	long r = 0, n = 1, lr, ln;
-	*fam = -1;
+	*fam = -1, *multi = 0;
 	for (int f = 0; f < (int)LOOM_ARRAY_LEN(families); f++) {
 		const env_family_t *e = &families[f];
 		int has = env_int(e->rank, &r);
@@ -137,10 +144,26 @@ static int job_from_env(int *rank, int *size, int *local_rank, int *fam)
 			if (nodes > 1)
 				ln = 0;
 		}
+#ifdef LOOM_HAVE_MPI
+		if (ln != n && f == 0)
+			return loom_seterr(LOOM_ENOTSUP,
+			                   "loom_comm_init: rank %ld: the job spans more than one machine (%s=%ld, local size %ld): "
+			                   "start it with mpirun, srun or `loom run --hostfile` (see docs/multinode.md)",
+			                   r, e->size, n, ln);
+		if (ln != n && f == 2 && !getenv("PMIX_RANK") && !getenv("PMI_RANK"))
+			return loom_seterr(LOOM_ENOTSUP,
+			                   "loom_comm_init: rank %ld: the job spans more than one machine (%s=%ld over several "
+			                   "nodes) but srun gave no PMI: start it with `srun --mpi=pmix` so MPI can join",
+			                   r, e->size, n);
+		if (ln != n) { /* several hosts: MPI gives the layout (loom__mpi_layout) */
+			*multi = 1;
+			break;
+		}
+#endif
 		if (ln != n)
 			return loom_seterr(LOOM_ENOTSUP,
 			                   "loom_comm_init: rank %ld: the job spans more than one machine (%s=%ld, local size %ld): "
-			                   "multi-node is not supported yet (needs the MPI transport)",
+			                   "this loom was built without MPI (libopenmpi-dev; see docs/multinode.md)",
 			                   r, e->size, n, ln);
 		if (lr != r)
 			return loom_seterr(LOOM_EINVAL,
@@ -233,7 +256,7 @@ static int parse_config(loom_comm_t *c, const loom_comm_opts_t *o)
 	return LOOM_OK;
 }
 
-static loom_comm_t *comm_new(int rank, int size)
+loom_comm_t *loom__comm_new(int rank, int size)
 {
 	loom_comm_t *c = loom__calloc(1, sizeof *c);
 	if (!c)
@@ -250,14 +273,31 @@ static loom_comm_t *comm_new(int rank, int size)
 	return c;
 }
 
-static void comm_free(loom_comm_t *c)
+/* Memory peers on this host read in place: a communicator spanning hosts takes it from its
+ * host-local (shared-memory) communicator. */
+static void *xalloc(loom_comm_t *c, size_t bytes)
+{
+	if (c->hlocal)
+		return c->hlocal->xp.ops->alloc(c->hlocal, bytes);
+	return c->xp.ops->alloc(c, bytes);
+}
+
+static int xfree(loom_comm_t *c, void *p)
+{
+	if (c->hlocal && c->hlocal->xp.ops->free(c->hlocal, p))
+		return 1;
+	return c->xp.ops->free(c, p);
+}
+
+void loom__comm_free(loom_comm_t *c)
 {
 	for (int s = 0; s < 2; s++) {
 		if (c->scratch_xp[s])
-			c->xp.ops->free(c, c->scratch[s]);
+			xfree(c, c->scratch[s]);
 		else
 			loom_free_aligned(c->scratch[s]);
 	}
+	loom__hier_free(c);
 	c->xp.ops->close(c);
 	pthread_mutex_destroy(&c->err_lock);
 	free(c->p2p_lanes);
@@ -337,7 +377,8 @@ int loom_comm_init(loom_comm_t **comm)
 
 int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts)
 {
-	int rank = 0, size = 1, local_rank = 0, fam = -1, rc;
+	int rank = 0, size = 1, local_rank = 0, fam = -1, rc, multi = 0;
+	const int *host_of = NULL, *lrank_of = NULL;
 	char id[96], name[160];
 	long shm_mb;
 	int ok;
@@ -353,8 +394,21 @@ int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts)
 	loom_comm_opts_default(&none);
 	if (!opts)
 		opts = &none;
-	if ((rc = job_from_env(&rank, &size, &local_rank, &fam)) != LOOM_OK)
+	if ((rc = job_from_env(&rank, &size, &local_rank, &fam, &multi)) != LOOM_OK)
 		return rc;
+#ifdef LOOM_HAVE_MPI
+	if (multi) {
+		int nhosts, mrank, msize;
+		if ((rc = loom__mpi_layout(&mrank, &msize, &host_of, &lrank_of, &nhosts)) != LOOM_OK)
+			return rc;
+		if (mrank != rank || msize != size)
+			return loom_seterr(LOOM_EINVAL, "loom_comm_init: MPI says rank %d of %d, the environment rank %d of %d",
+			                   mrank, msize, rank, size);
+		local_rank = lrank_of[rank];
+	}
+#else
+	(void)host_of, (void)lrank_of, (void)multi;
+#endif
 	if ((rc = job_id(fam, size, id, sizeof id)) != LOOM_OK)
 		return rc;
 	if (opts->heap_bytes) {
@@ -375,16 +429,20 @@ int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts)
 		snprintf(name, sizeof name, "loom-%s", id);
 	else
 		snprintf(name, sizeof name, "loom-%s-g%u", id, gen);
-	c = comm_new(rank, size);
+	c = loom__comm_new(rank, size);
 	if (!c)
 		return loom_seterr(LOOM_ENOMEM, "loom_comm_init: out of memory");
 	c->world_gen = gen, c->world_size = size;
 	c->local_rank = local_rank;
+#ifdef LOOM_HAVE_MPI
+	if (multi)
+		c->xp.ops = &loom__xport_mpi, c->host_of = host_of, c->lrank_of = lrank_of;
+#endif
 	for (int r = 0; r < size; r++)
 		c->world_of[r] = r;
 	snprintf(c->name, sizeof c->name, "%s", name);
 	if ((rc = parse_config(c, opts)) != LOOM_OK) {
-		comm_free(c);
+		loom__comm_free(c);
 		return rc;
 	}
 	ctx = (loom_xp_ctx_t){"init", 0, loom_now() + c->timeout_s};
@@ -392,12 +450,14 @@ int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts)
 	rc = c->xp.ops->open(c, NULL, name, heap_bytes, &ctx);
 	if (rc == LOOM_OK)
 		rc = check_config(c, &ctx, heap_bytes);
+	if (rc == LOOM_OK && c->host_of)
+		rc = loom__hier_build(c, NULL, heap_bytes, &ctx);
 	loom_cur = saved;
 	if (rc != LOOM_OK) {
 		char msg[1024];
 		snprintf(msg, sizeof msg, "%s", loom_errmsg());
 		c->xp.ops->depart(c);
-		comm_free(c);
+		loom__comm_free(c);
 		return loom_seterr(rc, "%s", msg);
 	}
 	*comm = c;
@@ -410,7 +470,7 @@ int loom_comm_destroy(loom_comm_t *comm)
 		return LOOM_OK;
 	loom__comm_req_shutdown(comm);
 	comm->xp.ops->depart(comm);
-	comm_free(comm);
+	loom__comm_free(comm);
 	return LOOM_OK;
 }
 
@@ -478,7 +538,7 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 		goto done;
 	}
 	snprintf(name, sizeof name, "%s-%llu.%d", c->name, (unsigned long long)split_no, members[0]);
-	sub = comm_new(me, m);
+	sub = loom__comm_new(me, m);
 	if (!sub) {
 		rc = loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
 		goto done;
@@ -493,13 +553,16 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 	memcpy(sub->forced, c->forced, sizeof c->forced);
 	memcpy(sub->algo_spec, c->algo_spec, sizeof c->algo_spec);
 	loom_cur.c = sub;
-	rc = c->xp.ops->open(sub, c, name, 0, &ctx);
+	if (c->host_of)
+		rc = loom__hier_open_sub(c, sub, name, &ctx);
+	else
+		rc = c->xp.ops->open(sub, c, name, 0, &ctx);
 	loom_cur.c = c;
 	if (rc != LOOM_OK) {
 		pthread_mutex_lock(&c->err_lock);
 		snprintf(c->errmsg, sizeof c->errmsg, "%s", loom_errmsg());
 		pthread_mutex_unlock(&c->err_lock);
-		comm_free(sub);
+		loom__comm_free(sub);
 		sub = NULL;
 		goto done;
 	}
@@ -661,7 +724,9 @@ int loom__comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
 	rc = loom__comm_check_usable(c, loom_cur.op);
 	if (rc == LOOM_OK && c->debug)
 		rc = check_fingerprint(c, a, &c->coll_ctx);
-	if (rc == LOOM_OK)
+	if (rc == LOOM_OK && loom__hier_handles(c, a->coll))
+		rc = loom__hier_run(c, a);
+	else if (rc == LOOM_OK)
 		rc = loom_algo_run(c, a, c->forced[a->coll]);
 	if (rc == LOOM_OK) {
 		atomic_fetch_add_explicit(&c->st_colls, 1, memory_order_relaxed);
@@ -871,14 +936,14 @@ void *loom_comm_scratch(loom_comm_t *c, int slot, size_t bytes)
 		return c->scratch[slot];
 	old = c->scratch_bytes[slot];
 	if (c->scratch_xp[slot])
-		c->xp.ops->free(c, c->scratch[slot]);
+		xfree(c, c->scratch[slot]);
 	else
 		loom_free_aligned(c->scratch[slot]);
 	c->scratch[slot] = NULL, c->scratch_bytes[slot] = 0;
 	want = LOOM_MAX(bytes, (size_t)64 << 10);
 	if (old && old < SIZE_MAX / 2 && want < old * 2)
 		want = old * 2; /* grow geometrically */
-	c->scratch[slot] = c->xp.ops->alloc(c, want);
+	c->scratch[slot] = xalloc(c, want);
 	c->scratch_xp[slot] = c->scratch[slot] != NULL;
 	if (!c->scratch[slot])
 		c->scratch[slot] = loom_alloc_aligned(want);

@@ -67,6 +67,15 @@ struct loom_comm {
 	loom_lane_t coll_lane;
 	loom_lane_t *p2p_lanes; /* 2*size, allocated at the first isend/irecv: sends to r, then receives from r */
 	int engine_user;        /* counted among the progress engine's users */
+
+	/* Communicators spanning hosts (hier.c): NULL / 0 otherwise. host_of and lrank_of (by world rank)
+	 * are the MPI transport's layout; hlocal holds this host's members (shared memory), hcross the
+	 * members whose index on their host equals ours (MPI), only when every host has hL members. */
+	const int *host_of, *lrank_of;
+	struct loom_comm *hlocal, *hcross;
+	int *hidx;   /* member r's rank in its host's hlocal */
+	int *hcrank; /* member r's rank in its hcross */
+	int hL, hH;  /* members per host, hosts (hcross != NULL) */
 };
 
 /* What the calling thread (or progress-engine worker) is doing: only prefixes error messages
@@ -89,6 +98,28 @@ int loom__comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq);
 int loom__comm_validate(loom_comm_t *c, loom_coll_args_t *a);
 /* Fail fast when the communicator is unusable after an earlier fatal error; LOOM_OK otherwise. */
 int loom__comm_check_usable(loom_comm_t *c, const char *op);
+
+/* A communicator of rank/size with the shared-memory transport, nothing opened; NULL when out of
+ * memory. comm_free releases one (and its transport state, its hierarchy). */
+loom_comm_t *loom__comm_new(int rank, int size);
+void loom__comm_free(loom_comm_t *c);
+
+/* ---- hier.c: communicators spanning hosts ------------------------------------------------------ */
+
+/* Build c's hierarchy (c is open on the MPI transport, host_of/lrank_of set): hlocal opened with
+ * shared memory (a new segment for the world, when plocal is NULL; else a sub-group of plocal, the
+ * parent's hlocal), and hcross when every host has the same number of members. Collective over c. */
+int loom__hier_build(loom_comm_t *c, loom_comm_t *plocal, size_t heap_bytes, const loom_xp_ctx_t *ctx);
+/* Destroy c's hlocal and hcross. */
+void loom__hier_free(loom_comm_t *c);
+/* Does c run collective k hierarchically? Run it (validated, on the calling thread). */
+int loom__hier_handles(const loom_comm_t *c, loom_coll_t k);
+int loom__hier_run(loom_comm_t *c, const loom_coll_args_t *a);
+/* Does the all-reduce's inter-host phase of `bytes` per cross group run MPI's own all-reduce? */
+int loom__hier_cross_mpi(const loom_comm_t *c, size_t bytes);
+/* Open sub (members set in world ranks, rank and size set) as a sub-group of the MPI communicator
+ * c: on shared memory when every member is on this host, else on MPI with its own hierarchy. */
+int loom__hier_open_sub(loom_comm_t *c, loom_comm_t *sub, const char *name, const loom_xp_ctx_t *ctx);
 
 /* ---- request.c: the progress engine ----------------------------------------------------------- */
 

@@ -3,14 +3,16 @@
  *
  * Two audiences. Algorithms (src/comm/algo/) are written only against part 1 of this header and
  * the public loom_comm_rank / loom_comm_size, so a transport plugs in without touching them.
- * Transports (src/comm/transport/: shared memory now, MPI later) implement part 2, the table
+ * Transports (src/comm/transport/: shared memory, and MPI between hosts) implement part 2, the table
  * loom_xport_ops_t, which comm.c and request.c call and nothing else; a transport includes no other
  * loom header than this one, loom/comm.h and core/util.h, and keeps all of its state behind
  * loom_xp_state(c).
  *
- * Writing a transport (e.g. MPI): fill a loom_xport_ops_t with every entry below, declare it next
- * to loom__xport_shm at the end of this file and choose it in comm.c's comm_new (the one place that
- * names a transport; sub-communicators inherit their parent's). The rules every entry obeys:
+ * Writing a transport: fill a loom_xport_ops_t with every entry below, declare it next to
+ * loom__xport_shm at the end of this file and choose it where a communicator is made: comm.c
+ * (loom__comm_new's default and loom_comm_init_opts: MPI when the job spans hosts; sub-communicators
+ * inherit their parent's) and hier.c (the groups of a communicator spanning hosts, and its
+ * sub-communicators: shared memory when they lie on one host). The rules every entry obeys:
  *   - Blocking. Every call returns when its part is done or failed. Waits honour ctx->deadline
  *     (0: now + loom_xp_timeout(c)) with LOOM_ETIMEDOUT, and notice within 2 s a peer that died or
  *     left (LOOM_EPEERLOST), except where the peer had already done its part.
@@ -132,6 +134,11 @@ typedef struct loom_xport_ops {
 	/* The progress engine's sleep and wake-up (see the top of this file). */
 	void (*idle_wait)(loom_comm_t *c, int (*cond)(void *), void *arg, double max_s);
 	void (*wake_self)(loom_comm_t *c);
+	/* Optional (NULL: none): the transport's own all-reduce on the collective channel (MPI's), which
+	 * hier.c may choose for the inter-host phase instead of loom's algorithms. op SUM, MAX or MIN;
+	 * LOOM_ENOTSUP (recorded, not fatal) for a dtype it cannot reduce. */
+	int (*allreduce)(loom_comm_t *c, const loom_xp_ctx_t *ctx, const void *send, void *recv, size_t count,
+	                 loom_dtype_t dt, loom_op_t op);
 } loom_xport_ops_t;
 
 /* Every communicator starts with this (struct loom_comm's first member), so that a transport
@@ -159,5 +166,15 @@ void loom_xp_yield(int (*ready)(void *), void *arg);
 
 /* The transports. */
 extern const loom_xport_ops_t loom__xport_shm;
+#ifdef LOOM_HAVE_MPI
+/* MPI (transport/mpi_xport.c), for communicators spanning hosts; built when MPI is found. Before
+ * its first open, loom__mpi_layout initializes MPI (once per process, finalized at exit) and
+ * returns this rank, the job's size, and for every world rank its host (numbered 0..nhosts-1 in
+ * order of the hosts' lowest ranks) and its rank on that host. The arrays are the transport's
+ * (valid until exit). Returns LOOM_OK or a negative LOOM_E* with loom_seterr. */
+extern const loom_xport_ops_t loom__xport_mpi;
+int loom__mpi_layout(int *rank, int *size, const int **host_of, const int **lrank_of, int *nhosts);
+const char *loom__mpi_hostname(int host); /* the hostname of host h ("?" if unknown) */
+#endif
 
 #endif

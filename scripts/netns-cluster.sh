@@ -1,0 +1,92 @@
+#!/bin/sh
+# netns-cluster.sh: a two-host cluster on one machine, for loom's multi-node tests and benchmark.
+#
+#   scripts/netns-cluster.sh up        create it (idempotent: an existing one is torn down first)
+#   scripts/netns-cluster.sh down      remove every namespace, link and qdisc it created
+#   scripts/netns-cluster.sh mpirun ARGS...   run mpirun from host 0 over both hosts
+#   scripts/netns-cluster.sh exec H CMD...    run CMD on host H (0 or 1) in its namespaces
+#   scripts/netns-cluster.sh check     exit 0 when the cluster can be made here (root, ip netns)
+#
+# Two network namespaces (the hosts, ${P}0 and ${P}1) each with one veth to a bridge that lives in a
+# third namespace (${P}sw), addresses ${NET}.1 and ${NET}.2/24, nothing in the root namespace. Each
+# host's link is rate limited with tc tbf (LOOM_NETNS_RATE, default 2gbit; netem is not available
+# everywhere). Every command run on a host gets its own UTS namespace with the host's name, or
+# OpenMPI's shared-memory segments (named after the hostname) of the two "hosts" collide. mpirun
+# runs on host 0 and starts host 1's daemon through this script as its rsh agent. Needs root.
+#
+# Environment: LOOM_NETNS_PREFIX (default loomh), LOOM_NETNS_NET (default 10.231.7),
+# LOOM_NETNS_RATE (default 2gbit), LOOM_NETNS_PPN (ranks per host for `mpirun`, default 2).
+set -eu
+P=${LOOM_NETNS_PREFIX:-loomh}
+NET=${LOOM_NETNS_NET:-10.231.7}
+RATE=${LOOM_NETNS_RATE:-2gbit}
+PPN=${LOOM_NETNS_PPN:-2}
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+
+down() {
+	for n in "${P}0" "${P}1" "${P}sw"; do
+		ip netns del "$n" 2>/dev/null || true
+	done
+}
+
+up() {
+	down
+	ip netns add "${P}sw"
+	ip -n "${P}sw" link add "${P}br" type bridge
+	ip -n "${P}sw" link set "${P}br" up
+	ip -n "${P}sw" link set lo up
+	for h in 0 1; do
+		ip netns add "${P}$h"
+		ip -n "${P}$h" link set lo up
+		ip link add "${P}e$h" netns "${P}$h" type veth peer name "${P}p$h" netns "${P}sw"
+		ip -n "${P}sw" link set "${P}p$h" master "${P}br"
+		ip -n "${P}sw" link set "${P}p$h" up
+		ip -n "${P}$h" addr add "$NET.$((h + 1))/24" dev "${P}e$h"
+		ip -n "${P}$h" link set "${P}e$h" up
+		ip netns exec "${P}$h" tc qdisc replace dev "${P}e$h" root tbf rate "$RATE" burst 1mb latency 100ms
+	done
+}
+
+# Run "$@" on host $1 in its own UTS namespace named after it.
+on_host() {
+	h=$1
+	shift
+	exec ip netns exec "${P}$h" unshare --uts sh -c 'hostname "$0"; exec "$@"' "${P}$h" "$@"
+}
+
+case "${1:-}" in
+up) up ;;
+down) down ;;
+check)
+	[ "$(id -u)" = 0 ] || { echo "not root"; exit 1; }
+	command -v ip >/dev/null || { echo "no ip (iproute2)"; exit 1; }
+	command -v mpirun >/dev/null || { echo "no mpirun"; exit 1; }
+	ip netns add "${P}probe" 2>/dev/null || { echo "network namespaces unavailable"; exit 1; }
+	ip netns del "${P}probe"
+	;;
+exec)
+	shift
+	on_host "$@"
+	;;
+mpirun)
+	# Without --host among the arguments (as `loom run --hostfile` gives), both hosts with PPN ranks each.
+	shift
+	hosts="--host $NET.1:$PPN,$NET.2:$PPN"
+	for a in "$@"; do [ "$a" = --host ] && hosts=""; done
+	# shellcheck disable=SC2086
+	on_host 0 mpirun --allow-run-as-root $hosts \
+		--mca plm_rsh_agent "$SELF" --mca btl tcp,vader,self \
+		--mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" "$@"
+	;;
+-* | "$NET".*)
+	# mpirun's rsh agent: [options] HOST COMMAND (COMMAND is a shell string).
+	while [ "${1#-}" != "$1" ]; do shift; done
+	host=$1
+	shift
+	on_host "$((${host##*.} - 1))" sh -c "$*"
+	;;
+*)
+	sed -n '2,20p' "$0"
+	exit 2
+	;;
+esac

@@ -1,0 +1,512 @@
+/* mpi_xport.c: the MPI transport (loom__xport_mpi), for communicators whose ranks are on several
+ * hosts, and the job's host layout (which ranks share a machine), found with MPI.
+ *
+ * Messages are MPI non-blocking point-to-point calls on a communicator of the same members (the
+ * world: a duplicate of MPI_COMM_WORLD; a sub-group: MPI_Comm_create_group, collective over its
+ * members only), polled with MPI_Testall. A wait never blocks in MPI: it polls, yields to the
+ * progress engine when loom_xp_should_yield() holds, and otherwise sleeps a few microseconds
+ * between polls. One process-wide lock serializes every MPI call, so MPI_THREAD_SERIALIZED is
+ * the level asked for; the engine thread and the caller's thread may both be in a wait.
+ *
+ * The channel and the sequence number (collective) or tag (point to point) travel in the MPI tag,
+ * so messages of different operations never match; a receive of a different size than was sent is
+ * LOOM_EMISMATCH on the receiver (truncation or a short count), which aborts the communicator. An
+ * abort is sent to every peer as a message with ABORT_TAG, which each wait probes for. A rank
+ * that dies is not seen by this transport: mpirun (or srun) ends the whole job, naming the rank
+ * and its host. Memory from alloc is ordinary memory here (comm.c routes loom_comm_alloc of a
+ * hierarchical communicator to its host-local shared-memory communicator). */
+#ifdef LOOM_HAVE_MPI
+#include <mpi.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/transport.h"
+#include "core/util.h"
+
+#define ABORT_TAG 1
+#define TAG_BITS 0x3fffffff
+
+typedef struct {
+	MPI_Comm comm;
+	int rank, size;
+	pthread_mutex_t lock; /* the abort record */
+	int abort_code;
+	char abort_msg[600];
+} mpi_comm_t;
+
+static pthread_mutex_t mpi_lock = PTHREAD_MUTEX_INITIALIZER; /* every MPI call */
+static int mpi_ready;                                           /* MPI_Init_thread done (by us) */
+static MPI_Comm world_dup = MPI_COMM_NULL;
+static int tag_ub = 32767;
+static int lay_size, lay_nhosts, *lay_host, *lay_lrank;
+static char (*lay_name)[64]; /* hostname of each host */
+
+#define M(c) ((mpi_comm_t *)loom_xp_state(c))
+
+static void finalize_at_exit(void)
+{
+	int fin = 0;
+	MPI_Finalized(&fin);
+	if (!fin)
+		MPI_Finalize();
+}
+
+int loom__mpi_layout(int *rank, int *size, const int **host_of, const int **lrank_of, int *nhosts)
+{
+	int provided, r, n, lr, rc = LOOM_OK, flag = 0;
+	MPI_Comm node;
+	void *ub;
+	pthread_mutex_lock(&mpi_lock);
+	if (!mpi_ready) {
+		int inited = 0;
+		MPI_Initialized(&inited);
+		if (!inited && MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+			rc = loom_seterr(LOOM_EIO, "loom_comm_init: MPI_Init_thread failed");
+			goto done;
+		}
+		if (!inited)
+			atexit(finalize_at_exit);
+		MPI_Comm_dup(MPI_COMM_WORLD, &world_dup);
+		MPI_Comm_set_errhandler(world_dup, MPI_ERRORS_RETURN);
+		MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+		if (flag)
+			tag_ub = *(int *)ub;
+		MPI_Comm_rank(world_dup, &r);
+		MPI_Comm_size(world_dup, &n);
+		MPI_Comm_split_type(world_dup, MPI_COMM_TYPE_SHARED, r, MPI_INFO_NULL, &node);
+		MPI_Comm_rank(node, &lr);
+		lay_host = loom__calloc((size_t)n, sizeof *lay_host);
+		lay_lrank = loom__calloc((size_t)n, sizeof *lay_lrank);
+		lay_name = loom__calloc((size_t)n, sizeof *lay_name);
+		if (!lay_host || !lay_lrank || !lay_name) {
+			rc = loom_seterr(LOOM_ENOMEM, "loom_comm_init: out of memory");
+			goto done;
+		}
+		{
+			int me[2] = {r, lr}, *all = loom__calloc((size_t)n * 2, sizeof *all), lead = r;
+			char host[64] = "";
+			if (!all) {
+				rc = loom_seterr(LOOM_ENOMEM, "loom_comm_init: out of memory");
+				goto done;
+			}
+			MPI_Bcast(&lead, 1, MPI_INT, 0, node); /* the host's leader: its lowest world rank */
+			me[0] = lead;
+			MPI_Allgather(me, 2, MPI_INT, all, 2, MPI_INT, world_dup);
+			gethostname(host, sizeof host - 1);
+			MPI_Allgather(host, 64, MPI_CHAR, lay_name, 64, MPI_CHAR, world_dup);
+			/* Hosts numbered by their leaders' order. */
+			for (int q = 0; q < n; q++) {
+				int h = 0;
+				for (int p = 0; p < n; p++)
+					h += all[2 * p] == p && p < all[2 * q];
+				lay_host[q] = h, lay_lrank[q] = all[2 * q + 1];
+				if (all[2 * q] == q)
+					lay_nhosts++;
+			}
+			/* lay_name by host: move each leader's name to its host's slot (leaders are in order). */
+			for (int q = 0, h = 0; q < n; q++)
+				if (all[2 * q] == q) {
+					if (h != q)
+						memcpy(lay_name[h], lay_name[q], 64);
+					h++;
+				}
+			free(all);
+		}
+		MPI_Comm_free(&node);
+		lay_size = n;
+		mpi_ready = 1;
+	}
+	MPI_Comm_rank(world_dup, rank);
+	*size = lay_size, *host_of = lay_host, *lrank_of = lay_lrank, *nhosts = lay_nhosts;
+done:
+	pthread_mutex_unlock(&mpi_lock);
+	return rc;
+}
+
+const char *loom__mpi_hostname(int host)
+{
+	return lay_name && host >= 0 && host < lay_nhosts ? lay_name[host] : "?";
+}
+
+/* ---- waits ------------------------------------------------------------------------------------- */
+
+typedef struct {
+	MPI_Request req[2];
+	MPI_Status st[2];
+	int done;
+} waiter_t;
+
+static int poll_once(void *arg)
+{
+	waiter_t *w = arg;
+	int flag = 0;
+	if (w->done)
+		return 1;
+	pthread_mutex_lock(&mpi_lock);
+	MPI_Testall(2, w->req, &flag, w->st);
+	pthread_mutex_unlock(&mpi_lock);
+	if (flag)
+		w->done = 1;
+	return w->done;
+}
+
+/* Receive a pending abort from a peer, if any; returns its code (0: none). */
+static int poll_abort(loom_comm_t *c)
+{
+	mpi_comm_t *s = M(c);
+	int flag = 0, code;
+	MPI_Status st;
+	char buf[sizeof s->abort_msg + 8];
+	pthread_mutex_lock(&s->lock);
+	code = s->abort_code;
+	pthread_mutex_unlock(&s->lock);
+	if (code)
+		return code;
+	pthread_mutex_lock(&mpi_lock);
+	MPI_Iprobe(MPI_ANY_SOURCE, ABORT_TAG, s->comm, &flag, &st);
+	if (flag)
+		MPI_Recv(buf, (int)sizeof buf, MPI_CHAR, st.MPI_SOURCE, ABORT_TAG, s->comm, MPI_STATUS_IGNORE);
+	pthread_mutex_unlock(&mpi_lock);
+	if (!flag)
+		return 0;
+	buf[sizeof buf - 1] = '\0';
+	memcpy(&code, buf, sizeof code);
+	pthread_mutex_lock(&s->lock);
+	if (!s->abort_code) {
+		s->abort_code = code ? code : LOOM_EPEERLOST;
+		snprintf(s->abort_msg, sizeof s->abort_msg, "%s", buf + 8);
+	}
+	code = s->abort_code;
+	pthread_mutex_unlock(&s->lock);
+	return code;
+}
+
+static void mpi_abort(loom_comm_t *c, int code, const char *msg)
+{
+	mpi_comm_t *s = M(c);
+	char buf[sizeof s->abort_msg + 8] = {0};
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->lock);
+	if (s->abort_code) {
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
+	s->abort_code = code;
+	snprintf(s->abort_msg, sizeof s->abort_msg, "%s", msg);
+	pthread_mutex_unlock(&s->lock);
+	memcpy(buf, &code, sizeof code);
+	snprintf(buf + 8, sizeof buf - 8, "%s", msg);
+	pthread_mutex_lock(&mpi_lock);
+	for (int r = 0; r < s->size; r++) {
+		MPI_Request q;
+		if (r == s->rank)
+			continue;
+		if (MPI_Isend(buf, (int)sizeof buf, MPI_CHAR, r, ABORT_TAG, s->comm, &q) == MPI_SUCCESS)
+			MPI_Request_free(&q);
+	}
+	pthread_mutex_unlock(&mpi_lock);
+}
+
+static int mpi_aborted(loom_comm_t *c, char *msg, size_t cap)
+{
+	mpi_comm_t *s = M(c);
+	int code;
+	if (!s)
+		return LOOM_ESTATE;
+	code = poll_abort(c);
+	if (code) {
+		pthread_mutex_lock(&s->lock);
+		snprintf(msg, cap, "%s", s->abort_msg);
+		pthread_mutex_unlock(&s->lock);
+	}
+	return code;
+}
+
+/* How long a wait polls before sleeping between polls, and how long it sleeps (us). With more ranks
+ * on this host than CPUs, polling steals the time the ranks that compute need (DDP's all-reduce
+ * overlaps backward): then a wait sleeps from the start, and longer. */
+static atomic_int spin_polls = -1, sleep_us; /* set once (racing threads compute the same values) */
+
+static void poll_policy(void)
+{
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	int here = 0, me = 0;
+	pthread_mutex_lock(&mpi_lock);
+	MPI_Comm_rank(world_dup, &me);
+	for (int q = 0; q < lay_size; q++)
+		here += lay_host[q] == lay_host[me];
+	pthread_mutex_unlock(&mpi_lock);
+	sleep_us = ncpu > 0 && here > ncpu ? 50 : 10; /* before spin_polls, which marks the policy set */
+	spin_polls = ncpu > 0 && here > ncpu ? 0 : 200;
+}
+
+/* Poll w until done; LOOM_OK, or a failure recorded on c (timeout, or an abort from a peer). */
+static int wait_all(loom_comm_t *c, const loom_xp_ctx_t *ctx, waiter_t *w, const char *what)
+{
+	double deadline = ctx->deadline > 0 ? ctx->deadline : loom_now() + loom_xp_timeout(c);
+	int code;
+	if (spin_polls < 0)
+		poll_policy();
+	for (long spins = 0; !poll_once(w); spins++) {
+		if ((spins & 63) == 63) {
+			char msg[600];
+			if ((code = poll_abort(c)) != 0) {
+				mpi_aborted(c, msg, sizeof msg);
+				return loom_comm_fail(c, code, "%s: the communicator was aborted: %s", what, msg);
+			}
+			if (loom_now() > deadline) {
+				code = loom_comm_fail(c, LOOM_ETIMEDOUT, "%s over MPI timed out after %g s", what,
+				                      loom_xp_timeout(c));
+				mpi_abort(c, code, loom_comm_errmsg(c));
+				return code;
+			}
+		}
+		if (loom_xp_should_yield())
+			loom_xp_yield(poll_once, w);
+		else if (spins >= spin_polls)
+			usleep(spins > 20000 ? 200 : (unsigned)sleep_us);
+	}
+	return LOOM_OK;
+}
+
+/* ---- the table ------------------------------------------------------------------------------------ */
+
+static int mpi_open(loom_comm_t *c, loom_comm_t *parent, const char *name, size_t heap_bytes,
+                    const loom_xp_ctx_t *ctx)
+{
+	mpi_comm_t *s = loom__calloc(1, sizeof *s);
+	MPI_Group wg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
+	int *ranks = NULL, rc = LOOM_OK, tag = 0;
+	(void)heap_bytes, (void)ctx;
+	if (!s)
+		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
+	pthread_mutex_init(&s->lock, NULL);
+	s->comm = MPI_COMM_NULL;
+	s->rank = loom_comm_rank(c), s->size = loom_comm_size(c);
+	loom_xp_set_state(c, s);
+	if (!mpi_ready)
+		return loom_comm_fail(c, LOOM_ESTATE, "the MPI transport needs loom__mpi_layout first");
+	(void)parent;
+	if (!(ranks = loom__calloc((size_t)s->size, sizeof *ranks)))
+		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
+	for (int r = 0; r < s->size; r++)
+		ranks[r] = loom_xp_world_rank(c, r);
+	for (const char *p = name; *p; p++)
+		tag = (tag * 31 + (unsigned char)*p) & 0x7fff;
+	pthread_mutex_lock(&mpi_lock);
+	MPI_Comm_group(world_dup, &wg);
+	MPI_Group_incl(wg, s->size, ranks, &g);
+	if (MPI_Comm_create_group(world_dup, g, tag, &s->comm) != MPI_SUCCESS || s->comm == MPI_COMM_NULL)
+		rc = LOOM_EIO;
+	else
+		MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
+	MPI_Group_free(&g);
+	MPI_Group_free(&wg);
+	pthread_mutex_unlock(&mpi_lock);
+	free(ranks);
+	if (rc != LOOM_OK)
+		return loom_comm_fail(c, rc, "MPI_Comm_create_group for %s failed", name);
+	return LOOM_OK;
+}
+
+static void mpi_depart(loom_comm_t *c)
+{
+	(void)c;
+}
+
+static void mpi_close(loom_comm_t *c)
+{
+	mpi_comm_t *s = M(c);
+	if (!s)
+		return;
+	if (s->comm != MPI_COMM_NULL) {
+		pthread_mutex_lock(&mpi_lock);
+		MPI_Comm_free(&s->comm);
+		pthread_mutex_unlock(&mpi_lock);
+	}
+	pthread_mutex_destroy(&s->lock);
+	free(s);
+	loom_xp_set_state(c, NULL);
+}
+
+static int mpi_tag(int chan, const loom_xp_ctx_t *ctx, int tag)
+{
+	unsigned v = chan == LOOM_XP_COLL ? (unsigned)(ctx->seq & TAG_BITS) : (unsigned)tag & TAG_BITS;
+	v = v * 2 + (unsigned)chan;
+	return 2 + (int)(v % (unsigned)(tag_ub - 2));
+}
+
+static int mpi_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int chan, int dst, const void *sbuf, size_t sbytes,
+                        int stag, int src, void *rbuf, size_t rbytes, int rtag, const void *red_local, loom_dtype_t dt,
+                        loom_op_t op)
+{
+	mpi_comm_t *s = M(c);
+	waiter_t w = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL}, {{0}}, 0};
+	void *tmp = NULL, *into = rbuf;
+	int rc = LOOM_OK, e1 = MPI_SUCCESS, e2 = MPI_SUCCESS, got = 0;
+	const char *what = ctx->op ? ctx->op : "message";
+	if (sbytes > (size_t)INT32_MAX || rbytes > (size_t)INT32_MAX)
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: a message of more than 2 GiB over MPI", what);
+	if (src >= 0 && red_local && rbytes) {
+		if (!(tmp = loom__malloc(rbytes)))
+			return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
+		into = tmp;
+	}
+	pthread_mutex_lock(&mpi_lock);
+	if (src >= 0)
+		e1 = MPI_Irecv(into, (int)rbytes, MPI_BYTE, src, mpi_tag(chan, ctx, rtag), s->comm, &w.req[0]);
+	if (dst >= 0)
+		e2 = MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, dst, mpi_tag(chan, ctx, stag), s->comm, &w.req[1]);
+	pthread_mutex_unlock(&mpi_lock);
+	if (e1 != MPI_SUCCESS || e2 != MPI_SUCCESS) {
+		rc = loom_comm_fail(c, LOOM_EIO, "%s: MPI_Irecv/MPI_Isend failed", what);
+		goto done;
+	}
+	if ((rc = wait_all(c, ctx, &w, what)) != LOOM_OK)
+		goto done;
+	if (src >= 0) {
+		if (w.st[0].MPI_ERROR == MPI_ERR_TRUNCATE) {
+			got = -1;
+		} else {
+			MPI_Get_count(&w.st[0], MPI_BYTE, &got);
+		}
+		if (got != (int)rbytes) {
+			rc = loom_comm_fail(c, LOOM_EMISMATCH,
+			                    "%s: rank %d sent a message of %s%d bytes over MPI, this rank expected %zu", what,
+			                    src, got < 0 ? "more than " : "", got < 0 ? (int)rbytes : got, rbytes);
+			mpi_abort(c, rc, loom_comm_errmsg(c));
+			goto done;
+		}
+		if (tmp)
+			loom_reduce_local(rbuf, red_local, tmp, rbytes / loom_dtype_size(dt), dt, op);
+	}
+done:
+	free(tmp);
+	return rc;
+}
+
+static int mpi_allgather_small(loom_comm_t *c, const loom_xp_ctx_t *ctx, const void *mine, size_t len, void *all)
+{
+	mpi_comm_t *s = M(c);
+	waiter_t w = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL}, {{0}}, 0};
+	int rc;
+	pthread_mutex_lock(&mpi_lock);
+	rc = MPI_Iallgather(mine, (int)len, MPI_BYTE, all, (int)len, MPI_BYTE, s->comm, &w.req[0]);
+	pthread_mutex_unlock(&mpi_lock);
+	if (rc != MPI_SUCCESS) {
+		rc = loom_comm_fail(c, LOOM_EIO, "MPI_Iallgather failed");
+		mpi_abort(c, rc, loom_comm_errmsg(c));
+		return rc;
+	}
+	return wait_all(c, ctx, &w, ctx->op ? ctx->op : "allgather_small");
+}
+
+static int mpi_allreduce(loom_comm_t *c, const loom_xp_ctx_t *ctx, const void *send, void *recv, size_t count,
+                         loom_dtype_t dt, loom_op_t op)
+{
+	mpi_comm_t *s = M(c);
+	waiter_t w = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL}, {{0}}, 0};
+	MPI_Datatype t = dt == LOOM_FLOAT32 ? MPI_FLOAT : dt == LOOM_FLOAT64 ? MPI_DOUBLE
+	                 : dt == LOOM_INT32 ? MPI_INT32_T : dt == LOOM_INT64 ? MPI_INT64_T : MPI_DATATYPE_NULL;
+	MPI_Op o = op == LOOM_MAX ? MPI_MAX : op == LOOM_MIN ? MPI_MIN : MPI_SUM;
+	int rc;
+	if (t == MPI_DATATYPE_NULL || count > (size_t)INT32_MAX)
+		return LOOM_ENOTSUP;
+	pthread_mutex_lock(&mpi_lock);
+	rc = MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, t, o, s->comm, &w.req[0]);
+	pthread_mutex_unlock(&mpi_lock);
+	if (rc != MPI_SUCCESS) {
+		rc = loom_comm_fail(c, LOOM_EIO, "MPI_Iallreduce failed");
+		mpi_abort(c, rc, loom_comm_errmsg(c));
+		return rc;
+	}
+	return wait_all(c, ctx, &w, ctx->op ? ctx->op : "allreduce");
+}
+
+static void mpi_enter(loom_comm_t *c, uint64_t seq, int coll)
+{
+	(void)c, (void)seq, (void)coll;
+}
+
+/* Ordinary aligned memory, remembered so that free can tell it from other pointers. */
+typedef struct block {
+	struct block *next;
+	void *p;
+} block_t;
+static block_t *blocks;
+static pthread_mutex_t blocks_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void *mpi_alloc(loom_comm_t *c, size_t bytes)
+{
+	block_t *b = loom__malloc(sizeof *b);
+	(void)c;
+	if (!b || !(b->p = loom_alloc_aligned(bytes ? bytes : 1))) {
+		free(b);
+		loom_seterr(LOOM_ENOMEM, "loom_comm_alloc: out of memory for %zu bytes", bytes);
+		return NULL;
+	}
+	pthread_mutex_lock(&blocks_lock);
+	b->next = blocks, blocks = b;
+	pthread_mutex_unlock(&blocks_lock);
+	return b->p;
+}
+
+static int mpi_free(loom_comm_t *c, void *p)
+{
+	block_t **pp, *b = NULL;
+	(void)c;
+	pthread_mutex_lock(&blocks_lock);
+	for (pp = &blocks; *pp; pp = &(*pp)->next)
+		if ((*pp)->p == p) {
+			b = *pp, *pp = b->next;
+			break;
+		}
+	pthread_mutex_unlock(&blocks_lock);
+	if (!b)
+		return 0;
+	loom_free_aligned(b->p);
+	free(b);
+	return 1;
+}
+
+static void mpi_idle_wait(loom_comm_t *c, int (*cond)(void *), void *arg, double max_s)
+{
+	double end = loom_now() + max_s;
+	(void)c;
+	if (spin_polls < 0)
+		poll_policy();
+	while (!cond(arg) && loom_now() < end)
+		usleep((unsigned)sleep_us * 2);
+}
+
+static void mpi_wake_self(loom_comm_t *c)
+{
+	(void)c;
+}
+
+const loom_xport_ops_t loom__xport_mpi = {
+	.name = "mpi",
+	.open = mpi_open,
+	.depart = mpi_depart,
+	.close = mpi_close,
+	.sendrecv = mpi_sendrecv,
+	.allgather_small = mpi_allgather_small,
+	.abort = mpi_abort,
+	.aborted = mpi_aborted,
+	.enter = mpi_enter,
+	.alloc = mpi_alloc,
+	.free = mpi_free,
+	.idle_wait = mpi_idle_wait,
+	.wake_self = mpi_wake_self,
+	.allreduce = mpi_allreduce,
+};
+
+#else
+typedef int loom__mpi_xport_unused; /* built without MPI (see docs/multinode.md) */
+#endif

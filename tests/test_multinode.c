@@ -1,0 +1,256 @@
+/* test_multinode.c: jobs spanning hosts, on the two-host cluster of scripts/netns-cluster.sh
+ * (2 network namespaces x 2 ranks, a rate-limited link, mpirun over an rsh agent): the collective
+ * matrix over the MPI transport and the hierarchical collectives (tests/progs/mn_prog.c), DDP
+ * training across hosts equal to one process with the same total batch, and a rank killed on the
+ * second host ending the job quickly with its rank and host named.
+ *
+ * Each test creates its own cluster (namespaces named after the test process, so parallel runs do
+ * not collide) and removes it on the way out, from a shell trap. Without root, network namespaces,
+ * mpirun or an MPI build, each test is skipped with the reason (counted as skipped). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "loom/data.h"
+#include "test.h"
+
+#define OUT_CAP 65536
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* NULL when the cluster can run here, else why not. */
+static const char *cluster_unavailable(void)
+{
+	static char why[256];
+	char out[512] = "";
+#ifndef LOOM_HAVE_MPI
+	return "built without MPI (make MPI=0, or pkg-config ompi-c not found)";
+#endif
+	if (test_run_cmd("scripts/netns-cluster.sh check", out, sizeof out, 30) != 0) {
+		out[strcspn(out, "\n")] = '\0';
+		snprintf(why, sizeof why, "two-host cluster unavailable: %s", out[0] ? out : "scripts/netns-cluster.sh check failed");
+		return why;
+	}
+	return NULL;
+}
+
+/* Bring the cluster up, run `scripts/netns-cluster.sh mpirun -np 4 <args>`, tear it down (always, by
+ * a trap); the output goes to out. Returns mpirun's exit status; *secs its wall time. */
+static int cluster_mpirun_pre(const char *pre, const char *args, char *out, double timeout_s, double *secs)
+{
+	char cmd[4096];
+	double t0;
+	int rc;
+	snprintf(cmd, sizeof cmd,
+	         "export LOOM_NETNS_PREFIX=lt%d; trap 'scripts/netns-cluster.sh down' EXIT; scripts/netns-cluster.sh up && "
+	         "{ %s timeout %.0f scripts/netns-cluster.sh mpirun -np 4 -x ASAN_OPTIONS=detect_leaks=0 -x LOOM_TIMEOUT_S=60 "
+	         "-x OMP_NUM_THREADS=1 %s; }",
+	         (int)getpid() % 100000, pre, timeout_s, args);
+	t0 = now_s();
+	rc = test_run_cmd(cmd, out, OUT_CAP, timeout_s + 30);
+	if (secs)
+		*secs = now_s() - t0;
+	return rc;
+}
+
+static int cluster_mpirun(const char *args, char *out, double timeout_s, double *secs)
+{
+	return cluster_mpirun_pre("", args, out, timeout_s, secs);
+}
+
+static int no_namespaces_left(void)
+{
+	char cmd[256], out[4096] = "";
+	snprintf(cmd, sizeof cmd, "ip netns list | grep '^lt%d' || true", (int)getpid() % 100000);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 10), 0);
+	CHECK_MSG(out[0] == '\0', "namespaces left behind: %s", out);
+	return 0;
+}
+
+TEST(multinode_collectives_2x2)
+{
+	static char out[OUT_CAP], args[1024];
+	const char *why = cluster_unavailable();
+	char *dir;
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL);
+	CHECK(dir != NULL);
+	snprintf(args, sizeof args, "%s/mn_prog coll", dir);
+	free(dir);
+	CHECK_MSG(cluster_mpirun(args, out, 120, NULL) == 0, "mpirun mn_prog coll failed:\n%s", out);
+	for (int r = 0; r < 4; r++) {
+		char want[64];
+		snprintf(want, sizeof want, "rank %d of 4: ok", r);
+		CHECK_CONTAINS(out, want);
+	}
+	return no_namespaces_left();
+}
+
+TEST(multinode_rank_killed)
+{
+	static char out[OUT_CAP], args[1024];
+	const char *why = cluster_unavailable();
+	double secs;
+	char *dir;
+	int rc;
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL);
+	CHECK(dir != NULL);
+	snprintf(args, sizeof args, "%s/mn_prog die", dir);
+	free(dir);
+	rc = cluster_mpirun(args, out, 60, &secs);
+	CHECK_MSG(rc != 0 && rc != -1, "mpirun mn_prog die: exit %d (expected a failure):\n%s", rc, out);
+	/* setting up the cluster and starting 4 ranks takes ~1-2 s; the death comes 0.3 s after init */
+	CHECK_MSG(secs < 15, "the job took %.1f s to end after a rank died:\n%s", secs, out);
+	/* mpirun: "process rank 3 with PID ... on node 10.231.7.2 exited on signal 9" */
+	CHECK_CONTAINS(out, "rank 3");
+	CHECK_CONTAINS(out, "on node 10.231.7.2");
+	return no_namespaces_left();
+}
+
+/* The second host disappears (every process in its namespace killed, its daemon included) 3 s
+ * into a job that all-reduces every 0.1 s: mpirun ends the job, non-zero, within 10 s. */
+TEST(multinode_host_lost)
+{
+	static char out[OUT_CAP], args[1024], pre[256];
+	const char *why = cluster_unavailable();
+	double secs;
+	char *dir;
+	int rc;
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL);
+	CHECK(dir != NULL);
+	snprintf(args, sizeof args, "%s/mn_prog loop", dir);
+	free(dir);
+	snprintf(pre, sizeof pre, "(sleep 3; ip netns pids lt%d1 | xargs -r kill -9) &", (int)getpid() % 100000);
+	rc = cluster_mpirun_pre(pre, args, out, 60, &secs);
+	CHECK_MSG(rc != 0 && rc != -1 && rc != 124, "mpirun mn_prog loop: exit %d (expected a failure):\n%s", rc, out);
+	CHECK_MSG(secs < 3 + 10 + 3, "the job took %.1f s to end after its second host was lost:\n%s", secs, out);
+	CHECK_CONTAINS(out, "10.231.7.2"); /* "ORTE has lost communication with ... daemon ... on node 10.231.7.2" */
+	return no_namespaces_left();
+}
+
+/* `loom run --hostfile` prints the mpirun command and runs it (LOOM_MPIRUN: the cluster's mpirun). */
+TEST(multinode_loom_run_hostfile)
+{
+	static char out[OUT_CAP], args[2048];
+	const char *why = cluster_unavailable();
+	char *dir, *loom, *script, hf[600], tmp[512];
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL), loom = realpath(test_loom_bin(), NULL);
+	script = realpath("scripts/netns-cluster.sh", NULL);
+	CHECK(dir && loom && script);
+	CHECK_OK(test_mkdtemp(tmp, sizeof tmp));
+	snprintf(hf, sizeof hf, "%s/hosts", tmp);
+	CHECK_OK(test_write_file(hf, "10.231.7.1 slots=2\n# the second host\n10.231.7.2\n", 48));
+	snprintf(args, sizeof args,
+	         "export LOOM_NETNS_PREFIX=lt%d; trap '%s down' EXIT; %s up && LOOM_MPIRUN='%s mpirun' "
+	         "ASAN_OPTIONS=detect_leaks=0 "
+	         "timeout 60 %s run --hostfile %s --nproc-per-node 2 %s/comm_prog",
+	         (int)getpid() % 100000, script, script, script, loom, hf, dir);
+	free(dir), free(loom), free(script);
+	CHECK_MSG(test_run_cmd(args, out, OUT_CAP, 90) == 0, "loom run --hostfile failed:\n%s", out);
+	CHECK_CONTAINS(out, "loom run: running: ");
+	CHECK_CONTAINS(out, " -np 4 --host 10.231.7.1:2,10.231.7.2:2 ");
+	for (int r = 0; r < 4; r++) {
+		char want[64];
+		snprintf(want, sizeof want, "rank %d of 4: ok", r);
+		CHECK_CONTAINS(out, want);
+	}
+	test_rmdir(tmp);
+	return no_namespaces_left();
+}
+
+/* ---- DDP training across hosts ---- */
+
+enum { VOCAB = 64, STEPS = 10, MAXSTEPS = 64 };
+
+#define MODEL_FLAGS                                                                                  \
+	"--n-layer 2 --n-head 2 --n-embd 32 --vocab-size 64 --batch-size 2 --seq-len 16 --lr 1e-2 "     \
+	"--warmup 2 --min-lr-frac 0.1 --shuffle 1 --seed 7 --peak-flops 1e10"
+
+static int make_data(const char *dir)
+{
+	enum { N = 6001 };
+	char path[700];
+	uint16_t *t = malloc(N * sizeof *t);
+	uint32_t x = 12345;
+	int rc;
+	if (!t)
+		return LOOM_ENOMEM;
+	for (int i = 0; i < N; i++) {
+		x = x * 1664525u + 1013904223u;
+		t[i] = (uint16_t)((x >> 24) % 3 == 0 ? (x >> 8) % VOCAB : (uint32_t)(i * 7 + i / 5) % VOCAB);
+	}
+	snprintf(path, sizeof path, "%s/train_000000.bin", dir);
+	rc = loom_shard_write(path, t, N);
+	free(t);
+	return rc;
+}
+
+static int read_losses(const char *path, double *loss)
+{
+	FILE *f = fopen(path, "r");
+	char line[2048];
+	int n = 0;
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof line, f)) {
+		long long step;
+		double l;
+		if (sscanf(line, "{\"step\":%lld,\"loss\":%lf", &step, &l) == 2 && step >= 1 && step < MAXSTEPS)
+			loss[step] = l, n++;
+	}
+	fclose(f);
+	return n;
+}
+
+/* 2 hosts x 2 ranks, accumulation 1, against one process with accumulation 4 at the same total
+ * batch: every step's loss within 1e-5 relative; --check-replicas 1 fails the run if replicas drift. */
+TEST(multinode_ddp_train_equals_one_process)
+{
+	static char out[OUT_CAP], cmd[4096];
+	char dir[512], *loom;
+	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
+	const char *why = cluster_unavailable();
+	int rc;
+	if (why)
+		return TEST_SKIP("%s", why);
+	loom = realpath(test_loom_bin(), NULL);
+	CHECK(loom != NULL);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_data(dir));
+	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s train --train-data '%s/train_*.bin' " MODEL_FLAGS
+	         " --steps %d --total-batch-size 128 --threads 1 --log %s/one.jsonl", loom, dir, STEPS, dir);
+	rc = test_run_cmd(cmd, out, OUT_CAP, 60);
+	CHECK_MSG(rc == 0, "one process: exit %d:\n%s", rc, out);
+	CHECK_CONTAINS(out, "accum=4 -> 128 tokens per step");
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " MODEL_FLAGS
+	         " --steps %d --total-batch-size 128 --threads 1 --check-replicas 1 --bucket-mb 0.004 --log %s/many.jsonl",
+	         loom, dir, STEPS, dir);
+	rc = cluster_mpirun(cmd, out, 120, NULL);
+	free(loom);
+	CHECK_MSG(rc == 0, "mpirun loom train: exit %d:\n%s", rc, out);
+	CHECK_CONTAINS(out, "accum=1 ranks=4 -> 128 tokens per step");
+	snprintf(cmd, sizeof cmd, "%s/one.jsonl", dir);
+	CHECK_EQ(read_losses(cmd, ref), STEPS);
+	snprintf(cmd, sizeof cmd, "%s/many.jsonl", dir);
+	CHECK_EQ(read_losses(cmd, got), STEPS);
+	for (int s = 1; s <= STEPS; s++)
+		CHECK_NEAR(got[s], ref[s], 1e-5 * ref[s]);
+	CHECK(ref[STEPS] < ref[1] - 0.1);
+	test_rmdir(dir);
+	return no_namespaces_left();
+}
