@@ -1,0 +1,154 @@
+/* test_eco.c: interop with the tools users come from: a training checkpoint loads as Hugging Face's
+ * GPT-2 (config.json + model.safetensors, read by a PyTorch GPT-2 with HF's module names in
+ * tests/ref/hf_gpt2_load.py, run with /usr/bin/python3 and Debian's torch) with logits within 1e-5 of
+ * loom's forward, and the tokenizer travels with the checkpoint. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/ckpt.h"
+#include "loom/data.h"
+#include "loom/gpt2.h"
+#include "loom/train.h"
+#include "test.h"
+
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	long n;
+	if (!f)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	n = ftell(f);
+	rewind(f);
+	buf = calloc((size_t)n + 1, 1);
+	if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n)
+		buf[0] = 0;
+	fclose(f);
+	return buf;
+}
+
+TEST(hf_checkpoint_loads)
+{
+	loom_gpt2_config_t mc = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab_size = 257};
+	char dir[512], path[1000], ck[800], cmd[3000], out[4096];
+	loom_gpt2_t *model = NULL;
+	loom_trainer_t *tr = NULL;
+	loom_tokenizer_t tok;
+	uint16_t data[3000];
+	uint32_t x = 777;
+	enum { T = 13 };
+	int ids[T];
+	float *logits = NULL;
+
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	for (int i = 0; i < 3000; i++) {
+		x = x * 1664525u + 1013904223u;
+		data[i] = (uint16_t)(i % 50 == 0 ? 256 : 'a' + (x >> 24) % 26);
+	}
+	snprintf(path, sizeof path, "%s/train_000000.bin", dir);
+	CHECK_OK(loom_shard_write(path, data, 3000));
+	snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
+	CHECK_OK(loom_tokenizer_init_bytes(&tok));
+	CHECK_OK(loom_tokenizer_save(&tok, path));
+	loom_tokenizer_free(&tok);
+	/* BPE files beside the data (as `loom data prepare --tokenizer` leaves them) travel as they are */
+	snprintf(path, sizeof path, "%s/vocab.json", dir);
+	CHECK(test_write_file(path, "{\"a\": 0}\n", 9) == 0);
+	snprintf(path, sizeof path, "%s/merges.txt", dir);
+	CHECK(test_write_file(path, "#version: 0.2\n", 14) == 0);
+
+	CHECK_OK(loom_gpt2_create(&model, &mc, 2, 12));
+	loom_gpt2_init(model, 7);
+	/* larger MLP-in, QKV and embedding weights: GELU's form and the attention scale matter, logits are O(1) */
+	for (int t = 0; t < loom_gpt2_num_tensors(&mc); t++) {
+		loom_tensor_info_t ti;
+		loom_gpt2_tensor_info(&mc, t, &ti);
+		float k = strstr(ti.name, "mlp.c_fc.weight") ? 20.0f : strstr(ti.name, "attn.c_attn.weight") ? 6.0f
+		          : strcmp(ti.name, "wte.weight") == 0   ? 8.0f
+		                                                 : 1.0f;
+		for (size_t i = 0; i < ti.numel; i++)
+			loom_gpt2_params(model)[ti.offset + i] *= k;
+	}
+	loom_train_config_t tc = loom_train_defaults();
+	char train[600], tokpath[600], save[600];
+	snprintf(train, sizeof train, "%s/train_000000.bin", dir);
+	snprintf(tokpath, sizeof tokpath, "%s/tokenizer.bin", dir);
+	snprintf(save, sizeof save, "%s/ckpt", dir);
+	tc.train_data = train, tc.tokenizer = tokpath, tc.save_dir = save;
+	tc.B = 2, tc.T = 12, tc.accum = 1;
+	tc.lr.total_steps = 2, tc.lr.peak_lr = 1e-3, tc.lr.warmup = 0;
+	CHECK_OK(loom_trainer_create(&tr, &tc, model));
+	CHECK_OK(loom_trainer_run(tr, NULL, NULL));
+	loom_trainer_destroy(tr);
+	loom_gpt2_destroy(model);
+	model = NULL;
+
+	snprintf(ck, sizeof ck, "%s/step_00000002", save);
+	snprintf(path, sizeof path, "%s/config.json", ck);
+	char *cfg = slurp(path);
+	CHECK_MSG(cfg != NULL, "no %s", path);
+	CHECK_CONTAINS(cfg, "\"architectures\": [\"GPT2LMHeadModel\"]");
+	CHECK_CONTAINS(cfg, "\"vocab_size\": 257,");
+	CHECK_CONTAINS(cfg, "\"bos_token_id\": 256,");
+	CHECK_CONTAINS(cfg, "\"eos_token_id\": 256,");
+	CHECK_CONTAINS(cfg, "\"n_positions\": 16,");
+	free(cfg);
+	const char *copied[2][2] = {{"vocab.json", "{\"a\": 0}\n"}, {"merges.txt", "#version: 0.2\n"}};
+	for (int i = 0; i < 2; i++) {
+		snprintf(path, sizeof path, "%s/%s", ck, copied[i][0]);
+		char *s = slurp(path);
+		CHECK_MSG(s != NULL, "the tokenizer's %s did not travel with the checkpoint", copied[i][0]);
+		CHECK_STREQ(s, copied[i][1]);
+		free(s);
+	}
+	CHECK_OK(loom_ckpt_verify(ck)); /* the MANIFEST covers them */
+
+	/* loom's forward on the checkpoint's parameters */
+	loom_gpt2_config_t lc;
+	float *params = NULL, loss;
+	snprintf(path, sizeof path, "%s/model.safetensors", ck);
+	CHECK_OK(loom_model_load_alloc(path, 0, &lc, &params));
+	CHECK_EQ(lc.n_head, 2);
+	CHECK_OK(loom_gpt2_create(&model, &lc, 1, T));
+	memcpy(loom_gpt2_params(model), params, loom_gpt2_num_params(&lc) * sizeof(float));
+	free(params);
+	for (int t = 0; t < T; t++)
+		ids[t] = t == 0 ? 256 : (t * 37 + 11) % 257;
+	snprintf(path, sizeof path, "%s/ids.bin", dir);
+	CHECK(test_write_file(path, ids, sizeof ids) == 0);
+
+	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 /usr/bin/python3 tests/ref/hf_gpt2_load.py %s %s/ids.bin %s/hf.bin",
+	         ck, dir, dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "'%s' exited with %d (run from the source root; needs python3-torch):\n%s", cmd, st, out);
+	CHECK_CONTAINS(out, "bos 256 eos 256 vocab 257");
+	snprintf(path, sizeof path, "%s/hf.bin", dir);
+	FILE *f = fopen(path, "rb");
+	CHECK(f != NULL);
+	logits = malloc((size_t)T * 257 * sizeof *logits);
+	CHECK(logits != NULL);
+	CHECK_EQ(fread(logits, sizeof *logits, (size_t)T * 257, f), (size_t)T * 257);
+	fclose(f);
+	double worst = 0.0, mx = 0.0;
+	for (int t = 0; t < T; t++) {
+		/* without targets loom computes the last position's logits: position t from the prefix 0..t */
+		CHECK_OK(loom_gpt2_forward(model, ids, NULL, 1, t + 1, &loss));
+		const float *mine = loom_gpt2_logits(model) - (size_t)t * 257;
+		for (int v = 0; v < 257; v++) {
+			double d = fabs((double)mine[(size_t)t * 257 + v] - logits[(size_t)t * 257 + v]);
+			worst = fmax(worst, d), mx = fmax(mx, fabs(logits[(size_t)t * 257 + v]));
+			CHECK_MSG(d <= 1e-5, "logit [%d, %d]: loom %.9g, HF layout %.9g", t, v, mine[(size_t)t * 257 + v],
+			          logits[(size_t)t * 257 + v]);
+		}
+	}
+	CHECK_MSG(mx > 0.5, "logits up to %g only: the comparison would prove little", mx);
+	fprintf(stderr, "  HF layout: worst logit difference %.2g (logits up to %.2g)\n", worst, mx);
+	free(logits);
+	loom_gpt2_destroy(model);
+	test_rmdir(dir);
+	return 0;
+}
