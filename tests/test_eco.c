@@ -152,3 +152,84 @@ TEST(hf_checkpoint_loads)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* A 2-rank `loom train` run: the JSONL log starts with the config record and ends with the summary;
+ * every step line has exposed_comm_ms <= comm_ms and wait_ms >= 0; a printed line's ms is the mean
+ * of its interval's steps; step 1 has no ETA; rank 0 prints the summary with the resume command. */
+TEST(train_summary_and_jsonl)
+{
+	enum { STEPS = 9, EVERY = 3 };
+	char dir[512], cmd[3000], out[16384], path[700], line[4096];
+	const char *loom = test_loom_bin();
+	double dt[STEPS + 1] = {0};
+	int steps = 0, summary = 0;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	snprintf(cmd, sizeof cmd, "for i in $(seq 300); do echo \"line $i of a corpus $((i * 7))\"; done > %s/a.txt && "
+	         "%s data prepare --input %s/a.txt --out %s/d", dir, loom, dir, dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "%s: %s", cmd, out);
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --train-data '%s/d/train_*.bin' --val-data '%s/d/val_*.bin' "
+	         "--n-layer 1 --n-embd 32 --n-head 2 --batch-size 2 --seq-len 32 --steps %d --print-every %d "
+	         "--eval-every 4 --eval-batches 2 --save-dir %s/ck --threads 1 --peak-flops 1e10 --log %s/r.jsonl",
+	         loom, dir, dir, STEPS, EVERY, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "%s exited %d: %s", cmd, st, out);
+
+	snprintf(path, sizeof path, "%s/r.jsonl", dir);
+	FILE *f = fopen(path, "r");
+	CHECK(f != NULL);
+	CHECK(fgets(line, sizeof line, f) != NULL);
+	CHECK_MSG(strstr(line, "{\"config\":{\"loom_version\":\"") == line, "first line: %s", line);
+	CHECK_CONTAINS(line, "\"git\":\"");
+	CHECK_CONTAINS(line, "\"host\":\"");
+	CHECK_CONTAINS(line, "\"threads\":1,\"world\":2,");
+	CHECK_CONTAINS(line, "\"steps\":9,");
+	CHECK_CONTAINS(line, "\"n_layer\":1,");
+	while (fgets(line, sizeof line, f)) {
+		long long step;
+		if (sscanf(line, "{\"step\":%lld,", &step) == 1) {
+			double comm, exposed, wait;
+			const char *c = strstr(line, "\"comm_ms\":"), *e = strstr(line, "\"exposed_comm_ms\":"),
+			           *w = strstr(line, "\"wait_ms\":"), *d = strstr(line, "\"dt_ms\":");
+			CHECK_MSG(c && e && w && d, "fields missing: %s", line);
+			comm = atof(c + 10), exposed = atof(e + 18), wait = atof(w + 10);
+			CHECK_MSG(exposed <= comm && exposed >= 0 && wait >= 0, "step %lld: comm %g, exposed %g, wait %g", step,
+			          comm, exposed, wait);
+			CHECK(step == ++steps);
+			dt[step] = atof(d + 8);
+		} else {
+			CHECK_MSG(strstr(line, "{\"summary\":{\"first_step\":1,\"last_step\":9,\"steps\":9,\"tokens\":1152,") == line,
+			          "not a step line nor the summary: %s", line);
+			CHECK_CONTAINS(line, "\"best_val_step\":");
+			CHECK_CONTAINS(line, "\"exposed_comm_ms\":");
+			CHECK_CONTAINS(line, "/ck/step_00000009\"}}");
+			summary++;
+		}
+	}
+	fclose(f);
+	CHECK_EQ(steps, STEPS);
+	CHECK_EQ(summary, 1);
+
+	/* step 1: no ETA yet; step 6 prints the mean time of steps 5-6 (step 4, an evaluation, printed) */
+	CHECK_CONTAINS(out, "[rank 0] step 1/9 | ");
+	CHECK_CONTAINS(out, " | ETA -\n");
+	const char *l6 = strstr(out, "[rank 0] step 6/9 | ");
+	CHECK(l6 != NULL);
+	const char *ms = strstr(l6, " ms | ");
+	CHECK(ms != NULL);
+	while (ms > l6 && ms[-1] != '|')
+		ms--;
+	double printed = atof(ms), mean = (dt[5] + dt[6]) / 2;
+	CHECK_MSG(fabs(printed - mean) <= 0.051 + 1e-3 * mean, "step 6 line says %.3f ms, the mean of steps 5-6 is %.3f",
+	          printed, mean);
+	CHECK_CONTAINS(out, ", exposed ");
+	CHECK_CONTAINS(out, ", wait ");
+	CHECK_CONTAINS(out, "[rank 0] summary: steps 1-9 (9) in ");
+	CHECK_CONTAINS(out, "; best val loss ");
+	CHECK_CONTAINS(out, "[rank 0] summary: checkpoint ");
+	CHECK_CONTAINS(out, " run --nproc-per-node 2 ");
+	CHECK_CONTAINS(out, " --resume\n");
+	CHECK_MSG(!strstr(out, "[rank 1] summary"), "rank 1 printed a summary: %s", out);
+	test_rmdir(dir);
+	return 0;
+}

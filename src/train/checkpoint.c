@@ -174,6 +174,7 @@ int loom_trainer_save(loom_trainer_t *tr)
 	free(loaders);
 	if ((rc = loom_ckpt_commit(&w)) != LOOM_OK)
 		return rc;
+	snprintf(tr->sum.checkpoint, sizeof tr->sum.checkpoint, "%s", w.final_);
 	return tr->cfg.keep_checkpoints > 0 ? loom_ckpt_prune(tr->cfg.save_dir, tr->cfg.keep_checkpoints) : LOOM_OK;
 fail:
 	loom_kv_destroy(kv);

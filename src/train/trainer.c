@@ -270,13 +270,18 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 	m->dt_ms = dt * 1e3;
 	m->tokens_per_s = (double)loom_trainer_tokens_per_step(tr) / dt;
 	m->mfu = c->peak_flops > 0 ? m->tokens_per_s * tr->flops_per_token / (c->peak_flops * tr->world) : 0.0;
-	m->comm_ms = comm_ms, m->exposed_comm_ms = exposed_ms;
-	/* The first step of a process (page faults, BLAS warm-up) is left out of the ETA's mean. */
-	if (tr->seen_first)
+	/* Exposed communication is at most the communication itself: the rest of the training thread's
+	 * wait is for a slower rank (or for the progress thread to be scheduled), reported apart. */
+	m->wait_ms = exposed_ms > comm_ms ? exposed_ms - comm_ms : 0.0;
+	m->comm_ms = comm_ms, m->exposed_comm_ms = exposed_ms - m->wait_ms;
+	/* ETA from a moving average of the step time; the first step of a process (page faults, BLAS
+	 * warm-up) is left out, so its ETA is unknown (-1). */
+	if (tr->seen_first) {
 		tr->time_sum += dt, tr->timed++;
+		tr->step_ema = tr->timed == 1 ? dt : 0.9 * tr->step_ema + 0.1 * dt;
+	}
 	tr->seen_first = 1;
-	double mean = tr->timed > 0 ? tr->time_sum / tr->timed : dt;
-	m->eta_s = mean * (double)LOOM_MAX(m->total - m->step, 0);
+	m->eta_s = tr->timed > 0 ? tr->step_ema * (double)LOOM_MAX(m->total - m->step, 0) : -1.0;
 	return LOOM_OK;
 }
 
@@ -348,12 +353,13 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx)
 				return rc;
 			m.saved = 1;
 		}
+		loom__train_summary_add(tr, &m);
 		if (tr->log && (rc = loom_train_log_write(tr, &m)) != LOOM_OK)
 			return rc;
 		if (fn && fn(ctx, tr, &m) != 0)
 			return loom_seterr(LOOM_ESTATE, "training stopped at step %lld", m.step);
 	}
-	return LOOM_OK;
+	return loom__train_log_summary(tr);
 }
 
 void loom_trainer_set_peak_flops(loom_trainer_t *tr, double flops)
