@@ -1,12 +1,20 @@
 /* test_eco.c: interop with the tools users come from: a training checkpoint loads as Hugging Face's
  * GPT-2 (config.json + model.safetensors, read by a PyTorch GPT-2 with HF's module names in
  * tests/ref/hf_gpt2_load.py, run with /usr/bin/python3 and Debian's torch) with logits within 1e-5 of
- * loom's forward, and the tokenizer travels with the checkpoint. */
+ * loom's forward, and the tokenizer travels with the checkpoint; the run summary and the JSONL
+ * invariants; `loom run` as torchrun (.py, -m, --log-dir/--tee/--redirects, --max-restarts after a
+ * killed rank: the restarted job resumes and ends with the parameters of an uninterrupted run). */
+#include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "loom/ckpt.h"
 #include "loom/data.h"
@@ -230,6 +238,192 @@ TEST(train_summary_and_jsonl)
 	CHECK_CONTAINS(out, " run --nproc-per-node 2 ");
 	CHECK_CONTAINS(out, " --resume\n");
 	CHECK_MSG(!strstr(out, "[rank 1] summary"), "rank 1 printed a summary: %s", out);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* `loom run` runs a .py with Python, -m a module, and --log-dir keeps each rank's streams in files
+ * (--tee: also on the console; --redirects: only in the files). */
+TEST(run_python_and_log_dir)
+{
+	char dir[512], cmd[3000], out[8192], path[800];
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	snprintf(path, sizeof path, "%s/t.py", dir);
+	const char *py = "import os, sys\nprint('py rank', os.environ['RANK'], sys.argv[1:])\n"
+	                 "print('err', os.environ['RANK'], file=sys.stderr)\n";
+	CHECK(test_write_file(path, py, strlen(py)) == 0);
+	snprintf(path, sizeof path, "%s/eco_mod.py", dir);
+	const char *mod = "import os, sys\nprint('module rank', os.environ['RANK'], sys.argv[1:])\n";
+	CHECK(test_write_file(path, mod, strlen(mod)) == 0);
+
+	snprintf(cmd, sizeof cmd, "PYTHON=/usr/bin/python3 %s run --nproc-per-node 2 %s/t.py a 'b c'", loom, dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "%s: exit %d: %s", cmd, st, out);
+	CHECK_CONTAINS(out, "[rank 0] py rank 0 ['a', 'b c']\n");
+	CHECK_CONTAINS(out, "[rank 1] py rank 1 ['a', 'b c']\n");
+	CHECK_CONTAINS(out, "[rank 1] err 1\n");
+
+	snprintf(cmd, sizeof cmd, "PYTHONPATH=%s %s run --nproc-per-node 2 -m eco_mod x", dir, loom);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "%s: exit %d: %s", cmd, st, out);
+	CHECK_CONTAINS(out, "[rank 0] module rank 0 ['x']\n");
+	CHECK_CONTAINS(out, "[rank 1] module rank 1 ['x']\n");
+
+	/* --no-python: t.py is executed as it is (it is not executable: 126) */
+	snprintf(cmd, sizeof cmd, "%s run --no-python %s/t.py", loom, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 126);
+	CHECK_CONTAINS(out, "cannot execute ");
+
+	snprintf(cmd, sizeof cmd, "%s run --nproc-per-node 2 --log-dir %s/logs --tee 3 %s/t.py q", loom, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "%s: exit %d: %s", cmd, st, out);
+	CHECK_CONTAINS(out, "[rank 1] py rank 1 ['q']\n");
+	for (int r = 0; r < 2; r++) {
+		char want[64], *got;
+		snprintf(path, sizeof path, "%s/logs/attempt_0/%d/stdout.log", dir, r);
+		got = slurp(path);
+		CHECK_MSG(got != NULL, "no %s", path);
+		snprintf(want, sizeof want, "py rank %d ['q']\n", r);
+		CHECK_STREQ(got, want);
+		free(got);
+		snprintf(path, sizeof path, "%s/logs/attempt_0/%d/stderr.log", dir, r);
+		got = slurp(path);
+		CHECK_MSG(got != NULL, "no %s", path);
+		snprintf(want, sizeof want, "err %d\n", r);
+		CHECK_STREQ(got, want);
+		free(got);
+	}
+	/* --redirects 1: stdout only in the files, stderr on the console too */
+	snprintf(cmd, sizeof cmd, "%s run --nproc-per-node 2 --log-dir %s/logs2 --redirects 1 %s/t.py z", loom, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "%s: exit %d: %s", cmd, st, out);
+	CHECK_MSG(!strstr(out, "py rank"), "stdout reached the console: %s", out);
+	CHECK_CONTAINS(out, "[rank 0] err 0\n");
+	snprintf(path, sizeof path, "%s/logs2/attempt_0/1/stdout.log", dir);
+	char *got = slurp(path);
+	CHECK_MSG(got != NULL, "no %s", path);
+	CHECK_STREQ(got, "py rank 1 ['z']\n");
+	free(got);
+	snprintf(cmd, sizeof cmd, "%s run --tee 3 %s/t.py", loom, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_CONTAINS(out, "--tee and --redirects need --log-dir");
+	test_rmdir(dir);
+	return 0;
+}
+
+/* pid of a child of `parent` whose environment holds the string `var` ("RANK=1"), or -1. */
+static pid_t child_with_env(pid_t parent, const char *var)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	pid_t found = -1;
+	if (!d)
+		return -1;
+	while (found < 0 && (e = readdir(d))) {
+		char path[300], buf[8192];
+		int ppid = -1;
+		pid_t pid = (pid_t)atoi(e->d_name);
+		FILE *f;
+		size_t n;
+		if (pid <= 0)
+			continue;
+		snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+		if (!(f = fopen(path, "r")))
+			continue;
+		n = fread(buf, 1, sizeof buf - 1, f);
+		fclose(f);
+		buf[n] = 0;
+		char *rp = strrchr(buf, ')');
+		if (!rp || sscanf(rp + 1, " %*c %d", &ppid) != 1 || ppid != parent)
+			continue;
+		snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+		if (!(f = fopen(path, "r")))
+			continue;
+		n = fread(buf, 1, sizeof buf - 1, f);
+		fclose(f);
+		for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
+			if (!strcmp(buf + i, var))
+				found = pid;
+	}
+	closedir(d);
+	return found;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* `loom run --max-restarts 2 loom train ... --resume`: rank 1 is killed (SIGKILL) after the step-10
+ * checkpoint; loom run restarts both ranks with TORCHELASTIC_RESTART_COUNT=1, they resume from the
+ * last checkpoint, and the final parameters and optimizer state are bit-identical to those of the
+ * same job never interrupted. */
+TEST(run_max_restarts_resumes)
+{
+	enum { STEPS = 300 };
+	char dir[512], cmd[4000], out[16384], ck[800], train[2000];
+	const char *loom = test_loom_bin();
+	struct stat sb;
+	int status = 0;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	snprintf(cmd, sizeof cmd, "for i in $(seq 400); do echo \"line $i of a corpus $((i * 7))\"; done > %s/a.txt && "
+	         "%s data prepare --input %s/a.txt --out %s/d", dir, loom, dir, dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "%s: %s", cmd, out);
+	snprintf(train, sizeof train, "%s train --train-data '%s/d/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 "
+	         "--batch-size 2 --seq-len 32 --steps %d --lr 3e-3 --save-every 10 --keep-checkpoints 2 --threads 1 "
+	         "--peak-flops 1e10 --print-every 100 --resume", loom, dir, STEPS);
+
+	/* never interrupted */
+	snprintf(cmd, sizeof cmd, "%s run --nproc-per-node 2 %s --save-dir %s/full", loom, train, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "%s: exit %d: %s", cmd, st, out);
+
+	/* rank 1 killed in the first attempt */
+	snprintf(cmd, sizeof cmd, "exec %s run --nproc-per-node 2 --max-restarts 2 %s --save-dir %s/ck > %s/out.txt 2>&1",
+	         loom, train, dir, dir);
+	fflush(NULL);
+	pid_t job = fork();
+	CHECK(job >= 0);
+	if (job == 0) {
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	snprintf(ck, sizeof ck, "%s/ck/step_00000010", dir);
+	double t0 = now_s();
+	pid_t victim = -1;
+	while (now_s() - t0 < 60 && (stat(ck, &sb) != 0 || (victim = child_with_env(job, "RANK=1")) < 0) &&
+	       waitpid(job, &status, WNOHANG) == 0)
+		usleep(2000);
+	if (victim < 0) {
+		kill(job, SIGKILL);
+		waitpid(job, &status, 0);
+		TEST_FAIL_("no checkpoint of step 10 or no rank 1 within 60 s (status %d)", status);
+	}
+	CHECK_EQ(kill(victim, SIGKILL), 0);
+	double tk = now_s();
+	while (waitpid(job, &status, WNOHANG) == 0 && now_s() - tk < 120)
+		usleep(5000);
+	if (now_s() - tk >= 120) {
+		kill(job, SIGKILL);
+		waitpid(job, &status, 0);
+	}
+	snprintf(cmd, sizeof cmd, "cat %s/out.txt", dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 10), 0);
+	CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d:\n%s", status, out);
+	CHECK_CONTAINS(out, ") was killed by signal 9 (SIGKILL)); restarting all 2 ranks (restart 1 of 2)");
+	CHECK_CONTAINS(out, "[rank 0] resumed from ");
+	char want[64];
+	snprintf(want, sizeof want, "[rank 0] step %d/%d | loss ", STEPS, STEPS);
+	CHECK_CONTAINS(out, want);
+	snprintf(cmd, sizeof cmd, "cmp %s/full/step_%08d/model.safetensors %s/ck/step_%08d/model.safetensors && "
+	         "cmp %s/full/step_%08d/optim.safetensors %s/ck/step_%08d/optim.safetensors", dir, STEPS, dir, STEPS, dir,
+	         STEPS, dir, STEPS);
+	st = test_run_cmd(cmd, out, sizeof out, 10);
+	CHECK_MSG(st == 0, "the restarted job ended with other parameters than the uninterrupted one: %s", out);
 	test_rmdir(dir);
 	return 0;
 }
