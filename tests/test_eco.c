@@ -427,3 +427,74 @@ TEST(run_max_restarts_resumes)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* `loom plot` draws a sample log: an SVG of the requested size holding each run's curves (one point
+ * per step in the loss line, the validation points), and with gnuplot installed a PNG of that size. */
+TEST(plot_writes_svg_and_png)
+{
+	char dir[512], cmd[2000], out[4096], path[700];
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	snprintf(path, sizeof path, "%s/run.jsonl", dir);
+	FILE *f = fopen(path, "w");
+	CHECK(f != NULL);
+	fprintf(f, "{\"config\":{\"loom_version\":\"0.4.0\",\"model\":{\"n_layer\":4,\"n_embd\":128},\"tokens_per_step\":1024,"
+	        "\"lr\":0.003,\"world\":2}}\n");
+	for (int s = 1; s <= 40; s++)
+		fprintf(f, "{\"step\":%d,\"loss\":%.6f,\"lr\":0.001,\"dt_ms\":10,\"tokens_per_s\":%d,\"tokens\":%d%s}\n", s,
+		        5.5 * exp(-s / 20.0) + 1.0, 1000 + s, s * 1024, s % 10 == 0 ? ",\"val_loss\":2.5" : "");
+	fprintf(f, "{\"summary\":{\"steps\":40}}\n");
+	fclose(f);
+	snprintf(cmd, sizeof cmd, "%s plot %s/run.jsonl -o %s/p.svg --width 900 --height 400 --title 'a <b>'", loom, dir,
+	         dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "%s: exit %d: %s", cmd, st, out);
+	CHECK_CONTAINS(out, "wrote ");
+	CHECK_CONTAINS(out, "/p.svg (900 x 400, SVG): 1 run, 40 steps\n");
+	snprintf(path, sizeof path, "%s/p.svg", dir);
+	char *svg = slurp(path);
+	CHECK(svg != NULL);
+	CHECK(strncmp(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"900\" height=\"400\"", 63) == 0);
+	CHECK_CONTAINS(svg, ">a &lt;b&gt;</text>");
+	CHECK_CONTAINS(svg, "run (L4 C128, 1024 tok/step, lr 0.003, ranks 2)");
+	CHECK_CONTAINS(svg, "</svg>\n");
+	/* the per-step loss line has 40 points; 4 validation circles */
+	const char *pl = strstr(svg, "<polyline");
+	CHECK(pl != NULL);
+	int pts = 0;
+	for (const char *c = strstr(pl, "points=\""); *c && *c != '/'; c++)
+		pts += *c == ',';
+	CHECK_EQ(pts, 40);
+	int circles = 0;
+	for (const char *c = svg; (c = strstr(c, "<circle")); c++)
+		circles++;
+	CHECK_EQ(circles, 4);
+	free(svg);
+
+	snprintf(cmd, sizeof cmd, "%s plot %s/run.jsonl -o %s/p.txt", loom, dir, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_CONTAINS(out, "must end in .svg or .png");
+
+	if (test_run_cmd("command -v gnuplot", out, sizeof out, 10) != 0) {
+		fprintf(stderr, "  no gnuplot (scripts/deps.sh installs gnuplot-nox): the PNG is not checked\n");
+	} else {
+		snprintf(cmd, sizeof cmd, "%s plot %s/run.jsonl %s/run.jsonl -o %s/p.png --width 800 --height 300", loom, dir,
+		         dir, dir);
+		st = test_run_cmd(cmd, out, sizeof out, 60);
+		CHECK_MSG(st == 0, "%s: exit %d: %s", cmd, st, out);
+		unsigned char h[24];
+		snprintf(path, sizeof path, "%s/p.png", dir);
+		f = fopen(path, "rb");
+		CHECK(f != NULL);
+		CHECK_EQ(fread(h, 1, 24, f), (size_t)24);
+		fseek(f, 0, SEEK_END);
+		long size = ftell(f);
+		fclose(f);
+		CHECK(memcmp(h, "\x89PNG\r\n\x1a\n", 8) == 0 && memcmp(h + 12, "IHDR", 4) == 0);
+		CHECK_EQ((h[16] << 24 | h[17] << 16 | h[18] << 8 | h[19]), 800); /* IHDR width, height */
+		CHECK_EQ((h[20] << 24 | h[21] << 16 | h[22] << 8 | h[23]), 300);
+		CHECK_MSG(size > 5000, "%s is only %ld bytes", path, size);
+	}
+	test_rmdir(dir);
+	return 0;
+}
