@@ -498,3 +498,35 @@ TEST(plot_writes_svg_and_png)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* `loom bench comm` takes nccl-tests' -b -e -f -n -w and ends with its "Avg bus bandwidth" line: the
+ * mean of the busbw column. */
+TEST(bench_comm_nccl_flags)
+{
+	char cmd[1000], out[8192];
+	snprintf(cmd, sizeof cmd, "%s run --nproc-per-node 2 --ranks 0 %s bench comm -b 8 -e 2K -f 4 -n 3 -w 1",
+	         test_loom_bin(), test_loom_bin());
+	int st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "%s: exit %d: %s", cmd, st, out);
+	double sum = 0;
+	int rows = 0;
+	const size_t want[] = {8, 32, 128, 512, 2048};
+	for (const char *l = out; (l = strstr(l, "[rank 0] ")); l++) {
+		size_t bytes, count;
+		char type[16], redop[16], algo[16];
+		int root;
+		double t, alg, bus;
+		if (sscanf(l + 9, "%zu %zu %15s %15s %d %15s %lf %lf %lf", &bytes, &count, type, redop, &root, algo, &t, &alg,
+		           &bus) == 9) {
+			CHECK(rows < 5);
+			CHECK_EQ(bytes, want[rows]);
+			sum += bus, rows++;
+		}
+	}
+	CHECK_EQ(rows, 5);
+	CHECK_CONTAINS(out, "[rank 0] # Out of bounds values : 0 OK\n");
+	const char *avg = strstr(out, "# Avg bus bandwidth    : ");
+	CHECK(avg != NULL);
+	CHECK_NEAR(atof(avg + 25), sum / rows, 0.0006); /* the column is printed with 3 decimals */
+	return 0;
+}
