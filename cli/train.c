@@ -14,6 +14,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <omp.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -437,6 +438,35 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 	return 0;
 }
 
+/* Ranks x threads beyond the CPUs (srun without CPU binding, OMP_NUM_THREADS unset under mpirun)
+ * makes steps many times slower with nothing else to show for it: say so once, on rank 0. */
+static void warn_oversubscription(const opts_t *o)
+{
+	static const char *const local_env[] = {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE",
+	                                        "MPI_LOCALNRANKS"};
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	int local = o->world, threads = loom_num_threads(), mine = (int)cpus;
+	cpu_set_t set;
+	for (size_t k = 0; k < sizeof local_env / sizeof *local_env; k++)
+		if (getenv(local_env[k]) && atoi(getenv(local_env[k])) > 0) {
+			local = atoi(getenv(local_env[k]));
+			break;
+		}
+	if (sched_getaffinity(0, sizeof set, &set) == 0)
+		mine = CPU_COUNT(&set);
+	if (o->rank != 0 || cpus <= 0)
+		return;
+	if ((long)local * threads > cpus)
+		fprintf(stderr, "loom train: warning: %d rank%s x %d thread%s = %ld on this machine's %ld CPUs: oversubscribed, "
+		        "steps can be many times slower; give each rank CPUs/ranks threads (--threads or OMP_NUM_THREADS; "
+		        "srun: --cpus-per-task and --cpu-bind=cores)\n", local, local == 1 ? "" : "s", threads,
+		        threads == 1 ? "" : "s", (long)local * threads, cpus);
+	else if (threads > mine)
+		fprintf(stderr, "loom train: warning: %d threads, but this rank may run on %d CPU%s only (its CPU affinity): "
+		        "oversubscribed, steps can be many times slower; use --threads %d\n", threads, mine, mine == 1 ? "" : "s",
+		        mine);
+}
+
 /* The command that resumes this run: this program (its real path), the same flags, plus --resume; in
  * a job of several ranks, through `loom run`. Shell-quoted. */
 static void resume_command(int argc, char **argv, const opts_t *o, char *buf, size_t cap)
@@ -550,13 +580,17 @@ int loom_cli_train(int argc, char **argv)
 	}
 	o.tc.comm = comm;
 	loom_set_num_threads(o.threads > 0 ? o.threads : omp_get_max_threads()); /* default: OMP_NUM_THREADS or CPUs */
+	warn_oversubscription(&o);
 	model_config(&o);
 	batch_config(&o);
 	find_tokenizer(&o);
 	r.o = &o;
 
 	if ((rc = loom_gpt2_create(&model, &o.mc, o.tc.B, o.tc.T)) != LOOM_OK) {
-		fprintf(stderr, "loom train: creating the model: %s\n", loom_errmsg());
+		fprintf(stderr, "loom train: creating the model: %s%s", loom_errmsg(), rc == LOOM_ENOMEM ? "" : "\n");
+		if (rc == LOOM_ENOMEM) /* the sizes the user can act on */
+			fprintf(stderr, " (parameters and gradients alone: 2 x %zu bytes; AdamW adds 2 x as much; "
+			        "activations grow with --batch-size x --seq-len)\n", loom_gpt2_num_params(&o.mc) * sizeof(float));
 		goto out;
 	}
 	if (o.init_from) {

@@ -20,6 +20,7 @@
 #include "loom/data.h"
 #include "loom/gpt2.h"
 #include "loom/train.h"
+#include "loom/util.h"
 #include "test.h"
 
 static char *slurp(const char *path)
@@ -528,5 +529,85 @@ TEST(bench_comm_nccl_flags)
 	const char *avg = strstr(out, "# Avg bus bandwidth    : ");
 	CHECK(avg != NULL);
 	CHECK_NEAR(atof(avg + 25), sum / rows, 0.0006); /* the column is printed with 3 decimals */
+	return 0;
+}
+
+/* Every flag a command's --help lists appears in its doc page. */
+static int flags_documented(const char *help_cmd, const char *doc)
+{
+	char cmd[1000], out[16384];
+	snprintf(cmd, sizeof cmd, "%s %s", test_loom_bin(), help_cmd);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0);
+	char *text = slurp(doc);
+	CHECK_MSG(text != NULL, "no %s (run from the source root)", doc);
+	int missing = 0;
+	for (const char *p = out; (p = strstr(p, "--")); p += 2) {
+		char flag[64];
+		size_t n = 2;
+		while (n < sizeof flag - 1 && ((p[n] >= 'a' && p[n] <= 'z') || (p[n] >= '0' && p[n] <= '9') || p[n] == '-' || p[n] == '_'))
+			n++;
+		if (n == 2 || p[n - 1] == '-' || (p > out && p[-1] != ' ' && p[-1] != '[' && p[-1] != '(' && p[-1] != '`'))
+			continue;
+		snprintf(flag, sizeof flag, "%.*s", (int)n, p);
+		int found = 0;
+		for (const char *q = text; !found && (q = strstr(q, flag)); q++) {
+			char c = q[n];
+			found = !((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_');
+		}
+		if (!found) {
+			fprintf(stderr, "  %s: %s is not in %s\n", help_cmd, flag, doc);
+			missing++;
+		}
+	}
+	free(text);
+	CHECK_MSG(missing == 0, "%d flag(s) of `loom %s` are not documented in %s", missing, help_cmd, doc);
+	return 0;
+}
+
+/* The papercuts: --version, the full command list, every flag in the docs, and messages that say
+ * what a file is and what a glob matched. */
+TEST(cli_papercuts)
+{
+	char dir[512], cmd[4000], out[8192];
+	const char *loom = test_loom_bin();
+	snprintf(cmd, sizeof cmd, "%s --version", loom);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 10), 0);
+	CHECK_MSG(strstr(out, "loom " LOOM_VERSION " (git ") == out, "%s", out);
+	snprintf(cmd, sizeof cmd, "%s --help", loom);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 10), 0);
+	const char *cmds[] = {"run", "train", "sample", "data", "tokenizer", "bench", "convert", "info", "plot"};
+	for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+		char want[32];
+		snprintf(want, sizeof want, "\n  %s ", cmds[i]);
+		CHECK_CONTAINS(out, want);
+	}
+	CHECK_CONTAINS(out, "model (a training step)");
+	if (flags_documented("train --help", "docs/train.md") || flags_documented("sample --help", "docs/train.md") ||
+	    flags_documented("plot --help", "docs/train.md") || flags_documented("run --help", "docs/launcher.md") ||
+	    flags_documented("data prepare --help", "docs/data.md") ||
+	    flags_documented("bench comm --help", "docs/collectives.md"))
+		return 1;
+
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	snprintf(cmd, sizeof cmd, "printf 'some text\\n' > %s/a.txt && %s data prepare --input %s/a.txt --out %s/d", dir, loom,
+	         dir, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0);
+	snprintf(cmd, sizeof cmd, "%s sample --model %s/d/train_000000.bin", loom, dir);
+	CHECK(test_run_cmd(cmd, out, sizeof out, 30) != 0);
+	CHECK_CONTAINS(out, "/d/train_000000.bin is a token shard (llm.c data, magic 20240520), not a model");
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/nodir/*.bin' --steps 1", loom, dir);
+	CHECK(test_run_cmd(cmd, out, sizeof out, 30) != 0);
+	CHECK_CONTAINS(out, "no files match '");
+	CHECK_MSG(!strstr(out, "glob error"), "%s", out);
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/d/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 "
+	         "--batch-size 1 --seq-len 4 --steps 2 --threads 1 --peak-flops 1e10 --save-dir %s/ck && %s info %s/ck && "
+	         "%s info %s/d", loom, dir, dir, loom, dir, loom, dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "/ck: checkpoint directory (--save-dir): 1 checkpoint, the latest complete one is ");
+	CHECK_CONTAINS(out, "/ck/step_00000002: complete training checkpoint\n");
+	CHECK_CONTAINS(out, "config.json");
+	CHECK_CONTAINS(out, "/d: token shards (loom data prepare output)");
+	test_rmdir(dir);
 	return 0;
 }

@@ -210,7 +210,7 @@ int loom__st_model_load(const char *path, const loom_gpt2_config_t *cfg, float *
 		size_t n = (size_t)cfg->vocab_size * (size_t)cfg->n_embd;
 		float *tmp = loom__malloc(n * sizeof *tmp);
 		if (!tmp) {
-			rc = loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
+			rc = loom_seterr(LOOM_ENOMEM, "%s: out of memory for lm_head.weight (%zu bytes)", path, n * sizeof *tmp);
 			goto out;
 		}
 		rc = loom_st_read_f32(st, lm_head, tmp, n);

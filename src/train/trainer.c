@@ -158,7 +158,8 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	tr->inputs = loom__malloc((size_t)cfg->B * cfg->T * sizeof(int));
 	tr->targets = loom__malloc((size_t)cfg->B * cfg->T * sizeof(int));
 	if (!tr->inputs || !tr->targets) {
-		rc = loom_seterr(LOOM_ENOMEM, "trainer: out of memory for a batch of %d x %d", cfg->B, cfg->T);
+		rc = loom_seterr(LOOM_ENOMEM, "trainer: out of memory for a batch of %d x %d (2 x %zu bytes)", cfg->B, cfg->T,
+		                 (size_t)cfg->B * cfg->T * sizeof(int));
 		goto fail;
 	}
 	memset(&lo, 0, sizeof lo);
