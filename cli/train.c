@@ -433,8 +433,11 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 		printf("note: MFU above 100%%: the peak (%.1f GFLOP/s) is too low, probably measured while the machine "
 		       "was busy; delete ~/.cache/loom/gemm_peak or give --peak-flops\n", r->o->tc.peak_flops / 1e9);
 	}
-	if (r->o->sample_every > 0 && m->step % r->o->sample_every == 0)
+	if (r->o->sample_every > 0 && m->step % r->o->sample_every == 0) {
+		loom_gpt2_profile(loom_trainer_model(tr), 0); /* --profile times training steps, not sampling */
 		sample(r, loom_trainer_model(tr), m->step);
+		loom_gpt2_profile(loom_trainer_model(tr), r->o->profile);
+	}
 	return 0;
 }
 
