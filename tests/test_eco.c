@@ -611,3 +611,59 @@ TEST(cli_papercuts)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* Ctrl-C during `loom train`: nothing new is saved, the command that resumes is printed, and the
+ * process dies of SIGINT. */
+TEST(train_ctrl_c_prints_resume)
+{
+	char dir[512], cmd[3000], out[8192], path[700];
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	snprintf(cmd, sizeof cmd, "printf 'some text for a corpus\\n' > %s/a.txt && %s data prepare --input %s/a.txt "
+	         "--out %s/d", dir, loom, dir, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0);
+	snprintf(cmd, sizeof cmd, "exec %s train --train-data '%s/d/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 "
+	         "--batch-size 1 --seq-len 4 --steps 100000000 --save-every 1000000 --save-dir %s/ck --threads 1 "
+	         "--peak-flops 1e10 --print-every 1000000 > %s/out.txt 2>&1", loom, dir, dir, dir);
+	fflush(NULL);
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	snprintf(path, sizeof path, "%s/out.txt", dir);
+	double t0 = now_s();
+	char *text = NULL;
+	while (now_s() - t0 < 30) { /* until the first step line */
+		free(text);
+		text = slurp(path);
+		if (text && strstr(text, " 1/100000000 | "))
+			break;
+		usleep(10000);
+	}
+	CHECK_MSG(text && strstr(text, " 1/100000000 | "), "no step line within 30 s: %s", text ? text : "");
+	free(text);
+	CHECK_EQ(kill(pid, SIGINT), 0);
+	int status = 0;
+	t0 = now_s();
+	while (waitpid(pid, &status, WNOHANG) == 0 && now_s() - t0 < 30)
+		usleep(5000);
+	if (now_s() - t0 >= 30) {
+		kill(pid, SIGKILL);
+		waitpid(pid, &status, 0);
+	}
+	text = slurp(path);
+	CHECK(text != NULL);
+	CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT, "status %d: %s", status, text);
+	CHECK_CONTAINS(text, "loom train: interrupted; nothing new was saved. Continue from the last checkpoint in ");
+	CHECK_CONTAINS(text, " train --train-data '");
+	CHECK_CONTAINS(text, "/d/train_*.bin' --n-layer 1 ");
+	CHECK_CONTAINS(text, " --print-every 1000000 --resume\n");
+	free(text);
+	struct stat sb;
+	snprintf(path, sizeof path, "%s/ck", dir);
+	CHECK_MSG(stat(path, &sb) != 0, "a checkpoint directory was written on Ctrl-C");
+	test_rmdir(dir);
+	return 0;
+}
