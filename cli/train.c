@@ -604,6 +604,7 @@ int loom_cli_train(int argc, char **argv)
 	} else {
 		loom_gpt2_init(model, o.tc.seed);
 	}
+	o.tc.profile = o.profile; /* the trainer profiles its steps, not evaluations (nor sampling: on_step) */
 	if ((rc = loom_trainer_create(&tr, &o.tc, model)) != LOOM_OK) {
 		fprintf(stderr, "loom train: %s\n", loom_errmsg());
 		goto out;
@@ -650,8 +651,6 @@ int loom_cli_train(int argc, char **argv)
 		if (!r.sample_buf)
 			r.have_tok = 0;
 	}
-	if (o.profile)
-		loom_gpt2_profile(model, 1);
 	setup_interrupt(argc, argv, &o);
 	if ((rc = loom_trainer_run(tr, on_step, &r)) != LOOM_OK) {
 		fprintf(stderr, "loom train: %s\n", loom_errmsg());

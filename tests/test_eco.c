@@ -667,3 +667,27 @@ TEST(train_ctrl_c_prints_resume)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* A BPE tokenizer travels with checkpoints: trained by `loom tokenizer train`, used by `loom data
+ * prepare --tokenizer`; the checkpoint holds its vocab.json and merges.txt byte for byte, and
+ * `loom sample --model CKPT` encodes the prompt and decodes with it. */
+TEST(bpe_tokenizer_travels_with_checkpoints)
+{
+	char dir[512], cmd[12000], out[8192];
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	snprintf(cmd, sizeof cmd, "for i in $(seq 200); do echo \"the cat sat on the mat number $i\"; done > %s/a.txt && "
+	         "%s tokenizer train --vocab-size 300 --input %s/a.txt --out %s/tok --quiet && "
+	         "%s data prepare --tokenizer %s/tok --input %s/a.txt --out %s/d && "
+	         "%s train --train-data '%s/d/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 --vocab-size 300 "
+	         "--batch-size 2 --seq-len 16 --steps 3 --threads 1 --peak-flops 1e10 --save-dir %s/ck && "
+	         "cmp %s/tok/vocab.json %s/ck/step_00000003/vocab.json && cmp %s/tok/merges.txt %s/ck/step_00000003/merges.txt"
+	         " && %s sample --model %s/ck --prompt 'the cat' --max-tokens 4 --temperature 0",
+	         dir, loom, dir, dir, loom, dir, dir, dir, loom, dir, dir, dir, dir, dir, dir, loom, dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	const char *s = strstr(out, "the cat");
+	CHECK_MSG(s != NULL && (s == out || s[-1] == '\n'), "no sample starting with the prompt: %s", out);
+	test_rmdir(dir);
+	return 0;
+}

@@ -125,6 +125,8 @@ typedef struct {
 	   nothing); any other name or ZeRO stage is LOOM_ENOTSUP at create. */
 	const char *strategy;
 	int zero;                  /* ZeRO stage (issue 8); 0 */
+	int profile;               /* 1: per-kernel timing of the training steps (loom_gpt2_profile on the
+	                              model from create; evaluations are left out) */
 	loom_mesh_t *mesh;         /* instead of comm: the ranks as a dp x tp x pp mesh (borrowed; must
 	                              outlive the trainer). The data-parallel axis carries the gradients,
 	                              the data sharding and the checkpoints' loader states; global rank 0

@@ -182,6 +182,8 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 		goto fail;
 	}
 	tr->flops_per_token = loom_gpt2_flops_per_token(&tr->mcfg, cfg->T);
+	if (cfg->profile)
+		loom_gpt2_profile(model, 1);
 	*out = tr;
 	return LOOM_OK;
 fail:
@@ -299,13 +301,20 @@ int loom_trainer_eval(loom_trainer_t *tr, float *val_loss)
 	 * (each slot has one non-zero term, so exactly) and added up in window order by every rank. */
 	n = LOOM_MIN((uint64_t)c->eval_batches, loom_loader_windows_per_epoch(tr->val));
 	memset(tr->val_losses, 0, (size_t)n * sizeof(double));
+	if (c->profile) /* the profile is of training steps */
+		loom_gpt2_profile(tr->model, 0);
+	rc = LOOM_OK;
 	for (uint64_t k = (uint64_t)tr->dp_rank; k < n; k += (uint64_t)tr->dp_size) {
-		if ((rc = loom_loader_window(tr->val, k, tr->inputs, tr->targets)) != LOOM_OK)
-			return rc;
-		if ((rc = loom_gpt2_forward(tr->model, tr->inputs, tr->targets, c->B, c->T, &loss)) != LOOM_OK)
-			return rc;
+		if ((rc = loom_loader_window(tr->val, k, tr->inputs, tr->targets)) == LOOM_OK)
+			rc = loom_gpt2_forward(tr->model, tr->inputs, tr->targets, c->B, c->T, &loss);
+		if (rc != LOOM_OK)
+			break;
 		tr->val_losses[k] = loss;
 	}
+	if (c->profile)
+		loom_gpt2_profile(tr->model, 1);
+	if (rc != LOOM_OK)
+		return rc;
 	if (tr->dp && (rc = loom_allreduce(tr->dp, tr->val_losses, tr->val_losses, (size_t)n, LOOM_FLOAT64,
 	                                   LOOM_SUM)) != LOOM_OK)
 		return loom_seterr(rc, "rank %d: evaluation after step %lld: %s", tr->rank, tr->step,
