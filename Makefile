@@ -51,6 +51,10 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 PROG_SRC := $(sort $(wildcard tests/progs/*.c))
 PROG_BIN := $(PROG_SRC:tests/progs/%.c=$(BUILD)/tests/%)
 
+# `loom --version` and the training log's config record name the tree the library was built from.
+GIT_DESCRIBE := $(or $(shell git describe --always --dirty 2>/dev/null),unknown)
+$(BUILD)/src/core/version.o: CPPFLAGS += -DLOOM_GIT_DESCRIBE='"$(GIT_DESCRIBE)"'
+
 all: $(BUILD)/libloom.a $(BUILD)/loom $(BUILD)/loom.pc
 
 $(BUILD)/%.o: %.c

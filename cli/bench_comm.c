@@ -2,8 +2,9 @@
  * nccl-tests does (size, count, type, redop, root, time, algbw, busbw, #wrong), plus the algorithm
  * each size used and a memcpy baseline.
  *
- * Run under a launcher: `loom run --nproc-per-node N loom bench comm ...`. Sizes double from
- * --min-bytes to --max-bytes; "size" is nccl-tests' (the whole vector; for allgather the gathered
+ * Run under a launcher: `loom run --nproc-per-node N loom bench comm ...`. Sizes grow by --step-factor
+ * (default 2) from --min-bytes to --max-bytes (nccl-tests' -f, -b, -e; -n and -w are --iters and
+ * --warmup); "size" is nccl-tests' (the whole vector; for allgather the gathered
  * result, for reduce_scatter the input). Buffers come from pools of at least 64 MiB (twice this
  * machine's last-level cache) and rotate through them, so small sizes do not run from a warm cache
  * that a training step would not have; the warm-up visits every slot once (a peer's first touch of
@@ -11,7 +12,8 @@
  * over --iters (after --warmup), then the maximum over ranks; busbw = algbw x (2(n-1)/n for
  * allreduce, (n-1)/n for allgather and reduce_scatter, 1 for broadcast and reduce). #wrong counts
  * wrong elements (over all ranks) of one checked run per size with exactly representable values.
- * Only rank 0 prints. */
+ * Only rank 0 prints; at the end, as nccl-tests does, the total of wrong values and the average busbw
+ * over every size measured ("# Avg bus bandwidth"). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,8 +47,12 @@ typedef struct {
 	int root;
 	long iters, warmup;
 	size_t min_bytes, max_bytes;
+	long factor;         /* sizes grow by this factor (-f) */
 	char *spool, *rpool; /* rotating buffer pools */
 	size_t pool;
+	double busbw_sum;    /* rank 0: over every size measured, for the "Avg bus bandwidth" line */
+	long measured;
+	long long wrong_sum;
 } bench_t;
 
 static void usage(FILE *f)
@@ -55,8 +61,11 @@ static void usage(FILE *f)
 	        "usage: loom run --nproc-per-node N loom bench comm [--op allreduce|allgather|reduce_scatter|\n"
 	        "         broadcast|reduce|all] [--min-bytes 8] [--max-bytes 256M] [--algo ALGO|OP:ALGO,...]\n"
 	        "         [--registered 0|1] [--inplace 0|1] [--dtype float32] [--redop sum] [--root 0]\n"
-	        "         [--iters N] [--warmup N] [--verbose]\n"
-	        "  Prints nccl-tests' columns for sizes doubling from --min-bytes to --max-bytes (K, M, G suffixes).\n"
+	        "         [--iters N] [--warmup N] [--step-factor 2] [--verbose]\n"
+	        "  nccl-tests' flags work too: -b MIN -e MAX -f FACTOR -n ITERS -w WARMUP.\n"
+	        "  Prints nccl-tests' columns for sizes growing by --step-factor (-f, default 2) from --min-bytes\n"
+	        "  (-b) to --max-bytes (-e) (K, M, G suffixes), then the wrong values and the average bus bandwidth\n"
+	        "  over every size (\"# Avg bus bandwidth\").\n"
 	        "  --algo forces an algorithm (ring, rhd, rd, tree) for the benchmarked operation(s), or takes a\n"
 	        "  LOOM_ALGO value. --registered 1 uses loom_comm_alloc buffers (single-copy). --iters 0 (the\n"
 	        "  default) picks the count from the size. --verbose prints the selection rule.\n");
@@ -228,6 +237,7 @@ static int bench_size(bench_t *b, op_t coll, size_t bytes)
 		       rooted ? b->root : -1, algo ? algo : "?", tmax * 1e6, algbw, algbw * bus_factor(coll, b->n),
 		       wsum);
 		fflush(stdout);
+		b->busbw_sum += algbw * bus_factor(coll, b->n), b->measured++, b->wrong_sum += wsum;
 	}
 	return 0;
 }
@@ -273,7 +283,8 @@ static void pool_free(bench_t *b, void *p)
 int loom_cli_bench_comm(int argc, char **argv)
 {
 	const char *v, *ops = "allreduce", *algo = NULL;
-	bench_t b = {.dt = LOOM_FLOAT32, .redop = LOOM_SUM, .warmup = -1, .min_bytes = 8, .max_bytes = 256u << 20};
+	bench_t b = {.dt = LOOM_FLOAT32, .redop = LOOM_SUM, .warmup = -1, .min_bytes = 8, .max_bytes = 256u << 20,
+	             .factor = 2};
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
 			usage(stdout);
@@ -284,17 +295,24 @@ int loom_cli_bench_comm(int argc, char **argv)
 			ops = v;
 		} else if (cli_flag(argc, argv, &i, "--algo", &v)) {
 			algo = v;
-		} else if (cli_flag(argc, argv, &i, "--min-bytes", &v)) {
+		} else if (cli_flag(argc, argv, &i, "--min-bytes", &v) || cli_flag(argc, argv, &i, "-b", &v) ||
+		           cli_flag(argc, argv, &i, "--minbytes", &v)) {
 			b.min_bytes = cli_parse_size("bench comm", "--min-bytes", v);
-		} else if (cli_flag(argc, argv, &i, "--max-bytes", &v)) {
+		} else if (cli_flag(argc, argv, &i, "--max-bytes", &v) || cli_flag(argc, argv, &i, "-e", &v) ||
+		           cli_flag(argc, argv, &i, "--maxbytes", &v)) {
 			b.max_bytes = cli_parse_size("bench comm", "--max-bytes", v);
+		} else if (cli_flag(argc, argv, &i, "--step-factor", &v) || cli_flag(argc, argv, &i, "-f", &v) ||
+		           cli_flag(argc, argv, &i, "--stepfactor", &v)) {
+			b.factor = cli_parse_int("bench comm", "--step-factor", v);
+			if (b.factor < 2 || b.factor > 1024)
+				cli_die("bench comm", "--step-factor (-f) %ld: expected 2..1024", b.factor);
 		} else if (cli_flag(argc, argv, &i, "--registered", &v)) {
 			b.registered = cli_parse_int("bench comm", "--registered", v) != 0;
 		} else if (cli_flag(argc, argv, &i, "--inplace", &v)) {
 			b.inplace = cli_parse_int("bench comm", "--inplace", v) != 0;
-		} else if (cli_flag(argc, argv, &i, "--iters", &v)) {
+		} else if (cli_flag(argc, argv, &i, "--iters", &v) || cli_flag(argc, argv, &i, "-n", &v)) {
 			b.iters = cli_parse_int("bench comm", "--iters", v);
-		} else if (cli_flag(argc, argv, &i, "--warmup", &v)) {
+		} else if (cli_flag(argc, argv, &i, "--warmup", &v) || cli_flag(argc, argv, &i, "-w", &v)) {
 			b.warmup = cli_parse_int("bench comm", "--warmup", v);
 		} else if (cli_flag(argc, argv, &i, "--root", &v)) {
 			b.root = (int)cli_parse_int("bench comm", "--root", v);
@@ -393,11 +411,17 @@ int loom_cli_bench_comm(int argc, char **argv)
 			printf("# %s\n#%11s %12s %9s %6s %5s %6s %10s %8s %8s %6s\n#%11s %12s %9s %6s %5s %6s %10s %8s %8s %6s\n",
 			       op_names[k], "size", "count", "type", "redop", "root", "algo", "time", "algbw", "busbw", "#wrong",
 			       "(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
-		for (size_t bytes = b.min_bytes; bytes <= b.max_bytes && !status; bytes *= 2) {
+		for (size_t bytes = b.min_bytes; bytes <= b.max_bytes && !status; bytes *= (size_t)b.factor) {
 			status = bench_size(&b, (op_t)k, bytes);
-			if (bytes == 0)
+			if (bytes == 0 || bytes > SIZE_MAX / (size_t)b.factor)
 				break;
 		}
+	}
+	if (!status && b.rank == 0 && b.measured > 0) {
+		printf("# Out of bounds values : %lld %s\n", b.wrong_sum, b.wrong_sum ? "FAILED" : "OK");
+		printf("# Avg bus bandwidth    : %g \n#\n", b.busbw_sum / (double)b.measured);
+		if (b.wrong_sum)
+			status = 1;
 	}
 out:
 	if (b.spool)

@@ -13,6 +13,7 @@ int loom_cli_tokenizer(int argc, char **argv);
 int loom_cli_bench(int argc, char **argv);
 int loom_cli_convert(int argc, char **argv);
 int loom_cli_info(int argc, char **argv);
+int loom_cli_plot(int argc, char **argv);
 
 /* Flag parsing: `--name value` or `--name=value`. cli_flag() returns 1 when argv[*i] is the flag
  * `name`, storing its value in *val (and advancing *i past a separate value); it exits with a clear

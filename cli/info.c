@@ -1,6 +1,7 @@
 /* info.c: `loom info FILE`: what a file holds: a model (safetensors or llm.c .bin: config, every
  * tensor, parameter count), a token shard (token count), a tokenizer, a state file, or a training
  * checkpoint directory (its files, verified against its MANIFEST). */
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,10 +101,57 @@ static int info_llmc(const char *path)
 	return 0;
 }
 
+static int exists(const char *dir, const char *name)
+{
+	char p[2048];
+	struct stat sb;
+	snprintf(p, sizeof p, "%s/%s", dir, name);
+	return stat(p, &sb) == 0;
+}
+
+static int info_dir(const char *path);
+
+/* A directory that is not one checkpoint: a --save-dir (checkpoints in it), a model's directory, a
+ * tokenizer or data directory. */
+static int info_other_dir(const char *path)
+{
+	char latest[1200], sp[1300];
+	int64_t step;
+	DIR *d;
+	struct dirent *e;
+	if (loom_ckpt_latest(path, latest, sizeof latest, &step) == LOOM_OK) {
+		int n = 0;
+		if ((d = opendir(path))) {
+			while ((e = readdir(d)))
+				n += strncmp(e->d_name, "step_", 5) == 0;
+			closedir(d);
+		}
+		printf("%s: checkpoint directory (--save-dir): %d checkpoint%s, the latest complete one is %s (step %lld)\n\n",
+		       path, n, n == 1 ? "" : "s", latest, (long long)step);
+		return info_dir(latest);
+	}
+	if (exists(path, "model.safetensors")) {
+		snprintf(sp, sizeof sp, "%s/model.safetensors", path);
+		printf("%s: a model directory%s\n", path, exists(path, "config.json") ? " (with Hugging Face's config.json)" : "");
+		return info_safetensors(sp, 0);
+	}
+	if (exists(path, "vocab.json") || exists(path, "encoder.json"))
+		printf("%s: a BPE tokenizer directory (loom tokenizer info --tokenizer %s)%s\n", path, path,
+		       exists(path, "train_000000.bin") ? "; also token shards (loom data prepare output)" : "");
+	else if (exists(path, "train_000000.bin") || exists(path, "tokenizer.bin"))
+		printf("%s: token shards (loom data prepare output); loom info %s/train_000000.bin for one\n", path, path);
+	else
+		cli_die("info", "%s: a directory without a MANIFEST (not one checkpoint), without step_* checkpoints, a "
+		        "model.safetensors or a tokenizer", path);
+	return 0;
+}
+
 static int info_dir(const char *path)
 {
 	char sp[2048];
 	loom_kv_t *kv;
+	if (!exists(path, "MANIFEST"))
+		return info_other_dir(path);
 	if (loom_ckpt_verify(path) != LOOM_OK)
 		return fail();
 	printf("%s: complete training checkpoint\n", path);

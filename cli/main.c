@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "loom/util.h"
 
 static const struct {
 	const char *name;
@@ -17,17 +18,19 @@ static const struct {
 	{"sample", loom_cli_sample, "generate text from a checkpoint"},
 	{"data", loom_cli_data, "prepare token shards from text (data prepare)"},
 	{"tokenizer", loom_cli_tokenizer, "byte-level BPE tokenizers: train, encode, decode, info (GPT-2's files)"},
-	{"bench", loom_cli_bench, "benchmarks: comm (collectives), loom__gemm (peak FLOP/s)"},
+	{"bench", loom_cli_bench, "benchmarks: comm (collectives, nccl-tests' flags), gemm (peak FLOP/s), model (a "
+	                          "training step)"},
 	{"convert", loom_cli_convert, "convert checkpoints between safetensors and llm.c .bin"},
-	{"info", loom_cli_info, "print a checkpoint's config, tensors and parameter count"},
+	{"info", loom_cli_info, "print what a file or directory holds: model, checkpoint, shard, tokenizer"},
+	{"plot", loom_cli_plot, "draw loss, val loss and tokens/s of training logs (SVG, or PNG via gnuplot)"},
 };
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: loom COMMAND [ARGS]\n\ncommands:\n");
+	fprintf(f, "usage: loom COMMAND [ARGS]\n       loom --version\n\ncommands:\n");
 	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
 		fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].help);
-	fprintf(f, "\nloom COMMAND --help shows a command's flags.\n");
+	fprintf(f, "\nloom COMMAND --help shows a command's flags; docs/ has the manual.\n");
 }
 
 void cli_die(const char *cmd, const char *fmt, ...)
@@ -107,6 +110,10 @@ int main(int argc, char **argv)
 	if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
 		usage(argc < 2 ? stderr : stdout);
 		return argc < 2 ? 2 : 0;
+	}
+	if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0 || strcmp(argv[1], "-V") == 0) {
+		printf("loom %s (git %s)\n", loom_version(), loom_git_describe());
+		return 0;
 	}
 	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
 		if (strcmp(argv[1], commands[i].name) == 0)

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -137,6 +138,32 @@ static void set_env_int(const char *name, long v)
 	setenv(name, s, 1);
 }
 
+/* --log-dir: DIR/attempt_K/RANK/stdout.log and stderr.log for rank `rank` of attempt K (restarts). A
+ * file that cannot be created is reported and the output still shown. */
+static int attempt;
+
+static void open_logs(const run_opts_t *o, int rank, rank_t *r)
+{
+	char path[1200];
+	int n = snprintf(path, sizeof path, "%s/attempt_%d/%d", o->log_dir, attempt, rank);
+	for (char *p = path + 1; n > 0 && n < (int)sizeof path - 16 && *p; p++) /* mkdir -p */
+		if (*p == '/') {
+			*p = 0;
+			mkdir(path, 0777);
+			*p = '/';
+		}
+	if (n <= 0 || n >= (int)sizeof path - 16 || (mkdir(path, 0777) != 0 && errno != EEXIST)) {
+		run_note("--log-dir: cannot create %s: %s", path, strerror(errno));
+		return;
+	}
+	strcat(path, "/stdout.log");
+	if ((r->out.log_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666)) < 0)
+		run_note("--log-dir: cannot create %s: %s", path, strerror(errno));
+	strcpy(path + strlen(path) - 10, "stderr.log");
+	if ((r->err.log_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666)) < 0)
+		run_note("--log-dir: cannot create %s: %s", path, strerror(errno));
+}
+
 /* Fork and exec rank `rank`. Returns 0, or the errno that made exec (or the setup) fail, with
  * *pid set when a child was started (it has then exited with 127). */
 static int spawn(const run_opts_t *o, int rank, rank_t *r)
@@ -200,12 +227,14 @@ static int spawn(const run_opts_t *o, int rank, rank_t *r)
 	}
 	close(status_pipe[0]);
 	fcntl(out[0], F_SETFL, O_NONBLOCK), fcntl(err[0], F_SETFL, O_NONBLOCK);
-	if (run_stream_init(&r->out, out[0], 1, rank, o->show[rank]) != 0 ||
-	    run_stream_init(&r->err, err[0], 2, rank, o->show[rank]) != 0) {
+	if (run_stream_init(&r->out, out[0], 1, rank, o->show[rank] && !(o->redirects & 1)) != 0 ||
+	    run_stream_init(&r->err, err[0], 2, rank, o->show[rank] && !(o->redirects & 2)) != 0) {
 		close(out[0]), close(err[0]);
 		r->out.fd = r->err.fd = -1;
 		return e ? e : ENOMEM;
 	}
+	if (o->log_dir)
+		open_logs(o, rank, r);
 	return e;
 }
 
@@ -346,6 +375,8 @@ static void supervise(job_t *j)
 			wake = quiet_until;
 		if (wake > 0)
 			timeout_ms = wake <= now ? 0 : (int)((wake - now) * 1000) + 1;
+		if (j->o->monitor_s > 0 && (timeout_ms < 0 || timeout_ms > (int)(j->o->monitor_s * 1000)))
+			timeout_ms = (int)(j->o->monitor_s * 1000); /* --monitor-interval */
 		rc = poll(pf, (nfds_t)np, timeout_ms);
 		if (rc < 0 && errno != EINTR) {
 			run_note("poll failed: %s", strerror(errno));
@@ -404,13 +435,26 @@ int loom_cli_run(int argc, char **argv)
 	set_env_int("WORLD_SIZE", o.world), set_env_int("LOCAL_WORLD_SIZE", o.nproc);
 	set_env_int("GROUP_RANK", o.node_rank), set_env_int("GROUP_WORLD_SIZE", o.nnodes);
 	set_env_int("ROLE_WORLD_SIZE", o.world), setenv("ROLE_NAME", "default", 1);
-	set_env_int("TORCHELASTIC_RESTART_COUNT", 0), set_env_int("TORCHELASTIC_MAX_RESTARTS", 0);
+	set_env_int("TORCHELASTIC_MAX_RESTARTS", o.max_restarts);
 	setenv("MASTER_ADDR", o.addr, 1), set_env_int("MASTER_PORT", o.port);
 	v = getenv("OMP_NUM_THREADS");
 	if (o.nproc > 1 && (!v || !*v)) { /* empty means nothing to OpenMP: treated as unset */
 		setenv("OMP_NUM_THREADS", "1", 1);
 		run_note("setting OMP_NUM_THREADS=1 for each rank so %d ranks do not oversubscribe the CPUs; "
 		         "set it yourself to tune", o.nproc);
+	}
+	char base_id[64];
+	snprintf(base_id, sizeof base_id, "%s", o.job_id);
+restart: /* --max-restarts: attempt K > 0 starts every rank again, as torchrun's agent does */
+	set_env_int("TORCHELASTIC_RESTART_COUNT", attempt);
+	if (attempt > 0) { /* a job id of its own, so nothing of the failed attempt's is reused */
+		snprintf(o.job_id, sizeof o.job_id, "%.40s-a%d", base_id, attempt);
+		setenv("LOOM_JOB_ID", o.job_id, 1), setenv("LOOM_RUN_JOB_ID", o.job_id, 1);
+		memset(r, 0, sizeof *r * (size_t)o.nproc);
+		for (int i = 0; i < o.nproc; i++)
+			r[i].out.fd = r[i].err.fd = -1;
+		j = (job_t){.failed = -1};
+		exec_err = 0, exec_rank = -1, spawn_failed = 0;
 	}
 	fflush(NULL);
 	j.o = &o, j.r = r;
@@ -449,9 +493,15 @@ int loom_cli_run(int argc, char **argv)
 	if (!exec_err && !j.interrupted && j.failed >= 0) {
 		char d[160];
 		describe(&r[j.failed], j.failed, d, sizeof d);
-		run_note("job failed; first failure: %s", d);
+		if (attempt < o.max_restarts) {
+			run_note("attempt %d failed (%s); restarting all %d ranks (restart %d of %d)", attempt, d, o.nproc,
+			         attempt + 1, o.max_restarts);
+			attempt++;
+			goto restart;
+		}
+		run_note("job failed%s; first failure: %s", attempt > 0 ? " after every restart" : "", d);
 	}
-	free(r), free(o.show);
+	free(r), free(o.show), free(o.py_argv);
 	if (exec_err)
 		return spawn_failed ? 1 : exec_err == ENOENT ? 127 : 126;
 	if (j.interrupted) { /* die of the signal we were sent, as the shell expects */

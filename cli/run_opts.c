@@ -36,8 +36,24 @@ static void usage(FILE *f)
 	        "                       on each; prints the mpirun command (docs/multinode.md)\n"
 	        "  --ranks LIST         show only these ranks' output, e.g. 0 or 0,2 or 0-3\n"
 	        "                       (also torchrun's --local-ranks-filter)\n"
+	        "  -m, --module         PROGRAM is a Python module: run `python3 -u -m PROGRAM ARGS`\n"
+	        "  --no-python          exec PROGRAM as it is, even a .py file\n"
+	        "  --log-dir DIR        also write each rank's output to DIR/attempt_K/RANK/stdout.log and\n"
+	        "                       stderr.log (K: the restart count)\n"
+	        "  --tee N              with --log-dir: streams N (1 stdout, 2 stderr, 3 both) go to the files\n"
+	        "                       and to the console (the default for both)\n"
+	        "  --redirects N        with --log-dir: streams N go to the files only\n"
+	        "  --max-restarts K     when a rank fails, stop all and start them again, up to K times\n"
+	        "                       (TORCHELASTIC_RESTART_COUNT tells them which attempt; default 0)\n"
+	        "  --monitor-interval S the longest the supervisor sleeps between checks (default: it wakes\n"
+	        "                       on every exit and output at once)\n"
 	        "  --help               this text\n"
-	        "torchrun's spellings (--nproc_per_node, --node_rank, --master_addr, --master_port) work too.\n"
+	        "torchrun's spellings (--nproc_per_node, --node_rank, --master_addr, --master_port, --no_python,\n"
+	        "--log_dir, --max_restarts, --monitor_interval) work too.\n"
+	        "\n"
+	        "PROGRAM ending in .py runs with the current Python, as torchrun runs it: $PYTHON, else python3\n"
+	        "from PATH, as `python3 -u PROGRAM ARGS`. Any other PROGRAM is executed directly (torchrun would\n"
+	        "run it with Python too; give python3 explicitly for that).\n"
 	        "\n"
 	        "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,\n"
 	        "ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOOM_JOB_ID (fresh unless you set it;\n"
@@ -137,6 +153,26 @@ static int valid_job_id(const char *s)
 	return 1;
 }
 
+/* PROGRAM through Python, as torchrun runs it: a .py file (unless --no-python) or a module (-m). */
+static void python_argv(run_opts_t *o, int n)
+{
+	const char *py = getenv("PYTHON"), *prog = o->argv[0];
+	size_t len = strlen(prog);
+	int k = 0;
+	if (o->no_python || (!o->module && !(len > 3 && strcmp(prog + len - 3, ".py") == 0)))
+		return;
+	if (!(o->py_argv = calloc((size_t)n + 4, sizeof *o->py_argv)))
+		cli_die("run", "out of memory");
+	o->py_argv[k++] = (char *)(py && *py ? py : "python3");
+	o->py_argv[k++] = "-u"; /* unbuffered, so lines reach the prefixing pipe as written */
+	if (o->module)
+		o->py_argv[k++] = "-m";
+	for (int a = 0; a < n; a++)
+		o->py_argv[k++] = o->argv[a];
+	o->py_argv[k] = NULL;
+	o->argv = o->py_argv;
+}
+
 void run_parse_opts(int argc, char **argv, run_opts_t *o)
 {
 	const char *v, *ranks = NULL, *nnodes = NULL, *node_rank = NULL, *port = NULL;
@@ -177,6 +213,24 @@ void run_parse_opts(int argc, char **argv, run_opts_t *o)
 			port = v;
 		} else if (cli_flag(argc, argv, &i, "--ranks", &v) || flag2(argc, argv, &i, "--local-ranks-filter", &v)) {
 			ranks = v;
+		} else if (strcmp(a, "-m") == 0 || strcmp(a, "--module") == 0) {
+			o->module = 1;
+		} else if (strcmp(a, "--no-python") == 0 || strcmp(a, "--no_python") == 0) {
+			o->no_python = 1;
+		} else if (flag2(argc, argv, &i, "--log-dir", &v)) {
+			if (!*v)
+				cli_die("run", "--log-dir: empty path");
+			o->log_dir = v;
+		} else if (cli_flag(argc, argv, &i, "--tee", &v) || cli_flag(argc, argv, &i, "-t", &v)) {
+			o->tee = (int)parse_range("--tee", v, 0, 3);
+		} else if (cli_flag(argc, argv, &i, "--redirects", &v) || cli_flag(argc, argv, &i, "-r", &v)) {
+			o->redirects = (int)parse_range("--redirects", v, 0, 3);
+		} else if (flag2(argc, argv, &i, "--max-restarts", &v)) {
+			o->max_restarts = (int)parse_range("--max-restarts", v, 0, 1000000);
+		} else if (flag2(argc, argv, &i, "--monitor-interval", &v)) {
+			o->monitor_s = cli_parse_double("run", "--monitor-interval", v);
+			if (!(o->monitor_s > 0 && o->monitor_s <= 3600))
+				cli_die("run", "--monitor-interval: %s is not a number of seconds in (0, 3600]", v);
 		} else {
 			cli_die("run", "unknown flag '%s' (see loom run --help)", a);
 		}
@@ -216,6 +270,11 @@ void run_parse_opts(int argc, char **argv, run_opts_t *o)
 	if (i >= argc)
 		cli_die("run", "missing PROGRAM to run (see loom run --help)");
 	o->argv = argv + i;
+	python_argv(o, argc - i);
+	if ((o->tee || o->redirects) && !o->log_dir)
+		cli_die("run", "--tee and --redirects need --log-dir DIR (where the files go)");
+	if (o->module && o->no_python)
+		cli_die("run", "-m runs a Python module and --no-python runs none: give one of them");
 	o->world = o->nproc * o->nnodes;
 	o->show = malloc((size_t)o->world);
 	if (!o->show)

@@ -14,6 +14,14 @@ typedef struct {
 	double grace_s;      /* LOOM_KILL_GRACE_S: SIGTERM to SIGKILL */
 	char job_id[64];     /* LOOM_JOB_ID: the caller's, or a fresh one */
 	const char *hostfile; /* --hostfile: run the job across its hosts with mpirun (run_mpi.c) */
+	/* torchrun parity (run_opts.c): how PROGRAM runs, per-rank log files, restarts */
+	int module;          /* -m: PROGRAM is a Python module (python -u -m PROGRAM ARGS) */
+	int no_python;       /* --no-python: exec PROGRAM as it is, even a .py */
+	char **py_argv;      /* the argv built for Python (owned), or NULL: argv runs as it is */
+	const char *log_dir; /* --log-dir: DIR/attempt_K/RANK/{stdout,stderr}.log, or NULL */
+	int tee, redirects;  /* with --log-dir: streams (1 stdout, 2 stderr, 3 both) also shown / only in files */
+	int max_restarts;    /* --max-restarts: restart every rank after a failure, up to this many times */
+	double monitor_s;    /* --monitor-interval: the longest the supervisor sleeps between checks */
 } run_opts_t;
 
 /* Parse `loom run`'s flags (argv[0] = "run") and environment into *o. Prints the help and exits 0

@@ -195,6 +195,7 @@ int run_stream_init(run_stream_t *s, int fd, int out, int rank, int show)
 {
 	memset(s, 0, sizeof *s);
 	s->fd = fd, s->out = out, s->rank = rank, s->show = show;
+	s->log_fd = -1;
 	s->cap = LINE_CAP;
 	s->buf = malloc(s->cap);
 	if (!show && out == 2)
@@ -215,6 +216,9 @@ void run_stream_free(run_stream_t *s)
 	d = dangling_slot(s->out);
 	if (s->fd >= 0)
 		close(s->fd);
+	if (s->log_fd >= 0)
+		close(s->log_fd);
+	s->log_fd = -1;
 	if (*d == s)
 		*d = NULL;
 	free(s->buf), free(s->tail);
@@ -255,6 +259,13 @@ int run_stream_read(run_stream_t *s, double now)
 		s->fd = -1;
 		return -1;
 	}
+	for (ssize_t w = 0, k; s->log_fd >= 0 && w < n; w += k) /* --log-dir: the bytes as the rank wrote them */
+		if ((k = write(s->log_fd, s->buf + s->len + w, (size_t)(n - w))) < 0 && errno != EINTR) {
+			close(s->log_fd);
+			s->log_fd = -1;
+		} else if (k < 0) {
+			k = 0;
+		}
 	if (s->len == 0)
 		s->since = now;
 	s->len += (size_t)n;

@@ -20,11 +20,12 @@ typedef struct run_stream {
 	int midline;   /* part of the current line was written without its terminator */
 	char *tail;    /* hidden stderr: the last bytes, for the failure report (NULL otherwise) */
 	size_t tail_len;
+	int log_fd;    /* --log-dir: every byte read is also written here as it is; -1: none */
 } run_stream_t;
 
-/* Set up a stream reading fd for `rank`; returns 0, or -1 when out of memory. */
+/* Set up a stream reading fd for `rank` (log_fd -1); returns 0, or -1 when out of memory. */
 int run_stream_init(run_stream_t *s, int fd, int out, int rank, int show);
-/* Close the pipe (if still open) and free the buffers. */
+/* Close the pipe (if still open) and the log file, and free the buffers. */
 void run_stream_free(run_stream_t *s);
 
 /* Read once from the pipe and write the complete lines. Returns 1 when data was read, 0 when none

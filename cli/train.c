@@ -14,6 +14,8 @@
 #include <libgen.h>
 #include <limits.h>
 #include <omp.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -374,6 +376,9 @@ typedef struct {
 	int *sample_buf;
 	int steps_run, warned_mfu;
 	double optim_ms, step_ms;
+	/* the steps since the last printed line, which the next line averages over */
+	int iv_steps;
+	double iv_ms, iv_comm, iv_exposed, iv_wait, iv_mfu;
 } run_ctx_t;
 
 static void print_token(void *ctx, int id)
@@ -464,18 +469,26 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 		return 0;
 	r->steps_run++;
 	r->optim_ms += m->optim_ms, r->step_ms += m->dt_ms;
+	r->iv_steps++, r->iv_ms += m->dt_ms, r->iv_mfu += m->mfu;
+	r->iv_comm += m->comm_ms, r->iv_exposed += m->exposed_comm_ms, r->iv_wait += m->wait_ms;
 	if (m->step % r->o->print_every != 0 && m->step != 1 && m->step != m->total && !m->has_val && !m->saved)
 		return 0;
-	fmt_eta(m->eta_s, eta, sizeof eta);
+	/* time, throughput and communication are the means over the steps since the last line */
+	double n = r->iv_steps, ms = r->iv_ms / n;
+	if (m->eta_s >= 0)
+		fmt_eta(m->eta_s, eta, sizeof eta);
+	else
+		snprintf(eta, sizeof eta, "-");
 	if (r->o->tc.peak_flops > 0)
-		snprintf(mfu, sizeof mfu, "%.1f%%", 100.0 * m->mfu);
+		snprintf(mfu, sizeof mfu, "%.1f%%", 100.0 * r->iv_mfu / n);
 	printf("step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s", w, m->step, m->total,
-	       m->loss, m->lr, m->grad_norm, m->dt_ms, m->tokens_per_s, mfu);
+	       m->loss, m->lr, m->grad_norm, ms, (double)loom_trainer_tokens_per_step(tr) / (ms * 1e-3), mfu);
 	if (r->o->world > 1)
-		printf(" | comm %.1f ms, exposed %.1f ms", m->comm_ms, m->exposed_comm_ms);
+		printf(" | comm %.1f ms, exposed %.1f ms, wait %.1f ms", r->iv_comm / n, r->iv_exposed / n, r->iv_wait / n);
 	if (r->o->pp > 1)
 		printf(" | bubble %.1f%% (ideal %.1f%%, for these stages %.1f%%)", 100.0 * m->bubble,
 		       100.0 * m->bubble_theory, 100.0 * m->bubble_expected);
+	r->iv_steps = 0, r->iv_ms = r->iv_comm = r->iv_exposed = r->iv_wait = r->iv_mfu = 0.0;
 	printf(" | ETA %s", eta);
 	if (m->has_val)
 		printf(" | val %.6f", m->val_loss);
@@ -487,9 +500,131 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 		printf("note: MFU above 100%%: the peak (%.1f GFLOP/s) is too low, probably measured while the machine "
 		       "was busy; delete ~/.cache/loom/gemm_peak or give --peak-flops\n", r->o->tc.peak_flops / 1e9);
 	}
-	if (r->o->sample_every > 0 && m->step % r->o->sample_every == 0)
+	if (r->o->sample_every > 0 && m->step % r->o->sample_every == 0) {
+		loom_gpt2_profile(loom_trainer_model(tr), 0); /* --profile times training steps, not sampling */
 		sample(r, loom_trainer_model(tr), m->step);
+		loom_gpt2_profile(loom_trainer_model(tr), r->o->profile);
+	}
 	return 0;
+}
+
+/* Ranks x threads beyond the CPUs (srun without CPU binding, OMP_NUM_THREADS unset under mpirun)
+ * makes steps many times slower with nothing else to show for it: say so once, on rank 0. */
+static void warn_oversubscription(const opts_t *o)
+{
+	static const char *const local_env[] = {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE",
+	                                        "MPI_LOCALNRANKS"};
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	int local = o->world, threads = loom_num_threads(), mine = (int)cpus;
+	cpu_set_t set;
+	for (size_t k = 0; k < sizeof local_env / sizeof *local_env; k++)
+		if (getenv(local_env[k]) && atoi(getenv(local_env[k])) > 0) {
+			local = atoi(getenv(local_env[k]));
+			break;
+		}
+	if (sched_getaffinity(0, sizeof set, &set) == 0)
+		mine = CPU_COUNT(&set);
+	if (o->rank != 0 || cpus <= 0)
+		return;
+	if ((long)local * threads > cpus)
+		fprintf(stderr, "loom train: warning: %d rank%s x %d thread%s = %ld on this machine's %ld CPUs: oversubscribed, "
+		        "steps can be many times slower; give each rank CPUs/ranks threads (--threads or OMP_NUM_THREADS; "
+		        "srun: --cpus-per-task and --cpu-bind=cores)\n", local, local == 1 ? "" : "s", threads,
+		        threads == 1 ? "" : "s", (long)local * threads, cpus);
+	else if (threads > mine)
+		fprintf(stderr, "loom train: warning: %d threads, but this rank may run on %d CPU%s only (its CPU affinity): "
+		        "oversubscribed, steps can be many times slower; use --threads %d\n", threads, mine, mine == 1 ? "" : "s",
+		        mine);
+}
+
+/* The command that resumes this run: this program (its real path), the same flags, plus --resume; in
+ * a job of several ranks, through `loom run`. Shell-quoted. */
+static void resume_command(int argc, char **argv, const opts_t *o, char *buf, size_t cap)
+{
+	char exe[PATH_MAX];
+	ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+	size_t n = 0;
+	int has_resume = 0;
+	if (len <= 0)
+		snprintf(exe, sizeof exe, "loom");
+	else
+		exe[len] = 0;
+	buf[0] = 0;
+#define PUT(...) (n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__), n = n < cap ? n : cap - 1)
+	if (o->world > 1)
+		PUT("%s run --nproc-per-node %d ", exe, o->world);
+	PUT("%s train", exe);
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		has_resume |= !strcmp(a, "--resume");
+		if (a[strspn(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=.,/:+@%")] == 0 && *a) {
+			PUT(" %s", a);
+		} else {
+			PUT(" '");
+			for (; *a; a++)
+				*a == '\'' ? PUT("'\\''") : PUT("%c", *a);
+			PUT("'");
+		}
+	}
+	if (!has_resume)
+		PUT(" --resume");
+#undef PUT
+}
+
+/* Ctrl-C: nothing new is saved; rank 0 says how to continue from the last checkpoint, then the
+ * process dies of SIGINT as it would have. The message is built before training starts. */
+static char interrupt_msg[8192];
+
+static void on_sigint(int sig)
+{
+	if (interrupt_msg[0]) {
+		ssize_t r = write(STDERR_FILENO, interrupt_msg, strlen(interrupt_msg));
+		(void)r;
+	}
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+static void setup_interrupt(int argc, char **argv, const opts_t *o)
+{
+	char cmd[6000];
+	if (o->rank == 0) {
+		resume_command(argc, argv, o, cmd, sizeof cmd);
+		if (o->tc.save_dir)
+			snprintf(interrupt_msg, sizeof interrupt_msg, "\nloom train: interrupted; nothing new was saved. "
+			         "Continue from the last checkpoint in %s with:\n  %s\n", o->tc.save_dir, cmd);
+		else
+			snprintf(interrupt_msg, sizeof interrupt_msg, "\nloom train: interrupted; there are no checkpoints "
+			         "(no --save-dir), so nothing can be resumed\n");
+	}
+	signal(SIGINT, on_sigint);
+}
+
+static void print_summary(loom_trainer_t *tr, const opts_t *o, const char *resume)
+{
+	loom_train_summary_t s;
+	char wall[32];
+	loom_trainer_summary(tr, &s);
+	if (s.steps == 0)
+		return;
+	fmt_eta(s.wall_s, wall, sizeof wall);
+	printf("summary: steps %lld-%lld (%lld) in %s (%.1f s, of which steps %.1f s); %lld tokens; %.0f tok/s mean, "
+	       "%.0f best", s.first_step, s.last_step, s.steps, wall, s.wall_s, s.step_s, s.tokens, s.mean_tokens_per_s,
+	       s.best_tokens_per_s);
+	if (o->tc.peak_flops > 0)
+		printf("; MFU %.1f%% mean", 100.0 * s.mean_mfu);
+	printf("\nsummary: final loss %.6f", s.final_loss);
+	if (s.has_val)
+		printf("; best val loss %.6f at step %lld", s.best_val_loss, s.best_val_step);
+	if (o->world > 1)
+		printf("; communication %.1f ms per step, of it exposed %.1f ms (%.0f%%), straggler wait %.1f ms",
+		       s.comm_ms / s.steps, s.exposed_comm_ms / s.steps,
+		       s.comm_ms > 0 ? 100.0 * s.exposed_comm_ms / s.comm_ms : 0.0, s.wait_ms / s.steps);
+	putchar('\n');
+	if (s.checkpoint[0])
+		printf("summary: checkpoint %s\nsummary: resume or extend (raise --steps) with: %s\n", s.checkpoint, resume);
+	if (o->tc.log_path)
+		printf("summary: log %s (plot it: loom plot %s -o run.png)\n", o->tc.log_path, o->tc.log_path);
 }
 
 int loom_cli_train(int argc, char **argv)
@@ -527,6 +662,7 @@ int loom_cli_train(int argc, char **argv)
 		o.tc.mesh = mesh;
 	}
 	loom_set_num_threads(o.threads > 0 ? o.threads : omp_get_max_threads()); /* default: OMP_NUM_THREADS or CPUs */
+	warn_oversubscription(&o);
 	model_config(&o);
 	if (loom_gpt2_tp_check(&o.mc, o.tp) != LOOM_OK)
 		cli_die("train", "rank %d: --tp %d: %s", o.rank, o.tp, loom_errmsg());
@@ -541,7 +677,10 @@ int loom_cli_train(int argc, char **argv)
 	                       .tp_rank = mesh ? loom_mesh_coord(mesh, LOOM_MESH_TP) : 0,
 	                       .no_own_grads = o.tc.zero >= 2 && o.dp > 1, .no_own_params = o.tc.zero == 3 && o.dp > 1};
 	if ((rc = loom_gpt2_create_opts(&model, &o.mc, &mo)) != LOOM_OK) {
-		fprintf(stderr, "loom train: creating the model: %s\n", loom_errmsg());
+		fprintf(stderr, "loom train: creating the model: %s%s", loom_errmsg(), rc == LOOM_ENOMEM ? "" : "\n");
+		if (rc == LOOM_ENOMEM) /* the sizes the user can act on */
+			fprintf(stderr, " (parameters and gradients alone: 2 x %zu bytes; AdamW adds 2 x as much; "
+			        "activations grow with --batch-size x --seq-len)\n", loom_gpt2_num_params(&o.mc) * sizeof(float));
 		goto out;
 	}
 	if (mo.no_own_params && (!(init = malloc(loom_gpt2_num_params(&o.mc) * sizeof(float))) ||
@@ -565,6 +704,7 @@ int loom_cli_train(int argc, char **argv)
 	} else {
 		loom_gpt2_init(model, o.tc.seed);
 	}
+	o.tc.profile = o.profile; /* the trainer profiles its steps, not evaluations (nor sampling: on_step) */
 	if ((rc = loom_trainer_create(&tr, &o.tc, model)) != LOOM_OK) {
 		fprintf(stderr, "loom train: %s\n", loom_errmsg());
 		goto out;
@@ -618,11 +758,16 @@ int loom_cli_train(int argc, char **argv)
 		if (!r.sample_buf)
 			r.have_tok = 0;
 	}
-	if (o.profile)
-		loom_gpt2_profile(model, 1);
+	setup_interrupt(argc, argv, &o);
 	if ((rc = loom_trainer_run(tr, on_step, &r)) != LOOM_OK) {
 		fprintf(stderr, "loom train: %s\n", loom_errmsg());
 		goto out;
+	}
+	signal(SIGINT, SIG_DFL);
+	if (o.rank == 0) {
+		char cmd[6000];
+		resume_command(argc, argv, &o, cmd, sizeof cmd);
+		print_summary(tr, &o, cmd);
 	}
 	if (o.profile && r.steps_run > 0 && o.rank == 0) {
 		loom_gpt2_profile_report(model, stdout, r.steps_run);

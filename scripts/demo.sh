@@ -9,7 +9,9 @@
 #      little more than one epoch): about 2 minutes on a quiet 2-core machine, 4-5 on a busy one. A
 #      progress line every 50 steps (loss, tokens/s, MFU, all-reduce time and its exposed part, ETA),
 #      the validation loss every 500 (from 5.5 = ln 257 down to about 1.9), a checkpoint at the end;
-#   3. sample: `loom sample` from the checkpoint: three new "fortunes".
+#   3. sample: `loom sample` from the checkpoint: three new "fortunes";
+#   4. plot: `loom plot` draws the loss, validation loss and tokens/s of the run into $DIR/train.png
+#      (gnuplot; without it $DIR/train.svg) and names the file.
 #
 # usage: scripts/demo.sh [LOOM (default build/loom)] [DIR (default build/demo)]
 #   env: DEMO_STEPS (default 3000) for a shorter or longer run; DEMO_NPROC (default 2).
@@ -26,11 +28,11 @@ mapfile -t FILES < <(find "$FORTUNES" -maxdepth 1 \( -type f -o -type l \) ! -na
 [ "${#FILES[@]}" -gt 0 ] || { echo "demo: no fortune files in $FORTUNES (apt-get install fortunes)" >&2; exit 1; }
 mkdir -p "$DIR"
 
-echo "== 1/3  corpus: ${#FILES[@]} fortune files from $FORTUNES -> $DIR/data"
+echo "== 1/4  corpus: ${#FILES[@]} fortune files from $FORTUNES -> $DIR/data"
 "$LOOM" data prepare --input "${FILES[@]}" --out "$DIR/data" --doc-sep % --val-fraction 0.02
 
 echo
-echo "== 2/3  training a GPT with $NPROC processes ($STEPS steps of $NPROC x 4 x 128 tokens; a few minutes)"
+echo "== 2/4  training a GPT with $NPROC processes ($STEPS steps of $NPROC x 4 x 128 tokens; a few minutes)"
 rm -rf "$DIR/ckpt"
 t0=$(date +%s)
 "$LOOM" train --nproc "$NPROC" --train-data "$DIR/data/train_*.bin" --val-data "$DIR/data/val_*.bin" \
@@ -42,10 +44,16 @@ t1=$(date +%s)
 echo "trained in $((t1 - t0)) s; checkpoint: $(ls -d "$DIR"/ckpt/step_* | tail -1); log: $DIR/train.jsonl"
 
 echo
-echo "== 3/3  three fortunes sampled from the trained model (loom sample --model $DIR/ckpt)"
+echo "== 3/4  three fortunes sampled from the trained model (loom sample --model $DIR/ckpt)"
 for seed in 1 2 3; do
 	echo "%"
 	"$LOOM" sample --model "$DIR/ckpt" --max-tokens 127 --temperature 0.8 --top-k 40 --seed "$seed" | sed '/^\s*$/d'
 done
 echo "%"
-echo "demo: done. More: $LOOM sample --model $DIR/ckpt --prompt 'Q: ' --seed 7"
+
+echo
+PLOT="$DIR/train.png"
+command -v gnuplot >/dev/null 2>&1 || PLOT="$DIR/train.svg"
+echo "== 4/4  the training curves (loom plot $DIR/train.jsonl -o $PLOT)"
+"$LOOM" plot "$DIR/train.jsonl" -o "$PLOT" --title "loom demo: byte-level GPT on fortunes, $NPROC ranks"
+echo "demo: done. Plot: $PLOT. More: $LOOM sample --model $DIR/ckpt --prompt 'Q: ' --seed 7"

@@ -563,7 +563,7 @@ static int call_writers(void *arg, int *rc)
 	fault_pause();
 	if (*rc == LOOM_OK) { /* what was written reads back */
 		snprintf(path, sizeof path, "%s/step_00000003", dir);
-		if (dir_entries(dir) != 4 || loom_ckpt_latest(dir, path, sizeof path, &step) != LOOM_OK || step != 3 ||
+		if (dir_entries(dir) != 5 /* with config.json */ || loom_ckpt_latest(dir, path, sizeof path, &step) != LOOM_OK || step != 3 ||
 		    model_load(a, strcat(path, "/model.safetensors"), rc) != 0 || *rc != LOOM_OK)
 			return 1;
 	}
@@ -571,6 +571,7 @@ static int call_writers(void *arg, int *rc)
 	snprintf(path, sizeof path, "%s/model.safetensors", dir), remove(path);
 	snprintf(path, sizeof path, "%s/optim.safetensors", dir), remove(path);
 	snprintf(path, sizeof path, "%s/state.json", dir), remove(path);
+	snprintf(path, sizeof path, "%s/config.json", dir), remove(path);
 	snprintf(path, sizeof path, "%s/step_00000003", dir);
 	test_rmdir(path);
 	return dir_entries(dir) != 0;

@@ -179,7 +179,7 @@ static double field(const char *line, const char *key)
 
 TEST(train_jsonl_log)
 {
-	char dir[512], data[700], val[700], logp[700], ck[700], line[1024];
+	char dir[512], data[700], val[700], logp[700], ck[700], line[4096];
 	loom_gpt2_t *m = NULL;
 	loom_trainer_t *tr = NULL;
 	losses_t l;
@@ -204,7 +204,15 @@ TEST(train_jsonl_log)
 
 	f = fopen(logp, "r");
 	CHECK(f != NULL);
+	/* the config record first, the summary last (test_eco.c checks their contents) */
+	CHECK(fgets(line, sizeof line, f) != NULL);
+	CHECK_MSG(strncmp(line, "{\"config\":{", 11) == 0, "first line: %s", line);
 	while (fgets(line, sizeof line, f)) {
+		if (strncmp(line, "{\"summary\":", 11) == 0) {
+			CHECK_EQ(k, 5);
+			CHECK(fgets(line, sizeof line, f) == NULL);
+			break;
+		}
 		k++;
 		CHECK_EQ(field(line, "step"), k);
 		CHECK_MSG((float)field(line, "loss") == l.loss[k], "step %d: logged loss %s", k, line);
@@ -225,7 +233,8 @@ TEST(train_jsonl_log)
 	fclose(f);
 	CHECK_EQ(k, 5);
 
-	/* resuming from step 4 with the same log keeps lines 1-4 and appends 5: still 5 lines */
+	/* resuming from step 4 with the same log keeps the config and lines 1-4 and appends 5 and a new
+	 * summary: still 5 step lines */
 	char step4[800];
 	snprintf(step4, sizeof step4, "%s/step_00000004", ck);
 	CHECK_OK(loom_trainer_create(&tr, &c, m));
@@ -235,13 +244,22 @@ TEST(train_jsonl_log)
 	f = fopen(logp, "r");
 	CHECK(f != NULL);
 	k = 0;
+	int other = 0;
 	while (fgets(line, sizeof line, f)) {
+		if (strncmp(line, "{\"step\":", 8) != 0) {
+			CHECK_MSG(other == 0 ? strncmp(line, "{\"config\":", 10) == 0 && k == 0
+			                     : strstr(line, "{\"summary\":{\"first_step\":5,") == line && k == 5,
+			          "after resume, line %d: %s", k + other + 1, line);
+			other++;
+			continue;
+		}
 		k++;
 		CHECK_EQ(field(line, "step"), k);
 		CHECK_MSG((float)field(line, "loss") == l.loss[k], "after resume, step %d: %s", k, line);
 	}
 	fclose(f);
 	CHECK_EQ(k, 5);
+	CHECK_EQ(other, 2);
 	loom_gpt2_destroy(m);
 	test_rmdir(dir);
 	return 0;
@@ -360,9 +378,10 @@ TEST(train_cli)
 		char line[1024];
 		CHECK(f != NULL);
 		logs[pass][0] = 0;
-		while (fgets(line, sizeof line, f)) /* keep step and loss of each line */
-			n += (size_t)snprintf(logs[pass] + n, sizeof logs[pass] - n, "%.*s\n",
-			                      (int)(strstr(line, ",\"lr\"") - line), line);
+		while (fgets(line, sizeof line, f)) /* keep step and loss of each step line */
+			if (strncmp(line, "{\"step\":", 8) == 0)
+				n += (size_t)snprintf(logs[pass] + n, sizeof logs[pass] - n, "%.*s\n",
+				                      (int)(strstr(line, ",\"lr\"") - line), line);
 		fclose(f);
 		if (pass == 0) {
 			char rm[800];

@@ -472,7 +472,7 @@ TEST(zero_resharding)
 	snprintf(path, sizeof path, "%s/z3.jsonl", dir);
 	CHECK_EQ(read_losses(path, ref, NULL, NULL), STEPS);
 	for (size_t k = 0; k < sizeof to / sizeof to[0]; k++) {
-		snprintf(cmd, sizeof cmd, "rm -rf %s/t && mkdir %s/t && cp -r %s/%s/step_00000010 %s/t/ && head -10 %s/z3.jsonl "
+		snprintf(cmd, sizeof cmd, "rm -rf %s/t && mkdir %s/t && cp -r %s/%s/step_00000010 %s/t/ && head -11 %s/z3.jsonl "
 		         "> %s/t.jsonl && %s train --nproc %d --zero %d --train-data '%s/train_*.bin' " FLAGS " --steps %d "
 		         "--total-batch-size 384 --save-dir %s/t --log %s/t.jsonl --resume", dir, dir, dir, to[k].from, dir, dir,
 		         dir, loom, to[k].world, to[k].stage, dir, STEPS, dir, dir);

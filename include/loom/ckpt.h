@@ -96,6 +96,12 @@ int loom_model_load_alloc(const char *path, int n_head_hint, loom_gpt2_config_t 
 int loom_model_save(const char *path, const loom_gpt2_config_t *cfg, const float *params);
 int loom_model_save_safetensors(const char *path, const loom_gpt2_config_t *cfg, const float *params);
 int loom_model_save_llmc(const char *path, const loom_gpt2_config_t *cfg, const float *params);
+/* Write config.json (Hugging Face's GPT2Config fields) in the directory of model_path, so that the
+ * directory loads with GPT2LMHeadModel.from_pretrained; bos_token_id = eos_token_id = eot, the run's
+ * end-of-text token (eot < 0: vocab_size - 1, which it is for the byte-level, GPT-2 and loom-trained
+ * tokenizers). loom_model_save_safetensors calls it (eot -1). Atomic. LOOM_EINVAL for eot out of the
+ * vocabulary; LOOM_ESYS/LOOM_EIO naming the file. */
+int loom_model_write_hf_config(const char *model_path, const loom_gpt2_config_t *cfg, int eot);
 
 /* AdamW state as safetensors: tensors "<name>.exp_avg" (m) and "<name>.exp_avg_sq" (v) for every
  * model tensor (PyTorch's names), with the model config in __metadata__. load checks the config and

@@ -132,6 +132,8 @@ typedef struct {
 	   name or stage is LOOM_ENOTSUP at create. */
 	const char *strategy;
 	int zero;                  /* ZeRO stage 0..3 */
+	int profile;               /* 1: per-kernel timing of the training steps (loom_gpt2_profile on the
+	                              model from create; evaluations are left out) */
 	loom_mesh_t *mesh;         /* instead of comm: the ranks as a dp x tp x pp mesh (borrowed; must
 	                              outlive the trainer). The data-parallel axis carries the gradients,
 	                              the data sharding and the checkpoints' loader states; global rank 0
@@ -165,8 +167,10 @@ typedef struct {
 	double mfu;           /* tokens_per_s * flops_per_token / (world * peak_flops) (0 without a peak) */
 	double comm_ms;       /* all-reduce time of the step: gradient buckets (on the communicator's
 	                         thread, overlapping backward) and the loss (0 with one rank) */
-	double exposed_comm_ms; /* of which the training thread waited for: not hidden behind backward */
-	double eta_s;         /* remaining steps x mean step time so far */
+	double exposed_comm_ms; /* of which the training thread waited for: not hidden behind backward;
+	                           <= comm_ms */
+	double eta_s;         /* remaining steps x a moving average of the step time (from the second step
+	                         of this process); -1 at its first step, when it is not known yet */
 	int has_val;
 	float val_loss;       /* mean loss over eval_batches validation windows, after this step's update */
 	int saved;            /* 1 when a checkpoint of this step was written */
@@ -176,9 +180,37 @@ typedef struct {
 	                           the layers do not split evenly): 1 - M mean(t) / (sum(t) + (M-1) max(t)) */
 	int max_inflight;     /* the most micro-batches whose activations this rank held at once (1 without
 	                         a pipeline; at most P with 1F1B, M with GPipe) */
+	double wait_ms;       /* time the training thread waited for the gradients beyond comm_ms: for a
+	                         slower rank (straggler) or the progress thread to be scheduled; not in
+	                         exposed_comm_ms, which is therefore <= comm_ms */
 } loom_step_metrics_t;
 
+/* The run so far, as the summary at its end reports it (loom_trainer_summary). Times and rates
+ * count this process's steps: after a resume, those since the resume. */
+typedef struct {
+	long long first_step, last_step; /* first and last step this process ran (0, 0: none) */
+	long long steps;          /* steps run */
+	long long tokens;         /* tokens trained on in them (all ranks) */
+	double wall_s;            /* from the start of the first step to the end of the last one, with
+	                             evaluations and checkpoints */
+	double step_s;            /* sum of the steps' times */
+	double mean_tokens_per_s; /* tokens / step_s */
+	double best_tokens_per_s; /* the fastest step's */
+	double mean_mfu;          /* mean over the steps (0 without a peak) */
+	double comm_ms, exposed_comm_ms, wait_ms; /* totals over the steps */
+	float final_loss;
+	int has_val;
+	float best_val_loss;      /* the lowest validation loss, and the step after which it was measured */
+	long long best_val_step;
+	char checkpoint[1100];    /* the last checkpoint written, "" when none */
+} loom_train_summary_t;
+
+
 typedef struct loom_trainer loom_trainer_t;
+
+/* Fill *s with the run so far; at the end of loom_trainer_run, rank 0 also appends it to the
+ * JSONL log as {"summary":{...}}. LOOM_OK. */
+int loom_trainer_summary(const loom_trainer_t *tr, loom_train_summary_t *s);
 
 /* Build a trainer for `model` (borrowed: the caller keeps ownership and must keep it alive; its B
  * and T given at create must be >= cfg->B, cfg->T). Opens the loaders and allocates the optimizer;

@@ -17,6 +17,12 @@ double loom_now(void);
 void *loom_alloc_aligned(size_t bytes);
 void loom_free_aligned(void *p);
 
+/* The library's version, and `git describe --always --dirty` of the tree it was built from
+ * ("unknown" outside a git checkout). Static strings. */
+#define LOOM_VERSION "0.4.0"
+const char *loom_version(void);
+const char *loom_git_describe(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,6 +18,7 @@
 #include "ckpt/model_internal.h"
 #include "core/util.h"
 #include "core/fileio.h"
+#include "loom/data.h"
 #include "loom/ckpt.h"
 
 static size_t padded_vocab(size_t V)
@@ -179,9 +180,10 @@ int loom_model_save_llmc(const char *path, const loom_gpt2_config_t *cfg, const 
 		return rc;
 	h[0] = LOOM_LLMC_MAGIC, h[1] = LOOM_LLMC_VERSION, h[2] = cfg->seq_len, h[3] = cfg->vocab_size;
 	h[4] = cfg->n_layer, h[5] = cfg->n_head, h[6] = cfg->n_embd, h[7] = (int32_t)vp;
-	buf = loom__calloc(4 * C * C > (vp - V) * C ? 4 * C * C : (vp - V) * C + 1, sizeof *buf); /* zeroed: padding rows */
+	size_t nbuf = 4 * C * C > (vp - V) * C ? 4 * C * C : (vp - V) * C + 1;
+	buf = loom__calloc(nbuf, sizeof *buf); /* zeroed: padding rows */
 	if (!buf)
-		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
+		return loom_seterr(LOOM_ENOMEM, "%s: out of memory for a %zu-byte conversion buffer", path, nbuf * sizeof *buf);
 	if ((rc = loom__atomic_open(&af, path)) != LOOM_OK) {
 		free(buf);
 		return rc;
@@ -227,6 +229,16 @@ static int detect(const char *path, loom_model_format_t *fmt)
 		return loom_seterr(errno == ENOENT ? LOOM_ENOENT : LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
 	n = pread(fd, &magic, 4, 0);
 	close(fd);
+	/* other files of loom's that a model path may name by mistake: say what they are */
+	if (n == 4 && magic == LOOM_SHARD_MAGIC)
+		return loom_seterr(LOOM_EFORMAT, "%s is a token shard (llm.c data, magic %d), not a model: give a model file "
+		                   "(.safetensors, llm.c .bin) or a checkpoint directory", path, LOOM_SHARD_MAGIC);
+	if (n == 4 && magic == LOOM_TOKENIZER_MAGIC)
+		return loom_seterr(LOOM_EFORMAT, "%s is a tokenizer (llm.c format, magic %d), not a model: give a model file "
+		                   "(.safetensors, llm.c .bin) or a checkpoint directory", path, LOOM_TOKENIZER_MAGIC);
+	if (n >= 1 && (magic & 0xff) == '{')
+		return loom_seterr(LOOM_EFORMAT, "%s is a JSON file, not a model: give a model file (.safetensors, llm.c "
+		                   ".bin) or a checkpoint directory", path);
 	*fmt = n == 4 && magic == LOOM_LLMC_MAGIC ? LOOM_MODEL_LLMC : LOOM_MODEL_SAFETENSORS;
 	return LOOM_OK;
 }
@@ -259,7 +271,8 @@ int loom_model_load_alloc(const char *path, int n_head_hint, loom_gpt2_config_t 
 		return rc;
 	*params = loom_alloc_aligned(loom_gpt2_num_params(cfg) * sizeof(float));
 	if (!*params)
-		return loom_seterr(LOOM_ENOMEM, "%s: out of memory for %zu parameters", path, loom_gpt2_num_params(cfg));
+		return loom_seterr(LOOM_ENOMEM, "%s: out of memory for %zu parameters (%zu bytes)", path,
+		                   loom_gpt2_num_params(cfg), loom_gpt2_num_params(cfg) * sizeof(float));
 	if ((rc = loom_model_load(path, cfg, *params)) != LOOM_OK) {
 		free(*params);
 		*params = NULL;

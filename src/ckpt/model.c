@@ -1,7 +1,8 @@
 /* model.c: GPT-2 model files as safetensors with Hugging Face's names and shapes, and AdamW state.
  *
  * Writing uses the tensor table of loom/gpt2.h (HF names, Conv1D weights [in, out]) and puts the
- * config in __metadata__ (plus "format": "pt", which HF's loader requires). Reading accepts HF's own
+ * config in __metadata__ (plus "format": "pt", which HF's loader requires), and config.json beside it
+ * (hf_config.c), so that the directory loads with GPT2LMHeadModel.from_pretrained. Reading accepts HF's own
  * gpt2 file: names with or without "transformer.", attn.bias / attn.masked_bias buffers (ignored),
  * lm_head.weight only when bit-equal to wte (tied), n_head from __metadata__, config.json beside the
  * file, or the caller. Dimensions come from the shapes; every tensor is checked against the table. */
@@ -209,7 +210,7 @@ int loom__st_model_load(const char *path, const loom_gpt2_config_t *cfg, float *
 		size_t n = (size_t)cfg->vocab_size * (size_t)cfg->n_embd;
 		float *tmp = loom__malloc(n * sizeof *tmp);
 		if (!tmp) {
-			rc = loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
+			rc = loom_seterr(LOOM_ENOMEM, "%s: out of memory for lm_head.weight (%zu bytes)", path, n * sizeof *tmp);
 			goto out;
 		}
 		rc = loom_st_read_f32(st, lm_head, tmp, n);
@@ -265,7 +266,7 @@ int loom_model_save_safetensors(const char *path, const loom_gpt2_config_t *cfg,
 	}
 	rc = loom_st_write(path, t, nt, meta, config_meta(cfg, "gpt2", bufs, meta));
 	free(t), free(info);
-	return rc;
+	return rc ? rc : loom_model_write_hf_config(path, cfg, -1);
 }
 
 int loom_optim_save(const char *path, const loom_gpt2_config_t *cfg, const float *m, const float *v)

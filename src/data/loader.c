@@ -89,11 +89,13 @@ int loom_loader_create(loom_loader_t **out, const char *pattern, const loom_load
 		ld->o.world = 1, ld->o.rank = 0;
 	ld->pattern = loom__strdup(pattern);
 	grc = glob(pattern, GLOB_ERR, NULL, &g);
-	if (grc == GLOB_NOMATCH || (grc == 0 && g.gl_pathc == 0)) {
-		if (grc == 0)
+	if (grc == GLOB_NOMATCH || grc == GLOB_ABORTED || (grc == 0 && g.gl_pathc == 0)) {
+		if (grc == 0 || grc == GLOB_ABORTED)
 			globfree(&g);
 		loom_loader_destroy(ld);
-		return loom_seterr(LOOM_ENOENT, "loader: no file matches '%s'", pattern);
+		/* GLOB_ABORTED: a directory of the pattern cannot be read, most often because it does not exist */
+		return loom_seterr(LOOM_ENOENT, "loader: no files match '%s'%s", pattern,
+		                   grc == GLOB_ABORTED ? " (a directory in it does not exist or cannot be read)" : "");
 	}
 	if (grc != 0) {
 		loom_loader_destroy(ld);

@@ -210,16 +210,17 @@ static int gather_full(tp_strategy_t *t, const float *src, float *all, float *fu
 static int tp_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	tp_strategy_t *t = (tp_strategy_t *)s;
+	const loom_ckpt_writer_t *out = w && w->active ? w : NULL; /* non-writers get an inactive writer */
 	size_t nfull = loom_gpt2_num_params(&s->mcfg);
 	float *all = loom_alloc_aligned((size_t)t->tp_size * s->nparams * sizeof(float));
-	float *p = w ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
-	float *m = w ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
-	float *v = w ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
+	float *p = out ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
+	float *m = out ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
+	float *v = out ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
 	char path[1200];
 	int rc;
 	/* (a rank that cannot allocate returns before the gathers: the others' gathers then fail with the
 	 * communicator's timeout, naming the missing rank) */
-	if (!all || (w && (!p || !m || !v))) {
+	if (!all || (out && (!p || !m || !v))) {
 		rc = loom_seterr(LOOM_ENOMEM, "tensor parallel: rank %d: out of memory for a checkpoint", t->tp_rank);
 		goto out;
 	}
@@ -227,9 +228,9 @@ static int tp_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 		goto out;
 	if ((rc = gather_full(t, s->opt.v, all, v)))
 		goto out;
-	if (w && ((rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) ||
+	if (out && ((rc = loom_ckpt_file(out, "model.safetensors", path, sizeof path)) ||
 	          (rc = loom_model_save_safetensors(path, &s->mcfg, p)) ||
-	          (rc = loom_ckpt_file(w, "optim.safetensors", path, sizeof path)) ||
+	          (rc = loom_ckpt_file(out, "optim.safetensors", path, sizeof path)) ||
 	          (rc = loom_optim_save(path, &s->mcfg, m, v))))
 		goto out;
 out:

@@ -9,7 +9,12 @@
  *                      the data-parallel size "batch.world": another world size resumes when the
  *                      tokens per step are the same, each rank taking rank 0's position as its own
  *                      in the new world) plus the others for the record,
- *   tokenizer.bin      a copy of the data's tokenizer when one is known (for `loom sample`).
+ *   config.json        Hugging Face's GPT2Config (bos/eos: the tokenizer's end-of-text token), so
+ *                      that the directory loads with GPT2LMHeadModel.from_pretrained,
+ *   tokenizer.bin      a copy of the data's tokenizer when one is known (for `loom sample`), and
+ *   vocab.json, merges.txt, pattern.txt  the BPE tokenizer's files when the data has them beside
+ *                      tokenizer.bin (`loom data prepare --tokenizer`): the checkpoint is a tokenizer
+ *                      directory too.
  * That is the whole training state (see trainer.c), so a resumed run continues bit-identically. The
  * model and optimizer files are the parallel strategy's to write and read (its save/load: for DDP
  * the state is the same on every rank, and the writer writes it); the loader states are gathered
@@ -17,11 +22,13 @@
  * own loader state and its part of the model and optimizer state) and the next step re-syncs the
  * parameters from rank 0 and verifies them. A ZeRO strategy writes its shards too (zero_ckpt.c), and
  * any strategy reads any strategy's checkpoint. */
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/fileio.h"
 #include "core/util.h"
 #include "loom/ckpt.h"
 #include "train/trainer_internal.h"
@@ -89,6 +96,39 @@ static int put_state(loom_trainer_t *tr, loom_kv_t *kv, const loom_loader_state_
 	return rc;
 }
 
+/* Copy the BPE tokenizer files beside the tokenizer file `tok` (those that exist) into the checkpoint. */
+static int copy_bpe_files(const loom_ckpt_writer_t *w, const char *tok)
+{
+	static const char *const names[] = {"vocab.json", "merges.txt", "pattern.txt"};
+	char dir[1100], src[1200], dst[1200];
+	snprintf(dir, sizeof dir, "%s", tok);
+	dirname(dir);
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+		atomic_file_t af;
+		char *text;
+		size_t len;
+		int rc;
+		snprintf(src, sizeof src, "%s/%s", dir, names[i]);
+		if ((rc = loom__read_file(src, &text, &len)) == LOOM_ENOENT)
+			continue;
+		if (rc != LOOM_OK)
+			return rc;
+		if ((rc = loom_ckpt_file(w, names[i], dst, sizeof dst)) || (rc = loom__atomic_open(&af, dst))) {
+			free(text);
+			return rc;
+		}
+		rc = loom__atomic_write(&af, text, len);
+		free(text);
+		if (rc != LOOM_OK) {
+			loom__atomic_abort(&af);
+			return rc;
+		}
+		if ((rc = loom__atomic_commit(&af)) != LOOM_OK)
+			return rc;
+	}
+	return LOOM_OK;
+}
+
 int loom_trainer_save(loom_trainer_t *tr)
 {
 	loom_ckpt_writer_t w;
@@ -123,16 +163,21 @@ int loom_trainer_save(loom_trainer_t *tr)
 	}
 	if ((rc = tr->strategy->ops->save(tr->strategy, &w)) != LOOM_OK)
 		goto fail;
+	int eot = -1;
 	if (tr->cfg.tokenizer) {
 		loom_tokenizer_t tok;
 		if ((rc = loom_tokenizer_load(&tok, tr->cfg.tokenizer)) != LOOM_OK)
 			goto fail;
+		eot = tok.eot_token < tr->mcfg.vocab_size ? tok.eot_token : -1;
 		if ((rc = loom_ckpt_file(&w, "tokenizer.bin", path, sizeof path)) == LOOM_OK)
 			rc = loom_tokenizer_save(&tok, path);
 		loom_tokenizer_free(&tok);
-		if (rc != LOOM_OK)
+		if (rc != LOOM_OK || (rc = copy_bpe_files(&w, tr->cfg.tokenizer)) != LOOM_OK)
 			goto fail;
 	}
+	if ((rc = loom_ckpt_file(&w, "model.safetensors", path, sizeof path)) ||
+	    (rc = loom_model_write_hf_config(path, &tr->mcfg, eot)))
+		goto fail;
 	if ((rc = loom_kv_create(&kv)) || (rc = put_state(tr, kv, loaders)) ||
 	    (rc = loom_ckpt_file(&w, "state.json", path, sizeof path)) || (rc = loom_kv_save(kv, path)))
 		goto fail;
@@ -140,6 +185,7 @@ int loom_trainer_save(loom_trainer_t *tr)
 	free(loaders);
 	if ((rc = loom_ckpt_commit(&w)) != LOOM_OK)
 		return rc;
+	snprintf(tr->sum.checkpoint, sizeof tr->sum.checkpoint, "%s", w.final_);
 	return tr->cfg.keep_checkpoints > 0 ? loom_ckpt_prune(tr->cfg.save_dir, tr->cfg.keep_checkpoints) : LOOM_OK;
 fail:
 	loom_kv_destroy(kv);

@@ -1,15 +1,22 @@
-/* log.c: the training log, one JSON object per optimizer step (JSON Lines), written by rank 0 only.
+/* log.c: the training log (JSON Lines, written by rank 0 only) and the run summary.
  *
- * Each line starts with {"step":N, so that a resumed run can keep exactly the lines of the steps
- * its checkpoint contains (a run that died after its last checkpoint leaves lines for steps that
- * will be redone; they are dropped) and append the rest, giving the same file as an uninterrupted
- * run. Non-finite numbers are written as null (JSON has no NaN). Lines are flushed as written. */
+ * The first line is the config record, {"config":{...}}: every setting, the model, the loom version,
+ * git describe, host and thread count. Then one object per optimizer step, each starting with
+ * {"step":N, so that a resumed run can keep exactly the lines of the steps its checkpoint contains
+ * (a run that died after its last checkpoint leaves lines for steps that will be redone; they are
+ * dropped) and append the rest, giving the same step lines as an uninterrupted run. The last line of
+ * a run that finished is {"summary":{...}} (loom_train_summary_t); a resume drops it and appends a
+ * new one at its end. Non-finite numbers are written as null (JSON has no NaN). Lines are flushed as
+ * written. Invariant of every step line: exposed_comm_ms <= comm_ms (the rest of the wait is wait_ms). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "ckpt/json.h"
 #include "core/util.h"
+#include "loom/util.h"
 #include "train/trainer_internal.h"
 
 /* Read one line (with its newline, if any) into *buf, growing it through loom__realloc. Returns its
@@ -51,7 +58,7 @@ static int truncate_log(const char *path, long long keep)
 	}
 	while ((len = read_line(in, &line, &cap)) > 0) {
 		long long step;
-		if (sscanf(line, "{\"step\":%lld", &step) == 1 && step <= keep)
+		if ((sscanf(line, "{\"step\":%lld", &step) == 1 && step <= keep) || strncmp(line, "{\"config\":", 10) == 0)
 			fwrite(line, 1, (size_t)len, out);
 	}
 	free(line);
@@ -68,6 +75,58 @@ static int truncate_log(const char *path, long long keep)
 	return LOOM_OK;
 }
 
+static void num(FILE *f, const char *key, double v, const char *fmt);
+
+static void str(FILE *f, const char *key, const char *v)
+{
+	fprintf(f, ",\"%s\":", key);
+	if (v)
+		loom__json_write_string(f, v, strlen(v));
+	else
+		fputs("null", f);
+}
+
+/* The config record: every setting of the run, and where it ran. */
+static void write_config(loom_trainer_t *tr, FILE *f)
+{
+	const loom_train_config_t *c = &tr->cfg;
+	char host[256] = "";
+	if (gethostname(host, sizeof host - 1) != 0)
+		host[0] = 0;
+	fprintf(f, "{\"config\":{\"loom_version\":\"%s\"", loom_version());
+	str(f, "git", loom_git_describe());
+	str(f, "host", host);
+	fprintf(f, ",\"threads\":%d,\"world\":%d,\"dp\":%d", loom_num_threads(), tr->world, tr->dp_size);
+	fprintf(f, ",\"model\":{\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"n_positions\":%d,\"vocab_size\":%d,"
+	        "\"params\":%zu}", tr->mcfg.n_layer, tr->mcfg.n_head, tr->mcfg.n_embd, tr->mcfg.seq_len,
+	        tr->mcfg.vocab_size, loom_gpt2_num_params(&tr->mcfg));
+	str(f, "train_data", c->train_data);
+	str(f, "val_data", c->val_data);
+	fprintf(f, ",\"batch_size\":%d,\"seq_len\":%d,\"grad_accum\":%d,\"tokens_per_step\":%lld,\"shuffle\":%d,"
+	        "\"seed\":%llu", c->B, c->T, c->accum, loom_trainer_tokens_per_step(tr), c->shuffle,
+	        (unsigned long long)c->seed);
+	fprintf(f, ",\"steps\":%lld", c->lr.total_steps);
+	num(f, "lr", c->lr.peak_lr, "%.9g");
+	fprintf(f, ",\"warmup\":%lld", c->lr.warmup);
+	str(f, "schedule", loom_schedule_name(c->lr.kind));
+	num(f, "min_lr_frac", c->lr.min_lr_frac, "%.9g");
+	num(f, "beta1", c->adamw.beta1, "%.9g");
+	num(f, "beta2", c->adamw.beta2, "%.9g");
+	num(f, "eps", c->adamw.eps, "%.9g");
+	num(f, "weight_decay", c->adamw.weight_decay, "%.9g");
+	num(f, "grad_clip", c->grad_clip, "%.9g");
+	fprintf(f, ",\"eval_every\":%d,\"eval_batches\":%d", c->eval_every, c->eval_batches);
+	str(f, "save_dir", c->save_dir);
+	fprintf(f, ",\"save_every\":%d,\"keep_checkpoints\":%d", c->save_every, c->keep_checkpoints);
+	str(f, "tokenizer", c->tokenizer);
+	str(f, "strategy", c->strategy ? c->strategy : "ddp");
+	fprintf(f, ",\"zero\":%d", c->zero);
+	num(f, "bucket_mb", c->bucket_mb, "%.9g");
+	fprintf(f, ",\"check_replicas\":%d", c->check_replicas);
+	num(f, "peak_flops", c->peak_flops, "%.6g");
+	fputs("}}\n", f);
+}
+
 int loom_train_log_open(loom_trainer_t *tr)
 {
 	const char *path = tr->cfg.log_path;
@@ -79,6 +138,10 @@ int loom_train_log_open(loom_trainer_t *tr)
 	tr->log = fopen(path, tr->resumed ? "a" : "w");
 	if (!tr->log)
 		return loom_seterr(LOOM_ESYS, "cannot open the log file %s for writing", path);
+	if (!tr->resumed)
+		write_config(tr, tr->log);
+	if (fflush(tr->log) != 0 || ferror(tr->log))
+		return loom_seterr(LOOM_EIO, "writing the log file %s failed", path);
 	return LOOM_OK;
 }
 
@@ -104,6 +167,7 @@ int loom_train_log_write(loom_trainer_t *tr, const loom_step_metrics_t *m)
 	if (tr->world > 1) {
 		num(f, "comm_ms", m->comm_ms, "%.3f");
 		num(f, "exposed_comm_ms", m->exposed_comm_ms, "%.3f");
+		num(f, "wait_ms", m->wait_ms, "%.3f");
 	}
 	if (tr->pp) { /* the pipeline's measured bubble beside (P-1)/(M+P-1) */
 		num(f, "bubble", m->bubble, "%.4f");
@@ -119,6 +183,68 @@ int loom_train_log_write(loom_trainer_t *tr, const loom_step_metrics_t *m)
 	if (m->saved)
 		fputs(",\"checkpoint\":true", f);
 	fputs("}\n", f);
+	if (fflush(f) != 0 || ferror(f))
+		return loom_seterr(LOOM_EIO, "writing the log file %s failed", tr->cfg.log_path);
+	return LOOM_OK;
+}
+
+void loom__train_summary_add(loom_trainer_t *tr, const loom_step_metrics_t *m)
+{
+	loom_train_summary_t *s = &tr->sum;
+	double now = loom_now();
+	if (s->steps == 0) {
+		tr->t_begin = now - m->dt_ms * 1e-3; /* the start of the step */
+		s->first_step = m->step;
+	}
+	s->last_step = m->step;
+	s->steps++;
+	s->tokens += loom_trainer_tokens_per_step(tr);
+	s->wall_s = now - tr->t_begin;
+	s->step_s += m->dt_ms * 1e-3;
+	s->mean_tokens_per_s = s->step_s > 0 ? (double)s->tokens / s->step_s : 0.0;
+	if (m->tokens_per_s > s->best_tokens_per_s)
+		s->best_tokens_per_s = m->tokens_per_s;
+	s->mean_mfu += (m->mfu - s->mean_mfu) / (double)s->steps;
+	s->comm_ms += m->comm_ms, s->exposed_comm_ms += m->exposed_comm_ms, s->wait_ms += m->wait_ms;
+	s->final_loss = m->loss;
+	if (m->has_val && (!s->has_val || m->val_loss < s->best_val_loss)) {
+		s->has_val = 1;
+		s->best_val_loss = m->val_loss;
+		s->best_val_step = m->step;
+	}
+}
+
+int loom_trainer_summary(const loom_trainer_t *tr, loom_train_summary_t *s)
+{
+	*s = tr->sum;
+	return LOOM_OK;
+}
+
+int loom__train_log_summary(loom_trainer_t *tr)
+{
+	const loom_train_summary_t *s = &tr->sum;
+	FILE *f = tr->log;
+	if (!f)
+		return LOOM_OK;
+	fprintf(f, "{\"summary\":{\"first_step\":%lld,\"last_step\":%lld,\"steps\":%lld,\"tokens\":%lld",
+	        s->first_step, s->last_step, s->steps, s->tokens);
+	num(f, "wall_s", s->wall_s, "%.3f");
+	num(f, "step_s", s->step_s, "%.3f");
+	num(f, "mean_tokens_per_s", s->mean_tokens_per_s, "%.1f");
+	num(f, "best_tokens_per_s", s->best_tokens_per_s, "%.1f");
+	num(f, "mean_mfu", s->mean_mfu, "%.4f");
+	num(f, "final_loss", s->final_loss, "%.9g");
+	if (s->has_val) {
+		num(f, "best_val_loss", s->best_val_loss, "%.9g");
+		fprintf(f, ",\"best_val_step\":%lld", s->best_val_step);
+	}
+	if (tr->world > 1) {
+		num(f, "comm_ms", s->comm_ms, "%.3f");
+		num(f, "exposed_comm_ms", s->exposed_comm_ms, "%.3f");
+		num(f, "wait_ms", s->wait_ms, "%.3f");
+	}
+	str(f, "checkpoint", s->checkpoint[0] ? s->checkpoint : NULL);
+	fputs("}}\n", f);
 	if (fflush(f) != 0 || ferror(f))
 		return loom_seterr(LOOM_EIO, "writing the log file %s failed", tr->cfg.log_path);
 	return LOOM_OK;

@@ -187,7 +187,8 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	tr->inputs = loom__malloc((size_t)cfg->B * cfg->T * sizeof(int));
 	tr->targets = loom__malloc((size_t)cfg->B * cfg->T * sizeof(int));
 	if (!tr->inputs || !tr->targets) {
-		rc = loom_seterr(LOOM_ENOMEM, "trainer: out of memory for a batch of %d x %d", cfg->B, cfg->T);
+		rc = loom_seterr(LOOM_ENOMEM, "trainer: out of memory for a batch of %d x %d (2 x %zu bytes)", cfg->B, cfg->T,
+		                 (size_t)cfg->B * cfg->T * sizeof(int));
 		goto fail;
 	}
 	if (cfg->trace_dir && (rc = loom__trace_open(&tr->trace, cfg->trace_dir, tr->rank)) != LOOM_OK)
@@ -228,6 +229,8 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 		goto fail;
 	}
 	tr->flops_per_token = loom_gpt2_flops_per_token(&tr->mcfg, cfg->T);
+	if (cfg->profile)
+		loom_gpt2_profile(model, 1);
 	*out = tr;
 	return LOOM_OK;
 fail:
@@ -313,13 +316,18 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 	m->dt_ms = dt * 1e3;
 	m->tokens_per_s = (double)loom_trainer_tokens_per_step(tr) / dt;
 	m->mfu = c->peak_flops > 0 ? m->tokens_per_s * tr->flops_per_token / (c->peak_flops * tr->world) : 0.0;
-	m->comm_ms = comm_ms, m->exposed_comm_ms = exposed_ms;
-	/* The first step of a process (page faults, BLAS warm-up) is left out of the ETA's mean. */
-	if (tr->seen_first)
+	/* Exposed communication is at most the communication itself: the rest of the training thread's
+	 * wait is for a slower rank (or for the progress thread to be scheduled), reported apart. */
+	m->wait_ms = exposed_ms > comm_ms ? exposed_ms - comm_ms : 0.0;
+	m->comm_ms = comm_ms, m->exposed_comm_ms = exposed_ms - m->wait_ms;
+	/* ETA from a moving average of the step time; the first step of a process (page faults, BLAS
+	 * warm-up) is left out, so its ETA is unknown (-1). */
+	if (tr->seen_first) {
 		tr->time_sum += dt, tr->timed++;
+		tr->step_ema = tr->timed == 1 ? dt : 0.9 * tr->step_ema + 0.1 * dt;
+	}
 	tr->seen_first = 1;
-	double mean = tr->timed > 0 ? tr->time_sum / tr->timed : dt;
-	m->eta_s = mean * (double)LOOM_MAX(m->total - m->step, 0);
+	m->eta_s = tr->timed > 0 ? tr->step_ema * (double)LOOM_MAX(m->total - m->step, 0) : -1.0;
 	return LOOM_OK;
 }
 
@@ -336,21 +344,24 @@ int loom_trainer_eval(loom_trainer_t *tr, float *val_loss)
 	 * (each slot has one non-zero term, so exactly) and added up in window order by every rank. */
 	n = LOOM_MIN((uint64_t)c->eval_batches, loom_loader_windows_per_epoch(tr->val));
 	memset(tr->val_losses, 0, (size_t)n * sizeof(double));
+	if (c->profile) /* the profile is of training steps */
+		loom_gpt2_profile(tr->model, 0);
 	/* A pipeline stage holds only its layers' current parameters: gather the whole model first (every
 	 * stage then evaluates its data-parallel share of the windows on it, the same on each). */
-	if ((rc = tr->exec->ops->gather(tr->exec, tr->strategy)) != LOOM_OK)
-		return rc;
+	rc = tr->exec->ops->gather(tr->exec, tr->strategy);
 	/* A strategy whose forwards communicate (ZeRO-3) needs as many on every rank: the ranks with a
 	 * window fewer run a discarded forward of window 0. */
 	uint64_t end = tr->strategy->collective_forward ? (n + tr->dp_size - 1) / tr->dp_size * tr->dp_size : n;
-	for (uint64_t k = (uint64_t)tr->dp_rank; k < end; k += (uint64_t)tr->dp_size) {
-		if ((rc = loom_loader_window(tr->val, k < n ? k : 0, tr->inputs, tr->targets)) != LOOM_OK)
-			return rc;
-		if ((rc = loom_gpt2_forward(tr->model, tr->inputs, tr->targets, c->B, c->T, &loss)) != LOOM_OK)
-			return rc;
-		if (k < n)
+	for (uint64_t k = (uint64_t)tr->dp_rank; rc == LOOM_OK && k < end; k += (uint64_t)tr->dp_size) {
+		if ((rc = loom_loader_window(tr->val, k < n ? k : 0, tr->inputs, tr->targets)) == LOOM_OK)
+			rc = loom_gpt2_forward(tr->model, tr->inputs, tr->targets, c->B, c->T, &loss);
+		if (rc == LOOM_OK && k < n)
 			tr->val_losses[k] = loss;
 	}
+	if (c->profile)
+		loom_gpt2_profile(tr->model, 1);
+	if (rc != LOOM_OK)
+		return rc;
 	if (tr->dp && (rc = loom_allreduce(tr->dp, tr->val_losses, tr->val_losses, (size_t)n, LOOM_FLOAT64,
 	                                   LOOM_SUM)) != LOOM_OK)
 		return loom_seterr(rc, "rank %d: evaluation after step %lld: %s", tr->rank, tr->step,
@@ -399,6 +410,7 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx)
 				return rc;
 			m.saved = 1;
 		}
+		loom__train_summary_add(tr, &m);
 		if (tr->log && (rc = loom_train_log_write(tr, &m)) != LOOM_OK)
 			return rc;
 		if (fn && fn(ctx, tr, &m) != 0)
@@ -406,9 +418,10 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx)
 	}
 	if (tr->trace) { /* every rank's file, then rank 0 merges them (collective over the job) */
 		loom_comm_t *world = c->mesh ? loom_mesh_world(c->mesh) : c->comm;
-		return loom__trace_close(tr->trace, world, tr->rank, tr->world);
+		if ((rc = loom__trace_close(tr->trace, world, tr->rank, tr->world)) != LOOM_OK)
+			return rc;
 	}
-	return LOOM_OK;
+	return loom__train_log_summary(tr);
 }
 
 void loom_trainer_set_peak_flops(loom_trainer_t *tr, double flops)

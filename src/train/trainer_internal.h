@@ -38,6 +38,9 @@ struct loom_trainer {
 	double time_sum;                /* seconds of the steps timed so far (the first one excluded) */
 	long long timed;
 	int seen_first;
+	double step_ema;                /* moving average of the step time (seconds), from the second step */
+	loom_train_summary_t sum;       /* the run so far (log.c) */
+	double t_begin;                 /* loom_now() at the start of the first step of this process */
 	FILE *log;                      /* opened at the first logged step */
 };
 
@@ -56,5 +59,9 @@ void loom__trace_free(struct loom_trace *t); /* safe on NULL */
 int loom_train_log_open(loom_trainer_t *tr);
 int loom_train_log_write(loom_trainer_t *tr, const loom_step_metrics_t *m);
 void loom_train_log_close(loom_trainer_t *tr);
+/* log.c: the run summary: add a finished step (on every rank), and at the end of the run append the
+ * summary to the log (rank 0). */
+void loom__train_summary_add(loom_trainer_t *tr, const loom_step_metrics_t *m);
+int loom__train_log_summary(loom_trainer_t *tr);
 
 #endif
