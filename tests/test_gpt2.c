@@ -1006,6 +1006,8 @@ TEST(gpt2_alloc_failures_clean)
 		loom__fault_alloc_set(n);
 		rc = loom_gpt2_create_opts(&m, &cfg, &o);
 		CHECK(rc == LOOM_OK || (rc == LOOM_ENOMEM && m == NULL));
+		if (rc == LOOM_ENOMEM) /* the message gives the byte counts */
+			CHECK_CONTAINS(loom_errmsg(), " bytes requested; parameters and gradients take ");
 	}
 	loom__fault_alloc_set(0);
 	CHECK_OK(rc);

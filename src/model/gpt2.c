@@ -127,6 +127,7 @@ int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, cons
 		                   o->tp_rank, tp);
 	if ((rc = loom_gpt2_tp_check(cfg, tp)) != LOOM_OK)
 		return rc;
+	size_t want = sizeof *m; /* the allocation being attempted, for the message */
 	if (!(m = loom__calloc(1, sizeof *m)))
 		goto nomem;
 	m->cfg = *cfg;
@@ -146,6 +147,7 @@ int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, cons
 	long chunk = loom_env_long("LOOM_CLS_CHUNK", DEFAULT_CHUNK, NULL);
 	m->chunk = (int)LOOM_MAX(1, LOOM_MIN(chunk, (long)B * T));
 	m->att_threads = LOOM_MAX(omp_get_max_threads(), omp_get_num_procs());
+	want = (size_t)m->ntensors * sizeof *m->tensors;
 	if (!(m->tensors = loom__calloc((size_t)m->ntensors, sizeof *m->tensors)) ||
 	    !(m->pview = loom__calloc((size_t)m->ntensors, sizeof *m->pview)) ||
 	    !(m->gview = loom__calloc((size_t)m->ntensors, sizeof *m->gview)) ||
@@ -156,12 +158,14 @@ int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, cons
 			goto nomem;
 	for (int i = 0; i < m->ntensors; i++)
 		loom_gpt2_shard_info(cfg, tp, i, &m->tensors[i]);
+	want = m->nparams * sizeof(float);
 	if ((!o->no_own_params && !(m->params_own = loom_alloc_aligned(m->nparams * sizeof(float)))) ||
 	    (!o->no_own_grads && !(m->grads_own = loom_alloc_aligned(m->nparams * sizeof(float)))))
 		goto nomem;
 	point_params(m, m->params_own);
 	point_grads(m, m->grads_own);
 	size_t bytes = layout_acts(m, NULL);
+	want = bytes;
 	if (!(m->mem = loom_alloc_aligned(bytes)))
 		goto nomem;
 	layout_acts(m, m->mem);
@@ -172,7 +176,9 @@ int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, cons
 nomem:
 	loom_gpt2_destroy(m);
 	return loom_seterr(LOOM_ENOMEM, "gpt2 create: out of memory for L%d C%d V%d with batch %d x %d, layers [%d, %d), "
-	                   "%d arenas", cfg->n_layer, cfg->n_embd, cfg->vocab_size, B, T, lo, hi, narenas);
+	                   "%d arenas (%zu bytes requested; parameters and gradients take %zu bytes each)", cfg->n_layer,
+	                   cfg->n_embd, cfg->vocab_size, B, T, lo, hi, narenas, want,
+	                   loom_gpt2_shard_params(cfg, tp) * sizeof(float));
 }
 
 int loom_gpt2_create(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, int B, int T)
