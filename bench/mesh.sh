@@ -44,7 +44,7 @@ printf 'mesh: model %s, total batch 8 x %d tokens per step, %d steps (first %d u
 stats() {
 	$PY - "$1" "$WARMUP" <<'PYEOF'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])][int(sys.argv[2]):]
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "step" in r][int(sys.argv[2]):]  # step rows (not the config or summary record)
 dt = sum(r["dt_ms"] for r in rows)
 tps = sum(r["tokens_per_s"] * r["dt_ms"] for r in rows) / dt
 comm = sum(r.get("comm_ms", 0.0) for r in rows) / dt

@@ -82,7 +82,7 @@ PYEOF
 stats() {
 	$PY - "$1" "$WARMUP" <<'PYEOF'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])][int(sys.argv[2]):]
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "step" in r][int(sys.argv[2]):]  # step rows (not the config or summary record)
 dt = sum(r["dt_ms"] for r in rows)
 print("%.1f %.4f %.4f" % (sum(r["tokens_per_s"] * r["dt_ms"] for r in rows) / dt,
       sum(r.get("comm_ms", 0.0) for r in rows) / dt, sum(r.get("exposed_comm_ms", 0.0) for r in rows) / dt))

@@ -62,7 +62,7 @@ for t in $THREADS; do
 		[ "$rep" = 1 ] && { echo "$out" | grep -v '^step ' | sed 's/^/  [loom, '"$t"' thr] /' || true; }
 		tps=$($PY - "$WORK/loom_$t.jsonl" "$WARMUP" <<'EOF2'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])][int(sys.argv[2]):]
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "step" in r][int(sys.argv[2]):]  # step rows (not the config or summary record)
 print("%.1f" % (sum(r["tokens_per_s"] * r["dt_ms"] for r in rows) / sum(r["dt_ms"] for r in rows)))
 EOF2
 )

@@ -37,7 +37,7 @@ WORK=$(mktemp -d /tmp/loom-bench-zero.XXXXXX)
 loom_stats() {
 	$PY - "$1" "$WARMUP" <<'PYEOF'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "step" in r]  # step rows (not the config or summary record)
 t = rows[int(sys.argv[2]):]
 dt = sum(r["dt_ms"] for r in t)
 print("%.1f %d %d" % (sum(r["tokens_per_s"] * r["dt_ms"] for r in t) / dt, max(r["peak_rss_bytes"] for r in rows),
