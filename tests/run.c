@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "loom/data.h"
 #include "test.h"
 
 #define X(name) int test_##name(void);
@@ -238,6 +239,48 @@ int test_write_file(const char *path, const void *p, size_t n)
 		return 1;
 	}
 	return fclose(f) != 0;
+}
+
+int test_make_token_data(const char *dir, int vocab, int n)
+{
+	char path[4200];
+	uint16_t *t = malloc((size_t)n * sizeof *t);
+	uint32_t x = 12345;
+	int rc;
+	if (!t)
+		return LOOM_ENOMEM;
+	for (int i = 0; i < n; i++) {
+		x = x * 1664525u + 1013904223u;
+		t[i] = (uint16_t)((x >> 24) % 3 == 0 ? (x >> 8) % (uint32_t)vocab : (uint32_t)(i * 7 + i / 5) % (uint32_t)vocab);
+	}
+	snprintf(path, sizeof path, "%s/train_000000.bin", dir);
+	rc = loom_shard_write(path, t, (size_t)n);
+	free(t);
+	return rc;
+}
+
+int test_read_losses(const char *path, double *loss, int max, char lines[][160], double *val)
+{
+	FILE *f = fopen(path, "r");
+	char line[8192];
+	int n = 0;
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof line, f)) {
+		long long step;
+		double l;
+		if (sscanf(line, "{\"step\":%lld,\"loss\":%lf", &step, &l) != 2 || step < 1 || step >= max)
+			continue;
+		loss[step] = l;
+		const char *v = strstr(line, "\"val_loss\":"), *lr = strstr(line, ",\"lr\"");
+		if (val && v)
+			val[step] = atof(v + 11);
+		if (lines && lr)
+			snprintf(lines[step], 160, "%.*s", (int)(lr - line), line);
+		n++;
+	}
+	fclose(f);
+	return n;
 }
 
 int test_mkdtemp(char *path, size_t cap)

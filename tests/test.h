@@ -128,6 +128,15 @@ int test_run_cmd(const char *cmd, char *out, size_t cap, double timeout_s);
 /* Write n bytes to path (created or truncated); 0 on success, 1 on any failure. */
 int test_write_file(const char *path, const void *p, size_t n);
 
+/* DIR/train_000000.bin: n text-like tokens below vocab (a fixed mix of noise and structure, so a
+ * model's loss moves). LOOM_OK or the shard writer's error. */
+int test_make_token_data(const char *dir, int vocab, int n);
+/* The step lines of a JSONL training log: loss[step] for 1 <= step < max, with lines (may be NULL)
+ * each step line up to its "lr" field (step and loss as written, for bit-exact comparison) and val
+ * (may be NULL) the validation losses of the steps that have one. Returns the step lines read, or
+ * -1 when the file cannot be opened. */
+int test_read_losses(const char *path, double *loss, int max, char lines[][160], double *val);
+
 /* A fresh empty temporary directory (under $TMPDIR or /tmp), removed by test_rmdir. */
 int test_mkdtemp(char *path, size_t cap);
 void test_rmdir(const char *path);

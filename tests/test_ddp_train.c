@@ -34,50 +34,14 @@ enum { VOCAB = 64, STEPS = 20, MAXSTEPS = 64 };
 	"--n-layer 2 --n-head 2 --n-embd 32 --vocab-size 64 --batch-size 2 --seq-len 16 --lr 1e-2 "     \
 	"--warmup 2 --min-lr-frac 0.1 --shuffle 1 --seed 7 --peak-flops 1e10"
 
-/* Text-like tokens with some structure (so the loss moves), enough for a few epochs of windows. */
 static int make_data(const char *dir)
 {
-	enum { N = 6001 };
-	char path[700];
-	uint16_t *t = malloc(N * sizeof *t);
-	uint32_t x = 12345;
-	int rc;
-	if (!t)
-		return LOOM_ENOMEM;
-	for (int i = 0; i < N; i++) {
-		x = x * 1664525u + 1013904223u;
-		t[i] = (uint16_t)((x >> 24) % 3 == 0 ? (x >> 8) % VOCAB : (uint32_t)(i * 7 + i / 5) % VOCAB);
-	}
-	snprintf(path, sizeof path, "%s/train_000000.bin", dir);
-	rc = loom_shard_write(path, t, N);
-	free(t);
-	return rc;
+	return test_make_token_data(dir, VOCAB, 6001);
 }
 
-/* The per-step losses of a JSONL log (loss[step], step from 1), and the validation losses of the
- * steps that have one (val[step], when val is not NULL); returns the number of steps read. */
 static int read_losses(const char *path, double *loss, char lines[][160], double *val)
 {
-	FILE *f = fopen(path, "r");
-	char line[2048];
-	int n = 0;
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof line, f)) {
-		long long step;
-		double l;
-		if (sscanf(line, "{\"step\":%lld,\"loss\":%lf", &step, &l) == 2 && step >= 1 && step < MAXSTEPS) {
-			loss[step] = l;
-			const char *v = strstr(line, "\"val_loss\":");
-			if (val && v)
-				val[step] = atof(v + 11);
-			if (lines) /* step and loss as written, for bit-exact comparison */
-				snprintf(lines[step], 160, "%.*s", (int)(strstr(line, ",\"lr\"") - line), line);
-			n++;
-		}
-	}
-	fclose(f);
-	return n;
+	return test_read_losses(path, loss, MAXSTEPS, lines, val);
 }
 
 /* Run `cmd`, which must exit 0; its output goes to out. */

@@ -183,38 +183,12 @@ enum { VOCAB = 64, STEPS = 10, MAXSTEPS = 64 };
 
 static int make_data(const char *dir)
 {
-	enum { N = 6001 };
-	char path[700];
-	uint16_t *t = malloc(N * sizeof *t);
-	uint32_t x = 12345;
-	int rc;
-	if (!t)
-		return LOOM_ENOMEM;
-	for (int i = 0; i < N; i++) {
-		x = x * 1664525u + 1013904223u;
-		t[i] = (uint16_t)((x >> 24) % 3 == 0 ? (x >> 8) % VOCAB : (uint32_t)(i * 7 + i / 5) % VOCAB);
-	}
-	snprintf(path, sizeof path, "%s/train_000000.bin", dir);
-	rc = loom_shard_write(path, t, N);
-	free(t);
-	return rc;
+	return test_make_token_data(dir, VOCAB, 6001);
 }
 
 static int read_losses(const char *path, double *loss)
 {
-	FILE *f = fopen(path, "r");
-	char line[2048];
-	int n = 0;
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof line, f)) {
-		long long step;
-		double l;
-		if (sscanf(line, "{\"step\":%lld,\"loss\":%lf", &step, &l) == 2 && step >= 1 && step < MAXSTEPS)
-			loss[step] = l, n++;
-	}
-	fclose(f);
-	return n;
+	return test_read_losses(path, loss, MAXSTEPS, NULL, NULL);
 }
 
 /* 2 hosts x 2 ranks, accumulation 1, against one process with accumulation 4 at the same total

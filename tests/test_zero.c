@@ -34,48 +34,12 @@ enum { VOCAB = 64, STEPS = 20, MAXSTEPS = 64 };
 
 static int make_data(const char *dir)
 {
-	enum { N = 6001 };
-	char path[700];
-	uint16_t *t = malloc(N * sizeof *t);
-	uint32_t x = 12345;
-	int rc;
-	if (!t)
-		return LOOM_ENOMEM;
-	for (int i = 0; i < N; i++) {
-		x = x * 1664525u + 1013904223u;
-		t[i] = (uint16_t)((x >> 24) % 3 == 0 ? (x >> 8) % VOCAB : (uint32_t)(i * 7 + i / 5) % VOCAB);
-	}
-	snprintf(path, sizeof path, "%s/train_000000.bin", dir);
-	rc = loom_shard_write(path, t, N);
-	free(t);
-	return rc;
+	return test_make_token_data(dir, VOCAB, 6001);
 }
 
-/* Per-step losses of a JSONL log (loss[step]), the validation losses of the steps that have one
- * (val[step], when val is not NULL) and each line up to its "lr" field (when lines is not NULL);
- * returns the steps read. */
 static int read_losses(const char *path, double *loss, char lines[][160], double *val)
 {
-	FILE *f = fopen(path, "r");
-	char line[2048];
-	int n = 0;
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof line, f)) {
-		long long step;
-		double l;
-		if (sscanf(line, "{\"step\":%lld,\"loss\":%lf", &step, &l) == 2 && step >= 1 && step < MAXSTEPS) {
-			loss[step] = l;
-			const char *v = strstr(line, "\"val_loss\":");
-			if (val && v)
-				val[step] = atof(v + 11);
-			if (lines)
-				snprintf(lines[step], 160, "%.*s", (int)(strstr(line, ",\"lr\"") - line), line);
-			n++;
-		}
-	}
-	fclose(f);
-	return n;
+	return test_read_losses(path, loss, MAXSTEPS, lines, val);
 }
 
 #define RUN_OK(cmd, out, timeout)                                                                                \
