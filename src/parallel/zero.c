@@ -720,47 +720,24 @@ static int zero_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 	return rc ? rc : loom__sharded_save(s, w, z->stage);
 }
 
-static const loom_strategy_ops_t zero1_ops = {
-	.name = "zero1",
-	.create = zero_create,
-	.destroy = zero_destroy,
-	.set_sync = zero_set_sync,
-	.finish_grads = zero_finish_grads,
-	.grad_norm = zero_grad_norm,
-	.optim_step = zero_optim_step,
-	.sync_params = zero_sync_params,
-	.check_replicas = zero_check_replicas,
-	.save = zero_save,
-	.load = loom__sharded_load,
-};
-
-static const loom_strategy_ops_t zero2_ops = {
-	.name = "zero2",
-	.create = zero_create,
-	.destroy = zero_destroy,
-	.set_sync = zero_set_sync,
-	.finish_grads = zero_finish_grads,
-	.grad_norm = zero_grad_norm,
-	.optim_step = zero_optim_step,
-	.sync_params = zero_sync_params,
-	.check_replicas = zero_check_replicas,
-	.save = zero_save,
-	.load = loom__sharded_load,
-};
-
-static const loom_strategy_ops_t zero3_ops = {
-	.name = "zero3",
-	.create = zero_create,
-	.destroy = zero_destroy,
-	.set_sync = zero_set_sync,
-	.finish_grads = zero_finish_grads,
-	.grad_norm = zero_grad_norm,
-	.optim_step = zero_optim_step,
-	.sync_params = zero_sync_params,
-	.check_replicas = zero_check_replicas,
-	.save = zero_save,
-	.load = loom__sharded_load,
-};
+/* The three stages share every operation; the stage is the trainer's `zero` setting (cfg->zero). */
+#define ZERO_OPS(k)                                                                                               \
+	static const loom_strategy_ops_t zero##k##_ops = {                                                            \
+		.name = "zero" #k,                                                                                        \
+		.create = zero_create,                                                                                    \
+		.destroy = zero_destroy,                                                                                  \
+		.set_sync = zero_set_sync,                                                                                \
+		.finish_grads = zero_finish_grads,                                                                        \
+		.grad_norm = zero_grad_norm,                                                                              \
+		.optim_step = zero_optim_step,                                                                            \
+		.sync_params = zero_sync_params,                                                                          \
+		.check_replicas = zero_check_replicas,                                                                    \
+		.save = zero_save,                                                                                        \
+		.load = loom__sharded_load,                                                                               \
+	}
+ZERO_OPS(1);
+ZERO_OPS(2);
+ZERO_OPS(3);
 
 const loom_strategy_ops_t *loom__zero3_strategy(void)
 {
