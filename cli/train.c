@@ -70,6 +70,9 @@ static const char *const usage_text =
 	"  --peak-flops F         FLOP/s used for MFU (default: measured as `loom bench gemm` does, once,\n"
 	"                         then cached in ~/.cache/loom/gemm_peak)\n"
 	"  --profile              print the time per kernel at the end\n"
+	"  --activation-checkpointing none|blocks|selective  keep every activation (none, default), only\n"
+	"                         each block's input and recompute the block in backward (blocks), or all\n"
+	"                         but the attention probabilities, recomputed in backward (selective)\n"
 	"  --print-every K        print the line of every K-th step (and the first, last, eval and save\n"
 	"                         steps; default 1)\n"
 	"data parallel (inside `loom run`, mpirun or srun every rank runs the same command):\n"
@@ -109,6 +112,7 @@ typedef struct {
 	int rank, world;
 	int pp;                           /* pipeline stages */
 	int tp, dp_flag, dp;              /* --tp, --dp (0: derived), the data-parallel size */
+	loom_act_ckpt_t act_ckpt;         /* --activation-checkpointing */
 } opts_t;
 
 /* Parse an integer flag that must be in [lo, hi]. */
@@ -188,6 +192,10 @@ static void parse(int argc, char **argv, opts_t *o)
 			if (!(o->tc.peak_flops > 0))
 				cli_die("train", "--peak-flops: %s must be > 0 (FLOP/s, e.g. 1e11)", v);
 		} else if (!strcmp(a, "--profile")) o->profile = 1;
+		else if (FLAG("--activation-checkpointing")) {
+			if (loom_act_ckpt_parse(v, &o->act_ckpt) != LOOM_OK)
+				cli_die("train", "--activation-checkpointing: %s", loom_errmsg());
+		}
 		else if (FLAG("--print-every")) o->print_every = (int)int_in("--print-every", v, 1, 1 << 30);
 		else if (FLAG("--nproc")) o->nproc = (int)int_in("--nproc", v, 1, 4096);
 		else if (FLAG("--bucket-mb")) {
@@ -452,10 +460,15 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	loom_train_memory_t mem;
 	loom_trainer_memory(tr, &mem);
 	printf("memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB (model states %.1f MiB; "
-	       "%s = %.1f MiB with P = %zu, N = %d), activations ~%.1f MiB, communication buffers %.1f MiB\n",
+	       "%s = %.1f MiB with P = %zu, N = %d), activations %.1f MiB, communication buffers %.1f MiB\n",
 	       mem.params / 1048576.0, mem.grads / 1048576.0, mem.optim / 1048576.0, mem.model_states / 1048576.0,
 	       mem.formula, mem.theory / 1048576.0, loom_gpt2_num_params(&o->mc), mem.dp, mem.activations / 1048576.0,
 	       mem.comm / 1048576.0);
+	printf("activations per rank (checkpointing %s): kept %.2f MiB + recompute scratch %.2f MiB = %.2f MiB allocated "
+	       "(formula %s: %.2f MiB); plus head scratch %.2f MiB and backward scratch %.2f MiB\n",
+	       loom_act_ckpt_name(mem.act_ckpt), mem.act.kept / 1048576.0, mem.act.recompute / 1048576.0,
+	       (mem.act.kept + mem.act.recompute) / 1048576.0, mem.act_formula_text, mem.act_formula / 1048576.0,
+	       mem.act.head / 1048576.0, mem.act.backward / 1048576.0);
 	printf("threads: %d; MFU against a peak of %.1f GFLOP/s%s; %.4g FLOP per token\n", loom_num_threads(),
 	       o->tc.peak_flops / 1e9, o->world > 1 ? " per rank" : "", loom_gpt2_flops_per_token(&o->mc, o->tc.T));
 }
@@ -675,7 +688,8 @@ int loom_cli_train(int argc, char **argv)
 	 * strategy has taken its shard (at the parameter sync below). */
 	loom_gpt2_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .tp_size = o.tp,
 	                       .tp_rank = mesh ? loom_mesh_coord(mesh, LOOM_MESH_TP) : 0,
-	                       .no_own_grads = o.tc.zero >= 2 && o.dp > 1, .no_own_params = o.tc.zero == 3 && o.dp > 1};
+	                       .no_own_grads = o.tc.zero >= 2 && o.dp > 1, .no_own_params = o.tc.zero == 3 && o.dp > 1,
+	                       .act_ckpt = o.act_ckpt};
 	if ((rc = loom_gpt2_create_opts(&model, &o.mc, &mo)) != LOOM_OK) {
 		fprintf(stderr, "loom train: creating the model: %s%s", loom_errmsg(), rc == LOOM_ENOMEM ? "" : "\n");
 		if (rc == LOOM_ENOMEM) /* the sizes the user can act on */

@@ -84,6 +84,24 @@ double loom_gpt2_flops_per_token(const loom_gpt2_config_t *cfg, int T);
 
 /* ---- the model ------------------------------------------------------------------------------- */
 
+/* Activation checkpointing: what a block keeps from its forward for its backward.
+ *   NONE       everything (per layer and arena 16 BTC + 4 BT + B NH T^2 floats, with tp: local sizes);
+ *   BLOCKS     only the block's input (the residual stream, BTC per layer and arena); every block's
+ *              forward writes its other activations into ONE block's scratch shared by all layers and
+ *              arenas, and block_backward recomputes the block's forward into it first (up to the MLP's
+ *              c_proj input: its output is the next block's kept input, not needed);
+ *   SELECTIVE  everything but the attention probabilities (B NH T^2, the O(T^2) part: Megatron's
+ *              selective recomputation), which one layer's scratch holds; block_backward recomputes them
+ *              from the kept q, k, v.
+ * The recomputation runs the forward's own kernels on the same inputs and parameters, so gradients
+ * and losses are bit-identical to NONE; it runs inside block_backward, after the block's (l, 1)
+ * param-use hook, which therefore fires once per backward as without checkpointing; with tensor
+ * parallelism the recomputed forward runs its all-reduce again (every tp rank the same). */
+typedef enum { LOOM_ACT_CKPT_NONE = 0, LOOM_ACT_CKPT_BLOCKS = 1, LOOM_ACT_CKPT_SELECTIVE = 2 } loom_act_ckpt_t;
+/* "none" | "blocks" | "selective"; LOOM_EINVAL ("'X' is not one of none, blocks, selective"). */
+int loom_act_ckpt_parse(const char *name, loom_act_ckpt_t *mode);
+const char *loom_act_ckpt_name(loom_act_ckpt_t mode); /* "?" when invalid */
+
 /* Options of loom_gpt2_create_opts; zero-initialize and set what differs. */
 typedef struct {
 	int B, T;   /* capacity of one micro-batch: up to B x T tokens, T <= cfg->seq_len */
@@ -104,7 +122,32 @@ typedef struct {
 	 * LayerNorms, wpe and the row-parallel biases are whole on every rank. Such a model needs a
 	 * reduction (loom_gpt2_on_tp_reduce) before any pass. n_head must be divisible by tp_size. */
 	int tp_size, tp_rank;
+	loom_act_ckpt_t act_ckpt; /* activation checkpointing (above); 0: none */
 } loom_gpt2_opts_t;
+
+/* Bytes of a model's activation buffers (the one allocation create makes for them), by role. */
+typedef struct {
+	size_t kept;       /* every arena's activations kept from forward to backward: block lo's input, each
+	                      held block's kept buffers, the head's ln_f output and losses */
+	size_t recompute;  /* the shared scratch the checkpointed activations live in (blocks: one block's,
+	                      selective: one layer's attention probabilities; 0 for none) */
+	size_t per_layer;  /* of kept, one block of one arena (for none: 16 BTC + 4 BT + B NH T^2 floats) */
+	size_t head;       /* shared head scratch: classifier chunk logits, last-position logits */
+	size_t backward;   /* shared backward scratch (residual-stream gradients, attention dS per thread) */
+	size_t total;      /* the sum: the bytes allocated */
+} loom_gpt2_act_bytes_t;
+/* The activation bytes a model created with cfg and opts allocates (no allocation is made: this is
+ * the layout's arithmetic, the same code create uses). LOOM_EINVAL as loom_gpt2_create_opts. */
+int loom_gpt2_act_bytes(const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *opts, loom_gpt2_act_bytes_t *out);
+/* The same for a model that exists: what its create allocated. */
+void loom_gpt2_model_act_bytes(const loom_gpt2_t *m, loom_gpt2_act_bytes_t *out);
+loom_act_ckpt_t loom_gpt2_act_ckpt(const loom_gpt2_t *m);
+/* Recomputations since create: block forwards (blocks) or attention probabilities (selective) rerun
+ * by block_backward, one per block backward. 0 for none. */
+long long loom_gpt2_recomputes(const loom_gpt2_t *m);
+/* Blocks this model holds: [*lo, *hi) (a pipeline stage's range; 0, n_layer for a whole model), and
+ * its activation arenas. */
+void loom_gpt2_layers(const loom_gpt2_t *m, int *lo, int *hi, int *arenas);
 
 /* Create a model for micro-batches of up to B x T tokens (T <= cfg->seq_len). Parameters, gradients
  * and every activation buffer are allocated here, once; training steps allocate nothing (only the

@@ -280,7 +280,13 @@ long long loom_trainer_tokens_per_step(const loom_trainer_t *tr);
 typedef struct {
 	size_t params, grads, optim; /* kept by this rank */
 	size_t model_states;         /* their sum */
-	size_t activations;          /* an estimate from the model's shape and B x T */
+	size_t activations;          /* the training model's activation buffers as allocated (measured: the
+	                                layout's bytes, loom_gpt2_model_act_bytes; a pipeline stage's model) */
+	loom_gpt2_act_bytes_t act;   /* the same by role: kept, recompute scratch, head and backward scratch */
+	size_t act_formula;          /* kept + recompute by act_formula_text (no alignment padding: the
+	                                measured figure is within 64 bytes per buffer of it) */
+	const char *act_formula_text; /* (static) */
+	loom_act_ckpt_t act_ckpt;    /* the model's activation checkpointing */
 	size_t comm;                 /* the strategy's staging and gathered-parameter buffers */
 	size_t theory;               /* the formula's model states */
 	const char *formula;         /* "8P + 8P/N", ... (static) */

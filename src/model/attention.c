@@ -6,7 +6,9 @@
  * value products to about (1/2 + ATT_BLOCK/2T) of their full size. The softmax is fused: one pass
  * per row for the max, one for exp and sum, one to normalize, and the entries above the diagonal are
  * stored as exact zeros. Pairs (b, h) are spread over the OpenMP threads; each writes only its own
- * head's columns, so there are no races and results do not depend on the thread count. */
+ * head's columns, so there are no races and results do not depend on the thread count. The
+ * probabilities alone (loom__attention_probs, for selective activation checkpointing) are the same
+ * per-row-block code, so a recomputation reproduces the forward's bits exactly. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -31,6 +33,30 @@ size_t loom__attention_scratch_floats(int T, int nthreads)
 	return (size_t)T * T * (size_t)(nthreads > 0 ? nthreads : 1);
 }
 
+/* Rows [r0, r1) of one head's probabilities P (T,T): the scores scale q k^T over key columns [0, r1),
+ * the causal softmax, zeros above the diagonal. The one implementation behind the forward and the
+ * recomputation (loom__attention_probs), so both give the same bits. */
+static void probs_rows(float *P, const float *q, const float *k, int r0, int r1, int T, int C3, int hs, float scale)
+{
+	sgemm1(0, 1, r1 - r0, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T);
+	for (int t = r0; t < r1; t++) {
+		float *p = P + (size_t)t * T, mx = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : mx)
+		for (int j = 0; j <= t; j++)
+			mx = p[j] > mx ? p[j] : mx;
+#pragma omp simd reduction(+ : sum)
+		for (int j = 0; j <= t; j++) {
+			p[j] = fast_expf(p[j] - mx);
+			sum += p[j];
+		}
+		float inv = 1.0f / sum;
+#pragma omp simd
+		for (int j = 0; j <= t; j++)
+			p[j] *= inv;
+		memset(p + t + 1, 0, sizeof(float) * (size_t)(T - t - 1));
+	}
+}
+
 void loom__attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
 	/* qkv (B,T,3C), out (B,T,C), att (B,NH,T,T) */
@@ -43,25 +69,24 @@ void loom__attention_forward(float *out, float *att, const float *qkv, int B, in
 		float *P = att + (size_t)bh * T * T, *o = out + (size_t)b * T * C + (size_t)h * hs;
 		for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
 			int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-			sgemm1(0, 1, r1 - r0, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T);
-			for (int t = r0; t < r1; t++) {
-				float *p = P + (size_t)t * T, mx = -INFINITY, sum = 0.0f;
-#pragma omp simd reduction(max : mx)
-				for (int j = 0; j <= t; j++)
-					mx = p[j] > mx ? p[j] : mx;
-#pragma omp simd reduction(+ : sum)
-				for (int j = 0; j <= t; j++) {
-					p[j] = fast_expf(p[j] - mx);
-					sum += p[j];
-				}
-				float inv = 1.0f / sum;
-#pragma omp simd
-				for (int j = 0; j <= t; j++)
-					p[j] *= inv;
-				memset(p + t + 1, 0, sizeof(float) * (size_t)(T - t - 1));
-			}
+			probs_rows(P, q, k, r0, r1, T, C3, hs, scale);
 			sgemm1(0, 0, r1 - r0, hs, r1, 1.0f, P + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
 		}
+	}
+}
+
+void loom__attention_probs(float *att, const float *qkv, int B, int T, int C, int NH)
+{
+	/* qkv (B,T,3C), att (B,NH,T,T): the same pairs, blocks and calls as loom__attention_forward */
+	int hs = C / NH, C3 = 3 * C;
+	float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for schedule(dynamic, 1) if ((double)B * T * T * C >= 1e6)
+	for (int bh = 0; bh < B * NH; bh++) {
+		int b = bh / NH, h = bh % NH;
+		const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs, *k = q + C;
+		float *P = att + (size_t)bh * T * T;
+		for (int r0 = 0; r0 < T; r0 += ATT_BLOCK)
+			probs_rows(P, q, k, r0, r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, T, C3, hs, scale);
 	}
 }
 

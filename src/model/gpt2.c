@@ -44,23 +44,59 @@ static float *carve(char *base, size_t *off, size_t nfloats)
 	return p;
 }
 
-/* Arena after arena (each: block lo's input, the held blocks' activations, the head's), then the
- * shared head scratch and backward scratch. */
-static size_t layout_acts(loom_gpt2_t *m, char *base)
+/* The layout of every activation buffer, in one allocation: the recompute scratch (activation
+ * checkpointing), then arena after arena (each: block lo's input, the held blocks' kept
+ * activations, the head's), then the shared head scratch and backward scratch. With base NULL it
+ * only measures (writing no pointer into the arenas). Byte counts by role go to *bytes.
+ *
+ * What a layer keeps is the checkpointing mode's: none keeps all of layer_acts_t; blocks keeps res3
+ * only (the next block's input) and points every other field at one block's scratch, shared by all
+ * layers and arenas, which each forward overwrites and each block_backward refills; selective keeps
+ * all but att, which points at one layer's probabilities in the scratch. So the kernels and the
+ * passes read and write through the same pointers in every mode. */
+static size_t layout_acts(loom_gpt2_t *m, char *base, loom_gpt2_act_bytes_t *bytes)
 {
 	/* with tensor parallelism the per-head and per-MLP-column buffers are the local shards' */
 	size_t off = 0, C = (size_t)m->cfg.n_embd, V = (size_t)m->Vl, N = (size_t)m->B * m->T;
-	size_t NH = (size_t)m->NHl, T = (size_t)m->T, Cl = (size_t)m->Cl;
+	size_t NH = (size_t)m->NHl, T = (size_t)m->T, Cl = (size_t)m->Cl, mark;
+	size_t att = (size_t)m->B * NH * T * T;
+	layer_acts_t shared = {0}, dummy_layer;
+	arena_t dummy_arena;
+	memset(bytes, 0, sizeof *bytes);
+	if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS) {
+		shared.ln1 = carve(base, &off, N * C);
+		shared.ln1_mean = carve(base, &off, N);
+		shared.ln1_rstd = carve(base, &off, N);
+		shared.qkv = carve(base, &off, N * 3 * Cl);
+		shared.att = carve(base, &off, att);
+		shared.atty = carve(base, &off, N * Cl);
+		shared.res2 = carve(base, &off, N * C);
+		shared.ln2 = carve(base, &off, N * C);
+		shared.ln2_mean = carve(base, &off, N);
+		shared.ln2_rstd = carve(base, &off, N);
+		shared.fch = carve(base, &off, N * 4 * Cl);
+		shared.fch_gelu = carve(base, &off, N * 4 * Cl);
+	} else if (m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE) {
+		shared.att = carve(base, &off, att);
+	}
+	bytes->recompute = mark = off;
 	for (int k = 0; k < m->narenas; k++) {
-		arena_t *ar = &m->arenas[k];
+		arena_t *ar = base ? &m->arenas[k] : &dummy_arena;
 		ar->in = carve(base, &off, N * C);
 		for (int l = m->lo; l < m->hi; l++) {
-			layer_acts_t *a = &ar->layers[l - m->lo];
+			layer_acts_t *a = base ? &ar->layers[l - m->lo] : &dummy_layer;
+			size_t l0 = off;
+			if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS) {
+				*a = shared;
+				a->res3 = carve(base, &off, N * C);
+				bytes->per_layer = off - l0;
+				continue;
+			}
 			a->ln1 = carve(base, &off, N * C);
 			a->ln1_mean = carve(base, &off, N);
 			a->ln1_rstd = carve(base, &off, N);
 			a->qkv = carve(base, &off, N * 3 * Cl);
-			a->att = carve(base, &off, (size_t)m->B * NH * T * T);
+			a->att = m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE ? shared.att : carve(base, &off, att);
 			a->atty = carve(base, &off, N * Cl);
 			a->res2 = carve(base, &off, N * C);
 			a->ln2 = carve(base, &off, N * C);
@@ -69,6 +105,7 @@ static size_t layout_acts(loom_gpt2_t *m, char *base)
 			a->fch = carve(base, &off, N * 4 * Cl);
 			a->fch_gelu = carve(base, &off, N * 4 * Cl);
 			a->res3 = carve(base, &off, N * C);
+			bytes->per_layer = off - l0;
 		}
 		if (m->has_head) {
 			ar->lnf = carve(base, &off, N * C);
@@ -77,19 +114,41 @@ static size_t layout_acts(loom_gpt2_t *m, char *base)
 			ar->losses = carve(base, &off, N);
 		}
 	}
+	bytes->kept = off - mark, mark = off;
 	if (m->has_head) {
 		m->logits = carve(base, &off, (size_t)m->chunk * V);
 		m->last_logits = carve(base, &off, (size_t)m->B * V);
 		if (m->tp > 1)
 			m->tp_stats = carve(base, &off, 3 * (size_t)m->chunk);
 	}
+	bytes->head = off - mark, mark = off;
 	m->dres = carve(base, &off, N * C);
 	m->dbtc = carve(base, &off, N * C);
 	m->dqkv = carve(base, &off, N * 3 * Cl);
 	m->d4a = carve(base, &off, N * 4 * Cl);
 	m->d4b = carve(base, &off, N * 4 * Cl);
 	m->att_scratch = carve(base, &off, loom__attention_scratch_floats(m->T, m->att_threads));
+	bytes->backward = off - mark;
+	bytes->total = off;
 	return off;
+}
+
+int loom_act_ckpt_parse(const char *name, loom_act_ckpt_t *mode)
+{
+	static const char *const names[] = {"none", "blocks", "selective"};
+	for (int i = 0; i < (int)LOOM_ARRAY_LEN(names); i++)
+		if (name && strcmp(name, names[i]) == 0) {
+			*mode = (loom_act_ckpt_t)i;
+			return LOOM_OK;
+		}
+	return loom_seterr(LOOM_EINVAL, "activation checkpointing '%s' is not one of none, blocks, selective",
+	                   name ? name : "(null)");
+}
+
+const char *loom_act_ckpt_name(loom_act_ckpt_t mode)
+{
+	return mode == LOOM_ACT_CKPT_NONE ? "none" : mode == LOOM_ACT_CKPT_BLOCKS ? "blocks"
+	       : mode == LOOM_ACT_CKPT_SELECTIVE ? "selective" : "?";
 }
 
 static void point_params(loom_gpt2_t *m, float *params)
@@ -107,37 +166,41 @@ static void point_grads(loom_gpt2_t *m, float *grads)
 		m->gview[i] = grads ? grads + m->tensors[i].offset : NULL;
 }
 
-int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o)
+/* The options' checks of create (LOOM_EINVAL with the detail). */
+static int check_opts(const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o)
 {
-	loom_gpt2_t *m = NULL;
-	int rc, B = o->B, T = o->T, L = cfg->n_layer;
-	*out = NULL;
+	int rc, L = cfg->n_layer;
 	if ((rc = loom_gpt2_config_check(cfg)) != LOOM_OK)
 		return rc;
-	if (B <= 0 || T <= 0 || T > cfg->seq_len)
+	if (o->B <= 0 || o->T <= 0 || o->T > cfg->seq_len)
 		return loom_seterr(LOOM_EINVAL, "gpt2 create: batch %d x %d tokens (expected B >= 1 and 1 <= T <= seq_len %d)",
-		                   B, T, cfg->seq_len);
-	int lo = o->layer_lo, hi = o->layer_hi ? o->layer_hi : L, narenas = o->arenas ? o->arenas : 1;
-	if (lo < 0 || lo >= hi || hi > L || narenas < 0)
+		                   o->B, o->T, cfg->seq_len);
+	int lo = o->layer_lo, hi = o->layer_hi ? o->layer_hi : L;
+	if (lo < 0 || lo >= hi || hi > L || o->arenas < 0)
 		return loom_seterr(LOOM_EINVAL, "gpt2 create: layers [%d, %d) with %d arenas (expected 0 <= lo < hi <= "
 		                   "n_layer %d and arenas >= 1)", o->layer_lo, o->layer_hi, o->arenas, L);
 	int tp = o->tp_size ? o->tp_size : 1;
 	if (tp < 1 || o->tp_rank < 0 || o->tp_rank >= tp)
 		return loom_seterr(LOOM_EINVAL, "gpt2 create: tensor-parallel rank %d of %d (expected 0 <= rank < size)",
 		                   o->tp_rank, tp);
-	if ((rc = loom_gpt2_tp_check(cfg, tp)) != LOOM_OK)
-		return rc;
-	size_t want = sizeof *m; /* the allocation being attempted, for the message */
-	if (!(m = loom__calloc(1, sizeof *m)))
-		goto nomem;
+	if ((int)o->act_ckpt < LOOM_ACT_CKPT_NONE || (int)o->act_ckpt > LOOM_ACT_CKPT_SELECTIVE)
+		return loom_seterr(LOOM_EINVAL, "gpt2 create: activation checkpointing mode %d (expected 0 none, 1 blocks, "
+		                   "2 selective)", (int)o->act_ckpt);
+	return loom_gpt2_tp_check(cfg, tp);
+}
+
+/* The sizes create derives from the checked options: everything layout_acts reads. */
+static void setup(loom_gpt2_t *m, const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o)
+{
+	int L = cfg->n_layer, tp = o->tp_size ? o->tp_size : 1;
 	m->cfg = *cfg;
-	m->B = B;
-	m->T = T;
-	m->lo = lo;
-	m->hi = hi;
-	m->has_embed = lo == 0;
-	m->has_head = hi == L;
-	m->narenas = narenas;
+	m->B = o->B;
+	m->T = o->T;
+	m->lo = o->layer_lo;
+	m->hi = o->layer_hi ? o->layer_hi : L;
+	m->has_embed = m->lo == 0;
+	m->has_head = m->hi == L;
+	m->narenas = o->arenas ? o->arenas : 1;
 	m->tp = tp, m->tp_rank = tp > 1 ? o->tp_rank : 0;
 	m->Cl = cfg->n_embd / tp, m->NHl = cfg->n_head / tp;
 	m->Vl = (cfg->vocab_size + tp - 1) / tp, m->v0 = m->tp_rank * m->Vl;
@@ -145,8 +208,61 @@ int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, cons
 	m->nparams = loom_gpt2_shard_params(cfg, tp);
 	m->ntensors = loom_gpt2_num_tensors(cfg);
 	long chunk = loom_env_long("LOOM_CLS_CHUNK", DEFAULT_CHUNK, NULL);
-	m->chunk = (int)LOOM_MAX(1, LOOM_MIN(chunk, (long)B * T));
+	m->chunk = (int)LOOM_MAX(1, LOOM_MIN(chunk, (long)o->B * o->T));
 	m->att_threads = LOOM_MAX(omp_get_max_threads(), omp_get_num_procs());
+	m->act_ckpt = (int)o->act_ckpt;
+}
+
+int loom_gpt2_act_bytes(const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o, loom_gpt2_act_bytes_t *out)
+{
+	loom_gpt2_t m;
+	int rc;
+	memset(out, 0, sizeof *out);
+	if ((rc = check_opts(cfg, o)) != LOOM_OK)
+		return rc;
+	memset(&m, 0, sizeof m);
+	setup(&m, cfg, o);
+	layout_acts(&m, NULL, out);
+	return LOOM_OK;
+}
+
+void loom_gpt2_model_act_bytes(const loom_gpt2_t *m, loom_gpt2_act_bytes_t *out)
+{
+	*out = m->act;
+}
+
+loom_act_ckpt_t loom_gpt2_act_ckpt(const loom_gpt2_t *m)
+{
+	return (loom_act_ckpt_t)m->act_ckpt;
+}
+
+long long loom_gpt2_recomputes(const loom_gpt2_t *m)
+{
+	return m->recomputes;
+}
+
+void loom_gpt2_layers(const loom_gpt2_t *m, int *lo, int *hi, int *arenas)
+{
+	if (lo)
+		*lo = m->lo;
+	if (hi)
+		*hi = m->hi;
+	if (arenas)
+		*arenas = m->narenas;
+}
+
+int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o)
+{
+	loom_gpt2_t *m = NULL;
+	int rc, B = o->B, T = o->T, tp = o->tp_size ? o->tp_size : 1;
+	*out = NULL;
+	if ((rc = check_opts(cfg, o)) != LOOM_OK)
+		return rc;
+	size_t want = sizeof *m; /* the allocation being attempted, for the message */
+	if (!(m = loom__calloc(1, sizeof *m)))
+		goto nomem;
+	setup(m, cfg, o);
+	int narenas = m->narenas, lo = m->lo, hi = m->hi;
 	want = (size_t)m->ntensors * sizeof *m->tensors;
 	if (!(m->tensors = loom__calloc((size_t)m->ntensors, sizeof *m->tensors)) ||
 	    !(m->pview = loom__calloc((size_t)m->ntensors, sizeof *m->pview)) ||
@@ -164,11 +280,11 @@ int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, cons
 		goto nomem;
 	point_params(m, m->params_own);
 	point_grads(m, m->grads_own);
-	size_t bytes = layout_acts(m, NULL);
+	size_t bytes = layout_acts(m, NULL, &m->act);
 	want = bytes;
 	if (!(m->mem = loom_alloc_aligned(bytes)))
 		goto nomem;
-	layout_acts(m, m->mem);
+	layout_acts(m, m->mem, &m->act);
 	m->losses = m->has_head ? m->arenas[0].losses : NULL;
 	loom__gemm_setup_threads();
 	*out = m;
@@ -176,9 +292,10 @@ int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, cons
 nomem:
 	loom_gpt2_destroy(m);
 	return loom_seterr(LOOM_ENOMEM, "gpt2 create: out of memory for L%d C%d V%d with batch %d x %d, layers [%d, %d), "
-	                   "%d arenas (%zu bytes requested; parameters and gradients take %zu bytes each)", cfg->n_layer,
-	                   cfg->n_embd, cfg->vocab_size, B, T, lo, hi, narenas, want,
-	                   loom_gpt2_shard_params(cfg, tp) * sizeof(float));
+	                   "%d arenas, activation checkpointing %s (%zu bytes requested; parameters and gradients take "
+	                   "%zu bytes each)", cfg->n_layer, cfg->n_embd, cfg->vocab_size, B, T, o->layer_lo,
+	                   o->layer_hi ? o->layer_hi : cfg->n_layer, o->arenas ? o->arenas : 1,
+	                   loom_act_ckpt_name(o->act_ckpt), want, loom_gpt2_shard_params(cfg, tp) * sizeof(float));
 }
 
 int loom_gpt2_create(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, int B, int T)
@@ -525,7 +642,7 @@ static void tp_sum_bias(loom_gpt2_t *m, float *out, const float *bias, int N, in
 /* With tensor parallelism (tp > 1) the same pass on the local heads (Cl = C/tp channels, NHl heads)
  * and MLP columns (4 Cl): attn.c_attn and mlp.c_fc are column-parallel (local outputs), attn.c_proj
  * and mlp.c_proj row-parallel (partial sums, reduced before their bias); with tp 1, Cl = C. */
-void loom__gpt2_block_forward(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res, int B, int T)
+static void block_forward_acts(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res, int B, int T, int whole)
 {
 	int C = m->cfg.n_embd, NH = m->NHl, N = B * T, Cl = m->Cl, tp = m->tp;
 	size_t NC = (size_t)N * C;
@@ -542,12 +659,19 @@ void loom__gpt2_block_forward(loom_gpt2_t *m, int l, layer_acts_t *a, const floa
 	PROF(LAYERNORM, loom__layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LN2_W), W(LN2_B), N, C));
 	PROFF(MATMUL, 8 * fN * fC * fCl, loom__matmul_forward(a->fch, a->ln2, W(FC_W), W(FC_B), N, C, 4 * Cl));
 	PROF(GELU, loom__gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * Cl));
+	if (!whole)
+		return; /* a recompute: the rest makes the block's output, which is kept */
 	PROFF(MATMUL, 8 * fN * fC * fCl, loom__matmul_forward(a->res3, a->fch_gelu, W(FCPROJ_W),
 	                                                      tp > 1 ? NULL : W(FCPROJ_B), N, 4 * Cl, C));
 	if (tp > 1)
 		tp_sum_bias(m, a->res3, W(FCPROJ_B), N, C);
 	PROF(RESIDUAL, loom__residual_forward(a->res3, a->res2, a->res3, NC));
 #undef W
+}
+
+void loom__gpt2_block_forward(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res, int B, int T)
+{
+	block_forward_acts(m, l, a, res, B, T, 1);
 }
 
 static void block_forward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
@@ -619,6 +743,21 @@ static void head_forward_backward(loom_gpt2_t *m, arena_t *ar, const int *target
 		ready(m, 0); /* this model adds nothing else to wte */
 }
 
+/* Activation checkpointing: refill what block l's forward left in the shared scratch (since
+ * overwritten by other blocks and arenas) from what the arena kept, with the forward's own kernels,
+ * so the backward reads the bits the forward computed. Runs after the block's backward param-use
+ * hook: the parameters are the ones its forward used. */
+static void recompute(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res_in, int B, int T)
+{
+	if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS)
+		block_forward_acts(m, l, a, res_in, B, T, 0);
+	else if (m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE)
+		PROFF(ATTENTION_PROBS, 2.0 * B * T * T * m->Cl, loom__attention_probs(a->att, a->qkv, B, T, m->Cl, m->NHl));
+	else
+		return;
+	m->recomputes++;
+}
+
 static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 {
 	int C = m->cfg.n_embd, NH = m->NHl, N = B * T, Cl = m->Cl, tp = m->tp;
@@ -627,6 +766,7 @@ static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 	layer_acts_t *a = &ar->layers[l - m->lo];
 	const float *res_in = stream(m, ar, l);
 	loom__gpt2_param_use(m, l, 1);
+	recompute(m, l, a, res_in, B, T);
 #define W(j) loom__gpt2_param(m, lt(l, j))
 #define G(j) loom__gpt2_grad(m, lt(l, j))
 	/* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))); dres is d res3 and passes through to d res2 */

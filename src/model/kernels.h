@@ -51,6 +51,9 @@ void loom__residual_forward(float *out, const float *inp1, const float *inp2, si
  * each third, hs = C/NH); out (B,T,C); att (B,NH,T,T) keeps the softmax probabilities (zero above
  * the diagonal) for the backward. Scale 1/sqrt(hs). */
 void loom__attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+/* Only att (B,NH,T,T) of loom__attention_forward, bit-identical to the forward's (same code per block
+ * of rows): what selective activation checkpointing recomputes before the backward. */
+void loom__attention_probs(float *att, const float *qkv, int B, int T, int C, int NH);
 /* dqkv (B,T,3C) += ...; scratch holds T*T floats for each of scratch_threads threads
  * (attention_scratch_floats); at most that many threads run. */
 void loom__attention_backward(float *dqkv, float *scratch, int scratch_threads, const float *dout, const float *qkv,

@@ -22,6 +22,7 @@
 	X(CLASSIFIER, "classifier (lm head + softmax + CE, fwd+bwd)")                                 \
 	X(MATMUL_BWD, "matmul_backward")                                                              \
 	X(ATTENTION_BWD, "attention_backward")                                                        \
+	X(ATTENTION_PROBS, "attention_probs (selective recompute)")                                   \
 	X(GELU_BWD, "gelu_backward")                                                                  \
 	X(LAYERNORM_BWD, "layernorm_backward")                                                        \
 	X(ENCODER_BWD, "encoder_backward")                                                            \
@@ -49,7 +50,9 @@ typedef struct {
 } layer_acts_t;
 
 /* One micro-batch's activations: the input of the first block held, each held block's, and the
- * head's when the model holds it. */
+ * head's when the model holds it. With activation checkpointing some of a layer's pointers point
+ * into the model's shared recompute scratch instead of memory of their own (blocks: every field but
+ * res3; selective: att), which the block's backward refills before it reads them (gpt2.c). */
 typedef struct {
 	float *in;                        /* (N,C) input of block lo: the embedding's output or a received one */
 	layer_acts_t *layers;             /* hi - lo: block l at layers[l - lo] */
@@ -87,6 +90,12 @@ struct loom_gpt2 {
 
 	arena_t *arenas;
 	float *losses; /* arena 0's losses, when the model holds the head */
+
+	/* activation checkpointing (loom_act_ckpt_t): what the arenas keep; the recompute scratch's
+	 * buffers are reached through the layers' pointers */
+	int act_ckpt;
+	long long recomputes;         /* recomputations run since create */
+	loom_gpt2_act_bytes_t act;    /* the layout's byte counts, by role */
 
 	/* shared by all arenas: head scratch and outputs */
 	float *logits;      /* (chunk,V) scratch of the fused classifier, >= V floats */

@@ -124,6 +124,12 @@ static void write_config(loom_trainer_t *tr, FILE *f)
 	num(f, "bucket_mb", c->bucket_mb, "%.9g");
 	fprintf(f, ",\"check_replicas\":%d", c->check_replicas);
 	num(f, "peak_flops", c->peak_flops, "%.6g");
+	loom_train_memory_t mem;
+	loom_trainer_memory(tr, &mem);
+	str(f, "activation_checkpointing", loom_act_ckpt_name(mem.act_ckpt));
+	fprintf(f, ",\"activation_bytes\":{\"kept\":%zu,\"recompute\":%zu,\"head\":%zu,\"backward\":%zu,\"total\":%zu,"
+	        "\"formula\":%zu}", mem.act.kept, mem.act.recompute, mem.act.head, mem.act.backward, mem.act.total,
+	        mem.act_formula);
 	fputs("}}\n", f);
 }
 

@@ -1,7 +1,8 @@
 /* memory.c: memory accounting of a training run: what this rank keeps of the model states
- * (parameters, gradients, AdamW moments) as its parallel strategy reports them, an estimate of the
- * activations, the strategy's communication buffers, the theory of the ZeRO stage beside them, and the
- * process's peak resident set (VmHWM).
+ * (parameters, gradients, AdamW moments) as its parallel strategy reports them, the activations (as
+ * the model allocated them, beside the formula of its checkpointing mode), the strategy's
+ * communication buffers, the theory of the ZeRO stage beside them, and the process's peak resident
+ * set (VmHWM).
  *
  * The theory is a table (one row per stage), bytes per rank with P parameters and N data-parallel
  * ranks, fp32: DDP 16P; ZeRO-1 8P + 8P/N (AdamW m, v sharded); ZeRO-2 4P + 12P/N (gradients too);
@@ -25,13 +26,39 @@ static const struct {
 	{3, 0, 16, "16P/N + the largest gathered unit"},
 };
 
-/* The activations of one arena of a model created for B x T (llm.c's buffers: per layer 16 BTC + 4 BT
- * + B NH T^2; the residual input, ln_f and the losses; backward's shared scratch 13 BTC), rounded. */
-static size_t activations(const loom_gpt2_config_t *c, int B, int T)
+/* Activations, in floats, of a model holding Lh blocks and `arenas` arenas of B x T (tp: local heads
+ * NHl and channels Cl). One layer's full set is F = (4C + 12Cl) BT + 4 BT + B NHl T^2 (16 BTC + 4 BT +
+ * B NH T^2 without tp: ln1, qkv, atty, res2, ln2, fch, fch_gelu, res3, four LayerNorm statistics, the
+ * attention probabilities). A checkpointing mode drops D of each layer's floats, which then live once,
+ * in the recompute scratch: kept = arenas (Lh (F - D) + BTC + head), scratch = D, with head = BTC + 3 BT
+ * (ln_f's output and statistics, the losses) on the model holding it. The rule, as data: */
+static const struct {
+	loom_act_ckpt_t mode;
+	const char *text;
+} act_rule[] = {
+	{LOOM_ACT_CKPT_NONE, "arenas x (L x F + BTC + head), F = 16BTC + 4BT + B NH T^2"},
+	{LOOM_ACT_CKPT_BLOCKS, "arenas x (L x BTC + BTC + head) + (F - BTC) for one block"},
+	{LOOM_ACT_CKPT_SELECTIVE, "arenas x (L x (F - B NH T^2) + BTC + head) + B NH T^2 for one layer"},
+};
+
+static size_t act_formula(const loom_gpt2_t *model, int B, int T, const char **text)
 {
-	double BT = (double)B * T, C = c->n_embd, L = c->n_layer;
-	double per_layer = 16 * BT * C + 4 * BT + (double)B * c->n_head * T * T;
-	double floats = L * per_layer + 2 * BT * C + 3 * BT + 13 * BT * C + (double)B * c->vocab_size;
+	const loom_gpt2_config_t *c = loom_gpt2_config(model);
+	int lo, hi, arenas, tp = loom_gpt2_tp_size(model);
+	loom_act_ckpt_t mode = loom_gpt2_act_ckpt(model);
+	loom_gpt2_layers(model, &lo, &hi, &arenas);
+	double BT = (double)B * T, C = c->n_embd, Cl = (double)c->n_embd / tp, A = BT * (c->n_head / tp) * T;
+	double F = (4 * C + 12 * Cl) * BT + 4 * BT + A, D = 0;
+	double head = hi == c->n_layer ? BT * C + 3 * BT : 0;
+	if (mode == LOOM_ACT_CKPT_BLOCKS)
+		D = F - BT * C;
+	else if (mode == LOOM_ACT_CKPT_SELECTIVE)
+		D = A;
+	*text = "?";
+	for (size_t k = 0; k < LOOM_ARRAY_LEN(act_rule); k++)
+		if (act_rule[k].mode == mode)
+			*text = act_rule[k].text;
+	double floats = arenas * ((hi - lo) * (F - D) + BT * C + head) + D;
 	return (size_t)(floats * sizeof(float));
 }
 
@@ -56,7 +83,11 @@ int loom_trainer_memory(const loom_trainer_t *tr, loom_train_memory_t *m)
 	memset(m, 0, sizeof *m);
 	m->params = s->mem.params, m->grads = s->mem.grads, m->optim = s->mem.optim, m->comm = s->mem.comm;
 	m->model_states = m->params + m->grads + m->optim;
-	m->activations = activations(&tr->mcfg, tr->cfg.B, tr->cfg.T);
+	const loom_gpt2_t *model = tr->exec->ops->model(tr->exec); /* the model the steps run on */
+	loom_gpt2_model_act_bytes(model, &m->act);
+	m->activations = m->act.total;
+	m->act_ckpt = loom_gpt2_act_ckpt(model);
+	m->act_formula = act_formula(model, tr->cfg.B, tr->cfg.T, &m->act_formula_text);
 	m->zero = N > 1 ? tr->cfg.zero : 0;
 	m->dp = (int)N;
 	for (size_t k = 0; k < LOOM_ARRAY_LEN(theory); k++)
