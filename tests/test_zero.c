@@ -76,7 +76,7 @@ static int against_ddp(int world, int accum)
 		         "%.1f MiB", 4 * (stage == 3 ? own : P) / mib, 4 * (stage >= 2 ? own : P) / mib,
 		         8 * (stage >= 1 ? own : P) / mib);
 		CHECK_CONTAINS(out, want);
-		snprintf(want, sizeof want, "%s = %.1f MiB with P = 842624, N = %d), activations ~", stage == 0 ? "16P" :
+		snprintf(want, sizeof want, "%s = %.1f MiB with P = 842624, N = %d), activations ", stage == 0 ? "16P" :
 		         stage == 1 ? "8P + 8P/N" : stage == 2 ? "4P + 12P/N" : "16P/N + the largest gathered unit",
 		         theory[stage] / mib, world);
 		CHECK_CONTAINS(out, want);
