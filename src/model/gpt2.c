@@ -13,7 +13,10 @@
  * The kernels reach parameters and gradients only through the views (model.h), read when the
  * kernel is called, i.e. after the unit's param-use hook has run. A tensor-parallel shard (tp > 1,
  * tp_model.c) runs the same passes on its local sizes, with the reductions at the f and g points;
- * with tp 1 no reduction exists and the passes are the whole model's, unchanged. */
+ * with tp 1 no reduction exists and the passes are the whole model's, unchanged. With activation
+ * checkpointing (act_ckpt) an arena keeps only part of each layer's activations and the rest lives in
+ * one shared recompute scratch (layout_acts), which block_backward refills with the forward's own
+ * kernels before reading it: losses and gradients are bit-identical to keeping everything. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
