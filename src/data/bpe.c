@@ -32,6 +32,9 @@
 #include "loom/tokenizer.h"
 
 #define BPE_MAX_ID (1 << 24)
+#define BPE_ID_SLACK 65536          /* ids may exceed the number of tokens by this much (holes) */
+#define BPE_FILE_MAX (64u << 20)    /* vocab.json / merges.txt (GPT-2's: 1 MB and 456 KB) */
+#define BPE_PATTERN_MAX (64u << 10) /* pattern.txt */
 #define CACHE_MAX_PIECE 64
 #define CACHE_SLOTS (1u << 16)       /* power of two; emptied at half full */
 #define CACHE_POOL_INTS (4u << 20)   /* key bytes and ids, counted in ints */
@@ -326,6 +329,9 @@ static int load_vocab(loom_bpe_t *t, const json_t *root, const char *path)
 		if (id > max_id)
 			max_id = (int)id;
 	}
+	if (max_id >= root->n + BPE_ID_SLACK) /* before allocating tables of max_id entries */
+		return loom_seterr(LOOM_EFORMAT, "%s: id %d for a vocabulary of %d tokens (ids must be below the token count "
+		                   "+ %d)", path, max_id, root->n, BPE_ID_SLACK);
 	t->vocab_size = max_id + 1;
 	t->tok = loom__calloc((size_t)t->vocab_size, sizeof *t->tok);
 	t->tok_len = loom__calloc((size_t)t->vocab_size, sizeof *t->tok_len);
@@ -476,7 +482,7 @@ done:
 static int load_file(const char *dir, const char *name, char *path, size_t cap, char **text, size_t *len)
 {
 	snprintf(path, cap, "%s/%s", dir, name);
-	return loom__read_file(path, text, len);
+	return loom__read_file_max(path, BPE_FILE_MAX, text, len);
 }
 
 int loom_bpe_load(loom_bpe_t **out, const char *dir)
@@ -521,7 +527,7 @@ int loom_bpe_load(loom_bpe_t **out, const char *dir)
 	free(text), text = NULL;
 	snprintf(path, sizeof path, "%s/pattern.txt", dir);
 	if (file_exists(path)) {
-		if ((rc = loom__read_file(path, &text, &len)) != LOOM_OK)
+		if ((rc = loom__read_file_max(path, BPE_PATTERN_MAX, &text, &len)) != LOOM_OK)
 			goto done;
 		while (len > 0 && (text[len - 1] == '\n' || text[len - 1] == '\r'))
 			text[--len] = 0;
