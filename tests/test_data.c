@@ -178,10 +178,16 @@ TEST(tokenizer_v1_and_errors)
 	CHECK_EQ(loom_tokenizer_decode(&tok, 27, &len)[0], 'b');
 	CHECK_ERR(loom_tokenizer_encode(&tok, "ab", 2, ids, 4, &nout), LOOM_ENOTSUP);
 	loom_tokenizer_free(&tok);
-	/* truncated */
+	/* truncated: shorter than 2 bytes per token, caught before the tables are allocated */
 	CHECK(test_write_file(path, buf, n - 1) == 0);
 	CHECK_ERR(loom_tokenizer_load(&tok, path), LOOM_EFORMAT);
-	CHECK_CONTAINS(loom_errmsg(), "truncated inside token 50256 of 50257");
+	CHECK_CONTAINS(loom_errmsg(), "vocab size 50257 needs at least 101538 bytes, the file has 101537");
+	/* truncated inside a token: the first token claims 3 bytes */
+	buf[1024] = 3;
+	CHECK(test_write_file(path, buf, n) == 0);
+	CHECK_ERR(loom_tokenizer_load(&tok, path), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "truncated");
+	buf[1024] = 1;
 	CHECK_CONTAINS(loom_errmsg(), path);
 	/* trailing bytes */
 	CHECK(test_write_file(path, buf, n + 3) == 0);

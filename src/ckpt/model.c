@@ -224,8 +224,9 @@ static int infer_layers(const loom_st_t *st)
 		long l = 0;
 		if (strncmp(p, "h.", 2) != 0 || p[2] < '0' || p[2] > '9')
 			continue;
-		for (p += 2; *p >= '0' && *p <= '9' && l <= cap; p++)
-			l = 10 * l + (*p - '0');
+		for (p += 2; *p >= '0' && *p <= '9'; p++)
+			if (l <= cap) /* saturates just above cap: no overflow */
+				l = 10 * l + (*p - '0');
 		if (*p == '.' && l + 1 > L)
 			L = l + 1;
 	}
