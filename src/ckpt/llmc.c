@@ -6,7 +6,9 @@
  * layers at once ln1w (L,C), ln1b, qkvw (L,3C,C), qkvb (L,3C), attprojw (L,C,C), attprojb, ln2w, ln2b,
  * fcw (L,4C,C), fcb (L,4C), fcprojw (L,C,4C), fcprojb (L,C), then lnfw (C), lnfb (C). llm.c's matrices
  * are (out, in), the transpose of HF's Conv1D (in, out) that loom keeps. The 12 per-layer arrays come
- * in the same order as HF's per-layer tensors, so array j of the file gathers tensor j of each layer. */
+ * in the same order as HF's per-layer tensors, so array j of the file gathers tensor j of each layer.
+ * The header is checked against the limits of model_internal.h and the file's exact size before
+ * anything is allocated or mapped. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>

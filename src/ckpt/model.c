@@ -5,7 +5,10 @@
  * (hf_config.c), so that the directory loads with GPT2LMHeadModel.from_pretrained. Reading accepts HF's own
  * gpt2 file: names with or without "transformer.", attn.bias / attn.masked_bias buffers (ignored),
  * lm_head.weight only when bit-equal to wte (tied), n_head from __metadata__, config.json beside the
- * file, or the caller. Dimensions come from the shapes; every tensor is checked against the table. */
+ * file, or the caller. Dimensions come from the shapes; every tensor is checked against the table.
+ * Invariant: loom_model_config succeeds only for a file that holds every tensor of its config's table
+ * with the table's shape (so at least 2 bytes per parameter) within the limits of model_internal.h,
+ * checked in O(tensors) from the header alone, so a caller may allocate the parameters it reports. */
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
