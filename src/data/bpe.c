@@ -20,6 +20,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -220,6 +221,7 @@ struct loom_bpe {
 	merge_slot_t *mmap;
 	size_t mmap_cap;
 	int byte_id[256];
+	uint64_t seed;       /* random per tokenizer: a hostile file cannot pick colliding slots */
 	char *pattern;
 	loom__bpe_splitter_t *split;
 	/* encode state */
@@ -251,7 +253,7 @@ static size_t mix64(uint64_t x)
 static const merge_slot_t *merge_find(const loom_bpe_t *t, int l, int r)
 {
 	uint64_t k = pair_key(l, r);
-	for (size_t i = mix64(k) & (t->mmap_cap - 1);; i = (i + 1) & (t->mmap_cap - 1)) {
+	for (size_t i = mix64(k ^ t->seed) & (t->mmap_cap - 1);; i = (i + 1) & (t->mmap_cap - 1)) {
 		if (t->mmap[i].key == k)
 			return &t->mmap[i];
 		if (t->mmap[i].key == 0)
@@ -265,10 +267,15 @@ static int32_t merge_rank(const loom_bpe_t *t, int l, int r)
 	return m ? m->rank : -1;
 }
 
+static size_t vocab_slot(const loom_bpe_t *t, const unsigned char *p, size_t n)
+{
+	return mix64(loom__bpe_hash(p, n) ^ t->seed) & (t->vmap_cap - 1);
+}
+
 /* Id of the token whose bytes are p[0..n), or -1. */
 static int vocab_find(const loom_bpe_t *t, const unsigned char *p, size_t n)
 {
-	for (size_t i = loom__bpe_hash(p, n) & (t->vmap_cap - 1);; i = (i + 1) & (t->vmap_cap - 1)) {
+	for (size_t i = vocab_slot(t, p, n);; i = (i + 1) & (t->vmap_cap - 1)) {
 		uint32_t v = t->vmap[i];
 		if (v == 0)
 			return -1;
@@ -367,7 +374,7 @@ static int load_vocab(loom_bpe_t *t, const json_t *root, const char *path)
 			goto done;
 		}
 		t->tok[id] = buf, t->tok_len[id] = (uint32_t)n, buf = NULL;
-		size_t s = loom__bpe_hash(t->tok[id], (size_t)n) & (t->vmap_cap - 1);
+		size_t s = vocab_slot(t, t->tok[id], (size_t)n);
 		while (t->vmap[s])
 			s = (s + 1) & (t->vmap_cap - 1);
 		t->vmap[s] = (uint32_t)id + 1;
@@ -453,7 +460,7 @@ static int load_merges(loom_bpe_t *t, char *text, size_t len, const char *path)
 			goto done;
 		}
 		uint64_t k = pair_key(ia, ib);
-		size_t s = mix64(k) & (t->mmap_cap - 1);
+		size_t s = mix64(k ^ t->seed) & (t->mmap_cap - 1);
 		while (t->mmap[s].key && t->mmap[s].key != k)
 			s = (s + 1) & (t->mmap_cap - 1);
 		/* A repeated merge takes its later rank, as the reference's dict(zip(merges, ranks)) does. */
@@ -508,6 +515,10 @@ int loom_bpe_load(loom_bpe_t **out, const char *dir)
 	t = loom__calloc(1, sizeof *t);
 	if (!t)
 		return loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory");
+	/* Hash-flooding defence: slots depend on a secret seed, so a vocab.json or merges.txt crafted to
+	 * collide cannot make loading quadratic. Results never depend on slots. */
+	if (getrandom(&t->seed, sizeof t->seed, GRND_NONBLOCK) != (ssize_t)sizeof t->seed)
+		t->seed = (uint64_t)(loom_now() * 1e9) ^ (uint64_t)(uintptr_t)t;
 	if ((rc = load_file(dir, vname, path, sizeof path, &text, &len)) != LOOM_OK)
 		goto done;
 	if (loom__json_parse(text, len, &root, err, sizeof err) != 0) {
