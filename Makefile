@@ -117,8 +117,30 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/demo.sh $(BUILD)/loom $(DEMO_DIR)
 
+# libFuzzer harnesses (tests/fuzz/) for the file readers, built with clang into build/fuzz/;
+# scripts/fuzz.sh SECONDS runs each. Only the readers' sources are compiled (no BLAS, OpenMP or MPI).
+FUZZ_CC      ?= clang
+FUZZ_FLAGS   := -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -g -O1 -fno-omit-frame-pointer
+FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_LIB_SRC := src/core/error.c src/core/util.c src/core/fileio.c src/ckpt/json.c src/ckpt/kv.c \
+                src/ckpt/safetensors.c src/ckpt/llmc.c src/ckpt/model.c src/ckpt/hf_config.c src/ckpt/train_ckpt.c \
+                src/model/layout.c src/data/shard.c src/data/tokenizer.c src/data/bpe.c src/data/bpe_train.c
+FUZZ_NAMES   := safetensors llmc shard tokenizer bpe state manifest
+FUZZ_BIN     := $(FUZZ_NAMES:%=build/fuzz/fuzz_%)
+FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=build/fuzz/obj/%.o)
+
+build/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SAN) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(FUZZ_LIB_OBJ)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJ) $(PCRE2_LIBS) -pthread -lm
+
+fuzz: $(FUZZ_BIN)
+.SECONDARY: $(FUZZ_LIB_OBJ)
+
 clean:
 	rm -rf build
 
-.PHONY: all tests test install deps demo clean
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(PROG_SRC:%.c=$(BUILD)/%.d)
+.PHONY: all tests test install deps demo clean fuzz
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(PROG_SRC:%.c=$(BUILD)/%.d) $(FUZZ_LIB_OBJ:.o=.d)

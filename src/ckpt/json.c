@@ -2,7 +2,8 @@
  *
  * Checkpoint headers are small (a few hundred KB at most for thousands of tensors) and come from
  * files that may be corrupt or hostile, so the parser favours strictness over speed: it validates
- * the full grammar, bounds nesting depth, never reads past len, and reports the byte offset of the
+ * the full grammar, bounds nesting depth and the number of values (so the memory a file can claim),
+ * never reads past len, and reports the byte offset of the
  * first problem. Invariant: every json_t it produces, even on failure, can be freed by json_free. */
 #include <errno.h>
 #include <inttypes.h>
@@ -20,6 +21,7 @@ typedef struct {
 	char *err;
 	size_t errcap;
 	int nomem; /* the failure was an allocation, not the text */
+	long values_left; /* values the document may still have */
 } parser_t;
 
 static int fail(parser_t *ps, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -278,6 +280,8 @@ static int parse_value(parser_t *ps, json_t *v, int depth)
 	skip_ws(ps);
 	if (ps->p >= ps->end)
 		return fail(ps, "unexpected end of input");
+	if (ps->values_left-- <= 0)
+		return fail(ps, "more values than the limit for this kind of file");
 	switch (*ps->p) {
 	case '{':
 	case '[':
@@ -311,7 +315,12 @@ static int parse_value(parser_t *ps, json_t *v, int depth)
 
 int loom__json_parse(const char *text, size_t len, json_t *out, char *err, size_t errcap)
 {
-	parser_t ps = {text, text + len, text, err, errcap, 0};
+	return loom__json_parse_max(text, len, LOOM_JSON_MAX_VALUES, out, err, errcap);
+}
+
+int loom__json_parse_max(const char *text, size_t len, long max_values, json_t *out, char *err, size_t errcap)
+{
+	parser_t ps = {text, text + len, text, err, errcap, 0, max_values};
 	memset(out, 0, sizeof *out);
 	if (errcap)
 		err[0] = '\0';

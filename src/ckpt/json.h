@@ -26,6 +26,11 @@ typedef struct json {
  * is malformed, with a description of the problem and its byte offset in err; or LOOM_ENOMEM (err
  * says "out of memory"). *out must be freed with json_free either way. */
 int loom__json_parse(const char *text, size_t len, json_t *out, char *err, size_t errcap);
+/* The same with at most max_values values (every number, string, array, object, ... counts one; each
+ * costs about 100 bytes of memory): a document with more is malformed (-1), which bounds the memory a
+ * hostile file can claim. loom__json_parse allows LOOM_JSON_MAX_VALUES. */
+#define LOOM_JSON_MAX_VALUES (1L << 22)
+int loom__json_parse_max(const char *text, size_t len, long max_values, json_t *out, char *err, size_t errcap);
 void loom__json_free(json_t *v);
 
 /* Member `key` of an object (the first one), or NULL. */

@@ -15,6 +15,10 @@
 #include "core/fileio.h"
 #include "loom/ckpt.h"
 
+/* Limits on a state file read (docs/model.md): a trainer's state has tens of keys (9 per loader). */
+#define KV_FILE_MAX (4u << 20)
+#define KV_MAX_KEYS 16384
+
 typedef struct {
 	char *key;
 	char *text; /* number text, or string bytes */
@@ -272,7 +276,7 @@ int loom_kv_load(loom_kv_t **out, const char *path)
 	int64_t version;
 	int rc;
 	*out = NULL;
-	if ((rc = loom__read_file(path, &text, &len)) != LOOM_OK)
+	if ((rc = loom__read_file_max(path, KV_FILE_MAX, &text, &len)) != LOOM_OK)
 		return rc;
 	if ((rc = loom__json_parse(text, len, &root, err, sizeof err)) != 0) {
 		rc = loom_seterr(rc == LOOM_ENOMEM ? rc : LOOM_EFORMAT, "%s: bad JSON: %s", path, err);
@@ -289,6 +293,10 @@ int loom_kv_load(loom_kv_t **out, const char *path)
 	}
 	if (!vals || vals->type != JSON_OBJECT) {
 		rc = loom_seterr(LOOM_EFORMAT, "%s: \"values\" must be an object", path);
+		goto out;
+	}
+	if (vals->n > KV_MAX_KEYS) { /* set() searches linearly: bound the quadratic cost */
+		rc = loom_seterr(LOOM_EFORMAT, "%s: %d values, more than the limit of %d", path, vals->n, KV_MAX_KEYS);
 		goto out;
 	}
 	if ((rc = loom_kv_create(&kv)) != LOOM_OK)

@@ -6,7 +6,9 @@
  * layers at once ln1w (L,C), ln1b, qkvw (L,3C,C), qkvb (L,3C), attprojw (L,C,C), attprojb, ln2w, ln2b,
  * fcw (L,4C,C), fcb (L,4C), fcprojw (L,C,4C), fcprojb (L,C), then lnfw (C), lnfb (C). llm.c's matrices
  * are (out, in), the transpose of HF's Conv1D (in, out) that loom keeps. The 12 per-layer arrays come
- * in the same order as HF's per-layer tensors, so array j of the file gathers tensor j of each layer. */
+ * in the same order as HF's per-layer tensors, so array j of the file gathers tensor j of each layer.
+ * The header is checked against the limits of model_internal.h and the file's exact size before
+ * anything is allocated or mapped. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -26,11 +28,14 @@ static size_t padded_vocab(size_t V)
 	return (V + 127) / 128 * 128;
 }
 
-/* Read the header; *elsize = 4 (v3) or 2 (v5); *vp = padded vocab. */
+/* Read and check the header against loom's limits and the file's size, before anything is allocated:
+ * *elsize = 4 (v3) or 2 (v5); *vp = padded vocab; *fsize = the file's size, which is exactly the
+ * header plus the parameters (padding rows included). */
 static int read_header(const char *path, int fd, loom_gpt2_config_t *cfg, size_t *vp, size_t *elsize, size_t *fsize)
 {
 	int32_t h[256];
 	struct stat sb;
+	size_t numel, expect;
 	if (fstat(fd, &sb) != 0)
 		return loom_seterr(LOOM_EIO, "%s: stat: %s", path, strerror(errno));
 	*fsize = (size_t)sb.st_size;
@@ -45,26 +50,28 @@ static int read_header(const char *path, int fd, loom_gpt2_config_t *cfg, size_t
 	if (h[1] != 3 && h[1] != 5)
 		return loom_seterr(LOOM_EFORMAT, "%s: llm.c model version %d (expected 3, fp32, or 5, bf16)", path, h[1]);
 	cfg->seq_len = h[2], cfg->vocab_size = h[3], cfg->n_layer = h[4], cfg->n_head = h[5], cfg->n_embd = h[6];
-	if (loom_gpt2_config_check(cfg) != LOOM_OK)
-		return loom_seterr(LOOM_EFORMAT, "%s: bad header: %s", path, loom_errmsg());
-	if (h[7] < h[3])
-		return loom_seterr(LOOM_EFORMAT, "%s: padded vocab %d is smaller than vocab %d", path, h[7], h[3]);
+	if (loom__model_file_check(path, cfg, &numel) != LOOM_OK) /* "PATH: n_layer = ... is outside ..." */
+		return LOOM_EFORMAT;
+	if (h[7] < h[3] || h[7] > LOOM_MODEL_MAX_VOCAB)
+		return loom_seterr(LOOM_EFORMAT, "%s: padded vocab %d is outside [vocab %d, %d]", path, h[7], h[3],
+		                   LOOM_MODEL_MAX_VOCAB);
 	*vp = (size_t)h[7];
 	*elsize = h[1] == 3 ? 4 : 2;
+	/* with the limits none of this can overflow; checked anyway */
+	if (__builtin_mul_overflow(*vp - (size_t)cfg->vocab_size, (size_t)cfg->n_embd, &expect) ||
+	    __builtin_add_overflow(numel, expect, &numel) || __builtin_mul_overflow(numel, *elsize, &expect) ||
+	    __builtin_add_overflow(expect, sizeof h, &expect) || *fsize != expect)
+		return loom_seterr(LOOM_EFORMAT, "%s: %zu bytes, expected %zu for L=%d C=%d T=%d Vp=%zu in %s", path, *fsize,
+		                   expect, cfg->n_layer, cfg->n_embd, cfg->seq_len, *vp, *elsize == 4 ? "fp32" : "bf16");
 	return LOOM_OK;
-}
-
-static size_t llmc_numel(const loom_gpt2_config_t *cfg, size_t vp)
-{
-	return loom_gpt2_num_params(cfg) + (vp - (size_t)cfg->vocab_size) * (size_t)cfg->n_embd;
 }
 
 int loom__llmc_model_config(const char *path, loom_gpt2_config_t *cfg)
 {
 	size_t vp, es, fsize;
-	int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
-	if (fd < 0)
-		return loom_seterr(errno == ENOENT ? LOOM_ENOENT : LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
+	int fd, rc;
+	if ((rc = loom__open_regular(NULL, path, &fd, &fsize)) != LOOM_OK)
+		return rc;
 	rc = read_header(path, fd, cfg, &vp, &es, &fsize);
 	close(fd);
 	return rc;
@@ -105,12 +112,12 @@ static void transpose_to_file(float *dst, const float *src, size_t in, size_t ou
 int loom__llmc_model_load(const char *path, const loom_gpt2_config_t *want, float *params)
 {
 	loom_gpt2_config_t cfg;
-	size_t vp, es, fsize, expect, C, L;
+	size_t vp, es, fsize, C, L;
 	const unsigned char *p;
 	void *map;
-	int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
-	if (fd < 0)
-		return loom_seterr(errno == ENOENT ? LOOM_ENOENT : LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
+	int fd, rc;
+	if ((rc = loom__open_regular(NULL, path, &fd, &fsize)) != LOOM_OK)
+		return rc;
 	if ((rc = read_header(path, fd, &cfg, &vp, &es, &fsize)) != LOOM_OK) {
 		close(fd);
 		return rc;
@@ -120,12 +127,6 @@ int loom__llmc_model_load(const char *path, const loom_gpt2_config_t *want, floa
 		return loom_seterr(LOOM_EMISMATCH, "%s: file has L=%d NH=%d C=%d T=%d V=%d, caller expected L=%d NH=%d C=%d "
 		                   "T=%d V=%d", path, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size,
 		                   want->n_layer, want->n_head, want->n_embd, want->seq_len, want->vocab_size);
-	}
-	expect = 1024 + llmc_numel(&cfg, vp) * es;
-	if (fsize != expect) {
-		close(fd);
-		return loom_seterr(LOOM_EFORMAT, "%s: %zu bytes, expected %zu for L=%d C=%d T=%d Vp=%zu in %s", path, fsize,
-		                   expect, cfg.n_layer, cfg.n_embd, cfg.seq_len, vp, es == 4 ? "fp32" : "bf16");
 	}
 	map = mmap(NULL, fsize, PROT_READ, MAP_SHARED, fd, 0);
 	close(fd);
@@ -223,10 +224,11 @@ int loom_model_save_llmc(const char *path, const loom_gpt2_config_t *cfg, const 
 static int detect(const char *path, loom_model_format_t *fmt)
 {
 	int32_t magic = 0;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	size_t size;
+	int fd, rc;
 	ssize_t n;
-	if (fd < 0)
-		return loom_seterr(errno == ENOENT ? LOOM_ENOENT : LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
+	if ((rc = loom__open_regular(NULL, path, &fd, &size)) != LOOM_OK)
+		return rc;
 	n = pread(fd, &magic, 4, 0);
 	close(fd);
 	/* other files of loom's that a model path may name by mistake: say what they are */

@@ -5,7 +5,10 @@
  * (hf_config.c), so that the directory loads with GPT2LMHeadModel.from_pretrained. Reading accepts HF's own
  * gpt2 file: names with or without "transformer.", attn.bias / attn.masked_bias buffers (ignored),
  * lm_head.weight only when bit-equal to wte (tied), n_head from __metadata__, config.json beside the
- * file, or the caller. Dimensions come from the shapes; every tensor is checked against the table. */
+ * file, or the caller. Dimensions come from the shapes; every tensor is checked against the table.
+ * Invariant: loom_model_config succeeds only for a file that holds every tensor of its config's table
+ * with the table's shape (so at least 2 bytes per parameter) within the limits of model_internal.h,
+ * checked in O(tensors) from the header alone, so a caller may allocate the parameters it reports. */
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,7 +70,7 @@ static int n_head_from_config_json(const char *path, int *n_head, char *cfgpath,
 	int rc;
 	snprintf(dir, sizeof dir, "%s", path);
 	snprintf(cfgpath, cap, "%s/config.json", dirname(dir));
-	if ((rc = loom__read_file(cfgpath, &text, &len)) != LOOM_OK)
+	if ((rc = loom__read_file_max(cfgpath, LOOM_MODEL_CONFIG_JSON_MAX, &text, &len)) != LOOM_OK)
 		return rc;
 	if ((rc = loom__json_parse(text, len, &root, err, sizeof err)) != 0) {
 		free(text);
@@ -87,13 +90,160 @@ static int n_head_from_config_json(const char *path, int *n_head, char *cfgpath,
 	return rc;
 }
 
+int loom__model_file_check(const char *path, const loom_gpt2_config_t *cfg, size_t *numel)
+{
+	static const struct {
+		const char *name;
+		long max;
+	} lim[] = {{"n_layer", LOOM_MODEL_MAX_LAYERS}, {"n_head", LOOM_MODEL_MAX_EMBD}, {"n_embd", LOOM_MODEL_MAX_EMBD},
+	           {"seq_len", LOOM_MODEL_MAX_SEQ}, {"vocab_size", LOOM_MODEL_MAX_VOCAB}};
+	const int val[5] = {cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->seq_len, cfg->vocab_size};
+	size_t C = (size_t)cfg->n_embd, layer, emb, n;
+	for (int i = 0; i < 5; i++)
+		if (val[i] <= 0 || val[i] > lim[i].max)
+			return loom_seterr(LOOM_EFORMAT, "%s: %s = %d is outside loom's limits [1, %ld]", path, lim[i].name,
+			                   val[i], lim[i].max);
+	if (loom_gpt2_config_check(cfg) != LOOM_OK)
+		return loom_seterr(LOOM_EFORMAT, "%s: %s", path, loom_errmsg());
+	/* 12 C^2 + 13 C per layer, (V + T) C + 2 C outside: the limits keep this below 2^47, and the
+	 * checks make that a fact rather than an assumption. */
+	if (__builtin_mul_overflow(C, 12 * C + 13, &layer) || __builtin_mul_overflow(layer, (size_t)cfg->n_layer, &n) ||
+	    __builtin_mul_overflow((size_t)cfg->vocab_size + (size_t)cfg->seq_len + 2, C, &emb) ||
+	    __builtin_add_overflow(n, emb, &n) || n > SIZE_MAX / sizeof(float))
+		return loom_seterr(LOOM_EFORMAT, "%s: the parameter count overflows", path);
+	*numel = n;
+	return LOOM_OK;
+}
+
+/* The table index of tensor `name` (with or without "transformer.") in a model of n_layer layers,
+ * parsed in O(1): "wte.weight" 0, "wpe.weight" 1, "h.<l>.<suffix>" (l in canonical decimal, < n_layer)
+ * 2 + 12 l + j, "ln_f.weight"/"ln_f.bias" last; -1 for any other name. suffix[j] is the text after
+ * "h.0." of layer tensor j. */
+static int tensor_index(const char *name, int n_layer, char suffix[LOOM_GPT2_LAYER_TENSORS][LOOM_TENSOR_NAME_MAX])
+{
+	const char *p;
+	long l = 0;
+	int nt = 2 + LOOM_GPT2_LAYER_TENSORS * n_layer + 2;
+	name = strip_prefix(name);
+	if (strcmp(name, "wte.weight") == 0)
+		return 0;
+	if (strcmp(name, "wpe.weight") == 0)
+		return 1;
+	if (strcmp(name, "ln_f.weight") == 0)
+		return nt - 2;
+	if (strcmp(name, "ln_f.bias") == 0)
+		return nt - 1;
+	if (strncmp(name, "h.", 2) != 0 || name[2] < '0' || name[2] > '9' || (name[2] == '0' && name[3] != '.'))
+		return -1;
+	for (p = name + 2; *p >= '0' && *p <= '9'; p++)
+		if ((l = 10 * l + (*p - '0')) >= n_layer)
+			return -1;
+	if (*p++ != '.')
+		return -1;
+	for (int j = 0; j < LOOM_GPT2_LAYER_TENSORS; j++)
+		if (strcmp(p, suffix[j]) == 0)
+			return 2 + (int)l * LOOM_GPT2_LAYER_TENSORS + j;
+	return -1;
+}
+
+static void layer_suffixes(const loom_gpt2_config_t *cfg, char suffix[LOOM_GPT2_LAYER_TENSORS][LOOM_TENSOR_NAME_MAX])
+{
+	for (int j = 0; j < LOOM_GPT2_LAYER_TENSORS; j++) {
+		loom_tensor_info_t info;
+		loom_gpt2_tensor_info(cfg, 2 + j, &info); /* "h.0.<suffix>" */
+		memcpy(suffix[j], info.name + 4, sizeof info.name - 4); /* NUL-terminated: info.name is */
+	}
+}
+
+/* Match the file's tensors to the table of cfg: every tensor is a GPT-2 tensor (or an ignored buffer,
+ * or lm_head.weight, whose file index goes to *lm_head) of the table's shape, each at most once, none
+ * missing. which[k] = the file index of table tensor k (nt ints, caller-allocated). O(file tensors). */
+static int match_tensors(const char *path, const loom_st_t *st, const loom_gpt2_config_t *cfg, int *which,
+                         int *lm_head)
+{
+	char suffix[LOOM_GPT2_LAYER_TENSORS][LOOM_TENSOR_NAME_MAX];
+	int nt = loom_gpt2_num_tensors(cfg);
+	layer_suffixes(cfg, suffix);
+	*lm_head = -1;
+	for (int k = 0; k < nt; k++)
+		which[k] = -1;
+	for (int i = 0; i < loom_st_count(st); i++) {
+		const loom_st_tensor_t *t = loom_st_get(st, i);
+		loom_tensor_info_t info;
+		int k;
+		if (is_buffer(t->name))
+			continue;
+		if (strcmp(strip_prefix(t->name), "lm_head.weight") == 0) {
+			*lm_head = i;
+			continue;
+		}
+		if ((k = tensor_index(t->name, cfg->n_layer, suffix)) < 0)
+			return loom_seterr(LOOM_EFORMAT, "%s: unexpected tensor '%.80s' (not part of GPT-2 with L=%d)", path,
+			                   t->name, cfg->n_layer);
+		loom_gpt2_tensor_info(cfg, k, &info);
+		if (which[k] >= 0)
+			return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' appears twice (with and without the transformer. "
+			                   "prefix)", path, info.name);
+		if (t->ndim != info.ndim || t->shape[0] != info.shape[0] || (info.ndim == 2 && t->shape[1] != info.shape[1])) {
+			char got[128];
+			int n = 0;
+			for (int d = 0; d < t->ndim && n < 100; d++)
+				n += snprintf(got + n, sizeof got - (size_t)n, d ? ",%zu" : "%zu", t->shape[d]);
+			got[n] = 0;
+			return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' has shape [%s], expected [%zu%s%.0zu]", path, t->name,
+			                   got, info.shape[0], info.ndim == 2 ? "," : "", info.ndim == 2 ? info.shape[1] : 0);
+		}
+		switch (t->dtype) {
+		case LOOM_ST_F32: case LOOM_ST_F16: case LOOM_ST_BF16: case LOOM_ST_F64: break;
+		default:
+			return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' has dtype %s, expected a float type (F32, BF16, F16, "
+			                   "F64)", path, t->name, loom_st_dtype_name(t->dtype));
+		}
+		which[k] = i;
+	}
+	for (int k = 0; k < nt; k++) {
+		if (which[k] < 0) {
+			loom_tensor_info_t info;
+			loom_gpt2_tensor_info(cfg, k, &info);
+			return loom_seterr(LOOM_EFORMAT, "%s: missing tensor '%s'", path, info.name);
+		}
+	}
+	if (*lm_head >= 0) {
+		const loom_st_tensor_t *t = loom_st_get(st, *lm_head);
+		if (t->ndim != 2 || t->shape[0] != (size_t)cfg->vocab_size || t->shape[1] != (size_t)cfg->n_embd)
+			return loom_seterr(LOOM_EFORMAT, "%s: lm_head.weight is not [%d, %d] like wte.weight", path,
+			                   cfg->vocab_size, cfg->n_embd);
+	}
+	return LOOM_OK;
+}
+
+/* The layer count: one more than the largest l of an "h.<l>." name, looking no further than the
+ * number of tensors allows (a file with 12 L tensors has at most L layers). */
+static int infer_layers(const loom_st_t *st)
+{
+	long L = 0, cap = loom_st_count(st) / LOOM_GPT2_LAYER_TENSORS;
+	for (int i = 0; i < loom_st_count(st); i++) {
+		const char *p = strip_prefix(loom_st_get(st, i)->name);
+		long l = 0;
+		if (strncmp(p, "h.", 2) != 0 || p[2] < '0' || p[2] > '9')
+			continue;
+		for (p += 2; *p >= '0' && *p <= '9'; p++)
+			if (l <= cap) /* saturates just above cap: no overflow */
+				l = 10 * l + (*p - '0');
+		if (*p == '.' && l + 1 > L)
+			L = l + 1;
+	}
+	return L > cap ? -1 : (int)L;
+}
+
 int loom__st_model_config(const char *path, int n_head_hint, loom_gpt2_config_t *cfg)
 {
 	loom_st_t *st;
 	const loom_st_tensor_t *wte, *wpe;
 	const char *meta;
 	char cfgpath[1200];
-	int rc, iw, ip, L = 0;
+	int rc, iw, ip, L, lm_head, *which = NULL;
+	size_t numel;
 	memset(cfg, 0, sizeof *cfg);
 	if ((rc = loom_st_open(&st, path)) != LOOM_OK)
 		return rc;
@@ -106,18 +256,17 @@ int loom__st_model_config(const char *path, int n_head_hint, loom_gpt2_config_t 
 	}
 	wte = loom_st_get(st, iw), wpe = loom_st_get(st, ip);
 	if (wte->ndim != 2 || wpe->ndim != 2 || wte->shape[1] != wpe->shape[1] || wte->shape[0] == 0 ||
-	    wpe->shape[0] == 0 || wte->shape[1] == 0 || wte->shape[0] > INT32_MAX || wpe->shape[0] > INT32_MAX ||
-	    wte->shape[1] > INT32_MAX) {
-		rc = loom_seterr(LOOM_EFORMAT, "%s: wte.weight and wpe.weight must be [V, C] and [T, C] with the same C",
-		                 path);
+	    wpe->shape[0] == 0 || wte->shape[1] == 0 || wte->shape[0] > LOOM_MODEL_MAX_VOCAB ||
+	    wpe->shape[0] > LOOM_MODEL_MAX_SEQ || wte->shape[1] > LOOM_MODEL_MAX_EMBD) {
+		rc = loom_seterr(LOOM_EFORMAT, "%s: wte.weight and wpe.weight must be [V, C] and [T, C] with the same C "
+		                 "(V <= %d, T <= %d, C <= %d)", path, LOOM_MODEL_MAX_VOCAB, LOOM_MODEL_MAX_SEQ,
+		                 LOOM_MODEL_MAX_EMBD);
 		goto out;
 	}
-	for (int i = 0; i < loom_st_count(st); i++) {
-		const char *name = strip_prefix(loom_st_get(st, i)->name);
-		int l;
-		char rest[64];
-		if (sscanf(name, "h.%d.%63s", &l, rest) == 2 && l >= 0 && l < (1 << 20) && l + 1 > L)
-			L = l + 1;
+	if ((L = infer_layers(st)) < 0) {
+		rc = loom_seterr(LOOM_EFORMAT, "%s: a layer index is larger than the file's %d tensors allow (%d per "
+		                 "layer)", path, loom_st_count(st), LOOM_GPT2_LAYER_TENSORS);
+		goto out;
 	}
 	cfg->vocab_size = (int)wte->shape[0];
 	cfg->n_embd = (int)wte->shape[1];
@@ -129,7 +278,7 @@ int loom__st_model_config(const char *path, int n_head_hint, loom_gpt2_config_t 
 	}
 	if ((meta = loom_st_meta(st, "n_head"))) {
 		if (parse_pos_int(meta, &cfg->n_head)) {
-			rc = loom_seterr(LOOM_EFORMAT, "%s: __metadata__ n_head '%s' is not a positive integer", path, meta);
+			rc = loom_seterr(LOOM_EFORMAT, "%s: __metadata__ n_head '%.40s' is not a positive integer", path, meta);
 			goto out;
 		}
 	} else {
@@ -144,9 +293,17 @@ int loom__st_model_config(const char *path, int n_head_hint, loom_gpt2_config_t 
 		if (rc != LOOM_OK)
 			goto out;
 	}
-	if ((rc = loom_gpt2_config_check(cfg)) != LOOM_OK)
-		rc = loom_seterr(rc, "%s: %s", path, loom_errmsg());
+	if ((rc = loom__model_file_check(path, cfg, &numel)) != LOOM_OK)
+		goto out;
+	/* Every tensor of the table present with its shape (so the file holds >= 2 bytes per parameter):
+	 * the caller may now allocate numel floats without trusting anything else. */
+	if (!(which = loom__malloc((size_t)loom_gpt2_num_tensors(cfg) * sizeof *which))) {
+		rc = loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
+		goto out;
+	}
+	rc = match_tensors(path, st, cfg, which, &lm_head);
 out:
+	free(which);
 	loom_st_close(st);
 	return rc;
 }
@@ -155,56 +312,20 @@ int loom__st_model_load(const char *path, const loom_gpt2_config_t *cfg, float *
 {
 	loom_st_t *st;
 	int nt = loom_gpt2_num_tensors(cfg), rc = LOOM_OK, lm_head = -1;
-	unsigned char *seen = loom__calloc((size_t)nt, 1);
-	if (!seen)
+	int *which = loom__malloc((size_t)nt * sizeof *which);
+	if (!which)
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
 	if ((rc = loom_st_open(&st, path)) != LOOM_OK) {
-		free(seen);
+		free(which);
 		return rc;
 	}
-	for (int i = 0; i < loom_st_count(st); i++) {
-		const loom_st_tensor_t *t = loom_st_get(st, i);
-		loom_tensor_info_t info;
-		int k;
-		if (is_buffer(t->name))
-			continue;
-		if (strcmp(strip_prefix(t->name), "lm_head.weight") == 0) {
-			lm_head = i;
-			continue;
-		}
-		k = loom_gpt2_tensor_index(cfg, t->name);
-		if (k < 0) {
-			rc = loom_seterr(LOOM_EFORMAT, "%s: unexpected tensor '%s' (not part of GPT-2 with L=%d)", path, t->name,
-			                 cfg->n_layer);
-			goto out;
-		}
-		loom_gpt2_tensor_info(cfg, k, &info);
-		if (seen[k]) {
-			rc = loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' appears twice (with and without the transformer. "
-			                 "prefix)", path, info.name);
-			goto out;
-		}
-		if (t->ndim != info.ndim || t->shape[0] != info.shape[0] || (info.ndim == 2 && t->shape[1] != info.shape[1])) {
-			char got[128];
-			int n = 0;
-			for (int d = 0; d < t->ndim && n < 100; d++)
-				n += snprintf(got + n, sizeof got - (size_t)n, d ? ",%zu" : "%zu", t->shape[d]);
-			got[n] = 0;
-			rc = loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' has shape [%s], expected [%zu%s%.0zu]", path, t->name, got,
-			                 info.shape[0], info.ndim == 2 ? "," : "", info.ndim == 2 ? info.shape[1] : 0);
-			goto out;
-		}
-		if ((rc = loom_st_read_f32(st, i, params + info.offset, info.numel)) != LOOM_OK)
-			goto out;
-		seen[k] = 1;
-	}
+	if ((rc = match_tensors(path, st, cfg, which, &lm_head)) != LOOM_OK)
+		goto out;
 	for (int k = 0; k < nt; k++) {
-		if (!seen[k]) {
-			loom_tensor_info_t info;
-			loom_gpt2_tensor_info(cfg, k, &info);
-			rc = loom_seterr(LOOM_EFORMAT, "%s: missing tensor '%s'", path, info.name);
+		loom_tensor_info_t info;
+		loom_gpt2_tensor_info(cfg, k, &info);
+		if ((rc = loom_st_read_f32(st, which[k], params + info.offset, info.numel)) != LOOM_OK)
 			goto out;
-		}
 	}
 	if (lm_head >= 0) {
 		size_t n = (size_t)cfg->vocab_size * (size_t)cfg->n_embd;
@@ -221,7 +342,7 @@ int loom__st_model_load(const char *path, const loom_gpt2_config_t *cfg, float *
 	}
 out:
 	loom_st_close(st);
-	free(seen);
+	free(which);
 	return rc;
 }
 

@@ -4,6 +4,19 @@
 
 #include "loom/ckpt.h"
 
+/* Limits on the dimensions of a model read from a file (docs/model.md). They are far above any GPT-2
+ * (GPT-3 175B: 96 layers, n_embd 12288, 2048 positions, 50257 tokens) and keep every size computed
+ * from them inside 64 bits, so a hostile header is rejected before anything is allocated. */
+#define LOOM_MODEL_MAX_LAYERS 1024
+#define LOOM_MODEL_MAX_EMBD 65536
+#define LOOM_MODEL_MAX_SEQ (1 << 20)
+#define LOOM_MODEL_MAX_VOCAB (1 << 24)
+#define LOOM_MODEL_CONFIG_JSON_MAX (1u << 20) /* config.json beside a model */
+
+/* cfg (read from `path`) within the limits above and valid (loom_gpt2_config_check); *numel = its
+ * parameter count, computed with overflow checks. LOOM_EFORMAT naming the file and the field. */
+int loom__model_file_check(const char *path, const loom_gpt2_config_t *cfg, size_t *numel);
+
 int loom__st_model_config(const char *path, int n_head_hint, loom_gpt2_config_t *cfg);
 int loom__st_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params);
 int loom__llmc_model_config(const char *path, loom_gpt2_config_t *cfg);

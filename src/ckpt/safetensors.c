@@ -20,13 +20,18 @@
 #include "core/fileio.h"
 #include "loom/ckpt.h"
 
-#define MAX_HEADER (100u << 20) /* the reference library's limit */
+/* Limits on the header (docs/model.md): 16 MB of JSON (the reference library allows 100 MB; GPT-2
+ * XL's header is 60 KB) holding at most 2^19 JSON values (8 per tensor: 64K tensors, twice what the
+ * optimizer state of a 1024-layer model needs), so a hostile header costs at most ~100 MB to parse. */
+#define MAX_HEADER (16u << 20)
+#define MAX_HEADER_VALUES (1L << 19)
 
 struct loom_st {
 	char *path;
 	void *map;
 	size_t map_bytes;
 	loom_st_tensor_t *t;
+	int *by_name; /* tensor indices sorted by name, for loom_st_find */
 	int n;
 	int fd;      /* kept open: F32 reads use pread (no page faults on the mapping) */
 	char **meta; /* 2 * n_meta strings: key, value */
@@ -79,6 +84,7 @@ void loom_st_close(loom_st_t *st)
 		close(st->fd);
 	loom__json_free(&st->root);
 	free(st->t);
+	free(st->by_name);
 	free(st->meta);
 	free(st->path);
 	free(st);
@@ -91,6 +97,12 @@ static int cmp_offset(const void *a, const void *b)
 	if (px != py)
 		return px < py ? -1 : 1;
 	return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
+}
+
+static int cmp_name(const void *a, const void *b, void *arg)
+{
+	const loom_st_t *st = arg;
+	return strcmp(st->t[*(const int *)a].name, st->t[*(const int *)b].name);
 }
 
 static int parse_tensor(loom_st_t *st, const json_t *v, const char *data, size_t data_bytes, loom_st_tensor_t *t)
@@ -144,7 +156,7 @@ static int parse_tensor(loom_st_t *st, const json_t *v, const char *data, size_t
 int loom_st_open(loom_st_t **out, const char *path)
 {
 	loom_st_t *st;
-	struct stat sb;
+	size_t size;
 	uint64_t hlen;
 	const char *data;
 	size_t data_bytes;
@@ -156,21 +168,16 @@ int loom_st_open(loom_st_t **out, const char *path)
 		free(st);
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
 	}
-	st->fd = fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		rc = loom_seterr(errno == ENOENT ? LOOM_ENOENT : LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
+	rc = loom__open_regular(NULL, path, &fd, &size);
+	st->fd = fd; /* -1 on failure */
+	if (rc != LOOM_OK)
+		goto out;
+	if (size < 8) {
+		rc = loom_seterr(LOOM_EFORMAT, "%s: %zu bytes, too short for a safetensors file (8-byte header length "
+		                 "expected)", path, size);
 		goto out;
 	}
-	if (fstat(fd, &sb) != 0) {
-		rc = loom_seterr(LOOM_EIO, "%s: stat: %s", path, strerror(errno));
-		goto out;
-	}
-	if (sb.st_size < 8) {
-		rc = loom_seterr(LOOM_EFORMAT, "%s: %lld bytes, too short for a safetensors file (8-byte header length "
-		                 "expected)", path, (long long)sb.st_size);
-		goto out;
-	}
-	st->map_bytes = (size_t)sb.st_size;
+	st->map_bytes = size;
 	st->map = mmap(NULL, st->map_bytes, PROT_READ, MAP_SHARED, fd, 0);
 	if (st->map == MAP_FAILED) {
 		st->map = NULL;
@@ -178,9 +185,14 @@ int loom_st_open(loom_st_t **out, const char *path)
 		goto out;
 	}
 	memcpy(&hlen, st->map, 8);
-	if (hlen > st->map_bytes - 8 || hlen > MAX_HEADER) {
+	if (hlen > st->map_bytes - 8) {
 		rc = loom_seterr(LOOM_EFORMAT, "%s: header length %llu exceeds the file's %zu bytes after the length field "
 		                 "(truncated or not a safetensors file)", path, (unsigned long long)hlen, st->map_bytes - 8);
+		goto out;
+	}
+	if (hlen > MAX_HEADER) {
+		rc = loom_seterr(LOOM_EFORMAT, "%s: header of %llu bytes, more than loom's limit of %u", path,
+		                 (unsigned long long)hlen, MAX_HEADER);
 		goto out;
 	}
 	if (hlen < 2) {
@@ -188,7 +200,8 @@ int loom_st_open(loom_st_t **out, const char *path)
 		                 (unsigned long long)hlen);
 		goto out;
 	}
-	if ((rc = loom__json_parse((const char *)st->map + 8, (size_t)hlen, &st->root, err, sizeof err)) != 0) {
+	if ((rc = loom__json_parse_max((const char *)st->map + 8, (size_t)hlen, MAX_HEADER_VALUES, &st->root, err,
+	                               sizeof err)) != 0) {
 		rc = loom_seterr(rc == LOOM_ENOMEM ? rc : LOOM_EFORMAT, "%s: bad JSON header: %s", path, err);
 		goto out;
 	}
@@ -207,9 +220,9 @@ int loom_st_open(loom_st_t **out, const char *path)
 	for (int i = 0; i < st->root.n; i++) {
 		const json_t *v = &st->root.kids[i];
 		if (strcmp(v->key, "__metadata__") == 0) {
-			if (v->type != JSON_OBJECT) {
-				rc = loom_seterr(LOOM_EFORMAT, "%s: __metadata__ is a %s, expected an object", path,
-				                 loom__json_type_name(v->type));
+			if (v->type != JSON_OBJECT || st->meta) {
+				rc = loom_seterr(LOOM_EFORMAT, "%s: __metadata__ is %s, expected one object", path,
+				                 st->meta ? "given twice" : loom__json_type_name(v->type));
 				goto out;
 			}
 			st->meta = loom__calloc(2 * (size_t)v->n + 1, sizeof *st->meta);
@@ -228,16 +241,24 @@ int loom_st_open(loom_st_t **out, const char *path)
 			st->n_meta = v->n;
 			continue;
 		}
-		for (int j = 0; j < st->n; j++)
-			if (strcmp(st->t[j].name, v->key) == 0) {
-				rc = loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' appears twice in the header", path, v->key);
-				goto out;
-			}
 		if ((rc = parse_tensor(st, v, data, data_bytes, &st->t[st->n])) != LOOM_OK)
 			goto out;
 		st->n++;
 	}
 	qsort(st->t, (size_t)st->n, sizeof *st->t, cmp_offset);
+	if (!(st->by_name = loom__malloc(((size_t)st->n + 1) * sizeof *st->by_name))) {
+		rc = loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
+		goto out;
+	}
+	for (int i = 0; i < st->n; i++)
+		st->by_name[i] = i;
+	qsort_r(st->by_name, (size_t)st->n, sizeof *st->by_name, cmp_name, st);
+	for (int i = 1; i < st->n; i++)
+		if (strcmp(st->t[st->by_name[i - 1]].name, st->t[st->by_name[i]].name) == 0) {
+			rc = loom_seterr(LOOM_EFORMAT, "%s: tensor '%.80s' appears twice in the header", path,
+			                 st->t[st->by_name[i]].name);
+			goto out;
+		}
 	{
 		const char *pos = data;
 		for (int i = 0; i < st->n; i++) {
@@ -281,9 +302,16 @@ const loom_st_tensor_t *loom_st_get(const loom_st_t *st, int i)
 
 int loom_st_find(const loom_st_t *st, const char *name)
 {
-	for (int i = 0; i < st->n; i++)
-		if (strcmp(st->t[i].name, name) == 0)
-			return i;
+	int lo = 0, hi = st->n; /* binary search of by_name */
+	while (lo < hi) {
+		int mid = lo + (hi - lo) / 2, c = strcmp(st->t[st->by_name[mid]].name, name);
+		if (c == 0)
+			return st->by_name[mid];
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
 	return -1;
 }
 

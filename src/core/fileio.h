@@ -26,7 +26,19 @@ int loom__fsync_path(const char *path);          /* open + fsync + close (file o
 int loom__fsync_parent(const char *path);        /* fsync the directory that holds path */
 int loom__mkdir_p(const char *path);             /* like mkdir -p; LOOM_ESYS naming the path */
 int loom__rm_rf(const char *path);               /* remove a file or a directory tree; LOOM_ESYS */
-/* Read a whole file into a malloc'ed, NUL-terminated buffer. LOOM_ENOENT / LOOM_EIO naming it. */
+/* Read a whole file into a malloc'ed, NUL-terminated buffer. LOOM_ENOENT / LOOM_EIO naming it.
+ * Accepts pipes and FIFOs (data prepare reads `<(zcat ...)`); for files that may be hostile use
+ * loom__read_file_max. */
 int loom__read_file(const char *path, char **buf, size_t *len);
+
+/* Read a regular file of at most `max` bytes into a malloc'ed, NUL-terminated buffer: anything else
+ * (a directory, /dev/zero, a FIFO, a socket) is LOOM_EINVAL without reading a byte or blocking, a
+ * larger file LOOM_EFORMAT before any allocation; LOOM_ENOENT / LOOM_EIO otherwise. */
+int loom__read_file_max(const char *path, size_t max, char **buf, size_t *len);
+
+/* Open a regular file read-only (O_NONBLOCK while opening, so a FIFO cannot block) and give its
+ * size: LOOM_ENOENT / LOOM_EIO, LOOM_EINVAL naming what the path is when it is not a regular file.
+ * `what` prefixes messages ("shard", "tokenizer"; NULL for none). */
+int loom__open_regular(const char *what, const char *path, int *fd, size_t *size);
 
 #endif

@@ -20,6 +20,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -32,6 +33,9 @@
 #include "loom/tokenizer.h"
 
 #define BPE_MAX_ID (1 << 24)
+#define BPE_ID_SLACK 65536          /* ids may exceed the number of tokens by this much (holes) */
+#define BPE_FILE_MAX (64u << 20)    /* vocab.json / merges.txt (GPT-2's: 1 MB and 456 KB) */
+#define BPE_PATTERN_MAX (64u << 10) /* pattern.txt */
 #define CACHE_MAX_PIECE 64
 #define CACHE_SLOTS (1u << 16)       /* power of two; emptied at half full */
 #define CACHE_POOL_INTS (4u << 20)   /* key bytes and ids, counted in ints */
@@ -217,6 +221,7 @@ struct loom_bpe {
 	merge_slot_t *mmap;
 	size_t mmap_cap;
 	int byte_id[256];
+	uint64_t seed;       /* random per tokenizer: a hostile file cannot pick colliding slots */
 	char *pattern;
 	loom__bpe_splitter_t *split;
 	/* encode state */
@@ -248,7 +253,7 @@ static size_t mix64(uint64_t x)
 static const merge_slot_t *merge_find(const loom_bpe_t *t, int l, int r)
 {
 	uint64_t k = pair_key(l, r);
-	for (size_t i = mix64(k) & (t->mmap_cap - 1);; i = (i + 1) & (t->mmap_cap - 1)) {
+	for (size_t i = mix64(k ^ t->seed) & (t->mmap_cap - 1);; i = (i + 1) & (t->mmap_cap - 1)) {
 		if (t->mmap[i].key == k)
 			return &t->mmap[i];
 		if (t->mmap[i].key == 0)
@@ -262,10 +267,15 @@ static int32_t merge_rank(const loom_bpe_t *t, int l, int r)
 	return m ? m->rank : -1;
 }
 
+static size_t vocab_slot(const loom_bpe_t *t, const unsigned char *p, size_t n)
+{
+	return mix64(loom__bpe_hash(p, n) ^ t->seed) & (t->vmap_cap - 1);
+}
+
 /* Id of the token whose bytes are p[0..n), or -1. */
 static int vocab_find(const loom_bpe_t *t, const unsigned char *p, size_t n)
 {
-	for (size_t i = loom__bpe_hash(p, n) & (t->vmap_cap - 1);; i = (i + 1) & (t->vmap_cap - 1)) {
+	for (size_t i = vocab_slot(t, p, n);; i = (i + 1) & (t->vmap_cap - 1)) {
 		uint32_t v = t->vmap[i];
 		if (v == 0)
 			return -1;
@@ -326,6 +336,9 @@ static int load_vocab(loom_bpe_t *t, const json_t *root, const char *path)
 		if (id > max_id)
 			max_id = (int)id;
 	}
+	if (max_id >= root->n + BPE_ID_SLACK) /* before allocating tables of max_id entries */
+		return loom_seterr(LOOM_EFORMAT, "%s: id %d for a vocabulary of %d tokens (ids must be below the token count "
+		                   "+ %d)", path, max_id, root->n, BPE_ID_SLACK);
 	t->vocab_size = max_id + 1;
 	t->tok = loom__calloc((size_t)t->vocab_size, sizeof *t->tok);
 	t->tok_len = loom__calloc((size_t)t->vocab_size, sizeof *t->tok_len);
@@ -361,7 +374,7 @@ static int load_vocab(loom_bpe_t *t, const json_t *root, const char *path)
 			goto done;
 		}
 		t->tok[id] = buf, t->tok_len[id] = (uint32_t)n, buf = NULL;
-		size_t s = loom__bpe_hash(t->tok[id], (size_t)n) & (t->vmap_cap - 1);
+		size_t s = vocab_slot(t, t->tok[id], (size_t)n);
 		while (t->vmap[s])
 			s = (s + 1) & (t->vmap_cap - 1);
 		t->vmap[s] = (uint32_t)id + 1;
@@ -447,7 +460,7 @@ static int load_merges(loom_bpe_t *t, char *text, size_t len, const char *path)
 			goto done;
 		}
 		uint64_t k = pair_key(ia, ib);
-		size_t s = mix64(k) & (t->mmap_cap - 1);
+		size_t s = mix64(k ^ t->seed) & (t->mmap_cap - 1);
 		while (t->mmap[s].key && t->mmap[s].key != k)
 			s = (s + 1) & (t->mmap_cap - 1);
 		/* A repeated merge takes its later rank, as the reference's dict(zip(merges, ranks)) does. */
@@ -476,7 +489,7 @@ done:
 static int load_file(const char *dir, const char *name, char *path, size_t cap, char **text, size_t *len)
 {
 	snprintf(path, cap, "%s/%s", dir, name);
-	return loom__read_file(path, text, len);
+	return loom__read_file_max(path, BPE_FILE_MAX, text, len);
 }
 
 int loom_bpe_load(loom_bpe_t **out, const char *dir)
@@ -502,6 +515,10 @@ int loom_bpe_load(loom_bpe_t **out, const char *dir)
 	t = loom__calloc(1, sizeof *t);
 	if (!t)
 		return loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory");
+	/* Hash-flooding defence: slots depend on a secret seed, so a vocab.json or merges.txt crafted to
+	 * collide cannot make loading quadratic. Results never depend on slots. */
+	if (getrandom(&t->seed, sizeof t->seed, GRND_NONBLOCK) != (ssize_t)sizeof t->seed)
+		t->seed = (uint64_t)(loom_now() * 1e9) ^ (uint64_t)(uintptr_t)t;
 	if ((rc = load_file(dir, vname, path, sizeof path, &text, &len)) != LOOM_OK)
 		goto done;
 	if (loom__json_parse(text, len, &root, err, sizeof err) != 0) {
@@ -521,7 +538,7 @@ int loom_bpe_load(loom_bpe_t **out, const char *dir)
 	free(text), text = NULL;
 	snprintf(path, sizeof path, "%s/pattern.txt", dir);
 	if (file_exists(path)) {
-		if ((rc = loom__read_file(path, &text, &len)) != LOOM_OK)
+		if ((rc = loom__read_file_max(path, BPE_PATTERN_MAX, &text, &len)) != LOOM_OK)
 			goto done;
 		while (len > 0 && (text[len - 1] == '\n' || text[len - 1] == '\r'))
 			text[--len] = 0;

@@ -1,7 +1,8 @@
 /* shard.c: llm.c token shards: a 256 x int32 header (magic 20240520, version 1, token count N) and
  * N uint16 tokens, read through mmap (FineWeb shards hold 100M tokens) and written atomically.
  *
- * Invariant: an open shard's size is exactly 1024 + 2N bytes, so tokens[0..N) is always mapped. */
+ * Invariant: an open shard is a regular file of exactly 1024 + 2N bytes (0 <= N < 2^31, checked before
+ * mapping), so tokens[0..N) is always mapped. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -26,21 +27,15 @@ void loom_shard_close(loom_shard_t *s)
 
 int loom_shard_open(loom_shard_t *s, const char *path)
 {
-	struct stat st;
+	size_t size;
 	int32_t hdr[LOOM_SHARD_HEADER_INTS];
 	int fd, rc = LOOM_OK;
 	memset(s, 0, sizeof *s);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return loom_seterr(errno == ENOENT ? LOOM_ENOENT : LOOM_EIO, "shard %s: cannot open: %s", path,
-		                   strerror(errno));
-	if (fstat(fd, &st) != 0) {
-		rc = loom_seterr(LOOM_EIO, "shard %s: stat: %s", path, strerror(errno));
-		goto out;
-	}
-	if (st.st_size < HEADER_BYTES) {
-		rc = loom_seterr(LOOM_EFORMAT, "shard %s: %lld bytes, shorter than the %d-byte header", path,
-		                 (long long)st.st_size, HEADER_BYTES);
+	if ((rc = loom__open_regular("shard", path, &fd, &size)) != LOOM_OK)
+		return rc;
+	if (size < HEADER_BYTES) {
+		rc = loom_seterr(LOOM_EFORMAT, "shard %s: %zu bytes, shorter than the %d-byte header", path, size,
+		                 HEADER_BYTES);
 		goto out;
 	}
 	if (pread(fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr) {
@@ -57,9 +52,9 @@ int loom_shard_open(loom_shard_t *s, const char *path)
 		                 LOOM_SHARD_VERSION);
 		goto out;
 	}
-	if (hdr[2] < 0 || (long long)st.st_size != HEADER_BYTES + 2LL * (uint32_t)hdr[2]) {
+	if (hdr[2] < 0 || size != HEADER_BYTES + 2 * (size_t)(uint32_t)hdr[2]) {
 		rc = loom_seterr(LOOM_EFORMAT, "shard %s: header says %d tokens, so %lld bytes expected, but the file has "
-		                 "%lld bytes", path, hdr[2], HEADER_BYTES + 2LL * hdr[2], (long long)st.st_size);
+		                 "%zu bytes", path, hdr[2], HEADER_BYTES + 2LL * hdr[2], size);
 		goto out;
 	}
 	s->path = loom__strdup(path);
@@ -67,7 +62,7 @@ int loom_shard_open(loom_shard_t *s, const char *path)
 		rc = loom_seterr(LOOM_ENOMEM, "shard %s: out of memory", path);
 		goto out;
 	}
-	s->map_bytes = (size_t)st.st_size;
+	s->map_bytes = size;
 	s->map = mmap(NULL, s->map_bytes, PROT_READ, MAP_SHARED, fd, 0);
 	if (s->map == MAP_FAILED) {
 		s->map = NULL;

@@ -3,13 +3,18 @@
  * File: a 256 x uint32 header (magic 20240328, version, vocab size, and in version 2 the end-of-text
  * id), then for each token a uint8 length (>= 1) and that many bytes. Version 1 implies GPT-2's
  * eot 50256. Only the byte-level table (tokens 0-255 are the single bytes) can encode; GPT-2's BPE
- * tables decode only. Invariant: bytes[i] holds lengths[i] bytes plus a NUL. */
+ * tables decode only. Invariant: bytes[i] holds lengths[i] bytes plus a NUL. Loading checks the size
+ * (a regular file, at most TOKENIZER_MAX_BYTES, 2 bytes per token at least) before allocating. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/util.h"
 #include "core/fileio.h"
 #include "loom/data.h"
+
+/* The largest tokenizer file read (docs/data.md): 2^24 tokens of up to 255 bytes would be 4 GB, real
+ * ones are under 1 MB (GPT-2's: 50257 tokens, 330 KB). */
+#define TOKENIZER_MAX_BYTES (256u << 20)
 
 static const char eot_text[] = "<|endoftext|>";
 
@@ -84,8 +89,8 @@ int loom_tokenizer_load(loom_tokenizer_t *tok, const char *path)
 	uint32_t hdr[256];
 	int rc;
 	memset(tok, 0, sizeof *tok);
-	if ((rc = loom__read_file(path, &buf, &len)) != LOOM_OK)
-		return rc;
+	if ((rc = loom__read_file_max(path, TOKENIZER_MAX_BYTES, &buf, &len)) != LOOM_OK)
+		return loom_seterr(rc, "tokenizer %s", loom_errmsg());
 	if (len < sizeof hdr) {
 		rc = loom_seterr(LOOM_EFORMAT, "tokenizer %s: %zu bytes, shorter than the 1024-byte header", path, len);
 		goto out;
@@ -108,6 +113,11 @@ int loom_tokenizer_load(loom_tokenizer_t *tok, const char *path)
 	if (hdr[1] == 2 && hdr[3] >= hdr[2]) {
 		rc = loom_seterr(LOOM_EFORMAT, "tokenizer %s: end-of-text id %u outside the vocabulary of %u", path, hdr[3],
 		                 hdr[2]);
+		goto out;
+	}
+	if (hdr[2] > (len - sizeof hdr) / 2) { /* every token takes at least 2 bytes: check before allocating */
+		rc = loom_seterr(LOOM_EFORMAT, "tokenizer %s: vocab size %u needs at least %llu bytes, the file has %zu", path,
+		                 hdr[2], (unsigned long long)sizeof hdr + 2ull * hdr[2], len);
 		goto out;
 	}
 	if ((rc = alloc_table(tok, (int)hdr[2])) != LOOM_OK)

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""seeds.py OUTDIR: write the seed corpus of each libFuzzer harness (tests/fuzz/fuzz_*.c) into
+OUTDIR/<name>/: small valid files of each format, plus a few near misses, so that fuzzing starts from
+the shapes the readers accept. Standard library only."""
+import json
+import os
+import struct
+import sys
+
+out = sys.argv[1]
+
+
+def put(name, i, data):
+    d = os.path.join(out, name)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "seed%02d" % i), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def safetensors(tensors, meta=None):
+    """tensors: [(name, dtype, shape, bytes)] -> a safetensors file."""
+    hdr, off = {}, 0
+    if meta:
+        hdr["__metadata__"] = meta
+    for name, dt, shape, data in tensors:
+        hdr[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(data)]}
+        off += len(data)
+    h = json.dumps(hdr, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h + b"".join(t[3] for t in tensors)
+
+
+# GPT-2 with L=1, C=4, T=2, V=3 (n_head 2): the table's names and shapes (HF Conv1D [in, out])
+L, C, T, V = 1, 4, 2, 3
+layer = [("ln_1.weight", [C]), ("ln_1.bias", [C]), ("attn.c_attn.weight", [C, 3 * C]), ("attn.c_attn.bias", [3 * C]),
+         ("attn.c_proj.weight", [C, C]), ("attn.c_proj.bias", [C]), ("ln_2.weight", [C]), ("ln_2.bias", [C]),
+         ("mlp.c_fc.weight", [C, 4 * C]), ("mlp.c_fc.bias", [4 * C]), ("mlp.c_proj.weight", [4 * C, C]),
+         ("mlp.c_proj.bias", [C])]
+names = [("wte.weight", [V, C]), ("wpe.weight", [T, C])]
+names += [("h.%d.%s" % (l, n), s) for l in range(L) for n, s in layer]
+names += [("ln_f.weight", [C]), ("ln_f.bias", [C])]
+
+
+def numel(s):
+    n = 1
+    for x in s:
+        n *= x
+    return n
+
+
+def model(dt="F32", es=4, meta=True):
+    return safetensors([(n, dt, s, bytes(range(7, 7 + es)) * numel(s)) for n, s in names],
+                       {"n_head": "2", "format": "pt"} if meta else None)
+
+
+put("safetensors", 0, model())
+put("safetensors", 1, model("BF16", 2))
+put("safetensors", 2, model("F16", 2, meta=False))
+put("safetensors", 3, safetensors([("a", "F32", [2], b"\0" * 8), ("b", "I64", [1, 1], b"\1" * 8)], {"k": "v"}))
+put("safetensors", 4, safetensors([("h.1048575.x", "F32", [1], b"\0" * 4)]))
+
+# llm.c model: header [magic, version, maxT, V, L, NH, C, Vp], then the parameters
+P = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+Vp = 8
+for i, (ver, es) in enumerate([(3, 4), (5, 2)]):
+    h = struct.pack("<8i", 20240326, ver, T, V, L, 2, C, Vp) + b"\0" * (1024 - 32)
+    put("llmc", i, h + b"\x3f" * ((P + (Vp - V) * C) * es))
+put("llmc", 2, struct.pack("<8i", 20240326, 3, 2**31 - 14, 2**31 - 1, 1, 1, 2**30, 2**31 - 1) + b"\0" * 992)
+
+# token shard: [20240520, 1, N] + N uint16
+for i, n in enumerate([0, 5]):
+    put("shard", i, struct.pack("<3i", 20240520, 1, n) + b"\0" * (1024 - 12) + struct.pack("<%dH" % n, *range(n)))
+
+# llm.c tokenizer v2: [20240328, 2, vocab, eot] + (len, bytes) per token
+toks = [bytes([b]) for b in range(256)] + [b"<|endoftext|>"]
+put("tokenizer", 0, struct.pack("<4I", 20240328, 2, len(toks), 256) + b"\0" * (1024 - 16) +
+    b"".join(bytes([len(t)]) + t for t in toks))
+put("tokenizer", 1, struct.pack("<4I", 20240328, 2, 3, 1) + b"\0" * (1024 - 16) + b"\1a\2bc\1d")
+
+# BPE: vocab.json NUL merges.txt [NUL text]; tokens in GPT-2's byte-to-unicode spelling
+bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b)
+        cs.append(256 + n)
+        n += 1
+spell = {b: chr(c) for b, c in zip(bs, cs)}
+vocab = {spell[b]: b for b in range(256)}
+merges = [("h", "e"), ("l", "l"), ("he", "ll"), (spell[32], "w"), ("o", "r")]
+for a, b in merges:
+    vocab[a + b] = len(vocab)
+vocab["<|endoftext|>"] = len(vocab)
+mtext = "#version: 0.2\n" + "".join("%s %s\n" % m for m in merges)
+put("bpe", 0, json.dumps(vocab) + "\0" + mtext)
+put("bpe", 1, json.dumps(vocab) + "\0" + mtext + "\0hello world<|endoftext|> hello")
+put("bpe", 2, json.dumps({spell[b]: b for b in range(256)}) + "\0")
+
+# JSON: a state file, a config.json, a MANIFEST-like state, odd JSON
+put("state", 0, json.dumps({"format": "loom-state", "version": 1, "values": {"step": 10, "lr": 0.0003, "name": "x",
+                                                                         "nan": "nan", "big": 18446744073709551615}}))
+put("state", 1, json.dumps({"architectures": ["GPT2LMHeadModel"], "n_layer": 1, "n_head": 2, "n_embd": 4,
+                            "n_positions": 2, "vocab_size": 3, "layer_norm_epsilon": 1e-05, "n_inner": None}))
+put("state", 2, '{"a": "\\u00e9\\ud83d\\ude00\\n", "b": [1, -2.5e3, true, false, null, {}], "c": {"d": []}}')
+
+put("manifest", 0, json.dumps({"format": "loom-state", "version": 1,
+                               "values": {"step": 1, "files": 1, "size:model.safetensors": 10}}))
+put("manifest", 1, json.dumps({"format": "loom-state", "version": 1,
+                               "values": {"step": 1, "files": 2, "size:model.safetensors": 11, "size:../x": 1}}))
