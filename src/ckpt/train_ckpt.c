@@ -491,7 +491,7 @@ int loom_ckpt_check_save_dir(const char *dir)
 	/* the deepest existing ancestor (dir itself when it exists) */
 	while (stat(probe, &sb) != 0) {
 		char *slash;
-		if (errno != ENOENT)
+		if (errno != ENOENT && errno != ENOTDIR) /* ENOTDIR: a file on the way, found by walking up */
 			return loom_seterr(LOOM_EINVAL, "checkpoint directory '%s': %s: %s", dir, probe, strerror(errno));
 		while ((slash = strrchr(probe, '/')) && slash > probe && slash[1] == 0)
 			*slash = 0; /* trailing slashes */
