@@ -173,8 +173,8 @@ static int check_dir(const char *path, int sums, int64_t *step, int *incomplete)
 	}
 	if (!S_ISREG(sb.st_mode))
 		return loom_seterr(LOOM_EFORMAT, "checkpoint %s: %s is not a regular file (damaged checkpoint)", path, MANIFEST);
-	if ((rc = loom_kv_load(&kv, mpath)) != LOOM_OK)
-		return loom_seterr(LOOM_EFORMAT, "checkpoint %s: damaged %s: %s", path, MANIFEST, loom_errmsg());
+	if ((rc = loom_kv_load(&kv, mpath)) != LOOM_OK) /* out of memory or I/O: not a verdict on the checkpoint */
+		return rc == LOOM_EFORMAT ? loom_seterr(rc, "checkpoint %s: damaged %s: %s", path, MANIFEST, loom_errmsg()) : rc;
 	if (loom_kv_get_i64(kv, "files", &files) != LOOM_OK || loom_kv_get_i64(kv, "step", &s) != LOOM_OK || s < 0) {
 		rc = loom_seterr(LOOM_EFORMAT, "checkpoint %s: damaged %s: no valid \"files\" and \"step\" (%s)", path,
 		                 MANIFEST, loom_errmsg());
