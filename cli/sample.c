@@ -148,13 +148,14 @@ static int encode(const loom_tokenizer_t *tok, loom_bpe_t *bpe, const char *text
 	size_t len = strlen(text), pos = 0;
 	int n = 0;
 	if (bpe) { /* exact BPE; the prompt is plain text ("<|endoftext|>" in it is not special) */
-		int *ids;
-		size_t k;
+		int *ids = NULL;
+		size_t k = 0;
 		if (loom_bpe_encode(bpe, text, len, 0, &ids, &k) != LOOM_OK || k > (size_t)cap) {
 			free(ids);
 			return -1;
 		}
-		memcpy(out, ids, k * sizeof *ids);
+		if (k > 0) /* an empty prompt has no ids (ids may be NULL) */
+			memcpy(out, ids, k * sizeof *ids);
 		free(ids);
 		return (int)k;
 	}

@@ -604,6 +604,56 @@ TEST(train_log_before_checkpoint)
 	return 0;
 }
 
+/* Issue 13, finding 11: `loom sample` dropped sampled ids that the tokenizer does not have (a model
+ * with a larger vocabulary) silently; it is an error naming the id and both vocabularies. And the
+ * optimizer flags are range-checked before anything runs. */
+TEST(sample_outside_tokenizer_vocab)
+{
+	char dir[512], cmd[2048], out[16384], tp[700];
+	const char *loom = test_loom_bin();
+	loom_tokenizer_t tok;
+	int st;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train_000000.bin", 3000, 257, 1));
+	snprintf(tp, sizeof tp, "%s/bytes.bin", dir); /* not beside the data: the checkpoint gets none */
+	CHECK_OK(loom_tokenizer_init_bytes(&tok));
+	CHECK_OK(loom_tokenizer_save(&tok, tp));
+	loom_tokenizer_free(&tok);
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 "
+	         "--vocab-size 400 --batch-size 2 --seq-len 16 --steps 1 --save-dir %s/ck --threads 1 --peak-flops 1e10",
+	         loom, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	snprintf(cmd, sizeof cmd, "%s sample --model %s/ck --tokenizer %s --max-tokens 60 --top-k 0 --seed 1 --threads 1",
+	         loom, dir, tp);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 1, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, ", outside the tokenizer's vocabulary of 257 (the model's is 400)");
+	/* optimizer flags out of range: exit 2 before training */
+	static const char *const bad[][2] = {{"--eps 0", "--eps: 0 is out of range (0, 1]"},
+	                                     {"--eps 1e-60", "--eps: 1e-60 is 0 as a float32"},
+	                                     {"--grad-clip -1", "--grad-clip: -1 is out of range [0, 1e+30]"},
+	                                     {"--beta2 1", "--beta2: 1 is out of range [0, 1)"},
+	                                     {"--weight-decay nan", "--weight-decay: nan is out of range"},
+	                                     {"--min-lr-frac 2", "--min-lr-frac: 2 is out of range [0, 1]"},
+	                                     {"--lr -1", "--lr: -1 is out of range [0, 1000]"}};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --steps 1 %s", loom, dir, bad[i][0]);
+		st = test_run_cmd(cmd, out, sizeof out, 30);
+		CHECK_MSG(st == 2, "%s: exit %d: %s", bad[i][0], st, out);
+		CHECK_CONTAINS(out, bad[i][1]);
+	}
+	/* an unusable --save-dir: exit 2 before training */
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --steps 1 --save-dir %s/train_000000.bin/ck",
+	         loom, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 2, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "train_000000.bin is not a directory");
+	CHECK_MSG(!strstr(out, "step 1/1"), "trained: %s", out);
+	test_rmdir(dir);
+	return 0;
+}
+
 /* A diverging run stops with a clear error at the first non-finite loss, and does not checkpoint it. */
 TEST(train_stops_on_divergence)
 {
