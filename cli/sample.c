@@ -57,8 +57,11 @@ static void resolve_model(const char *arg, char *path, size_t cap)
 	snprintf(path, cap, "%s/model.safetensors", arg);
 	if (exists(path))
 		return;
-	if (loom_ckpt_latest(arg, ck, sizeof ck, &step) != LOOM_OK)
+	int rc = loom_ckpt_latest(arg, ck, sizeof ck, &step);
+	if (rc == LOOM_ENOENT)
 		cli_die("sample", "--model %s: a directory without model.safetensors or checkpoints", arg);
+	if (rc != LOOM_OK) /* a damaged newest checkpoint: say so, with the older ones to choose from */
+		cli_die("sample", "--model %s: %s", arg, loom_errmsg());
 	snprintf(path, cap, "%s/model.safetensors", ck);
 }
 
