@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -288,6 +289,34 @@ static int swap_in(const char *tmp, const char *out, int *removed)
 	return loom__rm_rf(tmp);
 }
 
+/* Remove the temporary directories of earlier prepares of the same output that were killed
+ * (DIR/.NAME.prepare-PID whose process no longer exists); `tmp` is this run's. */
+static int remove_stale(const char *tmp)
+{
+	char parent[1100], prefix[300], path[1500];
+	const char *slash = strrchr(tmp, '/'), *base = slash ? slash + 1 : tmp, *dash = strrchr(base, '-');
+	DIR *d;
+	struct dirent *e;
+	int rc = LOOM_OK;
+	snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - tmp) : 1, slash ? tmp : ".");
+	snprintf(prefix, sizeof prefix, "%.*s", (int)(dash - base + 1), base); /* ".NAME.prepare-" */
+	if (!(d = opendir(parent)))
+		return LOOM_OK;
+	while (rc == LOOM_OK && (e = readdir(d))) {
+		char *end;
+		long pid;
+		if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+			continue;
+		pid = strtol(e->d_name + strlen(prefix), &end, 10);
+		if (*end || pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
+			snprintf(path, sizeof path, "%s/%s", parent, e->d_name);
+			rc = loom__rm_rf(path);
+		}
+	}
+	closedir(d);
+	return rc;
+}
+
 /* The index of the new set: how many shards and tokens each set has, and each shard's size. */
 static int write_index(const char *dir, const shard_writer_t *tw, const shard_writer_t *vw)
 {
@@ -408,7 +437,7 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 			if ((rc = loom__mkdir_p(parent)) != LOOM_OK)
 				goto out;
 		}
-		if ((rc = loom__rm_rf(tmp)) != LOOM_OK)
+		if ((rc = loom__rm_rf(tmp)) != LOOM_OK || (rc = remove_stale(tmp)) != LOOM_OK)
 			goto out;
 		if (mkdir(tmp, 0777) != 0) {
 			rc = loom_seterr(LOOM_ESYS, "data prepare: cannot create %s: %s", tmp, strerror(errno));
