@@ -16,7 +16,9 @@ static void usage(FILE *f)
 	           "document) into DIR/train_NNNNNN.bin and DIR/val_NNNNNN.bin (llm.c token shards) and writes\n"
 	           "DIR/tokenizer.bin (llm.c tokenizer, version 2).\n\n"
 	           "  --input FILE...     text files, in order (several may follow one --input; --input may repeat)\n"
-	           "  --out DIR           output directory (created; its old train_/val_ shards are removed)\n"
+	           "  --out DIR           output directory (created); the new set is written beside it and replaces the\n"
+	           "                      old train_/val_ shards only once complete (any failure leaves them intact);\n"
+	           "                      DIR/shards.json lists the set, and `loom train` checks it is all there\n"
 	           "  --val-fraction F    in [0, 1): every (1/F)-th document goes to val, evenly spread; with fewer\n"
 	           "                      than 1/F documents val is the last F of the tokens instead (default 0.05)\n"
 	           "  --shard-tokens N    tokens per shard file (default 100M; e.g. 100M, 1M, 4096)\n"
@@ -88,7 +90,7 @@ static int prepare(int argc, char **argv)
 		return 1;
 	}
 	if (s.removed_shards)
-		printf("removed %d old shard(s) from %s\n", s.removed_shards, o.out_dir);
+		printf("replaced %d old shard(s) in %s\n", s.removed_shards, o.out_dir);
 	printf("%llu documents from %d file(s)%s\n", (unsigned long long)s.documents, o.n_inputs,
 	       s.val_tail_split ? " (too few documents for a whole-document val split: val is the tail of the text)" : "");
 	printf("train: %llu documents, %llu tokens, %d shard%s -> %s/train_*.bin\n",

@@ -57,8 +57,11 @@ static void resolve_model(const char *arg, char *path, size_t cap)
 	snprintf(path, cap, "%s/model.safetensors", arg);
 	if (exists(path))
 		return;
-	if (loom_ckpt_latest(arg, ck, sizeof ck, &step) != LOOM_OK)
+	int rc = loom_ckpt_latest(arg, ck, sizeof ck, &step);
+	if (rc == LOOM_ENOENT)
 		cli_die("sample", "--model %s: a directory without model.safetensors or checkpoints", arg);
+	if (rc != LOOM_OK) /* a damaged newest checkpoint: say so, with the older ones to choose from */
+		cli_die("sample", "--model %s: %s", arg, loom_errmsg());
 	snprintf(path, cap, "%s/model.safetensors", ck);
 }
 
@@ -148,13 +151,14 @@ static int encode(const loom_tokenizer_t *tok, loom_bpe_t *bpe, const char *text
 	size_t len = strlen(text), pos = 0;
 	int n = 0;
 	if (bpe) { /* exact BPE; the prompt is plain text ("<|endoftext|>" in it is not special) */
-		int *ids;
-		size_t k;
+		int *ids = NULL;
+		size_t k = 0;
 		if (loom_bpe_encode(bpe, text, len, 0, &ids, &k) != LOOM_OK || k > (size_t)cap) {
 			free(ids);
 			return -1;
 		}
-		memcpy(out, ids, k * sizeof *ids);
+		if (k > 0) /* an empty prompt has no ids (ids may be NULL) */
+			memcpy(out, ids, k * sizeof *ids);
 		free(ids);
 		return (int)k;
 	}
@@ -181,15 +185,25 @@ static int encode(const loom_tokenizer_t *tok, loom_bpe_t *bpe, const char *text
 	return pos == len ? n : -1;
 }
 
+typedef struct {
+	const loom_tokenizer_t *tok;
+	int bad_id; /* the first sampled id the tokenizer cannot decode, or -1 */
+} printer_t;
+
+/* Print a sampled token. An id the tokenizer does not have (a model with a larger vocabulary) is
+ * never dropped silently: the first one is remembered and reported as an error after generation. */
 static void on_token(void *ctx, int id)
 {
-	const loom_tokenizer_t *tok = ctx;
+	printer_t *p = ctx;
 	int len;
-	const unsigned char *b = loom_tokenizer_decode(tok, id, &len);
-	if (id == tok->eot_token)
+	const unsigned char *b = loom_tokenizer_decode(p->tok, id, &len);
+	if (id == p->tok->eot_token || p->bad_id >= 0)
 		return;
-	if (b)
-		fwrite(b, 1, (size_t)len, stdout);
+	if (!b) {
+		p->bad_id = id;
+		return;
+	}
+	fwrite(b, 1, (size_t)len, stdout);
 	fflush(stdout);
 }
 
@@ -262,12 +276,18 @@ int loom_cli_sample(int argc, char **argv)
 	}
 	fputs(prompt, stdout);
 	fflush(stdout);
+	printer_t pr = {&tok, -1};
 	if (loom_gpt2_generate(m, ids, n_prompt, max_tokens, (float)temperature, top_k, seed, tok.eot_token, out, &n_out,
-	                       on_token, &tok) != LOOM_OK) {
+	                       on_token, &pr) != LOOM_OK) {
 		fprintf(stderr, "\nloom sample: %s\n", loom_errmsg());
 		goto done;
 	}
 	putchar('\n');
+	if (pr.bad_id >= 0) {
+		fprintf(stderr, "loom sample: the model sampled token id %d, outside the tokenizer's vocabulary of %d (the "
+		        "model's is %d): wrong --tokenizer for this model?\n", pr.bad_id, tok.vocab_size, cfg.vocab_size);
+		goto done;
+	}
 	status = 0;
 done:
 	loom_gpt2_destroy(m);

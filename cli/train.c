@@ -13,6 +13,7 @@
 #include <glob.h>
 #include <libgen.h>
 #include <limits.h>
+#include <math.h>
 #include <omp.h>
 #include <sched.h>
 #include <signal.h>
@@ -60,7 +61,9 @@ static const char *const usage_text =
 	"  --save-dir DIR         write training checkpoints DIR/step_NNNNNNNN (always at the end)\n"
 	"  --save-every K         also every K steps\n"
 	"  --keep-checkpoints K   keep only the newest K checkpoints (default 0: all)\n"
-	"  --resume               continue from the latest complete checkpoint in --save-dir\n"
+	"  --resume               continue from the latest checkpoint in --save-dir (verified; a damaged one is\n"
+	"                         an error listing the older ones that verify)\n"
+	"  --resume-from DIR      continue from this checkpoint directory (e.g. an older one of --save-dir)\n"
 	"  --eval-every K         evaluation interval in steps (default: only at the end)\n"
 	"  --eval-batches M       validation micro-batches per evaluation (default 20)\n"
 	"  --sample-every K       print a short generated sample every K steps\n"
@@ -104,6 +107,7 @@ typedef struct {
 	const char *preset, *init_from;
 	long long total_batch;
 	int grad_accum, resume, sample_every, threads, profile;
+	const char *resume_from;
 	char tokenizer[1100];
 	int nproc, print_every;
 	loom_lr_scale_t lr_scale;
@@ -114,6 +118,15 @@ typedef struct {
 	int tp, dp_flag, dp;              /* --tp, --dp (0: derived), the data-parallel size */
 	loom_act_ckpt_t act_ckpt;         /* --activation-checkpointing */
 } opts_t;
+
+/* Parse a real flag that must be finite and > lo (lo_open) or >= lo, and < hi (hi_open) or <= hi. */
+static double dbl_in(const char *flag, const char *v, double lo, int lo_open, double hi, int hi_open)
+{
+	double x = cli_parse_double("train", flag, v);
+	if (!isfinite(x) || (lo_open ? !(x > lo) : !(x >= lo)) || (hi_open ? !(x < hi) : !(x <= hi)))
+		cli_die("train", "%s: %s is out of range %c%g, %g%c", flag, v, lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']');
+	return x;
+}
 
 /* Parse an integer flag that must be in [lo, hi]. */
 static long long int_in(const char *flag, const char *v, long long lo, long long hi)
@@ -164,24 +177,28 @@ static void parse(int argc, char **argv, opts_t *o)
 		else if (FLAG("--grad-accum")) o->grad_accum = (int)int_in("--grad-accum", v, 1, 1 << 20);
 		else if (FLAG("--total-batch-size")) o->total_batch = int_in("--total-batch-size", v, 1, 1LL << 40);
 		else if (FLAG("--steps")) o->tc.lr.total_steps = int_in("--steps", v, 1, 1LL << 40);
-		else if (FLAG("--lr")) o->tc.lr.peak_lr = DBL("--lr");
+		else if (FLAG("--lr")) o->tc.lr.peak_lr = dbl_in("--lr", v, 0, 0, 1e3, 0);
 		else if (FLAG("--warmup")) o->tc.lr.warmup = int_in("--warmup", v, 0, 1LL << 40);
 		else if (FLAG("--schedule") && (!strcmp(v, "gpipe") || !strcmp(v, "1f1b"))) o->tc.pp_schedule = v;
 		else if (!strcmp(a, "--schedule") || !strncmp(a, "--schedule=", 11)) {
 			if (loom_schedule_parse(v, &o->tc.lr.kind) != LOOM_OK)
 				cli_die("train", "--schedule: %s", loom_errmsg());
-		} else if (FLAG("--min-lr-frac")) o->tc.lr.min_lr_frac = DBL("--min-lr-frac");
-		else if (FLAG("--weight-decay")) o->tc.adamw.weight_decay = (float)DBL("--weight-decay");
-		else if (FLAG("--beta1")) o->tc.adamw.beta1 = (float)DBL("--beta1");
-		else if (FLAG("--beta2")) o->tc.adamw.beta2 = (float)DBL("--beta2");
-		else if (FLAG("--eps")) o->tc.adamw.eps = (float)DBL("--eps");
-		else if (FLAG("--grad-clip")) o->tc.grad_clip = DBL("--grad-clip");
+		} else if (FLAG("--min-lr-frac")) o->tc.lr.min_lr_frac = dbl_in("--min-lr-frac", v, 0, 0, 1, 0);
+		else if (FLAG("--weight-decay")) o->tc.adamw.weight_decay = (float)dbl_in("--weight-decay", v, 0, 0, 1e3, 0);
+		else if (FLAG("--beta1")) o->tc.adamw.beta1 = (float)dbl_in("--beta1", v, 0, 0, 1, 1);
+		else if (FLAG("--beta2")) o->tc.adamw.beta2 = (float)dbl_in("--beta2", v, 0, 0, 1, 1);
+		else if (FLAG("--eps")) {
+			o->tc.adamw.eps = (float)dbl_in("--eps", v, 0, 1, 1, 0);
+			if (!(o->tc.adamw.eps > 0)) /* below float's range */
+				cli_die("train", "--eps: %s is 0 as a float32; give at least 1e-38", v);
+		} else if (FLAG("--grad-clip")) o->tc.grad_clip = dbl_in("--grad-clip", v, 0, 0, 1e30, 0);
 		else if (FLAG("--seed")) o->tc.seed = (uint64_t)int_in("--seed", v, 0, 1LL << 62);
 		else if (FLAG("--save-dir")) o->tc.save_dir = v;
 		else if (FLAG("--save-every")) o->tc.save_every = (int)int_in("--save-every", v, 0, 1 << 30);
 		else if (FLAG("--keep-checkpoints"))
 			o->tc.keep_checkpoints = (int)int_in("--keep-checkpoints", v, 0, 1 << 30);
 		else if (!strcmp(a, "--resume")) o->resume = 1;
+		else if (FLAG("--resume-from")) o->resume_from = v, o->resume = 1;
 		else if (FLAG("--eval-every")) o->tc.eval_every = (int)int_in("--eval-every", v, 0, 1 << 30);
 		else if (FLAG("--eval-batches")) o->tc.eval_batches = (int)int_in("--eval-batches", v, 1, 1 << 30);
 		else if (FLAG("--sample-every")) o->sample_every = (int)int_in("--sample-every", v, 0, 1 << 30);
@@ -228,8 +245,10 @@ static void parse(int argc, char **argv, opts_t *o)
 		cli_die("train", "--train-data GLOB is required (token shards, e.g. from `loom data prepare`)");
 	if (o->tc.lr.total_steps < 0)
 		cli_die("train", "--steps N is required");
-	if (o->resume && !o->tc.save_dir)
-		cli_die("train", "--resume needs --save-dir DIR (where the checkpoints are)");
+	if (o->resume && !o->tc.save_dir && !o->resume_from)
+		cli_die("train", "--resume needs --save-dir DIR (where the checkpoints are), or --resume-from CHECKPOINT");
+	if (o->tc.save_dir && loom_ckpt_check_save_dir(o->tc.save_dir) != LOOM_OK) /* before any training */
+		cli_die("train", "--save-dir: %s", loom_errmsg());
 	if (o->init_from && (o->preset || (o->have_model_flags && !(o->n_head_flag && o->mc.n_layer < 0 &&
 	                                                               o->mc.n_embd < 0 && o->mc.vocab_size < 0 &&
 	                                                               o->n_positions == 0))))
@@ -570,6 +589,10 @@ static void resume_command(int argc, char **argv, const opts_t *o, char *buf, si
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		has_resume |= !strcmp(a, "--resume");
+		if (!strcmp(a, "--resume-from") || !strncmp(a, "--resume-from=", 14)) { /* continue from the newest */
+			i += !strcmp(a, "--resume-from");
+			continue;
+		}
 		if (a[strspn(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=.,/:+@%")] == 0 && *a) {
 			PUT(" %s", a);
 		} else {
@@ -728,15 +751,25 @@ int loom_cli_train(int argc, char **argv)
 		loom_trainer_set_peak_flops(tr, o.tc.peak_flops);
 	}
 	if (o.resume) { /* every rank reads the checkpoint; the first step re-broadcasts rank 0's parameters */
-		rc = loom_trainer_resume(tr, o.tc.save_dir);
-		if (rc == LOOM_ENOENT) {
+		/* Starting from scratch only when there is no checkpoint at all: anything else that fails
+		 * (a damaged newest checkpoint, a missing key) stops here, before anything is written. */
+		int n = 0;
+		const char *from = o.resume_from ? o.resume_from : o.tc.save_dir;
+		if (!o.resume_from && loom_ckpt_count(o.tc.save_dir, &n) != LOOM_OK) {
+			fprintf(stderr, "loom train: --resume: %s\n", loom_errmsg());
+			goto out;
+		}
+		if (!o.resume_from && n == 0) {
 			if (o.rank == 0)
 				printf("resume: no checkpoint in %s yet, starting from scratch\n", o.tc.save_dir);
-		} else if (rc != LOOM_OK) {
+		} else if ((rc = loom_trainer_resume(tr, from)) != LOOM_OK) {
 			fprintf(stderr, "loom train: %s\n", loom_errmsg());
+			if (o.rank == 0 && !o.resume_from && rc == LOOM_EFORMAT)
+				fprintf(stderr, "loom train: nothing was written or removed; continue from an older checkpoint with "
+				        "--resume-from DIR/step_NNNNNNNN, or move the damaged one away\n");
 			goto out;
 		} else if (o.rank == 0) {
-			printf("resumed from %s at step %lld\n", o.tc.save_dir, loom_trainer_steps_done(tr));
+			printf("resumed from %s at step %lld\n", from, loom_trainer_steps_done(tr));
 			if (loom_trainer_steps_done(tr) >= o.tc.lr.total_steps)
 				printf("nothing to do: the checkpoint is at step %lld, --steps is %lld\n",
 				       loom_trainer_steps_done(tr), o.tc.lr.total_steps);

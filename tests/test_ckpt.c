@@ -11,6 +11,7 @@
 #include "ckpt/json.h"
 #include "core/fileio.h"
 #include "core/util.h"
+#include "core/crc32c.h"
 #include "loom/ckpt.h"
 #include "test.h"
 
@@ -617,19 +618,23 @@ TEST(ckpt_atomic_latest)
 	CHECK_EQ(file_size(path), 7);
 	CHECK_OK(loom_ckpt_latest(root, got, sizeof got, &step));
 	CHECK_EQ(step, 20);
-	/* a step directory without MANIFEST (copied by hand, or from elsewhere) is ignored */
+	/* a newest step directory without MANIFEST is an error, never a silent fall-back to step 20 */
 	snprintf(path, sizeof path, "%s/step_00000040", root);
 	CHECK(mkdir(path, 0777) == 0);
-	CHECK_OK(loom_ckpt_latest(root, got, sizeof got, &step));
-	CHECK_EQ(step, 20);
+	CHECK_ERR(loom_ckpt_latest(root, got, sizeof got, &step), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "step_00000040: no MANIFEST (incomplete checkpoint); older checkpoints that verify: ");
+	CHECK_CONTAINS(loom_errmsg(), "/ckpts/step_00000020, ");
+	CHECK_CONTAINS(loom_errmsg(), "/ckpts/step_00000010");
 	CHECK_ERR(loom_ckpt_verify(path), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "no MANIFEST (incomplete checkpoint)");
-	/* a damaged one (a file truncated after commit) is ignored, and verify names the file */
+	CHECK(rmdir(path) == 0);
+	/* a damaged one (a file truncated after commit): latest is an error naming the file */
 	CHECK_OK(ckpt_write(root, 50, "fifty"));
 	snprintf(path, sizeof path, "%s/step_00000050/model.safetensors", root);
 	CHECK(test_write_file(path, "fif", 3) == 0);
-	CHECK_OK(loom_ckpt_latest(root, got, sizeof got, &step));
-	CHECK_EQ(step, 20);
+	CHECK_ERR(loom_ckpt_latest(root, got, sizeof got, &step), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "model.safetensors has 3 bytes, MANIFEST says 5");
+	CHECK_EQ(step, 50);
 	snprintf(path, sizeof path, "%s/step_00000050", root);
 	CHECK_ERR(loom_ckpt_verify(path), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "model.safetensors has 3 bytes, MANIFEST says 5");
@@ -638,6 +643,7 @@ TEST(ckpt_atomic_latest)
 	snprintf(path, sizeof path, "%s/step_00000050", root);
 	CHECK_ERR(loom_ckpt_verify(path), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "is missing");
+	test_rmdir(path);
 	/* the same step again replaces it; finishing step 30 after a restart overwrites the leftover */
 	CHECK_OK(ckpt_write(root, 20, "twenty-bis"));
 	snprintf(path, sizeof path, "%s/step_00000020/model.safetensors", root);
@@ -665,6 +671,188 @@ TEST(ckpt_atomic_latest)
 	CHECK(file_size(path) == -1);
 	CHECK_OK(loom_ckpt_latest(root, got, sizeof got, &step));
 	CHECK_EQ(step, 30);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* CRC-32C: the standard check values (RFC 3720 B.4 and "123456789"), the SSE4.2 and table paths agree
+ * on every length and alignment, and a CRC continues over pieces. */
+TEST(crc32c_values)
+{
+	unsigned char buf[600], zeros[32], ones[32], inc[32];
+	memset(zeros, 0, 32), memset(ones, 0xff, 32);
+	for (int i = 0; i < 32; i++)
+		inc[i] = (unsigned char)i;
+	CHECK_EQ(loom__crc32c(0, "123456789", 9), 0xe3069283u);
+	CHECK_EQ(loom__crc32c(0, zeros, 32), 0x8a9136aau);
+	CHECK_EQ(loom__crc32c(0, ones, 32), 0x62a8ab43u);
+	CHECK_EQ(loom__crc32c(0, inc, 32), 0x46dd794eu);
+	CHECK_EQ(loom__crc32c_portable(0, "123456789", 9), 0xe3069283u);
+	CHECK_EQ(loom__crc32c(0, "", 0), 0u);
+	uint32_t x = 7;
+	for (size_t i = 0; i < sizeof buf; i++)
+		x = x * 1664525u + 1013904223u, buf[i] = (unsigned char)(x >> 24);
+	for (size_t off = 0; off < 8; off++)
+		for (size_t n = 0; n + off <= 520; n += 1 + n / 16) {
+			uint32_t a = loom__crc32c(0, buf + off, n), b = loom__crc32c_portable(0, buf + off, n);
+			CHECK_MSG(a == b, "offset %zu length %zu: %08x vs %08x", off, n, a, b);
+			CHECK_EQ(loom__crc32c(loom__crc32c(0, buf + off, n / 3), buf + off + n / 3, n - n / 3), a);
+		}
+	return 0;
+}
+
+/* Finding 6 of issue 13: a flipped bit in tensor data loaded (MANIFEST held sizes only), the files of
+ * one step could sit under another step's name, and a file of another checkpoint could be copied in. */
+TEST(ckpt_checksums_and_steps)
+{
+	char dir[256], root[512], path[1400], p2[1500], got[1400];
+	int64_t step;
+	loom_kv_t *kv;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(root, sizeof root, "%s/ckpts", dir);
+	CHECK_OK(ckpt_write(root, 10, "ten"));
+	CHECK_OK(ckpt_write(root, 20, "twenty"));
+	snprintf(path, sizeof path, "%s/step_00000020", root);
+	CHECK_OK(loom_ckpt_verify_step(path, &step));
+	CHECK_EQ(step, 20);
+	/* MANIFEST: the step, and size and CRC-32C of each file */
+	snprintf(p2, sizeof p2, "%s/MANIFEST", path);
+	CHECK_OK(loom_kv_load(&kv, p2));
+	uint64_t crc, size;
+	CHECK_OK(loom_kv_get_u64(kv, "crc32c:model.safetensors", &crc));
+	CHECK_OK(loom_kv_get_u64(kv, "size:model.safetensors", &size));
+	CHECK_EQ(crc, (uint64_t)loom__crc32c(0, "twenty", 6));
+	CHECK_EQ(size, 6);
+	CHECK_OK(loom_kv_get_u64(kv, "crc32c:state.json", &crc));
+	CHECK_EQ(crc, (uint64_t)loom__crc32c(0, "{}", 2));
+	loom_kv_destroy(kv);
+	/* one changed byte, same size */
+	snprintf(p2, sizeof p2, "%s/model.safetensors", path);
+	CHECK(test_write_file(p2, "twentz", 6) == 0);
+	CHECK_ERR(loom_ckpt_verify(path), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "step_00000020: model.safetensors has CRC-32C ");
+	CHECK_CONTAINS(loom_errmsg(), "(damaged checkpoint: its contents changed after it was written)");
+	CHECK_ERR(loom_ckpt_latest(root, got, sizeof got, &step), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "the latest checkpoint is damaged: ");
+	CHECK_CONTAINS(loom_errmsg(), "older checkpoints that verify: ");
+	CHECK_CONTAINS(loom_errmsg(), "/ckpts/step_00000010");
+	CHECK(test_write_file(p2, "twenty", 6) == 0);
+	CHECK_OK(loom_ckpt_verify(path));
+	/* a file that MANIFEST does not list (from another checkpoint) */
+	snprintf(p2, sizeof p2, "%s/optim.safetensors", path);
+	CHECK(test_write_file(p2, "x", 1) == 0);
+	CHECK_ERR(loom_ckpt_verify(path), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "optim.safetensors is not listed in its MANIFEST (a file that does not belong to "
+	                              "the checkpoint of step 20)");
+	CHECK(remove(p2) == 0);
+	/* the directory's name and MANIFEST's step disagree */
+	snprintf(p2, sizeof p2, "%s/step_00000030", root);
+	CHECK(rename(path, p2) == 0);
+	CHECK_ERR(loom_ckpt_verify(p2), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "step_00000030: the directory is named for step 30 but its MANIFEST is of step 20");
+	CHECK(rename(p2, path) == 0);
+	/* a MANIFEST written before checksums (no "checksum" key) is checked by size */
+	snprintf(p2, sizeof p2, "%s/MANIFEST", path);
+	CHECK_OK(loom_kv_create(&kv));
+	CHECK_OK(loom_kv_set_u64(kv, "size:model.safetensors", 6));
+	CHECK_OK(loom_kv_set_u64(kv, "size:state.json", 2));
+	CHECK_OK(loom_kv_set_i64(kv, "step", 20));
+	CHECK_OK(loom_kv_set_i64(kv, "files", 2));
+	CHECK_OK(loom_kv_save(kv, p2));
+	loom_kv_destroy(kv);
+	CHECK_OK(loom_ckpt_verify(path));
+	/* ... but one that names checksums needs every file's */
+	CHECK_OK(loom_kv_load(&kv, p2));
+	CHECK_OK(loom_kv_set_str(kv, "checksum", "crc32c"));
+	CHECK_OK(loom_kv_save(kv, p2));
+	loom_kv_destroy(kv);
+	CHECK_ERR(loom_ckpt_verify(path), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "has no valid checksum of model.safetensors");
+	test_rmdir(dir);
+	return 0;
+}
+
+static int exists_path(const char *root, const char *name)
+{
+	char p[1400];
+	struct stat sb;
+	snprintf(p, sizeof p, "%s/%s", root, name);
+	return stat(p, &sb) == 0;
+}
+
+/* Finding 5 of issue 13: a kill during a prune left a checkpoint without one of its files under its
+ * final name, skipped and never pruned. Prunes now rename first; recover finishes old leftovers. */
+TEST(ckpt_prune_recover)
+{
+	char dir[256], root[512], path[1500], p2[1500];
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(root, sizeof root, "%s/ckpts", dir);
+	CHECK_OK(loom_ckpt_recover(root)); /* no directory yet: nothing to do */
+	for (int s = 10; s <= 40; s += 10)
+		CHECK_OK(ckpt_write(root, s, "data"));
+	/* what an interrupted prune of an older loom left: step 10 without its state.json */
+	snprintf(path, sizeof path, "%s/step_00000010/state.json", root);
+	CHECK(remove(path) == 0);
+	/* leftovers of interrupted saves and of a prune of this version */
+	snprintf(path, sizeof path, "%s/.tmp-step_00000050", root);
+	CHECK(mkdir(path, 0777) == 0);
+	snprintf(path, sizeof path, "%s/.pruned-step_00000005", root);
+	CHECK(mkdir(path, 0777) == 0);
+	/* a commit that died between moving the old step 40 aside and renaming the new one into place */
+	snprintf(path, sizeof path, "%s/step_00000040", root);
+	snprintf(p2, sizeof p2, "%s/.old-step_00000040", root);
+	CHECK(rename(path, p2) == 0);
+	/* a damaged (complete, wrong checksum) old checkpoint is kept: only incomplete ones are leftovers */
+	snprintf(path, sizeof path, "%s/step_00000020/model.safetensors", root);
+	CHECK(test_write_file(path, "dada", 4) == 0);
+	CHECK_OK(loom_ckpt_recover(root));
+	CHECK(!exists_path(root, "step_00000010"));
+	CHECK(exists_path(root, "step_00000020"));
+	CHECK(exists_path(root, "step_00000030"));
+	CHECK(!exists_path(root, ".tmp-step_00000050"));
+	CHECK(!exists_path(root, ".pruned-step_00000005"));
+	CHECK(!exists_path(root, ".old-step_00000040"));
+	snprintf(path, sizeof path, "%s/step_00000040", root);
+	CHECK_OK(loom_ckpt_verify(path));
+	/* prune keeps the newest complete ones and removes every step directory older than them */
+	CHECK_OK(loom_ckpt_prune(root, 1));
+	CHECK(!exists_path(root, "step_00000020"));
+	CHECK(!exists_path(root, "step_00000030"));
+	CHECK(exists_path(root, "step_00000040"));
+	int n = -1;
+	CHECK_OK(loom_ckpt_count(root, &n));
+	CHECK_EQ(n, 1);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* Finding 4 and 6 of issue 13: an unusable --save-dir was found only at the first save, and a
+ * checkpoint directory could be given as --save-dir (nesting checkpoints inside a checkpoint). */
+TEST(ckpt_save_dir_checks)
+{
+	char dir[256], path[1400], root[512];
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(path, sizeof path, "%s/a/b/c", dir);
+	CHECK_OK(loom_ckpt_check_save_dir(path));
+	CHECK(!exists_path(dir, "a")); /* checked, nothing created */
+	snprintf(path, sizeof path, "%s/file", dir);
+	CHECK(test_write_file(path, "x", 1) == 0);
+	CHECK_ERR(loom_ckpt_check_save_dir(path), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "/file is not a directory");
+	snprintf(path, sizeof path, "%s/file/sub", dir);
+	CHECK_ERR(loom_ckpt_check_save_dir(path), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "/file is not a directory");
+	CHECK_ERR(loom_ckpt_check_save_dir("/proc/self/ck"), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "is in /proc, which cannot hold files");
+	snprintf(root, sizeof root, "%s/ck", dir);
+	CHECK_OK(ckpt_write(root, 4, "four"));
+	CHECK_OK(loom_ckpt_check_save_dir(root));
+	snprintf(path, sizeof path, "%s/step_00000004", root);
+	CHECK_ERR(loom_ckpt_check_save_dir(path), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "is inside the checkpoint ");
+	snprintf(path, sizeof path, "%s/step_00000004/more/ck", root);
+	CHECK_ERR(loom_ckpt_check_save_dir(path), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "/ck/step_00000004 (it holds a MANIFEST)");
 	test_rmdir(dir);
 	return 0;
 }

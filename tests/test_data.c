@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -622,6 +623,193 @@ TEST(shard_write_failure_is_atomic)
 		CHECK_ERR(loom_shard_write(path, t, 1), LOOM_ENOENT);
 		CHECK_CONTAINS(loom_errmsg(), "no/such/dir/x.bin");
 	}
+	test_rmdir(dir);
+	return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The files of DIR with their contents' sums, as one string (for comparing a directory before and
+ * after); nonzero on failure. */
+static int snapshot(const char *dir, char *out, size_t cap)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	char *names[64], path[1200];
+	int n = 0;
+	size_t len = 0;
+	if (!d)
+		return 1;
+	while ((e = readdir(d)) && n < 64)
+		if (e->d_name[0] != '.' || (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")))
+			names[n++] = strdup(e->d_name);
+	closedir(d);
+	qsort(names, (size_t)n, sizeof *names, cmp_str);
+	out[0] = 0;
+	for (int i = 0; i < n; i++) {
+		FILE *f;
+		unsigned long sum = 5381;
+		int c;
+		snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+		if ((f = fopen(path, "rb"))) {
+			while ((c = fgetc(f)) != EOF)
+				sum = sum * 33 + (unsigned long)c;
+			fclose(f);
+		}
+		len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%s %lx\n", names[i], sum);
+		free(names[i]);
+	}
+	return len >= cap;
+}
+
+static int leftovers(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int n = 0;
+	while (d && (e = readdir(d)))
+		n += strstr(e->d_name, ".prepare-") != NULL;
+	if (d)
+		closedir(d);
+	return n;
+}
+
+/* Issue 13, finding 3: `loom data prepare` deleted the old shards before writing the new ones, so a
+ * failure half-way (a full disk) left part of a new set, which training then used. Now a failure at
+ * any allocation leaves the old set exactly as it was, and no temporary directory behind. */
+TEST(data_prepare_failure_keeps_old_set)
+{
+	char dir[256], in1[512], in2[512], out[512], path[700], before[4096], after[4096];
+	const char *inputs[1];
+	loom_prepare_opts_t o = {0};
+	loom_prepare_summary_t sum;
+	loom_loader_t *ld;
+	loom_loader_opts_t lo = {.B = 1, .T = 2};
+	int failures = 0, rc = LOOM_OK;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(in1, sizeof in1, "%s/a.txt", dir);
+	snprintf(in2, sizeof in2, "%s/b.txt", dir);
+	snprintf(out, sizeof out, "%s/out", dir);
+	CHECK(test_write_file(in1, "aa\n%\nbb\n%\ncc\n%\ndd\n", 18) == 0);
+	CHECK(test_write_file(in2, "one\n%\ntwo\n%\nthree\n%\nfour\n%\nfive\n", 32) == 0);
+	inputs[0] = in1;
+	o.inputs = inputs, o.n_inputs = 1, o.out_dir = out, o.val_fraction = 0.25, o.doc_sep = "%", o.shard_tokens = 4;
+	CHECK_OK(loom_data_prepare(&o, &sum));
+	CHECK_EQ(sum.train_shards, 3); /* 3 documents "xx\n" + EOT: 12 tokens */
+	CHECK_EQ(sum.val_shards, 1);
+	CHECK_EQ(snapshot(out, before, sizeof before), 0);
+	CHECK_CONTAINS(before, "shards.index");
+	inputs[0] = in2, o.shard_tokens = 3;
+	for (long n = 1; n < 2000; n++) {
+		loom__fault_alloc_set(n);
+		rc = loom_data_prepare(&o, &sum);
+		loom__fault_alloc_set(0);
+		if (rc == LOOM_OK)
+			break;
+		CHECK_EQ(rc, LOOM_ENOMEM);
+		failures++;
+		CHECK_EQ(snapshot(out, after, sizeof after), 0);
+		CHECK_MSG(strcmp(before, after) == 0, "allocation %ld failed and the old set changed:\n%s\nvs\n%s", n, before,
+		          after);
+		CHECK_EQ(leftovers(dir), 0);
+	}
+	CHECK_OK(rc);
+	CHECK(failures >= 5);
+	CHECK_EQ(leftovers(dir), 0);
+	CHECK_EQ(sum.removed_shards, 4);
+	/* the new set, whole: 4 train documents, "one\n" .. "five\n" without "four\n" */
+	snprintf(path, sizeof path, "%s/train_*.bin", out);
+	CHECK_OK(loom_loader_create(&ld, path, &lo));
+	CHECK_EQ(loom_loader_num_tokens(ld), 5 + 5 + 7 + 6);
+	loom_loader_destroy(ld);
+	/* what a killed prepare left beside the output is removed by the next one */
+	snprintf(path, sizeof path, "%s/.out.prepare-999999999", dir);
+	CHECK(mkdir(path, 0777) == 0);
+	CHECK_EQ(leftovers(dir), 1);
+	/* an output directory holding other files: they stay, the set is replaced file by file */
+	snprintf(path, sizeof path, "%s/notes.txt", out);
+	CHECK(test_write_file(path, "mine", 4) == 0);
+	inputs[0] = in1, o.shard_tokens = 4;
+	CHECK_OK(loom_data_prepare(&o, &sum));
+	CHECK_EQ(sum.removed_shards, 10);
+	CHECK_EQ(snapshot(out, after, sizeof after), 0);
+	CHECK_CONTAINS(after, "notes.txt ");
+	CHECK_EQ(strcmp(strstr(after, "shards.index"), strstr(before, "shards.index")), 0); /* set A again, whole */
+	CHECK_EQ(leftovers(dir), 0);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* Issue 13, findings 3 and 11: a set with an index is checked (a missing train or val shard is an
+ * error naming it, as is a stray one); shards without an index (llm.c's) still load; a directory
+ * matched as a shard and a glob that matches nothing get clear messages. */
+TEST(loader_shard_index)
+{
+	char dir[256], in[512], out[512], pat[700], path[700], cmd[1600], buf[256];
+	const char *inputs[1];
+	loom_prepare_opts_t o = {0};
+	loom_prepare_summary_t sum;
+	loom_loader_t *ld;
+	loom_loader_opts_t lo = {.B = 1, .T = 2};
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(in, sizeof in, "%s/a.txt", dir);
+	snprintf(out, sizeof out, "%s/out", dir);
+	CHECK(test_write_file(in, "aa\n%\nbb\n%\ncc\n%\ndd\n", 18) == 0);
+	inputs[0] = in;
+	o.inputs = inputs, o.n_inputs = 1, o.out_dir = out, o.val_fraction = 0.25, o.doc_sep = "%", o.shard_tokens = 4;
+	CHECK_OK(loom_data_prepare(&o, &sum));
+	snprintf(pat, sizeof pat, "%s/train_*.bin", out);
+	CHECK_OK(loom_loader_create(&ld, pat, &lo));
+	CHECK_EQ(loom_loader_num_shards(ld), 3);
+	loom_loader_destroy(ld);
+	/* a missing train shard */
+	snprintf(path, sizeof path, "%s/train_000001.bin", out);
+	snprintf(cmd, sizeof cmd, "mv %s %s/moved.bin", path, dir);
+	CHECK_EQ(test_run_cmd(cmd, buf, sizeof buf, 10), 0);
+	CHECK_ERR(loom_loader_create(&ld, pat, &lo), LOOM_ENOENT);
+	CHECK_CONTAINS(loom_errmsg(), "/out/train_000001.bin is missing: ");
+	CHECK_CONTAINS(loom_errmsg(), "/out/shards.index lists 3 train shard(s) (an incomplete data set");
+	/* a shard of another size */
+	CHECK(test_write_file(path, "short", 5) == 0);
+	CHECK_ERR(loom_loader_create(&ld, pat, &lo), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "/out/train_000001.bin has 5 bytes, ");
+	snprintf(cmd, sizeof cmd, "mv %s/moved.bin %s", dir, path);
+	CHECK_EQ(test_run_cmd(cmd, buf, sizeof buf, 10), 0);
+	/* a stray shard the index does not list */
+	snprintf(cmd, sizeof cmd, "cp %s %s/train_000007.bin", path, out);
+	CHECK_EQ(test_run_cmd(cmd, buf, sizeof buf, 10), 0);
+	CHECK_ERR(loom_loader_create(&ld, pat, &lo), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "/out/train_000007.bin is not part of the data set that ");
+	snprintf(path, sizeof path, "%s/train_000007.bin", out);
+	CHECK(remove(path) == 0);
+	/* the val shard gone: the glob matches nothing, and the index names what is missing */
+	snprintf(path, sizeof path, "%s/val_000000.bin", out);
+	CHECK(remove(path) == 0);
+	snprintf(pat, sizeof pat, "%s/val_*.bin", out);
+	CHECK_ERR(loom_loader_create(&ld, pat, &lo), LOOM_ENOENT);
+	CHECK_CONTAINS(loom_errmsg(), "/out/val_000000.bin is missing: ");
+	/* without an index (shards made by llm.c's scripts): loaded as they are */
+	snprintf(path, sizeof path, "%s/%s", out, LOOM_SHARD_INDEX);
+	CHECK(remove(path) == 0);
+	snprintf(path, sizeof path, "%s/train_000002.bin", out);
+	CHECK(remove(path) == 0);
+	snprintf(pat, sizeof pat, "%s/train_*.bin", out);
+	CHECK_OK(loom_loader_create(&ld, pat, &lo));
+	CHECK_EQ(loom_loader_num_shards(ld), 2);
+	loom_loader_destroy(ld);
+	snprintf(pat, sizeof pat, "%s/val_*.bin", out);
+	CHECK_ERR(loom_loader_create(&ld, pat, &lo), LOOM_ENOENT);
+	CHECK_CONTAINS(loom_errmsg(), "loader: no files match '");
+	/* a directory matched as a shard */
+	snprintf(path, sizeof path, "%s/train_000005.bin", out);
+	CHECK(mkdir(path, 0777) == 0);
+	snprintf(pat, sizeof pat, "%s/train_*.bin", out);
+	CHECK_ERR(loom_loader_create(&ld, pat, &lo), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "/out/train_000005.bin' (matched by '");
+	CHECK_CONTAINS(loom_errmsg(), "') is a directory, not a token shard file");
 	test_rmdir(dir);
 	return 0;
 }

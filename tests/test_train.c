@@ -7,9 +7,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/crc32c.h"
 #include "loom/ckpt.h"
 #include "loom/data.h"
 #include "loom/gpt2.h"
+#include "loom/tokenizer.h"
 #include "loom/train.h"
 #include "test.h"
 
@@ -301,6 +303,28 @@ TEST(train_rejects_bad_settings)
 	c = base_config(data);
 	c.lr.total_steps = 0;
 	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	/* issue 13, finding 11: eps = 0 gave NaN weights, saved; a negative clip was accepted */
+	c = base_config(data);
+	c.adamw.eps = 0;
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "AdamW eps 0 must be finite and > 0");
+	c = base_config(data);
+	c.grad_clip = -1;
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "grad clip -1 must be finite and >= 0");
+	c = base_config(data);
+	c.adamw.beta2 = 1.0f;
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "betas (0.9, 1) must be in [0, 1)");
+	/* issue 13, finding 4: an unusable --save-dir fails at create, not at the first save */
+	c = base_config(data);
+	c.save_dir = data; /* a regular file */
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "ok.bin is not a directory");
+	/* issue 13, finding 11: a directory matched as a shard */
+	c = base_config(dir);
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "is a directory, not a token shard file");
 	CHECK(tr == NULL);
 	loom_gpt2_destroy(m);
 	test_rmdir(dir);
@@ -398,6 +422,234 @@ TEST(train_cli)
 	}
 	CHECK_STREQ(logs[1], logs[0]);
 	CHECK_CONTAINS(logs[0], "{\"step\":4,\"loss\":");
+	test_rmdir(dir);
+	return 0;
+}
+
+/* Replace file `name` of checkpoint `ck` with `len` bytes and re-sign MANIFEST (its size and CRC),
+ * as if the checkpoint had been written that way: only the checks past MANIFEST can catch it. */
+static int resign(const char *ck, const char *name, const void *bytes, size_t len)
+{
+	char path[1200], key[300];
+	loom_kv_t *kv;
+	int rc;
+	snprintf(path, sizeof path, "%s/%s", ck, name);
+	if (test_write_file(path, bytes, len))
+		return 1;
+	snprintf(path, sizeof path, "%s/MANIFEST", ck);
+	if ((rc = loom_kv_load(&kv, path)) != LOOM_OK)
+		return rc;
+	snprintf(key, sizeof key, "size:%s", name);
+	rc = loom_kv_set_u64(kv, key, len);
+	snprintf(key, sizeof key, "crc32c:%s", name);
+	rc = rc ? rc : loom_kv_set_u64(kv, key, loom__crc32c(0, bytes, len));
+	rc = rc ? rc : loom_kv_save(kv, path);
+	loom_kv_destroy(kv);
+	return rc;
+}
+
+static int read_all(const char *path, char **buf, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	long n;
+	if (!f || fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+		if (f)
+			fclose(f);
+		return 1;
+	}
+	*buf = malloc((size_t)n + 1);
+	*len = *buf ? fread(*buf, 1, (size_t)n, f) : 0;
+	fclose(f);
+	return !*buf || *len != (size_t)n;
+}
+
+/* Issue 13, findings 1 and 6: a damaged newest checkpoint made `--resume` start from scratch and
+ * overwrite the good ones (cli/train.c took any LOOM_ENOENT, a missing key included, for "no
+ * checkpoint"); state.json of another step resumed silently. Each is an error naming the file, before
+ * anything is written, and --resume-from chooses an older checkpoint. */
+TEST(train_resume_damaged_checkpoint)
+{
+	char dir[512], cmd[4096], out[16384], ck6[700], ck4[700], p[800];
+	char *state6, *state4, *log0, *log1, *model;
+	size_t n6, n4, nl0, nl1, nm;
+	const char *loom = test_loom_bin();
+	int st;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train_000000.bin", 3000, 257, 1));
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 "
+	         "--batch-size 2 --seq-len 16 --steps 6 --save-dir %s/ck --save-every 2 --threads 1 --peak-flops 1e10 "
+	         "--log %s/log.jsonl", loom, dir, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	snprintf(ck6, sizeof ck6, "%s/ck/step_00000006", dir);
+	snprintf(ck4, sizeof ck4, "%s/ck/step_00000004", dir);
+	snprintf(p, sizeof p, "%s/state.json", ck6);
+	CHECK(read_all(p, &state6, &n6) == 0);
+	snprintf(p, sizeof p, "%s/state.json", ck4);
+	CHECK(read_all(p, &state4, &n4) == 0);
+	snprintf(p, sizeof p, "%s/log.jsonl", dir);
+	CHECK(read_all(p, &log0, &nl0) == 0);
+	strcat(cmd, " --resume");
+
+	/* 1. one key renamed (same size), MANIFEST re-signed: was "starting from scratch", exit 0 */
+	char *bad = malloc(n6 + 1), *k;
+	CHECK(bad != NULL);
+	memcpy(bad, state6, n6);
+	CHECK((k = strstr(bad, "\"adamw.step\"")) != NULL);
+	memcpy(k, "\"adamw.stap\"", 12);
+	CHECK_OK(resign(ck6, "state.json", bad, n6));
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 1, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "step_00000006: ");
+	CHECK_CONTAINS(out, "no key 'adamw.step' (damaged checkpoint)");
+	CHECK_CONTAINS(out, "nothing was written or removed; continue from an older checkpoint with --resume-from");
+	CHECK_MSG(!strstr(out, "starting from scratch") && !strstr(out, "step 1/6"), "trained: %s", out);
+	snprintf(p, sizeof p, "%s/log.jsonl", dir);
+	CHECK(read_all(p, &log1, &nl1) == 0);
+	CHECK_MSG(nl1 == nl0 && memcmp(log0, log1, nl0) == 0, "the log was rewritten");
+	free(log1);
+	for (int s = 2; s <= 6; s += 2) {
+		snprintf(p, sizeof p, "%s/ck/step_%08d", dir, s);
+		CHECK_MSG(s == 6 || loom_ckpt_verify(p) == LOOM_OK, "%s: %s", p, loom_errmsg());
+	}
+
+	/* 2. state.json of step 4 inside step 6 (re-signed): the steps disagree */
+	CHECK_OK(resign(ck6, "state.json", state4, n4));
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 1, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "step_00000006/state.json: step 4, but the checkpoint's MANIFEST is of step 6");
+
+	/* 3. one flipped bit in the model's data (MANIFEST as written): a checksum error naming the file,
+	 * and the older checkpoints that verify */
+	CHECK_OK(resign(ck6, "state.json", state6, n6));
+	snprintf(p, sizeof p, "%s/model.safetensors", ck6);
+	CHECK(read_all(p, &model, &nm) == 0);
+	model[nm - 3] ^= 0x10;
+	CHECK(test_write_file(p, model, nm) == 0);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 1, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "the latest checkpoint is damaged: checkpoint ");
+	CHECK_CONTAINS(out, "step_00000006: model.safetensors has CRC-32C ");
+	CHECK_CONTAINS(out, "older checkpoints that verify: ");
+	CHECK_CONTAINS(out, "/ck/step_00000004, ");
+	CHECK_CONTAINS(out, "/ck/step_00000002");
+
+	/* 4. --resume-from an older one continues from it */
+	snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), "-from %s", ck4);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "step_00000004 at step 4");
+	CHECK_CONTAINS(out, "step 5/6 | loss ");
+	CHECK_MSG(!strstr(out, "step 4/6"), "redid step 4: %s", out);
+	CHECK_OK(loom_ckpt_verify(ck6)); /* rewritten by the run */
+
+	/* 5. --save-dir inside a checkpoint is refused before training */
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 "
+	         "--batch-size 2 --seq-len 16 --steps 6 --save-dir %s --threads 1 --peak-flops 1e10 --resume", loom, dir,
+	         ck4);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 2, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "is inside the checkpoint ");
+	free(bad), free(state6), free(state4), free(log0), free(model);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* Issue 13, finding 5: the trainer saved (and pruned) before it wrote the step's log line, so a
+ * kill in between lost the line. Now the line is written and fsync'ed first: a save that fails
+ * (here: the tokenizer it copies vanished) leaves the step's line in the log. */
+static int drop_tokenizer(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
+{
+	(void)tr;
+	if (m->step == 1)
+		remove((const char *)ctx);
+	return 0;
+}
+
+TEST(train_log_before_checkpoint)
+{
+	char dir[512], data[700], logp[700], ck[700], tokp[700], line[4096];
+	loom_gpt2_t *m = NULL;
+	loom_trainer_t *tr = NULL;
+	loom_tokenizer_t tok;
+	int last = 0;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train.bin", 2000, tiny.vocab_size, 1));
+	snprintf(data, sizeof data, "%s/train.bin", dir);
+	snprintf(logp, sizeof logp, "%s/run.jsonl", dir);
+	snprintf(ck, sizeof ck, "%s/ck", dir);
+	snprintf(tokp, sizeof tokp, "%s/tokenizer.bin", dir);
+	CHECK_OK(loom_tokenizer_init_bytes(&tok));
+	CHECK_OK(loom_tokenizer_save(&tok, tokp));
+	loom_tokenizer_free(&tok);
+	loom_train_config_t c = base_config(data);
+	c.log_path = logp, c.peak_flops = 1e9, c.save_dir = ck, c.save_every = 1, c.lr.total_steps = 3;
+	c.tokenizer = tokp;
+	CHECK_OK(loom_gpt2_create(&m, &tiny, c.B, c.T));
+	loom_gpt2_init(m, 3);
+	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	CHECK_ERR(loom_trainer_run(tr, drop_tokenizer, tokp), LOOM_ENOENT);
+	loom_trainer_destroy(tr);
+	FILE *f = fopen(logp, "r");
+	CHECK(f != NULL);
+	while (fgets(line, sizeof line, f))
+		if (sscanf(line, "{\"step\":%d", &last) == 1)
+			CHECK_CONTAINS(line, "\"checkpoint\":true");
+	fclose(f);
+	CHECK_EQ(last, 2); /* the step whose save failed is in the log */
+	snprintf(line, sizeof line, "%s/step_00000001", ck);
+	CHECK_OK(loom_ckpt_verify(line));
+	loom_gpt2_destroy(m);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* Issue 13, finding 11: `loom sample` dropped sampled ids that the tokenizer does not have (a model
+ * with a larger vocabulary) silently; it is an error naming the id and both vocabularies. And the
+ * optimizer flags are range-checked before anything runs. */
+TEST(sample_outside_tokenizer_vocab)
+{
+	char dir[512], cmd[2048], out[16384], tp[700];
+	const char *loom = test_loom_bin();
+	loom_tokenizer_t tok;
+	int st;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train_000000.bin", 3000, 257, 1));
+	snprintf(tp, sizeof tp, "%s/bytes.bin", dir); /* not beside the data: the checkpoint gets none */
+	CHECK_OK(loom_tokenizer_init_bytes(&tok));
+	CHECK_OK(loom_tokenizer_save(&tok, tp));
+	loom_tokenizer_free(&tok);
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 "
+	         "--vocab-size 400 --batch-size 2 --seq-len 16 --steps 1 --save-dir %s/ck --threads 1 --peak-flops 1e10",
+	         loom, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	snprintf(cmd, sizeof cmd, "%s sample --model %s/ck --tokenizer %s --max-tokens 60 --top-k 0 --seed 1 --threads 1",
+	         loom, dir, tp);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 1, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, ", outside the tokenizer's vocabulary of 257 (the model's is 400)");
+	/* optimizer flags out of range: exit 2 before training */
+	static const char *const bad[][2] = {{"--eps 0", "--eps: 0 is out of range (0, 1]"},
+	                                     {"--eps 1e-60", "--eps: 1e-60 is 0 as a float32"},
+	                                     {"--grad-clip -1", "--grad-clip: -1 is out of range [0, 1e+30]"},
+	                                     {"--beta2 1", "--beta2: 1 is out of range [0, 1)"},
+	                                     {"--weight-decay nan", "--weight-decay: nan is out of range"},
+	                                     {"--min-lr-frac 2", "--min-lr-frac: 2 is out of range [0, 1]"},
+	                                     {"--lr -1", "--lr: -1 is out of range [0, 1000]"}};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --steps 1 %s", loom, dir, bad[i][0]);
+		st = test_run_cmd(cmd, out, sizeof out, 30);
+		CHECK_MSG(st == 2, "%s: exit %d: %s", bad[i][0], st, out);
+		CHECK_CONTAINS(out, bad[i][1]);
+	}
+	/* an unusable --save-dir: exit 2 before training */
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --steps 1 --save-dir %s/train_000000.bin/ck",
+	         loom, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 2, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "train_000000.bin is not a directory");
+	CHECK_MSG(!strstr(out, "step 1/1"), "trained: %s", out);
 	test_rmdir(dir);
 	return 0;
 }

@@ -143,9 +143,9 @@ int loom_kv_load(loom_kv_t **kv, const char *path);      /* LOOM_EFORMAT naming 
 /* ---- training checkpoint directories ---------------------------------------------------------- */
 
 /* A checkpoint of step S is the directory DIR/step_%08lld holding any files the trainer writes
- * (by convention model.safetensors, optim.safetensors, state.json) and a MANIFEST listing each
- * file's size, written last. It is built in DIR/.tmp-step_%08lld and renamed into place only when
- * complete, so a directory under a final name is always complete. */
+ * (by convention model.safetensors, optim.safetensors, state.json) and a MANIFEST, written last,
+ * giving the step and each file's size and CRC-32C. It is built in DIR/.tmp-step_%08lld and renamed
+ * into place only when complete, so a directory under a final name is always complete. */
 typedef struct {
 	char dir[1024];   /* the checkpoints' parent directory */
 	char tmp[1100];   /* DIR/.tmp-step_XXXXXXXX, where files are written */
@@ -159,20 +159,39 @@ typedef struct {
 int loom_ckpt_begin(loom_ckpt_writer_t *w, const char *dir, int64_t step);
 /* Path of file `name` inside the checkpoint being written (into buf; LOOM_EINVAL if it does not fit). */
 int loom_ckpt_file(const loom_ckpt_writer_t *w, const char *name, char *buf, size_t cap);
-/* fsync every file, write the MANIFEST, fsync the temp dir, rename it to DIR/step_XXXXXXXX
- * (replacing an existing checkpoint of the same step), fsync DIR. */
+/* fsync every file and checksum it, write the MANIFEST, fsync the temp dir, rename it to
+ * DIR/step_XXXXXXXX (replacing an existing checkpoint of the same step), fsync DIR. */
 int loom_ckpt_commit(loom_ckpt_writer_t *w);
 void loom_ckpt_abort(loom_ckpt_writer_t *w); /* removes the temp dir; safe after commit */
 
-/* The newest complete checkpoint in DIR: a step_NNNNNNNN directory whose MANIFEST lists files that
- * all exist with their listed sizes (.tmp- directories and incomplete ones are ignored). Writes its
- * path to path (cap bytes) and its step to *step. LOOM_ENOENT when there is none. */
+/* The newest checkpoint in DIR (the step_NNNNNNNN directory of the highest step; .tmp- and other
+ * dot directories are not checkpoints), verified in full (loom_ckpt_verify). Writes its path to path
+ * (cap bytes) and its step to *step. LOOM_ENOENT only when DIR holds no step_ directory at all;
+ * LOOM_EFORMAT when the newest one is damaged or incomplete, naming the file and the problem and
+ * listing the older checkpoints that verify (path and *step are still set to the newest one). */
 int loom_ckpt_latest(const char *dir, char *path, size_t cap, int64_t *step);
-/* Verify that checkpoint directory `path` is complete (MANIFEST present, sizes match). LOOM_EFORMAT
- * naming the missing or wrong-sized file. */
+/* How many step_NNNNNNNN directories DIR holds (0 when DIR does not exist), complete or not. */
+int loom_ckpt_count(const char *dir, int *n);
+/* Verify checkpoint directory `path`: MANIFEST present and intact, each listed file present with its
+ * size and CRC-32C (MANIFESTs from before checksums: sizes only), no file that MANIFEST does not list,
+ * and MANIFEST's step equal to the step in the directory's name when it is step_NNNNNNNN.
+ * LOOM_EFORMAT naming the file and what is wrong. loom_ckpt_verify_step also gives MANIFEST's step. */
 int loom_ckpt_verify(const char *path);
-/* Delete all but the newest `keep` complete checkpoints in DIR (keep >= 1) and stale .tmp- dirs. */
+int loom_ckpt_verify_step(const char *path, int64_t *step);
+/* Delete all but the newest `keep` complete checkpoints in DIR (keep >= 1; any step_ directory older
+ * than the oldest kept one goes), and leftovers of interrupted saves and prunes. A checkpoint is
+ * renamed to .pruned-step_... before it is deleted, so a kill never leaves part of one under its name. */
 int loom_ckpt_prune(const char *dir, int keep);
+/* Finish what a kill interrupted, before a run writes into DIR: remove .tmp-step_ and .pruned-step_
+ * directories, restore an .old-step_ whose replacement was never renamed into place (else remove it),
+ * and remove incomplete step_ directories (files missing) older than the newest complete checkpoint,
+ * which an interrupted prune of an earlier loom left. Damaged checkpoints are never removed. */
+int loom_ckpt_recover(const char *dir);
+/* Whether `dir` can hold checkpoints: an existing directory or one that can be created (the deepest
+ * existing ancestor a writable directory, not in /proc or /sys), and not inside a checkpoint (no
+ * ancestor, nor dir itself, holds a MANIFEST or is named step_NNNNNNNN). LOOM_EINVAL naming the
+ * problem. Writes nothing. */
+int loom_ckpt_check_save_dir(const char *dir);
 
 #ifdef __cplusplus
 }

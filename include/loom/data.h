@@ -32,6 +32,10 @@ extern "C" {
 #define LOOM_SHARD_MAGIC 20240520
 #define LOOM_SHARD_VERSION 1
 #define LOOM_SHARD_HEADER_INTS 256
+/* The index `loom data prepare` writes beside its shards (text: each set's shard and token counts,
+ * each shard's size). When a loader's shards have one beside them, the loader checks that
+ * every shard of the set is there with its size; shards without one (llm.c's) load unchecked. */
+#define LOOM_SHARD_INDEX "shards.index"
 
 /* A read-only, memory-mapped shard. Caller-owned struct; fields are read-only for the caller. */
 typedef struct {
@@ -159,7 +163,7 @@ typedef struct {
 	uint64_t documents, train_documents, val_documents;
 	uint64_t train_tokens, val_tokens;
 	int train_shards, val_shards;
-	int removed_shards;        /* old train_/val_ shards of DIR deleted first */
+	int removed_shards;        /* old train_/val_ shards of DIR replaced */
 	int val_tail_split;        /* 1 when val is the tail of the token stream (too few documents) */
 } loom_prepare_summary_t;
 
@@ -173,8 +177,12 @@ typedef struct {
  * order) goes to val when floor((i+1) f) > floor(i f), i.e. every (1/f)-th document, evenly spread,
  * round(n f) of them. When that selects no document (fewer than 1/f documents) but f > 0, val is
  * instead the last ceil(f x tokens) tokens of the stream (preceded by an end-of-text), and train the
- * rest. Inputs are read whole into memory. Old train_NNNNNN.bin / val_NNNNNN.bin in OUT are removed
- * first, so the glob OUT/train_*.bin names exactly the new shards. */
+ * rest. Inputs are read whole into memory. The new set (shards, tokenizer files, LOOM_SHARD_INDEX)
+ * is written into a temporary directory beside OUT and replaces OUT's old set only when complete: on
+ * any failure the old set is left as it was. OUT holding only files prepare writes is swapped whole
+ * (atomically); otherwise the old index, train_NNNNNN.bin / val_NNNNNN.bin, tokenizer.bin and
+ * pattern.txt are removed and the new files moved in, the index last. Either way the glob
+ * OUT/train_*.bin names exactly the new shards. */
 int loom_data_prepare(const loom_prepare_opts_t *opts, loom_prepare_summary_t *summary);
 
 #ifdef __cplusplus

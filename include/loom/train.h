@@ -226,14 +226,17 @@ int loom_trainer_create(loom_trainer_t **tr, const loom_train_config_t *cfg, loo
 void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log */
 
 /* Restore model, optimizer and trainer state from a training checkpoint directory (or, when `path`
- * is a directory of checkpoints, from the latest complete one in it), whichever parallel strategy
- * wrote it (a ZeRO checkpoint's shards are resliced for this rank). LOOM_ENOENT when none exists
- * (or a shard it lists is missing), LOOM_EMISMATCH when it was written with another model config,
+ * is a directory of checkpoints, from the newest one in it), whichever parallel strategy wrote it (a
+ * ZeRO checkpoint's shards are resliced for this rank). The checkpoint is verified first
+ * (loom_ckpt_verify: checksums, and the step of its name, MANIFEST and state.json agree). LOOM_ENOENT
+ * only when `path` holds no checkpoint at all; LOOM_EFORMAT for a damaged checkpoint (the newest one
+ * of a directory: the message lists the older ones that verify, to resume from one explicitly),
+ * including a missing key or file; LOOM_EMISMATCH when it was written with another model config,
  * B, T or data, or another number of tokens per step (accum x data-parallel ranks; another world
- * size at the same tokens per step resumes, each rank taking rank 0's data position in the new world),
- * LOOM_EFORMAT for a damaged checkpoint. After a failure other than LOOM_ENOENT the trainer's state
- * may be partly restored: destroy it. With several ranks every rank calls it (each reads its own
- * loader state) and the next step broadcasts rank 0's parameters; not collective itself. */
+ * size at the same tokens per step resumes, each rank taking rank 0's data position in the new world).
+ * After a failure other than LOOM_ENOENT the trainer's state may be partly restored: destroy it.
+ * With several ranks every rank calls it (each reads its own loader state) and the next step
+ * broadcasts rank 0's parameters; not collective itself. */
 int loom_trainer_resume(loom_trainer_t *tr, const char *path);
 /* Write a training checkpoint of the current state to cfg->save_dir/step_NNNNNNNN (atomically).
  * Collective with several ranks: the loader states are gathered, then rank 0 writes. */

@@ -6,12 +6,18 @@
  * [0, W) by cycle walking: a bijection computed in O(1) memory from (seed, e) alone, so any window can
  * be read directly without replaying history (data-parallel rank r asks for k = (i*accum + j)*world + r)
  * and the loader's whole position is the index of its next window. Windows may span shard boundaries.
- * The tail of each epoch (fewer than B*T tokens after the last full window) is never read. */
+ * The tail of each epoch (fewer than B*T tokens after the last full window) is never read.
+ * A set `loom data prepare` wrote has an index beside it (LOOM_SHARD_INDEX): every shard it lists for
+ * the set the glob names must be there with its size, so a half-written or half-deleted data set is
+ * an error naming the missing file; shards without an index (llm.c's) load unchecked. */
 #include <glob.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/util.h"
+#include "data/shard_index.h"
 #include "loom/data.h"
 
 struct loom_loader {
@@ -57,6 +63,90 @@ static uint64_t permute(uint64_t i, uint64_t n, uint64_t key)
 	return i;
 }
 
+/* The set a shard name belongs to: its name up to the last '_' ("train" for train_000003.bin). */
+static size_t set_len(const char *base)
+{
+	const char *u = strrchr(base, '_');
+	return u ? (size_t)(u - base) : 0;
+}
+
+/* When the directory of `first` (a matched shard, or the pattern itself when nothing matched) holds
+ * a LOOM_SHARD_INDEX, check the shard set the pattern names against it: every shard the index lists
+ * for the set exists with its size (no training on part of a data set), and no matched file of the
+ * set is unlisted. Without an index (shards made by llm.c's scripts) nothing is checked. */
+static int check_index(const char *pattern, const char *first, const char *const *paths, size_t n)
+{
+	char dir[1100], ipath[1200], fpath[1400], name[300];
+	const char *slash = strrchr(first, '/'), *pbase = strrchr(pattern, '/');
+	struct stat sb;
+	loom__shard_index_t idx;
+	const loom__index_set_t *set;
+	int rc = LOOM_OK;
+	size_t sl;
+	if (slash)
+		snprintf(dir, sizeof dir, "%.*s", (int)(slash - first), first);
+	else
+		snprintf(dir, sizeof dir, ".");
+	if (!n && strpbrk(dir, "*?[")) /* nothing matched and the directory part is itself a pattern */
+		return LOOM_OK;
+	snprintf(ipath, sizeof ipath, "%s/%s", dir, LOOM_SHARD_INDEX);
+	if (stat(ipath, &sb) != 0)
+		return LOOM_OK;
+	if ((rc = loom__shard_index_load(ipath, &idx)) != LOOM_OK)
+		return loom_seterr(rc == LOOM_ENOMEM ? rc : LOOM_EFORMAT, "loader '%s': %s", pattern, loom_errmsg());
+	/* the set: from the pattern's file part when it names one ("val_*.bin"), else from the first match */
+	pbase = pbase ? pbase + 1 : pattern;
+	sl = set_len(pbase);
+	if (sl == 0 || (strpbrk(pbase, "*?[") && strpbrk(pbase, "*?[") < pbase + sl)) {
+		pbase = n ? (slash ? slash + 1 : first) : pbase;
+		sl = set_len(pbase);
+	}
+	if (!sl || !(set = loom__shard_index_set(&idx, pbase, sl))) {
+		if (n == 0)
+			rc = loom_seterr(LOOM_ENOENT, "loader: no files match '%s' (the data set %s has no '%.*s' shards)",
+			                 pattern, ipath, (int)sl, pbase);
+		goto out;
+	}
+	if (n == 0 && set->shards == 0) {
+		rc = loom_seterr(LOOM_ENOENT, "loader: no files match '%s': %s lists no %s shards (prepare the data with "
+		                 "--val-fraction > 0 for validation data)", pattern, ipath, set->name);
+		goto out;
+	}
+	for (int64_t i = 0; i < set->shards; i++) {
+		const loom__index_file_t *f;
+		snprintf(name, sizeof name, "%s_%06lld.bin", set->name, (long long)i);
+		snprintf(fpath, sizeof fpath, "%s/%s", dir, name);
+		if (!(f = loom__shard_index_file(&idx, name))) {
+			rc = loom_seterr(LOOM_EFORMAT, "loader '%s': the shard index %s lacks %s (damaged index)", pattern, ipath,
+			                 name);
+			goto out;
+		}
+		if (stat(fpath, &sb) != 0) {
+			rc = loom_seterr(LOOM_ENOENT, "loader '%s': %s is missing: %s lists %lld %s shard(s) (an incomplete "
+			                 "data set: prepare it again)", pattern, fpath, ipath, (long long)set->shards, set->name);
+			goto out;
+		}
+		if ((uint64_t)sb.st_size != f->bytes) {
+			rc = loom_seterr(LOOM_EFORMAT, "loader '%s': %s has %lld bytes, %s says %llu (a damaged or partly "
+			                 "written shard: prepare the data again)", pattern, fpath, (long long)sb.st_size, ipath,
+			                 (unsigned long long)f->bytes);
+			goto out;
+		}
+	}
+	for (size_t i = 0; i < n; i++) { /* matched files of the set that the index does not know */
+		const char *b = strrchr(paths[i], '/');
+		b = b ? b + 1 : paths[i];
+		if (set_len(b) == sl && !strncmp(b, set->name, sl) && !loom__shard_index_file(&idx, b)) {
+			rc = loom_seterr(LOOM_EFORMAT, "loader '%s': %s is not part of the data set that %s describes (a "
+			                 "leftover of an older set?)", pattern, paths[i], ipath);
+			goto out;
+		}
+	}
+out:
+	loom__shard_index_free(&idx);
+	return rc;
+}
+
 void loom_loader_destroy(loom_loader_t *ld)
 {
 	if (!ld)
@@ -93,13 +183,16 @@ int loom_loader_create(loom_loader_t **out, const char *pattern, const loom_load
 		if (grc == 0 || grc == GLOB_ABORTED)
 			globfree(&g);
 		loom_loader_destroy(ld);
+		/* an indexed set whose shards are all gone: name the first missing one */
+		if ((rc = check_index(pattern, pattern, NULL, 0)) != LOOM_OK)
+			return rc;
 		/* GLOB_ABORTED: a directory of the pattern cannot be read, most often because it does not exist */
 		return loom_seterr(LOOM_ENOENT, "loader: no files match '%s'%s", pattern,
 		                   grc == GLOB_ABORTED ? " (a directory in it does not exist or cannot be read)" : "");
 	}
-	if (grc != 0) {
+	if (grc != 0) { /* GLOB_NOSPACE: the only other failure */
 		loom_loader_destroy(ld);
-		return loom_seterr(LOOM_EIO, "loader: cannot expand '%s' (glob error %d)", pattern, grc);
+		return loom_seterr(LOOM_ENOMEM, "loader: out of memory expanding '%s'", pattern);
 	}
 	ld->shards = loom__calloc(g.gl_pathc, sizeof *ld->shards);
 	ld->start = loom__calloc(g.gl_pathc + 1, sizeof *ld->start);
@@ -107,7 +200,15 @@ int loom_loader_create(loom_loader_t **out, const char *pattern, const loom_load
 		rc = loom_seterr(LOOM_ENOMEM, "loader %s: out of memory", pattern);
 		goto out;
 	}
+	if ((rc = check_index(pattern, g.gl_pathv[0], (const char *const *)g.gl_pathv, g.gl_pathc)) != LOOM_OK)
+		goto out;
 	for (size_t i = 0; i < g.gl_pathc; i++) {
+		struct stat sb;
+		if (stat(g.gl_pathv[i], &sb) == 0 && !S_ISREG(sb.st_mode)) {
+			rc = loom_seterr(LOOM_EINVAL, "loader: '%s' (matched by '%s') is %s, not a token shard file", g.gl_pathv[i],
+			                 pattern, S_ISDIR(sb.st_mode) ? "a directory" : "not a regular file");
+			goto out;
+		}
 		if ((rc = loom_shard_open(&ld->shards[i], g.gl_pathv[i])) != LOOM_OK)
 			goto out;
 		ld->n_shards++;

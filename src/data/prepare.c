@@ -7,16 +7,27 @@
  * files use "%"); empty documents are dropped. The validation split is deterministic and takes whole
  * documents: document i goes to val iff floor((i+1) f) > floor(i f) (evenly spread, round(n f) of
  * them, document 0 always in train); only when that selects none (fewer than 1/f documents) does val
- * become the last ceil(f x tokens) tokens of the stream, after an EOT. Inputs are held in memory. */
+ * become the last ceil(f x tokens) tokens of the stream, after an EOT. Inputs are held in memory.
+ *
+ * Output: the whole new set (shards, tokenizer files and the index LOOM_SHARD_INDEX giving each
+ * shard's size and each set's shard count) is written into a temporary directory beside OUT and put
+ * in place only when complete (swap_in), so any failure (a full disk, a bad input) leaves the old set
+ * as it was, and the loader can tell a complete set from a partial one. */
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "core/util.h"
 #include "core/fileio.h"
+#include "data/shard_index.h"
 #include "loom/data.h"
 #include "loom/tokenizer.h"
 
@@ -67,18 +78,16 @@ static int sw_push_doc(shard_writer_t *w, const doc_t *d)
 	return rc;
 }
 
-/* Copy the BPE tokenizer's files into out_dir as vocab.json, merges.txt (and pattern.txt), so that the
- * shards' directory is itself a tokenizer directory. Nothing to do when it is the same directory. */
+/* Copy the BPE tokenizer's files into the new set's directory `out` as vocab.json, merges.txt (and
+ * pattern.txt), so that the shards' directory is itself a tokenizer directory. The source may be the
+ * output directory itself (its files are copied into the new set before it replaces the old). */
 static int copy_tokenizer(const char *src, const char *out)
 {
 	static const char *const names[][2] = {{"vocab.json", "vocab.json"}, {"merges.txt", "merges.txt"},
 	                                       {"encoder.json", "vocab.json"}, {"vocab.bpe", "merges.txt"},
 	                                       {"pattern.txt", "pattern.txt"}};
-	char a[1100], b[1100], *ra = realpath(src, NULL), *rb = realpath(out, NULL);
-	int same = ra && rb && strcmp(ra, rb) == 0, rc = LOOM_OK, copied[3] = {0, 0, 0};
-	free(ra), free(rb);
-	if (same)
-		return LOOM_OK;
+	char a[1300], b[1300];
+	int rc = LOOM_OK, copied[3] = {0, 0, 0};
 	for (size_t i = 0; i < sizeof names / sizeof names[0] && rc == LOOM_OK; i++) {
 		int slot = i == 4 ? 2 : (int)(i % 2);
 		char *text = NULL;
@@ -97,11 +106,7 @@ static int copy_tokenizer(const char *src, const char *out)
 		free(text);
 		copied[slot] = 1;
 	}
-	if (rc == LOOM_OK && !copied[2]) { /* no pattern.txt: GPT-2's; drop a stale one */
-		snprintf(b, sizeof b, "%s/pattern.txt", out);
-		unlink(b);
-	}
-	return rc;
+	return rc; /* no pattern.txt: GPT-2's (the new set has none, so a stale one goes with the old set) */
 }
 
 /* Write tokenizer.bin (llm.c's format) for a BPE vocabulary when the format can hold it (every id in
@@ -120,10 +125,8 @@ static int save_bpe_table(const loom_bpe_t *bpe, const char *path)
 	for (int i = 0; i < v; i++) {
 		size_t len;
 		const unsigned char *b = loom_bpe_token(bpe, i, &len);
-		if (!b || len < 1 || len > 255) {
-			unlink(path);
-			goto done;
-		}
+		if (!b || len < 1 || len > 255)
+			goto done; /* none in the new set */
 		tok.bytes[i] = (unsigned char *)b, tok.lengths[i] = (int)len;
 	}
 	rc = loom_tokenizer_save(&tok, path);
@@ -170,31 +173,180 @@ static int split_docs(const char *text, size_t len, const char *sep, doc_t **doc
 	}
 }
 
-static int remove_old_shards(const char *dir, int *removed)
+/* Whether `name` is a file `loom data prepare` writes (so a directory of only such files is a data
+ * set it may replace whole), and whether it is a shard name (PREFIX_NNNNNN.bin). */
+static int is_shard_name(const char *s)
+{
+	size_t plen = strncmp(s, "train_", 6) == 0 ? 6 : strncmp(s, "val_", 4) == 0 ? 4 : 0;
+	int ok = plen && strlen(s) == plen + 10 && strcmp(s + plen + 6, ".bin") == 0;
+	for (size_t i = 0; ok && i < 6; i++)
+		ok = s[plen + i] >= '0' && s[plen + i] <= '9';
+	return ok;
+}
+
+static int is_owned_name(const char *s)
+{
+	static const char *const own[] = {"tokenizer.bin", "vocab.json", "merges.txt", "pattern.txt", LOOM_SHARD_INDEX};
+	for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+		if (!strcmp(s, own[i]))
+			return 1;
+	return is_shard_name(s);
+}
+
+/* Count the old shards of dir, and whether every entry of dir is a file prepare owns. */
+static int scan_old(const char *dir, int *shards, int *only_owned)
 {
 	DIR *d = opendir(dir);
 	struct dirent *e;
-	*removed = 0;
+	*shards = 0, *only_owned = 1;
 	if (!d)
-		return loom_seterr(LOOM_ESYS, "data prepare: cannot list %s", dir);
+		return loom_seterr(LOOM_ESYS, "data prepare: cannot list %s: %s", dir, strerror(errno));
 	while ((e = readdir(d))) {
-		const char *s = e->d_name;
-		size_t plen = strncmp(s, "train_", 6) == 0 ? 6 : strncmp(s, "val_", 4) == 0 ? 4 : 0;
-		int ok = plen && strlen(s) == plen + 10 && strcmp(s + plen + 6, ".bin") == 0;
-		char path[1100];
-		for (size_t i = 0; ok && i < 6; i++)
-			ok = s[plen + i] >= '0' && s[plen + i] <= '9';
-		if (!ok)
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
 			continue;
-		snprintf(path, sizeof path, "%s/%s", dir, s);
-		if (unlink(path) != 0) {
-			closedir(d);
-			return loom_seterr(LOOM_ESYS, "data prepare: cannot remove old shard %s", path);
-		}
-		(*removed)++;
+		*shards += is_shard_name(e->d_name);
+		*only_owned &= is_owned_name(e->d_name);
 	}
 	closedir(d);
 	return LOOM_OK;
+}
+
+/* Put the new set (complete in tmp) in place of out. out missing: rename. out holding only files
+ * prepare writes: exchange the two directories atomically (renameat2 RENAME_EXCHANGE; two renames
+ * where the filesystem lacks it) and delete the old set. Otherwise (other files live in out): delete
+ * the old index first (a set without an index is not trusted as complete), then the old shards and
+ * stale tokenizer files, move the new files in, and the new index last. */
+static int swap_in(const char *tmp, const char *out, int *removed)
+{
+	struct stat sb;
+	int only_owned, rc;
+	DIR *d;
+	struct dirent *e;
+	char a[1500], b[1500];
+	*removed = 0;
+	if (stat(out, &sb) != 0) {
+		if (rename(tmp, out) != 0)
+			return loom_seterr(LOOM_ESYS, "data prepare: rename %s -> %s: %s", tmp, out, strerror(errno));
+		return loom__fsync_parent(out);
+	}
+	if (!S_ISDIR(sb.st_mode))
+		return loom_seterr(LOOM_EINVAL, "data prepare: output %s exists and is not a directory", out);
+	if ((rc = scan_old(out, removed, &only_owned)) != LOOM_OK)
+		return rc;
+	if (only_owned) {
+		if (syscall(SYS_renameat2, AT_FDCWD, tmp, AT_FDCWD, out, 2 /* RENAME_EXCHANGE */) != 0) {
+			snprintf(a, sizeof a, "%s.old", tmp);
+			if (rename(out, a) != 0 || rename(tmp, out) != 0)
+				return loom_seterr(LOOM_ESYS, "data prepare: replacing %s by %s: %s", out, tmp, strerror(errno));
+			if (rename(a, tmp) != 0)
+				return loom_seterr(LOOM_ESYS, "data prepare: rename %s -> %s: %s", a, tmp, strerror(errno));
+		}
+		if ((rc = loom__fsync_parent(out)) != LOOM_OK)
+			return rc;
+		return loom__rm_rf(tmp); /* the old set */
+	}
+	static const char *const stale[] = {LOOM_SHARD_INDEX, "tokenizer.bin", "pattern.txt"};
+	for (size_t i = 0; i < sizeof stale / sizeof stale[0]; i++) {
+		snprintf(b, sizeof b, "%s/%s", out, stale[i]);
+		if (unlink(b) != 0 && errno != ENOENT)
+			return loom_seterr(LOOM_ESYS, "data prepare: cannot remove %s: %s", b, strerror(errno));
+		if (i == 0 && (rc = loom__fsync_path(out)) != LOOM_OK)
+			return rc;
+	}
+	if (!(d = opendir(out)))
+		return loom_seterr(LOOM_ESYS, "data prepare: cannot list %s: %s", out, strerror(errno));
+	while ((e = readdir(d))) {
+		if (!is_shard_name(e->d_name))
+			continue;
+		snprintf(b, sizeof b, "%s/%s", out, e->d_name);
+		if (unlink(b) != 0) {
+			closedir(d);
+			return loom_seterr(LOOM_ESYS, "data prepare: cannot remove old shard %s: %s", b, strerror(errno));
+		}
+	}
+	closedir(d);
+	if (!(d = opendir(tmp)))
+		return loom_seterr(LOOM_ESYS, "data prepare: cannot list %s: %s", tmp, strerror(errno));
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.' || !strcmp(e->d_name, LOOM_SHARD_INDEX))
+			continue;
+		snprintf(a, sizeof a, "%s/%s", tmp, e->d_name);
+		snprintf(b, sizeof b, "%s/%s", out, e->d_name);
+		if (rename(a, b) != 0) {
+			closedir(d);
+			return loom_seterr(LOOM_ESYS, "data prepare: rename %s -> %s: %s", a, b, strerror(errno));
+		}
+	}
+	closedir(d);
+	if ((rc = loom__fsync_path(out)) != LOOM_OK)
+		return rc;
+	snprintf(a, sizeof a, "%s/%s", tmp, LOOM_SHARD_INDEX);
+	snprintf(b, sizeof b, "%s/%s", out, LOOM_SHARD_INDEX);
+	if (rename(a, b) != 0)
+		return loom_seterr(LOOM_ESYS, "data prepare: rename %s -> %s: %s", a, b, strerror(errno));
+	if ((rc = loom__fsync_path(out)) != LOOM_OK)
+		return rc;
+	return loom__rm_rf(tmp);
+}
+
+/* Remove the temporary directories of earlier prepares of the same output that were killed
+ * (DIR/.NAME.prepare-PID whose process no longer exists); `tmp` is this run's. */
+static int remove_stale(const char *tmp)
+{
+	char parent[1100], prefix[300], path[1500];
+	const char *slash = strrchr(tmp, '/'), *base = slash ? slash + 1 : tmp, *dash = strrchr(base, '-');
+	DIR *d;
+	struct dirent *e;
+	int rc = LOOM_OK;
+	snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - tmp) : 1, slash ? tmp : ".");
+	snprintf(prefix, sizeof prefix, "%.*s", (int)(dash - base + 1), base); /* ".NAME.prepare-" */
+	if (!(d = opendir(parent)))
+		return LOOM_OK;
+	while (rc == LOOM_OK && (e = readdir(d))) {
+		char *end;
+		long pid;
+		if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+			continue;
+		pid = strtol(e->d_name + strlen(prefix), &end, 10);
+		if (*end || pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
+			snprintf(path, sizeof path, "%s/%s", parent, e->d_name);
+			rc = loom__rm_rf(path);
+		}
+	}
+	closedir(d);
+	return rc;
+}
+
+/* The index of the new set: how many shards and tokens each set has, and each shard's size. */
+static int write_index(const char *dir, const shard_writer_t *tw, const shard_writer_t *vw)
+{
+	loom__index_set_t sets[2];
+	loom__shard_index_t idx = {sets, 2, NULL, 0};
+	char path[1400];
+	int rc = LOOM_OK;
+	if (!(idx.files = loom__calloc((size_t)(tw->index + vw->index) + 1, sizeof *idx.files)))
+		return loom_seterr(LOOM_ENOMEM, "data prepare: out of memory for the shard index");
+	for (int set = 0; set < 2 && rc == LOOM_OK; set++) {
+		const shard_writer_t *w = set ? vw : tw;
+		snprintf(sets[set].name, sizeof sets[set].name, "%s", w->prefix);
+		sets[set].shards = w->index, sets[set].tokens = w->total;
+		for (int i = 0; i < w->index; i++) {
+			struct stat sb;
+			loom__index_file_t *f = &idx.files[idx.n_files];
+			snprintf(f->name, sizeof f->name, "%s_%06d.bin", w->prefix, i);
+			snprintf(path, sizeof path, "%s/%s", dir, f->name);
+			if (stat(path, &sb) != 0) {
+				rc = loom_seterr(LOOM_ESYS, "data prepare: %s: %s", path, strerror(errno));
+				break;
+			}
+			f->bytes = (uint64_t)sb.st_size;
+			idx.n_files++;
+		}
+	}
+	if (rc == LOOM_OK)
+		rc = loom__shard_index_write(dir, &idx);
+	free(idx.files);
+	return rc;
 }
 
 int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
@@ -203,14 +355,27 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 	doc_t *docs = NULL;
 	size_t n_docs = 0, docs_cap = 0, shard_tokens = o->shard_tokens ? o->shard_tokens : 100000000;
 	unsigned char *is_val = NULL;
-	shard_writer_t tw = {o->out_dir, "train", NULL, 0, 0, 0, 0}, vw = {o->out_dir, "val", NULL, 0, 0, 0, 0};
+	shard_writer_t tw = {NULL, "train", NULL, 0, 0, 0, 0}, vw = {NULL, "val", NULL, 0, 0, 0, 0};
 	uint64_t total = 0;
 	loom_tokenizer_t tok = {0};
 	loom_bpe_t *bpe = NULL;
 	double f = o->val_fraction;
-	char path[1100];
-	int rc = LOOM_OK, eot = LOOM_BYTE_EOT;
+	char path[1300], out[1024], tmp[1100];
+	int rc = LOOM_OK, eot = LOOM_BYTE_EOT, have_tmp = 0;
 	memset(sum, 0, sizeof *sum);
+	if (!o->out_dir || !*o->out_dir || snprintf(out, sizeof out, "%s", o->out_dir) >= (int)sizeof out - 64)
+		return loom_seterr(LOOM_EINVAL, "data prepare: output directory '%s' empty or too long",
+		                   o->out_dir ? o->out_dir : "");
+	for (size_t l = strlen(out); l > 1 && out[l - 1] == '/'; l--)
+		out[l - 1] = 0;
+	{ /* the new set is built beside the output: DIR/.NAME.prepare-PID, on the same filesystem */
+		const char *slash = strrchr(out, '/');
+		if (slash)
+			snprintf(tmp, sizeof tmp, "%.*s/.%s.prepare-%ld", (int)(slash - out), out, slash + 1, (long)getpid());
+		else
+			snprintf(tmp, sizeof tmp, ".%s.prepare-%ld", out, (long)getpid());
+	}
+	tw.dir = vw.dir = tmp;
 	if (!(f >= 0.0 && f < 1.0))
 		return loom_seterr(LOOM_EINVAL, "data prepare: val fraction %g outside [0, 1)", f);
 	if (o->n_inputs <= 0)
@@ -264,8 +429,22 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 		goto out;
 	}
 	sum->train_documents = n_docs - sum->val_documents;
-	if ((rc = loom__mkdir_p(o->out_dir)) != LOOM_OK || (rc = remove_old_shards(o->out_dir, &sum->removed_shards)) != LOOM_OK)
-		goto out;
+	{ /* the output's parent must exist; the new set goes into a fresh temporary directory beside it */
+		char parent[1100], *slash;
+		snprintf(parent, sizeof parent, "%s", tmp);
+		if ((slash = strrchr(parent, '/')) && slash > parent) {
+			*slash = 0;
+			if ((rc = loom__mkdir_p(parent)) != LOOM_OK)
+				goto out;
+		}
+		if ((rc = loom__rm_rf(tmp)) != LOOM_OK || (rc = remove_stale(tmp)) != LOOM_OK)
+			goto out;
+		if (mkdir(tmp, 0777) != 0) {
+			rc = loom_seterr(LOOM_ESYS, "data prepare: cannot create %s: %s", tmp, strerror(errno));
+			goto out;
+		}
+		have_tmp = 1;
+	}
 	tw.cap = vw.cap = (size_t)LOOM_MIN((uint64_t)shard_tokens, total + 1);
 	tw.buf = loom__malloc(tw.cap * sizeof *tw.buf);
 	vw.buf = loom__malloc(vw.cap * sizeof *vw.buf);
@@ -305,9 +484,9 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 		rc = sw_flush(&vw);
 	if (rc != LOOM_OK)
 		goto out;
-	snprintf(path, sizeof path, "%s/tokenizer.bin", o->out_dir);
+	snprintf(path, sizeof path, "%s/tokenizer.bin", tmp);
 	if (bpe) {
-		if ((rc = save_bpe_table(bpe, path)) != LOOM_OK || (rc = copy_tokenizer(o->tokenizer, o->out_dir)) != LOOM_OK)
+		if ((rc = save_bpe_table(bpe, path)) != LOOM_OK || (rc = copy_tokenizer(o->tokenizer, tmp)) != LOOM_OK)
 			goto out;
 	} else {
 		if ((rc = loom_tokenizer_init_bytes(&tok)) != LOOM_OK)
@@ -315,9 +494,16 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 		if ((rc = loom_tokenizer_save(&tok, path)) != LOOM_OK)
 			goto out;
 	}
+	if ((rc = write_index(tmp, &tw, &vw)) != LOOM_OK || (rc = loom__fsync_path(tmp)) != LOOM_OK)
+		goto out;
+	if ((rc = swap_in(tmp, out, &sum->removed_shards)) != LOOM_OK)
+		goto out;
+	have_tmp = 0;
 	sum->train_tokens = tw.total, sum->val_tokens = vw.total;
 	sum->train_shards = tw.index, sum->val_shards = vw.index;
 out:
+	if (have_tmp) /* any failure before the swap: the old set is untouched */
+		loom__rm_rf(tmp);
 	loom_tokenizer_free(&tok);
 	for (int i = 0; texts && i < o->n_inputs; i++)
 		free(texts[i]);

@@ -213,19 +213,21 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 	struct stat sb;
 	loom_kv_t *kv = NULL;
 	loom_loader_state_t ls;
-	int64_t step, astep;
+	int64_t step, astep, mstep;
 	int rc;
 	snprintf(manifest, sizeof manifest, "%s/MANIFEST", path);
-	if (stat(manifest, &sb) == 0) {
-		if ((rc = loom_ckpt_verify(path)) != LOOM_OK)
-			return rc;
+	if (stat(manifest, &sb) == 0) { /* one checkpoint, chosen explicitly */
+		if ((rc = loom_ckpt_verify_step(path, &mstep)) != LOOM_OK)
+			return loom_seterr(rc == LOOM_ENOENT ? LOOM_EFORMAT : rc, "resume: %s", loom_errmsg());
 		snprintf(dir, sizeof dir, "%s", path);
-	} else if ((rc = loom_ckpt_latest(path, dir, sizeof dir, &step)) != LOOM_OK) {
-		return loom_seterr(rc, "resume: no complete training checkpoint in '%s' (%s)", path, loom_errmsg());
+	} else if ((rc = loom_ckpt_latest(path, dir, sizeof dir, &mstep)) != LOOM_OK) {
+		/* LOOM_ENOENT only when there is no step_ directory at all; a damaged newest one is an error */
+		return rc == LOOM_ENOENT ? loom_seterr(rc, "resume: no training checkpoint in '%s'", path)
+		                         : loom_seterr(rc, "resume from %s: %s", path, loom_errmsg());
 	}
 	snprintf(file, sizeof file, "%s/state.json", dir);
 	if ((rc = loom_kv_load(&kv, file)) != LOOM_OK)
-		return rc;
+		goto out;
 	const char *m = " (the model must be the same)", *b = " (resume with the same batch settings)";
 	if ((rc = expect_i64(kv, file, "model.n_layer", tr->mcfg.n_layer, m)) ||
 	    (rc = expect_i64(kv, file, "model.n_head", tr->mcfg.n_head, m)) ||
@@ -255,6 +257,11 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 		ls.next_window = (uint64_t)step * (uint64_t)tr->cfg.accum * (uint64_t)tr->dp_size + (uint64_t)tr->dp_rank;
 		ls.epoch = ls.next_window / loom_loader_windows_per_epoch(tr->train);
 	}
+	if (step != mstep) {
+		rc = loom_seterr(LOOM_EFORMAT, "%s: step %lld, but the checkpoint's MANIFEST is of step %lld (files of "
+		                 "different checkpoints)", file, (long long)step, (long long)mstep);
+		goto out;
+	}
 	if (step < 0 || astep != step) {
 		rc = loom_seterr(LOOM_EFORMAT, "%s: step %lld and AdamW step %lld disagree", file, (long long)step,
 		                 (long long)astep);
@@ -277,5 +284,8 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 	tr->synced = 0; /* the next step broadcasts rank 0's parameters again */
 out:
 	loom_kv_destroy(kv);
+	/* A checkpoint was found: whatever is missing in it (a key, a file) is damage, not "no checkpoint". */
+	if (rc == LOOM_ENOENT)
+		rc = loom_seterr(LOOM_EFORMAT, "resume from %s: %s (damaged checkpoint)", dir, loom_errmsg());
 	return rc;
 }

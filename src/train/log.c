@@ -7,7 +7,8 @@
  * dropped) and append the rest, giving the same step lines as an uninterrupted run. The last line of
  * a run that finished is {"summary":{...}} (loom_train_summary_t); a resume drops it and appends a
  * new one at its end. Non-finite numbers are written as null (JSON has no NaN). Lines are flushed as
- * written. Invariant of every step line: exposed_comm_ms <= comm_ms (the rest of the wait is wait_ms). */
+ * written; before a checkpoint is committed the log is fsync'ed too (loom__train_log_sync), so the line of
+ * every step a checkpoint holds is on disk. Invariant of every step line: exposed_comm_ms <= comm_ms (the rest of the wait is wait_ms). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -253,6 +254,15 @@ int loom__train_log_summary(loom_trainer_t *tr)
 	fputs("}}\n", f);
 	if (fflush(f) != 0 || ferror(f))
 		return loom_seterr(LOOM_EIO, "writing the log file %s failed", tr->cfg.log_path);
+	return LOOM_OK;
+}
+
+int loom__train_log_sync(loom_trainer_t *tr)
+{
+	if (!tr->log)
+		return LOOM_OK;
+	if (fflush(tr->log) != 0 || fsync(fileno(tr->log)) != 0)
+		return loom_seterr(LOOM_EIO, "log %s: flushing it to disk before the checkpoint failed", tr->cfg.log_path);
 	return LOOM_OK;
 }
 

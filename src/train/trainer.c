@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "core/util.h"
+#include "loom/ckpt.h"
 #include "loom/ddp.h"
 #include "loom/mesh.h"
 #include "train/trainer_internal.h"
@@ -92,8 +93,20 @@ static int check_config(const loom_train_config_t *c, loom_gpt2_t *model)
 		                   c->eval_every, c->eval_batches, c->save_every);
 	if (c->val_data && c->eval_batches == 0)
 		return loom_seterr(LOOM_EINVAL, "trainer: eval-batches must be > 0 to evaluate");
-	if (!isfinite(c->grad_clip))
-		return loom_seterr(LOOM_EINVAL, "trainer: grad clip %g must be finite", c->grad_clip);
+	if (!isfinite(c->grad_clip) || c->grad_clip < 0)
+		return loom_seterr(LOOM_EINVAL, "trainer: grad clip %g must be finite and >= 0 (0 disables clipping)",
+		                   c->grad_clip);
+	/* eps = 0 divides 0 by 0 for a parameter whose gradient has always been 0 (NaN weights, saved) */
+	if (!(c->adamw.eps > 0.0f) || !isfinite(c->adamw.eps))
+		return loom_seterr(LOOM_EINVAL, "trainer: AdamW eps %g must be finite and > 0 (e.g. 1e-8)", c->adamw.eps);
+	if (!(c->adamw.beta1 >= 0.0f && c->adamw.beta1 < 1.0f) || !(c->adamw.beta2 >= 0.0f && c->adamw.beta2 < 1.0f))
+		return loom_seterr(LOOM_EINVAL, "trainer: AdamW betas (%g, %g) must be in [0, 1)", c->adamw.beta1,
+		                   c->adamw.beta2);
+	if (!(c->adamw.weight_decay >= 0.0f) || !isfinite(c->adamw.weight_decay))
+		return loom_seterr(LOOM_EINVAL, "trainer: AdamW weight decay %g must be finite and >= 0",
+		                   c->adamw.weight_decay);
+	if (c->save_dir && (rc = loom_ckpt_check_save_dir(c->save_dir)) != LOOM_OK)
+		return rc;
 	if (!(c->bucket_mb > 0 && c->bucket_mb < 1e6) &&
 	    ((c->comm && loom_comm_size(c->comm) > 1) || (c->mesh && loom_mesh_world_size(c->mesh) > 1)))
 		return loom_seterr(LOOM_EINVAL, "trainer: bucket size %g MiB must be > 0", c->bucket_mb);
@@ -385,6 +398,10 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx)
 	const loom_train_config_t *c = &tr->cfg;
 	loom_step_metrics_t m;
 	int rc;
+	/* Past the resume decision: finish what a kill interrupted in the checkpoint directory (rank 0
+	 * writes it; nothing else writes there before the first save), then open the log. */
+	if (c->save_dir && tr->rank == 0 && (rc = loom_ckpt_recover(c->save_dir)) != LOOM_OK)
+		return rc;
 	if (c->log_path && tr->rank == 0 && (rc = loom_train_log_open(tr)) != LOOM_OK)
 		return rc;
 	while (tr->step < c->lr.total_steps) {
@@ -405,14 +422,18 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx)
 				return rc;
 			m.has_val = 1;
 		}
-		if (c->save_dir && ((c->save_every > 0 && m.step % c->save_every == 0) || last)) {
-			if ((rc = loom_trainer_save(tr)) != LOOM_OK)
-				return rc;
-			m.saved = 1;
-		}
+		/* The step's log line is on disk (fsync'ed) before its checkpoint is committed: a kill at any
+		 * point never leaves a checkpoint whose steps the log lacks (a resume drops lines past it). */
+		m.saved = c->save_dir && ((c->save_every > 0 && m.step % c->save_every == 0) || last);
 		loom__train_summary_add(tr, &m);
 		if (tr->log && (rc = loom_train_log_write(tr, &m)) != LOOM_OK)
 			return rc;
+		if (m.saved) {
+			if (tr->log && (rc = loom__train_log_sync(tr)) != LOOM_OK)
+				return rc;
+			if ((rc = loom_trainer_save(tr)) != LOOM_OK)
+				return rc;
+		}
 		if (fn && fn(ctx, tr, &m) != 0)
 			return loom_seterr(LOOM_ESTATE, "training stopped at step %lld", m.step);
 	}

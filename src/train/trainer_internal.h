@@ -63,5 +63,7 @@ void loom_train_log_close(loom_trainer_t *tr);
  * summary to the log (rank 0). */
 void loom__train_summary_add(loom_trainer_t *tr, const loom_step_metrics_t *m);
 int loom__train_log_summary(loom_trainer_t *tr);
+/* fsync the log: the lines written so far survive a crash (before a checkpoint is committed). */
+int loom__train_log_sync(loom_trainer_t *tr);
 
 #endif
