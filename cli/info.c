@@ -119,7 +119,10 @@ static int info_other_dir(const char *path)
 	int64_t step;
 	DIR *d;
 	struct dirent *e;
-	if (loom_ckpt_latest(path, latest, sizeof latest, &step) == LOOM_OK) {
+	int lrc = loom_ckpt_latest(path, latest, sizeof latest, &step);
+	if (lrc != LOOM_OK && lrc != LOOM_ENOENT)  /* the newest checkpoint is damaged: say which and why */
+		cli_die("info", "%s", loom_errmsg());
+	if (lrc == LOOM_OK) {
 		int n = 0;
 		if ((d = opendir(path))) {
 			while ((e = readdir(d)))

@@ -97,7 +97,7 @@ static int copy_tokenizer(const char *src, const char *out)
 		snprintf(b, sizeof b, "%s/%s", out, names[i][1]);
 		if (copied[slot] || access(a, R_OK) != 0)
 			continue;
-		if ((rc = loom__read_file(a, &text, &len)) == LOOM_OK && (rc = loom__atomic_open(&af, b)) == LOOM_OK) {
+		if ((rc = loom__read_file_max(a, (size_t)64 << 20, &text, &len)) == LOOM_OK && (rc = loom__atomic_open(&af, b)) == LOOM_OK) {
 			if ((rc = loom__atomic_write(&af, text, len)) == LOOM_OK)
 				rc = loom__atomic_commit(&af);
 			else

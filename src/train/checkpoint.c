@@ -109,7 +109,7 @@ static int copy_bpe_files(const loom_ckpt_writer_t *w, const char *tok)
 		size_t len;
 		int rc;
 		snprintf(src, sizeof src, "%s/%s", dir, names[i]);
-		if ((rc = loom__read_file(src, &text, &len)) == LOOM_ENOENT)
+		if ((rc = loom__read_file_max(src, (size_t)64 << 20, &text, &len)) == LOOM_ENOENT)
 			continue;
 		if (rc != LOOM_OK)
 			return rc;
