@@ -8,7 +8,8 @@
  * close (its children may hold them). The first rank that exits non-zero or dies of a signal is the
  * job's failure: the others get SIGTERM, then SIGKILL after LOOM_KILL_GRACE_S (default 5) seconds.
  * SIGINT/SIGTERM/SIGHUP sent to loom run go to every rank the same way (a second one: SIGKILL).
- * Once every rank is gone, /dev/shm/loom-<LOOM_JOB_ID>* segments left behind are removed.
+ * Once every rank is gone, /dev/shm/loom-<LOOM_JOB_ID>@* segments left behind are removed ('@'
+ * cannot occur in a job id, so another job whose id starts with ours keeps its segments).
  * Exit code: 0 when every rank exited 0; 1 when one failed; 2 for bad usage; 126/127 when the
  * program cannot be executed; killed by the same signal when loom run was interrupted. */
 #include <dirent.h>
@@ -238,7 +239,7 @@ static int spawn(const run_opts_t *o, int rank, rank_t *r)
 	return e;
 }
 
-/* Remove /dev/shm/loom-<job>* left behind; returns how many were removed. */
+/* Remove /dev/shm/loom-<job>@* left behind; returns how many were removed. */
 static int remove_segments(const char *job)
 {
 	char prefix[96], path[400];
@@ -247,7 +248,7 @@ static int remove_segments(const char *job)
 	struct dirent *e;
 	if (!d)
 		return 0;
-	snprintf(prefix, sizeof prefix, "loom-%s", job);
+	snprintf(prefix, sizeof prefix, "loom-%s@", job);
 	while ((e = readdir(d))) {
 		if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
 			continue;
@@ -488,7 +489,7 @@ restart: /* --max-restarts: attempt K > 0 starts every rank again, as torchrun's
 		run_stream_free(&r[i].out), run_stream_free(&r[i].err);
 	removed = remove_segments(o.job_id);
 	if (removed)
-		run_note("removed %d shared-memory segment%s left by the job (/dev/shm/loom-%s*)", removed,
+		run_note("removed %d shared-memory segment%s left by the job (/dev/shm/loom-%s@*)", removed,
 		         removed > 1 ? "s" : "", o.job_id);
 	if (!exec_err && !j.interrupted && j.failed >= 0) {
 		char d[160];

@@ -82,7 +82,7 @@ static int leftover_segments(const char *job)
 	int n = 0;
 	DIR *d = opendir("/dev/shm");
 	struct dirent *e;
-	snprintf(prefix, sizeof prefix, "loom-%s", job);
+	snprintf(prefix, sizeof prefix, "loom-%s@", job);
 	if (!d)
 		return 0;
 	while ((e = readdir(d))) {

@@ -398,7 +398,7 @@ static int rank_stale_segment(int rank, int n, void *arg)
 	FILE *f;
 	(void)rank, (void)n, (void)arg;
 	snprintf(id, sizeof id, "%s-stale", getenv("LOOM_JOB_ID"));
-	snprintf(path, sizeof path, "/dev/shm/loom-%s", id);
+	snprintf(path, sizeof path, "/dev/shm/loom-%s@w", id);
 	f = fopen(path, "w");
 	CHECK(f != NULL);
 	fclose(f);

@@ -280,13 +280,20 @@ TEST(launcher_bad_usage)
 
 TEST(launcher_removes_leftover_segments)
 {
-	char out[OUT_CAP], args[1024], job[64], env[128], mine[160], other[160];
+	char out[OUT_CAP], args[1024], job[64], env[128], mine[160], other[160], longer[160], dashed[160];
 	struct stat st;
 	FILE *f;
 	snprintf(job, sizeof job, "ltest%d", (int)getpid());
-	snprintf(mine, sizeof mine, "/dev/shm/loom-%s-leftover", job);
+	snprintf(mine, sizeof mine, "/dev/shm/loom-%s@leftover", job);
 	snprintf(other, sizeof other, "/dev/shm/loom-other%d", (int)getpid()); /* another job's: kept */
+	/* jobs whose ids start with ours (issue 13, finding 9): kept too */
+	snprintf(longer, sizeof longer, "/dev/shm/loom-%sb@w", job);
+	snprintf(dashed, sizeof dashed, "/dev/shm/loom-%s-b@w", job);
 	CHECK((f = fopen(other, "w")) != NULL);
+	fclose(f);
+	CHECK((f = fopen(longer, "w")) != NULL);
+	fclose(f);
+	CHECK((f = fopen(dashed, "w")) != NULL);
 	fclose(f);
 	snprintf(env, sizeof env, "OMP_NUM_THREADS=1 LOOM_JOB_ID=%s ", job);
 	snprintf(args, sizeof args, "--nproc-per-node 2 %s shm", prog("launch_rank"));
@@ -294,7 +301,9 @@ TEST(launcher_removes_leftover_segments)
 	CHECK_CONTAINS(out, "loom run: removed 1 shared-memory segment left by the job (/dev/shm/loom-ltest");
 	CHECK_MSG(stat(mine, &st) != 0, "%s was left behind", mine);
 	CHECK_MSG(stat(other, &st) == 0, "%s (another job's) was removed", other);
-	unlink(other);
+	CHECK_MSG(stat(longer, &st) == 0, "%s (job %sb's) was removed", longer, job);
+	CHECK_MSG(stat(dashed, &st) == 0, "%s (job %s-b's) was removed", dashed, job);
+	unlink(other), unlink(longer), unlink(dashed);
 	return 0;
 }
 

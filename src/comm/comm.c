@@ -4,10 +4,12 @@
  * through the table in c->xp (transport.h): shared memory, or MPI for a job spanning hosts (whose
  * communicators also keep hier.c's same-host and cross-host groups).
  *
- * A job is named by LOOM_JOB_ID (or the launcher's job id): its world communicator is "loom-<id>"
- * (the shared-memory transport's segment "/loom-<id>"; a second loom_comm_init in the same process,
- * after destroy, uses "loom-<id>-g2" and so on, so names never collide with a segment still being
- * torn down). Sub-communicators get "loom-<id>-<split#>.<leader>" where split# counts splits on the
+ * A job is named by LOOM_JOB_ID (or the launcher's job id): its world communicator is "loom-<id>@w"
+ * (the shared-memory transport's segment "/loom-<id>@w"; a second loom_comm_init in the same process,
+ * after destroy, uses "loom-<id>@g2" and so on, so names never collide with a segment still being
+ * torn down). The id is sanitized to [A-Za-z0-9._-], so '@' delimits it: every name of job <id>, and
+ * no other job's, starts with "loom-<id>@" (what `loom run` cleans up). Sub-communicators get
+ * "loom-<id>@w-<split#>.<leader>" where split# counts splits on the
  * parent (the same on every rank) and leader is the group's first rank in the parent, unique per
  * group.
  *
@@ -425,10 +427,12 @@ int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts)
 		heap_bytes = (size_t)shm_mb << 20;
 	}
 	gen = atomic_fetch_add(&world_generation, 1) + 1;
+	/* '@' ends the job id (it never occurs in one): cleanup of job "a" matches "loom-a@*" only,
+	 * never job "ab"'s or "a-b"'s segments. */
 	if (gen == 1)
-		snprintf(name, sizeof name, "loom-%s", id);
+		snprintf(name, sizeof name, "loom-%s@w", id);
 	else
-		snprintf(name, sizeof name, "loom-%s-g%u", id, gen);
+		snprintf(name, sizeof name, "loom-%s@g%u", id, gen);
 	c = loom__comm_new(rank, size);
 	if (!c)
 		return loom_seterr(LOOM_ENOMEM, "loom_comm_init: out of memory");

@@ -41,7 +41,7 @@ struct loom_request {
 
 struct loom_comm {
 	loom_xp_head_t xp; /* first: the transport's table and its state for this communicator */
-	char name[200];    /* unique in the job, the same on every member: "loom-<job>[-<split#>.<leader>...]" */
+	char name[200];    /* unique in the job, the same on every member: "loom-<job>@w[-<split#>.<leader>...]" */
 	int rank, size, local_rank;
 	int *world_of; /* world rank of each member */
 	int world_size;

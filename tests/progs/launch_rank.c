@@ -7,7 +7,7 @@
  *   stubborn R CODE     like exit, but the others ignore SIGTERM
  *   grandchild DIR      every rank forks a child that writes DIR/gc.<rank> (its pid) and sleeps
  *                       60 s; then rank 1 exits 3 and the others sleep
- *   shm                 rank 0 creates /dev/shm/loom-$LOOM_JOB_ID-leftover and every rank exits 0
+ *   shm                 rank 0 creates /dev/shm/loom-$LOOM_JOB_ID@leftover and every rank exits 0
  *   interleave          3 times: write 4 letters ('A' + rank) without '\n', wait 0.25 s, 4 more and '\n'
  *   longline N          one stdout line of N 'x' (written in pieces of 1000), then "end"
  *   trap DIR [ignore]   on SIGTERM print "got signal 15" and exit 0 (with ignore: ignore SIGTERM);
@@ -120,7 +120,7 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(mode, "shm") == 0) {
 		if (rank == 0) {
-			snprintf(path, sizeof path, "/dev/shm/loom-%s-leftover", env("LOOM_JOB_ID"));
+			snprintf(path, sizeof path, "/dev/shm/loom-%s@leftover", env("LOOM_JOB_ID"));
 			int fd = open(path, O_CREAT | O_WRONLY, 0600);
 			if (fd < 0) {
 				perror(path);

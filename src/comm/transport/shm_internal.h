@@ -11,10 +11,10 @@
 
 #include "comm/transport.h"
 
-/* Shape of a job in memory. The world communicator's segment ("/loom-<job>") holds a header, one
+/* Shape of a job in memory. The world communicator's segment ("/loom-<job>@w") holds a header, one
  * record per rank (doorbell, state, liveness mutex, a small exchange board), one channel per ordered
  * pair of ranks and kind (collective / point-to-point), and the shared heap (one region per rank)
- * behind loom_comm_alloc. A sub-communicator's segment ("/loom-<job>-<n>.<leader>") has the same
+ * behind loom_comm_alloc. A sub-communicator's segment ("/loom-<job>@w-<n>.<leader>") has the same
  * header, rank records and channels but no heap: buffers always come from the world's heap, so a
  * message can name sender memory by its offset in the world segment, which every rank maps.
  * Every process holds one loom_job_t per world (its mapping of the world segment and its heap
