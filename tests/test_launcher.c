@@ -415,3 +415,47 @@ TEST(launcher_lines_never_run_together)
 	CHECK_STREQ(out + 9 + 40000, "\n[rank 0] end\n");
 	return 0;
 }
+
+/* Liveness (issue 13, finding 10). A rank stopped by SIGSTOP holds every collective up: loom run
+ * names it as the first failure within LOOM_STOP_GRACE_S (1 s) instead of after LOOM_TIMEOUT_S, and
+ * the healthy ranks are not blamed. */
+TEST(launcher_names_stopped_rank)
+{
+	char out[OUT_CAP], args[1024];
+	double secs;
+	snprintf(args, sizeof args, "--nproc-per-node 3 %s stop 1", prog("launch_rank"));
+	CHECK_RUN("OMP_NUM_THREADS=1 LOOM_TIMEOUT_S=100 ", args, 1, &secs);
+	CHECK_CONTAINS(out, "loom run: rank 1 (pid ");
+	CHECK_CONTAINS(out, "was stopped by signal 19 (SIGSTOP) and did not continue within 1 s");
+	CHECK_CONTAINS(out, "first failure: rank 1 (pid ");
+	CHECK_MSG(count(out, "first failure: rank 1") == 1, "output:\n%s", out);
+	CHECK_MSG(secs < 60, "loom run took %.1f s", secs); /* LOOM_TIMEOUT_S=100: not a timeout */
+	return 0;
+}
+
+/* A wedged rank (alive, running, outside every collective): the others time out and report whom
+ * they waited for; loom run follows the reports and names the wedged rank, not the first rank
+ * that gave up. The others warn first (LOOM_STALL_S). */
+TEST(launcher_names_wedged_rank)
+{
+	char out[OUT_CAP], args[1024];
+	snprintf(args, sizeof args, "--nproc-per-node 3 %s wedge 2", prog("launch_rank"));
+	CHECK_RUN("OMP_NUM_THREADS=1 LOOM_TIMEOUT_S=3 LOOM_STALL_S=1 ", args, 1, NULL);
+	CHECK_CONTAINS(out, "has not progressed for 1 s (LOOM_STALL_S)");
+	CHECK_CONTAINS(out, "first failure: rank 2 (pid ");
+	CHECK_CONTAINS(out, "stopped making progress (rank ");
+	CHECK_MSG(count(out, "first failure: rank 2") == 1, "output:\n%s", out);
+	return 0;
+}
+
+/* Rank 0 gone before it created the job's shared memory: under loom run the others know its pid
+ * and give up within a second (LOOM_TIMEOUT_S is 60 here). */
+TEST(launcher_rank0_absent_at_rendezvous)
+{
+	char out[OUT_CAP], args[1024];
+	snprintf(args, sizeof args, "--nproc-per-node 3 %s norank0", prog("launch_rank"));
+	CHECK_RUN("OMP_NUM_THREADS=1 LOOM_TIMEOUT_S=60 ", args, 0, NULL);
+	CHECK_EQ(count(out, "init failed after "), 2);
+	CHECK_CONTAINS(out, "rank 0 (pid ");
+	return 0;
+}
