@@ -15,8 +15,10 @@
  *
  * Every collective entry point validates its arguments, waits until queued non-blocking collectives
  * have run, takes the next sequence number (the same on every rank, since collectives are called
- * in the same order everywhere), optionally checks the call's fingerprint across ranks (LOOM_DEBUG),
- * and hands over to loom_algo_run. Invariants: a communicator whose transport recorded a fatal
+ * in the same order everywhere; a call that fails its argument check takes one too, so ranks stay in
+ * step), records the call's signature (kind, dtype, op, root, count: c->coll_sig, stamped by the
+ * transport on every message and checked by the receiver), optionally checks that signature across
+ * all ranks before any data moves (LOOM_DEBUG), and hands over to loom_algo_run. Invariants: a communicator whose transport recorded a fatal
  * error (abort) refuses every further call with that error; c->coll_ctx is the running collective's
  * context (sequence number, deadline) while one runs and zero otherwise; loom_cur describes the
  * operation the calling thread is running (for error messages), and is restored on return. */

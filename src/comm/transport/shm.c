@@ -2,8 +2,12 @@
  *
  * Each ordered pair of ranks has one FIFO per kind (collective, point-to-point) of `nslots` slots
  * (shm_internal.h). A message is one or more chunks; every chunk's slot header repeats the message
- * size (and tag, and collective sequence number), so the receiver checks them before touching any
- * byte and a mismatch is an error on both sides, never an overrun. The sender fills a slot and
+ * size (and tag, and on the collective channel the sequence number and the call's signature: kind,
+ * dtype, op, root, total count), so the receiver checks them before touching any byte and a
+ * mismatch is an error on both sides naming both calls, never an overrun or a silent combination of
+ * unrelated data. A send blocked on the collective channel also peeks at the peer's pending message:
+ * the same sequence number with another signature means both only send (every rank a broadcast
+ * root) and neither would ever receive. The sender fills a slot and
  * publishes it by storing its chunk number in the slot's `ready` word; the receiver polls that
  * word (one cache line for a small message) and frees the slot by advancing `tail`.
  *

@@ -24,6 +24,11 @@
  * Before reporting a lost peer the waiter re-checks its condition: a rank that finished its part
  * and then left is not an error.
  *
+ * Stalls. A collective wait without progress for LOOM_STALL_S (default 60) warns once on stderr,
+ * naming whom it waits for and the ranks behind in the sequence; that warning and a timeout are
+ * also reported to `loom run` (loom_xp_report_suspect), naming the rank most likely holding the
+ * wait up, so the launcher can name a wedged rank rather than the first rank that gave up.
+ *
  * Invariants: a rank's record is written only by that rank, except doorbell (anyone), proc =
  * PROC_DEAD (the first rank that sees EOWNERDEAD) and nothing else; board buffer s is reused for
  * exchange k+2 only after every rank published k+1. */
