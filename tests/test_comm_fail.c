@@ -1,7 +1,9 @@
 /* test_comm_fail.c: the communicator's failure paths, each run as forked ranks under a timeout: a
  * rank that dies (SIGKILL, exit without loom_comm_destroy) or leaves during a collective, in the
  * world and in a sub-group; the deadline (LOOM_TIMEOUT_S); mismatched collective calls with and
- * without LOOM_DEBUG. The harness also checks that no shared-memory segment is left behind. */
+ * without LOOM_DEBUG (dtype, op, root, count: every message's signature), a call invalid on one
+ * rank (the sequence numbers stay in step), overlapping buffers, integer sums that overflow. The
+ * harness also checks that no shared-memory segment is left behind. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* test_launcher.c: `loom run` end to end: the environment contract, output prefixes and --ranks,
- * failures (exit code, signal, SIGTERM-resistant ranks, grandchildren), signal forwarding, flag
- * errors and shared-memory cleanup. Ranks are tests/progs/launch_rank.c (and launch_allreduce_die.c
+ * failures (exit code, signal, SIGTERM-resistant ranks, grandchildren, stopped and wedged ranks, rank
+ * 0 gone at rendezvous), signal forwarding, flag errors and shared-memory cleanup (exactly this job's). Ranks are tests/progs/launch_rank.c (and launch_allreduce_die.c
  * for the death test with real collectives); every command runs under test_run_cmd's timeout. */
 #include <errno.h>
 #include <signal.h>
