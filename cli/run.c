@@ -550,9 +550,12 @@ int loom_cli_run(int argc, char **argv)
 		r[i].out.fd = r[i].err.fd = -1, r[i].blames = -1;
 	raise_fd_limit(o.nproc);
 	/* The ranks' reports: they inherit the write end (non-blocking: a rank never waits on us). */
-	if (pipe2(report_pipe, O_NONBLOCK) == 0) {
+	struct stat pst;
+	if (pipe2(report_pipe, O_NONBLOCK) == 0 && fstat(report_pipe[1], &pst) == 0) {
+		char v[64];
 		fcntl(report_pipe[0], F_SETFD, FD_CLOEXEC);
-		set_env_int("LOOM_RUN_REPORT_FD", report_pipe[1]);
+		snprintf(v, sizeof v, "%d:%llu", report_pipe[1], (unsigned long long)pst.st_ino);
+		setenv("LOOM_RUN_REPORT_FD", v, 1); /* FD:INODE, so a rank never writes to a reused number */
 	} else {
 		report_pipe[0] = report_pipe[1] = -1;
 		unsetenv("LOOM_RUN_REPORT_FD");

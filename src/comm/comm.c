@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "comm/comm_internal.h"
@@ -820,9 +821,14 @@ void loom_xp_report_suspect(int reporter, int suspect, const char *why)
 	int fd = atomic_load_explicit(&fd_cached, memory_order_relaxed);
 	char line[600];
 	int n;
-	if (fd == -2) {
-		long v = loom_env_long("LOOM_RUN_REPORT_FD", -1, NULL);
-		fd = v >= 3 && v < 65536 ? (int)v : -1;
+	if (fd == -2) { /* "FD:INODE": only the pipe loom run made, never a file that took its number */
+		const char *e = getenv("LOOM_RUN_REPORT_FD");
+		unsigned long long ino = 0;
+		struct stat st;
+		fd = -1;
+		if (!(e && sscanf(e, "%d:%llu", &fd, &ino) == 2 && fd >= 3 && fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode) &&
+		      (unsigned long long)st.st_ino == ino))
+			fd = -1;
 		atomic_store_explicit(&fd_cached, fd, memory_order_relaxed);
 	}
 	if (fd < 0)

@@ -119,7 +119,7 @@ void loom_xp_sig_describe(char *out, size_t cap, uint64_t seq, const loom_xp_sig
 /* LOOM_STALL_S (default 60; 0 disables): seconds a collective may wait without progress before the
  * transport warns on stderr, naming the ranks it waits for. */
 double loom_xp_stall_s(void);
-/* Tell the launcher (`loom run`, through LOOM_RUN_REPORT_FD) that world rank `reporter` suspects world rank
+/* Tell the launcher (`loom run`, through LOOM_RUN_REPORT_FD="FD:INODE" of a pipe) that world rank `reporter` suspects world rank
  * `suspect` of being stuck or dead; `why` is one line. Does nothing without a launcher. */
 void loom_xp_report_suspect(int reporter, int suspect, const char *why);
 
