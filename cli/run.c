@@ -282,7 +282,7 @@ static double stop_grace_s(void)
 {
 	const char *e = getenv("LOOM_STOP_GRACE_S");
 	double v = e && *e ? atof(e) : 1.0;
-	return v > 0 ? v : 1.0;
+	return v > 0 ? (v < 1e9 ? v : 1e9) : 1.0; /* "inf": about 30 years */
 }
 
 typedef struct {
@@ -492,7 +492,7 @@ static void supervise(job_t *j)
 		if (stopped_wake > 0 && (wake == 0 || stopped_wake < wake))
 			wake = stopped_wake;
 		if (wake > 0)
-			timeout_ms = wake <= now ? 0 : (int)((wake - now) * 1000) + 1;
+			timeout_ms = wake <= now ? 0 : (wake - now) > 3600 ? 3600000 : (int)((wake - now) * 1000) + 1;
 		if (j->o->monitor_s > 0 && (timeout_ms < 0 || timeout_ms > (int)(j->o->monitor_s * 1000)))
 			timeout_ms = (int)(j->o->monitor_s * 1000); /* --monitor-interval */
 		rc = poll(pf, (nfds_t)np, timeout_ms);
