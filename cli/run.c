@@ -8,7 +8,8 @@
  * close (its children may hold them). The first rank that exits non-zero or dies of a signal is the
  * job's failure: the others get SIGTERM, then SIGKILL after LOOM_KILL_GRACE_S (default 5) seconds.
  * SIGINT/SIGTERM/SIGHUP sent to loom run go to every rank the same way (a second one: SIGKILL).
- * Once every rank is gone, /dev/shm/loom-<LOOM_JOB_ID>* segments left behind are removed.
+ * Once every rank is gone, /dev/shm/loom-<LOOM_JOB_ID>@* segments left behind are removed ('@'
+ * cannot occur in a job id, so another job whose id starts with ours keeps its segments).
  * Exit code: 0 when every rank exited 0; 1 when one failed; 2 for bad usage; 126/127 when the
  * program cannot be executed; killed by the same signal when loom run was interrupted. */
 #include <dirent.h>
@@ -33,6 +34,10 @@
 typedef struct {
 	pid_t pid;
 	int done, status;
+	double stopped_at; /* when waitpid reported it stopped (SIGSTOP...), 0 while it runs */
+	int hung;          /* the job's failure is this rank not progressing: why says how we know */
+	int blames;        /* the rank this one reported as holding it up (loom_xp_report_suspect), or -1 */
+	char why[400];
 	run_stream_t out, err;
 } rank_t;
 
@@ -67,7 +72,7 @@ static int setup_signals(void)
 		return -1;
 	memset(&sa, 0, sizeof sa);
 	sa.sa_handler = on_signal;
-	sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+	sa.sa_flags = SA_RESTART; /* SIGCHLD for stopped ranks too */
 	sigemptyset(&sa.sa_mask);
 	if (sigaction(SIGCHLD, &sa, NULL) != 0)
 		return -1;
@@ -121,7 +126,9 @@ static void signal_all(rank_t *r, int n, int sig)
 
 static void describe(const rank_t *r, int rank, char *buf, size_t cap)
 {
-	if (WIFEXITED(r->status))
+	if (r->hung)
+		snprintf(buf, cap, "rank %d (pid %d) %s", rank, (int)r->pid, r->why);
+	else if (WIFEXITED(r->status))
 		snprintf(buf, cap, "rank %d (pid %d) exited with code %d", rank, (int)r->pid, WEXITSTATUS(r->status));
 	else if (WIFSIGNALED(r->status))
 		snprintf(buf, cap, "rank %d (pid %d) was killed by signal %d (SIG%s)%s", rank, (int)r->pid,
@@ -238,7 +245,7 @@ static int spawn(const run_opts_t *o, int rank, rank_t *r)
 	return e;
 }
 
-/* Remove /dev/shm/loom-<job>* left behind; returns how many were removed. */
+/* Remove /dev/shm/loom-<job>@* left behind; returns how many were removed. */
 static int remove_segments(const char *job)
 {
 	char prefix[96], path[400];
@@ -247,7 +254,7 @@ static int remove_segments(const char *job)
 	struct dirent *e;
 	if (!d)
 		return 0;
-	snprintf(prefix, sizeof prefix, "loom-%s", job);
+	snprintf(prefix, sizeof prefix, "loom-%s@", job);
 	while ((e = readdir(d))) {
 		if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
 			continue;
@@ -263,6 +270,21 @@ static int remove_segments(const char *job)
 
 /* ---- the supervisor -------------------------------------------------------------------------- */
 
+/* The ranks' reports (comm/transport.h, loom_xp_report_suspect): "suspect S by R: why" lines on a
+ * pipe whose write end every rank inherits as LOOM_RUN_REPORT_FD. A rank that waited too long in a
+ * collective names the rank it waits for; following those names from a failed rank leads to the
+ * one that stopped making progress (which reports nothing itself), the job's real first failure. */
+static int report_pipe[2] = {-1, -1};
+static char report_buf[8192];
+static size_t report_len;
+
+static double stop_grace_s(void)
+{
+	const char *e = getenv("LOOM_STOP_GRACE_S");
+	double v = e && *e ? atof(e) : 1.0;
+	return v > 0 ? (v < 1e9 ? v : 1e9) : 1.0; /* "inf": about 30 years */
+}
+
 typedef struct {
 	const run_opts_t *o;
 	rank_t *r;
@@ -272,6 +294,46 @@ typedef struct {
 	int stopping, killed;
 	double kill_at;
 } job_t;
+
+static void read_reports(job_t *j)
+{
+	ssize_t n;
+	if (report_pipe[0] < 0)
+		return;
+	while ((n = read(report_pipe[0], report_buf + report_len, sizeof report_buf - 1 - report_len)) > 0) {
+		char *line = report_buf, *nl;
+		report_len += (size_t)n;
+		report_buf[report_len] = '\0';
+		while ((nl = strchr(line, '\n'))) {
+			int s, by, off = 0;
+			*nl = '\0';
+			if (sscanf(line, "suspect %d by %d: %n", &s, &by, &off) == 2 && off > 0) {
+				int i = by - j->o->node_rank * j->o->nproc, k = s - j->o->node_rank * j->o->nproc;
+				if (i >= 0 && i < j->n && k >= 0 && k < j->n && i != k && j->r[i].blames < 0) {
+					j->r[i].blames = k;
+					snprintf(j->r[i].why, sizeof j->r[i].why, "%s", line + off);
+				}
+			}
+			line = nl + 1;
+		}
+		report_len -= (size_t)(line - report_buf);
+		memmove(report_buf, line, report_len);
+		if (report_len >= sizeof report_buf - 1)
+			report_len = 0; /* a line longer than the buffer: not ours */
+	}
+}
+
+/* The rank whose lack of progress made rank f fail, following the reports from f; f itself when
+ * nobody is blamed (or the blamed rank finished cleanly: it was not stuck). */
+static int culprit_of(job_t *j, int f)
+{
+	int k = f, steps = 0;
+	while (j->r[k].blames >= 0 && steps++ < j->n)
+		k = j->r[k].blames;
+	if (k == f || (j->r[k].done && WIFEXITED(j->r[k].status) && WEXITSTATUS(j->r[k].status) == 0))
+		return f;
+	return k;
+}
 
 static void stop_job(job_t *j, int sig)
 {
@@ -287,12 +349,20 @@ static void reap(job_t *j)
 {
 	int st, first = -1;
 	pid_t p;
-	while ((p = waitpid(-1, &st, WNOHANG)) > 0) {
+	read_reports(j); /* a rank writes its report before it exits */
+	while ((p = waitpid(-1, &st, WNOHANG | WUNTRACED | WCONTINUED)) > 0) {
 		for (int i = 0; i < j->n; i++) {
 			rank_t *r = &j->r[i];
 			if (r->pid != p || r->done)
 				continue;
-			r->done = 1, r->status = st, j->running--;
+			if (WIFSTOPPED(st) || WIFCONTINUED(st)) {
+				r->stopped_at = WIFSTOPPED(st) ? (r->stopped_at > 0 ? r->stopped_at : now_s()) : 0;
+				if (WIFSTOPPED(st))
+					snprintf(r->why, sizeof r->why, "was stopped by signal %d (SIG%s)", WSTOPSIG(st),
+					         sigabbrev_np(WSTOPSIG(st)) ? sigabbrev_np(WSTOPSIG(st)) : "?");
+				break;
+			}
+			r->done = 1, r->status = st, j->running--, r->stopped_at = 0;
 			/* Its output is all in the pipes now (unless its children still write). */
 			run_stream_drain(&r->out, now_s());
 			run_stream_drain(&r->err, now_s());
@@ -305,14 +375,57 @@ static void reap(job_t *j)
 		}
 	}
 	if (first >= 0 && j->failed < 0 && !j->interrupted) {
-		char d[160];
-		j->failed = first;
-		describe(&j->r[first], first, d, sizeof d);
+		char d[600];
+		int k = culprit_of(j, first);
+		if (k != first) { /* first gave up waiting for k: k is the failure */
+			rank_t *c = &j->r[k];
+			char why[400];
+			snprintf(why, sizeof why, "%s", c->blames >= 0 || !c->why[0] ? "" : c->why);
+			snprintf(c->why, sizeof c->why, "stopped making progress%s%.60s (rank %d reported: %.250s)",
+			         why[0] ? ": it " : "", why, first, j->r[first].why);
+			c->hung = 1;
+			if (!c->done)
+				kill(-c->pid, SIGKILL), kill(c->pid, SIGKILL); /* a stopped rank ignores SIGTERM */
+		}
+		j->failed = k;
+		describe(&j->r[k], k, d, sizeof d);
 		if (j->running > 0) { /* else the final report says it */
 			run_note("%s; stopping the other ranks (SIGTERM, SIGKILL after %g s)", d, j->o->grace_s);
 			stop_job(j, SIGTERM);
 		}
 	}
+}
+
+/* A rank stopped (SIGSTOP, SIGTSTP...) for longer than LOOM_STOP_GRACE_S (default 1 s) holds every
+ * collective up: it is the job's failure, killed (SIGTERM would wait for a SIGCONT). Returns the
+ * time of the next check, or 0. */
+static double check_stopped(job_t *j, double now)
+{
+	double grace = stop_grace_s(), next = 0;
+	for (int i = 0; i < j->n; i++) {
+		rank_t *r = &j->r[i];
+		char d[600];
+		if (r->done || r->stopped_at <= 0)
+			continue;
+		if (now < r->stopped_at + grace || j->failed >= 0 || j->interrupted) {
+			if (j->failed < 0 && !j->interrupted && (next == 0 || r->stopped_at + grace < next))
+				next = r->stopped_at + grace;
+			continue;
+		}
+		{
+			char how[400];
+			snprintf(how, sizeof how, "%s", r->why);
+			snprintf(r->why, sizeof r->why, "%.60s and did not continue within %g s (LOOM_STOP_GRACE_S): it holds "
+			         "the other ranks up; killing it", how, grace);
+		}
+		r->hung = 1;
+		j->failed = i;
+		describe(r, i, d, sizeof d);
+		run_note("%s; stopping the other ranks (SIGTERM, SIGKILL after %g s)", d, j->o->grace_s);
+		kill(-r->pid, SIGKILL), kill(r->pid, SIGKILL);
+		stop_job(j, SIGTERM);
+	}
+	return next;
 }
 
 static void on_forwarded(job_t *j, int sig)
@@ -332,8 +445,8 @@ static void on_forwarded(job_t *j, int sig)
 
 static void supervise(job_t *j)
 {
-	struct pollfd *pf = malloc(sizeof *pf * (size_t)(2 * j->n + 1));
-	run_stream_t **ps = malloc(sizeof *ps * (size_t)(2 * j->n + 1));
+	struct pollfd *pf = malloc(sizeof *pf * (size_t)(2 * j->n + 2));
+	run_stream_t **ps = malloc(sizeof *ps * (size_t)(2 * j->n + 2));
 	double quiet_until = 0;
 	if (!pf || !ps) {
 		run_note("out of memory supervising %d ranks: killing them", j->n);
@@ -341,8 +454,9 @@ static void supervise(job_t *j)
 	}
 	for (;;) {
 		int np = 0, timeout_ms = -1, rc;
-		double now = now_s(), wake = 0;
+		double now = now_s(), wake = 0, stopped_wake;
 		reap(j);
+		stopped_wake = check_stopped(j, now);
 		if (j->running == 0 && quiet_until == 0)
 			quiet_until = now + 0.2; /* the ranks' children may still be writing */
 		if (!pf || !ps) {
@@ -352,6 +466,8 @@ static void supervise(job_t *j)
 			continue;
 		}
 		pf[np] = (struct pollfd){.fd = sig_pipe[0], .events = POLLIN};
+		ps[np++] = NULL;
+		pf[np] = (struct pollfd){.fd = report_pipe[0], .events = POLLIN};
 		ps[np++] = NULL;
 		for (int i = 0; i < j->n; i++) {
 			run_stream_t *s2[2] = {&j->r[i].out, &j->r[i].err};
@@ -367,14 +483,16 @@ static void supervise(job_t *j)
 				ps[np++] = s2[k];
 			}
 		}
-		if (j->running == 0 && (np == 1 || now >= quiet_until))
+		if (j->running == 0 && (np == 2 || now >= quiet_until))
 			break;
 		if (j->stopping && !j->killed && (wake == 0 || j->kill_at < wake))
 			wake = j->kill_at;
 		if (j->running == 0 && (wake == 0 || quiet_until < wake))
 			wake = quiet_until;
+		if (stopped_wake > 0 && (wake == 0 || stopped_wake < wake))
+			wake = stopped_wake;
 		if (wake > 0)
-			timeout_ms = wake <= now ? 0 : (int)((wake - now) * 1000) + 1;
+			timeout_ms = wake <= now ? 0 : (wake - now) > 3600 ? 3600000 : (int)((wake - now) * 1000) + 1;
 		if (j->o->monitor_s > 0 && (timeout_ms < 0 || timeout_ms > (int)(j->o->monitor_s * 1000)))
 			timeout_ms = (int)(j->o->monitor_s * 1000); /* --monitor-interval */
 		rc = poll(pf, (nfds_t)np, timeout_ms);
@@ -389,7 +507,9 @@ static void supervise(job_t *j)
 				if (sigs[t] != SIGCHLD)
 					on_forwarded(j, sigs[t]);
 		}
-		for (int t = 1; rc > 0 && t < np; t++)
+		if (rc > 0 && (pf[1].revents & POLLIN))
+			read_reports(j);
+		for (int t = 2; rc > 0 && t < np; t++)
 			if (pf[t].revents)
 				run_stream_read(ps[t], now_s());
 		if (j->stopping && !j->killed && now_s() >= j->kill_at && j->running > 0) {
@@ -427,8 +547,19 @@ int loom_cli_run(int argc, char **argv)
 		return 1;
 	}
 	for (int i = 0; i < o.nproc; i++)
-		r[i].out.fd = r[i].err.fd = -1;
+		r[i].out.fd = r[i].err.fd = -1, r[i].blames = -1;
 	raise_fd_limit(o.nproc);
+	/* The ranks' reports: they inherit the write end (non-blocking: a rank never waits on us). */
+	struct stat pst;
+	if (pipe2(report_pipe, O_NONBLOCK) == 0 && fstat(report_pipe[1], &pst) == 0) {
+		char v[64];
+		fcntl(report_pipe[0], F_SETFD, FD_CLOEXEC);
+		snprintf(v, sizeof v, "%d:%llu", report_pipe[1], (unsigned long long)pst.st_ino);
+		setenv("LOOM_RUN_REPORT_FD", v, 1); /* FD:INODE, so a rank never writes to a reused number */
+	} else {
+		report_pipe[0] = report_pipe[1] = -1;
+		unsetenv("LOOM_RUN_REPORT_FD");
+	}
 	setenv("LOOM_JOB_ID", o.job_id, 1);
 	setenv("LOOM_RUN_JOB_ID", o.job_id, 1); /* marks it as ours (run_opts.c) */
 	setenv("TORCHELASTIC_RUN_ID", o.job_id, 1);
@@ -452,16 +583,22 @@ restart: /* --max-restarts: attempt K > 0 starts every rank again, as torchrun's
 		setenv("LOOM_JOB_ID", o.job_id, 1), setenv("LOOM_RUN_JOB_ID", o.job_id, 1);
 		memset(r, 0, sizeof *r * (size_t)o.nproc);
 		for (int i = 0; i < o.nproc; i++)
-			r[i].out.fd = r[i].err.fd = -1;
+			r[i].out.fd = r[i].err.fd = -1, r[i].blames = -1;
 		j = (job_t){.failed = -1};
+		report_len = 0;
 		exec_err = 0, exec_rank = -1, spawn_failed = 0;
 	}
 	fflush(NULL);
 	j.o = &o, j.r = r;
+	unsetenv("LOOM_RANK0_PID"); /* an outer job's */
 	for (int i = 0; i < o.nproc; i++) {
 		int e = spawn(&o, o.node_rank * o.nproc + i, &r[i]);
 		if (r[i].pid > 0)
 			j.n = i + 1, j.running++;
+		/* The other ranks learn rank 0's pid, to notice within a second that it died before
+		 * creating the job's shared memory (comm/transport/shm_segment.c). */
+		if (i == 0 && o.node_rank == 0 && r[0].pid > 0)
+			set_env_int("LOOM_RANK0_PID", r[0].pid);
 		if (e) {
 			exec_err = e, exec_rank = i;
 			break;
@@ -488,10 +625,10 @@ restart: /* --max-restarts: attempt K > 0 starts every rank again, as torchrun's
 		run_stream_free(&r[i].out), run_stream_free(&r[i].err);
 	removed = remove_segments(o.job_id);
 	if (removed)
-		run_note("removed %d shared-memory segment%s left by the job (/dev/shm/loom-%s*)", removed,
+		run_note("removed %d shared-memory segment%s left by the job (/dev/shm/loom-%s@*)", removed,
 		         removed > 1 ? "s" : "", o.job_id);
 	if (!exec_err && !j.interrupted && j.failed >= 0) {
-		char d[160];
+		char d[700];
 		describe(&r[j.failed], j.failed, d, sizeof d);
 		if (attempt < o.max_restarts) {
 			run_note("attempt %d failed (%s); restarting all %d ranks (restart %d of %d)", attempt, d, o.nproc,

@@ -57,7 +57,7 @@ static void usage(FILE *f)
 	        "\n"
 	        "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,\n"
 	        "ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOOM_JOB_ID (fresh unless you set it;\n"
-	        "names the job's /dev/shm/loom-<id>* segments) and, with more than one rank, OMP_NUM_THREADS=1\n"
+	        "names the job's /dev/shm/loom-<id>@* segments) and, with more than one rank, OMP_NUM_THREADS=1\n"
 	        "unless it is set (or empty). Each line a rank writes is prefixed \"[rank r] \" on the same\n"
 	        "stream (stdout or stderr); '\\r' progress lines are kept as such. Ranks read loom run's stdin,\n"
 	        "or /dev/null when that is a terminal.\n"

@@ -44,6 +44,51 @@ static double timeout_scale(void)
 	return v > 0 ? v : 1.0;
 }
 
+/* How overloaded the machine is: the 1-minute load average per online core, at least 1, at most 8
+ * (a shared 2-core machine running several test suites reaches 3-4). Timeouts of multi-process tests
+ * stretch by it, so a test that needs 30 s alone does not fail at 60 s when it gets a third of a
+ * core; a genuine hang still ends, just later. */
+static double load_factor(void)
+{
+	double l[1];
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	if (getloadavg(l, 1) != 1 || n < 1)
+		return 1;
+	l[0] /= (double)n;
+	return l[0] < 1 ? 1 : l[0] > 8 ? 8 : l[0];
+}
+
+/* A timeout that stretches with the load: expired() re-reads the load once a second and keeps the
+ * highest factor seen since start. */
+typedef struct {
+	double start, base_s, factor, next_check;
+} test_deadline_t;
+
+static void deadline_init(test_deadline_t *d, double timeout_s)
+{
+	d->start = now_s();
+	d->base_s = timeout_s * timeout_scale();
+	d->factor = load_factor();
+	d->next_check = d->start + 1;
+}
+
+static double deadline_limit(const test_deadline_t *d)
+{
+	return d->base_s * d->factor;
+}
+
+static int deadline_expired(test_deadline_t *d)
+{
+	double now = now_s();
+	if (now >= d->next_check) {
+		double f = load_factor();
+		if (f > d->factor)
+			d->factor = f;
+		d->next_check = now + 1;
+	}
+	return now - d->start > deadline_limit(d);
+}
+
 static void describe_status(int st, char *buf, size_t cap)
 {
 	if (WIFEXITED(st))
@@ -82,7 +127,7 @@ static int leftover_segments(const char *job)
 	int n = 0;
 	DIR *d = opendir("/dev/shm");
 	struct dirent *e;
-	snprintf(prefix, sizeof prefix, "loom-%s", job);
+	snprintf(prefix, sizeof prefix, "loom-%s@", job);
 	if (!d)
 		return 0;
 	while ((e = readdir(d))) {
@@ -99,7 +144,7 @@ int test_spawn(int nranks, test_rank_fn fn, void *arg, double timeout_s, const c
 {
 	pid_t pids[256];
 	int status[256], done[256], failed = 0, remaining = nranks;
-	double deadline;
+	test_deadline_t deadline;
 	if (nranks < 1 || nranks > 256)
 		return 1;
 	snprintf(last_job, sizeof last_job, "t%d-%u", (int)getpid(), ++job_counter);
@@ -128,7 +173,7 @@ int test_spawn(int nranks, test_rank_fn fn, void *arg, double timeout_s, const c
 		pids[r] = p;
 		done[r] = 0;
 	}
-	deadline = now_s() + timeout_s * timeout_scale();
+	deadline_init(&deadline, timeout_s);
 	while (remaining > 0) {
 		int st;
 		pid_t p = waitpid(-1, &st, WNOHANG);
@@ -142,8 +187,11 @@ int test_spawn(int nranks, test_rank_fn fn, void *arg, double timeout_s, const c
 		}
 		if (p < 0 && errno != EINTR && errno != ECHILD)
 			break;
-		if (now_s() > deadline) {
-			fprintf(stderr, "  multi-rank test timed out after %.0f s; ranks still running:", timeout_s * timeout_scale());
+		if (deadline_expired(&deadline)) {
+			fprintf(stderr,
+			        "  multi-rank test timed out after %.0f s (%.0f s x LOOM_TEST_TIMEOUT_SCALE %.3g x load %.2f); "
+			        "ranks still running:",
+			        deadline_limit(&deadline), timeout_s, timeout_scale(), deadline.factor);
 			for (int r = 0; r < nranks; r++)
 				if (!done[r])
 					fprintf(stderr, " %d", r);
@@ -178,7 +226,7 @@ int test_run_cmd(const char *cmd, char *out, size_t cap, double timeout_s)
 	int fds[2], st = 0;
 	size_t len = 0;
 	pid_t p;
-	double deadline;
+	test_deadline_t deadline;
 	if (pipe(fds) != 0)
 		return -1;
 	fflush(NULL);
@@ -194,7 +242,7 @@ int test_run_cmd(const char *cmd, char *out, size_t cap, double timeout_s)
 	}
 	close(fds[1]);
 	fcntl(fds[0], F_SETFL, O_NONBLOCK);
-	deadline = now_s() + timeout_s * timeout_scale();
+	deadline_init(&deadline, timeout_s);
 	for (;;) {
 		char tmp[4096];
 		ssize_t n = read(fds[0], tmp, sizeof tmp);
@@ -210,7 +258,7 @@ int test_run_cmd(const char *cmd, char *out, size_t cap, double timeout_s)
 		}
 		if (n == 0)
 			break;
-		if (now_s() > deadline) {
+		if (deadline_expired(&deadline)) {
 			kill(-p, SIGKILL);
 			waitpid(p, &st, 0);
 			close(fds[0]);
@@ -306,7 +354,8 @@ static int run_forked(int i, double timeout_s)
 {
 	int st;
 	pid_t p;
-	double deadline = now_s() + timeout_s;
+	test_deadline_t deadline;
+	deadline_init(&deadline, timeout_s);
 	fflush(NULL);
 	p = fork();
 	if (p == 0) {
@@ -323,8 +372,9 @@ static int run_forked(int i, double timeout_s)
 		pid_t w = waitpid(p, &st, WNOHANG);
 		if (w == p)
 			break;
-		if (now_s() > deadline) {
-			fprintf(stderr, "  test %s timed out after %.0f s\n", tests[i].name, timeout_s);
+		if (deadline_expired(&deadline)) {
+			fprintf(stderr, "  test %s timed out after %.0f s (load factor %.2f)\n", tests[i].name,
+			        deadline_limit(&deadline), deadline.factor);
 			kill(-p, SIGKILL);
 			kill(p, SIGKILL);
 			waitpid(p, &st, 0);
@@ -347,7 +397,7 @@ int main(int argc, char **argv)
 	int n = (int)(sizeof tests / sizeof tests[0]), passed = 0, failed = 0, skipped = 0, fork_mode = 1, nnames = 0;
 	int list = 0;
 	const char *names[512];
-	double timeout_s = 600 * timeout_scale();
+	double timeout_s = 600; /* scaled by LOOM_TEST_TIMEOUT_SCALE and the load (deadline_init) */
 	for (int a = 1; a < argc; a++) {
 		if (strcmp(argv[a], "--list") == 0)
 			list = 1;

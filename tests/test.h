@@ -106,7 +106,9 @@ typedef int (*test_rank_fn)(int rank, int nranks, void *arg);
 
 /* Fork `nranks` processes that form one job (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and a
  * fresh LOOM_JOB_ID in their environment), run fn in each, and wait at most timeout_s seconds
- * (scaled by LOOM_TEST_TIMEOUT_SCALE, e.g. under sanitizers). On timeout every rank is killed.
+ * (scaled by LOOM_TEST_TIMEOUT_SCALE, e.g. under sanitizers, and by the machine's load: the 1-minute
+ * load average per core when above 1, at most 8, re-read while waiting). On timeout every rank is
+ * killed.
  * Returns 0 when every rank exited 0 and no /dev/shm/loom-<job>* segment was left behind; otherwise
  * prints which ranks failed and how, and returns 1. Extra environment for the ranks can be given
  * as "NAME=VALUE" strings in env (NULL-terminated, or NULL). */
@@ -122,7 +124,7 @@ const char *test_loom_bin(void);
 const char *test_prog_dir(void);
 
 /* Run a shell command, capture up to cap-1 bytes of its combined stdout+stderr into out, wait at
- * most timeout_s; returns the exit status (128+signal when killed, -1 on timeout). */
+ * most timeout_s (scaled like test_spawn's); returns the exit status (128+signal when killed, -1 on timeout). */
 int test_run_cmd(const char *cmd, char *out, size_t cap, double timeout_s);
 
 /* Write n bytes to path (created or truncated); 0 on success, 1 on any failure. */

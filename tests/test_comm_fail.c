@@ -1,7 +1,9 @@
 /* test_comm_fail.c: the communicator's failure paths, each run as forked ranks under a timeout: a
  * rank that dies (SIGKILL, exit without loom_comm_destroy) or leaves during a collective, in the
  * world and in a sub-group; the deadline (LOOM_TIMEOUT_S); mismatched collective calls with and
- * without LOOM_DEBUG. The harness also checks that no shared-memory segment is left behind. */
+ * without LOOM_DEBUG (dtype, op, root, count: every message's signature), a call invalid on one
+ * rank (the sequence numbers stay in step), overlapping buffers, integer sums that overflow. The
+ * harness also checks that no shared-memory segment is left behind. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -162,9 +164,13 @@ static int rank_mismatch(int rank, int n, void *arg)
 			x[i] = (float)rank;
 		CHECK_OK(loom_allreduce(c, x, x, 1000, LOOM_FLOAT32, LOOM_SUM));
 		CHECK_FEQ(x[999], 1);
-	} else {
-		CHECK_CONTAINS(loom_comm_errmsg(c), "allreduce #1");
-		CHECK_CONTAINS(loom_comm_errmsg(c), "bytes");
+	} else { /* the signature on every message names both calls without LOOM_DEBUG too */
+		char mine[96], other[96];
+		snprintf(mine, sizeof mine, "this rank called allreduce #1 (count %zu, float32, op sum, root -1)", cnt);
+		snprintf(other, sizeof other, "rank %d called allreduce #1 (count %d, float32, op sum, root -1)", 1 - rank,
+		         rank == 0 ? 1001 : 1000);
+		CHECK_CONTAINS(loom_comm_errmsg(c), mine);
+		CHECK_CONTAINS(loom_comm_errmsg(c), other);
 	}
 	CHECK_OK(loom_comm_destroy(c));
 	free(x);
@@ -182,6 +188,115 @@ TEST(comm_mismatch)
 
 /* A rank dies inside a sub-group: its group fails naming it (with its world rank); the other
  * group is unaffected. */
+/* Mismatched calls without LOOM_DEBUG (issue 13, finding 8): the signature every message carries
+ * makes each of these an error on both ranks, naming both calls, instead of wrong data or a hang. */
+enum { SIG_DTYPE, SIG_OP, SIG_ROOT_BIG, SIG_ROOT_SMALL, SIG_LOCAL_EINVAL, SIG_OVERLAP, SIG_INT_WRAP, SIG_CASES };
+
+static int rank_signature(int rank, int n, void *arg)
+{
+	int what = *(int *)arg;
+	loom_comm_t *c;
+	size_t big = 3u << 20;
+	float *x = malloc(big * sizeof *x);
+	(void)n;
+	CHECK(x != NULL);
+	for (size_t i = 0; i < big; i++)
+		x[i] = (float)(rank + 1);
+	CHECK_OK(loom_comm_init(&c));
+	switch (what) {
+	case SIG_DTYPE: /* float32 against int32: same size, so only the signature tells */
+		CHECK_ERR(loom_allreduce(c, x, x, 1000, rank ? LOOM_INT32 : LOOM_FLOAT32, LOOM_SUM), LOOM_EMISMATCH);
+		CHECK_CONTAINS(loom_comm_errmsg(c), rank ? "this rank called allreduce #1 (count 1000, int32, op sum"
+		                                         : "this rank called allreduce #1 (count 1000, float32, op sum");
+		CHECK_CONTAINS(loom_comm_errmsg(c), rank ? "rank 0 called allreduce #1 (count 1000, float32, op sum"
+		                                         : "rank 1 called allreduce #1 (count 1000, int32, op sum");
+		break;
+	case SIG_OP:
+		CHECK_ERR(loom_allreduce(c, x, x, 1000, LOOM_FLOAT32, rank ? LOOM_MAX : LOOM_SUM), LOOM_EMISMATCH);
+		CHECK_CONTAINS(loom_comm_errmsg(c), "op max");
+		CHECK_CONTAINS(loom_comm_errmsg(c), "op sum");
+		break;
+	case SIG_ROOT_BIG: { /* each rank the root: both only send; 12 MB cannot go out eagerly */
+		double t0 = loom_now();
+		CHECK_ERR(loom_broadcast(c, x, big, LOOM_FLOAT32, rank), LOOM_EMISMATCH);
+		CHECK_MSG(loom_now() - t0 < 5, "took %.1f s (LOOM_TIMEOUT_S=30)", loom_now() - t0);
+		CHECK_CONTAINS(loom_comm_errmsg(c), "root 0");
+		CHECK_CONTAINS(loom_comm_errmsg(c), "root 1");
+		break;
+	}
+	case SIG_ROOT_SMALL: /* small messages go out eagerly: the next call fails, on both ranks */
+		loom_broadcast(c, x, 100, LOOM_FLOAT32, rank);
+		CHECK_ERR(loom_allreduce(c, x, x, 100, LOOM_FLOAT32, LOOM_SUM), LOOM_EMISMATCH);
+		CHECK_CONTAINS(loom_comm_errmsg(c), "broadcast #1 (count 100, float32, op -, root ");
+		break;
+	case SIG_LOCAL_EINVAL:
+		/* Rank 0's broadcast fails its argument check; rank 1 (the root) sends. Rank 0's next
+		 * all-reduce must not take that broadcast's data for the all-reduce's. */
+		CHECK_ERR(loom_broadcast(c, x, 100, LOOM_FLOAT32, rank ? 1 : 7), rank ? LOOM_OK : LOOM_EINVAL);
+		if (rank == 0) {
+			CHECK_ERR(loom_allreduce(c, x, x, 100, LOOM_FLOAT32, LOOM_SUM), LOOM_EMISMATCH);
+			CHECK_CONTAINS(loom_comm_errmsg(c), "broadcast #1 (count 100, float32, op -, root 1)");
+			CHECK_CONTAINS(loom_comm_errmsg(c), "allreduce #2 (count 100, float32, op sum, root -1)");
+		} else {
+			/* Rank 1 may finish its part (rank 0's all-reduce message is the right one), then
+			 * learns of the failure at its next call at the latest. */
+			int rc = loom_allreduce(c, x, x, 100, LOOM_FLOAT32, LOOM_SUM);
+			CHECK_MSG(rc == LOOM_OK || rc == LOOM_EMISMATCH, "allreduce returned %d", rc);
+			if (rc == LOOM_OK)
+				CHECK_ERR(loom_barrier(c), LOOM_EMISMATCH);
+			CHECK_CONTAINS(loom_comm_errmsg(c), "broadcast #1 (count 100, float32, op -, root 1)");
+		}
+		break;
+	case SIG_OVERLAP: /* partial overlap is EINVAL on the rank that passed it; the numbering stays in step */
+		if (rank == 0) {
+			CHECK_ERR(loom_allreduce(c, x, x + 1, 100, LOOM_FLOAT32, LOOM_SUM), LOOM_EINVAL);
+			CHECK_CONTAINS(loom_comm_errmsg(c), "overlap");
+			CHECK_ERR(loom_allgather(c, x + 3, x, 4, LOOM_FLOAT32), LOOM_EINVAL); /* block 0 is x[0..4) */
+			CHECK_ERR(loom_reduce_scatter(c, x, x + 1, 4, LOOM_FLOAT32, LOOM_SUM), LOOM_EINVAL);
+			CHECK_ERR(loom_reduce(c, x + 2, x, 4, LOOM_FLOAT32, LOOM_SUM, 0), LOOM_EINVAL);
+		} else {
+			CHECK_ERR(loom_allreduce(c, x, x + 1, 100, LOOM_FLOAT32, LOOM_SUM), LOOM_EINVAL);
+			CHECK_ERR(loom_allgather(c, x + 3, x, 4, LOOM_FLOAT32), LOOM_EINVAL); /* block 1 is x[4..8) */
+			CHECK_ERR(loom_reduce_scatter(c, x, x + 3, 4, LOOM_FLOAT32, LOOM_SUM), LOOM_EINVAL);
+			CHECK_ERR(loom_reduce(c, x + 2, x, 4, LOOM_FLOAT32, LOOM_SUM, 1), LOOM_EINVAL);
+		}
+		/* the allowed in-place forms still work, in step */
+		for (int i = 0; i < 8; i++)
+			x[i] = (float)(10 * rank + i);
+		CHECK_OK(loom_allgather(c, x + 4 * rank, x, 4, LOOM_FLOAT32));
+		for (int i = 0; i < 8; i++)
+			CHECK_FEQ(x[i], (float)(i < 4 ? i : 10 + i));
+		CHECK_OK(loom_allreduce(c, x, x, 100, LOOM_FLOAT32, LOOM_SUM));
+		CHECK_FEQ(x[0], 0 + 0);
+		CHECK_FEQ(x[5], 2 * 15);
+		break;
+	case SIG_INT_WRAP: { /* integer sums wrap (two's complement), never undefined behaviour */
+		int32_t a[2] = {INT32_MAX, INT32_MIN};
+		int64_t b[2] = {INT64_MAX, INT64_MIN};
+		CHECK_OK(loom_allreduce(c, a, a, 2, LOOM_INT32, LOOM_SUM));
+		CHECK_EQ(a[0], -2);
+		CHECK_EQ(a[1], 0);
+		CHECK_OK(loom_allreduce(c, b, b, 2, LOOM_INT64, LOOM_SUM));
+		CHECK_EQ(b[0], -2);
+		CHECK_EQ(b[1], 0);
+		break;
+	}
+	}
+	CHECK_OK(loom_comm_destroy(c));
+	free(x);
+	return 0;
+}
+
+TEST(comm_mismatch_signature)
+{
+	const char *env[] = {"LOOM_TIMEOUT_S=30", NULL};
+	for (int k = 0; k < SIG_CASES; k++) {
+		int rc = test_spawn(2, rank_signature, &k, 60, env);
+		CHECK_MSG(rc == 0, "case %d failed", k);
+	}
+	return 0;
+}
+
 static int rank_split_death(int rank, int n, void *arg)
 {
 	loom_comm_t *c, *g;
@@ -295,7 +410,7 @@ static int rank_stale_segment(int rank, int n, void *arg)
 	FILE *f;
 	(void)rank, (void)n, (void)arg;
 	snprintf(id, sizeof id, "%s-stale", getenv("LOOM_JOB_ID"));
-	snprintf(path, sizeof path, "/dev/shm/loom-%s", id);
+	snprintf(path, sizeof path, "/dev/shm/loom-%s@w", id);
 	f = fopen(path, "w");
 	CHECK(f != NULL);
 	fclose(f);

@@ -1,6 +1,6 @@
 /* test_launcher.c: `loom run` end to end: the environment contract, output prefixes and --ranks,
- * failures (exit code, signal, SIGTERM-resistant ranks, grandchildren), signal forwarding, flag
- * errors and shared-memory cleanup. Ranks are tests/progs/launch_rank.c (and launch_allreduce_die.c
+ * failures (exit code, signal, SIGTERM-resistant ranks, grandchildren, stopped and wedged ranks, rank
+ * 0 gone at rendezvous), signal forwarding, flag errors and shared-memory cleanup (exactly this job's). Ranks are tests/progs/launch_rank.c (and launch_allreduce_die.c
  * for the death test with real collectives); every command runs under test_run_cmd's timeout. */
 #include <errno.h>
 #include <signal.h>
@@ -280,13 +280,20 @@ TEST(launcher_bad_usage)
 
 TEST(launcher_removes_leftover_segments)
 {
-	char out[OUT_CAP], args[1024], job[64], env[128], mine[160], other[160];
+	char out[OUT_CAP], args[1024], job[64], env[128], mine[160], other[160], longer[160], dashed[160];
 	struct stat st;
 	FILE *f;
 	snprintf(job, sizeof job, "ltest%d", (int)getpid());
-	snprintf(mine, sizeof mine, "/dev/shm/loom-%s-leftover", job);
+	snprintf(mine, sizeof mine, "/dev/shm/loom-%s@leftover", job);
 	snprintf(other, sizeof other, "/dev/shm/loom-other%d", (int)getpid()); /* another job's: kept */
+	/* jobs whose ids start with ours (issue 13, finding 9): kept too */
+	snprintf(longer, sizeof longer, "/dev/shm/loom-%sb@w", job);
+	snprintf(dashed, sizeof dashed, "/dev/shm/loom-%s-b@w", job);
 	CHECK((f = fopen(other, "w")) != NULL);
+	fclose(f);
+	CHECK((f = fopen(longer, "w")) != NULL);
+	fclose(f);
+	CHECK((f = fopen(dashed, "w")) != NULL);
 	fclose(f);
 	snprintf(env, sizeof env, "OMP_NUM_THREADS=1 LOOM_JOB_ID=%s ", job);
 	snprintf(args, sizeof args, "--nproc-per-node 2 %s shm", prog("launch_rank"));
@@ -294,7 +301,9 @@ TEST(launcher_removes_leftover_segments)
 	CHECK_CONTAINS(out, "loom run: removed 1 shared-memory segment left by the job (/dev/shm/loom-ltest");
 	CHECK_MSG(stat(mine, &st) != 0, "%s was left behind", mine);
 	CHECK_MSG(stat(other, &st) == 0, "%s (another job's) was removed", other);
-	unlink(other);
+	CHECK_MSG(stat(longer, &st) == 0, "%s (job %sb's) was removed", longer, job);
+	CHECK_MSG(stat(dashed, &st) == 0, "%s (job %s-b's) was removed", dashed, job);
+	unlink(other), unlink(longer), unlink(dashed);
 	return 0;
 }
 
@@ -404,5 +413,49 @@ TEST(launcher_lines_never_run_together)
 	CHECK(strncmp(out, "[rank 0] xxx", 12) == 0);
 	CHECK_EQ(strspn(out + 9, "x"), 40000);
 	CHECK_STREQ(out + 9 + 40000, "\n[rank 0] end\n");
+	return 0;
+}
+
+/* Liveness (issue 13, finding 10). A rank stopped by SIGSTOP holds every collective up: loom run
+ * names it as the first failure within LOOM_STOP_GRACE_S (1 s) instead of after LOOM_TIMEOUT_S, and
+ * the healthy ranks are not blamed. */
+TEST(launcher_names_stopped_rank)
+{
+	char out[OUT_CAP], args[1024];
+	double secs;
+	snprintf(args, sizeof args, "--nproc-per-node 3 %s stop 1", prog("launch_rank"));
+	CHECK_RUN("OMP_NUM_THREADS=1 LOOM_TIMEOUT_S=100 ", args, 1, &secs);
+	CHECK_CONTAINS(out, "loom run: rank 1 (pid ");
+	CHECK_CONTAINS(out, "was stopped by signal 19 (SIGSTOP) and did not continue within 1 s");
+	CHECK_CONTAINS(out, "first failure: rank 1 (pid ");
+	CHECK_MSG(count(out, "first failure: rank 1") == 1, "output:\n%s", out);
+	CHECK_MSG(secs < 60, "loom run took %.1f s", secs); /* LOOM_TIMEOUT_S=100: not a timeout */
+	return 0;
+}
+
+/* A wedged rank (alive, running, outside every collective): the others time out and report whom
+ * they waited for; loom run follows the reports and names the wedged rank, not the first rank
+ * that gave up. The others warn first (LOOM_STALL_S). */
+TEST(launcher_names_wedged_rank)
+{
+	char out[OUT_CAP], args[1024];
+	snprintf(args, sizeof args, "--nproc-per-node 3 %s wedge 2", prog("launch_rank"));
+	CHECK_RUN("OMP_NUM_THREADS=1 LOOM_TIMEOUT_S=3 LOOM_STALL_S=1 ", args, 1, NULL);
+	CHECK_CONTAINS(out, "has not progressed for 1 s (LOOM_STALL_S)");
+	CHECK_CONTAINS(out, "first failure: rank 2 (pid ");
+	CHECK_CONTAINS(out, "stopped making progress (rank ");
+	CHECK_MSG(count(out, "first failure: rank 2") == 1, "output:\n%s", out);
+	return 0;
+}
+
+/* Rank 0 gone before it created the job's shared memory: under loom run the others know its pid
+ * and give up within a second (LOOM_TIMEOUT_S is 60 here). */
+TEST(launcher_rank0_absent_at_rendezvous)
+{
+	char out[OUT_CAP], args[1024];
+	snprintf(args, sizeof args, "--nproc-per-node 3 %s norank0", prog("launch_rank"));
+	CHECK_RUN("OMP_NUM_THREADS=1 LOOM_TIMEOUT_S=60 ", args, 0, NULL);
+	CHECK_EQ(count(out, "init failed after "), 2);
+	CHECK_CONTAINS(out, "rank 0 (pid ");
 	return 0;
 }

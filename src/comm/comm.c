@@ -4,17 +4,21 @@
  * through the table in c->xp (transport.h): shared memory, or MPI for a job spanning hosts (whose
  * communicators also keep hier.c's same-host and cross-host groups).
  *
- * A job is named by LOOM_JOB_ID (or the launcher's job id): its world communicator is "loom-<id>"
- * (the shared-memory transport's segment "/loom-<id>"; a second loom_comm_init in the same process,
- * after destroy, uses "loom-<id>-g2" and so on, so names never collide with a segment still being
- * torn down). Sub-communicators get "loom-<id>-<split#>.<leader>" where split# counts splits on the
+ * A job is named by LOOM_JOB_ID (or the launcher's job id): its world communicator is "loom-<id>@w"
+ * (the shared-memory transport's segment "/loom-<id>@w"; a second loom_comm_init in the same process,
+ * after destroy, uses "loom-<id>@g2" and so on, so names never collide with a segment still being
+ * torn down). The id is sanitized to [A-Za-z0-9._-], so '@' delimits it: every name of job <id>, and
+ * no other job's, starts with "loom-<id>@" (what `loom run` cleans up). Sub-communicators get
+ * "loom-<id>@w-<split#>.<leader>" where split# counts splits on the
  * parent (the same on every rank) and leader is the group's first rank in the parent, unique per
  * group.
  *
  * Every collective entry point validates its arguments, waits until queued non-blocking collectives
  * have run, takes the next sequence number (the same on every rank, since collectives are called
- * in the same order everywhere), optionally checks the call's fingerprint across ranks (LOOM_DEBUG),
- * and hands over to loom_algo_run. Invariants: a communicator whose transport recorded a fatal
+ * in the same order everywhere; a call that fails its argument check takes one too, so ranks stay in
+ * step), records the call's signature (kind, dtype, op, root, count: c->coll_sig, stamped by the
+ * transport on every message and checked by the receiver), optionally checks that signature across
+ * all ranks before any data moves (LOOM_DEBUG), and hands over to loom_algo_run. Invariants: a communicator whose transport recorded a fatal
  * error (abort) refuses every further call with that error; c->coll_ctx is the running collective's
  * context (sequence number, deadline) while one runs and zero otherwise; loom_cur describes the
  * operation the calling thread is running (for error messages), and is restored on return. */
@@ -25,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "comm/comm_internal.h"
@@ -425,10 +430,12 @@ int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts)
 		heap_bytes = (size_t)shm_mb << 20;
 	}
 	gen = atomic_fetch_add(&world_generation, 1) + 1;
+	/* '@' ends the job id (it never occurs in one): cleanup of job "a" matches "loom-a@*" only,
+	 * never job "ab"'s or "a-b"'s segments. */
 	if (gen == 1)
-		snprintf(name, sizeof name, "loom-%s", id);
+		snprintf(name, sizeof name, "loom-%s@w", id);
 	else
-		snprintf(name, sizeof name, "loom-%s-g%u", id, gen);
+		snprintf(name, sizeof name, "loom-%s@g%u", id, gen);
 	c = loom__comm_new(rank, size);
 	if (!c)
 		return loom_seterr(LOOM_ENOMEM, "loom_comm_init: out of memory");
@@ -587,6 +594,26 @@ static int uses_op(loom_coll_t k)
 	       k == LOOM_COLL_REDUCE_SCATTERV;
 }
 
+/* Send and receive buffers may be the same (in place) or one may sit exactly at this rank's block
+ * of the other (`block`, bytes from the larger buffer's start; the layouts of algo.h); any other
+ * overlap is LOOM_EINVAL: the algorithms would read data they already overwrote. */
+static int check_overlap(loom_comm_t *c, const char *name, const void *send, size_t sbytes, const void *recv,
+                         size_t rbytes, size_t block)
+{
+	uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
+	if (!sbytes || !rbytes || !send || !recv || s == r)
+		return LOOM_OK;
+	if ((sbytes < rbytes && s == r + block) || (rbytes < sbytes && r == s + block))
+		return LOOM_OK;
+	if (s < r + rbytes && r < s + sbytes)
+		return loom_comm_fail(c, LOOM_EINVAL,
+		                      "%s: send buffer [%p, +%zu bytes) and recv buffer [%p, +%zu bytes) overlap; in place "
+		                      "means send == recv (or, where the operation allows it, one at this rank's block "
+		                      "of the other, %zu bytes in)",
+		                      name, send, sbytes, recv, rbytes, block);
+	return LOOM_OK;
+}
+
 /* The v-collectives: counts non-NULL, their sum fits, this rank's count agrees; sets a->total. */
 static int validate_v(loom_comm_t *c, loom_coll_args_t *a, size_t es)
 {
@@ -608,7 +635,12 @@ static int validate_v(loom_comm_t *c, loom_coll_args_t *a, size_t es)
 	                                     : (total && !a->send) || (a->count && !a->recv))
 		return loom_comm_fail(c, LOOM_EINVAL, "%s: %s is NULL with %zu elements in all and %zu on this rank", name,
 		                      !a->send ? "send" : "recv", total, a->count);
-	return LOOM_OK;
+	size_t displ = 0;
+	for (int q = 0; q < c->rank; q++)
+		displ += a->counts[q];
+	if (a->coll == LOOM_COLL_ALLGATHERV)
+		return check_overlap(c, name, a->send, a->count * es, a->recv, total * es, displ * es);
+	return check_overlap(c, name, a->send, total * es, a->recv, a->count * es, displ * es);
 }
 
 int loom__comm_validate(loom_comm_t *c, loom_coll_args_t *a)
@@ -655,7 +687,20 @@ int loom__comm_validate(loom_comm_t *c, loom_coll_args_t *a)
 			return loom_comm_fail(c, LOOM_EINVAL, "%s: %s is NULL with count %zu", name, a->send ? "recv" : "send",
 			                      a->count);
 	}
-	return LOOM_OK;
+	switch (a->coll) {
+	case LOOM_COLL_ALLREDUCE:
+		return check_overlap(c, name, a->send, a->count * es, a->recv, a->count * es, 0);
+	case LOOM_COLL_REDUCE:
+		return is_root ? check_overlap(c, name, a->send, a->count * es, a->recv, a->count * es, 0) : LOOM_OK;
+	case LOOM_COLL_ALLGATHER:
+		return check_overlap(c, name, a->send, a->count * es, a->recv, a->count * es * mult,
+		                     a->count * es * (size_t)c->rank);
+	case LOOM_COLL_REDUCE_SCATTER:
+		return check_overlap(c, name, a->send, a->count * es * mult, a->recv, a->count * es,
+		                     a->count * es * (size_t)c->rank);
+	default:
+		return LOOM_OK;
+	}
 }
 
 typedef struct {
@@ -711,6 +756,92 @@ static int check_fingerprint(loom_comm_t *c, const loom_coll_args_t *a, const lo
 	return rc;
 }
 
+/* The call's signature (transport.h): what every rank's call must agree on. */
+static loom_xp_sig_t sig_of(const loom_comm_t *c, const loom_coll_args_t *a)
+{
+	loom_xp_sig_t s = {a->count, 0, uses_root(a->coll) ? a->root : -1};
+	unsigned dt = (unsigned)a->dt, op = uses_op(a->coll) ? (unsigned)a->op + 1 : 0;
+	if (a->coll == LOOM_COLL_BARRIER)
+		s.count = 0, dt = 0;
+	if (a->counts) { /* ranks' own counts differ; the whole list must not */
+		s.count = 1469598103934665603ull;
+		for (int q = 0; q < c->size; q++)
+			s.count = (s.count ^ a->counts[q]) * 1099511628211ull;
+	}
+	s.shape = (int32_t)(((unsigned)a->coll + 1) | (dt & 0xff) << 8 | (op & 0xff) << 16);
+	return s;
+}
+
+void loom_xp_sig_describe(char *out, size_t cap, uint64_t seq, const loom_xp_sig_t *sig)
+{
+	int kind = (sig->shape & 0xff) - 1, dt = (sig->shape >> 8) & 0xff, op = ((sig->shape >> 16) & 0xff) - 1;
+	if (sig->shape == 0 || kind >= LOOM_COLL_COUNT) {
+		snprintf(out, cap, "#%llu (no collective signature)", (unsigned long long)seq);
+		return;
+	}
+	if (kind == LOOM_COLL_ALLGATHERV || kind == LOOM_COLL_REDUCE_SCATTERV) {
+		snprintf(out, cap, "%s #%llu (recvcounts digest %016llx, %s, op %s)", loom_coll_name((loom_coll_t)kind),
+		         (unsigned long long)seq, (unsigned long long)sig->count, loom_dtype_name((loom_dtype_t)dt),
+		         op < 0 ? "-" : loom_op_name((loom_op_t)op));
+		return;
+	}
+	snprintf(out, cap, "%s #%llu (count %llu, %s, op %s, root %d)", loom_coll_name((loom_coll_t)kind),
+	         (unsigned long long)seq, (unsigned long long)sig->count, loom_dtype_name((loom_dtype_t)dt),
+	         op < 0 ? "-" : loom_op_name((loom_op_t)op), (int)sig->root);
+}
+
+loom_xp_sig_t loom_xp_coll_sig(const loom_comm_t *c, const loom_xp_ctx_t *ctx)
+{
+	if (ctx == &c->coll_ctx)
+		return c->coll_sig;
+	return (loom_xp_sig_t){0, 0, 0};
+}
+
+double loom_xp_stall_s(void)
+{
+	static _Atomic double cached = -1;
+	double v = atomic_load_explicit(&cached, memory_order_relaxed);
+	if (v < 0) {
+		const char *e = getenv("LOOM_STALL_S");
+		char *end;
+		v = 60;
+		if (e && *e) {
+			double x = strtod(e, &end);
+			if (!*end && x >= 0 && x <= 1e9)
+				v = x;
+		}
+		atomic_store_explicit(&cached, v, memory_order_relaxed);
+	}
+	return v;
+}
+
+void loom_xp_report_suspect(int reporter, int suspect, const char *why)
+{
+	static atomic_int fd_cached = -2;
+	int fd = atomic_load_explicit(&fd_cached, memory_order_relaxed);
+	char line[600];
+	int n;
+	if (fd == -2) { /* "FD:INODE": only the pipe loom run made, never a file that took its number */
+		const char *e = getenv("LOOM_RUN_REPORT_FD");
+		unsigned long long ino = 0;
+		struct stat st;
+		fd = -1;
+		if (!(e && sscanf(e, "%d:%llu", &fd, &ino) == 2 && fd >= 3 && fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode) &&
+		      (unsigned long long)st.st_ino == ino))
+			fd = -1;
+		atomic_store_explicit(&fd_cached, fd, memory_order_relaxed);
+	}
+	if (fd < 0)
+		return;
+	/* One write of less than PIPE_BUF bytes: lines of different ranks never interleave. */
+	n = snprintf(line, sizeof line, "suspect %d by %d: %.500s\n", suspect, reporter, why);
+	for (char *p = line; p < line + n - 1; p++)
+		if (*p == '\n')
+			*p = ' ';
+	if (write(fd, line, (size_t)LOOM_MIN(n, (int)sizeof line - 1)) < 0) { /* the launcher is gone: nothing to tell */
+	}
+}
+
 int loom__comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
 {
 	loom_opctx_t saved = loom_cur;
@@ -719,6 +850,7 @@ int loom__comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
 	/* The context travels explicitly to the transport (c->coll_ctx for the algorithm's calls);
 	 * loom_cur only prefixes error messages. */
 	c->coll_ctx = (loom_xp_ctx_t){loom_coll_name(a->coll), seq, t0 + c->timeout_s};
+	c->coll_sig = sig_of(c, a);
 	loom_cur = (loom_opctx_t){c, c->coll_ctx.op, seq, c->coll_ctx.deadline};
 	c->xp.ops->enter(c, seq, (int)a->coll);
 	rc = loom__comm_check_usable(c, loom_cur.op);
@@ -735,6 +867,7 @@ int loom__comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
 	}
 	atomic_fetch_add_explicit(&c->st_ns, (unsigned long long)((loom_now() - t0) * 1e9), memory_order_relaxed);
 	memset(&c->coll_ctx, 0, sizeof c->coll_ctx);
+	memset(&c->coll_sig, 0, sizeof c->coll_sig);
 	loom_cur = saved;
 	return rc;
 }
@@ -752,13 +885,20 @@ void loom_comm_stats(const loom_comm_t *c, loom_comm_stats_t *st)
 	st->busy_s = 1e-9 * (double)atomic_load_explicit(&m->st_ns, memory_order_relaxed);
 }
 
+void loom__comm_skip_seq(loom_comm_t *c)
+{
+	c->coll_seq++;
+}
+
 static int coll(loom_comm_t *c, loom_coll_args_t a)
 {
 	int rc;
 	if (!c)
 		return loom_seterr(LOOM_EINVAL, "%s: communicator is NULL", loom_coll_name(a.coll));
-	if ((rc = loom__comm_validate(c, &a)) != LOOM_OK)
+	if ((rc = loom__comm_validate(c, &a)) != LOOM_OK) {
+		loom__comm_skip_seq(c);
 		return rc;
+	}
 	loom__comm_req_drain(c);
 	return loom__comm_exec(c, &a, ++c->coll_seq);
 }

@@ -41,7 +41,7 @@ struct loom_request {
 
 struct loom_comm {
 	loom_xp_head_t xp; /* first: the transport's table and its state for this communicator */
-	char name[200];    /* unique in the job, the same on every member: "loom-<job>[-<split#>.<leader>...]" */
+	char name[200];    /* unique in the job, the same on every member: "loom-<job>@w[-<split#>.<leader>...]" */
 	int rank, size, local_rank;
 	int *world_of; /* world rank of each member */
 	int world_size;
@@ -54,6 +54,7 @@ struct loom_comm {
 	size_t inplace_min;         /* heap sends at least this large travel single-copy (LOOM_SHM_INPLACE_MIN) */
 	uint64_t coll_seq, split_count;
 	loom_xp_ctx_t coll_ctx; /* the collective running on c (for its algorithm's loom_xp_* calls), else 0 */
+	loom_xp_sig_t coll_sig; /* its signature (transport.h), else 0 */
 	atomic_ullong st_colls, st_bytes, st_ns; /* loom_comm_stats (updated by whichever thread ran it) */
 
 	pthread_mutex_t err_lock;
@@ -96,6 +97,10 @@ int loom__comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq);
 /* Validate a collective's arguments: LOOM_OK or LOOM_EINVAL recorded on c. For the v-collectives
  * it also sets a->total, and a->count to this rank's count. */
 int loom__comm_validate(loom_comm_t *c, loom_coll_args_t *a);
+/* A call that failed its argument check on this rank still takes its sequence number, so that the
+ * ranks whose call was valid and this rank number later calls alike (a peer's message for the failed
+ * call then fails this rank's next call with both signatures, never feeds it). */
+void loom__comm_skip_seq(loom_comm_t *c);
 /* Fail fast when the communicator is unusable after an earlier fatal error; LOOM_OK otherwise. */
 int loom__comm_check_usable(loom_comm_t *c, const char *op);
 

@@ -66,6 +66,18 @@ static inline uint16_t f32_to_bf16(float f)
 		}                                                                       \
 	} while (0)
 
+/* Integer sums wrap modulo 2^bits (two's complement), like MPI implementations in practice: the
+ * add is done in the unsigned type (defined overflow) and converted back (implementation-defined,
+ * modular in GCC), so an overflowing sum is never undefined behaviour. */
+#define REDUCE_INT(T, U)                                                        \
+	do {                                                                        \
+		switch (op) {                                                           \
+		case LOOM_MAX: REDUCE_LOOP(T, p > q ? p : q); break;                    \
+		case LOOM_MIN: REDUCE_LOOP(T, p < q ? p : q); break;                    \
+		default: REDUCE_LOOP(T, (T)((U)p + (U)q)); break;                       \
+		}                                                                       \
+	} while (0)
+
 #define REDUCE_BF16(EXPR)                                                       \
 	do {                                                                        \
 		uint16_t *o = out;                                                      \
@@ -82,8 +94,8 @@ void loom_reduce_local(void *out, const void *a, const void *b, size_t count, lo
 	switch (dt) {
 	case LOOM_FLOAT32: REDUCE_TYPE(float); break;
 	case LOOM_FLOAT64: REDUCE_TYPE(double); break;
-	case LOOM_INT32: REDUCE_TYPE(int32_t); break;
-	case LOOM_INT64: REDUCE_TYPE(int64_t); break;
+	case LOOM_INT32: REDUCE_INT(int32_t, uint32_t); break;
+	case LOOM_INT64: REDUCE_INT(int64_t, uint64_t); break;
 	case LOOM_BFLOAT16:
 		switch (op) {
 		case LOOM_MAX: REDUCE_BF16(p > q ? p : q); break;

@@ -433,8 +433,10 @@ static int icoll(loom_comm_t *c, loom_coll_args_t a, loom_request_t **req)
 	*req = NULL;
 	if (!c)
 		return loom_seterr(LOOM_EINVAL, "%s: communicator is NULL", loom_coll_name(a.coll));
-	if ((rc = loom__comm_validate(c, &a)) != LOOM_OK)
+	if ((rc = loom__comm_validate(c, &a)) != LOOM_OK) {
+		loom__comm_skip_seq(c);
 		return rc;
+	}
 	return loom__comm_req_submit(c, &a, req);
 }
 

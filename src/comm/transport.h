@@ -32,9 +32,11 @@
  *     channels to and from each peer (one operation per direction and peer at a time). alloc and
  *     free are thread-safe.
  *   - Messages. Between two ranks, each channel (collective; point to point) is a FIFO. The size
- *     (and tag on point-to-point channels, and ctx->seq on the collective channel) travels with the
- *     message: a receive that does not match is LOOM_EMISMATCH on both sides, never an overrun.
- *     Zero-byte messages are real messages. */
+ *     (and tag on point-to-point channels, and ctx->seq and the collective's signature on the collective channel)
+ *     travels with the message: a receive that does not match is LOOM_EMISMATCH on both sides,
+ *     never an overrun, and the message names both signatures. A wait blocked on a send should
+ *     also notice a message from its peer with the same sequence number but another signature
+ *     (every rank a broadcast root, each only sending). Zero-byte messages are real messages. */
 #ifndef LOOM_COMM_TRANSPORT_H
 #define LOOM_COMM_TRANSPORT_H
 
@@ -90,12 +92,36 @@ void loom_scale_local(void *buf, size_t count, loom_dtype_t dt, int n);
 
 /* ============ Part 2: what a transport implements, and what it may call ============ */
 
+/* The signature of a collective call: what every rank must agree on. It travels with every message
+ * on the collective channel (with the sequence number) and the receiver compares it with its own, so
+ * a call whose kind, dtype, op, root or total count differs between ranks fails on the ranks that
+ * receive (and, through the abort, on every rank) instead of combining unrelated data. Zero outside
+ * collectives. */
+typedef struct {
+	uint64_t count; /* total elements of the call (v-collectives: a digest of recvcounts) */
+	int32_t shape;  /* (kind + 1) | dtype << 8 | (op + 1) << 16 (op -1: none); 0: no signature */
+	int32_t root;   /* -1 when the call has no root */
+} loom_xp_sig_t;
+
 /* The operation a transport call belongs to, passed explicitly to every call that waits. */
 typedef struct {
 	const char *op;  /* "allreduce", "isend", "split", ... (for messages) */
 	uint64_t seq;    /* collective sequence number (the same on every rank); 0 outside collectives */
 	double deadline; /* loom_now() time after which waits fail with LOOM_ETIMEDOUT; 0: now + timeout */
 } loom_xp_ctx_t;
+
+/* The signature of the collective that ctx belongs to: the running collective's when ctx is the
+ * context of an algorithm's calls on c, else zero (board exchanges, a transport's own operations). */
+loom_xp_sig_t loom_xp_coll_sig(const loom_comm_t *c, const loom_xp_ctx_t *ctx);
+
+/* "allreduce #5 (count 1000, float32, op sum, root -1)": a signature in words, for messages. */
+void loom_xp_sig_describe(char *out, size_t cap, uint64_t seq, const loom_xp_sig_t *sig);
+/* LOOM_STALL_S (default 60; 0 disables): seconds a collective may wait without progress before the
+ * transport warns on stderr, naming the ranks it waits for. */
+double loom_xp_stall_s(void);
+/* Tell the launcher (`loom run`, through LOOM_RUN_REPORT_FD="FD:INODE" of a pipe) that world rank `reporter` suspects world rank
+ * `suspect` of being stuck or dead; `why` is one line. Does nothing without a launcher. */
+void loom_xp_report_suspect(int reporter, int suspect, const char *why);
 
 /* Channels between each ordered pair of ranks. */
 enum { LOOM_XP_COLL = 0, LOOM_XP_P2P = 1 };

@@ -7,11 +7,17 @@
  *   stubborn R CODE     like exit, but the others ignore SIGTERM
  *   grandchild DIR      every rank forks a child that writes DIR/gc.<rank> (its pid) and sleeps
  *                       60 s; then rank 1 exits 3 and the others sleep
- *   shm                 rank 0 creates /dev/shm/loom-$LOOM_JOB_ID-leftover and every rank exits 0
+ *   shm                 rank 0 creates /dev/shm/loom-$LOOM_JOB_ID@leftover and every rank exits 0
  *   interleave          3 times: write 4 letters ('A' + rank) without '\n', wait 0.25 s, 4 more and '\n'
  *   longline N          one stdout line of N 'x' (written in pieces of 1000), then "end"
  *   trap DIR [ignore]   on SIGTERM print "got signal 15" and exit 0 (with ignore: ignore SIGTERM);
  *                       then create DIR/ready.<rank> and sleep 30 s
+ *   stop R              every rank all-reduces in a loop; rank R stops itself (SIGSTOP) after 5
+ *   wedge R             like stop, but rank R sleeps 60 s outside any collective instead (a wedged
+ *                       rank); the others fail at their LOOM_TIMEOUT_S and print the error
+ *   norank0             rank 0 exits 0 at once; the others join the job and print
+ *                       "init failed after S s: <code> <detail>", exiting 0 if S < 3 and the code is
+ *                       LOOM_EPEERLOST
  * Sleeping ranks never finish on their own within a test's time, so a test that ends quickly shows
  * they were stopped. */
 #include <fcntl.h>
@@ -20,6 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "core/util.h"
+#include "loom/comm.h"
 
 static const char *env(const char *name)
 {
@@ -120,7 +129,7 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(mode, "shm") == 0) {
 		if (rank == 0) {
-			snprintf(path, sizeof path, "/dev/shm/loom-%s-leftover", env("LOOM_JOB_ID"));
+			snprintf(path, sizeof path, "/dev/shm/loom-%s@leftover", env("LOOM_JOB_ID"));
 			int fd = open(path, O_CREAT | O_WRONLY, 0600);
 			if (fd < 0) {
 				perror(path);
@@ -136,6 +145,38 @@ int main(int argc, char **argv)
 		write_file(path, (long)getpid());
 		nap(30);
 		return 0;
+	}
+	if ((strcmp(mode, "stop") == 0 || strcmp(mode, "wedge") == 0) && argc > 2) {
+		loom_comm_t *c;
+		float x[1024] = {0};
+		int rc;
+		if (loom_comm_init(&c) != LOOM_OK) {
+			fprintf(stderr, "init: %s\n", loom_errmsg());
+			return 1;
+		}
+		for (int it = 0;; it++) {
+			if (it == 5 && rank == atoi(argv[2])) {
+				if (mode[0] == 's')
+					raise(SIGSTOP);
+				else
+					nap(60);
+			}
+			if ((rc = loom_allreduce(c, x, x, 1024, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
+				fprintf(stderr, "allreduce %d failed: %s\n", it, loom_errmsg());
+				return 1;
+			}
+		}
+	}
+	if (strcmp(mode, "norank0") == 0) {
+		loom_comm_t *c;
+		double t0;
+		int rc;
+		if (rank == 0)
+			return 0;
+		t0 = loom_now();
+		rc = loom_comm_init(&c);
+		printf("init failed after %.2f s: %d %s\n", loom_now() - t0, rc, loom_errmsg());
+		return rc == LOOM_EPEERLOST && loom_now() - t0 < 3 ? 0 : 1;
 	}
 	fprintf(stderr, "launch_rank: unknown mode '%s'\n", mode);
 	return 2;

@@ -2,8 +2,12 @@
  *
  * Each ordered pair of ranks has one FIFO per kind (collective, point-to-point) of `nslots` slots
  * (shm_internal.h). A message is one or more chunks; every chunk's slot header repeats the message
- * size (and tag, and collective sequence number), so the receiver checks them before touching any
- * byte and a mismatch is an error on both sides, never an overrun. The sender fills a slot and
+ * size (and tag, and on the collective channel the sequence number and the call's signature: kind,
+ * dtype, op, root, total count), so the receiver checks them before touching any byte and a
+ * mismatch is an error on both sides naming both calls, never an overrun or a silent combination of
+ * unrelated data. A send blocked on the collective channel also peeks at the peer's pending message:
+ * the same sequence number with another signature means both only send (every rank a broadcast
+ * root) and neither would ever receive. The sender fills a slot and
  * publishes it by storing its chunk number in the slot's `ready` word; the receiver polls that
  * word (one cache line for a small message) and frees the slot by advancing `tail`.
  *
@@ -47,8 +51,22 @@ typedef struct {
 	loom_dtype_t dt;
 	loom_op_t op;
 	uint64_t seq;
+	loom_xp_sig_t sig; /* collective channel: this call's signature, stamped on every chunk */
 	int dst, src;
+	unsigned idle; /* idle rounds, to peek at the peer's pending message now and then */
 } xfer_t;
+
+_Static_assert(sizeof(shm_slot_t) == 64, "a slot header is one cache line");
+
+static int sig_eq(const shm_slot_t *s, const loom_xp_sig_t *g)
+{
+	return s->sig_shape == g->shape && s->sig_count == g->count && s->sig_root == g->root;
+}
+
+static loom_xp_sig_t slot_sig(const shm_slot_t *s)
+{
+	return (loom_xp_sig_t){s->sig_count, s->sig_shape, s->sig_root};
+}
 
 static int xfer_ready(void *arg)
 {
@@ -71,6 +89,16 @@ static int xfer_ready(void *arg)
 static int send_rejected(xfer_t *x)
 {
 	shm_chan_t *ch = x->sch;
+	if (x->kind == CHAN_COLL && (ch->err_seq_sent != ch->err_seq_expected ||
+	                             memcmp(&ch->err_sig_sent, &ch->err_sig_expected, sizeof ch->err_sig_sent) != 0)) {
+		char mine[160], theirs[160];
+		loom_xp_sig_describe(mine, sizeof mine, ch->err_seq_sent, &ch->err_sig_sent);
+		loom_xp_sig_describe(theirs, sizeof theirs, ch->err_seq_expected, &ch->err_sig_expected);
+		return loom_comm_fail(x->c, LOOM_EMISMATCH,
+		                      "mismatched collective calls: this rank called %s, rank %d called %s (it rejected "
+		                      "this rank's message)",
+		                      mine, x->dst, theirs);
+	}
 	if (ch->err_tag_sent != ch->err_tag_expected)
 		return loom_comm_fail(x->c, LOOM_EMISMATCH,
 		                      "rank %d rejected this rank's message: sent %llu bytes with tag %d, it expected %llu "
@@ -108,6 +136,9 @@ static int send_step(xfer_t *x)
 		s->total = x->sbytes;
 		s->seq = x->seq;
 		s->tag = x->stag;
+		s->sig_count = x->sig.count;
+		s->sig_shape = x->sig.shape;
+		s->sig_root = x->sig.root;
 		if (x->sinplace) {
 			s->bytes = x->sbytes;
 			s->off = (uint64_t)(x->sbuf - x->s->job->base);
@@ -141,12 +172,26 @@ static int send_step(xfer_t *x)
 static int recv_reject(xfer_t *x, const shm_slot_t *s)
 {
 	shm_chan_t *ch = x->rch;
+	ch->err_seq_sent = s->seq, ch->err_seq_expected = x->seq;
+	ch->err_sig_sent = slot_sig(s), ch->err_sig_expected = x->sig;
 	ch->err_sent = s->total;
 	ch->err_expected = x->rbytes;
 	ch->err_tag_sent = s->tag;
 	ch->err_tag_expected = x->kind == CHAN_P2P ? x->rtag : s->tag;
 	atomic_store_explicit(&ch->err, 1, memory_order_release);
 	shm_ring(x->c, x->src);
+	if (x->kind == CHAN_COLL && (s->seq != x->seq || !sig_eq(s, &x->sig))) {
+		char mine[160], theirs[160];
+		loom_xp_sig_t g = slot_sig(s);
+		loom_xp_sig_describe(mine, sizeof mine, x->seq, &x->sig);
+		loom_xp_sig_describe(theirs, sizeof theirs, s->seq, &g);
+		return loom_comm_fail(x->c, LOOM_EMISMATCH,
+		                      "mismatched collective calls: this rank called %s, rank %d called %s%s", mine, x->src,
+		                      theirs,
+		                      s->seq != x->seq ? " (ranks called collectives in different orders, or one "
+		                                         "rank's call failed before it sent anything)"
+		                                       : "");
+	}
 	if (x->kind == CHAN_P2P && s->tag != x->rtag)
 		return loom_comm_fail(x->c, LOOM_EMISMATCH,
 		                      "message from rank %d has tag %d and %llu bytes, expected tag %d and %zu bytes", x->src,
@@ -182,16 +227,11 @@ static int recv_step(xfer_t *x)
 		if (atomic_load_explicit(&s->ready, memory_order_acquire) != tail + 1)
 			break;
 		if (!x->rstarted) {
-			if (s->total != x->rbytes || (x->kind == CHAN_P2P && s->tag != x->rtag))
+			/* The collective's sequence number and signature first: a call of another shape
+			 * usually has another size too, and the message should say which calls differ. */
+			if (s->total != x->rbytes || (x->kind == CHAN_P2P && s->tag != x->rtag) ||
+			    (x->kind == CHAN_COLL && (s->seq != x->seq || !sig_eq(s, &x->sig))))
 				return recv_reject(x, s);
-			if (x->kind == CHAN_COLL && s->seq != x->seq) {
-				loom_comm_fail(x->c, LOOM_EMISMATCH,
-				               "message from rank %d belongs to collective #%llu, this rank is in #%llu "
-				               "(ranks called collectives in different orders)",
-				               x->src, (unsigned long long)s->seq, (unsigned long long)x->seq);
-				loom__shm_abort(x->c, LOOM_EMISMATCH, loom_errmsg());
-				return LOOM_EMISMATCH;
-			}
 			if ((s->flags & SLOT_INPLACE) &&
 			    (s->off < x->s->job->hdr->heap_off || s->off > x->s->job->bytes || s->total > x->s->job->bytes - s->off))
 				return loom_comm_fail(x->c, LOOM_EFORMAT,
@@ -218,6 +258,33 @@ static int recv_step(xfer_t *x)
 			x->rdone = 1;
 	}
 	return progress;
+}
+
+/* A blocked send on the collective channel: has dst sent this rank a message of the same collective
+ * with another signature? Then neither will ever receive the other's (every rank a broadcast root,
+ * say) and waiting would last until the timeout. Messages of this call with the same signature
+ * (an exchange in progress) are normal. Returns LOOM_OK or the mismatch, recorded. */
+static int peek_peer(xfer_t *x)
+{
+	shm_hdr_t *h = x->s->hdr;
+	shm_chan_t *ch;
+	shm_slot_t *s;
+	unsigned tail;
+	if (!x->rdone && x->src == x->dst)
+		return LOOM_OK; /* recv_step checks that message */
+	ch = chan_of(h, CHAN_COLL, x->dst, x->s->rank);
+	tail = atomic_load_explicit(&ch->tail, memory_order_relaxed);
+	s = &ch->slot[tail % h->nslots];
+	if (atomic_load_explicit(&s->ready, memory_order_acquire) != tail + 1 || s->seq != x->seq || sig_eq(s, &x->sig))
+		return LOOM_OK;
+	char mine[160], theirs[160];
+	loom_xp_sig_t g = slot_sig(s);
+	loom_xp_sig_describe(mine, sizeof mine, x->seq, &x->sig);
+	loom_xp_sig_describe(theirs, sizeof theirs, s->seq, &g);
+	return loom_comm_fail(x->c, LOOM_EMISMATCH,
+	                      "mismatched collective calls: this rank called %s, rank %d called %s (both were sending "
+	                      "to each other)",
+	                      mine, x->dst, theirs);
 }
 
 static int local_copy(loom_comm_t *c, const void *sbuf, size_t sbytes, void *rbuf, size_t rbytes,
@@ -262,6 +329,8 @@ int loom__shm_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int kind, int d
 	memset(&x, 0, sizeof x);
 	x.c = c, x.s = S(c), x.kind = kind, x.dt = dt, x.op = op, x.dst = dst, x.src = src;
 	x.seq = kind == CHAN_COLL ? ctx->seq : 0;
+	if (kind == CHAN_COLL)
+		x.sig = loom_xp_coll_sig(c, ctx);
 	x.sdone = dst < 0, x.rdone = src < 0;
 	if (dst >= 0) {
 		x.sch = chan_of(S(c)->hdr, kind, S(c)->rank, dst);
@@ -300,6 +369,8 @@ int loom__shm_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int kind, int d
 			w.peers[w.npeers++] = w.src;
 		if ((rc = loom__shm_waiter_idle(&w, xfer_ready, &x)) != LOOM_OK)
 			return rc;
+		if (kind == CHAN_COLL && !x.sdone && (++x.idle & 63) == 0 && (rc = peek_peer(&x)) != LOOM_OK)
+			goto fail;
 	}
 	return LOOM_OK;
 fail:

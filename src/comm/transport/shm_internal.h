@@ -11,10 +11,10 @@
 
 #include "comm/transport.h"
 
-/* Shape of a job in memory. The world communicator's segment ("/loom-<job>") holds a header, one
+/* Shape of a job in memory. The world communicator's segment ("/loom-<job>@w") holds a header, one
  * record per rank (doorbell, state, liveness mutex, a small exchange board), one channel per ordered
  * pair of ranks and kind (collective / point-to-point), and the shared heap (one region per rank)
- * behind loom_comm_alloc. A sub-communicator's segment ("/loom-<job>-<n>.<leader>") has the same
+ * behind loom_comm_alloc. A sub-communicator's segment ("/loom-<job>@w-<n>.<leader>") has the same
  * header, rank records and channels but no heap: buffers always come from the world's heap, so a
  * message can name sender memory by its offset in the world segment, which every rank maps.
  * Every process holds one loom_job_t per world (its mapping of the world segment and its heap
@@ -23,7 +23,7 @@
 /* ---- shared-memory layout (identical in every process of a job) ---------------------------- */
 
 #define SHM_MAGIC 0x316d68736d6f6f6cull /* "loomshm1" */
-#define SHM_VERSION 1u
+#define SHM_VERSION 2u
 #define SHM_READY 0x52454459u /* header->ready once the creator has initialized the segment */
 #define SHM_MAX_SLOTS 16
 #define SHM_BOARD_BYTES 64
@@ -66,6 +66,9 @@ typedef struct {
 	uint64_t off;   /* copy: offset of the chunk in the message; INPLACE: world offset */
 	uint64_t seq;   /* collective sequence number (0 for point-to-point) */
 	int32_t tag;
+	int32_t sig_root;   /* the collective's signature (loom_xp_sig_t; zero for point-to-point): */
+	uint64_t sig_count; /* with seq, all of it fits the slot's one cache line */
+	int32_t sig_shape;
 } shm_slot_t;
 
 /* One direction between two ranks: a FIFO of `nslots` slots (a power of two). `head` counts chunks
@@ -79,6 +82,8 @@ typedef struct {
 	_Alignas(64) atomic_int err; /* set by the receiver after a mismatch: the channel is unusable */
 	uint64_t err_sent, err_expected;
 	int32_t err_tag_sent, err_tag_expected;
+	uint64_t err_seq_sent, err_seq_expected; /* collective channel: the two calls, for the sender's message */
+	loom_xp_sig_t err_sig_sent, err_sig_expected;
 	shm_slot_t slot[SHM_MAX_SLOTS];
 } shm_chan_t;
 
@@ -273,6 +278,8 @@ typedef struct {
 	const char *what; /* "every rank to arrive": what a board wait waits for; NULL: see peers */
 	char whatbuf[96];
 	int (*waiting_on)(void *arg, int r); /* with npeers < 0: is rank r still awaited? */
+	const char *op; /* the operation waited in (ctx->op), for the stall warning */
+	int stalled;    /* the LOOM_STALL_S warning was printed for this wait */
 } shm_waiter_t;
 
 void loom__shm_waiter_init(shm_waiter_t *w, loom_comm_t *c, const loom_xp_ctx_t *ctx, int fatal);

@@ -11,6 +11,7 @@
  * heap pages cost nothing. */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,10 +64,45 @@ static void nap(double seconds)
 	nanosleep(&ts, NULL);
 }
 
+/* Under `loom run`, ranks other than 0 know rank 0's pid (LOOM_RANK0_PID): 1 with the reason when
+ * that process has ended (gone, or a zombie not yet reaped), so a rank waiting for rank 0 to create
+ * the world segment gives up within a fraction of a second instead of at the deadline. */
+static int rank0_gone(char *why, size_t cap)
+{
+	const char *e = getenv("LOOM_RANK0_PID");
+	char path[64], buf[512], *p;
+	long pid;
+	int ok, fd;
+	ssize_t n;
+	if (!e || !*e)
+		return 0;
+	pid = loom_env_long("LOOM_RANK0_PID", 0, &ok);
+	if (!ok || pid <= 1)
+		return 0;
+	if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+		snprintf(why, cap, "rank 0 (pid %ld) exited", pid);
+		return 1;
+	}
+	snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return 0;
+	n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	p = strrchr(buf, ')'); /* "pid (comm) S ...": the state follows the last ')' */
+	if (p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X')) {
+		snprintf(why, cap, "rank 0 (pid %ld) died", pid);
+		return 1;
+	}
+	return 0;
+}
+
 int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char *name, int create, size_t heap_bytes,
                            int *fd_out)
 {
-	double deadline = loom__shm_deadline(c, ctx), wait = 1e-4;
+	double deadline = loom__shm_deadline(c, ctx), wait = 1e-4, next_rank0_check = 0;
 	int fd = -1, rc = LOOM_OK, world = 0;
 	struct stat st;
 	char *base = MAP_FAILED;
@@ -108,6 +144,14 @@ int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char 
 				return loom_comm_fail(c, LOOM_ESYS, "shm_open(%s): %s", name, strerror(errno));
 			if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(shm_hdr_t))
 				break;
+			if (heap_bytes && loom_now() >= next_rank0_check) {
+				char why[160];
+				next_rank0_check = loom_now() + 0.1;
+				if (rank0_gone(why, sizeof why)) {
+					rc = loom_comm_fail(c, LOOM_EPEERLOST, "%s before creating %s", why, name);
+					goto fail;
+				}
+			}
 			if (loom_now() > deadline) {
 				rc = loom_comm_fail(c, LOOM_ETIMEDOUT,
 				                    "timed out after %.3g s (LOOM_TIMEOUT_S) waiting for rank 0 to create %s",

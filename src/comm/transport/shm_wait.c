@@ -24,6 +24,11 @@
  * Before reporting a lost peer the waiter re-checks its condition: a rank that finished its part
  * and then left is not an error.
  *
+ * Stalls. A collective wait without progress for LOOM_STALL_S (default 60) warns once on stderr,
+ * naming whom it waits for and the ranks behind in the sequence; that warning and a timeout are
+ * also reported to `loom run` (loom_xp_report_suspect), naming the rank most likely holding the
+ * wait up, so the launcher can name a wedged rank rather than the first rank that gave up.
+ *
  * Invariants: a rank's record is written only by that rank, except doorbell (anyone), proc =
  * PROC_DEAD (the first rank that sees EOWNERDEAD) and nothing else; board buffer s is reused for
  * exchange k+2 only after every rank published k+1. */
@@ -136,6 +141,7 @@ void loom__shm_waiter_init(shm_waiter_t *w, loom_comm_t *c, const loom_xp_ctx_t 
 	w->start = 0, w->next_lock = 0, w->n = 0;
 	w->npeers = 0, w->dst = -1, w->src = -1, w->small = 0;
 	w->what = NULL, w->waiting_on = NULL;
+	w->op = ctx ? ctx->op : NULL, w->stalled = 0;
 	w->deadline = loom__shm_deadline(c, ctx);
 }
 
@@ -185,6 +191,63 @@ static void list_behind(loom_comm_t *c, uint64_t seq, char *out, size_t cap)
 	}
 }
 
+/* The rank most likely holding this wait up: a rank behind in the collective sequence (the one
+ * furthest behind), else the rank waited on (board: the first that has not arrived). -1: none. */
+static int suspect_of(shm_waiter_t *w, void *arg)
+{
+	loom_comm_t *c = w->c;
+	int best = -1;
+	uint64_t best_seq = w->seq;
+	for (int r = 0; w->seq && r < S(c)->size; r++) {
+		uint64_t s = atomic_load_explicit(&rank_rec(S(c)->hdr, r)->seq, memory_order_relaxed);
+		if (r != S(c)->rank && s < best_seq)
+			best = r, best_seq = s;
+	}
+	if (best >= 0)
+		return best;
+	if (w->waiting_on) {
+		for (int r = 0; r < S(c)->size; r++)
+			if (r != S(c)->rank && w->waiting_on(arg, r))
+				return r;
+		return -1;
+	}
+	return w->src >= 0 ? w->src : w->dst;
+}
+
+/* Tell `loom run` whom this wait suspects (world ranks), with the detail. */
+static void report_suspect(shm_waiter_t *w, void *arg, const char *why)
+{
+	int p = suspect_of(w, arg);
+	if (p >= 0)
+		loom_xp_report_suspect(S(w->c)->world_of[S(w->c)->rank], S(w->c)->world_of[p], why);
+}
+
+/* LOOM_STALL_S: a collective wait that made no progress for that long says so once on stderr, naming
+ * whom it waits for (the job may still recover: a slow rank, a debugger). */
+static void stall_warning(shm_waiter_t *w, double now, void *arg)
+{
+	loom_comm_t *c = w->c;
+	char behind[256], msg[900];
+	double stall = loom_xp_stall_s();
+	if (w->stalled || stall <= 0 || !w->fatal || w->start == 0 || now - w->start < stall)
+		return;
+	w->stalled = 1;
+	list_behind(c, w->seq, behind, sizeof behind);
+	if (w->waiting_on) {
+		size_t len = 0;
+		behind[0] = '\0';
+		for (int r = 0; r < S(c)->size && len + 12 < sizeof behind; r++)
+			if (r != S(c)->rank && w->waiting_on(arg, r))
+				len += (size_t)snprintf(behind + len, sizeof behind - len, "%s%d", len ? ", " : "", r);
+	}
+	snprintf(msg, sizeof msg, "%s #%llu has not progressed for %.0f s (LOOM_STALL_S); waiting for %s%s%s",
+	         w->op ? w->op : "collective", (unsigned long long)w->seq, now - w->start, waiter_what(w),
+	         behind[0] ? "; ranks that have not arrived: " : "", behind);
+	fprintf(stderr, "loom: warning: rank %d (pid %d): %s\n", S(c)->rank, (int)getpid(), msg);
+	fflush(stderr);
+	report_suspect(w, arg, msg);
+}
+
 static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
 {
 	loom_comm_t *c = w->c;
@@ -208,6 +271,7 @@ static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
 			return LOOM_OK;
 		return waiter_fail(w, LOOM_EPEERLOST, "%s; this rank was waiting for %s", why, waiter_what(w));
 	}
+	stall_warning(w, now, arg);
 	if (now > w->deadline) {
 		char behind[256];
 		list_behind(c, w->seq, behind, sizeof behind);
@@ -220,6 +284,7 @@ static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
 		}
 		if (ready(arg))
 			return LOOM_OK;
+		report_suspect(w, arg, "timed out (LOOM_TIMEOUT_S) waiting for it");
 		if (behind[0])
 			return waiter_fail(w, LOOM_ETIMEDOUT,
 			                   "timed out after %.3g s (LOOM_TIMEOUT_S) waiting for %s; ranks that had not arrived: %s",
