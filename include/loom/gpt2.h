@@ -84,6 +84,16 @@ double loom_gpt2_flops_per_token(const loom_gpt2_config_t *cfg, int T);
 
 /* ---- the model ------------------------------------------------------------------------------- */
 
+/* Precision of the model's matmuls (the linear layers and the lm head). bf16: operands rounded to
+ * bf16, products accumulated in fp32; parameters, activations, gradients, LayerNorm, softmax and the
+ * loss stay fp32 (docs/model.md). Needs a CPU with AVX512-BF16. */
+typedef enum { LOOM_COMPUTE_FP32 = 0, LOOM_COMPUTE_BF16 = 1 } loom_compute_dtype_t;
+/* "fp32" / "bf16" to the dtype; LOOM_EINVAL for another name. */
+int loom_compute_dtype_parse(const char *name, loom_compute_dtype_t *dt);
+const char *loom_compute_dtype_name(loom_compute_dtype_t dt);
+/* 1 when this CPU runs bf16 matmuls (AVX512-BF16; LOOM_NO_BF16=1 in the environment says no). */
+int loom_bf16_supported(void);
+
 /* Options of loom_gpt2_create_opts; zero-initialize and set what differs. */
 typedef struct {
 	int B, T;   /* capacity of one micro-batch: up to B x T tokens, T <= cfg->seq_len */
@@ -104,6 +114,8 @@ typedef struct {
 	 * LayerNorms, wpe and the row-parallel biases are whole on every rank. Such a model needs a
 	 * reduction (loom_gpt2_on_tp_reduce) before any pass. n_head must be divisible by tp_size. */
 	int tp_size, tp_rank;
+	/* Matmul precision (0: fp32). LOOM_COMPUTE_BF16 on a CPU without AVX512-BF16 is LOOM_ENOTSUP. */
+	loom_compute_dtype_t dtype;
 } loom_gpt2_opts_t;
 
 /* Create a model for micro-batches of up to B x T tokens (T <= cfg->seq_len). Parameters, gradients
@@ -118,6 +130,7 @@ int loom_gpt2_create(loom_gpt2_t **m, const loom_gpt2_config_t *cfg, int B, int 
 int loom_gpt2_create_opts(loom_gpt2_t **m, const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *opts);
 void loom_gpt2_destroy(loom_gpt2_t *m); /* safe on NULL */
 const loom_gpt2_config_t *loom_gpt2_config(const loom_gpt2_t *m);
+loom_compute_dtype_t loom_gpt2_dtype(const loom_gpt2_t *m); /* the matmul precision given at create */
 float *loom_gpt2_params(loom_gpt2_t *m); /* loom_gpt2_num_params floats, layout above */
 float *loom_gpt2_grads(loom_gpt2_t *m);  /* same layout */
 /* Use caller-owned memory (num_params floats, e.g. from loom_comm_alloc) for the gradients from now
@@ -317,6 +330,10 @@ double loom_gemm_flops(int threads, int M, int N, int K, double seconds);
 /* Peak sgemm FLOP/s on this machine with `threads` threads, for MFU: the best of a few large shapes
  * (square 1024 and the GPT-2 `small` preset's lm-head and MLP products), about 2 s in all. */
 double loom_gemm_peak_flops(int threads);
+/* The same in either matmul precision (bf16: the model's bf16 GEMM, operand conversion included);
+ * 0 for bf16 on a CPU without AVX512-BF16 or when the GEMM fails. */
+double loom_gemm_flops_dtype(loom_compute_dtype_t dt, int threads, int M, int N, int K, double seconds);
+double loom_gemm_peak_flops_dtype(loom_compute_dtype_t dt, int threads);
 
 #ifdef __cplusplus
 }

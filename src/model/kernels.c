@@ -27,6 +27,7 @@ void loom__gemm_setup_threads(void)
 	 * OpenMP thread count, so it is left alone. */
 	if (openblas_get_parallel() == 1 && openblas_get_num_threads() != 1)
 		openblas_set_num_threads(1);
+	loom__gemm_use(NULL);
 }
 
 static void sgemm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
@@ -52,6 +53,11 @@ void loom__gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A
 	int nt = omp_get_max_threads();
 	if (M <= 0 || N <= 0)
 		return;
+	loom__gemm_ctx_t *bf = loom__gemm_current();
+	if (bf) { /* errors stay in the ctx; the model's entry point returns them */
+		loom__gemm_bf16(bf, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+		return;
+	}
 	if (nt <= 1 || omp_in_parallel() || (double)M * N * K < 4e6) {
 		sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 		return;
