@@ -55,7 +55,7 @@ int loom_cli_bench_gemm(int argc, char **argv)
 		double f = 0.0;
 		for (int d = 0; d < nd; d++) {
 			f = loom_gemm_flops_dtype((loom_compute_dtype_t)d, threads, M, N, K, seconds);
-			printf("%-9s %dx%dx%d, %d thread%s: %.1f GFLOP/s\n", names[d], M, N, K, threads,
+			printf("%s %dx%dx%d, %d thread%s: %.1f GFLOP/s\n", names[d], M, N, K, threads,
 			       threads == 1 ? "" : "s", f / 1e9);
 		}
 		return f > 0 ? 0 : 1;

@@ -67,8 +67,10 @@ static const char *const usage_text =
 	"  --log FILE.jsonl       one JSON object per step\n"
 	"performance:\n"
 	"  --threads N            threads for the kernels (default: OMP_NUM_THREADS, else one per CPU)\n"
-	"  --peak-flops F         FLOP/s used for MFU (default: measured as `loom bench gemm` does, once,\n"
-	"                         then cached in ~/.cache/loom/gemm_peak)\n"
+	"  --dtype fp32|bf16      matmul precision (default fp32); bf16: bf16 operands, fp32 accumulation,\n"
+	"                         fp32 master weights, optimizer, LayerNorm, softmax and loss (AVX512-BF16)\n"
+	"  --peak-flops F         FLOP/s used for MFU (default: measured as `loom bench gemm` does, for the\n"
+	"                         --dtype, once, then cached in ~/.cache/loom/gemm_peak[_bf16])\n"
 	"  --profile              print the time per kernel at the end\n"
 	"  --print-every K        print the line of every K-th step (and the first, last, eval and save\n"
 	"                         steps; default 1)\n"
@@ -109,6 +111,7 @@ typedef struct {
 	int rank, world;
 	int pp;                           /* pipeline stages */
 	int tp, dp_flag, dp;              /* --tp, --dp (0: derived), the data-parallel size */
+	loom_compute_dtype_t dtype;       /* --dtype */
 } opts_t;
 
 /* Parse an integer flag that must be in [lo, hi]. */
@@ -183,6 +186,10 @@ static void parse(int argc, char **argv, opts_t *o)
 		else if (FLAG("--sample-every")) o->sample_every = (int)int_in("--sample-every", v, 0, 1 << 30);
 		else if (FLAG("--log")) o->tc.log_path = v;
 		else if (FLAG("--threads")) o->threads = (int)int_in("--threads", v, 1, 1024);
+		else if (FLAG("--dtype")) {
+			if (loom_compute_dtype_parse(v, &o->dtype) != LOOM_OK)
+				cli_die("train", "--dtype: %s", loom_errmsg());
+		}
 		else if (FLAG("--peak-flops")) {
 			o->tc.peak_flops = DBL("--peak-flops");
 			if (!(o->tc.peak_flops > 0))
@@ -340,21 +347,21 @@ static void find_tokenizer(opts_t *o)
 	o->tc.tokenizer = o->tokenizer[0] ? o->tokenizer : NULL;
 }
 
-/* The sgemm peak of `loom bench gemm` for `threads` threads: from the cache (loom/train.h), or
- * measured now (about 2 s) and cached. */
-static double peak_flops(int threads)
+/* The GEMM peak of `loom bench gemm` in precision dt for `threads` threads: from the cache
+ * (loom/train.h), or measured now (about 2 s) and cached. */
+static double peak_flops(loom_compute_dtype_t dt, int threads)
 {
 	char path[1000];
 	double peak;
-	if (loom_peak_cache_get(threads, &peak) == LOOM_OK)
+	if (loom_peak_cache_get_dtype(dt, threads, &peak) == LOOM_OK)
 		return peak;
-	if (loom_peak_cache_path(path, sizeof path) != LOOM_OK)
+	if (loom_peak_cache_path_dtype(dt, path, sizeof path) != LOOM_OK)
 		snprintf(path, sizeof path, "(no cache: %s)", loom_errmsg());
-	printf("measuring the sgemm peak for MFU with %d thread%s (once; cached in %s)...\n", threads,
-	       threads == 1 ? "" : "s", path);
-	peak = loom_gemm_peak_flops(threads);
+	printf("measuring the %s GEMM peak for MFU with %d thread%s (once; cached in %s)...\n",
+	       loom_compute_dtype_name(dt), threads, threads == 1 ? "" : "s", path);
+	peak = loom_gemm_peak_flops_dtype(dt, threads);
 	if (peak > 0)
-		loom_peak_cache_put(threads, peak); /* best effort: a read-only home measures every time */
+		loom_peak_cache_put_dtype(dt, threads, peak); /* best effort: a read-only home measures every time */
 	return peak;
 }
 
@@ -456,8 +463,10 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	       mem.params / 1048576.0, mem.grads / 1048576.0, mem.optim / 1048576.0, mem.model_states / 1048576.0,
 	       mem.formula, mem.theory / 1048576.0, loom_gpt2_num_params(&o->mc), mem.dp, mem.activations / 1048576.0,
 	       mem.comm / 1048576.0);
-	printf("threads: %d; MFU against a peak of %.1f GFLOP/s%s; %.4g FLOP per token\n", loom_num_threads(),
-	       o->tc.peak_flops / 1e9, o->world > 1 ? " per rank" : "", loom_gpt2_flops_per_token(&o->mc, o->tc.T));
+	printf("threads: %d; matmuls in %s; MFU against a %s peak of %.1f GFLOP/s%s; %.4g FLOP per token\n",
+	       loom_num_threads(), o->dtype == LOOM_COMPUTE_BF16 ? "bf16 (fp32 accumulation)" : "fp32",
+	       loom_compute_dtype_name(o->dtype), o->tc.peak_flops / 1e9, o->world > 1 ? " per rank" : "",
+	       loom_gpt2_flops_per_token(&o->mc, o->tc.T));
 }
 
 static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
@@ -675,7 +684,8 @@ int loom_cli_train(int argc, char **argv)
 	 * strategy has taken its shard (at the parameter sync below). */
 	loom_gpt2_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .tp_size = o.tp,
 	                       .tp_rank = mesh ? loom_mesh_coord(mesh, LOOM_MESH_TP) : 0,
-	                       .no_own_grads = o.tc.zero >= 2 && o.dp > 1, .no_own_params = o.tc.zero == 3 && o.dp > 1};
+	                       .no_own_grads = o.tc.zero >= 2 && o.dp > 1, .no_own_params = o.tc.zero == 3 && o.dp > 1,
+	                       .dtype = o.dtype};
 	if ((rc = loom_gpt2_create_opts(&model, &o.mc, &mo)) != LOOM_OK) {
 		fprintf(stderr, "loom train: creating the model: %s%s", loom_errmsg(), rc == LOOM_ENOMEM ? "" : "\n");
 		if (rc == LOOM_ENOMEM) /* the sizes the user can act on */
@@ -710,7 +720,7 @@ int loom_cli_train(int argc, char **argv)
 		goto out;
 	}
 	if (o.tc.peak_flops <= 0 && o.rank == 0) { /* measured once the settings are known to be good */
-		o.tc.peak_flops = peak_flops(loom_num_threads());
+		o.tc.peak_flops = peak_flops(o.dtype, loom_num_threads());
 		loom_trainer_set_peak_flops(tr, o.tc.peak_flops);
 	}
 	if (o.resume) { /* every rank reads the checkpoint; the first step re-broadcasts rank 0's parameters */

@@ -98,6 +98,10 @@ int loom_peak_cache_path(char *buf, size_t cap);
 int loom_peak_cache_get(int threads, double *flops);
 /* Append a measurement (creating the directories); LOOM_EINVAL for values <= 0, LOOM_EIO. */
 int loom_peak_cache_put(int threads, double flops);
+/* The same per matmul precision: fp32 is the calls above; bf16 keeps its own file, gemm_peak_bf16. */
+int loom_peak_cache_path_dtype(loom_compute_dtype_t dt, char *buf, size_t cap);
+int loom_peak_cache_get_dtype(loom_compute_dtype_t dt, int threads, double *flops);
+int loom_peak_cache_put_dtype(loom_compute_dtype_t dt, int threads, double flops);
 
 /* ---- trainer ----------------------------------------------------------------------------------- */
 

@@ -192,10 +192,19 @@ void loom__matmul_forward(float *out, const float *inp, const float *weight, con
 void loom__matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, int N, int C, int OC)
 {
-	if (dinp)
-		loom__gemm(0, 1, N, C, OC, 1.0f, dout, OC, weight, OC, 1.0f, dinp, C);
-	if (dweight)
-		loom__gemm(1, 0, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC);
+	loom__gemm_ctx_t *bf = loom__gemm_current();
+	const uint16_t *dout16 = NULL;
+	if (bf && dinp && dweight && !(dout16 = loom__bf16_hold(bf, LOOM_BF16_SLOT_HOLD1, dout, (size_t)N * OC)))
+		return; /* bf16 out of memory: the error is in the ctx */
+	if (dout16) { /* bf16: dout converted once for both products */
+		loom__gemm_bf16x(bf, 0, 1, N, C, OC, 1.0f, dout, dout16, OC, weight, NULL, OC, 1.0f, dinp, C);
+		loom__gemm_bf16x(bf, 1, 0, C, OC, N, 1.0f, inp, NULL, C, dout, dout16, OC, 1.0f, dweight, OC);
+	} else {
+		if (dinp)
+			loom__gemm(0, 1, N, C, OC, 1.0f, dout, OC, weight, OC, 1.0f, dinp, C);
+		if (dweight)
+			loom__gemm(1, 0, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC);
+	}
 	if (dbias) {
 #pragma omp parallel if ((long)N * OC >= PAR_MIN)
 		{

@@ -31,10 +31,13 @@ void loom__gemm_setup_threads(void);
 
 /* A model's GEMM precision and the bf16 operand scratch its GEMMs reuse; zero-initialized is fp32.
  * err keeps the first failure of a pass (loom_errmsg has its detail) until loom__gemm_status. */
+enum { LOOM_BF16_SLOT_A, LOOM_BF16_SLOT_B, LOOM_BF16_SLOT_HOLD0, LOOM_BF16_SLOT_HOLD1, LOOM_BF16_SLOTS };
 typedef struct {
 	int dtype; /* loom_compute_dtype_t */
-	uint16_t *buf;
-	size_t cap; /* bf16 values at buf */
+	/* scratch slots: A and B are the GEMM's own conversions; HOLD0/1 keep an operand a kernel
+	 * converted once for several GEMMs (loom__bf16_hold) */
+	uint16_t *buf[LOOM_BF16_SLOTS];
+	size_t cap[LOOM_BF16_SLOTS]; /* bf16 values at buf[k] */
 	int err;
 } loom__gemm_ctx_t;
 
@@ -52,6 +55,14 @@ int loom__bf16_supported(void);
  * LOOM_OK, or ctx->err (LOOM_ENOMEM, LOOM_ENOTSUP) with the GEMM not done. */
 int loom__gemm_bf16(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
                     int lda, const float *B, int ldb, float beta, float *C, int ldc);
+/* The same with either operand already in bf16 (A16/B16 non-NULL: used instead of A/B, in the same
+ * layout and leading dimension), for a kernel that reuses one conversion in several products. */
+int loom__gemm_bf16x(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                     const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta, float *C,
+                     int ldc);
+/* src (n) converted into scratch slot HOLD0 or HOLD1 of ctx, valid until that slot is held again;
+ * NULL (ctx->err set) when out of memory. */
+const uint16_t *loom__bf16_hold(loom__gemm_ctx_t *ctx, int slot, const float *src, size_t n);
 /* dst (n) = src (n) rounded to bf16; and one value rounded to bf16 and back, for the tests. */
 void loom__bf16_from_f32(uint16_t *dst, const float *src, size_t n);
 float loom__bf16_round(float f);

@@ -128,9 +128,11 @@ void loom__gemm_ctx_free(loom__gemm_ctx_t *ctx)
 		return;
 	if (cur_ctx == ctx)
 		cur_ctx = NULL;
-	loom_free_aligned(ctx->buf);
-	ctx->buf = NULL;
-	ctx->cap = 0;
+	for (int k = 0; k < LOOM_BF16_SLOTS; k++) {
+		loom_free_aligned(ctx->buf[k]);
+		ctx->buf[k] = NULL;
+		ctx->cap[k] = 0;
+	}
 }
 
 int loom__gemm_status(loom__gemm_ctx_t *ctx)
@@ -143,7 +145,7 @@ int loom__gemm_status(loom__gemm_ctx_t *ctx)
 /* ---- oneDNN primitives, one per shape ------------------------------------------------------------ */
 
 typedef struct {
-	int ta, tb, M, N, K, ldc, beta_nz;
+	int ta, tb, M, N, K, lda, ldb, ldc, beta_nz;
 	float alpha;
 	dnnl_primitive_t prim;
 } prim_entry_t;
@@ -169,7 +171,7 @@ static const char *dnnl_what(dnnl_status_t s)
 /* The matmul primitive for this shape (dense bf16 operands in their stored orientation, fp32 C with
  * row stride ldc), created on first use. NULL with the error recorded on failure. */
 static dnnl_primitive_t get_prim(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha,
-                                 int beta_nz, float beta, int ldc)
+                                 int lda, int ldb, int beta_nz, float beta, int ldc)
 {
 	dnnl_primitive_t p = NULL;
 	dnnl_status_t s = dnnl_success;
@@ -177,7 +179,8 @@ static dnnl_primitive_t get_prim(loom__gemm_ctx_t *ctx, int ta, int tb, int M, i
 	pthread_mutex_lock(&prim_lock);
 	for (int i = 0; i < nprims; i++) {
 		prim_entry_t *e = &prims[i];
-		if (e->ta == ta && e->tb == tb && e->M == M && e->N == N && e->K == K && e->ldc == ldc &&
+		if (e->ta == ta && e->tb == tb && e->M == M && e->N == N && e->K == K && e->lda == lda && e->ldb == ldb &&
+		    e->ldc == ldc &&
 		    e->beta_nz == beta_nz && e->alpha == alpha) {
 			p = e->prim;
 			goto out;
@@ -187,7 +190,7 @@ static dnnl_primitive_t get_prim(loom__gemm_ctx_t *ctx, int ta, int tb, int M, i
 		goto out;
 	dnnl_memory_desc_t a_md, b_md, c_md;
 	dnnl_dims_t a_dims = {M, K}, b_dims = {K, N}, c_dims = {M, N};
-	dnnl_dims_t a_str = {ta ? 1 : K, ta ? M : 1}, b_str = {tb ? 1 : N, tb ? K : 1}, c_str = {ldc, 1};
+	dnnl_dims_t a_str = {ta ? 1 : lda, ta ? lda : 1}, b_str = {tb ? 1 : ldb, tb ? ldb : 1}, c_str = {ldc, 1};
 	dnnl_matmul_desc_t md;
 	dnnl_primitive_attr_t attr = NULL;
 	dnnl_post_ops_t po = NULL;
@@ -215,10 +218,10 @@ static dnnl_primitive_t get_prim(loom__gemm_ctx_t *ctx, int ta, int tb, int M, i
 		goto done;
 	}
 	if (nprims < PRIM_SLOTS) {
-		prims[nprims++] = (prim_entry_t){ta, tb, M, N, K, ldc, beta_nz, alpha, p};
+		prims[nprims++] = (prim_entry_t){ta, tb, M, N, K, lda, ldb, ldc, beta_nz, alpha, p};
 	} else { /* a full table: replace entries round-robin (not on a training step's path) */
 		dnnl_primitive_destroy(prims[next_evict].prim);
-		prims[next_evict] = (prim_entry_t){ta, tb, M, N, K, ldc, beta_nz, alpha, p};
+		prims[next_evict] = (prim_entry_t){ta, tb, M, N, K, lda, ldb, ldc, beta_nz, alpha, p};
 		next_evict = (next_evict + 1) % PRIM_SLOTS;
 	}
 done:
@@ -238,10 +241,10 @@ out:
 
 /* ---- the GEMM ---------------------------------------------------------------------------------- */
 
-/* Room for n bf16 values at ctx->buf, growing it (the first step only). */
-static uint16_t *scratch(loom__gemm_ctx_t *ctx, size_t n)
+/* Room for n bf16 values in scratch slot k, growing it (the first step only). */
+static uint16_t *scratch(loom__gemm_ctx_t *ctx, int k, size_t n)
 {
-	if (n > ctx->cap) {
+	if (n > ctx->cap[k]) {
 		size_t cap = n + n / 8;
 		uint16_t *b = loom_alloc_aligned(cap * sizeof(uint16_t));
 		if (!b) {
@@ -249,15 +252,31 @@ static uint16_t *scratch(loom__gemm_ctx_t *ctx, size_t n)
 			                       cap * sizeof(uint16_t));
 			return NULL;
 		}
-		loom_free_aligned(ctx->buf);
-		ctx->buf = b;
-		ctx->cap = cap;
+		loom_free_aligned(ctx->buf[k]);
+		ctx->buf[k] = b;
+		ctx->cap[k] = cap;
 	}
-	return ctx->buf;
+	return ctx->buf[k];
+}
+
+const uint16_t *loom__bf16_hold(loom__gemm_ctx_t *ctx, int slot, const float *src, size_t n)
+{
+	uint16_t *d;
+	if (ctx->err || slot < LOOM_BF16_SLOT_HOLD0 || slot >= LOOM_BF16_SLOTS || !(d = scratch(ctx, slot, n)))
+		return NULL;
+	loom__bf16_from_f32(d, src, n);
+	return d;
 }
 
 int loom__gemm_bf16(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
                     int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+	return loom__gemm_bf16x(ctx, ta, tb, M, N, K, alpha, A, NULL, lda, B, NULL, ldb, beta, C, ldc);
+}
+
+int loom__gemm_bf16x(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                     const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta, float *C,
+                     int ldc)
 {
 	if (ctx->err)
 		return ctx->err;
@@ -269,14 +288,24 @@ int loom__gemm_bf16(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, 
 				C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
 		return LOOM_OK;
 	}
-	size_t na = (size_t)M * K, nb = (size_t)K * N;
-	uint16_t *buf = scratch(ctx, na + nb + 32); /* B starts 64-byte aligned after A */
-	if (!buf)
-		return ctx->err;
-	uint16_t *a16 = buf, *b16 = buf + (na + 31) / 32 * 32;
-	convert(a16, A, ta ? K : M, ta ? M : K, lda);
-	convert(b16, B, tb ? N : K, tb ? K : N, ldb);
-	dnnl_primitive_t p = get_prim(ctx, ta, tb, M, N, K, alpha, beta != 0.0f, beta, ldc);
+	/* an operand not given in bf16 is converted into a dense scratch slot: its ld is then its width */
+	const uint16_t *a16 = A16, *b16 = B16;
+	int lda16 = lda, ldb16 = ldb;
+	if (!a16) {
+		uint16_t *d = scratch(ctx, LOOM_BF16_SLOT_A, (size_t)M * K);
+		if (!d)
+			return ctx->err;
+		convert(d, A, ta ? K : M, ta ? M : K, lda);
+		a16 = d, lda16 = ta ? M : K;
+	}
+	if (!b16) {
+		uint16_t *d = scratch(ctx, LOOM_BF16_SLOT_B, (size_t)K * N);
+		if (!d)
+			return ctx->err;
+		convert(d, B, tb ? N : K, tb ? K : N, ldb);
+		b16 = d, ldb16 = tb ? K : N;
+	}
+	dnnl_primitive_t p = get_prim(ctx, ta, tb, M, N, K, alpha, lda16, ldb16, beta != 0.0f, beta, ldc);
 	if (!p)
 		return ctx->err;
 
@@ -293,8 +322,8 @@ int loom__gemm_bf16(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, 
 	a_md = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
 	b_md = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
 	c_md = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
-	if ((s = dnnl_memory_create(&ma, a_md, engine, a16)) != dnnl_success ||
-	    (s = dnnl_memory_create(&mb, b_md, engine, b16)) != dnnl_success ||
+	if ((s = dnnl_memory_create(&ma, a_md, engine, (void *)a16)) != dnnl_success ||
+	    (s = dnnl_memory_create(&mb, b_md, engine, (void *)b16)) != dnnl_success ||
 	    (s = dnnl_memory_create(&mc, c_md, engine, C)) != dnnl_success)
 		goto fail;
 	dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};

@@ -151,6 +151,7 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	/* The stage model: its layers, `arenas` arenas, parameters viewing the caller's buffer. */
 	memset(&o, 0, sizeof o);
 	o.B = cfg->B, o.T = cfg->T, o.arenas = e->arenas, o.layer_lo = e->lo, o.layer_hi = e->hi, o.no_own_params = 1;
+	o.dtype = loom_gpt2_dtype(cfg->model); /* the stage computes in the whole model's precision */
 	if ((rc = loom_gpt2_create_opts(&e->stage, &e->mc, &o)) != LOOM_OK ||
 	    (rc = loom_gpt2_set_param_buffer(e->stage, loom_gpt2_params(cfg->model))) != LOOM_OK)
 		goto fail;
