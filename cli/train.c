@@ -80,6 +80,8 @@ static const char *const usage_text =
 	"  --zero 0|1|2|3         ZeRO stage (docs/zero.md): 0 plain data parallel (default), 1 shards the AdamW\n"
 	"                         state over the ranks, 2 also the gradients, 3 also the parameters\n"
 	"  --check-replicas K     every K steps verify that all ranks hold bit-identical parameters\n"
+	"  --grad-reduce-dtype fp32|bf16  what the gradient all-reduces send (default fp32; bf16: half the\n"
+	"                         bytes, reduced in fp32; not with --zero)\n"
 	"  --lr-scale S           none|sqrt|linear: scale --lr by (tokens per step / --ref-batch-size)^p,\n"
 	"                         p = 1/2 (sqrt) or 1 (linear); default none\n"
 	"  --ref-batch-size N     tokens per step that --lr was tuned for\n"
@@ -202,7 +204,12 @@ static void parse(int argc, char **argv, opts_t *o)
 			if (!(o->tc.bucket_mb > 0 && o->tc.bucket_mb <= 1 << 20))
 				cli_die("train", "--bucket-mb: %s must be > 0 (MiB, e.g. 25)", v);
 		} else if (FLAG("--zero")) o->tc.zero = (int)int_in("--zero", v, 0, 3);
-		else if (FLAG("--check-replicas"))
+		else if (FLAG("--grad-reduce-dtype")) {
+			loom_compute_dtype_t g;
+			if (loom_compute_dtype_parse(v, &g) != LOOM_OK)
+				cli_die("train", "--grad-reduce-dtype: %s", loom_errmsg());
+			o->tc.grad_reduce_dtype = g == LOOM_COMPUTE_BF16 ? LOOM_BFLOAT16 : LOOM_FLOAT32;
+		} else if (FLAG("--check-replicas"))
 			o->tc.check_replicas = (int)int_in("--check-replicas", v, 0, 1 << 30);
 		else if (FLAG("--lr-scale")) {
 			if (loom_lr_scale_parse(v, &o->lr_scale) != LOOM_OK)
@@ -448,8 +455,9 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 			       "AdamW state and gradients sharded, gradients reduce-scattered per unit every micro-step" :
 			       "parameters, gradients and AdamW state sharded; each unit gathered before use, the next prefetched");
 		else
-			printf("data parallel: %d ranks x %d thread%s; gradients averaged in buckets of %g MiB (the first %g MiB) "
-			       "on the last of %d micro-step%s", o->dp, loom_num_threads(), loom_num_threads() == 1 ? "" : "s",
+			printf("data parallel: %d ranks x %d thread%s; gradients averaged in %s in buckets of %g MiB (the first "
+			       "%g MiB) on the last of %d micro-step%s", o->dp, loom_num_threads(),
+			       loom_num_threads() == 1 ? "" : "s", o->tc.grad_reduce_dtype == LOOM_BFLOAT16 ? "bf16" : "fp32",
 			       o->tc.bucket_mb, o->tc.bucket_mb < 1 ? o->tc.bucket_mb : 1.0, o->tc.accum,
 			       o->tc.accum == 1 ? "" : "s");
 		if (o->tc.check_replicas > 0)

@@ -12,7 +12,8 @@
  *  - a 300-step run of the `tiny` preset in bf16 ends within 2% of the fp32 run's loss, and every
  *    step's loss is finite and within 5% of fp32's (no divergence);
  *  - a CPU without AVX512-BF16 (forced by LOOM_NO_BF16=1) gets a clear error from the model and
- *    from `loom train --dtype bf16`, never a silent fp32 run.
+ *    from `loom train --dtype bf16`, never a silent fp32 run;
+ *  - `--grad-reduce-dtype bf16` under 2-rank DDP keeps the replicas identical and the losses close.
  * The tests that need AVX512-BF16 report themselves skipped on a CPU without it. */
 #include <math.h>
 #include <stdint.h>
@@ -301,6 +302,44 @@ TEST(bf16_tiny_training_tracks_fp32)
 	       loss[1][STEPS], 100 * worst);
 	CHECK_MSG(fabs(loss[1][STEPS] - loss[0][STEPS]) <= 0.02 * loss[0][STEPS], "final loss: bf16 %.6f vs fp32 %.6f",
 	          loss[1][STEPS], loss[0][STEPS]);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* --grad-reduce-dtype bf16 under 2-rank DDP: the replicas stay bit-identical (--check-replicas 1
+ * every step), the losses follow the fp32 reduction's (step 1, before any update, is the same bits;
+ * later steps differ, so the option acted, by under 1%), and ZeRO refuses it. */
+TEST(bf16_grad_reduce_ddp)
+{
+	enum { STEPS = 8 };
+	char dir[512], cmd[2048], out[16384], log[600];
+	static double loss[2][STEPS + 1];
+	static const char *dt[2] = {"fp32", "bf16"};
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, 257, 20000));
+	for (int d = 0; d < 2; d++) {
+		snprintf(log, sizeof log, "%s/%s.jsonl", dir, dt[d]);
+		snprintf(cmd, sizeof cmd, "%s train --nproc 2 --train-data '%s/train_*.bin' --model tiny --batch-size 2 "
+		         "--seq-len 32 --steps %d --lr 3e-3 --threads 1 --peak-flops 1e10 --check-replicas 1 "
+		         "--grad-reduce-dtype %s --log %s", test_loom_bin(), dir, STEPS, dt[d], log);
+		int st = test_run_cmd(cmd, out, sizeof out, 120);
+		CHECK_MSG(st == 0, "%s: exit %d: %s", dt[d], st, out);
+		CHECK_CONTAINS(out, d ? "gradients averaged in bf16" : "gradients averaged in fp32");
+		CHECK_EQ(test_read_losses(log, loss[d], STEPS + 1, NULL, NULL), STEPS);
+	}
+	CHECK_FEQ(loss[1][1], loss[0][1]);
+	int differ = 0;
+	for (int s = 2; s <= STEPS; s++) {
+		differ |= loss[1][s] != loss[0][s];
+		CHECK_MSG(fabs(loss[1][s] - loss[0][s]) <= 0.01 * loss[0][s], "step %d: %.6f vs %.6f", s, loss[1][s],
+		          loss[0][s]);
+	}
+	CHECK_MSG(differ, "bf16 gradient reduction gave the fp32 losses bit for bit");
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --train-data '%s/train_*.bin' --model tiny --batch-size 2 "
+	         "--seq-len 32 --steps 2 --threads 1 --peak-flops 1e10 --zero 1 --grad-reduce-dtype bf16",
+	         test_loom_bin(), dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 120), 1);
+	CHECK_CONTAINS(out, "zero: gradients are reduce-scattered in float32 only");
 	test_rmdir(dir);
 	return 0;
 }
