@@ -104,12 +104,12 @@ print("%-8s %-6s %14.1f %14.1f %7.2fx %9.1f%% %9.1f%%" % (t, d, l, p, l / p, 100
 EOF
 	done
 done
-case " $DTYPES " in *" fp32 "*" bf16 "*)
+if [[ " $DTYPES " == *" fp32 "* && " $DTYPES " == *" bf16 "* ]]; then
 	for t in $THREADS; do
 		$PY -c 'import sys; a = [float(x) for x in sys.argv[2:]]; print("%s thr: bf16 / fp32 tokens/s: loom %.2fx, torch %.2fx" % (sys.argv[1], a[0] / a[1], a[2] / a[3]))' \
 			"$t" "${LOOM_TPS[$t,bf16]}" "${LOOM_TPS[$t,fp32]}" "${TORCH_TPS[$t,bf16]}" "${TORCH_TPS[$t,fp32]}"
-	done ;;
-esac
+	done
+fi
 printf '(MFU against the GEMM peak of its dtype that `loom bench gemm` measures at that thread count: '
 for t in $THREADS; do
 	for d in $DTYPES; do printf '%s thr %s %.1f GFLOP/s; ' "$t" "$d" "$($PY -c "print(${PEAK[$t,$d]} / 1e9)")"; done
