@@ -7,10 +7,12 @@
  * precision changes in one place only. A bf16 GEMM converts its two fp32 operands into bf16 scratch
  * (round to nearest even, the rounding PyTorch's autocast uses) in the layout they already have,
  * and describes that layout to oneDNN with strides, so a transposed operand is never copied twice.
- * The scratch belongs to the calling model's context (loom__gemm_ctx_t): it grows on the first
- * step and is then reused, so later steps allocate nothing. oneDNN's primitives are created once
- * per GEMM shape and kept in a small table (a training step uses a dozen shapes); creating one
- * costs far more than running a small product.
+ * The scratch belongs to the calling model's context (loom__gemm_ctx_t), in slots: the GEMM's own
+ * two conversions, and two "held" operands a kernel converts once for several GEMMs (the lm head's
+ * wte, a gradient used by both backward products). Slots grow on the first step and are then
+ * reused, so later steps allocate nothing. oneDNN's primitives are created once per GEMM shape and
+ * kept for the life of the process in a small table (a training step uses a dozen shapes);
+ * creating one costs far more than running a small product.
  *
  * Invariants: a GEMM in bf16 mode equals the fp32 GEMM of the bf16-rounded operands up to the order
  * of fp32 additions (tests/test_bf16.c checks against a double-precision reference on rounded
