@@ -63,6 +63,10 @@ int loom__gemm_bf16x(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K,
 /* src (n) converted into scratch slot HOLD0 or HOLD1 of ctx, valid until that slot is held again;
  * NULL (ctx->err set) when out of memory. */
 const uint16_t *loom__bf16_hold(loom__gemm_ctx_t *ctx, int slot, const float *src, size_t n);
+/* Slot HOLD0/HOLD1 with room for n bf16 values, for a kernel that writes its bf16 operand itself
+ * (with loom__bf16_row, one thread per row); NULL (ctx->err set) when out of memory. */
+uint16_t *loom__bf16_slot(loom__gemm_ctx_t *ctx, int slot, size_t n);
+void loom__bf16_row(uint16_t *dst, const float *src, int n); /* dst (n) = src (n) in bf16, this thread */
 /* dst (n) = src (n) rounded to bf16; and one value rounded to bf16 and back, for the tests. */
 void loom__bf16_from_f32(uint16_t *dst, const float *src, size_t n);
 float loom__bf16_round(float f);

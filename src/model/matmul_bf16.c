@@ -261,6 +261,20 @@ static uint16_t *scratch(loom__gemm_ctx_t *ctx, int k, size_t n)
 	return ctx->buf[k];
 }
 
+uint16_t *loom__bf16_slot(loom__gemm_ctx_t *ctx, int slot, size_t n)
+{
+	if (ctx->err || slot < LOOM_BF16_SLOT_HOLD0 || slot >= LOOM_BF16_SLOTS)
+		return NULL;
+	return scratch(ctx, slot, n);
+}
+
+void loom__bf16_row(uint16_t *dst, const float *src, int n)
+{
+#pragma omp simd
+	for (int i = 0; i < n; i++)
+		dst[i] = to_bf16(src[i]);
+}
+
 const uint16_t *loom__bf16_hold(loom__gemm_ctx_t *ctx, int slot, const float *src, size_t n)
 {
 	uint16_t *d;
