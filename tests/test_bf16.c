@@ -287,6 +287,12 @@ TEST(bf16_tiny_training_tracks_fp32)
 		CHECK_MSG(st == 0, "%s: exit %d: %s", dt[d], st, out);
 		CHECK_CONTAINS(out, d ? "matmuls in bf16" : "matmuls in fp32");
 		CHECK_EQ(test_read_losses(log, loss[d], STEPS + 1, NULL, NULL), STEPS);
+		char first[4096] = "";
+		FILE *f = fopen(log, "r");
+		CHECK(f != NULL);
+		CHECK(fgets(first, sizeof first, f) != NULL);
+		fclose(f);
+		CHECK_CONTAINS(first, d ? "\"dtype\":\"bf16\"" : "\"dtype\":\"fp32\""); /* the log's config record */
 	}
 	for (int s = 1; s <= STEPS; s++) {
 		CHECK_MSG(isfinite(loss[1][s]), "bf16 step %d: loss %g", s, loss[1][s]);
