@@ -4,8 +4,9 @@
  * Measuring a peak (loom_gemm_peak_flops_dtype) takes about 2 s, so a program measures once per
  * thread count, precision and CPU and keeps the result in $XDG_CACHE_HOME/loom/gemm_peak (fp32; bf16
  * in gemm_peak_bf16 beside it; or ~/.cache/loom/..., /tmp/.cache/loom/... without HOME): one line
- * "threads cpu-hash flops" per measurement, appended. The CPU hash is of /proc/cpuinfo's first "model name" line, so a home directory shared
- * between machines does not reuse another CPU's figure. Lines that do not parse end the lookup. */
+ * "threads cpu-hash flops" per measurement, appended. The CPU hash is of /proc/cpuinfo's first
+ * "model name" line, so a home directory shared between machines does not reuse another CPU's figure.
+ * Lines that do not parse end the lookup. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,7 +102,8 @@ int loom_peak_cache_put_dtype(loom_compute_dtype_t dt, int threads, double flops
 	int rc;
 	if (!(flops > 0) || threads < 1)
 		return loom_seterr(LOOM_EINVAL, "peak cache: %g FLOP/s for %d threads: both must be > 0", flops, threads);
-	if ((rc = cache_dir(dir, sizeof dir)) != LOOM_OK || (rc = loom_peak_cache_path_dtype(dt, path, sizeof path)) != LOOM_OK)
+	if ((rc = cache_dir(dir, sizeof dir)) != LOOM_OK ||
+	    (rc = loom_peak_cache_path_dtype(dt, path, sizeof path)) != LOOM_OK)
 		return rc;
 	snprintf(parent, sizeof parent, "%s", dir);
 	char *slash = strrchr(parent, '/');
