@@ -16,7 +16,15 @@ CFLAGS   := -std=c11 $(OPT) -g $(ARCH) -fopenmp -pthread -Wall -Wextra -Werror -
 PCRE2_CFLAGS := $(shell pkg-config --cflags libpcre2-8 2>/dev/null)
 PCRE2_LIBS   := $(or $(shell pkg-config --libs libpcre2-8 2>/dev/null),-lpcre2-8)
 CPPFLAGS += $(PCRE2_CFLAGS)
-LDLIBS   := -lopenblas $(PCRE2_LIBS) -fopenmp -pthread -lm -lrt
+# oneDNN (Debian: libdnnl-dev; it ships no .pc file, so plain -ldnnl then) gives the bf16 GEMM of
+# `--dtype bf16` (src/model/matmul_bf16.c).
+DNNL_CFLAGS := $(shell pkg-config --cflags dnnl 2>/dev/null)
+DNNL_LIBS   := $(or $(shell pkg-config --libs dnnl 2>/dev/null),-ldnnl)
+ifeq ($(DNNL_CFLAGS)$(wildcard /usr/include/dnnl.h /usr/local/include/dnnl.h),)
+$(warning oneDNN's dnnl.h not found: run `make deps` (Debian: libdnnl-dev))
+endif
+CPPFLAGS += $(DNNL_CFLAGS)
+LDLIBS   := -lopenblas $(DNNL_LIBS) $(PCRE2_LIBS) -fopenmp -pthread -lm -lrt
 
 # Optional MPI, for jobs spanning hosts (docs/multinode.md): on when `pkg-config ompi-c` works
 # (Debian: libopenmpi-dev), off with `make MPI=0`; without it loom builds and runs single-host.
@@ -74,7 +82,7 @@ $(BUILD)/loom.pc: Makefile
 	@printf '%s\n' 'prefix=$${pcfiledir}/$(TOPREL)' 'includedir=$${prefix}/include' 'libdir=$${pcfiledir}' '' \
 	  'Name: loom' 'Description: distributed training for GPT-style language models' 'Version: 0.1.0' \
 	  'Cflags: -I$${includedir} -pthread' \
-	  'Libs: $${libdir}/libloom.a -lopenblas $(PCRE2_LIBS) -fopenmp -pthread -lm -lrt $(MPI_LIBS) $(SANLIBS)' > $@
+	  'Libs: $${libdir}/libloom.a -lopenblas $(DNNL_LIBS) $(PCRE2_LIBS) -fopenmp -pthread -lm -lrt $(MPI_LIBS) $(SANLIBS)' > $@
 
 # The test list is generated from every TEST(name) in tests/*.c, so adding a test is one edit.
 $(BUILD)/tests/list.h: $(TEST_SRC)
@@ -106,7 +114,7 @@ install: all
 	@printf '%s\n' 'prefix=$${pcfiledir}/../..' 'includedir=$${prefix}/include' 'libdir=$${prefix}/lib' '' \
 	  'Name: loom' 'Description: distributed training for GPT-style language models' 'Version: 0.1.0' \
 	  'Cflags: -I$${includedir} -pthread' \
-	  'Libs: -L$${libdir} -lloom -lopenblas $(PCRE2_LIBS) -fopenmp -pthread -lm -lrt $(MPI_LIBS)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/loom.pc
+	  'Libs: -L$${libdir} -lloom -lopenblas $(DNNL_LIBS) $(PCRE2_LIBS) -fopenmp -pthread -lm -lrt $(MPI_LIBS)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/loom.pc
 
 # Installs the Debian packages that are missing (quiet when all are present).
 deps:

@@ -4,7 +4,9 @@ bench/train_vs_torch.sh.
 
 Same model (pre-LN GPT-2, GELU tanh, tied lm head, HF Conv1D layout through addmm), same data (an
 llm.c token shard: window k starts at token k*B*T), AdamW with decay on 2-D weights (foreach
-implementation, the fastest in 1.13 on CPU) and clip_grad_norm_, fp32. Thread counts are set by
+implementation, the fastest in 1.13 on CPU) and clip_grad_norm_, fp32; with --dtype bf16 the forward
+and loss run under torch.autocast("cpu", dtype=torch.bfloat16) (bf16 matmuls through oneDNN, fp32
+master weights and optimizer), the counterpart of `loom train --dtype bf16`. Thread counts are set by
 the caller: torch.set_num_threads(--threads) here, OPENBLAS_NUM_THREADS / OMP_NUM_THREADS in the
 environment (torch.set_num_threads alone does not limit Debian's OpenBLAS).
 
@@ -83,6 +85,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2, help="untimed first steps")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(1337)
@@ -104,7 +107,8 @@ def main():
         x, y = win[:-1].view(B, Tt), win[1:].view(B, Tt)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+            loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

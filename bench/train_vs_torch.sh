@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # train_vs_torch.sh: training throughput of `loom train` against PyTorch 1.13 on the same GPT-2,
-# in one run: the `small` preset (L6 H6 C384, vocab 50257), B=4, T=256, fp32, the same random-token
-# shard, at 1 and 2 threads; plus each one's MFU against the sgemm peak `loom bench gemm` measures.
+# in one run: the `small` preset (L6 H6 C384, vocab 50257), B=4, T=256, the same random-token shard,
+# at 1 and 2 threads, in fp32 and in bf16 (loom --dtype bf16 against PyTorch's CPU autocast to
+# bfloat16); plus each one's MFU against the GEMM peak of its dtype that `loom bench gemm` measures.
 #
 # PyTorch runs at its best on this machine, not its defaults: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS
 # = the thread count (torch.set_num_threads alone does not limit Debian's OpenBLAS), the OpenMP
 # build of OpenBLAS for 2 threads, and jemalloc with decay disabled (removes ~150k page faults per
 # step). tokens/s is the mean over the steps after the first WARMUP of each run; with REPEAT=R each
 # side runs R times, alternating, and keeps its best (the machine may be shared: best-of is fair to
-# both). The sgemm peak is measured in the same run, per thread count.
+# both). The GEMM peaks are measured in the same run, per thread count.
 #
 # usage: bench/train_vs_torch.sh [STEPS (default 12)] [THREADS... (default "1 2")]
 #   env: LOOM (default build/loom), MODEL (small), B (4), T (256), WARMUP (2), REPEAT (1),
-#        KEEP=1 keeps the work dir
+#        DTYPES ("fp32 bf16"; bf16 needs AVX512-BF16), KEEP=1 keeps the work dir
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-12}
@@ -24,6 +25,7 @@ B=${B:-4}
 T=${T:-256}
 WARMUP=${WARMUP:-2}
 REPEAT=${REPEAT:-1}
+DTYPES=${DTYPES:-fp32 bf16}
 PY=/usr/bin/python3
 OMP_BLAS=/usr/lib/x86_64-linux-gnu/openblas-openmp
 JEMALLOC=libjemalloc.so.2
@@ -46,48 +48,70 @@ with open(path, "wb") as f:
     f.write(hdr.tobytes()); f.write(tok.tobytes())
 EOF
 
-printf 'train_vs_torch: model %s, B=%d, T=%d, %d steps (first %d untimed), fp32\n' "$MODEL" "$B" "$T" "$STEPS" "$WARMUP"
+
+printf 'train_vs_torch: model %s, B=%d, T=%d, %d steps (first %d untimed), %s\n' "$MODEL" "$B" "$T" "$STEPS" \
+	"$WARMUP" "$DTYPES"
 declare -A LOOM_TPS TORCH_TPS PEAK
 FPT=0
 best() { $PY -c 'import sys; print(max(float(x) for x in sys.argv[1:] if x))' "$@"; }
 for t in $THREADS; do
-	# the sgemm peak MFU is relative to, measured now, as `loom bench gemm` measures it
-	PEAK[$t]=$(nice -n 5 "$LOOM" bench gemm --threads "$t" | sed -n 's/.*(--peak-flops \([0-9.e+]*\)).*/\1/p')
-	LOOM_TPS[$t]=0 TORCH_TPS[$t]=0
+	# the GEMM peaks MFU is relative to, measured now, as `loom bench gemm` measures them
+	gemm=$(nice -n 5 "$LOOM" bench gemm --threads "$t")
+	PEAK[$t,fp32]=$(echo "$gemm" | sed -n 's/^peak.*(--peak-flops \([0-9.e+]*\)).*/\1/p')
+	PEAK[$t,bf16]=$(echo "$gemm" | sed -n 's/^bf16 peak.*(--peak-flops \([0-9.e+]*\) .*/\1/p')
+	for d in $DTYPES; do
+		LOOM_TPS[$t,$d]=0 TORCH_TPS[$t,$d]=0
+		[ -n "${PEAK[$t,$d]}" ] || { echo "no $d peak from loom bench gemm (bf16 needs AVX512-BF16):" "$gemm" >&2; exit 1; }
+	done
 	for rep in $(seq "$REPEAT"); do
-		# loom: tokens/s from its JSONL log (steps after the warm-up); FLOP/token from its header
-		out=$(nice -n 5 "$LOOM" train --train-data "$WORK/train_*.bin" --model "$MODEL" --batch-size "$B" \
-			--seq-len "$T" --steps "$STEPS" --lr 6e-4 --threads "$t" --peak-flops "${PEAK[$t]}" \
-			--log "$WORK/loom_$t.jsonl" --profile)
-		[ "$rep" = 1 ] && { echo "$out" | grep -v '^step ' | sed 's/^/  [loom, '"$t"' thr] /' || true; }
-		tps=$($PY - "$WORK/loom_$t.jsonl" "$WARMUP" <<'EOF2'
+		for d in $DTYPES; do
+			# loom: tokens/s from its JSONL log (steps after the warm-up); FLOP/token from its header
+			out=$(nice -n 5 "$LOOM" train --train-data "$WORK/train_*.bin" --model "$MODEL" --batch-size "$B" \
+				--seq-len "$T" --steps "$STEPS" --lr 6e-4 --threads "$t" --peak-flops "${PEAK[$t,$d]}" \
+				--dtype "$d" --log "$WORK/loom_$t.jsonl" --profile)
+			[ "$rep" = 1 ] && { echo "$out" | grep -v '^step ' | sed 's/^/  [loom, '"$t"' thr, '"$d"'] /' || true; }
+			tps=$($PY - "$WORK/loom_$t.jsonl" "$WARMUP" <<'EOF2'
 import json, sys
 rows = [r for r in map(json.loads, open(sys.argv[1])) if "step" in r][int(sys.argv[2]):]  # step rows (not the config or summary record)
 print("%.1f" % (sum(r["tokens_per_s"] * r["dt_ms"] for r in rows) / sum(r["dt_ms"] for r in rows)))
 EOF2
 )
-		LOOM_TPS[$t]=$(best "${LOOM_TPS[$t]}" "$tps")
-		FPT=$(echo "$out" | sed -n 's/.*GFLOP\/s; \([0-9.e+]*\) FLOP per token.*/\1/p')
+			LOOM_TPS[$t,$d]=$(best "${LOOM_TPS[$t,$d]}" "$tps")
+			FPT=$(echo "$out" | sed -n 's/.* \([0-9.e+]*\) FLOP per token.*/\1/p')
 
-		# PyTorch at its best
-		env=(OMP_NUM_THREADS="$t" OPENBLAS_NUM_THREADS="$t" LD_PRELOAD="$JEMALLOC" MALLOC_CONF="$JEMALLOC_CONF")
-		[ "$t" -gt 1 ] && [ -d "$OMP_BLAS" ] && env+=(LD_LIBRARY_PATH="$OMP_BLAS")
-		tout=$(env "${env[@]}" nice -n 5 $PY bench/torch_gpt2.py --data "$WORK/train_000000.bin" --model "$MODEL" \
-			--batch-size "$B" --seq-len "$T" --steps "$STEPS" --warmup "$WARMUP" --threads "$t" 2>"$WORK/torch_$t.err")
-		TORCH_TPS[$t]=$(best "${TORCH_TPS[$t]}" "$(echo "$tout" | sed -n 's/^tokens_per_s //p')")
-		echo "  [$t thr, run $rep] loom $tps tok/s, torch $(echo "$tout" | sed -n 's/^tokens_per_s //p') tok/s"
+			# PyTorch at its best; bf16: torch.autocast("cpu", dtype=torch.bfloat16)
+			env=(OMP_NUM_THREADS="$t" OPENBLAS_NUM_THREADS="$t" LD_PRELOAD="$JEMALLOC" MALLOC_CONF="$JEMALLOC_CONF")
+			[ "$t" -gt 1 ] && [ -d "$OMP_BLAS" ] && env+=(LD_LIBRARY_PATH="$OMP_BLAS")
+			tout=$(env "${env[@]}" nice -n 5 $PY bench/torch_gpt2.py --data "$WORK/train_000000.bin" --model "$MODEL" \
+				--batch-size "$B" --seq-len "$T" --steps "$STEPS" --warmup "$WARMUP" --threads "$t" --dtype "$d" \
+				2>"$WORK/torch_$t.err")
+			ttps=$(echo "$tout" | sed -n 's/^tokens_per_s //p')
+			TORCH_TPS[$t,$d]=$(best "${TORCH_TPS[$t,$d]}" "$ttps")
+			echo "  [$t thr, $d, run $rep] loom $tps tok/s, torch $ttps tok/s"
+		done
 	done
 done
 
 echo
-printf '%-8s %14s %14s %8s %10s %10s\n' threads "loom tok/s" "torch tok/s" ratio "loom MFU" "torch MFU"
+printf '%-8s %-6s %14s %14s %8s %10s %10s\n' threads dtype "loom tok/s" "torch tok/s" ratio "loom MFU" "torch MFU"
 for t in $THREADS; do
-	$PY - "$t" "${LOOM_TPS[$t]}" "${TORCH_TPS[$t]}" "${PEAK[$t]}" "$FPT" <<'EOF'
+	for d in $DTYPES; do
+		$PY - "$t" "$d" "${LOOM_TPS[$t,$d]}" "${TORCH_TPS[$t,$d]}" "${PEAK[$t,$d]}" "$FPT" <<'EOF'
 import sys
-t, l, p, peak, fpt = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
-print("%-8s %14.1f %14.1f %7.2fx %9.1f%% %9.1f%%" % (t, l, p, l / p, 100 * l * fpt / peak, 100 * p * fpt / peak))
+t, d = sys.argv[1], sys.argv[2]
+l, p, peak, fpt = (float(x) for x in sys.argv[3:7])
+print("%-8s %-6s %14.1f %14.1f %7.2fx %9.1f%% %9.1f%%" % (t, d, l, p, l / p, 100 * l * fpt / peak, 100 * p * fpt / peak))
 EOF
+	done
 done
-printf '(MFU against the sgemm peak `loom bench gemm` measures at that thread count: '
-for t in $THREADS; do printf '%s thr %.1f GFLOP/s; ' "$t" "$($PY -c "print(${PEAK[$t]} / 1e9)")"; done
+if [[ " $DTYPES " == *" fp32 "* && " $DTYPES " == *" bf16 "* ]]; then
+	for t in $THREADS; do
+		$PY -c 'import sys; a = [float(x) for x in sys.argv[2:]]; print("%s thr: bf16 / fp32 tokens/s: loom %.2fx, torch %.2fx" % (sys.argv[1], a[0] / a[1], a[2] / a[3]))' \
+			"$t" "${LOOM_TPS[$t,bf16]}" "${LOOM_TPS[$t,fp32]}" "${TORCH_TPS[$t,bf16]}" "${TORCH_TPS[$t,fp32]}"
+	done
+fi
+printf '(MFU against the GEMM peak of its dtype that `loom bench gemm` measures at that thread count: '
+for t in $THREADS; do
+	for d in $DTYPES; do printf '%s thr %s %.1f GFLOP/s; ' "$t" "$d" "$($PY -c "print(${PEAK[$t,$d]} / 1e9)")"; done
+done
 printf '%s FLOP per token)\n' "$FPT"

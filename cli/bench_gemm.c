@@ -1,5 +1,6 @@
-/* bench_gemm.c: `loom bench gemm`: measured fp32 sgemm FLOP/s on this machine, the peak that MFU is
- * relative to (loom train --peak-flops takes the printed number). */
+/* bench_gemm.c: `loom bench gemm`: measured fp32 sgemm and (on AVX512-BF16) bf16 GEMM FLOP/s on this
+ * machine, the peaks that MFU is relative to (loom train --peak-flops takes the printed number of the
+ * --dtype it trains in). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,9 +11,10 @@
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: loom bench gemm [--threads N] [--size M,N,K | --size N] [--seconds S]\n"
-	           "  Measures row-major fp32 sgemm C(M,N) = A(M,K) B(K,N) through the model's threaded sgemm.\n"
-	           "  Without --size: the peak over square 1024 and the `small` preset's MLP and lm-head shapes\n"
-	           "  (the number MFU uses). --threads: 0 = one per CPU (default).\n");
+	           "  Measures row-major C(M,N) = A(M,K) B(K,N) through the model's GEMM: fp32 sgemm, and the bf16\n"
+	           "  GEMM of --dtype bf16 (bf16 operands, fp32 accumulation, oneDNN) on a CPU with AVX512-BF16.\n"
+	           "  Without --size: the peaks over square 1024 and the `small` preset's MLP and lm-head shapes\n"
+	           "  (the numbers MFU uses). --threads: 0 = one per CPU (default).\n");
 }
 
 int loom_cli_bench_gemm(int argc, char **argv)
@@ -47,19 +49,33 @@ int loom_cli_bench_gemm(int argc, char **argv)
 		}
 	}
 	threads = loom_set_num_threads(threads);
+	int nd = loom_bf16_supported() ? 2 : 1; /* fp32, and bf16 where the CPU has it */
+	static const char *names[] = {"sgemm", "bf16 gemm"};
 	if (M > 0) {
-		double f = loom_gemm_flops(threads, M, N, K, seconds);
-		printf("sgemm %dx%dx%d, %d thread%s: %.1f GFLOP/s\n", M, N, K, threads, threads == 1 ? "" : "s", f / 1e9);
+		double f = 0.0;
+		for (int d = 0; d < nd; d++) {
+			f = loom_gemm_flops_dtype((loom_compute_dtype_t)d, threads, M, N, K, seconds);
+			printf("%s %dx%dx%d, %d thread%s: %.1f GFLOP/s\n", names[d], M, N, K, threads,
+			       threads == 1 ? "" : "s", f / 1e9);
+		}
 		return f > 0 ? 0 : 1;
 	}
 	static const int shapes[][3] = {{1024, 1024, 1024}, {1024, 1536, 384}, {256, 50257, 384}};
-	double peak = 0.0;
-	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-		double f = loom_gemm_flops(threads, shapes[i][0], shapes[i][1], shapes[i][2], seconds / 2);
-		printf("sgemm %5dx%5dx%4d: %7.1f GFLOP/s\n", shapes[i][0], shapes[i][1], shapes[i][2], f / 1e9);
-		peak = f > peak ? f : peak;
-	}
-	printf("peak, %d thread%s: %.1f GFLOP/s (--peak-flops %.4g)\n", threads, threads == 1 ? "" : "s", peak / 1e9,
-	       peak);
-	return peak > 0 ? 0 : 1;
+	double peak[2] = {0.0, 0.0};
+	for (int d = 0; d < nd; d++)
+		for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+			double f = loom_gemm_flops_dtype((loom_compute_dtype_t)d, threads, shapes[i][0], shapes[i][1],
+			                                 shapes[i][2], seconds / 2);
+			printf("%-9s %5dx%5dx%4d: %7.1f GFLOP/s\n", names[d], shapes[i][0], shapes[i][1], shapes[i][2], f / 1e9);
+			peak[d] = f > peak[d] ? f : peak[d];
+		}
+	/* the fp32 line first and unchanged: scripts read its --peak-flops */
+	printf("peak, %d thread%s: %.1f GFLOP/s (--peak-flops %.4g)\n", threads, threads == 1 ? "" : "s", peak[0] / 1e9,
+	       peak[0]);
+	if (nd == 2)
+		printf("bf16 peak, %d thread%s: %.1f GFLOP/s (--peak-flops %.4g with --dtype bf16)\n", threads,
+		       threads == 1 ? "" : "s", peak[1] / 1e9, peak[1]);
+	else
+		printf("bf16: this CPU has no AVX512-BF16 (or LOOM_NO_BF16 is set)\n");
+	return peak[0] > 0 && (nd == 1 || peak[1] > 0) ? 0 : 1;
 }

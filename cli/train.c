@@ -70,8 +70,10 @@ static const char *const usage_text =
 	"  --log FILE.jsonl       one JSON object per step\n"
 	"performance:\n"
 	"  --threads N            threads for the kernels (default: OMP_NUM_THREADS, else one per CPU)\n"
-	"  --peak-flops F         FLOP/s used for MFU (default: measured as `loom bench gemm` does, once,\n"
-	"                         then cached in ~/.cache/loom/gemm_peak)\n"
+	"  --dtype fp32|bf16      matmul precision (default fp32); bf16: bf16 operands, fp32 accumulation,\n"
+	"                         fp32 master weights, optimizer, LayerNorm, softmax and loss (AVX512-BF16)\n"
+	"  --peak-flops F         FLOP/s used for MFU (default: measured as `loom bench gemm` does, for the\n"
+	"                         --dtype, once, then cached in ~/.cache/loom/gemm_peak[_bf16])\n"
 	"  --profile              print the time per kernel at the end\n"
 	"  --activation-checkpointing none|blocks|selective  keep every activation (none, default), only\n"
 	"                         each block's input and recompute the block in backward (blocks), or all\n"
@@ -84,6 +86,8 @@ static const char *const usage_text =
 	"  --zero 0|1|2|3         ZeRO stage (docs/zero.md): 0 plain data parallel (default), 1 shards the AdamW\n"
 	"                         state over the ranks, 2 also the gradients, 3 also the parameters\n"
 	"  --check-replicas K     every K steps verify that all ranks hold bit-identical parameters\n"
+	"  --grad-reduce-dtype fp32|bf16  what the gradient all-reduces send (default fp32; bf16: half the\n"
+	"                         bytes, reduced in fp32; not with --zero)\n"
 	"  --lr-scale S           none|sqrt|linear: scale --lr by (tokens per step / --ref-batch-size)^p,\n"
 	"                         p = 1/2 (sqrt) or 1 (linear); default none\n"
 	"  --ref-batch-size N     tokens per step that --lr was tuned for\n"
@@ -117,6 +121,7 @@ typedef struct {
 	int pp;                           /* pipeline stages */
 	int tp, dp_flag, dp;              /* --tp, --dp (0: derived), the data-parallel size */
 	loom_act_ckpt_t act_ckpt;         /* --activation-checkpointing */
+	loom_compute_dtype_t dtype;       /* --dtype */
 } opts_t;
 
 /* Parse a real flag that must be finite and > lo (lo_open) or >= lo, and < hi (hi_open) or <= hi. */
@@ -204,6 +209,10 @@ static void parse(int argc, char **argv, opts_t *o)
 		else if (FLAG("--sample-every")) o->sample_every = (int)int_in("--sample-every", v, 0, 1 << 30);
 		else if (FLAG("--log")) o->tc.log_path = v;
 		else if (FLAG("--threads")) o->threads = (int)int_in("--threads", v, 1, 1024);
+		else if (FLAG("--dtype")) {
+			if (loom_compute_dtype_parse(v, &o->dtype) != LOOM_OK)
+				cli_die("train", "--dtype: %s", loom_errmsg());
+		}
 		else if (FLAG("--peak-flops")) {
 			o->tc.peak_flops = DBL("--peak-flops");
 			if (!(o->tc.peak_flops > 0))
@@ -220,7 +229,12 @@ static void parse(int argc, char **argv, opts_t *o)
 			if (!(o->tc.bucket_mb > 0 && o->tc.bucket_mb <= 1 << 20))
 				cli_die("train", "--bucket-mb: %s must be > 0 (MiB, e.g. 25)", v);
 		} else if (FLAG("--zero")) o->tc.zero = (int)int_in("--zero", v, 0, 3);
-		else if (FLAG("--check-replicas"))
+		else if (FLAG("--grad-reduce-dtype")) {
+			loom_compute_dtype_t g;
+			if (loom_compute_dtype_parse(v, &g) != LOOM_OK)
+				cli_die("train", "--grad-reduce-dtype: %s", loom_errmsg());
+			o->tc.grad_reduce_dtype = g == LOOM_COMPUTE_BF16 ? LOOM_BFLOAT16 : LOOM_FLOAT32;
+		} else if (FLAG("--check-replicas"))
 			o->tc.check_replicas = (int)int_in("--check-replicas", v, 0, 1 << 30);
 		else if (FLAG("--lr-scale")) {
 			if (loom_lr_scale_parse(v, &o->lr_scale) != LOOM_OK)
@@ -367,21 +381,21 @@ static void find_tokenizer(opts_t *o)
 	o->tc.tokenizer = o->tokenizer[0] ? o->tokenizer : NULL;
 }
 
-/* The sgemm peak of `loom bench gemm` for `threads` threads: from the cache (loom/train.h), or
- * measured now (about 2 s) and cached. */
-static double peak_flops(int threads)
+/* The GEMM peak of `loom bench gemm` in precision dt for `threads` threads: from the cache
+ * (loom/train.h), or measured now (about 2 s) and cached. */
+static double peak_flops(loom_compute_dtype_t dt, int threads)
 {
 	char path[1000];
 	double peak;
-	if (loom_peak_cache_get(threads, &peak) == LOOM_OK)
+	if (loom_peak_cache_get_dtype(dt, threads, &peak) == LOOM_OK)
 		return peak;
-	if (loom_peak_cache_path(path, sizeof path) != LOOM_OK)
+	if (loom_peak_cache_path_dtype(dt, path, sizeof path) != LOOM_OK)
 		snprintf(path, sizeof path, "(no cache: %s)", loom_errmsg());
-	printf("measuring the sgemm peak for MFU with %d thread%s (once; cached in %s)...\n", threads,
-	       threads == 1 ? "" : "s", path);
-	peak = loom_gemm_peak_flops(threads);
+	printf("measuring the %s GEMM peak for MFU with %d thread%s (once; cached in %s)...\n",
+	       loom_compute_dtype_name(dt), threads, threads == 1 ? "" : "s", path);
+	peak = loom_gemm_peak_flops_dtype(dt, threads);
 	if (peak > 0)
-		loom_peak_cache_put(threads, peak); /* best effort: a read-only home measures every time */
+		loom_peak_cache_put_dtype(dt, threads, peak); /* best effort: a read-only home measures every time */
 	return peak;
 }
 
@@ -468,8 +482,9 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 			       "AdamW state and gradients sharded, gradients reduce-scattered per unit every micro-step" :
 			       "parameters, gradients and AdamW state sharded; each unit gathered before use, the next prefetched");
 		else
-			printf("data parallel: %d ranks x %d thread%s; gradients averaged in buckets of %g MiB (the first %g MiB) "
-			       "on the last of %d micro-step%s", o->dp, loom_num_threads(), loom_num_threads() == 1 ? "" : "s",
+			printf("data parallel: %d ranks x %d thread%s; gradients averaged in %s in buckets of %g MiB (the first "
+			       "%g MiB) on the last of %d micro-step%s", o->dp, loom_num_threads(),
+			       loom_num_threads() == 1 ? "" : "s", o->tc.grad_reduce_dtype == LOOM_BFLOAT16 ? "bf16" : "fp32",
 			       o->tc.bucket_mb, o->tc.bucket_mb < 1 ? o->tc.bucket_mb : 1.0, o->tc.accum,
 			       o->tc.accum == 1 ? "" : "s");
 		if (o->tc.check_replicas > 0)
@@ -488,8 +503,10 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	       loom_act_ckpt_name(mem.act_ckpt), mem.act.kept / 1048576.0, mem.act.recompute / 1048576.0,
 	       (mem.act.kept + mem.act.recompute) / 1048576.0, mem.act_formula_text, mem.act_formula / 1048576.0,
 	       mem.act.head / 1048576.0, mem.act.backward / 1048576.0);
-	printf("threads: %d; MFU against a peak of %.1f GFLOP/s%s; %.4g FLOP per token\n", loom_num_threads(),
-	       o->tc.peak_flops / 1e9, o->world > 1 ? " per rank" : "", loom_gpt2_flops_per_token(&o->mc, o->tc.T));
+	printf("threads: %d; matmuls in %s; MFU against a %s peak of %.1f GFLOP/s%s; %.4g FLOP per token\n",
+	       loom_num_threads(), o->dtype == LOOM_COMPUTE_BF16 ? "bf16 (fp32 accumulation)" : "fp32",
+	       loom_compute_dtype_name(o->dtype), o->tc.peak_flops / 1e9, o->world > 1 ? " per rank" : "",
+	       loom_gpt2_flops_per_token(&o->mc, o->tc.T));
 }
 
 static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
@@ -712,7 +729,8 @@ int loom_cli_train(int argc, char **argv)
 	loom_gpt2_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .tp_size = o.tp,
 	                       .tp_rank = mesh ? loom_mesh_coord(mesh, LOOM_MESH_TP) : 0,
 	                       .no_own_grads = o.tc.zero >= 2 && o.dp > 1, .no_own_params = o.tc.zero == 3 && o.dp > 1,
-	                       .act_ckpt = o.act_ckpt};
+	                       .act_ckpt = o.act_ckpt,
+	                       .dtype = o.dtype};
 	if ((rc = loom_gpt2_create_opts(&model, &o.mc, &mo)) != LOOM_OK) {
 		fprintf(stderr, "loom train: creating the model: %s%s", loom_errmsg(), rc == LOOM_ENOMEM ? "" : "\n");
 		if (rc == LOOM_ENOMEM) /* the sizes the user can act on */
@@ -747,7 +765,7 @@ int loom_cli_train(int argc, char **argv)
 		goto out;
 	}
 	if (o.tc.peak_flops <= 0 && o.rank == 0) { /* measured once the settings are known to be good */
-		o.tc.peak_flops = peak_flops(loom_num_threads());
+		o.tc.peak_flops = peak_flops(o.dtype, loom_num_threads());
 		loom_trainer_set_peak_flops(tr, o.tc.peak_flops);
 	}
 	if (o.resume) { /* every rank reads the checkpoint; the first step re-broadcasts rank 0's parameters */

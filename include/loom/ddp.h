@@ -75,6 +75,12 @@ int loom_ddp_zero_copy(const loom_ddp_t *d);
 /* The gradient storage (owned by d; loom_gpt2_param_count floats, the model's layout), valid until
  * loom_ddp_destroy. */
 float *loom_ddp_grads(loom_ddp_t *d);
+/* What the all-reduces send: LOOM_FLOAT32 (default) or LOOM_BFLOAT16, in which each bucket is
+ * rounded to bf16 (nearest even) into a staging buffer of d's as it is launched, reduced in float32
+ * by the collective (the sum rounded to bf16 once per step of the algorithm), and widened back into
+ * the gradients when loom_ddp_wait sees it done: half the bytes, and every rank still gets the same
+ * bits. Set it between steps, on every rank alike. LOOM_EINVAL for another dtype, LOOM_ENOMEM. */
+int loom_ddp_set_reduce_dtype(loom_ddp_t *d, loom_dtype_t dt);
 
 #ifdef __cplusplus
 }

@@ -101,6 +101,15 @@ typedef enum { LOOM_ACT_CKPT_NONE = 0, LOOM_ACT_CKPT_BLOCKS = 1, LOOM_ACT_CKPT_S
 /* "none" | "blocks" | "selective"; LOOM_EINVAL ("'X' is not one of none, blocks, selective"). */
 int loom_act_ckpt_parse(const char *name, loom_act_ckpt_t *mode);
 const char *loom_act_ckpt_name(loom_act_ckpt_t mode); /* "?" when invalid */
+/* Precision of the model's matmuls (the linear layers and the lm head). bf16: operands rounded to
+ * bf16, products accumulated in fp32; parameters, activations, gradients, LayerNorm, softmax and the
+ * loss stay fp32 (docs/model.md). Needs a CPU with AVX512-BF16. */
+typedef enum { LOOM_COMPUTE_FP32 = 0, LOOM_COMPUTE_BF16 = 1 } loom_compute_dtype_t;
+/* "fp32" / "bf16" to the dtype; LOOM_EINVAL for another name. */
+int loom_compute_dtype_parse(const char *name, loom_compute_dtype_t *dt);
+const char *loom_compute_dtype_name(loom_compute_dtype_t dt);
+/* 1 when this CPU runs bf16 matmuls (AVX512-BF16; LOOM_NO_BF16=1 in the environment says no). */
+int loom_bf16_supported(void);
 
 /* Options of loom_gpt2_create_opts; zero-initialize and set what differs. */
 typedef struct {
@@ -123,6 +132,8 @@ typedef struct {
 	 * reduction (loom_gpt2_on_tp_reduce) before any pass. n_head must be divisible by tp_size. */
 	int tp_size, tp_rank;
 	loom_act_ckpt_t act_ckpt; /* activation checkpointing (above); 0: none */
+	/* Matmul precision (0: fp32). LOOM_COMPUTE_BF16 on a CPU without AVX512-BF16 is LOOM_ENOTSUP. */
+	loom_compute_dtype_t dtype;
 } loom_gpt2_opts_t;
 
 /* Bytes of a model's activation buffers (the one allocation create makes for them), by role. */
@@ -161,6 +172,7 @@ int loom_gpt2_create(loom_gpt2_t **m, const loom_gpt2_config_t *cfg, int B, int 
 int loom_gpt2_create_opts(loom_gpt2_t **m, const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *opts);
 void loom_gpt2_destroy(loom_gpt2_t *m); /* safe on NULL */
 const loom_gpt2_config_t *loom_gpt2_config(const loom_gpt2_t *m);
+loom_compute_dtype_t loom_gpt2_dtype(const loom_gpt2_t *m); /* the matmul precision given at create */
 float *loom_gpt2_params(loom_gpt2_t *m); /* loom_gpt2_num_params floats, layout above */
 float *loom_gpt2_grads(loom_gpt2_t *m);  /* same layout */
 /* Use caller-owned memory (num_params floats, e.g. from loom_comm_alloc) for the gradients from now
@@ -360,6 +372,10 @@ double loom_gemm_flops(int threads, int M, int N, int K, double seconds);
 /* Peak sgemm FLOP/s on this machine with `threads` threads, for MFU: the best of a few large shapes
  * (square 1024 and the GPT-2 `small` preset's lm-head and MLP products), about 2 s in all. */
 double loom_gemm_peak_flops(int threads);
+/* The same in either matmul precision (bf16: the model's bf16 GEMM, operand conversion included);
+ * 0 for bf16 on a CPU without AVX512-BF16 or when the GEMM fails. */
+double loom_gemm_flops_dtype(loom_compute_dtype_t dt, int threads, int M, int N, int K, double seconds);
+double loom_gemm_peak_flops_dtype(loom_compute_dtype_t dt, int threads);
 
 #ifdef __cplusplus
 }

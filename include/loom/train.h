@@ -98,6 +98,10 @@ int loom_peak_cache_path(char *buf, size_t cap);
 int loom_peak_cache_get(int threads, double *flops);
 /* Append a measurement (creating the directories); LOOM_EINVAL for values <= 0, LOOM_EIO. */
 int loom_peak_cache_put(int threads, double flops);
+/* The same per matmul precision: fp32 is the calls above; bf16 keeps its own file, gemm_peak_bf16. */
+int loom_peak_cache_path_dtype(loom_compute_dtype_t dt, char *buf, size_t cap);
+int loom_peak_cache_get_dtype(loom_compute_dtype_t dt, int threads, double *flops);
+int loom_peak_cache_put_dtype(loom_compute_dtype_t dt, int threads, double flops);
 
 /* ---- trainer ----------------------------------------------------------------------------------- */
 
@@ -146,6 +150,9 @@ typedef struct {
 	/* Pipeline parallel (a mesh with pp > 1): the layers are split into pp stages balanced by FLOPs;
 	   the accum micro-batches of a step (the micro-batches M) run through them in this schedule. */
 	const char *pp_schedule;   /* "gpipe" | "1f1b" (NULL: 1f1b) */
+	loom_dtype_t grad_reduce_dtype; /* what the data-parallel gradient all-reduces send: LOOM_FLOAT32
+	                              (0, default) or LOOM_BFLOAT16 (half the bytes; reduced in float32);
+	                              ddp and tp only, ZeRO is LOOM_ENOTSUP */
 	const char *trace_dir;     /* write a Chrome trace of every rank's steps into this directory
 	                              (DIR/trace.json, one track per rank), or NULL */
 } loom_train_config_t;

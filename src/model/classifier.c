@@ -21,10 +21,20 @@ void loom__classifier_forward_backward(float *losses, float *dx, float *dwte, fl
                                  const float *wte, const int *targets, float dloss, int N, int C, int V)
 {
 	/* losses (N), dx (N,C), dwte (V,C), logits scratch (chunk,V), x (N,C), wte (V,C), targets (N) */
+	/* bf16 (loom__gemm_setup): wte is converted once for every chunk's products, each chunk's
+	 * gradient logits once for both of theirs */
+	loom__gemm_ctx_t *bf = loom__gemm_current();
+	const uint16_t *wte16 = bf ? loom__bf16_hold(bf, LOOM_BF16_SLOT_HOLD0, wte, (size_t)V * C) : NULL;
+	uint16_t *g16 = bf && dx ? loom__bf16_slot(bf, LOOM_BF16_SLOT_HOLD1, (size_t)(N < chunk ? N : chunk) * V) : NULL;
+	if (bf && (!wte16 || (dx && !g16)))
+		return; /* out of memory: the error is in the ctx */
 	for (int n0 = 0; n0 < N; n0 += chunk) {
 		int nc = N - n0 < chunk ? N - n0 : chunk;
 		const float *xc = x + (size_t)n0 * C;
-		loom__gemm(0, 1, nc, V, C, 1.0f, xc, C, wte, C, 0.0f, logits, V);
+		if (bf)
+			loom__gemm_bf16x(bf, 0, 1, nc, V, C, 1.0f, xc, NULL, C, wte, wte16, C, 0.0f, logits, V);
+		else
+			loom__gemm(0, 1, nc, V, C, 1.0f, xc, C, wte, C, 0.0f, logits, V);
 #pragma omp parallel for schedule(static) if ((long)nc * V >= 32768)
 		for (int i = 0; i < nc; i++) {
 			float *z = logits + (size_t)i * V, mx = -INFINITY, sum = 0.0f;
@@ -44,6 +54,8 @@ void loom__classifier_forward_backward(float *losses, float *dx, float *dwte, fl
 				for (int j = 0; j < V; j++)
 					z[j] *= g;
 				z[tgt] -= dloss;
+				if (g16) /* bf16: the gradient row converted while it is in cache */
+					loom__bf16_row(g16 + (size_t)i * V, z, V);
 			} else {
 #pragma omp simd reduction(+ : sum)
 				for (int j = 0; j < V; j++)
@@ -51,7 +63,10 @@ void loom__classifier_forward_backward(float *losses, float *dx, float *dwte, fl
 			}
 			losses[n0 + i] = logf(sum) + mx - zt;
 		}
-		if (dx) {
+		if (dx && bf) {
+			loom__gemm_bf16x(bf, 0, 0, nc, C, V, 1.0f, logits, g16, V, wte, wte16, C, 1.0f, dx + (size_t)n0 * C, C);
+			loom__gemm_bf16x(bf, 1, 0, V, C, nc, 1.0f, logits, g16, V, xc, NULL, C, 1.0f, dwte, C);
+		} else if (dx) {
 			loom__gemm(0, 0, nc, C, V, 1.0f, logits, V, wte, C, 1.0f, dx + (size_t)n0 * C, C);
 			loom__gemm(1, 0, V, C, nc, 1.0f, logits, V, xc, C, 1.0f, dwte, C);
 		}

@@ -189,6 +189,12 @@ static int check_opts(const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o)
 	if ((int)o->act_ckpt < LOOM_ACT_CKPT_NONE || (int)o->act_ckpt > LOOM_ACT_CKPT_SELECTIVE)
 		return loom_seterr(LOOM_EINVAL, "gpt2 create: activation checkpointing mode %d (expected 0 none, 1 blocks, "
 		                   "2 selective)", (int)o->act_ckpt);
+	if (o->dtype != LOOM_COMPUTE_FP32 && o->dtype != LOOM_COMPUTE_BF16)
+		return loom_seterr(LOOM_EINVAL, "gpt2 create: dtype %d (expected fp32 or bf16)", (int)o->dtype);
+	if (o->dtype == LOOM_COMPUTE_BF16 && !loom__bf16_supported())
+		return loom_seterr(LOOM_ENOTSUP, "gpt2 create: dtype bf16 needs a CPU with AVX512-BF16 (avx512_bf16 in "
+		                   "/proc/cpuinfo)%s; this one has none: use fp32", getenv("LOOM_NO_BF16") ?
+		                   " and LOOM_NO_BF16 unset" : "");
 	return loom_gpt2_tp_check(cfg, tp);
 }
 
@@ -204,6 +210,7 @@ static void setup(loom_gpt2_t *m, const loom_gpt2_config_t *cfg, const loom_gpt2
 	m->has_embed = m->lo == 0;
 	m->has_head = m->hi == L;
 	m->narenas = o->arenas ? o->arenas : 1;
+	m->gemm.dtype = o->dtype;
 	m->tp = tp, m->tp_rank = tp > 1 ? o->tp_rank : 0;
 	m->Cl = cfg->n_embd / tp, m->NHl = cfg->n_head / tp;
 	m->Vl = (cfg->vocab_size + tp - 1) / tp, m->v0 = m->tp_rank * m->Vl;
@@ -312,6 +319,7 @@ void loom_gpt2_destroy(loom_gpt2_t *m)
 	if (!m)
 		return;
 	loom__gpt2_kv_cache_free(m);
+	loom__gemm_ctx_free(&m->gemm);
 	loom_free_aligned(m->mem);
 	loom_free_aligned(m->params_own);
 	loom_free_aligned(m->grads_own);
@@ -328,6 +336,11 @@ void loom_gpt2_destroy(loom_gpt2_t *m)
 const loom_gpt2_config_t *loom_gpt2_config(const loom_gpt2_t *m)
 {
 	return &m->cfg;
+}
+
+loom_compute_dtype_t loom_gpt2_dtype(const loom_gpt2_t *m)
+{
+	return (loom_compute_dtype_t)m->gemm.dtype;
 }
 
 const loom_tensor_info_t *loom_gpt2_tensors(const loom_gpt2_t *m, int *n)
@@ -833,9 +846,9 @@ static void embed_backward(loom_gpt2_t *m, const int *inputs, int B, int T)
  * message is the reduction's). */
 static int tp_status(loom_gpt2_t *m)
 {
-	int rc = m->tp_err;
+	int rc = m->tp_err, grc = loom__gemm_status(&m->gemm); /* and the first bf16 GEMM failure */
 	m->tp_err = 0;
-	return rc;
+	return rc ? rc : grc;
 }
 
 int loom_gpt2_embed_forward(loom_gpt2_t *m, int mb, const int *inputs, int B, int T)
@@ -844,7 +857,7 @@ int loom_gpt2_embed_forward(loom_gpt2_t *m, int mb, const int *inputs, int B, in
 	if ((rc = check_unit(m, mb, -1, B, T, "embed_forward")) != LOOM_OK ||
 	    (rc = loom__gpt2_check_tokens(m, inputs, B, T, "inputs")) != LOOM_OK)
 		return rc;
-	loom__gemm_setup_threads();
+	loom__gemm_setup(&m->gemm);
 	embed_forward(m, &m->arenas[mb], inputs, B, T);
 	return tp_status(m);
 }
@@ -855,7 +868,7 @@ int loom_gpt2_block_forward(loom_gpt2_t *m, int mb, int l, int B, int T)
 	if ((rc = check_block(m, l, "block_forward")) != LOOM_OK ||
 	    (rc = check_unit(m, mb, l, B, T, "block_forward")) != LOOM_OK)
 		return rc;
-	loom__gemm_setup_threads();
+	loom__gemm_setup(&m->gemm);
 	block_forward(m, &m->arenas[mb], l, B, T);
 	return tp_status(m);
 }
@@ -868,7 +881,7 @@ int loom_gpt2_head_forward(loom_gpt2_t *m, int mb, const int *targets, int B, in
 		return rc;
 	if (m->tp > 1 && !targets)
 		return loom_seterr(LOOM_EINVAL, "gpt2 head_forward: a tensor-parallel model computes losses only");
-	loom__gemm_setup_threads();
+	loom__gemm_setup(&m->gemm);
 	head_forward(m, &m->arenas[mb], targets, B, T, loss);
 	return tp_status(m);
 }
@@ -880,7 +893,7 @@ int loom_gpt2_head_forward_backward(loom_gpt2_t *m, int mb, const int *targets, 
 	if ((rc = check_unit(m, mb, m->cfg.n_layer, B, T, "head_forward_backward")) != LOOM_OK ||
 	    (rc = loom__gpt2_check_tokens(m, targets, B, T, "targets")) != LOOM_OK)
 		return rc;
-	loom__gemm_setup_threads();
+	loom__gemm_setup(&m->gemm);
 	head_forward_backward(m, &m->arenas[mb], targets, B, T, grad_scale, loss);
 	return tp_status(m);
 }
@@ -891,7 +904,7 @@ int loom_gpt2_block_backward(loom_gpt2_t *m, int mb, int l, int B, int T)
 	if ((rc = check_block(m, l, "block_backward")) != LOOM_OK ||
 	    (rc = check_unit(m, mb, l, B, T, "block_backward")) != LOOM_OK)
 		return rc;
-	loom__gemm_setup_threads();
+	loom__gemm_setup(&m->gemm);
 	block_backward(m, &m->arenas[mb], l, B, T);
 	return tp_status(m);
 }
@@ -902,7 +915,7 @@ int loom_gpt2_embed_backward(loom_gpt2_t *m, int mb, const int *inputs, int B, i
 	if ((rc = check_unit(m, mb, -1, B, T, "embed_backward")) != LOOM_OK ||
 	    (rc = loom__gpt2_check_tokens(m, inputs, B, T, "inputs")) != LOOM_OK)
 		return rc;
-	loom__gemm_setup_threads();
+	loom__gemm_setup(&m->gemm);
 	embed_backward(m, inputs, B, T);
 	return tp_status(m);
 }
@@ -927,7 +940,7 @@ int loom_gpt2_forward(loom_gpt2_t *m, const int *inputs, const int *targets, int
 	arena_t *ar = &m->arenas[0];
 	if ((rc = check_call(m, inputs, targets, B, T, "forward")) != LOOM_OK)
 		return rc;
-	loom__gemm_setup_threads();
+	loom__gemm_setup(&m->gemm);
 	embed_forward(m, ar, inputs, B, T);
 	for (int l = 0; l < m->cfg.n_layer; l++)
 		block_forward(m, ar, l, B, T);
@@ -961,7 +974,7 @@ int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *tar
 		return loom_seterr(LOOM_EINVAL, "gpt2 forward_backward: targets are NULL");
 	if ((rc = check_call(m, inputs, targets, B, T, "forward_backward")) != LOOM_OK)
 		return rc;
-	loom__gemm_setup_threads();
+	loom__gemm_setup(&m->gemm);
 	embed_forward(m, ar, inputs, B, T);
 	for (int l = 0; l < L; l++)
 		block_forward(m, ar, l, B, T);

@@ -27,6 +27,7 @@ void loom__gemm_setup_threads(void)
 	 * OpenMP thread count, so it is left alone. */
 	if (openblas_get_parallel() == 1 && openblas_get_num_threads() != 1)
 		openblas_set_num_threads(1);
+	loom__gemm_use(NULL);
 }
 
 static void sgemm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
@@ -52,6 +53,11 @@ void loom__gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A
 	int nt = omp_get_max_threads();
 	if (M <= 0 || N <= 0)
 		return;
+	loom__gemm_ctx_t *bf = loom__gemm_current();
+	if (bf) { /* errors stay in the ctx; the model's entry point returns them */
+		loom__gemm_bf16(bf, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+		return;
+	}
 	if (nt <= 1 || omp_in_parallel() || (double)M * N * K < 4e6) {
 		sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 		return;
@@ -186,10 +192,19 @@ void loom__matmul_forward(float *out, const float *inp, const float *weight, con
 void loom__matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, int N, int C, int OC)
 {
-	if (dinp)
-		loom__gemm(0, 1, N, C, OC, 1.0f, dout, OC, weight, OC, 1.0f, dinp, C);
-	if (dweight)
-		loom__gemm(1, 0, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC);
+	loom__gemm_ctx_t *bf = loom__gemm_current();
+	const uint16_t *dout16 = NULL;
+	if (bf && dinp && dweight && !(dout16 = loom__bf16_hold(bf, LOOM_BF16_SLOT_HOLD1, dout, (size_t)N * OC)))
+		return; /* bf16 out of memory: the error is in the ctx */
+	if (dout16) { /* bf16: dout converted once for both products */
+		loom__gemm_bf16x(bf, 0, 1, N, C, OC, 1.0f, dout, dout16, OC, weight, NULL, OC, 1.0f, dinp, C);
+		loom__gemm_bf16x(bf, 1, 0, C, OC, N, 1.0f, inp, NULL, C, dout, dout16, OC, 1.0f, dweight, OC);
+	} else {
+		if (dinp)
+			loom__gemm(0, 1, N, C, OC, 1.0f, dout, OC, weight, OC, 1.0f, dinp, C);
+		if (dweight)
+			loom__gemm(1, 0, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC);
+	}
 	if (dbias) {
 #pragma omp parallel if ((long)N * OC >= PAR_MIN)
 		{

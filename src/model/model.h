@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "loom/gpt2.h"
+#include "model/kernels.h"
 
 /* Kernels timed by loom_gpt2_profile, in report order. */
 #define LOOM_PROF_KERNELS(X)                                                                      \
@@ -118,6 +119,8 @@ struct loom_gpt2 {
 	loom_tp_reduce_fn tp_reduce;
 	void *tp_ctx;
 	int tp_err;           /* first error of a reduction in the current pass */
+
+	loom__gemm_ctx_t gemm; /* matmul precision and its bf16 operand scratch (matmul_bf16.c) */
 
 	kv_cache_t *kv; /* NULL until the first generate or loom_gpt2_kv_cache_alloc */
 

@@ -1,4 +1,5 @@
-/* perf.c: the kernels' thread count, and measured sgemm FLOP/s (the peak that MFU is relative to).
+/* perf.c: the kernels' thread count, and measured GEMM FLOP/s in fp32 or bf16 (the peak that MFU is
+ * relative to).
  *
  * Threads: the model's loops and its sgemm calls share one OpenMP pool (see loom__gemm() in kernels.c);
  * loom_set_num_threads sets its size and keeps OpenBLAS from starting threads of its own. The peak
@@ -27,14 +28,20 @@ int loom_num_threads(void)
 
 double loom_gemm_flops(int threads, int M, int N, int K, double seconds)
 {
+	return loom_gemm_flops_dtype(LOOM_COMPUTE_FP32, threads, M, N, K, seconds);
+}
+
+double loom_gemm_flops_dtype(loom_compute_dtype_t dt, int threads, int M, int N, int K, double seconds)
+{
 	int saved = omp_get_max_threads();
 	double best = 0.0, start;
 	float *A = NULL, *B = NULL, *C = NULL;
-	if (M <= 0 || N <= 0 || K <= 0)
+	loom__gemm_ctx_t ctx = {.dtype = dt};
+	if (M <= 0 || N <= 0 || K <= 0 || (dt == LOOM_COMPUTE_BF16 && !loom__bf16_supported()))
 		return 0.0;
 	if (threads > 0)
 		loom_set_num_threads(threads);
-	loom__gemm_setup_threads();
+	loom__gemm_setup(&ctx); /* bf16: as the model runs it, operand conversion included */
 	A = loom_alloc_aligned(sizeof(float) * (size_t)M * K);
 	B = loom_alloc_aligned(sizeof(float) * (size_t)K * N);
 	C = loom_alloc_aligned(sizeof(float) * (size_t)M * N);
@@ -55,6 +62,10 @@ double loom_gemm_flops(int threads, int M, int N, int K, double seconds)
 			break;
 	}
 done:
+	if (ctx.err)
+		best = 0.0;
+	loom__gemm_setup_threads();
+	loom__gemm_ctx_free(&ctx);
 	loom_free_aligned(A);
 	loom_free_aligned(B);
 	loom_free_aligned(C);
@@ -64,10 +75,15 @@ done:
 
 double loom_gemm_peak_flops(int threads)
 {
+	return loom_gemm_peak_flops_dtype(LOOM_COMPUTE_FP32, threads);
+}
+
+double loom_gemm_peak_flops_dtype(loom_compute_dtype_t dt, int threads)
+{
 	static const int shapes[][3] = {{1024, 1024, 1024}, {1024, 1536, 384}, {256, 50257, 384}};
 	double best = 0.0;
 	for (size_t i = 0; i < LOOM_ARRAY_LEN(shapes); i++) {
-		double f = loom_gemm_flops(threads, shapes[i][0], shapes[i][1], shapes[i][2], 0.6);
+		double f = loom_gemm_flops_dtype(dt, threads, shapes[i][0], shapes[i][1], shapes[i][2], 0.6);
 		best = f > best ? f : best;
 	}
 	return best;

@@ -45,7 +45,30 @@ struct loom_ddp {
 	int *bucket_of; /* tensor -> bucket */
 	bucket_t *buckets;
 	int err;
+	uint16_t *g16; /* with a bf16 reduce: the bf16 staging of every gradient (buckets at their offsets) */
+	int g16_shared;
 };
+
+/* fp32 -> bf16, round to nearest even (NaN kept a NaN), and back: as the collectives' own. */
+static void to_bf16(uint16_t *d, const float *s, size_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
+	for (size_t i = 0; i < n; i++) {
+		uint32_t u;
+		memcpy(&u, &s[i], 4);
+		d[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40)
+		                                       : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+	}
+}
+
+static void from_bf16(float *d, const uint16_t *s, size_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
+	for (size_t i = 0; i < n; i++) {
+		uint32_t u = (uint32_t)s[i] << 16;
+		memcpy(&d[i], &u, 4);
+	}
+}
 
 static void on_grad_ready(void *ctx, int t)
 {
@@ -57,8 +80,15 @@ static void on_grad_ready(void *ctx, int t)
 	if (++b->ready == b->hi - b->lo + 1) {
 		if (d->launched == 0)
 			loom_comm_stats(d->comm, &d->at_launch);
-		int rc = loom_iallreduce(d->comm, d->grads + b->offset, d->grads + b->offset, b->count, LOOM_FLOAT32,
-		                         LOOM_AVG, &b->req);
+		int rc;
+		if (d->g16) { /* bf16 reduce: the bucket's final gradients rounded into the staging buffer */
+			to_bf16(d->g16 + b->offset, d->grads + b->offset, b->count);
+			rc = loom_iallreduce(d->comm, d->g16 + b->offset, d->g16 + b->offset, b->count, LOOM_BFLOAT16,
+			                     LOOM_AVG, &b->req);
+		} else {
+			rc = loom_iallreduce(d->comm, d->grads + b->offset, d->grads + b->offset, b->count, LOOM_FLOAT32,
+			                     LOOM_AVG, &b->req);
+		}
 		if (rc != LOOM_OK)
 			d->err = rc, b->req = NULL;
 		d->launched++;
@@ -159,9 +189,35 @@ void loom_ddp_destroy(loom_ddp_t *d)
 		else
 			loom_free_aligned(d->grads);
 	}
+	if (d->g16) {
+		if (d->g16_shared)
+			loom_comm_free(d->comm, d->g16);
+		else
+			loom_free_aligned(d->g16);
+	}
 	free(d->bucket_of);
 	free(d->buckets);
 	free(d);
+}
+
+int loom_ddp_set_reduce_dtype(loom_ddp_t *d, loom_dtype_t dt)
+{
+	if (dt != LOOM_FLOAT32 && dt != LOOM_BFLOAT16)
+		return loom_seterr(LOOM_EINVAL, "ddp: gradients are reduced in float32 or bfloat16, not %s",
+		                   loom_dtype_name(dt));
+	if (dt == LOOM_BFLOAT16 && !d->g16) {
+		d->g16 = loom_comm_alloc(d->comm, d->nparams * sizeof(uint16_t));
+		d->g16_shared = d->g16 != NULL;
+		if (!d->g16 && !(d->g16 = loom_alloc_aligned(d->nparams * sizeof(uint16_t))))
+			return loom_seterr(LOOM_ENOMEM, "ddp: out of memory for %zu bf16 gradients", d->nparams);
+	} else if (dt == LOOM_FLOAT32 && d->g16) {
+		if (d->g16_shared)
+			loom_comm_free(d->comm, d->g16);
+		else
+			loom_free_aligned(d->g16);
+		d->g16 = NULL;
+	}
+	return LOOM_OK;
 }
 
 void loom_ddp_set_sync(loom_ddp_t *d, int sync)
@@ -179,6 +235,8 @@ int loom_ddp_wait(loom_ddp_t *d, loom_ddp_stats_t *st)
 		if (k->req) {
 			int r = loom_wait(k->req);
 			k->req = NULL;
+			if (r == LOOM_OK && d->g16) /* the averaged bf16 gradients, widened back */
+				from_bf16(d->grads + k->offset, d->g16 + k->offset, k->count);
 			if (r != LOOM_OK && rc == LOOM_OK)
 				rc = loom_seterr(r, "ddp: all-reduce of gradient bucket %d failed: %s", b,
 				                 loom_comm_errmsg(d->comm));
@@ -304,6 +362,7 @@ static int ddp_s_create(loom_strategy_t **out, const loom_strategy_config_t *cfg
 	/* PyTorch DDP's layout: the first bucket (the last layers, whose gradients come first) 1 MiB. */
 	if ((rc = loom__ddp_create_used(&d->ddp, cfg->dp, cfg->model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb),
 	                                cfg->tensor_used)) ||
+	    (rc = loom_ddp_set_reduce_dtype(d->ddp, cfg->grad_reduce_dtype)) ||
 	    (rc = loom__replica_init(&d->base, cfg, loom_ddp_grads(d->ddp)))) {
 		ddp_s_destroy(&d->base);
 		return rc;

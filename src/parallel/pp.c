@@ -152,6 +152,7 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	memset(&o, 0, sizeof o);
 	o.B = cfg->B, o.T = cfg->T, o.arenas = e->arenas, o.layer_lo = e->lo, o.layer_hi = e->hi, o.no_own_params = 1;
 	o.act_ckpt = loom_gpt2_act_ckpt(cfg->model); /* the caller's checkpointing, per arena of the stage */
+	o.dtype = loom_gpt2_dtype(cfg->model); /* the stage computes in the whole model's precision */
 	if ((rc = loom_gpt2_create_opts(&e->stage, &e->mc, &o)) != LOOM_OK ||
 	    (rc = loom_gpt2_set_param_buffer(e->stage, loom_gpt2_params(cfg->model))) != LOOM_OK)
 		goto fail;

@@ -53,6 +53,7 @@ typedef struct {
 	 * its own tensors): DDP's buckets cover those only. The optimizer still covers every parameter
 	 * (the unused ones get zero gradients and are never read by this rank; src/parallel/pp.c). */
 	const unsigned char *tensor_used;
+	loom_dtype_t grad_reduce_dtype; /* what gradient all-reduces send: LOOM_FLOAT32 or LOOM_BFLOAT16 (ddp, tp) */
 } loom_strategy_config_t;
 
 /* Communication of one step's gradients, as loom_ddp_stats_t. */

@@ -81,7 +81,8 @@ static int tp_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	s->dp_size = cfg->dp ? loom_comm_size(cfg->dp) : 1;
 	s->writer = cfg->writer;
 	if (cfg->dp && s->dp_size > 1 &&
-	    (rc = loom_ddp_create(&t->ddp, cfg->dp, cfg->model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb))) != LOOM_OK)
+	    ((rc = loom_ddp_create(&t->ddp, cfg->dp, cfg->model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb))) != LOOM_OK ||
+	     (rc = loom_ddp_set_reduce_dtype(t->ddp, cfg->grad_reduce_dtype)) != LOOM_OK))
 		goto fail;
 	s->model = cfg->model;
 	s->params = loom_gpt2_params(cfg->model);

@@ -454,6 +454,11 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	*out = NULL;
 	if (!z)
 		return loom_seterr(LOOM_ENOMEM, "zero: out of memory");
+	if (cfg->grad_reduce_dtype != LOOM_FLOAT32) {
+		free(z);
+		return loom_seterr(LOOM_ENOTSUP, "zero: gradients are reduce-scattered in float32 only (a %s gradient "
+		                   "reduction is implemented for ddp and tp)", loom_dtype_name(cfg->grad_reduce_dtype));
+	}
 	s->ops = cfg->zero == 1 ? loom__zero1_strategy() : cfg->zero == 2 ? loom__zero2_strategy() : loom__zero3_strategy();
 	z->stage = cfg->zero;
 	s->model = cfg->model;

@@ -124,6 +124,8 @@ static void write_config(loom_trainer_t *tr, FILE *f)
 	fprintf(f, ",\"zero\":%d", c->zero);
 	num(f, "bucket_mb", c->bucket_mb, "%.9g");
 	fprintf(f, ",\"check_replicas\":%d", c->check_replicas);
+	str(f, "dtype", loom_compute_dtype_name(loom_gpt2_dtype(tr->model)));
+	str(f, "grad_reduce_dtype", c->grad_reduce_dtype == LOOM_BFLOAT16 ? "bf16" : "fp32");
 	num(f, "peak_flops", c->peak_flops, "%.6g");
 	loom_train_memory_t mem;
 	loom_trainer_memory(tr, &mem);

@@ -1,10 +1,12 @@
-/* peak.c: the cache of measured sgemm peaks that MFU is relative to (loom/train.h).
+/* peak.c: the cache of measured GEMM peaks that MFU is relative to (loom/train.h), one per matmul
+ * precision: MFU of a bf16 run is against the bf16 GEMM's peak, of an fp32 run against sgemm's.
  *
- * Measuring the peak (loom_gemm_peak_flops) takes about 2 s, so a program measures once per thread
- * count and CPU and keeps the result in $XDG_CACHE_HOME/loom/gemm_peak (or ~/.cache/loom/gemm_peak,
- * /tmp/.cache/loom/gemm_peak without HOME): one line "threads cpu-hash flops" per measurement,
- * appended. The CPU hash is of /proc/cpuinfo's first "model name" line, so a home directory shared
- * between machines does not reuse another CPU's figure. Lines that do not parse end the lookup. */
+ * Measuring a peak (loom_gemm_peak_flops_dtype) takes about 2 s, so a program measures once per
+ * thread count, precision and CPU and keeps the result in $XDG_CACHE_HOME/loom/gemm_peak (fp32; bf16
+ * in gemm_peak_bf16 beside it; or ~/.cache/loom/..., /tmp/.cache/loom/... without HOME): one line
+ * "threads cpu-hash flops" per measurement, appended. The CPU hash is of /proc/cpuinfo's first
+ * "model name" line, so a home directory shared between machines does not reuse another CPU's figure.
+ * Lines that do not parse end the lookup. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,24 +48,35 @@ static int cache_dir(char *buf, size_t cap)
 
 int loom_peak_cache_path(char *buf, size_t cap)
 {
+	return loom_peak_cache_path_dtype(LOOM_COMPUTE_FP32, buf, cap);
+}
+
+int loom_peak_cache_path_dtype(loom_compute_dtype_t dt, char *buf, size_t cap)
+{
+	const char *name = dt == LOOM_COMPUTE_BF16 ? "gemm_peak_bf16" : "gemm_peak";
 	char dir[900];
 	int rc = cache_dir(dir, sizeof dir), n;
 	if (rc != LOOM_OK)
 		return rc;
-	n = snprintf(buf, cap, "%s/gemm_peak", dir);
+	n = snprintf(buf, cap, "%s/%s", dir, name);
 	if (n < 0 || (size_t)n >= cap)
-		return loom_seterr(LOOM_EINVAL, "peak cache: %s/gemm_peak is longer than %zu bytes", dir, cap);
+		return loom_seterr(LOOM_EINVAL, "peak cache: %s/%s is longer than %zu bytes", dir, name, cap);
 	return LOOM_OK;
 }
 
 int loom_peak_cache_get(int threads, double *flops)
+{
+	return loom_peak_cache_get_dtype(LOOM_COMPUTE_FP32, threads, flops);
+}
+
+int loom_peak_cache_get_dtype(loom_compute_dtype_t dt, int threads, double *flops)
 {
 	char path[1000];
 	unsigned long h = cpu_hash(), fh;
 	int t, rc;
 	double v;
 	FILE *f;
-	if ((rc = loom_peak_cache_path(path, sizeof path)) != LOOM_OK)
+	if ((rc = loom_peak_cache_path_dtype(dt, path, sizeof path)) != LOOM_OK)
 		return rc;
 	if (!(f = fopen(path, "r")))
 		return loom_seterr(LOOM_ENOENT, "peak cache: no %s", path);
@@ -79,12 +92,18 @@ int loom_peak_cache_get(int threads, double *flops)
 
 int loom_peak_cache_put(int threads, double flops)
 {
+	return loom_peak_cache_put_dtype(LOOM_COMPUTE_FP32, threads, flops);
+}
+
+int loom_peak_cache_put_dtype(loom_compute_dtype_t dt, int threads, double flops)
+{
 	char dir[900], path[1000], parent[900];
 	FILE *f;
 	int rc;
 	if (!(flops > 0) || threads < 1)
 		return loom_seterr(LOOM_EINVAL, "peak cache: %g FLOP/s for %d threads: both must be > 0", flops, threads);
-	if ((rc = cache_dir(dir, sizeof dir)) != LOOM_OK || (rc = loom_peak_cache_path(path, sizeof path)) != LOOM_OK)
+	if ((rc = cache_dir(dir, sizeof dir)) != LOOM_OK ||
+	    (rc = loom_peak_cache_path_dtype(dt, path, sizeof path)) != LOOM_OK)
 		return rc;
 	snprintf(parent, sizeof parent, "%s", dir);
 	char *slash = strrchr(parent, '/');

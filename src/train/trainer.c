@@ -110,6 +110,9 @@ static int check_config(const loom_train_config_t *c, loom_gpt2_t *model)
 	if (!(c->bucket_mb > 0 && c->bucket_mb < 1e6) &&
 	    ((c->comm && loom_comm_size(c->comm) > 1) || (c->mesh && loom_mesh_world_size(c->mesh) > 1)))
 		return loom_seterr(LOOM_EINVAL, "trainer: bucket size %g MiB must be > 0", c->bucket_mb);
+	if (c->grad_reduce_dtype != LOOM_FLOAT32 && c->grad_reduce_dtype != LOOM_BFLOAT16)
+		return loom_seterr(LOOM_EINVAL, "trainer: gradients are reduced in float32 or bfloat16, not %s",
+		                   loom_dtype_name(c->grad_reduce_dtype));
 	if (c->check_replicas < 0)
 		return loom_seterr(LOOM_EINVAL, "trainer: check-replicas %d must be >= 0", c->check_replicas);
 	loom_pp_schedule_t sched;
@@ -219,7 +222,8 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 		goto fail;
 	loom_strategy_config_t sc = {.name = cfg->strategy, .zero = cfg->zero, .model = eo->model(tr->exec),
 	                             .dp = tr->dp, .tp = tr->tp, .writer = tr->rank == 0, .adamw = cfg->adamw,
-	                             .bucket_mb = cfg->bucket_mb, .tensor_used = eo->tensor_used(tr->exec)};
+	                             .bucket_mb = cfg->bucket_mb, .tensor_used = eo->tensor_used(tr->exec),
+	                             .grad_reduce_dtype = cfg->grad_reduce_dtype};
 	if ((rc = loom__strategy_create(&tr->strategy, &sc)) != LOOM_OK)
 		goto fail;
 	memset(&lo, 0, sizeof lo);
