@@ -18,7 +18,7 @@ static void usage(FILE *f)
 	           "  --input FILE...     text files, in order (several may follow one --input; --input may repeat)\n"
 	           "  --out DIR           output directory (created); the new set is written beside it and replaces the\n"
 	           "                      old train_/val_ shards only once complete (any failure leaves them intact);\n"
-	           "                      DIR/shards.json lists the set, and `loom train` checks it is all there\n"
+	           "                      DIR/shards.index lists the set, and `loom train` checks it is all there\n"
 	           "  --val-fraction F    in [0, 1): every (1/F)-th document goes to val, evenly spread; with fewer\n"
 	           "                      than 1/F documents val is the last F of the tokens instead (default 0.05)\n"
 	           "  --shard-tokens N    tokens per shard file (default 100M; e.g. 100M, 1M, 4096)\n"
