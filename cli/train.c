@@ -89,7 +89,7 @@ static const char *const usage_text =
 	"                         stored per stage; gpipe stores M); cosine|linear|constant stay the LR's\n"
 	"  --trace DIR            write a Chrome trace (DIR/trace.json, one track per rank; open it in\n"
 	"                         Perfetto or chrome://tracing) of every step\n"
-	"tensor parallel (ranks ordered tp fastest, then dp, then pp; tp and pp are not composed yet):\n"
+	"tensor parallel (ranks ordered tp fastest, then dp, then pp; --tp and --pp compose: each stage a tp shard):\n"
 	"  --tp T                 tensor parallel (Megatron): each layer split over T neighbouring ranks (T must\n"
 	"                         divide the heads; the vocabulary is padded); data parallel takes the rest\n"
 	"  --dp D                 data-parallel ranks (default: ranks / (T x P); when given, checked)\n";

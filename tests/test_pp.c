@@ -104,9 +104,16 @@ typedef struct {
 	const char *schedule;
 	int save_at;   /* save a checkpoint after this step (0: none) */
 	const char *trace;
+	int tp;        /* tensor-parallel size (0: 1); each stage is then a tp shard of its layers */
+	const char *resume; /* resume from this checkpoint first (its steps are not run again) */
+	double tol;    /* max_diff_ok's tolerance for the final parameters (0: 1e-5, or -1e-5 with tp > 1) */
 } run_t;
 
-/* The largest difference of two parameter sets must be within tol, except in the k section of each
+/* The largest difference of two parameter sets must be within tol (tol < 0: their relative L2
+ * distance within -tol and the largest difference within -10 tol, for tensor parallel, whose
+ * reductions sum in another order: a unit whose gradient is at rounding level, e.g. a GELU that no
+ * token activates, moves by AdamW's normalized step whatever the size of that rounding; see
+ * tests/test_tp.c), except in the k section of each
  * attn.c_attn.bias: softmax is invariant to it, so its exact gradient is zero and what backward
  * produces is rounding noise, which AdamW scales up to steps of about lr whatever its size (any two
  * computations that round differently, e.g. summing wte's two shares in another order, differ there
@@ -124,17 +131,46 @@ static int max_diff_ok(const float *a, const float *b, size_t n, double tol)
 		CHECK_OK(loom_gpt2_tensor_info(&g_mc, loom_gpt2_tensor_index(&g_mc, name), &ti));
 		memset(skip + ti.offset + C, 1, C);
 	}
-	for (size_t i = 0; i < n; i++)
-		if (!skip[i] && fabs((double)a[i] - b[i]) > worst)
-			worst = fabs((double)a[i] - b[i]), at = i;
+	double dd = 0.0, bb = 0.0;
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)a[i] - b[i]);
+		if (skip[i])
+			continue;
+		dd += d * d, bb += (double)b[i] * b[i];
+		if (d > worst)
+			worst = d, at = i;
+	}
 	free(skip);
+	if (tol < 0) { /* tensor parallel: as tests/test_tp.c's compare_params */
+		CHECK_MSG(sqrt(dd / bb) <= -tol, "relative L2 distance %g to the reference's parameters", sqrt(dd / bb));
+		CHECK_MSG(worst <= -10 * tol, "parameter %zu differs by %g (%g vs %g)", at, worst, a[at], b[at]);
+		return 0;
+	}
 	CHECK_MSG(worst <= tol, "parameter %zu differs by %g (%g vs %g)", at, worst, a[at], b[at]);
 	return 0;
 }
 
-/* One rank of a dp x 1 x pp mesh: the same losses as the reference after every step, the counted
+/* The whole model on every rank of a tp group from its shards (m's parameters when tp is 1). */
+static int whole_params(loom_mesh_t *mesh, loom_gpt2_t *m, float *full)
+{
+	int tp = loom_mesh_size(mesh, LOOM_MESH_TP);
+	size_t n = loom_gpt2_param_count(m);
+	if (tp == 1) {
+		memcpy(full, loom_gpt2_params(m), n * sizeof(float));
+		return 0;
+	}
+	float *all = malloc((size_t)tp * n * sizeof(float));
+	CHECK(all != NULL);
+	CHECK_OK(loom_allgather(loom_mesh_comm(mesh, LOOM_MESH_TP), loom_gpt2_params(m), all, n, LOOM_FLOAT32));
+	for (int q = 0; q < tp; q++)
+		loom_gpt2_tp_unshard(&g_mc, tp, q, all + (size_t)q * n, full);
+	free(all);
+	return 0;
+}
+
+/* One rank of a dp x tp x pp mesh: the same losses as the reference after every step, the counted
  * activations, and after the last step (a save gathers every stage's parameters into every rank's
- * model) the same parameters. */
+ * model; the tp shards are then gathered here) the same parameters. */
 static int pp_rank(int rank, int nranks, void *arg)
 {
 	const run_t *r = arg;
@@ -144,39 +180,55 @@ static int pp_rank(int rank, int nranks, void *arg)
 	loom_gpt2_t *m;
 	loom_trainer_t *tr;
 	loom_step_metrics_t sm;
+	int tp = r->tp ? r->tp : 1, first = 1;
 	(void)rank, (void)nranks;
 	snprintf(glob, sizeof glob, "%s/train_*.bin", g_dir);
-	snprintf(save, sizeof save, "%s/ckpt", g_dir);
+	snprintf(save, sizeof save, "%s/%s", g_dir, r->resume ? "ckpt_resumed" : "ckpt");
 	loom_train_config_t c = config(glob, r->M);
 	c.pp_schedule = r->schedule;
 	c.bucket_mb = 0.05; /* several buckets per stage */
 	c.save_dir = save;
 	c.trace_dir = r->trace;
 	CHECK_OK(loom_comm_init(&comm));
-	CHECK_OK(loom_mesh_create(&mesh, comm, r->dp, 1, r->pp));
-	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
-	loom_gpt2_init(m, 11);
+	CHECK_OK(loom_mesh_create(&mesh, comm, r->dp, tp, r->pp));
+	loom_gpt2_opts_t o = {.B = 1, .T = TT, .tp_size = tp, .tp_rank = loom_mesh_coord(mesh, LOOM_MESH_TP)};
+	CHECK_OK(loom_gpt2_create_opts(&m, &g_mc, &o));
+	loom_gpt2_init(m, r->resume ? 99 : 11); /* a resumed run's parameters come from the checkpoint */
 	c.mesh = mesh;
 	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	if (r->resume) {
+		CHECK_OK(loom_trainer_resume(tr, r->resume));
+		first = (int)loom_trainer_steps_done(tr) + 1;
+		CHECK_EQ(first, 6);
+	}
 	int stage = loom_mesh_coord(mesh, LOOM_MESH_PP);
 	int want_inflight = !strcmp(r->schedule, "gpipe") ? r->M : (r->M < r->pp - stage ? r->M : r->pp - stage);
 	if (r->trace) {
 		CHECK_OK(loom_trainer_run(tr, NULL, NULL)); /* saves at the last step; writes the trace */
 	} else {
-		for (int s = 1; s <= STEPS; s++) {
+		for (int s = first; s <= STEPS; s++) {
 			CHECK_OK(loom_trainer_step(tr, &sm));
 			CHECK_NEAR(sm.loss, g_ref[s], 1e-5 * g_ref[s]);
-			CHECK_EQ(sm.max_inflight, want_inflight); /* 1F1B: at most P, exactly min(M, P - stage) */
-			CHECK(sm.max_inflight <= (!strcmp(r->schedule, "gpipe") ? r->M : r->pp));
-			CHECK(sm.bubble >= 0.0 && sm.bubble < 1.0);
-			CHECK_NEAR(sm.bubble_theory, (double)(r->pp - 1) / (r->M + r->pp - 1), 1e-12);
-			if (r->dp > 1)
+			if (r->pp == 1) { /* the local executor */
+				CHECK_EQ(sm.max_inflight, 1);
+			} else {
+				CHECK_EQ(sm.max_inflight, want_inflight); /* 1F1B: at most P, exactly min(M, P - stage) */
+				CHECK(sm.max_inflight <= (!strcmp(r->schedule, "gpipe") ? r->M : r->pp));
+				CHECK(sm.bubble >= 0.0 && sm.bubble < 1.0);
+				CHECK_NEAR(sm.bubble_theory, (double)(r->pp - 1) / (r->M + r->pp - 1), 1e-12);
+			}
+			if (r->dp > 1 || tp > 1)
 				CHECK_OK(loom_trainer_check_replicas(tr));
 			if (s == r->save_at || s == STEPS)
 				CHECK_OK(loom_trainer_save(tr));
 		}
 	}
-	CHECK_OK(max_diff_ok(loom_gpt2_params(m), g_ref_params, loom_gpt2_num_params(&g_mc), 1e-5));
+	float *full = malloc(loom_gpt2_num_params(&g_mc) * sizeof(float));
+	CHECK(full != NULL);
+	CHECK_OK(whole_params(mesh, m, full));
+	double tol = r->tol != 0.0 ? r->tol : tp > 1 ? -1e-5 : 1e-5;
+	CHECK_OK(max_diff_ok(full, g_ref_params, loom_gpt2_num_params(&g_mc), tol));
+	free(full);
 	if (!r->save_at) { /* evaluation gathers the stages and agrees on every rank */
 		float val;
 		CHECK_OK(loom_trainer_eval(tr, &val));
@@ -239,18 +291,17 @@ TEST(pp_dp2_x_pp2)
 
 /* A checkpoint written by pp 2 (after step 5) resumes on one process and continues as the reference
  * (steps 6..10 and the final parameters within 1e-5). */
-TEST(pp_checkpoint_resumes_on_one_process)
+/* One process with accumulation `accum` resumes from g_dir/ckpt/step_00000005 and continues as the
+ * reference (steps 6..10 and the final parameters within tol, as max_diff_ok). */
+static int resume_one_process(int accum, double tol)
 {
 	char glob[600], save[600];
 	loom_gpt2_t *m;
 	loom_trainer_t *tr;
 	loom_step_metrics_t sm;
-	CHECK_EQ(setup(4), 0);
-	run_t r = {.dp = 1, .pp = 2, .M = 4, .schedule = "1f1b", .save_at = 5};
-	CHECK_EQ(test_spawn(2, pp_rank, &r, 60, NULL), 0);
 	snprintf(glob, sizeof glob, "%s/train_*.bin", g_dir);
 	snprintf(save, sizeof save, "%s/ckpt/step_00000005", g_dir);
-	loom_train_config_t c = config(glob, 4);
+	loom_train_config_t c = config(glob, accum);
 	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
 	loom_gpt2_init(m, 99); /* overwritten by the checkpoint */
 	CHECK_OK(loom_trainer_create(&tr, &c, m));
@@ -260,11 +311,66 @@ TEST(pp_checkpoint_resumes_on_one_process)
 		CHECK_OK(loom_trainer_step(tr, &sm));
 		CHECK_NEAR(sm.loss, g_ref[s], 1e-5 * g_ref[s]);
 	}
-	CHECK_OK(max_diff_ok(loom_gpt2_params(m), g_ref_params, loom_gpt2_num_params(&g_mc), 1e-5));
+	CHECK_OK(max_diff_ok(loom_gpt2_params(m), g_ref_params, loom_gpt2_num_params(&g_mc), tol));
 	loom_trainer_destroy(tr);
 	loom_gpt2_destroy(m);
-	teardown();
 	return 0;
+}
+
+TEST(pp_checkpoint_resumes_on_one_process)
+{
+	CHECK_EQ(setup(4), 0);
+	run_t r = {.dp = 1, .pp = 2, .M = 4, .schedule = "1f1b", .save_at = 5};
+	CHECK_EQ(test_spawn(2, pp_rank, &r, 60, NULL), 0);
+	int rc = resume_one_process(4, 1e-5);
+	teardown();
+	return rc;
+}
+
+/* tp 2 x pp 2 (4 ranks: each stage a tensor-parallel shard of its layers; M = 4) against one process
+ * with accumulation 4, with GPipe and with 1F1B. */
+TEST(pp_tp2_x_pp2)
+{
+	static const char *const scheds[] = {"gpipe", "1f1b"};
+	int rc = 0;
+	CHECK_EQ(setup(4), 0);
+	for (int k = 0; k < 2 && !rc; k++) {
+		run_t r = {.dp = 1, .tp = 2, .pp = 2, .M = 4, .schedule = scheds[k]};
+		rc = test_spawn(4, pp_rank, &r, 120, NULL);
+		if (rc)
+			fprintf(stderr, "tp 2 x pp 2, %s failed\n", scheds[k]);
+	}
+	teardown();
+	return rc;
+}
+
+/* dp 2 x tp 2 x pp 2 on 8 processes (M = 4 each) against one process with accumulation 8: DDP on the
+ * dp axis covers each stage's shard tensors, and tp, dp replicas stay identical (checked every step). */
+TEST(pp_dp2_x_tp2_x_pp2)
+{
+	CHECK_EQ(setup(8), 0);
+	run_t r = {.dp = 2, .tp = 2, .pp = 2, .M = 4, .schedule = "1f1b"};
+	int rc = test_spawn(8, pp_rank, &r, 300, NULL);
+	teardown();
+	return rc;
+}
+
+/* A checkpoint written by tp 2 x pp 2 after step 5 (whole HF-layout tensors) resumes on one process
+ * (accumulation 4) and on dp 2 (2 micro-batches each: the same tokens per step), both continuing as
+ * the reference within 1e-5 (losses; the parameters as tensor parallel's, see max_diff_ok). */
+TEST(pp_tp2_x_pp2_checkpoint_resumes)
+{
+	char path[700];
+	CHECK_EQ(setup(4), 0);
+	run_t r = {.dp = 1, .tp = 2, .pp = 2, .M = 4, .schedule = "1f1b", .save_at = 5};
+	CHECK_EQ(test_spawn(4, pp_rank, &r, 120, NULL), 0);
+	int rc = resume_one_process(4, -1e-5); /* the first 5 steps were tensor-parallel */
+	snprintf(path, sizeof path, "%s/ckpt/step_00000005", g_dir);
+	run_t d = {.dp = 2, .pp = 1, .M = 2, .schedule = "1f1b", .resume = path, .tol = -1e-5};
+	if (!rc)
+		rc = test_spawn(2, pp_rank, &d, 60, NULL);
+	teardown();
+	return rc;
 }
 
 /* Bad meshes, on every rank before any work: more stages than layers, a world not divisible by pp,

@@ -14,7 +14,8 @@
  * tensors to every rank of the pipeline axis). Every operation is collective over the pipeline axis
  * (a local executor has none). The strategy attaches to loom__exec_model(e), which is the caller's
  * model for the local executor and a stage model (layers [lo, hi), parameters viewing the caller's
- * buffer) for a pipeline. */
+ * buffer) for a pipeline; with tensor parallelism, the stage model is this rank's shard of those
+ * layers. */
 #ifndef LOOM_PARALLEL_PP_H
 #define LOOM_PARALLEL_PP_H
 
@@ -64,6 +65,8 @@ typedef struct loom_exec loom_exec_t;
 typedef struct {
 	loom_gpt2_t *model;          /* the caller's whole model (borrowed) */
 	loom_comm_t *pp;             /* the pipeline axis, NULL for one stage (the local executor) */
+	loom_comm_t *tp;             /* the tensor-parallel axis, NULL for one rank; with tp > 1 the model is
+	                                that rank's shard (loom_gpt2_opts_t tp_size, tp_rank) */
 	int B, T, M;                 /* micro-batch and micro-batches per step (the accumulation) */
 	loom_pp_schedule_t schedule;
 	int *inputs, *targets;       /* B x T each (borrowed): where the local executor reads a micro-batch */
