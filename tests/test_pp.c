@@ -374,7 +374,8 @@ TEST(pp_tp2_x_pp2_checkpoint_resumes)
 }
 
 /* Bad meshes, on every rank before any work: more stages than layers, a world not divisible by pp,
- * an unknown schedule. */
+ * an unknown schedule; composed with tp: a world not divisible by tp x pp, more stages than layers,
+ * heads not divisible by tp. */
 static int bad_rank(int rank, int nranks, void *arg)
 {
 	char glob[600], want[200];
@@ -404,6 +405,29 @@ static int bad_rank(int rank, int nranks, void *arg)
 	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "pipeline schedule 'zigzag' is not one of gpipe");
 	loom_gpt2_destroy(m);
+	loom_mesh_destroy(mesh);
+	c.pp_schedule = NULL;
+	/* composed meshes: tp 3 x pp 2 on 4 ranks; tp 2 x pp 2 of a model of one layer; and of a model
+	 * whose 3 heads tp 2 cannot split (before any model exists) */
+	CHECK_ERR(loom_mesh_create(&mesh, comm, 0, 3, 2), LOOM_EINVAL);
+	snprintf(want, sizeof want, "mesh: rank %d of 4: the world of 4 ranks is not divisible by the other sizes (6) "
+	         "to derive dp", rank);
+	CHECK_CONTAINS(loom_errmsg(), want);
+	CHECK_OK(loom_mesh_create(&mesh, comm, 0, 2, 2));
+	CHECK_EQ(loom_mesh_size(mesh, LOOM_MESH_DP), 1);
+	mc.n_layer = 1;
+	loom_gpt2_opts_t o = {.B = 1, .T = TT, .tp_size = 2, .tp_rank = loom_mesh_coord(mesh, LOOM_MESH_TP)};
+	CHECK_OK(loom_gpt2_create_opts(&m, &mc, &o));
+	c.mesh = mesh;
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	snprintf(want, sizeof want, "trainer: rank %d: a pipeline of 2 stages for a model of 1 layers", rank);
+	CHECK_CONTAINS(loom_errmsg(), want);
+	loom_gpt2_destroy(m);
+	mc.n_layer = 4, mc.n_head = 3, mc.n_embd = 96;
+	CHECK_ERR(loom_gpt2_tp_check(&mc, loom_mesh_size(mesh, LOOM_MESH_TP)), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "3 attention heads are not divisible by tp = 2");
+	CHECK_ERR(loom_gpt2_create_opts(&m, &mc, &o), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "3 attention heads are not divisible by tp = 2");
 	loom_mesh_destroy(mesh);
 	loom_comm_destroy(comm);
 	return 0;
@@ -565,7 +589,8 @@ TEST(pp_schedules_and_partition)
 	return 0;
 }
 
-/* The CLI: `--nproc 2 --pp 2` trains, says so and logs the bubble; a world not divisible by --pp is a
+/* The CLI: `--nproc 2 --pp 2` trains, says so and logs the bubble; so does `--nproc 4 --tp 2 --pp 2`;
+ * a world not divisible by --pp is a
  * clear error (on every rank: the mesh's check runs before any work). */
 TEST(pp_cli)
 {
@@ -592,6 +617,14 @@ TEST(pp_cli)
 	CHECK_CONTAINS(line, "{\"step\":1,");
 	CHECK_CONTAINS(line, ",\"bubble\":");
 	CHECK_CONTAINS(line, ",\"bubble_theory\":0.2000,\"bubble_expected\":");
+	/* tp and pp together: 4 ranks as tp 2 x pp 2 */
+	snprintf(cmd, sizeof cmd, "%s train --nproc 4 --tp 2 --pp 2 --micro-batches 2 --train-data '%s/train_*.bin' "
+	         "--model tiny --batch-size 1 --seq-len 32 --steps 2 --print-every 1", test_loom_bin(), g_dir);
+	st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	CHECK_CONTAINS(out, "[rank 0] pipeline parallel: 2 stages x dp 1, schedule 1f1b, 2 micro-batches per step");
+	CHECK_CONTAINS(out, "[rank 0] tensor parallel: tp 2 x dp 1 x pp 2 = 4 ranks");
+	CHECK_CONTAINS(out, "[rank 0] step 2/2 | loss ");
 	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --pp 3 --train-data '%s/train_*.bin' --model tiny --steps 1",
 	         test_loom_bin(), g_dir);
 	st = test_run_cmd(cmd, out, sizeof out, 60);

@@ -90,6 +90,8 @@ static int tp_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	s->grads = t->ddp ? loom_ddp_grads(t->ddp) : loom_gpt2_grads(cfg->model);
 	s->nparams = loom_gpt2_param_count(cfg->model);
 	s->own_offset = 0, s->own_count = s->nparams;
+	s->mem.params = s->mem.grads = s->nparams * sizeof(float); /* the shard's, as the memory line reports */
+	s->mem.optim = 2 * s->nparams * sizeof(float);
 	t->tensors = loom_gpt2_tensors(cfg->model, &n);
 	t->ntensors = n;
 	/* AdamW over the shard: one segment per tensor of the shard table, with its decay */
