@@ -35,6 +35,7 @@ static double g_ref[STEPS + 1];
 static float g_ref_val;
 static float *g_ref_params;
 static loom_gpt2_config_t g_mc;
+static int g_heavy; /* 1: the reference's model is `tiny` cut to 2 layers of C 32 with a 4096-row lm head */
 
 static int make_data(const char *dir)
 {
@@ -78,6 +79,8 @@ static int reference(int accum)
 	snprintf(glob, sizeof glob, "%s/train_*.bin", g_dir);
 	loom_train_config_t c = config(glob, accum);
 	CHECK_OK(loom_gpt2_preset("tiny", &g_mc));
+	if (g_heavy) /* the head outweighs both blocks: a pp 2 partition gives it a stage of its own */
+		g_mc.n_layer = 2, g_mc.n_embd = 32, g_mc.vocab_size = 4096;
 	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
 	loom_gpt2_init(m, 11);
 	CHECK_OK(loom_trainer_create(&tr, &c, m));
@@ -355,6 +358,27 @@ TEST(pp_dp2_x_tp2_x_pp2)
 	return rc;
 }
 
+/* A last stage that runs the head alone (blocks [L, L)): a model whose lm head outweighs its blocks,
+ * pp 2 with GPipe and 1F1B and tp 2 x pp 2, against one process with accumulation 4. */
+TEST(pp_head_alone_on_the_last_stage)
+{
+	static const char *const scheds[] = {"gpipe", "1f1b"};
+	int lo[3], rc = 0;
+	g_heavy = 1;
+	CHECK_EQ(setup(4), 0);
+	g_heavy = 0;
+	CHECK_OK(loom__pp_partition(&g_mc, TT, 2, lo));
+	CHECK(lo[0] == 0 && lo[1] == 2 && lo[2] == 2);
+	for (int k = 0; k < 3 && !rc; k++) {
+		run_t r = {.dp = 1, .tp = k == 2 ? 2 : 1, .pp = 2, .M = 4, .schedule = scheds[k % 2]};
+		rc = test_spawn(2 * r.tp, pp_rank, &r, 120, NULL);
+		if (rc)
+			fprintf(stderr, "head alone: tp %d x pp 2, %s failed\n", r.tp, scheds[k % 2]);
+	}
+	teardown();
+	return rc;
+}
+
 /* A checkpoint written by tp 2 x pp 2 after step 5 (whole HF-layout tensors) resumes on one process
  * (accumulation 4) and on dp 2 (2 micro-batches each: the same tokens per step), both continuing as
  * the reference within 1e-5 (losses; the parameters as tensor parallel's, see max_diff_ok). */
@@ -581,11 +605,18 @@ TEST(pp_schedules_and_partition)
 	CHECK_EQ(lo[0], 0);
 	CHECK_EQ(lo[1], 2);
 	CHECK_EQ(lo[2], 4);
-	CHECK_OK(loom_gpt2_preset("small", &mc)); /* the 50257-row lm head outweighs five blocks */
+	CHECK_OK(loom_gpt2_preset("small", &mc)); /* the 50257-row lm head outweighs the six blocks: a stage alone */
 	CHECK_OK(loom__pp_partition(&mc, 256, 2, lo));
-	CHECK_EQ(lo[1], 5);
+	CHECK_EQ(lo[1], 6);
+	CHECK_OK(loom__pp_partition(&mc, 256, 3, lo));
+	CHECK(lo[0] == 0 && lo[1] == 3 && lo[2] == 6 && lo[3] == 6);
 	CHECK_ERR(loom__pp_partition(&mc, 256, 7, lo), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "7 stages for a model of 6 layers");
+	CHECK_OK(loom_gpt2_preset("gpt2", &mc)); /* 12 blocks of C 768: the head is 4.5 blocks' worth */
+	CHECK_OK(loom__pp_partition(&mc, 1024, 2, lo));
+	CHECK_EQ(lo[1], 8);
+	CHECK_OK(loom__pp_partition(&mc, 1024, 1, lo));
+	CHECK(lo[0] == 0 && lo[1] == 12);
 	return 0;
 }
 

@@ -45,8 +45,9 @@ int loom__pp_plan(loom_pp_schedule_t kind, int P, int s, int M, loom__pp_action_
 double loom__pp_bubble_theory(loom_pp_schedule_t kind, int P, int M);
 /* Layers of the P stages balanced by FLOPs (forward + backward per token, the embedding on the first
  * stage, ln_f + lm head + loss on the last): stage s runs blocks [lo[s], lo[s+1]), lo[0] = 0,
- * lo[P] = L, at least one block each (P <= L; LOOM_EINVAL naming both otherwise). Minimizes the most
- * expensive stage; ties go to the earlier split. */
+ * lo[P] = L, at least one block each but the last, which may run the head alone (lo[P-1] = L) when
+ * that is cheaper (P <= L; LOOM_EINVAL naming both otherwise). Minimizes the most expensive stage;
+ * ties go to the earlier split. */
 int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo);
 
 /* ---- the executor ------------------------------------------------------------------------------ */
