@@ -54,6 +54,7 @@ typedef struct {
 	int own_ends;
 	int P, s, lo, hi, M, arenas, nplan, ntensors;
 	int tp_size, tp_rank;         /* the model's tensor-parallel shard (1, 0: whole) */
+	int whole_reduce_set;         /* the caller's model has whole_reduce as its tp reduction */
 	size_t nparams, act;          /* act: floats of one activation (B x T x C); nparams: of the (shard) buffer */
 	const loom_tensor_info_t *tensors; /* the (shard) tensor table of the caller's model */
 	size_t *counts;               /* floats each stage owns, in stage order (they tile the buffer) */
@@ -197,8 +198,10 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		}
 		e->own_ends = 1;
 	}
-	if (e->tp_size > 1)
+	if (e->tp_size > 1) {
 		loom_gpt2_on_tp_reduce(cfg->model, whole_reduce, e);
+		e->whole_reduce_set = 1;
+	}
 	free(lo);
 	*out = &e->base;
 	return LOOM_OK;
@@ -215,7 +218,7 @@ static void pp_destroy(loom_exec_t *ex)
 		return;
 	if (e->act_sends)
 		drain(e, LOOM_OK);
-	if (e->tp_size > 1 && e->cfg.model)
+	if (e->whole_reduce_set)
 		loom_gpt2_on_tp_reduce(e->cfg.model, NULL, NULL);
 	if (e->own_ends)
 		loom_comm_destroy(e->ends);
