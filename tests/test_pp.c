@@ -1,8 +1,11 @@
 /* test_pp.c: pipeline parallel training (src/parallel/pp.c, schedule.c) against one process at the
  * same total batch: pp 2 and 4, GPipe and 1F1B, M = 1, 4, 8 (per-step losses within 1e-5 relative
- * over 10 steps, final parameters within 1e-5); dp 2 x pp 2; a checkpoint written by pp 2 resumes on
- * one process; 1F1B holds at most P micro-batches (counted by the executor, exactly min(M, P - s) on
- * stage s); bad meshes are clear errors on every rank; a rank killed in the middle of a pipeline is
+ * over 10 steps, final parameters within 1e-5); dp 2 x pp 2; composed with tensor parallel: tp 2 x
+ * pp 2 (both schedules) and dp 2 x tp 2 x pp 2 on 8 processes (parameters as tests/test_tp.c
+ * compares them); a last stage running the head alone; a checkpoint written by pp 2 resumes on one
+ * process, one written by tp 2 x pp 2 on one process and on dp 2; 1F1B holds at most P
+ * micro-batches (counted by the executor, exactly min(M, P - s) on stage s); bad meshes, composed
+ * ones too, are clear errors on every rank; a rank killed in the middle of a pipeline is
  * reported as dead by its neighbours; the Chrome trace parses and has one track per rank with every
  * kind of event; the schedules and the partition as data.
  *
