@@ -99,7 +99,7 @@ static const char *const usage_text =
 	"                         stored per stage; gpipe stores M); cosine|linear|constant stay the LR's\n"
 	"  --trace DIR            write a Chrome trace (DIR/trace.json, one track per rank; open it in\n"
 	"                         Perfetto or chrome://tracing) of every step\n"
-	"tensor parallel (ranks ordered tp fastest, then dp, then pp; tp and pp are not composed yet):\n"
+	"tensor parallel (ranks ordered tp fastest, then dp, then pp; --tp and --pp compose: each stage a tp shard):\n"
 	"  --tp T                 tensor parallel (Megatron): each layer split over T neighbouring ranks (T must\n"
 	"                         divide the heads; the vocabulary is padded); data parallel takes the rest\n"
 	"  --dp D                 data-parallel ranks (default: ranks / (T x P); when given, checked)\n";
@@ -470,7 +470,11 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		       "(P-1)/(M+P-1) = %.1f%%)%s%s\n", o->pp, o->dp, o->tc.pp_schedule ? o->tc.pp_schedule : "1f1b",
 		       o->tc.accum, 100.0 * (o->pp - 1) / (o->tc.accum + o->pp - 1), o->tc.trace_dir ? "; trace in " : "",
 		       o->tc.trace_dir ? o->tc.trace_dir : "");
-	if (o->tp > 1)
+	if (o->tp > 1 && o->pp > 1)
+		printf("tensor parallel: tp %d x dp %d x pp %d = %d ranks (Megatron: heads, MLP columns and vocabulary "
+		       "rows split over tp neighbouring ranks; each stage holds its layers' shards)\n", o->tp, o->dp, o->pp,
+		       o->world);
+	else if (o->tp > 1)
 		printf("tensor parallel: tp %d x dp %d = %d ranks (Megatron: heads, MLP columns and vocabulary rows split "
 		       "over tp neighbouring ranks; %zu shard parameters per rank)\n", o->tp, o->dp, o->world,
 		       loom_gpt2_shard_params(&o->mc, o->tp));

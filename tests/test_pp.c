@@ -1,8 +1,11 @@
 /* test_pp.c: pipeline parallel training (src/parallel/pp.c, schedule.c) against one process at the
  * same total batch: pp 2 and 4, GPipe and 1F1B, M = 1, 4, 8 (per-step losses within 1e-5 relative
- * over 10 steps, final parameters within 1e-5); dp 2 x pp 2; a checkpoint written by pp 2 resumes on
- * one process; 1F1B holds at most P micro-batches (counted by the executor, exactly min(M, P - s) on
- * stage s); bad meshes are clear errors on every rank; a rank killed in the middle of a pipeline is
+ * over 10 steps, final parameters within 1e-5); dp 2 x pp 2; composed with tensor parallel: tp 2 x
+ * pp 2 (both schedules) and dp 2 x tp 2 x pp 2 on 8 processes (parameters as tests/test_tp.c
+ * compares them); a last stage running the head alone; a checkpoint written by pp 2 resumes on one
+ * process, one written by tp 2 x pp 2 on one process and on dp 2; 1F1B holds at most P
+ * micro-batches (counted by the executor, exactly min(M, P - s) on stage s); bad meshes, composed
+ * ones too, are clear errors on every rank; a rank killed in the middle of a pipeline is
  * reported as dead by its neighbours; the Chrome trace parses and has one track per rank with every
  * kind of event; the schedules and the partition as data.
  *
@@ -35,6 +38,7 @@ static double g_ref[STEPS + 1];
 static float g_ref_val;
 static float *g_ref_params;
 static loom_gpt2_config_t g_mc;
+static int g_heavy; /* 1: the reference's model is `tiny` cut to 2 layers of C 32 with a 4096-row lm head */
 
 static int make_data(const char *dir)
 {
@@ -78,6 +82,8 @@ static int reference(int accum)
 	snprintf(glob, sizeof glob, "%s/train_*.bin", g_dir);
 	loom_train_config_t c = config(glob, accum);
 	CHECK_OK(loom_gpt2_preset("tiny", &g_mc));
+	if (g_heavy) /* the head outweighs both blocks: a pp 2 partition gives it a stage of its own */
+		g_mc.n_layer = 2, g_mc.n_embd = 32, g_mc.vocab_size = 4096;
 	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
 	loom_gpt2_init(m, 11);
 	CHECK_OK(loom_trainer_create(&tr, &c, m));
@@ -104,9 +110,16 @@ typedef struct {
 	const char *schedule;
 	int save_at;   /* save a checkpoint after this step (0: none) */
 	const char *trace;
+	int tp;        /* tensor-parallel size (0: 1); each stage is then a tp shard of its layers */
+	const char *resume; /* resume from this checkpoint first (its steps are not run again) */
+	double tol;    /* max_diff_ok's tolerance for the final parameters (0: 1e-5, or -1e-5 with tp > 1) */
 } run_t;
 
-/* The largest difference of two parameter sets must be within tol, except in the k section of each
+/* The largest difference of two parameter sets must be within tol (tol < 0: their relative L2
+ * distance within -tol and the largest difference within -10 tol, for tensor parallel, whose
+ * reductions sum in another order: a unit whose gradient is at rounding level, e.g. a GELU that no
+ * token activates, moves by AdamW's normalized step whatever the size of that rounding; see
+ * tests/test_tp.c), except in the k section of each
  * attn.c_attn.bias: softmax is invariant to it, so its exact gradient is zero and what backward
  * produces is rounding noise, which AdamW scales up to steps of about lr whatever its size (any two
  * computations that round differently, e.g. summing wte's two shares in another order, differ there
@@ -124,17 +137,46 @@ static int max_diff_ok(const float *a, const float *b, size_t n, double tol)
 		CHECK_OK(loom_gpt2_tensor_info(&g_mc, loom_gpt2_tensor_index(&g_mc, name), &ti));
 		memset(skip + ti.offset + C, 1, C);
 	}
-	for (size_t i = 0; i < n; i++)
-		if (!skip[i] && fabs((double)a[i] - b[i]) > worst)
-			worst = fabs((double)a[i] - b[i]), at = i;
+	double dd = 0.0, bb = 0.0;
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)a[i] - b[i]);
+		if (skip[i])
+			continue;
+		dd += d * d, bb += (double)b[i] * b[i];
+		if (d > worst)
+			worst = d, at = i;
+	}
 	free(skip);
+	if (tol < 0) { /* tensor parallel: as tests/test_tp.c's compare_params */
+		CHECK_MSG(sqrt(dd / bb) <= -tol, "relative L2 distance %g to the reference's parameters", sqrt(dd / bb));
+		CHECK_MSG(worst <= -10 * tol, "parameter %zu differs by %g (%g vs %g)", at, worst, a[at], b[at]);
+		return 0;
+	}
 	CHECK_MSG(worst <= tol, "parameter %zu differs by %g (%g vs %g)", at, worst, a[at], b[at]);
 	return 0;
 }
 
-/* One rank of a dp x 1 x pp mesh: the same losses as the reference after every step, the counted
+/* The whole model on every rank of a tp group from its shards (m's parameters when tp is 1). */
+static int whole_params(loom_mesh_t *mesh, loom_gpt2_t *m, float *full)
+{
+	int tp = loom_mesh_size(mesh, LOOM_MESH_TP);
+	size_t n = loom_gpt2_param_count(m);
+	if (tp == 1) {
+		memcpy(full, loom_gpt2_params(m), n * sizeof(float));
+		return 0;
+	}
+	float *all = malloc((size_t)tp * n * sizeof(float));
+	CHECK(all != NULL);
+	CHECK_OK(loom_allgather(loom_mesh_comm(mesh, LOOM_MESH_TP), loom_gpt2_params(m), all, n, LOOM_FLOAT32));
+	for (int q = 0; q < tp; q++)
+		loom_gpt2_tp_unshard(&g_mc, tp, q, all + (size_t)q * n, full);
+	free(all);
+	return 0;
+}
+
+/* One rank of a dp x tp x pp mesh: the same losses as the reference after every step, the counted
  * activations, and after the last step (a save gathers every stage's parameters into every rank's
- * model) the same parameters. */
+ * model; the tp shards are then gathered here) the same parameters. */
 static int pp_rank(int rank, int nranks, void *arg)
 {
 	const run_t *r = arg;
@@ -144,39 +186,55 @@ static int pp_rank(int rank, int nranks, void *arg)
 	loom_gpt2_t *m;
 	loom_trainer_t *tr;
 	loom_step_metrics_t sm;
+	int tp = r->tp ? r->tp : 1, first = 1;
 	(void)rank, (void)nranks;
 	snprintf(glob, sizeof glob, "%s/train_*.bin", g_dir);
-	snprintf(save, sizeof save, "%s/ckpt", g_dir);
+	snprintf(save, sizeof save, "%s/%s", g_dir, r->resume ? "ckpt_resumed" : "ckpt");
 	loom_train_config_t c = config(glob, r->M);
 	c.pp_schedule = r->schedule;
 	c.bucket_mb = 0.05; /* several buckets per stage */
 	c.save_dir = save;
 	c.trace_dir = r->trace;
 	CHECK_OK(loom_comm_init(&comm));
-	CHECK_OK(loom_mesh_create(&mesh, comm, r->dp, 1, r->pp));
-	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
-	loom_gpt2_init(m, 11);
+	CHECK_OK(loom_mesh_create(&mesh, comm, r->dp, tp, r->pp));
+	loom_gpt2_opts_t o = {.B = 1, .T = TT, .tp_size = tp, .tp_rank = loom_mesh_coord(mesh, LOOM_MESH_TP)};
+	CHECK_OK(loom_gpt2_create_opts(&m, &g_mc, &o));
+	loom_gpt2_init(m, r->resume ? 99 : 11); /* a resumed run's parameters come from the checkpoint */
 	c.mesh = mesh;
 	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	if (r->resume) {
+		CHECK_OK(loom_trainer_resume(tr, r->resume));
+		first = (int)loom_trainer_steps_done(tr) + 1;
+		CHECK_EQ(first, 6);
+	}
 	int stage = loom_mesh_coord(mesh, LOOM_MESH_PP);
 	int want_inflight = !strcmp(r->schedule, "gpipe") ? r->M : (r->M < r->pp - stage ? r->M : r->pp - stage);
 	if (r->trace) {
 		CHECK_OK(loom_trainer_run(tr, NULL, NULL)); /* saves at the last step; writes the trace */
 	} else {
-		for (int s = 1; s <= STEPS; s++) {
+		for (int s = first; s <= STEPS; s++) {
 			CHECK_OK(loom_trainer_step(tr, &sm));
 			CHECK_NEAR(sm.loss, g_ref[s], 1e-5 * g_ref[s]);
-			CHECK_EQ(sm.max_inflight, want_inflight); /* 1F1B: at most P, exactly min(M, P - stage) */
-			CHECK(sm.max_inflight <= (!strcmp(r->schedule, "gpipe") ? r->M : r->pp));
-			CHECK(sm.bubble >= 0.0 && sm.bubble < 1.0);
-			CHECK_NEAR(sm.bubble_theory, (double)(r->pp - 1) / (r->M + r->pp - 1), 1e-12);
-			if (r->dp > 1)
+			if (r->pp == 1) { /* the local executor */
+				CHECK_EQ(sm.max_inflight, 1);
+			} else {
+				CHECK_EQ(sm.max_inflight, want_inflight); /* 1F1B: at most P, exactly min(M, P - stage) */
+				CHECK(sm.max_inflight <= (!strcmp(r->schedule, "gpipe") ? r->M : r->pp));
+				CHECK(sm.bubble >= 0.0 && sm.bubble < 1.0);
+				CHECK_NEAR(sm.bubble_theory, (double)(r->pp - 1) / (r->M + r->pp - 1), 1e-12);
+			}
+			if (r->dp > 1 || tp > 1)
 				CHECK_OK(loom_trainer_check_replicas(tr));
 			if (s == r->save_at || s == STEPS)
 				CHECK_OK(loom_trainer_save(tr));
 		}
 	}
-	CHECK_OK(max_diff_ok(loom_gpt2_params(m), g_ref_params, loom_gpt2_num_params(&g_mc), 1e-5));
+	float *full = malloc(loom_gpt2_num_params(&g_mc) * sizeof(float));
+	CHECK(full != NULL);
+	CHECK_OK(whole_params(mesh, m, full));
+	double tol = r->tol != 0.0 ? r->tol : tp > 1 ? -1e-5 : 1e-5;
+	CHECK_OK(max_diff_ok(full, g_ref_params, loom_gpt2_num_params(&g_mc), tol));
+	free(full);
 	if (!r->save_at) { /* evaluation gathers the stages and agrees on every rank */
 		float val;
 		CHECK_OK(loom_trainer_eval(tr, &val));
@@ -239,18 +297,17 @@ TEST(pp_dp2_x_pp2)
 
 /* A checkpoint written by pp 2 (after step 5) resumes on one process and continues as the reference
  * (steps 6..10 and the final parameters within 1e-5). */
-TEST(pp_checkpoint_resumes_on_one_process)
+/* One process with accumulation `accum` resumes from g_dir/ckpt/step_00000005 and continues as the
+ * reference (steps 6..10 and the final parameters within tol, as max_diff_ok). */
+static int resume_one_process(int accum, double tol)
 {
 	char glob[600], save[600];
 	loom_gpt2_t *m;
 	loom_trainer_t *tr;
 	loom_step_metrics_t sm;
-	CHECK_EQ(setup(4), 0);
-	run_t r = {.dp = 1, .pp = 2, .M = 4, .schedule = "1f1b", .save_at = 5};
-	CHECK_EQ(test_spawn(2, pp_rank, &r, 60, NULL), 0);
 	snprintf(glob, sizeof glob, "%s/train_*.bin", g_dir);
 	snprintf(save, sizeof save, "%s/ckpt/step_00000005", g_dir);
-	loom_train_config_t c = config(glob, 4);
+	loom_train_config_t c = config(glob, accum);
 	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
 	loom_gpt2_init(m, 99); /* overwritten by the checkpoint */
 	CHECK_OK(loom_trainer_create(&tr, &c, m));
@@ -260,15 +317,92 @@ TEST(pp_checkpoint_resumes_on_one_process)
 		CHECK_OK(loom_trainer_step(tr, &sm));
 		CHECK_NEAR(sm.loss, g_ref[s], 1e-5 * g_ref[s]);
 	}
-	CHECK_OK(max_diff_ok(loom_gpt2_params(m), g_ref_params, loom_gpt2_num_params(&g_mc), 1e-5));
+	CHECK_OK(max_diff_ok(loom_gpt2_params(m), g_ref_params, loom_gpt2_num_params(&g_mc), tol));
 	loom_trainer_destroy(tr);
 	loom_gpt2_destroy(m);
-	teardown();
 	return 0;
 }
 
+TEST(pp_checkpoint_resumes_on_one_process)
+{
+	CHECK_EQ(setup(4), 0);
+	run_t r = {.dp = 1, .pp = 2, .M = 4, .schedule = "1f1b", .save_at = 5};
+	CHECK_EQ(test_spawn(2, pp_rank, &r, 60, NULL), 0);
+	int rc = resume_one_process(4, 1e-5);
+	teardown();
+	return rc;
+}
+
+/* tp 2 x pp 2 (4 ranks: each stage a tensor-parallel shard of its layers; M = 4) against one process
+ * with accumulation 4, with GPipe and with 1F1B. */
+TEST(pp_tp2_x_pp2)
+{
+	static const char *const scheds[] = {"gpipe", "1f1b"};
+	int rc = 0;
+	CHECK_EQ(setup(4), 0);
+	for (int k = 0; k < 2 && !rc; k++) {
+		run_t r = {.dp = 1, .tp = 2, .pp = 2, .M = 4, .schedule = scheds[k]};
+		rc = test_spawn(4, pp_rank, &r, 120, NULL);
+		if (rc)
+			fprintf(stderr, "tp 2 x pp 2, %s failed\n", scheds[k]);
+	}
+	teardown();
+	return rc;
+}
+
+/* dp 2 x tp 2 x pp 2 on 8 processes (M = 4 each) against one process with accumulation 8: DDP on the
+ * dp axis covers each stage's shard tensors, and tp, dp replicas stay identical (checked every step). */
+TEST(pp_dp2_x_tp2_x_pp2)
+{
+	CHECK_EQ(setup(8), 0);
+	run_t r = {.dp = 2, .tp = 2, .pp = 2, .M = 4, .schedule = "1f1b"};
+	int rc = test_spawn(8, pp_rank, &r, 300, NULL);
+	teardown();
+	return rc;
+}
+
+/* A last stage that runs the head alone (blocks [L, L)): a model whose lm head outweighs its blocks,
+ * pp 2 with GPipe and 1F1B and tp 2 x pp 2, against one process with accumulation 4. */
+TEST(pp_head_alone_on_the_last_stage)
+{
+	static const char *const scheds[] = {"gpipe", "1f1b"};
+	int lo[3], rc = 0;
+	g_heavy = 1;
+	CHECK_EQ(setup(4), 0);
+	g_heavy = 0;
+	CHECK_OK(loom__pp_partition(&g_mc, TT, 2, lo));
+	CHECK(lo[0] == 0 && lo[1] == 2 && lo[2] == 2);
+	for (int k = 0; k < 3 && !rc; k++) {
+		run_t r = {.dp = 1, .tp = k == 2 ? 2 : 1, .pp = 2, .M = 4, .schedule = scheds[k % 2]};
+		rc = test_spawn(2 * r.tp, pp_rank, &r, 120, NULL);
+		if (rc)
+			fprintf(stderr, "head alone: tp %d x pp 2, %s failed\n", r.tp, scheds[k % 2]);
+	}
+	teardown();
+	return rc;
+}
+
+/* A checkpoint written by tp 2 x pp 2 after step 5 (whole HF-layout tensors) resumes on one process
+ * (accumulation 4) and on dp 2 (2 micro-batches each: the same tokens per step), both continuing as
+ * the reference within 1e-5 (losses; the parameters as tensor parallel's, see max_diff_ok). */
+TEST(pp_tp2_x_pp2_checkpoint_resumes)
+{
+	char path[700];
+	CHECK_EQ(setup(4), 0);
+	run_t r = {.dp = 1, .tp = 2, .pp = 2, .M = 4, .schedule = "1f1b", .save_at = 5};
+	CHECK_EQ(test_spawn(4, pp_rank, &r, 120, NULL), 0);
+	int rc = resume_one_process(4, -1e-5); /* the first 5 steps were tensor-parallel */
+	snprintf(path, sizeof path, "%s/ckpt/step_00000005", g_dir);
+	run_t d = {.dp = 2, .pp = 1, .M = 2, .schedule = "1f1b", .resume = path, .tol = -1e-5};
+	if (!rc)
+		rc = test_spawn(2, pp_rank, &d, 60, NULL);
+	teardown();
+	return rc;
+}
+
 /* Bad meshes, on every rank before any work: more stages than layers, a world not divisible by pp,
- * an unknown schedule. */
+ * an unknown schedule; composed with tp: a world not divisible by tp x pp, more stages than layers,
+ * heads not divisible by tp. */
 static int bad_rank(int rank, int nranks, void *arg)
 {
 	char glob[600], want[200];
@@ -298,6 +432,29 @@ static int bad_rank(int rank, int nranks, void *arg)
 	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "pipeline schedule 'zigzag' is not one of gpipe");
 	loom_gpt2_destroy(m);
+	loom_mesh_destroy(mesh);
+	c.pp_schedule = NULL;
+	/* composed meshes: tp 3 x pp 2 on 4 ranks; tp 2 x pp 2 of a model of one layer; and of a model
+	 * whose 3 heads tp 2 cannot split (before any model exists) */
+	CHECK_ERR(loom_mesh_create(&mesh, comm, 0, 3, 2), LOOM_EINVAL);
+	snprintf(want, sizeof want, "mesh: rank %d of 4: the world of 4 ranks is not divisible by the other sizes (6) "
+	         "to derive dp", rank);
+	CHECK_CONTAINS(loom_errmsg(), want);
+	CHECK_OK(loom_mesh_create(&mesh, comm, 0, 2, 2));
+	CHECK_EQ(loom_mesh_size(mesh, LOOM_MESH_DP), 1);
+	mc.n_layer = 1;
+	loom_gpt2_opts_t o = {.B = 1, .T = TT, .tp_size = 2, .tp_rank = loom_mesh_coord(mesh, LOOM_MESH_TP)};
+	CHECK_OK(loom_gpt2_create_opts(&m, &mc, &o));
+	c.mesh = mesh;
+	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	snprintf(want, sizeof want, "trainer: rank %d: a pipeline of 2 stages for a model of 1 layers", rank);
+	CHECK_CONTAINS(loom_errmsg(), want);
+	loom_gpt2_destroy(m);
+	mc.n_layer = 4, mc.n_head = 3, mc.n_embd = 96;
+	CHECK_ERR(loom_gpt2_tp_check(&mc, loom_mesh_size(mesh, LOOM_MESH_TP)), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "3 attention heads are not divisible by tp = 2");
+	CHECK_ERR(loom_gpt2_create_opts(&m, &mc, &o), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "3 attention heads are not divisible by tp = 2");
 	loom_mesh_destroy(mesh);
 	loom_comm_destroy(comm);
 	return 0;
@@ -451,15 +608,23 @@ TEST(pp_schedules_and_partition)
 	CHECK_EQ(lo[0], 0);
 	CHECK_EQ(lo[1], 2);
 	CHECK_EQ(lo[2], 4);
-	CHECK_OK(loom_gpt2_preset("small", &mc)); /* the 50257-row lm head outweighs five blocks */
+	CHECK_OK(loom_gpt2_preset("small", &mc)); /* the 50257-row lm head outweighs the six blocks: a stage alone */
 	CHECK_OK(loom__pp_partition(&mc, 256, 2, lo));
-	CHECK_EQ(lo[1], 5);
+	CHECK_EQ(lo[1], 6);
+	CHECK_OK(loom__pp_partition(&mc, 256, 3, lo));
+	CHECK(lo[0] == 0 && lo[1] == 3 && lo[2] == 6 && lo[3] == 6);
 	CHECK_ERR(loom__pp_partition(&mc, 256, 7, lo), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "7 stages for a model of 6 layers");
+	CHECK_OK(loom_gpt2_preset("gpt2", &mc)); /* 12 blocks of C 768: the head is 4.5 blocks' worth */
+	CHECK_OK(loom__pp_partition(&mc, 1024, 2, lo));
+	CHECK_EQ(lo[1], 8);
+	CHECK_OK(loom__pp_partition(&mc, 1024, 1, lo));
+	CHECK(lo[0] == 0 && lo[1] == 12);
 	return 0;
 }
 
-/* The CLI: `--nproc 2 --pp 2` trains, says so and logs the bubble; a world not divisible by --pp is a
+/* The CLI: `--nproc 2 --pp 2` trains, says so and logs the bubble; so does `--nproc 4 --tp 2 --pp 2`;
+ * a world not divisible by --pp is a
  * clear error (on every rank: the mesh's check runs before any work). */
 TEST(pp_cli)
 {
@@ -486,6 +651,14 @@ TEST(pp_cli)
 	CHECK_CONTAINS(line, "{\"step\":1,");
 	CHECK_CONTAINS(line, ",\"bubble\":");
 	CHECK_CONTAINS(line, ",\"bubble_theory\":0.2000,\"bubble_expected\":");
+	/* tp and pp together: 4 ranks as tp 2 x pp 2 */
+	snprintf(cmd, sizeof cmd, "%s train --nproc 4 --tp 2 --pp 2 --micro-batches 2 --train-data '%s/train_*.bin' "
+	         "--model tiny --batch-size 1 --seq-len 32 --steps 2 --print-every 1", test_loom_bin(), g_dir);
+	st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	CHECK_CONTAINS(out, "[rank 0] pipeline parallel: 2 stages x dp 1, schedule 1f1b, 2 micro-batches per step");
+	CHECK_CONTAINS(out, "[rank 0] tensor parallel: tp 2 x dp 1 x pp 2 = 4 ranks");
+	CHECK_CONTAINS(out, "[rank 0] step 2/2 | loss ");
 	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --pp 3 --train-data '%s/train_*.bin' --model tiny --steps 1",
 	         test_loom_bin(), g_dir);
 	st = test_run_cmd(cmd, out, sizeof out, 60);

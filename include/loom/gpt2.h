@@ -115,7 +115,8 @@ int loom_bf16_supported(void);
 typedef struct {
 	int B, T;   /* capacity of one micro-batch: up to B x T tokens, T <= cfg->seq_len */
 	int arenas; /* activation arenas, i.e. micro-batches whose activations are kept at once (0: 1) */
-	/* The blocks this model runs, [layer_lo, layer_hi) (layer_hi 0: n_layer), for a pipeline stage:
+	/* The blocks this model runs, [layer_lo, layer_hi) (layer_hi 0: n_layer; layer_lo = layer_hi =
+	 * n_layer: no block, the head alone), for a pipeline stage:
 	 * activations exist only for these blocks; the embedding is held iff layer_lo == 0 and the head
 	 * (ln_f, lm head, loss) iff layer_hi == n_layer. Parameters keep the whole model's layout. */
 	int layer_lo, layer_hi;

@@ -143,9 +143,8 @@ typedef struct {
 	                              the data sharding and the checkpoints' loader states; global rank 0
 	                              logs and saves. With tp > 1 the model must have been created as
 	                              this rank's shard (loom_gpt2_opts_t tp_size = tp, tp_rank = its tp
-	                              coordinate; LOOM_EINVAL otherwise) and the "tp" strategy runs it;
-	                              tp and pp > 1 together are not composed yet
-	                              (LOOM_ENOTSUP).
+	                              coordinate; LOOM_EINVAL otherwise) and the "tp" strategy runs it
+	                              (with pp > 1 too: each stage is then a tp shard of its layers).
 	                              comm may be NULL or the mesh's world. */
 	/* Pipeline parallel (a mesh with pp > 1): the layers are split into pp stages balanced by FLOPs;
 	   the accum micro-batches of a step (the micro-batches M) run through them in this schedule. */

@@ -179,9 +179,11 @@ static int check_opts(const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o)
 		return loom_seterr(LOOM_EINVAL, "gpt2 create: batch %d x %d tokens (expected B >= 1 and 1 <= T <= seq_len %d)",
 		                   o->B, o->T, cfg->seq_len);
 	int lo = o->layer_lo, hi = o->layer_hi ? o->layer_hi : L;
-	if (lo < 0 || lo >= hi || hi > L || o->arenas < 0)
+	/* lo == hi == L: the head alone (a last pipeline stage whose head outweighs the blocks) */
+	if (lo < 0 || (lo >= hi && !(lo == hi && hi == L)) || hi > L || o->arenas < 0)
 		return loom_seterr(LOOM_EINVAL, "gpt2 create: layers [%d, %d) with %d arenas (expected 0 <= lo < hi <= "
-		                   "n_layer %d and arenas >= 1)", o->layer_lo, o->layer_hi, o->arenas, L);
+		                   "n_layer %d, or lo = hi = n_layer for the head alone, and arenas >= 1)", o->layer_lo,
+		                   o->layer_hi, o->arenas, L);
 	int tp = o->tp_size ? o->tp_size : 1;
 	if (tp < 1 || o->tp_rank < 0 || o->tp_rank >= tp)
 		return loom_seterr(LOOM_EINVAL, "gpt2 create: tensor-parallel rank %d of %d (expected 0 <= rank < size)",
@@ -280,7 +282,7 @@ int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, cons
 	    !(m->arenas = loom__calloc((size_t)narenas, sizeof *m->arenas)))
 		goto nomem;
 	for (int k = 0; k < narenas; k++)
-		if (!(m->arenas[k].layers = loom__calloc((size_t)(hi - lo), sizeof *m->arenas[k].layers)))
+		if (!(m->arenas[k].layers = loom__calloc((size_t)LOOM_MAX(hi - lo, 1), sizeof *m->arenas[k].layers)))
 			goto nomem;
 	for (int i = 0; i < m->ntensors; i++)
 		loom_gpt2_shard_info(cfg, tp, i, &m->tensors[i]);

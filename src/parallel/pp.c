@@ -18,6 +18,16 @@
  * stream gradient is shared by the arenas: the schedules never run two backwards at once. On the
  * last stage the head's forward and backward run fused, at the micro-batch's backward.
  *
+ * With tensor parallelism (a mesh with tp > 1 and pp > 1) the caller's model is this rank's tp shard
+ * and so is the stage model (the same tp_size/tp_rank, its layers only): the tensor table, the
+ * stages' counts and the buffer are the shard's. The pipeline communicator joins the ranks with this
+ * rank's tp (and dp) coordinate, so activations go between the same tp rank of neighbouring stages
+ * (the residual stream is replicated in a tp group: each tp rank sends its own copy), the tied wte's
+ * gradient is summed per tp rank (each holds the same vocabulary rows on the first and last stage),
+ * the last stage runs the vocabulary-parallel head, and the gradient norm removes the last stage's
+ * wte share summed over its tp group. The caller's model, used whole by evaluation after gather, gets
+ * a reduction over the tp axis from here (the strategy gives one to the stage model).
+ *
  * Invariants: after step, every rank of the pipeline holds the step's summed loss (the last stage's,
  * sent to all: each rank adds zeros but the last, so the sum is exact), the wte gradient is the sum
  * of the first stage's (embedding) and the last stage's (lm head) shares on both of them (one
@@ -43,7 +53,10 @@ typedef struct {
 	loom_comm_t *ends;            /* first and last stage (the pp comm itself when P = 2; owned when split) */
 	int own_ends;
 	int P, s, lo, hi, M, arenas, nplan, ntensors;
-	size_t nparams, act;          /* act: floats of one activation (B x T x C) */
+	int tp_size, tp_rank;         /* the model's tensor-parallel shard (1, 0: whole) */
+	int whole_reduce_set;         /* the caller's model has whole_reduce as its tp reduction */
+	size_t nparams, act;          /* act: floats of one activation (B x T x C); nparams: of the (shard) buffer */
+	const loom_tensor_info_t *tensors; /* the (shard) tensor table of the caller's model */
 	size_t *counts;               /* floats each stage owns, in stage order (they tile the buffer) */
 	unsigned char *used;          /* per tensor: this stage reports its gradient */
 	loom__pp_action_t *plan;
@@ -58,6 +71,18 @@ typedef struct {
 } pp_exec_t;
 
 static void pp_destroy(loom_exec_t *ex);
+
+/* The caller's (whole-layer) model's tensor-parallel reduction, for evaluation after gather: a
+ * blocking all-reduce over the tp axis, as the tp strategy gives the stage model. */
+static int whole_reduce(void *ctx, float *buf, size_t n, loom_tp_op_t op)
+{
+	pp_exec_t *e = ctx;
+	int rc = loom_allreduce(e->cfg.tp, buf, buf, n, LOOM_FLOAT32, op == LOOM_TP_MAX ? LOOM_MAX : LOOM_SUM);
+	if (rc != LOOM_OK)
+		return loom_seterr(rc, "pipeline stage %d, tensor-parallel rank %d of %d: all-reduce of %zu floats for the "
+		                   "whole model: %s", e->s, e->tp_rank, e->tp_size, n, loom_comm_errmsg(e->cfg.tp));
+	return LOOM_OK;
+}
 
 /* Complete a request (NULL: nothing) of a transfer with stage `peer`, adding the time waited; keeps
  * the first error. */
@@ -103,8 +128,15 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	e->cfg = *cfg;
 	e->mc = *loom_gpt2_config(cfg->model);
 	e->P = loom_comm_size(cfg->pp), e->s = loom_comm_rank(cfg->pp), e->M = cfg->M;
-	e->nparams = loom_gpt2_num_params(&e->mc);
-	e->ntensors = loom_gpt2_num_tensors(&e->mc);
+	e->tp_size = loom_gpt2_tp_size(cfg->model), e->tp_rank = loom_gpt2_tp_rank(cfg->model);
+	if (e->tp_size != (cfg->tp ? loom_comm_size(cfg->tp) : 1)) {
+		rc = loom_seterr(LOOM_EINVAL, "pipeline stage %d: the model is tensor-parallel shard %d of %d, but the "
+		                 "tensor-parallel axis has %d rank(s)", e->s, e->tp_rank, e->tp_size,
+		                 cfg->tp ? loom_comm_size(cfg->tp) : 1);
+		goto fail;
+	}
+	e->nparams = loom_gpt2_param_count(cfg->model);
+	e->tensors = loom_gpt2_tensors(cfg->model, &e->ntensors);
 	e->act = (size_t)cfg->B * cfg->T * e->mc.n_embd;
 	if (!(lo = loom__malloc(sizeof(int) * (size_t)(e->P + 1)))) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
@@ -139,8 +171,7 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	 * ln_f on the last; they are contiguous and tile the buffer in stage order. wte is also used by the
 	 * last stage (the lm head) but owned by the first. */
 	for (int t = 0; t < e->ntensors; t++) {
-		loom_tensor_info_t ti;
-		loom_gpt2_tensor_info(&e->mc, t, &ti);
+		const loom_tensor_info_t ti = e->tensors[t];
 		int u = ti.layer, owner = u < 0 ? 0 : u >= e->mc.n_layer ? e->P - 1 : 0;
 		for (int q = 0; q < e->P && u >= 0 && u < e->mc.n_layer; q++)
 			if (u >= lo[q] && u < lo[q + 1])
@@ -153,6 +184,7 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	o.B = cfg->B, o.T = cfg->T, o.arenas = e->arenas, o.layer_lo = e->lo, o.layer_hi = e->hi, o.no_own_params = 1;
 	o.act_ckpt = loom_gpt2_act_ckpt(cfg->model); /* the caller's checkpointing, per arena of the stage */
 	o.dtype = loom_gpt2_dtype(cfg->model); /* the stage computes in the whole model's precision */
+	o.tp_size = e->tp_size, o.tp_rank = e->tp_rank;
 	if ((rc = loom_gpt2_create_opts(&e->stage, &e->mc, &o)) != LOOM_OK ||
 	    (rc = loom_gpt2_set_param_buffer(e->stage, loom_gpt2_params(cfg->model))) != LOOM_OK)
 		goto fail;
@@ -167,6 +199,10 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 			goto fail;
 		}
 		e->own_ends = 1;
+	}
+	if (e->tp_size > 1) {
+		loom_gpt2_on_tp_reduce(cfg->model, whole_reduce, e);
+		e->whole_reduce_set = 1;
 	}
 	free(lo);
 	*out = &e->base;
@@ -184,6 +220,8 @@ static void pp_destroy(loom_exec_t *ex)
 		return;
 	if (e->act_sends)
 		drain(e, LOOM_OK);
+	if (e->whole_reduce_set)
+		loom_gpt2_on_tp_reduce(e->cfg.model, NULL, NULL);
 	if (e->own_ends)
 		loom_comm_destroy(e->ends);
 	loom_gpt2_destroy(e->stage);
@@ -365,9 +403,7 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 	t0 = loom_now();
 	if (e->ends && (e->s == 0 || e->s == e->P - 1)) {
 		float *g = loom_gpt2_tensor_grad(e->stage, 0);
-		loom_tensor_info_t ti;
-		loom_gpt2_tensor_info(&e->mc, 0, &ti);
-		if ((rc = loom_allreduce(e->ends, g, g, ti.numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
+		if ((rc = loom_allreduce(e->ends, g, g, e->tensors[0].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
 			rc = loom_seterr(rc, "pipeline stage %d of %d: summing wte's gradient between the first and last "
 			                 "stage: %s", e->s, e->P, loom_comm_errmsg(e->ends));
 			goto out;
@@ -399,9 +435,12 @@ static int pp_grad_norm(loom_exec_t *ex, loom_strategy_t *s, double *norm)
 		return rc;
 	sq = *norm * *norm;
 	if (e->s == e->P - 1) { /* wte is counted once, on the first stage */
-		loom_tensor_info_t ti;
-		loom_gpt2_tensor_info(&e->mc, 0, &ti);
-		sq -= loom_grad_sumsq(loom_gpt2_tensor_grad(e->stage, 0), ti.numel);
+		double w = loom_grad_sumsq(loom_gpt2_tensor_grad(e->stage, 0), e->tensors[0].numel);
+		/* a tp shard holds some of wte's rows: the strategy's norm has the group's sum of them */
+		if (e->tp_size > 1 && (rc = loom_allreduce(e->cfg.tp, &w, &w, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK)
+			return loom_seterr(rc, "pipeline stage %d, tensor-parallel rank %d: wte's share of the gradient norm: "
+			                   "%s", e->s, e->tp_rank, loom_comm_errmsg(e->cfg.tp));
+		sq -= w;
 	}
 	if ((rc = loom_allreduce(e->cfg.pp, &sq, &sq, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK)
 		return loom_seterr(rc, "pipeline stage %d of %d: the gradient norm: %s", e->s, e->P,

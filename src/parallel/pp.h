@@ -14,7 +14,8 @@
  * tensors to every rank of the pipeline axis). Every operation is collective over the pipeline axis
  * (a local executor has none). The strategy attaches to loom__exec_model(e), which is the caller's
  * model for the local executor and a stage model (layers [lo, hi), parameters viewing the caller's
- * buffer) for a pipeline. */
+ * buffer) for a pipeline; with tensor parallelism, the stage model is this rank's shard of those
+ * layers. */
 #ifndef LOOM_PARALLEL_PP_H
 #define LOOM_PARALLEL_PP_H
 
@@ -44,8 +45,9 @@ int loom__pp_plan(loom_pp_schedule_t kind, int P, int s, int M, loom__pp_action_
 double loom__pp_bubble_theory(loom_pp_schedule_t kind, int P, int M);
 /* Layers of the P stages balanced by FLOPs (forward + backward per token, the embedding on the first
  * stage, ln_f + lm head + loss on the last): stage s runs blocks [lo[s], lo[s+1]), lo[0] = 0,
- * lo[P] = L, at least one block each (P <= L; LOOM_EINVAL naming both otherwise). Minimizes the most
- * expensive stage; ties go to the earlier split. */
+ * lo[P] = L, at least one block each but the last, which may run the head alone (lo[P-1] = L) when
+ * that is cheaper (P <= L; LOOM_EINVAL naming both otherwise). Minimizes the most expensive stage;
+ * ties go to the earlier split. */
 int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo);
 
 /* ---- the executor ------------------------------------------------------------------------------ */
@@ -64,6 +66,8 @@ typedef struct loom_exec loom_exec_t;
 typedef struct {
 	loom_gpt2_t *model;          /* the caller's whole model (borrowed) */
 	loom_comm_t *pp;             /* the pipeline axis, NULL for one stage (the local executor) */
+	loom_comm_t *tp;             /* the tensor-parallel axis, NULL for one rank; with tp > 1 the model is
+	                                that rank's shard (loom_gpt2_opts_t tp_size, tp_rank) */
 	int B, T, M;                 /* micro-batch and micro-batches per step (the accumulation) */
 	loom_pp_schedule_t schedule;
 	int *inputs, *targets;       /* B x T each (borrowed): where the local executor reads a micro-batch */

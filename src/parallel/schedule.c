@@ -78,7 +78,8 @@ double loom__pp_bubble_theory(loom_pp_schedule_t kind, int P, int M)
 }
 
 /* FLOPs per token, forward + backward, of block costs and of the head (as loom_gpt2_flops_per_token
- * counts them: 6 x matmul parameters, 12 x C x T per block for attention). */
+ * counts them: 6 x matmul parameters, 12 x C x T per block for attention; the lm head's matmul over
+ * the vocabulary is 2 V C forward and 4 V C backward). */
 static double block_flops(const loom_gpt2_config_t *c, int T)
 {
 	double C = c->n_embd;
@@ -108,14 +109,21 @@ int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo)
 		for (int l = 0; l <= L; l++)
 			AT(best, s, l) = 1e300, AT(cut, s, l) = 0;
 	AT(best, 0, 0) = 0;
-	for (int s = 1; s <= P; s++)
-		for (int l = s; l <= L - (P - s); l++)
+	/* Stages before the last hold at least one block; the last may hold the head alone (k = L) when
+	 * the head outweighs what a block would add to the other stages (e.g. `small`'s 50257-row lm
+	 * head, ten blocks' worth). */
+	for (int s = 1; s < P; s++)
+		for (int l = s; l <= L; l++)
 			for (int k = s - 1; k < l; k++) {
-				double cost = (l - k) * blk + (s == P ? head : 0.0);
-				double m = LOOM_MAX(AT(best, s - 1, k), cost);
+				double m = LOOM_MAX(AT(best, s - 1, k), (l - k) * blk);
 				if (m < AT(best, s, l))
 					AT(best, s, l) = m, AT(cut, s, l) = k;
 			}
+	for (int k = P - 1; k <= L; k++) {
+		double m = LOOM_MAX(AT(best, P - 1, k), (L - k) * blk + head);
+		if (m < AT(best, P, L))
+			AT(best, P, L) = m, AT(cut, P, L) = k;
+	}
 	lo[P] = L;
 	for (int s = P; s >= 1; s--)
 		lo[s - 1] = AT(cut, s, lo[s]);

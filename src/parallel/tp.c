@@ -3,7 +3,8 @@
  * gives the model its reduction (an all-reduce over the group's communicator) for the f and g points
  * of every pass; the data-parallel axis, when it has several ranks, averages each shard's gradients
  * with the DDP reducer (loom/ddp.h, buckets overlapped with backward) among the ranks that hold the
- * same shard.
+ * same shard (with pipeline parallel: the buckets cover the stage's tensors only, strategy.h's
+ * tensor_used; the pipeline executor adds the stages together, src/parallel/pp.c).
  *
  * Invariant (checked by tests/test_tp.c against one process at the same total batch): after every
  * step, unsharding the group's parameters (loom_gpt2_tp_unshard of each rank's shard) gives the
@@ -81,7 +82,8 @@ static int tp_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	s->dp_size = cfg->dp ? loom_comm_size(cfg->dp) : 1;
 	s->writer = cfg->writer;
 	if (cfg->dp && s->dp_size > 1 &&
-	    ((rc = loom_ddp_create(&t->ddp, cfg->dp, cfg->model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb))) != LOOM_OK ||
+	    ((rc = loom__ddp_create_used(&t->ddp, cfg->dp, cfg->model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb),
+	                                 cfg->tensor_used)) != LOOM_OK ||
 	     (rc = loom_ddp_set_reduce_dtype(t->ddp, cfg->grad_reduce_dtype)) != LOOM_OK))
 		goto fail;
 	s->model = cfg->model;
@@ -89,6 +91,8 @@ static int tp_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	s->grads = t->ddp ? loom_ddp_grads(t->ddp) : loom_gpt2_grads(cfg->model);
 	s->nparams = loom_gpt2_param_count(cfg->model);
 	s->own_offset = 0, s->own_count = s->nparams;
+	s->mem.params = s->mem.grads = s->nparams * sizeof(float); /* the shard's, as the memory line reports */
+	s->mem.optim = 2 * s->nparams * sizeof(float);
 	t->tensors = loom_gpt2_tensors(cfg->model, &n);
 	t->ntensors = n;
 	/* AdamW over the shard: one segment per tensor of the shard table, with its decay */

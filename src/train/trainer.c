@@ -120,10 +120,6 @@ static int check_config(const loom_train_config_t *c, loom_gpt2_t *model)
 		return loom_seterr(rc, "trainer: %s", loom_errmsg());
 	if (c->mesh) {
 		int tp = loom_mesh_size(c->mesh, LOOM_MESH_TP), pp = loom_mesh_size(c->mesh, LOOM_MESH_PP);
-		if (tp > 1 && pp > 1)
-			return loom_seterr(LOOM_ENOTSUP, "trainer: rank %d: a mesh with tp = %d and pp = %d: tensor and pipeline "
-			                   "parallel are not composed yet; use one of them (with data parallel)",
-			                   loom_mesh_world_rank(c->mesh), tp, pp);
 		if (pp > mc->n_layer)
 			return loom_seterr(LOOM_EINVAL, "trainer: rank %d: a pipeline of %d stages for a model of %d layers: "
 			                   "every stage needs at least one layer (pp <= %d)", loom_mesh_world_rank(c->mesh), pp,
@@ -212,7 +208,7 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	/* The executor (with a pipeline axis: this rank's stage, a model of its layers; collective over
 	 * the axis), then the strategy (an unsupported one fails before the data is read), which attaches
 	 * to the executor's model: its gradient view points at the strategy's storage until destroy. */
-	loom_exec_config_t ec = {.model = model, .pp = tr->pp, .B = cfg->B, .T = cfg->T, .M = cfg->accum,
+	loom_exec_config_t ec = {.model = model, .pp = tr->pp, .tp = tr->tp, .B = cfg->B, .T = cfg->T, .M = cfg->accum,
 	                         .schedule = LOOM_PP_1F1B, .inputs = tr->inputs, .targets = tr->targets,
 	                         .on_event = tr->trace ? loom__trace_event : NULL, .event_ctx = tr->trace};
 	if (cfg->pp_schedule)
