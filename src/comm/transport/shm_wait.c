@@ -222,6 +222,21 @@ static void report_suspect(shm_waiter_t *w, void *arg, const char *why)
 		loom_xp_report_suspect(S(w->c)->world_of[S(w->c)->rank], S(w->c)->world_of[p], why);
 }
 
+/* The ranks this wait is behind: the peers it waits on when the waiter knows them, else those that
+ * have not reached its sequence number (list_behind). */
+static void waiting_for(shm_waiter_t *w, void *arg, char *behind, size_t cap)
+{
+	loom_comm_t *c = w->c;
+	list_behind(c, w->seq, behind, cap);
+	if (w->waiting_on) {
+		size_t len = 0;
+		behind[0] = '\0';
+		for (int r = 0; r < S(c)->size && len + 12 < cap; r++)
+			if (r != S(c)->rank && w->waiting_on(arg, r))
+				len += (size_t)snprintf(behind + len, cap - len, "%s%d", len ? ", " : "", r);
+	}
+}
+
 /* LOOM_STALL_S: a collective wait that made no progress for that long says so once on stderr, naming
  * whom it waits for (the job may still recover: a slow rank, a debugger). */
 static void stall_warning(shm_waiter_t *w, double now, void *arg)
@@ -232,14 +247,7 @@ static void stall_warning(shm_waiter_t *w, double now, void *arg)
 	if (w->stalled || stall <= 0 || !w->fatal || w->start == 0 || now - w->start < stall)
 		return;
 	w->stalled = 1;
-	list_behind(c, w->seq, behind, sizeof behind);
-	if (w->waiting_on) {
-		size_t len = 0;
-		behind[0] = '\0';
-		for (int r = 0; r < S(c)->size && len + 12 < sizeof behind; r++)
-			if (r != S(c)->rank && w->waiting_on(arg, r))
-				len += (size_t)snprintf(behind + len, sizeof behind - len, "%s%d", len ? ", " : "", r);
-	}
+	waiting_for(w, arg, behind, sizeof behind);
 	snprintf(msg, sizeof msg, "%s #%llu has not progressed for %.0f s (LOOM_STALL_S); waiting for %s%s%s",
 	         w->op ? w->op : "collective", (unsigned long long)w->seq, now - w->start, waiter_what(w),
 	         behind[0] ? "; ranks that have not arrived: " : "", behind);
@@ -274,14 +282,7 @@ static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
 	stall_warning(w, now, arg);
 	if (now > w->deadline) {
 		char behind[256];
-		list_behind(c, w->seq, behind, sizeof behind);
-		if (w->waiting_on) {
-			size_t len = 0;
-			behind[0] = '\0';
-			for (int r = 0; r < S(c)->size && len + 12 < sizeof behind; r++)
-				if (r != S(c)->rank && w->waiting_on(arg, r))
-					len += (size_t)snprintf(behind + len, sizeof behind - len, "%s%d", len ? ", " : "", r);
-		}
+		waiting_for(w, arg, behind, sizeof behind);
 		if (ready(arg))
 			return LOOM_OK;
 		report_suspect(w, arg, "timed out (LOOM_TIMEOUT_S) waiting for it");
