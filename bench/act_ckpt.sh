@@ -30,15 +30,7 @@ WORK=$(mktemp -d /tmp/loom-bench-ackpt.XXXXXX)
 
 V=50257
 [ "$MODEL" = tiny ] && V=257
-$PY - "$WORK/train_000000.bin" "$B" "$T" "$STEPS" "$V" <<'EOF'
-import sys, numpy as np
-path, B, T, steps, V = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-n = B * T * (steps + 1) + 1
-hdr = np.zeros(256, np.int32); hdr[:3] = (20240520, 1, n)
-tok = np.random.default_rng(0).integers(0, V, n, dtype=np.uint16)
-with open(path, "wb") as f:
-    f.write(hdr.tobytes()); f.write(tok.tobytes())
-EOF
+$PY bench/random_shard.py "$WORK/train_000000.bin" "$B" "$T" "$STEPS" "$V"
 
 printf 'act_ckpt: model %s, B=%d, T=%d, %d thread(s), %d steps (first %d untimed), %d repeats\n' "$MODEL" "$B" "$T" \
 	"$THREADS" "$STEPS" "$WARMUP" "$REPEAT"

@@ -33,15 +33,7 @@ WORK=$(mktemp -d /tmp/loom-bench-ddp.XXXXXX)
 [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$WORK"' EXIT
 
 # Random tokens over the model's vocabulary: enough windows for every step of 2 ranks without wrapping.
-$PY - "$WORK/train_000000.bin" "$B" "$T" "$STEPS" "$VOCAB" <<'PYEOF'
-import sys, numpy as np
-path, B, T, steps, V = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-n = B * T * (2 * steps + 1) + 1
-hdr = np.zeros(256, np.int32); hdr[:3] = (20240520, 1, n)
-tok = np.random.default_rng(0).integers(0, V, n, dtype=np.uint16)
-with open(path, "wb") as f:
-    f.write(hdr.tobytes()); f.write(tok.tobytes())
-PYEOF
+$PY bench/random_shard.py "$WORK/train_000000.bin" "$B" "$T" "$STEPS" "$VOCAB" 2
 
 printf 'ddp_scaling: model %s, B=%d, T=%d per rank, %d steps (first %d untimed), fp32, 1 thread per rank\n' \
 	"$MODEL" "$B" "$T" "$STEPS" "$WARMUP"

@@ -27,15 +27,7 @@ PY=/usr/bin/python3
 WORK=$(mktemp -d /tmp/loom-bench-mesh.XXXXXX)
 [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$WORK"' EXIT
 
-$PY - "$WORK/train_000000.bin" 8 "$T" "$STEPS" "$VOCAB" <<'PYEOF'
-import sys, numpy as np
-path, B, T, steps, V = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-n = B * T * (steps + 1) + 1
-hdr = np.zeros(256, np.int32); hdr[:3] = (20240520, 1, n)
-tok = np.random.default_rng(0).integers(0, V, n, dtype=np.uint16)
-with open(path, "wb") as f:
-    f.write(hdr.tobytes()); f.write(tok.tobytes())
-PYEOF
+$PY bench/random_shard.py "$WORK/train_000000.bin" 8 "$T" "$STEPS" "$VOCAB"
 
 printf 'mesh: model %s, total batch 8 x %d tokens per step, %d steps (first %d untimed), fp32\n' \
 	"$MODEL" "$T" "$STEPS" "$WARMUP"

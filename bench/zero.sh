@@ -53,15 +53,7 @@ for MODEL in $MODELS; do
 	[ "$MODEL" = tiny ] && T=128 V=257
 	DATA="$WORK/$MODEL"
 	mkdir -p "$DATA"
-	$PY - "$DATA/train_000000.bin" "$B" "$T" "$N" "$V" <<'PYEOF'
-import sys, numpy as np
-path, B, T, steps, V = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-n = B * T * (2 * steps + 1) + 1
-hdr = np.zeros(256, np.int32); hdr[:3] = (20240520, 1, n)
-tok = np.random.default_rng(0).integers(0, V, n, dtype=np.uint16)
-with open(path, "wb") as f:
-    f.write(hdr.tobytes()); f.write(tok.tobytes())
-PYEOF
+	$PY bench/random_shard.py "$DATA/train_000000.bin" "$B" "$T" "$N" "$V" 2
 	printf 'zero: model %s, B=%d, T=%d per rank, %d steps (first %d untimed), fp32, 2 ranks x 1 thread\n' \
 		"$MODEL" "$B" "$T" "$N" "$WARMUP"
 	P=
