@@ -342,6 +342,23 @@ static int mpi_tag(int chan, const loom_xp_ctx_t *ctx, int tag)
 	return 2 + (int)(v % (unsigned)(tag_ub - 2));
 }
 
+/* LOOM_OK when the receive of st brought exactly rbytes; else LOOM_EMISMATCH, recorded on c and
+ * sent to every peer as an abort. */
+static int check_size(loom_comm_t *c, const char *what, int src, MPI_Status *st, size_t rbytes)
+{
+	int got = 0, rc;
+	if (st->MPI_ERROR == MPI_ERR_TRUNCATE)
+		got = -1;
+	else
+		MPI_Get_count(st, MPI_BYTE, &got);
+	if (got == (int)rbytes)
+		return LOOM_OK;
+	rc = loom_comm_fail(c, LOOM_EMISMATCH, "%s: rank %d sent a message of %s%d bytes over MPI, this rank expected %zu",
+	                    what, src, got < 0 ? "more than " : "", got < 0 ? (int)rbytes : got, rbytes);
+	mpi_abort(c, rc, loom_comm_errmsg(c));
+	return rc;
+}
+
 static int mpi_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int chan, int dst, const void *sbuf, size_t sbytes,
                         int stag, int src, void *rbuf, size_t rbytes, int rtag, const void *red_local, loom_dtype_t dt,
                         loom_op_t op)
@@ -349,7 +366,7 @@ static int mpi_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int chan, int 
 	mpi_comm_t *s = M(c);
 	waiter_t w = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL}, {{0}}, 0};
 	void *tmp = NULL, *into = rbuf;
-	int rc = LOOM_OK, e1 = MPI_SUCCESS, e2 = MPI_SUCCESS, got = 0;
+	int rc = LOOM_OK, e1 = MPI_SUCCESS, e2 = MPI_SUCCESS;
 	const char *what = ctx->op ? ctx->op : "message";
 	if (sbytes > (size_t)INT32_MAX || rbytes > (size_t)INT32_MAX)
 		return loom_comm_fail(c, LOOM_EINVAL, "%s: a message of more than 2 GiB over MPI", what);
@@ -371,18 +388,8 @@ static int mpi_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int chan, int 
 	if ((rc = wait_all(c, ctx, &w, what)) != LOOM_OK)
 		goto done;
 	if (src >= 0) {
-		if (w.st[0].MPI_ERROR == MPI_ERR_TRUNCATE) {
-			got = -1;
-		} else {
-			MPI_Get_count(&w.st[0], MPI_BYTE, &got);
-		}
-		if (got != (int)rbytes) {
-			rc = loom_comm_fail(c, LOOM_EMISMATCH,
-			                    "%s: rank %d sent a message of %s%d bytes over MPI, this rank expected %zu", what,
-			                    src, got < 0 ? "more than " : "", got < 0 ? (int)rbytes : got, rbytes);
-			mpi_abort(c, rc, loom_comm_errmsg(c));
+		if ((rc = check_size(c, what, src, &w.st[0], rbytes)) != LOOM_OK)
 			goto done;
-		}
 		if (tmp)
 			loom_reduce_local(rbuf, red_local, tmp, rbytes / loom_dtype_size(dt), dt, op);
 	}
@@ -427,6 +434,68 @@ static int mpi_allreduce(loom_comm_t *c, const loom_xp_ctx_t *ctx, const void *s
 		return rc;
 	}
 	return wait_all(c, ctx, &w, ctx->op ? ctx->op : "allreduce");
+}
+
+/* ---- exchanges left in flight (hier.c's pipelined all-reduce) ------------------------------------- */
+
+struct loom_mpi_xchg {
+	waiter_t w;
+	int peer;
+	size_t bytes;
+};
+
+int loom__mpi_xchg_post(loom_comm_t *c, const loom_xp_ctx_t *ctx, int peer, const void *sbuf, void *rbuf, size_t bytes,
+                        loom_mpi_xchg_t **out)
+{
+	mpi_comm_t *s = M(c);
+	loom_mpi_xchg_t *x;
+	int e1, e2, flag = 0, tag = mpi_tag(LOOM_XP_COLL, ctx, 0);
+	*out = NULL;
+	if (bytes > (size_t)INT32_MAX)
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: a message of more than 2 GiB over MPI", ctx->op);
+	if (!(x = loom__calloc(1, sizeof *x)))
+		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
+	x->w.req[0] = x->w.req[1] = MPI_REQUEST_NULL;
+	x->peer = peer, x->bytes = bytes;
+	pthread_mutex_lock(&mpi_lock);
+	e1 = MPI_Irecv(rbuf, (int)bytes, MPI_BYTE, peer, tag, s->comm, &x->w.req[0]);
+	e2 = MPI_Isend(sbuf, (int)bytes, MPI_BYTE, peer, tag, s->comm, &x->w.req[1]);
+	if (e1 == MPI_SUCCESS && e2 == MPI_SUCCESS) /* start moving now: MPI progresses only inside its calls */
+		x->w.done = MPI_Testall(2, x->w.req, &flag, x->w.st) == MPI_SUCCESS && flag;
+	pthread_mutex_unlock(&mpi_lock);
+	if (e1 != MPI_SUCCESS || e2 != MPI_SUCCESS) {
+		loom__mpi_xchg_drop(x);
+		return loom_comm_fail(c, LOOM_EIO, "%s: MPI_Irecv/MPI_Isend to rank %d failed", ctx->op, peer);
+	}
+	*out = x;
+	return LOOM_OK;
+}
+
+int loom__mpi_xchg_wait(loom_comm_t *c, const loom_xp_ctx_t *ctx, loom_mpi_xchg_t *x)
+{
+	int rc = wait_all(c, ctx, &x->w, ctx->op);
+	if (rc == LOOM_OK)
+		rc = check_size(c, ctx->op, x->peer, &x->w.st[0], x->bytes);
+	if (rc == LOOM_OK)
+		free(x);
+	else
+		loom__mpi_xchg_drop(x);
+	return rc;
+}
+
+void loom__mpi_xchg_drop(loom_mpi_xchg_t *x)
+{
+	if (!x)
+		return;
+	pthread_mutex_lock(&mpi_lock);
+	for (int i = 0; i < 2; i++)
+		if (x->w.req[i] != MPI_REQUEST_NULL) {
+			if (i == 0)
+				MPI_Cancel(&x->w.req[i]);
+			MPI_Request_free(&x->w.req[i]);
+		}
+	pthread_mutex_unlock(&mpi_lock);
+	free(x);
 }
 
 static void mpi_enter(loom_comm_t *c, uint64_t seq, int coll)
