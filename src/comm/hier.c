@@ -248,7 +248,7 @@ static int cross_allreduce(loom_comm_t *c, void *slice, size_t count, loom_dtype
 /* Bytes of the whole vector per chunk of the pipelined all-reduce (LOOM_HIER_CHUNK, K/M suffixes;
  * the same on every rank), and how many chunks' exchanges are in flight while the next chunk is
  * reduce-scattered. */
-#define PIPE_CHUNK_DEFAULT (4u << 20)
+#define PIPE_CHUNK_DEFAULT (1u << 20)
 #define PIPE_DEPTH 2
 
 static size_t pipe_chunk_bytes(void)

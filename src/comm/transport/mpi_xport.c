@@ -444,6 +444,53 @@ struct loom_mpi_xchg {
 	size_t bytes;
 };
 
+/* OpenMPI moves a message only inside MPI calls on both sides (a large one needs the sender to answer
+ * the receiver's clear-to-send and then push fragments). An exchange left in flight while this rank
+ * waits on shared memory would stall, and with it the peer, who may be what the shared-memory wait
+ * waits for (a deadlock seen across two hosts: 0 waits for 1 on shm, 1 for 3 over MPI, 3 for 2 on
+ * shm, 2 for 0 over MPI). So while exchanges are in flight, a progress thread enters MPI every
+ * PROGRESS_US (an MPI_Iprobe for a tag never sent drives MPI's progress engine without touching the
+ * exchanges' requests, which only their owner tests). */
+#define PROGRESS_US 30
+static pthread_mutex_t prog_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t prog_cond = PTHREAD_COND_INITIALIZER;
+static int prog_inflight, prog_started;
+
+static void *progress_main(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		int flag = 0;
+		pthread_mutex_lock(&prog_lock);
+		while (prog_inflight == 0)
+			pthread_cond_wait(&prog_cond, &prog_lock);
+		pthread_mutex_unlock(&prog_lock);
+		pthread_mutex_lock(&mpi_lock);
+		MPI_Iprobe(MPI_ANY_SOURCE, 0, world_dup, &flag, MPI_STATUS_IGNORE); /* tag 0: never sent */
+		pthread_mutex_unlock(&mpi_lock);
+		usleep(PROGRESS_US);
+	}
+	return NULL;
+}
+
+/* One more (+1) or one fewer (-1) exchange in flight; starts the progress thread at the first. */
+static void progress_count(int d)
+{
+	pthread_mutex_lock(&prog_lock);
+	if (!prog_started && d > 0) {
+		pthread_t t;
+		pthread_attr_t at;
+		pthread_attr_init(&at);
+		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+		prog_started = pthread_create(&t, &at, progress_main, NULL) == 0;
+		pthread_attr_destroy(&at);
+	}
+	prog_inflight += d;
+	if (prog_inflight > 0)
+		pthread_cond_signal(&prog_cond);
+	pthread_mutex_unlock(&prog_lock);
+}
+
 int loom__mpi_xchg_post(loom_comm_t *c, const loom_xp_ctx_t *ctx, int peer, const void *sbuf, void *rbuf, size_t bytes,
                         loom_mpi_xchg_t **out)
 {
@@ -457,6 +504,7 @@ int loom__mpi_xchg_post(loom_comm_t *c, const loom_xp_ctx_t *ctx, int peer, cons
 		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
 	x->w.req[0] = x->w.req[1] = MPI_REQUEST_NULL;
 	x->peer = peer, x->bytes = bytes;
+	progress_count(1);
 	pthread_mutex_lock(&mpi_lock);
 	e1 = MPI_Irecv(rbuf, (int)bytes, MPI_BYTE, peer, tag, s->comm, &x->w.req[0]);
 	e2 = MPI_Isend(sbuf, (int)bytes, MPI_BYTE, peer, tag, s->comm, &x->w.req[1]);
@@ -476,10 +524,12 @@ int loom__mpi_xchg_wait(loom_comm_t *c, const loom_xp_ctx_t *ctx, loom_mpi_xchg_
 	int rc = wait_all(c, ctx, &x->w, ctx->op);
 	if (rc == LOOM_OK)
 		rc = check_size(c, ctx->op, x->peer, &x->w.st[0], x->bytes);
-	if (rc == LOOM_OK)
+	if (rc == LOOM_OK) {
+		progress_count(-1);
 		free(x);
-	else
+	} else {
 		loom__mpi_xchg_drop(x);
+	}
 	return rc;
 }
 
@@ -495,6 +545,7 @@ void loom__mpi_xchg_drop(loom_mpi_xchg_t *x)
 			MPI_Request_free(&x->w.req[i]);
 		}
 	pthread_mutex_unlock(&mpi_lock);
+	progress_count(-1);
 	free(x);
 }
 
