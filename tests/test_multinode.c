@@ -95,6 +95,30 @@ TEST(multinode_collectives_2x2)
 	return no_namespaces_left();
 }
 
+/* The same matrix with the pipelined two-host all-reduce (src/comm/hier.c) cut into 4 KiB chunks:
+ * every size above 4 KiB runs in many chunks, with odd last chunks and empty pieces (65537
+ * elements), so each chunk boundary, the pipeline's fill and drain and its in-flight exchanges are
+ * checked against the exact values. */
+TEST(multinode_collectives_2x2_small_chunks)
+{
+	static char out[OUT_CAP], args[1024];
+	const char *why = cluster_unavailable();
+	char *dir;
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL);
+	CHECK(dir != NULL);
+	snprintf(args, sizeof args, "-x LOOM_HIER_CHUNK=4096 %s/mn_prog coll", dir);
+	free(dir);
+	CHECK_MSG(cluster_mpirun(args, out, 300, NULL) == 0, "mpirun mn_prog coll (4 KiB chunks) failed:\n%s", out);
+	for (int r = 0; r < 4; r++) {
+		char want[64];
+		snprintf(want, sizeof want, "rank %d of 4: ok", r);
+		CHECK_CONTAINS(out, want);
+	}
+	return no_namespaces_left();
+}
+
 TEST(multinode_rank_killed)
 {
 	static char out[OUT_CAP], args[1024];
