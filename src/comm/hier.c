@@ -247,9 +247,12 @@ static int cross_allreduce(loom_comm_t *c, void *slice, size_t count, loom_dtype
 
 /* Bytes of the whole vector per chunk of the pipelined all-reduce (LOOM_HIER_CHUNK, K/M suffixes;
  * the same on every rank), and how many chunks' exchanges are in flight while the next chunk is
- * reduce-scattered. */
-#define PIPE_CHUNK_DEFAULT (1u << 20)
-#define PIPE_DEPTH 2
+ * reduce-scattered. Measured on the two-host cluster (2 x 2 ranks, 2 Gbit/s, a loaded 2-core
+ * machine; 16 / 64 MiB all-reduce, ms): depth 2 with 4 MiB chunks 85-95 / 339-342, 2 MiB 79-80 /
+ * 310-320, 1 MiB 87-104 / 329-359, 512 KiB 79-82 / 313-329; depth 4 with 512 KiB 79-90 / 309-312,
+ * 256 KiB 75 / 301-305 (the link-rate bound is 67 / 268). */
+#define PIPE_CHUNK_DEFAULT (256u << 10)
+#define PIPE_DEPTH 4
 
 static size_t pipe_chunk_bytes(void)
 {
