@@ -12,13 +12,15 @@
 # host's link is rate limited with tc tbf (LOOM_NETNS_RATE, default 2gbit; netem is not available
 # everywhere) on the host side's egress: each direction of the link has the rate to itself (full
 # duplex, like an Ethernet port). The bucket (LOOM_NETNS_BURST, default 256kb: 1 ms at 2 Gbit/s)
-# is what leaves at once after an idle spell; it was 1mb, which let a 1 MiB all-reduce appear
-# faster than the rate (107% "utilization"). The queue holds 100 ms at the rate. Every command run on a host gets its own UTS namespace with the host's name, or
-# OpenMPI's shared-memory segments (named after the hostname) of the two "hosts" collide. mpirun
-# runs on host 0 and starts host 1's daemon through this script as its rsh agent. Needs root.
+# is what may leave at once after an idle spell; it was 1mb, which let a 1 MiB all-reduce appear
+# faster than the rate (107% "utilization"). The queue holds 100 ms at the rate. Every command run
+# on a host gets its own UTS namespace with the host's name, or OpenMPI's shared-memory segments
+# (named after the hostname) of the two "hosts" collide. mpirun runs on host 0 and starts host 1's
+# daemon through this script as its rsh agent. Needs root.
 #
 # Environment: LOOM_NETNS_PREFIX (default loomh), LOOM_NETNS_NET (default 10.231.7),
-# LOOM_NETNS_RATE (default 2gbit), LOOM_NETNS_BURST (256kb), LOOM_NETNS_PPN (ranks per host for `mpirun`, default 2).
+# LOOM_NETNS_RATE (default 2gbit), LOOM_NETNS_BURST (default 256kb), LOOM_NETNS_PPN (ranks per host
+# for `mpirun`, default 2).
 set -eu
 P=${LOOM_NETNS_PREFIX:-loomh}
 NET=${LOOM_NETNS_NET:-10.231.7}
@@ -90,7 +92,7 @@ mpirun)
 	on_host "$((${host##*.} - 1))" sh -c "$*"
 	;;
 *)
-	sed -n '2,20p' "$0"
+	sed -n '2,25p' "$0"
 	exit 2
 	;;
 esac

@@ -14,7 +14,12 @@
  * abort is sent to every peer as a message with ABORT_TAG, which each wait probes for. A rank
  * that dies is not seen by this transport: mpirun (or srun) ends the whole job, naming the rank
  * and its host. Memory from alloc is ordinary memory here (comm.c routes loom_comm_alloc of a
- * hierarchical communicator to its host-local shared-memory communicator). */
+ * hierarchical communicator to its host-local shared-memory communicator).
+ *
+ * Exchanges left in flight (loom__mpi_xchg_*, for hier.c's pipelined all-reduce) are the same
+ * Irecv/Isend pairs, waited on later; while any is in flight a progress thread enters MPI every few
+ * tens of microseconds, because OpenMPI moves data only inside MPI calls and the owner may be
+ * waiting on shared memory meanwhile. */
 #ifdef LOOM_HAVE_MPI
 #include <mpi.h>
 #include <pthread.h>
