@@ -92,7 +92,7 @@ mpirun)
 	on_host "$((${host##*.} - 1))" sh -c "$*"
 	;;
 *)
-	sed -n '2,25p' "$0"
+	sed -n '2,23p' "$0"
 	exit 2
 	;;
 esac
