@@ -4,7 +4,10 @@
  * communicators: hlocal, the members on this host, over shared memory (3-4x faster than MPI inside
  * a machine), and hcross, the members whose index on their host equals this rank's, one per host,
  * over MPI. hcross exists only when every host holds the same number L of members; then
- *   all-reduce = reduce-scatter on hlocal (slice j of count/L to local rank j), all-reduce of the
+ *   all-reduce = with two hosts, pipelined in chunks: reduce-scatter of chunk k on hlocal, an
+ *                exchange of this rank's piece with its hcross peer left in flight over MPI, and
+ *                the all-gather of chunk k PIPE_DEPTH chunks later (allreduce_pipe); with more,
+ *                reduce-scatter on hlocal (slice j of count/L to local rank j), all-reduce of the
  *                slice on hcross (loom's selection rule over the MPI transport), all-gather on hlocal;
  *   broadcast  = broadcast on the root's hcross (among the ranks with the root's local index), then
  *                on every hlocal from that index;
