@@ -4,8 +4,9 @@
 #   1. all-reduce bus bandwidth at 1, 16 and 64 MiB (float32, 2 hosts x 2 ranks) for loom (hierarchical:
 #      shared memory inside a host, MPI between hosts) and for OpenMPI's MPI_Allreduce (bench/comm_mpi.c)
 #      on the same 4 ranks, their ratio, and loom's inter-host link utilization: an all-reduce over H
-#      hosts must move 2(H-1)/H x size bytes each way across each host's link (size for 2 hosts), so
-#      utilization = (size x 8) / time / LOOM_NETNS_RATE;
+#      hosts must move 2(H-1)/H x size bytes each way across each host's link (size for 2 hosts: each
+#      of the L ranks of a host exchanges its size/L slice), and tbf caps each direction at the rate,
+#      so the bound is size x 8 / LOOM_NETNS_RATE and utilization = bound / time;
 #   2. DDP training tokens/s at 2 hosts x 2 ranks against 1 host x 2 ranks (scaling efficiency =
 #      tokens/s(2x2) / (2 x tokens/s(1x2))) with loom's communication and exposed-communication
 #      fractions of the step, and PyTorch DDP (gloo) at 2 hosts x 2 ranks on the same cluster.
@@ -56,14 +57,17 @@ def rows(p):
 loom, mpi = rows(sys.argv[1]), rows(sys.argv[2])
 m = re.match(r"([\d.]+)([kmg]?)bit", sys.argv[3].lower())
 rate = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
-print("%10s %14s %14s %10s %14s" % ("size", "loom busbw", "MPI busbw", "loom/MPI", "link util"))
+print("%10s %14s %14s %10s %10s %10s %10s" % ("size", "loom busbw", "MPI busbw", "loom/MPI", "loom time", "bound", "link util"))
 for mib in (1, 16, 64):
     s = mib << 20
     if s not in loom or s not in mpi:
         continue
     (lt, lb), (mt, mb) = loom[s], mpi[s]
-    util = (s * 8) / (lt * 1e-6) / rate
-    print("%7d MiB %9.3f GB/s %9.3f GB/s %9.2fx %13.0f%%" % (mib, lb, mb, mt / lt, 100 * util))
+    bound = s * 8 / rate  # seconds: size bytes of payload each way at the rate
+    print("%7d MiB %9.3f GB/s %9.3f GB/s %9.2fx %7.1f ms %7.1f ms %9.0f%%" % (mib, lb, mb, mt / lt, lt / 1e3,
+          bound * 1e3, 100 * bound / (lt * 1e-6)))
+print("(link util = the bound / loom's time: payload only; TCP/IP and Ethernet headers, ~4% at MTU 1500, also")
+print(" count against the tbf rate, so the wire is that much busier)")
 PYEOF
 echo
 

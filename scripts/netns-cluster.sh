@@ -10,16 +10,22 @@
 # Two network namespaces (the hosts, ${P}0 and ${P}1) each with one veth to a bridge that lives in a
 # third namespace (${P}sw), addresses ${NET}.1 and ${NET}.2/24, nothing in the root namespace. Each
 # host's link is rate limited with tc tbf (LOOM_NETNS_RATE, default 2gbit; netem is not available
-# everywhere). Every command run on a host gets its own UTS namespace with the host's name, or
-# OpenMPI's shared-memory segments (named after the hostname) of the two "hosts" collide. mpirun
-# runs on host 0 and starts host 1's daemon through this script as its rsh agent. Needs root.
+# everywhere) on the host side's egress: each direction of the link has the rate to itself (full
+# duplex, like an Ethernet port). The bucket (LOOM_NETNS_BURST, default 256kb: 1 ms at 2 Gbit/s)
+# is what may leave at once after an idle spell; it was 1mb, which let a 1 MiB all-reduce appear
+# faster than the rate (107% "utilization"). The queue holds 100 ms at the rate. Every command run
+# on a host gets its own UTS namespace with the host's name, or OpenMPI's shared-memory segments
+# (named after the hostname) of the two "hosts" collide. mpirun runs on host 0 and starts host 1's
+# daemon through this script as its rsh agent. Needs root.
 #
 # Environment: LOOM_NETNS_PREFIX (default loomh), LOOM_NETNS_NET (default 10.231.7),
-# LOOM_NETNS_RATE (default 2gbit), LOOM_NETNS_PPN (ranks per host for `mpirun`, default 2).
+# LOOM_NETNS_RATE (default 2gbit), LOOM_NETNS_BURST (default 256kb), LOOM_NETNS_PPN (ranks per host
+# for `mpirun`, default 2).
 set -eu
 P=${LOOM_NETNS_PREFIX:-loomh}
 NET=${LOOM_NETNS_NET:-10.231.7}
 RATE=${LOOM_NETNS_RATE:-2gbit}
+BURST=${LOOM_NETNS_BURST:-256kb}
 PPN=${LOOM_NETNS_PPN:-2}
 SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 
@@ -43,7 +49,7 @@ up() {
 		ip -n "${P}sw" link set "${P}p$h" up
 		ip -n "${P}$h" addr add "$NET.$((h + 1))/24" dev "${P}e$h"
 		ip -n "${P}$h" link set "${P}e$h" up
-		ip netns exec "${P}$h" tc qdisc replace dev "${P}e$h" root tbf rate "$RATE" burst 1mb latency 100ms
+		ip netns exec "${P}$h" tc qdisc replace dev "${P}e$h" root tbf rate "$RATE" burst "$BURST" latency 100ms
 	done
 }
 
@@ -86,7 +92,7 @@ mpirun)
 	on_host "$((${host##*.} - 1))" sh -c "$*"
 	;;
 *)
-	sed -n '2,20p' "$0"
+	sed -n '2,23p' "$0"
 	exit 2
 	;;
 esac

@@ -2,7 +2,8 @@
  * (2 network namespaces x 2 ranks, a rate-limited link, mpirun over an rsh agent): the collective
  * matrix over the MPI transport and the hierarchical collectives (tests/progs/mn_prog.c), DDP
  * training across hosts equal to one process with the same total batch, and a rank killed on the
- * second host ending the job quickly with its rank and host named.
+ * second host ending the job quickly with its rank and host named, and pipeline stages on different
+ * hosts equal to one process.
  *
  * Each test creates its own cluster (namespaces named after the test process, so parallel runs do
  * not collide) and removes it on the way out, from a shell trap. Without root, network namespaces,
@@ -87,6 +88,30 @@ TEST(multinode_collectives_2x2)
 	snprintf(args, sizeof args, "%s/mn_prog coll", dir);
 	free(dir);
 	CHECK_MSG(cluster_mpirun(args, out, 120, NULL) == 0, "mpirun mn_prog coll failed:\n%s", out);
+	for (int r = 0; r < 4; r++) {
+		char want[64];
+		snprintf(want, sizeof want, "rank %d of 4: ok", r);
+		CHECK_CONTAINS(out, want);
+	}
+	return no_namespaces_left();
+}
+
+/* The same matrix with the pipelined two-host all-reduce (src/comm/hier.c) cut into 4 KiB chunks:
+ * every size above 4 KiB runs in many chunks, with odd last chunks and empty pieces (65537
+ * elements), so each chunk boundary, the pipeline's fill and drain and its in-flight exchanges are
+ * checked against the exact values. */
+TEST(multinode_collectives_2x2_small_chunks)
+{
+	static char out[OUT_CAP], args[1024];
+	const char *why = cluster_unavailable();
+	char *dir;
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL);
+	CHECK(dir != NULL);
+	snprintf(args, sizeof args, "-x LOOM_HIER_CHUNK=4096 %s/mn_prog coll", dir);
+	free(dir);
+	CHECK_MSG(cluster_mpirun(args, out, 300, NULL) == 0, "mpirun mn_prog coll (4 KiB chunks) failed:\n%s", out);
 	for (int r = 0; r < 4; r++) {
 		char want[64];
 		snprintf(want, sizeof want, "rank %d of 4: ok", r);
@@ -221,6 +246,43 @@ TEST(multinode_ddp_train_equals_one_process)
 	snprintf(cmd, sizeof cmd, "%s/one.jsonl", dir);
 	CHECK_EQ(read_losses(cmd, ref), STEPS);
 	snprintf(cmd, sizeof cmd, "%s/many.jsonl", dir);
+	CHECK_EQ(read_losses(cmd, got), STEPS);
+	for (int s = 1; s <= STEPS; s++)
+		CHECK_NEAR(got[s], ref[s], 1e-5 * ref[s]);
+	CHECK(ref[STEPS] < ref[1] - 0.1);
+	test_rmdir(dir);
+	return no_namespaces_left();
+}
+
+/* Pipeline parallel across hosts: dp 2 x pp 2 (ranks ordered dp, then pp: stage 0 on the first host,
+ * stage 1 on the second, activations and gradients between the stages over MPI), against one
+ * process with the same total batch: every step's loss within 1e-5 relative. */
+TEST(multinode_pp_across_hosts_equals_one_process)
+{
+	static char out[OUT_CAP], cmd[4096];
+	char dir[512], *loom;
+	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
+	const char *why = cluster_unavailable();
+	int rc;
+	if (why)
+		return TEST_SKIP("%s", why);
+	loom = realpath(test_loom_bin(), NULL);
+	CHECK(loom != NULL);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_data(dir));
+	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s train --train-data '%s/train_*.bin' " MODEL_FLAGS
+	         " --steps %d --total-batch-size 128 --threads 1 --log %s/one.jsonl", loom, dir, STEPS, dir);
+	rc = test_run_cmd(cmd, out, OUT_CAP, 60);
+	CHECK_MSG(rc == 0, "one process: exit %d:\n%s", rc, out);
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " MODEL_FLAGS
+	         " --steps %d --total-batch-size 128 --threads 1 --pp 2 --log %s/pp.jsonl", loom, dir, STEPS, dir);
+	rc = cluster_mpirun(cmd, out, 120, NULL);
+	free(loom);
+	CHECK_MSG(rc == 0, "mpirun loom train --pp 2: exit %d:\n%s", rc, out);
+	CHECK_CONTAINS(out, "pipeline parallel: 2 stages x dp 2");
+	snprintf(cmd, sizeof cmd, "%s/one.jsonl", dir);
+	CHECK_EQ(read_losses(cmd, ref), STEPS);
+	snprintf(cmd, sizeof cmd, "%s/pp.jsonl", dir);
 	CHECK_EQ(read_losses(cmd, got), STEPS);
 	for (int s = 1; s <= STEPS; s++)
 		CHECK_NEAR(got[s], ref[s], 1e-5 * ref[s]);

@@ -27,6 +27,8 @@ const char *loom_comm_algo(const loom_comm_t *c, const char *op, size_t bytes)
 		size_t part = k == LOOM_COLL_ALLREDUCE ? bytes / (size_t)c->hL : bytes;
 		if (k == LOOM_COLL_ALLREDUCE && c->hcross->xp.ops->allreduce && loom__hier_cross_mpi(c, part))
 			return "h-mpi";
+		if (k == LOOM_COLL_ALLREDUCE && loom__hier_cross_pipe(c, part))
+			return "h-pipe";
 		return h[loom_algo_select((loom_coll_t)k, c->hcross->size, part, c->hcross->forced[k])];
 	}
 	return loom_algo_name(loom_algo_select((loom_coll_t)k, c->size, bytes, c->forced[k]));

@@ -122,6 +122,7 @@ int loom__hier_handles(const loom_comm_t *c, loom_coll_t k);
 int loom__hier_run(loom_comm_t *c, const loom_coll_args_t *a);
 /* Does the all-reduce's inter-host phase of `bytes` per cross group run MPI's own all-reduce? */
 int loom__hier_cross_mpi(const loom_comm_t *c, size_t bytes);
+int loom__hier_cross_pipe(const loom_comm_t *c, size_t bytes); /* two hosts: allreduce_pipe (hier.c) */
 /* Open sub (members set in world ranks, rank and size set) as a sub-group of the MPI communicator
  * c: on shared memory when every member is on this host, else on MPI with its own hierarchy. */
 int loom__hier_open_sub(loom_comm_t *c, loom_comm_t *sub, const char *name, const loom_xp_ctx_t *ctx);

@@ -4,7 +4,10 @@
  * communicators: hlocal, the members on this host, over shared memory (3-4x faster than MPI inside
  * a machine), and hcross, the members whose index on their host equals this rank's, one per host,
  * over MPI. hcross exists only when every host holds the same number L of members; then
- *   all-reduce = reduce-scatter on hlocal (slice j of count/L to local rank j), all-reduce of the
+ *   all-reduce = with two hosts, pipelined in chunks: reduce-scatter of chunk k on hlocal, an
+ *                exchange of this rank's piece with its hcross peer left in flight over MPI, and
+ *                the all-gather of chunk k PIPE_DEPTH chunks later (allreduce_pipe); with more,
+ *                reduce-scatter on hlocal (slice j of count/L to local rank j), all-reduce of the
  *                slice on hcross (loom's selection rule over the MPI transport), all-gather on hlocal;
  *   broadcast  = broadcast on the root's hcross (among the ranks with the root's local index), then
  *                on every hlocal from that index;
@@ -183,34 +186,51 @@ int loom__hier_handles(const loom_comm_t *c, loom_coll_t k)
 	return c->hcross && (k == LOOM_COLL_ALLREDUCE || k == LOOM_COLL_BROADCAST || k == LOOM_COLL_REDUCE);
 }
 
-/* The inter-host phase of the all-reduce: loom's algorithms (the selection rule of algo/select.c over
- * the MPI transport) or MPI's own MPI_Iallreduce. The choice is data, first match wins, keyed on the
- * hosts and the bytes of the slice each cross group reduces; LOOM_HIER_ALLREDUCE=loom|mpi forces
- * one (it must be the same on every rank). Measured on the two-host cluster (2 hosts x 2 ranks, 2 Gbit/s
- * tbf link, `loom bench comm`, alternated twice): loom's rd/ring over the MPI transport beat
- * MPI_Iallreduce at every size from 64 KiB to 64 MiB of the whole vector (16 MiB: 112-114 ms against
- * 125-136 ms; 64 MiB: 376-419 against 627-633 ms; a tie near 1 MiB), so the one row keeps loom's. */
+/* The inter-host phase of the all-reduce: with two hosts, the pipelined exchange of allreduce_pipe
+ * below; else loom's algorithms (the selection rule of algo/select.c over the MPI transport) or MPI's
+ * own MPI_Iallreduce, one after the reduce-scatter and before the all-gather. The choice is data,
+ * first match wins, keyed on the hosts and the bytes of the slice each cross group reduces;
+ * LOOM_HIER_ALLREDUCE=pipe|loom|mpi forces one (it must be the same on every rank; pipe needs two
+ * hosts). Measured on the two-host cluster (2 hosts x 2 ranks, 2 Gbit/s tbf link, `loom bench comm`):
+ * unpipelined, loom's rd/ring over the MPI transport beat MPI_Iallreduce at every size from 64 KiB to
+ * 64 MiB of the whole vector (16 MiB: 112-114 ms against 125-136 ms; 64 MiB: 376-419 against
+ * 627-633 ms; a tie near 1 MiB); the pipelined exchange beats both (docs/multinode.md). */
+enum { CROSS_LOOM, CROSS_MPI, CROSS_PIPE };
+
 typedef struct {
-	int max_hosts;
+	int min_hosts, max_hosts;
 	size_t max_bytes;
-	int use_mpi;
+	int kind;
 } cross_rule_t;
 
 static const cross_rule_t cross_rule[] = {
-	{1 << 30, SIZE_MAX, 0},
+	{2, 2, SIZE_MAX, CROSS_PIPE},
+	{1, 1 << 30, SIZE_MAX, CROSS_LOOM},
 };
 
-int loom__hier_cross_mpi(const loom_comm_t *c, size_t bytes)
+static int cross_kind(const loom_comm_t *c, size_t bytes)
 {
 	const char *e = getenv("LOOM_HIER_ALLREDUCE");
 	if (e && strcmp(e, "mpi") == 0)
-		return 1;
+		return CROSS_MPI;
 	if (e && strcmp(e, "loom") == 0)
-		return 0;
+		return CROSS_LOOM;
+	if (e && strcmp(e, "pipe") == 0 && c->hH == 2)
+		return CROSS_PIPE;
 	for (size_t i = 0; i < LOOM_ARRAY_LEN(cross_rule); i++)
-		if (c->hH <= cross_rule[i].max_hosts && bytes <= cross_rule[i].max_bytes)
-			return cross_rule[i].use_mpi;
-	return 0;
+		if (c->hH >= cross_rule[i].min_hosts && c->hH <= cross_rule[i].max_hosts && bytes <= cross_rule[i].max_bytes)
+			return cross_rule[i].kind;
+	return CROSS_LOOM;
+}
+
+int loom__hier_cross_mpi(const loom_comm_t *c, size_t bytes)
+{
+	return cross_kind(c, bytes) == CROSS_MPI;
+}
+
+int loom__hier_cross_pipe(const loom_comm_t *c, size_t bytes)
+{
+	return cross_kind(c, bytes) == CROSS_PIPE;
 }
 
 static int cross_allreduce(loom_comm_t *c, void *slice, size_t count, loom_dtype_t dt, loom_op_t op)
@@ -226,6 +246,99 @@ static int cross_allreduce(loom_comm_t *c, void *slice, size_t count, loom_dtype
 	if ((rc = loom_allreduce(x, slice, slice, count, dt, op)) != LOOM_OK)
 		return inner_fail(c, x, rc);
 	return LOOM_OK;
+}
+
+/* Bytes of the whole vector per chunk of the pipelined all-reduce (LOOM_HIER_CHUNK, K/M suffixes;
+ * the same on every rank), and how many chunks' exchanges are in flight while the next chunk is
+ * reduce-scattered. Measured on the two-host cluster (2 x 2 ranks, 2 Gbit/s, a loaded 2-core
+ * machine; 16 / 64 MiB all-reduce, ms): depth 2 with 4 MiB chunks 85-95 / 339-342, 2 MiB 79-80 /
+ * 310-320, 1 MiB 87-104 / 329-359, 512 KiB 79-82 / 313-329; depth 4 with 512 KiB 79-90 / 309-312,
+ * 256 KiB 75 / 301-305 (the link-rate bound is 67 / 268). */
+#define PIPE_CHUNK_DEFAULT (256u << 10)
+#define PIPE_DEPTH 4
+
+static size_t pipe_chunk_bytes(void)
+{
+	const char *e = getenv("LOOM_HIER_CHUNK");
+	char *end;
+	double v;
+	if (!e || !*e)
+		return PIPE_CHUNK_DEFAULT;
+	v = strtod(e, &end);
+	v *= *end == 'k' || *end == 'K' ? 1024.0 : *end == 'm' || *end == 'M' ? 1048576.0 : 1.0;
+	return v >= 4096 ? (size_t)v : PIPE_CHUNK_DEFAULT;
+}
+
+/* Two hosts: the all-reduce in chunks of the vector, pipelined. Chunk k is reduce-scattered on
+ * hlocal into this rank's piece, which is then exchanged whole with the one peer on the other host
+ * (MPI_Isend/MPI_Irecv left in flight: both directions of the link at once, no step boundaries) and
+ * combined; the all-gather of chunk k on hlocal comes PIPE_DEPTH chunks later, so while it and the
+ * next reduce-scatters run over shared memory, the link carries the exchanges of the chunks between.
+ * Every rank of a host runs the same sequence of hlocal collectives (RS 0..D-1, then RS k, AG k-D),
+ * whatever the timing of the exchanges. Both hosts compute `mine OP theirs` with the operands in
+ * the other order, which is the same value (SUM, MAX, MIN are commutative), so every rank ends with
+ * the same bits. */
+static int allreduce_pipe(loom_comm_t *c, const loom_coll_args_t *a)
+{
+	enum { SLOTS = PIPE_DEPTH + 1 };
+	loom_comm_t *x = c->hcross, *h = c->hlocal;
+	size_t es = loom_dtype_size(a->dt), per = pipe_chunk_bytes() / es, nch, piece, counts[64], *cnt = counts;
+	int L = h->size, j = h->rank, peer = 1 - x->rank, rc = LOOM_OK;
+	loom_op_t op = a->op == LOOM_AVG ? LOOM_SUM : a->op;
+	loom_mpi_xchg_t *pend[SLOTS] = {0};
+	char *scratch;
+	if (per < (size_t)L)
+		per = (size_t)L;
+	nch = (a->count + per - 1) / per;
+	piece = (per / (size_t)L + 1) * es; /* the largest piece of a chunk, rounded up */
+	piece = (piece + 63) & ~(size_t)63;
+	if (L > 64 && !(cnt = loom__calloc((size_t)L, sizeof *cnt)))
+		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
+	if (!(scratch = loom_comm_scratch(c, 0, SLOTS * 2 * piece))) {
+		rc = loom_comm_fail(c, LOOM_ENOMEM, "out of memory for %zu bytes of pipeline buffers", SLOTS * 2 * piece);
+		goto done;
+	}
+	for (size_t k = 0; k < nch + PIPE_DEPTH && rc == LOOM_OK; k++) {
+		if (k < nch) { /* reduce-scatter chunk k, start its exchange */
+			size_t off = k * per, len = a->count - off < per ? a->count - off : per;
+			char *mine = scratch + (k % SLOTS) * 2 * piece;
+			loom_xp_ctx_t ctx = {"allreduce", ++x->coll_seq, loom_now() + x->timeout_s};
+			for (int q = 0; q < L; q++)
+				cnt[q] = len / (size_t)L + ((size_t)q < len % (size_t)L);
+			if ((rc = loom_reduce_scatterv(h, (const char *)a->send + off * es, mine, cnt, a->dt, op))) {
+				rc = inner_fail(c, h, rc);
+				break;
+			}
+			if ((rc = loom__mpi_xchg_post(x, &ctx, peer, mine, mine + piece, cnt[j] * es, &pend[k % SLOTS]))) {
+				rc = inner_fail(c, x, rc);
+				break;
+			}
+		}
+		if (k >= PIPE_DEPTH && k - PIPE_DEPTH < nch) { /* finish chunk k - D: combine, all-gather */
+			size_t kk = k - PIPE_DEPTH, off = kk * per, len = a->count - off < per ? a->count - off : per;
+			char *mine = scratch + (kk % SLOTS) * 2 * piece;
+			loom_xp_ctx_t ctx = {"allreduce", 0, loom_now() + x->timeout_s};
+			loom_mpi_xchg_t *p = pend[kk % SLOTS];
+			pend[kk % SLOTS] = NULL;
+			for (int q = 0; q < L; q++)
+				cnt[q] = len / (size_t)L + ((size_t)q < len % (size_t)L);
+			if ((rc = loom__mpi_xchg_wait(x, &ctx, p)) != LOOM_OK) {
+				rc = inner_fail(c, x, rc);
+				break;
+			}
+			loom_reduce_local(mine, mine, mine + piece, cnt[j], a->dt, op);
+			if (a->op == LOOM_AVG)
+				loom_scale_local(mine, cnt[j], a->dt, c->size);
+			if ((rc = loom_allgatherv(h, mine, cnt[j], (char *)a->recv + off * es, cnt, a->dt)) != LOOM_OK)
+				rc = inner_fail(c, h, rc);
+		}
+	}
+	for (int s = 0; s < SLOTS; s++) /* after a failure: abandon the exchanges still in flight */
+		loom__mpi_xchg_drop(pend[s]);
+done:
+	if (cnt != counts)
+		free(cnt);
+	return rc;
 }
 
 static int allreduce(loom_comm_t *c, const loom_coll_args_t *a)
@@ -293,7 +406,8 @@ int loom__hier_run(loom_comm_t *c, const loom_coll_args_t *a)
 {
 	switch (a->coll) {
 	case LOOM_COLL_ALLREDUCE:
-		return allreduce(c, a);
+		return loom__hier_cross_pipe(c, a->count * loom_dtype_size(a->dt) / (size_t)c->hL) ? allreduce_pipe(c, a)
+		                                                                                   : allreduce(c, a);
 	case LOOM_COLL_BROADCAST:
 		return broadcast(c, a);
 	case LOOM_COLL_REDUCE:
@@ -329,6 +443,12 @@ int loom__hier_handles(const loom_comm_t *c, loom_coll_t k)
 }
 
 int loom__hier_cross_mpi(const loom_comm_t *c, size_t bytes)
+{
+	(void)c, (void)bytes;
+	return 0;
+}
+
+int loom__hier_cross_pipe(const loom_comm_t *c, size_t bytes)
 {
 	(void)c, (void)bytes;
 	return 0;

@@ -14,7 +14,12 @@
  * abort is sent to every peer as a message with ABORT_TAG, which each wait probes for. A rank
  * that dies is not seen by this transport: mpirun (or srun) ends the whole job, naming the rank
  * and its host. Memory from alloc is ordinary memory here (comm.c routes loom_comm_alloc of a
- * hierarchical communicator to its host-local shared-memory communicator). */
+ * hierarchical communicator to its host-local shared-memory communicator).
+ *
+ * Exchanges left in flight (loom__mpi_xchg_*, for hier.c's pipelined all-reduce) are the same
+ * Irecv/Isend pairs, waited on later; while any is in flight a progress thread enters MPI every few
+ * tens of microseconds, because OpenMPI moves data only inside MPI calls and the owner may be
+ * waiting on shared memory meanwhile. */
 #ifdef LOOM_HAVE_MPI
 #include <mpi.h>
 #include <pthread.h>
@@ -342,6 +347,23 @@ static int mpi_tag(int chan, const loom_xp_ctx_t *ctx, int tag)
 	return 2 + (int)(v % (unsigned)(tag_ub - 2));
 }
 
+/* LOOM_OK when the receive of st brought exactly rbytes; else LOOM_EMISMATCH, recorded on c and
+ * sent to every peer as an abort. */
+static int check_size(loom_comm_t *c, const char *what, int src, MPI_Status *st, size_t rbytes)
+{
+	int got = 0, rc;
+	if (st->MPI_ERROR == MPI_ERR_TRUNCATE)
+		got = -1;
+	else
+		MPI_Get_count(st, MPI_BYTE, &got);
+	if (got == (int)rbytes)
+		return LOOM_OK;
+	rc = loom_comm_fail(c, LOOM_EMISMATCH, "%s: rank %d sent a message of %s%d bytes over MPI, this rank expected %zu",
+	                    what, src, got < 0 ? "more than " : "", got < 0 ? (int)rbytes : got, rbytes);
+	mpi_abort(c, rc, loom_comm_errmsg(c));
+	return rc;
+}
+
 static int mpi_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int chan, int dst, const void *sbuf, size_t sbytes,
                         int stag, int src, void *rbuf, size_t rbytes, int rtag, const void *red_local, loom_dtype_t dt,
                         loom_op_t op)
@@ -349,7 +371,7 @@ static int mpi_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int chan, int 
 	mpi_comm_t *s = M(c);
 	waiter_t w = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL}, {{0}}, 0};
 	void *tmp = NULL, *into = rbuf;
-	int rc = LOOM_OK, e1 = MPI_SUCCESS, e2 = MPI_SUCCESS, got = 0;
+	int rc = LOOM_OK, e1 = MPI_SUCCESS, e2 = MPI_SUCCESS;
 	const char *what = ctx->op ? ctx->op : "message";
 	if (sbytes > (size_t)INT32_MAX || rbytes > (size_t)INT32_MAX)
 		return loom_comm_fail(c, LOOM_EINVAL, "%s: a message of more than 2 GiB over MPI", what);
@@ -371,18 +393,8 @@ static int mpi_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int chan, int 
 	if ((rc = wait_all(c, ctx, &w, what)) != LOOM_OK)
 		goto done;
 	if (src >= 0) {
-		if (w.st[0].MPI_ERROR == MPI_ERR_TRUNCATE) {
-			got = -1;
-		} else {
-			MPI_Get_count(&w.st[0], MPI_BYTE, &got);
-		}
-		if (got != (int)rbytes) {
-			rc = loom_comm_fail(c, LOOM_EMISMATCH,
-			                    "%s: rank %d sent a message of %s%d bytes over MPI, this rank expected %zu", what,
-			                    src, got < 0 ? "more than " : "", got < 0 ? (int)rbytes : got, rbytes);
-			mpi_abort(c, rc, loom_comm_errmsg(c));
+		if ((rc = check_size(c, what, src, &w.st[0], rbytes)) != LOOM_OK)
 			goto done;
-		}
 		if (tmp)
 			loom_reduce_local(rbuf, red_local, tmp, rbytes / loom_dtype_size(dt), dt, op);
 	}
@@ -427,6 +439,119 @@ static int mpi_allreduce(loom_comm_t *c, const loom_xp_ctx_t *ctx, const void *s
 		return rc;
 	}
 	return wait_all(c, ctx, &w, ctx->op ? ctx->op : "allreduce");
+}
+
+/* ---- exchanges left in flight (hier.c's pipelined all-reduce) ------------------------------------- */
+
+struct loom_mpi_xchg {
+	waiter_t w;
+	int peer;
+	size_t bytes;
+};
+
+/* OpenMPI moves a message only inside MPI calls on both sides (a large one needs the sender to answer
+ * the receiver's clear-to-send and then push fragments). An exchange left in flight while this rank
+ * waits on shared memory would stall, and with it the peer, who may be what the shared-memory wait
+ * waits for (a deadlock seen across two hosts: 0 waits for 1 on shm, 1 for 3 over MPI, 3 for 2 on
+ * shm, 2 for 0 over MPI). So while exchanges are in flight, a progress thread enters MPI every
+ * PROGRESS_US (an MPI_Iprobe for a tag never sent drives MPI's progress engine without touching the
+ * exchanges' requests, which only their owner tests). */
+#define PROGRESS_US 30
+static pthread_mutex_t prog_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t prog_cond = PTHREAD_COND_INITIALIZER;
+static int prog_inflight, prog_started;
+
+static void *progress_main(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		int flag = 0;
+		pthread_mutex_lock(&prog_lock);
+		while (prog_inflight == 0)
+			pthread_cond_wait(&prog_cond, &prog_lock);
+		pthread_mutex_unlock(&prog_lock);
+		pthread_mutex_lock(&mpi_lock);
+		MPI_Iprobe(MPI_ANY_SOURCE, 0, world_dup, &flag, MPI_STATUS_IGNORE); /* tag 0: never sent */
+		pthread_mutex_unlock(&mpi_lock);
+		usleep(PROGRESS_US);
+	}
+	return NULL;
+}
+
+/* One more (+1) or one fewer (-1) exchange in flight; starts the progress thread at the first. */
+static void progress_count(int d)
+{
+	pthread_mutex_lock(&prog_lock);
+	if (!prog_started && d > 0) {
+		pthread_t t;
+		pthread_attr_t at;
+		pthread_attr_init(&at);
+		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+		prog_started = pthread_create(&t, &at, progress_main, NULL) == 0;
+		pthread_attr_destroy(&at);
+	}
+	prog_inflight += d;
+	if (prog_inflight > 0)
+		pthread_cond_signal(&prog_cond);
+	pthread_mutex_unlock(&prog_lock);
+}
+
+int loom__mpi_xchg_post(loom_comm_t *c, const loom_xp_ctx_t *ctx, int peer, const void *sbuf, void *rbuf, size_t bytes,
+                        loom_mpi_xchg_t **out)
+{
+	mpi_comm_t *s = M(c);
+	loom_mpi_xchg_t *x;
+	int e1, e2, flag = 0, tag = mpi_tag(LOOM_XP_COLL, ctx, 0);
+	*out = NULL;
+	if (bytes > (size_t)INT32_MAX)
+		return loom_comm_fail(c, LOOM_EINVAL, "%s: a message of more than 2 GiB over MPI", ctx->op);
+	if (!(x = loom__calloc(1, sizeof *x)))
+		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
+	x->w.req[0] = x->w.req[1] = MPI_REQUEST_NULL;
+	x->peer = peer, x->bytes = bytes;
+	progress_count(1);
+	pthread_mutex_lock(&mpi_lock);
+	e1 = MPI_Irecv(rbuf, (int)bytes, MPI_BYTE, peer, tag, s->comm, &x->w.req[0]);
+	e2 = MPI_Isend(sbuf, (int)bytes, MPI_BYTE, peer, tag, s->comm, &x->w.req[1]);
+	if (e1 == MPI_SUCCESS && e2 == MPI_SUCCESS) /* start moving now: MPI progresses only inside its calls */
+		x->w.done = MPI_Testall(2, x->w.req, &flag, x->w.st) == MPI_SUCCESS && flag;
+	pthread_mutex_unlock(&mpi_lock);
+	if (e1 != MPI_SUCCESS || e2 != MPI_SUCCESS) {
+		loom__mpi_xchg_drop(x);
+		return loom_comm_fail(c, LOOM_EIO, "%s: MPI_Irecv/MPI_Isend to rank %d failed", ctx->op, peer);
+	}
+	*out = x;
+	return LOOM_OK;
+}
+
+int loom__mpi_xchg_wait(loom_comm_t *c, const loom_xp_ctx_t *ctx, loom_mpi_xchg_t *x)
+{
+	int rc = wait_all(c, ctx, &x->w, ctx->op);
+	if (rc == LOOM_OK)
+		rc = check_size(c, ctx->op, x->peer, &x->w.st[0], x->bytes);
+	if (rc == LOOM_OK) {
+		progress_count(-1);
+		free(x);
+	} else {
+		loom__mpi_xchg_drop(x);
+	}
+	return rc;
+}
+
+void loom__mpi_xchg_drop(loom_mpi_xchg_t *x)
+{
+	if (!x)
+		return;
+	pthread_mutex_lock(&mpi_lock);
+	for (int i = 0; i < 2; i++)
+		if (x->w.req[i] != MPI_REQUEST_NULL) {
+			if (i == 0)
+				MPI_Cancel(&x->w.req[i]);
+			MPI_Request_free(&x->w.req[i]);
+		}
+	pthread_mutex_unlock(&mpi_lock);
+	progress_count(-1);
+	free(x);
 }
 
 static void mpi_enter(loom_comm_t *c, uint64_t seq, int coll)
