@@ -74,15 +74,7 @@ echo
 # ---- 2. DDP training ----
 VOCAB=50257
 [ "$MODEL" = tiny ] && VOCAB=257
-$PY - "$WORK/train_000000.bin" "$B" "$T" "$STEPS" "$VOCAB" <<'PYEOF'
-import sys, numpy as np
-path, B, T, steps, V = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-n = B * T * (4 * steps + 1) + 1
-hdr = np.zeros(256, np.int32); hdr[:3] = (20240520, 1, n)
-tok = np.random.default_rng(0).integers(0, V, n, dtype=np.uint16)
-with open(path, "wb") as f:
-    f.write(hdr.tobytes()); f.write(tok.tobytes())
-PYEOF
+$PY bench/random_shard.py "$WORK/train_000000.bin" "$B" "$T" "$STEPS" "$VOCAB" 4
 stats() {
 	$PY - "$1" "$WARMUP" <<'PYEOF'
 import json, sys
