@@ -390,6 +390,11 @@ TEST(bf16_grad_reduce_zero)
 			          loss[1][s], loss[0][s]);
 		}
 		CHECK_MSG(differ, "zero %d: bf16 gradient reduction gave the fp32 losses bit for bit", stage);
+		double worst = 0.0;
+		for (int s = 1; s <= STEPS; s++)
+			worst = fmax(worst, fabs(loss[1][s] - loss[0][s]) / loss[0][s]);
+		printf("  zero %d: fp32 %.4f -> %.4f, bf16 -> %.4f; largest step difference %.3f%%; communication buffers "
+		       "%.1f -> %.1f MiB\n", stage, loss[0][1], loss[0][STEPS], loss[1][STEPS], 100 * worst, comm[0], comm[1]);
 		CHECK_MSG(loss[1][STEPS] < loss[1][1] - 0.05, "zero %d bf16: %.4f -> %.4f", stage, loss[1][1], loss[1][STEPS]);
 		double expect = stage == 1 ? comm[0] + 2.0 * 842624 / 1048576 : comm[0] * (stage == 2 ? 1.5 : 1.25);
 		CHECK_MSG(comm[0] >= 0 && fabs(comm[1] - expect) <= 0.1, "zero %d: communication buffers %.1f MiB (fp32 %.1f), "
