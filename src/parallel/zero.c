@@ -37,6 +37,13 @@
  * same passes (the trainer's evaluation runs as many forwards on every rank; sampling on one rank
  * alone is not possible at stage 3).
  *
+ * With --grad-reduce-dtype bf16 a unit's gradients are rounded (loom__grad_to_bf16, DDP's) into a bf16
+ * staging buffer when it is launched and reduce-scattered as LOOM_BFLOAT16 (AVG); finish_unit widens
+ * the received part back to fp32 where the fp32 reduce-scatter would have left it (stage 1: in place in
+ * the full buffer; stages 2, 3: the fp32 staging's slice, then added into the shard as always). Stage 1
+ * keeps one bf16 buffer over everything (g16: all units are in flight until finish_grads), stages 2
+ * and 3 one beside each fp32 staging buffer (a unit holds both together). Parameters travel in fp32.
+ *
  * After the reduce: the global gradient norm is the square root of the sum, over ranks, of the sum of
  * squares of each shard (one all-reduce of a double); AdamW updates the owned slice
  * (loom_adamw_init_gpt2_range: bit-identical per element to one optimizer over everything); at
