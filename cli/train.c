@@ -87,7 +87,7 @@ static const char *const usage_text =
 	"                         state over the ranks, 2 also the gradients, 3 also the parameters\n"
 	"  --check-replicas K     every K steps verify that all ranks hold bit-identical parameters\n"
 	"  --grad-reduce-dtype fp32|bf16  what the gradient all-reduces send (default fp32; bf16: half the\n"
-	"                         bytes, reduced in fp32; not with --zero)\n"
+	"                         bytes, reduced in fp32; also ZeRO's reduce-scatters)\n"
 	"  --lr-scale S           none|sqrt|linear: scale --lr by (tokens per step / --ref-batch-size)^p,\n"
 	"                         p = 1/2 (sqrt) or 1 (linear); default none\n"
 	"  --ref-batch-size N     tokens per step that --lr was tuned for\n"
@@ -480,11 +480,12 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		       loom_gpt2_shard_params(&o->mc, o->tp));
 	if (o->dp > 1) {
 		if (o->tc.zero > 0)
-			printf("data parallel: %d ranks x %d thread%s; ZeRO stage %d: %s", o->dp, loom_num_threads(),
-			       loom_num_threads() == 1 ? "" : "s", o->tc.zero, o->tc.zero == 1 ?
+			printf("data parallel: %d ranks x %d thread%s; ZeRO stage %d: %s; gradients reduce-scattered in %s",
+			       o->dp, loom_num_threads(), loom_num_threads() == 1 ? "" : "s", o->tc.zero, o->tc.zero == 1 ?
 			       "AdamW state sharded, gradients reduce-scattered per unit on the last micro-step" : o->tc.zero == 2 ?
 			       "AdamW state and gradients sharded, gradients reduce-scattered per unit every micro-step" :
-			       "parameters, gradients and AdamW state sharded; each unit gathered before use, the next prefetched");
+			       "parameters, gradients and AdamW state sharded; each unit gathered before use, the next prefetched",
+			       o->tc.grad_reduce_dtype == LOOM_BFLOAT16 ? "bf16" : "fp32");
 		else
 			printf("data parallel: %d ranks x %d thread%s; gradients averaged in %s in buckets of %g MiB (the first "
 			       "%g MiB) on the last of %d micro-step%s", o->dp, loom_num_threads(),

@@ -13,7 +13,8 @@
  *    step's loss is finite and within 5% of fp32's (no divergence);
  *  - a CPU without AVX512-BF16 (forced by LOOM_NO_BF16=1) gets a clear error from the model and
  *    from `loom train --dtype bf16`, never a silent fp32 run;
- *  - `--grad-reduce-dtype bf16` under 2-rank DDP keeps the replicas identical and the losses close.
+ *  - `--grad-reduce-dtype bf16` under 2-rank DDP and ZeRO stages 1-3 keeps the replicas identical and
+ *    the losses close.
  * The tests that need AVX512-BF16 report themselves skipped on a CPU without it. */
 #include <math.h>
 #include <stdint.h>
@@ -314,7 +315,7 @@ TEST(bf16_tiny_training_tracks_fp32)
 
 /* --grad-reduce-dtype bf16 under 2-rank DDP: the replicas stay bit-identical (--check-replicas 1
  * every step), the losses follow the fp32 reduction's (step 1, before any update, is the same bits;
- * later steps differ, so the option acted, by under 1%), and ZeRO refuses it. */
+ * later steps differ, so the option acted, by under 1%). */
 TEST(bf16_grad_reduce_ddp)
 {
 	enum { STEPS = 8 };
@@ -341,11 +342,64 @@ TEST(bf16_grad_reduce_ddp)
 		          loss[0][s]);
 	}
 	CHECK_MSG(differ, "bf16 gradient reduction gave the fp32 losses bit for bit");
-	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --train-data '%s/train_*.bin' --model tiny --batch-size 2 "
-	         "--seq-len 32 --steps 2 --threads 1 --peak-flops 1e10 --zero 1 --grad-reduce-dtype bf16",
-	         test_loom_bin(), dir);
-	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 120), 1);
-	CHECK_CONTAINS(out, "zero: gradients are reduce-scattered in float32 only");
+	test_rmdir(dir);
+	return 0;
+}
+
+/* The "communication buffers X MiB" figure of `loom train`'s memory line, or -1. */
+static double comm_mib(const char *out)
+{
+	const char *p = strstr(out, "communication buffers ");
+	return p ? atof(p + strlen("communication buffers ")) : -1.0;
+}
+
+/* --grad-reduce-dtype bf16 under ZeRO stages 1, 2, 3 at 2 ranks with 2 micro-steps: the reduce-scatters
+ * send bf16 (step 1, before any update, is the same bits as the fp32 reduction; later steps differ, by
+ * under 1%), the replicas stay bit-identical at stages 1 and 2 (--check-replicas 1), and the memory
+ * report counts the bf16 staging: 2P bytes at stage 1 (P = 842624), half the fp32 gradient staging at
+ * stages 2 and 3 (there 1.5x and 1.25x the fp32 run's communication buffers). */
+TEST(bf16_grad_reduce_zero)
+{
+	enum { STEPS = 10 };
+	char dir[512], cmd[2048], out[16384], log[600], want[200];
+	static double loss[2][STEPS + 1];
+	static const char *dt[2] = {"fp32", "bf16"};
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, 257, 20000));
+	for (int stage = 1; stage <= 3; stage++) {
+		double comm[2];
+		for (int d = 0; d < 2; d++) {
+			snprintf(log, sizeof log, "%s/z%d%s.jsonl", dir, stage, dt[d]);
+			snprintf(cmd, sizeof cmd, "%s train --nproc 2 --train-data '%s/train_*.bin' --model tiny --batch-size 2 "
+			         "--seq-len 32 --steps %d --grad-accum 2 --lr 3e-3 --threads 1 --peak-flops 1e10 --zero %d "
+			         "--check-replicas 1 --grad-reduce-dtype %s --log %s", test_loom_bin(), dir, STEPS, stage, dt[d],
+			         log);
+			int st = test_run_cmd(cmd, out, sizeof out, 180);
+			CHECK_MSG(st == 0, "zero %d %s: exit %d: %s", stage, dt[d], st, out);
+			snprintf(want, sizeof want, "ZeRO stage %d: ", stage);
+			CHECK_CONTAINS(out, want);
+			CHECK_CONTAINS(out, d ? "gradients reduce-scattered in bf16" : "gradients reduce-scattered in fp32");
+			CHECK_EQ(test_read_losses(log, loss[d], STEPS + 1, NULL, NULL), STEPS);
+			comm[d] = comm_mib(out);
+		}
+		CHECK_MSG(loss[1][1] == loss[0][1], "zero %d step 1: %.9f vs %.9f", stage, loss[1][1], loss[0][1]);
+		int differ = 0;
+		for (int s = 2; s <= STEPS; s++) {
+			differ |= loss[1][s] != loss[0][s];
+			CHECK_MSG(fabs(loss[1][s] - loss[0][s]) <= 0.01 * loss[0][s], "zero %d step %d: %.6f vs %.6f", stage, s,
+			          loss[1][s], loss[0][s]);
+		}
+		CHECK_MSG(differ, "zero %d: bf16 gradient reduction gave the fp32 losses bit for bit", stage);
+		double worst = 0.0;
+		for (int s = 1; s <= STEPS; s++)
+			worst = fmax(worst, fabs(loss[1][s] - loss[0][s]) / loss[0][s]);
+		printf("  zero %d: fp32 %.4f -> %.4f, bf16 -> %.4f; largest step difference %.3f%%; communication buffers "
+		       "%.1f -> %.1f MiB\n", stage, loss[0][1], loss[0][STEPS], loss[1][STEPS], 100 * worst, comm[0], comm[1]);
+		CHECK_MSG(loss[1][STEPS] < loss[1][1] - 0.05, "zero %d bf16: %.4f -> %.4f", stage, loss[1][1], loss[1][STEPS]);
+		double expect = stage == 1 ? comm[0] + 2.0 * 842624 / 1048576 : comm[0] * (stage == 2 ? 1.5 : 1.25);
+		CHECK_MSG(comm[0] >= 0 && fabs(comm[1] - expect) <= 0.1, "zero %d: communication buffers %.1f MiB (fp32 %.1f), "
+		          "expected %.2f", stage, comm[1], comm[0], expect);
+	}
 	test_rmdir(dir);
 	return 0;
 }

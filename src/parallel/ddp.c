@@ -49,8 +49,9 @@ struct loom_ddp {
 	int g16_shared;
 };
 
-/* fp32 -> bf16, round to nearest even (NaN kept a NaN), and back: as the collectives' own. */
-static void to_bf16(uint16_t *d, const float *s, size_t n)
+/* fp32 -> bf16, round to nearest even (NaN kept a NaN), and back: as the collectives' own (also ZeRO's
+ * bf16 gradient reduction, zero.c). */
+void loom__grad_to_bf16(uint16_t *d, const float *s, size_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= 65536)
 	for (size_t i = 0; i < n; i++) {
@@ -61,7 +62,7 @@ static void to_bf16(uint16_t *d, const float *s, size_t n)
 	}
 }
 
-static void from_bf16(float *d, const uint16_t *s, size_t n)
+void loom__grad_from_bf16(float *d, const uint16_t *s, size_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= 65536)
 	for (size_t i = 0; i < n; i++) {
@@ -82,7 +83,7 @@ static void on_grad_ready(void *ctx, int t)
 			loom_comm_stats(d->comm, &d->at_launch);
 		int rc;
 		if (d->g16) { /* bf16 reduce: the bucket's final gradients rounded into the staging buffer */
-			to_bf16(d->g16 + b->offset, d->grads + b->offset, b->count);
+			loom__grad_to_bf16(d->g16 + b->offset, d->grads + b->offset, b->count);
 			rc = loom_iallreduce(d->comm, d->g16 + b->offset, d->g16 + b->offset, b->count, LOOM_BFLOAT16,
 			                     LOOM_AVG, &b->req);
 		} else {
@@ -236,7 +237,7 @@ int loom_ddp_wait(loom_ddp_t *d, loom_ddp_stats_t *st)
 			int r = loom_wait(k->req);
 			k->req = NULL;
 			if (r == LOOM_OK && d->g16) /* the averaged bf16 gradients, widened back */
-				from_bf16(d->grads + k->offset, d->g16 + k->offset, k->count);
+				loom__grad_from_bf16(d->grads + k->offset, d->g16 + k->offset, k->count);
 			if (r != LOOM_OK && rc == LOOM_OK)
 				rc = loom_seterr(r, "ddp: all-reduce of gradient bucket %d failed: %s", b,
 				                 loom_comm_errmsg(d->comm));

@@ -30,6 +30,7 @@
 #define LOOM_PARALLEL_STRATEGY_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "loom/ckpt.h"
 #include "loom/comm.h"
@@ -53,7 +54,7 @@ typedef struct {
 	 * its own tensors): DDP's buckets cover those only. The optimizer still covers every parameter
 	 * (the unused ones get zero gradients and are never read by this rank; src/parallel/pp.c). */
 	const unsigned char *tensor_used;
-	loom_dtype_t grad_reduce_dtype; /* what gradient all-reduces send: LOOM_FLOAT32 or LOOM_BFLOAT16 (ddp, tp) */
+	loom_dtype_t grad_reduce_dtype; /* what gradient all-reduces send: LOOM_FLOAT32 or LOOM_BFLOAT16 */
 } loom_strategy_config_t;
 
 /* Communication of one step's gradients, as loom_ddp_stats_t. */
@@ -131,6 +132,10 @@ const loom_strategy_ops_t *loom__local_strategy(void);
 const loom_strategy_ops_t *loom__ddp_strategy(void);
 const loom_strategy_ops_t *loom__tp_strategy(void);
 
+/* d (n) = s (n) rounded to bf16 (nearest even, NaN kept), and d (n) = s (n) widened back: the staging of a
+ * bf16 gradient reduction (ddp.c, zero.c); OpenMP-parallel over large n. */
+void loom__grad_to_bf16(uint16_t *d, const float *s, size_t n);
+void loom__grad_from_bf16(float *d, const uint16_t *s, size_t n);
 /* loom_ddp_create with buckets over the tensors whose used[t] is non-zero only (NULL: all). */
 int loom__ddp_create_used(loom_ddp_t **d, loom_comm_t *comm, loom_gpt2_t *model, double bucket_mb,
                           double first_bucket_mb, const unsigned char *used);

@@ -37,6 +37,13 @@
  * same passes (the trainer's evaluation runs as many forwards on every rank; sampling on one rank
  * alone is not possible at stage 3).
  *
+ * With --grad-reduce-dtype bf16 a unit's gradients are rounded (loom__grad_to_bf16, DDP's) into a bf16
+ * staging buffer when it is launched and reduce-scattered as LOOM_BFLOAT16 (AVG); finish_unit widens
+ * the received part back to fp32 where the fp32 reduce-scatter would have left it (stage 1: in place in
+ * the full buffer; stages 2, 3: the fp32 staging's slice, then added into the shard as always). Stage 1
+ * keeps one bf16 buffer over everything (g16: all units are in flight until finish_grads), stages 2
+ * and 3 one beside each fp32 staging buffer (a unit holds both together). Parameters travel in fp32.
+ *
  * After the reduce: the global gradient norm is the square root of the sum, over ranks, of the sum of
  * squares of each shard (one all-reduce of a double); AdamW updates the owned slice
  * (loom_adamw_init_gpt2_range: bit-identical per element to one optimizer over everything); at
@@ -70,6 +77,7 @@ typedef struct {
 	size_t mine;            /* offset in the unit of this rank's part (its displacement) */
 	int ready;              /* tensors reported this micro-step */
 	float *stage;           /* stage 2: the staging buffer lent to the unit, or NULL */
+	uint16_t *stage16;      /* with a bf16 reduce: the unit's bf16 staging (its place in g16, or a slot's) */
 	loom_request_t *req;    /* its reduce-scatter, or (gathering) the all-gather of its parameters, in flight */
 	int gathering;          /* stages 1, 2: req is the all-gather after the step */
 } unit_t;
@@ -87,6 +95,12 @@ typedef struct {
 	float *slots[ZERO_SLOTS];
 	int slot_user[ZERO_SLOTS]; /* the unit index (u + 1) holding each slot, or -1 */
 	int shared_stage;       /* stage buffers from loom_comm_alloc */
+	/* with --grad-reduce-dtype bf16: the bf16 staging the reduce-scatters send and receive in; stage 1
+	 * one for the whole buffer (every unit's reduce is in flight until finish_grads), stages 2, 3 one
+	 * beside each fp32 staging buffer (emb16 for emb_stage, slots16[k] for slots[k]) */
+	int bf16;
+	uint16_t *g16, *emb16, *slots16[ZERO_SLOTS];
+	int shared16;
 	/* stage 3 */
 	float *param_shard;     /* own_count floats (owned) */
 	const float *init;      /* the model's whole parameter buffer at create, until sync_params or load */
@@ -118,7 +132,14 @@ static float *buf_alloc(zero_t *z, size_t n, int *shared)
 	return p ? p : loom_alloc_aligned(LOOM_MAX(n, 1) * sizeof(float));
 }
 
-static void buf_free(zero_t *z, float *p, int shared)
+static uint16_t *buf16_alloc(zero_t *z, size_t n, int *shared)
+{
+	uint16_t *p = loom_comm_alloc(z->base.dp, LOOM_MAX(n, 1) * sizeof(uint16_t));
+	*shared = p != NULL;
+	return p ? p : loom_alloc_aligned(LOOM_MAX(n, 1) * sizeof(uint16_t));
+}
+
+static void buf_free(zero_t *z, void *p, int shared)
 {
 	if (p && shared)
 		loom_comm_free(z->base.dp, p);
@@ -310,8 +331,15 @@ static int settle_params(zero_t *z)
 
 static void launch_rs(zero_t *z, unit_t *u, float *buf)
 {
+	int rc;
 	mark_launch(z);
-	int rc = loom_ireduce_scatterv(z->base.dp, buf, buf + u->mine, u->counts, LOOM_FLOAT32, LOOM_AVG, &u->req);
+	if (z->bf16) { /* the unit's final gradients rounded into its bf16 staging, reduce-scattered as bf16 */
+		loom__grad_to_bf16(u->stage16, buf, u->count);
+		rc = loom_ireduce_scatterv(z->base.dp, u->stage16, u->stage16 + u->mine, u->counts, LOOM_BFLOAT16, LOOM_AVG,
+		                           &u->req);
+	} else {
+		rc = loom_ireduce_scatterv(z->base.dp, buf, buf + u->mine, u->counts, LOOM_FLOAT32, LOOM_AVG, &u->req);
+	}
 	if (rc != LOOM_OK)
 		z->err = rc, u->req = NULL;
 }
@@ -328,6 +356,9 @@ static int finish_unit(zero_t *z, unit_t *u)
 		if (rc != LOOM_OK)
 			return loom_seterr(rc, "zero: reduce-scatter of the gradients of unit %d failed: %s", u->unit,
 			                   loom_comm_errmsg(z->base.dp));
+		if (z->bf16) /* the averaged bf16 part widened back where the fp32 reduce-scatter leaves it */
+			loom__grad_from_bf16((z->stage == 1 ? z->base.grads + u->offset : u->stage) + u->mine, u->stage16 + u->mine,
+			                     u->counts[z->base.dp_rank]);
 		if (z->stage >= 2) {
 			size_t n = u->counts[z->base.dp_rank];
 			float *dst = z->grad_shard + (u->offset + u->mine - z->base.own_offset), *src = u->stage + u->mine;
@@ -339,7 +370,7 @@ static int finish_unit(zero_t *z, unit_t *u)
 		for (int k = 0; k < ZERO_SLOTS; k++)
 			if (z->slot_user[k] == (int)(u - z->units))
 				z->slot_user[k] = -1;
-		u->stage = NULL;
+		u->stage = NULL, u->stage16 = NULL;
 	}
 	return rc;
 }
@@ -363,7 +394,7 @@ static void lend_stage(zero_t *z, int k)
 	if (u->stage || z->err)
 		return;
 	if (u->unit == -1) {
-		u->stage = z->emb_stage;
+		u->stage = z->emb_stage, u->stage16 = z->emb16;
 	} else {
 		int s = (z->nunits - 1 - k) % ZERO_SLOTS; /* backward takes units from the head down */
 		if (z->slot_user[s] >= 0) {
@@ -374,7 +405,7 @@ static void lend_stage(zero_t *z, int k)
 			}
 		}
 		z->slot_user[s] = k;
-		u->stage = z->slots[s];
+		u->stage = z->slots[s], u->stage16 = z->slots16[s];
 	}
 	memset(u->stage, 0, u->count * sizeof(float));
 	loom_gpt2_set_unit_view(z->base.model, u->unit, NULL, u->stage);
@@ -431,6 +462,10 @@ static void zero_destroy(loom_strategy_t *s)
 	buf_free(z, z->emb_stage, z->shared_stage);
 	for (int k = 0; k < ZERO_SLOTS; k++)
 		buf_free(z, z->slots[k], z->shared_stage);
+	buf_free(z, z->g16, z->shared16);
+	buf_free(z, z->emb16, z->shared16);
+	for (int k = 0; k < ZERO_SLOTS; k++)
+		buf_free(z, z->slots16[k], z->shared16);
 	loom_free_aligned(z->grad_shard);
 	loom_free_aligned(z->param_shard);
 	buf_free(z, z->emb_gather, z->shared_gather);
@@ -454,11 +489,12 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	*out = NULL;
 	if (!z)
 		return loom_seterr(LOOM_ENOMEM, "zero: out of memory");
-	if (cfg->grad_reduce_dtype != LOOM_FLOAT32) {
+	if (cfg->grad_reduce_dtype != LOOM_FLOAT32 && cfg->grad_reduce_dtype != LOOM_BFLOAT16) {
 		free(z);
-		return loom_seterr(LOOM_ENOTSUP, "zero: gradients are reduce-scattered in float32 only (a %s gradient "
-		                   "reduction is implemented for ddp and tp)", loom_dtype_name(cfg->grad_reduce_dtype));
+		return loom_seterr(LOOM_EINVAL, "zero: gradients are reduce-scattered in float32 or bfloat16, not %s",
+		                   loom_dtype_name(cfg->grad_reduce_dtype));
 	}
+	z->bf16 = cfg->grad_reduce_dtype == LOOM_BFLOAT16;
 	s->ops = cfg->zero == 1 ? loom__zero1_strategy() : cfg->zero == 2 ? loom__zero2_strategy() : loom__zero3_strategy();
 	z->stage = cfg->zero;
 	s->model = cfg->model;
@@ -550,12 +586,29 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 		s->own_params = z->param_shard;
 		s->collective_forward = 1;
 	}
+	if (z->bf16) { /* the bf16 staging, beside the fp32 gradients (stage 1) or staging buffers */
+		int shared = 0;
+		if (z->stage == 1) {
+			if (!(z->g16 = buf16_alloc(z, s->nparams, &z->shared16)))
+				goto oom;
+			for (int k = 0; k < z->nunits; k++)
+				z->units[k].stage16 = z->g16 + z->units[k].offset;
+		} else {
+			if (!(z->emb16 = buf16_alloc(z, z->units[0].count, &z->shared16)))
+				goto oom;
+			for (int k = 0; k < ZERO_SLOTS; k++)
+				if (!(z->slots16[k] = buf16_alloc(z, largest, &shared)) || shared != z->shared16)
+					goto oom;
+		}
+	}
 	s->mem.params = (z->stage == 3 ? s->own_count : s->nparams) * sizeof(float);
 	s->mem.grads = (z->stage == 1 ? s->nparams : s->own_count) * sizeof(float);
 	s->mem.optim = 2 * s->own_count * sizeof(float);
 	s->mem.comm = z->stage == 1 ? 0 : (z->units[0].count + ZERO_SLOTS * largest) * sizeof(float);
 	if (z->stage == 3)
 		s->mem.comm += (z->units[0].count + ZERO_PSLOTS * largest) * sizeof(float);
+	if (z->bf16)
+		s->mem.comm += (z->stage == 1 ? s->nparams : z->units[0].count + ZERO_SLOTS * largest) * sizeof(uint16_t);
 	if ((rc = loom_adamw_init_gpt2_range(&s->opt, &cfg->adamw, &s->mcfg, s->own_offset, s->own_count)) != LOOM_OK)
 		goto fail;
 	loom_gpt2_on_grad_ready(cfg->model, on_grad_ready, z);
