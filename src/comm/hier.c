@@ -309,7 +309,7 @@ static int allreduce_pipe(loom_comm_t *c, const loom_coll_args_t *a)
 				rc = inner_fail(c, h, rc);
 				break;
 			}
-			if ((rc = loom__mpi_xchg_post(x, &ctx, peer, mine, mine + piece, cnt[j] * es, &pend[k % SLOTS]))) {
+			if ((rc = loom__mpi_xchg_post(x, &ctx, &c->coll_sig, peer, mine, mine + piece, cnt[j] * es, &pend[k % SLOTS]))) {
 				rc = inner_fail(c, x, rc);
 				break;
 			}

@@ -202,13 +202,15 @@ extern const loom_xport_ops_t loom__xport_mpi;
 int loom__mpi_layout(int *rank, int *size, const int **host_of, const int **lrank_of, int *nhosts);
 const char *loom__mpi_hostname(int host); /* the hostname of host h ("?" if unknown) */
 /* An exchange with one peer of c (an MPI communicator) left in flight: bytes from sbuf to peer and
- * bytes from peer into rbuf, on the collective channel at ctx->seq (both sides post the same seq).
+ * bytes from peer into rbuf, on the collective channel at ctx->seq (both sides post the same seq),
+ * each preceded by ctx->seq and sig (the signature of the collective the exchange belongs to), which
+ * the peer compares with its own (LOOM_EMISMATCH naming both).
  * post returns LOOM_OK and the exchange in *out, or a failure recorded on c; wait polls as every MPI wait does (yielding to the
  * progress engine), checks the size received (LOOM_EMISMATCH) and releases the exchange, done or
  * not; drop abandons one (after a failure: c is being aborted, the buffers must outlive it). */
 typedef struct loom_mpi_xchg loom_mpi_xchg_t;
-int loom__mpi_xchg_post(loom_comm_t *c, const loom_xp_ctx_t *ctx, int peer, const void *sbuf, void *rbuf, size_t bytes,
-                        loom_mpi_xchg_t **out);
+int loom__mpi_xchg_post(loom_comm_t *c, const loom_xp_ctx_t *ctx, const loom_xp_sig_t *sig, int peer, const void *sbuf,
+                        void *rbuf, size_t bytes, loom_mpi_xchg_t **out);
 int loom__mpi_xchg_wait(loom_comm_t *c, const loom_xp_ctx_t *ctx, loom_mpi_xchg_t *x);
 void loom__mpi_xchg_drop(loom_mpi_xchg_t *x);
 #endif

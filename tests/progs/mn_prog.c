@@ -5,6 +5,11 @@
  *                  the axes of a dp 2 x tp 2 mesh (tp inside a host, dp across)
  *   mn_prog die    world rank 3 kills itself after an all-reduce; the others keep reducing
  *   mn_prog loop   all-reduce every 0.1 s until killed (the test kills a whole host)
+ *   mn_prog mismatch  host 0's ranks all-reduce float32, host 1's int32 of the same count (the same
+ *                  bytes): on a communicator across hosts with loom's algorithms forced for the
+ *                  inter-host phase (the MPI transport's sendrecv), then on the world with the
+ *                  pipelined two-host exchange; each must fail with LOOM_EMISMATCH naming both
+ *                  signatures
  * Prints "rank R of N: ok" and exits 0, or says what differed and exits 1. Values are small
  * integers, so every dtype and op has one exact answer. */
 #include <signal.h>
@@ -172,6 +177,47 @@ static int matrix(loom_comm_t *c, const char *tag, int big)
 	return 0;
 }
 
+/* One all-reduce of 1000 elements, float32 on host 0 (world ranks 0, 1) and int32 on host 1: it must
+ * fail with LOOM_EMISMATCH and a message naming both calls. */
+static int mismatch_on(loom_comm_t *c, int world_rank, const char *what, int pipe)
+{
+	static char buf[4000];
+	loom_dtype_t dt = world_rank < 2 ? LOOM_FLOAT32 : LOOM_INT32;
+	const char *msg, *algo = loom_comm_algo(c, "allreduce", sizeof buf);
+	int rc;
+	if (!algo || (strcmp(algo, "h-pipe") == 0) != pipe || strcmp(algo, "h-mpi") == 0) {
+		fprintf(stderr, "rank %d: %s: the all-reduce would run as %s\n", world_rank, what, algo ? algo : "?");
+		return 1;
+	}
+	rc = loom_allreduce(c, buf, buf, 1000, dt, LOOM_SUM);
+	msg = loom_comm_errmsg(c);
+	printf("rank %d: %s (%s): %s: %s\n", world_rank, what, algo, loom_strerror(rc), msg ? msg : "");
+	if (rc != LOOM_EMISMATCH || !msg || !strstr(msg, "allreduce") || !strstr(msg, "count 1000, float32, op sum") ||
+	    !strstr(msg, "count 1000, int32, op sum")) {
+		fprintf(stderr, "rank %d: %s: expected LOOM_EMISMATCH naming both signatures, got %d\n", world_rank, what, rc);
+		return 1;
+	}
+	return 0;
+}
+
+static int mismatch(loom_comm_t *c)
+{
+	loom_comm_t *cross;
+	int r = loom_comm_rank(c), rc;
+	if ((rc = loom_comm_split(c, loom_comm_local_rank(c), r, &cross)))
+		return fail(c, "split across hosts", rc);
+	setenv("LOOM_HIER_ALLREDUCE", "loom", 1); /* the same on every rank */
+	if (mismatch_on(cross, r, "cross", 0))
+		return 1;
+	unsetenv("LOOM_HIER_ALLREDUCE");
+	if (mismatch_on(c, r, "world", 1))
+		return 1;
+	fflush(stderr);
+	printf("rank %d of %d: ok\n", r, loom_comm_size(c));
+	fflush(stdout);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	loom_comm_t *c, *cross = NULL, *local = NULL;
@@ -192,6 +238,8 @@ int main(int argc, char **argv)
 			usleep(100000);
 		}
 	}
+	if (strcmp(mode, "mismatch") == 0)
+		return mismatch(c);
 	if (matrix(c, "world", 1))
 		return 1;
 	/* Sub-communicators: across hosts (same local rank) and inside a host (the mesh's axes). */

@@ -10,7 +10,13 @@
  *
  * The channel and the sequence number (collective) or tag (point to point) travel in the MPI tag,
  * so messages of different operations never match; a receive of a different size than was sent is
- * LOOM_EMISMATCH on the receiver (truncation or a short count), which aborts the communicator. An
+ * LOOM_EMISMATCH on the receiver (truncation or a short count), which aborts the communicator.
+ * On the collective channel every payload is preceded by a small message with the same tag holding
+ * the full sequence number and the call's signature (loom_xp_sig_t); MPI does not let messages of
+ * one sender, tag and communicator overtake each other, so the first of the two receives posted
+ * gets it. The receiver compares it with its own before accepting the payload: a peer that called
+ * another collective of the same byte count (float32 against int32, say) is LOOM_EMISMATCH naming
+ * both signatures, and aborts the communicator, instead of combining unrelated data. An
  * abort is sent to every peer as a message with ABORT_TAG, which each wait probes for. A rank
  * that dies is not seen by this transport: mpirun (or srun) ends the whole job, naming the rank
  * and its host. Memory from alloc is ordinary memory here (comm.c routes loom_comm_alloc of a
@@ -140,11 +146,21 @@ const char *loom__mpi_hostname(int host)
 
 /* ---- waits ------------------------------------------------------------------------------------- */
 
+/* The requests of one exchange: [0] the signature received, [1] the payload received, [2] the
+ * signature sent, [3] the payload sent (MPI_REQUEST_NULL when not posted). */
 typedef struct {
-	MPI_Request req[2];
-	MPI_Status st[2];
+	MPI_Request req[4];
+	MPI_Status st[4];
 	int done;
 } waiter_t;
+
+#define WAITER_INIT {{MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL}, {{0}}, 0}
+
+/* What precedes every payload on the collective channel. */
+typedef struct {
+	uint64_t seq;
+	loom_xp_sig_t sig;
+} wire_sig_t;
 
 static int poll_once(void *arg)
 {
@@ -153,7 +169,7 @@ static int poll_once(void *arg)
 	if (w->done)
 		return 1;
 	pthread_mutex_lock(&mpi_lock);
-	MPI_Testall(2, w->req, &flag, w->st);
+	MPI_Testall(4, w->req, &flag, w->st);
 	pthread_mutex_unlock(&mpi_lock);
 	if (flag)
 		w->done = 1;
@@ -364,15 +380,46 @@ static int check_size(loom_comm_t *c, const char *what, int src, MPI_Status *st,
 	return rc;
 }
 
+/* LOOM_OK when the signature message received (st, got) matches this rank's (seq, sig); else
+ * LOOM_EMISMATCH naming both calls, recorded on c and sent to every peer as an abort. */
+static int check_sig(loom_comm_t *c, const char *what, int src, MPI_Status *st, const wire_sig_t *got, uint64_t seq,
+                     const loom_xp_sig_t *sig)
+{
+	char mine[160], theirs[160];
+	int n = 0, rc;
+	if (st->MPI_ERROR != MPI_ERR_TRUNCATE)
+		MPI_Get_count(st, MPI_BYTE, &n);
+	if (n != (int)sizeof *got) {
+		rc = loom_comm_fail(c, LOOM_EMISMATCH,
+		                    "%s: rank %d sent a message of %s%d bytes over MPI where this rank expected the %zu-byte "
+		                    "signature of its collective call",
+		                    what, src, n ? "" : "more than ", n ? n : (int)sizeof *got, sizeof *got);
+		mpi_abort(c, rc, loom_comm_errmsg(c));
+		return rc;
+	}
+	if (got->seq == seq && got->sig.count == sig->count && got->sig.shape == sig->shape && got->sig.root == sig->root)
+		return LOOM_OK;
+	loom_xp_sig_describe(mine, sizeof mine, seq, sig);
+	loom_xp_sig_describe(theirs, sizeof theirs, got->seq, &got->sig);
+	rc = loom_comm_fail(c, LOOM_EMISMATCH, "mismatched collective calls: this rank called %s, rank %d called %s (over MPI)%s",
+	                    mine, src, theirs,
+	                    got->seq != seq ? " (ranks called collectives in different orders, or one rank's call failed "
+	                                      "before it sent anything)"
+	                                    : "");
+	mpi_abort(c, rc, loom_comm_errmsg(c));
+	return rc;
+}
+
 static int mpi_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int chan, int dst, const void *sbuf, size_t sbytes,
                         int stag, int src, void *rbuf, size_t rbytes, int rtag, const void *red_local, loom_dtype_t dt,
                         loom_op_t op)
 {
 	mpi_comm_t *s = M(c);
-	waiter_t w = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL}, {{0}}, 0};
+	waiter_t w = WAITER_INIT;
 	void *tmp = NULL, *into = rbuf;
-	int rc = LOOM_OK, e1 = MPI_SUCCESS, e2 = MPI_SUCCESS;
+	int rc = LOOM_OK, e1 = MPI_SUCCESS, e2 = MPI_SUCCESS, coll = chan == LOOM_XP_COLL;
 	const char *what = ctx->op ? ctx->op : "message";
+	wire_sig_t ssig = {ctx->seq, loom_xp_coll_sig(c, ctx)}, rsig = {0, {0, 0, 0}};
 	if (sbytes > (size_t)INT32_MAX || rbytes > (size_t)INT32_MAX)
 		return loom_comm_fail(c, LOOM_EINVAL, "%s: a message of more than 2 GiB over MPI", what);
 	if (src >= 0 && red_local && rbytes) {
@@ -381,10 +428,14 @@ static int mpi_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int chan, int 
 		into = tmp;
 	}
 	pthread_mutex_lock(&mpi_lock);
-	if (src >= 0)
-		e1 = MPI_Irecv(into, (int)rbytes, MPI_BYTE, src, mpi_tag(chan, ctx, rtag), s->comm, &w.req[0]);
-	if (dst >= 0)
-		e2 = MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, dst, mpi_tag(chan, ctx, stag), s->comm, &w.req[1]);
+	if (src >= 0 && coll)
+		e1 = MPI_Irecv(&rsig, (int)sizeof rsig, MPI_BYTE, src, mpi_tag(chan, ctx, rtag), s->comm, &w.req[0]);
+	if (src >= 0 && e1 == MPI_SUCCESS)
+		e1 = MPI_Irecv(into, (int)rbytes, MPI_BYTE, src, mpi_tag(chan, ctx, rtag), s->comm, &w.req[1]);
+	if (dst >= 0 && coll)
+		e2 = MPI_Isend(&ssig, (int)sizeof ssig, MPI_BYTE, dst, mpi_tag(chan, ctx, stag), s->comm, &w.req[2]);
+	if (dst >= 0 && e2 == MPI_SUCCESS)
+		e2 = MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, dst, mpi_tag(chan, ctx, stag), s->comm, &w.req[3]);
 	pthread_mutex_unlock(&mpi_lock);
 	if (e1 != MPI_SUCCESS || e2 != MPI_SUCCESS) {
 		rc = loom_comm_fail(c, LOOM_EIO, "%s: MPI_Irecv/MPI_Isend failed", what);
@@ -393,7 +444,9 @@ static int mpi_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int chan, int 
 	if ((rc = wait_all(c, ctx, &w, what)) != LOOM_OK)
 		goto done;
 	if (src >= 0) {
-		if ((rc = check_size(c, what, src, &w.st[0], rbytes)) != LOOM_OK)
+		if (coll && (rc = check_sig(c, what, src, &w.st[0], &rsig, ssig.seq, &ssig.sig)) != LOOM_OK)
+			goto done;
+		if ((rc = check_size(c, what, src, &w.st[1], rbytes)) != LOOM_OK)
 			goto done;
 		if (tmp)
 			loom_reduce_local(rbuf, red_local, tmp, rbytes / loom_dtype_size(dt), dt, op);
@@ -406,7 +459,7 @@ done:
 static int mpi_allgather_small(loom_comm_t *c, const loom_xp_ctx_t *ctx, const void *mine, size_t len, void *all)
 {
 	mpi_comm_t *s = M(c);
-	waiter_t w = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL}, {{0}}, 0};
+	waiter_t w = WAITER_INIT;
 	int rc;
 	pthread_mutex_lock(&mpi_lock);
 	rc = MPI_Iallgather(mine, (int)len, MPI_BYTE, all, (int)len, MPI_BYTE, s->comm, &w.req[0]);
@@ -423,7 +476,7 @@ static int mpi_allreduce(loom_comm_t *c, const loom_xp_ctx_t *ctx, const void *s
                          loom_dtype_t dt, loom_op_t op)
 {
 	mpi_comm_t *s = M(c);
-	waiter_t w = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL}, {{0}}, 0};
+	waiter_t w = WAITER_INIT;
 	MPI_Datatype t = dt == LOOM_FLOAT32 ? MPI_FLOAT : dt == LOOM_FLOAT64 ? MPI_DOUBLE
 	                 : dt == LOOM_INT32 ? MPI_INT32_T : dt == LOOM_INT64 ? MPI_INT64_T : MPI_DATATYPE_NULL;
 	MPI_Op o = op == LOOM_MAX ? MPI_MAX : op == LOOM_MIN ? MPI_MIN : MPI_SUM;
@@ -447,6 +500,7 @@ struct loom_mpi_xchg {
 	waiter_t w;
 	int peer;
 	size_t bytes;
+	wire_sig_t ssig, rsig; /* the signature sent before the payload, and the peer's */
 };
 
 /* OpenMPI moves a message only inside MPI calls on both sides (a large one needs the sender to answer
@@ -496,8 +550,8 @@ static void progress_count(int d)
 	pthread_mutex_unlock(&prog_lock);
 }
 
-int loom__mpi_xchg_post(loom_comm_t *c, const loom_xp_ctx_t *ctx, int peer, const void *sbuf, void *rbuf, size_t bytes,
-                        loom_mpi_xchg_t **out)
+int loom__mpi_xchg_post(loom_comm_t *c, const loom_xp_ctx_t *ctx, const loom_xp_sig_t *sig, int peer, const void *sbuf,
+                        void *rbuf, size_t bytes, loom_mpi_xchg_t **out)
 {
 	mpi_comm_t *s = M(c);
 	loom_mpi_xchg_t *x;
@@ -507,14 +561,20 @@ int loom__mpi_xchg_post(loom_comm_t *c, const loom_xp_ctx_t *ctx, int peer, cons
 		return loom_comm_fail(c, LOOM_EINVAL, "%s: a message of more than 2 GiB over MPI", ctx->op);
 	if (!(x = loom__calloc(1, sizeof *x)))
 		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
-	x->w.req[0] = x->w.req[1] = MPI_REQUEST_NULL;
+	for (int i = 0; i < 4; i++)
+		x->w.req[i] = MPI_REQUEST_NULL;
 	x->peer = peer, x->bytes = bytes;
+	x->ssig.seq = ctx->seq, x->ssig.sig = *sig;
 	progress_count(1);
 	pthread_mutex_lock(&mpi_lock);
-	e1 = MPI_Irecv(rbuf, (int)bytes, MPI_BYTE, peer, tag, s->comm, &x->w.req[0]);
-	e2 = MPI_Isend(sbuf, (int)bytes, MPI_BYTE, peer, tag, s->comm, &x->w.req[1]);
+	e1 = MPI_Irecv(&x->rsig, (int)sizeof x->rsig, MPI_BYTE, peer, tag, s->comm, &x->w.req[0]);
+	if (e1 == MPI_SUCCESS)
+		e1 = MPI_Irecv(rbuf, (int)bytes, MPI_BYTE, peer, tag, s->comm, &x->w.req[1]);
+	e2 = MPI_Isend(&x->ssig, (int)sizeof x->ssig, MPI_BYTE, peer, tag, s->comm, &x->w.req[2]);
+	if (e2 == MPI_SUCCESS)
+		e2 = MPI_Isend(sbuf, (int)bytes, MPI_BYTE, peer, tag, s->comm, &x->w.req[3]);
 	if (e1 == MPI_SUCCESS && e2 == MPI_SUCCESS) /* start moving now: MPI progresses only inside its calls */
-		x->w.done = MPI_Testall(2, x->w.req, &flag, x->w.st) == MPI_SUCCESS && flag;
+		x->w.done = MPI_Testall(4, x->w.req, &flag, x->w.st) == MPI_SUCCESS && flag;
 	pthread_mutex_unlock(&mpi_lock);
 	if (e1 != MPI_SUCCESS || e2 != MPI_SUCCESS) {
 		loom__mpi_xchg_drop(x);
@@ -528,7 +588,9 @@ int loom__mpi_xchg_wait(loom_comm_t *c, const loom_xp_ctx_t *ctx, loom_mpi_xchg_
 {
 	int rc = wait_all(c, ctx, &x->w, ctx->op);
 	if (rc == LOOM_OK)
-		rc = check_size(c, ctx->op, x->peer, &x->w.st[0], x->bytes);
+		rc = check_sig(c, ctx->op, x->peer, &x->w.st[0], &x->rsig, x->ssig.seq, &x->ssig.sig);
+	if (rc == LOOM_OK)
+		rc = check_size(c, ctx->op, x->peer, &x->w.st[1], x->bytes);
 	if (rc == LOOM_OK) {
 		progress_count(-1);
 		free(x);
@@ -540,18 +602,22 @@ int loom__mpi_xchg_wait(loom_comm_t *c, const loom_xp_ctx_t *ctx, loom_mpi_xchg_
 
 void loom__mpi_xchg_drop(loom_mpi_xchg_t *x)
 {
+	int sig_in_flight = 0;
 	if (!x)
 		return;
 	pthread_mutex_lock(&mpi_lock);
-	for (int i = 0; i < 2; i++)
+	if (x->w.req[2] != MPI_REQUEST_NULL) /* MPI may still read x->ssig */
+		MPI_Test(&x->w.req[2], &sig_in_flight, MPI_STATUS_IGNORE), sig_in_flight = !sig_in_flight;
+	for (int i = 0; i < 4; i++)
 		if (x->w.req[i] != MPI_REQUEST_NULL) {
-			if (i == 0)
+			if (i < 2)
 				MPI_Cancel(&x->w.req[i]);
 			MPI_Request_free(&x->w.req[i]);
 		}
 	pthread_mutex_unlock(&mpi_lock);
 	progress_count(-1);
-	free(x);
+	if (!sig_in_flight) /* else left allocated (a few bytes, only after a failure): the send may read it */
+		free(x);
 }
 
 static void mpi_enter(loom_comm_t *c, uint64_t seq, int coll)
