@@ -107,3 +107,25 @@ put("manifest", 0, json.dumps({"format": "loom-state", "version": 1,
                                "values": {"step": 1, "files": 1, "size:model.safetensors": 10}}))
 put("manifest", 1, json.dumps({"format": "loom-state", "version": 1,
                                "values": {"step": 1, "files": 2, "size:model.safetensors": 11, "size:../x": 1}}))
+
+
+def crc32c(data):
+    """CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), bit by bit: the seeds are tiny."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+assert crc32c(b"123456789") == 0xE3069283
+put("manifest", 2, json.dumps({"format": "loom-state", "version": 1,
+                               "values": {"step": 1, "files": 1, "checksum": "crc32c",
+                                          "size:model.safetensors": 10,
+                                          "crc32c:model.safetensors": crc32c(b"0123456789")}}))
+
+# shards.index: a whole set, and a near miss (a file listed twice, a set without its files)
+put("index", 0, "loom-shards 1\nset train 1 121773\nset val 1 6411\n"
+                "file train_000000.bin 244570\nfile val_000000.bin 13846\n")
+put("index", 1, "loom-shards 1\nset train 2 5\nfile train_000000.bin 1034\nfile train_000000.bin 1034\n")
