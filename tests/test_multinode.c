@@ -77,18 +77,16 @@ static int no_namespaces_left(void)
 	return 0;
 }
 
-TEST(multinode_collectives_2x2)
+/* Run `mpirun [opts] mn_prog coll` on the cluster (2 hosts x 2 ranks) and check that every rank
+ * says its collective matrix was exact. */
+static int coll_matrix_on_cluster(const char *opts, int timeout_s)
 {
 	static char out[OUT_CAP], args[1024];
-	const char *why = cluster_unavailable();
-	char *dir;
-	if (why)
-		return TEST_SKIP("%s", why);
-	dir = realpath(test_prog_dir(), NULL);
+	char *dir = realpath(test_prog_dir(), NULL);
 	CHECK(dir != NULL);
-	snprintf(args, sizeof args, "%s/mn_prog coll", dir);
+	snprintf(args, sizeof args, "%s%s/mn_prog coll", opts, dir);
 	free(dir);
-	CHECK_MSG(cluster_mpirun(args, out, 120, NULL) == 0, "mpirun mn_prog coll failed:\n%s", out);
+	CHECK_MSG(cluster_mpirun(args, out, timeout_s, NULL) == 0, "mpirun %s failed:\n%s", args, out);
 	for (int r = 0; r < 4; r++) {
 		char want[64];
 		snprintf(want, sizeof want, "rank %d of 4: ok", r);
@@ -97,28 +95,24 @@ TEST(multinode_collectives_2x2)
 	return no_namespaces_left();
 }
 
+TEST(multinode_collectives_2x2)
+{
+	const char *why = cluster_unavailable();
+	if (why)
+		return TEST_SKIP("%s", why);
+	return coll_matrix_on_cluster("", 120);
+}
+
 /* The same matrix with the pipelined two-host all-reduce (src/comm/hier.c) cut into 4 KiB chunks:
  * every size above 4 KiB runs in many chunks, with odd last chunks and empty pieces (65537
  * elements), so each chunk boundary, the pipeline's fill and drain and its in-flight exchanges are
  * checked against the exact values. */
 TEST(multinode_collectives_2x2_small_chunks)
 {
-	static char out[OUT_CAP], args[1024];
 	const char *why = cluster_unavailable();
-	char *dir;
 	if (why)
 		return TEST_SKIP("%s", why);
-	dir = realpath(test_prog_dir(), NULL);
-	CHECK(dir != NULL);
-	snprintf(args, sizeof args, "-x LOOM_HIER_CHUNK=4096 %s/mn_prog coll", dir);
-	free(dir);
-	CHECK_MSG(cluster_mpirun(args, out, 300, NULL) == 0, "mpirun mn_prog coll (4 KiB chunks) failed:\n%s", out);
-	for (int r = 0; r < 4; r++) {
-		char want[64];
-		snprintf(want, sizeof want, "rank %d of 4: ok", r);
-		CHECK_CONTAINS(out, want);
-	}
-	return no_namespaces_left();
+	return coll_matrix_on_cluster("-x LOOM_HIER_CHUNK=4096 ", 300);
 }
 
 /* Host 0's ranks all-reduce float32, host 1's int32 with the same count (the same bytes): over the
