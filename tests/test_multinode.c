@@ -242,17 +242,15 @@ static int read_losses(const char *path, double *loss)
 	return test_read_losses(path, loss, MAXSTEPS, NULL, NULL);
 }
 
-/* 2 hosts x 2 ranks, accumulation 1, against one process with accumulation 4 at the same total
- * batch: every step's loss within 1e-5 relative; --check-replicas 1 fails the run if replicas drift. */
-TEST(multinode_ddp_train_equals_one_process)
+/* Train the tiny model as one process (total batch 128, so accumulation 4) and on the cluster with
+ * `cluster_flags` added (log many.jsonl); both outputs must contain their `want_*` line, and every
+ * step's loss on the cluster must be within 1e-5 relative of the one process's. */
+static int cluster_train_equals_one_process(const char *cluster_flags, const char *want_one, const char *want_cluster)
 {
 	static char out[OUT_CAP], cmd[4096];
 	char dir[512], *loom;
 	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
-	const char *why = cluster_unavailable();
 	int rc;
-	if (why)
-		return TEST_SKIP("%s", why);
 	loom = realpath(test_loom_bin(), NULL);
 	CHECK(loom != NULL);
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));
@@ -261,14 +259,13 @@ TEST(multinode_ddp_train_equals_one_process)
 	         " --steps %d --total-batch-size 128 --threads 1 --log %s/one.jsonl", loom, dir, STEPS, dir);
 	rc = test_run_cmd(cmd, out, OUT_CAP, 60);
 	CHECK_MSG(rc == 0, "one process: exit %d:\n%s", rc, out);
-	CHECK_CONTAINS(out, "accum=4 -> 128 tokens per step");
+	CHECK_CONTAINS(out, want_one);
 	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " MODEL_FLAGS
-	         " --steps %d --total-batch-size 128 --threads 1 --check-replicas 1 --bucket-mb 0.004 --log %s/many.jsonl",
-	         loom, dir, STEPS, dir);
+	         " --steps %d --total-batch-size 128 --threads 1 %s --log %s/many.jsonl", loom, dir, STEPS, cluster_flags, dir);
 	rc = cluster_mpirun(cmd, out, 120, NULL);
 	free(loom);
-	CHECK_MSG(rc == 0, "mpirun loom train: exit %d:\n%s", rc, out);
-	CHECK_CONTAINS(out, "accum=1 ranks=4 -> 128 tokens per step");
+	CHECK_MSG(rc == 0, "mpirun loom train %s: exit %d:\n%s", cluster_flags, rc, out);
+	CHECK_CONTAINS(out, want_cluster);
 	snprintf(cmd, sizeof cmd, "%s/one.jsonl", dir);
 	CHECK_EQ(read_losses(cmd, ref), STEPS);
 	snprintf(cmd, sizeof cmd, "%s/many.jsonl", dir);
@@ -280,39 +277,25 @@ TEST(multinode_ddp_train_equals_one_process)
 	return no_namespaces_left();
 }
 
+/* 2 hosts x 2 ranks, accumulation 1, against one process with accumulation 4 at the same total
+ * batch: every step's loss within 1e-5 relative; --check-replicas 1 fails the run if replicas drift. */
+TEST(multinode_ddp_train_equals_one_process)
+{
+	const char *why = cluster_unavailable();
+	if (why)
+		return TEST_SKIP("%s", why);
+	return cluster_train_equals_one_process("--check-replicas 1 --bucket-mb 0.004", "accum=4 -> 128 tokens per step",
+	                                        "accum=1 ranks=4 -> 128 tokens per step");
+}
+
 /* Pipeline parallel across hosts: dp 2 x pp 2 (ranks ordered dp, then pp: stage 0 on the first host,
  * stage 1 on the second, activations and gradients between the stages over MPI), against one
  * process with the same total batch: every step's loss within 1e-5 relative. */
 TEST(multinode_pp_across_hosts_equals_one_process)
 {
-	static char out[OUT_CAP], cmd[4096];
-	char dir[512], *loom;
-	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
 	const char *why = cluster_unavailable();
-	int rc;
 	if (why)
 		return TEST_SKIP("%s", why);
-	loom = realpath(test_loom_bin(), NULL);
-	CHECK(loom != NULL);
-	CHECK_OK(test_mkdtemp(dir, sizeof dir));
-	CHECK_OK(make_data(dir));
-	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s train --train-data '%s/train_*.bin' " MODEL_FLAGS
-	         " --steps %d --total-batch-size 128 --threads 1 --log %s/one.jsonl", loom, dir, STEPS, dir);
-	rc = test_run_cmd(cmd, out, OUT_CAP, 60);
-	CHECK_MSG(rc == 0, "one process: exit %d:\n%s", rc, out);
-	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " MODEL_FLAGS
-	         " --steps %d --total-batch-size 128 --threads 1 --pp 2 --log %s/pp.jsonl", loom, dir, STEPS, dir);
-	rc = cluster_mpirun(cmd, out, 120, NULL);
-	free(loom);
-	CHECK_MSG(rc == 0, "mpirun loom train --pp 2: exit %d:\n%s", rc, out);
-	CHECK_CONTAINS(out, "pipeline parallel: 2 stages x dp 2");
-	snprintf(cmd, sizeof cmd, "%s/one.jsonl", dir);
-	CHECK_EQ(read_losses(cmd, ref), STEPS);
-	snprintf(cmd, sizeof cmd, "%s/pp.jsonl", dir);
-	CHECK_EQ(read_losses(cmd, got), STEPS);
-	for (int s = 1; s <= STEPS; s++)
-		CHECK_NEAR(got[s], ref[s], 1e-5 * ref[s]);
-	CHECK(ref[STEPS] < ref[1] - 0.1);
-	test_rmdir(dir);
-	return no_namespaces_left();
+	return cluster_train_equals_one_process("--pp 2", "accum=4 -> 128 tokens per step",
+	                                        "pipeline parallel: 2 stages x dp 2");
 }
