@@ -97,6 +97,9 @@ static const char *const usage_text =
 	"  --micro-batches M      micro-batches per step and data-parallel rank (the same as --grad-accum M)\n"
 	"  --schedule gpipe|1f1b  the pipeline schedule (default 1f1b: at most P micro-batches' activations\n"
 	"                         stored per stage; gpipe stores M); cosine|linear|constant stay the LR's\n"
+	"  --pp-head-split auto|off|F  when the last stage runs the head alone (a head heavier than the blocks),\n"
+	"                         the fraction F of each micro-batch's positions whose head the stage before it\n"
+	"                         computes (default auto: the FLOPs balance; off: the last stage computes all)\n"
 	"  --trace DIR            write a Chrome trace (DIR/trace.json, one track per rank; open it in\n"
 	"                         Perfetto or chrome://tracing) of every step\n"
 	"tensor parallel (ranks ordered tp fastest, then dp, then pp; --tp and --pp compose: each stage a tp shard):\n"
@@ -142,6 +145,31 @@ static long long int_in(const char *flag, const char *v, long long lo, long long
 	return x;
 }
 
+/* The pipeline's stages, as the trainer partitions them: "stages: blocks 0-5 + head of positions
+ * 0-49 | head of positions 50-255". */
+static void print_stages(const opts_t *o)
+{
+	int *lo = malloc(sizeof(int) * (size_t)(o->pp + 1)), hrows, L = o->mc.n_layer, n = o->tc.B * o->tc.T;
+	if (!lo || loom_pp_stages(&o->mc, o->tc.B, o->tc.T, o->pp, o->tc.pp_head_split, lo, &hrows) != LOOM_OK) {
+		free(lo);
+		return; /* the trainer has reported it */
+	}
+	printf("stages:");
+	for (int s = 0; s < o->pp; s++) {
+		printf("%s", s ? " |" : "");
+		if (lo[s] < lo[s + 1])
+			printf(" blocks %d-%d", lo[s], lo[s + 1] - 1);
+		if (s == o->pp - 1 && hrows)
+			printf(" head of positions %d-%d", hrows, n - 1);
+		else if (s == o->pp - 1)
+			printf("%s head", lo[s] < L ? " +" : "");
+		else if (s == o->pp - 2 && hrows)
+			printf(" + head of positions 0-%d", hrows - 1);
+	}
+	printf(" (of each micro-batch's %d positions)\n", n);
+	free(lo);
+}
+
 static void parse(int argc, char **argv, opts_t *o)
 {
 	const char *v;
@@ -185,6 +213,9 @@ static void parse(int argc, char **argv, opts_t *o)
 		else if (FLAG("--lr")) o->tc.lr.peak_lr = dbl_in("--lr", v, 0, 0, 1e3, 0);
 		else if (FLAG("--warmup")) o->tc.lr.warmup = int_in("--warmup", v, 0, 1LL << 40);
 		else if (FLAG("--schedule") && (!strcmp(v, "gpipe") || !strcmp(v, "1f1b"))) o->tc.pp_schedule = v;
+		else if (FLAG("--pp-head-split"))
+			o->tc.pp_head_split = !strcmp(v, "auto") ? 0.0 : !strcmp(v, "off") ? -1.0
+			                      : dbl_in("--pp-head-split", v, 1, 0, 1, 1);
 		else if (!strcmp(a, "--schedule") || !strncmp(a, "--schedule=", 11)) {
 			if (loom_schedule_parse(v, &o->tc.lr.kind) != LOOM_OK)
 				cli_die("train", "--schedule: %s", loom_errmsg());
@@ -470,6 +501,8 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		       "(P-1)/(M+P-1) = %.1f%%)%s%s\n", o->pp, o->dp, o->tc.pp_schedule ? o->tc.pp_schedule : "1f1b",
 		       o->tc.accum, 100.0 * (o->pp - 1) / (o->tc.accum + o->pp - 1), o->tc.trace_dir ? "; trace in " : "",
 		       o->tc.trace_dir ? o->tc.trace_dir : "");
+	if (o->pp > 1)
+		print_stages(o);
 	if (o->tp > 1 && o->pp > 1)
 		printf("tensor parallel: tp %d x dp %d x pp %d = %d ranks (Megatron: heads, MLP columns and vocabulary "
 		       "rows split over tp neighbouring ranks; each stage holds its layers' shards)\n", o->tp, o->dp, o->pp,

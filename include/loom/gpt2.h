@@ -271,6 +271,13 @@ int loom_gpt2_head_forward(loom_gpt2_t *m, int mb, const int *targets, int B, in
  * (and wte, when the model does not hold the embedding: its share here is then final). */
 int loom_gpt2_head_forward_backward(loom_gpt2_t *m, int mb, const int *targets, int B, int T, float grad_scale,
                                     float *loss);
+/* The same on positions [row0, row0 + rows) of the B x T (row b T + t) only, for a pipeline that
+ * splits the head's positions between two stages: targets is the whole (B,T) array; the gradients
+ * are scaled by grad_scale / (B T) and *loss is those rows' summed loss / (B T), so the parts of a
+ * split add up to the whole call's; stream_grad is set on those rows only (the others untouched).
+ * LOOM_EINVAL for rows outside [0, B T) or empty. */
+int loom_gpt2_head_forward_backward_rows(loom_gpt2_t *m, int mb, const int *targets, int B, int T, int row0,
+                                         int rows, float grad_scale, float *loss);
 /* Block l's backward: stream_grad holds d block_input(l + 1) on entry and d block_input(l) on return
  * (a pipeline stage writes the gradient it receives into stream_grad before its last block's
  * backward, and sends stream_grad after its first block's). Reports block l's tensors. */

@@ -149,6 +149,11 @@ typedef struct {
 	/* Pipeline parallel (a mesh with pp > 1): the layers are split into pp stages balanced by FLOPs;
 	   the accum micro-batches of a step (the micro-batches M) run through them in this schedule. */
 	const char *pp_schedule;   /* "gpipe" | "1f1b" (NULL: 1f1b) */
+	double pp_head_split;      /* when the last stage runs the head alone (a head heavier than the blocks,
+	                              e.g. `small`'s), the fraction of each micro-batch's positions whose head
+	                              (ln_f, logits, loss) stage pp-2 computes, from its own last block's
+	                              output, so the two stages cost the same: 0 (default) as the FLOPs
+	                              balance it, < 0 never, or a fraction in (0, 1) (see loom_pp_stages) */
 	loom_dtype_t grad_reduce_dtype; /* what the data-parallel gradient all-reduces send: LOOM_FLOAT32
 	                              (0, default) or LOOM_BFLOAT16 (half the bytes; reduced in float32);
 	                              ddp and tp only, ZeRO is LOOM_ENOTSUP */
@@ -282,6 +287,14 @@ loom_gpt2_t *loom_trainer_model(loom_trainer_t *tr);
 const loom_adamw_t *loom_trainer_optimizer(const loom_trainer_t *tr);
 /* Tokens per optimizer step: B*T*accum*(data-parallel ranks). */
 long long loom_trainer_tokens_per_step(const loom_trainer_t *tr);
+
+/* The pipeline's stages for P stages of micro-batches B x T (what a trainer with pp = P runs): stage s
+ * runs blocks [lo[s], lo[s+1]) (lo has P + 1 entries, balanced by FLOPs: the embedding on the first
+ * stage, ln_f, the tied lm head and the loss on the last); *head_rows > 0 when the last stage runs
+ * the head alone and shares it: stage P-2 then computes the head of positions [0, *head_rows) of
+ * every micro-batch (row b T + t), the last stage the rest. head_split as pp_head_split above.
+ * LOOM_EINVAL for P > n_layer or a head_split >= 1. */
+int loom_pp_stages(const loom_gpt2_config_t *cfg, int B, int T, int P, double head_split, int *lo, int *head_rows);
 
 /* Memory of this rank (bytes). The model states are what the parallel strategy keeps; the theory is
  * the ZeRO stage's formula for them (P parameters, N data-parallel ranks, fp32): DDP 16P, ZeRO-1

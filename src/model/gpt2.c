@@ -698,19 +698,21 @@ static void block_forward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 	loom__gpt2_block_forward(m, l, &ar->layers[l - m->lo], stream(m, ar, l), B, T);
 }
 
-static void lnf_forward(loom_gpt2_t *m, arena_t *ar, int B, int T)
+/* ln_f forward on rows [r0, r0 + n) of the stream. */
+static void lnf_forward(loom_gpt2_t *m, arena_t *ar, int r0, int n)
 {
 	int nt = m->ntensors;
-	PROF(LAYERNORM, loom__layernorm_forward(ar->lnf, ar->lnf_mean, ar->lnf_rstd, stream(m, ar, m->hi),
-	                                        loom__gpt2_param(m, nt - 2), loom__gpt2_param(m, nt - 1), B * T,
-	                                        m->cfg.n_embd));
+	size_t C = (size_t)m->cfg.n_embd, o = (size_t)r0 * C;
+	PROF(LAYERNORM, loom__layernorm_forward(ar->lnf + o, ar->lnf_mean + r0, ar->lnf_rstd + r0,
+	                                        stream(m, ar, m->hi) + o, loom__gpt2_param(m, nt - 2),
+	                                        loom__gpt2_param(m, nt - 1), n, (int)C));
 }
 
 static void head_forward(loom_gpt2_t *m, arena_t *ar, const int *targets, int B, int T, float *loss)
 {
 	int C = m->cfg.n_embd, V = m->cfg.vocab_size;
 	loom__gpt2_param_use(m, m->cfg.n_layer, 0);
-	lnf_forward(m, ar, B, T);
+	lnf_forward(m, ar, 0, B * T);
 	const float *wte = loom__gpt2_param(m, 0);
 	if (targets && m->tp > 1) {
 		loom__tp_classifier(m, ar->losses, NULL, NULL, ar->lnf, wte, targets, 0.0f, B * T);
@@ -730,31 +732,38 @@ static void head_forward(loom_gpt2_t *m, arena_t *ar, const int *targets, int B,
 }
 
 /* ln_f forward, then the lm head, softmax, cross-entropy and their backward (dlnf into dbtc, wte's
- * first share), then ln_f's backward into dres. */
-static void head_forward_backward(loom_gpt2_t *m, arena_t *ar, const int *targets, int B, int T, float grad_scale,
-                                  float *loss)
+ * first share), then ln_f's backward into dres, on rows [r0, r0 + n) of the N = B T positions (all of
+ * them for a whole model; a part when a pipeline splits the head's positions between two stages):
+ * gradients scaled by grad_scale / N, *loss the rows' summed losses / N (so the parts of a split add
+ * up to the mean), dres written on those rows only. */
+static void head_forward_backward(loom_gpt2_t *m, arena_t *ar, const int *targets, int N, int r0, int n,
+                                  float grad_scale, float *loss)
 {
-	int C = m->cfg.n_embd, V = m->cfg.vocab_size, N = B * T, nt = m->ntensors;
-	size_t NC = (size_t)N * C;
-	double fN = N, fC = C; /* for the flop counts */
+	int C = m->cfg.n_embd, V = m->cfg.vocab_size, nt = m->ntensors;
+	size_t nC = (size_t)n * C, o = (size_t)r0 * C;
+	double fn = n, fC = C; /* for the flop counts */
 	loom__gpt2_param_use(m, m->cfg.n_layer, 0);
 	loom__gpt2_param_use(m, m->cfg.n_layer, 1);
-	lnf_forward(m, ar, B, T);
-	zero(m, m->dbtc, NC);
+	lnf_forward(m, ar, r0, n);
+	zero(m, m->dbtc + o, nC);
 	if (m->tp > 1)
-		loom__tp_classifier(m, ar->losses, m->dbtc, loom__gpt2_grad(m, 0), ar->lnf, loom__gpt2_param(m, 0), targets,
-		                    grad_scale / (float)N, N);
+		loom__tp_classifier(m, ar->losses + r0, m->dbtc + o, loom__gpt2_grad(m, 0), ar->lnf + o,
+		                    loom__gpt2_param(m, 0), targets + r0, grad_scale / (float)N, n);
 	else
-		PROFF(CLASSIFIER, 6 * fN * fC * V,
-		      loom__classifier_forward_backward(ar->losses, m->dbtc, loom__gpt2_grad(m, 0), m->logits, m->chunk,
-		                                        ar->lnf, loom__gpt2_param(m, 0), targets, grad_scale / (float)N, N, C,
-		                                        V));
-	if (loss)
-		*loss = mean_loss(ar->losses, N);
-	zero(m, m->dres, NC);
-	PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres, loom__gpt2_grad(m, nt - 2), loom__gpt2_grad(m, nt - 1),
-	                                             m->dbtc, stream(m, ar, m->hi), loom__gpt2_param(m, nt - 2),
-	                                             ar->lnf_mean, ar->lnf_rstd, N, C));
+		PROFF(CLASSIFIER, 6 * fn * fC * V,
+		      loom__classifier_forward_backward(ar->losses + r0, m->dbtc + o, loom__gpt2_grad(m, 0), m->logits,
+		                                        m->chunk, ar->lnf + o, loom__gpt2_param(m, 0), targets + r0,
+		                                        grad_scale / (float)N, n, C, V));
+	if (loss) {
+		double sum = 0.0;
+		for (int i = r0; i < r0 + n; i++)
+			sum += ar->losses[i];
+		*loss = (float)(sum / N);
+	}
+	zero(m, m->dres + o, nC);
+	PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres + o, loom__gpt2_grad(m, nt - 2), loom__gpt2_grad(m, nt - 1),
+	                                             m->dbtc + o, stream(m, ar, m->hi) + o, loom__gpt2_param(m, nt - 2),
+	                                             ar->lnf_mean + r0, ar->lnf_rstd + r0, n, C));
 	ready(m, nt - 1);
 	ready(m, nt - 2);
 	if (!m->has_embed)
@@ -896,7 +905,25 @@ int loom_gpt2_head_forward_backward(loom_gpt2_t *m, int mb, const int *targets, 
 	    (rc = loom__gpt2_check_tokens(m, targets, B, T, "targets")) != LOOM_OK)
 		return rc;
 	loom__gemm_setup(&m->gemm);
-	head_forward_backward(m, &m->arenas[mb], targets, B, T, grad_scale, loss);
+	head_forward_backward(m, &m->arenas[mb], targets, B * T, 0, B * T, grad_scale, loss);
+	return tp_status(m);
+}
+
+int loom_gpt2_head_forward_backward_rows(loom_gpt2_t *m, int mb, const int *targets, int B, int T, int row0,
+                                         int rows, float grad_scale, float *loss)
+{
+	int rc;
+	if ((rc = check_unit(m, mb, m->cfg.n_layer, B, T, "head_forward_backward_rows")) != LOOM_OK)
+		return rc;
+	if (row0 < 0 || rows < 1 || row0 > B * T - rows)
+		return loom_seterr(LOOM_EINVAL, "gpt2 head_forward_backward_rows: rows [%d, %d) of a batch of %d x %d "
+		                   "positions (expected 0 <= row0 < row0 + rows <= %d)", row0, row0 + rows, B, T, B * T);
+	if (!targets)
+		return loom_seterr(LOOM_EINVAL, "gpt2 head_forward_backward_rows: targets are NULL");
+	if ((rc = loom__gpt2_check_tokens(m, targets + row0, 1, rows, "targets")) != LOOM_OK)
+		return rc;
+	loom__gemm_setup(&m->gemm);
+	head_forward_backward(m, &m->arenas[mb], targets, B * T, row0, rows, grad_scale, loss);
 	return tp_status(m);
 }
 
@@ -980,7 +1007,7 @@ int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *tar
 	embed_forward(m, ar, inputs, B, T);
 	for (int l = 0; l < L; l++)
 		block_forward(m, ar, l, B, T);
-	head_forward_backward(m, ar, targets, B, T, grad_scale, loss);
+	head_forward_backward(m, ar, targets, B * T, 0, B * T, grad_scale, loss);
 	for (int l = L - 1; l >= 0; l--)
 		block_backward(m, ar, l, B, T);
 	embed_backward(m, inputs, B, T);

@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "core/util.h"
+#include "loom/train.h"
 #include "parallel/pp.h"
 
 enum { TAG_ACT = 91, TAG_GRAD = 92 };
@@ -50,9 +51,14 @@ typedef struct {
 	loom_exec_config_t cfg;
 	loom_gpt2_config_t mc;
 	loom_gpt2_t *stage;
-	loom_comm_t *ends;            /* first and last stage (the pp comm itself when P = 2; owned when split) */
+	loom_comm_t *ends;            /* the stages holding wte: first, last, and P-2 when it runs head rows
+	                                 (the pp comm itself when that is every stage; owned otherwise) */
 	int own_ends;
 	int P, s, lo, hi, M, arenas, nplan, ntensors;
+	int hrows;                    /* positions [0, hrows) of a micro-batch run their head on stage P-2,
+	                                 [hrows, B T) on the last (0: no split, the last runs them all) */
+	size_t in_off, out_off;       /* floats of an activation (and of its gradient) that stay on this
+	                                 stage instead of passing to the previous / next one */
 	int tp_size, tp_rank;         /* the model's tensor-parallel shard (1, 0: whole) */
 	int whole_reduce_set;         /* the caller's model has whole_reduce as its tp reduction */
 	size_t nparams, act;          /* act: floats of one activation (B x T x C); nparams: of the (shard) buffer */
@@ -66,8 +72,11 @@ typedef struct {
 	loom_request_t **act_sends;   /* of arena k's output, to the next stage */
 	loom_request_t *grad_sends[2], *act_recv, *grad_recv;
 	int inflight;
-	double wait_ms, busy_s, first_t, last_t; /* compute time of this step; its first start, last end */
-	double *times;                /* 3 x P: every stage's (first_t, last_t, busy_s) */
+	double wait_ms, busy_s[3], first_t, last_t; /* compute time of this step (forwards, the head rows
+	                                              of stage P-2, the rest of the backwards); its first
+	                                              start, last end */
+	double *times;                /* 5 x P: every stage's (first_t, last_t, busy_s[0..2]); then 3 x P:
+	                                 their forward, head rows and backward times per micro-batch */
 } pp_exec_t;
 
 static void pp_destroy(loom_exec_t *ex);
@@ -142,16 +151,18 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 		goto fail;
 	}
-	if ((rc = loom__pp_partition(&e->mc, cfg->T, e->P, lo)) != LOOM_OK)
+	if ((rc = loom_pp_stages(&e->mc, cfg->B, cfg->T, e->P, cfg->head_split, lo, &e->hrows)) != LOOM_OK)
 		goto fail;
 	e->lo = lo[e->s], e->hi = lo[e->s + 1];
+	e->out_off = e->s == e->P - 2 ? (size_t)e->hrows * e->mc.n_embd : 0;
+	e->in_off = e->s == e->P - 1 ? (size_t)e->hrows * e->mc.n_embd : 0;
 	e->plan = loom__calloc(2 * (size_t)e->M, sizeof *e->plan);
 	e->counts = loom__calloc((size_t)e->P, sizeof *e->counts);
 	e->used = loom__calloc((size_t)e->ntensors, 1);
 	e->inputs = loom__malloc(sizeof(int) * (size_t)e->M * cfg->B * cfg->T);
 	e->targets = loom__malloc(sizeof(int) * (size_t)e->M * cfg->B * cfg->T);
 	e->losses = loom__calloc((size_t)e->M, sizeof *e->losses);
-	e->times = loom__calloc(3 * (size_t)e->P, sizeof *e->times);
+	e->times = loom__calloc(8 * (size_t)e->P, sizeof *e->times);
 	e->act_rbuf = loom__malloc(sizeof(float) * e->act);
 	e->grad_rbuf = loom__malloc(sizeof(float) * e->act);
 	e->grad_sbuf[0] = loom__malloc(sizeof(float) * e->act);
@@ -169,7 +180,8 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	}
 	/* Which tensors each stage owns: its blocks' (tensor table `layer`), the embeddings on the first,
 	 * ln_f on the last; they are contiguous and tile the buffer in stage order. wte is also used by the
-	 * last stage (the lm head) but owned by the first. */
+	 * last stage (the lm head) but owned by the first; with the head's positions split, stage P-2 uses
+	 * wte and ln_f too. */
 	for (int t = 0; t < e->ntensors; t++) {
 		const loom_tensor_info_t ti = e->tensors[t];
 		int u = ti.layer, owner = u < 0 ? 0 : u >= e->mc.n_layer ? e->P - 1 : 0;
@@ -177,7 +189,8 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 			if (u >= lo[q] && u < lo[q + 1])
 				owner = q;
 		e->counts[owner] += ti.numel;
-		e->used[t] = owner == e->s || (t == 0 && e->s == e->P - 1);
+		e->used[t] = owner == e->s || (t == 0 && e->s == e->P - 1) ||
+		             (e->hrows && e->s == e->P - 2 && (t == 0 || u >= e->mc.n_layer));
 	}
 	/* The stage model: its layers, `arenas` arenas, parameters viewing the caller's buffer. */
 	memset(&o, 0, sizeof o);
@@ -188,14 +201,17 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	if ((rc = loom_gpt2_create_opts(&e->stage, &e->mc, &o)) != LOOM_OK ||
 	    (rc = loom_gpt2_set_param_buffer(e->stage, loom_gpt2_params(cfg->model))) != LOOM_OK)
 		goto fail;
-	/* The first and last stage sum wte's gradient: over the pipeline comm itself with two stages,
-	 * else over a communicator of the two (collective over the pipeline axis). */
-	if (e->P == 2) {
+	/* The stages holding wte (first, last, and P-2 when it runs head rows) sum its gradient (and ln_f's,
+	 * when split): over the pipeline comm itself when they are all of it, else over a communicator of
+	 * them (collective over the pipeline axis). */
+	int nends = e->hrows && e->P >= 3 ? 3 : 2; /* with P = 2, stage P-2 is the first */
+	if (e->P == nends) {
 		e->ends = cfg->pp;
 	} else if (e->P > 2) {
-		int end = e->s == 0 || e->s == e->P - 1;
+		int end = e->s == 0 || e->s == e->P - 1 || (e->hrows && e->s == e->P - 2);
 		if ((rc = loom_comm_split(cfg->pp, end ? 0 : LOOM_UNDEFINED, e->s, &e->ends)) != LOOM_OK) {
-			rc = loom_seterr(rc, "pipeline stage %d: the first-last communicator: %s", e->s, loom_errmsg());
+			rc = loom_seterr(rc, "pipeline stage %d: the communicator of the stages holding wte: %s", e->s,
+			                 loom_errmsg());
 			goto fail;
 		}
 		e->own_ends = 1;
@@ -246,7 +262,7 @@ static void event(pp_exec_t *e, loom__event_kind_t kind, int mb, int unit, doubl
 {
 	double t1 = loom_now();
 	if (kind == LOOM_EV_FORWARD || kind == LOOM_EV_BACKWARD) {
-		e->busy_s += t1 - t0;
+		e->busy_s[kind == LOOM_EV_FORWARD ? 0 : unit == -3 && e->s < e->P - 1 ? 1 : 2] += t1 - t0;
 		if (e->first_t == 0.0)
 			e->first_t = t0;
 		e->last_t = t1;
@@ -256,24 +272,27 @@ static void event(pp_exec_t *e, loom__event_kind_t kind, int mb, int unit, doubl
 }
 
 /* The measured bubble: each stage's idle share of the common span of the schedule (the ranks of a
- * job share one machine's monotonic clock, or clocks close enough for a fraction of a step). */
+ * job share one machine's monotonic clock, or clocks close enough for a fraction of a step), and the
+ * bubble the schedule should have with these stages' measured forward and backward times. */
 static int measure_bubble(pp_exec_t *e, double *bubble, double *expected)
 {
-	double mine[3] = {e->first_t, e->last_t, e->busy_s}, lo = 1e300, hi = -1e300, idle = 0.0;
-	double sum = 0.0, most = 0.0;
-	int rc = loom_allgather(e->cfg.pp, mine, e->times, 3, LOOM_FLOAT64);
+	double mine[5] = {e->first_t, e->last_t, e->busy_s[0], e->busy_s[1], e->busy_s[2]};
+	double lo = 1e300, hi = -1e300, idle = 0.0, *t = e->times;
+	int rc = loom_allgather(e->cfg.pp, mine, t, 5, LOOM_FLOAT64), P = e->P;
 	if (rc != LOOM_OK)
 		return loom_seterr(rc, "pipeline stage %d of %d: gathering the stages' timings: %s", e->s, e->P,
 		                   loom_comm_errmsg(e->cfg.pp));
-	for (int q = 0; q < e->P; q++)
-		lo = LOOM_MIN(lo, e->times[3 * q]), hi = LOOM_MAX(hi, e->times[3 * q + 1]);
-	for (int q = 0; q < e->P && hi > lo; q++)
-		idle += 1.0 - e->times[3 * q + 2] / (hi - lo);
-	*bubble = idle / e->P;
-	/* Unequal stages: the slowest sets the pace of the steady state, the others wait for it. */
-	for (int q = 0; q < e->P; q++)
-		sum += e->times[3 * q + 2] / e->M, most = LOOM_MAX(most, e->times[3 * q + 2] / e->M);
-	*expected = most > 0 ? 1.0 - e->M * (sum / e->P) / (sum + (e->M - 1) * most) : 0.0;
+	for (int q = 0; q < P; q++)
+		lo = LOOM_MIN(lo, t[5 * q]), hi = LOOM_MAX(hi, t[5 * q + 1]);
+	for (int q = 0; q < P && hi > lo; q++)
+		idle += 1.0 - (t[5 * q + 2] + t[5 * q + 3] + t[5 * q + 4]) / (hi - lo);
+	*bubble = idle / P;
+	/* per micro-batch: each stage's forward, head rows and rest of the backward */
+	double *fhb = t + 5 * P;
+	for (int q = 0; q < P; q++)
+		for (int k = 0; k < 3; k++)
+			fhb[k * P + q] = t[5 * q + 2 + k] / e->M;
+	*expected = loom__pp_bubble_sim(e->cfg.schedule, P, e->M, fhb, fhb + P, fhb + 2 * P);
 	return LOOM_OK;
 }
 
@@ -295,8 +314,9 @@ static int forward(pp_exec_t *e, int mb)
 	} else {
 		if ((rc = finish(e, &e->act_recv, rc, LOOM_EV_RECV, mb, e->s - 1)) != LOOM_OK)
 			return rc;
-		memcpy(loom_gpt2_block_input(e->stage, a, e->lo), e->act_rbuf, e->act * sizeof(float));
-		if (mb + 1 < e->M && (rc = loom_irecv(c->pp, e->act_rbuf, e->act, LOOM_FLOAT32, e->s - 1, TAG_ACT,
+		memcpy(loom_gpt2_block_input(e->stage, a, e->lo) + e->in_off, e->act_rbuf,
+		       (e->act - e->in_off) * sizeof(float));
+		if (mb + 1 < e->M && (rc = loom_irecv(c->pp, e->act_rbuf, e->act - e->in_off, LOOM_FLOAT32, e->s - 1, TAG_ACT,
 		                                      &e->act_recv)) != LOOM_OK)
 			return rc;
 	}
@@ -306,8 +326,9 @@ static int forward(pp_exec_t *e, int mb)
 			return rc;
 		event(e, LOOM_EV_FORWARD, mb, l, t0);
 	}
-	if (e->s < e->P - 1 && (rc = loom_isend(c->pp, loom_gpt2_block_input(e->stage, a, e->hi), e->act, LOOM_FLOAT32,
-	                                        e->s + 1, TAG_ACT, &e->act_sends[a])) != LOOM_OK)
+	if (e->s < e->P - 1 && (rc = loom_isend(c->pp, loom_gpt2_block_input(e->stage, a, e->hi) + e->out_off,
+	                                        e->act - e->out_off, LOOM_FLOAT32, e->s + 1, TAG_ACT,
+	                                        &e->act_sends[a])) != LOOM_OK)
 		return rc;
 	return LOOM_OK;
 }
@@ -322,17 +343,21 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
 	double t0;
 	/* Data-parallel gradient sync on the step's last backward only (as the local loop does). */
 	st->ops->set_sync(st, mb == e->M - 1);
-	if (e->s == e->P - 1) {
+	/* The head's positions: all of them on the last stage, or [hrows, B T) there and [0, hrows) on stage
+	 * P-2, which runs them first (from its own activations) and then takes the others' gradient. */
+	if (e->s == e->P - 1 || (e->hrows && e->s == e->P - 2)) {
+		int r0 = e->s == e->P - 1 ? e->hrows : 0, n = e->s == e->P - 1 ? (int)bt - e->hrows : e->hrows;
 		t0 = loom_now();
-		if ((rc = loom_gpt2_head_forward_backward(e->stage, a, e->targets + mb * bt, c->B, c->T, 1.0f / (float)e->M,
-		                                          &e->losses[mb])) != LOOM_OK)
+		if ((rc = loom_gpt2_head_forward_backward_rows(e->stage, a, e->targets + mb * bt, c->B, c->T, r0, n,
+		                                               1.0f / (float)e->M, &e->losses[mb])) != LOOM_OK)
 			return rc;
 		event(e, LOOM_EV_BACKWARD, mb, -3, t0); /* the head: its forward and backward */
-	} else {
+	}
+	if (e->s < e->P - 1) {
 		if ((rc = finish(e, &e->grad_recv, rc, LOOM_EV_RECV, mb, e->s + 1)) != LOOM_OK)
 			return rc;
-		memcpy(dstream, e->grad_rbuf, e->act * sizeof(float));
-		if (mb + 1 < e->M && (rc = loom_irecv(c->pp, e->grad_rbuf, e->act, LOOM_FLOAT32, e->s + 1, TAG_GRAD,
+		memcpy(dstream + e->out_off, e->grad_rbuf, (e->act - e->out_off) * sizeof(float));
+		if (mb + 1 < e->M && (rc = loom_irecv(c->pp, e->grad_rbuf, e->act - e->out_off, LOOM_FLOAT32, e->s + 1, TAG_GRAD,
 		                                      &e->grad_recv)) != LOOM_OK)
 			return rc;
 	}
@@ -350,9 +375,9 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
 	} else {
 		if ((rc = finish(e, &e->grad_sends[k], rc, LOOM_EV_SEND, mb - 2, e->s - 1)) != LOOM_OK)
 			return rc;
-		memcpy(e->grad_sbuf[k], dstream, e->act * sizeof(float));
-		if ((rc = loom_isend(c->pp, e->grad_sbuf[k], e->act, LOOM_FLOAT32, e->s - 1, TAG_GRAD, &e->grad_sends[k])) !=
-		    LOOM_OK)
+		memcpy(e->grad_sbuf[k], dstream + e->in_off, (e->act - e->in_off) * sizeof(float));
+		if ((rc = loom_isend(c->pp, e->grad_sbuf[k], e->act - e->in_off, LOOM_FLOAT32, e->s - 1, TAG_GRAD,
+		                     &e->grad_sends[k])) != LOOM_OK)
 			return rc;
 	}
 	return LOOM_OK;
@@ -368,17 +393,19 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 	double t0;
 	*loss_sum = 0.0;
 	memset(st, 0, sizeof *st);
-	e->wait_ms = 0.0, e->inflight = 0, e->busy_s = e->first_t = e->last_t = 0.0;
+	e->wait_ms = 0.0, e->inflight = 0, e->first_t = e->last_t = 0.0;
+	e->busy_s[0] = e->busy_s[1] = e->busy_s[2] = 0.0;
 	loom_gpt2_zero_grad(e->stage);
 	/* Every stage reads every micro-batch (the loaders stay in step); the first uses the inputs, the
 	 * last the targets. */
 	for (int j = 0; j < e->M; j++)
 		if ((rc = get(ctx, j, e->inputs + j * bt, e->targets + j * bt)) != LOOM_OK)
 			return rc;
-	if (e->s > 0 && (rc = loom_irecv(c->pp, e->act_rbuf, e->act, LOOM_FLOAT32, e->s - 1, TAG_ACT, &e->act_recv)))
+	if (e->s > 0 &&
+	    (rc = loom_irecv(c->pp, e->act_rbuf, e->act - e->in_off, LOOM_FLOAT32, e->s - 1, TAG_ACT, &e->act_recv)))
 		goto out;
 	if (e->s < e->P - 1 &&
-	    (rc = loom_irecv(c->pp, e->grad_rbuf, e->act, LOOM_FLOAT32, e->s + 1, TAG_GRAD, &e->grad_recv)))
+	    (rc = loom_irecv(c->pp, e->grad_rbuf, e->act - e->out_off, LOOM_FLOAT32, e->s + 1, TAG_GRAD, &e->grad_recv)))
 		goto out;
 	for (int i = 0; i < e->nplan; i++) {
 		const loom__pp_action_t *p = &e->plan[i];
@@ -399,17 +426,29 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 	if ((rc = s->ops->finish_grads(s, &ss)) != LOOM_OK)
 		goto out;
 	st->comm_ms = ss.comm_ms, st->exposed_comm_ms = ss.exposed_comm_ms;
-	/* The tied wte: the embedding's share (first stage) plus the lm head's (last). */
+	/* The tied wte: the embedding's share (first stage) plus the lm head's (last, and P-2 when it runs
+	 * head rows); with the head split, ln_f's two shares too (a member without ln_f adds zeros). */
 	t0 = loom_now();
-	if (e->ends && (e->s == 0 || e->s == e->P - 1)) {
+	int head = e->s == e->P - 1 || (e->hrows && e->s == e->P - 2);
+	if (e->ends && (e->s == 0 || head)) {
 		float *g = loom_gpt2_tensor_grad(e->stage, 0);
 		if ((rc = loom_allreduce(e->ends, g, g, e->tensors[0].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
-			rc = loom_seterr(rc, "pipeline stage %d of %d: summing wte's gradient between the first and last "
-			                 "stage: %s", e->s, e->P, loom_comm_errmsg(e->ends));
+			rc = loom_seterr(rc, "pipeline stage %d of %d: summing wte's gradient between the stages that hold it: "
+			                 "%s", e->s, e->P, loom_comm_errmsg(e->ends));
 			goto out;
 		}
+		for (int t = e->ntensors - 2; e->hrows && t < e->ntensors; t++) {
+			float *gl = loom_gpt2_tensor_grad(e->stage, t);
+			if (!head)
+				memset(gl, 0, e->tensors[t].numel * sizeof(float));
+			if ((rc = loom_allreduce(e->ends, gl, gl, e->tensors[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
+				rc = loom_seterr(rc, "pipeline stage %d of %d: summing ln_f's gradient between the stages that "
+				                 "share the head: %s", e->s, e->P, loom_comm_errmsg(e->ends));
+				goto out;
+			}
+		}
 	}
-	if (e->s == e->P - 1)
+	if (head)
 		for (int j = 0; j < e->M; j++)
 			*loss_sum += e->losses[j];
 	if ((rc = loom_allreduce(c->pp, loss_sum, loss_sum, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK) {
@@ -434,7 +473,10 @@ static int pp_grad_norm(loom_exec_t *ex, loom_strategy_t *s, double *norm)
 	if ((rc = s->ops->grad_norm(s, norm)) != LOOM_OK)
 		return rc;
 	sq = *norm * *norm;
-	if (e->s == e->P - 1) { /* wte is counted once, on the first stage */
+	if (e->hrows && e->s == e->P - 2) /* ln_f (replicated in a tp group) is counted once, on the last */
+		for (int t = e->ntensors - 2; t < e->ntensors; t++)
+			sq -= loom_grad_sumsq(loom_gpt2_tensor_grad(e->stage, t), e->tensors[t].numel);
+	if (e->s > 0 && (e->s == e->P - 1 || (e->hrows && e->s == e->P - 2))) { /* wte: once, on the first stage */
 		double w = loom_grad_sumsq(loom_gpt2_tensor_grad(e->stage, 0), e->tensors[0].numel);
 		/* a tp shard holds some of wte's rows: the strategy's norm has the group's sum of them */
 		if (e->tp_size > 1 && (rc = loom_allreduce(e->cfg.tp, &w, &w, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK)

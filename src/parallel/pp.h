@@ -43,12 +43,24 @@ const char *loom__pp_schedule_name(loom_pp_schedule_t kind); /* "?" when invalid
 int loom__pp_plan(loom_pp_schedule_t kind, int P, int s, int M, loom__pp_action_t *out);
 /* The ideal bubble fraction of the schedule, (P-1)/(M+P-1) for both. */
 double loom__pp_bubble_theory(loom_pp_schedule_t kind, int P, int M);
+/* The bubble a schedule idles when stage s takes f[s] per forward and h[s] + b[s] per backward, of
+ * which h[s] (h may be NULL: none) needs no input from the next stage (stage P-2's share of a split
+ * head) and runs first, and transfers take no time: the stages' mean idle fraction over the span from
+ * the first forward to the last backward, as the executor measures it (the schedule run as a
+ * discrete-event simulation). Equal stages give loom__pp_bubble_theory; unequal ones more, and a
+ * last stage without a forward (the head alone, fused into its backward) or an h less. -1 when out
+ * of memory. */
+double loom__pp_bubble_sim(loom_pp_schedule_t kind, int P, int M, const double *f, const double *h,
+                           const double *b);
 /* Layers of the P stages balanced by FLOPs (forward + backward per token, the embedding on the first
  * stage, ln_f + lm head + loss on the last): stage s runs blocks [lo[s], lo[s+1]), lo[0] = 0,
  * lo[P] = L, at least one block each but the last, which may run the head alone (lo[P-1] = L) when
- * that is cheaper (P <= L; LOOM_EINVAL naming both otherwise). Minimizes the most expensive stage;
- * ties go to the earlier split. */
-int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo);
+ * that is cheaper; the head's positions are then shared with stage P-2, which holds the head's input
+ * (its last block's output): *head_split (may be NULL; 0 when there is no split) is the fraction of
+ * every micro-batch's positions whose head stage P-2 computes, so that the two stages cost the same.
+ * P <= L; LOOM_EINVAL naming both otherwise. Minimizes the most expensive stage; ties go to the
+ * earlier split, and to no split of the head. */
+int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo, double *head_split);
 
 /* ---- the executor ------------------------------------------------------------------------------ */
 
@@ -70,6 +82,7 @@ typedef struct {
 	                                that rank's shard (loom_gpt2_opts_t tp_size, tp_rank) */
 	int B, T, M;                 /* micro-batch and micro-batches per step (the accumulation) */
 	loom_pp_schedule_t schedule;
+	double head_split;           /* loom_train_config_t pp_head_split: 0 balanced, < 0 off, else the fraction */
 	int *inputs, *targets;       /* B x T each (borrowed): where the local executor reads a micro-batch */
 	loom__event_fn on_event;     /* may be NULL */
 	void *event_ctx;
@@ -85,9 +98,9 @@ typedef struct {
 	double bubble;                   /* the stages' mean idle fraction over the schedule's common span
 	                                    (first forward of any stage to last backward of any), from the
 	                                    same timestamps as the trace; 0 for the local executor */
-	double bubble_expected;          /* what a schedule of these stages' measured compute times t_s per
-	                                    micro-batch should idle: 1 - M mean(t) / (sum(t) + (M-1) max(t)),
-	                                    which is (P-1)/(M+P-1) when the stages are balanced */
+	double bubble_expected;          /* what the schedule idles with these stages' measured compute
+	                                    times per forward and backward (loom__pp_bubble_sim), which is
+	                                    (P-1)/(M+P-1) when the stages are balanced */
 } loom_exec_stats_t;
 
 typedef struct {

@@ -9,10 +9,12 @@
  * the last backward, where data-parallel gradient sync happens, is micro-batch M-1 on every stage);
  * and the micro-batches in flight (forward done, backward not) are consecutive, at most `arenas` of
  * them, so micro-batch mb may use arena mb % arenas. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/util.h"
+#include "loom/train.h"
 #include "parallel/pp.h"
 
 /* GPipe: every forward, then every backward. */
@@ -77,6 +79,59 @@ double loom__pp_bubble_theory(loom_pp_schedule_t kind, int P, int M)
 	return (double)(P - 1) / (double)(M + P - 1);
 }
 
+double loom__pp_bubble_sim(loom_pp_schedule_t kind, int P, int M, const double *f, const double *h, const double *b)
+{
+	loom__pp_action_t *plan = loom__malloc(sizeof *plan * 2 * (size_t)M * (size_t)P);
+	double *fdone = loom__malloc(sizeof(double) * 2 * (size_t)M * (size_t)P), *bdone = fdone + (size_t)M * P;
+	double *free_at = loom__calloc((size_t)P, sizeof(double));
+	int *next = loom__calloc((size_t)P, sizeof(int)), *started = loom__calloc((size_t)P, sizeof(int));
+	int left = 2 * M * P;
+	double span = 0.0, idle = 0.0;
+	if (!plan || !fdone || !free_at || !next || !started) {
+		free(plan), free(fdone), free(free_at), free(next), free(started);
+		return -1.0;
+	}
+	for (int s = 0; s < P; s++)
+		loom__pp_plan(kind, P, s, M, plan + (size_t)s * 2 * M);
+	for (size_t i = 0; i < 2 * (size_t)M * P; i++)
+		fdone[i] = -1.0;
+	/* Run every stage's next action whose input is there (the previous stage's forward of the same
+	 * micro-batch, the next stage's backward), until all have run; the schedules' orders are
+	 * deadlock-free, so every sweep runs at least one. */
+	while (left > 0) {
+		int ran = 0;
+		for (int s = 0; s < P; s++) {
+			if (next[s] == 2 * M)
+				continue;
+			const loom__pp_action_t *a = &plan[(size_t)s * 2 * M + next[s]];
+			double ready = a->op == 'F' ? (s > 0 ? fdone[(size_t)(s - 1) * M + a->mb] : 0.0)
+			                            : (s < P - 1 ? bdone[(size_t)(s + 1) * M + a->mb] : 0.0);
+			if (ready < 0.0 && (a->op == 'F' || !h || h[s] == 0.0))
+				continue;
+			if (ready < 0.0 && a->op == 'B' && !started[s]) { /* its own part runs while the input is awaited */
+				free_at[s] += h[s], started[s] = 1;
+				ran = 1;
+				continue;
+			}
+			if (ready < 0.0)
+				continue;
+			double own = a->op == 'B' && h && !started[s] ? h[s] : 0.0;
+			double t = LOOM_MAX(ready, free_at[s] + own) + (a->op == 'F' ? f[s] : b[s]);
+			started[s] = 0;
+			(a->op == 'F' ? fdone : bdone)[(size_t)s * M + a->mb] = free_at[s] = t;
+			next[s]++, left--, ran = 1;
+		}
+		if (!ran)
+			break; /* not a valid schedule: cannot happen for the table's rows */
+	}
+	for (int s = 0; s < P; s++)
+		span = LOOM_MAX(span, free_at[s]);
+	for (int s = 0; s < P && span > 0.0; s++)
+		idle += 1.0 - M * (f[s] + (h ? h[s] : 0.0) + b[s]) / span;
+	free(plan), free(fdone), free(free_at), free(next), free(started);
+	return left > 0 ? -1.0 : idle / P;
+}
+
 /* FLOPs per token, forward + backward, of block costs and of the head (as loom_gpt2_flops_per_token
  * counts them: 6 x matmul parameters, 12 x C x T per block for attention; the lm head's matmul over
  * the vocabulary is 2 V C forward and 4 V C backward). */
@@ -86,10 +141,12 @@ static double block_flops(const loom_gpt2_config_t *c, int T)
 	return 6.0 * 12.0 * C * C + 12.0 * C * T;
 }
 
-int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo)
+int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo, double *head_split)
 {
 	enum { MAXL = 4096 };
 	int L = cfg->n_layer;
+	if (head_split)
+		*head_split = 0.0;
 	if (P < 1 || P > L)
 		return loom_seterr(LOOM_EINVAL, "pipeline: %d stages for a model of %d layers: every stage needs at "
 		                   "least one layer (--pp must be <= %d)", P, L, L);
@@ -109,9 +166,7 @@ int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo)
 		for (int l = 0; l <= L; l++)
 			AT(best, s, l) = 1e300, AT(cut, s, l) = 0;
 	AT(best, 0, 0) = 0;
-	/* Stages before the last hold at least one block; the last may hold the head alone (k = L) when
-	 * the head outweighs what a block would add to the other stages (e.g. `small`'s 50257-row lm
-	 * head, ten blocks' worth). */
+	/* Stages before the last hold at least one block. */
 	for (int s = 1; s < P; s++)
 		for (int l = s; l <= L; l++)
 			for (int k = s - 1; k < l; k++) {
@@ -119,7 +174,8 @@ int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo)
 				if (m < AT(best, s, l))
 					AT(best, s, l) = m, AT(cut, s, l) = k;
 			}
-	for (int k = P - 1; k <= L; k++) {
+	/* The last stage: blocks [k, L) and the head, ... */
+	for (int k = P - 1; k < L; k++) {
 		double m = LOOM_MAX(AT(best, P - 1, k), (L - k) * blk + head);
 		if (m < AT(best, P, L))
 			AT(best, P, L) = m, AT(cut, P, L) = k;
@@ -127,7 +183,46 @@ int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo)
 	lo[P] = L;
 	for (int s = P; s >= 1; s--)
 		lo[s - 1] = AT(cut, s, lo[s]);
+	/* ... or the head alone, its positions shared with the stage before, which holds the last block
+	 * and so the head's input (e.g. `small`'s 50257-row lm head, ten blocks' worth, against its six
+	 * blocks): with blocks [k, L) of cost c there, the two stages cost max(c, (c + head) / 2) when the
+	 * stage before takes (head - c) / (2 head) of the positions. */
+	int split_k = -1;
+	double split_cost = AT(best, P, L);
+	for (int k = P - 2; P >= 2 && k < L; k++) {
+		double c = (L - k) * blk, m = LOOM_MAX(AT(best, P - 2, k), LOOM_MAX(c, 0.5 * (c + head)));
+		if (m < split_cost)
+			split_cost = m, split_k = k;
+	}
+	if (split_k >= 0) {
+		double c = (L - split_k) * blk;
+		lo[P] = lo[P - 1] = L, lo[P - 2] = split_k;
+		for (int s = P - 2; s >= 1; s--)
+			lo[s - 1] = AT(cut, s, lo[s]);
+		if (head_split)
+			*head_split = head > c ? (head - c) / (2.0 * head) : 0.0;
+	}
 #undef AT
 	free(best), free(cut);
+	return LOOM_OK;
+}
+
+int loom_pp_stages(const loom_gpt2_config_t *cfg, int B, int T, int P, double head_split, int *lo, int *head_rows)
+{
+	double split;
+	int rc, n = B * T;
+	*head_rows = 0;
+	if (!(head_split < 1.0))
+		return loom_seterr(LOOM_EINVAL, "pipeline: head split %g must be < 1 (a fraction of the positions; 0: "
+		                   "balanced by FLOPs, negative: off)", head_split);
+	if (B < 1 || T < 1)
+		return loom_seterr(LOOM_EINVAL, "pipeline: batch %d x %d", B, T);
+	if ((rc = loom__pp_partition(cfg, T, P, lo, &split)) != LOOM_OK)
+		return rc;
+	if (P < 2 || head_split < 0.0 || lo[P - 1] < cfg->n_layer)
+		return LOOM_OK; /* off, or no head-alone last stage to share with */
+	if (head_split > 0.0)
+		split = head_split;
+	*head_rows = (int)LOOM_MIN(lround(split * n), (long)n - 1);
 	return LOOM_OK;
 }

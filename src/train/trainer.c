@@ -118,6 +118,9 @@ static int check_config(const loom_train_config_t *c, loom_gpt2_t *model)
 	loom_pp_schedule_t sched;
 	if (c->pp_schedule && (rc = loom__pp_schedule_parse(c->pp_schedule, &sched)) != LOOM_OK)
 		return loom_seterr(rc, "trainer: %s", loom_errmsg());
+	if (!(c->pp_head_split < 1.0))
+		return loom_seterr(LOOM_EINVAL, "trainer: pipeline head split %g must be < 1 (a fraction of the positions; "
+		                   "0: balanced by FLOPs, negative: off)", c->pp_head_split);
 	if (c->mesh) {
 		int tp = loom_mesh_size(c->mesh, LOOM_MESH_TP), pp = loom_mesh_size(c->mesh, LOOM_MESH_PP);
 		if (pp > mc->n_layer)
@@ -213,6 +216,7 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	                         .on_event = tr->trace ? loom__trace_event : NULL, .event_ctx = tr->trace};
 	if (cfg->pp_schedule)
 		loom__pp_schedule_parse(cfg->pp_schedule, &ec.schedule); /* checked above */
+	ec.head_split = cfg->pp_head_split;
 	const loom_exec_ops_t *eo = tr->pp ? loom__exec_pipeline() : loom__exec_local();
 	if ((rc = eo->create(&tr->exec, &ec)) != LOOM_OK)
 		goto fail;
