@@ -34,11 +34,12 @@
 enum { STEPS = 10, TT = 32 };
 
 static char g_dir[512];
-static double g_ref[STEPS + 1];
+static double g_ref[STEPS + 1], g_ref_norm[STEPS + 1];
 static float g_ref_val;
 static float *g_ref_params;
 static loom_gpt2_config_t g_mc;
-static int g_heavy; /* 1: the reference's model is `tiny` cut to 2 layers of C 32 with a 4096-row lm head */
+static int g_heavy; /* the reference's model is `tiny` cut to C 32 with a 4096-row lm head: 1: 2 layers,
+                       2: 4 layers */
 
 static int make_data(const char *dir)
 {
@@ -82,14 +83,14 @@ static int reference(int accum)
 	snprintf(glob, sizeof glob, "%s/train_*.bin", g_dir);
 	loom_train_config_t c = config(glob, accum);
 	CHECK_OK(loom_gpt2_preset("tiny", &g_mc));
-	if (g_heavy) /* the head outweighs both blocks: a pp 2 partition gives it a stage of its own */
-		g_mc.n_layer = 2, g_mc.n_embd = 32, g_mc.vocab_size = 4096;
+	if (g_heavy) /* the head outweighs the blocks: a pp 2 partition gives it a stage of its own */
+		g_mc.n_layer = g_heavy == 2 ? 4 : 2, g_mc.n_embd = 32, g_mc.vocab_size = 4096;
 	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
 	loom_gpt2_init(m, 11);
 	CHECK_OK(loom_trainer_create(&tr, &c, m));
 	for (int s = 1; s <= STEPS; s++) {
 		CHECK_OK(loom_trainer_step(tr, &sm));
-		g_ref[s] = sm.loss;
+		g_ref[s] = sm.loss, g_ref_norm[s] = sm.grad_norm;
 		CHECK_EQ(sm.max_inflight, 1);
 		CHECK(sm.bubble == 0.0);
 	}
@@ -113,6 +114,8 @@ typedef struct {
 	int tp;        /* tensor-parallel size (0: 1); each stage is then a tp shard of its layers */
 	const char *resume; /* resume from this checkpoint first (its steps are not run again) */
 	double tol;    /* max_diff_ok's tolerance for the final parameters (0: 1e-5, or -1e-5 with tp > 1) */
+	double head_split; /* loom_train_config_t pp_head_split (0: balanced by FLOPs) */
+	int head_rows; /* the positions of a micro-batch whose head stage pp-2 must compute (checked) */
 } run_t;
 
 /* The largest difference of two parameter sets must be within tol (tol < 0: their relative L2
@@ -192,6 +195,7 @@ static int pp_rank(int rank, int nranks, void *arg)
 	snprintf(save, sizeof save, "%s/%s", g_dir, r->resume ? "ckpt_resumed" : "ckpt");
 	loom_train_config_t c = config(glob, r->M);
 	c.pp_schedule = r->schedule;
+	c.pp_head_split = r->head_split;
 	c.bucket_mb = 0.05; /* several buckets per stage */
 	c.save_dir = save;
 	c.trace_dir = r->trace;
@@ -207,7 +211,10 @@ static int pp_rank(int rank, int nranks, void *arg)
 		first = (int)loom_trainer_steps_done(tr) + 1;
 		CHECK_EQ(first, 6);
 	}
-	int stage = loom_mesh_coord(mesh, LOOM_MESH_PP);
+	int stage = loom_mesh_coord(mesh, LOOM_MESH_PP), lo[8], rows;
+	CHECK(r->pp < 8);
+	CHECK_OK(loom_pp_stages(&g_mc, 1, TT, r->pp, r->head_split, lo, &rows));
+	CHECK_EQ(rows, r->head_rows);
 	int want_inflight = !strcmp(r->schedule, "gpipe") ? r->M : (r->M < r->pp - stage ? r->M : r->pp - stage);
 	if (r->trace) {
 		CHECK_OK(loom_trainer_run(tr, NULL, NULL)); /* saves at the last step; writes the trace */
@@ -215,6 +222,7 @@ static int pp_rank(int rank, int nranks, void *arg)
 		for (int s = first; s <= STEPS; s++) {
 			CHECK_OK(loom_trainer_step(tr, &sm));
 			CHECK_NEAR(sm.loss, g_ref[s], 1e-5 * g_ref[s]);
+			CHECK_NEAR(sm.grad_norm, g_ref_norm[s], 1e-5 * g_ref_norm[s]); /* each tensor counted once */
 			if (r->pp == 1) { /* the local executor */
 				CHECK_EQ(sm.max_inflight, 1);
 			} else {
@@ -362,21 +370,59 @@ TEST(pp_dp2_x_tp2_x_pp2)
 }
 
 /* A last stage that runs the head alone (blocks [L, L)): a model whose lm head outweighs its blocks,
- * pp 2 with GPipe and 1F1B and tp 2 x pp 2, against one process with accumulation 4. */
+ * against one process with accumulation 4. The FLOPs balance gives stage 0 the head of 13 of each
+ * micro-batch's 32 positions (pp 2 with GPipe and 1F1B, and tp 2 x pp 2); a given fraction (8 of 32)
+ * and no split at all (the last stage runs every position) train the same. */
 TEST(pp_head_alone_on_the_last_stage)
 {
-	static const char *const scheds[] = {"gpipe", "1f1b"};
+	static const struct {
+		const char *sched;
+		int tp;
+		double split;
+		int rows;
+	} runs[] = {{"gpipe", 1, 0.0, 13}, {"1f1b", 1, 0.0, 13}, {"1f1b", 2, 0.0, 13}, {"1f1b", 1, 0.25, 8},
+	            {"1f1b", 1, -1.0, 0}};
 	int lo[3], rc = 0;
+	double split;
 	g_heavy = 1;
 	CHECK_EQ(setup(4), 0);
 	g_heavy = 0;
-	CHECK_OK(loom__pp_partition(&g_mc, TT, 2, lo));
+	CHECK_OK(loom__pp_partition(&g_mc, TT, 2, lo, &split));
 	CHECK(lo[0] == 0 && lo[1] == 2 && lo[2] == 2);
-	for (int k = 0; k < 3 && !rc; k++) {
-		run_t r = {.dp = 1, .tp = k == 2 ? 2 : 1, .pp = 2, .M = 4, .schedule = scheds[k % 2]};
+	/* head 6 V C = 786432 FLOPs per token, a block 72 C^2 + 12 C T = 86016: (head - 2 blocks) / 2 head */
+	CHECK_NEAR(split, (786432.0 - 2 * 86016.0) / (2 * 786432.0), 1e-12);
+	for (int k = 0; k < (int)(sizeof runs / sizeof runs[0]) && !rc; k++) {
+		run_t r = {.dp = 1, .tp = runs[k].tp, .pp = 2, .M = 4, .schedule = runs[k].sched,
+		           .head_split = runs[k].split, .head_rows = runs[k].rows};
 		rc = test_spawn(2 * r.tp, pp_rank, &r, 120, NULL);
 		if (rc)
-			fprintf(stderr, "head alone: tp %d x pp 2, %s failed\n", r.tp, scheds[k % 2]);
+			fprintf(stderr, "head alone: tp %d x pp 2, %s, split %g failed\n", r.tp, r.schedule, r.head_split);
+	}
+	teardown();
+	return rc;
+}
+
+/* The head's positions shared with a middle stage (pp 3: blocks 0-2 | block 3 + head of 14 of 32
+ * positions | the rest of the head; pp 4: 0 | 1-2 | 3 + 14 positions | the rest): that stage holds wte
+ * and ln_f too, their gradients are summed over the three stages that hold them, and each is counted
+ * once in the norm. Against one process with accumulation 4. */
+TEST(pp_head_split_with_a_middle_stage)
+{
+	int lo[5], rc = 0;
+	double split;
+	g_heavy = 2;
+	CHECK_EQ(setup(4), 0);
+	g_heavy = 0;
+	CHECK_OK(loom__pp_partition(&g_mc, TT, 3, lo, &split));
+	CHECK(lo[0] == 0 && lo[1] == 3 && lo[2] == 4 && lo[3] == 4);
+	CHECK_NEAR(split, (786432.0 - 86016.0) / (2 * 786432.0), 1e-12);
+	CHECK_OK(loom__pp_partition(&g_mc, TT, 4, lo, &split));
+	CHECK(lo[0] == 0 && lo[1] == 1 && lo[2] == 3 && lo[3] == 4 && lo[4] == 4);
+	for (int P = 3; P <= 4 && !rc; P++) {
+		run_t r = {.dp = 1, .pp = P, .M = 4, .schedule = P == 3 ? "1f1b" : "gpipe", .head_rows = 14};
+		rc = test_spawn(P, pp_rank, &r, 180, NULL);
+		if (rc)
+			fprintf(stderr, "head split with a middle stage: pp %d failed\n", P);
 	}
 	teardown();
 	return rc;
@@ -586,7 +632,8 @@ TEST(pp_schedules_and_partition)
 {
 	loom__pp_action_t a[16];
 	char got[64];
-	int lo[5];
+	int lo[5], rows;
+	double split;
 	loom_gpt2_config_t mc;
 	CHECK_EQ(loom__pp_plan(LOOM_PP_1F1B, 4, 0, 6, a), 4);
 	for (int i = 0; i < 12; i++)
@@ -603,22 +650,54 @@ TEST(pp_schedules_and_partition)
 	got[6] = 0;
 	CHECK_EQ(strcmp(got, "012abc"), 0);
 	CHECK_NEAR(loom__pp_bubble_theory(LOOM_PP_1F1B, 2, 8), 1.0 / 9.0, 1e-15);
+	/* the simulated schedule: equal stages idle the theory's (P-1)/(M+P-1) in both schedules */
+	double f4[4] = {1, 1, 1, 1}, b4[4] = {2, 2, 2, 2}, h4[4] = {0, 0, 0, 0};
+	CHECK_NEAR(loom__pp_bubble_sim(LOOM_PP_1F1B, 4, 6, f4, NULL, b4), 3.0 / 9.0, 1e-12);
+	CHECK_NEAR(loom__pp_bubble_sim(LOOM_PP_GPIPE, 4, 6, f4, h4, b4), 3.0 / 9.0, 1e-12);
+	/* a slow last stage paces the others: P 2, M 4, stage 0 3 per micro-batch, stage 1 6: the span is
+	 * 1 + 4 x 6 + 2 = 27 (stage 0's first forward, stage 1's four, stage 0's last backward) */
+	double f2[2] = {1, 2}, b2[2] = {2, 4};
+	CHECK_NEAR(loom__pp_bubble_sim(LOOM_PP_1F1B, 2, 4, f2, NULL, b2), 1.0 - (12.0 + 24.0) / (2 * 27.0), 1e-12);
+	/* the head alone on stage 1 (no forward, 5 per backward) and 1 of stage 0's 4 per backward that
+	 * needs nothing from it (its share of the head): 1F1B M 2 runs stage 0 F0 0-1, F1 1-2, own part of
+	 * B0 2-3, waits for stage 1's B0 (1-6), B0 6-9, own part of B1 9-10, stage 1's B1 (6-11), B1
+	 * 11-14; stage 1 idles 0-1 and 11-14: span 14 */
+	double fh[2] = {1, 0}, hh[2] = {1, 0}, bh[2] = {3, 5};
+	CHECK_NEAR(loom__pp_bubble_sim(LOOM_PP_1F1B, 2, 2, fh, hh, bh), 1.0 - (10.0 + 10.0) / (2 * 14.0), 1e-12);
 	CHECK_OK(loom_gpt2_preset("tiny", &mc)); /* the head is cheap: 2 + 2 */
-	CHECK_OK(loom__pp_partition(&mc, 32, 2, lo));
+	CHECK_OK(loom__pp_partition(&mc, 32, 2, lo, &split));
+	CHECK(split == 0.0);
 	CHECK_EQ(lo[0], 0);
 	CHECK_EQ(lo[1], 2);
 	CHECK_EQ(lo[2], 4);
-	CHECK_OK(loom_gpt2_preset("small", &mc)); /* the 50257-row lm head outweighs the six blocks: a stage alone */
-	CHECK_OK(loom__pp_partition(&mc, 256, 2, lo));
-	CHECK_EQ(lo[1], 6);
-	CHECK_OK(loom__pp_partition(&mc, 256, 3, lo));
-	CHECK(lo[0] == 0 && lo[1] == 3 && lo[2] == 6 && lo[3] == 6);
-	CHECK_ERR(loom__pp_partition(&mc, 256, 7, lo), LOOM_EINVAL);
+	/* `small`: the 50257-row lm head (6 V C = 115792128 FLOPs per token) outweighs the six blocks (72 C^2 +
+	 * 12 C T = 11796480 each at T 256): a stage alone, sharing (head - c) / (2 head) of the positions with
+	 * the stage before, whose blocks cost c */
+	CHECK_OK(loom_gpt2_preset("small", &mc));
+	CHECK_OK(loom__pp_partition(&mc, 256, 2, lo, &split));
+	CHECK(lo[0] == 0 && lo[1] == 6 && lo[2] == 6);
+	CHECK_NEAR(split, (115792128.0 - 6 * 11796480.0) / (2 * 115792128.0), 1e-12);
+	CHECK_OK(loom_pp_stages(&mc, 1, 256, 2, 0.0, lo, &rows));
+	CHECK_EQ(rows, 50); /* 0.19437 x 256 = 49.76 */
+	CHECK_OK(loom_pp_stages(&mc, 2, 256, 2, 0.5, lo, &rows));
+	CHECK_EQ(rows, 256);
+	CHECK_OK(loom_pp_stages(&mc, 1, 256, 2, -1.0, lo, &rows));
+	CHECK(rows == 0 && lo[1] == 6 && lo[2] == 6);
+	CHECK_ERR(loom_pp_stages(&mc, 1, 256, 2, 1.0, lo, &rows), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "must be < 1");
+	/* pp 3: blocks 0-4 | block 5 + 45% of the head | the rest, each 5.4 blocks' worth */
+	CHECK_OK(loom__pp_partition(&mc, 256, 3, lo, &split));
+	CHECK(lo[0] == 0 && lo[1] == 5 && lo[2] == 6 && lo[3] == 6);
+	CHECK_NEAR(split, (115792128.0 - 11796480.0) / (2 * 115792128.0), 1e-12);
+	CHECK_ERR(loom__pp_partition(&mc, 256, 7, lo, NULL), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "7 stages for a model of 6 layers");
 	CHECK_OK(loom_gpt2_preset("gpt2", &mc)); /* 12 blocks of C 768: the head is 4.5 blocks' worth */
-	CHECK_OK(loom__pp_partition(&mc, 1024, 2, lo));
+	CHECK_OK(loom__pp_partition(&mc, 1024, 2, lo, &split));
 	CHECK_EQ(lo[1], 8);
-	CHECK_OK(loom__pp_partition(&mc, 1024, 1, lo));
+	CHECK(split == 0.0);
+	CHECK_OK(loom_pp_stages(&mc, 1, 1024, 2, 0.3, lo, &rows));
+	CHECK_EQ(rows, 0); /* no head-alone stage to share with: a given fraction does not apply */
+	CHECK_OK(loom__pp_partition(&mc, 1024, 1, lo, NULL));
 	CHECK(lo[0] == 0 && lo[1] == 12);
 	return 0;
 }

@@ -446,6 +446,8 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 				                 "share the head: %s", e->s, e->P, loom_comm_errmsg(e->ends));
 				goto out;
 			}
+			if (!head) /* the first stage keeps no share of ln_f (nor counts it in the norm) */
+				memset(gl, 0, e->tensors[t].numel * sizeof(float));
 		}
 	}
 	if (head)
