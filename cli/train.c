@@ -215,7 +215,7 @@ static void parse(int argc, char **argv, opts_t *o)
 		else if (FLAG("--schedule") && (!strcmp(v, "gpipe") || !strcmp(v, "1f1b"))) o->tc.pp_schedule = v;
 		else if (FLAG("--pp-head-split"))
 			o->tc.pp_head_split = !strcmp(v, "auto") ? 0.0 : !strcmp(v, "off") ? -1.0
-			                      : dbl_in("--pp-head-split", v, 1, 0, 1, 1);
+			                      : dbl_in("--pp-head-split", v, 0, 1, 1, 1);
 		else if (!strcmp(a, "--schedule") || !strncmp(a, "--schedule=", 11)) {
 			if (loom_schedule_parse(v, &o->tc.lr.kind) != LOOM_OK)
 				cli_die("train", "--schedule: %s", loom_errmsg());

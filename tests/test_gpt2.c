@@ -623,6 +623,55 @@ TEST(gpt2_units_compose_to_fused_pass)
 	return 0;
 }
 
+/* The head on parts of the positions (a pipeline sharing the head between two stages): rows [0, 5)
+ * then [5, 16) of a 2 x 8 batch give the whole head's loss (the parts add up to the mean), stream
+ * gradient and ln_f / wte gradients up to rounding, and so the whole backward's gradients; rows
+ * outside the batch and NULL targets are errors. */
+TEST(gpt2_head_rows_compose_to_whole_head)
+{
+	const loom_gpt2_config_t *cfg = &tiny_cfg;
+	loom_gpt2_opts_t o = {.B = 2, .T = 8};
+	loom_gpt2_t *a, *b;
+	int in[16], tg[16], L = cfg->n_layer;
+	size_t n = loom_gpt2_num_params(cfg), NC = 16 * (size_t)cfg->n_embd;
+	float la, lb[2];
+	CHECK_OK(twin_models(&a, &b, cfg, &o, 51));
+	random_tokens(in, 16, cfg->vocab_size, 52);
+	random_tokens(tg, 16, cfg->vocab_size, 53);
+	loom_gpt2_zero_grad(a);
+	loom_gpt2_zero_grad(b);
+	CHECK_OK(units_forward(a, 0, in, 2, 8, 0, L));
+	CHECK_OK(loom_gpt2_head_forward_backward(a, 0, tg, 2, 8, 0.5f, &la));
+	CHECK_OK(units_forward(b, 0, in, 2, 8, 0, L));
+	float *db = loom_gpt2_stream_grad(b);
+	for (size_t i = 0; i < NC; i++)
+		db[i] = 1e30f; /* every row is written by one of the two parts */
+	CHECK_OK(loom_gpt2_head_forward_backward_rows(b, 0, tg, 2, 8, 0, 5, 0.5f, &lb[0]));
+	CHECK_OK(loom_gpt2_head_forward_backward_rows(b, 0, tg, 2, 8, 5, 11, 0.5f, &lb[1]));
+	CHECK_NEAR(lb[0] + lb[1], la, 1e-6 * la);
+	CHECK(lb[0] > 0.1f * la && lb[1] > 0.1f * la); /* each part is its rows' share, not the mean */
+	const float *da = loom_gpt2_stream_grad(a);
+	for (size_t i = 0; i < NC; i++)
+		CHECK_NEAR(db[i], da[i], 1e-6 * fabsf(da[i]) + 1e-9);
+	for (int l = L - 1; l >= 0; l--) {
+		CHECK_OK(loom_gpt2_block_backward(a, 0, l, 2, 8));
+		CHECK_OK(loom_gpt2_block_backward(b, 0, l, 2, 8));
+	}
+	CHECK_OK(loom_gpt2_embed_backward(a, 0, in, 2, 8));
+	CHECK_OK(loom_gpt2_embed_backward(b, 0, in, 2, 8));
+	const float *ga = loom_gpt2_grads(a), *gb = loom_gpt2_grads(b);
+	for (size_t i = 0; i < n; i++)
+		CHECK_NEAR(gb[i], ga[i], 1e-5 * fabsf(ga[i]) + 1e-7);
+	CHECK_ERR(loom_gpt2_head_forward_backward_rows(b, 0, tg, 2, 8, 10, 7, 0.5f, NULL), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "rows [10, 17) of a batch of 2 x 8");
+	CHECK_ERR(loom_gpt2_head_forward_backward_rows(b, 0, tg, 2, 8, 3, 0, 0.5f, NULL), LOOM_EINVAL);
+	CHECK_ERR(loom_gpt2_head_forward_backward_rows(b, 0, NULL, 2, 8, 0, 4, 0.5f, NULL), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "targets are NULL");
+	loom_gpt2_destroy(a);
+	loom_gpt2_destroy(b);
+	return 0;
+}
+
 TEST(gpt2_arenas_interleave_micro_batches)
 {
 	/* Two arenas hold two micro-batches at once: F0 F1 B0 B1 and F0 B0 F1 B1 give, bit for bit, the
