@@ -393,6 +393,9 @@ TEST(pp_head_alone_on_the_last_stage)
 	CHECK(lo[0] == 0 && lo[1] == 2 && lo[2] == 2);
 	/* head 6 V C = 786432 FLOPs per token, a block 72 C^2 + 12 C T = 86016: (head - 2 blocks) / 2 head */
 	CHECK_NEAR(split, (786432.0 - 2 * 86016.0) / (2 * 786432.0), 1e-12);
+	int per[4], want[4] = {15, 13, 13, 13}; /* 1F1B: stage 0 takes more of the first micro-batch */
+	CHECK_OK(loom__pp_head_rows(&g_mc, LOOM_PP_1F1B, TT, TT, 2, 4, lo, 13, 1, per));
+	CHECK(memcmp(per, want, sizeof per) == 0);
 	for (int k = 0; k < (int)(sizeof runs / sizeof runs[0]) && !rc; k++) {
 		run_t r = {.dp = 1, .tp = runs[k].tp, .pp = 2, .M = 4, .schedule = runs[k].sched,
 		           .head_split = runs[k].split, .head_rows = runs[k].rows};
@@ -681,6 +684,17 @@ TEST(pp_schedules_and_partition)
 	CHECK_NEAR(split, (115792128.0 - 6 * 11796480.0) / (2 * 115792128.0), 1e-12);
 	CHECK_OK(loom_pp_stages(&mc, 1, 256, 2, 0.0, lo, &rows));
 	CHECK_EQ(rows, 50); /* 0.19437 x 256 = 49.76 */
+	/* the first and last micro-batch's shares, from a simulation of the schedule: in 1F1B stage 0
+	 * takes more of the first (it would wait for the last stage's first head otherwise), in GPipe more
+	 * of the first and the last; a given fraction is kept in every micro-batch */
+	int per[8], want1[8] = {125, 50, 50, 50, 50, 50, 50, 50}, want2[8] = {253, 50, 50, 50, 50, 50, 50, 77};
+	CHECK_OK(loom__pp_head_rows(&mc, LOOM_PP_1F1B, 256, 256, 2, 8, lo, rows, 1, per));
+	CHECK(memcmp(per, want1, sizeof per) == 0);
+	CHECK_OK(loom__pp_head_rows(&mc, LOOM_PP_GPIPE, 256, 256, 2, 8, lo, rows, 1, per));
+	CHECK(memcmp(per, want2, sizeof per) == 0);
+	CHECK_OK(loom__pp_head_rows(&mc, LOOM_PP_1F1B, 256, 256, 2, 8, lo, rows, 0, per));
+	for (int m = 0; m < 8; m++)
+		CHECK_EQ(per[m], 50);
 	CHECK_OK(loom_pp_stages(&mc, 2, 256, 2, 0.5, lo, &rows));
 	CHECK_EQ(rows, 256);
 	CHECK_OK(loom_pp_stages(&mc, 1, 256, 2, -1.0, lo, &rows));

@@ -63,10 +63,10 @@ typedef struct {
 	                                 (the pp comm itself when that is every stage; owned otherwise) */
 	int own_ends;
 	int P, s, lo, hi, M, arenas, nplan, ntensors;
-	int hrows;                    /* positions [0, hrows) of a micro-batch run their head on stage P-2,
-	                                 [hrows, B T) on the last (0: no split, the last runs them all) */
-	size_t in_off, out_off;       /* floats of an activation (and of its gradient) that stay on this
-	                                 stage instead of passing to the previous / next one */
+	int hrows;                    /* the head is shared: positions [0, rows[mb]) of micro-batch mb run
+	                                 their head on stage P-2, [rows[mb], B T) on the last; hrows is
+	                                 the usual rows[mb] (0: no split, the last runs them all) */
+	int *rows;                    /* M (loom__pp_head_rows: the first and last may differ) */
 	int tp_size, tp_rank;         /* the model's tensor-parallel shard (1, 0: whole) */
 	int whole_reduce_set;         /* the caller's model has whole_reduce as its tp reduction */
 	size_t nparams, act;          /* act: floats of one activation (B x T x C); nparams: of the (shard) buffer */
@@ -83,11 +83,24 @@ typedef struct {
 	double wait_ms, busy_s[3], first_t, last_t; /* compute time of this step (forwards, the head rows
 	                                              of stage P-2, the rest of the backwards); its first
 	                                              start, last end */
-	double *times;                /* 5 x P: every stage's (first_t, last_t, busy_s[0..2]); then 3 x P:
+	double *times;                /* 5 x P: every stage's (first_t, last_t, busy_s[0..2]); then 3 x P x M:
 	                                 their forward, head rows and backward times per micro-batch */
 } pp_exec_t;
 
 static void pp_destroy(loom_exec_t *ex);
+
+/* Floats of micro-batch mb's activation (and of its gradient) that stay on this stage instead of
+ * passing to the next one (out) or coming from the previous one (in): the rows whose head stage P-2
+ * computes. */
+static size_t out_off(const pp_exec_t *e, int mb)
+{
+	return e->hrows && e->s == e->P - 2 && mb < e->M ? (size_t)e->rows[mb] * e->mc.n_embd : 0;
+}
+
+static size_t in_off(const pp_exec_t *e, int mb)
+{
+	return e->hrows && e->s == e->P - 1 && mb < e->M ? (size_t)e->rows[mb] * e->mc.n_embd : 0;
+}
 
 /* The caller's (whole-layer) model's tensor-parallel reduction, for evaluation after gather: a
  * blocking all-reduce over the tp axis, as the tp strategy gives the stage model. */
@@ -162,15 +175,20 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	if ((rc = loom_pp_stages(&e->mc, cfg->B, cfg->T, e->P, cfg->head_split, lo, &e->hrows)) != LOOM_OK)
 		goto fail;
 	e->lo = lo[e->s], e->hi = lo[e->s + 1];
-	e->out_off = e->s == e->P - 2 ? (size_t)e->hrows * e->mc.n_embd : 0;
-	e->in_off = e->s == e->P - 1 ? (size_t)e->hrows * e->mc.n_embd : 0;
+	if (!(e->rows = loom__calloc((size_t)e->M, sizeof *e->rows))) {
+		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
+		goto fail;
+	}
+	if ((rc = loom__pp_head_rows(&e->mc, cfg->schedule, cfg->T, cfg->B * cfg->T, e->P, e->M, lo, e->hrows,
+	                             cfg->head_split == 0.0, e->rows)) != LOOM_OK)
+		goto fail;
 	e->plan = loom__calloc(2 * (size_t)e->M, sizeof *e->plan);
 	e->counts = loom__calloc((size_t)e->P, sizeof *e->counts);
 	e->used = loom__calloc((size_t)e->ntensors, 1);
 	e->inputs = loom__malloc(sizeof(int) * (size_t)e->M * cfg->B * cfg->T);
 	e->targets = loom__malloc(sizeof(int) * (size_t)e->M * cfg->B * cfg->T);
 	e->losses = loom__calloc((size_t)e->M, sizeof *e->losses);
-	e->times = loom__calloc(8 * (size_t)e->P, sizeof *e->times);
+	e->times = loom__calloc((5 + 3 * (size_t)e->M) * (size_t)e->P, sizeof *e->times);
 	e->act_rbuf = loom__malloc(sizeof(float) * e->act);
 	e->grad_rbuf = loom__malloc(sizeof(float) * e->act);
 	e->grad_sbuf[0] = loom__malloc(sizeof(float) * e->act);
@@ -249,7 +267,7 @@ static void pp_destroy(loom_exec_t *ex)
 	if (e->own_ends)
 		loom_comm_destroy(e->ends);
 	loom_gpt2_destroy(e->stage);
-	free(e->plan), free(e->counts), free(e->used), free(e->inputs), free(e->targets), free(e->losses);
+	free(e->plan), free(e->counts), free(e->used), free(e->inputs), free(e->targets), free(e->losses), free(e->rows);
 	free(e->times);
 	free(e->act_rbuf), free(e->grad_rbuf), free(e->grad_sbuf[0]), free(e->grad_sbuf[1]), free(e->act_sends);
 	free(e);
@@ -295,12 +313,24 @@ static int measure_bubble(pp_exec_t *e, double *bubble, double *expected)
 	for (int q = 0; q < P && hi > lo; q++)
 		idle += 1.0 - (t[5 * q + 2] + t[5 * q + 3] + t[5 * q + 4]) / (hi - lo);
 	*bubble = idle / P;
-	/* per micro-batch: each stage's forward, head rows and rest of the backward */
-	double *fhb = t + 5 * P;
+	/* Per micro-batch: each stage's mean forward and backward; the head's share of stage P-2 and the
+	 * last stage's backward (the head alone) per row, times each micro-batch's rows. */
+	double *fhb = t + 5 * P, span, rows = 0.0;
+	size_t PM = (size_t)P * e->M;
+	for (int m = 0; m < e->M; m++)
+		rows += e->hrows ? e->rows[m] : 0;
 	for (int q = 0; q < P; q++)
-		for (int k = 0; k < 3; k++)
-			fhb[k * P + q] = t[5 * q + 2 + k] / e->M;
-	*expected = loom__pp_bubble_sim(e->cfg.schedule, P, e->M, fhb, fhb + P, fhb + 2 * P);
+		for (int m = 0; m < e->M; m++) {
+			size_t k = (size_t)q * e->M + (size_t)m;
+			fhb[k] = t[5 * q + 2] / e->M, fhb[PM + k] = t[5 * q + 3] / e->M, fhb[2 * PM + k] = t[5 * q + 4] / e->M;
+			if (e->hrows && q == P - 2 && rows > 0)
+				fhb[PM + k] = t[5 * q + 3] * e->rows[m] / rows;
+			if (e->hrows && q == P - 1) /* the head alone */
+				fhb[2 * PM + k] = t[5 * q + 4] * (e->cfg.B * e->cfg.T - e->rows[m]) /
+				                  ((double)e->M * e->cfg.B * e->cfg.T - rows);
+		}
+	if (loom__pp_simulate(e->cfg.schedule, P, e->M, fhb, fhb + PM, fhb + 2 * PM, &span, expected) != LOOM_OK)
+		*expected = -1.0;
 	return LOOM_OK;
 }
 
@@ -322,9 +352,9 @@ static int forward(pp_exec_t *e, int mb)
 	} else {
 		if ((rc = finish(e, &e->act_recv, rc, LOOM_EV_RECV, mb, e->s - 1)) != LOOM_OK)
 			return rc;
-		memcpy(loom_gpt2_block_input(e->stage, a, e->lo) + e->in_off, e->act_rbuf,
-		       (e->act - e->in_off) * sizeof(float));
-		if (mb + 1 < e->M && (rc = loom_irecv(c->pp, e->act_rbuf, e->act - e->in_off, LOOM_FLOAT32, e->s - 1, TAG_ACT,
+		memcpy(loom_gpt2_block_input(e->stage, a, e->lo) + in_off(e, mb), e->act_rbuf,
+		       (e->act - in_off(e, mb)) * sizeof(float));
+		if (mb + 1 < e->M && (rc = loom_irecv(c->pp, e->act_rbuf, e->act - in_off(e, mb + 1), LOOM_FLOAT32, e->s - 1, TAG_ACT,
 		                                      &e->act_recv)) != LOOM_OK)
 			return rc;
 	}
@@ -334,8 +364,8 @@ static int forward(pp_exec_t *e, int mb)
 			return rc;
 		event(e, LOOM_EV_FORWARD, mb, l, t0);
 	}
-	if (e->s < e->P - 1 && (rc = loom_isend(c->pp, loom_gpt2_block_input(e->stage, a, e->hi) + e->out_off,
-	                                        e->act - e->out_off, LOOM_FLOAT32, e->s + 1, TAG_ACT,
+	if (e->s < e->P - 1 && (rc = loom_isend(c->pp, loom_gpt2_block_input(e->stage, a, e->hi) + out_off(e, mb),
+	                                        e->act - out_off(e, mb), LOOM_FLOAT32, e->s + 1, TAG_ACT,
 	                                        &e->act_sends[a])) != LOOM_OK)
 		return rc;
 	return LOOM_OK;
@@ -351,10 +381,10 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
 	double t0;
 	/* Data-parallel gradient sync on the step's last backward only (as the local loop does). */
 	st->ops->set_sync(st, mb == e->M - 1);
-	/* The head's positions: all of them on the last stage, or [hrows, B T) there and [0, hrows) on stage
+	/* The head's positions: all of them on the last stage, or [rows, B T) there and [0, rows) on stage
 	 * P-2, which runs them first (from its own activations) and then takes the others' gradient. */
 	if (e->s == e->P - 1 || (e->hrows && e->s == e->P - 2)) {
-		int r0 = e->s == e->P - 1 ? e->hrows : 0, n = e->s == e->P - 1 ? (int)bt - e->hrows : e->hrows;
+		int r = e->rows[mb], r0 = e->s == e->P - 1 ? r : 0, n = e->s == e->P - 1 ? (int)bt - r : r;
 		t0 = loom_now();
 		if ((rc = loom_gpt2_head_forward_backward_rows(e->stage, a, e->targets + mb * bt, c->B, c->T, r0, n,
 		                                               1.0f / (float)e->M, &e->losses[mb])) != LOOM_OK)
@@ -364,8 +394,9 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
 	if (e->s < e->P - 1) {
 		if ((rc = finish(e, &e->grad_recv, rc, LOOM_EV_RECV, mb, e->s + 1)) != LOOM_OK)
 			return rc;
-		memcpy(dstream + e->out_off, e->grad_rbuf, (e->act - e->out_off) * sizeof(float));
-		if (mb + 1 < e->M && (rc = loom_irecv(c->pp, e->grad_rbuf, e->act - e->out_off, LOOM_FLOAT32, e->s + 1, TAG_GRAD,
+		memcpy(dstream + out_off(e, mb), e->grad_rbuf, (e->act - out_off(e, mb)) * sizeof(float));
+		if (mb + 1 < e->M && (rc = loom_irecv(c->pp, e->grad_rbuf, e->act - out_off(e, mb + 1), LOOM_FLOAT32, e->s + 1,
+		                                      TAG_GRAD,
 		                                      &e->grad_recv)) != LOOM_OK)
 			return rc;
 	}
@@ -383,8 +414,8 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
 	} else {
 		if ((rc = finish(e, &e->grad_sends[k], rc, LOOM_EV_SEND, mb - 2, e->s - 1)) != LOOM_OK)
 			return rc;
-		memcpy(e->grad_sbuf[k], dstream + e->in_off, (e->act - e->in_off) * sizeof(float));
-		if ((rc = loom_isend(c->pp, e->grad_sbuf[k], e->act - e->in_off, LOOM_FLOAT32, e->s - 1, TAG_GRAD,
+		memcpy(e->grad_sbuf[k], dstream + in_off(e, mb), (e->act - in_off(e, mb)) * sizeof(float));
+		if ((rc = loom_isend(c->pp, e->grad_sbuf[k], e->act - in_off(e, mb), LOOM_FLOAT32, e->s - 1, TAG_GRAD,
 		                     &e->grad_sends[k])) != LOOM_OK)
 			return rc;
 	}
@@ -410,10 +441,10 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 		if ((rc = get(ctx, j, e->inputs + j * bt, e->targets + j * bt)) != LOOM_OK)
 			return rc;
 	if (e->s > 0 &&
-	    (rc = loom_irecv(c->pp, e->act_rbuf, e->act - e->in_off, LOOM_FLOAT32, e->s - 1, TAG_ACT, &e->act_recv)))
+	    (rc = loom_irecv(c->pp, e->act_rbuf, e->act - in_off(e, 0), LOOM_FLOAT32, e->s - 1, TAG_ACT, &e->act_recv)))
 		goto out;
 	if (e->s < e->P - 1 &&
-	    (rc = loom_irecv(c->pp, e->grad_rbuf, e->act - e->out_off, LOOM_FLOAT32, e->s + 1, TAG_GRAD, &e->grad_recv)))
+	    (rc = loom_irecv(c->pp, e->grad_rbuf, e->act - out_off(e, 0), LOOM_FLOAT32, e->s + 1, TAG_GRAD, &e->grad_recv)))
 		goto out;
 	for (int i = 0; i < e->nplan; i++) {
 		const loom__pp_action_t *p = &e->plan[i];

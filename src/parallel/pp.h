@@ -50,8 +50,21 @@ double loom__pp_bubble_theory(loom_pp_schedule_t kind, int P, int M);
  * discrete-event simulation). Equal stages give loom__pp_bubble_theory; unequal ones more, and a
  * last stage without a forward (the head alone, fused into its backward) or an h less. -1 when out
  * of memory. */
+/* The same per micro-batch: stage s's forward and backward of micro-batch m take f[s M + m] and
+ * h[s M + m] + b[s M + m] (h may be NULL); the span from the first forward to the last backward into
+ * *span and the stages' mean idle fraction of it into *bubble. LOOM_ENOMEM, or LOOM_EINVAL for a plan
+ * that cannot run (none of the table's). */
+int loom__pp_simulate(loom_pp_schedule_t kind, int P, int M, const double *f, const double *h, const double *b,
+                      double *span, double *bubble);
 double loom__pp_bubble_sim(loom_pp_schedule_t kind, int P, int M, const double *f, const double *h,
                            const double *b);
+/* The head's positions stage P-2 computes in each of the M micro-batches of N positions (rows[M]),
+ * for stages lo (loom__pp_partition) sharing the head: base (loom_pp_stages' head rows) in every
+ * micro-batch, and with tune, the first and last micro-batch's share set to what shortens the step
+ * most in a simulation of the schedule with the stages' FLOPs (there a stage would wait while the
+ * pipe fills or drains). base 0: no split, all 0. */
+int loom__pp_head_rows(const loom_gpt2_config_t *cfg, loom_pp_schedule_t kind, int T, int N, int P, int M,
+                       const int *lo, int base, int tune, int *rows);
 /* Layers of the P stages balanced by FLOPs (forward + backward per token, the embedding on the first
  * stage, ln_f + lm head + loss on the last): stage s runs blocks [lo[s], lo[s+1]), lo[0] = 0,
  * lo[P] = L, at least one block each but the last, which may run the head alone (lo[P-1] = L) when

@@ -79,57 +79,79 @@ double loom__pp_bubble_theory(loom_pp_schedule_t kind, int P, int M)
 	return (double)(P - 1) / (double)(M + P - 1);
 }
 
-double loom__pp_bubble_sim(loom_pp_schedule_t kind, int P, int M, const double *f, const double *h, const double *b)
+int loom__pp_simulate(loom_pp_schedule_t kind, int P, int M, const double *f, const double *h, const double *b,
+                    double *span_out, double *bubble)
 {
-	loom__pp_action_t *plan = loom__malloc(sizeof *plan * 2 * (size_t)M * (size_t)P);
-	double *fdone = loom__malloc(sizeof(double) * 2 * (size_t)M * (size_t)P), *bdone = fdone + (size_t)M * P;
-	double *free_at = loom__calloc((size_t)P, sizeof(double));
+	size_t PM = (size_t)P * M;
+	loom__pp_action_t *plan = loom__malloc(sizeof *plan * 2 * PM);
+	double *fdone = loom__malloc(sizeof(double) * 2 * PM), *bdone = fdone + PM;
+	double *free_at = loom__calloc((size_t)P, sizeof(double)), *busy = loom__calloc((size_t)P, sizeof(double));
 	int *next = loom__calloc((size_t)P, sizeof(int)), *started = loom__calloc((size_t)P, sizeof(int));
-	int left = 2 * M * P;
+	int left = 2 * M * P, rc = LOOM_OK;
 	double span = 0.0, idle = 0.0;
-	if (!plan || !fdone || !free_at || !next || !started) {
-		free(plan), free(fdone), free(free_at), free(next), free(started);
-		return -1.0;
+	if (!plan || !fdone || !free_at || !busy || !next || !started) {
+		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory simulating a schedule");
+		goto out;
 	}
 	for (int s = 0; s < P; s++)
 		loom__pp_plan(kind, P, s, M, plan + (size_t)s * 2 * M);
-	for (size_t i = 0; i < 2 * (size_t)M * P; i++)
+	for (size_t i = 0; i < 2 * PM; i++)
 		fdone[i] = -1.0;
 	/* Run every stage's next action whose input is there (the previous stage's forward of the same
-	 * micro-batch, the next stage's backward), until all have run; the schedules' orders are
-	 * deadlock-free, so every sweep runs at least one. */
+	 * micro-batch, the next stage's backward), until all have run; a backward's own part (h) runs
+	 * while its input is awaited. The schedules' orders are deadlock-free: every sweep runs one. */
 	while (left > 0) {
 		int ran = 0;
 		for (int s = 0; s < P; s++) {
 			if (next[s] == 2 * M)
 				continue;
 			const loom__pp_action_t *a = &plan[(size_t)s * 2 * M + next[s]];
-			double ready = a->op == 'F' ? (s > 0 ? fdone[(size_t)(s - 1) * M + a->mb] : 0.0)
-			                            : (s < P - 1 ? bdone[(size_t)(s + 1) * M + a->mb] : 0.0);
-			if (ready < 0.0 && (a->op == 'F' || !h || h[s] == 0.0))
-				continue;
-			if (ready < 0.0 && a->op == 'B' && !started[s]) { /* its own part runs while the input is awaited */
-				free_at[s] += h[s], started[s] = 1;
-				ran = 1;
+			size_t k = (size_t)s * M + (size_t)a->mb;
+			double own = a->op == 'B' && h ? h[k] : 0.0;
+			double ready = a->op == 'F' ? (s > 0 ? fdone[k - (size_t)M] : 0.0) : (s < P - 1 ? bdone[k + (size_t)M] : 0.0);
+			if (ready < 0.0) {
+				if (a->op == 'B' && own > 0.0 && !started[s]) {
+					free_at[s] += own, started[s] = 1;
+					ran = 1;
+				}
 				continue;
 			}
-			if (ready < 0.0)
-				continue;
-			double own = a->op == 'B' && h && !started[s] ? h[s] : 0.0;
-			double t = LOOM_MAX(ready, free_at[s] + own) + (a->op == 'F' ? f[s] : b[s]);
+			double t = LOOM_MAX(ready, free_at[s] + (started[s] ? 0.0 : own)) + (a->op == 'F' ? f[k] : b[k]);
+			(a->op == 'F' ? fdone : bdone)[k] = free_at[s] = t;
+			busy[s] += a->op == 'F' ? f[k] : own + b[k];
 			started[s] = 0;
-			(a->op == 'F' ? fdone : bdone)[(size_t)s * M + a->mb] = free_at[s] = t;
 			next[s]++, left--, ran = 1;
 		}
-		if (!ran)
-			break; /* not a valid schedule: cannot happen for the table's rows */
+		if (!ran) {
+			rc = loom_seterr(LOOM_EINVAL, "pipeline: the schedule's plan cannot run");
+			goto out;
+		}
 	}
 	for (int s = 0; s < P; s++)
 		span = LOOM_MAX(span, free_at[s]);
 	for (int s = 0; s < P && span > 0.0; s++)
-		idle += 1.0 - M * (f[s] + (h ? h[s] : 0.0) + b[s]) / span;
-	free(plan), free(fdone), free(free_at), free(next), free(started);
-	return left > 0 ? -1.0 : idle / P;
+		idle += 1.0 - busy[s] / span;
+	*span_out = span, *bubble = idle / P;
+out:
+	free(plan), free(fdone), free(free_at), free(busy), free(next), free(started);
+	return rc;
+}
+
+double loom__pp_bubble_sim(loom_pp_schedule_t kind, int P, int M, const double *f, const double *h, const double *b)
+{
+	size_t PM = (size_t)P * M;
+	double *all = loom__malloc(sizeof(double) * 3 * PM), span, bubble = -1.0;
+	if (!all)
+		return -1.0;
+	for (int s = 0; s < P; s++)
+		for (int m = 0; m < M; m++) {
+			size_t k = (size_t)s * M + (size_t)m;
+			all[k] = f[s], all[PM + k] = h ? h[s] : 0.0, all[2 * PM + k] = b[s];
+		}
+	if (loom__pp_simulate(kind, P, M, all, all + PM, all + 2 * PM, &span, &bubble) != LOOM_OK)
+		bubble = -1.0;
+	free(all);
+	return bubble;
 }
 
 /* FLOPs per token, forward + backward, of block costs and of the head (as loom_gpt2_flops_per_token
@@ -225,4 +247,58 @@ int loom_pp_stages(const loom_gpt2_config_t *cfg, int B, int T, int P, double he
 		split = head_split;
 	*head_rows = (int)LOOM_MIN(lround(split * n), (long)n - 1);
 	return LOOM_OK;
+}
+
+/* The stages' costs per micro-batch in FLOPs with stage P-2 computing the head of rows[m] of the N
+ * positions of micro-batch m (the head's stages' backwards as the executor runs them: stage P-2 its
+ * rows first, then its blocks' backward once the last stage's gradient is there). */
+static void head_costs(const loom_gpt2_config_t *cfg, int T, int N, int P, int M, const int *lo, const int *rows,
+                       double *f, double *h, double *b)
+{
+	double blk = block_flops(cfg, T) * N, head = 6.0 * (double)cfg->vocab_size * cfg->n_embd;
+	for (int s = 0; s < P; s++)
+		for (int m = 0; m < M; m++) {
+			size_t k = (size_t)s * M + (size_t)m;
+			double blocks = (lo[s + 1] - lo[s]) * blk;
+			f[k] = blocks / 3.0, h[k] = 0.0, b[k] = 2.0 * blocks / 3.0;
+			if (s == P - 2)
+				h[k] = head * rows[m];
+			else if (s == P - 1)
+				b[k] += head * (N - rows[m]);
+		}
+}
+
+int loom__pp_head_rows(const loom_gpt2_config_t *cfg, loom_pp_schedule_t kind, int T, int N, int P, int M,
+                       const int *lo, int base, int tune, int *rows)
+{
+	size_t PM = (size_t)P * M;
+	double *c, best, span, bubble;
+	int rc;
+	for (int m = 0; m < M; m++)
+		rows[m] = base;
+	if (!base || !tune || N < 2)
+		return LOOM_OK;
+	if (!(c = loom__malloc(sizeof(double) * 3 * PM)))
+		return loom_seterr(LOOM_ENOMEM, "pipeline: out of memory planning the head's rows");
+	head_costs(cfg, T, N, P, M, lo, rows, c, c + PM, c + 2 * PM);
+	if ((rc = loom__pp_simulate(kind, P, M, c, c + PM, c + 2 * PM, &best, &bubble)) != LOOM_OK)
+		goto out;
+	/* The first and the last micro-batch meet a stage with time to spare (the pipe filling and
+	 * draining): try every share of their positions (in steps of N/64), keep what shortens the step. */
+	for (int pass = 0; pass < 2; pass++)
+		for (int e = 0; e < 2; e++) {
+			int m = e ? M - 1 : 0, keep = rows[m], step = LOOM_MAX(1, N / 64);
+			for (int r = 1; r < N; r += step) {
+				rows[m] = r;
+				head_costs(cfg, T, N, P, M, lo, rows, c, c + PM, c + 2 * PM);
+				if ((rc = loom__pp_simulate(kind, P, M, c, c + PM, c + 2 * PM, &span, &bubble)) != LOOM_OK)
+					goto out;
+				if (span < best * (1.0 - 1e-9))
+					best = span, keep = r;
+			}
+			rows[m] = keep;
+		}
+out:
+	free(c);
+	return rc;
 }
