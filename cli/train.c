@@ -167,6 +167,12 @@ static void print_stages(const opts_t *o)
 			printf(" + head of positions 0-%d", hrows - 1);
 	}
 	printf(" (of each micro-batch's %d positions)\n", n);
+	int M = o->tc.accum, *rows = hrows ? malloc(sizeof(int) * (size_t)M) : NULL;
+	if (rows && loom_pp_head_rows(&o->mc, o->tc.pp_schedule, o->tc.B, o->tc.T, o->pp, M, o->tc.pp_head_split,
+	                              rows) == LOOM_OK && (rows[0] != hrows || rows[M - 1] != hrows))
+		printf("stages: the first micro-batch's head of positions 0-%d and the last's 0-%d on stage %d (the pipe "
+		       "fills and drains there)\n", rows[0] - 1, rows[M - 1] - 1, o->pp - 2);
+	free(rows);
 	free(lo);
 }
 

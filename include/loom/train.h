@@ -295,6 +295,14 @@ long long loom_trainer_tokens_per_step(const loom_trainer_t *tr);
  * every micro-batch (row b T + t), the last stage the rest. head_split as pp_head_split above.
  * LOOM_EINVAL for P > n_layer or a head_split >= 1. */
 int loom_pp_stages(const loom_gpt2_config_t *cfg, int B, int T, int P, double head_split, int *lo, int *head_rows);
+/* With *head_rows > 0: the positions stage P-2 computes the head of in each of the M micro-batches of
+ * a step under the schedule ("gpipe" | "1f1b", NULL: 1f1b), into rows[M]: *head_rows in each, except
+ * that with head_split 0 the first and last micro-batch's shares are what shortens the step most in a
+ * simulation of the schedule with the stages' FLOPs (the pipe filling and draining leaves a stage
+ * time to spare there). All 0 without a shared head. LOOM_EINVAL as loom_pp_stages, or for a schedule
+ * or M < 1. */
+int loom_pp_head_rows(const loom_gpt2_config_t *cfg, const char *schedule, int B, int T, int P, int M,
+                      double head_split, int *rows);
 
 /* Memory of this rank (bytes). The model states are what the parallel strategy keeps; the theory is
  * the ZeRO stage's formula for them (P parameters, N data-parallel ranks, fp32): DDP 16P, ZeRO-1

@@ -302,3 +302,21 @@ out:
 	free(c);
 	return rc;
 }
+
+int loom_pp_head_rows(const loom_gpt2_config_t *cfg, const char *schedule, int B, int T, int P, int M,
+                      double head_split, int *rows)
+{
+	loom_pp_schedule_t kind = LOOM_PP_1F1B;
+	int rc, base, *lo;
+	if (M < 1)
+		return loom_seterr(LOOM_EINVAL, "pipeline: %d micro-batches (expected >= 1)", M);
+	if (schedule && (rc = loom__pp_schedule_parse(schedule, &kind)) != LOOM_OK)
+		return rc;
+	if (P < 1 || !(lo = loom__malloc(sizeof(int) * ((size_t)P + 1))))
+		return P < 1 ? loom_seterr(LOOM_EINVAL, "pipeline: %d stages", P)
+		             : loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
+	if ((rc = loom_pp_stages(cfg, B, T, P, head_split, lo, &base)) == LOOM_OK)
+		rc = loom__pp_head_rows(cfg, kind, T, B * T, P, M, lo, base, head_split == 0.0, rows);
+	free(lo);
+	return rc;
+}
