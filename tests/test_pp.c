@@ -267,6 +267,15 @@ static int setup(int accum)
 	return reference(accum);
 }
 
+/* setup with the reference's model cut to a heavy head (g_heavy = kind) */
+static int setup_heavy(int kind, int accum)
+{
+	g_heavy = kind;
+	int rc = setup(accum);
+	g_heavy = 0;
+	return rc;
+}
+
 static void teardown(void)
 {
 	test_rmdir(g_dir);
@@ -386,9 +395,7 @@ TEST(pp_head_alone_on_the_last_stage)
 	            {"1f1b", 1, -1.0, 0}};
 	int lo[3], rc = 0;
 	double split;
-	g_heavy = 1;
-	CHECK_EQ(setup(4), 0);
-	g_heavy = 0;
+	CHECK_EQ(setup_heavy(1, 4), 0);
 	CHECK_OK(loom__pp_partition(&g_mc, TT, 2, lo, &split));
 	CHECK(lo[0] == 0 && lo[1] == 2 && lo[2] == 2);
 	/* head 6 V C = 786432 FLOPs per token, a block 72 C^2 + 12 C T = 86016: (head - 2 blocks) / 2 head */
@@ -415,9 +422,7 @@ TEST(pp_head_split_with_a_middle_stage)
 {
 	int lo[5], rc = 0;
 	double split;
-	g_heavy = 2;
-	CHECK_EQ(setup(4), 0);
-	g_heavy = 0;
+	CHECK_EQ(setup_heavy(2, 4), 0);
 	CHECK_OK(loom__pp_partition(&g_mc, TT, 3, lo, &split));
 	CHECK(lo[0] == 0 && lo[1] == 3 && lo[2] == 4 && lo[3] == 4);
 	CHECK_NEAR(split, (786432.0 - 86016.0) / (2 * 786432.0), 1e-12);
