@@ -1,5 +1,7 @@
-/* schedule.c: pipeline schedules as data (GPipe, 1F1B) and the partition of the layers into stages
- * balanced by FLOPs.
+/* schedule.c: pipeline schedules as data (GPipe, 1F1B), the partition of the layers into stages
+ * balanced by FLOPs (with a head heavier than the blocks shared between the last two stages by
+ * positions), and a discrete-event simulation of a schedule, which gives the bubble to expect from
+ * the stages' times and picks the first and last micro-batch's share of a shared head.
  *
  * A schedule is a row of a table: its name, the generator of one stage's order of forwards and
  * backwards, and what it promises (arenas needed, the ideal bubble), so the code that runs a
