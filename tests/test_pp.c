@@ -382,17 +382,17 @@ TEST(pp_dp2_x_tp2_x_pp2)
 
 /* A last stage that runs the head alone (blocks [L, L)): a model whose lm head outweighs its blocks,
  * against one process with accumulation 4. The FLOPs balance gives stage 0 the head of 13 of each
- * micro-batch's 32 positions (pp 2 with GPipe and 1F1B, and tp 2 x pp 2); a given fraction (8 of 32)
- * and no split at all (the last stage runs every position) train the same. */
+ * micro-batch's 32 positions (pp 2 with GPipe and 1F1B, tp 2 x pp 2 and dp 2 x pp 2); a given
+ * fraction (8 of 32) and no split at all (the last stage runs every position) train the same. */
 TEST(pp_head_alone_on_the_last_stage)
 {
 	static const struct {
 		const char *sched;
-		int tp;
+		int tp, dp;
 		double split;
 		int rows;
-	} runs[] = {{"gpipe", 1, 0.0, 13}, {"1f1b", 1, 0.0, 13}, {"1f1b", 2, 0.0, 13}, {"1f1b", 1, 0.25, 8},
-	            {"1f1b", 1, -1.0, 0}};
+	} runs[] = {{"gpipe", 1, 1, 0.0, 13}, {"1f1b", 1, 1, 0.0, 13}, {"1f1b", 2, 1, 0.0, 13}, {"1f1b", 1, 2, 0.0, 13},
+	            {"1f1b", 1, 1, 0.25, 8}, {"1f1b", 1, 1, -1.0, 0}};
 	int lo[3], rc = 0;
 	double split;
 	CHECK_EQ(setup_heavy(1, 4), 0);
@@ -404,11 +404,14 @@ TEST(pp_head_alone_on_the_last_stage)
 	CHECK_OK(loom__pp_head_rows(&g_mc, LOOM_PP_1F1B, TT, TT, 2, 4, lo, 13, 1, per));
 	CHECK(memcmp(per, want, sizeof per) == 0);
 	for (int k = 0; k < (int)(sizeof runs / sizeof runs[0]) && !rc; k++) {
-		run_t r = {.dp = 1, .tp = runs[k].tp, .pp = 2, .M = 4, .schedule = runs[k].sched,
+		/* dp 2: 2 micro-batches each, the same tokens per step; DDP averages each stage's tensors,
+		 * wte and ln_f on both head stages, before the pipeline sums their shares */
+		run_t r = {.dp = runs[k].dp, .tp = runs[k].tp, .pp = 2, .M = 4 / runs[k].dp, .schedule = runs[k].sched,
 		           .head_split = runs[k].split, .head_rows = runs[k].rows};
-		rc = test_spawn(2 * r.tp, pp_rank, &r, 120, NULL);
+		rc = test_spawn(2 * r.tp * r.dp, pp_rank, &r, 120, NULL);
 		if (rc)
-			fprintf(stderr, "head alone: tp %d x pp 2, %s, split %g failed\n", r.tp, r.schedule, r.head_split);
+			fprintf(stderr, "head alone: dp %d x tp %d x pp 2, %s, split %g failed\n", r.dp, r.tp, r.schedule,
+			        r.head_split);
 	}
 	teardown();
 	return rc;
