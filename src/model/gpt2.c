@@ -624,10 +624,11 @@ static float *stream(const loom_gpt2_t *m, const arena_t *ar, int l)
 	return l == m->lo ? ar->in : ar->layers[l - 1 - m->lo].res3;
 }
 
-static float mean_loss(const float *losses, int N)
+/* The summed losses of n positions over all N of the batch (n = N: the mean). */
+static float mean_loss(const float *losses, int n, int N)
 {
 	double s = 0.0;
-	for (int i = 0; i < N; i++)
+	for (int i = 0; i < n; i++)
 		s += losses[i];
 	return (float)(s / N);
 }
@@ -717,13 +718,13 @@ static void head_forward(loom_gpt2_t *m, arena_t *ar, const int *targets, int B,
 	if (targets && m->tp > 1) {
 		loom__tp_classifier(m, ar->losses, NULL, NULL, ar->lnf, wte, targets, 0.0f, B * T);
 		if (loss)
-			*loss = mean_loss(ar->losses, B * T);
+			*loss = mean_loss(ar->losses, B * T, B * T);
 	} else if (targets) {
 		PROFF(CLASSIFIER, 2.0 * B * T * C * V,
 		      loom__classifier_forward_backward(ar->losses, NULL, NULL, m->logits, m->chunk, ar->lnf, wte, targets,
 		                                        0.0f, B * T, C, V));
 		if (loss)
-			*loss = mean_loss(ar->losses, B * T);
+			*loss = mean_loss(ar->losses, B * T, B * T);
 	} else {
 		/* rows b*T + T-1 of lnf are T*C floats apart */
 		PROFF(CLASSIFIER, 2.0 * B * C * V,
@@ -754,12 +755,8 @@ static void head_forward_backward(loom_gpt2_t *m, arena_t *ar, const int *target
 		      loom__classifier_forward_backward(ar->losses + r0, m->dbtc + o, loom__gpt2_grad(m, 0), m->logits,
 		                                        m->chunk, ar->lnf + o, loom__gpt2_param(m, 0), targets + r0,
 		                                        grad_scale / (float)N, n, C, V));
-	if (loss) {
-		double sum = 0.0;
-		for (int i = r0; i < r0 + n; i++)
-			sum += ar->losses[i];
-		*loss = (float)(sum / N);
-	}
+	if (loss)
+		*loss = mean_loss(ar->losses + r0, n, N);
 	zero(m, m->dres + o, nC);
 	PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres + o, loom__gpt2_grad(m, nt - 2), loom__gpt2_grad(m, nt - 1),
 	                                             m->dbtc + o, stream(m, ar, m->hi) + o, loom__gpt2_param(m, nt - 2),

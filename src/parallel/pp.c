@@ -67,6 +67,7 @@ typedef struct {
 	                                 their head on stage P-2, [rows[mb], B T) on the last; hrows is
 	                                 the usual rows[mb] (0: no split, the last runs them all) */
 	int *rows;                    /* M (loom__pp_head_rows: the first and last may differ) */
+	int head;                     /* this stage computes head positions: the last, and P-2 when shared */
 	int tp_size, tp_rank;         /* the model's tensor-parallel shard (1, 0: whole) */
 	int whole_reduce_set;         /* the caller's model has whole_reduce as its tp reduction */
 	size_t nparams, act;          /* act: floats of one activation (B x T x C); nparams: of the (shard) buffer */
@@ -94,12 +95,12 @@ static void pp_destroy(loom_exec_t *ex);
  * computes. */
 static size_t out_off(const pp_exec_t *e, int mb)
 {
-	return e->hrows && e->s == e->P - 2 && mb < e->M ? (size_t)e->rows[mb] * e->mc.n_embd : 0;
+	return e->hrows && e->s == e->P - 2 ? (size_t)e->rows[mb] * e->mc.n_embd : 0;
 }
 
 static size_t in_off(const pp_exec_t *e, int mb)
 {
-	return e->hrows && e->s == e->P - 1 && mb < e->M ? (size_t)e->rows[mb] * e->mc.n_embd : 0;
+	return e->hrows && e->s == e->P - 1 ? (size_t)e->rows[mb] * e->mc.n_embd : 0;
 }
 
 /* The caller's (whole-layer) model's tensor-parallel reduction, for evaluation after gather: a
@@ -175,6 +176,7 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	if ((rc = loom_pp_stages(&e->mc, cfg->B, cfg->T, e->P, cfg->head_split, lo, &e->hrows)) != LOOM_OK)
 		goto fail;
 	e->lo = lo[e->s], e->hi = lo[e->s + 1];
+	e->head = e->s == e->P - 1 || (e->hrows && e->s == e->P - 2);
 	if (!(e->rows = loom__calloc((size_t)e->M, sizeof *e->rows))) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 		goto fail;
@@ -216,7 +218,7 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 				owner = q;
 		e->counts[owner] += ti.numel;
 		e->used[t] = owner == e->s || (t == 0 && e->s == e->P - 1) ||
-		             (e->hrows && e->s == e->P - 2 && (t == 0 || u >= e->mc.n_layer));
+		             (e->head && (t == 0 || u >= e->mc.n_layer));
 	}
 	/* The stage model: its layers, `arenas` arenas, parameters viewing the caller's buffer. */
 	memset(&o, 0, sizeof o);
@@ -234,7 +236,7 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	if (e->P == nends) {
 		e->ends = cfg->pp;
 	} else if (e->P > 2) {
-		int end = e->s == 0 || e->s == e->P - 1 || (e->hrows && e->s == e->P - 2);
+		int end = e->s == 0 || e->head;
 		if ((rc = loom_comm_split(cfg->pp, end ? 0 : LOOM_UNDEFINED, e->s, &e->ends)) != LOOM_OK) {
 			rc = loom_seterr(rc, "pipeline stage %d: the communicator of the stages holding wte: %s", e->s,
 			                 loom_errmsg());
@@ -383,7 +385,7 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
 	st->ops->set_sync(st, mb == e->M - 1);
 	/* The head's positions: all of them on the last stage, or [rows, B T) there and [0, rows) on stage
 	 * P-2, which runs them first (from its own activations) and then takes the others' gradient. */
-	if (e->s == e->P - 1 || (e->hrows && e->s == e->P - 2)) {
+	if (e->head) {
 		int r = e->rows[mb], r0 = e->s == e->P - 1 ? r : 0, n = e->s == e->P - 1 ? (int)bt - r : r;
 		t0 = loom_now();
 		if ((rc = loom_gpt2_head_forward_backward_rows(e->stage, a, e->targets + mb * bt, c->B, c->T, r0, n,
@@ -468,8 +470,7 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 	/* The tied wte: the embedding's share (first stage) plus the lm head's (last, and P-2 when it runs
 	 * head rows); with the head split, ln_f's two shares too (a member without ln_f adds zeros). */
 	t0 = loom_now();
-	int head = e->s == e->P - 1 || (e->hrows && e->s == e->P - 2);
-	if (e->ends && (e->s == 0 || head)) {
+	if (e->ends && (e->s == 0 || e->head)) {
 		float *g = loom_gpt2_tensor_grad(e->stage, 0);
 		if ((rc = loom_allreduce(e->ends, g, g, e->tensors[0].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
 			rc = loom_seterr(rc, "pipeline stage %d of %d: summing wte's gradient between the stages that hold it: "
@@ -477,19 +478,17 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 			goto out;
 		}
 		for (int t = e->ntensors - 2; e->hrows && t < e->ntensors; t++) {
-			float *gl = loom_gpt2_tensor_grad(e->stage, t);
-			if (!head)
-				memset(gl, 0, e->tensors[t].numel * sizeof(float));
+			float *gl = loom_gpt2_tensor_grad(e->stage, t); /* zero on the first stage (zero_grad) */
 			if ((rc = loom_allreduce(e->ends, gl, gl, e->tensors[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
 				rc = loom_seterr(rc, "pipeline stage %d of %d: summing ln_f's gradient between the stages that "
 				                 "share the head: %s", e->s, e->P, loom_comm_errmsg(e->ends));
 				goto out;
 			}
-			if (!head) /* the first stage keeps no share of ln_f (nor counts it in the norm) */
+			if (!e->head) /* the first stage keeps no share of ln_f (nor counts it in the norm) */
 				memset(gl, 0, e->tensors[t].numel * sizeof(float));
 		}
 	}
-	if (head)
+	if (e->head)
 		for (int j = 0; j < e->M; j++)
 			*loss_sum += e->losses[j];
 	if ((rc = loom_allreduce(c->pp, loss_sum, loss_sum, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK) {
@@ -517,7 +516,7 @@ static int pp_grad_norm(loom_exec_t *ex, loom_strategy_t *s, double *norm)
 	if (e->hrows && e->s == e->P - 2) /* ln_f (replicated in a tp group) is counted once, on the last */
 		for (int t = e->ntensors - 2; t < e->ntensors; t++)
 			sq -= loom_grad_sumsq(loom_gpt2_tensor_grad(e->stage, t), e->tensors[t].numel);
-	if (e->s > 0 && (e->s == e->P - 1 || (e->hrows && e->s == e->P - 2))) { /* wte: once, on the first stage */
+	if (e->s > 0 && e->head) { /* wte: once, on the first stage */
 		double w = loom_grad_sumsq(loom_gpt2_tensor_grad(e->stage, 0), e->tensors[0].numel);
 		/* a tp shard holds some of wte's rows: the strategy's norm has the group's sum of them */
 		if (e->tp_size > 1 && (rc = loom_allreduce(e->cfg.tp, &w, &w, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK)

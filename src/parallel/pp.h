@@ -43,21 +43,15 @@ const char *loom__pp_schedule_name(loom_pp_schedule_t kind); /* "?" when invalid
 int loom__pp_plan(loom_pp_schedule_t kind, int P, int s, int M, loom__pp_action_t *out);
 /* The ideal bubble fraction of the schedule, (P-1)/(M+P-1) for both. */
 double loom__pp_bubble_theory(loom_pp_schedule_t kind, int P, int M);
-/* The bubble a schedule idles when stage s takes f[s] per forward and h[s] + b[s] per backward, of
- * which h[s] (h may be NULL: none) needs no input from the next stage (stage P-2's share of a split
- * head) and runs first, and transfers take no time: the stages' mean idle fraction over the span from
- * the first forward to the last backward, as the executor measures it (the schedule run as a
- * discrete-event simulation). Equal stages give loom__pp_bubble_theory; unequal ones more, and a
- * last stage without a forward (the head alone, fused into its backward) or an h less. -1 when out
- * of memory. */
-/* The same per micro-batch: stage s's forward and backward of micro-batch m take f[s M + m] and
- * h[s M + m] + b[s M + m] (h may be NULL); the span from the first forward to the last backward into
- * *span and the stages' mean idle fraction of it into *bubble. LOOM_ENOMEM, or LOOM_EINVAL for a plan
- * that cannot run (none of the table's). */
+/* The schedule as a discrete-event simulation: stage s's forward and backward of micro-batch m take
+ * f[s M + m] and h[s M + m] + b[s M + m], of which h (may be NULL: none) needs no input from the next
+ * stage (stage P-2's share of a split head) and runs first; transfers take no time. Into *span the
+ * time from the first forward to the last backward, into *bubble the stages' mean idle fraction of
+ * it, as the executor measures it. Equal stages give loom__pp_bubble_theory; unequal ones more, and
+ * a last stage without a forward (the head alone, fused into its backward) or an h less. LOOM_ENOMEM,
+ * or LOOM_EINVAL for a plan that cannot run (none of the table's). */
 int loom__pp_simulate(loom_pp_schedule_t kind, int P, int M, const double *f, const double *h, const double *b,
                       double *span, double *bubble);
-double loom__pp_bubble_sim(loom_pp_schedule_t kind, int P, int M, const double *f, const double *h,
-                           const double *b);
 /* The head's positions stage P-2 computes in each of the M micro-batches of N positions (rows[M]),
  * for stages lo (loom__pp_partition) sharing the head: base (loom_pp_stages' head rows) in every
  * micro-batch, and with tune, the first and last micro-batch's share set to what shortens the step
@@ -112,7 +106,7 @@ typedef struct {
 	                                    (first forward of any stage to last backward of any), from the
 	                                    same timestamps as the trace; 0 for the local executor */
 	double bubble_expected;          /* what the schedule idles with these stages' measured compute
-	                                    times per forward and backward (loom__pp_bubble_sim), which is
+	                                    times per forward and backward (loom__pp_simulate), which is
 	                                    (P-1)/(M+P-1) when the stages are balanced */
 } loom_exec_stats_t;
 

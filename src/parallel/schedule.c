@@ -139,23 +139,6 @@ out:
 	return rc;
 }
 
-double loom__pp_bubble_sim(loom_pp_schedule_t kind, int P, int M, const double *f, const double *h, const double *b)
-{
-	size_t PM = (size_t)P * M;
-	double *all = loom__malloc(sizeof(double) * 3 * PM), span, bubble = -1.0;
-	if (!all)
-		return -1.0;
-	for (int s = 0; s < P; s++)
-		for (int m = 0; m < M; m++) {
-			size_t k = (size_t)s * M + (size_t)m;
-			all[k] = f[s], all[PM + k] = h ? h[s] : 0.0, all[2 * PM + k] = b[s];
-		}
-	if (loom__pp_simulate(kind, P, M, all, all + PM, all + 2 * PM, &span, &bubble) != LOOM_OK)
-		bubble = -1.0;
-	free(all);
-	return bubble;
-}
-
 /* FLOPs per token, forward + backward, of block costs and of the head (as loom_gpt2_flops_per_token
  * counts them: 6 x matmul parameters, 12 x C x T per block for attention; the lm head's matmul over
  * the vocabulary is 2 V C forward and 4 V C backward). */
