@@ -4,8 +4,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <cblas.h>
 
 #include "cli.h"
+#include "loom/cpu.h"
+#include "loom/gpt2.h"
 #include "loom/util.h"
 
 static const struct {
@@ -104,9 +109,34 @@ size_t cli_parse_size(const char *cmd, const char *flag, const char *s)
 	return (size_t)v;
 }
 
+/* LOOM_GEMM=openblas: OpenBLAS chose its kernels by the CPU's model when it loaded; where that is
+ * below what the CPU's features allow and the user set no OPENBLAS_CORETYPE, run this same command
+ * again with the right core type (once: LOOM_BLAS_REEXEC marks the second run). Ranks that `loom run`
+ * starts inherit the variable. A LOOM_GEMM that is neither backend is an error. */
+static void blas_setup(char **argv)
+{
+	const char *g = getenv("LOOM_GEMM");
+	if (g && *g && strcmp(g, "onednn") && strcmp(g, "auto") && strcmp(g, "openblas") && strcmp(g, "blas")) {
+		fprintf(stderr, "loom: LOOM_GEMM=%s: expected onednn (the default) or openblas\n", g);
+		exit(2);
+	}
+	if (loom_gemm_backend() != LOOM_GEMM_OPENBLAS || getenv("LOOM_BLAS_REEXEC"))
+		return;
+	loom_blas_plan_t plan;
+	loom_blas_plan(loom_cpu(), openblas_get_corename(), getenv("OPENBLAS_CORETYPE"), &plan);
+	if (!plan.force)
+		return;
+	setenv("OPENBLAS_CORETYPE", plan.coretype, 1);
+	setenv("LOOM_BLAS_REEXEC", "1", 1);
+	execv("/proc/self/exe", argv);
+	fprintf(stderr, "loom: warning: %s, but re-running with it failed (%s); OpenBLAS stays on its core\n", plan.why,
+	        strerror(errno));
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0); /* lines reach `loom run`'s prefixing pipe as they are written */
+	blas_setup(argv);
 	if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
 		usage(argc < 2 ? stderr : stdout);
 		return argc < 2 ? 2 : 0;

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "loom/cpu.h"
 #include "loom/ckpt.h"
 #include "loom/comm.h"
 #include "loom/data.h"
@@ -72,8 +73,9 @@ static const char *const usage_text =
 	"  --threads N            threads for the kernels (default: OMP_NUM_THREADS, else one per CPU)\n"
 	"  --dtype fp32|bf16      matmul precision (default fp32); bf16: bf16 operands, fp32 accumulation,\n"
 	"                         fp32 master weights, optimizer, LayerNorm, softmax and loss (AVX512-BF16)\n"
-	"  --peak-flops F         FLOP/s used for MFU (default: measured as `loom bench gemm` does, for the\n"
-	"                         --dtype, once, then cached in ~/.cache/loom/gemm_peak[_bf16])\n"
+	"  --peak-flops F         FLOP/s of one rank used for MFU (default: the hardware's peak for the\n"
+	"                         --dtype, measured with loom's FMA loop as `loom bench gemm` prints it, once,\n"
+	"                         then cached in ~/.cache/loom/hw_peak[_bf16])\n"
 	"  --profile              print the time per kernel at the end\n"
 	"  --activation-checkpointing none|blocks|selective  keep every activation (none, default), only\n"
 	"                         each block's input and recompute the block in backward (blocks), or all\n"
@@ -418,21 +420,30 @@ static void find_tokenizer(opts_t *o)
 	o->tc.tokenizer = o->tokenizer[0] ? o->tokenizer : NULL;
 }
 
-/* The GEMM peak of `loom bench gemm` in precision dt for `threads` threads: from the cache
- * (loom/train.h), or measured now (about 2 s) and cached. */
-static double peak_flops(loom_compute_dtype_t dt, int threads)
+/* A peak of the cache (loom/train.h), or measured now and cached: the hardware's (what MFU is against)
+ * or the GEMM's in precision dt, for `threads` threads. The source of a cached hardware peak is
+ * described again (it depends only on the CPU and the bf16 path, which the cache key fixes). */
+static double cached_peak(int hw, loom_compute_dtype_t dt, int threads, const char **source)
 {
+	loom_peak_kind_t kind = hw ? (dt == LOOM_COMPUTE_BF16 ? LOOM_PEAK_HW_BF16 : LOOM_PEAK_HW_FP32)
+	                           : (dt == LOOM_COMPUTE_BF16 ? LOOM_PEAK_GEMM_BF16 : LOOM_PEAK_GEMM_FP32);
 	char path[1000];
 	double peak;
-	if (loom_peak_cache_get_dtype(dt, threads, &peak) == LOOM_OK)
+	const char *src = NULL;
+	if (loom_peak_cache_get_kind(kind, threads, &peak) == LOOM_OK) {
+		if (hw && source)
+			loom_hw_peak_source(dt, source);
 		return peak;
-	if (loom_peak_cache_path_dtype(dt, path, sizeof path) != LOOM_OK)
+	}
+	if (loom_peak_cache_path_kind(kind, path, sizeof path) != LOOM_OK)
 		snprintf(path, sizeof path, "(no cache: %s)", loom_errmsg());
-	printf("measuring the %s GEMM peak for MFU with %d thread%s (once; cached in %s)...\n",
+	printf("measuring the %s %s peak with %d thread%s (once; cached in %s)...\n", hw ? "hardware's" : "GEMM's",
 	       loom_compute_dtype_name(dt), threads, threads == 1 ? "" : "s", path);
-	peak = loom_gemm_peak_flops_dtype(dt, threads);
+	peak = hw ? loom_hw_peak_flops(dt, threads, &src) : loom_gemm_peak_flops_dtype(dt, threads);
+	if (hw && source)
+		*source = src;
 	if (peak > 0)
-		loom_peak_cache_put_dtype(dt, threads, peak); /* best effort: a read-only home measures every time */
+		loom_peak_cache_put_kind(kind, threads, peak); /* best effort: a read-only home measures every time */
 	return peak;
 }
 
@@ -547,9 +558,16 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	       loom_act_ckpt_name(mem.act_ckpt), mem.act.kept / 1048576.0, mem.act.recompute / 1048576.0,
 	       (mem.act.kept + mem.act.recompute) / 1048576.0, mem.act_formula_text, mem.act_formula / 1048576.0,
 	       mem.act.head / 1048576.0, mem.act.backward / 1048576.0);
-	printf("threads: %d; matmuls in %s; MFU against a %s peak of %.1f GFLOP/s%s; %.4g FLOP per token\n",
-	       loom_num_threads(), o->dtype == LOOM_COMPUTE_BF16 ? "bf16 (fp32 accumulation)" : "fp32",
+	const loom_cpu_t *cpu = loom_cpu();
+	printf("cpu: %s (%s); threads: %d; matmuls in %s on %s\n", cpu->brand[0] ? cpu->brand : cpu->vendor,
+	       loom_cpu_features_str(cpu), loom_num_threads(),
+	       o->dtype == LOOM_COMPUTE_BF16 ? "bf16 (fp32 accumulation)" : "fp32",
+	       o->dtype == LOOM_COMPUTE_BF16 ? loom_bf16_path_name() : loom_gemm_backend_name());
+	printf("MFU against the hardware's %s peak of %.1f GFLOP/s%s (%s); the GEMM reaches %.1f GFLOP/s, %.0f%% of "
+	       "it; %.4g FLOP per token\n",
 	       loom_compute_dtype_name(o->dtype), o->tc.peak_flops / 1e9, o->world > 1 ? " per rank" : "",
+	       o->tc.peak_source ? o->tc.peak_source : "given", o->tc.gemm_flops / 1e9,
+	       o->tc.peak_flops > 0 ? 100.0 * o->tc.gemm_flops / o->tc.peak_flops : 0.0,
 	       loom_gpt2_flops_per_token(&o->mc, o->tc.T));
 }
 
@@ -591,7 +609,7 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 	if (m->mfu > 1.0 && !r->warned_mfu) {
 		r->warned_mfu = 1;
 		printf("note: MFU above 100%%: the peak (%.1f GFLOP/s) is too low, probably measured while the machine "
-		       "was busy; delete ~/.cache/loom/gemm_peak or give --peak-flops\n", r->o->tc.peak_flops / 1e9);
+		       "was busy; delete ~/.cache/loom/hw_peak* or give --peak-flops\n", r->o->tc.peak_flops / 1e9);
 	}
 	if (r->o->sample_every > 0 && m->step % r->o->sample_every == 0) {
 		loom_gpt2_profile(loom_trainer_model(tr), 0); /* --profile times training steps, not sampling */
@@ -808,9 +826,13 @@ int loom_cli_train(int argc, char **argv)
 		fprintf(stderr, "loom train: %s\n", loom_errmsg());
 		goto out;
 	}
-	if (o.tc.peak_flops <= 0 && o.rank == 0) { /* measured once the settings are known to be good */
-		o.tc.peak_flops = peak_flops(o.dtype, loom_num_threads());
-		loom_trainer_set_peak_flops(tr, o.tc.peak_flops);
+	if (o.rank == 0) { /* measured once the settings are known to be good */
+		const char *src = "--peak-flops";
+		if (o.tc.peak_flops <= 0)
+			o.tc.peak_flops = cached_peak(1, o.dtype, loom_num_threads(), &src);
+		o.tc.peak_source = src;
+		o.tc.gemm_flops = cached_peak(0, o.dtype, loom_num_threads(), NULL);
+		loom_trainer_set_peak(tr, o.tc.peak_flops, o.tc.peak_source, o.tc.gemm_flops);
 	}
 	if (o.resume) { /* every rank reads the checkpoint; the first step re-broadcasts rank 0's parameters */
 		/* Starting from scratch only when there is no checkpoint at all: anything else that fails

@@ -110,6 +110,9 @@ int loom_compute_dtype_parse(const char *name, loom_compute_dtype_t *dt);
 const char *loom_compute_dtype_name(loom_compute_dtype_t dt);
 /* 1 when this CPU runs bf16 matmuls (AVX512-BF16; LOOM_NO_BF16=1 in the environment says no). */
 int loom_bf16_supported(void);
+/* TEMPORARY (merged away with the portable bf16 path): 1 on the native path; its name. */
+int loom_bf16_native(void);
+const char *loom_bf16_path_name(void);
 
 /* Options of loom_gpt2_create_opts; zero-initialize and set what differs. */
 typedef struct {
@@ -373,6 +376,14 @@ void loom_gpt2_profile_report(loom_gpt2_t *m, void *file /* FILE* */, int steps)
 int loom_set_num_threads(int n);
 int loom_num_threads(void); /* the thread count kernels use now */
 
+/* The fp32 GEMM every matmul runs on: oneDNN's sgemm (LOOM_GEMM_ONEDNN, the default: its kernels are
+ * chosen by the CPU's features) or OpenBLAS's (LOOM_GEMM_OPENBLAS, with LOOM_GEMM=openblas in the
+ * environment; OpenBLAS chooses its kernels by the CPU's model, see loom_blas_plan in loom/cpu.h).
+ * Chosen once per process. The name says which kernels run, e.g. "oneDNN sgemm (jit avx512_core)". */
+enum { LOOM_GEMM_ONEDNN = 0, LOOM_GEMM_OPENBLAS = 1 };
+int loom_gemm_backend(void);
+const char *loom_gemm_backend_name(void); /* a per-thread static buffer */
+
 /* Measured sgemm throughput in FLOP/s of C (M,N) = A (M,K) B (K,N), row-major, fp32, through the
  * model's threaded sgemm on `threads` threads (<= 0: the current count, which is restored after):
  * best of repeated runs lasting about `seconds` in all. 0 if the buffers cannot be allocated. */
@@ -384,6 +395,14 @@ double loom_gemm_peak_flops(int threads);
  * 0 for bf16 on a CPU without AVX512-BF16 or when the GEMM fails. */
 double loom_gemm_flops_dtype(loom_compute_dtype_t dt, int threads, int M, int N, int K, double seconds);
 double loom_gemm_peak_flops_dtype(loom_compute_dtype_t dt, int threads);
+/* The hardware's peak FLOP/s for matmuls in precision dt on `threads` threads (<= 0: the current
+ * count), what MFU is relative to: fp32, the FMA throughput loop of the widest unit (loom/cpu.h);
+ * bf16, AVX512-BF16's dot-product loop on the native path, the bf16 GEMM's own peak where it runs on
+ * AMX tiles (no loop of loom's drives them), the fp32 FMA loop on the portable path (it multiplies in
+ * fp32). *source (may be NULL) gets a static description of what was measured. About 0.5 s. */
+double loom_hw_peak_flops(loom_compute_dtype_t dt, int threads, const char **source);
+/* The description loom_hw_peak_flops would give, without measuring. */
+void loom_hw_peak_source(loom_compute_dtype_t dt, const char **source);
 
 #ifdef __cplusplus
 }

@@ -102,6 +102,12 @@ int loom_peak_cache_put(int threads, double flops);
 int loom_peak_cache_path_dtype(loom_compute_dtype_t dt, char *buf, size_t cap);
 int loom_peak_cache_get_dtype(loom_compute_dtype_t dt, int threads, double *flops);
 int loom_peak_cache_put_dtype(loom_compute_dtype_t dt, int threads, double flops);
+/* The same for any kind of peak: the GEMMs' (the calls above) and the hardware's, fp32 and bf16
+ * (loom_hw_peak_flops), each in its own file beside gemm_peak (hw_peak, hw_peak_bf16). */
+typedef enum { LOOM_PEAK_GEMM_FP32, LOOM_PEAK_GEMM_BF16, LOOM_PEAK_HW_FP32, LOOM_PEAK_HW_BF16 } loom_peak_kind_t;
+int loom_peak_cache_path_kind(loom_peak_kind_t kind, char *buf, size_t cap);
+int loom_peak_cache_get_kind(loom_peak_kind_t kind, int threads, double *flops);
+int loom_peak_cache_put_kind(loom_peak_kind_t kind, int threads, double flops);
 
 /* ---- trainer ----------------------------------------------------------------------------------- */
 
@@ -123,6 +129,10 @@ typedef struct {
 	int keep_checkpoints;      /* after saving, delete all but the newest K checkpoints; 0: keep all */
 	const char *log_path;      /* JSONL, one object per step (appended to when resuming), or NULL */
 	double peak_flops;         /* FLOP/s of one rank for MFU (against world x this); <= 0: MFU is 0 */
+	const char *peak_source;   /* where peak_flops came from, for the log (e.g. "AVX-512 FMA loop,
+	                              measured"), or NULL; borrowed: must outlive the trainer */
+	double gemm_flops;         /* the GEMM's measured peak on one rank, logged beside peak_flops
+	                              (<= 0: not known) */
 	const char *tokenizer;     /* llm.c tokenizer file copied into every checkpoint (so that
 	                              `loom sample` finds it beside the model), or NULL */
 	/* Data parallelism (see the top of this file). */
@@ -280,6 +290,9 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx);
 
 /* Set the FLOP/s that MFU is relative to (<= 0: MFU is reported as 0). */
 void loom_trainer_set_peak_flops(loom_trainer_t *tr, double flops);
+/* The same with the peak's source and the GEMM's measured peak (both as in loom_train_config_t), for
+ * a program that measures them after creating the trainer; before the first step. */
+void loom_trainer_set_peak(loom_trainer_t *tr, double flops, const char *source, double gemm_flops);
 long long loom_trainer_steps_done(const loom_trainer_t *tr);
 int loom_trainer_rank(const loom_trainer_t *tr);  /* global rank; 0 with one process */
 int loom_trainer_world(const loom_trainer_t *tr); /* all ranks of the job; 1 with one process */

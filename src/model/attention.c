@@ -9,7 +9,6 @@
  * head's columns, so there are no races and results do not depend on the thread count. The
  * probabilities alone (loom__attention_probs, for selective activation checkpointing) are the same
  * per-row-block code, so a recomputation reproduces the forward's bits exactly. */
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -21,13 +20,6 @@
 #define ATT_BLOCK 64
 #endif
 
-static void sgemm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-                   int ldb, float beta, float *C, int ldc)
-{
-	cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
-	            lda, B, ldb, beta, C, ldc);
-}
-
 size_t loom__attention_scratch_floats(int T, int nthreads)
 {
 	return (size_t)T * T * (size_t)(nthreads > 0 ? nthreads : 1);
@@ -38,7 +30,7 @@ size_t loom__attention_scratch_floats(int T, int nthreads)
  * recomputation (loom__attention_probs), so both give the same bits. */
 static void probs_rows(float *P, const float *q, const float *k, int r0, int r1, int T, int C3, int hs, float scale)
 {
-	sgemm1(0, 1, r1 - r0, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T);
+	loom__sgemm1(0, 1, r1 - r0, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T);
 	for (int t = r0; t < r1; t++) {
 		float *p = P + (size_t)t * T, mx = -INFINITY, sum = 0.0f;
 #pragma omp simd reduction(max : mx)
@@ -70,7 +62,7 @@ void loom__attention_forward(float *out, float *att, const float *qkv, int B, in
 		for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
 			int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
 			probs_rows(P, q, k, r0, r1, T, C3, hs, scale);
-			sgemm1(0, 0, r1 - r0, hs, r1, 1.0f, P + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
+			loom__sgemm1(0, 0, r1 - r0, hs, r1, 1.0f, P + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
 		}
 	}
 }
@@ -110,7 +102,7 @@ void loom__attention_backward(float *dqkv, float *scratch, int scratch_threads, 
 			/* dP = dY V^T on the causal blocks, then dS = P * (dP - rowsum(P * dP)), zero above the diagonal */
 			for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
 				int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-				sgemm1(0, 1, r1 - r0, r1, hs, 1.0f, dy + (size_t)r0 * C, C, v, C3, 0.0f, dS + (size_t)r0 * T, T);
+				loom__sgemm1(0, 1, r1 - r0, r1, hs, 1.0f, dy + (size_t)r0 * C, C, v, C3, 0.0f, dS + (size_t)r0 * T, T);
 				for (int t = r0; t < r1; t++) {
 					float *d = dS + (size_t)t * T, dot = 0.0f;
 					const float *p = P + (size_t)t * T;
@@ -124,14 +116,14 @@ void loom__attention_backward(float *dqkv, float *scratch, int scratch_threads, 
 						d[j] = 0.0f;
 				}
 				/* dQ rows of this block += scale dS K */
-				sgemm1(0, 0, r1 - r0, hs, r1, scale, dS + (size_t)r0 * T, T, k, C3, 1.0f, dq + (size_t)r0 * C3, C3);
+				loom__sgemm1(0, 0, r1 - r0, hs, r1, scale, dS + (size_t)r0 * T, T, k, C3, 1.0f, dq + (size_t)r0 * C3, C3);
 			}
 			/* dK rows [j0,j1) += scale dS^T Q and dV rows += P^T dY, over the rows t >= j0 only */
 			for (int j0 = 0; j0 < T; j0 += ATT_BLOCK) {
 				int j1 = j0 + ATT_BLOCK < T ? j0 + ATT_BLOCK : T;
-				sgemm1(1, 0, j1 - j0, hs, T - j0, scale, dS + (size_t)j0 * T + j0, T, q + (size_t)j0 * C3, C3, 1.0f,
+				loom__sgemm1(1, 0, j1 - j0, hs, T - j0, scale, dS + (size_t)j0 * T + j0, T, q + (size_t)j0 * C3, C3, 1.0f,
 				       dk + (size_t)j0 * C3, C3);
-				sgemm1(1, 0, j1 - j0, hs, T - j0, 1.0f, P + (size_t)j0 * T + j0, T, dy + (size_t)j0 * C, C, 1.0f,
+				loom__sgemm1(1, 0, j1 - j0, hs, T - j0, 1.0f, P + (size_t)j0 * T + j0, T, dy + (size_t)j0 * C, C, 1.0f,
 				       dv + (size_t)j0 * C3, C3);
 			}
 		}

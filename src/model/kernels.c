@@ -4,13 +4,26 @@
  * Threading: one OpenMP pool does everything. Loops are `omp parallel for simd`; reductions that
  * would race (LayerNorm and bias gradients, embedding gradients) are split over channels instead of
  * rows, so each output element is summed by one thread in row order: results do not depend on the
- * schedule. loom__gemm() splits a product over the threads itself and calls single-threaded OpenBLAS in
- * each, so OpenBLAS's own pthreads never compete with the OpenMP workers on a 2-core machine.
+ * schedule. loom__gemm() splits a product over the threads itself and calls a single-threaded sgemm in
+ * each (oneDNN's, or OpenBLAS's with LOOM_GEMM=openblas), so no library's own threads compete with the
+ * OpenMP workers on a 2-core machine.
+ *
+ * Why oneDNN's sgemm by default: it picks its kernels from the CPU's features (its jit avx512_core,
+ * avx2, ... code), where OpenBLAS picks them from a table of CPU models and falls back to its SSE3
+ * kernels on a model it does not know (a cloud VM's "Intel(R) Xeon(R) Processor": 34 instead of 174
+ * GFLOP/s on one core). Measured side by side in docs/model.md; it is also as fast or faster on the
+ * CPUs OpenBLAS does know.
  * Nothing here allocates. */
 #include <cblas.h>
+#include <dnnl.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "loom/cpu.h"
 
 #include "model/fastmath.h"
 #include "model/kernels.h"
@@ -19,6 +32,51 @@
 #define PAR_MIN 32768
 
 /* ---- BLAS ------------------------------------------------------------------------------------ */
+
+/* The fp32 GEMM backend, chosen once (LOOM_GEMM, see kernels.h). */
+static int backend = -1;
+static pthread_once_t backend_once = PTHREAD_ONCE_INIT;
+
+static void choose_backend(void)
+{
+	const loom_cpu_t *cpu = loom_cpu();
+	backend = loom__gemm_backend_parse(getenv("LOOM_GEMM"));
+	/* LOOM_CPU_ISA caps oneDNN's kernels too (before its first use: the cap is then fixed) */
+	if (cpu->isa == LOOM_ISA_AVX2)
+		dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2);
+	else if (cpu->isa == LOOM_ISA_SCALAR)
+		dnnl_set_max_cpu_isa(cpu->avx ? dnnl_cpu_isa_avx : dnnl_cpu_isa_sse41);
+}
+
+int loom__gemm_backend_parse(const char *env)
+{
+	if (env && (strcmp(env, "openblas") == 0 || strcmp(env, "blas") == 0))
+		return LOOM_GEMM_OPENBLAS;
+	return LOOM_GEMM_ONEDNN; /* unset, empty, "onednn" or "auto"; the CLI rejects anything else */
+}
+
+int loom_gemm_backend(void)
+{
+	pthread_once(&backend_once, choose_backend);
+	return backend;
+}
+
+const char *loom_gemm_backend_name(void)
+{
+	static _Thread_local char buf[96];
+	if (loom_gemm_backend() == LOOM_GEMM_OPENBLAS) {
+		snprintf(buf, sizeof buf, "OpenBLAS sgemm (core %s)", openblas_get_corename());
+		return buf;
+	}
+	dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+	snprintf(buf, sizeof buf, "oneDNN sgemm (jit %s)",
+	         isa >= dnnl_cpu_isa_avx512_core && (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core
+	                 ? "avx512_core"
+	         : (isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2 ? "avx2"
+	         : (isa & dnnl_cpu_isa_avx) == dnnl_cpu_isa_avx   ? "avx"
+	                                                           : "sse41");
+	return buf;
+}
 
 void loom__gemm_setup_threads(void)
 {
@@ -30,9 +88,14 @@ void loom__gemm_setup_threads(void)
 	loom__gemm_use(NULL);
 }
 
-static void sgemm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-                   int ldb, float beta, float *C, int ldc)
+void loom__sgemm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                  float beta, float *C, int ldc)
 {
+	if (loom_gemm_backend() == LOOM_GEMM_ONEDNN &&
+	    dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == dnnl_success)
+		return;
+	/* OpenBLAS, chosen or where oneDNN refused (it refuses only arguments that are invalid for
+	 * OpenBLAS too, which then reports them) */
 	cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
 	            lda, B, ldb, beta, C, ldc);
 }
@@ -59,7 +122,7 @@ void loom__gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A
 		return;
 	}
 	if (nt <= 1 || omp_in_parallel() || (double)M * N * K < 4e6) {
-		sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+		loom__sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 		return;
 	}
 	int split_n = N >= M;
@@ -69,10 +132,10 @@ void loom__gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A
 		split_range(split_n ? N : M, n, t, 16, &lo, &hi);
 		if (hi > lo) {
 			if (split_n)
-				sgemm1(ta, tb, M, hi - lo, K, alpha, A, lda, tb ? B + (size_t)lo * ldb : B + lo, ldb, beta,
+				loom__sgemm1(ta, tb, M, hi - lo, K, alpha, A, lda, tb ? B + (size_t)lo * ldb : B + lo, ldb, beta,
 				       C + lo, ldc);
 			else
-				sgemm1(ta, tb, hi - lo, N, K, alpha, ta ? A + lo : A + (size_t)lo * lda, lda, B, ldb, beta,
+				loom__sgemm1(ta, tb, hi - lo, N, K, alpha, ta ? A + lo : A + (size_t)lo * lda, lda, B, ldb, beta,
 				       C + (size_t)lo * ldc, ldc);
 		}
 	}

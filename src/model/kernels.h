@@ -16,13 +16,19 @@
 
 /* ---- BLAS ------------------------------------------------------------------------------------ */
 
-/* Row-major C (M,N) = alpha op(A) op(B) + beta C through cblas_sgemm, or through loom__gemm_bf16 when
+/* Row-major C (M,N) = alpha op(A) op(B) + beta C through the fp32 backend (loom__sgemm1), or through loom__gemm_bf16 when
  * this thread's model runs in bf16 (loom__gemm_setup). Outside a parallel region and
  * with more than one OpenMP thread, the product is split over the threads along its larger output
  * dimension, each part a single-threaded sgemm: one thread pool for BLAS and loops, no
  * oversubscription. ta/tb: 1 to transpose. */
 void loom__gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
           float beta, float *C, int ldc);
+/* The same on the calling thread alone, always fp32: oneDNN's sgemm, or OpenBLAS's with
+ * LOOM_GEMM=openblas (kernels that run their own small products per thread call it). */
+void loom__sgemm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                  float beta, float *C, int ldc);
+/* LOOM_GEMM's value (NULL, "", "onednn", "auto" or "openblas") as LOOM_GEMM_ONEDNN or LOOM_GEMM_OPENBLAS. */
+int loom__gemm_backend_parse(const char *env);
 /* Make OpenBLAS single-threaded when it runs its own pthreads (idempotent, cheap), and switch this
  * thread's loom__gemm to fp32 (loom__gemm_setup below chooses a model's precision instead). */
 void loom__gemm_setup_threads(void);

@@ -53,6 +53,16 @@ int loom_bf16_supported(void)
 	return loom__bf16_supported();
 }
 
+int loom_bf16_native(void)
+{
+	return loom__bf16_supported();
+}
+
+const char *loom_bf16_path_name(void)
+{
+	return loom__bf16_supported() ? "native AVX512-BF16 (oneDNN)" : "none";
+}
+
 /* ---- CPU support and conversion ---------------------------------------------------------------- */
 
 int loom__bf16_supported(void)

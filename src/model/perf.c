@@ -1,5 +1,5 @@
-/* perf.c: the kernels' thread count, and measured GEMM FLOP/s in fp32 or bf16 (the peak that MFU is
- * relative to).
+/* perf.c: the kernels' thread count, measured GEMM FLOP/s in fp32 or bf16, and the hardware peak of
+ * each precision that MFU is relative to (loom/cpu.h's throughput loops).
  *
  * Threads: the model's loops and its sgemm calls share one OpenMP pool (see loom__gemm() in kernels.c);
  * loom_set_num_threads sets its size and keeps OpenBLAS from starting threads of its own. The peak
@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "core/util.h"
+#include "loom/cpu.h"
 #include "loom/gpt2.h"
 #include "model/kernels.h"
 
@@ -87,4 +88,45 @@ double loom_gemm_peak_flops_dtype(loom_compute_dtype_t dt, int threads)
 		best = f > best ? f : best;
 	}
 	return best;
+}
+
+/* What the hardware peak of precision dt is on this CPU: 0 the fp32 FMA loop, 1 the bf16 dot loop,
+ * 2 the bf16 GEMM on AMX tiles; *source its description. */
+static int hw_peak_kind(loom_compute_dtype_t dt, const char **source)
+{
+	const loom_cpu_t *cpu = loom_cpu();
+	static const char *fma_src[] = {"SSE2 mul+add loop, 8 xmm accumulators, measured",
+	                                "AVX2 FMA loop, 12 ymm accumulators, measured",
+	                                "AVX-512 FMA loop, 16 zmm accumulators, measured"};
+	static const char *portable_src[] = {"portable bf16 multiplies in fp32: SSE2 mul+add loop, measured",
+	                                     "portable bf16 multiplies in fp32: AVX2 FMA loop, measured",
+	                                     "portable bf16 multiplies in fp32: AVX-512 FMA loop, measured"};
+	int kind = 0;
+	const char *src = fma_src[cpu->isa];
+	if (dt == LOOM_COMPUTE_BF16 && !loom_bf16_native())
+		src = portable_src[cpu->isa];
+	else if (dt == LOOM_COMPUTE_BF16 && cpu->amx_bf16)
+		kind = 2, src = "AMX-BF16: no loop of loom's drives the tiles, so the bf16 GEMM's measured peak";
+	else if (dt == LOOM_COMPUTE_BF16)
+		kind = 1, src = "AVX512-BF16 vdpbf16ps loop, 16 zmm accumulators, measured";
+	if (source)
+		*source = src;
+	return kind;
+}
+
+void loom_hw_peak_source(loom_compute_dtype_t dt, const char **source)
+{
+	hw_peak_kind(dt, source);
+}
+
+double loom_hw_peak_flops(loom_compute_dtype_t dt, int threads, const char **source)
+{
+	int kind = hw_peak_kind(dt, source);
+	if (threads <= 0)
+		threads = omp_get_max_threads();
+	if (kind == 2) {
+		double gemm = loom_gemm_peak_flops_dtype(dt, threads), dot = loom_bf16_dot_peak_flops(threads, 0.5);
+		return gemm > dot ? gemm : dot;
+	}
+	return kind == 1 ? loom_bf16_dot_peak_flops(threads, 0.5) : loom_fma_peak_flops(threads, 0.5);
 }

@@ -127,6 +127,8 @@ static void write_config(loom_trainer_t *tr, FILE *f)
 	str(f, "dtype", loom_compute_dtype_name(loom_gpt2_dtype(tr->model)));
 	str(f, "grad_reduce_dtype", c->grad_reduce_dtype == LOOM_BFLOAT16 ? "bf16" : "fp32");
 	num(f, "peak_flops", c->peak_flops, "%.6g");
+	str(f, "peak_source", c->peak_source);
+	num(f, "gemm_peak_flops", c->gemm_flops, "%.6g");
 	loom_train_memory_t mem;
 	loom_trainer_memory(tr, &mem);
 	str(f, "activation_checkpointing", loom_act_ckpt_name(mem.act_ckpt));

@@ -1,5 +1,6 @@
-/* peak.c: the cache of measured GEMM peaks that MFU is relative to (loom/train.h), one per matmul
- * precision: MFU of a bf16 run is against the bf16 GEMM's peak, of an fp32 run against sgemm's.
+/* peak.c: the cache of measured peaks (loom/train.h): the hardware's (the FMA throughput loop of
+ * loom/cpu.h, fp32 and bf16), which MFU is relative to, and the GEMM's in each matmul precision, which
+ * `loom train` prints beside it as the fraction of the hardware the GEMM reaches.
  *
  * Measuring a peak (loom_gemm_peak_flops_dtype) takes about 2 s, so a program measures once per
  * thread count, precision and CPU and keeps the result in $XDG_CACHE_HOME/loom/gemm_peak (fp32; bf16
@@ -13,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "core/util.h"
+#include "loom/gpt2.h"
 #include "loom/train.h"
 
 /* Hash of this machine's CPU model name (djb2 over the whole line); 0 without /proc/cpuinfo. */
@@ -30,6 +32,20 @@ static unsigned long cpu_hash(void)
 			break;
 		}
 	fclose(f);
+	return h;
+}
+
+/* The same, for a GEMM's peak with the kernels that ran it mixed in (OpenBLAS's peak is not oneDNN's,
+ * the portable bf16 path's not the native one's). */
+static unsigned long cpu_hash_kind(loom_peak_kind_t kind)
+{
+	unsigned long h = cpu_hash();
+	const char *k = kind == LOOM_PEAK_GEMM_FP32 ? loom_gemm_backend_name()
+	                : kind == LOOM_PEAK_GEMM_BF16 || kind == LOOM_PEAK_HW_BF16 ? loom_bf16_path_name()
+	                                                                            : "";
+	if (h)
+		for (; *k; k++)
+			h = h * 33 + (unsigned char)*k;
 	return h;
 }
 
@@ -51,9 +67,24 @@ int loom_peak_cache_path(char *buf, size_t cap)
 	return loom_peak_cache_path_dtype(LOOM_COMPUTE_FP32, buf, cap);
 }
 
+static const char *kind_file(loom_peak_kind_t kind)
+{
+	switch (kind) {
+	case LOOM_PEAK_GEMM_BF16: return "gemm_peak_bf16";
+	case LOOM_PEAK_HW_FP32: return "hw_peak";
+	case LOOM_PEAK_HW_BF16: return "hw_peak_bf16";
+	default: return "gemm_peak";
+	}
+}
+
 int loom_peak_cache_path_dtype(loom_compute_dtype_t dt, char *buf, size_t cap)
 {
-	const char *name = dt == LOOM_COMPUTE_BF16 ? "gemm_peak_bf16" : "gemm_peak";
+	return loom_peak_cache_path_kind(dt == LOOM_COMPUTE_BF16 ? LOOM_PEAK_GEMM_BF16 : LOOM_PEAK_GEMM_FP32, buf, cap);
+}
+
+int loom_peak_cache_path_kind(loom_peak_kind_t kind, char *buf, size_t cap)
+{
+	const char *name = kind_file(kind);
 	char dir[900];
 	int rc = cache_dir(dir, sizeof dir), n;
 	if (rc != LOOM_OK)
@@ -71,12 +102,18 @@ int loom_peak_cache_get(int threads, double *flops)
 
 int loom_peak_cache_get_dtype(loom_compute_dtype_t dt, int threads, double *flops)
 {
+	return loom_peak_cache_get_kind(dt == LOOM_COMPUTE_BF16 ? LOOM_PEAK_GEMM_BF16 : LOOM_PEAK_GEMM_FP32, threads,
+	                                flops);
+}
+
+int loom_peak_cache_get_kind(loom_peak_kind_t kind, int threads, double *flops)
+{
 	char path[1000];
-	unsigned long h = cpu_hash(), fh;
+	unsigned long h = cpu_hash_kind(kind), fh;
 	int t, rc;
 	double v;
 	FILE *f;
-	if ((rc = loom_peak_cache_path_dtype(dt, path, sizeof path)) != LOOM_OK)
+	if ((rc = loom_peak_cache_path_kind(kind, path, sizeof path)) != LOOM_OK)
 		return rc;
 	if (!(f = fopen(path, "r")))
 		return loom_seterr(LOOM_ENOENT, "peak cache: no %s", path);
@@ -97,13 +134,19 @@ int loom_peak_cache_put(int threads, double flops)
 
 int loom_peak_cache_put_dtype(loom_compute_dtype_t dt, int threads, double flops)
 {
+	return loom_peak_cache_put_kind(dt == LOOM_COMPUTE_BF16 ? LOOM_PEAK_GEMM_BF16 : LOOM_PEAK_GEMM_FP32, threads,
+	                                flops);
+}
+
+int loom_peak_cache_put_kind(loom_peak_kind_t kind, int threads, double flops)
+{
 	char dir[900], path[1000], parent[900];
 	FILE *f;
 	int rc;
 	if (!(flops > 0) || threads < 1)
 		return loom_seterr(LOOM_EINVAL, "peak cache: %g FLOP/s for %d threads: both must be > 0", flops, threads);
 	if ((rc = cache_dir(dir, sizeof dir)) != LOOM_OK ||
-	    (rc = loom_peak_cache_path_dtype(dt, path, sizeof path)) != LOOM_OK)
+	    (rc = loom_peak_cache_path_kind(kind, path, sizeof path)) != LOOM_OK)
 		return rc;
 	snprintf(parent, sizeof parent, "%s", dir);
 	char *slash = strrchr(parent, '/');
@@ -112,7 +155,7 @@ int loom_peak_cache_put_dtype(loom_compute_dtype_t dt, int threads, double flops
 	mkdir(dir, 0755);
 	if (!(f = fopen(path, "a")))
 		return loom_seterr(LOOM_EIO, "peak cache: cannot append to %s", path);
-	fprintf(f, "%d %lu %.6e\n", threads, cpu_hash(), flops);
+	fprintf(f, "%d %lu %.6e\n", threads, cpu_hash_kind(kind), flops);
 	if (fclose(f) != 0)
 		return loom_seterr(LOOM_EIO, "peak cache: writing %s failed", path);
 	return LOOM_OK;

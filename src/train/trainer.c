@@ -454,6 +454,13 @@ void loom_trainer_set_peak_flops(loom_trainer_t *tr, double flops)
 	tr->cfg.peak_flops = flops > 0 ? flops : 0.0;
 }
 
+void loom_trainer_set_peak(loom_trainer_t *tr, double flops, const char *source, double gemm_flops)
+{
+	loom_trainer_set_peak_flops(tr, flops);
+	tr->cfg.peak_source = source;
+	tr->cfg.gemm_flops = gemm_flops > 0 ? gemm_flops : 0.0;
+}
+
 long long loom_trainer_steps_done(const loom_trainer_t *tr)
 {
 	return tr->step;
