@@ -563,12 +563,13 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	       loom_cpu_features_str(cpu), loom_num_threads(),
 	       o->dtype == LOOM_COMPUTE_BF16 ? "bf16 (fp32 accumulation)" : "fp32",
 	       o->dtype == LOOM_COMPUTE_BF16 ? loom_bf16_path_name() : loom_gemm_backend_name());
-	printf("MFU against the hardware's %s peak of %.1f GFLOP/s%s (%s); the GEMM reaches %.1f GFLOP/s, %.0f%% of "
-	       "it; %.4g FLOP per token\n",
+	char gemm[96] = "";
+	if (o->tc.gemm_flops > 0 && o->tc.peak_flops > 0)
+		snprintf(gemm, sizeof gemm, "; the GEMM reaches %.1f GFLOP/s, %.0f%% of it", o->tc.gemm_flops / 1e9,
+		         100.0 * o->tc.gemm_flops / o->tc.peak_flops);
+	printf("MFU against the hardware's %s peak of %.1f GFLOP/s%s (%s)%s; %.4g FLOP per token\n",
 	       loom_compute_dtype_name(o->dtype), o->tc.peak_flops / 1e9, o->world > 1 ? " per rank" : "",
-	       o->tc.peak_source ? o->tc.peak_source : "given", o->tc.gemm_flops / 1e9,
-	       o->tc.peak_flops > 0 ? 100.0 * o->tc.gemm_flops / o->tc.peak_flops : 0.0,
-	       loom_gpt2_flops_per_token(&o->mc, o->tc.T));
+	       o->tc.peak_source ? o->tc.peak_source : "given", gemm, loom_gpt2_flops_per_token(&o->mc, o->tc.T));
 }
 
 static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
@@ -828,10 +829,16 @@ int loom_cli_train(int argc, char **argv)
 	}
 	if (o.rank == 0) { /* measured once the settings are known to be good */
 		const char *src = "--peak-flops";
-		if (o.tc.peak_flops <= 0)
+		int given = o.tc.peak_flops > 0;
+		if (!given)
 			o.tc.peak_flops = cached_peak(1, o.dtype, loom_num_threads(), &src);
 		o.tc.peak_source = src;
-		o.tc.gemm_flops = cached_peak(0, o.dtype, loom_num_threads(), NULL);
+		/* with --peak-flops the GEMM's figure only when it is known: nothing is measured */
+		if (!given)
+			o.tc.gemm_flops = cached_peak(0, o.dtype, loom_num_threads(), NULL);
+		else if (loom_peak_cache_get_kind(o.dtype == LOOM_COMPUTE_BF16 ? LOOM_PEAK_GEMM_BF16 : LOOM_PEAK_GEMM_FP32,
+		                                  loom_num_threads(), &o.tc.gemm_flops) != LOOM_OK)
+			o.tc.gemm_flops = 0.0;
 		loom_trainer_set_peak(tr, o.tc.peak_flops, o.tc.peak_source, o.tc.gemm_flops);
 	}
 	if (o.resume) { /* every rank reads the checkpoint; the first step re-broadcasts rank 0's parameters */
