@@ -71,7 +71,8 @@ static const char *const usage_text =
 	"performance:\n"
 	"  --threads N            threads for the kernels (default: OMP_NUM_THREADS, else one per CPU)\n"
 	"  --dtype fp32|bf16      matmul precision (default fp32); bf16: bf16 operands, fp32 accumulation,\n"
-	"                         fp32 master weights, optimizer, LayerNorm, softmax and loss (AVX512-BF16)\n"
+	"                         fp32 master weights, optimizer, LayerNorm, softmax and loss; any CPU: oneDNN\n"
+	"                         on AVX512-BF16/AMX, else portable (LOOM_BF16=auto|native|portable chooses)\n"
 	"  --peak-flops F         FLOP/s used for MFU (default: measured as `loom bench gemm` does, for the\n"
 	"                         --dtype, once, then cached in ~/.cache/loom/gemm_peak[_bf16])\n"
 	"  --profile              print the time per kernel at the end\n"
@@ -547,8 +548,12 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	       loom_act_ckpt_name(mem.act_ckpt), mem.act.kept / 1048576.0, mem.act.recompute / 1048576.0,
 	       (mem.act.kept + mem.act.recompute) / 1048576.0, mem.act_formula_text, mem.act_formula / 1048576.0,
 	       mem.act.head / 1048576.0, mem.act.backward / 1048576.0);
+	loom_bf16_path_t path = LOOM_BF16_AUTO;
+	char mm[200] = "fp32";
+	if (o->dtype == LOOM_COMPUTE_BF16 && loom_bf16_path(&path) == LOOM_OK) /* (the model was created on it) */
+		snprintf(mm, sizeof mm, "bf16 (fp32 accumulation), path %s", loom_bf16_path_name(path));
 	printf("threads: %d; matmuls in %s; MFU against a %s peak of %.1f GFLOP/s%s; %.4g FLOP per token\n",
-	       loom_num_threads(), o->dtype == LOOM_COMPUTE_BF16 ? "bf16 (fp32 accumulation)" : "fp32",
+	       loom_num_threads(), mm,
 	       loom_compute_dtype_name(o->dtype), o->tc.peak_flops / 1e9, o->world > 1 ? " per rank" : "",
 	       loom_gpt2_flops_per_token(&o->mc, o->tc.T));
 }
