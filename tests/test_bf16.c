@@ -1,31 +1,3 @@
-/* test_bf16.c: the bf16 matmul path of `--dtype bf16` (src/model/matmul_bf16.c).
- *
- * What is checked, and how tight:
- *  - rounding to bf16 is round-to-nearest-even, NaN and infinities kept (exact values);
- *  - the bf16 GEMM, every transpose combination, alpha/beta, leading dimensions wider than the
- *    matrix, odd shapes: against a double-precision product of the bf16-ROUNDED operands, to 1e-5
- *    of sum |a||b| per element (only fp32 accumulation order differs, so any operand mishandled, a
- *    wrong stride or transpose, shows as an O(1) error), and against the fp32 product of the
- *    unrounded operands within bf16's tolerance (2 x 2^-8 of sum |a||b|);
- *  - the model's three products (forward, dinp, dweight, plus dbias) and the fused classifier in
- *    bf16 mode against the fp32 reference kernels within bf16's tolerance;
- *  - a 300-step run of the `tiny` preset in bf16 ends within 2% of the fp32 run's loss, and every
- *    step's loss is finite and within 5% of fp32's (no divergence);
- *  - a CPU without AVX512-BF16 (forced by LOOM_NO_BF16=1) gets a clear error from the model and
- *    from `loom train --dtype bf16`, never a silent fp32 run;
- *  - `--grad-reduce-dtype bf16` under 2-rank DDP and ZeRO stages 1-3 keeps the replicas identical and
- *    the losses close.
- * The tests that need AVX512-BF16 report themselves skipped on a CPU without it. */
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "loom/gpt2.h"
-#include "model/kernels.h"
-#include "model/rng.h"
-#include "test.h"
-
 /* test_bf16.c: the bf16 matmul path of `--dtype bf16` (src/model/matmul_bf16.c), on both of its
  * paths: portable on every machine, and native (oneDNN on AVX512-BF16 / AMX-BF16) where this machine
  * has it. No test skips for the lack of a CPU feature.
