@@ -16,7 +16,7 @@
 #
 # usage: bench/train_vs_torch.sh [STEPS (default 12)] [THREADS... (default "1 2")]
 #   env: LOOM (default build/loom), MODEL (small), B (4), T (256), WARMUP (2), REPEAT (1),
-#        DTYPES ("fp32 bf16"), KEEP=1 keeps the work dir
+#        DTYPES ("fp32 bf16"; bf16 runs on every CPU, natively on AVX512-BF16 / AMX), KEEP=1 keeps the work dir
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-12}

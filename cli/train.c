@@ -72,7 +72,8 @@ static const char *const usage_text =
 	"performance:\n"
 	"  --threads N            threads for the kernels (default: OMP_NUM_THREADS, else one per CPU)\n"
 	"  --dtype fp32|bf16      matmul precision (default fp32); bf16: bf16 operands, fp32 accumulation,\n"
-	"                         fp32 master weights, optimizer, LayerNorm, softmax and loss (AVX512-BF16)\n"
+	"                         fp32 master weights, optimizer, LayerNorm, softmax and loss; any CPU: oneDNN\n"
+	"                         on AVX512-BF16/AMX, else portable (LOOM_BF16=auto|native|portable chooses)\n"
 	"  --peak-flops F         FLOP/s of one rank used for MFU (default: the hardware's peak for the\n"
 	"                         --dtype, measured with loom's FMA loop as `loom bench gemm` prints it, once,\n"
 	"                         then cached in ~/.cache/loom/hw_peak[_bf16])\n"
@@ -559,10 +560,14 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	       (mem.act.kept + mem.act.recompute) / 1048576.0, mem.act_formula_text, mem.act_formula / 1048576.0,
 	       mem.act.head / 1048576.0, mem.act.backward / 1048576.0);
 	const loom_cpu_t *cpu = loom_cpu();
-	printf("cpu: %s (%s); threads: %d; matmuls in %s on %s\n", cpu->brand[0] ? cpu->brand : cpu->vendor,
-	       loom_cpu_features_str(cpu), loom_num_threads(),
-	       o->dtype == LOOM_COMPUTE_BF16 ? "bf16 (fp32 accumulation)" : "fp32",
-	       o->dtype == LOOM_COMPUTE_BF16 ? loom_bf16_path_name() : loom_gemm_backend_name());
+	loom_bf16_path_t path = LOOM_BF16_AUTO;
+	char mm[200];
+	if (o->dtype == LOOM_COMPUTE_BF16 && loom_bf16_path(&path) == LOOM_OK) /* (the model was created on it) */
+		snprintf(mm, sizeof mm, "bf16 (fp32 accumulation), path %s", loom_bf16_path_name(path));
+	else
+		snprintf(mm, sizeof mm, "fp32 on %s", loom_gemm_backend_name());
+	printf("cpu: %s (%s); threads: %d; matmuls in %s\n", cpu->brand[0] ? cpu->brand : cpu->vendor,
+	       loom_cpu_features_str(cpu), loom_num_threads(), mm);
 	char gemm[96] = "";
 	if (o->tc.gemm_flops > 0 && o->tc.peak_flops > 0)
 		snprintf(gemm, sizeof gemm, "; the GEMM reaches %.1f GFLOP/s, %.0f%% of it", o->tc.gemm_flops / 1e9,

@@ -103,16 +103,30 @@ int loom_act_ckpt_parse(const char *name, loom_act_ckpt_t *mode);
 const char *loom_act_ckpt_name(loom_act_ckpt_t mode); /* "?" when invalid */
 /* Precision of the model's matmuls (the linear layers and the lm head). bf16: operands rounded to
  * bf16, products accumulated in fp32; parameters, activations, gradients, LayerNorm, softmax and the
- * loss stay fp32 (docs/model.md). Needs a CPU with AVX512-BF16. */
+ * loss stay fp32 (docs/model.md). Runs on every x86-64 CPU, on one of two paths (below). */
 typedef enum { LOOM_COMPUTE_FP32 = 0, LOOM_COMPUTE_BF16 = 1 } loom_compute_dtype_t;
 /* "fp32" / "bf16" to the dtype; LOOM_EINVAL for another name. */
 int loom_compute_dtype_parse(const char *name, loom_compute_dtype_t *dt);
 const char *loom_compute_dtype_name(loom_compute_dtype_t dt);
-/* 1 when this CPU runs bf16 matmuls (AVX512-BF16; LOOM_NO_BF16=1 in the environment says no). */
-int loom_bf16_supported(void);
-/* TEMPORARY (merged away with the portable bf16 path): 1 on the native path; its name. */
+/* How a bf16 GEMM runs. Both compute the fp32 GEMM of the bf16-rounded operands and differ only in
+ * the order of the fp32 additions. NATIVE: oneDNN's bf16 matmul on AVX512-BF16 or AMX-BF16 (bf16
+ * operands in memory, `vdpbf16ps` / AMX tiles). PORTABLE: the operands rounded to bf16 but kept as
+ * fp32 values, then the fp32 sgemm; every x86-64 CPU, about as fast as fp32. AUTO: native where this
+ * machine has it, else portable. */
+typedef enum { LOOM_BF16_AUTO = 0, LOOM_BF16_PORTABLE = 1, LOOM_BF16_NATIVE = 2 } loom_bf16_path_t;
+/* 1 when this CPU and the installed oneDNN run bf16 matmuls natively (AVX512-BF16 or AMX-BF16 as
+ * oneDNN dispatches, so DNNL_MAX_CPU_ISA below AVX512_CORE_BF16 says no), else 0; whatever LOOM_BF16
+ * says. Probed once per process (a small oneDNN primitive); thread-safe. */
 int loom_bf16_native(void);
-const char *loom_bf16_path_name(void);
+/* The path `--dtype bf16` takes in this process: the environment's LOOM_BF16 (auto, the default;
+ * native; portable) over loom_bf16_native(). LOOM_OK with *path NATIVE or PORTABLE; LOOM_EINVAL for
+ * another LOOM_BF16 value, LOOM_ENOTSUP for LOOM_BF16=native where it cannot run (the message names
+ * the missing CPU feature or oneDNN's limit). Thread-safe. */
+int loom_bf16_path(loom_bf16_path_t *path);
+/* The path's description for start-up lines: "native AVX512-BF16 (oneDNN brg:avx512_core_bf16)",
+ * "native AMX-BF16 (oneDNN ...)", "portable (bf16-rounded operands, fp32 FMA)"; "?" for AUTO or an
+ * invalid value. Static storage. */
+const char *loom_bf16_path_name(loom_bf16_path_t path);
 
 /* Options of loom_gpt2_create_opts; zero-initialize and set what differs. */
 typedef struct {
@@ -136,7 +150,8 @@ typedef struct {
 	 * reduction (loom_gpt2_on_tp_reduce) before any pass. n_head must be divisible by tp_size. */
 	int tp_size, tp_rank;
 	loom_act_ckpt_t act_ckpt; /* activation checkpointing (above); 0: none */
-	/* Matmul precision (0: fp32). LOOM_COMPUTE_BF16 on a CPU without AVX512-BF16 is LOOM_ENOTSUP. */
+	/* Matmul precision (0: fp32). LOOM_COMPUTE_BF16 runs on loom_bf16_path()'s path; its errors
+	 * (LOOM_BF16=native where impossible) are create's. */
 	loom_compute_dtype_t dtype;
 } loom_gpt2_opts_t;
 
@@ -391,8 +406,8 @@ double loom_gemm_flops(int threads, int M, int N, int K, double seconds);
 /* Peak sgemm FLOP/s on this machine with `threads` threads, for MFU: the best of a few large shapes
  * (square 1024 and the GPT-2 `small` preset's lm-head and MLP products), about 2 s in all. */
 double loom_gemm_peak_flops(int threads);
-/* The same in either matmul precision (bf16: the model's bf16 GEMM, operand conversion included);
- * 0 for bf16 on a CPU without AVX512-BF16 or when the GEMM fails. */
+/* The same in either matmul precision (bf16: the model's bf16 GEMM on loom_bf16_path()'s path, operand
+ * conversion included); 0 when the GEMM fails (e.g. LOOM_BF16=native where it cannot run). */
 double loom_gemm_flops_dtype(loom_compute_dtype_t dt, int threads, int M, int N, int K, double seconds);
 double loom_gemm_peak_flops_dtype(loom_compute_dtype_t dt, int threads);
 /* The hardware's peak FLOP/s for matmuls in precision dt on `threads` threads (<= 0: the current

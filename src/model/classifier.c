@@ -24,8 +24,8 @@ void loom__classifier_forward_backward(float *losses, float *dx, float *dwte, fl
 	/* bf16 (loom__gemm_setup): wte is converted once for every chunk's products, each chunk's
 	 * gradient logits once for both of theirs */
 	loom__gemm_ctx_t *bf = loom__gemm_current();
-	const uint16_t *wte16 = bf ? loom__bf16_hold(bf, LOOM_BF16_SLOT_HOLD0, wte, (size_t)V * C) : NULL;
-	uint16_t *g16 = bf && dx ? loom__bf16_slot(bf, LOOM_BF16_SLOT_HOLD1, (size_t)(N < chunk ? N : chunk) * V) : NULL;
+	const void *wte16 = bf ? loom__bf16_hold(bf, LOOM_BF16_SLOT_HOLD0, wte, (size_t)V * C) : NULL;
+	void *g16 = bf && dx ? loom__bf16_slot(bf, LOOM_BF16_SLOT_HOLD1, (size_t)(N < chunk ? N : chunk) * V) : NULL;
 	if (bf && (!wte16 || (dx && !g16)))
 		return; /* out of memory: the error is in the ctx */
 	for (int n0 = 0; n0 < N; n0 += chunk) {
@@ -55,7 +55,7 @@ void loom__classifier_forward_backward(float *losses, float *dx, float *dwte, fl
 					z[j] *= g;
 				z[tgt] -= dloss;
 				if (g16) /* bf16: the gradient row converted while it is in cache */
-					loom__bf16_row(g16 + (size_t)i * V, z, V);
+					loom__bf16_row(bf, g16, (size_t)i * V, z, V);
 			} else {
 #pragma omp simd reduction(+ : sum)
 				for (int j = 0; j < V; j++)

@@ -193,10 +193,9 @@ static int check_opts(const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o)
 		                   "2 selective)", (int)o->act_ckpt);
 	if (o->dtype != LOOM_COMPUTE_FP32 && o->dtype != LOOM_COMPUTE_BF16)
 		return loom_seterr(LOOM_EINVAL, "gpt2 create: dtype %d (expected fp32 or bf16)", (int)o->dtype);
-	if (o->dtype == LOOM_COMPUTE_BF16 && !loom__bf16_supported())
-		return loom_seterr(LOOM_ENOTSUP, "gpt2 create: dtype bf16 needs a CPU with AVX512-BF16 (avx512_bf16 in "
-		                   "/proc/cpuinfo)%s; this one has none: use fp32", getenv("LOOM_NO_BF16") ?
-		                   " and LOOM_NO_BF16 unset" : "");
+	loom_bf16_path_t path;
+	if (o->dtype == LOOM_COMPUTE_BF16 && (rc = loom_bf16_path(&path)) != LOOM_OK)
+		return rc; /* LOOM_BF16 asks for what cannot run: its message says what is missing */
 	return loom_gpt2_tp_check(cfg, tp);
 }
 
@@ -213,6 +212,11 @@ static void setup(loom_gpt2_t *m, const loom_gpt2_config_t *cfg, const loom_gpt2
 	m->has_head = m->hi == L;
 	m->narenas = o->arenas ? o->arenas : 1;
 	m->gemm.dtype = o->dtype;
+	if (o->dtype == LOOM_COMPUTE_BF16) { /* the path is the model's for its life (create checked it can run) */
+		loom_bf16_path_t path = LOOM_BF16_AUTO; /* (AUTO again: chosen at the first GEMM, errors there) */
+		(void)loom_bf16_path(&path);
+		m->gemm.path = (int)path;
+	}
 	m->tp = tp, m->tp_rank = tp > 1 ? o->tp_rank : 0;
 	m->Cl = cfg->n_embd / tp, m->NHl = cfg->n_head / tp;
 	m->Vl = (cfg->vocab_size + tp - 1) / tp, m->v0 = m->tp_rank * m->Vl;

@@ -113,14 +113,19 @@ static void split_range(int n, int parts, int i, int align, int *lo, int *hi)
 void loom__gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
           float beta, float *C, int ldc)
 {
+	loom__gemm_ctx_t *bf = loom__gemm_current();
+	if (bf && M > 0 && N > 0) /* errors stay in the ctx; the model's entry point returns them */
+		loom__gemm_bf16(bf, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+	else
+		loom__gemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void loom__gemm_f32(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                    int ldb, float beta, float *C, int ldc)
+{
 	int nt = omp_get_max_threads();
 	if (M <= 0 || N <= 0)
 		return;
-	loom__gemm_ctx_t *bf = loom__gemm_current();
-	if (bf) { /* errors stay in the ctx; the model's entry point returns them */
-		loom__gemm_bf16(bf, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-		return;
-	}
 	if (nt <= 1 || omp_in_parallel() || (double)M * N * K < 4e6) {
 		loom__sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 		return;
@@ -256,7 +261,7 @@ void loom__matmul_backward(float *dinp, float *dweight, float *dbias, const floa
                      const float *weight, int N, int C, int OC)
 {
 	loom__gemm_ctx_t *bf = loom__gemm_current();
-	const uint16_t *dout16 = NULL;
+	const void *dout16 = NULL;
 	if (bf && dinp && dweight && !(dout16 = loom__bf16_hold(bf, LOOM_BF16_SLOT_HOLD1, dout, (size_t)N * OC)))
 		return; /* bf16 out of memory: the error is in the ctx */
 	if (dout16) { /* bf16: dout converted once for both products */

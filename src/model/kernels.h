@@ -29,21 +29,27 @@ void loom__sgemm1(int ta, int tb, int M, int N, int K, float alpha, const float 
                   float beta, float *C, int ldc);
 /* LOOM_GEMM's value (NULL, "", "onednn", "auto" or "openblas") as LOOM_GEMM_ONEDNN or LOOM_GEMM_OPENBLAS. */
 int loom__gemm_backend_parse(const char *env);
+/* The fp32 sgemm of loom__gemm whatever this thread's precision (the portable bf16 path runs on it). */
+void loom__gemm_f32(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                    int ldb, float beta, float *C, int ldc);
 /* Make OpenBLAS single-threaded when it runs its own pthreads (idempotent, cheap), and switch this
  * thread's loom__gemm to fp32 (loom__gemm_setup below chooses a model's precision instead). */
 void loom__gemm_setup_threads(void);
 
-/* ---- bf16 GEMM (matmul_bf16.c, oneDNN) ---------------------------------------------------------- */
+/* ---- bf16 GEMM (matmul_bf16.c: oneDNN natively, or the fp32 sgemm on rounded operands) ------------ */
 
-/* A model's GEMM precision and the bf16 operand scratch its GEMMs reuse; zero-initialized is fp32.
- * err keeps the first failure of a pass (loom_errmsg has its detail) until loom__gemm_status. */
+/* A model's GEMM precision, its bf16 path and the operand scratch its GEMMs reuse; zero-initialized
+ * is fp32. err keeps the first failure of a pass (loom_errmsg has its detail) until loom__gemm_status.
+ * An operand "in the ctx's format" is what the path multiplies: bf16 values (uint16_t) on the native
+ * path, bf16-rounded fp32 values (float) on the portable one. */
 enum { LOOM_BF16_SLOT_A, LOOM_BF16_SLOT_B, LOOM_BF16_SLOT_HOLD0, LOOM_BF16_SLOT_HOLD1, LOOM_BF16_SLOTS };
 typedef struct {
 	int dtype; /* loom_compute_dtype_t */
-	/* scratch slots: A and B are the GEMM's own conversions; HOLD0/1 keep an operand a kernel
-	 * converted once for several GEMMs (loom__bf16_hold) */
-	uint16_t *buf[LOOM_BF16_SLOTS];
-	size_t cap[LOOM_BF16_SLOTS]; /* bf16 values at buf[k] */
+	int path;  /* loom_bf16_path_t: AUTO (0) is loom_bf16_path()'s choice, fixed at the first bf16 call */
+	/* scratch slots in the ctx's format: A and B are the GEMM's own conversions; HOLD0/1 keep an
+	 * operand a kernel converted once for several GEMMs (loom__bf16_hold) */
+	void *buf[LOOM_BF16_SLOTS];
+	size_t cap[LOOM_BF16_SLOTS]; /* bytes at buf[k] */
 	int err;
 } loom__gemm_ctx_t;
 
@@ -55,25 +61,27 @@ loom__gemm_ctx_t *loom__gemm_current(void); /* the bf16 ctx loom__gemm uses now,
 /* The first error since the last call (LOOM_OK if none), cleared. */
 int loom__gemm_status(loom__gemm_ctx_t *ctx);
 void loom__gemm_ctx_free(loom__gemm_ctx_t *ctx); /* frees the scratch; the ctx stays usable */
-/* 1 when this CPU has AVX512-BF16 and LOOM_NO_BF16 is unset or 0. */
-int loom__bf16_supported(void);
-/* As loom__gemm with both operands rounded to bf16 (nearest even) and fp32 accumulation, on oneDNN.
- * LOOM_OK, or ctx->err (LOOM_ENOMEM, LOOM_ENOTSUP) with the GEMM not done. */
+/* As loom__gemm with both operands rounded to bf16 (nearest even) and fp32 accumulation, on ctx's
+ * path. LOOM_OK, or ctx->err (LOOM_ENOMEM, LOOM_ENOTSUP, LOOM_EINVAL from choosing the path) with the
+ * GEMM not done. */
 int loom__gemm_bf16(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
                     int lda, const float *B, int ldb, float beta, float *C, int ldc);
-/* The same with either operand already in bf16 (A16/B16 non-NULL: used instead of A/B, in the same
- * layout and leading dimension), for a kernel that reuses one conversion in several products. */
+/* The same with either operand already in the ctx's format (A16/B16 non-NULL, from loom__bf16_hold or
+ * loom__bf16_slot: used instead of A/B, in the same layout and leading dimension), for a kernel that
+ * reuses one conversion in several products. */
 int loom__gemm_bf16x(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                     const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta, float *C,
+                     const void *A16, int lda, const float *B, const void *B16, int ldb, float beta, float *C,
                      int ldc);
-/* src (n) converted into scratch slot HOLD0 or HOLD1 of ctx, valid until that slot is held again;
- * NULL (ctx->err set) when out of memory. */
-const uint16_t *loom__bf16_hold(loom__gemm_ctx_t *ctx, int slot, const float *src, size_t n);
-/* Slot HOLD0/HOLD1 with room for n bf16 values, for a kernel that writes its bf16 operand itself
- * (with loom__bf16_row, one thread per row); NULL (ctx->err set) when out of memory. */
-uint16_t *loom__bf16_slot(loom__gemm_ctx_t *ctx, int slot, size_t n);
-void loom__bf16_row(uint16_t *dst, const float *src, int n); /* dst (n) = src (n) in bf16, this thread */
-/* dst (n) = src (n) rounded to bf16; and one value rounded to bf16 and back, for the tests. */
+/* src (n) converted into scratch slot HOLD0 or HOLD1 of ctx, in its format, valid until that slot is
+ * held again; NULL (ctx->err set) when out of memory or the path cannot be chosen. */
+const void *loom__bf16_hold(loom__gemm_ctx_t *ctx, int slot, const float *src, size_t n);
+/* Slot HOLD0/HOLD1 with room for n values in ctx's format, for a kernel that writes its operand
+ * itself (with loom__bf16_row, one thread per row); NULL (ctx->err set) as loom__bf16_hold. */
+void *loom__bf16_slot(loom__gemm_ctx_t *ctx, int slot, size_t n);
+/* Values [at, at + n) of a slot in ctx's format = src (n) converted; this thread. */
+void loom__bf16_row(const loom__gemm_ctx_t *ctx, void *slot, size_t at, const float *src, int n);
+/* dst (n) = src (n) rounded to bf16; and one value rounded to bf16 and back (the portable path's
+ * operands, and the tests'). */
 void loom__bf16_from_f32(uint16_t *dst, const float *src, size_t n);
 float loom__bf16_round(float f);
 

@@ -1,33 +1,47 @@
 /* matmul_bf16.c: the bf16 GEMM behind `--dtype bf16`: C (fp32) = alpha op(A) op(B) + beta C with the
- * operands rounded to bf16 and the products accumulated in fp32, through oneDNN's matmul primitive
- * (libdnnl; on AVX512-BF16 it runs `vdpbf16ps` kernels), and the per-thread switch that sends the
- * model's loom__gemm calls to it.
+ * operands rounded to bf16 and the products accumulated in fp32, on one of two paths, and the
+ * per-thread switch that sends the model's loom__gemm calls to it.
+ *
+ *  - native: oneDNN's matmul primitive (libdnnl) on bf16 operands, where oneDNN dispatches to
+ *    AVX512-BF16 (`vdpbf16ps`, brg:avx512_core_bf16) or AMX-BF16 (brg:avx512_core_amx);
+ *  - portable: the operands rounded to bf16 but kept as fp32 values, then the fp32 sgemm
+ *    (loom__gemm_f32). Every x86-64 CPU; oneDNN's own bf16 fallback is slower (gemm:jit emulation,
+ *    measured at 38 GFLOP/s against the sgemm's 100 on an AVX-512 CPU) or absent (AVX2).
+ * A product of two bf16 values (8-bit significands) is exact in fp32, so both paths compute the fp32
+ * sum of the same exact products and differ only in the order of the additions: `--dtype bf16` means
+ * the same on every machine, and its checkpoints (fp32 master weights) move between them. The path is
+ * chosen once per process (loom_bf16_path: LOOM_BF16=auto|native|portable) and kept per context.
  *
  * Why this shape: the model keeps every tensor in fp32 (master weights, activations, gradients), so
- * precision changes in one place only. A bf16 GEMM converts its two fp32 operands into bf16 scratch
- * (round to nearest even, the rounding PyTorch's autocast uses) in the layout they already have,
- * and describes that layout to oneDNN with strides, so a transposed operand is never copied twice.
- * The scratch belongs to the calling model's context (loom__gemm_ctx_t), in slots: the GEMM's own
- * two conversions, and two "held" operands a kernel converts once for several GEMMs (the lm head's
- * wte, a gradient used by both backward products). Slots grow on the first step and are then
- * reused, so later steps allocate nothing. oneDNN's primitives are created once per GEMM shape and
- * kept for the life of the process in a small table (a training step uses a dozen shapes);
- * creating one costs far more than running a small product.
+ * precision changes in one place only. A bf16 GEMM converts its two fp32 operands into scratch (round
+ * to nearest even, the rounding PyTorch's autocast uses) in the layout they already have, and
+ * describes that layout with strides, so a transposed operand is never copied twice. The scratch
+ * belongs to the calling model's context (loom__gemm_ctx_t), in slots: the GEMM's own two conversions,
+ * and two "held" operands a kernel converts once for several GEMMs (the lm head's wte, a gradient used
+ * by both backward products). Slots hold the path's format (2 bytes a value native, 4 portable: the
+ * portable held wte of `small` is 50257 x 384 x 4 = 77 MB, the same as the model's own wte), grow on
+ * the first step and are then reused, so later steps allocate nothing. oneDNN's primitives are
+ * created once per GEMM shape and kept for the life of the process in a small table (a training step
+ * uses a dozen shapes); creating one costs far more than running a small product.
  *
  * Invariants: a GEMM in bf16 mode equals the fp32 GEMM of the bf16-rounded operands up to the order
- * of fp32 additions (tests/test_bf16.c checks against a double-precision reference on rounded
- * operands); with beta != 0 C is read, never with beta == 0. The first failure (no memory, oneDNN
- * refusing a shape) is kept in the context; later GEMMs of the pass are skipped and the model's
- * entry point returns the error. Thread use: oneDNN runs on the OpenMP pool (loom_set_num_threads);
- * the primitive table is shared by all threads under a mutex, executions run outside it. */
+ * of fp32 additions; on the portable path it IS loom__gemm_f32 on the rounded operands, bit for bit
+ * (tests/test_bf16.c checks both); with beta != 0 C is read, never with beta == 0. The first failure
+ * (no memory, oneDNN refusing a shape, a path that cannot run) is kept in the context; later GEMMs of
+ * the pass are skipped and the model's entry point returns the error. Thread use: both paths run on
+ * the OpenMP pool (loom_set_num_threads); the primitive table and the native probe are shared by all
+ * threads under a mutex, executions run outside it. */
 #include <dnnl.h>
+#include <dnnl_debug.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/util.h"
+#include "loom/cpu.h"
 #include "model/kernels.h"
 
 /* ---- the public names ----------------------------------------------------------------------------- */
@@ -48,31 +62,7 @@ const char *loom_compute_dtype_name(loom_compute_dtype_t dt)
 	return dt == LOOM_COMPUTE_BF16 ? "bf16" : dt == LOOM_COMPUTE_FP32 ? "fp32" : "?";
 }
 
-int loom_bf16_supported(void)
-{
-	return loom__bf16_supported();
-}
-
-int loom_bf16_native(void)
-{
-	return loom__bf16_supported();
-}
-
-const char *loom_bf16_path_name(void)
-{
-	return loom__bf16_supported() ? "native AVX512-BF16 (oneDNN)" : "none";
-}
-
-/* ---- CPU support and conversion ---------------------------------------------------------------- */
-
-int loom__bf16_supported(void)
-{
-	int ok;
-	if (loom_env_long("LOOM_NO_BF16", 0, &ok) != 0) /* tests force the path of a CPU without it */
-		return 0;
-	__builtin_cpu_init();
-	return __builtin_cpu_supports("avx512bf16") ? 1 : 0;
-}
+/* ---- conversion -------------------------------------------------------------------------------- */
 
 static inline uint16_t to_bf16(float f)
 {
@@ -104,14 +94,43 @@ static void convert(uint16_t *dst, const float *src, int rows, int cols, int ld)
 	}
 }
 
+/* The same as bf16-rounded fp32 values (the portable path's format). */
+static void convert_f32(float *dst, const float *src, int rows, int cols, int ld)
+{
+#pragma omp parallel for schedule(static) if ((long)rows * cols >= 65536)
+	for (int r = 0; r < rows; r++) {
+		const float *s = src + (size_t)r * ld;
+		float *d = dst + (size_t)r * cols;
+#pragma omp simd
+		for (int c = 0; c < cols; c++) {
+			uint32_t u = (uint32_t)to_bf16(s[c]) << 16;
+			memcpy(&d[c], &u, 4);
+		}
+	}
+}
+
+/* n values of src into dst in path's format, as rows of 2^20 so that the loop bounds are ints. */
+static void convert_n(int path, void *dst, const float *src, size_t n)
+{
+	size_t row = (size_t)1 << 20, full = n / row * row;
+	int native = path == LOOM_BF16_NATIVE;
+	if (n >= row) {
+		if (native)
+			convert(dst, src, (int)(n / row), (int)row, (int)row);
+		else
+			convert_f32(dst, src, (int)(n / row), (int)row, (int)row);
+	}
+	if (n % row) {
+		if (native)
+			convert((uint16_t *)dst + full, src + full, 1, (int)(n % row), (int)(n % row));
+		else
+			convert_f32((float *)dst + full, src + full, 1, (int)(n % row), (int)(n % row));
+	}
+}
+
 void loom__bf16_from_f32(uint16_t *dst, const float *src, size_t n)
 {
-	/* as rows of 2^20 so that the loop bound is an int */
-	size_t row = (size_t)1 << 20;
-	if (n >= row)
-		convert(dst, src, (int)(n / row), (int)row, (int)row);
-	if (n % row)
-		convert(dst + n / row * row, src + n / row * row, 1, (int)(n % row), (int)(n % row));
+	convert_n(LOOM_BF16_NATIVE, dst, src, n);
 }
 
 /* ---- the per-thread switch --------------------------------------------------------------------- */
@@ -251,17 +270,134 @@ out:
 	return p;
 }
 
+/* ---- the two paths ------------------------------------------------------------------------------ */
+
+/* What the probe found: whether the native path runs here, its name, or why not. */
+static struct {
+	int native;
+	char name[128];
+	char why[256];
+} hw;
+static pthread_once_t hw_once = PTHREAD_ONCE_INIT;
+
+/* Native needs oneDNN to dispatch to AVX512-BF16 or AMX (its effective ISA, which DNNL_MAX_CPU_ISA
+ * lowers), the CPU to say so too, and a bf16 matmul primitive to exist; the primitive's
+ * implementation string names the kernel family in the path's name. oneDNN's bf16 matmul below that
+ * ISA is an emulation slower than the portable path (or absent), so it never counts as native. */
+static void probe(void)
+{
+	loom_gemm_backend(); /* applies LOOM_CPU_ISA's cap to oneDNN before it fixes its ISA */
+	dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+	int amx = ((unsigned)isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
+	int bf = ((unsigned)isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+	const char *max = getenv("DNNL_MAX_CPU_ISA");
+	const loom_cpu_t *cpu = loom_cpu();
+	if (!cpu->avx512_bf16 && !cpu->amx_bf16) {
+		snprintf(hw.why, sizeof hw.why, "this CPU has neither AVX512-BF16 nor AMX-BF16 (avx512_bf16, amx_bf16 in "
+		         "/proc/cpuinfo)%s", getenv("LOOM_CPU_ISA") ? ", or LOOM_CPU_ISA caps its features" : "");
+		return;
+	}
+	if (!bf) {
+		snprintf(hw.why, sizeof hw.why, "the CPU has AVX512-BF16 but oneDNN dispatches up to %s only%s%s%s",
+		         dnnl_cpu_isa2str(isa), max ? " (DNNL_MAX_CPU_ISA=" : "", max ? max : "", max ? ")" : "");
+		return;
+	}
+	dnnl_memory_desc_t a_md, b_md, c_md;
+	dnnl_dims_t dims = {64, 64};
+	dnnl_matmul_desc_t md;
+	dnnl_primitive_desc_t pd = NULL;
+	const char *impl = NULL;
+	dnnl_status_t s = dnnl_success;
+	pthread_mutex_lock(&prim_lock);
+	if ((engine || (s = dnnl_engine_create(&engine, dnnl_cpu, 0)) == dnnl_success) &&
+	    (s = dnnl_memory_desc_init_by_tag(&a_md, 2, dims, dnnl_bf16, dnnl_ab)) == dnnl_success &&
+	    (s = dnnl_memory_desc_init_by_tag(&b_md, 2, dims, dnnl_bf16, dnnl_ab)) == dnnl_success &&
+	    (s = dnnl_memory_desc_init_by_tag(&c_md, 2, dims, dnnl_f32, dnnl_ab)) == dnnl_success &&
+	    (s = dnnl_matmul_desc_init(&md, &a_md, &b_md, NULL, &c_md)) == dnnl_success &&
+	    (s = dnnl_primitive_desc_create(&pd, &md, NULL, engine, NULL)) == dnnl_success &&
+	    (s = dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl)) == dnnl_success && impl) {
+		hw.native = 1;
+		snprintf(hw.name, sizeof hw.name, "native %s (oneDNN %s)", amx ? "AMX-BF16" : "AVX512-BF16", impl);
+	} else {
+		snprintf(hw.why, sizeof hw.why, "oneDNN (%s) has no bf16 matmul here: %s", dnnl_cpu_isa2str(isa),
+		         dnnl_what(s));
+	}
+	if (pd)
+		dnnl_primitive_desc_destroy(pd);
+	pthread_mutex_unlock(&prim_lock);
+}
+
+int loom_bf16_native(void)
+{
+	pthread_once(&hw_once, probe);
+	return hw.native;
+}
+
+int loom_bf16_path(loom_bf16_path_t *path)
+{
+	const char *v = getenv("LOOM_BF16");
+	loom_bf16_path_t want;
+	if (!v || !*v || strcmp(v, "auto") == 0)
+		want = LOOM_BF16_AUTO;
+	else if (strcmp(v, "native") == 0)
+		want = LOOM_BF16_NATIVE;
+	else if (strcmp(v, "portable") == 0)
+		want = LOOM_BF16_PORTABLE;
+	else
+		return loom_seterr(LOOM_EINVAL, "LOOM_BF16=%s: expected auto, native or portable", v);
+	if (want == LOOM_BF16_PORTABLE) { /* no probe: the portable path needs nothing of oneDNN */
+		*path = want;
+		return LOOM_OK;
+	}
+	int native = loom_bf16_native();
+	if (want == LOOM_BF16_NATIVE && !native)
+		return loom_seterr(LOOM_ENOTSUP, "LOOM_BF16=native: the native bf16 GEMM needs AVX512-BF16 or AMX-BF16 "
+		                   "through oneDNN, and %s; unset LOOM_BF16 (or set it to portable) for the portable path",
+		                   hw.why);
+	*path = native ? LOOM_BF16_NATIVE : LOOM_BF16_PORTABLE;
+	return LOOM_OK;
+}
+
+const char *loom_bf16_path_name(loom_bf16_path_t path)
+{
+	if (path == LOOM_BF16_PORTABLE)
+		return "portable (bf16-rounded operands, fp32 FMA)";
+	if (path == LOOM_BF16_NATIVE)
+		return loom_bf16_native() ? hw.name : "native (not available on this machine)";
+	return "?";
+}
+
+/* ctx's path chosen (on its first call) and runnable: LOOM_OK or the error, kept in ctx->err. */
+static int ready(loom__gemm_ctx_t *ctx)
+{
+	if (ctx->err)
+		return ctx->err;
+	if (ctx->path == LOOM_BF16_AUTO) {
+		loom_bf16_path_t p;
+		int rc = loom_bf16_path(&p);
+		if (rc != LOOM_OK)
+			return ctx->err = rc;
+		ctx->path = (int)p;
+	} else if (ctx->path == LOOM_BF16_NATIVE && !loom_bf16_native()) {
+		return ctx->err = loom_seterr(LOOM_ENOTSUP, "bf16 gemm: the native path was asked for, but %s", hw.why);
+	} else if (ctx->path != LOOM_BF16_NATIVE && ctx->path != LOOM_BF16_PORTABLE) {
+		return ctx->err = loom_seterr(LOOM_EINVAL, "bf16 gemm: path %d (expected 0 auto, 1 portable, 2 native)",
+		                              ctx->path);
+	}
+	return LOOM_OK;
+}
+
 /* ---- the GEMM ---------------------------------------------------------------------------------- */
 
-/* Room for n bf16 values in scratch slot k, growing it (the first step only). */
-static uint16_t *scratch(loom__gemm_ctx_t *ctx, int k, size_t n)
+/* Room for n values of ctx's format in scratch slot k, growing it (the first step only). */
+static void *scratch(loom__gemm_ctx_t *ctx, int k, size_t n)
 {
-	if (n > ctx->cap[k]) {
-		size_t cap = n + n / 8;
-		uint16_t *b = loom_alloc_aligned(cap * sizeof(uint16_t));
+	size_t bytes = n * (ctx->path == LOOM_BF16_NATIVE ? sizeof(uint16_t) : sizeof(float));
+	if (bytes > ctx->cap[k]) {
+		size_t cap = bytes + bytes / 8;
+		void *b = loom_alloc_aligned(cap);
 		if (!b) {
-			ctx->err = loom_seterr(LOOM_ENOMEM, "bf16 gemm: out of memory for %zu bytes of operand scratch",
-			                       cap * sizeof(uint16_t));
+			ctx->err = loom_seterr(LOOM_ENOMEM, "bf16 gemm: out of memory for %zu bytes of operand scratch", cap);
 			return NULL;
 		}
 		loom_free_aligned(ctx->buf[k]);
@@ -271,26 +407,36 @@ static uint16_t *scratch(loom__gemm_ctx_t *ctx, int k, size_t n)
 	return ctx->buf[k];
 }
 
-uint16_t *loom__bf16_slot(loom__gemm_ctx_t *ctx, int slot, size_t n)
+void *loom__bf16_slot(loom__gemm_ctx_t *ctx, int slot, size_t n)
 {
-	if (ctx->err || slot < LOOM_BF16_SLOT_HOLD0 || slot >= LOOM_BF16_SLOTS)
+	if (ready(ctx) != LOOM_OK || slot < LOOM_BF16_SLOT_HOLD0 || slot >= LOOM_BF16_SLOTS)
 		return NULL;
 	return scratch(ctx, slot, n);
 }
 
-void loom__bf16_row(uint16_t *dst, const float *src, int n)
+void loom__bf16_row(const loom__gemm_ctx_t *ctx, void *slot, size_t at, const float *src, int n)
 {
+	if (ctx->path == LOOM_BF16_NATIVE) {
+		uint16_t *d = (uint16_t *)slot + at;
 #pragma omp simd
-	for (int i = 0; i < n; i++)
-		dst[i] = to_bf16(src[i]);
+		for (int i = 0; i < n; i++)
+			d[i] = to_bf16(src[i]);
+	} else {
+		float *d = (float *)slot + at;
+#pragma omp simd
+		for (int i = 0; i < n; i++) {
+			uint32_t u = (uint32_t)to_bf16(src[i]) << 16;
+			memcpy(&d[i], &u, 4);
+		}
+	}
 }
 
-const uint16_t *loom__bf16_hold(loom__gemm_ctx_t *ctx, int slot, const float *src, size_t n)
+const void *loom__bf16_hold(loom__gemm_ctx_t *ctx, int slot, const float *src, size_t n)
 {
-	uint16_t *d;
-	if (ctx->err || slot < LOOM_BF16_SLOT_HOLD0 || slot >= LOOM_BF16_SLOTS || !(d = scratch(ctx, slot, n)))
+	void *d;
+	if (!(d = loom__bf16_slot(ctx, slot, n)))
 		return NULL;
-	loom__bf16_from_f32(d, src, n);
+	convert_n(ctx->path, d, src, n);
 	return d;
 }
 
@@ -300,11 +446,15 @@ int loom__gemm_bf16(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, 
 	return loom__gemm_bf16x(ctx, ta, tb, M, N, K, alpha, A, NULL, lda, B, NULL, ldb, beta, C, ldc);
 }
 
+static int gemm_native(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                       const uint16_t *a16, int lda, const float *B, const uint16_t *b16, int ldb, float beta,
+                       float *C, int ldc);
+
 int loom__gemm_bf16x(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                     const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta, float *C,
+                     const void *A16, int lda, const float *B, const void *B16, int ldb, float beta, float *C,
                      int ldc)
 {
-	if (ctx->err)
+	if (ready(ctx) != LOOM_OK)
 		return ctx->err;
 	if (M <= 0 || N <= 0)
 		return LOOM_OK;
@@ -314,8 +464,34 @@ int loom__gemm_bf16x(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K,
 				C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
 		return LOOM_OK;
 	}
-	/* an operand not given in bf16 is converted into a dense scratch slot: its ld is then its width */
-	const uint16_t *a16 = A16, *b16 = B16;
+	if (ctx->path == LOOM_BF16_NATIVE)
+		return gemm_native(ctx, ta, tb, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, ldc);
+	/* portable: an operand not given rounded is rounded into a dense scratch slot (its ld is then its
+	 * width), and the fp32 sgemm multiplies the rounded values */
+	const float *a = A16, *b = B16;
+	if (!a) {
+		float *d = scratch(ctx, LOOM_BF16_SLOT_A, (size_t)M * K);
+		if (!d)
+			return ctx->err;
+		convert_f32(d, A, ta ? K : M, ta ? M : K, lda);
+		a = d, lda = ta ? M : K;
+	}
+	if (!b) {
+		float *d = scratch(ctx, LOOM_BF16_SLOT_B, (size_t)K * N);
+		if (!d)
+			return ctx->err;
+		convert_f32(d, B, tb ? N : K, tb ? K : N, ldb);
+		b = d, ldb = tb ? K : N;
+	}
+	loom__gemm_f32(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
+	return LOOM_OK;
+}
+
+/* The native path: operands not given in bf16 converted into dense scratch slots, then oneDNN. */
+static int gemm_native(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                       const uint16_t *a16, int lda, const float *B, const uint16_t *b16, int ldb, float beta,
+                       float *C, int ldc)
+{
 	int lda16 = lda, ldb16 = ldb;
 	if (!a16) {
 		uint16_t *d = scratch(ctx, LOOM_BF16_SLOT_A, (size_t)M * K);

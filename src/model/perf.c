@@ -38,7 +38,7 @@ double loom_gemm_flops_dtype(loom_compute_dtype_t dt, int threads, int M, int N,
 	double best = 0.0, start;
 	float *A = NULL, *B = NULL, *C = NULL;
 	loom__gemm_ctx_t ctx = {.dtype = dt};
-	if (M <= 0 || N <= 0 || K <= 0 || (dt == LOOM_COMPUTE_BF16 && !loom__bf16_supported()))
+	if (M <= 0 || N <= 0 || K <= 0)
 		return 0.0;
 	if (threads > 0)
 		loom_set_num_threads(threads);
@@ -103,7 +103,8 @@ static int hw_peak_kind(loom_compute_dtype_t dt, const char **source)
 	                                     "portable bf16 multiplies in fp32: AVX-512 FMA loop, measured"};
 	int kind = 0;
 	const char *src = fma_src[cpu->isa];
-	if (dt == LOOM_COMPUTE_BF16 && !loom_bf16_native())
+	loom_bf16_path_t path = LOOM_BF16_PORTABLE;
+	if (dt == LOOM_COMPUTE_BF16 && (loom_bf16_path(&path) != LOOM_OK || path != LOOM_BF16_NATIVE))
 		src = portable_src[cpu->isa];
 	else if (dt == LOOM_COMPUTE_BF16 && cpu->amx_bf16)
 		kind = 2, src = "AMX-BF16: no loop of loom's drives the tiles, so the bf16 GEMM's measured peak";

@@ -156,7 +156,7 @@ void loom__tp_classifier(loom_gpt2_t *m, float *losses, float *dx, float *dwte, 
 	float *logits = m->logits, *mx = m->tp_stats, *st = m->tp_stats + chunk; /* st: (sum, target logit) pairs */
 	/* bf16 (as loom__classifier_forward_backward): the local wte converted once for every chunk */
 	loom__gemm_ctx_t *bf = loom__gemm_current();
-	const uint16_t *wte16 = bf && V > 0 ? loom__bf16_hold(bf, LOOM_BF16_SLOT_HOLD0, wte, (size_t)V * C) : NULL;
+	const void *wte16 = bf && V > 0 ? loom__bf16_hold(bf, LOOM_BF16_SLOT_HOLD0, wte, (size_t)V * C) : NULL;
 	if (bf && V > 0 && !wte16)
 		return; /* out of memory: the error is in the ctx */
 	for (int n0 = 0; n0 < N; n0 += chunk) {
@@ -210,7 +210,7 @@ void loom__tp_classifier(loom_gpt2_t *m, float *losses, float *dx, float *dwte, 
 					z[tgt] -= dloss;
 			}
 		}
-		const uint16_t *g16 = dx && V > 0 && bf ? loom__bf16_hold(bf, LOOM_BF16_SLOT_HOLD1, logits, (size_t)nc * V) : NULL;
+		const void *g16 = dx && V > 0 && bf ? loom__bf16_hold(bf, LOOM_BF16_SLOT_HOLD1, logits, (size_t)nc * V) : NULL;
 		if (g16) { /* the chunk's gradient logits converted once for both products */
 			loom__gemm_bf16x(bf, 0, 0, nc, C, V, 1.0f, logits, g16, V, wte, wte16, C, 1.0f, dx + (size_t)n0 * C, C);
 			loom__gemm_bf16x(bf, 1, 0, V, C, nc, 1.0f, logits, g16, V, xc, NULL, C, 1.0f, dwte, C);

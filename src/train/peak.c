@@ -40,9 +40,11 @@ static unsigned long cpu_hash(void)
 static unsigned long cpu_hash_kind(loom_peak_kind_t kind)
 {
 	unsigned long h = cpu_hash();
-	const char *k = kind == LOOM_PEAK_GEMM_FP32 ? loom_gemm_backend_name()
-	                : kind == LOOM_PEAK_GEMM_BF16 || kind == LOOM_PEAK_HW_BF16 ? loom_bf16_path_name()
-	                                                                            : "";
+	loom_bf16_path_t path = LOOM_BF16_AUTO;
+	int bf16 = kind == LOOM_PEAK_GEMM_BF16 || kind == LOOM_PEAK_HW_BF16;
+	const char *k = kind == LOOM_PEAK_GEMM_FP32                  ? loom_gemm_backend_name()
+	                : bf16 && loom_bf16_path(&path) == LOOM_OK ? loom_bf16_path_name(path)
+	                                                             : "";
 	if (h)
 		for (; *k; k++)
 			h = h * 33 + (unsigned char)*k;
