@@ -1,17 +1,24 @@
-# loom: plain GNU Makefile. Objects go to $(BUILD); `make SANITIZER=address,undefined` builds a separate tree.
+# loom: plain GNU Makefile. Objects go to $(BUILD); `make SANITIZER=address,undefined` builds a separate tree,
+# and so does `make ARCH=x86-64-v3` (another -march, e.g. to see what an AVX2 machine runs: build/arch-x86-64-v3).
 #   make            library, CLI, pkg-config file
 #   make test       build and run the test suite
 #   make install PREFIX=/usr/local
 #   make demo       install deps, build, prepare the default corpus, train with 2 processes, sample
 
 CC       ?= gcc
-ARCH     ?= -march=native
+ARCH     ?= native
 OPT      ?= -O2
 PREFIX   ?= /usr/local
 SANITIZER ?=
 
 CPPFLAGS := -Iinclude -Isrc -D_GNU_SOURCE
-CFLAGS   := -std=c11 $(OPT) -g $(ARCH) -fopenmp -pthread -Wall -Wextra -Werror -MMD -MP
+# Floating point: loom never reads FP exception flags or errno after a math call, so telling GCC so
+# changes no result, only what it may vectorize. -fno-trapping-math lets it if-convert the clamps of
+# src/model/fastmath.h (without it every GELU, softmax and exp loop stays scalar unless AVX-512 masks
+# them) and -fno-math-errno lets sqrtf be the vector instruction (AdamW). Neither reassociates,
+# contracts or assumes no NaN/Inf/signed zero (unlike -ffast-math): IEEE results are unchanged.
+FPFLAGS  := -fno-trapping-math -fno-math-errno
+CFLAGS   := -std=c11 $(OPT) -g -march=$(ARCH) $(FPFLAGS) -fopenmp -pthread -Wall -Wextra -Werror -MMD -MP
 # PCRE2 (Debian: libpcre2-dev) gives the tokenizer's Unicode regex.
 PCRE2_CFLAGS := $(shell pkg-config --cflags libpcre2-8 2>/dev/null)
 PCRE2_LIBS   := $(or $(shell pkg-config --libs libpcre2-8 2>/dev/null),-lpcre2-8)
@@ -37,11 +44,14 @@ LDLIBS   += $(MPI_LIBS)
 endif
 
 comma := ,
-ifeq ($(SANITIZER),)
 BUILD := build
+ifneq ($(ARCH),native)
+BUILD := build/arch-$(ARCH)
+endif
+ifeq ($(SANITIZER),)
 SANLIBS :=
 else
-BUILD := build/san-$(subst $(comma),-,$(SANITIZER))
+BUILD := $(BUILD)/san-$(subst $(comma),-,$(SANITIZER))
 CFLAGS  += -fsanitize=$(SANITIZER) -fno-omit-frame-pointer -fno-sanitize-recover=all
 SANLIBS := -fsanitize=$(SANITIZER)
 LDLIBS  += $(SANLIBS)

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "loom/gpt2.h"
+#include "model/fastmath.h"
 #include "model/kernels.h"
 #include "model/rng.h"
 #include "test.h"
@@ -354,6 +355,96 @@ TEST(kernels_gelu_residual_match_ref)
 		CHECK_FEQ(o[i], o_r[i]);
 	CHECK_FEQ(o[5], a[5] + b[5]);
 	free(a), free(b), free(o), free(o_r);
+	return 0;
+}
+
+/* ---- the vectorized fast paths, bit for bit ----------------------------------------------------
+ * fast_expf's clamps are compares and selects that the compiler turns into blends (or AVX-512
+ * masks) inside vector loops. These check that the vector code gives exactly the scalar,
+ * branchy code's bits, the clamps included: the scalar side calls the function through a noinline
+ * wrapper, a call the vectorizer leaves alone. */
+
+/* the same bits, or both NaN (GELU of -inf: -inf * 0) */
+static int same_bits(float a, float b)
+{
+	return (isnan(a) && isnan(b)) || memcmp(&a, &b, sizeof a) == 0;
+}
+
+static __attribute__((noinline)) float scalar_expf(float x)
+{
+	return fast_expf(x);
+}
+
+static __attribute__((noinline)) float scalar_tanhf(float x)
+{
+	return fast_tanhf(x);
+}
+
+/* inputs across the clamps (-87, 88), infinities, huge and denormal values, round-half cases of n */
+static float *fastmath_inputs(size_t n)
+{
+	static const float edge[] = {-INFINITY, -1e30f, -200.0f, -88.5f, -87.5f, -87.0f, -86.99999f, -43.5f, -0.0f,
+	                             0.0f, 1e-40f, 0.34657359f, 0.5f * 0.69314718f, 1.0f, 44.0f, 87.99999f, 88.0f,
+	                             88.00001f, 88.7f, 89.0f, 1e30f, INFINITY};
+	float *x = rnd(n, 40.0);
+	for (size_t i = 0; i < sizeof edge / sizeof edge[0] && i < n; i++)
+		x[i * 7 % n] = edge[i];
+	return x;
+}
+
+TEST(kernels_fastmath_vector_bits)
+{
+	enum { N = 1003 };
+	float *x = fastmath_inputs(N), *e = zeros(N), *th = zeros(N);
+#pragma omp simd
+	for (int i = 0; i < N; i++)
+		e[i] = fast_expf(x[i]);
+#pragma omp simd
+	for (int i = 0; i < N; i++)
+		th[i] = fast_tanhf(x[i]);
+	for (int i = 0; i < N; i++) {
+		float es = scalar_expf(x[i]), ts = scalar_tanhf(x[i]);
+		CHECK_MSG(same_bits(e[i], es), "expf(%.9g): vector %.9g, scalar %.9g", x[i], e[i], es);
+		CHECK_MSG(same_bits(th[i], ts), "tanhf(%.9g): vector %.9g, scalar %.9g", x[i], th[i], ts);
+	}
+	/* the clamps: below -87 the result is e^-87, above 88 e^88, always finite */
+	CHECK_FEQ(scalar_expf(-INFINITY), scalar_expf(-87.0f));
+	CHECK_FEQ(scalar_expf(INFINITY), scalar_expf(88.0f));
+	CHECK(isfinite(scalar_expf(INFINITY)) && scalar_expf(-INFINITY) > 0.0f);
+	CHECK_FEQ(scalar_tanhf(INFINITY), 1.0f);
+	CHECK_FEQ(scalar_tanhf(-INFINITY), -1.0f);
+	free(x), free(e), free(th);
+	return 0;
+}
+
+/* loom__gelu_forward/backward (vectorized, threaded above PAR_MIN) against kernels.c's formula
+ * element by element with the scalar tanh: the same bits, tails and thread splits included. */
+static int gelu_bits_case(size_t N)
+{
+	const float k = 0.7978845608028654f; /* kernels.c's GELU_K */
+	float *x = fastmath_inputs(N), *dout = rnd(N, 1.0), *out = zeros(N), *dx = rnd(N, 0.1);
+	float *dx0 = malloc(sizeof(float) * N);
+	int bad = 0;
+	memcpy(dx0, dx, sizeof(float) * N);
+	loom__gelu_forward(out, x, N);
+	loom__gelu_backward(dx, x, dout, N);
+	for (size_t i = 0; i < N && !bad; i++) {
+		float xi = x[i], t = scalar_tanhf(k * (xi + 0.044715f * xi * xi * xi));
+		float o = 0.5f * xi * (1.0f + t);
+		float local = 0.5f * (1.0f + t) + 0.5f * xi * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * xi * xi);
+		float d = dx0[i] + local * dout[i];
+		if (!same_bits(o, out[i]) || !same_bits(d, dx[i])) {
+			fprintf(stderr, "  gelu(%.9g): out %.9g vs %.9g, dinp %.9g vs %.9g\n", xi, out[i], o, dx[i], d);
+			bad = 1;
+		}
+	}
+	free(x), free(dout), free(out), free(dx), free(dx0);
+	return bad;
+}
+
+TEST(kernels_gelu_vector_bits)
+{
+	WITH_THREADS(gelu_bits_case(1001) || gelu_bits_case(70001));
 	return 0;
 }
 

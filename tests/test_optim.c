@@ -265,3 +265,40 @@ TEST(grad_sumsq_is_norm_squared)
 	free(g);
 	return 0;
 }
+
+/* The sum's order is the one clip.c documents (64 chunks in order, each in 16 interleaved lanes added
+ * in lane order, then its tail), whatever the ISA's vector width or the thread count: the expected
+ * value is that order written out. The data spans 20 orders of magnitude, so another order (one
+ * running sum, the vector width's lanes) gives other bits. */
+TEST(grad_sumsq_lane_order)
+{
+	enum { N = 64 * 16 * 5 + 64 * 9 + 5, NCHUNK = 64, LANES = 16 };
+	float *g = malloc(N * sizeof *g);
+	double expect = 0.0, seq = 0.0;
+	CHECK(g);
+	for (int i = 0; i < N; i++)
+		g[i] = (float)((i * 2654435761u) % 1000 + 1) * (i % 7 == 0 ? 1e6f : i % 3 == 0 ? 1e-4f : 1.0f);
+	size_t chunk = (N + NCHUNK - 1) / NCHUNK;
+	for (int c = 0; c < NCHUNK; c++) {
+		size_t lo = (size_t)c * chunk < N ? (size_t)c * chunk : N, hi = lo + chunk < N ? lo + chunk : N, i = lo;
+		double acc[LANES] = {0.0}, s = 0.0;
+		for (; i + LANES <= hi; i += LANES)
+			for (int k = 0; k < LANES; k++)
+				acc[k] += (double)g[i + k] * g[i + k];
+		for (int k = 0; k < LANES; k++)
+			s += acc[k];
+		for (; i < hi; i++)
+			s += (double)g[i] * g[i];
+		expect += s;
+	}
+	for (int i = 0; i < N; i++)
+		seq += (double)g[i] * g[i];
+	CHECK_MSG(seq != expect, "the data should make the order visible: %.17g both ways", seq);
+	for (int nt = 1; nt <= 3; nt++) {
+		omp_set_num_threads(nt);
+		double got = loom_grad_sumsq(g, N);
+		CHECK_MSG(got == expect, "%d threads: %.17g, the documented order gives %.17g", nt, got, expect);
+	}
+	free(g);
+	return 0;
+}

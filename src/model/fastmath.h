@@ -1,5 +1,8 @@
 /* fastmath.h: branch-free expf and tanhf that the compiler vectorizes inside `#pragma omp simd`
- * loops (libm's calls do not vectorize without -ffast-math, which loom does not use).
+ * loops (libm's calls do not vectorize without -ffast-math, which loom does not use). The clamps are
+ * compares and selects that GCC if-converts only when FP compares may not trap: the Makefile's
+ * -fno-trapping-math. Without it these loops stay scalar on SSE2 and AVX2 (GCC 12: "control flow in
+ * loop"), and vectorize only on AVX-512, whose masks do the if-conversion.
  *
  * exp: x = n ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (relative error
  * below 2e-7, about 2 ulp), times 2^n built in the exponent bits. Inputs are clamped to
