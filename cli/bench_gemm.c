@@ -74,7 +74,7 @@ int loom_cli_bench_gemm(int argc, char **argv)
 		for (int d = 0; d < nd; d++) {
 			f = loom_gemm_flops_dtype((loom_compute_dtype_t)d, threads, M, N, K, seconds);
 			printf("%s %dx%dx%d, %d thread%s: %.1f GFLOP/s%s%s\n", names[d], M, N, K, threads,
-			       threads == 1 ? "" : "s", f / 1e9, d ? ", path " : "", d ? loom_bf16_path_name(path) : "");
+			       threads == 1 ? "" : "s", f / 1e9, d ? ", path " : "", d ? bf16_name : "");
 		}
 		if (!bf16_ok)
 			printf("bf16: %s\n", bf16_err);

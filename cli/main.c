@@ -116,7 +116,7 @@ size_t cli_parse_size(const char *cmd, const char *flag, const char *s)
 static void blas_setup(char **argv)
 {
 	const char *g = getenv("LOOM_GEMM");
-	if (g && *g && strcmp(g, "onednn") && strcmp(g, "auto") && strcmp(g, "openblas") && strcmp(g, "blas")) {
+	if (loom_gemm_backend_parse(g) < 0) {
 		fprintf(stderr, "loom: LOOM_GEMM=%s: expected onednn (the default) or openblas\n", g);
 		exit(2);
 	}

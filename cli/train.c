@@ -421,13 +421,13 @@ static void find_tokenizer(opts_t *o)
 	o->tc.tokenizer = o->tokenizer[0] ? o->tokenizer : NULL;
 }
 
-/* A peak of the cache (loom/train.h), or measured now and cached: the hardware's (what MFU is against)
- * or the GEMM's in precision dt, for `threads` threads. The source of a cached hardware peak is
- * described again (it depends only on the CPU and the bf16 path, which the cache key fixes). */
-static double cached_peak(int hw, loom_compute_dtype_t dt, int threads, const char **source)
+/* A peak of the cache (loom/train.h), or (with `measure`) measured now and cached, else 0: the
+ * hardware's (what MFU is against) or the GEMM's in precision dt, for `threads` threads. The source
+ * of a cached hardware peak is described again (it depends only on the CPU and the bf16 path, which
+ * the cache key fixes). */
+static double cached_peak(int hw, loom_compute_dtype_t dt, int threads, int measure, const char **source)
 {
-	loom_peak_kind_t kind = hw ? (dt == LOOM_COMPUTE_BF16 ? LOOM_PEAK_HW_BF16 : LOOM_PEAK_HW_FP32)
-	                           : (dt == LOOM_COMPUTE_BF16 ? LOOM_PEAK_GEMM_BF16 : LOOM_PEAK_GEMM_FP32);
+	loom_peak_kind_t kind = loom_peak_kind(hw, dt);
 	char path[1000];
 	double peak;
 	const char *src = NULL;
@@ -436,6 +436,8 @@ static double cached_peak(int hw, loom_compute_dtype_t dt, int threads, const ch
 			loom_hw_peak_source(dt, source);
 		return peak;
 	}
+	if (!measure)
+		return 0.0;
 	if (loom_peak_cache_path_kind(kind, path, sizeof path) != LOOM_OK)
 		snprintf(path, sizeof path, "(no cache: %s)", loom_errmsg());
 	printf("measuring the %s %s peak with %d thread%s (once; cached in %s)...\n", hw ? "hardware's" : "GEMM's",
@@ -836,14 +838,10 @@ int loom_cli_train(int argc, char **argv)
 		const char *src = "--peak-flops";
 		int given = o.tc.peak_flops > 0;
 		if (!given)
-			o.tc.peak_flops = cached_peak(1, o.dtype, loom_num_threads(), &src);
+			o.tc.peak_flops = cached_peak(1, o.dtype, loom_num_threads(), 1, &src);
 		o.tc.peak_source = src;
-		/* with --peak-flops the GEMM's figure only when it is known: nothing is measured */
-		if (!given)
-			o.tc.gemm_flops = cached_peak(0, o.dtype, loom_num_threads(), NULL);
-		else if (loom_peak_cache_get_kind(o.dtype == LOOM_COMPUTE_BF16 ? LOOM_PEAK_GEMM_BF16 : LOOM_PEAK_GEMM_FP32,
-		                                  loom_num_threads(), &o.tc.gemm_flops) != LOOM_OK)
-			o.tc.gemm_flops = 0.0;
+		/* with --peak-flops nothing is measured: the GEMM's figure only when it is known */
+		o.tc.gemm_flops = cached_peak(0, o.dtype, loom_num_threads(), !given, NULL);
 		loom_trainer_set_peak(tr, o.tc.peak_flops, o.tc.peak_source, o.tc.gemm_flops);
 	}
 	if (o.resume) { /* every rank reads the checkpoint; the first step re-broadcasts rank 0's parameters */

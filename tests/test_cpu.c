@@ -7,7 +7,6 @@
 
 #include "loom/cpu.h"
 #include "loom/gpt2.h"
-#include "model/kernels.h"
 #include "test.h"
 
 /* Feature words as the CPUs of docs/model.md report them. */
@@ -165,11 +164,11 @@ TEST(cpu_blas_core_choice)
 TEST(cpu_gemm_backend_choice)
 {
 	char cmd[1024], out[8192];
-	CHECK_EQ(loom__gemm_backend_parse(NULL), LOOM_GEMM_ONEDNN);
-	CHECK_EQ(loom__gemm_backend_parse(""), LOOM_GEMM_ONEDNN);
-	CHECK_EQ(loom__gemm_backend_parse("onednn"), LOOM_GEMM_ONEDNN);
-	CHECK_EQ(loom__gemm_backend_parse("auto"), LOOM_GEMM_ONEDNN);
-	CHECK_EQ(loom__gemm_backend_parse("openblas"), LOOM_GEMM_OPENBLAS);
+	CHECK_EQ(loom_gemm_backend_parse(NULL), LOOM_GEMM_ONEDNN);
+	CHECK_EQ(loom_gemm_backend_parse(""), LOOM_GEMM_ONEDNN);
+	CHECK_EQ(loom_gemm_backend_parse("onednn"), LOOM_GEMM_ONEDNN);
+	CHECK_EQ(loom_gemm_backend_parse("auto"), LOOM_GEMM_ONEDNN);
+	CHECK_EQ(loom_gemm_backend_parse("openblas"), LOOM_GEMM_OPENBLAS);
 
 	/* the default: oneDNN's sgemm, with the kernels of this CPU's ISA */
 	const char *isa = loom_cpu()->isa == LOOM_ISA_AVX512 ? "avx512_core" : loom_cpu()->isa == LOOM_ISA_AVX2 ? "avx2" : "";

@@ -397,6 +397,9 @@ int loom_num_threads(void); /* the thread count kernels use now */
  * Chosen once per process. The name says which kernels run, e.g. "oneDNN sgemm (jit avx512_core)". */
 enum { LOOM_GEMM_ONEDNN = 0, LOOM_GEMM_OPENBLAS = 1 };
 int loom_gemm_backend(void);
+/* LOOM_GEMM's value as a backend: NULL, "", "onednn" or "auto" LOOM_GEMM_ONEDNN, "openblas" (or
+ * "blas") LOOM_GEMM_OPENBLAS, anything else -1 (loom_gemm_backend then takes oneDNN; `loom` refuses it). */
+int loom_gemm_backend_parse(const char *env);
 const char *loom_gemm_backend_name(void); /* a per-thread static buffer */
 
 /* Measured sgemm throughput in FLOP/s of C (M,N) = A (M,K) B (K,N), row-major, fp32, through the

@@ -105,6 +105,8 @@ int loom_peak_cache_put_dtype(loom_compute_dtype_t dt, int threads, double flops
 /* The same for any kind of peak: the GEMMs' (the calls above) and the hardware's, fp32 and bf16
  * (loom_hw_peak_flops), each in its own file beside gemm_peak (hw_peak, hw_peak_bf16). */
 typedef enum { LOOM_PEAK_GEMM_FP32, LOOM_PEAK_GEMM_BF16, LOOM_PEAK_HW_FP32, LOOM_PEAK_HW_BF16 } loom_peak_kind_t;
+/* The kind of the hardware's peak (hw = 1) or the GEMM's (hw = 0) for matmuls in precision dt. */
+loom_peak_kind_t loom_peak_kind(int hw, loom_compute_dtype_t dt);
 int loom_peak_cache_path_kind(loom_peak_kind_t kind, char *buf, size_t cap);
 int loom_peak_cache_get_kind(loom_peak_kind_t kind, int threads, double *flops);
 int loom_peak_cache_put_kind(loom_peak_kind_t kind, int threads, double flops);

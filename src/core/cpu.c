@@ -267,31 +267,29 @@ __attribute__((target("avx512f,avx512bf16"))) static float loop_bf16(long iters)
 	return _mm512_reduce_add_ps(acc[0]);
 }
 
-/* FLOP of one round of each loop */
-static double round_flops(int kind)
-{
-	switch (kind) {
-	case 0: return 8 * 4 * 2.0;    /* SSE2: 8 x (4 lanes x mul + add) */
-	case 1: return 12 * 8 * 2.0;   /* AVX2: 12 x 8 lanes x FMA */
-	case 2: return 16 * 16 * 2.0;  /* AVX-512: 16 x 16 lanes x FMA */
-	default: return 16 * 16 * 4.0; /* bf16: 16 x 16 lanes x 2 products + 2 adds */
-	}
-}
+/* The loops by kind: the loom_isa_t values, then the bf16 dot product; FLOP of one round each. */
+enum { LOOP_BF16 = LOOM_ISA_AVX512 + 1 };
+static const struct {
+	float (*run)(long iters);
+	double flops;
+} loops[] = {
+	{loop_sse2, 8 * 4 * 2.0},     /* 8 x (4 lanes x mul + add) */
+	{loop_avx2, 12 * 8 * 2.0},    /* 12 x 8 lanes x FMA */
+	{loop_avx512, 16 * 16 * 2.0}, /* 16 x 16 lanes x FMA */
+	{loop_bf16, 16 * 16 * 4.0},   /* 16 x 16 lanes x (2 products + 2 adds) */
+};
 
 static volatile float sink;
 
 static void run_loop(int kind, long iters)
 {
-	float v = kind == 0 ? loop_sse2(iters) : kind == 1 ? loop_avx2(iters) : kind == 2 ? loop_avx512(iters)
-	                                                                               : loop_bf16(iters);
-	sink = v;
+	sink = loops[kind].run(iters);
 }
 
 static int can_run(int kind)
 {
 	const loom_cpu_t *c = loom_cpu();
-	return kind == 0 ? 1 : kind == 1 ? c->isa >= LOOM_ISA_AVX2 : kind == 2 ? c->isa >= LOOM_ISA_AVX512
-	                                                                       : c->avx512_bf16;
+	return kind == LOOP_BF16 ? c->avx512_bf16 : (int)c->isa >= kind;
 }
 
 /* Best FLOP/s over repeated timed runs of `threads` threads each running the loop at once, for about
@@ -318,7 +316,7 @@ static double measure(int kind, int threads, double seconds)
 			iters *= 4;
 			continue;
 		}
-		double f = round_flops(kind) * (double)iters * threads / dt;
+		double f = loops[kind].flops * (double)iters * threads / dt;
 		best = f > best ? f : best;
 		if (rep >= 3 && loom_now() - start >= seconds)
 			break;
@@ -333,7 +331,7 @@ double loom_fma_peak_flops(int threads, double seconds)
 
 double loom_bf16_dot_peak_flops(int threads, double seconds)
 {
-	return measure(3, threads, seconds);
+	return measure(LOOP_BF16, threads, seconds);
 }
 
 double loom_fma_loop_flops(loom_isa_t isa, double seconds)

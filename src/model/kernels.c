@@ -33,26 +33,43 @@
 
 /* ---- BLAS ------------------------------------------------------------------------------------ */
 
-/* The fp32 GEMM backend, chosen once (LOOM_GEMM, see kernels.h). */
-static int backend = -1;
-static pthread_once_t backend_once = PTHREAD_ONCE_INIT;
+/* LOOM_CPU_ISA caps oneDNN's kernels too. oneDNN fixes its ISA at its first use, so everything that
+ * uses it (this file's sgemm, the bf16 path's probe) calls this first. */
+static pthread_once_t dnnl_once = PTHREAD_ONCE_INIT;
 
-static void choose_backend(void)
+static void dnnl_cap(void)
 {
 	const loom_cpu_t *cpu = loom_cpu();
-	backend = loom__gemm_backend_parse(getenv("LOOM_GEMM"));
-	/* LOOM_CPU_ISA caps oneDNN's kernels too (before its first use: the cap is then fixed) */
 	if (cpu->isa == LOOM_ISA_AVX2)
 		dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2);
 	else if (cpu->isa == LOOM_ISA_SCALAR)
 		dnnl_set_max_cpu_isa(cpu->avx ? dnnl_cpu_isa_avx : dnnl_cpu_isa_sse41);
 }
 
-int loom__gemm_backend_parse(const char *env)
+void loom__dnnl_setup(void)
 {
-	if (env && (strcmp(env, "openblas") == 0 || strcmp(env, "blas") == 0))
+	pthread_once(&dnnl_once, dnnl_cap);
+}
+
+/* The fp32 GEMM backend, chosen once from LOOM_GEMM (an unknown value is oneDNN here; `loom` refuses
+ * it before this runs). */
+static int backend = -1;
+static pthread_once_t backend_once = PTHREAD_ONCE_INIT;
+
+static void choose_backend(void)
+{
+	loom__dnnl_setup();
+	backend = loom_gemm_backend_parse(getenv("LOOM_GEMM")) == LOOM_GEMM_OPENBLAS ? LOOM_GEMM_OPENBLAS
+	                                                                             : LOOM_GEMM_ONEDNN;
+}
+
+int loom_gemm_backend_parse(const char *env)
+{
+	if (!env || !*env || strcmp(env, "onednn") == 0 || strcmp(env, "auto") == 0)
+		return LOOM_GEMM_ONEDNN;
+	if (strcmp(env, "openblas") == 0 || strcmp(env, "blas") == 0)
 		return LOOM_GEMM_OPENBLAS;
-	return LOOM_GEMM_ONEDNN; /* unset, empty, "onednn" or "auto"; the CLI rejects anything else */
+	return -1;
 }
 
 int loom_gemm_backend(void)
@@ -68,13 +85,12 @@ const char *loom_gemm_backend_name(void)
 		snprintf(buf, sizeof buf, "OpenBLAS sgemm (core %s)", openblas_get_corename());
 		return buf;
 	}
-	dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+	unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(); /* each ISA's bits include those below it */
 	snprintf(buf, sizeof buf, "oneDNN sgemm (jit %s)",
-	         isa >= dnnl_cpu_isa_avx512_core && (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core
-	                 ? "avx512_core"
-	         : (isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2 ? "avx2"
-	         : (isa & dnnl_cpu_isa_avx) == dnnl_cpu_isa_avx   ? "avx"
-	                                                           : "sse41");
+	         (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core ? "avx512_core"
+	         : (isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2             ? "avx2"
+	         : (isa & dnnl_cpu_isa_avx) == dnnl_cpu_isa_avx               ? "avx"
+	                                                                      : "sse41");
 	return buf;
 }
 

@@ -27,8 +27,8 @@ void loom__gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A
  * LOOM_GEMM=openblas (kernels that run their own small products per thread call it). */
 void loom__sgemm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);
-/* LOOM_GEMM's value (NULL, "", "onednn", "auto" or "openblas") as LOOM_GEMM_ONEDNN or LOOM_GEMM_OPENBLAS. */
-int loom__gemm_backend_parse(const char *env);
+/* Before any use of oneDNN: caps its ISA as LOOM_CPU_ISA caps loom_cpu() (once; thread-safe). */
+void loom__dnnl_setup(void);
 /* The fp32 sgemm of loom__gemm whatever this thread's precision (the portable bf16 path runs on it). */
 void loom__gemm_f32(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                     int ldb, float beta, float *C, int ldc);

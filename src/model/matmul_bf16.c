@@ -81,56 +81,48 @@ float loom__bf16_round(float f)
 	return r;
 }
 
-/* dst (rows, cols) dense = src (rows, cols) with leading dimension ld, rounded to bf16. */
-static void convert(uint16_t *dst, const float *src, int rows, int cols, int ld)
+/* n values of src rounded to bf16 into dst, in a path's format: bf16 values (uint16_t) when native,
+ * bf16-rounded fp32 values (float) when portable. The loops differ only in the store. */
+static inline void round_row(int native, void *dst, const float *src, int n)
 {
-#pragma omp parallel for schedule(static) if ((long)rows * cols >= 65536)
-	for (int r = 0; r < rows; r++) {
-		const float *s = src + (size_t)r * ld;
-		uint16_t *d = dst + (size_t)r * cols;
+	if (native) {
+		uint16_t *d = dst;
 #pragma omp simd
-		for (int c = 0; c < cols; c++)
-			d[c] = to_bf16(s[c]);
-	}
-}
-
-/* The same as bf16-rounded fp32 values (the portable path's format). */
-static void convert_f32(float *dst, const float *src, int rows, int cols, int ld)
-{
-#pragma omp parallel for schedule(static) if ((long)rows * cols >= 65536)
-	for (int r = 0; r < rows; r++) {
-		const float *s = src + (size_t)r * ld;
-		float *d = dst + (size_t)r * cols;
+		for (int i = 0; i < n; i++)
+			d[i] = to_bf16(src[i]);
+	} else {
+		float *d = dst;
 #pragma omp simd
-		for (int c = 0; c < cols; c++) {
-			uint32_t u = (uint32_t)to_bf16(s[c]) << 16;
-			memcpy(&d[c], &u, 4);
+		for (int i = 0; i < n; i++) {
+			uint32_t u = (uint32_t)to_bf16(src[i]) << 16;
+			memcpy(&d[i], &u, 4);
 		}
 	}
 }
 
-/* n values of src into dst in path's format, as rows of 2^20 so that the loop bounds are ints. */
-static void convert_n(int path, void *dst, const float *src, size_t n)
+/* dst (rows, cols) dense = src (rows, cols) with leading dimension ld, rounded to bf16 in a path's
+ * format (round_row). */
+static void convert(int native, void *dst, const float *src, int rows, int cols, int ld)
 {
-	size_t row = (size_t)1 << 20, full = n / row * row;
-	int native = path == LOOM_BF16_NATIVE;
-	if (n >= row) {
-		if (native)
-			convert(dst, src, (int)(n / row), (int)row, (int)row);
-		else
-			convert_f32(dst, src, (int)(n / row), (int)row, (int)row);
-	}
-	if (n % row) {
-		if (native)
-			convert((uint16_t *)dst + full, src + full, 1, (int)(n % row), (int)(n % row));
-		else
-			convert_f32((float *)dst + full, src + full, 1, (int)(n % row), (int)(n % row));
-	}
+	size_t w = native ? sizeof(uint16_t) : sizeof(float);
+#pragma omp parallel for schedule(static) if ((long)rows * cols >= 65536)
+	for (int r = 0; r < rows; r++)
+		round_row(native, (char *)dst + (size_t)r * cols * w, src + (size_t)r * ld, cols);
+}
+
+/* n values, as rows of 2^20 so that the loop bounds are ints. */
+static void convert_n(int native, void *dst, const float *src, size_t n)
+{
+	size_t row = (size_t)1 << 20, full = n / row * row, w = native ? sizeof(uint16_t) : sizeof(float);
+	if (n >= row)
+		convert(native, dst, src, (int)(n / row), (int)row, (int)row);
+	if (n % row)
+		convert(native, (char *)dst + full * w, src + full, 1, (int)(n % row), (int)(n % row));
 }
 
 void loom__bf16_from_f32(uint16_t *dst, const float *src, size_t n)
 {
-	convert_n(LOOM_BF16_NATIVE, dst, src, n);
+	convert_n(1, dst, src, n);
 }
 
 /* ---- the per-thread switch --------------------------------------------------------------------- */
@@ -286,7 +278,7 @@ static pthread_once_t hw_once = PTHREAD_ONCE_INIT;
  * ISA is an emulation slower than the portable path (or absent), so it never counts as native. */
 static void probe(void)
 {
-	loom_gemm_backend(); /* applies LOOM_CPU_ISA's cap to oneDNN before it fixes its ISA */
+	loom__dnnl_setup(); /* LOOM_CPU_ISA's cap, before oneDNN fixes its ISA */
 	dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
 	int amx = ((unsigned)isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
 	int bf = ((unsigned)isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
@@ -416,19 +408,8 @@ void *loom__bf16_slot(loom__gemm_ctx_t *ctx, int slot, size_t n)
 
 void loom__bf16_row(const loom__gemm_ctx_t *ctx, void *slot, size_t at, const float *src, int n)
 {
-	if (ctx->path == LOOM_BF16_NATIVE) {
-		uint16_t *d = (uint16_t *)slot + at;
-#pragma omp simd
-		for (int i = 0; i < n; i++)
-			d[i] = to_bf16(src[i]);
-	} else {
-		float *d = (float *)slot + at;
-#pragma omp simd
-		for (int i = 0; i < n; i++) {
-			uint32_t u = (uint32_t)to_bf16(src[i]) << 16;
-			memcpy(&d[i], &u, 4);
-		}
-	}
+	int native = ctx->path == LOOM_BF16_NATIVE;
+	round_row(native, (char *)slot + at * (native ? sizeof(uint16_t) : sizeof(float)), src, n);
 }
 
 const void *loom__bf16_hold(loom__gemm_ctx_t *ctx, int slot, const float *src, size_t n)
@@ -436,78 +417,27 @@ const void *loom__bf16_hold(loom__gemm_ctx_t *ctx, int slot, const float *src, s
 	void *d;
 	if (!(d = loom__bf16_slot(ctx, slot, n)))
 		return NULL;
-	convert_n(ctx->path, d, src, n);
+	convert_n(ctx->path == LOOM_BF16_NATIVE, d, src, n);
 	return d;
 }
 
-int loom__gemm_bf16(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                    int lda, const float *B, int ldb, float beta, float *C, int ldc)
+/* A dense copy of src (rows, cols; leading dimension *ld) in ctx's format in scratch slot k; *ld
+ * becomes its width. NULL (ctx->err set) when out of memory. */
+static const void *operand(loom__gemm_ctx_t *ctx, int k, const float *src, int rows, int cols, int *ld)
 {
-	return loom__gemm_bf16x(ctx, ta, tb, M, N, K, alpha, A, NULL, lda, B, NULL, ldb, beta, C, ldc);
+	void *d = scratch(ctx, k, (size_t)rows * cols);
+	if (!d)
+		return NULL;
+	convert(ctx->path == LOOM_BF16_NATIVE, d, src, rows, cols, *ld);
+	*ld = cols;
+	return d;
 }
 
-static int gemm_native(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                       const uint16_t *a16, int lda, const float *B, const uint16_t *b16, int ldb, float beta,
-                       float *C, int ldc);
-
-int loom__gemm_bf16x(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                     const void *A16, int lda, const float *B, const void *B16, int ldb, float beta, float *C,
-                     int ldc)
+/* The native path: oneDNN's matmul on bf16 operands a, b (in their stored orientation). */
+static int gemm_native(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const void *a,
+                       int lda, const void *b, int ldb, float beta, float *C, int ldc)
 {
-	if (ready(ctx) != LOOM_OK)
-		return ctx->err;
-	if (M <= 0 || N <= 0)
-		return LOOM_OK;
-	if (K <= 0) { /* no products: C = beta C */
-		for (int i = 0; i < M; i++)
-			for (int j = 0; j < N; j++)
-				C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
-		return LOOM_OK;
-	}
-	if (ctx->path == LOOM_BF16_NATIVE)
-		return gemm_native(ctx, ta, tb, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, ldc);
-	/* portable: an operand not given rounded is rounded into a dense scratch slot (its ld is then its
-	 * width), and the fp32 sgemm multiplies the rounded values */
-	const float *a = A16, *b = B16;
-	if (!a) {
-		float *d = scratch(ctx, LOOM_BF16_SLOT_A, (size_t)M * K);
-		if (!d)
-			return ctx->err;
-		convert_f32(d, A, ta ? K : M, ta ? M : K, lda);
-		a = d, lda = ta ? M : K;
-	}
-	if (!b) {
-		float *d = scratch(ctx, LOOM_BF16_SLOT_B, (size_t)K * N);
-		if (!d)
-			return ctx->err;
-		convert_f32(d, B, tb ? N : K, tb ? K : N, ldb);
-		b = d, ldb = tb ? K : N;
-	}
-	loom__gemm_f32(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
-	return LOOM_OK;
-}
-
-/* The native path: operands not given in bf16 converted into dense scratch slots, then oneDNN. */
-static int gemm_native(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                       const uint16_t *a16, int lda, const float *B, const uint16_t *b16, int ldb, float beta,
-                       float *C, int ldc)
-{
-	int lda16 = lda, ldb16 = ldb;
-	if (!a16) {
-		uint16_t *d = scratch(ctx, LOOM_BF16_SLOT_A, (size_t)M * K);
-		if (!d)
-			return ctx->err;
-		convert(d, A, ta ? K : M, ta ? M : K, lda);
-		a16 = d, lda16 = ta ? M : K;
-	}
-	if (!b16) {
-		uint16_t *d = scratch(ctx, LOOM_BF16_SLOT_B, (size_t)K * N);
-		if (!d)
-			return ctx->err;
-		convert(d, B, tb ? N : K, tb ? K : N, ldb);
-		b16 = d, ldb16 = tb ? K : N;
-	}
-	dnnl_primitive_t p = get_prim(ctx, ta, tb, M, N, K, alpha, lda16, ldb16, beta != 0.0f, beta, ldc);
+	dnnl_primitive_t p = get_prim(ctx, ta, tb, M, N, K, alpha, lda, ldb, beta != 0.0f, beta, ldc);
 	if (!p)
 		return ctx->err;
 
@@ -524,8 +454,8 @@ static int gemm_native(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int 
 	a_md = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
 	b_md = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
 	c_md = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
-	if ((s = dnnl_memory_create(&ma, a_md, engine, (void *)a16)) != dnnl_success ||
-	    (s = dnnl_memory_create(&mb, b_md, engine, (void *)b16)) != dnnl_success ||
+	if ((s = dnnl_memory_create(&ma, a_md, engine, (void *)a)) != dnnl_success ||
+	    (s = dnnl_memory_create(&mb, b_md, engine, (void *)b)) != dnnl_success ||
 	    (s = dnnl_memory_create(&mc, c_md, engine, C)) != dnnl_success)
 		goto fail;
 	dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
@@ -547,4 +477,37 @@ fail:
 	ctx->err = loom_seterr(s == dnnl_out_of_memory ? LOOM_ENOMEM : LOOM_ENOTSUP,
 	                       "bf16 gemm: oneDNN %s for M %d N %d K %d: %s", step, M, N, K, dnnl_what(s));
 	return ctx->err;
+}
+
+int loom__gemm_bf16(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                    int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+	return loom__gemm_bf16x(ctx, ta, tb, M, N, K, alpha, A, NULL, lda, B, NULL, ldb, beta, C, ldc);
+}
+
+int loom__gemm_bf16x(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                     const void *A16, int lda, const float *B, const void *B16, int ldb, float beta, float *C,
+                     int ldc)
+{
+	if (ready(ctx) != LOOM_OK)
+		return ctx->err;
+	if (M <= 0 || N <= 0)
+		return LOOM_OK;
+	if (K <= 0) { /* no products: C = beta C */
+		for (int i = 0; i < M; i++)
+			for (int j = 0; j < N; j++)
+				C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+		return LOOM_OK;
+	}
+	/* an operand not given in the ctx's format is converted into a dense scratch slot: its ld is
+	 * then its width */
+	const void *a = A16, *b = B16;
+	if (!a && !(a = operand(ctx, LOOM_BF16_SLOT_A, A, ta ? K : M, ta ? M : K, &lda)))
+		return ctx->err;
+	if (!b && !(b = operand(ctx, LOOM_BF16_SLOT_B, B, tb ? N : K, tb ? K : N, &ldb)))
+		return ctx->err;
+	if (ctx->path == LOOM_BF16_NATIVE)
+		return gemm_native(ctx, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
+	loom__gemm_f32(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc); /* the rounded values in fp32 */
+	return LOOM_OK;
 }

@@ -2,12 +2,12 @@
  * loom/cpu.h, fp32 and bf16), which MFU is relative to, and the GEMM's in each matmul precision, which
  * `loom train` prints beside it as the fraction of the hardware the GEMM reaches.
  *
- * Measuring a peak (loom_gemm_peak_flops_dtype) takes about 2 s, so a program measures once per
- * thread count, precision and CPU and keeps the result in $XDG_CACHE_HOME/loom/gemm_peak (fp32; bf16
- * in gemm_peak_bf16 beside it; or ~/.cache/loom/..., /tmp/.cache/loom/... without HOME): one line
- * "threads cpu-hash flops" per measurement, appended. The CPU hash is of /proc/cpuinfo's first
- * "model name" line, so a home directory shared between machines does not reuse another CPU's figure.
- * Lines that do not parse end the lookup. */
+ * Measuring a peak takes 0.5 s (the hardware's) to 2 s (a GEMM's), so a program measures once per
+ * kind, thread count and CPU and keeps the result in $XDG_CACHE_HOME/loom/ (or ~/.cache/loom/,
+ * /tmp/.cache/loom/ without HOME), a file per kind: hw_peak, hw_peak_bf16, gemm_peak, gemm_peak_bf16;
+ * one line "threads cpu-hash flops" per measurement, appended. The CPU hash is of /proc/cpuinfo's
+ * first "model name" line, so a home directory shared between machines does not reuse another CPU's
+ * figure; a GEMM's peak also hashes the kernels that ran it. Lines that do not parse end the lookup. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,38 +17,41 @@
 #include "loom/gpt2.h"
 #include "loom/train.h"
 
-/* Hash of this machine's CPU model name (djb2 over the whole line); 0 without /proc/cpuinfo. */
-static unsigned long cpu_hash(void)
+static unsigned long djb2(unsigned long h, const char *s)
+{
+	for (; *s; s++)
+		h = h * 33 + (unsigned char)*s;
+	return h;
+}
+
+/* Hash of this machine's CPU model name (djb2 over the whole line), with, for a GEMM's peak, the
+ * kernels that ran it mixed in (OpenBLAS's peak is not oneDNN's, the portable bf16 path's not the
+ * native one's); 0 without /proc/cpuinfo. */
+static unsigned long cpu_hash(loom_peak_kind_t kind)
 {
 	FILE *f = fopen("/proc/cpuinfo", "r");
 	char line[512];
 	unsigned long h = 5381;
+	loom_bf16_path_t path = LOOM_BF16_AUTO;
 	if (!f)
 		return 0;
 	while (fgets(line, sizeof line, f))
 		if (!strncmp(line, "model name", 10)) {
-			for (const char *c = line; *c; c++)
-				h = h * 33 + (unsigned char)*c;
+			h = djb2(h, line);
 			break;
 		}
 	fclose(f);
+	if (kind == LOOM_PEAK_GEMM_FP32)
+		h = djb2(h, loom_gemm_backend_name());
+	else if ((kind == LOOM_PEAK_GEMM_BF16 || kind == LOOM_PEAK_HW_BF16) && loom_bf16_path(&path) == LOOM_OK)
+		h = djb2(h, loom_bf16_path_name(path));
 	return h;
 }
 
-/* The same, for a GEMM's peak with the kernels that ran it mixed in (OpenBLAS's peak is not oneDNN's,
- * the portable bf16 path's not the native one's). */
-static unsigned long cpu_hash_kind(loom_peak_kind_t kind)
+loom_peak_kind_t loom_peak_kind(int hw, loom_compute_dtype_t dt)
 {
-	unsigned long h = cpu_hash();
-	loom_bf16_path_t path = LOOM_BF16_AUTO;
-	int bf16 = kind == LOOM_PEAK_GEMM_BF16 || kind == LOOM_PEAK_HW_BF16;
-	const char *k = kind == LOOM_PEAK_GEMM_FP32                  ? loom_gemm_backend_name()
-	                : bf16 && loom_bf16_path(&path) == LOOM_OK ? loom_bf16_path_name(path)
-	                                                             : "";
-	if (h)
-		for (; *k; k++)
-			h = h * 33 + (unsigned char)*k;
-	return h;
+	int bf16 = dt == LOOM_COMPUTE_BF16;
+	return hw ? (bf16 ? LOOM_PEAK_HW_BF16 : LOOM_PEAK_HW_FP32) : (bf16 ? LOOM_PEAK_GEMM_BF16 : LOOM_PEAK_GEMM_FP32);
 }
 
 static int cache_dir(char *buf, size_t cap)
@@ -81,7 +84,7 @@ static const char *kind_file(loom_peak_kind_t kind)
 
 int loom_peak_cache_path_dtype(loom_compute_dtype_t dt, char *buf, size_t cap)
 {
-	return loom_peak_cache_path_kind(dt == LOOM_COMPUTE_BF16 ? LOOM_PEAK_GEMM_BF16 : LOOM_PEAK_GEMM_FP32, buf, cap);
+	return loom_peak_cache_path_kind(loom_peak_kind(0, dt), buf, cap);
 }
 
 int loom_peak_cache_path_kind(loom_peak_kind_t kind, char *buf, size_t cap)
@@ -104,14 +107,14 @@ int loom_peak_cache_get(int threads, double *flops)
 
 int loom_peak_cache_get_dtype(loom_compute_dtype_t dt, int threads, double *flops)
 {
-	return loom_peak_cache_get_kind(dt == LOOM_COMPUTE_BF16 ? LOOM_PEAK_GEMM_BF16 : LOOM_PEAK_GEMM_FP32, threads,
+	return loom_peak_cache_get_kind(loom_peak_kind(0, dt), threads,
 	                                flops);
 }
 
 int loom_peak_cache_get_kind(loom_peak_kind_t kind, int threads, double *flops)
 {
 	char path[1000];
-	unsigned long h = cpu_hash_kind(kind), fh;
+	unsigned long h = cpu_hash(kind), fh;
 	int t, rc;
 	double v;
 	FILE *f;
@@ -136,7 +139,7 @@ int loom_peak_cache_put(int threads, double flops)
 
 int loom_peak_cache_put_dtype(loom_compute_dtype_t dt, int threads, double flops)
 {
-	return loom_peak_cache_put_kind(dt == LOOM_COMPUTE_BF16 ? LOOM_PEAK_GEMM_BF16 : LOOM_PEAK_GEMM_FP32, threads,
+	return loom_peak_cache_put_kind(loom_peak_kind(0, dt), threads,
 	                                flops);
 }
 
@@ -157,7 +160,7 @@ int loom_peak_cache_put_kind(loom_peak_kind_t kind, int threads, double flops)
 	mkdir(dir, 0755);
 	if (!(f = fopen(path, "a")))
 		return loom_seterr(LOOM_EIO, "peak cache: cannot append to %s", path);
-	fprintf(f, "%d %lu %.6e\n", threads, cpu_hash_kind(kind), flops);
+	fprintf(f, "%d %lu %.6e\n", threads, cpu_hash(kind), flops);
 	if (fclose(f) != 0)
 		return loom_seterr(LOOM_EIO, "peak cache: writing %s failed", path);
 	return LOOM_OK;
