@@ -18,7 +18,7 @@ CPPFLAGS := -Iinclude -Isrc -D_GNU_SOURCE
 # them) and -fno-math-errno lets sqrtf be the vector instruction (AdamW). Neither reassociates,
 # contracts or assumes no NaN/Inf/signed zero (unlike -ffast-math): IEEE results are unchanged.
 FPFLAGS  := -fno-trapping-math -fno-math-errno
-CFLAGS   := -std=c11 $(OPT) -g -march=$(ARCH) $(FPFLAGS) -fopenmp -pthread -Wall -Wextra -Werror -MMD -MP
+CFLAGS   := -std=c11 $(OPT) -g -march=$(ARCH) $(FPFLAGS) -fopenmp -pthread -Wall -Wextra -Wno-missing-field-initializers -Werror -MMD -MP
 # PCRE2 (Debian: libpcre2-dev) gives the tokenizer's Unicode regex.
 PCRE2_CFLAGS := $(shell pkg-config --cflags libpcre2-8 2>/dev/null)
 PCRE2_LIBS   := $(or $(shell pkg-config --libs libpcre2-8 2>/dev/null),-lpcre2-8)

@@ -24,45 +24,30 @@
 #include <stdint.h>
 
 #include "loom/error.h"
+#include "loom/model.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct {
-	int n_layer;    /* L */
-	int n_head;     /* NH */
-	int n_embd;     /* C, divisible by n_head */
-	int seq_len;    /* T: maximum sequence length (n_positions, rows of wpe) */
-	int vocab_size; /* V */
-} loom_gpt2_config_t;
+/* GPT-2's configuration is the common one (loom/model.h) with arch LOOM_ARCH_GPT2 (0): its first five
+ * fields, {L, NH, C, T, V}, are GPT-2's. */
+typedef loom_model_config_t loom_gpt2_config_t;
 
 /* A model is used by one thread at a time (its calls are not thread-safe); inside a call its kernels
  * run on loom_set_num_threads threads. */
 typedef struct loom_gpt2 loom_gpt2_t;
 
 #define LOOM_GPT2_LAYER_TENSORS 12
-#define LOOM_TENSOR_NAME_MAX 64
-
-typedef struct {
-	char name[LOOM_TENSOR_NAME_MAX]; /* HF name without the "transformer." prefix */
-	int ndim;                        /* 1 or 2 */
-	size_t shape[2];
-	size_t offset; /* in floats, from the start of the parameter buffer */
-	size_t numel;
-	int decay; /* 1 for 2-D weights (AdamW weight decay applies), 0 for biases and LayerNorm */
-	/* The unit that uses the tensor: -1 for the embeddings (wte, wpe), the block index 0..L-1 for a
-	 * block's tensors, L (n_layer) for ln_f. (The tied lm head also reads wte.) */
-	int layer;
-	/* The dimension along which Megatron tensor parallelism splits the tensor, -1 when every rank
-	 * keeps it whole (LayerNorms, wpe, attn.c_proj.bias, mlp.c_proj.bias). Conv1D weights are [in, out]:
-	 * column-parallel attn.c_attn.weight and mlp.c_fc.weight split dim 1 (their biases dim 0), row-
-	 * parallel attn.c_proj.weight and mlp.c_proj.weight split dim 0, wte is vocab-parallel (dim 0).
-	 * attn.c_attn's output columns are three sections q | k | v of C each: its split (weight dim 1,
-	 * bias dim 0) is by heads within each section, rank r of p taking heads [r NH/p, (r+1) NH/p) of
-	 * q, of k and of v, i.e. three slices of C/p columns, not one contiguous range of 3C/p. */
-	int tp_dim;
-} loom_tensor_info_t;
+/* The parameter table's entries are loom_tensor_info_t (loom/model.h). GPT-2's: decay 1 for 2-D
+ * weights, 0 for biases and LayerNorm. layer: -1 for wte, wpe; the block index for a block's tensors;
+ * L for ln_f (wte has head_reads: the tied lm head reads it). tp_dim: Conv1D weights are [in, out]:
+ * column-parallel attn.c_attn.weight and mlp.c_fc.weight split dim 1 (their biases dim 0), row-
+ * parallel attn.c_proj.weight and mlp.c_proj.weight split dim 0, wte is vocab-parallel (dim 0);
+ * -1 for LayerNorms, wpe, attn.c_proj.bias, mlp.c_proj.bias. attn.c_attn (kind LOOM_TP_QKV) has three
+ * output sections q | k | v of C each, split by heads within each section, rank r of p taking heads
+ * [r NH/p, (r+1) NH/p) of q, of k and of v. Optimizer groups: the blocks' 2-D weights MATRIX (c_attn
+ * one matrix), wte and wpe EMBED, biases and LayerNorms VECTOR; 2-D weights are transposed ([in, out]). */
 
 /* Presets: "tiny" (L4 H4 C128 T128 V257), "small" (L6 H6 C384 T256 V50257), "gpt2" (124M:
  * L12 H12 C768 T1024 V50257). LOOM_EINVAL for an unknown name. */
@@ -97,17 +82,7 @@ double loom_gpt2_flops_per_token(const loom_gpt2_config_t *cfg, int T);
  * and losses are bit-identical to NONE; it runs inside block_backward, after the block's (l, 1)
  * param-use hook, which therefore fires once per backward as without checkpointing; with tensor
  * parallelism the recomputed forward runs its all-reduce again (every tp rank the same). */
-typedef enum { LOOM_ACT_CKPT_NONE = 0, LOOM_ACT_CKPT_BLOCKS = 1, LOOM_ACT_CKPT_SELECTIVE = 2 } loom_act_ckpt_t;
-/* "none" | "blocks" | "selective"; LOOM_EINVAL ("'X' is not one of none, blocks, selective"). */
-int loom_act_ckpt_parse(const char *name, loom_act_ckpt_t *mode);
-const char *loom_act_ckpt_name(loom_act_ckpt_t mode); /* "?" when invalid */
-/* Precision of the model's matmuls (the linear layers and the lm head). bf16: operands rounded to
- * bf16, products accumulated in fp32; parameters, activations, gradients, LayerNorm, softmax and the
- * loss stay fp32 (docs/model.md). Runs on every x86-64 CPU, on one of two paths (below). */
-typedef enum { LOOM_COMPUTE_FP32 = 0, LOOM_COMPUTE_BF16 = 1 } loom_compute_dtype_t;
-/* "fp32" / "bf16" to the dtype; LOOM_EINVAL for another name. */
-int loom_compute_dtype_parse(const char *name, loom_compute_dtype_t *dt);
-const char *loom_compute_dtype_name(loom_compute_dtype_t dt);
+/* loom_act_ckpt_t and loom_compute_dtype_t (loom/model.h). */
 /* How a bf16 GEMM runs. Both compute the fp32 GEMM of the bf16-rounded operands and differ only in
  * the order of the fp32 additions. NATIVE: oneDNN's bf16 matmul on AVX512-BF16 or AMX-BF16 (bf16
  * operands in memory, `vdpbf16ps` / AMX tiles). PORTABLE: the operands rounded to bf16 but kept as
@@ -128,44 +103,39 @@ int loom_bf16_path(loom_bf16_path_t *path);
  * invalid value. Static storage. */
 const char *loom_bf16_path_name(loom_bf16_path_t path);
 
-/* Options of loom_gpt2_create_opts; zero-initialize and set what differs. */
-typedef struct {
-	int B, T;   /* capacity of one micro-batch: up to B x T tokens, T <= cfg->seq_len */
-	int arenas; /* activation arenas, i.e. micro-batches whose activations are kept at once (0: 1) */
-	/* The blocks this model runs, [layer_lo, layer_hi) (layer_hi 0: n_layer; layer_lo = layer_hi =
-	 * n_layer: no block, the head alone), for a pipeline stage:
-	 * activations exist only for these blocks; the embedding is held iff layer_lo == 0 and the head
-	 * (ln_f, lm head, loss) iff layer_hi == n_layer. Parameters keep the whole model's layout. */
-	int layer_lo, layer_hi;
-	/* 1: allocate no parameter (gradient) buffer, e.g. for ZeRO-3, which would not use it; every view
-	 * is then NULL until the caller sets it, and must be set before the unit using it runs (a pass
-	 * over a NULL view is a caller error: it crashes). loom_gpt2_init skips NULL views. */
-	int no_own_params;
-	int no_own_grads;
-	/* Tensor parallelism (Megatron): this model is rank tp_rank of tp_size (0: 1, no parallelism) and
-	 * holds only its shards (loom_gpt2_shard_info): attention heads [r NH/p, (r+1) NH/p), MLP columns
-	 * [r 4C/p, (r+1) 4C/p) and vocabulary rows [r Vp/p, (r+1) Vp/p) of wte, where Vp is V rounded up
-	 * to a multiple of p (the padding rows are zero, never trained and never written to checkpoints);
-	 * LayerNorms, wpe and the row-parallel biases are whole on every rank. Such a model needs a
-	 * reduction (loom_gpt2_on_tp_reduce) before any pass. n_head must be divisible by tp_size. */
-	int tp_size, tp_rank;
-	loom_act_ckpt_t act_ckpt; /* activation checkpointing (above); 0: none */
-	/* Matmul precision (0: fp32). LOOM_COMPUTE_BF16 runs on loom_bf16_path()'s path; its errors
-	 * (LOOM_BF16=native where impossible) are create's. */
-	loom_compute_dtype_t dtype;
-} loom_gpt2_opts_t;
+/* Options of loom_gpt2_create_opts (loom_model_opts_t); zero-initialize and set what differs.
+ *   B, T: capacity of one micro-batch: up to B x T tokens, T <= cfg->seq_len.
+ *   arenas: activation arenas, i.e. micro-batches whose activations are kept at once (0: 1).
+ *   layer_lo, layer_hi: the blocks this model runs, [layer_lo, layer_hi) (layer_hi 0: n_layer;
+ *     layer_lo = layer_hi = n_layer: no block, the head alone), for a pipeline stage: activations
+ *     exist only for these blocks; the embedding is held iff layer_lo == 0 and the head (ln_f, lm
+ *     head, loss) iff layer_hi == n_layer. Parameters keep the whole model's layout.
+ *   no_own_params, no_own_grads: 1: allocate no parameter (gradient) buffer, e.g. for ZeRO-3, which
+ *     would not use it; every view is then NULL until the caller sets it, and must be set before the
+ *     unit using it runs (a pass over a NULL view is a caller error: it crashes). loom_gpt2_init
+ *     skips NULL views.
+ *   tp_size, tp_rank: tensor parallelism (Megatron): this model is rank tp_rank of tp_size (0: 1, no
+ *     parallelism) and holds only its shards (loom_gpt2_shard_info): attention heads [r NH/p,
+ *     (r+1) NH/p), MLP columns [r 4C/p, (r+1) 4C/p) and vocabulary rows [r Vp/p, (r+1) Vp/p) of wte,
+ *     where Vp is V rounded up to a multiple of p (the padding rows are zero, never trained and never
+ *     written to checkpoints); LayerNorms, wpe and the row-parallel biases are whole on every rank.
+ *     Such a model needs a reduction (loom_gpt2_on_tp_reduce) before any pass. n_head must be
+ *     divisible by tp_size.
+ *   act_ckpt: activation checkpointing (above); 0: none.
+ *   dtype: matmul precision (0: fp32). LOOM_COMPUTE_BF16 runs on loom_bf16_path()'s path; its errors
+ *     (LOOM_BF16=native where impossible) are create's. */
+typedef loom_model_opts_t loom_gpt2_opts_t;
 
-/* Bytes of a model's activation buffers (the one allocation create makes for them), by role. */
-typedef struct {
-	size_t kept;       /* every arena's activations kept from forward to backward: block lo's input, each
-	                      held block's kept buffers, the head's ln_f output and losses */
-	size_t recompute;  /* the shared scratch the checkpointed activations live in (blocks: one block's,
-	                      selective: one layer's attention probabilities; 0 for none) */
-	size_t per_layer;  /* of kept, one block of one arena (for none: 16 BTC + 4 BT + B NH T^2 floats) */
-	size_t head;       /* shared head scratch: classifier chunk logits, last-position logits */
-	size_t backward;   /* shared backward scratch (residual-stream gradients, attention dS per thread) */
-	size_t total;      /* the sum: the bytes allocated */
-} loom_gpt2_act_bytes_t;
+/* Bytes of a model's activation buffers (the one allocation create makes for them), by role:
+ *   kept: every arena's activations kept from forward to backward: block lo's input, each held
+ *     block's kept buffers, the head's ln_f output and losses;
+ *   recompute: the shared scratch the checkpointed activations live in (blocks: one block's,
+ *     selective: one layer's attention probabilities; 0 for none);
+ *   per_layer: of kept, one block of one arena (for none: 16 BTC + 4 BT + B NH T^2 floats);
+ *   head: shared head scratch: classifier chunk logits, last-position logits;
+ *   backward: shared backward scratch (residual-stream gradients, attention dS per thread);
+ *   total: the sum: the bytes allocated. */
+typedef loom_model_act_bytes_t loom_gpt2_act_bytes_t;
 /* The activation bytes a model created with cfg and opts allocates (no allocation is made: this is
  * the layout's arithmetic, the same code create uses). LOOM_EINVAL as loom_gpt2_create_opts. */
 int loom_gpt2_act_bytes(const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *opts, loom_gpt2_act_bytes_t *out);
@@ -255,7 +225,6 @@ void loom_gpt2_zero_grad(loom_gpt2_t *m);
  * embed_backward in arena 0 (below). */
 int loom_gpt2_forward_backward(loom_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
                                float grad_scale, float *loss);
-typedef void (*loom_grad_ready_fn)(void *ctx, int tensor_index);
 void loom_gpt2_on_grad_ready(loom_gpt2_t *m, loom_grad_ready_fn fn, void *ctx);
 
 /* ---- passes by unit: embedding, blocks, head ------------------------------------------------------
@@ -315,7 +284,6 @@ float *loom_gpt2_stream_grad(loom_gpt2_t *m);
 /* Called before a unit uses its parameters: unit -1 the embedding, 0..L-1 a block, L the head (which
  * also reads wte); phase 0 in a forward, 1 in a backward. The fused head calls (L, 0) then (L, 1)
  * before it starts. A hook may change views (above); it must not call back into the model. */
-typedef void (*loom_param_use_fn)(void *ctx, int unit, int phase);
 void loom_gpt2_on_param_use(loom_gpt2_t *m, loom_param_use_fn fn, void *ctx);
 
 /* ---- tensor parallelism ---------------------------------------------------------------------------
@@ -329,11 +297,9 @@ void loom_gpt2_on_param_use(loom_gpt2_t *m, loom_param_use_fn fn, void *ctx);
  * exponentials and target logits (sum), and in backward the gradient of ln_f's output (sum); the full
  * logits never exist. With tp_size 1 none of this runs. */
 
-typedef enum { LOOM_TP_SUM = 0, LOOM_TP_MAX = 1 } loom_tp_op_t;
 /* Reduce buf (n floats) in place across the tensor-parallel group with op; every rank must get the
  * same bits. Returns LOOM_OK or a negative LOOM_E* (with loom_errmsg), which the model's pass then
  * returns (the pass's results are undefined). */
-typedef int (*loom_tp_reduce_fn)(void *ctx, float *buf, size_t n, loom_tp_op_t op);
 void loom_gpt2_on_tp_reduce(loom_gpt2_t *m, loom_tp_reduce_fn fn, void *ctx);
 int loom_gpt2_tp_size(const loom_gpt2_t *m); /* 1 without tensor parallelism */
 int loom_gpt2_tp_rank(const loom_gpt2_t *m);

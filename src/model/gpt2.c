@@ -277,6 +277,7 @@ int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, cons
 	size_t want = sizeof *m; /* the allocation being attempted, for the message */
 	if (!(m = loom__calloc(1, sizeof *m)))
 		goto nomem;
+	m->base.family = loom__gpt2_family();
 	setup(m, cfg, o);
 	int narenas = m->narenas, lo = m->lo, hi = m->hi;
 	want = (size_t)m->ntensors * sizeof *m->tensors;

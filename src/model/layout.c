@@ -31,6 +31,8 @@ int loom_gpt2_preset(const char *name, loom_gpt2_config_t *cfg)
 
 int loom_gpt2_config_check(const loom_gpt2_config_t *cfg)
 {
+	if (cfg->arch != LOOM_ARCH_GPT2)
+		return loom_seterr(LOOM_EINVAL, "model config: arch %s is not GPT-2's", loom_arch_name(cfg->arch));
 	if (cfg->n_layer <= 0 || cfg->n_head <= 0 || cfg->n_embd <= 0 || cfg->seq_len <= 0 || cfg->vocab_size <= 0)
 		return loom_seterr(LOOM_EINVAL, "model config: n_layer=%d n_head=%d n_embd=%d seq_len=%d vocab_size=%d "
 		                   "(all must be positive)", cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->seq_len,
@@ -107,6 +109,17 @@ int loom_gpt2_tensor_info(const loom_gpt2_config_t *cfg, int i, loom_tensor_info
 		info->layer = cfg->n_layer, info->tp_dim = -1;
 	}
 	info->numel = info->ndim == 2 ? info->shape[0] * info->shape[1] : info->shape[0];
+	/* what the model interface adds (loom/model.h): the tie, the split's kind, the optimizer's view */
+	info->head_reads = i == 0;
+	info->tp_kind = info->tp_dim < 0 ? LOOM_TP_WHOLE : strstr(info->name, "c_attn") ? LOOM_TP_QKV : LOOM_TP_SPLIT;
+	if (i < 2)
+		info->opt_group = LOOM_OPT_EMBED;
+	else
+		info->opt_group = info->ndim == 2 && info->layer < cfg->n_layer ? LOOM_OPT_MATRIX : LOOM_OPT_VECTOR;
+	if (info->opt_group == LOOM_OPT_MATRIX) /* Conv1D [in, out]: Muon sees nn.Linear's [out, in] */
+		info->transposed = 1, info->rows = (int)info->shape[1], info->cols = (int)info->shape[0];
+	else if (info->ndim == 2)
+		info->rows = (int)info->shape[0], info->cols = (int)info->shape[1];
 	return LOOM_OK;
 }
 

@@ -12,6 +12,9 @@
 #include "loom/gpt2.h"
 #include "model/kernels.h"
 
+/* GPT-2's family table (gpt2_family.c). */
+const loom_model_family_t *loom__gpt2_family(void);
+
 /* Kernels timed by loom_gpt2_profile, in report order. */
 #define LOOM_PROF_KERNELS(X)                                                                      \
 	X(ENCODER, "encoder_forward")                                                                 \
@@ -75,6 +78,7 @@ typedef struct {
 } kv_cache_t;
 
 struct loom_gpt2 {
+	loom_model_t base; /* first: the family (loom/model.h); a loom_gpt2_t * is a loom_model_t * */
 	loom_gpt2_config_t cfg;
 	int B, T;   /* capacity of one arena given at create */
 	int lo, hi; /* blocks held: [lo, hi) */

@@ -1,0 +1,302 @@
+/* loom/model.h: the model interface every strategy, the trainer, checkpoints and the CLI use.
+ *
+ * A model family (GPT-2, nanochat's GPT) implements one table of operations, loom_model_family_t; a
+ * model is a handle whose first member points at its family's table. Everything outside src/model/
+ * reaches a model through the loom_model_* calls below, which dispatch through the table, and learns
+ * the model's layout from its parameter table (loom_tensor_info_t): names, shapes, offsets in the
+ * flat buffer, the unit that uses each tensor, weight decay, the optimizer group, the tensor-parallel
+ * split. Nothing outside src/model/ names a tensor of a family.
+ *
+ * The contract is the one GPT-2 has always had (loom/gpt2.h documents each call in full):
+ *  - parameters and gradients in two flat float buffers, tensor after tensor in the table's order,
+ *    reached by kernels only through per-tensor views that a caller may point at its own memory;
+ *  - the network as a chain of units: the embedding (unit -1), blocks 0..L-1, the head (unit L: final
+ *    norm, lm head, loss). The tensors of a unit are contiguous in the table and the units come in
+ *    order (-1, 0, ..., L), so a unit's parameters are one contiguous range of the flat buffer;
+ *  - per-micro-batch activation arenas; the residual stream between units (loom_model_block_input,
+ *    loom_model_stream_width floats per position) and its gradient (loom_model_stream_grad);
+ *  - hooks: param-use before a unit runs (ZeRO-3 gathers), grad-ready when a tensor's gradient is
+ *    final (DDP / ZeRO buckets), a tensor-parallel reduction at Megatron's f and g points.
+ *
+ * Adding a family: docs/architecture.md, "Add a model family". */
+#ifndef LOOM_MODEL_H
+#define LOOM_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- configuration ------------------------------------------------------------------------------ */
+
+typedef enum { LOOM_ARCH_GPT2 = 0, LOOM_ARCH_NANOCHAT = 1 } loom_arch_t;
+
+#define LOOM_WINDOW_PATTERN_MAX 32
+
+/* One configuration type for every family. The first five fields are GPT-2's, in GPT-2's order (so
+ * `{L, NH, C, T, V}` is a GPT-2 configuration); a zero-initialized field takes its family's default. */
+typedef struct {
+	int n_layer;    /* L */
+	int n_head;     /* NH (query heads) */
+	int n_embd;     /* C, divisible by n_head */
+	int seq_len;    /* T: maximum sequence length (GPT-2: rows of wpe; nanochat: sequence_len) */
+	int vocab_size; /* V (the real vocabulary; a family may pad its tables) */
+	loom_arch_t arch;  /* 0: GPT-2 */
+	/* nanochat only (0 / "" for GPT-2): */
+	int n_kv_head;     /* key/value heads, dividing n_head (0: n_head) */
+	int short_window;  /* the `S` window W: a query sees itself and W positions before it (0: seq_len / 2) */
+	char window_pattern[LOOM_WINDOW_PATTERN_MAX]; /* per-layer `S`/`L`, tiled, last layer `L` ("": "SSSL") */
+} loom_model_config_t;
+
+/* "gpt2" | "nanochat" to the arch; LOOM_EINVAL naming the families for another name. */
+int loom_arch_parse(const char *name, loom_arch_t *arch);
+const char *loom_arch_name(loom_arch_t arch); /* "?" when invalid */
+
+/* ---- the parameter table ------------------------------------------------------------------------- */
+
+#define LOOM_TENSOR_NAME_MAX 64
+
+/* Which optimizer treatment a tensor gets under MuonAdamW (--optimizer muon; under AdamW every tensor
+ * is one group at --lr and only `decay` matters). */
+typedef enum {
+	LOOM_OPT_MATRIX = 0,  /* a 2-D matrix of a block: Muon */
+	LOOM_OPT_EMBED = 1,   /* token (and value / position) embeddings: AdamW at --embedding-lr */
+	LOOM_OPT_UNEMBED = 2, /* the lm head: AdamW at --unembedding-lr */
+	LOOM_OPT_SCALAR = 3,  /* per-layer residual scalars (nanochat's resid_lambdas): AdamW at 0.01 --scalar-lr */
+	LOOM_OPT_X0 = 4,      /* nanochat's x0_lambdas: AdamW at --scalar-lr, betas (0.96, 0.95) */
+	LOOM_OPT_VECTOR = 5   /* GPT-2's biases and LayerNorm parameters: AdamW at --scalar-lr */
+} loom_opt_group_t;
+
+/* How tensor parallelism splits a tensor (tp_dim names the dimension). */
+typedef enum {
+	LOOM_TP_WHOLE = 0,   /* every tp rank keeps it whole */
+	LOOM_TP_SPLIT = 1,   /* one contiguous 1/tp slice of tp_dim per rank (columns, rows, heads, vocabulary) */
+	LOOM_TP_QKV = 2      /* GPT-2's fused c_attn: three sections q | k | v, each split by heads */
+} loom_tp_kind_t;
+
+typedef struct {
+	char name[LOOM_TENSOR_NAME_MAX]; /* the family's checkpoint name (GPT-2: HF's without "transformer.") */
+	int ndim;                        /* 1 or 2 */
+	size_t shape[2];                 /* as stored in the flat buffer */
+	size_t offset;                   /* in floats, from the start of the parameter buffer */
+	size_t numel;
+	int decay; /* 1: AdamW's weight decay applies (under --optimizer adamw) */
+	/* The unit that uses the tensor (and reports its gradient): -1 the embedding, 0..L-1 a block, L
+	 * (n_layer) the head. */
+	int layer;
+	/* Where else the tensor is read: head_reads, the head also reads it (GPT-2's tied lm head reads wte,
+	 * whose gradient is then final only after the head's share and the embedding's); all_blocks, every
+	 * block reads it (nanochat's per-layer scalars, which live in the embedding unit). A pipeline sums
+	 * such a tensor's gradient over the stages that read it; ZeRO-3 keeps it gathered meanwhile. */
+	int head_reads;
+	int all_blocks;
+	/* Megatron's split: -1 (and kind WHOLE) when every tp rank keeps it whole, else the dimension. */
+	int tp_dim;
+	loom_tp_kind_t tp_kind;
+	loom_opt_group_t opt_group;
+	/* 1 when the tensor is stored [in, out] (GPT-2's Conv1D): Muon then treats it as the [out, in]
+	 * matrix nn.Linear would hold (its transpose), so rows/cols below are PyTorch's. */
+	int transposed;
+	int rows, cols; /* the matrix as Muon sees it ([out, in]); 0 for 1-D tensors */
+} loom_tensor_info_t;
+
+/* ---- options shared by every family ----------------------------------------------------------------- */
+
+/* Activation checkpointing: what a block keeps from its forward for its backward (loom/gpt2.h). */
+typedef enum { LOOM_ACT_CKPT_NONE = 0, LOOM_ACT_CKPT_BLOCKS = 1, LOOM_ACT_CKPT_SELECTIVE = 2 } loom_act_ckpt_t;
+/* "none" | "blocks" | "selective"; LOOM_EINVAL ("'X' is not one of none, blocks, selective"). */
+int loom_act_ckpt_parse(const char *name, loom_act_ckpt_t *mode);
+const char *loom_act_ckpt_name(loom_act_ckpt_t mode); /* "?" when invalid */
+/* Precision of the model's matmuls (loom/gpt2.h). */
+typedef enum { LOOM_COMPUTE_FP32 = 0, LOOM_COMPUTE_BF16 = 1 } loom_compute_dtype_t;
+int loom_compute_dtype_parse(const char *name, loom_compute_dtype_t *dt);
+const char *loom_compute_dtype_name(loom_compute_dtype_t dt);
+
+/* Options of create; zero-initialize and set what differs (loom/gpt2.h documents each). */
+typedef struct {
+	int B, T;   /* capacity of one micro-batch: up to B x T tokens, T <= cfg->seq_len */
+	int arenas; /* activation arenas (0: 1) */
+	int layer_lo, layer_hi; /* the blocks held, [lo, hi) (hi 0: n_layer): a pipeline stage */
+	int no_own_params;
+	int no_own_grads;
+	int tp_size, tp_rank;     /* tensor parallelism (0: none) */
+	loom_act_ckpt_t act_ckpt; /* 0: none */
+	loom_compute_dtype_t dtype;
+} loom_model_opts_t;
+
+/* Bytes of a model's activation buffers, by role (loom/gpt2.h). */
+typedef struct {
+	size_t kept, recompute, per_layer, head, backward, total;
+} loom_model_act_bytes_t;
+
+typedef enum { LOOM_TP_SUM = 0, LOOM_TP_MAX = 1 } loom_tp_op_t;
+typedef int (*loom_tp_reduce_fn)(void *ctx, float *buf, size_t n, loom_tp_op_t op);
+typedef void (*loom_grad_ready_fn)(void *ctx, int tensor_index);
+typedef void (*loom_param_use_fn)(void *ctx, int unit, int phase);
+
+/* ---- the family table ------------------------------------------------------------------------------- */
+
+typedef struct loom_model loom_model_t;
+
+typedef struct {
+	const char *name; /* "gpt2", "nanochat" */
+	loom_arch_t arch;
+	/* configuration level */
+	int (*config_check)(const loom_model_config_t *cfg);
+	int (*num_tensors)(const loom_model_config_t *cfg);
+	int (*tensor_info)(const loom_model_config_t *cfg, int i, loom_tensor_info_t *info);
+	size_t (*num_params)(const loom_model_config_t *cfg);
+	double (*flops_per_token)(const loom_model_config_t *cfg, int T);
+	int (*stream_width)(const loom_model_config_t *cfg);
+	int (*tp_check)(const loom_model_config_t *cfg, int tp);
+	int (*shard_info)(const loom_model_config_t *cfg, int tp, int i, loom_tensor_info_t *info);
+	size_t (*shard_params)(const loom_model_config_t *cfg, int tp);
+	void (*tp_shard)(const loom_model_config_t *cfg, int tp, int r, const float *full, float *shard);
+	void (*tp_unshard)(const loom_model_config_t *cfg, int tp, int r, const float *shard, float *full);
+	int (*act_bytes)(const loom_model_config_t *cfg, const loom_model_opts_t *opts, loom_model_act_bytes_t *out);
+	int (*create)(loom_model_t **m, const loom_model_config_t *cfg, const loom_model_opts_t *opts);
+	/* instance level */
+	void (*destroy)(loom_model_t *m);
+	const loom_model_config_t *(*config)(const loom_model_t *m);
+	loom_compute_dtype_t (*dtype)(const loom_model_t *m);
+	const loom_tensor_info_t *(*tensors)(const loom_model_t *m, int *n);
+	size_t (*param_count)(const loom_model_t *m);
+	float *(*params)(loom_model_t *m);
+	float *(*grads)(loom_model_t *m);
+	int (*set_grad_buffer)(loom_model_t *m, float *grads);
+	int (*set_param_buffer)(loom_model_t *m, float *params);
+	int (*own_grads)(loom_model_t *m);
+	int (*set_tensor_view)(loom_model_t *m, int tensor, float *param, float *grad);
+	int (*set_unit_view)(loom_model_t *m, int unit, float *params, float *grads);
+	float *(*tensor_param)(loom_model_t *m, int tensor);
+	float *(*tensor_grad)(loom_model_t *m, int tensor);
+	void (*init)(loom_model_t *m, uint64_t seed);
+	void (*layers)(const loom_model_t *m, int *lo, int *hi, int *arenas);
+	loom_act_ckpt_t (*act_ckpt)(const loom_model_t *m);
+	long long (*recomputes)(const loom_model_t *m);
+	void (*model_act_bytes)(const loom_model_t *m, loom_model_act_bytes_t *out);
+	int (*forward)(loom_model_t *m, const int *inputs, const int *targets, int B, int T, float *loss);
+	const float *(*logits)(const loom_model_t *m);
+	void (*zero_grad)(loom_model_t *m);
+	int (*forward_backward)(loom_model_t *m, const int *inputs, const int *targets, int B, int T, float grad_scale,
+	                        float *loss);
+	void (*on_grad_ready)(loom_model_t *m, loom_grad_ready_fn fn, void *ctx);
+	void (*on_param_use)(loom_model_t *m, loom_param_use_fn fn, void *ctx);
+	void (*on_tp_reduce)(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx);
+	int (*set_inputs)(loom_model_t *m, int mb, const int *inputs, int B, int T); /* NULL: not needed */
+	int (*embed_forward)(loom_model_t *m, int mb, const int *inputs, int B, int T);
+	int (*block_forward)(loom_model_t *m, int mb, int l, int B, int T);
+	int (*head_forward)(loom_model_t *m, int mb, const int *targets, int B, int T, float *loss);
+	int (*head_forward_backward)(loom_model_t *m, int mb, const int *targets, int B, int T, float grad_scale,
+	                             float *loss);
+	int (*head_forward_backward_rows)(loom_model_t *m, int mb, const int *targets, int B, int T, int row0, int rows,
+	                                  float grad_scale, float *loss);
+	int (*block_backward)(loom_model_t *m, int mb, int l, int B, int T);
+	int (*embed_backward)(loom_model_t *m, int mb, const int *inputs, int B, int T);
+	float *(*block_input)(loom_model_t *m, int mb, int l);
+	float *(*stream_grad)(loom_model_t *m);
+	int (*tp_size)(const loom_model_t *m);
+	int (*tp_rank)(const loom_model_t *m);
+	int (*kv_cache_alloc)(loom_model_t *m);
+	int (*generate)(loom_model_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
+	                uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
+	                void *ctx);
+	void (*profile)(loom_model_t *m, int enable);
+	void (*profile_report)(loom_model_t *m, void *file, int steps);
+} loom_model_family_t;
+
+/* Every model starts with this: its family. */
+struct loom_model {
+	const loom_model_family_t *family;
+};
+
+/* The family of an arch; NULL for an invalid one. */
+const loom_model_family_t *loom_model_family(loom_arch_t arch);
+
+/* ---- configuration-level calls (dispatch on cfg->arch) ---------------------------------------------- */
+
+/* LOOM_EINVAL (with loom_errmsg) for an unknown arch or a configuration the family refuses. */
+int loom_model_config_check(const loom_model_config_t *cfg);
+int loom_model_num_tensors(const loom_model_config_t *cfg);
+int loom_model_tensor_info(const loom_model_config_t *cfg, int i, loom_tensor_info_t *info);
+/* Index of the tensor called `name` (the family's name; GPT-2 also accepts "transformer."), or -1. */
+int loom_model_tensor_index(const loom_model_config_t *cfg, const char *name);
+size_t loom_model_num_params(const loom_model_config_t *cfg);
+/* FLOPs of one training token (forward + backward) at sequence length T: 6 x matmul parameters plus
+ * the attention products (the family's own count, as its reference implementation states it). */
+double loom_model_flops_per_token(const loom_model_config_t *cfg, int T);
+/* Floats per position of the residual stream passed between units (GPT-2: C; nanochat: 2C, the
+ * stream x and the normalized embedding x0 every block reads). */
+int loom_model_stream_width(const loom_model_config_t *cfg);
+int loom_model_tp_check(const loom_model_config_t *cfg, int tp);
+int loom_model_shard_info(const loom_model_config_t *cfg, int tp, int i, loom_tensor_info_t *info);
+size_t loom_model_shard_params(const loom_model_config_t *cfg, int tp);
+void loom_model_tp_shard(const loom_model_config_t *cfg, int tp, int r, const float *full, float *shard);
+void loom_model_tp_unshard(const loom_model_config_t *cfg, int tp, int r, const float *shard, float *full);
+int loom_model_act_bytes(const loom_model_config_t *cfg, const loom_model_opts_t *opts, loom_model_act_bytes_t *out);
+/* The tensors of unit u (-1..L) are [*first, *end) of the table. */
+void loom_model_unit_tensors(const loom_model_config_t *cfg, int unit, int *first, int *end);
+
+/* ---- instance-level calls ------------------------------------------------------------------------------ */
+
+int loom_model_create(loom_model_t **m, const loom_model_config_t *cfg, const loom_model_opts_t *opts);
+void loom_model_destroy(loom_model_t *m); /* safe on NULL */
+const loom_model_config_t *loom_model_get_config(const loom_model_t *m);
+loom_compute_dtype_t loom_model_dtype(const loom_model_t *m);
+const loom_tensor_info_t *loom_model_tensors(const loom_model_t *m, int *n);
+size_t loom_model_param_count(const loom_model_t *m);
+float *loom_model_params(loom_model_t *m);
+float *loom_model_grads(loom_model_t *m);
+int loom_model_set_grad_buffer(loom_model_t *m, float *grads);
+int loom_model_set_param_buffer(loom_model_t *m, float *params);
+int loom_model_own_grads(loom_model_t *m);
+int loom_model_set_tensor_view(loom_model_t *m, int tensor, float *param, float *grad);
+int loom_model_set_unit_view(loom_model_t *m, int unit, float *params, float *grads);
+float *loom_model_tensor_param(loom_model_t *m, int tensor);
+float *loom_model_tensor_grad(loom_model_t *m, int tensor);
+void loom_model_init(loom_model_t *m, uint64_t seed);
+void loom_model_layers(const loom_model_t *m, int *lo, int *hi, int *arenas);
+loom_act_ckpt_t loom_model_act_ckpt(const loom_model_t *m);
+long long loom_model_recomputes(const loom_model_t *m);
+void loom_model_model_act_bytes(const loom_model_t *m, loom_model_act_bytes_t *out);
+int loom_model_forward(loom_model_t *m, const int *inputs, const int *targets, int B, int T, float *loss);
+const float *loom_model_logits(const loom_model_t *m);
+void loom_model_zero_grad(loom_model_t *m);
+int loom_model_forward_backward(loom_model_t *m, const int *inputs, const int *targets, int B, int T,
+                                float grad_scale, float *loss);
+void loom_model_on_grad_ready(loom_model_t *m, loom_grad_ready_fn fn, void *ctx);
+void loom_model_on_param_use(loom_model_t *m, loom_param_use_fn fn, void *ctx);
+void loom_model_on_tp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx);
+/* Give arena mb the micro-batch's token ids (B,T) without running the embedding: a pipeline stage
+ * that does not hold the embedding calls it before the micro-batch's first block, for families whose
+ * blocks read the tokens (nanochat's value embeddings). A no-op for the others. LOOM_EINVAL as
+ * embed_forward. */
+int loom_model_set_inputs(loom_model_t *m, int mb, const int *inputs, int B, int T);
+int loom_model_embed_forward(loom_model_t *m, int mb, const int *inputs, int B, int T);
+int loom_model_block_forward(loom_model_t *m, int mb, int l, int B, int T);
+int loom_model_head_forward(loom_model_t *m, int mb, const int *targets, int B, int T, float *loss);
+int loom_model_head_forward_backward(loom_model_t *m, int mb, const int *targets, int B, int T, float grad_scale,
+                                     float *loss);
+int loom_model_head_forward_backward_rows(loom_model_t *m, int mb, const int *targets, int B, int T, int row0,
+                                          int rows, float grad_scale, float *loss);
+int loom_model_block_backward(loom_model_t *m, int mb, int l, int B, int T);
+int loom_model_embed_backward(loom_model_t *m, int mb, const int *inputs, int B, int T);
+float *loom_model_block_input(loom_model_t *m, int mb, int l);
+float *loom_model_stream_grad(loom_model_t *m);
+int loom_model_tp_size(const loom_model_t *m);
+int loom_model_tp_rank(const loom_model_t *m);
+int loom_model_kv_cache_alloc(loom_model_t *m);
+int loom_model_generate(loom_model_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
+                        uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
+                        void *ctx);
+void loom_model_profile(loom_model_t *m, int enable);
+void loom_model_profile_report(loom_model_t *m, void *file, int steps);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
