@@ -25,7 +25,7 @@ int loom_cli_convert(int argc, char **argv)
 {
 	const char *in = NULL, *out = NULL, *v;
 	int n_head = 0, rc;
-	loom_gpt2_config_t cfg;
+	loom_model_config_t cfg;
 	loom_model_format_t fmt;
 	float *params;
 	for (int i = 1; i < argc; i++) {
@@ -68,6 +68,6 @@ int loom_cli_convert(int argc, char **argv)
 	}
 	printf("%s (%s) -> %s (%s): L=%d H=%d C=%d T=%d V=%d, %zu parameters\n", in,
 	       fmt == LOOM_MODEL_LLMC ? "llm.c" : "safetensors", out, ends_with(out, ".bin") ? "llm.c" : "safetensors",
-	       cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, loom_gpt2_num_params(&cfg));
+	       cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, loom_model_num_params(&cfg));
 	return 0;
 }

@@ -31,7 +31,7 @@ static void print_shape(const size_t *shape, int ndim)
 static int info_safetensors(const char *path, int n_head)
 {
 	loom_st_t *st;
-	loom_gpt2_config_t cfg;
+	loom_model_config_t cfg;
 	size_t total = 0;
 	int rc;
 	if ((rc = loom_st_open(&st, path)) != LOOM_OK)
@@ -44,7 +44,7 @@ static int info_safetensors(const char *path, int n_head)
 	}
 	if (loom_model_config(path, n_head, &cfg, NULL) == LOOM_OK)
 		printf("GPT-2: n_layer=%d n_head=%d n_embd=%d n_positions=%d vocab_size=%d, %zu parameters\n", cfg.n_layer,
-		       cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, loom_gpt2_num_params(&cfg));
+		       cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, loom_model_num_params(&cfg));
 	else
 		printf("not a loadable GPT-2 model: %s\n", loom_errmsg());
 	for (int i = 0; i < loom_st_count(st); i++) {
@@ -62,7 +62,7 @@ static int info_safetensors(const char *path, int n_head)
 
 static int info_llmc(const char *path)
 {
-	loom_gpt2_config_t cfg;
+	loom_model_config_t cfg;
 	size_t C, L, V, Vp, T;
 	if (loom_model_config(path, 0, &cfg, NULL) != LOOM_OK)
 		return fail();
@@ -78,7 +78,7 @@ static int info_llmc(const char *path)
 	}
 	printf("%s: llm.c GPT-2 model\n", path);
 	printf("GPT-2: n_layer=%d n_head=%d n_embd=%d n_positions=%d vocab_size=%d (padded %zu), %zu parameters\n",
-	       cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, Vp, loom_gpt2_num_params(&cfg));
+	       cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, Vp, loom_model_num_params(&cfg));
 	{
 		const struct {
 			const char *name;

@@ -112,7 +112,7 @@ static const char *const usage_text =
 
 typedef struct {
 	loom_train_config_t tc;
-	loom_gpt2_config_t mc;
+	loom_model_config_t mc;
 	int have_model_flags, n_positions, n_head_flag;
 	const char *preset, *init_from;
 	long long total_batch;
@@ -363,7 +363,7 @@ static void relaunch(int argc, char **argv, const opts_t *o)
 /* The model config from the preset/flags or the --init-from file; T defaults here too. */
 static void model_config(opts_t *o)
 {
-	loom_gpt2_config_t c;
+	loom_model_config_t c;
 	if (o->init_from) {
 		if (loom_model_config(o->init_from, o->n_head_flag, &c, NULL) != LOOM_OK)
 			cli_die("train", "--init-from: %s", loom_errmsg());
@@ -377,7 +377,7 @@ static void model_config(opts_t *o)
 		if (o->n_positions > 0) c.seq_len = o->n_positions;
 		else if (!o->preset && o->have_model_flags && o->tc.T > 0) c.seq_len = o->tc.T;
 	}
-	if (loom_gpt2_config_check(&c) != LOOM_OK)
+	if (loom_model_config_check(&c) != LOOM_OK)
 		cli_die("train", "%s", loom_errmsg());
 	if (o->tc.T < 0)
 		o->tc.T = c.seq_len;
@@ -482,14 +482,14 @@ static void print_token(void *ctx, int id)
 		fwrite(b, 1, (size_t)len, stdout);
 }
 
-static void sample(run_ctx_t *r, loom_gpt2_t *model, long long step)
+static void sample(run_ctx_t *r, loom_model_t *model, long long step)
 {
 	enum { N = 64 };
 	int prompt = r->tok.eot_token, n = 0;
 	if (!r->have_tok)
 		return;
 	printf("--- sample at step %lld ---\n", step);
-	if (loom_gpt2_generate(model, &prompt, 1, N, 1.0f, 40, r->o->tc.seed + (uint64_t)step, r->tok.eot_token,
+	if (loom_model_generate(model, &prompt, 1, N, 1.0f, 40, r->o->tc.seed + (uint64_t)step, r->tok.eot_token,
 	                       r->sample_buf, &n, print_token, r) != LOOM_OK)
 		printf("(sampling failed: %s)", loom_errmsg());
 	printf("\n---\n");
@@ -499,7 +499,7 @@ static void sample(run_ctx_t *r, loom_gpt2_t *model, long long step)
 static void print_header(const opts_t *o, loom_trainer_t *tr)
 {
 	printf("model: L%d H%d C%d T%d V%d, %zu parameters%s%s\n", o->mc.n_layer, o->mc.n_head, o->mc.n_embd,
-	       o->mc.seq_len, o->mc.vocab_size, loom_gpt2_num_params(&o->mc), o->init_from ? ", from " : "",
+	       o->mc.seq_len, o->mc.vocab_size, loom_model_num_params(&o->mc), o->init_from ? ", from " : "",
 	       o->init_from ? o->init_from : "");
 	if (o->pp > 1)
 		printf("batch: B=%d T=%d micro-batches=%d dp=%d -> %lld tokens per step", o->tc.B, o->tc.T, o->tc.accum,
@@ -530,7 +530,7 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	else if (o->tp > 1)
 		printf("tensor parallel: tp %d x dp %d = %d ranks (Megatron: heads, MLP columns and vocabulary rows split "
 		       "over tp neighbouring ranks; %zu shard parameters per rank)\n", o->tp, o->dp, o->world,
-		       loom_gpt2_shard_params(&o->mc, o->tp));
+		       loom_model_shard_params(&o->mc, o->tp));
 	if (o->dp > 1) {
 		if (o->tc.zero > 0)
 			printf("data parallel: %d ranks x %d thread%s; ZeRO stage %d: %s; gradients reduce-scattered in %s",
@@ -554,7 +554,7 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	printf("memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB (model states %.1f MiB; "
 	       "%s = %.1f MiB with P = %zu, N = %d), activations %.1f MiB, communication buffers %.1f MiB\n",
 	       mem.params / 1048576.0, mem.grads / 1048576.0, mem.optim / 1048576.0, mem.model_states / 1048576.0,
-	       mem.formula, mem.theory / 1048576.0, loom_gpt2_num_params(&o->mc), mem.dp, mem.activations / 1048576.0,
+	       mem.formula, mem.theory / 1048576.0, loom_model_num_params(&o->mc), mem.dp, mem.activations / 1048576.0,
 	       mem.comm / 1048576.0);
 	printf("activations per rank (checkpointing %s): kept %.2f MiB + recompute scratch %.2f MiB = %.2f MiB allocated "
 	       "(formula %s: %.2f MiB); plus head scratch %.2f MiB and backward scratch %.2f MiB\n",
@@ -576,7 +576,7 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		         100.0 * o->tc.gemm_flops / o->tc.peak_flops);
 	printf("MFU against the hardware's %s peak of %.1f GFLOP/s%s (%s)%s; %.4g FLOP per token\n",
 	       loom_compute_dtype_name(o->dtype), o->tc.peak_flops / 1e9, o->world > 1 ? " per rank" : "",
-	       o->tc.peak_source ? o->tc.peak_source : "given", gemm, loom_gpt2_flops_per_token(&o->mc, o->tc.T));
+	       o->tc.peak_source ? o->tc.peak_source : "given", gemm, loom_model_flops_per_token(&o->mc, o->tc.T));
 }
 
 static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
@@ -620,9 +620,9 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 		       "was busy; delete ~/.cache/loom/hw_peak* or give --peak-flops\n", r->o->tc.peak_flops / 1e9);
 	}
 	if (r->o->sample_every > 0 && m->step % r->o->sample_every == 0) {
-		loom_gpt2_profile(loom_trainer_model(tr), 0); /* --profile times training steps, not sampling */
+		loom_model_profile(loom_trainer_model(tr), 0); /* --profile times training steps, not sampling */
 		sample(r, loom_trainer_model(tr), m->step);
-		loom_gpt2_profile(loom_trainer_model(tr), r->o->profile);
+		loom_model_profile(loom_trainer_model(tr), r->o->profile);
 	}
 	return 0;
 }
@@ -755,7 +755,7 @@ int loom_cli_train(int argc, char **argv)
 	opts_t o;
 	loom_comm_t *comm = NULL;
 	loom_mesh_t *mesh = NULL;
-	loom_gpt2_t *model = NULL;
+	loom_model_t *model = NULL;
 	loom_trainer_t *tr = NULL;
 	float *init = NULL;
 	run_ctx_t r;
@@ -787,7 +787,7 @@ int loom_cli_train(int argc, char **argv)
 	loom_set_num_threads(o.threads > 0 ? o.threads : omp_get_max_threads()); /* default: OMP_NUM_THREADS or CPUs */
 	warn_oversubscription(&o);
 	model_config(&o);
-	if (loom_gpt2_tp_check(&o.mc, o.tp) != LOOM_OK)
+	if (loom_model_tp_check(&o.mc, o.tp) != LOOM_OK)
 		cli_die("train", "rank %d: --tp %d: %s", o.rank, o.tp, loom_errmsg());
 	batch_config(&o);
 	find_tokenizer(&o);
@@ -796,30 +796,30 @@ int loom_cli_train(int argc, char **argv)
 	/* ZeRO-2 keeps only a shard of the gradients, ZeRO-3 also of the parameters: the model then has no
 	 * buffer of its own for them; at stage 3 the initial parameters live in a buffer of ours until the
 	 * strategy has taken its shard (at the parameter sync below). */
-	loom_gpt2_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .tp_size = o.tp,
+	loom_model_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .tp_size = o.tp,
 	                       .tp_rank = mesh ? loom_mesh_coord(mesh, LOOM_MESH_TP) : 0,
 	                       .no_own_grads = o.tc.zero >= 2 && o.dp > 1, .no_own_params = o.tc.zero == 3 && o.dp > 1,
 	                       .act_ckpt = o.act_ckpt,
 	                       .dtype = o.dtype};
-	if ((rc = loom_gpt2_create_opts(&model, &o.mc, &mo)) != LOOM_OK) {
+	if ((rc = loom_model_create(&model, &o.mc, &mo)) != LOOM_OK) {
 		fprintf(stderr, "loom train: creating the model: %s%s", loom_errmsg(), rc == LOOM_ENOMEM ? "" : "\n");
 		if (rc == LOOM_ENOMEM) /* the sizes the user can act on */
 			fprintf(stderr, " (parameters and gradients alone: 2 x %zu bytes; AdamW adds 2 x as much; "
-			        "activations grow with --batch-size x --seq-len)\n", loom_gpt2_num_params(&o.mc) * sizeof(float));
+			        "activations grow with --batch-size x --seq-len)\n", loom_model_num_params(&o.mc) * sizeof(float));
 		goto out;
 	}
-	if (mo.no_own_params && (!(init = malloc(loom_gpt2_num_params(&o.mc) * sizeof(float))) ||
-	                         loom_gpt2_set_param_buffer(model, init) != LOOM_OK)) {
+	if (mo.no_own_params && (!(init = malloc(loom_model_num_params(&o.mc) * sizeof(float))) ||
+	                         loom_model_set_param_buffer(model, init) != LOOM_OK)) {
 		fprintf(stderr, "loom train: out of memory for the initial parameters\n");
 		goto out;
 	}
 	if (o.init_from) { /* the whole model from the file; a tensor-parallel rank keeps its shard */
-		float *full = o.tp > 1 ? malloc(loom_gpt2_num_params(&o.mc) * sizeof(float)) : loom_gpt2_params(model);
+		float *full = o.tp > 1 ? malloc(loom_model_num_params(&o.mc) * sizeof(float)) : loom_model_params(model);
 		if (!full)
-			cli_die("train", "--init-from: out of memory for %zu parameters", loom_gpt2_num_params(&o.mc));
+			cli_die("train", "--init-from: out of memory for %zu parameters", loom_model_num_params(&o.mc));
 		rc = loom_model_load(o.init_from, &o.mc, full);
 		if (rc == LOOM_OK && o.tp > 1)
-			loom_gpt2_tp_shard(&o.mc, o.tp, mo.tp_rank, full, loom_gpt2_params(model));
+			loom_model_tp_shard(&o.mc, o.tp, mo.tp_rank, full, loom_model_params(model));
 		if (o.tp > 1)
 			free(full);
 		if (rc != LOOM_OK) {
@@ -827,7 +827,7 @@ int loom_cli_train(int argc, char **argv)
 			goto out;
 		}
 	} else {
-		loom_gpt2_init(model, o.tc.seed);
+		loom_model_init(model, o.tc.seed);
 	}
 	o.tc.profile = o.profile; /* the trainer profiles its steps, not evaluations (nor sampling: on_step) */
 	if ((rc = loom_trainer_create(&tr, &o.tc, model)) != LOOM_OK) {
@@ -911,14 +911,14 @@ int loom_cli_train(int argc, char **argv)
 		print_summary(tr, &o, cmd);
 	}
 	if (o.profile && r.steps_run > 0 && o.rank == 0) {
-		loom_gpt2_profile_report(model, stdout, r.steps_run);
+		loom_model_profile_report(model, stdout, r.steps_run);
 		printf("optimizer (grad norm + AdamW): %.2f ms per step, %.1f%% of the step time\n",
 		       r.optim_ms / r.steps_run, 100.0 * r.optim_ms / r.step_ms);
 	}
 	status = 0;
 out:
 	loom_trainer_destroy(tr); /* before the model, the mesh and the communicator it uses */
-	loom_gpt2_destroy(model);
+	loom_model_destroy(model);
 	loom_mesh_destroy(mesh);
 	free(init);
 	loom_comm_destroy(comm);

@@ -37,6 +37,12 @@ typedef loom_model_config_t loom_gpt2_config_t;
 /* A model is used by one thread at a time (its calls are not thread-safe); inside a call its kernels
  * run on loom_set_num_threads threads. */
 typedef struct loom_gpt2 loom_gpt2_t;
+/* The same model through the model interface (loom/model.h), for the trainer and the strategies: a
+ * GPT-2 model starts with its family's table, so this is a conversion, not a new object. */
+static inline loom_model_t *loom_gpt2_model(loom_gpt2_t *m)
+{
+	return (loom_model_t *)(void *)m;
+}
 
 #define LOOM_GPT2_LAYER_TENSORS 12
 /* The parameter table's entries are loom_tensor_info_t (loom/model.h). GPT-2's: decay 1 for 2-D

@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "loom/error.h"
-#include "loom/gpt2.h"
+#include "loom/model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,7 +55,7 @@ typedef struct {
 int loom_adamw_init(loom_adamw_t *o, const loom_adamw_config_t *cfg, size_t n, const loom_optim_segment_t *segs,
                     int nseg);
 /* The same for a GPT-2 parameter buffer: one segment per tensor of the model's table. */
-int loom_adamw_init_gpt2(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_gpt2_config_t *model);
+int loom_adamw_init_gpt2(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model);
 /* An optimizer over part of a GPT-2 parameter buffer: floats [offset, offset + count) (a shard owned
  * by one rank; it may start and end inside tensors). Its segments are the model's tensors clipped to
  * that range and rebased to 0, each with its tensor's decay, so m and v hold count floats and a step
@@ -63,7 +63,7 @@ int loom_adamw_init_gpt2(loom_adamw_t *o, const loom_adamw_config_t *cfg, const 
  * of [0, n) this way gives bit-identical parameters and moments to one optimizer over all of them
  * (the update is element-wise). count may be 0 (an empty shard: steps only count). LOOM_EINVAL when
  * the range is outside the buffer, else as loom_adamw_init. */
-int loom_adamw_init_gpt2_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_gpt2_config_t *model,
+int loom_adamw_init_gpt2_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model,
                                size_t offset, size_t count);
 void loom_adamw_free(loom_adamw_t *o); /* safe on a zeroed or freed struct */
 

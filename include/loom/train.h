@@ -148,13 +148,13 @@ typedef struct {
 	   name or stage is LOOM_ENOTSUP at create. */
 	const char *strategy;
 	int zero;                  /* ZeRO stage 0..3 */
-	int profile;               /* 1: per-kernel timing of the training steps (loom_gpt2_profile on the
+	int profile;               /* 1: per-kernel timing of the training steps (loom_model_profile on the
 	                              model from create; evaluations are left out) */
 	loom_mesh_t *mesh;         /* instead of comm: the ranks as a dp x tp x pp mesh (borrowed; must
 	                              outlive the trainer). The data-parallel axis carries the gradients,
 	                              the data sharding and the checkpoints' loader states; global rank 0
 	                              logs and saves. With tp > 1 the model must have been created as
-	                              this rank's shard (loom_gpt2_opts_t tp_size = tp, tp_rank = its tp
+	                              this rank's shard (loom_model_opts_t tp_size = tp, tp_rank = its tp
 	                              coordinate; LOOM_EINVAL otherwise) and the "tp" strategy runs it
 	                              (with pp > 1 too: each stage is then a tp shard of its layers).
 	                              comm may be NULL or the mesh's world. */
@@ -245,7 +245,7 @@ int loom_trainer_summary(const loom_trainer_t *tr, loom_train_summary_t *s);
  * of each set are checked), LOOM_ENOTSUP (a strategy or ZeRO stage that does not exist, a mesh with
  * tp > 1), LOOM_ENOENT / LOOM_EFORMAT from the data, or LOOM_ENOMEM; the detail is in
  * loom_errmsg(). */
-int loom_trainer_create(loom_trainer_t **tr, const loom_train_config_t *cfg, loom_gpt2_t *model);
+int loom_trainer_create(loom_trainer_t **tr, const loom_train_config_t *cfg, loom_model_t *model);
 void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log */
 
 /* Restore model, optimizer and trainer state from a training checkpoint directory (or, when `path`
@@ -298,7 +298,7 @@ void loom_trainer_set_peak(loom_trainer_t *tr, double flops, const char *source,
 long long loom_trainer_steps_done(const loom_trainer_t *tr);
 int loom_trainer_rank(const loom_trainer_t *tr);  /* global rank; 0 with one process */
 int loom_trainer_world(const loom_trainer_t *tr); /* all ranks of the job; 1 with one process */
-loom_gpt2_t *loom_trainer_model(loom_trainer_t *tr);
+loom_model_t *loom_trainer_model(loom_trainer_t *tr);
 const loom_adamw_t *loom_trainer_optimizer(const loom_trainer_t *tr);
 /* Tokens per optimizer step: B*T*accum*(data-parallel ranks). */
 long long loom_trainer_tokens_per_step(const loom_trainer_t *tr);
@@ -309,14 +309,14 @@ long long loom_trainer_tokens_per_step(const loom_trainer_t *tr);
  * the head alone and shares it: stage P-2 then computes the head of positions [0, *head_rows) of
  * every micro-batch (row b T + t), the last stage the rest. head_split as pp_head_split above.
  * LOOM_EINVAL for P > n_layer or a head_split >= 1. */
-int loom_pp_stages(const loom_gpt2_config_t *cfg, int B, int T, int P, double head_split, int *lo, int *head_rows);
+int loom_pp_stages(const loom_model_config_t *cfg, int B, int T, int P, double head_split, int *lo, int *head_rows);
 /* With *head_rows > 0: the positions stage P-2 computes the head of in each of the M micro-batches of
  * a step under the schedule ("gpipe" | "1f1b", NULL: 1f1b), into rows[M]: *head_rows in each, except
  * that with head_split 0 the first and last micro-batch's shares are what shortens the step most in a
  * simulation of the schedule with the stages' FLOPs (the pipe filling and draining leaves a stage
  * time to spare there). All 0 without a shared head. LOOM_EINVAL as loom_pp_stages, or for a schedule
  * or M < 1. */
-int loom_pp_head_rows(const loom_gpt2_config_t *cfg, const char *schedule, int B, int T, int P, int M,
+int loom_pp_head_rows(const loom_model_config_t *cfg, const char *schedule, int B, int T, int P, int M,
                       double head_split, int *rows);
 
 /* Memory of this rank (bytes). The model states are what the parallel strategy keeps; the theory is
@@ -326,8 +326,8 @@ typedef struct {
 	size_t params, grads, optim; /* kept by this rank */
 	size_t model_states;         /* their sum */
 	size_t activations;          /* the training model's activation buffers as allocated (measured: the
-	                                layout's bytes, loom_gpt2_model_act_bytes; a pipeline stage's model) */
-	loom_gpt2_act_bytes_t act;   /* the same by role: kept, recompute scratch, head and backward scratch */
+	                                layout's bytes, loom_model_model_act_bytes; a pipeline stage's model) */
+	loom_model_act_bytes_t act;   /* the same by role: kept, recompute scratch, head and backward scratch */
 	size_t act_formula;          /* kept + recompute by act_formula_text (no alignment padding: the
 	                                measured figure is within 64 bytes per buffer of it) */
 	const char *act_formula_text; /* (static) */

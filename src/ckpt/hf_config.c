@@ -15,12 +15,12 @@
 #include "core/util.h"
 #include "loom/ckpt.h"
 
-int loom_model_write_hf_config(const char *model_path, const loom_gpt2_config_t *cfg, int eot)
+int loom_model_write_hf_config(const char *model_path, const loom_model_config_t *cfg, int eot)
 {
 	atomic_file_t af;
 	char dir[1024], path[1100];
 	int rc;
-	if ((rc = loom_gpt2_config_check(cfg)) != LOOM_OK)
+	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
 		return rc;
 	if (eot < 0)
 		eot = cfg->vocab_size - 1;

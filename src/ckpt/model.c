@@ -90,7 +90,7 @@ static int n_head_from_config_json(const char *path, int *n_head, char *cfgpath,
 	return rc;
 }
 
-int loom__model_file_check(const char *path, const loom_gpt2_config_t *cfg, size_t *numel)
+int loom__model_file_check(const char *path, const loom_model_config_t *cfg, size_t *numel)
 {
 	static const struct {
 		const char *name;
@@ -103,7 +103,7 @@ int loom__model_file_check(const char *path, const loom_gpt2_config_t *cfg, size
 		if (val[i] <= 0 || val[i] > lim[i].max)
 			return loom_seterr(LOOM_EFORMAT, "%s: %s = %d is outside loom's limits [1, %ld]", path, lim[i].name,
 			                   val[i], lim[i].max);
-	if (loom_gpt2_config_check(cfg) != LOOM_OK)
+	if (loom_model_config_check(cfg) != LOOM_OK)
 		return loom_seterr(LOOM_EFORMAT, "%s: %s", path, loom_errmsg());
 	/* 12 C^2 + 13 C per layer, (V + T) C + 2 C outside: the limits keep this below 2^47, and the
 	 * checks make that a fact rather than an assumption. */
@@ -146,11 +146,11 @@ static int tensor_index(const char *name, int n_layer, char suffix[LOOM_GPT2_LAY
 	return -1;
 }
 
-static void layer_suffixes(const loom_gpt2_config_t *cfg, char suffix[LOOM_GPT2_LAYER_TENSORS][LOOM_TENSOR_NAME_MAX])
+static void layer_suffixes(const loom_model_config_t *cfg, char suffix[LOOM_GPT2_LAYER_TENSORS][LOOM_TENSOR_NAME_MAX])
 {
 	for (int j = 0; j < LOOM_GPT2_LAYER_TENSORS; j++) {
 		loom_tensor_info_t info;
-		loom_gpt2_tensor_info(cfg, 2 + j, &info); /* "h.0.<suffix>" */
+		loom_model_tensor_info(cfg, 2 + j, &info); /* "h.0.<suffix>" */
 		memcpy(suffix[j], info.name + 4, sizeof info.name - 4); /* NUL-terminated: info.name is */
 	}
 }
@@ -158,11 +158,11 @@ static void layer_suffixes(const loom_gpt2_config_t *cfg, char suffix[LOOM_GPT2_
 /* Match the file's tensors to the table of cfg: every tensor is a GPT-2 tensor (or an ignored buffer,
  * or lm_head.weight, whose file index goes to *lm_head) of the table's shape, each at most once, none
  * missing. which[k] = the file index of table tensor k (nt ints, caller-allocated). O(file tensors). */
-static int match_tensors(const char *path, const loom_st_t *st, const loom_gpt2_config_t *cfg, int *which,
+static int match_tensors(const char *path, const loom_st_t *st, const loom_model_config_t *cfg, int *which,
                          int *lm_head)
 {
 	char suffix[LOOM_GPT2_LAYER_TENSORS][LOOM_TENSOR_NAME_MAX];
-	int nt = loom_gpt2_num_tensors(cfg);
+	int nt = loom_model_num_tensors(cfg);
 	layer_suffixes(cfg, suffix);
 	*lm_head = -1;
 	for (int k = 0; k < nt; k++)
@@ -180,7 +180,7 @@ static int match_tensors(const char *path, const loom_st_t *st, const loom_gpt2_
 		if ((k = tensor_index(t->name, cfg->n_layer, suffix)) < 0)
 			return loom_seterr(LOOM_EFORMAT, "%s: unexpected tensor '%.80s' (not part of GPT-2 with L=%d)", path,
 			                   t->name, cfg->n_layer);
-		loom_gpt2_tensor_info(cfg, k, &info);
+		loom_model_tensor_info(cfg, k, &info);
 		if (which[k] >= 0)
 			return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' appears twice (with and without the transformer. "
 			                   "prefix)", path, info.name);
@@ -204,7 +204,7 @@ static int match_tensors(const char *path, const loom_st_t *st, const loom_gpt2_
 	for (int k = 0; k < nt; k++) {
 		if (which[k] < 0) {
 			loom_tensor_info_t info;
-			loom_gpt2_tensor_info(cfg, k, &info);
+			loom_model_tensor_info(cfg, k, &info);
 			return loom_seterr(LOOM_EFORMAT, "%s: missing tensor '%s'", path, info.name);
 		}
 	}
@@ -236,7 +236,7 @@ static int infer_layers(const loom_st_t *st)
 	return L > cap ? -1 : (int)L;
 }
 
-int loom__st_model_config(const char *path, int n_head_hint, loom_gpt2_config_t *cfg)
+int loom__st_model_config(const char *path, int n_head_hint, loom_model_config_t *cfg)
 {
 	loom_st_t *st;
 	const loom_st_tensor_t *wte, *wpe;
@@ -297,7 +297,7 @@ int loom__st_model_config(const char *path, int n_head_hint, loom_gpt2_config_t 
 		goto out;
 	/* Every tensor of the table present with its shape (so the file holds >= 2 bytes per parameter):
 	 * the caller may now allocate numel floats without trusting anything else. */
-	if (!(which = loom__malloc((size_t)loom_gpt2_num_tensors(cfg) * sizeof *which))) {
+	if (!(which = loom__malloc((size_t)loom_model_num_tensors(cfg) * sizeof *which))) {
 		rc = loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
 		goto out;
 	}
@@ -308,10 +308,10 @@ out:
 	return rc;
 }
 
-int loom__st_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params)
+int loom__st_model_load(const char *path, const loom_model_config_t *cfg, float *params)
 {
 	loom_st_t *st;
-	int nt = loom_gpt2_num_tensors(cfg), rc = LOOM_OK, lm_head = -1;
+	int nt = loom_model_num_tensors(cfg), rc = LOOM_OK, lm_head = -1;
 	int *which = loom__malloc((size_t)nt * sizeof *which);
 	if (!which)
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
@@ -323,7 +323,7 @@ int loom__st_model_load(const char *path, const loom_gpt2_config_t *cfg, float *
 		goto out;
 	for (int k = 0; k < nt; k++) {
 		loom_tensor_info_t info;
-		loom_gpt2_tensor_info(cfg, k, &info);
+		loom_model_tensor_info(cfg, k, &info);
 		if ((rc = loom_st_read_f32(st, which[k], params + info.offset, info.numel)) != LOOM_OK)
 			goto out;
 	}
@@ -347,7 +347,7 @@ out:
 }
 
 /* The config as __metadata__ pairs; bufs holds the number texts. */
-static int config_meta(const loom_gpt2_config_t *cfg, const char *kind, char bufs[5][16], const char *meta[14])
+static int config_meta(const loom_model_config_t *cfg, const char *kind, char bufs[5][16], const char *meta[14])
 {
 	const char *keys[5] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"};
 	int vals[5] = {cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->seq_len, cfg->vocab_size};
@@ -360,16 +360,16 @@ static int config_meta(const loom_gpt2_config_t *cfg, const char *kind, char buf
 	return 7;
 }
 
-int loom_model_save_safetensors(const char *path, const loom_gpt2_config_t *cfg, const float *params)
+int loom_model_save_safetensors(const char *path, const loom_model_config_t *cfg, const float *params)
 {
 	int nt, rc;
 	loom_st_tensor_t *t;
 	loom_tensor_info_t *info;
 	char bufs[5][16];
 	const char *meta[14];
-	if ((rc = loom_gpt2_config_check(cfg)) != LOOM_OK)
+	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
 		return rc;
-	nt = loom_gpt2_num_tensors(cfg);
+	nt = loom_model_num_tensors(cfg);
 	t = loom__calloc((size_t)nt, sizeof *t);
 	info = loom__calloc((size_t)nt, sizeof *info);
 	if (!t || !info) {
@@ -377,7 +377,7 @@ int loom_model_save_safetensors(const char *path, const loom_gpt2_config_t *cfg,
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
 	}
 	for (int i = 0; i < nt; i++) {
-		loom_gpt2_tensor_info(cfg, i, &info[i]);
+		loom_model_tensor_info(cfg, i, &info[i]);
 		t[i].name = info[i].name;
 		t[i].dtype = LOOM_ST_F32;
 		t[i].ndim = info[i].ndim;
@@ -390,7 +390,7 @@ int loom_model_save_safetensors(const char *path, const loom_gpt2_config_t *cfg,
 	return rc ? rc : loom_model_write_hf_config(path, cfg, -1);
 }
 
-int loom_optim_save(const char *path, const loom_gpt2_config_t *cfg, const float *m, const float *v)
+int loom_optim_save(const char *path, const loom_model_config_t *cfg, const float *m, const float *v)
 {
 	int nt, rc;
 	loom_st_tensor_t *t;
@@ -399,9 +399,9 @@ int loom_optim_save(const char *path, const loom_gpt2_config_t *cfg, const float
 	const char *meta[14];
 	if (!m || !v)
 		return loom_seterr(LOOM_EINVAL, "%s: optimizer state needs both m and v", path);
-	if ((rc = loom_gpt2_config_check(cfg)) != LOOM_OK)
+	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
 		return rc;
-	nt = loom_gpt2_num_tensors(cfg);
+	nt = loom_model_num_tensors(cfg);
 	t = loom__calloc(2 * (size_t)nt, sizeof *t);
 	names = loom__calloc(2 * (size_t)nt, sizeof *names);
 	if (!t || !names) {
@@ -410,7 +410,7 @@ int loom_optim_save(const char *path, const loom_gpt2_config_t *cfg, const float
 	}
 	for (int i = 0; i < 2 * nt; i++) {
 		loom_tensor_info_t info;
-		loom_gpt2_tensor_info(cfg, i % nt, &info);
+		loom_model_tensor_info(cfg, i % nt, &info);
 		snprintf(names[i], sizeof names[i], "%s.%s", info.name, i < nt ? "exp_avg" : "exp_avg_sq");
 		t[i].name = names[i];
 		t[i].dtype = LOOM_ST_F32;
@@ -424,10 +424,10 @@ int loom_optim_save(const char *path, const loom_gpt2_config_t *cfg, const float
 	return rc;
 }
 
-int loom_optim_load(const char *path, const loom_gpt2_config_t *cfg, float *m, float *v)
+int loom_optim_load(const char *path, const loom_model_config_t *cfg, float *m, float *v)
 {
 	loom_st_t *st;
-	int nt = loom_gpt2_num_tensors(cfg), rc;
+	int nt = loom_model_num_tensors(cfg), rc;
 	const char *keys[5] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"};
 	int vals[5] = {cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->seq_len, cfg->vocab_size};
 	if ((rc = loom_st_open(&st, path)) != LOOM_OK)
@@ -451,7 +451,7 @@ int loom_optim_load(const char *path, const loom_gpt2_config_t *cfg, float *m, f
 		char name[LOOM_TENSOR_NAME_MAX + 16];
 		const loom_st_tensor_t *t;
 		int k;
-		loom_gpt2_tensor_info(cfg, i % nt, &info);
+		loom_model_tensor_info(cfg, i % nt, &info);
 		snprintf(name, sizeof name, "%s.%s", info.name, i < nt ? "exp_avg" : "exp_avg_sq");
 		if ((k = loom_st_find(st, name)) < 0) {
 			rc = loom_seterr(LOOM_EFORMAT, "%s: missing tensor '%s'", path, name);

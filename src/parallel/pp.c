@@ -57,8 +57,8 @@ enum { TAG_ACT = 91, TAG_GRAD = 92 };
 typedef struct {
 	loom_exec_t base;
 	loom_exec_config_t cfg;
-	loom_gpt2_config_t mc;
-	loom_gpt2_t *stage;
+	loom_model_config_t mc;
+	loom_model_t *stage;
 	loom_comm_t *ends;            /* the stages holding wte: first, last, and P-2 when it runs head rows
 	                                 (the pp comm itself when that is every stage; owned otherwise) */
 	int own_ends;
@@ -150,24 +150,24 @@ static int drain(pp_exec_t *e, int rc)
 static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 {
 	pp_exec_t *e = loom__calloc(1, sizeof *e);
-	loom_gpt2_opts_t o;
+	loom_model_opts_t o;
 	int rc, *lo = NULL;
 	*out = NULL;
 	if (!e)
 		return loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 	e->base.ops = loom__exec_pipeline();
 	e->cfg = *cfg;
-	e->mc = *loom_gpt2_config(cfg->model);
+	e->mc = *loom_model_get_config(cfg->model);
 	e->P = loom_comm_size(cfg->pp), e->s = loom_comm_rank(cfg->pp), e->M = cfg->M;
-	e->tp_size = loom_gpt2_tp_size(cfg->model), e->tp_rank = loom_gpt2_tp_rank(cfg->model);
+	e->tp_size = loom_model_tp_size(cfg->model), e->tp_rank = loom_model_tp_rank(cfg->model);
 	if (e->tp_size != (cfg->tp ? loom_comm_size(cfg->tp) : 1)) {
 		rc = loom_seterr(LOOM_EINVAL, "pipeline stage %d: the model is tensor-parallel shard %d of %d, but the "
 		                 "tensor-parallel axis has %d rank(s)", e->s, e->tp_rank, e->tp_size,
 		                 cfg->tp ? loom_comm_size(cfg->tp) : 1);
 		goto fail;
 	}
-	e->nparams = loom_gpt2_param_count(cfg->model);
-	e->tensors = loom_gpt2_tensors(cfg->model, &e->ntensors);
+	e->nparams = loom_model_param_count(cfg->model);
+	e->tensors = loom_model_tensors(cfg->model, &e->ntensors);
 	e->act = (size_t)cfg->B * cfg->T * e->mc.n_embd;
 	if (!(lo = loom__malloc(sizeof(int) * (size_t)(e->P + 1)))) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
@@ -223,11 +223,11 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	/* The stage model: its layers, `arenas` arenas, parameters viewing the caller's buffer. */
 	memset(&o, 0, sizeof o);
 	o.B = cfg->B, o.T = cfg->T, o.arenas = e->arenas, o.layer_lo = e->lo, o.layer_hi = e->hi, o.no_own_params = 1;
-	o.act_ckpt = loom_gpt2_act_ckpt(cfg->model); /* the caller's checkpointing, per arena of the stage */
-	o.dtype = loom_gpt2_dtype(cfg->model); /* the stage computes in the whole model's precision */
+	o.act_ckpt = loom_model_act_ckpt(cfg->model); /* the caller's checkpointing, per arena of the stage */
+	o.dtype = loom_model_dtype(cfg->model); /* the stage computes in the whole model's precision */
 	o.tp_size = e->tp_size, o.tp_rank = e->tp_rank;
-	if ((rc = loom_gpt2_create_opts(&e->stage, &e->mc, &o)) != LOOM_OK ||
-	    (rc = loom_gpt2_set_param_buffer(e->stage, loom_gpt2_params(cfg->model))) != LOOM_OK)
+	if ((rc = loom_model_create(&e->stage, &e->mc, &o)) != LOOM_OK ||
+	    (rc = loom_model_set_param_buffer(e->stage, loom_model_params(cfg->model))) != LOOM_OK)
 		goto fail;
 	/* The stages holding wte (first, last, and P-2 when it runs head rows) sum its gradient (and ln_f's,
 	 * when split): over the pipeline comm itself when they are all of it, else over a communicator of
@@ -245,7 +245,7 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		e->own_ends = 1;
 	}
 	if (e->tp_size > 1) {
-		loom_gpt2_on_tp_reduce(cfg->model, whole_reduce, e);
+		loom_model_on_tp_reduce(cfg->model, whole_reduce, e);
 		e->whole_reduce_set = 1;
 	}
 	free(lo);
@@ -265,17 +265,17 @@ static void pp_destroy(loom_exec_t *ex)
 	if (e->act_sends)
 		drain(e, LOOM_OK);
 	if (e->whole_reduce_set)
-		loom_gpt2_on_tp_reduce(e->cfg.model, NULL, NULL);
+		loom_model_on_tp_reduce(e->cfg.model, NULL, NULL);
 	if (e->own_ends)
 		loom_comm_destroy(e->ends);
-	loom_gpt2_destroy(e->stage);
+	loom_model_destroy(e->stage);
 	free(e->plan), free(e->counts), free(e->used), free(e->inputs), free(e->targets), free(e->losses), free(e->rows);
 	free(e->times);
 	free(e->act_rbuf), free(e->grad_rbuf), free(e->grad_sbuf[0]), free(e->grad_sbuf[1]), free(e->act_sends);
 	free(e);
 }
 
-static loom_gpt2_t *pp_model(loom_exec_t *e)
+static loom_model_t *pp_model(loom_exec_t *e)
 {
 	return ((pp_exec_t *)e)->stage;
 }
@@ -348,13 +348,13 @@ static int forward(pp_exec_t *e, int mb)
 		return rc;
 	if (e->s == 0) {
 		t0 = loom_now();
-		if ((rc = loom_gpt2_embed_forward(e->stage, a, e->inputs + mb * bt, c->B, c->T)) != LOOM_OK)
+		if ((rc = loom_model_embed_forward(e->stage, a, e->inputs + mb * bt, c->B, c->T)) != LOOM_OK)
 			return rc;
 		event(e, LOOM_EV_FORWARD, mb, -1, t0);
 	} else {
 		if ((rc = finish(e, &e->act_recv, rc, LOOM_EV_RECV, mb, e->s - 1)) != LOOM_OK)
 			return rc;
-		memcpy(loom_gpt2_block_input(e->stage, a, e->lo) + in_off(e, mb), e->act_rbuf,
+		memcpy(loom_model_block_input(e->stage, a, e->lo) + in_off(e, mb), e->act_rbuf,
 		       (e->act - in_off(e, mb)) * sizeof(float));
 		if (mb + 1 < e->M && (rc = loom_irecv(c->pp, e->act_rbuf, e->act - in_off(e, mb + 1), LOOM_FLOAT32, e->s - 1, TAG_ACT,
 		                                      &e->act_recv)) != LOOM_OK)
@@ -362,11 +362,11 @@ static int forward(pp_exec_t *e, int mb)
 	}
 	for (int l = e->lo; l < e->hi; l++) {
 		t0 = loom_now();
-		if ((rc = loom_gpt2_block_forward(e->stage, a, l, c->B, c->T)) != LOOM_OK)
+		if ((rc = loom_model_block_forward(e->stage, a, l, c->B, c->T)) != LOOM_OK)
 			return rc;
 		event(e, LOOM_EV_FORWARD, mb, l, t0);
 	}
-	if (e->s < e->P - 1 && (rc = loom_isend(c->pp, loom_gpt2_block_input(e->stage, a, e->hi) + out_off(e, mb),
+	if (e->s < e->P - 1 && (rc = loom_isend(c->pp, loom_model_block_input(e->stage, a, e->hi) + out_off(e, mb),
 	                                        e->act - out_off(e, mb), LOOM_FLOAT32, e->s + 1, TAG_ACT,
 	                                        &e->act_sends[a])) != LOOM_OK)
 		return rc;
@@ -379,7 +379,7 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
 	const loom_exec_config_t *c = &e->cfg;
 	size_t bt = (size_t)c->B * c->T;
 	int a = mb % e->arenas, rc = LOOM_OK, k = mb % 2;
-	float *dstream = loom_gpt2_stream_grad(e->stage);
+	float *dstream = loom_model_stream_grad(e->stage);
 	double t0;
 	/* Data-parallel gradient sync on the step's last backward only (as the local loop does). */
 	st->ops->set_sync(st, mb == e->M - 1);
@@ -388,7 +388,7 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
 	if (e->head) {
 		int r = e->rows[mb], r0 = e->s == e->P - 1 ? r : 0, n = e->s == e->P - 1 ? (int)bt - r : r;
 		t0 = loom_now();
-		if ((rc = loom_gpt2_head_forward_backward_rows(e->stage, a, e->targets + mb * bt, c->B, c->T, r0, n,
+		if ((rc = loom_model_head_forward_backward_rows(e->stage, a, e->targets + mb * bt, c->B, c->T, r0, n,
 		                                               1.0f / (float)e->M, &e->losses[mb])) != LOOM_OK)
 			return rc;
 		event(e, LOOM_EV_BACKWARD, mb, -3, t0); /* the head: its forward and backward */
@@ -404,13 +404,13 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
 	}
 	for (int l = e->hi - 1; l >= e->lo; l--) {
 		t0 = loom_now();
-		if ((rc = loom_gpt2_block_backward(e->stage, a, l, c->B, c->T)) != LOOM_OK)
+		if ((rc = loom_model_block_backward(e->stage, a, l, c->B, c->T)) != LOOM_OK)
 			return rc;
 		event(e, LOOM_EV_BACKWARD, mb, l, t0);
 	}
 	if (e->s == 0) {
 		t0 = loom_now();
-		if ((rc = loom_gpt2_embed_backward(e->stage, a, e->inputs + mb * bt, c->B, c->T)) != LOOM_OK)
+		if ((rc = loom_model_embed_backward(e->stage, a, e->inputs + mb * bt, c->B, c->T)) != LOOM_OK)
 			return rc;
 		event(e, LOOM_EV_BACKWARD, mb, -1, t0);
 	} else {
@@ -436,7 +436,7 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 	memset(st, 0, sizeof *st);
 	e->wait_ms = 0.0, e->inflight = 0, e->first_t = e->last_t = 0.0;
 	e->busy_s[0] = e->busy_s[1] = e->busy_s[2] = 0.0;
-	loom_gpt2_zero_grad(e->stage);
+	loom_model_zero_grad(e->stage);
 	/* Every stage reads every micro-batch (the loaders stay in step); the first uses the inputs, the
 	 * last the targets. */
 	for (int j = 0; j < e->M; j++)
@@ -471,14 +471,14 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 	 * head rows); with the head split, ln_f's two shares too (a member without ln_f adds zeros). */
 	t0 = loom_now();
 	if (e->ends && (e->s == 0 || e->head)) {
-		float *g = loom_gpt2_tensor_grad(e->stage, 0);
+		float *g = loom_model_tensor_grad(e->stage, 0);
 		if ((rc = loom_allreduce(e->ends, g, g, e->tensors[0].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
 			rc = loom_seterr(rc, "pipeline stage %d of %d: summing wte's gradient between the stages that hold it: "
 			                 "%s", e->s, e->P, loom_comm_errmsg(e->ends));
 			goto out;
 		}
 		for (int t = e->ntensors - 2; e->hrows && t < e->ntensors; t++) {
-			float *gl = loom_gpt2_tensor_grad(e->stage, t); /* zero on the first stage (zero_grad) */
+			float *gl = loom_model_tensor_grad(e->stage, t); /* zero on the first stage (zero_grad) */
 			if ((rc = loom_allreduce(e->ends, gl, gl, e->tensors[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
 				rc = loom_seterr(rc, "pipeline stage %d of %d: summing ln_f's gradient between the stages that "
 				                 "share the head: %s", e->s, e->P, loom_comm_errmsg(e->ends));
@@ -515,9 +515,9 @@ static int pp_grad_norm(loom_exec_t *ex, loom_strategy_t *s, double *norm)
 	sq = *norm * *norm;
 	if (e->hrows && e->s == e->P - 2) /* ln_f (replicated in a tp group) is counted once, on the last */
 		for (int t = e->ntensors - 2; t < e->ntensors; t++)
-			sq -= loom_grad_sumsq(loom_gpt2_tensor_grad(e->stage, t), e->tensors[t].numel);
+			sq -= loom_grad_sumsq(loom_model_tensor_grad(e->stage, t), e->tensors[t].numel);
 	if (e->s > 0 && e->head) { /* wte: once, on the first stage */
-		double w = loom_grad_sumsq(loom_gpt2_tensor_grad(e->stage, 0), e->tensors[0].numel);
+		double w = loom_grad_sumsq(loom_model_tensor_grad(e->stage, 0), e->tensors[0].numel);
 		/* a tp shard holds some of wte's rows: the strategy's norm has the group's sum of them */
 		if (e->tp_size > 1 && (rc = loom_allreduce(e->cfg.tp, &w, &w, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK)
 			return loom_seterr(rc, "pipeline stage %d, tensor-parallel rank %d: wte's share of the gradient norm: "
@@ -535,7 +535,7 @@ static int pp_gather(loom_exec_t *ex, loom_strategy_t *s)
 {
 	pp_exec_t *e = (pp_exec_t *)ex;
 	size_t off = 0;
-	float *bufs[3] = {loom_gpt2_params(e->cfg.model), s->opt.m, s->opt.v};
+	float *bufs[3] = {loom_model_params(e->cfg.model), s->opt.m, s->opt.v};
 	int rc;
 	if (s->own_offset != 0 || s->own_count != e->nparams)
 		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: the strategy '%s' owns a part of the state; pipeline "

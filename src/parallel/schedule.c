@@ -139,16 +139,16 @@ out:
 	return rc;
 }
 
-/* FLOPs per token, forward + backward, of block costs and of the head (as loom_gpt2_flops_per_token
+/* FLOPs per token, forward + backward, of block costs and of the head (as loom_model_flops_per_token
  * counts them: 6 x matmul parameters, 12 x C x T per block for attention; the lm head's matmul over
  * the vocabulary is 2 V C forward and 4 V C backward). */
-static double block_flops(const loom_gpt2_config_t *c, int T)
+static double block_flops(const loom_model_config_t *c, int T)
 {
 	double C = c->n_embd;
 	return 6.0 * 12.0 * C * C + 12.0 * C * T;
 }
 
-int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo, double *head_split)
+int loom__pp_partition(const loom_model_config_t *cfg, int T, int P, int *lo, double *head_split)
 {
 	enum { MAXL = 4096 };
 	int L = cfg->n_layer;
@@ -214,7 +214,7 @@ int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo, dou
 	return LOOM_OK;
 }
 
-int loom_pp_stages(const loom_gpt2_config_t *cfg, int B, int T, int P, double head_split, int *lo, int *head_rows)
+int loom_pp_stages(const loom_model_config_t *cfg, int B, int T, int P, double head_split, int *lo, int *head_rows)
 {
 	double split;
 	int rc, n = B * T;
@@ -237,7 +237,7 @@ int loom_pp_stages(const loom_gpt2_config_t *cfg, int B, int T, int P, double he
 /* The stages' costs per micro-batch in FLOPs with stage P-2 computing the head of rows[m] of the N
  * positions of micro-batch m (the head's stages' backwards as the executor runs them: stage P-2 its
  * rows first, then its blocks' backward once the last stage's gradient is there). */
-static void head_costs(const loom_gpt2_config_t *cfg, int T, int N, int P, int M, const int *lo, const int *rows,
+static void head_costs(const loom_model_config_t *cfg, int T, int N, int P, int M, const int *lo, const int *rows,
                        double *f, double *h, double *b)
 {
 	double blk = block_flops(cfg, T) * N, head = 6.0 * (double)cfg->vocab_size * cfg->n_embd;
@@ -253,7 +253,7 @@ static void head_costs(const loom_gpt2_config_t *cfg, int T, int N, int P, int M
 		}
 }
 
-int loom__pp_head_rows(const loom_gpt2_config_t *cfg, loom_pp_schedule_t kind, int T, int N, int P, int M,
+int loom__pp_head_rows(const loom_model_config_t *cfg, loom_pp_schedule_t kind, int T, int N, int P, int M,
                        const int *lo, int base, int tune, int *rows)
 {
 	size_t PM = (size_t)P * M;
@@ -288,7 +288,7 @@ out:
 	return rc;
 }
 
-int loom_pp_head_rows(const loom_gpt2_config_t *cfg, const char *schedule, int B, int T, int P, int M,
+int loom_pp_head_rows(const loom_model_config_t *cfg, const char *schedule, int B, int T, int P, int M,
                       double head_split, int *rows)
 {
 	loom_pp_schedule_t kind = LOOM_PP_1F1B;

@@ -83,14 +83,14 @@ void loom__strategy_destroy(loom_strategy_t *s)
 int loom__replica_init(loom_strategy_t *s, const loom_strategy_config_t *cfg, float *grads)
 {
 	s->model = cfg->model;
-	s->mcfg = *loom_gpt2_config(cfg->model);
+	s->mcfg = *loom_model_get_config(cfg->model);
 	s->dp = cfg->dp;
 	s->dp_rank = cfg->dp ? loom_comm_rank(cfg->dp) : 0;
 	s->dp_size = cfg->dp ? loom_comm_size(cfg->dp) : 1;
 	s->writer = cfg->writer;
-	s->params = loom_gpt2_params(cfg->model);
+	s->params = loom_model_params(cfg->model);
 	s->grads = grads;
-	s->nparams = loom_gpt2_num_params(&s->mcfg);
+	s->nparams = loom_model_num_params(&s->mcfg);
 	s->own_offset = 0, s->own_count = s->nparams;
 	s->own_grads = grads;
 	s->own_params = s->params;
@@ -134,8 +134,8 @@ int loom__replica_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 int loom__replica_load(loom_strategy_t *s, const char *dir, long long step)
 {
 	char file[1200];
-	loom_gpt2_config_t saved;
-	const loom_gpt2_config_t *c = &s->mcfg;
+	loom_model_config_t saved;
+	const loom_model_config_t *c = &s->mcfg;
 	int rc;
 	struct stat sb;
 	snprintf(file, sizeof file, "%s/zero.json", dir);

@@ -14,7 +14,7 @@
  * data-parallel axis in the same order.
  *
  * Memory: a strategy owns the gradient storage it needs and points the model's gradient view at it
- * once, at attach (loom_gpt2_set_grad_buffer); `grads` below is that storage, valid until destroy.
+ * once, at attach (loom_model_set_grad_buffer); `grads` below is that storage, valid until destroy.
  * Nothing else may re-point the model's gradient view while a strategy is attached; destroy points
  * it back at the model's own buffer (with the current values). `params` is the model's parameter
  * buffer. Callers take both from here after attach and cache nothing across attach/destroy.
@@ -35,7 +35,7 @@
 #include "loom/ckpt.h"
 #include "loom/comm.h"
 #include "loom/ddp.h"
-#include "loom/gpt2.h"
+#include "loom/model.h"
 #include "loom/optim.h"
 
 typedef struct loom_strategy loom_strategy_t;
@@ -44,7 +44,7 @@ typedef struct loom_strategy loom_strategy_t;
 typedef struct {
 	const char *name;     /* "ddp" (NULL: "ddp") */
 	int zero;             /* ZeRO stage: 0 (ddp/local), 1, 2 or 3 (zero.c) */
-	loom_gpt2_t *model;
+	loom_model_t *model;
 	loom_comm_t *dp;      /* the data-parallel axis, or NULL for one data-parallel rank */
 	loom_comm_t *tp;      /* the tensor-parallel axis, or NULL for one tensor-parallel rank */
 	int writer;           /* 1 on the rank that writes checkpoints (global rank 0) */
@@ -101,8 +101,8 @@ typedef struct {
 /* The part every strategy has; implementations embed it as their first member. */
 struct loom_strategy {
 	const loom_strategy_ops_t *ops;
-	loom_gpt2_t *model;
-	loom_gpt2_config_t mcfg;
+	loom_model_t *model;
+	loom_model_config_t mcfg;
 	loom_comm_t *dp;              /* NULL with one data-parallel rank */
 	int dp_rank, dp_size;
 	int writer;
@@ -137,7 +137,7 @@ const loom_strategy_ops_t *loom__tp_strategy(void);
 void loom__grad_to_bf16(uint16_t *d, const float *s, size_t n);
 void loom__grad_from_bf16(float *d, const uint16_t *s, size_t n);
 /* loom_ddp_create with buckets over the tensors whose used[t] is non-zero only (NULL: all). */
-int loom__ddp_create_used(loom_ddp_t **d, loom_comm_t *comm, loom_gpt2_t *model, double bucket_mb,
+int loom__ddp_create_used(loom_ddp_t **d, loom_comm_t *comm, loom_model_t *model, double bucket_mb,
                           double first_bucket_mb, const unsigned char *used);
 
 const loom_strategy_ops_t *loom__zero1_strategy(void);

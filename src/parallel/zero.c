@@ -241,7 +241,7 @@ static int ensure(zero_t *z, int k)
 			if (rc == LOOM_OK && (rc = wait_gather(z, 0, &z->emb_req)) == LOOM_OK)
 				z->emb_valid = 1;
 		}
-		loom_gpt2_set_unit_view(z->base.model, -1, z->emb_gather, NULL);
+		loom_model_set_unit_view(z->base.model, -1, z->emb_gather, NULL);
 		return rc;
 	}
 	if ((i = slot_of(z, k)) < 0) { /* not prefetched: gather now, into the slot of the unit used longest ago */
@@ -252,7 +252,7 @@ static int ensure(zero_t *z, int k)
 		i = 0;
 	else if (rc == LOOM_OK)
 		rc = wait_gather(z, k, &z->pslot_req[i]);
-	loom_gpt2_set_unit_view(z->base.model, z->units[k].unit, z->pslots[i], NULL);
+	loom_model_set_unit_view(z->base.model, z->units[k].unit, z->pslots[i], NULL);
 	return rc;
 }
 
@@ -381,7 +381,7 @@ static void on_grad_ready(void *ctx, int t)
 	if (z->err || t < 0 || t >= z->ntensors || (z->stage == 1 && !z->sync))
 		return;
 	loom_tensor_info_t info;
-	loom_gpt2_tensor_info(&z->base.mcfg, t, &info);
+	loom_model_tensor_info(&z->base.mcfg, t, &info);
 	unit_t *u = &z->units[info.layer + 1];
 	if (++u->ready == u->hi - u->lo)
 		launch_rs(z, u, z->stage == 1 ? z->base.grads + u->offset : u->stage);
@@ -408,7 +408,7 @@ static void lend_stage(zero_t *z, int k)
 		u->stage = z->slots[s], u->stage16 = z->slots16[s];
 	}
 	memset(u->stage, 0, u->count * sizeof(float));
-	loom_gpt2_set_unit_view(z->base.model, u->unit, NULL, u->stage);
+	loom_model_set_unit_view(z->base.model, u->unit, NULL, u->stage);
 }
 
 static void on_param_use(void *ctx, int unit, int phase)
@@ -446,15 +446,15 @@ static void zero_destroy(loom_strategy_t *s)
 		if (z->pslot_req[i])
 			loom_wait(z->pslot_req[i]);
 	if (s->model && z->stage == 3 && z->emb_gather)
-		loom_gpt2_set_param_buffer(s->model, NULL); /* its own buffer again (allocated if it had none) */
+		loom_model_set_param_buffer(s->model, NULL); /* its own buffer again (allocated if it had none) */
 	if (s->model) {
-		loom_gpt2_on_grad_ready(s->model, NULL, NULL);
-		loom_gpt2_on_param_use(s->model, NULL, NULL);
+		loom_model_on_grad_ready(s->model, NULL, NULL);
+		loom_model_on_param_use(s->model, NULL, NULL);
 		if (z->stage == 1 && z->model_grads) {
 			memcpy(z->model_grads, s->grads, s->nparams * sizeof(float));
-			loom_gpt2_set_grad_buffer(s->model, z->model_grads);
+			loom_model_set_grad_buffer(s->model, z->model_grads);
 		} else if (z->stage >= 2 && z->emb_stage) {
-			loom_gpt2_own_grads(s->model); /* (allocated zeroed if create was told not to) */
+			loom_model_own_grads(s->model); /* (allocated zeroed if create was told not to) */
 		}
 	}
 	if (z->stage == 1)
@@ -498,13 +498,13 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	s->ops = cfg->zero == 1 ? loom__zero1_strategy() : cfg->zero == 2 ? loom__zero2_strategy() : loom__zero3_strategy();
 	z->stage = cfg->zero;
 	s->model = cfg->model;
-	s->mcfg = *loom_gpt2_config(cfg->model);
+	s->mcfg = *loom_model_get_config(cfg->model);
 	s->dp = cfg->dp;
 	s->dp_rank = loom_comm_rank(cfg->dp), s->dp_size = N = loom_comm_size(cfg->dp);
 	s->writer = cfg->writer;
-	s->params = loom_gpt2_params(cfg->model);
-	s->nparams = loom_gpt2_num_params(&s->mcfg);
-	z->ntensors = loom_gpt2_num_tensors(&s->mcfg);
+	s->params = loom_model_params(cfg->model);
+	s->nparams = loom_model_num_params(&s->mcfg);
+	z->ntensors = loom_model_num_tensors(&s->mcfg);
 	L = s->mcfg.n_layer;
 	z->nunits = L + 2;
 	z->sync = 1;
@@ -514,7 +514,7 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 		z->pslot_unit[i] = -1;
 	if (!s->params) {
 		rc = loom_seterr(LOOM_EINVAL, "zero: stage %d takes the initial parameters from the model's whole "
-		                 "parameter buffer, and the model has none (loom_gpt2_set_param_buffer)", z->stage);
+		                 "parameter buffer, and the model has none (loom_model_set_param_buffer)", z->stage);
 		goto fail;
 	}
 	if (!(z->off = loom__calloc((size_t)N + 1, sizeof *z->off)) ||
@@ -525,7 +525,7 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	s->own_offset = z->off[s->dp_rank], s->own_count = z->off[s->dp_rank + 1] - z->off[s->dp_rank];
 
 	/* The units and each rank's part of them. */
-	const loom_tensor_info_t *ti = loom_gpt2_tensors(cfg->model, NULL);
+	const loom_tensor_info_t *ti = loom_model_tensors(cfg->model, NULL);
 	for (int k = 0; k < z->nunits; k++) {
 		unit_t *u = &z->units[k];
 		u->unit = k - 1;
@@ -550,14 +550,14 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	if (z->stage == 1) { /* a full gradient buffer in shared memory, as DDP's */
 		if (!(s->grads = buf_alloc(z, s->nparams, &z->shared_grads)))
 			goto oom;
-		z->model_grads = loom_gpt2_grads(cfg->model);
+		z->model_grads = loom_model_grads(cfg->model);
 		if (z->model_grads)
 			memcpy(s->grads, z->model_grads, s->nparams * sizeof(float));
 		else
 			memset(s->grads, 0, s->nparams * sizeof(float));
-		loom_gpt2_set_grad_buffer(cfg->model, s->grads);
+		loom_model_set_grad_buffer(cfg->model, s->grads);
 		s->own_grads = s->grads + s->own_offset;
-		loom_gpt2_on_param_use(cfg->model, on_param_use, z);
+		loom_model_on_param_use(cfg->model, on_param_use, z);
 	} else { /* the shard, and staging buffers lent to units by the param-use hook */
 		int shared = 0;
 		if (!(z->grad_shard = loom_alloc_aligned(LOOM_MAX(s->own_count, 1) * sizeof(float))) ||
@@ -569,7 +569,7 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 		memset(z->grad_shard, 0, LOOM_MAX(s->own_count, 1) * sizeof(float));
 		s->grads = NULL; /* no full gradient exists */
 		s->own_grads = z->grad_shard;
-		loom_gpt2_on_param_use(cfg->model, on_param_use, z);
+		loom_model_on_param_use(cfg->model, on_param_use, z);
 	}
 	s->own_params = s->params + s->own_offset;
 	if (z->stage == 3) { /* the parameter shard, and the buffers units are gathered into */
@@ -611,7 +611,7 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 		s->mem.comm += (z->stage == 1 ? s->nparams : z->units[0].count + ZERO_SLOTS * largest) * sizeof(uint16_t);
 	if ((rc = loom_adamw_init_gpt2_range(&s->opt, &cfg->adamw, &s->mcfg, s->own_offset, s->own_count)) != LOOM_OK)
 		goto fail;
-	loom_gpt2_on_grad_ready(cfg->model, on_grad_ready, z);
+	loom_model_on_grad_ready(cfg->model, on_grad_ready, z);
 	*out = s;
 	return LOOM_OK;
 oom:

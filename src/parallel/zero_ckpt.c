@@ -150,11 +150,11 @@ int loom__sharded_save(loom_strategy_t *s, const loom_ckpt_writer_t *w, int stag
 /* Copy [off, off + n) of the flat layout from file `path` into dst[0] (and dst[1]): with suffixes,
  * the moments (every tensor's "<name>.exp_avg" into dst[0], ".exp_avg_sq" into dst[1]); without, the
  * parameters (HF names, with or without "transformer."). */
-static int load_slices(const char *path, const loom_gpt2_config_t *c, size_t off, size_t n, float *const *dst,
+static int load_slices(const char *path, const loom_model_config_t *c, size_t off, size_t n, float *const *dst,
                        int moments)
 {
 	loom_st_t *st;
-	int nt = loom_gpt2_num_tensors(c), rc;
+	int nt = loom_model_num_tensors(c), rc;
 	if ((rc = loom_st_open(&st, path)) != LOOM_OK)
 		return rc;
 	for (int i = 0; i < (moments ? 2 : 1) * nt && rc == LOOM_OK; i++) {
@@ -162,7 +162,7 @@ static int load_slices(const char *path, const loom_gpt2_config_t *c, size_t off
 		char name[LOOM_TENSOR_NAME_MAX + 16];
 		const loom_st_tensor_t *t;
 		int k;
-		loom_gpt2_tensor_info(c, i % nt, &info);
+		loom_model_tensor_info(c, i % nt, &info);
 		if (moments)
 			snprintf(name, sizeof name, "%s.%s", info.name, i < nt ? "exp_avg" : "exp_avg_sq");
 		else
@@ -260,8 +260,8 @@ out:
 int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step)
 {
 	char file[1200];
-	loom_gpt2_config_t saved;
-	const loom_gpt2_config_t *c = &s->mcfg;
+	loom_model_config_t saved;
+	const loom_model_config_t *c = &s->mcfg;
 	struct stat sb;
 	int rc;
 	snprintf(file, sizeof file, "%s/model.safetensors", dir);

@@ -100,7 +100,7 @@ static void write_config(loom_trainer_t *tr, FILE *f)
 	fprintf(f, ",\"threads\":%d,\"world\":%d,\"dp\":%d", loom_num_threads(), tr->world, tr->dp_size);
 	fprintf(f, ",\"model\":{\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"n_positions\":%d,\"vocab_size\":%d,"
 	        "\"params\":%zu}", tr->mcfg.n_layer, tr->mcfg.n_head, tr->mcfg.n_embd, tr->mcfg.seq_len,
-	        tr->mcfg.vocab_size, loom_gpt2_num_params(&tr->mcfg));
+	        tr->mcfg.vocab_size, loom_model_num_params(&tr->mcfg));
 	str(f, "train_data", c->train_data);
 	str(f, "val_data", c->val_data);
 	fprintf(f, ",\"batch_size\":%d,\"seq_len\":%d,\"grad_accum\":%d,\"tokens_per_step\":%lld,\"shuffle\":%d,"
@@ -124,7 +124,7 @@ static void write_config(loom_trainer_t *tr, FILE *f)
 	fprintf(f, ",\"zero\":%d", c->zero);
 	num(f, "bucket_mb", c->bucket_mb, "%.9g");
 	fprintf(f, ",\"check_replicas\":%d", c->check_replicas);
-	str(f, "dtype", loom_compute_dtype_name(loom_gpt2_dtype(tr->model)));
+	str(f, "dtype", loom_compute_dtype_name(loom_model_dtype(tr->model)));
 	str(f, "grad_reduce_dtype", c->grad_reduce_dtype == LOOM_BFLOAT16 ? "bf16" : "fp32");
 	num(f, "peak_flops", c->peak_flops, "%.6g");
 	str(f, "peak_source", c->peak_source);

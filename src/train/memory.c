@@ -41,12 +41,12 @@ static const struct {
 	{LOOM_ACT_CKPT_SELECTIVE, "arenas x (L x (F - B NH T^2) + BTC + head) + B NH T^2 for one layer"},
 };
 
-static size_t act_formula(const loom_gpt2_t *model, int B, int T, const char **text)
+static size_t act_formula(const loom_model_t *model, int B, int T, const char **text)
 {
-	const loom_gpt2_config_t *c = loom_gpt2_config(model);
-	int lo, hi, arenas, tp = loom_gpt2_tp_size(model);
-	loom_act_ckpt_t mode = loom_gpt2_act_ckpt(model);
-	loom_gpt2_layers(model, &lo, &hi, &arenas);
+	const loom_model_config_t *c = loom_model_get_config(model);
+	int lo, hi, arenas, tp = loom_model_tp_size(model);
+	loom_act_ckpt_t mode = loom_model_act_ckpt(model);
+	loom_model_layers(model, &lo, &hi, &arenas);
 	double BT = (double)B * T, C = c->n_embd, Cl = (double)c->n_embd / tp, A = BT * (c->n_head / tp) * T;
 	double F = (4 * C + 12 * Cl) * BT + 4 * BT + A, D = 0;
 	double head = hi == c->n_layer ? BT * C + 3 * BT : 0;
@@ -83,10 +83,10 @@ int loom_trainer_memory(const loom_trainer_t *tr, loom_train_memory_t *m)
 	memset(m, 0, sizeof *m);
 	m->params = s->mem.params, m->grads = s->mem.grads, m->optim = s->mem.optim, m->comm = s->mem.comm;
 	m->model_states = m->params + m->grads + m->optim;
-	const loom_gpt2_t *model = tr->exec->ops->model(tr->exec); /* the model the steps run on */
-	loom_gpt2_model_act_bytes(model, &m->act);
+	const loom_model_t *model = tr->exec->ops->model(tr->exec); /* the model the steps run on */
+	loom_model_model_act_bytes(model, &m->act);
 	m->activations = m->act.total;
-	m->act_ckpt = loom_gpt2_act_ckpt(model);
+	m->act_ckpt = loom_model_act_ckpt(model);
 	m->act_formula = act_formula(model, tr->cfg.B, tr->cfg.T, &m->act_formula_text);
 	m->zero = N > 1 ? tr->cfg.zero : 0;
 	m->dp = (int)N;
@@ -97,7 +97,7 @@ int loom_trainer_memory(const loom_trainer_t *tr, loom_train_memory_t *m)
 		}
 	if (m->zero == 3) { /* the largest unit: the embedding or a block (a unit's tensors are contiguous) */
 		int n, L = tr->mcfg.n_layer;
-		const loom_tensor_info_t *t = loom_gpt2_tensors(tr->model, &n);
+		const loom_tensor_info_t *t = loom_model_tensors(tr->model, &n);
 		size_t emb = t[1].offset + t[1].numel, block = t[2 + LOOM_GPT2_LAYER_TENSORS].offset - t[2].offset;
 		m->largest_unit = 4 * (L > 0 ? LOOM_MAX(emb, block) : emb);
 	}

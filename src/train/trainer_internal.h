@@ -13,8 +13,8 @@
 struct loom_trainer {
 	loom_train_config_t cfg;        /* string fields point at the owned copies below */
 	char *train_data, *val_data, *save_dir, *log_path, *tokenizer, *strategy_name;
-	loom_gpt2_t *model;             /* borrowed */
-	loom_gpt2_config_t mcfg;
+	loom_model_t *model;             /* borrowed */
+	loom_model_config_t mcfg;
 	loom_loader_t *train, *val;     /* val may be NULL */
 	int *inputs, *targets;          /* B*T each */
 	int world, rank;                /* global: all ranks of the job (1 and 0 in one process); rank 0 logs
