@@ -1,7 +1,13 @@
-/* convert.c: `loom convert IN OUT`: GPT-2 model files between safetensors (HF names) and llm.c .bin. */
+/* convert.c: `loom convert IN OUT`: GPT-2 model files between safetensors (HF names) and llm.c .bin;
+ * nanochat's model_NNNNNN.pt (torch.save) to and from loom's nanochat safetensors, through
+ * scripts/nanochat_pt.py (a pickled PyTorch file is read by torch, which a nanochat user has). */
+#include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "loom/ckpt.h"
@@ -18,7 +24,51 @@ static void usage(FILE *f)
 	           "Converts a GPT-2 model between safetensors (Hugging Face names and shapes) and llm.c's .bin\n"
 	           "(version 3, fp32). IN's format is detected from its content; OUT's from its extension\n"
 	           "(.safetensors or .bin). --n-head is needed only for a safetensors file whose metadata and\n"
-	           "neighbouring config.json do not give the number of heads.\n");
+	           "neighbouring config.json do not give the number of heads.\n\n"
+	           "nanochat: IN a model_NNNNNN.pt of nanochat's (meta_NNNNNN.json beside it) and OUT a\n"
+	           ".safetensors gives loom's nanochat model (for --init-from); IN a loom nanochat .safetensors\n"
+	           "and OUT a model_NNNNNN.pt gives nanochat's files. Both run scripts/nanochat_pt.py with\n"
+	           "python3 and torch (LOOM_PYTHON chooses the interpreter).\n");
+}
+
+/* 1 when path starts like a zip archive: torch.save's format. */
+static int is_zip(const char *path)
+{
+	unsigned char m[4] = {0};
+	FILE *f = fopen(path, "rb");
+	size_t n = f ? fread(m, 1, 4, f) : 0;
+	if (f)
+		fclose(f);
+	return n == 4 && m[0] == 'P' && m[1] == 'K' && m[2] == 3 && m[3] == 4;
+}
+
+/* Run scripts/nanochat_pt.py (beside the binary's directory: build/../scripts) with mode, in, out. */
+static int run_pt_helper(const char *mode, const char *in, const char *out)
+{
+	char exe[PATH_MAX], script[PATH_MAX + 64];
+	const char *py = getenv("LOOM_PYTHON") ? getenv("LOOM_PYTHON") : "python3";
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+	if (n <= 0)
+		cli_die("convert", "cannot find loom's own path (/proc/self/exe) to locate scripts/nanochat_pt.py");
+	exe[n] = 0;
+	snprintf(script, sizeof script, "%s/../scripts/nanochat_pt.py", dirname(exe));
+	if (access(script, R_OK) != 0)
+		cli_die("convert", "%s: not found (it converts nanochat's .pt files; run loom from its build tree)", script);
+	pid_t pid = fork();
+	if (pid < 0)
+		cli_die("convert", "fork: cannot start %s", py);
+	if (pid == 0) {
+		execlp(py, py, script, mode, in, out, (char *)NULL);
+		fprintf(stderr, "loom convert: cannot run %s (set LOOM_PYTHON to a python3 with torch)\n", py);
+		_exit(127);
+	}
+	int st = 0;
+	while (waitpid(pid, &st, 0) < 0)
+		;
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		return 1;
+	printf("%s -> %s (%s)\n", in, out, mode);
+	return 0;
 }
 
 int loom_cli_convert(int argc, char **argv)
@@ -53,6 +103,13 @@ int loom_cli_convert(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	if (is_zip(in)) {
+		if (!ends_with(out, ".safetensors"))
+			cli_die("convert", "%s: a nanochat .pt converts to a .safetensors file", out);
+		return run_pt_helper("to-loom", in, out);
+	}
+	if (ends_with(out, ".pt"))
+		return run_pt_helper("to-nanochat", in, out);
 	if (!ends_with(out, ".bin") && !ends_with(out, ".safetensors"))
 		cli_die("convert", "%s: the output must end in .safetensors or .bin", out);
 	if ((rc = loom_model_config(in, n_head, &cfg, &fmt)) != LOOM_OK ||

@@ -793,14 +793,14 @@ int loom_cli_train(int argc, char **argv)
 	find_tokenizer(&o);
 	r.o = &o;
 
-	/* ZeRO-2 keeps only a shard of the gradients, ZeRO-3 also of the parameters: the model then has no
-	 * buffer of its own for them; at stage 3 the initial parameters live in a buffer of ours until the
-	 * strategy has taken its shard (at the parameter sync below). */
+	/* The strategy says what the model keeps of its own (ZeRO-2/3 keep shards instead); without its
+	 * own parameters the initial ones live in a buffer of ours until the strategy has taken its shard
+	 * (at the parameter sync below). */
 	loom_model_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .tp_size = o.tp,
 	                       .tp_rank = mesh ? loom_mesh_coord(mesh, LOOM_MESH_TP) : 0,
-	                       .no_own_grads = o.tc.zero >= 2 && o.dp > 1, .no_own_params = o.tc.zero == 3 && o.dp > 1,
 	                       .act_ckpt = o.act_ckpt,
 	                       .dtype = o.dtype};
+	loom_train_model_opts(&o.tc, o.dp, o.tp, &mo);
 	if ((rc = loom_model_create(&model, &o.mc, &mo)) != LOOM_OK) {
 		fprintf(stderr, "loom train: creating the model: %s%s", loom_errmsg(), rc == LOOM_ENOMEM ? "" : "\n");
 		if (rc == LOOM_ENOMEM) /* the sizes the user can act on */

@@ -10,6 +10,7 @@
  * with the table's shape (so at least 2 bytes per parameter) within the limits of model_internal.h,
  * checked in O(tensors) from the header alone, so a caller may allocate the parameters it reports. */
 #include <libgen.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,17 +237,15 @@ static int infer_layers(const loom_st_t *st)
 	return L > cap ? -1 : (int)L;
 }
 
-int loom__st_model_config(const char *path, int n_head_hint, loom_model_config_t *cfg)
+/* GPT-2 (Hugging Face's files and loom's own): dimensions from wte and wpe, the layer count from the
+ * names, n_head from __metadata__, config.json or the caller. */
+static int gpt2_config(loom_st_t *st, const char *path, int n_head_hint, loom_model_config_t *cfg)
 {
-	loom_st_t *st;
 	const loom_st_tensor_t *wte, *wpe;
 	const char *meta;
 	char cfgpath[1200];
 	int rc, iw, ip, L, lm_head, *which = NULL;
 	size_t numel;
-	memset(cfg, 0, sizeof *cfg);
-	if ((rc = loom_st_open(&st, path)) != LOOM_OK)
-		return rc;
 	iw = find_tensor(st, "wte.weight");
 	ip = find_tensor(st, "wpe.weight");
 	if (iw < 0 || ip < 0) {
@@ -304,6 +303,145 @@ int loom__st_model_config(const char *path, int n_head_hint, loom_model_config_t
 	rc = match_tensors(path, st, cfg, which, &lm_head);
 out:
 	free(which);
+	return rc;
+}
+
+/* ---- families whose files name them (__metadata__ "arch"; every family but GPT-2, whose files are
+ * Hugging Face's): the configuration from __metadata__, every tensor of the family's table by its name
+ * and shape, nothing else. */
+
+static int meta_int(const loom_st_t *st, const char *path, const char *key, int required, int *out)
+{
+	const char *v = loom_st_meta(st, key);
+	if (!v) {
+		if (required)
+			return loom_seterr(LOOM_EFORMAT, "%s: __metadata__ has no %s", path, key);
+		*out = 0;
+		return LOOM_OK;
+	}
+	if (parse_pos_int(v, out))
+		return loom_seterr(LOOM_EFORMAT, "%s: __metadata__ %s '%.40s' is not a positive integer", path, key, v);
+	return LOOM_OK;
+}
+
+static int family_config(const loom_st_t *st, const char *path, loom_arch_t arch, loom_model_config_t *cfg)
+{
+	static const struct {
+		const char *key;
+		size_t field;
+		int required;
+		long max;
+	} keys[] = {
+		{"n_layer", offsetof(loom_model_config_t, n_layer), 1, LOOM_MODEL_MAX_LAYERS},
+		{"n_head", offsetof(loom_model_config_t, n_head), 1, LOOM_MODEL_MAX_EMBD},
+		{"n_embd", offsetof(loom_model_config_t, n_embd), 1, LOOM_MODEL_MAX_EMBD},
+		{"n_positions", offsetof(loom_model_config_t, seq_len), 1, LOOM_MODEL_MAX_SEQ},
+		{"vocab_size", offsetof(loom_model_config_t, vocab_size), 1, LOOM_MODEL_MAX_VOCAB},
+		{"n_kv_head", offsetof(loom_model_config_t, n_kv_head), 0, LOOM_MODEL_MAX_EMBD},
+		{"short_window", offsetof(loom_model_config_t, short_window), 0, LOOM_MODEL_MAX_SEQ},
+	};
+	int rc;
+	const char *pat;
+	memset(cfg, 0, sizeof *cfg);
+	cfg->arch = arch;
+	for (size_t k = 0; k < LOOM_ARRAY_LEN(keys); k++) {
+		int *f = (int *)(void *)((char *)cfg + keys[k].field);
+		if ((rc = meta_int(st, path, keys[k].key, keys[k].required, f)) != LOOM_OK)
+			return rc;
+		if (*f > keys[k].max)
+			return loom_seterr(LOOM_EFORMAT, "%s: %s = %d is outside loom's limits [1, %ld]", path, keys[k].key, *f,
+			                   keys[k].max);
+	}
+	if ((pat = loom_st_meta(st, "window_pattern"))) {
+		if (strlen(pat) >= sizeof cfg->window_pattern)
+			return loom_seterr(LOOM_EFORMAT, "%s: __metadata__ window_pattern is longer than %zu characters", path,
+			                   sizeof cfg->window_pattern - 1);
+		snprintf(cfg->window_pattern, sizeof cfg->window_pattern, "%s", pat);
+	}
+	if (loom_model_config_check(cfg) != LOOM_OK)
+		return loom_seterr(LOOM_EFORMAT, "%s: %s", path, loom_errmsg());
+	return LOOM_OK;
+}
+
+/* which[k]: the file's index of table tensor k, each present once with the table's shape and a float
+ * dtype; any other tensor is an error. */
+static int family_match(const char *path, const loom_st_t *st, const loom_model_config_t *cfg, int *which)
+{
+	int nt = loom_model_num_tensors(cfg);
+	for (int k = 0; k < nt; k++)
+		which[k] = -1;
+	for (int i = 0; i < loom_st_count(st); i++) {
+		const loom_st_tensor_t *t = loom_st_get(st, i);
+		loom_tensor_info_t info;
+		int k = loom_model_tensor_index(cfg, t->name);
+		if (k < 0)
+			return loom_seterr(LOOM_EFORMAT, "%s: unexpected tensor '%.80s' (not part of the %s model with L=%d)",
+			                   path, t->name, loom_arch_name(cfg->arch), cfg->n_layer);
+		loom_model_tensor_info(cfg, k, &info);
+		if (t->ndim != info.ndim || t->shape[0] != info.shape[0] || (info.ndim == 2 && t->shape[1] != info.shape[1]))
+			return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' has the wrong shape, expected [%zu%s%.0zu]", path,
+			                   t->name, info.shape[0], info.ndim == 2 ? "," : "", info.ndim == 2 ? info.shape[1] : 0);
+		switch (t->dtype) {
+		case LOOM_ST_F32: case LOOM_ST_F16: case LOOM_ST_BF16: case LOOM_ST_F64: break;
+		default:
+			return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' has dtype %s, expected a float type (F32, BF16, F16, "
+			                   "F64)", path, t->name, loom_st_dtype_name(t->dtype));
+		}
+		which[k] = i;
+	}
+	for (int k = 0; k < nt; k++)
+		if (which[k] < 0) {
+			loom_tensor_info_t info;
+			loom_model_tensor_info(cfg, k, &info);
+			return loom_seterr(LOOM_EFORMAT, "%s: missing tensor '%s'", path, info.name);
+		}
+	return LOOM_OK;
+}
+
+/* The family the file names in __metadata__ "arch" (GPT-2 when it names none: Hugging Face's files). */
+static int file_arch(const loom_st_t *st, const char *path, loom_arch_t *arch)
+{
+	const char *a = loom_st_meta(st, "arch");
+	*arch = LOOM_ARCH_GPT2;
+	if (a && loom_arch_parse(a, arch) != LOOM_OK)
+		return loom_seterr(LOOM_EFORMAT, "%s: __metadata__ arch '%.40s' is not a model family loom has (gpt2, "
+		                   "nanochat)", path, a);
+	return LOOM_OK;
+}
+
+static int family_load(loom_st_t *st, const char *path, const loom_model_config_t *cfg, float *params)
+{
+	int nt = loom_model_num_tensors(cfg), rc;
+	int *which = loom__malloc((size_t)nt * sizeof *which);
+	if (!which)
+		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
+	rc = family_match(path, st, cfg, which);
+	for (int k = 0; rc == LOOM_OK && k < nt; k++) {
+		loom_tensor_info_t info;
+		loom_model_tensor_info(cfg, k, &info);
+		rc = loom_st_read_f32(st, which[k], params + info.offset, info.numel);
+	}
+	free(which);
+	return rc;
+}
+
+int loom__st_model_config(const char *path, int n_head_hint, loom_model_config_t *cfg)
+{
+	loom_st_t *st;
+	loom_arch_t arch;
+	int rc;
+	memset(cfg, 0, sizeof *cfg);
+	if ((rc = loom_st_open(&st, path)) != LOOM_OK)
+		return rc;
+	if ((rc = file_arch(st, path, &arch)) == LOOM_OK) {
+		if (arch == LOOM_ARCH_GPT2) {
+			rc = gpt2_config(st, path, n_head_hint, cfg);
+		} else if ((rc = family_config(st, path, arch, cfg)) == LOOM_OK) {
+			int *which = loom__malloc((size_t)loom_model_num_tensors(cfg) * sizeof *which);
+			rc = which ? family_match(path, st, cfg, which) : loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
+			free(which);
+		}
+	}
 	loom_st_close(st);
 	return rc;
 }
@@ -318,6 +456,10 @@ int loom__st_model_load(const char *path, const loom_model_config_t *cfg, float 
 	if ((rc = loom_st_open(&st, path)) != LOOM_OK) {
 		free(which);
 		return rc;
+	}
+	if (cfg->arch != LOOM_ARCH_GPT2) {
+		rc = family_load(st, path, cfg, params);
+		goto out;
 	}
 	if ((rc = match_tensors(path, st, cfg, which, &lm_head)) != LOOM_OK)
 		goto out;
@@ -346,18 +488,28 @@ out:
 	return rc;
 }
 
-/* The config as __metadata__ pairs; bufs holds the number texts. */
-static int config_meta(const loom_model_config_t *cfg, const char *kind, char bufs[5][16], const char *meta[14])
+/* The config as __metadata__ pairs (GPT-2's five numbers; another family's file also names its arch
+ * and its own fields); bufs holds the number texts. Returns the number of pairs. */
+static int config_meta(const loom_model_config_t *cfg, const char *kind, char bufs[8][16], const char *meta[22])
 {
-	const char *keys[5] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"};
-	int vals[5] = {cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->seq_len, cfg->vocab_size};
-	for (int i = 0; i < 5; i++) {
+	const char *keys[7] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size", "n_kv_head", "short_window"};
+	int vals[7] = {cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->seq_len, cfg->vocab_size, cfg->n_kv_head,
+	               cfg->short_window};
+	int n = 0;
+	for (int i = 0; i < 7; i++) {
+		if (i >= 5 && (cfg->arch == LOOM_ARCH_GPT2 || vals[i] <= 0))
+			continue;
 		snprintf(bufs[i], 16, "%d", vals[i]);
-		meta[2 * i] = keys[i], meta[2 * i + 1] = bufs[i];
+		meta[2 * n] = keys[i], meta[2 * n + 1] = bufs[i], n++;
 	}
-	meta[10] = "format", meta[11] = "pt";
-	meta[12] = "loom", meta[13] = kind;
-	return 7;
+	meta[2 * n] = "format", meta[2 * n + 1] = "pt", n++;
+	meta[2 * n] = "loom", meta[2 * n + 1] = kind, n++;
+	if (cfg->arch != LOOM_ARCH_GPT2) {
+		meta[2 * n] = "arch", meta[2 * n + 1] = loom_arch_name(cfg->arch), n++;
+		if (cfg->window_pattern[0])
+			meta[2 * n] = "window_pattern", meta[2 * n + 1] = cfg->window_pattern, n++;
+	}
+	return n;
 }
 
 int loom_model_save_safetensors(const char *path, const loom_model_config_t *cfg, const float *params)
@@ -365,8 +517,8 @@ int loom_model_save_safetensors(const char *path, const loom_model_config_t *cfg
 	int nt, rc;
 	loom_st_tensor_t *t;
 	loom_tensor_info_t *info;
-	char bufs[5][16];
-	const char *meta[14];
+	char bufs[8][16];
+	const char *meta[22];
 	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
 		return rc;
 	nt = loom_model_num_tensors(cfg);
@@ -385,7 +537,7 @@ int loom_model_save_safetensors(const char *path, const loom_model_config_t *cfg
 		t[i].data = params + info[i].offset;
 		t[i].nbytes = info[i].numel * sizeof(float);
 	}
-	rc = loom_st_write(path, t, nt, meta, config_meta(cfg, "gpt2", bufs, meta));
+	rc = loom_st_write(path, t, nt, meta, config_meta(cfg, loom_arch_name(cfg->arch), bufs, meta));
 	free(t), free(info);
 	return rc ? rc : loom_model_write_hf_config(path, cfg, -1);
 }
@@ -395,8 +547,8 @@ int loom_optim_save(const char *path, const loom_model_config_t *cfg, const floa
 	int nt, rc;
 	loom_st_tensor_t *t;
 	char (*names)[LOOM_TENSOR_NAME_MAX + 16];
-	char bufs[5][16];
-	const char *meta[14];
+	char bufs[8][16];
+	const char *meta[22];
 	if (!m || !v)
 		return loom_seterr(LOOM_EINVAL, "%s: optimizer state needs both m and v", path);
 	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)

@@ -69,16 +69,16 @@ int loom_adamw_init(loom_adamw_t *o, const loom_adamw_config_t *cfg, size_t n, c
 	return LOOM_OK;
 }
 
-int loom_adamw_init_gpt2(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model)
+int loom_adamw_init_model(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model)
 {
 	int rc;
 	memset(o, 0, sizeof *o);
 	if ((rc = loom_model_config_check(model)) != LOOM_OK)
 		return rc;
-	return loom_adamw_init_gpt2_range(o, cfg, model, 0, loom_model_num_params(model));
+	return loom_adamw_init_model_range(o, cfg, model, 0, loom_model_num_params(model));
 }
 
-int loom_adamw_init_gpt2_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model,
+int loom_adamw_init_model_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model,
                                size_t offset, size_t count)
 {
 	int nt, nseg = 0, rc;
@@ -106,6 +106,17 @@ int loom_adamw_init_gpt2_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, 
 	rc = loom_adamw_init(o, cfg, count, segs, nseg);
 	free(segs);
 	return rc;
+}
+
+int loom_adamw_init_gpt2(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model)
+{
+	return loom_adamw_init_model(o, cfg, model);
+}
+
+int loom_adamw_init_gpt2_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model,
+                               size_t offset, size_t count)
+{
+	return loom_adamw_init_model_range(o, cfg, model, offset, count);
 }
 
 void loom_adamw_free(loom_adamw_t *o)

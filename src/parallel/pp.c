@@ -63,6 +63,8 @@ typedef struct {
 	                                 (the pp comm itself when that is every stage; owned otherwise) */
 	int own_ends;
 	int P, s, lo, hi, M, arenas, nplan, ntensors;
+	int width;                    /* floats per position of the residual stream (loom_model_stream_width) */
+	int shared_blocks;            /* some tensor is read by every block (all_blocks): summed over all stages */
 	int hrows;                    /* the head is shared: positions [0, rows[mb]) of micro-batch mb run
 	                                 their head on stage P-2, [rows[mb], B T) on the last; hrows is
 	                                 the usual rows[mb] (0: no split, the last runs them all) */
@@ -95,12 +97,12 @@ static void pp_destroy(loom_exec_t *ex);
  * computes. */
 static size_t out_off(const pp_exec_t *e, int mb)
 {
-	return e->hrows && e->s == e->P - 2 ? (size_t)e->rows[mb] * e->mc.n_embd : 0;
+	return e->hrows && e->s == e->P - 2 ? (size_t)e->rows[mb] * e->width : 0;
 }
 
 static size_t in_off(const pp_exec_t *e, int mb)
 {
-	return e->hrows && e->s == e->P - 1 ? (size_t)e->rows[mb] * e->mc.n_embd : 0;
+	return e->hrows && e->s == e->P - 1 ? (size_t)e->rows[mb] * e->width : 0;
 }
 
 /* The caller's (whole-layer) model's tensor-parallel reduction, for evaluation after gather: a
@@ -168,7 +170,8 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	}
 	e->nparams = loom_model_param_count(cfg->model);
 	e->tensors = loom_model_tensors(cfg->model, &e->ntensors);
-	e->act = (size_t)cfg->B * cfg->T * e->mc.n_embd;
+	e->width = loom_model_stream_width(&e->mc);
+	e->act = (size_t)cfg->B * cfg->T * e->width;
 	if (!(lo = loom__malloc(sizeof(int) * (size_t)(e->P + 1)))) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 		goto fail;
@@ -206,10 +209,11 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 		goto fail;
 	}
-	/* Which tensors each stage owns: its blocks' (tensor table `layer`), the embeddings on the first,
-	 * ln_f on the last; they are contiguous and tile the buffer in stage order. wte is also used by the
-	 * last stage (the lm head) but owned by the first; with the head's positions split, stage P-2 uses
-	 * wte and ln_f too. */
+	/* Which tensors each stage owns: its blocks' (tensor table `layer`), the embedding unit's on the
+	 * first, the head's on the last; they are contiguous and tile the buffer in stage order. A tensor
+	 * the head also reads (head_reads: GPT-2's tied wte) is used by the head stages too but owned by
+	 * the first; one every block reads (all_blocks: nanochat's per-layer scalars) by every stage that
+	 * holds a block; with the head's positions split, stage P-2 uses the head's tensors too. */
 	for (int t = 0; t < e->ntensors; t++) {
 		const loom_tensor_info_t ti = e->tensors[t];
 		int u = ti.layer, owner = u < 0 ? 0 : u >= e->mc.n_layer ? e->P - 1 : 0;
@@ -217,8 +221,9 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 			if (u >= lo[q] && u < lo[q + 1])
 				owner = q;
 		e->counts[owner] += ti.numel;
-		e->used[t] = owner == e->s || (t == 0 && e->s == e->P - 1) ||
-		             (e->head && (t == 0 || u >= e->mc.n_layer));
+		e->used[t] = owner == e->s || (ti.head_reads && e->head) || (e->head && u >= e->mc.n_layer) ||
+		             (ti.all_blocks && e->lo < e->hi);
+		e->shared_blocks |= ti.all_blocks;
 	}
 	/* The stage model: its layers, `arenas` arenas, parameters viewing the caller's buffer. */
 	memset(&o, 0, sizeof o);
@@ -352,6 +357,9 @@ static int forward(pp_exec_t *e, int mb)
 			return rc;
 		event(e, LOOM_EV_FORWARD, mb, -1, t0);
 	} else {
+		/* blocks that read the tokens (nanochat's value embeddings) get them here */
+		if ((rc = loom_model_set_inputs(e->stage, a, e->inputs + mb * bt, c->B, c->T)) != LOOM_OK)
+			return rc;
 		if ((rc = finish(e, &e->act_recv, rc, LOOM_EV_RECV, mb, e->s - 1)) != LOOM_OK)
 			return rc;
 		memcpy(loom_model_block_input(e->stage, a, e->lo) + in_off(e, mb), e->act_rbuf,
@@ -470,14 +478,31 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 	/* The tied wte: the embedding's share (first stage) plus the lm head's (last, and P-2 when it runs
 	 * head rows); with the head split, ln_f's two shares too (a member without ln_f adds zeros). */
 	t0 = loom_now();
-	if (e->ends && (e->s == 0 || e->head)) {
-		float *g = loom_model_tensor_grad(e->stage, 0);
-		if ((rc = loom_allreduce(e->ends, g, g, e->tensors[0].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
-			rc = loom_seterr(rc, "pipeline stage %d of %d: summing wte's gradient between the stages that hold it: "
-			                 "%s", e->s, e->P, loom_comm_errmsg(e->ends));
+	for (int t = 0; e->ends && (e->s == 0 || e->head) && t < e->ntensors; t++) {
+		if (!e->tensors[t].head_reads)
+			continue;
+		float *g = loom_model_tensor_grad(e->stage, t);
+		if ((rc = loom_allreduce(e->ends, g, g, e->tensors[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
+			rc = loom_seterr(rc, "pipeline stage %d of %d: summing %s's gradient between the stages that hold it: "
+			                 "%s", e->s, e->P, e->tensors[t].name, loom_comm_errmsg(e->ends));
 			goto out;
 		}
-		for (int t = e->ntensors - 2; e->hrows && t < e->ntensors; t++) {
+	}
+	/* Tensors every block reads (nanochat's per-layer scalars): the sum of every stage's share. */
+	for (int t = 0; e->shared_blocks && t < e->ntensors; t++) {
+		if (!e->tensors[t].all_blocks)
+			continue;
+		float *g = loom_model_tensor_grad(e->stage, t);
+		if ((rc = loom_allreduce(c->pp, g, g, e->tensors[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
+			rc = loom_seterr(rc, "pipeline stage %d of %d: summing %s's gradient over the stages: %s", e->s, e->P,
+			                 e->tensors[t].name, loom_comm_errmsg(c->pp));
+			goto out;
+		}
+	}
+	if (e->ends && (e->s == 0 || e->head)) {
+		for (int t = 0; e->hrows && t < e->ntensors; t++) {
+			if (e->tensors[t].layer < e->mc.n_layer)
+				continue;
 			float *gl = loom_model_tensor_grad(e->stage, t); /* zero on the first stage (zero_grad) */
 			if ((rc = loom_allreduce(e->ends, gl, gl, e->tensors[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
 				rc = loom_seterr(rc, "pipeline stage %d of %d: summing ln_f's gradient between the stages that "
@@ -513,11 +538,25 @@ static int pp_grad_norm(loom_exec_t *ex, loom_strategy_t *s, double *norm)
 	if ((rc = s->ops->grad_norm(s, norm)) != LOOM_OK)
 		return rc;
 	sq = *norm * *norm;
-	if (e->hrows && e->s == e->P - 2) /* ln_f (replicated in a tp group) is counted once, on the last */
-		for (int t = e->ntensors - 2; t < e->ntensors; t++)
+	for (int t = 0; e->hrows && e->s == e->P - 2 && t < e->ntensors; t++) { /* the head's: once, on the last */
+		if (e->tensors[t].layer < e->mc.n_layer)
+			continue;
+		double w = loom_grad_sumsq(loom_model_tensor_grad(e->stage, t), e->tensors[t].numel);
+		/* a tp-split tensor (nanochat's lm head): the strategy's norm has the group's sum of its shards;
+		 * a whole one (GPT-2's ln_f, replicated in the tp group) is counted by each rank as it is */
+		if (e->tp_size > 1 && e->tensors[t].tp_kind != LOOM_TP_WHOLE &&
+		    (rc = loom_allreduce(e->cfg.tp, &w, &w, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK)
+			return loom_seterr(rc, "pipeline stage %d, tensor-parallel rank %d: %s's share of the gradient norm: "
+			                   "%s", e->s, e->tp_rank, e->tensors[t].name, loom_comm_errmsg(e->cfg.tp));
+		sq -= w;
+	}
+	for (int t = 0; e->s > 0 && t < e->ntensors; t++) /* every block's scalars: once, on the first stage */
+		if (e->tensors[t].all_blocks) /* whole on every tp rank */
 			sq -= loom_grad_sumsq(loom_model_tensor_grad(e->stage, t), e->tensors[t].numel);
-	if (e->s > 0 && e->head) { /* wte: once, on the first stage */
-		double w = loom_grad_sumsq(loom_model_tensor_grad(e->stage, 0), e->tensors[0].numel);
+	for (int t = 0; e->s > 0 && e->head && t < e->ntensors; t++) { /* the tied wte: once, on the first stage */
+		if (!e->tensors[t].head_reads)
+			continue;
+		double w = loom_grad_sumsq(loom_model_tensor_grad(e->stage, t), e->tensors[t].numel);
 		/* a tp shard holds some of wte's rows: the strategy's norm has the group's sum of them */
 		if (e->tp_size > 1 && (rc = loom_allreduce(e->cfg.tp, &w, &w, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK)
 			return loom_seterr(rc, "pipeline stage %d, tensor-parallel rank %d: wte's share of the gradient norm: "

@@ -139,13 +139,19 @@ out:
 	return rc;
 }
 
-/* FLOPs per token, forward + backward, of block costs and of the head (as loom_model_flops_per_token
- * counts them: 6 x matmul parameters, 12 x C x T per block for attention; the lm head's matmul over
- * the vocabulary is 2 V C forward and 4 V C backward). */
+/* FLOPs per token, forward + backward, of a block (the model's unit count, loom_model_unit_flops: the
+ * partition below assumes the blocks cost the same, so the heaviest is taken) and of the head. */
 static double block_flops(const loom_model_config_t *c, int T)
 {
-	double C = c->n_embd;
-	return 6.0 * 12.0 * C * C + 12.0 * C * T;
+	double most = 0.0;
+	for (int l = 0; l < c->n_layer; l++)
+		most = LOOM_MAX(most, loom_model_unit_flops(c, l, T));
+	return most;
+}
+
+static double head_flops(const loom_model_config_t *c, int T)
+{
+	return loom_model_unit_flops(c, c->n_layer, T);
 }
 
 int loom__pp_partition(const loom_model_config_t *cfg, int T, int P, int *lo, double *head_split)
@@ -159,7 +165,7 @@ int loom__pp_partition(const loom_model_config_t *cfg, int T, int P, int *lo, do
 		                   "least one layer (--pp must be <= %d)", P, L, L);
 	if (L > MAXL)
 		return loom_seterr(LOOM_EINVAL, "pipeline: %d layers (at most %d)", L, MAXL);
-	double blk = block_flops(cfg, T), head = 6.0 * (double)cfg->vocab_size * cfg->n_embd;
+	double blk = block_flops(cfg, T), head = head_flops(cfg, T);
 	/* best[s][l]: the least possible maximum stage cost when stages 0..s-1 run blocks [0, l); the
 	 * costs are multiples of blk plus the head, so a small table of (P+1) x (L+1) doubles suffices. */
 	double *best = loom__malloc(sizeof(double) * (size_t)(P + 1) * (size_t)(L + 1));
@@ -240,7 +246,7 @@ int loom_pp_stages(const loom_model_config_t *cfg, int B, int T, int P, double h
 static void head_costs(const loom_model_config_t *cfg, int T, int N, int P, int M, const int *lo, const int *rows,
                        double *f, double *h, double *b)
 {
-	double blk = block_flops(cfg, T) * N, head = 6.0 * (double)cfg->vocab_size * cfg->n_embd;
+	double blk = block_flops(cfg, T) * N, head = head_flops(cfg, T);
 	for (int s = 0; s < P; s++)
 		for (int m = 0; m < M; m++) {
 			size_t k = (size_t)s * M + (size_t)m;

@@ -20,6 +20,7 @@ static const struct {
 	int tensor;  /* 1: the tensor-parallel axis has more than one rank */
 	const loom_strategy_ops_t *(*ops)(void);
 	const char *what;
+	int no_own_grads, no_own_params; /* the model needs no gradient (parameter) buffer of its own */
 } strategies[] = {
 	{"ddp", 0, 0, 0, loom__local_strategy, "the model's own gradients and one optimizer; nothing is communicated"},
 	{"ddp", 0, 1, 0, loom__ddp_strategy, "every rank holds all parameters and AdamW state; gradients are averaged "
@@ -31,11 +32,23 @@ static const struct {
 	                                 "gradients are reduce-scattered per unit on the last micro-step, the "
 	                                 "updated parameters all-gathered"},
 	{"ddp", 2, 1, 0, loom__zero2_strategy, "ZeRO-2: as ZeRO-1, and each rank keeps only its 1/N of the gradients; "
-	                                 "every micro-step reduce-scatters each unit as backward finishes it"},
+	                                 "every micro-step reduce-scatters each unit as backward finishes it", 1, 0},
 	{"ddp", 3, 1, 0, loom__zero3_strategy, "ZeRO-3 (fully sharded): as ZeRO-2, and each rank keeps only its 1/N of "
 	                                 "the parameters; each unit is all-gathered just before it runs, the next "
-	                                 "one prefetched"},
+	                                 "one prefetched", 1, 1},
 };
+
+void loom__strategy_model_opts(const char *name, int zero, int dp, int tp, int *no_own_grads, int *no_own_params)
+{
+	*no_own_grads = *no_own_params = 0;
+	name = name && *name ? name : "ddp";
+	for (size_t k = 0; k < LOOM_ARRAY_LEN(strategies); k++)
+		if (strcmp(strategies[k].name, name) == 0 && strategies[k].zero == zero &&
+		    (strategies[k].several < 0 || strategies[k].several == (dp > 1)) && strategies[k].tensor == (tp > 1)) {
+			*no_own_grads = strategies[k].no_own_grads, *no_own_params = strategies[k].no_own_params;
+			return;
+		}
+}
 
 void loom__strategy_describe(char *buf, size_t cap)
 {
@@ -97,7 +110,7 @@ int loom__replica_init(loom_strategy_t *s, const loom_strategy_config_t *cfg, fl
 	s->mem.params = s->mem.grads = s->nparams * sizeof(float);
 	s->mem.optim = 2 * s->nparams * sizeof(float);
 	s->mem.comm = 0;
-	return loom_adamw_init_gpt2_range(&s->opt, &cfg->adamw, &s->mcfg, 0, s->nparams);
+	return loom_adamw_init_model_range(&s->opt, &cfg->adamw, &s->mcfg, 0, s->nparams);
 }
 
 void loom__replica_free(loom_strategy_t *s)
@@ -144,7 +157,7 @@ int loom__replica_load(loom_strategy_t *s, const char *dir, long long step)
 	snprintf(file, sizeof file, "%s/model.safetensors", dir);
 	if ((rc = loom_model_config(file, c->n_head, &saved, NULL)) != LOOM_OK)
 		return rc;
-	if (memcmp(&saved, c, sizeof saved) != 0)
+	if (!loom_model_config_equal(&saved, c))
 		return loom_seterr(LOOM_EMISMATCH, "resume: %s holds a model L%d H%d C%d T%d V%d, this run's is "
 		                   "L%d H%d C%d T%d V%d", file, saved.n_layer, saved.n_head, saved.n_embd, saved.seq_len,
 		                   saved.vocab_size, c->n_layer, c->n_head, c->n_embd, c->seq_len, c->vocab_size);

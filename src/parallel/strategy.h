@@ -21,7 +21,7 @@
  *
  * Ownership: each rank owns (updates, and keeps AdamW moments for) the floats [own_offset,
  * own_offset + own_count) of the flat parameter buffer; `opt` covers exactly that range (its m and v
- * are own_count floats, loom_adamw_init_gpt2_range). For DDP and local every rank owns everything.
+ * are own_count floats, loom_adamw_init_model_range). For DDP and local every rank owns everything.
  *
  * Adding a strategy: a file src/parallel/NAME.c that states its invariant at its top and fills a
  * loom_strategy_ops_t, a row in strategy.c's table (the rule that maps the trainer's `strategy` and
@@ -163,6 +163,10 @@ int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step);
  * unknown name or a ZeRO stage not implemented) and create it. */
 int loom__strategy_create(loom_strategy_t **s, const loom_strategy_config_t *cfg);
 void loom__strategy_destroy(loom_strategy_t *s); /* safe on NULL */
+/* What the model needs of its own under the strategy the table picks for (name, zero, dp ranks, tp
+ * ranks): *no_own_grads / *no_own_params 1 when the strategy keeps that storage itself (ZeRO-2's
+ * gradient shard, ZeRO-3's parameter shard), for loom_model_opts_t. Both 0 for no row. */
+void loom__strategy_model_opts(const char *name, int zero, int dp, int tp, int *no_own_grads, int *no_own_params);
 /* The table as text, one line per row: "ddp zero=0 ranks=1: local: ..." (for docs and errors). */
 void loom__strategy_describe(char *buf, size_t cap);
 

@@ -11,10 +11,11 @@
  * shard that the bucket covers; the all-gather of the updated parameters is the same layout run
  * backwards (loom_iallgatherv). Uneven parts need no padding.
  *
- * Buckets are the model's units (loom/gpt2.h): the embedding (wte, wpe), each block, the head (ln_f):
+ * Buckets are the model's units (loom/model.h; their tensors are contiguous, loom_model_unit_tensors):
+ * the embedding (GPT-2: wte, wpe; nanochat: wte and the per-layer scalars), each block, the head:
  * FSDP's wrapping of one block per unit. A unit's gradient is final when its last tensor is reported
- * (grad-ready hook); the embedding's only at the end of backward, because the tied lm head adds to
- * wte's gradient first.
+ * (grad-ready hook); the embedding's only at the end of backward, because other units read its
+ * tensors too (GPT-2's tied lm head adds to wte's gradient, nanochat's blocks to the scalars').
  *
  * Stage 1 keeps a full gradient buffer (in shared memory, the model's gradient view points at it, as
  * DDP's); on the last micro-step each unit is reduce-scattered (averaged) as soon as backward
@@ -46,7 +47,7 @@
  *
  * After the reduce: the global gradient norm is the square root of the sum, over ranks, of the sum of
  * squares of each shard (one all-reduce of a double); AdamW updates the owned slice
- * (loom_adamw_init_gpt2_range: bit-identical per element to one optimizer over everything); at
+ * (loom_adamw_init_model_range: bit-identical per element to one optimizer over everything); at
  * stages 1 and 2 each unit's parameters are then all-gathered, in unit order, and the next forward's
  * param-use hook waits for each unit's gather just before the unit runs, so later units' gathers
  * overlap earlier units' compute (sync, replica check and save wait for all of them first).
@@ -529,8 +530,12 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	for (int k = 0; k < z->nunits; k++) {
 		unit_t *u = &z->units[k];
 		u->unit = k - 1;
-		u->lo = k == 0 ? 0 : k <= L ? 2 + LOOM_GPT2_LAYER_TENSORS * (k - 1) : z->ntensors - 2;
-		u->hi = k == 0 ? 2 : k <= L ? u->lo + LOOM_GPT2_LAYER_TENSORS : z->ntensors;
+		loom_model_unit_tensors(&s->mcfg, k - 1, &u->lo, &u->hi);
+		if (u->hi <= u->lo) {
+			rc = loom_seterr(LOOM_EINVAL, "zero: unit %d of the %s model has no tensor", k - 1,
+			                 loom_arch_name(s->mcfg.arch));
+			goto fail;
+		}
 		u->offset = ti[u->lo].offset;
 		u->count = ti[u->hi - 1].offset + ti[u->hi - 1].numel - u->offset;
 		if (!(u->counts = loom__calloc((size_t)N, sizeof *u->counts)))
@@ -609,7 +614,7 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 		s->mem.comm += (z->units[0].count + ZERO_PSLOTS * largest) * sizeof(float);
 	if (z->bf16)
 		s->mem.comm += (z->stage == 1 ? s->nparams : z->units[0].count + ZERO_SLOTS * largest) * sizeof(uint16_t);
-	if ((rc = loom_adamw_init_gpt2_range(&s->opt, &cfg->adamw, &s->mcfg, s->own_offset, s->own_count)) != LOOM_OK)
+	if ((rc = loom_adamw_init_model_range(&s->opt, &cfg->adamw, &s->mcfg, s->own_offset, s->own_count)) != LOOM_OK)
 		goto fail;
 	loom_model_on_grad_ready(cfg->model, on_grad_ready, z);
 	*out = s;

@@ -267,7 +267,7 @@ int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step)
 	snprintf(file, sizeof file, "%s/model.safetensors", dir);
 	if ((rc = loom_model_config(file, c->n_head, &saved, NULL)) != LOOM_OK)
 		return rc;
-	if (memcmp(&saved, c, sizeof saved) != 0)
+	if (!loom_model_config_equal(&saved, c))
 		return loom_seterr(LOOM_EMISMATCH, "resume: %s holds a model L%d H%d C%d T%d V%d, this run's is "
 		                   "L%d H%d C%d T%d V%d", file, saved.n_layer, saved.n_head, saved.n_embd, saved.seq_len,
 		                   saved.vocab_size, c->n_layer, c->n_head, c->n_embd, c->seq_len, c->vocab_size);

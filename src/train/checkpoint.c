@@ -76,6 +76,12 @@ static int put_state(loom_trainer_t *tr, loom_kv_t *kv, const loom_loader_state_
 	rc = rc ? rc : loom_kv_set_i64(kv, "model.n_embd", tr->mcfg.n_embd);
 	rc = rc ? rc : loom_kv_set_i64(kv, "model.seq_len", tr->mcfg.seq_len);
 	rc = rc ? rc : loom_kv_set_i64(kv, "model.vocab_size", tr->mcfg.vocab_size);
+	if (tr->mcfg.arch != LOOM_ARCH_GPT2) { /* GPT-2's state.json stays as it was */
+		rc = rc ? rc : loom_kv_set_str(kv, "model.arch", loom_arch_name(tr->mcfg.arch));
+		rc = rc ? rc : loom_kv_set_i64(kv, "model.n_kv_head", tr->mcfg.n_kv_head);
+		rc = rc ? rc : loom_kv_set_i64(kv, "model.short_window", tr->mcfg.short_window);
+		rc = rc ? rc : loom_kv_set_str(kv, "model.window_pattern", tr->mcfg.window_pattern);
+	}
 	rc = rc ? rc : loom_kv_set_i64(kv, "batch.B", c->B);
 	rc = rc ? rc : loom_kv_set_i64(kv, "batch.T", c->T);
 	rc = rc ? rc : loom_kv_set_i64(kv, "batch.accum", c->accum);
@@ -235,6 +241,19 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 	    (rc = expect_i64(kv, file, "model.seq_len", tr->mcfg.seq_len, m)) ||
 	    (rc = expect_i64(kv, file, "model.vocab_size", tr->mcfg.vocab_size, m)) ||
 	    (rc = expect_i64(kv, file, "batch.B", tr->cfg.B, b)) || (rc = expect_i64(kv, file, "batch.T", tr->cfg.T, b)))
+		goto out;
+	const char *arch = "gpt2", *pat = "";
+	loom_kv_get_str(kv, "model.arch", &arch); /* absent: GPT-2 */
+	loom_kv_get_str(kv, "model.window_pattern", &pat);
+	if (strcmp(arch, loom_arch_name(tr->mcfg.arch)) != 0 || strcmp(pat, tr->mcfg.window_pattern) != 0) {
+		rc = loom_seterr(LOOM_EMISMATCH, "resume from %s: the checkpoint's model is %s (window pattern '%s'), this "
+		                 "run's is %s (window pattern '%s')%s", file, arch, pat, loom_arch_name(tr->mcfg.arch),
+		                 tr->mcfg.window_pattern, m);
+		goto out;
+	}
+	if (tr->mcfg.arch != LOOM_ARCH_GPT2 &&
+	    ((rc = expect_i64(kv, file, "model.n_kv_head", tr->mcfg.n_kv_head, m)) ||
+	     (rc = expect_i64(kv, file, "model.short_window", tr->mcfg.short_window, m))))
 		goto out;
 	/* Another data-parallel size resumes (resharding) when the tokens per step are the same: the run
 	 * then continues on the same windows. */

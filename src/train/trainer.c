@@ -490,3 +490,8 @@ long long loom_trainer_tokens_per_step(const loom_trainer_t *tr)
 {
 	return (long long)tr->cfg.B * tr->cfg.T * tr->cfg.accum * tr->dp_size;
 }
+
+void loom_train_model_opts(const loom_train_config_t *cfg, int dp, int tp, loom_model_opts_t *mo)
+{
+	loom__strategy_model_opts(cfg->strategy, cfg->zero, dp, tp, &mo->no_own_grads, &mo->no_own_params);
+}
