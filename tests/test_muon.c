@@ -411,3 +411,254 @@ TEST(muonadamw_torch)
 		test_rmdir(dir);
 	return 0;
 }
+
+/* ---- sharded optimizers (DistMuon's ownership) against one whole optimizer ------------------------ */
+
+/* Each rank of N owns loom_muon_owned's matrices and loom_muon_adam_share's floats; updating only
+ * those on a private copy of the parameters, the owned parts are bit-identical to one optimizer over
+ * everything, and so are their states (the per-piece and per-matrix layout a checkpoint reads). */
+static int sharded_equal(const loom_tensor_info_t *t, int nt, size_t n, int N, const float *params0,
+                         const float *grads, const loom_muonadamw_t *whole, const float *whole_params)
+{
+	loom_muon_config_t cfg = test_config();
+	float *gathered = malloc(n * 4), *mine = malloc(n * 4);
+	int *mats = malloc((size_t)nt * sizeof *mats), *cover = calloc(n, sizeof *cover);
+	size_t(*ranges)[2] = malloc((size_t)nt * sizeof *ranges);
+	CHECK(gathered && mine && mats && cover && ranges);
+	for (int r = 0; r < N; r++) {
+		loom_muonadamw_t o;
+		loom_muon_owned_t own = {.ranges = (const size_t(*)[2])ranges, .matrices = mats};
+		own.nmatrices = loom_muon_owned(t, nt, r, N, mats);
+		for (int i = 0; i < nt; i++) {
+			size_t lo, hi;
+			if (t[i].opt_group == LOOM_OPT_MATRIX)
+				continue;
+			CHECK(loom_muon_adam_share(&t[i], r, N, &lo, &hi) >= 0);
+			ranges[own.nranges][0] = t[i].offset + lo, ranges[own.nranges++][1] = t[i].offset + hi;
+		}
+		memcpy(mine, params0, n * 4);
+		CHECK_OK(loom_muonadamw_init(&o, t, nt, &cfg, &own));
+		for (int k = 0; k < STEPS; k++)
+			CHECK_OK(loom_muonadamw_step(&o, mine, grads + k * n, step_lrm(k), step_gs(k)));
+		for (int k = 0; k < o.npieces; k++) { /* its AdamW floats, and their moments */
+			const loom_muon_adam_piece_t *pc = &o.pieces[k];
+			memcpy(gathered + pc->offset, mine + pc->offset, pc->numel * 4);
+			for (size_t i = pc->offset; i < pc->offset + pc->numel; i++)
+				cover[i]++;
+			const loom_muon_adam_piece_t *wp = NULL;
+			for (int j = 0; j < whole->npieces; j++)
+				if (whole->pieces[j].tensor == pc->tensor)
+					wp = &whole->pieces[j];
+			CHECK(wp != NULL);
+			size_t at = wp->state + (pc->offset - wp->offset);
+			CHECK(memcmp(o.m + pc->state, whole->m + at, pc->numel * 4) == 0);
+			CHECK(memcmp(o.v + pc->state, whole->v + at, pc->numel * 4) == 0);
+		}
+		for (int k = 0; k < o.nmat; k++) { /* its matrices, and their momentum and second moment */
+			const loom_muon_matrix_t *mt = &o.mats[k];
+			size_t nn = (size_t)mt->rows * mt->cols, ns = (size_t)(mt->rows > mt->cols ? mt->rows : mt->cols);
+			CHECK_EQ(loom_muon_owner(t, nt, mt->tensor, N), r);
+			memcpy(gathered + mt->offset, mine + mt->offset, nn * 4);
+			for (size_t i = mt->offset; i < mt->offset + nn; i++)
+				cover[i]++;
+			const loom_muon_matrix_t *wm = NULL;
+			for (int j = 0; j < whole->nmat; j++)
+				if (whole->mats[j].tensor == mt->tensor)
+					wm = &whole->mats[j];
+			CHECK(wm != NULL);
+			CHECK(memcmp(mt->buf, wm->buf, nn * 4) == 0 && memcmp(mt->s, wm->s, ns * 4) == 0);
+		}
+		loom_muonadamw_free(&o);
+	}
+	/* every float updated by exactly one rank, or by all N when replicated (< 1024 elements) */
+	for (int i = 0; i < nt; i++)
+		for (size_t j = t[i].offset; j < t[i].offset + t[i].numel; j++)
+			CHECK_MSG(cover[j] == (t[i].opt_group != LOOM_OPT_MATRIX && t[i].numel < 1024 ? N : 1),
+			          "%d ranks: %s[%zu] updated %d times", N, t[i].name, j - t[i].offset, cover[j]);
+	CHECK_MSG(memcmp(gathered, whole_params, n * 4) == 0, "%d ranks: gathered parameters differ from one optimizer's",
+	          N);
+	free(gathered), free(mine), free(mats), free(cover), free(ranges);
+	return 0;
+}
+
+TEST(muonadamw_sharded)
+{
+	loom_tensor_info_t t[MAXT];
+	size_t n;
+	int nt = nanochat_table(t, &n);
+	loom_muon_config_t cfg = test_config();
+	loom_muonadamw_t whole, o2;
+	float *params = malloc(n * 4), *params0 = malloc(n * 4), *grads = malloc(n * STEPS * 4), *p2 = malloc(n * 4);
+	CHECK(params && params0 && grads && p2);
+	make_inputs(t, nt, n, params, grads);
+	memcpy(params0, params, n * 4);
+	CHECK_OK(loom_muonadamw_init(&whole, t, nt, &cfg, NULL));
+	for (int k = 0; k < STEPS; k++)
+		CHECK_OK(loom_muonadamw_step(&whole, params, grads + k * n, step_lrm(k), step_gs(k)));
+	for (int N = 1; N <= 4; N *= 2) /* N = 4: groups of 1 matrix (K < N), of 2 and of 8 */
+		if (sharded_equal(t, nt, n, N, params0, grads, &whole, params))
+			return 1;
+
+	/* resuming from the state (step, m, v, buf, s copied into a fresh optimizer) continues bit for bit */
+	memcpy(p2, params0, n * 4);
+	CHECK_OK(loom_muonadamw_init(&o2, t, nt, &cfg, NULL));
+	for (int k = 0; k < STEPS / 2; k++)
+		CHECK_OK(loom_muonadamw_step(&o2, p2, grads + k * n, step_lrm(k), step_gs(k)));
+	loom_muonadamw_t o3;
+	CHECK_OK(loom_muonadamw_init(&o3, t, nt, &cfg, NULL));
+	CHECK_EQ(o3.adam_n, o2.adam_n);
+	CHECK_EQ(o3.nmat, o2.nmat);
+	o3.step = o2.step;
+	memcpy(o3.m, o2.m, o2.adam_n * 4);
+	memcpy(o3.v, o2.v, o2.adam_n * 4);
+	for (int k = 0; k < o2.nmat; k++) {
+		const loom_muon_matrix_t *a = &o2.mats[k];
+		CHECK_EQ(o3.mats[k].tensor, a->tensor);
+		memcpy(o3.mats[k].buf, a->buf, (size_t)a->rows * a->cols * 4);
+		memcpy(o3.mats[k].s, a->s, (size_t)(a->rows > a->cols ? a->rows : a->cols) * 4);
+	}
+	loom_muonadamw_free(&o2);
+	for (int k = STEPS / 2; k < STEPS; k++)
+		CHECK_OK(loom_muonadamw_step(&o3, p2, grads + k * n, step_lrm(k), step_gs(k)));
+	CHECK(memcmp(p2, params, n * 4) == 0);
+	loom_muonadamw_free(&o3);
+
+	/* errors leave nothing behind */
+	CHECK_ERR(loom_muonadamw_step(&whole, params, grads, -1.0f, 1.0f), LOOM_EINVAL);
+	CHECK_EQ(whole.step, STEPS);
+	loom_muon_config_t bad = cfg;
+	bad.adam_beta1 = 1.0f;
+	CHECK_ERR(loom_muonadamw_init(&o2, t, nt, &bad, NULL), LOOM_EINVAL);
+	int notmat = 0; /* wte */
+	loom_muon_owned_t own = {.matrices = &notmat, .nmatrices = 1};
+	CHECK_ERR(loom_muonadamw_init(&o2, t, nt, &cfg, &own), LOOM_EINVAL);
+	size_t overlap[2][2] = {{0, 100}, {50, 200}};
+	loom_muon_owned_t own2 = {.ranges = (const size_t(*)[2])overlap, .nranges = 2};
+	CHECK_ERR(loom_muonadamw_init(&o2, t, nt, &cfg, &own2), LOOM_EINVAL);
+	loom_tensor_info_t badt[MAXT];
+	memcpy(badt, t, sizeof badt);
+	badt[5].rows = 16; /* no longer its shape */
+	CHECK_ERR(loom_muonadamw_init(&o2, badt, nt, &cfg, NULL), LOOM_EINVAL);
+	loom_muonadamw_free(&o2); /* safe after a failed init */
+	loom_muonadamw_free(&whole);
+	free(params), free(params0), free(grads), free(p2);
+	return 0;
+}
+
+/* ---- DistMuon's partition rules ------------------------------------------------------------------ */
+
+TEST(muon_partition)
+{
+	loom_tensor_info_t t[MAXT];
+	size_t n, lo, hi;
+	int nt = nanochat_table(t, &n), members[MAXT], owned[MAXT], rows, cols;
+	/* groups by shape, ordered by (rows, cols): [2,32] x1, [32,32] x8, [32,128] x2, [96,32] x1 (the
+	 * transposed c_attn, by its [out, in] view), [128,32] x2 */
+	static const int want[5][3] = {{2, 32, 1}, {32, 32, 8}, {32, 128, 2}, {96, 32, 1}, {128, 32, 2}};
+	CHECK_EQ(loom_muon_num_groups(t, nt), 5);
+	for (int g = 0; g < 5; g++) {
+		int K = loom_muon_group(t, nt, g, &rows, &cols, members, MAXT);
+		CHECK_EQ(rows, want[g][0]);
+		CHECK_EQ(cols, want[g][1]);
+		CHECK_EQ(K, want[g][2]);
+		for (int k = 1; k < K; k++)
+			CHECK(members[k] > members[k - 1]); /* table order */
+	}
+	CHECK_ERR(loom_muon_group(t, nt, 5, &rows, &cols, members, MAXT), LOOM_EINVAL);
+	CHECK_EQ(loom_muon_group(t, nt, 1, NULL, NULL, members, 3), 8); /* K even when cap is smaller */
+	CHECK_EQ(loom_muon_chunk(8, 3), 3);
+	CHECK_EQ(loom_muon_chunk(1, 4), 1);
+	CHECK_EQ(loom_muon_chunk(2, 4), 1);
+	CHECK_EQ(loom_muon_chunk(8, 8), 1);
+
+	/* the [32,32] group, 8 members: ceil(8/3) = 3 per rank: 3, 3, 2; with 5 ranks: 2, 2, 2, 2, 0 */
+	loom_muon_group(t, nt, 1, NULL, NULL, members, MAXT);
+	for (int k = 0; k < 8; k++) {
+		CHECK_EQ(loom_muon_owner(t, nt, members[k], 3), k / 3);
+		CHECK_EQ(loom_muon_owner(t, nt, members[k], 5), k / 2);
+		CHECK_EQ(loom_muon_owner(t, nt, members[k], 1), 0);
+	}
+	CHECK_ERR(loom_muon_owner(t, nt, 0, 2), LOOM_EINVAL); /* wte is not Muon's */
+	for (int N = 1; N <= 16; N++) { /* the owned lists partition the matrices */
+		int seen[MAXT] = {0}, total = 0;
+		for (int r = 0; r < N; r++) {
+			int c = loom_muon_owned(t, nt, r, N, owned);
+			for (int k = 0; k < c; k++) {
+				CHECK_EQ(loom_muon_owner(t, nt, owned[k], N), r);
+				seen[owned[k]]++;
+			}
+			total += c;
+		}
+		CHECK_EQ(total, 14);
+		for (int i = 0; i < nt; i++)
+			CHECK_EQ(seen[i], t[i].opt_group == LOOM_OPT_MATRIX);
+	}
+	/* with 4 ranks: rank 0 owns the singletons and the first of each pair, rank 3 two [32,32] only */
+	CHECK_EQ(loom_muon_owned(t, nt, 0, 4, owned), 6);
+	CHECK_EQ(loom_muon_owned(t, nt, 1, 4, owned), 4);
+	CHECK_EQ(loom_muon_owned(t, nt, 3, 4, owned), 2);
+	CHECK_EQ(loom_muon_owned(t, nt, 4, 4, owned), 0);
+
+	/* AdamW shares: wte [64, 32] split by rows, the 96-float bias and the 2 scalars replicated */
+	CHECK_EQ(loom_muon_adam_share(&t[0], 1, 4, &lo, &hi), 1);
+	CHECK_EQ(lo, 16 * 32);
+	CHECK_EQ(hi, 32 * 32);
+	CHECK_EQ(loom_muon_adam_share(&t[0], 3, 4, &lo, &hi), 1);
+	CHECK_EQ(hi, 64 * 32);
+	CHECK_EQ(loom_muon_adam_share(&t[2], 1, 4, &lo, &hi), 0);
+	CHECK_EQ(lo, 0);
+	CHECK_EQ(hi, 2);
+	CHECK_ERR(loom_muon_adam_share(&t[0], 0, 3, &lo, &hi), LOOM_EINVAL); /* 64 rows, 3 ranks */
+	CHECK_ERR(loom_muon_adam_share(&t[4], 0, 2, &lo, &hi), LOOM_EINVAL); /* a Muon matrix */
+	loom_tensor_info_t big = t[2];
+	big.shape[0] = big.numel = 1024; /* a 1-D tensor of 1024: split */
+	CHECK_EQ(loom_muon_adam_share(&big, 1, 2, &lo, &hi), 1);
+	CHECK_EQ(lo, 512);
+	CHECK_EQ(hi, 1024);
+	big.shape[0] = big.numel = 1023;
+	CHECK_EQ(loom_muon_adam_share(&big, 1, 2, &lo, &hi), 0);
+	return 0;
+}
+
+/* ---- base_train's schedules ------------------------------------------------------------------------ */
+
+TEST(muon_schedules)
+{
+	/* get_lr_multiplier with num_iterations 100, warmup_ratio 0.1, warmdown_ratio 0.5, final 0.1 */
+	CHECK_NEAR(loom_muon_lr_multiplier(0, 100, 0.1, 0.5, 0.1), 0.1, 1e-15);
+	CHECK_NEAR(loom_muon_lr_multiplier(9, 100, 0.1, 0.5, 0.1), 1.0, 1e-15);
+	CHECK_NEAR(loom_muon_lr_multiplier(10, 100, 0.1, 0.5, 0.1), 1.0, 1e-15);
+	CHECK_NEAR(loom_muon_lr_multiplier(50, 100, 0.1, 0.5, 0.1), 1.0, 1e-15);
+	CHECK_NEAR(loom_muon_lr_multiplier(51, 100, 0.1, 0.5, 0.1), 0.98 + 0.02 * 0.1, 1e-15);
+	CHECK_NEAR(loom_muon_lr_multiplier(99, 100, 0.1, 0.5, 0.1), 0.02 + 0.98 * 0.1, 1e-15);
+	CHECK_NEAR(loom_muon_lr_multiplier(100, 100, 0.1, 0.5, 0.1), 0.1, 1e-15); /* the step after the last */
+	/* nanochat's defaults: no warmup, warmdown over the second half, to 0 */
+	CHECK_FEQ(loom_muon_lr_multiplier(0, 10, 0.0, 0.5, 0.0), 1.0);
+	CHECK_FEQ(loom_muon_lr_multiplier(5, 10, 0.0, 0.5, 0.0), 1.0);
+	CHECK_NEAR(loom_muon_lr_multiplier(6, 10, 0.0, 0.5, 0.0), 0.8, 1e-15);
+	CHECK_NEAR(loom_muon_lr_multiplier(9, 10, 0.0, 0.5, 0.0), 0.2, 1e-15);
+	/* Python's round() is half to even: round(2.5) = 2 warmup steps, round(3.5) = 4 */
+	CHECK_FEQ(loom_muon_lr_multiplier(0, 10, 0.25, 0.0, 0.0), 0.5);
+	CHECK_FEQ(loom_muon_lr_multiplier(0, 10, 0.35, 0.0, 0.0), 0.25);
+	CHECK_FEQ(loom_muon_lr_multiplier(9, 10, 0.0, 0.0, 0.0), 1.0); /* no warmdown */
+
+	/* get_muon_momentum: 0.85 -> 0.95 over 300 steps */
+	CHECK_NEAR(loom_muon_momentum(0), 0.85, 1e-7);
+	CHECK_NEAR(loom_muon_momentum(150), 0.90, 1e-7);
+	CHECK_NEAR(loom_muon_momentum(300), 0.95, 1e-7);
+	CHECK_NEAR(loom_muon_momentum(100000), 0.95, 1e-7);
+	/* get_weight_decay: linear to 0 */
+	CHECK_FEQ(loom_muon_weight_decay(0.2, 0, 100), 0.2);
+	CHECK_NEAR(loom_muon_weight_decay(0.2, 50, 100), 0.1, 1e-15);
+	CHECK_NEAR(loom_muon_weight_decay(0.2, 99, 100), 0.002, 1e-15);
+	/* batch scalings */
+	CHECK_FEQ(loom_muon_batch_lr_scale(524288), 1.0);
+	CHECK_NEAR(loom_muon_batch_lr_scale(4 * 524288.0), 2.0, 1e-15);
+	CHECK_NEAR(loom_muon_batch_lr_scale(131072), 0.5, 1e-15);
+	CHECK_NEAR(loom_muon_weight_decay_scaled(0.2, 4 * 524288.0, 2e9, 1e9), 0.2 * 2 * 0.5, 1e-15);
+	CHECK_NEAR(loom_muon_weight_decay_scaled(0.2, 524288, 1e9, 1e9), 0.2, 1e-15);
+	CHECK_FEQ(loom_muon_auto_batch(1e9, 1e9), 524288.0);
+	CHECK_FEQ(loom_muon_auto_batch(8e9, 1e9), 1048576.0); /* 2^19 8^0.383 = 2^20.15 -> 2^20 */
+	CHECK_FEQ(loom_muon_auto_batch(1e9 / 8, 1e9), 262144.0);
+	return 0;
+}
