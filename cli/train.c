@@ -29,6 +29,7 @@
 #include "loom/comm.h"
 #include "loom/data.h"
 #include "loom/gpt2.h"
+#include "loom/nanochat.h"
 #include "loom/mesh.h"
 #include "loom/train.h"
 
@@ -40,7 +41,13 @@ static const char *const usage_text =
 	"  --val-data GLOB        validation shards; evaluated every --eval-every steps and at the end\n"
 	"  --shuffle 0|1          shuffle the order of batches each epoch (default 0)\n"
 	"model (default --model tiny):\n"
-	"  --model tiny|small|gpt2  a preset; the flags below override its fields\n"
+	"  --arch gpt2|nanochat   the model family (default gpt2); nanochat is karpathy/nanochat's GPT (bac5a35)\n"
+	"  --model tiny|small|gpt2  a GPT-2 preset; the flags below override its fields\n"
+	"  --depth D              nanochat's sizing (base_train): C = ceil(D x aspect / head-dim) x head-dim,\n"
+	"                         heads C / head-dim, L = D; --aspect-ratio A (64) --head-dim H (128)\n"
+	"  --n-kv-head K          nanochat: key/value heads (grouped-query attention; default the heads)\n"
+	"  --window-pattern P     nanochat: S/L per layer, tiled, last layer L (default SSSL)\n"
+	"  --short-window W       nanochat: the S window (default half the sequence length)\n"
 	"  --n-layer L --n-head H --n-embd C --vocab-size V --n-positions P (maximum sequence length)\n"
 	"  --init-from FILE       start from a model file (.safetensors or llm.c .bin) instead of random init\n"
 	"batch:\n"
@@ -54,7 +61,17 @@ static const char *const usage_text =
 	"  --warmup W             linear warmup steps (default 0)\n"
 	"  --schedule S           cosine|linear|constant decay after warmup (default cosine)\n"
 	"  --min-lr-frac F        final learning rate as a fraction of the peak (default 0)\n"
-	"  --weight-decay D       AdamW decoupled weight decay on 2-D weights (default 0.1)\n"
+	"  --weight-decay D       AdamW decoupled weight decay on 2-D weights (default 0.1); with --optimizer\n"
+	"                         muon, Muon's cautious decay, linear to 0 over the run (0.2 with --arch nanochat)\n"
+	"  --optimizer O          adamw (default: one AdamW over every tensor at --lr) or muon (nanochat's\n"
+	"                         MuonAdamW: Muon on the blocks' matrices at --matrix-lr 0.02, AdamW on the\n"
+	"                         rest: --embedding-lr 0.3, --unembedding-lr 0.004 (both x (C/768)^-0.5),\n"
+	"                         --scalar-lr 0.5; --adam-beta1 0.8 --adam-beta2 0.95; the schedule is then\n"
+	"                         the rates' multiplier; docs/muon.md)\n"
+	"  --warmdown-frac F      with --schedule warmdown: the last F of the steps decay linearly to\n"
+	"                         --min-lr-frac (default 0.5, nanochat's)\n"
+	"  --wd-scale none|epochs with muon: weight decay x sqrt(B/B_ref) x (D_ref/D), D = steps x tokens per\n"
+	"                         step, D_ref = --ref-tokens (constant effective epochs, arXiv 2405.13698)\n"
 	"  --beta1 B1 --beta2 B2 --eps E   AdamW (defaults 0.9, 0.95, 1e-8)\n"
 	"  --grad-clip G          clip the global gradient norm to G, 0 disables (default 1.0)\n"
 	"  --seed S               initialization, shuffle and sampling seed (default 1337)\n"
@@ -128,6 +145,10 @@ typedef struct {
 	int tp, dp_flag, dp;              /* --tp, --dp (0: derived), the data-parallel size */
 	loom_act_ckpt_t act_ckpt;         /* --activation-checkpointing */
 	loom_compute_dtype_t dtype;       /* --dtype */
+	int depth, aspect, head_dim;      /* nanochat's sizing (0: not given) */
+	int lr_given, wd_given, wd_scale; /* --lr, --weight-decay given; --wd-scale epochs */
+	long long ref_tokens;             /* --ref-tokens */
+	double lr_factor;                 /* muon: every group's rate scaled by this (--lr-scale) */
 } opts_t;
 
 /* Parse a real flag that must be finite and > lo (lo_open) or >= lo, and < hi (hi_open) or <= hi. */
@@ -205,6 +226,37 @@ static void parse(int argc, char **argv, opts_t *o)
 		else if (FLAG("--val-data")) o->tc.val_data = v;
 		else if (FLAG("--shuffle")) o->tc.shuffle = (int)int_in("--shuffle", v, 0, 1);
 		else if (FLAG("--model")) o->preset = v;
+		else if (FLAG("--arch")) {
+			if (loom_arch_parse(v, &o->mc.arch) != LOOM_OK)
+				cli_die("train", "--arch: %s", loom_errmsg());
+		} else if (FLAG("--depth")) o->depth = (int)int_in("--depth", v, 1, 1024), o->have_model_flags = 1;
+		else if (FLAG("--aspect-ratio")) o->aspect = (int)int_in("--aspect-ratio", v, 1, 1 << 16);
+		else if (FLAG("--head-dim")) o->head_dim = (int)int_in("--head-dim", v, 2, 1 << 16);
+		else if (FLAG("--n-kv-head"))
+			o->mc.n_kv_head = (int)int_in("--n-kv-head", v, 1, 1 << 12), o->have_model_flags = 1;
+		else if (FLAG("--window-pattern")) {
+			if (strlen(v) >= sizeof o->mc.window_pattern || strspn(v, "SL") != strlen(v) || !*v)
+				cli_die("train", "--window-pattern '%s': expected 1 to %zu of the letters S and L", v,
+				        sizeof o->mc.window_pattern - 1);
+			snprintf(o->mc.window_pattern, sizeof o->mc.window_pattern, "%s", v), o->have_model_flags = 1;
+		} else if (FLAG("--short-window"))
+			o->mc.short_window = (int)int_in("--short-window", v, 1, 1 << 20), o->have_model_flags = 1;
+		else if (FLAG("--optimizer")) {
+			if (loom_optimizer_parse(v, &o->tc.optimizer) != LOOM_OK)
+				cli_die("train", "--optimizer: %s", loom_errmsg());
+		} else if (FLAG("--matrix-lr")) o->tc.muon.matrix_lr = (float)dbl_in("--matrix-lr", v, 0, 0, 1e3, 0);
+		else if (FLAG("--embedding-lr")) o->tc.muon.embedding_lr = (float)dbl_in("--embedding-lr", v, 0, 0, 1e3, 0);
+		else if (FLAG("--unembedding-lr"))
+			o->tc.muon.unembedding_lr = (float)dbl_in("--unembedding-lr", v, 0, 0, 1e3, 0);
+		else if (FLAG("--scalar-lr")) o->tc.muon.scalar_lr = (float)dbl_in("--scalar-lr", v, 0, 0, 1e3, 0);
+		else if (FLAG("--adam-beta1")) o->tc.muon.adam_beta1 = (float)dbl_in("--adam-beta1", v, 0, 0, 1, 1);
+		else if (FLAG("--adam-beta2")) o->tc.muon.adam_beta2 = (float)dbl_in("--adam-beta2", v, 0, 0, 1, 1);
+		else if (FLAG("--warmdown-frac")) o->tc.lr.warmdown_frac = dbl_in("--warmdown-frac", v, 0, 1, 1, 0);
+		else if (FLAG("--wd-scale")) {
+			if (strcmp(v, "none") && strcmp(v, "epochs"))
+				cli_die("train", "--wd-scale: '%s' is not one of none, epochs", v);
+			o->wd_scale = !strcmp(v, "epochs");
+		} else if (FLAG("--ref-tokens")) o->ref_tokens = int_in("--ref-tokens", v, 1, 1LL << 62);
 		else if (FLAG("--n-layer")) o->mc.n_layer = (int)int_in("--n-layer", v, 1, 1 << 12), o->have_model_flags = 1;
 		else if (FLAG("--n-head"))
 			o->mc.n_head = o->n_head_flag = (int)int_in("--n-head", v, 1, 1 << 12), o->have_model_flags = 1;
@@ -219,7 +271,7 @@ static void parse(int argc, char **argv, opts_t *o)
 		else if (FLAG("--grad-accum")) o->grad_accum = (int)int_in("--grad-accum", v, 1, 1 << 20);
 		else if (FLAG("--total-batch-size")) o->total_batch = int_in("--total-batch-size", v, 1, 1LL << 40);
 		else if (FLAG("--steps")) o->tc.lr.total_steps = int_in("--steps", v, 1, 1LL << 40);
-		else if (FLAG("--lr")) o->tc.lr.peak_lr = dbl_in("--lr", v, 0, 0, 1e3, 0);
+		else if (FLAG("--lr")) o->tc.lr.peak_lr = dbl_in("--lr", v, 0, 0, 1e3, 0), o->lr_given = 1;
 		else if (FLAG("--warmup")) o->tc.lr.warmup = int_in("--warmup", v, 0, 1LL << 40);
 		else if (FLAG("--schedule") && (!strcmp(v, "gpipe") || !strcmp(v, "1f1b"))) o->tc.pp_schedule = v;
 		else if (FLAG("--pp-head-split"))
@@ -229,7 +281,8 @@ static void parse(int argc, char **argv, opts_t *o)
 			if (loom_schedule_parse(v, &o->tc.lr.kind) != LOOM_OK)
 				cli_die("train", "--schedule: %s", loom_errmsg());
 		} else if (FLAG("--min-lr-frac")) o->tc.lr.min_lr_frac = dbl_in("--min-lr-frac", v, 0, 0, 1, 0);
-		else if (FLAG("--weight-decay")) o->tc.adamw.weight_decay = (float)dbl_in("--weight-decay", v, 0, 0, 1e3, 0);
+		else if (FLAG("--weight-decay"))
+			o->tc.adamw.weight_decay = (float)dbl_in("--weight-decay", v, 0, 0, 1e3, 0), o->wd_given = 1;
 		else if (FLAG("--beta1")) o->tc.adamw.beta1 = (float)dbl_in("--beta1", v, 0, 0, 1, 1);
 		else if (FLAG("--beta2")) o->tc.adamw.beta2 = (float)dbl_in("--beta2", v, 0, 0, 1, 1);
 		else if (FLAG("--eps")) {
@@ -320,6 +373,21 @@ static void parse(int argc, char **argv, opts_t *o)
 	if (o->pp > 1 && o->sample_every > 0)
 		cli_die("train", "--sample-every with --pp %d: a pipeline stage holds only its own layers; sample from a "
 		        "checkpoint with `loom sample` instead", o->pp);
+	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->lr_given && o->mc.arch == LOOM_ARCH_NANOCHAT)
+		cli_die("train", "--lr: nanochat under --optimizer muon has one rate per group: --matrix-lr, "
+		        "--embedding-lr, --unembedding-lr, --scalar-lr (the schedule multiplies them all)");
+	if (o->wd_scale && (o->tc.optimizer != LOOM_OPTIMIZER_MUON || o->ref_tokens <= 0))
+		cli_die("train", "--wd-scale epochs scales Muon's weight decay: it needs --optimizer muon and --ref-tokens "
+		        "D_REF (the reference run's tokens)");
+	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->lr_scale > 0 && o->ref_batch <= 0)
+		o->ref_batch = (long long)LOOM_MUON_B_REF; /* nanochat's B_ref, 2^19 tokens */
+	if (o->mc.arch != LOOM_ARCH_NANOCHAT && (o->depth || o->mc.n_kv_head > 0 || o->mc.window_pattern[0] ||
+	                                         o->mc.short_window > 0))
+		cli_die("train", "--depth, --n-kv-head, --window-pattern and --short-window are nanochat's: add --arch "
+		        "nanochat");
+	if (o->mc.arch == LOOM_ARCH_NANOCHAT && o->preset)
+		cli_die("train", "--model %s is a GPT-2 preset; nanochat is sized by --depth D (or --n-layer, --n-embd, "
+		        "--n-head)", o->preset);
 	double scaled;
 	if (loom_lr_scaled(o->tc.lr.peak_lr, o->lr_scale, 1, o->ref_batch, &scaled) != LOOM_OK)
 		cli_die("train", "%s", loom_errmsg()); /* e.g. a scaling without its reference batch */
@@ -367,6 +435,28 @@ static void model_config(opts_t *o)
 	if (o->init_from) {
 		if (loom_model_config(o->init_from, o->n_head_flag, &c, NULL) != LOOM_OK)
 			cli_die("train", "--init-from: %s", loom_errmsg());
+	} else if (o->mc.arch == LOOM_ARCH_NANOCHAT) {
+		int T = o->n_positions > 0 ? o->n_positions : o->tc.T > 0 ? o->tc.T : 256;
+		if (!o->depth && (o->mc.n_layer <= 0 || o->mc.n_embd <= 0 || o->mc.n_head <= 0))
+			cli_die("train", "--arch nanochat: give --depth D (nanochat's sizing) or --n-layer, --n-embd and --n-head");
+		if (o->mc.vocab_size <= 0)
+			cli_die("train", "--arch nanochat: give --vocab-size V (the tokenizer's vocabulary; it is padded to a "
+			        "multiple of 64 inside the model)");
+		if (o->depth) {
+			if (loom_nanochat_depth_config(o->depth, o->aspect ? o->aspect : 64, o->head_dim ? o->head_dim : 128, T,
+			                               o->mc.vocab_size, &c) != LOOM_OK)
+				cli_die("train", "--depth %d: %s", o->depth, loom_errmsg());
+		} else {
+			memset(&c, 0, sizeof c);
+			c.arch = LOOM_ARCH_NANOCHAT, c.seq_len = T, c.vocab_size = o->mc.vocab_size;
+		}
+		if (o->mc.n_layer > 0) c.n_layer = o->mc.n_layer;
+		if (o->mc.n_head > 0) c.n_head = o->mc.n_head;
+		if (o->mc.n_embd > 0) c.n_embd = o->mc.n_embd;
+		c.n_kv_head = o->mc.n_kv_head > 0 ? o->mc.n_kv_head : c.n_kv_head > 0 ? c.n_kv_head : c.n_head;
+		c.short_window = o->mc.short_window > 0 ? o->mc.short_window : c.seq_len / 2;
+		snprintf(c.window_pattern, sizeof c.window_pattern, "%s", o->mc.window_pattern[0] ? o->mc.window_pattern
+		         : c.window_pattern[0] ? c.window_pattern : "SSSL");
 	} else {
 		if (loom_gpt2_preset(o->preset ? o->preset : "tiny", &c) != LOOM_OK)
 			cli_die("train", "--model: %s", loom_errmsg());
@@ -381,6 +471,11 @@ static void model_config(opts_t *o)
 		cli_die("train", "%s", loom_errmsg());
 	if (o->tc.T < 0)
 		o->tc.T = c.seq_len;
+	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON) {
+		o->tc.muon.n_embd = c.n_embd;
+		o->tc.muon.weight_decay = o->wd_given ? o->tc.adamw.weight_decay
+		                          : c.arch == LOOM_ARCH_NANOCHAT ? 0.2f : o->tc.adamw.weight_decay;
+	}
 	if (o->tc.T > c.seq_len)
 		cli_die("train", "--seq-len %d exceeds the model's maximum sequence length %d%s", o->tc.T, c.seq_len,
 		        o->init_from ? "" : " (raise it with --n-positions)");
@@ -396,9 +491,26 @@ static void batch_config(opts_t *o)
 	} else {
 		o->tc.accum = o->grad_accum > 0 ? o->grad_accum : 1;
 	}
+	long long tokens = (long long)o->tc.B * o->tc.T * o->dp * o->tc.accum;
+	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON) { /* the schedule is the multiplier; every group's rate scales */
+		double f = 1.0;
+		double adamw_lr = o->tc.lr.peak_lr; /* --lr: GPT-2's AdamW tensors */
+		o->tc.lr.peak_lr = 1.0;
+		if (loom_lr_scaled(1.0, o->lr_scale, tokens, o->ref_batch, &f) != LOOM_OK)
+			cli_die("train", "%s", loom_errmsg());
+		o->tc.muon.matrix_lr *= (float)f, o->tc.muon.embedding_lr *= (float)f;
+		o->tc.muon.unembedding_lr *= (float)f, o->tc.muon.scalar_lr *= (float)f;
+		o->tc.muon.adamw_lr = (float)(adamw_lr * f);
+		o->tc.muon.total_steps = o->tc.lr.total_steps;
+		if (o->wd_scale)
+			o->tc.muon.weight_decay = (float)loom_muon_weight_decay_scaled(
+				o->tc.muon.weight_decay, (double)tokens, (double)tokens * (double)o->tc.lr.total_steps,
+				(double)o->ref_tokens);
+		o->base_lr = 1.0, o->lr_factor = f;
+		return;
+	}
 	o->base_lr = o->tc.lr.peak_lr;
-	if (loom_lr_scaled(o->base_lr, o->lr_scale, (long long)o->tc.B * o->tc.T * o->dp * o->tc.accum, o->ref_batch,
-	                   &o->tc.lr.peak_lr) != LOOM_OK)
+	if (loom_lr_scaled(o->base_lr, o->lr_scale, tokens, o->ref_batch, &o->tc.lr.peak_lr) != LOOM_OK)
 		cli_die("train", "%s", loom_errmsg());
 }
 
@@ -498,9 +610,18 @@ static void sample(run_ctx_t *r, loom_model_t *model, long long step)
 /* What this run does, printed by rank 0 before the first step. */
 static void print_header(const opts_t *o, loom_trainer_t *tr)
 {
-	printf("model: L%d H%d C%d T%d V%d, %zu parameters%s%s\n", o->mc.n_layer, o->mc.n_head, o->mc.n_embd,
-	       o->mc.seq_len, o->mc.vocab_size, loom_model_num_params(&o->mc), o->init_from ? ", from " : "",
-	       o->init_from ? o->init_from : "");
+	printf("model: %s L%d H%d C%d T%d V%d, %zu parameters%s%s\n", loom_arch_name(o->mc.arch), o->mc.n_layer,
+	       o->mc.n_head, o->mc.n_embd, o->mc.seq_len, o->mc.vocab_size, loom_model_num_params(&o->mc),
+	       o->init_from ? ", from " : "", o->init_from ? o->init_from : "");
+	if (o->mc.arch == LOOM_ARCH_NANOCHAT)
+		printf("nanochat: %d kv heads, window pattern %s (S = %d positions), vocabulary padded to a multiple of 64\n",
+		       o->mc.n_kv_head, o->mc.window_pattern, o->mc.short_window);
+	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON)
+		printf("optimizer: MuonAdamW: Muon matrices lr %g (momentum 0.85 -> 0.95 over 300 steps, weight decay %g "
+		       "-> 0), AdamW embeddings %g, lm head %g (x (C/768)^-0.5 = %.4f), scalars %g; the schedule multiplies "
+		       "them%s\n", o->tc.muon.matrix_lr, o->tc.muon.weight_decay, o->tc.muon.embedding_lr,
+		       o->tc.muon.unembedding_lr, pow(o->mc.n_embd / 768.0, -0.5), o->tc.muon.scalar_lr,
+		       o->dp > 1 ? "; DistMuon: each rank updates its share of the matrices" : "");
 	if (o->pp > 1)
 		printf("batch: B=%d T=%d micro-batches=%d dp=%d -> %lld tokens per step", o->tc.B, o->tc.T, o->tc.accum,
 		       o->dp, loom_trainer_tokens_per_step(tr));
@@ -512,7 +633,11 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		       loom_trainer_tokens_per_step(tr));
 	printf("; %lld steps; lr %g (%s, warmup %lld, min %g x)\n", o->tc.lr.total_steps, o->tc.lr.peak_lr,
 	       loom_schedule_name(o->tc.lr.kind), o->tc.lr.warmup, o->tc.lr.min_lr_frac);
-	if (o->lr_scale > 0)
+	if (o->lr_scale > 0 && o->tc.optimizer == LOOM_OPTIMIZER_MUON)
+		printf("lr: every group's rate x %g (%s scaling, %lld tokens per step vs a reference of %lld)\n",
+		       o->lr_factor, loom_lr_scale_name(o->lr_scale), loom_trainer_tokens_per_step(tr),
+		       o->ref_batch);
+	else if (o->lr_scale > 0)
 		printf("lr: peak %g = %g x %g (%s scaling, %lld tokens per step vs a reference of %lld)\n", o->tc.lr.peak_lr,
 		       o->base_lr, o->tc.lr.peak_lr / o->base_lr, loom_lr_scale_name(o->lr_scale),
 		       loom_trainer_tokens_per_step(tr), o->ref_batch);
@@ -600,8 +725,9 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 		snprintf(eta, sizeof eta, "-");
 	if (r->o->tc.peak_flops > 0)
 		snprintf(mfu, sizeof mfu, "%.1f%%", 100.0 * r->iv_mfu / n);
-	printf("step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s", w, m->step, m->total,
-	       m->loss, m->lr, m->grad_norm, ms, (double)loom_trainer_tokens_per_step(tr) / (ms * 1e-3), mfu);
+	printf("step %*lld/%lld | loss %.6f | ema %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s", w, m->step,
+	       m->total, m->loss, m->loss_ema, m->lr, m->grad_norm, ms, (double)loom_trainer_tokens_per_step(tr) / (ms * 1e-3),
+	       mfu);
 	if (r->o->world > 1)
 		printf(" | comm %.1f ms, exposed %.1f ms, wait %.1f ms", r->iv_comm / n, r->iv_exposed / n, r->iv_wait / n);
 	if (r->o->pp > 1)

@@ -53,7 +53,7 @@ static inline loom_model_t *loom_gpt2_model(loom_gpt2_t *m)
  * -1 for LayerNorms, wpe, attn.c_proj.bias, mlp.c_proj.bias. attn.c_attn (kind LOOM_TP_QKV) has three
  * output sections q | k | v of C each, split by heads within each section, rank r of p taking heads
  * [r NH/p, (r+1) NH/p) of q, of k and of v. Optimizer groups: the blocks' 2-D weights MATRIX (c_attn
- * one matrix), wte and wpe EMBED, biases and LayerNorms VECTOR; 2-D weights are transposed ([in, out]). */
+ * one matrix), the rest (wte, wpe, biases, LayerNorms) VECTOR; 2-D weights are transposed ([in, out]). */
 
 /* Presets: "tiny" (L4 H4 C128 T128 V257), "small" (L6 H6 C384 T256 V50257), "gpt2" (124M:
  * L12 H12 C768 T1024 V50257). LOOM_EINVAL for an unknown name. */

@@ -68,7 +68,7 @@ typedef enum {
 	LOOM_OPT_UNEMBED = 2, /* the lm head: AdamW at --unembedding-lr */
 	LOOM_OPT_SCALAR = 3,  /* per-layer residual scalars (nanochat's resid_lambdas): AdamW at 0.01 --scalar-lr */
 	LOOM_OPT_X0 = 4,      /* nanochat's x0_lambdas: AdamW at --scalar-lr, betas (0.96, 0.95) */
-	LOOM_OPT_VECTOR = 5   /* GPT-2's biases and LayerNorm parameters: AdamW at --scalar-lr */
+	LOOM_OPT_VECTOR = 5   /* GPT-2's embeddings (tied wte, wpe), biases and LayerNorms: AdamW at --lr */
 } loom_opt_group_t;
 
 /* How tensor parallelism splits a tensor (tp_dim names the dimension). */

@@ -106,6 +106,8 @@ typedef struct {
 	float adam_eps;         /* 1e-10 */
 	float weight_decay;     /* Muon's (cautious) weight decay at step 0; nanochat's --weight-decay 0.2 */
 	float muon_beta2;       /* NorMuon's 0.95 */
+	float adamw_lr;         /* LOOM_OPT_VECTOR (GPT-2's embeddings, biases, LayerNorms): AdamW at this rate,
+	                           with adam_beta1/2 and adam_eps (loom train: --lr, default 6e-4) */
 } loom_muon_config_t;
 
 /* The defaults above (n_embd 768, total_steps 1: set both). */

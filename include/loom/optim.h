@@ -25,6 +25,13 @@
 extern "C" {
 #endif
 
+/* Which optimizer a run uses: AdamW over every tensor (the default), or nanochat's MuonAdamW
+ * (loom/muon.h: Muon on the blocks' matrices, AdamW groups for the rest). */
+typedef enum { LOOM_OPTIMIZER_ADAMW = 0, LOOM_OPTIMIZER_MUON = 1 } loom_optimizer_t;
+/* "adamw" | "muon"; LOOM_EINVAL naming both for another name. */
+int loom_optimizer_parse(const char *name, loom_optimizer_t *opt);
+const char *loom_optimizer_name(loom_optimizer_t opt); /* "?" when invalid */
+
 typedef struct {
 	float beta1;        /* default 0.9 */
 	float beta2;        /* default 0.95 (GPT-2 / nanoGPT); torch's own default is 0.999 */

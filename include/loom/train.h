@@ -40,6 +40,7 @@
 #include "loom/error.h"
 #include "loom/gpt2.h"
 #include "loom/mesh.h"
+#include "loom/muon.h"
 #include "loom/optim.h"
 
 #ifdef __cplusplus
@@ -48,20 +49,24 @@ extern "C" {
 
 /* ---- learning-rate schedule -------------------------------------------------------------------- */
 
-typedef enum { LOOM_SCHED_COSINE = 0, LOOM_SCHED_LINEAR = 1, LOOM_SCHED_CONSTANT = 2 } loom_schedule_kind_t;
+typedef enum { LOOM_SCHED_COSINE = 0, LOOM_SCHED_LINEAR = 1, LOOM_SCHED_CONSTANT = 2, LOOM_SCHED_WARMDOWN = 3 } loom_schedule_kind_t;
 
 /* Steps s = 1..N; P = peak_lr, W = warmup, F = P*min_lr_frac:
  *   s <= W: P*s/W;  then q = (s-W)/(N-W) in [0,1]: cosine F + (P-F)(1+cos(pi q))/2,
- *   linear P - (P-F) q, constant P. Step W uses P, step N uses F (cosine, linear). */
+ *   linear P - (P-F) q, constant P. Step W uses P, step N uses F (cosine, linear).
+ * warmdown is nanochat's base_train get_lr_multiplier at it = s - 1, with D = round(warmdown_frac N)
+ * (half to even, as Python): it < W: P (it+1)/W; it <= N - D: P; then f = (N - it)/D, P (f + (1-f)
+ * min_lr_frac) (warmup, constant, linear warmdown to F over the last D steps). */
 typedef struct {
 	double peak_lr;
 	long long warmup;      /* W >= 0 */
 	long long total_steps; /* N > 0 */
 	loom_schedule_kind_t kind;
 	double min_lr_frac;    /* [0, 1] */
+	double warmdown_frac;  /* warmdown: the fraction of the steps that decay (0: 0.5, nanochat's) */
 } loom_lr_schedule_t;
 
-/* "cosine" | "linear" | "constant"; LOOM_EINVAL (listing them) otherwise. */
+/* "cosine" | "linear" | "constant" | "warmdown"; LOOM_EINVAL (listing them) otherwise. */
 int loom_schedule_parse(const char *name, loom_schedule_kind_t *kind);
 const char *loom_schedule_name(loom_schedule_kind_t kind);
 /* LOOM_EINVAL with a message for out-of-range fields. */
@@ -122,6 +127,11 @@ typedef struct {
 	uint64_t seed;             /* data shuffle (and sampling) seed */
 	loom_lr_schedule_t lr;     /* total_steps is the run's number of optimizer steps */
 	loom_adamw_config_t adamw;
+	/* The optimizer (0: AdamW with `adamw` over every tensor at lr). LOOM_OPTIMIZER_MUON: MuonAdamW
+	 * with `muon` (loom/muon.h: each group's own rate), and the LR schedule (lr, with peak_lr 1) is
+	 * then the multiplier of every group's rate, as base_train's get_lr_multiplier. */
+	loom_optimizer_t optimizer;
+	loom_muon_config_t muon;
 	double grad_clip;          /* max global norm; <= 0 disables clipping */
 	int eval_every;            /* with val_data: evaluate every K steps and at the last step
 	                              (0: only at the last step) */
@@ -182,6 +192,8 @@ typedef struct {
 	long long step;       /* optimizer steps done, counting from 1 */
 	long long total;      /* steps of the run */
 	float loss;           /* mean loss of the step's micro-batches, before its update */
+	double loss_ema;      /* the losses' moving average (beta 0.9), debiased: ema / (1 - 0.9^step), as
+	                         nanochat's base_train prints it; resumed from the checkpoint */
 	float lr;
 	double grad_norm;     /* global norm before clipping */
 	double dt_ms;         /* wall time of the step (micro-steps, clipping, AdamW) */

@@ -230,3 +230,17 @@ int loom_adamw_step_ref(loom_adamw_t *o, float *params, const float *grads, floa
 	o->step++;
 	return LOOM_OK;
 }
+
+int loom_optimizer_parse(const char *name, loom_optimizer_t *opt)
+{
+	if (name && strcmp(name, "adamw") == 0)
+		return *opt = LOOM_OPTIMIZER_ADAMW, LOOM_OK;
+	if (name && strcmp(name, "muon") == 0)
+		return *opt = LOOM_OPTIMIZER_MUON, LOOM_OK;
+	return loom_seterr(LOOM_EINVAL, "optimizer '%s' is not one of adamw, muon", name ? name : "(null)");
+}
+
+const char *loom_optimizer_name(loom_optimizer_t opt)
+{
+	return opt == LOOM_OPTIMIZER_ADAMW ? "adamw" : opt == LOOM_OPTIMIZER_MUON ? "muon" : "?";
+}

@@ -296,7 +296,8 @@ loom_muon_config_t loom_muon_defaults(void)
 {
 	loom_muon_config_t c = {.n_embd = 768, .total_steps = 1, .unembedding_lr = 0.004f, .embedding_lr = 0.3f,
 	                        .matrix_lr = 0.02f, .scalar_lr = 0.5f, .adam_beta1 = 0.8f, .adam_beta2 = 0.95f,
-	                        .x0_beta1 = 0.96f, .adam_eps = 1e-10f, .weight_decay = 0.2f, .muon_beta2 = 0.95f};
+	                        .x0_beta1 = 0.96f, .adam_eps = 1e-10f, .weight_decay = 0.2f, .muon_beta2 = 0.95f,
+	                        .adamw_lr = 6e-4f};
 	return c;
 }
 
@@ -329,7 +330,7 @@ static void adam_group(const loom_muon_config_t *c, loom_opt_group_t g, double *
 	case LOOM_OPT_EMBED: *lr = (double)c->embedding_lr * dscale; break;
 	case LOOM_OPT_SCALAR: *lr = (double)c->scalar_lr * 0.01; break;
 	case LOOM_OPT_X0: *lr = c->scalar_lr, *b1 = c->x0_beta1, *b2 = 0.95f; break;
-	default: *lr = c->scalar_lr; break; /* LOOM_OPT_VECTOR: GPT-2's biases and LayerNorms */
+	default: *lr = c->adamw_lr; break; /* LOOM_OPT_VECTOR: GPT-2's embeddings, biases and LayerNorms */
 	}
 }
 

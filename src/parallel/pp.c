@@ -505,11 +505,11 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 				continue;
 			float *gl = loom_model_tensor_grad(e->stage, t); /* zero on the first stage (zero_grad) */
 			if ((rc = loom_allreduce(e->ends, gl, gl, e->tensors[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
-				rc = loom_seterr(rc, "pipeline stage %d of %d: summing ln_f's gradient between the stages that "
-				                 "share the head: %s", e->s, e->P, loom_comm_errmsg(e->ends));
+				rc = loom_seterr(rc, "pipeline stage %d of %d: summing %s's gradient between the stages that "
+				                 "share the head: %s", e->s, e->P, e->tensors[t].name, loom_comm_errmsg(e->ends));
 				goto out;
 			}
-			if (!e->head) /* the first stage keeps no share of ln_f (nor counts it in the norm) */
+			if (!e->head) /* the first stage keeps no share of the head's (nor counts it in the norm) */
 				memset(gl, 0, e->tensors[t].numel * sizeof(float));
 		}
 	}

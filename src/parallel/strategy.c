@@ -70,6 +70,12 @@ int loom__strategy_create(loom_strategy_t **out, const loom_strategy_config_t *c
 	const char *name = cfg->name && *cfg->name ? cfg->name : "ddp";
 	int several = cfg->dp && loom_comm_size(cfg->dp) > 1, tensor = cfg->tp && loom_comm_size(cfg->tp) > 1, named = 0;
 	*out = NULL;
+	if (cfg->optimizer == LOOM_OPTIMIZER_MUON && (cfg->zero > 0 || tensor))
+		return loom_seterr(LOOM_ENOTSUP, "trainer: --optimizer muon %s: MuonAdamW runs with plain data parallel "
+		                   "(DistMuon splits its work over the data-parallel ranks) and pipeline stages; %s",
+		                   cfg->zero > 0 ? "with --zero" : "with --tp > 1",
+		                   cfg->zero > 0 ? "drop --zero (the AdamW tensors' state is replicated)"
+		                                 : "a tensor-parallel shard of a matrix cannot be orthogonalized alone");
 	for (size_t k = 0; k < LOOM_ARRAY_LEN(strategies); k++) {
 		if (strcmp(strategies[k].name, name) != 0)
 			continue;
@@ -110,12 +116,15 @@ int loom__replica_init(loom_strategy_t *s, const loom_strategy_config_t *cfg, fl
 	s->mem.params = s->mem.grads = s->nparams * sizeof(float);
 	s->mem.optim = 2 * s->nparams * sizeof(float);
 	s->mem.comm = 0;
+	if (cfg->optimizer == LOOM_OPTIMIZER_MUON)
+		return loom__muon_init(s, cfg);
 	return loom_adamw_init_model_range(&s->opt, &cfg->adamw, &s->mcfg, 0, s->nparams);
 }
 
 void loom__replica_free(loom_strategy_t *s)
 {
 	loom_adamw_free(&s->opt);
+	loom__muon_free(s);
 }
 
 int loom__replica_grad_norm(loom_strategy_t *s, double *norm)
@@ -126,6 +135,8 @@ int loom__replica_grad_norm(loom_strategy_t *s, double *norm)
 
 int loom__replica_optim_step(loom_strategy_t *s, float lr, float grad_scale)
 {
+	if (s->muon)
+		return loom__muon_step(s, lr, grad_scale);
 	return loom_adamw_step(&s->opt, s->params, s->grads, lr, grad_scale);
 }
 
@@ -133,6 +144,8 @@ int loom__replica_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	char path[1200];
 	int rc;
+	if (s->muon) /* each rank has its own matrices' state */
+		return loom__muon_save(s, w);
 	if (!w || !w->active) /* every rank holds the same state: the writer alone writes it */
 		return LOOM_OK;
 	if ((rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) ||
@@ -151,6 +164,11 @@ int loom__replica_load(loom_strategy_t *s, const char *dir, long long step)
 	const loom_model_config_t *c = &s->mcfg;
 	int rc;
 	struct stat sb;
+	if (s->muon)
+		return loom__muon_load(s, dir, step);
+	snprintf(file, sizeof file, "%s/muon_adamw.safetensors", dir);
+	if (stat(file, &sb) == 0)
+		return loom_seterr(LOOM_EMISMATCH, "resume: %s was written with --optimizer muon; resume with it", dir);
 	snprintf(file, sizeof file, "%s/zero.json", dir);
 	if (stat(file, &sb) == 0) /* written by a ZeRO strategy: the moments are in shards */
 		return loom__sharded_load(s, dir, step);

@@ -36,6 +36,7 @@
 #include "loom/comm.h"
 #include "loom/ddp.h"
 #include "loom/model.h"
+#include "loom/muon.h"
 #include "loom/optim.h"
 
 typedef struct loom_strategy loom_strategy_t;
@@ -55,6 +56,11 @@ typedef struct {
 	 * (the unused ones get zero gradients and are never read by this rank; src/parallel/pp.c). */
 	const unsigned char *tensor_used;
 	loom_dtype_t grad_reduce_dtype; /* what gradient all-reduces send: LOOM_FLOAT32 or LOOM_BFLOAT16 */
+	/* The optimizer: LOOM_OPTIMIZER_ADAMW (`adamw` above over every tensor) or LOOM_OPTIMIZER_MUON
+	 * (MuonAdamW with `muon`; local and ddp only, muon_opt.c; optim_step's lr is then the schedule's
+	 * multiplier of every group's rate). */
+	int optimizer;
+	loom_muon_config_t muon;
 } loom_strategy_config_t;
 
 /* Communication of one step's gradients, as loom_ddp_stats_t. */
@@ -109,7 +115,9 @@ struct loom_strategy {
 	float *params, *grads;        /* the full flat buffers (see Memory above) */
 	size_t nparams;
 	size_t own_offset, own_count; /* the owned range */
-	loom_adamw_t opt;             /* over the owned range */
+	loom_adamw_t opt;             /* over the owned range (AdamW; empty under MuonAdamW) */
+	loom_muonadamw_t *muon;       /* MuonAdamW instead (--optimizer muon), else NULL (muon_opt.c) */
+	struct loom__muon_plan *muon_plan;
 	/* The gradient of the owned range (own_count floats; after the last finish_grads of a step, the
 	 * averaged one). grads + own_offset where a full gradient buffer exists; a strategy that keeps
 	 * only its shard (ZeRO-2) has grads NULL and this pointing at the shard. */
@@ -158,6 +166,15 @@ size_t loom__zero_shard_offset(size_t nparams, int rank, int size);
  * slice of everything from a checkpoint of any world size or stage, DDP's included. */
 int loom__sharded_save(loom_strategy_t *s, const loom_ckpt_writer_t *w, int stage);
 int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step);
+
+/* MuonAdamW in the replica strategies (muon_opt.c): init (DistMuon's ownership over the data-parallel
+ * ranks), free (safe twice), step (the owners' updates, then one all-gather of the matrices), and
+ * checkpoints that resume on any number of ranks. */
+int loom__muon_init(loom_strategy_t *s, const loom_strategy_config_t *cfg);
+void loom__muon_free(loom_strategy_t *s);
+int loom__muon_step(loom_strategy_t *s, float lr_multiplier, float grad_scale);
+int loom__muon_save(loom_strategy_t *s, const loom_ckpt_writer_t *w);
+int loom__muon_load(loom_strategy_t *s, const char *dir, long long step);
 
 /* Pick the strategy for cfg by the table in strategy.c (LOOM_ENOTSUP naming what exists for an
  * unknown name or a ZeRO stage not implemented) and create it. */

@@ -192,8 +192,8 @@ static int tp_check_replicas(loom_strategy_t *s)
 		}
 	free(all);
 	if (bad)
-		return loom_seterr(LOOM_EMISMATCH, "tensor parallel: rank %d: the replicated tensors (LayerNorms, wpe, "
-		                   "row-parallel biases) of tensor-parallel rank(s) %s differ from rank 0's", t->tp_rank, list);
+		return loom_seterr(LOOM_EMISMATCH, "tensor parallel: rank %d: the replicated tensors (those tensor "
+		                   "parallelism keeps whole) of tensor-parallel rank(s) %s differ from rank 0's", t->tp_rank, list);
 	return LOOM_OK;
 }
 

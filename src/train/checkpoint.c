@@ -66,7 +66,9 @@ static int put_state(loom_trainer_t *tr, loom_kv_t *kv, const loom_loader_state_
 	int rc = LOOM_OK;
 	rc = rc ? rc : loom_kv_set_str(kv, "format", "loom-train");
 	rc = rc ? rc : loom_kv_set_i64(kv, "step", tr->step);
-	rc = rc ? rc : loom_kv_set_i64(kv, "adamw.step", tr->strategy->opt.step);
+	/* the optimizer's step count ("adamw.step" whichever optimizer: MuonAdamW's is the same count) */
+	rc = rc ? rc : loom_kv_set_i64(kv, "adamw.step", tr->strategy->muon ? tr->strategy->muon->step
+	                                                                    : tr->strategy->opt.step);
 	for (int r = 0; r < tr->dp_size; r++) {
 		loader_key(key, sizeof key, r);
 		rc = rc ? rc : loom_kv_set_loader(kv, key, &loaders[r]);
@@ -82,6 +84,7 @@ static int put_state(loom_trainer_t *tr, loom_kv_t *kv, const loom_loader_state_
 		rc = rc ? rc : loom_kv_set_i64(kv, "model.short_window", tr->mcfg.short_window);
 		rc = rc ? rc : loom_kv_set_str(kv, "model.window_pattern", tr->mcfg.window_pattern);
 	}
+	rc = rc ? rc : loom_kv_set_f64(kv, "loss_ema", tr->loss_ema);
 	rc = rc ? rc : loom_kv_set_i64(kv, "batch.B", c->B);
 	rc = rc ? rc : loom_kv_set_i64(kv, "batch.T", c->T);
 	rc = rc ? rc : loom_kv_set_i64(kv, "batch.accum", c->accum);
@@ -299,6 +302,8 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 	if ((rc = tr->strategy->ops->load(tr->strategy, dir, astep)) != LOOM_OK)
 		goto out;
 	tr->step = step;
+	double ema = 0.0;
+	tr->loss_ema = loom_kv_get_f64(kv, "loss_ema", &ema) == LOOM_OK ? ema : 0.0; /* absent in older ones */
 	tr->resumed = 1;
 	tr->synced = 0; /* the next step broadcasts rank 0's parameters again */
 out:

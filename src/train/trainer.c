@@ -35,6 +35,7 @@ loom_train_config_t loom_train_defaults(void)
 	c.accum = 1;
 	c.seed = 1337;
 	c.adamw = loom_adamw_defaults();
+	c.muon = loom_muon_defaults();
 	c.grad_clip = 1.0;
 	c.lr.kind = LOOM_SCHED_COSINE;
 	c.lr.min_lr_frac = 0.0;
@@ -223,7 +224,8 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	loom_strategy_config_t sc = {.name = cfg->strategy, .zero = cfg->zero, .model = eo->model(tr->exec),
 	                             .dp = tr->dp, .tp = tr->tp, .writer = tr->rank == 0, .adamw = cfg->adamw,
 	                             .bucket_mb = cfg->bucket_mb, .tensor_used = eo->tensor_used(tr->exec),
-	                             .grad_reduce_dtype = cfg->grad_reduce_dtype};
+	                             .grad_reduce_dtype = cfg->grad_reduce_dtype, .optimizer = cfg->optimizer,
+	                             .muon = cfg->muon};
 	if ((rc = loom__strategy_create(&tr->strategy, &sc)) != LOOM_OK)
 		goto fail;
 	memset(&lo, 0, sizeof lo);
@@ -330,6 +332,8 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 	m->step = tr->step;
 	m->total = c->lr.total_steps;
 	m->loss = (float)(loss_sum / c->accum);
+	tr->loss_ema = 0.9 * tr->loss_ema + 0.1 * (double)m->loss;
+	m->loss_ema = tr->loss_ema / (1.0 - pow(0.9, (double)tr->step));
 	m->dt_ms = dt * 1e3;
 	m->tokens_per_s = (double)loom_trainer_tokens_per_step(tr) / dt;
 	m->mfu = c->peak_flops > 0 ? m->tokens_per_s * tr->flops_per_token / (c->peak_flops * tr->world) : 0.0;
