@@ -173,6 +173,8 @@ int loom_train_log_write(loom_trainer_t *tr, const loom_step_metrics_t *m)
 	num(f, "lr", m->lr, "%.9g");
 	num(f, "grad_norm", m->grad_norm, "%.9g");
 	num(f, "dt_ms", m->dt_ms, "%.3f");
+	num(f, "optim_ms", m->optim_ms, "%.3f");
+	num(f, "loss_ema", m->loss_ema, "%.9g");
 	num(f, "tokens_per_s", m->tokens_per_s, "%.1f");
 	num(f, "mfu", m->mfu, "%.4f");
 	if (tr->world > 1) {
