@@ -638,3 +638,162 @@ TEST(nanochat_init_values)
 	loom_model_destroy(m), loom_model_destroy(m2), loom_model_destroy(m4);
 	return 0;
 }
+
+/* ---- sampling, activation checkpointing, bf16 ----------------------------------------------------------- */
+
+typedef struct {
+	loom_model_t *m;
+	float logits[16][61];
+	int n;
+} gen_t;
+
+static void keep_logits(void *ctx, int tok)
+{
+	gen_t *g = ctx;
+	(void)tok;
+	if (g->n < 16)
+		memcpy(g->logits[g->n++], ((loom_nanochat_t *)g->m)->kv->logits, sizeof g->logits[0]);
+}
+
+/* The KV cache's logits at every generated position equal a full forward's over the context there,
+ * the short windows included (positions past 8 attend over a window); greedy tokens are the argmax. */
+TEST(nanochat_generate_kv_cache_matches_forward)
+{
+	loom_model_config_t c = small_cfg();
+	enum { T = 16 };
+	loom_model_t *m = NULL;
+	loom_model_opts_t o = {.B = 1, .T = T};
+	int prompt[3] = {5, 17, 33}, out[T], n_out = 0, ctx[T];
+	gen_t g;
+	memset(&g, 0, sizeof g);
+	CHECK_OK(loom_model_create(&m, &c, &o));
+	test_params(m, 12);
+	g.m = m;
+	CHECK_OK(loom_model_generate(m, prompt, 3, 20, 0.0f, 0, 1, -1, out, &n_out, keep_logits, &g));
+	CHECK_EQ(n_out, T - 3); /* stops when the context reaches T */
+	CHECK_EQ(g.n, n_out);
+	memcpy(ctx, prompt, sizeof prompt);
+	memcpy(ctx + 3, out, sizeof(int) * (size_t)n_out);
+	double worst = 0.0;
+	for (int k = 0; k < n_out; k++) {
+		int t = 3 + k; /* the logits that chose out[k] are position t - 1's */
+		CHECK_OK(loom_model_forward(m, ctx, NULL, 1, t, NULL));
+		const float *lg = loom_model_logits(m);
+		int best = 0;
+		for (int v = 0; v < c.vocab_size; v++) {
+			worst = fmax(worst, fabs(lg[v] - g.logits[k][v]));
+			CHECK_MSG(fabsf(lg[v] - g.logits[k][v]) <= 2e-5f, "position %d, logit %d: cache %.9g, forward %.9g", t - 1,
+			          v, g.logits[k][v], lg[v]);
+			best = lg[v] > lg[best] ? v : best;
+		}
+		CHECK_EQ(out[k], best);
+	}
+	fprintf(stderr, "  KV-cache logits within %.3g of the full forward's over %d positions\n", worst, n_out);
+	/* sampling: the same seed gives the same tokens; top_k 1 is greedy; a stop token ends early */
+	int a[8], b[8], na, nb;
+	CHECK_OK(loom_model_generate(m, prompt, 3, 8, 1.0f, 5, 99, -1, a, &na, NULL, NULL));
+	CHECK_OK(loom_model_generate(m, prompt, 3, 8, 1.0f, 5, 99, -1, b, &nb, NULL, NULL));
+	CHECK_EQ(na, 8);
+	CHECK(memcmp(a, b, sizeof a) == 0);
+	CHECK_OK(loom_model_generate(m, prompt, 3, 8, 3.0f, 1, 7, -1, b, &nb, NULL, NULL));
+	CHECK(memcmp(b, out, sizeof(int) * 8) == 0);
+	int first = 0;
+	while (out[first] != out[4])
+		first++;
+	CHECK_OK(loom_model_generate(m, prompt, 3, 8, 0.0f, 0, 1, out[4], b, &nb, NULL, NULL));
+	CHECK_EQ(nb, first + 1);
+	CHECK_EQ(b[nb - 1], out[4]);
+	CHECK_ERR(loom_model_generate(m, prompt, 0, 8, 0.0f, 0, 1, -1, b, &nb, NULL, NULL), LOOM_EINVAL);
+	prompt[1] = 61;
+	CHECK_ERR(loom_model_generate(m, prompt, 3, 8, 0.0f, 0, 1, -1, b, &nb, NULL, NULL), LOOM_EINVAL);
+	loom_model_destroy(m);
+	return 0;
+}
+
+/* blocks and selective checkpointing: losses and gradients bit-identical to none (whole passes and
+ * units on two arenas), one recompute per block backward, fewer bytes kept. */
+TEST(nanochat_act_ckpt_bit_identical)
+{
+	loom_model_config_t c = small_cfg();
+	enum { B = 2, T = 16 };
+	int in[2][B * T], tg[2][B * T], L = c.n_layer;
+	loom_model_t *m[3] = {NULL, NULL, NULL};
+	loom_act_ckpt_t modes[3] = {LOOM_ACT_CKPT_NONE, LOOM_ACT_CKPT_BLOCKS, LOOM_ACT_CKPT_SELECTIVE};
+	float loss[3][2];
+	make_tokens(in[0], tg[0], B * T, c.vocab_size, 31);
+	make_tokens(in[1], tg[1], B * T, c.vocab_size, 32);
+	for (int k = 0; k < 3; k++) {
+		loom_model_opts_t o = {.B = B, .T = T, .arenas = 2, .act_ckpt = modes[k]};
+		loom_model_act_bytes_t want, got;
+		CHECK_OK(loom_model_create(&m[k], &c, &o));
+		CHECK_OK(loom_model_act_bytes(&c, &o, &want));
+		loom_model_model_act_bytes(m[k], &got);
+		CHECK(memcmp(&want, &got, sizeof want) == 0);
+		CHECK_EQ(want.total, want.kept + want.recompute + want.head + want.backward);
+		test_params(m[k], 6);
+		loom_model_zero_grad(m[k]);
+		CHECK_OK(loom_model_forward_backward(m[k], in[0], tg[0], B, T, 0.5f, &loss[k][0]));
+		for (int a = 0; a < 2; a++) {
+			CHECK_OK(loom_model_embed_forward(m[k], a, in[a], B, T));
+			for (int l = 0; l < L; l++)
+				CHECK_OK(loom_model_block_forward(m[k], a, l, B, T));
+		}
+		for (int a = 1; a >= 0; a--) {
+			CHECK_OK(loom_model_head_forward_backward(m[k], a, tg[a], B, T, 0.25f, &loss[k][a]));
+			for (int l = L - 1; l >= 0; l--)
+				CHECK_OK(loom_model_block_backward(m[k], a, l, B, T));
+			CHECK_OK(loom_model_embed_backward(m[k], a, in[a], B, T));
+		}
+		CHECK_EQ(loom_model_recomputes(m[k]), k == 0 ? 0 : 3 * L);
+	}
+	size_t np = loom_model_param_count(m[0]);
+	for (int k = 1; k < 3; k++) {
+		CHECK_FEQ(loss[k][0], loss[0][0]);
+		CHECK_FEQ(loss[k][1], loss[0][1]);
+		CHECK_MSG(memcmp(loom_model_grads(m[k]), loom_model_grads(m[0]), np * sizeof(float)) == 0,
+		          "%s: gradients differ from none", loom_act_ckpt_name(modes[k]));
+	}
+	loom_model_act_bytes_t none, blocks, sel;
+	loom_model_model_act_bytes(m[0], &none);
+	loom_model_model_act_bytes(m[1], &blocks);
+	loom_model_model_act_bytes(m[2], &sel);
+	/* blocks keeps only each block's output (2 C per position) */
+	CHECK_EQ(blocks.per_layer, (size_t)B * T * 2 * c.n_embd * sizeof(float));
+	CHECK(blocks.kept < none.kept && sel.kept < none.kept);
+	CHECK_EQ(none.kept - sel.kept, 2 * 3 * (size_t)B * 4 * T * T * sizeof(float)); /* 2 arenas x 3 layers' probs */
+	for (int k = 0; k < 3; k++)
+		loom_model_destroy(m[k]);
+	return 0;
+}
+
+/* bf16 matmuls (loom's bf16 GEMM path): the loss and gradients near fp32's. */
+TEST(nanochat_bf16_close_to_fp32)
+{
+	loom_model_config_t c = small_cfg();
+	enum { B = 2, T = 16 };
+	int in[B * T], tg[B * T];
+	loom_model_t *f = NULL, *h = NULL;
+	loom_model_opts_t of = {.B = B, .T = T}, oh = {.B = B, .T = T, .dtype = LOOM_COMPUTE_BF16};
+	CHECK_OK(loom_model_create(&f, &c, &of));
+	CHECK_OK(loom_model_create(&h, &c, &oh));
+	CHECK_EQ(loom_model_dtype(h), LOOM_COMPUTE_BF16);
+	test_params(f, 2);
+	size_t np = loom_model_param_count(f);
+	memcpy(loom_model_params(h), loom_model_params(f), np * sizeof(float));
+	make_tokens(in, tg, B * T, c.vocab_size, 3);
+	float lf, lh;
+	loom_model_zero_grad(f), loom_model_zero_grad(h);
+	CHECK_OK(loom_model_forward_backward(f, in, tg, B, T, 1.0f, &lf));
+	CHECK_OK(loom_model_forward_backward(h, in, tg, B, T, 1.0f, &lh));
+	CHECK_MSG(fabsf(lf - lh) <= 1e-2f * lf && lf != lh, "loss fp32 %.9g, bf16 %.9g", lf, lh);
+	double d2 = 0, n2 = 0;
+	for (size_t i = 0; i < np; i++) {
+		double d = (double)loom_model_grads(h)[i] - loom_model_grads(f)[i];
+		d2 += d * d, n2 += (double)loom_model_grads(f)[i] * loom_model_grads(f)[i];
+	}
+	CHECK_MSG(sqrt(d2 / n2) < 5e-2, "bf16 gradients off by %.3g of their norm", sqrt(d2 / n2));
+	fprintf(stderr, "  bf16: loss %.3g relative, gradients %.3g of their norm from fp32\n", fabs(lf - lh) / lf,
+	        sqrt(d2 / n2));
+	loom_model_destroy(f), loom_model_destroy(h);
+	return 0;
+}
