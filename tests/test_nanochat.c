@@ -542,6 +542,8 @@ TEST(nanochat_tensor_table)
 	size_t want = 2 * Vp * C + 2 * Vp * 32 + 2 * 2 * 32 + 3 * (10 * C * C + 2 * C * 32) + 6;
 	CHECK_EQ(loom_model_num_params(&c), want);
 	CHECK_EQ(t.offset + t.numel, want);
+	/* nanochat's own estimate_flops() for this configuration (gpt.py at bac5a35, run once by hand) */
+	CHECK_FEQ(loom_model_flops_per_token(&c, 16), 860928.0);
 	int first, end;
 	loom_model_unit_tensors(&c, -1, &first, &end);
 	CHECK_EQ(first, 0); CHECK_EQ(end, 3);
