@@ -455,8 +455,10 @@ static void model_config(opts_t *o)
 		if (o->mc.n_embd > 0) c.n_embd = o->mc.n_embd;
 		c.n_kv_head = o->mc.n_kv_head > 0 ? o->mc.n_kv_head : c.n_kv_head > 0 ? c.n_kv_head : c.n_head;
 		c.short_window = o->mc.short_window > 0 ? o->mc.short_window : c.seq_len / 2;
-		snprintf(c.window_pattern, sizeof c.window_pattern, "%s", o->mc.window_pattern[0] ? o->mc.window_pattern
-		         : c.window_pattern[0] ? c.window_pattern : "SSSL");
+		if (o->mc.window_pattern[0])
+			snprintf(c.window_pattern, sizeof c.window_pattern, "%s", o->mc.window_pattern);
+		else if (!c.window_pattern[0])
+			snprintf(c.window_pattern, sizeof c.window_pattern, "SSSL");
 	} else {
 		if (loom_gpt2_preset(o->preset ? o->preset : "tiny", &c) != LOOM_OK)
 			cli_die("train", "--model: %s", loom_errmsg());
@@ -681,11 +683,15 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	       mem.params / 1048576.0, mem.grads / 1048576.0, mem.optim / 1048576.0, mem.model_states / 1048576.0,
 	       mem.formula, mem.theory / 1048576.0, loom_model_num_params(&o->mc), mem.dp, mem.activations / 1048576.0,
 	       mem.comm / 1048576.0);
-	printf("activations per rank (checkpointing %s): kept %.2f MiB + recompute scratch %.2f MiB = %.2f MiB allocated "
-	       "(formula %s: %.2f MiB); plus head scratch %.2f MiB and backward scratch %.2f MiB\n",
+	char formula[256] = "";
+	if (mem.act_formula > 0) /* the family's written formula beside the allocation, when it has one */
+		snprintf(formula, sizeof formula, " (formula %s: %.2f MiB)", mem.act_formula_text,
+		         mem.act_formula / 1048576.0);
+	printf("activations per rank (checkpointing %s): kept %.2f MiB + recompute scratch %.2f MiB = %.2f MiB allocated"
+	       "%s; plus head scratch %.2f MiB and backward scratch %.2f MiB\n",
 	       loom_act_ckpt_name(mem.act_ckpt), mem.act.kept / 1048576.0, mem.act.recompute / 1048576.0,
-	       (mem.act.kept + mem.act.recompute) / 1048576.0, mem.act_formula_text, mem.act_formula / 1048576.0,
-	       mem.act.head / 1048576.0, mem.act.backward / 1048576.0);
+	       (mem.act.kept + mem.act.recompute) / 1048576.0, formula, mem.act.head / 1048576.0,
+	       mem.act.backward / 1048576.0);
 	const loom_cpu_t *cpu = loom_cpu();
 	loom_bf16_path_t path = LOOM_BF16_AUTO;
 	char mm[200];
