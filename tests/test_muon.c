@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/util.h" /* loom__fault_alloc_set */
 #include "loom/muon.h"
 #include "loom/util.h"
 #include "test.h"
@@ -660,5 +661,33 @@ TEST(muon_schedules)
 	CHECK_FEQ(loom_muon_auto_batch(1e9, 1e9), 524288.0);
 	CHECK_FEQ(loom_muon_auto_batch(8e9, 1e9), 1048576.0); /* 2^19 8^0.383 = 2^20.15 -> 2^20 */
 	CHECK_FEQ(loom_muon_auto_batch(1e9 / 8, 1e9), 262144.0);
+	return 0;
+}
+
+/* Every allocation of init can fail: LOOM_ENOMEM, nothing leaked (the sanitizer build checks). */
+TEST(muonadamw_init_nomem)
+{
+	loom_tensor_info_t t[MAXT];
+	size_t n;
+	int nt = nanochat_table(t, &n), n_fail = 0, mats[MAXT];
+	loom_muon_config_t cfg = test_config();
+	size_t ranges[2][2] = {{0, 100}, {3000, 5000}};
+	loom_muon_owned_t own = {.ranges = (const size_t(*)[2])ranges, .nranges = 2, .matrices = mats};
+	own.nmatrices = loom_muon_owned(t, nt, 0, 2, mats);
+	for (long k = 1; k < 1000; k++) {
+		loom_muonadamw_t o;
+		loom__fault_alloc_set(k);
+		int rc = loom_muonadamw_init(&o, t, nt, &cfg, k % 2 ? &own : NULL);
+		int hit = loom__fault_alloc_hit();
+		loom__fault_alloc_set(0);
+		loom_muonadamw_free(&o);
+		if (!hit) {
+			CHECK_OK(rc);
+			break;
+		}
+		CHECK_ERR(rc, LOOM_ENOMEM);
+		n_fail++;
+	}
+	CHECK(n_fail > 2 * 8); /* two per owned matrix at least */
 	return 0;
 }
