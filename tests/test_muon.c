@@ -691,3 +691,39 @@ TEST(muonadamw_init_nomem)
 	CHECK(n_fail > 2 * 8); /* two per owned matrix at least */
 	return 0;
 }
+
+/* GPT-2's own table (loom/model.h): its Conv1D matrices are Muon's, stored transposed; wte and wpe
+ * are EMBED, biases and LayerNorms VECTOR; a step runs and moves every tensor. */
+TEST(muonadamw_gpt2_table)
+{
+	loom_model_config_t mc = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab_size = 61};
+	loom_tensor_info_t t[64];
+	int nt = loom_model_num_tensors(&mc);
+	size_t n = loom_model_num_params(&mc);
+	CHECK(nt > 0 && nt <= 64);
+	for (int i = 0; i < nt; i++)
+		CHECK_OK(loom_model_tensor_info(&mc, i, &t[i]));
+	loom_muon_config_t cfg = test_config();
+	loom_muonadamw_t o;
+	CHECK_OK(loom_muonadamw_init(&o, t, nt, &cfg, NULL));
+	CHECK_EQ(o.nmat, 4 * mc.n_layer); /* c_attn, attn.c_proj, c_fc, mlp.c_proj */
+	CHECK_EQ(o.npieces, nt - 4 * mc.n_layer);
+	for (int k = 0; k < o.nmat; k++)
+		CHECK(o.mats[k].transposed);
+	CHECK_EQ(loom_muon_num_groups(t, nt), 4); /* [32,32], [32,128], [96,32], [128,32]: 2 each */
+	float *p = malloc(n * 4), *p0 = malloc(n * 4), *g = malloc(n * 4);
+	CHECK(p && p0 && g);
+	rng_state = 5;
+	for (size_t i = 0; i < n; i++)
+		p[i] = p0[i] = 0.1f * urand(), g[i] = 0.01f * urand();
+	CHECK_OK(loom_muonadamw_step(&o, p, g, 1.0f, 1.0f));
+	for (int i = 0; i < nt; i++) {
+		size_t moved = 0;
+		for (size_t j = t[i].offset; j < t[i].offset + t[i].numel; j++)
+			moved += p[j] != p0[j];
+		CHECK_MSG(moved > t[i].numel / 2, "%s: %zu of %zu moved", t[i].name, moved, t[i].numel);
+	}
+	loom_muonadamw_free(&o);
+	free(p), free(p0), free(g);
+	return 0;
+}
