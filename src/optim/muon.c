@@ -10,7 +10,8 @@
  * the stored matrix, and the rest is element-wise.
  *
  * Invariants: s has one value per row of the [rows, cols] view when rows >= cols, else per column
- * (nanochat's factored second moment); sums of squares are accumulated in double. */
+ * (nanochat's factored second moment); sums of squares are accumulated in double, per row or column
+ * and then in order, so they do not depend on the thread count (the sgemm's split may). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,18 +113,26 @@ int loom_muon_update(float *p, const float *g, float grad_scale, float *buf, flo
 	double *acc = (double *)(void *)scratch; /* 2 mx floats: mx doubles */
 	float *scale = scratch + 2 * mx, *X = scale + mx, *Y = X + n, *A = Y + n, *B = A + mn * mn;
 
-	/* 1. Nesterov momentum, and |G|_F */
+	/* 1. Nesterov momentum, and |G|_F (row sums, then their sum in order: the same bits whatever the
+	 * thread count) */
 	const float om = 1.0f - mu;
 	double ss = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : ss) if (par)
-	for (size_t i = 0; i < n; i++) {
-		float gi = g[i] * grad_scale;
-		float b = buf[i] + om * (gi - buf[i]);
-		float x = gi + mu * (b - gi);
-		buf[i] = b;
-		X[i] = x;
-		ss += (double)x * x;
+#pragma omp parallel for schedule(static) if (par)
+	for (int i = 0; i < R; i++) {
+		size_t o = (size_t)i * C;
+		double t = 0.0;
+		for (int j = 0; j < C; j++) {
+			float gi = g[o + j] * grad_scale;
+			float b = buf[o + j] + om * (gi - buf[o + j]);
+			float x = gi + mu * (b - gi);
+			buf[o + j] = b;
+			X[o + j] = x;
+			t += (double)x * x;
+		}
+		acc[i] = t;
 	}
+	for (int i = 0; i < R; i++)
+		ss += acc[i];
 	const float inv = (float)(1.0 / (sqrt(ss) * 1.02 + 1e-6));
 #pragma omp parallel for schedule(static) if (par)
 	for (size_t i = 0; i < n; i++)
