@@ -1,9 +1,14 @@
-/* muon.c: one Muon update (Nesterov momentum, Polar Express, NorMuon, cautious weight decay) of one
- * matrix, after nanochat's muon_step_fused, in fp32 on loom's sgemm.
+/* muon.c: nanochat's MuonAdamW: one Muon update (Nesterov momentum, Polar Express, NorMuon,
+ * cautious weight decay) of one matrix, after nanochat's muon_step_fused, in fp32 on loom's sgemm;
+ * DistMuon's ownership rules; the optimizer object over a parameter table (AdamW pieces and Muon
+ * matrices, each owned by one object).
  *
- * Why the shape: the update is dominated by the ten products of Polar Express per step, so they go
- * to the sgemm (threaded along the larger output dimension by loom__gemm_f32) and always over the
- * smaller Gram matrix, m = min(rows, cols) square; the element-wise passes are one read of g, buf and
+ * Layering: the sgemm lives in src/model/kernels.h (loom__gemm_f32); this file is its only user
+ * outside src/model/ in the library. If another module needs it, it belongs in a layer below both.
+ *
+ * Why the shape: the update is dominated by the fifteen products of Polar Express per step (three
+ * per iteration), so they go to the sgemm (threaded along the larger output dimension by
+ * loom__gemm_f32) and always over the smaller Gram matrix, m = min(rows, cols) square; the element-wise passes are one read of g, buf and
  * p each. A matrix stored transposed (GPT-2's Conv1D) is never copied: the iteration on X^T over the
  * other Gram matrix is exactly the transpose of the iteration on X (A = X X^T = (X^T)^T X^T, and
  * B X = (X^T B)^T with B symmetric), NorMuon's per-row statistics of the view are per-column ones of
