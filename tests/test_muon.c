@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/util.h" /* loom__fault_alloc_set */
 #include "loom/muon.h"
 #include "loom/util.h"
 #include "test.h"
@@ -660,5 +661,69 @@ TEST(muon_schedules)
 	CHECK_FEQ(loom_muon_auto_batch(1e9, 1e9), 524288.0);
 	CHECK_FEQ(loom_muon_auto_batch(8e9, 1e9), 1048576.0); /* 2^19 8^0.383 = 2^20.15 -> 2^20 */
 	CHECK_FEQ(loom_muon_auto_batch(1e9 / 8, 1e9), 262144.0);
+	return 0;
+}
+
+/* Every allocation of init can fail: LOOM_ENOMEM, nothing leaked (the sanitizer build checks). */
+TEST(muonadamw_init_nomem)
+{
+	loom_tensor_info_t t[MAXT];
+	size_t n;
+	int nt = nanochat_table(t, &n), n_fail = 0, mats[MAXT];
+	loom_muon_config_t cfg = test_config();
+	size_t ranges[2][2] = {{0, 100}, {3000, 5000}};
+	loom_muon_owned_t own = {.ranges = (const size_t(*)[2])ranges, .nranges = 2, .matrices = mats};
+	own.nmatrices = loom_muon_owned(t, nt, 0, 2, mats);
+	for (long k = 1; k < 1000; k++) {
+		loom_muonadamw_t o;
+		loom__fault_alloc_set(k);
+		int rc = loom_muonadamw_init(&o, t, nt, &cfg, k % 2 ? &own : NULL);
+		int hit = loom__fault_alloc_hit();
+		loom__fault_alloc_set(0);
+		loom_muonadamw_free(&o);
+		if (!hit) {
+			CHECK_OK(rc);
+			break;
+		}
+		CHECK_ERR(rc, LOOM_ENOMEM);
+		n_fail++;
+	}
+	CHECK(n_fail > 2 * 8); /* two per owned matrix at least */
+	return 0;
+}
+
+/* GPT-2's own table (loom/model.h): its Conv1D matrices are Muon's, stored transposed; wte and wpe
+ * are EMBED, biases and LayerNorms VECTOR; a step runs and moves every tensor. */
+TEST(muonadamw_gpt2_table)
+{
+	loom_model_config_t mc = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab_size = 61};
+	loom_tensor_info_t t[64];
+	int nt = loom_model_num_tensors(&mc);
+	size_t n = loom_model_num_params(&mc);
+	CHECK(nt > 0 && nt <= 64);
+	for (int i = 0; i < nt; i++)
+		CHECK_OK(loom_model_tensor_info(&mc, i, &t[i]));
+	loom_muon_config_t cfg = test_config();
+	loom_muonadamw_t o;
+	CHECK_OK(loom_muonadamw_init(&o, t, nt, &cfg, NULL));
+	CHECK_EQ(o.nmat, 4 * mc.n_layer); /* c_attn, attn.c_proj, c_fc, mlp.c_proj */
+	CHECK_EQ(o.npieces, nt - 4 * mc.n_layer);
+	for (int k = 0; k < o.nmat; k++)
+		CHECK(o.mats[k].transposed);
+	CHECK_EQ(loom_muon_num_groups(t, nt), 4); /* [32,32], [32,128], [96,32], [128,32]: 2 each */
+	float *p = malloc(n * 4), *p0 = malloc(n * 4), *g = malloc(n * 4);
+	CHECK(p && p0 && g);
+	rng_state = 5;
+	for (size_t i = 0; i < n; i++)
+		p[i] = p0[i] = 0.1f * urand(), g[i] = 0.01f * urand();
+	CHECK_OK(loom_muonadamw_step(&o, p, g, 1.0f, 1.0f));
+	for (int i = 0; i < nt; i++) {
+		size_t moved = 0;
+		for (size_t j = t[i].offset; j < t[i].offset + t[i].numel; j++)
+			moved += p[j] != p0[j];
+		CHECK_MSG(moved > t[i].numel / 2, "%s: %zu of %zu moved", t[i].name, moved, t[i].numel);
+	}
+	loom_muonadamw_free(&o);
+	free(p), free(p0), free(g);
 	return 0;
 }

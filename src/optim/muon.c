@@ -1,16 +1,22 @@
-/* muon.c: one Muon update (Nesterov momentum, Polar Express, NorMuon, cautious weight decay) of one
- * matrix, after nanochat's muon_step_fused, in fp32 on loom's sgemm.
+/* muon.c: nanochat's MuonAdamW: one Muon update (Nesterov momentum, Polar Express, NorMuon,
+ * cautious weight decay) of one matrix, after nanochat's muon_step_fused, in fp32 on loom's sgemm;
+ * DistMuon's ownership rules; the optimizer object over a parameter table (AdamW pieces and Muon
+ * matrices, each owned by one object).
  *
- * Why the shape: the update is dominated by the ten products of Polar Express per step, so they go
- * to the sgemm (threaded along the larger output dimension by loom__gemm_f32) and always over the
- * smaller Gram matrix, m = min(rows, cols) square; the element-wise passes are one read of g, buf and
+ * Layering: the sgemm lives in src/model/kernels.h (loom__gemm_f32); this file is its only user
+ * outside src/model/ in the library. If another module needs it, it belongs in a layer below both.
+ *
+ * Why the shape: the update is dominated by the fifteen products of Polar Express per step (three
+ * per iteration), so they go to the sgemm (threaded along the larger output dimension by
+ * loom__gemm_f32) and always over the smaller Gram matrix, m = min(rows, cols) square; the element-wise passes are one read of g, buf and
  * p each. A matrix stored transposed (GPT-2's Conv1D) is never copied: the iteration on X^T over the
  * other Gram matrix is exactly the transpose of the iteration on X (A = X X^T = (X^T)^T X^T, and
  * B X = (X^T B)^T with B symmetric), NorMuon's per-row statistics of the view are per-column ones of
  * the stored matrix, and the rest is element-wise.
  *
  * Invariants: s has one value per row of the [rows, cols] view when rows >= cols, else per column
- * (nanochat's factored second moment); sums of squares are accumulated in double. */
+ * (nanochat's factored second moment); sums of squares are accumulated in double, per row or column
+ * and then in order, so they do not depend on the thread count (the sgemm's split may). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,18 +118,26 @@ int loom_muon_update(float *p, const float *g, float grad_scale, float *buf, flo
 	double *acc = (double *)(void *)scratch; /* 2 mx floats: mx doubles */
 	float *scale = scratch + 2 * mx, *X = scale + mx, *Y = X + n, *A = Y + n, *B = A + mn * mn;
 
-	/* 1. Nesterov momentum, and |G|_F */
+	/* 1. Nesterov momentum, and |G|_F (row sums, then their sum in order: the same bits whatever the
+	 * thread count) */
 	const float om = 1.0f - mu;
 	double ss = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : ss) if (par)
-	for (size_t i = 0; i < n; i++) {
-		float gi = g[i] * grad_scale;
-		float b = buf[i] + om * (gi - buf[i]);
-		float x = gi + mu * (b - gi);
-		buf[i] = b;
-		X[i] = x;
-		ss += (double)x * x;
+#pragma omp parallel for schedule(static) if (par)
+	for (int i = 0; i < R; i++) {
+		size_t o = (size_t)i * C;
+		double t = 0.0;
+		for (int j = 0; j < C; j++) {
+			float gi = g[o + j] * grad_scale;
+			float b = buf[o + j] + om * (gi - buf[o + j]);
+			float x = gi + mu * (b - gi);
+			buf[o + j] = b;
+			X[o + j] = x;
+			t += (double)x * x;
+		}
+		acc[i] = t;
 	}
+	for (int i = 0; i < R; i++)
+		ss += acc[i];
 	const float inv = (float)(1.0 / (sqrt(ss) * 1.02 + 1e-6));
 #pragma omp parallel for schedule(static) if (par)
 	for (size_t i = 0; i < n; i++)
