@@ -288,6 +288,7 @@ static loom_muon_config_t test_config(void)
 {
 	loom_muon_config_t c = loom_muon_defaults();
 	c.n_embd = CE, c.total_steps = 8;
+	c.adamw_lr = 0.05f; /* GPT-2's AdamW group (VECTOR): a rate whose updates stand above p's rounding */
 	return c;
 }
 
@@ -342,9 +343,10 @@ TEST(muonadamw_torch)
 		fprintf(f, "tensor %s %d %zu %zu %zu %zu %d %d %d\n", t[i].name, (int)t[i].opt_group, t[i].offset, t[i].numel,
 		        t[i].shape[0], t[i].shape[1], t[i].transposed, t[i].rows, t[i].cols);
 	fprintf(f, "config n_embd=%d total_steps=%lld unembedding_lr=%.9g embedding_lr=%.9g matrix_lr=%.9g scalar_lr=%.9g "
-	        "adam_beta1=%.9g adam_beta2=%.9g x0_beta1=%.9g adam_eps=%.9g weight_decay=%.9g muon_beta2=%.9g\n",
+	        "adam_beta1=%.9g adam_beta2=%.9g x0_beta1=%.9g adam_eps=%.9g weight_decay=%.9g muon_beta2=%.9g "
+	        "adamw_lr=%.9g\n",
 	        cfg.n_embd, cfg.total_steps, cfg.unembedding_lr, cfg.embedding_lr, cfg.matrix_lr, cfg.scalar_lr,
-	        cfg.adam_beta1, cfg.adam_beta2, cfg.x0_beta1, cfg.adam_eps, cfg.weight_decay, cfg.muon_beta2);
+	        cfg.adam_beta1, cfg.adam_beta2, cfg.x0_beta1, cfg.adam_eps, cfg.weight_decay, cfg.muon_beta2, cfg.adamw_lr);
 	for (int k = 0; k < STEPS; k++)
 		fprintf(f, "step %d %.9g %.9g\n", k, step_lrm(k), step_gs(k));
 	CHECK(fclose(f) == 0);

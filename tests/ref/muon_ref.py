@@ -129,7 +129,7 @@ def optimizer(d, lines):
     b1, b2 = cfg["adam_beta1"], cfg["adam_beta2"]
     base = {EMBED: (cfg["embedding_lr"] * dscale, b1, b2), UNEMBED: (cfg["unembedding_lr"] * dscale, b1, b2),
             SCALAR: (cfg["scalar_lr"] * 0.01, b1, b2), X0: (cfg["scalar_lr"], cfg["x0_beta1"], 0.95),
-            VECTOR: (cfg["scalar_lr"], b1, b2)}
+            VECTOR: (cfg["adamw_lr"], b1, b2)}
     m, v, buf = torch.zeros(N), torch.zeros(N), torch.zeros(N)
     svec = {i: torch.zeros(max(t["rows"], t["cols"])) for i, t in enumerate(tensors) if t["group"] == MATRIX}
     out = []
