@@ -71,7 +71,16 @@ def read_safetensors(path):
     return out, meta
 
 
+def need_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        die(f"{sys.executable}: no torch module (nanochat's .pt files are torch's pickles): install torch, or "
+            "point LOOM_PYTHON at a python3 that has it")
+
+
 def to_loom(pt_path, out_path):
+    need_torch()
     import torch
     meta_path, _ = meta_path_for(pt_path)
     try:
@@ -101,6 +110,7 @@ def to_loom(pt_path, out_path):
 
 
 def to_nanochat(st_path, out_path):
+    need_torch()
     import torch
     tensors, meta = read_safetensors(st_path)
     if meta.get("arch") != "nanochat":
