@@ -243,14 +243,21 @@ void loom__nc_attention_backward(float *dq, float *dk, float *dv, float *dkh, fl
 
 /* ---- embeddings ----------------------------------------------------------------------------------- */
 
-void loom__nc_gather(float *out, int ldo, const float *table, int ld, const int *ids, int N, int cols)
+void loom__nc_gather(float *out, int ldo, const float *table, int ld, const int *ids, int v0, int nrows, int N,
+                     int cols)
 {
 #pragma omp parallel for schedule(static) if ((long)N * cols >= PAR_MIN)
-	for (int n = 0; n < N; n++)
-		memcpy(out + (size_t)n * ldo, table + (size_t)ids[n] * ld, sizeof(float) * (size_t)cols);
+	for (int n = 0; n < N; n++) {
+		int r = ids[n] - v0;
+		if (r >= 0 && r < nrows)
+			memcpy(out + (size_t)n * ldo, table + (size_t)r * ld, sizeof(float) * (size_t)cols);
+		else
+			memset(out + (size_t)n * ldo, 0, sizeof(float) * (size_t)cols);
+	}
 }
 
-void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const int *ids, int N, int cols)
+void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const int *ids, int v0, int nrows, int N,
+                          int cols)
 {
 	/* columns split over threads: a repeated id is accumulated by one thread, in row order */
 #pragma omp parallel if ((long)N * cols >= PAR_MIN)
@@ -259,8 +266,11 @@ void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const 
 		int per = ((cols + nt - 1) / nt + 15) / 16 * 16;
 		int c0 = per * t < cols ? per * t : cols, c1 = per * (t + 1) < cols ? per * (t + 1) : cols;
 		for (int n = 0; n < N; n++) {
+			int r = ids[n] - v0;
+			if (r < 0 || r >= nrows)
+				continue;
 			const float *s = d + (size_t)n * ldd;
-			float *w = dtable + (size_t)ids[n] * ld;
+			float *w = dtable + (size_t)r * ld;
 #pragma omp simd
 			for (int c = c0; c < c1; c++)
 				w[c] += s[c];

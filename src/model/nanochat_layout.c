@@ -302,8 +302,6 @@ int loom__nc_tp_check(const loom_model_config_t *cfg, int tp)
 		return rc;
 	if (tp <= 1)
 		return LOOM_OK;
-	if (tp > 1)
-		return loom_seterr(LOOM_EINVAL, "nanochat tensor parallel: not implemented yet (tp %d)", tp);
 	loom__nc_dims(cfg, tp, &d);
 	if (d.NKV % tp != 0)
 		return loom_seterr(LOOM_EINVAL, "nanochat tensor parallel: n_kv_head %d is not divisible by tp %d (attention "

@@ -119,6 +119,7 @@ typedef struct loom_nanochat {
 	float *cos, *sin; /* (T, D/2) rotary tables, bf16-rounded as gpt.py keeps them */
 	/* head scratch */
 	float *logits, *last_logits;
+	float *tp_stats; /* (3 chunk) the vocab-parallel head's per-position reductions */
 	int chunk;
 	/* forward scratch (one forward at a time, any arena) */
 	float *ftmp; /* (N,C) */
@@ -170,10 +171,13 @@ void loom__nc_attention_probs(float *att, const float *q, const float *k, int B,
 void loom__nc_attention_backward(float *dq, float *dk, float *dv, float *dkh, float *dvh, float *scratch,
                                  int scratch_threads, const float *dout, const float *q, const float *k,
                                  const float *v, const float *att, int B, int T, int NH, int NKV, int D, int W);
-/* rows of table (ld cols) gathered by ids: out (N, cols) = table[ids]. */
-void loom__nc_gather(float *out, int ldo, const float *table, int ld, const int *ids, int N, int cols);
-/* dtable[ids[n]] += d[n] (rows of cols, ld), deterministic (columns split over threads). */
-void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const int *ids, int N, int cols);
+/* Rows of a table holding ids [v0, v0 + nrows) (a vocab-parallel shard; v0 0 for a whole one): out (N,
+ * cols) = table[ids - v0], zero rows for ids held elsewhere. */
+void loom__nc_gather(float *out, int ldo, const float *table, int ld, const int *ids, int v0, int nrows, int N,
+                     int cols);
+/* dtable[ids[n] - v0] += d[n] for the ids held, deterministic (columns split over threads). */
+void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const int *ids, int v0, int nrows, int N,
+                          int cols);
 /* Softcapped lm head + cross-entropy over N rows in chunks (x (N,C), w (V,C) the real vocabulary's
  * rows of lm_head): losses (N); with dx, dx (N,C) += and dw (V,C) += the gradient of dloss * losses. */
 void loom__nc_classifier(float *losses, float *dx, float *dw, float *logits, int chunk, const float *x, const float *w,
