@@ -4,6 +4,7 @@
  * position, the loss, every gradient), the unit passes and hooks, the init, base_train's --depth
  * sizing, the configuration checks, KV-cache sampling, activation checkpointing and bf16. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,14 +141,16 @@ TEST(nanochat_vs_torch)
 	double *rloss32 = read_f64(dir, "loss_f32.bin", 1), *rlog32 = read_f64(dir, "logits_f32.bin", nl);
 	double *rg32 = read_f64(dir, "grads_f32.bin", np);
 	CHECK(rloss && rlog && rg && rloss32 && rlog32 && rg32);
-	/* The yardstick: float64 is the truth; each comparison allows 1e-6 relative, or twice what float32
+	/* The yardstick: float64 is the truth; each comparison allows 1e-6 relative, or 4 x what float32
 	 * arithmetic alone (the same reference run in float32) misses by where that is more: a float32
 	 * model cannot be closer than float32 rounding allows (this configuration's resid_lambdas gradient,
-	 * a sum over every position and channel, is ~3e-6 off in float32 torch). */
+	 * a sum over every position and channel, is ~3e-6 off in float32 torch; loom lands at 1-1.5 x
+	 * torch's distance, depending on the build's summation orders). A real error is far beyond: a
+	 * window one position too wide moves logits by 0.07. */
 	double l32 = 0.0;
 	for (size_t i = 0; i < nl; i++)
 		l32 = fmax(l32, fabs(rlog32[i] - rlog[i]));
-	double tol_logit = fmax(1e-6 * 15.0, 2.0 * l32);
+	double tol_logit = fmax(1e-6 * 15.0, 4.0 * l32);
 
 	/* the logits of every position: a forward over each prefix gives its last position's */
 	double worst_logit = 0.0;
@@ -171,7 +174,7 @@ TEST(nanochat_vs_torch)
 	loom_model_zero_grad(m);
 	CHECK_OK(loom_model_forward_backward(m, in, tg, B, T, 1.0f, &loss2));
 	CHECK_FEQ(loss, loss2);
-	double tol_loss = fmax(1e-6 * rloss[0], 2.0 * fabs(rloss32[0] - rloss[0]));
+	double tol_loss = fmax(1e-6 * rloss[0], 4.0 * fabs(rloss32[0] - rloss[0]));
 	CHECK_MSG(fabs(loss - rloss[0]) <= tol_loss, "loss: loom %.9g, torch %.12g (tolerance %.3g)", loss, rloss[0],
 	          tol_loss);
 	/* the softcap must matter: some logits beyond +-5, where 15 tanh(z/15) bends z by more than 3% */
@@ -192,7 +195,7 @@ TEST(nanochat_vs_torch)
 		CHECK_MSG(mx > 0.0, "%s: torch's gradient is all zero", tt[i].name);
 		worst32 = fmax(worst32, w32 / mx);
 	}
-	double tol_rel = fmax(1e-6, 2.0 * worst32);
+	double tol_rel = fmax(1e-6, 4.0 * worst32);
 	for (int i = 0; i < n; i++) {
 		const float *g = loom_model_tensor_grad(m, i);
 		double mx = 0.0, w = 0.0;
@@ -801,8 +804,6 @@ TEST(nanochat_bf16_close_to_fp32)
 }
 
 /* ---- tensor parallelism: two ranks as two threads of this process -------------------------------------- */
-
-#include <pthread.h>
 
 enum { TP_SCRATCH = 1 << 20 };
 

@@ -950,8 +950,14 @@ static int nc_embed_forward(loom_model_t *mm, int mb, const int *inputs, int B, 
 	return status(m);
 }
 
-static int need_tokens(const nc_t *m, int mb, const char *op)
+/* Arena, block and size of a block call, and the arena's tokens (the value embeddings read them). */
+static int check_block(const nc_t *m, int mb, int l, int B, int T, const char *op)
 {
+	int rc;
+	if (l < m->lo || l >= m->hi)
+		return loom_seterr(LOOM_EINVAL, "nanochat %s: block %d is not held (blocks [%d, %d))", op, l, m->lo, m->hi);
+	if ((rc = check_unit(m, mb, l, B, T, op)) != LOOM_OK)
+		return rc;
 	if (!m->arenas[mb].has_tok)
 		return loom_seterr(LOOM_EINVAL, "nanochat %s: arena %d has no token ids (call embed_forward or set_inputs "
 		                   "first: the value embeddings read them)", op, mb);
@@ -962,12 +968,7 @@ static int nc_block_forward(loom_model_t *mm, int mb, int l, int B, int T)
 {
 	nc_t *m = M(mm);
 	int rc;
-	if ((rc = check_unit(m, mb, l < 0 ? m->d.L : l, B, T, "block_forward")) != LOOM_OK)
-		return rc;
-	if (l < m->lo || l >= m->hi)
-		return loom_seterr(LOOM_EINVAL, "nanochat block_forward: block %d is not held (blocks [%d, %d))", l, m->lo,
-		                   m->hi);
-	if ((rc = need_tokens(m, mb, "block_forward")) != LOOM_OK)
+	if ((rc = check_block(m, mb, l, B, T, "block_forward")) != LOOM_OK)
 		return rc;
 	loom__gemm_setup(&m->gemm);
 	block_forward(m, &m->arenas[mb], l, B, T);
@@ -1019,12 +1020,7 @@ static int nc_block_backward(loom_model_t *mm, int mb, int l, int B, int T)
 {
 	nc_t *m = M(mm);
 	int rc;
-	if ((rc = check_unit(m, mb, l < 0 ? m->d.L : l, B, T, "block_backward")) != LOOM_OK)
-		return rc;
-	if (l < m->lo || l >= m->hi)
-		return loom_seterr(LOOM_EINVAL, "nanochat block_backward: block %d is not held (blocks [%d, %d))", l, m->lo,
-		                   m->hi);
-	if ((rc = need_tokens(m, mb, "block_backward")) != LOOM_OK)
+	if ((rc = check_block(m, mb, l, B, T, "block_backward")) != LOOM_OK)
 		return rc;
 	loom__gemm_setup(&m->gemm);
 	block_backward(m, &m->arenas[mb], l, B, T);
