@@ -280,20 +280,6 @@ void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const 
 
 /* ---- the softcapped head ---------------------------------------------------------------------------- */
 
-/* tanh: the [7/6] Padé approximant (the continued fraction's 7th convergent; relative error below
- * 1e-9 for |x| <= 1) near zero, where 1 - 2/(1 + e^2x) would cancel; that formula beyond, where
- * tanh >= 0.76 keeps fast_expf's 2e-7 relative error. Branch-free: both are computed, one selected. */
-float loom__nc_tanhf(float x)
-{
-	float x2 = x * x;
-	float p = x * (135135.0f + x2 * (17325.0f + x2 * (378.0f + x2)));
-	float q = 135135.0f + x2 * (62370.0f + x2 * (3150.0f + 28.0f * x2));
-	float near = p / q;
-	float far = 1.0f - 2.0f / (1.0f + fast_expf(2.0f * (x < 0 ? -x : x)));
-	far = x < 0 ? -far : far;
-	return x2 <= 1.0f ? near : far;
-}
-
 void loom__nc_logits(float *out, const float *x, int ldx, const float *w, int N, int C, int V)
 {
 	loom__gemm(0, 1, N, V, C, 1.0f, x, ldx, w, C, 0.0f, out, V);
