@@ -4,6 +4,7 @@
  * position, the loss, every gradient), the unit passes and hooks, the init, base_train's --depth
  * sizing, the configuration checks, KV-cache sampling, activation checkpointing and bf16. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,24 +93,27 @@ static double *read_f64(const char *dir, const char *name, size_t n)
 	return p;
 }
 
-TEST(nanochat_vs_torch)
+enum { MAX_BT = 512 };
+
+/* The model of configuration c on a random batch of B x T against the reference; seed picks the
+ * parameters and tokens. */
+static int vs_torch(loom_model_config_t c, int B, int T, uint64_t seed)
 {
-	loom_model_config_t c = small_cfg();
-	enum { B = 2, T = 16 };
-	int in[B * T], tg[B * T], n;
+	int in[MAX_BT], tg[MAX_BT], n;
 	char dir[512], path[700], cmd[1400], out[8192];
 	loom_model_t *m = NULL;
 	loom_model_opts_t o = {.B = B, .T = T};
+	CHECK(B * T <= MAX_BT);
 	CHECK_OK(loom_model_create(&m, &c, &o));
-	test_params(m, 7);
-	make_tokens(in, tg, B * T, c.vocab_size, 11);
+	test_params(m, seed);
+	make_tokens(in, tg, B * T, c.vocab_size, (uint32_t)seed + 4);
 	size_t np = loom_model_num_params(&c);
 	const loom_tensor_info_t *tt = loom_model_tensors(m, &n);
 
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));
 	CHECK(write_file(dir, "params.bin", loom_model_params(m), np * sizeof(float)) == 0);
-	CHECK(write_file(dir, "inputs.bin", in, sizeof in) == 0);
-	CHECK(write_file(dir, "targets.bin", tg, sizeof tg) == 0);
+	CHECK(write_file(dir, "inputs.bin", in, sizeof(int) * (size_t)B * T) == 0);
+	CHECK(write_file(dir, "targets.bin", tg, sizeof(int) * (size_t)B * T) == 0);
 	snprintf(path, sizeof path, "%s/tensors.txt", dir);
 	FILE *f = fopen(path, "w");
 	CHECK(f != NULL);
@@ -127,10 +131,6 @@ TEST(nanochat_vs_torch)
 	        "\"vocab_size\": %d, \"B\": %d, \"T\": %d, \"window_pattern\": \"%s\", \"short_window\": %d}\n",
 	        c.n_layer, c.n_head, c.n_kv_head, c.n_embd, c.seq_len, c.vocab_size, B, T, c.window_pattern, c.short_window);
 	CHECK(fclose(f) == 0);
-	
-	CHECK_EQ(loom__nc_window(&c, 0), 8); /* shorter than T: the window is exercised */
-	CHECK_EQ(loom__nc_window(&c, 1), 8);
-	CHECK_EQ(loom__nc_window(&c, 2), 16);
 
 	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 /usr/bin/python3 tests/ref/nanochat_ref.py %s", dir);
 	int st = test_run_cmd(cmd, out, sizeof out, 120);
@@ -140,19 +140,21 @@ TEST(nanochat_vs_torch)
 	double *rloss32 = read_f64(dir, "loss_f32.bin", 1), *rlog32 = read_f64(dir, "logits_f32.bin", nl);
 	double *rg32 = read_f64(dir, "grads_f32.bin", np);
 	CHECK(rloss && rlog && rg && rloss32 && rlog32 && rg32);
-	/* The yardstick: float64 is the truth; each comparison allows 1e-6 relative, or twice what float32
+	/* The yardstick: float64 is the truth; each comparison allows 1e-6 relative, or 4 x what float32
 	 * arithmetic alone (the same reference run in float32) misses by where that is more: a float32
 	 * model cannot be closer than float32 rounding allows (this configuration's resid_lambdas gradient,
-	 * a sum over every position and channel, is ~3e-6 off in float32 torch). */
+	 * a sum over every position and channel, is ~3e-6 off in float32 torch; loom lands at 1-1.5 x
+	 * torch's distance, depending on the build's summation orders). A real error is far beyond: a
+	 * window one position too wide moves logits by 0.07. */
 	double l32 = 0.0;
 	for (size_t i = 0; i < nl; i++)
 		l32 = fmax(l32, fabs(rlog32[i] - rlog[i]));
-	double tol_logit = fmax(1e-6 * 15.0, 2.0 * l32);
+	double tol_logit = fmax(1e-6 * 15.0, 4.0 * l32);
 
 	/* the logits of every position: a forward over each prefix gives its last position's */
 	double worst_logit = 0.0;
 	for (int t = 1; t <= T; t++) {
-		int pin[B * T];
+		int pin[MAX_BT];
 		for (int b = 0; b < B; b++)
 			memcpy(pin + b * t, in + b * T, sizeof(int) * (size_t)t);
 		CHECK_OK(loom_model_forward(m, pin, NULL, B, t, NULL));
@@ -171,7 +173,7 @@ TEST(nanochat_vs_torch)
 	loom_model_zero_grad(m);
 	CHECK_OK(loom_model_forward_backward(m, in, tg, B, T, 1.0f, &loss2));
 	CHECK_FEQ(loss, loss2);
-	double tol_loss = fmax(1e-6 * rloss[0], 2.0 * fabs(rloss32[0] - rloss[0]));
+	double tol_loss = fmax(1e-6 * rloss[0], 4.0 * fabs(rloss32[0] - rloss[0]));
 	CHECK_MSG(fabs(loss - rloss[0]) <= tol_loss, "loss: loom %.9g, torch %.12g (tolerance %.3g)", loss, rloss[0],
 	          tol_loss);
 	/* the softcap must matter: some logits beyond +-5, where 15 tanh(z/15) bends z by more than 3% */
@@ -192,7 +194,7 @@ TEST(nanochat_vs_torch)
 		CHECK_MSG(mx > 0.0, "%s: torch's gradient is all zero", tt[i].name);
 		worst32 = fmax(worst32, w32 / mx);
 	}
-	double tol_rel = fmax(1e-6, 2.0 * worst32);
+	double tol_rel = fmax(1e-6, 4.0 * worst32);
 	for (int i = 0; i < n; i++) {
 		const float *g = loom_model_tensor_grad(m, i);
 		double mx = 0.0, w = 0.0;
@@ -219,6 +221,32 @@ TEST(nanochat_vs_torch)
 	if (!getenv("LOOM_TEST_KEEP"))
 		test_rmdir(dir);
 	return 0;
+}
+
+/* L3 with GQA (4 query heads on 2 kv heads), windows S S L with S = 8 < T = 16, value embeddings on
+ * layers 0 and 2 */
+TEST(nanochat_vs_torch)
+{
+	loom_model_config_t c = small_cfg();
+	CHECK_EQ(loom__nc_window(&c, 0), 8); /* shorter than T: the window is exercised */
+	CHECK_EQ(loom__nc_window(&c, 1), 8);
+	CHECK_EQ(loom__nc_window(&c, 2), 16);
+	return vs_torch(c, 2, 16, 7);
+}
+
+/* L4 with one kv head for 4 query heads (MQA), C = 32 (the gate reads every channel), head_dim 8,
+ * T = 80 across the attention's 64-row blocks with a short window of 20 ("SL": layers 0, 2 short),
+ * value embeddings on layers 1 and 3, T below sequence_len */
+TEST(nanochat_vs_torch_long_mqa)
+{
+	loom_model_config_t c = {.n_layer = 4, .n_head = 4, .n_embd = 32, .seq_len = 96, .vocab_size = 100};
+	c.arch = LOOM_ARCH_NANOCHAT;
+	c.n_kv_head = 1;
+	c.short_window = 20;
+	snprintf(c.window_pattern, sizeof c.window_pattern, "SL");
+	CHECK_EQ(loom__nc_window(&c, 0), 20);
+	CHECK_EQ(loom__nc_window(&c, 3), 96);
+	return vs_torch(c, 2, 80, 23);
 }
 
 /* ---- hooks, units, arenas, stages, views ------------------------------------------------------------ */
@@ -797,5 +825,241 @@ TEST(nanochat_bf16_close_to_fp32)
 	fprintf(stderr, "  bf16: loss %.3g relative, gradients %.3g of their norm from fp32\n", fabs(lf - lh) / lf,
 	        sqrt(d2 / n2));
 	loom_model_destroy(f), loom_model_destroy(h);
+	return 0;
+}
+
+/* ---- tensor parallelism: two ranks as two threads of this process -------------------------------------- */
+
+enum { TP_SCRATCH = 1 << 20 };
+
+typedef struct {
+	pthread_barrier_t bar;
+	float *slot[2];
+	float *scratch[2];
+	long calls[2];
+} tp_group_t;
+
+typedef struct {
+	tp_group_t *g;
+	int rank, rc;
+	loom_model_t *m;
+	const int *in, *tg;
+	int B, T;
+	float loss, loss_fwd;
+} tp_rank_t;
+
+/* The group's reduction: both ranks publish their buffer, each computes slot 0 op slot 1 (the same
+ * bits on both) into its scratch, and copies it back once both have read. */
+static int tp_reduce_cb(void *ctx, float *buf, size_t n, loom_tp_op_t op)
+{
+	tp_rank_t *r = ctx;
+	tp_group_t *g = r->g;
+	if (n > TP_SCRATCH)
+		return LOOM_EINVAL;
+	g->slot[r->rank] = buf;
+	g->calls[r->rank]++;
+	pthread_barrier_wait(&g->bar);
+	const float *a = g->slot[0], *b = g->slot[1];
+	float *s = g->scratch[r->rank];
+	for (size_t i = 0; i < n; i++)
+		s[i] = op == LOOM_TP_SUM ? a[i] + b[i] : fmaxf(a[i], b[i]);
+	pthread_barrier_wait(&g->bar);
+	memcpy(buf, s, n * sizeof(float));
+	return LOOM_OK;
+}
+
+static void *tp_run(void *arg)
+{
+	tp_rank_t *r = arg;
+	r->rc = loom_model_forward(r->m, r->in, r->tg, r->B, r->T, &r->loss_fwd);
+	if (r->rc == LOOM_OK)
+		r->rc = loom_model_forward_backward(r->m, r->in, r->tg, r->B, r->T, 1.0f, &r->loss);
+	return NULL;
+}
+
+/* Split by kv-head groups (rank r: kv head r, query heads 2r, 2r+1), MLP columns, vocabulary rows:
+ * the loss and every gradient (the ranks' shards put back together) equal one process's within 1e-5;
+ * a shard's init is the whole model's at its positions. */
+TEST(nanochat_tp2_matches_one_process)
+{
+	loom_model_config_t c = small_cfg();
+	enum { B = 2, T = 16 };
+	int in[B * T], tg[B * T], n;
+	loom_model_t *one = NULL, *rk[2] = {NULL, NULL};
+	loom_model_opts_t o1 = {.B = B, .T = T};
+	tp_group_t g;
+	tp_rank_t r[2];
+	pthread_t th[2];
+	memset(&g, 0, sizeof g);
+	CHECK_OK(loom_model_tp_check(&c, 2));
+	CHECK_ERR(loom_model_tp_check(&c, 4), LOOM_EINVAL); /* 2 kv heads */
+	CHECK_CONTAINS(loom_errmsg(), "n_kv_head 2 is not divisible by tp 4");
+	CHECK_OK(loom_model_create(&one, &c, &o1));
+	test_params(one, 17);
+	make_tokens(in, tg, B * T, c.vocab_size, 19);
+	size_t np = loom_model_num_params(&c), ns = loom_model_shard_params(&c, 2);
+	CHECK_EQ(2 * ns, np + 2 * 3); /* everything split in two but the 2 x L scalars */
+	float *full = calloc(np, sizeof(float)), *shard = malloc(ns * sizeof(float));
+	CHECK(full && shard);
+	CHECK(pthread_barrier_init(&g.bar, NULL, 2) == 0);
+	for (int k = 0; k < 2; k++) {
+		loom_model_opts_t o = {.B = B, .T = T, .tp_size = 2, .tp_rank = k};
+		CHECK_OK(loom_model_create(&rk[k], &c, &o));
+		CHECK_EQ(loom_model_param_count(rk[k]), ns);
+		/* init of a shard = the shard of the whole init */
+		loom_model_t *w = NULL;
+		CHECK_OK(loom_model_create(&w, &c, &o1));
+		loom_model_init(w, 77);
+		loom_model_init(rk[k], 77);
+		loom_model_tp_shard(&c, 2, k, loom_model_params(w), shard);
+		CHECK(memcmp(shard, loom_model_params(rk[k]), ns * sizeof(float)) == 0);
+		loom_model_destroy(w);
+		loom_model_tp_shard(&c, 2, k, loom_model_params(one), loom_model_params(rk[k]));
+		loom_model_zero_grad(rk[k]);
+		g.scratch[k] = malloc(TP_SCRATCH * sizeof(float));
+		CHECK(g.scratch[k] != NULL);
+		r[k] = (tp_rank_t){.g = &g, .rank = k, .m = rk[k], .in = in, .tg = tg, .B = B, .T = T};
+		loom_model_on_tp_reduce(rk[k], tp_reduce_cb, &r[k]);
+	}
+	loom_tensor_info_t si;
+	CHECK_OK(loom_model_shard_info(&c, 2, 3, &si)); /* value_embeds.0: kv head r's 16 columns */
+	CHECK_EQ(si.shape[0], 64); CHECK_EQ(si.shape[1], 16);
+	CHECK_OK(loom_model_shard_info(&c, 2, 4, &si)); /* its gate: kv head r's row */
+	CHECK_EQ(si.shape[0], 1); CHECK_EQ(si.shape[1], 32);
+	float l1, lf1;
+	loom_model_zero_grad(one);
+	CHECK_OK(loom_model_forward(one, in, tg, B, T, &lf1));
+	CHECK_OK(loom_model_forward_backward(one, in, tg, B, T, 1.0f, &l1));
+	for (int k = 0; k < 2; k++)
+		CHECK(pthread_create(&th[k], NULL, tp_run, &r[k]) == 0);
+	for (int k = 0; k < 2; k++)
+		pthread_join(th[k], NULL);
+	for (int k = 0; k < 2; k++) {
+		CHECK_OK(r[k].rc);
+		CHECK_FEQ(r[k].loss, r[0].loss);
+		CHECK_MSG(fabsf(r[k].loss - l1) <= 1e-5f * l1 && fabsf(r[k].loss_fwd - lf1) <= 1e-5f * lf1,
+		          "rank %d: loss %.9g (forward %.9g), one process %.9g", k, r[k].loss, r[k].loss_fwd, l1);
+		loom_model_tp_unshard(&c, 2, k, loom_model_grads(rk[k]), full);
+	}
+	CHECK_EQ(g.calls[0], g.calls[1]);
+	const loom_tensor_info_t *tt = loom_model_tensors(one, &n);
+	double worst = 0.0;
+	for (int i = 0; i < n; i++) {
+		const float *g1 = loom_model_tensor_grad(one, i), *gt = full + tt[i].offset;
+		double mx = 0.0, w = 0.0;
+		for (size_t k = 0; k < tt[i].numel; k++)
+			mx = fmax(mx, fabs(g1[k])), w = fmax(w, fabs(g1[k] - gt[k]));
+		worst = fmax(worst, w / mx);
+		CHECK_MSG(mx > 0.0 && w <= 1e-5 * mx, "%s: tp 2 gradient off by %.3g (max %.3g)", tt[i].name, w, mx);
+	}
+	fprintf(stderr, "  tp 2: loss %.3g relative, gradients %.3g of each tensor's max from one process; %ld "
+	        "reductions per rank\n", fabs(r[0].loss - l1) / l1, worst, g.calls[0]);
+	for (int k = 0; k < 2; k++)
+		loom_model_destroy(rk[k]), free(g.scratch[k]);
+	pthread_barrier_destroy(&g.bar);
+	free(full), free(shard);
+	loom_model_destroy(one);
+	return 0;
+}
+
+/* ---- the attention kernel against a plain one ---------------------------------------------------------- */
+
+/* out (N,NH D), P (B,NH,T,T) of windowed causal GQA attention in double; with dout, dq/dk/dv too. */
+static void attention_naive(double *out, double *P, double *dq, double *dk, double *dv, const float *dout,
+                            const float *q, const float *k, const float *v, int B, int T, int NH, int NKV, int D, int W)
+{
+	int G = NH / NKV, lq = NH * D, lk = NKV * D;
+	double sc = 1.0 / sqrt((double)D);
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < NH; h++) {
+			int g = h / G;
+			for (int t = 0; t < T; t++) {
+				double *p = P + (((size_t)b * NH + h) * T + t) * T, mx = -INFINITY, sum = 0;
+				const float *qt = q + ((size_t)b * T + t) * lq + h * D;
+				for (int s = 0; s < T; s++) {
+					p[s] = 0;
+					if (s > t || t - s > W)
+						continue;
+					double d = 0;
+					for (int i = 0; i < D; i++)
+						d += (double)qt[i] * k[((size_t)b * T + s) * lk + g * D + i];
+					p[s] = d * sc;
+					mx = fmax(mx, p[s]);
+				}
+				for (int s = 0; s < T; s++)
+					if (s <= t && t - s <= W)
+						sum += (p[s] = exp(p[s] - mx));
+				for (int s = 0; s < T; s++)
+					p[s] /= sum;
+				for (int i = 0; i < D; i++) {
+					double o = 0;
+					for (int s = 0; s <= t; s++)
+						o += p[s] * v[((size_t)b * T + s) * lk + g * D + i];
+					out[((size_t)b * T + t) * lq + h * D + i] = o;
+				}
+				if (!dout)
+					continue;
+				const float *dy = dout + ((size_t)b * T + t) * lq + h * D;
+				double dp[512], dot = 0;
+				for (int s = 0; s <= t; s++) {
+					dp[s] = 0;
+					for (int i = 0; i < D; i++)
+						dp[s] += (double)dy[i] * v[((size_t)b * T + s) * lk + g * D + i];
+					dot += p[s] * dp[s];
+				}
+				for (int s = 0; s <= t; s++) {
+					double ds = p[s] * (dp[s] - dot) * sc;
+					for (int i = 0; i < D; i++) {
+						dq[((size_t)b * T + t) * lq + h * D + i] += ds * k[((size_t)b * T + s) * lk + g * D + i];
+						dk[((size_t)b * T + s) * lk + g * D + i] += ds * qt[i];
+						dv[((size_t)b * T + s) * lk + g * D + i] += p[s] * dy[i];
+					}
+				}
+			}
+		}
+}
+
+/* Windows that start inside, at and beyond the 64-row blocks (T = 150), full causal, and a window of 0
+ * (each query sees itself only); 4 query heads on 2 kv heads. Probabilities outside the window are
+ * exact zeros, the selective recomputation gives the forward's bits. */
+TEST(nanochat_attention_kernel_windows)
+{
+	enum { B = 2, T = 150, NH = 4, NKV = 2, D = 8 };
+	size_t nq = (size_t)B * T * NH * D, nk = (size_t)B * T * NKV * D, np = (size_t)B * NH * T * T;
+	float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4), *out = malloc(nq * 4);
+	float *P = malloc(np * 4), *P2 = malloc(np * 4), *dq = malloc(nq * 4), *dk = malloc(nk * 4), *dv = malloc(nk * 4);
+	float *dkh = malloc(nq * 4), *dvh = malloc(nq * 4), *scr = malloc((size_t)T * T * 64 * 4);
+	double *ro = malloc(nq * 8), *rp = malloc(np * 8), *rdq = malloc(nq * 8), *rdk = malloc(nk * 8), *rdv = malloc(nk * 8);
+	CHECK(q && k && v && dout && out && P && P2 && dq && dk && dv && dkh && dvh && scr && ro && rp && rdq && rdk && rdv);
+	uint32_t s = 99;
+	for (size_t i = 0; i < nq; i++)
+		q[i] = 2 * urand(&s), dout[i] = urand(&s);
+	for (size_t i = 0; i < nk; i++)
+		k[i] = 2 * urand(&s), v[i] = urand(&s);
+	int windows[5] = {37, 64, 100, T, 0};
+	for (int wi = 0; wi < 5; wi++) {
+		int W = windows[wi];
+		loom__nc_attention_forward(out, P, q, k, v, B, T, NH, NKV, D, W);
+		memset(P2, 0xff, np * 4);
+		loom__nc_attention_probs(P2, q, k, B, T, NH, NKV, D, W);
+		CHECK(memcmp(P, P2, np * 4) == 0);
+		memset(dq, 0, nq * 4), memset(dk, 0, nk * 4), memset(dv, 0, nk * 4);
+		loom__nc_attention_backward(dq, dk, dv, dkh, dvh, scr, 64, dout, q, k, v, P, B, T, NH, NKV, D, W);
+		memset(rdq, 0, nq * 8), memset(rdk, 0, nk * 8), memset(rdv, 0, nk * 8);
+		attention_naive(ro, rp, rdq, rdk, rdv, dout, q, k, v, B, T, NH, NKV, D, W);
+		double e = 0;
+		for (size_t i = 0; i < np; i++) {
+			if (rp[i] == 0)
+				CHECK_MSG(P[i] == 0.0f, "W %d: probability %zu is %.3g outside the window", W, i, P[i]);
+			e = fmax(e, fabs(P[i] - rp[i]));
+		}
+		for (size_t i = 0; i < nq; i++)
+			e = fmax(e, fmax(fabs(out[i] - ro[i]), fabs(dq[i] - rdq[i])));
+		for (size_t i = 0; i < nk; i++)
+			e = fmax(e, fmax(fabs(dk[i] - rdk[i]), fabs(dv[i] - rdv[i])));
+		CHECK_MSG(e < 2e-5, "W %d: attention differs from the plain version by %.3g", W, e);
+	}
+	free(q), free(k), free(v), free(dout), free(out), free(P), free(P2), free(dq), free(dk), free(dv);
+	free(dkh), free(dvh), free(scr), free(ro), free(rp), free(rdq), free(rdk), free(rdv);
 	return 0;
 }

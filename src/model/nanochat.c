@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "core/util.h"
+#include "model/fastmath.h"
 #include "model/nanochat.h"
 #include "model/nanochat_model.h"
 #include "model/rng.h"
@@ -98,8 +99,10 @@ static size_t layout(nc_t *m, char *base, loom_model_act_bytes_t *bytes)
 #undef LAYER_BUFS
 	bytes->kept = off - mark, mark = off;
 	if (m->has_head) {
-		m->logits = carve(base, &off, (size_t)m->chunk * d->V);
+		m->logits = carve(base, &off, (size_t)m->chunk * (m->tp > 1 ? d->vl : d->V));
 		m->last_logits = carve(base, &off, (size_t)m->B * d->V);
+		if (m->tp > 1)
+			m->tp_stats = carve(base, &off, 3 * (size_t)m->chunk);
 	}
 	bytes->head = off - mark, mark = off;
 	m->ftmp = carve(base, &off, N * C);
@@ -546,9 +549,10 @@ static void embed_forward(nc_t *m, nc_arena_t *ar, const int *inputs, int B, int
 	loom__nc_param_use(m, -1, 0);
 	memcpy(ar->tok, inputs, sizeof(int) * (size_t)N);
 	ar->has_tok = 1;
-	/* x = wte[tok] into the x0 half, then both halves = rmsnorm(x) */
-	loom__nc_gather(ar->in + C, 2 * C, m->pview[NC_WTE], C, inputs, N, C);
-	loom__nc_rmsnorm_forward(ar->in + C, 2 * C, ar->rstd0, ar->in + C, 2 * C, N, C);
+	/* x = wte[tok] (vocab-parallel: each rank's rows, summed over the group), both halves rmsnorm(x) */
+	loom__nc_gather(m->ftmp, C, m->pview[NC_WTE], C, inputs, m->tp_rank * m->d.vl, m->d.vl, N, C);
+	loom__nc_tp_reduce(m, m->ftmp, (size_t)N * C, LOOM_TP_SUM);
+	loom__nc_rmsnorm_forward(ar->in + C, 2 * C, ar->rstd0, m->ftmp, C, N, C);
 #pragma omp parallel for schedule(static) if ((long)N * C >= 32768)
 	for (int n = 0; n < N; n++)
 		memcpy(ar->in + (size_t)n * 2 * C, ar->in + (size_t)n * 2 * C + C, sizeof(float) * (size_t)C);
@@ -664,13 +668,74 @@ static float mean_loss(const float *losses, int n, int N)
 	return (float)(s / N);
 }
 
+/* The vocab-parallel head (tp > 1): this rank's lm_head rows hold ids [v0, v0 + vl), of which Vv are
+ * real. Per chunk of positions the softcapped local logits, the group's row maxima (max), then the
+ * sums of exponentials and the target logits (sum, one reduction of both); with dx, dx (N,C) += the
+ * local dlogits W (partial sums, reduced once at the end) and dw += dlogits^T x. The full logits
+ * never exist on one rank. */
+static void tp_classifier(nc_t *m, float *losses, float *dx, float *dw, const float *x, const float *w,
+                          const int *targets, float dloss, int N)
+{
+	int C = m->d.C, v0 = m->tp_rank * m->d.vl, Vv = LOOM_MAX(0, LOOM_MIN(m->d.vl, m->d.V - v0));
+	const float inv = 1.0f / NC_SOFTCAP;
+	for (int n0 = 0; n0 < N; n0 += m->chunk) {
+		int nc = LOOM_MIN(m->chunk, N - n0);
+		float *mx = m->tp_stats, *sums = m->tp_stats + nc, *z = m->logits;
+		if (Vv > 0)
+			loom__nc_logits(z, x + (size_t)n0 * C, C, w, nc, C, Vv);
+		for (int i = 0; i < nc; i++) {
+			const float *zi = z + (size_t)i * Vv;
+			float v = -INFINITY;
+#pragma omp simd reduction(max : v)
+			for (int j = 0; j < Vv; j++)
+				v = zi[j] > v ? zi[j] : v;
+			mx[i] = v;
+		}
+		loom__nc_tp_reduce(m, mx, (size_t)nc, LOOM_TP_MAX);
+#pragma omp parallel for schedule(static) if ((long)nc * Vv >= 32768)
+		for (int i = 0; i < nc; i++) {
+			const float *zi = z + (size_t)i * Vv;
+			float s = 0.0f;
+			int t = targets[n0 + i] - v0;
+#pragma omp simd reduction(+ : s)
+			for (int j = 0; j < Vv; j++)
+				s += fast_expf(zi[j] - mx[i]);
+			sums[2 * i] = s;
+			sums[2 * i + 1] = t >= 0 && t < Vv ? zi[t] : 0.0f;
+		}
+		loom__nc_tp_reduce(m, sums, 2 * (size_t)nc, LOOM_TP_SUM);
+		for (int i = 0; i < nc; i++)
+			losses[n0 + i] = logf(sums[2 * i]) + mx[i] - sums[2 * i + 1];
+		if (!dx || Vv == 0)
+			continue;
+#pragma omp parallel for schedule(static) if ((long)nc * Vv >= 32768)
+		for (int i = 0; i < nc; i++) {
+			float *zi = z + (size_t)i * Vv, g = dloss / sums[2 * i];
+			int t = targets[n0 + i] - v0;
+#pragma omp simd
+			for (int j = 0; j < Vv; j++) {
+				float c = zi[j], u = c * inv;
+				zi[j] = (g * fast_expf(c - mx[i]) - (j == t ? dloss : 0.0f)) * (1.0f - u * u);
+			}
+		}
+		loom__gemm(0, 0, nc, C, Vv, 1.0f, z, Vv, w, C, 1.0f, dx + (size_t)n0 * C, C);
+		loom__gemm(1, 0, Vv, C, nc, 1.0f, z, Vv, x + (size_t)n0 * C, C, 1.0f, dw, C);
+	}
+	if (dx)
+		loom__nc_tp_reduce(m, dx, (size_t)N * C, LOOM_TP_SUM);
+}
+
 static void head_forward(nc_t *m, nc_arena_t *ar, const int *targets, int B, int T, float *loss)
 {
 	int C = m->d.C, V = m->d.V, N = B * T;
 	loom__nc_param_use(m, m->d.L, 0);
 	head_norm(m, ar, 0, N);
 	const float *w = m->pview[m->ntensors - 1];
-	if (targets) {
+	if (targets && m->tp > 1) {
+		tp_classifier(m, ar->losses, NULL, NULL, ar->xf, w, targets, 0.0f, N);
+		if (loss)
+			*loss = mean_loss(ar->losses, N, N);
+	} else if (targets) {
 		loom__nc_classifier(ar->losses, NULL, NULL, m->logits, m->chunk, ar->xf, w, targets, 0.0f, N, C, V);
 		if (loss)
 			*loss = mean_loss(ar->losses, N, N);
@@ -688,8 +753,12 @@ static void head_forward_backward(nc_t *m, nc_arena_t *ar, const int *targets, i
 	loom__nc_param_use(m, m->d.L, 1);
 	head_norm(m, ar, r0, n);
 	zero(m->dxn + o, (size_t)n * C);
-	loom__nc_classifier(ar->losses + r0, m->dxn + o, m->gview[lm], m->logits, m->chunk, ar->xf + o, m->pview[lm],
-	                    targets + r0, grad_scale / (float)N, n, C, V);
+	if (m->tp > 1)
+		tp_classifier(m, ar->losses + r0, m->dxn + o, m->gview[lm], ar->xf + o, m->pview[lm], targets + r0,
+		              grad_scale / (float)N, n);
+	else
+		loom__nc_classifier(ar->losses + r0, m->dxn + o, m->gview[lm], m->logits, m->chunk, ar->xf + o,
+		                    m->pview[lm], targets + r0, grad_scale / (float)N, n, C, V);
 	if (loss)
 		*loss = mean_loss(ar->losses + r0, n, N);
 	float *dr = m->dres + (size_t)r0 * 2 * C;
@@ -784,7 +853,7 @@ static void block_backward(nc_t *m, nc_arena_t *ar, int l, int B, int T)
 		}
 		linear_backward(m->dxn, C, G(NC_GATE), m->dgate, nkv, a->xn1, C, W(NC_GATE), N, NC_GATE_CH, nkv);
 		ready(m, LT(l, NC_GATE));
-		loom__nc_scatter_add(G(NC_VE), KV, m->dv, KV, tok, N, KV);
+		loom__nc_scatter_add(G(NC_VE), KV, m->dv, KV, tok, 0, d->Vp, N, KV);
 		ready(m, LT(l, NC_VE));
 	}
 	loom__nc_tp_reduce(m, m->dxn, (size_t)N * C, LOOM_TP_SUM);
@@ -837,7 +906,7 @@ static void embed_backward(nc_t *m, nc_arena_t *ar, const int *inputs, int B, in
 	loom__nc_rmsnorm_backward(m->dxn, C, m->dx2, C, ar->in + C, 2 * C, ar->rstd0, N, C);
 	ready(m, NC_X0);
 	ready(m, NC_RESID);
-	loom__nc_scatter_add(m->gview[NC_WTE], C, m->dxn, C, inputs, N, C);
+	loom__nc_scatter_add(m->gview[NC_WTE], C, m->dxn, C, inputs, m->tp_rank * m->d.vl, m->d.vl, N, C);
 	ready(m, NC_WTE);
 }
 
@@ -881,8 +950,14 @@ static int nc_embed_forward(loom_model_t *mm, int mb, const int *inputs, int B, 
 	return status(m);
 }
 
-static int need_tokens(const nc_t *m, int mb, const char *op)
+/* Arena, block and size of a block call, and the arena's tokens (the value embeddings read them). */
+static int check_block(const nc_t *m, int mb, int l, int B, int T, const char *op)
 {
+	int rc;
+	if (l < m->lo || l >= m->hi)
+		return loom_seterr(LOOM_EINVAL, "nanochat %s: block %d is not held (blocks [%d, %d))", op, l, m->lo, m->hi);
+	if ((rc = check_unit(m, mb, l, B, T, op)) != LOOM_OK)
+		return rc;
 	if (!m->arenas[mb].has_tok)
 		return loom_seterr(LOOM_EINVAL, "nanochat %s: arena %d has no token ids (call embed_forward or set_inputs "
 		                   "first: the value embeddings read them)", op, mb);
@@ -893,12 +968,7 @@ static int nc_block_forward(loom_model_t *mm, int mb, int l, int B, int T)
 {
 	nc_t *m = M(mm);
 	int rc;
-	if ((rc = check_unit(m, mb, l < 0 ? m->d.L : l, B, T, "block_forward")) != LOOM_OK)
-		return rc;
-	if (l < m->lo || l >= m->hi)
-		return loom_seterr(LOOM_EINVAL, "nanochat block_forward: block %d is not held (blocks [%d, %d))", l, m->lo,
-		                   m->hi);
-	if ((rc = need_tokens(m, mb, "block_forward")) != LOOM_OK)
+	if ((rc = check_block(m, mb, l, B, T, "block_forward")) != LOOM_OK)
 		return rc;
 	loom__gemm_setup(&m->gemm);
 	block_forward(m, &m->arenas[mb], l, B, T);
@@ -950,12 +1020,7 @@ static int nc_block_backward(loom_model_t *mm, int mb, int l, int B, int T)
 {
 	nc_t *m = M(mm);
 	int rc;
-	if ((rc = check_unit(m, mb, l < 0 ? m->d.L : l, B, T, "block_backward")) != LOOM_OK)
-		return rc;
-	if (l < m->lo || l >= m->hi)
-		return loom_seterr(LOOM_EINVAL, "nanochat block_backward: block %d is not held (blocks [%d, %d))", l, m->lo,
-		                   m->hi);
-	if ((rc = need_tokens(m, mb, "block_backward")) != LOOM_OK)
+	if ((rc = check_block(m, mb, l, B, T, "block_backward")) != LOOM_OK)
 		return rc;
 	loom__gemm_setup(&m->gemm);
 	block_backward(m, &m->arenas[mb], l, B, T);

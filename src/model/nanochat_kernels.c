@@ -243,14 +243,21 @@ void loom__nc_attention_backward(float *dq, float *dk, float *dv, float *dkh, fl
 
 /* ---- embeddings ----------------------------------------------------------------------------------- */
 
-void loom__nc_gather(float *out, int ldo, const float *table, int ld, const int *ids, int N, int cols)
+void loom__nc_gather(float *out, int ldo, const float *table, int ld, const int *ids, int v0, int nrows, int N,
+                     int cols)
 {
 #pragma omp parallel for schedule(static) if ((long)N * cols >= PAR_MIN)
-	for (int n = 0; n < N; n++)
-		memcpy(out + (size_t)n * ldo, table + (size_t)ids[n] * ld, sizeof(float) * (size_t)cols);
+	for (int n = 0; n < N; n++) {
+		int r = ids[n] - v0;
+		if (r >= 0 && r < nrows)
+			memcpy(out + (size_t)n * ldo, table + (size_t)r * ld, sizeof(float) * (size_t)cols);
+		else
+			memset(out + (size_t)n * ldo, 0, sizeof(float) * (size_t)cols);
+	}
 }
 
-void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const int *ids, int N, int cols)
+void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const int *ids, int v0, int nrows, int N,
+                          int cols)
 {
 	/* columns split over threads: a repeated id is accumulated by one thread, in row order */
 #pragma omp parallel if ((long)N * cols >= PAR_MIN)
@@ -259,8 +266,11 @@ void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const 
 		int per = ((cols + nt - 1) / nt + 15) / 16 * 16;
 		int c0 = per * t < cols ? per * t : cols, c1 = per * (t + 1) < cols ? per * (t + 1) : cols;
 		for (int n = 0; n < N; n++) {
+			int r = ids[n] - v0;
+			if (r < 0 || r >= nrows)
+				continue;
 			const float *s = d + (size_t)n * ldd;
-			float *w = dtable + (size_t)ids[n] * ld;
+			float *w = dtable + (size_t)r * ld;
 #pragma omp simd
 			for (int c = c0; c < c1; c++)
 				w[c] += s[c];
@@ -269,20 +279,6 @@ void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const 
 }
 
 /* ---- the softcapped head ---------------------------------------------------------------------------- */
-
-/* tanh: the [7/6] Padé approximant (the continued fraction's 7th convergent; relative error below
- * 1e-9 for |x| <= 1) near zero, where 1 - 2/(1 + e^2x) would cancel; that formula beyond, where
- * tanh >= 0.76 keeps fast_expf's 2e-7 relative error. Branch-free: both are computed, one selected. */
-float loom__nc_tanhf(float x)
-{
-	float x2 = x * x;
-	float p = x * (135135.0f + x2 * (17325.0f + x2 * (378.0f + x2)));
-	float q = 135135.0f + x2 * (62370.0f + x2 * (3150.0f + 28.0f * x2));
-	float near = p / q;
-	float far = 1.0f - 2.0f / (1.0f + fast_expf(2.0f * (x < 0 ? -x : x)));
-	far = x < 0 ? -far : far;
-	return x2 <= 1.0f ? near : far;
-}
 
 void loom__nc_logits(float *out, const float *x, int ldx, const float *w, int N, int C, int V)
 {

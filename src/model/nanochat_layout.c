@@ -154,8 +154,7 @@ static void vec(loom_tensor_info_t *t, size_t n, loom_opt_group_t g)
 /* Tensor j (NC_*) of block l, whole-model or one shard's shape; offset not set. */
 static void layer_tensor(const nc_dims_t *d, int l, int j, loom_tensor_info_t *t)
 {
-	size_t C = (size_t)d->C, KV = (size_t)d->NKV * d->D, tp = (size_t)d->tp;
-	(void)tp;
+	size_t C = (size_t)d->C, KV = (size_t)d->NKV * d->D;
 	memset(t, 0, sizeof *t);
 	t->layer = l;
 	switch (j) {
@@ -302,8 +301,6 @@ int loom__nc_tp_check(const loom_model_config_t *cfg, int tp)
 		return rc;
 	if (tp <= 1)
 		return LOOM_OK;
-	if (tp > 1)
-		return loom_seterr(LOOM_EINVAL, "nanochat tensor parallel: not implemented yet (tp %d)", tp);
 	loom__nc_dims(cfg, tp, &d);
 	if (d.NKV % tp != 0)
 		return loom_seterr(LOOM_EINVAL, "nanochat tensor parallel: n_kv_head %d is not divisible by tp %d (attention "
@@ -322,10 +319,9 @@ static void shard_copy(const loom_model_config_t *cfg, int tp, int r, float *ful
 		loom_tensor_info_t f, s;
 		info_tp(cfg, 1, i, &f);
 		info_tp(cfg, tp, i, &s);
-		size_t rows = f.ndim == 2 ? f.shape[0] : 1, cols = f.ndim == 2 ? f.shape[1] : f.shape[0];
+		size_t cols = f.ndim == 2 ? f.shape[1] : f.shape[0];
 		size_t srows = s.ndim == 2 ? s.shape[0] : 1, scols = s.ndim == 2 ? s.shape[1] : s.shape[0];
 		size_t r0 = f.tp_dim == 0 ? (size_t)r * srows : 0, c0 = f.tp_dim == 1 ? (size_t)r * scols : 0;
-		(void)rows;
 		for (size_t a = 0; a < srows; a++) {
 			float *pf = full + f.offset + (r0 + a) * cols + c0, *ps = shard + s.offset + a * scols;
 			if (to_shard)

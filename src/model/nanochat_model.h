@@ -20,6 +20,7 @@
 
 #include "loom/model.h"
 #include "loom/nanochat.h"
+#include "model/fastmath.h"
 #include "model/kernels.h"
 
 #define NC_GATE_CH 32      /* channels of xn the value-embedding gate reads */
@@ -119,6 +120,7 @@ typedef struct loom_nanochat {
 	float *cos, *sin; /* (T, D/2) rotary tables, bf16-rounded as gpt.py keeps them */
 	/* head scratch */
 	float *logits, *last_logits;
+	float *tp_stats; /* (3 chunk) the vocab-parallel head's per-position reductions */
 	int chunk;
 	/* forward scratch (one forward at a time, any arena) */
 	float *ftmp; /* (N,C) */
@@ -170,18 +172,33 @@ void loom__nc_attention_probs(float *att, const float *q, const float *k, int B,
 void loom__nc_attention_backward(float *dq, float *dk, float *dv, float *dkh, float *dvh, float *scratch,
                                  int scratch_threads, const float *dout, const float *q, const float *k,
                                  const float *v, const float *att, int B, int T, int NH, int NKV, int D, int W);
-/* rows of table (ld cols) gathered by ids: out (N, cols) = table[ids]. */
-void loom__nc_gather(float *out, int ldo, const float *table, int ld, const int *ids, int N, int cols);
-/* dtable[ids[n]] += d[n] (rows of cols, ld), deterministic (columns split over threads). */
-void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const int *ids, int N, int cols);
+/* Rows of a table holding ids [v0, v0 + nrows) (a vocab-parallel shard; v0 0 for a whole one): out (N,
+ * cols) = table[ids - v0], zero rows for ids held elsewhere. */
+void loom__nc_gather(float *out, int ldo, const float *table, int ld, const int *ids, int v0, int nrows, int N,
+                     int cols);
+/* dtable[ids[n] - v0] += d[n] for the ids held, deterministic (columns split over threads). */
+void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const int *ids, int v0, int nrows, int N,
+                          int cols);
 /* Softcapped lm head + cross-entropy over N rows in chunks (x (N,C), w (V,C) the real vocabulary's
  * rows of lm_head): losses (N); with dx, dx (N,C) += and dw (V,C) += the gradient of dloss * losses. */
 void loom__nc_classifier(float *losses, float *dx, float *dw, float *logits, int chunk, const float *x, const float *w,
                          const int *targets, float dloss, int N, int C, int V);
 /* out (N,V) = 15 tanh(x w^T / 15), x rows ldx apart. */
 void loom__nc_logits(float *out, const float *x, int ldx, const float *w, int N, int C, int V);
-/* tanh accurate to a few float ulps, vectorizable. */
-float loom__nc_tanhf(float x);
+/* tanh for the softcap, vectorizable inside `omp simd` loops: the [7/6] Padé approximant (the
+ * continued fraction's 7th convergent; relative error below 1e-9 for |x| <= 1) near zero, where
+ * 1 - 2/(1 + e^2x) would cancel; that formula beyond, where tanh >= 0.76 keeps fast_expf's 2e-7
+ * relative error. Branch-free: both are computed, one selected. */
+static inline float loom__nc_tanhf(float x)
+{
+	float x2 = x * x;
+	float p = x * (135135.0f + x2 * (17325.0f + x2 * (378.0f + x2)));
+	float q = 135135.0f + x2 * (62370.0f + x2 * (3150.0f + 28.0f * x2));
+	float ax = x < 0 ? -x : x;
+	float far = 1.0f - 2.0f / (1.0f + fast_expf(2.0f * ax));
+	far = x < 0 ? -far : far;
+	return x2 <= 1.0f ? p / q : far;
+}
 
 /* ---- shared by nanochat.c and nanochat_generate.c ---- */
 void loom__nc_param_use(loom_nanochat_t *m, int unit, int phase);
