@@ -48,6 +48,20 @@ TEST(muon_dist_matches_one_process)
 			          s, got[s], ref[s]);
 	}
 	CHECK(ref[STEPS] < ref[1] - 0.1); /* it learned */
+	/* with ZeRO: the shards snap to whole matrices, each rank's MuonAdamW owns its shard's */
+	static const struct {
+		int world, stage;
+	} zero[] = {{2, 1}, {2, 2}, {3, 3}, {4, 2}};
+	for (size_t k = 0; k < sizeof zero / sizeof zero[0]; k++) {
+		snprintf(cmd, sizeof cmd, "%s train --nproc %d --zero %d --train-data '%s/train_*.bin' " FLAGS " --steps %d "
+		         "--log %s/z%zu.jsonl", loom, zero[k].world, zero[k].stage, dir, STEPS, dir, k);
+		RUN_OK(cmd, out, 180);
+		snprintf(path, sizeof path, "%s/z%zu.jsonl", dir, k);
+		CHECK_EQ(test_read_losses(path, got, MAXSTEPS, NULL, NULL), STEPS);
+		for (int s = 1; s <= STEPS; s++)
+			CHECK_MSG(fabs(got[s] - ref[s]) <= 1e-6 * ref[s], "ZeRO-%d on %d ranks, step %d: loss %.9g, one process "
+			          "%.9g", zero[k].stage, zero[k].world, s, got[s], ref[s]);
+	}
 	test_rmdir(dir);
 	return 0;
 }
@@ -69,8 +83,8 @@ TEST(muon_resume_and_reshard)
 	         "--save-every 4 --log %s/full.jsonl", loom, dir, STEPS, dir, dir);
 	RUN_OK(cmd, out, 180);
 	snprintf(cmd, sizeof cmd, "cd %s && mv ck/step_%08d full_final && cp -r ck/step_00000004 keep4 && cp full.jsonl "
-	         "r.jsonl && test -s keep4/muon_r0.safetensors && test -s keep4/muon_r1.safetensors && test -s "
-	         "keep4/muon_adamw.safetensors && grep -q muon_r1.safetensors keep4/MANIFEST", dir, STEPS);
+	         "r.jsonl && test -s keep4/muon_r0.safetensors && test -s keep4/muon_r1.safetensors && grep -q "
+	         "muon_r1.safetensors keep4/MANIFEST", dir, STEPS);
 	RUN_OK(cmd, out, 10);
 	snprintf(path, sizeof path, "%s/full.jsonl", dir);
 	CHECK_EQ(test_read_losses(path, ref, MAXSTEPS, full, NULL), STEPS);
@@ -96,6 +110,26 @@ TEST(muon_resume_and_reshard)
 	for (int s = 5; s <= STEPS; s++)
 		CHECK_MSG(fabs(got[s] - ref[s]) <= 1e-6 * ref[s], "3 ranks from 2, step %d: loss %.9g, uninterrupted %.9g", s,
 		          got[s], ref[s]);
+	/* the DDP checkpoint resumes under ZeRO-3 on 3 ranks, and a ZeRO-2 one (2 ranks) under DDP on 3 */
+	snprintf(cmd, sizeof cmd, "cd %s && rm -rf t && mkdir t && cp -r keep4 t/step_00000004 && head -5 full.jsonl > "
+	         "t.jsonl && %s train --nproc 3 --zero 3 --train-data '%s/train_*.bin' " FLAGS " --steps %d --save-dir t "
+	         "--log t.jsonl --resume", dir, loom, dir, STEPS);
+	RUN_OK(cmd, out, 180);
+	snprintf(path, sizeof path, "%s/t.jsonl", dir);
+	CHECK_EQ(test_read_losses(path, got, MAXSTEPS, NULL, NULL), STEPS);
+	for (int s = 5; s <= STEPS; s++)
+		CHECK_MSG(fabs(got[s] - ref[s]) <= 1e-6 * ref[s], "ZeRO-3 x 3 from DDP x 2, step %d: loss %.9g, uninterrupted "
+		          "%.9g", s, got[s], ref[s]);
+	snprintf(cmd, sizeof cmd, "cd %s && rm -rf z && %s train --nproc 2 --zero 2 --train-data '%s/train_*.bin' " FLAGS
+	         " --steps %d --save-dir z --save-every 4 >/dev/null && rm -rf t && mkdir t && cp -r z/step_00000004 t/ && "
+	         "test -s t/step_00000004/zero.json && head -5 full.jsonl > t.jsonl && %s train --nproc 3 --train-data "
+	         "'%s/train_*.bin' " FLAGS " --steps %d --save-dir t --log t.jsonl --resume", dir, loom, dir, STEPS, loom,
+	         dir, STEPS);
+	RUN_OK(cmd, out, 180);
+	CHECK_EQ(test_read_losses(path, got, MAXSTEPS, NULL, NULL), STEPS);
+	for (int s = 5; s <= STEPS; s++)
+		CHECK_MSG(fabs(got[s] - ref[s]) <= 1e-6 * ref[s], "DDP x 3 from ZeRO-2 x 2, step %d: loss %.9g, uninterrupted "
+		          "%.9g", s, got[s], ref[s]);
 	/* an AdamW checkpoint does not resume under muon, nor the other way round: both say so */
 	snprintf(cmd, sizeof cmd, "cd %s && rm -rf a && %s train --train-data '%s/train_*.bin' --model tiny --batch-size 2 "
 	         "--seq-len 16 --steps 2 --save-dir a --peak-flops 1e10 --total-batch-size 384 --shuffle 1 --seed 7 >/dev/null && %s train --train-data "
@@ -118,8 +152,8 @@ TEST(muon_refused_combinations)
 	static const struct {
 		const char *flags, *says;
 	} bad[] = {
-		{"--nproc 2 --zero 1", "--optimizer muon with --zero: MuonAdamW runs with plain data parallel"},
-		{"--nproc 2 --tp 2", "a tensor-parallel shard of a matrix cannot be orthogonalized alone"},
+		{"--nproc 2 --tp 2", "--optimizer muon with --tp > 1: a tensor-parallel shard of a matrix cannot be "
+		                     "orthogonalized alone"},
 		{"--wd-scale epochs", "--wd-scale epochs scales Muon's weight decay: it needs --optimizer muon and "
 		                      "--ref-tokens"},
 	};

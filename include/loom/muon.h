@@ -173,6 +173,10 @@ void loom_muonadamw_free(loom_muonadamw_t *o); /* safe on a zeroed or freed stru
  * Returns LOOM_OK, or LOOM_EINVAL (nothing changed) for a negative or non-finite multiplier or scale. */
 int loom_muonadamw_step(loom_muonadamw_t *o, float *params, const float *grads, float lr_multiplier,
                         float grad_scale);
+/* The same on buffers that start at float `base` of the flat layout (params[0] is float base): a ZeRO
+ * shard of [base, base + count) that holds everything o owns. LOOM_EINVAL for an owned part below base. */
+int loom_muonadamw_step_at(loom_muonadamw_t *o, float *params, const float *grads, size_t base,
+                           float lr_multiplier, float grad_scale);
 
 #ifdef __cplusplus
 }

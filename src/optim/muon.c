@@ -542,6 +542,12 @@ static void adam_piece(float *restrict p, const float *restrict g, float *restri
 int loom_muonadamw_step(loom_muonadamw_t *o, float *params, const float *grads, float lr_multiplier,
                         float grad_scale)
 {
+	return loom_muonadamw_step_at(o, params, grads, 0, lr_multiplier, grad_scale);
+}
+
+int loom_muonadamw_step_at(loom_muonadamw_t *o, float *params, const float *grads, size_t base,
+                           float lr_multiplier, float grad_scale)
+{
 	int rc;
 	if (!(lr_multiplier >= 0.0f) || !isfinite(lr_multiplier) || !isfinite(grad_scale))
 		return loom_seterr(LOOM_EINVAL, "muon: lr multiplier %g and gradient scale %g must be finite, the "
@@ -555,7 +561,11 @@ int loom_muonadamw_step(loom_muonadamw_t *o, float *params, const float *grads, 
 	const float mlr = (float)((double)o->cfg.matrix_lr * lr_multiplier);
 	for (int k = 0; k < o->nmat; k++) {
 		loom_muon_matrix_t *mt = &o->mats[k];
-		rc = loom_muon_update(params + mt->offset, grads + mt->offset, grad_scale, mt->buf, mt->s, mt->rows, mt->cols,
+		if (mt->offset < base)
+			return loom_seterr(LOOM_EINVAL, "muon: matrix at float %zu is below the buffers' first float %zu",
+			                   mt->offset, base);
+		rc = loom_muon_update(params + (mt->offset - base), grads + (mt->offset - base), grad_scale, mt->buf, mt->s,
+		                      mt->rows, mt->cols,
 		                      mt->transposed, mlr, wd, mu, o->cfg.muon_beta2, o->scratch);
 		if (rc != LOOM_OK) /* cannot happen after the checks above and at init */
 			return rc;
@@ -566,7 +576,10 @@ int loom_muonadamw_step(loom_muonadamw_t *o, float *params, const float *grads, 
 		double lr = pc->lr * lr_multiplier;
 		float bias1 = (float)(1.0 - pow(pc->beta1, t)), bias2 = (float)(1.0 - pow(pc->beta2, t));
 		float neg_step = (float)(-(double)(float)lr / bias1);
-		adam_piece(params + pc->offset, grads + pc->offset, o->m + pc->state, o->v + pc->state, pc->numel, grad_scale,
+		if (pc->offset < base)
+			return loom_seterr(LOOM_EINVAL, "muon: AdamW piece at float %zu is below the buffers' first float %zu",
+			                   pc->offset, base);
+		adam_piece(params + (pc->offset - base), grads + (pc->offset - base), o->m + pc->state, o->v + pc->state, pc->numel, grad_scale,
 		           pc->beta1, pc->beta2, bias2, o->cfg.adam_eps, neg_step);
 	}
 	o->step++;

@@ -19,14 +19,21 @@
  * MuonAdamW over the averaged gradient (each matrix is updated once, by its owner, from the same
  * bits; tests/test_muon_dist.c at 2, 3 and 4 ranks).
  *
- * Checkpoints: the writer writes the AdamW moments (muon_adamw.safetensors, "<name>.exp_avg" and
- * ".exp_avg_sq") and every rank its matrices' state (muon_r<rank>.safetensors,
- * "<name>.momentum_buffer" and "<name>.second_momentum"); loading finds each matrix it owns in
- * whichever muon_r*.safetensors holds it, so a run resumes on any number of ranks. */
+ * Under ZeRO (zero.c) the owned ranges snap to tensor boundaries (loom__zero_muon_offsets), so every
+ * matrix lies in one rank's shard: that rank owns it for Muon and the AdamW floats of its range as
+ * ZeRO-1/2/3 own them; ZeRO's own reduce-scatter and all-gather move the gradients and parameters.
+ *
+ * Checkpoints: every rank writes muon_r<rank>.safetensors: its matrices' "<name>.momentum_buffer" and
+ * "<name>.second_momentum", and the AdamW moments it owns as "adam.<lo>.<hi>.exp_avg" / ".exp_avg_sq"
+ * (floats [lo, hi) of the flat layout; under plain data parallel the writer's file alone, the state
+ * being replicated). Loading finds each matrix it owns in whichever file holds it and reads the
+ * slices of the AdamW moments that overlap its own, so a run resumes on any number of ranks, with or
+ * without ZeRO. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/util.h"
@@ -145,79 +152,80 @@ int loom__muon_step(loom_strategy_t *s, float lr_multiplier, float grad_scale)
 
 /* ---- checkpoints -------------------------------------------------------------------------------- */
 
-static int save_adamw(loom_strategy_t *s, const char *path)
+/* This rank's state as one file: its matrices' "<name>.momentum_buffer" and "<name>.second_momentum",
+ * and with with_adam its AdamW pieces as "adam.<lo>.<hi>.exp_avg" / ".exp_avg_sq" (floats [lo, hi) of
+ * the flat layout, so any other partition reads its slices of them). */
+static int write_state(loom_strategy_t *s, const char *path, int with_adam)
 {
 	const loom_tensor_info_t *t = loom_model_tensors(s->model, NULL);
 	loom_muonadamw_t *o = s->muon;
-	int n = 2 * o->npieces, rc;
+	int na = with_adam ? 2 * o->npieces : 0, n = 2 * o->nmat + na, rc;
 	loom_st_tensor_t *st = loom__calloc((size_t)LOOM_MAX(n, 1), sizeof *st);
-	char (*names)[LOOM_TENSOR_NAME_MAX + 32] = loom__calloc((size_t)LOOM_MAX(n, 1), sizeof *names);
-	char step[32];
-	const char *meta[4] = {"loom", "muon-adamw", "step", step};
+	char (*names)[LOOM_TENSOR_NAME_MAX + 48] = loom__calloc((size_t)LOOM_MAX(n, 1), sizeof *names);
+	char step[32], rank[16];
+	const char *meta[6] = {"format", "loom-muon", "step", step, "rank", rank};
 	if (!st || !names) {
 		free(st), free(names);
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
 	}
-	snprintf(step, sizeof step, "%lld", o->step);
-	for (int i = 0; i < n; i++) {
-		const loom_muon_adam_piece_t *pc = &o->pieces[i % o->npieces];
-		snprintf(names[i], sizeof names[i], "%s.%s", t[pc->tensor].name, i < o->npieces ? "exp_avg" : "exp_avg_sq");
-		st[i].name = names[i], st[i].dtype = LOOM_ST_F32, st[i].ndim = 1, st[i].shape[0] = pc->numel;
-		st[i].data = (i < o->npieces ? o->m : o->v) + pc->state, st[i].nbytes = pc->numel * sizeof(float);
+	snprintf(step, sizeof step, "%lld", o->step), snprintf(rank, sizeof rank, "%d", s->dp_rank);
+	for (int i = 0; i < 2 * o->nmat; i++) {
+		const loom_muon_matrix_t *m = &o->mats[i % o->nmat];
+		int buf = i < o->nmat;
+		snprintf(names[i], sizeof names[i], "%s.%s", t[m->tensor].name, buf ? "momentum_buffer" : "second_momentum");
+		st[i].shape[0] = buf ? (size_t)m->rows * m->cols : (size_t)LOOM_MAX(m->rows, m->cols);
+		st[i].data = buf ? m->buf : m->s;
 	}
-	rc = loom_st_write(path, st, n, meta, 2);
+	for (int i = 0; i < na; i++) {
+		const loom_muon_adam_piece_t *pc = &o->pieces[i % o->npieces];
+		int first = i < o->npieces;
+		snprintf(names[2 * o->nmat + i], sizeof names[0], "adam.%zu.%zu.%s", pc->offset, pc->offset + pc->numel,
+		         first ? "exp_avg" : "exp_avg_sq");
+		st[2 * o->nmat + i].shape[0] = pc->numel;
+		st[2 * o->nmat + i].data = (first ? o->m : o->v) + pc->state;
+	}
+	for (int i = 0; i < n; i++) {
+		st[i].name = names[i], st[i].dtype = LOOM_ST_F32, st[i].ndim = 1;
+		st[i].nbytes = st[i].shape[0] * sizeof(float);
+	}
+	rc = loom_st_write(path, st, n, meta, 3);
 	free(st), free(names);
 	return rc;
 }
 
-static int save_matrices(loom_strategy_t *s, const char *path)
+void loom__muon_state_name(char *buf, size_t cap, int rank)
 {
-	const loom_tensor_info_t *t = loom_model_tensors(s->model, NULL);
-	loom_muonadamw_t *o = s->muon;
-	int n = 2 * o->nmat, rc;
-	loom_st_tensor_t *st = loom__calloc((size_t)LOOM_MAX(n, 1), sizeof *st);
-	char (*names)[LOOM_TENSOR_NAME_MAX + 32] = loom__calloc((size_t)LOOM_MAX(n, 1), sizeof *names);
-	const char *meta[2] = {"loom", "muon-matrices"};
-	if (!st || !names) {
-		free(st), free(names);
-		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
-	}
-	for (int i = 0; i < n; i++) {
-		const loom_muon_matrix_t *m = &o->mats[i % o->nmat];
-		int buf = i < o->nmat;
-		snprintf(names[i], sizeof names[i], "%s.%s", t[m->tensor].name, buf ? "momentum_buffer" : "second_momentum");
-		st[i].name = names[i], st[i].dtype = LOOM_ST_F32, st[i].ndim = 1;
-		st[i].shape[0] = buf ? (size_t)m->rows * m->cols : (size_t)LOOM_MAX(m->rows, m->cols);
-		st[i].data = buf ? m->buf : m->s, st[i].nbytes = st[i].shape[0] * sizeof(float);
-	}
-	rc = loom_st_write(path, st, n, meta, 1);
-	free(st), free(names);
-	return rc;
+	snprintf(buf, cap, "muon_r%d.safetensors", rank);
+}
+
+int loom__muon_write_shard(loom_strategy_t *s, const char *dir)
+{
+	char name[64], path[1300];
+	loom__muon_state_name(name, sizeof name, s->dp_rank);
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	return write_state(s, path, 1);
 }
 
 int loom__muon_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	char path[1200], name[64];
 	int rc = LOOM_OK, ok = !s->writer || (w && w->active), all = ok;
-	/* has the writer begun? every rank writes into its temp directory only then */
+	/* has the writer begun? every rank writes into its temporary directory only then */
 	if (s->dp_size > 1 && (rc = loom_allreduce(s->dp, &ok, &all, 1, LOOM_INT32, LOOM_MIN)) != LOOM_OK)
 		return loom_seterr(rc, "muon: rank %d: starting the checkpoint: %s", s->dp_rank, loom_comm_errmsg(s->dp));
 	if (!all)
 		return s->writer ? LOOM_OK : loom_seterr(LOOM_EIO, "muon: rank %d: the writer could not begin the checkpoint",
 		                                         s->dp_rank);
-	if (s->writer) {
-		if ((rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) == LOOM_OK &&
-		    (rc = loom_model_save_safetensors(path, &s->mcfg, s->params)) == LOOM_OK &&
-		    (rc = loom_ckpt_file(w, "muon_adamw.safetensors", path, sizeof path)) == LOOM_OK)
-			rc = save_adamw(s, path);
-	}
-	snprintf(name, sizeof name, "muon_r%d.safetensors", s->dp_rank);
+	if (s->writer && (rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) == LOOM_OK)
+		rc = loom_model_save_safetensors(path, &s->mcfg, s->params);
+	loom__muon_state_name(name, sizeof name, s->dp_rank);
 	if (rc == LOOM_OK) {
 		if (w && w->active)
 			rc = loom_ckpt_file(w, name, path, sizeof path);
 		else
 			snprintf(path, sizeof path, "%s/%s", w ? w->tmp : ".", name);
-		rc = rc ? rc : save_matrices(s, path);
+		/* the AdamW state is replicated here: the writer's file holds it */
+		rc = rc ? rc : write_state(s, path, s->writer);
 	}
 	int mine = rc == LOOM_OK, r;
 	if (s->dp_size > 1) {
@@ -230,54 +238,85 @@ int loom__muon_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 	return rc;
 }
 
-/* Copy tensor `name` (n floats, F32) of an open file into dst; 1 when found, 0 when absent, < 0 on a
- * wrong size. */
-static int take(const loom_st_t *st, const char *name, float *dst, size_t n)
+int loom__muon_has_state(const char *dir)
 {
-	int k = loom_st_find(st, name);
-	if (k < 0)
-		return 0;
-	const loom_st_tensor_t *t = loom_st_get(st, k);
-	if (t->dtype != LOOM_ST_F32 || t->nbytes != n * sizeof(float))
-		return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' is not F32 of %zu elements", loom_st_path(st), name, n);
-	memcpy(dst, t->data, n * sizeof(float));
-	return 1;
+	char path[1200];
+	snprintf(path, sizeof path, "%s/muon_r0.safetensors", dir);
+	return access(path, R_OK) == 0;
 }
 
-int loom__muon_load(loom_strategy_t *s, const char *dir, long long step)
+/* Copy tensor k (n floats, F32) of an open file into dst; LOOM_EFORMAT for another size or type. */
+static int take(const loom_st_t *st, int k, float *dst, size_t n)
+{
+	const loom_st_tensor_t *t = loom_st_get(st, k);
+	if (t->dtype != LOOM_ST_F32 || t->nbytes != n * sizeof(float))
+		return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' is not F32 of %zu elements", loom_st_path(st), t->name, n);
+	memcpy(dst, t->data, n * sizeof(float));
+	return LOOM_OK;
+}
+
+/* One file's share of what this rank owns: matrices by name, AdamW slices by overlap. */
+static int read_state_file(loom_strategy_t *s, const char *path, unsigned char *got, size_t *adam_floats)
 {
 	const loom_tensor_info_t *t = loom_model_tensors(s->model, NULL);
 	loom_muonadamw_t *o = s->muon;
-	char path[1400], name[LOOM_TENSOR_NAME_MAX + 32];
-	loom_st_t *st = NULL;
-	loom_model_config_t saved;
-	int rc, found;
-	snprintf(path, sizeof path, "%s/muon_adamw.safetensors", dir);
-	if (access(path, R_OK) != 0)
-		return loom_seterr(LOOM_EMISMATCH, "resume: %s has no MuonAdamW state (muon_adamw.safetensors): it was "
-		                   "written with --optimizer adamw; resume with that optimizer", dir);
-	snprintf(path, sizeof path, "%s/model.safetensors", dir);
-	if ((rc = loom_model_config(path, s->mcfg.n_head, &saved, NULL)) != LOOM_OK)
-		return rc;
-	if (!loom_model_config_equal(&saved, &s->mcfg))
-		return loom_seterr(LOOM_EMISMATCH, "resume: %s holds another model than this run's", path);
-	if ((rc = loom_model_load(path, &s->mcfg, s->params)) != LOOM_OK)
-		return rc;
-	snprintf(path, sizeof path, "%s/muon_adamw.safetensors", dir);
+	char name[LOOM_TENSOR_NAME_MAX + 48];
+	loom_st_t *st;
+	int rc;
 	if ((rc = loom_st_open(&st, path)) != LOOM_OK)
 		return rc;
-	for (int i = 0; i < 2 * o->npieces; i++) {
-		const loom_muon_adam_piece_t *pc = &o->pieces[i % o->npieces];
-		snprintf(name, sizeof name, "%s.%s", t[pc->tensor].name, i < o->npieces ? "exp_avg" : "exp_avg_sq");
-		if ((found = take(st, name, (i < o->npieces ? o->m : o->v) + pc->state, pc->numel)) <= 0) {
-			rc = found < 0 ? found : loom_seterr(LOOM_EFORMAT, "%s: missing tensor '%s'", path, name);
+	for (int k = 0; k < o->nmat && rc == LOOM_OK; k++) {
+		loom_muon_matrix_t *m = &o->mats[k];
+		snprintf(name, sizeof name, "%s.momentum_buffer", t[m->tensor].name);
+		int i = loom_st_find(st, name);
+		if (i < 0)
+			continue;
+		if ((rc = take(st, i, m->buf, (size_t)m->rows * m->cols)) != LOOM_OK)
 			break;
+		snprintf(name, sizeof name, "%s.second_momentum", t[m->tensor].name);
+		if ((i = loom_st_find(st, name)) < 0)
+			rc = loom_seterr(LOOM_EFORMAT, "%s: missing tensor '%s'", path, name);
+		else
+			rc = take(st, i, m->s, (size_t)LOOM_MAX(m->rows, m->cols));
+		got[k] = 1;
+	}
+	for (int i = 0; i < loom_st_count(st) && rc == LOOM_OK; i++) {
+		const loom_st_tensor_t *tt = loom_st_get(st, i);
+		size_t lo, hi;
+		char kind[16];
+		if (sscanf(tt->name, "adam.%zu.%zu.%15s", &lo, &hi, kind) != 3)
+			continue;
+		int first = strcmp(kind, "exp_avg") == 0;
+		if ((!first && strcmp(kind, "exp_avg_sq") != 0) || hi < lo || tt->dtype != LOOM_ST_F32 ||
+		    tt->nbytes != (hi - lo) * sizeof(float)) {
+			rc = loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' is not an AdamW moment slice of F32", path, tt->name);
+			break;
+		}
+		for (int k = 0; k < o->npieces; k++) {
+			const loom_muon_adam_piece_t *pc = &o->pieces[k];
+			size_t a = LOOM_MAX(lo, pc->offset), b = LOOM_MIN(hi, pc->offset + pc->numel);
+			if (a >= b)
+				continue;
+			memcpy((first ? o->m : o->v) + pc->state + (a - pc->offset), (const float *)tt->data + (a - lo),
+			       (b - a) * sizeof(float));
+			*adam_floats += b - a;
 		}
 	}
 	loom_st_close(st);
-	if (rc != LOOM_OK)
-		return rc;
-	/* each owned matrix's state from whichever rank's file holds it (any world size wrote them) */
+	return rc;
+}
+
+int loom__muon_load_state(loom_strategy_t *s, const char *dir, long long step)
+{
+	const loom_tensor_info_t *t = loom_model_tensors(s->model, NULL);
+	loom_muonadamw_t *o = s->muon;
+	char path[1400];
+	int rc = LOOM_OK;
+	size_t adam = 0;
+	if (!loom__muon_has_state(dir))
+		return loom_seterr(LOOM_EMISMATCH, "resume: %s has no MuonAdamW state (muon_r0.safetensors): it was "
+		                   "written with --optimizer adamw; resume with that optimizer", dir);
+	/* each owned matrix and AdamW slice from whichever rank's file holds it (any world size wrote them) */
 	unsigned char *got = loom__calloc((size_t)LOOM_MAX(o->nmat, 1), 1);
 	DIR *d = opendir(dir);
 	struct dirent *e;
@@ -291,21 +330,7 @@ int loom__muon_load(loom_strategy_t *s, const char *dir, long long step)
 		if (strncmp(e->d_name, "muon_r", 6) != 0 || !strstr(e->d_name, ".safetensors"))
 			continue;
 		snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-		if ((rc = loom_st_open(&st, path)) != LOOM_OK)
-			break;
-		for (int k = 0; k < o->nmat && rc == LOOM_OK; k++) {
-			loom_muon_matrix_t *m = &o->mats[k];
-			snprintf(name, sizeof name, "%s.momentum_buffer", t[m->tensor].name);
-			if ((found = take(st, name, m->buf, (size_t)m->rows * m->cols)) < 0) {
-				rc = found;
-			} else if (found) {
-				snprintf(name, sizeof name, "%s.second_momentum", t[m->tensor].name);
-				if ((found = take(st, name, m->s, (size_t)LOOM_MAX(m->rows, m->cols))) <= 0)
-					rc = found < 0 ? found : loom_seterr(LOOM_EFORMAT, "%s: missing tensor '%s'", path, name);
-				got[k] = 1;
-			}
-		}
-		loom_st_close(st);
+		rc = read_state_file(s, path, got, &adam);
 	}
 	closedir(d);
 	for (int k = 0; rc == LOOM_OK && k < o->nmat; k++)
@@ -313,7 +338,31 @@ int loom__muon_load(loom_strategy_t *s, const char *dir, long long step)
 			rc = loom_seterr(LOOM_EFORMAT, "resume: %s: no muon_r*.safetensors holds the state of '%s'", dir,
 			                 t[o->mats[k].tensor].name);
 	free(got);
+	if (rc == LOOM_OK && adam != 2 * o->adam_n)
+		rc = loom_seterr(LOOM_EFORMAT, "resume: %s: the muon_r*.safetensors files hold %zu of this rank's %zu AdamW "
+		                 "moment floats", dir, adam, 2 * o->adam_n);
 	if (rc == LOOM_OK)
 		o->step = step;
 	return rc;
+}
+
+int loom__muon_load(loom_strategy_t *s, const char *dir, long long step)
+{
+	char path[1400];
+	loom_model_config_t saved;
+	struct stat sb;
+	int rc;
+	snprintf(path, sizeof path, "%s/zero.json", dir);
+	if (stat(path, &sb) == 0) /* written by a ZeRO strategy: the same state files, the same reader */
+		return loom__sharded_load(s, dir, step);
+	if (!loom__muon_has_state(dir))
+		return loom__muon_load_state(s, dir, step); /* says which optimizer wrote it */
+	snprintf(path, sizeof path, "%s/model.safetensors", dir);
+	if ((rc = loom_model_config(path, s->mcfg.n_head, &saved, NULL)) != LOOM_OK)
+		return rc;
+	if (!loom_model_config_equal(&saved, &s->mcfg))
+		return loom_seterr(LOOM_EMISMATCH, "resume: %s holds another model than this run's", path);
+	if ((rc = loom_model_load(path, &s->mcfg, s->params)) != LOOM_OK)
+		return rc;
+	return loom__muon_load_state(s, dir, step);
 }

@@ -70,12 +70,10 @@ int loom__strategy_create(loom_strategy_t **out, const loom_strategy_config_t *c
 	const char *name = cfg->name && *cfg->name ? cfg->name : "ddp";
 	int several = cfg->dp && loom_comm_size(cfg->dp) > 1, tensor = cfg->tp && loom_comm_size(cfg->tp) > 1, named = 0;
 	*out = NULL;
-	if (cfg->optimizer == LOOM_OPTIMIZER_MUON && (cfg->zero > 0 || tensor))
-		return loom_seterr(LOOM_ENOTSUP, "trainer: --optimizer muon %s: MuonAdamW runs with plain data parallel "
-		                   "(DistMuon splits its work over the data-parallel ranks) and pipeline stages; %s",
-		                   cfg->zero > 0 ? "with --zero" : "with --tp > 1",
-		                   cfg->zero > 0 ? "drop --zero (the AdamW tensors' state is replicated)"
-		                                 : "a tensor-parallel shard of a matrix cannot be orthogonalized alone");
+	if (cfg->optimizer == LOOM_OPTIMIZER_MUON && tensor)
+		return loom_seterr(LOOM_ENOTSUP, "trainer: --optimizer muon with --tp > 1: a tensor-parallel shard of a "
+		                   "matrix cannot be orthogonalized alone (MuonAdamW runs with data parallel, ZeRO 1-3 and "
+		                   "pipeline stages)");
 	for (size_t k = 0; k < LOOM_ARRAY_LEN(strategies); k++) {
 		if (strcmp(strategies[k].name, name) != 0)
 			continue;
@@ -166,8 +164,7 @@ int loom__replica_load(loom_strategy_t *s, const char *dir, long long step)
 	struct stat sb;
 	if (s->muon)
 		return loom__muon_load(s, dir, step);
-	snprintf(file, sizeof file, "%s/muon_adamw.safetensors", dir);
-	if (stat(file, &sb) == 0)
+	if (loom__muon_has_state(dir))
 		return loom_seterr(LOOM_EMISMATCH, "resume: %s was written with --optimizer muon; resume with it", dir);
 	snprintf(file, sizeof file, "%s/zero.json", dir);
 	if (stat(file, &sb) == 0) /* written by a ZeRO strategy: the moments are in shards */

@@ -117,6 +117,8 @@ struct loom_strategy {
 	size_t own_offset, own_count; /* the owned range */
 	loom_adamw_t opt;             /* over the owned range (AdamW; empty under MuonAdamW) */
 	loom_muonadamw_t *muon;       /* MuonAdamW instead (--optimizer muon), else NULL (muon_opt.c) */
+	const size_t *shard_off;      /* ZeRO: rank q owns [shard_off[q], shard_off[q + 1]); NULL: the default
+	                                 rule, loom__zero_shard_offset */
 	struct loom__muon_plan *muon_plan;
 	/* The gradient of the owned range (own_count floats; after the last finish_grads of a step, the
 	 * averaged one). grads + own_offset where a full gradient buffer exists; a strategy that keeps
@@ -175,6 +177,13 @@ void loom__muon_free(loom_strategy_t *s);
 int loom__muon_step(loom_strategy_t *s, float lr_multiplier, float grad_scale);
 int loom__muon_save(loom_strategy_t *s, const loom_ckpt_writer_t *w);
 int loom__muon_load(loom_strategy_t *s, const char *dir, long long step);
+/* The ZeRO side: this rank's state file (moments of its range, its matrices) into dir; the state of
+ * what this rank owns from a checkpoint's muon_r*.safetensors (any world size, with or without ZeRO);
+ * whether dir holds MuonAdamW state; the file name of a rank's. */
+int loom__muon_write_shard(loom_strategy_t *s, const char *dir);
+int loom__muon_load_state(loom_strategy_t *s, const char *dir, long long step);
+int loom__muon_has_state(const char *dir);
+void loom__muon_state_name(char *buf, size_t cap, int rank);
 
 /* Pick the strategy for cfg by the table in strategy.c (LOOM_ENOTSUP naming what exists for an
  * unknown name or a ZeRO stage not implemented) and create it. */

@@ -31,16 +31,27 @@
 
 enum { TAG_P = 0x2e03 };
 
-static void shard_name(char *buf, size_t cap, int rank, int size)
+static void shard_name(const loom_strategy_t *s, char *buf, size_t cap, int rank, int size)
 {
-	snprintf(buf, cap, "optim.rank%d-of-%d.safetensors", rank, size);
+	if (s->muon) /* MuonAdamW's state file (muon_opt.c) */
+		loom__muon_state_name(buf, cap, rank);
+	else
+		snprintf(buf, cap, "optim.rank%d-of-%d.safetensors", rank, size);
+}
+
+/* Where rank q's owned range starts (q = size: nparams). */
+static size_t shard_at(const loom_strategy_t *s, int q)
+{
+	return s->shard_off ? s->shard_off[q] : loom__zero_shard_offset(s->nparams, q, s->dp_size);
 }
 
 /* This rank's moments as a shard file in the checkpoint's directory. */
 static int write_shard(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	char name[128], path[1300], off[32], cnt[32], rk[16], ws[16];
-	shard_name(name, sizeof name, s->dp_rank, s->dp_size);
+	if (s->muon)
+		return loom__muon_write_shard(s, w->tmp);
+	shard_name(s, name, sizeof name, s->dp_rank, s->dp_size);
 	snprintf(path, sizeof path, "%s/%s", w->tmp, name);
 	snprintf(off, sizeof off, "%zu", s->own_offset), snprintf(cnt, sizeof cnt, "%zu", s->own_count);
 	snprintf(rk, sizeof rk, "%d", s->dp_rank), snprintf(ws, sizeof ws, "%d", s->dp_size);
@@ -66,9 +77,8 @@ static int write_index(loom_strategy_t *s, const loom_ckpt_writer_t *w, int stag
 	rc = rc ? rc : loom_kv_set_i64(kv, "world", s->dp_size);
 	rc = rc ? rc : loom_kv_set_i64(kv, "parameters", (int64_t)s->nparams);
 	for (int q = 0; q < s->dp_size && rc == LOOM_OK; q++) {
-		size_t a = loom__zero_shard_offset(s->nparams, q, s->dp_size);
-		size_t b = loom__zero_shard_offset(s->nparams, q + 1, s->dp_size);
-		shard_name(name, sizeof name, q, s->dp_size);
+		size_t a = shard_at(s, q), b = shard_at(s, q + 1);
+		shard_name(s, name, sizeof name, q, s->dp_size);
 		snprintf(key, sizeof key, "shard.%d.file", q);
 		rc = loom_kv_set_str(kv, key, name);
 		snprintf(key, sizeof key, "shard.%d.offset", q);
@@ -102,8 +112,7 @@ static int gather_params(loom_strategy_t *s, float **out)
 		return loom_seterr(LOOM_ENOMEM, "zero: out of memory for gathering %zu parameters to save them", s->nparams);
 	memcpy(p + s->own_offset, s->own_params, s->own_count * sizeof(float));
 	for (int q = 1; q < s->dp_size && rc == LOOM_OK; q++) {
-		size_t a = loom__zero_shard_offset(s->nparams, q, s->dp_size);
-		size_t b = loom__zero_shard_offset(s->nparams, q + 1, s->dp_size);
+		size_t a = shard_at(s, q), b = shard_at(s, q + 1);
 		if ((rc = loom_recv(s->dp, p + a, b - a, LOOM_FLOAT32, q, TAG_P)) != LOOM_OK)
 			rc = loom_seterr(rc, "zero: receiving the parameter shard of rank %d: %s", q, loom_comm_errmsg(s->dp));
 	}
@@ -278,6 +287,10 @@ int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step)
 			return rc;
 		loom__zero_set_loaded(s);
 	}
+	if (s->muon) /* MuonAdamW's state: its matrices by name, the moments of its range by overlap */
+		return loom__muon_load_state(s, dir, step);
+	if (loom__muon_has_state(dir))
+		return loom_seterr(LOOM_EMISMATCH, "resume: %s was written with --optimizer muon; resume with it", dir);
 	snprintf(file, sizeof file, "%s/zero.json", dir);
 	if (stat(file, &sb) == 0) {
 		if ((rc = load_shards(s, dir, file)) != LOOM_OK)
