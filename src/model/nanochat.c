@@ -106,6 +106,8 @@ static size_t layout(nc_t *m, char *base, loom_model_act_bytes_t *bytes)
 			m->tp_stats = carve(base, &off, 3 * (size_t)m->chunk);
 	}
 	bytes->head = off - mark, mark = off;
+	/* shared scratch, counted with the backward's: a block forward's row-parallel product before its
+	 * sum, the embedding's lookup */
 	m->ftmp = carve(base, &off, N * C);
 	m->dres = carve(base, &off, N * 2 * C);
 	m->dx2 = carve(base, &off, N * C);
@@ -122,8 +124,6 @@ static size_t layout(nc_t *m, char *base, loom_model_act_bytes_t *bytes)
 	m->dgate = carve(base, &off, N * d->nkv);
 	m->dscal = carve(base, &off, 2 * N);
 	m->att_scratch = carve(base, &off, T * T * (size_t)m->att_threads);
-	m->cos = carve(base, &off, T * (size_t)d->D / 2);
-	m->sin = carve(base, &off, T * (size_t)d->D / 2);
 	bytes->backward = off - mark;
 	bytes->total = off;
 	return off;
@@ -261,6 +261,10 @@ static int nc_create(loom_model_t **out, const loom_model_config_t *cfg, const l
 	if (!(m->mem = loom_alloc_aligned(want)))
 		goto nomem;
 	layout(m, m->mem, &m->act);
+	want = (size_t)m->T * m->d.D * sizeof(float); /* cos and sin: T x D/2 each */
+	if (!(m->rope = loom_alloc_aligned(want)))
+		goto nomem;
+	m->cos = m->rope, m->sin = m->rope + (size_t)m->T * m->d.D / 2;
 	rotary_tables(m);
 	loom__gemm_setup_threads();
 	*out = &m->base;
@@ -282,6 +286,7 @@ static void nc_destroy(loom_model_t *mm)
 	loom__nc_kv_free(m);
 	loom__gemm_ctx_free(&m->gemm);
 	loom_free_aligned(m->mem);
+	loom_free_aligned(m->rope);
 	loom_free_aligned(m->params_own);
 	loom_free_aligned(m->grads_own);
 	if (m->arenas)

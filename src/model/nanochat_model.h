@@ -117,7 +117,8 @@ typedef struct loom_nanochat {
 	nc_arena_t *arenas;
 	long long recomputes;
 	loom_model_act_bytes_t act;
-	float *cos, *sin; /* (T, D/2) rotary tables, bf16-rounded as gpt.py keeps them */
+	float *cos, *sin; /* (T, D/2) rotary tables, bf16-rounded as gpt.py keeps them (in `rope`) */
+	float *rope;
 	/* head scratch */
 	float *logits, *last_logits;
 	float *tp_stats; /* (3 chunk) the vocab-parallel head's per-position reductions */
