@@ -1121,3 +1121,64 @@ TEST(nanochat_alloc_failures_clean)
 	loom_model_destroy(m);
 	return 0;
 }
+
+/* ZeRO-3's use of the hooks: a model with no parameters of its own; before each unit runs, the hook
+ * fills one shared buffer with that unit's parameters (NaN first, so a read through a stale view
+ * shows) and points the unit's views at it. The embedding unit (wte and the scalars every block
+ * reads) stays pointed at the master copy. Losses and gradients equal a plain model's bit for bit. */
+typedef struct {
+	loom_model_t *m;
+	const loom_model_config_t *c;
+	const float *master;
+	float *gather;
+	int uses;
+} gather_t;
+
+static void gather_unit(void *ctx, int unit, int phase)
+{
+	gather_t *g = ctx;
+	int first, end;
+	const loom_tensor_info_t *tt = loom_model_tensors(g->m, NULL);
+	(void)phase;
+	g->uses++;
+	if (unit < 0)
+		return;
+	loom_model_unit_tensors(g->c, unit, &first, &end);
+	size_t off = tt[first].offset, n = tt[end - 1].offset + tt[end - 1].numel - off;
+	for (size_t i = 0; i < n; i++)
+		g->gather[i] = NAN;
+	for (int u = 0; u <= g->c->n_layer; u++) /* every other unit's views at poison */
+		loom_model_set_unit_view(g->m, u, g->gather + n, NULL);
+	memcpy(g->gather, g->master + off, n * sizeof(float));
+	loom_model_set_unit_view(g->m, unit, g->gather, NULL);
+}
+
+TEST(nanochat_param_use_hook_gathers_units)
+{
+	loom_model_config_t c = small_cfg();
+	enum { B = 2, T = 12 };
+	int in[B * T], tg[B * T];
+	loom_model_t *a = NULL, *z = NULL;
+	loom_model_opts_t oa = {.B = B, .T = T}, oz = {.B = B, .T = T, .no_own_params = 1};
+	CHECK_OK(loom_model_create(&a, &c, &oa));
+	CHECK_OK(loom_model_create(&z, &c, &oz));
+	test_params(a, 8);
+	make_tokens(in, tg, B * T, c.vocab_size, 9);
+	size_t np = loom_model_param_count(a);
+	gather_t g = {.m = z, .c = &c, .master = loom_model_params(a), .gather = malloc(2 * np * sizeof(float))};
+	CHECK(g.gather != NULL);
+	for (size_t i = 0; i < 2 * np; i++)
+		g.gather[i] = NAN;
+	CHECK_OK(loom_model_set_unit_view(z, -1, loom_model_params(a), NULL));
+	loom_model_on_param_use(z, gather_unit, &g);
+	float la, lz;
+	loom_model_zero_grad(a), loom_model_zero_grad(z);
+	CHECK_OK(loom_model_forward_backward(a, in, tg, B, T, 1.0f, &la));
+	CHECK_OK(loom_model_forward_backward(z, in, tg, B, T, 1.0f, &lz));
+	CHECK_EQ(g.uses, 2 * (c.n_layer + 2));
+	CHECK_FEQ(la, lz);
+	CHECK(memcmp(loom_model_grads(a), loom_model_grads(z), np * sizeof(float)) == 0);
+	free(g.gather);
+	loom_model_destroy(a), loom_model_destroy(z);
+	return 0;
+}
