@@ -12,6 +12,7 @@
 
 #include "loom/model.h"
 #include "loom/nanochat.h"
+#include "core/util.h"
 #include "model/nanochat_model.h"
 #include "test.h"
 
@@ -879,7 +880,7 @@ static void *tp_run(void *arg)
 
 /* Split by kv-head groups (rank r: kv head r, query heads 2r, 2r+1), MLP columns, vocabulary rows:
  * the loss and every gradient (the ranks' shards put back together) equal one process's within 1e-5;
- * a shard's init is the whole model's at its positions. */
+ * a shard's init is the whole model's at its positions; blocks checkpointing changes no bit. */
 TEST(nanochat_tp2_matches_one_process)
 {
 	loom_model_config_t c = small_cfg();
@@ -954,6 +955,30 @@ TEST(nanochat_tp2_matches_one_process)
 	}
 	fprintf(stderr, "  tp 2: loss %.3g relative, gradients %.3g of each tensor's max from one process; %ld "
 	        "reductions per rank\n", fabs(r[0].loss - l1) / l1, worst, g.calls[0]);
+	/* the same ranks with blocks checkpointing: the recomputation reruns the forward's reductions,
+	 * and the gradients are bit-identical */
+	float *full2 = calloc(np, sizeof(float));
+	CHECK(full2 != NULL);
+	for (int k = 0; k < 2; k++) {
+		loom_model_opts_t o = {.B = B, .T = T, .tp_size = 2, .tp_rank = k, .act_ckpt = LOOM_ACT_CKPT_BLOCKS};
+		loom_model_destroy(rk[k]);
+		CHECK_OK(loom_model_create(&rk[k], &c, &o));
+		loom_model_tp_shard(&c, 2, k, loom_model_params(one), loom_model_params(rk[k]));
+		loom_model_zero_grad(rk[k]);
+		r[k].m = rk[k];
+		loom_model_on_tp_reduce(rk[k], tp_reduce_cb, &r[k]);
+	}
+	for (int k = 0; k < 2; k++)
+		CHECK(pthread_create(&th[k], NULL, tp_run, &r[k]) == 0);
+	for (int k = 0; k < 2; k++)
+		pthread_join(th[k], NULL);
+	for (int k = 0; k < 2; k++) {
+		CHECK_OK(r[k].rc);
+		loom_model_tp_unshard(&c, 2, k, loom_model_grads(rk[k]), full2);
+		CHECK_EQ(loom_model_recomputes(rk[k]), c.n_layer);
+	}
+	CHECK(memcmp(full, full2, np * sizeof(float)) == 0);
+	free(full2);
 	for (int k = 0; k < 2; k++)
 		loom_model_destroy(rk[k]), free(g.scratch[k]);
 	pthread_barrier_destroy(&g.bar);
@@ -1061,5 +1086,99 @@ TEST(nanochat_attention_kernel_windows)
 	}
 	free(q), free(k), free(v), free(dout), free(out), free(P), free(P2), free(dq), free(dk), free(dv);
 	free(dkh), free(dvh), free(scr), free(ro), free(rp), free(rdq), free(rdk), free(rdv);
+	return 0;
+}
+
+/* Every allocation of create and of the KV cache failing in turn: a clean LOOM_ENOMEM, nothing leaked
+ * (under ASan), then a model that works. */
+TEST(nanochat_alloc_failures_clean)
+{
+	loom_model_config_t c = small_cfg();
+	loom_model_opts_t o = {.B = 1, .T = 8, .arenas = 2};
+	loom_model_t *m = NULL;
+	int failed = 0, prompt[2] = {1, 2}, out[2], n_out;
+	for (long k = 1; k < 40; k++) {
+		loom__fault_alloc_set(k);
+		int rc = loom_model_create(&m, &c, &o);
+		int hit = loom__fault_alloc_hit();
+		loom__fault_alloc_set(0);
+		if (!hit) {
+			CHECK_OK(rc);
+			break;
+		}
+		CHECK_ERR(rc, LOOM_ENOMEM);
+		CHECK(m == NULL);
+		failed++;
+	}
+	CHECK(failed >= 8 && m != NULL);
+	loom_model_init(m, 1);
+	loom__fault_alloc_set(1);
+	int rc = loom_model_generate(m, prompt, 2, 2, 0.0f, 0, 1, -1, out, &n_out, NULL, NULL);
+	loom__fault_alloc_set(0);
+	CHECK_ERR(rc, LOOM_ENOMEM);
+	CHECK_OK(loom_model_generate(m, prompt, 2, 2, 0.0f, 0, 1, -1, out, &n_out, NULL, NULL));
+	CHECK_EQ(n_out, 2);
+	loom_model_destroy(m);
+	return 0;
+}
+
+/* ZeRO-3's use of the hooks: a model with no parameters of its own; before each unit runs, the hook
+ * fills one shared buffer with that unit's parameters (NaN first, so a read through a stale view
+ * shows) and points the unit's views at it. The embedding unit (wte and the scalars every block
+ * reads) stays pointed at the master copy. Losses and gradients equal a plain model's bit for bit. */
+typedef struct {
+	loom_model_t *m;
+	const loom_model_config_t *c;
+	const float *master;
+	float *gather;
+	int uses;
+} gather_t;
+
+static void gather_unit(void *ctx, int unit, int phase)
+{
+	gather_t *g = ctx;
+	int first, end;
+	const loom_tensor_info_t *tt = loom_model_tensors(g->m, NULL);
+	(void)phase;
+	g->uses++;
+	if (unit < 0)
+		return;
+	loom_model_unit_tensors(g->c, unit, &first, &end);
+	size_t off = tt[first].offset, n = tt[end - 1].offset + tt[end - 1].numel - off;
+	for (size_t i = 0; i < n; i++)
+		g->gather[i] = NAN;
+	for (int u = 0; u <= g->c->n_layer; u++) /* every other unit's views at poison */
+		loom_model_set_unit_view(g->m, u, g->gather + n, NULL);
+	memcpy(g->gather, g->master + off, n * sizeof(float));
+	loom_model_set_unit_view(g->m, unit, g->gather, NULL);
+}
+
+TEST(nanochat_param_use_hook_gathers_units)
+{
+	loom_model_config_t c = small_cfg();
+	enum { B = 2, T = 12 };
+	int in[B * T], tg[B * T];
+	loom_model_t *a = NULL, *z = NULL;
+	loom_model_opts_t oa = {.B = B, .T = T}, oz = {.B = B, .T = T, .no_own_params = 1};
+	CHECK_OK(loom_model_create(&a, &c, &oa));
+	CHECK_OK(loom_model_create(&z, &c, &oz));
+	test_params(a, 8);
+	make_tokens(in, tg, B * T, c.vocab_size, 9);
+	size_t np = loom_model_param_count(a);
+	gather_t g = {.m = z, .c = &c, .master = loom_model_params(a), .gather = malloc(2 * np * sizeof(float))};
+	CHECK(g.gather != NULL);
+	for (size_t i = 0; i < 2 * np; i++)
+		g.gather[i] = NAN;
+	CHECK_OK(loom_model_set_unit_view(z, -1, loom_model_params(a), NULL));
+	loom_model_on_param_use(z, gather_unit, &g);
+	float la, lz;
+	loom_model_zero_grad(a), loom_model_zero_grad(z);
+	CHECK_OK(loom_model_forward_backward(a, in, tg, B, T, 1.0f, &la));
+	CHECK_OK(loom_model_forward_backward(z, in, tg, B, T, 1.0f, &lz));
+	CHECK_EQ(g.uses, 2 * (c.n_layer + 2));
+	CHECK_FEQ(la, lz);
+	CHECK(memcmp(loom_model_grads(a), loom_model_grads(z), np * sizeof(float)) == 0);
+	free(g.gather);
+	loom_model_destroy(a), loom_model_destroy(z);
 	return 0;
 }

@@ -295,10 +295,20 @@ void loom__nc_classifier(float *losses, float *dx, float *dw, float *logits, int
                          const int *targets, float dloss, int N, int C, int V)
 {
 	const float inv = 1.0f / NC_SOFTCAP;
+	/* bf16 (loom__gemm_setup): w converted once for every chunk's products, each chunk's gradient
+	 * logits once for both of theirs, as GPT-2's classifier */
+	loom__gemm_ctx_t *bf = loom__gemm_current();
+	const void *w16 = bf ? loom__bf16_hold(bf, LOOM_BF16_SLOT_HOLD0, w, (size_t)V * C) : NULL;
+	void *g16 = bf && dx ? loom__bf16_slot(bf, LOOM_BF16_SLOT_HOLD1, (size_t)(N < chunk ? N : chunk) * V) : NULL;
+	if (bf && (!w16 || (dx && !g16)))
+		return; /* out of memory: the error is in the ctx */
 	for (int n0 = 0; n0 < N; n0 += chunk) {
 		int nc = N - n0 < chunk ? N - n0 : chunk;
 		const float *xc = x + (size_t)n0 * C;
-		loom__gemm(0, 1, nc, V, C, 1.0f, xc, C, w, C, 0.0f, logits, V);
+		if (bf)
+			loom__gemm_bf16x(bf, 0, 1, nc, V, C, 1.0f, xc, NULL, C, w, w16, C, 0.0f, logits, V);
+		else
+			loom__gemm(0, 1, nc, V, C, 1.0f, xc, C, w, C, 0.0f, logits, V);
 #pragma omp parallel for schedule(static) if ((long)nc * V >= PAR_MIN)
 		for (int i = 0; i < nc; i++) {
 			float *z = logits + (size_t)i * V, mx = -INFINITY, sum = 0.0f;
@@ -323,8 +333,13 @@ void loom__nc_classifier(float *losses, float *dx, float *dw, float *logits, int
 				float dc = g * fast_expf(c - mx) - (j == tgt ? dloss : 0.0f);
 				z[j] = dc * (1.0f - t * t);
 			}
+			if (g16) /* bf16: the gradient row converted while it is in cache */
+				loom__bf16_row(bf, g16, (size_t)i * V, z, V);
 		}
-		if (dx) {
+		if (dx && bf) {
+			loom__gemm_bf16x(bf, 0, 0, nc, C, V, 1.0f, logits, g16, V, w, w16, C, 1.0f, dx + (size_t)n0 * C, C);
+			loom__gemm_bf16x(bf, 1, 0, V, C, nc, 1.0f, logits, g16, V, xc, NULL, C, 1.0f, dw, C);
+		} else if (dx) {
 			loom__gemm(0, 0, nc, C, V, 1.0f, logits, V, w, C, 1.0f, dx + (size_t)n0 * C, C);
 			loom__gemm(1, 0, V, C, nc, 1.0f, logits, V, xc, C, 1.0f, dw, C);
 		}

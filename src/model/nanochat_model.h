@@ -117,7 +117,8 @@ typedef struct loom_nanochat {
 	nc_arena_t *arenas;
 	long long recomputes;
 	loom_model_act_bytes_t act;
-	float *cos, *sin; /* (T, D/2) rotary tables, bf16-rounded as gpt.py keeps them */
+	float *cos, *sin; /* (T, D/2) rotary tables, bf16-rounded as gpt.py keeps them (in `rope`) */
+	float *rope;
 	/* head scratch */
 	float *logits, *last_logits;
 	float *tp_stats; /* (3 chunk) the vocab-parallel head's per-position reductions */
@@ -200,7 +201,26 @@ static inline float loom__nc_tanhf(float x)
 	return x2 <= 1.0f ? p / q : far;
 }
 
-/* ---- shared by nanochat.c and nanochat_generate.c ---- */
+/* ---- the passes (nanochat_passes.c), the family table's entries of the same names ---- */
+int loom__nc_set_inputs(loom_model_t *m, int mb, const int *inputs, int B, int T);
+int loom__nc_embed_forward(loom_model_t *m, int mb, const int *inputs, int B, int T);
+int loom__nc_block_forward(loom_model_t *m, int mb, int l, int B, int T);
+int loom__nc_head_forward(loom_model_t *m, int mb, const int *targets, int B, int T, float *loss);
+int loom__nc_head_forward_backward(loom_model_t *m, int mb, const int *targets, int B, int T, float grad_scale,
+                                   float *loss);
+int loom__nc_head_forward_backward_rows(loom_model_t *m, int mb, const int *targets, int B, int T, int row0, int rows,
+                                        float grad_scale, float *loss);
+int loom__nc_block_backward(loom_model_t *m, int mb, int l, int B, int T);
+int loom__nc_embed_backward(loom_model_t *m, int mb, const int *inputs, int B, int T);
+float *loom__nc_block_input(loom_model_t *m, int mb, int l);
+float *loom__nc_stream_grad(loom_model_t *m);
+int loom__nc_forward(loom_model_t *m, const int *inputs, const int *targets, int B, int T, float *loss);
+const float *loom__nc_last_logits(const loom_model_t *m);
+void loom__nc_zero_grad(loom_model_t *m);
+int loom__nc_forward_backward(loom_model_t *m, const int *inputs, const int *targets, int B, int T, float grad_scale,
+                              float *loss);
+
+/* ---- shared by nanochat.c, nanochat_passes.c and nanochat_generate.c ---- */
 void loom__nc_param_use(loom_nanochat_t *m, int unit, int phase);
 void loom__nc_kv_free(loom_nanochat_t *m);
 int loom__nc_kv_alloc(loom_nanochat_t *m);
