@@ -1,6 +1,7 @@
 /* test_nanochat_e2e.c: nanochat training end to end against a float64 PyTorch reference
  * (tests/ref/nanochat_train_ref.py, /usr/bin/python3 with torch 1.13): a small nanochat GPT
- * (loom_model_create + loom_model_init) trained 8 optimizer steps of 2 accumulated micro-batches
+ * (loom_model_create + loom_model_init, the zero-initialized projections then made random: init_params
+ * says why) trained 8 optimizer steps of 2 accumulated micro-batches
  * (grad_scale 1/2) under (1) AdamW over every tensor with a warmup + cosine schedule and weight decay
  * on the 2-D tensors, (2) MuonAdamW at nanochat's defaults and (3) MuonAdamW with base_train's recipe
  * knobs: the warmdown schedule, weight decay linear to 0, every rate times sqrt(B / 2^19) and Muon's

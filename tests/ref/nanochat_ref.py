@@ -14,7 +14,8 @@ DIR holds (written by the test):
   params.bin    float32, the flat parameter buffer
   inputs.bin    int32 (B,T) token ids; targets.bin likewise
 Writes (float64 files): loss.bin (1), logits.bin (B,T,V), grads.bin (the flat layout) computed in
-float64, and loss_f32.bin, logits_f32.bin, grads_f32.bin, the same computed in float32."""
+float64, and loss_f32.bin, logits_f32.bin, grads_f32.bin, the same computed in float32.
+nanochat_train_ref.py imports forward() and read_layout()."""
 import json
 import math
 import os
