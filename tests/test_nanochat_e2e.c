@@ -227,9 +227,10 @@ static const char *kind_name(e2e_kind_t k)
  *    a tensor of fewer than 1 / OUTLIER_FRAC), which must be within OUTLIER_TOL max. Measured (this
  *    build, x86-64 with AVX-512): 99.8% or more of every tensor's elements are within 1e-5 (99% within
  *    3e-6), and the rest are single elements where float32 cannot follow float64: Adam divides each
- *    element's momentum by its own gradient's size, so an element whose gradient is near zero turns
- *    float32's gradient error (1e-6 of the tensor's largest, nanochat_vs_torch) into a different step,
- *    up to the full rate; Muon's cautious weight decay switches on the sign of X p, and at the last
+ *    element's momentum by its own gradient's size, so an element whose gradient is near zero in an
+ *    early step turns float32's gradient error (1e-6 of the tensor's largest, nanochat_vs_torch) into
+ *    a different step, up to the full rate (AdamW's worst, h.0.mlp.c_proj[4021], has a step-1
+ *    gradient of 5.6e-7 of the tensor's largest); Muon's cautious weight decay switches on the sign of X p, and at the last
  *    MuonAdamW step h.2.attn.c_k[1044] has X = -3.5e-7 (the matrix's X p reach 0.07): float32 decays
  *    it, float64 does not, 6.6e-5 apart. Worst shares of a tensor beyond 1e-5: 0.15% (AdamW, 6 of
  *    attn.c_proj's 4096), 0.2% (MuonAdamW, 8 of value_embeds' 4096, at the embedding rate 1.04), 0.024%
