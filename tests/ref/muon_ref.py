@@ -106,6 +106,46 @@ def kernel(d, lines):
         torch.cat(out).numpy().tofile(f"{d}/m{mid}_out.bin")
 
 
+class MuonAdamW:
+    """setup_optimizer's groups over a flat float64 parameter buffer of N floats. tensors: dicts with
+    group, offset, numel, rows, cols, transposed (a Muon matrix is seen as [rows, cols]); cfg: the
+    hyper-parameters of loom_muon_config_t by name. step() is optimizer step k (from 0)."""
+
+    def __init__(self, tensors, cfg, N):
+        self.tensors, self.cfg = tensors, cfg
+        dscale = (cfg["n_embd"] / 768) ** -0.5
+        b1, b2 = cfg["adam_beta1"], cfg["adam_beta2"]
+        # base rate and betas by opt_group
+        self.base = {EMBED: (cfg["embedding_lr"] * dscale, b1, b2),
+                     UNEMBED: (cfg["unembedding_lr"] * dscale, b1, b2),
+                     SCALAR: (cfg["scalar_lr"] * 0.01, b1, b2), X0: (cfg["scalar_lr"], cfg["x0_beta1"], 0.95),
+                     VECTOR: (cfg["adamw_lr"], b1, b2)}
+        self.m, self.v, self.buf = torch.zeros(N), torch.zeros(N), torch.zeros(N)
+        self.svec = {i: torch.zeros(max(t["rows"], t["cols"])) for i, t in enumerate(tensors) if t["group"] == MATRIX}
+
+    def step(self, params, G, k, lrm):
+        """Update params (N floats, in place) with the gradient G at step k, every rate times lrm."""
+        cfg, m, v, buf = self.cfg, self.m, self.v, self.buf
+        frac = min(k / 300, 1)
+        mu = (1 - frac) * 0.85 + frac * 0.95
+        wd = cfg["weight_decay"] * (1 - k / cfg["total_steps"])
+        for i, t in enumerate(self.tensors):
+            a, b = t["offset"], t["offset"] + t["numel"]
+            if t["group"] == MATRIX:
+                r, c, tr = t["rows"], t["cols"], t["transposed"]
+                P, B, S = muon_update(view(params[a:b], r, c, tr), view(G[a:b], r, c, tr), view(buf[a:b], r, c, tr),
+                                      self.svec[i], cfg["matrix_lr"] * lrm, wd, mu, cfg["muon_beta2"])
+                params[a:b], buf[a:b], self.svec[i] = stored(P, tr), stored(B, tr), S
+            else:
+                lr0, be1, be2 = self.base[t["group"]]
+                lr, step = lr0 * lrm, k + 1
+                g = G[a:b]
+                m[a:b] += (1 - be1) * (g - m[a:b])
+                v[a:b] += (1 - be2) * (g * g - v[a:b])
+                denom = torch.sqrt(v[a:b] / (1 - be2 ** step)) + cfg["adam_eps"]
+                params[a:b] -= lr / (1 - be1 ** step) * m[a:b] / denom
+
+
 def optimizer(d, lines):
     tensors, steps, cfg = [], [], {}
     for line in lines:
@@ -124,37 +164,12 @@ def optimizer(d, lines):
     N = max(t["offset"] + t["numel"] for t in tensors)
     params = read_f32(f"{d}/params0.bin", N)
     grads = read_f32(f"{d}/grads.bin", len(steps) * N)
-    # setup_optimizer's groups: base rate and betas by opt_group
-    dscale = (cfg["n_embd"] / 768) ** -0.5
-    b1, b2 = cfg["adam_beta1"], cfg["adam_beta2"]
-    base = {EMBED: (cfg["embedding_lr"] * dscale, b1, b2), UNEMBED: (cfg["unembedding_lr"] * dscale, b1, b2),
-            SCALAR: (cfg["scalar_lr"] * 0.01, b1, b2), X0: (cfg["scalar_lr"], cfg["x0_beta1"], 0.95),
-            VECTOR: (cfg["adamw_lr"], b1, b2)}
-    m, v, buf = torch.zeros(N), torch.zeros(N), torch.zeros(N)
-    svec = {i: torch.zeros(max(t["rows"], t["cols"])) for i, t in enumerate(tensors) if t["group"] == MATRIX}
+    opt = MuonAdamW(tensors, cfg, N)
     out = []
     for k, (lrm, gs) in enumerate(steps):
-        G = grads[k * N:(k + 1) * N] * gs
-        frac = min(k / 300, 1)
-        mu = (1 - frac) * 0.85 + frac * 0.95
-        wd = cfg["weight_decay"] * (1 - k / cfg["total_steps"])
-        for i, t in enumerate(tensors):
-            a, b = t["offset"], t["offset"] + t["numel"]
-            if t["group"] == MATRIX:
-                r, c, tr = t["rows"], t["cols"], t["transposed"]
-                P, B, S = muon_update(view(params[a:b], r, c, tr), view(G[a:b], r, c, tr), view(buf[a:b], r, c, tr),
-                                      svec[i], cfg["matrix_lr"] * lrm, wd, mu, cfg["muon_beta2"])
-                params[a:b], buf[a:b], svec[i] = stored(P, tr), stored(B, tr), S
-            else:
-                lr0, be1, be2 = base[t["group"]]
-                lr, step = lr0 * lrm, k + 1
-                g = G[a:b]
-                m[a:b] += (1 - be1) * (g - m[a:b])
-                v[a:b] += (1 - be2) * (g * g - v[a:b])
-                denom = torch.sqrt(v[a:b] / (1 - be2 ** step)) + cfg["adam_eps"]
-                params[a:b] -= lr / (1 - be1 ** step) * m[a:b] / denom
+        opt.step(params, grads[k * N:(k + 1) * N] * gs, k, lrm)
         out.append(params.clone())
-    out += [m, v, buf] + [svec[i] for i in sorted(svec)]
+    out += [opt.m, opt.v, opt.buf] + [opt.svec[i] for i in sorted(opt.svec)]
     torch.cat(out).numpy().tofile(f"{d}/out.bin")
 
 

@@ -14,7 +14,8 @@ DIR holds (written by the test):
   params.bin    float32, the flat parameter buffer
   inputs.bin    int32 (B,T) token ids; targets.bin likewise
 Writes (float64 files): loss.bin (1), logits.bin (B,T,V), grads.bin (the flat layout) computed in
-float64, and loss_f32.bin, logits_f32.bin, grads_f32.bin, the same computed in float32."""
+float64, and loss_f32.bin, logits_f32.bin, grads_f32.bin, the same computed in float32.
+nanochat_train_ref.py imports forward() and read_layout()."""
 import json
 import math
 import os
@@ -46,31 +47,23 @@ def rotate(x, cos, sin):
     return torch.cat([a * c + b * s, b * c - a * s], dim=-1)
 
 
-def run(d, dtype):
-    """The loss, logits and flat gradients of DIR's model and batch, computed in dtype."""
-    global DT
-    DT = dtype
-    torch.set_default_dtype(dtype)
-    cfg = json.load(open(os.path.join(d, "config.json")))
-    L, NH, NKV, C = cfg["n_layer"], cfg["n_head"], cfg["n_kv_head"], cfg["n_embd"]
-    V, B, T = cfg["vocab_size"], cfg["B"], cfg["T"]
-    # per-layer windows: the pattern tiled, the last layer long; S = short_window (0: sequence_len // 2)
+def windows_of(cfg):
+    """Per-layer windows: the pattern tiled, the last layer long; S = short_window (0: sequence_len // 2)."""
+    L = cfg["n_layer"]
     pattern, S = cfg["window_pattern"].upper(), cfg["short_window"] or cfg["sequence_len"] // 2
     windows = [S if pattern[i % len(pattern)] == "S" else cfg["sequence_len"] for i in range(L)]
     windows[-1] = cfg["sequence_len"]
-    D = C // NH
-    flat = np.fromfile(os.path.join(d, "params.bin"), dtype=np.float32).astype(np.float64)
-    P = {}
-    layout = []
-    for line in open(os.path.join(d, "tensors.txt")):
-        f = line.split()
-        name, off, shape = f[0], int(f[1]), [int(x) for x in f[2:]]
-        n = int(np.prod(shape))
-        P[name] = torch.tensor(flat[off:off + n].reshape(shape), dtype=DT, requires_grad=True)
-        layout.append((name, off, n))
-    idx = torch.tensor(np.fromfile(os.path.join(d, "inputs.bin"), dtype=np.int32).reshape(B, T)).long()
-    tgt = torch.tensor(np.fromfile(os.path.join(d, "targets.bin"), dtype=np.int32).reshape(B, T)).long()
+    return windows
 
+
+def forward(P, idx, tgt, cfg):
+    """The mean cross-entropy loss and the (B,T,V) logits of the model whose parameters are P (name ->
+    tensor of dtype DT) on the tokens idx, targets tgt ((B,T) long tensors)."""
+    L, NH, NKV, C = cfg["n_layer"], cfg["n_head"], cfg["n_kv_head"], cfg["n_embd"]
+    V = cfg["vocab_size"]
+    B, T = idx.shape
+    windows = windows_of(cfg)
+    D = C // NH
     cos, sin = rotary_tables(T, D)
     pos = torch.arange(T)
     diff = pos[:, None] - pos[None, :]  # query t minus key s
@@ -103,6 +96,35 @@ def run(d, dtype):
     z = z[..., :V]
     z = 15 * torch.tanh(z / 15)
     loss = torch.nn.functional.cross_entropy(z.reshape(-1, V), tgt.reshape(-1))
+    return loss, z
+
+
+def read_layout(d):
+    """DIR/tensors.txt as (name, offset, shape) tuples, in the flat buffer's order."""
+    layout = []
+    for line in open(os.path.join(d, "tensors.txt")):
+        f = line.split()
+        layout.append((f[0], int(f[1]), [int(x) for x in f[2:]]))
+    return layout
+
+
+def run(d, dtype):
+    """The loss, logits and flat gradients of DIR's model and batch, computed in dtype."""
+    global DT
+    DT = dtype
+    torch.set_default_dtype(dtype)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    B, T = cfg["B"], cfg["T"]
+    flat = np.fromfile(os.path.join(d, "params.bin"), dtype=np.float32).astype(np.float64)
+    P = {}
+    layout = []
+    for name, off, shape in read_layout(d):
+        n = int(np.prod(shape))
+        P[name] = torch.tensor(flat[off:off + n].reshape(shape), dtype=DT, requires_grad=True)
+        layout.append((name, off, n))
+    idx = torch.tensor(np.fromfile(os.path.join(d, "inputs.bin"), dtype=np.int32).reshape(B, T)).long()
+    tgt = torch.tensor(np.fromfile(os.path.join(d, "targets.bin"), dtype=np.int32).reshape(B, T)).long()
+    loss, z = forward(P, idx, tgt, cfg)
     loss.backward()
 
     g = np.zeros(flat.shape[0], dtype=np.float64)
