@@ -568,6 +568,13 @@ int loom_cli_run(int argc, char **argv)
 	set_env_int("ROLE_WORLD_SIZE", o.world), setenv("ROLE_NAME", "default", 1);
 	set_env_int("TORCHELASTIC_MAX_RESTARTS", o.max_restarts);
 	setenv("MASTER_ADDR", o.addr, 1), set_env_int("MASTER_PORT", o.port);
+	if ((v = getenv("LOOM_OPENBLAS_NUM_THREADS_WAS"))) { /* ours (main.c): the ranks get the user's value */
+		if (*v)
+			setenv("OPENBLAS_NUM_THREADS", v, 1);
+		else
+			unsetenv("OPENBLAS_NUM_THREADS");
+		unsetenv("LOOM_OPENBLAS_NUM_THREADS_WAS");
+	}
 	v = getenv("OMP_NUM_THREADS");
 	if (o.nproc > 1 && (!v || !*v)) { /* empty means nothing to OpenMP: treated as unset */
 		setenv("OMP_NUM_THREADS", "1", 1);
