@@ -5,6 +5,7 @@
  * run under 1 GB of address space, and the memory check against fake /proc and /sys/fs/cgroup trees.
  * Nothing here depends on the machine's own limits. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "loom/gpt2.h"
+#include "loom/limits.h"
 #include "test.h"
 
 enum { MAXSTEPS = 16 };
@@ -264,6 +267,249 @@ TEST(limits_solo_under_1gb)
 		free(out);
 		return 1;
 	}
+	free(out);
+	return 0;
+}
+
+/* ---- the memory check (case 5) ------------------------------------------------------------------ */
+
+/* Write root/rel (directories made as needed) with the text. */
+static int put(const char *root, const char *rel, const char *text)
+{
+	char path[1024];
+	snprintf(path, sizeof path, "%s/%s", root, rel);
+	for (char *p = path + strlen(root) + 1; *p; p++)
+		if (*p == '/') {
+			*p = '\0';
+			mkdir(path, 0755);
+			*p = '/';
+		}
+	return test_write_file(path, text, strlen(text));
+}
+
+#define LIMITS_HDR "Limit                     Soft Limit           Hard Limit           Units\n"
+
+/* A fake /proc and /sys/fs/cgroup: cgroup v2 "/job/rank" under a parent "/job" limited to cg bytes
+ * with used bytes in use (the limit is the ancestor's), MemAvailable avail_kb, an address-space
+ * limit as (0: unlimited) with VmSize 200000 kB. */
+static int fake_root(char *root, size_t cap, unsigned long long cg, unsigned long long used, long avail_kb,
+                     unsigned long long as)
+{
+	char buf[512];
+	if (test_mkdtemp(root, cap) != 0)
+		return 1;
+	snprintf(buf, sizeof buf, LIMITS_HDR "Max data size             unlimited            unlimited            bytes\n"
+	         "Max address space         %s            %s            bytes\n", as ? "" : "unlimited",
+	         as ? "" : "unlimited");
+	if (as)
+		snprintf(buf, sizeof buf, LIMITS_HDR "Max data size             unlimited            unlimited            "
+		         "bytes\nMax address space         %llu           %llu           bytes\n", as, as);
+	if (put(root, "proc/self/limits", buf) || put(root, "proc/self/status", "VmPeak:\t 300000 kB\nVmSize:\t  200000 kB\n"
+	    "VmData:\t  100000 kB\n") || put(root, "proc/self/cgroup", "0::/job/rank\n"))
+		return 1;
+	snprintf(buf, sizeof buf, "MemTotal:       32000000 kB\nMemFree:        1000 kB\nMemAvailable:   %ld kB\n", avail_kb);
+	if (put(root, "proc/meminfo", buf) || put(root, "sys/fs/cgroup/job/rank/memory.max", "max\n") ||
+	    put(root, "sys/fs/cgroup/job/rank/memory.current", "1000\n") ||
+	    put(root, "sys/fs/cgroup/job/rank/memory.events", "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n"))
+		return 1;
+	snprintf(buf, sizeof buf, "%llu\n", cg);
+	if (put(root, "sys/fs/cgroup/job/memory.max", buf))
+		return 1;
+	snprintf(buf, sizeof buf, "%llu\n", used);
+	return put(root, "sys/fs/cgroup/job/memory.current", buf);
+}
+
+/* The reader on fake trees: v2 with the limit on an ancestor, v1, RLIMIT_AS, MemAvailable, oom_kill;
+ * and the time of reading the real limits and checking a plan (under 50 ms: it runs at every start). */
+TEST(limits_reader_fake_root)
+{
+	char root[512];
+	loom_mem_limits_t l;
+	CHECK_EQ(fake_root(root, sizeof root, 3ull << 30, 100ull << 20, 12000000, 0), 0);
+	CHECK_OK(loom_mem_limits_read(root, &l));
+	CHECK_EQ(l.cg_limit, 3ull << 30);
+	CHECK_EQ(l.cg_room, (3ull << 30) - (100ull << 20));
+	CHECK_CONTAINS(l.cg_file, "/sys/fs/cgroup/job/memory.max");
+	CHECK_EQ(l.mem_available, 12000000ull * 1024);
+	CHECK_EQ(l.as_limit, (long long)SIZE_MAX);
+	CHECK_EQ(loom_mem_oom_kills(root), 1);
+	test_rmdir(root);
+	CHECK_EQ(fake_root(root, sizeof root, 3ull << 30, 0, 12000000, 1000000000ull), 0);
+	CHECK_OK(loom_mem_limits_read(root, &l));
+	CHECK_EQ(l.as_limit, 1000000000ll);
+	CHECK_EQ(l.as_room, 1000000000ll - 200000ll * 1024);
+	/* cgroup v1: the memory controller's line names the directory */
+	CHECK_EQ(put(root, "proc/self/cgroup", "12:pids:/x\n4:memory:/slurm/job7\n0::/\n"), 0);
+	CHECK_EQ(put(root, "sys/fs/cgroup/memory/slurm/job7/memory.limit_in_bytes", "2147483648\n"), 0);
+	CHECK_EQ(put(root, "sys/fs/cgroup/memory/slurm/job7/memory.usage_in_bytes", "1073741824\n"), 0);
+	CHECK_EQ(put(root, "sys/fs/cgroup/memory/slurm/job7/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\n"
+	             "oom_kill 4\n"), 0);
+	CHECK_EQ(put(root, "sys/fs/cgroup/memory/slurm/memory.limit_in_bytes", "9223372036854771712\n"), 0);
+	CHECK_OK(loom_mem_limits_read(root, &l));
+	CHECK_EQ(l.cg_limit, 2147483648ll);
+	CHECK_EQ(l.cg_room, 1073741824ll);
+	CHECK_CONTAINS(l.cg_file, "memory/slurm/job7/memory.limit_in_bytes");
+	CHECK_EQ(loom_mem_oom_kills(root), 4);
+	test_rmdir(root);
+	/* the real limits, and a check, in well under 50 ms */
+	double t0 = now_s();
+	loom_mem_check_t chk;
+	loom_mem_plan_t p = {.nparams = 124439808, .emb_params = 40000000, .block_params = 7000000, .B = 4, .T = 1024,
+	                     .accum = 1, .dp = 2, .threads = 2, .local_ranks = 2, .heap_bytes = 1u << 30};
+	CHECK_OK(loom_mem_limits_read(NULL, &l));
+	CHECK_OK(loom_mem_check(&p, &l, &chk));
+	double ms = (now_s() - t0) * 1e3;
+	printf("  reading the limits and checking a plan: %.3f ms\n", ms);
+	CHECK(ms < 50);
+	return 0;
+}
+
+/* `loom train --batch-size 3000` on tiny (~17 GiB of activations) in a 3 GiB cgroup (fake tree): one
+ * message before anything is allocated, naming the estimate, the limit and its file, and a batch size
+ * with accumulation that fits; --memory-check warn on a run that fits badly says so and trains. */
+TEST(limits_memcheck_refuses)
+{
+	char root[512], dir[512], cmd[4096], *out = malloc(OUT_CAP);
+	double secs;
+	int st;
+	CHECK(out);
+	CHECK_EQ(fake_root(root, sizeof root, 3ull << 30, 100ull << 20, 30000000, 0), 0);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, 64, 3001));
+	snprintf(cmd, sizeof cmd, "LOOM_MEMCHECK_ROOT=%s %s train --model tiny --train-data '%s/train_*.bin' "
+	         "--batch-size 3000 --seq-len 128 --steps 2 --threads 1", root, test_loom_bin(), dir);
+	st = run_timed(cmd, out, 60, &secs);
+	printf("  --batch-size 3000 in a 3 GiB cgroup: exit %d in %.2f s\n", st, secs);
+	CHECK_MSG(st == 1, "exit %d:\n%s", st, out);
+	CHECK_CONTAINS(out, "activations 17.");
+	CHECK_CONTAINS(out, "the memory cgroup's limit of 3.0 GiB");
+	CHECK_CONTAINS(out, "/sys/fs/cgroup/job/memory.max");
+	CHECK_CONTAINS(out, "What would fit: --batch-size 375 --grad-accum 8");
+	CHECK_CONTAINS(out, "--memory-check warn");
+	CHECK(!strstr(out, "step 1"));
+	/* the same cgroup nearly full: a tiny run does not fit; warned, it runs */
+	test_rmdir(root);
+	CHECK_EQ(fake_root(root, sizeof root, 110ull << 20, 100ull << 20, 30000000, 0), 0);
+	snprintf(cmd, sizeof cmd, "LOOM_MEMCHECK_ROOT=%s %s train --model tiny --train-data '%s/train_*.bin' "
+	         "--batch-size 2 --seq-len 16 --steps 2 --threads 1 --memory-check warn", root, test_loom_bin(), dir);
+	st = run_timed(cmd, out, 60, &secs);
+	CHECK_MSG(st == 0, "exit %d:\n%s", st, out);
+	CHECK_CONTAINS(out, "loom train: warning: this run needs about");
+	CHECK_CONTAINS(out, "running anyway");
+	CHECK_CONTAINS(out, "final loss");
+	/* and under an address-space limit with 2 ranks of DDP: --zero is what fits */
+	test_rmdir(root);
+	CHECK_EQ(fake_root(root, sizeof root, 1ull << 40, 0, 30000000, 330000000ull), 0);
+	snprintf(cmd, sizeof cmd, "LOOM_MEMCHECK_ROOT=%s %s run --nproc-per-node 2 %s train --model tiny "
+	         "--vocab-size 50257 --train-data '%s/train_*.bin' --batch-size 2 --seq-len 16 --steps 2 --threads 1",
+	         root, test_loom_bin(), test_loom_bin(), dir);
+	st = run_timed(cmd, out, 60, &secs);
+	printf("  2 ranks of DDP in 330 MB of address space (fake): exit %d in %.2f s\n", st, secs);
+	CHECK_MSG(st == 1, "exit %d:\n%s", st, out);
+	CHECK_CONTAINS(out, "the address-space limit (RLIMIT_AS");
+	CHECK_CONTAINS(out, "What would fit: --zero 1 (model states 82.9 MiB)");
+	test_rmdir(root);
+	test_rmdir(dir);
+	free(out);
+	return 0;
+}
+
+/* ---- messages (case 6) ------------------------------------------------------------------------------ */
+
+/* A thread that cannot start (a pids limit; here LOOM_TEST_FAIL_THREAD, the fault-injection point, as
+ * making a pids cgroup is not always possible) is named, with errno: the keeper of a rank's liveness
+ * mutex (a single process) and the progress engine (2 ranks of DDP). */
+TEST(limits_thread_start_named)
+{
+	char dir[512], cmd[4096], *out = malloc(OUT_CAP), job[64], path[128];
+	double secs;
+	int st;
+	CHECK(out);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, 64, 3001));
+	snprintf(job, sizeof job, "limthr%d", (int)getpid());
+	snprintf(cmd, sizeof cmd, "LOOM_TEST_FAIL_THREAD=keeper LOOM_JOB_ID=%s %s train" TRAIN_ARGS, job, test_loom_bin(),
+	         dir);
+	st = run_timed(cmd, out, 60, &secs);
+	CHECK_MSG(st != 0 && st < 128, "exit %d:\n%s", st, out);
+	CHECK_CONTAINS(out, "cannot start its keeper thread");
+	CHECK_CONTAINS(out, "pthread_create: Resource temporarily unavailable");
+	CHECK_CONTAINS(out, "pids.max");
+	snprintf(path, sizeof path, "/dev/shm/loom-%s@w", job);
+	CHECK_MSG(access(path, F_OK) != 0, "%s was left behind", path);
+	snprintf(cmd, sizeof cmd, "LOOM_TEST_FAIL_THREAD=progress %s run --nproc-per-node 2 %s train" TRAIN_ARGS,
+	         test_loom_bin(), test_loom_bin(), dir);
+	st = run_timed(cmd, out, 60, &secs);
+	CHECK_MSG(st == 1, "exit %d:\n%s", st, out);
+	CHECK_CONTAINS(out, "cannot start the progress thread");
+	CHECK_CONTAINS(out, "Resource temporarily unavailable");
+	test_rmdir(dir);
+	free(out);
+	return 0;
+}
+
+/* The activations' size is computed without wrapping: a batch whose byte count overflows size_t is
+ * refused as larger than the address space, before anything is allocated, not shown as a wrapped
+ * count. */
+TEST(limits_activation_size_overflow)
+{
+	loom_gpt2_config_t cfg = {.n_layer = 2, .n_head = 4, .n_embd = 128, .vocab_size = 64, .seq_len = 1 << 20};
+	loom_gpt2_opts_t o = {.B = 1 << 30, .T = 1 << 20};
+	loom_gpt2_act_bytes_t a;
+	char dir[512], cmd[4096], *out = malloc(OUT_CAP);
+	double secs;
+	CHECK(out);
+	CHECK_ERR(loom_gpt2_act_bytes(&cfg, &o, &a), LOOM_ENOMEM);
+	CHECK_CONTAINS(loom_errmsg(), "larger than the address space");
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, 64, 3001));
+	snprintf(cmd, sizeof cmd, "%s train --model tiny --n-positions 1048576 --seq-len 1048576 --batch-size 1048576 "
+	         "--train-data '%s/train_*.bin' --steps 1 --threads 1", test_loom_bin(), dir);
+	int st = run_timed(cmd, out, 60, &secs);
+	CHECK_MSG(st == 1, "exit %d:\n%s", st, out);
+	CHECK_CONTAINS(out, "larger than the address space");
+	test_rmdir(dir);
+	free(out);
+	return 0;
+}
+
+/* A save directory removed during the run is a warning naming the checkpoints lost, not a silent
+ * re-creation. */
+TEST(limits_save_dir_vanished)
+{
+	char dir[512], cmd[4096], *out = malloc(OUT_CAP);
+	double secs;
+	CHECK(out);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, 64, 3001));
+	snprintf(cmd, sizeof cmd, "%s train --model tiny --train-data '%s/train_*.bin' --batch-size 2 --seq-len 16 "
+	         "--steps 400 --threads 1 --print-every 1000 --save-dir %s/ck --save-every 10 --keep-checkpoints 2 & "
+	         "while [ ! -d %s/ck/step_00000010 ]; do sleep 0.01; done; mv %s/ck %s/ck.gone; wait $!; echo exit=$?",
+	         test_loom_bin(), dir, dir, dir, dir, dir);
+	int st = run_timed(cmd, out, 120, &secs);
+	CHECK_MSG(st == 0 && strstr(out, "exit=0"), "exit %d:\n%s", st, out);
+	CHECK_CONTAINS(out, "loom: warning: the checkpoint directory");
+	CHECK_CONTAINS(out, "was removed during the run: the checkpoints written to it are lost (the newest was");
+	test_rmdir(dir);
+	free(out);
+	return 0;
+}
+
+/* The same signal twice within a moment (coreutils' timeout sends SIGTERM to loom run and to its
+ * group) is one request: the ranks get the grace period to clean up, not SIGKILL at once. */
+TEST(limits_double_sigterm_once)
+{
+	char cmd[4096], *out = malloc(OUT_CAP);
+	double secs;
+	CHECK(out);
+	snprintf(cmd, sizeof cmd, "%s run --nproc-per-node 2 sh -c 'trap \"sleep 0.3; echo cleaned-up; exit 0\" TERM; "
+	         "echo up; while :; do sleep 0.05; done' & p=$!; sleep 1; kill -TERM $p; kill -TERM $p; wait $p; "
+	         "echo exit=$?", test_loom_bin());
+	int st = run_timed(cmd, out, 60, &secs);
+	CHECK_MSG(st == 0, "exit %d:\n%s", st, out);
+	CHECK_MSG(!strstr(out, "again: killing"), "the second SIGTERM counted as a second request:\n%s", out);
+	CHECK_CONTAINS(out, "[rank 0] cleaned-up");
+	CHECK_CONTAINS(out, "[rank 1] cleaned-up");
 	free(out);
 	return 0;
 }

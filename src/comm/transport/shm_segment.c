@@ -352,7 +352,7 @@ int loom__shm_proc_start(loom_job_t *j)
 	pthread_mutex_init(&j->keeper_lock, NULL);
 	pthread_cond_init(&j->keeper_cond, NULL);
 	j->keeper_state = 0;
-	if ((e = pthread_create(&j->keeper, NULL, keeper_main, j)) != 0)
+	if ((e = loom__thread_start(&j->keeper, NULL, keeper_main, j, "keeper")) != 0)
 		j->keeper_state = -e;
 	else {
 		pthread_mutex_lock(&j->keeper_lock);
@@ -363,9 +363,14 @@ int loom__shm_proc_start(loom_job_t *j)
 			pthread_join(j->keeper, NULL);
 	}
 	if (j->keeper_state < 0) {
+		int started = e == 0;
 		e = -j->keeper_state;
 		pthread_cond_destroy(&j->keeper_cond);
 		pthread_mutex_destroy(&j->keeper_lock);
+		if (!started)
+			return loom_seterr(LOOM_ESYS, "rank %d: cannot start its keeper thread (it holds the rank's liveness "
+			                   "mutex): pthread_create: %s%s", j->world_rank, strerror(e),
+			                   e == EAGAIN ? " (a limit on threads or processes: ulimit -u, the cgroup's pids.max)" : "");
 		return loom_seterr(LOOM_ESYS, "rank %d: cannot hold its liveness mutex: %s", j->world_rank, strerror(e));
 	}
 	return LOOM_OK;
