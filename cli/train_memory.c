@@ -94,6 +94,12 @@ int cli_train_memory_check(const cli_memcheck_t *m)
 		tell_launcher(m->rank, est.total);
 	if (chk.fits)
 		return 0;
+	if (mode && p.openblas && chk.address_space) { /* not a risk the user can take: a hang */
+		if (local_rank == 0)
+			fprintf(stderr, "loom train: %s\nloom train: --memory-check warn does not apply: OpenBLAS retries a "
+			        "buffer the address-space limit refuses forever (a hang, not an error)\n", chk.message);
+		return 1;
+	}
 	if (local_rank == 0) { /* once per host: the host's ranks see the same limits */
 		fprintf(stderr, "loom train: %s%s\n", mode ? "warning: " : "", chk.message);
 		fprintf(stderr, "loom train: %s\n", mode ? "--memory-check warn: running anyway"

@@ -513,3 +513,54 @@ TEST(limits_double_sigterm_once)
 	free(out);
 	return 0;
 }
+
+/* LOOM_GEMM=openblas under an address-space limit: OpenBLAS's buffer per calling thread (128 MiB of
+ * address space) is in the estimate, so a run whose buffers cannot be had is refused at once (even
+ * with --memory-check warn: OpenBLAS would retry the refused buffer forever), saying what fits; with
+ * one thread the same run trains. */
+TEST(limits_openblas_buffers_checked)
+{
+	char dir[512], args[2048], *out = malloc(OUT_CAP);
+	double secs;
+	int st;
+	if (UNDER_ASAN)
+		return free(out), TEST_SKIP("AddressSanitizer reserves terabytes of address space: no address-space limit");
+	CHECK(out);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, 64, 3001));
+	snprintf(args, sizeof args, "train --model tiny --train-data '%s/train_*.bin' --batch-size 2 --seq-len 16 "
+	         "--steps 2 --threads 2 --memory-check warn", dir);
+	st = run_limited("LOOM_GEMM=openblas", 300, args, out, &secs);
+	CHECK_MSG(st == 1, "exit %d:\n%s", st, out);
+	CHECK_CONTAINS(out, "LOOM_GEMM=onednn");
+	CHECK_CONTAINS(out, "--threads 1");
+	CHECK_CONTAINS(out, "--memory-check warn does not apply");
+	snprintf(args, sizeof args, "train" TRAIN_ARGS, dir);
+	st = run_limited("LOOM_GEMM=openblas", 300, args, out, &secs);
+	CHECK_MSG(st == 0 && strstr(out, "final loss"), "exit %d:\n%s", st, out);
+	test_rmdir(dir);
+	free(out);
+	return 0;
+}
+
+/* A rank killed by SIGKILL while its memory cgroup's oom_kill count rose (a fake cgroup tree, whose
+ * count the rank raises before it kills itself) is "probably out of memory" in loom run's report,
+ * with the estimate the rank sent on the report pipe. */
+TEST(limits_oom_kill_reported)
+{
+	char root[512], cmd[4096], *out = malloc(OUT_CAP);
+	double secs;
+	CHECK(out);
+	CHECK_EQ(fake_root(root, sizeof root, 1ull << 40, 0, 30000000, 0), 0);
+	snprintf(cmd, sizeof cmd, "LOOM_MEMCHECK_ROOT=%s %s run --nproc-per-node 1 sh -c 'sleep 0.2; "
+	         "echo \"estimate 0: 3221225472 bytes\" > /proc/self/fd/${LOOM_RUN_REPORT_FD%%%%:*}; "
+	         "printf \"oom 2\\noom_kill 2\\n\" > %s/sys/fs/cgroup/job/rank/memory.events; kill -9 $$'",
+	         root, test_loom_bin(), root);
+	int st = run_timed(cmd, out, 60, &secs);
+	CHECK_MSG(st == 1, "exit %d:\n%s", st, out);
+	CHECK_CONTAINS(out, "was killed by signal 9 (SIGKILL), probably out of memory (the memory cgroup's oom_kill "
+	               "count rose from 1 to 2); the rank estimated it needs 3072.0 MiB");
+	test_rmdir(root);
+	free(out);
+	return 0;
+}

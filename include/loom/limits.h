@@ -71,13 +71,15 @@ int loom_mem_limits_read(const char *root, loom_mem_limits_t *l);
 typedef struct {
 	int fits;            /* 1 when the estimate fits every limit */
 	size_t need, room;   /* of the tightest limit that does not fit */
+	int address_space;   /* 1 when that limit is RLIMIT_AS or RLIMIT_DATA (per process), 0 for memory */
 	char message[2048];  /* the estimate, the limit and where it came from, and what would fit */
 } loom_mem_check_t;
 
 /* Check plan p against limits l; LOOM_OK (out->fits says the verdict) or the estimate's error. When
  * it does not fit, out->message names the estimate, the limit and its source, and the changes that
  * would fit, each estimated the same way: --zero N, --activation-checkpointing, a smaller
- * --batch-size with more accumulation (the same tokens per step), LOOM_SHM_MB. */
+ * --batch-size with more accumulation (the same tokens per step), fewer --threads, LOOM_GEMM=onednn
+ * instead of OpenBLAS, LOOM_SHM_MB. */
 int loom_mem_check(const loom_mem_plan_t *p, const loom_mem_limits_t *l, loom_mem_check_t *out);
 
 /* The memory cgroup's OOM-kill count (v2 memory.events "oom_kill", v1 memory.oom_control "oom_kill")

@@ -357,7 +357,7 @@ int loom_mem_check(const loom_mem_plan_t *p, const loom_mem_limits_t *l, loom_me
 		return LOOM_OK;
 	}
 	limit_of(w, p, l, &e, &need, &room);
-	out->need = need, out->room = room;
+	out->need = need, out->room = room, out->address_space = w <= LIM_DATA;
 	if (w == LIM_AS)
 		snprintf(src, sizeof src, "the address-space limit (RLIMIT_AS: prlimit --as, ulimit -v) of %s, of which %s is "
 		         "free", gib(l->as_limit, a, sizeof a), gib(room, b, sizeof b));
@@ -417,6 +417,20 @@ int loom_mem_check(const loom_mem_plan_t *p, const loom_mem_limits_t *l, loom_me
 			break;
 		}
 	}
+	if (p->openblas) {
+		loom_mem_plan_t q = *p;
+		q.openblas = 0;
+		if (fits(&q, l, 0, &alt))
+			FIT("LOOM_GEMM=onednn (the default: no OpenBLAS buffer of 128 MiB per thread)");
+	}
+	for (int t = p->threads - 1; t >= 1; t--) {
+		loom_mem_plan_t q = *p;
+		q.threads = t;
+		if (fits(&q, l, 0, &alt)) {
+			FIT("--threads %d (scratch and stacks %s)", t, gib(alt.scratch, a, sizeof a));
+			break;
+		}
+	}
 	if (w == LIM_AS && p->heap_bytes > 64 * MIB) {
 		/* the heap is mapped for every rank of the host in each of them: a smaller one is address space back */
 		size_t mb = LOOM_MAX((e.comm + MIB - 1) / MIB + 2, (size_t)16), want = mb * MIB;
@@ -431,8 +445,8 @@ int loom_mem_check(const loom_mem_plan_t *p, const loom_mem_limits_t *l, loom_me
 #undef FIT
 	if (len < sizeof out->message)
 		snprintf(out->message + len, sizeof out->message - len, " %s%s%s",
-		         n ? "What would fit: " : "No single change of --zero, --activation-checkpointing, --batch-size or "
-		                                   "LOOM_SHM_MB fits; a smaller model or more memory is needed",
+		         n ? "What would fit: " : "No single change of --zero, --activation-checkpointing, --batch-size, "
+		                                   "--threads or LOOM_SHM_MB fits; a smaller model or more memory is needed",
 		         fit, n ? "." : ".");
 	return LOOM_OK;
 }
