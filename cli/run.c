@@ -460,7 +460,7 @@ static void on_forwarded(job_t *j, int sig)
 {
 	/* The same signal again within a moment is the same request: coreutils' timeout, a terminal's
 	 * Ctrl-C or a scheduler sends it to loom run and to its process group, which loom run is in. */
-	if (sig == j->interrupted && now_s() - j->interrupted_at < 0.5)
+	if (sig == j->interrupted && now_s() - j->interrupted_at < 0.1)
 		return;
 	if (j->interrupted || j->killed) {
 		if (!j->killed)
