@@ -75,7 +75,8 @@ typedef struct {
 	char message[2048];  /* the estimate, the limit and where it came from, and what would fit */
 } loom_mem_check_t;
 
-/* Check plan p against limits l; LOOM_OK (out->fits says the verdict) or the estimate's error. When
+/* Check plan p against limits l (the heap bounded by /dev/shm's free space shared by the host's
+ * ranks); LOOM_OK (out->fits says the verdict) or the estimate's error. When
  * it does not fit, out->message names the estimate, the limit and its source, and the changes that
  * would fit, each estimated the same way: --zero N, --activation-checkpointing, a smaller
  * --batch-size with more accumulation (the same tokens per step), fewer --threads, LOOM_GEMM=onednn

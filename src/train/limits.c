@@ -342,8 +342,14 @@ static const char *gib(size_t b, char *buf, size_t cap)
 
 static const char *const ckpt_name[] = {"none", "blocks", "selective"};
 
-int loom_mem_check(const loom_mem_plan_t *p, const loom_mem_limits_t *l, loom_mem_check_t *out)
+int loom_mem_check(const loom_mem_plan_t *p0, const loom_mem_limits_t *l, loom_mem_check_t *out)
 {
+	/* The heap holds no more than /dev/shm has room for (shared by the host's ranks): the rest of the
+	 * buffers meant for it are private memory, new address space. */
+	loom_mem_plan_t bounded = *p0;
+	const loom_mem_plan_t *p = &bounded;
+	if (l->shm_free != SIZE_MAX)
+		bounded.heap_bytes = LOOM_MIN(bounded.heap_bytes, l->shm_free / (size_t)LOOM_MAX(p0->local_ranks, 1));
 	loom_mem_estimate_t e, alt;
 	size_t need = 0, room = 0;
 	char a[32], b[32], c[32], d[32], f[32], g[32], src[1000];
