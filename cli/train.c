@@ -32,6 +32,7 @@
 #include "loom/nanochat.h"
 #include "loom/mesh.h"
 #include "loom/train.h"
+#include "train_memory.h"
 
 static const char *const usage_text =
 	"usage: loom train --train-data GLOB --steps N [flags]\n"
@@ -95,6 +96,9 @@ static const char *const usage_text =
 	"                         --dtype, measured with loom's FMA loop as `loom bench gemm` prints it, once,\n"
 	"                         then cached in ~/.cache/loom/hw_peak[_bf16])\n"
 	"  --profile              print the time per kernel at the end\n"
+	"  --memory-check refuse|warn  before allocating, compare the run's memory estimate with the limits\n"
+	"                         (RLIMIT_AS/DATA, memory cgroup, MemAvailable); refuse (default) stops a run\n"
+	"                         that does not fit, saying what would; warn only says it\n"
 	"  --activation-checkpointing none|blocks|selective  keep every activation (none, default), only\n"
 	"                         each block's input and recompute the block in backward (blocks), or all\n"
 	"                         but the attention probabilities, recomputed in backward (selective)\n"
@@ -311,6 +315,7 @@ static void parse(int argc, char **argv, opts_t *o)
 			if (!(o->tc.peak_flops > 0))
 				cli_die("train", "--peak-flops: %s must be > 0 (FLOP/s, e.g. 1e11)", v);
 		} else if (!strcmp(a, "--profile")) o->profile = 1;
+		else if (FLAG("--memory-check")) cli_memcheck_mode(v);
 		else if (FLAG("--activation-checkpointing")) {
 			if (loom_act_ckpt_parse(v, &o->act_ckpt) != LOOM_OK)
 				cli_die("train", "--activation-checkpointing: %s", loom_errmsg());
@@ -922,6 +927,9 @@ int loom_cli_train(int argc, char **argv)
 	if (loom_model_tp_check(&o.mc, o.tp) != LOOM_OK)
 		cli_die("train", "rank %d: --tp %d: %s", o.rank, o.tp, loom_errmsg());
 	batch_config(&o);
+	if (cli_train_memory_check(&(cli_memcheck_t){&o.mc, o.tc.B, o.tc.T, o.tc.accum, o.act_ckpt, o.tc.zero, o.dp, o.tp,
+	                                              o.pp, loom_num_threads(), o.dtype, o.rank, o.world}) != 0)
+		goto out;
 	find_tokenizer(&o);
 	r.o = &o;
 

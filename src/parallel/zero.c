@@ -69,6 +69,7 @@
 
 #define ZERO_SLOTS 2 /* stages 2, 3: gradient staging buffers for units other than the embedding */
 #define ZERO_PSLOTS 2 /* stage 3: gathered-parameter buffers for units other than the embedding */
+#define ZERO_BUFS (5 + 2 * ZERO_SLOTS + ZERO_PSLOTS) /* every buffer buf_alloc may hand out */
 
 typedef struct {
 	int unit;               /* -1 embedding, 0..L-1 block, L head */
@@ -90,18 +91,15 @@ typedef struct {
 	unit_t *units;          /* units[u + 1] is unit u */
 	size_t *off;            /* dp_size + 1 range starts: off[q] .. off[q+1] is rank q's */
 	float *model_grads;     /* stage 1: the model's own gradient buffer, the view's target again at destroy */
-	int shared_grads;       /* stage 1: grads from loom_comm_alloc */
 	float *grad_shard;      /* stage 2: own_count floats (owned) */
 	float *emb_stage;       /* stage 2: the embedding's staging buffer (loom_comm_alloc or aligned) */
 	float *slots[ZERO_SLOTS];
 	int slot_user[ZERO_SLOTS]; /* the unit index (u + 1) holding each slot, or -1 */
-	int shared_stage;       /* stage buffers from loom_comm_alloc */
 	/* with --grad-reduce-dtype bf16: the bf16 staging the reduce-scatters send and receive in; stage 1
 	 * one for the whole buffer (every unit's reduce is in flight until finish_grads), stages 2, 3 one
 	 * beside each fp32 staging buffer (emb16 for emb_stage, slots16[k] for slots[k]) */
 	int bf16;
 	uint16_t *g16, *emb16, *slots16[ZERO_SLOTS];
-	int shared16;
 	/* stage 3 */
 	float *param_shard;     /* own_count floats (owned) */
 	const float *init;      /* the model's whole parameter buffer at create, until sync_params or load */
@@ -111,7 +109,10 @@ typedef struct {
 	float *pslots[ZERO_PSLOTS];
 	int pslot_unit[ZERO_PSLOTS]; /* unit index (u + 1) whose parameters the slot holds (or receives), or -1 */
 	loom_request_t *pslot_req[ZERO_PSLOTS];
-	int shared_gather;
+	/* The buffers that came from the shared heap (loom_comm_alloc); every other one is private memory
+	 * (the heap had no room for it), and buf_free returns each to where it came from. */
+	void *shared[ZERO_BUFS];
+	int nshared, fell_back;
 	int gathered_now, gathered_peak; /* block units gathered (or in flight) at once: now, and the most */
 	unsigned long long gathers;      /* unit gathers issued */
 	int sync, launched, err;
@@ -126,26 +127,48 @@ size_t loom__zero_shard_offset(size_t nparams, int rank, int size)
 	return (size_t)(((unsigned long long)nparams * (unsigned)rank / (unsigned)size) & ~15ull);
 }
 
-static float *buf_alloc(zero_t *z, size_t n, int *shared)
+/* A buffer of `bytes` in the shared heap, or in private memory when the heap has no room for it (as
+ * DDP's; collectives on it then copy instead of reading in place); the first fallback is logged. A
+ * heap buffer is remembered in z->shared, so buf_free frees every buffer the way it was allocated:
+ * the heap may fit some buffers and not others. NULL when neither has room. */
+static void *buf_alloc_bytes(zero_t *z, size_t bytes)
 {
-	float *p = loom_comm_alloc(z->base.dp, LOOM_MAX(n, 1) * sizeof(float));
-	*shared = p != NULL;
-	return p ? p : loom_alloc_aligned(LOOM_MAX(n, 1) * sizeof(float));
+	void *p = z->nshared < ZERO_BUFS ? loom_comm_alloc(z->base.dp, bytes) : NULL;
+	if (p) {
+		z->shared[z->nshared++] = p;
+		return p;
+	}
+	if (!z->fell_back) {
+		z->fell_back = 1;
+		fprintf(stderr, "loom: note: rank %d: zero: the shared heap has no room for a buffer of %zu bytes "
+		        "(raise LOOM_SHM_MB); it and any other that does not fit use private memory\n",
+		        z->base.dp_rank, bytes);
+		fflush(stderr);
+	}
+	return loom_alloc_aligned(bytes);
 }
 
-static uint16_t *buf16_alloc(zero_t *z, size_t n, int *shared)
+static float *buf_alloc(zero_t *z, size_t n)
 {
-	uint16_t *p = loom_comm_alloc(z->base.dp, LOOM_MAX(n, 1) * sizeof(uint16_t));
-	*shared = p != NULL;
-	return p ? p : loom_alloc_aligned(LOOM_MAX(n, 1) * sizeof(uint16_t));
+	return buf_alloc_bytes(z, LOOM_MAX(n, 1) * sizeof(float));
 }
 
-static void buf_free(zero_t *z, void *p, int shared)
+static uint16_t *buf16_alloc(zero_t *z, size_t n)
 {
-	if (p && shared)
-		loom_comm_free(z->base.dp, p);
-	else if (p)
-		loom_free_aligned(p);
+	return buf_alloc_bytes(z, LOOM_MAX(n, 1) * sizeof(uint16_t));
+}
+
+static void buf_free(zero_t *z, void *p)
+{
+	if (!p)
+		return;
+	for (int k = 0; k < z->nshared; k++)
+		if (z->shared[k] == p) {
+			loom_comm_free(z->base.dp, p);
+			z->shared[k] = z->shared[--z->nshared];
+			return;
+		}
+	loom_free_aligned(p);
 }
 
 /* Wait for a request, counting the time as exposed communication of the micro-step. */
@@ -459,19 +482,19 @@ static void zero_destroy(loom_strategy_t *s)
 		}
 	}
 	if (z->stage == 1)
-		buf_free(z, s->grads, z->shared_grads);
-	buf_free(z, z->emb_stage, z->shared_stage);
+		buf_free(z, s->grads);
+	buf_free(z, z->emb_stage);
 	for (int k = 0; k < ZERO_SLOTS; k++)
-		buf_free(z, z->slots[k], z->shared_stage);
-	buf_free(z, z->g16, z->shared16);
-	buf_free(z, z->emb16, z->shared16);
+		buf_free(z, z->slots[k]);
+	buf_free(z, z->g16);
+	buf_free(z, z->emb16);
 	for (int k = 0; k < ZERO_SLOTS; k++)
-		buf_free(z, z->slots16[k], z->shared16);
+		buf_free(z, z->slots16[k]);
 	loom_free_aligned(z->grad_shard);
 	loom_free_aligned(z->param_shard);
-	buf_free(z, z->emb_gather, z->shared_gather);
+	buf_free(z, z->emb_gather);
 	for (int i = 0; i < ZERO_PSLOTS; i++)
-		buf_free(z, z->pslots[i], z->shared_gather);
+		buf_free(z, z->pslots[i]);
 	if (z->units)
 		for (int k = 0; k < z->nunits; k++)
 			free(z->units[k].counts);
@@ -608,7 +631,7 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	}
 
 	if (z->stage == 1) { /* a full gradient buffer in shared memory, as DDP's */
-		if (!(s->grads = buf_alloc(z, s->nparams, &z->shared_grads)))
+		if (!(s->grads = buf_alloc(z, s->nparams)))
 			goto oom;
 		z->model_grads = loom_model_grads(cfg->model);
 		if (z->model_grads)
@@ -619,12 +642,11 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 		s->own_grads = s->grads + s->own_offset;
 		loom_model_on_param_use(cfg->model, on_param_use, z);
 	} else { /* the shard, and staging buffers lent to units by the param-use hook */
-		int shared = 0;
 		if (!(z->grad_shard = loom_alloc_aligned(LOOM_MAX(s->own_count, 1) * sizeof(float))) ||
-		    !(z->emb_stage = buf_alloc(z, z->units[0].count, &z->shared_stage)))
+		    !(z->emb_stage = buf_alloc(z, z->units[0].count)))
 			goto oom;
 		for (int k = 0; k < ZERO_SLOTS; k++)
-			if (!(z->slots[k] = buf_alloc(z, largest, &shared)) || shared != z->shared_stage)
+			if (!(z->slots[k] = buf_alloc(z, largest)))
 				goto oom;
 		memset(z->grad_shard, 0, LOOM_MAX(s->own_count, 1) * sizeof(float));
 		s->grads = NULL; /* no full gradient exists */
@@ -633,12 +655,11 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	}
 	s->own_params = s->params + s->own_offset;
 	if (z->stage == 3) { /* the parameter shard, and the buffers units are gathered into */
-		int shared = 0;
 		if (!(z->param_shard = loom_alloc_aligned(LOOM_MAX(s->own_count, 1) * sizeof(float))) ||
-		    !(z->emb_gather = buf_alloc(z, z->units[0].count, &z->shared_gather)))
+		    !(z->emb_gather = buf_alloc(z, z->units[0].count)))
 			goto oom;
 		for (int i = 0; i < ZERO_PSLOTS; i++)
-			if (!(z->pslots[i] = buf_alloc(z, largest, &shared)) || shared != z->shared_gather)
+			if (!(z->pslots[i] = buf_alloc(z, largest)))
 				goto oom;
 		memcpy(z->param_shard, s->params + s->own_offset, s->own_count * sizeof(float));
 		z->init = s->params; /* rank 0's is broadcast by sync_params, unless a checkpoint is loaded first */
@@ -647,17 +668,16 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 		s->collective_forward = 1;
 	}
 	if (z->bf16) { /* the bf16 staging, beside the fp32 gradients (stage 1) or staging buffers */
-		int shared = 0;
 		if (z->stage == 1) {
-			if (!(z->g16 = buf16_alloc(z, s->nparams, &z->shared16)))
+			if (!(z->g16 = buf16_alloc(z, s->nparams)))
 				goto oom;
 			for (int k = 0; k < z->nunits; k++)
 				z->units[k].stage16 = z->g16 + z->units[k].offset;
 		} else {
-			if (!(z->emb16 = buf16_alloc(z, z->units[0].count, &z->shared16)))
+			if (!(z->emb16 = buf16_alloc(z, z->units[0].count)))
 				goto oom;
 			for (int k = 0; k < ZERO_SLOTS; k++)
-				if (!(z->slots16[k] = buf16_alloc(z, largest, &shared)) || shared != z->shared16)
+				if (!(z->slots16[k] = buf16_alloc(z, largest)))
 					goto oom;
 		}
 	}

@@ -22,11 +22,13 @@
  * own loader state and its part of the model and optimizer state) and the next step re-syncs the
  * parameters from rank 0 and verifies them. A ZeRO strategy writes its shards too (zero_ckpt.c), and
  * any strategy reads any strategy's checkpoint. */
+#include <errno.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/fileio.h"
 #include "core/util.h"
@@ -165,6 +167,10 @@ int loom_trainer_save(loom_trainer_t *tr)
 		free(loaders);
 		return tr->strategy->ops->save(tr->strategy, &w);
 	}
+	if (tr->sum.checkpoint[0] && access(tr->cfg.save_dir, F_OK) != 0 && errno == ENOENT) /* not silently */
+		fprintf(stderr, "loom: warning: the checkpoint directory %s was removed during the run: the checkpoints "
+		        "written to it are lost (the newest was %s); step %lld is saved into it anew\n", tr->cfg.save_dir,
+		        tr->sum.checkpoint, tr->step);
 	if ((rc = loom_ckpt_begin(&w, tr->cfg.save_dir, tr->step)) != LOOM_OK) {
 		tr->strategy->ops->save(tr->strategy, NULL); /* still take part, should it be collective */
 		free(loaders);
