@@ -13,6 +13,7 @@
 
 #include "cli.h"
 #include "loom/comm.h"
+#include "loom/gpt2.h"
 #include "loom/limits.h"
 #include "loom/util.h"
 #include "train_memory.h"
@@ -32,10 +33,10 @@ void cli_memcheck_mode(const char *v)
 static int act_bytes(void *ctx, int B, int act_ckpt, size_t *bytes)
 {
 	const cli_memcheck_t *m = ctx;
-	loom_gpt2_opts_t o = {.B = B, .T = m->T, .tp_size = m->tp, .act_ckpt = (loom_act_ckpt_t)act_ckpt,
-	                      .dtype = (loom_compute_dtype_t)m->dtype};
-	loom_gpt2_act_bytes_t a;
-	if (loom_gpt2_act_bytes(m->mc, &o, &a) != LOOM_OK)
+	loom_model_opts_t o = {.B = B, .T = m->T, .tp_size = m->tp, .act_ckpt = (loom_act_ckpt_t)act_ckpt,
+	                       .dtype = (loom_compute_dtype_t)m->dtype};
+	loom_model_act_bytes_t a;
+	if (loom_model_act_bytes(m->mc, &o, &a) != LOOM_OK)
 		return -1;
 	*bytes = a.total / (size_t)(m->pp > 1 ? m->pp : 1) + (m->pp > 1 ? a.head : 0);
 	return 0;
@@ -63,11 +64,23 @@ static void tell_launcher(int rank, size_t bytes)
 	}
 }
 
+/* Floats of unit u's parameters (the model's table: a unit's tensors are contiguous). */
+static size_t unit_floats(const loom_model_config_t *c, int u)
+{
+	loom_tensor_info_t a, b;
+	int first, end;
+	loom_model_unit_tensors(c, u, &first, &end);
+	if (end <= first || loom_model_tensor_info(c, first, &a) != LOOM_OK || loom_model_tensor_info(c, end - 1, &b) != LOOM_OK)
+		return 0;
+	return b.offset + b.numel - a.offset;
+}
+
 int cli_train_memory_check(const cli_memcheck_t *m)
 {
-	const loom_gpt2_config_t *c = m->mc;
-	size_t P = loom_gpt2_num_params(c), C = (size_t)c->n_embd;
-	size_t emb = ((size_t)c->vocab_size + (size_t)c->seq_len) * C, block = 12 * C * C + 13 * C;
+	const loom_model_config_t *c = m->mc;
+	size_t P = loom_model_num_params(c), emb = unit_floats(c, -1), block = 0;
+	for (int l = 0; l < c->n_layer; l++) /* the largest block (ZeRO-3 gathers one at a time) */
+		block = block > unit_floats(c, l) ? block : unit_floats(c, l);
 	long local = env_int("LOCAL_WORLD_SIZE", env_int("OMPI_COMM_WORLD_LOCAL_SIZE", m->world));
 	long local_rank = env_int("LOCAL_RANK", env_int("OMPI_COMM_WORLD_LOCAL_RANK", m->rank));
 	long shm_mb = env_int("LOOM_SHM_MB", m->world == 1 ? LOOM_SOLO_SHM_MB : 1024);

@@ -2,11 +2,11 @@
 #ifndef LOOM_CLI_TRAIN_MEMORY_H
 #define LOOM_CLI_TRAIN_MEMORY_H
 
-#include "loom/gpt2.h"
+#include "loom/model.h"
 
 /* What the check needs of a run. */
 typedef struct {
-	const loom_gpt2_config_t *mc;
+	const loom_model_config_t *mc;
 	int B, T, accum, act_ckpt, zero, dp, tp, pp, threads, dtype;
 	int rank, world;
 } cli_memcheck_t;

@@ -4,7 +4,7 @@
  * One memory model: `loom train` checks it before it allocates, and a planner (`loom plan`) asks the
  * same functions about configurations it has not run. The model is model-agnostic: the caller says how
  * many parameters the rank holds, how large the units ZeRO stages or gathers whole are, and how to get
- * the activation bytes of a micro-batch (the model's own layout arithmetic, e.g. loom_gpt2_act_bytes).
+ * the activation bytes of a micro-batch (the model's own layout arithmetic, e.g. loom_model_act_bytes).
  *
  * Not thread-safe only in that loom_mem_limits_read reads files; all functions are reentrant. */
 #ifndef LOOM_LIMITS_H
