@@ -167,7 +167,7 @@ static void parse(int argc, char **argv, opts_t *o)
 			o->pc.grad_reduce_bf16 = g == LOOM_COMPUTE_BF16;
 		} else if (FLAG("--bucket-mb")) o->pc.bucket_mb = cli_parse_double("plan", "--bucket-mb", v);
 		else if (FLAG("--threads")) o->threads = (int)int_in("--threads", v, 1, 1024);
-		else if (FLAG("--virtual-stages") || FLAG("--sequence-parallel") || !strcmp(a, "--sequence-parallel"))
+		else if (!strcmp(a, "--sequence-parallel") || FLAG("--sequence-parallel") || FLAG("--virtual-stages"))
 			cli_die("plan", "%s: loom's trainer has no interleaved virtual stages or sequence parallelism, so the "
 			        "planner does not model them (drop the flag)", a);
 		else if (FLAG("--cluster")) o->cluster = v;
