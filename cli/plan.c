@@ -38,6 +38,8 @@ static const char *const usage_text =
 	"  --cluster NAME         a shipped profile: cpu-node, a100-8x80g, h100-8x, mi300x-8x (docs/plan.md: sources)\n"
 	"  --cluster FILE.json    nodes, ranks_per_node, peak_flops_fp32/bf16, memory_bytes, intra/inter_bw and _lat,\n"
 	"                         price_rank_hour, ... (docs/plan.md)\n"
+	"  --load auto|X          local: other work's runnable threads competing for the CPUs (default auto:\n"
+	"                         measured now, 0.5 s of one core's FMA loop against its cached peak; 0: idle)\n"
 	"  --nodes N              nodes of a profile or file (default: its own, or enough for the ranks)\n"
 	"  --impl loom|ideal      loom (default): what loom's trainer allocates (a pipeline stage keeps the whole\n"
 	"                         model's states); ideal: a stage keeps only its layers' (Megatron)\n"
@@ -53,6 +55,7 @@ typedef struct {
 	loom_model_config_t mc;
 	const char *preset, *init_from, *cluster;
 	int have_model_flags, n_positions, n_head_flag, depth, aspect, head_dim;
+	double load;
 	int grad_accum, nproc, dp_flag, threads, json, search, ranks, nodes, top, M_given;
 	long long total_batch;
 } opts_t;
@@ -98,6 +101,7 @@ static void parse(int argc, char **argv, opts_t *o)
 	o->grad_accum = -1, o->top = 12;
 	o->pc.tp = o->pc.pp = 1;
 	o->cluster = "local";
+	o->load = -1;
 #define FLAG(name) cli_flag(argc, argv, &i, name, &v)
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -171,7 +175,11 @@ static void parse(int argc, char **argv, opts_t *o)
 			cli_die("plan", "%s: loom's trainer has no interleaved virtual stages or sequence parallelism, so the "
 			        "planner does not model them (drop the flag)", a);
 		else if (FLAG("--cluster")) o->cluster = v;
-		else if (FLAG("--nodes")) o->nodes = (int)int_in("--nodes", v, 1, 1 << 20);
+		else if (FLAG("--load")) {
+			o->load = !strcmp(v, "auto") ? -1 : cli_parse_double("plan", "--load", v);
+			if (o->load < -1 || !isfinite(o->load))
+				cli_die("plan", "--load: '%s' is not auto or a number of threads >= 0", v);
+		} else if (FLAG("--nodes")) o->nodes = (int)int_in("--nodes", v, 1, 1 << 20);
 		else if (FLAG("--ranks")) o->ranks = (int)int_in("--ranks", v, 1, 1 << 24);
 		else if (FLAG("--tokens")) o->pc.tokens = parse_tokens(v);
 		else if (FLAG("--top")) o->top = (int)int_in("--top", v, 1, 100000);
@@ -251,6 +259,7 @@ static void get_cluster(opts_t *o, loom_cluster_t *c, int ranks)
 	if (!strcmp(o->cluster, "local")) {
 		if (loom_cluster_local(o->threads, 1, c) != LOOM_OK)
 			cli_die("plan", "--cluster local: %s", loom_errmsg());
+		c->background_load = o->load >= 0 ? o->load : loom_cluster_measure_load(c->cores, 0.5);
 		return;
 	}
 	if (strchr(o->cluster, '.') || strchr(o->cluster, '/'))
@@ -265,6 +274,8 @@ static void get_cluster(opts_t *o, loom_cluster_t *c, int ranks)
 		c->nodes = (ranks + c->ranks_per_node - 1) / c->ranks_per_node;
 	if (o->threads > 0)
 		c->threads = o->threads;
+	if (o->load >= 0)
+		c->background_load = o->load;
 }
 
 static void fmt_time(double s, char *buf, size_t cap)
@@ -307,10 +318,13 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 	       pc->pp, p->world, pc->zero, loom_act_ckpt_name(pc->act_ckpt), loom_compute_dtype_name(pc->dtype),
 	       pc->pp > 1 ? "; schedule " : "", pc->pp > 1 ? schedule_name(pc) : "",
 	       pc->impl == LOOM_PLAN_IDEAL ? "; impl ideal (stages keep their own layers' states)" : "");
-	printf("cluster: %s, %d node%s x %d ranks; %.1f TFLOP/s per rank (%s) at efficiency %.2f%s\n  (%s)\n", c->name,
+	printf("cluster: %s, %d node%s x %d ranks; %.4g TFLOP/s per rank (%s) at efficiency %.2f%s\n  (%s)\n", c->name,
 	       c->nodes, c->nodes == 1 ? "" : "s", c->ranks_per_node, p->peak_flops / 1e12,
 	       loom_compute_dtype_name(pc->dtype), c->efficiency,
 	       p->oversubscribed ? "; oversubscribed: the ranks' threads share fewer cores" : "", c->source);
+	if (c->background_load > 0)
+		printf("load: other work keeps %.1f threads runnable on the %d CPUs: the ranks get %.0f%% of a core per "
+		       "thread\n", c->background_load, c->cores, 100.0 * p->cpu_share);
 	printf("batch: B=%d T=%d micro-batches=%d dp=%d -> %.0f tokens per step\n", pc->B, pc->T, pc->M, pc->dp,
 	       p->tokens_per_step);
 	fmt_bytes(m->params, b[0], 32), fmt_bytes(m->grads, b[1], 32), fmt_bytes(m->optimizer, b[2], 32);
@@ -364,11 +378,11 @@ static void print_json(const loom_plan_t *p, const loom_cluster_t *c)
 	printf("{\"cluster\":\"%s\",\"model\":{\"arch\":\"%s\",\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"seq_len\":%d,"
 	       "\"vocab_size\":%d},\"params\":%.0f,\"batch_size\":%d,\"seq_len\":%d,\"micro_batches\":%d,"
 	       "\"dp\":%d,\"tp\":%d,\"pp\":%d,\"world\":%d,\"zero\":%d,\"activation_checkpointing\":\"%s\",\"dtype\":\"%s\","
-	       "\"schedule\":\"%s\",\"impl\":\"%s\",\"tokens_per_step\":%.0f,", c->name, loom_arch_name(pc->model.arch),
+	       "\"schedule\":\"%s\",\"impl\":\"%s\",\"tokens_per_step\":%.0f,\"background_load\":%.3f,\"cpu_share\":%.4f,", c->name, loom_arch_name(pc->model.arch),
 	       pc->model.n_layer, pc->model.n_head, pc->model.n_embd, pc->model.seq_len, pc->model.vocab_size, p->params,
 	       pc->B, pc->T, pc->M, pc->dp, pc->tp, pc->pp, p->world, pc->zero, loom_act_ckpt_name(pc->act_ckpt),
 	       loom_compute_dtype_name(pc->dtype), schedule_name(pc), pc->impl == LOOM_PLAN_IDEAL ? "ideal" : "loom",
-	       p->tokens_per_step);
+	       p->tokens_per_step, c->background_load, p->cpu_share);
 	json_mem("memory_bytes", &p->memory);
 	putchar(',');
 	json_mem("memory_bytes_rank0", &p->memory_rank0);

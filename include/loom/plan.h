@@ -36,6 +36,7 @@ typedef struct {
 	int memory_shared;       /* 1: memory_bytes is the node's, shared by the ranks on it (CPUs) */
 	double memory_bw;        /* bytes/s of one rank's memory, for the optimizer's and the elementwise
 	                            kernels' traffic (0: not counted) */
+	double node_memory_bw;   /* bytes/s of a node's memory shared by its ranks (0: not shared) */
 	double elementwise_bytes_per_act; /* memory traffic of the non-matmul kernels per byte of kept
 	                            activations per micro-batch (0: not counted) */
 	double intra_bw, intra_lat;  /* a rank's link to a rank of its node: bytes/s, seconds */
@@ -46,6 +47,8 @@ typedef struct {
 	double comm_overhead_bytes;  /* more of it in a job of several ranks (the communicator's segments) */
 	int cores;                   /* CPUs of a node shared by its ranks' threads (0: not shared: GPUs) */
 	int threads;                 /* threads per rank (CPUs; the peaks above are for this many) */
+	double background_load;      /* other work's runnable threads on a node, competing for its cores
+	                                (CPUs; 0: none): the ranks' share is cores / (their threads + this) */
 	char source[512];            /* where the figures come from */
 } loom_cluster_t;
 
@@ -66,6 +69,9 @@ int loom_cluster_load(const char *path, loom_cluster_t *c);
  * calibrated on the development machine (docs/plan.md). LOOM_ENOENT when a peak is missing and not
  * measured. */
 int loom_cluster_local(int threads, int measure, loom_cluster_t *c);
+/* The other work on this machine now, as runnable threads competing with one more: one thread's FMA
+ * loop for `seconds` against the cached peak f gives C / f - 1 for C CPUs (0 when idle). */
+double loom_cluster_measure_load(int cores, double seconds);
 
 typedef enum { LOOM_PLAN_LOOM = 0, LOOM_PLAN_IDEAL = 1 } loom_plan_impl_t;
 
@@ -128,6 +134,7 @@ typedef struct {
 	int cross_node_tp;         /* the tp group spans nodes */
 	int cross_node_dp;         /* the dp group spans nodes */
 	int oversubscribed;        /* more threads than the node's cores */
+	double cpu_share;          /* the fraction of a core each thread gets (1 without sharing) */
 } loom_plan_t;
 
 /* Estimate cfg on cluster c into *p. LOOM_EINVAL with loom_errmsg for a configuration loom cannot run

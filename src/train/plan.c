@@ -132,8 +132,9 @@ static int stage_memory(const loom_plan_config_t *pc, int dp, int tp, int pp, in
 		P = stage_params(cfg, tp, lo[s], lo[s + 1], s == 0, &tied);
 	if (pc->zero == 0 || dp == 1) {
 		m->params = m->grads = 4.0 * P, m->optimizer = 8.0 * P;
-		if (dp > 1) /* DDP's gradients live in shared memory; the model's own buffer stays, idle */
-			m->comm = 4.0 * P + (pc->grad_reduce_bf16 ? 2.0 * P : 0.0);
+		if (dp > 1) /* DDP's gradients live in shared memory (its reduction reads every peer's: their pages
+		             * count in this rank's resident set too); the model's own buffer stays, idle */
+			m->comm = 4.0 * P + (dp - 1) * 4.0 * P + (pc->grad_reduce_bf16 ? dp * 2.0 * P : 0.0);
 	} else {
 		size_t nP = loom_model_num_params(cfg);
 		double own = (double)(loom__zero_shard_offset(nP, dp_rank + 1, dp) - loom__zero_shard_offset(nP, dp_rank, dp));
@@ -143,11 +144,12 @@ static int stage_memory(const loom_plan_config_t *pc, int dp, int tp, int pp, in
 		m->params = 4.0 * (pc->zero == 3 ? own : P);
 		m->grads = 4.0 * (pc->zero == 1 ? P : own);
 		m->optimizer = 8.0 * own;
-		m->comm = pc->zero == 1 ? 0.0 : 4.0 * (emb + 2.0 * largest); /* ZERO_SLOTS */
+		/* shared-memory buffers: the reductions read the peers' too (their pages count here) */
+		m->comm = pc->zero == 1 ? (dp - 1) * 4.0 * P : dp * 4.0 * (emb + 2.0 * largest); /* ZERO_SLOTS */
 		if (pc->zero == 3)
-			m->comm += 4.0 * (emb + 2.0 * largest); /* ZERO_PSLOTS */
+			m->comm += dp * 4.0 * (emb + 2.0 * largest); /* ZERO_PSLOTS */
 		if (pc->grad_reduce_bf16)
-			m->comm += 2.0 * (pc->zero == 1 ? P : emb + 2.0 * largest);
+			m->comm += dp * 2.0 * (pc->zero == 1 ? P : emb + 2.0 * largest);
 	}
 	loom_model_opts_t o = {.B = pc->B, .T = pc->T, .arenas = 1, .tp_size = tp > 1 ? tp : 0, .act_ckpt = pc->act_ckpt,
 	                       .dtype = pc->dtype};
@@ -224,9 +226,16 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		int local = LOOM_MIN(p->world, c->ranks_per_node > 0 ? c->ranks_per_node : p->world);
 		double want = (double)local * LOOM_MAX(c->threads, 1);
 		if (want > c->cores)
-			share = c->cores / want, p->oversubscribed = 1;
+			p->oversubscribed = 1;
+		if (want + c->background_load > c->cores)
+			share = c->cores / (want + c->background_load);
 	}
+	p->cpu_share = share;
 	double rate = p->peak_flops * c->efficiency * share, mem_bw = c->memory_bw * share;
+	if (c->node_memory_bw > 0) { /* the node's memory bus, shared by its ranks */
+		int local = LOOM_MIN(p->world, c->ranks_per_node > 0 ? c->ranks_per_node : p->world);
+		mem_bw = LOOM_MIN(mem_bw, c->node_memory_bw / local);
+	}
 
 	/* Stages (one with pp 1) and the head's shares, as the executor splits them. */
 	if (!(lo = malloc(sizeof(int) * (size_t)(pp + 1))) || !(rows = calloc((size_t)M, sizeof(int))) ||

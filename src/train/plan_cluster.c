@@ -16,6 +16,7 @@
 #include "ckpt/json.h"
 #include "core/fileio.h"
 #include "core/util.h"
+#include "loom/cpu.h"
 #include "loom/gpt2.h"
 #include "loom/plan.h"
 #include "loom/train.h"
@@ -40,7 +41,7 @@ static const struct {
 	{"cpu-node", {.name = "cpu-node", .nodes = 1, .ranks_per_node = 2, .peak_flops_fp32 = 117.6e9,
 	              .peak_flops_bf16 = 234.9e9, .efficiency = 0.80 * 110.9 / 117.6, .memory_bytes = 23.0 * GIB,
 	              .memory_shared = 1,
-	              .memory_bw = 12e9, .elementwise_bytes_per_act = LOCAL_ELEMENTWISE, .intra_bw = 6e9,
+	              .memory_bw = 10e9, .node_memory_bw = 14e9, .elementwise_bytes_per_act = LOCAL_ELEMENTWISE, .intra_bw = 2.5e9,
 	              .intra_lat = 2e-6, .inter_bw = 3.125e9, .inter_lat = 30e-6, .price_rank_hour = 0.05,
 	              .overhead_bytes = LOCAL_OVERHEAD, .comm_overhead_bytes = LOCAL_COMM_OVERHEAD, .cores = 2,
 	              .threads = 1,
@@ -111,6 +112,8 @@ static const struct {
 	{"efficiency", K_NUM, offsetof(loom_cluster_t, efficiency), 0, 1, "a fraction in (0, 1]"},
 	{"memory_bytes", K_NUM, offsetof(loom_cluster_t, memory_bytes), -1, 1e18, "bytes >= 0, e.g. 8e10"},
 	{"memory_shared", K_INT, offsetof(loom_cluster_t, memory_shared), -1, 1, "0 or 1"},
+	{"background_load", K_NUM, offsetof(loom_cluster_t, background_load), -1, 1e6, "threads >= 0"},
+	{"node_memory_bw", K_NUM, offsetof(loom_cluster_t, node_memory_bw), -1, 1e17, "bytes/s >= 0"},
 	{"memory_bw", K_NUM, offsetof(loom_cluster_t, memory_bw), -1, 1e16, "bytes/s >= 0"},
 	{"elementwise_bytes_per_act", K_NUM, offsetof(loom_cluster_t, elementwise_bytes_per_act), -1, 1e6,
 	 "a number >= 0"},
@@ -223,27 +226,50 @@ out:
 	return rc;
 }
 
-/* Bytes/s of one thread copying 64 MiB (read + write counted), the best of 4. */
-static double copy_bandwidth(void)
+/* Bytes/s of `threads` threads each copying its own 32 MiB at once (read + write counted), the best
+ * of 4 rounds: one thread's is a rank's bandwidth alone, all CPUs' the node's. */
+static double copy_bandwidth(int threads)
 {
-	size_t n = 64 << 20;
-	char *a = loom_alloc_aligned(n), *b = loom_alloc_aligned(n);
+	size_t n = 32 << 20;
 	double best = 0.0;
-	if (!a || !b) {
+	int ok = 1;
+#pragma omp parallel num_threads(threads) reduction(min : ok)
+	{
+		char *a = loom_alloc_aligned(n), *b = loom_alloc_aligned(n);
+		if (a && b) {
+			memset(a, 1, n), memset(b, 2, n);
+		} else {
+			ok = 0;
+		}
+		for (int r = 0; r < 4; r++) {
+#pragma omp barrier
+			double t = loom_now();
+			if (a && b)
+				memcpy(b, a, n);
+#pragma omp barrier
+#pragma omp single
+			{
+				t = loom_now() - t;
+				if (t > 0 && 2.0 * n * threads / t > best)
+					best = 2.0 * n * threads / t;
+			}
+		}
+		if (a && b)
+			a[0] = b[n - 1]; /* keep the copies */
 		loom_free_aligned(a), loom_free_aligned(b);
+	}
+	return ok ? best : 0.0;
+}
+
+double loom_cluster_measure_load(int cores, double seconds)
+{
+	double peak = 0.0, now;
+	if (cores < 1 || loom_peak_cache_get_kind(LOOM_PEAK_HW_FP32, 1, &peak) != LOOM_OK || !(peak > 0))
 		return 0.0;
-	}
-	memset(a, 1, n), memset(b, 2, n);
-	for (int r = 0; r < 4; r++) {
-		double t = loom_now();
-		memcpy(b, a, n);
-		t = loom_now() - t;
-		if (t > 0 && 2.0 * n / t > best)
-			best = 2.0 * n / t;
-		a[r] = b[n - 1 - r]; /* keep the copies */
-	}
-	loom_free_aligned(a), loom_free_aligned(b);
-	return best;
+	now = loom_fma_peak_flops(1, seconds);
+	if (!(now > 0) || now >= 0.95 * peak)
+		return 0.0;
+	return LOOM_MAX(0.0, cores / (now / peak) - 1.0); /* one thread gets C / (R + 1) of a core */
 }
 
 int loom_cluster_local(int threads, int measure, loom_cluster_t *c)
@@ -275,15 +301,17 @@ int loom_cluster_local(int threads, int measure, loom_cluster_t *c)
 	c->efficiency = (gemm > 0 ? LOOM_MIN(gemm / hw32, 1.0) : 0.9) * LOCAL_GEMM_FRACTION;
 	c->memory_bytes = pages > 0 && page > 0 ? (double)pages * page : 0.0;
 	c->memory_shared = 1;
-	c->memory_bw = copy_bandwidth() * threads;
+	c->memory_bw = copy_bandwidth(1) * threads;
+	c->node_memory_bw = c->cores > 1 ? copy_bandwidth(c->cores) : c->memory_bw;
 	c->elementwise_bytes_per_act = LOCAL_ELEMENTWISE;
-	c->intra_bw = c->memory_bw / 2.0; /* shared memory: a rank copies into and reduces out of the segment */
+	c->intra_bw = c->memory_bw / 4.0; /* calibrated: `loom bench comm`, 2 ranks, 1-16 MiB: 1.8-2.9 GB/s */
 	c->intra_lat = 2e-6;
 	c->inter_bw = 3.125e9, c->inter_lat = 30e-6; /* not measured: 25 Gb/s Ethernet */
 	c->overhead_bytes = LOCAL_OVERHEAD;
 	c->comm_overhead_bytes = LOCAL_COMM_OVERHEAD;
 	snprintf(c->source, sizeof c->source, "this machine: %d CPUs, hardware peak %.1f GFLOP/s and GEMM %.1f GFLOP/s "
-	         "per rank of %d thread(s) (peak cache), memory copy %.1f GB/s (measured now), %.1f GiB", c->cores,
-	         hw32 / 1e9, gemm / 1e9, threads, c->memory_bw / 1e9, c->memory_bytes / GIB);
+	         "per rank of %d thread(s) (peak cache), memory copy %.1f GB/s per rank, %.1f GB/s all CPUs (measured "
+	         "now), %.1f GiB", c->cores, hw32 / 1e9, gemm / 1e9, threads, c->memory_bw / 1e9, c->node_memory_bw / 1e9,
+	         c->memory_bytes / GIB);
 	return LOOM_OK;
 }
