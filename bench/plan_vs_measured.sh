@@ -41,7 +41,9 @@ CONFIGS=(
 	"gpt2-1|--model gpt2 --batch-size 1 --seq-len 256|"
 )
 
-$PY bench/random_shard.py "$WORK/train_000000.bin" 8 256 400 50257 2 >/dev/null
+mkdir -p "$WORK/gpt2" "$WORK/tiny"
+$PY bench/random_shard.py "$WORK/gpt2/train_000000.bin" 8 256 400 50257 2 >/dev/null
+$PY bench/random_shard.py "$WORK/tiny/train_000000.bin" 8 256 400 257 2 >/dev/null
 
 RESULTS="$WORK/results"
 : >"$RESULTS"
@@ -49,11 +51,13 @@ for c in "${CONFIGS[@]}"; do
 	IFS='|' read -r NAME MODEL MESH <<<"$c"
 	[[ "$NAME" =~ $ONLY ]] || continue
 	N=$STEPS
+	DATA="$WORK/gpt2"
+	[[ "$NAME" == tiny* ]] && DATA="$WORK/tiny"
 	[[ "$NAME" == gpt2* ]] && N=$((STEPS > 5 ? 5 : STEPS))
 	# shellcheck disable=SC2086
 	"$LOOM" plan $MODEL $MESH --threads 1 --cluster local --json >"$WORK/$NAME.plan.json"
 	# shellcheck disable=SC2086
-	if ! "$LOOM" train --train-data "$WORK/train_*.bin" $MODEL $MESH --threads 1 --steps "$N" --lr 1e-4 \
+	if ! "$LOOM" train --train-data "$DATA/train_*.bin" $MODEL $MESH --threads 1 --steps "$N" --lr 1e-4 \
 		--log "$WORK/$NAME.jsonl" >"$WORK/$NAME.out" 2>&1; then
 		echo "$NAME: loom train failed:" >&2
 		tail -5 "$WORK/$NAME.out" >&2

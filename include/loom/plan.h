@@ -32,6 +32,8 @@ typedef struct {
 	double peak_flops_fp32;  /* FLOP/s of one rank's matmuls in fp32 (the hardware's peak, MFU's base) */
 	double peak_flops_bf16;  /* ... in bf16 (0: as fp32) */
 	double efficiency;       /* the fraction of the peak training's matmuls reach (0 < e <= 1) */
+	double gemm_half_size;   /* matmuls of width C' (n_embd / tp) reach C' / (C' + this) of it (0: all) */
+	double corun_efficiency; /* CPUs: a rank's speed when every core of its node runs (0: 1) */
 	double memory_bytes;     /* per rank (0: unknown, nothing is dropped for memory) */
 	int memory_shared;       /* 1: memory_bytes is the node's, shared by the ranks on it (CPUs) */
 	double memory_bw;        /* bytes/s of one rank's memory, for the optimizer's and the elementwise

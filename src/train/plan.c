@@ -132,9 +132,10 @@ static int stage_memory(const loom_plan_config_t *pc, int dp, int tp, int pp, in
 		P = stage_params(cfg, tp, lo[s], lo[s + 1], s == 0, &tied);
 	if (pc->zero == 0 || dp == 1) {
 		m->params = m->grads = 4.0 * P, m->optimizer = 8.0 * P;
-		if (dp > 1) /* DDP's gradients live in shared memory (its reduction reads every peer's: their pages
-		             * count in this rank's resident set too); the model's own buffer stays, idle */
-			m->comm = 4.0 * P + (dp - 1) * 4.0 * P + (pc->grad_reduce_bf16 ? dp * 2.0 * P : 0.0);
+		if (dp > 1) /* DDP's gradients live in shared memory, and the reduction reads a peer's (ring: one
+		             * neighbour's; measured: one peer's pages count in this rank's resident set); the
+		             * model's own buffer stays, idle */
+			m->comm = 4.0 * P + 4.0 * P + (pc->grad_reduce_bf16 ? 2.0 * 2.0 * P : 0.0);
 	} else {
 		size_t nP = loom_model_num_params(cfg);
 		double own = (double)(loom__zero_shard_offset(nP, dp_rank + 1, dp) - loom__zero_shard_offset(nP, dp_rank, dp));
@@ -144,12 +145,12 @@ static int stage_memory(const loom_plan_config_t *pc, int dp, int tp, int pp, in
 		m->params = 4.0 * (pc->zero == 3 ? own : P);
 		m->grads = 4.0 * (pc->zero == 1 ? P : own);
 		m->optimizer = 8.0 * own;
-		/* shared-memory buffers: the reductions read the peers' too (their pages count here) */
-		m->comm = pc->zero == 1 ? (dp - 1) * 4.0 * P : dp * 4.0 * (emb + 2.0 * largest); /* ZERO_SLOTS */
-		if (pc->zero == 3)
-			m->comm += dp * 4.0 * (emb + 2.0 * largest); /* ZERO_PSLOTS */
+		/* shared-memory buffers a reduction reads: a peer's pages count here too, as for DDP */
+		m->comm = pc->zero == 1 ? 4.0 * P : 2.0 * 4.0 * (emb + 2.0 * largest); /* ZERO_SLOTS */
+		if (pc->zero == 3) /* the gather buffers: written by the peers, read by this rank alone */
+			m->comm += 4.0 * (emb + 2.0 * largest); /* ZERO_PSLOTS */
 		if (pc->grad_reduce_bf16)
-			m->comm += dp * 2.0 * (pc->zero == 1 ? P : emb + 2.0 * largest);
+			m->comm += 2.0 * 2.0 * (pc->zero == 1 ? P : emb + 2.0 * largest);
 	}
 	loom_model_opts_t o = {.B = pc->B, .T = pc->T, .arenas = 1, .tp_size = tp > 1 ? tp : 0, .act_ckpt = pc->act_ckpt,
 	                       .dtype = pc->dtype};
@@ -162,8 +163,11 @@ static int stage_memory(const loom_plan_config_t *pc, int dp, int tp, int pp, in
 			m->other = (double)a.total;
 		}
 		o.arenas = arenas, o.layer_lo = lo[s], o.layer_hi = lo[s + 1];
-		/* the stage's receive and send buffers (pp.c: 4 of B T width floats) and a step's tokens */
+		/* the stage's receive and send buffers (pp.c: 4 of B T width floats) and a step's tokens; the
+		 * stage model's own gradient buffer (whole-model sized, the stage's tensors written) */
 		m->comm += 4.0 * 4.0 * pc->B * pc->T * loom_model_stream_width(cfg) + 2.0 * 4.0 * M * pc->B * pc->T;
+		if (pc->impl == LOOM_PLAN_LOOM)
+			m->comm += 4.0 * stage_params(cfg, tp, lo[s], lo[s + 1], s == 0, &tied);
 	}
 	if ((rc = loom_model_act_bytes(cfg, &o, &a)) != LOOM_OK)
 		return rc;
@@ -231,7 +235,16 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 			share = c->cores / (want + c->background_load);
 	}
 	p->cpu_share = share;
-	double rate = p->peak_flops * c->efficiency * share, mem_bw = c->memory_bw * share;
+	/* small matrices reach less of the GEMM's peak: C' / (C' + gemm_half_size), C' = C / tp; on a CPU
+	 * node, ranks running at once share its memory bus and caches (corun_efficiency when every core
+	 * runs one, in proportion between) */
+	double Cs = (double)cfg->n_embd / tp, size = c->gemm_half_size > 0 ? Cs / (Cs + c->gemm_half_size) : 1.0;
+	if (c->corun_efficiency > 0 && c->cores > 1) {
+		int local = LOOM_MIN(p->world, c->ranks_per_node > 0 ? c->ranks_per_node : p->world);
+		double busy = LOOM_MIN((double)c->cores, local * (double)LOOM_MAX(c->threads, 1) + c->background_load);
+		share *= 1.0 - (1.0 - c->corun_efficiency) * LOOM_MAX(0.0, busy - 1.0) / (c->cores - 1.0);
+	}
+	double rate = p->peak_flops * c->efficiency * size * share, mem_bw = c->memory_bw * share;
 	if (c->node_memory_bw > 0) { /* the node's memory bus, shared by its ranks */
 		int local = LOOM_MIN(p->world, c->ranks_per_node > 0 ? c->ranks_per_node : p->world);
 		mem_bw = LOOM_MIN(mem_bw, c->node_memory_bw / local);

@@ -25,10 +25,14 @@
 #define MIB 1048576.0
 
 /* Calibrated on the development machine (docs/plan.md): training's matmuls reach this fraction of
- * the GEMM's measured peak; the non-matmul kernels move this many bytes per byte of a micro-batch's
+ * the GEMM's measured peak at large widths, C / (C + LOCAL_GEMM_HALF) of it at width C (tiny's C = 128
+ * ran 1.7x below the large-width figure, small's 384 as predicted); two ranks at once on the two
+ * cores run at LOCAL_CORUN of one alone (DDP's dp2 against one process, docs/mesh.md); the non-matmul kernels move this many bytes per byte of a micro-batch's
  * kept activations; a process holds this much before its model (binary, libraries, OpenMP, oneDNN,
  * the loader), and a rank of a job this much more (the communicator's segments). */
-#define LOCAL_GEMM_FRACTION 0.80
+#define LOCAL_GEMM_FRACTION 0.93
+#define LOCAL_GEMM_HALF 64.0
+#define LOCAL_CORUN 0.70
 #define LOCAL_ELEMENTWISE 6.0
 #define LOCAL_OVERHEAD (21.0 * MIB)
 #define LOCAL_COMM_OVERHEAD (2.0 * MIB)
@@ -39,7 +43,8 @@ static const struct {
 } profiles[] = {
 	/* A cloud CPU node like the development machine: an AMD EPYC (Zen 4) VM, 2 vCPUs, one rank per core. */
 	{"cpu-node", {.name = "cpu-node", .nodes = 1, .ranks_per_node = 2, .peak_flops_fp32 = 117.6e9,
-	              .peak_flops_bf16 = 234.9e9, .efficiency = 0.80 * 110.9 / 117.6, .memory_bytes = 23.0 * GIB,
+	              .peak_flops_bf16 = 234.9e9, .efficiency = 0.93 * 110.9 / 117.6,
+	              .gemm_half_size = LOCAL_GEMM_HALF, .corun_efficiency = LOCAL_CORUN, .memory_bytes = 23.0 * GIB,
 	              .memory_shared = 1,
 	              .memory_bw = 10e9, .node_memory_bw = 14e9, .elementwise_bytes_per_act = LOCAL_ELEMENTWISE, .intra_bw = 2.5e9,
 	              .intra_lat = 2e-6, .inter_bw = 3.125e9, .inter_lat = 30e-6, .price_rank_hour = 0.05,
@@ -110,6 +115,8 @@ static const struct {
 	{"peak_flops_fp32", K_NUM, offsetof(loom_cluster_t, peak_flops_fp32), 0, 1e20, "FLOP/s > 0, e.g. 1.56e14"},
 	{"peak_flops_bf16", K_NUM, offsetof(loom_cluster_t, peak_flops_bf16), -1, 1e20, "FLOP/s >= 0"},
 	{"efficiency", K_NUM, offsetof(loom_cluster_t, efficiency), 0, 1, "a fraction in (0, 1]"},
+	{"gemm_half_size", K_NUM, offsetof(loom_cluster_t, gemm_half_size), -1, 1e9, "a width >= 0"},
+	{"corun_efficiency", K_NUM, offsetof(loom_cluster_t, corun_efficiency), -1, 1, "a fraction in [0, 1]"},
 	{"memory_bytes", K_NUM, offsetof(loom_cluster_t, memory_bytes), -1, 1e18, "bytes >= 0, e.g. 8e10"},
 	{"memory_shared", K_INT, offsetof(loom_cluster_t, memory_shared), -1, 1, "0 or 1"},
 	{"background_load", K_NUM, offsetof(loom_cluster_t, background_load), -1, 1e6, "threads >= 0"},
@@ -299,6 +306,8 @@ int loom_cluster_local(int threads, int measure, loom_cluster_t *c)
 	c->peak_flops_fp32 = hw32;
 	c->peak_flops_bf16 = hw16;
 	c->efficiency = (gemm > 0 ? LOOM_MIN(gemm / hw32, 1.0) : 0.9) * LOCAL_GEMM_FRACTION;
+	c->gemm_half_size = LOCAL_GEMM_HALF;
+	c->corun_efficiency = LOCAL_CORUN;
 	c->memory_bytes = pages > 0 && page > 0 ? (double)pages * page : 0.0;
 	c->memory_shared = 1;
 	c->memory_bw = copy_bandwidth(1) * threads;
