@@ -121,21 +121,29 @@ static int group_link(const loom_cluster_t *c, int size, int stride, double *bw,
 }
 
 /* Model states, comm buffers and activations of stage s (blocks [lo, hi), arenas) of rank dp_rank. */
-static int stage_memory(const loom_plan_config_t *pc, int dp, int tp, int pp, int s, const int *lo, int dp_rank,
+static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, int dp, int tp, int pp, int s, const int *lo, int dp_rank,
                         loom_plan_memory_t *m)
 {
 	const loom_model_config_t *cfg = &pc->model;
 	int L = cfg->n_layer, M = pc->M, rc;
 	double P = tp > 1 ? (double)loom_model_shard_params(cfg, tp) : (double)loom_model_num_params(cfg), tied;
+	/* loom's layout (the model's idle gradient buffer under DDP, a pipeline stage's whole-model
+	 * buffers); a shared-memory node (CPUs): a peer's shared buffers in this rank's resident set */
+	int loom = pc->impl == LOOM_PLAN_LOOM, peer = c->cores > 0;
 	memset(m, 0, sizeof *m);
 	if (pc->impl == LOOM_PLAN_IDEAL && pp > 1)
 		P = stage_params(cfg, tp, lo[s], lo[s + 1], s == 0, &tied);
-	if (pc->zero == 0 || dp == 1) {
+	if (pc->zero > 0 && dp > 1 && (tp > 1 || pp > 1)) { /* ideal: the stage's shard's states split over dp */
+		double own = ceil(P / dp);
+		m->params = 4.0 * (pc->zero == 3 ? own : P);
+		m->grads = 4.0 * (pc->zero == 1 ? P : own);
+		m->optimizer = 8.0 * own;
+	} else if (pc->zero == 0 || dp == 1) {
 		m->params = m->grads = 4.0 * P, m->optimizer = 8.0 * P;
 		if (dp > 1) /* DDP's gradients live in shared memory, and the reduction reads a peer's (ring: one
 		             * neighbour's; measured: one peer's pages count in this rank's resident set); the
 		             * model's own buffer stays, idle */
-			m->comm = 4.0 * P + 4.0 * P + (pc->grad_reduce_bf16 ? 2.0 * 2.0 * P : 0.0);
+			m->comm = (loom ? 4.0 * P : 0.0) + peer * 4.0 * P + (pc->grad_reduce_bf16 ? (1 + peer) * 2.0 * P : 0.0);
 	} else {
 		size_t nP = loom_model_num_params(cfg);
 		double own = (double)(loom__zero_shard_offset(nP, dp_rank + 1, dp) - loom__zero_shard_offset(nP, dp_rank, dp));
@@ -146,11 +154,11 @@ static int stage_memory(const loom_plan_config_t *pc, int dp, int tp, int pp, in
 		m->grads = 4.0 * (pc->zero == 1 ? P : own);
 		m->optimizer = 8.0 * own;
 		/* shared-memory buffers a reduction reads: a peer's pages count here too, as for DDP */
-		m->comm = pc->zero == 1 ? 4.0 * P : 2.0 * 4.0 * (emb + 2.0 * largest); /* ZERO_SLOTS */
+		m->comm = pc->zero == 1 ? peer * 4.0 * P : (1 + peer) * 4.0 * (emb + 2.0 * largest); /* ZERO_SLOTS */
 		if (pc->zero == 3) /* the gather buffers: written by the peers, read by this rank alone */
 			m->comm += 4.0 * (emb + 2.0 * largest); /* ZERO_PSLOTS */
 		if (pc->grad_reduce_bf16)
-			m->comm += 2.0 * 2.0 * (pc->zero == 1 ? P : emb + 2.0 * largest);
+			m->comm += (1 + peer) * 2.0 * (pc->zero == 1 ? P : emb + 2.0 * largest);
 	}
 	loom_model_opts_t o = {.B = pc->B, .T = pc->T, .arenas = 1, .tp_size = tp > 1 ? tp : 0, .act_ckpt = pc->act_ckpt,
 	                       .dtype = pc->dtype};
@@ -205,7 +213,7 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		return loom_seterr(LOOM_EINVAL, "plan: --pp %d for a model of %d layers (every stage needs a layer)", pp, L);
 	if (pc.zero < 0 || pc.zero > 3)
 		return loom_seterr(LOOM_EINVAL, "plan: ZeRO stage %d (0..3)", pc.zero);
-	if (pc.zero > 0 && (tp > 1 || pp > 1))
+	if (pc.zero > 0 && (tp > 1 || pp > 1) && pc.impl == LOOM_PLAN_LOOM)
 		return loom_seterr(LOOM_EINVAL, "plan: ZeRO %d with tp %d x pp %d: loom's ZeRO runs on data parallel alone "
 		                   "(tp and pp compose with --zero 0)", pc.zero, tp, pp);
 	if (pc.zero > 0 && dp < 2)
@@ -269,13 +277,13 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	/* Memory: every stage (the largest is reported), and global rank 0's (stage 0, dp rank 0). */
 	for (int s = 0; s < pp; s++) {
 		loom_plan_memory_t m;
-		if ((rc = stage_memory(&pc, dp, tp, pp, s, lo, dp - 1, &m)) != LOOM_OK)
+		if ((rc = stage_memory(&pc, c, dp, tp, pp, s, lo, dp - 1, &m)) != LOOM_OK)
 			goto out;
 		mem_total(&m, c, p->world);
 		if (s == 0 || m.total > p->memory.total)
 			p->memory = m, p->stage = s;
 	}
-	if ((rc = stage_memory(&pc, dp, tp, pp, 0, lo, 0, &p->memory_rank0)) != LOOM_OK)
+	if ((rc = stage_memory(&pc, c, dp, tp, pp, 0, lo, 0, &p->memory_rank0)) != LOOM_OK)
 		goto out;
 	mem_total(&p->memory_rank0, c, p->world);
 
@@ -302,11 +310,16 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	 * on the training thread, so all exposed. */
 	double tp_bw, tp_lat, tp_mb = 0.0;
 	p->cross_node_tp = group_link(c, tp, 1, &tp_bw, &tp_lat);
-	if (tp > 1) {
-		double n = 4.0 * N * C, count = 4.0 * L + 2 + (pc.act_ckpt == LOOM_ACT_CKPT_BLOCKS ? 2.0 * L : 0.0);
+	if (tp > 1) { /* per micro-batch on the whole model (tp_mb), and on this rank: its stage's blocks */
+		int Ls = 0;
+		for (int s = 0; s < pp; s++)
+			Ls = LOOM_MAX(Ls, lo[s + 1] - lo[s]);
+		double ck = pc.act_ckpt == LOOM_ACT_CKPT_BLOCKS ? 2.0 : 0.0, n = 4.0 * N * C;
+		double one = link_time(loom_plan_ring_allreduce_bytes(n, tp), 2 * (tp - 1), tp_bw, tp_lat);
+		double count = (4.0 + ck) * Ls + 2;
+		tp_mb = ((4.0 + ck) * L + 2) * one;
 		p->tp.bytes = M * count * loom_plan_ring_allreduce_bytes(n, tp);
-		tp_mb = count * link_time(loom_plan_ring_allreduce_bytes(n, tp), 2 * (tp - 1), tp_bw, tp_lat);
-		p->tp.time_s = p->tp.exposed_s = M * tp_mb;
+		p->tp.time_s = p->tp.exposed_s = M * count * one;
 	}
 
 	/* The step's compute and pipeline: stage costs in FLOPs to seconds, simulated. */
@@ -362,7 +375,7 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	if (dp > 1) {
 		enum { MAXB = 4096 };
 		double sizes[MAXB], total;
-		if (pc.zero == 0) {
+		if (pc.zero == 0 || tp > 1 || pp > 1) { /* (ZeRO over tp or pp: the same bytes as DDP's, in buckets) */
 			int nb;
 			if (pp > 1 || tp > 1) { /* the stage's (shard's) gradients, in buckets */
 				double g = 4.0 * (pp > 1 ? stage_params(cfg, tp, lo[p->stage], lo[p->stage + 1], p->stage == 0, &total)
@@ -394,7 +407,7 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	}
 	p->step_time_s = span + p->optimizer_s + p->dp.exposed_s + p->pp.exposed_s;
 	/* one rank's busy time: the span without its tp all-reduces and its share of the bubble */
-	p->compute_s = (span - p->tp.exposed_s) * (1.0 - p->bubble) + p->optimizer_s;
+	p->compute_s = LOOM_MAX(0.0, span * (1.0 - p->bubble) - p->tp.exposed_s) + p->optimizer_s;
 	p->tokens_per_s = p->tokens_per_step / p->step_time_s;
 	p->mfu = p->flops_per_step / (p->step_time_s * p->world * p->peak_flops);
 	if (pc.tokens > 0) {
@@ -442,7 +455,7 @@ int loom_plan_search(const loom_plan_config_t *base, const loom_cluster_t *c, in
 			if (rows % dp)
 				continue; /* the step's micro-batches do not divide over dp */
 			for (int zero = 0; zero <= 3; zero++) {
-				if (zero > 0 && (dp < 2 || tp > 1 || pp > 1))
+				if (zero > 0 && (dp < 2 || ((tp > 1 || pp > 1) && base->impl == LOOM_PLAN_LOOM)))
 					continue;
 				for (int ck = 0; ck <= 2; ck++)
 					for (int gp = 0; gp <= (pp > 1); gp++) {
