@@ -50,22 +50,54 @@ static double unit_bytes(const loom_model_config_t *cfg, int u)
 	return 4.0 * (double)(b.offset + b.numel - a.offset);
 }
 
+/* The tensor table of a tp shard (tp <= 1: the whole model), read once: what the memory and the
+ * buckets below need of it (a family's tensor_info formats names, too slow for a search's loops). */
+typedef struct {
+	int n;
+	int *layer, *head_reads;
+	double *numel;
+} table_t;
+
+static void table_free(table_t *t)
+{
+	free(t->layer), free(t->head_reads), free(t->numel);
+	memset(t, 0, sizeof *t);
+}
+
+static int table_read(const loom_model_config_t *cfg, int tp, table_t *t)
+{
+	memset(t, 0, sizeof *t);
+	t->n = loom_model_num_tensors(cfg);
+	t->layer = malloc(sizeof(int) * (size_t)t->n), t->head_reads = malloc(sizeof(int) * (size_t)t->n);
+	t->numel = malloc(sizeof(double) * (size_t)t->n);
+	if (!t->layer || !t->head_reads || !t->numel) {
+		table_free(t);
+		return loom_seterr(LOOM_ENOMEM, "plan: out of memory");
+	}
+	for (int i = 0; i < t->n; i++) {
+		loom_tensor_info_t ti;
+		int rc = tp > 1 ? loom_model_shard_info(cfg, tp, i, &ti) : loom_model_tensor_info(cfg, i, &ti);
+		if (rc != LOOM_OK) {
+			table_free(t);
+			return rc;
+		}
+		t->layer[i] = ti.layer, t->head_reads[i] = ti.head_reads, t->numel[i] = (double)ti.numel;
+	}
+	return LOOM_OK;
+}
+
 /* Parameters of a tp shard held by a stage of blocks [lo, hi) (+ the embedding on stage 0, the head
  * with hi == L), and of the tensors the head also reads (GPT-2's tied wte) when it holds the head. */
-static double stage_params(const loom_model_config_t *cfg, int tp, int lo, int hi, int first, double *tied)
+static double stage_params(const table_t *tb, int L, int lo, int hi, int first, double *tied)
 {
-	int n = loom_model_num_tensors(cfg), L = cfg->n_layer;
 	double sum = 0.0;
 	*tied = 0.0;
-	for (int i = 0; i < n; i++) {
-		loom_tensor_info_t t;
-		if ((tp > 1 ? loom_model_shard_info(cfg, tp, i, &t) : loom_model_tensor_info(cfg, i, &t)) != LOOM_OK)
-			continue;
-		int u = t.layer, mine = (u < 0 && first) || (u >= 0 && u < L && u >= lo && u < hi) || (u >= L && hi == L);
+	for (int i = 0; i < tb->n; i++) {
+		int u = tb->layer[i], mine = (u < 0 && first) || (u >= 0 && u < L && u >= lo && u < hi) || (u >= L && hi == L);
 		if (mine)
-			sum += (double)t.numel;
-		if (t.head_reads && hi == L)
-			*tied += (double)t.numel;
+			sum += tb->numel[i];
+		if (tb->head_reads[i] && hi == L)
+			*tied += tb->numel[i];
 	}
 	return sum;
 }
@@ -73,15 +105,12 @@ static double stage_params(const loom_model_config_t *cfg, int tp, int lo, int h
 /* DDP's buckets (src/parallel/ddp.c): from the last tensor backwards, the first closing at
  * first_mb, the others at mb MiB. Into sizes[] (bytes, in the order they are launched); returns the
  * count. */
-static int ddp_buckets(const loom_model_config_t *cfg, int tp, double mb, double first_mb, double *sizes, int cap)
+static int ddp_buckets(const table_t *tb, double mb, double first_mb, double *sizes, int cap)
 {
-	int n = loom_model_num_tensors(cfg), k = 0;
+	int k = 0;
 	double bytes = 0.0, limit = floor(first_mb * MIB);
-	for (int t = n - 1; t >= 0 && k < cap; t--) {
-		loom_tensor_info_t ti;
-		if ((tp > 1 ? loom_model_shard_info(cfg, tp, t, &ti) : loom_model_tensor_info(cfg, t, &ti)) != LOOM_OK)
-			continue;
-		bytes += 4.0 * (double)ti.numel;
+	for (int t = tb->n - 1; t >= 0 && k < cap; t--) {
+		bytes += 4.0 * tb->numel[t];
 		if (bytes >= limit || t == 0) {
 			sizes[k++] = bytes;
 			bytes = 0.0, limit = floor(mb * MIB);
@@ -121,7 +150,7 @@ static int group_link(const loom_cluster_t *c, int size, int stride, double *bw,
 }
 
 /* Model states, comm buffers and activations of stage s (blocks [lo, hi), arenas) of rank dp_rank. */
-static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, int dp, int tp, int pp, int s, const int *lo, int dp_rank,
+static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, const table_t *tb, int dp, int tp, int pp, int s, const int *lo, int dp_rank,
                         loom_plan_memory_t *m)
 {
 	const loom_model_config_t *cfg = &pc->model;
@@ -132,7 +161,7 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, i
 	int loom = pc->impl == LOOM_PLAN_LOOM, peer = c->cores > 0;
 	memset(m, 0, sizeof *m);
 	if (pc->impl == LOOM_PLAN_IDEAL && pp > 1)
-		P = stage_params(cfg, tp, lo[s], lo[s + 1], s == 0, &tied);
+		P = stage_params(tb, L, lo[s], lo[s + 1], s == 0, &tied);
 	if (pc->zero > 0 && dp > 1 && (tp > 1 || pp > 1)) { /* ideal: the stage's shard's states split over dp */
 		double own = ceil(P / dp);
 		m->params = 4.0 * (pc->zero == 3 ? own : P);
@@ -175,7 +204,7 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, i
 		 * stage model's own gradient buffer (whole-model sized, the stage's tensors written) */
 		m->comm += 4.0 * 4.0 * pc->B * pc->T * loom_model_stream_width(cfg) + 2.0 * 4.0 * M * pc->B * pc->T;
 		if (pc->impl == LOOM_PLAN_LOOM)
-			m->comm += 4.0 * stage_params(cfg, tp, lo[s], lo[s + 1], s == 0, &tied);
+			m->comm += 4.0 * stage_params(tb, L, lo[s], lo[s + 1], s == 0, &tied);
 	}
 	if ((rc = loom_model_act_bytes(cfg, &o, &a)) != LOOM_OK)
 		return rc;
@@ -195,6 +224,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	const loom_model_config_t *cfg = &pc.model;
 	int rc = LOOM_OK, *lo = NULL, *rows = NULL;
 	double *cost = NULL;
+	table_t tb_ = {0};
+	const table_t *tb = &tb_;
 	memset(p, 0, sizeof *p);
 	pc.dp = LOOM_MAX(pc.dp, 1), pc.tp = LOOM_MAX(pc.tp, 1), pc.pp = LOOM_MAX(pc.pp, 1), pc.M = LOOM_MAX(pc.M, 1);
 	if (!(pc.bucket_mb > 0))
@@ -258,6 +289,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		mem_bw = LOOM_MIN(mem_bw, c->node_memory_bw / local);
 	}
 
+	if ((rc = table_read(cfg, tp, &tb_)) != LOOM_OK)
+		goto out;
 	/* Stages (one with pp 1) and the head's shares, as the executor splits them. */
 	if (!(lo = malloc(sizeof(int) * (size_t)(pp + 1))) || !(rows = calloc((size_t)M, sizeof(int))) ||
 	    !(cost = malloc(sizeof(double) * 3 * (size_t)pp * M))) {
@@ -268,7 +301,7 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	if (pp > 1) {
 		if ((rc = loom_pp_stages(cfg, pc.B, pc.T, pp, pc.pp_head_split, lo, &hrows)) != LOOM_OK ||
 		    (rc = loom__pp_head_rows(cfg, pc.schedule_gpipe ? LOOM_PP_GPIPE : LOOM_PP_1F1B, pc.T, N, pp, M, lo, hrows,
-		                             pc.pp_head_split == 0.0, rows)) != LOOM_OK)
+		                             pc.pp_head_split == 0.0 && (long)pp * M <= 512, rows)) != LOOM_OK)
 			goto out;
 	} else {
 		lo[0] = 0, lo[1] = L;
@@ -277,13 +310,13 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	/* Memory: every stage (the largest is reported), and global rank 0's (stage 0, dp rank 0). */
 	for (int s = 0; s < pp; s++) {
 		loom_plan_memory_t m;
-		if ((rc = stage_memory(&pc, c, dp, tp, pp, s, lo, dp - 1, &m)) != LOOM_OK)
+		if ((rc = stage_memory(&pc, c, &tb_, dp, tp, pp, s, lo, dp - 1, &m)) != LOOM_OK)
 			goto out;
 		mem_total(&m, c, p->world);
 		if (s == 0 || m.total > p->memory.total)
 			p->memory = m, p->stage = s;
 	}
-	if ((rc = stage_memory(&pc, c, dp, tp, pp, 0, lo, 0, &p->memory_rank0)) != LOOM_OK)
+	if ((rc = stage_memory(&pc, c, &tb_, dp, tp, pp, 0, lo, 0, &p->memory_rank0)) != LOOM_OK)
 		goto out;
 	mem_total(&p->memory_rank0, c, p->world);
 
@@ -350,7 +383,7 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		p->pp.exposed_s = 2.0 * (pp - 1) * send;
 		/* the tied embedding's two shares summed by the first and last stage after backward */
 		double tied;
-		stage_params(cfg, tp, lo[pp - 1], L, 0, &tied);
+		stage_params(tb, L, lo[pp - 1], L, 0, &tied);
 		if (tied > 0) {
 			double t = link_time(loom_plan_ring_allreduce_bytes(4.0 * tied, 2), 2, pp_bw, pp_lat);
 			p->pp.bytes += loom_plan_ring_allreduce_bytes(4.0 * tied, 2), p->pp.time_s += t, p->pp.exposed_s += t;
@@ -375,24 +408,25 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	if (dp > 1) {
 		enum { MAXB = 4096 };
 		double sizes[MAXB], total;
-		if (pc.zero == 0 || tp > 1 || pp > 1) { /* (ZeRO over tp or pp: the same bytes as DDP's, in buckets) */
+		if (pc.zero == 0) {
 			int nb;
 			if (pp > 1 || tp > 1) { /* the stage's (shard's) gradients, in buckets */
-				double g = 4.0 * (pp > 1 ? stage_params(cfg, tp, lo[p->stage], lo[p->stage + 1], p->stage == 0, &total)
+				double g = 4.0 * (pp > 1 ? stage_params(tb, L, lo[p->stage], lo[p->stage + 1], p->stage == 0, &total)
 				                         : p->shard_params);
 				nb = 0;
 				for (double left = g, lim = LOOM_MIN(1.0, pc.bucket_mb) * MIB; left > 0 && nb < MAXB;
 				     lim = pc.bucket_mb * MIB)
 					sizes[nb++] = LOOM_MIN(left, lim), left -= LOOM_MIN(left, lim);
 			} else {
-				nb = ddp_buckets(cfg, tp, pc.bucket_mb, LOOM_MIN(1.0, pc.bucket_mb), sizes, MAXB);
+				nb = ddp_buckets(tb, pc.bucket_mb, LOOM_MIN(1.0, pc.bucket_mb), sizes, MAXB);
 			}
 			/* GPT-2's tied wte is final only after the embedding's backward: the last bucket waits */
 			p->dp.exposed_s = overlap(sizes, nb, t_bwd_last, dp_bw, dp_lat, dp, gb, &p->dp.time_s);
 			for (int k = 0; k < nb; k++)
 				p->dp.bytes += loom_plan_ring_allreduce_bytes(sizes[k] * gb, dp);
 		} else {
-			double Pb = 4.0 * p->params, rs = (dp - 1.0) / dp * Pb * gb, ag = (dp - 1.0) / dp * Pb;
+			double Pb = 4.0 * (tp > 1 || pp > 1 ? stage_params(tb, L, lo[p->stage], lo[p->stage + 1], p->stage == 0,
+			                                                   &total) : p->params), rs = (dp - 1.0) / dp * Pb * gb, ag = (dp - 1.0) / dp * Pb;
 			double t_rs = link_time(rs, dp - 1, dp_bw, dp_lat), t_ag = link_time(ag, dp - 1, dp_bw, dp_lat);
 			double emb = unit_bytes(cfg, -1) / Pb, n_rs = pc.zero == 1 ? 1 : M;
 			sizes[0] = 0;
@@ -423,6 +457,7 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	p->headroom = limit > 0 ? 1.0 - p->memory.total / limit : 0.0;
 out:
 	free(lo), free(rows), free(cost);
+	table_free(&tb_);
 	return rc;
 }
 
