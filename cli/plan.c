@@ -520,6 +520,12 @@ static int search(opts_t *o, const loom_cluster_t *c, int ranks)
 			       100.0 * (all[k].step_time_s / all[0].step_time_s - 1.0), w);
 			break;
 		}
+	if (n > 1) { /* and against the runner-up, whatever it is */
+		describe(&all[1], d, sizeof d);
+		why_slower(&all[0], &all[1], w, sizeof w);
+		printf("  vs the runner-up (%s, %.1f%% slower): %s\n", d,
+		       100.0 * (all[1].step_time_s / all[0].step_time_s - 1.0), w);
+	}
 	if (total > n)
 		printf("dropped: %d configuration%s that do not fit in memory\n", total - n, total - n == 1 ? "" : "s");
 	free(all);

@@ -155,7 +155,9 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 {
 	const loom_model_config_t *cfg = &pc->model;
 	int L = cfg->n_layer, M = pc->M, rc;
-	double P = tp > 1 ? (double)loom_model_shard_params(cfg, tp) : (double)loom_model_num_params(cfg), tied;
+	double P = 0.0, tied;
+	for (int i = 0; i < tb->n; i++) /* the shard's (tp > 1: the padded vocabulary's), or the model's */
+		P += tb->numel[i];
 	/* loom's layout (the model's idle gradient buffer under DDP, a pipeline stage's whole-model
 	 * buffers); a shared-memory node (CPUs): a peer's shared buffers in this rank's resident set */
 	int loom = pc->impl == LOOM_PLAN_LOOM, peer = c->cores > 0;
@@ -256,7 +258,6 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		return loom_seterr(LOOM_EINVAL, "plan: the cluster has no peak FLOP/s or efficiency");
 
 	p->params = (double)loom_model_num_params(cfg);
-	p->shard_params = tp > 1 ? (double)loom_model_shard_params(cfg, tp) : p->params;
 	p->flops_per_token = loom_model_flops_per_token(cfg, pc.T);
 	p->tokens_per_step = (double)N * M * dp;
 	p->flops_per_step = p->flops_per_token * p->tokens_per_step;
@@ -291,6 +292,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 
 	if ((rc = table_read(cfg, tp, &tb_)) != LOOM_OK)
 		goto out;
+	for (int i = 0; i < tb->n; i++)
+		p->shard_params += tb->numel[i];
 	/* Stages (one with pp 1) and the head's shares, as the executor splits them. */
 	if (!(lo = malloc(sizeof(int) * (size_t)(pp + 1))) || !(rows = calloc((size_t)M, sizeof(int))) ||
 	    !(cost = malloc(sizeof(double) * 3 * (size_t)pp * M))) {
