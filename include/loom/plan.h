@@ -67,7 +67,8 @@ int loom_cluster_load(const char *path, loom_cluster_t *c);
 /* This machine: one node of its CPUs (ranks share them: the planner models the share when ranks x
  * threads exceed them), the hardware's and the GEMM's fp32 peaks for `threads` threads per rank from
  * the peak cache (with measure, measured and cached when missing, a few seconds), bf16's when cached,
- * the memory bandwidth measured now (about 0.1 s), its memory shared by the ranks, and the constants
+ * the memory bandwidth measured now (with measure, about 0.1 s and 32 MiB per CPU of the caller's
+ * resident set; else the cpu-node profile's), its memory shared by the ranks, and the constants
  * calibrated on the development machine (docs/plan.md). LOOM_ENOENT when a peak is missing and not
  * measured. */
 int loom_cluster_local(int threads, int measure, loom_cluster_t *c);

@@ -332,13 +332,14 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	else if (pc.act_ckpt == LOOM_ACT_CKPT_SELECTIVE) /* the attention scores again: Q K^T */
 		extra = 2.0 * C * pc.T * L / 2.0;
 	double recompute = 1.0 + extra / fpt;
-	loom_model_opts_t o1 = {.B = pc.B, .T = pc.T, .arenas = 1, .tp_size = tp > 1 ? tp : 0, .act_ckpt = pc.act_ckpt,
-	                        .dtype = pc.dtype};
+	/* (the elementwise kernels run over every activation whatever is kept: the traffic of a run without
+	 * checkpointing, times the recomputation) */
+	loom_model_opts_t o1 = {.B = pc.B, .T = pc.T, .arenas = 1, .tp_size = tp > 1 ? tp : 0, .dtype = pc.dtype};
 	loom_model_act_bytes_t a1;
 	if ((rc = loom_model_act_bytes(cfg, &o1, &a1)) != LOOM_OK)
 		goto out;
 	double mm_mb = fpt * N * recompute / tp / rate; /* seconds of matmuls per micro-batch, whole model */
-	double el_mb = mem_bw > 0 ? c->elementwise_bytes_per_act * (double)(a1.kept + a1.head) / mem_bw : 0.0;
+	double el_mb = mem_bw > 0 ? c->elementwise_bytes_per_act * (double)(a1.kept + a1.head) * recompute / mem_bw : 0.0;
 	double slow = (mm_mb + el_mb) / (fpt * N / tp); /* seconds per model FLOP of a micro-batch */
 
 	/* tp: Megatron's f and g, two all-reduces of B T C floats per block in forward and two in backward

@@ -310,8 +310,12 @@ int loom_cluster_local(int threads, int measure, loom_cluster_t *c)
 	c->corun_efficiency = LOCAL_CORUN;
 	c->memory_bytes = pages > 0 && page > 0 ? (double)pages * page : 0.0;
 	c->memory_shared = 1;
-	c->memory_bw = copy_bandwidth(1) * threads;
-	c->node_memory_bw = c->cores > 1 ? copy_bandwidth(c->cores) : c->memory_bw;
+	if (measure) {
+		c->memory_bw = copy_bandwidth(1) * threads;
+		c->node_memory_bw = c->cores > 1 ? copy_bandwidth(c->cores) : c->memory_bw;
+	} else { /* nothing measured (it would raise the caller's peak resident set): cpu-node's figures */
+		c->memory_bw = profiles[0].c.memory_bw * threads, c->node_memory_bw = profiles[0].c.node_memory_bw;
+	}
 	c->elementwise_bytes_per_act = LOCAL_ELEMENTWISE;
 	c->intra_bw = c->memory_bw / 4.0; /* calibrated: `loom bench comm`, 2 ranks, 1-16 MiB: 1.8-2.9 GB/s */
 	c->intra_lat = 2e-6;
