@@ -72,7 +72,7 @@ dt = statistics.median(r["dt_ms"] for r in rows[warmup:]) / 1e3
 rss = max(r["peak_rss_bytes"] for r in rows)
 pt, pm = plan["step_time_s"], plan["memory_bytes_rank0"]["total"]
 print(f"{name}\t{pt:.3f}\t{dt:.3f}\t{100 * (pt / dt - 1):+.1f}\t{pm / 2**20:.1f}\t{rss / 2**20:.1f}\t"
-      f"{100 * (pm / rss - 1):+.1f}\t{plan['cpu_share']:.2f}\t{plan['bubble']:.3f}")
+      f"{100 * (pm / rss - 1):+.1f}\t{plan['cpu_share']:.2f}\t{plan['bubble']:.3f}\t{plan['tokens_per_step'] / dt:.0f}")
 PYEOF
 	tail -1 "$RESULTS"
 done
@@ -82,8 +82,8 @@ echo "plan vs measured ($STEPS steps, median after $WARMUP; memory: rank 0's pea
 $PY - "$RESULTS" <<'PYEOF'
 import sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
-print("| configuration | plan step s | measured step s | error | plan MiB | measured MiB | error | cpu share | bubble |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| configuration | plan step s | measured step s | error | plan MiB | measured MiB | error | cpu share | bubble | measured tok/s |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 ok_t = ok_m = 0
 for r in rows:
     print("| " + " | ".join(r) + " |")
@@ -91,3 +91,11 @@ for r in rows:
     ok_m += abs(float(r[6])) <= 10
 print(f"\nstep time within 15%: {ok_t}/{len(rows)}; memory within 10%: {ok_m}/{len(rows)}")
 PYEOF
+
+# The search on 2 ranks (small, 2048 tokens per step: dp 2 at B 4, or tp 2 / pp 2 at 2 micro-batches)
+# against the measured tokens/s of the 2-rank `small` configurations above.
+echo
+echo "search: loom plan --model small --batch-size 4 --seq-len 256 --grad-accum 2 --search --ranks 2 --threads 1"
+"$LOOM" plan --model small --batch-size 4 --seq-len 256 --grad-accum 2 --search --ranks 2 --threads 1 --top 6 || true
+echo "measured, 2-rank small configurations by tokens/s:"
+grep -E "^small-(ddp2|zero|tp2|pp2)" "$RESULTS" | sort -t$'\t' -k10 -nr | awk -F'\t' '{printf "  %-18s %s tok/s\n", $1, $10}'
