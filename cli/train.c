@@ -1025,9 +1025,11 @@ int loom_cli_train(int argc, char **argv)
 		}
 	}
 	if (o.rank == 0) {
-		loom_plan_t p;
+		loom_plan_t p = {0};
 		print_header(&o, tr);
 		if (predict(&o, &p))
+			loom_trainer_set_prediction(tr, p.step_time_s, p.memory_rank0.total);
+		if (p.step_time_s > 0)
 			printf("plan: predicted step %.1f ms (%.0f tok/s, MFU %.1f%%), memory %.1f MiB on this rank (loom plan, "
 			       "idle machine; docs/plan.md)\n", 1e3 * p.step_time_s, p.tokens_per_s, 100.0 * p.mfu,
 			       p.memory_rank0.total / 1048576.0);
