@@ -24,15 +24,19 @@
 #define GIB 1073741824.0
 #define MIB 1048576.0
 
-/* Calibrated on the development machine (docs/plan.md): training's matmuls reach this fraction of
- * the GEMM's measured peak at large widths, C / (C + LOCAL_GEMM_HALF) of it at width C (tiny's C = 128
- * ran 1.7x below the large-width figure, small's 384 as predicted); two ranks at once on the two
- * cores run at LOCAL_CORUN of one alone (DDP's dp2 against one process, docs/mesh.md); the non-matmul kernels move this many bytes per byte of a micro-batch's
- * kept activations; a process holds this much before its model (binary, libraries, OpenMP, oneDNN,
- * the loader), and a rank of a job this much more (the communicator's segments). */
-#define LOCAL_GEMM_FRACTION 0.93
-#define LOCAL_GEMM_HALF 64.0
-#define LOCAL_CORUN 0.70
+/* Calibrated on the development machine (docs/plan.md, "Calibration"): training's matmuls reach the
+ * GEMM's measured peak (LOCAL_GEMM_FRACTION of it) at large widths and C / (C + LOCAL_GEMM_HALF) of
+ * it at width C; two ranks at once on the two cores run at LOCAL_CORUN of one alone (the shared memory
+ * bus); the non-matmul kernels move LOCAL_ELEMENTWISE bytes per byte of a micro-batch's activations.
+ * These three were fit (a grid over them) to bench/plan_vs_measured.sh's measured step times of
+ * 2026-11-25 on a quiet machine, after a first calibration under load (0.93, 64, 0.7) predicted 4 of
+ * its 14 configurations within 15%; in-sample the fit gives 11 of 14. A process holds LOCAL_OVERHEAD
+ * before its model (binary, libraries, OpenMP, oneDNN, the loader; `small` at one rank: 781.4 MiB of
+ * peak RSS against 760.4 MiB of states and activations), and a rank of a job LOCAL_COMM_OVERHEAD
+ * more (the communicator's segments). */
+#define LOCAL_GEMM_FRACTION 1.0
+#define LOCAL_GEMM_HALF 16.0
+#define LOCAL_CORUN 0.90
 #define LOCAL_ELEMENTWISE 6.0
 #define LOCAL_OVERHEAD (21.0 * MIB)
 #define LOCAL_COMM_OVERHEAD (2.0 * MIB)
@@ -43,7 +47,7 @@ static const struct {
 } profiles[] = {
 	/* A cloud CPU node like the development machine: an AMD EPYC (Zen 4) VM, 2 vCPUs, one rank per core. */
 	{"cpu-node", {.name = "cpu-node", .nodes = 1, .ranks_per_node = 2, .peak_flops_fp32 = 117.6e9,
-	              .peak_flops_bf16 = 234.9e9, .efficiency = 0.93 * 110.9 / 117.6,
+	              .peak_flops_bf16 = 234.9e9, .efficiency = LOCAL_GEMM_FRACTION * 110.9 / 117.6,
 	              .gemm_half_size = LOCAL_GEMM_HALF, .corun_efficiency = LOCAL_CORUN, .memory_bytes = 23.0 * GIB,
 	              .memory_shared = 1,
 	              .memory_bw = 10e9, .node_memory_bw = 14e9, .elementwise_bytes_per_act = LOCAL_ELEMENTWISE, .intra_bw = 2.5e9,
