@@ -9,6 +9,7 @@
 
 #include "loom/gpt2.h"
 #include "loom/plan.h"
+#include "model/model.h"
 #include "parallel/pp.h"
 #include "test.h"
 
@@ -353,5 +354,20 @@ TEST(plan_memory_equals_train)
 		          json_num(r0, "\"activations\":"), act);
 	}
 	test_rmdir(dir);
+	return 0;
+}
+
+TEST(plan_gpt2_unit_flops_equal_the_table)
+{
+	/* GPT-2's closed-form block FLOPs (what the pipeline partition and the planner ask for) are the
+	 * parameter table's count */
+	static const char *const presets[] = {"tiny", "small", "gpt2"};
+	for (size_t k = 0; k < 3; k++) {
+		loom_model_config_t c;
+		CHECK_OK(loom_gpt2_preset(presets[k], &c));
+		for (int T = 1; T <= c.seq_len; T *= 4)
+			for (int u = -1; u <= c.n_layer; u++)
+				CHECK_FEQ(loom_model_unit_flops(&c, u, T), loom__model_unit_flops_table(&c, u, T));
+	}
 	return 0;
 }
