@@ -371,3 +371,30 @@ TEST(plan_gpt2_unit_flops_equal_the_table)
 	}
 	return 0;
 }
+
+TEST(plan_prediction_in_log_and_plot)
+{
+	char dir[512], path[700], svg[700], cmd[2048], out[8192];
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	snprintf(path, sizeof path, "%s/log.jsonl", dir);
+	snprintf(svg, sizeof svg, "%s/p.svg", dir);
+	/* a log whose config record carries the plan's prediction (as loom train writes it) */
+	CHECK_OK(write_text(path, "{\"config\":{\"model\":{\"n_layer\":2,\"n_embd\":64},\"tokens_per_step\":1000,\"lr\":0.001,"
+	                          "\"world\":1,\"predicted_step_s\":0.5,\"predicted_memory_bytes\":1000000}}\n"
+	                          "{\"step\":1,\"loss\":5.0,\"tokens_per_s\":1900}\n"
+	                          "{\"step\":2,\"loss\":4.5,\"tokens_per_s\":2100,\"val_loss\":4.6}\n"
+	                          "{\"step\":3,\"loss\":4.0,\"tokens_per_s\":2000}\n"
+	                          "{\"step\":4,\"loss\":3.8,\"tokens_per_s\":2000,\"val_loss\":3.9}\n"));
+	snprintf(cmd, sizeof cmd, "%s plot %s -o %s", test_loom_bin(), path, svg);
+	int st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	FILE *f = fopen(svg, "r");
+	CHECK(f);
+	size_t n = fread(out, 1, sizeof out - 1, f);
+	fclose(f);
+	out[n] = 0;
+	CHECK_CONTAINS(out, "stroke-dasharray=\"2,3\""); /* 1000 tokens / 0.5 s = 2000 tokens/s, dotted */
+	CHECK_CONTAINS(out, "stroke-dasharray=\"6,4\""); /* the validation line through steps 2 and 4 */
+	test_rmdir(dir);
+	return 0;
+}
