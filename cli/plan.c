@@ -468,11 +468,12 @@ static int search(opts_t *o, const loom_cluster_t *c, int ranks)
 	}
 	printf("search: %s L%d C%d, %.0f parameters; %d ranks on %s (%d x %d); B=%d T=%d, %.0f tokens per step; %d "
 	       "configurations, %d fit in memory\n", loom_arch_name(o->pc.model.arch), o->pc.model.n_layer,
-	       o->pc.model.n_embd, all[0].params, ranks, c->name, c->nodes, c->ranks_per_node, o->pc.B, o->pc.T,
-	       total ? all[0].tokens_per_step : 0.0, total, n);
+	       o->pc.model.n_embd, (double)loom_model_num_params(&o->pc.model), ranks, c->name, c->nodes,
+	       c->ranks_per_node, o->pc.B, o->pc.T, (double)o->pc.B * o->pc.T * o->pc.M, total, n);
 	if (total == 0) {
 		printf("no configuration of %d ranks is valid for this model (tp must divide the heads and fit a node, pp "
-		       "at most the layers, the step's micro-batches must divide over dp)\n", ranks);
+		       "at most the layers, the step's %d micro-batch%s must divide over dp: raise --grad-accum or "
+		       "--total-batch-size)\n", ranks, o->pc.M, o->pc.M == 1 ? "" : "es");
 		free(all);
 		return 1;
 	}
