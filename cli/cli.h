@@ -7,6 +7,7 @@
 /* Each subcommand gets argv with argv[0] = its name; returns the process exit code. */
 int loom_cli_run(int argc, char **argv);
 int loom_cli_train(int argc, char **argv);
+int loom_cli_plan(int argc, char **argv);
 int loom_cli_sample(int argc, char **argv);
 int loom_cli_data(int argc, char **argv);
 int loom_cli_tokenizer(int argc, char **argv);

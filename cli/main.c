@@ -21,6 +21,7 @@ static const struct {
 } commands[] = {
 	{"run", loom_cli_run, "launch N processes of a program as one job (torchrun's flags and environment)"},
 	{"train", loom_cli_train, "train a GPT-2 model on token shards"},
+	{"plan", loom_cli_plan, "predict a run's memory, step time, MFU and cost on a cluster; --search the best mesh"},
 	{"sample", loom_cli_sample, "generate text from a checkpoint"},
 	{"data", loom_cli_data, "prepare token shards from text (data prepare)"},
 	{"tokenizer", loom_cli_tokenizer, "byte-level BPE tokenizers: train, encode, decode, info (GPT-2's files)"},

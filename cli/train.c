@@ -31,6 +31,7 @@
 #include "loom/gpt2.h"
 #include "loom/nanochat.h"
 #include "loom/mesh.h"
+#include "loom/plan.h"
 #include "loom/train.h"
 #include "train_memory.h"
 
@@ -860,6 +861,21 @@ static void setup_interrupt(int argc, char **argv, const opts_t *o)
 	signal(SIGINT, on_sigint);
 }
 
+/* The planner's prediction for this run (loom/plan.h) on this machine, idle, from the peak cache (no
+ * measuring beyond a short memory copy); 0 when it cannot say (no cached peak). */
+static int predict(const opts_t *o, loom_plan_t *p)
+{
+	loom_cluster_t c;
+	loom_plan_config_t pc = {.model = o->mc, .B = o->tc.B, .T = o->tc.T, .M = o->tc.accum, .dp = o->dp, .tp = o->tp,
+	                         .pp = o->pp, .zero = o->dp > 1 ? o->tc.zero : 0, .act_ckpt = o->act_ckpt,
+	                         .dtype = o->dtype, .grad_reduce_bf16 = o->tc.grad_reduce_dtype == LOOM_BFLOAT16,
+	                         .bucket_mb = o->tc.bucket_mb, .pp_head_split = o->tc.pp_head_split};
+	pc.schedule_gpipe = o->tc.pp_schedule && !strcmp(o->tc.pp_schedule, "gpipe");
+	if (loom_cluster_local(loom_num_threads(), 0, &c) != LOOM_OK || loom_plan_estimate(&pc, &c, p) != LOOM_OK)
+		return 0;
+	return 1;
+}
+
 static void print_summary(loom_trainer_t *tr, const opts_t *o, const char *resume)
 {
 	loom_train_summary_t s;
@@ -873,6 +889,13 @@ static void print_summary(loom_trainer_t *tr, const opts_t *o, const char *resum
 	       s.best_tokens_per_s);
 	if (o->tc.peak_flops > 0)
 		printf("; MFU %.1f%% mean", 100.0 * s.mean_mfu);
+	loom_plan_t p;
+	if (predict(o, &p) && s.steps > 0) {
+		double ms = 1e3 * s.step_s / s.steps, rss = (double)loom_peak_rss_bytes();
+		printf("\nsummary: predicted (loom plan, idle machine) vs measured: step %.1f ms vs %.1f ms mean (%+.0f%%); "
+		       "memory %.1f MiB vs peak RSS %.1f MiB (%+.0f%%)", 1e3 * p.step_time_s, ms, 100.0 * (1e3 * p.step_time_s / ms - 1),
+		       p.memory_rank0.total / 1048576.0, rss / 1048576.0, rss > 0 ? 100.0 * (p.memory_rank0.total / rss - 1) : 0.0);
+	}
 	printf("\nsummary: final loss %.6f", s.final_loss);
 	if (s.has_val)
 		printf("; best val loss %.6f at step %lld", s.best_val_loss, s.best_val_step);
@@ -1009,8 +1032,16 @@ int loom_cli_train(int argc, char **argv)
 				       loom_trainer_steps_done(tr), o.tc.lr.total_steps);
 		}
 	}
-	if (o.rank == 0)
+	if (o.rank == 0) {
+		loom_plan_t p = {0};
 		print_header(&o, tr);
+		if (predict(&o, &p))
+			loom_trainer_set_prediction(tr, p.step_time_s, p.memory_rank0.total);
+		if (p.step_time_s > 0)
+			printf("plan: predicted step %.1f ms (%.0f tok/s, MFU %.1f%%), memory %.1f MiB on this rank (loom plan, "
+			       "idle machine; docs/plan.md)\n", 1e3 * p.step_time_s, p.tokens_per_s, 100.0 * p.mfu,
+			       p.memory_rank0.total / 1048576.0);
+	}
 	if (o.world > 1) { /* rank 0's parameters to every rank, verified there (collective) */
 		uint64_t sum;
 		if (loom_trainer_sync_params(tr, &sum) != LOOM_OK) {

@@ -181,6 +181,9 @@ typedef struct {
 	                              ddp and tp only, ZeRO is LOOM_ENOTSUP */
 	const char *trace_dir;     /* write a Chrome trace of every rank's steps into this directory
 	                              (DIR/trace.json, one track per rank), or NULL */
+	double predicted_step_s;   /* the planner's step time and this rank's memory for the run (loom/plan.h),
+	                              logged in the config record for `loom plot` (<= 0: not known) */
+	double predicted_memory_bytes;
 } loom_train_config_t;
 
 /* A config with the defaults: accum 1, AdamW defaults, grad_clip 1.0, cosine, min_lr_frac 0.0,
@@ -311,6 +314,8 @@ void loom_trainer_set_peak_flops(loom_trainer_t *tr, double flops);
 /* The same with the peak's source and the GEMM's measured peak (both as in loom_train_config_t), for
  * a program that measures them after creating the trainer; before the first step. */
 void loom_trainer_set_peak(loom_trainer_t *tr, double flops, const char *source, double gemm_flops);
+/* The planner's predicted step time and memory, logged with the config (before the first step). */
+void loom_trainer_set_prediction(loom_trainer_t *tr, double step_s, double memory_bytes);
 long long loom_trainer_steps_done(const loom_trainer_t *tr);
 int loom_trainer_rank(const loom_trainer_t *tr);  /* global rank; 0 with one process */
 int loom_trainer_world(const loom_trainer_t *tr); /* all ranks of the job; 1 with one process */

@@ -232,6 +232,18 @@ static int g_stream_width(const loom_model_config_t *cfg)
  * attention probabilities). A checkpointing mode drops D of each layer's floats, which then live once,
  * in the recompute scratch: kept = arenas (Lh (F - D) + BTC + head), scratch = D, with head = BTC + 3 BT
  * (ln_f's output and statistics, the losses) on the model holding it. The rule, as data: */
+/* FLOPs per token of unit u (loom_model_unit_flops): a block's in closed form, 6 x its matmul weights
+ * (qkv 3C^2 + proj C^2 + fc 4C^2 + proj 4C^2) + 12 C T for attention's two products, the same as the
+ * parameter table's count without formatting a tensor name per weight (the pipeline partition asks
+ * for every block, and the planner's search for thousands of meshes); the others from the table. */
+static double g_unit_flops(const loom_model_config_t *cfg, int unit, int T)
+{
+	double C = cfg->n_embd;
+	if (unit >= 0 && unit < cfg->n_layer)
+		return 6.0 * 12.0 * C * C + 12.0 * C * T;
+	return loom__model_unit_flops_table(cfg, unit, T);
+}
+
 static const struct {
 	loom_act_ckpt_t mode;
 	const char *text;
@@ -322,6 +334,7 @@ static const loom_model_family_t gpt2_family = {
 	.profile_report = g_profile_report,
 	.set_inputs = NULL, /* GPT-2's blocks do not read the tokens */
 	.act_formula = g_act_formula,
+	.unit_flops = g_unit_flops,
 };
 
 const loom_model_family_t *loom__gpt2_family(void)

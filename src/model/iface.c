@@ -170,12 +170,20 @@ void loom_model_unit_tensors(const loom_model_config_t *cfg, int unit, int *firs
 double loom_model_unit_flops(const loom_model_config_t *cfg, int unit, int T)
 {
 	const loom_model_family_t *f = fam(cfg);
-	loom_tensor_info_t info;
-	double params = 0.0;
 	if (!f)
 		return 0.0;
 	if (f->unit_flops)
 		return f->unit_flops(cfg, unit, T);
+	return loom__model_unit_flops_table(cfg, unit, T);
+}
+
+double loom__model_unit_flops_table(const loom_model_config_t *cfg, int unit, int T)
+{
+	const loom_model_family_t *f = fam(cfg);
+	loom_tensor_info_t info;
+	double params = 0.0;
+	if (!f)
+		return 0.0;
 	for (int i = 0, n = f->num_tensors(cfg); i < n; i++) {
 		if (f->tensor_info(cfg, i, &info) != LOOM_OK || info.ndim != 2)
 			continue;

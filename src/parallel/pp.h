@@ -59,6 +59,11 @@ int loom__pp_simulate(loom_pp_schedule_t kind, int P, int M, const double *f, co
  * pipe fills or drains). base 0: no split, all 0. */
 int loom__pp_head_rows(const loom_model_config_t *cfg, loom_pp_schedule_t kind, int T, int N, int P, int M,
                        const int *lo, int base, int tune, int *rows);
+/* The stages' costs per micro-batch in FLOPs (into f, h, b as loom__pp_simulate takes them) for stages
+ * lo of micro-batches of N positions at sequence length T, stage P-2 computing the head of rows[m]
+ * positions of micro-batch m (all 0: no split): what the executor runs, for the simulation. */
+void loom__pp_head_costs(const loom_model_config_t *cfg, int T, int N, int P, int M, const int *lo, const int *rows,
+                         double *f, double *h, double *b);
 /* Layers of the P stages balanced by FLOPs (forward + backward per token, the embedding on the first
  * stage, ln_f + lm head + loss on the last): stage s runs blocks [lo[s], lo[s+1]), lo[0] = 0,
  * lo[P] = L, at least one block each but the last, which may run the head alone (lo[P-1] = L) when

@@ -243,7 +243,7 @@ int loom_pp_stages(const loom_model_config_t *cfg, int B, int T, int P, double h
 /* The stages' costs per micro-batch in FLOPs with stage P-2 computing the head of rows[m] of the N
  * positions of micro-batch m (the head's stages' backwards as the executor runs them: stage P-2 its
  * rows first, then its blocks' backward once the last stage's gradient is there). */
-static void head_costs(const loom_model_config_t *cfg, int T, int N, int P, int M, const int *lo, const int *rows,
+void loom__pp_head_costs(const loom_model_config_t *cfg, int T, int N, int P, int M, const int *lo, const int *rows,
                        double *f, double *h, double *b)
 {
 	double blk = block_flops(cfg, T) * N, head = head_flops(cfg, T);
@@ -271,7 +271,7 @@ int loom__pp_head_rows(const loom_model_config_t *cfg, loom_pp_schedule_t kind, 
 		return LOOM_OK;
 	if (!(c = loom__malloc(sizeof(double) * 3 * PM)))
 		return loom_seterr(LOOM_ENOMEM, "pipeline: out of memory planning the head's rows");
-	head_costs(cfg, T, N, P, M, lo, rows, c, c + PM, c + 2 * PM);
+	loom__pp_head_costs(cfg, T, N, P, M, lo, rows, c, c + PM, c + 2 * PM);
 	if ((rc = loom__pp_simulate(kind, P, M, c, c + PM, c + 2 * PM, &best, &bubble)) != LOOM_OK)
 		goto out;
 	/* The first and the last micro-batch meet a stage with time to spare (the pipe filling and
@@ -281,7 +281,7 @@ int loom__pp_head_rows(const loom_model_config_t *cfg, loom_pp_schedule_t kind, 
 			int m = e ? M - 1 : 0, keep = rows[m], step = LOOM_MAX(1, N / 64);
 			for (int r = 1; r < N; r += step) {
 				rows[m] = r;
-				head_costs(cfg, T, N, P, M, lo, rows, c, c + PM, c + 2 * PM);
+				loom__pp_head_costs(cfg, T, N, P, M, lo, rows, c, c + PM, c + 2 * PM);
 				if ((rc = loom__pp_simulate(kind, P, M, c, c + PM, c + 2 * PM, &span, &bubble)) != LOOM_OK)
 					goto out;
 				if (span < best * (1.0 - 1e-9))

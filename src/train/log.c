@@ -129,6 +129,9 @@ static void write_config(loom_trainer_t *tr, FILE *f)
 	num(f, "peak_flops", c->peak_flops, "%.6g");
 	str(f, "peak_source", c->peak_source);
 	num(f, "gemm_peak_flops", c->gemm_flops, "%.6g");
+	if (c->predicted_step_s > 0)
+		fprintf(f, ",\"predicted_step_s\":%.6g,\"predicted_memory_bytes\":%.0f", c->predicted_step_s,
+		        c->predicted_memory_bytes);
 	loom_train_memory_t mem;
 	loom_trainer_memory(tr, &mem);
 	str(f, "activation_checkpointing", loom_act_ckpt_name(mem.act_ckpt));

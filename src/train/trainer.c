@@ -465,6 +465,12 @@ void loom_trainer_set_peak(loom_trainer_t *tr, double flops, const char *source,
 	tr->cfg.gemm_flops = gemm_flops > 0 ? gemm_flops : 0.0;
 }
 
+void loom_trainer_set_prediction(loom_trainer_t *tr, double step_s, double memory_bytes)
+{
+	tr->cfg.predicted_step_s = step_s > 0 ? step_s : 0.0;
+	tr->cfg.predicted_memory_bytes = memory_bytes > 0 ? memory_bytes : 0.0;
+}
+
 long long loom_trainer_steps_done(const loom_trainer_t *tr)
 {
 	return tr->step;
