@@ -33,7 +33,7 @@ $PY bench/random_shard.py "$WORK/train_000000.bin" "$B" "$T" $((STEPS * ACCUM)) 
 grep -o -m1 -w 'flags.*' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|avx512[a-z_0-9]*|amx[a-z_0-9]*)$' |
 	tr '\n' ' ' | sed 's/^/cpu flags: /; s/$/\n/'
 # one peak for every row: the hardware's fp32 FMA peak on 1 thread, as loom measures it
-PEAK=$("$LOOM" bench gemm --threads 1 --size 64 | sed -n 's/.*--peak-flops \([0-9.e+]*\).*/\1/p' | head -1)
+PEAK=$("$LOOM" bench gemm --threads 1 | sed -n 's/^hardware peak.*--peak-flops \([0-9.e+]*\)).*/\1/p')
 [ -n "$PEAK" ] || { echo "could not read the hardware peak from loom bench gemm" >&2; exit 1; }
 printf 'arch: B=%d T=%d accum=%d per rank, %d steps (first %d untimed), 1 thread per rank, peak %s FLOP/s\n' \
 	"$B" "$T" "$ACCUM" "$STEPS" "$WARMUP" "$PEAK"
