@@ -38,13 +38,15 @@ PEAK=$("$LOOM" bench gemm --threads 1 | sed -n 's/^hardware peak.*--peak-flops \
 printf 'arch: B=%d T=%d accum=%d per rank, %d steps (first %d untimed), 1 thread per rank, peak %s FLOP/s\n' \
 	"$B" "$T" "$ACCUM" "$STEPS" "$WARMUP" "$PEAK"
 
-ROWS=("gpt2 adamw 1" "nanochat adamw 1" "nanochat muon 1" "gpt2 muon 1" "gpt2 adamw 2" "nanochat adamw 2"
-	"nanochat muon 2" "gpt2 muon 2")
-run_row() { # arch optimizer ranks -> "tok/s mfu optim_share optim_ms"
-	local arch=$1 opt=$2 n=$3 model log=$WORK/$1-$2-$3.jsonl
+# rows: model optimizer ranks zero-stage (DistMuon at 2 ranks: over DDP's all-reduce, zero 0, or as
+# nanochat's DistMuonAdamW communicates, reduce-scatter to the owners and all-gather, zero 2)
+ROWS=("gpt2 adamw 1 0" "nanochat adamw 1 0" "nanochat muon 1 0" "gpt2 muon 1 0" "gpt2 adamw 2 0" "nanochat adamw 2 0"
+	"nanochat muon 2 0" "nanochat muon 2 2" "gpt2 muon 2 0")
+run_row() { # arch optimizer ranks zero -> "tok/s mfu optim_share optim_ms"
+	local arch=$1 opt=$2 n=$3 zero=$4 model log=$WORK/$1-$2-$3-$4.jsonl
 	if [ "$arch" = gpt2 ]; then model="--model small"; else model="--arch nanochat --depth 6 --vocab-size $V"; fi
 	rm -f "$log"
-	OMP_NUM_THREADS=1 "$LOOM" train --nproc "$n" --threads 1 --train-data "$WORK/train_*.bin" $model \
+	OMP_NUM_THREADS=1 "$LOOM" train --nproc "$n" --zero "$zero" --threads 1 --train-data "$WORK/train_*.bin" $model \
 		--batch-size "$B" --seq-len "$T" --grad-accum "$ACCUM" --steps "$STEPS" --warmup 0 --optimizer "$opt" \
 		--peak-flops "$PEAK" --log "$log" >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; exit 1; }
 	$PY - "$log" "$WARMUP" <<'EOF'
@@ -65,16 +67,16 @@ for rep in $(seq "$REPEAT"); do
 		fi
 	done
 done
-printf '\n%-9s %-6s %5s %10s %7s %12s %10s\n' model optim ranks "tok/s" MFU "optim share" "optim ms"
+printf '\n%-9s %-6s %5s %4s %10s %7s %12s %10s\n' model optim ranks zero "tok/s" MFU "optim share" "optim ms"
 for row in "${ROWS[@]}"; do
 	set -- $row
-	printf '%-9s %-6s %5s %10.1f %6.1f%% %11.1f%% %10.1f\n' "$1" "$2" "$3" "${TPS[$row]}" \
+	printf '%-9s %-6s %5s %4s %10.1f %6.1f%% %11.1f%% %10.1f\n' "$1" "$2" "$3" "$4" "${TPS[$row]}" \
 		"$(awk "BEGIN{print 100*${MFU[$row]}}")" "$(awk "BEGIN{print 100*${OPT[$row]}}")" "${OMS[$row]}"
 done
 ratio() { awk "BEGIN{printf \"%.3f\", $1 / $2}"; }
 echo
 for n in 1 2; do
-	echo "ranks $n: nanochat MFU / GPT-2 MFU (AdamW) = $(ratio "${MFU["nanochat adamw $n"]}" "${MFU["gpt2 adamw $n"]}")"
+	echo "ranks $n: nanochat MFU / GPT-2 MFU (AdamW) = $(ratio "${MFU["nanochat adamw $n 0"]}" "${MFU["gpt2 adamw $n 0"]}")"
 done
-echo "Muon step share at 1 rank: $(awk "BEGIN{printf \"%.1f%%\", 100*${OPT["nanochat muon 1"]}}") (target <= 10%)"
-echo "DistMuon step at 2 ranks / Muon step at 1 rank: $(ratio "${OMS["nanochat muon 2"]}" "${OMS["nanochat muon 1"]}") (ms; target <= 0.6)"
+echo "Muon step share at 1 rank: $(awk "BEGIN{printf \"%.1f%%\", 100*${OPT["nanochat muon 1 0"]}}") (target <= 10%)"
+echo "DistMuon step at 2 ranks / Muon step at 1 rank: over DDP $(ratio "${OMS["nanochat muon 2 0"]}" "${OMS["nanochat muon 1 0"]}"), with ZeRO-2 $(ratio "${OMS["nanochat muon 2 2"]}" "${OMS["nanochat muon 1 0"]}") (ms; target <= 0.6)"
