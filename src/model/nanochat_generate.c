@@ -151,63 +151,6 @@ static void step(loom_nanochat_t *m, nc_kv_t *kv, int tok, int pos)
 	loom__nc_logits(kv->logits, kv->xn, C, m->pview[m->ntensors - 1], 1, C, d->V);
 }
 
-/* The k-th largest value (1 <= k <= n) of a[0..n), which is reordered (quickselect). */
-static float kth_largest(float *a, int n, int k)
-{
-	int lo = 0, hi = n - 1, want = k - 1;
-	while (lo < hi) {
-		float pivot = a[lo + (hi - lo) / 2];
-		int i = lo, j = hi;
-		while (i <= j) {
-			while (a[i] > pivot)
-				i++;
-			while (a[j] < pivot)
-				j--;
-			if (i <= j) {
-				float t = a[i];
-				a[i++] = a[j];
-				a[j--] = t;
-			}
-		}
-		if (want <= j)
-			hi = j;
-		else if (want >= i)
-			lo = i;
-		else
-			break;
-	}
-	return a[want];
-}
-
-static int sample(loom_nanochat_t *m, const float *z, float temperature, int top_k, rng_t *r)
-{
-	int V = m->d.V, best = 0;
-	for (int i = 1; i < V; i++)
-		if (z[i] > z[best])
-			best = i;
-	if (temperature <= 0.0f)
-		return best;
-	float thresh = -INFINITY;
-	if (top_k > 0 && top_k < V) {
-		memcpy(m->kv->topk, z, sizeof(float) * (size_t)V);
-		thresh = kth_largest(m->kv->topk, V, top_k);
-	}
-	double sum = 0.0, mx = z[best];
-	for (int i = 0; i < V; i++)
-		if (z[i] >= thresh)
-			sum += exp((z[i] - mx) / temperature);
-	double u = rng_uniform(r) * sum, acc = 0.0;
-	int last = best;
-	for (int i = 0; i < V; i++)
-		if (z[i] >= thresh) {
-			acc += exp((z[i] - mx) / temperature);
-			last = i;
-			if (acc > u)
-				return i;
-		}
-	return last;
-}
-
 int loom__nc_generate(loom_nanochat_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
                       uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
                       void *ctx)
@@ -236,7 +179,7 @@ int loom__nc_generate(loom_nanochat_t *m, const int *prompt, int n_prompt, int m
 	for (int p = 0; p < n_prompt; p++)
 		step(m, m->kv, prompt[p], p);
 	for (int pos = n_prompt; *n_out < max_new && pos < m->T; pos++) {
-		int tok = sample(m, m->kv->logits, temperature, top_k, &r);
+		int tok = loom__sample_token(m->kv->logits, m->d.V, temperature, top_k, m->kv->topk, &r);
 		out[(*n_out)++] = tok;
 		if (on_token)
 			on_token(ctx, tok);
