@@ -11,7 +11,6 @@
 #include "cli.h"
 #include "loom/ckpt.h"
 #include "loom/gpt2.h"
-#include "loom/nanochat.h"
 #include "loom/plan.h"
 #include "loom/train.h"
 
@@ -52,9 +51,8 @@ static const char *const usage_text =
 
 typedef struct {
 	loom_plan_config_t pc;
-	loom_model_config_t mc;
-	const char *preset, *init_from, *cluster;
-	int have_model_flags, n_positions, n_head_flag, depth, aspect, head_dim;
+	cli_model_flags_t mf; /* the model flags as `loom train` takes them (model_flags.c) */
+	const char *cluster;
 	double load;
 	int grad_accum, nproc, dp_flag, threads, json, search, ranks, nodes, top, M_given;
 	long long total_batch;
@@ -97,7 +95,7 @@ static void parse(int argc, char **argv, opts_t *o)
 	const char *v;
 	memset(o, 0, sizeof *o);
 	o->pc.B = 4, o->pc.T = -1;
-	o->mc.n_layer = o->mc.n_head = o->mc.n_embd = o->mc.vocab_size = -1;
+	cli_model_flags_init(&o->mf);
 	o->grad_accum = -1, o->top = 12;
 	o->pc.tp = o->pc.pp = 1;
 	o->cluster = "local";
@@ -115,28 +113,9 @@ static void parse(int argc, char **argv, opts_t *o)
 		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
 			fputs(usage_text, stdout);
 			exit(0);
-		} else if (FLAG("--model")) o->preset = v;
-		else if (FLAG("--arch")) {
-			if (loom_arch_parse(v, &o->mc.arch) != LOOM_OK)
-				cli_die("plan", "--arch: %s", loom_errmsg());
-		} else if (FLAG("--depth")) o->depth = (int)int_in("--depth", v, 1, 1024), o->have_model_flags = 1;
-		else if (FLAG("--aspect-ratio")) o->aspect = (int)int_in("--aspect-ratio", v, 1, 1 << 16);
-		else if (FLAG("--head-dim")) o->head_dim = (int)int_in("--head-dim", v, 2, 1 << 16);
-		else if (FLAG("--n-kv-head")) o->mc.n_kv_head = (int)int_in("--n-kv-head", v, 1, 1 << 12), o->have_model_flags = 1;
-		else if (FLAG("--window-pattern")) {
-			if (strlen(v) >= sizeof o->mc.window_pattern || strspn(v, "SL") != strlen(v) || !*v)
-				cli_die("plan", "--window-pattern '%s': expected 1 to %zu of the letters S and L", v,
-				        sizeof o->mc.window_pattern - 1);
-			snprintf(o->mc.window_pattern, sizeof o->mc.window_pattern, "%s", v), o->have_model_flags = 1;
-		} else if (FLAG("--short-window"))
-			o->mc.short_window = (int)int_in("--short-window", v, 1, 1 << 20), o->have_model_flags = 1;
-		else if (FLAG("--n-layer")) o->mc.n_layer = (int)int_in("--n-layer", v, 1, 1 << 12), o->have_model_flags = 1;
-		else if (FLAG("--n-head"))
-			o->mc.n_head = o->n_head_flag = (int)int_in("--n-head", v, 1, 1 << 12), o->have_model_flags = 1;
-		else if (FLAG("--n-embd")) o->mc.n_embd = (int)int_in("--n-embd", v, 1, 1 << 18), o->have_model_flags = 1;
-		else if (FLAG("--vocab-size")) o->mc.vocab_size = (int)int_in("--vocab-size", v, 1, 1 << 24), o->have_model_flags = 1;
-		else if (FLAG("--n-positions")) o->n_positions = (int)int_in("--n-positions", v, 1, 1 << 20), o->have_model_flags = 1;
-		else if (FLAG("--init-from")) o->init_from = v;
+		} else if (cli_model_flag("plan", argc, argv, &i, &o->mf)) {
+			continue;
+		}
 		else if (FLAG("--batch-size")) o->pc.B = (int)int_in("--batch-size", v, 1, 1 << 20);
 		else if (FLAG("--seq-len")) o->pc.T = (int)int_in("--seq-len", v, 1, 1 << 20);
 		else if (FLAG("--grad-accum") || FLAG("--micro-batches")) {
@@ -195,62 +174,13 @@ static void parse(int argc, char **argv, opts_t *o)
 #undef FLAG
 	if (o->grad_accum > 0 && o->total_batch > 0)
 		cli_die("plan", "give --grad-accum (--micro-batches) or --total-batch-size, not both");
-	if (o->mc.arch != LOOM_ARCH_NANOCHAT && (o->depth || o->mc.n_kv_head > 0 || o->mc.window_pattern[0] ||
-	                                         o->mc.short_window > 0))
-		cli_die("plan", "--depth, --n-kv-head, --window-pattern and --short-window are nanochat's: add --arch nanochat");
-	if (o->mc.arch == LOOM_ARCH_NANOCHAT && o->preset)
-		cli_die("plan", "--model %s is a GPT-2 preset; nanochat is sized by --depth D (or --n-layer, --n-embd, --n-head)",
-		        o->preset);
+	cli_model_flags_check("plan", &o->mf);
 }
 
-/* The model config as `loom train` resolves it (cli/train.c model_config). */
+/* The model config as `loom train` resolves it (model_flags.c). */
 static void model_config(opts_t *o)
 {
-	loom_model_config_t c;
-	if (o->init_from) {
-		if (loom_model_config(o->init_from, o->n_head_flag, &c, NULL) != LOOM_OK)
-			cli_die("plan", "--init-from: %s", loom_errmsg());
-	} else if (o->mc.arch == LOOM_ARCH_NANOCHAT) {
-		int T = o->n_positions > 0 ? o->n_positions : o->pc.T > 0 ? o->pc.T : 256;
-		if (!o->depth && (o->mc.n_layer <= 0 || o->mc.n_embd <= 0 || o->mc.n_head <= 0))
-			cli_die("plan", "--arch nanochat: give --depth D (nanochat's sizing) or --n-layer, --n-embd and --n-head");
-		if (o->mc.vocab_size <= 0)
-			cli_die("plan", "--arch nanochat: give --vocab-size V");
-		if (o->depth) {
-			if (loom_nanochat_depth_config(o->depth, o->aspect ? o->aspect : 64, o->head_dim ? o->head_dim : 128, T,
-			                               o->mc.vocab_size, &c) != LOOM_OK)
-				cli_die("plan", "--depth %d: %s", o->depth, loom_errmsg());
-		} else {
-			memset(&c, 0, sizeof c);
-			c.arch = LOOM_ARCH_NANOCHAT, c.seq_len = T, c.vocab_size = o->mc.vocab_size;
-		}
-		if (o->mc.n_layer > 0) c.n_layer = o->mc.n_layer;
-		if (o->mc.n_head > 0) c.n_head = o->mc.n_head;
-		if (o->mc.n_embd > 0) c.n_embd = o->mc.n_embd;
-		c.n_kv_head = o->mc.n_kv_head > 0 ? o->mc.n_kv_head : c.n_kv_head > 0 ? c.n_kv_head : c.n_head;
-		c.short_window = o->mc.short_window > 0 ? o->mc.short_window : c.seq_len / 2;
-		if (o->mc.window_pattern[0])
-			snprintf(c.window_pattern, sizeof c.window_pattern, "%s", o->mc.window_pattern);
-		else if (!c.window_pattern[0])
-			snprintf(c.window_pattern, sizeof c.window_pattern, "SSSL");
-	} else {
-		if (loom_gpt2_preset(o->preset ? o->preset : "tiny", &c) != LOOM_OK)
-			cli_die("plan", "--model: %s", loom_errmsg());
-		if (o->mc.n_layer > 0) c.n_layer = o->mc.n_layer;
-		if (o->mc.n_head > 0) c.n_head = o->mc.n_head;
-		if (o->mc.n_embd > 0) c.n_embd = o->mc.n_embd;
-		if (o->mc.vocab_size > 0) c.vocab_size = o->mc.vocab_size;
-		if (o->n_positions > 0) c.seq_len = o->n_positions;
-		else if (!o->preset && o->have_model_flags && o->pc.T > 0) c.seq_len = o->pc.T;
-	}
-	if (loom_model_config_check(&c) != LOOM_OK)
-		cli_die("plan", "%s", loom_errmsg());
-	if (o->pc.T < 0)
-		o->pc.T = c.seq_len;
-	if (o->pc.T > c.seq_len)
-		cli_die("plan", "--seq-len %d exceeds the model's maximum sequence length %d (raise it with --n-positions)",
-		        o->pc.T, c.seq_len);
-	o->pc.model = c;
+	cli_model_resolve("plan", &o->mf, &o->pc.T, &o->pc.model);
 }
 
 static void get_cluster(opts_t *o, loom_cluster_t *c, int ranks)

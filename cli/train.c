@@ -29,7 +29,6 @@
 #include "loom/comm.h"
 #include "loom/data.h"
 #include "loom/gpt2.h"
-#include "loom/nanochat.h"
 #include "loom/mesh.h"
 #include "loom/plan.h"
 #include "loom/train.h"
@@ -134,9 +133,9 @@ static const char *const usage_text =
 
 typedef struct {
 	loom_train_config_t tc;
-	loom_model_config_t mc;
-	int have_model_flags, n_positions, n_head_flag;
-	const char *preset, *init_from;
+	cli_model_flags_t mf;             /* the model flags as given (model_flags.c) */
+	loom_model_config_t mc;           /* the model they resolve to */
+	const char *init_from;            /* mf.init_from */
 	long long total_batch;
 	int grad_accum, resume, sample_every, threads, profile;
 	const char *resume_from;
@@ -213,7 +212,7 @@ static void parse(int argc, char **argv, opts_t *o)
 	o->tc.B = 4;
 	o->tc.lr.peak_lr = 6e-4;
 	o->tc.lr.total_steps = -1;
-	o->mc.n_layer = o->mc.n_head = o->mc.n_embd = o->mc.seq_len = o->mc.vocab_size = -1;
+	cli_model_flags_init(&o->mf);
 	o->tc.T = -1;
 	o->grad_accum = -1;
 	o->print_every = 1;
@@ -230,22 +229,8 @@ static void parse(int argc, char **argv, opts_t *o)
 		} else if (FLAG("--train-data")) o->tc.train_data = v;
 		else if (FLAG("--val-data")) o->tc.val_data = v;
 		else if (FLAG("--shuffle")) o->tc.shuffle = (int)int_in("--shuffle", v, 0, 1);
-		else if (FLAG("--model")) o->preset = v;
-		else if (FLAG("--arch")) {
-			if (loom_arch_parse(v, &o->mc.arch) != LOOM_OK)
-				cli_die("train", "--arch: %s", loom_errmsg());
-		} else if (FLAG("--depth")) o->depth = (int)int_in("--depth", v, 1, 1024), o->have_model_flags = 1;
-		else if (FLAG("--aspect-ratio")) o->aspect = (int)int_in("--aspect-ratio", v, 1, 1 << 16);
-		else if (FLAG("--head-dim")) o->head_dim = (int)int_in("--head-dim", v, 2, 1 << 16);
-		else if (FLAG("--n-kv-head"))
-			o->mc.n_kv_head = (int)int_in("--n-kv-head", v, 1, 1 << 12), o->have_model_flags = 1;
-		else if (FLAG("--window-pattern")) {
-			if (strlen(v) >= sizeof o->mc.window_pattern || strspn(v, "SL") != strlen(v) || !*v)
-				cli_die("train", "--window-pattern '%s': expected 1 to %zu of the letters S and L", v,
-				        sizeof o->mc.window_pattern - 1);
-			snprintf(o->mc.window_pattern, sizeof o->mc.window_pattern, "%s", v), o->have_model_flags = 1;
-		} else if (FLAG("--short-window"))
-			o->mc.short_window = (int)int_in("--short-window", v, 1, 1 << 20), o->have_model_flags = 1;
+		else if (cli_model_flag("train", argc, argv, &i, &o->mf))
+			continue;
 		else if (FLAG("--optimizer")) {
 			if (loom_optimizer_parse(v, &o->tc.optimizer) != LOOM_OK)
 				cli_die("train", "--optimizer: %s", loom_errmsg());
@@ -262,15 +247,6 @@ static void parse(int argc, char **argv, opts_t *o)
 				cli_die("train", "--wd-scale: '%s' is not one of none, epochs", v);
 			o->wd_scale = !strcmp(v, "epochs");
 		} else if (FLAG("--ref-tokens")) o->ref_tokens = int_in("--ref-tokens", v, 1, 1LL << 62);
-		else if (FLAG("--n-layer")) o->mc.n_layer = (int)int_in("--n-layer", v, 1, 1 << 12), o->have_model_flags = 1;
-		else if (FLAG("--n-head"))
-			o->mc.n_head = o->n_head_flag = (int)int_in("--n-head", v, 1, 1 << 12), o->have_model_flags = 1;
-		else if (FLAG("--n-embd")) o->mc.n_embd = (int)int_in("--n-embd", v, 1, 1 << 16), o->have_model_flags = 1;
-		else if (FLAG("--vocab-size"))
-			o->mc.vocab_size = (int)int_in("--vocab-size", v, 1, 1 << 24), o->have_model_flags = 1;
-		else if (FLAG("--n-positions"))
-			o->n_positions = (int)int_in("--n-positions", v, 1, 1 << 20), o->have_model_flags = 1;
-		else if (FLAG("--init-from")) o->init_from = v;
 		else if (FLAG("--batch-size")) o->tc.B = (int)int_in("--batch-size", v, 1, 1 << 20);
 		else if (FLAG("--seq-len")) o->tc.T = (int)int_in("--seq-len", v, 1, 1 << 20);
 		else if (FLAG("--grad-accum")) o->grad_accum = (int)int_in("--grad-accum", v, 1, 1 << 20);
@@ -362,11 +338,8 @@ static void parse(int argc, char **argv, opts_t *o)
 		cli_die("train", "--resume needs --save-dir DIR (where the checkpoints are), or --resume-from CHECKPOINT");
 	if (o->tc.save_dir && loom_ckpt_check_save_dir(o->tc.save_dir) != LOOM_OK) /* before any training */
 		cli_die("train", "--save-dir: %s", loom_errmsg());
-	if (o->init_from && (o->preset || (o->have_model_flags && !(o->n_head_flag && o->mc.n_layer < 0 &&
-	                                                               o->mc.n_embd < 0 && o->mc.vocab_size < 0 &&
-	                                                               o->n_positions == 0))))
-		cli_die("train", "--init-from takes the model from the file: drop --model and the model flags "
-		        "(only --n-head, when the file does not say it)");
+	cli_model_flags_check("train", &o->mf);
+	o->init_from = o->mf.init_from;
 	if (o->tc.eval_every > 0 && !o->tc.val_data)
 		cli_die("train", "--eval-every needs --val-data GLOB");
 	if (o->tc.save_every > 0 && !o->tc.save_dir)
@@ -379,7 +352,7 @@ static void parse(int argc, char **argv, opts_t *o)
 	if (o->pp > 1 && o->sample_every > 0)
 		cli_die("train", "--sample-every with --pp %d: a pipeline stage holds only its own layers; sample from a "
 		        "checkpoint with `loom sample` instead", o->pp);
-	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->lr_given && o->mc.arch == LOOM_ARCH_NANOCHAT)
+	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->lr_given && o->mf.mc.arch == LOOM_ARCH_NANOCHAT)
 		cli_die("train", "--lr: nanochat under --optimizer muon has one rate per group: --matrix-lr, "
 		        "--embedding-lr, --unembedding-lr, --scalar-lr (the schedule multiplies them all)");
 	if (o->wd_scale && (o->tc.optimizer != LOOM_OPTIMIZER_MUON || o->ref_tokens <= 0))
@@ -387,13 +360,6 @@ static void parse(int argc, char **argv, opts_t *o)
 		        "D_REF (the reference run's tokens)");
 	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->lr_scale > 0 && o->ref_batch <= 0)
 		o->ref_batch = (long long)LOOM_MUON_B_REF; /* nanochat's B_ref, 2^19 tokens */
-	if (o->mc.arch != LOOM_ARCH_NANOCHAT && (o->depth || o->mc.n_kv_head > 0 || o->mc.window_pattern[0] ||
-	                                         o->mc.short_window > 0))
-		cli_die("train", "--depth, --n-kv-head, --window-pattern and --short-window are nanochat's: add --arch "
-		        "nanochat");
-	if (o->mc.arch == LOOM_ARCH_NANOCHAT && o->preset)
-		cli_die("train", "--model %s is a GPT-2 preset; nanochat is sized by --depth D (or --n-layer, --n-embd, "
-		        "--n-head)", o->preset);
 	double scaled;
 	if (loom_lr_scaled(o->tc.lr.peak_lr, o->lr_scale, 1, o->ref_batch, &scaled) != LOOM_OK)
 		cli_die("train", "%s", loom_errmsg()); /* e.g. a scaling without its reference batch */
@@ -438,55 +404,12 @@ static void relaunch(int argc, char **argv, const opts_t *o)
 static void model_config(opts_t *o)
 {
 	loom_model_config_t c;
-	if (o->init_from) {
-		if (loom_model_config(o->init_from, o->n_head_flag, &c, NULL) != LOOM_OK)
-			cli_die("train", "--init-from: %s", loom_errmsg());
-	} else if (o->mc.arch == LOOM_ARCH_NANOCHAT) {
-		int T = o->n_positions > 0 ? o->n_positions : o->tc.T > 0 ? o->tc.T : 256;
-		if (!o->depth && (o->mc.n_layer <= 0 || o->mc.n_embd <= 0 || o->mc.n_head <= 0))
-			cli_die("train", "--arch nanochat: give --depth D (nanochat's sizing) or --n-layer, --n-embd and --n-head");
-		if (o->mc.vocab_size <= 0)
-			cli_die("train", "--arch nanochat: give --vocab-size V (the tokenizer's vocabulary; it is padded to a "
-			        "multiple of 64 inside the model)");
-		if (o->depth) {
-			if (loom_nanochat_depth_config(o->depth, o->aspect ? o->aspect : 64, o->head_dim ? o->head_dim : 128, T,
-			                               o->mc.vocab_size, &c) != LOOM_OK)
-				cli_die("train", "--depth %d: %s", o->depth, loom_errmsg());
-		} else {
-			memset(&c, 0, sizeof c);
-			c.arch = LOOM_ARCH_NANOCHAT, c.seq_len = T, c.vocab_size = o->mc.vocab_size;
-		}
-		if (o->mc.n_layer > 0) c.n_layer = o->mc.n_layer;
-		if (o->mc.n_head > 0) c.n_head = o->mc.n_head;
-		if (o->mc.n_embd > 0) c.n_embd = o->mc.n_embd;
-		c.n_kv_head = o->mc.n_kv_head > 0 ? o->mc.n_kv_head : c.n_kv_head > 0 ? c.n_kv_head : c.n_head;
-		c.short_window = o->mc.short_window > 0 ? o->mc.short_window : c.seq_len / 2;
-		if (o->mc.window_pattern[0])
-			snprintf(c.window_pattern, sizeof c.window_pattern, "%s", o->mc.window_pattern);
-		else if (!c.window_pattern[0])
-			snprintf(c.window_pattern, sizeof c.window_pattern, "SSSL");
-	} else {
-		if (loom_gpt2_preset(o->preset ? o->preset : "tiny", &c) != LOOM_OK)
-			cli_die("train", "--model: %s", loom_errmsg());
-		if (o->mc.n_layer > 0) c.n_layer = o->mc.n_layer;
-		if (o->mc.n_head > 0) c.n_head = o->mc.n_head;
-		if (o->mc.n_embd > 0) c.n_embd = o->mc.n_embd;
-		if (o->mc.vocab_size > 0) c.vocab_size = o->mc.vocab_size;
-		if (o->n_positions > 0) c.seq_len = o->n_positions;
-		else if (!o->preset && o->have_model_flags && o->tc.T > 0) c.seq_len = o->tc.T;
-	}
-	if (loom_model_config_check(&c) != LOOM_OK)
-		cli_die("train", "%s", loom_errmsg());
-	if (o->tc.T < 0)
-		o->tc.T = c.seq_len;
+	cli_model_resolve("train", &o->mf, &o->tc.T, &c);
 	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON) {
 		o->tc.muon.n_embd = c.n_embd;
 		o->tc.muon.weight_decay = o->wd_given ? o->tc.adamw.weight_decay
 		                          : c.arch == LOOM_ARCH_NANOCHAT ? 0.2f : o->tc.adamw.weight_decay;
 	}
-	if (o->tc.T > c.seq_len)
-		cli_die("train", "--seq-len %d exceeds the model's maximum sequence length %d%s", o->tc.T, c.seq_len,
-		        o->init_from ? "" : " (raise it with --n-positions)");
 	o->mc = c;
 }
 
