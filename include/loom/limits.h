@@ -49,6 +49,10 @@ typedef struct {
 
 /* The estimate for plan p; LOOM_OK, or p->act_bytes's failure (LOOM_EINVAL). */
 int loom_mem_estimate(const loom_mem_plan_t *p, loom_mem_estimate_t *e);
+/* Bytes of model states (fp32 parameters, gradients, AdamW moments) one of dp data-parallel ranks keeps
+ * at ZeRO stage zero (0-3) for nparams parameters: 16P, 8P + 8P/N, 4P + 12P/N, 16P/N; *formula (may
+ * be NULL) gets that text (static). 0 and "?" for another stage. */
+size_t loom_mem_zero_states(int zero, size_t nparams, int dp, const char **formula);
 
 /* Room for new allocations under each limit the process can see; SIZE_MAX where there is none. */
 typedef struct {

@@ -39,7 +39,7 @@
 #define EXTRA_THREADS 2             /* the liveness keeper and the progress engine */
 
 /* Model states per parameter by ZeRO stage, with P parameters and N data-parallel ranks, fp32: the
- * rule as data (src/train/memory.c prints the same formulas beside the measured states). */
+ * rule as data (loom_mem_zero_states; src/train/memory.c prints them beside the measured states). */
 static const struct {
 	int zero;
 	double whole, sharded; /* bytes per parameter kept whole, and split over the N ranks */
@@ -61,18 +61,27 @@ static size_t mul_sat(size_t a, size_t b)
 	return b && a > SIZE_MAX / b ? SIZE_MAX : a * b;
 }
 
-int loom_mem_estimate(const loom_mem_plan_t *p, loom_mem_estimate_t *e)
+size_t loom_mem_zero_states(int zero, size_t nparams, int dp, const char **formula)
 {
-	int N = p->dp > 1 ? p->dp : 1, zero = N > 1 ? p->zero : 0, T = LOOM_MAX(p->threads, 1);
-	double P = (double)p->nparams;
-	size_t heap_eligible = 0, act = 0;
-	memset(e, 0, sizeof *e);
+	double P = (double)nparams, N = dp > 1 ? dp : 1;
 	for (size_t k = 0; k < LOOM_ARRAY_LEN(states); k++)
 		if (states[k].zero == zero) {
 			double b = states[k].whole * P + states[k].sharded * P / N;
-			e->model_states = b >= (double)SIZE_MAX ? SIZE_MAX : (size_t)b;
-			e->formula = states[k].formula;
+			if (formula)
+				*formula = states[k].formula;
+			return b >= (double)SIZE_MAX ? SIZE_MAX : (size_t)b;
 		}
+	if (formula)
+		*formula = "?";
+	return 0;
+}
+
+int loom_mem_estimate(const loom_mem_plan_t *p, loom_mem_estimate_t *e)
+{
+	int N = p->dp > 1 ? p->dp : 1, zero = N > 1 ? p->zero : 0, T = LOOM_MAX(p->threads, 1);
+	size_t heap_eligible = 0, act = 0;
+	memset(e, 0, sizeof *e);
+	e->model_states = loom_mem_zero_states(zero, p->nparams, N, &e->formula);
 	if (zero == 3) /* the whole initial parameters, until the strategy takes its shard */
 		e->model_states = add_sat(e->model_states, mul_sat(p->nparams, sizeof(float)));
 	if (p->act_bytes && p->act_bytes(p->ctx, p->B, p->act_ckpt, &act) != 0)

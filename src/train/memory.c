@@ -14,18 +14,9 @@
 #include <string.h>
 
 #include "core/util.h"
+#include "loom/limits.h"
 #include "train/trainer_internal.h"
 
-static const struct {
-	int zero;
-	double whole, sharded; /* bytes per parameter kept whole, and split over the N ranks */
-	const char *formula;
-} theory[] = {
-	{0, 16, 0, "16P"},
-	{1, 8, 8, "8P + 8P/N"},
-	{2, 4, 12, "4P + 12P/N"},
-	{3, 0, 16, "16P/N + the largest gathered unit"},
-};
 
 size_t loom_peak_rss_bytes(void)
 {
@@ -55,11 +46,9 @@ int loom_trainer_memory(const loom_trainer_t *tr, loom_train_memory_t *m)
 	m->act_formula = loom_model_act_formula(model, tr->cfg.B, tr->cfg.T, &m->act_formula_text);
 	m->zero = N > 1 ? tr->cfg.zero : 0;
 	m->dp = (int)N;
-	for (size_t k = 0; k < LOOM_ARRAY_LEN(theory); k++)
-		if (theory[k].zero == m->zero) {
-			m->theory = (size_t)(theory[k].whole * (double)P + theory[k].sharded * (double)P / (double)N);
-			m->formula = theory[k].formula;
-		}
+	m->theory = loom_mem_zero_states(m->zero, P, (int)N, &m->formula); /* the memory check's table */
+	if (m->zero == 3)
+		m->formula = "16P/N + the largest gathered unit"; /* reported apart, as the strategy's buffers are */
 	if (m->zero == 3) /* the largest unit: the embedding, a block or the head (a unit's tensors are contiguous) */
 		for (int u = -1; u <= tr->mcfg.n_layer; u++) {
 			int first, end;
