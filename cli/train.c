@@ -355,6 +355,9 @@ static void parse(int argc, char **argv, opts_t *o)
 	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->lr_given && o->mf.mc.arch == LOOM_ARCH_NANOCHAT)
 		cli_die("train", "--lr: nanochat under --optimizer muon has one rate per group: --matrix-lr, "
 		        "--embedding-lr, --unembedding-lr, --scalar-lr (the schedule multiplies them all)");
+	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->pp > 1 && (o->tc.save_dir || o->resume))
+		cli_die("train", "--optimizer muon with --pp %d: MuonAdamW trains under pipeline parallel, but its checkpoints "
+		        "are not written yet: drop --save-dir / --resume, or --pp", o->pp);
 	if (o->wd_scale && (o->tc.optimizer != LOOM_OPTIMIZER_MUON || o->ref_tokens <= 0))
 		cli_die("train", "--wd-scale epochs scales Muon's weight decay: it needs --optimizer muon and --ref-tokens "
 		        "D_REF (the reference run's tokens)");

@@ -581,7 +581,8 @@ static int pp_gather(loom_exec_t *ex, loom_strategy_t *s)
 		                   "parallel composes with whole-state strategies (ddp, zero 0) only", e->s, s->ops->name);
 	for (int q = 0; q < e->s; q++)
 		off += e->counts[q];
-	for (int k = 0; k < 3; k++)
+	/* MuonAdamW's state is not laid out by the flat buffer: the parameters only (evaluation) */
+	for (int k = 0; k < (s->muon ? 1 : 3); k++)
 		if ((rc = loom_allgatherv(e->cfg.pp, bufs[k] + off, e->counts[e->s], bufs[k], e->counts, LOOM_FLOAT32)) !=
 		    LOOM_OK)
 			return loom_seterr(rc, "pipeline stage %d of %d: gathering the stages' state: %s", e->s, e->P,
