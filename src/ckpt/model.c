@@ -159,11 +159,31 @@ static void layer_suffixes(const loom_model_config_t *cfg, char suffix[LOOM_GPT2
 /* Match the file's tensors to the table of cfg: every tensor is a GPT-2 tensor (or an ignored buffer,
  * or lm_head.weight, whose file index goes to *lm_head) of the table's shape, each at most once, none
  * missing. which[k] = the file index of table tensor k (nt ints, caller-allocated). O(file tensors). */
+/* The file's tensor t against the table's info: the same shape, a float dtype. LOOM_EFORMAT naming both. */
+static int check_tensor(const char *path, const loom_st_tensor_t *t, const loom_tensor_info_t *info)
+{
+	if (t->ndim != info->ndim || t->shape[0] != info->shape[0] || (info->ndim == 2 && t->shape[1] != info->shape[1])) {
+		char got[128];
+		int n = 0;
+		for (int d = 0; d < t->ndim && n < 100; d++)
+			n += snprintf(got + n, sizeof got - (size_t)n, d ? ",%zu" : "%zu", t->shape[d]);
+		got[n] = 0;
+		return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' has shape [%s], expected [%zu%s%.0zu]", path, t->name, got,
+		                   info->shape[0], info->ndim == 2 ? "," : "", info->ndim == 2 ? info->shape[1] : 0);
+	}
+	switch (t->dtype) {
+	case LOOM_ST_F32: case LOOM_ST_F16: case LOOM_ST_BF16: case LOOM_ST_F64: return LOOM_OK;
+	default:
+		return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' has dtype %s, expected a float type (F32, BF16, F16, F64)",
+		                   path, t->name, loom_st_dtype_name(t->dtype));
+	}
+}
+
 static int match_tensors(const char *path, const loom_st_t *st, const loom_model_config_t *cfg, int *which,
                          int *lm_head)
 {
 	char suffix[LOOM_GPT2_LAYER_TENSORS][LOOM_TENSOR_NAME_MAX];
-	int nt = loom_model_num_tensors(cfg);
+	int nt = loom_model_num_tensors(cfg), rc;
 	layer_suffixes(cfg, suffix);
 	*lm_head = -1;
 	for (int k = 0; k < nt; k++)
@@ -185,21 +205,8 @@ static int match_tensors(const char *path, const loom_st_t *st, const loom_model
 		if (which[k] >= 0)
 			return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' appears twice (with and without the transformer. "
 			                   "prefix)", path, info.name);
-		if (t->ndim != info.ndim || t->shape[0] != info.shape[0] || (info.ndim == 2 && t->shape[1] != info.shape[1])) {
-			char got[128];
-			int n = 0;
-			for (int d = 0; d < t->ndim && n < 100; d++)
-				n += snprintf(got + n, sizeof got - (size_t)n, d ? ",%zu" : "%zu", t->shape[d]);
-			got[n] = 0;
-			return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' has shape [%s], expected [%zu%s%.0zu]", path, t->name,
-			                   got, info.shape[0], info.ndim == 2 ? "," : "", info.ndim == 2 ? info.shape[1] : 0);
-		}
-		switch (t->dtype) {
-		case LOOM_ST_F32: case LOOM_ST_F16: case LOOM_ST_BF16: case LOOM_ST_F64: break;
-		default:
-			return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' has dtype %s, expected a float type (F32, BF16, F16, "
-			                   "F64)", path, t->name, loom_st_dtype_name(t->dtype));
-		}
+		if ((rc = check_tensor(path, t, &info)) != LOOM_OK)
+			return rc;
 		which[k] = i;
 	}
 	for (int k = 0; k < nt; k++) {
@@ -378,15 +385,9 @@ static int family_match(const char *path, const loom_st_t *st, const loom_model_
 			return loom_seterr(LOOM_EFORMAT, "%s: unexpected tensor '%.80s' (not part of the %s model with L=%d)",
 			                   path, t->name, loom_arch_name(cfg->arch), cfg->n_layer);
 		loom_model_tensor_info(cfg, k, &info);
-		if (t->ndim != info.ndim || t->shape[0] != info.shape[0] || (info.ndim == 2 && t->shape[1] != info.shape[1]))
-			return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' has the wrong shape, expected [%zu%s%.0zu]", path,
-			                   t->name, info.shape[0], info.ndim == 2 ? "," : "", info.ndim == 2 ? info.shape[1] : 0);
-		switch (t->dtype) {
-		case LOOM_ST_F32: case LOOM_ST_F16: case LOOM_ST_BF16: case LOOM_ST_F64: break;
-		default:
-			return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' has dtype %s, expected a float type (F32, BF16, F16, "
-			                   "F64)", path, t->name, loom_st_dtype_name(t->dtype));
-		}
+		int rc = check_tensor(path, t, &info);
+		if (rc != LOOM_OK)
+			return rc;
 		which[k] = i;
 	}
 	for (int k = 0; k < nt; k++)
