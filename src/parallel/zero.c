@@ -505,58 +505,6 @@ static void zero_destroy(loom_strategy_t *s)
 	free(z);
 }
 
-/* MuonAdamW's partition (muon_opt.c): the default rule's offset moved up to the next tensor boundary,
- * so that no matrix is cut between two ranks (the ranges stay contiguous and in rank order). */
-static size_t muon_shard_offset(loom_model_t *model, size_t nparams, int q, int N)
-{
-	int n;
-	const loom_tensor_info_t *t = loom_model_tensors(model, &n);
-	size_t want = loom__zero_shard_offset(nparams, q, N);
-	if (q <= 0 || q >= N)
-		return want;
-	for (int i = 0; i < n; i++)
-		if (t[i].offset >= want)
-			return t[i].offset;
-	return nparams;
-}
-
-/* MuonAdamW over this rank's range: the AdamW floats of [own_offset, + own_count) and the Muon
- * matrices inside it (a pipeline stage's unused ones are left to AdamW, whose zero update is exact). */
-static int muon_init(loom_strategy_t *s, const loom_strategy_config_t *cfg)
-{
-	int n, nm = 0, rc;
-	const loom_tensor_info_t *t0 = loom_model_tensors(s->model, &n);
-	loom_tensor_info_t *t = loom__malloc((size_t)n * sizeof *t);
-	int *mats = loom__malloc((size_t)n * sizeof *mats);
-	if (!t || !mats || !(s->muon = loom__calloc(1, sizeof *s->muon))) {
-		free(t), free(mats);
-		return loom_seterr(LOOM_ENOMEM, "zero: out of memory for MuonAdamW");
-	}
-	memcpy(t, t0, (size_t)n * sizeof *t);
-	for (int i = 0; i < n; i++) {
-		if (t[i].opt_group != LOOM_OPT_MATRIX)
-			continue;
-		if (cfg->tensor_used && !cfg->tensor_used[i])
-			t[i].opt_group = LOOM_OPT_VECTOR;
-		else if (t[i].offset >= s->own_offset && t[i].offset < s->own_offset + s->own_count)
-			mats[nm++] = i;
-	}
-	size_t range[1][2] = {{s->own_offset, s->own_offset + s->own_count}};
-	loom_muon_owned_t own = {.ranges = (const size_t(*)[2])range, .nranges = 1, .matrices = mats, .nmatrices = nm};
-	rc = loom_muonadamw_init(s->muon, t, n, &cfg->muon, &own);
-	free(t), free(mats);
-	if (rc != LOOM_OK) {
-		free(s->muon);
-		s->muon = NULL;
-		return rc;
-	}
-	s->mem.optim = 2 * s->muon->adam_n * sizeof(float);
-	for (int k = 0; k < s->muon->nmat; k++)
-		s->mem.optim += ((size_t)s->muon->mats[k].rows * s->muon->mats[k].cols +
-		                 (size_t)LOOM_MAX(s->muon->mats[k].rows, s->muon->mats[k].cols)) * sizeof(float);
-	return LOOM_OK;
-}
-
 static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 {
 	zero_t *z = loom__calloc(1, sizeof *z);
@@ -598,7 +546,7 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	    !(z->units = loom__calloc((size_t)z->nunits, sizeof *z->units)))
 		goto oom;
 	for (int q = 0; q <= N; q++)
-		z->off[q] = cfg->optimizer == LOOM_OPTIMIZER_MUON ? muon_shard_offset(cfg->model, s->nparams, q, N)
+		z->off[q] = cfg->optimizer == LOOM_OPTIMIZER_MUON ? loom__muon_shard_offset(cfg->model, s->nparams, q, N)
 		                                                  : loom__zero_shard_offset(s->nparams, q, N);
 	s->shard_off = z->off;
 	s->own_offset = z->off[s->dp_rank], s->own_count = z->off[s->dp_rank + 1] - z->off[s->dp_rank];
@@ -690,7 +638,7 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	if (z->bf16)
 		s->mem.comm += (z->stage == 1 ? s->nparams : z->units[0].count + ZERO_SLOTS * largest) * sizeof(uint16_t);
 	if (cfg->optimizer == LOOM_OPTIMIZER_MUON) {
-		if ((rc = muon_init(s, cfg)) != LOOM_OK)
+		if ((rc = loom__muon_init_range(s, cfg)) != LOOM_OK)
 			goto fail;
 	} else if ((rc = loom_adamw_init_model_range(&s->opt, &cfg->adamw, &s->mcfg, s->own_offset, s->own_count)) !=
 	           LOOM_OK) {
