@@ -613,7 +613,7 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	printf("memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB (model states %.1f MiB; "
 	       "%s = %.1f MiB with P = %zu, N = %d), activations %.1f MiB, communication buffers %.1f MiB\n",
 	       mem.params / 1048576.0, mem.grads / 1048576.0, mem.optim / 1048576.0, mem.model_states / 1048576.0,
-	       mem.formula, mem.theory / 1048576.0, loom_model_num_params(&o->mc), mem.dp, mem.activations / 1048576.0,
+	       mem.formula, mem.theory / 1048576.0, mem.nparams, mem.dp, mem.activations / 1048576.0,
 	       mem.comm / 1048576.0);
 	char formula[256] = "";
 	if (mem.act_formula > 0) /* the family's written formula beside the allocation, when it has one */

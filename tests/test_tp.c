@@ -379,6 +379,21 @@ TEST(tp_cli)
 	}
 	snprintf(cmd, sizeof cmd, "%s sample --model %s/ck --max-tokens 5 --seed 1", loom, dir);
 	CHECK_MSG(test_run_cmd(cmd, out, sizeof out, 60) == 0, "%s:\n%s", cmd, out);
+	/* ZeRO-3 on the dp axis of tp 2 x dp 2: the same losses and validation loss (every rank runs as
+	 * many evaluation forwards: they gather parameters), its memory line per shard, and the
+	 * checkpoint written whole, which one process samples from */
+	snprintf(cmd, sizeof cmd, "%s train --nproc 4 --tp 2 --dp 2 --zero 3 --train-data '%s/train_*.bin' " FLAGS
+	         " --steps %d --total-batch-size 128 --log %s/z3.jsonl --save-dir %s/z3 --val-data '%s/train_*.bin' "
+	         "--eval-batches 3", loom, dir, STEPS, dir, dir, dir);
+	CHECK_MSG(test_run_cmd(cmd, out, sizeof out, 120) == 0, "%s:\n%s", cmd, out);
+	CHECK_CONTAINS(out, val);
+	CHECK_CONTAINS(out, "16P/N + the largest gathered unit = 3.3 MiB with P = 431232, N = 2)"); /* the shard's P, not the model's 842624 */
+	snprintf(cmd, sizeof cmd, "%s/z3.jsonl", dir);
+	CHECK_EQ(test_read_losses(cmd, got, STEPS + 1, NULL, NULL), STEPS);
+	for (int s = 1; s <= STEPS; s++)
+		CHECK_NEAR(got[s], ref[s], 1e-5 * ref[s]);
+	snprintf(cmd, sizeof cmd, "%s sample --model %s/z3 --max-tokens 5 --seed 1", loom, dir);
+	CHECK_MSG(test_run_cmd(cmd, out, sizeof out, 60) == 0, "%s:\n%s", cmd, out);
 	/* (the launcher stops the other ranks when the first exits, so only one rank's message is certain) */
 	snprintf(cmd, sizeof cmd, "%s train --nproc 3 --tp 3 --train-data '%s/train_*.bin' " FLAGS " --steps 2", loom, dir);
 	CHECK(test_run_cmd(cmd, out, sizeof out, 60) != 0);

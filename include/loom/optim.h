@@ -75,6 +75,10 @@ int loom_adamw_init_gpt2(loom_adamw_t *o, const loom_adamw_config_t *cfg, const 
  * the range is outside the buffer, else as loom_adamw_init. */
 int loom_adamw_init_model_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model,
                                 size_t offset, size_t count);
+/* The same over a tensor table of its own (ti[0..nt), offsets within a buffer of n floats): a model
+ * instance's (a tensor-parallel shard's, a pipeline stage's), as loom_model_tensors gives it. */
+int loom_adamw_init_table_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_tensor_info_t *ti, int nt,
+                                size_t n, size_t offset, size_t count);
 int loom_adamw_init_gpt2_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model,
                                size_t offset, size_t count);
 void loom_adamw_free(loom_adamw_t *o); /* safe on a zeroed or freed struct */

@@ -356,6 +356,8 @@ typedef struct {
 	size_t comm;                 /* the strategy's staging and gathered-parameter buffers */
 	size_t theory;               /* the formula's model states */
 	const char *formula;         /* "8P + 8P/N", ... (static) */
+	size_t nparams;              /* P of the formula: the parameters this rank's strategy covers (the
+	                                model's, a tensor-parallel shard's, a pipeline stage's) */
 	size_t largest_unit;         /* ZeRO-3: bytes of the largest unit's parameters, else 0 */
 	int zero, dp;                /* the ZeRO stage in effect (0 with one rank) and N */
 } loom_train_memory_t;

@@ -81,25 +81,38 @@ int loom_adamw_init_model(loom_adamw_t *o, const loom_adamw_config_t *cfg, const
 int loom_adamw_init_model_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model,
                                size_t offset, size_t count)
 {
-	int nt, nseg = 0, rc;
-	size_t n, hi = offset + count;
-	loom_optim_segment_t *segs;
-	loom_tensor_info_t ti;
+	int nt, rc;
+	loom_tensor_info_t *ti;
 	memset(o, 0, sizeof *o);
 	if ((rc = loom_model_config_check(model)) != LOOM_OK)
 		return rc;
-	nt = loom_model_num_tensors(model), n = loom_model_num_params(model);
+	nt = loom_model_num_tensors(model);
+	if (!(ti = loom__malloc((size_t)nt * sizeof *ti)))
+		return loom_seterr(LOOM_ENOMEM, "adamw: out of memory");
+	for (int i = 0; i < nt; i++)
+		loom_model_tensor_info(model, i, &ti[i]);
+	rc = loom_adamw_init_table_range(o, cfg, ti, nt, loom_model_num_params(model), offset, count);
+	free(ti);
+	return rc;
+}
+
+int loom_adamw_init_table_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_tensor_info_t *ti, int nt,
+                                size_t n, size_t offset, size_t count)
+{
+	int nseg = 0, rc;
+	size_t hi = offset + count;
+	loom_optim_segment_t *segs;
+	memset(o, 0, sizeof *o);
 	if (offset > n || count > n - offset)
 		return loom_seterr(LOOM_EINVAL, "adamw: range [%zu, %zu) is outside the model's %zu parameters", offset,
 		                   offset + count, n);
-	segs = loom__malloc((size_t)nt * sizeof *segs);
+	segs = loom__malloc((size_t)LOOM_MAX(nt, 1) * sizeof *segs);
 	if (!segs)
 		return loom_seterr(LOOM_ENOMEM, "adamw: out of memory");
 	for (int i = 0; i < nt; i++) { /* tensors clipped to [offset, hi), rebased to 0 */
-		loom_model_tensor_info(model, i, &ti);
-		size_t a = LOOM_MAX(ti.offset, offset), b = LOOM_MIN(ti.offset + ti.numel, hi);
+		size_t a = LOOM_MAX(ti[i].offset, offset), b = LOOM_MIN(ti[i].offset + ti[i].numel, hi);
 		if (a < b)
-			segs[nseg].offset = a - offset, segs[nseg].numel = b - a, segs[nseg++].decay = ti.decay;
+			segs[nseg].offset = a - offset, segs[nseg].numel = b - a, segs[nseg++].decay = ti[i].decay;
 	}
 	if (nseg == 0) /* an empty shard: one empty segment keeps the optimizer valid */
 		segs[nseg].offset = 0, segs[nseg].numel = 0, segs[nseg++].decay = 0;

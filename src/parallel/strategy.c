@@ -17,7 +17,7 @@ static const struct {
 	const char *name;
 	int zero;
 	int several; /* 0: the data-parallel axis has one rank; 1: more than one; -1: either */
-	int tensor;  /* 1: the tensor-parallel axis has more than one rank */
+	int tensor;  /* 1: the tensor-parallel axis has more than one rank; 0: one; -1: either */
 	const loom_strategy_ops_t *(*ops)(void);
 	const char *what;
 	int no_own_grads, no_own_params; /* the model needs no gradient (parameter) buffer of its own */
@@ -28,12 +28,13 @@ static const struct {
 	{"ddp", 0, -1, 1, loom__tp_strategy, "each rank of a tensor-parallel group holds a shard (heads, MLP columns, "
 	                                 "vocabulary rows) and all-reduces activations in every pass; shards are "
 	                                 "averaged across data-parallel ranks as DDP does"},
-	{"ddp", 1, 1, 0, loom__zero1_strategy, "ZeRO-1: each rank keeps AdamW state for its 1/N of the parameters; "
+	{"ddp", 1, 1, -1, loom__zero1_strategy, "ZeRO-1: each rank keeps AdamW state for its 1/N of the parameters (of its "
+	                                 "tensor-parallel shard, with tp > 1); "
 	                                 "gradients are reduce-scattered per unit on the last micro-step, the "
 	                                 "updated parameters all-gathered"},
-	{"ddp", 2, 1, 0, loom__zero2_strategy, "ZeRO-2: as ZeRO-1, and each rank keeps only its 1/N of the gradients; "
+	{"ddp", 2, 1, -1, loom__zero2_strategy, "ZeRO-2: as ZeRO-1, and each rank keeps only its 1/N of the gradients; "
 	                                 "every micro-step reduce-scatters each unit as backward finishes it", 1, 0},
-	{"ddp", 3, 1, 0, loom__zero3_strategy, "ZeRO-3 (fully sharded): as ZeRO-2, and each rank keeps only its 1/N of "
+	{"ddp", 3, 1, -1, loom__zero3_strategy, "ZeRO-3 (fully sharded): as ZeRO-2, and each rank keeps only its 1/N of "
 	                                 "the parameters; each unit is all-gathered just before it runs, the next "
 	                                 "one prefetched", 1, 1},
 };
@@ -44,7 +45,8 @@ void loom__strategy_model_opts(const char *name, int zero, int dp, int tp, int *
 	name = name && *name ? name : "ddp";
 	for (size_t k = 0; k < LOOM_ARRAY_LEN(strategies); k++)
 		if (strcmp(strategies[k].name, name) == 0 && strategies[k].zero == zero &&
-		    (strategies[k].several < 0 || strategies[k].several == (dp > 1)) && strategies[k].tensor == (tp > 1)) {
+		    (strategies[k].several < 0 || strategies[k].several == (dp > 1)) &&
+		    (strategies[k].tensor < 0 || strategies[k].tensor == (tp > 1))) {
 			*no_own_grads = strategies[k].no_own_grads, *no_own_params = strategies[k].no_own_params;
 			return;
 		}
@@ -58,7 +60,7 @@ void loom__strategy_describe(char *buf, size_t cap)
 	for (size_t k = 0; k < LOOM_ARRAY_LEN(strategies) && len < cap; k++) {
 		int n = snprintf(buf + len, cap - len, "%s zero=%d %s%s: %s: %s\n", strategies[k].name, strategies[k].zero,
 		                 strategies[k].several < 0 ? "ranks>=1" : strategies[k].several ? "ranks>1" : "ranks=1",
-		                 strategies[k].tensor ? " tp>1" : "", strategies[k].ops()->name, strategies[k].what);
+		                 strategies[k].tensor > 0 ? " tp>1" : strategies[k].tensor < 0 ? " tp>=1" : "", strategies[k].ops()->name, strategies[k].what);
 		if (n < 0)
 			break;
 		len += (size_t)n;
@@ -74,12 +76,16 @@ int loom__strategy_create(loom_strategy_t **out, const loom_strategy_config_t *c
 		return loom_seterr(LOOM_ENOTSUP, "trainer: --optimizer muon with --tp > 1: a tensor-parallel shard of a "
 		                   "matrix cannot be orthogonalized alone (MuonAdamW runs with data parallel, ZeRO 1-3 and "
 		                   "pipeline stages)");
+	if (cfg->zero > 0 && cfg->tensor_used)
+		return loom_seterr(LOOM_ENOTSUP, "trainer: ZeRO stage %d with pipeline parallel: a stage's state is not "
+		                   "sharded over data parallel yet (use --zero 0 with --pp, or --zero with --tp and dp only)",
+		                   cfg->zero);
 	for (size_t k = 0; k < LOOM_ARRAY_LEN(strategies); k++) {
 		if (strcmp(strategies[k].name, name) != 0)
 			continue;
 		named = 1;
 		if (strategies[k].zero == cfg->zero && (strategies[k].several < 0 || strategies[k].several == several) &&
-		    strategies[k].tensor == tensor)
+		    (strategies[k].tensor < 0 || strategies[k].tensor == tensor))
 			return strategies[k].ops()->create(out, cfg);
 	}
 	if (!named)
@@ -88,7 +94,7 @@ int loom__strategy_create(loom_strategy_t **out, const loom_strategy_config_t *c
 		return loom_seterr(LOOM_ENOTSUP, "trainer: ZeRO stage %d shards the training state over the data-parallel "
 		                   "ranks and needs more than one (run under `loom run`/mpirun/srun, or --zero 0)", cfg->zero);
 	return loom_seterr(LOOM_ENOTSUP, "trainer: strategy '%s' with ZeRO stage %d is not implemented (available: "
-	                   "zero = 0, plain data parallel, and zero = 1, 2, 3 with several ranks)", name, cfg->zero);
+	                   "zero = 0, 1, 2, 3)", name, cfg->zero);
 }
 
 void loom__strategy_destroy(loom_strategy_t *s)

@@ -190,6 +190,37 @@ int loom__muon_load_state(loom_strategy_t *s, const char *dir, long long step);
 int loom__muon_has_state(const char *dir);
 void loom__muon_state_name(char *buf, size_t cap, int rank);
 
+/* A checkpoint's whole state, whichever strategy and mesh wrote it (DDP's optim.safetensors, ZeRO's
+ * shards listed in zero.json): the parameters into p and the AdamW moments into m, v, each the whole
+ * model's flat layout (loom_model_num_params(c) floats; any of them NULL: not read). LOOM_EMISMATCH for
+ * another model or a MuonAdamW checkpoint (with m, v). Not collective. */
+int loom__read_whole_state(const char *dir, const loom_model_config_t *c, float *p, float *m, float *v);
+
+/* A tensor-parallel group as the strategies use it: the model's reduction over it (loom__tp_group_reduce,
+ * the hook of loom_model_on_tp_reduce with the group as its context), the time its all-reduces took
+ * since the last take, and the check that the tensors it keeps whole are the same on every rank. */
+typedef struct {
+	loom_comm_t *comm; /* NULL: one rank */
+	int rank, size;
+	double ms;
+} loom__tp_group_t;
+void loom__tp_group_init(loom__tp_group_t *g, loom_comm_t *comm);
+int loom__tp_group_reduce(void *ctx, float *buf, size_t n, loom_tp_op_t op);
+double loom__tp_group_take_ms(loom__tp_group_t *g);
+/* LOOM_EMISMATCH naming the tp ranks whose whole (tp_dim < 0) tensors of params differ from rank 0's.
+ * Collective over the group (LOOM_OK at once for one rank). */
+int loom__tp_check_whole(const loom__tp_group_t *g, const loom_tensor_info_t *tensors, int ntensors, const float *params);
+/* A checkpoint's model.safetensors and optim.safetensors from the group's shards (nshard floats each of
+ * p, m, v, laid out as the model's shard table): gathered and unsharded on every rank of the group, and
+ * written by the one whose w is active (the others pass an inactive writer or NULL). Collective over
+ * the group. */
+int loom__tp_write_whole(const loom__tp_group_t *g, const loom_model_config_t *c, size_t nshard, const float *p,
+                         const float *m, const float *v, const loom_ckpt_writer_t *w);
+/* This tp rank's shard (nshard floats, the shard table's layout) of a checkpoint's whole state, into
+ * p, m, v (any NULL: not read). Not collective. */
+int loom__tp_read_shard(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, size_t nshard, float *p,
+                        float *m, float *v);
+
 /* Pick the strategy for cfg by the table in strategy.c (LOOM_ENOTSUP naming what exists for an
  * unknown name or a ZeRO stage not implemented) and create it. */
 int loom__strategy_create(loom_strategy_t **s, const loom_strategy_config_t *cfg);

@@ -31,23 +31,38 @@ typedef struct {
 	loom_strategy_t base; /* first: a loom_strategy_t * is a tp_strategy_t * */
 	loom_comm_t *tp;
 	int tp_rank, tp_size;
+	loom__tp_group_t group; /* the model's reduction over tp (its time: the all-reduces since finish_grads) */
 	loom_ddp_t *ddp;    /* the data-parallel axis's reducer; NULL with one data-parallel rank */
 	int ntensors;
 	const loom_tensor_info_t *tensors; /* the model's (shard) table */
-	double reduce_ms;   /* time in tensor-parallel all-reduces since the last finish_grads */
 } tp_strategy_t;
 
-/* The model's reduction: a blocking all-reduce on the tensor-parallel communicator. */
-static int tp_reduce(void *ctx, float *buf, size_t n, loom_tp_op_t op)
+void loom__tp_group_init(loom__tp_group_t *g, loom_comm_t *comm)
 {
-	tp_strategy_t *t = ctx;
+	g->comm = comm;
+	g->rank = comm ? loom_comm_rank(comm) : 0;
+	g->size = comm ? loom_comm_size(comm) : 1;
+	g->ms = 0.0;
+}
+
+/* The model's reduction: a blocking all-reduce on the tensor-parallel communicator. */
+int loom__tp_group_reduce(void *ctx, float *buf, size_t n, loom_tp_op_t op)
+{
+	loom__tp_group_t *g = ctx;
 	double t0 = loom_now();
-	int rc = loom_allreduce(t->tp, buf, buf, n, LOOM_FLOAT32, op == LOOM_TP_MAX ? LOOM_MAX : LOOM_SUM);
-	t->reduce_ms += 1e3 * (loom_now() - t0);
+	int rc = loom_allreduce(g->comm, buf, buf, n, LOOM_FLOAT32, op == LOOM_TP_MAX ? LOOM_MAX : LOOM_SUM);
+	g->ms += 1e3 * (loom_now() - t0);
 	if (rc != LOOM_OK)
-		return loom_seterr(rc, "tensor parallel: rank %d of %d: all-reduce (%s) of %zu floats: %s", t->tp_rank,
-		                   t->tp_size, op == LOOM_TP_MAX ? "max" : "sum", n, loom_comm_errmsg(t->tp));
+		return loom_seterr(rc, "tensor parallel: rank %d of %d: all-reduce (%s) of %zu floats: %s", g->rank,
+		                   g->size, op == LOOM_TP_MAX ? "max" : "sum", n, loom_comm_errmsg(g->comm));
 	return LOOM_OK;
+}
+
+double loom__tp_group_take_ms(loom__tp_group_t *g)
+{
+	double ms = g->ms;
+	g->ms = 0.0;
+	return ms;
 }
 
 static void tp_destroy(loom_strategy_t *s)
@@ -76,6 +91,7 @@ static int tp_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	loom_strategy_t *s = &t->base;
 	s->ops = loom__tp_strategy();
 	t->tp = cfg->tp, t->tp_rank = rank, t->tp_size = size;
+	loom__tp_group_init(&t->group, cfg->tp);
 	s->mcfg = *loom_model_get_config(cfg->model);
 	s->dp = cfg->dp;
 	s->dp_rank = cfg->dp ? loom_comm_rank(cfg->dp) : 0;
@@ -105,7 +121,7 @@ static int tp_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	if ((rc = loom_adamw_init(&s->opt, &cfg->adamw, s->nparams, segs, n)) != LOOM_OK)
 		goto fail;
 	free(segs);
-	loom_model_on_tp_reduce(cfg->model, tp_reduce, t);
+	loom_model_on_tp_reduce(cfg->model, loom__tp_group_reduce, &t->group);
 	*out = s;
 	return LOOM_OK;
 fail:
@@ -127,9 +143,9 @@ static int tp_finish_grads(loom_strategy_t *s, loom_strategy_stats_t *st)
 	loom_ddp_stats_t ds = {0};
 	int rc = t->ddp ? loom_ddp_wait(t->ddp, &ds) : LOOM_OK;
 	/* the tensor-parallel all-reduces block the training thread: all of their time is exposed */
-	st->comm_ms = ds.comm_ms + t->reduce_ms;
-	st->exposed_comm_ms = ds.exposed_comm_ms + t->reduce_ms;
-	t->reduce_ms = 0.0;
+	double ms = loom__tp_group_take_ms(&t->group);
+	st->comm_ms = ds.comm_ms + ms;
+	st->exposed_comm_ms = ds.exposed_comm_ms + ms;
 	return rc;
 }
 
@@ -168,23 +184,30 @@ static int tp_sync_params(loom_strategy_t *s)
 static int tp_check_replicas(loom_strategy_t *s)
 {
 	tp_strategy_t *t = (tp_strategy_t *)s;
+	int rc;
+	if (t->ddp && (rc = loom_ddp_check_replicas(t->ddp)) != LOOM_OK)
+		return rc;
+	return loom__tp_check_whole(&t->group, t->tensors, t->ntensors, s->params);
+}
+
+int loom__tp_check_whole(const loom__tp_group_t *g, const loom_tensor_info_t *tensors, int ntensors, const float *params)
+{
 	uint64_t mine = 0, *all;
 	int rc, bad = 0;
 	char list[256] = "";
 	size_t len = 0;
-	if (t->ddp && (rc = loom_ddp_check_replicas(t->ddp)) != LOOM_OK)
-		return rc;
-	for (int i = 0; i < t->ntensors; i++)
-		if (t->tensors[i].tp_dim < 0)
-			mine = mine * 0x100000001b3ULL ^ loom_checksum_f32(s->params + t->tensors[i].offset, t->tensors[i].numel);
-	if (!(all = loom__calloc((size_t)t->tp_size, sizeof *all)))
+	if (g->size <= 1)
+		return LOOM_OK;
+	for (int i = 0; i < ntensors; i++)
+		if (tensors[i].tp_dim < 0)
+			mine = mine * 0x100000001b3ULL ^ loom_checksum_f32(params + tensors[i].offset, tensors[i].numel);
+	if (!(all = loom__calloc((size_t)g->size, sizeof *all)))
 		return loom_seterr(LOOM_ENOMEM, "tensor parallel: out of memory");
-	if ((rc = loom_allgather(t->tp, &mine, all, 1, LOOM_INT64)) != LOOM_OK) {
+	if ((rc = loom_allgather(g->comm, &mine, all, 1, LOOM_INT64)) != LOOM_OK) {
 		free(all);
-		return loom_seterr(rc, "tensor parallel: rank %d: gathering checksums: %s", t->tp_rank,
-		                   loom_comm_errmsg(t->tp));
+		return loom_seterr(rc, "tensor parallel: rank %d: gathering checksums: %s", g->rank, loom_comm_errmsg(g->comm));
 	}
-	for (int r = 1; r < t->tp_size; r++)
+	for (int r = 1; r < g->size; r++)
 		if (all[r] != all[0]) {
 			bad++;
 			if (len + 16 < sizeof list)
@@ -193,89 +216,95 @@ static int tp_check_replicas(loom_strategy_t *s)
 	free(all);
 	if (bad)
 		return loom_seterr(LOOM_EMISMATCH, "tensor parallel: rank %d: the replicated tensors (those tensor "
-		                   "parallelism keeps whole) of tensor-parallel rank(s) %s differ from rank 0's", t->tp_rank, list);
+		                   "parallelism keeps whole) of tensor-parallel rank(s) %s differ from rank 0's", g->rank, list);
 	return LOOM_OK;
 }
 
-/* full (whole-model floats) = the group's shards of src (this rank's shard of nparams floats),
- * through the scratch `all` (tp_size x nparams floats). Collective over the group. */
-static int gather_full(tp_strategy_t *t, const float *src, float *all, float *full)
+/* full (whole-model floats) = the group's shards of src (this rank's shard of nshard floats),
+ * through the scratch `all` (size x nshard floats). Collective over the group. */
+static int gather_full(const loom__tp_group_t *g, const loom_model_config_t *c, size_t nshard, const float *src,
+                       float *all, float *full)
 {
-	loom_strategy_t *s = &t->base;
-	int rc = loom_allgather(t->tp, src, all, s->nparams, LOOM_FLOAT32);
+	int rc = g->size > 1 ? loom_allgather(g->comm, src, all, nshard, LOOM_FLOAT32) : LOOM_OK;
 	if (rc != LOOM_OK)
-		return loom_seterr(rc, "tensor parallel: rank %d: gathering the shards for a checkpoint: %s", t->tp_rank,
-		                   loom_comm_errmsg(t->tp));
-	if (full)
-		for (int r = 0; r < t->tp_size; r++)
-			loom_model_tp_unshard(&s->mcfg, t->tp_size, r, all + (size_t)r * s->nparams, full);
+		return loom_seterr(rc, "tensor parallel: rank %d: gathering the shards for a checkpoint: %s", g->rank,
+		                   loom_comm_errmsg(g->comm));
+	if (g->size == 1)
+		memcpy(full, src, nshard * sizeof(float));
+	else
+		for (int r = 0; r < g->size; r++)
+			loom_model_tp_unshard(c, g->size, r, all + (size_t)r * nshard, full);
 	return LOOM_OK;
+}
+
+int loom__tp_write_whole(const loom__tp_group_t *g, const loom_model_config_t *c, size_t nshard, const float *p,
+                         const float *m, const float *v, const loom_ckpt_writer_t *w)
+{
+	const loom_ckpt_writer_t *out = w && w->active ? w : NULL; /* non-writers get an inactive writer */
+	size_t nfull = loom_model_num_params(c);
+	float *all = loom_alloc_aligned((size_t)g->size * nshard * sizeof(float));
+	float *fp = loom_alloc_aligned(nfull * sizeof(float)), *fm = loom_alloc_aligned(nfull * sizeof(float));
+	float *fv = loom_alloc_aligned(nfull * sizeof(float));
+	char path[1200];
+	int rc;
+	/* (a rank that cannot allocate returns before the gathers: the others' gathers then fail with the
+	 * communicator's timeout, naming the missing rank) */
+	if (!all || !fp || !fm || !fv) {
+		rc = loom_seterr(LOOM_ENOMEM, "tensor parallel: rank %d: out of memory for a checkpoint", g->rank);
+		goto out;
+	}
+	if ((rc = gather_full(g, c, nshard, p, all, fp)) || (rc = gather_full(g, c, nshard, m, all, fm)) ||
+	    (rc = gather_full(g, c, nshard, v, all, fv)))
+		goto out;
+	if (out && ((rc = loom_ckpt_file(out, "model.safetensors", path, sizeof path)) ||
+	            (rc = loom_model_save_safetensors(path, c, fp)) ||
+	            (rc = loom_ckpt_file(out, "optim.safetensors", path, sizeof path)) ||
+	            (rc = loom_optim_save(path, c, fm, fv))))
+		goto out;
+out:
+	loom_free_aligned(all), loom_free_aligned(fp), loom_free_aligned(fm), loom_free_aligned(fv);
+	return rc;
+}
+
+int loom__tp_read_shard(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, size_t nshard, float *p,
+                        float *m, float *v)
+{
+	size_t nfull = loom_model_num_params(c);
+	float *fp = p ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
+	float *fm = m ? loom_alloc_aligned(nfull * sizeof(float)) : NULL, *fv = v ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
+	int rc;
+	(void)nshard;
+	if ((p && !fp) || (m && !fm) || (v && !fv)) {
+		rc = loom_seterr(LOOM_ENOMEM, "tensor parallel: rank %d: out of memory to read a checkpoint", g->rank);
+		goto out;
+	}
+	if ((rc = loom__read_whole_state(dir, c, fp, fm, fv)) != LOOM_OK)
+		goto out;
+	float *full[3] = {fp, fm, fv}, *dst[3] = {p, m, v};
+	for (int k = 0; k < 3; k++)
+		if (dst[k])
+			loom_model_tp_shard(c, g->size, g->rank, full[k], dst[k]);
+out:
+	loom_free_aligned(fp), loom_free_aligned(fm), loom_free_aligned(fv);
+	return rc;
 }
 
 static int tp_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	tp_strategy_t *t = (tp_strategy_t *)s;
-	const loom_ckpt_writer_t *out = w && w->active ? w : NULL; /* non-writers get an inactive writer */
-	size_t nfull = loom_model_num_params(&s->mcfg);
-	float *all = loom_alloc_aligned((size_t)t->tp_size * s->nparams * sizeof(float));
-	float *p = out ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
-	float *m = out ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
-	float *v = out ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
-	char path[1200];
-	int rc;
-	/* (a rank that cannot allocate returns before the gathers: the others' gathers then fail with the
-	 * communicator's timeout, naming the missing rank) */
-	if (!all || (out && (!p || !m || !v))) {
-		rc = loom_seterr(LOOM_ENOMEM, "tensor parallel: rank %d: out of memory for a checkpoint", t->tp_rank);
-		goto out;
-	}
-	if ((rc = gather_full(t, s->params, all, p)) || (rc = gather_full(t, s->opt.m, all, m)))
-		goto out;
-	if ((rc = gather_full(t, s->opt.v, all, v)))
-		goto out;
-	if (out && ((rc = loom_ckpt_file(out, "model.safetensors", path, sizeof path)) ||
-	          (rc = loom_model_save_safetensors(path, &s->mcfg, p)) ||
-	          (rc = loom_ckpt_file(out, "optim.safetensors", path, sizeof path)) ||
-	          (rc = loom_optim_save(path, &s->mcfg, m, v))))
-		goto out;
-out:
-	loom_free_aligned(all), loom_free_aligned(p), loom_free_aligned(m), loom_free_aligned(v);
-	return rc;
+	/* every data-parallel replica holds the same shards: the group of data-parallel rank 0 writes */
+	if (s->dp_rank != 0)
+		return LOOM_OK;
+	return loom__tp_write_whole(&t->group, &s->mcfg, s->nparams, s->params, s->opt.m, s->opt.v, w);
 }
 
+/* Any checkpoint (DDP's, ZeRO's shards, another tp's): the whole state, and this rank's shard of it. */
 static int tp_load(loom_strategy_t *s, const char *dir, long long step)
 {
 	tp_strategy_t *t = (tp_strategy_t *)s;
-	const loom_model_config_t *c = &s->mcfg;
-	size_t nfull = loom_model_num_params(c);
-	float *p = loom_alloc_aligned(nfull * sizeof(float)), *v = loom_alloc_aligned(nfull * sizeof(float));
-	loom_model_config_t saved;
-	char file[1200];
-	int rc;
-	if (!p || !v) {
-		rc = loom_seterr(LOOM_ENOMEM, "tensor parallel: rank %d: out of memory to read a checkpoint", t->tp_rank);
-		goto out;
-	}
-	snprintf(file, sizeof file, "%s/model.safetensors", dir);
-	if ((rc = loom_model_config(file, c->n_head, &saved, NULL)) != LOOM_OK)
-		goto out;
-	if (!loom_model_config_equal(&saved, c)) {
-		rc = loom_seterr(LOOM_EMISMATCH, "resume: %s holds a model L%d H%d C%d T%d V%d, this run's is "
-		                 "L%d H%d C%d T%d V%d", file, saved.n_layer, saved.n_head, saved.n_embd, saved.seq_len,
-		                 saved.vocab_size, c->n_layer, c->n_head, c->n_embd, c->seq_len, c->vocab_size);
-		goto out;
-	}
-	if ((rc = loom_model_load(file, c, p)) != LOOM_OK)
-		goto out;
-	loom_model_tp_shard(c, t->tp_size, t->tp_rank, p, s->params);
-	snprintf(file, sizeof file, "%s/optim.safetensors", dir);
-	if ((rc = loom_optim_load(file, c, p, v)) != LOOM_OK)
-		goto out;
-	loom_model_tp_shard(c, t->tp_size, t->tp_rank, p, s->opt.m);
-	loom_model_tp_shard(c, t->tp_size, t->tp_rank, v, s->opt.v);
-	s->opt.step = step;
-out:
-	loom_free_aligned(p), loom_free_aligned(v);
+	int rc = loom__tp_read_shard(&t->group, dir, &s->mcfg, s->nparams, s->params, s->opt.m, s->opt.v);
+	if (rc == LOOM_OK)
+		s->opt.step = step;
 	return rc;
 }
 

@@ -88,6 +88,8 @@ typedef struct {
 	loom_strategy_t base;   /* first: a loom_strategy_t * is a zero_t * */
 	int stage;
 	int nunits, ntensors;
+	const loom_tensor_info_t *ti; /* the model's table (a tensor-parallel shard's with tp > 1) */
+	loom__tp_group_t tpg;   /* the tensor-parallel group whose shard this is (size 1: none) */
 	unit_t *units;          /* units[u + 1] is unit u */
 	size_t *off;            /* dp_size + 1 range starts: off[q] .. off[q+1] is rank q's */
 	float *model_grads;     /* stage 1: the model's own gradient buffer, the view's target again at destroy */
@@ -404,9 +406,7 @@ static void on_grad_ready(void *ctx, int t)
 	zero_t *z = ctx;
 	if (z->err || t < 0 || t >= z->ntensors || (z->stage == 1 && !z->sync))
 		return;
-	loom_tensor_info_t info;
-	loom_model_tensor_info(&z->base.mcfg, t, &info);
-	unit_t *u = &z->units[info.layer + 1];
+	unit_t *u = &z->units[z->ti[t].layer + 1];
 	if (++u->ready == u->hi - u->lo)
 		launch_rs(z, u, z->stage == 1 ? z->base.grads + u->offset : u->stage);
 }
@@ -472,6 +472,8 @@ static void zero_destroy(loom_strategy_t *s)
 	if (s->model && z->stage == 3 && z->emb_gather)
 		loom_model_set_param_buffer(s->model, NULL); /* its own buffer again (allocated if it had none) */
 	if (s->model) {
+		if (z->tpg.size > 1)
+			loom_model_on_tp_reduce(s->model, NULL, NULL);
 		loom_model_on_grad_ready(s->model, NULL, NULL);
 		loom_model_on_param_use(s->model, NULL, NULL);
 		if (z->stage == 1 && z->model_grads) {
@@ -528,8 +530,17 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	s->dp_rank = loom_comm_rank(cfg->dp), s->dp_size = N = loom_comm_size(cfg->dp);
 	s->writer = cfg->writer;
 	s->params = loom_model_params(cfg->model);
-	s->nparams = loom_model_num_params(&s->mcfg);
-	z->ntensors = loom_model_num_tensors(&s->mcfg);
+	/* the model's own table: the whole model's, or with tensor parallelism this rank's shard's (the
+	 * same tensors and units, each its shard's size), which ZeRO shards further over dp */
+	s->nparams = loom_model_param_count(cfg->model);
+	z->ti = loom_model_tensors(cfg->model, &z->ntensors);
+	loom__tp_group_init(&z->tpg, cfg->tp);
+	if (loom_model_tp_size(cfg->model) != z->tpg.size) {
+		rc = loom_seterr(LOOM_EINVAL, "zero: the model is tensor-parallel shard %d of %d, but the tensor-parallel "
+		                 "axis has %d rank(s)", loom_model_tp_rank(cfg->model), loom_model_tp_size(cfg->model),
+		                 z->tpg.size);
+		goto fail;
+	}
 	L = s->mcfg.n_layer;
 	z->nunits = L + 2;
 	z->sync = 1;
@@ -552,7 +563,7 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	s->own_offset = z->off[s->dp_rank], s->own_count = z->off[s->dp_rank + 1] - z->off[s->dp_rank];
 
 	/* The units and each rank's part of them. */
-	const loom_tensor_info_t *ti = loom_model_tensors(cfg->model, NULL);
+	const loom_tensor_info_t *ti = z->ti;
 	for (int k = 0; k < z->nunits; k++) {
 		unit_t *u = &z->units[k];
 		u->unit = k - 1;
@@ -640,11 +651,13 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	if (cfg->optimizer == LOOM_OPTIMIZER_MUON) {
 		if ((rc = loom__muon_init_range(s, cfg)) != LOOM_OK)
 			goto fail;
-	} else if ((rc = loom_adamw_init_model_range(&s->opt, &cfg->adamw, &s->mcfg, s->own_offset, s->own_count)) !=
-	           LOOM_OK) {
+	} else if ((rc = loom_adamw_init_table_range(&s->opt, &cfg->adamw, z->ti, z->ntensors, s->nparams, s->own_offset,
+	                                             s->own_count)) != LOOM_OK) {
 		goto fail;
 	}
 	loom_model_on_grad_ready(cfg->model, on_grad_ready, z);
+	if (z->tpg.size > 1)
+		loom_model_on_tp_reduce(cfg->model, loom__tp_group_reduce, &z->tpg);
 	*out = s;
 	return LOOM_OK;
 oom:
@@ -681,16 +694,36 @@ static int zero_finish_grads(loom_strategy_t *s, loom_strategy_stats_t *st)
 	/* exposed: the waits here and those inside the hooks during the micro-step (gathers, slots) */
 	st->exposed_comm_ms = 1e3 * (loom_now() - t0 + in_hooks);
 	st->comm_ms = launched ? 1e3 * (now.busy_s - z->at_launch.busy_s) : 0.0;
+	/* the tensor-parallel all-reduces of the passes block the training thread: all of it exposed */
+	double tp_ms = loom__tp_group_take_ms(&z->tpg);
+	st->comm_ms += tp_ms, st->exposed_comm_ms += tp_ms;
 	z->launched = 0, z->err = LOOM_OK, z->sync = 1, z->hook_wait_s = 0.0;
 	return rc;
 }
 
+/* The sum of squares of the owned gradients, over the data-parallel ranks' disjoint ranges; with
+ * tensor parallelism then over the group: a split tensor's shards are disjoint, a whole one (the
+ * same on every tp rank) is counted by tp rank 0 alone. */
 static int zero_grad_norm(loom_strategy_t *s, double *norm)
 {
-	double sq = loom_grad_sumsq(s->own_grads, s->own_count);
-	int rc = loom_allreduce(s->dp, &sq, &sq, 1, LOOM_FLOAT64, LOOM_SUM);
-	if (rc != LOOM_OK)
+	zero_t *z = (zero_t *)s;
+	double sq = 0.0;
+	int rc;
+	if (z->tpg.size == 1) {
+		sq = loom_grad_sumsq(s->own_grads, s->own_count);
+	} else {
+		size_t a = s->own_offset, b = s->own_offset + s->own_count;
+		for (int t = 0; t < z->ntensors; t++) {
+			size_t lo = LOOM_MAX(a, z->ti[t].offset), hi = LOOM_MIN(b, z->ti[t].offset + z->ti[t].numel);
+			if (hi > lo && (z->ti[t].tp_dim >= 0 || z->tpg.rank == 0))
+				sq += loom_grad_sumsq(s->own_grads + (lo - a), hi - lo);
+		}
+	}
+	if ((rc = loom_allreduce(s->dp, &sq, &sq, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK)
 		return loom_seterr(rc, "zero: summing the squared gradient norms of the shards: %s", loom_comm_errmsg(s->dp));
+	if (z->tpg.size > 1 && (rc = loom_allreduce(z->tpg.comm, &sq, &sq, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK)
+		return loom_seterr(rc, "zero: tensor-parallel rank %d: summing the squared gradient norm over the group: %s",
+		                   z->tpg.rank, loom_comm_errmsg(z->tpg.comm));
 	*norm = sqrt(sq);
 	return LOOM_OK;
 }
@@ -802,17 +835,89 @@ static int zero_sync_params(loom_strategy_t *s)
 
 static int zero_check_replicas(loom_strategy_t *s)
 {
-	if (((zero_t *)s)->stage == 3)
+	zero_t *z = (zero_t *)s;
+	if (z->stage == 3)
 		return LOOM_OK; /* nothing is replicated */
-	int rc = settle_params((zero_t *)s);
-	return rc ? rc : compare_checksums(s, "replica check");
+	int rc = settle_params(z);
+	if (rc == LOOM_OK)
+		rc = compare_checksums(s, "replica check");
+	return rc ? rc : loom__tp_check_whole(&z->tpg, z->ti, z->ntensors, s->params);
+}
+
+/* The shard's whole state (nparams floats each of parameters and moments) on every data-parallel rank,
+ * from the owned ranges (collective over dp); *p is s->params when it is kept whole. */
+static int gather_state(zero_t *z, float **p, float **m, float **v)
+{
+	loom_strategy_t *s = &z->base;
+	size_t *counts = loom__calloc((size_t)s->dp_size, sizeof *counts);
+	int rc = LOOM_OK;
+	*p = s->params ? s->params : loom_alloc_aligned(LOOM_MAX(s->nparams, 1) * sizeof(float));
+	*m = loom_alloc_aligned(LOOM_MAX(s->nparams, 1) * sizeof(float));
+	*v = loom_alloc_aligned(LOOM_MAX(s->nparams, 1) * sizeof(float));
+	if (!counts || !*p || !*m || !*v) {
+		free(counts);
+		return loom_seterr(LOOM_ENOMEM, "zero: rank %d: out of memory for gathering %zu parameters to save them",
+		                   s->dp_rank, s->nparams);
+	}
+	for (int q = 0; q < s->dp_size; q++)
+		counts[q] = z->off[q + 1] - z->off[q];
+	const float *src[3] = {s->own_params, s->opt.m, s->opt.v};
+	float *dst[3] = {*p, *m, *v};
+	for (int k = s->params ? 1 : 0; k < 3 && rc == LOOM_OK; k++)
+		if ((rc = loom_allgatherv(s->dp, src[k], s->own_count, dst[k], counts, LOOM_FLOAT32)) != LOOM_OK)
+			rc = loom_seterr(rc, "zero: rank %d: gathering the shards' state for a checkpoint: %s", s->dp_rank,
+			                 loom_comm_errmsg(s->dp));
+	free(counts);
+	return rc;
 }
 
 static int zero_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	zero_t *z = (zero_t *)s;
+	float *p = NULL, *m = NULL, *v = NULL;
 	int rc = z->stage == 3 ? settle_gathers(z) : settle_params(z);
-	return rc ? rc : loom__sharded_save(s, w, z->stage);
+	if (rc != LOOM_OK || z->tpg.size == 1)
+		return rc ? rc : loom__sharded_save(s, w, z->stage);
+	/* a tensor-parallel shard: the group's whole state, written by the writer as DDP's (the moments
+	 * gathered over dp first, then unsharded over tp by data-parallel rank 0's group) */
+	rc = gather_state(z, &p, &m, &v);
+	if (rc == LOOM_OK && s->dp_rank == 0)
+		rc = loom__tp_write_whole(&z->tpg, &s->mcfg, s->nparams, p, m, v, w);
+	if (p != s->params)
+		loom_free_aligned(p);
+	loom_free_aligned(m), loom_free_aligned(v);
+	return rc;
+}
+
+static int zero_load(loom_strategy_t *s, const char *dir, long long step)
+{
+	zero_t *z = (zero_t *)s;
+	float *p = NULL, *m = NULL, *v = NULL;
+	int rc;
+	if (z->tpg.size == 1)
+		return loom__sharded_load(s, dir, step);
+	/* a tensor-parallel shard: this tp rank's shard of the whole state, then the owned range */
+	p = s->params ? s->params : loom_alloc_aligned(LOOM_MAX(s->nparams, 1) * sizeof(float));
+	m = loom_alloc_aligned(LOOM_MAX(s->nparams, 1) * sizeof(float));
+	v = loom_alloc_aligned(LOOM_MAX(s->nparams, 1) * sizeof(float));
+	if (!p || !m || !v) {
+		rc = loom_seterr(LOOM_ENOMEM, "zero: rank %d: out of memory to read a checkpoint", s->dp_rank);
+		goto out;
+	}
+	if ((rc = loom__tp_read_shard(&z->tpg, dir, &s->mcfg, s->nparams, p, m, v)) != LOOM_OK)
+		goto out;
+	if (!s->params) {
+		memcpy(s->own_params, p + s->own_offset, s->own_count * sizeof(float));
+		loom__zero_set_loaded(s);
+	}
+	memcpy(s->opt.m, m + s->own_offset, s->own_count * sizeof(float));
+	memcpy(s->opt.v, v + s->own_offset, s->own_count * sizeof(float));
+	s->opt.step = step;
+out:
+	if (p != s->params)
+		loom_free_aligned(p);
+	loom_free_aligned(m), loom_free_aligned(v);
+	return rc;
 }
 
 /* The three stages share every operation; the stage is the trainer's `zero` setting (cfg->zero). */
@@ -828,7 +933,7 @@ static int zero_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 		.sync_params = zero_sync_params,                                                                          \
 		.check_replicas = zero_check_replicas,                                                                    \
 		.save = zero_save,                                                                                        \
-		.load = loom__sharded_load,                                                                               \
+		.load = zero_load,                                                                               \
 	}
 ZERO_OPS(1);
 ZERO_OPS(2);

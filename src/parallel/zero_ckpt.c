@@ -199,24 +199,25 @@ static int load_slices(const char *path, const loom_model_config_t *c, size_t of
 	return rc;
 }
 
-/* The moments of the owned range from the shards listed in dir/zero.json: every overlapping shard's
- * slice. Names every missing shard file at once. */
-static int load_shards(loom_strategy_t *s, const char *dir, const char *index)
+/* The moments of the range [a, a + count) of a flat buffer of nparams floats (into m and v, count
+ * floats each) from the shards listed in dir/zero.json: every overlapping shard's slice. Names every
+ * missing shard file at once. */
+static int load_shards(const char *dir, const char *index, size_t total, size_t a, size_t count, float *m, float *v)
 {
 	loom_kv_t *kv;
 	char key[64], path[1300], missing[600] = "";
 	const char *file;
 	int64_t world, nparams, off, cnt;
-	size_t a = s->own_offset, b = s->own_offset + s->own_count, len = 0;
+	size_t b = a + count, len = 0;
 	int rc, nmissing = 0;
 	struct stat sb;
 	if ((rc = loom_kv_load(&kv, index)) != LOOM_OK)
 		return rc;
 	if ((rc = loom_kv_get_i64(kv, "world", &world)) || (rc = loom_kv_get_i64(kv, "parameters", &nparams)))
 		goto out;
-	if (nparams != (int64_t)s->nparams || world < 1) {
+	if (nparams != (int64_t)total || world < 1) {
 		rc = loom_seterr(LOOM_EMISMATCH, "%s: %lld parameters in %lld shards, the model has %zu", index,
-		                 (long long)nparams, (long long)world, s->nparams);
+		                 (long long)nparams, (long long)world, total);
 		goto out;
 	}
 	for (int pass = 0; pass < 2 && rc == LOOM_OK; pass++) { /* pass 0: every file there? pass 1: read */
@@ -252,8 +253,8 @@ static int load_shards(loom_strategy_t *s, const char *dir, const char *index)
 				rc = loom_seterr(LOOM_EFORMAT, "%s: expected tensors exp_avg and exp_avg_sq of %lld F32 values (as "
 				                 "%s says)", path, (long long)cnt, index);
 			} else {
-				memcpy(s->opt.m + (lo - a), (const float *)tm->data + (lo - (size_t)off), (hi - lo) * sizeof(float));
-				memcpy(s->opt.v + (lo - a), (const float *)tv->data + (lo - (size_t)off), (hi - lo) * sizeof(float));
+				memcpy(m + (lo - a), (const float *)tm->data + (lo - (size_t)off), (hi - lo) * sizeof(float));
+				memcpy(v + (lo - a), (const float *)tv->data + (lo - (size_t)off), (hi - lo) * sizeof(float));
 			}
 			loom_st_close(st);
 		}
@@ -293,7 +294,7 @@ int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step)
 		return loom_seterr(LOOM_EMISMATCH, "resume: %s was written with --optimizer muon; resume with it", dir);
 	snprintf(file, sizeof file, "%s/zero.json", dir);
 	if (stat(file, &sb) == 0) {
-		if ((rc = load_shards(s, dir, file)) != LOOM_OK)
+		if ((rc = load_shards(dir, file, s->nparams, s->own_offset, s->own_count, s->opt.m, s->opt.v)) != LOOM_OK)
 			return rc;
 	} else {
 		snprintf(file, sizeof file, "%s/optim.safetensors", dir);
@@ -303,4 +304,32 @@ int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step)
 	}
 	s->opt.step = step;
 	return LOOM_OK;
+}
+
+int loom__read_whole_state(const char *dir, const loom_model_config_t *c, float *p, float *m, float *v)
+{
+	char file[1200];
+	loom_model_config_t saved;
+	struct stat sb;
+	size_t n = loom_model_num_params(c);
+	int rc;
+	snprintf(file, sizeof file, "%s/model.safetensors", dir);
+	if ((rc = loom_model_config(file, c->n_head, &saved, NULL)) != LOOM_OK)
+		return rc;
+	if (!loom_model_config_equal(&saved, c))
+		return loom_seterr(LOOM_EMISMATCH, "resume: %s holds a model L%d H%d C%d T%d V%d, this run's is "
+		                   "L%d H%d C%d T%d V%d", file, saved.n_layer, saved.n_head, saved.n_embd, saved.seq_len,
+		                   saved.vocab_size, c->n_layer, c->n_head, c->n_embd, c->seq_len, c->vocab_size);
+	if (p && (rc = loom_model_load(file, c, p)) != LOOM_OK)
+		return rc;
+	if (!m || !v)
+		return LOOM_OK;
+	if (loom__muon_has_state(dir))
+		return loom_seterr(LOOM_EMISMATCH, "resume: %s was written with --optimizer muon; resume with it", dir);
+	snprintf(file, sizeof file, "%s/zero.json", dir);
+	if (stat(file, &sb) == 0)
+		return load_shards(dir, file, n, 0, n, m, v);
+	snprintf(file, sizeof file, "%s/optim.safetensors", dir);
+	float *mv[2] = {m, v};
+	return load_slices(file, c, 0, n, mv, 1);
 }

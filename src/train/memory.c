@@ -45,6 +45,7 @@ int loom_trainer_memory(const loom_trainer_t *tr, loom_train_memory_t *m)
 	m->act_ckpt = loom_model_act_ckpt(model);
 	m->act_formula = loom_model_act_formula(model, tr->cfg.B, tr->cfg.T, &m->act_formula_text);
 	m->zero = N > 1 ? tr->cfg.zero : 0;
+	m->nparams = P;
 	m->dp = (int)N;
 	m->theory = loom_mem_zero_states(m->zero, P, (int)N, &m->formula); /* the memory check's table */
 	if (m->zero == 3)
