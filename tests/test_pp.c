@@ -651,6 +651,86 @@ TEST(pp_dead_rank_is_reported)
 	return rc;
 }
 
+/* Each stage holds only its own tensors: its blocks', the embedding on the first, ln_f and the tied
+ * wte (a copy, its gradient summed with the first stage's) on the last. The model states the trainer
+ * reports are 16 bytes per held parameter, each parameter of the model is owned by exactly one stage,
+ * and a pp 4 stage holds far less than the whole model (the same run as pp_matches_one_process, M = 4,
+ * trains equal to one process). */
+static int stage_memory_rank(int rank, int nranks, void *arg)
+{
+	char glob[600];
+	loom_comm_t *comm;
+	loom_mesh_t *mesh;
+	loom_gpt2_t *m;
+	loom_trainer_t *tr;
+	loom_train_memory_t mem;
+	int lo[8], rows, P = nranks;
+	(void)arg;
+	snprintf(glob, sizeof glob, "%s/train_*.bin", g_dir);
+	loom_train_config_t c = config(glob, 4);
+	CHECK_OK(loom_comm_init(&comm));
+	CHECK_OK(loom_mesh_create(&mesh, comm, 1, 1, P));
+	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
+	loom_gpt2_init(m, 11);
+	c.mesh = mesh;
+	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
+	CHECK_OK(loom_pp_stages(&g_mc, 1, TT, P, 0.0, lo, &rows));
+	CHECK_EQ(rows, 0);
+	size_t held = 0, owned = 0, all = 0;
+	int n = loom_gpt2_num_tensors(&g_mc), L = g_mc.n_layer;
+	for (int t = 0; t < n; t++) {
+		loom_tensor_info_t ti;
+		CHECK_OK(loom_gpt2_tensor_info(&g_mc, t, &ti));
+		int own = ti.layer < 0 ? rank == 0 : ti.layer >= L ? rank == P - 1 : ti.layer >= lo[rank] && ti.layer < lo[rank + 1];
+		held += own || (ti.head_reads && rank == P - 1) ? ti.numel : 0;
+		owned += own ? ti.numel : 0;
+		all += ti.numel;
+	}
+	CHECK_OK(loom_trainer_memory(tr, &mem));
+	CHECK_EQ(mem.nparams, held);
+	CHECK_EQ(mem.model_states, 16 * held);
+	CHECK(held < all);
+	size_t sum = 0;
+	CHECK_OK(loom_allreduce(comm, &owned, &sum, 1, LOOM_INT64, LOOM_SUM));
+	CHECK_EQ(sum, all);
+	loom_step_metrics_t sm;
+	for (int s = 1; s <= 3; s++) {
+		CHECK_OK(loom_trainer_step(tr, &sm));
+		CHECK_NEAR(sm.loss, g_ref[s], 1e-5 * g_ref[s]);
+	}
+	loom_trainer_destroy(tr);
+	loom_gpt2_destroy(m);
+	loom_mesh_destroy(mesh);
+	loom_comm_destroy(comm);
+	return 0;
+}
+
+TEST(pp_stage_holds_its_own_tensors)
+{
+	CHECK_EQ(setup(4), 0);
+	int rc = test_spawn(2, stage_memory_rank, NULL, 60, NULL);
+	if (!rc)
+		rc = test_spawn(4, stage_memory_rank, NULL, 60, NULL);
+	teardown();
+	return rc;
+}
+
+/* A ZeRO-1 checkpoint of dp 4 (its moments in 4 shard files) continues on pp 2 x dp 2 (each stage
+ * reads its tensors of the whole state) as the reference does. */
+TEST(pp_resumes_a_zero_checkpoint)
+{
+	char path[700];
+	CHECK_EQ(setup(8), 0);
+	run_t z1 = {.dp = 4, .pp = 1, .M = 2, .schedule = "1f1b", .save_at = 5, .zero = 1};
+	int rc = test_spawn(4, pp_rank, &z1, 120, NULL);
+	snprintf(path, sizeof path, "%s/ckpt/step_00000005", g_dir);
+	run_t d = {.dp = 2, .pp = 2, .M = 4, .schedule = "1f1b", .resume = path};
+	if (!rc)
+		rc = test_spawn(4, pp_rank, &d, 120, NULL);
+	teardown();
+	return rc;
+}
+
 /* --trace: trace.json parses (the checkpoint reader's JSON parser), holds one track per rank (a
  * process_name record for pids 0 and 1) and every kind of event on each. */
 TEST(pp_trace_one_track_per_rank)

@@ -126,6 +126,13 @@ typedef struct {
 	int tp_size, tp_rank;     /* tensor parallelism (0: none) */
 	loom_act_ckpt_t act_ckpt; /* 0: none */
 	loom_compute_dtype_t dtype;
+	/* NULL, or per tensor of the family's (shard) table: 1 for the tensors this model holds (a
+	 * pipeline stage's: its blocks', and whatever else its units read). The model's table, parameter
+	 * and gradient buffers and tensor indices are then those tensors only, in table order and packed
+	 * (loom_model_tensors gives their offsets in the packed buffer, layer and flags as the family's),
+	 * so a stage keeps only its own; the others are never read (no unit of the model reads them).
+	 * Such a model is not initialized (loom_model_init does nothing): its parameters are copied in. */
+	const unsigned char *keep;
 } loom_model_opts_t;
 
 /* Bytes of a model's activation buffers, by role (loom/gpt2.h). */
@@ -215,9 +222,12 @@ typedef struct {
 	size_t (*act_formula)(const loom_model_t *m, int B, int T, const char **text);
 } loom_model_family_t;
 
-/* Every model starts with this: its family. */
+/* Every model starts with this: its family, and (NULL unless created with opts.keep) the packed table
+ * and buffers of the tensors it holds (src/model/iface.c; the family never looks at it). */
+struct loom__model_local;
 struct loom_model {
 	const loom_model_family_t *family;
+	struct loom__model_local *local;
 };
 
 /* The family of an arch; NULL for an invalid one. */

@@ -1,6 +1,8 @@
 /* iface.c: the model interface (loom/model.h): every call dispatches through the model's (or the
  * configuration's) family table. */
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "loom/model.h"
@@ -193,17 +195,116 @@ double loom__model_unit_flops_table(const loom_model_config_t *cfg, int unit, in
 	return 6.0 * params + (unit >= 0 && unit < cfg->n_layer ? 12.0 * cfg->n_embd * T : 0.0);
 }
 
+/* ---- a model holding some tensors only (opts.keep) -------------------------------------------------
+ *
+ * The family's model is created without buffers of its own; this layer keeps the packed table of the
+ * held tensors and their buffers, and points each held tensor's views into them (the family's
+ * set_tensor_view), so the family runs as it always does on the views it has. Every call that names
+ * a tensor index or a whole buffer goes through here; a tensor the family reports ready is passed on
+ * under its packed index. */
+struct loom__model_local {
+	int n, nfull;
+	loom_tensor_info_t *ti; /* n: the held tensors, offsets packed */
+	int *idx;               /* n: the family's index of each */
+	int *rev;               /* nfull: the packed index of each family tensor, or -1 */
+	size_t nparams;
+	float *params, *grads;  /* the current buffers (NULL: none, or views set tensor by tensor) */
+	float *params_own, *grads_own;
+	loom_grad_ready_fn ready;
+	void *ready_ctx;
+};
+
+static void local_free(struct loom__model_local *L)
+{
+	if (!L)
+		return;
+	loom_free_aligned(L->params_own), loom_free_aligned(L->grads_own);
+	free(L->ti), free(L->idx), free(L->rev);
+	free(L);
+}
+
+/* Point the held tensors' parameter (grads 0) or gradient (grads 1) views into buf. */
+static void local_point(loom_model_t *m, float *buf, int grads)
+{
+	struct loom__model_local *L = m->local;
+	for (int t = 0; t < L->n && buf; t++)
+		m->family->set_tensor_view(m, L->idx[t], grads ? NULL : buf + L->ti[t].offset,
+		                           grads ? buf + L->ti[t].offset : NULL);
+	if (grads)
+		L->grads = buf;
+	else
+		L->params = buf;
+}
+
+static void local_ready(void *ctx, int tensor)
+{
+	loom_model_t *m = ctx;
+	struct loom__model_local *L = m->local;
+	int t = tensor >= 0 && tensor < L->nfull ? L->rev[tensor] : -1;
+	if (t >= 0 && L->ready)
+		L->ready(L->ready_ctx, t);
+}
+
+static int local_create(loom_model_t **out, const loom_model_family_t *f, const loom_model_config_t *cfg,
+                        const loom_model_opts_t *opts)
+{
+	loom_model_opts_t o = *opts;
+	struct loom__model_local *L;
+	loom_model_t *m;
+	int rc, nfull;
+	o.keep = NULL, o.no_own_params = 1, o.no_own_grads = 1;
+	if ((rc = f->create(&m, cfg, &o)) != LOOM_OK)
+		return rc;
+	const loom_tensor_info_t *full = f->tensors(m, &nfull);
+	if (!(L = loom__calloc(1, sizeof *L)) || !(L->rev = loom__malloc((size_t)nfull * sizeof *L->rev)) ||
+	    !(L->ti = loom__calloc((size_t)LOOM_MAX(nfull, 1), sizeof *L->ti)) ||
+	    !(L->idx = loom__calloc((size_t)LOOM_MAX(nfull, 1), sizeof *L->idx))) {
+		local_free(L);
+		f->destroy(m);
+		return loom_seterr(LOOM_ENOMEM, "model create: out of memory for the table of the tensors held");
+	}
+	L->nfull = nfull;
+	for (int i = 0; i < nfull; i++) {
+		L->rev[i] = -1;
+		if (!opts->keep[i])
+			continue;
+		L->ti[L->n] = full[i];
+		L->ti[L->n].offset = L->nparams;
+		L->idx[L->n] = i;
+		L->rev[i] = L->n++;
+		L->nparams += full[i].numel;
+	}
+	m->local = L;
+	size_t bytes = LOOM_MAX(L->nparams, 1) * sizeof(float);
+	if ((!opts->no_own_params && !(L->params_own = loom_alloc_aligned(bytes))) ||
+	    (!opts->no_own_grads && !(L->grads_own = loom_alloc_aligned(bytes)))) {
+		loom_model_destroy(m);
+		return loom_seterr(LOOM_ENOMEM, "model create: out of memory for the %zu parameters held", L->nparams);
+	}
+	if (L->grads_own)
+		memset(L->grads_own, 0, bytes);
+	local_point(m, L->params_own, 0);
+	local_point(m, L->grads_own, 1);
+	*out = m;
+	return LOOM_OK;
+}
+
 int loom_model_create(loom_model_t **m, const loom_model_config_t *cfg, const loom_model_opts_t *opts)
 {
 	const loom_model_family_t *f = fam(cfg);
 	*m = NULL;
-	return f ? f->create(m, cfg, opts) : LOOM_EINVAL;
+	if (!f)
+		return LOOM_EINVAL;
+	return opts && opts->keep ? local_create(m, f, cfg, opts) : f->create(m, cfg, opts);
 }
 
 void loom_model_destroy(loom_model_t *m)
 {
-	if (m)
-		m->family->destroy(m);
+	if (!m)
+		return;
+	struct loom__model_local *L = m->local;
+	m->family->destroy(m);
+	local_free(L);
 }
 
 const loom_model_config_t *loom_model_get_config(const loom_model_t *m)
@@ -223,62 +324,116 @@ loom_compute_dtype_t loom_model_dtype(const loom_model_t *m)
 
 const loom_tensor_info_t *loom_model_tensors(const loom_model_t *m, int *n)
 {
+	if (m->local) {
+		if (n)
+			*n = m->local->n;
+		return m->local->ti;
+	}
 	return m->family->tensors(m, n);
 }
 
 size_t loom_model_param_count(const loom_model_t *m)
 {
-	return m->family->param_count(m);
+	return m->local ? m->local->nparams : m->family->param_count(m);
 }
 
 float *loom_model_params(loom_model_t *m)
 {
-	return m->family->params(m);
+	return m->local ? m->local->params : m->family->params(m);
 }
 
 float *loom_model_grads(loom_model_t *m)
 {
-	return m->family->grads(m);
+	return m->local ? m->local->grads : m->family->grads(m);
 }
 
 int loom_model_set_grad_buffer(loom_model_t *m, float *grads)
 {
-	return m->family->set_grad_buffer(m, grads);
+	if (!m->local)
+		return m->family->set_grad_buffer(m, grads);
+	if (!grads)
+		return loom_seterr(LOOM_EINVAL, "model set_grad_buffer: NULL buffer");
+	local_point(m, grads, 1);
+	return LOOM_OK;
 }
 
 int loom_model_set_param_buffer(loom_model_t *m, float *params)
 {
-	return m->family->set_param_buffer(m, params);
+	struct loom__model_local *L = m->local;
+	if (!L)
+		return m->family->set_param_buffer(m, params);
+	if (!params && !L->params_own && !(L->params_own = loom_alloc_aligned(LOOM_MAX(L->nparams, 1) * sizeof(float))))
+		return loom_seterr(LOOM_ENOMEM, "model set_param_buffer: out of memory for %zu parameters", L->nparams);
+	local_point(m, params ? params : L->params_own, 0);
+	return LOOM_OK;
 }
 
 int loom_model_own_grads(loom_model_t *m)
 {
-	return m->family->own_grads(m);
+	struct loom__model_local *L = m->local;
+	if (!L)
+		return m->family->own_grads(m);
+	if (!L->grads_own) {
+		if (!(L->grads_own = loom_alloc_aligned(LOOM_MAX(L->nparams, 1) * sizeof(float))))
+			return loom_seterr(LOOM_ENOMEM, "model own_grads: out of memory for %zu gradients", L->nparams);
+		memset(L->grads_own, 0, LOOM_MAX(L->nparams, 1) * sizeof(float));
+	}
+	local_point(m, L->grads_own, 1);
+	return LOOM_OK;
 }
 
 int loom_model_set_tensor_view(loom_model_t *m, int tensor, float *param, float *grad)
 {
-	return m->family->set_tensor_view(m, tensor, param, grad);
+	struct loom__model_local *L = m->local;
+	if (!L)
+		return m->family->set_tensor_view(m, tensor, param, grad);
+	if (tensor < 0 || tensor >= L->n)
+		return loom_seterr(LOOM_EINVAL, "model set_tensor_view: tensor %d out of range [0, %d)", tensor, L->n);
+	if (grad)
+		L->grads = NULL; /* views tensor by tensor from here on */
+	return m->family->set_tensor_view(m, L->idx[tensor], param, grad);
 }
 
 int loom_model_set_unit_view(loom_model_t *m, int unit, float *params, float *grads)
 {
-	return m->family->set_unit_view(m, unit, params, grads);
+	struct loom__model_local *L = m->local;
+	size_t base = SIZE_MAX;
+	if (!L)
+		return m->family->set_unit_view(m, unit, params, grads);
+	/* the unit's held tensors, packed consecutively from its first */
+	for (int t = 0; t < L->n; t++) {
+		if (L->ti[t].layer != unit)
+			continue;
+		if (base == SIZE_MAX)
+			base = L->ti[t].offset;
+		int rc = loom_model_set_tensor_view(m, t, params ? params + (L->ti[t].offset - base) : NULL,
+		                                    grads ? grads + (L->ti[t].offset - base) : NULL);
+		if (rc != LOOM_OK)
+			return rc;
+	}
+	return LOOM_OK;
 }
 
 float *loom_model_tensor_param(loom_model_t *m, int tensor)
 {
+	struct loom__model_local *L = m->local;
+	if (L)
+		return tensor >= 0 && tensor < L->n ? m->family->tensor_param(m, L->idx[tensor]) : NULL;
 	return m->family->tensor_param(m, tensor);
 }
 
 float *loom_model_tensor_grad(loom_model_t *m, int tensor)
 {
+	struct loom__model_local *L = m->local;
+	if (L)
+		return tensor >= 0 && tensor < L->n ? m->family->tensor_grad(m, L->idx[tensor]) : NULL;
 	return m->family->tensor_grad(m, tensor);
 }
 
 void loom_model_init(loom_model_t *m, uint64_t seed)
 {
-	m->family->init(m, seed);
+	if (!m->local) /* a model holding some tensors gets them copied in */
+		m->family->init(m, seed);
 }
 
 void loom_model_layers(const loom_model_t *m, int *lo, int *hi, int *arenas)
@@ -323,7 +478,13 @@ int loom_model_forward_backward(loom_model_t *m, const int *inputs, const int *t
 
 void loom_model_on_grad_ready(loom_model_t *m, loom_grad_ready_fn fn, void *ctx)
 {
-	m->family->on_grad_ready(m, fn, ctx);
+	struct loom__model_local *L = m->local;
+	if (!L) {
+		m->family->on_grad_ready(m, fn, ctx);
+		return;
+	}
+	L->ready = fn, L->ready_ctx = ctx;
+	m->family->on_grad_ready(m, fn ? local_ready : NULL, fn ? m : NULL);
 }
 
 void loom_model_on_param_use(loom_model_t *m, loom_param_use_fn fn, void *ctx)

@@ -106,7 +106,6 @@ int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_model_t *model, do
 int loom__ddp_create_used(loom_ddp_t **out, loom_comm_t *comm, loom_model_t *model, double bucket_mb,
                           double first_bucket_mb, const unsigned char *used)
 {
-	const loom_model_config_t *cfg = loom_model_get_config(model);
 	loom_ddp_t *d;
 	loom_tensor_info_t info;
 	size_t limit, bytes = 0;
@@ -114,14 +113,15 @@ int loom__ddp_create_used(loom_ddp_t **out, loom_comm_t *comm, loom_model_t *mod
 	if (!(bucket_mb > 0) || !(first_bucket_mb > 0))
 		return loom_seterr(LOOM_EINVAL, "ddp: bucket sizes must be positive (got %g MiB and first %g MiB)",
 		                   bucket_mb, first_bucket_mb);
-	const loom_tensor_info_t *table = loom_model_tensors(model, NULL); /* the model's (a shard's, with tp) */
+	int ntensors;
+	const loom_tensor_info_t *table = loom_model_tensors(model, &ntensors); /* the model's (a shard's, a stage's) */
 	size_t nparams = loom_model_param_count(model);
 	d = loom__calloc(1, sizeof *d);
 	if (!d)
 		return loom_seterr(LOOM_ENOMEM, "ddp: out of memory");
 	d->comm = comm, d->model = model, d->sync = 1;
 	d->nparams = nparams;
-	d->ntensors = loom_model_num_tensors(cfg);
+	d->ntensors = ntensors;
 	d->bucket_of = loom__calloc((size_t)d->ntensors, sizeof *d->bucket_of);
 	d->buckets = loom__calloc((size_t)d->ntensors, sizeof *d->buckets);
 	if (!d->bucket_of || !d->buckets)

@@ -3,13 +3,16 @@
  * the tied lm head and the loss on the last), the step's M micro-batches in the order of a schedule
  * from schedule.c (GPipe or 1F1B).
  *
- * The stage model is created here with the layer range and one activation arena per micro-batch in
- * flight; its parameter views point into the caller's model's buffer (so parameters keep the whole
- * model's layout and checkpoints are written as they always were), its gradients are its own
- * (whole-model sized; the strategy points them at its storage). Only the stage's tensors are used
- * and reported; the strategy's buckets cover only those (strategy.h's tensor_used), the optimizer
- * covers the whole buffer (the others have zero gradients and are never read on this rank; gather
- * makes them current before a checkpoint or a whole-model evaluation).
+ * The stage model is created here with the layer range, one activation arena per micro-batch in
+ * flight, and only the tensors the stage uses (loom_model_opts_t keep), packed into buffers of its
+ * own with their values copied from the caller's model: its table, parameters, gradients (the
+ * strategy points them at its storage) and so the strategy's optimizer state are the stage's alone.
+ * The tensors it owns (its blocks', the embedding's on the first stage, the head's on the last) are
+ * one contiguous run of the caller's layout; the others it holds are copies of tensors other stages
+ * own (the tied wte on the head stages, nanochat's per-layer scalars, the head's on stage P-2 when it
+ * shares the head), kept equal by the gradient sums below. gather writes every stage's owned tensors
+ * into the caller's model (for a whole-model evaluation); save writes the whole state as one
+ * process's checkpoint and load takes the stage's tensors from any checkpoint's whole state.
  *
  * Per micro-batch, activations (B x T x C floats, block_input(hi)) go to the next stage with loom_isend
  * straight from the arena (waited for only before that arena is reused), and the gradient of the
@@ -72,10 +75,19 @@ typedef struct {
 	int head;                     /* this stage computes head positions: the last, and P-2 when shared */
 	int tp_size, tp_rank;         /* the model's tensor-parallel shard (1, 0: whole) */
 	int whole_reduce_set;         /* the caller's model has whole_reduce as its tp reduction */
-	size_t nparams, act;          /* act: floats of one activation (B x T x C); nparams: of the (shard) buffer */
-	const loom_tensor_info_t *tensors; /* the (shard) tensor table of the caller's model */
+	size_t nparams, act;          /* act: floats of one activation (B x T x C); nparams: of the caller's
+	                                 (whole or tp shard) buffer */
+	const loom_tensor_info_t *full; /* the (shard) tensor table of the caller's model, nfull tensors */
+	int nfull;
+	const loom_tensor_info_t *tensors; /* the stage model's table: the tensors it holds, packed */
+	int *idx;                     /* ntensors: the caller's index of each of them */
+	int *rev;                     /* nfull: the stage's index of each caller's tensor, or -1 */
+	unsigned char *owned;         /* ntensors: the stage owns it (else it is a copy of another stage's,
+	                                 e.g. the tied wte on the last stage, kept equal by the sums below) */
+	float *zeros;                 /* a stage's share of a tensor it does not hold, in the sums (zmax floats) */
+	size_t zmax;
 	size_t *counts;               /* floats each stage owns, in stage order (they tile the buffer) */
-	unsigned char *used;          /* per tensor: this stage reports its gradient */
+	unsigned char *used;          /* per caller's tensor: this stage holds it */
 	loom__pp_action_t *plan;
 	int *inputs, *targets;        /* M x B x T each */
 	float *losses;                /* M */
@@ -169,7 +181,7 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		goto fail;
 	}
 	e->nparams = loom_model_param_count(cfg->model);
-	e->tensors = loom_model_tensors(cfg->model, &e->ntensors);
+	e->full = loom_model_tensors(cfg->model, &e->nfull);
 	e->width = loom_model_stream_width(&e->mc);
 	e->act = (size_t)cfg->B * cfg->T * e->width;
 	if (!(lo = loom__malloc(sizeof(int) * (size_t)(e->P + 1)))) {
@@ -189,7 +201,8 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		goto fail;
 	e->plan = loom__calloc(2 * (size_t)e->M, sizeof *e->plan);
 	e->counts = loom__calloc((size_t)e->P, sizeof *e->counts);
-	e->used = loom__calloc((size_t)e->ntensors, 1);
+	e->used = loom__calloc((size_t)e->nfull, 1);
+	e->rev = loom__calloc((size_t)e->nfull, sizeof *e->rev);
 	e->inputs = loom__malloc(sizeof(int) * (size_t)e->M * cfg->B * cfg->T);
 	e->targets = loom__malloc(sizeof(int) * (size_t)e->M * cfg->B * cfg->T);
 	e->losses = loom__calloc((size_t)e->M, sizeof *e->losses);
@@ -198,7 +211,7 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	e->grad_rbuf = loom__malloc(sizeof(float) * e->act);
 	e->grad_sbuf[0] = loom__malloc(sizeof(float) * e->act);
 	e->grad_sbuf[1] = loom__malloc(sizeof(float) * e->act);
-	if (!e->plan || !e->counts || !e->used || !e->inputs || !e->targets || !e->losses || !e->times || !e->act_rbuf ||
+	if (!e->plan || !e->counts || !e->used || !e->rev || !e->inputs || !e->targets || !e->losses || !e->times || !e->act_rbuf ||
 	    !e->grad_rbuf || !e->grad_sbuf[0] || !e->grad_sbuf[1]) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 		goto fail;
@@ -214,8 +227,8 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	 * the head also reads (head_reads: GPT-2's tied wte) is used by the head stages too but owned by
 	 * the first; one every block reads (all_blocks: nanochat's per-layer scalars) by every stage that
 	 * holds a block; with the head's positions split, stage P-2 uses the head's tensors too. */
-	for (int t = 0; t < e->ntensors; t++) {
-		const loom_tensor_info_t ti = e->tensors[t];
+	for (int t = 0; t < e->nfull; t++) {
+		const loom_tensor_info_t ti = e->full[t];
 		int u = ti.layer, owner = u < 0 ? 0 : u >= e->mc.n_layer ? e->P - 1 : 0;
 		for (int q = 0; q < e->P && u >= 0 && u < e->mc.n_layer; q++)
 			if (u >= lo[q] && u < lo[q + 1])
@@ -224,16 +237,43 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		e->used[t] = owner == e->s || (ti.head_reads && e->head) || (e->head && u >= e->mc.n_layer) ||
 		             (ti.all_blocks && e->lo < e->hi);
 		e->shared_blocks |= ti.all_blocks;
+		if (!e->used[t] && (ti.all_blocks || ti.layer >= e->mc.n_layer)) /* summed here as zeros */
+			e->zmax = LOOM_MAX(e->zmax, ti.numel);
 	}
-	/* The stage model: its layers, `arenas` arenas, parameters viewing the caller's buffer. */
+	/* The stage model: its layers, `arenas` arenas, and only the tensors it uses, packed into its own
+	 * buffers (opts.keep), their values copied from the caller's model. */
 	memset(&o, 0, sizeof o);
-	o.B = cfg->B, o.T = cfg->T, o.arenas = e->arenas, o.layer_lo = e->lo, o.layer_hi = e->hi, o.no_own_params = 1;
+	o.B = cfg->B, o.T = cfg->T, o.arenas = e->arenas, o.layer_lo = e->lo, o.layer_hi = e->hi, o.keep = e->used;
 	o.act_ckpt = loom_model_act_ckpt(cfg->model); /* the caller's checkpointing, per arena of the stage */
 	o.dtype = loom_model_dtype(cfg->model); /* the stage computes in the whole model's precision */
 	o.tp_size = e->tp_size, o.tp_rank = e->tp_rank;
-	if ((rc = loom_model_create(&e->stage, &e->mc, &o)) != LOOM_OK ||
-	    (rc = loom_model_set_param_buffer(e->stage, loom_model_params(cfg->model))) != LOOM_OK)
+	if ((rc = loom_model_create(&e->stage, &e->mc, &o)) != LOOM_OK)
 		goto fail;
+	e->tensors = loom_model_tensors(e->stage, &e->ntensors);
+	e->idx = loom__calloc((size_t)LOOM_MAX(e->ntensors, 1), sizeof *e->idx);
+	e->owned = loom__calloc((size_t)LOOM_MAX(e->ntensors, 1), 1);
+	e->zeros = e->zmax ? loom__calloc(e->zmax, sizeof(float)) : NULL;
+	if (!e->idx || !e->owned || (e->zmax && !e->zeros)) {
+		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
+		goto fail;
+	}
+	for (int t = 0, k = 0; t < e->nfull; t++) {
+		e->rev[t] = e->used[t] ? k : -1;
+		if (!e->used[t])
+			continue;
+		e->idx[k] = t;
+		memcpy(loom_model_tensor_param(e->stage, k), loom_model_params(cfg->model) + e->full[t].offset,
+		       e->full[t].numel * sizeof(float));
+		k++;
+	}
+	{ /* the tensors this stage owns: a contiguous run of the caller's buffer, counts[s] floats */
+		size_t off = 0, end;
+		for (int q = 0; q < e->s; q++)
+			off += e->counts[q];
+		end = off + e->counts[e->s];
+		for (int k = 0; k < e->ntensors; k++)
+			e->owned[k] = e->full[e->idx[k]].offset >= off && e->full[e->idx[k]].offset < end;
+	}
 	/* The stages holding wte (first, last, and P-2 when it runs head rows) sum its gradient (and ln_f's,
 	 * when split): over the pipeline comm itself when they are all of it, else over a communicator of
 	 * them (collective over the pipeline axis). */
@@ -274,6 +314,7 @@ static void pp_destroy(loom_exec_t *ex)
 	if (e->own_ends)
 		loom_comm_destroy(e->ends);
 	loom_model_destroy(e->stage);
+	free(e->idx), free(e->rev), free(e->owned), free(e->zeros);
 	free(e->plan), free(e->counts), free(e->used), free(e->inputs), free(e->targets), free(e->losses), free(e->rows);
 	free(e->times);
 	free(e->act_rbuf), free(e->grad_rbuf), free(e->grad_sbuf[0]), free(e->grad_sbuf[1]), free(e->act_sends);
@@ -287,7 +328,18 @@ static loom_model_t *pp_model(loom_exec_t *e)
 
 static const unsigned char *pp_used(loom_exec_t *e)
 {
-	return ((pp_exec_t *)e)->used;
+	(void)e;
+	return NULL; /* the stage model holds its own tensors only, and reports every one */
+}
+
+/* The gradient of the caller's tensor t on this stage, or zeros when the stage does not hold it (it
+ * still takes part in the sums over the stages that do). */
+static float *grad_or_zeros(pp_exec_t *e, int t)
+{
+	if (e->rev[t] >= 0)
+		return loom_model_tensor_grad(e->stage, e->rev[t]);
+	memset(e->zeros, 0, e->full[t].numel * sizeof(float));
+	return e->zeros;
 }
 
 /* A unit's forward or backward ran from t0 to now. */
@@ -489,28 +541,26 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 		}
 	}
 	/* Tensors every block reads (nanochat's per-layer scalars): the sum of every stage's share. */
-	for (int t = 0; e->shared_blocks && t < e->ntensors; t++) {
-		if (!e->tensors[t].all_blocks)
+	for (int t = 0; e->shared_blocks && t < e->nfull; t++) {
+		if (!e->full[t].all_blocks)
 			continue;
-		float *g = loom_model_tensor_grad(e->stage, t);
-		if ((rc = loom_allreduce(c->pp, g, g, e->tensors[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
+		float *g = grad_or_zeros(e, t); /* a head-alone stage holds none: it adds zeros */
+		if ((rc = loom_allreduce(c->pp, g, g, e->full[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
 			rc = loom_seterr(rc, "pipeline stage %d of %d: summing %s's gradient over the stages: %s", e->s, e->P,
-			                 e->tensors[t].name, loom_comm_errmsg(c->pp));
+			                 e->full[t].name, loom_comm_errmsg(c->pp));
 			goto out;
 		}
 	}
 	if (e->ends && (e->s == 0 || e->head)) {
-		for (int t = 0; e->hrows && t < e->ntensors; t++) {
-			if (e->tensors[t].layer < e->mc.n_layer)
+		for (int t = 0; e->hrows && t < e->nfull; t++) {
+			if (e->full[t].layer < e->mc.n_layer)
 				continue;
-			float *gl = loom_model_tensor_grad(e->stage, t); /* zero on the first stage (zero_grad) */
-			if ((rc = loom_allreduce(e->ends, gl, gl, e->tensors[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
+			float *gl = grad_or_zeros(e, t); /* the first stage (P > 2) holds no head tensor: it adds zeros */
+			if ((rc = loom_allreduce(e->ends, gl, gl, e->full[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
 				rc = loom_seterr(rc, "pipeline stage %d of %d: summing %s's gradient between the stages that "
-				                 "share the head: %s", e->s, e->P, e->tensors[t].name, loom_comm_errmsg(e->ends));
+				                 "share the head: %s", e->s, e->P, e->full[t].name, loom_comm_errmsg(e->ends));
 				goto out;
 			}
-			if (!e->head) /* the first stage keeps no share of the head's (nor counts it in the norm) */
-				memset(gl, 0, e->tensors[t].numel * sizeof(float));
 		}
 	}
 	if (e->head)
@@ -570,24 +620,123 @@ static int pp_grad_norm(loom_exec_t *ex, loom_strategy_t *s, double *norm)
 	return LOOM_OK;
 }
 
+/* This stage's owned tensors of src (a buffer in the stage model's packed layout) in the caller's
+ * order, which is one contiguous run of the caller's layout (counts[s] floats), into dst. */
+static void pack_owned(const pp_exec_t *e, const float *src, float *dst)
+{
+	for (int k = 0; k < e->ntensors; k++)
+		if (e->owned[k]) {
+			memcpy(dst, src + e->tensors[k].offset, e->tensors[k].numel * sizeof(float));
+			dst += e->tensors[k].numel;
+		}
+}
+
+/* Every stage's owned part of a packed buffer (src) into full, the caller's whole layout, on every
+ * rank of the pipeline. Collective over it. */
+static int gather_owned(pp_exec_t *e, const float *src, float *full, const char *what)
+{
+	size_t off = 0;
+	for (int q = 0; q < e->s; q++)
+		off += e->counts[q];
+	pack_owned(e, src, full + off);
+	int rc = loom_allgatherv(e->cfg.pp, full + off, e->counts[e->s], full, e->counts, LOOM_FLOAT32);
+	if (rc != LOOM_OK)
+		return loom_seterr(rc, "pipeline stage %d of %d: gathering the stages' %s: %s", e->s, e->P, what,
+		                   loom_comm_errmsg(e->cfg.pp));
+	return LOOM_OK;
+}
+
+static int check_whole_state(pp_exec_t *e, loom_strategy_t *s)
+{
+	if (s->own_offset != 0 || s->own_count != loom_model_param_count(e->stage) || !s->params)
+		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: the strategy '%s' owns a part of the state; pipeline "
+		                   "parallel composes with whole-state strategies (ddp, zero 0) only", e->s, s->ops->name);
+	return LOOM_OK;
+}
+
+/* The caller's model gets every stage's current parameters (for an evaluation of the whole model). */
 static int pp_gather(loom_exec_t *ex, loom_strategy_t *s)
 {
 	pp_exec_t *e = (pp_exec_t *)ex;
-	size_t off = 0;
-	float *bufs[3] = {loom_model_params(e->cfg.model), s->opt.m, s->opt.v};
+	int rc = check_whole_state(e, s);
+	return rc ? rc : gather_owned(e, s->params, loom_model_params(e->cfg.model), "parameters");
+}
+
+/* A checkpoint as one process's: the parameters gathered into the caller's model (gather), the AdamW
+ * moments into whole buffers the same way; the writer writes them as DDP does, or with tensor
+ * parallelism the tp group of pipeline stage 0 and data-parallel rank 0 unshards and writes them. */
+static int pp_save(loom_exec_t *ex, loom_strategy_t *s, const loom_ckpt_writer_t *w)
+{
+	pp_exec_t *e = (pp_exec_t *)ex;
+	float *p = loom_model_params(e->cfg.model), *m = NULL, *v = NULL;
+	char path[1200];
 	int rc;
-	if (s->own_offset != 0 || s->own_count != e->nparams)
-		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: the strategy '%s' owns a part of the state; pipeline "
-		                   "parallel composes with whole-state strategies (ddp, zero 0) only", e->s, s->ops->name);
-	for (int q = 0; q < e->s; q++)
-		off += e->counts[q];
-	/* MuonAdamW's state is not laid out by the flat buffer: the parameters only (evaluation) */
-	for (int k = 0; k < (s->muon ? 1 : 3); k++)
-		if ((rc = loom_allgatherv(e->cfg.pp, bufs[k] + off, e->counts[e->s], bufs[k], e->counts, LOOM_FLOAT32)) !=
-		    LOOM_OK)
-			return loom_seterr(rc, "pipeline stage %d of %d: gathering the stages' state: %s", e->s, e->P,
-			                   loom_comm_errmsg(e->cfg.pp));
-	return LOOM_OK;
+	if (s->muon)
+		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: checkpoints of MuonAdamW under pipeline parallel are "
+		                   "not written (its state is per rank)", e->s);
+	if ((rc = check_whole_state(e, s)) != LOOM_OK || (rc = gather_owned(e, s->params, p, "parameters")) != LOOM_OK)
+		return rc;
+	m = loom_alloc_aligned(LOOM_MAX(e->nparams, 1) * sizeof(float));
+	v = loom_alloc_aligned(LOOM_MAX(e->nparams, 1) * sizeof(float));
+	if (!m || !v) {
+		rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory for a checkpoint's moments", e->s);
+		goto out;
+	}
+	if ((rc = gather_owned(e, s->opt.m, m, "AdamW moments")) || (rc = gather_owned(e, s->opt.v, v, "AdamW moments")))
+		goto out;
+	if (e->tp_size > 1) {
+		loom__tp_group_t g;
+		loom__tp_group_init(&g, e->cfg.tp);
+		if (e->s == 0 && s->dp_rank == 0)
+			rc = loom__tp_write_whole(&g, &e->mc, e->nparams, p, m, v, w);
+	} else if (w && w->active) {
+		if (!(rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) &&
+		    !(rc = loom_model_save_safetensors(path, &e->mc, p)) &&
+		    !(rc = loom_ckpt_file(w, "optim.safetensors", path, sizeof path)))
+			rc = loom_optim_save(path, &e->mc, m, v);
+	}
+out:
+	loom_free_aligned(m), loom_free_aligned(v);
+	return rc;
+}
+
+/* Any checkpoint (any strategy, mesh or stage count wrote it): the whole state, of which the stage
+ * keeps its tensors (and the caller's model all the parameters). Not collective. */
+static int pp_load(loom_exec_t *ex, loom_strategy_t *s, const char *dir, long long step)
+{
+	pp_exec_t *e = (pp_exec_t *)ex;
+	float *p = loom_model_params(e->cfg.model), *m = NULL, *v = NULL;
+	int rc;
+	if (s->muon)
+		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: resuming MuonAdamW under pipeline parallel is not "
+		                   "supported (its checkpoints are not written)", e->s);
+	if ((rc = check_whole_state(e, s)) != LOOM_OK)
+		return rc;
+	m = loom_alloc_aligned(LOOM_MAX(e->nparams, 1) * sizeof(float));
+	v = loom_alloc_aligned(LOOM_MAX(e->nparams, 1) * sizeof(float));
+	if (!m || !v) {
+		rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory to read a checkpoint", e->s);
+		goto out;
+	}
+	if (e->tp_size > 1) {
+		loom__tp_group_t g;
+		loom__tp_group_init(&g, e->cfg.tp);
+		rc = loom__tp_read_shard(&g, dir, &e->mc, e->nparams, p, m, v);
+	} else {
+		rc = loom__read_whole_state(dir, &e->mc, p, m, v);
+	}
+	if (rc != LOOM_OK)
+		goto out;
+	for (int k = 0; k < e->ntensors; k++) {
+		size_t from = e->full[e->idx[k]].offset, to = e->tensors[k].offset, n = e->tensors[k].numel;
+		memcpy(s->params + to, p + from, n * sizeof(float));
+		memcpy(s->opt.m + to, m + from, n * sizeof(float));
+		memcpy(s->opt.v + to, v + from, n * sizeof(float));
+	}
+	s->opt.step = step;
+out:
+	loom_free_aligned(m), loom_free_aligned(v);
+	return rc;
 }
 
 static const loom_exec_ops_t pp_ops = {
@@ -599,6 +748,8 @@ static const loom_exec_ops_t pp_ops = {
 	.step = pp_step,
 	.grad_norm = pp_grad_norm,
 	.gather = pp_gather,
+	.save = pp_save,
+	.load = pp_load,
 };
 
 const loom_exec_ops_t *loom__exec_pipeline(void)

@@ -132,6 +132,12 @@ typedef struct {
 	/* Every stage's parameters (and AdamW moments) to every rank of the pipeline, so the caller's
 	 * model and the strategy's optimizer hold the whole current state. */
 	int (*gather)(loom_exec_t *e, loom_strategy_t *s);
+	/* The checkpoint's model and optimizer state (the strategy's save for the local executor; a
+	 * pipeline writes the whole model as one process's from its stages), and reading any checkpoint
+	 * back into this rank's part (the strategy's load; a stage's tensors). As the strategy's save and
+	 * load: save collective, load not. */
+	int (*save)(loom_exec_t *e, loom_strategy_t *s, const loom_ckpt_writer_t *w);
+	int (*load)(loom_exec_t *e, loom_strategy_t *s, const char *dir, long long step);
 } loom_exec_ops_t;
 
 struct loom_exec {

@@ -88,6 +88,18 @@ static int local_gather(loom_exec_t *e, loom_strategy_t *s)
 	return LOOM_OK;
 }
 
+static int local_save(loom_exec_t *e, loom_strategy_t *s, const loom_ckpt_writer_t *w)
+{
+	(void)e;
+	return s->ops->save(s, w);
+}
+
+static int local_load(loom_exec_t *e, loom_strategy_t *s, const char *dir, long long step)
+{
+	(void)e;
+	return s->ops->load(s, dir, step);
+}
+
 static const loom_exec_ops_t local_ops = {
 	.name = "local",
 	.create = local_create,
@@ -97,6 +109,8 @@ static const loom_exec_ops_t local_ops = {
 	.step = local_step,
 	.grad_norm = local_grad_norm,
 	.gather = local_gather,
+	.save = local_save,
+	.load = local_load,
 };
 
 const loom_exec_ops_t *loom__exec_local(void)

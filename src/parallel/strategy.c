@@ -113,7 +113,7 @@ int loom__replica_init(loom_strategy_t *s, const loom_strategy_config_t *cfg, fl
 	s->writer = cfg->writer;
 	s->params = loom_model_params(cfg->model);
 	s->grads = grads;
-	s->nparams = loom_model_num_params(&s->mcfg);
+	s->nparams = loom_model_param_count(cfg->model); /* the model's: a tp shard's, a pipeline stage's */
 	s->own_offset = 0, s->own_count = s->nparams;
 	s->own_grads = grads;
 	s->own_params = s->params;
@@ -122,7 +122,9 @@ int loom__replica_init(loom_strategy_t *s, const loom_strategy_config_t *cfg, fl
 	s->mem.comm = 0;
 	if (cfg->optimizer == LOOM_OPTIMIZER_MUON)
 		return loom__muon_init(s, cfg);
-	return loom_adamw_init_model_range(&s->opt, &cfg->adamw, &s->mcfg, 0, s->nparams);
+	int nt;
+	const loom_tensor_info_t *ti = loom_model_tensors(cfg->model, &nt);
+	return loom_adamw_init_table_range(&s->opt, &cfg->adamw, ti, nt, s->nparams, 0, s->nparams);
 }
 
 void loom__replica_free(loom_strategy_t *s)

@@ -165,18 +165,18 @@ int loom_trainer_save(loom_trainer_t *tr)
 		snprintf(w.final_, sizeof w.final_, "%s/step_%08lld", tr->cfg.save_dir, tr->step);
 		w.step = tr->step;
 		free(loaders);
-		return tr->strategy->ops->save(tr->strategy, &w);
+		return tr->exec->ops->save(tr->exec, tr->strategy, &w);
 	}
 	if (tr->sum.checkpoint[0] && access(tr->cfg.save_dir, F_OK) != 0 && errno == ENOENT) /* not silently */
 		fprintf(stderr, "loom: warning: the checkpoint directory %s was removed during the run: the checkpoints "
 		        "written to it are lost (the newest was %s); step %lld is saved into it anew\n", tr->cfg.save_dir,
 		        tr->sum.checkpoint, tr->step);
 	if ((rc = loom_ckpt_begin(&w, tr->cfg.save_dir, tr->step)) != LOOM_OK) {
-		tr->strategy->ops->save(tr->strategy, NULL); /* still take part, should it be collective */
+		tr->exec->ops->save(tr->exec, tr->strategy, NULL); /* still take part, should it be collective */
 		free(loaders);
 		return rc;
 	}
-	if ((rc = tr->strategy->ops->save(tr->strategy, &w)) != LOOM_OK)
+	if ((rc = tr->exec->ops->save(tr->exec, tr->strategy, &w)) != LOOM_OK)
 		goto fail;
 	int eot = -1;
 	if (tr->cfg.tokenizer) {
@@ -305,7 +305,7 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 		                 (unsigned long long)ls.next_window, (long long)step, (unsigned long long)want);
 		goto out;
 	}
-	if ((rc = tr->strategy->ops->load(tr->strategy, dir, astep)) != LOOM_OK)
+	if ((rc = tr->exec->ops->load(tr->exec, tr->strategy, dir, astep)) != LOOM_OK)
 		goto out;
 	tr->step = step;
 	double ema = 0.0;

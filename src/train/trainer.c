@@ -504,4 +504,8 @@ long long loom_trainer_tokens_per_step(const loom_trainer_t *tr)
 void loom_train_model_opts(const loom_train_config_t *cfg, int dp, int tp, loom_model_opts_t *mo)
 {
 	loom__strategy_model_opts(cfg->strategy, cfg->zero, dp, tp, &mo->no_own_grads, &mo->no_own_params);
+	/* with a pipeline the steps run on a stage model holding its own tensors; the whole model only
+	 * evaluates (after a gather of the parameters) and never needs gradients */
+	if (cfg->mesh && loom_mesh_size(cfg->mesh, LOOM_MESH_PP) > 1)
+		mo->no_own_grads = 1;
 }
