@@ -646,20 +646,30 @@ static int gather_owned(pp_exec_t *e, const float *src, float *full, const char 
 	return LOOM_OK;
 }
 
-static int check_whole_state(pp_exec_t *e, loom_strategy_t *s)
+/* The stage's current parameters (and AdamW moments: m, v non-NULL) gathered from its data-parallel
+ * ranks (loom__strategy_export, collective over dp), then every stage's owned tensors of them into
+ * the caller's layout on every rank of the pipeline: the parameters into the caller's model, the
+ * moments into m, v (e->nparams floats each). */
+static int gather_state(pp_exec_t *e, loom_strategy_t *s, float *m, float *v)
 {
-	if (s->own_offset != 0 || s->own_count != loom_model_param_count(e->stage) || !s->params)
-		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: the strategy '%s' owns a part of the state; pipeline "
-		                   "parallel composes with whole-state strategies (ddp, zero 0) only", e->s, s->ops->name);
-	return LOOM_OK;
+	size_t n = loom_model_param_count(e->stage), bytes = LOOM_MAX(n, 1) * sizeof(float);
+	float *lp = loom_alloc_aligned(bytes), *lm = m ? loom_alloc_aligned(bytes) : NULL;
+	float *lv = v ? loom_alloc_aligned(bytes) : NULL;
+	int rc;
+	if (!lp || (m && !lm) || (v && !lv))
+		rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory for gathering the stage's state", e->s);
+	else if ((rc = loom__strategy_export(s, lp, lm, lv)) == LOOM_OK &&
+	         (rc = gather_owned(e, lp, loom_model_params(e->cfg.model), "parameters")) == LOOM_OK && m &&
+	         (rc = gather_owned(e, lm, m, "AdamW moments")) == LOOM_OK)
+		rc = gather_owned(e, lv, v, "AdamW moments");
+	loom_free_aligned(lp), loom_free_aligned(lm), loom_free_aligned(lv);
+	return rc;
 }
 
 /* The caller's model gets every stage's current parameters (for an evaluation of the whole model). */
 static int pp_gather(loom_exec_t *ex, loom_strategy_t *s)
 {
-	pp_exec_t *e = (pp_exec_t *)ex;
-	int rc = check_whole_state(e, s);
-	return rc ? rc : gather_owned(e, s->params, loom_model_params(e->cfg.model), "parameters");
+	return gather_state((pp_exec_t *)ex, s, NULL, NULL);
 }
 
 /* A checkpoint as one process's: the parameters gathered into the caller's model (gather), the AdamW
@@ -674,15 +684,13 @@ static int pp_save(loom_exec_t *ex, loom_strategy_t *s, const loom_ckpt_writer_t
 	if (s->muon)
 		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: checkpoints of MuonAdamW under pipeline parallel are "
 		                   "not written (its state is per rank)", e->s);
-	if ((rc = check_whole_state(e, s)) != LOOM_OK || (rc = gather_owned(e, s->params, p, "parameters")) != LOOM_OK)
-		return rc;
 	m = loom_alloc_aligned(LOOM_MAX(e->nparams, 1) * sizeof(float));
 	v = loom_alloc_aligned(LOOM_MAX(e->nparams, 1) * sizeof(float));
 	if (!m || !v) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory for a checkpoint's moments", e->s);
 		goto out;
 	}
-	if ((rc = gather_owned(e, s->opt.m, m, "AdamW moments")) || (rc = gather_owned(e, s->opt.v, v, "AdamW moments")))
+	if ((rc = gather_state(e, s, m, v)) != LOOM_OK)
 		goto out;
 	if (e->tp_size > 1) {
 		loom__tp_group_t g;
@@ -701,20 +709,21 @@ out:
 }
 
 /* Any checkpoint (any strategy, mesh or stage count wrote it): the whole state, of which the stage
- * keeps its tensors (and the caller's model all the parameters). Not collective. */
+ * keeps its tensors (and the caller's model all the parameters), and the strategy its part of those.
+ * Not collective. */
 static int pp_load(loom_exec_t *ex, loom_strategy_t *s, const char *dir, long long step)
 {
 	pp_exec_t *e = (pp_exec_t *)ex;
-	float *p = loom_model_params(e->cfg.model), *m = NULL, *v = NULL;
+	size_t n = loom_model_param_count(e->stage), bytes = LOOM_MAX(n, 1) * sizeof(float);
+	float *p = loom_model_params(e->cfg.model), *m = NULL, *v = NULL, *lp = NULL, *lm = NULL, *lv = NULL;
 	int rc;
 	if (s->muon)
 		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: resuming MuonAdamW under pipeline parallel is not "
 		                   "supported (its checkpoints are not written)", e->s);
-	if ((rc = check_whole_state(e, s)) != LOOM_OK)
-		return rc;
 	m = loom_alloc_aligned(LOOM_MAX(e->nparams, 1) * sizeof(float));
 	v = loom_alloc_aligned(LOOM_MAX(e->nparams, 1) * sizeof(float));
-	if (!m || !v) {
+	lp = loom_alloc_aligned(bytes), lm = loom_alloc_aligned(bytes), lv = loom_alloc_aligned(bytes);
+	if (!m || !v || !lp || !lm || !lv) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory to read a checkpoint", e->s);
 		goto out;
 	}
@@ -728,14 +737,14 @@ static int pp_load(loom_exec_t *ex, loom_strategy_t *s, const char *dir, long lo
 	if (rc != LOOM_OK)
 		goto out;
 	for (int k = 0; k < e->ntensors; k++) {
-		size_t from = e->full[e->idx[k]].offset, to = e->tensors[k].offset, n = e->tensors[k].numel;
-		memcpy(s->params + to, p + from, n * sizeof(float));
-		memcpy(s->opt.m + to, m + from, n * sizeof(float));
-		memcpy(s->opt.v + to, v + from, n * sizeof(float));
+		size_t from = e->full[e->idx[k]].offset, to = e->tensors[k].offset, cnt = e->tensors[k].numel;
+		memcpy(lp + to, p + from, cnt * sizeof(float));
+		memcpy(lm + to, m + from, cnt * sizeof(float));
+		memcpy(lv + to, v + from, cnt * sizeof(float));
 	}
-	s->opt.step = step;
+	rc = loom__strategy_import(s, lp, lm, lv, step);
 out:
-	loom_free_aligned(m), loom_free_aligned(v);
+	loom_free_aligned(m), loom_free_aligned(v), loom_free_aligned(lp), loom_free_aligned(lm), loom_free_aligned(lv);
 	return rc;
 }
 

@@ -192,3 +192,76 @@ int loom__replica_load(loom_strategy_t *s, const char *dir, long long step)
 	s->opt.step = step;
 	return LOOM_OK;
 }
+
+/* Rank q's range: the strategy's rule (shard_off), ZeRO's default, or everything for a replica. */
+static size_t range_at(const loom_strategy_t *s, int q)
+{
+	if (s->own_count == s->nparams)
+		return q == 0 ? 0 : s->nparams;
+	return s->shard_off ? s->shard_off[q] : loom__zero_shard_offset(s->nparams, q, s->dp_size);
+}
+
+static int export_one(loom_strategy_t *s, const float *mine, float *whole, size_t *counts)
+{
+	if (s->own_count == s->nparams || !s->dp) {
+		if (whole != mine)
+			memcpy(whole, mine, s->nparams * sizeof(float));
+		return LOOM_OK;
+	}
+	int rc = loom_allgatherv(s->dp, mine, s->own_count, whole, counts, LOOM_FLOAT32);
+	if (rc != LOOM_OK)
+		return loom_seterr(rc, "rank %d of %d data-parallel: gathering the owned ranges of the training state: %s",
+		                   s->dp_rank, s->dp_size, loom_comm_errmsg(s->dp));
+	return LOOM_OK;
+}
+
+int loom__strategy_export(loom_strategy_t *s, float *p, float *m, float *v)
+{
+	if (s->muon)
+		return loom_seterr(LOOM_ENOTSUP, "trainer: MuonAdamW's state is per matrix and rank: it is not gathered as "
+		                   "a flat buffer");
+	return s->ops->export_state ? s->ops->export_state(s, p, m, v) : loom__strategy_export_owned(s, p, m, v);
+}
+
+int loom__strategy_export_owned(loom_strategy_t *s, float *p, float *m, float *v)
+{
+	int rc;
+	size_t *counts = loom__calloc((size_t)s->dp_size, sizeof *counts);
+	if (!counts)
+		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
+	for (int q = 0; q < s->dp_size; q++)
+		counts[q] = range_at(s, q + 1) - range_at(s, q);
+	rc = LOOM_OK;
+	if (p && s->params) /* kept whole (and current: ZeRO settles its gathers in export_state) */
+		memcpy(p, s->params, s->nparams * sizeof(float));
+	else if (p)
+		rc = export_one(s, s->own_params, p, counts);
+	if (rc == LOOM_OK && m)
+		rc = export_one(s, s->opt.m, m, counts);
+	if (rc == LOOM_OK && v)
+		rc = export_one(s, s->opt.v, v, counts);
+	free(counts);
+	return rc;
+}
+
+int loom__strategy_import(loom_strategy_t *s, const float *p, const float *m, const float *v, long long step)
+{
+	if (s->muon)
+		return loom_seterr(LOOM_ENOTSUP, "trainer: MuonAdamW's state is per matrix and rank: it is not read from a "
+		                   "flat buffer");
+	return s->ops->import_state ? s->ops->import_state(s, p, m, v, step) : loom__strategy_import_owned(s, p, m, v, step);
+}
+
+int loom__strategy_import_owned(loom_strategy_t *s, const float *p, const float *m, const float *v, long long step)
+{
+	if (p && s->params)
+		memcpy(s->params, p, s->nparams * sizeof(float));
+	else if (p)
+		memcpy(s->own_params, p + s->own_offset, s->own_count * sizeof(float));
+	if (m)
+		memcpy(s->opt.m, m + s->own_offset, s->own_count * sizeof(float));
+	if (v)
+		memcpy(s->opt.v, v + s->own_offset, s->own_count * sizeof(float));
+	s->opt.step = step;
+	return LOOM_OK;
+}

@@ -102,6 +102,10 @@ typedef struct {
 	/* Read this rank's part of the model and optimizer state from the committed checkpoint dir,
 	 * whichever strategy and world size wrote it; AdamW's step becomes `step`. Not collective. */
 	int (*load)(loom_strategy_t *s, const char *dir, long long step);
+	/* Optional (NULL: loom__strategy_export / _import alone): the strategy's part around them (ZeRO
+	 * settles its parameter gathers first, and at stage 3 marks its shard as loaded). */
+	int (*export_state)(loom_strategy_t *s, float *p, float *m, float *v);
+	int (*import_state)(loom_strategy_t *s, const float *p, const float *m, const float *v, long long step);
 } loom_strategy_ops_t;
 
 /* The part every strategy has; implementations embed it as their first member. */
@@ -220,6 +224,18 @@ int loom__tp_write_whole(const loom__tp_group_t *g, const loom_model_config_t *c
  * p, m, v (any NULL: not read). Not collective. */
 int loom__tp_read_shard(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, size_t nshard, float *p,
                         float *m, float *v);
+
+/* The model's whole state as this rank's strategy holds it, into buffers of the model's table layout
+ * (nparams floats each; any NULL: not wanted): the parameters, AdamW's moments; gathered over the
+ * data-parallel ranks where each owns a range. Collective over dp (the same calls on every rank).
+ * LOOM_ENOTSUP under MuonAdamW (its state is per matrix). */
+int loom__strategy_export(loom_strategy_t *s, float *p, float *m, float *v);
+/* The reverse, not collective: this rank keeps its owned range of p, m, v (whole-table layout) and
+ * AdamW's step becomes `step`. */
+int loom__strategy_import(loom_strategy_t *s, const float *p, const float *m, const float *v, long long step);
+/* The two without the strategy's own part (what export_state / import_state call around it). */
+int loom__strategy_export_owned(loom_strategy_t *s, float *p, float *m, float *v);
+int loom__strategy_import_owned(loom_strategy_t *s, const float *p, const float *m, const float *v, long long step);
 
 /* Pick the strategy for cfg by the table in strategy.c (LOOM_ENOTSUP naming what exists for an
  * unknown name or a ZeRO stage not implemented) and create it. */

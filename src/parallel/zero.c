@@ -844,30 +844,18 @@ static int zero_check_replicas(loom_strategy_t *s)
 	return rc ? rc : loom__tp_check_whole(&z->tpg, z->ti, z->ntensors, s->params);
 }
 
-/* The shard's whole state (nparams floats each of parameters and moments) on every data-parallel rank,
- * from the owned ranges (collective over dp); *p is s->params when it is kept whole. */
-static int gather_state(zero_t *z, float **p, float **m, float **v)
+static int zero_export(loom_strategy_t *s, float *p, float *m, float *v)
 {
-	loom_strategy_t *s = &z->base;
-	size_t *counts = loom__calloc((size_t)s->dp_size, sizeof *counts);
-	int rc = LOOM_OK;
-	*p = s->params ? s->params : loom_alloc_aligned(LOOM_MAX(s->nparams, 1) * sizeof(float));
-	*m = loom_alloc_aligned(LOOM_MAX(s->nparams, 1) * sizeof(float));
-	*v = loom_alloc_aligned(LOOM_MAX(s->nparams, 1) * sizeof(float));
-	if (!counts || !*p || !*m || !*v) {
-		free(counts);
-		return loom_seterr(LOOM_ENOMEM, "zero: rank %d: out of memory for gathering %zu parameters to save them",
-		                   s->dp_rank, s->nparams);
-	}
-	for (int q = 0; q < s->dp_size; q++)
-		counts[q] = z->off[q + 1] - z->off[q];
-	const float *src[3] = {s->own_params, s->opt.m, s->opt.v};
-	float *dst[3] = {*p, *m, *v};
-	for (int k = s->params ? 1 : 0; k < 3 && rc == LOOM_OK; k++)
-		if ((rc = loom_allgatherv(s->dp, src[k], s->own_count, dst[k], counts, LOOM_FLOAT32)) != LOOM_OK)
-			rc = loom_seterr(rc, "zero: rank %d: gathering the shards' state for a checkpoint: %s", s->dp_rank,
-			                 loom_comm_errmsg(s->dp));
-	free(counts);
+	zero_t *z = (zero_t *)s;
+	int rc = z->stage == 3 ? settle_gathers(z) : settle_params(z);
+	return rc ? rc : loom__strategy_export_owned(s, p, m, v);
+}
+
+static int zero_import(loom_strategy_t *s, const float *p, const float *m, const float *v, long long step)
+{
+	int rc = loom__strategy_import_owned(s, p, m, v, step);
+	if (rc == LOOM_OK && p && !s->params)
+		loom__zero_set_loaded(s); /* stage 3: the shard holds the parameters now */
 	return rc;
 }
 
@@ -875,17 +863,22 @@ static int zero_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	zero_t *z = (zero_t *)s;
 	float *p = NULL, *m = NULL, *v = NULL;
-	int rc = z->stage == 3 ? settle_gathers(z) : settle_params(z);
-	if (rc != LOOM_OK || z->tpg.size == 1)
+	int rc;
+	if (z->tpg.size == 1) {
+		rc = z->stage == 3 ? settle_gathers(z) : settle_params(z);
 		return rc ? rc : loom__sharded_save(s, w, z->stage);
-	/* a tensor-parallel shard: the group's whole state, written by the writer as DDP's (the moments
+	}
+	/* a tensor-parallel shard: the group's whole state, written by the writer as DDP's (the state
 	 * gathered over dp first, then unsharded over tp by data-parallel rank 0's group) */
-	rc = gather_state(z, &p, &m, &v);
+	size_t bytes = LOOM_MAX(s->nparams, 1) * sizeof(float);
+	if (!(p = loom_alloc_aligned(bytes)) || !(m = loom_alloc_aligned(bytes)) || !(v = loom_alloc_aligned(bytes)))
+		rc = loom_seterr(LOOM_ENOMEM, "zero: rank %d: out of memory for gathering %zu parameters to save them",
+		                 s->dp_rank, s->nparams);
+	else
+		rc = zero_export(s, p, m, v);
 	if (rc == LOOM_OK && s->dp_rank == 0)
 		rc = loom__tp_write_whole(&z->tpg, &s->mcfg, s->nparams, p, m, v, w);
-	if (p != s->params)
-		loom_free_aligned(p);
-	loom_free_aligned(m), loom_free_aligned(v);
+	loom_free_aligned(p), loom_free_aligned(m), loom_free_aligned(v);
 	return rc;
 }
 
@@ -897,26 +890,12 @@ static int zero_load(loom_strategy_t *s, const char *dir, long long step)
 	if (z->tpg.size == 1)
 		return loom__sharded_load(s, dir, step);
 	/* a tensor-parallel shard: this tp rank's shard of the whole state, then the owned range */
-	p = s->params ? s->params : loom_alloc_aligned(LOOM_MAX(s->nparams, 1) * sizeof(float));
-	m = loom_alloc_aligned(LOOM_MAX(s->nparams, 1) * sizeof(float));
-	v = loom_alloc_aligned(LOOM_MAX(s->nparams, 1) * sizeof(float));
-	if (!p || !m || !v) {
+	size_t bytes = LOOM_MAX(s->nparams, 1) * sizeof(float);
+	if (!(p = loom_alloc_aligned(bytes)) || !(m = loom_alloc_aligned(bytes)) || !(v = loom_alloc_aligned(bytes)))
 		rc = loom_seterr(LOOM_ENOMEM, "zero: rank %d: out of memory to read a checkpoint", s->dp_rank);
-		goto out;
-	}
-	if ((rc = loom__tp_read_shard(&z->tpg, dir, &s->mcfg, s->nparams, p, m, v)) != LOOM_OK)
-		goto out;
-	if (!s->params) {
-		memcpy(s->own_params, p + s->own_offset, s->own_count * sizeof(float));
-		loom__zero_set_loaded(s);
-	}
-	memcpy(s->opt.m, m + s->own_offset, s->own_count * sizeof(float));
-	memcpy(s->opt.v, v + s->own_offset, s->own_count * sizeof(float));
-	s->opt.step = step;
-out:
-	if (p != s->params)
-		loom_free_aligned(p);
-	loom_free_aligned(m), loom_free_aligned(v);
+	else if ((rc = loom__tp_read_shard(&z->tpg, dir, &s->mcfg, s->nparams, p, m, v)) == LOOM_OK)
+		rc = zero_import(s, p, m, v, step);
+	loom_free_aligned(p), loom_free_aligned(m), loom_free_aligned(v);
 	return rc;
 }
 
@@ -933,7 +912,9 @@ out:
 		.sync_params = zero_sync_params,                                                                          \
 		.check_replicas = zero_check_replicas,                                                                    \
 		.save = zero_save,                                                                                        \
-		.load = zero_load,                                                                               \
+		.load = zero_load,                                                                                        \
+		.export_state = zero_export,                                                                              \
+		.import_state = zero_import,                                                                               \
 	}
 ZERO_OPS(1);
 ZERO_OPS(2);
