@@ -43,6 +43,9 @@ TEST(nanochat_strategies_match_one_process)
 		{"tp2", "--nproc 2 --tp 2"},
 		{"dp2 x tp2", "--nproc 4 --tp 2"},
 		{"tp2 x pp2", "--nproc 4 --tp 2 --pp 2"},
+		{"zero2 x tp2", "--nproc 4 --tp 2 --zero 2"},
+		{"zero3 x pp2", "--nproc 4 --pp 2 --zero 3"},
+		{"zero1 x pp2 gpipe", "--nproc 4 --pp 2 --zero 1 --schedule gpipe"},
 	};
 	char dir[512], cmd[4096], out[16384], path[1024];
 	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};

@@ -487,6 +487,48 @@ TEST(zero_x_tp2)
 	return rc;
 }
 
+/* ZeRO 1, 2, 3 on the data-parallel axis of each pipeline stage: dp 2 x pp 2 (4 ranks, M = 4 each),
+ * GPipe and 1F1B, against one process with accumulation 8. Each stage's tensors are sharded over its
+ * dp ranks; the tied wte (held by both stages) is summed over the stages before ZeRO reduces it. */
+TEST(zero_x_pp2)
+{
+	static const char *const scheds[] = {"gpipe", "1f1b"};
+	int rc = 0;
+	CHECK_EQ(setup(8), 0);
+	for (int z = 1; z <= 3 && !rc; z++)
+		for (int k = 0; k < 2 && !rc; k++) {
+			run_t r = {.dp = 2, .pp = 2, .M = 4, .schedule = scheds[k], .zero = z};
+			rc = test_spawn(4, pp_rank, &r, 120, NULL);
+			if (rc)
+				fprintf(stderr, "zero %d x dp 2 x pp 2 (%s) failed\n", z, scheds[k]);
+		}
+	teardown();
+	return rc;
+}
+
+/* ZeRO on the full mesh: dp 2 x tp 2 x pp 2 on 8 processes (M = 4 each) at stages 1 and 3, and a
+ * last stage that runs the head alone (its positions shared with stage 0: ln_f held by both) with
+ * ZeRO-2 on dp 2 x pp 2. */
+TEST(zero_x_dp2_tp2_pp2)
+{
+	int rc = 0;
+	CHECK_EQ(setup(8), 0);
+	for (int z = 1; z <= 3 && !rc; z += 2) {
+		run_t r = {.dp = 2, .tp = 2, .pp = 2, .M = 4, .schedule = "1f1b", .zero = z};
+		rc = test_spawn(8, pp_rank, &r, 300, NULL);
+		if (rc)
+			fprintf(stderr, "zero %d x dp 2 x tp 2 x pp 2 failed\n", z);
+	}
+	teardown();
+	if (rc)
+		return rc;
+	CHECK_EQ(setup_heavy(1, 8), 0);
+	run_t h = {.dp = 2, .pp = 2, .M = 4, .schedule = "1f1b", .zero = 2, .head_rows = 13};
+	rc = test_spawn(4, pp_rank, &h, 120, NULL);
+	teardown();
+	return rc;
+}
+
 /* Any checkpoint onto any mesh: ZeRO-3 on dp 2 x tp 2 saves after step 5 (its moments gathered over
  * dp, the shards over tp, written whole), and one process continues from it as the reference does; a
  * ZeRO-1 checkpoint of dp 4 (moments in 4 shard files) continues on tp 2 x dp 2 without ZeRO and on

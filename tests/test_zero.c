@@ -348,12 +348,12 @@ TEST(zero_selection)
 	loom__strategy_describe(text, sizeof text);
 	CHECK_CONTAINS(text, "ddp zero=1 ranks>1 tp>=1: zero1: ZeRO-1: ");
 	CHECK_CONTAINS(text, "ddp zero=2 ranks>1 tp>=1: zero2: ZeRO-2: ");
-	/* a pipeline stage's model (it reports some tensors only): not sharded over dp yet, said at once */
-	unsigned char used[1] = {1};
-	c.zero = 2, c.tensor_used = used;
+	/* MuonAdamW over a pipeline stage's ZeRO shards: not yet, said at once */
+	unsigned char deferred[1] = {1};
+	c.zero = 2, c.deferred = deferred, c.optimizer = LOOM_OPTIMIZER_MUON;
 	CHECK_ERR(loom__strategy_create(&s, &c), LOOM_ENOTSUP);
-	CHECK_CONTAINS(loom_errmsg(), "trainer: ZeRO stage 2 with pipeline parallel: a stage's state is not sharded over "
-	               "data parallel yet (use --zero 0 with --pp, or --zero with --tp and dp only)");
+	CHECK_CONTAINS(loom_errmsg(), "trainer: --optimizer muon with --zero 2 and --pp: MuonAdamW's matrices are not "
+	               "sharded over a pipeline stage's data-parallel ranks yet (use --zero 0 with --pp)");
 	loom_gpt2_destroy(m);
 	return 0;
 }

@@ -96,15 +96,8 @@ static void on_grad_ready(void *ctx, int t)
 	}
 }
 
-int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_model_t *model, double bucket_mb, double first_bucket_mb)
-{
-	return loom__ddp_create_used(out, comm, model, bucket_mb, first_bucket_mb, NULL);
-}
-
-/* Buckets over the tensors with used[t] != 0 only (NULL: all), for a pipeline stage's model, which
- * reports only its own tensors: an unused tensor closes the bucket before it and belongs to none. */
-int loom__ddp_create_used(loom_ddp_t **out, loom_comm_t *comm, loom_model_t *model, double bucket_mb,
-                          double first_bucket_mb, const unsigned char *used)
+int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_model_t *model, double bucket_mb,
+                    double first_bucket_mb)
 {
 	loom_ddp_t *d;
 	loom_tensor_info_t info;
@@ -143,17 +136,13 @@ int loom__ddp_create_used(loom_ddp_t **out, loom_comm_t *comm, loom_model_t *mod
 	limit = (size_t)(first_bucket_mb * 1048576.0);
 	for (int t = d->ntensors - 1; t >= 0; t--) {
 		bucket_t *b = &d->buckets[d->nbuckets];
-		if (used && !used[t]) {
-			d->bucket_of[t] = -1;
-			continue;
-		}
 		info = table[t];
 		if (bytes == 0)
 			b->hi = t;
 		b->lo = t;
 		d->bucket_of[t] = d->nbuckets;
 		bytes += info.numel * sizeof(float);
-		if (bytes >= limit || t == 0 || (used && !used[t - 1])) {
+		if (bytes >= limit || t == 0) {
 			loom_tensor_info_t lo;
 			lo = table[b->lo];
 			b->offset = lo.offset;
@@ -361,8 +350,7 @@ static int ddp_s_create(loom_strategy_t **out, const loom_strategy_config_t *cfg
 		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
 	d->base.ops = loom__ddp_strategy();
 	/* PyTorch DDP's layout: the first bucket (the last layers, whose gradients come first) 1 MiB. */
-	if ((rc = loom__ddp_create_used(&d->ddp, cfg->dp, cfg->model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb),
-	                                cfg->tensor_used)) ||
+	if ((rc = loom_ddp_create(&d->ddp, cfg->dp, cfg->model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb))) ||
 	    (rc = loom_ddp_set_reduce_dtype(d->ddp, cfg->grad_reduce_dtype)) ||
 	    (rc = loom__replica_init(&d->base, cfg, loom_ddp_grads(d->ddp)))) {
 		ddp_s_destroy(&d->base);

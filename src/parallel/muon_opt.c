@@ -11,10 +11,9 @@
  * mean, half the traffic, no overlap. AdamW's tensors are updated on every rank (replicated state,
  * tiny next to the matrices' Muon work); sharding them is ZeRO's job (docs/muon.md).
  *
- * A pipeline stage's strategy owns only the matrices its stage uses (tensor_used); the others have
- * zero gradients there, and Muon's cautious decay would move them (X = 0 passes the mask), so they
- * are AdamW's, whose update of a zero gradient from zero moments is exactly 0. Its checkpoints are not
- * written yet (the stages' state files would need stage-wise names and AdamW slices): save refuses.
+ * A pipeline stage's model holds only its own tensors (src/parallel/pp.c), so its strategy's
+ * matrices are the stage's. Its checkpoints are not written yet (the stages' state files would need
+ * stage-wise names and AdamW slices): the pipeline's save refuses.
  *
  * Invariant: after each step every rank's parameters are the same bits, equal to one process's
  * MuonAdamW over the averaged gradient (each matrix is updated once, by its owner, from the same
@@ -47,7 +46,6 @@ struct loom__muon_plan {
 	size_t *counts; /* floats each rank contributes */
 	float *stage;   /* the all-gather's buffer: every Muon matrix's floats */
 	size_t total;
-	int stage_only; /* a pipeline stage's strategy: its stage's matrices only (tensor_used) */
 };
 
 void loom__muon_free(loom_strategy_t *s)
@@ -75,11 +73,7 @@ int loom__muon_init(loom_strategy_t *s, const loom_strategy_config_t *cfg)
 	if (!t || !mine || !p)
 		goto fail;
 	s->muon_plan = p;
-	p->stage_only = cfg->tensor_used != NULL;
 	memcpy(t, t0, (size_t)n * sizeof *t);
-	for (int i = 0; i < n; i++) /* a pipeline stage's unused matrices: AdamW's (a zero update) */
-		if (t[i].opt_group == LOOM_OPT_MATRIX && cfg->tensor_used && !cfg->tensor_used[i])
-			t[i].opt_group = LOOM_OPT_VECTOR;
 	if (!(p->order = loom__malloc((size_t)n * sizeof *p->order)) || !(p->counts = loom__calloc((size_t)N, sizeof *p->counts)))
 		goto fail;
 	int nmine = 0;
@@ -151,9 +145,7 @@ int loom__muon_init_range(loom_strategy_t *s, const loom_strategy_config_t *cfg)
 	for (int i = 0; i < n; i++) {
 		if (t[i].opt_group != LOOM_OPT_MATRIX)
 			continue;
-		if (cfg->tensor_used && !cfg->tensor_used[i])
-			t[i].opt_group = LOOM_OPT_VECTOR;
-		else if (t[i].offset >= s->own_offset && t[i].offset < s->own_offset + s->own_count)
+		if (t[i].offset >= s->own_offset && t[i].offset < s->own_offset + s->own_count)
 			mats[nm++] = i;
 	}
 	size_t range[1][2] = {{s->own_offset, s->own_offset + s->own_count}};
@@ -265,9 +257,6 @@ int loom__muon_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	char path[1200], name[64];
 	int rc = LOOM_OK, ok = !s->writer || (w && w->active), all = ok;
-	if (s->muon_plan && s->muon_plan->stage_only) /* every stage's rank 0 would write muon_r0 */
-		return loom_seterr(LOOM_ENOTSUP, "muon: checkpoints of MuonAdamW's state under pipeline parallel are not "
-		                   "written yet (train without --save-dir, or without --pp)");
 	/* has the writer begun? every rank writes into its temporary directory only then */
 	if (s->dp_size > 1 && (rc = loom_allreduce(s->dp, &ok, &all, 1, LOOM_INT32, LOOM_MIN)) != LOOM_OK)
 		return loom_seterr(rc, "muon: rank %d: starting the checkpoint: %s", s->dp_rank, loom_comm_errmsg(s->dp));

@@ -84,6 +84,9 @@ typedef struct {
 	int *rev;                     /* nfull: the stage's index of each caller's tensor, or -1 */
 	unsigned char *owned;         /* ntensors: the stage owns it (else it is a copy of another stage's,
 	                                 e.g. the tied wte on the last stage, kept equal by the sums below) */
+	unsigned char *skip;          /* ntensors: !owned (left out of the gradient norm) */
+	unsigned char *shared;        /* ntensors: its gradient is summed over stages (wte, the per-layer
+	                                 scalars, a shared head's): the strategy reduces it after the sums */
 	float *zeros;                 /* a stage's share of a tensor it does not hold, in the sums (zmax floats) */
 	size_t zmax;
 	size_t *counts;               /* floats each stage owns, in stage order (they tile the buffer) */
@@ -252,8 +255,10 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	e->tensors = loom_model_tensors(e->stage, &e->ntensors);
 	e->idx = loom__calloc((size_t)LOOM_MAX(e->ntensors, 1), sizeof *e->idx);
 	e->owned = loom__calloc((size_t)LOOM_MAX(e->ntensors, 1), 1);
+	e->skip = loom__calloc((size_t)LOOM_MAX(e->ntensors, 1), 1);
+	e->shared = loom__calloc((size_t)LOOM_MAX(e->ntensors, 1), 1);
 	e->zeros = e->zmax ? loom__calloc(e->zmax, sizeof(float)) : NULL;
-	if (!e->idx || !e->owned || (e->zmax && !e->zeros)) {
+	if (!e->idx || !e->owned || !e->skip || !e->shared || (e->zmax && !e->zeros)) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 		goto fail;
 	}
@@ -271,8 +276,12 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		for (int q = 0; q < e->s; q++)
 			off += e->counts[q];
 		end = off + e->counts[e->s];
-		for (int k = 0; k < e->ntensors; k++)
-			e->owned[k] = e->full[e->idx[k]].offset >= off && e->full[e->idx[k]].offset < end;
+		for (int k = 0; k < e->ntensors; k++) {
+			const loom_tensor_info_t *ti = &e->full[e->idx[k]];
+			e->owned[k] = ti->offset >= off && ti->offset < end;
+			e->skip[k] = !e->owned[k];
+			e->shared[k] = ti->head_reads || ti->all_blocks || (e->hrows && ti->layer >= e->mc.n_layer);
+		}
 	}
 	/* The stages holding wte (first, last, and P-2 when it runs head rows) sum its gradient (and ln_f's,
 	 * when split): over the pipeline comm itself when they are all of it, else over a communicator of
@@ -314,7 +323,7 @@ static void pp_destroy(loom_exec_t *ex)
 	if (e->own_ends)
 		loom_comm_destroy(e->ends);
 	loom_model_destroy(e->stage);
-	free(e->idx), free(e->rev), free(e->owned), free(e->zeros);
+	free(e->idx), free(e->rev), free(e->owned), free(e->skip), free(e->shared), free(e->zeros);
 	free(e->plan), free(e->counts), free(e->used), free(e->inputs), free(e->targets), free(e->losses), free(e->rows);
 	free(e->times);
 	free(e->act_rbuf), free(e->grad_rbuf), free(e->grad_sbuf[0]), free(e->grad_sbuf[1]), free(e->act_sends);
@@ -326,10 +335,10 @@ static loom_model_t *pp_model(loom_exec_t *e)
 	return ((pp_exec_t *)e)->stage;
 }
 
-static const unsigned char *pp_used(loom_exec_t *e)
+static void pp_flags(loom_exec_t *ex, const unsigned char **norm_skip, const unsigned char **deferred)
 {
-	(void)e;
-	return NULL; /* the stage model holds its own tensors only, and reports every one */
+	pp_exec_t *e = (pp_exec_t *)ex;
+	*norm_skip = e->skip, *deferred = e->shared;
 }
 
 /* The gradient of the caller's tensor t on this stage, or zeros when the stage does not hold it (it
@@ -484,6 +493,49 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
 	return LOOM_OK;
 }
 
+/* The gradients of the tensors several stages hold, summed over them: the tied wte (the embedding's
+ * share on the first stage plus the lm head's on the head stages), nanochat's per-layer scalars
+ * (every stage's), a shared head's tensors (stage P-2's and the last's). Collective over the pipeline. */
+static int sum_shared(pp_exec_t *e)
+{
+	const loom_exec_config_t *c = &e->cfg;
+	int rc = LOOM_OK;
+	for (int t = 0; e->ends && (e->s == 0 || e->head) && t < e->ntensors; t++) {
+		if (!e->tensors[t].head_reads)
+			continue;
+		float *g = loom_model_tensor_grad(e->stage, t);
+		if ((rc = loom_allreduce(e->ends, g, g, e->tensors[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
+			rc = loom_seterr(rc, "pipeline stage %d of %d: summing %s's gradient between the stages that hold it: "
+			                 "%s", e->s, e->P, e->tensors[t].name, loom_comm_errmsg(e->ends));
+			return rc;
+		}
+	}
+	/* Tensors every block reads (nanochat's per-layer scalars): the sum of every stage's share. */
+	for (int t = 0; e->shared_blocks && t < e->nfull; t++) {
+		if (!e->full[t].all_blocks)
+			continue;
+		float *g = grad_or_zeros(e, t); /* a head-alone stage holds none: it adds zeros */
+		if ((rc = loom_allreduce(c->pp, g, g, e->full[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
+			rc = loom_seterr(rc, "pipeline stage %d of %d: summing %s's gradient over the stages: %s", e->s, e->P,
+			                 e->full[t].name, loom_comm_errmsg(c->pp));
+			return rc;
+		}
+	}
+	if (e->ends && (e->s == 0 || e->head)) {
+		for (int t = 0; e->hrows && t < e->nfull; t++) {
+			if (e->full[t].layer < e->mc.n_layer)
+				continue;
+			float *gl = grad_or_zeros(e, t); /* the first stage (P > 2) holds no head tensor: it adds zeros */
+			if ((rc = loom_allreduce(e->ends, gl, gl, e->full[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
+				rc = loom_seterr(rc, "pipeline stage %d of %d: summing %s's gradient between the stages that "
+				                 "share the head: %s", e->s, e->P, e->full[t].name, loom_comm_errmsg(e->ends));
+				return rc;
+			}
+		}
+	}
+	return rc;
+}
+
 static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void *ctx, double *loss_sum,
                    loom_exec_stats_t *st)
 {
@@ -523,46 +575,21 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 	}
 	if ((rc = drain(e, LOOM_OK)) != LOOM_OK || (rc = measure_bubble(e, &st->bubble, &st->bubble_expected)) != LOOM_OK)
 		goto out;
+	/* The tensors several stages hold are summed over them: after the strategy's reduction when it
+	 * keeps the whole gradient (DDP: a sum of averages is the average of the sums), before it when it
+	 * reduces them into shards (ZeRO holds those units back until finish_grads: strategy.h deferred). */
 	loom_strategy_stats_t ss;
+	int sharded = s->own_count < loom_model_param_count(e->stage);
+	double ts = loom_now(), tsum = 0.0; /* the sums' time, the pipeline's own communication */
+	if (sharded && (rc = sum_shared(e)) != LOOM_OK)
+		goto out;
+	tsum += loom_now() - ts;
 	if ((rc = s->ops->finish_grads(s, &ss)) != LOOM_OK)
 		goto out;
 	st->comm_ms = ss.comm_ms, st->exposed_comm_ms = ss.exposed_comm_ms;
-	/* The tied wte: the embedding's share (first stage) plus the lm head's (last, and P-2 when it runs
-	 * head rows); with the head split, ln_f's two shares too (a member without ln_f adds zeros). */
 	t0 = loom_now();
-	for (int t = 0; e->ends && (e->s == 0 || e->head) && t < e->ntensors; t++) {
-		if (!e->tensors[t].head_reads)
-			continue;
-		float *g = loom_model_tensor_grad(e->stage, t);
-		if ((rc = loom_allreduce(e->ends, g, g, e->tensors[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
-			rc = loom_seterr(rc, "pipeline stage %d of %d: summing %s's gradient between the stages that hold it: "
-			                 "%s", e->s, e->P, e->tensors[t].name, loom_comm_errmsg(e->ends));
-			goto out;
-		}
-	}
-	/* Tensors every block reads (nanochat's per-layer scalars): the sum of every stage's share. */
-	for (int t = 0; e->shared_blocks && t < e->nfull; t++) {
-		if (!e->full[t].all_blocks)
-			continue;
-		float *g = grad_or_zeros(e, t); /* a head-alone stage holds none: it adds zeros */
-		if ((rc = loom_allreduce(c->pp, g, g, e->full[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
-			rc = loom_seterr(rc, "pipeline stage %d of %d: summing %s's gradient over the stages: %s", e->s, e->P,
-			                 e->full[t].name, loom_comm_errmsg(c->pp));
-			goto out;
-		}
-	}
-	if (e->ends && (e->s == 0 || e->head)) {
-		for (int t = 0; e->hrows && t < e->nfull; t++) {
-			if (e->full[t].layer < e->mc.n_layer)
-				continue;
-			float *gl = grad_or_zeros(e, t); /* the first stage (P > 2) holds no head tensor: it adds zeros */
-			if ((rc = loom_allreduce(e->ends, gl, gl, e->full[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
-				rc = loom_seterr(rc, "pipeline stage %d of %d: summing %s's gradient between the stages that "
-				                 "share the head: %s", e->s, e->P, e->full[t].name, loom_comm_errmsg(e->ends));
-				goto out;
-			}
-		}
-	}
+	if (!sharded && (rc = sum_shared(e)) != LOOM_OK)
+		goto out;
 	if (e->head)
 		for (int j = 0; j < e->M; j++)
 			*loss_sum += e->losses[j];
@@ -572,7 +599,7 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 		goto out;
 	}
 	event(e, LOOM_EV_ALLREDUCE, -1, -2, t0);
-	double ta = 1e3 * (loom_now() - t0);
+	double ta = 1e3 * (loom_now() - t0 + tsum);
 	st->comm_ms += ta, st->exposed_comm_ms += ta;
 out:
 	rc = drain(e, rc);
@@ -580,6 +607,9 @@ out:
 	return rc;
 }
 
+/* The strategy's norm of this stage (each tensor once: the copies of tensors other stages own are
+ * left out, strategy.h's norm_skip; tensor-parallel shards summed over their group inside it), summed
+ * over the stages. */
 static int pp_grad_norm(loom_exec_t *ex, loom_strategy_t *s, double *norm)
 {
 	pp_exec_t *e = (pp_exec_t *)ex;
@@ -588,31 +618,6 @@ static int pp_grad_norm(loom_exec_t *ex, loom_strategy_t *s, double *norm)
 	if ((rc = s->ops->grad_norm(s, norm)) != LOOM_OK)
 		return rc;
 	sq = *norm * *norm;
-	for (int t = 0; e->hrows && e->s == e->P - 2 && t < e->ntensors; t++) { /* the head's: once, on the last */
-		if (e->tensors[t].layer < e->mc.n_layer)
-			continue;
-		double w = loom_grad_sumsq(loom_model_tensor_grad(e->stage, t), e->tensors[t].numel);
-		/* a tp-split tensor (nanochat's lm head): the strategy's norm has the group's sum of its shards;
-		 * a whole one (GPT-2's ln_f, replicated in the tp group) is counted by each rank as it is */
-		if (e->tp_size > 1 && e->tensors[t].tp_kind != LOOM_TP_WHOLE &&
-		    (rc = loom_allreduce(e->cfg.tp, &w, &w, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK)
-			return loom_seterr(rc, "pipeline stage %d, tensor-parallel rank %d: %s's share of the gradient norm: "
-			                   "%s", e->s, e->tp_rank, e->tensors[t].name, loom_comm_errmsg(e->cfg.tp));
-		sq -= w;
-	}
-	for (int t = 0; e->s > 0 && t < e->ntensors; t++) /* every block's scalars: once, on the first stage */
-		if (e->tensors[t].all_blocks) /* whole on every tp rank */
-			sq -= loom_grad_sumsq(loom_model_tensor_grad(e->stage, t), e->tensors[t].numel);
-	for (int t = 0; e->s > 0 && e->head && t < e->ntensors; t++) { /* the tied wte: once, on the first stage */
-		if (!e->tensors[t].head_reads)
-			continue;
-		double w = loom_grad_sumsq(loom_model_tensor_grad(e->stage, t), e->tensors[t].numel);
-		/* a tp shard holds some of wte's rows: the strategy's norm has the group's sum of them */
-		if (e->tp_size > 1 && (rc = loom_allreduce(e->cfg.tp, &w, &w, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK)
-			return loom_seterr(rc, "pipeline stage %d, tensor-parallel rank %d: wte's share of the gradient norm: "
-			                   "%s", e->s, e->tp_rank, loom_comm_errmsg(e->cfg.tp));
-		sq -= w;
-	}
 	if ((rc = loom_allreduce(e->cfg.pp, &sq, &sq, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK)
 		return loom_seterr(rc, "pipeline stage %d of %d: the gradient norm: %s", e->s, e->P,
 		                   loom_comm_errmsg(e->cfg.pp));
@@ -753,7 +758,7 @@ static const loom_exec_ops_t pp_ops = {
 	.create = pp_create,
 	.destroy = pp_destroy,
 	.model = pp_model,
-	.tensor_used = pp_used,
+	.stage_flags = pp_flags,
 	.step = pp_step,
 	.grad_norm = pp_grad_norm,
 	.gather = pp_gather,

@@ -121,8 +121,10 @@ typedef struct {
 	void (*destroy)(loom_exec_t *e);
 	/* The model the strategy attaches to; owned by the executor or the caller's. */
 	loom_model_t *(*model)(loom_exec_t *e);
-	/* 1 per tensor that this rank's model reports gradients for, or NULL for all. */
-	const unsigned char *(*tensor_used)(loom_exec_t *e);
+	/* Per tensor of the model: 1 for a copy of a tensor another stage owns, left out of the gradient
+	 * norm (strategy.h's norm_skip), and 1 for a tensor whose gradient the executor sums with other
+	 * stages' before the strategy's finish_grads (deferred); NULL: none. */
+	void (*stage_flags)(loom_exec_t *e, const unsigned char **norm_skip, const unsigned char **deferred);
 	/* Zero the gradients and run the step's M micro-batches (grad scale 1/M) through strategy s;
 	 * *loss_sum is the sum of the micro-batch losses, on every rank of the pipeline. */
 	int (*step)(loom_exec_t *e, loom_strategy_t *s, loom__batch_fn get, void *ctx, double *loss_sum,

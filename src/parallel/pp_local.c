@@ -38,10 +38,10 @@ static loom_model_t *local_model(loom_exec_t *e)
 	return ((local_exec_t *)e)->cfg.model;
 }
 
-static const unsigned char *local_used(loom_exec_t *e)
+static void local_flags(loom_exec_t *e, const unsigned char **norm_skip, const unsigned char **deferred)
 {
 	(void)e;
-	return NULL;
+	*norm_skip = *deferred = NULL;
 }
 
 static int local_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void *ctx, double *loss_sum,
@@ -105,7 +105,7 @@ static const loom_exec_ops_t local_ops = {
 	.create = local_create,
 	.destroy = local_destroy,
 	.model = local_model,
-	.tensor_used = local_used,
+	.stage_flags = local_flags,
 	.step = local_step,
 	.grad_norm = local_grad_norm,
 	.gather = local_gather,

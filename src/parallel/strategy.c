@@ -4,6 +4,7 @@
  * The table is the rule: a row matches the trainer's `strategy` name, its ZeRO stage and whether the
  * data-parallel axis has one rank or several; loom__strategy_describe prints the same rows, so the
  * rule and its description cannot disagree. ZeRO (issue 8) adds rows, not branches. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,9 +77,9 @@ int loom__strategy_create(loom_strategy_t **out, const loom_strategy_config_t *c
 		return loom_seterr(LOOM_ENOTSUP, "trainer: --optimizer muon with --tp > 1: a tensor-parallel shard of a "
 		                   "matrix cannot be orthogonalized alone (MuonAdamW runs with data parallel, ZeRO 1-3 and "
 		                   "pipeline stages)");
-	if (cfg->zero > 0 && cfg->tensor_used)
-		return loom_seterr(LOOM_ENOTSUP, "trainer: ZeRO stage %d with pipeline parallel: a stage's state is not "
-		                   "sharded over data parallel yet (use --zero 0 with --pp, or --zero with --tp and dp only)",
+	if (cfg->optimizer == LOOM_OPTIMIZER_MUON && cfg->zero > 0 && cfg->deferred)
+		return loom_seterr(LOOM_ENOTSUP, "trainer: --optimizer muon with --zero %d and --pp: MuonAdamW's matrices are "
+		                   "not sharded over a pipeline stage's data-parallel ranks yet (use --zero 0 with --pp)",
 		                   cfg->zero);
 	for (size_t k = 0; k < LOOM_ARRAY_LEN(strategies); k++) {
 		if (strcmp(strategies[k].name, name) != 0)
@@ -111,6 +112,7 @@ int loom__replica_init(loom_strategy_t *s, const loom_strategy_config_t *cfg, fl
 	s->dp_rank = cfg->dp ? loom_comm_rank(cfg->dp) : 0;
 	s->dp_size = cfg->dp ? loom_comm_size(cfg->dp) : 1;
 	s->writer = cfg->writer;
+	s->norm_skip = cfg->norm_skip;
 	s->params = loom_model_params(cfg->model);
 	s->grads = grads;
 	s->nparams = loom_model_param_count(cfg->model); /* the model's: a tp shard's, a pipeline stage's */
@@ -135,7 +137,18 @@ void loom__replica_free(loom_strategy_t *s)
 
 int loom__replica_grad_norm(loom_strategy_t *s, double *norm)
 {
-	*norm = loom_grad_norm(s->grads, s->nparams);
+	int n;
+	const loom_tensor_info_t *ti;
+	if (!s->norm_skip) {
+		*norm = loom_grad_norm(s->grads, s->nparams);
+		return LOOM_OK;
+	}
+	double sq = 0.0; /* tensor by tensor: a copy another pipeline stage owns is left out */
+	ti = loom_model_tensors(s->model, &n);
+	for (int t = 0; t < n; t++)
+		if (!s->norm_skip[t])
+			sq += loom_grad_sumsq(s->grads + ti[t].offset, ti[t].numel);
+	*norm = sqrt(sq);
 	return LOOM_OK;
 }
 
@@ -217,7 +230,7 @@ static int export_one(loom_strategy_t *s, const float *mine, float *whole, size_
 
 int loom__strategy_export(loom_strategy_t *s, float *p, float *m, float *v)
 {
-	if (s->muon)
+	if (s->muon && (m || v))
 		return loom_seterr(LOOM_ENOTSUP, "trainer: MuonAdamW's state is per matrix and rank: it is not gathered as "
 		                   "a flat buffer");
 	return s->ops->export_state ? s->ops->export_state(s, p, m, v) : loom__strategy_export_owned(s, p, m, v);

@@ -51,11 +51,15 @@ typedef struct {
 	int writer;           /* 1 on the rank that writes checkpoints (global rank 0) */
 	loom_adamw_config_t adamw;
 	double bucket_mb;     /* gradient bucket size (MiB); the first bucket min(1, bucket_mb) */
-	/* NULL, or per tensor 1 when the model reports its gradient (a pipeline stage's model reports only
-	 * its own tensors): DDP's buckets cover those only. The optimizer still covers every parameter
-	 * (the unused ones get zero gradients and are never read by this rank; src/parallel/pp.c). */
-	const unsigned char *tensor_used;
 	loom_dtype_t grad_reduce_dtype; /* what gradient all-reduces send: LOOM_FLOAT32 or LOOM_BFLOAT16 */
+	/* NULL, or per tensor of the model: 1 for a copy of a tensor another pipeline stage owns (the tied
+	 * wte on the head stages): left out of the gradient norm, so each tensor counts once. */
+	const unsigned char *norm_skip;
+	/* NULL, or per tensor: 1 when the executor sums its gradient with other stages' before the data-
+	 * parallel reduction (the pipeline's tied and shared tensors; it then calls finish_grads): a strategy
+	 * that shards gradients over dp reduces the units holding such tensors in finish_grads only, their
+	 * gradients accumulated over the step's micro-steps. */
+	const unsigned char *deferred;
 	/* The optimizer: LOOM_OPTIMIZER_ADAMW (`adamw` above over every tensor) or LOOM_OPTIMIZER_MUON
 	 * (MuonAdamW with `muon`; local and ddp only, muon_opt.c; optim_step's lr is then the schedule's
 	 * multiplier of every group's rate). */
@@ -124,6 +128,7 @@ struct loom_strategy {
 	const size_t *shard_off;      /* ZeRO: rank q owns [shard_off[q], shard_off[q + 1]); NULL: the default
 	                                 rule, loom__zero_shard_offset */
 	struct loom__muon_plan *muon_plan;
+	const unsigned char *norm_skip; /* the config's: tensors left out of the gradient norm, or NULL */
 	/* The gradient of the owned range (own_count floats; after the last finish_grads of a step, the
 	 * averaged one). grads + own_offset where a full gradient buffer exists; a strategy that keeps
 	 * only its shard (ZeRO-2) has grads NULL and this pointing at the shard. */
@@ -150,9 +155,6 @@ const loom_strategy_ops_t *loom__tp_strategy(void);
  * bf16 gradient reduction (ddp.c, zero.c); OpenMP-parallel over large n. */
 void loom__grad_to_bf16(uint16_t *d, const float *s, size_t n);
 void loom__grad_from_bf16(float *d, const uint16_t *s, size_t n);
-/* loom_ddp_create with buckets over the tensors whose used[t] is non-zero only (NULL: all). */
-int loom__ddp_create_used(loom_ddp_t **d, loom_comm_t *comm, loom_model_t *model, double bucket_mb,
-                          double first_bucket_mb, const unsigned char *used);
 
 const loom_strategy_ops_t *loom__zero1_strategy(void);
 const loom_strategy_ops_t *loom__zero2_strategy(void);
@@ -228,7 +230,7 @@ int loom__tp_read_shard(const loom__tp_group_t *g, const char *dir, const loom_m
 /* The model's whole state as this rank's strategy holds it, into buffers of the model's table layout
  * (nparams floats each; any NULL: not wanted): the parameters, AdamW's moments; gathered over the
  * data-parallel ranks where each owns a range. Collective over dp (the same calls on every rank).
- * LOOM_ENOTSUP under MuonAdamW (its state is per matrix). */
+ * LOOM_ENOTSUP for the moments under MuonAdamW (its state is per matrix). */
 int loom__strategy_export(loom_strategy_t *s, float *p, float *m, float *v);
 /* The reverse, not collective: this rank keeps its owned range of p, m, v (whole-table layout) and
  * AdamW's step becomes `step`. */

@@ -3,8 +3,8 @@
  * gives the model its reduction (an all-reduce over the group's communicator) for the f and g points
  * of every pass; the data-parallel axis, when it has several ranks, averages each shard's gradients
  * with the DDP reducer (loom/ddp.h, buckets overlapped with backward) among the ranks that hold the
- * same shard (with pipeline parallel: the buckets cover the stage's tensors only, strategy.h's
- * tensor_used; the pipeline executor adds the stages together, src/parallel/pp.c).
+ * same shard (with pipeline parallel: the stage's tensors, which its model holds alone; the pipeline
+ * executor adds the stages together, src/parallel/pp.c).
  *
  * Invariant (checked by tests/test_tp.c against one process at the same total batch): after every
  * step, unsharding the group's parameters (loom_model_tp_unshard of each rank's shard) gives the
@@ -97,9 +97,9 @@ static int tp_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	s->dp_rank = cfg->dp ? loom_comm_rank(cfg->dp) : 0;
 	s->dp_size = cfg->dp ? loom_comm_size(cfg->dp) : 1;
 	s->writer = cfg->writer;
+	s->norm_skip = cfg->norm_skip;
 	if (cfg->dp && s->dp_size > 1 &&
-	    ((rc = loom__ddp_create_used(&t->ddp, cfg->dp, cfg->model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb),
-	                                 cfg->tensor_used)) != LOOM_OK ||
+	    ((rc = loom_ddp_create(&t->ddp, cfg->dp, cfg->model, cfg->bucket_mb, LOOM_MIN(1.0, cfg->bucket_mb))) != LOOM_OK ||
 	     (rc = loom_ddp_set_reduce_dtype(t->ddp, cfg->grad_reduce_dtype)) != LOOM_OK))
 		goto fail;
 	s->model = cfg->model;
@@ -155,6 +155,8 @@ static int tp_grad_norm(loom_strategy_t *s, double *norm)
 	double split = 0.0, whole = 0.0;
 	int rc;
 	for (int i = 0; i < t->ntensors; i++) {
+		if (s->norm_skip && s->norm_skip[i]) /* a copy another pipeline stage owns */
+			continue;
 		double q = loom_grad_sumsq(s->grads + t->tensors[i].offset, t->tensors[i].numel);
 		if (t->tensors[i].tp_dim >= 0)
 			split += q;

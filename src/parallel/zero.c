@@ -78,6 +78,11 @@ typedef struct {
 	size_t *counts;         /* dp_size entries: each rank's part of the unit */
 	size_t mine;            /* offset in the unit of this rank's part (its displacement) */
 	int ready;              /* tensors reported this micro-step */
+	int reduced;            /* its reduce-scatter was launched since the last finish_grads */
+	int deferred;           /* reduced at finish_grads only (its gradient is summed with other pipeline
+	                           stages' before: strategy.h's deferred), accumulating every micro-step */
+	float *own_stage;       /* stages 2, 3, a deferred unit other than the embedding: its staging */
+	uint16_t *own_stage16;
 	float *stage;           /* stage 2: the staging buffer lent to the unit, or NULL */
 	uint16_t *stage16;      /* with a bf16 reduce: the unit's bf16 staging (its place in g16, or a slot's) */
 	loom_request_t *req;    /* its reduce-scatter, or (gathering) the all-gather of its parameters, in flight */
@@ -88,6 +93,9 @@ typedef struct {
 	loom_strategy_t base;   /* first: a loom_strategy_t * is a zero_t * */
 	int stage;
 	int nunits, ntensors;
+	int *kof;               /* n_layer + 2: the index in units of unit u at kof[u + 1], or -1 (a pipeline
+	                           stage's model holds some units only; units[0] is the embedding's, perhaps
+	                           empty) */
 	const loom_tensor_info_t *ti; /* the model's table (a tensor-parallel shard's with tp > 1) */
 	loom__tp_group_t tpg;   /* the tensor-parallel group whose shard this is (size 1: none) */
 	unit_t *units;          /* units[u + 1] is unit u */
@@ -261,6 +269,8 @@ static int ensure(zero_t *z, int k)
 {
 	int rc = LOOM_OK, i;
 	if (k == 0) {
+		if (z->units[0].count == 0)
+			return LOOM_OK;
 		if (!z->emb_valid) {
 			if (!z->emb_req)
 				rc = start_gather(z, 0, z->emb_gather, &z->emb_req);
@@ -291,10 +301,23 @@ static void drop_gathered(zero_t *z)
 	count_gathered(z);
 }
 
+/* The index in units of unit u (-1 the embedding, 0..L-1 a block, L the head), or -1 when the model
+ * does not hold it. */
+static int kof(const zero_t *z, int unit)
+{
+	return unit >= -1 && unit <= z->base.mcfg.n_layer ? z->kof[unit + 1] : -1;
+}
+
 /* The hook at stage 3: unit u is about to run (phase 0 forward, 1 backward). */
 static int use_params(zero_t *z, int unit, int phase)
 {
-	int k = unit + 1, L = z->base.mcfg.n_layer, rc;
+	int k = kof(z, unit), L = z->base.mcfg.n_layer, rc;
+	if (k < 0)
+		return LOOM_OK;
+	/* the embedding's tensors are read by other units too (the tied lm head, nanochat's per-layer
+	 * scalars in every block): present whenever any unit runs (a pipeline stage may run no embedding) */
+	if (k > 0 && !z->emb_valid && (rc = ensure(z, 0)) != LOOM_OK)
+		return rc;
 	if ((rc = ensure(z, k)) != LOOM_OK)
 		return rc;
 	if (unit == L && phase == 0)
@@ -318,6 +341,8 @@ static int start_param_gathers(zero_t *z)
 	for (int k = 0; k < z->nunits; k++) {
 		unit_t *u = &z->units[k];
 		float *p = s->params + u->offset;
+		if (u->count == 0)
+			continue;
 		int r = loom_iallgatherv(s->dp, p + u->mine, u->counts[s->dp_rank], p, u->counts, LOOM_FLOAT32, &u->req);
 		if (r != LOOM_OK) {
 			u->req = NULL;
@@ -359,6 +384,7 @@ static void launch_rs(zero_t *z, unit_t *u, float *buf)
 {
 	int rc;
 	mark_launch(z);
+	u->ready = 0, u->reduced = 1; /* (a pipeline runs several micro-batches' backwards per finish_grads) */
 	if (z->bf16) { /* the unit's final gradients rounded into its bf16 staging, reduce-scattered as bf16 */
 		loom__grad_to_bf16(u->stage16, buf, u->count);
 		rc = loom_ireduce_scatterv(z->base.dp, u->stage16, u->stage16 + u->mine, u->counts, LOOM_BFLOAT16, LOOM_AVG,
@@ -393,7 +419,7 @@ static int finish_unit(zero_t *z, unit_t *u)
 		}
 	}
 	if (z->stage >= 2 && u->stage) {
-		for (int k = 0; k < ZERO_SLOTS; k++)
+		for (int k = 0; k < ZERO_SLOTS && !u->deferred && u->unit != -1; k++)
 			if (z->slot_user[k] == (int)(u - z->units))
 				z->slot_user[k] = -1;
 		u->stage = NULL, u->stage16 = NULL;
@@ -406,8 +432,11 @@ static void on_grad_ready(void *ctx, int t)
 	zero_t *z = ctx;
 	if (z->err || t < 0 || t >= z->ntensors || (z->stage == 1 && !z->sync))
 		return;
-	unit_t *u = &z->units[z->ti[t].layer + 1];
-	if (++u->ready == u->hi - u->lo)
+	int k = kof(z, z->ti[t].layer);
+	if (k < 0)
+		return;
+	unit_t *u = &z->units[k];
+	if (++u->ready == u->hi - u->lo && !u->deferred)
 		launch_rs(z, u, z->stage == 1 ? z->base.grads + u->offset : u->stage);
 }
 
@@ -415,10 +444,23 @@ static void on_grad_ready(void *ctx, int t)
 static void lend_stage(zero_t *z, int k)
 {
 	unit_t *u = &z->units[k];
-	if (u->stage || z->err)
+	if (z->err)
+		return;
+	if (u->stage && !u->deferred && u->unit != -1 && u->reduced) {
+		/* a pipeline's next micro-batch reaches the unit before finish_grads: its previous gradient
+		 * is reduced into the shard first, and its staging lent anew */
+		int rc = finish_unit(z, u);
+		if (rc != LOOM_OK) {
+			z->err = rc;
+			return;
+		}
+	}
+	if (u->stage)
 		return;
 	if (u->unit == -1) {
 		u->stage = z->emb_stage, u->stage16 = z->emb16;
+	} else if (u->deferred) {
+		u->stage = u->own_stage, u->stage16 = u->own_stage16;
 	} else {
 		int s = (z->nunits - 1 - k) % ZERO_SLOTS; /* backward takes units from the head down */
 		if (z->slot_user[s] >= 0) {
@@ -438,20 +480,21 @@ static void lend_stage(zero_t *z, int k)
 static void on_param_use(void *ctx, int unit, int phase)
 {
 	zero_t *z = ctx;
-	if (z->err)
+	int k = kof(z, unit);
+	if (z->err || k < 0)
 		return;
-	int rc = z->stage == 3 ? use_params(z, unit, phase) : wait_param_gather(z, &z->units[unit + 1]);
-	if (rc == LOOM_OK && z->stage < 3 && unit == z->base.mcfg.n_layer)
-		rc = wait_param_gather(z, &z->units[0]); /* the tied lm head reads wte */
+	int rc = z->stage == 3 ? use_params(z, unit, phase) : wait_param_gather(z, &z->units[k]);
+	if (rc == LOOM_OK && z->stage < 3 && k > 0)
+		rc = wait_param_gather(z, &z->units[0]); /* the tied lm head reads wte, nanochat's blocks its scalars */
 	if (rc != LOOM_OK) {
 		z->err = rc;
 		return;
 	}
 	if (phase != 1 || z->stage < 2)
 		return;
-	if (unit == z->base.mcfg.n_layer)
+	if (unit == z->base.mcfg.n_layer && z->units[0].count)
 		lend_stage(z, 0); /* the tied lm head adds to wte's gradient before any block */
-	lend_stage(z, unit + 1);
+	lend_stage(z, k);
 }
 
 /* ---- the operations ---------------------------------------------------------------------------- */
@@ -498,9 +541,13 @@ static void zero_destroy(loom_strategy_t *s)
 	for (int i = 0; i < ZERO_PSLOTS; i++)
 		buf_free(z, z->pslots[i]);
 	if (z->units)
-		for (int k = 0; k < z->nunits; k++)
+		for (int k = 0; k < z->nunits; k++) {
 			free(z->units[k].counts);
+			buf_free(z, z->units[k].own_stage);
+			buf_free(z, z->units[k].own_stage16);
+		}
 	free(z->units);
+	free(z->kof);
 	free(z->off);
 	loom_adamw_free(&s->opt);
 	loom__muon_free(s);
@@ -542,7 +589,13 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 		goto fail;
 	}
 	L = s->mcfg.n_layer;
-	z->nunits = L + 2;
+	/* the units the model holds: the embedding's first (empty when it holds none of its tensors), then
+	 * each other unit's run of tensors in table order */
+	z->nunits = 1;
+	for (int t = 0; t < z->ntensors; t++)
+		if (z->ti[t].layer >= 0 && (t == 0 || z->ti[t - 1].layer != z->ti[t].layer))
+			z->nunits++;
+	s->norm_skip = cfg->norm_skip;
 	z->sync = 1;
 	for (int k = 0; k < ZERO_SLOTS; k++)
 		z->slot_user[k] = -1;
@@ -554,7 +607,8 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 		goto fail;
 	}
 	if (!(z->off = loom__calloc((size_t)N + 1, sizeof *z->off)) ||
-	    !(z->units = loom__calloc((size_t)z->nunits, sizeof *z->units)))
+	    !(z->units = loom__calloc((size_t)z->nunits, sizeof *z->units)) ||
+	    !(z->kof = loom__malloc((size_t)(L + 2) * sizeof *z->kof)))
 		goto oom;
 	for (int q = 0; q <= N; q++)
 		z->off[q] = cfg->optimizer == LOOM_OPTIMIZER_MUON ? loom__muon_shard_offset(cfg->model, s->nparams, q, N)
@@ -564,17 +618,25 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 
 	/* The units and each rank's part of them. */
 	const loom_tensor_info_t *ti = z->ti;
-	for (int k = 0; k < z->nunits; k++) {
+	for (int u = 0; u < L + 2; u++)
+		z->kof[u] = -1;
+	for (int k = 0, t = 0; k < z->nunits; k++) {
 		unit_t *u = &z->units[k];
-		u->unit = k - 1;
-		loom_model_unit_tensors(&s->mcfg, k - 1, &u->lo, &u->hi);
-		if (u->hi <= u->lo) {
-			rc = loom_seterr(LOOM_EINVAL, "zero: unit %d of the %s model has no tensor", k - 1,
-			                 loom_arch_name(s->mcfg.arch));
+		u->unit = k == 0 ? -1 : ti[t].layer;
+		u->lo = t;
+		while (t < z->ntensors && ti[t].layer == u->unit)
+			t++;
+		u->hi = t;
+		if (u->unit < -1 || u->unit > L || z->kof[u->unit + 1] >= 0) {
+			rc = loom_seterr(LOOM_EINVAL, "zero: the %s model's tensors are not in unit order (unit %d at tensor %d)",
+			                 loom_arch_name(s->mcfg.arch), u->unit, u->lo);
 			goto fail;
 		}
-		u->offset = ti[u->lo].offset;
-		u->count = ti[u->hi - 1].offset + ti[u->hi - 1].numel - u->offset;
+		z->kof[u->unit + 1] = k;
+		u->offset = u->hi > u->lo ? ti[u->lo].offset : 0;
+		u->count = u->hi > u->lo ? ti[u->hi - 1].offset + ti[u->hi - 1].numel - u->offset : 0;
+		for (int i = u->lo; i < u->hi && cfg->deferred; i++)
+			u->deferred |= cfg->deferred[i] != 0;
 		if (!(u->counts = loom__calloc((size_t)N, sizeof *u->counts)))
 			goto oom;
 		size_t a = u->offset, b = u->offset + u->count, displ = 0;
@@ -640,6 +702,20 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 					goto oom;
 		}
 	}
+	/* stages 2, 3: a deferred unit keeps its staging over the step's micro-steps (the embedding's is
+	 * emb_stage), lent from the start */
+	size_t deferred_floats = 0;
+	for (int k = 1; k < z->nunits && z->stage >= 2; k++) {
+		unit_t *u = &z->units[k];
+		if (!u->deferred)
+			continue;
+		if (!(u->own_stage = buf_alloc(z, u->count)) || (z->bf16 && !(u->own_stage16 = buf16_alloc(z, u->count))))
+			goto oom;
+		deferred_floats += u->count;
+	}
+	for (int k = 0; k < z->nunits && z->stage >= 2; k++)
+		if (z->units[k].deferred && z->units[k].count)
+			lend_stage(z, k);
 	s->mem.params = (z->stage == 3 ? s->own_count : s->nparams) * sizeof(float);
 	s->mem.grads = (z->stage == 1 ? s->nparams : s->own_count) * sizeof(float);
 	s->mem.optim = 2 * s->own_count * sizeof(float);
@@ -648,6 +724,7 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 		s->mem.comm += (z->units[0].count + ZERO_PSLOTS * largest) * sizeof(float);
 	if (z->bf16)
 		s->mem.comm += (z->stage == 1 ? s->nparams : z->units[0].count + ZERO_SLOTS * largest) * sizeof(uint16_t);
+	s->mem.comm += deferred_floats * (sizeof(float) + (z->bf16 ? sizeof(uint16_t) : 0));
 	if (cfg->optimizer == LOOM_OPTIMIZER_MUON) {
 		if ((rc = loom__muon_init_range(s, cfg)) != LOOM_OK)
 			goto fail;
@@ -678,18 +755,29 @@ static int zero_finish_grads(loom_strategy_t *s, loom_strategy_stats_t *st)
 	zero_t *z = (zero_t *)s;
 	loom_comm_stats_t now;
 	double t0 = loom_now(), in_hooks = z->hook_wait_s;
-	int rc = z->err, launched = z->launched, expect = z->stage >= 2 || z->sync;
+	int rc = z->err, expect = z->stage >= 2 || z->sync;
+	/* the deferred units: complete now (the executor has summed them with the other stages') */
+	for (int k = 0; k < z->nunits && expect && rc == LOOM_OK; k++) {
+		unit_t *u = &z->units[k];
+		if (u->deferred && u->count && !u->req && (z->stage == 1 || u->stage))
+			launch_rs(z, u, z->stage == 1 ? s->grads + u->offset : u->stage);
+	}
+	rc = rc ? rc : z->err;
+	int launched = z->launched;
 	for (int k = 0; k < z->nunits; k++) {
 		unit_t *u = &z->units[k];
 		int had = u->req != NULL;
 		int r = finish_unit(z, u);
 		if (r != LOOM_OK && rc == LOOM_OK)
 			rc = r;
-		else if (!had && expect && rc == LOOM_OK && u->ready != u->hi - u->lo)
+		else if (!had && expect && rc == LOOM_OK && !u->reduced && !u->deferred && u->hi > u->lo)
 			rc = loom_seterr(LOOM_ESTATE, "zero: the gradients of unit %d (tensors %d..%d) were never complete: "
 			                 "%d of %d reported", u->unit, u->lo, u->hi - 1, u->ready, u->hi - u->lo);
-		u->ready = 0;
+		u->ready = 0, u->reduced = 0;
 	}
+	for (int k = 0; k < z->nunits && z->stage >= 2; k++) /* lent again for the next step */
+		if (z->units[k].deferred && z->units[k].count)
+			lend_stage(z, k);
 	loom_comm_stats(s->dp, &now);
 	/* exposed: the waits here and those inside the hooks during the micro-step (gathers, slots) */
 	st->exposed_comm_ms = 1e3 * (loom_now() - t0 + in_hooks);
@@ -709,13 +797,13 @@ static int zero_grad_norm(loom_strategy_t *s, double *norm)
 	zero_t *z = (zero_t *)s;
 	double sq = 0.0;
 	int rc;
-	if (z->tpg.size == 1) {
+	if (z->tpg.size == 1 && !s->norm_skip) {
 		sq = loom_grad_sumsq(s->own_grads, s->own_count);
-	} else {
+	} else { /* tensor by tensor: a copy another stage owns is left out */
 		size_t a = s->own_offset, b = s->own_offset + s->own_count;
 		for (int t = 0; t < z->ntensors; t++) {
 			size_t lo = LOOM_MAX(a, z->ti[t].offset), hi = LOOM_MIN(b, z->ti[t].offset + z->ti[t].numel);
-			if (hi > lo && (z->ti[t].tp_dim >= 0 || z->tpg.rank == 0))
+			if (hi > lo && (z->ti[t].tp_dim >= 0 || z->tpg.rank == 0) && !(s->norm_skip && s->norm_skip[t]))
 				sq += loom_grad_sumsq(s->own_grads + (lo - a), hi - lo);
 		}
 	}
@@ -807,6 +895,8 @@ static int sync_shards(zero_t *z)
 	for (int k = 0; k < z->nunits; k++) {
 		unit_t *u = &z->units[k];
 		float *tmp = k == 0 ? z->emb_gather : z->pslots[0];
+		if (u->count == 0)
+			continue;
 		if (s->dp_rank == 0)
 			memcpy(tmp, z->init + u->offset, u->count * sizeof(float));
 		if ((rc = loom_broadcast(s->dp, tmp, u->count, LOOM_FLOAT32, 0)) != LOOM_OK)

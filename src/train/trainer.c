@@ -223,9 +223,10 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 		goto fail;
 	loom_strategy_config_t sc = {.name = cfg->strategy, .zero = cfg->zero, .model = eo->model(tr->exec),
 	                             .dp = tr->dp, .tp = tr->tp, .writer = tr->rank == 0, .adamw = cfg->adamw,
-	                             .bucket_mb = cfg->bucket_mb, .tensor_used = eo->tensor_used(tr->exec),
+	                             .bucket_mb = cfg->bucket_mb,
 	                             .grad_reduce_dtype = cfg->grad_reduce_dtype, .optimizer = cfg->optimizer,
 	                             .muon = cfg->muon};
+	eo->stage_flags(tr->exec, &sc.norm_skip, &sc.deferred);
 	if ((rc = loom__strategy_create(&tr->strategy, &sc)) != LOOM_OK)
 		goto fail;
 	memset(&lo, 0, sizeof lo);
