@@ -92,6 +92,11 @@ static loom_act_ckpt_t g_act_ckpt(const loom_model_t *m)
 	return loom_gpt2_act_ckpt(CG(m));
 }
 
+static int g_sequence_parallel(const loom_model_t *m)
+{
+	return loom_gpt2_sequence_parallel(CG(m));
+}
+
 static long long g_recomputes(const loom_model_t *m)
 {
 	return loom_gpt2_recomputes(CG(m));
@@ -308,6 +313,7 @@ static const loom_model_family_t gpt2_family = {
 	.init = g_init,
 	.layers = g_layers,
 	.act_ckpt = g_act_ckpt,
+	.sequence_parallel = g_sequence_parallel,
 	.recomputes = g_recomputes,
 	.model_act_bytes = g_model_act_bytes,
 	.forward = g_forward,

@@ -148,6 +148,9 @@ static int check_opts(const loom_model_config_t *cfg, const loom_model_opts_t *o
 		                   o->tp_rank, tp);
 	if ((int)o->act_ckpt < LOOM_ACT_CKPT_NONE || (int)o->act_ckpt > LOOM_ACT_CKPT_SELECTIVE)
 		return loom_seterr(LOOM_EINVAL, "nanochat create: activation checkpointing mode %d", (int)o->act_ckpt);
+	if (o->sequence_parallel)
+		return loom_seterr(LOOM_EINVAL, "nanochat: sequence parallelism is not implemented for --arch nanochat "
+		                   "(GPT-2 has it); use --tp without --sequence-parallel");
 	if (o->dtype != LOOM_COMPUTE_FP32 && o->dtype != LOOM_COMPUTE_BF16)
 		return loom_seterr(LOOM_EINVAL, "nanochat create: dtype %d (expected fp32 or bf16)", (int)o->dtype);
 	loom_bf16_path_t path;

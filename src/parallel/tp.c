@@ -37,16 +37,22 @@ typedef struct {
 	double reduce_ms;   /* time in tensor-parallel all-reduces since the last finish_grads */
 } tp_strategy_t;
 
-/* The model's reduction: a blocking all-reduce on the tensor-parallel communicator. */
+/* The model's reduction: a blocking collective on the tensor-parallel communicator; with sequence
+ * parallelism also the in-place all-gather and reduce-scatter of rank-ordered parts (loom/model.h). */
 static int tp_reduce(void *ctx, float *buf, size_t n, loom_tp_op_t op)
 {
+	static const char *const what[] = {"all-reduce (sum)", "all-reduce (max)", "all-gather", "reduce-scatter"};
 	tp_strategy_t *t = ctx;
 	double t0 = loom_now();
-	int rc = loom_allreduce(t->tp, buf, buf, n, LOOM_FLOAT32, op == LOOM_TP_MAX ? LOOM_MAX : LOOM_SUM);
+	size_t part = n / (size_t)t->tp_size;
+	int rc = op == LOOM_TP_ALLGATHER ? loom_allgather(t->tp, buf + (size_t)t->tp_rank * part, buf, part, LOOM_FLOAT32)
+	       : op == LOOM_TP_REDUCE_SCATTER
+	           ? loom_reduce_scatter(t->tp, buf, buf + (size_t)t->tp_rank * part, part, LOOM_FLOAT32, LOOM_SUM)
+	           : loom_allreduce(t->tp, buf, buf, n, LOOM_FLOAT32, op == LOOM_TP_MAX ? LOOM_MAX : LOOM_SUM);
 	t->reduce_ms += 1e3 * (loom_now() - t0);
 	if (rc != LOOM_OK)
-		return loom_seterr(rc, "tensor parallel: rank %d of %d: all-reduce (%s) of %zu floats: %s", t->tp_rank,
-		                   t->tp_size, op == LOOM_TP_MAX ? "max" : "sum", n, loom_comm_errmsg(t->tp));
+		return loom_seterr(rc, "tensor parallel: rank %d of %d: %s of %zu floats: %s", t->tp_rank, t->tp_size,
+		                   what[op], n, loom_comm_errmsg(t->tp));
 	return LOOM_OK;
 }
 
