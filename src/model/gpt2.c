@@ -13,7 +13,11 @@
  * The kernels reach parameters and gradients only through the views (model.h), read when the
  * kernel is called, i.e. after the unit's param-use hook has run. A tensor-parallel shard (tp > 1,
  * tp_model.c) runs the same passes on its local sizes, with the reductions at the f and g points;
- * with tp 1 no reduction exists and the passes are the whole model's, unchanged. With activation
+ * with tp 1 no reduction exists and the passes are the whole model's, unchanged. With sequence
+ * parallelism (sp) the LayerNorms and residual adds of a block run on the rank's rows [r N/tp,
+ * (r+1) N/tp) only, the f/g points becoming an all-gather before and a reduce-scatter after the split
+ * matmuls; the stream is whole at the unit boundaries (block lo's input, block hi-1's output, the head,
+ * dres after block lo), so the embedding, the head and a pipeline's transfers are those of tp. With activation
  * checkpointing (act_ckpt) an arena keeps only part of each layer's activations and the rest lives in
  * one shared recompute scratch (layout_acts), which block_backward refills with the forward's own
  * kernels before reading it: losses and gradients are bit-identical to keeping everything. */
