@@ -130,8 +130,8 @@ static const char *const usage_text =
 	"  --tp T                 tensor parallel (Megatron): each layer split over T neighbouring ranks (T must\n"
 	"                         divide the heads; the vocabulary is padded); data parallel takes the rest\n"
 	"  --dp D                 data-parallel ranks (default: ranks / (T x P); when given, checked)\n"
-	"  --sequence-parallel    with --tp T > 1 (GPT-2): Megatron sequence parallelism; the LayerNorms and\n"
-	"                         residual adds between the tensor-parallel regions run on B x T / T rows per\n"
+	"  --sequence-parallel    with --tp T > 1: Megatron sequence parallelism; the norms and residual\n"
+	"                         adds between the tensor-parallel regions run on B x T / T rows per\n"
 	"                         rank (all-gather before, reduce-scatter after the split matmuls instead of\n"
 	"                         all-reduces), so their activations take 1/T of the memory; B x T must be\n"
 	"                         divisible by T\n";
@@ -350,9 +350,6 @@ static void parse(int argc, char **argv, opts_t *o)
 	if (o->sp && o->tp < 2)
 		cli_die("train", "--sequence-parallel shards the sequence over the tensor-parallel ranks: it needs --tp 2 "
 		        "or more (e.g. --nproc 2 --tp 2 --sequence-parallel)");
-	if (o->sp && o->mf.mc.arch == LOOM_ARCH_NANOCHAT)
-		cli_die("train", "--sequence-parallel is implemented for --arch gpt2 only; with --arch nanochat use --tp %d "
-		        "without it", o->tp);
 	if (o->tc.eval_every > 0 && !o->tc.val_data)
 		cli_die("train", "--eval-every needs --val-data GLOB");
 	if (o->tc.save_every > 0 && !o->tc.save_dir)
@@ -604,7 +601,7 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		       "over tp neighbouring ranks; %zu shard parameters per rank)\n", o->tp, o->dp, o->world,
 		       loom_model_shard_params(&o->mc, o->tp));
 	if (o->sp)
-		printf("sequence parallel: the LayerNorms and residual adds run on %d of the %d positions of a micro-batch "
+		printf("sequence parallel: the norms and residual adds run on %d of the %d positions of a micro-batch "
 		       "per rank (all-gather / reduce-scatter over tp %d instead of all-reduce)\n", o->tc.B * o->tc.T / o->tp,
 		       o->tc.B * o->tc.T, o->tp);
 	if (o->dp > 1) {
