@@ -680,8 +680,21 @@ static float *stream(const loom_gpt2_t *m, const arena_t *ar, int l)
 	return l == m->lo ? ar->in : ar->layers[l - 1 - m->lo].res3;
 }
 
-static size_t sp_row0(const loom_gpt2_t *m, int N);
+/* Sequence parallelism: between the tensor-parallel regions a rank computes on rows [row0, row0 + N/tp)
+ * of the N positions (all of them without it: row0 0). */
+static size_t sp_row0(const loom_gpt2_t *m, int N)
+{
+	return m->sp ? (size_t)m->tp_rank * (size_t)(N / m->tp) : 0;
+}
 
+/* The rows of the N this rank's LayerNorms and residual adds run on. */
+static int sp_rows(const loom_gpt2_t *m, int N)
+{
+	return m->sp ? N / m->tp : N;
+}
+
+/* Block l's input and output on the rows this rank computes (with sequence parallelism block lo's
+ * input and block hi-1's output are whole buffers, the others hold this rank's rows only). */
 static float *block_in(const loom_gpt2_t *m, const arena_t *ar, int l, int N)
 {
 	return l == m->lo ? ar->in + sp_row0(m, N) * m->cfg.n_embd : stream(m, ar, l);
@@ -721,19 +734,7 @@ static void tp_sum_bias(loom_gpt2_t *m, float *out, const float *bias, int N, in
 		loom__gpt2_prof_add(m, PROF_RESIDUAL, t0, 0.0);
 }
 
-/* ---- sequence parallelism ----
- * Between the tensor-parallel regions a rank computes on rows [row0, row0 + N/tp) of the N positions
- * (all of them without it: row0 0). */
-static size_t sp_row0(const loom_gpt2_t *m, int N)
-{
-	return m->sp ? (size_t)m->tp_rank * (size_t)(N / m->tp) : 0;
-}
-
-/* The rows of the N this rank's LayerNorms and residual adds run on. */
-static int sp_rows(const loom_gpt2_t *m, int N)
-{
-	return m->sp ? N / m->tp : N;
-}
+/* ---- sequence parallelism ---- */
 
 /* g-bar (forward, and again in backward for the weight gradient): x (N/tp,C), this rank's rows, copied to
  * its place in m->sp_gather and all-gathered into the whole (N,C), which is returned. */
@@ -782,9 +783,6 @@ static void ln_backward(loom_gpt2_t *m, float *dinp, float *dw, float *db, const
 		dw[c] += g[c], db[c] += g[C + c];
 }
 
-/* Block l's input and output on the rows this rank computes (with sequence parallelism block lo's
- * input and block hi-1's output are whole buffers, the others hold this rank's rows only). */
-static float *block_in(const loom_gpt2_t *m, const arena_t *ar, int l, int N);
 static float *block_out(const loom_gpt2_t *m, layer_acts_t *a, int l, int N)
 {
 	return l == m->hi - 1 ? a->res3 + sp_row0(m, N) * m->cfg.n_embd : a->res3;
