@@ -312,7 +312,8 @@ TEST(sp_dp2_tp2_train_matches_one_process)
  * layer's kept floats are F/p (F of one process: 16NC + 4N + B NH T^2), except the last block's output
  * (whole: the head's input); the recompute scratch of blocks holds one block's N/p-row buffers. The
  * allocation (loom_gpt2_act_bytes), the model's formula (loom_model_act_formula) and the sum written out
- * here agree to the byte (tiny's sizes are multiples of the 64-byte alignment). */
+ * here agree to the byte (tiny's sizes are multiples of the 64-byte alignment); the backward scratch
+ * grows by a LayerNorm's 2C gradient floats (and, at tp > 4, an (N, C) buffer for the gathers). */
 TEST(sp_act_bytes_formula)
 {
 	loom_gpt2_config_t mc;
@@ -349,7 +350,20 @@ TEST(sp_act_bytes_formula)
 				CHECK_EQ(loom_model_act_formula(loom_gpt2_model(m), B, T, &text), sp.kept + sp.recompute);
 				CHECK_CONTAINS(text, "/ tp");
 				loom_gpt2_destroy(m);
+				/* the backward scratch: the gathers borrow d4a (4C/p >= C), a LayerNorm's gradient takes 2C */
+				loom_gpt2_act_bytes_t tp_only;
+				o.sequence_parallel = 0;
+				CHECK_OK(loom_gpt2_act_bytes(&mc, &o, &tp_only));
+				CHECK_EQ(sp.backward, tp_only.backward + 2 * C * sizeof(float));
 			}
+	/* at tp 8 (8 heads) d4a is too small: the gathers get an (N, C) buffer of their own */
+	mc.n_head = 8;
+	loom_gpt2_opts_t o8 = {.B = B, .T = T, .tp_size = 8, .sequence_parallel = 1};
+	loom_gpt2_act_bytes_t sp8, tp8;
+	CHECK_OK(loom_gpt2_act_bytes(&mc, &o8, &sp8));
+	o8.sequence_parallel = 0;
+	CHECK_OK(loom_gpt2_act_bytes(&mc, &o8, &tp8));
+	CHECK_EQ(sp8.backward, tp8.backward + (N * C + 2 * C) * sizeof(float));
 	return 0;
 }
 

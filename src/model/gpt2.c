@@ -149,8 +149,8 @@ static size_t layout_acts(loom_gpt2_t *m, char *base, loom_gpt2_act_bytes_t *byt
 	m->d4a = carve(base, &off, N4);
 	m->d4b = carve(base, &off, N4);
 	m->att_scratch = carve(base, &off, loom__attention_scratch_floats(m->T, m->att_threads));
-	if (m->sp) {
-		m->sp_gather = carve(base, &off, NC);
+	if (m->sp) { /* the gathers borrow d4a, free whenever a gather is live, when it is large enough */
+		m->sp_gather = 4 * Cl >= C ? m->d4a : carve(base, &off, NC);
 		m->sp_lng = carve(base, &off, 2 * C);
 	}
 	bytes->backward = off - mark;

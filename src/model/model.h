@@ -132,7 +132,7 @@ struct loom_gpt2 {
 	 * (tp_rank+1) N/tp) only; the stream at a unit boundary (block lo's input, block hi-1's output, the
 	 * head and dres after the blocks) stays whole */
 	int sp;
-	float *sp_gather; /* (N,C) a LayerNorm output (or the stream gradient) gathered for a matmul */
+	float *sp_gather; /* (N,C) a LayerNorm output gathered for a matmul: d4a when tp <= 4 (unused then) */
 	float *sp_lng;    /* (2C) one LayerNorm's weight and bias gradient of the local rows, before the sum */
 	int tp_err;           /* first error of a reduction in the current pass */
 
