@@ -403,9 +403,9 @@ TEST(sp_model_errors)
 	return 0;
 }
 
-/* `loom train --sequence-parallel`: with --tp 2 it says so, trains as one process does (losses within
- * 1e-5) with smaller activations; without --tp and with B T not divisible by tp it stops before
- * training with one message. */
+/* `loom train --sequence-parallel`: with --tp 2 it says so, prints the sequence-parallel activation
+ * formula and trains as one process does (losses within 1e-5); without --tp and with B T not divisible
+ * by tp it stops before training with one message. */
 TEST(sp_cli)
 {
 	char dir[512], cmd[4096], out[16384];
