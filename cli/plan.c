@@ -30,7 +30,8 @@ static const char *const usage_text =
 	"mesh (as loom train): --dp D --tp T --pp P (dp defaults to --nproc / --ranks / (T x P), else 1), --nproc N,\n"
 	"  --zero 0|1|2|3, --schedule gpipe|1f1b, --pp-head-split auto|off|F, --activation-checkpointing\n"
 	"  none|blocks|selective, --dtype fp32|bf16, --grad-reduce-dtype fp32|bf16, --bucket-mb X, --threads N\n"
-	"  (threads per rank; local cluster), --virtual-stages and --sequence-parallel are refused (loom has neither)\n"
+	"  (threads per rank; local cluster), --sequence-parallel (with --tp > 1); --virtual-stages is refused\n"
+	"  (loom has none)\n"
 	"cluster:\n"
 	"  --cluster local        this machine, measured (default): peaks from the cache (measured once if missing),\n"
 	"                         memory bandwidth now\n"
@@ -150,9 +151,10 @@ static void parse(int argc, char **argv, opts_t *o)
 			o->pc.grad_reduce_bf16 = g == LOOM_COMPUTE_BF16;
 		} else if (FLAG("--bucket-mb")) o->pc.bucket_mb = cli_parse_double("plan", "--bucket-mb", v);
 		else if (FLAG("--threads")) o->threads = (int)int_in("--threads", v, 1, 1024);
-		else if (!strcmp(a, "--sequence-parallel") || FLAG("--sequence-parallel") || FLAG("--virtual-stages"))
-			cli_die("plan", "%s: loom's trainer has no interleaved virtual stages or sequence parallelism, so the "
-			        "planner does not model them (drop the flag)", a);
+		else if (!strcmp(a, "--sequence-parallel")) o->pc.sequence_parallel = 1;
+		else if (FLAG("--virtual-stages"))
+			cli_die("plan", "%s: loom's trainer has no interleaved virtual stages, so the planner does not model them "
+			        "(drop the flag)", a);
 		else if (FLAG("--cluster")) o->cluster = v;
 		else if (FLAG("--load")) {
 			o->load = !strcmp(v, "auto") ? -1 : cli_parse_double("plan", "--load", v);
@@ -244,8 +246,9 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 	       pc->model.n_head, pc->model.n_embd, pc->model.seq_len, pc->model.vocab_size, p->params, p->params / 1e6);
 	if (pc->tp > 1)
 		printf(", %.0f per tp shard", p->shard_params);
-	printf("\nmesh: dp %d x tp %d x pp %d = %d ranks; ZeRO %d; checkpointing %s; %s matmuls%s%s%s\n", pc->dp, pc->tp,
-	       pc->pp, p->world, pc->zero, loom_act_ckpt_name(pc->act_ckpt), loom_compute_dtype_name(pc->dtype),
+	printf("\nmesh: dp %d x tp %d x pp %d = %d ranks%s; ZeRO %d; checkpointing %s; %s matmuls%s%s%s\n", pc->dp,
+	       pc->tp, pc->pp, p->world, pc->sequence_parallel && pc->tp > 1 ? " (sequence parallel)" : "", pc->zero,
+	       loom_act_ckpt_name(pc->act_ckpt), loom_compute_dtype_name(pc->dtype),
 	       pc->pp > 1 ? "; schedule " : "", pc->pp > 1 ? schedule_name(pc) : "",
 	       pc->impl == LOOM_PLAN_IDEAL ? "; impl ideal (stages keep their own layers' states)" : "");
 	printf("cluster: %s, %d node%s x %d ranks; %.4g TFLOP/s per rank (%s) at efficiency %.2f%s\n  (%s)\n", c->name,
@@ -478,6 +481,9 @@ int loom_cli_plan(int argc, char **argv)
 		o.pc.dp = o.dp_flag ? o.dp_flag : world ? world / (o.pc.tp * o.pc.pp) : 1;
 		if (o.pc.dp < 1 || (world && o.pc.dp * o.pc.tp * o.pc.pp != world))
 			cli_die("plan", "--dp %d x --tp %d x --pp %d is not the %d ranks", o.pc.dp, o.pc.tp, o.pc.pp, world);
+		if (o.pc.sequence_parallel && o.pc.tp < 2)
+			cli_die("plan", "--sequence-parallel shards the sequence over the tensor-parallel ranks: it needs --tp 2 "
+			        "or more");
 	} else {
 		o.pc.dp = 1;
 	}

@@ -129,7 +129,12 @@ static const char *const usage_text =
 	"tensor parallel (ranks ordered tp fastest, then dp, then pp; --tp and --pp compose: each stage a tp shard):\n"
 	"  --tp T                 tensor parallel (Megatron): each layer split over T neighbouring ranks (T must\n"
 	"                         divide the heads; the vocabulary is padded); data parallel takes the rest\n"
-	"  --dp D                 data-parallel ranks (default: ranks / (T x P); when given, checked)\n";
+	"  --dp D                 data-parallel ranks (default: ranks / (T x P); when given, checked)\n"
+	"  --sequence-parallel    with --tp T > 1: Megatron sequence parallelism; the norms and residual\n"
+	"                         adds between the tensor-parallel regions run on B x T / T rows per\n"
+	"                         rank (all-gather before, reduce-scatter after the split matmuls instead of\n"
+	"                         all-reduces), so their activations take 1/T of the memory; B x T must be\n"
+	"                         divisible by T\n";
 
 typedef struct {
 	loom_train_config_t tc;
@@ -147,6 +152,7 @@ typedef struct {
 	int rank, world;
 	int pp;                           /* pipeline stages */
 	int tp, dp_flag, dp;              /* --tp, --dp (0: derived), the data-parallel size */
+	int sp;                           /* --sequence-parallel */
 	loom_act_ckpt_t act_ckpt;         /* --activation-checkpointing */
 	loom_compute_dtype_t dtype;       /* --dtype */
 	int depth, aspect, head_dim;      /* nanochat's sizing (0: not given) */
@@ -325,6 +331,7 @@ static void parse(int argc, char **argv, opts_t *o)
 		} else if (FLAG("--trace")) o->tc.trace_dir = v;
 		else if (FLAG("--tp")) o->tp = (int)int_in("--tp", v, 1, 4096);
 		else if (FLAG("--dp")) o->dp_flag = (int)int_in("--dp", v, 1, 4096);
+		else if (!strcmp(a, "--sequence-parallel")) o->sp = 1;
 		else
 			cli_die("train", "unknown flag '%s' (see loom train --help)", a);
 	}
@@ -340,6 +347,9 @@ static void parse(int argc, char **argv, opts_t *o)
 		cli_die("train", "--save-dir: %s", loom_errmsg());
 	cli_model_flags_check("train", &o->mf);
 	o->init_from = o->mf.init_from;
+	if (o->sp && o->tp < 2)
+		cli_die("train", "--sequence-parallel shards the sequence over the tensor-parallel ranks: it needs --tp 2 "
+		        "or more (e.g. --nproc 2 --tp 2 --sequence-parallel)");
 	if (o->tc.eval_every > 0 && !o->tc.val_data)
 		cli_die("train", "--eval-every needs --val-data GLOB");
 	if (o->tc.save_every > 0 && !o->tc.save_dir)
@@ -590,6 +600,10 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		printf("tensor parallel: tp %d x dp %d = %d ranks (Megatron: heads, MLP columns and vocabulary rows split "
 		       "over tp neighbouring ranks; %zu shard parameters per rank)\n", o->tp, o->dp, o->world,
 		       loom_model_shard_params(&o->mc, o->tp));
+	if (o->sp)
+		printf("sequence parallel: the norms and residual adds run on %d of the %d positions of a micro-batch "
+		       "per rank (all-gather / reduce-scatter over tp %d instead of all-reduce)\n", o->tc.B * o->tc.T / o->tp,
+		       o->tc.B * o->tc.T, o->tp);
 	if (o->dp > 1) {
 		if (o->tc.zero > 0)
 			printf("data parallel: %d ranks x %d thread%s; ZeRO stage %d: %s; gradients reduce-scattered in %s",
@@ -876,8 +890,12 @@ int loom_cli_train(int argc, char **argv)
 	if (loom_model_tp_check(&o.mc, o.tp) != LOOM_OK)
 		cli_die("train", "rank %d: --tp %d: %s", o.rank, o.tp, loom_errmsg());
 	batch_config(&o);
+	if (o.sp && ((long long)o.tc.B * o.tc.T) % o.tp != 0)
+		cli_die("train", "--sequence-parallel --tp %d: a micro-batch's --batch-size %d x --seq-len %d = %lld positions "
+		        "are not divisible by %d (each tensor-parallel rank holds an equal share)", o.tp, o.tc.B, o.tc.T,
+		        (long long)o.tc.B * o.tc.T, o.tp);
 	if (cli_train_memory_check(&(cli_memcheck_t){&o.mc, o.tc.B, o.tc.T, o.tc.accum, o.act_ckpt, o.tc.zero, o.dp, o.tp,
-	                                              o.pp, loom_num_threads(), o.dtype, o.rank, o.world}) != 0)
+	                                              o.pp, loom_num_threads(), o.dtype, o.rank, o.world, o.sp}) != 0)
 		goto out;
 	find_tokenizer(&o);
 	r.o = &o;
@@ -888,7 +906,7 @@ int loom_cli_train(int argc, char **argv)
 	loom_model_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .tp_size = o.tp,
 	                       .tp_rank = mesh ? loom_mesh_coord(mesh, LOOM_MESH_TP) : 0,
 	                       .act_ckpt = o.act_ckpt,
-	                       .dtype = o.dtype};
+	                       .dtype = o.dtype, .sequence_parallel = o.sp};
 	loom_train_model_opts(&o.tc, o.dp, o.tp, &mo);
 	if ((rc = loom_model_create(&model, &o.mc, &mo)) != LOOM_OK) {
 		fprintf(stderr, "loom train: creating the model: %s%s", loom_errmsg(), rc == LOOM_ENOMEM ? "" : "\n");

@@ -34,7 +34,8 @@ static int act_bytes(void *ctx, int B, int act_ckpt, size_t *bytes)
 {
 	const cli_memcheck_t *m = ctx;
 	loom_model_opts_t o = {.B = B, .T = m->T, .tp_size = m->tp, .act_ckpt = (loom_act_ckpt_t)act_ckpt,
-	                       .dtype = (loom_compute_dtype_t)m->dtype};
+	                       .dtype = (loom_compute_dtype_t)m->dtype,
+	                       .sequence_parallel = m->sp && ((long long)B * m->T) % m->tp == 0};
 	loom_model_act_bytes_t a;
 	if (loom_model_act_bytes(m->mc, &o, &a) != LOOM_OK)
 		return -1;

@@ -9,6 +9,7 @@ typedef struct {
 	const loom_model_config_t *mc;
 	int B, T, accum, act_ckpt, zero, dp, tp, pp, threads, dtype;
 	int rank, world;
+	int sp; /* --sequence-parallel */
 } cli_memcheck_t;
 
 /* --memory-check refuse|warn (refuse, the default: a run that does not fit stops before it allocates;

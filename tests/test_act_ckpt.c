@@ -293,8 +293,9 @@ static int cli_modes(const char *par, const char *what)
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));
 	CHECK_OK(test_make_token_data(dir, 257, 12000));
 	for (int k = 0; k < 3; k++) {
-		snprintf(cmd, sizeof cmd, "%s train --nproc 2 %s --train-data '%s/train_*.bin' " FLAGS
-		         " --activation-checkpointing %s --log %s/%s.jsonl", test_loom_bin(), par, dir, names[k], dir, names[k]);
+		snprintf(cmd, sizeof cmd, "%s train %s%s --train-data '%s/train_*.bin' " FLAGS
+		         " --activation-checkpointing %s --log %s/%s.jsonl", test_loom_bin(), strstr(par, "--nproc") ? "" :
+		         "--nproc 2 ", par, dir, names[k], dir, names[k]);
 		int st = test_run_cmd(cmd, out, sizeof out, 120);
 		CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
 		char want[100];
@@ -340,4 +341,16 @@ TEST(act_ckpt_tp2_bit_identical)
 {
 	/* the recomputed forward runs its tp all-reduce again, on both ranks */
 	return cli_modes("--tp 2", "tp 2");
+}
+
+TEST(act_ckpt_sp_tp2_bit_identical)
+{
+	/* sequence parallel: the recompute gathers the LayerNorm outputs and reduce-scatters again */
+	return cli_modes("--tp 2 --sequence-parallel", "tp 2, sequence parallel");
+}
+
+TEST(act_ckpt_sp_tp2_pp2_bit_identical)
+{
+	/* 4 ranks: each stage gathers its last block's output for the next one */
+	return cli_modes("--nproc 4 --tp 2 --pp 2 --micro-batches 2 --sequence-parallel", "tp 2 x pp 2, sequence parallel");
 }

@@ -650,19 +650,19 @@ TEST(bf16_grad_reduce_zero)
 	return 0;
 }
 
-/* bf16 through a tensor-parallel shard (--tp 2: its vocab-parallel classifier) and pipeline stages
- * (--pp 2): the losses follow the single-process bf16 run's within 1% (the products are split
+/* bf16 through a tensor-parallel shard (--tp 2: its vocab-parallel classifier; and with sequence
+ * parallelism) and pipeline stages (--pp 2): the losses follow the single-process bf16 run's within 1% (the products are split
  * differently, so the bits differ). */
 TEST(bf16_tp_and_pp_track_single)
 {
 	enum { STEPS = 5 };
 	char dir[512], cmd[2048], out[16384], log[600];
-	static double loss[3][STEPS + 1];
-	static const char *how[3] = {"", "--nproc 2 --tp 2", "--nproc 2 --pp 2"};
+	static double loss[4][STEPS + 1];
+	static const char *how[4] = {"", "--nproc 2 --tp 2", "--nproc 2 --pp 2", "--nproc 2 --tp 2 --sequence-parallel"};
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));
 	CHECK_OK(test_make_token_data(dir, 257, 20000));
 	for (int p = 0; p < npaths(); p++) {
-		for (int k = 0; k < 3; k++) {
+		for (int k = 0; k < 4; k++) {
 			snprintf(log, sizeof log, "%s/run%d%d.jsonl", dir, p, k);
 			snprintf(cmd, sizeof cmd, "%s %s train %s --train-data '%s/train_*.bin' --model tiny --batch-size 2 "
 			         "--seq-len 32 --steps %d --lr 3e-3 --threads 1 --peak-flops 1e10 --dtype bf16 --log %s",
@@ -673,7 +673,7 @@ TEST(bf16_tp_and_pp_track_single)
 			                        "matmuls in bf16 (fp32 accumulation), path portable");
 			CHECK_EQ(test_read_losses(log, loss[k], STEPS + 1, NULL, NULL), STEPS);
 		}
-		for (int k = 1; k < 3; k++)
+		for (int k = 1; k < 4; k++)
 			for (int s = 1; s <= STEPS; s++)
 				CHECK_MSG(fabs(loss[k][s] - loss[0][s]) <= 0.01 * loss[0][s], "%s '%s' step %d: %.6f vs %.6f",
 				          path_env[p], how[k], s, loss[k][s], loss[0][s]);

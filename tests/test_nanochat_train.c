@@ -74,6 +74,45 @@ TEST(nanochat_strategies_match_one_process)
 	return 0;
 }
 
+/* Sequence parallelism (--sequence-parallel): xin, the norms' inputs and outputs, the attention's residual
+ * and the stream on N/tp rows per rank, all-gathered before and reduce-scattered after the split
+ * projections; against one process (losses within 1e-5 relative) at tp 2, with blocks checkpointing,
+ * on dp 2 x tp 2 and tp 2 x pp 2 (a layer's kept bytes: tests/test_tp.c sp_model_errors). */
+TEST(nanochat_sequence_parallel_matches_one_process)
+{
+	static const struct {
+		const char *name, *flags;
+	} runs[] = {
+		{"tp2 sp", "--nproc 2 --tp 2 --sequence-parallel"},
+		{"tp2 sp blocks", "--nproc 2 --tp 2 --sequence-parallel --activation-checkpointing blocks"},
+		{"dp2 x tp2 sp", "--nproc 4 --tp 2 --sequence-parallel"},
+		{"tp2 x pp2 sp", "--nproc 4 --tp 2 --pp 2 --sequence-parallel"},
+	};
+	char dir[512], cmd[4096], out[16384], path[1024];
+	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, VOCAB, 6001));
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " NC " --steps %d --log %s/one.jsonl", loom, dir,
+	         STEPS, dir);
+	RUN_OK(cmd, out, 120);
+	snprintf(path, sizeof path, "%s/one.jsonl", dir);
+	CHECK_EQ(test_read_losses(path, ref, MAXSTEPS, NULL, NULL), STEPS);
+	for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " NC " --steps %d --log %s/r%zu.jsonl %s",
+		         loom, dir, STEPS, dir, k, runs[k].flags);
+		RUN_OK(cmd, out, 180);
+		CHECK_CONTAINS(out, "[rank 0] sequence parallel: the norms and residual adds run on 16 of the 32 positions");
+		snprintf(path, sizeof path, "%s/r%zu.jsonl", dir, k);
+		CHECK_EQ(test_read_losses(path, got, MAXSTEPS, NULL, NULL), STEPS);
+		for (int s = 1; s <= STEPS; s++)
+			CHECK_MSG(fabs(got[s] - ref[s]) <= 1e-5 * ref[s], "%s, step %d: loss %.9g, one process %.9g", runs[k].name,
+			          s, got[s], ref[s]);
+	}
+	test_rmdir(dir);
+	return 0;
+}
+
 /* Resume continues bit-identically (AdamW at 2 ranks, MuonAdamW at 2 ranks); the checkpoint's model
  * has nanochat's names and shapes (a strict load_state_dict's conditions) and its config.json
  * GPTConfig's fields; `loom info` names the family; `loom convert` to model_000006.pt and back gives

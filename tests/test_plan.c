@@ -231,9 +231,12 @@ TEST(plan_json_schema)
 	for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
 		CHECK_CONTAINS(out, keys[k]);
 	CHECK(out[0] == '{');
+	snprintf(cmd, sizeof cmd, "%s plan --model tiny --virtual-stages 2", test_loom_bin());
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 2);
+	CHECK_CONTAINS(out, "no interleaved virtual stages");
 	snprintf(cmd, sizeof cmd, "%s plan --model tiny --sequence-parallel", test_loom_bin());
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 2);
-	CHECK_CONTAINS(out, "no interleaved virtual stages or sequence parallelism");
+	CHECK_CONTAINS(out, "--sequence-parallel shards the sequence over the tensor-parallel ranks: it needs --tp 2");
 	/* a train command line plans as it is (its data, LR and logging flags ignored) */
 	snprintf(cmd, sizeof cmd, "%s plan --train-data 'x/*.bin' --steps 10 --lr 1e-3 --log l.jsonl --model tiny "
 	         "--batch-size 2 --seq-len 32 --nproc 2 --zero 1 --schedule cosine --cluster cpu-node", test_loom_bin());
@@ -323,6 +326,7 @@ TEST(plan_memory_equals_train)
 		{"--nproc 2 --zero 2"},
 		{"--nproc 2 --pp 2 --micro-batches 2 --schedule gpipe --activation-checkpointing blocks"},
 		{"--nproc 2 --tp 2 --activation-checkpointing selective"},
+		{"--nproc 2 --tp 2 --sequence-parallel"},
 		{"--nproc 1"},
 	};
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));

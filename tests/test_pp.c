@@ -117,6 +117,7 @@ typedef struct {
 	double head_split; /* loom_train_config_t pp_head_split (0: balanced by FLOPs) */
 	int head_rows; /* the positions of a micro-batch whose head stage pp-2 must compute (checked) */
 	int zero;      /* the ZeRO stage on the dp axis (0: none) */
+	int sp;        /* sequence parallelism (with tp > 1) */
 } run_t;
 
 /* The largest difference of two parameter sets must be within tol (tol < 0: their relative L2
@@ -203,7 +204,8 @@ static int pp_rank(int rank, int nranks, void *arg)
 	c.zero = r->zero;
 	CHECK_OK(loom_comm_init(&comm));
 	CHECK_OK(loom_mesh_create(&mesh, comm, r->dp, tp, r->pp));
-	loom_gpt2_opts_t o = {.B = 1, .T = TT, .tp_size = tp, .tp_rank = loom_mesh_coord(mesh, LOOM_MESH_TP)};
+	loom_gpt2_opts_t o = {.B = 1, .T = TT, .tp_size = tp, .tp_rank = loom_mesh_coord(mesh, LOOM_MESH_TP),
+	                      .sequence_parallel = r->sp};
 	CHECK_OK(loom_gpt2_create_opts(&m, &g_mc, &o));
 	loom_gpt2_init(m, r->resume ? 99 : 11); /* a resumed run's parameters come from the checkpoint */
 	c.mesh = mesh;
@@ -375,6 +377,29 @@ TEST(pp_tp2_x_pp2)
 		if (rc)
 			fprintf(stderr, "tp 2 x pp 2, %s failed\n", scheds[k]);
 	}
+	teardown();
+	return rc;
+}
+
+/* tp 2 x pp 2 with sequence parallelism: the stages exchange the whole activation (block hi-1's output
+ * is gathered, the stream gradient after block lo too), so the pipeline is unchanged; both schedules,
+ * and a last stage of the head alone whose positions stage 0 shares. */
+TEST(pp_tp2_x_pp2_sequence_parallel)
+{
+	static const char *const scheds[] = {"gpipe", "1f1b"};
+	int rc = 0;
+	CHECK_EQ(setup(4), 0);
+	for (int k = 0; k < 2 && !rc; k++) {
+		run_t r = {.dp = 1, .tp = 2, .pp = 2, .M = 4, .schedule = scheds[k], .sp = 1};
+		rc = test_spawn(4, pp_rank, &r, 120, NULL);
+		if (rc)
+			fprintf(stderr, "tp 2 x pp 2 sequence parallel, %s failed\n", scheds[k]);
+	}
+	teardown();
+	CHECK_EQ(rc, 0);
+	CHECK_EQ(setup_heavy(1, 4), 0);
+	run_t r = {.dp = 1, .tp = 2, .pp = 2, .M = 4, .schedule = "1f1b", .head_rows = 13, .sp = 1};
+	rc = test_spawn(4, pp_rank, &r, 120, NULL);
 	teardown();
 	return rc;
 }

@@ -35,6 +35,9 @@ typedef struct {
 	float *ref_params; /* the reference's final parameters, whole model */
 	int save_at;       /* > 0: stop after this step and save a checkpoint (the resume test) */
 	int resume;        /* 1: resume from the checkpoint in dir first */
+	int sp;            /* 1: sequence parallelism */
+	loom_act_ckpt_t act_ckpt;
+	double ref_norm[STEPS + 1];
 } tp_case_t;
 
 static int make_data(const char *dir)
@@ -81,6 +84,7 @@ static int reference(tp_case_t *c)
 	for (int s = 1; s <= STEPS; s++) {
 		CHECK_OK(loom_trainer_step(tr, &sm));
 		c->ref_loss[s] = sm.loss;
+		c->ref_norm[s] = sm.grad_norm;
 	}
 	size_t n = loom_gpt2_num_params(&mc);
 	CHECK((c->ref_params = malloc(n * sizeof(float))) != NULL);
@@ -141,9 +145,11 @@ static int tp_rank_fn(int rank, int nranks, void *arg)
 	CHECK_OK(loom_comm_init(&comm));
 	CHECK_OK(loom_mesh_create(&mesh, comm, c->dp, c->tp, 1));
 	CHECK_OK(loom_gpt2_preset("tiny", &mc));
-	loom_gpt2_opts_t o = {.B = B, .T = T, .tp_size = c->tp, .tp_rank = loom_mesh_coord(mesh, LOOM_MESH_TP)};
+	loom_gpt2_opts_t o = {.B = B, .T = T, .tp_size = c->tp, .tp_rank = loom_mesh_coord(mesh, LOOM_MESH_TP),
+	                      .sequence_parallel = c->sp, .act_ckpt = c->act_ckpt};
 	CHECK_OK(loom_gpt2_create_opts(&m, &mc, &o));
 	CHECK(loom_gpt2_param_count(m) < loom_gpt2_num_params(&mc)); /* a shard, not the whole model */
+	CHECK_EQ(loom_gpt2_sequence_parallel(m), c->sp);
 	loom_gpt2_init(m, 11);
 	loom_train_config_t tc = train_config(c, 1);
 	tc.mesh = mesh, tc.check_replicas = 1, tc.save_dir = c->save_at ? c->dir : NULL;
@@ -157,6 +163,8 @@ static int tp_rank_fn(int rank, int nranks, void *arg)
 	for (int s = first; s <= last; s++) {
 		CHECK_OK(loom_trainer_step(tr, &sm));
 		CHECK_NEAR(sm.loss, c->ref_loss[s], 1e-5 * c->ref_loss[s]);
+		if (c->sp)
+			CHECK_NEAR(sm.grad_norm, c->ref_norm[s], 1e-5 * c->ref_norm[s]);
 		CHECK_OK(loom_trainer_check_replicas(tr));
 	}
 	if (c->save_at) {
@@ -176,11 +184,11 @@ static int tp_rank_fn(int rank, int nranks, void *arg)
 	return 0;
 }
 
-static int run_case(int dp, int tp)
+static int run_case_sp(int dp, int tp, int sp, loom_act_ckpt_t act_ckpt)
 {
 	static tp_case_t c;
 	memset(&c, 0, sizeof c);
-	c.dp = dp, c.tp = tp;
+	c.dp = dp, c.tp = tp, c.sp = sp, c.act_ckpt = act_ckpt;
 	CHECK_OK(test_mkdtemp(c.dir, sizeof c.dir));
 	snprintf(c.glob, sizeof c.glob, "%s/train_*.bin", c.dir);
 	CHECK_OK(make_data(c.dir));
@@ -190,6 +198,11 @@ static int run_case(int dp, int tp)
 	free(c.ref_params);
 	test_rmdir(c.dir);
 	return 0;
+}
+
+static int run_case(int dp, int tp)
+{
+	return run_case_sp(dp, tp, 0, LOOM_ACT_CKPT_NONE);
 }
 
 TEST(tp_shard_roundtrip)
@@ -268,6 +281,165 @@ TEST(tp4_train_matches_one_process)
 TEST(dp2_tp2_train_matches_one_process)
 {
 	return run_case(2, 2);
+}
+
+/* Sequence parallelism (Megatron-SP): the LayerNorms and residual adds on N/tp rows per rank, all-gather
+ * before and reduce-scatter after the split matmuls. Losses and gradient norms follow one process within
+ * 1e-5 over 10 steps, the final parameters as tensor parallel's (compare_params), at tp 2 with every
+ * activation checkpointing mode (the recompute runs the gathers again), at tp 4 and on dp 2 x tp 2. */
+TEST(sp_tp2_train_matches_one_process)
+{
+	for (int k = 0; k < 3; k++)
+		CHECK_MSG(run_case_sp(1, 2, 1, (loom_act_ckpt_t)k) == 0, "tp 2, checkpointing %s",
+		          loom_act_ckpt_name((loom_act_ckpt_t)k));
+	return 0;
+}
+
+TEST(sp_tp4_train_matches_one_process)
+{
+	CHECK_MSG(run_case_sp(1, 4, 1, LOOM_ACT_CKPT_NONE) == 0, "tp 4, checkpointing none");
+	CHECK_MSG(run_case_sp(1, 4, 1, LOOM_ACT_CKPT_BLOCKS) == 0, "tp 4, checkpointing blocks");
+	return 0;
+}
+
+TEST(sp_dp2_tp2_train_matches_one_process)
+{
+	return run_case_sp(2, 2, 1, LOOM_ACT_CKPT_NONE);
+}
+
+/* The activation bytes with sequence parallelism, exactly: a layer's ln1, res2, ln2, res3 and the four
+ * LayerNorm statistics hold N/p of the N = B T rows, so with the heads and MLP columns already split a
+ * layer's kept floats are F/p (F of one process: 16NC + 4N + B NH T^2), except the last block's output
+ * (whole: the head's input); the recompute scratch of blocks holds one block's N/p-row buffers. The
+ * allocation (loom_gpt2_act_bytes), the model's formula (loom_model_act_formula) and the sum written out
+ * here agree to the byte (tiny's sizes are multiples of the 64-byte alignment); the backward scratch
+ * grows by a LayerNorm's 2C gradient floats (and, at tp > 4, an (N, C) buffer for the gathers). */
+TEST(sp_act_bytes_formula)
+{
+	loom_gpt2_config_t mc;
+	CHECK_OK(loom_gpt2_preset("tiny", &mc));
+	const size_t L = 4, C = 128, NH = 4, N = (size_t)B * T, F1 = 16 * N * C + 4 * N + (size_t)B * NH * T * T;
+	for (int p = 2; p <= 4; p *= 2)
+		for (int k = 0; k < 3; k++)
+			for (int stage = 0; stage < 2; stage++) { /* the whole model; a first stage of blocks [0, 2) */
+				loom_gpt2_opts_t o = {.B = B, .T = T, .tp_size = p, .tp_rank = p - 1, .sequence_parallel = 1,
+				                      .act_ckpt = (loom_act_ckpt_t)k, .layer_hi = stage ? 2 : 0};
+				loom_gpt2_act_bytes_t sp, one;
+				loom_gpt2_opts_t o1 = {.B = B, .T = T};
+				CHECK_OK(loom_gpt2_act_bytes(&mc, &o, &sp));
+				CHECK_OK(loom_gpt2_act_bytes(&mc, &o1, &one));
+				size_t Ns = N / p, Cl = C / p, A = (size_t)B * (NH / p) * T * T, Lh = stage ? 2 : L;
+				size_t F = 4 * Ns * C + 4 * Ns + 12 * N * Cl + A; /* one layer, every buffer kept */
+				CHECK_EQ(F * p, F1);
+				CHECK_EQ(one.per_layer, F1 * sizeof(float));
+				size_t head = stage ? 0 : N * C + 3 * N, in = N * C, last = N * C - Ns * C, kept, scratch;
+				if (k == LOOM_ACT_CKPT_NONE)
+					kept = Lh * F + in + last + head, scratch = 0;
+				else if (k == LOOM_ACT_CKPT_BLOCKS)
+					kept = Lh * Ns * C + in + last + head, scratch = F - Ns * C;
+				else
+					kept = Lh * (F - A) + in + last + head, scratch = A;
+				CHECK_MSG(sp.kept == kept * sizeof(float), "tp %d %s stage %d: kept %zu, formula %zu", p,
+				          loom_act_ckpt_name((loom_act_ckpt_t)k), stage, sp.kept, kept * sizeof(float));
+				CHECK_EQ(sp.recompute, scratch * sizeof(float));
+				CHECK_EQ(sp.per_layer, (k == LOOM_ACT_CKPT_NONE ? F : k == LOOM_ACT_CKPT_BLOCKS ? Ns * C : F - A) *
+				                           sizeof(float));
+				loom_gpt2_t *m;
+				const char *text;
+				CHECK_OK(loom_gpt2_create_opts(&m, &mc, &o));
+				CHECK_EQ(loom_model_act_formula(loom_gpt2_model(m), B, T, &text), sp.kept + sp.recompute);
+				CHECK_CONTAINS(text, "/ tp");
+				loom_gpt2_destroy(m);
+				/* the backward scratch: the gathers borrow d4a (4C/p >= C), a LayerNorm's gradient takes 2C */
+				loom_gpt2_act_bytes_t tp_only;
+				o.sequence_parallel = 0;
+				CHECK_OK(loom_gpt2_act_bytes(&mc, &o, &tp_only));
+				CHECK_EQ(sp.backward, tp_only.backward + 2 * C * sizeof(float));
+			}
+	/* at tp 8 (8 heads) d4a is too small: the gathers get an (N, C) buffer of their own */
+	mc.n_head = 8;
+	loom_gpt2_opts_t o8 = {.B = B, .T = T, .tp_size = 8, .sequence_parallel = 1};
+	loom_gpt2_act_bytes_t sp8, tp8;
+	CHECK_OK(loom_gpt2_act_bytes(&mc, &o8, &sp8));
+	o8.sequence_parallel = 0;
+	CHECK_OK(loom_gpt2_act_bytes(&mc, &o8, &tp8));
+	CHECK_EQ(sp8.backward, tp8.backward + (N * C + 2 * C) * sizeof(float));
+	return 0;
+}
+
+/* Sequence parallelism needs tp > 1 and B T divisible by tp (GPT-2 and nanochat). */
+TEST(sp_model_errors)
+{
+	loom_gpt2_config_t mc;
+	loom_gpt2_t *m;
+	CHECK_OK(loom_gpt2_preset("tiny", &mc));
+	loom_gpt2_opts_t o = {.B = B, .T = T, .sequence_parallel = 1};
+	CHECK_ERR(loom_gpt2_create_opts(&m, &mc, &o), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "sequence parallelism shards the sequence over the tensor-parallel ranks and needs "
+	                              "tp > 1");
+	o.tp_size = 4, o.B = 1, o.T = 6;
+	CHECK_ERR(loom_gpt2_create_opts(&m, &mc, &o), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "the 1 x 6 = 6 positions of a micro-batch are not divisible by tp = 4");
+	loom_model_config_t nc = {.n_layer = 2, .n_head = 4, .n_embd = 64, .seq_len = 16, .vocab_size = 61};
+	loom_model_t *n;
+	nc.arch = LOOM_ARCH_NANOCHAT, nc.n_kv_head = 2;
+	snprintf(nc.window_pattern, sizeof nc.window_pattern, "L");
+	loom_model_opts_t no = {.B = 1, .T = 7, .tp_size = 2, .sequence_parallel = 1};
+	CHECK_ERR(loom_model_create(&n, &nc, &no), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "nanochat create: sequence parallelism: the 1 x 7 = 7 positions of a micro-batch "
+	                              "are not divisible by tp = 2");
+	no.T = 8;
+	CHECK_OK(loom_model_create(&n, &nc, &no));
+	CHECK_EQ(loom_model_sequence_parallel(n), 1);
+	loom_model_destroy(n);
+	/* nanochat's layer too keeps 1/tp of one process's (the heads' and MLP's split by tp, the rest by
+	 * sequence parallelism); a layer of the first of two blocks (the last one's output is whole) */
+	loom_model_act_bytes_t one, sp;
+	loom_model_opts_t o1 = {.B = 2, .T = 16};
+	no.B = 2, no.T = 16;
+	CHECK_OK(loom_model_act_bytes(&nc, &o1, &one));
+	CHECK_OK(loom_model_act_bytes(&nc, &no, &sp));
+	CHECK_EQ(sp.per_layer * 2, one.per_layer);
+	return 0;
+}
+
+/* `loom train --sequence-parallel`: with --tp 2 it says so, prints the sequence-parallel activation
+ * formula and trains as one process does (losses within 1e-5); without --tp and with B T not divisible
+ * by tp it stops before training with one message. */
+TEST(sp_cli)
+{
+	char dir[512], cmd[4096], out[16384];
+	double ref[STEPS + 1] = {0}, got[STEPS + 1] = {0};
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_data(dir));
+#define FLAGS "--model tiny --batch-size 2 --seq-len 32 --lr 1e-2 --eps 1e-6 --seed 5 --shuffle 1 --peak-flops 1e10"
+	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s train --train-data '%s/train_*.bin' " FLAGS " --steps %d "
+	         "--total-batch-size 128 --threads 1 --log %s/one.jsonl", loom, dir, STEPS, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 0);
+	CHECK_EQ(test_read_losses(strcat(strcpy(cmd, dir), "/one.jsonl"), ref, STEPS + 1, NULL, NULL), STEPS);
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --tp 2 --sequence-parallel --train-data '%s/train_*.bin' " FLAGS
+	         " --steps %d --total-batch-size 128 --log %s/sp.jsonl", loom, dir, STEPS, dir);
+	CHECK_MSG(test_run_cmd(cmd, out, sizeof out, 60) == 0, "%s:\n%s", cmd, out);
+	CHECK_CONTAINS(out, "[rank 0] sequence parallel: the norms and residual adds run on 32 of the 64 positions");
+	CHECK_CONTAINS(out, "F = (16BTC + 4BT + B NH T^2) / tp");
+	snprintf(cmd, sizeof cmd, "%s/sp.jsonl", dir);
+	CHECK_EQ(test_read_losses(cmd, got, STEPS + 1, NULL, NULL), STEPS);
+	for (int s = 1; s <= STEPS; s++)
+		CHECK_NEAR(got[s], ref[s], 1e-5 * ref[s]);
+	snprintf(cmd, sizeof cmd, "%s train --sequence-parallel --train-data '%s/train_*.bin' " FLAGS " --steps 2", loom,
+	         dir);
+	CHECK(test_run_cmd(cmd, out, sizeof out, 60) != 0);
+	CHECK_CONTAINS(out, "--sequence-parallel shards the sequence over the tensor-parallel ranks: it needs --tp 2 or "
+	                    "more");
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --tp 2 --sequence-parallel --train-data '%s/train_*.bin' --model "
+	         "tiny --batch-size 1 --seq-len 31 --steps 2", loom, dir);
+	CHECK(test_run_cmd(cmd, out, sizeof out, 60) != 0);
+	CHECK_CONTAINS(out, "--sequence-parallel --tp 2: a micro-batch's --batch-size 1 x --seq-len 31 = 31 positions are "
+	                    "not divisible by 2");
+#undef FLAGS
+	test_rmdir(dir);
+	return 0;
 }
 
 /* tp 2 trains 5 steps and saves (whole HF-layout tensors); one process resumes and its steps 6-10

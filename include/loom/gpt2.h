@@ -128,6 +128,14 @@ const char *loom_bf16_path_name(loom_bf16_path_t path);
  *     Such a model needs a reduction (loom_gpt2_on_tp_reduce) before any pass. n_head must be
  *     divisible by tp_size.
  *   act_ckpt: activation checkpointing (above); 0: none.
+ *   sequence_parallel: 1 with tp_size > 1: Megatron sequence parallelism (Korthikanti et al. 2022).
+ *     Between the tensor-parallel regions (the LayerNorms, the residual adds) each rank keeps only its
+ *     rows [r N/p, (r+1) N/p) of the N = B x T positions; the f/g points become an all-gather before
+ *     the column-parallel matmuls and a reduce-scatter after the row-parallel ones (the reduction's
+ *     LOOM_TP_ALLGATHER and LOOM_TP_REDUCE_SCATTER), and the LayerNorms' gradients of the local rows
+ *     are summed over the group. The stream at a unit boundary stays whole (block lo's input, block
+ *     hi-1's output, so a pipeline stage sends the same activation as without it; the head and the
+ *     stream gradient leaving block lo). B x T must be divisible by tp_size.
  *   dtype: matmul precision (0: fp32). LOOM_COMPUTE_BF16 runs on loom_bf16_path()'s path; its errors
  *     (LOOM_BF16=native where impossible) are create's. */
 typedef loom_model_opts_t loom_gpt2_opts_t;
@@ -148,6 +156,8 @@ int loom_gpt2_act_bytes(const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o
 /* The same for a model that exists: what its create allocated. */
 void loom_gpt2_model_act_bytes(const loom_gpt2_t *m, loom_gpt2_act_bytes_t *out);
 loom_act_ckpt_t loom_gpt2_act_ckpt(const loom_gpt2_t *m);
+/* 1 when created with sequence_parallel (and tp > 1), else 0. */
+int loom_gpt2_sequence_parallel(const loom_gpt2_t *m);
 /* Recomputations since create: block forwards (blocks) or attention probabilities (selective) rerun
  * by block_backward, one per block backward. 0 for none. */
 long long loom_gpt2_recomputes(const loom_gpt2_t *m);

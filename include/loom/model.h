@@ -126,6 +126,7 @@ typedef struct {
 	int tp_size, tp_rank;     /* tensor parallelism (0: none) */
 	loom_act_ckpt_t act_ckpt; /* 0: none */
 	loom_compute_dtype_t dtype;
+	int sequence_parallel; /* 1: Megatron sequence parallelism over the tp ranks (needs tp_size > 1) */
 	/* NULL, or per tensor of the family's (shard) table: 1 for the tensors this model holds (a
 	 * pipeline stage's: its blocks', and whatever else its units read). The model's table, parameter
 	 * and gradient buffers and tensor indices are then those tensors only, in table order and packed
@@ -140,7 +141,12 @@ typedef struct {
 	size_t kept, recompute, per_layer, head, backward, total;
 } loom_model_act_bytes_t;
 
-typedef enum { LOOM_TP_SUM = 0, LOOM_TP_MAX = 1 } loom_tp_op_t;
+/* The tensor-parallel hook's operations, all collective over the tp group and in place on buf (n
+ * floats, the same n on every rank): SUM and MAX all-reduce; with sequence parallelism, n divisible by
+ * the group size p and rank r's part the floats [r n/p, (r+1) n/p): ALLGATHER fills all of buf from
+ * every rank's part (on entry only the own part is read), REDUCE_SCATTER leaves in the own part the
+ * group's sum of that part (the other parts are then undefined). */
+typedef enum { LOOM_TP_SUM = 0, LOOM_TP_MAX = 1, LOOM_TP_ALLGATHER = 2, LOOM_TP_REDUCE_SCATTER = 3 } loom_tp_op_t;
 typedef int (*loom_tp_reduce_fn)(void *ctx, float *buf, size_t n, loom_tp_op_t op);
 typedef void (*loom_grad_ready_fn)(void *ctx, int tensor_index);
 typedef void (*loom_param_use_fn)(void *ctx, int unit, int phase);
@@ -184,6 +190,7 @@ typedef struct {
 	void (*init)(loom_model_t *m, uint64_t seed);
 	void (*layers)(const loom_model_t *m, int *lo, int *hi, int *arenas);
 	loom_act_ckpt_t (*act_ckpt)(const loom_model_t *m);
+	int (*sequence_parallel)(const loom_model_t *m); /* NULL: never */
 	long long (*recomputes)(const loom_model_t *m);
 	void (*model_act_bytes)(const loom_model_t *m, loom_model_act_bytes_t *out);
 	int (*forward)(loom_model_t *m, const int *inputs, const int *targets, int B, int T, float *loss);
@@ -285,6 +292,8 @@ float *loom_model_tensor_grad(loom_model_t *m, int tensor);
 void loom_model_init(loom_model_t *m, uint64_t seed);
 void loom_model_layers(const loom_model_t *m, int *lo, int *hi, int *arenas);
 loom_act_ckpt_t loom_model_act_ckpt(const loom_model_t *m);
+/* 1 when the model was created with sequence_parallel (loom_model_opts_t), else 0. */
+int loom_model_sequence_parallel(const loom_model_t *m);
 long long loom_model_recomputes(const loom_model_t *m);
 void loom_model_model_act_bytes(const loom_model_t *m, loom_model_act_bytes_t *out);
 int loom_model_forward(loom_model_t *m, const int *inputs, const int *targets, int B, int T, float *loss);

@@ -86,6 +86,7 @@ typedef struct {
 	int dp, tp, pp;            /* mesh (0: 1) */
 	int zero;                  /* ZeRO stage 0..3 */
 	loom_act_ckpt_t act_ckpt;
+	int sequence_parallel;     /* --sequence-parallel (where tp > 1 and B T divides by tp) */
 	loom_compute_dtype_t dtype;
 	int grad_reduce_bf16;      /* gradients reduced in bf16 (half the bytes) */
 	int schedule_gpipe;        /* pipeline schedule: 1 GPipe, 0 1F1B */

@@ -13,7 +13,11 @@
  * The kernels reach parameters and gradients only through the views (model.h), read when the
  * kernel is called, i.e. after the unit's param-use hook has run. A tensor-parallel shard (tp > 1,
  * tp_model.c) runs the same passes on its local sizes, with the reductions at the f and g points;
- * with tp 1 no reduction exists and the passes are the whole model's, unchanged. With activation
+ * with tp 1 no reduction exists and the passes are the whole model's, unchanged. With sequence
+ * parallelism (sp) the LayerNorms and residual adds of a block run on the rank's rows [r N/tp,
+ * (r+1) N/tp) only, the f/g points becoming an all-gather before and a reduce-scatter after the split
+ * matmuls; the stream is whole at the unit boundaries (block lo's input, block hi-1's output, the head,
+ * dres after block lo), so the embedding, the head and a pipeline's transfers are those of tp. With activation
  * checkpointing (act_ckpt) an arena keeps only part of each layer's activations and the rest lives in
  * one shared recompute scratch (layout_acts), which block_backward refills with the forward's own
  * kernels before reading it: losses and gradients are bit-identical to keeping everything. */
@@ -67,25 +71,28 @@ static float *carve(char *base, size_t *off, size_t nfloats)
  * passes read and write through the same pointers in every mode. */
 static size_t layout_acts(loom_gpt2_t *m, char *base, loom_gpt2_act_bytes_t *bytes)
 {
-	/* with tensor parallelism the per-head and per-MLP-column buffers are the local shards' */
+	/* with tensor parallelism the per-head and per-MLP-column buffers are the local shards'; with
+	 * sequence parallelism the stream-sized ones between the tensor-parallel regions hold Ns = N/tp rows */
 	size_t off = 0, C = (size_t)m->cfg.n_embd, V = (size_t)m->Vl, N = (size_t)m->B * m->T;
 	size_t NH = (size_t)m->NHl, T = (size_t)m->T, Cl = (size_t)m->Cl, mark;
+	size_t Ns = m->sp ? N / (size_t)m->tp : N;
 	size_t att = size_mul(size_mul(size_mul((size_t)m->B, NH), T), T);
 	size_t NC = size_mul(N, C), NCl = size_mul(N, Cl), N3 = size_mul(N, 3 * Cl), N4 = size_mul(N, 4 * Cl);
+	size_t NsC = size_mul(Ns, C);
 	layer_acts_t shared = {0}, dummy_layer;
 	arena_t dummy_arena;
 	memset(bytes, 0, sizeof *bytes);
 	if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS) {
-		shared.ln1 = carve(base, &off, NC);
-		shared.ln1_mean = carve(base, &off, N);
-		shared.ln1_rstd = carve(base, &off, N);
+		shared.ln1 = carve(base, &off, NsC);
+		shared.ln1_mean = carve(base, &off, Ns);
+		shared.ln1_rstd = carve(base, &off, Ns);
 		shared.qkv = carve(base, &off, N3);
 		shared.att = carve(base, &off, att);
 		shared.atty = carve(base, &off, NCl);
-		shared.res2 = carve(base, &off, NC);
-		shared.ln2 = carve(base, &off, NC);
-		shared.ln2_mean = carve(base, &off, N);
-		shared.ln2_rstd = carve(base, &off, N);
+		shared.res2 = carve(base, &off, NsC);
+		shared.ln2 = carve(base, &off, NsC);
+		shared.ln2_mean = carve(base, &off, Ns);
+		shared.ln2_rstd = carve(base, &off, Ns);
 		shared.fch = carve(base, &off, N4);
 		shared.fch_gelu = carve(base, &off, N4);
 	} else if (m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE) {
@@ -97,27 +104,29 @@ static size_t layout_acts(loom_gpt2_t *m, char *base, loom_gpt2_act_bytes_t *byt
 		ar->in = carve(base, &off, NC);
 		for (int l = m->lo; l < m->hi; l++) {
 			layer_acts_t *a = base ? &ar->layers[l - m->lo] : &dummy_layer;
-			size_t l0 = off;
+			size_t l0 = off, out = l == m->hi - 1 ? NC : NsC; /* the last block's output stays whole */
 			if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS) {
 				*a = shared;
-				a->res3 = carve(base, &off, NC);
-				bytes->per_layer = off - l0;
+				a->res3 = carve(base, &off, out);
+				if (l == m->lo)
+					bytes->per_layer = off - l0;
 				continue;
 			}
-			a->ln1 = carve(base, &off, NC);
-			a->ln1_mean = carve(base, &off, N);
-			a->ln1_rstd = carve(base, &off, N);
+			a->ln1 = carve(base, &off, NsC);
+			a->ln1_mean = carve(base, &off, Ns);
+			a->ln1_rstd = carve(base, &off, Ns);
 			a->qkv = carve(base, &off, N3);
 			a->att = m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE ? shared.att : carve(base, &off, att);
 			a->atty = carve(base, &off, NCl);
-			a->res2 = carve(base, &off, NC);
-			a->ln2 = carve(base, &off, NC);
-			a->ln2_mean = carve(base, &off, N);
-			a->ln2_rstd = carve(base, &off, N);
+			a->res2 = carve(base, &off, NsC);
+			a->ln2 = carve(base, &off, NsC);
+			a->ln2_mean = carve(base, &off, Ns);
+			a->ln2_rstd = carve(base, &off, Ns);
 			a->fch = carve(base, &off, N4);
 			a->fch_gelu = carve(base, &off, N4);
-			a->res3 = carve(base, &off, NC);
-			bytes->per_layer = off - l0;
+			a->res3 = carve(base, &off, out);
+			if (l == m->lo)
+				bytes->per_layer = off - l0;
 		}
 		if (m->has_head) {
 			ar->lnf = carve(base, &off, NC);
@@ -140,6 +149,10 @@ static size_t layout_acts(loom_gpt2_t *m, char *base, loom_gpt2_act_bytes_t *byt
 	m->d4a = carve(base, &off, N4);
 	m->d4b = carve(base, &off, N4);
 	m->att_scratch = carve(base, &off, loom__attention_scratch_floats(m->T, m->att_threads));
+	if (m->sp) { /* the gathers borrow d4a, free whenever a gather is live, when it is large enough */
+		m->sp_gather = 4 * Cl >= C ? m->d4a : carve(base, &off, NC);
+		m->sp_lng = carve(base, &off, 2 * C);
+	}
 	bytes->backward = off - mark;
 	bytes->total = off;
 	return off;
@@ -202,6 +215,13 @@ static int check_opts(const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o)
 		                   "2 selective)", (int)o->act_ckpt);
 	if (o->dtype != LOOM_COMPUTE_FP32 && o->dtype != LOOM_COMPUTE_BF16)
 		return loom_seterr(LOOM_EINVAL, "gpt2 create: dtype %d (expected fp32 or bf16)", (int)o->dtype);
+	if (o->sequence_parallel && tp < 2)
+		return loom_seterr(LOOM_EINVAL, "gpt2 create: sequence parallelism shards the sequence over the "
+		                   "tensor-parallel ranks and needs tp > 1 (tp_size %d)", o->tp_size);
+	if (o->sequence_parallel && ((long)o->B * o->T) % tp != 0)
+		return loom_seterr(LOOM_EINVAL, "gpt2 create: sequence parallelism: the %d x %d = %ld positions of a "
+		                   "micro-batch are not divisible by tp = %d (each rank holds an equal share)", o->B, o->T,
+		                   (long)o->B * o->T, tp);
 	loom_bf16_path_t path;
 	if (o->dtype == LOOM_COMPUTE_BF16 && (rc = loom_bf16_path(&path)) != LOOM_OK)
 		return rc; /* LOOM_BF16 asks for what cannot run: its message says what is missing */
@@ -236,6 +256,7 @@ static void setup(loom_gpt2_t *m, const loom_gpt2_config_t *cfg, const loom_gpt2
 	m->chunk = (int)LOOM_MAX(1, LOOM_MIN(chunk, (long)o->B * o->T));
 	m->att_threads = LOOM_MAX(omp_get_max_threads(), omp_get_num_procs());
 	m->act_ckpt = (int)o->act_ckpt;
+	m->sp = o->sequence_parallel && tp > 1;
 }
 
 /* The activations of a batch whose size does not fit in size_t. */
@@ -268,6 +289,11 @@ void loom_gpt2_model_act_bytes(const loom_gpt2_t *m, loom_gpt2_act_bytes_t *out)
 loom_act_ckpt_t loom_gpt2_act_ckpt(const loom_gpt2_t *m)
 {
 	return (loom_act_ckpt_t)m->act_ckpt;
+}
+
+int loom_gpt2_sequence_parallel(const loom_gpt2_t *m)
+{
+	return m->sp;
 }
 
 long long loom_gpt2_recomputes(const loom_gpt2_t *m)
@@ -553,6 +579,9 @@ static int check_size(const loom_gpt2_t *m, int B, int T, const char *op)
 	if (B <= 0 || T <= 0 || B > m->B || T > m->T)
 		return loom_seterr(LOOM_EINVAL, "gpt2 %s: batch %d x %d tokens does not fit the model's %d x %d (from create)",
 		                   op, B, T, m->B, m->T);
+	if (m->sp && (B * T) % m->tp != 0)
+		return loom_seterr(LOOM_EINVAL, "gpt2 %s: sequence parallelism: the %d x %d positions are not divisible by "
+		                   "tp = %d", op, B, T, m->tp);
 	return LOOM_OK;
 }
 
@@ -651,6 +680,26 @@ static float *stream(const loom_gpt2_t *m, const arena_t *ar, int l)
 	return l == m->lo ? ar->in : ar->layers[l - 1 - m->lo].res3;
 }
 
+/* Sequence parallelism: between the tensor-parallel regions a rank computes on rows [row0, row0 + N/tp)
+ * of the N positions (all of them without it: row0 0). */
+static size_t sp_row0(const loom_gpt2_t *m, int N)
+{
+	return m->sp ? (size_t)m->tp_rank * (size_t)(N / m->tp) : 0;
+}
+
+/* The rows of the N this rank's LayerNorms and residual adds run on. */
+static int sp_rows(const loom_gpt2_t *m, int N)
+{
+	return m->sp ? N / m->tp : N;
+}
+
+/* Block l's input and output on the rows this rank computes (with sequence parallelism block lo's
+ * input and block hi-1's output are whole buffers, the others hold this rank's rows only). */
+static float *block_in(const loom_gpt2_t *m, const arena_t *ar, int l, int N)
+{
+	return l == m->lo ? ar->in + sp_row0(m, N) * m->cfg.n_embd : stream(m, ar, l);
+}
+
 /* The summed losses of n positions over all N of the batch (n = N: the mean). */
 static float mean_loss(const float *losses, int n, int N)
 {
@@ -685,45 +734,117 @@ static void tp_sum_bias(loom_gpt2_t *m, float *out, const float *bias, int N, in
 		loom__gpt2_prof_add(m, PROF_RESIDUAL, t0, 0.0);
 }
 
+/* ---- sequence parallelism ---- */
+
+/* g-bar (forward, and again in backward for the weight gradient): x (N/tp,C), this rank's rows, copied to
+ * its place in m->sp_gather and all-gathered into the whole (N,C), which is returned. */
+static const float *sp_gather(loom_gpt2_t *m, const float *x, int N, int C)
+{
+	size_t o = sp_row0(m, N) * C;
+	memcpy(m->sp_gather + o, x, (size_t)(N / m->tp) * C * sizeof(float));
+	loom__tp_reduce(m, m->sp_gather, (size_t)N * C, LOOM_TP_ALLGATHER);
+	return m->sp_gather;
+}
+
+/* g (forward): part (N,C) this rank's part of a row-parallel product (overwritten); reduce-scatter it
+ * and add the replicated bias and the residual on this rank's rows: out (N/tp,C) = res + (sum + bias). */
+static void sp_scatter_bias_res(loom_gpt2_t *m, float *out, float *part, const float *bias, const float *res, int N,
+                                int C)
+{
+	int Ns = N / m->tp;
+	const float *p = part + sp_row0(m, N) * C;
+	loom__tp_reduce(m, part, (size_t)N * C, LOOM_TP_REDUCE_SCATTER);
+	double t0 = m->prof_on ? loom_now() : 0.0;
+#pragma omp parallel for schedule(static)
+	for (int n = 0; n < Ns; n++)
+		for (int c = 0; c < C; c++) {
+			size_t i = (size_t)n * C + c;
+			out[i] = res[i] + (p[i] + bias[c]);
+		}
+	if (m->prof_on)
+		loom__gpt2_prof_add(m, PROF_RESIDUAL, t0, 0.0);
+}
+
+/* A LayerNorm's backward on the rows this rank holds: with sequence parallelism its weight and bias
+ * gradients cover the local rows only, so they are computed apart (m->sp_lng), summed over the group
+ * and then added to dw, db (which accumulate over micro-batches). */
+static void ln_backward(loom_gpt2_t *m, float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                        const float *w, const float *mean, const float *rstd, int N, int C)
+{
+	if (!m->sp) {
+		PROF(LAYERNORM_BWD, loom__layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C));
+		return;
+	}
+	float *g = m->sp_lng;
+	memset(g, 0, 2 * (size_t)C * sizeof(float));
+	PROF(LAYERNORM_BWD, loom__layernorm_backward(dinp, g, g + C, dout, inp, w, mean, rstd, N, C));
+	loom__tp_reduce(m, g, 2 * (size_t)C, LOOM_TP_SUM);
+	for (int c = 0; c < C; c++)
+		dw[c] += g[c], db[c] += g[C + c];
+}
+
+static float *block_out(const loom_gpt2_t *m, layer_acts_t *a, int l, int N)
+{
+	return l == m->hi - 1 ? a->res3 + sp_row0(m, N) * m->cfg.n_embd : a->res3;
+}
+
 /* With tensor parallelism (tp > 1) the same pass on the local heads (Cl = C/tp channels, NHl heads)
  * and MLP columns (4 Cl): attn.c_attn and mlp.c_fc are column-parallel (local outputs), attn.c_proj
- * and mlp.c_proj row-parallel (partial sums, reduced before their bias); with tp 1, Cl = C. */
-static void block_forward_acts(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res, int B, int T, int whole)
+ * and mlp.c_proj row-parallel (partial sums, reduced before their bias); with tp 1, Cl = C. With
+ * sequence parallelism res, out and the LayerNorms hold this rank's N/tp rows: their outputs are
+ * all-gathered for the column-parallel matmuls, the row-parallel products reduce-scattered. */
+static void block_forward_acts(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res, float *out, int B, int T,
+                               int whole)
 {
-	int C = m->cfg.n_embd, NH = m->NHl, N = B * T, Cl = m->Cl, tp = m->tp;
+	int C = m->cfg.n_embd, NH = m->NHl, N = B * T, Cl = m->Cl, tp = m->tp, sp = m->sp, Nl = sp_rows(m, N);
 	size_t NC = (size_t)N * C;
 	double fN = N, fC = C, fCl = Cl; /* for the flop counts */
+	const float *x;
 #define W(j) loom__gpt2_param(m, lt(l, j))
-	PROF(LAYERNORM, loom__layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, W(LN1_W), W(LN1_B), N, C));
-	PROFF(MATMUL, 6 * fN * fC * fCl, loom__matmul_forward(a->qkv, a->ln1, W(QKV_W), W(QKV_B), N, C, 3 * Cl));
+	PROF(LAYERNORM, loom__layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, W(LN1_W), W(LN1_B), Nl, C));
+	x = sp ? sp_gather(m, a->ln1, N, C) : a->ln1;
+	PROFF(MATMUL, 6 * fN * fC * fCl, loom__matmul_forward(a->qkv, x, W(QKV_W), W(QKV_B), N, C, 3 * Cl));
 	PROFF(ATTENTION, 4.0 * B * T * T * fCl, loom__attention_forward(a->atty, a->att, a->qkv, B, T, Cl, NH));
-	PROFF(MATMUL, 2 * fN * fC * fCl, loom__matmul_forward(a->res2, a->atty, W(ATTPROJ_W), tp > 1 ? NULL : W(ATTPROJ_B),
-	                                                      N, Cl, C));
-	if (tp > 1)
-		tp_sum_bias(m, a->res2, W(ATTPROJ_B), N, C);
-	PROF(RESIDUAL, loom__residual_forward(a->res2, res, a->res2, NC));
-	PROF(LAYERNORM, loom__layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LN2_W), W(LN2_B), N, C));
-	PROFF(MATMUL, 8 * fN * fC * fCl, loom__matmul_forward(a->fch, a->ln2, W(FC_W), W(FC_B), N, C, 4 * Cl));
+	PROFF(MATMUL, 2 * fN * fC * fCl, loom__matmul_forward(sp ? m->dbtc : a->res2, a->atty, W(ATTPROJ_W),
+	                                                      tp > 1 ? NULL : W(ATTPROJ_B), N, Cl, C));
+	if (sp) {
+		sp_scatter_bias_res(m, a->res2, m->dbtc, W(ATTPROJ_B), res, N, C);
+	} else {
+		if (tp > 1)
+			tp_sum_bias(m, a->res2, W(ATTPROJ_B), N, C);
+		PROF(RESIDUAL, loom__residual_forward(a->res2, res, a->res2, NC));
+	}
+	PROF(LAYERNORM, loom__layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LN2_W), W(LN2_B), Nl, C));
+	x = sp ? sp_gather(m, a->ln2, N, C) : a->ln2;
+	PROFF(MATMUL, 8 * fN * fC * fCl, loom__matmul_forward(a->fch, x, W(FC_W), W(FC_B), N, C, 4 * Cl));
 	PROF(GELU, loom__gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * Cl));
 	if (!whole)
 		return; /* a recompute: the rest makes the block's output, which is kept */
-	PROFF(MATMUL, 8 * fN * fC * fCl, loom__matmul_forward(a->res3, a->fch_gelu, W(FCPROJ_W),
+	PROFF(MATMUL, 8 * fN * fC * fCl, loom__matmul_forward(sp ? m->dbtc : out, a->fch_gelu, W(FCPROJ_W),
 	                                                      tp > 1 ? NULL : W(FCPROJ_B), N, 4 * Cl, C));
+	if (sp) {
+		sp_scatter_bias_res(m, out, m->dbtc, W(FCPROJ_B), a->res2, N, C);
+		return;
+	}
 	if (tp > 1)
-		tp_sum_bias(m, a->res3, W(FCPROJ_B), N, C);
-	PROF(RESIDUAL, loom__residual_forward(a->res3, a->res2, a->res3, NC));
+		tp_sum_bias(m, out, W(FCPROJ_B), N, C);
+	PROF(RESIDUAL, loom__residual_forward(out, a->res2, out, NC));
 #undef W
 }
 
 void loom__gpt2_block_forward(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res, int B, int T)
 {
-	block_forward_acts(m, l, a, res, B, T, 1);
+	block_forward_acts(m, l, a, res, a->res3, B, T, 1);
 }
 
 static void block_forward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 {
+	layer_acts_t *a = &ar->layers[l - m->lo];
+	int N = B * T;
 	loom__gpt2_param_use(m, l, 0);
-	loom__gpt2_block_forward(m, l, &ar->layers[l - m->lo], stream(m, ar, l), B, T);
+	block_forward_acts(m, l, a, block_in(m, ar, l, N), block_out(m, a, l, N), B, T, 1);
+	if (m->sp && l == m->hi - 1) /* the head's (or the next stage's) input is whole */
+		loom__tp_reduce(m, a->res3, (size_t)N * m->cfg.n_embd, LOOM_TP_ALLGATHER);
 }
 
 /* ln_f forward on rows [r0, r0 + n) of the stream. */
@@ -801,7 +922,7 @@ static void head_forward_backward(loom_gpt2_t *m, arena_t *ar, const int *target
 static void recompute(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res_in, int B, int T)
 {
 	if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS)
-		block_forward_acts(m, l, a, res_in, B, T, 0);
+		block_forward_acts(m, l, a, res_in, NULL, B, T, 0);
 	else if (m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE)
 		PROFF(ATTENTION_PROBS, 2.0 * B * T * T * m->Cl, loom__attention_probs(a->att, a->qkv, B, T, m->Cl, m->NHl));
 	else
@@ -809,18 +930,26 @@ static void recompute(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res_i
 	m->recomputes++;
 }
 
+/* With sequence parallelism m->dres is a whole (N,C) buffer of which this rank's rows are current
+ * between the blocks: it is all-gathered where a row-parallel matmul's backward needs the whole
+ * gradient (g's conjugate), the column-parallel matmuls' input gradients are reduce-scattered onto
+ * this rank's rows (f's conjugate), and after block lo it is gathered whole for the embedding or the
+ * previous stage. */
 static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 {
-	int C = m->cfg.n_embd, NH = m->NHl, N = B * T, Cl = m->Cl, tp = m->tp;
-	size_t NC = (size_t)N * C, NCl = (size_t)N * Cl;
+	int C = m->cfg.n_embd, NH = m->NHl, N = B * T, Cl = m->Cl, tp = m->tp, sp = m->sp, Nl = sp_rows(m, N);
+	size_t NC = (size_t)N * C, NCl = (size_t)N * Cl, o = sp_row0(m, N) * C;
 	double fN = N, fC = C, fCl = Cl; /* for the flop counts */
 	layer_acts_t *a = &ar->layers[l - m->lo];
-	const float *res_in = stream(m, ar, l);
+	const float *res_in = block_in(m, ar, l, N), *x;
+	float *dres = m->dres + o, *dx; /* this rank's rows of the stream gradient */
 	loom__gpt2_param_use(m, l, 1);
 	recompute(m, l, a, res_in, B, T);
 #define W(j) loom__gpt2_param(m, lt(l, j))
 #define G(j) loom__gpt2_grad(m, lt(l, j))
 	/* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))); dres is d res3 and passes through to d res2 */
+	if (sp)
+		loom__tp_reduce(m, m->dres, NC, LOOM_TP_ALLGATHER);
 	zero(m, m->d4a, NCl * 4);
 	PROFF(MATMUL_BWD, 16 * fN * fC * fCl,
 	      loom__matmul_backward(m->d4a, G(FCPROJ_W), G(FCPROJ_B), m->dres, a->fch_gelu, W(FCPROJ_W), N, 4 * Cl, C));
@@ -828,18 +957,23 @@ static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 	ready(m, lt(l, FCPROJ_W));
 	zero(m, m->d4b, NCl * 4);
 	PROF(GELU_BWD, loom__gelu_backward(m->d4b, a->fch, m->d4a, NCl * 4));
+	x = sp ? sp_gather(m, a->ln2, N, C) : a->ln2;
 	zero(m, m->dbtc, NC);
 	PROFF(MATMUL_BWD, 16 * fN * fC * fCl,
-	      loom__matmul_backward(m->dbtc, G(FC_W), G(FC_B), m->d4b, a->ln2, W(FC_W), N, C, 4 * Cl));
-	if (tp > 1) /* f in backward: mlp.c_fc is column-parallel, its input's gradient is the ranks' sum */
-		loom__tp_reduce(m, m->dbtc, NC, LOOM_TP_SUM);
+	      loom__matmul_backward(m->dbtc, G(FC_W), G(FC_B), m->d4b, x, W(FC_W), N, C, 4 * Cl));
+	/* f in backward: mlp.c_fc is column-parallel, its input's gradient is the ranks' sum (sequence
+	 * parallel: of this rank's rows) */
+	if (tp > 1)
+		loom__tp_reduce(m, m->dbtc, NC, sp ? LOOM_TP_REDUCE_SCATTER : LOOM_TP_SUM);
+	dx = m->dbtc + o;
 	ready(m, lt(l, FC_B));
 	ready(m, lt(l, FC_W));
-	PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres, G(LN2_W), G(LN2_B), m->dbtc, a->res2, W(LN2_W), a->ln2_mean,
-	                                             a->ln2_rstd, N, C));
+	ln_backward(m, dres, G(LN2_W), G(LN2_B), dx, a->res2, W(LN2_W), a->ln2_mean, a->ln2_rstd, Nl, C);
 	ready(m, lt(l, LN2_B));
 	ready(m, lt(l, LN2_W));
 	/* attention: res2 = res_in + attn_proj(attention(qkv(ln1(res_in)))) */
+	if (sp)
+		loom__tp_reduce(m, m->dres, NC, LOOM_TP_ALLGATHER);
 	zero(m, m->dbtc, NCl);
 	PROFF(MATMUL_BWD, 4 * fN * fC * fCl,
 	      loom__matmul_backward(m->dbtc, G(ATTPROJ_W), G(ATTPROJ_B), m->dres, a->atty, W(ATTPROJ_W), N, Cl, C));
@@ -848,17 +982,19 @@ static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 	zero(m, m->dqkv, NCl * 3);
 	PROFF(ATTENTION_BWD, 8.0 * B * T * T * fCl,
 	      loom__attention_backward(m->dqkv, m->att_scratch, m->att_threads, m->dbtc, a->qkv, a->att, B, T, Cl, NH));
+	x = sp ? sp_gather(m, a->ln1, N, C) : a->ln1;
 	zero(m, m->dbtc, NC);
 	PROFF(MATMUL_BWD, 12 * fN * fC * fCl,
-	      loom__matmul_backward(m->dbtc, G(QKV_W), G(QKV_B), m->dqkv, a->ln1, W(QKV_W), N, C, 3 * Cl));
+	      loom__matmul_backward(m->dbtc, G(QKV_W), G(QKV_B), m->dqkv, x, W(QKV_W), N, C, 3 * Cl));
 	if (tp > 1) /* f in backward: attn.c_attn is column-parallel */
-		loom__tp_reduce(m, m->dbtc, NC, LOOM_TP_SUM);
+		loom__tp_reduce(m, m->dbtc, NC, sp ? LOOM_TP_REDUCE_SCATTER : LOOM_TP_SUM);
 	ready(m, lt(l, QKV_B));
 	ready(m, lt(l, QKV_W));
-	PROF(LAYERNORM_BWD, loom__layernorm_backward(m->dres, G(LN1_W), G(LN1_B), m->dbtc, res_in, W(LN1_W), a->ln1_mean,
-	                                             a->ln1_rstd, N, C));
+	ln_backward(m, dres, G(LN1_W), G(LN1_B), dx, res_in, W(LN1_W), a->ln1_mean, a->ln1_rstd, Nl, C);
 	ready(m, lt(l, LN1_B));
 	ready(m, lt(l, LN1_W));
+	if (sp && l == m->lo) /* the embedding's (or the previous stage's) gradient is whole */
+		loom__tp_reduce(m, m->dres, NC, LOOM_TP_ALLGATHER);
 #undef W
 #undef G
 }

@@ -92,6 +92,11 @@ static loom_act_ckpt_t g_act_ckpt(const loom_model_t *m)
 	return loom_gpt2_act_ckpt(CG(m));
 }
 
+static int g_sequence_parallel(const loom_model_t *m)
+{
+	return loom_gpt2_sequence_parallel(CG(m));
+}
+
 static long long g_recomputes(const loom_model_t *m)
 {
 	return loom_gpt2_recomputes(CG(m));
@@ -246,32 +251,40 @@ static double g_unit_flops(const loom_model_config_t *cfg, int unit, int T)
 
 static const struct {
 	loom_act_ckpt_t mode;
-	const char *text;
+	const char *text, *text_sp; /* without and with sequence parallelism */
 } act_rule[] = {
-	{LOOM_ACT_CKPT_NONE, "arenas x (L x F + BTC + head), F = 16BTC + 4BT + B NH T^2"},
-	{LOOM_ACT_CKPT_BLOCKS, "arenas x (L x BTC + BTC + head) + (F - BTC) for one block"},
-	{LOOM_ACT_CKPT_SELECTIVE, "arenas x (L x (F - B NH T^2) + BTC + head) + B NH T^2 for one layer"},
+	{LOOM_ACT_CKPT_NONE, "arenas x (L x F + BTC + head), F = 16BTC + 4BT + B NH T^2",
+	 "arenas x (L x F + 2BTC - BTC/tp + head), F = (16BTC + 4BT + B NH T^2) / tp"},
+	{LOOM_ACT_CKPT_BLOCKS, "arenas x (L x BTC + BTC + head) + (F - BTC) for one block",
+	 "arenas x ((L-1) x BTC/tp + 2BTC + head) + (F - BTC/tp) for one block, F = (16BTC + 4BT + B NH T^2) / tp"},
+	{LOOM_ACT_CKPT_SELECTIVE, "arenas x (L x (F - B NH T^2) + BTC + head) + B NH T^2 for one layer",
+	 "arenas x (L x (F - B NH T^2/tp) + 2BTC - BTC/tp + head) + B NH T^2/tp for one layer, "
+	 "F = (16BTC + 4BT + B NH T^2) / tp"},
 };
 
+/* With sequence parallelism (p = tp) every per-layer buffer is 1/p: ln1, res2, ln2, res3 and the four
+ * statistics hold N/p rows, the rest was already split by heads or MLP columns, so F = F(tp 1) / p;
+ * block hi-1's output is whole (the head's or the next stage's input): + BTC (1 - 1/p) per arena. */
 static size_t g_act_formula(const loom_model_t *model, int B, int T, const char **text)
 {
 	const loom_gpt2_t *g = (const loom_gpt2_t *)model;
 	const loom_model_config_t *c = loom_gpt2_config(g);
-	int lo, hi, arenas, tp = loom_gpt2_tp_size(g);
+	int lo, hi, arenas, tp = loom_gpt2_tp_size(g), sp = loom_gpt2_sequence_parallel(g);
 	loom_act_ckpt_t mode = loom_gpt2_act_ckpt(g);
 	loom_gpt2_layers(g, &lo, &hi, &arenas);
+	double p = sp ? tp : 1;
 	double BT = (double)B * T, C = c->n_embd, Cl = (double)c->n_embd / tp, A = BT * (c->n_head / tp) * T;
-	double F = (4 * C + 12 * Cl) * BT + 4 * BT + A, D = 0;
-	double head = hi == c->n_layer ? BT * C + 3 * BT : 0;
+	double F = (4 * C / p + 12 * Cl) * BT + 4 * BT / p + A, D = 0;
+	double head = hi == c->n_layer ? BT * C + 3 * BT : 0, out = sp && hi > lo ? BT * C * (1 - 1 / p) : 0;
 	if (mode == LOOM_ACT_CKPT_BLOCKS)
-		D = F - BT * C;
+		D = F - BT * C / p;
 	else if (mode == LOOM_ACT_CKPT_SELECTIVE)
 		D = A;
 	*text = "?";
 	for (size_t k = 0; k < LOOM_ARRAY_LEN(act_rule); k++)
 		if (act_rule[k].mode == mode)
-			*text = act_rule[k].text;
-	double floats = arenas * ((hi - lo) * (F - D) + BT * C + head) + D;
+			*text = sp ? act_rule[k].text_sp : act_rule[k].text;
+	double floats = arenas * ((hi - lo) * (F - D) + BT * C + out + head) + D;
 	return (size_t)(floats * sizeof(float));
 }
 
@@ -308,6 +321,7 @@ static const loom_model_family_t gpt2_family = {
 	.init = g_init,
 	.layers = g_layers,
 	.act_ckpt = g_act_ckpt,
+	.sequence_parallel = g_sequence_parallel,
 	.recomputes = g_recomputes,
 	.model_act_bytes = g_model_act_bytes,
 	.forward = g_forward,

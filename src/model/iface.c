@@ -446,6 +446,11 @@ loom_act_ckpt_t loom_model_act_ckpt(const loom_model_t *m)
 	return m->family->act_ckpt(m);
 }
 
+int loom_model_sequence_parallel(const loom_model_t *m)
+{
+	return m->family->sequence_parallel ? m->family->sequence_parallel(m) : 0;
+}
+
 long long loom_model_recomputes(const loom_model_t *m)
 {
 	return m->family->recomputes(m);

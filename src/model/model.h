@@ -46,6 +46,8 @@ enum {
 
 /* Activations of one layer kept for the backward; rows are the B*T positions of the current call. */
 typedef struct {
+	/* with sequence parallelism, ln1, res2, ln2 and res3 and the statistics have N/tp rows (res3 N of
+	 * the last block held: the head's or the next stage's input) */
 	float *ln1, *ln1_mean, *ln1_rstd; /* (N,C), (N), (N) */
 	float *qkv;                       /* (N,3C) */
 	float *att;                       /* (B,NH,T,T) softmax probabilities */
@@ -125,6 +127,13 @@ struct loom_gpt2 {
 	float *tp_stats;      /* (3*chunk) per-position reduction scratch of the vocab-parallel loss */
 	loom_tp_reduce_fn tp_reduce;
 	void *tp_ctx;
+	/* sequence parallelism (Megatron-SP, gpt2.c): the residual stream between a block's tensor-parallel
+	 * regions (res2, res3, ln1, ln2 and their statistics) holds this rank's rows [tp_rank N/tp,
+	 * (tp_rank+1) N/tp) only; the stream at a unit boundary (block lo's input, block hi-1's output, the
+	 * head and dres after the blocks) stays whole */
+	int sp;
+	float *sp_gather; /* (N,C) a LayerNorm output gathered for a matmul: d4a when tp <= 4 (unused then) */
+	float *sp_lng;    /* (2C) one LayerNorm's weight and bias gradient of the local rows, before the sum */
 	int tp_err;           /* first error of a reduction in the current pass */
 
 	loom__gemm_ctx_t gemm; /* matmul precision and its bf16 operand scratch (matmul_bf16.c) */

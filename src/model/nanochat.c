@@ -44,15 +44,15 @@ static size_t layout(nc_t *m, char *base, loom_model_act_bytes_t *bytes)
 	const nc_dims_t *d = &m->d;
 	size_t off = 0, C = (size_t)d->C, N = (size_t)m->B * m->T, T = (size_t)m->T, mark;
 	size_t Q = (size_t)d->nh * d->D, KV = (size_t)d->nkv * d->D, Hd = (size_t)d->hid;
-	size_t att = (size_t)m->B * d->nh * T * T;
+	size_t att = (size_t)m->B * d->nh * T * T, Ns = m->sp ? N / (size_t)m->tp : N;
 	nc_layer_t shared = {0}, dummy;
 	nc_arena_t dummy_arena;
 	memset(bytes, 0, sizeof *bytes);
 #define LAYER_BUFS(a, ATT)                                                                                         \
 	do {                                                                                                           \
-		(a)->xin = carve(base, &off, N * C);                                                                       \
-		(a)->xn1 = carve(base, &off, N * C);                                                                       \
-		(a)->rstd1 = carve(base, &off, N);                                                                         \
+		(a)->xin = carve(base, &off, Ns * C);                                                                      \
+		(a)->xn1 = carve(base, &off, Ns * C);                                                                      \
+		(a)->rstd1 = carve(base, &off, Ns);                                                                        \
 		(a)->q = carve(base, &off, N * Q);                                                                         \
 		(a)->qrstd = carve(base, &off, N * d->nh);                                                                 \
 		(a)->k = carve(base, &off, N * KV);                                                                        \
@@ -61,9 +61,9 @@ static size_t layout(nc_t *m, char *base, loom_model_act_bytes_t *bytes)
 		(a)->gate = carve(base, &off, N * d->nkv);                                                                 \
 		(a)->att = (ATT);                                                                                          \
 		(a)->atty = carve(base, &off, N * Q);                                                                      \
-		(a)->x2 = carve(base, &off, N * C);                                                                        \
-		(a)->xn2 = carve(base, &off, N * C);                                                                       \
-		(a)->rstd2 = carve(base, &off, N);                                                                         \
+		(a)->x2 = carve(base, &off, Ns * C);                                                                       \
+		(a)->xn2 = carve(base, &off, Ns * C);                                                                      \
+		(a)->rstd2 = carve(base, &off, Ns);                                                                        \
 		(a)->fch = carve(base, &off, N * Hd);                                                                      \
 		(a)->act = carve(base, &off, N * Hd);                                                                      \
 	} while (0)
@@ -88,8 +88,9 @@ static size_t layout(nc_t *m, char *base, loom_model_act_bytes_t *bytes)
 				float *p = m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE ? shared.att : carve(base, &off, att);
 				LAYER_BUFS(a, p);
 			}
-			a->out = carve(base, &off, N * 2 * C);
-			bytes->per_layer = off - l0;
+			a->out = carve(base, &off, (l == m->hi - 1 ? N : Ns) * 2 * C); /* block hi-1's whole */
+			if (l == m->lo)
+				bytes->per_layer = off - l0;
 		}
 		if (m->has_head) {
 			ar->xf = carve(base, &off, N * C);
@@ -148,6 +149,13 @@ static int check_opts(const loom_model_config_t *cfg, const loom_model_opts_t *o
 		                   o->tp_rank, tp);
 	if ((int)o->act_ckpt < LOOM_ACT_CKPT_NONE || (int)o->act_ckpt > LOOM_ACT_CKPT_SELECTIVE)
 		return loom_seterr(LOOM_EINVAL, "nanochat create: activation checkpointing mode %d", (int)o->act_ckpt);
+	if (o->sequence_parallel && tp < 2)
+		return loom_seterr(LOOM_EINVAL, "nanochat create: sequence parallelism shards the sequence over the "
+		                   "tensor-parallel ranks and needs tp > 1 (tp_size %d)", o->tp_size);
+	if (o->sequence_parallel && ((long)o->B * o->T) % tp != 0)
+		return loom_seterr(LOOM_EINVAL, "nanochat create: sequence parallelism: the %d x %d = %ld positions of a "
+		                   "micro-batch are not divisible by tp = %d (each rank holds an equal share)", o->B, o->T,
+		                   (long)o->B * o->T, tp);
 	if (o->dtype != LOOM_COMPUTE_FP32 && o->dtype != LOOM_COMPUTE_BF16)
 		return loom_seterr(LOOM_EINVAL, "nanochat create: dtype %d (expected fp32 or bf16)", (int)o->dtype);
 	loom_bf16_path_t path;
@@ -178,6 +186,7 @@ static void setup(nc_t *m, const loom_model_config_t *cfg, const loom_model_opts
 	m->chunk = (int)LOOM_MAX(1, LOOM_MIN(chunk, (long)o->B * o->T));
 	m->att_threads = LOOM_MAX(omp_get_max_threads(), omp_get_num_procs());
 	m->act_ckpt = (int)o->act_ckpt;
+	m->sp = o->sequence_parallel && tp > 1;
 }
 
 static int nc_act_bytes(const loom_model_config_t *cfg, const loom_model_opts_t *o, loom_model_act_bytes_t *out)
@@ -467,6 +476,11 @@ static loom_act_ckpt_t nc_act_ckpt(const loom_model_t *m)
 	return (loom_act_ckpt_t)CM(m)->act_ckpt;
 }
 
+static int nc_sequence_parallel(const loom_model_t *m)
+{
+	return CM(m)->sp;
+}
+
 static long long nc_recomputes(const loom_model_t *m)
 {
 	return CM(m)->recomputes;
@@ -562,6 +576,7 @@ static const loom_model_family_t nanochat_family = {
 	.init = nc_init,
 	.layers = nc_layers,
 	.act_ckpt = nc_act_ckpt,
+	.sequence_parallel = nc_sequence_parallel,
 	.recomputes = nc_recomputes,
 	.model_act_bytes = nc_model_act_bytes,
 	.forward = loom__nc_forward,

@@ -70,7 +70,8 @@ void loom__nc_tp_unshard(const loom_model_config_t *cfg, int tp, int r, const fl
 
 /* ---- the model ---------------------------------------------------------------------------------- */
 
-/* One block's activations kept for its backward (N = B T rows; local sizes with tp). */
+/* One block's activations kept for its backward (N = B T rows; local sizes with tp; with sequence
+ * parallelism xin, xn1, rstd1, x2, xn2, rstd2 and out have N/tp rows, out N for block hi-1). */
 typedef struct {
 	float *xin;          /* (N,C) r x + z x0: the block's residual input */
 	float *xn1, *rstd1;  /* (N,C), (N) attention's normed input */
@@ -136,8 +137,10 @@ typedef struct loom_nanochat {
 	float *dscal;         /* (N) per-row partial sums of the scalars' gradients */
 	float *att_scratch;
 	int att_threads;
-	/* tensor parallelism */
-	int tp, tp_rank;
+	/* tensor parallelism; sp: sequence parallelism (nanochat_passes.c): xin, xn1, x2, xn2, their rstd
+	 * and a block's output hold the rank's rows [tp_rank N/tp, (tp_rank+1) N/tp) only (the output of
+	 * block hi-1 stays whole), ftmp doubles as the buffer of the gathers */
+	int tp, tp_rank, sp;
 	loom_tp_reduce_fn tp_reduce;
 	void *tp_ctx;
 	int tp_err;

@@ -49,6 +49,9 @@ static int check_unit(const nc_t *m, int mb, int unit, int B, int T, const char 
 	if (B <= 0 || T <= 0 || B > m->B || T > m->T)
 		return loom_seterr(LOOM_EINVAL, "nanochat %s: batch %d x %d tokens does not fit the model's %d x %d", op, B, T,
 		                   m->B, m->T);
+	if (m->sp && (B * T) % m->tp != 0)
+		return loom_seterr(LOOM_EINVAL, "nanochat %s: sequence parallelism: the %d x %d positions are not divisible "
+		                   "by tp = %d", op, B, T, m->tp);
 	return LOOM_OK;
 }
 
@@ -88,6 +91,41 @@ static float *stream(const nc_t *m, const nc_arena_t *ar, int l)
 	return l == m->lo ? ar->in : ar->layers[l - 1 - m->lo].out;
 }
 
+/* Sequence parallelism: the first of the rows [row0, row0 + N/tp) this rank's residual-side buffers
+ * hold (0 without it), and their count. */
+static size_t sp_row0(const nc_t *m, int N)
+{
+	return m->sp ? (size_t)m->tp_rank * (size_t)(N / m->tp) : 0;
+}
+
+static int sp_rows(const nc_t *m, int N)
+{
+	return m->sp ? N / m->tp : N;
+}
+
+/* Block l's input stream on this rank's rows (block lo's input is whole), and its output. */
+static float *block_in(const nc_t *m, const nc_arena_t *ar, int l, int N)
+{
+	return l == m->lo ? ar->in + sp_row0(m, N) * 2 * m->d.C : stream(m, ar, l);
+}
+
+static float *block_out(const nc_t *m, nc_layer_t *a, int l, int N)
+{
+	return l == m->hi - 1 ? a->out + sp_row0(m, N) * 2 * m->d.C : a->out;
+}
+
+/* x (N/tp,C) this rank's rows, all-gathered into m->ftmp (N,C), which is returned; without sequence
+ * parallelism x itself. */
+static const float *sp_gather(nc_t *m, const float *x, int N)
+{
+	int C = m->d.C;
+	if (!m->sp)
+		return x;
+	memcpy(m->ftmp + sp_row0(m, N) * C, x, sizeof(float) * (size_t)(N / m->tp) * C);
+	loom__nc_tp_reduce(m, m->ftmp, (size_t)N * C, LOOM_TP_ALLGATHER);
+	return m->ftmp;
+}
+
 static void embed_forward(nc_t *m, nc_arena_t *ar, const int *inputs, int B, int T)
 {
 	int C = m->d.C, N = B * T;
@@ -124,28 +162,31 @@ static void linear_backward(float *dx, int lddx, float *dw, const float *dy, int
 
 /* Block l's forward from the stream `in` (N,2C) with tokens tok, into a; whole 0 stops after the MLP's
  * activation (a recomputation: the output is kept). */
-static void block_forward_acts(nc_t *m, int l, nc_layer_t *a, const float *in, const int *tok, int B, int T,
-                               int whole)
+static void block_forward_acts(nc_t *m, int l, nc_layer_t *a, const float *in, float *out, const int *tok, int B,
+                               int T, int whole)
 {
 	const nc_dims_t *d = &m->d;
 	int C = d->C, N = B * T, D = d->D, nh = d->nh, nkv = d->nkv, Q = nh * D, KV = nkv * D, Hd = d->hid;
-	int ve = loom__nc_has_ve(l, d->L);
+	int ve = loom__nc_has_ve(l, d->L), Nl = sp_rows(m, N);
+	size_t o0 = sp_row0(m, N) * C;
 	float r = m->pview[NC_RESID][l], z = m->pview[NC_X0][l];
-#pragma omp parallel for schedule(static) if ((long)N * C >= 32768)
-	for (int n = 0; n < N; n++) {
+	const float *xn;
+#pragma omp parallel for schedule(static) if ((long)Nl * C >= 32768)
+	for (int n = 0; n < Nl; n++) {
 		const float *x = in + (size_t)n * 2 * C, *x0 = x + C;
 		float *o = a->xin + (size_t)n * C;
 #pragma omp simd
 		for (int c = 0; c < C; c++)
 			o[c] = r * x[c] + z * x0[c];
 	}
-	loom__nc_rmsnorm_forward(a->xn1, C, a->rstd1, a->xin, C, N, C);
-	linear(a->q, Q, a->xn1, C, W(NC_Q), N, C, Q);
-	linear(a->k, KV, a->xn1, C, W(NC_K), N, C, KV);
-	linear(a->v, KV, a->xn1, C, W(NC_V), N, C, KV);
+	loom__nc_rmsnorm_forward(a->xn1, C, a->rstd1, a->xin, C, Nl, C);
+	xn = sp_gather(m, a->xn1, N); /* sequence parallel: every row for the column-parallel projections */
+	linear(a->q, Q, xn, C, W(NC_Q), N, C, Q);
+	linear(a->k, KV, xn, C, W(NC_K), N, C, KV);
+	linear(a->v, KV, xn, C, W(NC_V), N, C, KV);
 	if (ve) {
 		/* v += 2 sigmoid(xn[:32] Wg^T) ve[tok], per kv head */
-		linear(a->gate, nkv, a->xn1, C, W(NC_GATE), N, NC_GATE_CH, nkv);
+		linear(a->gate, nkv, xn, C, W(NC_GATE), N, NC_GATE_CH, nkv);
 		const float *tab = W(NC_VE);
 #pragma omp parallel for schedule(static) if ((long)N * KV >= 32768)
 		for (int n = 0; n < N; n++) {
@@ -166,22 +207,31 @@ static void block_forward_acts(nc_t *m, int l, nc_layer_t *a, const float *in, c
 	loom__nc_rmsnorm_forward(a->q, D, a->qrstd, a->q, D, N * nh, D);
 	loom__nc_rmsnorm_forward(a->k, D, a->krstd, a->k, D, N * nkv, D);
 	loom__nc_attention_forward(a->atty, a->att, a->q, a->k, a->v, B, T, nh, nkv, D, m->window[l]);
-	linear(a->x2, C, a->atty, Q, W(NC_O), N, Q, C);
-	loom__nc_tp_reduce(m, a->x2, (size_t)N * C, LOOM_TP_SUM);
+	if (m->sp) { /* the row-parallel product reduce-scattered onto this rank's rows */
+		linear(m->ftmp, C, a->atty, Q, W(NC_O), N, Q, C);
+		loom__nc_tp_reduce(m, m->ftmp, (size_t)N * C, LOOM_TP_REDUCE_SCATTER);
+		const float *p = m->ftmp + o0;
+#pragma omp parallel for simd schedule(static) if ((long)Nl * C >= 32768)
+		for (size_t i = 0; i < (size_t)Nl * C; i++)
+			a->x2[i] = p[i] + a->xin[i];
+	} else {
+		linear(a->x2, C, a->atty, Q, W(NC_O), N, Q, C);
+		loom__nc_tp_reduce(m, a->x2, (size_t)N * C, LOOM_TP_SUM);
 #pragma omp parallel for simd schedule(static) if ((long)N * C >= 32768)
-	for (size_t i = 0; i < (size_t)N * C; i++)
-		a->x2[i] += a->xin[i];
-	loom__nc_rmsnorm_forward(a->xn2, C, a->rstd2, a->x2, C, N, C);
-	linear(a->fch, Hd, a->xn2, C, W(NC_FC), N, C, Hd);
+		for (size_t i = 0; i < (size_t)N * C; i++)
+			a->x2[i] += a->xin[i];
+	}
+	loom__nc_rmsnorm_forward(a->xn2, C, a->rstd2, a->x2, C, Nl, C);
+	xn = sp_gather(m, a->xn2, N);
+	linear(a->fch, Hd, xn, C, W(NC_FC), N, C, Hd);
 	loom__nc_relu2_forward(a->act, a->fch, (size_t)N * Hd);
 	if (!whole)
 		return;
 	linear(m->ftmp, C, a->act, Hd, W(NC_P), N, Hd, C);
-	loom__nc_tp_reduce(m, m->ftmp, (size_t)N * C, LOOM_TP_SUM);
-	float *out = a->out;
-#pragma omp parallel for schedule(static) if ((long)N * C >= 32768)
-	for (int n = 0; n < N; n++) {
-		const float *x2 = a->x2 + (size_t)n * C, *p = m->ftmp + (size_t)n * C, *x0 = in + (size_t)n * 2 * C + C;
+	loom__nc_tp_reduce(m, m->ftmp, (size_t)N * C, m->sp ? LOOM_TP_REDUCE_SCATTER : LOOM_TP_SUM);
+#pragma omp parallel for schedule(static) if ((long)Nl * C >= 32768)
+	for (int n = 0; n < Nl; n++) {
+		const float *x2 = a->x2 + (size_t)n * C, *p = m->ftmp + o0 + (size_t)n * C, *x0 = in + (size_t)n * 2 * C + C;
 		float *o = out + (size_t)n * 2 * C;
 #pragma omp simd
 		for (int c = 0; c < C; c++) {
@@ -193,8 +243,12 @@ static void block_forward_acts(nc_t *m, int l, nc_layer_t *a, const float *in, c
 
 static void block_forward(nc_t *m, nc_arena_t *ar, int l, int B, int T)
 {
+	nc_layer_t *a = &ar->layers[l - m->lo];
+	int N = B * T;
 	loom__nc_param_use(m, l, 0);
-	block_forward_acts(m, l, &ar->layers[l - m->lo], stream(m, ar, l), ar->tok, B, T, 1);
+	block_forward_acts(m, l, a, block_in(m, ar, l, N), block_out(m, a, l, N), ar->tok, B, T, 1);
+	if (m->sp && l == m->hi - 1) /* the head's (or the next stage's) input is whole */
+		loom__nc_tp_reduce(m, a->out, (size_t)N * 2 * m->d.C, LOOM_TP_ALLGATHER);
 }
 
 /* The final rmsnorm of rows [r0, r0 + n). */
@@ -318,7 +372,7 @@ static void recompute(nc_t *m, int l, nc_layer_t *a, const float *in, const int 
 {
 	const nc_dims_t *d = &m->d;
 	if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS)
-		block_forward_acts(m, l, a, in, tok, B, T, 0);
+		block_forward_acts(m, l, a, in, NULL, tok, B, T, 0);
 	else if (m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE)
 		loom__nc_attention_probs(a->att, a->q, a->k, B, T, d->nh, d->nkv, d->D, m->window[l]);
 	else
@@ -330,28 +384,35 @@ static void block_backward(nc_t *m, nc_arena_t *ar, int l, int B, int T)
 {
 	const nc_dims_t *d = &m->d;
 	int C = d->C, N = B * T, D = d->D, nh = d->nh, nkv = d->nkv, Q = nh * D, KV = nkv * D, Hd = d->hid;
-	int ve = loom__nc_has_ve(l, d->L);
+	int ve = loom__nc_has_ve(l, d->L), Nl = sp_rows(m, N);
+	size_t o0 = sp_row0(m, N) * C;
 	nc_layer_t *a = &ar->layers[l - m->lo];
-	const float *in = stream(m, ar, l);
+	const float *in = block_in(m, ar, l, N), *xn;
 	const int *tok = ar->tok;
-	float *dres = m->dres;
+	float *dres = m->dres + 2 * o0, *dx2 = m->dx2 + o0, *dxn = m->dxn + o0; /* this rank's rows */
 	loom__nc_param_use(m, l, 1);
 	recompute(m, l, a, in, tok, B, T);
-	/* MLP: out = x2 + relu(xn2 Wfc^T)^2 Wp^T */
+	/* MLP: out = x2 + relu(xn2 Wfc^T)^2 Wp^T. Sequence parallel: the stream gradient of every row for
+	 * the row-parallel Wp, the column-parallel Wfc's input gradient reduce-scattered onto this rank's */
+	if (m->sp)
+		loom__nc_tp_reduce(m, m->dres, (size_t)N * 2 * C, LOOM_TP_ALLGATHER);
 	zero(m->dh1, (size_t)N * Hd);
-	linear_backward(m->dh1, Hd, G(NC_P), dres, 2 * C, a->act, Hd, W(NC_P), N, Hd, C);
+	linear_backward(m->dh1, Hd, G(NC_P), m->dres, 2 * C, a->act, Hd, W(NC_P), N, Hd, C);
 	ready(m, LT(l, NC_P));
 	zero(m->dh2, (size_t)N * Hd);
 	loom__nc_relu2_backward(m->dh2, a->fch, m->dh1, (size_t)N * Hd);
 	zero(m->dxn, (size_t)N * C);
-	linear_backward(m->dxn, C, G(NC_FC), m->dh2, Hd, a->xn2, C, W(NC_FC), N, C, Hd);
-	loom__nc_tp_reduce(m, m->dxn, (size_t)N * C, LOOM_TP_SUM);
+	xn = sp_gather(m, a->xn2, N);
+	linear_backward(m->dxn, C, G(NC_FC), m->dh2, Hd, xn, C, W(NC_FC), N, C, Hd);
+	loom__nc_tp_reduce(m, m->dxn, (size_t)N * C, m->sp ? LOOM_TP_REDUCE_SCATTER : LOOM_TP_SUM);
 	ready(m, LT(l, NC_FC));
-#pragma omp parallel for schedule(static) if ((long)N * C >= 32768)
-	for (int n = 0; n < N; n++)
-		memcpy(m->dx2 + (size_t)n * C, dres + (size_t)n * 2 * C, sizeof(float) * (size_t)C);
-	loom__nc_rmsnorm_backward(m->dx2, C, m->dxn, C, a->xn2, C, a->rstd2, N, C);
-	/* attention: x2 = xin + atty Wo^T */
+#pragma omp parallel for schedule(static) if ((long)Nl * C >= 32768)
+	for (int n = 0; n < Nl; n++)
+		memcpy(dx2 + (size_t)n * C, dres + (size_t)n * 2 * C, sizeof(float) * (size_t)C);
+	loom__nc_rmsnorm_backward(dx2, C, dxn, C, a->xn2, C, a->rstd2, Nl, C);
+	/* attention: x2 = xin + atty Wo^T (sequence parallel: dx2 of every row for the row-parallel Wo) */
+	if (m->sp)
+		loom__nc_tp_reduce(m, m->dx2, (size_t)N * C, LOOM_TP_ALLGATHER);
 	zero(m->datty, (size_t)N * Q);
 	linear_backward(m->datty, Q, G(NC_O), m->dx2, C, a->atty, Q, W(NC_O), N, Q, C);
 	ready(m, LT(l, NC_O));
@@ -371,11 +432,12 @@ static void block_backward(nc_t *m, nc_arena_t *ar, int l, int B, int T)
 	loom__nc_rope_backward(m->dk, m->cos, m->sin, N, T, 0, nkv, D);
 	/* the projections' weight gradients, the input's gradient summed over q, k, v (and the gate) */
 	zero(m->dxn, (size_t)N * C);
-	linear_backward(m->dxn, C, G(NC_V), m->dv, KV, a->xn1, C, W(NC_V), N, C, KV);
+	xn = sp_gather(m, a->xn1, N);
+	linear_backward(m->dxn, C, G(NC_V), m->dv, KV, xn, C, W(NC_V), N, C, KV);
 	ready(m, LT(l, NC_V));
-	linear_backward(m->dxn, C, G(NC_K), m->dk, KV, a->xn1, C, W(NC_K), N, C, KV);
+	linear_backward(m->dxn, C, G(NC_K), m->dk, KV, xn, C, W(NC_K), N, C, KV);
 	ready(m, LT(l, NC_K));
-	linear_backward(m->dxn, C, G(NC_Q), m->dq, Q, a->xn1, C, W(NC_Q), N, C, Q);
+	linear_backward(m->dxn, C, G(NC_Q), m->dq, Q, xn, C, W(NC_Q), N, C, Q);
 	ready(m, LT(l, NC_Q));
 	if (ve) {
 		/* dgate_logit = sum_i dv e 2 s (1 - s); dve[tok] += 2 s dv */
@@ -396,19 +458,19 @@ static void block_backward(nc_t *m, nc_arena_t *ar, int l, int B, int T)
 					dvr[h * D + i] *= g; /* dv becomes the value embedding's gradient (dv is done with) */
 			}
 		}
-		linear_backward(m->dxn, C, G(NC_GATE), m->dgate, nkv, a->xn1, C, W(NC_GATE), N, NC_GATE_CH, nkv);
+		linear_backward(m->dxn, C, G(NC_GATE), m->dgate, nkv, xn, C, W(NC_GATE), N, NC_GATE_CH, nkv);
 		ready(m, LT(l, NC_GATE));
 		loom__nc_scatter_add(G(NC_VE), KV, m->dv, KV, tok, 0, d->Vp, N, KV);
 		ready(m, LT(l, NC_VE));
 	}
-	loom__nc_tp_reduce(m, m->dxn, (size_t)N * C, LOOM_TP_SUM);
+	loom__nc_tp_reduce(m, m->dxn, (size_t)N * C, m->sp ? LOOM_TP_REDUCE_SCATTER : LOOM_TP_SUM);
 	/* dxin = dx2 + rmsnorm backward; then the mix xin = r x + z x0 */
-	memcpy(m->dxin, m->dx2, sizeof(float) * (size_t)N * C);
-	loom__nc_rmsnorm_backward(m->dxin, C, m->dxn, C, a->xn1, C, a->rstd1, N, C);
+	memcpy(m->dxin, dx2, sizeof(float) * (size_t)Nl * C);
+	loom__nc_rmsnorm_backward(m->dxin, C, dxn, C, a->xn1, C, a->rstd1, Nl, C);
 	float r = m->pview[NC_RESID][l], z = m->pview[NC_X0][l];
 	float *sr = m->dscal, *sz = m->dscal + N;
-#pragma omp parallel for schedule(static) if ((long)N * C >= 32768)
-	for (int n = 0; n < N; n++) {
+#pragma omp parallel for schedule(static) if ((long)Nl * C >= 32768)
+	for (int n = 0; n < Nl; n++) {
 		const float *g = m->dxin + (size_t)n * C, *x = in + (size_t)n * 2 * C, *x0 = x + C;
 		float *dx = dres + (size_t)n * 2 * C, *dx0 = dx + C, a1 = 0.0f, a2 = 0.0f;
 #pragma omp simd reduction(+ : a1, a2)
@@ -424,10 +486,19 @@ static void block_backward(nc_t *m, nc_arena_t *ar, int l, int B, int T)
 		sr[n] = a1, sz[n] = a2;
 	}
 	double s1 = 0.0, s2 = 0.0;
-	for (int n = 0; n < N; n++)
+	for (int n = 0; n < Nl; n++)
 		s1 += sr[n], s2 += sz[n];
-	m->gview[NC_RESID][l] += (float)s1;
-	m->gview[NC_X0][l] += (float)s2;
+	if (m->sp) { /* the scalars' gradients of this rank's rows, summed over the group */
+		float s[2] = {(float)s1, (float)s2};
+		loom__nc_tp_reduce(m, s, 2, LOOM_TP_SUM);
+		m->gview[NC_RESID][l] += s[0];
+		m->gview[NC_X0][l] += s[1];
+	} else {
+		m->gview[NC_RESID][l] += (float)s1;
+		m->gview[NC_X0][l] += (float)s2;
+	}
+	if (m->sp && l == m->lo) /* the embedding's (or the previous stage's) gradient is whole */
+		loom__nc_tp_reduce(m, m->dres, (size_t)N * 2 * C, LOOM_TP_ALLGATHER);
 	if (l == m->lo && !m->has_embed) {
 		ready(m, NC_X0);
 		ready(m, NC_RESID);

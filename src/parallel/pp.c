@@ -121,14 +121,23 @@ static size_t in_off(const pp_exec_t *e, int mb)
 }
 
 /* The caller's (whole-layer) model's tensor-parallel reduction, for evaluation after gather: a
- * blocking all-reduce over the tp axis, as the tp strategy gives the stage model. */
+ * blocking collective over the tp axis (all-reduce; with sequence parallelism the in-place all-gather
+ * and reduce-scatter of rank-ordered parts), as the tp strategy gives the stage model. */
 static int whole_reduce(void *ctx, float *buf, size_t n, loom_tp_op_t op)
 {
 	pp_exec_t *e = ctx;
-	int rc = loom_allreduce(e->cfg.tp, buf, buf, n, LOOM_FLOAT32, op == LOOM_TP_MAX ? LOOM_MAX : LOOM_SUM);
+	size_t part = n / (size_t)e->tp_size;
+	int rc = op == LOOM_TP_ALLGATHER ? loom_allgather(e->cfg.tp, buf + (size_t)e->tp_rank * part, buf, part,
+	                                                  LOOM_FLOAT32)
+	       : op == LOOM_TP_REDUCE_SCATTER
+	           ? loom_reduce_scatter(e->cfg.tp, buf, buf + (size_t)e->tp_rank * part, part, LOOM_FLOAT32, LOOM_SUM)
+	           : loom_allreduce(e->cfg.tp, buf, buf, n, LOOM_FLOAT32, op == LOOM_TP_MAX ? LOOM_MAX : LOOM_SUM);
 	if (rc != LOOM_OK)
-		return loom_seterr(rc, "pipeline stage %d, tensor-parallel rank %d of %d: all-reduce of %zu floats for the "
-		                   "whole model: %s", e->s, e->tp_rank, e->tp_size, n, loom_comm_errmsg(e->cfg.tp));
+		return loom_seterr(rc, "pipeline stage %d, tensor-parallel rank %d of %d: %s of %zu floats for the "
+		                   "whole model: %s", e->s, e->tp_rank, e->tp_size,
+		                   op == LOOM_TP_ALLGATHER ? "all-gather" : op == LOOM_TP_REDUCE_SCATTER ? "reduce-scatter"
+		                                                                                        : "all-reduce",
+		                   n, loom_comm_errmsg(e->cfg.tp));
 	return LOOM_OK;
 }
 
@@ -250,6 +259,7 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	o.act_ckpt = loom_model_act_ckpt(cfg->model); /* the caller's checkpointing, per arena of the stage */
 	o.dtype = loom_model_dtype(cfg->model); /* the stage computes in the whole model's precision */
 	o.tp_size = e->tp_size, o.tp_rank = e->tp_rank;
+	o.sequence_parallel = loom_model_sequence_parallel(cfg->model);
 	if ((rc = loom_model_create(&e->stage, &e->mc, &o)) != LOOM_OK)
 		goto fail;
 	e->tensors = loom_model_tensors(e->stage, &e->ntensors);

@@ -45,16 +45,22 @@ void loom__tp_group_init(loom__tp_group_t *g, loom_comm_t *comm)
 	g->ms = 0.0;
 }
 
-/* The model's reduction: a blocking all-reduce on the tensor-parallel communicator. */
+/* The model's reduction: a blocking collective on the tensor-parallel communicator; with sequence
+ * parallelism also the in-place all-gather and reduce-scatter of rank-ordered parts (loom/model.h). */
 int loom__tp_group_reduce(void *ctx, float *buf, size_t n, loom_tp_op_t op)
 {
+	static const char *const what[] = {"all-reduce (sum)", "all-reduce (max)", "all-gather", "reduce-scatter"};
 	loom__tp_group_t *g = ctx;
 	double t0 = loom_now();
-	int rc = loom_allreduce(g->comm, buf, buf, n, LOOM_FLOAT32, op == LOOM_TP_MAX ? LOOM_MAX : LOOM_SUM);
+	size_t part = n / (size_t)g->size;
+	int rc = op == LOOM_TP_ALLGATHER ? loom_allgather(g->comm, buf + (size_t)g->rank * part, buf, part, LOOM_FLOAT32)
+	       : op == LOOM_TP_REDUCE_SCATTER
+	           ? loom_reduce_scatter(g->comm, buf, buf + (size_t)g->rank * part, part, LOOM_FLOAT32, LOOM_SUM)
+	           : loom_allreduce(g->comm, buf, buf, n, LOOM_FLOAT32, op == LOOM_TP_MAX ? LOOM_MAX : LOOM_SUM);
 	g->ms += 1e3 * (loom_now() - t0);
 	if (rc != LOOM_OK)
-		return loom_seterr(rc, "tensor parallel: rank %d of %d: all-reduce (%s) of %zu floats: %s", g->rank,
-		                   g->size, op == LOOM_TP_MAX ? "max" : "sum", n, loom_comm_errmsg(g->comm));
+		return loom_seterr(rc, "tensor parallel: rank %d of %d: %s of %zu floats: %s", g->rank, g->size, what[op], n,
+		                   loom_comm_errmsg(g->comm));
 	return LOOM_OK;
 }
 

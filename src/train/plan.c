@@ -192,7 +192,8 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 			m->comm += (1 + peer) * 2.0 * (pc->zero == 1 ? P : emb + 2.0 * largest);
 	}
 	loom_model_opts_t o = {.B = pc->B, .T = pc->T, .arenas = 1, .tp_size = tp > 1 ? tp : 0, .act_ckpt = pc->act_ckpt,
-	                       .dtype = pc->dtype};
+	                       .dtype = pc->dtype,
+	                       .sequence_parallel = pc->sequence_parallel && tp > 1 && ((long)pc->B * pc->T) % tp == 0};
 	loom_model_act_bytes_t a;
 	if (pp > 1) {
 		int arenas = pc->schedule_gpipe ? M : LOOM_MIN(M, pp - s);
@@ -344,17 +345,20 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 
 	/* tp: Megatron's f and g, two all-reduces of B T C floats per block in forward and two in backward
 	 * (and the forward's two again when blocks are recomputed), the embedding's and the head's one each;
-	 * on the training thread, so all exposed. */
+	 * on the training thread, so all exposed. With sequence parallelism, in all-reduces' bytes (one is a
+	 * reduce-scatter and an all-gather): 2 forward, 3 backward (4 all-gathers, 2 reduce-scatters), 1.5
+	 * for a recompute (2 all-gathers, 1 reduce-scatter). */
 	double tp_bw, tp_lat, tp_mb = 0.0;
 	p->cross_node_tp = group_link(c, tp, 1, &tp_bw, &tp_lat);
 	if (tp > 1) { /* per micro-batch on the whole model (tp_mb), and on this rank: its stage's blocks */
 		int Ls = 0;
 		for (int s = 0; s < pp; s++)
 			Ls = LOOM_MAX(Ls, lo[s + 1] - lo[s]);
-		double ck = pc.act_ckpt == LOOM_ACT_CKPT_BLOCKS ? 2.0 : 0.0, n = 4.0 * N * C;
+		int sp = pc.sequence_parallel && N % tp == 0;
+		double ck = pc.act_ckpt == LOOM_ACT_CKPT_BLOCKS ? (sp ? 1.5 : 2.0) : 0.0, n = 4.0 * N * C;
 		double one = link_time(loom_plan_ring_allreduce_bytes(n, tp), 2 * (tp - 1), tp_bw, tp_lat);
-		double count = (4.0 + ck) * Ls + 2;
-		tp_mb = ((4.0 + ck) * L + 2) * one;
+		double blk = sp ? 5.0 : 4.0, count = (blk + ck) * Ls + 2;
+		tp_mb = ((blk + ck) * L + 2) * one;
 		p->tp.bytes = M * count * loom_plan_ring_allreduce_bytes(n, tp);
 		p->tp.time_s = p->tp.exposed_s = M * count * one;
 	}
