@@ -508,6 +508,9 @@ TEST(zero_x_tp2)
 		if (rc)
 			fprintf(stderr, "zero %d x dp 2 x tp 2 failed\n", z);
 	}
+	run_t sp = {.dp = 2, .tp = 2, .pp = 1, .M = 4, .schedule = "1f1b", .zero = 3, .sp = 1}; /* and sequence parallel */
+	if (!rc && (rc = test_spawn(4, pp_rank, &sp, 120, NULL)) != 0)
+		fprintf(stderr, "zero 3 x dp 2 x tp 2 with sequence parallelism failed\n");
 	teardown();
 	return rc;
 }
