@@ -149,22 +149,48 @@ static int group_link(const loom_cluster_t *c, int size, int stride, double *bw,
 	return cross;
 }
 
+/* Floats of unit u's tensors in the table held by stage s of pp (blocks [lo[s], lo[s+1])): what
+ * src/parallel/pp.c keeps: its own units, the tied wte on the head stages, the head's on stage pp-2
+ * when it shares the head's positions (hrows). */
+static double held_unit(const table_t *tb, int L, int pp, int s, const int *lo, int hrows, int u)
+{
+	int head = s == pp - 1 || (hrows && s == pp - 2);
+	double sum = 0.0;
+	for (int i = 0; i < tb->n; i++) {
+		int v = tb->layer[i], held = v < 0 ? s == 0 || (tb->head_reads[i] && head)
+		                           : v >= L ? head : v >= lo[s] && v < lo[s + 1];
+		if (v == u && held)
+			sum += tb->numel[i];
+	}
+	return sum;
+}
+
 /* Model states, comm buffers and activations of stage s (blocks [lo, hi), arenas) of rank dp_rank. */
-static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, const table_t *tb, int dp, int tp, int pp, int s, const int *lo, int dp_rank,
+static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, const table_t *tb, int dp, int tp, int pp, int s, const int *lo, int hrows, int dp_rank,
                         loom_plan_memory_t *m)
 {
 	const loom_model_config_t *cfg = &pc->model;
 	int L = cfg->n_layer, M = pc->M, rc;
-	double P = 0.0, tied;
+	double P = 0.0, whole, tied, emb, largest = 0.0;
 	for (int i = 0; i < tb->n; i++) /* the shard's (tp > 1: the padded vocabulary's), or the model's */
 		P += tb->numel[i];
+	whole = P;
+	/* the units this rank's model holds (a stage's only, with pp) */
+	emb = held_unit(tb, L, pp > 1 ? pp : 1, pp > 1 ? s : 0, lo, hrows, -1);
+	for (int u = 0; u <= L; u++)
+		largest = LOOM_MAX(largest, held_unit(tb, L, pp > 1 ? pp : 1, pp > 1 ? s : 0, lo, hrows, u));
+	if (pc->impl == LOOM_PLAN_LOOM && pp > 1) { /* the stage's model holds its tensors alone */
+		P = 0.0;
+		for (int u = -1; u <= L; u++)
+			P += held_unit(tb, L, pp, s, lo, hrows, u);
+	}
 	/* loom's layout (the model's idle gradient buffer under DDP, a pipeline stage's whole-model
 	 * buffers); a shared-memory node (CPUs): a peer's shared buffers in this rank's resident set */
 	int loom = pc->impl == LOOM_PLAN_LOOM, peer = c->cores > 0;
 	memset(m, 0, sizeof *m);
 	if (pc->impl == LOOM_PLAN_IDEAL && pp > 1)
 		P = stage_params(tb, L, lo[s], lo[s + 1], s == 0, &tied);
-	if (pc->zero > 0 && dp > 1 && (tp > 1 || pp > 1)) { /* ideal: the stage's shard's states split over dp */
+	if (pc->zero > 0 && dp > 1 && (tp > 1 || pp > 1) && pc->impl == LOOM_PLAN_IDEAL) { /* the stage's shard's states split over dp */
 		double own = ceil(P / dp);
 		m->params = 4.0 * (pc->zero == 3 ? own : P);
 		m->grads = 4.0 * (pc->zero == 1 ? P : own);
@@ -176,11 +202,8 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 		             * model's own buffer stays, idle */
 			m->comm = (loom ? 4.0 * P : 0.0) + peer * 4.0 * P + (pc->grad_reduce_bf16 ? (1 + peer) * 2.0 * P : 0.0);
 	} else {
-		size_t nP = loom_model_num_params(cfg);
+		size_t nP = (size_t)P; /* the model's, a tp shard's or a pipeline stage's (zero.c shards what it holds) */
 		double own = (double)(loom__zero_shard_offset(nP, dp_rank + 1, dp) - loom__zero_shard_offset(nP, dp_rank, dp));
-		double emb = unit_bytes(cfg, -1) / 4.0, largest = 0.0;
-		for (int u = 0; u <= L; u++)
-			largest = LOOM_MAX(largest, unit_bytes(cfg, u) / 4.0);
 		m->params = 4.0 * (pc->zero == 3 ? own : P);
 		m->grads = 4.0 * (pc->zero == 1 ? P : own);
 		m->optimizer = 8.0 * own;
@@ -190,6 +213,10 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 			m->comm += 4.0 * (emb + 2.0 * largest); /* ZERO_PSLOTS */
 		if (pc->grad_reduce_bf16)
 			m->comm += (1 + peer) * 2.0 * (pc->zero == 1 ? P : emb + 2.0 * largest);
+		if (pp > 1 && pc->zero >= 2 && hrows && s >= pp - 2) /* the shared head's staging of its own */
+			m->comm += (1 + peer) * 4.0 * held_unit(tb, L, pp, s, lo, hrows, L);
+		if (pp > 1 && pc->zero == 3) /* the stage model's own parameter buffer, idle once sharded */
+			m->other += 4.0 * P;
 	}
 	loom_model_opts_t o = {.B = pc->B, .T = pc->T, .arenas = 1, .tp_size = tp > 1 ? tp : 0, .act_ckpt = pc->act_ckpt,
 	                       .dtype = pc->dtype,
@@ -197,17 +224,15 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 	loom_model_act_bytes_t a;
 	if (pp > 1) {
 		int arenas = pc->schedule_gpipe ? M : LOOM_MIN(M, pp - s);
-		if (pc->impl == LOOM_PLAN_LOOM) { /* the whole model every rank creates, beside its stage's */
+		if (pc->impl == LOOM_PLAN_LOOM) { /* the whole model every rank creates (its parameters and
+		                                     activations, no gradients), beside its stage's */
 			if ((rc = loom_model_act_bytes(cfg, &o, &a)) != LOOM_OK)
 				return rc;
-			m->other = (double)a.total;
+			m->other += (double)a.total + 4.0 * whole;
 		}
 		o.arenas = arenas, o.layer_lo = lo[s], o.layer_hi = lo[s + 1];
-		/* the stage's receive and send buffers (pp.c: 4 of B T width floats) and a step's tokens; the
-		 * stage model's own gradient buffer (whole-model sized, the stage's tensors written) */
+		/* the stage's receive and send buffers (pp.c: 4 of B T width floats) and a step's tokens */
 		m->comm += 4.0 * 4.0 * pc->B * pc->T * loom_model_stream_width(cfg) + 2.0 * 4.0 * M * pc->B * pc->T;
-		if (pc->impl == LOOM_PLAN_LOOM)
-			m->comm += 4.0 * stage_params(tb, L, lo[s], lo[s + 1], s == 0, &tied);
 	}
 	if ((rc = loom_model_act_bytes(cfg, &o, &a)) != LOOM_OK)
 		return rc;
@@ -247,9 +272,6 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		return loom_seterr(LOOM_EINVAL, "plan: --pp %d for a model of %d layers (every stage needs a layer)", pp, L);
 	if (pc.zero < 0 || pc.zero > 3)
 		return loom_seterr(LOOM_EINVAL, "plan: ZeRO stage %d (0..3)", pc.zero);
-	if (pc.zero > 0 && (tp > 1 || pp > 1) && pc.impl == LOOM_PLAN_LOOM)
-		return loom_seterr(LOOM_EINVAL, "plan: ZeRO %d with tp %d x pp %d: loom's ZeRO runs on data parallel alone "
-		                   "(tp and pp compose with --zero 0)", pc.zero, tp, pp);
 	if (pc.zero > 0 && dp < 2)
 		return loom_seterr(LOOM_EINVAL, "plan: ZeRO %d needs more than one data-parallel rank", pc.zero);
 	if (c->nodes > 0 && c->ranks_per_node > 0 && p->world > c->nodes * c->ranks_per_node)
@@ -314,13 +336,13 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	/* Memory: every stage (the largest is reported), and global rank 0's (stage 0, dp rank 0). */
 	for (int s = 0; s < pp; s++) {
 		loom_plan_memory_t m;
-		if ((rc = stage_memory(&pc, c, &tb_, dp, tp, pp, s, lo, dp - 1, &m)) != LOOM_OK)
+		if ((rc = stage_memory(&pc, c, &tb_, dp, tp, pp, s, lo, hrows, dp - 1, &m)) != LOOM_OK)
 			goto out;
 		mem_total(&m, c, p->world);
 		if (s == 0 || m.total > p->memory.total)
 			p->memory = m, p->stage = s;
 	}
-	if ((rc = stage_memory(&pc, c, &tb_, dp, tp, pp, 0, lo, 0, &p->memory_rank0)) != LOOM_OK)
+	if ((rc = stage_memory(&pc, c, &tb_, dp, tp, pp, 0, lo, hrows, 0, &p->memory_rank0)) != LOOM_OK)
 		goto out;
 	mem_total(&p->memory_rank0, c, p->world);
 
