@@ -520,7 +520,7 @@ int loom_plan_search(const loom_plan_config_t *base, const loom_cluster_t *c, in
 			if (rows % dp)
 				continue; /* the step's micro-batches do not divide over dp */
 			for (int zero = 0; zero <= 3; zero++) {
-				if (zero > 0 && (dp < 2 || ((tp > 1 || pp > 1) && base->impl == LOOM_PLAN_LOOM)))
+				if (zero > 0 && dp < 2)
 					continue;
 				for (int ck = 0; ck <= 2; ck++)
 					for (int gp = 0; gp <= (pp > 1); gp++) {
