@@ -8,6 +8,15 @@
 # random-token shard. tokens/s is the time-weighted mean over the steps after the first WARMUP.
 # Targets (issue 9): bubble at most 20% above the theory; tp2 and pp2 each >= 0.85 x dp2's tokens/s.
 #
+# Then the compositions with ZeRO (issue 21), at 4 ranks x 1 thread (2 x oversubscribed on a 2-core
+# machine: compare the rows with each other, not with the 2-rank table): dp2 x tp2 and dp2 x pp2
+# without ZeRO and with ZeRO 1 and 3, tokens/s against the same mesh without ZeRO (targets: zero1
+# >= 0.97x, zero3 >= 0.90x) and rank 0's model states against the formula with P/(tp pp) per
+# model-parallel rank: 16P/(tp pp dp) at stage 3 (+ the largest gathered unit), 8P/(tp pp) +
+# 8P/(tp pp dp) at 1, 16P/(tp pp) without (target: within 10%; a pipeline stage also holds a copy of
+# the tied wte, which the formula does not count). And memory only, `tiny` on 8 ranks (dp2 x tp2 x
+# pp2, ZeRO 0-3). COMPOSE=0 skips both.
+#
 # usage: bench/mesh.sh [STEPS (default 6)]
 #   env: LOOM (default build/loom), MODEL (small), T (256), WARMUP (2), KEEP=1 keeps the work dir,
 #        TRACE=DIR writes the pp2 row's Chrome trace there
@@ -92,3 +101,45 @@ print("pp2 bubble %.1f%% vs theory %.1f%%: %.0f%% %s the theory (target: at most
 print("pp2 bubble vs the schedule simulated with the stages' measured times per micro-batch %.1f%%: off by %.0f%%"
       % (100 * ex, 100 * abs(bub - ex) / ex))
 PYEOF
+
+[ "${COMPOSE:-1}" = 1 ] || exit 0
+
+# rank 0's model states (bytes) and the model's parameter count from a run's output and log
+states() {
+	$PY - "$1" "$2" <<'PYEOF'
+import json, re, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "step" in r]
+out = open(sys.argv[2]).read()
+P = int(re.search(r"model: \S+ L\d+ H\d+ C\d+ T\d+ V\d+, (\d+) parameters", out).group(1))
+print(rows[-1]["mem_model_states_bytes"], P)
+PYEOF
+}
+formula() { # P tp pp dp zero -> bytes
+	$PY -c "P,tp,pp,dp,z=$1,$2,$3,$4,$5; m=P/(tp*pp); print({0:16*m,1:8*m+8*m/dp,2:4*m+12*m/dp,3:16*m/dp}[z])"
+}
+printf '\ncompositions: 4 ranks x 1 thread, model %s, 8 x %d tokens per step\n' "$MODEL" "$T"
+printf '%-26s %12s %10s %14s %14s %8s %10s\n' row tokens/s ms/step "states MiB" "formula MiB" ratio "vs no ZeRO"
+for mesh in tp pp; do
+	base=0
+	for z in 0 1 3; do
+		if [ $mesh = tp ]; then ARGS=(--nproc 4 --tp 2 --batch-size 4); else ARGS=(--nproc 4 --pp 2 --micro-batches 4 --batch-size 1); fi
+		name="dp2x${mesh}2-z$z"
+		run "$name" "$WORK/$name.jsonl" env OMP_NUM_THREADS=1 "$LOOM" "${COMMON[@]}" "${ARGS[@]}" --zero $z
+		read -r tps _ _ _ ms _ <<<"$(stats "$WORK/$name.jsonl")"
+		read -r st P <<<"$(states "$WORK/$name.jsonl" "$WORK/$name.out")"
+		if [ $mesh = tp ]; then f=$(formula "$P" 2 1 2 $z); else f=$(formula "$P" 1 2 2 $z); fi
+		[ $z = 0 ] && base=$tps
+		$PY -c "print('%-26s %12.1f %10.1f %14.1f %14.1f %8.3f %10.3f' % ('dp2 x ${mesh}2, zero $z', $tps, $ms, $st/2**20, $f/2**20, $st/$f, $tps/$base))"
+	done
+done
+printf '\nmemory only: tiny, 8 ranks, dp2 x tp2 x pp2, 2 steps\n'
+$PY bench/random_shard.py "$WORK/tiny_000000.bin" 8 64 4 257
+for z in 0 1 2 3; do
+	name="3d-z$z"
+	run "$name" "$WORK/$name.jsonl" env OMP_NUM_THREADS=1 "$LOOM" train --train-data "$WORK/tiny_*.bin" --model tiny \
+		--seq-len 64 --steps 2 --lr 1e-4 --peak-flops 1e12 --print-every 1000 --nproc 8 --tp 2 --pp 2 \
+		--micro-batches 2 --batch-size 2 --zero $z
+	read -r st P <<<"$(states "$WORK/$name.jsonl" "$WORK/$name.out")"
+	f=$(formula "$P" 2 2 2 $z)
+	$PY -c "print('%-26s states %8.2f MiB, formula %8.2f MiB: %.3f' % ('dp2 x tp2 x pp2, zero $z', $st/2**20, $f/2**20, $st/$f))"
+done
