@@ -600,6 +600,11 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		printf("tensor parallel: tp %d x dp %d = %d ranks (Megatron: heads, MLP columns and vocabulary rows split "
 		       "over tp neighbouring ranks; %zu shard parameters per rank)\n", o->tp, o->dp, o->world,
 		       loom_model_shard_params(&o->mc, o->tp));
+	if (o->tc.mesh && loom_comm_host(o->tc.comm, o->world - 1) > 0) { /* a job spanning hosts */
+		char hosts[256];
+		loom_mesh_hosts_describe(o->tc.mesh, hosts, sizeof hosts);
+		printf("mesh: %s\n", hosts);
+	}
 	if (o->sp)
 		printf("sequence parallel: the norms and residual adds run on %d of the %d positions of a micro-batch "
 		       "per rank (all-gather / reduce-scatter over tp %d instead of all-reduce)\n", o->tc.B * o->tc.T / o->tp,

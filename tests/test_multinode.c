@@ -299,3 +299,19 @@ TEST(multinode_pp_across_hosts_equals_one_process)
 	return cluster_train_equals_one_process("--pp 2", "accum=4 -> 128 tokens per step",
 	                                        "pipeline parallel: 2 stages x dp 2");
 }
+
+/* tp inside a host, pp across hosts (tp 2 x pp 2: each host's two ranks are one stage's tensor-
+ * parallel group, the stages on the two hosts), and the mesh print says so; and ZeRO-1 on each
+ * stage's data-parallel ranks (dp 2 x pp 2: dp within a host). Each against one process. */
+TEST(multinode_tp_within_pp_across_hosts)
+{
+	const char *why = cluster_unavailable();
+	if (why)
+		return TEST_SKIP("%s", why);
+	int rc = cluster_train_equals_one_process("--tp 2 --pp 2", "accum=4 -> 128 tokens per step",
+	                                          "mesh: hosts: 2; tp within a host; pp across hosts");
+	if (rc)
+		return rc;
+	return cluster_train_equals_one_process("--pp 2 --zero 1", "accum=4 -> 128 tokens per step",
+	                                        "mesh: hosts: 2; dp within a host; pp across hosts");
+}

@@ -106,6 +106,9 @@ int loom_comm_destroy(loom_comm_t *comm);
 int loom_comm_rank(const loom_comm_t *comm);
 int loom_comm_size(const loom_comm_t *comm);
 int loom_comm_local_rank(const loom_comm_t *comm);
+/* The host (0, 1, ...: the job's hosts in its launcher's order) of member `member` of comm: 0 for every
+ * member when the job runs on one host; -1 for a member out of range. */
+int loom_comm_host(const loom_comm_t *comm, int member);
 /* Detail of the last failure on this communicator ("" if none). Valid until the next failing call. */
 const char *loom_comm_errmsg(const loom_comm_t *comm);
 

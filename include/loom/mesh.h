@@ -55,6 +55,11 @@ const char *loom_mesh_axis_name(loom_mesh_axis_t axis); /* "dp", "tp", "pp"; "?"
  *   "  tp: stride 1, this rank (5) at 1 of {4, 5}\n" ...
  * Writes at most cap bytes (always terminated when cap > 0); returns the length it needed. */
 size_t loom_mesh_describe(const loom_mesh_t *m, char *buf, size_t cap);
+/* The hosts this rank's group of `axis` spans (1: within one host; loom_comm_host of its members). */
+int loom_mesh_axis_hosts(const loom_mesh_t *m, loom_mesh_axis_t axis);
+/* "hosts: 2; tp within a host; pp across hosts" (the axes of more than one rank, as this rank's groups
+ * lie), snprintf-style; what `loom train` prints for a job spanning hosts. */
+size_t loom_mesh_hosts_describe(const loom_mesh_t *m, char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -497,6 +497,13 @@ int loom_comm_local_rank(const loom_comm_t *comm)
 	return comm ? comm->local_rank : -1;
 }
 
+int loom_comm_host(const loom_comm_t *comm, int member)
+{
+	if (!comm || member < 0 || member >= comm->size)
+		return -1;
+	return comm->host_of ? comm->host_of[comm->world_of[member]] : 0;
+}
+
 /* ---- split -------------------------------------------------------------------------------- */
 
 int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)

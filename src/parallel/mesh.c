@@ -194,6 +194,41 @@ int loom_mesh_world_size(const loom_mesh_t *m)
 		len += n_ > 0 ? (size_t)n_ : 0;                                                               \
 	} while (0)
 
+int loom_mesh_axis_hosts(const loom_mesh_t *m, loom_mesh_axis_t axis)
+{
+	int first, hosts = 0, seen[64];
+	if (!valid(axis))
+		return 0;
+	first = m->rank - m->coords[axis] * m->strides[axis];
+	for (int i = 0; i < m->sizes[axis]; i++) {
+		int h = loom_comm_host(m->world, first + i * m->strides[axis]), k;
+		for (k = 0; k < hosts && k < 64 && seen[k] != h; k++)
+			;
+		if (k == hosts && hosts < 64)
+			seen[hosts++] = h;
+	}
+	return hosts;
+}
+
+size_t loom_mesh_hosts_describe(const loom_mesh_t *m, char *buf, size_t cap)
+{
+	size_t len = 0;
+	int hosts = 1;
+	if (cap)
+		buf[0] = 0;
+	for (int r = 0; r < m->size; r++)
+		hosts = LOOM_MAX(hosts, loom_comm_host(m->world, r) + 1);
+	APPEND("hosts: %d", hosts);
+	for (int k = 0; k < LOOM_MESH_AXES; k++) {
+		loom_mesh_axis_t a = order[k].axis;
+		if (m->sizes[a] == 1)
+			continue;
+		int n = loom_mesh_axis_hosts(m, a);
+		APPEND("; %s %s", order[k].name, n > 1 ? "across hosts" : "within a host");
+	}
+	return len;
+}
+
 size_t loom_mesh_describe(const loom_mesh_t *m, char *buf, size_t cap)
 {
 	size_t len = 0;
