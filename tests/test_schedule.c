@@ -207,3 +207,47 @@ TEST(schedule_check)
 	CHECK_ERR(loom__pp_simulate_v(LOOM_PP_GPIPE, 2, 2, 2, f, NULL, f, &span, &bubble), LOOM_EINVAL);
 	return 0;
 }
+
+/* `loom train`'s pipeline schedule flags, checked on every rank before any work: the interleaved
+ * schedule's conditions in messages naming the flags, the older --schedule spelling, and (until the
+ * pipeline executor runs V chunks per rank: this expectation goes with the trainer's check) one clear
+ * refusal of a valid interleaved configuration before training. No data is read: the glob matches
+ * nothing. */
+TEST(schedule_cli)
+{
+	static const struct {
+		const char *args, *want;
+	} cases[] = {
+		{"--pp-schedule interleaved --virtual-stages 2",
+		 "loom train: pipeline: --pp-schedule interleaved needs a pipeline: --pp >= 2 (got 1)"},
+		{"--virtual-stages 2", "loom train: pipeline: --virtual-stages 2 needs --pp-schedule interleaved (schedule "
+		                       "1f1b runs one model chunk per rank)"},
+		{"--schedule gpipe --virtual-stages 3", "loom train: pipeline: --virtual-stages 3 needs --pp-schedule "
+		                                        "interleaved (schedule gpipe runs one model chunk per rank)"},
+		{"--pp-schedule zigzag", "loom train: --pp-schedule: pipeline schedule 'zigzag' is not one of gpipe ("},
+		{"--pp-schedule gpipe --schedule 1f1b", "loom train: two pipeline schedules, gpipe and 1f1b: give one "
+		                                        "--pp-schedule (the older --schedule gpipe|1f1b spelling sets the same)"},
+		{"--virtual-stages 0", "loom train: --virtual-stages: 0 is out of range [1, 4096]"},
+		{"--nproc 2 --pp 2 --pp-schedule interleaved --micro-batches 4",
+		 "[rank 0] loom train: pipeline: --pp-schedule interleaved needs --virtual-stages V >= 2 model chunks per rank "
+		 "(got 1; with one chunk use --pp-schedule 1f1b)"},
+		{"--nproc 2 --pp 2 --pp-schedule interleaved --virtual-stages 2 --micro-batches 3",
+		 "[rank 1] loom train: pipeline: --pp-schedule interleaved runs the micro-batches in groups of --pp 2, so "
+		 "--micro-batches 3 must be a multiple of 2 (e.g. 4)"},
+		{"--nproc 2 --pp 2 --pp-schedule interleaved --virtual-stages 3 --micro-batches 4",
+		 "[rank 0] loom train: pipeline: --pp 2 x --virtual-stages 3 = 6 model chunks for a model of 4 layers: every "
+		 "chunk needs at least one layer (--pp x --virtual-stages <= 4)"},
+		{"--nproc 2 --pp 2 --pp-schedule interleaved --virtual-stages 2 --micro-batches 4",
+		 "[rank 0] loom train: trainer: --pp-schedule interleaved: the interleaved executor is not wired yet"},
+	};
+	char cmd[1024], out[8192];
+	for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+		snprintf(cmd, sizeof cmd, "%s train --train-data '/nonexistent/loom_schedule_cli_*.bin' --model tiny "
+		         "--batch-size 1 --seq-len 32 --steps 1 %s", test_loom_bin(), cases[k].args);
+		int st = test_run_cmd(cmd, out, sizeof out, 60);
+		CHECK_MSG(st != 0, "`%s` exited 0:\n%s", cmd, out);
+		CHECK_MSG(strstr(out, cases[k].want) != NULL, "`%s`: \"%s\" not in:\n%s", cmd, cases[k].want, out);
+		CHECK_MSG(!strstr(out, "step 1/1"), "`%s` trained:\n%s", cmd, out);
+	}
+	return 0;
+}

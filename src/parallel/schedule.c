@@ -87,7 +87,7 @@ static const struct {
 	                                        "at most P micro-batches stored"},
 	[LOOM_PP_INTERLEAVED] = {"interleaved", plan_interleaved, 2,
 	                         "1f1b over V model chunks per rank (--virtual-stages V >= 2), micro-batches in groups "
-	                         "of P; bubble (P-1)/V of 1f1b's, up to (V-1)P + 2(P-1) + 1 chunk activations stored"},
+	                         "of P; fill and drain 1/V of 1f1b's, up to (V-1)P + 2(P-1) + 1 chunk activations stored"},
 };
 
 int loom__pp_schedule_parse(const char *name, loom_pp_schedule_t *kind)
@@ -399,4 +399,30 @@ int loom_pp_head_rows(const loom_model_config_t *cfg, const char *schedule, int 
 		rc = loom__pp_head_rows(cfg, kind, T, B * T, P, M, lo, base, head_split == 0.0, rows);
 	free(lo);
 	return rc;
+}
+
+int loom_pp_check(const loom_model_config_t *cfg, const char *schedule, int P, int V, int M)
+{
+	loom_pp_schedule_t kind = LOOM_PP_1F1B;
+	int rc;
+	if (schedule && (rc = loom__pp_schedule_parse(schedule, &kind)) != LOOM_OK)
+		return loom_seterr(rc, "--pp-schedule: %s", loom_errmsg());
+	V = V < 1 ? 1 : V;
+	if ((rc = loom__pp_check(kind, P, V, M)) != LOOM_OK)
+		return rc;
+	if (kind == LOOM_PP_INTERLEAVED && P < 2)
+		return loom_seterr(LOOM_EINVAL, "pipeline: --pp-schedule interleaved needs a pipeline: --pp >= 2 (got %d)", P);
+	if (cfg && (long)P * V > cfg->n_layer)
+		return loom_seterr(LOOM_EINVAL, "pipeline: --pp %d x --virtual-stages %d = %d model chunks for a model of %d "
+		                   "layers: every chunk needs at least one layer (--pp x --virtual-stages <= %d)", P, V, P * V,
+		                   cfg->n_layer, cfg->n_layer);
+	return LOOM_OK;
+}
+
+double loom_pp_bubble_ideal(const char *schedule, int P, int V, int M)
+{
+	loom_pp_schedule_t kind = LOOM_PP_1F1B;
+	if (schedule && loom__pp_schedule_parse(schedule, &kind) != LOOM_OK)
+		return NAN;
+	return loom__pp_bubble_theory_v(kind, P, V < 1 ? 1 : V, M);
 }
