@@ -37,6 +37,13 @@ TEST(schedule_interleaved_order)
 	CHECK_EQ(loom__pp_plan_v(LOOM_PP_INTERLEAVED, 2, 2, 1, 4, a), 3);
 	plan_text(a, 16, got, sizeof got);
 	CHECK_STREQ(got, "F0c0 F1c0 F0c1 B0c1 F1c1 B1c1 F2c0 B0c0 F3c0 B1c0 F2c1 B2c1 F3c1 B3c1 B2c0 B3c0");
+	/* a stage model per chunk: rank 0 holds up to 4 micro-batches of chunk 0 and 2 of chunk 1 (6, where
+	 * arenas shared by the chunks would need 5), rank 1 3 and 1 */
+	int per[2];
+	CHECK_EQ(loom__pp_chunk_arenas(LOOM_PP_INTERLEAVED, 2, 2, 0, 4, per), 6);
+	CHECK(per[0] == 4 && per[1] == 2);
+	CHECK_EQ(loom__pp_chunk_arenas(LOOM_PP_INTERLEAVED, 2, 2, 1, 4, per), 4);
+	CHECK(per[0] == 3 && per[1] == 1);
 	/* M = P: rank 0's warm-up (4) covers all M V = 4 forwards */
 	CHECK_EQ(loom__pp_plan_v(LOOM_PP_INTERLEAVED, 2, 2, 0, 2, a), 4);
 	plan_text(a, 8, got, sizeof got);
@@ -87,6 +94,21 @@ static int check_plans(loom_pp_schedule_t kind, int P, int V, int M, loom__pp_ac
 		}
 		CHECK_EQ(held, 0);
 		CHECK(a[n - 1].op == 'B' && a[n - 1].mb == M - 1 && a[n - 1].chunk == 0);
+		/* per chunk, forwards and backwards each in micro-batch order; the chunks' arenas */
+		int nf[8] = {0}, nb[8] = {0}, per[8], most[8] = {0}, sum = 0;
+		for (int i = 0; i < n; i++) {
+			int *k = a[i].op == 'F' ? &nf[a[i].chunk] : &nb[a[i].chunk];
+			CHECK_MSG(a[i].mb == (*k)++, "P %d V %d M %d rank %d: %c%dc%d out of micro-batch order", P, V, M, s,
+			          a[i].op, a[i].mb, a[i].chunk);
+			int c = a[i].chunk, in = nf[c] - nb[c];
+			most[c] = in > most[c] ? in : most[c];
+		}
+		CHECK_EQ(loom__pp_chunk_arenas(kind, P, V, s, M, per), most[0] + most[1] + most[2] + most[3]);
+		for (int c = 0; c < V; c++) {
+			CHECK_EQ(per[c], most[c]);
+			sum += per[c];
+		}
+		CHECK(sum >= arenas);
 	}
 	/* Each link's messages in order: rank s sends its forwards' outputs of global stage g < G-1 to
 	 * g + 1 (rank (s+1) % P) in the order that rank runs the forwards of g + 1 > 0, and its backwards'

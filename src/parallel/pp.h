@@ -59,6 +59,12 @@ int loom__pp_check(loom_pp_schedule_t kind, int P, int V, int M);
  * global stage g > 0 waits for stage g-1's forward of the same micro-batch, a backward of g < P V - 1
  * for g+1's backward). The last backward is micro-batch M-1 of chunk 0. */
 int loom__pp_plan_v(loom_pp_schedule_t kind, int P, int V, int s, int M, loom__pp_action_t *out);
+/* Into arenas[V] the most micro-batches of each chunk whose activations rank s holds at once. Each
+ * chunk's forwards run in micro-batch order and so do its backwards, so its micro-batches in flight
+ * are consecutive: with a stage model per chunk, micro-batch mb of chunk c may use arena
+ * mb % arenas[c] of it, as with V = 1. Returns their sum (at least loom__pp_plan_v's count, which
+ * arenas shared by the chunks would need), or LOOM_EINVAL as loom__pp_check, LOOM_ENOMEM. */
+int loom__pp_chunk_arenas(loom_pp_schedule_t kind, int P, int V, int s, int M, int *arenas);
 /* loom__pp_plan_v with V = 1 (GPipe, 1F1B: no error). */
 int loom__pp_plan(loom_pp_schedule_t kind, int P, int s, int M, loom__pp_action_t *out);
 /* The ideal bubble of the schedule with equal stages: the ranks' mean idle fraction over the span

@@ -142,6 +142,34 @@ int loom__pp_plan_v(loom_pp_schedule_t kind, int P, int V, int s, int M, loom__p
 	return most;
 }
 
+int loom__pp_chunk_arenas(loom_pp_schedule_t kind, int P, int V, int s, int M, int *arenas)
+{
+	loom__pp_action_t *plan;
+	int rc, *held, sum = 0;
+	if ((rc = loom__pp_check(kind, P, V, M)) != LOOM_OK)
+		return rc;
+	plan = loom__malloc(sizeof *plan * 2 * (size_t)M * V);
+	held = loom__calloc((size_t)V, sizeof *held);
+	if (!plan || !held) {
+		free(plan), free(held);
+		return loom_seterr(LOOM_ENOMEM, "pipeline: out of memory planning a schedule");
+	}
+	if ((rc = loom__pp_plan_v(kind, P, V, s, M, plan)) >= 0) {
+		for (int c = 0; c < V; c++)
+			arenas[c] = 0;
+		for (int i = 0; i < 2 * M * V; i++) {
+			int c = plan[i].chunk;
+			held[c] += plan[i].op == 'F' ? 1 : -1;
+			arenas[c] = LOOM_MAX(arenas[c], held[c]);
+		}
+		for (int c = 0; c < V; c++)
+			sum += arenas[c];
+		rc = sum;
+	}
+	free(plan), free(held);
+	return rc;
+}
+
 int loom__pp_plan(loom_pp_schedule_t kind, int P, int s, int M, loom__pp_action_t *out)
 {
 	return loom__pp_plan_v(kind, P, 1, s, M, out);
