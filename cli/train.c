@@ -814,6 +814,7 @@ static int predict(const opts_t *o, loom_plan_t *p)
 	                         .dtype = o->dtype, .grad_reduce_bf16 = o->tc.grad_reduce_dtype == LOOM_BFLOAT16,
 	                         .bucket_mb = o->tc.bucket_mb, .pp_head_split = o->tc.pp_head_split};
 	pc.schedule_gpipe = o->tc.pp_schedule && !strcmp(o->tc.pp_schedule, "gpipe");
+	pc.virtual_stages = o->tc.pp_virtual_stages;
 	if (loom_cluster_local(loom_num_threads(), 0, &c) != LOOM_OK || loom_plan_estimate(&pc, &c, p) != LOOM_OK)
 		return 0;
 	return 1;

@@ -273,3 +273,28 @@ TEST(schedule_cli)
 	}
 	return 0;
 }
+
+/* `loom plan` takes the same pipeline flags: the interleaved schedule's bubble from the simulation of
+ * its P V global stages and the ideal (P-1)/(V M+P-1), and the same refusals. */
+TEST(schedule_plan_cli)
+{
+	char cmd[1024], out[8192];
+	const char *base = "plan --model tiny --nproc 2 --pp 2 --micro-batches 4 --cluster cpu-node --batch-size 1 "
+	                   "--seq-len 32";
+	snprintf(cmd, sizeof cmd, "%s %s --pp-schedule interleaved --virtual-stages 2", test_loom_bin(), base);
+	int st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	CHECK_CONTAINS(out, "; schedule interleaved\n");
+	CHECK_CONTAINS(out, "pipeline: 2 model chunks per rank; bubble ");
+	CHECK_CONTAINS(out, "(simulated schedule; ideal (P-1)/(V M+P-1) = 11.1%)");
+	snprintf(cmd, sizeof cmd, "%s %s --schedule interleaved", test_loom_bin(), base);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK(st != 0);
+	CHECK_CONTAINS(out, "loom plan: pipeline: --pp-schedule interleaved needs --virtual-stages V >= 2 model chunks "
+	               "per rank (got 1; with one chunk use --pp-schedule 1f1b)");
+	snprintf(cmd, sizeof cmd, "%s %s --virtual-stages 2", test_loom_bin(), base);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK(st != 0);
+	CHECK_CONTAINS(out, "loom plan: pipeline: --virtual-stages 2 needs --pp-schedule interleaved");
+	return 0;
+}
