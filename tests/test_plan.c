@@ -274,7 +274,7 @@ TEST(plan_json_schema)
 	CHECK(out[0] == '{');
 	snprintf(cmd, sizeof cmd, "%s plan --model tiny --sequence-parallel", test_loom_bin());
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 2);
-	CHECK_CONTAINS(out, "no interleaved virtual stages or sequence parallelism");
+	CHECK_CONTAINS(out, "loom plan: --sequence-parallel: loom's trainer has no sequence parallelism");
 	/* a train command line plans as it is (its data, LR and logging flags ignored) */
 	snprintf(cmd, sizeof cmd, "%s plan --train-data 'x/*.bin' --steps 10 --lr 1e-3 --log l.jsonl --model tiny "
 	         "--batch-size 2 --seq-len 32 --nproc 2 --zero 1 --schedule cosine --cluster cpu-node", test_loom_bin());
