@@ -384,7 +384,7 @@ int loom__pp_head_rows(const loom_model_config_t *cfg, loom_pp_schedule_t kind, 
 	int rc;
 	for (int m = 0; m < M; m++)
 		rows[m] = base;
-	if (!base || !tune || N < 2)
+	if (!base || !tune || N < 2 || kind == LOOM_PP_INTERLEAVED) /* (its P stages are not P ranks) */
 		return LOOM_OK;
 	if (!(c = loom__malloc(sizeof(double) * 3 * PM)))
 		return loom_seterr(LOOM_ENOMEM, "pipeline: out of memory planning the head's rows");
