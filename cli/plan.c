@@ -319,10 +319,11 @@ static void print_json(const loom_plan_t *p, const loom_cluster_t *c)
 	printf("{\"cluster\":\"%s\",\"model\":{\"arch\":\"%s\",\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"seq_len\":%d,"
 	       "\"vocab_size\":%d},\"params\":%.0f,\"batch_size\":%d,\"seq_len\":%d,\"micro_batches\":%d,"
 	       "\"dp\":%d,\"tp\":%d,\"pp\":%d,\"world\":%d,\"zero\":%d,\"activation_checkpointing\":\"%s\",\"dtype\":\"%s\","
-	       "\"schedule\":\"%s\",\"impl\":\"%s\",\"tokens_per_step\":%.0f,\"background_load\":%.3f,\"cpu_share\":%.4f,", c->name, loom_arch_name(pc->model.arch),
+	       "\"schedule\":\"%s\",\"virtual_stages\":%d,\"impl\":\"%s\",\"tokens_per_step\":%.0f,\"background_load\":%.3f,\"cpu_share\":%.4f,", c->name, loom_arch_name(pc->model.arch),
 	       pc->model.n_layer, pc->model.n_head, pc->model.n_embd, pc->model.seq_len, pc->model.vocab_size, p->params,
 	       pc->B, pc->T, pc->M, pc->dp, pc->tp, pc->pp, p->world, pc->zero, loom_act_ckpt_name(pc->act_ckpt),
-	       loom_compute_dtype_name(pc->dtype), schedule_name(pc), pc->impl == LOOM_PLAN_IDEAL ? "ideal" : "loom",
+	       loom_compute_dtype_name(pc->dtype), schedule_name(pc), pc->virtual_stages > 1 ? pc->virtual_stages : 1,
+	       pc->impl == LOOM_PLAN_IDEAL ? "ideal" : "loom",
 	       p->tokens_per_step, c->background_load, p->cpu_share);
 	json_mem("memory_bytes", &p->memory);
 	putchar(',');

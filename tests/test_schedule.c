@@ -288,6 +288,11 @@ TEST(schedule_plan_cli)
 	CHECK_CONTAINS(out, "; schedule interleaved\n");
 	CHECK_CONTAINS(out, "pipeline: 2 model chunks per rank; bubble ");
 	CHECK_CONTAINS(out, "(simulated schedule; ideal (P-1)/(V M+P-1) = 11.1%)");
+	snprintf(cmd, sizeof cmd, "%s %s --pp-schedule interleaved --virtual-stages 2 --json", test_loom_bin(), base);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	CHECK_CONTAINS(out, "\"schedule\":\"interleaved\",\"virtual_stages\":2,");
+	CHECK_CONTAINS(out, "\"bubble_theory\":0.111111,");
 	snprintf(cmd, sizeof cmd, "%s %s --schedule interleaved", test_loom_bin(), base);
 	st = test_run_cmd(cmd, out, sizeof out, 60);
 	CHECK(st != 0);
