@@ -167,7 +167,8 @@ TEST(plan_interleaved)
 	CHECK(lo[0] == 0 && lo[1] == 1 && lo[2] == 2 && lo[3] == 3 && lo[4] == 4 && hrows == 0);
 	double want = 0.0;
 	for (int ch = 0; ch < 2; ch++) {
-		loom_model_opts_t o = {.B = pc.B, .T = pc.T, .arenas = ch ? 2 : 4, .layer_lo = lo[2 * ch], .layer_hi = lo[2 * ch + 1]};
+		loom_model_opts_t o = {.B = pc.B, .T = pc.T, .arenas = ch ? 2 : 4, .layer_lo = lo[2 * ch],
+		                       .layer_hi = lo[2 * ch + 1]};
 		loom_model_act_bytes_t a;
 		CHECK_OK(loom_model_act_bytes(&pc.model, &o, &a));
 		want += (double)a.total;

@@ -19,9 +19,10 @@
  *
  * Pipeline parallelism: on a mesh with pp > 1 each rank runs a stage (a FLOP-balanced range of
  * layers) and a step's accum micro-batches flow through the stages in a GPipe or 1F1B schedule
- * (pp_schedule; the interleaved 1F1B is planned and checked, not run yet); losses match one process with the same accumulation up to float rounding, every
- * rank reports the same metrics, checkpoints hold the whole model (gathered from the stages), and
- * a pipeline's checkpoint resumes on any mesh with the same data-parallel size (docs/mesh.md).
+ * (pp_schedule; the interleaved 1F1B is planned and checked, not run yet); losses match one
+ * process with the same accumulation up to float rounding, every rank reports the same metrics,
+ * checkpoints hold the whole model (gathered from the stages), and a pipeline's checkpoint resumes
+ * on any mesh with the same data-parallel size (docs/mesh.md).
  *
  * A training checkpoint (DIR/step_NNNNNNNN/, written through loom/ckpt.h) holds the model, the AdamW
  * state (m, v, step) and the trainer state (step, data-loader state, seed, config). There is no other
@@ -350,8 +351,8 @@ double loom_pp_bubble_ideal(const char *schedule, int P, int V, int M);
  * a step under the schedule ("gpipe" | "1f1b" | "interleaved", NULL: 1f1b), into rows[M]: *head_rows
  * in each, except that with head_split 0 (and gpipe or 1f1b) the first and last micro-batch's shares
  * are what shortens the step most in a simulation of the schedule with the stages' FLOPs (the pipe
- * filling and draining leaves a stage time to spare there). All 0 without a shared head. LOOM_EINVAL as loom_pp_stages, or for a schedule
- * or M < 1. */
+ * filling and draining leaves a stage time to spare there). All 0 without a shared head.
+ * LOOM_EINVAL as loom_pp_stages, or for a schedule or M < 1. */
 int loom_pp_head_rows(const loom_model_config_t *cfg, const char *schedule, int B, int T, int P, int M,
                       double head_split, int *rows);
 

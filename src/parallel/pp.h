@@ -50,14 +50,15 @@ int loom__pp_check(loom_pp_schedule_t kind, int P, int V, int M);
  * schedule's row of the table. Returns the number of activation arenas the rank needs, the most
  * (chunk, micro-batch) activations it holds at once (M for GPipe, min(M, P - s) for 1F1B,
  * min(M V, 2 (P - s - 1) + (V - 1) P + 1) for interleaved), or LOOM_EINVAL as loom__pp_check.
- * Invariants (tests/test_schedule.c checks them for many P, V, M): a (chunk, micro-batch)'s forward comes
- * before its backward; every rank runs its forwards in the same order of (chunk, mb) pairs, and its
- * backwards in that order with the chunks reversed (c -> V-1-c), so the activations and gradients
- * between two ranks arrive in the order they are sent; with V = 1 the micro-batches in flight are
- * consecutive (micro-batch mb may use arena mb % arenas), with V > 1 only within a chunk (see
- * loom__pp_chunk_arenas; arenas shared by the chunks are free again after their pair's backward); and the plan cannot deadlock under the executor's rule (a forward of
- * global stage g > 0 waits for stage g-1's forward of the same micro-batch, a backward of g < P V - 1
- * for g+1's backward). The last backward is micro-batch M-1 of chunk 0. */
+ * Invariants (tests/test_schedule.c checks them for many P, V, M): a (chunk, micro-batch)'s forward
+ * comes before its backward; every rank runs its forwards in the same order of (chunk, mb) pairs,
+ * and its backwards in that order with the chunks reversed (c -> V-1-c), so the activations and
+ * gradients between two ranks arrive in the order they are sent; with V = 1 the micro-batches in
+ * flight are consecutive (micro-batch mb may use arena mb % arenas), with V > 1 only within a chunk
+ * (see loom__pp_chunk_arenas; arenas shared by the chunks are free again after their pair's
+ * backward); and the plan cannot deadlock under the executor's rule (a forward of global stage
+ * g > 0 waits for stage g-1's forward of the same micro-batch, a backward of g < P V - 1 for g+1's
+ * backward). The last backward is micro-batch M-1 of chunk 0; chunk c's is micro-batch M-1's. */
 int loom__pp_plan_v(loom_pp_schedule_t kind, int P, int V, int s, int M, loom__pp_action_t *out);
 /* Into arenas[V] the most micro-batches of each chunk whose activations rank s holds at once. Each
  * chunk's forwards run in micro-batch order and so do its backwards, so its micro-batches in flight

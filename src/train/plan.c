@@ -471,7 +471,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 			for (int k = 0; k < nb; k++)
 				p->dp.bytes += loom_plan_ring_allreduce_bytes(sizes[k] * gb, dp);
 		} else {
-			double Pb = 4.0 * (tp > 1 || pp > 1 ? rank_params(tb, L, lo, pp, V, p->stage, &total) : p->params), rs = (dp - 1.0) / dp * Pb * gb, ag = (dp - 1.0) / dp * Pb;
+			double Pb = 4.0 * (tp > 1 || pp > 1 ? rank_params(tb, L, lo, pp, V, p->stage, &total) : p->params);
+			double rs = (dp - 1.0) / dp * Pb * gb, ag = (dp - 1.0) / dp * Pb;
 			double t_rs = link_time(rs, dp - 1, dp_bw, dp_lat), t_ag = link_time(ag, dp - 1, dp_bw, dp_lat);
 			double emb = unit_bytes(cfg, -1) / Pb, n_rs = pc.zero == 1 ? 1 : M;
 			sizes[0] = 0;

@@ -315,7 +315,8 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 		                   tr->window, c->train_data, loom_errmsg());
 	comm_ms += es.comm_ms, exposed_ms += es.exposed_comm_ms;
 	m->bubble = es.bubble, m->bubble_expected = es.bubble_expected, m->max_inflight = es.max_inflight;
-	m->bubble_theory = tr->pp ? loom_pp_bubble_ideal(c->pp_schedule, tr->pp_size, c->pp_virtual_stages, c->accum) : 0.0;
+	m->bubble_theory = tr->pp ? loom_pp_bubble_ideal(c->pp_schedule, tr->pp_size, c->pp_virtual_stages, c->accum)
+	                          : 0.0;
 	if (tr->dp) { /* the loss of all data-parallel ranks: a blocking all-reduce of one double */
 		double ta = loom_now();
 		if ((rc = loom_allreduce(tr->dp, &loss_sum, &loss_sum, 1, LOOM_FLOAT64, LOOM_AVG)) != LOOM_OK)
