@@ -28,10 +28,10 @@ static const char *const usage_text =
 	"  --short-window W, --init-from FILE (its config), --batch-size B (default 4), --seq-len T,\n"
 	"  --grad-accum K | --micro-batches M | --total-batch-size N\n"
 	"mesh (as loom train): --dp D --tp T --pp P (dp defaults to --nproc / --ranks / (T x P), else 1), --nproc N,\n"
-	"  --zero 0|1|2|3, --schedule gpipe|1f1b, --pp-head-split auto|off|F, --activation-checkpointing\n"
-	"  none|blocks|selective, --dtype fp32|bf16, --grad-reduce-dtype fp32|bf16, --bucket-mb X, --threads N\n"
-	"  (threads per rank; local cluster), --sequence-parallel (with --tp > 1); --virtual-stages is refused\n"
-	"  (loom has none)\n"
+	"  --zero 0|1|2|3, --pp-schedule gpipe|1f1b|interleaved (or --schedule), --virtual-stages V,\n"
+	"  --pp-head-split auto|off|F, --activation-checkpointing none|blocks|selective, --dtype fp32|bf16,\n"
+	"  --grad-reduce-dtype fp32|bf16, --bucket-mb X, --threads N (threads per rank; local cluster),\n"
+	"  --sequence-parallel (with --tp > 1)\n"
 	"cluster:\n"
 	"  --cluster local        this machine, measured (default): peaks from the cache (measured once if missing),\n"
 	"                         memory bandwidth now\n"
@@ -56,6 +56,7 @@ typedef struct {
 	const char *cluster;
 	double load;
 	int grad_accum, nproc, dp_flag, threads, json, search, ranks, nodes, top, M_given;
+	const char *pp_schedule; /* --pp-schedule (or the older --schedule gpipe|1f1b), NULL: 1f1b */
 	long long total_batch;
 } opts_t;
 
@@ -131,11 +132,17 @@ static void parse(int argc, char **argv, opts_t *o)
 		else if (FLAG("--pp")) o->pc.pp = (int)int_in("--pp", v, 1, 4096);
 		else if (FLAG("--nproc")) o->nproc = (int)int_in("--nproc", v, 1, 1 << 20);
 		else if (FLAG("--zero")) o->pc.zero = (int)int_in("--zero", v, 0, 3);
-		else if (FLAG("--schedule")) {
-			if (!strcmp(v, "gpipe") || !strcmp(v, "1f1b"))
+		else if (FLAG("--pp-schedule") || FLAG("--schedule")) {
+			int pp_flag = a[2] == 'p';
+			if (pp_flag || !strcmp(v, "gpipe") || !strcmp(v, "1f1b") || !strcmp(v, "interleaved")) {
+				if (o->pp_schedule && strcmp(o->pp_schedule, v))
+					cli_die("plan", "two pipeline schedules, %s and %s: give one --pp-schedule", o->pp_schedule, v);
+				o->pp_schedule = v;
 				o->pc.schedule_gpipe = !strcmp(v, "gpipe");
+			}
 			/* else the LR schedule's (cosine, ...): not the plan's */
-		} else if (FLAG("--pp-head-split"))
+		} else if (FLAG("--virtual-stages")) o->pc.virtual_stages = (int)int_in("--virtual-stages", v, 1, 4096);
+		else if (FLAG("--pp-head-split"))
 			o->pc.pp_head_split = !strcmp(v, "auto") ? 0.0 : !strcmp(v, "off") ? -1.0
 			                      : cli_parse_double("plan", "--pp-head-split", v);
 		else if (FLAG("--activation-checkpointing")) {
@@ -152,9 +159,6 @@ static void parse(int argc, char **argv, opts_t *o)
 		} else if (FLAG("--bucket-mb")) o->pc.bucket_mb = cli_parse_double("plan", "--bucket-mb", v);
 		else if (FLAG("--threads")) o->threads = (int)int_in("--threads", v, 1, 1024);
 		else if (!strcmp(a, "--sequence-parallel")) o->pc.sequence_parallel = 1;
-		else if (FLAG("--virtual-stages"))
-			cli_die("plan", "%s: loom's trainer has no interleaved virtual stages, so the planner does not model them "
-			        "(drop the flag)", a);
 		else if (FLAG("--cluster")) o->cluster = v;
 		else if (FLAG("--load")) {
 			o->load = !strcmp(v, "auto") ? -1 : cli_parse_double("plan", "--load", v);
@@ -234,7 +238,7 @@ static void fmt_bytes(double b, char *buf, size_t cap)
 
 static const char *schedule_name(const loom_plan_config_t *pc)
 {
-	return pc->pp > 1 ? (pc->schedule_gpipe ? "gpipe" : "1f1b") : "-";
+	return pc->pp > 1 ? (pc->schedule_gpipe ? "gpipe" : pc->virtual_stages > 1 ? "interleaved" : "1f1b") : "-";
 }
 
 static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
@@ -285,7 +289,10 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 			       1e3 * ax[k].x->time_s, 1e3 * ax[k].x->exposed_s,
 			       (k == 0 && p->cross_node_dp) || (k == 1 && p->cross_node_tp) ? " (crosses nodes)" : "");
 		}
-	if (pc->pp > 1)
+	if (pc->pp > 1 && pc->virtual_stages > 1)
+		printf("pipeline: %d model chunks per rank; bubble %.1f%% (simulated schedule; ideal (P-1)/(V M+P-1) = "
+		       "%.1f%%)\n", pc->virtual_stages, 100.0 * p->bubble, 100.0 * p->bubble_theory);
+	else if (pc->pp > 1)
 		printf("pipeline: bubble %.1f%% (simulated schedule; ideal (P-1)/(M+P-1) = %.1f%%)\n", 100.0 * p->bubble,
 		       100.0 * p->bubble_theory);
 	printf("step: %.1f ms; %.0f tokens/s; MFU %.1f%%\n", 1e3 * p->step_time_s, p->tokens_per_s, 100.0 * p->mfu);
@@ -311,10 +318,11 @@ static void print_json(const loom_plan_t *p, const loom_cluster_t *c)
 	printf("{\"cluster\":\"%s\",\"model\":{\"arch\":\"%s\",\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"seq_len\":%d,"
 	       "\"vocab_size\":%d},\"params\":%.0f,\"batch_size\":%d,\"seq_len\":%d,\"micro_batches\":%d,"
 	       "\"dp\":%d,\"tp\":%d,\"pp\":%d,\"world\":%d,\"zero\":%d,\"activation_checkpointing\":\"%s\",\"dtype\":\"%s\","
-	       "\"schedule\":\"%s\",\"impl\":\"%s\",\"tokens_per_step\":%.0f,\"background_load\":%.3f,\"cpu_share\":%.4f,", c->name, loom_arch_name(pc->model.arch),
+	       "\"schedule\":\"%s\",\"virtual_stages\":%d,\"impl\":\"%s\",\"tokens_per_step\":%.0f,\"background_load\":%.3f,\"cpu_share\":%.4f,", c->name, loom_arch_name(pc->model.arch),
 	       pc->model.n_layer, pc->model.n_head, pc->model.n_embd, pc->model.seq_len, pc->model.vocab_size, p->params,
 	       pc->B, pc->T, pc->M, pc->dp, pc->tp, pc->pp, p->world, pc->zero, loom_act_ckpt_name(pc->act_ckpt),
-	       loom_compute_dtype_name(pc->dtype), schedule_name(pc), pc->impl == LOOM_PLAN_IDEAL ? "ideal" : "loom",
+	       loom_compute_dtype_name(pc->dtype), schedule_name(pc), pc->virtual_stages > 1 ? pc->virtual_stages : 1,
+	       pc->impl == LOOM_PLAN_IDEAL ? "ideal" : "loom",
 	       p->tokens_per_step, c->background_load, p->cpu_share);
 	json_mem("memory_bytes", &p->memory);
 	putchar(',');
@@ -495,6 +503,9 @@ int loom_cli_plan(int argc, char **argv)
 	} else {
 		o.pc.M = o.grad_accum > 0 ? o.grad_accum : 1;
 	}
+	/* the schedule's conditions (an interleaved schedule without --virtual-stages too), as loom train's */
+	if (!o.search && loom_pp_check(&o.pc.model, o.pp_schedule, o.pc.pp, o.pc.virtual_stages, o.pc.M) != LOOM_OK)
+		cli_die("plan", "%s", loom_errmsg());
 	get_cluster(&o, &c, o.search ? ranks : o.pc.dp * o.pc.tp * o.pc.pp);
 	if (o.search) {
 		if (!ranks)

@@ -119,8 +119,13 @@ static const char *const usage_text =
 	"  --pp P                 split the layers into P stages balanced by FLOPs (the embedding on the\n"
 	"                         first, the head and loss on the last); ranks are ordered dp, then pp\n"
 	"  --micro-batches M      micro-batches per step and data-parallel rank (the same as --grad-accum M)\n"
-	"  --schedule gpipe|1f1b  the pipeline schedule (default 1f1b: at most P micro-batches' activations\n"
-	"                         stored per stage; gpipe stores M); cosine|linear|constant stay the LR's\n"
+	"  --pp-schedule S        gpipe|1f1b|interleaved, the pipeline schedule (docs/mesh.md): 1f1b (default)\n"
+	"                         stores at most P micro-batches' activations per stage, gpipe M; both idle\n"
+	"                         (P-1)/(M+P-1) of the step. interleaved (Megatron): V model chunks per rank,\n"
+	"                         idling (P-1)/(V M+P-1); needs --virtual-stages V >= 2, M a multiple of P and\n"
+	"                         P x V <= layers. (--schedule gpipe|1f1b, the older spelling, still works)\n"
+	"  --virtual-stages V     model chunks per rank with --pp-schedule interleaved: chunk c of stage s\n"
+	"                         runs the layers of stage c P + s of P V (default 1)\n"
 	"  --pp-head-split auto|off|F  when the last stage runs the head alone (a head heavier than the blocks),\n"
 	"                         the fraction F of each micro-batch's positions whose head the stage before it\n"
 	"                         computes (default auto: the FLOPs balance; off: the last stage computes all)\n"
@@ -260,7 +265,13 @@ static void parse(int argc, char **argv, opts_t *o)
 		else if (FLAG("--steps")) o->tc.lr.total_steps = int_in("--steps", v, 1, 1LL << 40);
 		else if (FLAG("--lr")) o->tc.lr.peak_lr = dbl_in("--lr", v, 0, 0, 1e3, 0), o->lr_given = 1;
 		else if (FLAG("--warmup")) o->tc.lr.warmup = int_in("--warmup", v, 0, 1LL << 40);
-		else if (FLAG("--schedule") && (!strcmp(v, "gpipe") || !strcmp(v, "1f1b"))) o->tc.pp_schedule = v;
+		else if (FLAG("--pp-schedule") ||
+		         (FLAG("--schedule") && (!strcmp(v, "gpipe") || !strcmp(v, "1f1b") || !strcmp(v, "interleaved")))) {
+			if (o->tc.pp_schedule && strcmp(o->tc.pp_schedule, v))
+				cli_die("train", "two pipeline schedules, %s and %s: give one --pp-schedule (the older --schedule "
+				        "gpipe|1f1b spelling sets the same)", o->tc.pp_schedule, v);
+			o->tc.pp_schedule = v;
+		} else if (FLAG("--virtual-stages")) o->tc.pp_virtual_stages = (int)int_in("--virtual-stages", v, 1, 4096);
 		else if (FLAG("--pp-head-split"))
 			o->tc.pp_head_split = !strcmp(v, "auto") ? 0.0 : !strcmp(v, "off") ? -1.0
 			                      : dbl_in("--pp-head-split", v, 0, 1, 1, 1);
@@ -585,11 +596,17 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		printf("lr: peak %g = %g x %g (%s scaling, %lld tokens per step vs a reference of %lld)\n", o->tc.lr.peak_lr,
 		       o->base_lr, o->tc.lr.peak_lr / o->base_lr, loom_lr_scale_name(o->lr_scale),
 		       loom_trainer_tokens_per_step(tr), o->ref_batch);
-	if (o->pp > 1)
+	if (o->pp > 1 && o->tc.pp_virtual_stages > 1)
+		printf("pipeline parallel: %d stages x dp %d, schedule %s, %d model chunks per stage, %d micro-batches per "
+		       "step (ideal bubble (P-1)/(V M+P-1) = %.1f%%)%s%s\n", o->pp, o->dp, o->tc.pp_schedule,
+		       o->tc.pp_virtual_stages, o->tc.accum,
+		       100.0 * loom_pp_bubble_ideal(o->tc.pp_schedule, o->pp, o->tc.pp_virtual_stages, o->tc.accum),
+		       o->tc.trace_dir ? "; trace in " : "", o->tc.trace_dir ? o->tc.trace_dir : "");
+	else if (o->pp > 1)
 		printf("pipeline parallel: %d stages x dp %d, schedule %s, %d micro-batches per step (ideal bubble "
 		       "(P-1)/(M+P-1) = %.1f%%)%s%s\n", o->pp, o->dp, o->tc.pp_schedule ? o->tc.pp_schedule : "1f1b",
-		       o->tc.accum, 100.0 * (o->pp - 1) / (o->tc.accum + o->pp - 1), o->tc.trace_dir ? "; trace in " : "",
-		       o->tc.trace_dir ? o->tc.trace_dir : "");
+		       o->tc.accum, 100.0 * loom_pp_bubble_ideal(o->tc.pp_schedule, o->pp, 1, o->tc.accum),
+		       o->tc.trace_dir ? "; trace in " : "", o->tc.trace_dir ? o->tc.trace_dir : "");
 	if (o->pp > 1)
 		print_stages(o);
 	if (o->tp > 1 && o->pp > 1)
@@ -816,6 +833,7 @@ static int predict(const opts_t *o, loom_plan_t *p)
 	                         .dtype = o->dtype, .grad_reduce_bf16 = o->tc.grad_reduce_dtype == LOOM_BFLOAT16,
 	                         .bucket_mb = o->tc.bucket_mb, .pp_head_split = o->tc.pp_head_split};
 	pc.schedule_gpipe = o->tc.pp_schedule && !strcmp(o->tc.pp_schedule, "gpipe");
+	pc.virtual_stages = o->tc.pp_virtual_stages;
 	if (loom_cluster_local(loom_num_threads(), 0, &c) != LOOM_OK || loom_plan_estimate(&pc, &c, p) != LOOM_OK)
 		return 0;
 	return 1;
@@ -899,6 +917,8 @@ int loom_cli_train(int argc, char **argv)
 		cli_die("train", "--sequence-parallel --tp %d: a micro-batch's --batch-size %d x --seq-len %d = %lld positions "
 		        "are not divisible by %d (each tensor-parallel rank holds an equal share)", o.tp, o.tc.B, o.tc.T,
 		        (long long)o.tc.B * o.tc.T, o.tp);
+	if (loom_pp_check(&o.mc, o.tc.pp_schedule, o.pp, o.tc.pp_virtual_stages, o.tc.accum) != LOOM_OK)
+		cli_die("train", "%s", loom_errmsg()); /* every rank alike, before any work */
 	if (cli_train_memory_check(&(cli_memcheck_t){&o.mc, o.tc.B, o.tc.T, o.tc.accum, o.act_ckpt, o.tc.zero, o.dp, o.tp,
 	                                              o.pp, loom_num_threads(), o.dtype, o.rank, o.world, o.sp}) != 0)
 		goto out;

@@ -9,6 +9,7 @@
 
 #include "loom/gpt2.h"
 #include "loom/plan.h"
+#include "loom/train.h"
 #include "model/model.h"
 #include "parallel/pp.h"
 #include "test.h"
@@ -145,6 +146,47 @@ TEST(plan_gpipe_bubble)
 	return 0;
 }
 
+/* Interleaved 1F1B in the plan: the ideal (P-1)/(V M+P-1), the bubble simulated over the P V global
+ * stages (below 1F1B's), a rank's activations as its chunks' stage models hold them (rank 0 of pp 2,
+ * V 2, M 4: up to 4 micro-batches of chunk 0 and 2 of chunk 1), and loom_pp_check's conditions. */
+TEST(plan_interleaved)
+{
+	loom_cluster_t c = test_cluster();
+	loom_plan_t p, q;
+	loom_plan_config_t pc = tiny_config(1, 0);
+	pc.pp = 2, pc.M = 4;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &q)); /* 1f1b */
+	pc.virtual_stages = 2;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &p));
+	CHECK_FEQ(p.bubble_theory, 1.0 / 9.0);
+	CHECK(p.bubble < q.bubble);
+	/* every chunk's boundary: twice the transfers (4 B T width bytes each way per micro-batch) */
+	CHECK_FEQ(p.pp.bytes - q.pp.bytes, 2.0 * pc.M * 4.0 * pc.B * pc.T * loom_model_stream_width(&pc.model));
+	int lo[5], hrows;
+	CHECK_OK(loom_pp_stages(&pc.model, pc.B, pc.T, 4, 0.0, lo, &hrows));
+	CHECK(lo[0] == 0 && lo[1] == 1 && lo[2] == 2 && lo[3] == 3 && lo[4] == 4 && hrows == 0);
+	double want = 0.0;
+	for (int ch = 0; ch < 2; ch++) {
+		loom_model_opts_t o = {.B = pc.B, .T = pc.T, .arenas = ch ? 2 : 4, .layer_lo = lo[2 * ch],
+		                       .layer_hi = lo[2 * ch + 1]};
+		loom_model_act_bytes_t a;
+		CHECK_OK(loom_model_act_bytes(&pc.model, &o, &a));
+		want += (double)a.total;
+	}
+	CHECK_FEQ(p.memory_rank0.activations, want);
+	pc.M = 3;
+	CHECK_ERR(loom_plan_estimate(&pc, &c, &p), LOOM_EINVAL);
+	CHECK_STREQ(loom_errmsg(), "plan: pipeline: --pp-schedule interleaved runs the micro-batches in groups of --pp 2, "
+	            "so --micro-batches 3 must be a multiple of 2 (e.g. 4)");
+	pc.M = 4, pc.schedule_gpipe = 1;
+	CHECK_ERR(loom_plan_estimate(&pc, &c, &p), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "--virtual-stages 2 needs --pp-schedule interleaved");
+	pc.schedule_gpipe = 0, pc.virtual_stages = 3; /* 6 chunks of 4 layers */
+	CHECK_ERR(loom_plan_estimate(&pc, &c, &p), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "every chunk needs at least one layer");
+	return 0;
+}
+
 TEST(plan_ring_allreduce_bytes)
 {
 	CHECK_FEQ(loom_plan_ring_allreduce_bytes(1000, 4), 1500);
@@ -235,7 +277,7 @@ TEST(plan_json_schema)
 	CHECK(out[0] == '{');
 	snprintf(cmd, sizeof cmd, "%s plan --model tiny --virtual-stages 2", test_loom_bin());
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 2);
-	CHECK_CONTAINS(out, "no interleaved virtual stages");
+	CHECK_CONTAINS(out, "loom plan: pipeline: --virtual-stages 2 needs --pp-schedule interleaved");
 	snprintf(cmd, sizeof cmd, "%s plan --model tiny --sequence-parallel", test_loom_bin());
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 2);
 	CHECK_CONTAINS(out, "--sequence-parallel shards the sequence over the tensor-parallel ranks: it needs --tp 2");

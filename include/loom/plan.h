@@ -89,7 +89,9 @@ typedef struct {
 	int sequence_parallel;     /* --sequence-parallel (where tp > 1 and B T divides by tp) */
 	loom_compute_dtype_t dtype;
 	int grad_reduce_bf16;      /* gradients reduced in bf16 (half the bytes) */
-	int schedule_gpipe;        /* pipeline schedule: 1 GPipe, 0 1F1B */
+	int schedule_gpipe;        /* pipeline schedule: 1 GPipe, 0 1F1B (or interleaved, below) */
+	int virtual_stages;        /* model chunks per pipeline rank: 0 or 1 one; >= 2 the interleaved 1F1B
+	                              (loom_train_config_t pp_virtual_stages; loom_pp_check's conditions) */
 	double bucket_mb;          /* DDP buckets (0: 25, the first 1) */
 	double pp_head_split;      /* as loom_train_config_t's */
 	double tokens;             /* token budget for wall clock and cost (0: none) */
@@ -128,7 +130,7 @@ typedef struct {
 	double optimizer_s;        /* of it the optimizer */
 	loom_plan_comm_t dp, tp, pp;
 	double bubble;             /* pipeline: the stages' mean idle fraction (simulated) */
-	double bubble_theory;      /* (P-1)/(M+P-1) */
+	double bubble_theory;      /* (P-1)/(V M+P-1), V = 1 but for interleaved (loom_pp_bubble_ideal) */
 	double step_time_s, tokens_per_s, mfu;
 	double peak_flops;         /* per rank, of the dtype */
 	double steps, wall_s, cost; /* for cfg.tokens (0 without) */

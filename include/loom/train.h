@@ -19,9 +19,10 @@
  *
  * Pipeline parallelism: on a mesh with pp > 1 each rank runs a stage (a FLOP-balanced range of
  * layers) and a step's accum micro-batches flow through the stages in a GPipe or 1F1B schedule
- * (pp_schedule); losses match one process with the same accumulation up to float rounding, every
- * rank reports the same metrics, checkpoints hold the whole model (gathered from the stages), and
- * a pipeline's checkpoint resumes on any mesh with the same data-parallel size (docs/mesh.md).
+ * (pp_schedule; the interleaved 1F1B is planned and checked, not run yet); losses match one
+ * process with the same accumulation up to float rounding, every rank reports the same metrics,
+ * checkpoints hold the whole model (gathered from the stages), and a pipeline's checkpoint resumes
+ * on any mesh with the same data-parallel size (docs/mesh.md).
  *
  * A training checkpoint (DIR/step_NNNNNNNN/, written through loom/ckpt.h) holds the model, the AdamW
  * state (m, v, step) and the trainer state (step, data-loader state, seed, config). There is no other
@@ -170,7 +171,10 @@ typedef struct {
 	                              comm may be NULL or the mesh's world. */
 	/* Pipeline parallel (a mesh with pp > 1): the layers are split into pp stages balanced by FLOPs;
 	   the accum micro-batches of a step (the micro-batches M) run through them in this schedule. */
-	const char *pp_schedule;   /* "gpipe" | "1f1b" (NULL: 1f1b) */
+	const char *pp_schedule;   /* "gpipe" | "1f1b" | "interleaved" (NULL: 1f1b); see loom_pp_check */
+	int pp_virtual_stages;     /* model chunks per pipeline rank (--virtual-stages V): 0 or 1 one (gpipe,
+	                              1f1b), >= 2 with "interleaved", chunk c of stage s running the layers
+	                              of global stage c pp + s of pp V */
 	double pp_head_split;      /* when the last stage runs the head alone (a head heavier than the blocks,
 	                              e.g. `small`'s), the fraction of each micro-batch's positions whose head
 	                              (ln_f, logits, loss) stage pp-2 computes, from its own last block's
@@ -331,12 +335,24 @@ long long loom_trainer_tokens_per_step(const loom_trainer_t *tr);
  * every micro-batch (row b T + t), the last stage the rest. head_split as pp_head_split above.
  * LOOM_EINVAL for P > n_layer or a head_split >= 1. */
 int loom_pp_stages(const loom_model_config_t *cfg, int B, int T, int P, double head_split, int *lo, int *head_rows);
+/* LOOM_OK when a pipeline of P ranks (1: none) can run `schedule` ("gpipe" | "1f1b" | "interleaved",
+ * NULL: 1f1b) with V model chunks per rank (0 or 1: one) over M micro-batches of the model cfg (may be
+ * NULL: no layer count check): V >= 2 exactly with "interleaved", which needs P >= 2, M a multiple of
+ * P (Megatron's groups of P micro-batches) and P V <= n_layer (a layer per chunk at least).
+ * LOOM_EINVAL otherwise, the message naming the flags (--pp-schedule, --virtual-stages, --pp,
+ * --micro-batches) and what would work. */
+int loom_pp_check(const loom_model_config_t *cfg, const char *schedule, int P, int V, int M);
+/* The schedule's ideal bubble for P ranks, V chunks each (0 or 1: one) and M micro-batches: the ranks'
+ * mean idle fraction over the step's span when every stage costs the same, (P-1)/(V M + P-1) (V = 1
+ * for gpipe and 1f1b), which is what the trainer's bubble measures; NaN when loom_pp_check refuses
+ * (without the layer count). Against the compute alone it is Megatron's (P-1)/(V M). */
+double loom_pp_bubble_ideal(const char *schedule, int P, int V, int M);
 /* With *head_rows > 0: the positions stage P-2 computes the head of in each of the M micro-batches of
- * a step under the schedule ("gpipe" | "1f1b", NULL: 1f1b), into rows[M]: *head_rows in each, except
- * that with head_split 0 the first and last micro-batch's shares are what shortens the step most in a
- * simulation of the schedule with the stages' FLOPs (the pipe filling and draining leaves a stage
- * time to spare there). All 0 without a shared head. LOOM_EINVAL as loom_pp_stages, or for a schedule
- * or M < 1. */
+ * a step under the schedule ("gpipe" | "1f1b" | "interleaved", NULL: 1f1b), into rows[M]: *head_rows
+ * in each, except that with head_split 0 (and gpipe or 1f1b) the first and last micro-batch's shares
+ * are what shortens the step most in a simulation of the schedule with the stages' FLOPs (the pipe
+ * filling and draining leaves a stage time to spare there). All 0 without a shared head.
+ * LOOM_EINVAL as loom_pp_stages, or for a schedule or M < 1. */
 int loom_pp_head_rows(const loom_model_config_t *cfg, const char *schedule, int B, int T, int P, int M,
                       double head_split, int *rows);
 

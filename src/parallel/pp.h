@@ -25,38 +25,74 @@
 
 /* ---- schedules and partition (schedule.c) ----------------------------------------------------- */
 
-typedef enum { LOOM_PP_GPIPE = 0, LOOM_PP_1F1B = 1, LOOM_PP_SCHEDULES = 2 } loom_pp_schedule_t;
+typedef enum {
+	LOOM_PP_GPIPE = 0, LOOM_PP_1F1B = 1, LOOM_PP_INTERLEAVED = 2, LOOM_PP_SCHEDULES = 3
+} loom_pp_schedule_t;
 
-/* One action of a stage: forward ('F') or backward ('B') of micro-batch mb. */
+/* One action of a rank: forward ('F') or backward ('B') of micro-batch mb on its model chunk `chunk`
+ * (0..V-1). With V chunks per rank of P, chunk c of rank s runs global stage c P + s of the P V
+ * (Megatron's layout: the layers go round the ranks V times); GPipe and 1F1B have V = 1, chunk 0. */
 typedef struct {
 	char op;
 	int mb;
+	int chunk;
 } loom__pp_action_t;
 
-/* "gpipe" | "1f1b"; LOOM_EINVAL naming both otherwise. */
+/* "gpipe" | "1f1b" | "interleaved"; LOOM_EINVAL naming them otherwise. */
 int loom__pp_schedule_parse(const char *name, loom_pp_schedule_t *kind);
 const char *loom__pp_schedule_name(loom_pp_schedule_t kind); /* "?" when invalid */
-/* The actions of stage s of P over M micro-batches (2M of them, into out), from the schedule's row
- * of the table; backwards run in micro-batch order on every stage. Returns the number of arenas the
- * stage needs (the most micro-batches whose activations it holds at once: M for GPipe,
- * min(M, P - s) for 1F1B). */
+/* LOOM_OK when the schedule can run P ranks of V chunks each over M micro-batches: P, M >= 1; V = 1
+ * for GPipe and 1F1B; V >= 2 and M a multiple of P for interleaved (Megatron's groups of P
+ * micro-batches per chunk; a last, smaller group would stall the pipe). LOOM_EINVAL otherwise, with a
+ * message naming the flags (--pp, --virtual-stages, --micro-batches) and what would work. */
+int loom__pp_check(loom_pp_schedule_t kind, int P, int V, int M);
+/* The actions of rank s of P with V chunks over M micro-batches (2 M V of them, into out), from the
+ * schedule's row of the table. Returns the number of activation arenas the rank needs, the most
+ * (chunk, micro-batch) activations it holds at once (M for GPipe, min(M, P - s) for 1F1B,
+ * min(M V, 2 (P - s - 1) + (V - 1) P + 1) for interleaved), or LOOM_EINVAL as loom__pp_check.
+ * Invariants (tests/test_schedule.c checks them for many P, V, M): a (chunk, micro-batch)'s forward
+ * comes before its backward; every rank runs its forwards in the same order of (chunk, mb) pairs,
+ * and its backwards in that order with the chunks reversed (c -> V-1-c), so the activations and
+ * gradients between two ranks arrive in the order they are sent; with V = 1 the micro-batches in
+ * flight are consecutive (micro-batch mb may use arena mb % arenas), with V > 1 only within a chunk
+ * (see loom__pp_chunk_arenas; arenas shared by the chunks are free again after their pair's
+ * backward); and the plan cannot deadlock under the executor's rule (a forward of global stage
+ * g > 0 waits for stage g-1's forward of the same micro-batch, a backward of g < P V - 1 for g+1's
+ * backward). The last backward is micro-batch M-1 of chunk 0; chunk c's is micro-batch M-1's. */
+int loom__pp_plan_v(loom_pp_schedule_t kind, int P, int V, int s, int M, loom__pp_action_t *out);
+/* Into arenas[V] the most micro-batches of each chunk whose activations rank s holds at once. Each
+ * chunk's forwards run in micro-batch order and so do its backwards, so its micro-batches in flight
+ * are consecutive: with a stage model per chunk, micro-batch mb of chunk c may use arena
+ * mb % arenas[c] of it, as with V = 1. Returns their sum (at least loom__pp_plan_v's count, which
+ * arenas shared by the chunks would need), or LOOM_EINVAL as loom__pp_check, LOOM_ENOMEM. */
+int loom__pp_chunk_arenas(loom_pp_schedule_t kind, int P, int V, int s, int M, int *arenas);
+/* loom__pp_plan_v with V = 1 (GPipe, 1F1B: no error). */
 int loom__pp_plan(loom_pp_schedule_t kind, int P, int s, int M, loom__pp_action_t *out);
-/* The ideal bubble fraction of the schedule, (P-1)/(M+P-1) for both. */
-double loom__pp_bubble_theory(loom_pp_schedule_t kind, int P, int M);
-/* The schedule as a discrete-event simulation: stage s's forward and backward of micro-batch m take
- * f[s M + m] and h[s M + m] + b[s M + m], of which h (may be NULL: none) needs no input from the next
- * stage (stage P-2's share of a split head) and runs first; transfers take no time. Into *span the
- * time from the first forward to the last backward, into *bubble the stages' mean idle fraction of
- * it, as the executor measures it. Equal stages give loom__pp_bubble_theory; unequal ones more, and
- * a last stage without a forward (the head alone, fused into its backward) or an h less. LOOM_ENOMEM,
- * or LOOM_EINVAL for a plan that cannot run (none of the table's). */
+/* The ideal bubble of the schedule with equal stages: the ranks' mean idle fraction over the span
+ * (first forward to last backward), as the executor measures it and loom__pp_simulate_v computes:
+ * (P-1)/(M+P-1) for GPipe and 1F1B, (P-1)/(V M+P-1) for interleaved (the fill and drain take (P-1)/V
+ * of a micro-batch's time per rank instead of P-1). Against the compute alone it is Megatron's
+ * (P-1)/(V M). NaN for a combination loom__pp_check refuses. */
+double loom__pp_bubble_theory_v(loom_pp_schedule_t kind, int P, int V, int M);
+double loom__pp_bubble_theory(loom_pp_schedule_t kind, int P, int M); /* V = 1 */
+/* The schedule as a discrete-event simulation: global stage g's (g = chunk P + rank, of P V)
+ * forward and backward of micro-batch m take f[g M + m] and h[g M + m] + b[g M + m], of which h (may
+ * be NULL: none) needs no input from the next stage (stage P V - 2's share of a split head) and runs
+ * first; transfers take no time. Into *span the time from the first forward to the last backward,
+ * into *bubble the ranks' mean idle fraction of it, as the executor measures it. Equal stages give
+ * loom__pp_bubble_theory_v; unequal ones more, and a last stage without a forward (the head alone,
+ * fused into its backward) or an h less. LOOM_ENOMEM, or LOOM_EINVAL as loom__pp_check or for a plan
+ * that cannot run (none of the table's). */
+int loom__pp_simulate_v(loom_pp_schedule_t kind, int P, int V, int M, const double *f, const double *h,
+                        const double *b, double *span, double *bubble);
+/* loom__pp_simulate_v with V = 1: stage s's costs at s M + m. */
 int loom__pp_simulate(loom_pp_schedule_t kind, int P, int M, const double *f, const double *h, const double *b,
                       double *span, double *bubble);
 /* The head's positions stage P-2 computes in each of the M micro-batches of N positions (rows[M]),
  * for stages lo (loom__pp_partition) sharing the head: base (loom_pp_stages' head rows) in every
  * micro-batch, and with tune, the first and last micro-batch's share set to what shortens the step
  * most in a simulation of the schedule with the stages' FLOPs (there a stage would wait while the
- * pipe fills or drains). base 0: no split, all 0. */
+ * pipe fills or drains; GPipe and 1F1B: interleaved keeps base everywhere). base 0: no split, all 0. */
 int loom__pp_head_rows(const loom_model_config_t *cfg, loom_pp_schedule_t kind, int T, int N, int P, int M,
                        const int *lo, int base, int tune, int *rows);
 /* The stages' costs per micro-batch in FLOPs (into f, h, b as loom__pp_simulate takes them) for stages

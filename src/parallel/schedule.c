@@ -1,16 +1,28 @@
-/* schedule.c: pipeline schedules as data (GPipe, 1F1B), the partition of the layers into stages
- * balanced by FLOPs (with a head heavier than the blocks shared between the last two stages by
- * positions), and a discrete-event simulation of a schedule, which gives the bubble to expect from
- * the stages' times and picks the first and last micro-batch's share of a shared head.
+/* schedule.c: pipeline schedules as data (GPipe, 1F1B, interleaved 1F1B), the partition of the
+ * layers into stages balanced by FLOPs (with a head heavier than the blocks shared between the last
+ * two stages by positions), and a discrete-event simulation of a schedule, which gives the bubble to
+ * expect from the stages' times and picks the first and last micro-batch's share of a shared head.
  *
- * A schedule is a row of a table: its name, the generator of one stage's order of forwards and
- * backwards, and what it promises (arenas needed, the ideal bubble), so the code that runs a
- * schedule and the text that describes it cannot disagree. Invariants every generator keeps (the
- * pipeline executor relies on them): each micro-batch's forward comes before its backward on a stage;
- * forwards run in micro-batch order and so do backwards (so neighbours' messages match in order, and
- * the last backward, where data-parallel gradient sync happens, is micro-batch M-1 on every stage);
- * and the micro-batches in flight (forward done, backward not) are consecutive, at most `arenas` of
- * them, so micro-batch mb may use arena mb % arenas. */
+ * A schedule is a row of a table: its name, the generator of one rank's order of forwards and
+ * backwards, and what it promises (the ideal bubble), so the code that runs a schedule and the text
+ * that describes it cannot disagree. A rank holds V model chunks (V = 1 but for interleaved); chunk c
+ * of rank s is global stage c P + s. Invariants every generator keeps (the pipeline executor relies
+ * on them; tests/test_pp.c checks them and deadlock freedom by simulation): each (chunk, micro-batch)'s
+ * forward comes before its backward on a rank; every rank runs its forwards in one order of
+ * (chunk, mb) pairs common to all ranks, and its backwards in the same order with the chunks reversed
+ * (so each link's messages arrive in the order they are sent, and the last backward, where
+ * data-parallel gradient sync happens, is micro-batch M-1 of chunk 0 on every rank); with V = 1 the
+ * micro-batches in flight are consecutive, so micro-batch mb may use arena mb % arenas.
+ *
+ * Interleaved 1F1B (Megatron-LM's forward_backward_pipelining_with_interleaving, Narayanan et al.
+ * 2021): the forwards go through the micro-batches in groups of P, each group through chunk 0, then
+ * chunk 1, ..., chunk V-1 (the k-th forward: chunk (k / P) % V, micro-batch (k / (P V)) P + k % P);
+ * the k-th backward takes the k-th pair with the chunk reversed. Rank s first runs
+ * 2 (P - s - 1) + (V - 1) P warm-up forwards (at most M V), then one forward and one backward in
+ * turn, then the remaining backwards. Megatron requires M % P == 0 with groups of P (a last group of
+ * fewer than P micro-batches leaves the ranks waiting: a chunk c+1 forward of it needs the chunk c
+ * forward of the same micro-batch to have gone round all P ranks, which P-1 others' work no longer
+ * covers); loom requires the same, and then equal stages idle exactly (P-1)/(V M + P-1). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,38 +32,62 @@
 #include "parallel/pp.h"
 
 /* GPipe: every forward, then every backward. */
-static int plan_gpipe(int P, int s, int M, loom__pp_action_t *out)
+static void plan_gpipe(int P, int V, int s, int M, loom__pp_action_t *out)
 {
-	(void)P, (void)s;
+	(void)P, (void)V, (void)s;
 	for (int j = 0; j < M; j++)
-		out[j] = (loom__pp_action_t){'F', j}, out[M + j] = (loom__pp_action_t){'B', j};
-	return M;
+		out[j] = (loom__pp_action_t){'F', j, 0}, out[M + j] = (loom__pp_action_t){'B', j, 0};
 }
 
 /* 1F1B (PipeDream-flush, Megatron): P-s-1 warm-up forwards, then one forward and one backward in
  * turn, then the remaining backwards; a stage holds at most P-s micro-batches. */
-static int plan_1f1b(int P, int s, int M, loom__pp_action_t *out)
+static void plan_1f1b(int P, int V, int s, int M, loom__pp_action_t *out)
 {
 	int warm = LOOM_MIN(P - s - 1, M), n = 0, f = 0, b = 0;
+	(void)V;
 	while (f < warm)
-		out[n++] = (loom__pp_action_t){'F', f++};
+		out[n++] = (loom__pp_action_t){'F', f++, 0};
 	while (f < M) {
-		out[n++] = (loom__pp_action_t){'F', f++};
-		out[n++] = (loom__pp_action_t){'B', b++};
+		out[n++] = (loom__pp_action_t){'F', f++, 0};
+		out[n++] = (loom__pp_action_t){'B', b++, 0};
 	}
 	while (b < M)
-		out[n++] = (loom__pp_action_t){'B', b++};
-	return LOOM_MIN(M, P - s);
+		out[n++] = (loom__pp_action_t){'B', b++, 0};
+}
+
+/* The k-th forward (op 'F') or backward ('B') of interleaved 1F1B: micro-batches in groups of P, each
+ * group through the chunks in turn (backwards: in reverse). */
+static loom__pp_action_t interleaved_at(char op, int k, int P, int V)
+{
+	int c = k / P % V;
+	return (loom__pp_action_t){op, k / (P * V) * P + k % P, op == 'F' ? c : V - 1 - c};
+}
+
+static void plan_interleaved(int P, int V, int s, int M, loom__pp_action_t *out)
+{
+	int total = M * V, warm = LOOM_MIN(2 * (P - s - 1) + (V - 1) * P, total), n = 0;
+	for (int k = 0; k < warm; k++)
+		out[n++] = interleaved_at('F', k, P, V);
+	for (int k = 0; k < total - warm; k++) {
+		out[n++] = interleaved_at('F', warm + k, P, V);
+		out[n++] = interleaved_at('B', k, P, V);
+	}
+	for (int k = total - warm; k < total; k++)
+		out[n++] = interleaved_at('B', k, P, V);
 }
 
 static const struct {
 	const char *name;
-	int (*plan)(int P, int s, int M, loom__pp_action_t *out);
+	void (*plan)(int P, int V, int s, int M, loom__pp_action_t *out);
+	int chunks;  /* V must be 1 (1), or >= 2 (2) */
 	const char *what;
 } schedules[LOOM_PP_SCHEDULES] = {
-	[LOOM_PP_GPIPE] = {"gpipe", plan_gpipe, "all M forwards, then all M backwards; M micro-batches stored"},
-	[LOOM_PP_1F1B] = {"1f1b", plan_1f1b, "P-s-1 warm-up forwards, then one forward and one backward in turn; "
-	                                     "at most P micro-batches stored"},
+	[LOOM_PP_GPIPE] = {"gpipe", plan_gpipe, 1, "all M forwards, then all M backwards; M micro-batches stored"},
+	[LOOM_PP_1F1B] = {"1f1b", plan_1f1b, 1, "P-s-1 warm-up forwards, then one forward and one backward in turn; "
+	                                        "at most P micro-batches stored"},
+	[LOOM_PP_INTERLEAVED] = {"interleaved", plan_interleaved, 2,
+	                         "1f1b over V model chunks per rank (--virtual-stages V >= 2), micro-batches in groups "
+	                         "of P; fill and drain 1/V of 1f1b's, up to (V-1)P + 2(P-1) + 1 chunk activations stored"},
 };
 
 int loom__pp_schedule_parse(const char *name, loom_pp_schedule_t *kind)
@@ -61,8 +97,9 @@ int loom__pp_schedule_parse(const char *name, loom_pp_schedule_t *kind)
 			*kind = (loom_pp_schedule_t)k;
 			return LOOM_OK;
 		}
-	return loom_seterr(LOOM_EINVAL, "pipeline schedule '%s' is not one of gpipe (%s), 1f1b (%s)", name ? name : "",
-	                   schedules[LOOM_PP_GPIPE].what, schedules[LOOM_PP_1F1B].what);
+	return loom_seterr(LOOM_EINVAL, "pipeline schedule '%s' is not one of gpipe (%s), 1f1b (%s), interleaved (%s)",
+	                   name ? name : "", schedules[LOOM_PP_GPIPE].what, schedules[LOOM_PP_1F1B].what,
+	                   schedules[LOOM_PP_INTERLEAVED].what);
 }
 
 const char *loom__pp_schedule_name(loom_pp_schedule_t kind)
@@ -70,47 +107,121 @@ const char *loom__pp_schedule_name(loom_pp_schedule_t kind)
 	return kind >= 0 && kind < LOOM_PP_SCHEDULES ? schedules[kind].name : "?";
 }
 
+int loom__pp_check(loom_pp_schedule_t kind, int P, int V, int M)
+{
+	if (kind < 0 || kind >= LOOM_PP_SCHEDULES)
+		return loom_seterr(LOOM_EINVAL, "pipeline: schedule %d is not one of gpipe, 1f1b, interleaved", (int)kind);
+	if (P < 1 || M < 1 || V < 1)
+		return loom_seterr(LOOM_EINVAL, "pipeline: %d stages (--pp), %d virtual stages (--virtual-stages) and %d "
+		                   "micro-batches (--micro-batches) must all be >= 1", P, V, M);
+	if (schedules[kind].chunks == 1 && V != 1)
+		return loom_seterr(LOOM_EINVAL, "pipeline: --virtual-stages %d needs --pp-schedule interleaved (schedule "
+		                   "%s runs one model chunk per rank)", V, schedules[kind].name);
+	if (schedules[kind].chunks == 2 && V < 2)
+		return loom_seterr(LOOM_EINVAL, "pipeline: --pp-schedule interleaved needs --virtual-stages V >= 2 model "
+		                   "chunks per rank (got %d; with one chunk use --pp-schedule 1f1b)", V);
+	if (kind == LOOM_PP_INTERLEAVED && M % P != 0)
+		return loom_seterr(LOOM_EINVAL, "pipeline: --pp-schedule interleaved runs the micro-batches in groups of "
+		                   "--pp %d, so --micro-batches %d must be a multiple of %d (e.g. %d)", P, M, P,
+		                   (M / P + 1) * P);
+	return LOOM_OK;
+}
+
+int loom__pp_plan_v(loom_pp_schedule_t kind, int P, int V, int s, int M, loom__pp_action_t *out)
+{
+	int rc, held = 0, most = 0;
+	if ((rc = loom__pp_check(kind, P, V, M)) != LOOM_OK)
+		return rc;
+	if (s < 0 || s >= P)
+		return loom_seterr(LOOM_EINVAL, "pipeline: rank %d of %d stages", s, P);
+	schedules[kind].plan(P, V, s, M, out);
+	for (int i = 0; i < 2 * M * V; i++) {
+		held += out[i].op == 'F' ? 1 : -1;
+		most = LOOM_MAX(most, held);
+	}
+	return most;
+}
+
+int loom__pp_chunk_arenas(loom_pp_schedule_t kind, int P, int V, int s, int M, int *arenas)
+{
+	loom__pp_action_t *plan;
+	int rc, *held, sum = 0;
+	if ((rc = loom__pp_check(kind, P, V, M)) != LOOM_OK)
+		return rc;
+	plan = loom__malloc(sizeof *plan * 2 * (size_t)M * V);
+	held = loom__calloc((size_t)V, sizeof *held);
+	if (!plan || !held) {
+		free(plan), free(held);
+		return loom_seterr(LOOM_ENOMEM, "pipeline: out of memory planning a schedule");
+	}
+	if ((rc = loom__pp_plan_v(kind, P, V, s, M, plan)) >= 0) {
+		for (int c = 0; c < V; c++)
+			arenas[c] = 0;
+		for (int i = 0; i < 2 * M * V; i++) {
+			int c = plan[i].chunk;
+			held[c] += plan[i].op == 'F' ? 1 : -1;
+			arenas[c] = LOOM_MAX(arenas[c], held[c]);
+		}
+		for (int c = 0; c < V; c++)
+			sum += arenas[c];
+		rc = sum;
+	}
+	free(plan), free(held);
+	return rc;
+}
+
 int loom__pp_plan(loom_pp_schedule_t kind, int P, int s, int M, loom__pp_action_t *out)
 {
-	return schedules[kind].plan(P, s, M, out);
+	return loom__pp_plan_v(kind, P, 1, s, M, out);
+}
+
+double loom__pp_bubble_theory_v(loom_pp_schedule_t kind, int P, int V, int M)
+{
+	if (loom__pp_check(kind, P, V, M) != LOOM_OK)
+		return NAN;
+	/* every rank idles (P-1)/V of a micro-batch's forward and backward while the pipe fills and
+	 * drains, and computes M of them: V = 1 for GPipe and 1F1B, which only store differently */
+	return (double)(P - 1) / ((double)V * M + P - 1);
 }
 
 double loom__pp_bubble_theory(loom_pp_schedule_t kind, int P, int M)
 {
-	(void)kind; /* both schedules idle for P-1 of M+P-1 slots; 1F1B only stores less */
-	return (double)(P - 1) / (double)(M + P - 1);
+	return loom__pp_bubble_theory_v(kind, P, 1, M);
 }
 
-int loom__pp_simulate(loom_pp_schedule_t kind, int P, int M, const double *f, const double *h, const double *b,
-                    double *span_out, double *bubble)
+int loom__pp_simulate_v(loom_pp_schedule_t kind, int P, int V, int M, const double *f, const double *h,
+                        const double *b, double *span_out, double *bubble)
 {
-	size_t PM = (size_t)P * M;
-	loom__pp_action_t *plan = loom__malloc(sizeof *plan * 2 * PM);
-	double *fdone = loom__malloc(sizeof(double) * 2 * PM), *bdone = fdone + PM;
+	int rc, n = 2 * M * V; /* actions per rank */
+	if ((rc = loom__pp_check(kind, P, V, M)) != LOOM_OK)
+		return rc;
+	size_t G = (size_t)P * V, GM = G * M;
+	loom__pp_action_t *plan = loom__malloc(sizeof *plan * (size_t)n * P);
+	double *fdone = loom__malloc(sizeof(double) * 2 * GM), *bdone = fdone + GM;
 	double *free_at = loom__calloc((size_t)P, sizeof(double)), *busy = loom__calloc((size_t)P, sizeof(double));
 	int *next = loom__calloc((size_t)P, sizeof(int)), *started = loom__calloc((size_t)P, sizeof(int));
-	int left = 2 * M * P, rc = LOOM_OK;
+	long left = (long)n * P;
 	double span = 0.0, idle = 0.0;
 	if (!plan || !fdone || !free_at || !busy || !next || !started) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory simulating a schedule");
 		goto out;
 	}
 	for (int s = 0; s < P; s++)
-		loom__pp_plan(kind, P, s, M, plan + (size_t)s * 2 * M);
-	for (size_t i = 0; i < 2 * PM; i++)
+		loom__pp_plan_v(kind, P, V, s, M, plan + (size_t)s * n);
+	for (size_t i = 0; i < 2 * GM; i++)
 		fdone[i] = -1.0;
-	/* Run every stage's next action whose input is there (the previous stage's forward of the same
-	 * micro-batch, the next stage's backward), until all have run; a backward's own part (h) runs
+	/* Run every rank's next action whose input is there (the previous global stage's forward of the
+	 * same micro-batch, the next one's backward), until all have run; a backward's own part (h) runs
 	 * while its input is awaited. The schedules' orders are deadlock-free: every sweep runs one. */
 	while (left > 0) {
 		int ran = 0;
 		for (int s = 0; s < P; s++) {
-			if (next[s] == 2 * M)
+			if (next[s] == n)
 				continue;
-			const loom__pp_action_t *a = &plan[(size_t)s * 2 * M + next[s]];
-			size_t k = (size_t)s * M + (size_t)a->mb;
+			const loom__pp_action_t *a = &plan[(size_t)s * n + next[s]];
+			size_t g = (size_t)a->chunk * P + s, k = g * M + (size_t)a->mb;
 			double own = a->op == 'B' && h ? h[k] : 0.0;
-			double ready = a->op == 'F' ? (s > 0 ? fdone[k - (size_t)M] : 0.0) : (s < P - 1 ? bdone[k + (size_t)M] : 0.0);
+			double ready = a->op == 'F' ? (g > 0 ? fdone[k - (size_t)M] : 0.0) : (g < G - 1 ? bdone[k + (size_t)M] : 0.0);
 			if (ready < 0.0) {
 				if (a->op == 'B' && own > 0.0 && !started[s]) {
 					free_at[s] += own, started[s] = 1;
@@ -137,6 +248,12 @@ int loom__pp_simulate(loom_pp_schedule_t kind, int P, int M, const double *f, co
 out:
 	free(plan), free(fdone), free(free_at), free(busy), free(next), free(started);
 	return rc;
+}
+
+int loom__pp_simulate(loom_pp_schedule_t kind, int P, int M, const double *f, const double *h, const double *b,
+                      double *span, double *bubble)
+{
+	return loom__pp_simulate_v(kind, P, 1, M, f, h, b, span, bubble);
 }
 
 /* FLOPs per token, forward + backward, of a block (the model's unit count, loom_model_unit_flops: the
@@ -267,7 +384,7 @@ int loom__pp_head_rows(const loom_model_config_t *cfg, loom_pp_schedule_t kind, 
 	int rc;
 	for (int m = 0; m < M; m++)
 		rows[m] = base;
-	if (!base || !tune || N < 2)
+	if (!base || !tune || N < 2 || kind == LOOM_PP_INTERLEAVED) /* (its P stages are not P ranks) */
 		return LOOM_OK;
 	if (!(c = loom__malloc(sizeof(double) * 3 * PM)))
 		return loom_seterr(LOOM_ENOMEM, "pipeline: out of memory planning the head's rows");
@@ -310,4 +427,30 @@ int loom_pp_head_rows(const loom_model_config_t *cfg, const char *schedule, int 
 		rc = loom__pp_head_rows(cfg, kind, T, B * T, P, M, lo, base, head_split == 0.0, rows);
 	free(lo);
 	return rc;
+}
+
+int loom_pp_check(const loom_model_config_t *cfg, const char *schedule, int P, int V, int M)
+{
+	loom_pp_schedule_t kind = LOOM_PP_1F1B;
+	int rc;
+	if (schedule && (rc = loom__pp_schedule_parse(schedule, &kind)) != LOOM_OK)
+		return loom_seterr(rc, "--pp-schedule: %s", loom_errmsg());
+	V = V < 1 ? 1 : V;
+	if ((rc = loom__pp_check(kind, P, V, M)) != LOOM_OK)
+		return rc;
+	if (kind == LOOM_PP_INTERLEAVED && P < 2)
+		return loom_seterr(LOOM_EINVAL, "pipeline: --pp-schedule interleaved needs a pipeline: --pp >= 2 (got %d)", P);
+	if (cfg && (long)P * V > cfg->n_layer)
+		return loom_seterr(LOOM_EINVAL, "pipeline: --pp %d x --virtual-stages %d = %d model chunks for a model of %d "
+		                   "layers: every chunk needs at least one layer (--pp x --virtual-stages <= %d)", P, V, P * V,
+		                   cfg->n_layer, cfg->n_layer);
+	return LOOM_OK;
+}
+
+double loom_pp_bubble_ideal(const char *schedule, int P, int V, int M)
+{
+	loom_pp_schedule_t kind = LOOM_PP_1F1B;
+	if (schedule && loom__pp_schedule_parse(schedule, &kind) != LOOM_OK)
+		return NAN;
+	return loom__pp_bubble_theory_v(kind, P, V < 1 ? 1 : V, M);
 }

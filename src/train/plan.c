@@ -8,7 +8,7 @@
  * gather slots, bf16 staging, the pipeline's send/receive buffers). Time is one rank's step: its
  * micro-batches' compute (matmul FLOPs at the cluster's efficiency of its peak, plus the elementwise
  * kernels' and the optimizer's memory traffic), the tensor-parallel all-reduces (blocking: always
- * exposed), the pipeline schedule (loom__pp_simulate on the stages' costs, as the executor runs them)
+ * exposed), the pipeline schedule (loom__pp_simulate_v on the stages' costs, as the executor runs them)
  * and the data-parallel reduction, overlapped with the last backward bucket by bucket as the trainer
  * does (only what is left when backward ends is exposed).
  *
@@ -102,6 +102,25 @@ static double stage_params(const table_t *tb, int L, int lo, int hi, int first, 
 	return sum;
 }
 
+/* The parameters of pipeline rank s's layers: its V chunks, global stages c pp + s of lo's pp V. */
+static double rank_params(const table_t *tb, int L, const int *lo, int pp, int V, int s, double *tied)
+{
+	double sum = 0.0, t;
+	*tied = 0.0;
+	for (int c = 0; c < V; c++) {
+		int g = c * pp + s;
+		sum += stage_params(tb, L, lo[g], lo[g + 1], g == 0, &t);
+		*tied += t;
+	}
+	return sum;
+}
+
+/* The pipeline schedule of a configuration (loom_plan_config_t schedule_gpipe, virtual_stages). */
+static loom_pp_schedule_t plan_schedule(const loom_plan_config_t *pc)
+{
+	return pc->schedule_gpipe ? LOOM_PP_GPIPE : pc->virtual_stages > 1 ? LOOM_PP_INTERLEAVED : LOOM_PP_1F1B;
+}
+
 /* DDP's buckets (src/parallel/ddp.c): from the last tensor backwards, the first closing at
  * first_mb, the others at mb MiB. Into sizes[] (bytes, in the order they are launched); returns the
  * count. */
@@ -149,47 +168,58 @@ static int group_link(const loom_cluster_t *c, int size, int stride, double *bw,
 	return cross;
 }
 
-/* Floats of unit u's tensors in the table held by stage s of pp (blocks [lo[s], lo[s+1])): what
- * src/parallel/pp.c keeps: its own units, the tied wte on the head stages, the head's on stage pp-2
- * when it shares the head's positions (hrows). */
-static double held_unit(const table_t *tb, int L, int pp, int s, const int *lo, int hrows, int u)
+/* Floats of unit u's tensors in the table held by global stage g of the npp stages (blocks [lo[g],
+ * lo[g+1])): what src/parallel/pp.c keeps: its own units, the tied wte on the head stages, the head's
+ * on stage npp-2 when it shares the head's positions (hrows). */
+static double held_unit(const table_t *tb, int L, int npp, int g, const int *lo, int hrows, int u)
 {
-	int head = s == pp - 1 || (hrows && s == pp - 2);
+	int head = g == npp - 1 || (hrows && g == npp - 2);
 	double sum = 0.0;
 	for (int i = 0; i < tb->n; i++) {
-		int v = tb->layer[i], held = v < 0 ? s == 0 || (tb->head_reads[i] && head)
-		                           : v >= L ? head : v >= lo[s] && v < lo[s + 1];
+		int v = tb->layer[i], held = v < 0 ? g == 0 || (tb->head_reads[i] && head)
+		                           : v >= L ? head : v >= lo[g] && v < lo[g + 1];
 		if (v == u && held)
 			sum += tb->numel[i];
 	}
 	return sum;
 }
 
-/* Model states, comm buffers and activations of stage s (blocks [lo, hi), arenas) of rank dp_rank. */
+/* Floats of unit u held by pipeline rank s (its V chunks: global stages c pp + s). */
+static double rank_unit(const table_t *tb, int L, int pp, int V, int s, const int *lo, int hrows, int u)
+{
+	double sum = 0.0;
+	for (int c = 0; c < V; c++)
+		sum += held_unit(tb, L, pp * V, c * pp + s, lo, hrows, u);
+	return sum;
+}
+
+/* Model states, comm buffers and activations of pipeline rank s (its V chunks' blocks, global stages
+ * c pp + s of lo, each a stage model with the arenas its chunk's micro-batches in flight need) of
+ * data-parallel rank dp_rank. */
 static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, const table_t *tb, int dp, int tp, int pp, int s, const int *lo, int hrows, int dp_rank,
                         loom_plan_memory_t *m)
 {
 	const loom_model_config_t *cfg = &pc->model;
-	int L = cfg->n_layer, M = pc->M, rc;
+	int L = cfg->n_layer, M = pc->M, V = LOOM_MAX(pc->virtual_stages, 1), rc;
 	double P = 0.0, whole, tied, emb, largest = 0.0;
 	for (int i = 0; i < tb->n; i++) /* the shard's (tp > 1: the padded vocabulary's), or the model's */
 		P += tb->numel[i];
 	whole = P;
 	/* the units this rank's model holds (a stage's only, with pp) */
-	emb = held_unit(tb, L, pp > 1 ? pp : 1, pp > 1 ? s : 0, lo, hrows, -1);
+	emb = rank_unit(tb, L, pp, V, s, lo, hrows, -1);
 	for (int u = 0; u <= L; u++)
-		largest = LOOM_MAX(largest, held_unit(tb, L, pp > 1 ? pp : 1, pp > 1 ? s : 0, lo, hrows, u));
+		largest = LOOM_MAX(largest, rank_unit(tb, L, pp, V, s, lo, hrows, u));
 	if (pc->impl == LOOM_PLAN_LOOM && pp > 1) { /* the stage's model holds its tensors alone */
 		P = 0.0;
 		for (int u = -1; u <= L; u++)
-			P += held_unit(tb, L, pp, s, lo, hrows, u);
+			P += rank_unit(tb, L, pp, V, s, lo, hrows, u);
 	}
 	/* loom's layout (the model's idle gradient buffer under DDP, a pipeline stage's whole-model
 	 * buffers); a shared-memory node (CPUs): a peer's shared buffers in this rank's resident set */
 	int loom = pc->impl == LOOM_PLAN_LOOM, peer = c->cores > 0;
 	memset(m, 0, sizeof *m);
 	if (pc->impl == LOOM_PLAN_IDEAL && pp > 1)
-		P = stage_params(tb, L, lo[s], lo[s + 1], s == 0, &tied);
+		P = rank_params(tb, L, lo, pp, V, s, &tied);
 	if (pc->zero > 0 && dp > 1 && (tp > 1 || pp > 1) && pc->impl == LOOM_PLAN_IDEAL) { /* the stage's shard's states split over dp */
 		double own = ceil(P / dp);
 		m->params = 4.0 * (pc->zero == 3 ? own : P);
@@ -214,7 +244,7 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 		if (pc->grad_reduce_bf16)
 			m->comm += (1 + peer) * 2.0 * (pc->zero == 1 ? P : emb + 2.0 * largest);
 		if (pp > 1 && pc->zero >= 2 && hrows && s >= pp - 2) /* the shared head's staging of its own */
-			m->comm += (1 + peer) * 4.0 * held_unit(tb, L, pp, s, lo, hrows, L);
+			m->comm += (1 + peer) * 4.0 * rank_unit(tb, L, pp, V, s, lo, hrows, L);
 		if (pp > 1 && pc->zero == 3) /* the stage model's own parameter buffer, idle once sharded */
 			m->other += 4.0 * P;
 	}
@@ -223,16 +253,30 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 	                       .sequence_parallel = pc->sequence_parallel && tp > 1 && ((long)pc->B * pc->T) % tp == 0};
 	loom_model_act_bytes_t a;
 	if (pp > 1) {
-		int arenas = pc->schedule_gpipe ? M : LOOM_MIN(M, pp - s);
-		if (pc->impl == LOOM_PLAN_LOOM) { /* the whole model every rank creates (its parameters and
-		                                     activations, no gradients), beside its stage's */
-			if ((rc = loom_model_act_bytes(cfg, &o, &a)) != LOOM_OK)
-				return rc;
-			m->other += (double)a.total + 4.0 * whole;
+		int *arenas = malloc(sizeof(int) * (size_t)V);
+		if (!arenas)
+			return loom_seterr(LOOM_ENOMEM, "plan: out of memory");
+		if ((rc = loom__pp_chunk_arenas(plan_schedule(pc), pp, V, s, M, arenas)) < 0 ||
+		    (pc->impl == LOOM_PLAN_LOOM && (rc = loom_model_act_bytes(cfg, &o, &a)) != LOOM_OK)) {
+			free(arenas);
+			return rc;
 		}
-		o.arenas = arenas, o.layer_lo = lo[s], o.layer_hi = lo[s + 1];
-		/* the stage's receive and send buffers (pp.c: 4 of B T width floats) and a step's tokens */
-		m->comm += 4.0 * 4.0 * pc->B * pc->T * loom_model_stream_width(cfg) + 2.0 * 4.0 * M * pc->B * pc->T;
+		if (pc->impl == LOOM_PLAN_LOOM) /* the whole model every rank creates (its parameters and
+		                                   activations, no gradients), beside its stages' */
+			m->other += (double)a.total + 4.0 * whole;
+		/* a step's tokens; per chunk (a stage model), its receive and send buffers (pp.c: 4 of B T
+		 * width floats) and its activations */
+		m->comm += 2.0 * 4.0 * M * pc->B * pc->T;
+		for (int c = 0; c < V; c++) {
+			int g = c * pp + s;
+			o.arenas = arenas[c], o.layer_lo = lo[g], o.layer_hi = lo[g + 1];
+			m->comm += 4.0 * 4.0 * pc->B * pc->T * loom_model_stream_width(cfg);
+			if ((rc = loom_model_act_bytes(cfg, &o, &a)) != LOOM_OK)
+				break;
+			m->activations += (double)a.total;
+		}
+		free(arenas);
+		return rc;
 	}
 	if ((rc = loom_model_act_bytes(cfg, &o, &a)) != LOOM_OK)
 		return rc;
@@ -259,6 +303,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	if (!(pc.bucket_mb > 0))
 		pc.bucket_mb = 25.0;
 	int dp = pc.dp, tp = pc.tp, pp = pc.pp, M = pc.M, L = cfg->n_layer, N = pc.B * pc.T;
+	int V = LOOM_MAX(pc.virtual_stages, 1), G = pp * V; /* global pipeline stages */
+	loom_pp_schedule_t kind = plan_schedule(&pc);
 	p->cfg = pc;
 	p->world = dp * tp * pp;
 	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
@@ -270,6 +316,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		return rc;
 	if (pp > L)
 		return loom_seterr(LOOM_EINVAL, "plan: --pp %d for a model of %d layers (every stage needs a layer)", pp, L);
+	if ((pp > 1 || V > 1) && (rc = loom_pp_check(cfg, loom__pp_schedule_name(kind), pp, V, M)) != LOOM_OK)
+		return loom_seterr(rc, "plan: %s", loom_errmsg());
 	if (pc.zero < 0 || pc.zero > 3)
 		return loom_seterr(LOOM_EINVAL, "plan: ZeRO stage %d (0..3)", pc.zero);
 	if (pc.zero > 0 && dp < 2)
@@ -318,16 +366,17 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	for (int i = 0; i < tb->n; i++)
 		p->shard_params += tb->numel[i];
 	/* Stages (one with pp 1) and the head's shares, as the executor splits them. */
-	if (!(lo = malloc(sizeof(int) * (size_t)(pp + 1))) || !(rows = calloc((size_t)M, sizeof(int))) ||
-	    !(cost = malloc(sizeof(double) * 3 * (size_t)pp * M))) {
+	if (!(lo = malloc(sizeof(int) * (size_t)(G + 1))) || !(rows = calloc((size_t)M, sizeof(int))) ||
+	    !(cost = malloc(sizeof(double) * 3 * (size_t)G * M))) {
 		rc = loom_seterr(LOOM_ENOMEM, "plan: out of memory");
 		goto out;
 	}
 	int hrows = 0;
 	if (pp > 1) {
-		if ((rc = loom_pp_stages(cfg, pc.B, pc.T, pp, pc.pp_head_split, lo, &hrows)) != LOOM_OK ||
-		    (rc = loom__pp_head_rows(cfg, pc.schedule_gpipe ? LOOM_PP_GPIPE : LOOM_PP_1F1B, pc.T, N, pp, M, lo, hrows,
-		                             pc.pp_head_split == 0.0 && (long)pp * M <= 512, rows)) != LOOM_OK)
+		/* (interleaved: the first and last micro-batch's shares of a shared head are not tuned) */
+		if ((rc = loom_pp_stages(cfg, pc.B, pc.T, G, pc.pp_head_split, lo, &hrows)) != LOOM_OK ||
+		    (rc = loom__pp_head_rows(cfg, kind, pc.T, N, G, M, lo, hrows,
+		                             V == 1 && pc.pp_head_split == 0.0 && (long)pp * M <= 512, rows)) != LOOM_OK)
 			goto out;
 	} else {
 		lo[0] = 0, lo[1] = L;
@@ -374,8 +423,12 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	p->cross_node_tp = group_link(c, tp, 1, &tp_bw, &tp_lat);
 	if (tp > 1) { /* per micro-batch on the whole model (tp_mb), and on this rank: its stage's blocks */
 		int Ls = 0;
-		for (int s = 0; s < pp; s++)
-			Ls = LOOM_MAX(Ls, lo[s + 1] - lo[s]);
+		for (int s = 0; s < pp; s++) {
+			int n = 0;
+			for (int c = 0; c < V; c++)
+				n += lo[c * pp + s + 1] - lo[c * pp + s];
+			Ls = LOOM_MAX(Ls, n);
+		}
 		int sp = pc.sequence_parallel && N % tp == 0;
 		double ck = pc.act_ckpt == LOOM_ACT_CKPT_BLOCKS ? (sp ? 1.5 : 2.0) : 0.0, n = 4.0 * N * C;
 		double one = link_time(loom_plan_ring_allreduce_bytes(n, tp), 2 * (tp - 1), tp_bw, tp_lat);
@@ -388,37 +441,36 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	/* The step's compute and pipeline: stage costs in FLOPs to seconds, simulated. */
 	double span, t_bwd_last;
 	if (pp > 1) {
-		size_t PM = (size_t)pp * M;
+		size_t PM = (size_t)G * M; /* per global stage and micro-batch */
 		double pp_bw, pp_lat, send;
-		loom__pp_head_costs(cfg, pc.T, N, pp, M, lo, rows, cost, cost + PM, cost + 2 * PM);
-		for (int s = 0; s < pp; s++) {
-			double blocks = (double)(lo[s + 1] - lo[s]) / L;
+		loom__pp_head_costs(cfg, pc.T, N, G, M, lo, rows, cost, cost + PM, cost + 2 * PM);
+		for (int g = 0; g < G; g++) {
+			double blocks = (double)(lo[g + 1] - lo[g]) / L;
 			for (int m = 0; m < M; m++) {
-				size_t k = (size_t)s * M + m;
+				size_t k = (size_t)g * M + m;
 				cost[k] *= slow / tp, cost[PM + k] *= slow / tp, cost[2 * PM + k] *= slow / tp;
 				cost[k] += tp_mb * blocks / 2, cost[2 * PM + k] += tp_mb * blocks / 2;
 			}
 		}
-		if ((rc = loom__pp_simulate(pc.schedule_gpipe ? LOOM_PP_GPIPE : LOOM_PP_1F1B, pp, M, cost, cost + PM,
-		                            cost + 2 * PM, &span, &p->bubble)) != LOOM_OK)
+		if ((rc = loom__pp_simulate_v(kind, pp, V, M, cost, cost + PM, cost + 2 * PM, &span, &p->bubble)) != LOOM_OK)
 			goto out;
-		p->bubble_theory = (double)(pp - 1) / (M + pp - 1);
+		p->bubble_theory = loom__pp_bubble_theory_v(kind, pp, V, M);
 		/* sends: one activation forward and one gradient back per micro-batch and boundary, posted ahead
 		 * and overlapped, but the pipe's fill and drain wait for 2 (P-1) of them */
 		group_link(c, 2, tp * dp, &pp_bw, &pp_lat);
 		double act = 4.0 * N * loom_model_stream_width(cfg);
 		send = link_time(act, 1, pp_bw, pp_lat);
-		p->pp.bytes = 2.0 * M * act;
-		p->pp.time_s = 2.0 * M * send;
+		p->pp.bytes = 2.0 * M * V * act; /* interleaved: every chunk's boundary */
+		p->pp.time_s = 2.0 * M * V * send;
 		p->pp.exposed_s = 2.0 * (pp - 1) * send;
 		/* the tied embedding's two shares summed by the first and last stage after backward */
 		double tied;
-		stage_params(tb, L, lo[pp - 1], L, 0, &tied);
+		stage_params(tb, L, lo[G - 1], L, 0, &tied);
 		if (tied > 0) {
 			double t = link_time(loom_plan_ring_allreduce_bytes(4.0 * tied, 2), 2, pp_bw, pp_lat);
 			p->pp.bytes += loom_plan_ring_allreduce_bytes(4.0 * tied, 2), p->pp.time_s += t, p->pp.exposed_s += t;
 		}
-		t_bwd_last = cost[2 * PM + (size_t)M - 1]; /* stage 0's last backward (M-1) ends the step */
+		t_bwd_last = cost[2 * PM + (size_t)M - 1]; /* global stage 0's last backward (M-1) ends the step */
 	} else {
 		span = M * ((mm_mb + el_mb) + tp_mb);
 		t_bwd_last = 2.0 / 3.0 * (mm_mb + el_mb);
@@ -441,8 +493,7 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		if (pc.zero == 0) {
 			int nb;
 			if (pp > 1 || tp > 1) { /* the stage's (shard's) gradients, in buckets */
-				double g = 4.0 * (pp > 1 ? stage_params(tb, L, lo[p->stage], lo[p->stage + 1], p->stage == 0, &total)
-				                         : p->shard_params);
+				double g = 4.0 * (pp > 1 ? rank_params(tb, L, lo, pp, V, p->stage, &total) : p->shard_params);
 				nb = 0;
 				for (double left = g, lim = LOOM_MIN(1.0, pc.bucket_mb) * MIB; left > 0 && nb < MAXB;
 				     lim = pc.bucket_mb * MIB)
@@ -455,8 +506,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 			for (int k = 0; k < nb; k++)
 				p->dp.bytes += loom_plan_ring_allreduce_bytes(sizes[k] * gb, dp);
 		} else {
-			double Pb = 4.0 * (tp > 1 || pp > 1 ? stage_params(tb, L, lo[p->stage], lo[p->stage + 1], p->stage == 0,
-			                                                   &total) : p->params), rs = (dp - 1.0) / dp * Pb * gb, ag = (dp - 1.0) / dp * Pb;
+			double Pb = 4.0 * (tp > 1 || pp > 1 ? rank_params(tb, L, lo, pp, V, p->stage, &total) : p->params);
+			double rs = (dp - 1.0) / dp * Pb * gb, ag = (dp - 1.0) / dp * Pb;
 			double t_rs = link_time(rs, dp - 1, dp_bw, dp_lat), t_ag = link_time(ag, dp - 1, dp_bw, dp_lat);
 			double emb = unit_bytes(cfg, -1) / Pb, n_rs = pc.zero == 1 ? 1 : M;
 			sizes[0] = 0;
@@ -527,7 +578,7 @@ int loom_plan_search(const loom_plan_config_t *base, const loom_cluster_t *c, in
 						loom_plan_config_t pc = *base;
 						loom_plan_t p;
 						pc.dp = dp, pc.tp = tp, pc.pp = pp, pc.zero = zero, pc.M = (int)(rows / dp);
-						pc.act_ckpt = (loom_act_ckpt_t)ck, pc.schedule_gpipe = gp;
+						pc.act_ckpt = (loom_act_ckpt_t)ck, pc.schedule_gpipe = gp, pc.virtual_stages = 0;
 						if (loom_plan_estimate(&pc, c, &p) != LOOM_OK)
 							continue;
 						if ((size_t)count == have) {

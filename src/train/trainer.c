@@ -116,7 +116,7 @@ static int check_config(const loom_train_config_t *c, loom_model_t *model)
 		                   loom_dtype_name(c->grad_reduce_dtype));
 	if (c->check_replicas < 0)
 		return loom_seterr(LOOM_EINVAL, "trainer: check-replicas %d must be >= 0", c->check_replicas);
-	loom_pp_schedule_t sched;
+	loom_pp_schedule_t sched = LOOM_PP_1F1B;
 	if (c->pp_schedule && (rc = loom__pp_schedule_parse(c->pp_schedule, &sched)) != LOOM_OK)
 		return loom_seterr(rc, "trainer: %s", loom_errmsg());
 	if (!(c->pp_head_split < 1.0))
@@ -140,6 +140,14 @@ static int check_config(const loom_train_config_t *c, loom_model_t *model)
 		return loom_seterr(LOOM_EINVAL, "trainer: the model is tensor-parallel shard %d of %d: give a mesh with "
 		                   "tp = %d", loom_model_tp_rank(model), loom_model_tp_size(model), loom_model_tp_size(model));
 	}
+	int pp = c->mesh ? loom_mesh_size(c->mesh, LOOM_MESH_PP) : 1;
+	if ((rc = loom_pp_check(mc, c->pp_schedule, pp, c->pp_virtual_stages, c->accum)) != LOOM_OK)
+		return loom_seterr(rc, "trainer: %s", loom_errmsg());
+	/* The one place that refuses the interleaved schedule until the pipeline executor (pp.c) runs V
+	 * model chunks per rank; it goes with that wiring. */
+	if (sched == LOOM_PP_INTERLEAVED)
+		return loom_seterr(LOOM_EINVAL, "trainer: --pp-schedule interleaved: the interleaved executor is not wired "
+		                   "yet (its schedule, checks and expected bubble are); use --pp-schedule 1f1b meanwhile");
 	return LOOM_OK;
 }
 
@@ -308,7 +316,8 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 		                   tr->window, c->train_data, loom_errmsg());
 	comm_ms += es.comm_ms, exposed_ms += es.exposed_comm_ms;
 	m->bubble = es.bubble, m->bubble_expected = es.bubble_expected, m->max_inflight = es.max_inflight;
-	m->bubble_theory = tr->pp ? loom__pp_bubble_theory(LOOM_PP_1F1B, tr->pp_size, c->accum) : 0.0;
+	m->bubble_theory = tr->pp ? loom_pp_bubble_ideal(c->pp_schedule, tr->pp_size, c->pp_virtual_stages, c->accum)
+	                          : 0.0;
 	if (tr->dp) { /* the loss of all data-parallel ranks: a blocking all-reduce of one double */
 		double ta = loom_now();
 		if ((rc = loom_allreduce(tr->dp, &loss_sum, &loss_sum, 1, LOOM_FLOAT64, LOOM_AVG)) != LOOM_OK)
