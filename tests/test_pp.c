@@ -25,6 +25,7 @@
 #include "loom/comm.h"
 #include "loom/data.h"
 #include "loom/gpt2.h"
+#include "loom/limits.h"
 #include "loom/mesh.h"
 #include "loom/train.h"
 #include "loom/util.h"
@@ -215,6 +216,17 @@ static int pp_rank(int rank, int nranks, void *arg)
 		first = (int)loom_trainer_steps_done(tr) + 1;
 		CHECK_EQ(first, 6);
 	}
+	/* model states as the composition's formula says, with P what this rank's model holds (its tp
+	 * shard of its stage's tensors): ZeRO's shards are rounded to 16 floats, so within 64 dp bytes
+	 * per sharded buffer */
+	loom_train_memory_t mem;
+	CHECK_OK(loom_trainer_memory(tr, &mem));
+	CHECK_EQ(mem.theory, loom_mem_zero_states(r->dp > 1 ? r->zero : 0, mem.nparams, r->dp, NULL));
+	CHECK_MSG(mem.model_states <= mem.theory + 4 * 64 * (size_t)r->dp && mem.theory <= mem.model_states + 4 * 64 *
+	          (size_t)r->dp, "model states %zu, formula %zu (P %zu, zero %d, dp %d)", mem.model_states, mem.theory,
+	          mem.nparams, r->zero, r->dp);
+	if (tp > 1) /* a shard (a pipeline stage may hold every tensor: a head-alone last stage's partner) */
+		CHECK(mem.nparams < loom_gpt2_num_params(&g_mc));
 	int stage = loom_mesh_coord(mesh, LOOM_MESH_PP), lo[8], rows;
 	CHECK(r->pp < 8);
 	CHECK_OK(loom_pp_stages(&g_mc, 1, TT, r->pp, r->head_split, lo, &rows));
@@ -960,6 +972,73 @@ TEST(pp_schedules_and_partition)
 /* The CLI: `--nproc 2 --pp 2` trains, says so and logs the bubble; so does `--nproc 4 --tp 2 --pp 2`;
  * a world not divisible by --pp is a
  * clear error (on every rank: the mesh's check runs before any work). */
+/* Resume on the same mesh is bit-identical to the uninterrupted run (the log's lines and every file
+ * of the final checkpoint the same bytes), for ZeRO on the data-parallel axis of a pipeline (dp 2 x
+ * pp 2, ZeRO-2) and of a tensor-parallel mesh (dp 2 x tp 2, ZeRO-3). */
+static int resume_bit_identical(const char *mesh)
+{
+	char cmd[4096], out[16384];
+	static char full[16][160], resumed[16][160];
+	double loss[16];
+	const char *loom = test_loom_bin();
+#define RFLAGS "--model tiny --batch-size 1 --seq-len 32 --micro-batches 2 --steps 6 --save-every 3 --peak-flops 1e10"
+	snprintf(cmd, sizeof cmd, "%s train %s --train-data '%s/train_*.bin' " RFLAGS " --save-dir %s/ck --log "
+	         "%s/full.jsonl", loom, mesh, g_dir, g_dir, g_dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	snprintf(cmd, sizeof cmd, "rm -rf %s/final && mv %s/ck/step_00000006 %s/final && cp %s/full.jsonl %s/r.jsonl",
+	         g_dir, g_dir, g_dir, g_dir, g_dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 10), 0);
+	snprintf(cmd, sizeof cmd, "%s train %s --train-data '%s/train_*.bin' " RFLAGS " --save-dir %s/ck --log %s/r.jsonl "
+	         "--resume", loom, mesh, g_dir, g_dir, g_dir);
+	st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	CHECK_CONTAINS(out, "resumed from ");
+	CHECK_CONTAINS(out, " at step 3");
+	snprintf(cmd, sizeof cmd, "%s/full.jsonl", g_dir);
+	CHECK_EQ(test_read_losses(cmd, loss, 16, full, NULL), 6);
+	snprintf(cmd, sizeof cmd, "%s/r.jsonl", g_dir);
+	CHECK_EQ(test_read_losses(cmd, loss, 16, resumed, NULL), 6);
+	for (int k = 1; k <= 6; k++)
+		CHECK_STREQ(resumed[k], full[k]);
+	snprintf(cmd, sizeof cmd, "cd %s && for f in final/*.safetensors; do cmp $f ck/step_00000006/${f#final/} || exit 1; "
+	         "done && rm -rf ck final", g_dir);
+	st = test_run_cmd(cmd, out, sizeof out, 10);
+	CHECK_MSG(st == 0, "%s: the resumed run's final checkpoint differs: %s", mesh, out);
+#undef RFLAGS
+	return 0;
+}
+
+TEST(zero_mesh_resume_bit_identical)
+{
+	CHECK_OK(test_mkdtemp(g_dir, sizeof g_dir));
+	CHECK_OK(make_data(g_dir));
+	int rc = resume_bit_identical("--nproc 4 --pp 2 --zero 2");
+	if (!rc)
+		rc = resume_bit_identical("--nproc 4 --tp 2 --zero 3");
+	test_rmdir(g_dir);
+	return rc;
+}
+
+/* Resharding from the full mesh: ZeRO-3 on dp 2 x tp 2 x pp 2 (8 ranks) saves after step 5; one
+ * process, and ZeRO-1 on dp 4 (4 ranks, the same tokens per step), continue from it as the
+ * reference does. */
+TEST(zero_3d_checkpoint_reshards)
+{
+	char path[700];
+	CHECK_EQ(setup(8), 0);
+	run_t r = {.dp = 2, .tp = 2, .pp = 2, .M = 4, .schedule = "1f1b", .save_at = 5, .zero = 3};
+	int rc = test_spawn(8, pp_rank, &r, 300, NULL);
+	if (!rc)
+		rc = resume_one_process(8, -1e-5);
+	snprintf(path, sizeof path, "%s/ckpt/step_00000005", g_dir);
+	run_t d = {.dp = 4, .pp = 1, .M = 2, .schedule = "1f1b", .resume = path, .tol = -1e-5, .zero = 1};
+	if (!rc)
+		rc = test_spawn(4, pp_rank, &d, 120, NULL);
+	teardown();
+	return rc;
+}
+
 TEST(pp_cli)
 {
 	char cmd[2048], out[16384];
