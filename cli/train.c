@@ -433,7 +433,8 @@ static void model_config(opts_t *o)
  * the values given, "--zero 1 with --tp 2: ") and what would work. Delete a row when its support lands;
  * nothing else reads the table (tests/test_sweep.c checks only that every combination of the flags
  * trains or stops here with one message, so it stays valid as rows go). Rows are tried in order; the
- * first that applies is the message. */
+ * first that applies is the message. `loom plan` states the ZeRO rows' rule in src/train/plan.c
+ * (loom_plan_estimate and its search, for the loom implementation): delete it there too. */
 enum { NAME_ZERO = 1, NAME_TP = 2, NAME_PP = 4, NAME_DP = 8, NAME_OPTIMIZER = 16 };
 
 static int zero_tp(const opts_t *o) { return o->tc.zero > 0 && o->tp > 1; }

@@ -33,10 +33,10 @@ static const char *const factor_vals[NF][4] = {
 static const int factor_n[NF] = {4, 2, 3, 2, 3, 2, 2, 2, 4};
 
 typedef struct {
-	int v[NF]; /* index into factor_vals */
+	int v[NF];  /* index into factor_vals */
 	char cmd[1024];
-	char out[16384];
-	int status;
+	int status; /* test_run_cmd's */
+	int bad;    /* judged a failure (printed) */
 } sweep_run_t;
 
 static char g_dir[512];
@@ -71,16 +71,17 @@ static void make_cmd(sweep_run_t *r, int check)
 	                 check ? " --check" : "");
 	for (int f = 0; f < NF; f++)
 		n += snprintf(r->cmd + n, sizeof r->cmd - (size_t)n, " %s %s", factor_flag[f], factor_vals[f][r->v[f]]);
+	r->status = -2, r->bad = 0; /* not run yet */
 }
 
 /* The run either succeeded (the check's line, or a finite loss at the last step) or stopped before
  * training with one error line naming a flag; 0 when so, else 1 with the reason printed. */
-static int judge(const sweep_run_t *r, int check)
+static int judge(const sweep_run_t *r, const char *out, int check)
 {
 	const char *why = NULL, *s;
 	char line[2048], error[2048] = "";
 	int errors = 0, launcher = 0, stepped = 0;
-	for (s = r->out; *s;) {
+	for (s = out; *s;) {
 		size_t len = strcspn(s, "\n");
 		snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line ? len : sizeof line - 1), s);
 		s += len + (s[len] == '\n');
@@ -93,12 +94,12 @@ static int judge(const sweep_run_t *r, int check)
 	}
 	if (r->status == -1)
 		why = "timed out (a hang)";
-	else if (r->status >= 128 || strstr(r->out, "killed by signal"))
+	else if (r->status >= 128 || strstr(out, "killed by signal"))
 		why = "killed by a signal";
-	else if (r->status == 0 && check && !strstr(r->out, "check: ok: "))
+	else if (r->status == 0 && check && !strstr(out, "check: ok: "))
 		why = "exit 0 without the check's line";
 	else if (r->status == 0 && !check) {
-		const char *p = strstr(r->out, "step 2/2 | loss ");
+		const char *p = strstr(out, "step 2/2 | loss ");
 		double loss = p ? strtod(p + 16, NULL) : NAN;
 		if (!isfinite(loss))
 			why = "exit 0 without a finite loss at step 2/2";
@@ -112,7 +113,9 @@ static int judge(const sweep_run_t *r, int check)
 		why = "the refusal is a library error, not the flags' check";
 	if (!why)
 		return 0;
-	fprintf(stderr, "  %s: exit %d: %s\n  output:\n%s\n", why, r->status, r->cmd, r->out);
+	flockfile(stderr);
+	fprintf(stderr, "  %s: exit %d: %s\n  output:\n%s\n", why, r->status, r->cmd, out);
+	funlockfile(stderr);
 	return 1;
 }
 
@@ -121,14 +124,21 @@ typedef struct {
 	long n;
 	atomic_long next;
 	double timeout_s;
+	int check;
 } sweep_pool_t;
 
+/* Runs and judges the pool's next commands until none is left. */
 static void *sweep_worker(void *arg)
 {
 	sweep_pool_t *p = arg;
+	char *out = malloc(1 << 16);
 	long k;
-	while ((k = atomic_fetch_add(&p->next, 1)) < p->n)
-		p->runs[k].status = test_run_cmd(p->runs[k].cmd, p->runs[k].out, sizeof p->runs[k].out, p->timeout_s);
+	while (out && (k = atomic_fetch_add(&p->next, 1)) < p->n) {
+		sweep_run_t *r = &p->runs[k];
+		r->status = test_run_cmd(r->cmd, out, 1 << 16, p->timeout_s);
+		r->bad = judge(r, out, p->check);
+	}
+	free(out);
 	return NULL;
 }
 
@@ -138,7 +148,7 @@ static int sweep_run(sweep_run_t *runs, long n, int check, double timeout_s, int
 	const char *e = getenv("LOOM_SWEEP_JOBS");
 	int jobs = e && atoi(e) > 0 ? atoi(e) : 2, failed = 0;
 	pthread_t th[16];
-	sweep_pool_t p = {.runs = runs, .n = n, .timeout_s = timeout_s};
+	sweep_pool_t p = {.runs = runs, .n = n, .timeout_s = timeout_s, .check = check};
 	atomic_init(&p.next, 0);
 	jobs = jobs > 16 ? 16 : jobs;
 	for (int j = 0; j < jobs; j++)
@@ -149,8 +159,8 @@ static int sweep_run(sweep_run_t *runs, long n, int check, double timeout_s, int
 		pthread_join(th[j], NULL);
 	*trained = 0;
 	for (long k = 0; k < n; k++) {
-		failed += judge(&runs[k], check);
-		*trained += runs[k].status == 0;
+		failed += runs[k].bad || runs[k].status == -2; /* -2: never run (out of memory) */
+		*trained += runs[k].status == 0 && !runs[k].bad;
 	}
 	return failed;
 }
@@ -176,9 +186,13 @@ TEST(sweep_check)
 	}
 	failed = sweep_run(runs, n, 1, 120, &trained);
 	printf("  %ld combinations checked: %d built, %ld refused, %d failed\n", n, trained, n - trained - failed, failed);
-	free(runs);
 	test_rmdir(g_dir);
 	CHECK_EQ(failed, 0);
+	/* not all refused: plain data parallel (no ZeRO, tp or pp) builds with every other flag's value */
+	for (long k = 0; k < n; k++)
+		if (runs[k].v[F_ZERO] == 0 && runs[k].v[F_TP] == 0 && runs[k].v[F_PP] == 0)
+			CHECK_MSG(runs[k].status == 0, "%s exited %d", runs[k].cmd, runs[k].status);
+	free(runs);
 	return 0;
 }
 
@@ -248,7 +262,7 @@ TEST(sweep_pairwise)
 		int start = nruns, t;
 		memset(covered, 0, sizeof covered);
 		for (int k = 0; k < nruns; k++)
-			for (int f = 0; f < NF && runs[k].status == 0; f++)
+			for (int f = 0; f < NF && runs[k].status == 0 && !runs[k].bad; f++)
 				for (int g = f + 1; g < NF; g++)
 					covered[PAIR(f, runs[k].v[f], g, runs[k].v[g])] = 1; /* trained */
 		memset(picked, 0, sizeof picked);
@@ -289,7 +303,7 @@ TEST(sweep_pairwise)
 	       failed);
 	memset(covered, 0, sizeof covered);
 	for (int k = 0; k < nruns; k++)
-		for (int f = 0; f < NF && runs[k].status == 0; f++)
+		for (int f = 0; f < NF && runs[k].status == 0 && !runs[k].bad; f++)
 			for (int g = f + 1; g < NF; g++)
 				covered[PAIR(f, runs[k].v[f], g, runs[k].v[g])] = 1;
 	printf("  pairs no run trained (refused in every run that had them):");
@@ -301,6 +315,11 @@ TEST(sweep_pairwise)
 						printf(" %s %s & %s %s;", factor_flag[f], factor_vals[f][a], factor_flag[g],
 						       factor_vals[g][b]);
 	printf("\n");
+	/* not all refused: plain data parallel (no ZeRO) trained with every value of every other flag */
+	for (int g = 1; g < NF; g++)
+		for (int b = 0; b < factor_n[g]; b++)
+			CHECK_MSG(!possible[PAIR(F_ZERO, 0, g, b)] || covered[PAIR(F_ZERO, 0, g, b)], "--zero 0 with %s %s",
+			          factor_flag[g], factor_vals[g][b]);
 	free(runs);
 	test_rmdir(g_dir);
 	CHECK_EQ(failed, 0);
