@@ -133,7 +133,8 @@ static const char *const usage_text =
 	"checking:\n"
 	"  --check                validate the flags (with --nproc once, before any rank starts), then build the\n"
 	"                         mesh, model and parallel strategy on every rank and start them from rank 0's\n"
-	"                         parameters; exit 0 without taking a step (nothing is measured or written)\n";
+	"                         parameters; exit 0 without taking a step (no peak measured, no checkpoint or\n"
+	"                         log written)\n";
 
 typedef struct {
 	loom_train_config_t tc;
