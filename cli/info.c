@@ -155,6 +155,23 @@ static int info_other_dir(const char *path)
 	return 0;
 }
 
+/* The mesh a checkpoint was written with, from state.json: "mesh: dp 2 x tp 2 x pp 2 = 8 ranks, ZeRO 0,
+ * pipeline schedule 1f1b". Checkpoints from before the mesh was recorded have only batch.world (the
+ * data-parallel size). */
+static void print_mesh(const loom_kv_t *kv)
+{
+	int64_t dp, tp, pp, zero;
+	const char *sched;
+	if (loom_kv_get_i64(kv, "mesh.dp", &dp) == LOOM_OK && loom_kv_get_i64(kv, "mesh.tp", &tp) == LOOM_OK &&
+	    loom_kv_get_i64(kv, "mesh.pp", &pp) == LOOM_OK && loom_kv_get_i64(kv, "mesh.zero", &zero) == LOOM_OK &&
+	    loom_kv_get_str(kv, "mesh.pp_schedule", &sched) == LOOM_OK)
+		printf("mesh: dp %lld x tp %lld x pp %lld = %lld rank%s, ZeRO %lld, pipeline schedule %s\n", (long long)dp,
+		       (long long)tp, (long long)pp, (long long)(dp * tp * pp), dp * tp * pp == 1 ? "" : "s",
+		       (long long)zero, sched);
+	else if (loom_kv_get_i64(kv, "batch.world", &dp) == LOOM_OK)
+		printf("mesh: dp %lld (tp, pp and ZeRO were not recorded by the loom that wrote it)\n", (long long)dp);
+}
+
 static int info_dir(const char *path)
 {
 	char sp[2048];
@@ -176,6 +193,7 @@ static int info_dir(const char *path)
 	}
 	snprintf(sp, sizeof sp, "%s/state.json", path);
 	if (loom_kv_load(&kv, sp) == LOOM_OK) {
+		print_mesh(kv);
 		printf("state.json:\n");
 		for (int i = 0; i < loom_kv_count(kv); i++) {
 			const char *k = loom_kv_key_at(kv, i), *s;

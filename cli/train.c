@@ -139,7 +139,12 @@ static const char *const usage_text =
 	"                         adds between the tensor-parallel regions run on B x T / T rows per\n"
 	"                         rank (all-gather before, reduce-scatter after the split matmuls instead of\n"
 	"                         all-reduces), so their activations take 1/T of the memory; B x T must be\n"
-	"                         divisible by T\n";
+	"                         divisible by T\n"
+	"checking:\n"
+	"  --check                validate the flags (with --nproc once, before any rank starts), then build the\n"
+	"                         mesh, model and parallel strategy on every rank and start them from rank 0's\n"
+	"                         parameters; exit 0 without taking a step (no peak measured, no checkpoint or\n"
+	"                         log written)\n";
 
 typedef struct {
 	loom_train_config_t tc;
@@ -164,6 +169,7 @@ typedef struct {
 	int lr_given, wd_given, wd_scale; /* --lr, --weight-decay given; --wd-scale epochs */
 	long long ref_tokens;             /* --ref-tokens */
 	double lr_factor;                 /* muon: every group's rate scaled by this (--lr-scale) */
+	int check;                        /* --check: build everything, take no step */
 } opts_t;
 
 /* Parse a real flag that must be finite and > lo (lo_open) or >= lo, and < hi (hi_open) or <= hi. */
@@ -343,6 +349,7 @@ static void parse(int argc, char **argv, opts_t *o)
 		else if (FLAG("--tp")) o->tp = (int)int_in("--tp", v, 1, 4096);
 		else if (FLAG("--dp")) o->dp_flag = (int)int_in("--dp", v, 1, 4096);
 		else if (!strcmp(a, "--sequence-parallel")) o->sp = 1;
+		else if (!strcmp(a, "--check")) o->check = 1;
 		else
 			cli_die("train", "unknown flag '%s' (see loom train --help)", a);
 	}
@@ -389,19 +396,25 @@ static void parse(int argc, char **argv, opts_t *o)
 		cli_die("train", "%s", loom_errmsg()); /* e.g. a scaling without its reference batch */
 }
 
+/* 1 when this process is a rank of a job a launcher started (its environment says so). */
+static int in_job(void)
+{
+	static const char *const job_env[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"};
+	for (size_t k = 0; k < sizeof job_env / sizeof *job_env; k++)
+		if (getenv(job_env[k]))
+			return 1;
+	return 0;
+}
+
 /* `--nproc N` outside a job: become `loom run --nproc-per-node N <this loom> train ARGS` (ARGS without
  * --nproc). Inside a job (a launcher's environment), or with N = 1, it returns and the rank count is
  * checked once the communicator is up. */
 static void relaunch(int argc, char **argv, const opts_t *o)
 {
-	static const char *const job_env[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"};
 	char exe[PATH_MAX], n[16];
 	ssize_t len;
-	if (o->nproc <= 1)
+	if (o->nproc <= 1 || in_job())
 		return;
-	for (size_t k = 0; k < sizeof job_env / sizeof *job_env; k++)
-		if (getenv(job_env[k]))
-			return;
 	if ((len = readlink("/proc/self/exe", exe, sizeof exe - 1)) <= 0)
 		cli_die("train", "--nproc: cannot find this program's path (/proc/self/exe): %s", strerror(errno));
 	exe[len] = 0;
@@ -435,6 +448,86 @@ static void model_config(opts_t *o)
 		                          : c.arch == LOOM_ARCH_NANOCHAT ? 0.2f : o->tc.adamw.weight_decay;
 	}
 	o->mc = c;
+}
+
+/* Combinations of flags the trainer cannot run yet, refused before training (with --nproc before any
+ * rank starts): one row each, with the flags that conflict (`names`: the message starts with them and
+ * the values given, "--zero 1 with --tp 2: ") and what would work. Delete a row when its support lands;
+ * nothing else reads the table (tests/test_sweep.c checks only that every combination of the flags
+ * trains or stops here with one message, so it stays valid as rows go). Rows are tried in order; the
+ * first that applies is the message. `loom plan` states the ZeRO rows' rule in src/train/plan.c
+ * (loom_plan_estimate and its search, for the loom implementation): delete it there too. */
+enum { NAME_ZERO = 1, NAME_TP = 2, NAME_PP = 4, NAME_DP = 8, NAME_OPTIMIZER = 16 };
+
+static int muon_zero_pp(const opts_t *o)
+{
+	return o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->tc.zero > 0 && o->pp > 1;
+}
+static int zero_dp1(const opts_t *o) { return o->tc.zero > 0 && o->dp == 1; }
+static int muon_tp(const opts_t *o) { return o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->tp > 1; }
+
+static const struct {
+	int (*applies)(const opts_t *o);
+	unsigned names; /* NAME_* */
+	const char *why;
+} refusals[] = {
+	{zero_dp1, NAME_ZERO | NAME_DP, "ZeRO shards the training state over the data-parallel ranks (dp = ranks / "
+	                                "(tp x pp)) and needs at least 2; use --zero 0, or more ranks (--nproc)"},
+	{muon_tp, NAME_OPTIMIZER | NAME_TP, "a tensor-parallel shard of a matrix cannot be orthogonalized alone; use "
+	                                    "--optimizer adamw with --tp, or --optimizer muon without --tp (data "
+	                                    "parallel, ZeRO 1-3 and --pp run it)"},
+	{muon_zero_pp, NAME_OPTIMIZER | NAME_ZERO | NAME_PP, "MuonAdamW's matrices are not sharded over a pipeline "
+	                                                     "stage's data-parallel ranks yet; use --zero 0 with --pp, "
+	                                                     "or --optimizer adamw"},
+};
+
+/* Exit with the first row of `refusals` that applies to o (its dp known). */
+static void refuse_unsupported(const opts_t *o)
+{
+	for (size_t k = 0; k < sizeof refusals / sizeof *refusals; k++) {
+		char names[256];
+		size_t n = 0;
+		if (!refusals[k].applies(o))
+			continue;
+		names[0] = 0;
+#define NAME(bit, ...)                                                                                        \
+	if (refusals[k].names & (bit))                                                                            \
+		n += (size_t)snprintf(names + n, sizeof names - n, "%s", n ? " with " : ""),                          \
+		n += (size_t)snprintf(names + n, sizeof names - n, __VA_ARGS__)
+		NAME(NAME_OPTIMIZER, "--optimizer %s", o->tc.optimizer == LOOM_OPTIMIZER_MUON ? "muon" : "adamw");
+		NAME(NAME_ZERO, "--zero %d", o->tc.zero);
+		NAME(NAME_TP, "--tp %d", o->tp);
+		NAME(NAME_PP, "--pp %d", o->pp);
+		NAME(NAME_DP, "dp %d (%d rank%s / (--tp %d x --pp %d))", o->dp, o->dp * o->tp * o->pp,
+		     o->dp * o->tp * o->pp == 1 ? "" : "s", o->tp, o->pp);
+#undef NAME
+		cli_die("train", "%s: %s", names, refusals[k].why);
+	}
+}
+
+/* Everything about the flags that can be known before the ranks start, for a job of `world` ranks:
+ * the mesh's sizes (as loom_mesh_create checks them), the model (tensor-parallel split, a layer per
+ * pipeline stage) and the refusals above. Sets o->dp and o->mc; exits with one message otherwise. Run
+ * by the --nproc launcher before it starts the ranks, and by every rank (the same answer). */
+static void validate(opts_t *o, int world)
+{
+	long long tp_pp = (long long)o->tp * o->pp;
+	if (o->dp_flag && o->dp_flag * tp_pp != world)
+		cli_die("train", "--dp %d --tp %d --pp %d on %d rank%s: dp x tp x pp = %lld is not the number of ranks; "
+		        "give --nproc %lld, or leave --dp out (derived: ranks / (tp x pp))", o->dp_flag, o->tp, o->pp, world,
+		        world == 1 ? "" : "s", o->dp_flag * tp_pp, o->dp_flag * tp_pp);
+	if (world % tp_pp)
+		cli_die("train", "--tp %d --pp %d on %d rank%s: the world of %d rank%s is not divisible by tp x pp = %lld "
+		        "(dp = ranks / (tp x pp)); use --nproc a multiple of %lld, or smaller --tp / --pp", o->tp, o->pp,
+		        world, world == 1 ? "" : "s", world, world == 1 ? "" : "s", tp_pp, tp_pp);
+	o->dp = world / (int)tp_pp;
+	model_config(o);
+	if (loom_model_tp_check(&o->mc, o->tp) != LOOM_OK)
+		cli_die("train", "--tp %d: %s", o->tp, loom_errmsg());
+	if (o->pp > o->mc.n_layer)
+		cli_die("train", "--pp %d for a model of %d layers: every pipeline stage needs at least one layer; use "
+		        "--pp %d or fewer", o->pp, o->mc.n_layer, o->mc.n_layer);
+	refuse_unsupported(o);
 }
 
 /* accum from --total-batch-size = B x T x ranks x accum (or --grad-accum), then the LR scaling. */
@@ -885,6 +978,8 @@ int loom_cli_train(int argc, char **argv)
 	int rc, status = 1;
 	memset(&r, 0, sizeof r);
 	parse(argc, argv, &o);
+	if (o.nproc > 1 && !in_job())
+		validate(&o, o.nproc); /* one message from the launcher, not one per rank */
 	relaunch(argc, argv, &o); /* --nproc N: returns only inside a job or with N = 1 */
 	/* Join the job the environment describes; a job of one rank is the single-process trainer. */
 	if (loom_comm_init(&comm) != LOOM_OK)
@@ -897,21 +992,17 @@ int loom_cli_train(int argc, char **argv)
 		comm = NULL;
 	}
 	o.tc.comm = comm;
-	o.dp = o.world;
+	validate(&o, o.world); /* every rank alike (under --nproc the launcher has checked) */
 	if (o.tp > 1 || o.pp > 1 || o.dp_flag) {
 		/* the ranks as dp x tp x pp (tp neighbouring ranks, then dp, then pp); every rank checks the
 		 * sizes before any work */
 		if (loom_mesh_create(&mesh, comm, o.dp_flag, o.tp, o.pp) != LOOM_OK)
 			cli_die("train", "--dp %d --tp %d --pp %d on %d rank%s: %s", o.dp_flag, o.tp, o.pp, o.world,
 			        o.world == 1 ? "" : "s", loom_errmsg());
-		o.dp = loom_mesh_size(mesh, LOOM_MESH_DP);
 		o.tc.mesh = mesh;
 	}
 	loom_set_num_threads(o.threads > 0 ? o.threads : omp_get_max_threads()); /* default: OMP_NUM_THREADS or CPUs */
 	warn_oversubscription(&o);
-	model_config(&o);
-	if (loom_model_tp_check(&o.mc, o.tp) != LOOM_OK)
-		cli_die("train", "rank %d: --tp %d: %s", o.rank, o.tp, loom_errmsg());
 	batch_config(&o);
 	if (o.sp && ((long long)o.tc.B * o.tc.T) % o.tp != 0)
 		cli_die("train", "--sequence-parallel --tp %d: a micro-batch's --batch-size %d x --seq-len %d = %lld positions "
@@ -970,10 +1061,10 @@ int loom_cli_train(int argc, char **argv)
 		const char *src = "--peak-flops";
 		int given = o.tc.peak_flops > 0;
 		if (!given)
-			o.tc.peak_flops = cached_peak(1, o.dtype, loom_num_threads(), 1, &src);
+			o.tc.peak_flops = cached_peak(1, o.dtype, loom_num_threads(), !o.check, &src);
 		o.tc.peak_source = src;
 		/* with --peak-flops nothing is measured: the GEMM's figure only when it is known */
-		o.tc.gemm_flops = cached_peak(0, o.dtype, loom_num_threads(), !given, NULL);
+		o.tc.gemm_flops = cached_peak(0, o.dtype, loom_num_threads(), !given && !o.check, NULL);
 		loom_trainer_set_peak(tr, o.tc.peak_flops, o.tc.peak_source, o.tc.gemm_flops);
 	}
 	if (o.resume) { /* every rank reads the checkpoint; the first step re-broadcasts rank 0's parameters */
@@ -1028,6 +1119,13 @@ int loom_cli_train(int argc, char **argv)
 	}
 	free(init); /* ZeRO-3: each rank has its shard now; the model's views point at gathered buffers */
 	init = NULL;
+	if (o.check) {
+		if (o.rank == 0)
+			printf("check: ok: the flags are valid; the mesh, model and parallel strategy were built on %d rank%s "
+			       "and started from rank 0's parameters; no step taken\n", o.world, o.world == 1 ? "" : "s");
+		status = 0;
+		goto out;
+	}
 	if (o.sample_every > 0 && o.rank == 0) {
 		if (o.tc.tokenizer && loom_tokenizer_load(&r.tok, o.tc.tokenizer) == LOOM_OK)
 			r.have_tok = 1;

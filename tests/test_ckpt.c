@@ -1255,3 +1255,55 @@ TEST(kv_hostile_files)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* `loom info` shows the mesh a checkpoint was written with (state.json's mesh.*): a tp 2 x pp 2 run
+ * under gpipe and a ZeRO-1 run on dp 2; a checkpoint from before the mesh was recorded (no mesh.*
+ * keys) says only its data-parallel size, and still resumes. */
+TEST(info_shows_checkpoint_mesh)
+{
+	char dir[512], cmd[4096], out[16384], path[700];
+	const char *loom = test_loom_bin();
+	loom_kv_t *kv;
+	uint32_t crc;
+	uint64_t size;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, 257, 4096));
+#define FLAGS "--n-layer 2 --n-head 4 --n-embd 64 --vocab-size 257 --n-positions 32 --batch-size 1 --threads 1 " \
+	          "--peak-flops 1e10"
+	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s train --nproc 4 --tp 2 --pp 2 --schedule gpipe --grad-accum 2 "
+	         "--train-data '%s/train_*.bin' " FLAGS " --steps 1 --save-dir %s/a && %s info %s/a", loom, dir, dir, loom,
+	         dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "\nmesh: dp 1 x tp 2 x pp 2 = 4 ranks, ZeRO 0, pipeline schedule gpipe\n");
+	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s train --nproc 2 --zero 1 --train-data '%s/train_*.bin' " FLAGS
+	         " --steps 1 --save-dir %s/b && %s info %s/b/step_00000001", loom, dir, dir, loom, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "\nmesh: dp 2 x tp 1 x pp 1 = 2 ranks, ZeRO 1, pipeline schedule 1f1b\n");
+	/* as an older loom wrote it: state.json without the mesh (and MANIFEST's size and checksum to match) */
+	snprintf(cmd, sizeof cmd, "sed -i '/\"mesh\\./d' %s/a/step_00000001/state.json", dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0);
+	snprintf(path, sizeof path, "%s/a/step_00000001/state.json", dir);
+	CHECK_OK(loom__crc32c_file(path, &crc, &size));
+	snprintf(path, sizeof path, "%s/a/step_00000001/MANIFEST", dir);
+	CHECK_OK(loom_kv_load(&kv, path));
+	CHECK_OK(loom_kv_set_u64(kv, "size:state.json", size));
+	CHECK_OK(loom_kv_set_u64(kv, "crc32c:state.json", crc));
+	CHECK_OK(loom_kv_save(kv, path));
+	loom_kv_destroy(kv);
+	snprintf(cmd, sizeof cmd, "%s info %s/a/step_00000001", loom, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "\nmesh: dp 1 (tp, pp and ZeRO were not recorded by the loom that wrote it)\n");
+	CHECK_MSG(!strstr(out, "mesh.tp"), "%s", out);
+	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s train --grad-accum 2 --train-data '%s/train_*.bin' " FLAGS
+	         " --steps 2 --save-dir %s/a --resume", loom, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "resumed from ");
+	CHECK_CONTAINS(out, "step 2/2 | loss ");
+#undef FLAGS
+	test_rmdir(dir);
+	return 0;
+}

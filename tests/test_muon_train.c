@@ -152,8 +152,9 @@ TEST(muon_refused_combinations)
 	static const struct {
 		const char *flags, *says;
 	} bad[] = {
-		{"--nproc 2 --tp 2", "--optimizer muon with --tp > 1: a tensor-parallel shard of a matrix cannot be "
-		                     "orthogonalized alone"},
+		{"--nproc 2 --tp 2", "loom train: --optimizer muon with --tp 2: a tensor-parallel shard of a matrix cannot "
+		                     "be orthogonalized alone; use --optimizer adamw with --tp, or --optimizer muon without "
+		                     "--tp (data parallel, ZeRO 1-3 and --pp run it)\n"},
 		{"--wd-scale epochs", "--wd-scale epochs scales Muon's weight decay: it needs --optimizer muon and "
 		                      "--ref-tokens"},
 	};
