@@ -76,6 +76,15 @@ static size_t unit_floats(const loom_model_config_t *c, int u)
 	return b.offset + b.numel - a.offset;
 }
 
+/* A refusal's return: local rank 0 prints it for its host, and the launcher stops the job at the first
+ * rank that exits, so the others give it a second to speak first. */
+static int refused(int local_rank)
+{
+	if (local_rank != 0)
+		sleep(1);
+	return 1;
+}
+
 int cli_train_memory_check(const cli_memcheck_t *m)
 {
 	const loom_model_config_t *c = m->mc;
@@ -102,7 +111,7 @@ int cli_train_memory_check(const cli_memcheck_t *m)
 	if (loom_mem_check(&p, &lim, &chk) != LOOM_OK) { /* no layout for this batch: creating the model would fail */
 		if (local_rank == 0)
 			fprintf(stderr, "loom train: %s\n", loom_errmsg());
-		return 1;
+		return refused(local_rank);
 	}
 	if (loom_mem_estimate(&p, &est) == LOOM_OK)
 		tell_launcher(m->rank, est.total);
@@ -112,7 +121,7 @@ int cli_train_memory_check(const cli_memcheck_t *m)
 		if (local_rank == 0)
 			fprintf(stderr, "loom train: %s\nloom train: --memory-check warn does not apply: OpenBLAS retries a "
 			        "buffer the address-space limit refuses forever (a hang, not an error)\n", chk.message);
-		return 1;
+		return refused(local_rank);
 	}
 	if (local_rank == 0) { /* once per host: the host's ranks see the same limits */
 		fprintf(stderr, "loom train: %s%s\n", mode ? "warning: " : "", chk.message);
@@ -121,5 +130,5 @@ int cli_train_memory_check(const cli_memcheck_t *m)
 		                                           "--memory-check warn");
 		fflush(stderr);
 	}
-	return mode ? 0 : 1;
+	return mode ? 0 : refused(local_rank);
 }
