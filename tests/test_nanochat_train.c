@@ -26,12 +26,47 @@ enum { VOCAB = 64, STEPS = 6, MAXSTEPS = 64 };
 		CHECK_MSG(st_ == 0, "`%s` exited %d:\n%s", cmd, st_, out);                                               \
 	} while (0)
 
+typedef struct {
+	const char *name, *flags;
+} nc_run_t;
+
+/* Each run (its flags added to NC) against one process: every step's loss within 1e-5 relative; `want`
+ * (or NULL) is a line each run's output must contain. */
+static int runs_match_one_process(const nc_run_t *runs, size_t n, const char *want)
+{
+	char dir[512], cmd[4096], out[16384], path[1024];
+	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, VOCAB, 6001));
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " NC " --steps %d --log %s/one.jsonl", loom, dir,
+	         STEPS, dir);
+	RUN_OK(cmd, out, 120);
+	CHECK_CONTAINS(out, "model: nanochat L4 H4 C64 T16 V64");
+	CHECK_CONTAINS(out, "nanochat: 2 kv heads, window pattern SL (S = 8 positions)");
+	snprintf(path, sizeof path, "%s/one.jsonl", dir);
+	CHECK_EQ(test_read_losses(path, ref, MAXSTEPS, NULL, NULL), STEPS);
+	CHECK(ref[STEPS] < ref[1] - 0.05); /* it learned */
+	for (size_t k = 0; k < n; k++) {
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " NC " --steps %d --log %s/r%zu.jsonl %s",
+		         loom, dir, STEPS, dir, k, runs[k].flags);
+		RUN_OK(cmd, out, 180);
+		if (want)
+			CHECK_CONTAINS(out, want);
+		snprintf(path, sizeof path, "%s/r%zu.jsonl", dir, k);
+		CHECK_EQ(test_read_losses(path, got, MAXSTEPS, NULL, NULL), STEPS);
+		for (int s = 1; s <= STEPS; s++)
+			CHECK_MSG(fabs(got[s] - ref[s]) <= 1e-5 * ref[s], "%s, step %d: loss %.9g, one process %.9g", runs[k].name,
+			          s, got[s], ref[s]);
+	}
+	test_rmdir(dir);
+	return 0;
+}
+
 /* Every layout of the ranks against one process: the same losses within 1e-5 relative. */
 TEST(nanochat_strategies_match_one_process)
 {
-	static const struct {
-		const char *name, *flags;
-	} runs[] = {
+	static const nc_run_t runs[] = {
 		{"dp2", "--nproc 2 --check-replicas 1"},
 		{"pp2", "--nproc 2 --pp 2"},
 		{"pp2 gpipe", "--nproc 2 --pp 2 --schedule gpipe"},
@@ -47,31 +82,7 @@ TEST(nanochat_strategies_match_one_process)
 		{"zero3 x pp2", "--nproc 4 --pp 2 --zero 3"},
 		{"zero1 x pp2 gpipe", "--nproc 4 --pp 2 --zero 1 --schedule gpipe"},
 	};
-	char dir[512], cmd[4096], out[16384], path[1024];
-	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
-	const char *loom = test_loom_bin();
-	CHECK_OK(test_mkdtemp(dir, sizeof dir));
-	CHECK_OK(test_make_token_data(dir, VOCAB, 6001));
-	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " NC " --steps %d --log %s/one.jsonl", loom, dir,
-	         STEPS, dir);
-	RUN_OK(cmd, out, 120);
-	CHECK_CONTAINS(out, "model: nanochat L4 H4 C64 T16 V64");
-	CHECK_CONTAINS(out, "nanochat: 2 kv heads, window pattern SL (S = 8 positions)");
-	snprintf(path, sizeof path, "%s/one.jsonl", dir);
-	CHECK_EQ(test_read_losses(path, ref, MAXSTEPS, NULL, NULL), STEPS);
-	CHECK(ref[STEPS] < ref[1] - 0.05); /* it learned */
-	for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
-		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " NC " --steps %d --log %s/r%zu.jsonl %s",
-		         loom, dir, STEPS, dir, k, runs[k].flags);
-		RUN_OK(cmd, out, 180);
-		snprintf(path, sizeof path, "%s/r%zu.jsonl", dir, k);
-		CHECK_EQ(test_read_losses(path, got, MAXSTEPS, NULL, NULL), STEPS);
-		for (int s = 1; s <= STEPS; s++)
-			CHECK_MSG(fabs(got[s] - ref[s]) <= 1e-5 * ref[s], "%s, step %d: loss %.9g, one process %.9g", runs[k].name,
-			          s, got[s], ref[s]);
-	}
-	test_rmdir(dir);
-	return 0;
+	return runs_match_one_process(runs, sizeof runs / sizeof runs[0], NULL);
 }
 
 /* Sequence parallelism (--sequence-parallel): xin, the norms' inputs and outputs, the attention's residual
@@ -80,37 +91,14 @@ TEST(nanochat_strategies_match_one_process)
  * on dp 2 x tp 2 and tp 2 x pp 2 (a layer's kept bytes: tests/test_tp.c sp_model_errors). */
 TEST(nanochat_sequence_parallel_matches_one_process)
 {
-	static const struct {
-		const char *name, *flags;
-	} runs[] = {
+	static const nc_run_t runs[] = {
 		{"tp2 sp", "--nproc 2 --tp 2 --sequence-parallel"},
 		{"tp2 sp blocks", "--nproc 2 --tp 2 --sequence-parallel --activation-checkpointing blocks"},
 		{"dp2 x tp2 sp", "--nproc 4 --tp 2 --sequence-parallel"},
 		{"tp2 x pp2 sp", "--nproc 4 --tp 2 --pp 2 --sequence-parallel"},
 	};
-	char dir[512], cmd[4096], out[16384], path[1024];
-	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
-	const char *loom = test_loom_bin();
-	CHECK_OK(test_mkdtemp(dir, sizeof dir));
-	CHECK_OK(test_make_token_data(dir, VOCAB, 6001));
-	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " NC " --steps %d --log %s/one.jsonl", loom, dir,
-	         STEPS, dir);
-	RUN_OK(cmd, out, 120);
-	snprintf(path, sizeof path, "%s/one.jsonl", dir);
-	CHECK_EQ(test_read_losses(path, ref, MAXSTEPS, NULL, NULL), STEPS);
-	for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
-		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " NC " --steps %d --log %s/r%zu.jsonl %s",
-		         loom, dir, STEPS, dir, k, runs[k].flags);
-		RUN_OK(cmd, out, 180);
-		CHECK_CONTAINS(out, "[rank 0] sequence parallel: the norms and residual adds run on 16 of the 32 positions");
-		snprintf(path, sizeof path, "%s/r%zu.jsonl", dir, k);
-		CHECK_EQ(test_read_losses(path, got, MAXSTEPS, NULL, NULL), STEPS);
-		for (int s = 1; s <= STEPS; s++)
-			CHECK_MSG(fabs(got[s] - ref[s]) <= 1e-5 * ref[s], "%s, step %d: loss %.9g, one process %.9g", runs[k].name,
-			          s, got[s], ref[s]);
-	}
-	test_rmdir(dir);
-	return 0;
+	return runs_match_one_process(runs, sizeof runs / sizeof runs[0],
+	                              "[rank 0] sequence parallel: the norms and residual adds run on 16 of the 32 positions");
 }
 
 /* Resume continues bit-identically (AdamW at 2 ranks, MuonAdamW at 2 ranks); the checkpoint's model

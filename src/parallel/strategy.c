@@ -179,7 +179,6 @@ int loom__replica_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 int loom__replica_load(loom_strategy_t *s, const char *dir, long long step)
 {
 	char file[1200];
-	loom_model_config_t saved;
 	const loom_model_config_t *c = &s->mcfg;
 	int rc;
 	struct stat sb;
@@ -191,12 +190,8 @@ int loom__replica_load(loom_strategy_t *s, const char *dir, long long step)
 	if (stat(file, &sb) == 0) /* written by a ZeRO strategy: the moments are in shards */
 		return loom__sharded_load(s, dir, step);
 	snprintf(file, sizeof file, "%s/model.safetensors", dir);
-	if ((rc = loom_model_config(file, c->n_head, &saved, NULL)) != LOOM_OK)
+	if ((rc = loom__check_ckpt_model(file, c)) != LOOM_OK)
 		return rc;
-	if (!loom_model_config_equal(&saved, c))
-		return loom_seterr(LOOM_EMISMATCH, "resume: %s holds a model L%d H%d C%d T%d V%d, this run's is "
-		                   "L%d H%d C%d T%d V%d", file, saved.n_layer, saved.n_head, saved.n_embd, saved.seq_len,
-		                   saved.vocab_size, c->n_layer, c->n_head, c->n_embd, c->seq_len, c->vocab_size);
 	if ((rc = loom_model_load(file, c, s->params)) != LOOM_OK)
 		return rc;
 	snprintf(file, sizeof file, "%s/optim.safetensors", dir);

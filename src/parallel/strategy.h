@@ -201,6 +201,9 @@ void loom__muon_state_name(char *buf, size_t cap, int rank);
  * model's flat layout (loom_model_num_params(c) floats; any of them NULL: not read). LOOM_EMISMATCH for
  * another model or a MuonAdamW checkpoint (with m, v). Not collective. */
 int loom__read_whole_state(const char *dir, const loom_model_config_t *c, float *p, float *m, float *v);
+/* LOOM_EMISMATCH naming both when the checkpoint's model file holds another model than c (its reading
+ * errors otherwise); LOOM_OK when it is c's. */
+int loom__check_ckpt_model(const char *file, const loom_model_config_t *c);
 
 /* A tensor-parallel group as the strategies use it: the model's reduction over it (loom__tp_group_reduce,
  * the hook of loom_model_on_tp_reduce with the group as its context), the time its all-reduces took

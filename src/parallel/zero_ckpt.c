@@ -267,20 +267,28 @@ out:
 	return rc;
 }
 
-int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step)
+int loom__check_ckpt_model(const char *file, const loom_model_config_t *c)
 {
-	char file[1200];
 	loom_model_config_t saved;
-	const loom_model_config_t *c = &s->mcfg;
-	struct stat sb;
 	int rc;
-	snprintf(file, sizeof file, "%s/model.safetensors", dir);
 	if ((rc = loom_model_config(file, c->n_head, &saved, NULL)) != LOOM_OK)
 		return rc;
 	if (!loom_model_config_equal(&saved, c))
 		return loom_seterr(LOOM_EMISMATCH, "resume: %s holds a model L%d H%d C%d T%d V%d, this run's is "
 		                   "L%d H%d C%d T%d V%d", file, saved.n_layer, saved.n_head, saved.n_embd, saved.seq_len,
 		                   saved.vocab_size, c->n_layer, c->n_head, c->n_embd, c->seq_len, c->vocab_size);
+	return LOOM_OK;
+}
+
+int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step)
+{
+	char file[1200];
+	const loom_model_config_t *c = &s->mcfg;
+	struct stat sb;
+	int rc;
+	snprintf(file, sizeof file, "%s/model.safetensors", dir);
+	if ((rc = loom__check_ckpt_model(file, c)) != LOOM_OK)
+		return rc;
 	if (s->params && (rc = loom_model_load(file, c, s->params)) != LOOM_OK)
 		return rc;
 	if (!s->params) { /* stage 3: this rank's slice of the parameters */
@@ -309,17 +317,12 @@ int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step)
 int loom__read_whole_state(const char *dir, const loom_model_config_t *c, float *p, float *m, float *v)
 {
 	char file[1200];
-	loom_model_config_t saved;
 	struct stat sb;
 	size_t n = loom_model_num_params(c);
 	int rc;
 	snprintf(file, sizeof file, "%s/model.safetensors", dir);
-	if ((rc = loom_model_config(file, c->n_head, &saved, NULL)) != LOOM_OK)
+	if ((rc = loom__check_ckpt_model(file, c)) != LOOM_OK)
 		return rc;
-	if (!loom_model_config_equal(&saved, c))
-		return loom_seterr(LOOM_EMISMATCH, "resume: %s holds a model L%d H%d C%d T%d V%d, this run's is "
-		                   "L%d H%d C%d T%d V%d", file, saved.n_layer, saved.n_head, saved.n_embd, saved.seq_len,
-		                   saved.vocab_size, c->n_layer, c->n_head, c->n_embd, c->seq_len, c->vocab_size);
 	if (p && (rc = loom_model_load(file, c, p)) != LOOM_OK)
 		return rc;
 	if (!m || !v)
