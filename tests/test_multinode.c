@@ -146,6 +146,31 @@ TEST(multinode_mismatch_signature)
 	return no_namespaces_left();
 }
 
+/* Broadcasts whose ranks disagree on the root, small enough to go out eagerly (issue 23): across
+ * hosts (one rank per host, each the root; then destroy) and on the world (host 0 says root 0, host 1
+ * root 2: the same-host groups agree, the exchange between hosts does not; then a barrier). Every
+ * rank fails with LOOM_EMISMATCH naming the broadcast, with no hang. */
+TEST(multinode_root_mismatch)
+{
+	static char out[OUT_CAP], args[1024];
+	const char *why = cluster_unavailable();
+	char *dir;
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL);
+	CHECK(dir != NULL);
+	snprintf(args, sizeof args, "%s/mn_prog rootmismatch", dir);
+	free(dir);
+	CHECK_MSG(cluster_mpirun(args, out, 120, NULL) == 0, "mpirun mn_prog rootmismatch failed:\n%s", out);
+	for (int r = 0; r < 4; r++) {
+		char want[64];
+		snprintf(want, sizeof want, "rank %d of 4: ok", r);
+		CHECK_CONTAINS(out, want);
+	}
+	CHECK_CONTAINS(out, "mismatched collective calls: this rank called broadcast #");
+	return no_namespaces_left();
+}
+
 TEST(multinode_rank_killed)
 {
 	static char out[OUT_CAP], args[1024];

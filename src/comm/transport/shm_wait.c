@@ -270,6 +270,9 @@ static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
 	}
 	if (do_lock)
 		w->next_lock = now + LOCK_CHECK_S;
+	for (int i = 0; w->fatal && !w->what && i < w->npeers; i++) /* a channel wait: the peer's call (shm_enter.c) */
+		if ((code = loom__shm_check_call(c, w->seq, w->peers[i])) != LOOM_OK)
+			return code;
 	for (int i = 0; w->npeers < 0 ? i < S(c)->size : i < w->npeers; i++) {
 		int p = w->npeers < 0 ? i : w->peers[i];
 		if (p == S(c)->rank || (w->waiting_on && !w->waiting_on(arg, p)) ||

@@ -1,0 +1,277 @@
+/* shm_enter.c: the shared-memory transport's enter (transport.h): a rank entering a collective (or
+ * loom_comm_destroy) publishes it, then settles its earlier collectives with every peer.
+ *
+ * Why. Every message on the collective channel carries the call's sequence number and signature,
+ * and the receiver checks them (shm.c), so a mismatch is caught wherever a message is received. It
+ * is missed where a message is never received: two ranks that both think they are a broadcast's
+ * root each only send, small sends are eager, and both calls return. What is left behind is a
+ * message in a channel that nobody will read. So, before collective k+1 (and at destroy):
+ *   - incoming: a message from a peer still waiting in this rank's channel with a sequence number
+ *     <= k (at destroy: any) is one this rank's calls went past: a mismatch;
+ *   - outgoing: a message this rank sent that its peer has not yet consumed is waited for until the
+ *     peer consumes it (the usual case: it is still in call k) or publishes a later call (it went
+ *     past without receiving it: a mismatch), dies or leaves, or the deadline passes.
+   - after a call with a root, and at destroy (for the last call, whatever it was): every peer is
+ *     waited for until it entered that call, and its signature (each rank keeps its last SHM_HIST
+ *     in its record) compared with this rank's. A receiver of a broadcast may otherwise finish
+ *     before a peer that disagrees on the root sends it anything.
+ * So every rank involved fails, at the latest at its next call on the communicator or at its
+ * destroy, with a message naming both calls (the peer's from its message or its record).
+ *
+ * Cost: per call, two cache-line loads per peer (its tail of this rank's channel, the slot at this
+ * rank's tail of its channel), both usually in this core's cache; a wait only while a peer is
+ * still receiving this rank's previous call (which a blocking collective has mostly finished).
+ * After a broadcast or reduce, one more load per peer (its published sequence number).
+ * A consequence: a rank's collective on a communicator may wait for its peers to have received the
+ * previous one (MPI allows collectives to synchronize; a program must not rely on a broadcast's
+ * root running ahead of its receivers by more than one call).
+ *
+ * A wait inside collective k also compares the signature of the awaited peer's call k, once it has
+ * entered it (loom__shm_check_call, on the waiter's slow path): two ranks that each wait to receive
+ * from the other (every rank a reduce's root) fail at once instead of at the deadline.
+ *
+ * Ordering: the peer's published sequence number is read before its tail (acquire, and the peer
+ * publishes with release after its last consumption), so "went past" is never concluded from a tail
+ * read before the peer consumed. */
+#include <stdio.h>
+#include <string.h>
+
+#include "comm/transport/shm_internal.h"
+#include "core/util.h"
+
+static void hist_put(shm_rank_t *me, uint64_t seq, const loom_xp_sig_t *sig)
+{
+	unsigned i = (unsigned)(seq % SHM_HIST);
+	atomic_store_explicit(&me->hist[i].seq, 0, memory_order_relaxed);
+	atomic_thread_fence(memory_order_release);
+	atomic_store_explicit(&me->hist[i].count, sig->count, memory_order_relaxed);
+	atomic_store_explicit(&me->hist[i].shape, sig->shape, memory_order_relaxed);
+	atomic_store_explicit(&me->hist[i].root, sig->root, memory_order_relaxed);
+	atomic_store_explicit(&me->hist[i].seq, seq, memory_order_release);
+}
+
+/* Rank record r's signature of call seq: 1 when it still holds it. */
+static int hist_get(shm_rank_t *r, uint64_t seq, loom_xp_sig_t *sig)
+{
+	unsigned i = (unsigned)(seq % SHM_HIST);
+	if (atomic_load_explicit(&r->hist[i].seq, memory_order_acquire) != seq)
+		return 0;
+	sig->count = atomic_load_explicit(&r->hist[i].count, memory_order_relaxed);
+	sig->shape = atomic_load_explicit(&r->hist[i].shape, memory_order_relaxed);
+	sig->root = atomic_load_explicit(&r->hist[i].root, memory_order_relaxed);
+	atomic_thread_fence(memory_order_acquire);
+	return atomic_load_explicit(&r->hist[i].seq, memory_order_relaxed) == seq;
+}
+
+/* "called broadcast #3 (...)" or "made no call #3 (...)" for rank r of c, `now` the sequence number
+ * r has published (or is entering). */
+static void call_of(loom_comm_t *c, int r, uint64_t seq, uint64_t now, char *out, size_t cap)
+{
+	loom_xp_sig_t sig;
+	char d[200];
+	if (hist_get(rank_rec(S(c)->hdr, r), seq, &sig) && sig.shape != 0) {
+		loom_xp_sig_describe(d, sizeof d, seq, &sig);
+		snprintf(out, cap, "called %s", d);
+	} else if (hist_get(rank_rec(S(c)->hdr, r), seq, &sig)) {
+		snprintf(out, cap, "called split #%llu", (unsigned long long)seq);
+	} else if (seq >= now) {
+		snprintf(out, cap, "made no call #%llu (it was at #%llu: a rank that leaves is at one past its last call)",
+		         (unsigned long long)seq, (unsigned long long)now);
+	} else {
+		snprintf(out, cap, "made no call #%llu that it recorded (a call that failed its argument check takes "
+		         "a number too; or it is more than %d calls back)",
+		         (unsigned long long)seq, SHM_HIST);
+	}
+}
+
+static int mismatch(loom_comm_t *c, int peer, const char *mine, const char *theirs, const char *why)
+{
+	int rc = loom_comm_fail(c, LOOM_EMISMATCH, "mismatched collective calls: this rank %s, rank %d %s (%s)", mine, peer,
+	                        theirs, why);
+	loom__shm_abort(c, rc, loom_errmsg());
+	return rc;
+}
+
+/* A message from a peer that this rank's calls before `seq` went past. (At destroy, a message of a
+ * later call is a peer's that this rank leaves before: the peer gets LOOM_EPEERLOST.) */
+static int check_incoming(loom_comm_t *c, const loom_xp_ctx_t *ctx)
+{
+	uint64_t seq = ctx->seq;
+	loom_xp_sig_t now = loom_xp_coll_sig(c, ctx);
+	shm_comm_t *s = S(c);
+	shm_hdr_t *h = s->hdr;
+	for (int p = 0; p < s->size; p++) {
+		shm_chan_t *ch;
+		shm_slot_t *sl;
+		unsigned tail;
+		char mine[300], theirs[220], d[200], why[300];
+		loom_xp_sig_t g;
+		if (p == s->rank)
+			continue;
+		ch = chan_of(h, CHAN_COLL, p, s->rank);
+		tail = atomic_load_explicit(&ch->tail, memory_order_relaxed);
+		sl = &ch->slot[tail % h->nslots];
+		if (atomic_load_explicit(&sl->ready, memory_order_acquire) != tail + 1 || sl->seq == 0 || sl->seq >= seq)
+			continue;
+		g = (loom_xp_sig_t){sl->sig_count, sl->sig_shape, sl->sig_root};
+		loom_xp_sig_describe(d, sizeof d, sl->seq, &g);
+		snprintf(theirs, sizeof theirs, "called %s", d);
+		call_of(c, s->rank, sl->seq, seq, mine, sizeof mine);
+		if (now.shape) {
+			loom_xp_sig_describe(d, sizeof d, seq, &now);
+			snprintf(why, sizeof why, "its message to this rank was never received: this rank went past it, to %s", d);
+		} else {
+			snprintf(why, sizeof why, "its message to this rank was never received: this rank went past it, to %s",
+			         ctx->op ? ctx->op : "?");
+		}
+		return mismatch(c, p, mine, theirs, why);
+	}
+	return LOOM_OK;
+}
+
+int loom__shm_check_call(loom_comm_t *c, uint64_t seq, int p)
+{
+	shm_comm_t *s = S(c);
+	loom_xp_sig_t mine, theirs;
+	char a[220], b[220], d[200];
+	if (!seq || atomic_load_explicit(&rank_rec(s->hdr, p)->seq, memory_order_acquire) < seq)
+		return LOOM_OK;
+	if (!hist_get(rank_rec(s->hdr, s->rank), seq, &mine) || !hist_get(rank_rec(s->hdr, p), seq, &theirs) ||
+	    (mine.shape == theirs.shape && mine.count == theirs.count && mine.root == theirs.root))
+		return LOOM_OK;
+	loom_xp_sig_describe(d, sizeof d, seq, &mine);
+	snprintf(a, sizeof a, "called %s", d);
+	call_of(c, p, seq, seq, b, sizeof b);
+	return mismatch(c, p, a, b, "seen while this rank waited for it");
+}
+
+typedef struct {
+	shm_chan_t *ch;
+	shm_rank_t *peer; /* its record in this communicator's segment */
+	unsigned head;
+	uint64_t k; /* sequence number of this rank's oldest message the peer has not consumed */
+} out_t;
+
+/* Consumed, rejected, or the peer went past call k. The peer's seq is read before the tail. */
+static int out_settled(void *arg)
+{
+	out_t *o = arg;
+	uint64_t ps = atomic_load_explicit(&o->peer->seq, memory_order_acquire);
+	if (atomic_load_explicit(&o->ch->tail, memory_order_acquire) == o->head)
+		return 1;
+	return atomic_load_explicit(&o->ch->err, memory_order_acquire) || ps > o->k;
+}
+
+static int settle_outgoing(loom_comm_t *c, const loom_xp_ctx_t *ctx, int p)
+{
+	shm_comm_t *s = S(c);
+	shm_hdr_t *h = s->hdr;
+	out_t o;
+	shm_waiter_t w;
+	shm_slot_t *sl;
+	loom_xp_sig_t g;
+	char mine[220], theirs[300], d[200];
+	unsigned tail;
+	int rc;
+	o.ch = chan_of(h, CHAN_COLL, s->rank, p);
+	o.peer = rank_rec(h, p);
+	o.head = atomic_load_explicit(&o.ch->head, memory_order_relaxed);
+	tail = atomic_load_explicit(&o.ch->tail, memory_order_acquire);
+	if (tail == o.head)
+		return LOOM_OK;
+	o.k = o.ch->slot[tail % h->nslots].seq;
+	if (!out_settled(&o)) {
+		loom__shm_waiter_init(&w, c, ctx, 1);
+		w.npeers = 1, w.peers[0] = p, w.dst = p, w.small = 1;
+		while (!out_settled(&o))
+			if ((rc = loom__shm_waiter_idle(&w, out_settled, &o)) != LOOM_OK)
+				return rc;
+	}
+	tail = atomic_load_explicit(&o.ch->tail, memory_order_acquire);
+	if (tail == o.head)
+		return LOOM_OK;
+	if (atomic_load_explicit(&o.ch->err, memory_order_acquire)) { /* the peer failed, naming both calls */
+		char msg[SHM_ABORT_MSG];
+		int code = atomic_load(&h->abort_code);
+		snprintf(msg, sizeof msg, "%s", code ? h->abort_msg : "");
+		return loom_comm_fail(c, code ? code : LOOM_EMISMATCH, "rank %d rejected this rank's message: %s", p,
+		                      code ? msg : "(no detail)");
+	}
+	sl = &o.ch->slot[tail % h->nslots];
+	g = (loom_xp_sig_t){sl->sig_count, sl->sig_shape, sl->sig_root};
+	loom_xp_sig_describe(d, sizeof d, sl->seq, &g);
+	snprintf(mine, sizeof mine, "called %s", d);
+	call_of(c, p, sl->seq, atomic_load(&o.peer->seq), theirs, sizeof theirs);
+	return mismatch(c, p, mine, theirs, "it went past this rank's message to it without receiving it");
+}
+
+typedef struct {
+	loom_comm_t *c;
+	uint64_t k;
+} entered_t;
+
+static int entered_waiting_on(void *arg, int r)
+{
+	entered_t *e = arg;
+	return atomic_load_explicit(&rank_rec(S(e->c)->hdr, r)->seq, memory_order_acquire) < e->k;
+}
+
+static int entered_all(void *arg)
+{
+	entered_t *e = arg;
+	for (int r = 0; r < S(e->c)->size; r++)
+		if (r != S(e->c)->rank && entered_waiting_on(arg, r))
+			return 0;
+	return 1;
+}
+
+/* Wait until every peer entered call k (or went past it), then compare its signature of call k with
+ * this rank's: after a rooted call (whose receivers may finish before a mismatched peer sends) and at
+ * destroy, the only way to tell every rank of a mismatch that left no message behind. */
+static int settle_call(loom_comm_t *c, const loom_xp_ctx_t *ctx, uint64_t k)
+{
+	entered_t e = {c, k};
+	shm_waiter_t w;
+	int rc;
+	if (!entered_all(&e)) {
+		loom__shm_waiter_init(&w, c, ctx, 1);
+		w.npeers = -1, w.small = 1;
+		w.waiting_on = entered_waiting_on;
+		snprintf(w.whatbuf, sizeof w.whatbuf, "every rank to reach call #%llu", (unsigned long long)k);
+		w.what = w.whatbuf;
+		while (!entered_all(&e))
+			if ((rc = loom__shm_waiter_idle(&w, entered_all, &e)) != LOOM_OK)
+				return rc;
+	}
+	for (int p = 0; p < S(c)->size; p++)
+		if (p != S(c)->rank && (rc = loom__shm_check_call(c, k, p)) != LOOM_OK)
+			return rc;
+	return LOOM_OK;
+}
+
+int loom__shm_enter(loom_comm_t *c, const loom_xp_ctx_t *ctx, int coll)
+{
+	loom_xp_sig_t last;
+	shm_comm_t *s = S(c);
+	shm_rank_t *me = rank_rec(s->hdr, s->rank);
+	int rc;
+	if (coll != -2) {
+		loom_xp_sig_t sig = loom_xp_coll_sig(c, ctx);
+		hist_put(me, ctx->seq, &sig);
+	}
+	atomic_thread_fence(memory_order_release); /* our consumptions before the published seq */
+	loom__shm_publish_seq(c, ctx->seq, coll);
+	if (atomic_load_explicit(&s->hdr->abort_code, memory_order_relaxed) != 0)
+		return LOOM_OK;
+	if ((rc = check_incoming(c, ctx)) != LOOM_OK)
+		return rc;
+	for (int p = 0; p < s->size; p++)
+		if (p != s->rank && (rc = settle_outgoing(c, ctx, p)) != LOOM_OK)
+			return rc;
+	/* The previous call when it had a root, or (destroy) whatever it was. */
+	if (ctx->seq > 1 && hist_get(me, ctx->seq - 1, &last) && (coll == -2 || (last.shape != 0 && last.root >= 0)) &&
+	    (rc = settle_call(c, ctx, ctx->seq - 1)) != LOOM_OK)
+		return rc;
+	/* A peer may have sent while this rank waited above: one more look. */
+	return check_incoming(c, ctx);
+}
