@@ -1,0 +1,158 @@
+/* shm_peers.c: which ranks of a job exist on this host before they join it, found the way a launcher
+ * leaves them: `loom run`, mpirun (its orted) and srun (slurmstepd) start a host's ranks as children
+ * of one process and exec each with its rank in the environment (RANK, OMPI_COMM_WORLD_RANK,
+ * SLURM_PROCID). A rank waiting for the others to join (shm_segment.c) scans its siblings, every
+ * 100 ms: a rank whose process was seen and is gone (or a zombie), or that has had no process under
+ * the launcher for a second of scans, exited or died before joining. The wait then fails naming it
+ * within about a second, instead of waiting out LOOM_TIMEOUT_S.
+ *
+ * Only where it can be trusted: this process must itself carry its rank in the environment it was
+ * exec'd with (/proc/self/environ; a test harness that forks ranks and sets the variables does not,
+ * and is left to the deadline), and have a parent other than init. A sibling whose environment does
+ * not name a rank yet (between fork and exec) holds off "never seen" verdicts. */
+#include <ctype.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm/transport/shm_internal.h"
+#include "core/util.h"
+
+#define SCAN_EVERY_S 0.1
+#define NEVER_SEEN_S 1.0
+#define ENV_CAP (1 << 16) /* bytes of a process's environment read */
+
+static const char *const rank_vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"};
+
+/* Read /proc/<pid>/<what> (at most cap-1 bytes; NUL-terminated). Returns the length, -1 on error. */
+static ssize_t read_proc(long pid, const char *what, char *buf, size_t cap)
+{
+	char path[64];
+	ssize_t n, len = 0;
+	int fd;
+	if (pid > 0)
+		snprintf(path, sizeof path, "/proc/%ld/%s", pid, what);
+	else
+		snprintf(path, sizeof path, "/proc/self/%s", what);
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return -1;
+	while ((size_t)len < cap - 1 && (n = read(fd, buf + len, cap - 1 - (size_t)len)) > 0)
+		len += n;
+	close(fd);
+	buf[len] = '\0';
+	return len;
+}
+
+/* The value of `var` in a NUL-separated environment block, or NULL. */
+static const char *env_in(const char *env, ssize_t len, const char *var)
+{
+	size_t vl = strlen(var);
+	for (const char *p = env; p < env + len; p += strlen(p) + 1)
+		if (strncmp(p, var, vl) == 0 && p[vl] == '=')
+			return p + vl + 1;
+	return NULL;
+}
+
+static int parse_rank(const char *v)
+{
+	char *end;
+	long r;
+	if (!v || !*v)
+		return -1;
+	r = strtol(v, &end, 10);
+	return *end || r < 0 || r > 1 << 20 ? -1 : (int)r;
+}
+
+int loom__shm_peers_init(loom_shm_peers_t *p, int n)
+{
+	char *env;
+	ssize_t len;
+	memset(p, 0, sizeof *p);
+	p->n = -1; /* tried: off unless set up below */
+	p->ppid = getppid();
+	if (p->ppid <= 1 || n < 2 || !(p->buf = env = loom__malloc(ENV_CAP)) || (len = read_proc(0, "environ", env, ENV_CAP)) <= 0)
+		return 0;
+	for (size_t i = 0; i < LOOM_ARRAY_LEN(rank_vars) && !p->var; i++) {
+		const char *mine = env_in(env, len, rank_vars[i]), *now = getenv(rank_vars[i]);
+		if (mine && now && strcmp(mine, now) == 0 && parse_rank(mine) >= 0)
+			p->var = rank_vars[i];
+		else if (now && *now)
+			return 0; /* the launcher's variable was set after exec: not ours to trust */
+	}
+	if (!p->var || !(p->pid = loom__calloc((size_t)n, sizeof *p->pid)))
+		return 0;
+	p->n = n;
+	return 1;
+}
+
+void loom__shm_peers_free(loom_shm_peers_t *p)
+{
+	free(p->pid);
+	free(p->buf);
+	memset(p, 0, sizeof *p);
+}
+
+/* One scan of /proc: the live (not zombie) children of our parent that name a rank. */
+static void scan(loom_shm_peers_t *p, double now)
+{
+	char stat[512], *env = p->buf;
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	if (!d)
+		return;
+	p->unnamed = 0;
+	for (int r = 0; r < p->n; r++)
+		p->pid[r] = p->pid[r] > 0 ? -p->pid[r] : p->pid[r]; /* seen before, not (yet) this time */
+	while ((e = readdir(d)) != NULL) {
+		long pid;
+		char *q, state;
+		long ppid;
+		ssize_t len;
+		int r;
+		if (!isdigit((unsigned char)e->d_name[0]))
+			continue;
+		pid = atol(e->d_name);
+		if (read_proc(pid, "stat", stat, sizeof stat) <= 0 || !(q = strrchr(stat, ')')) ||
+		    sscanf(q + 1, " %c %ld", &state, &ppid) != 2 || ppid != (long)p->ppid || state == 'Z' || state == 'X')
+			continue;
+		if ((len = read_proc(pid, "environ", env, ENV_CAP)) <= 0)
+			continue;
+		r = parse_rank(env_in(env, len, p->var));
+		if (r < 0 || r >= p->n) {
+			p->unnamed++;
+			continue;
+		}
+		p->pid[r] = (int)pid;
+	}
+	closedir(d);
+	p->scans++;
+	if (p->first == 0)
+		p->first = now;
+}
+
+int loom__shm_peers_gone(loom_shm_peers_t *p, int r, char *why, size_t cap)
+{
+	double now = loom_now();
+	if (!p->var || r < 0 || r >= p->n)
+		return 0;
+	if (now >= p->next) {
+		scan(p, now);
+		p->next = now + SCAN_EVERY_S;
+	}
+	if (p->pid[r] > 0)
+		return 0;
+	if (p->pid[r] < 0) {
+		snprintf(why, cap, "rank %d (pid %d) exited or died", r, -p->pid[r]);
+		return 1;
+	}
+	if (p->unnamed == 0 && p->scans >= 5 && now - p->first >= NEVER_SEEN_S) {
+		snprintf(why, cap, "rank %d has no process on this host under the launcher (pid %d, %s=%d): it exited "
+		         "or died",
+		         r, (int)p->ppid, p->var, r);
+		return 1;
+	}
+	return 0;
+}
