@@ -78,9 +78,14 @@ static void call_of(loom_comm_t *c, int r, uint64_t seq, uint64_t now, char *out
 		snprintf(out, cap, "made no call #%llu (it was at #%llu: a rank that leaves is at one past its last call)",
 		         (unsigned long long)seq, (unsigned long long)now);
 	} else {
+		char cur[240] = "";
+		if (hist_get(rank_rec(S(c)->hdr, r), now, &sig) && sig.shape != 0) {
+			loom_xp_sig_describe(d, sizeof d, now, &sig);
+			snprintf(cur, sizeof cur, "; it went on to %s", d);
+		}
 		snprintf(out, cap, "made no call #%llu that it recorded (a call that failed its argument check takes "
-		         "a number too; or it is more than %d calls back)",
-		         (unsigned long long)seq, SHM_HIST);
+		         "a number too; or it is more than %d calls back)%s",
+		         (unsigned long long)seq, SHM_HIST, cur);
 	}
 }
 
@@ -104,7 +109,7 @@ static int check_incoming(loom_comm_t *c, const loom_xp_ctx_t *ctx)
 		shm_chan_t *ch;
 		shm_slot_t *sl;
 		unsigned tail;
-		char mine[300], theirs[220], d[200], why[300];
+		char mine[400], theirs[220], d[200], why[300];
 		loom_xp_sig_t g;
 		if (p == s->rank)
 			continue;
@@ -170,7 +175,7 @@ static int settle_outgoing(loom_comm_t *c, const loom_xp_ctx_t *ctx, int p)
 	shm_waiter_t w;
 	shm_slot_t *sl;
 	loom_xp_sig_t g;
-	char mine[220], theirs[300], d[200];
+	char mine[220], theirs[400], d[200];
 	unsigned tail;
 	int rc;
 	o.ch = chan_of(h, CHAN_COLL, s->rank, p);
