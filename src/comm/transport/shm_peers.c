@@ -73,17 +73,27 @@ int loom__shm_peers_init(loom_shm_peers_t *p, int n)
 	memset(p, 0, sizeof *p);
 	p->n = -1; /* tried: off unless set up below */
 	p->ppid = getppid();
-	if (p->ppid <= 1 || n < 2 || !(p->buf = env = loom__malloc(ENV_CAP)) || (len = read_proc(0, "environ", env, ENV_CAP)) <= 0)
+	/* Plain malloc until the scan is known to be on: where it is off (or memory is short) nothing
+	 * changes, so this allocation is not one of those fault injection must see fail. */
+	if (p->ppid <= 1 || n < 2 || !(env = malloc(ENV_CAP)))
 		return 0;
+	if ((len = read_proc(0, "environ", env, ENV_CAP)) <= 0) {
+		free(env);
+		return 0;
+	}
 	for (size_t i = 0; i < LOOM_ARRAY_LEN(rank_vars) && !p->var; i++) {
 		const char *mine = env_in(env, len, rank_vars[i]), *now = getenv(rank_vars[i]);
 		if (mine && now && strcmp(mine, now) == 0 && parse_rank(mine) >= 0)
 			p->var = rank_vars[i];
 		else if (now && *now)
-			return 0; /* the launcher's variable was set after exec: not ours to trust */
+			break; /* the launcher's variable was set after exec: not ours to trust */
 	}
-	if (!p->var || !(p->pid = loom__calloc((size_t)n, sizeof *p->pid)))
+	if (!p->var || !(p->pid = loom__calloc((size_t)n, sizeof *p->pid))) {
+		p->var = NULL;
+		free(env);
 		return 0;
+	}
+	p->buf = env;
 	p->n = n;
 	return 1;
 }
