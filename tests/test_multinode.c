@@ -217,6 +217,49 @@ TEST(multinode_host_lost)
 	return no_namespaces_left();
 }
 
+/* The link between the hosts taken down (issue 23) while 4 ranks all-reduce every 0.1 s (mn_prog
+ * steps): for 1 s, TCP retransmits and the job rides through, every rank ending "ok"; for 30 s with
+ * LOOM_TIMEOUT_S=10, the ranks fail at their deadline (no hang: about 10 s after the step that
+ * waited began), naming the rank and host they waited on. mpirun itself ends only once the link is
+ * back (it reaches the other host's daemon over it). */
+TEST(multinode_link_down)
+{
+	static char out[OUT_CAP], args[1024], pre[512], want[128];
+	const char *why = cluster_unavailable();
+	int p = (int)getpid() % 100000, rc;
+	double secs, worst = -1, v;
+	char *dir;
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL);
+	CHECK(dir != NULL);
+	snprintf(args, sizeof args, "%s/mn_prog steps", dir);
+	snprintf(pre, sizeof pre, "(sleep 3; ip -n lt%d1 link set lt%de1 down; sleep 1; ip -n lt%d1 link set lt%de1 up) &",
+	         p, p, p, p);
+	rc = cluster_mpirun_pre(pre, args, out, 90, &secs);
+	CHECK_MSG(rc == 0, "a 1 s link outage: exit %d:\n%s", rc, out);
+	for (int r = 0; r < 4; r++) {
+		snprintf(want, sizeof want, "rank %d of 4: ok", r);
+		CHECK_CONTAINS(out, want);
+	}
+	snprintf(args, sizeof args, "-x LOOM_TIMEOUT_S=10 %s/mn_prog steps", dir);
+	free(dir);
+	snprintf(pre, sizeof pre, "(sleep 3; ip -n lt%d1 link set lt%de1 down; sleep 30; ip -n lt%d1 link set lt%de1 up) &",
+	         p, p, p, p);
+	rc = cluster_mpirun_pre(pre, args, out, 120, &secs);
+	CHECK_MSG(rc != 0 && rc != -1 && rc != 124, "a 30 s link outage: exit %d (expected a failure):\n%s", rc, out);
+	CHECK_CONTAINS(out, "timed out after 10 s");
+	snprintf(want, sizeof want, "on host lt%d1)", p); /* a host-0 rank names the host it waited on */
+	CHECK_CONTAINS(out, want);
+	for (const char *q = out; (q = strstr(q, " failed after ")) != NULL; q++)
+		if (sscanf(q, " failed after %lf", &v) == 1 && v > worst)
+			worst = v;
+	CHECK_MSG(worst > 8 && worst < 15, "detection took %.1f s (LOOM_TIMEOUT_S=10):\n%s", worst, out);
+	printf("  link down 30 s: ranks failed %.1f s after their step began (LOOM_TIMEOUT_S=10); mpirun ended after %.0f s\n",
+	       worst, secs);
+	return no_namespaces_left();
+}
+
 /* `loom run --hostfile` prints the mpirun command and runs it (LOOM_MPIRUN: the cluster's mpirun). */
 TEST(multinode_loom_run_hostfile)
 {

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "loom/comm.h"
@@ -277,6 +278,25 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	r = loom_comm_rank(c), n = loom_comm_size(c);
+	if (strcmp(mode, "steps") == 0) { /* 50 all-reduces 0.1 s apart, then "ok" (link faults ride through) */
+		float x[1000] = {0};
+		double t0 = 0;
+		for (int step = 0; step < 50; step++) {
+			struct timespec ts;
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			t0 = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+			if ((rc = loom_allreduce(c, x, x, 1000, LOOM_FLOAT32, LOOM_SUM))) {
+				clock_gettime(CLOCK_MONOTONIC, &ts);
+				fprintf(stderr, "rank %d: step %d failed after %.1f s\n", r, step,
+				        (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec - t0);
+				return fail(c, "allreduce", rc);
+			}
+			usleep(100000);
+		}
+		loom_comm_destroy(c);
+		printf("rank %d of %d: ok\n", r, n);
+		return 0;
+	}
 	if (strcmp(mode, "die") == 0 || strcmp(mode, "loop") == 0) {
 		float x[1000] = {0};
 		for (int step = 0;; step++) {

@@ -434,6 +434,21 @@ static int check_sig(loom_comm_t *c, const char *what, int src, MPI_Status *st, 
 	return rc;
 }
 
+/* "allreduce with rank 1 (world rank 3 on host b)": the peers of a transfer, for its timeout. */
+static void peers_desc(loom_comm_t *c, const char *what, int dst, int src, char *out, size_t cap)
+{
+	int len = snprintf(out, cap, "%s", what);
+	for (int i = 0; i < 2; i++) {
+		int r = i ? src : dst, w;
+		if (r < 0 || (i && src == dst) || len < 0 || (size_t)len >= cap)
+			continue;
+		w = loom_xp_world_rank(c, r);
+		len += snprintf(out + len, cap - (size_t)len, "%s rank %d (world rank %d on host %s)",
+		                i && dst >= 0 && src != dst ? " and" : " with", r, w,
+		                lay_host && w < lay_size ? loom__mpi_hostname(lay_host[w]) : "?");
+	}
+}
+
 static int mpi_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int chan, int dst, const void *sbuf, size_t sbytes,
                         int stag, int src, void *rbuf, size_t rbytes, int rtag, const void *red_local, loom_dtype_t dt,
                         loom_op_t op)
@@ -465,8 +480,12 @@ static int mpi_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int chan, int 
 		rc = loom_comm_fail(c, LOOM_EIO, "%s: MPI_Irecv/MPI_Isend failed", what);
 		goto done;
 	}
-	if ((rc = wait_all(c, ctx, &w, what)) != LOOM_OK)
-		goto done;
+	{
+		char desc[300];
+		peers_desc(c, what, dst, src, desc, sizeof desc);
+		if ((rc = wait_all(c, ctx, &w, desc)) != LOOM_OK)
+			goto done;
+	}
 	if (src >= 0) {
 		if (coll && (rc = check_sig(c, what, src, &w.st[0], &rsig, ssig.seq, &ssig.sig)) != LOOM_OK)
 			goto done;
