@@ -260,6 +260,38 @@ TEST(multinode_link_down)
 	return no_namespaces_left();
 }
 
+/* Every rank of host 1 stopped (SIGSTOP) for 20 s while 4 ranks all-reduce every 0.1 s, with
+ * LOOM_TIMEOUT_S=10 (issue 23): host 0's ranks fail at their deadline naming the rank and host they
+ * waited on, no hang; host 1's ranks, continued, fail at once with that failure. */
+TEST(multinode_host_stopped)
+{
+	static char out[OUT_CAP], args[1024], pre[512], want[128];
+	const char *why = cluster_unavailable();
+	int p = (int)getpid() % 100000, rc;
+	double secs, worst = -1, v;
+	char *dir;
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL);
+	CHECK(dir != NULL);
+	snprintf(args, sizeof args, "-x LOOM_TIMEOUT_S=10 %s/mn_prog steps", dir);
+	free(dir);
+	snprintf(pre, sizeof pre,
+	         "(sleep 3; ip netns pids lt%d1 | xargs -r kill -STOP; sleep 20; ip netns pids lt%d1 | xargs -r kill -CONT) &",
+	         p, p);
+	rc = cluster_mpirun_pre(pre, args, out, 120, &secs);
+	CHECK_MSG(rc != 0 && rc != -1 && rc != 124, "host 1 stopped: exit %d (expected a failure):\n%s", rc, out);
+	CHECK_CONTAINS(out, "timed out after 10 s");
+	snprintf(want, sizeof want, "on host lt%d1)", p);
+	CHECK_CONTAINS(out, want);
+	for (const char *q = out; (q = strstr(q, " failed after ")) != NULL; q++)
+		if (sscanf(q, " failed after %lf", &v) == 1 && v > worst)
+			worst = v;
+	CHECK_MSG(worst > 8 && worst < 15, "detection took %.1f s (LOOM_TIMEOUT_S=10):\n%s", worst, out);
+	printf("  host 1 stopped: host 0's ranks failed %.1f s after their step began (LOOM_TIMEOUT_S=10)\n", worst);
+	return no_namespaces_left();
+}
+
 /* `loom run --hostfile` prints the mpirun command and runs it (LOOM_MPIRUN: the cluster's mpirun). */
 TEST(multinode_loom_run_hostfile)
 {

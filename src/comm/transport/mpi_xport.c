@@ -629,7 +629,10 @@ int loom__mpi_xchg_post(loom_comm_t *c, const loom_xp_ctx_t *ctx, const loom_xp_
 
 int loom__mpi_xchg_wait(loom_comm_t *c, const loom_xp_ctx_t *ctx, loom_mpi_xchg_t *x)
 {
-	int rc = wait_all(c, ctx, &x->w, ctx->op);
+	char desc[300];
+	int rc;
+	peers_desc(c, ctx->op ? ctx->op : "exchange", x->peer, x->peer, desc, sizeof desc);
+	rc = wait_all(c, ctx, &x->w, desc);
 	if (rc == LOOM_OK)
 		rc = check_sig(c, ctx->op, x->peer, &x->w.st[0], &x->rsig, x->ssig.seq, &x->ssig.sig);
 	if (rc == LOOM_OK)
