@@ -1,5 +1,5 @@
 /* test_comm_root.c: broadcasts and reduces whose ranks disagree on the root (issue 23), small and
- * large, 2-5 ranks, with and without LOOM_DEBUG, followed by loom_comm_destroy, the same call again
+ * large (also from loom_comm_alloc: single-copy), 2-5 ranks, with and without LOOM_DEBUG, followed by loom_comm_destroy, the same call again
  * or an all-reduce. Every rank must fail, at the latest at its next call or at its destroy, with
  * LOOM_EMISMATCH and a message naming the mismatched call on both sides; quickly (not at the
  * deadline). With LOOM_DEBUG the call itself fails on every rank and the communicator stays usable. */
@@ -18,6 +18,7 @@ typedef struct {
 	int pattern;   /* 0: every rank its own root; 1: rank 0 says 0, the others 1 */
 	int then;      /* THEN_* */
 	int debug;
+	int reg;       /* buffers from loom_comm_alloc (large ones then travel single-copy) */
 } root_case_t;
 
 static int call(loom_comm_t *c, const root_case_t *k, float *x, float *y, int root)
@@ -48,14 +49,16 @@ static int rank_root(int rank, int n, void *arg)
 {
 	const root_case_t *k = arg;
 	loom_comm_t *c;
-	float *x = malloc(k->count * sizeof *x), *y = malloc(k->count * sizeof *y);
+	float *x, *y;
 	int root = k->pattern == 0 ? rank : rank == 0 ? 0 : 1, rc, rc2 = LOOM_OK;
 	double t0;
 	(void)n;
+	CHECK_OK(loom_comm_init(&c));
+	x = k->reg ? loom_comm_alloc(c, k->count * sizeof *x) : malloc(k->count * sizeof *x);
+	y = k->reg ? loom_comm_alloc(c, k->count * sizeof *y) : malloc(k->count * sizeof *y);
 	CHECK(x && y);
 	for (size_t i = 0; i < k->count; i++)
 		x[i] = (float)rank;
-	CHECK_OK(loom_comm_init(&c));
 	t0 = loom_now();
 	rc = call(c, k, x, y, root);
 	if (k->debug) { /* every rank fails the call itself, nothing moved, the communicator is usable */
@@ -64,7 +67,8 @@ static int rank_root(int rank, int n, void *arg)
 		CHECK(check_msg(loom_comm_errmsg(c), k) == 0);
 		CHECK_OK(loom_allreduce(c, x, x, 1, LOOM_FLOAT32, LOOM_SUM));
 		CHECK_OK(loom_comm_destroy(c));
-		free(x), free(y);
+		if (!k->reg)
+			free(x), free(y);
 		return 0;
 	}
 	CHECK_MSG(rc == LOOM_OK || rc == LOOM_EMISMATCH, "first call returned %d: %s", rc, loom_comm_errmsg(c));
@@ -84,7 +88,8 @@ static int rank_root(int rank, int n, void *arg)
 		CHECK_OK(loom_comm_destroy(c));
 	}
 	CHECK_MSG(loom_now() - t0 < 5, "rank %d: detection took %.2f s", rank, loom_now() - t0);
-	free(x), free(y);
+	if (!k->reg) /* loom_comm_alloc memory went with the job's last communicator */
+		free(x), free(y);
 	return 0;
 }
 
@@ -93,11 +98,13 @@ static int run_cases(int debug)
 	const char *env[] = {"LOOM_TIMEOUT_S=30", debug ? "LOOM_DEBUG=1" : NULL, NULL};
 	for (int n = 2; n <= 5; n++)
 		for (int red = 0; red < 2; red++)
-			for (int big = 0; big < 2; big++) {
-				root_case_t k = {red, big ? (size_t)3 << 20 : 1000, (n + red) % 2, (n + red + big) % THEN_KINDS, debug};
+			for (int big = 0; big < 3; big++) { /* 1000 floats, 3M, 3M from loom_comm_alloc */
+				root_case_t k = {red, big ? (size_t)3 << 20 : 1000, (n + red + big / 2) % 2, (n + red + big) % THEN_KINDS,
+				                 debug, big == 2};
 				int rc = test_spawn(n, rank_root, &k, 60, env);
-				CHECK_MSG(rc == 0, "%d ranks, %s of %zu floats, roots %s, then %s%s failed", n,
-				          red ? "reduce" : "broadcast", k.count, k.pattern ? "0 vs 1" : "each its own",
+				CHECK_MSG(rc == 0, "%d ranks, %s of %zu floats%s, roots %s, then %s%s failed", n,
+				          red ? "reduce" : "broadcast", k.count, k.reg ? " (loom_comm_alloc)" : "",
+				          k.pattern ? "0 vs 1" : "each its own",
 				          k.then == THEN_DESTROY ? "destroy" : k.then == THEN_AGAIN ? "the same call" : "allreduce",
 				          debug ? " (LOOM_DEBUG)" : "");
 			}
@@ -110,7 +117,7 @@ TEST(comm_root_mismatch_pair)
 	const char *env[] = {"LOOM_TIMEOUT_S=30", NULL};
 	for (int red = 0; red < 2; red++)
 		for (int then = 0; then < THEN_KINDS; then++) {
-			root_case_t k = {red, 1000, 0, then, 0};
+			root_case_t k = {red, 1000, 0, then, 0, 0};
 			CHECK_MSG(test_spawn(2, rank_root, &k, 60, env) == 0, "%s, then %d failed", red ? "reduce" : "broadcast",
 			          then);
 		}
