@@ -658,6 +658,28 @@ TEST(comm_early_exit)
 	return 0;
 }
 
+/* No false alarm from the sibling scan: a rank that starts 2 s late (a shell that sleeps, then execs
+ * the program), and ranks behind a wrapper shell that stays their parent (the scan is then off),
+ * join and finish. */
+TEST(comm_slow_rank_not_lost)
+{
+	static char cmd[2048], out[16384];
+	for (int wrap = 0; wrap < 2; wrap++) {
+		int rc;
+		snprintf(cmd, sizeof cmd,
+		         "LOOM_TIMEOUT_S=30 %s run --nproc-per-node 3 sh -c '[ $RANK = 2 ] && sleep 2; %s %s/comm_prog%s' 2>&1",
+		         test_loom_bin(), wrap ? "" : "exec", test_prog_dir(), wrap ? "; true" : "");
+		rc = test_run_cmd(cmd, out, sizeof out, 60);
+		CHECK_MSG(rc == 0, "%s: exit %d:\n%s", wrap ? "wrapped" : "late", rc, out);
+		for (int r = 0; r < 3; r++) {
+			char want[32];
+			snprintf(want, sizeof want, "rank %d of 3: ok", r);
+			CHECK_CONTAINS(out, want);
+		}
+	}
+	return 0;
+}
+
 /* The helper program under `loom run` (the launcher sets torchrun's variables and LOOM_JOB_ID). */
 TEST(comm_loom_run)
 {

@@ -8,7 +8,8 @@
  *
  * Only where it can be trusted: this process must itself carry its rank in the environment it was
  * exec'd with (/proc/self/environ; a test harness that forks ranks and sets the variables does not,
- * and is left to the deadline), and have a parent other than init. A sibling whose environment does
+ * and is left to the deadline), and have a parent other than init that does not carry the same rank
+ * (a wrapper script between the launcher and the rank: its siblings are not the other ranks). A sibling whose environment does
  * not name a rank yet (between fork and exec) holds off "never seen" verdicts. */
 #include <ctype.h>
 #include <dirent.h>
@@ -88,6 +89,11 @@ int loom__shm_peers_init(loom_shm_peers_t *p, int n)
 		else if (now && *now)
 			break; /* the launcher's variable was set after exec: not ours to trust */
 	}
+	/* A parent that carries our rank too is a wrapper (`loom run sh -c '...; prog'`), not the
+	 * launcher: the other ranks are not our siblings. */
+	if (p->var && (len = read_proc(p->ppid, "environ", env, ENV_CAP)) > 0 && env_in(env, len, p->var) &&
+	    strcmp(env_in(env, len, p->var), getenv(p->var)) == 0)
+		p->var = NULL;
 	if (!p->var || !(p->pid = loom__calloc((size_t)n, sizeof *p->pid))) {
 		p->var = NULL;
 		free(env);
