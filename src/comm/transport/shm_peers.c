@@ -27,6 +27,7 @@
 #define ENV_CAP (1 << 16) /* bytes of a process's environment read */
 
 static const char *const rank_vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"};
+static const char *const size_vars[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"};
 
 /* Read /proc/<pid>/<what> (at most cap-1 bytes; NUL-terminated). Returns the length, -1 on error. */
 static ssize_t read_proc(long pid, const char *what, char *buf, size_t cap)
@@ -84,7 +85,9 @@ int loom__shm_peers_init(loom_shm_peers_t *p, int n)
 	}
 	for (size_t i = 0; i < LOOM_ARRAY_LEN(rank_vars) && !p->var; i++) {
 		const char *mine = env_in(env, len, rank_vars[i]), *now = getenv(rank_vars[i]);
-		if (mine && now && strcmp(mine, now) == 0 && parse_rank(mine) >= 0)
+		/* The shared-memory world must be the whole job (not one host's ranks of a job spanning
+		 * hosts, whose indices are not the launcher's ranks). */
+		if (mine && now && strcmp(mine, now) == 0 && parse_rank(mine) >= 0 && parse_rank(getenv(size_vars[i])) == n)
 			p->var = rank_vars[i];
 		else if (now && *now)
 			break; /* the launcher's variable was set after exec: not ours to trust */
