@@ -292,6 +292,37 @@ TEST(multinode_host_stopped)
 	return no_namespaces_left();
 }
 
+/* A rank that exits (status 0) before loom_comm_init, on either host (issue 23): MPI_Init would wait
+ * for it forever; the other ranks of its host see it gone in their pre-init rendezvous and fail
+ * within 2 s naming it, and mpirun ends the job. */
+TEST(multinode_early_exit)
+{
+	static char out[OUT_CAP], args[1024];
+	static const char *const modes[] = {"1:before", "3:before", "0:before"};
+	const char *why = cluster_unavailable();
+	char *dir;
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL);
+	CHECK(dir != NULL);
+	for (int m = 0; m < 3; m++) {
+		double secs, worst = -1, v;
+		int rc;
+		snprintf(args, sizeof args, "-x COMM_PROG_EXIT=%s %s/comm_prog", modes[m], dir);
+		rc = cluster_mpirun(args, out, 90, &secs);
+		CHECK_MSG(rc != 0 && rc != -1 && rc != 124, "%s: exit %d (expected a failure):\n%s", modes[m], rc, out);
+		CHECK_CONTAINS(out, "loom_comm_init: before MPI_Init: local rank ");
+		for (const char *q = out; (q = strstr(q, " failed after ")) != NULL; q++)
+			if (sscanf(q, " failed after %lf", &v) == 1 && v > worst)
+				worst = v;
+		CHECK_MSG(worst >= 0 && worst < 2, "%s: the others failed after %.2f s:\n%s", modes[m], worst, out);
+		CHECK_MSG(secs < 30, "%s: the job took %.1f s:\n%s", modes[m], secs, out);
+		printf("  %s: detected after %.2f s, mpirun ended after %.1f s\n", modes[m], worst, secs);
+	}
+	free(dir);
+	return no_namespaces_left();
+}
+
 /* `loom run --hostfile` prints the mpirun command and runs it (LOOM_MPIRUN: the cluster's mpirun). */
 TEST(multinode_loom_run_hostfile)
 {

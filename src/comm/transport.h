@@ -198,6 +198,36 @@ size_t loom_xp_inplace_min(const loom_comm_t *c);    /* single-copy threshold (L
 int loom_xp_should_yield(void);
 void loom_xp_yield(int (*ready)(void *), void *arg);
 
+/* Ranks that exit before joining (transport/shm_peers.c): the ranks a launcher starts on a host are
+ * children of one process, exec'd with their rank in the environment; a rank waiting for others to
+ * join scans its siblings. */
+typedef struct {
+	const char *var; /* the launcher's rank variable; NULL: the scan is off */
+	int ppid, n;     /* n: ranks; -1 once tried and off, 0 not tried */
+	int *pid;        /* per rank: its process (> 0), gone since seen (< 0), never seen (0) */
+	char *buf;       /* a process's environment */
+	int unnamed;     /* siblings naming no rank, first seen < 1 s ago (between fork and exec?) */
+	int nu;          /* siblings naming no rank in the last scan: pids and first seen */
+	int upid[32];
+	double useen[32];
+	int scans;
+	double first, next;
+	const char *mark;       /* when set: a sibling whose process name (comm) is this is marked */
+	unsigned char *marked;  /* per rank: seen with that name (allocated by init when mark is set) */
+} loom_shm_peers_t;
+
+/* Set up the scan of this host's n ranks, numbered by the launcher's rank variable (RANK,
+ * OMPI_COMM_WORLD_RANK, SLURM_PROCID, whose size variable must equal n); _vars: by rank_var, whose
+ * size is size_var (e.g. OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_SIZE). 0 when the scan cannot be
+ * trusted here (then loom__shm_peers_gone always says no). */
+int loom__shm_peers_init(loom_shm_peers_t *p, int n);
+int loom__shm_peers_init_vars(loom_shm_peers_t *p, int n, const char *rank_var, const char *size_var,
+                              const char *mark);
+void loom__shm_peers_free(loom_shm_peers_t *p);
+/* 1 with the reason when rank r (not yet joined) has exited or died; scans at most every 100 ms.
+ * p->pid[r] > 0 afterwards: the last scan found r alive. */
+int loom__shm_peers_gone(loom_shm_peers_t *p, int r, char *why, size_t cap);
+
 /* The transports. */
 extern const loom_xport_ops_t loom__xport_shm;
 #ifdef LOOM_HAVE_MPI

@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -78,6 +79,60 @@ static void finalize_at_exit(void)
 		MPI_Finalize();
 }
 
+/* Before MPI_Init, which has no deadline and waits for every rank of the job: a rendezvous of this
+ * host's ranks (mpirun's OMPI_COMM_WORLD_LOCAL_RANK). Each renames itself PRE_NAME (its process
+ * name, /proc/<pid>/stat) and waits until it has seen every other so named, watching them with the
+ * sibling scan of transport.h. One that exits or dies before it gets there (or has no process for a
+ * second) fails loom_comm_init here, naming it, so this rank exits and mpirun ends the job, instead
+ * of every rank waiting in MPI_Init forever. The name goes back once MPI_Init returned (by then every
+ * rank has passed the rendezvous: MPI_Init waits for all); nothing is left behind however the job
+ * ends. Threads MPI_Init starts inherit the name. *old receives the name to restore ("" when there is
+ * no rendezvous: one rank on this host, or a scan that cannot be trusted). */
+#define PRE_NAME "loom:mpi-init"
+
+static int local_ranks_started(char *old)
+{
+	loom_shm_peers_t p;
+	const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE"), *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+	const char *t = getenv("LOOM_TIMEOUT_S");
+	int n = ls ? atoi(ls) : 0, me = lr ? atoi(lr) : -1, rc = LOOM_OK, all = 0;
+	double deadline = loom_now() + (t && atof(t) > 0 ? atof(t) : 300);
+	old[0] = '\0';
+	if (n < 2 || me < 0 || me >= n)
+		return LOOM_OK;
+	if (!loom__shm_peers_init_vars(&p, n, "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", PRE_NAME) ||
+	    prctl(PR_GET_NAME, old) != 0 || prctl(PR_SET_NAME, PRE_NAME) != 0) {
+		old[0] = '\0';
+		loom__shm_peers_free(&p);
+		return LOOM_OK;
+	}
+	while (!all && rc == LOOM_OK) {
+		char why[256];
+		all = 1;
+		for (int r = 0; r < n && rc == LOOM_OK; r++) {
+			if (r == me)
+				continue;
+			if (loom__shm_peers_gone(&p, r, why, sizeof why))
+				rc = loom_seterr(LOOM_EPEERLOST, "loom_comm_init: before MPI_Init: local %s (OMPI_COMM_WORLD_LOCAL_RANK, "
+				                 "on this host)", why);
+			all &= p.marked[r];
+		}
+		if (!all && rc == LOOM_OK) {
+			if (loom_now() > deadline)
+				rc = loom_seterr(LOOM_ETIMEDOUT, "loom_comm_init: timed out (LOOM_TIMEOUT_S) waiting for this host's "
+				                                 "ranks to start");
+			else
+				usleep(10000);
+		}
+	}
+	loom__shm_peers_free(&p);
+	if (rc != LOOM_OK) {
+		prctl(PR_SET_NAME, old);
+		old[0] = '\0';
+	}
+	return rc;
+}
+
 int loom__mpi_layout(int *rank, int *size, const int **host_of, const int **lrank_of, int *nhosts)
 {
 	int provided, r, n, lr, rc = LOOM_OK, flag = 0;
@@ -87,10 +142,17 @@ int loom__mpi_layout(int *rank, int *size, const int **host_of, const int **lran
 	if (!mpi_ready) {
 		int inited = 0;
 		MPI_Initialized(&inited);
+		char name[17] = ""; /* the process name to restore after MPI_Init (PR_GET_NAME: 16 bytes) */
+		if (!inited && (rc = local_ranks_started(name)) != LOOM_OK)
+			goto done;
 		if (!inited && MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+			if (name[0])
+				prctl(PR_SET_NAME, name);
 			rc = loom_seterr(LOOM_EIO, "loom_comm_init: MPI_Init_thread failed");
 			goto done;
 		}
+		if (name[0]) /* every rank has passed the rendezvous */
+			prctl(PR_SET_NAME, name);
 		if (!inited)
 			atexit(finalize_at_exit);
 		MPI_Comm_dup(MPI_COMM_WORLD, &world_dup);

@@ -188,25 +188,6 @@ int loom__shm_check_call(loom_comm_t *c, uint64_t seq, int p);
 /* Record a fatal error in the segment so that every rank's waits fail fast with it. */
 void loom__shm_abort(loom_comm_t *c, int code, const char *msg);
 
-/* ---- shm_peers.c: ranks that exit before joining --------------------------------------------- */
-
-typedef struct {
-	const char *var; /* the launcher's rank variable; NULL: the scan is off */
-	int ppid, n;     /* n: ranks; -1 once tried and off, 0 not tried */
-	int *pid;        /* per rank: its process (> 0), gone since seen (< 0), never seen (0) */
-	char *buf;       /* a process's environment */
-	int unnamed;     /* siblings naming no rank in the last scan (between fork and exec?) */
-	int scans;
-	double first, next;
-} loom_shm_peers_t;
-
-/* Set up the scan of this host's ranks for a job of n; 0 when it cannot be trusted here (then
- * loom__shm_peers_gone always says no). */
-int loom__shm_peers_init(loom_shm_peers_t *p, int n);
-void loom__shm_peers_free(loom_shm_peers_t *p);
-/* 1 with the reason when rank r (not yet joined) has exited or died; scans at most every 100 ms. */
-int loom__shm_peers_gone(loom_shm_peers_t *p, int r, char *why, size_t cap);
-
 /* ---- shm_heap.c ------------------------------------------------------------------------------ */
 
 int loom__shm_heap_init(loom_job_t *j);

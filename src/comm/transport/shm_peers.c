@@ -3,7 +3,9 @@
  * of one process and exec each with its rank in the environment (RANK, OMPI_COMM_WORLD_RANK,
  * SLURM_PROCID). A rank waiting for the others to join (shm_segment.c) scans its siblings, every
  * 100 ms: a rank whose process was seen and is gone (or a zombie), or that has had no process under
- * the launcher for a second of scans, exited or died before joining. The wait then fails naming it
+ * the launcher for a second of scans, exited or died before joining. A sibling that names no rank
+ * holds that second off only while it is new (a rank between fork and exec); the launcher's other
+ * children (mpirun's ssh to the other hosts) do not. The wait then fails naming it
  * within about a second, instead of waiting out LOOM_TIMEOUT_S.
  *
  * Only where it can be trusted: this process must itself carry its rank in the environment it was
@@ -19,7 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "comm/transport/shm_internal.h"
+#include "comm/transport.h"
 #include "core/util.h"
 
 #define SCAN_EVERY_S 0.1
@@ -68,7 +70,22 @@ static int parse_rank(const char *v)
 	return *end || r < 0 || r > 1 << 20 ? -1 : (int)r;
 }
 
+static int peers_init(loom_shm_peers_t *p, int n, const char *const *rvars, const char *const *svars, size_t nvars,
+                      const char *mark);
+
 int loom__shm_peers_init(loom_shm_peers_t *p, int n)
+{
+	return peers_init(p, n, rank_vars, size_vars, LOOM_ARRAY_LEN(rank_vars), NULL);
+}
+
+int loom__shm_peers_init_vars(loom_shm_peers_t *p, int n, const char *rank_var, const char *size_var,
+                              const char *mark)
+{
+	return peers_init(p, n, &rank_var, &size_var, 1, mark);
+}
+
+static int peers_init(loom_shm_peers_t *p, int n, const char *const *rvars, const char *const *svars, size_t nvars,
+                      const char *mark)
 {
 	char *env;
 	ssize_t len;
@@ -83,12 +100,12 @@ int loom__shm_peers_init(loom_shm_peers_t *p, int n)
 		free(env);
 		return 0;
 	}
-	for (size_t i = 0; i < LOOM_ARRAY_LEN(rank_vars) && !p->var; i++) {
-		const char *mine = env_in(env, len, rank_vars[i]), *now = getenv(rank_vars[i]);
+	for (size_t i = 0; i < nvars && !p->var; i++) {
+		const char *mine = env_in(env, len, rvars[i]), *now = getenv(rvars[i]);
 		/* The shared-memory world must be the whole job (not one host's ranks of a job spanning
 		 * hosts, whose indices are not the launcher's ranks). */
-		if (mine && now && strcmp(mine, now) == 0 && parse_rank(mine) >= 0 && parse_rank(getenv(size_vars[i])) == n)
-			p->var = rank_vars[i];
+		if (mine && now && strcmp(mine, now) == 0 && parse_rank(mine) >= 0 && parse_rank(getenv(svars[i])) == n)
+			p->var = rvars[i];
 		else if (now && *now)
 			break; /* the launcher's variable was set after exec: not ours to trust */
 	}
@@ -97,11 +114,13 @@ int loom__shm_peers_init(loom_shm_peers_t *p, int n)
 	if (p->var && (len = read_proc(p->ppid, "environ", env, ENV_CAP)) > 0 && env_in(env, len, p->var) &&
 	    strcmp(env_in(env, len, p->var), getenv(p->var)) == 0)
 		p->var = NULL;
-	if (!p->var || !(p->pid = loom__calloc((size_t)n, sizeof *p->pid))) {
+	if (!p->var || !(p->pid = loom__calloc((size_t)n, sizeof *p->pid)) ||
+	    (mark && !(p->marked = loom__calloc((size_t)n, 1)))) {
 		p->var = NULL;
 		free(env);
 		return 0;
 	}
+	p->mark = mark;
 	p->buf = env;
 	p->n = n;
 	return 1;
@@ -111,6 +130,7 @@ void loom__shm_peers_free(loom_shm_peers_t *p)
 {
 	free(p->pid);
 	free(p->buf);
+	free(p->marked);
 	memset(p, 0, sizeof *p);
 }
 
@@ -120,8 +140,12 @@ static void scan(loom_shm_peers_t *p, double now)
 	char stat[512], *env = p->buf;
 	DIR *d = opendir("/proc");
 	struct dirent *e;
+	int onu = p->nu, oupid[32], nu = 0;
+	double ouseen[32];
 	if (!d)
 		return;
+	memcpy(oupid, p->upid, sizeof oupid);
+	memcpy(ouseen, p->useen, sizeof ouseen);
 	p->unnamed = 0;
 	for (int r = 0; r < p->n; r++)
 		p->pid[r] = p->pid[r] > 0 ? -p->pid[r] : p->pid[r]; /* seen before, not (yet) this time */
@@ -140,13 +164,26 @@ static void scan(loom_shm_peers_t *p, double now)
 		if ((len = read_proc(pid, "environ", env, ENV_CAP)) <= 0)
 			continue;
 		r = parse_rank(env_in(env, len, p->var));
-		if (r < 0 || r >= p->n) {
-			p->unnamed++;
+		if (r < 0 || r >= p->n) { /* another child of the launcher (ssh to a host...), or one in exec */
+			double since = now;
+			for (int i = 0; i < onu; i++)
+				if (oupid[i] == (int)pid)
+					since = ouseen[i];
+			if (nu < (int)LOOM_ARRAY_LEN(p->upid))
+				p->upid[nu] = (int)pid, p->useen[nu] = since, nu++;
+			p->unnamed += now - since < NEVER_SEEN_S;
 			continue;
 		}
 		p->pid[r] = (int)pid;
+		if (p->mark) { /* "pid (comm) S ...": the name between the first '(' and the last ')' */
+			char *o = strchr(stat, '(');
+			size_t ml = strlen(p->mark);
+			if (o && (size_t)(q - o - 1) == ml && strncmp(o + 1, p->mark, ml) == 0)
+				p->marked[r] = 1;
+		}
 	}
 	closedir(d);
+	p->nu = nu;
 	p->scans++;
 	if (p->first == 0)
 		p->first = now;
