@@ -7,11 +7,12 @@
  * root each only send, small sends are eager, and both calls return. What is left behind is a
  * message in a channel that nobody will read. So, before collective k+1 (and at destroy):
  *   - incoming: a message from a peer still waiting in this rank's channel with a sequence number
- *     <= k (at destroy: any) is one this rank's calls went past: a mismatch;
+ *     <= k is one this rank's calls went past: a mismatch (at destroy, one of a later call is a
+ *     peer's call this rank leaves before: that peer gets LOOM_EPEERLOST);
  *   - outgoing: a message this rank sent that its peer has not yet consumed is waited for until the
  *     peer consumes it (the usual case: it is still in call k) or publishes a later call (it went
  *     past without receiving it: a mismatch), dies or leaves, or the deadline passes.
-   - after a call with a root, and at destroy (for the last call, whatever it was): every peer is
+ *   - after a call with a root, and at destroy (for the last call, whatever it was): every peer is
  *     waited for until it entered that call, and its signature (each rank keeps its last SHM_HIST
  *     in its record) compared with this rank's. A receiver of a broadcast may otherwise finish
  *     before a peer that disagrees on the root sends it anything.
