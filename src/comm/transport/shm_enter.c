@@ -43,11 +43,12 @@
 static void hist_put(shm_rank_t *me, uint64_t seq, const loom_xp_sig_t *sig)
 {
 	unsigned i = (unsigned)(seq % SHM_HIST);
+	/* A seqlock without fences (ThreadSanitizer has none): release stores keep seq = 0 before the
+	 * fields and the fields before the final seq; the reader's acquire loads mirror them. */
 	atomic_store_explicit(&me->hist[i].seq, 0, memory_order_relaxed);
-	atomic_thread_fence(memory_order_release);
-	atomic_store_explicit(&me->hist[i].count, sig->count, memory_order_relaxed);
-	atomic_store_explicit(&me->hist[i].shape, sig->shape, memory_order_relaxed);
-	atomic_store_explicit(&me->hist[i].root, sig->root, memory_order_relaxed);
+	atomic_store_explicit(&me->hist[i].count, sig->count, memory_order_release);
+	atomic_store_explicit(&me->hist[i].shape, sig->shape, memory_order_release);
+	atomic_store_explicit(&me->hist[i].root, sig->root, memory_order_release);
 	atomic_store_explicit(&me->hist[i].seq, seq, memory_order_release);
 }
 
@@ -57,11 +58,10 @@ static int hist_get(shm_rank_t *r, uint64_t seq, loom_xp_sig_t *sig)
 	unsigned i = (unsigned)(seq % SHM_HIST);
 	if (atomic_load_explicit(&r->hist[i].seq, memory_order_acquire) != seq)
 		return 0;
-	sig->count = atomic_load_explicit(&r->hist[i].count, memory_order_relaxed);
-	sig->shape = atomic_load_explicit(&r->hist[i].shape, memory_order_relaxed);
-	sig->root = atomic_load_explicit(&r->hist[i].root, memory_order_relaxed);
-	atomic_thread_fence(memory_order_acquire);
-	return atomic_load_explicit(&r->hist[i].seq, memory_order_relaxed) == seq;
+	sig->count = atomic_load_explicit(&r->hist[i].count, memory_order_acquire);
+	sig->shape = atomic_load_explicit(&r->hist[i].shape, memory_order_acquire);
+	sig->root = atomic_load_explicit(&r->hist[i].root, memory_order_acquire);
+	return atomic_load_explicit(&r->hist[i].seq, memory_order_acquire) == seq;
 }
 
 /* "called broadcast #3 (...)" or "made no call #3 (...)" for rank r of c, `now` the sequence number
@@ -265,8 +265,9 @@ int loom__shm_enter(loom_comm_t *c, const loom_xp_ctx_t *ctx, int coll)
 		loom_xp_sig_t sig = loom_xp_coll_sig(c, ctx);
 		hist_put(me, ctx->seq, &sig);
 	}
-	atomic_thread_fence(memory_order_release); /* our consumptions before the published seq */
-	loom__shm_publish_seq(c, ctx->seq, coll);
+	/* Published with release: this rank's consumptions (tails) are visible before its seq. */
+	atomic_store_explicit(&me->coll, coll, memory_order_relaxed);
+	atomic_store_explicit(&me->seq, ctx->seq, memory_order_release);
 	if (atomic_load_explicit(&s->hdr->abort_code, memory_order_relaxed) != 0)
 		return LOOM_OK;
 	if ((rc = check_incoming(c, ctx)) != LOOM_OK)

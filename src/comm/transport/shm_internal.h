@@ -178,9 +178,8 @@ int loom__shm_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int kind, int d
 /* All-to-all of a record of <= SHM_BOARD_BYTES bytes through the header: all[r*len..] gets rank
  * r's record. Collective over c; honours the deadline and liveness. */
 int loom__shm_board_exchange(loom_comm_t *c, const loom_xp_ctx_t *ctx, const void *mine, size_t len, void *all);
-/* Publish the collective this rank is entering (for diagnostics of peers). */
-void loom__shm_publish_seq(loom_comm_t *c, uint64_t seq, int coll);
-/* ---- shm_enter.c: the transport's enter (transport.h): publish, then settle earlier calls. */
+/* ---- shm_enter.c: the transport's enter (transport.h): publish the collective this rank enters
+ * (for peers' diagnostics and settling), then settle earlier calls. */
 int loom__shm_enter(loom_comm_t *c, const loom_xp_ctx_t *ctx, int coll);
 /* A wait in collective seq on peer p: LOOM_EMISMATCH (recorded, aborted) when p has entered seq, or
  * gone past it, with another signature than this rank's; LOOM_OK otherwise (also when unknown). */

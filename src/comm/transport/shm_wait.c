@@ -124,13 +124,6 @@ void loom__shm_abort(loom_comm_t *c, int code, const char *msg)
 	loom__shm_ring_all(c);
 }
 
-void loom__shm_publish_seq(loom_comm_t *c, uint64_t seq, int coll)
-{
-	shm_rank_t *me = rank_rec(S(c)->hdr, S(c)->rank);
-	atomic_store_explicit(&me->seq, seq, memory_order_relaxed);
-	atomic_store_explicit(&me->coll, coll, memory_order_relaxed);
-}
-
 /* ---- waiting -------------------------------------------------------------------------------- */
 
 void loom__shm_waiter_init(shm_waiter_t *w, loom_comm_t *c, const loom_xp_ctx_t *ctx, int fatal)
