@@ -477,12 +477,12 @@ int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts)
  * message of this rank's last calls that a peer went past, or one of a peer's that this rank never
  * received, is a mismatch nothing else would report. Once the communicator is aborted there is
  * nothing to settle: a mismatch is returned only when none of this rank's calls reported a failure
- * (a peer found it after this rank's last call). */
+ * (a peer found it after this rank's last call); so is one found here. */
 static int settle_final(loom_comm_t *c)
 {
 	loom_comm_t *parts[2] = {c, c->hlocal};
 	loom_opctx_t saved = loom_cur;
-	int rc = LOOM_OK;
+	int rc = LOOM_OK, reported = atomic_load_explicit(&c->failed, memory_order_relaxed);
 	for (int i = 0; i < 2 && rc == LOOM_OK; i++) {
 		loom_comm_t *x = parts[i];
 		loom_xp_ctx_t ctx;
@@ -494,6 +494,8 @@ static int settle_final(loom_comm_t *c)
 		loom_cur = (loom_opctx_t){x, "destroy", 0, ctx.deadline};
 		if ((code = x->xp.ops->aborted(x, msg, sizeof msg)) == 0) {
 			rc = x->xp.ops->enter(x, &ctx, -2);
+			if (reported) /* this rank already failed a call (a peer's abort may not be visible yet) */
+				rc = LOOM_OK;
 			continue;
 		}
 		if (i == 0 && code == LOOM_EMISMATCH && !atomic_load_explicit(&c->failed, memory_order_relaxed))
