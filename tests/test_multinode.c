@@ -51,10 +51,11 @@ static int cluster_mpirun_pre(const char *pre, const char *args, char *out, doub
 	double t0;
 	int rc;
 	snprintf(cmd, sizeof cmd,
-	         "export LOOM_NETNS_PREFIX=lt%d; trap 'scripts/netns-cluster.sh down' EXIT; scripts/netns-cluster.sh up && "
+	         "export LOOM_NETNS_PREFIX=lt%d; trap 'scripts/netns-cluster.sh down; rm -f /dev/shm/vader_segment.lt%d[01].*' "
+	         "EXIT; scripts/netns-cluster.sh up && "
 	         "{ %s timeout %.0f scripts/netns-cluster.sh mpirun -np 4 -x ASAN_OPTIONS=detect_leaks=0 -x LOOM_TIMEOUT_S=60 "
 	         "-x OMP_NUM_THREADS=1 %s; }",
-	         (int)getpid() % 100000, pre, timeout_s, args);
+	         (int)getpid() % 100000, (int)getpid() % 100000, pre, timeout_s, args);
 	t0 = now_s();
 	rc = test_run_cmd(cmd, out, OUT_CAP, timeout_s + 30);
 	if (secs)
