@@ -121,6 +121,8 @@ install: all
 	install -m 644 $(BUILD)/libloom.a $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 include/loom/*.h $(DESTDIR)$(PREFIX)/include/loom/
 	install -m 755 $(BUILD)/loom $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(PREFIX)/share/loom
+	install -m 755 scripts/nanochat_pt.py $(DESTDIR)$(PREFIX)/share/loom/
 	@printf '%s\n' 'prefix=$${pcfiledir}/../..' 'includedir=$${prefix}/include' 'libdir=$${prefix}/lib' '' \
 	  'Name: loom' 'Description: distributed training for GPT-style language models' 'Version: 0.1.0' \
 	  'Cflags: -I$${includedir} -pthread' \
@@ -142,7 +144,8 @@ FUZZ_FLAGS   := -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -g -O1 -fno-omit-frame-po
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_LIB_SRC := src/core/error.c src/core/util.c src/core/fileio.c src/core/crc32c.c src/ckpt/json.c src/ckpt/kv.c \
                 src/ckpt/safetensors.c src/ckpt/llmc.c src/ckpt/model.c src/ckpt/hf_config.c src/ckpt/train_ckpt.c \
-                src/model/layout.c src/data/shard.c src/data/shard_index.c src/data/tokenizer.c src/data/bpe.c src/data/bpe_train.c
+                src/model/layout.c src/model/iface.c src/model/nanochat_layout.c tests/fuzz/fuzz_families.c \
+                src/data/shard.c src/data/shard_index.c src/data/tokenizer.c src/data/bpe.c src/data/bpe_train.c
 FUZZ_NAMES   := safetensors llmc shard index tokenizer bpe state manifest
 FUZZ_BIN     := $(FUZZ_NAMES:%=build/fuzz/fuzz_%)
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=build/fuzz/obj/%.o)

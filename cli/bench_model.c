@@ -41,8 +41,8 @@ int loom_cli_bench_model(int argc, char **argv)
 	const char *v, *preset = "small";
 	int B = 4, T = 0, threads = 0, steps = 5, profile = 0, rc;
 	double peak = 0.0;
-	loom_gpt2_config_t cfg;
-	loom_gpt2_t *m = NULL;
+	loom_model_config_t cfg;
+	loom_model_t *m = NULL;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
 			usage(stdout);
@@ -74,9 +74,9 @@ int loom_cli_bench_model(int argc, char **argv)
 	if (steps < 1)
 		cli_die("bench model", "--steps: %d (expected >= 1)", steps);
 	threads = loom_set_num_threads(threads);
-	if ((rc = loom_gpt2_create(&m, &cfg, B, T)) != LOOM_OK)
+	if ((rc = loom_model_create(&m, &cfg, &(loom_model_opts_t){.B = B, .T = T})) != LOOM_OK)
 		cli_die("bench model", "%s", loom_errmsg());
-	loom_gpt2_init(m, 1);
+	loom_model_init(m, 1);
 	int *in = malloc(sizeof(int) * (size_t)B * T), *tg = malloc(sizeof(int) * (size_t)B * T);
 	for (int i = 0; i < B * T; i++) { /* arbitrary but fixed tokens */
 		in[i] = (int)(((unsigned)i * 7919u + 13u) % (unsigned)cfg.vocab_size);
@@ -85,20 +85,20 @@ int loom_cli_bench_model(int argc, char **argv)
 	float loss;
 	double best = 1e30, total = 0.0, best_cpu = 1e30;
 	char *best_profile = NULL;
-	loom_gpt2_zero_grad(m);
-	loom_gpt2_forward_backward(m, in, tg, B, T, 1.0f, &loss); /* warm-up */
-	loom_gpt2_profile(m, profile);
+	loom_model_zero_grad(m);
+	loom_model_forward_backward(m, in, tg, B, T, 1.0f, &loss); /* warm-up */
+	loom_model_profile(m, profile);
 	long faults0 = minor_faults();
 	for (int s = 0; s < steps; s++) {
 		double t0 = loom_now(), c0 = cpu_now();
-		loom_gpt2_forward_backward(m, in, tg, B, T, 1.0f, &loss);
+		loom_model_forward_backward(m, in, tg, B, T, 1.0f, &loss);
 		double dt = loom_now() - t0, dc = cpu_now() - c0;
 		if (profile) { /* keep the profile of the fastest step: on a shared machine the others are disturbed */
 			char *text = NULL;
 			size_t len = 0;
 			FILE *f = open_memstream(&text, &len);
 			if (f) {
-				loom_gpt2_profile_report(m, f, 1);
+				loom_model_profile_report(m, f, 1);
 				fclose(f);
 				if (dt < best) {
 					free(best_profile);
@@ -121,7 +121,7 @@ int loom_cli_bench_model(int argc, char **argv)
 	}
 	if (peak <= 0)
 		peak = loom_gemm_peak_flops(threads);
-	double fpt = loom_gpt2_flops_per_token(&cfg, T);
+	double fpt = loom_model_flops_per_token(&cfg, T);
 	printf("%s B=%d T=%d, %d thread%s: best %.1f tokens/s (%.1f ms), mean %.1f tokens/s; MFU %.1f%% of %.1f GFLOP/s\n",
 	       preset, B, T, threads, threads == 1 ? "" : "s", B * T / best, 1e3 * best, B * T * steps / total,
 	       100.0 * B * T / best * fpt / peak, peak / 1e9);
@@ -129,6 +129,6 @@ int loom_cli_bench_model(int argc, char **argv)
 	       1e3 * best_cpu, B * T / best_cpu, (double)faults / steps);
 	free(in);
 	free(tg);
-	loom_gpt2_destroy(m);
+	loom_model_destroy(m);
 	return 0;
 }

@@ -4,9 +4,12 @@
 
 #include <stddef.h>
 
+#include "loom/model.h"
+
 /* Each subcommand gets argv with argv[0] = its name; returns the process exit code. */
 int loom_cli_run(int argc, char **argv);
 int loom_cli_train(int argc, char **argv);
+int loom_cli_plan(int argc, char **argv);
 int loom_cli_sample(int argc, char **argv);
 int loom_cli_data(int argc, char **argv);
 int loom_cli_tokenizer(int argc, char **argv);
@@ -25,5 +28,24 @@ double cli_parse_double(const char *cmd, const char *flag, const char *s);
 /* Sizes such as 8, 4K, 16M, 1G (powers of 1024). */
 size_t cli_parse_size(const char *cmd, const char *flag, const char *s);
 void cli_die(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+
+/* The model flags `loom train` and `loom plan` share (model_flags.c): --arch, --model, --depth,
+ * --aspect-ratio, --head-dim, --n-kv-head, --window-pattern, --short-window, --n-layer, --n-head,
+ * --n-embd, --vocab-size, --n-positions, --init-from. mc holds the fields given (-1, 0 or "" when not). */
+typedef struct {
+	loom_model_config_t mc;
+	const char *preset, *init_from;
+	int have_model_flags, n_positions, n_head_flag, depth, aspect, head_dim;
+} cli_model_flags_t;
+void cli_model_flags_init(cli_model_flags_t *f);
+/* 1 when argv[*i] is one of them (taken, with its value; *i advanced as cli_flag does), else 0. */
+int cli_model_flag(const char *cmd, int argc, char **argv, int *i, cli_model_flags_t *f);
+/* Exit with one message for a combination that cannot be resolved (--init-from with size flags, a
+ * nanochat flag without --arch nanochat, a GPT-2 preset with it). */
+void cli_model_flags_check(const char *cmd, const cli_model_flags_t *f);
+/* The configuration: from --init-from's file, nanochat's sizing or a GPT-2 preset, with the
+ * overrides; *T (the training sequence length, -1: not given) defaults to the model's maximum and
+ * may not exceed it. Exits with a message on any error. */
+void cli_model_resolve(const char *cmd, const cli_model_flags_t *f, int *T, loom_model_config_t *out);
 
 #endif

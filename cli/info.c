@@ -31,7 +31,7 @@ static void print_shape(const size_t *shape, int ndim)
 static int info_safetensors(const char *path, int n_head)
 {
 	loom_st_t *st;
-	loom_gpt2_config_t cfg;
+	loom_model_config_t cfg;
 	size_t total = 0;
 	int rc;
 	if ((rc = loom_st_open(&st, path)) != LOOM_OK)
@@ -42,11 +42,17 @@ static int info_safetensors(const char *path, int n_head)
 		loom_st_meta_at(st, i, &k, &v);
 		printf("  metadata %s = %s\n", k, v);
 	}
-	if (loom_model_config(path, n_head, &cfg, NULL) == LOOM_OK)
+	if (loom_model_config(path, n_head, &cfg, NULL) != LOOM_OK)
+		printf("not a loadable model: %s\n", loom_errmsg());
+	else if (cfg.arch == LOOM_ARCH_GPT2)
 		printf("GPT-2: n_layer=%d n_head=%d n_embd=%d n_positions=%d vocab_size=%d, %zu parameters\n", cfg.n_layer,
-		       cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, loom_gpt2_num_params(&cfg));
+		       cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, loom_model_num_params(&cfg));
 	else
-		printf("not a loadable GPT-2 model: %s\n", loom_errmsg());
+		printf("%s: n_layer=%d n_head=%d n_kv_head=%d n_embd=%d sequence_len=%d vocab_size=%d window_pattern=%s "
+		       "short_window=%d, %zu parameters\n", loom_arch_name(cfg.arch), cfg.n_layer, cfg.n_head,
+		       cfg.n_kv_head ? cfg.n_kv_head : cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size,
+		       cfg.window_pattern[0] ? cfg.window_pattern : "SSSL", cfg.short_window ? cfg.short_window : cfg.seq_len / 2,
+		       loom_model_num_params(&cfg));
 	for (int i = 0; i < loom_st_count(st); i++) {
 		const loom_st_tensor_t *t = loom_st_get(st, i);
 		size_t numel = t->nbytes / loom_st_dtype_size(t->dtype);
@@ -62,7 +68,7 @@ static int info_safetensors(const char *path, int n_head)
 
 static int info_llmc(const char *path)
 {
-	loom_gpt2_config_t cfg;
+	loom_model_config_t cfg;
 	size_t C, L, V, Vp, T;
 	if (loom_model_config(path, 0, &cfg, NULL) != LOOM_OK)
 		return fail();
@@ -78,7 +84,7 @@ static int info_llmc(const char *path)
 	}
 	printf("%s: llm.c GPT-2 model\n", path);
 	printf("GPT-2: n_layer=%d n_head=%d n_embd=%d n_positions=%d vocab_size=%d (padded %zu), %zu parameters\n",
-	       cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, Vp, loom_gpt2_num_params(&cfg));
+	       cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, Vp, loom_model_num_params(&cfg));
 	{
 		const struct {
 			const char *name;

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -20,6 +21,7 @@ static const struct {
 } commands[] = {
 	{"run", loom_cli_run, "launch N processes of a program as one job (torchrun's flags and environment)"},
 	{"train", loom_cli_train, "train a GPT-2 model on token shards"},
+	{"plan", loom_cli_plan, "predict a run's memory, step time, MFU and cost on a cluster; --search the best mesh"},
 	{"sample", loom_cli_sample, "generate text from a checkpoint"},
 	{"data", loom_cli_data, "prepare token shards from text (data prepare)"},
 	{"tokenizer", loom_cli_tokenizer, "byte-level BPE tokenizers: train, encode, decode, info (GPT-2's files)"},
@@ -133,9 +135,36 @@ static void blas_setup(char **argv)
 	        strerror(errno));
 }
 
+/* OpenBLAS's pthreads build starts its worker threads (one per core but one) when the library loads,
+ * before main, and each worker's first act is to take a buffer of BUFFER_SIZE (128 MiB of address space
+ * on its AVX-512 kernels, 32 MiB on the others). Under an address-space or data limit (prlimit --as,
+ * ulimit -v) that allocation is refused and the worker retries it forever at 100% CPU; exit() and
+ * fork() (OpenBLAS's atfork handler) then join it and hang, with every signal blocked in fork's case.
+ * loom never uses OpenBLAS's own threads (its OpenMP threads call a single-threaded sgemm), so under
+ * such a limit the command runs again, before anything else, with OPENBLAS_NUM_THREADS=1: OpenBLAS then
+ * starts no thread at all. The user's value is kept in LOOM_OPENBLAS_NUM_THREADS_WAS ("" when unset)
+ * for `loom run` to hand back to its ranks. Without a limit nothing happens (no second exec). */
+static void blas_threads_setup(char **argv)
+{
+	struct rlimit as, data;
+	const char *v = getenv("OPENBLAS_NUM_THREADS");
+	if (getenv("LOOM_OPENBLAS_NUM_THREADS_WAS") || (v && strcmp(v, "1") == 0))
+		return;
+	if (getrlimit(RLIMIT_AS, &as) != 0 || getrlimit(RLIMIT_DATA, &data) != 0 ||
+	    (as.rlim_cur == RLIM_INFINITY && data.rlim_cur == RLIM_INFINITY))
+		return;
+	setenv("LOOM_OPENBLAS_NUM_THREADS_WAS", v ? v : "", 1);
+	setenv("OPENBLAS_NUM_THREADS", "1", 1);
+	fflush(NULL);
+	execv("/proc/self/exe", argv);
+	fprintf(stderr, "loom: warning: under a memory limit, re-running with OPENBLAS_NUM_THREADS=1 failed (%s); "
+	        "OpenBLAS's threads may hang if the limit refuses their buffers\n", strerror(errno));
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0); /* lines reach `loom run`'s prefixing pipe as they are written */
+	blas_threads_setup(argv);
 	blas_setup(argv);
 	if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
 		usage(argc < 2 ? stderr : stdout);

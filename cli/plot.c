@@ -38,6 +38,7 @@ typedef struct {
 	long n, cap;
 	double *step, *loss, *val, *tps; /* val: NAN on steps without one */
 	double *loss_avg, *tps_avg;
+	double predicted_tps; /* tokens per step / the planner's predicted step time (the log's config), or 0 */
 } run_t;
 
 /* The number after "key": in a JSON line, or NAN (absent or null). */
@@ -87,7 +88,9 @@ static void read_run(const char *path, run_t *r)
 	while (getline(&line, &cap, f) > 0) {
 		if (strncmp(line, "{\"config\":", 10) == 0) {
 			double L = field(line, "n_layer"), C = field(line, "n_embd"), tok = field(line, "tokens_per_step");
-			double lr = field(line, "lr"), world = field(line, "world");
+			double lr = field(line, "lr"), world = field(line, "world"), pred = field(line, "predicted_step_s");
+			if (isfinite(pred) && pred > 0 && isfinite(tok))
+				r->predicted_tps = tok / pred;
 			if (isfinite(L) && isfinite(C))
 				snprintf(model, sizeof model, " (L%.0f C%.0f, %.0f tok/step, lr %g%s%.0f)", L, C, tok, lr,
 				         world > 1 ? ", ranks " : "", world > 1 ? world : 0.0);
@@ -208,6 +211,9 @@ static void range(const run_t *runs, int n, int which, double *lo, double *hi)
 				if (isfinite(arrays[k][i]))
 					*lo = fmin(*lo, arrays[k][i]), *hi = fmax(*hi, arrays[k][i]);
 		}
+	for (int r = 0; r < n && which == 1; r++) /* the predicted throughput is drawn too */
+		if (runs[r].predicted_tps > 0)
+			*lo = fmin(*lo, runs[r].predicted_tps), *hi = fmax(*hi, runs[r].predicted_tps);
 	if (!isfinite(*lo))
 		*lo = 0, *hi = 1;
 }
@@ -247,6 +253,11 @@ static void write_svg(const char *out, run_t *runs, int n, const char *title, in
 		snprintf(style, sizeof style, "stroke=\"%s\" stroke-width=\"2\"", colors[r]);
 		svg_line(f, &p[0], u->step, u->loss_avg, u->n, style);
 		svg_line(f, &p[1], u->step, u->tps_avg, u->n, style);
+		if (u->predicted_tps > 0) { /* the planner's prediction: a dotted line across the run */
+			double xs[2] = {u->step[0], u->step[u->n - 1]}, ys[2] = {u->predicted_tps, u->predicted_tps};
+			snprintf(style, sizeof style, "stroke=\"%s\" stroke-width=\"1.5\" stroke-dasharray=\"2,3\"", colors[r]);
+			svg_line(f, &p[1], xs, ys, 2, style);
+		}
 		/* validation: a dashed line through its points */
 		double *vx = malloc((size_t)u->n * sizeof *vx), *vy = malloc((size_t)u->n * sizeof *vy);
 		long m = 0;
@@ -287,8 +298,21 @@ static void write_png(const char *out, run_t *runs, int n, const char *title, in
 		if (!(f = fopen(path, "w")))
 			cli_die("plot", "%s: %s", path, strerror(errno));
 		for (long i = 0; i < runs[r].n; i++)
-			fprintf(f, "%.17g %.9g %.9g %.9g %.9g\n", runs[r].step[i], runs[r].loss[i], runs[r].loss_avg[i],
-			        isfinite(runs[r].val[i]) ? runs[r].val[i] : NAN, runs[r].tps_avg[i]);
+			fprintf(f, "%.17g %.9g %.9g %.9g %.9g %.9g\n", runs[r].step[i], runs[r].loss[i], runs[r].loss_avg[i],
+			        isfinite(runs[r].val[i]) ? runs[r].val[i] : NAN, runs[r].tps_avg[i],
+			        runs[r].predicted_tps > 0 ? runs[r].predicted_tps : NAN);
+		fclose(f);
+		/* the validation points alone, so that gnuplot joins them (in the file above the steps without
+		 * one are missing values, which break a line into its single points) */
+		snprintf(path, sizeof path, "%s/val%d.dat", dir, r);
+		if (!(f = fopen(path, "w")))
+			cli_die("plot", "%s: %s", path, strerror(errno));
+		int any = 0;
+		for (long i = 0; i < runs[r].n; i++)
+			if (isfinite(runs[r].val[i]))
+				fprintf(f, "%.17g %.9g\n", runs[r].step[i], runs[r].val[i]), any = 1;
+		if (!any)
+			fprintf(f, "nan nan\n"); /* gnuplot refuses an empty file */
 		fclose(f);
 	}
 	snprintf(path, sizeof path, "%s/plot.gp", dir);
@@ -300,11 +324,13 @@ static void write_png(const char *out, run_t *runs, int n, const char *title, in
 	fputs("set ylabel 'loss'\nplot ", f);
 	for (int r = 0; r < n; r++)
 		fprintf(f, "%s'%s/run%d.dat' u 1:2 w l lc rgb '%s' lw 1 dt 1 notitle, '' u 1:3 w l lc rgb '%s' lw 2 "
-		        "title '%s', '' u 1:4 w lp lc rgb '%s' lw 2 dt 2 pt 6 title 'val'", r ? ", " : "", dir, r, colors[r],
-		        colors[r], runs[r].name, colors[r]);
+		        "title '%s', '%s/val%d.dat' u 1:2 w lp lc rgb '%s' lw 2 dt 2 pt 6 title 'val'", r ? ", " : "", dir, r,
+		        colors[r], colors[r], runs[r].name, dir, r, colors[r]);
 	fputs("\nset ylabel 'tokens/s'\nplot ", f);
 	for (int r = 0; r < n; r++)
-		fprintf(f, "%s'%s/run%d.dat' u 1:5 w l lc rgb '%s' lw 2 notitle", r ? ", " : "", dir, r, colors[r]);
+		fprintf(f, "%s'%s/run%d.dat' u 1:5 w l lc rgb '%s' lw 2 notitle%s%s%s%s", r ? ", " : "", dir, r, colors[r],
+		        runs[r].predicted_tps > 0 ? ", '' u 1:6 w l lc rgb '" : "", runs[r].predicted_tps > 0 ? colors[r] : "",
+		        runs[r].predicted_tps > 0 ? "' lw 1 dt 3 title 'predicted (loom plan)'" : "", "");
 	fputs("\nunset multiplot\n", f);
 	fclose(f);
 	snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>&1", path);

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "loom/limits.h"
 #include "run_opts.h"
 #include "run_output.h"
 
@@ -38,12 +39,17 @@ typedef struct {
 	int hung;          /* the job's failure is this rank not progressing: why says how we know */
 	int blames;        /* the rank this one reported as holding it up (loom_xp_report_suspect), or -1 */
 	char why[400];
+	size_t estimate;   /* the memory the rank estimated it needs (its "estimate R: N bytes" report), or 0 */
+	int foreign_kill;  /* it died of a SIGKILL that loom run did not send */
 	run_stream_t out, err;
 } rank_t;
 
 static const int fwd_signals[] = {SIGINT, SIGTERM, SIGHUP};
 static int sig_pipe[2] = {-1, -1};
 static int handled[3]; /* we installed a handler (the signal was not ignored at startup) */
+/* The memory cgroup's oom_kill count when the attempt started (-1: unreadable), and when a rank
+ * was found killed by SIGKILL that loom run did not send; LOOM_MEMCHECK_ROOT reads another tree (tests). */
+static long long oom_kills_at_start, oom_kills_now = -1;
 static struct rlimit old_nofile;
 
 /* ---- signals and processes ------------------------------------------------------------------ */
@@ -130,11 +136,23 @@ static void describe(const rank_t *r, int rank, char *buf, size_t cap)
 		snprintf(buf, cap, "rank %d (pid %d) %s", rank, (int)r->pid, r->why);
 	else if (WIFEXITED(r->status))
 		snprintf(buf, cap, "rank %d (pid %d) exited with code %d", rank, (int)r->pid, WEXITSTATUS(r->status));
-	else if (WIFSIGNALED(r->status))
-		snprintf(buf, cap, "rank %d (pid %d) was killed by signal %d (SIG%s)%s", rank, (int)r->pid,
-		         WTERMSIG(r->status), sigabbrev_np(WTERMSIG(r->status)) ? sigabbrev_np(WTERMSIG(r->status)) : "?",
-		         WCOREDUMP(r->status) ? ", core dumped" : "");
-	else
+	else if (WIFSIGNALED(r->status)) {
+		int n = snprintf(buf, cap, "rank %d (pid %d) was killed by signal %d (SIG%s)%s", rank, (int)r->pid,
+		                 WTERMSIG(r->status), sigabbrev_np(WTERMSIG(r->status)) ? sigabbrev_np(WTERMSIG(r->status)) : "?",
+		                 WCOREDUMP(r->status) ? ", core dumped" : "");
+		/* SIGKILL that loom run did not send: the kernel's OOM killer, when the cgroup counted a kill */
+		if (r->foreign_kill && (oom_kills_now > oom_kills_at_start || oom_kills_now < 0) && n > 0 && (size_t)n < cap) {
+			if (oom_kills_now >= 0)
+				n += snprintf(buf + n, cap - (size_t)n, ", probably out of memory (the memory cgroup's oom_kill count "
+				              "rose from %lld to %lld)", oom_kills_at_start, oom_kills_now);
+			else
+				n += snprintf(buf + n, cap - (size_t)n, ", perhaps out of memory (the kernel's OOM killer sends SIGKILL; "
+				              "no memory cgroup's oom_kill count to tell)");
+			if (r->estimate && n > 0 && (size_t)n < cap)
+				snprintf(buf + n, cap - (size_t)n, "; the rank estimated it needs %.1f MiB: see `loom train "
+				         "--help` for --zero, --activation-checkpointing and --memory-check", r->estimate / 1048576.0);
+		}
+	} else
 		snprintf(buf, cap, "rank %d (pid %d) ended with status 0x%x", rank, (int)r->pid, r->status);
 }
 
@@ -293,6 +311,7 @@ typedef struct {
 	int interrupted; /* signal forwarded to the ranks, or 0 */
 	int stopping, killed;
 	double kill_at;
+	double interrupted_at; /* when the forwarded signal came */
 } job_t;
 
 static void read_reports(job_t *j)
@@ -306,8 +325,13 @@ static void read_reports(job_t *j)
 		report_buf[report_len] = '\0';
 		while ((nl = strchr(line, '\n'))) {
 			int s, by, off = 0;
+			unsigned long long est;
 			*nl = '\0';
-			if (sscanf(line, "suspect %d by %d: %n", &s, &by, &off) == 2 && off > 0) {
+			if (sscanf(line, "estimate %d: %llu bytes", &s, &est) == 2) {
+				int i = s - j->o->node_rank * j->o->nproc;
+				if (i >= 0 && i < j->n)
+					j->r[i].estimate = (size_t)est;
+			} else if (sscanf(line, "suspect %d by %d: %n", &s, &by, &off) == 2 && off > 0) {
 				int i = by - j->o->node_rank * j->o->nproc, k = s - j->o->node_rank * j->o->nproc;
 				if (i >= 0 && i < j->n && k >= 0 && k < j->n && i != k && j->r[i].blames < 0) {
 					j->r[i].blames = k;
@@ -368,6 +392,10 @@ static void reap(job_t *j)
 			run_stream_drain(&r->err, now_s());
 			if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
 				break;
+			if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && !j->killed && !r->hung) {
+				r->foreign_kill = 1;
+				oom_kills_now = loom_mem_oom_kills(getenv("LOOM_MEMCHECK_ROOT"));
+			}
 			/* Within one batch, a death by signal is likelier the cause than an exit code. */
 			if (first < 0 || (WIFSIGNALED(st) && !WIFSIGNALED(j->r[first].status)))
 				first = i;
@@ -430,6 +458,10 @@ static double check_stopped(job_t *j, double now)
 
 static void on_forwarded(job_t *j, int sig)
 {
+	/* The same signal again within a moment is the same request: coreutils' timeout, a terminal's
+	 * Ctrl-C or a scheduler sends it to loom run and to its process group, which loom run is in. */
+	if (sig == j->interrupted && now_s() - j->interrupted_at < 0.1)
+		return;
 	if (j->interrupted || j->killed) {
 		if (!j->killed)
 			run_note("got SIG%s again: killing the ranks", sigabbrev_np(sig));
@@ -437,7 +469,7 @@ static void on_forwarded(job_t *j, int sig)
 		signal_all(j->r, j->n, SIGKILL);
 		return;
 	}
-	j->interrupted = sig;
+	j->interrupted = sig, j->interrupted_at = now_s();
 	if (j->running > 0)
 		run_note("got SIG%s: forwarding it to the ranks (SIGKILL after %g s)", sigabbrev_np(sig), j->o->grace_s);
 	stop_job(j, sig);
@@ -568,6 +600,13 @@ int loom_cli_run(int argc, char **argv)
 	set_env_int("ROLE_WORLD_SIZE", o.world), setenv("ROLE_NAME", "default", 1);
 	set_env_int("TORCHELASTIC_MAX_RESTARTS", o.max_restarts);
 	setenv("MASTER_ADDR", o.addr, 1), set_env_int("MASTER_PORT", o.port);
+	if ((v = getenv("LOOM_OPENBLAS_NUM_THREADS_WAS"))) { /* ours (main.c): the ranks get the user's value */
+		if (*v)
+			setenv("OPENBLAS_NUM_THREADS", v, 1);
+		else
+			unsetenv("OPENBLAS_NUM_THREADS");
+		unsetenv("LOOM_OPENBLAS_NUM_THREADS_WAS");
+	}
 	v = getenv("OMP_NUM_THREADS");
 	if (o.nproc > 1 && (!v || !*v)) { /* empty means nothing to OpenMP: treated as unset */
 		setenv("OMP_NUM_THREADS", "1", 1);
@@ -590,6 +629,7 @@ restart: /* --max-restarts: attempt K > 0 starts every rank again, as torchrun's
 	}
 	fflush(NULL);
 	j.o = &o, j.r = r;
+	oom_kills_at_start = loom_mem_oom_kills(getenv("LOOM_MEMCHECK_ROOT")), oom_kills_now = -1;
 	unsetenv("LOOM_RANK0_PID"); /* an outer job's */
 	for (int i = 0; i < o.nproc; i++) {
 		int e = spawn(&o, o.node_rank * o.nproc + i, &r[i]);

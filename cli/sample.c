@@ -1,4 +1,4 @@
-/* sample.c: `loom sample`: generate text from a model file with the KV cache (loom_gpt2_generate),
+/* sample.c: `loom sample`: generate text from a model file with the KV cache (loom_model_generate),
  * streaming each token as it is produced.
  *
  * The prompt is encoded after an end-of-text token (every training document starts with one, so
@@ -214,8 +214,8 @@ int loom_cli_sample(int argc, char **argv)
 	double temperature = 1.0;
 	uint64_t seed = 1337;
 	char path[1200];
-	loom_gpt2_config_t cfg;
-	loom_gpt2_t *m = NULL;
+	loom_model_config_t cfg;
+	loom_model_t *m = NULL;
 	loom_tokenizer_t tok;
 	loom_bpe_t *bpe = NULL;
 	int *ids = NULL, *out = NULL, n_prompt, n_out = 0;
@@ -269,15 +269,15 @@ int loom_cli_sample(int argc, char **argv)
 		fprintf(stderr, "loom sample: the prompt is %d tokens, the model's context is %d\n", n_prompt, cfg.seq_len);
 		goto done;
 	}
-	if (loom_gpt2_create(&m, &cfg, 1, cfg.seq_len) != LOOM_OK ||
-	    loom_model_load(path, &cfg, loom_gpt2_params(m)) != LOOM_OK) {
+	if (loom_model_create(&m, &cfg, &(loom_model_opts_t){.B = 1, .T = cfg.seq_len}) != LOOM_OK ||
+	    loom_model_load(path, &cfg, loom_model_params(m)) != LOOM_OK) {
 		fprintf(stderr, "loom sample: %s\n", loom_errmsg());
 		goto done;
 	}
 	fputs(prompt, stdout);
 	fflush(stdout);
 	printer_t pr = {&tok, -1};
-	if (loom_gpt2_generate(m, ids, n_prompt, max_tokens, (float)temperature, top_k, seed, tok.eot_token, out, &n_out,
+	if (loom_model_generate(m, ids, n_prompt, max_tokens, (float)temperature, top_k, seed, tok.eot_token, out, &n_out,
 	                       on_token, &pr) != LOOM_OK) {
 		fprintf(stderr, "\nloom sample: %s\n", loom_errmsg());
 		goto done;
@@ -290,7 +290,7 @@ int loom_cli_sample(int argc, char **argv)
 	}
 	status = 0;
 done:
-	loom_gpt2_destroy(m);
+	loom_model_destroy(m);
 	loom_tokenizer_free(&tok);
 	loom_bpe_destroy(bpe);
 	free(ids), free(out);

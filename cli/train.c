@@ -30,7 +30,9 @@
 #include "loom/data.h"
 #include "loom/gpt2.h"
 #include "loom/mesh.h"
+#include "loom/plan.h"
 #include "loom/train.h"
+#include "train_memory.h"
 
 static const char *const usage_text =
 	"usage: loom train --train-data GLOB --steps N [flags]\n"
@@ -40,7 +42,13 @@ static const char *const usage_text =
 	"  --val-data GLOB        validation shards; evaluated every --eval-every steps and at the end\n"
 	"  --shuffle 0|1          shuffle the order of batches each epoch (default 0)\n"
 	"model (default --model tiny):\n"
-	"  --model tiny|small|gpt2  a preset; the flags below override its fields\n"
+	"  --arch gpt2|nanochat   the model family (default gpt2); nanochat is karpathy/nanochat's GPT (bac5a35)\n"
+	"  --model tiny|small|gpt2  a GPT-2 preset; the flags below override its fields\n"
+	"  --depth D              nanochat's sizing (base_train): C = ceil(D x aspect / head-dim) x head-dim,\n"
+	"                         heads C / head-dim, L = D; --aspect-ratio A (64) --head-dim H (128)\n"
+	"  --n-kv-head K          nanochat: key/value heads (grouped-query attention; default the heads)\n"
+	"  --window-pattern P     nanochat: S/L per layer, tiled, last layer L (default SSSL)\n"
+	"  --short-window W       nanochat: the S window (default half the sequence length)\n"
 	"  --n-layer L --n-head H --n-embd C --vocab-size V --n-positions P (maximum sequence length)\n"
 	"  --init-from FILE       start from a model file (.safetensors or llm.c .bin) instead of random init\n"
 	"batch:\n"
@@ -54,7 +62,17 @@ static const char *const usage_text =
 	"  --warmup W             linear warmup steps (default 0)\n"
 	"  --schedule S           cosine|linear|constant decay after warmup (default cosine)\n"
 	"  --min-lr-frac F        final learning rate as a fraction of the peak (default 0)\n"
-	"  --weight-decay D       AdamW decoupled weight decay on 2-D weights (default 0.1)\n"
+	"  --weight-decay D       AdamW decoupled weight decay on 2-D weights (default 0.1); with --optimizer\n"
+	"                         muon, Muon's cautious decay, linear to 0 over the run (0.2 with --arch nanochat)\n"
+	"  --optimizer O          adamw (default: one AdamW over every tensor at --lr) or muon (nanochat's\n"
+	"                         MuonAdamW: Muon on the blocks' matrices at --matrix-lr 0.02, AdamW on the\n"
+	"                         rest: --embedding-lr 0.3, --unembedding-lr 0.004 (both x (C/768)^-0.5),\n"
+	"                         --scalar-lr 0.5; --adam-beta1 0.8 --adam-beta2 0.95; the schedule is then\n"
+	"                         the rates' multiplier; docs/muon.md)\n"
+	"  --warmdown-frac F      with --schedule warmdown: the last F of the steps decay linearly to\n"
+	"                         --min-lr-frac (default 0.5, nanochat's)\n"
+	"  --wd-scale none|epochs with muon: weight decay x sqrt(B/B_ref) x (D_ref/D), D = steps x tokens per\n"
+	"                         step, D_ref = --ref-tokens (constant effective epochs, arXiv 2405.13698)\n"
 	"  --beta1 B1 --beta2 B2 --eps E   AdamW (defaults 0.9, 0.95, 1e-8)\n"
 	"  --grad-clip G          clip the global gradient norm to G, 0 disables (default 1.0)\n"
 	"  --seed S               initialization, shuffle and sampling seed (default 1337)\n"
@@ -78,6 +96,9 @@ static const char *const usage_text =
 	"                         --dtype, measured with loom's FMA loop as `loom bench gemm` prints it, once,\n"
 	"                         then cached in ~/.cache/loom/hw_peak[_bf16])\n"
 	"  --profile              print the time per kernel at the end\n"
+	"  --memory-check refuse|warn  before allocating, compare the run's memory estimate with the limits\n"
+	"                         (RLIMIT_AS/DATA, memory cgroup, MemAvailable); refuse (default) stops a run\n"
+	"                         that does not fit, saying what would; warn only says it\n"
 	"  --activation-checkpointing none|blocks|selective  keep every activation (none, default), only\n"
 	"                         each block's input and recompute the block in backward (blocks), or all\n"
 	"                         but the attention probabilities, recomputed in backward (selective)\n"
@@ -112,9 +133,9 @@ static const char *const usage_text =
 
 typedef struct {
 	loom_train_config_t tc;
-	loom_gpt2_config_t mc;
-	int have_model_flags, n_positions, n_head_flag;
-	const char *preset, *init_from;
+	cli_model_flags_t mf;             /* the model flags as given (model_flags.c) */
+	loom_model_config_t mc;           /* the model they resolve to */
+	const char *init_from;            /* mf.init_from */
 	long long total_batch;
 	int grad_accum, resume, sample_every, threads, profile;
 	const char *resume_from;
@@ -128,6 +149,10 @@ typedef struct {
 	int tp, dp_flag, dp;              /* --tp, --dp (0: derived), the data-parallel size */
 	loom_act_ckpt_t act_ckpt;         /* --activation-checkpointing */
 	loom_compute_dtype_t dtype;       /* --dtype */
+	int depth, aspect, head_dim;      /* nanochat's sizing (0: not given) */
+	int lr_given, wd_given, wd_scale; /* --lr, --weight-decay given; --wd-scale epochs */
+	long long ref_tokens;             /* --ref-tokens */
+	double lr_factor;                 /* muon: every group's rate scaled by this (--lr-scale) */
 } opts_t;
 
 /* Parse a real flag that must be finite and > lo (lo_open) or >= lo, and < hi (hi_open) or <= hi. */
@@ -187,7 +212,7 @@ static void parse(int argc, char **argv, opts_t *o)
 	o->tc.B = 4;
 	o->tc.lr.peak_lr = 6e-4;
 	o->tc.lr.total_steps = -1;
-	o->mc.n_layer = o->mc.n_head = o->mc.n_embd = o->mc.seq_len = o->mc.vocab_size = -1;
+	cli_model_flags_init(&o->mf);
 	o->tc.T = -1;
 	o->grad_accum = -1;
 	o->print_every = 1;
@@ -204,22 +229,30 @@ static void parse(int argc, char **argv, opts_t *o)
 		} else if (FLAG("--train-data")) o->tc.train_data = v;
 		else if (FLAG("--val-data")) o->tc.val_data = v;
 		else if (FLAG("--shuffle")) o->tc.shuffle = (int)int_in("--shuffle", v, 0, 1);
-		else if (FLAG("--model")) o->preset = v;
-		else if (FLAG("--n-layer")) o->mc.n_layer = (int)int_in("--n-layer", v, 1, 1 << 12), o->have_model_flags = 1;
-		else if (FLAG("--n-head"))
-			o->mc.n_head = o->n_head_flag = (int)int_in("--n-head", v, 1, 1 << 12), o->have_model_flags = 1;
-		else if (FLAG("--n-embd")) o->mc.n_embd = (int)int_in("--n-embd", v, 1, 1 << 16), o->have_model_flags = 1;
-		else if (FLAG("--vocab-size"))
-			o->mc.vocab_size = (int)int_in("--vocab-size", v, 1, 1 << 24), o->have_model_flags = 1;
-		else if (FLAG("--n-positions"))
-			o->n_positions = (int)int_in("--n-positions", v, 1, 1 << 20), o->have_model_flags = 1;
-		else if (FLAG("--init-from")) o->init_from = v;
+		else if (cli_model_flag("train", argc, argv, &i, &o->mf))
+			continue;
+		else if (FLAG("--optimizer")) {
+			if (loom_optimizer_parse(v, &o->tc.optimizer) != LOOM_OK)
+				cli_die("train", "--optimizer: %s", loom_errmsg());
+		} else if (FLAG("--matrix-lr")) o->tc.muon.matrix_lr = (float)dbl_in("--matrix-lr", v, 0, 0, 1e3, 0);
+		else if (FLAG("--embedding-lr")) o->tc.muon.embedding_lr = (float)dbl_in("--embedding-lr", v, 0, 0, 1e3, 0);
+		else if (FLAG("--unembedding-lr"))
+			o->tc.muon.unembedding_lr = (float)dbl_in("--unembedding-lr", v, 0, 0, 1e3, 0);
+		else if (FLAG("--scalar-lr")) o->tc.muon.scalar_lr = (float)dbl_in("--scalar-lr", v, 0, 0, 1e3, 0);
+		else if (FLAG("--adam-beta1")) o->tc.muon.adam_beta1 = (float)dbl_in("--adam-beta1", v, 0, 0, 1, 1);
+		else if (FLAG("--adam-beta2")) o->tc.muon.adam_beta2 = (float)dbl_in("--adam-beta2", v, 0, 0, 1, 1);
+		else if (FLAG("--warmdown-frac")) o->tc.lr.warmdown_frac = dbl_in("--warmdown-frac", v, 0, 1, 1, 0);
+		else if (FLAG("--wd-scale")) {
+			if (strcmp(v, "none") && strcmp(v, "epochs"))
+				cli_die("train", "--wd-scale: '%s' is not one of none, epochs", v);
+			o->wd_scale = !strcmp(v, "epochs");
+		} else if (FLAG("--ref-tokens")) o->ref_tokens = int_in("--ref-tokens", v, 1, 1LL << 62);
 		else if (FLAG("--batch-size")) o->tc.B = (int)int_in("--batch-size", v, 1, 1 << 20);
 		else if (FLAG("--seq-len")) o->tc.T = (int)int_in("--seq-len", v, 1, 1 << 20);
 		else if (FLAG("--grad-accum")) o->grad_accum = (int)int_in("--grad-accum", v, 1, 1 << 20);
 		else if (FLAG("--total-batch-size")) o->total_batch = int_in("--total-batch-size", v, 1, 1LL << 40);
 		else if (FLAG("--steps")) o->tc.lr.total_steps = int_in("--steps", v, 1, 1LL << 40);
-		else if (FLAG("--lr")) o->tc.lr.peak_lr = dbl_in("--lr", v, 0, 0, 1e3, 0);
+		else if (FLAG("--lr")) o->tc.lr.peak_lr = dbl_in("--lr", v, 0, 0, 1e3, 0), o->lr_given = 1;
 		else if (FLAG("--warmup")) o->tc.lr.warmup = int_in("--warmup", v, 0, 1LL << 40);
 		else if (FLAG("--schedule") && (!strcmp(v, "gpipe") || !strcmp(v, "1f1b"))) o->tc.pp_schedule = v;
 		else if (FLAG("--pp-head-split"))
@@ -229,7 +262,8 @@ static void parse(int argc, char **argv, opts_t *o)
 			if (loom_schedule_parse(v, &o->tc.lr.kind) != LOOM_OK)
 				cli_die("train", "--schedule: %s", loom_errmsg());
 		} else if (FLAG("--min-lr-frac")) o->tc.lr.min_lr_frac = dbl_in("--min-lr-frac", v, 0, 0, 1, 0);
-		else if (FLAG("--weight-decay")) o->tc.adamw.weight_decay = (float)dbl_in("--weight-decay", v, 0, 0, 1e3, 0);
+		else if (FLAG("--weight-decay"))
+			o->tc.adamw.weight_decay = (float)dbl_in("--weight-decay", v, 0, 0, 1e3, 0), o->wd_given = 1;
 		else if (FLAG("--beta1")) o->tc.adamw.beta1 = (float)dbl_in("--beta1", v, 0, 0, 1, 1);
 		else if (FLAG("--beta2")) o->tc.adamw.beta2 = (float)dbl_in("--beta2", v, 0, 0, 1, 1);
 		else if (FLAG("--eps")) {
@@ -258,6 +292,7 @@ static void parse(int argc, char **argv, opts_t *o)
 			if (!(o->tc.peak_flops > 0))
 				cli_die("train", "--peak-flops: %s must be > 0 (FLOP/s, e.g. 1e11)", v);
 		} else if (!strcmp(a, "--profile")) o->profile = 1;
+		else if (FLAG("--memory-check")) cli_memcheck_mode(v);
 		else if (FLAG("--activation-checkpointing")) {
 			if (loom_act_ckpt_parse(v, &o->act_ckpt) != LOOM_OK)
 				cli_die("train", "--activation-checkpointing: %s", loom_errmsg());
@@ -303,11 +338,8 @@ static void parse(int argc, char **argv, opts_t *o)
 		cli_die("train", "--resume needs --save-dir DIR (where the checkpoints are), or --resume-from CHECKPOINT");
 	if (o->tc.save_dir && loom_ckpt_check_save_dir(o->tc.save_dir) != LOOM_OK) /* before any training */
 		cli_die("train", "--save-dir: %s", loom_errmsg());
-	if (o->init_from && (o->preset || (o->have_model_flags && !(o->n_head_flag && o->mc.n_layer < 0 &&
-	                                                               o->mc.n_embd < 0 && o->mc.vocab_size < 0 &&
-	                                                               o->n_positions == 0))))
-		cli_die("train", "--init-from takes the model from the file: drop --model and the model flags "
-		        "(only --n-head, when the file does not say it)");
+	cli_model_flags_check("train", &o->mf);
+	o->init_from = o->mf.init_from;
 	if (o->tc.eval_every > 0 && !o->tc.val_data)
 		cli_die("train", "--eval-every needs --val-data GLOB");
 	if (o->tc.save_every > 0 && !o->tc.save_dir)
@@ -320,6 +352,17 @@ static void parse(int argc, char **argv, opts_t *o)
 	if (o->pp > 1 && o->sample_every > 0)
 		cli_die("train", "--sample-every with --pp %d: a pipeline stage holds only its own layers; sample from a "
 		        "checkpoint with `loom sample` instead", o->pp);
+	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->lr_given && o->mf.mc.arch == LOOM_ARCH_NANOCHAT)
+		cli_die("train", "--lr: nanochat under --optimizer muon has one rate per group: --matrix-lr, "
+		        "--embedding-lr, --unembedding-lr, --scalar-lr (the schedule multiplies them all)");
+	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->pp > 1 && (o->tc.save_dir || o->resume))
+		cli_die("train", "--optimizer muon with --pp %d: MuonAdamW trains under pipeline parallel, but its checkpoints "
+		        "are not written yet: drop --save-dir / --resume, or --pp", o->pp);
+	if (o->wd_scale && (o->tc.optimizer != LOOM_OPTIMIZER_MUON || o->ref_tokens <= 0))
+		cli_die("train", "--wd-scale epochs scales Muon's weight decay: it needs --optimizer muon and --ref-tokens "
+		        "D_REF (the reference run's tokens)");
+	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->lr_scale > 0 && o->ref_batch <= 0)
+		o->ref_batch = (long long)LOOM_MUON_B_REF; /* nanochat's B_ref, 2^19 tokens */
 	double scaled;
 	if (loom_lr_scaled(o->tc.lr.peak_lr, o->lr_scale, 1, o->ref_batch, &scaled) != LOOM_OK)
 		cli_die("train", "%s", loom_errmsg()); /* e.g. a scaling without its reference batch */
@@ -363,27 +406,13 @@ static void relaunch(int argc, char **argv, const opts_t *o)
 /* The model config from the preset/flags or the --init-from file; T defaults here too. */
 static void model_config(opts_t *o)
 {
-	loom_gpt2_config_t c;
-	if (o->init_from) {
-		if (loom_model_config(o->init_from, o->n_head_flag, &c, NULL) != LOOM_OK)
-			cli_die("train", "--init-from: %s", loom_errmsg());
-	} else {
-		if (loom_gpt2_preset(o->preset ? o->preset : "tiny", &c) != LOOM_OK)
-			cli_die("train", "--model: %s", loom_errmsg());
-		if (o->mc.n_layer > 0) c.n_layer = o->mc.n_layer;
-		if (o->mc.n_head > 0) c.n_head = o->mc.n_head;
-		if (o->mc.n_embd > 0) c.n_embd = o->mc.n_embd;
-		if (o->mc.vocab_size > 0) c.vocab_size = o->mc.vocab_size;
-		if (o->n_positions > 0) c.seq_len = o->n_positions;
-		else if (!o->preset && o->have_model_flags && o->tc.T > 0) c.seq_len = o->tc.T;
+	loom_model_config_t c;
+	cli_model_resolve("train", &o->mf, &o->tc.T, &c);
+	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON) {
+		o->tc.muon.n_embd = c.n_embd;
+		o->tc.muon.weight_decay = o->wd_given ? o->tc.adamw.weight_decay
+		                          : c.arch == LOOM_ARCH_NANOCHAT ? 0.2f : o->tc.adamw.weight_decay;
 	}
-	if (loom_gpt2_config_check(&c) != LOOM_OK)
-		cli_die("train", "%s", loom_errmsg());
-	if (o->tc.T < 0)
-		o->tc.T = c.seq_len;
-	if (o->tc.T > c.seq_len)
-		cli_die("train", "--seq-len %d exceeds the model's maximum sequence length %d%s", o->tc.T, c.seq_len,
-		        o->init_from ? "" : " (raise it with --n-positions)");
 	o->mc = c;
 }
 
@@ -396,9 +425,26 @@ static void batch_config(opts_t *o)
 	} else {
 		o->tc.accum = o->grad_accum > 0 ? o->grad_accum : 1;
 	}
+	long long tokens = (long long)o->tc.B * o->tc.T * o->dp * o->tc.accum;
+	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON) { /* the schedule is the multiplier; every group's rate scales */
+		double f = 1.0;
+		double adamw_lr = o->tc.lr.peak_lr; /* --lr: GPT-2's AdamW tensors */
+		o->tc.lr.peak_lr = 1.0;
+		if (loom_lr_scaled(1.0, o->lr_scale, tokens, o->ref_batch, &f) != LOOM_OK)
+			cli_die("train", "%s", loom_errmsg());
+		o->tc.muon.matrix_lr *= (float)f, o->tc.muon.embedding_lr *= (float)f;
+		o->tc.muon.unembedding_lr *= (float)f, o->tc.muon.scalar_lr *= (float)f;
+		o->tc.muon.adamw_lr = (float)(adamw_lr * f);
+		o->tc.muon.total_steps = o->tc.lr.total_steps;
+		if (o->wd_scale)
+			o->tc.muon.weight_decay = (float)loom_muon_weight_decay_scaled(
+				o->tc.muon.weight_decay, (double)tokens, (double)tokens * (double)o->tc.lr.total_steps,
+				(double)o->ref_tokens);
+		o->base_lr = 1.0, o->lr_factor = f;
+		return;
+	}
 	o->base_lr = o->tc.lr.peak_lr;
-	if (loom_lr_scaled(o->base_lr, o->lr_scale, (long long)o->tc.B * o->tc.T * o->dp * o->tc.accum, o->ref_batch,
-	                   &o->tc.lr.peak_lr) != LOOM_OK)
+	if (loom_lr_scaled(o->base_lr, o->lr_scale, tokens, o->ref_batch, &o->tc.lr.peak_lr) != LOOM_OK)
 		cli_die("train", "%s", loom_errmsg());
 }
 
@@ -482,14 +528,14 @@ static void print_token(void *ctx, int id)
 		fwrite(b, 1, (size_t)len, stdout);
 }
 
-static void sample(run_ctx_t *r, loom_gpt2_t *model, long long step)
+static void sample(run_ctx_t *r, loom_model_t *model, long long step)
 {
 	enum { N = 64 };
 	int prompt = r->tok.eot_token, n = 0;
 	if (!r->have_tok)
 		return;
 	printf("--- sample at step %lld ---\n", step);
-	if (loom_gpt2_generate(model, &prompt, 1, N, 1.0f, 40, r->o->tc.seed + (uint64_t)step, r->tok.eot_token,
+	if (loom_model_generate(model, &prompt, 1, N, 1.0f, 40, r->o->tc.seed + (uint64_t)step, r->tok.eot_token,
 	                       r->sample_buf, &n, print_token, r) != LOOM_OK)
 		printf("(sampling failed: %s)", loom_errmsg());
 	printf("\n---\n");
@@ -498,9 +544,18 @@ static void sample(run_ctx_t *r, loom_gpt2_t *model, long long step)
 /* What this run does, printed by rank 0 before the first step. */
 static void print_header(const opts_t *o, loom_trainer_t *tr)
 {
-	printf("model: L%d H%d C%d T%d V%d, %zu parameters%s%s\n", o->mc.n_layer, o->mc.n_head, o->mc.n_embd,
-	       o->mc.seq_len, o->mc.vocab_size, loom_gpt2_num_params(&o->mc), o->init_from ? ", from " : "",
-	       o->init_from ? o->init_from : "");
+	printf("model: %s L%d H%d C%d T%d V%d, %zu parameters%s%s\n", loom_arch_name(o->mc.arch), o->mc.n_layer,
+	       o->mc.n_head, o->mc.n_embd, o->mc.seq_len, o->mc.vocab_size, loom_model_num_params(&o->mc),
+	       o->init_from ? ", from " : "", o->init_from ? o->init_from : "");
+	if (o->mc.arch == LOOM_ARCH_NANOCHAT)
+		printf("nanochat: %d kv heads, window pattern %s (S = %d positions), vocabulary padded to a multiple of 64\n",
+		       o->mc.n_kv_head, o->mc.window_pattern, o->mc.short_window);
+	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON)
+		printf("optimizer: MuonAdamW: Muon matrices lr %g (momentum 0.85 -> 0.95 over 300 steps, weight decay %g "
+		       "-> 0), AdamW embeddings %g, lm head %g (x (C/768)^-0.5 = %.4f), scalars %g; the schedule multiplies "
+		       "them%s\n", o->tc.muon.matrix_lr, o->tc.muon.weight_decay, o->tc.muon.embedding_lr,
+		       o->tc.muon.unembedding_lr, pow(o->mc.n_embd / 768.0, -0.5), o->tc.muon.scalar_lr,
+		       o->dp > 1 ? "; DistMuon: each rank updates its share of the matrices" : "");
 	if (o->pp > 1)
 		printf("batch: B=%d T=%d micro-batches=%d dp=%d -> %lld tokens per step", o->tc.B, o->tc.T, o->tc.accum,
 		       o->dp, loom_trainer_tokens_per_step(tr));
@@ -512,7 +567,11 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		       loom_trainer_tokens_per_step(tr));
 	printf("; %lld steps; lr %g (%s, warmup %lld, min %g x)\n", o->tc.lr.total_steps, o->tc.lr.peak_lr,
 	       loom_schedule_name(o->tc.lr.kind), o->tc.lr.warmup, o->tc.lr.min_lr_frac);
-	if (o->lr_scale > 0)
+	if (o->lr_scale > 0 && o->tc.optimizer == LOOM_OPTIMIZER_MUON)
+		printf("lr: every group's rate x %g (%s scaling, %lld tokens per step vs a reference of %lld)\n",
+		       o->lr_factor, loom_lr_scale_name(o->lr_scale), loom_trainer_tokens_per_step(tr),
+		       o->ref_batch);
+	else if (o->lr_scale > 0)
 		printf("lr: peak %g = %g x %g (%s scaling, %lld tokens per step vs a reference of %lld)\n", o->tc.lr.peak_lr,
 		       o->base_lr, o->tc.lr.peak_lr / o->base_lr, loom_lr_scale_name(o->lr_scale),
 		       loom_trainer_tokens_per_step(tr), o->ref_batch);
@@ -530,7 +589,7 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	else if (o->tp > 1)
 		printf("tensor parallel: tp %d x dp %d = %d ranks (Megatron: heads, MLP columns and vocabulary rows split "
 		       "over tp neighbouring ranks; %zu shard parameters per rank)\n", o->tp, o->dp, o->world,
-		       loom_gpt2_shard_params(&o->mc, o->tp));
+		       loom_model_shard_params(&o->mc, o->tp));
 	if (o->dp > 1) {
 		if (o->tc.zero > 0)
 			printf("data parallel: %d ranks x %d thread%s; ZeRO stage %d: %s; gradients reduce-scattered in %s",
@@ -554,13 +613,17 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	printf("memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB (model states %.1f MiB; "
 	       "%s = %.1f MiB with P = %zu, N = %d), activations %.1f MiB, communication buffers %.1f MiB\n",
 	       mem.params / 1048576.0, mem.grads / 1048576.0, mem.optim / 1048576.0, mem.model_states / 1048576.0,
-	       mem.formula, mem.theory / 1048576.0, loom_gpt2_num_params(&o->mc), mem.dp, mem.activations / 1048576.0,
+	       mem.formula, mem.theory / 1048576.0, loom_model_num_params(&o->mc), mem.dp, mem.activations / 1048576.0,
 	       mem.comm / 1048576.0);
-	printf("activations per rank (checkpointing %s): kept %.2f MiB + recompute scratch %.2f MiB = %.2f MiB allocated "
-	       "(formula %s: %.2f MiB); plus head scratch %.2f MiB and backward scratch %.2f MiB\n",
+	char formula[256] = "";
+	if (mem.act_formula > 0) /* the family's written formula beside the allocation, when it has one */
+		snprintf(formula, sizeof formula, " (formula %s: %.2f MiB)", mem.act_formula_text,
+		         mem.act_formula / 1048576.0);
+	printf("activations per rank (checkpointing %s): kept %.2f MiB + recompute scratch %.2f MiB = %.2f MiB allocated"
+	       "%s; plus head scratch %.2f MiB and backward scratch %.2f MiB\n",
 	       loom_act_ckpt_name(mem.act_ckpt), mem.act.kept / 1048576.0, mem.act.recompute / 1048576.0,
-	       (mem.act.kept + mem.act.recompute) / 1048576.0, mem.act_formula_text, mem.act_formula / 1048576.0,
-	       mem.act.head / 1048576.0, mem.act.backward / 1048576.0);
+	       (mem.act.kept + mem.act.recompute) / 1048576.0, formula, mem.act.head / 1048576.0,
+	       mem.act.backward / 1048576.0);
 	const loom_cpu_t *cpu = loom_cpu();
 	loom_bf16_path_t path = LOOM_BF16_AUTO;
 	char mm[200];
@@ -576,7 +639,7 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		         100.0 * o->tc.gemm_flops / o->tc.peak_flops);
 	printf("MFU against the hardware's %s peak of %.1f GFLOP/s%s (%s)%s; %.4g FLOP per token\n",
 	       loom_compute_dtype_name(o->dtype), o->tc.peak_flops / 1e9, o->world > 1 ? " per rank" : "",
-	       o->tc.peak_source ? o->tc.peak_source : "given", gemm, loom_gpt2_flops_per_token(&o->mc, o->tc.T));
+	       o->tc.peak_source ? o->tc.peak_source : "given", gemm, loom_model_flops_per_token(&o->mc, o->tc.T));
 }
 
 static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
@@ -600,8 +663,9 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 		snprintf(eta, sizeof eta, "-");
 	if (r->o->tc.peak_flops > 0)
 		snprintf(mfu, sizeof mfu, "%.1f%%", 100.0 * r->iv_mfu / n);
-	printf("step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s", w, m->step, m->total,
-	       m->loss, m->lr, m->grad_norm, ms, (double)loom_trainer_tokens_per_step(tr) / (ms * 1e-3), mfu);
+	printf("step %*lld/%lld | loss %.6f | ema %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s", w, m->step,
+	       m->total, m->loss, m->loss_ema, m->lr, m->grad_norm, ms, (double)loom_trainer_tokens_per_step(tr) / (ms * 1e-3),
+	       mfu);
 	if (r->o->world > 1)
 		printf(" | comm %.1f ms, exposed %.1f ms, wait %.1f ms", r->iv_comm / n, r->iv_exposed / n, r->iv_wait / n);
 	if (r->o->pp > 1)
@@ -620,9 +684,9 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 		       "was busy; delete ~/.cache/loom/hw_peak* or give --peak-flops\n", r->o->tc.peak_flops / 1e9);
 	}
 	if (r->o->sample_every > 0 && m->step % r->o->sample_every == 0) {
-		loom_gpt2_profile(loom_trainer_model(tr), 0); /* --profile times training steps, not sampling */
+		loom_model_profile(loom_trainer_model(tr), 0); /* --profile times training steps, not sampling */
 		sample(r, loom_trainer_model(tr), m->step);
-		loom_gpt2_profile(loom_trainer_model(tr), r->o->profile);
+		loom_model_profile(loom_trainer_model(tr), r->o->profile);
 	}
 	return 0;
 }
@@ -723,6 +787,21 @@ static void setup_interrupt(int argc, char **argv, const opts_t *o)
 	signal(SIGINT, on_sigint);
 }
 
+/* The planner's prediction for this run (loom/plan.h) on this machine, idle, from the peak cache (no
+ * measuring beyond a short memory copy); 0 when it cannot say (no cached peak). */
+static int predict(const opts_t *o, loom_plan_t *p)
+{
+	loom_cluster_t c;
+	loom_plan_config_t pc = {.model = o->mc, .B = o->tc.B, .T = o->tc.T, .M = o->tc.accum, .dp = o->dp, .tp = o->tp,
+	                         .pp = o->pp, .zero = o->dp > 1 ? o->tc.zero : 0, .act_ckpt = o->act_ckpt,
+	                         .dtype = o->dtype, .grad_reduce_bf16 = o->tc.grad_reduce_dtype == LOOM_BFLOAT16,
+	                         .bucket_mb = o->tc.bucket_mb, .pp_head_split = o->tc.pp_head_split};
+	pc.schedule_gpipe = o->tc.pp_schedule && !strcmp(o->tc.pp_schedule, "gpipe");
+	if (loom_cluster_local(loom_num_threads(), 0, &c) != LOOM_OK || loom_plan_estimate(&pc, &c, p) != LOOM_OK)
+		return 0;
+	return 1;
+}
+
 static void print_summary(loom_trainer_t *tr, const opts_t *o, const char *resume)
 {
 	loom_train_summary_t s;
@@ -736,6 +815,13 @@ static void print_summary(loom_trainer_t *tr, const opts_t *o, const char *resum
 	       s.best_tokens_per_s);
 	if (o->tc.peak_flops > 0)
 		printf("; MFU %.1f%% mean", 100.0 * s.mean_mfu);
+	loom_plan_t p;
+	if (predict(o, &p) && s.steps > 0) {
+		double ms = 1e3 * s.step_s / s.steps, rss = (double)loom_peak_rss_bytes();
+		printf("\nsummary: predicted (loom plan, idle machine) vs measured: step %.1f ms vs %.1f ms mean (%+.0f%%); "
+		       "memory %.1f MiB vs peak RSS %.1f MiB (%+.0f%%)", 1e3 * p.step_time_s, ms, 100.0 * (1e3 * p.step_time_s / ms - 1),
+		       p.memory_rank0.total / 1048576.0, rss / 1048576.0, rss > 0 ? 100.0 * (p.memory_rank0.total / rss - 1) : 0.0);
+	}
 	printf("\nsummary: final loss %.6f", s.final_loss);
 	if (s.has_val)
 		printf("; best val loss %.6f at step %lld", s.best_val_loss, s.best_val_step);
@@ -755,7 +841,7 @@ int loom_cli_train(int argc, char **argv)
 	opts_t o;
 	loom_comm_t *comm = NULL;
 	loom_mesh_t *mesh = NULL;
-	loom_gpt2_t *model = NULL;
+	loom_model_t *model = NULL;
 	loom_trainer_t *tr = NULL;
 	float *init = NULL;
 	run_ctx_t r;
@@ -787,39 +873,42 @@ int loom_cli_train(int argc, char **argv)
 	loom_set_num_threads(o.threads > 0 ? o.threads : omp_get_max_threads()); /* default: OMP_NUM_THREADS or CPUs */
 	warn_oversubscription(&o);
 	model_config(&o);
-	if (loom_gpt2_tp_check(&o.mc, o.tp) != LOOM_OK)
+	if (loom_model_tp_check(&o.mc, o.tp) != LOOM_OK)
 		cli_die("train", "rank %d: --tp %d: %s", o.rank, o.tp, loom_errmsg());
 	batch_config(&o);
+	if (cli_train_memory_check(&(cli_memcheck_t){&o.mc, o.tc.B, o.tc.T, o.tc.accum, o.act_ckpt, o.tc.zero, o.dp, o.tp,
+	                                              o.pp, loom_num_threads(), o.dtype, o.rank, o.world}) != 0)
+		goto out;
 	find_tokenizer(&o);
 	r.o = &o;
 
-	/* ZeRO-2 keeps only a shard of the gradients, ZeRO-3 also of the parameters: the model then has no
-	 * buffer of its own for them; at stage 3 the initial parameters live in a buffer of ours until the
-	 * strategy has taken its shard (at the parameter sync below). */
-	loom_gpt2_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .tp_size = o.tp,
+	/* The strategy says what the model keeps of its own (ZeRO-2/3 keep shards instead); without its
+	 * own parameters the initial ones live in a buffer of ours until the strategy has taken its shard
+	 * (at the parameter sync below). */
+	loom_model_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .tp_size = o.tp,
 	                       .tp_rank = mesh ? loom_mesh_coord(mesh, LOOM_MESH_TP) : 0,
-	                       .no_own_grads = o.tc.zero >= 2 && o.dp > 1, .no_own_params = o.tc.zero == 3 && o.dp > 1,
 	                       .act_ckpt = o.act_ckpt,
 	                       .dtype = o.dtype};
-	if ((rc = loom_gpt2_create_opts(&model, &o.mc, &mo)) != LOOM_OK) {
+	loom_train_model_opts(&o.tc, o.dp, o.tp, &mo);
+	if ((rc = loom_model_create(&model, &o.mc, &mo)) != LOOM_OK) {
 		fprintf(stderr, "loom train: creating the model: %s%s", loom_errmsg(), rc == LOOM_ENOMEM ? "" : "\n");
 		if (rc == LOOM_ENOMEM) /* the sizes the user can act on */
 			fprintf(stderr, " (parameters and gradients alone: 2 x %zu bytes; AdamW adds 2 x as much; "
-			        "activations grow with --batch-size x --seq-len)\n", loom_gpt2_num_params(&o.mc) * sizeof(float));
+			        "activations grow with --batch-size x --seq-len)\n", loom_model_num_params(&o.mc) * sizeof(float));
 		goto out;
 	}
-	if (mo.no_own_params && (!(init = malloc(loom_gpt2_num_params(&o.mc) * sizeof(float))) ||
-	                         loom_gpt2_set_param_buffer(model, init) != LOOM_OK)) {
+	if (mo.no_own_params && (!(init = malloc(loom_model_num_params(&o.mc) * sizeof(float))) ||
+	                         loom_model_set_param_buffer(model, init) != LOOM_OK)) {
 		fprintf(stderr, "loom train: out of memory for the initial parameters\n");
 		goto out;
 	}
 	if (o.init_from) { /* the whole model from the file; a tensor-parallel rank keeps its shard */
-		float *full = o.tp > 1 ? malloc(loom_gpt2_num_params(&o.mc) * sizeof(float)) : loom_gpt2_params(model);
+		float *full = o.tp > 1 ? malloc(loom_model_num_params(&o.mc) * sizeof(float)) : loom_model_params(model);
 		if (!full)
-			cli_die("train", "--init-from: out of memory for %zu parameters", loom_gpt2_num_params(&o.mc));
+			cli_die("train", "--init-from: out of memory for %zu parameters", loom_model_num_params(&o.mc));
 		rc = loom_model_load(o.init_from, &o.mc, full);
 		if (rc == LOOM_OK && o.tp > 1)
-			loom_gpt2_tp_shard(&o.mc, o.tp, mo.tp_rank, full, loom_gpt2_params(model));
+			loom_model_tp_shard(&o.mc, o.tp, mo.tp_rank, full, loom_model_params(model));
 		if (o.tp > 1)
 			free(full);
 		if (rc != LOOM_OK) {
@@ -827,7 +916,7 @@ int loom_cli_train(int argc, char **argv)
 			goto out;
 		}
 	} else {
-		loom_gpt2_init(model, o.tc.seed);
+		loom_model_init(model, o.tc.seed);
 	}
 	o.tc.profile = o.profile; /* the trainer profiles its steps, not evaluations (nor sampling: on_step) */
 	if ((rc = loom_trainer_create(&tr, &o.tc, model)) != LOOM_OK) {
@@ -869,8 +958,16 @@ int loom_cli_train(int argc, char **argv)
 				       loom_trainer_steps_done(tr), o.tc.lr.total_steps);
 		}
 	}
-	if (o.rank == 0)
+	if (o.rank == 0) {
+		loom_plan_t p = {0};
 		print_header(&o, tr);
+		if (predict(&o, &p))
+			loom_trainer_set_prediction(tr, p.step_time_s, p.memory_rank0.total);
+		if (p.step_time_s > 0)
+			printf("plan: predicted step %.1f ms (%.0f tok/s, MFU %.1f%%), memory %.1f MiB on this rank (loom plan, "
+			       "idle machine; docs/plan.md)\n", 1e3 * p.step_time_s, p.tokens_per_s, 100.0 * p.mfu,
+			       p.memory_rank0.total / 1048576.0);
+	}
 	if (o.world > 1) { /* rank 0's parameters to every rank, verified there (collective) */
 		uint64_t sum;
 		if (loom_trainer_sync_params(tr, &sum) != LOOM_OK) {
@@ -911,14 +1008,14 @@ int loom_cli_train(int argc, char **argv)
 		print_summary(tr, &o, cmd);
 	}
 	if (o.profile && r.steps_run > 0 && o.rank == 0) {
-		loom_gpt2_profile_report(model, stdout, r.steps_run);
+		loom_model_profile_report(model, stdout, r.steps_run);
 		printf("optimizer (grad norm + AdamW): %.2f ms per step, %.1f%% of the step time\n",
 		       r.optim_ms / r.steps_run, 100.0 * r.optim_ms / r.step_ms);
 	}
 	status = 0;
 out:
 	loom_trainer_destroy(tr); /* before the model, the mesh and the communicator it uses */
-	loom_gpt2_destroy(model);
+	loom_model_destroy(model);
 	loom_mesh_destroy(mesh);
 	free(init);
 	loom_comm_destroy(comm);

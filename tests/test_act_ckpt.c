@@ -246,7 +246,7 @@ TEST(act_ckpt_train_bit_identical)
 		loom_gpt2_opts_t o = {.B = c.B, .T = c.T, .act_ckpt = modes[k]};
 		CHECK_OK(loom_gpt2_create_opts(&m[k], &cfg, &o));
 		loom_gpt2_init(m[k], 11);
-		CHECK_OK(loom_trainer_create(&tr[k], &c, m[k]));
+		CHECK_OK(loom_trainer_create(&tr[k], &c, loom_gpt2_model(m[k])));
 		CHECK_OK(loom_trainer_run(tr[k], rec, &r[k]));
 		CHECK_EQ(r[k].n, 6);
 		CHECK_EQ(loom_gpt2_recomputes(m[k]), k == 0 ? 0 : 6 * 2 * cfg.n_layer);

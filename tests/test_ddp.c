@@ -48,7 +48,7 @@ TEST(ddp_buckets_partition)
 	CHECK_OK(loom_comm_init(&comm));
 	CHECK_OK(loom_gpt2_create(&m, &tiny, 1, 8));
 	for (size_t k = 0; k < 3; k++) {
-		CHECK_OK(loom_ddp_create(&d, comm, m, sizes[k][0], sizes[k][1]));
+		CHECK_OK(loom_ddp_create(&d, comm, loom_gpt2_model(m), sizes[k][0], sizes[k][1]));
 		if (check_partition(d, n))
 			return 1;
 		int nb = loom_ddp_bucket(d, 0, &off, &cnt);
@@ -58,7 +58,7 @@ TEST(ddp_buckets_partition)
 			CHECK_EQ(nb, 1); /* the whole tiny model (28 KiB) fits in the 1 MiB first bucket */
 		loom_ddp_destroy(d);
 	}
-	CHECK_ERR(loom_ddp_create(&d, comm, m, 0, 1), LOOM_EINVAL);
+	CHECK_ERR(loom_ddp_create(&d, comm, loom_gpt2_model(m), 0, 1), LOOM_EINVAL);
 	loom_gpt2_destroy(m);
 	loom_comm_destroy(comm);
 	return 0;
@@ -80,7 +80,7 @@ static int ddp_average_rank(int rank, int nranks, void *arg)
 	CHECK_OK(loom_comm_init(&comm));
 	CHECK_OK(loom_gpt2_create(&m, &tiny, 2, 8));
 	loom_gpt2_init(m, 1234);
-	CHECK_OK(loom_ddp_create(&d, comm, m, bucket_mb, bucket_mb / 4));
+	CHECK_OK(loom_ddp_create(&d, comm, loom_gpt2_model(m), bucket_mb, bucket_mb / 4));
 	float *local = malloc(n * sizeof(float)), *all = malloc(n * sizeof(float) * (size_t)nranks);
 	CHECK(local && all);
 
@@ -171,7 +171,7 @@ static int ddp_accum_rank(int rank, int nranks, void *arg)
 	CHECK_OK(loom_comm_init(&comm));
 	CHECK_OK(loom_gpt2_create(&m, &tiny, 2, 8));
 	loom_gpt2_init(m, 99);
-	CHECK_OK(loom_ddp_create(&d, comm, m, 0.004, 0.001));
+	CHECK_OK(loom_ddp_create(&d, comm, loom_gpt2_model(m), 0.004, 0.001));
 	int nb = loom_ddp_bucket(d, 0, NULL, NULL);
 	CHECK(nb > 2);
 	float *local = malloc(n * sizeof(float)), *all = malloc(n * sizeof(float) * (size_t)nranks);
@@ -235,7 +235,7 @@ static int ddp_mismatch_rank(int rank, int nranks, void *arg)
 	CHECK_OK(loom_comm_init(&comm));
 	CHECK_OK(loom_gpt2_create(&m, &tiny, 1, 8));
 	loom_gpt2_init(m, 7);
-	CHECK_OK(loom_ddp_create(&d, comm, m, 25, 1));
+	CHECK_OK(loom_ddp_create(&d, comm, loom_gpt2_model(m), 25, 1));
 	CHECK_OK(loom_ddp_broadcast_params(d));
 	if (rank == 1)
 		loom_gpt2_params(m)[5] += 1.0f;
@@ -272,7 +272,7 @@ TEST(ddp_create_alloc_failures)
 	for (long k = 1; k < 1000; k++) {
 		loom__fault_alloc_set(k);
 		d = (loom_ddp_t *)&k; /* must become NULL on failure */
-		int rc = loom_ddp_create(&d, comm, m, 0.001, 0.001);
+		int rc = loom_ddp_create(&d, comm, loom_gpt2_model(m), 0.001, 0.001);
 		int hit = loom__fault_alloc_hit();
 		loom__fault_alloc_set(0);
 		if (rc == LOOM_OK) {
@@ -314,7 +314,7 @@ TEST(ddp_grad_view_not_taken_over)
 	CHECK_OK(loom_gpt2_create(&m, &tiny, 1, 8));
 	loom_gpt2_init(m, 5);
 	float *own = loom_gpt2_grads(m);
-	CHECK_OK(loom_ddp_create(&d, comm, m, 25, 1));
+	CHECK_OK(loom_ddp_create(&d, comm, loom_gpt2_model(m), 25, 1));
 	CHECK(loom_ddp_grads(d) != own);
 	CHECK(loom_gpt2_grads(m) == loom_ddp_grads(d));
 	loom_gpt2_zero_grad(m);
@@ -338,7 +338,7 @@ TEST(strategy_selection)
 	loom_strategy_t *s;
 	char text[1024];
 	CHECK_OK(loom_gpt2_create(&m, &tiny, 1, 8));
-	loom_strategy_config_t c = {.name = NULL, .zero = 0, .model = m, .dp = NULL, .writer = 1,
+	loom_strategy_config_t c = {.name = NULL, .zero = 0, .model = loom_gpt2_model(m), .dp = NULL, .writer = 1,
 	                            .adamw = loom_adamw_defaults(), .bucket_mb = 25};
 	float *own = loom_gpt2_grads(m);
 	CHECK_OK(loom__strategy_create(&s, &c));
@@ -383,14 +383,14 @@ static int strategy_invariant_rank(int rank, int nranks, void *arg)
 	CHECK_OK(loom_gpt2_create(&ref, &tiny, 2, 8));
 	loom_gpt2_init(m, 21 + (uint64_t)rank); /* different on every rank: sync_params makes them rank 0's */
 	loom_gpt2_init(ref, 21);
-	loom_strategy_config_t c = {.name = "ddp", .model = m, .dp = comm, .writer = rank == 0,
+	loom_strategy_config_t c = {.name = "ddp", .model = loom_gpt2_model(m), .dp = comm, .writer = rank == 0,
 	                            .adamw = loom_adamw_defaults(), .bucket_mb = 0.002};
 	CHECK_OK(loom__strategy_create(&s, &c));
 	CHECK_STREQ(s->ops->name, "ddp");
 	CHECK(s->grads == loom_gpt2_grads(m));
 	CHECK_EQ(s->dp_rank, rank);
 	CHECK_EQ(s->dp_size, nranks);
-	c.model = ref, c.dp = NULL;
+	c.model = loom_gpt2_model(ref), c.dp = NULL;
 	CHECK_OK(loom__strategy_create(&l, &c));
 	CHECK_STREQ(l->ops->name, "local");
 	CHECK_OK(s->ops->sync_params(s));

@@ -367,7 +367,7 @@ static int trainer_rank(int rank, int nranks, void *arg)
 	CHECK_OK(loom_gpt2_create(&model, &mc, 2, 16));
 	loom_gpt2_init(model, 100 + (uint64_t)rank); /* a different model on every rank */
 	c.comm = comm;
-	CHECK_OK(loom_trainer_create(&tr, &c, model));
+	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(model)));
 	CHECK_EQ(loom_trainer_rank(tr), rank);
 	CHECK_EQ(loom_trainer_world(tr), nranks);
 	CHECK_EQ(loom_trainer_tokens_per_step(tr), 2 * 16 * 2 * nranks);
@@ -428,21 +428,21 @@ static int trainer_mesh_rank(int rank, int nranks, void *arg)
 	loom_gpt2_init(ma, 9), loom_gpt2_init(mb, 9);
 
 	c.mesh = tp2; /* a whole model on a tensor-parallel mesh */
-	CHECK_ERR(loom_trainer_create(&tb, &c, mb), LOOM_EINVAL);
+	CHECK_ERR(loom_trainer_create(&tb, &c, loom_gpt2_model(mb)), LOOM_EINVAL);
 	snprintf(want, sizeof want, "trainer: rank %d: the mesh puts it at tensor-parallel rank %d of 2, but the model "
 	         "was created as shard 0 of 1", rank, rank);
 	CHECK_CONTAINS(loom_errmsg(), want);
 	c.mesh = NULL, c.comm = comm, c.strategy = "zero3";
-	CHECK_ERR(loom_trainer_create(&tb, &c, mb), LOOM_ENOTSUP);
+	CHECK_ERR(loom_trainer_create(&tb, &c, loom_gpt2_model(mb)), LOOM_ENOTSUP);
 	CHECK_CONTAINS(loom_errmsg(), "parallel strategy 'zero3' does not exist (available: ddp)");
 	c.strategy = "ddp", c.zero = 7;
-	CHECK_ERR(loom_trainer_create(&tb, &c, mb), LOOM_ENOTSUP);
+	CHECK_ERR(loom_trainer_create(&tb, &c, loom_gpt2_model(mb)), LOOM_ENOTSUP);
 	CHECK_CONTAINS(loom_errmsg(), "strategy 'ddp' with ZeRO stage 7 is not implemented");
 	c.zero = 0;
 
-	CHECK_OK(loom_trainer_create(&ta, &c, ma)); /* the plain communicator */
+	CHECK_OK(loom_trainer_create(&ta, &c, loom_gpt2_model(ma))); /* the plain communicator */
 	c.comm = NULL, c.mesh = mesh;
-	CHECK_OK(loom_trainer_create(&tb, &c, mb)); /* the same ranks as a mesh */
+	CHECK_OK(loom_trainer_create(&tb, &c, loom_gpt2_model(mb))); /* the same ranks as a mesh */
 	CHECK_EQ(loom_trainer_rank(tb), rank);
 	CHECK_EQ(loom_trainer_world(tb), nranks);
 	CHECK_EQ(loom_trainer_tokens_per_step(tb), 2 * 16 * 2 * nranks);

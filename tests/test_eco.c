@@ -90,7 +90,7 @@ TEST(hf_checkpoint_loads)
 	tc.train_data = train, tc.tokenizer = tokpath, tc.save_dir = save;
 	tc.B = 2, tc.T = 12, tc.accum = 1;
 	tc.lr.total_steps = 2, tc.lr.peak_lr = 1e-3, tc.lr.warmup = 0;
-	CHECK_OK(loom_trainer_create(&tr, &tc, model));
+	CHECK_OK(loom_trainer_create(&tr, &tc, loom_gpt2_model(model)));
 	CHECK_OK(loom_trainer_run(tr, NULL, NULL));
 	loom_trainer_destroy(tr);
 	loom_gpt2_destroy(model);

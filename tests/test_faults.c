@@ -277,7 +277,7 @@ static int call_ddp_create(void *arg, int *rc)
 	ddp_arg_t *a = arg;
 	loom_ddp_t *d = (loom_ddp_t *)1;
 	float *own = loom_gpt2_grads(a->model);
-	*rc = loom_ddp_create(&d, a->comm, a->model, 0.05, 0.01);
+	*rc = loom_ddp_create(&d, a->comm, loom_gpt2_model(a->model), 0.05, 0.01);
 	fault_pause();
 	if (*rc != LOOM_OK) /* a failed create leaves the model on its own gradients */
 		return d != NULL || loom_gpt2_grads(a->model) != own;

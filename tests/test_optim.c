@@ -198,7 +198,24 @@ TEST(lr_schedule_values)
 	CHECK_EQ(k, LOOM_SCHED_LINEAR);
 	CHECK_STREQ(loom_schedule_name(LOOM_SCHED_CONSTANT), "constant");
 	CHECK_ERR(loom_schedule_parse("step", &k), LOOM_EINVAL);
-	CHECK_CONTAINS(loom_errmsg(), "cosine, linear or constant");
+	CHECK_CONTAINS(loom_errmsg(), "cosine, linear, constant or warmdown");
+	/* nanochat's warmdown (base_train's get_lr_multiplier at it = s - 1): W = 2, N = 10, D = round(0.25 x 10)
+	 * = 2 (half to even), floor 0.1: 1/2, 1 (it = 1), then the peak up to it = 8, and it = 9: f = 1/2 */
+	loom_lr_schedule_t w = {.peak_lr = 1e-3, .warmup = 2, .total_steps = 10, .kind = LOOM_SCHED_WARMDOWN,
+	                        .min_lr_frac = 0.1, .warmdown_frac = 0.25};
+	CHECK_OK(loom_schedule_check(&w));
+	CHECK_FEQ(loom_schedule_lr(&w, 1), (float)5e-4);
+	CHECK_FEQ(loom_schedule_lr(&w, 2), (float)1e-3);
+	CHECK_FEQ(loom_schedule_lr(&w, 9), (float)1e-3);
+	CHECK_FEQ(loom_schedule_lr(&w, 10), (float)(1e-3 * (0.5 + 0.5 * 0.1)));
+	w.warmdown_frac = 0.35; /* D = round(3.5) = 4 (to even): it = 7 -> f = 3/4 */
+	CHECK_FEQ(loom_schedule_lr(&w, 8), (float)(1e-3 * (0.75 + 0.25 * 0.1)));
+	w.warmdown_frac = 0.0; /* nanochat's default, 0.5: D = 5, it = 6 -> f = 4/5 */
+	CHECK_FEQ(loom_schedule_lr(&w, 7), (float)(1e-3 * (0.8 + 0.2 * 0.1)));
+	CHECK_OK(loom_schedule_parse("warmdown", &k));
+	CHECK_EQ(k, LOOM_SCHED_WARMDOWN);
+	w.warmdown_frac = 1.5;
+	CHECK_ERR(loom_schedule_check(&w), LOOM_EINVAL);
 	s.min_lr_frac = 1.5;
 	CHECK_ERR(loom_schedule_check(&s), LOOM_EINVAL);
 	return 0;

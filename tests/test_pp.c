@@ -87,7 +87,7 @@ static int reference(int accum)
 		g_mc.n_layer = g_heavy == 2 ? 4 : 2, g_mc.n_embd = 32, g_mc.vocab_size = 4096;
 	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
 	loom_gpt2_init(m, 11);
-	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
 	for (int s = 1; s <= STEPS; s++) {
 		CHECK_OK(loom_trainer_step(tr, &sm));
 		g_ref[s] = sm.loss, g_ref_norm[s] = sm.grad_norm;
@@ -205,7 +205,7 @@ static int pp_rank(int rank, int nranks, void *arg)
 	CHECK_OK(loom_gpt2_create_opts(&m, &g_mc, &o));
 	loom_gpt2_init(m, r->resume ? 99 : 11); /* a resumed run's parameters come from the checkpoint */
 	c.mesh = mesh;
-	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
 	if (r->resume) {
 		CHECK_OK(loom_trainer_resume(tr, r->resume));
 		first = (int)loom_trainer_steps_done(tr) + 1;
@@ -329,7 +329,7 @@ static int resume_one_process(int accum, double tol)
 	loom_train_config_t c = config(glob, accum);
 	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
 	loom_gpt2_init(m, 99); /* overwritten by the checkpoint */
-	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
 	CHECK_OK(loom_trainer_resume(tr, save));
 	CHECK_EQ(loom_trainer_steps_done(tr), 5);
 	for (int s = 6; s <= STEPS; s++) {
@@ -482,13 +482,13 @@ static int bad_rank(int rank, int nranks, void *arg)
 	CHECK_OK(loom_gpt2_create(&m, &mc, 1, TT));
 	CHECK_OK(loom_mesh_create(&mesh, comm, 1, 1, 4));
 	c.mesh = mesh;
-	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_ERR(loom_trainer_create(&tr, &c, loom_gpt2_model(m)), LOOM_EINVAL);
 	CHECK(tr == NULL);
 	snprintf(want, sizeof want, "trainer: rank %d: a pipeline of 4 stages for a model of 2 layers: every stage "
 	         "needs at least one layer (pp <= 2)", rank);
 	CHECK_CONTAINS(loom_errmsg(), want);
 	c.pp_schedule = "zigzag";
-	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_ERR(loom_trainer_create(&tr, &c, loom_gpt2_model(m)), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "pipeline schedule 'zigzag' is not one of gpipe");
 	loom_gpt2_destroy(m);
 	loom_mesh_destroy(mesh);
@@ -505,7 +505,7 @@ static int bad_rank(int rank, int nranks, void *arg)
 	loom_gpt2_opts_t o = {.B = 1, .T = TT, .tp_size = 2, .tp_rank = loom_mesh_coord(mesh, LOOM_MESH_TP)};
 	CHECK_OK(loom_gpt2_create_opts(&m, &mc, &o));
 	c.mesh = mesh;
-	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_ERR(loom_trainer_create(&tr, &c, loom_gpt2_model(m)), LOOM_EINVAL);
 	snprintf(want, sizeof want, "trainer: rank %d: a pipeline of 2 stages for a model of 1 layers", rank);
 	CHECK_CONTAINS(loom_errmsg(), want);
 	loom_gpt2_destroy(m);
@@ -557,7 +557,7 @@ static int death_rank(int rank, int nranks, void *arg)
 	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
 	loom_gpt2_init(m, 11);
 	c.mesh = mesh;
-	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
 	CHECK_OK(loom_trainer_step(tr, &sm));
 	CHECK_OK(loom_trainer_step(tr, &sm));
 	if (rank == 1)

@@ -28,7 +28,7 @@ static int record(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 	record_t *r = ctx;
 	r->loss[m->step] = m->loss, r->norm[m->step] = m->grad_norm, r->lr[m->step] = m->lr;
 	if (m->step == 1) /* clipping is fused into AdamW, so the buffer still holds the raw gradients */
-		memcpy(r->grads1, loom_gpt2_grads(loom_trainer_model(tr)), r->n * sizeof(float));
+		memcpy(r->grads1, loom_model_grads(loom_trainer_model(tr)), r->n * sizeof(float));
 	return 0;
 }
 
@@ -92,7 +92,7 @@ TEST(torch_reference)
 	r.n = n;
 	r.grads1 = malloc(n * sizeof(float));
 	CHECK(r.grads1 != NULL);
-	CHECK_OK(loom_trainer_create(&tr, &tc, model));
+	CHECK_OK(loom_trainer_create(&tr, &tc, loom_gpt2_model(model)));
 	CHECK_OK(loom_trainer_run(tr, record, &r));
 	loom_trainer_destroy(tr);
 

@@ -77,7 +77,7 @@ static int reference(tp_case_t *c)
 	CHECK_OK(loom_gpt2_create(&m, &mc, B, T));
 	loom_gpt2_init(m, 11);
 	loom_train_config_t tc = train_config(c, c->dp);
-	CHECK_OK(loom_trainer_create(&tr, &tc, m));
+	CHECK_OK(loom_trainer_create(&tr, &tc, loom_gpt2_model(m)));
 	for (int s = 1; s <= STEPS; s++) {
 		CHECK_OK(loom_trainer_step(tr, &sm));
 		c->ref_loss[s] = sm.loss;
@@ -147,7 +147,7 @@ static int tp_rank_fn(int rank, int nranks, void *arg)
 	loom_gpt2_init(m, 11);
 	loom_train_config_t tc = train_config(c, 1);
 	tc.mesh = mesh, tc.check_replicas = 1, tc.save_dir = c->save_at ? c->dir : NULL;
-	CHECK_OK(loom_trainer_create(&tr, &tc, m));
+	CHECK_OK(loom_trainer_create(&tr, &tc, loom_gpt2_model(m)));
 	int last = c->save_at ? c->save_at : STEPS, first = 1;
 	if (c->resume) {
 		CHECK_OK(loom_trainer_resume(tr, c->dir));
@@ -296,7 +296,7 @@ TEST(tp2_checkpoint_resumes_on_one_process)
 	CHECK_OK(loom_gpt2_create(&m, &mc, B, T));
 	loom_train_config_t tc = train_config(&c, 1);
 	tc.save_dir = c.dir;
-	CHECK_OK(loom_trainer_create(&tr, &tc, m));
+	CHECK_OK(loom_trainer_create(&tr, &tc, loom_gpt2_model(m)));
 	CHECK_OK(loom_trainer_resume(tr, c.dir));
 	CHECK_EQ(loom_trainer_steps_done(tr), HALF);
 	for (int s = HALF + 1; s <= STEPS; s++) {
@@ -423,7 +423,7 @@ static int tp_death_rank(int rank, int nranks, void *arg)
 	loom_gpt2_init(m, 11);
 	loom_train_config_t tc = train_config(c, 1);
 	tc.mesh = mesh;
-	CHECK_OK(loom_trainer_create(&tr, &tc, m));
+	CHECK_OK(loom_trainer_create(&tr, &tc, loom_gpt2_model(m)));
 	CHECK_OK(loom_trainer_step(tr, &sm));
 	CHECK_OK(loom_trainer_step(tr, &sm));
 	if (rank == 1) {

@@ -83,7 +83,7 @@ TEST(train_resume_bit_identical)
 	c.save_dir = ck1, c.save_every = 3, c.log_path = log1;
 	CHECK_OK(loom_gpt2_create(&a, &tiny, c.B, c.T));
 	loom_gpt2_init(a, 9);
-	CHECK_OK(loom_trainer_create(&ta, &c, a));
+	CHECK_OK(loom_trainer_create(&ta, &c, loom_gpt2_model(a)));
 	CHECK_OK(loom_trainer_run(ta, rec, &la));
 	CHECK_EQ(la.last, 6);
 	CHECK_MSG(la.loss[6] < la.loss[1], "loss did not fall: %.6f -> %.6f", la.loss[1], la.loss[6]);
@@ -92,7 +92,7 @@ TEST(train_resume_bit_identical)
 	c.save_dir = ck2, c.log_path = NULL;
 	CHECK_OK(loom_gpt2_create(&b, &tiny, c.B, c.T));
 	loom_gpt2_init(b, 77);
-	CHECK_OK(loom_trainer_create(&tb, &c, b));
+	CHECK_OK(loom_trainer_create(&tb, &c, loom_gpt2_model(b)));
 	snprintf(step3, sizeof step3, "%s/step_00000003", ck1);
 	CHECK_OK(loom_trainer_resume(tb, step3));
 	CHECK_EQ(loom_trainer_steps_done(tb), 3);
@@ -111,19 +111,19 @@ TEST(train_resume_bit_identical)
 	loom_trainer_destroy(tb), tb = NULL;
 
 	/* resuming from the directory picks the latest complete checkpoint (6); nothing is left to do */
-	CHECK_OK(loom_trainer_create(&tb, &c, b));
+	CHECK_OK(loom_trainer_create(&tb, &c, loom_gpt2_model(b)));
 	CHECK_OK(loom_trainer_resume(tb, ck1));
 	CHECK_EQ(loom_trainer_steps_done(tb), 6);
 	loom_trainer_destroy(tb), tb = NULL;
 
 	/* other batch settings are refused */
 	c.accum = 1;
-	CHECK_OK(loom_trainer_create(&tb, &c, b));
+	CHECK_OK(loom_trainer_create(&tb, &c, loom_gpt2_model(b)));
 	CHECK_ERR(loom_trainer_resume(tb, ck1), LOOM_EMISMATCH);
 	CHECK_CONTAINS(loom_errmsg(), "the checkpoint has 1 data-parallel rank(s) x accumulation 2, this run 1 x 1");
 	loom_trainer_destroy(tb), tb = NULL;
 	/* and an empty directory has nothing to resume */
-	CHECK_OK(loom_trainer_create(&tb, &c, b));
+	CHECK_OK(loom_trainer_create(&tb, &c, loom_gpt2_model(b)));
 	CHECK_ERR(loom_trainer_resume(tb, dir), LOOM_ENOENT);
 
 	loom_trainer_destroy(ta);
@@ -151,9 +151,9 @@ TEST(train_accum_equals_big_batch)
 	CHECK_OK(loom_gpt2_create(&b, &tiny, 4, c.T));
 	loom_gpt2_init(a, 1), loom_gpt2_init(b, 1);
 	c.B = 2, c.accum = 2;
-	CHECK_OK(loom_trainer_create(&ta, &c, a));
+	CHECK_OK(loom_trainer_create(&ta, &c, loom_gpt2_model(a)));
 	c.B = 4, c.accum = 1;
-	CHECK_OK(loom_trainer_create(&tb, &c, b));
+	CHECK_OK(loom_trainer_create(&tb, &c, loom_gpt2_model(b)));
 	CHECK_EQ(loom_trainer_tokens_per_step(ta), loom_trainer_tokens_per_step(tb));
 	CHECK_OK(loom_trainer_run(ta, rec, &la));
 	CHECK_OK(loom_trainer_run(tb, rec, &lb));
@@ -200,7 +200,7 @@ TEST(train_jsonl_log)
 	c.save_dir = ck, c.save_every = 4, c.lr.total_steps = 5;
 	CHECK_OK(loom_gpt2_create(&m, &tiny, c.B, c.T));
 	loom_gpt2_init(m, 3);
-	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
 	CHECK_OK(loom_trainer_run(tr, rec, &l));
 	loom_trainer_destroy(tr), tr = NULL;
 
@@ -239,7 +239,7 @@ TEST(train_jsonl_log)
 	 * summary: still 5 step lines */
 	char step4[800];
 	snprintf(step4, sizeof step4, "%s/step_00000004", ck);
-	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
 	CHECK_OK(loom_trainer_resume(tr, step4));
 	CHECK_OK(loom_trainer_run(tr, NULL, NULL));
 	loom_trainer_destroy(tr);
@@ -281,49 +281,49 @@ TEST(train_rejects_bad_settings)
 	loom_train_config_t c = base_config(data);
 
 	c.T = 32;
-	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_ERR(loom_trainer_create(&tr, &c, loom_gpt2_model(m)), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "sequence length 32 exceeds the model's maximum seq_len 16");
 	c = base_config(bad);
-	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_ERR(loom_trainer_create(&tr, &c, loom_gpt2_model(m)), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "outside the model's vocabulary of 37");
 	CHECK_CONTAINS(loom_errmsg(), "big.bin");
 	c = base_config(data);
 	c.val_data = bad;
-	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_ERR(loom_trainer_create(&tr, &c, loom_gpt2_model(m)), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "validation data");
 	c = base_config(NULL);
-	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_ERR(loom_trainer_create(&tr, &c, loom_gpt2_model(m)), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "--train-data");
 	snprintf(bad, sizeof bad, "%s/nothing_*.bin", dir);
 	c = base_config(bad);
-	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_ENOENT);
+	CHECK_ERR(loom_trainer_create(&tr, &c, loom_gpt2_model(m)), LOOM_ENOENT);
 	c = base_config(data);
 	c.accum = 0;
-	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_ERR(loom_trainer_create(&tr, &c, loom_gpt2_model(m)), LOOM_EINVAL);
 	c = base_config(data);
 	c.lr.total_steps = 0;
-	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_ERR(loom_trainer_create(&tr, &c, loom_gpt2_model(m)), LOOM_EINVAL);
 	/* issue 13, finding 11: eps = 0 gave NaN weights, saved; a negative clip was accepted */
 	c = base_config(data);
 	c.adamw.eps = 0;
-	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_ERR(loom_trainer_create(&tr, &c, loom_gpt2_model(m)), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "AdamW eps 0 must be finite and > 0");
 	c = base_config(data);
 	c.grad_clip = -1;
-	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_ERR(loom_trainer_create(&tr, &c, loom_gpt2_model(m)), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "grad clip -1 must be finite and >= 0");
 	c = base_config(data);
 	c.adamw.beta2 = 1.0f;
-	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_ERR(loom_trainer_create(&tr, &c, loom_gpt2_model(m)), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "betas (0.9, 1) must be in [0, 1)");
 	/* issue 13, finding 4: an unusable --save-dir fails at create, not at the first save */
 	c = base_config(data);
 	c.save_dir = data; /* a regular file */
-	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_ERR(loom_trainer_create(&tr, &c, loom_gpt2_model(m)), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "ok.bin is not a directory");
 	/* issue 13, finding 11: a directory matched as a shard */
 	c = base_config(dir);
-	CHECK_ERR(loom_trainer_create(&tr, &c, m), LOOM_EINVAL);
+	CHECK_ERR(loom_trainer_create(&tr, &c, loom_gpt2_model(m)), LOOM_EINVAL);
 	CHECK_CONTAINS(loom_errmsg(), "is a directory, not a token shard file");
 	CHECK(tr == NULL);
 	loom_gpt2_destroy(m);
@@ -587,7 +587,7 @@ TEST(train_log_before_checkpoint)
 	c.tokenizer = tokp;
 	CHECK_OK(loom_gpt2_create(&m, &tiny, c.B, c.T));
 	loom_gpt2_init(m, 3);
-	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
 	CHECK_ERR(loom_trainer_run(tr, drop_tokenizer, tokp), LOOM_ENOENT);
 	loom_trainer_destroy(tr);
 	FILE *f = fopen(logp, "r");
@@ -672,7 +672,7 @@ TEST(train_stops_on_divergence)
 	c.grad_clip = 0.0, c.save_dir = ck, c.save_every = 1;
 	CHECK_OK(loom_gpt2_create(&m, &tiny, c.B, c.T));
 	loom_gpt2_init(m, 1);
-	CHECK_OK(loom_trainer_create(&tr, &c, m));
+	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
 	CHECK_ERR(loom_trainer_run(tr, rec, &l), LOOM_ESTATE);
 	CHECK_CONTAINS(loom_errmsg(), "training diverged");
 	long long bad = loom_trainer_steps_done(tr);

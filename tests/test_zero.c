@@ -197,7 +197,7 @@ static int invariant_rank(int rank, int nranks, void *arg)
 	CHECK_OK(loom_gpt2_create(&one, &tiny, 2, 8));
 	loom_gpt2_init(m, 21 + (uint64_t)rank); /* different on every rank: sync_params makes them rank 0's */
 	loom_gpt2_init(ref, 21), loom_gpt2_init(one, 21);
-	loom_strategy_config_t c = {.name = "ddp", .zero = stage, .model = m, .dp = comm, .writer = rank == 0,
+	loom_strategy_config_t c = {.name = "ddp", .zero = stage, .model = loom_gpt2_model(m), .dp = comm, .writer = rank == 0,
 	                            .adamw = loom_adamw_defaults(), .bucket_mb = 0.002};
 	CHECK_OK(loom__strategy_create(&s, &c));
 	CHECK_STREQ(s->ops->name, stage == 1 ? "zero1" : stage == 2 ? "zero2" : "zero3");
@@ -211,10 +211,10 @@ static int invariant_rank(int rank, int nranks, void *arg)
 	CHECK(stage == 1 ? s->grads == loom_gpt2_grads(m) : s->grads == NULL);
 	for (int q = 0; q < nranks; q++)
 		counts[q] = loom__zero_shard_offset(n, q + 1, nranks) - loom__zero_shard_offset(n, q, nranks);
-	c.zero = 0, c.model = ref, c.dp = comm2;
+	c.zero = 0, c.model = loom_gpt2_model(ref), c.dp = comm2;
 	CHECK_OK(loom__strategy_create(&d, &c));
 	CHECK_STREQ(d->ops->name, "ddp");
-	c.model = one, c.dp = NULL;
+	c.model = loom_gpt2_model(one), c.dp = NULL;
 	CHECK_OK(loom__strategy_create(&l, &c));
 	CHECK_STREQ(l->ops->name, "local");
 	CHECK_OK(s->ops->sync_params(s));
@@ -337,7 +337,7 @@ TEST(zero_selection)
 	loom_strategy_t *s;
 	char text[2048];
 	CHECK_OK(loom_gpt2_create(&m, &tiny, 1, 8));
-	loom_strategy_config_t c = {.name = "ddp", .zero = 1, .model = m, .dp = NULL, .writer = 1,
+	loom_strategy_config_t c = {.name = "ddp", .zero = 1, .model = loom_gpt2_model(m), .dp = NULL, .writer = 1,
 	                            .adamw = loom_adamw_defaults(), .bucket_mb = 25};
 	CHECK_ERR(loom__strategy_create(&s, &c), LOOM_ENOTSUP);
 	CHECK(s == NULL);
@@ -453,7 +453,7 @@ TEST(zero_resharding)
 	loom_strategy_t *s;
 	CHECK_OK(loom_gpt2_preset("tiny", &mc));
 	CHECK_OK(loom_gpt2_create(&m, &mc, 1, 8));
-	loom_strategy_config_t c = {.name = "ddp", .model = m, .writer = 1, .adamw = loom_adamw_defaults(), .bucket_mb = 1};
+	loom_strategy_config_t c = {.name = "ddp", .model = loom_gpt2_model(m), .writer = 1, .adamw = loom_adamw_defaults(), .bucket_mb = 1};
 	CHECK_OK(loom__strategy_create(&s, &c));
 	snprintf(path, sizeof path, "%s/z3/step_00000010", dir);
 	CHECK_OK(s->ops->load(s, path, 10)); /* one process reads the two shards */
@@ -494,7 +494,7 @@ static int memory_rank(int rank, int nranks, void *arg)
 		loom_gpt2_opts_t mo = {.B = 1, .T = 8, .no_own_grads = stage >= 2};
 		CHECK_OK(loom_gpt2_create_opts(&m, &mc, &mo));
 		loom_gpt2_init(m, 5);
-		CHECK_OK(loom_trainer_create(&tr, &c, m));
+		CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
 		CHECK_OK(loom_trainer_memory(tr, &mem));
 		CHECK_EQ(mem.zero, stage);
 		CHECK_EQ(mem.dp, nranks);

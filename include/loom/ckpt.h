@@ -81,34 +81,34 @@ typedef enum { LOOM_MODEL_SAFETENSORS, LOOM_MODEL_LLMC } loom_model_format_t;
  * __metadata__ "n_head", else from config.json beside the file (HF layout), else from n_head_hint
  * (> 0; e.g. the CLI's --n-head); LOOM_EINVAL naming the file when none has it. llm.c .bin: the
  * header. Writes the format to *fmt when fmt is not NULL. */
-int loom_model_config(const char *path, int n_head_hint, loom_gpt2_config_t *cfg, loom_model_format_t *fmt);
-/* Load the parameters (loom_gpt2_num_params(cfg) floats, layout of loom/gpt2.h) into params. cfg
+int loom_model_config(const char *path, int n_head_hint, loom_model_config_t *cfg, loom_model_format_t *fmt);
+/* Load the parameters (loom_model_num_params(cfg) floats, layout of loom/gpt2.h) into params. cfg
  * must be what loom_model_config returns for this file. safetensors: accepts a "transformer."
  * prefix, ignores attn.bias / attn.masked_bias buffers and an lm_head.weight equal to wte; F16/BF16
  * are converted. Missing, extra or wrong-shaped tensors give LOOM_EFORMAT naming the tensor.
  * llm.c: transposes its (out, in) matrices to HF's Conv1D (in, out) and drops the padded rows. */
-int loom_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params);
+int loom_model_load(const char *path, const loom_model_config_t *cfg, float *params);
 /* Both in one: *params is allocated with loom_alloc_aligned semantics (free with free()). */
-int loom_model_load_alloc(const char *path, int n_head_hint, loom_gpt2_config_t *cfg, float **params);
+int loom_model_load_alloc(const char *path, int n_head_hint, loom_model_config_t *cfg, float **params);
 /* Save as llm.c .bin (version 3, vocab padded to a multiple of 128 with zero rows) when path ends in
  * ".bin", else as safetensors with HF names and shapes and the config in __metadata__ (n_layer,
  * n_head, n_embd, n_positions, vocab_size, format "loom-gpt2"). Atomic. */
-int loom_model_save(const char *path, const loom_gpt2_config_t *cfg, const float *params);
-int loom_model_save_safetensors(const char *path, const loom_gpt2_config_t *cfg, const float *params);
-int loom_model_save_llmc(const char *path, const loom_gpt2_config_t *cfg, const float *params);
+int loom_model_save(const char *path, const loom_model_config_t *cfg, const float *params);
+int loom_model_save_safetensors(const char *path, const loom_model_config_t *cfg, const float *params);
+int loom_model_save_llmc(const char *path, const loom_model_config_t *cfg, const float *params);
 /* Write config.json (Hugging Face's GPT2Config fields) in the directory of model_path, so that the
  * directory loads with GPT2LMHeadModel.from_pretrained; bos_token_id = eos_token_id = eot, the run's
  * end-of-text token (eot < 0: vocab_size - 1, which it is for the byte-level, GPT-2 and loom-trained
  * tokenizers). loom_model_save_safetensors calls it (eot -1). Atomic. LOOM_EINVAL for eot out of the
  * vocabulary; LOOM_ESYS/LOOM_EIO naming the file. */
-int loom_model_write_hf_config(const char *model_path, const loom_gpt2_config_t *cfg, int eot);
+int loom_model_write_hf_config(const char *model_path, const loom_model_config_t *cfg, int eot);
 
 /* AdamW state as safetensors: tensors "<name>.exp_avg" (m) and "<name>.exp_avg_sq" (v) for every
  * model tensor (PyTorch's names), with the model config in __metadata__. load checks the config and
  * every shape. Either buffer may be NULL on save only if both are NULL (then nothing is written and
  * LOOM_EINVAL is returned). */
-int loom_optim_save(const char *path, const loom_gpt2_config_t *cfg, const float *m, const float *v);
-int loom_optim_load(const char *path, const loom_gpt2_config_t *cfg, float *m, float *v);
+int loom_optim_save(const char *path, const loom_model_config_t *cfg, const float *m, const float *v);
+int loom_optim_load(const char *path, const loom_model_config_t *cfg, float *m, float *v);
 
 /* ---- key-value state file (trainer state) ---------------------------------------------------- */
 

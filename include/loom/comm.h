@@ -15,7 +15,8 @@
  * it, otherwise it is derived from the launcher's job id (or MASTER_ADDR/MASTER_PORT).
  * LOOM_ALGO=op:algo[,op:algo...] overrides the algorithm choice; LOOM_DEBUG=1 checks every
  * collective's signature across ranks. LOOM_TIMEOUT_S may be fractional. LOOM_SHM_MB sizes each
- * rank's shared heap (loom_comm_alloc). LOOM_RING_SEG and LOOM_SHM_INPLACE_MIN tune the transfer of
+ * rank's shared heap (loom_comm_alloc; default 1024 MiB of address space, LOOM_SOLO_SHM_MB in a job
+ * of one rank, which shares it with nobody). LOOM_RING_SEG and LOOM_SHM_INPLACE_MIN tune the transfer of
  * large messages. LOOM_ALGO, LOOM_DEBUG, LOOM_SHM_MB, LOOM_RING_SEG and LOOM_SHM_INPLACE_MIN must be
  * the same on every rank (checked at init). loom_comm_init_opts sets them in code instead.
  * RANK without WORLD_SIZE is an error; LOCAL_RANK / LOCAL_WORLD_SIZE default to RANK / WORLD_SIZE.
@@ -86,12 +87,17 @@ int loom_comm_init(loom_comm_t **comm);
 typedef struct {
 	const char *algo;         /* [same] LOOM_ALGO syntax, e.g. "allreduce:ring" ("" forces none) */
 	double timeout_s;         /* LOOM_TIMEOUT_S: deadline of blocking calls (default 300) */
-	size_t heap_bytes;        /* [same] LOOM_SHM_MB: shared heap per rank (default 1 GiB of address space) */
+	size_t heap_bytes;        /* [same] LOOM_SHM_MB: shared heap per rank (default 1 GiB of address space,
+	                           * LOOM_SOLO_SHM_MB MiB in a job of one rank) */
 	int debug;                /* [same] LOOM_DEBUG: 1 checks every collective's signature, -1 off */
 	size_t ring_seg_bytes;    /* [same] LOOM_RING_SEG: ring pipeline segment, >= 64 (default 4 MiB) */
 	size_t inplace_min_bytes; /* [same] LOOM_SHM_INPLACE_MIN: loom_comm_alloc sends this large or
 	                           * larger are read in place by the receiver (default 32 KiB) */
 } loom_comm_opts_t;
+
+/* The default shared heap of a job of one rank, in MiB (loom_comm_alloc falls back to nothing
+ * there: callers use private memory when it is full). */
+#define LOOM_SOLO_SHM_MB 64
 
 /* Fill opts with "everything from the environment or default" (all zero). */
 void loom_comm_opts_default(loom_comm_opts_t *opts);

@@ -8,9 +8,9 @@
  * micro-steps before the last, nothing is communicated (loom_ddp_set_sync(d, 0): PyTorch's no_sync).
  *
  * Memory: the loom_ddp_t owns its gradient storage (shared memory when possible) and, at create,
- * points the model's gradient view at it (loom_gpt2_set_grad_buffer; the current gradient values are
+ * points the model's gradient view at it (loom_model_set_grad_buffer; the current gradient values are
  * kept). It never takes over the model's own buffer. From create to destroy the gradients are at
- * loom_ddp_grads(d) (= loom_gpt2_grads(model)); a gradient pointer taken before create is the model's
+ * loom_ddp_grads(d) (= loom_model_grads(model)); a gradient pointer taken before create is the model's
  * own buffer, which is not updated meanwhile. Do not re-point the model's gradient view while a
  * loom_ddp_t is attached.
  *
@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #include "loom/comm.h"
-#include "loom/gpt2.h"
+#include "loom/model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,7 +44,7 @@ typedef struct {
  * gradient view at the reducer's storage (see Memory above). Not collective. Returns LOOM_OK,
  * LOOM_EINVAL (bucket sizes not > 0) or LOOM_ENOMEM; on failure *d is NULL and the model is
  * untouched. */
-int loom_ddp_create(loom_ddp_t **d, loom_comm_t *comm, loom_gpt2_t *model, double bucket_mb, double first_bucket_mb);
+int loom_ddp_create(loom_ddp_t **d, loom_comm_t *comm, loom_model_t *model, double bucket_mb, double first_bucket_mb);
 /* Waits for any all-reduce still in flight, detaches from the model (see above), frees everything.
  * Safe on NULL. */
 void loom_ddp_destroy(loom_ddp_t *d);
@@ -72,7 +72,7 @@ uint64_t loom_checksum_f32(const float *x, size_t n);
 int loom_ddp_bucket(const loom_ddp_t *d, int b, size_t *offset, size_t *count);
 /* 1 when the gradients live in shared memory (single-copy all-reduce). */
 int loom_ddp_zero_copy(const loom_ddp_t *d);
-/* The gradient storage (owned by d; loom_gpt2_param_count floats, the model's layout), valid until
+/* The gradient storage (owned by d; loom_model_param_count floats, the model's layout), valid until
  * loom_ddp_destroy. */
 float *loom_ddp_grads(loom_ddp_t *d);
 /* What the all-reduces send: LOOM_FLOAT32 (default) or LOOM_BFLOAT16, in which each bucket is

@@ -37,6 +37,12 @@ typedef loom_model_config_t loom_gpt2_config_t;
 /* A model is used by one thread at a time (its calls are not thread-safe); inside a call its kernels
  * run on loom_set_num_threads threads. */
 typedef struct loom_gpt2 loom_gpt2_t;
+/* The same model through the model interface (loom/model.h), for the trainer and the strategies: a
+ * GPT-2 model starts with its family's table, so this is a conversion, not a new object. */
+static inline loom_model_t *loom_gpt2_model(loom_gpt2_t *m)
+{
+	return (loom_model_t *)(void *)m;
+}
 
 #define LOOM_GPT2_LAYER_TENSORS 12
 /* The parameter table's entries are loom_tensor_info_t (loom/model.h). GPT-2's: decay 1 for 2-D
@@ -47,7 +53,7 @@ typedef struct loom_gpt2 loom_gpt2_t;
  * -1 for LayerNorms, wpe, attn.c_proj.bias, mlp.c_proj.bias. attn.c_attn (kind LOOM_TP_QKV) has three
  * output sections q | k | v of C each, split by heads within each section, rank r of p taking heads
  * [r NH/p, (r+1) NH/p) of q, of k and of v. Optimizer groups: the blocks' 2-D weights MATRIX (c_attn
- * one matrix), wte and wpe EMBED, biases and LayerNorms VECTOR; 2-D weights are transposed ([in, out]). */
+ * one matrix), the rest (wte, wpe, biases, LayerNorms) VECTOR; 2-D weights are transposed ([in, out]). */
 
 /* Presets: "tiny" (L4 H4 C128 T128 V257), "small" (L6 H6 C384 T256 V50257), "gpt2" (124M:
  * L12 H12 C768 T1024 V50257). LOOM_EINVAL for an unknown name. */

@@ -68,7 +68,7 @@ typedef enum {
 	LOOM_OPT_UNEMBED = 2, /* the lm head: AdamW at --unembedding-lr */
 	LOOM_OPT_SCALAR = 3,  /* per-layer residual scalars (nanochat's resid_lambdas): AdamW at 0.01 --scalar-lr */
 	LOOM_OPT_X0 = 4,      /* nanochat's x0_lambdas: AdamW at --scalar-lr, betas (0.96, 0.95) */
-	LOOM_OPT_VECTOR = 5   /* GPT-2's biases and LayerNorm parameters: AdamW at --scalar-lr */
+	LOOM_OPT_VECTOR = 5   /* GPT-2's embeddings (tied wte, wpe), biases and LayerNorms: AdamW at --lr */
 } loom_opt_group_t;
 
 /* How tensor parallelism splits a tensor (tp_dim names the dimension). */
@@ -207,6 +207,12 @@ typedef struct {
 	                void *ctx);
 	void (*profile)(loom_model_t *m, int enable);
 	void (*profile_report)(loom_model_t *m, void *file, int steps);
+	/* optional: FLOPs per token (forward + backward) of unit u at sequence length T; NULL takes
+	 * loom_model_unit_flops' count from the parameter table */
+	double (*unit_flops)(const loom_model_config_t *cfg, int unit, int T);
+	/* optional: the activation bytes by the family's written formula, for a run of B x T micro-batches
+	 * (a cross-check of act_bytes' allocation, printed beside it), and the formula (static text) */
+	size_t (*act_formula)(const loom_model_t *m, int B, int T, const char **text);
 } loom_model_family_t;
 
 /* Every model starts with this: its family. */
@@ -218,6 +224,9 @@ struct loom_model {
 const loom_model_family_t *loom_model_family(loom_arch_t arch);
 
 /* ---- configuration-level calls (dispatch on cfg->arch) ---------------------------------------------- */
+
+/* 1 when a and b describe the same model (a field left 0 counts as its family's default), else 0. */
+int loom_model_config_equal(const loom_model_config_t *a, const loom_model_config_t *b);
 
 /* LOOM_EINVAL (with loom_errmsg) for an unknown arch or a configuration the family refuses. */
 int loom_model_config_check(const loom_model_config_t *cfg);
@@ -238,6 +247,11 @@ size_t loom_model_shard_params(const loom_model_config_t *cfg, int tp);
 void loom_model_tp_shard(const loom_model_config_t *cfg, int tp, int r, const float *full, float *shard);
 void loom_model_tp_unshard(const loom_model_config_t *cfg, int tp, int r, const float *shard, float *full);
 int loom_model_act_bytes(const loom_model_config_t *cfg, const loom_model_opts_t *opts, loom_model_act_bytes_t *out);
+/* FLOPs per token, forward + backward, of unit u (-1..L) at sequence length T, for balancing pipeline
+ * stages: the family's own count, or 6 x the unit's matmul parameters (its 2-D tensors but the
+ * embeddings, plus for the head the tensors it reads from the embedding: GPT-2's tied lm head) and,
+ * for a block, 12 C T for attention's two products. */
+double loom_model_unit_flops(const loom_model_config_t *cfg, int unit, int T);
 /* The tensors of unit u (-1..L) are [*first, *end) of the table. */
 void loom_model_unit_tensors(const loom_model_config_t *cfg, int unit, int *first, int *end);
 
@@ -293,6 +307,8 @@ int loom_model_kv_cache_alloc(loom_model_t *m);
 int loom_model_generate(loom_model_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
                         uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
                         void *ctx);
+/* The family's activation formula (above); 0 and "(no formula)" for a family without one. */
+size_t loom_model_act_formula(const loom_model_t *m, int B, int T, const char **text);
 void loom_model_profile(loom_model_t *m, int enable);
 void loom_model_profile_report(loom_model_t *m, void *file, int steps);
 

@@ -19,11 +19,18 @@
 #include <stdint.h>
 
 #include "loom/error.h"
-#include "loom/gpt2.h"
+#include "loom/model.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Which optimizer a run uses: AdamW over every tensor (the default), or nanochat's MuonAdamW
+ * (loom/muon.h: Muon on the blocks' matrices, AdamW groups for the rest). */
+typedef enum { LOOM_OPTIMIZER_ADAMW = 0, LOOM_OPTIMIZER_MUON = 1 } loom_optimizer_t;
+/* "adamw" | "muon"; LOOM_EINVAL naming both for another name. */
+int loom_optimizer_parse(const char *name, loom_optimizer_t *opt);
+const char *loom_optimizer_name(loom_optimizer_t opt); /* "?" when invalid */
 
 typedef struct {
 	float beta1;        /* default 0.9 */
@@ -54,16 +61,21 @@ typedef struct {
  * [0,1), eps < 0, wd < 0, or segments that do not tile) or LOOM_ENOMEM. Free with loom_adamw_free. */
 int loom_adamw_init(loom_adamw_t *o, const loom_adamw_config_t *cfg, size_t n, const loom_optim_segment_t *segs,
                     int nseg);
-/* The same for a GPT-2 parameter buffer: one segment per tensor of the model's table. */
-int loom_adamw_init_gpt2(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_gpt2_config_t *model);
-/* An optimizer over part of a GPT-2 parameter buffer: floats [offset, offset + count) (a shard owned
+/* The same for a model's parameter buffer (any family, loom/model.h): one segment per tensor of the
+ * model's table, each with its tensor's decay. */
+int loom_adamw_init_model(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model);
+/* The first names of the two calls (they take any family's configuration). */
+int loom_adamw_init_gpt2(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model);
+/* An optimizer over part of a model's parameter buffer: floats [offset, offset + count) (a shard owned
  * by one rank; it may start and end inside tensors). Its segments are the model's tensors clipped to
  * that range and rebased to 0, each with its tensor's decay, so m and v hold count floats and a step
  * is loom_adamw_step(o, params + offset, grads + offset, ...). Updating every shard of a partition
  * of [0, n) this way gives bit-identical parameters and moments to one optimizer over all of them
  * (the update is element-wise). count may be 0 (an empty shard: steps only count). LOOM_EINVAL when
  * the range is outside the buffer, else as loom_adamw_init. */
-int loom_adamw_init_gpt2_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_gpt2_config_t *model,
+int loom_adamw_init_model_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model,
+                                size_t offset, size_t count);
+int loom_adamw_init_gpt2_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model,
                                size_t offset, size_t count);
 void loom_adamw_free(loom_adamw_t *o); /* safe on a zeroed or freed struct */
 

@@ -40,6 +40,7 @@
 #include "loom/error.h"
 #include "loom/gpt2.h"
 #include "loom/mesh.h"
+#include "loom/muon.h"
 #include "loom/optim.h"
 
 #ifdef __cplusplus
@@ -48,20 +49,24 @@ extern "C" {
 
 /* ---- learning-rate schedule -------------------------------------------------------------------- */
 
-typedef enum { LOOM_SCHED_COSINE = 0, LOOM_SCHED_LINEAR = 1, LOOM_SCHED_CONSTANT = 2 } loom_schedule_kind_t;
+typedef enum { LOOM_SCHED_COSINE = 0, LOOM_SCHED_LINEAR = 1, LOOM_SCHED_CONSTANT = 2, LOOM_SCHED_WARMDOWN = 3 } loom_schedule_kind_t;
 
 /* Steps s = 1..N; P = peak_lr, W = warmup, F = P*min_lr_frac:
  *   s <= W: P*s/W;  then q = (s-W)/(N-W) in [0,1]: cosine F + (P-F)(1+cos(pi q))/2,
- *   linear P - (P-F) q, constant P. Step W uses P, step N uses F (cosine, linear). */
+ *   linear P - (P-F) q, constant P. Step W uses P, step N uses F (cosine, linear).
+ * warmdown is nanochat's base_train get_lr_multiplier at it = s - 1, with D = round(warmdown_frac N)
+ * (half to even, as Python): it < W: P (it+1)/W; it <= N - D: P; then f = (N - it)/D, P (f + (1-f)
+ * min_lr_frac) (warmup, constant, linear warmdown to F over the last D steps). */
 typedef struct {
 	double peak_lr;
 	long long warmup;      /* W >= 0 */
 	long long total_steps; /* N > 0 */
 	loom_schedule_kind_t kind;
 	double min_lr_frac;    /* [0, 1] */
+	double warmdown_frac;  /* warmdown: the fraction of the steps that decay (0: 0.5, nanochat's) */
 } loom_lr_schedule_t;
 
-/* "cosine" | "linear" | "constant"; LOOM_EINVAL (listing them) otherwise. */
+/* "cosine" | "linear" | "constant" | "warmdown"; LOOM_EINVAL (listing them) otherwise. */
 int loom_schedule_parse(const char *name, loom_schedule_kind_t *kind);
 const char *loom_schedule_name(loom_schedule_kind_t kind);
 /* LOOM_EINVAL with a message for out-of-range fields. */
@@ -122,6 +127,11 @@ typedef struct {
 	uint64_t seed;             /* data shuffle (and sampling) seed */
 	loom_lr_schedule_t lr;     /* total_steps is the run's number of optimizer steps */
 	loom_adamw_config_t adamw;
+	/* The optimizer (0: AdamW with `adamw` over every tensor at lr). LOOM_OPTIMIZER_MUON: MuonAdamW
+	 * with `muon` (loom/muon.h: each group's own rate), and the LR schedule (lr, with peak_lr 1) is
+	 * then the multiplier of every group's rate, as base_train's get_lr_multiplier. */
+	loom_optimizer_t optimizer;
+	loom_muon_config_t muon;
 	double grad_clip;          /* max global norm; <= 0 disables clipping */
 	int eval_every;            /* with val_data: evaluate every K steps and at the last step
 	                              (0: only at the last step) */
@@ -148,13 +158,13 @@ typedef struct {
 	   name or stage is LOOM_ENOTSUP at create. */
 	const char *strategy;
 	int zero;                  /* ZeRO stage 0..3 */
-	int profile;               /* 1: per-kernel timing of the training steps (loom_gpt2_profile on the
+	int profile;               /* 1: per-kernel timing of the training steps (loom_model_profile on the
 	                              model from create; evaluations are left out) */
 	loom_mesh_t *mesh;         /* instead of comm: the ranks as a dp x tp x pp mesh (borrowed; must
 	                              outlive the trainer). The data-parallel axis carries the gradients,
 	                              the data sharding and the checkpoints' loader states; global rank 0
 	                              logs and saves. With tp > 1 the model must have been created as
-	                              this rank's shard (loom_gpt2_opts_t tp_size = tp, tp_rank = its tp
+	                              this rank's shard (loom_model_opts_t tp_size = tp, tp_rank = its tp
 	                              coordinate; LOOM_EINVAL otherwise) and the "tp" strategy runs it
 	                              (with pp > 1 too: each stage is then a tp shard of its layers).
 	                              comm may be NULL or the mesh's world. */
@@ -171,6 +181,9 @@ typedef struct {
 	                              ddp and tp only, ZeRO is LOOM_ENOTSUP */
 	const char *trace_dir;     /* write a Chrome trace of every rank's steps into this directory
 	                              (DIR/trace.json, one track per rank), or NULL */
+	double predicted_step_s;   /* the planner's step time and this rank's memory for the run (loom/plan.h),
+	                              logged in the config record for `loom plot` (<= 0: not known) */
+	double predicted_memory_bytes;
 } loom_train_config_t;
 
 /* A config with the defaults: accum 1, AdamW defaults, grad_clip 1.0, cosine, min_lr_frac 0.0,
@@ -182,6 +195,8 @@ typedef struct {
 	long long step;       /* optimizer steps done, counting from 1 */
 	long long total;      /* steps of the run */
 	float loss;           /* mean loss of the step's micro-batches, before its update */
+	double loss_ema;      /* the losses' moving average (beta 0.9), debiased: ema / (1 - 0.9^step), as
+	                         nanochat's base_train prints it; resumed from the checkpoint */
 	float lr;
 	double grad_norm;     /* global norm before clipping */
 	double dt_ms;         /* wall time of the step (micro-steps, clipping, AdamW) */
@@ -245,7 +260,11 @@ int loom_trainer_summary(const loom_trainer_t *tr, loom_train_summary_t *s);
  * of each set are checked), LOOM_ENOTSUP (a strategy or ZeRO stage that does not exist, a mesh with
  * tp > 1), LOOM_ENOENT / LOOM_EFORMAT from the data, or LOOM_ENOMEM; the detail is in
  * loom_errmsg(). */
-int loom_trainer_create(loom_trainer_t **tr, const loom_train_config_t *cfg, loom_gpt2_t *model);
+int loom_trainer_create(loom_trainer_t **tr, const loom_train_config_t *cfg, loom_model_t *model);
+/* Set mo's no_own_grads / no_own_params as the parallel strategy cfg picks on dp data-parallel and tp
+ * tensor-parallel ranks needs them (ZeRO-2 keeps the gradients, ZeRO-3 also the parameters, as
+ * shards: the model then allocates no whole buffer for them); the rest of mo is left alone. */
+void loom_train_model_opts(const loom_train_config_t *cfg, int dp, int tp, loom_model_opts_t *mo);
 void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log */
 
 /* Restore model, optimizer and trainer state from a training checkpoint directory (or, when `path`
@@ -295,10 +314,12 @@ void loom_trainer_set_peak_flops(loom_trainer_t *tr, double flops);
 /* The same with the peak's source and the GEMM's measured peak (both as in loom_train_config_t), for
  * a program that measures them after creating the trainer; before the first step. */
 void loom_trainer_set_peak(loom_trainer_t *tr, double flops, const char *source, double gemm_flops);
+/* The planner's predicted step time and memory, logged with the config (before the first step). */
+void loom_trainer_set_prediction(loom_trainer_t *tr, double step_s, double memory_bytes);
 long long loom_trainer_steps_done(const loom_trainer_t *tr);
 int loom_trainer_rank(const loom_trainer_t *tr);  /* global rank; 0 with one process */
 int loom_trainer_world(const loom_trainer_t *tr); /* all ranks of the job; 1 with one process */
-loom_gpt2_t *loom_trainer_model(loom_trainer_t *tr);
+loom_model_t *loom_trainer_model(loom_trainer_t *tr);
 const loom_adamw_t *loom_trainer_optimizer(const loom_trainer_t *tr);
 /* Tokens per optimizer step: B*T*accum*(data-parallel ranks). */
 long long loom_trainer_tokens_per_step(const loom_trainer_t *tr);
@@ -309,14 +330,14 @@ long long loom_trainer_tokens_per_step(const loom_trainer_t *tr);
  * the head alone and shares it: stage P-2 then computes the head of positions [0, *head_rows) of
  * every micro-batch (row b T + t), the last stage the rest. head_split as pp_head_split above.
  * LOOM_EINVAL for P > n_layer or a head_split >= 1. */
-int loom_pp_stages(const loom_gpt2_config_t *cfg, int B, int T, int P, double head_split, int *lo, int *head_rows);
+int loom_pp_stages(const loom_model_config_t *cfg, int B, int T, int P, double head_split, int *lo, int *head_rows);
 /* With *head_rows > 0: the positions stage P-2 computes the head of in each of the M micro-batches of
  * a step under the schedule ("gpipe" | "1f1b", NULL: 1f1b), into rows[M]: *head_rows in each, except
  * that with head_split 0 the first and last micro-batch's shares are what shortens the step most in a
  * simulation of the schedule with the stages' FLOPs (the pipe filling and draining leaves a stage
  * time to spare there). All 0 without a shared head. LOOM_EINVAL as loom_pp_stages, or for a schedule
  * or M < 1. */
-int loom_pp_head_rows(const loom_gpt2_config_t *cfg, const char *schedule, int B, int T, int P, int M,
+int loom_pp_head_rows(const loom_model_config_t *cfg, const char *schedule, int B, int T, int P, int M,
                       double head_split, int *rows);
 
 /* Memory of this rank (bytes). The model states are what the parallel strategy keeps; the theory is
@@ -326,8 +347,8 @@ typedef struct {
 	size_t params, grads, optim; /* kept by this rank */
 	size_t model_states;         /* their sum */
 	size_t activations;          /* the training model's activation buffers as allocated (measured: the
-	                                layout's bytes, loom_gpt2_model_act_bytes; a pipeline stage's model) */
-	loom_gpt2_act_bytes_t act;   /* the same by role: kept, recompute scratch, head and backward scratch */
+	                                layout's bytes, loom_model_model_act_bytes; a pipeline stage's model) */
+	loom_model_act_bytes_t act;   /* the same by role: kept, recompute scratch, head and backward scratch */
 	size_t act_formula;          /* kept + recompute by act_formula_text (no alignment padding: the
 	                                measured figure is within 64 bytes per buffer of it) */
 	const char *act_formula_text; /* (static) */

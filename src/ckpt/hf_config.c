@@ -1,4 +1,7 @@
-/* hf_config.c: config.json beside a model file, in Hugging Face's GPT2Config format.
+/* hf_config.c: config.json beside a model file: Hugging Face's GPT2Config for GPT-2, nanochat's
+ * GPTConfig fields (sequence_len, vocab_size, n_layer, n_head, n_kv_head, n_embd, window_pattern) for
+ * nanochat (plus loom's short_window), which `GPTConfig(**json)` takes once model_type, short_window
+ * and eos_token_id are dropped.
  *
  * With it a directory holding loom's model.safetensors loads with transformers'
  * GPT2LMHeadModel.from_pretrained(dir): the fields are GPT2Config's (architectures, model_type,
@@ -15,12 +18,12 @@
 #include "core/util.h"
 #include "loom/ckpt.h"
 
-int loom_model_write_hf_config(const char *model_path, const loom_gpt2_config_t *cfg, int eot)
+int loom_model_write_hf_config(const char *model_path, const loom_model_config_t *cfg, int eot)
 {
 	atomic_file_t af;
 	char dir[1024], path[1100];
 	int rc;
-	if ((rc = loom_gpt2_config_check(cfg)) != LOOM_OK)
+	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
 		return rc;
 	if (eot < 0)
 		eot = cfg->vocab_size - 1;
@@ -32,6 +35,25 @@ int loom_model_write_hf_config(const char *model_path, const loom_gpt2_config_t 
 	snprintf(path, sizeof path, "%s/config.json", dirname(dir));
 	if ((rc = loom__atomic_open(&af, path)) != LOOM_OK)
 		return rc;
+	if (cfg->arch == LOOM_ARCH_NANOCHAT) { /* nanochat's GPTConfig (nanochat/gpt.py), as its meta JSON has it */
+		fprintf(af.f,
+		        "{\n"
+		        "  \"model_type\": \"nanochat\",\n"
+		        "  \"sequence_len\": %d,\n"
+		        "  \"vocab_size\": %d,\n"
+		        "  \"n_layer\": %d,\n"
+		        "  \"n_head\": %d,\n"
+		        "  \"n_kv_head\": %d,\n"
+		        "  \"n_embd\": %d,\n"
+		        "  \"window_pattern\": \"%s\",\n"
+		        "  \"short_window\": %d,\n"
+		        "  \"eos_token_id\": %d\n"
+		        "}\n",
+		        cfg->seq_len, cfg->vocab_size, cfg->n_layer, cfg->n_head, cfg->n_kv_head ? cfg->n_kv_head : cfg->n_head,
+		        cfg->n_embd, cfg->window_pattern[0] ? cfg->window_pattern : "SSSL",
+		        cfg->short_window ? cfg->short_window : cfg->seq_len / 2, eot);
+		return loom__atomic_commit(&af);
+	}
 	fprintf(af.f,
 	        "{\n"
 	        "  \"architectures\": [\"GPT2LMHeadModel\"],\n"

@@ -31,11 +31,12 @@ static size_t padded_vocab(size_t V)
 /* Read and check the header against loom's limits and the file's size, before anything is allocated:
  * *elsize = 4 (v3) or 2 (v5); *vp = padded vocab; *fsize = the file's size, which is exactly the
  * header plus the parameters (padding rows included). */
-static int read_header(const char *path, int fd, loom_gpt2_config_t *cfg, size_t *vp, size_t *elsize, size_t *fsize)
+static int read_header(const char *path, int fd, loom_model_config_t *cfg, size_t *vp, size_t *elsize, size_t *fsize)
 {
 	int32_t h[256];
 	struct stat sb;
 	size_t numel, expect;
+	memset(cfg, 0, sizeof *cfg); /* GPT-2: every other field 0 */
 	if (fstat(fd, &sb) != 0)
 		return loom_seterr(LOOM_EIO, "%s: stat: %s", path, strerror(errno));
 	*fsize = (size_t)sb.st_size;
@@ -66,7 +67,7 @@ static int read_header(const char *path, int fd, loom_gpt2_config_t *cfg, size_t
 	return LOOM_OK;
 }
 
-int loom__llmc_model_config(const char *path, loom_gpt2_config_t *cfg)
+int loom__llmc_model_config(const char *path, loom_model_config_t *cfg)
 {
 	size_t vp, es, fsize;
 	int fd, rc;
@@ -109,9 +110,9 @@ static void transpose_to_file(float *dst, const float *src, size_t in, size_t ou
 					dst[o * in + i] = src[i * out + o];
 }
 
-int loom__llmc_model_load(const char *path, const loom_gpt2_config_t *want, float *params)
+int loom__llmc_model_load(const char *path, const loom_model_config_t *want, float *params)
 {
-	loom_gpt2_config_t cfg;
+	loom_model_config_t cfg;
 	size_t vp, es, fsize, C, L;
 	const unsigned char *p;
 	void *map;
@@ -122,7 +123,8 @@ int loom__llmc_model_load(const char *path, const loom_gpt2_config_t *want, floa
 		close(fd);
 		return rc;
 	}
-	if (memcmp(&cfg, want, sizeof cfg) != 0) {
+	if (want->arch != LOOM_ARCH_GPT2 || cfg.n_layer != want->n_layer || cfg.n_head != want->n_head ||
+	    cfg.n_embd != want->n_embd || cfg.seq_len != want->seq_len || cfg.vocab_size != want->vocab_size) {
 		close(fd);
 		return loom_seterr(LOOM_EMISMATCH, "%s: file has L=%d NH=%d C=%d T=%d V=%d, caller expected L=%d NH=%d C=%d "
 		                   "T=%d V=%d", path, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size,
@@ -140,7 +142,7 @@ int loom__llmc_model_load(const char *path, const loom_gpt2_config_t *want, floa
 	p += vp * C * es;
 	{
 		loom_tensor_info_t wpe;
-		loom_gpt2_tensor_info(&cfg, 1, &wpe);
+		loom_model_tensor_info(&cfg, 1, &wpe);
 		for (size_t i = 0; i < wpe.numel; i++)
 			params[wpe.offset + i] = elem(p, i, es);
 		p += wpe.numel * es;
@@ -148,7 +150,7 @@ int loom__llmc_model_load(const char *path, const loom_gpt2_config_t *want, floa
 	for (int j = 0; j < LOOM_GPT2_LAYER_TENSORS; j++) {
 		for (size_t l = 0; l < L; l++) {
 			loom_tensor_info_t t;
-			loom_gpt2_tensor_info(&cfg, 2 + (int)l * LOOM_GPT2_LAYER_TENSORS + j, &t);
+			loom_model_tensor_info(&cfg, 2 + (int)l * LOOM_GPT2_LAYER_TENSORS + j, &t);
 			float *dst = params + t.offset;
 			if (t.ndim == 2) { /* file (out, in) -> HF (in, out) */
 				transpose_from_file(dst, p, t.shape[0], t.shape[1], es);
@@ -161,7 +163,7 @@ int loom__llmc_model_load(const char *path, const loom_gpt2_config_t *want, floa
 	}
 	for (int k = 0; k < 2; k++) {
 		loom_tensor_info_t t;
-		loom_gpt2_tensor_info(&cfg, loom_gpt2_num_tensors(&cfg) - 2 + k, &t);
+		loom_model_tensor_info(&cfg, loom_model_num_tensors(&cfg) - 2 + k, &t);
 		for (size_t i = 0; i < C; i++)
 			params[t.offset + i] = elem(p, i, es);
 		p += C * es;
@@ -170,14 +172,14 @@ int loom__llmc_model_load(const char *path, const loom_gpt2_config_t *want, floa
 	return LOOM_OK;
 }
 
-int loom_model_save_llmc(const char *path, const loom_gpt2_config_t *cfg, const float *params)
+int loom_model_save_llmc(const char *path, const loom_model_config_t *cfg, const float *params)
 {
 	int32_t h[256] = {0};
 	size_t C = (size_t)cfg->n_embd, V = (size_t)cfg->vocab_size, vp = padded_vocab(V), L = (size_t)cfg->n_layer;
 	float *buf;
 	atomic_file_t af;
 	int rc;
-	if ((rc = loom_gpt2_config_check(cfg)) != LOOM_OK)
+	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
 		return rc;
 	h[0] = LOOM_LLMC_MAGIC, h[1] = LOOM_LLMC_VERSION, h[2] = cfg->seq_len, h[3] = cfg->vocab_size;
 	h[4] = cfg->n_layer, h[5] = cfg->n_head, h[6] = cfg->n_embd, h[7] = (int32_t)vp;
@@ -199,7 +201,7 @@ int loom_model_save_llmc(const char *path, const loom_gpt2_config_t *cfg, const 
 	for (int j = 0; rc == LOOM_OK && j < LOOM_GPT2_LAYER_TENSORS; j++) {
 		for (size_t l = 0; rc == LOOM_OK && l < L; l++) {
 			loom_tensor_info_t t;
-			loom_gpt2_tensor_info(cfg, 2 + (int)l * LOOM_GPT2_LAYER_TENSORS + j, &t);
+			loom_model_tensor_info(cfg, 2 + (int)l * LOOM_GPT2_LAYER_TENSORS + j, &t);
 			const float *src = params + t.offset;
 			if (t.ndim == 2) { /* HF (in, out) -> file (out, in) */
 				transpose_to_file(buf, src, t.shape[0], t.shape[1]);
@@ -210,7 +212,7 @@ int loom_model_save_llmc(const char *path, const loom_gpt2_config_t *cfg, const 
 	}
 	if (rc == LOOM_OK) {
 		loom_tensor_info_t t;
-		loom_gpt2_tensor_info(cfg, loom_gpt2_num_tensors(cfg) - 2, &t);
+		loom_model_tensor_info(cfg, loom_model_num_tensors(cfg) - 2, &t);
 		rc = loom__atomic_write(&af, params + t.offset, 2 * C * sizeof(float));
 	}
 	free(buf);
@@ -245,7 +247,7 @@ static int detect(const char *path, loom_model_format_t *fmt)
 	return LOOM_OK;
 }
 
-int loom_model_config(const char *path, int n_head_hint, loom_gpt2_config_t *cfg, loom_model_format_t *fmt)
+int loom_model_config(const char *path, int n_head_hint, loom_model_config_t *cfg, loom_model_format_t *fmt)
 {
 	loom_model_format_t f;
 	int rc = detect(path, &f);
@@ -256,7 +258,7 @@ int loom_model_config(const char *path, int n_head_hint, loom_gpt2_config_t *cfg
 	return f == LOOM_MODEL_LLMC ? loom__llmc_model_config(path, cfg) : loom__st_model_config(path, n_head_hint, cfg);
 }
 
-int loom_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params)
+int loom_model_load(const char *path, const loom_model_config_t *cfg, float *params)
 {
 	loom_model_format_t f;
 	int rc = detect(path, &f);
@@ -265,16 +267,16 @@ int loom_model_load(const char *path, const loom_gpt2_config_t *cfg, float *para
 	return f == LOOM_MODEL_LLMC ? loom__llmc_model_load(path, cfg, params) : loom__st_model_load(path, cfg, params);
 }
 
-int loom_model_load_alloc(const char *path, int n_head_hint, loom_gpt2_config_t *cfg, float **params)
+int loom_model_load_alloc(const char *path, int n_head_hint, loom_model_config_t *cfg, float **params)
 {
 	int rc;
 	*params = NULL;
 	if ((rc = loom_model_config(path, n_head_hint, cfg, NULL)) != LOOM_OK)
 		return rc;
-	*params = loom_alloc_aligned(loom_gpt2_num_params(cfg) * sizeof(float));
+	*params = loom_alloc_aligned(loom_model_num_params(cfg) * sizeof(float));
 	if (!*params)
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory for %zu parameters (%zu bytes)", path,
-		                   loom_gpt2_num_params(cfg), loom_gpt2_num_params(cfg) * sizeof(float));
+		                   loom_model_num_params(cfg), loom_model_num_params(cfg) * sizeof(float));
 	if ((rc = loom_model_load(path, cfg, *params)) != LOOM_OK) {
 		free(*params);
 		*params = NULL;
@@ -282,7 +284,7 @@ int loom_model_load_alloc(const char *path, int n_head_hint, loom_gpt2_config_t 
 	return rc;
 }
 
-int loom_model_save(const char *path, const loom_gpt2_config_t *cfg, const float *params)
+int loom_model_save(const char *path, const loom_model_config_t *cfg, const float *params)
 {
 	size_t n = strlen(path);
 	if (n >= 4 && strcmp(path + n - 4, ".bin") == 0)

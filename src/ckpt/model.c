@@ -10,6 +10,7 @@
  * with the table's shape (so at least 2 bytes per parameter) within the limits of model_internal.h,
  * checked in O(tensors) from the header alone, so a caller may allocate the parameters it reports. */
 #include <libgen.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,7 +91,7 @@ static int n_head_from_config_json(const char *path, int *n_head, char *cfgpath,
 	return rc;
 }
 
-int loom__model_file_check(const char *path, const loom_gpt2_config_t *cfg, size_t *numel)
+int loom__model_file_check(const char *path, const loom_model_config_t *cfg, size_t *numel)
 {
 	static const struct {
 		const char *name;
@@ -103,7 +104,7 @@ int loom__model_file_check(const char *path, const loom_gpt2_config_t *cfg, size
 		if (val[i] <= 0 || val[i] > lim[i].max)
 			return loom_seterr(LOOM_EFORMAT, "%s: %s = %d is outside loom's limits [1, %ld]", path, lim[i].name,
 			                   val[i], lim[i].max);
-	if (loom_gpt2_config_check(cfg) != LOOM_OK)
+	if (loom_model_config_check(cfg) != LOOM_OK)
 		return loom_seterr(LOOM_EFORMAT, "%s: %s", path, loom_errmsg());
 	/* 12 C^2 + 13 C per layer, (V + T) C + 2 C outside: the limits keep this below 2^47, and the
 	 * checks make that a fact rather than an assumption. */
@@ -146,11 +147,11 @@ static int tensor_index(const char *name, int n_layer, char suffix[LOOM_GPT2_LAY
 	return -1;
 }
 
-static void layer_suffixes(const loom_gpt2_config_t *cfg, char suffix[LOOM_GPT2_LAYER_TENSORS][LOOM_TENSOR_NAME_MAX])
+static void layer_suffixes(const loom_model_config_t *cfg, char suffix[LOOM_GPT2_LAYER_TENSORS][LOOM_TENSOR_NAME_MAX])
 {
 	for (int j = 0; j < LOOM_GPT2_LAYER_TENSORS; j++) {
 		loom_tensor_info_t info;
-		loom_gpt2_tensor_info(cfg, 2 + j, &info); /* "h.0.<suffix>" */
+		loom_model_tensor_info(cfg, 2 + j, &info); /* "h.0.<suffix>" */
 		memcpy(suffix[j], info.name + 4, sizeof info.name - 4); /* NUL-terminated: info.name is */
 	}
 }
@@ -158,11 +159,31 @@ static void layer_suffixes(const loom_gpt2_config_t *cfg, char suffix[LOOM_GPT2_
 /* Match the file's tensors to the table of cfg: every tensor is a GPT-2 tensor (or an ignored buffer,
  * or lm_head.weight, whose file index goes to *lm_head) of the table's shape, each at most once, none
  * missing. which[k] = the file index of table tensor k (nt ints, caller-allocated). O(file tensors). */
-static int match_tensors(const char *path, const loom_st_t *st, const loom_gpt2_config_t *cfg, int *which,
+/* The file's tensor t against the table's info: the same shape, a float dtype. LOOM_EFORMAT naming both. */
+static int check_tensor(const char *path, const loom_st_tensor_t *t, const loom_tensor_info_t *info)
+{
+	if (t->ndim != info->ndim || t->shape[0] != info->shape[0] || (info->ndim == 2 && t->shape[1] != info->shape[1])) {
+		char got[128];
+		int n = 0;
+		for (int d = 0; d < t->ndim && n < 100; d++)
+			n += snprintf(got + n, sizeof got - (size_t)n, d ? ",%zu" : "%zu", t->shape[d]);
+		got[n] = 0;
+		return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' has shape [%s], expected [%zu%s%.0zu]", path, t->name, got,
+		                   info->shape[0], info->ndim == 2 ? "," : "", info->ndim == 2 ? info->shape[1] : 0);
+	}
+	switch (t->dtype) {
+	case LOOM_ST_F32: case LOOM_ST_F16: case LOOM_ST_BF16: case LOOM_ST_F64: return LOOM_OK;
+	default:
+		return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' has dtype %s, expected a float type (F32, BF16, F16, F64)",
+		                   path, t->name, loom_st_dtype_name(t->dtype));
+	}
+}
+
+static int match_tensors(const char *path, const loom_st_t *st, const loom_model_config_t *cfg, int *which,
                          int *lm_head)
 {
 	char suffix[LOOM_GPT2_LAYER_TENSORS][LOOM_TENSOR_NAME_MAX];
-	int nt = loom_gpt2_num_tensors(cfg);
+	int nt = loom_model_num_tensors(cfg), rc;
 	layer_suffixes(cfg, suffix);
 	*lm_head = -1;
 	for (int k = 0; k < nt; k++)
@@ -180,31 +201,18 @@ static int match_tensors(const char *path, const loom_st_t *st, const loom_gpt2_
 		if ((k = tensor_index(t->name, cfg->n_layer, suffix)) < 0)
 			return loom_seterr(LOOM_EFORMAT, "%s: unexpected tensor '%.80s' (not part of GPT-2 with L=%d)", path,
 			                   t->name, cfg->n_layer);
-		loom_gpt2_tensor_info(cfg, k, &info);
+		loom_model_tensor_info(cfg, k, &info);
 		if (which[k] >= 0)
 			return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' appears twice (with and without the transformer. "
 			                   "prefix)", path, info.name);
-		if (t->ndim != info.ndim || t->shape[0] != info.shape[0] || (info.ndim == 2 && t->shape[1] != info.shape[1])) {
-			char got[128];
-			int n = 0;
-			for (int d = 0; d < t->ndim && n < 100; d++)
-				n += snprintf(got + n, sizeof got - (size_t)n, d ? ",%zu" : "%zu", t->shape[d]);
-			got[n] = 0;
-			return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' has shape [%s], expected [%zu%s%.0zu]", path, t->name,
-			                   got, info.shape[0], info.ndim == 2 ? "," : "", info.ndim == 2 ? info.shape[1] : 0);
-		}
-		switch (t->dtype) {
-		case LOOM_ST_F32: case LOOM_ST_F16: case LOOM_ST_BF16: case LOOM_ST_F64: break;
-		default:
-			return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' has dtype %s, expected a float type (F32, BF16, F16, "
-			                   "F64)", path, t->name, loom_st_dtype_name(t->dtype));
-		}
+		if ((rc = check_tensor(path, t, &info)) != LOOM_OK)
+			return rc;
 		which[k] = i;
 	}
 	for (int k = 0; k < nt; k++) {
 		if (which[k] < 0) {
 			loom_tensor_info_t info;
-			loom_gpt2_tensor_info(cfg, k, &info);
+			loom_model_tensor_info(cfg, k, &info);
 			return loom_seterr(LOOM_EFORMAT, "%s: missing tensor '%s'", path, info.name);
 		}
 	}
@@ -236,17 +244,15 @@ static int infer_layers(const loom_st_t *st)
 	return L > cap ? -1 : (int)L;
 }
 
-int loom__st_model_config(const char *path, int n_head_hint, loom_gpt2_config_t *cfg)
+/* GPT-2 (Hugging Face's files and loom's own): dimensions from wte and wpe, the layer count from the
+ * names, n_head from __metadata__, config.json or the caller. */
+static int gpt2_config(loom_st_t *st, const char *path, int n_head_hint, loom_model_config_t *cfg)
 {
-	loom_st_t *st;
 	const loom_st_tensor_t *wte, *wpe;
 	const char *meta;
 	char cfgpath[1200];
 	int rc, iw, ip, L, lm_head, *which = NULL;
 	size_t numel;
-	memset(cfg, 0, sizeof *cfg);
-	if ((rc = loom_st_open(&st, path)) != LOOM_OK)
-		return rc;
 	iw = find_tensor(st, "wte.weight");
 	ip = find_tensor(st, "wpe.weight");
 	if (iw < 0 || ip < 0) {
@@ -297,21 +303,154 @@ int loom__st_model_config(const char *path, int n_head_hint, loom_gpt2_config_t 
 		goto out;
 	/* Every tensor of the table present with its shape (so the file holds >= 2 bytes per parameter):
 	 * the caller may now allocate numel floats without trusting anything else. */
-	if (!(which = loom__malloc((size_t)loom_gpt2_num_tensors(cfg) * sizeof *which))) {
+	if (!(which = loom__malloc((size_t)loom_model_num_tensors(cfg) * sizeof *which))) {
 		rc = loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
 		goto out;
 	}
 	rc = match_tensors(path, st, cfg, which, &lm_head);
 out:
 	free(which);
+	return rc;
+}
+
+/* ---- families whose files name them (__metadata__ "arch"; every family but GPT-2, whose files are
+ * Hugging Face's): the configuration from __metadata__, every tensor of the family's table by its name
+ * and shape, nothing else. */
+
+static int meta_int(const loom_st_t *st, const char *path, const char *key, int required, int *out)
+{
+	const char *v = loom_st_meta(st, key);
+	if (!v) {
+		if (required)
+			return loom_seterr(LOOM_EFORMAT, "%s: __metadata__ has no %s", path, key);
+		*out = 0;
+		return LOOM_OK;
+	}
+	if (parse_pos_int(v, out))
+		return loom_seterr(LOOM_EFORMAT, "%s: __metadata__ %s '%.40s' is not a positive integer", path, key, v);
+	return LOOM_OK;
+}
+
+static int family_config(const loom_st_t *st, const char *path, loom_arch_t arch, loom_model_config_t *cfg)
+{
+	static const struct {
+		const char *key;
+		size_t field;
+		int required;
+		long max;
+	} keys[] = {
+		{"n_layer", offsetof(loom_model_config_t, n_layer), 1, LOOM_MODEL_MAX_LAYERS},
+		{"n_head", offsetof(loom_model_config_t, n_head), 1, LOOM_MODEL_MAX_EMBD},
+		{"n_embd", offsetof(loom_model_config_t, n_embd), 1, LOOM_MODEL_MAX_EMBD},
+		{"n_positions", offsetof(loom_model_config_t, seq_len), 1, LOOM_MODEL_MAX_SEQ},
+		{"vocab_size", offsetof(loom_model_config_t, vocab_size), 1, LOOM_MODEL_MAX_VOCAB},
+		{"n_kv_head", offsetof(loom_model_config_t, n_kv_head), 0, LOOM_MODEL_MAX_EMBD},
+		{"short_window", offsetof(loom_model_config_t, short_window), 0, LOOM_MODEL_MAX_SEQ},
+	};
+	int rc;
+	const char *pat;
+	memset(cfg, 0, sizeof *cfg);
+	cfg->arch = arch;
+	for (size_t k = 0; k < LOOM_ARRAY_LEN(keys); k++) {
+		int *f = (int *)(void *)((char *)cfg + keys[k].field);
+		if ((rc = meta_int(st, path, keys[k].key, keys[k].required, f)) != LOOM_OK)
+			return rc;
+		if (*f > keys[k].max)
+			return loom_seterr(LOOM_EFORMAT, "%s: %s = %d is outside loom's limits [1, %ld]", path, keys[k].key, *f,
+			                   keys[k].max);
+	}
+	if ((pat = loom_st_meta(st, "window_pattern"))) {
+		if (strlen(pat) >= sizeof cfg->window_pattern)
+			return loom_seterr(LOOM_EFORMAT, "%s: __metadata__ window_pattern is longer than %zu characters", path,
+			                   sizeof cfg->window_pattern - 1);
+		snprintf(cfg->window_pattern, sizeof cfg->window_pattern, "%s", pat);
+	}
+	if (loom_model_config_check(cfg) != LOOM_OK)
+		return loom_seterr(LOOM_EFORMAT, "%s: %s", path, loom_errmsg());
+	return LOOM_OK;
+}
+
+/* which[k]: the file's index of table tensor k, each present once with the table's shape and a float
+ * dtype; any other tensor is an error. */
+static int family_match(const char *path, const loom_st_t *st, const loom_model_config_t *cfg, int *which)
+{
+	int nt = loom_model_num_tensors(cfg);
+	for (int k = 0; k < nt; k++)
+		which[k] = -1;
+	for (int i = 0; i < loom_st_count(st); i++) {
+		const loom_st_tensor_t *t = loom_st_get(st, i);
+		loom_tensor_info_t info;
+		int k = loom_model_tensor_index(cfg, t->name);
+		if (k < 0)
+			return loom_seterr(LOOM_EFORMAT, "%s: unexpected tensor '%.80s' (not part of the %s model with L=%d)",
+			                   path, t->name, loom_arch_name(cfg->arch), cfg->n_layer);
+		loom_model_tensor_info(cfg, k, &info);
+		int rc = check_tensor(path, t, &info);
+		if (rc != LOOM_OK)
+			return rc;
+		which[k] = i;
+	}
+	for (int k = 0; k < nt; k++)
+		if (which[k] < 0) {
+			loom_tensor_info_t info;
+			loom_model_tensor_info(cfg, k, &info);
+			return loom_seterr(LOOM_EFORMAT, "%s: missing tensor '%s'", path, info.name);
+		}
+	return LOOM_OK;
+}
+
+/* The family the file names in __metadata__ "arch" (GPT-2 when it names none: Hugging Face's files). */
+static int file_arch(const loom_st_t *st, const char *path, loom_arch_t *arch)
+{
+	const char *a = loom_st_meta(st, "arch");
+	*arch = LOOM_ARCH_GPT2;
+	if (a && loom_arch_parse(a, arch) != LOOM_OK)
+		return loom_seterr(LOOM_EFORMAT, "%s: __metadata__ arch '%.40s' is not a model family loom has (gpt2, "
+		                   "nanochat)", path, a);
+	return LOOM_OK;
+}
+
+static int family_load(loom_st_t *st, const char *path, const loom_model_config_t *cfg, float *params)
+{
+	int nt = loom_model_num_tensors(cfg), rc;
+	int *which = loom__malloc((size_t)nt * sizeof *which);
+	if (!which)
+		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
+	rc = family_match(path, st, cfg, which);
+	for (int k = 0; rc == LOOM_OK && k < nt; k++) {
+		loom_tensor_info_t info;
+		loom_model_tensor_info(cfg, k, &info);
+		rc = loom_st_read_f32(st, which[k], params + info.offset, info.numel);
+	}
+	free(which);
+	return rc;
+}
+
+int loom__st_model_config(const char *path, int n_head_hint, loom_model_config_t *cfg)
+{
+	loom_st_t *st;
+	loom_arch_t arch;
+	int rc;
+	memset(cfg, 0, sizeof *cfg);
+	if ((rc = loom_st_open(&st, path)) != LOOM_OK)
+		return rc;
+	if ((rc = file_arch(st, path, &arch)) == LOOM_OK) {
+		if (arch == LOOM_ARCH_GPT2) {
+			rc = gpt2_config(st, path, n_head_hint, cfg);
+		} else if ((rc = family_config(st, path, arch, cfg)) == LOOM_OK) {
+			int *which = loom__malloc((size_t)loom_model_num_tensors(cfg) * sizeof *which);
+			rc = which ? family_match(path, st, cfg, which) : loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
+			free(which);
+		}
+	}
 	loom_st_close(st);
 	return rc;
 }
 
-int loom__st_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params)
+int loom__st_model_load(const char *path, const loom_model_config_t *cfg, float *params)
 {
 	loom_st_t *st;
-	int nt = loom_gpt2_num_tensors(cfg), rc = LOOM_OK, lm_head = -1;
+	int nt = loom_model_num_tensors(cfg), rc = LOOM_OK, lm_head = -1;
 	int *which = loom__malloc((size_t)nt * sizeof *which);
 	if (!which)
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
@@ -319,11 +458,15 @@ int loom__st_model_load(const char *path, const loom_gpt2_config_t *cfg, float *
 		free(which);
 		return rc;
 	}
+	if (cfg->arch != LOOM_ARCH_GPT2) {
+		rc = family_load(st, path, cfg, params);
+		goto out;
+	}
 	if ((rc = match_tensors(path, st, cfg, which, &lm_head)) != LOOM_OK)
 		goto out;
 	for (int k = 0; k < nt; k++) {
 		loom_tensor_info_t info;
-		loom_gpt2_tensor_info(cfg, k, &info);
+		loom_model_tensor_info(cfg, k, &info);
 		if ((rc = loom_st_read_f32(st, which[k], params + info.offset, info.numel)) != LOOM_OK)
 			goto out;
 	}
@@ -346,30 +489,40 @@ out:
 	return rc;
 }
 
-/* The config as __metadata__ pairs; bufs holds the number texts. */
-static int config_meta(const loom_gpt2_config_t *cfg, const char *kind, char bufs[5][16], const char *meta[14])
+/* The config as __metadata__ pairs (GPT-2's five numbers; another family's file also names its arch
+ * and its own fields); bufs holds the number texts. Returns the number of pairs. */
+static int config_meta(const loom_model_config_t *cfg, const char *kind, char bufs[8][16], const char *meta[22])
 {
-	const char *keys[5] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"};
-	int vals[5] = {cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->seq_len, cfg->vocab_size};
-	for (int i = 0; i < 5; i++) {
+	const char *keys[7] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size", "n_kv_head", "short_window"};
+	int vals[7] = {cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->seq_len, cfg->vocab_size, cfg->n_kv_head,
+	               cfg->short_window};
+	int n = 0;
+	for (int i = 0; i < 7; i++) {
+		if (i >= 5 && (cfg->arch == LOOM_ARCH_GPT2 || vals[i] <= 0))
+			continue;
 		snprintf(bufs[i], 16, "%d", vals[i]);
-		meta[2 * i] = keys[i], meta[2 * i + 1] = bufs[i];
+		meta[2 * n] = keys[i], meta[2 * n + 1] = bufs[i], n++;
 	}
-	meta[10] = "format", meta[11] = "pt";
-	meta[12] = "loom", meta[13] = kind;
-	return 7;
+	meta[2 * n] = "format", meta[2 * n + 1] = "pt", n++;
+	meta[2 * n] = "loom", meta[2 * n + 1] = kind, n++;
+	if (cfg->arch != LOOM_ARCH_GPT2) {
+		meta[2 * n] = "arch", meta[2 * n + 1] = loom_arch_name(cfg->arch), n++;
+		if (cfg->window_pattern[0])
+			meta[2 * n] = "window_pattern", meta[2 * n + 1] = cfg->window_pattern, n++;
+	}
+	return n;
 }
 
-int loom_model_save_safetensors(const char *path, const loom_gpt2_config_t *cfg, const float *params)
+int loom_model_save_safetensors(const char *path, const loom_model_config_t *cfg, const float *params)
 {
 	int nt, rc;
 	loom_st_tensor_t *t;
 	loom_tensor_info_t *info;
-	char bufs[5][16];
-	const char *meta[14];
-	if ((rc = loom_gpt2_config_check(cfg)) != LOOM_OK)
+	char bufs[8][16];
+	const char *meta[22];
+	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
 		return rc;
-	nt = loom_gpt2_num_tensors(cfg);
+	nt = loom_model_num_tensors(cfg);
 	t = loom__calloc((size_t)nt, sizeof *t);
 	info = loom__calloc((size_t)nt, sizeof *info);
 	if (!t || !info) {
@@ -377,7 +530,7 @@ int loom_model_save_safetensors(const char *path, const loom_gpt2_config_t *cfg,
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
 	}
 	for (int i = 0; i < nt; i++) {
-		loom_gpt2_tensor_info(cfg, i, &info[i]);
+		loom_model_tensor_info(cfg, i, &info[i]);
 		t[i].name = info[i].name;
 		t[i].dtype = LOOM_ST_F32;
 		t[i].ndim = info[i].ndim;
@@ -385,23 +538,23 @@ int loom_model_save_safetensors(const char *path, const loom_gpt2_config_t *cfg,
 		t[i].data = params + info[i].offset;
 		t[i].nbytes = info[i].numel * sizeof(float);
 	}
-	rc = loom_st_write(path, t, nt, meta, config_meta(cfg, "gpt2", bufs, meta));
+	rc = loom_st_write(path, t, nt, meta, config_meta(cfg, loom_arch_name(cfg->arch), bufs, meta));
 	free(t), free(info);
 	return rc ? rc : loom_model_write_hf_config(path, cfg, -1);
 }
 
-int loom_optim_save(const char *path, const loom_gpt2_config_t *cfg, const float *m, const float *v)
+int loom_optim_save(const char *path, const loom_model_config_t *cfg, const float *m, const float *v)
 {
 	int nt, rc;
 	loom_st_tensor_t *t;
 	char (*names)[LOOM_TENSOR_NAME_MAX + 16];
-	char bufs[5][16];
-	const char *meta[14];
+	char bufs[8][16];
+	const char *meta[22];
 	if (!m || !v)
 		return loom_seterr(LOOM_EINVAL, "%s: optimizer state needs both m and v", path);
-	if ((rc = loom_gpt2_config_check(cfg)) != LOOM_OK)
+	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
 		return rc;
-	nt = loom_gpt2_num_tensors(cfg);
+	nt = loom_model_num_tensors(cfg);
 	t = loom__calloc(2 * (size_t)nt, sizeof *t);
 	names = loom__calloc(2 * (size_t)nt, sizeof *names);
 	if (!t || !names) {
@@ -410,7 +563,7 @@ int loom_optim_save(const char *path, const loom_gpt2_config_t *cfg, const float
 	}
 	for (int i = 0; i < 2 * nt; i++) {
 		loom_tensor_info_t info;
-		loom_gpt2_tensor_info(cfg, i % nt, &info);
+		loom_model_tensor_info(cfg, i % nt, &info);
 		snprintf(names[i], sizeof names[i], "%s.%s", info.name, i < nt ? "exp_avg" : "exp_avg_sq");
 		t[i].name = names[i];
 		t[i].dtype = LOOM_ST_F32;
@@ -424,10 +577,10 @@ int loom_optim_save(const char *path, const loom_gpt2_config_t *cfg, const float
 	return rc;
 }
 
-int loom_optim_load(const char *path, const loom_gpt2_config_t *cfg, float *m, float *v)
+int loom_optim_load(const char *path, const loom_model_config_t *cfg, float *m, float *v)
 {
 	loom_st_t *st;
-	int nt = loom_gpt2_num_tensors(cfg), rc;
+	int nt = loom_model_num_tensors(cfg), rc;
 	const char *keys[5] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"};
 	int vals[5] = {cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->seq_len, cfg->vocab_size};
 	if ((rc = loom_st_open(&st, path)) != LOOM_OK)
@@ -451,7 +604,7 @@ int loom_optim_load(const char *path, const loom_gpt2_config_t *cfg, float *m, f
 		char name[LOOM_TENSOR_NAME_MAX + 16];
 		const loom_st_tensor_t *t;
 		int k;
-		loom_gpt2_tensor_info(cfg, i % nt, &info);
+		loom_model_tensor_info(cfg, i % nt, &info);
 		snprintf(name, sizeof name, "%s.%s", info.name, i < nt ? "exp_avg" : "exp_avg_sq");
 		if ((k = loom_st_find(st, name)) < 0) {
 			rc = loom_seterr(LOOM_EFORMAT, "%s: missing tensor '%s'", path, name);

@@ -13,13 +13,13 @@
 #define LOOM_MODEL_MAX_VOCAB (1 << 24)
 #define LOOM_MODEL_CONFIG_JSON_MAX (1u << 20) /* config.json beside a model */
 
-/* cfg (read from `path`) within the limits above and valid (loom_gpt2_config_check); *numel = its
+/* cfg (read from `path`) within the limits above and valid (loom_model_config_check); *numel = its
  * parameter count, computed with overflow checks. LOOM_EFORMAT naming the file and the field. */
-int loom__model_file_check(const char *path, const loom_gpt2_config_t *cfg, size_t *numel);
+int loom__model_file_check(const char *path, const loom_model_config_t *cfg, size_t *numel);
 
-int loom__st_model_config(const char *path, int n_head_hint, loom_gpt2_config_t *cfg);
-int loom__st_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params);
-int loom__llmc_model_config(const char *path, loom_gpt2_config_t *cfg);
-int loom__llmc_model_load(const char *path, const loom_gpt2_config_t *cfg, float *params);
+int loom__st_model_config(const char *path, int n_head_hint, loom_model_config_t *cfg);
+int loom__st_model_load(const char *path, const loom_model_config_t *cfg, float *params);
+int loom__llmc_model_config(const char *path, loom_model_config_t *cfg);
+int loom__llmc_model_load(const char *path, const loom_model_config_t *cfg, float *params);
 
 #endif

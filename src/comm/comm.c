@@ -424,7 +424,8 @@ int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts)
 			                   opts->heap_bytes);
 		heap_bytes = opts->heap_bytes;
 	} else {
-		shm_mb = loom_env_long("LOOM_SHM_MB", 1024, &ok);
+		/* A job of one process shares its heap with nobody: a small one, not 1 GiB of address space. */
+		shm_mb = loom_env_long("LOOM_SHM_MB", size == 1 ? LOOM_SOLO_SHM_MB : 1024, &ok);
 		if (!ok || shm_mb < 1 || shm_mb > (1l << 22))
 			return loom_seterr(LOOM_EINVAL,
 			                   "loom_comm_init: LOOM_SHM_MB=\"%s\" must be an integer number of MiB in [1, %ld]",

@@ -24,6 +24,7 @@
  * worker finds it empty; at most one worker runs a lane; a request's done is set once, with rc
  * and msg, and the request is freed by the loom_wait / loom_test that observes it. Each worker
  * keeps its own loom_cur (the thread-local operation context) across switches. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -289,10 +290,13 @@ static int submit(loom_comm_t *c, loom_request_t *r, const char *op)
 	pthread_mutex_lock(&eng.lock);
 	if (!eng.running) {
 		eng.stop = 0;
-		if (pthread_create(&eng.thread, NULL, engine_main, NULL) != 0) {
+		int e = loom__thread_start(&eng.thread, NULL, engine_main, NULL, "progress");
+		if (e != 0) {
 			pthread_mutex_unlock(&eng.lock);
 			free(r);
-			return loom_comm_fail(c, LOOM_ESYS, "%s: cannot start the progress thread", op);
+			return loom_comm_fail(c, LOOM_ESYS, "%s: cannot start the progress thread (non-blocking operations "
+			                      "run on it): pthread_create: %s%s", op, strerror(e),
+			                      e == EAGAIN ? " (a limit on threads or processes: ulimit -u, the cgroup's pids.max)" : "");
 		}
 		eng.running = 1;
 	}

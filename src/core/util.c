@@ -104,3 +104,11 @@ long loom_env_long(const char *name, long def, int *ok)
 	}
 	return v;
 }
+
+int loom__thread_start(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg, const char *name)
+{
+	const char *f = getenv("LOOM_TEST_FAIL_THREAD");
+	if (f && name && strcmp(f, name) == 0)
+		return EAGAIN;
+	return pthread_create(t, attr, fn, arg);
+}

@@ -2,6 +2,7 @@
 #ifndef LOOM_CORE_UTIL_H
 #define LOOM_CORE_UTIL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,6 +29,10 @@ char *loom__strdup(const char *s);
  * later one succeeds; n = 0 disables. loom__fault_alloc_hit() is 1 once the failure happened. */
 void loom__fault_alloc_set(long n);
 int loom__fault_alloc_hit(void);
+/* pthread_create, with a fault-injection point for tests where no pids limit can be set:
+ * LOOM_TEST_FAIL_THREAD=name makes the thread of that name fail to start with EAGAIN. Returns
+ * pthread_create's result. */
+int loom__thread_start(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg, const char *name);
 
 /* Integer environment variable, or `def` when unset/empty; *ok = 0 when set but not an integer. */
 long loom_env_long(const char *name, long def, int *ok);

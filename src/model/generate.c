@@ -207,9 +207,9 @@ static float kth_largest(float *a, int n, int k)
 	return a[want];
 }
 
-static int sample(loom_gpt2_t *m, const float *z, float temperature, int top_k, rng_t *r)
+int loom__sample_token(const float *z, int V, float temperature, int top_k, float *scratch, rng_t *r)
 {
-	int V = m->cfg.vocab_size, best = 0;
+	int best = 0;
 	for (int i = 1; i < V; i++)
 		if (z[i] > z[best])
 			best = i;
@@ -217,8 +217,8 @@ static int sample(loom_gpt2_t *m, const float *z, float temperature, int top_k, 
 		return best;
 	float thresh = -INFINITY;
 	if (top_k > 0 && top_k < V) {
-		memcpy(m->kv->topk, z, sizeof(float) * (size_t)V);
-		thresh = kth_largest(m->kv->topk, V, top_k);
+		memcpy(scratch, z, sizeof(float) * (size_t)V);
+		thresh = kth_largest(scratch, V, top_k);
 	}
 	double sum = 0.0, mx = z[best];
 	for (int i = 0; i < V; i++)
@@ -261,7 +261,7 @@ int loom_gpt2_generate(loom_gpt2_t *m, const int *prompt, int n_prompt, int max_
 	rng_seed(&r, seed);
 	prompt_forward(m, m->kv, prompt, n_prompt);
 	for (int pos = n_prompt; *n_out < max_new && pos < m->T; pos++) {
-		int tok = sample(m, m->kv->logits, temperature, top_k, &r);
+		int tok = loom__sample_token(m->kv->logits, m->cfg.vocab_size, temperature, top_k, m->kv->topk, &r);
 		out[(*n_out)++] = tok;
 		if (on_token)
 			on_token(ctx, tok);

@@ -40,10 +40,18 @@ static int lt(int l, int j)
 enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B };
 
 /* Bump allocation inside m->mem: with base NULL it only measures. Offsets stay 64-byte aligned. */
+/* a * b, or SIZE_MAX when that does not fit: the layout's sizes saturate instead of wrapping, so a
+ * batch too large for the address space is refused as such, never allocated by a wrapped count. */
+static size_t size_mul(size_t a, size_t b)
+{
+	return b && a > SIZE_MAX / b ? SIZE_MAX : a * b;
+}
+
 static float *carve(char *base, size_t *off, size_t nfloats)
 {
 	float *p = base ? (float *)(base + *off) : NULL;
-	*off += (nfloats * sizeof(float) + 63) / 64 * 64;
+	size_t b = size_mul(nfloats, sizeof(float));
+	*off = b > SIZE_MAX - 63 || *off > SIZE_MAX - 63 - b ? SIZE_MAX : *off + (b + 63) / 64 * 64;
 	return p;
 }
 
@@ -62,56 +70,57 @@ static size_t layout_acts(loom_gpt2_t *m, char *base, loom_gpt2_act_bytes_t *byt
 	/* with tensor parallelism the per-head and per-MLP-column buffers are the local shards' */
 	size_t off = 0, C = (size_t)m->cfg.n_embd, V = (size_t)m->Vl, N = (size_t)m->B * m->T;
 	size_t NH = (size_t)m->NHl, T = (size_t)m->T, Cl = (size_t)m->Cl, mark;
-	size_t att = (size_t)m->B * NH * T * T;
+	size_t att = size_mul(size_mul(size_mul((size_t)m->B, NH), T), T);
+	size_t NC = size_mul(N, C), NCl = size_mul(N, Cl), N3 = size_mul(N, 3 * Cl), N4 = size_mul(N, 4 * Cl);
 	layer_acts_t shared = {0}, dummy_layer;
 	arena_t dummy_arena;
 	memset(bytes, 0, sizeof *bytes);
 	if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS) {
-		shared.ln1 = carve(base, &off, N * C);
+		shared.ln1 = carve(base, &off, NC);
 		shared.ln1_mean = carve(base, &off, N);
 		shared.ln1_rstd = carve(base, &off, N);
-		shared.qkv = carve(base, &off, N * 3 * Cl);
+		shared.qkv = carve(base, &off, N3);
 		shared.att = carve(base, &off, att);
-		shared.atty = carve(base, &off, N * Cl);
-		shared.res2 = carve(base, &off, N * C);
-		shared.ln2 = carve(base, &off, N * C);
+		shared.atty = carve(base, &off, NCl);
+		shared.res2 = carve(base, &off, NC);
+		shared.ln2 = carve(base, &off, NC);
 		shared.ln2_mean = carve(base, &off, N);
 		shared.ln2_rstd = carve(base, &off, N);
-		shared.fch = carve(base, &off, N * 4 * Cl);
-		shared.fch_gelu = carve(base, &off, N * 4 * Cl);
+		shared.fch = carve(base, &off, N4);
+		shared.fch_gelu = carve(base, &off, N4);
 	} else if (m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE) {
 		shared.att = carve(base, &off, att);
 	}
 	bytes->recompute = mark = off;
 	for (int k = 0; k < m->narenas; k++) {
 		arena_t *ar = base ? &m->arenas[k] : &dummy_arena;
-		ar->in = carve(base, &off, N * C);
+		ar->in = carve(base, &off, NC);
 		for (int l = m->lo; l < m->hi; l++) {
 			layer_acts_t *a = base ? &ar->layers[l - m->lo] : &dummy_layer;
 			size_t l0 = off;
 			if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS) {
 				*a = shared;
-				a->res3 = carve(base, &off, N * C);
+				a->res3 = carve(base, &off, NC);
 				bytes->per_layer = off - l0;
 				continue;
 			}
-			a->ln1 = carve(base, &off, N * C);
+			a->ln1 = carve(base, &off, NC);
 			a->ln1_mean = carve(base, &off, N);
 			a->ln1_rstd = carve(base, &off, N);
-			a->qkv = carve(base, &off, N * 3 * Cl);
+			a->qkv = carve(base, &off, N3);
 			a->att = m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE ? shared.att : carve(base, &off, att);
-			a->atty = carve(base, &off, N * Cl);
-			a->res2 = carve(base, &off, N * C);
-			a->ln2 = carve(base, &off, N * C);
+			a->atty = carve(base, &off, NCl);
+			a->res2 = carve(base, &off, NC);
+			a->ln2 = carve(base, &off, NC);
 			a->ln2_mean = carve(base, &off, N);
 			a->ln2_rstd = carve(base, &off, N);
-			a->fch = carve(base, &off, N * 4 * Cl);
-			a->fch_gelu = carve(base, &off, N * 4 * Cl);
-			a->res3 = carve(base, &off, N * C);
+			a->fch = carve(base, &off, N4);
+			a->fch_gelu = carve(base, &off, N4);
+			a->res3 = carve(base, &off, NC);
 			bytes->per_layer = off - l0;
 		}
 		if (m->has_head) {
-			ar->lnf = carve(base, &off, N * C);
+			ar->lnf = carve(base, &off, NC);
 			ar->lnf_mean = carve(base, &off, N);
 			ar->lnf_rstd = carve(base, &off, N);
 			ar->losses = carve(base, &off, N);
@@ -119,17 +128,17 @@ static size_t layout_acts(loom_gpt2_t *m, char *base, loom_gpt2_act_bytes_t *byt
 	}
 	bytes->kept = off - mark, mark = off;
 	if (m->has_head) {
-		m->logits = carve(base, &off, (size_t)m->chunk * V);
-		m->last_logits = carve(base, &off, (size_t)m->B * V);
+		m->logits = carve(base, &off, size_mul((size_t)m->chunk, V));
+		m->last_logits = carve(base, &off, size_mul((size_t)m->B, V));
 		if (m->tp > 1)
 			m->tp_stats = carve(base, &off, 3 * (size_t)m->chunk);
 	}
 	bytes->head = off - mark, mark = off;
-	m->dres = carve(base, &off, N * C);
-	m->dbtc = carve(base, &off, N * C);
-	m->dqkv = carve(base, &off, N * 3 * Cl);
-	m->d4a = carve(base, &off, N * 4 * Cl);
-	m->d4b = carve(base, &off, N * 4 * Cl);
+	m->dres = carve(base, &off, NC);
+	m->dbtc = carve(base, &off, NC);
+	m->dqkv = carve(base, &off, N3);
+	m->d4a = carve(base, &off, N4);
+	m->d4b = carve(base, &off, N4);
 	m->att_scratch = carve(base, &off, loom__attention_scratch_floats(m->T, m->att_threads));
 	bytes->backward = off - mark;
 	bytes->total = off;
@@ -229,6 +238,14 @@ static void setup(loom_gpt2_t *m, const loom_gpt2_config_t *cfg, const loom_gpt2
 	m->act_ckpt = (int)o->act_ckpt;
 }
 
+/* The activations of a batch whose size does not fit in size_t. */
+static int too_large(const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o)
+{
+	return loom_seterr(LOOM_ENOMEM, "gpt2 create: the activations of batch %d x %d (L%d C%d H%d V%d) are larger than "
+	                   "the address space (their byte count overflows); lower --batch-size or --seq-len", o->B, o->T,
+	                   cfg->n_layer, cfg->n_embd, cfg->n_head, cfg->vocab_size);
+}
+
 int loom_gpt2_act_bytes(const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o, loom_gpt2_act_bytes_t *out)
 {
 	loom_gpt2_t m;
@@ -238,7 +255,8 @@ int loom_gpt2_act_bytes(const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o
 		return rc;
 	memset(&m, 0, sizeof m);
 	setup(&m, cfg, o);
-	layout_acts(&m, NULL, out);
+	if (layout_acts(&m, NULL, out) == SIZE_MAX)
+		return too_large(cfg, o);
 	return LOOM_OK;
 }
 
@@ -299,6 +317,10 @@ int loom_gpt2_create_opts(loom_gpt2_t **out, const loom_gpt2_config_t *cfg, cons
 	point_grads(m, m->grads_own);
 	size_t bytes = layout_acts(m, NULL, &m->act);
 	want = bytes;
+	if (bytes == SIZE_MAX) {
+		loom_gpt2_destroy(m);
+		return too_large(cfg, o);
+	}
 	if (!(m->mem = loom_alloc_aligned(bytes)))
 		goto nomem;
 	layout_acts(m, m->mem, &m->act);

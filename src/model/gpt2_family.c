@@ -1,6 +1,7 @@
 /* gpt2_family.c: GPT-2 as a model family (loom/model.h): its table of operations, each one the
  * loom_gpt2_* call of the same name (loom/gpt2.h), so a model reached through the interface behaves
  * exactly as one reached directly. */
+#include "core/util.h"
 #include "model/model.h"
 
 #define G(m) ((loom_gpt2_t *)(m))
@@ -224,6 +225,56 @@ static int g_stream_width(const loom_model_config_t *cfg)
 	return cfg->n_embd;
 }
 
+/* The activation formula beside the allocation (loom_model_act_formula; src/train/memory.c prints
+ * both). Activations, in floats, of a model holding Lh blocks and `arenas` arenas of B x T (tp: local heads
+ * NHl and channels Cl). One layer's full set is F = (4C + 12Cl) BT + 4 BT + B NHl T^2 (16 BTC + 4 BT +
+ * B NH T^2 without tp: ln1, qkv, atty, res2, ln2, fch, fch_gelu, res3, four LayerNorm statistics, the
+ * attention probabilities). A checkpointing mode drops D of each layer's floats, which then live once,
+ * in the recompute scratch: kept = arenas (Lh (F - D) + BTC + head), scratch = D, with head = BTC + 3 BT
+ * (ln_f's output and statistics, the losses) on the model holding it. The rule, as data: */
+/* FLOPs per token of unit u (loom_model_unit_flops): a block's in closed form, 6 x its matmul weights
+ * (qkv 3C^2 + proj C^2 + fc 4C^2 + proj 4C^2) + 12 C T for attention's two products, the same as the
+ * parameter table's count without formatting a tensor name per weight (the pipeline partition asks
+ * for every block, and the planner's search for thousands of meshes); the others from the table. */
+static double g_unit_flops(const loom_model_config_t *cfg, int unit, int T)
+{
+	double C = cfg->n_embd;
+	if (unit >= 0 && unit < cfg->n_layer)
+		return 6.0 * 12.0 * C * C + 12.0 * C * T;
+	return loom__model_unit_flops_table(cfg, unit, T);
+}
+
+static const struct {
+	loom_act_ckpt_t mode;
+	const char *text;
+} act_rule[] = {
+	{LOOM_ACT_CKPT_NONE, "arenas x (L x F + BTC + head), F = 16BTC + 4BT + B NH T^2"},
+	{LOOM_ACT_CKPT_BLOCKS, "arenas x (L x BTC + BTC + head) + (F - BTC) for one block"},
+	{LOOM_ACT_CKPT_SELECTIVE, "arenas x (L x (F - B NH T^2) + BTC + head) + B NH T^2 for one layer"},
+};
+
+static size_t g_act_formula(const loom_model_t *model, int B, int T, const char **text)
+{
+	const loom_gpt2_t *g = (const loom_gpt2_t *)model;
+	const loom_model_config_t *c = loom_gpt2_config(g);
+	int lo, hi, arenas, tp = loom_gpt2_tp_size(g);
+	loom_act_ckpt_t mode = loom_gpt2_act_ckpt(g);
+	loom_gpt2_layers(g, &lo, &hi, &arenas);
+	double BT = (double)B * T, C = c->n_embd, Cl = (double)c->n_embd / tp, A = BT * (c->n_head / tp) * T;
+	double F = (4 * C + 12 * Cl) * BT + 4 * BT + A, D = 0;
+	double head = hi == c->n_layer ? BT * C + 3 * BT : 0;
+	if (mode == LOOM_ACT_CKPT_BLOCKS)
+		D = F - BT * C;
+	else if (mode == LOOM_ACT_CKPT_SELECTIVE)
+		D = A;
+	*text = "?";
+	for (size_t k = 0; k < LOOM_ARRAY_LEN(act_rule); k++)
+		if (act_rule[k].mode == mode)
+			*text = act_rule[k].text;
+	double floats = arenas * ((hi - lo) * (F - D) + BT * C + head) + D;
+	return (size_t)(floats * sizeof(float));
+}
+
 static const loom_model_family_t gpt2_family = {
 	.name = "gpt2",
 	.arch = LOOM_ARCH_GPT2,
@@ -282,6 +333,8 @@ static const loom_model_family_t gpt2_family = {
 	.profile = g_profile,
 	.profile_report = g_profile_report,
 	.set_inputs = NULL, /* GPT-2's blocks do not read the tokens */
+	.act_formula = g_act_formula,
+	.unit_flops = g_unit_flops,
 };
 
 const loom_model_family_t *loom__gpt2_family(void)

@@ -1,5 +1,6 @@
 /* iface.c: the model interface (loom/model.h): every call dispatches through the model's (or the
  * configuration's) family table. */
+#include <stdio.h>
 #include <string.h>
 
 #include "loom/model.h"
@@ -40,6 +41,32 @@ static const loom_model_family_t *fam(const loom_model_config_t *cfg)
 	if (!f)
 		loom_seterr(LOOM_EINVAL, "model configuration: arch %d is not a model family (gpt2, nanochat)", (int)cfg->arch);
 	return f;
+}
+
+/* cfg with nanochat's defaults filled in (GPT-2 ignores those fields). */
+static loom_model_config_t resolved(const loom_model_config_t *cfg)
+{
+	loom_model_config_t c = *cfg;
+	if (c.arch == LOOM_ARCH_GPT2) {
+		c.n_kv_head = c.short_window = 0;
+		memset(c.window_pattern, 0, sizeof c.window_pattern);
+		return c;
+	}
+	if (c.n_kv_head <= 0)
+		c.n_kv_head = c.n_head;
+	if (c.short_window <= 0)
+		c.short_window = c.seq_len / 2;
+	if (!c.window_pattern[0])
+		snprintf(c.window_pattern, sizeof c.window_pattern, "SSSL");
+	return c;
+}
+
+int loom_model_config_equal(const loom_model_config_t *a, const loom_model_config_t *b)
+{
+	loom_model_config_t x = resolved(a), y = resolved(b);
+	return x.arch == y.arch && x.n_layer == y.n_layer && x.n_head == y.n_head && x.n_embd == y.n_embd &&
+	       x.seq_len == y.seq_len && x.vocab_size == y.vocab_size && x.n_kv_head == y.n_kv_head &&
+	       x.short_window == y.short_window && strcmp(x.window_pattern, y.window_pattern) == 0;
 }
 
 int loom_model_config_check(const loom_model_config_t *cfg)
@@ -138,6 +165,32 @@ void loom_model_unit_tensors(const loom_model_config_t *cfg, int unit, int *firs
 	while (i < n && loom_model_tensor_info(cfg, i, &info) == LOOM_OK && info.layer == unit)
 		i++;
 	*end = i;
+}
+
+double loom_model_unit_flops(const loom_model_config_t *cfg, int unit, int T)
+{
+	const loom_model_family_t *f = fam(cfg);
+	if (!f)
+		return 0.0;
+	if (f->unit_flops)
+		return f->unit_flops(cfg, unit, T);
+	return loom__model_unit_flops_table(cfg, unit, T);
+}
+
+double loom__model_unit_flops_table(const loom_model_config_t *cfg, int unit, int T)
+{
+	const loom_model_family_t *f = fam(cfg);
+	loom_tensor_info_t info;
+	double params = 0.0;
+	if (!f)
+		return 0.0;
+	for (int i = 0, n = f->num_tensors(cfg); i < n; i++) {
+		if (f->tensor_info(cfg, i, &info) != LOOM_OK || info.ndim != 2)
+			continue;
+		if ((info.layer == unit && info.opt_group != LOOM_OPT_EMBED) || (unit == cfg->n_layer && info.head_reads))
+			params += (double)info.numel;
+	}
+	return 6.0 * params + (unit >= 0 && unit < cfg->n_layer ? 12.0 * cfg->n_embd * T : 0.0);
 }
 
 int loom_model_create(loom_model_t **m, const loom_model_config_t *cfg, const loom_model_opts_t *opts)
@@ -356,4 +409,12 @@ void loom_model_profile(loom_model_t *m, int enable)
 void loom_model_profile_report(loom_model_t *m, void *file, int steps)
 {
 	m->family->profile_report(m, file, steps);
+}
+
+size_t loom_model_act_formula(const loom_model_t *m, int B, int T, const char **text)
+{
+	if (m->family->act_formula)
+		return m->family->act_formula(m, B, T, text);
+	*text = "(no formula)";
+	return 0;
 }

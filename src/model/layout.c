@@ -112,10 +112,9 @@ int loom_gpt2_tensor_info(const loom_gpt2_config_t *cfg, int i, loom_tensor_info
 	/* what the model interface adds (loom/model.h): the tie, the split's kind, the optimizer's view */
 	info->head_reads = i == 0;
 	info->tp_kind = info->tp_dim < 0 ? LOOM_TP_WHOLE : strstr(info->name, "c_attn") ? LOOM_TP_QKV : LOOM_TP_SPLIT;
-	if (i < 2)
-		info->opt_group = LOOM_OPT_EMBED;
-	else
-		info->opt_group = info->ndim == 2 && info->layer < cfg->n_layer ? LOOM_OPT_MATRIX : LOOM_OPT_VECTOR;
+	/* under MuonAdamW, everything but the blocks' matrices is AdamW at the AdamW rate (GPT-2's recipe):
+	 * nanochat's embedding rate would be far too high for a tied head */
+	info->opt_group = i >= 2 && info->ndim == 2 && info->layer < cfg->n_layer ? LOOM_OPT_MATRIX : LOOM_OPT_VECTOR;
 	if (info->opt_group == LOOM_OPT_MATRIX) /* Conv1D [in, out]: Muon sees nn.Linear's [out, in] */
 		info->transposed = 1, info->rows = (int)info->shape[1], info->cols = (int)info->shape[0];
 	else if (info->ndim == 2)

@@ -48,4 +48,9 @@ static inline double rng_normal(rng_t *r)
 	return rad * cos(th);
 }
 
+/* One token from logits z (V): the argmax at temperature 0, else a draw from softmax(z / temperature)
+ * over the top_k largest (0: all); scratch holds V floats (reordered). Every family's sampler
+ * (generate.c). */
+int loom__sample_token(const float *z, int V, float temperature, int top_k, float *scratch, rng_t *r);
+
 #endif

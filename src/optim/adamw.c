@@ -69,16 +69,16 @@ int loom_adamw_init(loom_adamw_t *o, const loom_adamw_config_t *cfg, size_t n, c
 	return LOOM_OK;
 }
 
-int loom_adamw_init_gpt2(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_gpt2_config_t *model)
+int loom_adamw_init_model(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model)
 {
 	int rc;
 	memset(o, 0, sizeof *o);
-	if ((rc = loom_gpt2_config_check(model)) != LOOM_OK)
+	if ((rc = loom_model_config_check(model)) != LOOM_OK)
 		return rc;
-	return loom_adamw_init_gpt2_range(o, cfg, model, 0, loom_gpt2_num_params(model));
+	return loom_adamw_init_model_range(o, cfg, model, 0, loom_model_num_params(model));
 }
 
-int loom_adamw_init_gpt2_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_gpt2_config_t *model,
+int loom_adamw_init_model_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model,
                                size_t offset, size_t count)
 {
 	int nt, nseg = 0, rc;
@@ -86,9 +86,9 @@ int loom_adamw_init_gpt2_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, 
 	loom_optim_segment_t *segs;
 	loom_tensor_info_t ti;
 	memset(o, 0, sizeof *o);
-	if ((rc = loom_gpt2_config_check(model)) != LOOM_OK)
+	if ((rc = loom_model_config_check(model)) != LOOM_OK)
 		return rc;
-	nt = loom_gpt2_num_tensors(model), n = loom_gpt2_num_params(model);
+	nt = loom_model_num_tensors(model), n = loom_model_num_params(model);
 	if (offset > n || count > n - offset)
 		return loom_seterr(LOOM_EINVAL, "adamw: range [%zu, %zu) is outside the model's %zu parameters", offset,
 		                   offset + count, n);
@@ -96,7 +96,7 @@ int loom_adamw_init_gpt2_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, 
 	if (!segs)
 		return loom_seterr(LOOM_ENOMEM, "adamw: out of memory");
 	for (int i = 0; i < nt; i++) { /* tensors clipped to [offset, hi), rebased to 0 */
-		loom_gpt2_tensor_info(model, i, &ti);
+		loom_model_tensor_info(model, i, &ti);
 		size_t a = LOOM_MAX(ti.offset, offset), b = LOOM_MIN(ti.offset + ti.numel, hi);
 		if (a < b)
 			segs[nseg].offset = a - offset, segs[nseg].numel = b - a, segs[nseg++].decay = ti.decay;
@@ -106,6 +106,17 @@ int loom_adamw_init_gpt2_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, 
 	rc = loom_adamw_init(o, cfg, count, segs, nseg);
 	free(segs);
 	return rc;
+}
+
+int loom_adamw_init_gpt2(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model)
+{
+	return loom_adamw_init_model(o, cfg, model);
+}
+
+int loom_adamw_init_gpt2_range(loom_adamw_t *o, const loom_adamw_config_t *cfg, const loom_model_config_t *model,
+                               size_t offset, size_t count)
+{
+	return loom_adamw_init_model_range(o, cfg, model, offset, count);
 }
 
 void loom_adamw_free(loom_adamw_t *o)
@@ -218,4 +229,18 @@ int loom_adamw_step_ref(loom_adamw_t *o, float *params, const float *grads, floa
 	}
 	o->step++;
 	return LOOM_OK;
+}
+
+int loom_optimizer_parse(const char *name, loom_optimizer_t *opt)
+{
+	if (name && strcmp(name, "adamw") == 0)
+		return *opt = LOOM_OPTIMIZER_ADAMW, LOOM_OK;
+	if (name && strcmp(name, "muon") == 0)
+		return *opt = LOOM_OPTIMIZER_MUON, LOOM_OK;
+	return loom_seterr(LOOM_EINVAL, "optimizer '%s' is not one of adamw, muon", name ? name : "(null)");
+}
+
+const char *loom_optimizer_name(loom_optimizer_t opt)
+{
+	return opt == LOOM_OPTIMIZER_ADAMW ? "adamw" : opt == LOOM_OPTIMIZER_MUON ? "muon" : "?";
 }

@@ -9,7 +9,7 @@
  *
  * Memory: a loom_ddp_t owns its gradient storage (in the communicator's shared memory when it can,
  * so each bucket's all-reduce is single-copy) and points the model's gradient view at it once, at
- * create (loom_gpt2_set_grad_buffer); the model's own buffer is left alone, and destroy points the
+ * create (loom_model_set_grad_buffer); the model's own buffer is left alone, and destroy points the
  * view back at it with the current values. Gradient pointers are taken from loom_ddp_grads (or from
  * the model) after create, never before.
  *
@@ -35,7 +35,7 @@ typedef struct {
 
 struct loom_ddp {
 	loom_comm_t *comm;
-	loom_gpt2_t *model;
+	loom_model_t *model;
 	float *grads;       /* owned: the gradient storage the model's gradient view points at */
 	float *model_grads; /* the model's own gradient buffer (not ours), its view's target again on destroy */
 	int shared;         /* grads from loom_comm_alloc */
@@ -96,17 +96,17 @@ static void on_grad_ready(void *ctx, int t)
 	}
 }
 
-int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, double bucket_mb, double first_bucket_mb)
+int loom_ddp_create(loom_ddp_t **out, loom_comm_t *comm, loom_model_t *model, double bucket_mb, double first_bucket_mb)
 {
 	return loom__ddp_create_used(out, comm, model, bucket_mb, first_bucket_mb, NULL);
 }
 
 /* Buckets over the tensors with used[t] != 0 only (NULL: all), for a pipeline stage's model, which
  * reports only its own tensors: an unused tensor closes the bucket before it and belongs to none. */
-int loom__ddp_create_used(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *model, double bucket_mb,
+int loom__ddp_create_used(loom_ddp_t **out, loom_comm_t *comm, loom_model_t *model, double bucket_mb,
                           double first_bucket_mb, const unsigned char *used)
 {
-	const loom_gpt2_config_t *cfg = loom_gpt2_config(model);
+	const loom_model_config_t *cfg = loom_model_get_config(model);
 	loom_ddp_t *d;
 	loom_tensor_info_t info;
 	size_t limit, bytes = 0;
@@ -114,14 +114,14 @@ int loom__ddp_create_used(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *mode
 	if (!(bucket_mb > 0) || !(first_bucket_mb > 0))
 		return loom_seterr(LOOM_EINVAL, "ddp: bucket sizes must be positive (got %g MiB and first %g MiB)",
 		                   bucket_mb, first_bucket_mb);
-	const loom_tensor_info_t *table = loom_gpt2_tensors(model, NULL); /* the model's (a shard's, with tp) */
-	size_t nparams = loom_gpt2_param_count(model);
+	const loom_tensor_info_t *table = loom_model_tensors(model, NULL); /* the model's (a shard's, with tp) */
+	size_t nparams = loom_model_param_count(model);
 	d = loom__calloc(1, sizeof *d);
 	if (!d)
 		return loom_seterr(LOOM_ENOMEM, "ddp: out of memory");
 	d->comm = comm, d->model = model, d->sync = 1;
 	d->nparams = nparams;
-	d->ntensors = loom_gpt2_num_tensors(cfg);
+	d->ntensors = loom_model_num_tensors(cfg);
 	d->bucket_of = loom__calloc((size_t)d->ntensors, sizeof *d->bucket_of);
 	d->buckets = loom__calloc((size_t)d->ntensors, sizeof *d->buckets);
 	if (!d->bucket_of || !d->buckets)
@@ -135,9 +135,9 @@ int loom__ddp_create_used(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *mode
 		d->grads = loom_alloc_aligned(d->nparams * sizeof(float));
 	if (!d->grads)
 		goto oom;
-	d->model_grads = loom_gpt2_grads(model);
+	d->model_grads = loom_model_grads(model);
 	memcpy(d->grads, d->model_grads, d->nparams * sizeof(float));
-	loom_gpt2_set_grad_buffer(model, d->grads);
+	loom_model_set_grad_buffer(model, d->grads);
 
 	/* Buckets from the last tensor backwards; a bucket closes once it reaches its size limit. */
 	limit = (size_t)(first_bucket_mb * 1048576.0);
@@ -164,7 +164,7 @@ int loom__ddp_create_used(loom_ddp_t **out, loom_comm_t *comm, loom_gpt2_t *mode
 			limit = (size_t)(bucket_mb * 1048576.0);
 		}
 	}
-	loom_gpt2_on_grad_ready(model, on_grad_ready, d);
+	loom_model_on_grad_ready(model, on_grad_ready, d);
 	*out = d;
 	return LOOM_OK;
 oom:
@@ -180,9 +180,9 @@ void loom_ddp_destroy(loom_ddp_t *d)
 		if (d->buckets[b].req)
 			loom_wait(d->buckets[b].req);
 	if (d->model && d->model_grads) { /* detach: the model works on its own buffer again */
-		loom_gpt2_on_grad_ready(d->model, NULL, NULL);
+		loom_model_on_grad_ready(d->model, NULL, NULL);
 		memcpy(d->model_grads, d->grads, d->nparams * sizeof(float));
-		loom_gpt2_set_grad_buffer(d->model, d->model_grads);
+		loom_model_set_grad_buffer(d->model, d->model_grads);
 	}
 	if (d->grads) {
 		if (d->shared)
@@ -278,7 +278,7 @@ uint64_t loom_checksum_f32(const float *x, size_t n)
 static int compare_checksums(loom_ddp_t *d, const char *what)
 {
 	int size = loom_comm_size(d->comm), rc, bad = 0;
-	uint64_t mine = loom_checksum_f32(loom_gpt2_params(d->model), d->nparams);
+	uint64_t mine = loom_checksum_f32(loom_model_params(d->model), d->nparams);
 	uint64_t *all = loom__calloc((size_t)size, sizeof *all);
 	char list[512] = "";
 	size_t len = 0;
@@ -307,7 +307,7 @@ static int compare_checksums(loom_ddp_t *d, const char *what)
 
 int loom_ddp_broadcast_params(loom_ddp_t *d)
 {
-	int rc = loom_broadcast(d->comm, loom_gpt2_params(d->model), d->nparams, LOOM_FLOAT32, 0);
+	int rc = loom_broadcast(d->comm, loom_model_params(d->model), d->nparams, LOOM_FLOAT32, 0);
 	if (rc != LOOM_OK)
 		return loom_seterr(rc, "ddp: broadcasting parameters from rank 0 failed: %s", loom_comm_errmsg(d->comm));
 	return compare_checksums(d, "after broadcast");

@@ -24,7 +24,7 @@ static int local_create(loom_strategy_t **out, const loom_strategy_config_t *cfg
 	if (!s)
 		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
 	s->ops = loom__local_strategy();
-	if ((rc = loom__replica_init(s, cfg, loom_gpt2_grads(cfg->model))) != LOOM_OK) {
+	if ((rc = loom__replica_init(s, cfg, loom_model_grads(cfg->model))) != LOOM_OK) {
 		local_destroy(s);
 		return rc;
 	}

@@ -57,12 +57,14 @@ enum { TAG_ACT = 91, TAG_GRAD = 92 };
 typedef struct {
 	loom_exec_t base;
 	loom_exec_config_t cfg;
-	loom_gpt2_config_t mc;
-	loom_gpt2_t *stage;
+	loom_model_config_t mc;
+	loom_model_t *stage;
 	loom_comm_t *ends;            /* the stages holding wte: first, last, and P-2 when it runs head rows
 	                                 (the pp comm itself when that is every stage; owned otherwise) */
 	int own_ends;
 	int P, s, lo, hi, M, arenas, nplan, ntensors;
+	int width;                    /* floats per position of the residual stream (loom_model_stream_width) */
+	int shared_blocks;            /* some tensor is read by every block (all_blocks): summed over all stages */
 	int hrows;                    /* the head is shared: positions [0, rows[mb]) of micro-batch mb run
 	                                 their head on stage P-2, [rows[mb], B T) on the last; hrows is
 	                                 the usual rows[mb] (0: no split, the last runs them all) */
@@ -95,12 +97,12 @@ static void pp_destroy(loom_exec_t *ex);
  * computes. */
 static size_t out_off(const pp_exec_t *e, int mb)
 {
-	return e->hrows && e->s == e->P - 2 ? (size_t)e->rows[mb] * e->mc.n_embd : 0;
+	return e->hrows && e->s == e->P - 2 ? (size_t)e->rows[mb] * e->width : 0;
 }
 
 static size_t in_off(const pp_exec_t *e, int mb)
 {
-	return e->hrows && e->s == e->P - 1 ? (size_t)e->rows[mb] * e->mc.n_embd : 0;
+	return e->hrows && e->s == e->P - 1 ? (size_t)e->rows[mb] * e->width : 0;
 }
 
 /* The caller's (whole-layer) model's tensor-parallel reduction, for evaluation after gather: a
@@ -150,25 +152,26 @@ static int drain(pp_exec_t *e, int rc)
 static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 {
 	pp_exec_t *e = loom__calloc(1, sizeof *e);
-	loom_gpt2_opts_t o;
+	loom_model_opts_t o;
 	int rc, *lo = NULL;
 	*out = NULL;
 	if (!e)
 		return loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 	e->base.ops = loom__exec_pipeline();
 	e->cfg = *cfg;
-	e->mc = *loom_gpt2_config(cfg->model);
+	e->mc = *loom_model_get_config(cfg->model);
 	e->P = loom_comm_size(cfg->pp), e->s = loom_comm_rank(cfg->pp), e->M = cfg->M;
-	e->tp_size = loom_gpt2_tp_size(cfg->model), e->tp_rank = loom_gpt2_tp_rank(cfg->model);
+	e->tp_size = loom_model_tp_size(cfg->model), e->tp_rank = loom_model_tp_rank(cfg->model);
 	if (e->tp_size != (cfg->tp ? loom_comm_size(cfg->tp) : 1)) {
 		rc = loom_seterr(LOOM_EINVAL, "pipeline stage %d: the model is tensor-parallel shard %d of %d, but the "
 		                 "tensor-parallel axis has %d rank(s)", e->s, e->tp_rank, e->tp_size,
 		                 cfg->tp ? loom_comm_size(cfg->tp) : 1);
 		goto fail;
 	}
-	e->nparams = loom_gpt2_param_count(cfg->model);
-	e->tensors = loom_gpt2_tensors(cfg->model, &e->ntensors);
-	e->act = (size_t)cfg->B * cfg->T * e->mc.n_embd;
+	e->nparams = loom_model_param_count(cfg->model);
+	e->tensors = loom_model_tensors(cfg->model, &e->ntensors);
+	e->width = loom_model_stream_width(&e->mc);
+	e->act = (size_t)cfg->B * cfg->T * e->width;
 	if (!(lo = loom__malloc(sizeof(int) * (size_t)(e->P + 1)))) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 		goto fail;
@@ -206,10 +209,11 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 		goto fail;
 	}
-	/* Which tensors each stage owns: its blocks' (tensor table `layer`), the embeddings on the first,
-	 * ln_f on the last; they are contiguous and tile the buffer in stage order. wte is also used by the
-	 * last stage (the lm head) but owned by the first; with the head's positions split, stage P-2 uses
-	 * wte and ln_f too. */
+	/* Which tensors each stage owns: its blocks' (tensor table `layer`), the embedding unit's on the
+	 * first, the head's on the last; they are contiguous and tile the buffer in stage order. A tensor
+	 * the head also reads (head_reads: GPT-2's tied wte) is used by the head stages too but owned by
+	 * the first; one every block reads (all_blocks: nanochat's per-layer scalars) by every stage that
+	 * holds a block; with the head's positions split, stage P-2 uses the head's tensors too. */
 	for (int t = 0; t < e->ntensors; t++) {
 		const loom_tensor_info_t ti = e->tensors[t];
 		int u = ti.layer, owner = u < 0 ? 0 : u >= e->mc.n_layer ? e->P - 1 : 0;
@@ -217,17 +221,18 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 			if (u >= lo[q] && u < lo[q + 1])
 				owner = q;
 		e->counts[owner] += ti.numel;
-		e->used[t] = owner == e->s || (t == 0 && e->s == e->P - 1) ||
-		             (e->head && (t == 0 || u >= e->mc.n_layer));
+		e->used[t] = owner == e->s || (ti.head_reads && e->head) || (e->head && u >= e->mc.n_layer) ||
+		             (ti.all_blocks && e->lo < e->hi);
+		e->shared_blocks |= ti.all_blocks;
 	}
 	/* The stage model: its layers, `arenas` arenas, parameters viewing the caller's buffer. */
 	memset(&o, 0, sizeof o);
 	o.B = cfg->B, o.T = cfg->T, o.arenas = e->arenas, o.layer_lo = e->lo, o.layer_hi = e->hi, o.no_own_params = 1;
-	o.act_ckpt = loom_gpt2_act_ckpt(cfg->model); /* the caller's checkpointing, per arena of the stage */
-	o.dtype = loom_gpt2_dtype(cfg->model); /* the stage computes in the whole model's precision */
+	o.act_ckpt = loom_model_act_ckpt(cfg->model); /* the caller's checkpointing, per arena of the stage */
+	o.dtype = loom_model_dtype(cfg->model); /* the stage computes in the whole model's precision */
 	o.tp_size = e->tp_size, o.tp_rank = e->tp_rank;
-	if ((rc = loom_gpt2_create_opts(&e->stage, &e->mc, &o)) != LOOM_OK ||
-	    (rc = loom_gpt2_set_param_buffer(e->stage, loom_gpt2_params(cfg->model))) != LOOM_OK)
+	if ((rc = loom_model_create(&e->stage, &e->mc, &o)) != LOOM_OK ||
+	    (rc = loom_model_set_param_buffer(e->stage, loom_model_params(cfg->model))) != LOOM_OK)
 		goto fail;
 	/* The stages holding wte (first, last, and P-2 when it runs head rows) sum its gradient (and ln_f's,
 	 * when split): over the pipeline comm itself when they are all of it, else over a communicator of
@@ -245,7 +250,7 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		e->own_ends = 1;
 	}
 	if (e->tp_size > 1) {
-		loom_gpt2_on_tp_reduce(cfg->model, whole_reduce, e);
+		loom_model_on_tp_reduce(cfg->model, whole_reduce, e);
 		e->whole_reduce_set = 1;
 	}
 	free(lo);
@@ -265,17 +270,17 @@ static void pp_destroy(loom_exec_t *ex)
 	if (e->act_sends)
 		drain(e, LOOM_OK);
 	if (e->whole_reduce_set)
-		loom_gpt2_on_tp_reduce(e->cfg.model, NULL, NULL);
+		loom_model_on_tp_reduce(e->cfg.model, NULL, NULL);
 	if (e->own_ends)
 		loom_comm_destroy(e->ends);
-	loom_gpt2_destroy(e->stage);
+	loom_model_destroy(e->stage);
 	free(e->plan), free(e->counts), free(e->used), free(e->inputs), free(e->targets), free(e->losses), free(e->rows);
 	free(e->times);
 	free(e->act_rbuf), free(e->grad_rbuf), free(e->grad_sbuf[0]), free(e->grad_sbuf[1]), free(e->act_sends);
 	free(e);
 }
 
-static loom_gpt2_t *pp_model(loom_exec_t *e)
+static loom_model_t *pp_model(loom_exec_t *e)
 {
 	return ((pp_exec_t *)e)->stage;
 }
@@ -348,13 +353,16 @@ static int forward(pp_exec_t *e, int mb)
 		return rc;
 	if (e->s == 0) {
 		t0 = loom_now();
-		if ((rc = loom_gpt2_embed_forward(e->stage, a, e->inputs + mb * bt, c->B, c->T)) != LOOM_OK)
+		if ((rc = loom_model_embed_forward(e->stage, a, e->inputs + mb * bt, c->B, c->T)) != LOOM_OK)
 			return rc;
 		event(e, LOOM_EV_FORWARD, mb, -1, t0);
 	} else {
+		/* blocks that read the tokens (nanochat's value embeddings) get them here */
+		if ((rc = loom_model_set_inputs(e->stage, a, e->inputs + mb * bt, c->B, c->T)) != LOOM_OK)
+			return rc;
 		if ((rc = finish(e, &e->act_recv, rc, LOOM_EV_RECV, mb, e->s - 1)) != LOOM_OK)
 			return rc;
-		memcpy(loom_gpt2_block_input(e->stage, a, e->lo) + in_off(e, mb), e->act_rbuf,
+		memcpy(loom_model_block_input(e->stage, a, e->lo) + in_off(e, mb), e->act_rbuf,
 		       (e->act - in_off(e, mb)) * sizeof(float));
 		if (mb + 1 < e->M && (rc = loom_irecv(c->pp, e->act_rbuf, e->act - in_off(e, mb + 1), LOOM_FLOAT32, e->s - 1, TAG_ACT,
 		                                      &e->act_recv)) != LOOM_OK)
@@ -362,11 +370,11 @@ static int forward(pp_exec_t *e, int mb)
 	}
 	for (int l = e->lo; l < e->hi; l++) {
 		t0 = loom_now();
-		if ((rc = loom_gpt2_block_forward(e->stage, a, l, c->B, c->T)) != LOOM_OK)
+		if ((rc = loom_model_block_forward(e->stage, a, l, c->B, c->T)) != LOOM_OK)
 			return rc;
 		event(e, LOOM_EV_FORWARD, mb, l, t0);
 	}
-	if (e->s < e->P - 1 && (rc = loom_isend(c->pp, loom_gpt2_block_input(e->stage, a, e->hi) + out_off(e, mb),
+	if (e->s < e->P - 1 && (rc = loom_isend(c->pp, loom_model_block_input(e->stage, a, e->hi) + out_off(e, mb),
 	                                        e->act - out_off(e, mb), LOOM_FLOAT32, e->s + 1, TAG_ACT,
 	                                        &e->act_sends[a])) != LOOM_OK)
 		return rc;
@@ -379,7 +387,7 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
 	const loom_exec_config_t *c = &e->cfg;
 	size_t bt = (size_t)c->B * c->T;
 	int a = mb % e->arenas, rc = LOOM_OK, k = mb % 2;
-	float *dstream = loom_gpt2_stream_grad(e->stage);
+	float *dstream = loom_model_stream_grad(e->stage);
 	double t0;
 	/* Data-parallel gradient sync on the step's last backward only (as the local loop does). */
 	st->ops->set_sync(st, mb == e->M - 1);
@@ -388,7 +396,7 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
 	if (e->head) {
 		int r = e->rows[mb], r0 = e->s == e->P - 1 ? r : 0, n = e->s == e->P - 1 ? (int)bt - r : r;
 		t0 = loom_now();
-		if ((rc = loom_gpt2_head_forward_backward_rows(e->stage, a, e->targets + mb * bt, c->B, c->T, r0, n,
+		if ((rc = loom_model_head_forward_backward_rows(e->stage, a, e->targets + mb * bt, c->B, c->T, r0, n,
 		                                               1.0f / (float)e->M, &e->losses[mb])) != LOOM_OK)
 			return rc;
 		event(e, LOOM_EV_BACKWARD, mb, -3, t0); /* the head: its forward and backward */
@@ -404,13 +412,13 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
 	}
 	for (int l = e->hi - 1; l >= e->lo; l--) {
 		t0 = loom_now();
-		if ((rc = loom_gpt2_block_backward(e->stage, a, l, c->B, c->T)) != LOOM_OK)
+		if ((rc = loom_model_block_backward(e->stage, a, l, c->B, c->T)) != LOOM_OK)
 			return rc;
 		event(e, LOOM_EV_BACKWARD, mb, l, t0);
 	}
 	if (e->s == 0) {
 		t0 = loom_now();
-		if ((rc = loom_gpt2_embed_backward(e->stage, a, e->inputs + mb * bt, c->B, c->T)) != LOOM_OK)
+		if ((rc = loom_model_embed_backward(e->stage, a, e->inputs + mb * bt, c->B, c->T)) != LOOM_OK)
 			return rc;
 		event(e, LOOM_EV_BACKWARD, mb, -1, t0);
 	} else {
@@ -436,7 +444,7 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 	memset(st, 0, sizeof *st);
 	e->wait_ms = 0.0, e->inflight = 0, e->first_t = e->last_t = 0.0;
 	e->busy_s[0] = e->busy_s[1] = e->busy_s[2] = 0.0;
-	loom_gpt2_zero_grad(e->stage);
+	loom_model_zero_grad(e->stage);
 	/* Every stage reads every micro-batch (the loaders stay in step); the first uses the inputs, the
 	 * last the targets. */
 	for (int j = 0; j < e->M; j++)
@@ -470,21 +478,38 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 	/* The tied wte: the embedding's share (first stage) plus the lm head's (last, and P-2 when it runs
 	 * head rows); with the head split, ln_f's two shares too (a member without ln_f adds zeros). */
 	t0 = loom_now();
-	if (e->ends && (e->s == 0 || e->head)) {
-		float *g = loom_gpt2_tensor_grad(e->stage, 0);
-		if ((rc = loom_allreduce(e->ends, g, g, e->tensors[0].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
-			rc = loom_seterr(rc, "pipeline stage %d of %d: summing wte's gradient between the stages that hold it: "
-			                 "%s", e->s, e->P, loom_comm_errmsg(e->ends));
+	for (int t = 0; e->ends && (e->s == 0 || e->head) && t < e->ntensors; t++) {
+		if (!e->tensors[t].head_reads)
+			continue;
+		float *g = loom_model_tensor_grad(e->stage, t);
+		if ((rc = loom_allreduce(e->ends, g, g, e->tensors[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
+			rc = loom_seterr(rc, "pipeline stage %d of %d: summing %s's gradient between the stages that hold it: "
+			                 "%s", e->s, e->P, e->tensors[t].name, loom_comm_errmsg(e->ends));
 			goto out;
 		}
-		for (int t = e->ntensors - 2; e->hrows && t < e->ntensors; t++) {
-			float *gl = loom_gpt2_tensor_grad(e->stage, t); /* zero on the first stage (zero_grad) */
+	}
+	/* Tensors every block reads (nanochat's per-layer scalars): the sum of every stage's share. */
+	for (int t = 0; e->shared_blocks && t < e->ntensors; t++) {
+		if (!e->tensors[t].all_blocks)
+			continue;
+		float *g = loom_model_tensor_grad(e->stage, t);
+		if ((rc = loom_allreduce(c->pp, g, g, e->tensors[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
+			rc = loom_seterr(rc, "pipeline stage %d of %d: summing %s's gradient over the stages: %s", e->s, e->P,
+			                 e->tensors[t].name, loom_comm_errmsg(c->pp));
+			goto out;
+		}
+	}
+	if (e->ends && (e->s == 0 || e->head)) {
+		for (int t = 0; e->hrows && t < e->ntensors; t++) {
+			if (e->tensors[t].layer < e->mc.n_layer)
+				continue;
+			float *gl = loom_model_tensor_grad(e->stage, t); /* zero on the first stage (zero_grad) */
 			if ((rc = loom_allreduce(e->ends, gl, gl, e->tensors[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
-				rc = loom_seterr(rc, "pipeline stage %d of %d: summing ln_f's gradient between the stages that "
-				                 "share the head: %s", e->s, e->P, loom_comm_errmsg(e->ends));
+				rc = loom_seterr(rc, "pipeline stage %d of %d: summing %s's gradient between the stages that "
+				                 "share the head: %s", e->s, e->P, e->tensors[t].name, loom_comm_errmsg(e->ends));
 				goto out;
 			}
-			if (!e->head) /* the first stage keeps no share of ln_f (nor counts it in the norm) */
+			if (!e->head) /* the first stage keeps no share of the head's (nor counts it in the norm) */
 				memset(gl, 0, e->tensors[t].numel * sizeof(float));
 		}
 	}
@@ -513,11 +538,25 @@ static int pp_grad_norm(loom_exec_t *ex, loom_strategy_t *s, double *norm)
 	if ((rc = s->ops->grad_norm(s, norm)) != LOOM_OK)
 		return rc;
 	sq = *norm * *norm;
-	if (e->hrows && e->s == e->P - 2) /* ln_f (replicated in a tp group) is counted once, on the last */
-		for (int t = e->ntensors - 2; t < e->ntensors; t++)
-			sq -= loom_grad_sumsq(loom_gpt2_tensor_grad(e->stage, t), e->tensors[t].numel);
-	if (e->s > 0 && e->head) { /* wte: once, on the first stage */
-		double w = loom_grad_sumsq(loom_gpt2_tensor_grad(e->stage, 0), e->tensors[0].numel);
+	for (int t = 0; e->hrows && e->s == e->P - 2 && t < e->ntensors; t++) { /* the head's: once, on the last */
+		if (e->tensors[t].layer < e->mc.n_layer)
+			continue;
+		double w = loom_grad_sumsq(loom_model_tensor_grad(e->stage, t), e->tensors[t].numel);
+		/* a tp-split tensor (nanochat's lm head): the strategy's norm has the group's sum of its shards;
+		 * a whole one (GPT-2's ln_f, replicated in the tp group) is counted by each rank as it is */
+		if (e->tp_size > 1 && e->tensors[t].tp_kind != LOOM_TP_WHOLE &&
+		    (rc = loom_allreduce(e->cfg.tp, &w, &w, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK)
+			return loom_seterr(rc, "pipeline stage %d, tensor-parallel rank %d: %s's share of the gradient norm: "
+			                   "%s", e->s, e->tp_rank, e->tensors[t].name, loom_comm_errmsg(e->cfg.tp));
+		sq -= w;
+	}
+	for (int t = 0; e->s > 0 && t < e->ntensors; t++) /* every block's scalars: once, on the first stage */
+		if (e->tensors[t].all_blocks) /* whole on every tp rank */
+			sq -= loom_grad_sumsq(loom_model_tensor_grad(e->stage, t), e->tensors[t].numel);
+	for (int t = 0; e->s > 0 && e->head && t < e->ntensors; t++) { /* the tied wte: once, on the first stage */
+		if (!e->tensors[t].head_reads)
+			continue;
+		double w = loom_grad_sumsq(loom_model_tensor_grad(e->stage, t), e->tensors[t].numel);
 		/* a tp shard holds some of wte's rows: the strategy's norm has the group's sum of them */
 		if (e->tp_size > 1 && (rc = loom_allreduce(e->cfg.tp, &w, &w, 1, LOOM_FLOAT64, LOOM_SUM)) != LOOM_OK)
 			return loom_seterr(rc, "pipeline stage %d, tensor-parallel rank %d: wte's share of the gradient norm: "
@@ -535,14 +574,15 @@ static int pp_gather(loom_exec_t *ex, loom_strategy_t *s)
 {
 	pp_exec_t *e = (pp_exec_t *)ex;
 	size_t off = 0;
-	float *bufs[3] = {loom_gpt2_params(e->cfg.model), s->opt.m, s->opt.v};
+	float *bufs[3] = {loom_model_params(e->cfg.model), s->opt.m, s->opt.v};
 	int rc;
 	if (s->own_offset != 0 || s->own_count != e->nparams)
 		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: the strategy '%s' owns a part of the state; pipeline "
 		                   "parallel composes with whole-state strategies (ddp, zero 0) only", e->s, s->ops->name);
 	for (int q = 0; q < e->s; q++)
 		off += e->counts[q];
-	for (int k = 0; k < 3; k++)
+	/* MuonAdamW's state is not laid out by the flat buffer: the parameters only (evaluation) */
+	for (int k = 0; k < (s->muon ? 1 : 3); k++)
 		if ((rc = loom_allgatherv(e->cfg.pp, bufs[k] + off, e->counts[e->s], bufs[k], e->counts, LOOM_FLOAT32)) !=
 		    LOOM_OK)
 			return loom_seterr(rc, "pipeline stage %d of %d: gathering the stages' state: %s", e->s, e->P,

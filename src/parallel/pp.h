@@ -20,7 +20,7 @@
 #define LOOM_PARALLEL_PP_H
 
 #include "loom/comm.h"
-#include "loom/gpt2.h"
+#include "loom/model.h"
 #include "parallel/strategy.h"
 
 /* ---- schedules and partition (schedule.c) ----------------------------------------------------- */
@@ -57,8 +57,13 @@ int loom__pp_simulate(loom_pp_schedule_t kind, int P, int M, const double *f, co
  * micro-batch, and with tune, the first and last micro-batch's share set to what shortens the step
  * most in a simulation of the schedule with the stages' FLOPs (there a stage would wait while the
  * pipe fills or drains). base 0: no split, all 0. */
-int loom__pp_head_rows(const loom_gpt2_config_t *cfg, loom_pp_schedule_t kind, int T, int N, int P, int M,
+int loom__pp_head_rows(const loom_model_config_t *cfg, loom_pp_schedule_t kind, int T, int N, int P, int M,
                        const int *lo, int base, int tune, int *rows);
+/* The stages' costs per micro-batch in FLOPs (into f, h, b as loom__pp_simulate takes them) for stages
+ * lo of micro-batches of N positions at sequence length T, stage P-2 computing the head of rows[m]
+ * positions of micro-batch m (all 0: no split): what the executor runs, for the simulation. */
+void loom__pp_head_costs(const loom_model_config_t *cfg, int T, int N, int P, int M, const int *lo, const int *rows,
+                         double *f, double *h, double *b);
 /* Layers of the P stages balanced by FLOPs (forward + backward per token, the embedding on the first
  * stage, ln_f + lm head + loss on the last): stage s runs blocks [lo[s], lo[s+1]), lo[0] = 0,
  * lo[P] = L, at least one block each but the last, which may run the head alone (lo[P-1] = L) when
@@ -67,7 +72,7 @@ int loom__pp_head_rows(const loom_gpt2_config_t *cfg, loom_pp_schedule_t kind, i
  * every micro-batch's positions whose head stage P-2 computes, so that the two stages cost the same.
  * P <= L; LOOM_EINVAL naming both otherwise. Minimizes the most expensive stage; ties go to the
  * earlier split, and to no split of the head. */
-int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo, double *head_split);
+int loom__pp_partition(const loom_model_config_t *cfg, int T, int P, int *lo, double *head_split);
 
 /* ---- the executor ------------------------------------------------------------------------------ */
 
@@ -83,10 +88,10 @@ typedef void (*loom__event_fn)(void *ctx, loom__event_kind_t kind, int mb, int u
 typedef struct loom_exec loom_exec_t;
 
 typedef struct {
-	loom_gpt2_t *model;          /* the caller's whole model (borrowed) */
+	loom_model_t *model;          /* the caller's whole model (borrowed) */
 	loom_comm_t *pp;             /* the pipeline axis, NULL for one stage (the local executor) */
 	loom_comm_t *tp;             /* the tensor-parallel axis, NULL for one rank; with tp > 1 the model is
-	                                that rank's shard (loom_gpt2_opts_t tp_size, tp_rank) */
+	                                that rank's shard (loom_model_opts_t tp_size, tp_rank) */
 	int B, T, M;                 /* micro-batch and micro-batches per step (the accumulation) */
 	loom_pp_schedule_t schedule;
 	double head_split;           /* loom_train_config_t pp_head_split: 0 balanced, < 0 off, else the fraction */
@@ -115,7 +120,7 @@ typedef struct {
 	int (*create)(loom_exec_t **e, const loom_exec_config_t *cfg);
 	void (*destroy)(loom_exec_t *e);
 	/* The model the strategy attaches to; owned by the executor or the caller's. */
-	loom_gpt2_t *(*model)(loom_exec_t *e);
+	loom_model_t *(*model)(loom_exec_t *e);
 	/* 1 per tensor that this rank's model reports gradients for, or NULL for all. */
 	const unsigned char *(*tensor_used)(loom_exec_t *e);
 	/* Zero the gradients and run the step's M micro-batches (grad scale 1/M) through strategy s;

@@ -33,7 +33,7 @@ static void local_destroy(loom_exec_t *e)
 	free(e);
 }
 
-static loom_gpt2_t *local_model(loom_exec_t *e)
+static loom_model_t *local_model(loom_exec_t *e)
 {
 	return ((local_exec_t *)e)->cfg.model;
 }
@@ -54,7 +54,7 @@ static int local_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, v
 	*loss_sum = 0.0;
 	memset(st, 0, sizeof *st);
 	st->max_inflight = 1;
-	loom_gpt2_zero_grad(c->model);
+	loom_model_zero_grad(c->model);
 	for (int j = 0; j < c->M; j++) {
 		loom_strategy_stats_t ss;
 		if ((rc = get(ctx, j, inputs, targets)) != LOOM_OK)
@@ -63,7 +63,7 @@ static int local_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, v
 		 * them); the earlier ones accumulate locally and communicate nothing. */
 		s->ops->set_sync(s, j == c->M - 1);
 		double t0 = loom_now();
-		rc = loom_gpt2_forward_backward(c->model, inputs, targets, c->B, c->T, scale, &loss);
+		rc = loom_model_forward_backward(c->model, inputs, targets, c->B, c->T, scale, &loss);
 		if (c->on_event)
 			c->on_event(c->event_ctx, LOOM_EV_FORWARD, j, -2, t0, loom_now());
 		if (rc != LOOM_OK)

@@ -139,16 +139,22 @@ out:
 	return rc;
 }
 
-/* FLOPs per token, forward + backward, of block costs and of the head (as loom_gpt2_flops_per_token
- * counts them: 6 x matmul parameters, 12 x C x T per block for attention; the lm head's matmul over
- * the vocabulary is 2 V C forward and 4 V C backward). */
-static double block_flops(const loom_gpt2_config_t *c, int T)
+/* FLOPs per token, forward + backward, of a block (the model's unit count, loom_model_unit_flops: the
+ * partition below assumes the blocks cost the same, so the heaviest is taken) and of the head. */
+static double block_flops(const loom_model_config_t *c, int T)
 {
-	double C = c->n_embd;
-	return 6.0 * 12.0 * C * C + 12.0 * C * T;
+	double most = 0.0;
+	for (int l = 0; l < c->n_layer; l++)
+		most = LOOM_MAX(most, loom_model_unit_flops(c, l, T));
+	return most;
 }
 
-int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo, double *head_split)
+static double head_flops(const loom_model_config_t *c, int T)
+{
+	return loom_model_unit_flops(c, c->n_layer, T);
+}
+
+int loom__pp_partition(const loom_model_config_t *cfg, int T, int P, int *lo, double *head_split)
 {
 	enum { MAXL = 4096 };
 	int L = cfg->n_layer;
@@ -159,7 +165,7 @@ int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo, dou
 		                   "least one layer (--pp must be <= %d)", P, L, L);
 	if (L > MAXL)
 		return loom_seterr(LOOM_EINVAL, "pipeline: %d layers (at most %d)", L, MAXL);
-	double blk = block_flops(cfg, T), head = 6.0 * (double)cfg->vocab_size * cfg->n_embd;
+	double blk = block_flops(cfg, T), head = head_flops(cfg, T);
 	/* best[s][l]: the least possible maximum stage cost when stages 0..s-1 run blocks [0, l); the
 	 * costs are multiples of blk plus the head, so a small table of (P+1) x (L+1) doubles suffices. */
 	double *best = loom__malloc(sizeof(double) * (size_t)(P + 1) * (size_t)(L + 1));
@@ -214,7 +220,7 @@ int loom__pp_partition(const loom_gpt2_config_t *cfg, int T, int P, int *lo, dou
 	return LOOM_OK;
 }
 
-int loom_pp_stages(const loom_gpt2_config_t *cfg, int B, int T, int P, double head_split, int *lo, int *head_rows)
+int loom_pp_stages(const loom_model_config_t *cfg, int B, int T, int P, double head_split, int *lo, int *head_rows)
 {
 	double split;
 	int rc, n = B * T;
@@ -237,10 +243,10 @@ int loom_pp_stages(const loom_gpt2_config_t *cfg, int B, int T, int P, double he
 /* The stages' costs per micro-batch in FLOPs with stage P-2 computing the head of rows[m] of the N
  * positions of micro-batch m (the head's stages' backwards as the executor runs them: stage P-2 its
  * rows first, then its blocks' backward once the last stage's gradient is there). */
-static void head_costs(const loom_gpt2_config_t *cfg, int T, int N, int P, int M, const int *lo, const int *rows,
+void loom__pp_head_costs(const loom_model_config_t *cfg, int T, int N, int P, int M, const int *lo, const int *rows,
                        double *f, double *h, double *b)
 {
-	double blk = block_flops(cfg, T) * N, head = 6.0 * (double)cfg->vocab_size * cfg->n_embd;
+	double blk = block_flops(cfg, T) * N, head = head_flops(cfg, T);
 	for (int s = 0; s < P; s++)
 		for (int m = 0; m < M; m++) {
 			size_t k = (size_t)s * M + (size_t)m;
@@ -253,7 +259,7 @@ static void head_costs(const loom_gpt2_config_t *cfg, int T, int N, int P, int M
 		}
 }
 
-int loom__pp_head_rows(const loom_gpt2_config_t *cfg, loom_pp_schedule_t kind, int T, int N, int P, int M,
+int loom__pp_head_rows(const loom_model_config_t *cfg, loom_pp_schedule_t kind, int T, int N, int P, int M,
                        const int *lo, int base, int tune, int *rows)
 {
 	size_t PM = (size_t)P * M;
@@ -265,7 +271,7 @@ int loom__pp_head_rows(const loom_gpt2_config_t *cfg, loom_pp_schedule_t kind, i
 		return LOOM_OK;
 	if (!(c = loom__malloc(sizeof(double) * 3 * PM)))
 		return loom_seterr(LOOM_ENOMEM, "pipeline: out of memory planning the head's rows");
-	head_costs(cfg, T, N, P, M, lo, rows, c, c + PM, c + 2 * PM);
+	loom__pp_head_costs(cfg, T, N, P, M, lo, rows, c, c + PM, c + 2 * PM);
 	if ((rc = loom__pp_simulate(kind, P, M, c, c + PM, c + 2 * PM, &best, &bubble)) != LOOM_OK)
 		goto out;
 	/* The first and the last micro-batch meet a stage with time to spare (the pipe filling and
@@ -275,7 +281,7 @@ int loom__pp_head_rows(const loom_gpt2_config_t *cfg, loom_pp_schedule_t kind, i
 			int m = e ? M - 1 : 0, keep = rows[m], step = LOOM_MAX(1, N / 64);
 			for (int r = 1; r < N; r += step) {
 				rows[m] = r;
-				head_costs(cfg, T, N, P, M, lo, rows, c, c + PM, c + 2 * PM);
+				loom__pp_head_costs(cfg, T, N, P, M, lo, rows, c, c + PM, c + 2 * PM);
 				if ((rc = loom__pp_simulate(kind, P, M, c, c + PM, c + 2 * PM, &span, &bubble)) != LOOM_OK)
 					goto out;
 				if (span < best * (1.0 - 1e-9))
@@ -288,7 +294,7 @@ out:
 	return rc;
 }
 
-int loom_pp_head_rows(const loom_gpt2_config_t *cfg, const char *schedule, int B, int T, int P, int M,
+int loom_pp_head_rows(const loom_model_config_t *cfg, const char *schedule, int B, int T, int P, int M,
                       double head_split, int *rows)
 {
 	loom_pp_schedule_t kind = LOOM_PP_1F1B;

@@ -20,6 +20,7 @@ static const struct {
 	int tensor;  /* 1: the tensor-parallel axis has more than one rank */
 	const loom_strategy_ops_t *(*ops)(void);
 	const char *what;
+	int no_own_grads, no_own_params; /* the model needs no gradient (parameter) buffer of its own */
 } strategies[] = {
 	{"ddp", 0, 0, 0, loom__local_strategy, "the model's own gradients and one optimizer; nothing is communicated"},
 	{"ddp", 0, 1, 0, loom__ddp_strategy, "every rank holds all parameters and AdamW state; gradients are averaged "
@@ -31,11 +32,23 @@ static const struct {
 	                                 "gradients are reduce-scattered per unit on the last micro-step, the "
 	                                 "updated parameters all-gathered"},
 	{"ddp", 2, 1, 0, loom__zero2_strategy, "ZeRO-2: as ZeRO-1, and each rank keeps only its 1/N of the gradients; "
-	                                 "every micro-step reduce-scatters each unit as backward finishes it"},
+	                                 "every micro-step reduce-scatters each unit as backward finishes it", 1, 0},
 	{"ddp", 3, 1, 0, loom__zero3_strategy, "ZeRO-3 (fully sharded): as ZeRO-2, and each rank keeps only its 1/N of "
 	                                 "the parameters; each unit is all-gathered just before it runs, the next "
-	                                 "one prefetched"},
+	                                 "one prefetched", 1, 1},
 };
+
+void loom__strategy_model_opts(const char *name, int zero, int dp, int tp, int *no_own_grads, int *no_own_params)
+{
+	*no_own_grads = *no_own_params = 0;
+	name = name && *name ? name : "ddp";
+	for (size_t k = 0; k < LOOM_ARRAY_LEN(strategies); k++)
+		if (strcmp(strategies[k].name, name) == 0 && strategies[k].zero == zero &&
+		    (strategies[k].several < 0 || strategies[k].several == (dp > 1)) && strategies[k].tensor == (tp > 1)) {
+			*no_own_grads = strategies[k].no_own_grads, *no_own_params = strategies[k].no_own_params;
+			return;
+		}
+}
 
 void loom__strategy_describe(char *buf, size_t cap)
 {
@@ -57,6 +70,10 @@ int loom__strategy_create(loom_strategy_t **out, const loom_strategy_config_t *c
 	const char *name = cfg->name && *cfg->name ? cfg->name : "ddp";
 	int several = cfg->dp && loom_comm_size(cfg->dp) > 1, tensor = cfg->tp && loom_comm_size(cfg->tp) > 1, named = 0;
 	*out = NULL;
+	if (cfg->optimizer == LOOM_OPTIMIZER_MUON && tensor)
+		return loom_seterr(LOOM_ENOTSUP, "trainer: --optimizer muon with --tp > 1: a tensor-parallel shard of a "
+		                   "matrix cannot be orthogonalized alone (MuonAdamW runs with data parallel, ZeRO 1-3 and "
+		                   "pipeline stages)");
 	for (size_t k = 0; k < LOOM_ARRAY_LEN(strategies); k++) {
 		if (strcmp(strategies[k].name, name) != 0)
 			continue;
@@ -83,26 +100,29 @@ void loom__strategy_destroy(loom_strategy_t *s)
 int loom__replica_init(loom_strategy_t *s, const loom_strategy_config_t *cfg, float *grads)
 {
 	s->model = cfg->model;
-	s->mcfg = *loom_gpt2_config(cfg->model);
+	s->mcfg = *loom_model_get_config(cfg->model);
 	s->dp = cfg->dp;
 	s->dp_rank = cfg->dp ? loom_comm_rank(cfg->dp) : 0;
 	s->dp_size = cfg->dp ? loom_comm_size(cfg->dp) : 1;
 	s->writer = cfg->writer;
-	s->params = loom_gpt2_params(cfg->model);
+	s->params = loom_model_params(cfg->model);
 	s->grads = grads;
-	s->nparams = loom_gpt2_num_params(&s->mcfg);
+	s->nparams = loom_model_num_params(&s->mcfg);
 	s->own_offset = 0, s->own_count = s->nparams;
 	s->own_grads = grads;
 	s->own_params = s->params;
 	s->mem.params = s->mem.grads = s->nparams * sizeof(float);
 	s->mem.optim = 2 * s->nparams * sizeof(float);
 	s->mem.comm = 0;
-	return loom_adamw_init_gpt2_range(&s->opt, &cfg->adamw, &s->mcfg, 0, s->nparams);
+	if (cfg->optimizer == LOOM_OPTIMIZER_MUON)
+		return loom__muon_init(s, cfg);
+	return loom_adamw_init_model_range(&s->opt, &cfg->adamw, &s->mcfg, 0, s->nparams);
 }
 
 void loom__replica_free(loom_strategy_t *s)
 {
 	loom_adamw_free(&s->opt);
+	loom__muon_free(s);
 }
 
 int loom__replica_grad_norm(loom_strategy_t *s, double *norm)
@@ -113,6 +133,8 @@ int loom__replica_grad_norm(loom_strategy_t *s, double *norm)
 
 int loom__replica_optim_step(loom_strategy_t *s, float lr, float grad_scale)
 {
+	if (s->muon)
+		return loom__muon_step(s, lr, grad_scale);
 	return loom_adamw_step(&s->opt, s->params, s->grads, lr, grad_scale);
 }
 
@@ -120,6 +142,8 @@ int loom__replica_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	char path[1200];
 	int rc;
+	if (s->muon) /* each rank has its own matrices' state */
+		return loom__muon_save(s, w);
 	if (!w || !w->active) /* every rank holds the same state: the writer alone writes it */
 		return LOOM_OK;
 	if ((rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) ||
@@ -134,17 +158,21 @@ int loom__replica_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 int loom__replica_load(loom_strategy_t *s, const char *dir, long long step)
 {
 	char file[1200];
-	loom_gpt2_config_t saved;
-	const loom_gpt2_config_t *c = &s->mcfg;
+	loom_model_config_t saved;
+	const loom_model_config_t *c = &s->mcfg;
 	int rc;
 	struct stat sb;
+	if (s->muon)
+		return loom__muon_load(s, dir, step);
+	if (loom__muon_has_state(dir))
+		return loom_seterr(LOOM_EMISMATCH, "resume: %s was written with --optimizer muon; resume with it", dir);
 	snprintf(file, sizeof file, "%s/zero.json", dir);
 	if (stat(file, &sb) == 0) /* written by a ZeRO strategy: the moments are in shards */
 		return loom__sharded_load(s, dir, step);
 	snprintf(file, sizeof file, "%s/model.safetensors", dir);
 	if ((rc = loom_model_config(file, c->n_head, &saved, NULL)) != LOOM_OK)
 		return rc;
-	if (memcmp(&saved, c, sizeof saved) != 0)
+	if (!loom_model_config_equal(&saved, c))
 		return loom_seterr(LOOM_EMISMATCH, "resume: %s holds a model L%d H%d C%d T%d V%d, this run's is "
 		                   "L%d H%d C%d T%d V%d", file, saved.n_layer, saved.n_head, saved.n_embd, saved.seq_len,
 		                   saved.vocab_size, c->n_layer, c->n_head, c->n_embd, c->seq_len, c->vocab_size);

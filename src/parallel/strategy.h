@@ -14,14 +14,14 @@
  * data-parallel axis in the same order.
  *
  * Memory: a strategy owns the gradient storage it needs and points the model's gradient view at it
- * once, at attach (loom_gpt2_set_grad_buffer); `grads` below is that storage, valid until destroy.
+ * once, at attach (loom_model_set_grad_buffer); `grads` below is that storage, valid until destroy.
  * Nothing else may re-point the model's gradient view while a strategy is attached; destroy points
  * it back at the model's own buffer (with the current values). `params` is the model's parameter
  * buffer. Callers take both from here after attach and cache nothing across attach/destroy.
  *
  * Ownership: each rank owns (updates, and keeps AdamW moments for) the floats [own_offset,
  * own_offset + own_count) of the flat parameter buffer; `opt` covers exactly that range (its m and v
- * are own_count floats, loom_adamw_init_gpt2_range). For DDP and local every rank owns everything.
+ * are own_count floats, loom_adamw_init_model_range). For DDP and local every rank owns everything.
  *
  * Adding a strategy: a file src/parallel/NAME.c that states its invariant at its top and fills a
  * loom_strategy_ops_t, a row in strategy.c's table (the rule that maps the trainer's `strategy` and
@@ -35,7 +35,8 @@
 #include "loom/ckpt.h"
 #include "loom/comm.h"
 #include "loom/ddp.h"
-#include "loom/gpt2.h"
+#include "loom/model.h"
+#include "loom/muon.h"
 #include "loom/optim.h"
 
 typedef struct loom_strategy loom_strategy_t;
@@ -44,7 +45,7 @@ typedef struct loom_strategy loom_strategy_t;
 typedef struct {
 	const char *name;     /* "ddp" (NULL: "ddp") */
 	int zero;             /* ZeRO stage: 0 (ddp/local), 1, 2 or 3 (zero.c) */
-	loom_gpt2_t *model;
+	loom_model_t *model;
 	loom_comm_t *dp;      /* the data-parallel axis, or NULL for one data-parallel rank */
 	loom_comm_t *tp;      /* the tensor-parallel axis, or NULL for one tensor-parallel rank */
 	int writer;           /* 1 on the rank that writes checkpoints (global rank 0) */
@@ -55,6 +56,11 @@ typedef struct {
 	 * (the unused ones get zero gradients and are never read by this rank; src/parallel/pp.c). */
 	const unsigned char *tensor_used;
 	loom_dtype_t grad_reduce_dtype; /* what gradient all-reduces send: LOOM_FLOAT32 or LOOM_BFLOAT16 */
+	/* The optimizer: LOOM_OPTIMIZER_ADAMW (`adamw` above over every tensor) or LOOM_OPTIMIZER_MUON
+	 * (MuonAdamW with `muon`; local and ddp only, muon_opt.c; optim_step's lr is then the schedule's
+	 * multiplier of every group's rate). */
+	int optimizer;
+	loom_muon_config_t muon;
 } loom_strategy_config_t;
 
 /* Communication of one step's gradients, as loom_ddp_stats_t. */
@@ -101,15 +107,19 @@ typedef struct {
 /* The part every strategy has; implementations embed it as their first member. */
 struct loom_strategy {
 	const loom_strategy_ops_t *ops;
-	loom_gpt2_t *model;
-	loom_gpt2_config_t mcfg;
+	loom_model_t *model;
+	loom_model_config_t mcfg;
 	loom_comm_t *dp;              /* NULL with one data-parallel rank */
 	int dp_rank, dp_size;
 	int writer;
 	float *params, *grads;        /* the full flat buffers (see Memory above) */
 	size_t nparams;
 	size_t own_offset, own_count; /* the owned range */
-	loom_adamw_t opt;             /* over the owned range */
+	loom_adamw_t opt;             /* over the owned range (AdamW; empty under MuonAdamW) */
+	loom_muonadamw_t *muon;       /* MuonAdamW instead (--optimizer muon), else NULL (muon_opt.c) */
+	const size_t *shard_off;      /* ZeRO: rank q owns [shard_off[q], shard_off[q + 1]); NULL: the default
+	                                 rule, loom__zero_shard_offset */
+	struct loom__muon_plan *muon_plan;
 	/* The gradient of the owned range (own_count floats; after the last finish_grads of a step, the
 	 * averaged one). grads + own_offset where a full gradient buffer exists; a strategy that keeps
 	 * only its shard (ZeRO-2) has grads NULL and this pointing at the shard. */
@@ -137,7 +147,7 @@ const loom_strategy_ops_t *loom__tp_strategy(void);
 void loom__grad_to_bf16(uint16_t *d, const float *s, size_t n);
 void loom__grad_from_bf16(float *d, const uint16_t *s, size_t n);
 /* loom_ddp_create with buckets over the tensors whose used[t] is non-zero only (NULL: all). */
-int loom__ddp_create_used(loom_ddp_t **d, loom_comm_t *comm, loom_gpt2_t *model, double bucket_mb,
+int loom__ddp_create_used(loom_ddp_t **d, loom_comm_t *comm, loom_model_t *model, double bucket_mb,
                           double first_bucket_mb, const unsigned char *used);
 
 const loom_strategy_ops_t *loom__zero1_strategy(void);
@@ -159,10 +169,35 @@ size_t loom__zero_shard_offset(size_t nparams, int rank, int size);
 int loom__sharded_save(loom_strategy_t *s, const loom_ckpt_writer_t *w, int stage);
 int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step);
 
+/* MuonAdamW in the replica strategies (muon_opt.c): init (DistMuon's ownership over the data-parallel
+ * ranks), free (safe twice), step (the owners' updates, then one all-gather of the matrices), and
+ * checkpoints that resume on any number of ranks. */
+int loom__muon_init(loom_strategy_t *s, const loom_strategy_config_t *cfg);
+void loom__muon_free(loom_strategy_t *s);
+int loom__muon_step(loom_strategy_t *s, float lr_multiplier, float grad_scale);
+int loom__muon_save(loom_strategy_t *s, const loom_ckpt_writer_t *w);
+int loom__muon_load(loom_strategy_t *s, const char *dir, long long step);
+/* The ZeRO side: this rank's state file (moments of its range, its matrices) into dir; the state of
+ * what this rank owns from a checkpoint's muon_r*.safetensors (any world size, with or without ZeRO);
+ * whether dir holds MuonAdamW state; the file name of a rank's. */
+int loom__muon_write_shard(loom_strategy_t *s, const char *dir);
+/* ZeRO's side of the partition: rank q's first float under MuonAdamW (the default rule's, moved up to
+ * the next tensor boundary, so no matrix is cut), and MuonAdamW over the rank's range [own_offset,
+ * + own_count) (its AdamW floats and the matrices inside it). */
+size_t loom__muon_shard_offset(loom_model_t *model, size_t nparams, int q, int N);
+int loom__muon_init_range(loom_strategy_t *s, const loom_strategy_config_t *cfg);
+int loom__muon_load_state(loom_strategy_t *s, const char *dir, long long step);
+int loom__muon_has_state(const char *dir);
+void loom__muon_state_name(char *buf, size_t cap, int rank);
+
 /* Pick the strategy for cfg by the table in strategy.c (LOOM_ENOTSUP naming what exists for an
  * unknown name or a ZeRO stage not implemented) and create it. */
 int loom__strategy_create(loom_strategy_t **s, const loom_strategy_config_t *cfg);
 void loom__strategy_destroy(loom_strategy_t *s); /* safe on NULL */
+/* What the model needs of its own under the strategy the table picks for (name, zero, dp ranks, tp
+ * ranks): *no_own_grads / *no_own_params 1 when the strategy keeps that storage itself (ZeRO-2's
+ * gradient shard, ZeRO-3's parameter shard), for loom_model_opts_t. Both 0 for no row. */
+void loom__strategy_model_opts(const char *name, int zero, int dp, int tp, int *no_own_grads, int *no_own_params);
 /* The table as text, one line per row: "ddp zero=0 ranks=1: local: ..." (for docs and errors). */
 void loom__strategy_describe(char *buf, size_t cap);
 

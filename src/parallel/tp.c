@@ -1,5 +1,5 @@
 /* tp.c: the "tensor parallel" strategy (Megatron-LM): each rank of a tensor-parallel group holds a
- * shard of the model (loom_gpt2_opts_t's tp_size/tp_rank: heads, MLP columns, vocabulary rows) and
+ * shard of the model (loom_model_opts_t's tp_size/tp_rank: heads, MLP columns, vocabulary rows) and
  * gives the model its reduction (an all-reduce over the group's communicator) for the f and g points
  * of every pass; the data-parallel axis, when it has several ranks, averages each shard's gradients
  * with the DDP reducer (loom/ddp.h, buckets overlapped with backward) among the ranks that hold the
@@ -7,7 +7,7 @@
  * tensor_used; the pipeline executor adds the stages together, src/parallel/pp.c).
  *
  * Invariant (checked by tests/test_tp.c against one process at the same total batch): after every
- * step, unsharding the group's parameters (loom_gpt2_tp_unshard of each rank's shard) gives the
+ * step, unsharding the group's parameters (loom_model_tp_unshard of each rank's shard) gives the
  * parameters one whole-model process would have, up to float rounding (the reductions sum in another
  * order); the replicated tensors (LayerNorms, wpe, the row-parallel biases) are bit-identical on the
  * ranks of a group, because every value they are computed from comes out of an all-reduce that gives
@@ -54,7 +54,7 @@ static void tp_destroy(loom_strategy_t *s)
 {
 	tp_strategy_t *t = (tp_strategy_t *)s;
 	if (s->model)
-		loom_gpt2_on_tp_reduce(s->model, NULL, NULL);
+		loom_model_on_tp_reduce(s->model, NULL, NULL);
 	loom_ddp_destroy(t->ddp); /* the model's gradient view goes back to its own buffer */
 	loom_adamw_free(&s->opt);
 	free(t);
@@ -67,16 +67,16 @@ static int tp_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	int rc, n;
 	*out = NULL;
 	int size = cfg->tp ? loom_comm_size(cfg->tp) : 1, rank = cfg->tp ? loom_comm_rank(cfg->tp) : 0;
-	if (loom_gpt2_tp_size(cfg->model) != size || loom_gpt2_tp_rank(cfg->model) != rank)
+	if (loom_model_tp_size(cfg->model) != size || loom_model_tp_rank(cfg->model) != rank)
 		return loom_seterr(LOOM_EINVAL, "tensor parallel: rank %d of a tensor-parallel group of %d, but the model "
-		                   "was created as shard %d of %d (loom_gpt2_opts_t tp_size, tp_rank)", rank, size,
-		                   loom_gpt2_tp_rank(cfg->model), loom_gpt2_tp_size(cfg->model));
+		                   "was created as shard %d of %d (loom_model_opts_t tp_size, tp_rank)", rank, size,
+		                   loom_model_tp_rank(cfg->model), loom_model_tp_size(cfg->model));
 	if (!(t = loom__calloc(1, sizeof *t)))
 		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
 	loom_strategy_t *s = &t->base;
 	s->ops = loom__tp_strategy();
 	t->tp = cfg->tp, t->tp_rank = rank, t->tp_size = size;
-	s->mcfg = *loom_gpt2_config(cfg->model);
+	s->mcfg = *loom_model_get_config(cfg->model);
 	s->dp = cfg->dp;
 	s->dp_rank = cfg->dp ? loom_comm_rank(cfg->dp) : 0;
 	s->dp_size = cfg->dp ? loom_comm_size(cfg->dp) : 1;
@@ -87,13 +87,13 @@ static int tp_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	     (rc = loom_ddp_set_reduce_dtype(t->ddp, cfg->grad_reduce_dtype)) != LOOM_OK))
 		goto fail;
 	s->model = cfg->model;
-	s->params = loom_gpt2_params(cfg->model);
-	s->grads = t->ddp ? loom_ddp_grads(t->ddp) : loom_gpt2_grads(cfg->model);
-	s->nparams = loom_gpt2_param_count(cfg->model);
+	s->params = loom_model_params(cfg->model);
+	s->grads = t->ddp ? loom_ddp_grads(t->ddp) : loom_model_grads(cfg->model);
+	s->nparams = loom_model_param_count(cfg->model);
 	s->own_offset = 0, s->own_count = s->nparams;
 	s->mem.params = s->mem.grads = s->nparams * sizeof(float); /* the shard's, as the memory line reports */
 	s->mem.optim = 2 * s->nparams * sizeof(float);
-	t->tensors = loom_gpt2_tensors(cfg->model, &n);
+	t->tensors = loom_model_tensors(cfg->model, &n);
 	t->ntensors = n;
 	/* AdamW over the shard: one segment per tensor of the shard table, with its decay */
 	if (!(segs = loom__malloc((size_t)n * sizeof *segs))) {
@@ -105,7 +105,7 @@ static int tp_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	if ((rc = loom_adamw_init(&s->opt, &cfg->adamw, s->nparams, segs, n)) != LOOM_OK)
 		goto fail;
 	free(segs);
-	loom_gpt2_on_tp_reduce(cfg->model, tp_reduce, t);
+	loom_model_on_tp_reduce(cfg->model, tp_reduce, t);
 	*out = s;
 	return LOOM_OK;
 fail:
@@ -192,8 +192,8 @@ static int tp_check_replicas(loom_strategy_t *s)
 		}
 	free(all);
 	if (bad)
-		return loom_seterr(LOOM_EMISMATCH, "tensor parallel: rank %d: the replicated tensors (LayerNorms, wpe, "
-		                   "row-parallel biases) of tensor-parallel rank(s) %s differ from rank 0's", t->tp_rank, list);
+		return loom_seterr(LOOM_EMISMATCH, "tensor parallel: rank %d: the replicated tensors (those tensor "
+		                   "parallelism keeps whole) of tensor-parallel rank(s) %s differ from rank 0's", t->tp_rank, list);
 	return LOOM_OK;
 }
 
@@ -208,7 +208,7 @@ static int gather_full(tp_strategy_t *t, const float *src, float *all, float *fu
 		                   loom_comm_errmsg(t->tp));
 	if (full)
 		for (int r = 0; r < t->tp_size; r++)
-			loom_gpt2_tp_unshard(&s->mcfg, t->tp_size, r, all + (size_t)r * s->nparams, full);
+			loom_model_tp_unshard(&s->mcfg, t->tp_size, r, all + (size_t)r * s->nparams, full);
 	return LOOM_OK;
 }
 
@@ -216,7 +216,7 @@ static int tp_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	tp_strategy_t *t = (tp_strategy_t *)s;
 	const loom_ckpt_writer_t *out = w && w->active ? w : NULL; /* non-writers get an inactive writer */
-	size_t nfull = loom_gpt2_num_params(&s->mcfg);
+	size_t nfull = loom_model_num_params(&s->mcfg);
 	float *all = loom_alloc_aligned((size_t)t->tp_size * s->nparams * sizeof(float));
 	float *p = out ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
 	float *m = out ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
@@ -246,10 +246,10 @@ out:
 static int tp_load(loom_strategy_t *s, const char *dir, long long step)
 {
 	tp_strategy_t *t = (tp_strategy_t *)s;
-	const loom_gpt2_config_t *c = &s->mcfg;
-	size_t nfull = loom_gpt2_num_params(c);
+	const loom_model_config_t *c = &s->mcfg;
+	size_t nfull = loom_model_num_params(c);
 	float *p = loom_alloc_aligned(nfull * sizeof(float)), *v = loom_alloc_aligned(nfull * sizeof(float));
-	loom_gpt2_config_t saved;
+	loom_model_config_t saved;
 	char file[1200];
 	int rc;
 	if (!p || !v) {
@@ -259,7 +259,7 @@ static int tp_load(loom_strategy_t *s, const char *dir, long long step)
 	snprintf(file, sizeof file, "%s/model.safetensors", dir);
 	if ((rc = loom_model_config(file, c->n_head, &saved, NULL)) != LOOM_OK)
 		goto out;
-	if (memcmp(&saved, c, sizeof saved) != 0) {
+	if (!loom_model_config_equal(&saved, c)) {
 		rc = loom_seterr(LOOM_EMISMATCH, "resume: %s holds a model L%d H%d C%d T%d V%d, this run's is "
 		                 "L%d H%d C%d T%d V%d", file, saved.n_layer, saved.n_head, saved.n_embd, saved.seq_len,
 		                 saved.vocab_size, c->n_layer, c->n_head, c->n_embd, c->seq_len, c->vocab_size);
@@ -267,12 +267,12 @@ static int tp_load(loom_strategy_t *s, const char *dir, long long step)
 	}
 	if ((rc = loom_model_load(file, c, p)) != LOOM_OK)
 		goto out;
-	loom_gpt2_tp_shard(c, t->tp_size, t->tp_rank, p, s->params);
+	loom_model_tp_shard(c, t->tp_size, t->tp_rank, p, s->params);
 	snprintf(file, sizeof file, "%s/optim.safetensors", dir);
 	if ((rc = loom_optim_load(file, c, p, v)) != LOOM_OK)
 		goto out;
-	loom_gpt2_tp_shard(c, t->tp_size, t->tp_rank, p, s->opt.m);
-	loom_gpt2_tp_shard(c, t->tp_size, t->tp_rank, v, s->opt.v);
+	loom_model_tp_shard(c, t->tp_size, t->tp_rank, p, s->opt.m);
+	loom_model_tp_shard(c, t->tp_size, t->tp_rank, v, s->opt.v);
 	s->opt.step = step;
 out:
 	loom_free_aligned(p), loom_free_aligned(v);

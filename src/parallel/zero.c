@@ -11,10 +11,11 @@
  * shard that the bucket covers; the all-gather of the updated parameters is the same layout run
  * backwards (loom_iallgatherv). Uneven parts need no padding.
  *
- * Buckets are the model's units (loom/gpt2.h): the embedding (wte, wpe), each block, the head (ln_f):
+ * Buckets are the model's units (loom/model.h; their tensors are contiguous, loom_model_unit_tensors):
+ * the embedding (GPT-2: wte, wpe; nanochat: wte and the per-layer scalars), each block, the head:
  * FSDP's wrapping of one block per unit. A unit's gradient is final when its last tensor is reported
- * (grad-ready hook); the embedding's only at the end of backward, because the tied lm head adds to
- * wte's gradient first.
+ * (grad-ready hook); the embedding's only at the end of backward, because other units read its
+ * tensors too (GPT-2's tied lm head adds to wte's gradient, nanochat's blocks to the scalars').
  *
  * Stage 1 keeps a full gradient buffer (in shared memory, the model's gradient view points at it, as
  * DDP's); on the last micro-step each unit is reduce-scattered (averaged) as soon as backward
@@ -46,7 +47,7 @@
  *
  * After the reduce: the global gradient norm is the square root of the sum, over ranks, of the sum of
  * squares of each shard (one all-reduce of a double); AdamW updates the owned slice
- * (loom_adamw_init_gpt2_range: bit-identical per element to one optimizer over everything); at
+ * (loom_adamw_init_model_range: bit-identical per element to one optimizer over everything); at
  * stages 1 and 2 each unit's parameters are then all-gathered, in unit order, and the next forward's
  * param-use hook waits for each unit's gather just before the unit runs, so later units' gathers
  * overlap earlier units' compute (sync, replica check and save wait for all of them first).
@@ -68,6 +69,7 @@
 
 #define ZERO_SLOTS 2 /* stages 2, 3: gradient staging buffers for units other than the embedding */
 #define ZERO_PSLOTS 2 /* stage 3: gathered-parameter buffers for units other than the embedding */
+#define ZERO_BUFS (5 + 2 * ZERO_SLOTS + ZERO_PSLOTS) /* every buffer buf_alloc may hand out */
 
 typedef struct {
 	int unit;               /* -1 embedding, 0..L-1 block, L head */
@@ -89,18 +91,15 @@ typedef struct {
 	unit_t *units;          /* units[u + 1] is unit u */
 	size_t *off;            /* dp_size + 1 range starts: off[q] .. off[q+1] is rank q's */
 	float *model_grads;     /* stage 1: the model's own gradient buffer, the view's target again at destroy */
-	int shared_grads;       /* stage 1: grads from loom_comm_alloc */
 	float *grad_shard;      /* stage 2: own_count floats (owned) */
 	float *emb_stage;       /* stage 2: the embedding's staging buffer (loom_comm_alloc or aligned) */
 	float *slots[ZERO_SLOTS];
 	int slot_user[ZERO_SLOTS]; /* the unit index (u + 1) holding each slot, or -1 */
-	int shared_stage;       /* stage buffers from loom_comm_alloc */
 	/* with --grad-reduce-dtype bf16: the bf16 staging the reduce-scatters send and receive in; stage 1
 	 * one for the whole buffer (every unit's reduce is in flight until finish_grads), stages 2, 3 one
 	 * beside each fp32 staging buffer (emb16 for emb_stage, slots16[k] for slots[k]) */
 	int bf16;
 	uint16_t *g16, *emb16, *slots16[ZERO_SLOTS];
-	int shared16;
 	/* stage 3 */
 	float *param_shard;     /* own_count floats (owned) */
 	const float *init;      /* the model's whole parameter buffer at create, until sync_params or load */
@@ -110,7 +109,10 @@ typedef struct {
 	float *pslots[ZERO_PSLOTS];
 	int pslot_unit[ZERO_PSLOTS]; /* unit index (u + 1) whose parameters the slot holds (or receives), or -1 */
 	loom_request_t *pslot_req[ZERO_PSLOTS];
-	int shared_gather;
+	/* The buffers that came from the shared heap (loom_comm_alloc); every other one is private memory
+	 * (the heap had no room for it), and buf_free returns each to where it came from. */
+	void *shared[ZERO_BUFS];
+	int nshared, fell_back;
 	int gathered_now, gathered_peak; /* block units gathered (or in flight) at once: now, and the most */
 	unsigned long long gathers;      /* unit gathers issued */
 	int sync, launched, err;
@@ -125,26 +127,48 @@ size_t loom__zero_shard_offset(size_t nparams, int rank, int size)
 	return (size_t)(((unsigned long long)nparams * (unsigned)rank / (unsigned)size) & ~15ull);
 }
 
-static float *buf_alloc(zero_t *z, size_t n, int *shared)
+/* A buffer of `bytes` in the shared heap, or in private memory when the heap has no room for it (as
+ * DDP's; collectives on it then copy instead of reading in place); the first fallback is logged. A
+ * heap buffer is remembered in z->shared, so buf_free frees every buffer the way it was allocated:
+ * the heap may fit some buffers and not others. NULL when neither has room. */
+static void *buf_alloc_bytes(zero_t *z, size_t bytes)
 {
-	float *p = loom_comm_alloc(z->base.dp, LOOM_MAX(n, 1) * sizeof(float));
-	*shared = p != NULL;
-	return p ? p : loom_alloc_aligned(LOOM_MAX(n, 1) * sizeof(float));
+	void *p = z->nshared < ZERO_BUFS ? loom_comm_alloc(z->base.dp, bytes) : NULL;
+	if (p) {
+		z->shared[z->nshared++] = p;
+		return p;
+	}
+	if (!z->fell_back) {
+		z->fell_back = 1;
+		fprintf(stderr, "loom: note: rank %d: zero: the shared heap has no room for a buffer of %zu bytes "
+		        "(raise LOOM_SHM_MB); it and any other that does not fit use private memory\n",
+		        z->base.dp_rank, bytes);
+		fflush(stderr);
+	}
+	return loom_alloc_aligned(bytes);
 }
 
-static uint16_t *buf16_alloc(zero_t *z, size_t n, int *shared)
+static float *buf_alloc(zero_t *z, size_t n)
 {
-	uint16_t *p = loom_comm_alloc(z->base.dp, LOOM_MAX(n, 1) * sizeof(uint16_t));
-	*shared = p != NULL;
-	return p ? p : loom_alloc_aligned(LOOM_MAX(n, 1) * sizeof(uint16_t));
+	return buf_alloc_bytes(z, LOOM_MAX(n, 1) * sizeof(float));
 }
 
-static void buf_free(zero_t *z, void *p, int shared)
+static uint16_t *buf16_alloc(zero_t *z, size_t n)
 {
-	if (p && shared)
-		loom_comm_free(z->base.dp, p);
-	else if (p)
-		loom_free_aligned(p);
+	return buf_alloc_bytes(z, LOOM_MAX(n, 1) * sizeof(uint16_t));
+}
+
+static void buf_free(zero_t *z, void *p)
+{
+	if (!p)
+		return;
+	for (int k = 0; k < z->nshared; k++)
+		if (z->shared[k] == p) {
+			loom_comm_free(z->base.dp, p);
+			z->shared[k] = z->shared[--z->nshared];
+			return;
+		}
+	loom_free_aligned(p);
 }
 
 /* Wait for a request, counting the time as exposed communication of the micro-step. */
@@ -241,7 +265,7 @@ static int ensure(zero_t *z, int k)
 			if (rc == LOOM_OK && (rc = wait_gather(z, 0, &z->emb_req)) == LOOM_OK)
 				z->emb_valid = 1;
 		}
-		loom_gpt2_set_unit_view(z->base.model, -1, z->emb_gather, NULL);
+		loom_model_set_unit_view(z->base.model, -1, z->emb_gather, NULL);
 		return rc;
 	}
 	if ((i = slot_of(z, k)) < 0) { /* not prefetched: gather now, into the slot of the unit used longest ago */
@@ -252,7 +276,7 @@ static int ensure(zero_t *z, int k)
 		i = 0;
 	else if (rc == LOOM_OK)
 		rc = wait_gather(z, k, &z->pslot_req[i]);
-	loom_gpt2_set_unit_view(z->base.model, z->units[k].unit, z->pslots[i], NULL);
+	loom_model_set_unit_view(z->base.model, z->units[k].unit, z->pslots[i], NULL);
 	return rc;
 }
 
@@ -381,7 +405,7 @@ static void on_grad_ready(void *ctx, int t)
 	if (z->err || t < 0 || t >= z->ntensors || (z->stage == 1 && !z->sync))
 		return;
 	loom_tensor_info_t info;
-	loom_gpt2_tensor_info(&z->base.mcfg, t, &info);
+	loom_model_tensor_info(&z->base.mcfg, t, &info);
 	unit_t *u = &z->units[info.layer + 1];
 	if (++u->ready == u->hi - u->lo)
 		launch_rs(z, u, z->stage == 1 ? z->base.grads + u->offset : u->stage);
@@ -408,7 +432,7 @@ static void lend_stage(zero_t *z, int k)
 		u->stage = z->slots[s], u->stage16 = z->slots16[s];
 	}
 	memset(u->stage, 0, u->count * sizeof(float));
-	loom_gpt2_set_unit_view(z->base.model, u->unit, NULL, u->stage);
+	loom_model_set_unit_view(z->base.model, u->unit, NULL, u->stage);
 }
 
 static void on_param_use(void *ctx, int unit, int phase)
@@ -446,37 +470,38 @@ static void zero_destroy(loom_strategy_t *s)
 		if (z->pslot_req[i])
 			loom_wait(z->pslot_req[i]);
 	if (s->model && z->stage == 3 && z->emb_gather)
-		loom_gpt2_set_param_buffer(s->model, NULL); /* its own buffer again (allocated if it had none) */
+		loom_model_set_param_buffer(s->model, NULL); /* its own buffer again (allocated if it had none) */
 	if (s->model) {
-		loom_gpt2_on_grad_ready(s->model, NULL, NULL);
-		loom_gpt2_on_param_use(s->model, NULL, NULL);
+		loom_model_on_grad_ready(s->model, NULL, NULL);
+		loom_model_on_param_use(s->model, NULL, NULL);
 		if (z->stage == 1 && z->model_grads) {
 			memcpy(z->model_grads, s->grads, s->nparams * sizeof(float));
-			loom_gpt2_set_grad_buffer(s->model, z->model_grads);
+			loom_model_set_grad_buffer(s->model, z->model_grads);
 		} else if (z->stage >= 2 && z->emb_stage) {
-			loom_gpt2_own_grads(s->model); /* (allocated zeroed if create was told not to) */
+			loom_model_own_grads(s->model); /* (allocated zeroed if create was told not to) */
 		}
 	}
 	if (z->stage == 1)
-		buf_free(z, s->grads, z->shared_grads);
-	buf_free(z, z->emb_stage, z->shared_stage);
+		buf_free(z, s->grads);
+	buf_free(z, z->emb_stage);
 	for (int k = 0; k < ZERO_SLOTS; k++)
-		buf_free(z, z->slots[k], z->shared_stage);
-	buf_free(z, z->g16, z->shared16);
-	buf_free(z, z->emb16, z->shared16);
+		buf_free(z, z->slots[k]);
+	buf_free(z, z->g16);
+	buf_free(z, z->emb16);
 	for (int k = 0; k < ZERO_SLOTS; k++)
-		buf_free(z, z->slots16[k], z->shared16);
+		buf_free(z, z->slots16[k]);
 	loom_free_aligned(z->grad_shard);
 	loom_free_aligned(z->param_shard);
-	buf_free(z, z->emb_gather, z->shared_gather);
+	buf_free(z, z->emb_gather);
 	for (int i = 0; i < ZERO_PSLOTS; i++)
-		buf_free(z, z->pslots[i], z->shared_gather);
+		buf_free(z, z->pslots[i]);
 	if (z->units)
 		for (int k = 0; k < z->nunits; k++)
 			free(z->units[k].counts);
 	free(z->units);
 	free(z->off);
 	loom_adamw_free(&s->opt);
+	loom__muon_free(s);
 	free(z);
 }
 
@@ -498,13 +523,13 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	s->ops = cfg->zero == 1 ? loom__zero1_strategy() : cfg->zero == 2 ? loom__zero2_strategy() : loom__zero3_strategy();
 	z->stage = cfg->zero;
 	s->model = cfg->model;
-	s->mcfg = *loom_gpt2_config(cfg->model);
+	s->mcfg = *loom_model_get_config(cfg->model);
 	s->dp = cfg->dp;
 	s->dp_rank = loom_comm_rank(cfg->dp), s->dp_size = N = loom_comm_size(cfg->dp);
 	s->writer = cfg->writer;
-	s->params = loom_gpt2_params(cfg->model);
-	s->nparams = loom_gpt2_num_params(&s->mcfg);
-	z->ntensors = loom_gpt2_num_tensors(&s->mcfg);
+	s->params = loom_model_params(cfg->model);
+	s->nparams = loom_model_num_params(&s->mcfg);
+	z->ntensors = loom_model_num_tensors(&s->mcfg);
 	L = s->mcfg.n_layer;
 	z->nunits = L + 2;
 	z->sync = 1;
@@ -514,23 +539,29 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 		z->pslot_unit[i] = -1;
 	if (!s->params) {
 		rc = loom_seterr(LOOM_EINVAL, "zero: stage %d takes the initial parameters from the model's whole "
-		                 "parameter buffer, and the model has none (loom_gpt2_set_param_buffer)", z->stage);
+		                 "parameter buffer, and the model has none (loom_model_set_param_buffer)", z->stage);
 		goto fail;
 	}
 	if (!(z->off = loom__calloc((size_t)N + 1, sizeof *z->off)) ||
 	    !(z->units = loom__calloc((size_t)z->nunits, sizeof *z->units)))
 		goto oom;
 	for (int q = 0; q <= N; q++)
-		z->off[q] = loom__zero_shard_offset(s->nparams, q, N);
+		z->off[q] = cfg->optimizer == LOOM_OPTIMIZER_MUON ? loom__muon_shard_offset(cfg->model, s->nparams, q, N)
+		                                                  : loom__zero_shard_offset(s->nparams, q, N);
+	s->shard_off = z->off;
 	s->own_offset = z->off[s->dp_rank], s->own_count = z->off[s->dp_rank + 1] - z->off[s->dp_rank];
 
 	/* The units and each rank's part of them. */
-	const loom_tensor_info_t *ti = loom_gpt2_tensors(cfg->model, NULL);
+	const loom_tensor_info_t *ti = loom_model_tensors(cfg->model, NULL);
 	for (int k = 0; k < z->nunits; k++) {
 		unit_t *u = &z->units[k];
 		u->unit = k - 1;
-		u->lo = k == 0 ? 0 : k <= L ? 2 + LOOM_GPT2_LAYER_TENSORS * (k - 1) : z->ntensors - 2;
-		u->hi = k == 0 ? 2 : k <= L ? u->lo + LOOM_GPT2_LAYER_TENSORS : z->ntensors;
+		loom_model_unit_tensors(&s->mcfg, k - 1, &u->lo, &u->hi);
+		if (u->hi <= u->lo) {
+			rc = loom_seterr(LOOM_EINVAL, "zero: unit %d of the %s model has no tensor", k - 1,
+			                 loom_arch_name(s->mcfg.arch));
+			goto fail;
+		}
 		u->offset = ti[u->lo].offset;
 		u->count = ti[u->hi - 1].offset + ti[u->hi - 1].numel - u->offset;
 		if (!(u->counts = loom__calloc((size_t)N, sizeof *u->counts)))
@@ -548,37 +579,35 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	}
 
 	if (z->stage == 1) { /* a full gradient buffer in shared memory, as DDP's */
-		if (!(s->grads = buf_alloc(z, s->nparams, &z->shared_grads)))
+		if (!(s->grads = buf_alloc(z, s->nparams)))
 			goto oom;
-		z->model_grads = loom_gpt2_grads(cfg->model);
+		z->model_grads = loom_model_grads(cfg->model);
 		if (z->model_grads)
 			memcpy(s->grads, z->model_grads, s->nparams * sizeof(float));
 		else
 			memset(s->grads, 0, s->nparams * sizeof(float));
-		loom_gpt2_set_grad_buffer(cfg->model, s->grads);
+		loom_model_set_grad_buffer(cfg->model, s->grads);
 		s->own_grads = s->grads + s->own_offset;
-		loom_gpt2_on_param_use(cfg->model, on_param_use, z);
+		loom_model_on_param_use(cfg->model, on_param_use, z);
 	} else { /* the shard, and staging buffers lent to units by the param-use hook */
-		int shared = 0;
 		if (!(z->grad_shard = loom_alloc_aligned(LOOM_MAX(s->own_count, 1) * sizeof(float))) ||
-		    !(z->emb_stage = buf_alloc(z, z->units[0].count, &z->shared_stage)))
+		    !(z->emb_stage = buf_alloc(z, z->units[0].count)))
 			goto oom;
 		for (int k = 0; k < ZERO_SLOTS; k++)
-			if (!(z->slots[k] = buf_alloc(z, largest, &shared)) || shared != z->shared_stage)
+			if (!(z->slots[k] = buf_alloc(z, largest)))
 				goto oom;
 		memset(z->grad_shard, 0, LOOM_MAX(s->own_count, 1) * sizeof(float));
 		s->grads = NULL; /* no full gradient exists */
 		s->own_grads = z->grad_shard;
-		loom_gpt2_on_param_use(cfg->model, on_param_use, z);
+		loom_model_on_param_use(cfg->model, on_param_use, z);
 	}
 	s->own_params = s->params + s->own_offset;
 	if (z->stage == 3) { /* the parameter shard, and the buffers units are gathered into */
-		int shared = 0;
 		if (!(z->param_shard = loom_alloc_aligned(LOOM_MAX(s->own_count, 1) * sizeof(float))) ||
-		    !(z->emb_gather = buf_alloc(z, z->units[0].count, &z->shared_gather)))
+		    !(z->emb_gather = buf_alloc(z, z->units[0].count)))
 			goto oom;
 		for (int i = 0; i < ZERO_PSLOTS; i++)
-			if (!(z->pslots[i] = buf_alloc(z, largest, &shared)) || shared != z->shared_gather)
+			if (!(z->pslots[i] = buf_alloc(z, largest)))
 				goto oom;
 		memcpy(z->param_shard, s->params + s->own_offset, s->own_count * sizeof(float));
 		z->init = s->params; /* rank 0's is broadcast by sync_params, unless a checkpoint is loaded first */
@@ -587,17 +616,16 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 		s->collective_forward = 1;
 	}
 	if (z->bf16) { /* the bf16 staging, beside the fp32 gradients (stage 1) or staging buffers */
-		int shared = 0;
 		if (z->stage == 1) {
-			if (!(z->g16 = buf16_alloc(z, s->nparams, &z->shared16)))
+			if (!(z->g16 = buf16_alloc(z, s->nparams)))
 				goto oom;
 			for (int k = 0; k < z->nunits; k++)
 				z->units[k].stage16 = z->g16 + z->units[k].offset;
 		} else {
-			if (!(z->emb16 = buf16_alloc(z, z->units[0].count, &z->shared16)))
+			if (!(z->emb16 = buf16_alloc(z, z->units[0].count)))
 				goto oom;
 			for (int k = 0; k < ZERO_SLOTS; k++)
-				if (!(z->slots16[k] = buf16_alloc(z, largest, &shared)) || shared != z->shared16)
+				if (!(z->slots16[k] = buf16_alloc(z, largest)))
 					goto oom;
 		}
 	}
@@ -609,9 +637,14 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 		s->mem.comm += (z->units[0].count + ZERO_PSLOTS * largest) * sizeof(float);
 	if (z->bf16)
 		s->mem.comm += (z->stage == 1 ? s->nparams : z->units[0].count + ZERO_SLOTS * largest) * sizeof(uint16_t);
-	if ((rc = loom_adamw_init_gpt2_range(&s->opt, &cfg->adamw, &s->mcfg, s->own_offset, s->own_count)) != LOOM_OK)
+	if (cfg->optimizer == LOOM_OPTIMIZER_MUON) {
+		if ((rc = loom__muon_init_range(s, cfg)) != LOOM_OK)
+			goto fail;
+	} else if ((rc = loom_adamw_init_model_range(&s->opt, &cfg->adamw, &s->mcfg, s->own_offset, s->own_count)) !=
+	           LOOM_OK) {
 		goto fail;
-	loom_gpt2_on_grad_ready(cfg->model, on_grad_ready, z);
+	}
+	loom_model_on_grad_ready(cfg->model, on_grad_ready, z);
 	*out = s;
 	return LOOM_OK;
 oom:
@@ -680,7 +713,11 @@ static int zero_optim_step(loom_strategy_t *s, float lr, float grad_scale)
 	int rc;
 	if ((rc = z->stage == 3 ? settle_gathers(z) : settle_params(z)) != LOOM_OK)
 		return rc;
-	if ((rc = loom_adamw_step(&s->opt, s->own_params, s->own_grads, lr, grad_scale)) != LOOM_OK)
+	if (s->muon) /* the shard holds whole matrices: buffers indexed from its first float */
+		rc = loom_muonadamw_step_at(s->muon, s->own_params, s->own_grads, s->own_offset, lr, grad_scale);
+	else
+		rc = loom_adamw_step(&s->opt, s->own_params, s->own_grads, lr, grad_scale);
+	if (rc != LOOM_OK)
 		return rc;
 	if (z->stage >= 2) /* the shard accumulates the next step's micro-steps */
 		memset(z->grad_shard, 0, s->own_count * sizeof(float));

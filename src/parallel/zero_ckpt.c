@@ -31,16 +31,27 @@
 
 enum { TAG_P = 0x2e03 };
 
-static void shard_name(char *buf, size_t cap, int rank, int size)
+static void shard_name(const loom_strategy_t *s, char *buf, size_t cap, int rank, int size)
 {
-	snprintf(buf, cap, "optim.rank%d-of-%d.safetensors", rank, size);
+	if (s->muon) /* MuonAdamW's state file (muon_opt.c) */
+		loom__muon_state_name(buf, cap, rank);
+	else
+		snprintf(buf, cap, "optim.rank%d-of-%d.safetensors", rank, size);
+}
+
+/* Where rank q's owned range starts (q = size: nparams). */
+static size_t shard_at(const loom_strategy_t *s, int q)
+{
+	return s->shard_off ? s->shard_off[q] : loom__zero_shard_offset(s->nparams, q, s->dp_size);
 }
 
 /* This rank's moments as a shard file in the checkpoint's directory. */
 static int write_shard(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	char name[128], path[1300], off[32], cnt[32], rk[16], ws[16];
-	shard_name(name, sizeof name, s->dp_rank, s->dp_size);
+	if (s->muon)
+		return loom__muon_write_shard(s, w->tmp);
+	shard_name(s, name, sizeof name, s->dp_rank, s->dp_size);
 	snprintf(path, sizeof path, "%s/%s", w->tmp, name);
 	snprintf(off, sizeof off, "%zu", s->own_offset), snprintf(cnt, sizeof cnt, "%zu", s->own_count);
 	snprintf(rk, sizeof rk, "%d", s->dp_rank), snprintf(ws, sizeof ws, "%d", s->dp_size);
@@ -66,9 +77,8 @@ static int write_index(loom_strategy_t *s, const loom_ckpt_writer_t *w, int stag
 	rc = rc ? rc : loom_kv_set_i64(kv, "world", s->dp_size);
 	rc = rc ? rc : loom_kv_set_i64(kv, "parameters", (int64_t)s->nparams);
 	for (int q = 0; q < s->dp_size && rc == LOOM_OK; q++) {
-		size_t a = loom__zero_shard_offset(s->nparams, q, s->dp_size);
-		size_t b = loom__zero_shard_offset(s->nparams, q + 1, s->dp_size);
-		shard_name(name, sizeof name, q, s->dp_size);
+		size_t a = shard_at(s, q), b = shard_at(s, q + 1);
+		shard_name(s, name, sizeof name, q, s->dp_size);
 		snprintf(key, sizeof key, "shard.%d.file", q);
 		rc = loom_kv_set_str(kv, key, name);
 		snprintf(key, sizeof key, "shard.%d.offset", q);
@@ -102,8 +112,7 @@ static int gather_params(loom_strategy_t *s, float **out)
 		return loom_seterr(LOOM_ENOMEM, "zero: out of memory for gathering %zu parameters to save them", s->nparams);
 	memcpy(p + s->own_offset, s->own_params, s->own_count * sizeof(float));
 	for (int q = 1; q < s->dp_size && rc == LOOM_OK; q++) {
-		size_t a = loom__zero_shard_offset(s->nparams, q, s->dp_size);
-		size_t b = loom__zero_shard_offset(s->nparams, q + 1, s->dp_size);
+		size_t a = shard_at(s, q), b = shard_at(s, q + 1);
 		if ((rc = loom_recv(s->dp, p + a, b - a, LOOM_FLOAT32, q, TAG_P)) != LOOM_OK)
 			rc = loom_seterr(rc, "zero: receiving the parameter shard of rank %d: %s", q, loom_comm_errmsg(s->dp));
 	}
@@ -150,11 +159,11 @@ int loom__sharded_save(loom_strategy_t *s, const loom_ckpt_writer_t *w, int stag
 /* Copy [off, off + n) of the flat layout from file `path` into dst[0] (and dst[1]): with suffixes,
  * the moments (every tensor's "<name>.exp_avg" into dst[0], ".exp_avg_sq" into dst[1]); without, the
  * parameters (HF names, with or without "transformer."). */
-static int load_slices(const char *path, const loom_gpt2_config_t *c, size_t off, size_t n, float *const *dst,
+static int load_slices(const char *path, const loom_model_config_t *c, size_t off, size_t n, float *const *dst,
                        int moments)
 {
 	loom_st_t *st;
-	int nt = loom_gpt2_num_tensors(c), rc;
+	int nt = loom_model_num_tensors(c), rc;
 	if ((rc = loom_st_open(&st, path)) != LOOM_OK)
 		return rc;
 	for (int i = 0; i < (moments ? 2 : 1) * nt && rc == LOOM_OK; i++) {
@@ -162,7 +171,7 @@ static int load_slices(const char *path, const loom_gpt2_config_t *c, size_t off
 		char name[LOOM_TENSOR_NAME_MAX + 16];
 		const loom_st_tensor_t *t;
 		int k;
-		loom_gpt2_tensor_info(c, i % nt, &info);
+		loom_model_tensor_info(c, i % nt, &info);
 		if (moments)
 			snprintf(name, sizeof name, "%s.%s", info.name, i < nt ? "exp_avg" : "exp_avg_sq");
 		else
@@ -260,14 +269,14 @@ out:
 int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step)
 {
 	char file[1200];
-	loom_gpt2_config_t saved;
-	const loom_gpt2_config_t *c = &s->mcfg;
+	loom_model_config_t saved;
+	const loom_model_config_t *c = &s->mcfg;
 	struct stat sb;
 	int rc;
 	snprintf(file, sizeof file, "%s/model.safetensors", dir);
 	if ((rc = loom_model_config(file, c->n_head, &saved, NULL)) != LOOM_OK)
 		return rc;
-	if (memcmp(&saved, c, sizeof saved) != 0)
+	if (!loom_model_config_equal(&saved, c))
 		return loom_seterr(LOOM_EMISMATCH, "resume: %s holds a model L%d H%d C%d T%d V%d, this run's is "
 		                   "L%d H%d C%d T%d V%d", file, saved.n_layer, saved.n_head, saved.n_embd, saved.seq_len,
 		                   saved.vocab_size, c->n_layer, c->n_head, c->n_embd, c->seq_len, c->vocab_size);
@@ -278,6 +287,10 @@ int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step)
 			return rc;
 		loom__zero_set_loaded(s);
 	}
+	if (s->muon) /* MuonAdamW's state: its matrices by name, the moments of its range by overlap */
+		return loom__muon_load_state(s, dir, step);
+	if (loom__muon_has_state(dir))
+		return loom_seterr(LOOM_EMISMATCH, "resume: %s was written with --optimizer muon; resume with it", dir);
 	snprintf(file, sizeof file, "%s/zero.json", dir);
 	if (stat(file, &sb) == 0) {
 		if ((rc = load_shards(s, dir, file)) != LOOM_OK)

@@ -22,11 +22,13 @@
  * own loader state and its part of the model and optimizer state) and the next step re-syncs the
  * parameters from rank 0 and verifies them. A ZeRO strategy writes its shards too (zero_ckpt.c), and
  * any strategy reads any strategy's checkpoint. */
+#include <errno.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/fileio.h"
 #include "core/util.h"
@@ -66,7 +68,9 @@ static int put_state(loom_trainer_t *tr, loom_kv_t *kv, const loom_loader_state_
 	int rc = LOOM_OK;
 	rc = rc ? rc : loom_kv_set_str(kv, "format", "loom-train");
 	rc = rc ? rc : loom_kv_set_i64(kv, "step", tr->step);
-	rc = rc ? rc : loom_kv_set_i64(kv, "adamw.step", tr->strategy->opt.step);
+	/* the optimizer's step count ("adamw.step" whichever optimizer: MuonAdamW's is the same count) */
+	rc = rc ? rc : loom_kv_set_i64(kv, "adamw.step", tr->strategy->muon ? tr->strategy->muon->step
+	                                                                    : tr->strategy->opt.step);
 	for (int r = 0; r < tr->dp_size; r++) {
 		loader_key(key, sizeof key, r);
 		rc = rc ? rc : loom_kv_set_loader(kv, key, &loaders[r]);
@@ -76,6 +80,13 @@ static int put_state(loom_trainer_t *tr, loom_kv_t *kv, const loom_loader_state_
 	rc = rc ? rc : loom_kv_set_i64(kv, "model.n_embd", tr->mcfg.n_embd);
 	rc = rc ? rc : loom_kv_set_i64(kv, "model.seq_len", tr->mcfg.seq_len);
 	rc = rc ? rc : loom_kv_set_i64(kv, "model.vocab_size", tr->mcfg.vocab_size);
+	if (tr->mcfg.arch != LOOM_ARCH_GPT2) { /* GPT-2's state.json stays as it was */
+		rc = rc ? rc : loom_kv_set_str(kv, "model.arch", loom_arch_name(tr->mcfg.arch));
+		rc = rc ? rc : loom_kv_set_i64(kv, "model.n_kv_head", tr->mcfg.n_kv_head);
+		rc = rc ? rc : loom_kv_set_i64(kv, "model.short_window", tr->mcfg.short_window);
+		rc = rc ? rc : loom_kv_set_str(kv, "model.window_pattern", tr->mcfg.window_pattern);
+	}
+	rc = rc ? rc : loom_kv_set_f64(kv, "loss_ema", tr->loss_ema);
 	rc = rc ? rc : loom_kv_set_i64(kv, "batch.B", c->B);
 	rc = rc ? rc : loom_kv_set_i64(kv, "batch.T", c->T);
 	rc = rc ? rc : loom_kv_set_i64(kv, "batch.accum", c->accum);
@@ -156,6 +167,10 @@ int loom_trainer_save(loom_trainer_t *tr)
 		free(loaders);
 		return tr->strategy->ops->save(tr->strategy, &w);
 	}
+	if (tr->sum.checkpoint[0] && access(tr->cfg.save_dir, F_OK) != 0 && errno == ENOENT) /* not silently */
+		fprintf(stderr, "loom: warning: the checkpoint directory %s was removed during the run: the checkpoints "
+		        "written to it are lost (the newest was %s); step %lld is saved into it anew\n", tr->cfg.save_dir,
+		        tr->sum.checkpoint, tr->step);
 	if ((rc = loom_ckpt_begin(&w, tr->cfg.save_dir, tr->step)) != LOOM_OK) {
 		tr->strategy->ops->save(tr->strategy, NULL); /* still take part, should it be collective */
 		free(loaders);
@@ -236,6 +251,19 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 	    (rc = expect_i64(kv, file, "model.vocab_size", tr->mcfg.vocab_size, m)) ||
 	    (rc = expect_i64(kv, file, "batch.B", tr->cfg.B, b)) || (rc = expect_i64(kv, file, "batch.T", tr->cfg.T, b)))
 		goto out;
+	const char *arch = "gpt2", *pat = "";
+	loom_kv_get_str(kv, "model.arch", &arch); /* absent: GPT-2 */
+	loom_kv_get_str(kv, "model.window_pattern", &pat);
+	if (strcmp(arch, loom_arch_name(tr->mcfg.arch)) != 0 || strcmp(pat, tr->mcfg.window_pattern) != 0) {
+		rc = loom_seterr(LOOM_EMISMATCH, "resume from %s: the checkpoint's model is %s (window pattern '%s'), this "
+		                 "run's is %s (window pattern '%s')%s", file, arch, pat, loom_arch_name(tr->mcfg.arch),
+		                 tr->mcfg.window_pattern, m);
+		goto out;
+	}
+	if (tr->mcfg.arch != LOOM_ARCH_GPT2 &&
+	    ((rc = expect_i64(kv, file, "model.n_kv_head", tr->mcfg.n_kv_head, m)) ||
+	     (rc = expect_i64(kv, file, "model.short_window", tr->mcfg.short_window, m))))
+		goto out;
 	/* Another data-parallel size resumes (resharding) when the tokens per step are the same: the run
 	 * then continues on the same windows. */
 	int64_t sworld, saccum;
@@ -280,6 +308,8 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 	if ((rc = tr->strategy->ops->load(tr->strategy, dir, astep)) != LOOM_OK)
 		goto out;
 	tr->step = step;
+	double ema = 0.0;
+	tr->loss_ema = loom_kv_get_f64(kv, "loss_ema", &ema) == LOOM_OK ? ema : 0.0; /* absent in older ones */
 	tr->resumed = 1;
 	tr->synced = 0; /* the next step broadcasts rank 0's parameters again */
 out:

@@ -100,7 +100,7 @@ static void write_config(loom_trainer_t *tr, FILE *f)
 	fprintf(f, ",\"threads\":%d,\"world\":%d,\"dp\":%d", loom_num_threads(), tr->world, tr->dp_size);
 	fprintf(f, ",\"model\":{\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"n_positions\":%d,\"vocab_size\":%d,"
 	        "\"params\":%zu}", tr->mcfg.n_layer, tr->mcfg.n_head, tr->mcfg.n_embd, tr->mcfg.seq_len,
-	        tr->mcfg.vocab_size, loom_gpt2_num_params(&tr->mcfg));
+	        tr->mcfg.vocab_size, loom_model_num_params(&tr->mcfg));
 	str(f, "train_data", c->train_data);
 	str(f, "val_data", c->val_data);
 	fprintf(f, ",\"batch_size\":%d,\"seq_len\":%d,\"grad_accum\":%d,\"tokens_per_step\":%lld,\"shuffle\":%d,"
@@ -124,11 +124,14 @@ static void write_config(loom_trainer_t *tr, FILE *f)
 	fprintf(f, ",\"zero\":%d", c->zero);
 	num(f, "bucket_mb", c->bucket_mb, "%.9g");
 	fprintf(f, ",\"check_replicas\":%d", c->check_replicas);
-	str(f, "dtype", loom_compute_dtype_name(loom_gpt2_dtype(tr->model)));
+	str(f, "dtype", loom_compute_dtype_name(loom_model_dtype(tr->model)));
 	str(f, "grad_reduce_dtype", c->grad_reduce_dtype == LOOM_BFLOAT16 ? "bf16" : "fp32");
 	num(f, "peak_flops", c->peak_flops, "%.6g");
 	str(f, "peak_source", c->peak_source);
 	num(f, "gemm_peak_flops", c->gemm_flops, "%.6g");
+	if (c->predicted_step_s > 0)
+		fprintf(f, ",\"predicted_step_s\":%.6g,\"predicted_memory_bytes\":%.0f", c->predicted_step_s,
+		        c->predicted_memory_bytes);
 	loom_train_memory_t mem;
 	loom_trainer_memory(tr, &mem);
 	str(f, "activation_checkpointing", loom_act_ckpt_name(mem.act_ckpt));
@@ -173,6 +176,8 @@ int loom_train_log_write(loom_trainer_t *tr, const loom_step_metrics_t *m)
 	num(f, "lr", m->lr, "%.9g");
 	num(f, "grad_norm", m->grad_norm, "%.9g");
 	num(f, "dt_ms", m->dt_ms, "%.3f");
+	num(f, "optim_ms", m->optim_ms, "%.3f");
+	num(f, "loss_ema", m->loss_ema, "%.9g");
 	num(f, "tokens_per_s", m->tokens_per_s, "%.1f");
 	num(f, "mfu", m->mfu, "%.4f");
 	if (tr->world > 1) {

@@ -35,6 +35,7 @@ loom_train_config_t loom_train_defaults(void)
 	c.accum = 1;
 	c.seed = 1337;
 	c.adamw = loom_adamw_defaults();
+	c.muon = loom_muon_defaults();
 	c.grad_clip = 1.0;
 	c.lr.kind = LOOM_SCHED_COSINE;
 	c.lr.min_lr_frac = 0.0;
@@ -73,9 +74,9 @@ static int check_vocab(loom_trainer_t *tr, loom_loader_t *ld, const char *what, 
 	return LOOM_OK;
 }
 
-static int check_config(const loom_train_config_t *c, loom_gpt2_t *model)
+static int check_config(const loom_train_config_t *c, loom_model_t *model)
 {
-	const loom_gpt2_config_t *mc = loom_gpt2_config(model);
+	const loom_model_config_t *mc = loom_model_get_config(model);
 	int rc;
 	if (!c->train_data || !*c->train_data)
 		return loom_seterr(LOOM_EINVAL, "trainer: no training data given (--train-data GLOB)");
@@ -127,17 +128,17 @@ static int check_config(const loom_train_config_t *c, loom_gpt2_t *model)
 			return loom_seterr(LOOM_EINVAL, "trainer: rank %d: a pipeline of %d stages for a model of %d layers: "
 			                   "every stage needs at least one layer (pp <= %d)", loom_mesh_world_rank(c->mesh), pp,
 			                   mc->n_layer, mc->n_layer);
-		if (tp != loom_gpt2_tp_size(model) || loom_mesh_coord(c->mesh, LOOM_MESH_TP) != loom_gpt2_tp_rank(model))
+		if (tp != loom_model_tp_size(model) || loom_mesh_coord(c->mesh, LOOM_MESH_TP) != loom_model_tp_rank(model))
 			return loom_seterr(LOOM_EINVAL, "trainer: rank %d: the mesh puts it at tensor-parallel rank %d of %d, but "
-			                   "the model was created as shard %d of %d (loom_gpt2_opts_t tp_size, tp_rank)",
+			                   "the model was created as shard %d of %d (loom_model_opts_t tp_size, tp_rank)",
 			                   loom_mesh_world_rank(c->mesh), loom_mesh_coord(c->mesh, LOOM_MESH_TP), tp,
-			                   loom_gpt2_tp_rank(model), loom_gpt2_tp_size(model));
+			                   loom_model_tp_rank(model), loom_model_tp_size(model));
 		if (c->comm && c->comm != loom_mesh_world(c->mesh))
 			return loom_seterr(LOOM_EINVAL, "trainer: both a communicator and a mesh over another one were given: "
 			                   "give the mesh only");
-	} else if (loom_gpt2_tp_size(model) != 1) {
+	} else if (loom_model_tp_size(model) != 1) {
 		return loom_seterr(LOOM_EINVAL, "trainer: the model is tensor-parallel shard %d of %d: give a mesh with "
-		                   "tp = %d", loom_gpt2_tp_rank(model), loom_gpt2_tp_size(model), loom_gpt2_tp_size(model));
+		                   "tp = %d", loom_model_tp_rank(model), loom_model_tp_size(model), loom_model_tp_size(model));
 	}
 	return LOOM_OK;
 }
@@ -174,7 +175,7 @@ static int next_batch(void *ctx, int j, int *inputs, int *targets)
 	return loom_loader_next(tr->train, inputs, targets);
 }
 
-int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, loom_gpt2_t *model)
+int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, loom_model_t *model)
 {
 	loom_trainer_t *tr;
 	loom_loader_opts_t lo;
@@ -189,7 +190,7 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
 	tr->cfg = *cfg;
 	tr->model = model;
-	tr->mcfg = *loom_gpt2_config(model);
+	tr->mcfg = *loom_model_get_config(model);
 	topology(tr, cfg);
 	if ((rc = dup_str(&tr->train_data, cfg->train_data)) || (rc = dup_str(&tr->val_data, cfg->val_data)) ||
 	    (rc = dup_str(&tr->save_dir, cfg->save_dir)) || (rc = dup_str(&tr->log_path, cfg->log_path)) ||
@@ -223,7 +224,8 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	loom_strategy_config_t sc = {.name = cfg->strategy, .zero = cfg->zero, .model = eo->model(tr->exec),
 	                             .dp = tr->dp, .tp = tr->tp, .writer = tr->rank == 0, .adamw = cfg->adamw,
 	                             .bucket_mb = cfg->bucket_mb, .tensor_used = eo->tensor_used(tr->exec),
-	                             .grad_reduce_dtype = cfg->grad_reduce_dtype};
+	                             .grad_reduce_dtype = cfg->grad_reduce_dtype, .optimizer = cfg->optimizer,
+	                             .muon = cfg->muon};
 	if ((rc = loom__strategy_create(&tr->strategy, &sc)) != LOOM_OK)
 		goto fail;
 	memset(&lo, 0, sizeof lo);
@@ -245,9 +247,9 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 		rc = loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
 		goto fail;
 	}
-	tr->flops_per_token = loom_gpt2_flops_per_token(&tr->mcfg, cfg->T);
+	tr->flops_per_token = loom_model_flops_per_token(&tr->mcfg, cfg->T);
 	if (cfg->profile)
-		loom_gpt2_profile(model, 1);
+		loom_model_profile(model, 1);
 	*out = tr;
 	return LOOM_OK;
 fail:
@@ -285,7 +287,7 @@ int loom_trainer_sync_params(loom_trainer_t *tr, uint64_t *checksum)
 		                   loom_errmsg());
 	tr->synced = 1;
 	if (checksum)
-		*checksum = loom_checksum_f32(loom_gpt2_params(tr->model), loom_gpt2_param_count(tr->model));
+		*checksum = loom_checksum_f32(loom_model_params(tr->model), loom_model_param_count(tr->model));
 	return LOOM_OK;
 }
 
@@ -330,6 +332,8 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 	m->step = tr->step;
 	m->total = c->lr.total_steps;
 	m->loss = (float)(loss_sum / c->accum);
+	tr->loss_ema = 0.9 * tr->loss_ema + 0.1 * (double)m->loss;
+	m->loss_ema = tr->loss_ema / (1.0 - pow(0.9, (double)tr->step));
 	m->dt_ms = dt * 1e3;
 	m->tokens_per_s = (double)loom_trainer_tokens_per_step(tr) / dt;
 	m->mfu = c->peak_flops > 0 ? m->tokens_per_s * tr->flops_per_token / (c->peak_flops * tr->world) : 0.0;
@@ -362,7 +366,7 @@ int loom_trainer_eval(loom_trainer_t *tr, float *val_loss)
 	n = LOOM_MIN((uint64_t)c->eval_batches, loom_loader_windows_per_epoch(tr->val));
 	memset(tr->val_losses, 0, (size_t)n * sizeof(double));
 	if (c->profile) /* the profile is of training steps */
-		loom_gpt2_profile(tr->model, 0);
+		loom_model_profile(tr->model, 0);
 	/* A pipeline stage holds only its layers' current parameters: gather the whole model first (every
 	 * stage then evaluates its data-parallel share of the windows on it, the same on each). */
 	rc = tr->exec->ops->gather(tr->exec, tr->strategy);
@@ -371,12 +375,12 @@ int loom_trainer_eval(loom_trainer_t *tr, float *val_loss)
 	uint64_t end = tr->strategy->collective_forward ? (n + tr->dp_size - 1) / tr->dp_size * tr->dp_size : n;
 	for (uint64_t k = (uint64_t)tr->dp_rank; rc == LOOM_OK && k < end; k += (uint64_t)tr->dp_size) {
 		if ((rc = loom_loader_window(tr->val, k < n ? k : 0, tr->inputs, tr->targets)) == LOOM_OK)
-			rc = loom_gpt2_forward(tr->model, tr->inputs, tr->targets, c->B, c->T, &loss);
+			rc = loom_model_forward(tr->model, tr->inputs, tr->targets, c->B, c->T, &loss);
 		if (rc == LOOM_OK && k < n)
 			tr->val_losses[k] = loss;
 	}
 	if (c->profile)
-		loom_gpt2_profile(tr->model, 1);
+		loom_model_profile(tr->model, 1);
 	if (rc != LOOM_OK)
 		return rc;
 	if (tr->dp && (rc = loom_allreduce(tr->dp, tr->val_losses, tr->val_losses, (size_t)n, LOOM_FLOAT64,
@@ -461,6 +465,12 @@ void loom_trainer_set_peak(loom_trainer_t *tr, double flops, const char *source,
 	tr->cfg.gemm_flops = gemm_flops > 0 ? gemm_flops : 0.0;
 }
 
+void loom_trainer_set_prediction(loom_trainer_t *tr, double step_s, double memory_bytes)
+{
+	tr->cfg.predicted_step_s = step_s > 0 ? step_s : 0.0;
+	tr->cfg.predicted_memory_bytes = memory_bytes > 0 ? memory_bytes : 0.0;
+}
+
 long long loom_trainer_steps_done(const loom_trainer_t *tr)
 {
 	return tr->step;
@@ -476,7 +486,7 @@ int loom_trainer_world(const loom_trainer_t *tr)
 	return tr->world;
 }
 
-loom_gpt2_t *loom_trainer_model(loom_trainer_t *tr)
+loom_model_t *loom_trainer_model(loom_trainer_t *tr)
 {
 	return tr->model;
 }
@@ -489,4 +499,9 @@ const loom_adamw_t *loom_trainer_optimizer(const loom_trainer_t *tr)
 long long loom_trainer_tokens_per_step(const loom_trainer_t *tr)
 {
 	return (long long)tr->cfg.B * tr->cfg.T * tr->cfg.accum * tr->dp_size;
+}
+
+void loom_train_model_opts(const loom_train_config_t *cfg, int dp, int tp, loom_model_opts_t *mo)
+{
+	loom__strategy_model_opts(cfg->strategy, cfg->zero, dp, tp, &mo->no_own_grads, &mo->no_own_params);
 }

@@ -13,8 +13,8 @@
 struct loom_trainer {
 	loom_train_config_t cfg;        /* string fields point at the owned copies below */
 	char *train_data, *val_data, *save_dir, *log_path, *tokenizer, *strategy_name;
-	loom_gpt2_t *model;             /* borrowed */
-	loom_gpt2_config_t mcfg;
+	loom_model_t *model;             /* borrowed */
+	loom_model_config_t mcfg;
 	loom_loader_t *train, *val;     /* val may be NULL */
 	int *inputs, *targets;          /* B*T each */
 	int world, rank;                /* global: all ranks of the job (1 and 0 in one process); rank 0 logs
@@ -39,6 +39,7 @@ struct loom_trainer {
 	long long timed;
 	int seen_first;
 	double step_ema;                /* moving average of the step time (seconds), from the second step */
+	double loss_ema;                /* the losses' moving average before debiasing (checkpoint loop state) */
 	loom_train_summary_t sum;       /* the run so far (log.c) */
 	double t_begin;                 /* loom_now() at the start of the first step of this process */
 	FILE *log;                      /* opened at the first logged step */

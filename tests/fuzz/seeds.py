@@ -58,6 +58,15 @@ put("safetensors", 1, model("BF16", 2))
 put("safetensors", 2, model("F16", 2, meta=False))
 put("safetensors", 3, safetensors([("a", "F32", [2], b"\0" * 8), ("b", "I64", [1, 1], b"\1" * 8)], {"k": "v"}))
 put("safetensors", 4, safetensors([("h.1048575.x", "F32", [1], b"\0" * 4)]))
+# nanochat's GPT (arch in __metadata__): L1 C32, one head of 32, V 3 padded to 64, value embeddings on layer 0
+nc = [("transformer.wte.weight", [64, 32]), ("resid_lambdas", [1]), ("x0_lambdas", [1]),
+      ("value_embeds.0.weight", [64, 32]), ("transformer.h.0.attn.ve_gate.weight", [1, 32])]
+nc += [("transformer.h.0.attn.%s.weight" % n, [32, 32]) for n in ("c_q", "c_k", "c_v", "c_proj")]
+nc += [("transformer.h.0.mlp.c_fc.weight", [128, 32]), ("transformer.h.0.mlp.c_proj.weight", [32, 128]),
+       ("lm_head.weight", [64, 32])]
+put("safetensors", 5, safetensors([(n, "F32", s, b"\0\0\x80\x3f" * numel(s)) for n, s in nc],
+                                  {"arch": "nanochat", "format": "pt", "n_layer": "1", "n_head": "1", "n_kv_head": "1",
+                                   "n_embd": "32", "n_positions": "4", "vocab_size": "3", "window_pattern": "L"}))
 
 # llm.c model: header [magic, version, maxT, V, L, NH, C, Vp], then the parameters
 P = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C

@@ -7,8 +7,10 @@
  * is unlinked (every rank tries; all but one get ENOENT) and only the mappings keep the memory, so
  * nothing is left in /dev/shm even after kill -9. A rank that fails to join unlinks the name too.
  * Layout (shm_internal.h): header | rank records | channels (kind x src x dst) | heap (world only),
- * every part page aligned and the heap 2 MiB aligned; the file is sparse, so untouched channels and
- * heap pages cost nothing. */
+ * every part page aligned and the heap 2 MiB aligned. Every byte is reserved before it is written,
+ * so a full /dev/shm is an error, never a SIGBUS at the first write to a page tmpfs cannot supply:
+ * the header, records and channels with fallocate at creation (reserve_fixed), the heap block by
+ * block as it is handed out (shm_heap.c), which keeps unused heap free. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -17,6 +19,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -99,6 +102,43 @@ static int rank0_gone(char *why, size_t cap)
 	return 0;
 }
 
+/* Reserve the header, rank records and channels of a new segment: the bytes written from the first
+ * message on. A full /dev/shm is an error naming its free space and LOOM_SHM_MB. LOOM_TEST_SHM_FULL=1
+ * is the fault-injection point for tests where no private /dev/shm can be mounted (it fails as ENOSPC). */
+static int reserve_fixed(loom_comm_t *c, int fd, const char *name, const shm_hdr_t *h)
+{
+	size_t fixed = h->chan_off + (size_t)CHAN_KINDS * h->nranks * h->nranks * h->chan_stride;
+	struct statvfs vfs;
+	int e;
+	if (loom_env_long("LOOM_TEST_SHM_FULL", 0, NULL) == 1)
+		errno = ENOSPC;
+	else if (fallocate(fd, 0, 0, (off_t)fixed) == 0 || errno == EOPNOTSUPP || errno == ENOSYS)
+		return LOOM_OK;
+	e = errno;
+	if (statvfs("/dev/shm", &vfs) != 0)
+		memset(&vfs, 0, sizeof vfs);
+	return loom_comm_fail(c, e == ENOSPC ? LOOM_ENOMEM : LOOM_ESYS,
+	                      "cannot reserve %.1f MiB in /dev/shm for %s (the channels of %u rank%s): %s; /dev/shm has "
+	                      "%.1f MiB free of %.1f MiB. Free space there or mount it larger; the shared heap "
+	                      "(LOOM_SHM_MB=%llu per rank) is reserved as it is used, and what does not fit falls back to "
+	                      "private memory",
+	                      fixed / 1048576.0, name, h->nranks, h->nranks > 1 ? "s" : "", strerror(e),
+	                      (double)vfs.f_bavail * vfs.f_frsize / 1048576.0, (double)vfs.f_blocks * vfs.f_frsize / 1048576.0,
+	                      (unsigned long long)(h->heap_bytes >> 20));
+}
+
+/* The error of a segment that cannot be mapped: out of address space names the shared heap's part. */
+static int map_failed(loom_comm_t *c, const char *name, size_t bytes, int e)
+{
+	if (e != ENOMEM)
+		return loom_comm_fail(c, LOOM_ESYS, "mmap(%s, %zu bytes): %s", name, bytes, strerror(e));
+	return loom_comm_fail(c, LOOM_ENOMEM,
+	                      "mmap(%s, %.1f MiB): %s: the segment is address space for every rank's shared heap "
+	                      "(LOOM_SHM_MB, default 1024 MiB per rank): under an address-space limit (prlimit --as, "
+	                      "ulimit -v) set LOOM_SHM_MB lower",
+	                      name, bytes / 1048576.0, strerror(e));
+}
+
 int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char *name, int create, size_t heap_bytes,
                            int *fd_out)
 {
@@ -126,9 +166,11 @@ int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char 
 			rc = loom_comm_fail(c, LOOM_ESYS, "ftruncate(%s, %zu): %s", name, bytes, strerror(errno));
 			goto fail;
 		}
+		if ((rc = reserve_fixed(c, fd, name, &tmp)) != LOOM_OK)
+			goto fail;
 		base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
 		if (base == MAP_FAILED) {
-			rc = loom_comm_fail(c, LOOM_ESYS, "mmap(%s, %zu bytes): %s", name, bytes, strerror(errno));
+			rc = map_failed(c, name, bytes, errno);
 			goto fail;
 		}
 		h = (shm_hdr_t *)base;
@@ -170,7 +212,7 @@ int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char 
 		bytes = (size_t)st.st_size;
 		base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
 		if (base == MAP_FAILED) {
-			rc = loom_comm_fail(c, LOOM_ESYS, "mmap(%s, %zu bytes): %s", name, bytes, strerror(errno));
+			rc = map_failed(c, name, bytes, errno);
 			goto fail;
 		}
 		h = (shm_hdr_t *)base;
@@ -330,7 +372,7 @@ int loom__shm_proc_start(loom_job_t *j)
 	pthread_mutex_init(&j->keeper_lock, NULL);
 	pthread_cond_init(&j->keeper_cond, NULL);
 	j->keeper_state = 0;
-	if ((e = pthread_create(&j->keeper, NULL, keeper_main, j)) != 0)
+	if ((e = loom__thread_start(&j->keeper, NULL, keeper_main, j, "keeper")) != 0)
 		j->keeper_state = -e;
 	else {
 		pthread_mutex_lock(&j->keeper_lock);
@@ -341,9 +383,14 @@ int loom__shm_proc_start(loom_job_t *j)
 			pthread_join(j->keeper, NULL);
 	}
 	if (j->keeper_state < 0) {
+		int started = e == 0;
 		e = -j->keeper_state;
 		pthread_cond_destroy(&j->keeper_cond);
 		pthread_mutex_destroy(&j->keeper_lock);
+		if (!started)
+			return loom_seterr(LOOM_ESYS, "rank %d: cannot start its keeper thread (it holds the rank's liveness "
+			                   "mutex): pthread_create: %s%s", j->world_rank, strerror(e),
+			                   e == EAGAIN ? " (a limit on threads or processes: ulimit -u, the cgroup's pids.max)" : "");
 		return loom_seterr(LOOM_ESYS, "rank %d: cannot hold its liveness mutex: %s", j->world_rank, strerror(e));
 	}
 	return LOOM_OK;

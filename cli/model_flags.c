@@ -1,0 +1,133 @@
+/* model_flags.c: the model flags `loom train` and `loom plan` share (the family, a GPT-2 preset or
+ * nanochat's sizing, the size overrides, --init-from) and their resolution into one configuration,
+ * so that a train command line with `train` replaced by `plan` plans the same model. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "loom/ckpt.h"
+#include "loom/gpt2.h"
+#include "loom/nanochat.h"
+
+void cli_model_flags_init(cli_model_flags_t *f)
+{
+	memset(f, 0, sizeof *f);
+	f->mc.n_layer = f->mc.n_head = f->mc.n_embd = f->mc.seq_len = f->mc.vocab_size = -1;
+}
+
+static int int_in(const char *cmd, const char *flag, const char *v, long long lo, long long hi)
+{
+	long long x = cli_parse_int(cmd, flag, v);
+	if (x < lo || x > hi)
+		cli_die(cmd, "%s: %lld is out of range [%lld, %lld]", flag, x, lo, hi);
+	return (int)x;
+}
+
+int cli_model_flag(const char *cmd, int argc, char **argv, int *i, cli_model_flags_t *f)
+{
+	const char *v;
+	loom_model_config_t *mc = &f->mc;
+#define FLAG(name) cli_flag(argc, argv, i, name, &v)
+	if (FLAG("--model")) {
+		f->preset = v;
+	} else if (FLAG("--arch")) {
+		if (loom_arch_parse(v, &mc->arch) != LOOM_OK)
+			cli_die(cmd, "--arch: %s", loom_errmsg());
+	} else if (FLAG("--depth")) {
+		f->depth = int_in(cmd, "--depth", v, 1, 1024), f->have_model_flags = 1;
+	} else if (FLAG("--aspect-ratio")) {
+		f->aspect = int_in(cmd, "--aspect-ratio", v, 1, 1 << 16);
+	} else if (FLAG("--head-dim")) {
+		f->head_dim = int_in(cmd, "--head-dim", v, 2, 1 << 16);
+	} else if (FLAG("--n-kv-head")) {
+		mc->n_kv_head = int_in(cmd, "--n-kv-head", v, 1, 1 << 12), f->have_model_flags = 1;
+	} else if (FLAG("--window-pattern")) {
+		if (strlen(v) >= sizeof mc->window_pattern || strspn(v, "SL") != strlen(v) || !*v)
+			cli_die(cmd, "--window-pattern '%s': expected 1 to %zu of the letters S and L", v,
+			        sizeof mc->window_pattern - 1);
+		snprintf(mc->window_pattern, sizeof mc->window_pattern, "%s", v), f->have_model_flags = 1;
+	} else if (FLAG("--short-window")) {
+		mc->short_window = int_in(cmd, "--short-window", v, 1, 1 << 20), f->have_model_flags = 1;
+	} else if (FLAG("--n-layer")) {
+		mc->n_layer = int_in(cmd, "--n-layer", v, 1, 1 << 12), f->have_model_flags = 1;
+	} else if (FLAG("--n-head")) {
+		mc->n_head = f->n_head_flag = int_in(cmd, "--n-head", v, 1, 1 << 12), f->have_model_flags = 1;
+	} else if (FLAG("--n-embd")) {
+		mc->n_embd = int_in(cmd, "--n-embd", v, 1, 1 << 16), f->have_model_flags = 1;
+	} else if (FLAG("--vocab-size")) {
+		mc->vocab_size = int_in(cmd, "--vocab-size", v, 1, 1 << 24), f->have_model_flags = 1;
+	} else if (FLAG("--n-positions")) {
+		f->n_positions = int_in(cmd, "--n-positions", v, 1, 1 << 20), f->have_model_flags = 1;
+	} else if (FLAG("--init-from")) {
+		f->init_from = v;
+	} else {
+		return 0;
+	}
+#undef FLAG
+	return 1;
+}
+
+void cli_model_flags_check(const char *cmd, const cli_model_flags_t *f)
+{
+	const loom_model_config_t *mc = &f->mc;
+	if (f->init_from && (f->preset || (f->have_model_flags && !(f->n_head_flag && mc->n_layer < 0 && mc->n_embd < 0 &&
+	                                                              mc->vocab_size < 0 && f->n_positions == 0))))
+		cli_die(cmd, "--init-from takes the model from the file: drop --model and the model flags "
+		        "(only --n-head, when the file does not say it)");
+	if (mc->arch != LOOM_ARCH_NANOCHAT && (f->depth || mc->n_kv_head > 0 || mc->window_pattern[0] || mc->short_window > 0))
+		cli_die(cmd, "--depth, --n-kv-head, --window-pattern and --short-window are nanochat's: add --arch nanochat");
+	if (mc->arch == LOOM_ARCH_NANOCHAT && f->preset)
+		cli_die(cmd, "--model %s is a GPT-2 preset; nanochat is sized by --depth D (or --n-layer, --n-embd, --n-head)",
+		        f->preset);
+}
+
+void cli_model_resolve(const char *cmd, const cli_model_flags_t *f, int *T, loom_model_config_t *out)
+{
+	const loom_model_config_t *mc = &f->mc;
+	loom_model_config_t c;
+	if (f->init_from) {
+		if (loom_model_config(f->init_from, f->n_head_flag, &c, NULL) != LOOM_OK)
+			cli_die(cmd, "--init-from: %s", loom_errmsg());
+	} else if (mc->arch == LOOM_ARCH_NANOCHAT) {
+		int len = f->n_positions > 0 ? f->n_positions : *T > 0 ? *T : 256;
+		if (!f->depth && (mc->n_layer <= 0 || mc->n_embd <= 0 || mc->n_head <= 0))
+			cli_die(cmd, "--arch nanochat: give --depth D (nanochat's sizing) or --n-layer, --n-embd and --n-head");
+		if (mc->vocab_size <= 0)
+			cli_die(cmd, "--arch nanochat: give --vocab-size V (the tokenizer's vocabulary; it is padded to a "
+			        "multiple of 64 inside the model)");
+		if (f->depth) {
+			if (loom_nanochat_depth_config(f->depth, f->aspect ? f->aspect : 64, f->head_dim ? f->head_dim : 128, len,
+			                               mc->vocab_size, &c) != LOOM_OK)
+				cli_die(cmd, "--depth %d: %s", f->depth, loom_errmsg());
+		} else {
+			memset(&c, 0, sizeof c);
+			c.arch = LOOM_ARCH_NANOCHAT, c.seq_len = len, c.vocab_size = mc->vocab_size;
+		}
+		if (mc->n_layer > 0) c.n_layer = mc->n_layer;
+		if (mc->n_head > 0) c.n_head = mc->n_head;
+		if (mc->n_embd > 0) c.n_embd = mc->n_embd;
+		c.n_kv_head = mc->n_kv_head > 0 ? mc->n_kv_head : c.n_kv_head > 0 ? c.n_kv_head : c.n_head;
+		c.short_window = mc->short_window > 0 ? mc->short_window : c.seq_len / 2;
+		if (mc->window_pattern[0])
+			snprintf(c.window_pattern, sizeof c.window_pattern, "%s", mc->window_pattern);
+		else if (!c.window_pattern[0])
+			snprintf(c.window_pattern, sizeof c.window_pattern, "SSSL");
+	} else {
+		if (loom_gpt2_preset(f->preset ? f->preset : "tiny", &c) != LOOM_OK)
+			cli_die(cmd, "--model: %s", loom_errmsg());
+		if (mc->n_layer > 0) c.n_layer = mc->n_layer;
+		if (mc->n_head > 0) c.n_head = mc->n_head;
+		if (mc->n_embd > 0) c.n_embd = mc->n_embd;
+		if (mc->vocab_size > 0) c.vocab_size = mc->vocab_size;
+		if (f->n_positions > 0) c.seq_len = f->n_positions;
+		else if (!f->preset && f->have_model_flags && *T > 0) c.seq_len = *T;
+	}
+	if (loom_model_config_check(&c) != LOOM_OK)
+		cli_die(cmd, "%s", loom_errmsg());
+	if (*T < 0)
+		*T = c.seq_len;
+	if (*T > c.seq_len)
+		cli_die(cmd, "--seq-len %d exceeds the model's maximum sequence length %d%s", *T, c.seq_len,
+		        f->init_from ? "" : " (raise it with --n-positions)");
+	*out = c;
+}

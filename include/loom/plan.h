@@ -1,0 +1,163 @@
+/* loom/plan.h: the planner (`loom plan`): what a training configuration costs on a cluster before it
+ * is launched, by the arithmetic of docs/plan.md: per-rank memory (the model states of the ZeRO stage
+ * and tensor/pipeline split, the activations the model would allocate, communication buffers and the
+ * process's own overhead: a total that predicts the peak resident set), FLOPs, compute time, the
+ * communication of each mesh axis (hidden behind backward or exposed, by the trainer's overlap model),
+ * the pipeline bubble from loom's own schedule simulation, step time, tokens/s, MFU, and for a token
+ * budget the wall clock and cost; and a search over the meshes, schedules, ZeRO stages and
+ * recomputation modes of a number of ranks.
+ *
+ * The memory model is loom's: what `loom train` would allocate for the same flags (the activation
+ * bytes are loom_model_act_bytes' exact figure, the model states the strategies' own accounting), so a
+ * memory check against limits calls loom_plan_estimate and compares memory.total. With impl
+ * LOOM_PLAN_IDEAL a pipeline stage keeps only its own layers' states and activations (Megatron's
+ * layout), which loom's pipeline does not yet do (it keeps the whole model's states on every stage).
+ *
+ * Thread-safe: no global state; the calls below fill caller-owned structs. */
+#ifndef LOOM_PLAN_H
+#define LOOM_PLAN_H
+
+#include <stddef.h>
+
+#include "loom/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A cluster: identical ranks, ranks_per_node of them on each of nodes nodes. Figures are per rank. */
+typedef struct {
+	char name[64];
+	int nodes, ranks_per_node;
+	double peak_flops_fp32;  /* FLOP/s of one rank's matmuls in fp32 (the hardware's peak, MFU's base) */
+	double peak_flops_bf16;  /* ... in bf16 (0: as fp32) */
+	double efficiency;       /* the fraction of the peak training's matmuls reach (0 < e <= 1) */
+	double gemm_half_size;   /* matmuls of width C' (n_embd / tp) reach C' / (C' + this) of it (0: all) */
+	double corun_efficiency; /* CPUs: a rank's speed when every core of its node runs (0: 1) */
+	double memory_bytes;     /* per rank (0: unknown, nothing is dropped for memory) */
+	int memory_shared;       /* 1: memory_bytes is the node's, shared by the ranks on it (CPUs) */
+	double memory_bw;        /* bytes/s of one rank's memory, for the optimizer's and the elementwise
+	                            kernels' traffic (0: not counted) */
+	double node_memory_bw;   /* bytes/s of a node's memory shared by its ranks (0: not shared) */
+	double elementwise_bytes_per_act; /* memory traffic of the non-matmul kernels per byte of kept
+	                            activations per micro-batch (0: not counted) */
+	double intra_bw, intra_lat;  /* a rank's link to a rank of its node: bytes/s, seconds */
+	double inter_bw, inter_lat;  /* to a rank of another node */
+	double price_rank_hour;      /* currency per rank-hour (0: no cost) */
+	double overhead_bytes;       /* resident memory of a process before the model (binary, libraries,
+	                                threads, the data loader) */
+	double comm_overhead_bytes;  /* more of it in a job of several ranks (the communicator's segments) */
+	int cores;                   /* CPUs of a node shared by its ranks' threads (0: not shared: GPUs) */
+	int threads;                 /* threads per rank (CPUs; the peaks above are for this many) */
+	double background_load;      /* other work's runnable threads on a node, competing for its cores
+	                                (CPUs; 0: none): the ranks' share is cores / (their threads + this) */
+	char source[512];            /* where the figures come from */
+} loom_cluster_t;
+
+/* The named profiles shipped with loom ("cpu-node", "a100-8x80g", "h100-8x", "mi300x-8x"; docs/plan.md
+ * gives each figure's source), for nodes nodes. LOOM_ENOENT naming the profiles for another name. */
+int loom_cluster_profile(const char *name, int nodes, loom_cluster_t *c);
+/* The profiles' names, NULL-terminated (static). */
+const char *const *loom_cluster_profiles(void);
+/* Read a cluster from a JSON file (keys in docs/plan.md: nodes, ranks_per_node, peak_flops_fp32,
+ * peak_flops_bf16, efficiency, memory_bytes, memory_bw, intra_bw, intra_lat, inter_bw, inter_lat,
+ * price_rank_hour, ...; or "profile": NAME and overrides). LOOM_ENOENT (the file), LOOM_EFORMAT with
+ * loom_errmsg naming the file, the key and what was expected. */
+int loom_cluster_load(const char *path, loom_cluster_t *c);
+/* This machine: one node of its CPUs (ranks share them: the planner models the share when ranks x
+ * threads exceed them), the hardware's and the GEMM's fp32 peaks for `threads` threads per rank from
+ * the peak cache (with measure, measured and cached when missing, a few seconds), bf16's when cached,
+ * the memory bandwidth measured now (with measure, about 0.1 s and 32 MiB per CPU of the caller's
+ * resident set; else the cpu-node profile's), its memory shared by the ranks, and the constants
+ * calibrated on the development machine (docs/plan.md). LOOM_ENOENT when a peak is missing and not
+ * measured. */
+int loom_cluster_local(int threads, int measure, loom_cluster_t *c);
+/* The other work on this machine now, as runnable threads competing with one more: one thread's FMA
+ * loop for `seconds` against the cached peak f gives C / f - 1 for C CPUs (0 when idle). */
+double loom_cluster_measure_load(int cores, double seconds);
+
+typedef enum { LOOM_PLAN_LOOM = 0, LOOM_PLAN_IDEAL = 1 } loom_plan_impl_t;
+
+/* One configuration, as `loom train`'s flags give it. Zero-initialize, then set. */
+typedef struct {
+	loom_model_config_t model;
+	int B, T;                  /* micro-batch */
+	int M;                     /* micro-batches (gradient accumulation) per step and data-parallel rank */
+	int dp, tp, pp;            /* mesh (0: 1) */
+	int zero;                  /* ZeRO stage 0..3 */
+	loom_act_ckpt_t act_ckpt;
+	loom_compute_dtype_t dtype;
+	int grad_reduce_bf16;      /* gradients reduced in bf16 (half the bytes) */
+	int schedule_gpipe;        /* pipeline schedule: 1 GPipe, 0 1F1B */
+	double bucket_mb;          /* DDP buckets (0: 25, the first 1) */
+	double pp_head_split;      /* as loom_train_config_t's */
+	double tokens;             /* token budget for wall clock and cost (0: none) */
+	loom_plan_impl_t impl;
+} loom_plan_config_t;
+
+/* Bytes per rank. */
+typedef struct {
+	double params, grads, optimizer; /* model states kept by the rank */
+	double activations;  /* the training model's activation buffers (loom_model_act_bytes' total) */
+	double comm;         /* communication buffers: ZeRO staging and gather buffers, bf16 staging, the
+	                        model's own gradient buffer idle under DDP, pipeline send/receive buffers */
+	double other;        /* loom's pipeline: the whole model's activations (created, used by evaluation) */
+	double overhead;     /* the process's baseline */
+	double total;        /* the sum: the predicted peak resident set */
+} loom_plan_memory_t;
+
+typedef struct {
+	double bytes;        /* sent per rank per step on this axis */
+	double time_s;       /* its time on the links */
+	double exposed_s;    /* of it, not hidden behind compute */
+} loom_plan_comm_t;
+
+typedef struct {
+	loom_plan_config_t cfg;
+	int world, stage;          /* ranks; the stage the memory figures are for (the largest) */
+	double params;             /* the model's parameter count */
+	double shard_params;       /* per tensor-parallel shard */
+	loom_plan_memory_t memory; /* of the rank that needs the most */
+	loom_plan_memory_t memory_rank0; /* of global rank 0 (stage 0): what its peak_rss_bytes measures */
+	double flops_per_token;    /* forward + backward, 6N + attention (loom_model_flops_per_token) */
+	double flops_per_step;     /* all ranks, model FLOPs (recomputation not counted) */
+	double flops_per_rank_step; /* executed on one rank, with recomputation */
+	double tokens_per_step;
+	double compute_s;          /* one rank's matmuls, elementwise and optimizer time per step */
+	double optimizer_s;        /* of it the optimizer */
+	loom_plan_comm_t dp, tp, pp;
+	double bubble;             /* pipeline: the stages' mean idle fraction (simulated) */
+	double bubble_theory;      /* (P-1)/(M+P-1) */
+	double step_time_s, tokens_per_s, mfu;
+	double peak_flops;         /* per rank, of the dtype */
+	double steps, wall_s, cost; /* for cfg.tokens (0 without) */
+	double memory_limit;       /* a rank's memory on the cluster (0: unknown) */
+	int fits;                  /* memory.total <= memory_limit (1 when unknown) */
+	double headroom;           /* 1 - total / memory (0 when unknown) */
+	int cross_node_tp;         /* the tp group spans nodes */
+	int cross_node_dp;         /* the dp group spans nodes */
+	int oversubscribed;        /* more threads than the node's cores */
+	double cpu_share;          /* the fraction of a core each thread gets (1 without sharing) */
+} loom_plan_t;
+
+/* Estimate cfg on cluster c into *p. LOOM_EINVAL with loom_errmsg for a configuration loom cannot run
+ * (the model refuses it, tp does not divide the heads, pp above the layers, ZeRO with tp or pp or one
+ * data-parallel rank, more ranks than the cluster has). */
+int loom_plan_estimate(const loom_plan_config_t *cfg, const loom_cluster_t *c, loom_plan_t *p);
+
+/* Ring all-reduce bytes a rank sends for n bytes on N ranks: 2 (N-1)/N n (reduce-scatter and
+ * all-gather each (N-1)/N n). */
+double loom_plan_ring_allreduce_bytes(double n, int N);
+
+/* The search: every dp x tp x pp = ranks (tp dividing the heads and at most a node, pp at most the
+ * layers), ZeRO stage, recomputation mode and schedule loom can run, at base's B, T and tokens per
+ * step (M = the base's M x dp_base / dp when that divides; base's dp x M is kept constant), sorted
+ * fastest first. Fills out[0..cap) and *n with how many fit in memory, *total with how many were
+ * estimated. LOOM_OK (also when none fits: *n = 0); LOOM_ENOMEM. */
+int loom_plan_search(const loom_plan_config_t *base, const loom_cluster_t *c, int ranks, loom_plan_t *out, int cap,
+                     int *n, int *total);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

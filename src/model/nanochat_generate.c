@@ -1,0 +1,191 @@
+/* nanochat_generate.c: nanochat's autoregressive sampling with a KV cache (batch 1), apart from the
+ * training activations.
+ *
+ * The cache holds each layer's k and v rows (after the value embedding, rotary and QK-norm) of every
+ * position so far, (T, NKV D) each. Each token runs the network on its single position p with the
+ * training passes' kernels (rotary at position p), attending over the cached rows the layer's window
+ * leaves, [max(0, p - W), p], so position p's logits are those a full forward over the context gives
+ * at p (tests check every position). The prompt is fed the same way, one position at a time. The
+ * cache is allocated once (first call or kv_cache_alloc) for the T given at create; generation then
+ * allocates nothing. Sampling is GPT-2's (generate.c): greedy at temperature 0, else softmax of
+ * logits / temperature over the top_k largest (0: all) with the model's splitmix64 stream. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "model/fastmath.h"
+#include "model/nanochat_model.h"
+#include "model/rng.h"
+
+static float *carve(char *base, size_t *off, size_t nfloats)
+{
+	float *p = base ? (float *)(base + *off) : NULL;
+	*off += (nfloats * sizeof(float) + 63) / 64 * 64;
+	return p;
+}
+
+static size_t layout_kv(const loom_nanochat_t *m, nc_kv_t *kv, char *base)
+{
+	const nc_dims_t *d = &m->d;
+	size_t off = 0, T = (size_t)m->T, C = (size_t)d->C, KV = (size_t)d->NKV * d->D, Q = (size_t)d->NH * d->D;
+	kv->k = carve(base, &off, (size_t)d->L * T * KV);
+	kv->v = carve(base, &off, (size_t)d->L * T * KV);
+	kv->x = carve(base, &off, C);
+	kv->x0 = carve(base, &off, C);
+	kv->xin = carve(base, &off, C);
+	kv->xn = carve(base, &off, C);
+	kv->q = carve(base, &off, Q);
+	kv->kk = carve(base, &off, KV);
+	kv->vv = carve(base, &off, KV);
+	kv->gate = carve(base, &off, (size_t)d->NKV);
+	kv->y = carve(base, &off, Q);
+	kv->tmp = carve(base, &off, C + 2 * (size_t)d->NH + (size_t)d->NKV);
+	kv->fch = carve(base, &off, 2 * (size_t)d->H);
+	kv->logits = carve(base, &off, (size_t)d->V);
+	kv->topk = carve(base, &off, (size_t)d->V);
+	kv->scores = carve(base, &off, T);
+	return off;
+}
+
+void loom__nc_kv_free(loom_nanochat_t *m)
+{
+	if (m->kv) {
+		loom_free_aligned(m->kv->mem);
+		free(m->kv);
+		m->kv = NULL;
+	}
+}
+
+int loom__nc_kv_alloc(loom_nanochat_t *m)
+{
+	if (m->kv)
+		return LOOM_OK;
+	if (!m->has_embed || !m->has_head || m->tp > 1)
+		return loom_seterr(LOOM_EINVAL, "nanochat generate: needs the whole model (blocks [%d, %d) of %d held, tp %d)",
+		                   m->lo, m->hi, m->d.L, m->tp);
+	nc_kv_t *kv = loom__calloc(1, sizeof *kv);
+	size_t bytes = layout_kv(m, kv ? kv : &(nc_kv_t){0}, NULL);
+	if (!kv || !(kv->mem = loom_alloc_aligned(bytes))) {
+		free(kv);
+		return loom_seterr(LOOM_ENOMEM, "nanochat generate: out of memory for the KV cache (%zu bytes)", bytes);
+	}
+	layout_kv(m, kv, kv->mem);
+	m->kv = kv;
+	return LOOM_OK;
+}
+
+/* Position pos with token tok through the whole network; kv->logits gets its logits. */
+static void step(loom_nanochat_t *m, nc_kv_t *kv, int tok, int pos)
+{
+	const nc_dims_t *d = &m->d;
+	int C = d->C, D = d->D, NH = d->NH, NKV = d->NKV, Q = NH * D, KV = NKV * D, Hd = d->H, G = NH / NKV;
+	int T = m->T;
+	float scale = 1.0f / sqrtf((float)D), *rs = kv->tmp + C;
+	loom__nc_gather(kv->x0, C, m->pview[NC_WTE], C, &tok, 0, d->Vp, 1, C);
+	loom__nc_rmsnorm_forward(kv->x0, C, rs, kv->x0, C, 1, C);
+	memcpy(kv->x, kv->x0, sizeof(float) * (size_t)C);
+	for (int l = 0; l < d->L; l++) {
+#define W(j) m->pview[loom__nc_lt(&m->cfg, l, (j))]
+		float r = m->pview[NC_RESID][l], z = m->pview[NC_X0][l];
+		float *kc = kv->k + (size_t)l * T * KV, *vc = kv->v + (size_t)l * T * KV;
+		for (int c = 0; c < C; c++)
+			kv->xin[c] = r * kv->x[c] + z * kv->x0[c];
+		loom__nc_rmsnorm_forward(kv->xn, C, rs, kv->xin, C, 1, C);
+		loom__gemm(0, 1, 1, Q, C, 1.0f, kv->xn, C, W(NC_Q), C, 0.0f, kv->q, Q);
+		loom__gemm(0, 1, 1, KV, C, 1.0f, kv->xn, C, W(NC_K), C, 0.0f, kv->kk, KV);
+		loom__gemm(0, 1, 1, KV, C, 1.0f, kv->xn, C, W(NC_V), C, 0.0f, kv->vv, KV);
+		if (loom__nc_has_ve(l, d->L)) {
+			loom__gemm(0, 1, 1, NKV, NC_GATE_CH, 1.0f, kv->xn, C, W(NC_GATE), NC_GATE_CH, 0.0f, kv->gate, NKV);
+			const float *e = W(NC_VE) + (size_t)tok * KV;
+			for (int h = 0; h < NKV; h++) {
+				float g = 2.0f * (1.0f / (1.0f + expf(-kv->gate[h])));
+				for (int i = 0; i < D; i++)
+					kv->vv[h * D + i] += g * e[h * D + i];
+			}
+		}
+		loom__nc_rope_forward(kv->q, m->cos, m->sin, 1, 1, pos, NH, D);
+		loom__nc_rope_forward(kv->kk, m->cos, m->sin, 1, 1, pos, NKV, D);
+		loom__nc_rmsnorm_forward(kv->q, D, rs, kv->q, D, NH, D);
+		loom__nc_rmsnorm_forward(kv->kk, D, rs, kv->kk, D, NKV, D);
+		memcpy(kc + (size_t)pos * KV, kv->kk, sizeof(float) * (size_t)KV);
+		memcpy(vc + (size_t)pos * KV, kv->vv, sizeof(float) * (size_t)KV);
+		int j0 = pos - m->window[l] > 0 ? pos - m->window[l] : 0;
+		for (int h = 0; h < NH; h++) {
+			const float *q = kv->q + (size_t)h * D;
+			int g = h / G;
+			float mx = -INFINITY, sum = 0.0f, *o = kv->y + (size_t)h * D, *sc = kv->scores;
+			for (int j = j0; j <= pos; j++) {
+				const float *k = kc + (size_t)j * KV + (size_t)g * D;
+				float s = 0.0f;
+				for (int i = 0; i < D; i++)
+					s += q[i] * k[i];
+				sc[j] = s * scale;
+				mx = sc[j] > mx ? sc[j] : mx;
+			}
+			for (int j = j0; j <= pos; j++) {
+				sc[j] = fast_expf(sc[j] - mx);
+				sum += sc[j];
+			}
+			memset(o, 0, sizeof(float) * (size_t)D);
+			for (int j = j0; j <= pos; j++) {
+				const float *v = vc + (size_t)j * KV + (size_t)g * D;
+				float p = sc[j] / sum;
+				for (int i = 0; i < D; i++)
+					o[i] += p * v[i];
+			}
+		}
+		float *x2 = kv->tmp;
+		loom__gemm(0, 1, 1, C, Q, 1.0f, kv->y, Q, W(NC_O), Q, 0.0f, x2, C);
+		for (int c = 0; c < C; c++)
+			x2[c] += kv->xin[c];
+		loom__nc_rmsnorm_forward(kv->xn, C, rs, x2, C, 1, C);
+		loom__gemm(0, 1, 1, Hd, C, 1.0f, kv->xn, C, W(NC_FC), C, 0.0f, kv->fch, Hd);
+		loom__nc_relu2_forward(kv->fch + Hd, kv->fch, (size_t)Hd);
+		loom__gemm(0, 1, 1, C, Hd, 1.0f, kv->fch + Hd, Hd, W(NC_P), Hd, 0.0f, kv->x, C);
+		for (int c = 0; c < C; c++)
+			kv->x[c] += x2[c];
+#undef W
+	}
+	loom__nc_rmsnorm_forward(kv->xn, C, rs, kv->x, C, 1, C);
+	loom__nc_logits(kv->logits, kv->xn, C, m->pview[m->ntensors - 1], 1, C, d->V);
+}
+
+int loom__nc_generate(loom_nanochat_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
+                      uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
+                      void *ctx)
+{
+	int rc;
+	rng_t r;
+	if (n_out)
+		*n_out = 0;
+	if (!n_out || (max_new > 0 && !out) || max_new < 0)
+		return loom_seterr(LOOM_EINVAL, "nanochat generate: max_new %d with out %s and n_out %s", max_new,
+		                   out ? "given" : "NULL", n_out ? "given" : "NULL");
+	if (!prompt || n_prompt < 1 || n_prompt > m->T)
+		return loom_seterr(LOOM_EINVAL, "nanochat generate: prompt of %d tokens (expected 1 to %d, the model's T)",
+		                   n_prompt, m->T);
+	if (!(temperature >= 0.0f) || !isfinite(temperature) || top_k < 0)
+		return loom_seterr(LOOM_EINVAL, "nanochat generate: temperature %g, top_k %d (expected >= 0 each)",
+		                   (double)temperature, top_k);
+	for (int i = 0; i < n_prompt; i++)
+		if (prompt[i] < 0 || prompt[i] >= m->d.V)
+			return loom_seterr(LOOM_EINVAL, "nanochat generate: prompt token %d at %d is outside the vocabulary [0, %d)",
+			                   prompt[i], i, m->d.V);
+	if ((rc = loom__nc_kv_alloc(m)) != LOOM_OK)
+		return rc;
+	loom__gemm_setup(&m->gemm);
+	rng_seed(&r, seed);
+	for (int p = 0; p < n_prompt; p++)
+		step(m, m->kv, prompt[p], p);
+	for (int pos = n_prompt; *n_out < max_new && pos < m->T; pos++) {
+		int tok = loom__sample_token(m->kv->logits, m->d.V, temperature, top_k, m->kv->topk, &r);
+		out[(*n_out)++] = tok;
+		if (on_token)
+			on_token(ctx, tok);
+		if (tok == stop_token || *n_out == max_new || pos + 1 == m->T)
+			break;
+		step(m, m->kv, tok, pos);
+	}
+	return loom__gemm_status(&m->gemm);
+}

@@ -1,0 +1,347 @@
+/* nanochat_kernels.c: the kernels nanochat's GPT adds to GPT-2's: parameter-free RMSNorm, rotary
+ * embeddings, relu^2, windowed causal attention with grouped kv heads, row gather / scatter-add and
+ * the softcapped lm head fused with cross-entropy.
+ *
+ * Conventions as kernels.h: outputs first, backward kernels accumulate (+=), OpenMP over rows or
+ * heads, deterministic for a given thread count, no allocation. The attention is GPT-2's (attention.c)
+ * reshaped: per (batch, query head) the scores are one sgemm per block of ATT_BLOCK query rows over
+ * only the key columns the window and the causal mask leave, [max(0, r0 - W), r1); probabilities
+ * outside a row's window [t - W, t] are stored as exact zeros, so the backward's products over wider
+ * ranges add nothing. The backward runs per (batch, query head) too, each writing dk, dv of its own
+ * head into a per-query-head scratch, summed over each kv head's group afterwards: no two threads
+ * write the same memory and the sums are in a fixed order. */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "model/fastmath.h"
+#include "model/nanochat_model.h"
+
+#define PAR_MIN 32768
+#define ATT_BLOCK 64
+
+/* ---- RMSNorm ----------------------------------------------------------------------------------- */
+
+void loom__nc_rmsnorm_forward(float *out, int ldo, float *rstd, const float *inp, int ldi, int N, int C)
+{
+#pragma omp parallel for schedule(static) if ((long)N * C >= PAR_MIN)
+	for (int n = 0; n < N; n++) {
+		const float *x = inp + (size_t)n * ldi;
+		float *o = out + (size_t)n * ldo, ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+		for (int c = 0; c < C; c++)
+			ss += x[c] * x[c];
+		float r = 1.0f / sqrtf(ss / (float)C + NC_EPS);
+#pragma omp simd
+		for (int c = 0; c < C; c++)
+			o[c] = x[c] * r;
+		rstd[n] = r;
+	}
+}
+
+void loom__nc_rmsnorm_backward(float *dinp, int ldd, const float *dout, int lddo, const float *y, int ldy,
+                               const float *rstd, int N, int C)
+{
+#pragma omp parallel for schedule(static) if ((long)N * C >= PAR_MIN)
+	for (int n = 0; n < N; n++) {
+		const float *dy = dout + (size_t)n * lddo, *yy = y + (size_t)n * ldy;
+		float *dx = dinp + (size_t)n * ldd, dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+		for (int c = 0; c < C; c++)
+			dot += dy[c] * yy[c];
+		float r = rstd[n], m = dot / (float)C;
+#pragma omp simd
+		for (int c = 0; c < C; c++)
+			dx[c] += r * (dy[c] - yy[c] * m);
+	}
+}
+
+/* ---- rotary embeddings ---------------------------------------------------------------------------- */
+
+void loom__nc_rope_forward(float *x, const float *cos, const float *sin, int N, int T, int pos0, int H, int D)
+{
+	int h2 = D / 2;
+#pragma omp parallel for schedule(static) if ((long)N * H * D >= PAR_MIN)
+	for (int n = 0; n < N; n++) {
+		const float *c = cos + (size_t)(pos0 + n % T) * h2, *s = sin + (size_t)(pos0 + n % T) * h2;
+		for (int h = 0; h < H; h++) {
+			float *a = x + ((size_t)n * H + h) * D, *b = a + h2;
+#pragma omp simd
+			for (int i = 0; i < h2; i++) {
+				float x1 = a[i], x2 = b[i];
+				a[i] = x1 * c[i] + x2 * s[i];
+				b[i] = x2 * c[i] - x1 * s[i];
+			}
+		}
+	}
+}
+
+void loom__nc_rope_backward(float *dx, const float *cos, const float *sin, int N, int T, int pos0, int H, int D)
+{
+	int h2 = D / 2;
+#pragma omp parallel for schedule(static) if ((long)N * H * D >= PAR_MIN)
+	for (int n = 0; n < N; n++) {
+		const float *c = cos + (size_t)(pos0 + n % T) * h2, *s = sin + (size_t)(pos0 + n % T) * h2;
+		for (int h = 0; h < H; h++) {
+			float *a = dx + ((size_t)n * H + h) * D, *b = a + h2;
+#pragma omp simd
+			for (int i = 0; i < h2; i++) {
+				float d1 = a[i], d2 = b[i];
+				a[i] = d1 * c[i] - d2 * s[i];
+				b[i] = d1 * s[i] + d2 * c[i];
+			}
+		}
+	}
+}
+
+/* ---- relu^2 --------------------------------------------------------------------------------------- */
+
+void loom__nc_relu2_forward(float *y, const float *x, size_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= PAR_MIN)
+	for (size_t i = 0; i < n; i++) {
+		float r = x[i] > 0.0f ? x[i] : 0.0f;
+		y[i] = r * r;
+	}
+}
+
+void loom__nc_relu2_backward(float *dx, const float *x, const float *dy, size_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= PAR_MIN)
+	for (size_t i = 0; i < n; i++) {
+		float r = x[i] > 0.0f ? x[i] : 0.0f;
+		dx[i] += 2.0f * r * dy[i];
+	}
+}
+
+/* ---- attention ------------------------------------------------------------------------------------ */
+
+/* Rows [r0, r1) of one head's probabilities P (T,T): scores over key columns [c0, r1), the windowed
+ * causal softmax, zeros elsewhere in the rows. q rows ldq apart, k rows ldk apart. */
+static void probs_rows(float *P, const float *q, int ldq, const float *k, int ldk, int r0, int r1, int T, int D, int W,
+                       float scale)
+{
+	int c0 = r0 - W > 0 ? r0 - W : 0;
+	loom__sgemm1(0, 1, r1 - r0, r1 - c0, D, scale, q + (size_t)r0 * ldq, ldq, k + (size_t)c0 * ldk, ldk, 0.0f,
+	             P + (size_t)r0 * T + c0, T);
+	for (int t = r0; t < r1; t++) {
+		float *p = P + (size_t)t * T, mx = -INFINITY, sum = 0.0f;
+		int j0 = t - W > 0 ? t - W : 0;
+#pragma omp simd reduction(max : mx)
+		for (int j = j0; j <= t; j++)
+			mx = p[j] > mx ? p[j] : mx;
+#pragma omp simd reduction(+ : sum)
+		for (int j = j0; j <= t; j++) {
+			p[j] = fast_expf(p[j] - mx);
+			sum += p[j];
+		}
+		float inv = 1.0f / sum;
+#pragma omp simd
+		for (int j = j0; j <= t; j++)
+			p[j] *= inv;
+		memset(p, 0, sizeof(float) * (size_t)j0);
+		memset(p + t + 1, 0, sizeof(float) * (size_t)(T - t - 1));
+	}
+}
+
+static void attention(float *out, float *att, const float *q, const float *k, const float *v, int B, int T, int NH,
+                      int NKV, int D, int W)
+{
+	int G = NH / NKV, ldq = NH * D, ldk = NKV * D;
+	float scale = 1.0f / sqrtf((float)D);
+#pragma omp parallel for schedule(dynamic, 1) if ((double)B * T * T * NH * D >= 1e6)
+	for (int bh = 0; bh < B * NH; bh++) {
+		int b = bh / NH, h = bh % NH, g = h / G;
+		const float *qb = q + (size_t)b * T * ldq + (size_t)h * D, *kb = k + (size_t)b * T * ldk + (size_t)g * D;
+		const float *vb = v + (size_t)b * T * ldk + (size_t)g * D;
+		float *P = att + (size_t)bh * T * T;
+		for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+			int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, c0 = r0 - W > 0 ? r0 - W : 0;
+			probs_rows(P, qb, ldq, kb, ldk, r0, r1, T, D, W, scale);
+			if (out)
+				loom__sgemm1(0, 0, r1 - r0, D, r1 - c0, 1.0f, P + (size_t)r0 * T + c0, T, vb + (size_t)c0 * ldk, ldk,
+				             0.0f, out + ((size_t)b * T + r0) * ldq + (size_t)h * D, ldq);
+		}
+	}
+}
+
+void loom__nc_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
+                                int NH, int NKV, int D, int W)
+{
+	attention(out, att, q, k, v, B, T, NH, NKV, D, W);
+}
+
+void loom__nc_attention_probs(float *att, const float *q, const float *k, int B, int T, int NH, int NKV, int D, int W)
+{
+	attention(NULL, att, q, k, NULL, B, T, NH, NKV, D, W);
+}
+
+void loom__nc_attention_backward(float *dq, float *dk, float *dv, float *dkh, float *dvh, float *scratch,
+                                 int scratch_threads, const float *dout, const float *q, const float *k,
+                                 const float *v, const float *att, int B, int T, int NH, int NKV, int D, int W)
+{
+	int G = NH / NKV, ldq = NH * D, ldk = NKV * D, N = B * T;
+	float scale = 1.0f / sqrtf((float)D);
+	int nt = omp_get_max_threads() < scratch_threads ? omp_get_max_threads() : scratch_threads;
+#pragma omp parallel num_threads(nt) if ((double)B * T * T * NH * D >= 1e6)
+	{
+		float *dS = scratch + (size_t)omp_get_thread_num() * T * T;
+#pragma omp for schedule(dynamic, 1)
+		for (int bh = 0; bh < B * NH; bh++) {
+			int b = bh / NH, h = bh % NH, g = h / G;
+			size_t qo = (size_t)b * T * ldq + (size_t)h * D, ko = (size_t)b * T * ldk + (size_t)g * D;
+			const float *qb = q + qo, *kb = k + ko, *vb = v + ko, *dy = dout + qo;
+			const float *P = att + (size_t)bh * T * T;
+			float *dqb = dq + qo, *dkb = dkh + qo, *dvb = dvh + qo;
+			/* dP = dY V^T over each row block's columns, then dS = P (dP - rowsum(P dP)), zero outside */
+			for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+				int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, c0 = r0 - W > 0 ? r0 - W : 0;
+				loom__sgemm1(0, 1, r1 - r0, r1 - c0, D, 1.0f, dy + (size_t)r0 * ldq, ldq, vb + (size_t)c0 * ldk, ldk,
+				             0.0f, dS + (size_t)r0 * T + c0, T);
+				for (int t = r0; t < r1; t++) {
+					float *d = dS + (size_t)t * T, dot = 0.0f;
+					const float *p = P + (size_t)t * T;
+					int j0 = t - W > 0 ? t - W : 0;
+#pragma omp simd reduction(+ : dot)
+					for (int j = j0; j <= t; j++)
+						dot += p[j] * d[j];
+#pragma omp simd
+					for (int j = j0; j <= t; j++)
+						d[j] = p[j] * (d[j] - dot);
+					memset(d, 0, sizeof(float) * (size_t)j0);
+					memset(d + t + 1, 0, sizeof(float) * (size_t)(T - t - 1));
+				}
+				loom__sgemm1(0, 0, r1 - r0, D, r1 - c0, scale, dS + (size_t)r0 * T + c0, T, kb + (size_t)c0 * ldk, ldk,
+				             1.0f, dqb + (size_t)r0 * ldq, ldq);
+			}
+			/* this head's dK, dV rows [j0, j1) = scale dS^T Q, P^T dY over the rows t in [j0, j1 + W) */
+			for (int j0 = 0; j0 < T; j0 += ATT_BLOCK) {
+				int j1 = j0 + ATT_BLOCK < T ? j0 + ATT_BLOCK : T;
+				int t1 = (long)j1 + W < T ? j1 + W : T;
+				loom__sgemm1(1, 0, j1 - j0, D, t1 - j0, scale, dS + (size_t)j0 * T + j0, T, qb + (size_t)j0 * ldq, ldq,
+				             0.0f, dkb + (size_t)j0 * ldq, ldq);
+				loom__sgemm1(1, 0, j1 - j0, D, t1 - j0, 1.0f, P + (size_t)j0 * T + j0, T, dy + (size_t)j0 * ldq, ldq,
+				             0.0f, dvb + (size_t)j0 * ldq, ldq);
+			}
+		}
+	}
+	/* dk, dv of kv head g += the sums over its G query heads, in head order */
+#pragma omp parallel for schedule(static) if ((long)N * ldq >= PAR_MIN)
+	for (int n = 0; n < N; n++)
+		for (int g = 0; g < NKV; g++)
+			for (int j = 0; j < G; j++) {
+				const float *a = dkh + (size_t)n * ldq + (size_t)(g * G + j) * D;
+				const float *c = dvh + (size_t)n * ldq + (size_t)(g * G + j) * D;
+				float *x = dk + (size_t)n * ldk + (size_t)g * D, *y = dv + (size_t)n * ldk + (size_t)g * D;
+#pragma omp simd
+				for (int i = 0; i < D; i++) {
+					x[i] += a[i];
+					y[i] += c[i];
+				}
+			}
+}
+
+/* ---- embeddings ----------------------------------------------------------------------------------- */
+
+void loom__nc_gather(float *out, int ldo, const float *table, int ld, const int *ids, int v0, int nrows, int N,
+                     int cols)
+{
+#pragma omp parallel for schedule(static) if ((long)N * cols >= PAR_MIN)
+	for (int n = 0; n < N; n++) {
+		int r = ids[n] - v0;
+		if (r >= 0 && r < nrows)
+			memcpy(out + (size_t)n * ldo, table + (size_t)r * ld, sizeof(float) * (size_t)cols);
+		else
+			memset(out + (size_t)n * ldo, 0, sizeof(float) * (size_t)cols);
+	}
+}
+
+void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const int *ids, int v0, int nrows, int N,
+                          int cols)
+{
+	/* columns split over threads: a repeated id is accumulated by one thread, in row order */
+#pragma omp parallel if ((long)N * cols >= PAR_MIN)
+	{
+		int nt = omp_get_num_threads(), t = omp_get_thread_num();
+		int per = ((cols + nt - 1) / nt + 15) / 16 * 16;
+		int c0 = per * t < cols ? per * t : cols, c1 = per * (t + 1) < cols ? per * (t + 1) : cols;
+		for (int n = 0; n < N; n++) {
+			int r = ids[n] - v0;
+			if (r < 0 || r >= nrows)
+				continue;
+			const float *s = d + (size_t)n * ldd;
+			float *w = dtable + (size_t)r * ld;
+#pragma omp simd
+			for (int c = c0; c < c1; c++)
+				w[c] += s[c];
+		}
+	}
+}
+
+/* ---- the softcapped head ---------------------------------------------------------------------------- */
+
+void loom__nc_logits(float *out, const float *x, int ldx, const float *w, int N, int C, int V)
+{
+	loom__gemm(0, 1, N, V, C, 1.0f, x, ldx, w, C, 0.0f, out, V);
+	const float inv = 1.0f / NC_SOFTCAP;
+#pragma omp parallel for simd schedule(static) if ((long)N * V >= PAR_MIN)
+	for (size_t i = 0; i < (size_t)N * V; i++)
+		out[i] = NC_SOFTCAP * loom__nc_tanhf(out[i] * inv);
+}
+
+/* Per row: z = x w^T, c = 15 tanh(z / 15), m = max c, s = sum exp(c - m), loss = log s + m - c[target];
+ * dc = dloss (exp(c - m) / s - onehot), dz = dc (1 - (c / 15)^2). */
+void loom__nc_classifier(float *losses, float *dx, float *dw, float *logits, int chunk, const float *x, const float *w,
+                         const int *targets, float dloss, int N, int C, int V)
+{
+	const float inv = 1.0f / NC_SOFTCAP;
+	/* bf16 (loom__gemm_setup): w converted once for every chunk's products, each chunk's gradient
+	 * logits once for both of theirs, as GPT-2's classifier */
+	loom__gemm_ctx_t *bf = loom__gemm_current();
+	const void *w16 = bf ? loom__bf16_hold(bf, LOOM_BF16_SLOT_HOLD0, w, (size_t)V * C) : NULL;
+	void *g16 = bf && dx ? loom__bf16_slot(bf, LOOM_BF16_SLOT_HOLD1, (size_t)(N < chunk ? N : chunk) * V) : NULL;
+	if (bf && (!w16 || (dx && !g16)))
+		return; /* out of memory: the error is in the ctx */
+	for (int n0 = 0; n0 < N; n0 += chunk) {
+		int nc = N - n0 < chunk ? N - n0 : chunk;
+		const float *xc = x + (size_t)n0 * C;
+		if (bf)
+			loom__gemm_bf16x(bf, 0, 1, nc, V, C, 1.0f, xc, NULL, C, w, w16, C, 0.0f, logits, V);
+		else
+			loom__gemm(0, 1, nc, V, C, 1.0f, xc, C, w, C, 0.0f, logits, V);
+#pragma omp parallel for schedule(static) if ((long)nc * V >= PAR_MIN)
+		for (int i = 0; i < nc; i++) {
+			float *z = logits + (size_t)i * V, mx = -INFINITY, sum = 0.0f;
+			int tgt = targets[n0 + i];
+#pragma omp simd
+			for (int j = 0; j < V; j++)
+				z[j] = NC_SOFTCAP * loom__nc_tanhf(z[j] * inv);
+			float ct = z[tgt];
+#pragma omp simd reduction(max : mx)
+			for (int j = 0; j < V; j++)
+				mx = z[j] > mx ? z[j] : mx;
+#pragma omp simd reduction(+ : sum)
+			for (int j = 0; j < V; j++)
+				sum += fast_expf(z[j] - mx);
+			losses[n0 + i] = logf(sum) + mx - ct;
+			if (!dx)
+				continue;
+			float g = dloss / sum;
+#pragma omp simd
+			for (int j = 0; j < V; j++) {
+				float c = z[j], t = c * inv;
+				float dc = g * fast_expf(c - mx) - (j == tgt ? dloss : 0.0f);
+				z[j] = dc * (1.0f - t * t);
+			}
+			if (g16) /* bf16: the gradient row converted while it is in cache */
+				loom__bf16_row(bf, g16, (size_t)i * V, z, V);
+		}
+		if (dx && bf) {
+			loom__gemm_bf16x(bf, 0, 0, nc, C, V, 1.0f, logits, g16, V, w, w16, C, 1.0f, dx + (size_t)n0 * C, C);
+			loom__gemm_bf16x(bf, 1, 0, V, C, nc, 1.0f, logits, g16, V, xc, NULL, C, 1.0f, dw, C);
+		} else if (dx) {
+			loom__gemm(0, 0, nc, C, V, 1.0f, logits, V, w, C, 1.0f, dx + (size_t)n0 * C, C);
+			loom__gemm(1, 0, V, C, nc, 1.0f, logits, V, xc, C, 1.0f, dw, C);
+		}
+	}
+}

@@ -1,0 +1,529 @@
+/* plan.c: the planner's arithmetic (loom/plan.h; the formulas and their sources are in docs/plan.md).
+ *
+ * Memory follows loom's own accounting rather than a second formula, so the two cannot drift: the
+ * activations are loom_model_act_bytes for the model a rank would create (a pipeline stage's layers
+ * and arenas, a tensor-parallel shard, the checkpointing mode), the model states the table below (the
+ * strategies' s->mem: DDP and tp 16 bytes per parameter of the shard; ZeRO's shards from
+ * loom__zero_shard_offset), the communication buffers those strategies allocate (ZeRO's staging and
+ * gather slots, bf16 staging, the pipeline's send/receive buffers). Time is one rank's step: its
+ * micro-batches' compute (matmul FLOPs at the cluster's efficiency of its peak, plus the elementwise
+ * kernels' and the optimizer's memory traffic), the tensor-parallel all-reduces (blocking: always
+ * exposed), the pipeline schedule (loom__pp_simulate on the stages' costs, as the executor runs them)
+ * and the data-parallel reduction, overlapped with the last backward bucket by bucket as the trainer
+ * does (only what is left when backward ends is exposed).
+ *
+ * Invariant (checked by tests/test_plan.c): for the configurations loom runs, memory.params + grads +
+ * optimizer equal the trainer's mem_model_states_bytes and memory.activations its activation_bytes
+ * total, exactly. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "loom/plan.h"
+#include "loom/train.h"
+#include "parallel/pp.h"
+#include "parallel/strategy.h"
+
+#define MIB 1048576.0
+
+double loom_plan_ring_allreduce_bytes(double n, int N)
+{
+	return N > 1 ? 2.0 * (N - 1) / N * n : 0.0;
+}
+
+/* Seconds for a collective moving `bytes` per rank in `steps` latency-bound hops over a link. */
+static double link_time(double bytes, int steps, double bw, double lat)
+{
+	return (bw > 0 ? bytes / bw : 0.0) + steps * lat;
+}
+
+/* Bytes of unit u's parameters (its tensors are contiguous) in the whole model (tp 1). */
+static double unit_bytes(const loom_model_config_t *cfg, int u)
+{
+	int first, end;
+	loom_tensor_info_t a, b;
+	loom_model_unit_tensors(cfg, u, &first, &end);
+	if (end <= first || loom_model_tensor_info(cfg, first, &a) != LOOM_OK ||
+	    loom_model_tensor_info(cfg, end - 1, &b) != LOOM_OK)
+		return 0.0;
+	return 4.0 * (double)(b.offset + b.numel - a.offset);
+}
+
+/* The tensor table of a tp shard (tp <= 1: the whole model), read once: what the memory and the
+ * buckets below need of it (a family's tensor_info formats names, too slow for a search's loops). */
+typedef struct {
+	int n;
+	int *layer, *head_reads;
+	double *numel;
+} table_t;
+
+static void table_free(table_t *t)
+{
+	free(t->layer), free(t->head_reads), free(t->numel);
+	memset(t, 0, sizeof *t);
+}
+
+static int table_read(const loom_model_config_t *cfg, int tp, table_t *t)
+{
+	memset(t, 0, sizeof *t);
+	t->n = loom_model_num_tensors(cfg);
+	t->layer = malloc(sizeof(int) * (size_t)t->n), t->head_reads = malloc(sizeof(int) * (size_t)t->n);
+	t->numel = malloc(sizeof(double) * (size_t)t->n);
+	if (!t->layer || !t->head_reads || !t->numel) {
+		table_free(t);
+		return loom_seterr(LOOM_ENOMEM, "plan: out of memory");
+	}
+	for (int i = 0; i < t->n; i++) {
+		loom_tensor_info_t ti;
+		int rc = tp > 1 ? loom_model_shard_info(cfg, tp, i, &ti) : loom_model_tensor_info(cfg, i, &ti);
+		if (rc != LOOM_OK) {
+			table_free(t);
+			return rc;
+		}
+		t->layer[i] = ti.layer, t->head_reads[i] = ti.head_reads, t->numel[i] = (double)ti.numel;
+	}
+	return LOOM_OK;
+}
+
+/* Parameters of a tp shard held by a stage of blocks [lo, hi) (+ the embedding on stage 0, the head
+ * with hi == L), and of the tensors the head also reads (GPT-2's tied wte) when it holds the head. */
+static double stage_params(const table_t *tb, int L, int lo, int hi, int first, double *tied)
+{
+	double sum = 0.0;
+	*tied = 0.0;
+	for (int i = 0; i < tb->n; i++) {
+		int u = tb->layer[i], mine = (u < 0 && first) || (u >= 0 && u < L && u >= lo && u < hi) || (u >= L && hi == L);
+		if (mine)
+			sum += tb->numel[i];
+		if (tb->head_reads[i] && hi == L)
+			*tied += tb->numel[i];
+	}
+	return sum;
+}
+
+/* DDP's buckets (src/parallel/ddp.c): from the last tensor backwards, the first closing at
+ * first_mb, the others at mb MiB. Into sizes[] (bytes, in the order they are launched); returns the
+ * count. */
+static int ddp_buckets(const table_t *tb, double mb, double first_mb, double *sizes, int cap)
+{
+	int k = 0;
+	double bytes = 0.0, limit = floor(first_mb * MIB);
+	for (int t = tb->n - 1; t >= 0 && k < cap; t--) {
+		bytes += 4.0 * tb->numel[t];
+		if (bytes >= limit || t == 0) {
+			sizes[k++] = bytes;
+			bytes = 0.0, limit = floor(mb * MIB);
+		}
+	}
+	return k;
+}
+
+/* The exposed time of buckets of sizes[0..n) launched as a backward of t_bwd seconds produces them
+ * (bucket k is ready when backward has gone through its share of the gradient bytes) and run one after
+ * the other on the link (the communicator's progress thread): what is left when backward ends. */
+static double overlap(const double *sizes, int n, double t_bwd, double bw, double lat, int N, double scale,
+                      double *total_s)
+{
+	double all = 0.0, done = 0.0, end = 0.0;
+	for (int k = 0; k < n; k++)
+		all += sizes[k];
+	*total_s = 0.0;
+	for (int k = 0; k < n; k++) {
+		double t = link_time(loom_plan_ring_allreduce_bytes(sizes[k] * scale, N), 2 * (N - 1), bw, lat);
+		done += sizes[k];
+		double ready = all > 0 ? t_bwd * done / all : t_bwd;
+		end = LOOM_MAX(end, ready) + t;
+		*total_s += t;
+	}
+	return LOOM_MAX(0.0, end - t_bwd);
+}
+
+/* Bandwidth and latency of a group of `size` ranks `stride` apart in the world order (tp fastest, then
+ * dp, then pp): intra-node when the group fits in a node, else the inter-node link. */
+static int group_link(const loom_cluster_t *c, int size, int stride, double *bw, double *lat)
+{
+	int cross = size > 1 && (long)size * stride > c->ranks_per_node;
+	*bw = cross ? c->inter_bw : c->intra_bw;
+	*lat = cross ? c->inter_lat : c->intra_lat;
+	return cross;
+}
+
+/* Model states, comm buffers and activations of stage s (blocks [lo, hi), arenas) of rank dp_rank. */
+static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, const table_t *tb, int dp, int tp, int pp, int s, const int *lo, int dp_rank,
+                        loom_plan_memory_t *m)
+{
+	const loom_model_config_t *cfg = &pc->model;
+	int L = cfg->n_layer, M = pc->M, rc;
+	double P = 0.0, tied;
+	for (int i = 0; i < tb->n; i++) /* the shard's (tp > 1: the padded vocabulary's), or the model's */
+		P += tb->numel[i];
+	/* loom's layout (the model's idle gradient buffer under DDP, a pipeline stage's whole-model
+	 * buffers); a shared-memory node (CPUs): a peer's shared buffers in this rank's resident set */
+	int loom = pc->impl == LOOM_PLAN_LOOM, peer = c->cores > 0;
+	memset(m, 0, sizeof *m);
+	if (pc->impl == LOOM_PLAN_IDEAL && pp > 1)
+		P = stage_params(tb, L, lo[s], lo[s + 1], s == 0, &tied);
+	if (pc->zero > 0 && dp > 1 && (tp > 1 || pp > 1)) { /* ideal: the stage's shard's states split over dp */
+		double own = ceil(P / dp);
+		m->params = 4.0 * (pc->zero == 3 ? own : P);
+		m->grads = 4.0 * (pc->zero == 1 ? P : own);
+		m->optimizer = 8.0 * own;
+	} else if (pc->zero == 0 || dp == 1) {
+		m->params = m->grads = 4.0 * P, m->optimizer = 8.0 * P;
+		if (dp > 1) /* DDP's gradients live in shared memory, and the reduction reads a peer's (ring: one
+		             * neighbour's; measured: one peer's pages count in this rank's resident set); the
+		             * model's own buffer stays, idle */
+			m->comm = (loom ? 4.0 * P : 0.0) + peer * 4.0 * P + (pc->grad_reduce_bf16 ? (1 + peer) * 2.0 * P : 0.0);
+	} else {
+		size_t nP = loom_model_num_params(cfg);
+		double own = (double)(loom__zero_shard_offset(nP, dp_rank + 1, dp) - loom__zero_shard_offset(nP, dp_rank, dp));
+		double emb = unit_bytes(cfg, -1) / 4.0, largest = 0.0;
+		for (int u = 0; u <= L; u++)
+			largest = LOOM_MAX(largest, unit_bytes(cfg, u) / 4.0);
+		m->params = 4.0 * (pc->zero == 3 ? own : P);
+		m->grads = 4.0 * (pc->zero == 1 ? P : own);
+		m->optimizer = 8.0 * own;
+		/* shared-memory buffers a reduction reads: a peer's pages count here too, as for DDP */
+		m->comm = pc->zero == 1 ? peer * 4.0 * P : (1 + peer) * 4.0 * (emb + 2.0 * largest); /* ZERO_SLOTS */
+		if (pc->zero == 3) /* the gather buffers: written by the peers, read by this rank alone */
+			m->comm += 4.0 * (emb + 2.0 * largest); /* ZERO_PSLOTS */
+		if (pc->grad_reduce_bf16)
+			m->comm += (1 + peer) * 2.0 * (pc->zero == 1 ? P : emb + 2.0 * largest);
+	}
+	loom_model_opts_t o = {.B = pc->B, .T = pc->T, .arenas = 1, .tp_size = tp > 1 ? tp : 0, .act_ckpt = pc->act_ckpt,
+	                       .dtype = pc->dtype};
+	loom_model_act_bytes_t a;
+	if (pp > 1) {
+		int arenas = pc->schedule_gpipe ? M : LOOM_MIN(M, pp - s);
+		if (pc->impl == LOOM_PLAN_LOOM) { /* the whole model every rank creates, beside its stage's */
+			if ((rc = loom_model_act_bytes(cfg, &o, &a)) != LOOM_OK)
+				return rc;
+			m->other = (double)a.total;
+		}
+		o.arenas = arenas, o.layer_lo = lo[s], o.layer_hi = lo[s + 1];
+		/* the stage's receive and send buffers (pp.c: 4 of B T width floats) and a step's tokens; the
+		 * stage model's own gradient buffer (whole-model sized, the stage's tensors written) */
+		m->comm += 4.0 * 4.0 * pc->B * pc->T * loom_model_stream_width(cfg) + 2.0 * 4.0 * M * pc->B * pc->T;
+		if (pc->impl == LOOM_PLAN_LOOM)
+			m->comm += 4.0 * stage_params(tb, L, lo[s], lo[s + 1], s == 0, &tied);
+	}
+	if ((rc = loom_model_act_bytes(cfg, &o, &a)) != LOOM_OK)
+		return rc;
+	m->activations = (double)a.total;
+	return LOOM_OK;
+}
+
+static void mem_total(loom_plan_memory_t *m, const loom_cluster_t *c, int world)
+{
+	m->overhead = c->overhead_bytes + (world > 1 ? c->comm_overhead_bytes : 0.0);
+	m->total = m->params + m->grads + m->optimizer + m->activations + m->comm + m->other + m->overhead;
+}
+
+int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, loom_plan_t *p)
+{
+	loom_plan_config_t pc = *pcfg;
+	const loom_model_config_t *cfg = &pc.model;
+	int rc = LOOM_OK, *lo = NULL, *rows = NULL;
+	double *cost = NULL;
+	table_t tb_ = {0};
+	const table_t *tb = &tb_;
+	memset(p, 0, sizeof *p);
+	pc.dp = LOOM_MAX(pc.dp, 1), pc.tp = LOOM_MAX(pc.tp, 1), pc.pp = LOOM_MAX(pc.pp, 1), pc.M = LOOM_MAX(pc.M, 1);
+	if (!(pc.bucket_mb > 0))
+		pc.bucket_mb = 25.0;
+	int dp = pc.dp, tp = pc.tp, pp = pc.pp, M = pc.M, L = cfg->n_layer, N = pc.B * pc.T;
+	p->cfg = pc;
+	p->world = dp * tp * pp;
+	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
+		return rc;
+	if (pc.B < 1 || pc.T < 1 || pc.T > cfg->seq_len)
+		return loom_seterr(LOOM_EINVAL, "plan: batch %d x %d (T must be 1..%d, the model's maximum)", pc.B, pc.T,
+		                   cfg->seq_len);
+	if (tp > 1 && (rc = loom_model_tp_check(cfg, tp)) != LOOM_OK)
+		return rc;
+	if (pp > L)
+		return loom_seterr(LOOM_EINVAL, "plan: --pp %d for a model of %d layers (every stage needs a layer)", pp, L);
+	if (pc.zero < 0 || pc.zero > 3)
+		return loom_seterr(LOOM_EINVAL, "plan: ZeRO stage %d (0..3)", pc.zero);
+	if (pc.zero > 0 && (tp > 1 || pp > 1) && pc.impl == LOOM_PLAN_LOOM)
+		return loom_seterr(LOOM_EINVAL, "plan: ZeRO %d with tp %d x pp %d: loom's ZeRO runs on data parallel alone "
+		                   "(tp and pp compose with --zero 0)", pc.zero, tp, pp);
+	if (pc.zero > 0 && dp < 2)
+		return loom_seterr(LOOM_EINVAL, "plan: ZeRO %d needs more than one data-parallel rank", pc.zero);
+	if (c->nodes > 0 && c->ranks_per_node > 0 && p->world > c->nodes * c->ranks_per_node)
+		return loom_seterr(LOOM_EINVAL, "plan: %d ranks (dp %d x tp %d x pp %d) on a cluster of %d x %d", p->world, dp,
+		                   tp, pp, c->nodes, c->ranks_per_node);
+	if (!(c->peak_flops_fp32 > 0) || !(c->efficiency > 0))
+		return loom_seterr(LOOM_EINVAL, "plan: the cluster has no peak FLOP/s or efficiency");
+
+	p->params = (double)loom_model_num_params(cfg);
+	p->flops_per_token = loom_model_flops_per_token(cfg, pc.T);
+	p->tokens_per_step = (double)N * M * dp;
+	p->flops_per_step = p->flops_per_token * p->tokens_per_step;
+	p->peak_flops = pc.dtype == LOOM_COMPUTE_BF16 && c->peak_flops_bf16 > 0 ? c->peak_flops_bf16 : c->peak_flops_fp32;
+
+	/* The rate of one rank: its peak at the efficiency, its share of the node's cores when the ranks'
+	 * threads are more than the cores (CPUs). */
+	double share = 1.0;
+	if (c->cores > 0) {
+		int local = LOOM_MIN(p->world, c->ranks_per_node > 0 ? c->ranks_per_node : p->world);
+		double want = (double)local * LOOM_MAX(c->threads, 1);
+		if (want > c->cores)
+			p->oversubscribed = 1;
+		if (want + c->background_load > c->cores)
+			share = c->cores / (want + c->background_load);
+	}
+	p->cpu_share = share;
+	/* small matrices reach less of the GEMM's peak: C' / (C' + gemm_half_size), C' = C / tp; on a CPU
+	 * node, ranks running at once share its memory bus and caches (corun_efficiency when every core
+	 * runs one, in proportion between) */
+	double Cs = (double)cfg->n_embd / tp, size = c->gemm_half_size > 0 ? Cs / (Cs + c->gemm_half_size) : 1.0;
+	if (c->corun_efficiency > 0 && c->cores > 1) {
+		int local = LOOM_MIN(p->world, c->ranks_per_node > 0 ? c->ranks_per_node : p->world);
+		double busy = LOOM_MIN((double)c->cores, local * (double)LOOM_MAX(c->threads, 1) + c->background_load);
+		share *= 1.0 - (1.0 - c->corun_efficiency) * LOOM_MAX(0.0, busy - 1.0) / (c->cores - 1.0);
+	}
+	double rate = p->peak_flops * c->efficiency * size * share, mem_bw = c->memory_bw * share;
+	if (c->node_memory_bw > 0) { /* the node's memory bus, shared by its ranks */
+		int local = LOOM_MIN(p->world, c->ranks_per_node > 0 ? c->ranks_per_node : p->world);
+		mem_bw = LOOM_MIN(mem_bw, c->node_memory_bw / local);
+	}
+
+	if ((rc = table_read(cfg, tp, &tb_)) != LOOM_OK)
+		goto out;
+	for (int i = 0; i < tb->n; i++)
+		p->shard_params += tb->numel[i];
+	/* Stages (one with pp 1) and the head's shares, as the executor splits them. */
+	if (!(lo = malloc(sizeof(int) * (size_t)(pp + 1))) || !(rows = calloc((size_t)M, sizeof(int))) ||
+	    !(cost = malloc(sizeof(double) * 3 * (size_t)pp * M))) {
+		rc = loom_seterr(LOOM_ENOMEM, "plan: out of memory");
+		goto out;
+	}
+	int hrows = 0;
+	if (pp > 1) {
+		if ((rc = loom_pp_stages(cfg, pc.B, pc.T, pp, pc.pp_head_split, lo, &hrows)) != LOOM_OK ||
+		    (rc = loom__pp_head_rows(cfg, pc.schedule_gpipe ? LOOM_PP_GPIPE : LOOM_PP_1F1B, pc.T, N, pp, M, lo, hrows,
+		                             pc.pp_head_split == 0.0 && (long)pp * M <= 512, rows)) != LOOM_OK)
+			goto out;
+	} else {
+		lo[0] = 0, lo[1] = L;
+	}
+
+	/* Memory: every stage (the largest is reported), and global rank 0's (stage 0, dp rank 0). */
+	for (int s = 0; s < pp; s++) {
+		loom_plan_memory_t m;
+		if ((rc = stage_memory(&pc, c, &tb_, dp, tp, pp, s, lo, dp - 1, &m)) != LOOM_OK)
+			goto out;
+		mem_total(&m, c, p->world);
+		if (s == 0 || m.total > p->memory.total)
+			p->memory = m, p->stage = s;
+	}
+	if ((rc = stage_memory(&pc, c, &tb_, dp, tp, pp, 0, lo, 0, &p->memory_rank0)) != LOOM_OK)
+		goto out;
+	mem_total(&p->memory_rank0, c, p->world);
+
+	/* Compute per micro-batch: the model's FLOPs per position of the whole model (with recomputation),
+	 * split over tp; the elementwise kernels' traffic in proportion to the kept activations. */
+	double C = cfg->n_embd, fpt = p->flops_per_token, extra = 0.0;
+	if (pc.act_ckpt == LOOM_ACT_CKPT_BLOCKS) /* every block's forward again */
+		for (int l = 0; l < L; l++)
+			extra += loom_model_unit_flops(cfg, l, pc.T) / 3.0;
+	else if (pc.act_ckpt == LOOM_ACT_CKPT_SELECTIVE) /* the attention scores again: Q K^T */
+		extra = 2.0 * C * pc.T * L / 2.0;
+	double recompute = 1.0 + extra / fpt;
+	/* (the elementwise kernels run over every activation whatever is kept: the traffic of a run without
+	 * checkpointing, times the recomputation) */
+	loom_model_opts_t o1 = {.B = pc.B, .T = pc.T, .arenas = 1, .tp_size = tp > 1 ? tp : 0, .dtype = pc.dtype};
+	loom_model_act_bytes_t a1;
+	if ((rc = loom_model_act_bytes(cfg, &o1, &a1)) != LOOM_OK)
+		goto out;
+	double mm_mb = fpt * N * recompute / tp / rate; /* seconds of matmuls per micro-batch, whole model */
+	double el_mb = mem_bw > 0 ? c->elementwise_bytes_per_act * (double)(a1.kept + a1.head) * recompute / mem_bw : 0.0;
+	double slow = (mm_mb + el_mb) / (fpt * N / tp); /* seconds per model FLOP of a micro-batch */
+
+	/* tp: Megatron's f and g, two all-reduces of B T C floats per block in forward and two in backward
+	 * (and the forward's two again when blocks are recomputed), the embedding's and the head's one each;
+	 * on the training thread, so all exposed. */
+	double tp_bw, tp_lat, tp_mb = 0.0;
+	p->cross_node_tp = group_link(c, tp, 1, &tp_bw, &tp_lat);
+	if (tp > 1) { /* per micro-batch on the whole model (tp_mb), and on this rank: its stage's blocks */
+		int Ls = 0;
+		for (int s = 0; s < pp; s++)
+			Ls = LOOM_MAX(Ls, lo[s + 1] - lo[s]);
+		double ck = pc.act_ckpt == LOOM_ACT_CKPT_BLOCKS ? 2.0 : 0.0, n = 4.0 * N * C;
+		double one = link_time(loom_plan_ring_allreduce_bytes(n, tp), 2 * (tp - 1), tp_bw, tp_lat);
+		double count = (4.0 + ck) * Ls + 2;
+		tp_mb = ((4.0 + ck) * L + 2) * one;
+		p->tp.bytes = M * count * loom_plan_ring_allreduce_bytes(n, tp);
+		p->tp.time_s = p->tp.exposed_s = M * count * one;
+	}
+
+	/* The step's compute and pipeline: stage costs in FLOPs to seconds, simulated. */
+	double span, t_bwd_last;
+	if (pp > 1) {
+		size_t PM = (size_t)pp * M;
+		double pp_bw, pp_lat, send;
+		loom__pp_head_costs(cfg, pc.T, N, pp, M, lo, rows, cost, cost + PM, cost + 2 * PM);
+		for (int s = 0; s < pp; s++) {
+			double blocks = (double)(lo[s + 1] - lo[s]) / L;
+			for (int m = 0; m < M; m++) {
+				size_t k = (size_t)s * M + m;
+				cost[k] *= slow / tp, cost[PM + k] *= slow / tp, cost[2 * PM + k] *= slow / tp;
+				cost[k] += tp_mb * blocks / 2, cost[2 * PM + k] += tp_mb * blocks / 2;
+			}
+		}
+		if ((rc = loom__pp_simulate(pc.schedule_gpipe ? LOOM_PP_GPIPE : LOOM_PP_1F1B, pp, M, cost, cost + PM,
+		                            cost + 2 * PM, &span, &p->bubble)) != LOOM_OK)
+			goto out;
+		p->bubble_theory = (double)(pp - 1) / (M + pp - 1);
+		/* sends: one activation forward and one gradient back per micro-batch and boundary, posted ahead
+		 * and overlapped, but the pipe's fill and drain wait for 2 (P-1) of them */
+		group_link(c, 2, tp * dp, &pp_bw, &pp_lat);
+		double act = 4.0 * N * loom_model_stream_width(cfg);
+		send = link_time(act, 1, pp_bw, pp_lat);
+		p->pp.bytes = 2.0 * M * act;
+		p->pp.time_s = 2.0 * M * send;
+		p->pp.exposed_s = 2.0 * (pp - 1) * send;
+		/* the tied embedding's two shares summed by the first and last stage after backward */
+		double tied;
+		stage_params(tb, L, lo[pp - 1], L, 0, &tied);
+		if (tied > 0) {
+			double t = link_time(loom_plan_ring_allreduce_bytes(4.0 * tied, 2), 2, pp_bw, pp_lat);
+			p->pp.bytes += loom_plan_ring_allreduce_bytes(4.0 * tied, 2), p->pp.time_s += t, p->pp.exposed_s += t;
+		}
+		t_bwd_last = cost[2 * PM + (size_t)M - 1]; /* stage 0's last backward (M-1) ends the step */
+	} else {
+		span = M * ((mm_mb + el_mb) + tp_mb);
+		t_bwd_last = 2.0 / 3.0 * (mm_mb + el_mb);
+	}
+	p->flops_per_rank_step = p->flops_per_step * recompute / (dp * tp * pp);
+
+	/* The optimizer: AdamW reads parameters, gradients, m, v and writes three of them (28 bytes a
+	 * parameter it owns), the gradient norm reads the gradients once more. */
+	double owned = pc.zero > 0 ? p->memory.optimizer / 8.0 : p->memory.params / 4.0;
+	p->optimizer_s = mem_bw > 0 ? 32.0 * owned / mem_bw : 0.0;
+
+	/* dp: DDP averages the gradient buckets during the last micro-batch's backward; ZeRO reduce-scatters
+	 * per unit (stage 1 on the last micro-step, 2 and 3 on every one), gathers the updated parameters
+	 * after the step (1, 2) or every unit before use (3, prefetching the next: the first one exposed). */
+	double dp_bw, dp_lat, gb = pc.grad_reduce_bf16 ? 0.5 : 1.0;
+	p->cross_node_dp = group_link(c, dp, tp, &dp_bw, &dp_lat);
+	if (dp > 1) {
+		enum { MAXB = 4096 };
+		double sizes[MAXB], total;
+		if (pc.zero == 0) {
+			int nb;
+			if (pp > 1 || tp > 1) { /* the stage's (shard's) gradients, in buckets */
+				double g = 4.0 * (pp > 1 ? stage_params(tb, L, lo[p->stage], lo[p->stage + 1], p->stage == 0, &total)
+				                         : p->shard_params);
+				nb = 0;
+				for (double left = g, lim = LOOM_MIN(1.0, pc.bucket_mb) * MIB; left > 0 && nb < MAXB;
+				     lim = pc.bucket_mb * MIB)
+					sizes[nb++] = LOOM_MIN(left, lim), left -= LOOM_MIN(left, lim);
+			} else {
+				nb = ddp_buckets(tb, pc.bucket_mb, LOOM_MIN(1.0, pc.bucket_mb), sizes, MAXB);
+			}
+			/* GPT-2's tied wte is final only after the embedding's backward: the last bucket waits */
+			p->dp.exposed_s = overlap(sizes, nb, t_bwd_last, dp_bw, dp_lat, dp, gb, &p->dp.time_s);
+			for (int k = 0; k < nb; k++)
+				p->dp.bytes += loom_plan_ring_allreduce_bytes(sizes[k] * gb, dp);
+		} else {
+			double Pb = 4.0 * (tp > 1 || pp > 1 ? stage_params(tb, L, lo[p->stage], lo[p->stage + 1], p->stage == 0,
+			                                                   &total) : p->params), rs = (dp - 1.0) / dp * Pb * gb, ag = (dp - 1.0) / dp * Pb;
+			double t_rs = link_time(rs, dp - 1, dp_bw, dp_lat), t_ag = link_time(ag, dp - 1, dp_bw, dp_lat);
+			double emb = unit_bytes(cfg, -1) / Pb, n_rs = pc.zero == 1 ? 1 : M;
+			sizes[0] = 0;
+			p->dp.bytes = n_rs * rs + (pc.zero == 3 ? 2.0 * M * ag : ag);
+			p->dp.time_s = n_rs * t_rs + (pc.zero == 3 ? 2.0 * M * t_ag : t_ag);
+			/* per micro-step: the embedding unit's reduce-scatter comes last; stage 3's first gather of
+			 * forward and backward wait; everything else overlaps unless it outlasts the compute */
+			double exp = n_rs * emb * t_rs + (pc.zero == 3 ? 2.0 * M * t_ag / (L + 2) : t_ag);
+			double hide = span - exp;
+			p->dp.exposed_s = LOOM_MAX(exp, p->dp.time_s - LOOM_MAX(hide, 0.0));
+		}
+	}
+	p->step_time_s = span + p->optimizer_s + p->dp.exposed_s + p->pp.exposed_s;
+	/* one rank's busy time: the span without its tp all-reduces and its share of the bubble */
+	p->compute_s = LOOM_MAX(0.0, span * (1.0 - p->bubble) - p->tp.exposed_s) + p->optimizer_s;
+	p->tokens_per_s = p->tokens_per_step / p->step_time_s;
+	p->mfu = p->flops_per_step / (p->step_time_s * p->world * p->peak_flops);
+	if (pc.tokens > 0) {
+		p->steps = ceil(pc.tokens / p->tokens_per_step);
+		p->wall_s = p->steps * p->step_time_s;
+		p->cost = p->wall_s / 3600.0 * p->world * c->price_rank_hour;
+	}
+	double limit = c->memory_bytes;
+	if (c->memory_shared) /* the node's memory, shared by the ranks on it */
+		limit /= LOOM_MIN(p->world, c->ranks_per_node > 0 ? c->ranks_per_node : p->world);
+	p->memory_limit = limit;
+	p->fits = !(limit > 0) || p->memory.total <= limit;
+	p->headroom = limit > 0 ? 1.0 - p->memory.total / limit : 0.0;
+out:
+	free(lo), free(rows), free(cost);
+	table_free(&tb_);
+	return rc;
+}
+
+/* ---- the search ----------------------------------------------------------------------------------- */
+
+static int by_time(const void *a, const void *b)
+{
+	const loom_plan_t *x = a, *y = b;
+	if (x->fits != y->fits)
+		return y->fits - x->fits;
+	return x->step_time_s < y->step_time_s ? -1 : x->step_time_s > y->step_time_s;
+}
+
+int loom_plan_search(const loom_plan_config_t *base, const loom_cluster_t *c, int ranks, loom_plan_t *out, int cap,
+                     int *n, int *total)
+{
+	const loom_model_config_t *cfg = &base->model;
+	long long rows = (long long)LOOM_MAX(base->M, 1) * LOOM_MAX(base->dp, 1); /* micro-batches per step, all dp */
+	int count = 0, fit = 0, rpn = c->ranks_per_node > 0 ? c->ranks_per_node : ranks;
+	loom_plan_t *all = NULL;
+	size_t have = 0;
+	*n = *total = 0;
+	for (int tp = 1; tp <= ranks; tp++) {
+		if (ranks % tp || (tp > 1 && loom_model_tp_check(cfg, tp) != LOOM_OK) || tp > rpn)
+			continue;
+		for (int pp = 1; pp <= ranks / tp; pp++) {
+			if ((ranks / tp) % pp || pp > cfg->n_layer)
+				continue;
+			int dp = ranks / tp / pp;
+			if (rows % dp)
+				continue; /* the step's micro-batches do not divide over dp */
+			for (int zero = 0; zero <= 3; zero++) {
+				if (zero > 0 && (dp < 2 || ((tp > 1 || pp > 1) && base->impl == LOOM_PLAN_LOOM)))
+					continue;
+				for (int ck = 0; ck <= 2; ck++)
+					for (int gp = 0; gp <= (pp > 1); gp++) {
+						loom_plan_config_t pc = *base;
+						loom_plan_t p;
+						pc.dp = dp, pc.tp = tp, pc.pp = pp, pc.zero = zero, pc.M = (int)(rows / dp);
+						pc.act_ckpt = (loom_act_ckpt_t)ck, pc.schedule_gpipe = gp;
+						if (loom_plan_estimate(&pc, c, &p) != LOOM_OK)
+							continue;
+						if ((size_t)count == have) {
+							size_t want = have ? 2 * have : 64;
+							loom_plan_t *g = realloc(all, want * sizeof *g);
+							if (!g) {
+								free(all);
+								return loom_seterr(LOOM_ENOMEM, "plan: out of memory");
+							}
+							all = g, have = want;
+						}
+						all[count++] = p;
+						fit += p.fits;
+					}
+			}
+		}
+	}
+	if (count)
+		qsort(all, (size_t)count, sizeof *all, by_time);
+	for (int k = 0; k < count && k < cap; k++)
+		out[k] = all[k];
+	free(all);
+	*n = fit, *total = count;
+	return LOOM_OK;
+}

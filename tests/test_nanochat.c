@@ -1,0 +1,1184 @@
+/* test_nanochat.c: nanochat's GPT (src/model/nanochat*.c) through the model interface: against a
+ * float64 PyTorch reference (tests/ref/nanochat_ref.py, /usr/bin/python3 with torch 1.13) on a small
+ * configuration with grouped kv heads, value embeddings and a short window below T (logits at every
+ * position, the loss, every gradient), the unit passes and hooks, the init, base_train's --depth
+ * sizing, the configuration checks, KV-cache sampling, activation checkpointing and bf16. */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/model.h"
+#include "loom/nanochat.h"
+#include "core/util.h"
+#include "model/nanochat_model.h"
+#include "test.h"
+
+/* L3, 4 query heads sharing 2 kv heads, head_dim 16, windows S S L with S = 8 < T = 16; layers 0 and
+ * 2 have value embeddings; V 61 padded to 64. */
+static loom_model_config_t small_cfg(void)
+{
+	loom_model_config_t c = {.n_layer = 3, .n_head = 4, .n_embd = 64, .seq_len = 16, .vocab_size = 61};
+	c.arch = LOOM_ARCH_NANOCHAT;
+	c.n_kv_head = 2;
+	snprintf(c.window_pattern, sizeof c.window_pattern, "SSL");
+	return c;
+}
+
+static uint32_t lcg(uint32_t *s)
+{
+	*s = *s * 1664525u + 1013904223u;
+	return *s >> 8;
+}
+
+static float urand(uint32_t *s) /* uniform in [-1, 1) */
+{
+	return (float)lcg(s) / 8388608.0f - 1.0f;
+}
+
+/* Init, then make every tensor non-degenerate: the zero-initialized projections and gates random, the
+ * scalars away from 1 and 0.1, lm_head large enough that the softcap bends the logits. */
+static void test_params(loom_model_t *m, uint64_t seed)
+{
+	int n;
+	uint32_t s = (uint32_t)seed * 2654435761u + 1;
+	const loom_tensor_info_t *tt = loom_model_tensors(m, &n);
+	loom_model_init(m, seed);
+	for (int i = 0; i < n; i++) {
+		float *p = loom_model_tensor_param(m, i);
+		const char *nm = tt[i].name;
+		for (size_t k = 0; k < tt[i].numel; k++) {
+			if (strstr(nm, "c_proj"))
+				p[k] = 0.15f * urand(&s);
+			else if (strstr(nm, "ve_gate"))
+				p[k] = 0.5f * urand(&s);
+			else if (strcmp(nm, "resid_lambdas") == 0)
+				p[k] = 1.0f + 0.3f * urand(&s);
+			else if (strcmp(nm, "x0_lambdas") == 0)
+				p[k] = 0.1f + 0.3f * urand(&s);
+			else if (strcmp(nm, "lm_head.weight") == 0)
+				p[k] *= 300.0f;
+		}
+	}
+}
+
+static void make_tokens(int *in, int *tg, int n, int V, uint32_t seed)
+{
+	for (int i = 0; i < n; i++) {
+		in[i] = (int)(lcg(&seed) % (uint32_t)V);
+		tg[i] = (int)(lcg(&seed) % (uint32_t)V);
+	}
+}
+
+static int write_file(const char *dir, const char *name, const void *p, size_t n)
+{
+	char path[700];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	return test_write_file(path, p, n);
+}
+
+static double *read_f64(const char *dir, const char *name, size_t n)
+{
+	char path[700];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	FILE *f = fopen(path, "rb");
+	double *p = f ? malloc(n * sizeof(double)) : NULL;
+	if (p && fread(p, sizeof(double), n, f) != n) {
+		free(p);
+		p = NULL;
+	}
+	if (f)
+		fclose(f);
+	return p;
+}
+
+enum { MAX_BT = 512 };
+
+/* The model of configuration c on a random batch of B x T against the reference; seed picks the
+ * parameters and tokens. */
+static int vs_torch(loom_model_config_t c, int B, int T, uint64_t seed)
+{
+	int in[MAX_BT], tg[MAX_BT], n;
+	char dir[512], path[700], cmd[1400], out[8192];
+	loom_model_t *m = NULL;
+	loom_model_opts_t o = {.B = B, .T = T};
+	CHECK(B * T <= MAX_BT);
+	CHECK_OK(loom_model_create(&m, &c, &o));
+	test_params(m, seed);
+	make_tokens(in, tg, B * T, c.vocab_size, (uint32_t)seed + 4);
+	size_t np = loom_model_num_params(&c);
+	const loom_tensor_info_t *tt = loom_model_tensors(m, &n);
+
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK(write_file(dir, "params.bin", loom_model_params(m), np * sizeof(float)) == 0);
+	CHECK(write_file(dir, "inputs.bin", in, sizeof(int) * (size_t)B * T) == 0);
+	CHECK(write_file(dir, "targets.bin", tg, sizeof(int) * (size_t)B * T) == 0);
+	snprintf(path, sizeof path, "%s/tensors.txt", dir);
+	FILE *f = fopen(path, "w");
+	CHECK(f != NULL);
+	for (int i = 0; i < n; i++) {
+		fprintf(f, "%s %zu %zu", tt[i].name, tt[i].offset, tt[i].shape[0]);
+		if (tt[i].ndim == 2)
+			fprintf(f, " %zu", tt[i].shape[1]);
+		fprintf(f, "\n");
+	}
+	CHECK(fclose(f) == 0);
+	snprintf(path, sizeof path, "%s/config.json", dir);
+	f = fopen(path, "w");
+	CHECK(f != NULL);
+	fprintf(f, "{\"n_layer\": %d, \"n_head\": %d, \"n_kv_head\": %d, \"n_embd\": %d, \"sequence_len\": %d, "
+	        "\"vocab_size\": %d, \"B\": %d, \"T\": %d, \"window_pattern\": \"%s\", \"short_window\": %d}\n",
+	        c.n_layer, c.n_head, c.n_kv_head, c.n_embd, c.seq_len, c.vocab_size, B, T, c.window_pattern, c.short_window);
+	CHECK(fclose(f) == 0);
+
+	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 /usr/bin/python3 tests/ref/nanochat_ref.py %s", dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "'%s' exited with %d (run from the source root; needs python3-torch):\n%s", cmd, st, out);
+	size_t nl = (size_t)B * T * c.vocab_size;
+	double *rloss = read_f64(dir, "loss.bin", 1), *rlog = read_f64(dir, "logits.bin", nl), *rg = read_f64(dir, "grads.bin", np);
+	double *rloss32 = read_f64(dir, "loss_f32.bin", 1), *rlog32 = read_f64(dir, "logits_f32.bin", nl);
+	double *rg32 = read_f64(dir, "grads_f32.bin", np);
+	CHECK(rloss && rlog && rg && rloss32 && rlog32 && rg32);
+	/* The yardstick: float64 is the truth; each comparison allows 1e-6 relative, or 4 x what float32
+	 * arithmetic alone (the same reference run in float32) misses by where that is more: a float32
+	 * model cannot be closer than float32 rounding allows (this configuration's resid_lambdas gradient,
+	 * a sum over every position and channel, is ~3e-6 off in float32 torch; loom lands at 1-1.5 x
+	 * torch's distance, depending on the build's summation orders). A real error is far beyond: a
+	 * window one position too wide moves logits by 0.07. */
+	double l32 = 0.0;
+	for (size_t i = 0; i < nl; i++)
+		l32 = fmax(l32, fabs(rlog32[i] - rlog[i]));
+	double tol_logit = fmax(1e-6 * 15.0, 4.0 * l32);
+
+	/* the logits of every position: a forward over each prefix gives its last position's */
+	double worst_logit = 0.0;
+	for (int t = 1; t <= T; t++) {
+		int pin[MAX_BT];
+		for (int b = 0; b < B; b++)
+			memcpy(pin + b * t, in + b * T, sizeof(int) * (size_t)t);
+		CHECK_OK(loom_model_forward(m, pin, NULL, B, t, NULL));
+		const float *lg = loom_model_logits(m);
+		for (int b = 0; b < B; b++)
+			for (int v = 0; v < c.vocab_size; v++) {
+				double r = rlog[((size_t)b * T + t - 1) * c.vocab_size + v], e = fabs(lg[b * c.vocab_size + v] - r);
+				worst_logit = fmax(worst_logit, e);
+				CHECK_MSG(e <= tol_logit, "logit b%d t%d v%d: loom %.9g, torch %.9g (diff %.3g > %.3g)", b, t - 1, v,
+				          lg[b * c.vocab_size + v], r, e, tol_logit);
+			}
+	}
+	/* the loss, by forward and by forward_backward; the gradients */
+	float loss = 0.0f, loss2 = 0.0f;
+	CHECK_OK(loom_model_forward(m, in, tg, B, T, &loss));
+	loom_model_zero_grad(m);
+	CHECK_OK(loom_model_forward_backward(m, in, tg, B, T, 1.0f, &loss2));
+	CHECK_FEQ(loss, loss2);
+	double tol_loss = fmax(1e-6 * rloss[0], 4.0 * fabs(rloss32[0] - rloss[0]));
+	CHECK_MSG(fabs(loss - rloss[0]) <= tol_loss, "loss: loom %.9g, torch %.12g (tolerance %.3g)", loss, rloss[0],
+	          tol_loss);
+	/* the softcap must matter: some logits beyond +-5, where 15 tanh(z/15) bends z by more than 3% */
+	double big = 0.0;
+	for (size_t i = 0; i < nl; i++)
+		big = fmax(big, fabs(rlog[i]));
+	CHECK_MSG(big > 5.0, "the largest logit is %.3g: the softcap is not exercised", big);
+	/* float32's worst gradient error, relative to each tensor's largest, over the whole model (per
+	 * tensor it is noisy: layer 0's resid_lambdas and x0_lambdas gradients are the same sum, since x = x0
+	 * there, and float32 torch misses one by 3e-6, the other by 2e-7, only by summing in another order) */
+	double worst = 0.0, worst32 = 0.0;
+	for (int i = 0; i < n; i++) {
+		double mx = 0.0, w32 = 0.0;
+		for (size_t k = tt[i].offset; k < tt[i].offset + tt[i].numel; k++) {
+			mx = fmax(mx, fabs(rg[k]));
+			w32 = fmax(w32, fabs(rg32[k] - rg[k]));
+		}
+		CHECK_MSG(mx > 0.0, "%s: torch's gradient is all zero", tt[i].name);
+		worst32 = fmax(worst32, w32 / mx);
+	}
+	double tol_rel = fmax(1e-6, 4.0 * worst32);
+	for (int i = 0; i < n; i++) {
+		const float *g = loom_model_tensor_grad(m, i);
+		double mx = 0.0, w = 0.0;
+		size_t wi = 0, o = tt[i].offset;
+		for (size_t k = 0; k < tt[i].numel; k++)
+			mx = fmax(mx, fabs(rg[o + k]));
+		for (size_t k = 0; k < tt[i].numel; k++)
+			if (fabs(g[k] - rg[o + k]) > w)
+				w = fabs(g[k] - rg[o + k]), wi = k;
+		worst = fmax(worst, w / mx);
+		CHECK_MSG(w <= tol_rel * mx, "%s[%zu]: loom %.9g, torch %.9g (diff %.3g > %.3g x max %.3g)", tt[i].name, wi,
+		          g[wi], rg[o + wi], w, tol_rel, mx);
+	}
+	fprintf(stderr, "  vs torch float64: loss %.3g relative (float32 torch %.3g), logits %.3g absolute (float32 torch "
+	        "%.3g), gradients %.3g of each tensor's max (float32 torch %.3g)\n", fabs(loss - rloss[0]) / rloss[0],
+	        fabs(rloss32[0] - rloss[0]) / rloss[0], worst_logit, l32, worst, worst32);
+	free(rloss32);
+	free(rlog32);
+	free(rg32);
+	free(rloss);
+	free(rlog);
+	free(rg);
+	loom_model_destroy(m);
+	if (!getenv("LOOM_TEST_KEEP"))
+		test_rmdir(dir);
+	return 0;
+}
+
+/* L3 with GQA (4 query heads on 2 kv heads), windows S S L with S = 8 < T = 16, value embeddings on
+ * layers 0 and 2 */
+TEST(nanochat_vs_torch)
+{
+	loom_model_config_t c = small_cfg();
+	CHECK_EQ(loom__nc_window(&c, 0), 8); /* shorter than T: the window is exercised */
+	CHECK_EQ(loom__nc_window(&c, 1), 8);
+	CHECK_EQ(loom__nc_window(&c, 2), 16);
+	return vs_torch(c, 2, 16, 7);
+}
+
+/* L4 with one kv head for 4 query heads (MQA), C = 32 (the gate reads every channel), head_dim 8,
+ * T = 80 across the attention's 64-row blocks with a short window of 20 ("SL": layers 0, 2 short),
+ * value embeddings on layers 1 and 3, T below sequence_len */
+TEST(nanochat_vs_torch_long_mqa)
+{
+	loom_model_config_t c = {.n_layer = 4, .n_head = 4, .n_embd = 32, .seq_len = 96, .vocab_size = 100};
+	c.arch = LOOM_ARCH_NANOCHAT;
+	c.n_kv_head = 1;
+	c.short_window = 20;
+	snprintf(c.window_pattern, sizeof c.window_pattern, "SL");
+	CHECK_EQ(loom__nc_window(&c, 0), 20);
+	CHECK_EQ(loom__nc_window(&c, 3), 96);
+	return vs_torch(c, 2, 80, 23);
+}
+
+/* ---- hooks, units, arenas, stages, views ------------------------------------------------------------ */
+
+typedef struct {
+	int order[512], n;
+	int uses[512][2], nuse;
+} hooks_t;
+
+static void on_ready(void *ctx, int i)
+{
+	hooks_t *h = ctx;
+	if (h->n < 512)
+		h->order[h->n++] = i;
+}
+
+static void on_use(void *ctx, int unit, int phase)
+{
+	hooks_t *h = ctx;
+	if (h->nuse < 512)
+		h->uses[h->nuse][0] = unit, h->uses[h->nuse++][1] = phase;
+}
+
+/* Grad-ready fires once per tensor, in strictly decreasing order (wte last), param-use (unit, phase) as
+ * GPT-2's; a second micro-step fires them all again and accumulates. */
+TEST(nanochat_hooks_order)
+{
+	loom_model_config_t c = small_cfg();
+	enum { B = 2, T = 12 };
+	int in[B * T], tg[B * T], n;
+	loom_model_t *m = NULL;
+	loom_model_opts_t o = {.B = B, .T = T};
+	hooks_t h;
+	memset(&h, 0, sizeof h);
+	CHECK_OK(loom_model_create(&m, &c, &o));
+	test_params(m, 3);
+	make_tokens(in, tg, B * T, c.vocab_size, 5);
+	loom_model_tensors(m, &n);
+	CHECK_EQ(n, 3 + 8 + 6 + 8 + 1);
+	loom_model_on_grad_ready(m, on_ready, &h);
+	loom_model_on_param_use(m, on_use, &h);
+	loom_model_zero_grad(m);
+	float loss;
+	CHECK_OK(loom_model_forward_backward(m, in, tg, B, T, 1.0f, &loss));
+	CHECK_EQ(h.n, n);
+	for (int i = 0; i < n; i++)
+		CHECK_EQ(h.order[i], n - 1 - i);
+	/* (-1,0) (0,0) (1,0) (2,0) (3,0) (3,1) (2,1) (1,1) (0,1) (-1,1) */
+	int want[10][2] = {{-1, 0}, {0, 0}, {1, 0}, {2, 0}, {3, 0}, {3, 1}, {2, 1}, {1, 1}, {0, 1}, {-1, 1}};
+	CHECK_EQ(h.nuse, 10);
+	for (int i = 0; i < 10; i++) {
+		CHECK_EQ(h.uses[i][0], want[i][0]);
+		CHECK_EQ(h.uses[i][1], want[i][1]);
+	}
+	/* accumulation: two micro-steps of scale 1/2 equal one of scale 1 (the same batch) up to rounding:
+	 * the GEMMs add their products into the gradient inside the sum */
+	size_t np = loom_model_param_count(m);
+	float *g1 = malloc(np * sizeof(float));
+	CHECK(g1 != NULL);
+	memcpy(g1, loom_model_grads(m), np * sizeof(float));
+	loom_model_zero_grad(m);
+	h.n = 0;
+	CHECK_OK(loom_model_forward_backward(m, in, tg, B, T, 0.5f, &loss));
+	CHECK_OK(loom_model_forward_backward(m, in, tg, B, T, 0.5f, &loss));
+	CHECK_EQ(h.n, 2 * n);
+	for (size_t i = 0; i < np; i++)
+		CHECK_MSG(fabsf(loom_model_grads(m)[i] - g1[i]) <= 1e-6f * fabsf(g1[i]) + 1e-9f, "gradient %zu: %.9g after two halves, %.9g in one", i,
+		          loom_model_grads(m)[i], g1[i]);
+	free(g1);
+	loom_model_destroy(m);
+	return 0;
+}
+
+/* The unit calls on two interleaved arenas, and the head split in two row ranges, give the whole-model
+ * pass's losses and gradients bit for bit. */
+TEST(nanochat_units_arenas_rows)
+{
+	loom_model_config_t c = small_cfg();
+	enum { B = 2, T = 13 };
+	int in[2][B * T], tg[2][B * T], L = c.n_layer;
+	loom_model_t *a = NULL, *u = NULL;
+	loom_model_opts_t o1 = {.B = B, .T = T}, o2 = {.B = B, .T = T, .arenas = 2};
+	CHECK_OK(loom_model_create(&a, &c, &o1));
+	CHECK_OK(loom_model_create(&u, &c, &o2));
+	test_params(a, 9);
+	memcpy(loom_model_params(u), loom_model_params(a), loom_model_param_count(a) * sizeof(float));
+	make_tokens(in[0], tg[0], B * T, c.vocab_size, 21);
+	make_tokens(in[1], tg[1], B * T, c.vocab_size, 22);
+	float la[2], lu[2], part;
+	loom_model_zero_grad(a);
+	loom_model_zero_grad(u);
+	for (int k = 0; k < 2; k++)
+		CHECK_OK(loom_model_forward_backward(a, in[k], tg[k], B, T, 0.5f, &la[k]));
+	/* both forwards first, then the backwards in reverse arena order */
+	for (int k = 0; k < 2; k++) {
+		CHECK_OK(loom_model_embed_forward(u, k, in[k], B, T));
+		for (int l = 0; l < L; l++)
+			CHECK_OK(loom_model_block_forward(u, k, l, B, T));
+	}
+	for (int k = 1; k >= 0; k--) {
+		int split = 7;
+		CHECK_OK(loom_model_head_forward_backward_rows(u, k, tg[k], B, T, 0, split, 0.5f, &lu[k]));
+		CHECK_OK(loom_model_head_forward_backward_rows(u, k, tg[k], B, T, split, B * T - split, 0.5f, &part));
+		lu[k] += part;
+		for (int l = L - 1; l >= 0; l--)
+			CHECK_OK(loom_model_block_backward(u, k, l, B, T));
+		CHECK_OK(loom_model_embed_backward(u, k, in[k], B, T));
+	}
+	for (int k = 0; k < 2; k++)
+		CHECK_MSG(fabsf(la[k] - lu[k]) <= 1e-6f * la[k], "arena %d: loss %.9g whole, %.9g by units", k, la[k], lu[k]);
+	/* the fused head over all rows and the split one differ only in the classifier's chunking of the
+	 * loss sum; the gradients must agree to float rounding, the block gradients exactly in order */
+	size_t np = loom_model_param_count(a);
+	double worst = 0.0;
+	for (size_t i = 0; i < np; i++)
+		worst = fmax(worst, fabs(loom_model_grads(a)[i] - loom_model_grads(u)[i]));
+	CHECK_MSG(worst <= 1e-6, "gradients differ by %.3g between the whole pass and the unit calls", worst);
+	loom_model_destroy(a);
+	loom_model_destroy(u);
+	return 0;
+}
+
+/* Two pipeline stages (blocks [0,2) with the embedding, [2,3) with the head) passing the 2C-wide stream
+ * and its gradient, the second told the tokens by set_inputs, equal the whole model: each tensor's
+ * gradient is one stage's, the scalars' (read by every block) the sum of both stages' shares. Each
+ * stage reports what it adds to: the second stage the scalars after its first block, the first
+ * after the embedding. */
+TEST(nanochat_stages_match_whole)
+{
+	loom_model_config_t c = small_cfg();
+	enum { B = 2, T = 12 };
+	int in[B * T], tg[B * T], n, C = c.n_embd;
+	loom_model_t *w = NULL, *s0 = NULL, *s1 = NULL;
+	loom_model_opts_t ow = {.B = B, .T = T}, o0 = {.B = B, .T = T, .layer_hi = 2}, o1 = {.B = B, .T = T, .layer_lo = 2};
+	CHECK_OK(loom_model_create(&w, &c, &ow));
+	CHECK_OK(loom_model_create(&s0, &c, &o0));
+	CHECK_OK(loom_model_create(&s1, &c, &o1));
+	CHECK_EQ(loom_model_stream_width(&c), 2 * C);
+	test_params(w, 4);
+	size_t np = loom_model_param_count(w);
+	memcpy(loom_model_params(s0), loom_model_params(w), np * sizeof(float));
+	memcpy(loom_model_params(s1), loom_model_params(w), np * sizeof(float));
+	make_tokens(in, tg, B * T, c.vocab_size, 8);
+	loom_model_zero_grad(w), loom_model_zero_grad(s0), loom_model_zero_grad(s1);
+	hooks_t h0, h1;
+	memset(&h0, 0, sizeof h0), memset(&h1, 0, sizeof h1);
+	loom_model_on_grad_ready(s0, on_ready, &h0);
+	loom_model_on_grad_ready(s1, on_ready, &h1);
+	float lw, ls;
+	CHECK_OK(loom_model_forward_backward(w, in, tg, B, T, 1.0f, &lw));
+	CHECK_OK(loom_model_embed_forward(s0, 0, in, B, T));
+	CHECK_OK(loom_model_block_forward(s0, 0, 0, B, T));
+	CHECK_OK(loom_model_block_forward(s0, 0, 1, B, T));
+	memcpy(loom_model_block_input(s1, 0, 2), loom_model_block_input(s0, 0, 2), sizeof(float) * B * T * 2 * C);
+	CHECK_ERR(loom_model_block_forward(s1, 0, 2, B, T), LOOM_EINVAL); /* no tokens yet: the value embeddings */
+	CHECK_OK(loom_model_set_inputs(s1, 0, in, B, T));
+	CHECK_OK(loom_model_block_forward(s1, 0, 2, B, T));
+	CHECK_OK(loom_model_head_forward_backward(s1, 0, tg, B, T, 1.0f, &ls));
+	CHECK_OK(loom_model_block_backward(s1, 0, 2, B, T));
+	memcpy(loom_model_stream_grad(s0), loom_model_stream_grad(s1), sizeof(float) * B * T * 2 * C);
+	CHECK_OK(loom_model_block_backward(s0, 0, 1, B, T));
+	CHECK_OK(loom_model_block_backward(s0, 0, 0, B, T));
+	CHECK_OK(loom_model_embed_backward(s0, 0, in, B, T));
+	CHECK_FEQ(lw, ls);
+	const loom_tensor_info_t *tt = loom_model_tensors(w, &n);
+	for (int i = 0; i < n; i++) {
+		const float *gw = loom_model_tensor_grad(w, i), *g0 = loom_model_tensor_grad(s0, i);
+		const float *g1 = loom_model_tensor_grad(s1, i);
+		for (size_t k = 0; k < tt[i].numel; k++) {
+			float sum = tt[i].all_blocks ? g0[k] + g1[k] : tt[i].layer >= 2 ? g1[k] : g0[k];
+			CHECK_MSG(tt[i].all_blocks ? fabsf(sum - gw[k]) <= 1e-6f * fabsf(gw[k]) + 1e-9f : sum == gw[k],
+			          "%s[%zu]: whole %.9g, stages %.9g", tt[i].name, k, gw[k], sum);
+		}
+	}
+	/* stage 1 reports lm_head, block 2's tensors, then the scalars (its share is final after block 2) */
+	int f2, e2;
+	loom_model_unit_tensors(&c, 2, &f2, &e2);
+	CHECK_EQ(h1.n, 1 + (e2 - f2) + 2);
+	CHECK_EQ(h1.order[0], n - 1);
+	CHECK_EQ(h1.order[h1.n - 2], 2);
+	CHECK_EQ(h1.order[h1.n - 1], 1);
+	CHECK_EQ(h0.n, f2);
+	for (int i = 0; i < h0.n; i++)
+		CHECK_EQ(h0.order[i], f2 - 1 - i);
+	loom_model_destroy(w), loom_model_destroy(s0), loom_model_destroy(s1);
+	return 0;
+}
+
+/* Views: a model with no buffers of its own, every unit pointed at caller memory, trains exactly as
+ * one with its own; zero_grad clears split views. */
+TEST(nanochat_views_external)
+{
+	loom_model_config_t c = small_cfg();
+	enum { B = 1, T = 10 };
+	int in[B * T], tg[B * T];
+	loom_model_t *a = NULL, *v = NULL;
+	loom_model_opts_t oa = {.B = B, .T = T}, ov = {.B = B, .T = T, .no_own_params = 1, .no_own_grads = 1};
+	CHECK_OK(loom_model_create(&a, &c, &oa));
+	CHECK_OK(loom_model_create(&v, &c, &ov));
+	CHECK(loom_model_params(v) == NULL && loom_model_tensor_param(v, 0) == NULL);
+	test_params(a, 5);
+	size_t np = loom_model_param_count(a);
+	float *p = malloc(np * sizeof(float)), *g = calloc(np, sizeof(float));
+	CHECK(p && g);
+	memcpy(p, loom_model_params(a), np * sizeof(float));
+	for (int u = -1; u <= c.n_layer; u++) {
+		int first, end;
+		loom_model_unit_tensors(&c, u, &first, &end);
+		const loom_tensor_info_t *tt = loom_model_tensors(v, NULL);
+		CHECK_OK(loom_model_set_unit_view(v, u, p + tt[first].offset, g + tt[first].offset));
+	}
+	make_tokens(in, tg, B * T, c.vocab_size, 2);
+	loom_model_zero_grad(a);
+	for (size_t i = 0; i < np; i++)
+		g[i] = 1.0f;
+	loom_model_zero_grad(v);
+	for (size_t i = 0; i < np; i++)
+		CHECK(g[i] == 0.0f);
+	float la, lv;
+	CHECK_OK(loom_model_forward_backward(a, in, tg, B, T, 1.0f, &la));
+	CHECK_OK(loom_model_forward_backward(v, in, tg, B, T, 1.0f, &lv));
+	CHECK_FEQ(la, lv);
+	CHECK(memcmp(g, loom_model_grads(a), np * sizeof(float)) == 0);
+	free(p), free(g);
+	loom_model_destroy(a), loom_model_destroy(v);
+	return 0;
+}
+
+/* ---- configuration, sizing, init ----------------------------------------------------------------------- */
+
+TEST(nanochat_config_checks)
+{
+	loom_model_config_t c = small_cfg(), b;
+	CHECK_OK(loom_model_config_check(&c));
+	b = c, b.n_embd = 66;
+	CHECK_ERR(loom_model_config_check(&b), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "n_embd 66 is not divisible by n_head 4");
+	b = c, b.n_kv_head = 3;
+	CHECK_ERR(loom_model_config_check(&b), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "n_head 4 is not divisible by n_kv_head 3");
+	b = c;
+	snprintf(b.window_pattern, sizeof b.window_pattern, "SLX");
+	CHECK_ERR(loom_model_config_check(&b), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "window_pattern 'SLX' has 'X' (only S, short, and L, long, are allowed)");
+	b = c, b.n_head = 8, b.n_kv_head = 8, b.n_embd = 40;
+	CHECK_ERR(loom_model_config_check(&b), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "head_dim 5 (n_embd / n_head) is odd");
+	b = c, b.n_head = 2, b.n_kv_head = 1, b.n_embd = 16;
+	CHECK_ERR(loom_model_config_check(&b), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "n_embd 16 is below the 32 channels the value-embedding gate reads");
+	b = c, b.n_layer = 0;
+	CHECK_ERR(loom_model_config_check(&b), LOOM_EINVAL);
+	/* defaults: n_kv_head = n_head, short window = sequence_len / 2, pattern SSSL (lower case accepted) */
+	b = c, b.n_kv_head = 0, b.window_pattern[0] = '\0', b.n_layer = 6;
+	loom_model_t *m = NULL;
+	loom_model_opts_t o = {.B = 1, .T = 4};
+	CHECK_OK(loom_model_create(&m, &b, &o));
+	const loom_model_config_t *e = loom_model_get_config(m);
+	CHECK_EQ(e->n_kv_head, 4);
+	CHECK_EQ(e->short_window, 8);
+	CHECK_STREQ(e->window_pattern, "SSSL");
+	int want[6] = {8, 8, 8, 16, 8, 16}; /* S S S L S, the last layer long */
+	for (int l = 0; l < 6; l++)
+		CHECK_EQ(loom__nc_window(&b, l), want[l]);
+	loom_model_destroy(m);
+	snprintf(b.window_pattern, sizeof b.window_pattern, "sl");
+	b.short_window = 3;
+	CHECK_OK(loom_model_config_check(&b));
+	CHECK_EQ(loom__nc_window(&b, 0), 3);
+	CHECK_EQ(loom__nc_window(&b, 1), 16);
+	CHECK_EQ(loom__nc_window(&b, 4), 3);
+	CHECK_EQ(loom__nc_window(&b, 5), 16);
+	/* sizes beyond the configuration */
+	o.T = 17;
+	CHECK_ERR(loom_model_create(&m, &c, &o), LOOM_EINVAL);
+	CHECK(m == NULL);
+	return 0;
+}
+
+/* The parameter table: names, shapes, units, groups, splits, and nanochat's parameter count. */
+TEST(nanochat_tensor_table)
+{
+	loom_model_config_t c = small_cfg();
+	int n = loom_model_num_tensors(&c);
+	loom_tensor_info_t t;
+	CHECK_EQ(n, 26);
+	CHECK_OK(loom_model_tensor_info(&c, 0, &t));
+	CHECK_STREQ(t.name, "transformer.wte.weight");
+	CHECK_EQ(t.shape[0], 64); CHECK_EQ(t.shape[1], 64); CHECK_EQ(t.layer, -1); CHECK_EQ(t.opt_group, LOOM_OPT_EMBED);
+	CHECK_EQ(t.tp_dim, 0); CHECK_EQ(t.tp_kind, LOOM_TP_SPLIT); CHECK_EQ(t.decay, 1);
+	CHECK_OK(loom_model_tensor_info(&c, 1, &t));
+	CHECK_STREQ(t.name, "resid_lambdas");
+	CHECK_EQ(t.ndim, 1); CHECK_EQ(t.numel, 3); CHECK_EQ(t.all_blocks, 1); CHECK_EQ(t.opt_group, LOOM_OPT_SCALAR);
+	CHECK_EQ(t.decay, 0); CHECK_EQ(t.tp_dim, -1); CHECK_EQ(t.offset, 64 * 64);
+	CHECK_OK(loom_model_tensor_info(&c, 2, &t));
+	CHECK_STREQ(t.name, "x0_lambdas");
+	CHECK_EQ(t.opt_group, LOOM_OPT_X0); CHECK_EQ(t.all_blocks, 1);
+	const char *blk0[8] = {"value_embeds.0.weight", "transformer.h.0.attn.ve_gate.weight",
+	                       "transformer.h.0.attn.c_q.weight", "transformer.h.0.attn.c_k.weight",
+	                       "transformer.h.0.attn.c_v.weight", "transformer.h.0.attn.c_proj.weight",
+	                       "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight"};
+	size_t shp[8][2] = {{64, 32}, {2, 32}, {64, 64}, {32, 64}, {32, 64}, {64, 64}, {256, 64}, {64, 256}};
+	int tpd[8] = {1, 0, 0, 0, 0, 1, 0, 1};
+	for (int j = 0; j < 8; j++) {
+		CHECK_OK(loom_model_tensor_info(&c, 3 + j, &t));
+		CHECK_STREQ(t.name, blk0[j]);
+		CHECK_EQ(t.shape[0], shp[j][0]); CHECK_EQ(t.shape[1], shp[j][1]); CHECK_EQ(t.layer, 0);
+		CHECK_EQ(t.rows, (int)shp[j][0]); CHECK_EQ(t.cols, (int)shp[j][1]); CHECK_EQ(t.transposed, 0);
+		CHECK_EQ(t.opt_group, j == 0 ? LOOM_OPT_EMBED : LOOM_OPT_MATRIX); CHECK_EQ(t.tp_dim, tpd[j]);
+	}
+	CHECK_OK(loom_model_tensor_info(&c, 11, &t)); /* block 1 has no value embedding */
+	CHECK_STREQ(t.name, "transformer.h.1.attn.c_q.weight");
+	CHECK_EQ(loom_model_tensor_index(&c, "value_embeds.2.weight"), 17);
+	CHECK_EQ(loom_model_tensor_index(&c, "value_embeds.1.weight"), -1);
+	CHECK_OK(loom_model_tensor_info(&c, n - 1, &t));
+	CHECK_STREQ(t.name, "lm_head.weight");
+	CHECK_EQ(t.layer, 3); CHECK_EQ(t.opt_group, LOOM_OPT_UNEMBED); CHECK_EQ(t.tp_dim, 0);
+	/* nanochat's count: wte + lm_head (padded) 2 Vp C, 2 value embeddings Vp KV, 2 gates, 3 blocks of
+	 * 12 C^2 minus c_k and c_v's halves (GQA), 2 L scalars */
+	size_t C = 64, Vp = 64;
+	size_t want = 2 * Vp * C + 2 * Vp * 32 + 2 * 2 * 32 + 3 * (10 * C * C + 2 * C * 32) + 6;
+	CHECK_EQ(loom_model_num_params(&c), want);
+	CHECK_EQ(t.offset + t.numel, want);
+	/* nanochat's own estimate_flops() for this configuration (gpt.py at bac5a35, run once by hand) */
+	CHECK_FEQ(loom_model_flops_per_token(&c, 16), 860928.0);
+	int first, end;
+	loom_model_unit_tensors(&c, -1, &first, &end);
+	CHECK_EQ(first, 0); CHECK_EQ(end, 3);
+	loom_model_unit_tensors(&c, 1, &first, &end);
+	CHECK_EQ(first, 11); CHECK_EQ(end, 17);
+	loom_model_unit_tensors(&c, 3, &first, &end);
+	CHECK_EQ(first, 25); CHECK_EQ(end, 26);
+	return 0;
+}
+
+/* base_train's sizing and nanochat's estimate_flops. */
+TEST(nanochat_depth_sizing)
+{
+	loom_model_config_t c;
+	CHECK_OK(loom_nanochat_depth_config(20, 0, 0, 2048, 32768, &c));
+	CHECK_EQ(c.arch, LOOM_ARCH_NANOCHAT);
+	CHECK_EQ(c.n_layer, 20); CHECK_EQ(c.n_embd, 1280); CHECK_EQ(c.n_head, 10); CHECK_EQ(c.n_kv_head, 10);
+	CHECK_EQ(c.seq_len, 2048); CHECK_EQ(c.vocab_size, 32768);
+	CHECK_STREQ(c.window_pattern, "SSSL");
+	CHECK_OK(loom_model_config_check(&c));
+	/* 12 C^2 per block, gates on the 10 odd layers, lm_head; attention 12 NH D min(W, T): 5 long, 15 short */
+	double C = 1280, mat = 20 * 12 * C * C + 10 * 10 * 32 + 32768 * C;
+	double att = 12.0 * 10 * 128 * (5 * 2048 + 15 * 1024);
+	CHECK_FEQ(loom_model_flops_per_token(&c, 2048), 6 * mat + att);
+	/* at T = 512 every window covers the sequence */
+	CHECK_FEQ(loom_model_flops_per_token(&c, 512), 6 * mat + 12.0 * 10 * 128 * 20 * 512);
+	CHECK_OK(loom_nanochat_depth_config(3, 64, 128, 256, 1000, &c)); /* 192 rounds up to 256 */
+	CHECK_EQ(c.n_embd, 256); CHECK_EQ(c.n_head, 2);
+	CHECK_OK(loom_nanochat_depth_config(12, 64, 128, 256, 1000, &c));
+	CHECK_EQ(c.n_embd, 768); CHECK_EQ(c.n_head, 6);
+	CHECK_OK(loom_nanochat_depth_config(3, 64, 64, 256, 1000, &c));
+	CHECK_EQ(c.n_embd, 192); CHECK_EQ(c.n_head, 3);
+	CHECK_ERR(loom_nanochat_depth_config(0, 64, 128, 256, 1000, &c), LOOM_EINVAL);
+	CHECK_ERR(loom_nanochat_depth_config(4, 64, 127, 256, 1000, &c), LOOM_EINVAL);
+	return 0;
+}
+
+static void moments(const float *p, size_t n, double *mean, double *std, double *amax)
+{
+	double s = 0, s2 = 0, mx = 0;
+	for (size_t i = 0; i < n; i++)
+		s += p[i], s2 += (double)p[i] * p[i], mx = fmax(mx, fabs(p[i]));
+	*mean = s / n, *std = sqrt(s2 / n - *mean * *mean), *amax = mx;
+}
+
+TEST(nanochat_init_values)
+{
+	loom_model_config_t c = small_cfg(), c4 = small_cfg();
+	c4.n_layer = 4;
+	loom_model_t *m = NULL, *m2 = NULL, *m4 = NULL;
+	loom_model_opts_t o = {.B = 1, .T = 4};
+	int n;
+	CHECK_OK(loom_model_create(&m, &c, &o));
+	CHECK_OK(loom_model_create(&m2, &c, &o));
+	CHECK_OK(loom_model_create(&m4, &c4, &o));
+	loom_model_init(m, 42);
+	loom_model_init(m2, 42);
+	loom_model_init(m4, 42);
+	size_t np = loom_model_param_count(m);
+	CHECK(memcmp(loom_model_params(m), loom_model_params(m2), np * sizeof(float)) == 0);
+	/* wte is tensor 0 in both: its draws do not depend on the rest of the model */
+	CHECK(memcmp(loom_model_params(m), loom_model_params(m4), 64 * 64 * sizeof(float)) == 0);
+	loom_model_init(m2, 43);
+	CHECK(memcmp(loom_model_params(m), loom_model_params(m2), np * sizeof(float)) != 0);
+	const loom_tensor_info_t *tt = loom_model_tensors(m, &n);
+	double s = sqrt(3.0 / 64);
+	for (int i = 0; i < n; i++) {
+		const float *p = loom_model_tensor_param(m, i);
+		const char *nm = tt[i].name;
+		double mean, std, amax;
+		if (strcmp(nm, "resid_lambdas") == 0 || strcmp(nm, "x0_lambdas") == 0) {
+			for (size_t k = 0; k < tt[i].numel; k++)
+				CHECK_FEQ(p[k], nm[0] == 'r' ? 1.0f : 0.1f);
+			continue;
+		}
+		if (strstr(nm, "c_proj") || strstr(nm, "ve_gate")) {
+			for (size_t k = 0; k < tt[i].numel; k++)
+				CHECK_FEQ(p[k], 0.0f);
+			continue;
+		}
+		size_t real = tt[i].numel;
+		if (tt[i].shape[0] == 64 && (i == 0 || i == n - 1 || strncmp(nm, "value_embeds", 12) == 0)) {
+			real = 61 * tt[i].shape[1]; /* vocabulary padding rows 61..63 are zero */
+			for (size_t k = real; k < tt[i].numel; k++)
+				CHECK_FEQ(p[k], 0.0f);
+		}
+		moments(p, real, &mean, &std, &amax);
+		double want = i == 0 ? 1.0 : i == n - 1 ? 0.001 : s / sqrt(3.0);
+		CHECK_MSG(fabs(std / want - 1) < 0.06 && fabs(mean) < 5 * want / sqrt((double)real),
+		          "%s: mean %.4g std %.4g (want 0, %.4g)", nm, mean, std, want);
+		if (i != 0 && i != n - 1) /* uniform in [-s, s), reaching close to its ends */
+			CHECK_MSG(amax < s && amax > 0.97 * s, "%s: max |w| %.6g, bound %.6g", nm, amax, s);
+	}
+	loom_model_destroy(m), loom_model_destroy(m2), loom_model_destroy(m4);
+	return 0;
+}
+
+/* ---- sampling, activation checkpointing, bf16 ----------------------------------------------------------- */
+
+typedef struct {
+	loom_model_t *m;
+	float logits[16][61];
+	int n;
+} gen_t;
+
+static void keep_logits(void *ctx, int tok)
+{
+	gen_t *g = ctx;
+	(void)tok;
+	if (g->n < 16)
+		memcpy(g->logits[g->n++], ((loom_nanochat_t *)g->m)->kv->logits, sizeof g->logits[0]);
+}
+
+/* The KV cache's logits at every generated position equal a full forward's over the context there,
+ * the short windows included (positions past 8 attend over a window); greedy tokens are the argmax. */
+TEST(nanochat_generate_kv_cache_matches_forward)
+{
+	loom_model_config_t c = small_cfg();
+	enum { T = 16 };
+	loom_model_t *m = NULL;
+	loom_model_opts_t o = {.B = 1, .T = T};
+	int prompt[3] = {5, 17, 33}, out[T], n_out = 0, ctx[T];
+	gen_t g;
+	memset(&g, 0, sizeof g);
+	CHECK_OK(loom_model_create(&m, &c, &o));
+	test_params(m, 12);
+	g.m = m;
+	CHECK_OK(loom_model_generate(m, prompt, 3, 20, 0.0f, 0, 1, -1, out, &n_out, keep_logits, &g));
+	CHECK_EQ(n_out, T - 3); /* stops when the context reaches T */
+	CHECK_EQ(g.n, n_out);
+	memcpy(ctx, prompt, sizeof prompt);
+	memcpy(ctx + 3, out, sizeof(int) * (size_t)n_out);
+	double worst = 0.0;
+	for (int k = 0; k < n_out; k++) {
+		int t = 3 + k; /* the logits that chose out[k] are position t - 1's */
+		CHECK_OK(loom_model_forward(m, ctx, NULL, 1, t, NULL));
+		const float *lg = loom_model_logits(m);
+		int best = 0;
+		for (int v = 0; v < c.vocab_size; v++) {
+			worst = fmax(worst, fabs(lg[v] - g.logits[k][v]));
+			CHECK_MSG(fabsf(lg[v] - g.logits[k][v]) <= 2e-5f, "position %d, logit %d: cache %.9g, forward %.9g", t - 1,
+			          v, g.logits[k][v], lg[v]);
+			best = lg[v] > lg[best] ? v : best;
+		}
+		CHECK_EQ(out[k], best);
+	}
+	fprintf(stderr, "  KV-cache logits within %.3g of the full forward's over %d positions\n", worst, n_out);
+	/* sampling: the same seed gives the same tokens; top_k 1 is greedy; a stop token ends early */
+	int a[8], b[8], na, nb;
+	CHECK_OK(loom_model_generate(m, prompt, 3, 8, 1.0f, 5, 99, -1, a, &na, NULL, NULL));
+	CHECK_OK(loom_model_generate(m, prompt, 3, 8, 1.0f, 5, 99, -1, b, &nb, NULL, NULL));
+	CHECK_EQ(na, 8);
+	CHECK(memcmp(a, b, sizeof a) == 0);
+	CHECK_OK(loom_model_generate(m, prompt, 3, 8, 3.0f, 1, 7, -1, b, &nb, NULL, NULL));
+	CHECK(memcmp(b, out, sizeof(int) * 8) == 0);
+	int first = 0;
+	while (out[first] != out[4])
+		first++;
+	CHECK_OK(loom_model_generate(m, prompt, 3, 8, 0.0f, 0, 1, out[4], b, &nb, NULL, NULL));
+	CHECK_EQ(nb, first + 1);
+	CHECK_EQ(b[nb - 1], out[4]);
+	CHECK_ERR(loom_model_generate(m, prompt, 0, 8, 0.0f, 0, 1, -1, b, &nb, NULL, NULL), LOOM_EINVAL);
+	prompt[1] = 61;
+	CHECK_ERR(loom_model_generate(m, prompt, 3, 8, 0.0f, 0, 1, -1, b, &nb, NULL, NULL), LOOM_EINVAL);
+	loom_model_destroy(m);
+	return 0;
+}
+
+/* blocks and selective checkpointing: losses and gradients bit-identical to none (whole passes and
+ * units on two arenas), one recompute per block backward, fewer bytes kept. */
+TEST(nanochat_act_ckpt_bit_identical)
+{
+	loom_model_config_t c = small_cfg();
+	enum { B = 2, T = 16 };
+	int in[2][B * T], tg[2][B * T], L = c.n_layer;
+	loom_model_t *m[3] = {NULL, NULL, NULL};
+	loom_act_ckpt_t modes[3] = {LOOM_ACT_CKPT_NONE, LOOM_ACT_CKPT_BLOCKS, LOOM_ACT_CKPT_SELECTIVE};
+	float loss[3][2];
+	make_tokens(in[0], tg[0], B * T, c.vocab_size, 31);
+	make_tokens(in[1], tg[1], B * T, c.vocab_size, 32);
+	for (int k = 0; k < 3; k++) {
+		loom_model_opts_t o = {.B = B, .T = T, .arenas = 2, .act_ckpt = modes[k]};
+		loom_model_act_bytes_t want, got;
+		CHECK_OK(loom_model_create(&m[k], &c, &o));
+		CHECK_OK(loom_model_act_bytes(&c, &o, &want));
+		loom_model_model_act_bytes(m[k], &got);
+		CHECK(memcmp(&want, &got, sizeof want) == 0);
+		CHECK_EQ(want.total, want.kept + want.recompute + want.head + want.backward);
+		test_params(m[k], 6);
+		loom_model_zero_grad(m[k]);
+		CHECK_OK(loom_model_forward_backward(m[k], in[0], tg[0], B, T, 0.5f, &loss[k][0]));
+		for (int a = 0; a < 2; a++) {
+			CHECK_OK(loom_model_embed_forward(m[k], a, in[a], B, T));
+			for (int l = 0; l < L; l++)
+				CHECK_OK(loom_model_block_forward(m[k], a, l, B, T));
+		}
+		for (int a = 1; a >= 0; a--) {
+			CHECK_OK(loom_model_head_forward_backward(m[k], a, tg[a], B, T, 0.25f, &loss[k][a]));
+			for (int l = L - 1; l >= 0; l--)
+				CHECK_OK(loom_model_block_backward(m[k], a, l, B, T));
+			CHECK_OK(loom_model_embed_backward(m[k], a, in[a], B, T));
+		}
+		CHECK_EQ(loom_model_recomputes(m[k]), k == 0 ? 0 : 3 * L);
+	}
+	size_t np = loom_model_param_count(m[0]);
+	for (int k = 1; k < 3; k++) {
+		CHECK_FEQ(loss[k][0], loss[0][0]);
+		CHECK_FEQ(loss[k][1], loss[0][1]);
+		CHECK_MSG(memcmp(loom_model_grads(m[k]), loom_model_grads(m[0]), np * sizeof(float)) == 0,
+		          "%s: gradients differ from none", loom_act_ckpt_name(modes[k]));
+	}
+	loom_model_act_bytes_t none, blocks, sel;
+	loom_model_model_act_bytes(m[0], &none);
+	loom_model_model_act_bytes(m[1], &blocks);
+	loom_model_model_act_bytes(m[2], &sel);
+	/* blocks keeps only each block's output (2 C per position) */
+	CHECK_EQ(blocks.per_layer, (size_t)B * T * 2 * c.n_embd * sizeof(float));
+	CHECK(blocks.kept < none.kept && sel.kept < none.kept);
+	CHECK_EQ(none.kept - sel.kept, 2 * 3 * (size_t)B * 4 * T * T * sizeof(float)); /* 2 arenas x 3 layers' probs */
+	for (int k = 0; k < 3; k++)
+		loom_model_destroy(m[k]);
+	return 0;
+}
+
+/* bf16 matmuls (loom's bf16 GEMM path): the loss and gradients near fp32's. */
+TEST(nanochat_bf16_close_to_fp32)
+{
+	loom_model_config_t c = small_cfg();
+	enum { B = 2, T = 16 };
+	int in[B * T], tg[B * T];
+	loom_model_t *f = NULL, *h = NULL;
+	loom_model_opts_t of = {.B = B, .T = T}, oh = {.B = B, .T = T, .dtype = LOOM_COMPUTE_BF16};
+	CHECK_OK(loom_model_create(&f, &c, &of));
+	CHECK_OK(loom_model_create(&h, &c, &oh));
+	CHECK_EQ(loom_model_dtype(h), LOOM_COMPUTE_BF16);
+	test_params(f, 2);
+	size_t np = loom_model_param_count(f);
+	memcpy(loom_model_params(h), loom_model_params(f), np * sizeof(float));
+	make_tokens(in, tg, B * T, c.vocab_size, 3);
+	float lf, lh;
+	loom_model_zero_grad(f), loom_model_zero_grad(h);
+	CHECK_OK(loom_model_forward_backward(f, in, tg, B, T, 1.0f, &lf));
+	CHECK_OK(loom_model_forward_backward(h, in, tg, B, T, 1.0f, &lh));
+	CHECK_MSG(fabsf(lf - lh) <= 1e-2f * lf && lf != lh, "loss fp32 %.9g, bf16 %.9g", lf, lh);
+	double d2 = 0, n2 = 0;
+	for (size_t i = 0; i < np; i++) {
+		double d = (double)loom_model_grads(h)[i] - loom_model_grads(f)[i];
+		d2 += d * d, n2 += (double)loom_model_grads(f)[i] * loom_model_grads(f)[i];
+	}
+	CHECK_MSG(sqrt(d2 / n2) < 5e-2, "bf16 gradients off by %.3g of their norm", sqrt(d2 / n2));
+	fprintf(stderr, "  bf16: loss %.3g relative, gradients %.3g of their norm from fp32\n", fabs(lf - lh) / lf,
+	        sqrt(d2 / n2));
+	loom_model_destroy(f), loom_model_destroy(h);
+	return 0;
+}
+
+/* ---- tensor parallelism: two ranks as two threads of this process -------------------------------------- */
+
+enum { TP_SCRATCH = 1 << 20 };
+
+typedef struct {
+	pthread_barrier_t bar;
+	float *slot[2];
+	float *scratch[2];
+	long calls[2];
+} tp_group_t;
+
+typedef struct {
+	tp_group_t *g;
+	int rank, rc;
+	loom_model_t *m;
+	const int *in, *tg;
+	int B, T;
+	float loss, loss_fwd;
+} tp_rank_t;
+
+/* The group's reduction: both ranks publish their buffer, each computes slot 0 op slot 1 (the same
+ * bits on both) into its scratch, and copies it back once both have read. */
+static int tp_reduce_cb(void *ctx, float *buf, size_t n, loom_tp_op_t op)
+{
+	tp_rank_t *r = ctx;
+	tp_group_t *g = r->g;
+	if (n > TP_SCRATCH)
+		return LOOM_EINVAL;
+	g->slot[r->rank] = buf;
+	g->calls[r->rank]++;
+	pthread_barrier_wait(&g->bar);
+	const float *a = g->slot[0], *b = g->slot[1];
+	float *s = g->scratch[r->rank];
+	for (size_t i = 0; i < n; i++)
+		s[i] = op == LOOM_TP_SUM ? a[i] + b[i] : fmaxf(a[i], b[i]);
+	pthread_barrier_wait(&g->bar);
+	memcpy(buf, s, n * sizeof(float));
+	return LOOM_OK;
+}
+
+static void *tp_run(void *arg)
+{
+	tp_rank_t *r = arg;
+	r->rc = loom_model_forward(r->m, r->in, r->tg, r->B, r->T, &r->loss_fwd);
+	if (r->rc == LOOM_OK)
+		r->rc = loom_model_forward_backward(r->m, r->in, r->tg, r->B, r->T, 1.0f, &r->loss);
+	return NULL;
+}
+
+/* Split by kv-head groups (rank r: kv head r, query heads 2r, 2r+1), MLP columns, vocabulary rows:
+ * the loss and every gradient (the ranks' shards put back together) equal one process's within 1e-5;
+ * a shard's init is the whole model's at its positions; blocks checkpointing changes no bit. */
+TEST(nanochat_tp2_matches_one_process)
+{
+	loom_model_config_t c = small_cfg();
+	enum { B = 2, T = 16 };
+	int in[B * T], tg[B * T], n;
+	loom_model_t *one = NULL, *rk[2] = {NULL, NULL};
+	loom_model_opts_t o1 = {.B = B, .T = T};
+	tp_group_t g;
+	tp_rank_t r[2];
+	pthread_t th[2];
+	memset(&g, 0, sizeof g);
+	CHECK_OK(loom_model_tp_check(&c, 2));
+	CHECK_ERR(loom_model_tp_check(&c, 4), LOOM_EINVAL); /* 2 kv heads */
+	CHECK_CONTAINS(loom_errmsg(), "n_kv_head 2 is not divisible by tp 4");
+	CHECK_OK(loom_model_create(&one, &c, &o1));
+	test_params(one, 17);
+	make_tokens(in, tg, B * T, c.vocab_size, 19);
+	size_t np = loom_model_num_params(&c), ns = loom_model_shard_params(&c, 2);
+	CHECK_EQ(2 * ns, np + 2 * 3); /* everything split in two but the 2 x L scalars */
+	float *full = calloc(np, sizeof(float)), *shard = malloc(ns * sizeof(float));
+	CHECK(full && shard);
+	CHECK(pthread_barrier_init(&g.bar, NULL, 2) == 0);
+	for (int k = 0; k < 2; k++) {
+		loom_model_opts_t o = {.B = B, .T = T, .tp_size = 2, .tp_rank = k};
+		CHECK_OK(loom_model_create(&rk[k], &c, &o));
+		CHECK_EQ(loom_model_param_count(rk[k]), ns);
+		/* init of a shard = the shard of the whole init */
+		loom_model_t *w = NULL;
+		CHECK_OK(loom_model_create(&w, &c, &o1));
+		loom_model_init(w, 77);
+		loom_model_init(rk[k], 77);
+		loom_model_tp_shard(&c, 2, k, loom_model_params(w), shard);
+		CHECK(memcmp(shard, loom_model_params(rk[k]), ns * sizeof(float)) == 0);
+		loom_model_destroy(w);
+		loom_model_tp_shard(&c, 2, k, loom_model_params(one), loom_model_params(rk[k]));
+		loom_model_zero_grad(rk[k]);
+		g.scratch[k] = malloc(TP_SCRATCH * sizeof(float));
+		CHECK(g.scratch[k] != NULL);
+		r[k] = (tp_rank_t){.g = &g, .rank = k, .m = rk[k], .in = in, .tg = tg, .B = B, .T = T};
+		loom_model_on_tp_reduce(rk[k], tp_reduce_cb, &r[k]);
+	}
+	loom_tensor_info_t si;
+	CHECK_OK(loom_model_shard_info(&c, 2, 3, &si)); /* value_embeds.0: kv head r's 16 columns */
+	CHECK_EQ(si.shape[0], 64); CHECK_EQ(si.shape[1], 16);
+	CHECK_OK(loom_model_shard_info(&c, 2, 4, &si)); /* its gate: kv head r's row */
+	CHECK_EQ(si.shape[0], 1); CHECK_EQ(si.shape[1], 32);
+	float l1, lf1;
+	loom_model_zero_grad(one);
+	CHECK_OK(loom_model_forward(one, in, tg, B, T, &lf1));
+	CHECK_OK(loom_model_forward_backward(one, in, tg, B, T, 1.0f, &l1));
+	for (int k = 0; k < 2; k++)
+		CHECK(pthread_create(&th[k], NULL, tp_run, &r[k]) == 0);
+	for (int k = 0; k < 2; k++)
+		pthread_join(th[k], NULL);
+	for (int k = 0; k < 2; k++) {
+		CHECK_OK(r[k].rc);
+		CHECK_FEQ(r[k].loss, r[0].loss);
+		CHECK_MSG(fabsf(r[k].loss - l1) <= 1e-5f * l1 && fabsf(r[k].loss_fwd - lf1) <= 1e-5f * lf1,
+		          "rank %d: loss %.9g (forward %.9g), one process %.9g", k, r[k].loss, r[k].loss_fwd, l1);
+		loom_model_tp_unshard(&c, 2, k, loom_model_grads(rk[k]), full);
+	}
+	CHECK_EQ(g.calls[0], g.calls[1]);
+	const loom_tensor_info_t *tt = loom_model_tensors(one, &n);
+	double worst = 0.0;
+	for (int i = 0; i < n; i++) {
+		const float *g1 = loom_model_tensor_grad(one, i), *gt = full + tt[i].offset;
+		double mx = 0.0, w = 0.0;
+		for (size_t k = 0; k < tt[i].numel; k++)
+			mx = fmax(mx, fabs(g1[k])), w = fmax(w, fabs(g1[k] - gt[k]));
+		worst = fmax(worst, w / mx);
+		CHECK_MSG(mx > 0.0 && w <= 1e-5 * mx, "%s: tp 2 gradient off by %.3g (max %.3g)", tt[i].name, w, mx);
+	}
+	fprintf(stderr, "  tp 2: loss %.3g relative, gradients %.3g of each tensor's max from one process; %ld "
+	        "reductions per rank\n", fabs(r[0].loss - l1) / l1, worst, g.calls[0]);
+	/* the same ranks with blocks checkpointing: the recomputation reruns the forward's reductions,
+	 * and the gradients are bit-identical */
+	float *full2 = calloc(np, sizeof(float));
+	CHECK(full2 != NULL);
+	for (int k = 0; k < 2; k++) {
+		loom_model_opts_t o = {.B = B, .T = T, .tp_size = 2, .tp_rank = k, .act_ckpt = LOOM_ACT_CKPT_BLOCKS};
+		loom_model_destroy(rk[k]);
+		CHECK_OK(loom_model_create(&rk[k], &c, &o));
+		loom_model_tp_shard(&c, 2, k, loom_model_params(one), loom_model_params(rk[k]));
+		loom_model_zero_grad(rk[k]);
+		r[k].m = rk[k];
+		loom_model_on_tp_reduce(rk[k], tp_reduce_cb, &r[k]);
+	}
+	for (int k = 0; k < 2; k++)
+		CHECK(pthread_create(&th[k], NULL, tp_run, &r[k]) == 0);
+	for (int k = 0; k < 2; k++)
+		pthread_join(th[k], NULL);
+	for (int k = 0; k < 2; k++) {
+		CHECK_OK(r[k].rc);
+		loom_model_tp_unshard(&c, 2, k, loom_model_grads(rk[k]), full2);
+		CHECK_EQ(loom_model_recomputes(rk[k]), c.n_layer);
+	}
+	CHECK(memcmp(full, full2, np * sizeof(float)) == 0);
+	free(full2);
+	for (int k = 0; k < 2; k++)
+		loom_model_destroy(rk[k]), free(g.scratch[k]);
+	pthread_barrier_destroy(&g.bar);
+	free(full), free(shard);
+	loom_model_destroy(one);
+	return 0;
+}
+
+/* ---- the attention kernel against a plain one ---------------------------------------------------------- */
+
+/* out (N,NH D), P (B,NH,T,T) of windowed causal GQA attention in double; with dout, dq/dk/dv too. */
+static void attention_naive(double *out, double *P, double *dq, double *dk, double *dv, const float *dout,
+                            const float *q, const float *k, const float *v, int B, int T, int NH, int NKV, int D, int W)
+{
+	int G = NH / NKV, lq = NH * D, lk = NKV * D;
+	double sc = 1.0 / sqrt((double)D);
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < NH; h++) {
+			int g = h / G;
+			for (int t = 0; t < T; t++) {
+				double *p = P + (((size_t)b * NH + h) * T + t) * T, mx = -INFINITY, sum = 0;
+				const float *qt = q + ((size_t)b * T + t) * lq + h * D;
+				for (int s = 0; s < T; s++) {
+					p[s] = 0;
+					if (s > t || t - s > W)
+						continue;
+					double d = 0;
+					for (int i = 0; i < D; i++)
+						d += (double)qt[i] * k[((size_t)b * T + s) * lk + g * D + i];
+					p[s] = d * sc;
+					mx = fmax(mx, p[s]);
+				}
+				for (int s = 0; s < T; s++)
+					if (s <= t && t - s <= W)
+						sum += (p[s] = exp(p[s] - mx));
+				for (int s = 0; s < T; s++)
+					p[s] /= sum;
+				for (int i = 0; i < D; i++) {
+					double o = 0;
+					for (int s = 0; s <= t; s++)
+						o += p[s] * v[((size_t)b * T + s) * lk + g * D + i];
+					out[((size_t)b * T + t) * lq + h * D + i] = o;
+				}
+				if (!dout)
+					continue;
+				const float *dy = dout + ((size_t)b * T + t) * lq + h * D;
+				double dp[512], dot = 0;
+				for (int s = 0; s <= t; s++) {
+					dp[s] = 0;
+					for (int i = 0; i < D; i++)
+						dp[s] += (double)dy[i] * v[((size_t)b * T + s) * lk + g * D + i];
+					dot += p[s] * dp[s];
+				}
+				for (int s = 0; s <= t; s++) {
+					double ds = p[s] * (dp[s] - dot) * sc;
+					for (int i = 0; i < D; i++) {
+						dq[((size_t)b * T + t) * lq + h * D + i] += ds * k[((size_t)b * T + s) * lk + g * D + i];
+						dk[((size_t)b * T + s) * lk + g * D + i] += ds * qt[i];
+						dv[((size_t)b * T + s) * lk + g * D + i] += p[s] * dy[i];
+					}
+				}
+			}
+		}
+}
+
+/* Windows that start inside, at and beyond the 64-row blocks (T = 150), full causal, and a window of 0
+ * (each query sees itself only); 4 query heads on 2 kv heads. Probabilities outside the window are
+ * exact zeros, the selective recomputation gives the forward's bits. */
+TEST(nanochat_attention_kernel_windows)
+{
+	enum { B = 2, T = 150, NH = 4, NKV = 2, D = 8 };
+	size_t nq = (size_t)B * T * NH * D, nk = (size_t)B * T * NKV * D, np = (size_t)B * NH * T * T;
+	float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4), *out = malloc(nq * 4);
+	float *P = malloc(np * 4), *P2 = malloc(np * 4), *dq = malloc(nq * 4), *dk = malloc(nk * 4), *dv = malloc(nk * 4);
+	float *dkh = malloc(nq * 4), *dvh = malloc(nq * 4), *scr = malloc((size_t)T * T * 64 * 4);
+	double *ro = malloc(nq * 8), *rp = malloc(np * 8), *rdq = malloc(nq * 8), *rdk = malloc(nk * 8), *rdv = malloc(nk * 8);
+	CHECK(q && k && v && dout && out && P && P2 && dq && dk && dv && dkh && dvh && scr && ro && rp && rdq && rdk && rdv);
+	uint32_t s = 99;
+	for (size_t i = 0; i < nq; i++)
+		q[i] = 2 * urand(&s), dout[i] = urand(&s);
+	for (size_t i = 0; i < nk; i++)
+		k[i] = 2 * urand(&s), v[i] = urand(&s);
+	int windows[5] = {37, 64, 100, T, 0};
+	for (int wi = 0; wi < 5; wi++) {
+		int W = windows[wi];
+		loom__nc_attention_forward(out, P, q, k, v, B, T, NH, NKV, D, W);
+		memset(P2, 0xff, np * 4);
+		loom__nc_attention_probs(P2, q, k, B, T, NH, NKV, D, W);
+		CHECK(memcmp(P, P2, np * 4) == 0);
+		memset(dq, 0, nq * 4), memset(dk, 0, nk * 4), memset(dv, 0, nk * 4);
+		loom__nc_attention_backward(dq, dk, dv, dkh, dvh, scr, 64, dout, q, k, v, P, B, T, NH, NKV, D, W);
+		memset(rdq, 0, nq * 8), memset(rdk, 0, nk * 8), memset(rdv, 0, nk * 8);
+		attention_naive(ro, rp, rdq, rdk, rdv, dout, q, k, v, B, T, NH, NKV, D, W);
+		double e = 0;
+		for (size_t i = 0; i < np; i++) {
+			if (rp[i] == 0)
+				CHECK_MSG(P[i] == 0.0f, "W %d: probability %zu is %.3g outside the window", W, i, P[i]);
+			e = fmax(e, fabs(P[i] - rp[i]));
+		}
+		for (size_t i = 0; i < nq; i++)
+			e = fmax(e, fmax(fabs(out[i] - ro[i]), fabs(dq[i] - rdq[i])));
+		for (size_t i = 0; i < nk; i++)
+			e = fmax(e, fmax(fabs(dk[i] - rdk[i]), fabs(dv[i] - rdv[i])));
+		CHECK_MSG(e < 2e-5, "W %d: attention differs from the plain version by %.3g", W, e);
+	}
+	free(q), free(k), free(v), free(dout), free(out), free(P), free(P2), free(dq), free(dk), free(dv);
+	free(dkh), free(dvh), free(scr), free(ro), free(rp), free(rdq), free(rdk), free(rdv);
+	return 0;
+}
+
+/* Every allocation of create and of the KV cache failing in turn: a clean LOOM_ENOMEM, nothing leaked
+ * (under ASan), then a model that works. */
+TEST(nanochat_alloc_failures_clean)
+{
+	loom_model_config_t c = small_cfg();
+	loom_model_opts_t o = {.B = 1, .T = 8, .arenas = 2};
+	loom_model_t *m = NULL;
+	int failed = 0, prompt[2] = {1, 2}, out[2], n_out;
+	for (long k = 1; k < 40; k++) {
+		loom__fault_alloc_set(k);
+		int rc = loom_model_create(&m, &c, &o);
+		int hit = loom__fault_alloc_hit();
+		loom__fault_alloc_set(0);
+		if (!hit) {
+			CHECK_OK(rc);
+			break;
+		}
+		CHECK_ERR(rc, LOOM_ENOMEM);
+		CHECK(m == NULL);
+		failed++;
+	}
+	CHECK(failed >= 8 && m != NULL);
+	loom_model_init(m, 1);
+	loom__fault_alloc_set(1);
+	int rc = loom_model_generate(m, prompt, 2, 2, 0.0f, 0, 1, -1, out, &n_out, NULL, NULL);
+	loom__fault_alloc_set(0);
+	CHECK_ERR(rc, LOOM_ENOMEM);
+	CHECK_OK(loom_model_generate(m, prompt, 2, 2, 0.0f, 0, 1, -1, out, &n_out, NULL, NULL));
+	CHECK_EQ(n_out, 2);
+	loom_model_destroy(m);
+	return 0;
+}
+
+/* ZeRO-3's use of the hooks: a model with no parameters of its own; before each unit runs, the hook
+ * fills one shared buffer with that unit's parameters (NaN first, so a read through a stale view
+ * shows) and points the unit's views at it. The embedding unit (wte and the scalars every block
+ * reads) stays pointed at the master copy. Losses and gradients equal a plain model's bit for bit. */
+typedef struct {
+	loom_model_t *m;
+	const loom_model_config_t *c;
+	const float *master;
+	float *gather;
+	int uses;
+} gather_t;
+
+static void gather_unit(void *ctx, int unit, int phase)
+{
+	gather_t *g = ctx;
+	int first, end;
+	const loom_tensor_info_t *tt = loom_model_tensors(g->m, NULL);
+	(void)phase;
+	g->uses++;
+	if (unit < 0)
+		return;
+	loom_model_unit_tensors(g->c, unit, &first, &end);
+	size_t off = tt[first].offset, n = tt[end - 1].offset + tt[end - 1].numel - off;
+	for (size_t i = 0; i < n; i++)
+		g->gather[i] = NAN;
+	for (int u = 0; u <= g->c->n_layer; u++) /* every other unit's views at poison */
+		loom_model_set_unit_view(g->m, u, g->gather + n, NULL);
+	memcpy(g->gather, g->master + off, n * sizeof(float));
+	loom_model_set_unit_view(g->m, unit, g->gather, NULL);
+}
+
+TEST(nanochat_param_use_hook_gathers_units)
+{
+	loom_model_config_t c = small_cfg();
+	enum { B = 2, T = 12 };
+	int in[B * T], tg[B * T];
+	loom_model_t *a = NULL, *z = NULL;
+	loom_model_opts_t oa = {.B = B, .T = T}, oz = {.B = B, .T = T, .no_own_params = 1};
+	CHECK_OK(loom_model_create(&a, &c, &oa));
+	CHECK_OK(loom_model_create(&z, &c, &oz));
+	test_params(a, 8);
+	make_tokens(in, tg, B * T, c.vocab_size, 9);
+	size_t np = loom_model_param_count(a);
+	gather_t g = {.m = z, .c = &c, .master = loom_model_params(a), .gather = malloc(2 * np * sizeof(float))};
+	CHECK(g.gather != NULL);
+	for (size_t i = 0; i < 2 * np; i++)
+		g.gather[i] = NAN;
+	CHECK_OK(loom_model_set_unit_view(z, -1, loom_model_params(a), NULL));
+	loom_model_on_param_use(z, gather_unit, &g);
+	float la, lz;
+	loom_model_zero_grad(a), loom_model_zero_grad(z);
+	CHECK_OK(loom_model_forward_backward(a, in, tg, B, T, 1.0f, &la));
+	CHECK_OK(loom_model_forward_backward(z, in, tg, B, T, 1.0f, &lz));
+	CHECK_EQ(g.uses, 2 * (c.n_layer + 2));
+	CHECK_FEQ(la, lz);
+	CHECK(memcmp(loom_model_grads(a), loom_model_grads(z), np * sizeof(float)) == 0);
+	free(g.gather);
+	loom_model_destroy(a), loom_model_destroy(z);
+	return 0;
+}

@@ -1,0 +1,185 @@
+/* test_nanochat_train.c: nanochat's GPT (`loom train --arch nanochat`) through every strategy, by the
+ * CLI on a small config with grouped kv heads and a sliding-window pattern: data parallel, pipeline
+ * parallel, ZeRO-3, tensor parallel, dp x tp and activation checkpointing against one process with the
+ * same tokens per step (per-step losses within 1e-5 relative); resume bit-identical; MuonAdamW on it
+ * at 1 and 2 ranks; the checkpoint's names and shapes against nanochat's state_dict; `loom convert`
+ * to nanochat's .pt and back; `loom sample` and `loom info` on its files. */
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test.h"
+
+enum { VOCAB = 64, STEPS = 6, MAXSTEPS = 64 };
+
+#define NC_BASE                                                                                                  \
+	"--arch nanochat --n-layer 4 --n-embd 64 --n-head 4 --n-kv-head 2 --window-pattern SL --short-window 8 "    \
+	"--vocab-size 64 --batch-size 2 --seq-len 16 --warmup 1 --shuffle 1 --seed 7 --peak-flops 1e10 "             \
+	"--total-batch-size 256"
+#define NC NC_BASE " --lr 2e-3"
+
+#define RUN_OK(cmd, out, timeout)                                                                                \
+	do {                                                                                                         \
+		int st_ = test_run_cmd(cmd, out, sizeof out, timeout);                                                   \
+		CHECK_MSG(st_ == 0, "`%s` exited %d:\n%s", cmd, st_, out);                                               \
+	} while (0)
+
+/* Every layout of the ranks against one process: the same losses within 1e-5 relative. */
+TEST(nanochat_strategies_match_one_process)
+{
+	static const struct {
+		const char *name, *flags;
+	} runs[] = {
+		{"dp2", "--nproc 2 --check-replicas 1"},
+		{"pp2", "--nproc 2 --pp 2"},
+		{"pp2 gpipe", "--nproc 2 --pp 2 --schedule gpipe"},
+		{"zero3", "--nproc 2 --zero 3"},
+		{"zero1", "--nproc 2 --zero 1"},
+		{"act ckpt blocks", "--activation-checkpointing blocks"},
+		{"act ckpt selective", "--activation-checkpointing selective"},
+		{"pp2 act ckpt", "--nproc 2 --pp 2 --activation-checkpointing blocks"},
+		{"tp2", "--nproc 2 --tp 2"},
+		{"dp2 x tp2", "--nproc 4 --tp 2"},
+		{"tp2 x pp2", "--nproc 4 --tp 2 --pp 2"},
+	};
+	char dir[512], cmd[4096], out[16384], path[1024];
+	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, VOCAB, 6001));
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " NC " --steps %d --log %s/one.jsonl", loom, dir,
+	         STEPS, dir);
+	RUN_OK(cmd, out, 120);
+	CHECK_CONTAINS(out, "model: nanochat L4 H4 C64 T16 V64");
+	CHECK_CONTAINS(out, "nanochat: 2 kv heads, window pattern SL (S = 8 positions)");
+	snprintf(path, sizeof path, "%s/one.jsonl", dir);
+	CHECK_EQ(test_read_losses(path, ref, MAXSTEPS, NULL, NULL), STEPS);
+	CHECK(ref[STEPS] < ref[1] - 0.05); /* it learned */
+	for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " NC " --steps %d --log %s/r%zu.jsonl %s",
+		         loom, dir, STEPS, dir, k, runs[k].flags);
+		RUN_OK(cmd, out, 180);
+		snprintf(path, sizeof path, "%s/r%zu.jsonl", dir, k);
+		CHECK_EQ(test_read_losses(path, got, MAXSTEPS, NULL, NULL), STEPS);
+		for (int s = 1; s <= STEPS; s++)
+			CHECK_MSG(fabs(got[s] - ref[s]) <= 1e-5 * ref[s], "%s, step %d: loss %.9g, one process %.9g", runs[k].name,
+			          s, got[s], ref[s]);
+	}
+	test_rmdir(dir);
+	return 0;
+}
+
+/* Resume continues bit-identically (AdamW at 2 ranks, MuonAdamW at 2 ranks); the checkpoint's model
+ * has nanochat's names and shapes (a strict load_state_dict's conditions) and its config.json
+ * GPTConfig's fields; `loom info` names the family; `loom convert` to model_000006.pt and back gives
+ * the same tensors; `loom sample` generates from it. */
+TEST(nanochat_resume_checkpoint_convert_sample)
+{
+	char dir[512], cmd[16384], out[16384], path[1024], loom[1024], real[PATH_MAX];
+	static char full[MAXSTEPS][160], resumed[MAXSTEPS][160];
+	double loss[MAXSTEPS];
+	CHECK(realpath(test_loom_bin(), real) != NULL && strlen(real) < sizeof loom);
+	snprintf(loom, sizeof loom, "%.1000s", real);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, VOCAB, 6001));
+	for (int muon = 0; muon <= 1; muon++) {
+		const char *opt = muon ? "--optimizer muon" : "--lr 2e-3";
+		snprintf(cmd, sizeof cmd, "cd %s && rm -rf ck full_final && %s train --nproc 2 --train-data '%s/train_*.bin' " NC_BASE " %s "
+		         "--steps %d --save-dir ck --save-every 3 --log full.jsonl && mv ck/step_%08d full_final && cp "
+		         "full.jsonl r.jsonl", dir, loom, dir, opt, STEPS, STEPS);
+		RUN_OK(cmd, out, 180);
+		snprintf(path, sizeof path, "%s/full.jsonl", dir);
+		CHECK_EQ(test_read_losses(path, loss, MAXSTEPS, full, NULL), STEPS);
+		snprintf(cmd, sizeof cmd, "cd %s && %s train --nproc 2 --train-data '%s/train_*.bin' " NC_BASE " %s --steps %d "
+		         "--save-dir ck --save-every 3 --log r.jsonl --resume", dir, loom, dir, opt, STEPS);
+		RUN_OK(cmd, out, 180);
+		CHECK_CONTAINS(out, "at step 3");
+		snprintf(path, sizeof path, "%s/r.jsonl", dir);
+		CHECK_EQ(test_read_losses(path, loss, MAXSTEPS, resumed, NULL), STEPS);
+		for (int s = 1; s <= STEPS; s++)
+			CHECK_STREQ(resumed[s], full[s]);
+		snprintf(cmd, sizeof cmd, "cd %s && for f in full_final/*; do cmp $f ck/step_%08d/${f#full_final/} || exit 1; "
+		         "done", dir, STEPS);
+		RUN_OK(cmd, out, 10);
+	}
+	/* the checkpoint against nanochat's state_dict, config.json against GPTConfig */
+	snprintf(cmd, sizeof cmd, "/usr/bin/python3 tests/ref/nanochat_ckpt_check.py %s/full_final/model.safetensors "
+	         "--torch", dir);
+	RUN_OK(cmd, out, 60);
+	CHECK_CONTAINS(out, "ok: 32 tensors, GPTConfig(sequence_len=16, vocab_size=64, n_layer=4, n_head=4, "
+	               "n_kv_head=2, n_embd=64, window_pattern='SL')");
+	snprintf(cmd, sizeof cmd, "%s info %s/full_final/model.safetensors", loom, dir);
+	RUN_OK(cmd, out, 30);
+	CHECK_CONTAINS(out, "nanochat: n_layer=4 n_head=4 n_kv_head=2 n_embd=64 sequence_len=16 vocab_size=64");
+	/* to nanochat's files and back: the same tensors, bit for bit */
+	snprintf(cmd, sizeof cmd, "cd %s && mkdir -p nc && export LOOM_PYTHON=/usr/bin/python3 && %s convert full_final/model.safetensors "
+	         "nc/model_000006.pt && test -s nc/meta_000006.json && %s convert nc/model_000006.pt back.safetensors && "
+	         "%s info back.safetensors",
+	         dir, loom, loom, loom);
+	RUN_OK(cmd, out, 120);
+	CHECK_CONTAINS(out, "nanochat: n_layer=4 n_head=4 n_kv_head=2 n_embd=64 sequence_len=16 vocab_size=64");
+	snprintf(cmd, sizeof cmd, "/usr/bin/python3 -c \"import json,struct,sys\n"
+	         "def rd(p):\n b=open(p,'rb').read(); n=struct.unpack('<Q',b[:8])[0]; h=json.loads(b[8:8+n]); "
+	         "h.pop('__metadata__',None)\n return {k:b[8+n+v['data_offsets'][0]:8+n+v['data_offsets'][1]] for k,v in h.items()}\n"
+	         "a=rd('%s/full_final/model.safetensors'); b=rd('%s/back.safetensors')\n"
+	         "sys.exit(0 if a==b else 1)\"", dir, dir);
+	RUN_OK(cmd, out, 60);
+	/* sampling from the checkpoint (the KV cache; the model's logits against the full forward are
+	 * tests/test_nanochat.c's) */
+	snprintf(cmd, sizeof cmd, "cd %s && for i in $(seq 200); do echo \"line $i of a small corpus for the byte-level "
+	         "tokenizer\"; done > text.txt && %s data prepare --input text.txt --out bytes >/dev/null && %s train "
+	         "--train-data 'bytes/train_*.bin' --arch nanochat --n-layer 2 --n-embd 64 --n-head 2 --vocab-size 257 "
+	         "--batch-size 2 --seq-len 32 --steps 2 --save-dir bck --peak-flops 1e10 >/dev/null && %s sample --model bck "
+	         "--prompt 'line 1' --max-tokens 8 --temperature 0 > s1.txt && %s sample --model bck --prompt 'line 1' "
+	         "--max-tokens 8 --temperature 0 --threads 1 > s2.txt && cmp s1.txt s2.txt && head -c 6 s1.txt", dir, loom,
+	         loom, loom, loom);
+	RUN_OK(cmd, out, 60);
+	CHECK_STREQ(out, "line 1"); /* greedy sampling is the same on 2 threads and 1, after the prompt */
+	test_rmdir(dir);
+	return 0;
+}
+
+/* MuonAdamW on nanochat: DistMuon at 2 ranks equals one process within 1e-6 (ve_gate [NKV, 32] is one
+ * of its matrices); the optimizer's line names the groups. */
+TEST(nanochat_muon_dist_matches_one_process)
+{
+	char dir[512], cmd[4096], out[16384], path[1024];
+	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, VOCAB, 6001));
+	for (int world = 1; world <= 3; world++) {
+		if (world == 3) /* 8 micro-batches do not split over 3 ranks: 2 ranks x 4 and 4 x 2 instead */
+			world = 4;
+		snprintf(cmd, sizeof cmd, "%s train --nproc %d --train-data '%s/train_*.bin' " NC_BASE " --optimizer muon --steps %d "
+		         "--log %s/w%d.jsonl --check-replicas 1", loom, world, dir, STEPS, dir, world);
+		RUN_OK(cmd, out, 180);
+		CHECK_CONTAINS(out, "AdamW embeddings 0.3, lm head 0.004 (x (C/768)^-0.5 = 3.4641), scalars 0.5");
+		snprintf(path, sizeof path, "%s/w%d.jsonl", dir, world);
+		CHECK_EQ(test_read_losses(path, world == 1 ? ref : got, MAXSTEPS, NULL, NULL), STEPS);
+		for (int s = 1; world > 1 && s <= STEPS; s++)
+			CHECK_MSG(fabs(got[s] - ref[s]) <= 1e-6 * ref[s], "%d ranks, step %d: loss %.9g, one process %.9g", world,
+			          s, got[s], ref[s]);
+	}
+	CHECK(ref[STEPS] < ref[1] - 0.05);
+	/* two pipeline stages, each its own matrices (and an evaluation on the gathered model): within 1e-5, as
+	 * the pipeline is under AdamW; their checkpoints are refused before training */
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --pp 2 --train-data '%s/train_*.bin' " NC_BASE " --optimizer muon "
+	         "--steps %d --log %s/pp.jsonl --val-data '%s/train_*.bin' --eval-every 3 --eval-batches 2", loom, dir, STEPS,
+	         dir, dir);
+	RUN_OK(cmd, out, 180);
+	snprintf(path, sizeof path, "%s/pp.jsonl", dir);
+	CHECK_EQ(test_read_losses(path, got, MAXSTEPS, NULL, NULL), STEPS);
+	for (int s = 1; s <= STEPS; s++)
+		CHECK_MSG(fabs(got[s] - ref[s]) <= 1e-5 * ref[s], "pp 2, step %d: loss %.9g, one process %.9g", s, got[s],
+		          ref[s]);
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --pp 2 --train-data '%s/train_*.bin' " NC_BASE " --optimizer muon "
+	         "--steps %d --save-dir %s/ppck", loom, dir, STEPS, dir);
+	CHECK(test_run_cmd(cmd, out, sizeof out, 60) != 0);
+	CHECK_CONTAINS(out, "--optimizer muon with --pp 2: MuonAdamW trains under pipeline parallel, but its checkpoints "
+	               "are not written yet");
+	test_rmdir(dir);
+	return 0;
+}

@@ -1,0 +1,400 @@
+/* test_plan.c: the planner (loom/plan.h): the textbook formulas with exact values (16 bytes per
+ * parameter for fp32 AdamW, ZeRO 1/2/3 per-rank bytes, 6ND + attention, the GPipe bubble, ring bytes),
+ * the search (meshes that do not divide are skipped; a model that fits nowhere says so), the JSON
+ * schema, cluster-file errors, and the invariant of src/train/plan.c: the plan's model states and
+ * activations equal what `loom train` reports for the same flags. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/gpt2.h"
+#include "loom/plan.h"
+#include "model/model.h"
+#include "parallel/pp.h"
+#include "test.h"
+
+/* A cluster with round figures (no measurement), big enough for anything. */
+static loom_cluster_t test_cluster(void)
+{
+	loom_cluster_t c;
+	memset(&c, 0, sizeof c);
+	snprintf(c.name, sizeof c.name, "test");
+	c.nodes = 1, c.ranks_per_node = 64, c.threads = 1;
+	c.peak_flops_fp32 = 1e12, c.efficiency = 0.5, c.memory_bytes = 1e12, c.memory_bw = 1e10;
+	c.intra_bw = 1e10, c.inter_bw = 1e9, c.overhead_bytes = 1000;
+	return c;
+}
+
+static loom_plan_config_t tiny_config(int dp, int zero)
+{
+	loom_plan_config_t pc;
+	memset(&pc, 0, sizeof pc);
+	loom_gpt2_preset("tiny", &pc.model);
+	pc.B = 4, pc.T = 64, pc.M = 1, pc.dp = dp, pc.zero = zero;
+	return pc;
+}
+
+TEST(plan_ddp_fp32_adam_16_bytes_per_param)
+{
+	loom_cluster_t c = test_cluster();
+	loom_plan_t p;
+	for (int dp = 1; dp <= 4; dp *= 2) {
+		loom_plan_config_t pc = tiny_config(dp, 0);
+		CHECK_OK(loom_plan_estimate(&pc, &c, &p));
+		double P = (double)loom_model_num_params(&pc.model);
+		CHECK_FEQ(p.params, P);
+		CHECK_FEQ(p.memory.params, 4 * P);
+		CHECK_FEQ(p.memory.grads, 4 * P);
+		CHECK_FEQ(p.memory.optimizer, 8 * P);
+		CHECK_FEQ(p.memory.params + p.memory.grads + p.memory.optimizer, 16 * P);
+		/* the total is every part plus the process overhead */
+		CHECK_FEQ(p.memory.total, p.memory.params + p.memory.grads + p.memory.optimizer + p.memory.activations +
+		                              p.memory.comm + p.memory.other + p.memory.overhead);
+	}
+	return 0;
+}
+
+TEST(plan_zero_stages_per_rank_bytes)
+{
+	loom_cluster_t c = test_cluster();
+	loom_plan_t p;
+	const int N = 4;
+	loom_plan_config_t pc = tiny_config(N, 0);
+	double P = (double)loom_model_num_params(&pc.model);
+	/* loom's shards: rank r owns [r P / N, (r+1) P / N) rounded down to 16 floats; rank 0 and the last */
+	double own0 = (double)(((unsigned long long)P / N) & ~15ull);
+	double own_last = P - (double)(((unsigned long long)P * (N - 1) / N) & ~15ull);
+	for (int zero = 1; zero <= 3; zero++) {
+		pc.zero = zero;
+		CHECK_OK(loom_plan_estimate(&pc, &c, &p));
+		const loom_plan_memory_t *m0 = &p.memory_rank0, *m = &p.memory;
+		double states0 = m0->params + m0->grads + m0->optimizer, states = m->params + m->grads + m->optimizer;
+		if (zero == 1) { /* 8P + 8P/N: AdamW's m and v sharded */
+			CHECK_FEQ(states0, 8 * P + 8 * own0);
+			CHECK_FEQ(states, 8 * P + 8 * own_last);
+		} else if (zero == 2) { /* 4P + 12P/N: the gradients too */
+			CHECK_FEQ(states0, 4 * P + 12 * own0);
+			CHECK_FEQ(states, 4 * P + 12 * own_last);
+		} else { /* 16P/N: the parameters too (the gathered units are communication buffers) */
+			CHECK_FEQ(states0, 16 * own0);
+			CHECK_FEQ(states, 16 * own_last);
+			CHECK(m->comm > 0);
+		}
+		/* the textbook formula to within the 16-float rounding of a shard (64 bytes x 16 per byte kind) */
+		double theory = zero == 1 ? 8 * P + 8 * P / N : zero == 2 ? 4 * P + 12 * P / N : 16 * P / N;
+		CHECK_NEAR(states0, theory, 16.0 * 64);
+	}
+	return 0;
+}
+
+TEST(plan_flops_6nd_plus_attention)
+{
+	loom_cluster_t c = test_cluster();
+	loom_plan_t p;
+	loom_plan_config_t pc = tiny_config(2, 0);
+	pc.M = 3;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &p));
+	double C = pc.model.n_embd, L = pc.model.n_layer, V = pc.model.vocab_size, T = pc.T;
+	double N = L * 12 * C * C + V * C; /* the matmul weights (the lm head tied to wte) */
+	CHECK_FEQ(p.flops_per_token, 6 * N + 12 * L * C * T);
+	double D = (double)pc.B * pc.T * pc.M * pc.dp; /* tokens per step */
+	CHECK_FEQ(p.tokens_per_step, D);
+	CHECK_FEQ(p.flops_per_step, (6 * N + 12 * L * C * T) * D);
+	/* MFU is the model's FLOPs (no recomputation) over the ranks' peak time */
+	CHECK_NEAR(p.mfu, p.flops_per_step / (p.step_time_s * p.world * c.peak_flops_fp32), 1e-12);
+	/* recomputing the blocks adds their forward (a third of their FLOPs) to what a rank runs */
+	pc.act_ckpt = LOOM_ACT_CKPT_BLOCKS;
+	loom_plan_t q;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &q));
+	double blocks = 0;
+	for (int l = 0; l < pc.model.n_layer; l++)
+		blocks += loom_model_unit_flops(&pc.model, l, pc.T);
+	CHECK_NEAR(q.flops_per_rank_step, (p.flops_per_token + blocks / 3) * D / pc.dp, 1e-6 * q.flops_per_rank_step);
+	CHECK_FEQ(q.flops_per_step, p.flops_per_step);
+	CHECK(q.memory.activations < p.memory.activations);
+	return 0;
+}
+
+TEST(plan_gpipe_bubble)
+{
+	/* the simulator on equal stages: (p-1)/(m+p-1), exactly what the plan reports as the ideal */
+	for (int P = 2; P <= 4; P++)
+		for (int M = 1; M <= 8; M *= 2) {
+			double f[32], b[32], span, bubble;
+			for (int k = 0; k < P * M; k++)
+				f[k] = 1.0, b[k] = 2.0;
+			CHECK_OK(loom__pp_simulate(LOOM_PP_GPIPE, P, M, f, NULL, b, &span, &bubble));
+			CHECK_NEAR(bubble, (double)(P - 1) / (M + P - 1), 1e-12);
+			CHECK_NEAR(span, 3.0 * (M + P - 1), 1e-12);
+			CHECK_OK(loom__pp_simulate(LOOM_PP_1F1B, P, M, f, NULL, b, &span, &bubble));
+			CHECK_NEAR(bubble, (double)(P - 1) / (M + P - 1), 1e-12);
+		}
+	loom_cluster_t c = test_cluster();
+	loom_plan_t p;
+	loom_plan_config_t pc = tiny_config(1, 0);
+	pc.pp = 2, pc.M = 4, pc.schedule_gpipe = 1;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &p));
+	CHECK_FEQ(p.bubble_theory, 1.0 / 5.0);
+	CHECK(p.bubble >= p.bubble_theory - 1e-9); /* unequal stages idle more, never less */
+	CHECK(p.pp.bytes > 0 && p.pp.exposed_s > 0);
+	/* GPipe keeps M micro-batches' activations on a stage, 1F1B at most P - s */
+	loom_plan_t q;
+	pc.schedule_gpipe = 0;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &q));
+	CHECK(q.memory_rank0.activations < p.memory_rank0.activations);
+	return 0;
+}
+
+TEST(plan_ring_allreduce_bytes)
+{
+	CHECK_FEQ(loom_plan_ring_allreduce_bytes(1000, 4), 1500);
+	CHECK_FEQ(loom_plan_ring_allreduce_bytes(1000, 2), 1000);
+	CHECK_FEQ(loom_plan_ring_allreduce_bytes(1000, 1), 0);
+	loom_cluster_t c = test_cluster();
+	loom_plan_t p;
+	loom_plan_config_t pc = tiny_config(4, 0);
+	CHECK_OK(loom_plan_estimate(&pc, &c, &p));
+	double P = (double)loom_model_num_params(&pc.model);
+	/* DDP: every gradient byte once, in buckets: 2 (N-1)/N x 4P per rank */
+	CHECK_NEAR(p.dp.bytes, 2.0 * 3 / 4 * 4 * P, 1e-6);
+	CHECK(p.dp.exposed_s <= p.dp.time_s + 1e-12);
+	pc.grad_reduce_bf16 = 1; /* half the bytes */
+	CHECK_OK(loom_plan_estimate(&pc, &c, &p));
+	CHECK_NEAR(p.dp.bytes, 2.0 * 3 / 4 * 2 * P, 1e-6);
+	/* tp: 4 all-reduces of B T C floats per block and micro-batch, plus the embedding's and the head's */
+	pc = tiny_config(1, 0);
+	pc.tp = 2;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &p));
+	double n = 4.0 * pc.B * pc.T * pc.model.n_embd;
+	CHECK_NEAR(p.tp.bytes, (4.0 * pc.model.n_layer + 2) * loom_plan_ring_allreduce_bytes(n, 2), 1e-6);
+	CHECK_FEQ(p.tp.exposed_s, p.tp.time_s);
+	return 0;
+}
+
+TEST(plan_search_skips_non_dividing_meshes)
+{
+	loom_cluster_t c = test_cluster();
+	loom_plan_config_t pc = tiny_config(1, 0); /* tiny: 4 heads, 4 layers */
+	pc.M = 4;
+	loom_plan_t *out = malloc(sizeof *out * 1000);
+	int n, total;
+	CHECK(out);
+	CHECK_OK(loom_plan_search(&pc, &c, 6, out, 1000, &n, &total));
+	CHECK(n > 0 && n == total);
+	for (int k = 0; k < n; k++) {
+		const loom_plan_config_t *q = &out[k].cfg;
+		CHECK_EQ(q->dp * q->tp * q->pp, 6);
+		CHECK_MSG(q->tp == 1 || q->tp == 2, "tp %d does not divide 4 heads", q->tp);
+		CHECK_MSG(q->dp != 3 && q->dp != 6, "dp %d does not divide 4 micro-batches", q->dp);
+		CHECK_EQ(q->dp * q->M, 4); /* tokens per step kept */
+		CHECK(q->zero == 0 || (q->tp == 1 && q->pp == 1));
+		if (k)
+			CHECK(out[k].step_time_s >= out[k - 1].step_time_s);
+	}
+	/* 5 ranks: no tp divides the heads but 1, no pp but 1 (4 layers), dp 5 does not divide M = 4 */
+	CHECK_OK(loom_plan_search(&pc, &c, 5, out, 1000, &n, &total));
+	CHECK_EQ(total, 0);
+	free(out);
+	return 0;
+}
+
+TEST(plan_fits_nowhere)
+{
+	char cmd[1024], out[8192];
+	loom_cluster_t c = test_cluster();
+	c.memory_bytes = 1e6; /* 1 MB per rank: tiny needs more than that anywhere */
+	loom_plan_config_t pc = tiny_config(1, 0);
+	loom_plan_t out1[256];
+	int n, total;
+	CHECK_OK(loom_plan_search(&pc, &c, 4, out1, 256, &n, &total));
+	CHECK(total > 0);
+	CHECK_EQ(n, 0);
+	CHECK(!out1[0].fits);
+	snprintf(cmd, sizeof cmd, "%s plan --model gpt2 --cluster a100-8x80g --search --ranks 8 --n-layer 96 "
+	         "--n-embd 12288 --n-head 96 --n-positions 2048 --seq-len 2048 --batch-size 8", test_loom_bin());
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 1);
+	CHECK_CONTAINS(out, "fits nowhere");
+	return 0;
+}
+
+TEST(plan_json_schema)
+{
+	char cmd[1024], out[16384];
+	snprintf(cmd, sizeof cmd, "%s plan --model tiny --seq-len 64 --nproc 4 --tp 2 --cluster cpu-node --tokens 1e6 "
+	         "--json", test_loom_bin());
+	int st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	static const char *const keys[] = {
+		"\"params\":", "\"memory_bytes\":{\"params\":", "\"grads\":", "\"optimizer\":", "\"activations\":",
+		"\"total\":", "\"flops_per_token\":", "\"step_time_s\":", "\"tokens_per_s\":", "\"mfu\":", "\"bubble\":",
+		"\"comm_bytes_per_step\":{\"dp\":", "\"tp\":", "\"pp\":", "\"wall_s\":", "\"cost\":", "\"dp\":2", "\"tp\":2"};
+	for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
+		CHECK_CONTAINS(out, keys[k]);
+	CHECK(out[0] == '{');
+	snprintf(cmd, sizeof cmd, "%s plan --model tiny --sequence-parallel", test_loom_bin());
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 2);
+	CHECK_CONTAINS(out, "no interleaved virtual stages or sequence parallelism");
+	/* a train command line plans as it is (its data, LR and logging flags ignored) */
+	snprintf(cmd, sizeof cmd, "%s plan --train-data 'x/*.bin' --steps 10 --lr 1e-3 --log l.jsonl --model tiny "
+	         "--batch-size 2 --seq-len 32 --nproc 2 --zero 1 --schedule cosine --cluster cpu-node", test_loom_bin());
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "mesh: dp 2 x tp 1 x pp 1 = 2 ranks; ZeRO 1");
+	return 0;
+}
+
+static int write_text(const char *path, const char *text)
+{
+	return test_write_file(path, text, strlen(text));
+}
+
+TEST(plan_cluster_file_errors)
+{
+	char dir[512], path[700];
+	loom_cluster_t c;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	snprintf(path, sizeof path, "%s/c.json", dir);
+	CHECK_ERR(loom_cluster_load(path, &c), LOOM_ENOENT);
+	CHECK_CONTAINS(loom_errmsg(), path);
+
+	CHECK_OK(write_text(path, "{\"nodes\": 2, \"ranks_per_node\": 8,"));
+	CHECK_ERR(loom_cluster_load(path, &c), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "not JSON");
+
+	CHECK_OK(write_text(path, "{\"nodes\": \"two\", \"ranks_per_node\": 8}"));
+	CHECK_ERR(loom_cluster_load(path, &c), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), path);
+	CHECK_CONTAINS(loom_errmsg(), "key 'nodes': expected an integer >= 1, got string");
+
+	CHECK_OK(write_text(path, "{\"nodes\": 2, \"ranks_per_node\": 8, \"peak_flops_fp32\": 1e14, \"memory_bytes\": "
+	                          "8e10, \"intra_bw\": 3e11, \"inter_bw\": 2.5e10, \"efficiency\": 1.5}"));
+	CHECK_ERR(loom_cluster_load(path, &c), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "key 'efficiency': expected a fraction in (0, 1], got 1.5");
+
+	CHECK_OK(write_text(path, "{\"nodes\": 2, \"ranks_per_node\": 8, \"peak_flop\": 1e14}"));
+	CHECK_ERR(loom_cluster_load(path, &c), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "unknown key 'peak_flop'");
+
+	CHECK_OK(write_text(path, "{\"nodes\": 2, \"ranks_per_node\": 8}"));
+	CHECK_ERR(loom_cluster_load(path, &c), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "key 'peak_flops_fp32' is missing");
+
+	CHECK_OK(write_text(path, "{\"profile\": \"tpu\"}"));
+	CHECK_ERR(loom_cluster_load(path, &c), LOOM_EFORMAT);
+	CHECK_CONTAINS(loom_errmsg(), "key 'profile': cluster profile 'tpu' is not one of");
+
+	CHECK_OK(write_text(path, "{\"profile\": \"h100-8x\", \"nodes\": 4, \"price_rank_hour\": 2.0}"));
+	CHECK_OK(loom_cluster_load(path, &c));
+	CHECK_EQ(c.nodes, 4);
+	CHECK_EQ(c.ranks_per_node, 8);
+	CHECK_FEQ(c.price_rank_hour, 2.0);
+	CHECK_FEQ(c.peak_flops_bf16, 989e12);
+
+	CHECK_OK(write_text(path, "{\"nodes\": 2, \"ranks_per_node\": 4, \"peak_flops_fp32\": 1e12, \"memory_bytes\": "
+	                          "1e10, \"intra_bw\": 1e10, \"inter_bw\": 1e9}"));
+	CHECK_OK(loom_cluster_load(path, &c));
+	CHECK_EQ(c.nodes * c.ranks_per_node, 8);
+	CHECK_STREQ(c.name, "c.json");
+	/* the CLI names the file too */
+	char cmd[1024], out[4096];
+	snprintf(path, sizeof path, "%s/bad.json", dir);
+	CHECK_OK(write_text(path, "[1, 2]"));
+	snprintf(cmd, sizeof cmd, "%s plan --model tiny --cluster %s", test_loom_bin(), path);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_CONTAINS(out, "bad.json: expected one JSON object, got array");
+	test_rmdir(dir);
+	return 0;
+}
+
+/* The number after "key": in text (0 when absent). */
+static double json_num(const char *text, const char *key)
+{
+	const char *p = strstr(text, key);
+	return p ? strtod(p + strlen(key), NULL) : 0.0;
+}
+
+TEST(plan_memory_equals_train)
+{
+	char dir[512], cmd[2048], out[65536], path[700];
+	const char *loom = test_loom_bin();
+	static const struct {
+		const char *flags;
+	} runs[] = {
+		{"--nproc 2 --zero 2"},
+		{"--nproc 2 --pp 2 --micro-batches 2 --schedule gpipe --activation-checkpointing blocks"},
+		{"--nproc 2 --tp 2 --activation-checkpointing selective"},
+		{"--nproc 1"},
+	};
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, 257, 4000));
+	for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+		snprintf(path, sizeof path, "%s/log%zu.jsonl", dir, k);
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --model tiny --batch-size 2 --seq-len 32 "
+		         "--steps 1 --threads 1 --peak-flops 1e10 --log %s %s", loom, dir, path, runs[k].flags);
+		int st = test_run_cmd(cmd, out, sizeof out, 120);
+		CHECK_MSG(st == 0, "exit %d: %s", st, out);
+		FILE *f = fopen(path, "r");
+		CHECK(f);
+		size_t n = fread(out, 1, sizeof out - 1, f);
+		fclose(f);
+		out[n] = 0;
+		double act = json_num(out, "\"total\":"), states = json_num(out, "\"mem_model_states_bytes\":");
+		CHECK(act > 0 && states > 0);
+		/* the same flags, planned */
+		char pcmd[2048], pout[16384];
+		snprintf(pcmd, sizeof pcmd, "%s plan --model tiny --batch-size 2 --seq-len 32 --cluster cpu-node --json %s",
+		         loom, runs[k].flags);
+		st = test_run_cmd(pcmd, pout, sizeof pout, 60);
+		CHECK_MSG(st == 0, "exit %d: %s", st, pout);
+		const char *r0 = strstr(pout, "\"memory_bytes_rank0\":");
+		CHECK(r0);
+		double p_states = json_num(r0, "\"params\":") + json_num(r0, "\"grads\":") + json_num(r0, "\"optimizer\":");
+		CHECK_MSG(p_states == states, "%s: plan's model states %.0f, train's %.0f", runs[k].flags, p_states, states);
+		CHECK_MSG(json_num(r0, "\"activations\":") == act, "%s: plan's activations %.0f, train's %.0f", runs[k].flags,
+		          json_num(r0, "\"activations\":"), act);
+	}
+	test_rmdir(dir);
+	return 0;
+}
+
+TEST(plan_gpt2_unit_flops_equal_the_table)
+{
+	/* GPT-2's closed-form block FLOPs (what the pipeline partition and the planner ask for) are the
+	 * parameter table's count */
+	static const char *const presets[] = {"tiny", "small", "gpt2"};
+	for (size_t k = 0; k < 3; k++) {
+		loom_model_config_t c;
+		CHECK_OK(loom_gpt2_preset(presets[k], &c));
+		for (int T = 1; T <= c.seq_len; T *= 4)
+			for (int u = -1; u <= c.n_layer; u++)
+				CHECK_FEQ(loom_model_unit_flops(&c, u, T), loom__model_unit_flops_table(&c, u, T));
+	}
+	return 0;
+}
+
+TEST(plan_prediction_in_log_and_plot)
+{
+	char dir[512], path[700], svg[700], cmd[2048], out[8192];
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	snprintf(path, sizeof path, "%s/log.jsonl", dir);
+	snprintf(svg, sizeof svg, "%s/p.svg", dir);
+	/* a log whose config record carries the plan's prediction (as loom train writes it) */
+	CHECK_OK(write_text(path, "{\"config\":{\"model\":{\"n_layer\":2,\"n_embd\":64},\"tokens_per_step\":1000,\"lr\":0.001,"
+	                          "\"world\":1,\"predicted_step_s\":0.5,\"predicted_memory_bytes\":1000000}}\n"
+	                          "{\"step\":1,\"loss\":5.0,\"tokens_per_s\":1900}\n"
+	                          "{\"step\":2,\"loss\":4.5,\"tokens_per_s\":2100,\"val_loss\":4.6}\n"
+	                          "{\"step\":3,\"loss\":4.0,\"tokens_per_s\":2000}\n"
+	                          "{\"step\":4,\"loss\":3.8,\"tokens_per_s\":2000,\"val_loss\":3.9}\n"));
+	snprintf(cmd, sizeof cmd, "%s plot %s -o %s", test_loom_bin(), path, svg);
+	int st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	FILE *f = fopen(svg, "r");
+	CHECK(f);
+	size_t n = fread(out, 1, sizeof out - 1, f);
+	fclose(f);
+	out[n] = 0;
+	CHECK_CONTAINS(out, "stroke-dasharray=\"2,3\""); /* 1000 tokens / 0.5 s = 2000 tokens/s, dotted */
+	CHECK_CONTAINS(out, "stroke-dasharray=\"6,4\""); /* the validation line through steps 2 and 4 */
+	test_rmdir(dir);
+	return 0;
+}
