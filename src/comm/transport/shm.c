@@ -180,6 +180,8 @@ static int recv_reject(xfer_t *x, const shm_slot_t *s)
 	ch->err_tag_expected = x->kind == CHAN_P2P ? x->rtag : s->tag;
 	atomic_store_explicit(&ch->err, 1, memory_order_release);
 	shm_ring(x->c, x->src);
+	if (x->kind == CHAN_COLL && s->seq && s->seq < x->seq) /* name this rank's call of that number too */
+		return loom__shm_went_past(x->c, x->src, s, x->seq, x->sig);
 	if (x->kind == CHAN_COLL && (s->seq != x->seq || !sig_eq(s, &x->sig))) {
 		char mine[160], theirs[160];
 		loom_xp_sig_t g = slot_sig(s);

@@ -1,39 +1,43 @@
-/* shm_enter.c: the shared-memory transport's enter (transport.h): a rank entering a collective (or
- * loom_comm_destroy) publishes it, then settles its earlier collectives with every peer.
+/* shm_enter.c: the shared-memory transport's enter (transport.h): a rank entering a collective
+ * publishes its signature and sequence number; mismatches of earlier calls are found lazily, where
+ * the rank waits anyway, and at loom_comm_destroy, where waiting is fine.
  *
  * Why. Every message on the collective channel carries the call's sequence number and signature,
  * and the receiver checks them (shm.c), so a mismatch is caught wherever a message is received. It
  * is missed where a message is never received: two ranks that both think they are a broadcast's
  * root each only send, small sends are eager, and both calls return. What is left behind is a
- * message in a channel that nobody will read. So, before collective k+1 (and at destroy):
- *   - incoming: a message from a peer still waiting in this rank's channel with a sequence number
- *     <= k is one this rank's calls went past: a mismatch (at destroy, one of a later call is a
- *     peer's call this rank leaves before: that peer gets LOOM_EPEERLOST);
- *   - outgoing: a message this rank sent that its peer has not yet consumed is waited for until the
- *     peer consumes it (the usual case: it is still in call k) or publishes a later call (it went
- *     past without receiving it: a mismatch), dies or leaves, or the deadline passes.
- *   - after a call with a root, and at destroy (for the last call, whatever it was): every peer is
- *     waited for until it entered that call, and its signature (each rank keeps its last SHM_HIST
- *     in its record) compared with this rank's. A receiver of a broadcast may otherwise finish
- *     before a peer that disagrees on the root sends it anything.
- * So every rank involved fails, at the latest at its next call on the communicator or at its
- * destroy, with a message naming both calls (the peer's from its message or its record).
+ * message in a channel that nobody will read, or a receiver that waits for a message nobody sends.
  *
- * Cost: per call, two cache-line loads per peer (its tail of this rank's channel, the slot at this
- * rank's tail of its channel), both usually in this core's cache; a wait only while a peer is
- * still receiving this rank's previous call (which a blocking collective has mostly finished).
- * After a broadcast or reduce, one more load per peer (its published sequence number).
- * A consequence: a rank's collective on a communicator may wait for its peers to have received the
- * previous one (MPI allows collectives to synchronize; a program must not rely on a broadcast's
- * root running ahead of its receivers by more than one call).
+ * The hot path (enter of every collective) never waits and touches no line a peer writes except
+ * the one it is about to read anyway:
+ *   - publish: this call's signature into the rank's own record (a history of the last SHM_HIST,
+ *     plain release stores), then its sequence number (release);
+ *   - incoming: a message from a peer still waiting at the tail of this rank's channel with a
+ *     sequence number below this call's is one this rank's calls went past: a mismatch.
+ * Lazily, where the rank waits anyway:
+ *   - a wait on a peer that lasts (shm_wait.c's slow checks, every SLOW_CHECK_S) compares the
+ *     peer's recorded signatures of every call in the history that both have entered with this
+ *     rank's (loom__shm_check_call): two ranks that each wait to receive from the other (every rank
+ *     a reduce's root) fail at once, and a receiver that waits for a sender that disagrees on the
+ *     root fails as soon as the sender moved on;
+ *   - a message of an earlier call found by a receive (shm.c) is reported like an incoming one.
+ * At destroy (coll -2; waiting is fine there):
+ *   - incoming as above, for every call;
+ *   - outgoing: a message this rank sent that its peer has not consumed is waited for until the
+ *     peer consumes it, publishes a later call (it went past without receiving it: a mismatch),
+ *     dies or leaves, or the deadline passes;
+ *   - every peer is waited for until it entered this rank's last call, and the signatures of the
+ *     calls both still hold in their histories are compared.
+ * So a rank that never waits (a small eager broadcast's root) learns of a mismatch of call k at a
+ * later call that waits, from the communicator's abort record (which every call reads) once a peer
+ * found it, or at its destroy; every rank involved fails by its destroy at the latest, with a
+ * message naming both calls (the peer's from its message or its record). A rank's collective never
+ * waits for a peer it would not wait for without these checks.
  *
- * A wait inside collective k also compares the signature of the awaited peer's call k, once it has
- * entered it (loom__shm_check_call, on the waiter's slow path): two ranks that each wait to receive
- * from the other (every rank a reduce's root) fail at once instead of at the deadline.
- *
- * Ordering: the peer's published sequence number is read before its tail (acquire, and the peer
- * publishes with release after its last consumption), so "went past" is never concluded from a tail
- * read before the peer consumed. */
+ * Ordering: a rank publishes its sequence number with release after its last consumption of the
+ * previous call, and a peer reads that number (acquire) before the tail, so "went past" is never
+ * concluded from a tail read before the peer consumed. The history is a seqlock of release stores
+ * and acquire loads (no fences: ThreadSanitizer has none). */
 #include <stdio.h>
 #include <string.h>
 
@@ -98,39 +102,47 @@ static int mismatch(loom_comm_t *c, int peer, const char *mine, const char *thei
 	return rc;
 }
 
-/* A message from a peer that this rank's calls before `seq` went past. (At destroy, a message of a
- * later call is a peer's that this rank leaves before: the peer gets LOOM_EPEERLOST.) */
+/* Peer p's message in slot sl (of call sl->seq, below `seq`) was never received: this rank went past
+ * it, to call `seq` (signature `now`; op names a call without one). Recorded and aborted. */
+static int went_past(loom_comm_t *c, int p, const shm_slot_t *sl, uint64_t seq, loom_xp_sig_t now, const char *op)
+{
+	char mine[400], theirs[220], d[200], why[300];
+	loom_xp_sig_t g = {sl->sig_count, sl->sig_shape, sl->sig_root};
+	loom_xp_sig_describe(d, sizeof d, sl->seq, &g);
+	snprintf(theirs, sizeof theirs, "called %s", d);
+	call_of(c, S(c)->rank, sl->seq, seq, mine, sizeof mine);
+	if (now.shape)
+		loom_xp_sig_describe(d, sizeof d, seq, &now);
+	else
+		snprintf(d, sizeof d, "%s", op ? op : "?");
+	snprintf(why, sizeof why, "its message to this rank was never received: this rank went past it, to %s", d);
+	return mismatch(c, p, mine, theirs, why);
+}
+
+int loom__shm_went_past(loom_comm_t *c, int p, const shm_slot_t *sl, uint64_t seq, loom_xp_sig_t now)
+{
+	return went_past(c, p, sl, seq, now, NULL);
+}
+
+/* A message from a peer that this rank's calls before `seq` went past: the slot at the tail of each
+ * incoming channel, which a receive reads next anyway. (At destroy, a message of a later call is a
+ * peer's that this rank leaves before: the peer gets LOOM_EPEERLOST.) */
 static int check_incoming(loom_comm_t *c, const loom_xp_ctx_t *ctx)
 {
-	uint64_t seq = ctx->seq;
-	loom_xp_sig_t now = loom_xp_coll_sig(c, ctx);
 	shm_comm_t *s = S(c);
 	shm_hdr_t *h = s->hdr;
 	for (int p = 0; p < s->size; p++) {
 		shm_chan_t *ch;
 		shm_slot_t *sl;
 		unsigned tail;
-		char mine[400], theirs[220], d[200], why[300];
-		loom_xp_sig_t g;
 		if (p == s->rank)
 			continue;
 		ch = chan_of(h, CHAN_COLL, p, s->rank);
 		tail = atomic_load_explicit(&ch->tail, memory_order_relaxed);
 		sl = &ch->slot[tail % h->nslots];
-		if (atomic_load_explicit(&sl->ready, memory_order_acquire) != tail + 1 || sl->seq == 0 || sl->seq >= seq)
+		if (atomic_load_explicit(&sl->ready, memory_order_acquire) != tail + 1 || sl->seq == 0 || sl->seq >= ctx->seq)
 			continue;
-		g = (loom_xp_sig_t){sl->sig_count, sl->sig_shape, sl->sig_root};
-		loom_xp_sig_describe(d, sizeof d, sl->seq, &g);
-		snprintf(theirs, sizeof theirs, "called %s", d);
-		call_of(c, s->rank, sl->seq, seq, mine, sizeof mine);
-		if (now.shape) {
-			loom_xp_sig_describe(d, sizeof d, seq, &now);
-			snprintf(why, sizeof why, "its message to this rank was never received: this rank went past it, to %s", d);
-		} else {
-			snprintf(why, sizeof why, "its message to this rank was never received: this rank went past it, to %s",
-			         ctx->op ? ctx->op : "?");
-		}
-		return mismatch(c, p, mine, theirs, why);
+		return went_past(c, p, sl, ctx->seq, loom_xp_coll_sig(c, ctx), ctx->op);
 	}
 	return LOOM_OK;
 }
@@ -138,17 +150,22 @@ static int check_incoming(loom_comm_t *c, const loom_xp_ctx_t *ctx)
 int loom__shm_check_call(loom_comm_t *c, uint64_t seq, int p)
 {
 	shm_comm_t *s = S(c);
-	loom_xp_sig_t mine, theirs;
-	char a[220], b[220], d[200];
-	if (!seq || atomic_load_explicit(&rank_rec(s->hdr, p)->seq, memory_order_acquire) < seq)
-		return LOOM_OK;
-	if (!hist_get(rank_rec(s->hdr, s->rank), seq, &mine) || !hist_get(rank_rec(s->hdr, p), seq, &theirs) ||
-	    (mine.shape == theirs.shape && mine.count == theirs.count && mine.root == theirs.root))
-		return LOOM_OK;
-	loom_xp_sig_describe(d, sizeof d, seq, &mine);
-	snprintf(a, sizeof a, "called %s", d);
-	call_of(c, p, seq, seq, b, sizeof b);
-	return mismatch(c, p, a, b, "seen while this rank waited for it");
+	uint64_t ps = atomic_load_explicit(&rank_rec(s->hdr, p)->seq, memory_order_acquire);
+	if (ps < seq)
+		seq = ps; /* the calls p has entered */
+	/* Oldest first: the first call that differs is the one to name. */
+	for (uint64_t k = seq > SHM_HIST ? seq - SHM_HIST + 1 : 1; k && k <= seq; k++) {
+		loom_xp_sig_t mine, theirs;
+		char a[220], b[220], d[200];
+		if (!hist_get(rank_rec(s->hdr, s->rank), k, &mine) || !hist_get(rank_rec(s->hdr, p), k, &theirs) ||
+		    (mine.shape == theirs.shape && mine.count == theirs.count && mine.root == theirs.root))
+			continue;
+		loom_xp_sig_describe(d, sizeof d, k, &mine);
+		snprintf(a, sizeof a, "called %s", d);
+		call_of(c, p, k, k, b, sizeof b);
+		return mismatch(c, p, a, b, "seen while this rank waited for it");
+	}
+	return LOOM_OK;
 }
 
 typedef struct {
@@ -231,9 +248,9 @@ static int entered_all(void *arg)
 	return 1;
 }
 
-/* Wait until every peer entered call k (or went past it), then compare its signature of call k with
- * this rank's: after a rooted call (whose receivers may finish before a mismatched peer sends) and at
- * destroy, the only way to tell every rank of a mismatch that left no message behind. */
+/* At destroy: wait until every peer entered call k, this rank's last (or went past it), then compare
+ * its signatures of the calls both still hold with this rank's: the only way to tell every rank of
+ * a mismatch that left no message behind and no rank waiting. */
 static int settle_call(loom_comm_t *c, const loom_xp_ctx_t *ctx, uint64_t k)
 {
 	entered_t e = {c, k};
@@ -257,7 +274,6 @@ static int settle_call(loom_comm_t *c, const loom_xp_ctx_t *ctx, uint64_t k)
 
 int loom__shm_enter(loom_comm_t *c, const loom_xp_ctx_t *ctx, int coll)
 {
-	loom_xp_sig_t last;
 	shm_comm_t *s = S(c);
 	shm_rank_t *me = rank_rec(s->hdr, s->rank);
 	int rc;
@@ -270,14 +286,13 @@ int loom__shm_enter(loom_comm_t *c, const loom_xp_ctx_t *ctx, int coll)
 	atomic_store_explicit(&me->seq, ctx->seq, memory_order_release);
 	if (atomic_load_explicit(&s->hdr->abort_code, memory_order_relaxed) != 0)
 		return LOOM_OK;
-	if ((rc = check_incoming(c, ctx)) != LOOM_OK)
-		return rc;
+	if ((rc = check_incoming(c, ctx)) != LOOM_OK || coll != -2)
+		return rc; /* a collective: nothing waits here; earlier calls are compared where it waits */
+	/* Destroy: every message of this rank's consumed or gone past, every peer at its last call. */
 	for (int p = 0; p < s->size; p++)
 		if (p != s->rank && (rc = settle_outgoing(c, ctx, p)) != LOOM_OK)
 			return rc;
-	/* The previous call when it had a root, or (destroy) whatever it was. */
-	if (ctx->seq > 1 && hist_get(me, ctx->seq - 1, &last) && (coll == -2 || (last.shape != 0 && last.root >= 0)) &&
-	    (rc = settle_call(c, ctx, ctx->seq - 1)) != LOOM_OK)
+	if (ctx->seq > 1 && (rc = settle_call(c, ctx, ctx->seq - 1)) != LOOM_OK)
 		return rc;
 	/* A peer may have sent while this rank waited above: one more look. */
 	return check_incoming(c, ctx);

@@ -179,11 +179,15 @@ int loom__shm_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int kind, int d
  * r's record. Collective over c; honours the deadline and liveness. */
 int loom__shm_board_exchange(loom_comm_t *c, const loom_xp_ctx_t *ctx, const void *mine, size_t len, void *all);
 /* ---- shm_enter.c: the transport's enter (transport.h): publish the collective this rank enters
- * (for peers' diagnostics and settling), then settle earlier calls. */
+ * with its signature (for peers' diagnostics and checks); at destroy, settle earlier calls. */
 int loom__shm_enter(loom_comm_t *c, const loom_xp_ctx_t *ctx, int coll);
-/* A wait in collective seq on peer p: LOOM_EMISMATCH (recorded, aborted) when p has entered seq, or
- * gone past it, with another signature than this rank's; LOOM_OK otherwise (also when unknown). */
+/* A wait in collective seq on peer p: LOOM_EMISMATCH (recorded, aborted) when a call up to seq that
+ * both ranks have entered and still hold in their histories has another signature on p than on this
+ * rank; LOOM_OK otherwise (also when unknown). */
 int loom__shm_check_call(loom_comm_t *c, uint64_t seq, int p);
+/* A receive in collective seq (signature now) found peer p's message of an earlier call in slot sl:
+ * this rank went past it. LOOM_EMISMATCH naming both ranks' calls of sl->seq, recorded, aborted. */
+int loom__shm_went_past(loom_comm_t *c, int p, const shm_slot_t *sl, uint64_t seq, loom_xp_sig_t now);
 /* Record a fatal error in the segment so that every rank's waits fail fast with it. */
 void loom__shm_abort(loom_comm_t *c, int code, const char *msg);
 
