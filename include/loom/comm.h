@@ -30,9 +30,10 @@
  * wrong size in a collective, the communicator is unusable afterwards: every later call on it, on
  * every rank, fails at once with that error and its message. A LOOM_DEBUG signature mismatch fails
  * that call on every rank and leaves the communicator usable. Without LOOM_DEBUG, every mismatched
- * collective (kind, dtype, op, root or count) fails on every rank involved, at the latest at its
- * next call on the communicator or at loom_comm_destroy, naming both calls, and the communicator is
- * then unusable; so a collective may wait until its peers received the previous one's messages.
+ * collective (kind, dtype, op, root or count) fails on every rank involved, naming both calls, at
+ * its next call that waits for a peer, or once a peer found it, and at loom_comm_destroy at the
+ * latest; the communicator is then unusable. No collective waits longer for these checks (a small
+ * broadcast's root, which waits for nobody, may learn of a mismatch only at destroy).
  *
  * Thread-safety: a communicator is used by one application thread at a time (different
  * communicators may be used by different threads); the non-blocking calls are progressed by one
