@@ -153,13 +153,14 @@ typedef struct loom_xport_ops {
 	int (*aborted)(loom_comm_t *c, char *msg, size_t cap);
 	/* This rank enters collective ctx->seq (coll: its loom_coll_t; -1 a split; -2 loom_comm_destroy,
 	 * with ctx->seq one past the last call). Publish it (for the diagnostics of peers that wait) with
-	 * its signature (loom_xp_coll_sig), then settle the calls before it: every message of this rank's
-	 * earlier collectives must have been received by its peer, and none of a peer's earlier ones (at
-	 * destroy: none at all) may wait unreceived for this rank. A message a peer went past without
-	 * receiving, or one this rank's calls never received, is a mismatch the sending rank's eager send
-	 * could not see (every rank a broadcast root): LOOM_EMISMATCH naming both calls, and an abort.
-	 * Waits (a peer that has not yet received) honour ctx->deadline and liveness. Returns LOOM_OK at
-	 * once when the communicator is already aborted (the caller reports that). */
+	 * its signature (loom_xp_coll_sig), without waiting for anyone: a transport checks earlier calls
+	 * where it waits anyway. At destroy, settle the calls before it: every message of this rank's
+	 * must have been received by its peer, and none of a peer's may wait unreceived for this rank.
+	 * A message a peer went past without receiving, or one this rank's calls never received, is a
+	 * mismatch the sending rank's eager send could not see (every rank a broadcast root):
+	 * LOOM_EMISMATCH naming both calls, and an abort. Waits (a peer that has not yet received)
+	 * honour ctx->deadline and liveness. Returns LOOM_OK at once when the communicator is already
+	 * aborted (the caller reports that). */
 	int (*enter)(loom_comm_t *c, const loom_xp_ctx_t *ctx, int coll);
 	/* Memory every rank can read in place (loom_comm_alloc): NULL with loom_seterr when exhausted.
 	 * free returns 1 when p was such memory (and is freed), 0 otherwise. Thread-safe. */
