@@ -89,6 +89,8 @@ static int xfer_ready(void *arg)
 static int send_rejected(xfer_t *x)
 {
 	shm_chan_t *ch = x->sch;
+	if (x->kind == CHAN_COLL && ch->err_seq_sent && ch->err_seq_sent < ch->err_seq_expected)
+		return loom__shm_peer_went_past(x->c, x->dst, ch->err_seq_sent, ch->err_sig_sent);
 	if (x->kind == CHAN_COLL && (ch->err_seq_sent != ch->err_seq_expected ||
 	                             memcmp(&ch->err_sig_sent, &ch->err_sig_expected, sizeof ch->err_sig_sent) != 0)) {
 		char mine[160], theirs[160];

@@ -8,21 +8,21 @@
  * root each only send, small sends are eager, and both calls return. What is left behind is a
  * message in a channel that nobody will read, or a receiver that waits for a message nobody sends.
  *
- * The hot path (enter of every collective) never waits and touches no line a peer writes except
- * the one it is about to read anyway:
- *   - publish: this call's signature into the rank's own record (a history of the last SHM_HIST,
- *     plain release stores), then its sequence number (release);
- *   - incoming: a message from a peer still waiting at the tail of this rank's channel with a
- *     sequence number below this call's is one this rank's calls went past: a mismatch.
- * Lazily, where the rank waits anyway:
+ * The hot path (enter of every collective) never waits and reads nothing a peer writes: it
+ * publishes this call's signature into the rank's own record (a history of the last SHM_HIST,
+ * plain release stores), then its sequence number (release). (Looking at the incoming channels
+ * there too, for a peer's message of an earlier call, cost 5-10% of an 8-byte broadcast's samples
+ * under perf: the slot line is the one the peer is writing.) Lazily, where the rank waits anyway:
  *   - a wait on a peer that lasts (shm_wait.c's slow checks, every SLOW_CHECK_S) compares the
  *     peer's recorded signatures of every call in the history that both have entered with this
  *     rank's (loom__shm_check_call): two ranks that each wait to receive from the other (every rank
  *     a reduce's root) fail at once, and a receiver that waits for a sender that disagrees on the
  *     root fails as soon as the sender moved on;
- *   - a message of an earlier call found by a receive (shm.c) is reported like an incoming one.
+ *   - a receive that finds a peer's message of an earlier call (shm.c) is a call this rank went
+ *     past: a mismatch naming both ranks' calls of that number.
  * At destroy (coll -2; waiting is fine there):
- *   - incoming as above, for every call;
+ *   - incoming: a peer's message still waiting at the tail of one of this rank's channels with a
+ *     sequence number below destroy's is one this rank's calls went past;
  *   - outgoing: a message this rank sent that its peer has not consumed is waited for until the
  *     peer consumes it, publishes a later call (it went past without receiving it: a mismatch),
  *     dies or leaves, or the deadline passes;
@@ -122,6 +122,16 @@ static int went_past(loom_comm_t *c, int p, const shm_slot_t *sl, uint64_t seq, 
 int loom__shm_went_past(loom_comm_t *c, int p, const shm_slot_t *sl, uint64_t seq, loom_xp_sig_t now)
 {
 	return went_past(c, p, sl, seq, now, NULL);
+}
+
+int loom__shm_peer_went_past(loom_comm_t *c, int p, uint64_t seq, loom_xp_sig_t sig)
+{
+	char mine[220], theirs[400], d[200];
+	loom_xp_sig_describe(d, sizeof d, seq, &sig);
+	snprintf(mine, sizeof mine, "called %s", d);
+	call_of(c, p, seq, atomic_load_explicit(&rank_rec(S(c)->hdr, p)->seq, memory_order_acquire), theirs,
+	        sizeof theirs);
+	return mismatch(c, p, mine, theirs, "it went past this rank's message to it without receiving it");
 }
 
 /* A message from a peer that this rank's calls before `seq` went past: the slot at the tail of each
@@ -284,10 +294,10 @@ int loom__shm_enter(loom_comm_t *c, const loom_xp_ctx_t *ctx, int coll)
 	/* Published with release: this rank's consumptions (tails) are visible before its seq. */
 	atomic_store_explicit(&me->coll, coll, memory_order_relaxed);
 	atomic_store_explicit(&me->seq, ctx->seq, memory_order_release);
-	if (atomic_load_explicit(&s->hdr->abort_code, memory_order_relaxed) != 0)
-		return LOOM_OK;
-	if ((rc = check_incoming(c, ctx)) != LOOM_OK || coll != -2)
-		return rc; /* a collective: nothing waits here; earlier calls are compared where it waits */
+	if (coll != -2 || atomic_load_explicit(&s->hdr->abort_code, memory_order_relaxed) != 0)
+		return LOOM_OK; /* a collective: nothing more here; earlier calls are checked where it waits */
+	if ((rc = check_incoming(c, ctx)) != LOOM_OK)
+		return rc;
 	/* Destroy: every message of this rank's consumed or gone past, every peer at its last call. */
 	for (int p = 0; p < s->size; p++)
 		if (p != s->rank && (rc = settle_outgoing(c, ctx, p)) != LOOM_OK)

@@ -188,6 +188,9 @@ int loom__shm_check_call(loom_comm_t *c, uint64_t seq, int p);
 /* A receive in collective seq (signature now) found peer p's message of an earlier call in slot sl:
  * this rank went past it. LOOM_EMISMATCH naming both ranks' calls of sl->seq, recorded, aborted. */
 int loom__shm_went_past(loom_comm_t *c, int p, const shm_slot_t *sl, uint64_t seq, loom_xp_sig_t now);
+/* Peer p rejected this rank's message of call seq (signature sig) in a later call of its own: it went
+ * past it. LOOM_EMISMATCH naming both ranks' calls of seq (p's from its record), recorded, aborted. */
+int loom__shm_peer_went_past(loom_comm_t *c, int p, uint64_t seq, loom_xp_sig_t sig);
 /* Record a fatal error in the segment so that every rank's waits fail fast with it. */
 void loom__shm_abort(loom_comm_t *c, int code, const char *msg);
 
