@@ -598,6 +598,88 @@ TEST(comm_eight_ranks)
 	return 0;
 }
 
+/* The largest "failed after S s" the helper printed (-1: none). */
+static double max_failed_after(const char *out)
+{
+	double m = -1, v;
+	for (const char *p = out; (p = strstr(p, "failed after ")) != NULL; p++)
+		if (sscanf(p, "failed after %lf", &v) == 1 && v > m)
+			m = v;
+	return m;
+}
+
+/* A rank that exits before joining (exit 0 before loom_comm_init; rank 1, and rank 0 which creates
+ * the job's segment), or between init and its first collective, makes the others fail within 2 s
+ * naming it (issue 23), under `loom run`, mpirun (when installed) and an srun-style launcher (a shell
+ * starting every rank with Slurm's variables, as slurmstepd does); LOOM_TIMEOUT_S is 60. */
+TEST(comm_early_exit)
+{
+	static const char *const modes[] = {"1:before", "0:before", "1:after", "2:fail"};
+	static const char *const launchers[] = {"loom run", "mpirun", "srun-style"};
+	static char cmd[2048], out[16384];
+	for (int l = 0; l < 3; l++)
+		for (int m = 0; m < 4; m++) {
+			const char *mode = modes[m];
+			double t;
+			int rc, victim = mode[0] - '0';
+			char want[64];
+			if (l == 0)
+				snprintf(cmd, sizeof cmd, "COMM_PROG_EXIT=%s LOOM_TIMEOUT_S=60 %s run --nproc-per-node 3 %s/comm_prog 2>&1",
+				         mode, test_loom_bin(), test_prog_dir());
+			else if (l == 1)
+				snprintf(cmd, sizeof cmd,
+				         "command -v mpirun >/dev/null || { echo no-mpirun; exit 0; }; mpirun --allow-run-as-root "
+				         "--oversubscribe -np 3 -x COMM_PROG_EXIT=%s -x LOOM_TIMEOUT_S=60 %s/comm_prog 2>&1",
+				         mode, test_prog_dir());
+			else
+				snprintf(cmd, sizeof cmd,
+				         "export COMM_PROG_EXIT=%s LOOM_TIMEOUT_S=60 SLURM_NTASKS=3 SLURM_NNODES=1 SLURM_JOB_ID=ee$$ "
+				         "SLURM_STEP_ID=0; unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE LOOM_JOB_ID; "
+				         "for r in 0 1 2; do SLURM_PROCID=$r SLURM_LOCALID=$r %s/comm_prog 2>&1 & done; wait",
+				         mode, test_prog_dir());
+			t = loom_now();
+			rc = test_run_cmd(cmd, out, sizeof out, 40);
+			t = loom_now() - t;
+			if (strstr(out, "no-mpirun"))
+				continue;
+			CHECK_MSG(rc != 0 || l == 2, "%s, %s: exit 0, output:\n%s", launchers[l], mode, out);
+			CHECK_MSG(t < 20, "%s, %s: took %.1f s:\n%s", launchers[l], mode, t, out);
+			if (m == 3 && l != 2)
+				continue; /* a rank exiting non-zero: the launcher stops the job itself */
+			CHECK_MSG(max_failed_after(out) >= 0 && max_failed_after(out) < 2.0,
+			          "%s, %s: the others failed after %.2f s:\n%s", launchers[l], mode, max_failed_after(out), out);
+			snprintf(want, sizeof want, "rank %d (pid ", victim);
+			if (!strstr(out, want)) /* never seen under the launcher */
+				snprintf(want, sizeof want, "rank %d has no process on this host", victim);
+			CHECK_CONTAINS(out, want);
+			if (m == 2)
+				CHECK_CONTAINS(out, "died (killed, crashed or exited without loom_comm_destroy)");
+		}
+	return 0;
+}
+
+/* No false alarm from the sibling scan: a rank that starts 2 s late (a shell that sleeps, then execs
+ * the program), and ranks behind a wrapper shell that stays their parent (the scan is then off),
+ * join and finish. */
+TEST(comm_slow_rank_not_lost)
+{
+	static char cmd[2048], out[16384];
+	for (int wrap = 0; wrap < 2; wrap++) {
+		int rc;
+		snprintf(cmd, sizeof cmd,
+		         "LOOM_TIMEOUT_S=30 %s run --nproc-per-node 3 sh -c '[ $RANK = 2 ] && sleep 2; %s %s/comm_prog%s' 2>&1",
+		         test_loom_bin(), wrap ? "" : "exec", test_prog_dir(), wrap ? "; true" : "");
+		rc = test_run_cmd(cmd, out, sizeof out, 60);
+		CHECK_MSG(rc == 0, "%s: exit %d:\n%s", wrap ? "wrapped" : "late", rc, out);
+		for (int r = 0; r < 3; r++) {
+			char want[32];
+			snprintf(want, sizeof want, "rank %d of 3: ok", r);
+			CHECK_CONTAINS(out, want);
+		}
+	}
+	return 0;
+}
+
 /* The helper program under `loom run` (the launcher sets torchrun's variables and LOOM_JOB_ID). */
 TEST(comm_loom_run)
 {

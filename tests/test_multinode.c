@@ -51,10 +51,11 @@ static int cluster_mpirun_pre(const char *pre, const char *args, char *out, doub
 	double t0;
 	int rc;
 	snprintf(cmd, sizeof cmd,
-	         "export LOOM_NETNS_PREFIX=lt%d; trap 'scripts/netns-cluster.sh down' EXIT; scripts/netns-cluster.sh up && "
+	         "export LOOM_NETNS_PREFIX=lt%d; trap 'scripts/netns-cluster.sh down; rm -f /dev/shm/vader_segment.lt%d[01].*' "
+	         "EXIT; scripts/netns-cluster.sh up && "
 	         "{ %s timeout %.0f scripts/netns-cluster.sh mpirun -np 4 -x ASAN_OPTIONS=detect_leaks=0 -x LOOM_TIMEOUT_S=60 "
 	         "-x OMP_NUM_THREADS=1 %s; }",
-	         (int)getpid() % 100000, pre, timeout_s, args);
+	         (int)getpid() % 100000, (int)getpid() % 100000, pre, timeout_s, args);
 	t0 = now_s();
 	rc = test_run_cmd(cmd, out, OUT_CAP, timeout_s + 30);
 	if (secs)
@@ -146,6 +147,31 @@ TEST(multinode_mismatch_signature)
 	return no_namespaces_left();
 }
 
+/* Broadcasts whose ranks disagree on the root, small enough to go out eagerly (issue 23): across
+ * hosts (one rank per host, each the root; then destroy) and on the world (host 0 says root 0, host 1
+ * root 2: the same-host groups agree, the exchange between hosts does not; then a barrier). Every
+ * rank fails with LOOM_EMISMATCH naming the broadcast, with no hang. */
+TEST(multinode_root_mismatch)
+{
+	static char out[OUT_CAP], args[1024];
+	const char *why = cluster_unavailable();
+	char *dir;
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL);
+	CHECK(dir != NULL);
+	snprintf(args, sizeof args, "%s/mn_prog rootmismatch", dir);
+	free(dir);
+	CHECK_MSG(cluster_mpirun(args, out, 120, NULL) == 0, "mpirun mn_prog rootmismatch failed:\n%s", out);
+	for (int r = 0; r < 4; r++) {
+		char want[64];
+		snprintf(want, sizeof want, "rank %d of 4: ok", r);
+		CHECK_CONTAINS(out, want);
+	}
+	CHECK_CONTAINS(out, "mismatched collective calls: this rank called broadcast #");
+	return no_namespaces_left();
+}
+
 TEST(multinode_rank_killed)
 {
 	static char out[OUT_CAP], args[1024];
@@ -189,6 +215,112 @@ TEST(multinode_host_lost)
 	CHECK_MSG(rc != 0 && rc != -1 && rc != 124, "mpirun mn_prog loop: exit %d (expected a failure):\n%s", rc, out);
 	CHECK_MSG(secs < 3 + 10 + 3, "the job took %.1f s to end after its second host was lost:\n%s", secs, out);
 	CHECK_CONTAINS(out, "10.231.7.2"); /* "ORTE has lost communication with ... daemon ... on node 10.231.7.2" */
+	return no_namespaces_left();
+}
+
+/* The link between the hosts taken down (issue 23) while 4 ranks all-reduce every 0.1 s (mn_prog
+ * steps): for 1 s, TCP retransmits and the job rides through, every rank ending "ok"; for 30 s with
+ * LOOM_TIMEOUT_S=10, the ranks fail at their deadline (no hang: about 10 s after the step that
+ * waited began), naming the rank and host they waited on. mpirun itself ends only once the link is
+ * back (it reaches the other host's daemon over it). */
+TEST(multinode_link_down)
+{
+	static char out[OUT_CAP], args[1024], pre[512], want[128];
+	const char *why = cluster_unavailable();
+	int p = (int)getpid() % 100000, rc;
+	double secs, worst = -1, v;
+	char *dir;
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL);
+	CHECK(dir != NULL);
+	snprintf(args, sizeof args, "%s/mn_prog steps", dir);
+	snprintf(pre, sizeof pre, "(sleep 3; ip -n lt%d1 link set lt%de1 down; sleep 1; ip -n lt%d1 link set lt%de1 up) &",
+	         p, p, p, p);
+	rc = cluster_mpirun_pre(pre, args, out, 90, &secs);
+	CHECK_MSG(rc == 0, "a 1 s link outage: exit %d:\n%s", rc, out);
+	for (int r = 0; r < 4; r++) {
+		snprintf(want, sizeof want, "rank %d of 4: ok", r);
+		CHECK_CONTAINS(out, want);
+	}
+	snprintf(args, sizeof args, "-x LOOM_TIMEOUT_S=10 %s/mn_prog steps", dir);
+	free(dir);
+	snprintf(pre, sizeof pre, "(sleep 3; ip -n lt%d1 link set lt%de1 down; sleep 30; ip -n lt%d1 link set lt%de1 up) &",
+	         p, p, p, p);
+	rc = cluster_mpirun_pre(pre, args, out, 120, &secs);
+	CHECK_MSG(rc != 0 && rc != -1 && rc != 124, "a 30 s link outage: exit %d (expected a failure):\n%s", rc, out);
+	CHECK_CONTAINS(out, "timed out after 10 s");
+	snprintf(want, sizeof want, "on host lt%d1)", p); /* a host-0 rank names the host it waited on */
+	CHECK_CONTAINS(out, want);
+	for (const char *q = out; (q = strstr(q, " failed after ")) != NULL; q++)
+		if (sscanf(q, " failed after %lf", &v) == 1 && v > worst)
+			worst = v;
+	CHECK_MSG(worst > 8 && worst < 15, "detection took %.1f s (LOOM_TIMEOUT_S=10):\n%s", worst, out);
+	printf("  link down 30 s: ranks failed %.1f s after their step began (LOOM_TIMEOUT_S=10); mpirun ended after %.0f s\n",
+	       worst, secs);
+	return no_namespaces_left();
+}
+
+/* Every rank of host 1 stopped (SIGSTOP) for 20 s while 4 ranks all-reduce every 0.1 s, with
+ * LOOM_TIMEOUT_S=10 (issue 23): host 0's ranks fail at their deadline naming the rank and host they
+ * waited on, no hang; host 1's ranks, continued, fail at once with that failure. */
+TEST(multinode_host_stopped)
+{
+	static char out[OUT_CAP], args[1024], pre[512], want[128];
+	const char *why = cluster_unavailable();
+	int p = (int)getpid() % 100000, rc;
+	double secs, worst = -1, v;
+	char *dir;
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL);
+	CHECK(dir != NULL);
+	snprintf(args, sizeof args, "-x LOOM_TIMEOUT_S=10 %s/mn_prog steps", dir);
+	free(dir);
+	snprintf(pre, sizeof pre,
+	         "(sleep 3; ip netns pids lt%d1 | xargs -r kill -STOP; sleep 20; ip netns pids lt%d1 | xargs -r kill -CONT) &",
+	         p, p);
+	rc = cluster_mpirun_pre(pre, args, out, 120, &secs);
+	CHECK_MSG(rc != 0 && rc != -1 && rc != 124, "host 1 stopped: exit %d (expected a failure):\n%s", rc, out);
+	CHECK_CONTAINS(out, "timed out after 10 s");
+	snprintf(want, sizeof want, "on host lt%d1)", p);
+	CHECK_CONTAINS(out, want);
+	for (const char *q = out; (q = strstr(q, " failed after ")) != NULL; q++)
+		if (sscanf(q, " failed after %lf", &v) == 1 && v > worst)
+			worst = v;
+	CHECK_MSG(worst > 8 && worst < 15, "detection took %.1f s (LOOM_TIMEOUT_S=10):\n%s", worst, out);
+	printf("  host 1 stopped: host 0's ranks failed %.1f s after their step began (LOOM_TIMEOUT_S=10)\n", worst);
+	return no_namespaces_left();
+}
+
+/* A rank that exits (status 0) before loom_comm_init, on either host (issue 23): MPI_Init would wait
+ * for it forever; the other ranks of its host see it gone in their pre-init rendezvous and fail
+ * within 2 s naming it, and mpirun ends the job. */
+TEST(multinode_early_exit)
+{
+	static char out[OUT_CAP], args[1024];
+	static const char *const modes[] = {"1:before", "3:before", "0:before"};
+	const char *why = cluster_unavailable();
+	char *dir;
+	if (why)
+		return TEST_SKIP("%s", why);
+	dir = realpath(test_prog_dir(), NULL);
+	CHECK(dir != NULL);
+	for (int m = 0; m < 3; m++) {
+		double secs, worst = -1, v;
+		int rc;
+		snprintf(args, sizeof args, "-x COMM_PROG_EXIT=%s %s/comm_prog", modes[m], dir);
+		rc = cluster_mpirun(args, out, 90, &secs);
+		CHECK_MSG(rc != 0 && rc != -1 && rc != 124, "%s: exit %d (expected a failure):\n%s", modes[m], rc, out);
+		CHECK_CONTAINS(out, "loom_comm_init: before MPI_Init: local rank ");
+		for (const char *q = out; (q = strstr(q, " failed after ")) != NULL; q++)
+			if (sscanf(q, " failed after %lf", &v) == 1 && v > worst)
+				worst = v;
+		CHECK_MSG(worst >= 0 && worst < 2, "%s: the others failed after %.2f s:\n%s", modes[m], worst, out);
+		CHECK_MSG(secs < 30, "%s: the job took %.1f s:\n%s", modes[m], secs, out);
+		printf("  %s: detected after %.2f s, mpirun ended after %.1f s\n", modes[m], worst, secs);
+	}
+	free(dir);
 	return no_namespaces_left();
 }
 
@@ -286,6 +418,78 @@ TEST(multinode_ddp_train_equals_one_process)
 		return TEST_SKIP("%s", why);
 	return cluster_train_equals_one_process("--check-replicas 1 --bucket-mb 0.004", "accum=4 -> 128 tokens per step",
 	                                        "accum=1 ranks=4 -> 128 tokens per step");
+}
+
+/* kill -9 of a rank on the second host in the middle of training across hosts with `flags` (issue
+ * 23): mpirun ends the job within seconds naming the rank and its host, the last committed
+ * checkpoint loads, and `--resume` continues to the end with a final checkpoint byte-identical to an
+ * uninterrupted run's. */
+static int cluster_kill_resumes(const char *flags)
+{
+	enum { N = 60 };
+	static char out[OUT_CAP], cmd[4096], pre[1024];
+	const char *why = cluster_unavailable();
+	char dir[512], *loom, train[2048];
+	int p = (int)getpid() % 100000, rc;
+	double secs, killed_at = 0;
+	if (why)
+		return TEST_SKIP("%s", why);
+	loom = realpath(test_loom_bin(), NULL);
+	CHECK(loom != NULL);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_data(dir));
+	snprintf(train, sizeof train, "%s train --train-data '%s/train_*.bin' " MODEL_FLAGS
+	         " --steps %d --total-batch-size 128 --threads 1 %s --save-every 5 --keep-checkpoints 2 --resume",
+	         loom, dir, N, flags);
+	free(loom);
+	snprintf(cmd, sizeof cmd, "%s --save-dir %s/ref --log %s/ref.jsonl", train, dir, dir);
+	rc = cluster_mpirun(cmd, out, 120, NULL);
+	CHECK_MSG(rc == 0, "the uninterrupted run: exit %d:\n%s", rc, out);
+	/* Once step 10 is committed, SIGKILL the first `loom train` process on host 1. */
+	snprintf(pre, sizeof pre,
+	         "(for i in $(seq 2000); do [ -d %s/ck/step_00000010 ] && break; sleep 0.01; done; "
+	         "for q in $(ip netns pids lt%d1); do if tr '\\0' ' ' < /proc/$q/cmdline 2>/dev/null | grep -q ' train '; "
+	         "then kill -9 $q; echo \"killed pid $q on host 1 at $(date +%%s.%%N)\"; break; fi; done) &",
+	         dir, p);
+	snprintf(cmd, sizeof cmd, "%s --save-dir %s/ck --log %s/ck.jsonl", train, dir, dir);
+	rc = cluster_mpirun_pre(pre, cmd, out, 120, &secs);
+	CHECK_MSG(rc != 0 && rc != -1 && rc != 124, "the killed run: exit %d (expected a failure):\n%s", rc, out);
+	{
+		struct timespec now;
+		const char *k = strstr(out, "on host 1 at ");
+		clock_gettime(CLOCK_REALTIME, &now);
+		CHECK_MSG(k && sscanf(k, "on host 1 at %lf", &killed_at) == 1, "no kill:\n%s", out);
+		/* an upper bound: from the kill to the teardown of the cluster after mpirun */
+		killed_at = (double)now.tv_sec + 1e-9 * (double)now.tv_nsec - killed_at;
+	}
+	CHECK_MSG(killed_at < 10, "the job ended %.1f s after the kill:\n%s", killed_at, out);
+	CHECK_CONTAINS(out, "exited on signal 9");
+	CHECK_CONTAINS(out, "10.231.7.2"); /* "... on node 10.231.7.2 exited on signal 9 (Killed)" */
+	rc = cluster_mpirun(cmd, out, 120, NULL);
+	CHECK_MSG(rc == 0, "the resumed run: exit %d:\n%s", rc, out);
+	CHECK_CONTAINS(out, "resumed from ");
+	snprintf(cmd, sizeof cmd, "cd %s && for f in ref/step_%08d/*.safetensors; do cmp \"$f\" \"ck/${f#ref/}\" || exit 1; done",
+	         dir, N);
+	rc = test_run_cmd(cmd, out, OUT_CAP, 30);
+	CHECK_MSG(rc == 0, "the resumed run ended with other parameters than the uninterrupted one:\n%s", out);
+	printf("  %s: the job (and the cluster's teardown) ended %.2f s after the kill (after step 10's checkpoint)\n",
+	       flags, killed_at);
+	test_rmdir(dir);
+	return no_namespaces_left();
+}
+
+/* dp 2 x pp 2: activations and gradients cross the link every micro-batch, so the kill lands in a
+ * pipeline exchange (or a save). */
+TEST(multinode_pp_rank_killed_resumes)
+{
+	return cluster_kill_resumes("--pp 2");
+}
+
+/* ZeRO-3 over 4 ranks on 2 hosts: every unit's parameters are gathered across the link in forward
+ * and backward, so the kill lands in a gather (or a sharded save). */
+TEST(multinode_zero3_rank_killed_resumes)
+{
+	return cluster_kill_resumes("--zero 3");
 }
 
 /* Pipeline parallel across hosts: dp 2 x pp 2 (ranks ordered dp, then pp: stage 0 on the first host,

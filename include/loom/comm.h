@@ -29,7 +29,11 @@
  * Failures: when a rank dies or leaves, a deadline passes, or the transport sees a message of the
  * wrong size in a collective, the communicator is unusable afterwards: every later call on it, on
  * every rank, fails at once with that error and its message. A LOOM_DEBUG signature mismatch fails
- * that call on every rank and leaves the communicator usable.
+ * that call on every rank and leaves the communicator usable. Without LOOM_DEBUG, every mismatched
+ * collective (kind, dtype, op, root or count) fails on every rank involved, naming both calls, at
+ * its next call that waits for a peer, or once a peer found it, and at loom_comm_destroy at the
+ * latest; the communicator is then unusable. No collective waits longer for these checks (a small
+ * broadcast's root, which waits for nobody, may learn of a mismatch only at destroy).
  *
  * Thread-safety: a communicator is used by one application thread at a time (different
  * communicators may be used by different threads); the non-blocking calls are progressed by one
@@ -101,7 +105,10 @@ void loom_comm_opts_default(loom_comm_opts_t *opts);
 /* loom_comm_init with settings (NULL: all from the environment). Collective. */
 int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts);
 /* Leave the job and free everything; safe on NULL. Not collective, but peers still waiting on this
- * rank then get LOOM_EPEERLOST. */
+ * rank then get LOOM_EPEERLOST. It first waits (at most LOOM_TIMEOUT_S) until the peers have
+ * received this rank's messages of its last collectives, and returns LOOM_EMISMATCH (loom_errmsg()
+ * naming both calls) when a peer went past one of them, or this rank never received one of a
+ * peer's; the communicator is freed all the same. LOOM_OK otherwise, and after earlier failures. */
 int loom_comm_destroy(loom_comm_t *comm);
 int loom_comm_rank(const loom_comm_t *comm);
 int loom_comm_size(const loom_comm_t *comm);

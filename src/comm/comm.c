@@ -69,6 +69,8 @@ int loom_comm_fail(loom_comm_t *c, int code, const char *fmt, ...)
 	pthread_mutex_lock(&c->err_lock);
 	memcpy(c->errmsg, msg, sizeof msg);
 	pthread_mutex_unlock(&c->err_lock);
+	if (code != LOOM_EINVAL)
+		atomic_store_explicit(&c->failed, 1, memory_order_relaxed);
 	return code;
 }
 
@@ -472,14 +474,49 @@ int loom_comm_init_opts(loom_comm_t **comm, const loom_comm_opts_t *opts)
 	return LOOM_OK;
 }
 
+/* Destroy's last look (the transport's enter with coll -2, on c and on its host-local group): a
+ * message of this rank's last calls that a peer went past, or one of a peer's that this rank never
+ * received, is a mismatch nothing else would report. Once the communicator is aborted there is
+ * nothing to settle: a mismatch is returned only when none of this rank's calls reported a failure
+ * (a peer found it after this rank's last call); so is one found here. */
+static int settle_final(loom_comm_t *c)
+{
+	loom_comm_t *parts[2] = {c, c->hlocal};
+	loom_opctx_t saved = loom_cur;
+	int rc = LOOM_OK, reported = atomic_load_explicit(&c->failed, memory_order_relaxed);
+	for (int i = 0; i < 2 && rc == LOOM_OK; i++) {
+		loom_comm_t *x = parts[i];
+		loom_xp_ctx_t ctx;
+		char msg[600];
+		int code;
+		if (!x || !loom_xp_state(x))
+			break;
+		ctx = (loom_xp_ctx_t){"destroy", x->coll_seq + 1, loom_now() + x->timeout_s};
+		loom_cur = (loom_opctx_t){x, "destroy", 0, ctx.deadline};
+		if ((code = x->xp.ops->aborted(x, msg, sizeof msg)) == 0) {
+			rc = x->xp.ops->enter(x, &ctx, -2);
+			if (reported) /* this rank already failed a call (a peer's abort may not be visible yet) */
+				rc = LOOM_OK;
+			continue;
+		}
+		if (i == 0 && code == LOOM_EMISMATCH && !atomic_load_explicit(&c->failed, memory_order_relaxed))
+			rc = loom_comm_fail(c, code, "the communicator was aborted after this rank's last call: %s", msg);
+		break;
+	}
+	loom_cur = saved;
+	return rc;
+}
+
 int loom_comm_destroy(loom_comm_t *comm)
 {
+	int rc;
 	if (!comm)
 		return LOOM_OK;
 	loom__comm_req_shutdown(comm);
+	rc = settle_final(comm);
 	comm->xp.ops->depart(comm);
 	loom__comm_free(comm);
-	return LOOM_OK;
+	return rc;
 }
 
 int loom_comm_rank(const loom_comm_t *comm)
@@ -524,8 +561,7 @@ int loom_comm_split(loom_comm_t *c, int color, int key, loom_comm_t **out)
 	ctx = (loom_xp_ctx_t){"split", ++c->coll_seq, loom_now() + c->timeout_s};
 	loom_cur = (loom_opctx_t){c, ctx.op, ctx.seq, ctx.deadline};
 	split_no = ++c->split_count;
-	c->xp.ops->enter(c, ctx.seq, -1);
-	if ((rc = loom__comm_check_usable(c, "split")) != LOOM_OK)
+	if ((rc = c->xp.ops->enter(c, &ctx, -1)) != LOOM_OK || (rc = loom__comm_check_usable(c, "split")) != LOOM_OK)
 		goto done;
 	all = loom__calloc((size_t)c->size, sizeof *all);
 	members = loom__calloc((size_t)c->size, sizeof *members);
@@ -860,10 +896,11 @@ int loom__comm_exec(loom_comm_t *c, const loom_coll_args_t *a, uint64_t seq)
 	c->coll_ctx = (loom_xp_ctx_t){loom_coll_name(a->coll), seq, t0 + c->timeout_s};
 	c->coll_sig = sig_of(c, a);
 	loom_cur = (loom_opctx_t){c, c->coll_ctx.op, seq, c->coll_ctx.deadline};
-	c->xp.ops->enter(c, seq, (int)a->coll);
 	rc = loom__comm_check_usable(c, loom_cur.op);
-	if (rc == LOOM_OK && c->debug)
+	if (rc == LOOM_OK && c->debug) /* before enter: a call that fails here never happened */
 		rc = check_fingerprint(c, a, &c->coll_ctx);
+	if (rc == LOOM_OK)
+		rc = c->xp.ops->enter(c, &c->coll_ctx, (int)a->coll);
 	if (rc == LOOM_OK && loom__hier_handles(c, a->coll))
 		rc = loom__hier_run(c, a);
 	else if (rc == LOOM_OK)

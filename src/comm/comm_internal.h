@@ -59,6 +59,7 @@ struct loom_comm {
 
 	pthread_mutex_t err_lock;
 	char errmsg[1024];
+	atomic_int failed; /* a failure other than LOOM_EINVAL was reported on this communicator */
 
 	void *scratch[2];
 	size_t scratch_bytes[2];

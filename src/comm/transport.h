@@ -151,8 +151,17 @@ typedef struct loom_xport_ops {
 	void (*abort)(loom_comm_t *c, int code, const char *msg);
 	/* The recorded fatal error's code (0: none) and its message into msg. */
 	int (*aborted)(loom_comm_t *c, char *msg, size_t cap);
-	/* Publish that this rank enters collective seq (for the diagnostics of peers that wait). */
-	void (*enter)(loom_comm_t *c, uint64_t seq, int coll);
+	/* This rank enters collective ctx->seq (coll: its loom_coll_t; -1 a split; -2 loom_comm_destroy,
+	 * with ctx->seq one past the last call). Publish it (for the diagnostics of peers that wait) with
+	 * its signature (loom_xp_coll_sig), without waiting for anyone: a transport checks earlier calls
+	 * where it waits anyway. At destroy, settle the calls before it: every message of this rank's
+	 * must have been received by its peer, and none of a peer's may wait unreceived for this rank.
+	 * A message a peer went past without receiving, or one this rank's calls never received, is a
+	 * mismatch the sending rank's eager send could not see (every rank a broadcast root):
+	 * LOOM_EMISMATCH naming both calls, and an abort. Waits (a peer that has not yet received)
+	 * honour ctx->deadline and liveness. Returns LOOM_OK at once when the communicator is already
+	 * aborted (the caller reports that). */
+	int (*enter)(loom_comm_t *c, const loom_xp_ctx_t *ctx, int coll);
 	/* Memory every rank can read in place (loom_comm_alloc): NULL with loom_seterr when exhausted.
 	 * free returns 1 when p was such memory (and is freed), 0 otherwise. Thread-safe. */
 	void *(*alloc)(loom_comm_t *c, size_t bytes);
@@ -189,6 +198,36 @@ size_t loom_xp_inplace_min(const loom_comm_t *c);    /* single-copy threshold (L
 /* The progress engine (request.c): see "The progress engine" above. */
 int loom_xp_should_yield(void);
 void loom_xp_yield(int (*ready)(void *), void *arg);
+
+/* Ranks that exit before joining (transport/shm_peers.c): the ranks a launcher starts on a host are
+ * children of one process, exec'd with their rank in the environment; a rank waiting for others to
+ * join scans its siblings. */
+typedef struct {
+	const char *var; /* the launcher's rank variable; NULL: the scan is off */
+	int ppid, n;     /* n: ranks; -1 once tried and off, 0 not tried */
+	int *pid;        /* per rank: its process (> 0), gone since seen (< 0), never seen (0) */
+	char *buf;       /* a process's environment */
+	int unnamed;     /* siblings naming no rank, first seen < 1 s ago (between fork and exec?) */
+	int nu;          /* siblings naming no rank in the last scan: pids and first seen */
+	int upid[32];
+	double useen[32];
+	int scans;
+	double first, next;
+	const char *mark;       /* when set: a sibling whose process name (comm) is this is marked */
+	unsigned char *marked;  /* per rank: seen with that name (allocated by init when mark is set) */
+} loom_shm_peers_t;
+
+/* Set up the scan of this host's n ranks, numbered by the launcher's rank variable (RANK,
+ * OMPI_COMM_WORLD_RANK, SLURM_PROCID, whose size variable must equal n); _vars: by rank_var, whose
+ * size is size_var (e.g. OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_SIZE). 0 when the scan cannot be
+ * trusted here (then loom__shm_peers_gone always says no). */
+int loom__shm_peers_init(loom_shm_peers_t *p, int n);
+int loom__shm_peers_init_vars(loom_shm_peers_t *p, int n, const char *rank_var, const char *size_var,
+                              const char *mark);
+void loom__shm_peers_free(loom_shm_peers_t *p);
+/* 1 with the reason when rank r (not yet joined) has exited or died; scans at most every 100 ms.
+ * p->pid[r] > 0 afterwards: the last scan found r alive. */
+int loom__shm_peers_gone(loom_shm_peers_t *p, int r, char *why, size_t cap);
 
 /* The transports. */
 extern const loom_xport_ops_t loom__xport_shm;

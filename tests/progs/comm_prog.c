@@ -1,14 +1,40 @@
 /* comm_prog.c: a rank program for tests that start jobs with a real launcher (mpirun, loom run):
  * joins the job from the environment, checks an all-reduce, a broadcast and a sub-group split, and
- * prints "rank R of N: ok" (exit 0) or what went wrong (exit 1). */
+ * prints "rank R of N: ok" (exit 0) or what went wrong (exit 1).
+ * COMM_PROG_EXIT="R:before" makes rank R exit 0 before loom_comm_init, "R:after" right after it
+ * (without loom_comm_destroy); "R:fail" exit 3 before init. The others then report the time their
+ * failing call took ("... failed after S s"). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "loom/comm.h"
 
+static double t0;
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* This process's rank from the launcher's environment (before loom_comm_init), -1 if none. */
+static int env_rank(void)
+{
+	const char *v = getenv("RANK");
+	if (!v)
+		v = getenv("OMPI_COMM_WORLD_RANK");
+	if (!v)
+		v = getenv("SLURM_PROCID");
+	return v ? atoi(v) : -1;
+}
+
 static int fail(const char *what, int rc, loom_comm_t *c)
 {
-	fprintf(stderr, "%s failed: %s: %s\n", what, loom_strerror(rc), c ? loom_comm_errmsg(c) : loom_errmsg());
+	fprintf(stderr, "%s failed after %.2f s: %s: %s\n", what, now_s() - t0, loom_strerror(rc),
+	        c ? loom_comm_errmsg(c) : loom_errmsg());
 	return 1;
 }
 
@@ -19,10 +45,20 @@ int main(void)
 	enum { N = 100003 };
 	float *x = malloc(N * sizeof *x);
 	double b;
+	const char *ex = getenv("COMM_PROG_EXIT");
+	int exit_rank = ex ? atoi(ex) : -1, me = env_rank();
 	if (!x)
 		return 1;
+	t0 = now_s();
+	if (ex && me == exit_rank && strstr(ex, ":before"))
+		return 0;
+	if (ex && me == exit_rank && strstr(ex, ":fail"))
+		return 3;
 	if ((rc = loom_comm_init(&c)) != LOOM_OK)
 		return fail("loom_comm_init", rc, NULL);
+	if (ex && me == exit_rank && strstr(ex, ":after"))
+		_Exit(0);
+	t0 = now_s();
 	rank = loom_comm_rank(c), n = loom_comm_size(c);
 	for (int i = 0; i < N; i++)
 		x[i] = (float)(i % 13 + rank);

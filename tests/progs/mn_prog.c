@@ -10,6 +10,9 @@
  *                  inter-host phase (the MPI transport's sendrecv), then on the world with the
  *                  pipelined two-host exchange; each must fail with LOOM_EMISMATCH naming both
  *                  signatures
+ *   mn_prog rootmismatch  broadcasts whose ranks disagree on the root and whose sends all go out
+ *                  eagerly: across hosts (then destroy), and on the world (host 0 against host 1,
+ *                  then a barrier); each must fail with LOOM_EMISMATCH naming both calls
  * Prints "rank R of N: ok" and exits 0, or says what differed and exits 1. Values are small
  * integers, so every dtype and op has one exact answer. */
 #include <signal.h>
@@ -17,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "loom/comm.h"
@@ -218,6 +222,52 @@ static int mismatch(loom_comm_t *c)
 	return 0;
 }
 
+/* "<kind> #" twice (both calls named) and root values a and b. */
+static int names_both(const char *msg, const char *kind, int a, int b)
+{
+	char ra[32], rb[32];
+	const char *p = msg ? strstr(msg, kind) : NULL;
+	snprintf(ra, sizeof ra, "root %d)", a);
+	snprintf(rb, sizeof rb, "root %d)", b);
+	return p && strstr(p + 1, kind) && strstr(msg, "mismatched collective calls") && strstr(msg, ra) && strstr(msg, rb);
+}
+
+/* Root mismatches that leave no message received: across hosts, two ranks (one per host) each the
+ * root of a small broadcast, then destroy; on the world, host 0's ranks say root 0 and host 1's
+ * root 2 (the same-host groups agree; the cross-host exchange does not), then a barrier. */
+static int rootmismatch(loom_comm_t *c)
+{
+	static float buf[1000];
+	loom_comm_t *cross;
+	int r = loom_comm_rank(c), rc, rc2;
+	const char *msg;
+	if ((rc = loom_comm_split(c, loom_comm_local_rank(c), r, &cross)))
+		return fail(c, "split across hosts", rc);
+	rc = loom_broadcast(cross, buf, 1000, LOOM_FLOAT32, loom_comm_rank(cross));
+	msg = loom_comm_errmsg(cross);
+	rc2 = loom_comm_destroy(cross);
+	if (rc == LOOM_OK)
+		msg = loom_errmsg(), rc = rc2;
+	printf("rank %d: cross broadcast, then destroy: %s: %s\n", r, loom_strerror(rc), msg);
+	if (rc != LOOM_EMISMATCH || !names_both(msg, "broadcast #", 0, 1)) {
+		fprintf(stderr, "rank %d: cross: expected LOOM_EMISMATCH naming both broadcasts\n", r);
+		return 1;
+	}
+	rc = loom_broadcast(c, buf, 1000, LOOM_FLOAT32, r < 2 ? 0 : 2);
+	if (rc == LOOM_OK)
+		rc = loom_barrier(c);
+	msg = loom_comm_errmsg(c);
+	printf("rank %d: world broadcast, then barrier: %s: %s\n", r, loom_strerror(rc), msg);
+	if (rc != LOOM_EMISMATCH || !strstr(msg, "broadcast #") || !strstr(msg, "mismatched collective calls")) {
+		fprintf(stderr, "rank %d: world: expected LOOM_EMISMATCH naming the broadcast\n", r);
+		return 1;
+	}
+	fflush(stderr);
+	printf("rank %d of %d: ok\n", r, loom_comm_size(c));
+	fflush(stdout);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	loom_comm_t *c, *cross = NULL, *local = NULL;
@@ -228,6 +278,25 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	r = loom_comm_rank(c), n = loom_comm_size(c);
+	if (strcmp(mode, "steps") == 0) { /* 50 all-reduces 0.1 s apart, then "ok" (link faults ride through) */
+		float x[1000] = {0};
+		double t0 = 0;
+		for (int step = 0; step < 50; step++) {
+			struct timespec ts;
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			t0 = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+			if ((rc = loom_allreduce(c, x, x, 1000, LOOM_FLOAT32, LOOM_SUM))) {
+				clock_gettime(CLOCK_MONOTONIC, &ts);
+				fprintf(stderr, "rank %d: step %d failed after %.1f s\n", r, step,
+				        (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec - t0);
+				return fail(c, "allreduce", rc);
+			}
+			usleep(100000);
+		}
+		loom_comm_destroy(c);
+		printf("rank %d of %d: ok\n", r, n);
+		return 0;
+	}
 	if (strcmp(mode, "die") == 0 || strcmp(mode, "loop") == 0) {
 		float x[1000] = {0};
 		for (int step = 0;; step++) {
@@ -240,6 +309,8 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(mode, "mismatch") == 0)
 		return mismatch(c);
+	if (strcmp(mode, "rootmismatch") == 0)
+		return rootmismatch(c);
 	if (matrix(c, "world", 1))
 		return 1;
 	/* Sub-communicators: across hosts (same local rank) and inside a host (the mesh's axes). */

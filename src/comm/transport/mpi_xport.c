@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,11 +44,22 @@
 #define TAG_BITS 0x3fffffff
 
 typedef struct {
+	uint64_t seq;
+	loom_xp_sig_t sig;
+} wire_sig_t;
+
+typedef struct {
 	MPI_Comm comm;
 	int rank, size;
 	pthread_mutex_t lock; /* the abort record */
 	int abort_code;
 	char abort_msg[600];
+	/* enter's signature exchange (mpi_enter): on a duplicate of comm, so its tags never meet the
+	 * channels'; posted at enter, completed and compared at the next enter or destroy. */
+	MPI_Comm scomm;
+	wire_sig_t smine, *stheirs; /* this rank's call, every rank's (size entries) */
+	MPI_Request *sreq;          /* 2 per rank: receive, send */
+	int spending;
 } mpi_comm_t;
 
 static pthread_mutex_t mpi_lock = PTHREAD_MUTEX_INITIALIZER; /* every MPI call */
@@ -67,6 +79,60 @@ static void finalize_at_exit(void)
 		MPI_Finalize();
 }
 
+/* Before MPI_Init, which has no deadline and waits for every rank of the job: a rendezvous of this
+ * host's ranks (mpirun's OMPI_COMM_WORLD_LOCAL_RANK). Each renames itself PRE_NAME (its process
+ * name, /proc/<pid>/stat) and waits until it has seen every other so named, watching them with the
+ * sibling scan of transport.h. One that exits or dies before it gets there (or has no process for a
+ * second) fails loom_comm_init here, naming it, so this rank exits and mpirun ends the job, instead
+ * of every rank waiting in MPI_Init forever. The name goes back once MPI_Init returned (by then every
+ * rank has passed the rendezvous: MPI_Init waits for all); nothing is left behind however the job
+ * ends. Threads MPI_Init starts inherit the name. *old receives the name to restore ("" when there is
+ * no rendezvous: one rank on this host, or a scan that cannot be trusted). */
+#define PRE_NAME "loom:mpi-init"
+
+static int local_ranks_started(char *old)
+{
+	loom_shm_peers_t p;
+	const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE"), *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+	const char *t = getenv("LOOM_TIMEOUT_S");
+	int n = ls ? atoi(ls) : 0, me = lr ? atoi(lr) : -1, rc = LOOM_OK, all = 0;
+	double deadline = loom_now() + (t && atof(t) > 0 ? atof(t) : 300);
+	old[0] = '\0';
+	if (n < 2 || me < 0 || me >= n)
+		return LOOM_OK;
+	if (!loom__shm_peers_init_vars(&p, n, "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", PRE_NAME) ||
+	    prctl(PR_GET_NAME, old) != 0 || prctl(PR_SET_NAME, PRE_NAME) != 0) {
+		old[0] = '\0';
+		loom__shm_peers_free(&p);
+		return LOOM_OK;
+	}
+	while (!all && rc == LOOM_OK) {
+		char why[256];
+		all = 1;
+		for (int r = 0; r < n && rc == LOOM_OK; r++) {
+			if (r == me)
+				continue;
+			if (loom__shm_peers_gone(&p, r, why, sizeof why))
+				rc = loom_seterr(LOOM_EPEERLOST, "loom_comm_init: before MPI_Init: local %s (OMPI_COMM_WORLD_LOCAL_RANK, "
+				                 "on this host)", why);
+			all &= p.marked[r];
+		}
+		if (!all && rc == LOOM_OK) {
+			if (loom_now() > deadline)
+				rc = loom_seterr(LOOM_ETIMEDOUT, "loom_comm_init: timed out (LOOM_TIMEOUT_S) waiting for this host's "
+				                                 "ranks to start");
+			else
+				usleep(10000);
+		}
+	}
+	loom__shm_peers_free(&p);
+	if (rc != LOOM_OK) {
+		prctl(PR_SET_NAME, old);
+		old[0] = '\0';
+	}
+	return rc;
+}
+
 int loom__mpi_layout(int *rank, int *size, const int **host_of, const int **lrank_of, int *nhosts)
 {
 	int provided, r, n, lr, rc = LOOM_OK, flag = 0;
@@ -76,10 +142,17 @@ int loom__mpi_layout(int *rank, int *size, const int **host_of, const int **lran
 	if (!mpi_ready) {
 		int inited = 0;
 		MPI_Initialized(&inited);
+		char name[17] = ""; /* the process name to restore after MPI_Init (PR_GET_NAME: 16 bytes) */
+		if (!inited && (rc = local_ranks_started(name)) != LOOM_OK)
+			goto done;
 		if (!inited && MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+			if (name[0])
+				prctl(PR_SET_NAME, name);
 			rc = loom_seterr(LOOM_EIO, "loom_comm_init: MPI_Init_thread failed");
 			goto done;
 		}
+		if (name[0]) /* every rank has passed the rendezvous */
+			prctl(PR_SET_NAME, name);
 		if (!inited)
 			atexit(finalize_at_exit);
 		MPI_Comm_dup(MPI_COMM_WORLD, &world_dup);
@@ -156,11 +229,7 @@ typedef struct {
 
 #define WAITER_INIT {{MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL}, {{0}}, 0}
 
-/* What precedes every payload on the collective channel. */
-typedef struct {
-	uint64_t seq;
-	loom_xp_sig_t sig;
-} wire_sig_t;
+/* What precedes every payload on the collective channel: wire_sig_t (above). */
 
 static int poll_once(void *arg)
 {
@@ -323,16 +392,25 @@ static int mpi_open(loom_comm_t *c, loom_comm_t *parent, const char *name, size_
 	pthread_mutex_lock(&mpi_lock);
 	MPI_Comm_group(world_dup, &wg);
 	MPI_Group_incl(wg, s->size, ranks, &g);
+	s->scomm = MPI_COMM_NULL;
 	if (MPI_Comm_create_group(world_dup, g, tag, &s->comm) != MPI_SUCCESS || s->comm == MPI_COMM_NULL)
 		rc = LOOM_EIO;
+	else if (MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN), MPI_Comm_dup(s->comm, &s->scomm) != MPI_SUCCESS)
+		rc = LOOM_EIO;
 	else
-		MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
+		MPI_Comm_set_errhandler(s->scomm, MPI_ERRORS_RETURN);
 	MPI_Group_free(&g);
 	MPI_Group_free(&wg);
 	pthread_mutex_unlock(&mpi_lock);
 	free(ranks);
 	if (rc != LOOM_OK)
 		return loom_comm_fail(c, rc, "MPI_Comm_create_group for %s failed", name);
+	s->stheirs = loom__calloc((size_t)s->size, sizeof *s->stheirs);
+	s->sreq = loom__calloc((size_t)s->size * 2, sizeof *s->sreq);
+	if (!s->stheirs || !s->sreq)
+		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
+	for (int i = 0; i < 2 * s->size; i++)
+		s->sreq[i] = MPI_REQUEST_NULL;
 	return LOOM_OK;
 }
 
@@ -346,11 +424,19 @@ static void mpi_close(loom_comm_t *c)
 	mpi_comm_t *s = M(c);
 	if (!s)
 		return;
-	if (s->comm != MPI_COMM_NULL) {
-		pthread_mutex_lock(&mpi_lock);
+	pthread_mutex_lock(&mpi_lock);
+	for (int i = 0; s->sreq && s->spending && i < 2 * s->size; i++)
+		if (s->sreq[i] != MPI_REQUEST_NULL) { /* only after a failure: nobody will match these */
+			MPI_Cancel(&s->sreq[i]);
+			MPI_Request_free(&s->sreq[i]);
+		}
+	if (s->scomm != MPI_COMM_NULL)
+		MPI_Comm_free(&s->scomm);
+	if (s->comm != MPI_COMM_NULL)
 		MPI_Comm_free(&s->comm);
-		pthread_mutex_unlock(&mpi_lock);
-	}
+	pthread_mutex_unlock(&mpi_lock);
+	free(s->stheirs);
+	free(s->sreq);
 	pthread_mutex_destroy(&s->lock);
 	free(s);
 	loom_xp_set_state(c, NULL);
@@ -410,6 +496,21 @@ static int check_sig(loom_comm_t *c, const char *what, int src, MPI_Status *st, 
 	return rc;
 }
 
+/* "allreduce with rank 1 (world rank 3 on host b)": the peers of a transfer, for its timeout. */
+static void peers_desc(loom_comm_t *c, const char *what, int dst, int src, char *out, size_t cap)
+{
+	int len = snprintf(out, cap, "%s", what);
+	for (int i = 0; i < 2; i++) {
+		int r = i ? src : dst, w;
+		if (r < 0 || (i && src == dst) || len < 0 || (size_t)len >= cap)
+			continue;
+		w = loom_xp_world_rank(c, r);
+		len += snprintf(out + len, cap - (size_t)len, "%s rank %d (world rank %d on host %s)",
+		                i && dst >= 0 && src != dst ? " and" : " with", r, w,
+		                lay_host && w < lay_size ? loom__mpi_hostname(lay_host[w]) : "?");
+	}
+}
+
 static int mpi_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int chan, int dst, const void *sbuf, size_t sbytes,
                         int stag, int src, void *rbuf, size_t rbytes, int rtag, const void *red_local, loom_dtype_t dt,
                         loom_op_t op)
@@ -441,8 +542,12 @@ static int mpi_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int chan, int 
 		rc = loom_comm_fail(c, LOOM_EIO, "%s: MPI_Irecv/MPI_Isend failed", what);
 		goto done;
 	}
-	if ((rc = wait_all(c, ctx, &w, what)) != LOOM_OK)
-		goto done;
+	{
+		char desc[300];
+		peers_desc(c, what, dst, src, desc, sizeof desc);
+		if ((rc = wait_all(c, ctx, &w, desc)) != LOOM_OK)
+			goto done;
+	}
 	if (src >= 0) {
 		if (coll && (rc = check_sig(c, what, src, &w.st[0], &rsig, ssig.seq, &ssig.sig)) != LOOM_OK)
 			goto done;
@@ -586,7 +691,10 @@ int loom__mpi_xchg_post(loom_comm_t *c, const loom_xp_ctx_t *ctx, const loom_xp_
 
 int loom__mpi_xchg_wait(loom_comm_t *c, const loom_xp_ctx_t *ctx, loom_mpi_xchg_t *x)
 {
-	int rc = wait_all(c, ctx, &x->w, ctx->op);
+	char desc[300];
+	int rc;
+	peers_desc(c, ctx->op ? ctx->op : "exchange", x->peer, x->peer, desc, sizeof desc);
+	rc = wait_all(c, ctx, &x->w, desc);
 	if (rc == LOOM_OK)
 		rc = check_sig(c, ctx->op, x->peer, &x->w.st[0], &x->rsig, x->ssig.seq, &x->ssig.sig);
 	if (rc == LOOM_OK)
@@ -620,9 +728,96 @@ void loom__mpi_xchg_drop(loom_mpi_xchg_t *x)
 		free(x);
 }
 
-static void mpi_enter(loom_comm_t *c, uint64_t seq, int coll)
+/* enter (transport.h). MPI shows nothing of a peer's state, so the signatures travel: every call
+ * sends its (seq, signature) to every peer and posts the receives of theirs, left in flight while the
+ * call runs; the next enter (or destroy) completes them and compares. A call a rank's peers went
+ * past without exchanging a message with it (every rank a broadcast's root: eager sends both
+ * ways) so fails at every rank's next call at the latest, naming both calls. The cost is 2(size-1)
+ * small messages per call, off the call's critical path; the wait at the next enter is for peers
+ * that have not yet entered the previous call. */
+static int settle_ready(void *arg)
 {
-	(void)c, (void)seq, (void)coll;
+	mpi_comm_t *s = arg;
+	int flag = 0;
+	pthread_mutex_lock(&mpi_lock);
+	MPI_Testall(2 * s->size, s->sreq, &flag, MPI_STATUSES_IGNORE);
+	pthread_mutex_unlock(&mpi_lock);
+	return flag;
+}
+
+static int settle_wait(loom_comm_t *c, const loom_xp_ctx_t *ctx)
+{
+	mpi_comm_t *s = M(c);
+	double deadline = ctx->deadline > 0 ? ctx->deadline : loom_now() + loom_xp_timeout(c);
+	char mine[160], theirs[160], msg[600];
+	int code;
+	if (spin_polls < 0)
+		poll_policy();
+	for (long spins = 0; !settle_ready(s); spins++) {
+		if ((spins & 63) == 63) {
+			if ((code = poll_abort(c)) != 0) {
+				mpi_aborted(c, msg, sizeof msg);
+				return loom_comm_fail(c, code, "the communicator was aborted: %s", msg);
+			}
+			if (loom_now() > deadline) {
+				code = loom_comm_fail(c, LOOM_ETIMEDOUT,
+				                      "timed out after %g s waiting for every rank to reach call #%llu (over MPI)",
+				                      loom_xp_timeout(c), (unsigned long long)s->smine.seq);
+				mpi_abort(c, code, loom_comm_errmsg(c));
+				return code;
+			}
+		}
+		if (loom_xp_should_yield())
+			loom_xp_yield(settle_ready, s);
+		else if (spins >= spin_polls)
+			usleep(spins > 20000 ? 200 : (unsigned)sleep_us);
+	}
+	s->spending = 0;
+	for (int r = 0; r < s->size; r++) {
+		const wire_sig_t *t = &s->stheirs[r];
+		if (r == s->rank || (t->seq == s->smine.seq && t->sig.count == s->smine.sig.count &&
+		                     t->sig.shape == s->smine.sig.shape && t->sig.root == s->smine.sig.root))
+			continue;
+		loom_xp_sig_describe(mine, sizeof mine, s->smine.seq, &s->smine.sig);
+		loom_xp_sig_describe(theirs, sizeof theirs, t->seq, &t->sig);
+		code = loom_comm_fail(c, LOOM_EMISMATCH,
+		                      "mismatched collective calls: this rank called %s, rank %d called %s (over MPI, compared "
+		                      "at this rank's next call)",
+		                      mine, r, theirs);
+		mpi_abort(c, code, loom_comm_errmsg(c));
+		return code;
+	}
+	return LOOM_OK;
+}
+
+static int mpi_enter(loom_comm_t *c, const loom_xp_ctx_t *ctx, int coll)
+{
+	mpi_comm_t *s = M(c);
+	int rc = LOOM_OK, tag;
+	if (!s || s->scomm == MPI_COMM_NULL)
+		return LOOM_OK;
+	if (s->spending && (rc = settle_wait(c, ctx)) != LOOM_OK)
+		return rc;
+	if (coll == -2 || s->size < 2)
+		return LOOM_OK;
+	s->smine = (wire_sig_t){ctx->seq, loom_xp_coll_sig(c, ctx)};
+	tag = (int)(ctx->seq % (uint64_t)tag_ub);
+	pthread_mutex_lock(&mpi_lock);
+	for (int r = 0; r < s->size && rc == LOOM_OK; r++) {
+		if (r == s->rank)
+			continue;
+		if (MPI_Irecv(&s->stheirs[r], (int)sizeof *s->stheirs, MPI_BYTE, r, tag, s->scomm, &s->sreq[2 * r]) !=
+		        MPI_SUCCESS ||
+		    MPI_Isend(&s->smine, (int)sizeof s->smine, MPI_BYTE, r, tag, s->scomm, &s->sreq[2 * r + 1]) != MPI_SUCCESS)
+			rc = LOOM_EIO;
+	}
+	pthread_mutex_unlock(&mpi_lock);
+	s->spending = 1;
+	if (rc != LOOM_OK) {
+		rc = loom_comm_fail(c, rc, "MPI_Irecv/MPI_Isend of the call's signature failed");
+		mpi_abort(c, rc, loom_comm_errmsg(c));
+	}
+	return rc;
 }
 
 /* Ordinary aligned memory, remembered so that free can tell it from other pointers. */

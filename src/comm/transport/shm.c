@@ -89,6 +89,8 @@ static int xfer_ready(void *arg)
 static int send_rejected(xfer_t *x)
 {
 	shm_chan_t *ch = x->sch;
+	if (x->kind == CHAN_COLL && ch->err_seq_sent && ch->err_seq_sent < ch->err_seq_expected)
+		return loom__shm_peer_went_past(x->c, x->dst, ch->err_seq_sent, ch->err_sig_sent);
 	if (x->kind == CHAN_COLL && (ch->err_seq_sent != ch->err_seq_expected ||
 	                             memcmp(&ch->err_sig_sent, &ch->err_sig_expected, sizeof ch->err_sig_sent) != 0)) {
 		char mine[160], theirs[160];
@@ -180,6 +182,8 @@ static int recv_reject(xfer_t *x, const shm_slot_t *s)
 	ch->err_tag_expected = x->kind == CHAN_P2P ? x->rtag : s->tag;
 	atomic_store_explicit(&ch->err, 1, memory_order_release);
 	shm_ring(x->c, x->src);
+	if (x->kind == CHAN_COLL && s->seq && s->seq < x->seq) /* name this rank's call of that number too */
+		return loom__shm_went_past(x->c, x->src, s, x->seq, x->sig);
 	if (x->kind == CHAN_COLL && (s->seq != x->seq || !sig_eq(s, &x->sig))) {
 		char mine[160], theirs[160];
 		loom_xp_sig_t g = slot_sig(s);

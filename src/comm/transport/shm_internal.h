@@ -23,11 +23,12 @@
 /* ---- shared-memory layout (identical in every process of a job) ---------------------------- */
 
 #define SHM_MAGIC 0x316d68736d6f6f6cull /* "loomshm1" */
-#define SHM_VERSION 2u
+#define SHM_VERSION 3u
 #define SHM_READY 0x52454459u /* header->ready once the creator has initialized the segment */
 #define SHM_MAX_SLOTS 16
 #define SHM_BOARD_BYTES 64
 #define SHM_ABORT_MSG 512
+#define SHM_HIST 8 /* signatures of a rank's last collectives kept in its record (shm_enter.c) */
 
 enum { CHAN_COLL = LOOM_XP_COLL, CHAN_P2P = LOOM_XP_P2P, CHAN_KINDS = 2 };
 
@@ -52,6 +53,13 @@ typedef struct {
 	/* Small all-to-all exchange through the header (split, LOOM_DEBUG fingerprints), double buffered. */
 	_Alignas(64) atomic_ullong board_seq[2];
 	unsigned char board[2][SHM_BOARD_BYTES];
+	/* The signatures of this rank's last SHM_HIST collectives, entry seq % SHM_HIST, written at enter
+	 * before `seq` (seq first zeroed, then the fields, then seq): a peer whose message this rank went
+	 * past without receiving names this rank's call from here (shm_enter.c). */
+	_Alignas(64) struct {
+		atomic_ullong seq, count;
+		atomic_int shape, root;
+	} hist[SHM_HIST];
 	/* World segment only: robust, process-shared, held by the rank's keeper thread for as long as the
 	 * process is in the job; a peer that trylocks it and gets EOWNERDEAD knows the process died. */
 	_Alignas(64) pthread_mutex_t alive;
@@ -170,8 +178,19 @@ int loom__shm_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int kind, int d
 /* All-to-all of a record of <= SHM_BOARD_BYTES bytes through the header: all[r*len..] gets rank
  * r's record. Collective over c; honours the deadline and liveness. */
 int loom__shm_board_exchange(loom_comm_t *c, const loom_xp_ctx_t *ctx, const void *mine, size_t len, void *all);
-/* Publish the collective this rank is entering (for diagnostics of peers). */
-void loom__shm_publish_seq(loom_comm_t *c, uint64_t seq, int coll);
+/* ---- shm_enter.c: the transport's enter (transport.h): publish the collective this rank enters
+ * with its signature (for peers' diagnostics and checks); at destroy, settle earlier calls. */
+int loom__shm_enter(loom_comm_t *c, const loom_xp_ctx_t *ctx, int coll);
+/* A wait in collective seq on peer p: LOOM_EMISMATCH (recorded, aborted) when a call up to seq that
+ * both ranks have entered and still hold in their histories has another signature on p than on this
+ * rank; LOOM_OK otherwise (also when unknown). */
+int loom__shm_check_call(loom_comm_t *c, uint64_t seq, int p);
+/* A receive in collective seq (signature now) found peer p's message of an earlier call in slot sl:
+ * this rank went past it. LOOM_EMISMATCH naming both ranks' calls of sl->seq, recorded, aborted. */
+int loom__shm_went_past(loom_comm_t *c, int p, const shm_slot_t *sl, uint64_t seq, loom_xp_sig_t now);
+/* Peer p rejected this rank's message of call seq (signature sig) in a later call of its own: it went
+ * past it. LOOM_EMISMATCH naming both ranks' calls of seq (p's from its record), recorded, aborted. */
+int loom__shm_peer_went_past(loom_comm_t *c, int p, uint64_t seq, loom_xp_sig_t sig);
 /* Record a fatal error in the segment so that every rank's waits fail fast with it. */
 void loom__shm_abort(loom_comm_t *c, int code, const char *msg);
 

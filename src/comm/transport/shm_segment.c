@@ -144,10 +144,12 @@ int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char 
 {
 	double deadline = loom__shm_deadline(c, ctx), wait = 1e-4, next_rank0_check = 0;
 	int fd = -1, rc = LOOM_OK, world = 0;
+	loom_shm_peers_t peers; /* the world's ranks on this host that have not joined (shm_peers.c) */
 	struct stat st;
 	char *base = MAP_FAILED;
 	size_t bytes = 0;
 	shm_hdr_t *h;
+	memset(&peers, 0, sizeof peers); /* scanned from the first wait on (the world only) */
 	if (create) {
 		shm_hdr_t tmp;
 		loom__shm_layout(&tmp, S(c)->size, heap_bytes);
@@ -182,14 +184,18 @@ int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char 
 		for (;;) {
 			if (fd < 0)
 				fd = shm_open(name, O_RDWR, 0600);
-			if (fd < 0 && errno != ENOENT)
-				return loom_comm_fail(c, LOOM_ESYS, "shm_open(%s): %s", name, strerror(errno));
+			if (fd < 0 && errno != ENOENT) {
+				rc = loom_comm_fail(c, LOOM_ESYS, "shm_open(%s): %s", name, strerror(errno));
+				goto fail;
+			}
 			if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(shm_hdr_t))
 				break;
 			if (heap_bytes && loom_now() >= next_rank0_check) {
 				char why[160];
+				if (!peers.n)
+					loom__shm_peers_init(&peers, S(c)->size);
 				next_rank0_check = loom_now() + 0.1;
-				if (rank0_gone(why, sizeof why)) {
+				if (rank0_gone(why, sizeof why) || loom__shm_peers_gone(&peers, 0, why, sizeof why)) {
 					rc = loom_comm_fail(c, LOOM_EPEERLOST, "%s before creating %s", why, name);
 					goto fail;
 				}
@@ -270,8 +276,20 @@ int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char 
 				goto fail_mapped;
 			}
 			for (int r = 0; r < S(c)->size; r++) {
-				if (r == S(c)->rank || atomic_load(&rank_rec(h, r)->state) == RANK_ABSENT)
+				if (r == S(c)->rank)
 					continue;
+				/* Not joined: in the world, ask the launcher's process table; in a sub-group, the
+				 * world's liveness record tells. */
+				if (atomic_load(&rank_rec(h, r)->state) == RANK_ABSENT && world) {
+					if (!peers.n)
+						loom__shm_peers_init(&peers, S(c)->size);
+					if (loom__shm_peers_gone(&peers, r, why, sizeof why)) {
+						rc = loom_comm_fail(c, LOOM_EPEERLOST, "while joining %s: %s", name, why);
+						loom__shm_abort(c, rc, loom_errmsg());
+						goto fail_mapped;
+					}
+					continue;
+				}
 				if (loom__shm_check_peer(c, r, now >= next_lock, why, sizeof why)) {
 					rc = loom_comm_fail(c, LOOM_EPEERLOST, "while joining %s: %s", name, why);
 					loom__shm_abort(c, rc, loom_errmsg());
@@ -285,6 +303,7 @@ int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char 
 		}
 	}
 	shm_unlink(name); /* every rank tries; all but the first get ENOENT */
+	loom__shm_peers_free(&peers);
 	if (fd_out)
 		*fd_out = fd;
 	else
@@ -302,6 +321,7 @@ fail:
 	if (fd >= 0)
 		close(fd);
 	shm_unlink(name); /* a failed join must not leave the name behind */
+	loom__shm_peers_free(&peers);
 	return rc;
 }
 

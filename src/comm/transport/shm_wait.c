@@ -124,13 +124,6 @@ void loom__shm_abort(loom_comm_t *c, int code, const char *msg)
 	loom__shm_ring_all(c);
 }
 
-void loom__shm_publish_seq(loom_comm_t *c, uint64_t seq, int coll)
-{
-	shm_rank_t *me = rank_rec(S(c)->hdr, S(c)->rank);
-	atomic_store_explicit(&me->seq, seq, memory_order_relaxed);
-	atomic_store_explicit(&me->coll, coll, memory_order_relaxed);
-}
-
 /* ---- waiting -------------------------------------------------------------------------------- */
 
 void loom__shm_waiter_init(shm_waiter_t *w, loom_comm_t *c, const loom_xp_ctx_t *ctx, int fatal)
@@ -270,6 +263,9 @@ static int slow_checks(shm_waiter_t *w, double now, ready_fn ready, void *arg)
 	}
 	if (do_lock)
 		w->next_lock = now + LOCK_CHECK_S;
+	for (int i = 0; w->fatal && !w->what && i < w->npeers; i++) /* a channel wait: the peer's call (shm_enter.c) */
+		if ((code = loom__shm_check_call(c, w->seq, w->peers[i])) != LOOM_OK)
+			return code;
 	for (int i = 0; w->npeers < 0 ? i < S(c)->size : i < w->npeers; i++) {
 		int p = w->npeers < 0 ? i : w->peers[i];
 		if (p == S(c)->rank || (w->waiting_on && !w->waiting_on(arg, p)) ||
