@@ -130,6 +130,7 @@ typedef struct {
 	                                that rank's shard (loom_model_opts_t tp_size, tp_rank) */
 	int B, T, M;                 /* micro-batch and micro-batches per step (the accumulation) */
 	loom_pp_schedule_t schedule;
+	int V;                       /* model chunks per rank (interleaved; 0 or 1: one), loom__pp_check's */
 	double head_split;           /* loom_train_config_t pp_head_split: 0 balanced, < 0 off, else the fraction */
 	int *inputs, *targets;       /* B x T each (borrowed): where the local executor reads a micro-batch */
 	loom__event_fn on_event;     /* may be NULL */
