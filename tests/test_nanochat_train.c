@@ -46,6 +46,8 @@ TEST(nanochat_strategies_match_one_process)
 		{"zero2 x tp2", "--nproc 4 --tp 2 --zero 2"},
 		{"zero3 x pp2", "--nproc 4 --pp 2 --zero 3"},
 		{"zero1 x pp2 gpipe", "--nproc 4 --pp 2 --zero 1 --schedule gpipe"},
+		{"pp2 interleaved", "--nproc 2 --pp 2 --pp-schedule interleaved --virtual-stages 2"},
+		{"zero1 x pp2 interleaved", "--nproc 4 --pp 2 --zero 1 --pp-schedule interleaved --virtual-stages 2"},
 	};
 	char dir[512], cmd[4096], out[16384], path[1024];
 	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};

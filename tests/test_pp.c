@@ -1051,6 +1051,22 @@ TEST(pp_cli)
 	CHECK_CONTAINS(line, "{\"step\":1,");
 	CHECK_CONTAINS(line, ",\"bubble\":");
 	CHECK_CONTAINS(line, ",\"bubble_theory\":0.2000,\"bubble_expected\":");
+	/* interleaved: 2 model chunks per stage, the trace and the log's bubble as with 1F1B */
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --pp 2 --micro-batches 4 --pp-schedule interleaved "
+	         "--virtual-stages 2 --train-data '%s/train_*.bin' --model tiny --batch-size 1 --seq-len 32 --steps 3 "
+	         "--schedule constant --peak-flops 1e10 --log %s/log_il.jsonl --trace %s/trace_il", test_loom_bin(), g_dir,
+	         g_dir, g_dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	CHECK_CONTAINS(out, "[rank 0] pipeline parallel: 2 stages x dp 1, schedule interleaved, 2 model chunks per stage, "
+	               "4 micro-batches per step (ideal bubble (P-1)/(V M+P-1) = 11.1%)");
+	CHECK_CONTAINS(out, "[rank 0] step 3/3 | loss ");
+	snprintf(cmd, sizeof cmd, "%s/log_il.jsonl", g_dir);
+	CHECK((f = fopen(cmd, "r")) != NULL);
+	while (fgets(line, sizeof line, f) && strncmp(line, "{\"step\":", 8) != 0)
+		;
+	fclose(f);
+	CHECK_CONTAINS(line, ",\"bubble_theory\":0.1111,\"bubble_expected\":");
 	/* tp and pp together: 4 ranks as tp 2 x pp 2 */
 	snprintf(cmd, sizeof cmd, "%s train --nproc 4 --tp 2 --pp 2 --micro-batches 2 --train-data '%s/train_*.bin' "
 	         "--model tiny --batch-size 1 --seq-len 32 --steps 2 --print-every 1", test_loom_bin(), g_dir);
