@@ -1,27 +1,37 @@
 /* pp.c: the pipeline-parallel step executor (src/parallel/pp.h): this rank is stage s of P on the
- * pipeline axis and runs blocks [lo, hi) of the model (the embedding too on the first stage; ln_f,
- * the tied lm head and the loss on the last), the step's M micro-batches in the order of a schedule
- * from schedule.c (GPipe or 1F1B).
+ * pipeline axis and runs the step's M micro-batches in the order of a schedule from schedule.c
+ * (GPipe, 1F1B, or interleaved 1F1B with V model chunks per rank). Chunk c of the rank is global stage
+ * g = c P + s of G = P V (V = 1 but for interleaved) and runs blocks [lo, hi) of it (the embedding
+ * too on global stage 0; ln_f, the tied lm head and the loss on G-1).
  *
- * The stage model is created here with the layer range, one activation arena per micro-batch in
- * flight, and only the tensors the stage uses (loom_model_opts_t keep), packed into buffers of its
- * own with their values copied from the caller's model: its table, parameters, gradients (the
- * strategy points them at its storage) and so the strategy's optimizer state are the stage's alone.
- * The tensors it owns (its blocks', the embedding's on the first stage, the head's on the last) are
- * one contiguous run of the caller's layout; the others it holds are copies of tensors other stages
- * own (the tied wte on the head stages, nanochat's per-layer scalars, the head's on stage P-2 when it
- * shares the head), kept equal by the gradient sums below. gather writes every stage's owned tensors
- * into the caller's model (for a whole-model evaluation); save writes the whole state as one
- * process's checkpoint and load takes the stage's tensors from any checkpoint's whole state.
+ * Each chunk's stage model is created here with its layer range, one activation arena per
+ * micro-batch of it in flight, and only the tensors it uses (loom_model_opts_t keep), their values
+ * copied from the caller's model. With V = 1 it has buffers of its own and is the model the strategy
+ * attaches to; with V > 1 the strategy attaches to the chunks' join (src/model/join.h: one table and
+ * one pair of buffers over the rank's tensors, which the chunks' views point into), so a rank's
+ * table, parameters, gradients (the strategy points them at its storage) and so the strategy's
+ * optimizer state are the rank's alone. The tensors a global stage owns (its blocks', the embedding's
+ * on the first, the head's on the last) are one contiguous run of the caller's layout, a rank's V of
+ * them; the others it holds are copies of tensors other stages own (the tied wte on the head stage,
+ * nanochat's per-layer scalars, the head's on stage G-2 when it shares the head), kept equal by the
+ * gradient sums below. gather writes every stage's owned tensors into the caller's model (for a
+ * whole-model evaluation); save writes the whole state as one process's checkpoint and load takes the
+ * rank's tensors from any checkpoint's whole state.
  *
- * Per micro-batch, activations (B x T x C floats, block_input(hi)) go to the next stage with loom_isend
- * straight from the arena (waited for only before that arena is reused), and the gradient of the
- * stage's input goes back from a copy of stream_grad (two send buffers in turn); receives are posted
- * one micro-batch ahead into their own buffers, so transfers overlap the compute around them. The
- * stream gradient is shared by the arenas: the schedules never run two backwards at once. On the
- * last stage the head's forward and backward run fused, at the micro-batch's backward.
+ * Per micro-batch, a chunk's activations (B x T x C floats, block_input(hi)) go to the next global
+ * stage (rank s+1, or rank 0's chunk c+1 from rank P-1) with loom_isend straight from the arena
+ * (waited for only before that arena is reused), and the gradient of its input goes back from a copy
+ * of stream_grad (two send buffers per chunk in turn). Messages between two ranks are matched to
+ * receives in posting order, so the receives from each neighbour are posted in the order its own plan
+ * sends them (an inbox per neighbour; one when P = 2, where activations and gradients share each
+ * direction), one message ahead of the one waited for, into buffers of a pool: transfers overlap the
+ * compute around them. The tag (+ 2 x the receiving chunk) makes a crossed message a mismatch error.
+ * Each chunk's stream gradient is shared by its arenas: the schedules never run two backwards at
+ * once. On the last global stage the head's forward and backward run fused, at the micro-batch's
+ * backward. A chunk's forwards and backwards each run in micro-batch order (loom__pp_chunk_arenas),
+ * so micro-batch mb uses arena mb % arenas of its chunk.
  *
- * A head-alone last stage (a head heavier than the blocks, e.g. `small`'s) shares the head's
+ * A head-alone last stage (a head heavier than the blocks, e.g. `small`'s; V = 1 only) shares the head's
  * positions with stage P-2, which holds the head's input: stage P-2 runs the head of positions
  * [0, hrows) of each micro-batch (loom_pp_stages: as the FLOPs balance the two stages, or the
  * trainer's pp_head_split) at the start of that micro-batch's backward, from its own last block's
@@ -44,8 +54,8 @@
  * (embedding) and the head stages' (lm head) shares on all of them (one all-reduce, which gives them
  * the same bits; so is ln_f's when the head is split), and each stage's other gradients are the
  * single-process ones up to float rounding, so the losses and parameters match one process with
- * accumulation M (tests/test_pp.c checks 1e-5). At most `arenas` micro-batches are in flight at once
- * (counted: max_inflight). A dead neighbour is reported by the transfer waiting on it (LOOM_EPEERLOST),
+ * accumulation M (tests/test_pp.c checks 1e-5). At most the schedule's count of (chunk, micro-batch)
+ * pairs are in flight at once (counted: max_inflight). A dead neighbour is reported by the transfer waiting on it (LOOM_EPEERLOST),
  * never a hang. */
 #include <math.h>
 #include <stdio.h>
