@@ -31,13 +31,13 @@
  * backward. A chunk's forwards and backwards each run in micro-batch order (loom__pp_chunk_arenas),
  * so micro-batch mb uses arena mb % arenas of its chunk.
  *
- * A head-alone last stage (a head heavier than the blocks, e.g. `small`'s; V = 1 only) shares the head's
- * positions with stage P-2, which holds the head's input: stage P-2 runs the head of positions
- * [0, hrows) of each micro-batch (loom_pp_stages: as the FLOPs balance the two stages, or the
- * trainer's pp_head_split) at the start of that micro-batch's backward, from its own last block's
- * output, and sends only positions [hrows, B T) forward and receives only their gradient back. Stage
- * P-2 then uses wte and ln_f too: their gradients are summed over the stages that hold them (first,
- * P-2, last), and the norm counts wte on the first stage and ln_f on the last only.
+ * A head-alone last stage (a head heavier than the blocks, e.g. `small`'s; V = 1 only) shares the
+ * head's positions with stage P-2, which holds the head's input: stage P-2 runs the head of positions
+ * [0, hrows) of each micro-batch (loom_pp_stages: as the FLOPs balance the two stages, or the trainer's
+ * pp_head_split) at the start of that micro-batch's backward, from its own last block's output, and
+ * sends only positions [hrows, B T) forward and receives only their gradient back. Stage P-2 then uses
+ * wte and ln_f too: their gradients are summed over the stages that hold them (first, P-2, last), and
+ * the norm counts wte on the first stage and ln_f on the last only.
  *
  * With tensor parallelism (a mesh with tp > 1 and pp > 1) the caller's model is this rank's tp shard
  * and so is the stage model (the same tp_size/tp_rank, its layers only): the tensor table, the
@@ -50,13 +50,13 @@
  * a reduction over the tp axis from here (the strategy gives one to the stage model).
  *
  * Invariants: after step, every rank of the pipeline holds the step's summed loss (the head stages',
- * sent to all: the other ranks add zeros), the wte gradient is the sum of the first stage's
- * (embedding) and the head stages' (lm head) shares on all of them (one all-reduce, which gives them
- * the same bits; so is ln_f's when the head is split), and each stage's other gradients are the
- * single-process ones up to float rounding, so the losses and parameters match one process with
- * accumulation M (tests/test_pp.c checks 1e-5). At most the schedule's count of (chunk, micro-batch)
- * pairs are in flight at once (counted: max_inflight). A dead neighbour is reported by the transfer waiting on it (LOOM_EPEERLOST),
- * never a hang. */
+ * sent to all: the other ranks add zeros), the wte gradient is the sum of the first stage's (embedding)
+ * and the head stages' (lm head) shares on all of them (one all-reduce, which gives them the same bits;
+ * so is ln_f's when the head is split), and each stage's other gradients are the single-process ones up
+ * to float rounding, so the losses and parameters match one process with accumulation M
+ * (tests/test_pp.c checks 1e-5). At most the schedule's count of (chunk, micro-batch) pairs are in
+ * flight at once (counted: max_inflight). A dead neighbour is reported by the transfer waiting on it
+ * (LOOM_EPEERLOST), never a hang. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
