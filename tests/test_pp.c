@@ -4,7 +4,9 @@
  * pp 2 (both schedules) and dp 2 x tp 2 x pp 2 on 8 processes (parameters as tests/test_tp.c
  * compares them); a last stage running the head alone; a checkpoint written by pp 2 resumes on one
  * process, one written by tp 2 x pp 2 on one process and on dp 2; 1F1B holds at most P
- * micro-batches (counted by the executor, exactly min(M, P - s) on stage s); bad meshes, composed
+ * micro-batches (counted by the executor, exactly min(M, P - s) on stage s); interleaved 1F1B with 2
+ * chunks per rank on pp 2 and 4, composed with dp 2 (DDP, ZeRO 1-3) and tp 2, through the CLI too, and
+ * its checkpoint resumed on one process; bad meshes, composed
  * ones too, are clear errors on every rank; a rank killed in the middle of a pipeline is
  * reported as dead by its neighbours; the Chrome trace parses and has one track per rank with every
  * kind of event; the schedules and the partition as data.
@@ -407,15 +409,15 @@ TEST(pp_interleaved_matches_one_process)
 	return rc;
 }
 
-/* Interleaved (V = 2) composed: dp 2 x pp 2 with DDP and with ZeRO 1 and 3 (4 ranks, M = 4 each,
+/* Interleaved (V = 2) composed: dp 2 x pp 2 with DDP and with ZeRO 1, 2 and 3 (4 ranks, M = 4 each,
  * against one process with accumulation 8: the strategy attaches to the join of a rank's chunks),
- * and tp 2 x pp 2 (M = 4, against accumulation 4). */
+ * and tp 2 x pp 2 (M = 4, against accumulation 4), with and without sequence parallelism. */
 TEST(pp_interleaved_composed)
 {
-	static const int zs[] = {0, 1, 3};
+	static const int zs[] = {0, 1, 2, 3};
 	int rc = 0;
 	CHECK_EQ(setup(8), 0);
-	for (int z = 0; z < 3 && !rc; z++) {
+	for (int z = 0; z < 4 && !rc; z++) {
 		run_t r = {.dp = 2, .pp = 2, .M = 4, .schedule = "interleaved", .V = 2, .zero = zs[z]};
 		rc = test_spawn(4, pp_rank, &r, 120, NULL);
 		if (rc)
@@ -424,8 +426,12 @@ TEST(pp_interleaved_composed)
 	teardown();
 	CHECK_EQ(rc, 0);
 	CHECK_EQ(setup(4), 0);
-	run_t r = {.dp = 1, .tp = 2, .pp = 2, .M = 4, .schedule = "interleaved", .V = 2};
-	rc = test_spawn(4, pp_rank, &r, 120, NULL);
+	for (int sp = 0; sp < 2 && !rc; sp++) {
+		run_t r = {.dp = 1, .tp = 2, .pp = 2, .M = 4, .schedule = "interleaved", .V = 2, .sp = sp};
+		rc = test_spawn(4, pp_rank, &r, 120, NULL);
+		if (rc)
+			fprintf(stderr, "tp 2 x pp 2 x V 2%s failed\n", sp ? " sequence parallel" : "");
+	}
 	teardown();
 	return rc;
 }

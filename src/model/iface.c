@@ -733,8 +733,15 @@ void loom_model_profile_report(loom_model_t *m, void *file, int steps)
 
 size_t loom_model_act_formula(const loom_model_t *m, int B, int T, const char **text)
 {
-	if (m->family->act_formula)
-		return m->family->act_formula(IMPL(m), B, T, text);
-	*text = "(no formula)";
-	return 0;
+	const struct loom__model_local *L = m->local;
+	size_t n = 0;
+	if (!m->family->act_formula) {
+		*text = "(no formula)";
+		return 0;
+	}
+	if (!L || !L->nchunks)
+		return m->family->act_formula(m, B, T, text);
+	for (int k = 0; k < L->nchunks; k++) /* a join's: the sum of its chunks' */
+		n += m->family->act_formula(L->chunks[k], B, T, text);
+	return n;
 }

@@ -15,7 +15,7 @@
  * report is passed on (under the join's index) from the first chunk holding it only, so a caller
  * whose chunks share a tensor runs that chunk's last backward after the others'. The calls that are
  * not about tensors (configuration, dtype, tensor-parallel shard, ...) go to chunk 0; activation
- * bytes and recomputations are the chunks' sums. On success the join owns the chunks
+ * bytes (and their formula's) and recomputations are the chunks' sums. On success the join owns the chunks
  * (loom_model_destroy of the join destroys them); on failure they stay the caller's. Returns LOOM_OK,
  * LOOM_EINVAL (no chunk, or one not created with opts.keep or of another family), LOOM_ENOMEM. */
 int loom__model_join(loom_model_t **out, loom_model_t **chunks, int n);

@@ -519,11 +519,8 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	*out = &e->base;
 	return LOOM_OK;
 fail:
-	for (int c = 0; models && c < e->V; c++)
+	for (int c = 0; models && c < e->V; c++) /* not joined yet: still ours */
 		loom_model_destroy(models[c]);
-	if (models && e->ch) /* (destroyed above: not again with the chunks) */
-		for (int c = 0; c < e->V; c++)
-			e->ch[c].m = NULL;
 	free(models);
 	free(lo);
 	pp_destroy(&e->base);
