@@ -874,53 +874,57 @@ TEST(pp_resumes_a_zero_checkpoint)
 }
 
 /* --trace: trace.json parses (the checkpoint reader's JSON parser), holds one track per rank (a
- * process_name record for pids 0 and 1) and every kind of event on each. */
+ * process_name record for pids 0 and 1) and every kind of event on each; with 1F1B and with the
+ * interleaved schedule (2 chunks per rank: each rank runs the forwards of two blocks, one per chunk,
+ * tiny's 4 layers over 4 global stages). */
 TEST(pp_trace_one_track_per_rank)
 {
 	char dir[600], path[700], err[200];
 	CHECK_EQ(setup(4), 0);
-	snprintf(dir, sizeof dir, "%s/trace", g_dir);
-	run_t r = {.dp = 1, .pp = 2, .M = 4, .schedule = "1f1b", .trace = dir};
-	CHECK_EQ(test_spawn(2, pp_rank, &r, 60, NULL), 0);
-	snprintf(path, sizeof path, "%s/trace.json", dir);
-	FILE *f = fopen(path, "rb");
-	CHECK_MSG(f != NULL, "no %s", path);
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *text = malloc((size_t)n + 1);
-	CHECK(text && fread(text, 1, (size_t)n, f) == (size_t)n);
-	fclose(f);
-	json_t root;
-	CHECK_MSG(loom__json_parse(text, (size_t)n, &root, err, sizeof err) == 0, "%s", err);
-	const json_t *evs = loom__json_get(&root, "traceEvents");
-	CHECK(evs && evs->type == JSON_ARRAY);
-	/* seen[pid][kind]: forward, backward, send, recv, allreduce, optimizer, step, idle, track name */
-	static const char *const cats[] = {"forward", "backward", "send", "recv", "allreduce", "optimizer", "step", "idle"};
-	int seen[2][9] = {{0}};
-	for (int i = 0; i < evs->n; i++) {
-		const json_t *e = &evs->kids[i], *pid = loom__json_get(e, "pid"), *cat = loom__json_get(e, "cat");
-		int64_t p;
-		CHECK(pid && loom__json_to_i64(pid, &p) == 0 && p >= 0 && p < 2);
-		if (!cat) {
-			CHECK_EQ(strcmp(loom__json_get(e, "ph")->s, "M"), 0);
-			seen[p][8]++;
-			continue;
+	for (int il = 0; il < 2; il++) {
+		snprintf(dir, sizeof dir, "%s/trace%d", g_dir, il);
+		run_t r = {.dp = 1, .pp = 2, .M = 4, .schedule = il ? "interleaved" : "1f1b", .V = il ? 2 : 0, .trace = dir};
+		CHECK_EQ(test_spawn(2, pp_rank, &r, 60, NULL), 0);
+		snprintf(path, sizeof path, "%s/trace.json", dir);
+		FILE *f = fopen(path, "rb");
+		CHECK_MSG(f != NULL, "no %s", path);
+		fseek(f, 0, SEEK_END);
+		long n = ftell(f);
+		fseek(f, 0, SEEK_SET);
+		char *text = malloc((size_t)n + 1);
+		CHECK(text && fread(text, 1, (size_t)n, f) == (size_t)n);
+		fclose(f);
+		json_t root;
+		CHECK_MSG(loom__json_parse(text, (size_t)n, &root, err, sizeof err) == 0, "%s", err);
+		const json_t *evs = loom__json_get(&root, "traceEvents");
+		CHECK(evs && evs->type == JSON_ARRAY);
+		/* seen[pid][kind]: forward, backward, send, recv, allreduce, optimizer, step, idle, track name */
+		static const char *const cats[] = {"forward", "backward", "send", "recv", "allreduce", "optimizer", "step",
+		                                   "idle"};
+		int seen[2][9] = {{0}};
+		for (int i = 0; i < evs->n; i++) {
+			const json_t *e = &evs->kids[i], *pid = loom__json_get(e, "pid"), *cat = loom__json_get(e, "cat");
+			int64_t p;
+			CHECK(pid && loom__json_to_i64(pid, &p) == 0 && p >= 0 && p < 2);
+			if (!cat) {
+				CHECK_EQ(strcmp(loom__json_get(e, "ph")->s, "M"), 0);
+				seen[p][8]++;
+				continue;
+			}
+			for (int k = 0; k < 8; k++)
+				if (!strcmp(cat->s, cats[k]))
+					seen[p][k]++;
 		}
-		for (int k = 0; k < 8; k++)
-			if (!strcmp(cat->s, cats[k]))
-				seen[p][k]++;
+		for (int p = 0; p < 2; p++) {
+			CHECK_EQ(seen[p][8], 1);
+			CHECK_EQ(seen[p][6], STEPS);
+			CHECK_EQ(seen[p][5], STEPS);
+			for (int k = 0; k < 8; k++)
+				CHECK_MSG(seen[p][k] > 0, "rank %d has no '%s' event", p, cats[k]);
+		}
+		loom__json_free(&root);
+		free(text);
 	}
-	for (int p = 0; p < 2; p++) {
-		CHECK_EQ(seen[p][8], 1);
-		CHECK_EQ(seen[p][6], STEPS);
-		CHECK_EQ(seen[p][5], STEPS);
-		for (int k = 0; k < 8; k++)
-			CHECK_MSG(seen[p][k] > 0, "rank %d has no '%s' event", p, cats[k]);
-	}
-	/* stage 0 runs embed + its blocks, stage 1 its blocks + the head: 4 micro-batches x units each */
-	loom__json_free(&root);
-	free(text);
 	teardown();
 	return 0;
 }
