@@ -457,7 +457,12 @@ static void model_config(opts_t *o)
  * trains or stops here with one message, so it stays valid as rows go). Rows are tried in order; the
  * first that applies is the message. `loom plan` states the ZeRO rows' rule in src/train/plan.c
  * (loom_plan_estimate and its search, for the loom implementation): delete it there too. */
-enum { NAME_ZERO = 1, NAME_TP = 2, NAME_PP = 4, NAME_DP = 8, NAME_OPTIMIZER = 16 };
+enum { NAME_ZERO = 1, NAME_TP = 2, NAME_PP = 4, NAME_DP = 8, NAME_OPTIMIZER = 16, NAME_HEAD_SPLIT = 32 };
+
+static int split_interleaved(const opts_t *o)
+{
+	return o->tc.pp_virtual_stages > 1 && o->tc.pp_head_split > 0;
+}
 
 static int muon_zero_pp(const opts_t *o)
 {
@@ -479,6 +484,9 @@ static const struct {
 	{muon_zero_pp, NAME_OPTIMIZER | NAME_ZERO | NAME_PP, "MuonAdamW's matrices are not sharded over a pipeline "
 	                                                     "stage's data-parallel ranks yet; use --zero 0 with --pp, "
 	                                                     "or --optimizer adamw"},
+	{split_interleaved, NAME_HEAD_SPLIT, "the interleaved schedule runs the head on the last global stage alone "
+	                                     "(no share of it on another stage); drop --pp-head-split, or use "
+	                                     "--pp-schedule 1f1b or gpipe"},
 };
 
 /* Exit with the first row of `refusals` that applies to o (its dp known). */
@@ -498,6 +506,7 @@ static void refuse_unsupported(const opts_t *o)
 		NAME(NAME_ZERO, "--zero %d", o->tc.zero);
 		NAME(NAME_TP, "--tp %d", o->tp);
 		NAME(NAME_PP, "--pp %d", o->pp);
+		NAME(NAME_HEAD_SPLIT, "--pp-head-split %g with --pp-schedule interleaved", o->tc.pp_head_split);
 		NAME(NAME_DP, "dp %d (%d rank%s / (--tp %d x --pp %d))", o->dp, o->dp * o->tp * o->pp,
 		     o->dp * o->tp * o->pp == 1 ? "" : "s", o->tp, o->pp);
 #undef NAME

@@ -81,6 +81,8 @@ TEST(nanochat_strategies_match_one_process)
 		{"zero2 x tp2", "--nproc 4 --tp 2 --zero 2"},
 		{"zero3 x pp2", "--nproc 4 --pp 2 --zero 3"},
 		{"zero1 x pp2 gpipe", "--nproc 4 --pp 2 --zero 1 --schedule gpipe"},
+		{"pp2 interleaved", "--nproc 2 --pp 2 --pp-schedule interleaved --virtual-stages 2"},
+		{"zero1 x pp2 interleaved", "--nproc 4 --pp 2 --zero 1 --pp-schedule interleaved --virtual-stages 2"},
 	};
 	return runs_match_one_process(runs, sizeof runs / sizeof runs[0], NULL);
 }

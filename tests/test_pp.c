@@ -4,7 +4,9 @@
  * pp 2 (both schedules) and dp 2 x tp 2 x pp 2 on 8 processes (parameters as tests/test_tp.c
  * compares them); a last stage running the head alone; a checkpoint written by pp 2 resumes on one
  * process, one written by tp 2 x pp 2 on one process and on dp 2; 1F1B holds at most P
- * micro-batches (counted by the executor, exactly min(M, P - s) on stage s); bad meshes, composed
+ * micro-batches (counted by the executor, exactly min(M, P - s) on stage s); interleaved 1F1B with 2
+ * chunks per rank on pp 2 and 4, composed with dp 2 (DDP, ZeRO 1-3) and tp 2, through the CLI too, and
+ * its checkpoint resumed on one process; bad meshes, composed
  * ones too, are clear errors on every rank; a rank killed in the middle of a pipeline is
  * reported as dead by its neighbours; the Chrome trace parses and has one track per rank with every
  * kind of event; the schedules and the partition as data.
@@ -40,7 +42,7 @@ static float g_ref_val;
 static float *g_ref_params;
 static loom_gpt2_config_t g_mc;
 static int g_heavy; /* the reference's model is `tiny` cut to C 32 with a 4096-row lm head: 1: 2 layers,
-                       2: 4 layers */
+                       2: 4 layers; 3: `tiny` with 8 layers (pp 4 x 2 chunks) */
 
 static int make_data(const char *dir)
 {
@@ -84,7 +86,9 @@ static int reference(int accum)
 	snprintf(glob, sizeof glob, "%s/train_*.bin", g_dir);
 	loom_train_config_t c = config(glob, accum);
 	CHECK_OK(loom_gpt2_preset("tiny", &g_mc));
-	if (g_heavy) /* the head outweighs the blocks: a pp 2 partition gives it a stage of its own */
+	if (g_heavy == 3)
+		g_mc.n_layer = 8;
+	else if (g_heavy) /* the head outweighs the blocks: a pp 2 partition gives it a stage of its own */
 		g_mc.n_layer = g_heavy == 2 ? 4 : 2, g_mc.n_embd = 32, g_mc.vocab_size = 4096;
 	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
 	loom_gpt2_init(m, 11);
@@ -119,6 +123,7 @@ typedef struct {
 	int head_rows; /* the positions of a micro-batch whose head stage pp-2 must compute (checked) */
 	int zero;      /* the ZeRO stage on the dp axis (0: none) */
 	int sp;        /* sequence parallelism (with tp > 1) */
+	int V;         /* model chunks per rank (interleaved; 0: one) */
 } run_t;
 
 /* The largest difference of two parameter sets must be within tol (tol < 0: their relative L2
@@ -203,6 +208,7 @@ static int pp_rank(int rank, int nranks, void *arg)
 	c.save_dir = save;
 	c.trace_dir = r->trace;
 	c.zero = r->zero;
+	c.pp_virtual_stages = r->V;
 	CHECK_OK(loom_comm_init(&comm));
 	CHECK_OK(loom_mesh_create(&mesh, comm, r->dp, tp, r->pp));
 	loom_gpt2_opts_t o = {.B = 1, .T = TT, .tp_size = tp, .tp_rank = loom_mesh_coord(mesh, LOOM_MESH_TP),
@@ -227,11 +233,15 @@ static int pp_rank(int rank, int nranks, void *arg)
 	          mem.nparams, r->zero, r->dp);
 	if (tp > 1) /* a shard (a pipeline stage may hold every tensor: a head-alone last stage's partner) */
 		CHECK(mem.nparams < loom_gpt2_num_params(&g_mc));
-	int stage = loom_mesh_coord(mesh, LOOM_MESH_PP), lo[8], rows;
+	int stage = loom_mesh_coord(mesh, LOOM_MESH_PP), lo[8], rows, V = r->V > 1 ? r->V : 1;
 	CHECK(r->pp < 8);
 	CHECK_OK(loom_pp_stages(&g_mc, 1, TT, r->pp, r->head_split, lo, &rows));
 	CHECK_EQ(rows, r->head_rows);
 	int want_inflight = !strcmp(r->schedule, "gpipe") ? r->M : (r->M < r->pp - stage ? r->M : r->pp - stage);
+	if (V > 1) { /* interleaved: min(M V, 2 (P - s - 1) + (V - 1) P + 1) (schedule.c) */
+		want_inflight = 2 * (r->pp - stage - 1) + (V - 1) * r->pp + 1;
+		want_inflight = want_inflight < r->M * V ? want_inflight : r->M * V;
+	}
 	if (r->trace) {
 		CHECK_OK(loom_trainer_run(tr, NULL, NULL)); /* saves at the last step; writes the trace */
 	} else {
@@ -245,9 +255,10 @@ static int pp_rank(int rank, int nranks, void *arg)
 				CHECK_EQ(sm.max_inflight, 1);
 			} else {
 				CHECK_EQ(sm.max_inflight, want_inflight); /* 1F1B: at most P, exactly min(M, P - stage) */
-				CHECK(sm.max_inflight <= (!strcmp(r->schedule, "gpipe") ? r->M : r->pp));
+				CHECK(sm.max_inflight <= (!strcmp(r->schedule, "gpipe") ? r->M : V > 1 ? r->M * V : r->pp));
 				CHECK(sm.bubble >= 0.0 && sm.bubble < 1.0);
-				CHECK_NEAR(sm.bubble_theory, (double)(r->pp - 1) / (r->M + r->pp - 1), 1e-12);
+				CHECK(sm.bubble_expected >= 0.0 && sm.bubble_expected < 1.0);
+				CHECK_NEAR(sm.bubble_theory, (double)(r->pp - 1) / (V * r->M + r->pp - 1), 1e-12);
 			}
 			if (r->dp > 1 || tp > 1)
 				CHECK_OK(loom_trainer_check_replicas(tr));
@@ -372,6 +383,67 @@ TEST(pp_checkpoint_resumes_on_one_process)
 	run_t r = {.dp = 1, .pp = 2, .M = 4, .schedule = "1f1b", .save_at = 5};
 	CHECK_EQ(test_spawn(2, pp_rank, &r, 60, NULL), 0);
 	int rc = resume_one_process(4, 1e-5);
+	teardown();
+	return rc;
+}
+
+/* Interleaved 1F1B with V = 2 chunks per rank against one process: pp 2 (4 global stages of tiny's 4
+ * layers) at M = 4 and 8, pp 4 (8 global stages of an 8-layer tiny) at M = 4 and 8; a checkpoint
+ * written interleaved (after step 5) resumes on one process. Losses and gradient norms every step,
+ * the final parameters and the evaluation as pp_matches_one_process; max_inflight exactly the
+ * schedule's count of the rank. */
+TEST(pp_interleaved_matches_one_process)
+{
+	static const int Ms[] = {4, 8};
+	int rc = 0;
+	for (int i = 0; i < 2 && !rc; i++) {
+		CHECK_EQ(setup(Ms[i]), 0);
+		run_t r = {.dp = 1, .pp = 2, .M = Ms[i], .schedule = "interleaved", .V = 2};
+		rc = test_spawn(2, pp_rank, &r, 60, NULL);
+		if (rc)
+			fprintf(stderr, "pp 2 x V 2 interleaved, M = %d failed\n", Ms[i]);
+		teardown();
+	}
+	for (int i = 0; i < 2 && !rc; i++) {
+		CHECK_EQ(setup_heavy(3, Ms[i]), 0);
+		run_t r = {.dp = 1, .pp = 4, .M = Ms[i], .schedule = "interleaved", .V = 2};
+		rc = test_spawn(4, pp_rank, &r, 120, NULL);
+		if (rc)
+			fprintf(stderr, "pp 4 x V 2 interleaved, M = %d failed\n", Ms[i]);
+		teardown();
+	}
+	CHECK_EQ(rc, 0);
+	CHECK_EQ(setup(4), 0);
+	run_t r = {.dp = 1, .pp = 2, .M = 4, .schedule = "interleaved", .V = 2, .save_at = 5};
+	CHECK_EQ(test_spawn(2, pp_rank, &r, 60, NULL), 0);
+	rc = resume_one_process(4, 1e-5);
+	teardown();
+	return rc;
+}
+
+/* Interleaved (V = 2) composed: dp 2 x pp 2 with DDP and with ZeRO 1, 2 and 3 (4 ranks, M = 4 each,
+ * against one process with accumulation 8: the strategy attaches to the join of a rank's chunks),
+ * and tp 2 x pp 2 (M = 4, against accumulation 4), with and without sequence parallelism. */
+TEST(pp_interleaved_composed)
+{
+	static const int zs[] = {0, 1, 2, 3};
+	int rc = 0;
+	CHECK_EQ(setup(8), 0);
+	for (int z = 0; z < 4 && !rc; z++) {
+		run_t r = {.dp = 2, .pp = 2, .M = 4, .schedule = "interleaved", .V = 2, .zero = zs[z]};
+		rc = test_spawn(4, pp_rank, &r, 120, NULL);
+		if (rc)
+			fprintf(stderr, "zero %d x dp 2 x pp 2 x V 2 failed\n", zs[z]);
+	}
+	teardown();
+	CHECK_EQ(rc, 0);
+	CHECK_EQ(setup(4), 0);
+	for (int sp = 0; sp < 2 && !rc; sp++) {
+		run_t r = {.dp = 1, .tp = 2, .pp = 2, .M = 4, .schedule = "interleaved", .V = 2, .sp = sp};
+		rc = test_spawn(4, pp_rank, &r, 120, NULL);
+		if (rc)
+			fprintf(stderr, "tp 2 x pp 2 x V 2%s failed\n", sp ? " sequence parallel" : "");
+	}
 	teardown();
 	return rc;
 }
@@ -814,53 +886,57 @@ TEST(pp_resumes_a_zero_checkpoint)
 }
 
 /* --trace: trace.json parses (the checkpoint reader's JSON parser), holds one track per rank (a
- * process_name record for pids 0 and 1) and every kind of event on each. */
+ * process_name record for pids 0 and 1) and every kind of event on each; with 1F1B and with the
+ * interleaved schedule (2 chunks per rank: each rank runs the forwards of two blocks, one per chunk,
+ * tiny's 4 layers over 4 global stages). */
 TEST(pp_trace_one_track_per_rank)
 {
 	char dir[600], path[700], err[200];
 	CHECK_EQ(setup(4), 0);
-	snprintf(dir, sizeof dir, "%s/trace", g_dir);
-	run_t r = {.dp = 1, .pp = 2, .M = 4, .schedule = "1f1b", .trace = dir};
-	CHECK_EQ(test_spawn(2, pp_rank, &r, 60, NULL), 0);
-	snprintf(path, sizeof path, "%s/trace.json", dir);
-	FILE *f = fopen(path, "rb");
-	CHECK_MSG(f != NULL, "no %s", path);
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *text = malloc((size_t)n + 1);
-	CHECK(text && fread(text, 1, (size_t)n, f) == (size_t)n);
-	fclose(f);
-	json_t root;
-	CHECK_MSG(loom__json_parse(text, (size_t)n, &root, err, sizeof err) == 0, "%s", err);
-	const json_t *evs = loom__json_get(&root, "traceEvents");
-	CHECK(evs && evs->type == JSON_ARRAY);
-	/* seen[pid][kind]: forward, backward, send, recv, allreduce, optimizer, step, idle, track name */
-	static const char *const cats[] = {"forward", "backward", "send", "recv", "allreduce", "optimizer", "step", "idle"};
-	int seen[2][9] = {{0}};
-	for (int i = 0; i < evs->n; i++) {
-		const json_t *e = &evs->kids[i], *pid = loom__json_get(e, "pid"), *cat = loom__json_get(e, "cat");
-		int64_t p;
-		CHECK(pid && loom__json_to_i64(pid, &p) == 0 && p >= 0 && p < 2);
-		if (!cat) {
-			CHECK_EQ(strcmp(loom__json_get(e, "ph")->s, "M"), 0);
-			seen[p][8]++;
-			continue;
+	for (int il = 0; il < 2; il++) {
+		snprintf(dir, sizeof dir, "%s/trace%d", g_dir, il);
+		run_t r = {.dp = 1, .pp = 2, .M = 4, .schedule = il ? "interleaved" : "1f1b", .V = il ? 2 : 0, .trace = dir};
+		CHECK_EQ(test_spawn(2, pp_rank, &r, 60, NULL), 0);
+		snprintf(path, sizeof path, "%s/trace.json", dir);
+		FILE *f = fopen(path, "rb");
+		CHECK_MSG(f != NULL, "no %s", path);
+		fseek(f, 0, SEEK_END);
+		long n = ftell(f);
+		fseek(f, 0, SEEK_SET);
+		char *text = malloc((size_t)n + 1);
+		CHECK(text && fread(text, 1, (size_t)n, f) == (size_t)n);
+		fclose(f);
+		json_t root;
+		CHECK_MSG(loom__json_parse(text, (size_t)n, &root, err, sizeof err) == 0, "%s", err);
+		const json_t *evs = loom__json_get(&root, "traceEvents");
+		CHECK(evs && evs->type == JSON_ARRAY);
+		/* seen[pid][kind]: forward, backward, send, recv, allreduce, optimizer, step, idle, track name */
+		static const char *const cats[] = {"forward", "backward", "send", "recv", "allreduce", "optimizer", "step",
+		                                   "idle"};
+		int seen[2][9] = {{0}};
+		for (int i = 0; i < evs->n; i++) {
+			const json_t *e = &evs->kids[i], *pid = loom__json_get(e, "pid"), *cat = loom__json_get(e, "cat");
+			int64_t p;
+			CHECK(pid && loom__json_to_i64(pid, &p) == 0 && p >= 0 && p < 2);
+			if (!cat) {
+				CHECK_EQ(strcmp(loom__json_get(e, "ph")->s, "M"), 0);
+				seen[p][8]++;
+				continue;
+			}
+			for (int k = 0; k < 8; k++)
+				if (!strcmp(cat->s, cats[k]))
+					seen[p][k]++;
 		}
-		for (int k = 0; k < 8; k++)
-			if (!strcmp(cat->s, cats[k]))
-				seen[p][k]++;
+		for (int p = 0; p < 2; p++) {
+			CHECK_EQ(seen[p][8], 1);
+			CHECK_EQ(seen[p][6], STEPS);
+			CHECK_EQ(seen[p][5], STEPS);
+			for (int k = 0; k < 8; k++)
+				CHECK_MSG(seen[p][k] > 0, "rank %d has no '%s' event", p, cats[k]);
+		}
+		loom__json_free(&root);
+		free(text);
 	}
-	for (int p = 0; p < 2; p++) {
-		CHECK_EQ(seen[p][8], 1);
-		CHECK_EQ(seen[p][6], STEPS);
-		CHECK_EQ(seen[p][5], STEPS);
-		for (int k = 0; k < 8; k++)
-			CHECK_MSG(seen[p][k] > 0, "rank %d has no '%s' event", p, cats[k]);
-	}
-	/* stage 0 runs embed + its blocks, stage 1 its blocks + the head: 4 micro-batches x units each */
-	loom__json_free(&root);
-	free(text);
 	teardown();
 	return 0;
 }
@@ -1021,8 +1097,8 @@ TEST(zero_mesh_resume_bit_identical)
 }
 
 /* Resharding from the full mesh: ZeRO-3 on dp 2 x tp 2 x pp 2 (8 ranks) saves after step 5; one
- * process, and ZeRO-1 on dp 4 (4 ranks, the same tokens per step), continue from it as the
- * reference does. */
+ * process, ZeRO-1 on dp 4 (4 ranks, the same tokens per step) and tp 2 x pp 2 interleaved (V = 2)
+ * continue from it as the reference does. */
 TEST(zero_3d_checkpoint_reshards)
 {
 	char path[700];
@@ -1035,6 +1111,9 @@ TEST(zero_3d_checkpoint_reshards)
 	run_t d = {.dp = 4, .pp = 1, .M = 2, .schedule = "1f1b", .resume = path, .tol = -1e-5, .zero = 1};
 	if (!rc)
 		rc = test_spawn(4, pp_rank, &d, 120, NULL);
+	run_t il = {.dp = 1, .tp = 2, .pp = 2, .M = 8, .schedule = "interleaved", .V = 2, .resume = path, .tol = -1e-5};
+	if (!rc && (rc = test_spawn(4, pp_rank, &il, 120, NULL)) != 0)
+		fprintf(stderr, "resuming the 3D ZeRO-3 checkpoint on tp 2 x pp 2 interleaved failed\n");
 	teardown();
 	return rc;
 }
@@ -1064,6 +1143,22 @@ TEST(pp_cli)
 	CHECK_CONTAINS(line, "{\"step\":1,");
 	CHECK_CONTAINS(line, ",\"bubble\":");
 	CHECK_CONTAINS(line, ",\"bubble_theory\":0.2000,\"bubble_expected\":");
+	/* interleaved: 2 model chunks per stage, the trace and the log's bubble as with 1F1B */
+	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --pp 2 --micro-batches 4 --pp-schedule interleaved "
+	         "--virtual-stages 2 --train-data '%s/train_*.bin' --model tiny --batch-size 1 --seq-len 32 --steps 3 "
+	         "--schedule constant --peak-flops 1e10 --log %s/log_il.jsonl --trace %s/trace_il", test_loom_bin(), g_dir,
+	         g_dir, g_dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	CHECK_CONTAINS(out, "[rank 0] pipeline parallel: 2 stages x dp 1, schedule interleaved, 2 model chunks per stage, "
+	               "4 micro-batches per step (ideal bubble (P-1)/(V M+P-1) = 11.1%)");
+	CHECK_CONTAINS(out, "[rank 0] step 3/3 | loss ");
+	snprintf(cmd, sizeof cmd, "%s/log_il.jsonl", g_dir);
+	CHECK((f = fopen(cmd, "r")) != NULL);
+	while (fgets(line, sizeof line, f) && strncmp(line, "{\"step\":", 8) != 0)
+		;
+	fclose(f);
+	CHECK_CONTAINS(line, ",\"bubble_theory\":0.1111,\"bubble_expected\":");
 	/* tp and pp together: 4 ranks as tp 2 x pp 2 */
 	snprintf(cmd, sizeof cmd, "%s train --nproc 4 --tp 2 --pp 2 --micro-batches 2 --train-data '%s/train_*.bin' "
 	         "--model tiny --batch-size 1 --seq-len 32 --steps 2 --print-every 1", test_loom_bin(), g_dir);

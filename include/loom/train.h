@@ -18,8 +18,9 @@
  * rounding) as one rank with accumulation N x A.
  *
  * Pipeline parallelism: on a mesh with pp > 1 each rank runs a stage (a FLOP-balanced range of
- * layers) and a step's accum micro-batches flow through the stages in a GPipe or 1F1B schedule
- * (pp_schedule; the interleaved 1F1B is planned and checked, not run yet); losses match one
+ * layers; with the interleaved 1F1B, pp_virtual_stages such ranges) and a step's accum
+ * micro-batches flow through the stages in a GPipe, 1F1B or interleaved 1F1B schedule
+ * (pp_schedule); losses match one
  * process with the same accumulation up to float rounding, every rank reports the same metrics,
  * checkpoints hold the whole model (gathered from the stages), and a pipeline's checkpoint resumes
  * on any mesh with the same data-parallel size (docs/mesh.md).

@@ -7,6 +7,7 @@
 
 #include "loom/model.h"
 #include "model/model.h"
+#include "model/join.h"
 #include "model/nanochat.h"
 #include "core/util.h"
 
@@ -195,13 +196,23 @@ double loom__model_unit_flops_table(const loom_model_config_t *cfg, int unit, in
 	return 6.0 * params + (unit >= 0 && unit < cfg->n_layer ? 12.0 * cfg->n_embd * T : 0.0);
 }
 
-/* ---- a model holding some tensors only (opts.keep) -------------------------------------------------
+/* ---- a model holding some tensors only (opts.keep), and a join of such models ---------------------
  *
  * The family's model is created without buffers of its own; this layer keeps the packed table of the
  * held tensors and their buffers, and points each held tensor's views into them (the family's
  * set_tensor_view), so the family runs as it always does on the views it has. Every call that names
  * a tensor index or a whole buffer goes through here; a tensor the family reports ready is passed on
- * under its packed index. */
+ * under its packed index.
+ *
+ * A join (loom__model_join, model/join.h) is the same table over the union of several such models'
+ * tensors ("chunks": an interleaved pipeline rank's stage models), with one packed buffer each for
+ * parameters and gradients: a view set on the join is set on every chunk holding the tensor, so the
+ * chunks compute on the join's memory, and the calls that are not about tensors go to chunk 0. */
+struct join_hook {
+	loom_model_t *join;
+	int chunk;
+};
+
 struct loom__model_local {
 	int n, nfull;
 	loom_tensor_info_t *ti; /* n: the held tensors, offsets packed */
@@ -212,15 +223,43 @@ struct loom__model_local {
 	float *params_own, *grads_own;
 	loom_grad_ready_fn ready;
 	void *ready_ctx;
+	/* a join: its chunks (owned), the first chunk holding each tensor (n), the grad-ready contexts */
+	int nchunks;
+	loom_model_t **chunks;
+	int *first;
+	struct join_hook *hooks;
 };
+
+/* The model the family's calls go to: a join's first chunk, else the model itself. */
+#define IMPL(m) ((m)->local && (m)->local->nchunks ? (m)->local->chunks[0] : (m))
 
 static void local_free(struct loom__model_local *L)
 {
 	if (!L)
 		return;
 	loom_free_aligned(L->params_own), loom_free_aligned(L->grads_own);
-	free(L->ti), free(L->idx), free(L->rev);
+	free(L->ti), free(L->idx), free(L->rev), free(L->chunks), free(L->first), free(L->hooks);
 	free(L);
+}
+
+/* Chunk k's packed index of a join's tensor t, or -1 when it does not hold it. */
+static int held(const struct loom__model_local *L, int k, int t)
+{
+	return L->chunks[k]->local->rev[L->idx[t]];
+}
+
+/* Point packed tensor t's views (NULL: leave that one as it is). */
+static int local_view(loom_model_t *m, int t, float *param, float *grad)
+{
+	struct loom__model_local *L = m->local;
+	if (!L->nchunks)
+		return m->family->set_tensor_view(m, L->idx[t], param, grad);
+	for (int k = 0; k < L->nchunks; k++) {
+		int c = held(L, k, t), rc;
+		if (c >= 0 && (rc = loom_model_set_tensor_view(L->chunks[k], c, param, grad)) != LOOM_OK)
+			return rc;
+	}
+	return LOOM_OK;
 }
 
 /* Point the held tensors' parameter (grads 0) or gradient (grads 1) views into buf. */
@@ -228,8 +267,7 @@ static void local_point(loom_model_t *m, float *buf, int grads)
 {
 	struct loom__model_local *L = m->local;
 	for (int t = 0; t < L->n && buf; t++)
-		m->family->set_tensor_view(m, L->idx[t], grads ? NULL : buf + L->ti[t].offset,
-		                           grads ? buf + L->ti[t].offset : NULL);
+		local_view(m, t, grads ? NULL : buf + L->ti[t].offset, grads ? buf + L->ti[t].offset : NULL);
 	if (grads)
 		L->grads = buf;
 	else
@@ -242,6 +280,17 @@ static void local_ready(void *ctx, int tensor)
 	struct loom__model_local *L = m->local;
 	int t = tensor >= 0 && tensor < L->nfull ? L->rev[tensor] : -1;
 	if (t >= 0 && L->ready)
+		L->ready(L->ready_ctx, t);
+}
+
+/* A chunk of a join reports its packed tensor c: passed on under the join's index by the tensor's
+ * first holder only (model/join.h: the caller runs that chunk's last backward after the others'). */
+static void join_ready(void *ctx, int c)
+{
+	struct join_hook *h = ctx;
+	struct loom__model_local *L = h->join->local, *C = L->chunks[h->chunk]->local;
+	int t = c >= 0 && c < C->n ? L->rev[C->idx[c]] : -1;
+	if (t >= 0 && L->first[t] == h->chunk && L->ready)
 		L->ready(L->ready_ctx, t);
 }
 
@@ -289,6 +338,67 @@ static int local_create(loom_model_t **out, const loom_model_family_t *f, const 
 	return LOOM_OK;
 }
 
+int loom__model_join(loom_model_t **out, loom_model_t **chunks, int n)
+{
+	struct loom__model_local *L = NULL;
+	loom_model_t *m = NULL;
+	int nfull;
+	*out = NULL;
+	if (n < 1 || !chunks[0]->local || chunks[0]->local->nchunks)
+		return loom_seterr(LOOM_EINVAL, "model join: %d chunk(s); each must be created with opts.keep", n);
+	nfull = chunks[0]->local->nfull;
+	for (int k = 1; k < n; k++)
+		if (!chunks[k]->local || chunks[k]->local->nchunks || chunks[k]->family != chunks[0]->family ||
+		    chunks[k]->local->nfull != nfull)
+			return loom_seterr(LOOM_EINVAL, "model join: chunk %d is not a model of the same family and table "
+			                   "created with opts.keep", k);
+	if (!(m = loom__calloc(1, sizeof *m)) || !(L = loom__calloc(1, sizeof *L)) ||
+	    !(L->rev = loom__malloc((size_t)nfull * sizeof *L->rev)) ||
+	    !(L->ti = loom__calloc((size_t)LOOM_MAX(nfull, 1), sizeof *L->ti)) ||
+	    !(L->idx = loom__calloc((size_t)LOOM_MAX(nfull, 1), sizeof *L->idx)) ||
+	    !(L->first = loom__calloc((size_t)LOOM_MAX(nfull, 1), sizeof *L->first)) ||
+	    !(L->chunks = loom__calloc((size_t)n, sizeof *L->chunks)) ||
+	    !(L->hooks = loom__calloc((size_t)n, sizeof *L->hooks)))
+		goto oom;
+	m->family = chunks[0]->family, m->local = L;
+	L->nfull = nfull, L->nchunks = n;
+	for (int k = 0; k < n; k++)
+		L->chunks[k] = chunks[k], L->hooks[k].join = m, L->hooks[k].chunk = k;
+	/* the union of the chunks' tensors in the family's order, which is unit order */
+	for (int i = 0; i < nfull; i++) {
+		L->rev[i] = -1;
+		for (int k = 0; k < n && L->rev[i] < 0; k++) {
+			struct loom__model_local *C = chunks[k]->local;
+			if (C->rev[i] < 0)
+				continue;
+			L->ti[L->n] = C->ti[C->rev[i]];
+			L->ti[L->n].offset = L->nparams;
+			L->idx[L->n] = i, L->first[L->n] = k;
+			L->rev[i] = L->n++;
+			L->nparams += C->ti[C->rev[i]].numel;
+		}
+	}
+	size_t bytes = LOOM_MAX(L->nparams, 1) * sizeof(float);
+	if (!(L->params_own = loom_alloc_aligned(bytes)) || !(L->grads_own = loom_alloc_aligned(bytes)))
+		goto oom;
+	memset(L->grads_own, 0, bytes);
+	for (int t = 0; t < L->n; t++) { /* the values the first holder has, if any */
+		const float *p = loom_model_tensor_param(chunks[L->first[t]], held(L, L->first[t], t));
+		if (p)
+			memcpy(L->params_own + L->ti[t].offset, p, L->ti[t].numel * sizeof(float));
+		else
+			memset(L->params_own + L->ti[t].offset, 0, L->ti[t].numel * sizeof(float));
+	}
+	local_point(m, L->params_own, 0);
+	local_point(m, L->grads_own, 1);
+	*out = m;
+	return LOOM_OK;
+oom:
+	local_free(L);
+	free(m);
+	return loom_seterr(LOOM_ENOMEM, "model join: out of memory for %d chunks' table and buffers", n);
+}
+
 int loom_model_create(loom_model_t **m, const loom_model_config_t *cfg, const loom_model_opts_t *opts)
 {
 	const loom_model_family_t *f = fam(cfg);
@@ -303,23 +413,29 @@ void loom_model_destroy(loom_model_t *m)
 	if (!m)
 		return;
 	struct loom__model_local *L = m->local;
-	m->family->destroy(m);
+	if (L && L->nchunks) {
+		for (int k = 0; k < L->nchunks; k++)
+			loom_model_destroy(L->chunks[k]);
+		free(m);
+	} else {
+		m->family->destroy(m);
+	}
 	local_free(L);
 }
 
 const loom_model_config_t *loom_model_get_config(const loom_model_t *m)
 {
-	return m->family->config(m);
+	return m->family->config(IMPL(m));
 }
 
 int loom_model_set_inputs(loom_model_t *m, int mb, const int *inputs, int B, int T)
 {
-	return m->family->set_inputs ? m->family->set_inputs(m, mb, inputs, B, T) : LOOM_OK;
+	return m->family->set_inputs ? m->family->set_inputs(IMPL(m), mb, inputs, B, T) : LOOM_OK;
 }
 
 loom_compute_dtype_t loom_model_dtype(const loom_model_t *m)
 {
-	return m->family->dtype(m);
+	return m->family->dtype(IMPL(m));
 }
 
 const loom_tensor_info_t *loom_model_tensors(const loom_model_t *m, int *n)
@@ -391,7 +507,7 @@ int loom_model_set_tensor_view(loom_model_t *m, int tensor, float *param, float 
 		return loom_seterr(LOOM_EINVAL, "model set_tensor_view: tensor %d out of range [0, %d)", tensor, L->n);
 	if (grad)
 		L->grads = NULL; /* views tensor by tensor from here on */
-	return m->family->set_tensor_view(m, L->idx[tensor], param, grad);
+	return local_view(m, tensor, param, grad);
 }
 
 int loom_model_set_unit_view(loom_model_t *m, int unit, float *params, float *grads)
@@ -417,6 +533,10 @@ int loom_model_set_unit_view(loom_model_t *m, int unit, float *params, float *gr
 float *loom_model_tensor_param(loom_model_t *m, int tensor)
 {
 	struct loom__model_local *L = m->local;
+	if (L && L->nchunks)
+		return tensor >= 0 && tensor < L->n ? loom_model_tensor_param(L->chunks[L->first[tensor]],
+		                                                             held(L, L->first[tensor], tensor))
+		                                    : NULL;
 	if (L)
 		return tensor >= 0 && tensor < L->n ? m->family->tensor_param(m, L->idx[tensor]) : NULL;
 	return m->family->tensor_param(m, tensor);
@@ -425,6 +545,10 @@ float *loom_model_tensor_param(loom_model_t *m, int tensor)
 float *loom_model_tensor_grad(loom_model_t *m, int tensor)
 {
 	struct loom__model_local *L = m->local;
+	if (L && L->nchunks)
+		return tensor >= 0 && tensor < L->n ? loom_model_tensor_grad(L->chunks[L->first[tensor]],
+		                                                            held(L, L->first[tensor], tensor))
+		                                    : NULL;
 	if (L)
 		return tensor >= 0 && tensor < L->n ? m->family->tensor_grad(m, L->idx[tensor]) : NULL;
 	return m->family->tensor_grad(m, tensor);
@@ -433,154 +557,191 @@ float *loom_model_tensor_grad(loom_model_t *m, int tensor)
 void loom_model_init(loom_model_t *m, uint64_t seed)
 {
 	if (!m->local) /* a model holding some tensors gets them copied in */
-		m->family->init(m, seed);
+		m->family->init(IMPL(m), seed);
 }
 
 void loom_model_layers(const loom_model_t *m, int *lo, int *hi, int *arenas)
 {
-	m->family->layers(m, lo, hi, arenas);
+	m->family->layers(IMPL(m), lo, hi, arenas);
 }
 
 loom_act_ckpt_t loom_model_act_ckpt(const loom_model_t *m)
 {
-	return m->family->act_ckpt(m);
+	return m->family->act_ckpt(IMPL(m));
 }
 
 int loom_model_sequence_parallel(const loom_model_t *m)
 {
-	return m->family->sequence_parallel ? m->family->sequence_parallel(m) : 0;
+	return m->family->sequence_parallel ? m->family->sequence_parallel(IMPL(m)) : 0;
 }
 
 long long loom_model_recomputes(const loom_model_t *m)
 {
-	return m->family->recomputes(m);
+	const struct loom__model_local *L = m->local;
+	long long n = 0;
+	for (int k = 0; L && k < L->nchunks; k++)
+		n += loom_model_recomputes(L->chunks[k]);
+	return L && L->nchunks ? n : m->family->recomputes(m);
 }
 
 void loom_model_model_act_bytes(const loom_model_t *m, loom_model_act_bytes_t *out)
 {
-	m->family->model_act_bytes(m, out);
+	const struct loom__model_local *L = m->local;
+	if (!L || !L->nchunks) {
+		m->family->model_act_bytes(m, out);
+		return;
+	}
+	memset(out, 0, sizeof *out); /* a join's: the sum of its chunks' */
+	for (int k = 0; k < L->nchunks; k++) {
+		loom_model_act_bytes_t c;
+		loom_model_model_act_bytes(L->chunks[k], &c);
+		out->kept += c.kept, out->recompute += c.recompute, out->per_layer += c.per_layer;
+		out->head += c.head, out->backward += c.backward, out->total += c.total;
+	}
 }
 
 int loom_model_forward(loom_model_t *m, const int *inputs, const int *targets, int B, int T, float *loss)
 {
-	return m->family->forward(m, inputs, targets, B, T, loss);
+	return m->family->forward(IMPL(m), inputs, targets, B, T, loss);
 }
 
 const float *loom_model_logits(const loom_model_t *m)
 {
-	return m->family->logits(m);
+	return m->family->logits(IMPL(m));
 }
 
 void loom_model_zero_grad(loom_model_t *m)
 {
-	m->family->zero_grad(m);
+	struct loom__model_local *L = m->local;
+	for (int k = 0; L && k < L->nchunks; k++)
+		loom_model_zero_grad(L->chunks[k]);
+	if (!L || !L->nchunks)
+		m->family->zero_grad(m);
 }
 
 int loom_model_forward_backward(loom_model_t *m, const int *inputs, const int *targets, int B, int T, float grad_scale, float *loss)
 {
-	return m->family->forward_backward(m, inputs, targets, B, T, grad_scale, loss);
+	return m->family->forward_backward(IMPL(m), inputs, targets, B, T, grad_scale, loss);
 }
 
 void loom_model_on_grad_ready(loom_model_t *m, loom_grad_ready_fn fn, void *ctx)
 {
 	struct loom__model_local *L = m->local;
 	if (!L) {
-		m->family->on_grad_ready(m, fn, ctx);
+		m->family->on_grad_ready(IMPL(m), fn, ctx);
 		return;
 	}
 	L->ready = fn, L->ready_ctx = ctx;
-	m->family->on_grad_ready(m, fn ? local_ready : NULL, fn ? m : NULL);
+	for (int k = 0; k < L->nchunks; k++)
+		loom_model_on_grad_ready(L->chunks[k], fn ? join_ready : NULL, fn ? &L->hooks[k] : NULL);
+	if (!L->nchunks)
+		m->family->on_grad_ready(m, fn ? local_ready : NULL, fn ? m : NULL);
 }
 
 void loom_model_on_param_use(loom_model_t *m, loom_param_use_fn fn, void *ctx)
 {
-	m->family->on_param_use(m, fn, ctx);
+	struct loom__model_local *L = m->local;
+	for (int k = 0; L && k < L->nchunks; k++)
+		loom_model_on_param_use(L->chunks[k], fn, ctx);
+	if (!L || !L->nchunks)
+		m->family->on_param_use(m, fn, ctx);
 }
 
 void loom_model_on_tp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx)
 {
-	m->family->on_tp_reduce(m, fn, ctx);
+	struct loom__model_local *L = m->local;
+	for (int k = 0; L && k < L->nchunks; k++)
+		loom_model_on_tp_reduce(L->chunks[k], fn, ctx);
+	if (!L || !L->nchunks)
+		m->family->on_tp_reduce(m, fn, ctx);
 }
 
 int loom_model_embed_forward(loom_model_t *m, int mb, const int *inputs, int B, int T)
 {
-	return m->family->embed_forward(m, mb, inputs, B, T);
+	return m->family->embed_forward(IMPL(m), mb, inputs, B, T);
 }
 
 int loom_model_block_forward(loom_model_t *m, int mb, int l, int B, int T)
 {
-	return m->family->block_forward(m, mb, l, B, T);
+	return m->family->block_forward(IMPL(m), mb, l, B, T);
 }
 
 int loom_model_head_forward(loom_model_t *m, int mb, const int *targets, int B, int T, float *loss)
 {
-	return m->family->head_forward(m, mb, targets, B, T, loss);
+	return m->family->head_forward(IMPL(m), mb, targets, B, T, loss);
 }
 
 int loom_model_head_forward_backward(loom_model_t *m, int mb, const int *targets, int B, int T, float grad_scale, float *loss)
 {
-	return m->family->head_forward_backward(m, mb, targets, B, T, grad_scale, loss);
+	return m->family->head_forward_backward(IMPL(m), mb, targets, B, T, grad_scale, loss);
 }
 
 int loom_model_head_forward_backward_rows(loom_model_t *m, int mb, const int *targets, int B, int T, int row0, int rows, float grad_scale, float *loss)
 {
-	return m->family->head_forward_backward_rows(m, mb, targets, B, T, row0, rows, grad_scale, loss);
+	return m->family->head_forward_backward_rows(IMPL(m), mb, targets, B, T, row0, rows, grad_scale, loss);
 }
 
 int loom_model_block_backward(loom_model_t *m, int mb, int l, int B, int T)
 {
-	return m->family->block_backward(m, mb, l, B, T);
+	return m->family->block_backward(IMPL(m), mb, l, B, T);
 }
 
 int loom_model_embed_backward(loom_model_t *m, int mb, const int *inputs, int B, int T)
 {
-	return m->family->embed_backward(m, mb, inputs, B, T);
+	return m->family->embed_backward(IMPL(m), mb, inputs, B, T);
 }
 
 float *loom_model_block_input(loom_model_t *m, int mb, int l)
 {
-	return m->family->block_input(m, mb, l);
+	return m->family->block_input(IMPL(m), mb, l);
 }
 
 float *loom_model_stream_grad(loom_model_t *m)
 {
-	return m->family->stream_grad(m);
+	return m->family->stream_grad(IMPL(m));
 }
 
 int loom_model_tp_size(const loom_model_t *m)
 {
-	return m->family->tp_size(m);
+	return m->family->tp_size(IMPL(m));
 }
 
 int loom_model_tp_rank(const loom_model_t *m)
 {
-	return m->family->tp_rank(m);
+	return m->family->tp_rank(IMPL(m));
 }
 
 int loom_model_kv_cache_alloc(loom_model_t *m)
 {
-	return m->family->kv_cache_alloc(m);
+	return m->family->kv_cache_alloc(IMPL(m));
 }
 
 int loom_model_generate(loom_model_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k, uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token), void *ctx)
 {
-	return m->family->generate(m, prompt, n_prompt, max_new, temperature, top_k, seed, stop_token, out, n_out, on_token, ctx);
+	return m->family->generate(IMPL(m), prompt, n_prompt, max_new, temperature, top_k, seed, stop_token, out, n_out, on_token, ctx);
 }
 
 void loom_model_profile(loom_model_t *m, int enable)
 {
-	m->family->profile(m, enable);
+	m->family->profile(IMPL(m), enable);
 }
 
 void loom_model_profile_report(loom_model_t *m, void *file, int steps)
 {
-	m->family->profile_report(m, file, steps);
+	m->family->profile_report(IMPL(m), file, steps);
 }
 
 size_t loom_model_act_formula(const loom_model_t *m, int B, int T, const char **text)
 {
-	if (m->family->act_formula)
+	const struct loom__model_local *L = m->local;
+	size_t n = 0;
+	if (!m->family->act_formula) {
+		*text = "(no formula)";
+		return 0;
+	}
+	if (!L || !L->nchunks)
 		return m->family->act_formula(m, B, T, text);
-	*text = "(no formula)";
-	return 0;
+	for (int k = 0; k < L->nchunks; k++) /* a join's: the sum of its chunks' */
+		n += m->family->act_formula(L->chunks[k], B, T, text);
+	return n;
 }

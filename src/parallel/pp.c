@@ -1,33 +1,43 @@
 /* pp.c: the pipeline-parallel step executor (src/parallel/pp.h): this rank is stage s of P on the
- * pipeline axis and runs blocks [lo, hi) of the model (the embedding too on the first stage; ln_f,
- * the tied lm head and the loss on the last), the step's M micro-batches in the order of a schedule
- * from schedule.c (GPipe or 1F1B).
+ * pipeline axis and runs the step's M micro-batches in the order of a schedule from schedule.c
+ * (GPipe, 1F1B, or interleaved 1F1B with V model chunks per rank). Chunk c of the rank is global stage
+ * g = c P + s of G = P V (V = 1 but for interleaved) and runs blocks [lo, hi) of it (the embedding
+ * too on global stage 0; ln_f, the tied lm head and the loss on G-1).
  *
- * The stage model is created here with the layer range, one activation arena per micro-batch in
- * flight, and only the tensors the stage uses (loom_model_opts_t keep), packed into buffers of its
- * own with their values copied from the caller's model: its table, parameters, gradients (the
- * strategy points them at its storage) and so the strategy's optimizer state are the stage's alone.
- * The tensors it owns (its blocks', the embedding's on the first stage, the head's on the last) are
- * one contiguous run of the caller's layout; the others it holds are copies of tensors other stages
- * own (the tied wte on the head stages, nanochat's per-layer scalars, the head's on stage P-2 when it
- * shares the head), kept equal by the gradient sums below. gather writes every stage's owned tensors
- * into the caller's model (for a whole-model evaluation); save writes the whole state as one
- * process's checkpoint and load takes the stage's tensors from any checkpoint's whole state.
+ * Each chunk's stage model is created here with its layer range, one activation arena per
+ * micro-batch of it in flight, and only the tensors it uses (loom_model_opts_t keep), their values
+ * copied from the caller's model. With V = 1 it has buffers of its own and is the model the strategy
+ * attaches to; with V > 1 the strategy attaches to the chunks' join (src/model/join.h: one table and
+ * one pair of buffers over the rank's tensors, which the chunks' views point into), so a rank's
+ * table, parameters, gradients (the strategy points them at its storage) and so the strategy's
+ * optimizer state are the rank's alone. The tensors a global stage owns (its blocks', the embedding's
+ * on the first, the head's on the last) are one contiguous run of the caller's layout, a rank's V of
+ * them; the others it holds are copies of tensors other stages own (the tied wte on the head stage,
+ * nanochat's per-layer scalars, the head's on stage G-2 when it shares the head), kept equal by the
+ * gradient sums below. gather writes every stage's owned tensors into the caller's model (for a
+ * whole-model evaluation); save writes the whole state as one process's checkpoint and load takes the
+ * rank's tensors from any checkpoint's whole state.
  *
- * Per micro-batch, activations (B x T x C floats, block_input(hi)) go to the next stage with loom_isend
- * straight from the arena (waited for only before that arena is reused), and the gradient of the
- * stage's input goes back from a copy of stream_grad (two send buffers in turn); receives are posted
- * one micro-batch ahead into their own buffers, so transfers overlap the compute around them. The
- * stream gradient is shared by the arenas: the schedules never run two backwards at once. On the
- * last stage the head's forward and backward run fused, at the micro-batch's backward.
+ * Per micro-batch, a chunk's activations (B x T x C floats, block_input(hi)) go to the next global
+ * stage (rank s+1, or rank 0's chunk c+1 from rank P-1) with loom_isend straight from the arena
+ * (waited for only before that arena is reused), and the gradient of its input goes back from a copy
+ * of stream_grad (two send buffers per chunk in turn). Messages between two ranks are matched to
+ * receives in posting order, so the receives from each neighbour are posted in the order its own plan
+ * sends them (an inbox per neighbour; one when P = 2, where activations and gradients share each
+ * direction), one message ahead of the one waited for, into buffers of a pool: transfers overlap the
+ * compute around them. The tag (+ 2 x the receiving chunk) makes a crossed message a mismatch error.
+ * Each chunk's stream gradient is shared by its arenas: the schedules never run two backwards at
+ * once. On the last global stage the head's forward and backward run fused, at the micro-batch's
+ * backward. A chunk's forwards and backwards each run in micro-batch order (loom__pp_chunk_arenas),
+ * so micro-batch mb uses arena mb % arenas of its chunk.
  *
- * A head-alone last stage (a head heavier than the blocks, e.g. `small`'s) shares the head's
- * positions with stage P-2, which holds the head's input: stage P-2 runs the head of positions
- * [0, hrows) of each micro-batch (loom_pp_stages: as the FLOPs balance the two stages, or the
- * trainer's pp_head_split) at the start of that micro-batch's backward, from its own last block's
- * output, and sends only positions [hrows, B T) forward and receives only their gradient back. Stage
- * P-2 then uses wte and ln_f too: their gradients are summed over the stages that hold them (first,
- * P-2, last), and the norm counts wte on the first stage and ln_f on the last only.
+ * A head-alone last stage (a head heavier than the blocks, e.g. `small`'s; V = 1 only) shares the
+ * head's positions with stage P-2, which holds the head's input: stage P-2 runs the head of positions
+ * [0, hrows) of each micro-batch (loom_pp_stages: as the FLOPs balance the two stages, or the trainer's
+ * pp_head_split) at the start of that micro-batch's backward, from its own last block's output, and
+ * sends only positions [hrows, B T) forward and receives only their gradient back. Stage P-2 then uses
+ * wte and ln_f too: their gradients are summed over the stages that hold them (first, P-2, last), and
+ * the norm counts wte on the first stage and ln_f on the last only.
  *
  * With tensor parallelism (a mesh with tp > 1 and pp > 1) the caller's model is this rank's tp shard
  * and so is the stage model (the same tp_size/tp_rank, its layers only): the tensor table, the
@@ -40,84 +50,132 @@
  * a reduction over the tp axis from here (the strategy gives one to the stage model).
  *
  * Invariants: after step, every rank of the pipeline holds the step's summed loss (the head stages',
- * sent to all: the other ranks add zeros), the wte gradient is the sum of the first stage's
- * (embedding) and the head stages' (lm head) shares on all of them (one all-reduce, which gives them
- * the same bits; so is ln_f's when the head is split), and each stage's other gradients are the
- * single-process ones up to float rounding, so the losses and parameters match one process with
- * accumulation M (tests/test_pp.c checks 1e-5). At most `arenas` micro-batches are in flight at once
- * (counted: max_inflight). A dead neighbour is reported by the transfer waiting on it (LOOM_EPEERLOST),
- * never a hang. */
+ * sent to all: the other ranks add zeros), the wte gradient is the sum of the first stage's (embedding)
+ * and the head stages' (lm head) shares on all of them (one all-reduce, which gives them the same bits;
+ * so is ln_f's when the head is split), and each stage's other gradients are the single-process ones up
+ * to float rounding, so the losses and parameters match one process with accumulation M
+ * (tests/test_pp.c checks 1e-5). At most the schedule's count of (chunk, micro-batch) pairs are in
+ * flight at once (counted: max_inflight). A dead neighbour is reported by the transfer waiting on it
+ * (LOOM_EPEERLOST), never a hang. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/util.h"
 #include "loom/train.h"
+#include "model/join.h"
 #include "parallel/pp.h"
 
-enum { TAG_ACT = 91, TAG_GRAD = 92 };
+enum { TAG_ACT = 91, TAG_GRAD = 92 }; /* + 2 x the receiving chunk */
+
+/* One model chunk of this rank: global stage g = c P + s of the G = P V. */
+typedef struct {
+	loom_model_t *m;              /* its stage model (owned by the join when V > 1) */
+	int g, lo, hi, arenas;        /* blocks [lo, hi); arenas of its stage model */
+	int head;                     /* it computes head positions: the last global stage, and G-2 when shared */
+	unsigned char *used;          /* per caller's tensor: the chunk holds it */
+	loom_request_t **act_sends;   /* of arena k's output, to the next global stage */
+	loom_request_t *grad_sends[2];
+	float *grad_sbuf[2];          /* the gradient of its input, sent from a copy (two in turn) */
+	double busy[3];               /* compute time this step: forwards, head rows (stage G-2), backwards */
+} chunk_t;
+
+/* A transfer this rank receives: an activation ('A') for chunk's forward or a gradient ('G') for its
+ * backward, of micro-batch mb. */
+typedef struct {
+	char kind;
+	int chunk, mb;
+	size_t count;
+	float *buf;                   /* from the pool while its receive is posted and not yet consumed */
+	loom_request_t *req;
+} msg_t;
+
+/* The transfers from one neighbour, in the order it sends them (its plan): receives must be posted
+ * in that order (messages between a pair arrive in order, matched to receives in issue order). */
+typedef struct {
+	int peer, n, posted;          /* messages [0, posted) have had their receive posted */
+	msg_t *q;
+} inbox_t;
 
 typedef struct {
 	loom_exec_t base;
 	loom_exec_config_t cfg;
 	loom_model_config_t mc;
-	loom_model_t *stage;
-	loom_comm_t *ends;            /* the stages holding wte: first, last, and P-2 when it runs head rows
-	                                 (the pp comm itself when that is every stage; owned otherwise) */
+	loom_model_t *model;          /* the strategy's: the join of the chunks (V > 1) or chunk 0's model */
+	loom_comm_t *ends;            /* the ranks holding wte: the first's, the last's, and G-2's when it runs
+	                                 head rows (the pp comm itself when that is every rank; owned otherwise) */
 	int own_ends;
-	int P, s, lo, hi, M, arenas, nplan, ntensors;
+	int P, s, V, G, M, nplan, ntensors;
+	chunk_t *ch;                  /* V */
 	int width;                    /* floats per position of the residual stream (loom_model_stream_width) */
 	int shared_blocks;            /* some tensor is read by every block (all_blocks): summed over all stages */
-	int hrows;                    /* the head is shared: positions [0, rows[mb]) of micro-batch mb run
-	                                 their head on stage P-2, [rows[mb], B T) on the last; hrows is
+	int hrows;                    /* the head is shared (V = 1 only): positions [0, rows[mb]) of micro-batch
+	                                 mb run their head on stage G-2, [rows[mb], B T) on the last; hrows is
 	                                 the usual rows[mb] (0: no split, the last runs them all) */
 	int *rows;                    /* M (loom__pp_head_rows: the first and last may differ) */
-	int head;                     /* this stage computes head positions: the last, and P-2 when shared */
+	int head;                     /* this rank computes head positions (one of its chunks does) */
 	int tp_size, tp_rank;         /* the model's tensor-parallel shard (1, 0: whole) */
 	int whole_reduce_set;         /* the caller's model has whole_reduce as its tp reduction */
 	size_t nparams, act;          /* act: floats of one activation (B x T x C); nparams: of the caller's
 	                                 (whole or tp shard) buffer */
 	const loom_tensor_info_t *full; /* the (shard) tensor table of the caller's model, nfull tensors */
 	int nfull;
-	const loom_tensor_info_t *tensors; /* the stage model's table: the tensors it holds, packed */
+	const loom_tensor_info_t *tensors; /* the strategy model's table: the tensors the rank holds, packed */
 	int *idx;                     /* ntensors: the caller's index of each of them */
-	int *rev;                     /* nfull: the stage's index of each caller's tensor, or -1 */
-	unsigned char *owned;         /* ntensors: the stage owns it (else it is a copy of another stage's,
-	                                 e.g. the tied wte on the last stage, kept equal by the sums below) */
-	unsigned char *skip;          /* ntensors: !owned (left out of the gradient norm) */
+	int *rev;                     /* nfull: the strategy model's index of each caller's tensor, or -1 */
+	int *own_g;                   /* ntensors: the global stage (one of this rank's) owning it, or -1 for a
+	                                 copy of another rank's (e.g. the tied wte on the last), kept equal by
+	                                 the sums below */
+	unsigned char *skip;          /* ntensors: not owned (left out of the gradient norm) */
 	unsigned char *shared;        /* ntensors: its gradient is summed over stages (wte, the per-layer
 	                                 scalars, a shared head's): the strategy reduces it after the sums */
-	float *zeros;                 /* a stage's share of a tensor it does not hold, in the sums (zmax floats) */
+	float *zeros;                 /* a rank's share of a tensor it does not hold, in the sums (zmax floats) */
 	size_t zmax;
-	size_t *counts;               /* floats each stage owns, in stage order (they tile the buffer) */
-	unsigned char *used;          /* per caller's tensor: this stage holds it */
-	loom__pp_action_t *plan;
+	size_t *counts;               /* G: floats each global stage owns, in stage order (they tile the buffer) */
+	unsigned char *used;          /* per caller's tensor: one of the rank's chunks holds it */
+	loom__pp_action_t *plan;      /* 2 M V */
+	inbox_t inbox[2];             /* from the previous and the next rank (one when they are the same) */
+	int ninbox;
+	int *msg_box, *msg_j;         /* 2 V M: (kind, chunk, mb) -> its inbox and place there */
+	float **pool;                 /* receive buffers of act floats not in use */
+	int npool, cap;
 	int *inputs, *targets;        /* M x B x T each */
 	float *losses;                /* M */
-	float *act_rbuf, *grad_rbuf, *grad_sbuf[2];
-	loom_request_t **act_sends;   /* of arena k's output, to the next stage */
-	loom_request_t *grad_sends[2], *act_recv, *grad_recv;
 	int inflight;
-	double wait_ms, busy_s[3], first_t, last_t; /* compute time of this step (forwards, the head rows
-	                                              of stage P-2, the rest of the backwards); its first
-	                                              start, last end */
-	double *times;                /* 5 x P: every stage's (first_t, last_t, busy_s[0..2]); then 3 x P x M:
-	                                 their forward, head rows and backward times per micro-batch */
+	double wait_ms, first_t, last_t; /* time waited for transfers; the first compute's start, last end */
+	double *times;                /* (2 + 3 V) x P: every rank's (first_t, last_t, its chunks' busy); then
+	                                 3 x G x M: the global stages' forward, head rows and backward times */
 } pp_exec_t;
 
 static void pp_destroy(loom_exec_t *ex);
 
-/* Floats of micro-batch mb's activation (and of its gradient) that stay on this stage instead of
- * passing to the next one (out) or coming from the previous one (in): the rows whose head stage P-2
- * computes. */
-static size_t out_off(const pp_exec_t *e, int mb)
+/* Floats of micro-batch mb's activation (and of its gradient) that stay on chunk c instead of passing
+ * to the next global stage (out) or coming from the previous one (in): the rows whose head global
+ * stage G-2 computes. */
+static size_t out_off(const pp_exec_t *e, int c, int mb)
 {
-	return e->hrows && e->s == e->P - 2 ? (size_t)e->rows[mb] * e->width : 0;
+	return e->hrows && e->ch[c].g == e->G - 2 ? (size_t)e->rows[mb] * e->width : 0;
 }
 
-static size_t in_off(const pp_exec_t *e, int mb)
+static size_t in_off(const pp_exec_t *e, int c, int mb)
 {
-	return e->hrows && e->s == e->P - 1 ? (size_t)e->rows[mb] * e->width : 0;
+	return e->hrows && e->ch[c].g == e->G - 1 ? (size_t)e->rows[mb] * e->width : 0;
+}
+
+static int prev_rank(const pp_exec_t *e)
+{
+	return (e->s - 1 + e->P) % e->P;
+}
+
+static int next_rank(const pp_exec_t *e)
+{
+	return (e->s + 1) % e->P;
+}
+
+static int msg_key(const pp_exec_t *e, char kind, int c, int mb)
+{
+	return ((kind == 'A' ? 0 : 1) * e->V + c) * e->M + mb;
 }
 
 /* The caller's (whole-layer) model's tensor-parallel reduction, for evaluation after gather: a
@@ -141,8 +199,8 @@ static int whole_reduce(void *ctx, float *buf, size_t n, loom_tp_op_t op)
 	return LOOM_OK;
 }
 
-/* Complete a request (NULL: nothing) of a transfer with stage `peer`, adding the time waited; keeps
- * the first error. */
+/* Complete a request (NULL: nothing) of a transfer with rank `peer`, adding the time waited; keeps the
+ * first error. */
 static int finish(pp_exec_t *e, loom_request_t **req, int rc, loom__event_kind_t kind, int mb, int peer)
 {
 	if (!*req)
@@ -161,22 +219,118 @@ static int finish(pp_exec_t *e, loom_request_t **req, int rc, loom__event_kind_t
 	return rc;
 }
 
-/* Wait for everything still in flight (after an error too: every request must be completed). */
+/* A receive buffer (act floats) from the pool, or a new one; NULL when out of memory. */
+static float *pool_get(pp_exec_t *e)
+{
+	if (e->npool > 0)
+		return e->pool[--e->npool];
+	float **p = realloc(e->pool, sizeof *p * (size_t)(e->cap + 1));
+	if (!p)
+		return NULL;
+	e->pool = p, e->cap++;
+	return loom__malloc(sizeof(float) * LOOM_MAX(e->act, 1));
+}
+
+static void pool_put(pp_exec_t *e, float *buf)
+{
+	if (buf)
+		e->pool[e->npool++] = buf; /* cap counts every buffer handed out */
+}
+
+/* Post the receives of inbox b's messages up to and including j (in order). */
+static int post_upto(pp_exec_t *e, inbox_t *b, int j)
+{
+	for (; b->posted <= j && b->posted < b->n; b->posted++) {
+		msg_t *q = &b->q[b->posted];
+		int rc;
+		if (!(q->buf = pool_get(e)))
+			return loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory for a receive buffer", e->s);
+		if ((rc = loom_irecv(e->cfg.pp, q->buf, q->count, LOOM_FLOAT32, b->peer,
+		                     (q->kind == 'A' ? TAG_ACT : TAG_GRAD) + 2 * q->chunk, &q->req)) != LOOM_OK) {
+			pool_put(e, q->buf), q->buf = NULL;
+			return loom_seterr(rc, "pipeline stage %d: posting a receive from stage %d: %s", e->s, b->peer,
+			                   loom_comm_errmsg(e->cfg.pp));
+		}
+	}
+	return LOOM_OK;
+}
+
+/* Chunk c's activation ('A') or gradient ('G') of micro-batch mb into dst: its receive (and the next
+ * message's from that neighbour, so it overlaps what runs meanwhile) posted, waited for, copied. */
+static int receive(pp_exec_t *e, char kind, int c, int mb, float *dst)
+{
+	int key = msg_key(e, kind, c, mb), rc;
+	inbox_t *b = &e->inbox[e->msg_box[key]];
+	msg_t *q = &b->q[e->msg_j[key]];
+	if ((rc = post_upto(e, b, e->msg_j[key] + 1)) != LOOM_OK)
+		return rc;
+	if ((rc = finish(e, &q->req, LOOM_OK, LOOM_EV_RECV, mb, b->peer)) != LOOM_OK)
+		return rc;
+	memcpy(dst, q->buf, q->count * sizeof(float));
+	pool_put(e, q->buf), q->buf = NULL;
+	return LOOM_OK;
+}
+
+/* Wait for everything still in flight (after an error too: every request must be completed; the
+ * first error's message is kept, as the waits after it may set their own). */
 static int drain(pp_exec_t *e, int rc)
 {
-	for (int k = 0; k < e->arenas; k++)
-		rc = finish(e, &e->act_sends[k], rc, LOOM_EV_SEND, -1, e->s + 1);
-	for (int k = 0; k < 2; k++)
-		rc = finish(e, &e->grad_sends[k], rc, LOOM_EV_SEND, -1, e->s - 1);
-	rc = finish(e, &e->act_recv, rc, LOOM_EV_RECV, -1, e->s - 1);
-	rc = finish(e, &e->grad_recv, rc, LOOM_EV_RECV, -1, e->s + 1);
+	char msg[1024];
+	int rc0 = rc;
+	if (rc0 != LOOM_OK)
+		snprintf(msg, sizeof msg, "%s", loom_errmsg());
+	for (int c = 0; c < e->V && e->ch; c++) {
+		chunk_t *ch = &e->ch[c];
+		for (int k = 0; k < ch->arenas && ch->act_sends; k++)
+			rc = finish(e, &ch->act_sends[k], rc, LOOM_EV_SEND, -1, next_rank(e));
+		for (int k = 0; k < 2; k++)
+			rc = finish(e, &ch->grad_sends[k], rc, LOOM_EV_SEND, -1, prev_rank(e));
+	}
+	for (int i = 0; i < e->ninbox; i++)
+		for (int j = 0; j < e->inbox[i].posted; j++) {
+			msg_t *q = &e->inbox[i].q[j];
+			rc = finish(e, &q->req, rc, LOOM_EV_RECV, -1, e->inbox[i].peer);
+			pool_put(e, q->buf), q->buf = NULL;
+		}
+	if (rc0 != LOOM_OK)
+		loom_seterr(rc0, "%s", msg);
 	return rc;
+}
+
+/* The messages this rank receives from neighbour `peer`, in the order the peer's plan sends them. */
+static int build_inbox(pp_exec_t *e, int box, int peer)
+{
+	inbox_t *b = &e->inbox[box];
+	int n = 2 * e->M * e->V;
+	loom__pp_action_t *pl = loom__calloc((size_t)n, sizeof *pl);
+	b->peer = peer;
+	if (!pl || !(b->q = loom__calloc((size_t)n, sizeof *b->q))) {
+		free(pl);
+		return loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
+	}
+	if (loom__pp_plan_v(e->cfg.schedule, e->P, e->V, peer, e->M, pl) < 0) {
+		free(pl);
+		return loom_seterr(LOOM_EINVAL, "pipeline: %s", loom_errmsg());
+	}
+	for (int i = 0; i < n; i++) {
+		int gp = pl[i].chunk * e->P + peer, to = pl[i].op == 'F' ? gp + 1 : gp - 1;
+		if (to < 0 || to >= e->G || to % e->P != e->s)
+			continue;
+		msg_t *q = &b->q[b->n];
+		q->kind = pl[i].op == 'F' ? 'A' : 'G', q->chunk = to / e->P, q->mb = pl[i].mb;
+		q->count = e->act - (q->kind == 'A' ? in_off(e, q->chunk, q->mb) : out_off(e, q->chunk, q->mb));
+		e->msg_box[msg_key(e, q->kind, q->chunk, q->mb)] = box;
+		e->msg_j[msg_key(e, q->kind, q->chunk, q->mb)] = b->n++;
+	}
+	free(pl);
+	return LOOM_OK;
 }
 
 static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 {
 	pp_exec_t *e = loom__calloc(1, sizeof *e);
 	loom_model_opts_t o;
+	loom_model_t **models = NULL;
 	int rc, *lo = NULL;
 	*out = NULL;
 	if (!e)
@@ -185,6 +339,7 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	e->cfg = *cfg;
 	e->mc = *loom_model_get_config(cfg->model);
 	e->P = loom_comm_size(cfg->pp), e->s = loom_comm_rank(cfg->pp), e->M = cfg->M;
+	e->V = cfg->V < 1 ? 1 : cfg->V, e->G = e->P * e->V;
 	e->tp_size = loom_model_tp_size(cfg->model), e->tp_rank = loom_model_tp_rank(cfg->model);
 	if (e->tp_size != (cfg->tp ? loom_comm_size(cfg->tp) : 1)) {
 		rc = loom_seterr(LOOM_EINVAL, "pipeline stage %d: the model is tensor-parallel shard %d of %d, but the "
@@ -192,83 +347,122 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		                 cfg->tp ? loom_comm_size(cfg->tp) : 1);
 		goto fail;
 	}
+	if ((rc = loom__pp_check(cfg->schedule, e->P, e->V, e->M)) != LOOM_OK)
+		goto fail;
 	e->nparams = loom_model_param_count(cfg->model);
 	e->full = loom_model_tensors(cfg->model, &e->nfull);
 	e->width = loom_model_stream_width(&e->mc);
 	e->act = (size_t)cfg->B * cfg->T * e->width;
-	if (!(lo = loom__malloc(sizeof(int) * (size_t)(e->P + 1)))) {
+	e->nplan = 2 * e->M * e->V;
+	if (!(lo = loom__malloc(sizeof(int) * (size_t)(e->G + 1))) || !(e->ch = loom__calloc((size_t)e->V, sizeof *e->ch)) ||
+	    !(models = loom__calloc((size_t)e->V, sizeof *models))) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 		goto fail;
 	}
-	if ((rc = loom_pp_stages(&e->mc, cfg->B, cfg->T, e->P, cfg->head_split, lo, &e->hrows)) != LOOM_OK)
+	/* The G global stages; interleaved chunks never split the head (the last runs it alone or after
+	 * its blocks). */
+	if ((rc = loom_pp_stages(&e->mc, cfg->B, cfg->T, e->G, e->V > 1 ? -1.0 : cfg->head_split, lo, &e->hrows)) !=
+	    LOOM_OK)
 		goto fail;
-	e->lo = lo[e->s], e->hi = lo[e->s + 1];
-	e->head = e->s == e->P - 1 || (e->hrows && e->s == e->P - 2);
 	if (!(e->rows = loom__calloc((size_t)e->M, sizeof *e->rows))) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 		goto fail;
 	}
-	if ((rc = loom__pp_head_rows(&e->mc, cfg->schedule, cfg->T, cfg->B * cfg->T, e->P, e->M, lo, e->hrows,
-	                             cfg->head_split == 0.0, e->rows)) != LOOM_OK)
+	if (e->V == 1 && (rc = loom__pp_head_rows(&e->mc, cfg->schedule, cfg->T, cfg->B * cfg->T, e->P, e->M, lo,
+	                                          e->hrows, cfg->head_split == 0.0, e->rows)) != LOOM_OK)
 		goto fail;
-	e->plan = loom__calloc(2 * (size_t)e->M, sizeof *e->plan);
-	e->counts = loom__calloc((size_t)e->P, sizeof *e->counts);
+	e->plan = loom__calloc((size_t)e->nplan, sizeof *e->plan);
+	e->counts = loom__calloc((size_t)e->G, sizeof *e->counts);
 	e->used = loom__calloc((size_t)e->nfull, 1);
 	e->rev = loom__calloc((size_t)e->nfull, sizeof *e->rev);
 	e->inputs = loom__malloc(sizeof(int) * (size_t)e->M * cfg->B * cfg->T);
 	e->targets = loom__malloc(sizeof(int) * (size_t)e->M * cfg->B * cfg->T);
 	e->losses = loom__calloc((size_t)e->M, sizeof *e->losses);
-	e->times = loom__calloc((5 + 3 * (size_t)e->M) * (size_t)e->P, sizeof *e->times);
-	e->act_rbuf = loom__malloc(sizeof(float) * e->act);
-	e->grad_rbuf = loom__malloc(sizeof(float) * e->act);
-	e->grad_sbuf[0] = loom__malloc(sizeof(float) * e->act);
-	e->grad_sbuf[1] = loom__malloc(sizeof(float) * e->act);
-	if (!e->plan || !e->counts || !e->used || !e->rev || !e->inputs || !e->targets || !e->losses || !e->times || !e->act_rbuf ||
-	    !e->grad_rbuf || !e->grad_sbuf[0] || !e->grad_sbuf[1]) {
+	e->times = loom__calloc((2 + 3 * (size_t)e->V) * (size_t)e->P + 3 * (size_t)e->G * e->M, sizeof *e->times);
+	e->msg_box = loom__calloc(2 * (size_t)e->V * e->M, sizeof *e->msg_box);
+	e->msg_j = loom__calloc(2 * (size_t)e->V * e->M, sizeof *e->msg_j);
+	if (!e->plan || !e->counts || !e->used || !e->rev || !e->inputs || !e->targets || !e->losses || !e->times ||
+	    !e->msg_box || !e->msg_j) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 		goto fail;
 	}
-	e->arenas = loom__pp_plan(cfg->schedule, e->P, e->s, e->M, e->plan);
-	e->nplan = 2 * e->M;
-	if (!(e->act_sends = loom__calloc((size_t)e->arenas, sizeof *e->act_sends))) {
-		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
+	if (loom__pp_plan_v(cfg->schedule, e->P, e->V, e->s, e->M, e->plan) < 0) {
+		rc = LOOM_EINVAL;
 		goto fail;
 	}
-	/* Which tensors each stage owns: its blocks' (tensor table `layer`), the embedding unit's on the
-	 * first, the head's on the last; they are contiguous and tile the buffer in stage order. A tensor
-	 * the head also reads (head_reads: GPT-2's tied wte) is used by the head stages too but owned by
-	 * the first; one every block reads (all_blocks: nanochat's per-layer scalars) by every stage that
-	 * holds a block; with the head's positions split, stage P-2 uses the head's tensors too. */
+	{ /* each chunk's arenas: its micro-batches in flight at once (consecutive ones) */
+		int arenas[e->V];
+		if (e->V == 1)
+			arenas[0] = loom__pp_plan(cfg->schedule, e->P, e->s, e->M, e->plan);
+		else if ((rc = loom__pp_chunk_arenas(cfg->schedule, e->P, e->V, e->s, e->M, arenas)) < 0)
+			goto fail;
+		for (int c = 0; c < e->V; c++) {
+			chunk_t *ch = &e->ch[c];
+			ch->g = c * e->P + e->s, ch->lo = lo[ch->g], ch->hi = lo[ch->g + 1], ch->arenas = LOOM_MAX(arenas[c], 1);
+			ch->head = ch->g == e->G - 1 || (e->hrows && ch->g == e->G - 2);
+			e->head |= ch->head;
+			ch->act_sends = loom__calloc((size_t)ch->arenas, sizeof *ch->act_sends);
+			ch->used = loom__calloc((size_t)e->nfull, 1);
+			ch->grad_sbuf[0] = loom__malloc(sizeof(float) * LOOM_MAX(e->act, 1));
+			ch->grad_sbuf[1] = loom__malloc(sizeof(float) * LOOM_MAX(e->act, 1));
+			if (!ch->act_sends || !ch->used || !ch->grad_sbuf[0] || !ch->grad_sbuf[1]) {
+				rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
+				goto fail;
+			}
+		}
+	}
+	/* Which tensors each global stage owns: its blocks' (tensor table `layer`), the embedding unit's
+	 * on the first, the head's on the last; they are contiguous and tile the buffer in stage order. A
+	 * tensor the head also reads (head_reads: GPT-2's tied wte) is used by the head stages too but
+	 * owned by the first; one every block reads (all_blocks: nanochat's per-layer scalars) by every
+	 * stage that holds a block; with the head's positions split, stage G-2 uses the head's tensors too.
+	 * A chunk holds the tensors its stage uses; the rank those of its chunks. */
 	for (int t = 0; t < e->nfull; t++) {
 		const loom_tensor_info_t ti = e->full[t];
-		int u = ti.layer, owner = u < 0 ? 0 : u >= e->mc.n_layer ? e->P - 1 : 0;
-		for (int q = 0; q < e->P && u >= 0 && u < e->mc.n_layer; q++)
+		int u = ti.layer, owner = u < 0 ? 0 : u >= e->mc.n_layer ? e->G - 1 : 0;
+		for (int q = 0; q < e->G && u >= 0 && u < e->mc.n_layer; q++)
 			if (u >= lo[q] && u < lo[q + 1])
 				owner = q;
 		e->counts[owner] += ti.numel;
-		e->used[t] = owner == e->s || (ti.head_reads && e->head) || (e->head && u >= e->mc.n_layer) ||
-		             (ti.all_blocks && e->lo < e->hi);
+		for (int c = 0; c < e->V; c++) {
+			chunk_t *ch = &e->ch[c];
+			ch->used[t] = owner == ch->g || (ti.head_reads && ch->head) || (ch->head && u >= e->mc.n_layer) ||
+			              (ti.all_blocks && ch->lo < ch->hi);
+			e->used[t] |= ch->used[t];
+		}
 		e->shared_blocks |= ti.all_blocks;
 		if (!e->used[t] && (ti.all_blocks || ti.layer >= e->mc.n_layer)) /* summed here as zeros */
 			e->zmax = LOOM_MAX(e->zmax, ti.numel);
 	}
-	/* The stage model: its layers, `arenas` arenas, and only the tensors it uses, packed into its own
-	 * buffers (opts.keep), their values copied from the caller's model. */
-	memset(&o, 0, sizeof o);
-	o.B = cfg->B, o.T = cfg->T, o.arenas = e->arenas, o.layer_lo = e->lo, o.layer_hi = e->hi, o.keep = e->used;
-	o.act_ckpt = loom_model_act_ckpt(cfg->model); /* the caller's checkpointing, per arena of the stage */
-	o.dtype = loom_model_dtype(cfg->model); /* the stage computes in the whole model's precision */
-	o.tp_size = e->tp_size, o.tp_rank = e->tp_rank;
-	o.sequence_parallel = loom_model_sequence_parallel(cfg->model);
-	if ((rc = loom_model_create(&e->stage, &e->mc, &o)) != LOOM_OK)
+	/* The chunks' stage models: their layers, arenas, and only the tensors they use, packed into
+	 * buffers of their own (opts.keep); with V > 1 the strategy's model is their join, whose buffers
+	 * they then view. Their values are copied from the caller's model. */
+	for (int c = 0; c < e->V; c++) {
+		memset(&o, 0, sizeof o);
+		o.B = cfg->B, o.T = cfg->T, o.arenas = e->ch[c].arenas, o.keep = e->ch[c].used;
+		o.layer_lo = e->ch[c].lo, o.layer_hi = e->ch[c].hi;
+		o.act_ckpt = loom_model_act_ckpt(cfg->model); /* the caller's checkpointing, per arena of the stage */
+		o.dtype = loom_model_dtype(cfg->model); /* the stage computes in the whole model's precision */
+		o.tp_size = e->tp_size, o.tp_rank = e->tp_rank;
+		o.sequence_parallel = loom_model_sequence_parallel(cfg->model);
+		o.no_own_params = o.no_own_grads = e->V > 1; /* the join's buffers */
+		if ((rc = loom_model_create(&models[c], &e->mc, &o)) != LOOM_OK)
+			goto fail;
+		e->ch[c].m = models[c];
+	}
+	if (e->V == 1) {
+		e->model = models[0];
+	} else if ((rc = loom__model_join(&e->model, models, e->V)) != LOOM_OK) {
 		goto fail;
-	e->tensors = loom_model_tensors(e->stage, &e->ntensors);
+	}
+	free(models), models = NULL; /* owned by e->model from here on */
+	e->tensors = loom_model_tensors(e->model, &e->ntensors);
 	e->idx = loom__calloc((size_t)LOOM_MAX(e->ntensors, 1), sizeof *e->idx);
-	e->owned = loom__calloc((size_t)LOOM_MAX(e->ntensors, 1), 1);
+	e->own_g = loom__calloc((size_t)LOOM_MAX(e->ntensors, 1), sizeof *e->own_g);
 	e->skip = loom__calloc((size_t)LOOM_MAX(e->ntensors, 1), 1);
 	e->shared = loom__calloc((size_t)LOOM_MAX(e->ntensors, 1), 1);
 	e->zeros = e->zmax ? loom__calloc(e->zmax, sizeof(float)) : NULL;
-	if (!e->idx || !e->owned || !e->skip || !e->shared || (e->zmax && !e->zeros)) {
+	if (!e->idx || !e->own_g || !e->skip || !e->shared || (e->zmax && !e->zeros)) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 		goto fail;
 	}
@@ -277,25 +471,34 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		if (!e->used[t])
 			continue;
 		e->idx[k] = t;
-		memcpy(loom_model_tensor_param(e->stage, k), loom_model_params(cfg->model) + e->full[t].offset,
+		memcpy(loom_model_tensor_param(e->model, k), loom_model_params(cfg->model) + e->full[t].offset,
 		       e->full[t].numel * sizeof(float));
 		k++;
 	}
-	{ /* the tensors this stage owns: a contiguous run of the caller's buffer, counts[s] floats */
-		size_t off = 0, end;
-		for (int q = 0; q < e->s; q++)
-			off += e->counts[q];
-		end = off + e->counts[e->s];
+	{ /* the tensors each global stage owns: a contiguous run of the caller's buffer, counts[g] floats */
+		size_t off = 0;
+		for (int g = 0; g < e->G; g++) {
+			size_t end = off + e->counts[g];
+			for (int k = 0; g % e->P == e->s && k < e->ntensors; k++)
+				if (e->full[e->idx[k]].offset >= off && e->full[e->idx[k]].offset < end)
+					e->own_g[k] = g + 1; /* (+1: 0 is none, made -1 below) */
+			off = end;
+		}
 		for (int k = 0; k < e->ntensors; k++) {
 			const loom_tensor_info_t *ti = &e->full[e->idx[k]];
-			e->owned[k] = ti->offset >= off && ti->offset < end;
-			e->skip[k] = !e->owned[k];
+			e->own_g[k]--;
+			e->skip[k] = e->own_g[k] < 0;
 			e->shared[k] = ti->head_reads || ti->all_blocks || (e->hrows && ti->layer >= e->mc.n_layer);
 		}
 	}
-	/* The stages holding wte (first, last, and P-2 when it runs head rows) sum its gradient (and ln_f's,
-	 * when split): over the pipeline comm itself when they are all of it, else over a communicator of
-	 * them (collective over the pipeline axis). */
+	/* The receives, in each neighbour's sending order. */
+	e->ninbox = e->P == 2 ? 1 : 2;
+	if ((rc = build_inbox(e, 0, prev_rank(e))) != LOOM_OK ||
+	    (e->ninbox == 2 && (rc = build_inbox(e, 1, next_rank(e))) != LOOM_OK))
+		goto fail;
+	/* The ranks holding wte (first, last, and G-2's when it runs head rows) sum its gradient (and
+	 * ln_f's, when split): over the pipeline comm itself when they are all of it, else over a
+	 * communicator of them (collective over the pipeline axis). */
 	int nends = e->hrows && e->P >= 3 ? 3 : 2; /* with P = 2, stage P-2 is the first */
 	if (e->P == nends) {
 		e->ends = cfg->pp;
@@ -316,6 +519,9 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	*out = &e->base;
 	return LOOM_OK;
 fail:
+	for (int c = 0; models && c < e->V; c++) /* not joined yet: still ours */
+		loom_model_destroy(models[c]);
+	free(models);
 	free(lo);
 	pp_destroy(&e->base);
 	return rc;
@@ -326,23 +532,30 @@ static void pp_destroy(loom_exec_t *ex)
 	pp_exec_t *e = (pp_exec_t *)ex;
 	if (!e)
 		return;
-	if (e->act_sends)
-		drain(e, LOOM_OK);
+	drain(e, LOOM_OK);
 	if (e->whole_reduce_set)
 		loom_model_on_tp_reduce(e->cfg.model, NULL, NULL);
 	if (e->own_ends)
 		loom_comm_destroy(e->ends);
-	loom_model_destroy(e->stage);
-	free(e->idx), free(e->rev), free(e->owned), free(e->skip), free(e->shared), free(e->zeros);
+	loom_model_destroy(e->model); /* the chunks' models with it */
+	for (int c = 0; e->ch && c < e->V; c++) {
+		free(e->ch[c].act_sends), free(e->ch[c].used);
+		free(e->ch[c].grad_sbuf[0]), free(e->ch[c].grad_sbuf[1]);
+	}
+	for (int i = 0; i < 2; i++)
+		free(e->inbox[i].q);
+	for (int i = 0; i < e->npool; i++)
+		free(e->pool[i]);
+	free(e->pool), free(e->ch), free(e->msg_box), free(e->msg_j);
+	free(e->idx), free(e->rev), free(e->own_g), free(e->skip), free(e->shared), free(e->zeros);
 	free(e->plan), free(e->counts), free(e->used), free(e->inputs), free(e->targets), free(e->losses), free(e->rows);
 	free(e->times);
-	free(e->act_rbuf), free(e->grad_rbuf), free(e->grad_sbuf[0]), free(e->grad_sbuf[1]), free(e->act_sends);
 	free(e);
 }
 
 static loom_model_t *pp_model(loom_exec_t *e)
 {
-	return ((pp_exec_t *)e)->stage;
+	return ((pp_exec_t *)e)->model;
 }
 
 static void pp_flags(loom_exec_t *ex, const unsigned char **norm_skip, const unsigned char **deferred)
@@ -351,22 +564,22 @@ static void pp_flags(loom_exec_t *ex, const unsigned char **norm_skip, const uns
 	*norm_skip = e->skip, *deferred = e->shared;
 }
 
-/* The gradient of the caller's tensor t on this stage, or zeros when the stage does not hold it (it
- * still takes part in the sums over the stages that do). */
+/* The gradient of the caller's tensor t on this rank, or zeros when the rank does not hold it (it
+ * still takes part in the sums over the ranks that do). */
 static float *grad_or_zeros(pp_exec_t *e, int t)
 {
 	if (e->rev[t] >= 0)
-		return loom_model_tensor_grad(e->stage, e->rev[t]);
+		return loom_model_tensor_grad(e->model, e->rev[t]);
 	memset(e->zeros, 0, e->full[t].numel * sizeof(float));
 	return e->zeros;
 }
 
-/* A unit's forward or backward ran from t0 to now. */
-static void event(pp_exec_t *e, loom__event_kind_t kind, int mb, int unit, double t0)
+/* A unit's forward or backward on chunk c ran from t0 to now. */
+static void event(pp_exec_t *e, int c, loom__event_kind_t kind, int mb, int unit, double t0)
 {
 	double t1 = loom_now();
 	if (kind == LOOM_EV_FORWARD || kind == LOOM_EV_BACKWARD) {
-		e->busy_s[kind == LOOM_EV_FORWARD ? 0 : unit == -3 && e->s < e->P - 1 ? 1 : 2] += t1 - t0;
+		e->ch[c].busy[kind == LOOM_EV_FORWARD ? 0 : unit == -3 && e->ch[c].g < e->G - 1 ? 1 : 2] += t1 - t0;
 		if (e->first_t == 0.0)
 			e->first_t = t0;
 		e->last_t = t1;
@@ -375,129 +588,129 @@ static void event(pp_exec_t *e, loom__event_kind_t kind, int mb, int unit, doubl
 		e->cfg.on_event(e->cfg.event_ctx, kind, mb, unit, t0, t1);
 }
 
-/* The measured bubble: each stage's idle share of the common span of the schedule (the ranks of a
- * job share one machine's monotonic clock, or clocks close enough for a fraction of a step), and the
- * bubble the schedule should have with these stages' measured forward and backward times. */
+/* The measured bubble: each rank's idle share of the common span of the schedule (the ranks of a job
+ * share one machine's monotonic clock, or clocks close enough for a fraction of a step), and the
+ * bubble the schedule should have with these global stages' measured forward and backward times. */
 static int measure_bubble(pp_exec_t *e, double *bubble, double *expected)
 {
-	double mine[5] = {e->first_t, e->last_t, e->busy_s[0], e->busy_s[1], e->busy_s[2]};
-	double lo = 1e300, hi = -1e300, idle = 0.0, *t = e->times;
-	int rc = loom_allgather(e->cfg.pp, mine, t, 5, LOOM_FLOAT64), P = e->P;
+	int P = e->P, V = e->V, G = e->G, w = 2 + 3 * V;
+	double mine[w], lo = 1e300, hi = -1e300, idle = 0.0, *t = e->times;
+	mine[0] = e->first_t, mine[1] = e->last_t;
+	for (int c = 0; c < V; c++)
+		for (int j = 0; j < 3; j++)
+			mine[2 + 3 * c + j] = e->ch[c].busy[j];
+	int rc = loom_allgather(e->cfg.pp, mine, t, (size_t)w, LOOM_FLOAT64);
 	if (rc != LOOM_OK)
 		return loom_seterr(rc, "pipeline stage %d of %d: gathering the stages' timings: %s", e->s, e->P,
 		                   loom_comm_errmsg(e->cfg.pp));
 	for (int q = 0; q < P; q++)
-		lo = LOOM_MIN(lo, t[5 * q]), hi = LOOM_MAX(hi, t[5 * q + 1]);
-	for (int q = 0; q < P && hi > lo; q++)
-		idle += 1.0 - (t[5 * q + 2] + t[5 * q + 3] + t[5 * q + 4]) / (hi - lo);
+		lo = LOOM_MIN(lo, t[w * q]), hi = LOOM_MAX(hi, t[w * q + 1]);
+	for (int q = 0; q < P && hi > lo; q++) {
+		double busy = 0.0;
+		for (int j = 2; j < w; j++)
+			busy += t[w * q + j];
+		idle += 1.0 - busy / (hi - lo);
+	}
 	*bubble = idle / P;
-	/* Per micro-batch: each stage's mean forward and backward; the head's share of stage P-2 and the
-	 * last stage's backward (the head alone) per row, times each micro-batch's rows. */
-	double *fhb = t + 5 * P, span, rows = 0.0;
-	size_t PM = (size_t)P * e->M;
+	/* Per micro-batch: each global stage's mean forward and backward; the head's share of stage G-2
+	 * and the last stage's backward (the head alone) per row, times each micro-batch's rows. */
+	double *fhb = t + w * P, span, rows = 0.0;
+	size_t GM = (size_t)G * e->M;
 	for (int m = 0; m < e->M; m++)
 		rows += e->hrows ? e->rows[m] : 0;
-	for (int q = 0; q < P; q++)
+	for (int g = 0; g < G; g++) {
+		const double *b = t + w * (g % P) + 2 + 3 * (g / P);
 		for (int m = 0; m < e->M; m++) {
-			size_t k = (size_t)q * e->M + (size_t)m;
-			fhb[k] = t[5 * q + 2] / e->M, fhb[PM + k] = t[5 * q + 3] / e->M, fhb[2 * PM + k] = t[5 * q + 4] / e->M;
-			if (e->hrows && q == P - 2 && rows > 0)
-				fhb[PM + k] = t[5 * q + 3] * e->rows[m] / rows;
-			if (e->hrows && q == P - 1) /* the head alone */
-				fhb[2 * PM + k] = t[5 * q + 4] * (e->cfg.B * e->cfg.T - e->rows[m]) /
+			size_t k = (size_t)g * e->M + (size_t)m;
+			fhb[k] = b[0] / e->M, fhb[GM + k] = b[1] / e->M, fhb[2 * GM + k] = b[2] / e->M;
+			if (e->hrows && g == G - 2 && rows > 0)
+				fhb[GM + k] = b[1] * e->rows[m] / rows;
+			if (e->hrows && g == G - 1) /* the head alone */
+				fhb[2 * GM + k] = b[2] * (e->cfg.B * e->cfg.T - e->rows[m]) /
 				                  ((double)e->M * e->cfg.B * e->cfg.T - rows);
 		}
-	if (loom__pp_simulate(e->cfg.schedule, P, e->M, fhb, fhb + PM, fhb + 2 * PM, &span, expected) != LOOM_OK)
+	}
+	if (loom__pp_simulate_v(e->cfg.schedule, P, V, e->M, fhb, fhb + GM, fhb + 2 * GM, &span, expected) != LOOM_OK)
 		*expected = -1.0;
 	return LOOM_OK;
 }
 
-/* The forward of micro-batch mb on this stage, into arena a. */
-static int forward(pp_exec_t *e, int mb)
+/* The forward of micro-batch mb on chunk c, into arena mb % arenas of its stage model. */
+static int forward(pp_exec_t *e, int c, int mb)
 {
-	const loom_exec_config_t *c = &e->cfg;
-	size_t bt = (size_t)c->B * c->T;
-	int a = mb % e->arenas, rc = LOOM_OK;
+	const loom_exec_config_t *cf = &e->cfg;
+	chunk_t *ch = &e->ch[c];
+	size_t bt = (size_t)cf->B * cf->T;
+	int a = mb % ch->arenas, rc = LOOM_OK;
 	double t0;
 	/* The arena's previous output may still be on its way to the next stage. */
-	if ((rc = finish(e, &e->act_sends[a], rc, LOOM_EV_SEND, mb - e->arenas, e->s + 1)) != LOOM_OK)
+	if ((rc = finish(e, &ch->act_sends[a], rc, LOOM_EV_SEND, mb - ch->arenas, next_rank(e))) != LOOM_OK)
 		return rc;
-	if (e->s == 0) {
+	if (ch->g == 0) {
 		t0 = loom_now();
-		if ((rc = loom_model_embed_forward(e->stage, a, e->inputs + mb * bt, c->B, c->T)) != LOOM_OK)
+		if ((rc = loom_model_embed_forward(ch->m, a, e->inputs + mb * bt, cf->B, cf->T)) != LOOM_OK)
 			return rc;
-		event(e, LOOM_EV_FORWARD, mb, -1, t0);
+		event(e, c, LOOM_EV_FORWARD, mb, -1, t0);
 	} else {
 		/* blocks that read the tokens (nanochat's value embeddings) get them here */
-		if ((rc = loom_model_set_inputs(e->stage, a, e->inputs + mb * bt, c->B, c->T)) != LOOM_OK)
+		if ((rc = loom_model_set_inputs(ch->m, a, e->inputs + mb * bt, cf->B, cf->T)) != LOOM_OK)
 			return rc;
-		if ((rc = finish(e, &e->act_recv, rc, LOOM_EV_RECV, mb, e->s - 1)) != LOOM_OK)
-			return rc;
-		memcpy(loom_model_block_input(e->stage, a, e->lo) + in_off(e, mb), e->act_rbuf,
-		       (e->act - in_off(e, mb)) * sizeof(float));
-		if (mb + 1 < e->M && (rc = loom_irecv(c->pp, e->act_rbuf, e->act - in_off(e, mb + 1), LOOM_FLOAT32, e->s - 1, TAG_ACT,
-		                                      &e->act_recv)) != LOOM_OK)
+		if ((rc = receive(e, 'A', c, mb, loom_model_block_input(ch->m, a, ch->lo) + in_off(e, c, mb))) != LOOM_OK)
 			return rc;
 	}
-	for (int l = e->lo; l < e->hi; l++) {
+	for (int l = ch->lo; l < ch->hi; l++) {
 		t0 = loom_now();
-		if ((rc = loom_model_block_forward(e->stage, a, l, c->B, c->T)) != LOOM_OK)
+		if ((rc = loom_model_block_forward(ch->m, a, l, cf->B, cf->T)) != LOOM_OK)
 			return rc;
-		event(e, LOOM_EV_FORWARD, mb, l, t0);
+		event(e, c, LOOM_EV_FORWARD, mb, l, t0);
 	}
-	if (e->s < e->P - 1 && (rc = loom_isend(c->pp, loom_model_block_input(e->stage, a, e->hi) + out_off(e, mb),
-	                                        e->act - out_off(e, mb), LOOM_FLOAT32, e->s + 1, TAG_ACT,
-	                                        &e->act_sends[a])) != LOOM_OK)
+	if (ch->g < e->G - 1 &&
+	    (rc = loom_isend(cf->pp, loom_model_block_input(ch->m, a, ch->hi) + out_off(e, c, mb), e->act - out_off(e, c, mb),
+	                     LOOM_FLOAT32, next_rank(e), TAG_ACT + 2 * ((ch->g + 1) / e->P), &ch->act_sends[a])) != LOOM_OK)
 		return rc;
 	return LOOM_OK;
 }
 
-/* The backward of micro-batch mb (the head's forward and backward first on the last stage). */
-static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
+/* The backward of micro-batch mb on chunk c (the head's forward and backward first on the head's). */
+static int backward(pp_exec_t *e, loom_strategy_t *st, int c, int mb)
 {
-	const loom_exec_config_t *c = &e->cfg;
-	size_t bt = (size_t)c->B * c->T;
-	int a = mb % e->arenas, rc = LOOM_OK, k = mb % 2;
-	float *dstream = loom_model_stream_grad(e->stage);
+	const loom_exec_config_t *cf = &e->cfg;
+	chunk_t *ch = &e->ch[c];
+	size_t bt = (size_t)cf->B * cf->T;
+	int a = mb % ch->arenas, rc = LOOM_OK, k = mb % 2;
+	float *dstream = loom_model_stream_grad(ch->m);
 	double t0;
-	/* Data-parallel gradient sync on the step's last backward only (as the local loop does). */
+	/* Data-parallel gradient sync on each chunk's last backward only (as the local loop does). */
 	st->ops->set_sync(st, mb == e->M - 1);
 	/* The head's positions: all of them on the last stage, or [rows, B T) there and [0, rows) on stage
-	 * P-2, which runs them first (from its own activations) and then takes the others' gradient. */
-	if (e->head) {
-		int r = e->rows[mb], r0 = e->s == e->P - 1 ? r : 0, n = e->s == e->P - 1 ? (int)bt - r : r;
+	 * G-2, which runs them first (from its own activations) and then takes the others' gradient. */
+	if (ch->head) {
+		int last = ch->g == e->G - 1, r = e->rows[mb], r0 = last ? r : 0, n = last ? (int)bt - r : r;
 		t0 = loom_now();
-		if ((rc = loom_model_head_forward_backward_rows(e->stage, a, e->targets + mb * bt, c->B, c->T, r0, n,
+		if ((rc = loom_model_head_forward_backward_rows(ch->m, a, e->targets + mb * bt, cf->B, cf->T, r0, n,
 		                                               1.0f / (float)e->M, &e->losses[mb])) != LOOM_OK)
 			return rc;
-		event(e, LOOM_EV_BACKWARD, mb, -3, t0); /* the head: its forward and backward */
+		event(e, c, LOOM_EV_BACKWARD, mb, -3, t0); /* the head: its forward and backward */
 	}
-	if (e->s < e->P - 1) {
-		if ((rc = finish(e, &e->grad_recv, rc, LOOM_EV_RECV, mb, e->s + 1)) != LOOM_OK)
-			return rc;
-		memcpy(dstream + out_off(e, mb), e->grad_rbuf, (e->act - out_off(e, mb)) * sizeof(float));
-		if (mb + 1 < e->M && (rc = loom_irecv(c->pp, e->grad_rbuf, e->act - out_off(e, mb + 1), LOOM_FLOAT32, e->s + 1,
-		                                      TAG_GRAD,
-		                                      &e->grad_recv)) != LOOM_OK)
-			return rc;
-	}
-	for (int l = e->hi - 1; l >= e->lo; l--) {
+	if (ch->g < e->G - 1 && (rc = receive(e, 'G', c, mb, dstream + out_off(e, c, mb))) != LOOM_OK)
+		return rc;
+	for (int l = ch->hi - 1; l >= ch->lo; l--) {
 		t0 = loom_now();
-		if ((rc = loom_model_block_backward(e->stage, a, l, c->B, c->T)) != LOOM_OK)
+		if ((rc = loom_model_block_backward(ch->m, a, l, cf->B, cf->T)) != LOOM_OK)
 			return rc;
-		event(e, LOOM_EV_BACKWARD, mb, l, t0);
+		event(e, c, LOOM_EV_BACKWARD, mb, l, t0);
 	}
-	if (e->s == 0) {
+	if (ch->g == 0) {
 		t0 = loom_now();
-		if ((rc = loom_model_embed_backward(e->stage, a, e->inputs + mb * bt, c->B, c->T)) != LOOM_OK)
+		if ((rc = loom_model_embed_backward(ch->m, a, e->inputs + mb * bt, cf->B, cf->T)) != LOOM_OK)
 			return rc;
-		event(e, LOOM_EV_BACKWARD, mb, -1, t0);
+		event(e, c, LOOM_EV_BACKWARD, mb, -1, t0);
 	} else {
-		if ((rc = finish(e, &e->grad_sends[k], rc, LOOM_EV_SEND, mb - 2, e->s - 1)) != LOOM_OK)
+		if ((rc = finish(e, &ch->grad_sends[k], rc, LOOM_EV_SEND, mb - 2, prev_rank(e))) != LOOM_OK)
 			return rc;
-		memcpy(e->grad_sbuf[k], dstream + in_off(e, mb), (e->act - in_off(e, mb)) * sizeof(float));
-		if ((rc = loom_isend(c->pp, e->grad_sbuf[k], e->act - in_off(e, mb), LOOM_FLOAT32, e->s - 1, TAG_GRAD,
-		                     &e->grad_sends[k])) != LOOM_OK)
+		memcpy(ch->grad_sbuf[k], dstream + in_off(e, c, mb), (e->act - in_off(e, c, mb)) * sizeof(float));
+		if ((rc = loom_isend(cf->pp, ch->grad_sbuf[k], e->act - in_off(e, c, mb), LOOM_FLOAT32, prev_rank(e),
+		                     TAG_GRAD + 2 * ((ch->g - 1) / e->P), &ch->grad_sends[k])) != LOOM_OK)
 			return rc;
 	}
 	return LOOM_OK;
@@ -505,7 +718,7 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int mb)
 
 /* The gradients of the tensors several stages hold, summed over them: the tied wte (the embedding's
  * share on the first stage plus the lm head's on the head stages), nanochat's per-layer scalars
- * (every stage's), a shared head's tensors (stage P-2's and the last's). Collective over the pipeline. */
+ * (every stage's), a shared head's tensors (stage G-2's and the last's). Collective over the pipeline. */
 static int sum_shared(pp_exec_t *e)
 {
 	const loom_exec_config_t *c = &e->cfg;
@@ -513,7 +726,7 @@ static int sum_shared(pp_exec_t *e)
 	for (int t = 0; e->ends && (e->s == 0 || e->head) && t < e->ntensors; t++) {
 		if (!e->tensors[t].head_reads)
 			continue;
-		float *g = loom_model_tensor_grad(e->stage, t);
+		float *g = loom_model_tensor_grad(e->model, t);
 		if ((rc = loom_allreduce(e->ends, g, g, e->tensors[t].numel, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK) {
 			rc = loom_seterr(rc, "pipeline stage %d of %d: summing %s's gradient between the stages that hold it: "
 			                 "%s", e->s, e->P, e->tensors[t].name, loom_comm_errmsg(e->ends));
@@ -557,28 +770,29 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 	*loss_sum = 0.0;
 	memset(st, 0, sizeof *st);
 	e->wait_ms = 0.0, e->inflight = 0, e->first_t = e->last_t = 0.0;
-	e->busy_s[0] = e->busy_s[1] = e->busy_s[2] = 0.0;
-	loom_model_zero_grad(e->stage);
+	for (int k = 0; k < e->V; k++)
+		e->ch[k].busy[0] = e->ch[k].busy[1] = e->ch[k].busy[2] = 0.0;
+	loom_model_zero_grad(e->model);
 	/* Every stage reads every micro-batch (the loaders stay in step); the first uses the inputs, the
 	 * last the targets. */
 	for (int j = 0; j < e->M; j++)
 		if ((rc = get(ctx, j, e->inputs + j * bt, e->targets + j * bt)) != LOOM_OK)
 			return rc;
-	if (e->s > 0 &&
-	    (rc = loom_irecv(c->pp, e->act_rbuf, e->act - in_off(e, 0), LOOM_FLOAT32, e->s - 1, TAG_ACT, &e->act_recv)))
-		goto out;
-	if (e->s < e->P - 1 &&
-	    (rc = loom_irecv(c->pp, e->grad_rbuf, e->act - out_off(e, 0), LOOM_FLOAT32, e->s + 1, TAG_GRAD, &e->grad_recv)))
-		goto out;
+	/* Each neighbour's first message is received ahead; receive() keeps one more posted. */
+	for (int i = 0; i < e->ninbox; i++) {
+		e->inbox[i].posted = 0;
+		if ((rc = post_upto(e, &e->inbox[i], 0)) != LOOM_OK)
+			goto out;
+	}
 	for (int i = 0; i < e->nplan; i++) {
 		const loom__pp_action_t *p = &e->plan[i];
 		if (p->op == 'F') {
-			if ((rc = forward(e, p->mb)) != LOOM_OK)
+			if ((rc = forward(e, p->chunk, p->mb)) != LOOM_OK)
 				goto out;
 			e->inflight++;
 			st->max_inflight = LOOM_MAX(st->max_inflight, e->inflight);
 		} else {
-			if ((rc = backward(e, s, p->mb)) != LOOM_OK)
+			if ((rc = backward(e, s, p->chunk, p->mb)) != LOOM_OK)
 				goto out;
 			e->inflight--;
 		}
@@ -589,7 +803,7 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 	 * keeps the whole gradient (DDP: a sum of averages is the average of the sums), before it when it
 	 * reduces them into shards (ZeRO holds those units back until finish_grads: strategy.h deferred). */
 	loom_strategy_stats_t ss;
-	int sharded = s->own_count < loom_model_param_count(e->stage);
+	int sharded = s->own_count < loom_model_param_count(e->model);
 	double ts = loom_now(), tsum = 0.0; /* the sums' time, the pipeline's own communication */
 	if (sharded && (rc = sum_shared(e)) != LOOM_OK)
 		goto out;
@@ -608,7 +822,8 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 		                 loom_comm_errmsg(c->pp));
 		goto out;
 	}
-	event(e, LOOM_EV_ALLREDUCE, -1, -2, t0);
+	if (e->cfg.on_event)
+		e->cfg.on_event(e->cfg.event_ctx, LOOM_EV_ALLREDUCE, -1, -2, t0, loom_now());
 	double ta = 1e3 * (loom_now() - t0 + tsum);
 	st->comm_ms += ta, st->exposed_comm_ms += ta;
 out:
@@ -635,29 +850,37 @@ static int pp_grad_norm(loom_exec_t *ex, loom_strategy_t *s, double *norm)
 	return LOOM_OK;
 }
 
-/* This stage's owned tensors of src (a buffer in the stage model's packed layout) in the caller's
- * order, which is one contiguous run of the caller's layout (counts[s] floats), into dst. */
-static void pack_owned(const pp_exec_t *e, const float *src, float *dst)
+/* The tensors global stage g (one of this rank's) owns of src (a buffer in the strategy model's
+ * packed layout) in the caller's order, which is one contiguous run of the caller's layout
+ * (counts[g] floats), into dst. */
+static void pack_owned(const pp_exec_t *e, const float *src, float *dst, int g)
 {
 	for (int k = 0; k < e->ntensors; k++)
-		if (e->owned[k]) {
+		if (e->own_g[k] == g) {
 			memcpy(dst, src + e->tensors[k].offset, e->tensors[k].numel * sizeof(float));
 			dst += e->tensors[k].numel;
 		}
 }
 
-/* Every stage's owned part of a packed buffer (src) into full, the caller's whole layout, on every
- * rank of the pipeline. Collective over it. */
+/* Every global stage's owned part of a packed buffer (src) into full, the caller's whole layout, on
+ * every rank of the pipeline: one all-gather per chunk index c, of global stages c P .. c P + P-1,
+ * which are contiguous and in rank order. Collective over the pipeline. */
 static int gather_owned(pp_exec_t *e, const float *src, float *full, const char *what)
 {
-	size_t off = 0;
-	for (int q = 0; q < e->s; q++)
-		off += e->counts[q];
-	pack_owned(e, src, full + off);
-	int rc = loom_allgatherv(e->cfg.pp, full + off, e->counts[e->s], full, e->counts, LOOM_FLOAT32);
-	if (rc != LOOM_OK)
-		return loom_seterr(rc, "pipeline stage %d of %d: gathering the stages' %s: %s", e->s, e->P, what,
-		                   loom_comm_errmsg(e->cfg.pp));
+	size_t base = 0;
+	for (int c = 0; c < e->V; c++) {
+		const size_t *counts = e->counts + (size_t)c * e->P;
+		size_t off = base;
+		for (int q = 0; q < e->s; q++)
+			off += counts[q];
+		pack_owned(e, src, full + off, c * e->P + e->s);
+		int rc = loom_allgatherv(e->cfg.pp, full + off, counts[e->s], full + base, counts, LOOM_FLOAT32);
+		if (rc != LOOM_OK)
+			return loom_seterr(rc, "pipeline stage %d of %d: gathering the stages' %s: %s", e->s, e->P, what,
+			                   loom_comm_errmsg(e->cfg.pp));
+		for (int q = 0; q < e->P; q++)
+			base += counts[q];
+	}
 	return LOOM_OK;
 }
 
@@ -667,7 +890,7 @@ static int gather_owned(pp_exec_t *e, const float *src, float *full, const char 
  * moments into m, v (e->nparams floats each). */
 static int gather_state(pp_exec_t *e, loom_strategy_t *s, float *m, float *v)
 {
-	size_t n = loom_model_param_count(e->stage), bytes = LOOM_MAX(n, 1) * sizeof(float);
+	size_t n = loom_model_param_count(e->model), bytes = LOOM_MAX(n, 1) * sizeof(float);
 	float *lp = loom_alloc_aligned(bytes), *lm = m ? loom_alloc_aligned(bytes) : NULL;
 	float *lv = v ? loom_alloc_aligned(bytes) : NULL;
 	int rc;
@@ -729,7 +952,7 @@ out:
 static int pp_load(loom_exec_t *ex, loom_strategy_t *s, const char *dir, long long step)
 {
 	pp_exec_t *e = (pp_exec_t *)ex;
-	size_t n = loom_model_param_count(e->stage), bytes = LOOM_MAX(n, 1) * sizeof(float);
+	size_t n = loom_model_param_count(e->model), bytes = LOOM_MAX(n, 1) * sizeof(float);
 	float *p = loom_model_params(e->cfg.model), *m = NULL, *v = NULL, *lp = NULL, *lm = NULL, *lv = NULL;
 	int rc;
 	if (s->muon)

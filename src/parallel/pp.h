@@ -1,7 +1,7 @@
 /* pp.h: what the trainer may ask of a step executor, and nothing more (internal to src/): the
  * micro-steps of one optimizer step, run on this rank's model (pp_local.c: today's loop on the whole
- * model; pp.c: a pipeline stage running GPipe or 1F1B over the pipeline axis), and the pipeline
- * schedules and stage partition as data (schedule.c).
+ * model; pp.c: a pipeline stage running GPipe, 1F1B or interleaved 1F1B over the pipeline axis), and
+ * the pipeline schedules and stage partition as data (schedule.c).
  *
  * The trainer drives one step as
  *
@@ -13,9 +13,9 @@
  * and calls gather before a checkpoint is saved or the whole model is evaluated (every stage's
  * tensors to every rank of the pipeline axis). Every operation is collective over the pipeline axis
  * (a local executor has none). The strategy attaches to loom__exec_model(e), which is the caller's
- * model for the local executor and a stage model (layers [lo, hi), parameters viewing the caller's
- * buffer) for a pipeline; with tensor parallelism, the stage model is this rank's shard of those
- * layers. */
+ * model for the local executor and a stage model (layers [lo, hi), the tensors they use) for a
+ * pipeline, or with V model chunks per rank (interleaved) the join of the chunks' stage models
+ * (src/model/join.h); with tensor parallelism, this rank's shard of those layers. */
 #ifndef LOOM_PARALLEL_PP_H
 #define LOOM_PARALLEL_PP_H
 
@@ -130,6 +130,7 @@ typedef struct {
 	                                that rank's shard (loom_model_opts_t tp_size, tp_rank) */
 	int B, T, M;                 /* micro-batch and micro-batches per step (the accumulation) */
 	loom_pp_schedule_t schedule;
+	int V;                       /* model chunks per rank (interleaved; 0 or 1: one), loom__pp_check's */
 	double head_split;           /* loom_train_config_t pp_head_split: 0 balanced, < 0 off, else the fraction */
 	int *inputs, *targets;       /* B x T each (borrowed): where the local executor reads a micro-batch */
 	loom__event_fn on_event;     /* may be NULL */

@@ -143,11 +143,6 @@ static int check_config(const loom_train_config_t *c, loom_model_t *model)
 	int pp = c->mesh ? loom_mesh_size(c->mesh, LOOM_MESH_PP) : 1;
 	if ((rc = loom_pp_check(mc, c->pp_schedule, pp, c->pp_virtual_stages, c->accum)) != LOOM_OK)
 		return loom_seterr(rc, "trainer: %s", loom_errmsg());
-	/* The one place that refuses the interleaved schedule until the pipeline executor (pp.c) runs V
-	 * model chunks per rank; it goes with that wiring. */
-	if (sched == LOOM_PP_INTERLEAVED)
-		return loom_seterr(LOOM_EINVAL, "trainer: --pp-schedule interleaved: the interleaved executor is not wired "
-		                   "yet (its schedule, checks and expected bubble are); use --pp-schedule 1f1b meanwhile");
 	return LOOM_OK;
 }
 
@@ -226,6 +221,7 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	if (cfg->pp_schedule)
 		loom__pp_schedule_parse(cfg->pp_schedule, &ec.schedule); /* checked above */
 	ec.head_split = cfg->pp_head_split;
+	ec.V = cfg->pp_virtual_stages;
 	const loom_exec_ops_t *eo = tr->pp ? loom__exec_pipeline() : loom__exec_local();
 	if ((rc = eo->create(&tr->exec, &ec)) != LOOM_OK)
 		goto fail;
