@@ -74,8 +74,11 @@ run tp2 "$WORK/tp2.jsonl" env OMP_NUM_THREADS=1 "$LOOM" "${COMMON[@]}" --nproc 2
 PPARGS=(--nproc 2 --pp 2 --schedule 1f1b --micro-batches 8 --batch-size 1)
 [ -n "${TRACE:-}" ] && PPARGS+=(--trace "$TRACE")
 run pp2 "$WORK/pp2.jsonl" env OMP_NUM_THREADS=1 "$LOOM" "${COMMON[@]}" "${PPARGS[@]}"
-# interleaved 1F1B, V = 2 chunks per rank (issue 21); skipped by a loom without it (INTERLEAVED=0)
+# interleaved 1F1B, V = 2 chunks per rank, and tp2 with sequence parallelism (issue 21); skipped by a
+# loom without them (INTERLEAVED=0)
 IL=${INTERLEAVED:-1}
+[ "$IL" = 1 ] && run tp2sp "$WORK/tp2sp.jsonl" env OMP_NUM_THREADS=1 "$LOOM" "${COMMON[@]}" --nproc 2 --tp 2 \
+	--batch-size 8 --sequence-parallel
 [ "$IL" = 1 ] && run pp2v2 "$WORK/pp2v2.jsonl" env OMP_NUM_THREADS=1 "$LOOM" "${COMMON[@]}" --nproc 2 --pp 2 \
 	--pp-schedule interleaved --virtual-stages 2 --micro-batches 8 --batch-size 1
 
@@ -95,6 +98,11 @@ if [ "$IL" = 1 ]; then
 	read -r il_tps il_comm il_bub il_theory il_ms il_exp <<<"$(stats "$WORK/pp2v2.jsonl")"
 	printf '%-28s %12.1f %10.1f %9.1f%% %9.1f%% %9.1f%%\n' "pp2 interleaved V=2 M=8" "$il_tps" "$il_ms" \
 		"$($PY -c "print(100*$il_comm)")" "$($PY -c "print(100*$il_bub)")" "$($PY -c "print(100*$il_theory)")"
+	read -r sp_tps sp_comm _ _ sp_ms _ <<<"$(stats "$WORK/tp2sp.jsonl")"
+	printf '%-28s %12.1f %10.1f %9.1f%% %10s %10s\n' "tp2 sequence parallel" "$sp_tps" "$sp_ms" \
+		"$($PY -c "print(100*$sp_comm)")" - -
+	sp_act() { sed -n 's/.*memory per rank:.*activations \([0-9.]*\) MiB.*/\1/p' "$1" | head -1; }
+	$PY -c "print('tp2 sequence parallel / tp2 tokens/s: %.3f (target >= 0.97); activations per rank %s MiB vs %s MiB: %.3f (target <= 0.6)' % ($sp_tps / $tp_tps, '$(sp_act "$WORK/tp2sp.out")', '$(sp_act "$WORK/tp2.out")', float('$(sp_act "$WORK/tp2sp.out")') / float('$(sp_act "$WORK/tp2.out")')))"
 	$PY - "$il_tps" "$dp_tps" "$il_bub" "$il_theory" "$il_exp" <<'PYEOF'
 import sys
 il, dp, bub, th, ex = map(float, sys.argv[1:])
