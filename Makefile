@@ -146,7 +146,7 @@ FUZZ_LIB_SRC := src/core/error.c src/core/util.c src/core/fileio.c src/core/crc3
                 src/ckpt/safetensors.c src/ckpt/llmc.c src/ckpt/model.c src/ckpt/hf_config.c src/ckpt/train_ckpt.c \
                 src/model/layout.c src/model/iface.c src/model/nanochat_layout.c tests/fuzz/fuzz_families.c \
                 src/data/shard.c src/data/shard_index.c src/data/tokenizer.c src/data/bpe.c src/data/bpe_train.c
-FUZZ_NAMES   := safetensors llmc shard index tokenizer bpe state manifest
+FUZZ_NAMES   := safetensors llmc shard index tokenizer bpe state manifest cluster
 FUZZ_BIN     := $(FUZZ_NAMES:%=build/fuzz/fuzz_%)
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=build/fuzz/obj/%.o)
 
@@ -156,6 +156,10 @@ build/fuzz/obj/%.o: %.c
 
 build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(FUZZ_LIB_OBJ)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJ) $(PCRE2_LIBS) -pthread -lm
+# the cluster file's reader lives beside the machine's measurement, which the harness stubs
+build/fuzz/fuzz_cluster: tests/fuzz/fuzz_cluster.c tests/fuzz/fuzz.h $(FUZZ_LIB_OBJ) build/fuzz/obj/src/train/plan_cluster.o
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJ) \
+	    build/fuzz/obj/src/train/plan_cluster.o $(PCRE2_LIBS) -pthread -lm
 
 fuzz: $(FUZZ_BIN)
 .SECONDARY: $(FUZZ_LIB_OBJ)

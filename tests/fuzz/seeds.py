@@ -138,3 +138,11 @@ put("manifest", 2, json.dumps({"format": "loom-state", "version": 1,
 put("index", 0, "loom-shards 1\nset train 1 121773\nset val 1 6411\n"
                 "file train_000000.bin 244570\nfile val_000000.bin 13846\n")
 put("index", 1, "loom-shards 1\nset train 2 5\nfile train_000000.bin 1034\nfile train_000000.bin 1034\n")
+
+
+# cluster files (loom plan --cluster): a whole description, one from a profile, and near misses
+put("cluster", 0, json.dumps({"nodes": 2, "ranks_per_node": 2, "peak_flops_fp32": 1e11, "memory_bytes": 2.4e10,
+                              "intra_bw": 1e10, "intra_lat": 1e-6, "inter_bw": 1e9, "inter_lat": 5e-5}))
+put("cluster", 1, json.dumps({"profile": "a100-8x80g", "nodes": 4, "price_per_rank_hour": 2.5}))
+put("cluster", 2, json.dumps({"profile": "cpu-node", "ranks_per_node": 0}))
+put("cluster", 3, '{"nodes": 1, "ranks_per_node": 2, "peak_flops_fp32": -1}')
