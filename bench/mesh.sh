@@ -8,6 +8,11 @@
 # random-token shard. tokens/s is the time-weighted mean over the steps after the first WARMUP.
 # Targets (issue 9): bubble at most 20% above the theory; tp2 and pp2 each >= 0.85 x dp2's tokens/s.
 #
+# Two more rows (issue 21): pp2 with the interleaved schedule (V = 2, M = 8; targets: >= 0.92 x dp2's
+# tokens/s, bubble at most 20% above (P-1)/(V M+P-1)) and tp2 with --sequence-parallel (targets:
+# >= 0.97 x tp2's tokens/s, activations per rank <= 0.6 x tp2's); INTERLEAVED=0 skips both (a loom
+# without them).
+#
 # Then the compositions with ZeRO (issue 21), at 4 ranks x 1 thread (2 x oversubscribed on a 2-core
 # machine: compare the rows with each other, not with the 2-rank table): dp2 x tp2 and dp2 x pp2
 # without ZeRO and with ZeRO 1 and 3, tokens/s against the same mesh without ZeRO (targets: zero1
