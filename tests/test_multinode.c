@@ -218,6 +218,27 @@ TEST(multinode_host_lost)
 	return no_namespaces_left();
 }
 
+/* Run mpirun with `pre` (a fault started in the background) and args, which must fail at the ranks'
+ * deadline (LOOM_TIMEOUT_S=10 in args): a timeout naming host 1 (lt<p>1) as the host waited on,
+ * detected 8-15 s after the step that waited began; *worst gets that time, *secs mpirun's. */
+static int fails_at_deadline(const char *what, const char *pre, const char *args, int p, double *worst, double *secs)
+{
+	static char out[OUT_CAP];
+	char want[128];
+	double v;
+	int rc = cluster_mpirun_pre(pre, args, out, 120, secs);
+	CHECK_MSG(rc != 0 && rc != -1 && rc != 124, "%s: exit %d (expected a failure):\n%s", what, rc, out);
+	CHECK_CONTAINS(out, "timed out after 10 s");
+	snprintf(want, sizeof want, "on host lt%d1)", p); /* a host-0 rank names the host it waited on */
+	CHECK_CONTAINS(out, want);
+	*worst = -1;
+	for (const char *q = out; (q = strstr(q, " failed after ")) != NULL; q++)
+		if (sscanf(q, " failed after %lf", &v) == 1 && v > *worst)
+			*worst = v;
+	CHECK_MSG(*worst > 8 && *worst < 15, "%s: detection took %.1f s (LOOM_TIMEOUT_S=10):\n%s", what, *worst, out);
+	return 0;
+}
+
 /* The link between the hosts taken down (issue 23) while 4 ranks all-reduce every 0.1 s (mn_prog
  * steps): for 1 s, TCP retransmits and the job rides through, every rank ending "ok"; for 30 s with
  * LOOM_TIMEOUT_S=10, the ranks fail at their deadline (no hang: about 10 s after the step that
@@ -228,7 +249,7 @@ TEST(multinode_link_down)
 	static char out[OUT_CAP], args[1024], pre[512], want[128];
 	const char *why = cluster_unavailable();
 	int p = (int)getpid() % 100000, rc;
-	double secs, worst = -1, v;
+	double secs, worst = -1;
 	char *dir;
 	if (why)
 		return TEST_SKIP("%s", why);
@@ -247,15 +268,7 @@ TEST(multinode_link_down)
 	free(dir);
 	snprintf(pre, sizeof pre, "(sleep 3; ip -n lt%d1 link set lt%de1 down; sleep 30; ip -n lt%d1 link set lt%de1 up) &",
 	         p, p, p, p);
-	rc = cluster_mpirun_pre(pre, args, out, 120, &secs);
-	CHECK_MSG(rc != 0 && rc != -1 && rc != 124, "a 30 s link outage: exit %d (expected a failure):\n%s", rc, out);
-	CHECK_CONTAINS(out, "timed out after 10 s");
-	snprintf(want, sizeof want, "on host lt%d1)", p); /* a host-0 rank names the host it waited on */
-	CHECK_CONTAINS(out, want);
-	for (const char *q = out; (q = strstr(q, " failed after ")) != NULL; q++)
-		if (sscanf(q, " failed after %lf", &v) == 1 && v > worst)
-			worst = v;
-	CHECK_MSG(worst > 8 && worst < 15, "detection took %.1f s (LOOM_TIMEOUT_S=10):\n%s", worst, out);
+	CHECK_EQ(fails_at_deadline("a 30 s link outage", pre, args, p, &worst, &secs), 0);
 	printf("  link down 30 s: ranks failed %.1f s after their step began (LOOM_TIMEOUT_S=10); mpirun ended after %.0f s\n",
 	       worst, secs);
 	return no_namespaces_left();
@@ -266,10 +279,10 @@ TEST(multinode_link_down)
  * waited on, no hang; host 1's ranks, continued, fail at once with that failure. */
 TEST(multinode_host_stopped)
 {
-	static char out[OUT_CAP], args[1024], pre[512], want[128];
+	static char args[1024], pre[512];
 	const char *why = cluster_unavailable();
-	int p = (int)getpid() % 100000, rc;
-	double secs, worst = -1, v;
+	int p = (int)getpid() % 100000;
+	double secs, worst = -1;
 	char *dir;
 	if (why)
 		return TEST_SKIP("%s", why);
@@ -280,15 +293,7 @@ TEST(multinode_host_stopped)
 	snprintf(pre, sizeof pre,
 	         "(sleep 3; ip netns pids lt%d1 | xargs -r kill -STOP; sleep 20; ip netns pids lt%d1 | xargs -r kill -CONT) &",
 	         p, p);
-	rc = cluster_mpirun_pre(pre, args, out, 120, &secs);
-	CHECK_MSG(rc != 0 && rc != -1 && rc != 124, "host 1 stopped: exit %d (expected a failure):\n%s", rc, out);
-	CHECK_CONTAINS(out, "timed out after 10 s");
-	snprintf(want, sizeof want, "on host lt%d1)", p);
-	CHECK_CONTAINS(out, want);
-	for (const char *q = out; (q = strstr(q, " failed after ")) != NULL; q++)
-		if (sscanf(q, " failed after %lf", &v) == 1 && v > worst)
-			worst = v;
-	CHECK_MSG(worst > 8 && worst < 15, "detection took %.1f s (LOOM_TIMEOUT_S=10):\n%s", worst, out);
+	CHECK_EQ(fails_at_deadline("host 1 stopped", pre, args, p, &worst, &secs), 0);
 	printf("  host 1 stopped: host 0's ranks failed %.1f s after their step began (LOOM_TIMEOUT_S=10)\n", worst);
 	return no_namespaces_left();
 }
