@@ -116,26 +116,35 @@ TEST(multinode_collectives_2x2_small_chunks)
 	return coll_matrix_on_cluster("-x LOOM_HIER_CHUNK=4096 ", 300);
 }
 
+/* mpirun mn_prog MODE on the cluster: it must exit 0 with every rank's "ok" (into out). */
+static int mn_prog_ok(const char *mode, char *out)
+{
+	char args[1024], *dir = realpath(test_prog_dir(), NULL);
+	CHECK(dir != NULL);
+	snprintf(args, sizeof args, "%s/mn_prog %s", dir, mode);
+	free(dir);
+	CHECK_MSG(cluster_mpirun(args, out, 120, NULL) == 0, "mpirun mn_prog %s failed:\n%s", mode, out);
+	for (int r = 0; r < 4; r++) {
+		char want[64];
+		snprintf(want, sizeof want, "rank %d of 4: ok", r);
+		CHECK_CONTAINS(out, want);
+	}
+	return 0;
+}
+
 /* Host 0's ranks all-reduce float32, host 1's int32 with the same count (the same bytes): over the
  * MPI transport's sendrecv (a communicator across hosts, loom's algorithms forced between hosts) and
  * over the pipelined two-host exchange (the world), every rank fails with LOOM_EMISMATCH naming both
  * signatures, with no hang. */
 TEST(multinode_mismatch_signature)
 {
-	static char out[OUT_CAP], args[1024];
+	static char out[OUT_CAP];
 	const char *why = cluster_unavailable();
-	char *dir;
 	if (why)
 		return TEST_SKIP("%s", why);
-	dir = realpath(test_prog_dir(), NULL);
-	CHECK(dir != NULL);
-	snprintf(args, sizeof args, "%s/mn_prog mismatch", dir);
-	free(dir);
-	CHECK_MSG(cluster_mpirun(args, out, 120, NULL) == 0, "mpirun mn_prog mismatch failed:\n%s", out);
+	CHECK_EQ(mn_prog_ok("mismatch", out), 0);
 	for (int r = 0; r < 4; r++) {
 		char want[64];
-		snprintf(want, sizeof want, "rank %d of 4: ok", r);
-		CHECK_CONTAINS(out, want);
 		snprintf(want, sizeof want, "rank %d: cross (h-", r);
 		CHECK_CONTAINS(out, want);
 		snprintf(want, sizeof want, "rank %d: world (h-pipe): ", r);
@@ -153,21 +162,11 @@ TEST(multinode_mismatch_signature)
  * rank fails with LOOM_EMISMATCH naming the broadcast, with no hang. */
 TEST(multinode_root_mismatch)
 {
-	static char out[OUT_CAP], args[1024];
+	static char out[OUT_CAP];
 	const char *why = cluster_unavailable();
-	char *dir;
 	if (why)
 		return TEST_SKIP("%s", why);
-	dir = realpath(test_prog_dir(), NULL);
-	CHECK(dir != NULL);
-	snprintf(args, sizeof args, "%s/mn_prog rootmismatch", dir);
-	free(dir);
-	CHECK_MSG(cluster_mpirun(args, out, 120, NULL) == 0, "mpirun mn_prog rootmismatch failed:\n%s", out);
-	for (int r = 0; r < 4; r++) {
-		char want[64];
-		snprintf(want, sizeof want, "rank %d of 4: ok", r);
-		CHECK_CONTAINS(out, want);
-	}
+	CHECK_EQ(mn_prog_ok("rootmismatch", out), 0);
 	CHECK_CONTAINS(out, "mismatched collective calls: this rank called broadcast #");
 	return no_namespaces_left();
 }
