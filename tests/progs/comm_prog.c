@@ -50,10 +50,10 @@ int main(void)
 	if (!x)
 		return 1;
 	t0 = now_s();
-	if (ex && me == exit_rank && strstr(ex, ":before"))
-		return 0;
-	if (ex && me == exit_rank && strstr(ex, ":fail"))
-		return 3;
+	if (ex && me == exit_rank && (strstr(ex, ":before") || strstr(ex, ":fail"))) {
+		free(x); /* (LeakSanitizer would turn the exit into a failure) */
+		return strstr(ex, ":before") ? 0 : 3;
+	}
 	if ((rc = loom_comm_init(&c)) != LOOM_OK)
 		return fail("loom_comm_init", rc, NULL);
 	if (ex && me == exit_rank && strstr(ex, ":after"))
