@@ -256,13 +256,10 @@ int loom__muon_write_shard(loom_strategy_t *s, const char *dir)
 int loom__muon_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	char path[1200], name[64];
-	int rc = LOOM_OK, ok = !s->writer || (w && w->active), all = ok;
+	int rc, go;
 	/* has the writer begun? every rank writes into its temporary directory only then */
-	if (s->dp_size > 1 && (rc = loom_allreduce(s->dp, &ok, &all, 1, LOOM_INT32, LOOM_MIN)) != LOOM_OK)
-		return loom_seterr(rc, "muon: rank %d: starting the checkpoint: %s", s->dp_rank, loom_comm_errmsg(s->dp));
-	if (!all)
-		return s->writer ? LOOM_OK : loom_seterr(LOOM_EIO, "muon: rank %d: the writer could not begin the checkpoint",
-		                                         s->dp_rank);
+	if ((rc = loom__ckpt_part_begin(s, s->writer, w, "muon", &go)) != LOOM_OK || !go)
+		return rc;
 	if (s->writer && (rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) == LOOM_OK)
 		rc = loom_model_save_safetensors(path, &s->mcfg, s->params);
 	loom__muon_state_name(name, sizeof name, s->dp_rank);
@@ -274,15 +271,7 @@ int loom__muon_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 		/* the AdamW state is replicated here: the writer's file holds it */
 		rc = rc ? rc : write_state(s, path, s->writer);
 	}
-	int mine = rc == LOOM_OK, r;
-	if (s->dp_size > 1) {
-		if ((r = loom_allreduce(s->dp, &mine, &all, 1, LOOM_INT32, LOOM_MIN)) != LOOM_OK)
-			return loom_seterr(r, "muon: rank %d: finishing the checkpoint: %s", s->dp_rank, loom_comm_errmsg(s->dp));
-		if (rc == LOOM_OK && !all)
-			rc = loom_seterr(LOOM_EIO, "muon: rank %d: another rank failed to write its part of the checkpoint",
-			                 s->dp_rank);
-	}
-	return rc;
+	return loom__ckpt_part_end(s, rc, "muon");
 }
 
 int loom__muon_has_state(const char *dir)

@@ -173,6 +173,12 @@ size_t loom__zero_shard_offset(size_t nparams, int rank, int size);
  * parallel rank 0, w->active) the whole parameters and the index zero.json; load reads this rank's
  * slice of everything from a checkpoint of any world size or stage, DDP's included. */
 int loom__sharded_save(loom_strategy_t *s, const loom_ckpt_writer_t *w, int stage);
+/* The two collectives around a checkpoint every data-parallel rank writes a part of (zero_ckpt.c): begin
+ * tells every rank whether the writer (writer 1 on it) has begun w (*go 1: write your part; 0 with
+ * LOOM_OK on the writer, LOOM_EIO elsewhere: nobody writes); end makes a failure of any rank (rc) the
+ * failure of all, once every part is complete. `who` prefixes the messages. Collective over dp. */
+int loom__ckpt_part_begin(loom_strategy_t *s, int writer, const loom_ckpt_writer_t *w, const char *who, int *go);
+int loom__ckpt_part_end(loom_strategy_t *s, int rc, const char *who);
 int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step);
 
 /* MuonAdamW in the replica strategies (muon_opt.c): init (DistMuon's ownership over the data-parallel

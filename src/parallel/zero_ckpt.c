@@ -124,17 +124,38 @@ static int gather_params(loom_strategy_t *s, float **out)
 	return LOOM_OK;
 }
 
+int loom__ckpt_part_begin(loom_strategy_t *s, int writer, const loom_ckpt_writer_t *w, const char *who, int *go)
+{
+	int ok = !writer || (w && w->active), all = ok, rc;
+	*go = 0;
+	if (s->dp_size > 1 && (rc = loom_allreduce(s->dp, &ok, &all, 1, LOOM_INT32, LOOM_MIN)) != LOOM_OK)
+		return loom_seterr(rc, "%s: rank %d: starting the checkpoint: %s", who, s->dp_rank, loom_comm_errmsg(s->dp));
+	if (!all)
+		return writer ? LOOM_OK : loom_seterr(LOOM_EIO, "%s: rank %d: the writer could not begin the checkpoint", who,
+		                                      s->dp_rank);
+	*go = 1;
+	return LOOM_OK;
+}
+
+int loom__ckpt_part_end(loom_strategy_t *s, int rc, const char *who)
+{
+	int mine = rc == LOOM_OK, all = mine, r;
+	if (s->dp_size > 1 && (r = loom_allreduce(s->dp, &mine, &all, 1, LOOM_INT32, LOOM_MIN)) != LOOM_OK)
+		return loom_seterr(r, "%s: rank %d: finishing the checkpoint: %s", who, s->dp_rank, loom_comm_errmsg(s->dp));
+	if (rc == LOOM_OK && !all)
+		rc = loom_seterr(LOOM_EIO, "%s: rank %d: another rank failed to write its part of the checkpoint", who,
+		                 s->dp_rank);
+	return rc;
+}
+
 int loom__sharded_save(loom_strategy_t *s, const loom_ckpt_writer_t *w, int stage)
 {
 	char path[1200];
 	float *p = NULL;
-	int rc, ok = s->dp_rank != 0 || (w && w->active), all;
+	int rc, go;
 	/* 1: has the writer begun the checkpoint? (everyone learns it; nobody writes otherwise) */
-	if ((rc = loom_allreduce(s->dp, &ok, &all, 1, LOOM_INT32, LOOM_MIN)) != LOOM_OK)
-		return loom_seterr(rc, "zero: rank %d: starting the checkpoint: %s", s->dp_rank, loom_comm_errmsg(s->dp));
-	if (!all)
-		return s->dp_rank == 0 ? LOOM_OK : loom_seterr(LOOM_EIO, "zero: rank %d: the writer could not begin the "
-		                                               "checkpoint", s->dp_rank);
+	if ((rc = loom__ckpt_part_begin(s, s->dp_rank == 0, w, "zero", &go)) != LOOM_OK || !go)
+		return rc;
 	/* 2: the shards, the parameters and the index */
 	rc = write_shard(s, w);
 	int r = gather_params(s, &p);
@@ -147,13 +168,7 @@ int loom__sharded_save(loom_strategy_t *s, const loom_ckpt_writer_t *w, int stag
 	if (p != s->params)
 		loom_free_aligned(p);
 	/* 3: every file complete before the writer commits; a failure anywhere fails the save everywhere */
-	int mine = rc == LOOM_OK;
-	if ((r = loom_allreduce(s->dp, &mine, &all, 1, LOOM_INT32, LOOM_MIN)) != LOOM_OK)
-		return loom_seterr(r, "zero: rank %d: finishing the checkpoint: %s", s->dp_rank, loom_comm_errmsg(s->dp));
-	if (rc == LOOM_OK && !all)
-		rc = loom_seterr(LOOM_EIO, "zero: rank %d: another rank failed to write its part of the checkpoint",
-		                 s->dp_rank);
-	return rc;
+	return loom__ckpt_part_end(s, rc, "zero");
 }
 
 /* Copy [off, off + n) of the flat layout from file `path` into dst[0] (and dst[1]): with suffixes,
