@@ -395,8 +395,8 @@ static int run_forked(int i, double timeout_s)
 int main(int argc, char **argv)
 {
 	int n = (int)(sizeof tests / sizeof tests[0]), passed = 0, failed = 0, skipped = 0, fork_mode = 1, nnames = 0;
-	int list = 0;
-	const char *names[512];
+	int list = 0, nfailed = 0;
+	const char *names[512], *failed_names[64];
 	double timeout_s = 600; /* scaled by LOOM_TEST_TIMEOUT_SCALE and the load (deadline_init) */
 	for (int a = 1; a < argc; a++) {
 		if (strcmp(argv[a], "--list") == 0)
@@ -440,9 +440,15 @@ int main(int argc, char **argv)
 			skipped++;
 		else if (rc == 0)
 			passed++;
-		else
+		else {
 			failed++;
+			if (nfailed < 64)
+				failed_names[nfailed++] = tests[i].name;
+		}
 	}
+	/* the names again just above the summary, so that the tail of a long log says which ones */
+	for (int k = 0; k < nfailed; k++)
+		printf("[ FAIL ] %s\n", failed_names[k]);
 	if (skipped)
 		printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
 	else
