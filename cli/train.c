@@ -191,32 +191,41 @@ static long long int_in(const char *flag, const char *v, long long lo, long long
 }
 
 /* The pipeline's stages, as the trainer partitions them: "stages: blocks 0-5 + head of positions
- * 0-49 | head of positions 50-255". */
+ * 0-49 | head of positions 50-255"; with V chunks per rank, the G = P V global stages and their ranks. */
 static void print_stages(const opts_t *o)
 {
-	int *lo = malloc(sizeof(int) * (size_t)(o->pp + 1)), hrows, L = o->mc.n_layer, n = o->tc.B * o->tc.T;
-	if (!lo || loom_pp_stages(&o->mc, o->tc.B, o->tc.T, o->pp, o->tc.pp_head_split, lo, &hrows) != LOOM_OK) {
+	int P = o->pp, V = o->tc.pp_virtual_stages > 1 ? o->tc.pp_virtual_stages : 1, G = P * V;
+	int *lo = malloc(sizeof(int) * (size_t)(G + 1)), hrows, L = o->mc.n_layer, n = o->tc.B * o->tc.T;
+	if (!lo || loom_pp_stages(&o->mc, o->tc.B, o->tc.T, G, o->tc.pp_head_split, lo, &hrows) != LOOM_OK) {
 		free(lo);
 		return; /* the trainer has reported it */
 	}
 	printf("stages:");
-	for (int s = 0; s < o->pp; s++) {
+	for (int s = 0; s < G; s++) {
 		printf("%s", s ? " |" : "");
-		if (lo[s] < lo[s + 1])
+		if (lo[s] + 1 == lo[s + 1])
+			printf(" block %d", lo[s]);
+		else if (lo[s] < lo[s + 1])
 			printf(" blocks %d-%d", lo[s], lo[s + 1] - 1);
-		if (s == o->pp - 1 && hrows)
+		if (s == G - 1 && hrows)
 			printf(" head of positions %d-%d", hrows, n - 1);
-		else if (s == o->pp - 1)
+		else if (s == G - 1)
 			printf("%s head", lo[s] < L ? " +" : "");
-		else if (s == o->pp - 2 && hrows)
+		else if (s == G - 2 && hrows)
 			printf(" + head of positions 0-%d", hrows - 1);
 	}
-	printf(" (of each micro-batch's %d positions)\n", n);
+	printf(" (of each micro-batch's %d positions)", n);
+	if (V > 1) {
+		printf("; global stage g on rank g mod %d:", P);
+		for (int s = 0; s < G; s++)
+			printf(" %d", s % P);
+	}
+	printf("\n");
 	int M = o->tc.accum, *rows = hrows ? malloc(sizeof(int) * (size_t)M) : NULL;
-	if (rows && loom_pp_head_rows(&o->mc, o->tc.pp_schedule, o->tc.B, o->tc.T, o->pp, M, o->tc.pp_head_split,
+	if (rows && loom_pp_head_rows(&o->mc, o->tc.pp_schedule, o->tc.B, o->tc.T, P, V, M, o->tc.pp_head_split,
 	                              rows) == LOOM_OK && (rows[0] != hrows || rows[M - 1] != hrows))
-		printf("stages: the first micro-batch's head of positions 0-%d and the last's 0-%d on stage %d (the pipe "
-		       "fills and drains there)\n", rows[0] - 1, rows[M - 1] - 1, o->pp - 2);
+		printf("stages: the first micro-batch's head of positions 0-%d and the last's 0-%d on %s %d (the pipe "
+		       "fills and drains there)\n", rows[0] - 1, rows[M - 1] - 1, V > 1 ? "global stage" : "stage", G - 2);
 	free(rows);
 	free(lo);
 }
@@ -457,12 +466,7 @@ static void model_config(opts_t *o)
  * trains or stops here with one message, so it stays valid as rows go). Rows are tried in order; the
  * first that applies is the message. `loom plan` states the ZeRO rows' rule in src/train/plan.c
  * (loom_plan_estimate and its search, for the loom implementation): delete it there too. */
-enum { NAME_ZERO = 1, NAME_TP = 2, NAME_PP = 4, NAME_DP = 8, NAME_OPTIMIZER = 16, NAME_HEAD_SPLIT = 32 };
-
-static int split_interleaved(const opts_t *o)
-{
-	return o->tc.pp_virtual_stages > 1 && o->tc.pp_head_split > 0;
-}
+enum { NAME_ZERO = 1, NAME_TP = 2, NAME_PP = 4, NAME_DP = 8, NAME_OPTIMIZER = 16 };
 
 static int muon_zero_pp(const opts_t *o)
 {
@@ -484,9 +488,6 @@ static const struct {
 	{muon_zero_pp, NAME_OPTIMIZER | NAME_ZERO | NAME_PP, "MuonAdamW's matrices are not sharded over a pipeline "
 	                                                     "stage's data-parallel ranks yet; use --zero 0 with --pp, "
 	                                                     "or --optimizer adamw"},
-	{split_interleaved, NAME_HEAD_SPLIT, "the interleaved schedule runs the head on the last global stage alone "
-	                                     "(no share of it on another stage); drop --pp-head-split, or use "
-	                                     "--pp-schedule 1f1b or gpipe"},
 };
 
 /* Exit with the first row of `refusals` that applies to o (its dp known). */
@@ -506,7 +507,6 @@ static void refuse_unsupported(const opts_t *o)
 		NAME(NAME_ZERO, "--zero %d", o->tc.zero);
 		NAME(NAME_TP, "--tp %d", o->tp);
 		NAME(NAME_PP, "--pp %d", o->pp);
-		NAME(NAME_HEAD_SPLIT, "--pp-head-split %g with --pp-schedule interleaved", o->tc.pp_head_split);
 		NAME(NAME_DP, "dp %d (%d rank%s / (--tp %d x --pp %d))", o->dp, o->dp * o->tp * o->pp,
 		     o->dp * o->tp * o->pp == 1 ? "" : "s", o->tp, o->pp);
 #undef NAME

@@ -233,9 +233,9 @@ static int pp_rank(int rank, int nranks, void *arg)
 	          mem.nparams, r->zero, r->dp);
 	if (tp > 1) /* a shard (a pipeline stage may hold every tensor: a head-alone last stage's partner) */
 		CHECK(mem.nparams < loom_gpt2_num_params(&g_mc));
-	int stage = loom_mesh_coord(mesh, LOOM_MESH_PP), lo[8], rows, V = r->V > 1 ? r->V : 1;
-	CHECK(r->pp < 8);
-	CHECK_OK(loom_pp_stages(&g_mc, 1, TT, r->pp, r->head_split, lo, &rows));
+	int stage = loom_mesh_coord(mesh, LOOM_MESH_PP), lo[17], rows, V = r->V > 1 ? r->V : 1;
+	CHECK(r->pp * V <= 16);
+	CHECK_OK(loom_pp_stages(&g_mc, 1, TT, r->pp * V, r->head_split, lo, &rows)); /* the global stages */
 	CHECK_EQ(rows, r->head_rows);
 	int want_inflight = !strcmp(r->schedule, "gpipe") ? r->M : (r->M < r->pp - stage ? r->M : r->pp - stage);
 	if (V > 1) { /* interleaved: min(M V, 2 (P - s - 1) + (V - 1) P + 1) (schedule.c) */
@@ -412,6 +412,18 @@ TEST(pp_interleaved_matches_one_process)
 			fprintf(stderr, "pp 4 x V 2 interleaved, M = %d failed\n", Ms[i]);
 		teardown();
 	}
+	/* a head-alone last global stage shares its positions with global stage G-2 (rank 0's second
+	 * chunk at pp 2 x V 2): blocks 0 | 1-2 | 3 + the head of 14 of 32 positions | the rest of the head,
+	 * as pp 4's partition in pp_head_split_with_a_middle_stage; rank 0 then holds the embedding and
+	 * the head's tensors in one chunk each (wte's two shares summed in its one gradient) */
+	for (int i = 0; i < 2 && !rc; i++) {
+		CHECK_EQ(setup_heavy(2, Ms[i]), 0);
+		run_t r = {.dp = 1, .pp = 2, .M = Ms[i], .schedule = "interleaved", .V = 2, .head_rows = 14};
+		rc = test_spawn(2, pp_rank, &r, 60, NULL);
+		if (rc)
+			fprintf(stderr, "pp 2 x V 2 interleaved with the head split, M = %d failed\n", Ms[i]);
+		teardown();
+	}
 	CHECK_EQ(rc, 0);
 	CHECK_EQ(setup(4), 0);
 	run_t r = {.dp = 1, .pp = 2, .M = 4, .schedule = "interleaved", .V = 2, .save_at = 5};
@@ -520,7 +532,7 @@ TEST(pp_head_alone_on_the_last_stage)
 	/* head 6 V C = 786432 FLOPs per token, a block 72 C^2 + 12 C T = 86016: (head - 2 blocks) / 2 head */
 	CHECK_NEAR(split, (786432.0 - 2 * 86016.0) / (2 * 786432.0), 1e-12);
 	int per[4], want[4] = {15, 13, 13, 13}; /* 1F1B: stage 0 takes more of the first micro-batch */
-	CHECK_OK(loom__pp_head_rows(&g_mc, LOOM_PP_1F1B, TT, TT, 2, 4, lo, 13, 1, per));
+	CHECK_OK(loom__pp_head_rows(&g_mc, LOOM_PP_1F1B, TT, TT, 2, 1, 4, lo, 13, 1, per));
 	CHECK(memcmp(per, want, sizeof per) == 0);
 	for (int k = 0; k < (int)(sizeof runs / sizeof runs[0]) && !rc; k++) {
 		/* dp 2: 2 micro-batches each, the same tokens per step; DDP averages each stage's tensors,
@@ -1015,11 +1027,11 @@ TEST(pp_schedules_and_partition)
 	 * takes more of the first (it would wait for the last stage's first head otherwise), in GPipe more
 	 * of the first and the last; a given fraction is kept in every micro-batch */
 	int per[8], want1[8] = {125, 50, 50, 50, 50, 50, 50, 50}, want2[8] = {253, 50, 50, 50, 50, 50, 50, 77};
-	CHECK_OK(loom__pp_head_rows(&mc, LOOM_PP_1F1B, 256, 256, 2, 8, lo, rows, 1, per));
+	CHECK_OK(loom__pp_head_rows(&mc, LOOM_PP_1F1B, 256, 256, 2, 1, 8, lo, rows, 1, per));
 	CHECK(memcmp(per, want1, sizeof per) == 0);
-	CHECK_OK(loom__pp_head_rows(&mc, LOOM_PP_GPIPE, 256, 256, 2, 8, lo, rows, 1, per));
+	CHECK_OK(loom__pp_head_rows(&mc, LOOM_PP_GPIPE, 256, 256, 2, 1, 8, lo, rows, 1, per));
 	CHECK(memcmp(per, want2, sizeof per) == 0);
-	CHECK_OK(loom__pp_head_rows(&mc, LOOM_PP_1F1B, 256, 256, 2, 8, lo, rows, 0, per));
+	CHECK_OK(loom__pp_head_rows(&mc, LOOM_PP_1F1B, 256, 256, 2, 1, 8, lo, rows, 0, per));
 	for (int m = 0; m < 8; m++)
 		CHECK_EQ(per[m], 50);
 	CHECK_OK(loom_pp_stages(&mc, 2, 256, 2, 0.5, lo, &rows));

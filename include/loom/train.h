@@ -348,13 +348,14 @@ int loom_pp_check(const loom_model_config_t *cfg, const char *schedule, int P, i
  * for gpipe and 1f1b), which is what the trainer's bubble measures; NaN when loom_pp_check refuses
  * (without the layer count). Against the compute alone it is Megatron's (P-1)/(V M). */
 double loom_pp_bubble_ideal(const char *schedule, int P, int V, int M);
-/* With *head_rows > 0: the positions stage P-2 computes the head of in each of the M micro-batches of
- * a step under the schedule ("gpipe" | "1f1b" | "interleaved", NULL: 1f1b), into rows[M]: *head_rows
- * in each, except that with head_split 0 (and gpipe or 1f1b) the first and last micro-batch's shares
- * are what shortens the step most in a simulation of the schedule with the stages' FLOPs (the pipe
- * filling and draining leaves a stage time to spare there). All 0 without a shared head.
- * LOOM_EINVAL as loom_pp_stages, or for a schedule or M < 1. */
-int loom_pp_head_rows(const loom_model_config_t *cfg, const char *schedule, int B, int T, int P, int M,
+/* The positions global stage G-2 computes the head of in each of the M micro-batches of a step on P
+ * ranks under the schedule ("gpipe" | "1f1b" | "interleaved" with V chunks per rank, G = P V; V is
+ * ignored by the others; NULL: 1f1b), into rows[M]: loom_pp_stages' head rows (for G stages) in each,
+ * except that with head_split 0 the first and last micro-batch's shares are what shortens the step
+ * most in a simulation of the schedule with the stages' FLOPs (the pipe filling and draining leaves a
+ * stage time to spare there). All 0 without a shared head. LOOM_EINVAL as loom_pp_stages, or for a
+ * schedule, V < 1 or M < 1. */
+int loom_pp_head_rows(const loom_model_config_t *cfg, const char *schedule, int B, int T, int P, int V, int M,
                       double head_split, int *rows);
 
 /* Memory of this rank (bytes). The model states are what the parallel strategy keeps; the theory is

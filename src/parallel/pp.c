@@ -31,13 +31,15 @@
  * backward. A chunk's forwards and backwards each run in micro-batch order (loom__pp_chunk_arenas),
  * so micro-batch mb uses arena mb % arenas of its chunk.
  *
- * A head-alone last stage (a head heavier than the blocks, e.g. `small`'s; V = 1 only) shares the
- * head's positions with stage P-2, which holds the head's input: stage P-2 runs the head of positions
- * [0, hrows) of each micro-batch (loom_pp_stages: as the FLOPs balance the two stages, or the trainer's
- * pp_head_split) at the start of that micro-batch's backward, from its own last block's output, and
- * sends only positions [hrows, B T) forward and receives only their gradient back. Stage P-2 then uses
- * wte and ln_f too: their gradients are summed over the stages that hold them (first, P-2, last), and
- * the norm counts wte on the first stage and ln_f on the last only.
+ * A head-alone last stage (a head heavier than the blocks, e.g. `small`'s) shares the head's
+ * positions with global stage G-2 (rank P-2's last chunk), which holds the head's input: it runs the
+ * head of positions [0, hrows) of each micro-batch (loom_pp_stages: as the FLOPs balance the two
+ * stages, or the trainer's pp_head_split) at the start of that micro-batch's backward, from its own
+ * last block's output, and sends only positions [hrows, B T) forward and receives only their
+ * gradient back. Rank P-2 then uses wte and ln_f too: their gradients are summed over the ranks that
+ * hold them (the first, P-2, the last; with P = 2 the first is P-2, whose chunks 0 and V-1 add their
+ * wte shares into the one gradient of the join), and the norm counts wte on the first stage and ln_f
+ * on the last only.
  *
  * With tensor parallelism (a mesh with tp > 1 and pp > 1) the caller's model is this rank's tp shard
  * and so is the stage model (the same tp_size/tp_rank, its layers only): the tensor table, the
@@ -110,7 +112,7 @@ typedef struct {
 	chunk_t *ch;                  /* V */
 	int width;                    /* floats per position of the residual stream (loom_model_stream_width) */
 	int shared_blocks;            /* some tensor is read by every block (all_blocks): summed over all stages */
-	int hrows;                    /* the head is shared (V = 1 only): positions [0, rows[mb]) of micro-batch
+	int hrows;                    /* the head is shared: positions [0, rows[mb]) of micro-batch
 	                                 mb run their head on stage G-2, [rows[mb], B T) on the last; hrows is
 	                                 the usual rows[mb] (0: no split, the last runs them all) */
 	int *rows;                    /* M (loom__pp_head_rows: the first and last may differ) */
@@ -359,17 +361,16 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 		goto fail;
 	}
-	/* The G global stages; interleaved chunks never split the head (the last runs it alone or after
-	 * its blocks). */
-	if ((rc = loom_pp_stages(&e->mc, cfg->B, cfg->T, e->G, e->V > 1 ? -1.0 : cfg->head_split, lo, &e->hrows)) !=
-	    LOOM_OK)
+	/* The G global stages (a head-alone last one shares its positions with global stage G-2, which
+	 * with V > 1 is rank P-2's last chunk). */
+	if ((rc = loom_pp_stages(&e->mc, cfg->B, cfg->T, e->G, cfg->head_split, lo, &e->hrows)) != LOOM_OK)
 		goto fail;
 	if (!(e->rows = loom__calloc((size_t)e->M, sizeof *e->rows))) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 		goto fail;
 	}
-	if (e->V == 1 && (rc = loom__pp_head_rows(&e->mc, cfg->schedule, cfg->T, cfg->B * cfg->T, e->P, e->M, lo,
-	                                          e->hrows, cfg->head_split == 0.0, e->rows)) != LOOM_OK)
+	if ((rc = loom__pp_head_rows(&e->mc, cfg->schedule, cfg->T, cfg->B * cfg->T, e->P, e->V, e->M, lo, e->hrows,
+	                             cfg->head_split == 0.0, e->rows)) != LOOM_OK)
 		goto fail;
 	e->plan = loom__calloc((size_t)e->nplan, sizeof *e->plan);
 	e->counts = loom__calloc((size_t)e->G, sizeof *e->counts);

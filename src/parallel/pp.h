@@ -88,12 +88,13 @@ int loom__pp_simulate_v(loom_pp_schedule_t kind, int P, int V, int M, const doub
 /* loom__pp_simulate_v with V = 1: stage s's costs at s M + m. */
 int loom__pp_simulate(loom_pp_schedule_t kind, int P, int M, const double *f, const double *h, const double *b,
                       double *span, double *bubble);
-/* The head's positions stage P-2 computes in each of the M micro-batches of N positions (rows[M]),
- * for stages lo (loom__pp_partition) sharing the head: base (loom_pp_stages' head rows) in every
- * micro-batch, and with tune, the first and last micro-batch's share set to what shortens the step
- * most in a simulation of the schedule with the stages' FLOPs (there a stage would wait while the
- * pipe fills or drains; GPipe and 1F1B: interleaved keeps base everywhere). base 0: no split, all 0. */
-int loom__pp_head_rows(const loom_model_config_t *cfg, loom_pp_schedule_t kind, int T, int N, int P, int M,
+/* The head's positions global stage G-2 computes in each of the M micro-batches of N positions
+ * (rows[M]), for the G = P V global stages lo (loom__pp_partition; V chunks per rank, V = 1 but for
+ * interleaved) sharing the head: base (loom_pp_stages' head rows) in every micro-batch, and with
+ * tune, the first and last micro-batch's share set to what shortens the step most in a simulation of
+ * the schedule with the stages' FLOPs (there a stage would wait while the pipe fills or drains).
+ * base 0: no split, all 0. */
+int loom__pp_head_rows(const loom_model_config_t *cfg, loom_pp_schedule_t kind, int T, int N, int P, int V, int M,
                        const int *lo, int base, int tune, int *rows);
 /* The stages' costs per micro-batch in FLOPs (into f, h, b as loom__pp_simulate takes them) for stages
  * lo of micro-batches of N positions at sequence length T, stage P-2 computing the head of rows[m]

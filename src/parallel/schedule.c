@@ -376,20 +376,21 @@ void loom__pp_head_costs(const loom_model_config_t *cfg, int T, int N, int P, in
 		}
 }
 
-int loom__pp_head_rows(const loom_model_config_t *cfg, loom_pp_schedule_t kind, int T, int N, int P, int M,
+int loom__pp_head_rows(const loom_model_config_t *cfg, loom_pp_schedule_t kind, int T, int N, int P, int V, int M,
                        const int *lo, int base, int tune, int *rows)
 {
-	size_t PM = (size_t)P * M;
+	int G = P * V;
+	size_t GM = (size_t)G * M;
 	double *c, best, span, bubble;
 	int rc;
 	for (int m = 0; m < M; m++)
 		rows[m] = base;
-	if (!base || !tune || N < 2 || kind == LOOM_PP_INTERLEAVED) /* (its P stages are not P ranks) */
+	if (!base || !tune || N < 2)
 		return LOOM_OK;
-	if (!(c = loom__malloc(sizeof(double) * 3 * PM)))
+	if (!(c = loom__malloc(sizeof(double) * 3 * GM)))
 		return loom_seterr(LOOM_ENOMEM, "pipeline: out of memory planning the head's rows");
-	loom__pp_head_costs(cfg, T, N, P, M, lo, rows, c, c + PM, c + 2 * PM);
-	if ((rc = loom__pp_simulate(kind, P, M, c, c + PM, c + 2 * PM, &best, &bubble)) != LOOM_OK)
+	loom__pp_head_costs(cfg, T, N, G, M, lo, rows, c, c + GM, c + 2 * GM);
+	if ((rc = loom__pp_simulate_v(kind, P, V, M, c, c + GM, c + 2 * GM, &best, &bubble)) != LOOM_OK)
 		goto out;
 	/* The first and the last micro-batch meet a stage with time to spare (the pipe filling and
 	 * draining): try every share of their positions (in steps of N/64), keep what shortens the step. */
@@ -398,8 +399,8 @@ int loom__pp_head_rows(const loom_model_config_t *cfg, loom_pp_schedule_t kind, 
 			int m = e ? M - 1 : 0, keep = rows[m], step = LOOM_MAX(1, N / 64);
 			for (int r = 1; r < N; r += step) {
 				rows[m] = r;
-				loom__pp_head_costs(cfg, T, N, P, M, lo, rows, c, c + PM, c + 2 * PM);
-				if ((rc = loom__pp_simulate(kind, P, M, c, c + PM, c + 2 * PM, &span, &bubble)) != LOOM_OK)
+				loom__pp_head_costs(cfg, T, N, G, M, lo, rows, c, c + GM, c + 2 * GM);
+				if ((rc = loom__pp_simulate_v(kind, P, V, M, c, c + GM, c + 2 * GM, &span, &bubble)) != LOOM_OK)
 					goto out;
 				if (span < best * (1.0 - 1e-9))
 					best = span, keep = r;
@@ -411,7 +412,7 @@ out:
 	return rc;
 }
 
-int loom_pp_head_rows(const loom_model_config_t *cfg, const char *schedule, int B, int T, int P, int M,
+int loom_pp_head_rows(const loom_model_config_t *cfg, const char *schedule, int B, int T, int P, int V, int M,
                       double head_split, int *rows)
 {
 	loom_pp_schedule_t kind = LOOM_PP_1F1B;
@@ -420,11 +421,12 @@ int loom_pp_head_rows(const loom_model_config_t *cfg, const char *schedule, int 
 		return loom_seterr(LOOM_EINVAL, "pipeline: %d micro-batches (expected >= 1)", M);
 	if (schedule && (rc = loom__pp_schedule_parse(schedule, &kind)) != LOOM_OK)
 		return rc;
-	if (P < 1 || !(lo = loom__malloc(sizeof(int) * ((size_t)P + 1))))
-		return P < 1 ? loom_seterr(LOOM_EINVAL, "pipeline: %d stages", P)
-		             : loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
-	if ((rc = loom_pp_stages(cfg, B, T, P, head_split, lo, &base)) == LOOM_OK)
-		rc = loom__pp_head_rows(cfg, kind, T, B * T, P, M, lo, base, head_split == 0.0, rows);
+	V = kind == LOOM_PP_INTERLEAVED ? V : 1;
+	if (P < 1 || V < 1 || !(lo = loom__malloc(sizeof(int) * ((size_t)P * V + 1))))
+		return P < 1 || V < 1 ? loom_seterr(LOOM_EINVAL, "pipeline: %d stages x %d chunks", P, V)
+		                      : loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
+	if ((rc = loom_pp_stages(cfg, B, T, P * V, head_split, lo, &base)) == LOOM_OK)
+		rc = loom__pp_head_rows(cfg, kind, T, B * T, P, V, M, lo, base, head_split == 0.0, rows);
 	free(lo);
 	return rc;
 }

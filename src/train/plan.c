@@ -168,28 +168,27 @@ static int group_link(const loom_cluster_t *c, int size, int stride, double *bw,
 	return cross;
 }
 
-/* Floats of unit u's tensors in the table held by global stage g of the npp stages (blocks [lo[g],
- * lo[g+1])): what src/parallel/pp.c keeps: its own units, the tied wte on the head stages, the head's
- * on stage npp-2 when it shares the head's positions (hrows). */
-static double held_unit(const table_t *tb, int L, int npp, int g, const int *lo, int hrows, int u)
+/* Tensor i of the table is held by global stage g of the npp stages (blocks [lo[g], lo[g+1])): what
+ * src/parallel/pp.c keeps: its own units, the tied wte on the head stages, the head's on stage npp-2
+ * when it shares the head's positions (hrows). */
+static int held(const table_t *tb, int L, int npp, int g, const int *lo, int hrows, int i)
 {
-	int head = g == npp - 1 || (hrows && g == npp - 2);
-	double sum = 0.0;
-	for (int i = 0; i < tb->n; i++) {
-		int v = tb->layer[i], held = v < 0 ? g == 0 || (tb->head_reads[i] && head)
-		                           : v >= L ? head : v >= lo[g] && v < lo[g + 1];
-		if (v == u && held)
-			sum += tb->numel[i];
-	}
-	return sum;
+	int head = g == npp - 1 || (hrows && g == npp - 2), v = tb->layer[i];
+	return v < 0 ? g == 0 || (tb->head_reads[i] && head) : v >= L ? head : v >= lo[g] && v < lo[g + 1];
 }
 
-/* Floats of unit u held by pipeline rank s (its V chunks: global stages c pp + s). */
+/* Floats of unit u held by pipeline rank s: by any of its V chunks (global stages c pp + s), once
+ * (the chunks' join holds a tensor two of them use once, e.g. wte with the embedding on chunk 0 and
+ * a share of the head on chunk V-1). */
 static double rank_unit(const table_t *tb, int L, int pp, int V, int s, const int *lo, int hrows, int u)
 {
 	double sum = 0.0;
-	for (int c = 0; c < V; c++)
-		sum += held_unit(tb, L, pp * V, c * pp + s, lo, hrows, u);
+	for (int i = 0; i < tb->n; i++) {
+		int any = 0;
+		for (int c = 0; c < V && !any && tb->layer[i] == u; c++)
+			any = held(tb, L, pp * V, c * pp + s, lo, hrows, i);
+		sum += any ? tb->numel[i] : 0.0;
+	}
 	return sum;
 }
 
@@ -373,10 +372,9 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	}
 	int hrows = 0;
 	if (pp > 1) {
-		/* (interleaved: the first and last micro-batch's shares of a shared head are not tuned) */
 		if ((rc = loom_pp_stages(cfg, pc.B, pc.T, G, pc.pp_head_split, lo, &hrows)) != LOOM_OK ||
-		    (rc = loom__pp_head_rows(cfg, kind, pc.T, N, G, M, lo, hrows,
-		                             V == 1 && pc.pp_head_split == 0.0 && (long)pp * M <= 512, rows)) != LOOM_OK)
+		    (rc = loom__pp_head_rows(cfg, kind, pc.T, N, pp, V, M, lo, hrows,
+		                             pc.pp_head_split == 0.0 && (long)G * M <= 512, rows)) != LOOM_OK)
 			goto out;
 	} else {
 		lo[0] = 0, lo[1] = L;
