@@ -536,6 +536,17 @@ static void validate(opts_t *o, int world)
 	if (o->pp > o->mc.n_layer)
 		cli_die("train", "--pp %d for a model of %d layers: every pipeline stage needs at least one layer; use "
 		        "--pp %d or fewer", o->pp, o->mc.n_layer, o->mc.n_layer);
+	/* the micro-batches as batch_config will set them: the pipeline's schedule and sequence parallelism
+	 * depend on them */
+	int accum = o->grad_accum > 0 ? o->grad_accum : 1;
+	if (o->total_batch > 0 && loom_train_accum(o->total_batch, o->tc.B, o->tc.T, o->dp, &accum) != LOOM_OK)
+		cli_die("train", "%s", loom_errmsg());
+	if (o->sp && ((long long)o->tc.B * o->tc.T) % o->tp != 0)
+		cli_die("train", "--sequence-parallel --tp %d: a micro-batch's --batch-size %d x --seq-len %d = %lld positions "
+		        "are not divisible by %d (each tensor-parallel rank holds an equal share)", o->tp, o->tc.B, o->tc.T,
+		        (long long)o->tc.B * o->tc.T, o->tp);
+	if (loom_pp_check(&o->mc, o->tc.pp_schedule, o->pp, o->tc.pp_virtual_stages, accum) != LOOM_OK)
+		cli_die("train", "%s", loom_errmsg());
 	refuse_unsupported(o);
 }
 
@@ -1013,12 +1024,6 @@ int loom_cli_train(int argc, char **argv)
 	loom_set_num_threads(o.threads > 0 ? o.threads : omp_get_max_threads()); /* default: OMP_NUM_THREADS or CPUs */
 	warn_oversubscription(&o);
 	batch_config(&o);
-	if (o.sp && ((long long)o.tc.B * o.tc.T) % o.tp != 0)
-		cli_die("train", "--sequence-parallel --tp %d: a micro-batch's --batch-size %d x --seq-len %d = %lld positions "
-		        "are not divisible by %d (each tensor-parallel rank holds an equal share)", o.tp, o.tc.B, o.tc.T,
-		        (long long)o.tc.B * o.tc.T, o.tp);
-	if (loom_pp_check(&o.mc, o.tc.pp_schedule, o.pp, o.tc.pp_virtual_stages, o.tc.accum) != LOOM_OK)
-		cli_die("train", "%s", loom_errmsg()); /* every rank alike, before any work */
 	if (cli_train_memory_check(&(cli_memcheck_t){&o.mc, o.tc.B, o.tc.T, o.tc.accum, o.act_ckpt, o.tc.zero, o.dp, o.tp,
 	                                              o.pp, loom_num_threads(), o.dtype, o.rank, o.world, o.sp}) != 0)
 		goto out;

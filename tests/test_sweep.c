@@ -1,19 +1,24 @@
 /* test_sweep.c: no flag combination of `loom train` crashes, hangs or fails mid-run (issue 21).
  *
- * The matrix: --zero 0-3, --tp 1|2, --pp 1|2|4, the pipeline schedule gpipe|1f1b, --activation-checkpointing
- * none|blocks|selective, --dtype fp32|bf16, --grad-accum 1|2, --arch gpt2|nanochat and 1, 2, 4 or 8 ranks
- * (dp = ranks / (tp x pp)), on a 4-layer model of width 64 with a batch of one 32-token sequence.
- * Every run must either succeed or stop before its first step with exactly one error line that names a
- * flag (and, under --nproc, before any rank starts: no launcher report of a failed rank); a signal, a
- * timeout, a second error line or an error after training started fails the test.
+ * The matrix: --zero 0-3, --tp 1|2, --pp 1|2|4, --pp-schedule gpipe|1f1b|interleaved, --virtual-stages
+ * 1|2, --sequence-parallel off|on, --activation-checkpointing none|blocks|selective, --dtype fp32|bf16,
+ * --grad-accum 1|2, --arch gpt2|nanochat and 1, 2, 4 or 8 ranks (dp = ranks / (tp x pp)), on a 4-layer
+ * model of width 64 with a batch of one 32-token sequence. Every run must either succeed or stop before
+ * its first step with exactly one error line that names a flag (and, under --nproc, before any rank
+ * starts: no launcher report of a failed rank); a signal, a timeout, a second error line or an error
+ * after training started fails the test.
  *
- * Its 4,608 combinations are too many to train in CI time, so the test has two parts:
- *  - sweep_check: every combination runs `loom train --check` (all validation, then the mesh, model and
- *    parallel strategy built on every rank and started from rank 0's parameters; no step), but for the
- *    pipeline schedule without a pipeline (one value there: 3,840 runs), and under a sanitizer every
- *    fifth. Success is the "check: ok" line.
- *  - sweep_pairwise: a covering set of the combinations (every pair of two flags' values that some valid
- *    mesh allows appears in at least one run) trains for 2 steps. Success is a finite loss at step 2/2.
+ * Its 27,648 combinations are too many to train in CI time, so the test has two parts:
+ *  - sweep_check: `loom train --check` (all validation, then the mesh, model and parallel strategy
+ *    built on every rank and started from rank 0's parameters; no step) on every combination but those
+ *    whose extra values change nothing or only draw a refusal: without a pipeline one schedule and one
+ *    chunk; the virtual stages as the schedule has them (2 with interleaved, 1 otherwise); sequence
+ *    parallelism only with --tp 2 (8,064 runs; under a sanitizer every fifth). Success is the "check:
+ *    ok" line or a refusal. What it leaves out, e.g. --sequence-parallel without --tp or
+ *    --virtual-stages 2 with 1f1b, sweep_pairwise has.
+ *  - sweep_pairwise: a covering set of all the combinations (every pair of two flags' values that some
+ *    valid mesh allows appears in at least one run) trains for 2 steps. Success is a finite loss at
+ *    step 2/2 or a refusal.
  * Neither reads the refusals of cli/train.c: whether a combination trains or is refused may change as
  * support lands; the property checked here may not. Commands run two at a time (LOOM_SWEEP_JOBS). */
 #include <math.h>
@@ -25,13 +30,15 @@
 
 #include "test.h"
 
-enum { F_ZERO, F_TP, F_PP, F_SCHED, F_AC, F_DTYPE, F_ACCUM, F_ARCH, F_RANKS, NF };
-static const char *const factor_flag[NF] = {"--zero", "--tp", "--pp", "--schedule", "--activation-checkpointing",
-                                            "--dtype", "--grad-accum", "--arch", "--nproc"};
+enum { F_ZERO, F_TP, F_PP, F_SCHED, F_V, F_SP, F_AC, F_DTYPE, F_ACCUM, F_ARCH, F_RANKS, NF };
+static const char *const factor_flag[NF] = {"--zero", "--tp", "--pp", "--pp-schedule", "--virtual-stages",
+                                            "--sequence-parallel", "--activation-checkpointing", "--dtype",
+                                            "--grad-accum", "--arch", "--nproc"};
+/* (a switch's values: "" off, "on" given) */
 static const char *const factor_vals[NF][4] = {
-	{"0", "1", "2", "3"}, {"1", "2"}, {"1", "2", "4"}, {"gpipe", "1f1b"}, {"none", "blocks", "selective"},
-	{"fp32", "bf16"}, {"1", "2"}, {"gpt2", "nanochat"}, {"1", "2", "4", "8"}};
-static const int factor_n[NF] = {4, 2, 3, 2, 3, 2, 2, 2, 4};
+	{"0", "1", "2", "3"}, {"1", "2"}, {"1", "2", "4"}, {"gpipe", "1f1b", "interleaved"}, {"1", "2"}, {"", "on"},
+	{"none", "blocks", "selective"}, {"fp32", "bf16"}, {"1", "2"}, {"gpt2", "nanochat"}, {"1", "2", "4", "8"}};
+static const int factor_n[NF] = {4, 2, 3, 3, 2, 2, 3, 2, 2, 2, 4};
 
 typedef struct {
 	int v[NF];  /* index into factor_vals */
@@ -64,6 +71,23 @@ static int mesh_valid(const int *v)
 	return atoi(factor_vals[F_RANKS][v[F_RANKS]]) % (tp * pp) == 0;
 }
 
+/* The flags mean something together: the pipeline's schedule and chunks only with a pipeline, the
+ * interleaved schedule with 2 chunks (groups of pp micro-batches, at least a layer per chunk), the
+ * others with 1; sequence parallelism with tp; ZeRO with at least 2 data-parallel ranks (each the
+ * flags' own definition, not a refusal of cli/train.c). The pairwise sweep's later rounds try such a
+ * combination first, so that a pair is tried apart from the values that can only be refused. */
+static int coherent(const int *v)
+{
+	int tp = atoi(factor_vals[F_TP][v[F_TP]]), pp = atoi(factor_vals[F_PP][v[F_PP]]);
+	int ranks = atoi(factor_vals[F_RANKS][v[F_RANKS]]), accum = atoi(factor_vals[F_ACCUM][v[F_ACCUM]]);
+	int il = v[F_SCHED] == 2, V = atoi(factor_vals[F_V][v[F_V]]);
+	if (!mesh_valid(v) || (pp == 1 && (il || V != 1)) || (il != (V == 2)) || (v[F_SP] && tp == 1))
+		return 0;
+	if (il && (accum % pp != 0 || pp * V > 4)) /* the model's 4 layers */
+		return 0;
+	return v[F_ZERO] == 0 || ranks / (tp * pp) >= 2;
+}
+
 static void make_cmd(sweep_run_t *r, int check)
 {
 	int n = snprintf(r->cmd, sizeof r->cmd, "OMP_NUM_THREADS=1 %s train --train-data '%s/train_*.bin' --n-layer 4 "
@@ -71,7 +95,11 @@ static void make_cmd(sweep_run_t *r, int check)
 	                 "--schedule constant --lr 1e-3 --peak-flops 1e10 --threads 1%s", test_loom_bin(), g_dir,
 	                 check ? " --check" : "");
 	for (int f = 0; f < NF; f++)
-		n += snprintf(r->cmd + n, sizeof r->cmd - (size_t)n, " %s %s", factor_flag[f], factor_vals[f][r->v[f]]);
+		if (f == F_SP) /* a switch */
+			n += snprintf(r->cmd + n, sizeof r->cmd - (size_t)n, "%s%s", *factor_vals[f][r->v[f]] ? " " : "",
+			              *factor_vals[f][r->v[f]] ? factor_flag[f] : "");
+		else
+			n += snprintf(r->cmd + n, sizeof r->cmd - (size_t)n, " %s %s", factor_flag[f], factor_vals[f][r->v[f]]);
 	r->status = -2, r->bad = 0; /* not run yet */
 }
 
@@ -173,8 +201,8 @@ static int make_data(void)
 	return test_make_token_data(g_dir, 257, 4096) != LOOM_OK;
 }
 
-/* Under a sanitizer (every process several times slower) the check runs every SAN_STRIDE-th
- * combination: 5 is prime to every factor's count, so each factor still takes each of its values and
+/* Under a sanitizer (every process several times slower) the check runs every SAN_STRIDE-th of its
+ * combinations: 5 is prime to every factor's count, so each factor still takes each of its values and
  * every mesh appears; the plain build's run checks them all. */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SAN_STRIDE 5
@@ -188,22 +216,28 @@ TEST(sweep_check)
 	int trained, failed;
 	sweep_run_t *runs = calloc((size_t)n, sizeof *runs);
 	CHECK(runs != NULL);
-	CHECK_EQ(n, 4608);
+	CHECK_EQ(n, 27648);
 	CHECK_EQ(make_data(), 0);
-	for (long k = 0; k < n; k += SAN_STRIDE) {
+	for (long k = 0, j = 0; k < n; k++) {
 		sweep_run_t *r = &runs[m];
 		combination(k, r->v);
-		/* the pipeline schedule does nothing without a pipeline: one of its values is enough there */
-		if (r->v[F_PP] == 0 && r->v[F_SCHED] != 0)
+		/* the pipeline's schedule and chunks do nothing without a pipeline: one value of each there; the
+		 * chunks as the schedule has them; sequence parallelism with tp only */
+		if ((r->v[F_PP] == 0 && (r->v[F_SCHED] != 0 || r->v[F_V] != 0)) ||
+		    (r->v[F_PP] > 0 && r->v[F_V] != (r->v[F_SCHED] == 2)) || (r->v[F_TP] == 0 && r->v[F_SP] != 0))
 			continue;
-		make_cmd(r, 1);
-		m++;
+		if (j++ % SAN_STRIDE == 0) {
+			make_cmd(r, 1);
+			m++;
+		}
 	}
 	failed = sweep_run(runs, m, 1, 120, &trained);
 	printf("  %ld combinations checked: %d built, %ld refused, %d failed\n", m, trained, m - trained - failed, failed);
 	test_rmdir(g_dir);
 	CHECK_EQ(failed, 0);
-	CHECK(SAN_STRIDE > 1 || m == n - n / 3 / 2); /* all but pp 1's second schedule */
+	/* 384 of the other flags' values x 21 of (tp, pp, schedule, chunks, sp): 1 without tp or pp, 2 with
+	 * tp alone (sp off, on), 3 with pp alone at each of pp 2 and 4, 6 with both at each */
+	CHECK(SAN_STRIDE > 1 || m == 384 * 21);
 	/* not all refused: plain data parallel (no ZeRO, tp or pp) builds with every other flag's value */
 	int plain = 0;
 	for (long k = 0; k < m; k++)
@@ -268,7 +302,7 @@ TEST(sweep_pairwise)
 				covered[PAIR(f, runs[nruns].v[f], g, runs[nruns].v[g])] = 1;
 		nruns++;
 	}
-	CHECK_EQ(npairs, 249); /* 253 pairs less (tp 2 | pp 2 | pp 4, 1 rank) and (pp 4, 2 ranks) */
+	CHECK_EQ(npairs, 375); /* 379 pairs less (tp 2 | pp 2 | pp 4, 1 rank) and (pp 4, 2 ranks) */
 	CHECK(nruns >= 16); /* zero x ranks alone has 16 pairs */
 	CHECK_EQ(make_data(), 0);
 	for (int k = 0; k < nruns; k++)
@@ -294,12 +328,15 @@ TEST(sweep_pairwise)
 						int best_new = NF * NF, p = PAIR(f, a, g, b), dup = 0;
 						if (!possible[p] || covered[p] || picked[p]) /* picked: in a run of this round */
 							continue;
-						for (long k = 0; k < n; k++) {
-							int m;
-							combination(k, v);
-							if (v[f] == a && v[g] == b && mesh_valid(v) && (m = new_pairs(v, covered)) < best_new)
-								best = k, best_new = m;
-						}
+						/* a coherent combination with the pair if there is one, else any valid one */
+						for (int any = 0; any < 2 && best < 0; any++)
+							for (long k = 0; k < n; k++) {
+								int m;
+								combination(k, v);
+								if (v[f] == a && v[g] == b && (any ? mesh_valid(v) : coherent(v)) &&
+								    (m = new_pairs(v, covered)) < best_new)
+									best = k, best_new = m;
+							}
 						CHECK(best >= 0);
 						combination(best, v);
 						for (int k = 0; k < nruns && !dup; k++)
