@@ -230,11 +230,12 @@ TEST(schedule_check)
 	return 0;
 }
 
-/* `loom train`'s pipeline schedule flags, checked on every rank before any work: the interleaved
- * schedule's conditions in messages naming the flags, the older --schedule spelling, and a valid
- * interleaved configuration passing the checks (it fails at the data, as none exists: the glob
- * matches nothing; tests/test_pp.c trains it). With two ranks the launcher stops the other at the
- * first failure, perhaps mid-message, so the messages are looked for from any rank. */
+/* `loom train`'s pipeline schedule flags, checked before any work (under --nproc by the launcher,
+ * before any rank starts): the interleaved schedule's conditions in messages naming the flags, the
+ * older --schedule spelling, and a valid interleaved configuration passing the checks (it fails at
+ * the data, as none exists: the glob matches nothing; tests/test_pp.c trains it). With two ranks the
+ * launcher stops the other at the first failure, perhaps mid-message, so that message is looked for
+ * from any rank. */
 TEST(schedule_cli)
 {
 	static const struct {
@@ -251,13 +252,13 @@ TEST(schedule_cli)
 		                                        "--pp-schedule (the older --schedule gpipe|1f1b spelling sets the same)"},
 		{"--virtual-stages 0", "loom train: --virtual-stages: 0 is out of range [1, 4096]"},
 		{"--nproc 2 --pp 2 --pp-schedule interleaved --micro-batches 4",
-		 "] loom train: pipeline: --pp-schedule interleaved needs --virtual-stages V >= 2 model chunks per rank "
+		 "loom train: pipeline: --pp-schedule interleaved needs --virtual-stages V >= 2 model chunks per rank "
 		 "(got 1; with one chunk use --pp-schedule 1f1b)"},
 		{"--nproc 2 --pp 2 --pp-schedule interleaved --virtual-stages 2 --micro-batches 3",
-		 "] loom train: pipeline: --pp-schedule interleaved runs the micro-batches in groups of --pp 2, so "
+		 "loom train: pipeline: --pp-schedule interleaved runs the micro-batches in groups of --pp 2, so "
 		 "--micro-batches 3 must be a multiple of 2 (e.g. 4)"},
 		{"--nproc 2 --pp 2 --pp-schedule interleaved --virtual-stages 3 --micro-batches 4",
-		 "] loom train: pipeline: --pp 2 x --virtual-stages 3 = 6 model chunks for a model of 4 layers: every "
+		 "loom train: pipeline: --pp 2 x --virtual-stages 3 = 6 model chunks for a model of 4 layers: every "
 		 "chunk needs at least one layer (--pp x --virtual-stages <= 4)"},
 		{"--nproc 2 --pp 2 --pp-schedule interleaved --virtual-stages 2 --micro-batches 4",
 		 "] loom train: loader: no files match '/nonexistent/loom_schedule_cli_*.bin'"},
@@ -270,6 +271,9 @@ TEST(schedule_cli)
 		CHECK_MSG(st != 0, "`%s` exited 0:\n%s", cmd, out);
 		CHECK_MSG(strstr(out, cases[k].want) != NULL, "`%s`: \"%s\" not in:\n%s", cmd, cases[k].want, out);
 		CHECK_MSG(!strstr(out, "step 1/1"), "`%s` trained:\n%s", cmd, out);
+		/* refused by the launcher, before any rank starts: no rank's line (the last case's ranks run) */
+		CHECK_MSG(k + 1 == sizeof cases / sizeof *cases || !strstr(out, "[rank "), "`%s`: a rank started:\n%s", cmd,
+		          out);
 	}
 	return 0;
 }
