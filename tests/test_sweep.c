@@ -202,7 +202,7 @@ static int make_data(void)
 }
 
 /* Under a sanitizer (every process several times slower) the check runs every SAN_STRIDE-th of its
- * combinations (733 of 8,064): 11 is prime to every factor's count, so each factor still takes each of
+ * combinations (734 of 8,064): 11 is prime to every factor's count, so each factor still takes each of
  * its values and every mesh appears; the plain build's run checks them all. */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SAN_STRIDE 11
