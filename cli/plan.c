@@ -344,8 +344,12 @@ static void print_json(const loom_plan_t *p, const loom_cluster_t *c)
 static void describe(const loom_plan_t *p, char *buf, size_t cap)
 {
 	const loom_plan_config_t *pc = &p->cfg;
-	snprintf(buf, cap, "dp %d x tp %d x pp %d, ZeRO %d, ckpt %s%s%s", pc->dp, pc->tp, pc->pp, pc->zero,
-	         loom_act_ckpt_name(pc->act_ckpt), pc->pp > 1 ? ", " : "", pc->pp > 1 ? schedule_name(pc) : "");
+	char v[16] = "";
+	if (pc->pp > 1 && pc->virtual_stages > 1 && !pc->schedule_gpipe)
+		snprintf(v, sizeof v, " V %d", pc->virtual_stages);
+	snprintf(buf, cap, "dp %d x tp %d x pp %d%s, ZeRO %d, ckpt %s%s%s%s", pc->dp, pc->tp, pc->pp,
+	         pc->sequence_parallel && pc->tp > 1 ? " sp" : "", pc->zero, loom_act_ckpt_name(pc->act_ckpt),
+	         pc->pp > 1 ? ", " : "", pc->pp > 1 ? schedule_name(pc) : "", v);
 }
 
 /* Why `alt` is slower than `top`: the component of its step that grew the most. */
@@ -398,9 +402,12 @@ static int search(opts_t *o, const loom_cluster_t *c, int ranks)
 		for (int k = 0; k < n && k < o->top; k++) {
 			const loom_plan_t *p = &all[k];
 			printf("%s{\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero\":%d,\"activation_checkpointing\":\"%s\",\"schedule\":\"%s\","
+			       "\"virtual_stages\":%d,\"sequence_parallel\":%s,"
 			       "\"micro_batches\":%d,\"step_time_s\":%.6g,\"tokens_per_s\":%.6g,\"mfu\":%.6f,\"memory_total_bytes\":%.0f,"
 			       "\"headroom\":%.4f,\"cost\":%.6g}", k ? "," : "", p->cfg.dp, p->cfg.tp, p->cfg.pp, p->cfg.zero,
-			       loom_act_ckpt_name(p->cfg.act_ckpt), schedule_name(&p->cfg), p->cfg.M, p->step_time_s,
+			       loom_act_ckpt_name(p->cfg.act_ckpt), schedule_name(&p->cfg),
+			       p->cfg.pp > 1 && p->cfg.virtual_stages > 1 ? p->cfg.virtual_stages : 1,
+			       p->cfg.sequence_parallel && p->cfg.tp > 1 ? "true" : "false", p->cfg.M, p->step_time_s,
 			       p->tokens_per_s, p->mfu, p->memory.total, p->headroom, p->cost);
 		}
 		printf("]}\n");

@@ -219,12 +219,22 @@ TEST(plan_search_skips_non_dividing_meshes)
 	loom_plan_config_t pc = tiny_config(1, 0); /* tiny: 4 heads, 4 layers */
 	pc.M = 4;
 	loom_plan_t *out = malloc(sizeof *out * 1000);
-	int n, total, composed = 0;
+	int n, total, composed = 0, interleaved = 0, sp = 0;
 	CHECK(out);
 	CHECK_OK(loom_plan_search(&pc, &c, 6, out, 1000, &n, &total));
 	CHECK(n > 0 && n == total);
 	for (int k = 0; k < n; k++) {
 		const loom_plan_config_t *q = &out[k].cfg;
+		if (q->virtual_stages > 1) { /* interleaved: only what it can run */
+			CHECK(q->pp > 1 && !q->schedule_gpipe && q->virtual_stages <= 4);
+			CHECK_EQ(q->M % q->pp, 0);
+			CHECK(q->pp * q->virtual_stages <= pc.model.n_layer);
+			interleaved++;
+		}
+		if (q->sequence_parallel) {
+			CHECK(q->tp > 1);
+			sp++;
+		}
 		CHECK_EQ(q->dp * q->tp * q->pp, 6);
 		CHECK_MSG(q->tp == 1 || q->tp == 2, "tp %d does not divide 4 heads", q->tp);
 		CHECK_MSG(q->dp != 3 && q->dp != 6, "dp %d does not divide 4 micro-batches", q->dp);
@@ -235,6 +245,16 @@ TEST(plan_search_skips_non_dividing_meshes)
 		composed += q->zero > 0 && (q->tp > 1 || q->pp > 1);
 	}
 	CHECK(composed > 0); /* ZeRO 1-3 on dp 2 x pp 3 among them */
+	CHECK(sp > 0); /* tp 2 with and without sequence parallelism */
+	CHECK_EQ(interleaved, 0); /* no pp of 6 ranks divides M (pp 3: M 4 or 2) with V pp <= 4 layers */
+	/* 4 ranks: pp 2 runs interleaved with V 2 (M 4 on dp 1, M 2 on dp 2), never V 3 or 4 (> 4 layers) */
+	CHECK_OK(loom_plan_search(&pc, &c, 4, out, 1000, &n, &total));
+	for (int k = 0; k < n; k++)
+		if (out[k].cfg.virtual_stages > 1) {
+			CHECK(out[k].cfg.pp == 2 && out[k].cfg.virtual_stages == 2 && !out[k].cfg.schedule_gpipe);
+			interleaved++;
+		}
+	CHECK(interleaved > 0);
 	/* 5 ranks: no tp divides the heads but 1, no pp but 1 (4 layers), dp 5 does not divide M = 4 */
 	CHECK_OK(loom_plan_search(&pc, &c, 5, out, 1000, &n, &total));
 	CHECK_EQ(total, 0);

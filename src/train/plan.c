@@ -571,26 +571,31 @@ int loom_plan_search(const loom_plan_config_t *base, const loom_cluster_t *c, in
 			for (int zero = 0; zero <= 3; zero++) {
 				if (zero > 0 && dp < 2)
 					continue;
+				/* the pipeline's schedules (sc): 0 1F1B, 1 GPipe, 2-4 interleaved with V = sc chunks per
+				 * rank (the estimate refuses what the schedule cannot run: pp V > layers, M not a multiple
+				 * of pp); sequence parallelism with tp, when it divides a micro-batch's positions */
 				for (int ck = 0; ck <= 2; ck++)
-					for (int gp = 0; gp <= (pp > 1); gp++) {
-						loom_plan_config_t pc = *base;
-						loom_plan_t p;
-						pc.dp = dp, pc.tp = tp, pc.pp = pp, pc.zero = zero, pc.M = (int)(rows / dp);
-						pc.act_ckpt = (loom_act_ckpt_t)ck, pc.schedule_gpipe = gp, pc.virtual_stages = 0;
-						if (loom_plan_estimate(&pc, c, &p) != LOOM_OK)
-							continue;
-						if ((size_t)count == have) {
-							size_t want = have ? 2 * have : 64;
-							loom_plan_t *g = realloc(all, want * sizeof *g);
-							if (!g) {
-								free(all);
-								return loom_seterr(LOOM_ENOMEM, "plan: out of memory");
+					for (int sc = 0; sc <= (pp > 1 ? 4 : 0); sc++)
+						for (int sp = 0; sp <= (tp > 1 && ((long)base->B * base->T) % tp == 0); sp++) {
+							loom_plan_config_t pc = *base;
+							loom_plan_t p;
+							pc.dp = dp, pc.tp = tp, pc.pp = pp, pc.zero = zero, pc.M = (int)(rows / dp);
+							pc.act_ckpt = (loom_act_ckpt_t)ck, pc.schedule_gpipe = sc == 1;
+							pc.virtual_stages = sc >= 2 ? sc : 0, pc.sequence_parallel = sp;
+							if (loom_plan_estimate(&pc, c, &p) != LOOM_OK)
+								continue;
+							if ((size_t)count == have) {
+								size_t want = have ? 2 * have : 64;
+								loom_plan_t *g = realloc(all, want * sizeof *g);
+								if (!g) {
+									free(all);
+									return loom_seterr(LOOM_ENOMEM, "plan: out of memory");
+								}
+								all = g, have = want;
 							}
-							all = g, have = want;
+							all[count++] = p;
+							fit += p.fits;
 						}
-						all[count++] = p;
-						fit += p.fits;
-					}
 			}
 		}
 	}
