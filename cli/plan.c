@@ -26,7 +26,7 @@ static const char *const usage_text =
 	"model and batch (as loom train): --model tiny|small|gpt2, --arch gpt2|nanochat, --depth D, --n-layer L,\n"
 	"  --n-head H, --n-embd C, --vocab-size V, --n-positions P, --n-kv-head K, --window-pattern P,\n"
 	"  --short-window W, --init-from FILE (its config), --batch-size B (default 4), --seq-len T,\n"
-	"  --grad-accum K | --micro-batches M | --total-batch-size N\n"
+	"  --grad-accum K | --micro-batches M | --total-batch-size N, --optimizer adamw|muon (MuonAdamW's state)\n"
 	"mesh (as loom train): --dp D --tp T --pp P (dp defaults to --nproc / --ranks / (T x P), else 1), --nproc N,\n"
 	"  --zero 0|1|2|3, --pp-schedule gpipe|1f1b|interleaved (or --schedule), --virtual-stages V,\n"
 	"  --pp-head-split auto|off|F, --activation-checkpointing none|blocks|selective, --dtype fp32|bf16,\n"
@@ -62,7 +62,7 @@ typedef struct {
 
 /* Flags of `loom train` that do not change the plan, with a value, and without one. */
 static const char *const ignored_val[] = {
-	"--train-data", "--val-data", "--shuffle", "--optimizer", "--matrix-lr", "--embedding-lr", "--unembedding-lr",
+	"--train-data", "--val-data", "--shuffle", "--matrix-lr", "--embedding-lr", "--unembedding-lr",
 	"--scalar-lr", "--adam-beta1", "--adam-beta2", "--warmdown-frac", "--wd-scale", "--ref-tokens", "--steps", "--lr",
 	"--warmup", "--min-lr-frac", "--weight-decay", "--beta1", "--beta2", "--eps", "--grad-clip", "--seed",
 	"--save-dir", "--save-every", "--keep-checkpoints", "--resume-from", "--eval-every", "--eval-batches",
@@ -132,6 +132,12 @@ static void parse(int argc, char **argv, opts_t *o)
 		else if (FLAG("--pp")) o->pc.pp = (int)int_in("--pp", v, 1, 4096);
 		else if (FLAG("--nproc")) o->nproc = (int)int_in("--nproc", v, 1, 1 << 20);
 		else if (FLAG("--zero")) o->pc.zero = (int)int_in("--zero", v, 0, 3);
+		else if (FLAG("--optimizer")) {
+			loom_optimizer_t opt;
+			if (loom_optimizer_parse(v, &opt) != LOOM_OK)
+				cli_die("plan", "--optimizer: %s", loom_errmsg());
+			o->pc.optimizer = (int)opt;
+		}
 		else if (FLAG("--pp-schedule") || FLAG("--schedule")) {
 			int pp_flag = a[2] == 'p';
 			if (pp_flag || !strcmp(v, "gpipe") || !strcmp(v, "1f1b") || !strcmp(v, "interleaved")) {

@@ -55,6 +55,38 @@ TEST(plan_ddp_fp32_adam_16_bytes_per_param)
 	return 0;
 }
 
+/* MuonAdamW on one rank: AdamW's m and v for every float outside the blocks' matrices, and per matrix
+ * its momentum (rows x cols) and second moment (max(rows, cols)); the refusals loom train makes. */
+TEST(plan_muon_state_bytes)
+{
+	loom_cluster_t c = test_cluster();
+	loom_plan_t p;
+	loom_plan_config_t pc = tiny_config(1, 0);
+	pc.optimizer = LOOM_OPTIMIZER_MUON;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &p));
+	double want = 0.0, P = (double)loom_model_num_params(&pc.model);
+	int mats = 0;
+	for (int i = 0; i < loom_model_num_tensors(&pc.model); i++) {
+		loom_tensor_info_t ti;
+		CHECK_OK(loom_model_tensor_info(&pc.model, i, &ti));
+		if (ti.opt_group == LOOM_OPT_MATRIX)
+			want += 4.0 * ((double)ti.rows * ti.cols + (ti.rows > ti.cols ? ti.rows : ti.cols)), mats++;
+		else
+			want += 8.0 * (double)ti.numel;
+	}
+	CHECK_EQ(mats, 4 * pc.model.n_layer); /* GPT-2's c_attn, attn.c_proj, c_fc, mlp.c_proj */
+	CHECK_FEQ(p.memory.optimizer, want);
+	CHECK(p.memory.optimizer < 8 * P); /* a matrix's state is 1 float and a vector per float, not AdamW's 2 */
+	CHECK_FEQ(p.memory.params, 4 * P);
+	pc.tp = 2;
+	CHECK_ERR(loom_plan_estimate(&pc, &c, &p), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "--optimizer muon with --tp 2");
+	pc = tiny_config(2, 1), pc.pp = 2, pc.M = 2, pc.optimizer = LOOM_OPTIMIZER_MUON;
+	CHECK_ERR(loom_plan_estimate(&pc, &c, &p), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "--optimizer muon with --zero 1 and --pp 2");
+	return 0;
+}
+
 TEST(plan_zero_stages_per_rank_bytes)
 {
 	loom_cluster_t c = test_cluster();
@@ -392,6 +424,15 @@ TEST(plan_memory_equals_train)
 		{"--nproc 2 --tp 2 --activation-checkpointing selective"},
 		{"--nproc 2 --tp 2 --sequence-parallel"},
 		{"--nproc 1"},
+		/* MuonAdamW: its matrices' state instead of AdamW's (replicated: the owned matrices and the
+		 * staging of all; ZeRO: the range moved to a tensor boundary), on one rank, dp 2 with ZeRO 0-3
+		 * and a pipeline stage's tensors */
+		{"--optimizer muon --nproc 1"},
+		{"--optimizer muon --nproc 2"},
+		{"--optimizer muon --nproc 2 --zero 1"},
+		{"--optimizer muon --nproc 2 --zero 2"},
+		{"--optimizer muon --nproc 2 --zero 3"},
+		{"--optimizer muon --nproc 2 --pp 2 --micro-batches 2"},
 	};
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));
 	CHECK_OK(test_make_token_data(dir, 257, 4000));

@@ -82,6 +82,12 @@ int loom_muon_chunk(int K, int nranks);
 int loom_muon_owner(const loom_tensor_info_t *t, int nt, int tensor, int nranks);
 /* The Muon matrices rank owns (tensor indices, in group order) into out (room for nt); returns how many. */
 int loom_muon_owned(const loom_tensor_info_t *t, int nt, int rank, int nranks, int *out);
+/* The floats of the state loom_muonadamw_init keeps for a table t of nt tensors (its scratch aside):
+ * AdamW's m and v for the non-Muon floats inside [range[0], range[1]) (range NULL: all of them), and
+ * per Muon matrix of mats[0..nmats) (tensor indices) its momentum (rows x cols) and second moment
+ * (max(rows, cols)). The trainer's memory accounting and `loom plan` both count with it. */
+size_t loom_muonadamw_state_floats(const loom_tensor_info_t *t, int nt, const size_t *range, const int *mats,
+                                   int nmats);
 /* AdamW's share of a tensor on rank of nranks: a tensor of >= 1024 elements is split by its stored
  * first dimension (rows [r S0/N, (r+1) S0/N), all columns), a smaller one is replicated (every rank
  * updates all of it and keeps all its state). Sets [*lo, *hi), floats relative to the tensor's start;

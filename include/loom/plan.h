@@ -96,6 +96,8 @@ typedef struct {
 	double pp_head_split;      /* as loom_train_config_t's */
 	double tokens;             /* token budget for wall clock and cost (0: none) */
 	loom_plan_impl_t impl;
+	int optimizer;             /* loom_optimizer_t: AdamW (0) or MuonAdamW (LOOM_OPTIMIZER_MUON: its state and
+	                              Newton-Schulz iterations; not with tp, nor with ZeRO on a pipeline) */
 } loom_plan_config_t;
 
 /* Bytes per rank. */

@@ -287,6 +287,24 @@ int loom_muon_owned(const loom_tensor_info_t *t, int nt, int rank, int nranks, i
 	return n;
 }
 
+size_t loom_muonadamw_state_floats(const loom_tensor_info_t *t, int nt, const size_t *range, const int *mats,
+                                   int nmats)
+{
+	size_t n = 0;
+	for (int i = 0; i < nt; i++) {
+		if (is_muon(&t[i]))
+			continue;
+		size_t a = range ? LOOM_MAX(range[0], t[i].offset) : t[i].offset;
+		size_t b = range ? LOOM_MIN(range[1], t[i].offset + t[i].numel) : t[i].offset + t[i].numel;
+		n += a < b ? 2 * (b - a) : 0;
+	}
+	for (int k = 0; k < nmats; k++) {
+		const loom_tensor_info_t *m = &t[mats[k]];
+		n += (size_t)m->rows * m->cols + (size_t)LOOM_MAX(m->rows, m->cols);
+	}
+	return n;
+}
+
 int loom_muon_adam_share(const loom_tensor_info_t *ti, int rank, int nranks, size_t *lo, size_t *hi)
 {
 	if (is_muon(ti) || nranks < 1 || rank < 0 || rank >= nranks)

@@ -98,11 +98,8 @@ int loom__muon_init(loom_strategy_t *s, const loom_strategy_config_t *cfg)
 		s->muon = NULL;
 		goto out;
 	}
-	s->mem.optim = (2 * s->muon->adam_n) * sizeof(float) + (N > 1 ? p->total * sizeof(float) : 0);
-	for (int k = 0; k < s->muon->nmat; k++) {
-		const loom_muon_matrix_t *m = &s->muon->mats[k];
-		s->mem.optim += ((size_t)m->rows * m->cols + (size_t)LOOM_MAX(m->rows, m->cols)) * sizeof(float);
-	}
+	/* its state, and with N ranks the staging of every matrix's update (loom plan counts alike) */
+	s->mem.optim = (loom_muonadamw_state_floats(t, n, NULL, mine, nmine) + (N > 1 ? p->total : 0)) * sizeof(float);
 	rc = LOOM_OK;
 	goto out;
 fail:
@@ -151,16 +148,14 @@ int loom__muon_init_range(loom_strategy_t *s, const loom_strategy_config_t *cfg)
 	size_t range[1][2] = {{s->own_offset, s->own_offset + s->own_count}};
 	loom_muon_owned_t own = {.ranges = (const size_t(*)[2])range, .nranges = 1, .matrices = mats, .nmatrices = nm};
 	rc = loom_muonadamw_init(s->muon, t, n, &cfg->muon, &own);
+	if (rc == LOOM_OK)
+		s->mem.optim = loom_muonadamw_state_floats(t, n, range[0], mats, nm) * sizeof(float);
 	free(t), free(mats);
 	if (rc != LOOM_OK) {
 		free(s->muon);
 		s->muon = NULL;
 		return rc;
 	}
-	s->mem.optim = 2 * s->muon->adam_n * sizeof(float);
-	for (int k = 0; k < s->muon->nmat; k++)
-		s->mem.optim += ((size_t)s->muon->mats[k].rows * s->muon->mats[k].cols +
-		                 (size_t)LOOM_MAX(s->muon->mats[k].rows, s->muon->mats[k].cols)) * sizeof(float);
 	return LOOM_OK;
 }
 

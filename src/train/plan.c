@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "core/util.h"
+#include "loom/muon.h"
 #include "loom/plan.h"
 #include "loom/train.h"
 #include "parallel/pp.h"
@@ -192,6 +193,75 @@ static double rank_unit(const table_t *tb, int L, int pp, int V, int s, const in
 	return sum;
 }
 
+/* MuonAdamW on pipeline rank s (its V chunks' tensors, packed in table order as the stage model
+ * holds them; the whole model without a pipeline) of data-parallel rank dp_rank, as
+ * src/parallel/muon_opt.c sets it up: replicated (no ZeRO) each rank keeps AdamW's m, v for every
+ * non-matrix float and the state of the matrices it owns (loom_muon_owned) plus, with several ranks,
+ * a staging buffer of every matrix; under ZeRO its range of the buffer (the default shard offsets
+ * moved up to a tensor boundary) with the matrices starting in it. *bytes: the state's
+ * (loom_muonadamw_state_floats); *own: the floats of the rank's ZeRO range; *adam: AdamW's floats;
+ * *ns_flops: one step's Newton-Schulz iterations (5, each X X^T, a polynomial of it and its product
+ * with X: 4 r^2 c + 2 r^3 for r <= c). tp 1 only (Muon refuses tp). */
+static int muon_state(const loom_plan_config_t *pc, const table_t *tb, int pp, int V, int s, const int *lo,
+                      int hrows, int dp, int dp_rank, double *bytes, double *own, double *adam, double *ns_flops)
+{
+	const loom_model_config_t *cfg = &pc->model;
+	int L = cfg->n_layer, n = 0, nm = 0, rc = LOOM_OK;
+	loom_tensor_info_t *t = malloc(sizeof *t * (size_t)LOOM_MAX(tb->n, 1));
+	int *mats = malloc(sizeof(int) * (size_t)LOOM_MAX(tb->n, 1));
+	size_t P = 0, range[2], total = 0;
+	if (!t || !mats) {
+		rc = loom_seterr(LOOM_ENOMEM, "plan: out of memory");
+		goto out;
+	}
+	for (int i = 0; i < tb->n; i++) {
+		int any = pp == 1;
+		for (int c = 0; c < V && !any; c++)
+			any = held(tb, L, pp * V, c * pp + s, lo, hrows, i);
+		if (!any)
+			continue;
+		if ((rc = loom_model_tensor_info(cfg, i, &t[n])) != LOOM_OK)
+			goto out;
+		t[n].offset = P, P += t[n].numel;
+		total += t[n].opt_group == LOOM_OPT_MATRIX ? t[n].numel : 0;
+		n++;
+	}
+	range[0] = 0, range[1] = P;
+	if (pc->zero > 0 && dp > 1) {
+		for (int e = 0; e < 2; e++) { /* loom__muon_shard_offset of the rank and the next */
+			int q = dp_rank + e;
+			size_t want = loom__zero_shard_offset(P, q, dp);
+			range[e] = q <= 0 || q >= dp ? want : P;
+			for (int i = 0; q > 0 && q < dp && i < n; i++)
+				if (t[i].offset >= want) {
+					range[e] = t[i].offset;
+					break;
+				}
+		}
+		for (int i = 0; i < n; i++)
+			if (t[i].opt_group == LOOM_OPT_MATRIX && t[i].offset >= range[0] && t[i].offset < range[1])
+				mats[nm++] = i;
+		*bytes = 4.0 * (double)loom_muonadamw_state_floats(t, n, range, mats, nm);
+	} else {
+		nm = loom_muon_owned(t, n, dp > 1 ? dp_rank : 0, dp, mats);
+		*bytes = 4.0 * (double)(loom_muonadamw_state_floats(t, n, NULL, mats, nm) + (dp > 1 ? total : 0));
+	}
+	*own = (double)(range[1] - range[0]);
+	*adam = 0.0, *ns_flops = 0.0;
+	for (int i = 0; i < n; i++)
+		if (t[i].opt_group != LOOM_OPT_MATRIX) {
+			size_t a = LOOM_MAX(range[0], t[i].offset), b = LOOM_MIN(range[1], t[i].offset + t[i].numel);
+			*adam += a < b ? (double)(b - a) : 0.0;
+		}
+	for (int k = 0; k < nm; k++) {
+		double r = LOOM_MIN(t[mats[k]].rows, t[mats[k]].cols), c = LOOM_MAX(t[mats[k]].rows, t[mats[k]].cols);
+		*ns_flops += 5.0 * (4.0 * r * r * c + 2.0 * r * r * r);
+	}
+out:
+	free(t), free(mats);
+	return rc;
+}
+
 /* Model states, comm buffers and activations of pipeline rank s (its V chunks' blocks, global stages
  * c pp + s of lo, each a stage model with the arenas its chunk's micro-batches in flight need) of
  * data-parallel rank dp_rank. */
@@ -246,6 +316,14 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 			m->comm += (1 + peer) * 4.0 * rank_unit(tb, L, pp, V, s, lo, hrows, L);
 		if (pp > 1 && pc->zero == 3) /* the stage model's own parameter buffer, idle once sharded */
 			m->other += 4.0 * P;
+	}
+	if (pc->optimizer == LOOM_OPTIMIZER_MUON) { /* its state instead of AdamW's (and its own ZeRO ranges) */
+		double bytes, own, adam, ns;
+		if ((rc = muon_state(pc, tb, pp, V, s, lo, hrows, dp, dp_rank, &bytes, &own, &adam, &ns)) != LOOM_OK)
+			return rc;
+		m->optimizer = bytes;
+		if (pc->zero > 0 && dp > 1)
+			m->params = 4.0 * (pc->zero == 3 ? own : P), m->grads = 4.0 * (pc->zero == 1 ? P : own);
 	}
 	loom_model_opts_t o = {.B = pc->B, .T = pc->T, .arenas = 1, .tp_size = tp > 1 ? tp : 0, .act_ckpt = pc->act_ckpt,
 	                       .dtype = pc->dtype,
@@ -321,6 +399,14 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		return loom_seterr(LOOM_EINVAL, "plan: ZeRO stage %d (0..3)", pc.zero);
 	if (pc.zero > 0 && dp < 2)
 		return loom_seterr(LOOM_EINVAL, "plan: ZeRO %d needs more than one data-parallel rank", pc.zero);
+	if (pc.optimizer == LOOM_OPTIMIZER_MUON && tp > 1) /* as loom train refuses them */
+		return loom_seterr(LOOM_EINVAL, "plan: --optimizer muon with --tp %d: a tensor-parallel shard of a matrix "
+		                   "cannot be orthogonalized alone", tp);
+	if (pc.optimizer == LOOM_OPTIMIZER_MUON && pc.zero > 0 && pp > 1)
+		return loom_seterr(LOOM_EINVAL, "plan: --optimizer muon with --zero %d and --pp %d: MuonAdamW's matrices "
+		                   "are not sharded over a pipeline stage's data-parallel ranks yet", pc.zero, pp);
+	if (pc.optimizer != LOOM_OPTIMIZER_ADAMW && pc.optimizer != LOOM_OPTIMIZER_MUON)
+		return loom_seterr(LOOM_EINVAL, "plan: optimizer %d (adamw or muon)", pc.optimizer);
 	if (c->nodes > 0 && c->ranks_per_node > 0 && p->world > c->nodes * c->ranks_per_node)
 		return loom_seterr(LOOM_EINVAL, "plan: %d ranks (dp %d x tp %d x pp %d) on a cluster of %d x %d", p->world, dp,
 		                   tp, pp, c->nodes, c->ranks_per_node);
@@ -476,9 +562,17 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	p->flops_per_rank_step = p->flops_per_step * recompute / (dp * tp * pp);
 
 	/* The optimizer: AdamW reads parameters, gradients, m, v and writes three of them (28 bytes a
-	 * parameter it owns), the gradient norm reads the gradients once more. */
+	 * parameter it owns), the gradient norm reads the gradients once more. MuonAdamW: that for its AdamW
+	 * floats; per owned matrix float the momentum's traffic (about as much) and the Newton-Schulz
+	 * iterations' matmuls at the GEMM's rate. */
 	double owned = pc.zero > 0 ? p->memory.optimizer / 8.0 : p->memory.params / 4.0;
 	p->optimizer_s = mem_bw > 0 ? 32.0 * owned / mem_bw : 0.0;
+	if (pc.optimizer == LOOM_OPTIMIZER_MUON) {
+		double bytes, own, adam, ns;
+		if ((rc = muon_state(&pc, tb, pp, V, p->stage, lo, hrows, dp, 0, &bytes, &own, &adam, &ns)) != LOOM_OK)
+			goto out;
+		p->optimizer_s = (mem_bw > 0 ? 32.0 * (adam + (bytes / 4.0 - 2.0 * adam)) / mem_bw : 0.0) + ns / rate;
+	}
 
 	/* dp: DDP averages the gradient buckets during the last micro-batch's backward; ZeRO reduce-scatters
 	 * per unit (stage 1 on the last micro-step, 2 and 3 on every one), gathers the updated parameters
