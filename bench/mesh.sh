@@ -10,8 +10,8 @@
 #
 # Two more rows (issue 21): pp2 with the interleaved schedule (V = 2, M = 8; targets: >= 0.92 x dp2's
 # tokens/s, bubble at most 20% above (P-1)/(V M+P-1)) and tp2 with --sequence-parallel (targets:
-# >= 0.97 x tp2's tokens/s, activations per rank <= 0.6 x tp2's); INTERLEAVED=0 skips both (a loom
-# without them).
+# >= 0.97 x tp2's tokens/s, activations per rank <= 0.6 x tp2's), and sequence parallelism with
+# selective recomputation beside them; INTERLEAVED=0 skips the three (a loom without them).
 #
 # Then the compositions with ZeRO (issue 21), at 4 ranks x 1 thread (2 x oversubscribed on a 2-core
 # machine: compare the rows with each other, not with the 2-rank table): dp2 x tp2 and dp2 x pp2
@@ -84,6 +84,10 @@ run pp2 "$WORK/pp2.jsonl" env OMP_NUM_THREADS=1 "$LOOM" "${COMMON[@]}" "${PPARGS
 IL=${INTERLEAVED:-1}
 [ "$IL" = 1 ] && run tp2sp "$WORK/tp2sp.jsonl" env OMP_NUM_THREADS=1 "$LOOM" "${COMMON[@]}" --nproc 2 --tp 2 \
 	--batch-size 8 --sequence-parallel
+# and with selective recomputation, Megatron's pairing (Korthikanti et al. 2022: 34/t per layer
+# against tp's 10 + 24/t + 5as/(ht) without either)
+[ "$IL" = 1 ] && run tp2spsel "$WORK/tp2spsel.jsonl" env OMP_NUM_THREADS=1 "$LOOM" "${COMMON[@]}" --nproc 2 --tp 2 \
+	--batch-size 8 --sequence-parallel --activation-checkpointing selective
 [ "$IL" = 1 ] && run pp2v2 "$WORK/pp2v2.jsonl" env OMP_NUM_THREADS=1 "$LOOM" "${COMMON[@]}" --nproc 2 --pp 2 \
 	--pp-schedule interleaved --virtual-stages 2 --micro-batches 8 --batch-size 1
 
@@ -108,6 +112,8 @@ if [ "$IL" = 1 ]; then
 		"$($PY -c "print(100*$sp_comm)")" - -
 	sp_act() { sed -n 's/.*memory per rank:.*activations \([0-9.]*\) MiB.*/\1/p' "$1" | head -1; }
 	$PY -c "print('tp2 sequence parallel / tp2 tokens/s: %.3f (target >= 0.97); activations per rank %s MiB vs %s MiB: %.3f (target <= 0.6)' % ($sp_tps / $tp_tps, '$(sp_act "$WORK/tp2sp.out")', '$(sp_act "$WORK/tp2.out")', float('$(sp_act "$WORK/tp2sp.out")') / float('$(sp_act "$WORK/tp2.out")')))"
+	read -r sps_tps _ _ _ _ _ <<<"$(stats "$WORK/tp2spsel.jsonl")"
+	$PY -c "print('tp2 sequence parallel + selective recomputation / tp2 tokens/s: %.3f; activations per rank %s MiB vs %s MiB: %.3f' % ($sps_tps / $tp_tps, '$(sp_act "$WORK/tp2spsel.out")', '$(sp_act "$WORK/tp2.out")', float('$(sp_act "$WORK/tp2spsel.out")') / float('$(sp_act "$WORK/tp2.out")')))"
 	$PY - "$il_tps" "$dp_tps" "$il_bub" "$il_theory" "$il_exp" <<'PYEOF'
 import sys
 il, dp, bub, th, ex = map(float, sys.argv[1:])
