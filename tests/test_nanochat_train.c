@@ -87,6 +87,51 @@ TEST(nanochat_strategies_match_one_process)
 	return runs_match_one_process(runs, sizeof runs / sizeof runs[0], NULL);
 }
 
+/* A head heavier than the blocks (vocabulary 4096 at width 64): the last global stage runs the head
+ * alone and shares its positions with the stage before, under 1F1B (pp 2) and interleaved (pp 2 x V 2:
+ * rank 0's second chunk runs block 3 and a share of the head); every step's loss within 1e-5 of one
+ * process with AdamW. With MuonAdamW the same, but after the second step within 1e-4: the two shares
+ * of the head are GEMMs of other shapes, so the gradients differ from one process's at rounding level,
+ * and Newton-Schulz raises a gradient's small singular values about 3.4445^5 = 485 times over its 5
+ * iterations (its quintic's slope at 0), rounding's included (without the split, --pp-head-split off,
+ * the losses are equal). */
+TEST(nanochat_pp_head_split_matches_one_process)
+{
+	static const char *const opts[] = {"--lr 2e-3", "--optimizer muon"};
+	static const struct {
+		const char *flags, *stages;
+	} runs[] = {
+		{"--nproc 2 --pp 2", "stages: blocks 0-3 + head of positions 0-"},
+		{"--nproc 2 --pp 2 --pp-schedule interleaved --virtual-stages 2",
+		 "stages: block 0 | blocks 1-2 | block 3 + head of positions 0-"},
+	};
+	char dir[512], cmd[4096], out[16384], path[1024];
+	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, 4096, 6001));
+	for (int o = 0; o < 2; o++) {
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " NC_BASE " --vocab-size 4096 %s --steps %d "
+		         "--log %s/one.jsonl", loom, dir, opts[o], STEPS, dir);
+		RUN_OK(cmd, out, 120);
+		snprintf(path, sizeof path, "%s/one.jsonl", dir);
+		CHECK_EQ(test_read_losses(path, ref, MAXSTEPS, NULL, NULL), STEPS);
+		for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+			snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " NC_BASE " --vocab-size 4096 %s --steps %d "
+			         "--log %s/r.jsonl %s", loom, dir, opts[o], STEPS, dir, runs[k].flags);
+			RUN_OK(cmd, out, 180);
+			CHECK_CONTAINS(out, runs[k].stages);
+			snprintf(path, sizeof path, "%s/r.jsonl", dir);
+			CHECK_EQ(test_read_losses(path, got, MAXSTEPS, NULL, NULL), STEPS);
+			for (int s = 1; s <= STEPS; s++)
+				CHECK_MSG(fabs(got[s] - ref[s]) <= (o && s > 2 ? 1e-4 : 1e-5) * ref[s],
+				          "%s %s, step %d: loss %.9g, one process %.9g", opts[o], runs[k].flags, s, got[s], ref[s]);
+		}
+	}
+	test_rmdir(dir);
+	return 0;
+}
+
 /* Sequence parallelism (--sequence-parallel): xin, the norms' inputs and outputs, the attention's residual
  * and the stream on N/tp rows per rank, all-gathered before and reduce-scattered after the split
  * projections; against one process (losses within 1e-5 relative) at tp 2, with blocks checkpointing,
