@@ -284,6 +284,11 @@ float *loom_model_params(loom_model_t *m);
 float *loom_model_grads(loom_model_t *m);
 int loom_model_set_grad_buffer(loom_model_t *m, float *grads);
 int loom_model_set_param_buffer(loom_model_t *m, float *params);
+/* Frees the parameter buffer a model created with opts.keep (or a join) allocated itself, once a
+ * strategy keeps the parameters elsewhere (ZeRO-3: shards, gathered into unit views before each use):
+ * loom_model_params is NULL after it and the tensor views are left to be set before their next use;
+ * loom_model_set_param_buffer(m, NULL) allocates a new one. No effect on another model. */
+void loom_model_drop_params(loom_model_t *m);
 int loom_model_own_grads(loom_model_t *m);
 int loom_model_set_tensor_view(loom_model_t *m, int tensor, float *param, float *grad);
 int loom_model_set_unit_view(loom_model_t *m, int unit, float *params, float *grads);

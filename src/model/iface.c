@@ -484,6 +484,17 @@ int loom_model_set_param_buffer(loom_model_t *m, float *params)
 	return LOOM_OK;
 }
 
+void loom_model_drop_params(loom_model_t *m)
+{
+	struct loom__model_local *L = m ? m->local : NULL;
+	if (!L || !L->params_own)
+		return;
+	if (L->params == L->params_own)
+		L->params = NULL;
+	loom_free_aligned(L->params_own);
+	L->params_own = NULL;
+}
+
 int loom_model_own_grads(loom_model_t *m)
 {
 	struct loom__model_local *L = m->local;

@@ -889,6 +889,7 @@ static int sync_shards(zero_t *z)
 		return loom_seterr(rc, "zero: agreeing on the initial parameters: %s", loom_comm_errmsg(s->dp));
 	if (!all) {
 		z->init = NULL;
+		loom_model_drop_params(s->model);
 		return LOOM_OK;
 	}
 	/* in pieces of one unit, through the first gathered buffer (no whole-buffer copy is allocated) */
@@ -907,6 +908,7 @@ static int sync_shards(zero_t *z)
 	}
 	z->init = NULL;
 	drop_gathered(z);
+	loom_model_drop_params(s->model); /* a pipeline stage model's own buffer, idle from here on */
 	return LOOM_OK;
 }
 
@@ -1028,6 +1030,8 @@ void loom__zero_set_loaded(loom_strategy_t *s)
 	zero_t *z = (zero_t *)s;
 	z->init = NULL;
 	drop_gathered(z);
+	if (z->stage == 3)
+		loom_model_drop_params(s->model);
 }
 
 const loom_strategy_ops_t *loom__zero1_strategy(void)
