@@ -314,7 +314,8 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 			m->comm += (1 + peer) * 2.0 * (pc->zero == 1 ? P : emb + 2.0 * largest);
 		if (pp > 1 && pc->zero >= 2 && hrows && s >= pp - 2) /* the shared head's staging of its own */
 			m->comm += (1 + peer) * 4.0 * rank_unit(tb, L, pp, V, s, lo, hrows, L);
-		if (pp > 1 && pc->zero == 3) /* the stage model's own parameter buffer, idle once sharded */
+		if (pp > 1 && pc->zero == 3) /* the stage model's own parameter buffer: freed once sharded
+		                              * (loom_model_drop_params), but the start-up's peak has it */
 			m->other += 4.0 * P;
 	}
 	if (pc->optimizer == LOOM_OPTIMIZER_MUON) { /* its state instead of AdamW's (and its own ZeRO ranges) */
