@@ -514,6 +514,15 @@ static void refuse_unsupported(const opts_t *o)
 	}
 }
 
+/* Micro-batches per step and rank: from --total-batch-size = B x T x dp x accum, or --grad-accum. */
+static int micro_batches(const opts_t *o)
+{
+	int accum = o->grad_accum > 0 ? o->grad_accum : 1;
+	if (o->total_batch > 0 && loom_train_accum(o->total_batch, o->tc.B, o->tc.T, o->dp, &accum) != LOOM_OK)
+		cli_die("train", "%s", loom_errmsg());
+	return accum;
+}
+
 /* Everything about the flags that can be known before the ranks start, for a job of `world` ranks:
  * the mesh's sizes (as loom_mesh_create checks them), the model (tensor-parallel split, a layer per
  * pipeline stage) and the refusals above. Sets o->dp and o->mc; exits with one message otherwise. Run
@@ -536,11 +545,7 @@ static void validate(opts_t *o, int world)
 	if (o->pp > o->mc.n_layer)
 		cli_die("train", "--pp %d for a model of %d layers: every pipeline stage needs at least one layer; use "
 		        "--pp %d or fewer", o->pp, o->mc.n_layer, o->mc.n_layer);
-	/* the micro-batches as batch_config will set them: the pipeline's schedule and sequence parallelism
-	 * depend on them */
-	int accum = o->grad_accum > 0 ? o->grad_accum : 1;
-	if (o->total_batch > 0 && loom_train_accum(o->total_batch, o->tc.B, o->tc.T, o->dp, &accum) != LOOM_OK)
-		cli_die("train", "%s", loom_errmsg());
+	int accum = micro_batches(o); /* the pipeline's schedule depends on them */
 	if (o->sp && ((long long)o->tc.B * o->tc.T) % o->tp != 0)
 		cli_die("train", "--sequence-parallel --tp %d: a micro-batch's --batch-size %d x --seq-len %d = %lld positions "
 		        "are not divisible by %d (each tensor-parallel rank holds an equal share)", o->tp, o->tc.B, o->tc.T,
@@ -553,12 +558,7 @@ static void validate(opts_t *o, int world)
 /* accum from --total-batch-size = B x T x ranks x accum (or --grad-accum), then the LR scaling. */
 static void batch_config(opts_t *o)
 {
-	if (o->total_batch > 0) {
-		if (loom_train_accum(o->total_batch, o->tc.B, o->tc.T, o->dp, &o->tc.accum) != LOOM_OK)
-			cli_die("train", "%s", loom_errmsg());
-	} else {
-		o->tc.accum = o->grad_accum > 0 ? o->grad_accum : 1;
-	}
+	o->tc.accum = micro_batches(o);
 	long long tokens = (long long)o->tc.B * o->tc.T * o->dp * o->tc.accum;
 	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON) { /* the schedule is the multiplier; every group's rate scales */
 		double f = 1.0;

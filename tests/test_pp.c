@@ -302,7 +302,7 @@ static int setup(int accum)
 	return reference(accum);
 }
 
-/* setup with the reference's model cut to a heavy head (g_heavy = kind) */
+/* setup with the reference's model cut to a heavy head (g_heavy = kind; 0: as setup) */
 static int setup_heavy(int kind, int accum)
 {
 	g_heavy = kind;
@@ -394,36 +394,27 @@ TEST(pp_checkpoint_resumes_on_one_process)
  * schedule's count of the rank. */
 TEST(pp_interleaved_matches_one_process)
 {
+	/* pp 2; pp 4 on an 8-layer tiny; and a head-alone last global stage sharing its positions with
+	 * global stage G-2 (rank 0's second chunk at pp 2 x V 2): blocks 0 | 1-2 | 3 + the head of 14 of
+	 * 32 positions | the rest of the head, as pp 4's partition in pp_head_split_with_a_middle_stage;
+	 * rank 0 then holds the embedding and the head's tensors in one chunk each (wte's two shares
+	 * summed in its one gradient) */
+	static const struct {
+		int heavy, pp, head_rows;
+		const char *what;
+	} cases[] = {{0, 2, 0, "pp 2 x V 2"}, {3, 4, 0, "pp 4 x V 2"}, {2, 2, 14, "pp 2 x V 2 with the head split"}};
 	static const int Ms[] = {4, 8};
 	int rc = 0;
-	for (int i = 0; i < 2 && !rc; i++) {
-		CHECK_EQ(setup(Ms[i]), 0);
-		run_t r = {.dp = 1, .pp = 2, .M = Ms[i], .schedule = "interleaved", .V = 2};
-		rc = test_spawn(2, pp_rank, &r, 60, NULL);
-		if (rc)
-			fprintf(stderr, "pp 2 x V 2 interleaved, M = %d failed\n", Ms[i]);
-		teardown();
-	}
-	for (int i = 0; i < 2 && !rc; i++) {
-		CHECK_EQ(setup_heavy(3, Ms[i]), 0);
-		run_t r = {.dp = 1, .pp = 4, .M = Ms[i], .schedule = "interleaved", .V = 2};
-		rc = test_spawn(4, pp_rank, &r, 120, NULL);
-		if (rc)
-			fprintf(stderr, "pp 4 x V 2 interleaved, M = %d failed\n", Ms[i]);
-		teardown();
-	}
-	/* a head-alone last global stage shares its positions with global stage G-2 (rank 0's second
-	 * chunk at pp 2 x V 2): blocks 0 | 1-2 | 3 + the head of 14 of 32 positions | the rest of the head,
-	 * as pp 4's partition in pp_head_split_with_a_middle_stage; rank 0 then holds the embedding and
-	 * the head's tensors in one chunk each (wte's two shares summed in its one gradient) */
-	for (int i = 0; i < 2 && !rc; i++) {
-		CHECK_EQ(setup_heavy(2, Ms[i]), 0);
-		run_t r = {.dp = 1, .pp = 2, .M = Ms[i], .schedule = "interleaved", .V = 2, .head_rows = 14};
-		rc = test_spawn(2, pp_rank, &r, 60, NULL);
-		if (rc)
-			fprintf(stderr, "pp 2 x V 2 interleaved with the head split, M = %d failed\n", Ms[i]);
-		teardown();
-	}
+	for (size_t c = 0; c < sizeof cases / sizeof *cases && !rc; c++)
+		for (int i = 0; i < 2 && !rc; i++) {
+			CHECK_EQ(setup_heavy(cases[c].heavy, Ms[i]), 0);
+			run_t r = {.dp = 1, .pp = cases[c].pp, .M = Ms[i], .schedule = "interleaved", .V = 2,
+			           .head_rows = cases[c].head_rows};
+			rc = test_spawn(cases[c].pp, pp_rank, &r, 60 * cases[c].pp / 2, NULL);
+			if (rc)
+				fprintf(stderr, "%s interleaved, M = %d failed\n", cases[c].what, Ms[i]);
+			teardown();
+		}
 	CHECK_EQ(rc, 0);
 	CHECK_EQ(setup(4), 0);
 	run_t r = {.dp = 1, .pp = 2, .M = 4, .schedule = "interleaved", .V = 2, .save_at = 5};

@@ -113,10 +113,8 @@ out:
 
 /* MuonAdamW's partition under ZeRO: the default rule's offset moved up to the next tensor boundary,
  * so that no matrix is cut between two ranks (the ranges stay contiguous and in rank order). */
-size_t loom__muon_shard_offset(loom_model_t *model, size_t nparams, int q, int N)
+size_t loom__muon_shard_offset(const loom_tensor_info_t *t, int n, size_t nparams, int q, int N)
 {
-	int n;
-	const loom_tensor_info_t *t = loom_model_tensors(model, &n);
 	size_t want = loom__zero_shard_offset(nparams, q, N);
 	if (q <= 0 || q >= N)
 		return want;
@@ -124,6 +122,15 @@ size_t loom__muon_shard_offset(loom_model_t *model, size_t nparams, int q, int N
 		if (t[i].offset >= want)
 			return t[i].offset;
 	return nparams;
+}
+
+int loom__muon_range_matrices(const loom_tensor_info_t *t, int n, const size_t *range, int *out)
+{
+	int k = 0;
+	for (int i = 0; i < n; i++)
+		if (t[i].opt_group == LOOM_OPT_MATRIX && t[i].offset >= range[0] && t[i].offset < range[1])
+			out[k++] = i;
+	return k;
 }
 
 /* MuonAdamW over this rank's range: the AdamW floats of [own_offset, + own_count) and the Muon
@@ -139,13 +146,8 @@ int loom__muon_init_range(loom_strategy_t *s, const loom_strategy_config_t *cfg)
 		return loom_seterr(LOOM_ENOMEM, "zero: out of memory for MuonAdamW");
 	}
 	memcpy(t, t0, (size_t)n * sizeof *t);
-	for (int i = 0; i < n; i++) {
-		if (t[i].opt_group != LOOM_OPT_MATRIX)
-			continue;
-		if (t[i].offset >= s->own_offset && t[i].offset < s->own_offset + s->own_count)
-			mats[nm++] = i;
-	}
 	size_t range[1][2] = {{s->own_offset, s->own_offset + s->own_count}};
+	nm = loom__muon_range_matrices(t, n, range[0], mats);
 	loom_muon_owned_t own = {.ranges = (const size_t(*)[2])range, .nranges = 1, .matrices = mats, .nmatrices = nm};
 	rc = loom_muonadamw_init(s->muon, t, n, &cfg->muon, &own);
 	if (rc == LOOM_OK)

@@ -193,10 +193,13 @@ int loom__muon_load(loom_strategy_t *s, const char *dir, long long step);
  * what this rank owns from a checkpoint's muon_r*.safetensors (any world size, with or without ZeRO);
  * whether dir holds MuonAdamW state; the file name of a rank's. */
 int loom__muon_write_shard(loom_strategy_t *s, const char *dir);
-/* ZeRO's side of the partition: rank q's first float under MuonAdamW (the default rule's, moved up to
- * the next tensor boundary, so no matrix is cut), and MuonAdamW over the rank's range [own_offset,
- * + own_count) (its AdamW floats and the matrices inside it). */
-size_t loom__muon_shard_offset(loom_model_t *model, size_t nparams, int q, int N);
+/* ZeRO's side of the partition: rank q's first float under MuonAdamW for a table t of n tensors (the
+ * default rule's, moved up to the next tensor boundary, so no matrix is cut; `loom plan` counts with
+ * it too), and MuonAdamW over the rank's range [own_offset, + own_count) (its AdamW floats and the
+ * matrices inside it). */
+size_t loom__muon_shard_offset(const loom_tensor_info_t *t, int n, size_t nparams, int q, int N);
+/* The Muon matrices starting in [range[0], range[1]) of the table (a ZeRO rank's), into out; how many. */
+int loom__muon_range_matrices(const loom_tensor_info_t *t, int n, const size_t *range, int *out);
 int loom__muon_init_range(loom_strategy_t *s, const loom_strategy_config_t *cfg);
 int loom__muon_load_state(loom_strategy_t *s, const char *dir, long long step);
 int loom__muon_has_state(const char *dir);

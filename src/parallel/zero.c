@@ -610,8 +610,10 @@ static int zero_create(loom_strategy_t **out, const loom_strategy_config_t *cfg)
 	    !(z->units = loom__calloc((size_t)z->nunits, sizeof *z->units)) ||
 	    !(z->kof = loom__malloc((size_t)(L + 2) * sizeof *z->kof)))
 		goto oom;
+	int nt;
+	const loom_tensor_info_t *tt = loom_model_tensors(cfg->model, &nt);
 	for (int q = 0; q <= N; q++)
-		z->off[q] = cfg->optimizer == LOOM_OPTIMIZER_MUON ? loom__muon_shard_offset(cfg->model, s->nparams, q, N)
+		z->off[q] = cfg->optimizer == LOOM_OPTIMIZER_MUON ? loom__muon_shard_offset(tt, nt, s->nparams, q, N)
 		                                                  : loom__zero_shard_offset(s->nparams, q, N);
 	s->shard_off = z->off;
 	s->own_offset = z->off[s->dp_rank], s->own_count = z->off[s->dp_rank + 1] - z->off[s->dp_rank];

@@ -57,11 +57,12 @@ typedef struct {
 	int n;
 	int *layer, *head_reads;
 	double *numel;
+	loom_tensor_info_t *info; /* the rest (MuonAdamW's groups and shapes) */
 } table_t;
 
 static void table_free(table_t *t)
 {
-	free(t->layer), free(t->head_reads), free(t->numel);
+	free(t->layer), free(t->head_reads), free(t->numel), free(t->info);
 	memset(t, 0, sizeof *t);
 }
 
@@ -70,19 +71,19 @@ static int table_read(const loom_model_config_t *cfg, int tp, table_t *t)
 	memset(t, 0, sizeof *t);
 	t->n = loom_model_num_tensors(cfg);
 	t->layer = malloc(sizeof(int) * (size_t)t->n), t->head_reads = malloc(sizeof(int) * (size_t)t->n);
-	t->numel = malloc(sizeof(double) * (size_t)t->n);
-	if (!t->layer || !t->head_reads || !t->numel) {
+	t->numel = malloc(sizeof(double) * (size_t)t->n), t->info = malloc(sizeof *t->info * (size_t)t->n);
+	if (!t->layer || !t->head_reads || !t->numel || !t->info) {
 		table_free(t);
 		return loom_seterr(LOOM_ENOMEM, "plan: out of memory");
 	}
 	for (int i = 0; i < t->n; i++) {
-		loom_tensor_info_t ti;
-		int rc = tp > 1 ? loom_model_shard_info(cfg, tp, i, &ti) : loom_model_tensor_info(cfg, i, &ti);
+		loom_tensor_info_t *ti = &t->info[i];
+		int rc = tp > 1 ? loom_model_shard_info(cfg, tp, i, ti) : loom_model_tensor_info(cfg, i, ti);
 		if (rc != LOOM_OK) {
 			table_free(t);
 			return rc;
 		}
-		t->layer[i] = ti.layer, t->head_reads[i] = ti.head_reads, t->numel[i] = (double)ti.numel;
+		t->layer[i] = ti->layer, t->head_reads[i] = ti->head_reads, t->numel[i] = (double)ti->numel;
 	}
 	return LOOM_OK;
 }
@@ -178,18 +179,23 @@ static int held(const table_t *tb, int L, int npp, int g, const int *lo, int hro
 	return v < 0 ? g == 0 || (tb->head_reads[i] && head) : v >= L ? head : v >= lo[g] && v < lo[g + 1];
 }
 
-/* Floats of unit u held by pipeline rank s: by any of its V chunks (global stages c pp + s), once
- * (the chunks' join holds a tensor two of them use once, e.g. wte with the embedding on chunk 0 and
- * a share of the head on chunk V-1). */
+/* Tensor i is held by pipeline rank s: by any of its V chunks (global stages c pp + s), once (the
+ * chunks' join holds a tensor two of them use once, e.g. wte with the embedding on chunk 0 and a
+ * share of the head on chunk V-1). */
+static int rank_holds(const table_t *tb, int L, int pp, int V, int s, const int *lo, int hrows, int i)
+{
+	int any = 0;
+	for (int c = 0; c < V && !any; c++)
+		any = held(tb, L, pp * V, c * pp + s, lo, hrows, i);
+	return any;
+}
+
+/* Floats of unit u held by pipeline rank s. */
 static double rank_unit(const table_t *tb, int L, int pp, int V, int s, const int *lo, int hrows, int u)
 {
 	double sum = 0.0;
-	for (int i = 0; i < tb->n; i++) {
-		int any = 0;
-		for (int c = 0; c < V && !any && tb->layer[i] == u; c++)
-			any = held(tb, L, pp * V, c * pp + s, lo, hrows, i);
-		sum += any ? tb->numel[i] : 0.0;
-	}
+	for (int i = 0; i < tb->n; i++)
+		sum += tb->layer[i] == u && rank_holds(tb, L, pp, V, s, lo, hrows, i) ? tb->numel[i] : 0.0;
 	return sum;
 }
 
@@ -215,32 +221,18 @@ static int muon_state(const loom_plan_config_t *pc, const table_t *tb, int pp, i
 		goto out;
 	}
 	for (int i = 0; i < tb->n; i++) {
-		int any = pp == 1;
-		for (int c = 0; c < V && !any; c++)
-			any = held(tb, L, pp * V, c * pp + s, lo, hrows, i);
-		if (!any)
+		if (pp > 1 && !rank_holds(tb, L, pp, V, s, lo, hrows, i))
 			continue;
-		if ((rc = loom_model_tensor_info(cfg, i, &t[n])) != LOOM_OK)
-			goto out;
+		t[n] = tb->info[i];
 		t[n].offset = P, P += t[n].numel;
 		total += t[n].opt_group == LOOM_OPT_MATRIX ? t[n].numel : 0;
 		n++;
 	}
 	range[0] = 0, range[1] = P;
 	if (pc->zero > 0 && dp > 1) {
-		for (int e = 0; e < 2; e++) { /* loom__muon_shard_offset of the rank and the next */
-			int q = dp_rank + e;
-			size_t want = loom__zero_shard_offset(P, q, dp);
-			range[e] = q <= 0 || q >= dp ? want : P;
-			for (int i = 0; q > 0 && q < dp && i < n; i++)
-				if (t[i].offset >= want) {
-					range[e] = t[i].offset;
-					break;
-				}
-		}
-		for (int i = 0; i < n; i++)
-			if (t[i].opt_group == LOOM_OPT_MATRIX && t[i].offset >= range[0] && t[i].offset < range[1])
-				mats[nm++] = i;
+		range[0] = loom__muon_shard_offset(t, n, P, dp_rank, dp);
+		range[1] = loom__muon_shard_offset(t, n, P, dp_rank + 1, dp);
+		nm = loom__muon_range_matrices(t, n, range, mats);
 		*bytes = 4.0 * (double)loom_muonadamw_state_floats(t, n, range, mats, nm);
 	} else {
 		nm = loom_muon_owned(t, n, dp > 1 ? dp_rank : 0, dp, mats);
@@ -572,7 +564,7 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		double bytes, own, adam, ns;
 		if ((rc = muon_state(&pc, tb, pp, V, p->stage, lo, hrows, dp, 0, &bytes, &own, &adam, &ns)) != LOOM_OK)
 			goto out;
-		p->optimizer_s = (mem_bw > 0 ? 32.0 * (adam + (bytes / 4.0 - 2.0 * adam)) / mem_bw : 0.0) + ns / rate;
+		p->optimizer_s = (mem_bw > 0 ? 32.0 * (bytes / 4.0 - adam) / mem_bw : 0.0) + ns / rate;
 	}
 
 	/* dp: DDP averages the gradient buckets during the last micro-batch's backward; ZeRO reduce-scatters
