@@ -218,8 +218,8 @@ TEST(multinode_host_lost)
 }
 
 /* Run mpirun with `pre` (a fault started in the background) and args, which must fail at the ranks'
- * deadline (LOOM_TIMEOUT_S=10 in args): a timeout naming host 1 (lt<p>1) as the host waited on,
- * detected 8-15 s after the step that waited began; *worst gets that time, *secs mpirun's. */
+ * deadline (LOOM_TIMEOUT_S=5 in args): a timeout naming host 1 (lt<p>1) as the host waited on,
+ * detected 4-10 s after the step that waited began; *worst gets that time, *secs mpirun's. */
 static int fails_at_deadline(const char *what, const char *pre, const char *args, int p, double *worst, double *secs)
 {
 	static char out[OUT_CAP];
@@ -227,20 +227,20 @@ static int fails_at_deadline(const char *what, const char *pre, const char *args
 	double v;
 	int rc = cluster_mpirun_pre(pre, args, out, 120, secs);
 	CHECK_MSG(rc != 0 && rc != -1 && rc != 124, "%s: exit %d (expected a failure):\n%s", what, rc, out);
-	CHECK_CONTAINS(out, "timed out after 10 s");
+	CHECK_CONTAINS(out, "timed out after 5 s");
 	snprintf(want, sizeof want, "on host lt%d1)", p); /* a host-0 rank names the host it waited on */
 	CHECK_CONTAINS(out, want);
 	*worst = -1;
 	for (const char *q = out; (q = strstr(q, " failed after ")) != NULL; q++)
 		if (sscanf(q, " failed after %lf", &v) == 1 && v > *worst)
 			*worst = v;
-	CHECK_MSG(*worst > 8 && *worst < 15, "%s: detection took %.1f s (LOOM_TIMEOUT_S=10):\n%s", what, *worst, out);
+	CHECK_MSG(*worst > 4 && *worst < 10, "%s: detection took %.1f s (LOOM_TIMEOUT_S=5):\n%s", what, *worst, out);
 	return 0;
 }
 
 /* The link between the hosts taken down (issue 23) while 4 ranks all-reduce every 0.1 s (mn_prog
- * steps): for 1 s, TCP retransmits and the job rides through, every rank ending "ok"; for 30 s with
- * LOOM_TIMEOUT_S=10, the ranks fail at their deadline (no hang: about 10 s after the step that
+ * steps): for 1 s, TCP retransmits and the job rides through, every rank ending "ok"; for 15 s with
+ * LOOM_TIMEOUT_S=5, the ranks fail at their deadline (no hang: about 5 s after the step that
  * waited began), naming the rank and host they waited on. mpirun itself ends only once the link is
  * back (it reaches the other host's daemon over it). */
 TEST(multinode_link_down)
@@ -263,18 +263,18 @@ TEST(multinode_link_down)
 		snprintf(want, sizeof want, "rank %d of 4: ok", r);
 		CHECK_CONTAINS(out, want);
 	}
-	snprintf(args, sizeof args, "-x LOOM_TIMEOUT_S=10 %s/mn_prog steps", dir);
+	snprintf(args, sizeof args, "-x LOOM_TIMEOUT_S=5 %s/mn_prog steps", dir);
 	free(dir);
-	snprintf(pre, sizeof pre, "(sleep 3; ip -n lt%d1 link set lt%de1 down; sleep 30; ip -n lt%d1 link set lt%de1 up) &",
+	snprintf(pre, sizeof pre, "(sleep 3; ip -n lt%d1 link set lt%de1 down; sleep 15; ip -n lt%d1 link set lt%de1 up) &",
 	         p, p, p, p);
-	CHECK_EQ(fails_at_deadline("a 30 s link outage", pre, args, p, &worst, &secs), 0);
-	printf("  link down 30 s: ranks failed %.1f s after their step began (LOOM_TIMEOUT_S=10); mpirun ended after %.0f s\n",
+	CHECK_EQ(fails_at_deadline("a 15 s link outage", pre, args, p, &worst, &secs), 0);
+	printf("  link down 15 s: ranks failed %.1f s after their step began (LOOM_TIMEOUT_S=5); mpirun ended after %.0f s\n",
 	       worst, secs);
 	return no_namespaces_left();
 }
 
-/* Every rank of host 1 stopped (SIGSTOP) for 20 s while 4 ranks all-reduce every 0.1 s, with
- * LOOM_TIMEOUT_S=10 (issue 23): host 0's ranks fail at their deadline naming the rank and host they
+/* Every rank of host 1 stopped (SIGSTOP) for 12 s while 4 ranks all-reduce every 0.1 s, with
+ * LOOM_TIMEOUT_S=5 (issue 23): host 0's ranks fail at their deadline naming the rank and host they
  * waited on, no hang; host 1's ranks, continued, fail at once with that failure. */
 TEST(multinode_host_stopped)
 {
@@ -287,13 +287,13 @@ TEST(multinode_host_stopped)
 		return TEST_SKIP("%s", why);
 	dir = realpath(test_prog_dir(), NULL);
 	CHECK(dir != NULL);
-	snprintf(args, sizeof args, "-x LOOM_TIMEOUT_S=10 %s/mn_prog steps", dir);
+	snprintf(args, sizeof args, "-x LOOM_TIMEOUT_S=5 %s/mn_prog steps", dir);
 	free(dir);
 	snprintf(pre, sizeof pre,
-	         "(sleep 3; ip netns pids lt%d1 | xargs -r kill -STOP; sleep 20; ip netns pids lt%d1 | xargs -r kill -CONT) &",
+	         "(sleep 3; ip netns pids lt%d1 | xargs -r kill -STOP; sleep 12; ip netns pids lt%d1 | xargs -r kill -CONT) &",
 	         p, p);
 	CHECK_EQ(fails_at_deadline("host 1 stopped", pre, args, p, &worst, &secs), 0);
-	printf("  host 1 stopped: host 0's ranks failed %.1f s after their step began (LOOM_TIMEOUT_S=10)\n", worst);
+	printf("  host 1 stopped: host 0's ranks failed %.1f s after their step began (LOOM_TIMEOUT_S=5)\n", worst);
 	return no_namespaces_left();
 }
 
