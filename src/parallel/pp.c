@@ -70,6 +70,7 @@
 #include "parallel/pp.h"
 
 enum { TAG_ACT = 91, TAG_GRAD = 92 }; /* + 2 x the receiving chunk */
+enum { TAG_EVAL = 4091 };          /* + the receiving chunk: evaluation's activations */
 
 /* One model chunk of this rank: global stage g = c P + s of the G = P V. */
 typedef struct {
@@ -833,6 +834,52 @@ out:
 	return rc;
 }
 
+/* Evaluation through the stages, forward only: every window's activations go through the global
+ * stages in order (chunk c of rank s is global stage c P + s), in arena 0 of each chunk's stage model,
+ * whole (a shared head is not split: the last stage computes the loss of every position); sends
+ * complete before the rank goes on, so its transfers follow its loop of (window, chunk), the same on
+ * every rank, and no message crosses another. The last stage's losses reach every rank of the
+ * pipeline in one sum (the others add 0). */
+static int pp_eval(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void *ctx, int n, float *losses)
+{
+	pp_exec_t *e = (pp_exec_t *)ex;
+	const loom_exec_config_t *cf = &e->cfg;
+	int rc = LOOM_OK;
+	(void)s;
+	for (int j = 0; j < n; j++) {
+		losses[j] = 0.0f;
+		if ((rc = get(ctx, j, e->inputs, e->targets)) != LOOM_OK)
+			return rc;
+		for (int c = 0; c < e->V; c++) {
+			chunk_t *ch = &e->ch[c];
+			if (ch->g == 0)
+				rc = loom_model_embed_forward(ch->m, 0, e->inputs, cf->B, cf->T);
+			else if ((rc = loom_model_set_inputs(ch->m, 0, e->inputs, cf->B, cf->T)) == LOOM_OK &&
+			         (rc = loom_recv(cf->pp, loom_model_block_input(ch->m, 0, ch->lo), e->act, LOOM_FLOAT32,
+			                         prev_rank(e), TAG_EVAL + c)) != LOOM_OK)
+				rc = loom_seterr(rc, "pipeline stage %d of %d: evaluation window %d: receiving from stage %d: %s",
+				                 e->s, e->P, j, prev_rank(e), loom_comm_errmsg(cf->pp));
+			for (int l = ch->lo; rc == LOOM_OK && l < ch->hi; l++)
+				rc = loom_model_block_forward(ch->m, 0, l, cf->B, cf->T);
+			if (rc != LOOM_OK)
+				return rc;
+			if (ch->g == e->G - 1) {
+				if ((rc = loom_model_head_forward(ch->m, 0, e->targets, cf->B, cf->T, &losses[j])) != LOOM_OK)
+					return rc;
+				continue;
+			}
+			if ((rc = loom_send(cf->pp, loom_model_block_input(ch->m, 0, ch->hi), e->act, LOOM_FLOAT32, next_rank(e),
+			                    TAG_EVAL + (ch->g + 1) / e->P)) != LOOM_OK)
+				return loom_seterr(rc, "pipeline stage %d of %d: evaluation window %d: sending to stage %d: %s", e->s,
+				                   e->P, j, next_rank(e), loom_comm_errmsg(cf->pp));
+		}
+	}
+	if (n > 0 && (rc = loom_allreduce(cf->pp, losses, losses, (size_t)n, LOOM_FLOAT32, LOOM_SUM)) != LOOM_OK)
+		return loom_seterr(rc, "pipeline stage %d of %d: the evaluation losses from the last stage: %s", e->s, e->P,
+		                   loom_comm_errmsg(cf->pp));
+	return LOOM_OK;
+}
+
 /* The strategy's norm of this stage (each tensor once: the copies of tensors other stages own are
  * left out, strategy.h's norm_skip; tensor-parallel shards summed over their group inside it), summed
  * over the stages. */
@@ -995,6 +1042,7 @@ static const loom_exec_ops_t pp_ops = {
 	.stage_flags = pp_flags,
 	.step = pp_step,
 	.grad_norm = pp_grad_norm,
+	.eval = pp_eval,
 	.gather = pp_gather,
 	.save = pp_save,
 	.load = pp_load,

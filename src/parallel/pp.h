@@ -10,8 +10,8 @@
  *     grad_norm(strategy)                (the strategy's norm, combined across stages)
  *     strategy optim_step
  *
- * and calls gather before a checkpoint is saved or the whole model is evaluated (every stage's
- * tensors to every rank of the pipeline axis). Every operation is collective over the pipeline axis
+ * evaluates with eval (forward only, through the stages of a pipeline), and calls gather before a
+ * checkpoint is saved (every stage's tensors to every rank of the pipeline axis). Every operation is collective over the pipeline axis
  * (a local executor has none). The strategy attaches to loom__exec_model(e), which is the caller's
  * model for the local executor and a stage model (layers [lo, hi), the tensors they use) for a
  * pipeline, or with V model chunks per rank (interleaved) the join of the chunks' stage models
@@ -169,6 +169,11 @@ typedef struct {
 	            loom_exec_stats_t *st);
 	/* The global gradient norm (the strategy's, combined across stages). */
 	int (*grad_norm)(loom_exec_t *e, loom_strategy_t *s, double *norm);
+	/* Forward only, gradients untouched: window j of n (read by get(ctx, j, ...), B x T each) through
+	 * the model (a pipeline: through its stages, the last computing the loss), its mean loss into
+	 * losses[j] on every rank of the pipeline. Collective over the pipeline; under a strategy whose
+	 * forwards communicate (ZeRO-3) its data-parallel ranks must run as many windows. */
+	int (*eval)(loom_exec_t *e, loom_strategy_t *s, loom__batch_fn get, void *ctx, int n, float *losses);
 	/* Every stage's parameters (and AdamW moments) to every rank of the pipeline, so the caller's
 	 * model and the strategy's optimizer hold the whole current state. */
 	int (*gather)(loom_exec_t *e, loom_strategy_t *s);

@@ -82,6 +82,18 @@ static int local_grad_norm(loom_exec_t *e, loom_strategy_t *s, double *norm)
 	return s->ops->grad_norm(s, norm);
 }
 
+static int local_eval(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void *ctx, int n, float *losses)
+{
+	local_exec_t *e = (local_exec_t *)ex;
+	const loom_exec_config_t *c = &e->cfg;
+	int rc = LOOM_OK;
+	(void)s;
+	for (int j = 0; rc == LOOM_OK && j < n; j++)
+		if ((rc = get(ctx, j, c->inputs, c->targets)) == LOOM_OK)
+			rc = loom_model_forward(c->model, c->inputs, c->targets, c->B, c->T, &losses[j]);
+	return rc;
+}
+
 static int local_gather(loom_exec_t *e, loom_strategy_t *s)
 {
 	(void)e, (void)s;
@@ -108,6 +120,7 @@ static const loom_exec_ops_t local_ops = {
 	.stage_flags = local_flags,
 	.step = local_step,
 	.grad_norm = local_grad_norm,
+	.eval = local_eval,
 	.gather = local_gather,
 	.save = local_save,
 	.load = local_load,

@@ -358,35 +358,52 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 	return LOOM_OK;
 }
 
+/* Window j of this data-parallel rank's share of an evaluation: k = dp_rank + j dp (window 0 again
+ * for the padding a communicating forward needs). */
+typedef struct {
+	loom_trainer_t *tr;
+	uint64_t n;
+} eval_ctx_t;
+
+static int eval_window(void *ctx, int j, int *inputs, int *targets)
+{
+	eval_ctx_t *ec = ctx;
+	uint64_t k = (uint64_t)ec->tr->dp_rank + (uint64_t)j * (uint64_t)ec->tr->dp_size;
+	return loom_loader_window(ec->tr->val, k < ec->n ? k : 0, inputs, targets);
+}
+
 int loom_trainer_eval(loom_trainer_t *tr, float *val_loss)
 {
 	const loom_train_config_t *c = &tr->cfg;
 	double sum = 0.0;
-	float loss;
-	int rc;
+	float *losses;
+	int rc, count;
 	uint64_t n;
 	if (!tr->val)
 		return loom_seterr(LOOM_ESTATE, "trainer: no validation data (--val-data)");
-	/* Rank r evaluates windows r, r + world, ...; the per-window losses are then summed across ranks
-	 * (each slot has one non-zero term, so exactly) and added up in window order by every rank. */
+	/* Rank r evaluates windows r, r + dp, ... (every stage of a pipeline the same ones, through the
+	 * stages); the per-window losses are then summed across ranks (each slot has one non-zero term, so
+	 * exactly) and added up in window order by every rank. */
 	n = LOOM_MIN((uint64_t)c->eval_batches, loom_loader_windows_per_epoch(tr->val));
 	memset(tr->val_losses, 0, (size_t)n * sizeof(double));
-	if (c->profile) /* the profile is of training steps */
-		loom_model_profile(tr->model, 0);
-	/* A pipeline stage holds only its layers' current parameters: gather the whole model first (every
-	 * stage then evaluates its data-parallel share of the windows on it, the same on each). */
-	rc = tr->exec->ops->gather(tr->exec, tr->strategy);
 	/* A strategy whose forwards communicate (ZeRO-3) needs as many on every rank: the ranks with a
 	 * window fewer run a discarded forward of window 0. */
 	uint64_t end = tr->strategy->collective_forward ? (n + tr->dp_size - 1) / tr->dp_size * tr->dp_size : n;
-	for (uint64_t k = (uint64_t)tr->dp_rank; rc == LOOM_OK && k < end; k += (uint64_t)tr->dp_size) {
-		if ((rc = loom_loader_window(tr->val, k < n ? k : 0, tr->inputs, tr->targets)) == LOOM_OK)
-			rc = loom_model_forward(tr->model, tr->inputs, tr->targets, c->B, c->T, &loss);
-		if (rc == LOOM_OK && k < n)
-			tr->val_losses[k] = loss;
-	}
+	count = (uint64_t)tr->dp_rank < end ? (int)((end - (uint64_t)tr->dp_rank + (uint64_t)tr->dp_size - 1) /
+	                                            (uint64_t)tr->dp_size) : 0;
+	if (!(losses = loom__calloc((size_t)LOOM_MAX(count, 1), sizeof *losses)))
+		return loom_seterr(LOOM_ENOMEM, "rank %d: evaluation after step %lld: out of memory", tr->rank, tr->step);
+	if (c->profile) /* the profile is of training steps */
+		loom_model_profile(tr->model, 0);
+	rc = tr->exec->ops->eval(tr->exec, tr->strategy, eval_window, &(eval_ctx_t){tr, n}, count, losses);
 	if (c->profile)
 		loom_model_profile(tr->model, 1);
+	for (int j = 0; rc == LOOM_OK && j < count; j++) {
+		uint64_t k = (uint64_t)tr->dp_rank + (uint64_t)j * (uint64_t)tr->dp_size;
+		if (k < n)
+			tr->val_losses[k] = losses[j];
+	}
+	free(losses);
 	if (rc != LOOM_OK)
 		return rc;
 	if (tr->dp && (rc = loom_allreduce(tr->dp, tr->val_losses, tr->val_losses, (size_t)n, LOOM_FLOAT64,
