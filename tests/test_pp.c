@@ -186,8 +186,8 @@ static int whole_params(loom_mesh_t *mesh, loom_gpt2_t *m, float *full)
 }
 
 /* One rank of a dp x tp x pp mesh: the same losses as the reference after every step, the counted
- * activations, and after the last step (a save gathers every stage's parameters into every rank's
- * model; the tp shards are then gathered here) the same parameters. */
+ * activations, and after the last step the same parameters (the last step's checkpoint's with a
+ * pipeline or ZeRO-3; without, the model's, its tp shards gathered here). */
 static int pp_rank(int rank, int nranks, void *arg)
 {
 	const run_t *r = arg;
@@ -268,9 +268,9 @@ static int pp_rank(int rank, int nranks, void *arg)
 	}
 	float *full = malloc(loom_gpt2_num_params(&g_mc) * sizeof(float));
 	CHECK(full != NULL);
-	if (r->zero == 3) { /* no whole parameter buffer is kept: the last step's checkpoint has them */
+	if (r->zero == 3 || r->pp > 1) { /* no whole parameter buffer is kept (ZeRO-3, a pipeline's stages):
+	                                   * the last step's checkpoint has them */
 		char file[700];
-		CHECK(r->save_at != STEPS && !r->trace);
 		CHECK_OK(loom_barrier(comm)); /* rank 0 has committed it */
 		snprintf(file, sizeof file, "%s/step_%08d/model.safetensors", save, STEPS);
 		CHECK_OK(loom_model_load(file, &g_mc, full));
@@ -280,7 +280,7 @@ static int pp_rank(int rank, int nranks, void *arg)
 	double tol = r->tol != 0.0 ? r->tol : tp > 1 ? -1e-5 : 1e-5;
 	CHECK_OK(max_diff_ok(full, g_ref_params, loom_gpt2_num_params(&g_mc), tol));
 	free(full);
-	if (!r->save_at) { /* evaluation gathers the stages and agrees on every rank */
+	if (!r->save_at) { /* evaluation runs through the stages and agrees on every rank */
 		float val;
 		CHECK_OK(loom_trainer_eval(tr, &val));
 		CHECK_NEAR(val, g_ref_val, 1e-5 * g_ref_val);

@@ -14,9 +14,10 @@
  * on the first, the head's on the last) are one contiguous run of the caller's layout, a rank's V of
  * them; the others it holds are copies of tensors other stages own (the tied wte on the head stage,
  * nanochat's per-layer scalars, the head's on stage G-2 when it shares the head), kept equal by the
- * gradient sums below. gather writes every stage's owned tensors into the caller's model (for a
- * whole-model evaluation); save writes the whole state as one process's checkpoint and load takes the
- * rank's tensors from any checkpoint's whole state.
+ * gradient sums below. eval runs validation windows forward through the stages (pp_eval); save
+ * gathers the whole state on the first stage alone and writes it as one process's checkpoint; load
+ * takes the rank's tensors from any checkpoint's whole state. The caller's model is read once, at
+ * create (the initial parameters): a trainer may free its parameter buffer after that.
  *
  * Per micro-batch, a chunk's activations (B x T x C floats, block_input(hi)) go to the next global
  * stage (rank s+1, or rank 0's chunk c+1 from rank P-1) with loom_isend straight from the arena
@@ -48,8 +49,8 @@
  * (the residual stream is replicated in a tp group: each tp rank sends its own copy), the tied wte's
  * gradient is summed per tp rank (each holds the same vocabulary rows on the first and last stage),
  * the last stage runs the vocabulary-parallel head, and the gradient norm removes the last stage's
- * wte share summed over its tp group. The caller's model, used whole by evaluation after gather, gets
- * a reduction over the tp axis from here (the strategy gives one to the stage model).
+ * wte share summed over its tp group. The caller's model is never run (evaluation goes through the
+ * stages), so it needs no tp reduction of its own.
  *
  * Invariants: after step, every rank of the pipeline holds the step's summed loss (the head stages',
  * sent to all: the other ranks add zeros), the wte gradient is the sum of the first stage's (embedding)
@@ -71,6 +72,7 @@
 
 enum { TAG_ACT = 91, TAG_GRAD = 92 }; /* + 2 x the receiving chunk */
 enum { TAG_EVAL = 4091 };          /* + the receiving chunk: evaluation's activations */
+enum { TAG_SAVE = 5091 };          /* + 0 parameters, 1 and 2 the moments: a checkpoint's gather */
 
 /* One model chunk of this rank: global stage g = c P + s of the G = P V. */
 typedef struct {
@@ -119,7 +121,6 @@ typedef struct {
 	int *rows;                    /* M (loom__pp_head_rows: the first and last may differ) */
 	int head;                     /* this rank computes head positions (one of its chunks does) */
 	int tp_size, tp_rank;         /* the model's tensor-parallel shard (1, 0: whole) */
-	int whole_reduce_set;         /* the caller's model has whole_reduce as its tp reduction */
 	size_t nparams, act;          /* act: floats of one activation (B x T x C); nparams: of the caller's
 	                                 (whole or tp shard) buffer */
 	const loom_tensor_info_t *full; /* the (shard) tensor table of the caller's model, nfull tensors */
@@ -179,27 +180,6 @@ static int next_rank(const pp_exec_t *e)
 static int msg_key(const pp_exec_t *e, char kind, int c, int mb)
 {
 	return ((kind == 'A' ? 0 : 1) * e->V + c) * e->M + mb;
-}
-
-/* The caller's (whole-layer) model's tensor-parallel reduction, for evaluation after gather: a
- * blocking collective over the tp axis (all-reduce; with sequence parallelism the in-place all-gather
- * and reduce-scatter of rank-ordered parts), as the tp strategy gives the stage model. */
-static int whole_reduce(void *ctx, float *buf, size_t n, loom_tp_op_t op)
-{
-	pp_exec_t *e = ctx;
-	size_t part = n / (size_t)e->tp_size;
-	int rc = op == LOOM_TP_ALLGATHER ? loom_allgather(e->cfg.tp, buf + (size_t)e->tp_rank * part, buf, part,
-	                                                  LOOM_FLOAT32)
-	       : op == LOOM_TP_REDUCE_SCATTER
-	           ? loom_reduce_scatter(e->cfg.tp, buf, buf + (size_t)e->tp_rank * part, part, LOOM_FLOAT32, LOOM_SUM)
-	           : loom_allreduce(e->cfg.tp, buf, buf, n, LOOM_FLOAT32, op == LOOM_TP_MAX ? LOOM_MAX : LOOM_SUM);
-	if (rc != LOOM_OK)
-		return loom_seterr(rc, "pipeline stage %d, tensor-parallel rank %d of %d: %s of %zu floats for the "
-		                   "whole model: %s", e->s, e->tp_rank, e->tp_size,
-		                   op == LOOM_TP_ALLGATHER ? "all-gather" : op == LOOM_TP_REDUCE_SCATTER ? "reduce-scatter"
-		                                                                                        : "all-reduce",
-		                   n, loom_comm_errmsg(e->cfg.tp));
-	return LOOM_OK;
 }
 
 /* Complete a request (NULL: nothing) of a transfer with rank `peer`, adding the time waited; keeps the
@@ -513,10 +493,6 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		}
 		e->own_ends = 1;
 	}
-	if (e->tp_size > 1) {
-		loom_model_on_tp_reduce(cfg->model, whole_reduce, e);
-		e->whole_reduce_set = 1;
-	}
 	free(lo);
 	*out = &e->base;
 	return LOOM_OK;
@@ -535,8 +511,6 @@ static void pp_destroy(loom_exec_t *ex)
 	if (!e)
 		return;
 	drain(e, LOOM_OK);
-	if (e->whole_reduce_set)
-		loom_model_on_tp_reduce(e->cfg.model, NULL, NULL);
 	if (e->own_ends)
 		loom_comm_destroy(e->ends);
 	loom_model_destroy(e->model); /* the chunks' models with it */
@@ -910,79 +884,101 @@ static void pack_owned(const pp_exec_t *e, const float *src, float *dst, int g)
 		}
 }
 
-/* Every global stage's owned part of a packed buffer (src) into full, the caller's whole layout, on
- * every rank of the pipeline: one all-gather per chunk index c, of global stages c P .. c P + P-1,
- * which are contiguous and in rank order. Collective over the pipeline. */
-static int gather_owned(pp_exec_t *e, const float *src, float *full, const char *what)
+/* The whole state (parameters and AdamW moments, in the caller's layout: e->nparams floats each) on
+ * the first stage of data-parallel rank 0's pipeline, for a checkpoint: the stage's state gathered
+ * from its data-parallel ranks (loom__strategy_export, collective over dp), then each global stage's
+ * owned run sent to pipeline rank 0, which alone allocates the whole buffers (*p, *m, *v there, NULL
+ * elsewhere; the caller frees them). Other ranks hold their stage's state only, as in a step.
+ * Collective over the pipeline and dp. */
+static int gather_to_first(pp_exec_t *e, loom_strategy_t *s, float **p, float **m, float **v)
 {
-	size_t base = 0;
-	for (int c = 0; c < e->V; c++) {
-		const size_t *counts = e->counts + (size_t)c * e->P;
-		size_t off = base;
-		for (int q = 0; q < e->s; q++)
-			off += counts[q];
-		pack_owned(e, src, full + off, c * e->P + e->s);
-		int rc = loom_allgatherv(e->cfg.pp, full + off, counts[e->s], full + base, counts, LOOM_FLOAT32);
-		if (rc != LOOM_OK)
-			return loom_seterr(rc, "pipeline stage %d of %d: gathering the stages' %s: %s", e->s, e->P, what,
-			                   loom_comm_errmsg(e->cfg.pp));
-		for (int q = 0; q < e->P; q++)
-			base += counts[q];
+	size_t n = loom_model_param_count(e->model), bytes = LOOM_MAX(n, 1) * sizeof(float), most = 1;
+	float *loc[3] = {loom_alloc_aligned(bytes), loom_alloc_aligned(bytes), loom_alloc_aligned(bytes)};
+	float *whole[3] = {NULL, NULL, NULL}, *part = NULL;
+	int rc = LOOM_OK, bad;
+	*p = *m = *v = NULL;
+	if (!loc[0] || !loc[1] || !loc[2])
+		rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory for the stage's state (3 x %zu bytes)", e->s,
+		                 bytes);
+	/* every data-parallel rank takes part in the export, even one that failed to allocate: an error
+	 * there would leave its peers waiting (export is collective); a NULL buffer is not read */
+	int erc = loom__strategy_export(s, loc[0], loc[1], loc[2]);
+	rc = rc != LOOM_OK ? rc : erc;
+	if (s->dp_rank != 0) /* every rank of this pipeline has the same data-parallel rank */
+		goto out;
+	for (int g = 0; g < e->G; g++)
+		most = LOOM_MAX(most, e->counts[g]);
+	if (rc == LOOM_OK && e->s == 0) {
+		for (int i = 0; i < 3; i++)
+			if (!(whole[i] = loom_alloc_aligned(LOOM_MAX(e->nparams, 1) * sizeof(float))))
+				rc = loom_seterr(LOOM_ENOMEM, "pipeline stage 0: out of memory for a checkpoint's whole state "
+				                 "(3 x %zu bytes)", e->nparams * sizeof(float));
+	} else if (rc == LOOM_OK && !(part = loom_alloc_aligned(most * sizeof(float)))) {
+		rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory for sending its state", e->s);
 	}
-	return LOOM_OK;
-}
-
-/* The stage's current parameters (and AdamW moments: m, v non-NULL) gathered from its data-parallel
- * ranks (loom__strategy_export, collective over dp), then every stage's owned tensors of them into
- * the caller's layout on every rank of the pipeline: the parameters into the caller's model, the
- * moments into m, v (e->nparams floats each). */
-static int gather_state(pp_exec_t *e, loom_strategy_t *s, float *m, float *v)
-{
-	size_t n = loom_model_param_count(e->model), bytes = LOOM_MAX(n, 1) * sizeof(float);
-	float *lp = loom_alloc_aligned(bytes), *lm = m ? loom_alloc_aligned(bytes) : NULL;
-	float *lv = v ? loom_alloc_aligned(bytes) : NULL;
-	int rc;
-	if (!lp || (m && !lm) || (v && !lv))
-		rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory for gathering the stage's state", e->s);
-	else if ((rc = loom__strategy_export(s, lp, lm, lv)) == LOOM_OK &&
-	         (rc = gather_owned(e, lp, loom_model_params(e->cfg.model), "parameters")) == LOOM_OK && m &&
-	         (rc = gather_owned(e, lm, m, "AdamW moments")) == LOOM_OK)
-		rc = gather_owned(e, lv, v, "AdamW moments");
-	loom_free_aligned(lp), loom_free_aligned(lm), loom_free_aligned(lv);
+	/* every rank of the pipeline agrees before the transfers, so a failed one leaves none waiting */
+	bad = rc != LOOM_OK;
+	int arc = loom_allreduce(e->cfg.pp, &bad, &bad, 1, LOOM_INT32, LOOM_MAX);
+	if (arc != LOOM_OK) {
+		rc = loom_seterr(arc, "pipeline stage %d of %d: agreeing on a checkpoint's gather: %s", e->s, e->P,
+		                 loom_comm_errmsg(e->cfg.pp));
+		goto out;
+	}
+	if (bad) {
+		if (rc == LOOM_OK)
+			rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d of %d: another stage could not gather a checkpoint's "
+			                 "state (out of memory there)", e->s, e->P);
+		goto out;
+	}
+	/* chunk c's global stages c P .. c P + P-1 own consecutive runs, in rank order */
+	size_t base = 0;
+	for (int c = 0; c < e->V && rc == LOOM_OK; c++) {
+		for (int q = 0; q < e->P && rc == LOOM_OK; q++) {
+			int g = c * e->P + q;
+			for (int i = 0; i < 3 && rc == LOOM_OK; i++) {
+				if (e->s == 0 && q == 0)
+					pack_owned(e, loc[i], whole[i] + base, g);
+				else if (e->s == 0)
+					rc = loom_recv(e->cfg.pp, whole[i] + base, e->counts[g], LOOM_FLOAT32, q, TAG_SAVE + i);
+				else if (q == e->s) {
+					pack_owned(e, loc[i], part, g);
+					rc = loom_send(e->cfg.pp, part, e->counts[g], LOOM_FLOAT32, 0, TAG_SAVE + i);
+				}
+				if (rc != LOOM_OK)
+					rc = loom_seterr(rc, "pipeline stage %d of %d: %s global stage %d's %s for a checkpoint: %s", e->s,
+					                 e->P, e->s == 0 ? "receiving" : "sending", g,
+					                 i == 0 ? "parameters" : "AdamW moments", loom_comm_errmsg(e->cfg.pp));
+			}
+			base += e->counts[g];
+		}
+	}
+	if (rc == LOOM_OK && e->s == 0)
+		*p = whole[0], *m = whole[1], *v = whole[2], whole[0] = whole[1] = whole[2] = NULL;
+out:
+	for (int i = 0; i < 3; i++)
+		loom_free_aligned(loc[i]), loom_free_aligned(whole[i]);
+	loom_free_aligned(part);
 	return rc;
 }
 
-/* The caller's model gets every stage's current parameters (for an evaluation of the whole model). */
-static int pp_gather(loom_exec_t *ex, loom_strategy_t *s)
-{
-	return gather_state((pp_exec_t *)ex, s, NULL, NULL);
-}
-
-/* A checkpoint as one process's: the parameters gathered into the caller's model (gather), the AdamW
- * moments into whole buffers the same way; the writer writes them as DDP does, or with tensor
- * parallelism the tp group of pipeline stage 0 and data-parallel rank 0 unshards and writes them. */
+/* A checkpoint as one process's: the whole state gathered on the first stage of data-parallel rank
+ * 0's pipeline (gather_to_first), which writes it as DDP does, or with tensor parallelism whose tp
+ * group unshards and writes it. */
 static int pp_save(loom_exec_t *ex, loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	pp_exec_t *e = (pp_exec_t *)ex;
-	float *p = loom_model_params(e->cfg.model), *m = NULL, *v = NULL;
+	float *p = NULL, *m = NULL, *v = NULL;
 	char path[1200];
 	int rc;
 	if (s->muon)
 		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: checkpoints of MuonAdamW under pipeline parallel are "
 		                   "not written (its state is per rank)", e->s);
-	m = loom_alloc_aligned(LOOM_MAX(e->nparams, 1) * sizeof(float));
-	v = loom_alloc_aligned(LOOM_MAX(e->nparams, 1) * sizeof(float));
-	if (!m || !v) {
-		rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory for a checkpoint's moments", e->s);
-		goto out;
-	}
-	if ((rc = gather_state(e, s, m, v)) != LOOM_OK)
+	if ((rc = gather_to_first(e, s, &p, &m, &v)) != LOOM_OK || e->s != 0 || s->dp_rank != 0)
 		goto out;
 	if (e->tp_size > 1) {
 		loom__tp_group_t g;
 		loom__tp_group_init(&g, e->cfg.tp);
-		if (e->s == 0 && s->dp_rank == 0)
-			rc = loom__tp_write_whole(&g, &e->mc, e->nparams, p, m, v, w);
+		rc = loom__tp_write_whole(&g, &e->mc, e->nparams, p, m, v, w);
 	} else if (w && w->active) {
 		if (!(rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) &&
 		    !(rc = loom_model_save_safetensors(path, &e->mc, p)) &&
@@ -990,26 +986,26 @@ static int pp_save(loom_exec_t *ex, loom_strategy_t *s, const loom_ckpt_writer_t
 			rc = loom_optim_save(path, &e->mc, m, v);
 	}
 out:
-	loom_free_aligned(m), loom_free_aligned(v);
+	loom_free_aligned(p), loom_free_aligned(m), loom_free_aligned(v);
 	return rc;
 }
 
-/* Any checkpoint (any strategy, mesh or stage count wrote it): the whole state, of which the stage
- * keeps its tensors (and the caller's model all the parameters), and the strategy its part of those.
- * Not collective. */
+/* Any checkpoint (any strategy, mesh or stage count wrote it): the whole state read into buffers of
+ * its own for the time of the call, of which the stage keeps its tensors and the strategy its part of
+ * those. Not collective. */
 static int pp_load(loom_exec_t *ex, loom_strategy_t *s, const char *dir, long long step)
 {
 	pp_exec_t *e = (pp_exec_t *)ex;
 	size_t n = loom_model_param_count(e->model), bytes = LOOM_MAX(n, 1) * sizeof(float);
-	float *p = loom_model_params(e->cfg.model), *m = NULL, *v = NULL, *lp = NULL, *lm = NULL, *lv = NULL;
+	size_t wbytes = LOOM_MAX(e->nparams, 1) * sizeof(float);
+	float *p = NULL, *m = NULL, *v = NULL, *lp = NULL, *lm = NULL, *lv = NULL;
 	int rc;
 	if (s->muon)
 		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: resuming MuonAdamW under pipeline parallel is not "
 		                   "supported (its checkpoints are not written)", e->s);
-	m = loom_alloc_aligned(LOOM_MAX(e->nparams, 1) * sizeof(float));
-	v = loom_alloc_aligned(LOOM_MAX(e->nparams, 1) * sizeof(float));
+	p = loom_alloc_aligned(wbytes), m = loom_alloc_aligned(wbytes), v = loom_alloc_aligned(wbytes);
 	lp = loom_alloc_aligned(bytes), lm = loom_alloc_aligned(bytes), lv = loom_alloc_aligned(bytes);
-	if (!m || !v || !lp || !lm || !lv) {
+	if (!p || !m || !v || !lp || !lm || !lv) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory to read a checkpoint", e->s);
 		goto out;
 	}
@@ -1030,7 +1026,8 @@ static int pp_load(loom_exec_t *ex, loom_strategy_t *s, const char *dir, long lo
 	}
 	rc = loom__strategy_import(s, lp, lm, lv, step);
 out:
-	loom_free_aligned(m), loom_free_aligned(v), loom_free_aligned(lp), loom_free_aligned(lm), loom_free_aligned(lv);
+	loom_free_aligned(p), loom_free_aligned(m), loom_free_aligned(v);
+	loom_free_aligned(lp), loom_free_aligned(lm), loom_free_aligned(lv);
 	return rc;
 }
 
@@ -1043,7 +1040,6 @@ static const loom_exec_ops_t pp_ops = {
 	.step = pp_step,
 	.grad_norm = pp_grad_norm,
 	.eval = pp_eval,
-	.gather = pp_gather,
 	.save = pp_save,
 	.load = pp_load,
 };

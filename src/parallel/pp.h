@@ -10,12 +10,13 @@
  *     grad_norm(strategy)                (the strategy's norm, combined across stages)
  *     strategy optim_step
  *
- * evaluates with eval (forward only, through the stages of a pipeline), and calls gather before a
- * checkpoint is saved (every stage's tensors to every rank of the pipeline axis). Every operation is collective over the pipeline axis
- * (a local executor has none). The strategy attaches to loom__exec_model(e), which is the caller's
- * model for the local executor and a stage model (layers [lo, hi), the tensors they use) for a
- * pipeline, or with V model chunks per rank (interleaved) the join of the chunks' stage models
- * (src/model/join.h); with tensor parallelism, this rank's shard of those layers. */
+ * evaluates with eval (forward only, through the stages of a pipeline) and saves and loads
+ * checkpoints through it (a pipeline gathers the whole state on its first stage only). Every
+ * operation is collective over the pipeline axis (a local executor has none). The strategy attaches
+ * to loom__exec_model(e), which is the caller's model for the local executor and a stage model
+ * (layers [lo, hi), the tensors they use) for a pipeline, or with V model chunks per rank
+ * (interleaved) the join of the chunks' stage models (src/model/join.h); with tensor parallelism, this
+ * rank's shard of those layers. */
 #ifndef LOOM_PARALLEL_PP_H
 #define LOOM_PARALLEL_PP_H
 
@@ -174,9 +175,6 @@ typedef struct {
 	 * losses[j] on every rank of the pipeline. Collective over the pipeline; under a strategy whose
 	 * forwards communicate (ZeRO-3) its data-parallel ranks must run as many windows. */
 	int (*eval)(loom_exec_t *e, loom_strategy_t *s, loom__batch_fn get, void *ctx, int n, float *losses);
-	/* Every stage's parameters (and AdamW moments) to every rank of the pipeline, so the caller's
-	 * model and the strategy's optimizer hold the whole current state. */
-	int (*gather)(loom_exec_t *e, loom_strategy_t *s);
 	/* The checkpoint's model and optimizer state (the strategy's save for the local executor; a
 	 * pipeline writes the whole model as one process's from its stages), and reading any checkpoint
 	 * back into this rank's part (the strategy's load; a stage's tensors). As the strategy's save and

@@ -94,12 +94,6 @@ static int local_eval(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, v
 	return rc;
 }
 
-static int local_gather(loom_exec_t *e, loom_strategy_t *s)
-{
-	(void)e, (void)s;
-	return LOOM_OK;
-}
-
 static int local_save(loom_exec_t *e, loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	(void)e;
@@ -121,7 +115,6 @@ static const loom_exec_ops_t local_ops = {
 	.step = local_step,
 	.grad_norm = local_grad_norm,
 	.eval = local_eval,
-	.gather = local_gather,
 	.save = local_save,
 	.load = local_load,
 };

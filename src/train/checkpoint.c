@@ -157,9 +157,6 @@ int loom_trainer_save(loom_trainer_t *tr)
 	int rc;
 	if (!tr->cfg.save_dir)
 		return loom_seterr(LOOM_EINVAL, "trainer: no checkpoint directory (--save-dir)");
-	/* Pipeline stages hold their own layers' state: gather the whole model (and AdamW) first. */
-	if ((rc = tr->exec->ops->gather(tr->exec, tr->strategy)) != LOOM_OK)
-		return rc;
 	if (!(loaders = loom__calloc((size_t)tr->dp_size, sizeof *loaders)))
 		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
 	if ((rc = gather_loader_states(tr, loaders)) != LOOM_OK) {

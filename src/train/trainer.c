@@ -527,8 +527,9 @@ long long loom_trainer_tokens_per_step(const loom_trainer_t *tr)
 void loom_train_model_opts(const loom_train_config_t *cfg, int dp, int tp, loom_model_opts_t *mo)
 {
 	loom__strategy_model_opts(cfg->strategy, cfg->zero, dp, tp, &mo->no_own_grads, &mo->no_own_params);
-	/* with a pipeline the steps run on a stage model holding its own tensors; the whole model only
-	 * evaluates (after a gather of the parameters) and never needs gradients */
+	/* with a pipeline the steps run on stage models holding their own tensors, evaluation and
+	 * checkpoints too (pp.c): the whole model only hands them its initial parameters, from a buffer
+	 * the caller frees once the ranks have started from them (loom_trainer_sync_params) */
 	if (cfg->mesh && loom_mesh_size(cfg->mesh, LOOM_MESH_PP) > 1)
-		mo->no_own_grads = 1;
+		mo->no_own_grads = mo->no_own_params = 1;
 }
