@@ -106,7 +106,7 @@ typedef struct {
 	double activations;  /* the training model's activation buffers (loom_model_act_bytes' total) */
 	double comm;         /* communication buffers: ZeRO staging and gather buffers, bf16 staging, the
 	                        model's own gradient buffer idle under DDP, pipeline send/receive buffers */
-	double other;        /* loom's pipeline: the whole model's activations (created, used by evaluation) */
+	double other;        /* loom's pipeline: the whole model's initial parameters (at start-up) */
 	double overhead;     /* the process's baseline */
 	double total;        /* the sum: the predicted peak resident set */
 } loom_plan_memory_t;

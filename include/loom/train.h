@@ -269,8 +269,9 @@ int loom_trainer_create(loom_trainer_t **tr, const loom_train_config_t *cfg, loo
 /* Set mo's no_own_grads / no_own_params as the parallel strategy cfg picks on dp data-parallel and tp
  * tensor-parallel ranks needs them (ZeRO-2 keeps the gradients, ZeRO-3 also the parameters, as
  * shards; a pipeline's stages hold both: the model then allocates no whole buffer for them); the rest
- * of mo is left alone. With no_own_params the caller gives the model a buffer of the initial
- * parameters (loom_model_set_param_buffer), which it may free after loom_trainer_sync_params. */
+ * of mo is left alone, but for a pipeline, whose whole model is never run: B 1 and T tp there, for an
+ * arena of the fewest positions. With no_own_params the caller gives the model a buffer of the
+ * initial parameters (loom_model_set_param_buffer), which it may free after loom_trainer_sync_params. */
 void loom_train_model_opts(const loom_train_config_t *cfg, int dp, int tp, loom_model_opts_t *mo);
 void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log */
 

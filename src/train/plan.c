@@ -331,9 +331,20 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 			free(arenas);
 			return rc;
 		}
-		if (pc->impl == LOOM_PLAN_LOOM) /* the whole model every rank creates (its parameters and
-		                                   activations, no gradients), beside its stages' */
-			m->other += (double)a.total + 4.0 * whole;
+		if (pc->impl == LOOM_PLAN_LOOM) { /* the whole model every rank creates beside its stages': its
+		                                   * initial parameters (freed once the ranks have started, but
+		                                   * the start-up's peak has them) and an arena of tp positions
+		                                   * (loom_train_model_opts: it is never run), no gradients */
+			loom_model_opts_t ow = o;
+			loom_model_act_bytes_t aw;
+			ow.B = 1, ow.T = LOOM_MAX(tp, 1), ow.arenas = 1;
+			ow.sequence_parallel = o.sequence_parallel;
+			if ((rc = loom_model_act_bytes(cfg, &ow, &aw)) != LOOM_OK) {
+				free(arenas);
+				return rc;
+			}
+			m->other += (double)aw.total + 4.0 * whole;
+		}
 		/* a step's tokens; per chunk (a stage model), its receive and send buffers (pp.c: 4 of B T
 		 * width floats) and its activations */
 		m->comm += 2.0 * 4.0 * M * pc->B * pc->T;

@@ -528,8 +528,12 @@ void loom_train_model_opts(const loom_train_config_t *cfg, int dp, int tp, loom_
 {
 	loom__strategy_model_opts(cfg->strategy, cfg->zero, dp, tp, &mo->no_own_grads, &mo->no_own_params);
 	/* with a pipeline the steps run on stage models holding their own tensors, evaluation and
-	 * checkpoints too (pp.c): the whole model only hands them its initial parameters, from a buffer
-	 * the caller frees once the ranks have started from them (loom_trainer_sync_params) */
-	if (cfg->mesh && loom_mesh_size(cfg->mesh, LOOM_MESH_PP) > 1)
+	 * checkpoints too (pp.c): the whole model is never run and only hands them its initial
+	 * parameters, from a buffer the caller frees once the ranks have started from them
+	 * (loom_trainer_sync_params); its one activation arena holds tp positions (the fewest sequence
+	 * parallelism allows), not a micro-batch */
+	if (cfg->mesh && loom_mesh_size(cfg->mesh, LOOM_MESH_PP) > 1) {
 		mo->no_own_grads = mo->no_own_params = 1;
+		mo->B = 1, mo->T = LOOM_MAX(tp, 1), mo->arenas = 1;
+	}
 }
