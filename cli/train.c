@@ -1045,8 +1045,11 @@ int loom_cli_train(int argc, char **argv)
 			        "activations grow with --batch-size x --seq-len)\n", loom_model_num_params(&o.mc) * sizeof(float));
 		goto out;
 	}
-	if (mo.no_own_params && (!(init = malloc(loom_model_num_params(&o.mc) * sizeof(float))) ||
-	                         loom_model_set_param_buffer(model, init) != LOOM_OK)) {
+	/* a pipeline's stages initialize their own tensors from the seed (loom_trainer_create): only a
+	 * file's parameters pass through a whole buffer there */
+	int whole_init = mo.no_own_params && (o.pp <= 1 || o.init_from);
+	if (whole_init && (!(init = malloc(loom_model_num_params(&o.mc) * sizeof(float))) ||
+	                   loom_model_set_param_buffer(model, init) != LOOM_OK)) {
 		fprintf(stderr, "loom train: out of memory for the initial parameters\n");
 		goto out;
 	}
@@ -1063,7 +1066,7 @@ int loom_cli_train(int argc, char **argv)
 			fprintf(stderr, "loom train: --init-from: %s\n", loom_errmsg());
 			goto out;
 		}
-	} else {
+	} else if (o.pp <= 1) {
 		loom_model_init(model, o.tc.seed);
 	}
 	o.tc.profile = o.profile; /* the trainer profiles its steps, not evaluations (nor sampling: on_step) */

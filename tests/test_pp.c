@@ -34,7 +34,7 @@
 #include "parallel/pp.h"
 #include "test.h"
 
-enum { STEPS = 10, TT = 32 };
+enum { STEPS = 10, TT = 32, SEED = 5 /* the data's shuffle and the model's initialization */ };
 
 static char g_dir[512];
 static double g_ref[STEPS + 1], g_ref_norm[STEPS + 1];
@@ -67,7 +67,7 @@ static loom_train_config_t config(const char *glob, int accum)
 {
 	loom_train_config_t c = loom_train_defaults();
 	c.train_data = glob;
-	c.B = 1, c.T = TT, c.accum = accum, c.shuffle = 1, c.seed = 5;
+	c.B = 1, c.T = TT, c.accum = accum, c.shuffle = 1, c.seed = SEED;
 	c.lr = (loom_lr_schedule_t){.peak_lr = 3e-3, .warmup = 2, .total_steps = STEPS, .kind = LOOM_SCHED_COSINE,
 	                            .min_lr_frac = 0.1};
 	c.grad_clip = 1.0;
@@ -91,7 +91,7 @@ static int reference(int accum)
 	else if (g_heavy) /* the head outweighs the blocks: a pp 2 partition gives it a stage of its own */
 		g_mc.n_layer = g_heavy == 2 ? 4 : 2, g_mc.n_embd = 32, g_mc.vocab_size = 4096;
 	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
-	loom_gpt2_init(m, 11);
+	loom_gpt2_init(m, SEED); /* the data's shuffle seed too, as loom train's init */
 	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
 	for (int s = 1; s <= STEPS; s++) {
 		CHECK_OK(loom_trainer_step(tr, &sm));
@@ -124,6 +124,7 @@ typedef struct {
 	int zero;      /* the ZeRO stage on the dp axis (0: none) */
 	int sp;        /* sequence parallelism (with tp > 1) */
 	int V;         /* model chunks per rank (interleaved; 0: one) */
+	int self_init; /* the caller's model has no parameter buffer: the stages initialize from the seed */
 } run_t;
 
 /* The largest difference of two parameter sets must be within tol (tol < 0: their relative L2
@@ -212,9 +213,10 @@ static int pp_rank(int rank, int nranks, void *arg)
 	CHECK_OK(loom_comm_init(&comm));
 	CHECK_OK(loom_mesh_create(&mesh, comm, r->dp, tp, r->pp));
 	loom_gpt2_opts_t o = {.B = 1, .T = TT, .tp_size = tp, .tp_rank = loom_mesh_coord(mesh, LOOM_MESH_TP),
-	                      .sequence_parallel = r->sp};
+	                      .sequence_parallel = r->sp, .no_own_params = r->self_init};
 	CHECK_OK(loom_gpt2_create_opts(&m, &g_mc, &o));
-	loom_gpt2_init(m, r->resume ? 99 : 11); /* a resumed run's parameters come from the checkpoint */
+	if (!r->self_init) /* else no buffer: the stages initialize their own tensors from c.seed */
+		loom_gpt2_init(m, r->resume ? 99 : SEED); /* a resumed run's parameters come from the checkpoint */
 	c.mesh = mesh;
 	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
 	if (r->resume) {
@@ -463,6 +465,30 @@ TEST(pp_tp2_x_pp2)
 		rc = test_spawn(4, pp_rank, &r, 120, NULL);
 		if (rc)
 			fprintf(stderr, "tp 2 x pp 2, %s failed\n", scheds[k]);
+	}
+	teardown();
+	return rc;
+}
+
+/* A caller's model without a parameter buffer (loom train's under a pipeline, which keeps no whole
+ * copy): each stage initializes the tensors it holds from the seed, to the whole model's values, so
+ * the run matches the reference initialized whole (1F1B, interleaved, tp 2 shards, ZeRO-3). */
+TEST(pp_stages_initialize_from_the_seed)
+{
+	static const run_t runs[] = {
+		{.dp = 1, .pp = 2, .M = 4, .schedule = "1f1b", .self_init = 1},
+		{.dp = 1, .pp = 2, .M = 4, .schedule = "interleaved", .V = 2, .self_init = 1},
+		{.dp = 1, .tp = 2, .pp = 2, .M = 4, .schedule = "1f1b", .self_init = 1},
+		{.dp = 2, .pp = 2, .M = 2, .schedule = "1f1b", .zero = 3, .self_init = 1},
+	};
+	int rc = 0;
+	CHECK_EQ(setup(4), 0);
+	for (size_t i = 0; i < sizeof runs / sizeof runs[0] && !rc; i++) {
+		const run_t *r = &runs[i];
+		rc = test_spawn(r->dp * (r->tp ? r->tp : 1) * r->pp, pp_rank, (void *)r, 120, NULL);
+		if (rc)
+			fprintf(stderr, "run %zu (dp %d tp %d pp %d %s zero %d) failed\n", i, r->dp, r->tp, r->pp, r->schedule,
+			        r->zero);
 	}
 	teardown();
 	return rc;
@@ -828,7 +854,7 @@ static int stage_memory_rank(int rank, int nranks, void *arg)
 	CHECK_OK(loom_comm_init(&comm));
 	CHECK_OK(loom_mesh_create(&mesh, comm, 1, 1, P));
 	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
-	loom_gpt2_init(m, 11);
+	loom_gpt2_init(m, SEED);
 	c.mesh = mesh;
 	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
 	CHECK_OK(loom_pp_stages(&g_mc, 1, TT, P, 0.0, lo, &rows));

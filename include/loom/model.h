@@ -132,7 +132,8 @@ typedef struct {
 	 * and gradient buffers and tensor indices are then those tensors only, in table order and packed
 	 * (loom_model_tensors gives their offsets in the packed buffer, layer and flags as the family's),
 	 * so a stage keeps only its own; the others are never read (no unit of the model reads them).
-	 * Such a model is not initialized (loom_model_init does nothing): its parameters are copied in. */
+	 * loom_model_init gives the tensors it holds the whole model's initial values (each tensor draws
+	 * from a stream of its own), or its parameters are copied in. */
 	const unsigned char *keep;
 } loom_model_opts_t;
 

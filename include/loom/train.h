@@ -256,8 +256,11 @@ typedef struct loom_trainer loom_trainer_t;
 int loom_trainer_summary(const loom_trainer_t *tr, loom_train_summary_t *s);
 
 /* Build a trainer for `model` (borrowed: the caller keeps ownership and must keep it alive; its B
- * and T given at create must be >= cfg->B, cfg->T). Opens the loaders and allocates the optimizer;
- * strings in cfg are copied. It attaches the parallel strategy to the model (with several ranks,
+ * and T given at create must be >= cfg->B, cfg->T, but under a pipeline, which runs stage models of
+ * its own and never the caller's: loom_train_model_opts). Under a pipeline the stages start from the
+ * model's parameter buffer, or without one from loom_model_init(cfg->seed)'s values, made on each
+ * stage for its tensors alone. Opens the loaders and allocates the optimizer; strings in cfg are
+ * copied. It attaches the parallel strategy to the model (with several ranks,
  * DDP: the model's gradient view points at the strategy's shared-memory storage until
  * loom_trainer_destroy, which points it back at the model's own buffer; destroy the trainer before
  * the model, the mesh and the communicator); not collective. Returns LOOM_EINVAL (bad settings, T

@@ -567,8 +567,15 @@ float *loom_model_tensor_grad(loom_model_t *m, int tensor)
 
 void loom_model_init(loom_model_t *m, uint64_t seed)
 {
-	if (!m->local) /* a model holding some tensors gets them copied in */
+	/* Each family draws tensor i from a stream of its own (seed, i) and skips a tensor without memory
+	 * behind it: a model holding some tensors (its views point into the packed buffer) gets the whole
+	 * model's values of those, and a join its chunks' (a tensor two chunks hold, twice alike). */
+	struct loom__model_local *L = m->local;
+	if (!L || !L->nchunks)
 		m->family->init(IMPL(m), seed);
+	else
+		for (int k = 0; k < L->nchunks; k++)
+			loom_model_init(L->chunks[k], seed);
 }
 
 void loom_model_layers(const loom_model_t *m, int *lo, int *hi, int *arenas)

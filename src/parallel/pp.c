@@ -448,15 +448,18 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline: out of memory");
 		goto fail;
 	}
+	const float *init = loom_model_params(cfg->model); /* NULL: the stages initialize their own */
 	for (int t = 0, k = 0; t < e->nfull; t++) {
 		e->rev[t] = e->used[t] ? k : -1;
 		if (!e->used[t])
 			continue;
 		e->idx[k] = t;
-		memcpy(loom_model_tensor_param(e->model, k), loom_model_params(cfg->model) + e->full[t].offset,
-		       e->full[t].numel * sizeof(float));
+		if (init)
+			memcpy(loom_model_tensor_param(e->model, k), init + e->full[t].offset, e->full[t].numel * sizeof(float));
 		k++;
 	}
+	if (!init)
+		loom_model_init(e->model, cfg->seed);
 	{ /* the tensors each global stage owns: a contiguous run of the caller's buffer, counts[g] floats */
 		size_t off = 0;
 		for (int g = 0; g < e->G; g++) {

@@ -126,7 +126,10 @@ typedef void (*loom__event_fn)(void *ctx, loom__event_kind_t kind, int mb, int u
 typedef struct loom_exec loom_exec_t;
 
 typedef struct {
-	loom_model_t *model;          /* the caller's whole model (borrowed) */
+	loom_model_t *model;          /* the caller's whole model (borrowed): a pipeline copies its stages'
+	                                 initial parameters from its buffer, or without one (NULL params)
+	                                 initializes them as loom_model_init(seed) would */
+	uint64_t seed;
 	loom_comm_t *pp;             /* the pipeline axis, NULL for one stage (the local executor) */
 	loom_comm_t *tp;             /* the tensor-parallel axis, NULL for one rank; with tp > 1 the model is
 	                                that rank's shard (loom_model_opts_t tp_size, tp_rank) */

@@ -215,7 +215,7 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	/* The executor (with a pipeline axis: this rank's stage, a model of its layers; collective over
 	 * the axis), then the strategy (an unsupported one fails before the data is read), which attaches
 	 * to the executor's model: its gradient view points at the strategy's storage until destroy. */
-	loom_exec_config_t ec = {.model = model, .pp = tr->pp, .tp = tr->tp, .B = cfg->B, .T = cfg->T, .M = cfg->accum,
+	loom_exec_config_t ec = {.model = model, .seed = cfg->seed, .pp = tr->pp, .tp = tr->tp, .B = cfg->B, .T = cfg->T, .M = cfg->accum,
 	                         .schedule = LOOM_PP_1F1B, .inputs = tr->inputs, .targets = tr->targets,
 	                         .on_event = tr->trace ? loom__trace_event : NULL, .event_ctx = tr->trace};
 	if (cfg->pp_schedule)
@@ -291,8 +291,10 @@ int loom_trainer_sync_params(loom_trainer_t *tr, uint64_t *checksum)
 		return loom_seterr(rc, "rank %d of %d: starting from rank 0's parameters: %s", tr->rank, tr->world,
 		                   loom_errmsg());
 	tr->synced = 1;
-	if (checksum)
-		*checksum = loom_checksum_f32(loom_model_params(tr->model), loom_model_param_count(tr->model));
+	if (checksum) { /* the caller's parameters, or a pipeline stage's where it has none (0: neither) */
+		loom_model_t *m = loom_model_params(tr->model) ? tr->model : tr->exec->ops->model(tr->exec);
+		*checksum = loom_model_params(m) ? loom_checksum_f32(loom_model_params(m), loom_model_param_count(m)) : 0;
+	}
 	return LOOM_OK;
 }
 
