@@ -276,7 +276,7 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 	printf("memory per rank%s: parameters %s, gradients %s, optimizer %s, activations %s, communication buffers %s",
 	       pc->pp > 1 ? " (the largest stage)" : "", b[0], b[1], b[2], b[3], b[4]);
 	if (m->other > 0)
-		printf(", whole model at start-up %s", b[7]);
+		printf(", other at start-up %s", b[7]);
 	printf(", process %s; total %s", b[5], b[6]);
 	if (p->memory_limit > 0) {
 		fmt_bytes(p->memory_limit, b[0], 32);

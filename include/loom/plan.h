@@ -106,7 +106,8 @@ typedef struct {
 	double activations;  /* the training model's activation buffers (loom_model_act_bytes' total) */
 	double comm;         /* communication buffers: ZeRO staging and gather buffers, bf16 staging, the
 	                        model's own gradient buffer idle under DDP, pipeline send/receive buffers */
-	double other;        /* loom's pipeline: the whole model's initial parameters (at start-up) */
+	double other;        /* loom's pipeline: the whole model's arena (never run), and under ZeRO-3 the
+	                        stage model's own parameter buffer (at start-up) */
 	double overhead;     /* the process's baseline */
 	double total;        /* the sum: the predicted peak resident set */
 } loom_plan_memory_t;

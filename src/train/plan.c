@@ -262,10 +262,9 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 {
 	const loom_model_config_t *cfg = &pc->model;
 	int L = cfg->n_layer, M = pc->M, V = LOOM_MAX(pc->virtual_stages, 1), rc;
-	double P = 0.0, whole, tied, emb, largest = 0.0;
+	double P = 0.0, tied, emb, largest = 0.0;
 	for (int i = 0; i < tb->n; i++) /* the shard's (tp > 1: the padded vocabulary's), or the model's */
 		P += tb->numel[i];
-	whole = P;
 	/* the units this rank's model holds (a stage's only, with pp) */
 	emb = rank_unit(tb, L, pp, V, s, lo, hrows, -1);
 	for (int u = 0; u <= L; u++)
@@ -275,8 +274,8 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 		for (int u = -1; u <= L; u++)
 			P += rank_unit(tb, L, pp, V, s, lo, hrows, u);
 	}
-	/* loom's layout (the model's idle gradient buffer under DDP, a pipeline stage's whole-model
-	 * buffers); a shared-memory node (CPUs): a peer's shared buffers in this rank's resident set */
+	/* loom's layout (the model's idle gradient buffer under DDP, a pipeline rank's whole model); a
+	 * shared-memory node (CPUs): a peer's shared buffers in this rank's resident set */
 	int loom = pc->impl == LOOM_PLAN_LOOM, peer = c->cores > 0;
 	memset(m, 0, sizeof *m);
 	if (pc->impl == LOOM_PLAN_IDEAL && pp > 1)
@@ -331,10 +330,10 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 			free(arenas);
 			return rc;
 		}
-		if (pc->impl == LOOM_PLAN_LOOM) { /* the whole model every rank creates beside its stages': its
-		                                   * initial parameters (freed once the ranks have started, but
-		                                   * the start-up's peak has them) and an arena of tp positions
-		                                   * (loom_train_model_opts: it is never run), no gradients */
+		if (pc->impl == LOOM_PLAN_LOOM) { /* the whole model every rank creates beside its stages: an
+		                                   * arena of tp positions (loom_train_model_opts: it is never
+		                                   * run), no parameter or gradient buffer (the stages initialize
+		                                   * their own tensors) */
 			loom_model_opts_t ow = o;
 			loom_model_act_bytes_t aw;
 			ow.B = 1, ow.T = LOOM_MAX(tp, 1), ow.arenas = 1;
@@ -343,7 +342,7 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 				free(arenas);
 				return rc;
 			}
-			m->other += (double)aw.total + 4.0 * whole;
+			m->other += (double)aw.total;
 		}
 		/* a step's tokens; per chunk (a stage model), its receive and send buffers (pp.c: 4 of B T
 		 * width floats) and its activations */
