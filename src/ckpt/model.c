@@ -491,6 +491,11 @@ out:
 
 /* The config as __metadata__ pairs (GPT-2's five numbers; another family's file also names its arch
  * and its own fields); bufs holds the number texts. Returns the number of pairs. */
+static int model_save(const char *path, const loom_model_config_t *cfg, const float *params, loom__st_fill_fn fill,
+                      void *ctx);
+static int optim_save(const char *path, const loom_model_config_t *cfg, const float *m, const float *v,
+                      loom__st_fill_fn fill, void *ctx);
+
 static int config_meta(const loom_model_config_t *cfg, const char *kind, char bufs[8][16], const char *meta[22])
 {
 	const char *keys[7] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size", "n_kv_head", "short_window"};
@@ -515,6 +520,18 @@ static int config_meta(const loom_model_config_t *cfg, const char *kind, char bu
 
 int loom_model_save_safetensors(const char *path, const loom_model_config_t *cfg, const float *params)
 {
+	return params ? model_save(path, cfg, params, NULL, NULL)
+	              : loom_seterr(LOOM_EINVAL, "%s: no parameters to save", path);
+}
+
+int loom__model_save_fill(const char *path, const loom_model_config_t *cfg, loom__st_fill_fn fill, void *ctx)
+{
+	return model_save(path, cfg, NULL, fill, ctx);
+}
+
+static int model_save(const char *path, const loom_model_config_t *cfg, const float *params, loom__st_fill_fn fill,
+                      void *ctx)
+{
 	int nt, rc;
 	loom_st_tensor_t *t;
 	loom_tensor_info_t *info;
@@ -535,23 +552,34 @@ int loom_model_save_safetensors(const char *path, const loom_model_config_t *cfg
 		t[i].dtype = LOOM_ST_F32;
 		t[i].ndim = info[i].ndim;
 		t[i].shape[0] = info[i].shape[0], t[i].shape[1] = info[i].shape[1];
-		t[i].data = params + info[i].offset;
+		t[i].data = params ? params + info[i].offset : NULL;
 		t[i].nbytes = info[i].numel * sizeof(float);
 	}
-	rc = loom_st_write(path, t, nt, meta, config_meta(cfg, loom_arch_name(cfg->arch), bufs, meta));
+	rc = loom__st_write_fill(path, t, nt, meta, config_meta(cfg, loom_arch_name(cfg->arch), bufs, meta), fill, ctx);
 	free(t), free(info);
 	return rc ? rc : loom_model_write_hf_config(path, cfg, -1);
 }
 
 int loom_optim_save(const char *path, const loom_model_config_t *cfg, const float *m, const float *v)
 {
+	if (!m || !v)
+		return loom_seterr(LOOM_EINVAL, "%s: optimizer state needs both m and v", path);
+	return optim_save(path, cfg, m, v, NULL, NULL);
+}
+
+int loom__optim_save_fill(const char *path, const loom_model_config_t *cfg, loom__st_fill_fn fill, void *ctx)
+{
+	return optim_save(path, cfg, NULL, NULL, fill, ctx);
+}
+
+static int optim_save(const char *path, const loom_model_config_t *cfg, const float *m, const float *v,
+                      loom__st_fill_fn fill, void *ctx)
+{
 	int nt, rc;
 	loom_st_tensor_t *t;
 	char (*names)[LOOM_TENSOR_NAME_MAX + 16];
 	char bufs[8][16];
 	const char *meta[22];
-	if (!m || !v)
-		return loom_seterr(LOOM_EINVAL, "%s: optimizer state needs both m and v", path);
 	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
 		return rc;
 	nt = loom_model_num_tensors(cfg);
@@ -569,10 +597,10 @@ int loom_optim_save(const char *path, const loom_model_config_t *cfg, const floa
 		t[i].dtype = LOOM_ST_F32;
 		t[i].ndim = info.ndim;
 		t[i].shape[0] = info.shape[0], t[i].shape[1] = info.shape[1];
-		t[i].data = (i < nt ? m : v) + info.offset;
+		t[i].data = m ? (i < nt ? m : v) + info.offset : NULL;
 		t[i].nbytes = info.numel * sizeof(float);
 	}
-	rc = loom_st_write(path, t, 2 * nt, meta, config_meta(cfg, "adamw", bufs, meta));
+	rc = loom__st_write_fill(path, t, 2 * nt, meta, config_meta(cfg, "adamw", bufs, meta), fill, ctx);
 	free(t), free(names);
 	return rc;
 }

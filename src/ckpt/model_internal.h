@@ -22,4 +22,16 @@ int loom__st_model_load(const char *path, const loom_model_config_t *cfg, float 
 int loom__llmc_model_config(const char *path, loom_model_config_t *cfg);
 int loom__llmc_model_load(const char *path, const loom_model_config_t *cfg, float *params);
 
+/* Where a writer below takes the data of tensor i (in file order, once each; the pointer is read
+ * before the next call): LOOM_OK and *data, or an error with its message, which fails the write. */
+typedef int (*loom__st_fill_fn)(void *ctx, int i, const void **data);
+/* loom_st_write, the data of each tensor whose data is NULL from fill. */
+int loom__st_write_fill(const char *path, const loom_st_tensor_t *t, int n, const char *const *meta, int n_meta,
+                        loom__st_fill_fn fill, void *ctx);
+/* loom_model_save_safetensors and loom_optim_save with params (m, v) NULL, streaming: tensor i of the
+ * model's table from fill(i), for the optimizer m of tensor i (i < n) then v of tensor i - n (n tensors),
+ * so a caller can write a state no buffer holds whole (a pipeline's stages). */
+int loom__model_save_fill(const char *path, const loom_model_config_t *cfg, loom__st_fill_fn fill, void *ctx);
+int loom__optim_save_fill(const char *path, const loom_model_config_t *cfg, loom__st_fill_fn fill, void *ctx);
+
 #endif

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "ckpt/json.h"
+#include "ckpt/model_internal.h"
 #include "core/util.h"
 #include "core/fileio.h"
 #include "loom/ckpt.h"
@@ -436,6 +437,12 @@ static ssize_t membuf_write(void *cookie, const char *s, size_t n)
 
 int loom_st_write(const char *path, const loom_st_tensor_t *t, int n, const char *const *meta, int n_meta)
 {
+	return loom__st_write_fill(path, t, n, meta, n_meta, NULL, NULL);
+}
+
+int loom__st_write_fill(const char *path, const loom_st_tensor_t *t, int n, const char *const *meta, int n_meta,
+                        loom__st_fill_fn fill, void *ctx)
+{
 	membuf_t hb = {NULL, 0, 0, 0};
 	char *hdr;
 	size_t hlen, off = 0, pad;
@@ -499,8 +506,12 @@ int loom_st_write(const char *path, const loom_st_tensor_t *t, int n, const char
 	rc = loom__atomic_write(&af, &hlen64, 8);
 	if (rc == LOOM_OK)
 		rc = loom__atomic_write(&af, hdr, hlen);
-	for (int i = 0; rc == LOOM_OK && i < n; i++)
-		rc = loom__atomic_write(&af, t[i].data, t[i].nbytes);
+	for (int i = 0; rc == LOOM_OK && i < n; i++) {
+		const void *d = t[i].data;
+		if (!d && fill && (rc = fill(ctx, i, &d)) != LOOM_OK) /* fill's error, its message */
+			break;
+		rc = loom__atomic_write(&af, d, t[i].nbytes);
+	}
 	free(hdr);
 	if (rc != LOOM_OK) {
 		loom__atomic_abort(&af);

@@ -65,6 +65,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/model_internal.h"
 #include "core/util.h"
 #include "loom/train.h"
 #include "model/join.h"
@@ -964,31 +965,164 @@ out:
 	return rc;
 }
 
-/* A checkpoint as one process's: the whole state gathered on the first stage of data-parallel rank
- * 0's pipeline (gather_to_first), which writes it as DDP does, or with tensor parallelism whose tp
+/* The rank of the pipeline owning caller's tensor t: the one running the global stage whose run of
+ * the caller's layout holds it (the runs tile the layout in global-stage order). */
+static int owner_rank(const pp_exec_t *e, int t)
+{
+	size_t off = 0, at = e->full[t].offset;
+	for (int g = 0; g < e->G; g++) {
+		if (at < off + e->counts[g])
+			return g % e->P;
+		off += e->counts[g];
+	}
+	return 0;
+}
+
+/* The streaming writer on the first stage (tp 1): tensor i of the file in progress (kind 0: the
+ * model's parameters, 1: the optimizer's m then v) from this rank's stage state, or received from its
+ * owner into one tensor's buffer. */
+typedef struct {
+	pp_exec_t *e;
+	float *loc[3];  /* this rank's stage state: parameters, m, v (the strategy model's packed layout) */
+	float *bounce;  /* one tensor received */
+	int kind, next; /* the file being written; its next tensor to fill */
+} stream_t;
+
+/* Tensor i of file `kind` as the writers take them: the caller's tensor, which of loc, and the tag. */
+static void stream_item(const stream_t *st, int kind, int i, int *t, int *which)
+{
+	int n = st->e->nfull;
+	*t = kind == 0 ? i : i % n;
+	*which = kind == 0 ? 0 : i < n ? 1 : 2;
+}
+
+static int stream_fill(void *ctx, int i, const void **data)
+{
+	stream_t *st = ctx;
+	pp_exec_t *e = st->e;
+	int t, which, q, rc;
+	stream_item(st, st->kind, i, &t, &which);
+	st->next = i + 1;
+	if ((q = owner_rank(e, t)) == 0) {
+		*data = st->loc[which] + e->tensors[e->rev[t]].offset;
+		return LOOM_OK;
+	}
+	if ((rc = loom_recv(e->cfg.pp, st->bounce, e->full[t].numel, LOOM_FLOAT32, q, TAG_SAVE + which)) != LOOM_OK)
+		return loom_seterr(rc, "pipeline stage 0: receiving %s of %s from stage %d for a checkpoint: %s",
+		                   which == 0 ? "the parameters" : "the AdamW moments", e->full[t].name, q,
+		                   loom_comm_errmsg(e->cfg.pp));
+	*data = st->bounce;
+	return LOOM_OK;
+}
+
+/* The tensors of file `kind` still to come from their owners after a writer stopped (from st->next):
+ * received and dropped, so that no stage is left waiting. Keeps the first error. */
+static int stream_drain(stream_t *st, int kind, int rc)
+{
+	int count = kind == 0 ? st->e->nfull : 2 * st->e->nfull;
+	for (int i = st->next; i < count; i++) {
+		const void *d;
+		int r = stream_fill(st, i, &d);
+		rc = rc != LOOM_OK ? rc : r;
+	}
+	return rc;
+}
+
+/* A checkpoint as one process's, streamed (tp 1): the first stage of data-parallel rank 0's pipeline
+ * writes model.safetensors and optim.safetensors tensor by tensor in file order, each tensor from its
+ * own state or received from the stage owning it, which sends its tensors in that order; no rank
+ * holds more than its stage's state and one tensor. Collective over the pipeline (dp rank 0's) once
+ * every rank has its stage's state (loc). */
+static int stream_save(pp_exec_t *e, float *const loc[3], const loom_ckpt_writer_t *w)
+{
+	stream_t st = {.e = e, .loc = {loc[0], loc[1], loc[2]}};
+	char path[1200];
+	int rc = LOOM_OK;
+	if (e->s != 0) { /* an owner: its tensors, in the writers' order */
+		for (int kind = 0; kind < 2 && rc == LOOM_OK; kind++)
+			for (int i = 0; i < (kind == 0 ? e->nfull : 2 * e->nfull) && rc == LOOM_OK; i++) {
+				int t, which;
+				stream_item(&st, kind, i, &t, &which);
+				if (owner_rank(e, t) != e->s)
+					continue;
+				rc = loom_send(e->cfg.pp, loc[which] + e->tensors[e->rev[t]].offset, e->full[t].numel, LOOM_FLOAT32,
+				               0, TAG_SAVE + which);
+				if (rc != LOOM_OK)
+					rc = loom_seterr(rc, "pipeline stage %d: sending %s for a checkpoint to stage 0: %s", e->s,
+					                 e->full[t].name, loom_comm_errmsg(e->cfg.pp));
+			}
+		return rc;
+	}
+	size_t most = 1; /* the largest tensor another stage owns */
+	for (int t = 0; t < e->nfull; t++)
+		if (owner_rank(e, t) != 0)
+			most = LOOM_MAX(most, e->full[t].numel);
+	if (!(st.bounce = loom_alloc_aligned(most * sizeof(float))))
+		return loom_seterr(LOOM_ENOMEM, "pipeline stage 0: out of memory for receiving a checkpoint's tensor");
+	/* the writers run only on the active writer; after an error (or without a writer) the remaining
+	 * tensors are still received */
+	int active = w && w->active;
+	if (active && (rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) == LOOM_OK)
+		rc = loom__model_save_fill(path, &e->mc, stream_fill, &st);
+	rc = stream_drain(&st, 0, rc);
+	st.kind = 1, st.next = 0;
+	if (active && rc == LOOM_OK && (rc = loom_ckpt_file(w, "optim.safetensors", path, sizeof path)) == LOOM_OK)
+		rc = loom__optim_save_fill(path, &e->mc, stream_fill, &st);
+	rc = stream_drain(&st, 1, rc);
+	loom_free_aligned(st.bounce);
+	return rc;
+}
+
+/* A checkpoint as one process's. With tp 1 streamed (stream_save); with tensor parallelism the whole
+ * state gathered on the first stage of data-parallel rank 0's pipeline (gather_to_first), whose tp
  * group unshards and writes it. */
 static int pp_save(loom_exec_t *ex, loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	pp_exec_t *e = (pp_exec_t *)ex;
 	float *p = NULL, *m = NULL, *v = NULL;
-	char path[1200];
 	int rc;
 	if (s->muon)
 		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: checkpoints of MuonAdamW under pipeline parallel are "
 		                   "not written (its state is per rank)", e->s);
-	if ((rc = gather_to_first(e, s, &p, &m, &v)) != LOOM_OK || e->s != 0 || s->dp_rank != 0)
-		goto out;
-	if (e->tp_size > 1) {
+	if (e->tp_size == 1) {
+		/* the stage's state: the strategy's own buffers where it holds it whole (DDP), else gathered
+		 * over dp (ZeRO: collective, every rank) into buffers of the call */
+		size_t n = loom_model_param_count(e->model), bytes = LOOM_MAX(n, 1) * sizeof(float);
+		const float *view[3];
+		float *loc[3] = {NULL, NULL, NULL};
+		int bad, copy = loom__strategy_state_views(s, &view[0], &view[1], &view[2]) != LOOM_OK;
+		rc = LOOM_OK;
+		if (copy) {
+			for (int i = 0; i < 3; i++)
+				if (!(loc[i] = loom_alloc_aligned(bytes)))
+					rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory for the stage's state", e->s);
+			int erc = loom__strategy_export(s, loc[0], loc[1], loc[2]); /* collective over dp: every rank */
+			rc = rc != LOOM_OK ? rc : erc;
+		} else {
+			for (int i = 0; i < 3; i++)
+				loc[i] = (float *)view[i]; /* read only */
+		}
+		if (s->dp_rank == 0) { /* this pipeline writes; every rank of it agrees first */
+			bad = rc != LOOM_OK;
+			int arc = loom_allreduce(e->cfg.pp, &bad, &bad, 1, LOOM_INT32, LOOM_MAX);
+			if (arc != LOOM_OK)
+				rc = loom_seterr(arc, "pipeline stage %d of %d: agreeing on a checkpoint: %s", e->s, e->P,
+				                 loom_comm_errmsg(e->cfg.pp));
+			else if (bad && rc == LOOM_OK)
+				rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d of %d: another stage could not gather its state "
+				                 "for a checkpoint", e->s, e->P);
+			else if (!bad)
+				rc = stream_save(e, loc, w);
+		}
+		for (int i = 0; i < 3 && copy; i++)
+			loom_free_aligned(loc[i]);
+		return rc;
+	}
+	if ((rc = gather_to_first(e, s, &p, &m, &v)) == LOOM_OK && e->s == 0 && s->dp_rank == 0) {
 		loom__tp_group_t g;
 		loom__tp_group_init(&g, e->cfg.tp);
 		rc = loom__tp_write_whole(&g, &e->mc, e->nparams, p, m, v, w);
-	} else if (w && w->active) {
-		if (!(rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) &&
-		    !(rc = loom_model_save_safetensors(path, &e->mc, p)) &&
-		    !(rc = loom_ckpt_file(w, "optim.safetensors", path, sizeof path)))
-			rc = loom_optim_save(path, &e->mc, m, v);
 	}
-out:
 	loom_free_aligned(p), loom_free_aligned(m), loom_free_aligned(v);
 	return rc;
 }

@@ -231,6 +231,14 @@ int loom__strategy_export(loom_strategy_t *s, float *p, float *m, float *v)
 	return s->ops->export_state ? s->ops->export_state(s, p, m, v) : loom__strategy_export_owned(s, p, m, v);
 }
 
+int loom__strategy_state_views(const loom_strategy_t *s, const float **p, const float **m, const float **v)
+{
+	if (s->muon || s->ops->export_state || !s->params || (s->own_count != s->nparams && s->dp))
+		return LOOM_ENOTSUP;
+	*p = s->params, *m = s->opt.m, *v = s->opt.v;
+	return LOOM_OK;
+}
+
 int loom__strategy_export_owned(loom_strategy_t *s, float *p, float *m, float *v)
 {
 	int rc;

@@ -247,6 +247,10 @@ int loom__strategy_export(loom_strategy_t *s, float *p, float *m, float *v);
 /* The reverse, not collective: this rank keeps its owned range of p, m, v (whole-table layout) and
  * AdamW's step becomes `step`. */
 int loom__strategy_import(loom_strategy_t *s, const float *p, const float *m, const float *v, long long step);
+/* The whole state where this rank holds all of it as loom__strategy_export would give it (DDP, one
+ * rank), without a copy: the strategy's own buffers, to read only. LOOM_ENOTSUP (no message) when it
+ * is sharded or settled by the strategy (ZeRO), or under MuonAdamW. Not collective. */
+int loom__strategy_state_views(const loom_strategy_t *s, const float **p, const float **m, const float **v);
 /* The two without the strategy's own part (what export_state / import_state call around it). */
 int loom__strategy_export_owned(loom_strategy_t *s, float *p, float *m, float *v);
 int loom__strategy_import_owned(loom_strategy_t *s, const float *p, const float *m, const float *v, long long step);
