@@ -1088,8 +1088,7 @@ static int pp_save(loom_exec_t *ex, loom_strategy_t *s, const loom_ckpt_writer_t
 		/* the stage's state: the strategy's own buffers where it holds it whole (DDP), else gathered
 		 * over dp (ZeRO: collective, every rank) into buffers of the call */
 		size_t n = loom_model_param_count(e->model), bytes = LOOM_MAX(n, 1) * sizeof(float);
-		const float *view[3];
-		float *loc[3] = {NULL, NULL, NULL};
+		float *view[3], *loc[3] = {NULL, NULL, NULL};
 		int bad, copy = loom__strategy_state_views(s, &view[0], &view[1], &view[2]) != LOOM_OK;
 		rc = LOOM_OK;
 		if (copy) {
@@ -1100,7 +1099,7 @@ static int pp_save(loom_exec_t *ex, loom_strategy_t *s, const loom_ckpt_writer_t
 			rc = rc != LOOM_OK ? rc : erc;
 		} else {
 			for (int i = 0; i < 3; i++)
-				loc[i] = (float *)view[i]; /* read only */
+				loc[i] = view[i]; /* read only */
 		}
 		if (s->dp_rank == 0) { /* this pipeline writes; every rank of it agrees first */
 			bad = rc != LOOM_OK;
@@ -1127,39 +1126,59 @@ static int pp_save(loom_exec_t *ex, loom_strategy_t *s, const loom_ckpt_writer_t
 	return rc;
 }
 
-/* Any checkpoint (any strategy, mesh or stage count wrote it): the whole state read into buffers of
- * its own for the time of the call, of which the stage keeps its tensors and the strategy its part of
+/* The tensors this rank holds of a checkpoint's whole state (tp 1) into p, m, v (the packed layout):
+ * each run of them contiguous in the whole layout is contiguous there too, one range read each. */
+static int read_held(pp_exec_t *e, const char *dir, float *p, float *m, float *v)
+{
+	int rc = LOOM_OK;
+	for (int k = 0, k1; k < e->ntensors && rc == LOOM_OK; k = k1) {
+		size_t from = e->full[e->idx[k]].offset, to = e->tensors[k].offset, cnt = e->tensors[k].numel;
+		for (k1 = k + 1; k1 < e->ntensors && e->full[e->idx[k1]].offset == from + cnt; k1++)
+			cnt += e->tensors[k1].numel;
+		rc = loom__read_state_range(dir, &e->mc, from, cnt, p + to, m + to, v + to);
+	}
+	return rc;
+}
+
+/* Any checkpoint (any strategy, mesh or stage count wrote it): the tensors this rank holds (tp 1:
+ * read_held, straight into the strategy's buffers where it holds the stage's state whole; with tensor
+ * parallelism the whole shard is read, then the rank's tensors taken), and the strategy its part of
  * those. Not collective. */
 static int pp_load(loom_exec_t *ex, loom_strategy_t *s, const char *dir, long long step)
 {
 	pp_exec_t *e = (pp_exec_t *)ex;
 	size_t n = loom_model_param_count(e->model), bytes = LOOM_MAX(n, 1) * sizeof(float);
 	size_t wbytes = LOOM_MAX(e->nparams, 1) * sizeof(float);
-	float *p = NULL, *m = NULL, *v = NULL, *lp = NULL, *lm = NULL, *lv = NULL;
-	int rc;
+	float *p = NULL, *m = NULL, *v = NULL, *lp = NULL, *lm = NULL, *lv = NULL, *view[3];
+	int rc = LOOM_OK, direct;
 	if (s->muon)
 		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: resuming MuonAdamW under pipeline parallel is not "
 		                   "supported (its checkpoints are not written)", e->s);
-	p = loom_alloc_aligned(wbytes), m = loom_alloc_aligned(wbytes), v = loom_alloc_aligned(wbytes);
+	/* where the strategy holds the whole stage state (DDP), the ranges go straight into its buffers */
+	direct = e->tp_size == 1 && loom__strategy_state_views(s, &view[0], &view[1], &view[2]) == LOOM_OK;
+	if (direct)
+		return (rc = read_held(e, dir, view[0], view[1], view[2])) != LOOM_OK
+		           ? rc : loom__strategy_import(s, NULL, NULL, NULL, step);
 	lp = loom_alloc_aligned(bytes), lm = loom_alloc_aligned(bytes), lv = loom_alloc_aligned(bytes);
-	if (!p || !m || !v || !lp || !lm || !lv) {
+	if (e->tp_size > 1)
+		p = loom_alloc_aligned(wbytes), m = loom_alloc_aligned(wbytes), v = loom_alloc_aligned(wbytes);
+	if (!lp || !lm || !lv || (e->tp_size > 1 && (!p || !m || !v))) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory to read a checkpoint", e->s);
 		goto out;
 	}
 	if (e->tp_size > 1) {
 		loom__tp_group_t g;
 		loom__tp_group_init(&g, e->cfg.tp);
-		rc = loom__tp_read_shard(&g, dir, &e->mc, e->nparams, p, m, v);
-	} else {
-		rc = loom__read_whole_state(dir, &e->mc, p, m, v);
-	}
-	if (rc != LOOM_OK)
+		if ((rc = loom__tp_read_shard(&g, dir, &e->mc, e->nparams, p, m, v)) != LOOM_OK)
+			goto out;
+		for (int k = 0; k < e->ntensors; k++) {
+			size_t from = e->full[e->idx[k]].offset, to = e->tensors[k].offset, cnt = e->tensors[k].numel;
+			memcpy(lp + to, p + from, cnt * sizeof(float));
+			memcpy(lm + to, m + from, cnt * sizeof(float));
+			memcpy(lv + to, v + from, cnt * sizeof(float));
+		}
+	} else if ((rc = read_held(e, dir, lp, lm, lv)) != LOOM_OK) {
 		goto out;
-	for (int k = 0; k < e->ntensors; k++) {
-		size_t from = e->full[e->idx[k]].offset, to = e->tensors[k].offset, cnt = e->tensors[k].numel;
-		memcpy(lp + to, p + from, cnt * sizeof(float));
-		memcpy(lm + to, m + from, cnt * sizeof(float));
-		memcpy(lv + to, v + from, cnt * sizeof(float));
 	}
 	rc = loom__strategy_import(s, lp, lm, lv, step);
 out:

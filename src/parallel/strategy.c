@@ -231,7 +231,7 @@ int loom__strategy_export(loom_strategy_t *s, float *p, float *m, float *v)
 	return s->ops->export_state ? s->ops->export_state(s, p, m, v) : loom__strategy_export_owned(s, p, m, v);
 }
 
-int loom__strategy_state_views(const loom_strategy_t *s, const float **p, const float **m, const float **v)
+int loom__strategy_state_views(loom_strategy_t *s, float **p, float **m, float **v)
 {
 	if (s->muon || s->ops->export_state || !s->params || (s->own_count != s->nparams && s->dp))
 		return LOOM_ENOTSUP;

@@ -210,6 +210,11 @@ void loom__muon_state_name(char *buf, size_t cap, int rank);
  * model's flat layout (loom_model_num_params(c) floats; any of them NULL: not read). LOOM_EMISMATCH for
  * another model or a MuonAdamW checkpoint (with m, v). Not collective. */
 int loom__read_whole_state(const char *dir, const loom_model_config_t *c, float *p, float *m, float *v);
+/* The range [off, off + n) of that whole state into p, m, v (n floats each; any NULL: not read):
+ * every tensor's (or ZeRO shard's) overlap with it, so a pipeline stage reads only what it holds. The
+ * parameters must be F32 (as loom writes them). Not collective. */
+int loom__read_state_range(const char *dir, const loom_model_config_t *c, size_t off, size_t n, float *p, float *m,
+                           float *v);
 /* LOOM_EMISMATCH naming both when the checkpoint's model file holds another model than c (its reading
  * errors otherwise); LOOM_OK when it is c's. */
 int loom__check_ckpt_model(const char *file, const loom_model_config_t *c);
@@ -248,9 +253,10 @@ int loom__strategy_export(loom_strategy_t *s, float *p, float *m, float *v);
  * AdamW's step becomes `step`. */
 int loom__strategy_import(loom_strategy_t *s, const float *p, const float *m, const float *v, long long step);
 /* The whole state where this rank holds all of it as loom__strategy_export would give it (DDP, one
- * rank), without a copy: the strategy's own buffers, to read only. LOOM_ENOTSUP (no message) when it
- * is sharded or settled by the strategy (ZeRO), or under MuonAdamW. Not collective. */
-int loom__strategy_state_views(const loom_strategy_t *s, const float **p, const float **m, const float **v);
+ * rank), without a copy: the strategy's own buffers, to read, or to fill as loom__strategy_import
+ * would (then import with NULL buffers sets the step). LOOM_ENOTSUP (no message) when it is sharded or
+ * settled by the strategy (ZeRO), or under MuonAdamW. Not collective. */
+int loom__strategy_state_views(loom_strategy_t *s, float **p, float **m, float **v);
 /* The two without the strategy's own part (what export_state / import_state call around it). */
 int loom__strategy_export_owned(loom_strategy_t *s, float *p, float *m, float *v);
 int loom__strategy_import_owned(loom_strategy_t *s, const float *p, const float *m, const float *v, long long step);

@@ -351,3 +351,29 @@ int loom__read_whole_state(const char *dir, const loom_model_config_t *c, float 
 	float *mv[2] = {m, v};
 	return load_slices(file, c, 0, n, mv, 1);
 }
+
+int loom__read_state_range(const char *dir, const loom_model_config_t *c, size_t off, size_t n, float *p, float *m,
+                           float *v)
+{
+	char file[1200];
+	struct stat sb;
+	size_t total = loom_model_num_params(c);
+	int rc;
+	if (off > total || n > total - off)
+		return loom_seterr(LOOM_EINVAL, "resume: range [%zu, %zu) of a state of %zu floats", off, off + n, total);
+	snprintf(file, sizeof file, "%s/model.safetensors", dir);
+	if ((rc = loom__check_ckpt_model(file, c)) != LOOM_OK)
+		return rc;
+	if (p && (rc = load_slices(file, c, off, n, &p, 0)) != LOOM_OK)
+		return rc;
+	if (!m || !v)
+		return LOOM_OK;
+	if (loom__muon_has_state(dir))
+		return loom_seterr(LOOM_EMISMATCH, "resume: %s was written with --optimizer muon; resume with it", dir);
+	snprintf(file, sizeof file, "%s/zero.json", dir);
+	if (stat(file, &sb) == 0)
+		return load_shards(dir, file, total, off, n, m, v);
+	snprintf(file, sizeof file, "%s/optim.safetensors", dir);
+	float *mv[2] = {m, v};
+	return load_slices(file, c, off, n, mv, 1);
+}
