@@ -164,7 +164,15 @@ static int max_diff_ok(const float *a, const float *b, size_t n, double tol)
 		CHECK_MSG(worst <= -10 * tol, "parameter %zu differs by %g (%g vs %g)", at, worst, a[at], b[at]);
 		return 0;
 	}
-	CHECK_MSG(worst <= tol, "parameter %zu differs by %g (%g vs %g)", at, worst, a[at], b[at]);
+	if (worst > tol) { /* name the tensor */
+		char name[LOOM_TENSOR_NAME_MAX + 24] = "?";
+		for (int t = 0; t < loom_gpt2_num_tensors(&g_mc); t++) {
+			loom_tensor_info_t ti;
+			if (loom_gpt2_tensor_info(&g_mc, t, &ti) == LOOM_OK && at >= ti.offset && at < ti.offset + ti.numel)
+				snprintf(name, sizeof name, "%s[%zu]", ti.name, at - ti.offset);
+		}
+		CHECK_MSG(0, "parameter %zu (%s) differs by %g (%g vs %g)", at, name, worst, a[at], b[at]);
+	}
 	return 0;
 }
 
