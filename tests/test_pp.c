@@ -34,7 +34,7 @@
 #include "parallel/pp.h"
 #include "test.h"
 
-enum { STEPS = 10, TT = 32, SEED = 5 /* the data's shuffle and the model's initialization */ };
+enum { STEPS = 10, TT = 32 };
 
 static char g_dir[512];
 static double g_ref[STEPS + 1], g_ref_norm[STEPS + 1];
@@ -67,7 +67,7 @@ static loom_train_config_t config(const char *glob, int accum)
 {
 	loom_train_config_t c = loom_train_defaults();
 	c.train_data = glob;
-	c.B = 1, c.T = TT, c.accum = accum, c.shuffle = 1, c.seed = SEED;
+	c.B = 1, c.T = TT, c.accum = accum, c.shuffle = 1, c.seed = 5;
 	c.lr = (loom_lr_schedule_t){.peak_lr = 3e-3, .warmup = 2, .total_steps = STEPS, .kind = LOOM_SCHED_COSINE,
 	                            .min_lr_frac = 0.1};
 	c.grad_clip = 1.0;
@@ -91,7 +91,7 @@ static int reference(int accum)
 	else if (g_heavy) /* the head outweighs the blocks: a pp 2 partition gives it a stage of its own */
 		g_mc.n_layer = g_heavy == 2 ? 4 : 2, g_mc.n_embd = 32, g_mc.vocab_size = 4096;
 	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
-	loom_gpt2_init(m, SEED); /* the data's shuffle seed too, as loom train's init */
+	loom_gpt2_init(m, 11);
 	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
 	for (int s = 1; s <= STEPS; s++) {
 		CHECK_OK(loom_trainer_step(tr, &sm));
@@ -124,7 +124,6 @@ typedef struct {
 	int zero;      /* the ZeRO stage on the dp axis (0: none) */
 	int sp;        /* sequence parallelism (with tp > 1) */
 	int V;         /* model chunks per rank (interleaved; 0: one) */
-	int self_init; /* the caller's model has no parameter buffer: the stages initialize from the seed */
 } run_t;
 
 /* The largest difference of two parameter sets must be within tol (tol < 0: their relative L2
@@ -221,10 +220,9 @@ static int pp_rank(int rank, int nranks, void *arg)
 	CHECK_OK(loom_comm_init(&comm));
 	CHECK_OK(loom_mesh_create(&mesh, comm, r->dp, tp, r->pp));
 	loom_gpt2_opts_t o = {.B = 1, .T = TT, .tp_size = tp, .tp_rank = loom_mesh_coord(mesh, LOOM_MESH_TP),
-	                      .sequence_parallel = r->sp, .no_own_params = r->self_init};
+	                      .sequence_parallel = r->sp};
 	CHECK_OK(loom_gpt2_create_opts(&m, &g_mc, &o));
-	if (!r->self_init) /* else no buffer: the stages initialize their own tensors from c.seed */
-		loom_gpt2_init(m, r->resume ? 99 : SEED); /* a resumed run's parameters come from the checkpoint */
+	loom_gpt2_init(m, r->resume ? 99 : 11); /* a resumed run's parameters come from the checkpoint */
 	c.mesh = mesh;
 	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
 	if (r->resume) {
@@ -479,24 +477,76 @@ TEST(pp_tp2_x_pp2)
 }
 
 /* A caller's model without a parameter buffer (loom train's under a pipeline, which keeps no whole
- * copy): each stage initializes the tensors it holds from the seed, to the whole model's values, so
- * the run matches the reference initialized whole (1F1B, interleaved, tp 2 shards, ZeRO-3). */
+ * copy): each stage initializes the tensors it holds from cfg.seed. The checkpoint saved before any
+ * step (gathered from the stages, over dp under ZeRO-3, unsharded over tp) must be bit for bit the
+ * whole model loom_gpt2_init gives with that seed. */
+static int self_init_rank(int rank, int nranks, void *arg)
+{
+	const run_t *r = arg;
+	char glob[600], save[600];
+	loom_comm_t *comm;
+	loom_mesh_t *mesh;
+	loom_gpt2_t *m;
+	loom_trainer_t *tr;
+	int tp = r->tp ? r->tp : 1;
+	(void)nranks;
+	snprintf(glob, sizeof glob, "%s/train_*.bin", g_dir);
+	snprintf(save, sizeof save, "%s/self_init", g_dir);
+	loom_train_config_t c = config(glob, r->M);
+	c.pp_schedule = r->schedule, c.pp_virtual_stages = r->V, c.zero = r->zero, c.save_dir = save, c.seed = 23;
+	CHECK_OK(loom_comm_init(&comm));
+	CHECK_OK(loom_mesh_create(&mesh, comm, r->dp, tp, r->pp));
+	loom_gpt2_opts_t o = {.B = 1, .T = TT, .tp_size = tp, .tp_rank = loom_mesh_coord(mesh, LOOM_MESH_TP),
+	                      .no_own_params = 1};
+	CHECK_OK(loom_gpt2_create_opts(&m, &g_mc, &o));
+	CHECK(loom_gpt2_params(m) == NULL);
+	c.mesh = mesh;
+	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
+	CHECK_OK(loom_trainer_sync_params(tr, NULL));
+	CHECK_OK(loom_trainer_save(tr));
+	CHECK_OK(loom_barrier(comm)); /* rank 0 has committed it */
+	if (rank == 0) {
+		char file[700];
+		size_t n = loom_gpt2_num_params(&g_mc);
+		float *got = malloc(n * sizeof(float));
+		loom_gpt2_t *w;
+		CHECK(got != NULL);
+		snprintf(file, sizeof file, "%s/step_00000000/model.safetensors", save);
+		CHECK_OK(loom_model_load(file, &g_mc, got));
+		CHECK_OK(loom_gpt2_create(&w, &g_mc, 1, TT));
+		loom_gpt2_init(w, 23);
+		CHECK_MSG(memcmp(got, loom_gpt2_params(w), n * sizeof(float)) == 0,
+		          "the stages' own initialization differs from the whole model's");
+		free(got);
+		loom_gpt2_destroy(w);
+	}
+	loom_trainer_destroy(tr);
+	loom_gpt2_destroy(m);
+	loom_mesh_destroy(mesh);
+	loom_comm_destroy(comm);
+	return 0;
+}
+
 TEST(pp_stages_initialize_from_the_seed)
 {
 	static const run_t runs[] = {
-		{.dp = 1, .pp = 2, .M = 4, .schedule = "1f1b", .self_init = 1},
-		{.dp = 1, .pp = 2, .M = 4, .schedule = "interleaved", .V = 2, .self_init = 1},
-		{.dp = 1, .tp = 2, .pp = 2, .M = 4, .schedule = "1f1b", .self_init = 1},
-		{.dp = 2, .pp = 2, .M = 2, .schedule = "1f1b", .zero = 3, .self_init = 1},
+		{.dp = 1, .pp = 2, .M = 4, .schedule = "1f1b"},
+		{.dp = 1, .pp = 4, .M = 4, .schedule = "1f1b"},
+		{.dp = 1, .pp = 2, .M = 4, .schedule = "interleaved", .V = 2},
+		{.dp = 1, .tp = 2, .pp = 2, .M = 4, .schedule = "1f1b"},
+		{.dp = 2, .pp = 2, .M = 2, .schedule = "1f1b", .zero = 3},
 	};
 	int rc = 0;
 	CHECK_EQ(setup(4), 0);
 	for (size_t i = 0; i < sizeof runs / sizeof runs[0] && !rc; i++) {
 		const run_t *r = &runs[i];
-		rc = test_spawn(r->dp * (r->tp ? r->tp : 1) * r->pp, pp_rank, (void *)r, 120, NULL);
+		rc = test_spawn(r->dp * (r->tp ? r->tp : 1) * r->pp, self_init_rank, (void *)r, 120, NULL);
 		if (rc)
 			fprintf(stderr, "run %zu (dp %d tp %d pp %d %s zero %d) failed\n", i, r->dp, r->tp, r->pp, r->schedule,
 			        r->zero);
+		char dir[600];
+		snprintf(dir, sizeof dir, "%s/self_init", g_dir);
+		test_rmdir(dir);
 	}
 	teardown();
 	return rc;
@@ -862,7 +912,7 @@ static int stage_memory_rank(int rank, int nranks, void *arg)
 	CHECK_OK(loom_comm_init(&comm));
 	CHECK_OK(loom_mesh_create(&mesh, comm, 1, 1, P));
 	CHECK_OK(loom_gpt2_create(&m, &g_mc, 1, TT));
-	loom_gpt2_init(m, SEED);
+	loom_gpt2_init(m, 11);
 	c.mesh = mesh;
 	CHECK_OK(loom_trainer_create(&tr, &c, loom_gpt2_model(m)));
 	CHECK_OK(loom_pp_stages(&g_mc, 1, TT, P, 0.0, lo, &rows));
