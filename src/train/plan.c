@@ -615,7 +615,13 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 			p->dp.exposed_s = LOOM_MAX(exp, p->dp.time_s - LOOM_MAX(hide, 0.0));
 		}
 	}
-	p->step_time_s = span + p->optimizer_s + p->dp.exposed_s + p->pp.exposed_s;
+	/* Oversubscribed (more ranks' threads than cores): a rank idle in the pipeline's bubble leaves its
+	 * core to the others, so the step is the larger of a rank's busy time and the schedule's span at a
+	 * whole core's speed (a work-conserving scheduler's two bounds), not the span at the shared speed. */
+	double span_step = span;
+	if (pp > 1 && p->cpu_share < 1.0)
+		span_step = LOOM_MAX(span * (1.0 - p->bubble), span * p->cpu_share);
+	p->step_time_s = span_step + p->optimizer_s + p->dp.exposed_s + p->pp.exposed_s;
 	/* one rank's busy time: the span without its tp all-reduces and its share of the bubble */
 	p->compute_s = LOOM_MAX(0.0, span * (1.0 - p->bubble) - p->tp.exposed_s) + p->optimizer_s;
 	p->tokens_per_s = p->tokens_per_step / p->step_time_s;

@@ -26,17 +26,20 @@
 
 /* Calibrated on the development machine (docs/plan.md, "Calibration"): training's matmuls reach the
  * GEMM's measured peak (LOCAL_GEMM_FRACTION of it) at large widths and C / (C + LOCAL_GEMM_HALF) of
- * it at width C; two ranks at once on the two cores run at LOCAL_CORUN of one alone (the shared memory
- * bus); the non-matmul kernels move LOCAL_ELEMENTWISE bytes per byte of a micro-batch's activations.
- * These three were fit (a grid over them) to bench/plan_vs_measured.sh's measured step times of
- * 2026-11-25 on a quiet machine, after a first calibration under load (0.93, 64, 0.7) predicted 4 of
- * its 14 configurations within 15%; in-sample the fit gives 11 of 14. A process holds LOCAL_OVERHEAD
+ * it at width C; two ranks at once on the two cores run their matmuls at LOCAL_CORUN of one alone
+ * (measured 2026-11-26: two single-thread sgemm 1024^3 processes at once ran at 106-109 GFLOP/s each,
+ * alone 104-108; what the ranks share is the memory bus, which the elementwise kernels' and the
+ * optimizer's traffic meet at the node's measured copy bandwidth); the non-matmul kernels move
+ * LOCAL_ELEMENTWISE bytes per byte of a micro-batch's activations. The first two and the co-running
+ * factor were fit (a grid) to bench/plan_vs_measured.sh's step times of 2026-11-25 on a quiet machine
+ * (co-running 0.9 then); run again on 2026-11-26, that fit over-predicted every 2-rank configuration
+ * (+4% to +17%), which the co-run measurement explains (docs/plan.md, "Calibration"). A process holds LOCAL_OVERHEAD
  * before its model (binary, libraries, OpenMP, oneDNN, the loader; `small` at one rank: 781.4 MiB of
  * peak RSS against 760.4 MiB of states and activations), and a rank of a job LOCAL_COMM_OVERHEAD
  * more (the communicator's segments). */
 #define LOCAL_GEMM_FRACTION 1.0
 #define LOCAL_GEMM_HALF 16.0
-#define LOCAL_CORUN 0.90
+#define LOCAL_CORUN 1.0
 #define LOCAL_ELEMENTWISE 6.0
 #define LOCAL_OVERHEAD (21.0 * MIB)
 #define LOCAL_COMM_OVERHEAD (2.0 * MIB)
