@@ -329,31 +329,10 @@ int loom__sharded_load(loom_strategy_t *s, const char *dir, long long step)
 	return LOOM_OK;
 }
 
-int loom__read_whole_state(const char *dir, const loom_model_config_t *c, float *p, float *m, float *v)
-{
-	char file[1200];
-	struct stat sb;
-	size_t n = loom_model_num_params(c);
-	int rc;
-	snprintf(file, sizeof file, "%s/model.safetensors", dir);
-	if ((rc = loom__check_ckpt_model(file, c)) != LOOM_OK)
-		return rc;
-	if (p && (rc = loom_model_load(file, c, p)) != LOOM_OK)
-		return rc;
-	if (!m || !v)
-		return LOOM_OK;
-	if (loom__muon_has_state(dir))
-		return loom_seterr(LOOM_EMISMATCH, "resume: %s was written with --optimizer muon; resume with it", dir);
-	snprintf(file, sizeof file, "%s/zero.json", dir);
-	if (stat(file, &sb) == 0)
-		return load_shards(dir, file, n, 0, n, m, v);
-	snprintf(file, sizeof file, "%s/optim.safetensors", dir);
-	float *mv[2] = {m, v};
-	return load_slices(file, c, 0, n, mv, 1);
-}
-
-int loom__read_state_range(const char *dir, const loom_model_config_t *c, size_t off, size_t n, float *p, float *m,
-                           float *v)
+/* [off, off + n) of a checkpoint's whole state into p, m, v; whole: the range is all of it, and the
+ * parameters may be of any dtype loom_model_load reads (a range reads F32 slices). */
+static int read_state(const char *dir, const loom_model_config_t *c, size_t off, size_t n, int whole, float *p,
+                      float *m, float *v)
 {
 	char file[1200];
 	struct stat sb;
@@ -364,7 +343,7 @@ int loom__read_state_range(const char *dir, const loom_model_config_t *c, size_t
 	snprintf(file, sizeof file, "%s/model.safetensors", dir);
 	if ((rc = loom__check_ckpt_model(file, c)) != LOOM_OK)
 		return rc;
-	if (p && (rc = load_slices(file, c, off, n, &p, 0)) != LOOM_OK)
+	if (p && (rc = whole ? loom_model_load(file, c, p) : load_slices(file, c, off, n, &p, 0)) != LOOM_OK)
 		return rc;
 	if (!m || !v)
 		return LOOM_OK;
@@ -376,4 +355,15 @@ int loom__read_state_range(const char *dir, const loom_model_config_t *c, size_t
 	snprintf(file, sizeof file, "%s/optim.safetensors", dir);
 	float *mv[2] = {m, v};
 	return load_slices(file, c, off, n, mv, 1);
+}
+
+int loom__read_whole_state(const char *dir, const loom_model_config_t *c, float *p, float *m, float *v)
+{
+	return read_state(dir, c, 0, loom_model_num_params(c), 1, p, m, v);
+}
+
+int loom__read_state_range(const char *dir, const loom_model_config_t *c, size_t off, size_t n, float *p, float *m,
+                           float *v)
+{
+	return read_state(dir, c, off, n, 0, p, m, v);
 }
