@@ -171,6 +171,9 @@ typedef struct {
 	size_t (*shard_params)(const loom_model_config_t *cfg, int tp);
 	void (*tp_shard)(const loom_model_config_t *cfg, int tp, int r, const float *full, float *shard);
 	void (*tp_unshard)(const loom_model_config_t *cfg, int tp, int r, const float *shard, float *full);
+	/* tp_shard / tp_unshard of tensor i alone, between its whole values (full) and rank r's shard of it */
+	void (*tp_copy_tensor)(const loom_model_config_t *cfg, int tp, int r, int i, float *full, float *shard,
+	                       int to_shard);
 	int (*act_bytes)(const loom_model_config_t *cfg, const loom_model_opts_t *opts, loom_model_act_bytes_t *out);
 	int (*create)(loom_model_t **m, const loom_model_config_t *cfg, const loom_model_opts_t *opts);
 	/* instance level */
@@ -264,6 +267,10 @@ int loom_model_shard_info(const loom_model_config_t *cfg, int tp, int i, loom_te
 size_t loom_model_shard_params(const loom_model_config_t *cfg, int tp);
 void loom_model_tp_shard(const loom_model_config_t *cfg, int tp, int r, const float *full, float *shard);
 void loom_model_tp_unshard(const loom_model_config_t *cfg, int tp, int r, const float *shard, float *full);
+/* The two for tensor i alone: its whole values (the table's numel floats) and rank r's shard of it (the
+ * shard table's numel floats), as the whole-buffer calls copy them. */
+void loom_model_tp_shard_tensor(const loom_model_config_t *cfg, int tp, int r, int i, const float *full, float *shard);
+void loom_model_tp_unshard_tensor(const loom_model_config_t *cfg, int tp, int r, int i, const float *shard, float *full);
 int loom_model_act_bytes(const loom_model_config_t *cfg, const loom_model_opts_t *opts, loom_model_act_bytes_t *out);
 /* FLOPs per token, forward + backward, of unit u (-1..L) at sequence length T, for balancing pipeline
  * stages: the family's own count, or 6 x the unit's matmul parameters (its 2-D tensors but the

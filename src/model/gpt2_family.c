@@ -302,6 +302,7 @@ static const loom_model_family_t gpt2_family = {
 	.shard_params = loom_gpt2_shard_params,
 	.tp_shard = loom_gpt2_tp_shard,
 	.tp_unshard = loom_gpt2_tp_unshard,
+	.tp_copy_tensor = loom__gpt2_tp_copy_tensor,
 	.act_bytes = loom_gpt2_act_bytes,
 	.create = g_create,
 	.destroy = g_destroy,

@@ -152,6 +152,20 @@ void loom_model_tp_unshard(const loom_model_config_t *cfg, int tp, int r, const 
 		f->tp_unshard(cfg, tp, r, shard, full);
 }
 
+void loom_model_tp_shard_tensor(const loom_model_config_t *cfg, int tp, int r, int i, const float *full, float *shard)
+{
+	const loom_model_family_t *f = fam(cfg);
+	if (f)
+		f->tp_copy_tensor(cfg, tp, r, i, (float *)full, shard, 1); /* full is only read */
+}
+
+void loom_model_tp_unshard_tensor(const loom_model_config_t *cfg, int tp, int r, int i, const float *shard, float *full)
+{
+	const loom_model_family_t *f = fam(cfg);
+	if (f)
+		f->tp_copy_tensor(cfg, tp, r, i, full, (float *)shard, 0); /* shard is only read */
+}
+
 int loom_model_act_bytes(const loom_model_config_t *cfg, const loom_model_opts_t *opts, loom_model_act_bytes_t *out)
 {
 	const loom_model_family_t *f = fam(cfg);

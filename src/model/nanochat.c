@@ -557,6 +557,7 @@ static const loom_model_family_t nanochat_family = {
 	.shard_params = loom__nc_shard_params,
 	.tp_shard = loom__nc_tp_shard,
 	.tp_unshard = loom__nc_tp_unshard,
+	.tp_copy_tensor = loom__nc_tp_copy_tensor,
 	.act_bytes = nc_act_bytes,
 	.create = nc_create,
 	.destroy = nc_destroy,

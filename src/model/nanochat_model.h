@@ -67,6 +67,8 @@ int loom__nc_shard_info(const loom_model_config_t *cfg, int tp, int i, loom_tens
 size_t loom__nc_shard_params(const loom_model_config_t *cfg, int tp);
 void loom__nc_tp_shard(const loom_model_config_t *cfg, int tp, int r, const float *full, float *shard);
 void loom__nc_tp_unshard(const loom_model_config_t *cfg, int tp, int r, const float *shard, float *full);
+void loom__nc_tp_copy_tensor(const loom_model_config_t *cfg, int tp, int r, int i, float *full, float *shard,
+                             int to_shard);
 
 /* ---- the model ---------------------------------------------------------------------------------- */
 

@@ -62,22 +62,30 @@ static void walk(const loom__tp_geom_t *g, int r, float *full, float *shard, int
 		}
 }
 
+void loom__gpt2_tp_copy_tensor(const loom_model_config_t *cfg, int tp, int r, int i, float *full, float *shard,
+                               int to_shard)
+{
+	loom_tensor_info_t fi;
+	loom__tp_geom_t g;
+	loom_gpt2_tensor_info(cfg, i, &fi);
+	if (!loom__tp_geom(&fi, tp, &g)) {
+		if (to_shard)
+			memcpy(shard, full, fi.numel * sizeof(float));
+		else
+			memcpy(full, shard, fi.numel * sizeof(float));
+		return;
+	}
+	walk(&g, r, full, shard, to_shard);
+}
+
 static void convert(const loom_gpt2_config_t *cfg, int tp, int r, float *full, float *shard, int to_shard)
 {
 	int n = loom_gpt2_num_tensors(cfg);
 	for (int i = 0; i < n; i++) {
 		loom_tensor_info_t fi, li;
-		loom__tp_geom_t g;
 		loom_gpt2_tensor_info(cfg, i, &fi);
 		loom_gpt2_shard_info(cfg, tp, i, &li);
-		if (!loom__tp_geom(&fi, tp, &g)) {
-			if (to_shard)
-				memcpy(shard + li.offset, full + fi.offset, fi.numel * sizeof(float));
-			else
-				memcpy(full + fi.offset, shard + li.offset, fi.numel * sizeof(float));
-			continue;
-		}
-		walk(&g, r, full + fi.offset, shard + li.offset, to_shard);
+		loom__gpt2_tp_copy_tensor(cfg, tp, r, i, full + fi.offset, shard + li.offset, to_shard);
 	}
 }
 

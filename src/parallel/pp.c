@@ -876,95 +876,6 @@ static int pp_grad_norm(loom_exec_t *ex, loom_strategy_t *s, double *norm)
 	return LOOM_OK;
 }
 
-/* The tensors global stage g (one of this rank's) owns of src (a buffer in the strategy model's
- * packed layout) in the caller's order, which is one contiguous run of the caller's layout
- * (counts[g] floats), into dst. */
-static void pack_owned(const pp_exec_t *e, const float *src, float *dst, int g)
-{
-	for (int k = 0; k < e->ntensors; k++)
-		if (e->own_g[k] == g) {
-			memcpy(dst, src + e->tensors[k].offset, e->tensors[k].numel * sizeof(float));
-			dst += e->tensors[k].numel;
-		}
-}
-
-/* The whole state (parameters and AdamW moments, in the caller's layout: e->nparams floats each) on
- * the first stage of data-parallel rank 0's pipeline, for a checkpoint: the stage's state gathered
- * from its data-parallel ranks (loom__strategy_export, collective over dp), then each global stage's
- * owned run sent to pipeline rank 0, which alone allocates the whole buffers (*p, *m, *v there, NULL
- * elsewhere; the caller frees them). Other ranks hold their stage's state only, as in a step.
- * Collective over the pipeline and dp. */
-static int gather_to_first(pp_exec_t *e, loom_strategy_t *s, float **p, float **m, float **v)
-{
-	size_t n = loom_model_param_count(e->model), bytes = LOOM_MAX(n, 1) * sizeof(float), most = 1;
-	float *loc[3] = {loom_alloc_aligned(bytes), loom_alloc_aligned(bytes), loom_alloc_aligned(bytes)};
-	float *whole[3] = {NULL, NULL, NULL}, *part = NULL;
-	int rc = LOOM_OK, bad;
-	*p = *m = *v = NULL;
-	if (!loc[0] || !loc[1] || !loc[2])
-		rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory for the stage's state (3 x %zu bytes)", e->s,
-		                 bytes);
-	/* every data-parallel rank takes part in the export, even one that failed to allocate: an error
-	 * there would leave its peers waiting (export is collective); a NULL buffer is not read */
-	int erc = loom__strategy_export(s, loc[0], loc[1], loc[2]);
-	rc = rc != LOOM_OK ? rc : erc;
-	if (s->dp_rank != 0) /* every rank of this pipeline has the same data-parallel rank */
-		goto out;
-	for (int g = 0; g < e->G; g++)
-		most = LOOM_MAX(most, e->counts[g]);
-	if (rc == LOOM_OK && e->s == 0) {
-		for (int i = 0; i < 3; i++)
-			if (!(whole[i] = loom_alloc_aligned(LOOM_MAX(e->nparams, 1) * sizeof(float))))
-				rc = loom_seterr(LOOM_ENOMEM, "pipeline stage 0: out of memory for a checkpoint's whole state "
-				                 "(3 x %zu bytes)", e->nparams * sizeof(float));
-	} else if (rc == LOOM_OK && !(part = loom_alloc_aligned(most * sizeof(float)))) {
-		rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory for sending its state", e->s);
-	}
-	/* every rank of the pipeline agrees before the transfers, so a failed one leaves none waiting */
-	bad = rc != LOOM_OK;
-	int arc = loom_allreduce(e->cfg.pp, &bad, &bad, 1, LOOM_INT32, LOOM_MAX);
-	if (arc != LOOM_OK) {
-		rc = loom_seterr(arc, "pipeline stage %d of %d: agreeing on a checkpoint's gather: %s", e->s, e->P,
-		                 loom_comm_errmsg(e->cfg.pp));
-		goto out;
-	}
-	if (bad) {
-		if (rc == LOOM_OK)
-			rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d of %d: another stage could not gather a checkpoint's "
-			                 "state (out of memory there)", e->s, e->P);
-		goto out;
-	}
-	/* chunk c's global stages c P .. c P + P-1 own consecutive runs, in rank order */
-	size_t base = 0;
-	for (int c = 0; c < e->V && rc == LOOM_OK; c++) {
-		for (int q = 0; q < e->P && rc == LOOM_OK; q++) {
-			int g = c * e->P + q;
-			for (int i = 0; i < 3 && rc == LOOM_OK; i++) {
-				if (e->s == 0 && q == 0)
-					pack_owned(e, loc[i], whole[i] + base, g);
-				else if (e->s == 0)
-					rc = loom_recv(e->cfg.pp, whole[i] + base, e->counts[g], LOOM_FLOAT32, q, TAG_SAVE + i);
-				else if (q == e->s) {
-					pack_owned(e, loc[i], part, g);
-					rc = loom_send(e->cfg.pp, part, e->counts[g], LOOM_FLOAT32, 0, TAG_SAVE + i);
-				}
-				if (rc != LOOM_OK)
-					rc = loom_seterr(rc, "pipeline stage %d of %d: %s global stage %d's %s for a checkpoint: %s", e->s,
-					                 e->P, e->s == 0 ? "receiving" : "sending", g,
-					                 i == 0 ? "parameters" : "AdamW moments", loom_comm_errmsg(e->cfg.pp));
-			}
-			base += e->counts[g];
-		}
-	}
-	if (rc == LOOM_OK && e->s == 0)
-		*p = whole[0], *m = whole[1], *v = whole[2], whole[0] = whole[1] = whole[2] = NULL;
-out:
-	for (int i = 0; i < 3; i++)
-		loom_free_aligned(loc[i]), loom_free_aligned(whole[i]);
-	loom_free_aligned(part);
-	return rc;
-}
-
 /* The rank of the pipeline owning caller's tensor t: the one running the global stage whose run of
  * the caller's layout holds it (the runs tile the layout in global-stage order). */
 static int owner_rank(const pp_exec_t *e, int t)
@@ -1028,11 +939,22 @@ static int stream_drain(stream_t *st, int kind, int rc)
 	return rc;
 }
 
-/* A checkpoint as one process's, streamed (tp 1): the first stage of data-parallel rank 0's pipeline
- * writes model.safetensors and optim.safetensors tensor by tensor in file order, each tensor from its
- * own state or received from the stage owning it, which sends its tensors in that order; no rank
- * holds more than its stage's state and one tensor. Collective over the pipeline (dp rank 0's) once
- * every rank has its stage's state (loc). */
+/* With tensor parallelism: this rank's shard of the table's tensor t of state `which`, for the first
+ * stage's tp group (loom__tp_write_stream asks in file order, as the owners send). */
+static int stage_shard(void *ctx, int which, int t, const float **shard)
+{
+	stream_t *st = ctx;
+	int n = st->e->nfull, i = which == 0 ? t : which == 1 ? t : n + t;
+	st->kind = which == 0 ? 0 : 1;
+	return stream_fill(st, i, (const void **)shard);
+}
+
+/* A checkpoint as one process's, streamed: the first stage of data-parallel rank 0's pipeline writes
+ * model.safetensors and optim.safetensors tensor by tensor in file order, each tensor from its own
+ * state or received from the stage owning it, which sends its tensors in that order (with tensor
+ * parallelism each tp rank's shards so, which the first stage's tp group unshards as it writes:
+ * loom__tp_write_stream); no rank holds more than its stage's state and a tensor. Collective over the
+ * pipeline (dp rank 0's) once every rank has its stage's state (loc). */
 static int stream_save(pp_exec_t *e, float *const loc[3], const loom_ckpt_writer_t *w)
 {
 	stream_t st = {.e = e, .loc = {loc[0], loc[1], loc[2]}};
@@ -1059,6 +981,13 @@ static int stream_save(pp_exec_t *e, float *const loc[3], const loom_ckpt_writer
 			most = LOOM_MAX(most, e->full[t].numel);
 	if (!(st.bounce = loom_alloc_aligned(most * sizeof(float))))
 		return loom_seterr(LOOM_ENOMEM, "pipeline stage 0: out of memory for receiving a checkpoint's tensor");
+	if (e->tp_size > 1) { /* the first stage's tp group writes, each rank's shards taken as above */
+		loom__tp_group_t g;
+		loom__tp_group_init(&g, e->cfg.tp);
+		rc = loom__tp_write_stream(&g, &e->mc, stage_shard, &st, w);
+		loom_free_aligned(st.bounce);
+		return rc;
+	}
 	/* the writers run only on the active writer; after an error (or without a writer) the remaining
 	 * tensors are still received */
 	int active = w && w->active;
@@ -1073,56 +1002,43 @@ static int stream_save(pp_exec_t *e, float *const loc[3], const loom_ckpt_writer
 	return rc;
 }
 
-/* A checkpoint as one process's. With tp 1 streamed (stream_save); with tensor parallelism the whole
- * state gathered on the first stage of data-parallel rank 0's pipeline (gather_to_first), whose tp
- * group unshards and writes it. */
+/* A checkpoint as one process's, streamed from the stages' states (stream_save). */
 static int pp_save(loom_exec_t *ex, loom_strategy_t *s, const loom_ckpt_writer_t *w)
 {
 	pp_exec_t *e = (pp_exec_t *)ex;
-	float *p = NULL, *m = NULL, *v = NULL;
-	int rc;
+	int rc = LOOM_OK, bad;
 	if (s->muon)
 		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: checkpoints of MuonAdamW under pipeline parallel are "
 		                   "not written (its state is per rank)", e->s);
-	if (e->tp_size == 1) {
-		/* the stage's state: the strategy's own buffers where it holds it whole (DDP), else gathered
-		 * over dp (ZeRO: collective, every rank) into buffers of the call */
-		size_t n = loom_model_param_count(e->model), bytes = LOOM_MAX(n, 1) * sizeof(float);
-		float *view[3], *loc[3] = {NULL, NULL, NULL};
-		int bad, copy = loom__strategy_state_views(s, &view[0], &view[1], &view[2]) != LOOM_OK;
-		rc = LOOM_OK;
-		if (copy) {
-			for (int i = 0; i < 3; i++)
-				if (!(loc[i] = loom_alloc_aligned(bytes)))
-					rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory for the stage's state", e->s);
-			int erc = loom__strategy_export(s, loc[0], loc[1], loc[2]); /* collective over dp: every rank */
-			rc = rc != LOOM_OK ? rc : erc;
-		} else {
-			for (int i = 0; i < 3; i++)
-				loc[i] = view[i]; /* read only */
-		}
-		if (s->dp_rank == 0) { /* this pipeline writes; every rank of it agrees first */
-			bad = rc != LOOM_OK;
-			int arc = loom_allreduce(e->cfg.pp, &bad, &bad, 1, LOOM_INT32, LOOM_MAX);
-			if (arc != LOOM_OK)
-				rc = loom_seterr(arc, "pipeline stage %d of %d: agreeing on a checkpoint: %s", e->s, e->P,
-				                 loom_comm_errmsg(e->cfg.pp));
-			else if (bad && rc == LOOM_OK)
-				rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d of %d: another stage could not gather its state "
-				                 "for a checkpoint", e->s, e->P);
-			else if (!bad)
-				rc = stream_save(e, loc, w);
-		}
-		for (int i = 0; i < 3 && copy; i++)
-			loom_free_aligned(loc[i]);
-		return rc;
+	/* the stage's state: the strategy's own buffers where it holds it whole (DDP), else gathered over
+	 * dp (ZeRO: collective, every rank) into buffers of the call */
+	size_t n = loom_model_param_count(e->model), bytes = LOOM_MAX(n, 1) * sizeof(float);
+	float *view[3], *loc[3] = {NULL, NULL, NULL};
+	int copy = loom__strategy_state_views(s, &view[0], &view[1], &view[2]) != LOOM_OK;
+	if (copy) {
+		for (int i = 0; i < 3; i++)
+			if (!(loc[i] = loom_alloc_aligned(bytes)))
+				rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory for the stage's state", e->s);
+		int erc = loom__strategy_export(s, loc[0], loc[1], loc[2]); /* collective over dp: every rank */
+		rc = rc != LOOM_OK ? rc : erc;
+	} else {
+		for (int i = 0; i < 3; i++)
+			loc[i] = view[i]; /* read only */
 	}
-	if ((rc = gather_to_first(e, s, &p, &m, &v)) == LOOM_OK && e->s == 0 && s->dp_rank == 0) {
-		loom__tp_group_t g;
-		loom__tp_group_init(&g, e->cfg.tp);
-		rc = loom__tp_write_whole(&g, &e->mc, e->nparams, p, m, v, w);
+	if (s->dp_rank == 0) { /* this pipeline writes; every rank of it agrees first */
+		bad = rc != LOOM_OK;
+		int arc = loom_allreduce(e->cfg.pp, &bad, &bad, 1, LOOM_INT32, LOOM_MAX);
+		if (arc != LOOM_OK)
+			rc = loom_seterr(arc, "pipeline stage %d of %d: agreeing on a checkpoint: %s", e->s, e->P,
+			                 loom_comm_errmsg(e->cfg.pp));
+		else if (bad && rc == LOOM_OK)
+			rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d of %d: another stage could not gather its state "
+			                 "for a checkpoint", e->s, e->P);
+		else if (!bad)
+			rc = stream_save(e, loc, w);
 	}
-	loom_free_aligned(p), loom_free_aligned(m), loom_free_aligned(v);
+	for (int i = 0; i < 3 && copy; i++)
+		loom_free_aligned(loc[i]);
 	return rc;
 }
 
@@ -1142,14 +1058,13 @@ static int read_held(pp_exec_t *e, const char *dir, float *p, float *m, float *v
 
 /* Any checkpoint (any strategy, mesh or stage count wrote it): the tensors this rank holds (tp 1:
  * read_held, straight into the strategy's buffers where it holds the stage's state whole; with tensor
- * parallelism the whole shard is read, then the rank's tensors taken), and the strategy its part of
- * those. Not collective. */
+ * parallelism each held tensor's shard from its full tensor, loom__tp_read_tensor), and the strategy
+ * its part of those. Not collective. */
 static int pp_load(loom_exec_t *ex, loom_strategy_t *s, const char *dir, long long step)
 {
 	pp_exec_t *e = (pp_exec_t *)ex;
 	size_t n = loom_model_param_count(e->model), bytes = LOOM_MAX(n, 1) * sizeof(float);
-	size_t wbytes = LOOM_MAX(e->nparams, 1) * sizeof(float);
-	float *p = NULL, *m = NULL, *v = NULL, *lp = NULL, *lm = NULL, *lv = NULL, *view[3];
+	float *lp = NULL, *lm = NULL, *lv = NULL, *scratch = NULL, *view[3];
 	int rc = LOOM_OK, direct;
 	if (s->muon)
 		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: resuming MuonAdamW under pipeline parallel is not "
@@ -1160,29 +1075,35 @@ static int pp_load(loom_exec_t *ex, loom_strategy_t *s, const char *dir, long lo
 		return (rc = read_held(e, dir, view[0], view[1], view[2])) != LOOM_OK
 		           ? rc : loom__strategy_import(s, NULL, NULL, NULL, step);
 	lp = loom_alloc_aligned(bytes), lm = loom_alloc_aligned(bytes), lv = loom_alloc_aligned(bytes);
-	if (e->tp_size > 1)
-		p = loom_alloc_aligned(wbytes), m = loom_alloc_aligned(wbytes), v = loom_alloc_aligned(wbytes);
-	if (!lp || !lm || !lv || (e->tp_size > 1 && (!p || !m || !v))) {
+	if (!lp || !lm || !lv) {
 		rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory to read a checkpoint", e->s);
 		goto out;
 	}
-	if (e->tp_size > 1) {
+	if (e->tp_size > 1) { /* each held tensor's shard, from its full tensor */
 		loom__tp_group_t g;
+		size_t most = 1;
 		loom__tp_group_init(&g, e->cfg.tp);
-		if ((rc = loom__tp_read_shard(&g, dir, &e->mc, e->nparams, p, m, v)) != LOOM_OK)
-			goto out;
 		for (int k = 0; k < e->ntensors; k++) {
-			size_t from = e->full[e->idx[k]].offset, to = e->tensors[k].offset, cnt = e->tensors[k].numel;
-			memcpy(lp + to, p + from, cnt * sizeof(float));
-			memcpy(lm + to, m + from, cnt * sizeof(float));
-			memcpy(lv + to, v + from, cnt * sizeof(float));
+			loom_tensor_info_t fi;
+			loom_model_tensor_info(&e->mc, e->idx[k], &fi);
+			most = LOOM_MAX(most, fi.numel);
 		}
+		if (!(scratch = loom_alloc_aligned(3 * most * sizeof(float)))) {
+			rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory to read a checkpoint", e->s);
+			goto out;
+		}
+		for (int k = 0; k < e->ntensors && rc == LOOM_OK; k++) {
+			size_t to = e->tensors[k].offset;
+			rc = loom__tp_read_tensor(&g, dir, &e->mc, e->idx[k], lp + to, lm + to, lv + to, scratch);
+		}
+		if (rc != LOOM_OK)
+			goto out;
 	} else if ((rc = read_held(e, dir, lp, lm, lv)) != LOOM_OK) {
 		goto out;
 	}
 	rc = loom__strategy_import(s, lp, lm, lv, step);
 out:
-	loom_free_aligned(p), loom_free_aligned(m), loom_free_aligned(v);
+	loom_free_aligned(scratch);
 	loom_free_aligned(lp), loom_free_aligned(lm), loom_free_aligned(lv);
 	return rc;
 }

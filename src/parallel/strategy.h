@@ -233,16 +233,29 @@ double loom__tp_group_take_ms(loom__tp_group_t *g);
 /* LOOM_EMISMATCH naming the tp ranks whose whole (tp_dim < 0) tensors of params differ from rank 0's.
  * Collective over the group (LOOM_OK at once for one rank). */
 int loom__tp_check_whole(const loom__tp_group_t *g, const loom_tensor_info_t *tensors, int ntensors, const float *params);
-/* A checkpoint's model.safetensors and optim.safetensors from the group's shards (nshard floats each of
- * p, m, v, laid out as the model's shard table): gathered and unsharded on every rank of the group, and
- * written by the one whose w is active (the others pass an inactive writer or NULL). Collective over
- * the group. */
+/* Where loom__tp_write_stream takes this rank's shard of the table's tensor t of state `which` (0 the
+ * parameters, 1 m, 2 v): LOOM_OK and *shard (the shard table's numel floats, read before the next
+ * call), or an error with its message. It is asked for every tensor, in file order. */
+typedef int (*loom__tp_shard_fn)(void *ctx, int which, int t, const float **shard);
+/* A checkpoint's model.safetensors and optim.safetensors streamed from the group's shards: tp rank 0
+ * writes them tensor by tensor (with its w active; without, it still takes part), a split tensor
+ * unsharded from the shards the other ranks send it in file order, so no rank holds more than its
+ * shard and one tensor. Collective over the group (after one agreement, so a failed allocation leaves
+ * none waiting). */
+int loom__tp_write_stream(const loom__tp_group_t *g, const loom_model_config_t *c, loom__tp_shard_fn get, void *ctx,
+                          const loom_ckpt_writer_t *w);
+/* loom__tp_write_stream from whole shard buffers (nshard floats each of p, m, v, laid out as the model's
+ * shard table). */
 int loom__tp_write_whole(const loom__tp_group_t *g, const loom_model_config_t *c, size_t nshard, const float *p,
                          const float *m, const float *v, const loom_ckpt_writer_t *w);
 /* This tp rank's shard (nshard floats, the shard table's layout) of a checkpoint's whole state, into
- * p, m, v (any NULL: not read). Not collective. */
+ * p, m, v (any NULL: not read), reading one full tensor at a time. Not collective. */
 int loom__tp_read_shard(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, size_t nshard, float *p,
                         float *m, float *v);
+/* This rank's shard of the table's tensor t alone into p, m, v (its shard's numel floats each; any NULL:
+ * not read), with scratch of 3 x the full tensor's numel floats. Not collective. */
+int loom__tp_read_tensor(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, int t, float *p,
+                         float *m, float *v, float *scratch);
 
 /* The model's whole state as this rank's strategy holds it, into buffers of the model's table layout
  * (nparams floats each; any NULL: not wanted): the parameters, AdamW's moments; gathered over the

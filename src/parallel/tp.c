@@ -15,14 +15,17 @@
  * bit-identical (DDP's invariant). The gradient norm sums the squares of the split tensors over the
  * group (one all-reduce of a double) and adds those of the replicated ones once.
  *
- * Checkpoints are always whole: save all-gathers the group's shards and the writer writes the full
- * HF-layout tensors (model.safetensors, optim.safetensors), so a checkpoint of any tp loads at any
- * other tp, in `loom sample` and in PyTorch; load reads the full tensors and keeps this rank's shard. */
+ * Checkpoints are always whole, and streamed: the writer (tp rank 0 of the group) writes the full
+ * HF-layout tensors (model.safetensors, optim.safetensors) one at a time, each split tensor unsharded
+ * from the shards the others send it in file order, so no rank holds more than its shard and a tensor;
+ * a checkpoint of any tp loads at any other tp, in `loom sample` and in PyTorch; load reads one full
+ * tensor at a time and keeps this rank's shard of it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/model_internal.h"
 #include "core/util.h"
 #include "loom/ddp.h"
 #include "parallel/strategy.h"
@@ -230,70 +233,195 @@ int loom__tp_check_whole(const loom__tp_group_t *g, const loom_tensor_info_t *te
 
 /* full (whole-model floats) = the group's shards of src (this rank's shard of nshard floats),
  * through the scratch `all` (size x nshard floats). Collective over the group. */
-static int gather_full(const loom__tp_group_t *g, const loom_model_config_t *c, size_t nshard, const float *src,
-                       float *all, float *full)
+/* ---- checkpoints, streamed tensor by tensor ----------------------------------------------------- */
+
+enum { TAG_TP_CKPT = 6091 }; /* + 0 parameters, 1 and 2 the moments */
+
+/* Tensor i of file `kind` (0 model.safetensors, 1 optim.safetensors: the moments m of every tensor,
+ * then v) as the writers take them: the table's tensor *t of state *which (0 p, 1 m, 2 v). */
+static void ckpt_item(const loom_model_config_t *c, int kind, int i, int *t, int *which)
 {
-	int rc = g->size > 1 ? loom_allgather(g->comm, src, all, nshard, LOOM_FLOAT32) : LOOM_OK;
+	int n = loom_model_num_tensors(c);
+	*t = kind == 0 ? i : i % n;
+	*which = kind == 0 ? 0 : i < n ? 1 : 2;
+}
+
+static int is_split(const loom_model_config_t *c, int t)
+{
+	loom_tensor_info_t fi;
+	return loom_model_tensor_info(c, t, &fi) == LOOM_OK && fi.tp_dim >= 0;
+}
+
+typedef struct {
+	const loom__tp_group_t *g;
+	const loom_model_config_t *c;
+	loom__tp_shard_fn get;
+	void *ctx;
+	float *shard, *full; /* one shard of a tensor received, one whole tensor (the writer's) */
+	int kind, next;
+} tp_stream_t;
+
+/* The writer's (tp rank 0) tensor i of file st->kind: its own shard and, for a split tensor, every
+ * other rank's received and unsharded into one whole tensor. */
+static int tp_fill(void *ctx, int i, const void **data)
+{
+	tp_stream_t *st = ctx;
+	const loom__tp_group_t *g = st->g;
+	const float *own;
+	int t, which, rc;
+	ckpt_item(st->c, st->kind, i, &t, &which);
+	st->next = i + 1;
+	if ((rc = st->get(st->ctx, which, t, &own)) != LOOM_OK)
+		return rc;
+	if (g->size == 1 || !is_split(st->c, t)) { /* kept whole by every rank: the writer's copy */
+		*data = own;
+		return LOOM_OK;
+	}
+	loom_tensor_info_t li;
+	loom_model_shard_info(st->c, g->size, t, &li);
+	loom_model_tp_unshard_tensor(st->c, g->size, 0, t, own, st->full);
+	for (int q = 1; q < g->size; q++) {
+		if ((rc = loom_recv(g->comm, st->shard, li.numel, LOOM_FLOAT32, q, TAG_TP_CKPT + which)) != LOOM_OK)
+			return loom_seterr(rc, "tensor parallel: rank 0: receiving rank %d's shard of %s for a checkpoint: %s", q,
+			                   li.name, loom_comm_errmsg(g->comm));
+		loom_model_tp_unshard_tensor(st->c, g->size, q, t, st->shard, st->full);
+	}
+	*data = st->full;
+	return LOOM_OK;
+}
+
+/* The rest of file st->kind after its writer stopped (or without one): received and dropped. */
+static int tp_drain(tp_stream_t *st, int rc)
+{
+	int count = (st->kind == 0 ? 1 : 2) * loom_model_num_tensors(st->c);
+	for (int i = st->next; i < count; i++) {
+		const void *d;
+		int r = tp_fill(st, i, &d);
+		rc = rc != LOOM_OK ? rc : r;
+	}
+	return rc;
+}
+
+int loom__tp_write_stream(const loom__tp_group_t *g, const loom_model_config_t *c, loom__tp_shard_fn get, void *ctx,
+                          const loom_ckpt_writer_t *w)
+{
+	tp_stream_t st = {.g = g, .c = c, .get = get, .ctx = ctx};
+	int n = loom_model_num_tensors(c), rc = LOOM_OK, bad;
+	char path[1200];
+	if (g->rank == 0) {
+		size_t most = 1, mosts = 1;
+		for (int t = 0; t < n; t++) {
+			loom_tensor_info_t fi, li;
+			loom_model_tensor_info(c, t, &fi);
+			loom_model_shard_info(c, g->size, t, &li);
+			most = LOOM_MAX(most, fi.numel), mosts = LOOM_MAX(mosts, li.numel);
+		}
+		if (g->size > 1 && (!(st.full = loom_alloc_aligned(most * sizeof(float))) ||
+		                    !(st.shard = loom_alloc_aligned(mosts * sizeof(float)))))
+			rc = loom_seterr(LOOM_ENOMEM, "tensor parallel: rank 0: out of memory for a checkpoint's tensor");
+	}
+	/* every rank of the group agrees before the transfers, so a failed one leaves none waiting */
+	bad = rc != LOOM_OK;
+	if (g->size > 1) {
+		int arc = loom_allreduce(g->comm, &bad, &bad, 1, LOOM_INT32, LOOM_MAX);
+		if (arc != LOOM_OK)
+			rc = loom_seterr(arc, "tensor parallel: rank %d: agreeing on a checkpoint: %s", g->rank,
+			                 loom_comm_errmsg(g->comm));
+		else if (bad && rc == LOOM_OK)
+			rc = loom_seterr(LOOM_ENOMEM, "tensor parallel: rank %d: another rank could not write a checkpoint",
+			                 g->rank);
+	}
 	if (rc != LOOM_OK)
-		return loom_seterr(rc, "tensor parallel: rank %d: gathering the shards for a checkpoint: %s", g->rank,
-		                   loom_comm_errmsg(g->comm));
-	if (g->size == 1)
-		memcpy(full, src, nshard * sizeof(float));
-	else
-		for (int r = 0; r < g->size; r++)
-			loom_model_tp_unshard(c, g->size, r, all + (size_t)r * nshard, full);
+		goto out;
+	if (g->rank != 0) { /* every tensor's shard taken in the writers' order; the split ones sent */
+		for (int kind = 0; kind < 2 && rc == LOOM_OK; kind++)
+			for (int i = 0; i < (kind == 0 ? n : 2 * n) && rc == LOOM_OK; i++) {
+				const float *own;
+				int t, which;
+				ckpt_item(c, kind, i, &t, &which);
+				if ((rc = get(ctx, which, t, &own)) != LOOM_OK || !is_split(c, t))
+					continue;
+				loom_tensor_info_t li;
+				loom_model_shard_info(c, g->size, t, &li);
+				if ((rc = loom_send(g->comm, own, li.numel, LOOM_FLOAT32, 0, TAG_TP_CKPT + which)) != LOOM_OK)
+					rc = loom_seterr(rc, "tensor parallel: rank %d: sending its shard of %s for a checkpoint: %s",
+					                 g->rank, li.name, loom_comm_errmsg(g->comm));
+			}
+		goto out;
+	}
+	int active = w && w->active;
+	if (active && (rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) == LOOM_OK)
+		rc = loom__model_save_fill(path, c, tp_fill, &st);
+	rc = tp_drain(&st, rc);
+	st.kind = 1, st.next = 0;
+	if (active && rc == LOOM_OK && (rc = loom_ckpt_file(w, "optim.safetensors", path, sizeof path)) == LOOM_OK)
+		rc = loom__optim_save_fill(path, c, tp_fill, &st);
+	rc = tp_drain(&st, rc);
+out:
+	loom_free_aligned(st.full), loom_free_aligned(st.shard);
+	return rc;
+}
+
+/* A rank's whole shard buffers as loom__tp_write_stream takes them. */
+typedef struct {
+	const loom_model_config_t *c;
+	int tp;
+	const float *src[3];
+} whole_src_t;
+
+static int whole_get(void *ctx, int which, int t, const float **shard)
+{
+	whole_src_t *ws = ctx;
+	loom_tensor_info_t li;
+	loom_model_shard_info(ws->c, ws->tp, t, &li);
+	*shard = ws->src[which] + li.offset;
 	return LOOM_OK;
 }
 
 int loom__tp_write_whole(const loom__tp_group_t *g, const loom_model_config_t *c, size_t nshard, const float *p,
                          const float *m, const float *v, const loom_ckpt_writer_t *w)
 {
-	const loom_ckpt_writer_t *out = w && w->active ? w : NULL; /* non-writers get an inactive writer */
-	size_t nfull = loom_model_num_params(c);
-	float *all = loom_alloc_aligned((size_t)g->size * nshard * sizeof(float));
-	float *fp = loom_alloc_aligned(nfull * sizeof(float)), *fm = loom_alloc_aligned(nfull * sizeof(float));
-	float *fv = loom_alloc_aligned(nfull * sizeof(float));
-	char path[1200];
+	whole_src_t ws = {.c = c, .tp = g->size, .src = {p, m, v}};
+	(void)nshard;
+	return loom__tp_write_stream(g, c, whole_get, &ws, w);
+}
+
+int loom__tp_read_tensor(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, int t, float *p,
+                         float *m, float *v, float *scratch)
+{
+	loom_tensor_info_t fi;
 	int rc;
-	/* (a rank that cannot allocate returns before the gathers: the others' gathers then fail with the
-	 * communicator's timeout, naming the missing rank) */
-	if (!all || !fp || !fm || !fv) {
-		rc = loom_seterr(LOOM_ENOMEM, "tensor parallel: rank %d: out of memory for a checkpoint", g->rank);
-		goto out;
-	}
-	if ((rc = gather_full(g, c, nshard, p, all, fp)) || (rc = gather_full(g, c, nshard, m, all, fm)) ||
-	    (rc = gather_full(g, c, nshard, v, all, fv)))
-		goto out;
-	if (out && ((rc = loom_ckpt_file(out, "model.safetensors", path, sizeof path)) ||
-	            (rc = loom_model_save_safetensors(path, c, fp)) ||
-	            (rc = loom_ckpt_file(out, "optim.safetensors", path, sizeof path)) ||
-	            (rc = loom_optim_save(path, c, fm, fv))))
-		goto out;
-out:
-	loom_free_aligned(all), loom_free_aligned(fp), loom_free_aligned(fm), loom_free_aligned(fv);
-	return rc;
+	loom_model_tensor_info(c, t, &fi);
+	float *full[3] = {scratch, m ? scratch + fi.numel : NULL, v ? scratch + 2 * fi.numel : NULL}, *dst[3] = {p, m, v};
+	if ((rc = loom__read_state_range(dir, c, fi.offset, fi.numel, p ? full[0] : NULL, full[1], full[2])) != LOOM_OK)
+		return rc;
+	for (int k = 0; k < 3; k++)
+		if (dst[k])
+			loom_model_tp_shard_tensor(c, g->size, g->rank, t, full[k], dst[k]);
+	return LOOM_OK;
 }
 
 int loom__tp_read_shard(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, size_t nshard, float *p,
                         float *m, float *v)
 {
-	size_t nfull = loom_model_num_params(c);
-	float *fp = p ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
-	float *fm = m ? loom_alloc_aligned(nfull * sizeof(float)) : NULL, *fv = v ? loom_alloc_aligned(nfull * sizeof(float)) : NULL;
-	int rc;
+	int n = loom_model_num_tensors(c), rc = LOOM_OK;
+	size_t most = 1;
+	float *scratch;
 	(void)nshard;
-	if ((p && !fp) || (m && !fm) || (v && !fv)) {
-		rc = loom_seterr(LOOM_ENOMEM, "tensor parallel: rank %d: out of memory to read a checkpoint", g->rank);
-		goto out;
+	for (int t = 0; t < n; t++) {
+		loom_tensor_info_t fi;
+		loom_model_tensor_info(c, t, &fi);
+		most = LOOM_MAX(most, fi.numel);
 	}
-	if ((rc = loom__read_whole_state(dir, c, fp, fm, fv)) != LOOM_OK)
-		goto out;
-	float *full[3] = {fp, fm, fv}, *dst[3] = {p, m, v};
-	for (int k = 0; k < 3; k++)
-		if (dst[k])
-			loom_model_tp_shard(c, g->size, g->rank, full[k], dst[k]);
-out:
-	loom_free_aligned(fp), loom_free_aligned(fm), loom_free_aligned(fv);
+	if (!(scratch = loom_alloc_aligned(3 * most * sizeof(float))))
+		return loom_seterr(LOOM_ENOMEM, "tensor parallel: rank %d: out of memory to read a checkpoint", g->rank);
+	for (int t = 0; t < n && rc == LOOM_OK; t++) {
+		loom_tensor_info_t li;
+		loom_model_shard_info(c, g->size, t, &li);
+		rc = loom__tp_read_tensor(g, dir, c, t, p ? p + li.offset : NULL, m ? m + li.offset : NULL,
+		                          v ? v + li.offset : NULL, scratch);
+	}
+	loom_free_aligned(scratch);
 	return rc;
 }
 
