@@ -579,10 +579,11 @@ static double now_s(void)
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* kill -9 of rank 1 of a ZeRO-3 job that saves a sharded checkpoint every step (so the kill often
- * lands in a save, and otherwise in a gather): `loom run` exits within 5 s naming the dead rank, and
- * the newest complete checkpoint loads and training resumes from it. */
-TEST(zero3_rank_killed_during_saves)
+/* kill -9 of one rank (victim, e.g. "RANK=1") of a job of nproc ranks with `mesh` flags that saves a
+ * checkpoint every step (so the kill often lands in a save, and otherwise in a step): `loom run`
+ * exits within 5 s naming the dead rank, and the newest complete checkpoint loads and training
+ * resumes from it. */
+static int killed_during_saves(int nproc, const char *mesh, const char *victim_env)
 {
 	char dir[512], cmd[4096], out[16384], ck[700], latest[1200];
 	const char *loom = test_loom_bin();
@@ -592,9 +593,9 @@ TEST(zero3_rank_killed_during_saves)
 	pid_t job, victim = -1;
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));
 	CHECK_OK(make_data(dir));
-	snprintf(cmd, sizeof cmd, "exec %s train --nproc 2 --zero 3 --train-data '%s/train_*.bin' " FLAGS
+	snprintf(cmd, sizeof cmd, "exec %s train --nproc %d %s --train-data '%s/train_*.bin' " FLAGS
 	         " --steps 100000 --schedule constant --save-dir %s/ck --save-every 1 --keep-checkpoints 3 > %s/out.txt "
-	         "2>&1", loom, dir, dir, dir);
+	         "2>&1", loom, nproc, mesh, dir, dir, dir);
 	fflush(NULL);
 	job = fork();
 	CHECK(job >= 0);
@@ -604,13 +605,13 @@ TEST(zero3_rank_killed_during_saves)
 	}
 	snprintf(ck, sizeof ck, "%s/ck/step_00000005", dir);
 	double t0 = now_s();
-	while (now_s() - t0 < 60 && (stat(ck, &sb) != 0 || (victim = child_with_env(job, "RANK=1")) < 0) &&
+	while (now_s() - t0 < 60 && (stat(ck, &sb) != 0 || (victim = child_with_env(job, victim_env)) < 0) &&
 	       waitpid(job, &status, WNOHANG) == 0)
 		usleep(2000);
 	if (victim < 0) {
 		kill(job, SIGKILL);
 		waitpid(job, &status, 0);
-		TEST_FAIL_("no checkpoint of step 5 or no rank 1 within 60 s (status %d)", status);
+		TEST_FAIL_("no checkpoint of step 5 or no %s within 60 s (status %d)", victim_env, status);
 	}
 	usleep(3000); /* into the next step or save */
 	CHECK_EQ(kill(victim, SIGKILL), 0);
@@ -624,14 +625,15 @@ TEST(zero3_rank_killed_during_saves)
 	}
 	snprintf(cmd, sizeof cmd, "cat %s/out.txt", dir);
 	RUN_OK(cmd, out, 10);
-	CHECK_MSG(waited < 5.0, "loom run took %.2f s to exit after rank 1 was killed:\n%s", waited, out);
+	CHECK_MSG(waited < 5.0, "loom run took %.2f s to exit after %s was killed:\n%s", waited, victim_env, out);
 	CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) != 0, "status %d:\n%s", status, out);
 	CHECK_CONTAINS(out, ") was killed by signal 9 (SIGKILL)");
 	snprintf(ck, sizeof ck, "%s/ck", dir);
 	CHECK_OK(loom_ckpt_latest(ck, latest, sizeof latest, &last));
 	CHECK(last >= 5);
-	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --zero 3 --train-data '%s/train_*.bin' " FLAGS
-	         " --steps %lld --schedule constant --save-dir %s/ck --resume", loom, dir, (long long)last + 2, dir);
+	snprintf(cmd, sizeof cmd, "%s train --nproc %d %s --train-data '%s/train_*.bin' " FLAGS
+	         " --steps %lld --schedule constant --save-dir %s/ck --resume", loom, nproc, mesh, dir, (long long)last + 2,
+	         dir);
 	RUN_OK(cmd, out, 60);
 	char want[96];
 	snprintf(want, sizeof want, "at step %lld", (long long)last);
@@ -640,4 +642,17 @@ TEST(zero3_rank_killed_during_saves)
 	CHECK_CONTAINS(out, want);
 	test_rmdir(dir);
 	return 0;
+}
+
+TEST(zero3_rank_killed_during_saves)
+{
+	return killed_during_saves(2, "--zero 3", "RANK=1");
+}
+
+/* The streamed checkpoints of a pipeline (stage 1 sends its tensors to stage 0's writer) and of
+ * tp 2 x pp 2 (the last stage's tp rank 1 sends through the first stage's tp rank 1 to the writer). */
+TEST(pp_rank_killed_during_saves)
+{
+	int rc = killed_during_saves(2, "--pp 2 --micro-batches 2", "RANK=1");
+	return rc ? rc : killed_during_saves(4, "--tp 2 --pp 2 --micro-batches 2", "RANK=3");
 }
