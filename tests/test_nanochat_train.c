@@ -241,7 +241,7 @@ TEST(nanochat_muon_dist_matches_one_process)
 			          s, got[s], ref[s]);
 	}
 	CHECK(ref[STEPS] < ref[1] - 0.05);
-	/* two pipeline stages, each its own matrices (and an evaluation on the gathered model): within 1e-5, as
+	/* two pipeline stages, each its own matrices (and an evaluation through the stages): within 1e-5, as
 	 * the pipeline is under AdamW; their checkpoints are refused before training */
 	snprintf(cmd, sizeof cmd, "%s train --nproc 2 --pp 2 --train-data '%s/train_*.bin' " NC_BASE " --optimizer muon "
 	         "--steps %d --log %s/pp.jsonl --val-data '%s/train_*.bin' --eval-every 3 --eval-batches 2", loom, dir, STEPS,
