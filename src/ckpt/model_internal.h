@@ -33,5 +33,17 @@ int loom__st_write_fill(const char *path, const loom_st_tensor_t *t, int n, cons
  * so a caller can write a state no buffer holds whole (a pipeline's stages). */
 int loom__model_save_fill(const char *path, const loom_model_config_t *cfg, loom__st_fill_fn fill, void *ctx);
 int loom__optim_save_fill(const char *path, const loom_model_config_t *cfg, loom__st_fill_fn fill, void *ctx);
+/* The order those two take their tensors in: tensor i of file `kind` (0 the model's, 1 the optimizer's)
+ * of a table of n tensors is tensor *t of state *which (0 the parameters, 1 m, 2 v); a file has
+ * loom__ckpt_count(n, kind) of them. A streaming sender walks the same order. */
+static inline void loom__ckpt_item(int n, int kind, int i, int *t, int *which)
+{
+	*t = kind == 0 ? i : i % n;
+	*which = kind == 0 ? 0 : i < n ? 1 : 2;
+}
+static inline int loom__ckpt_count(int n, int kind)
+{
+	return kind == 0 ? n : 2 * n;
+}
 
 #endif

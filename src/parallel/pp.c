@@ -889,32 +889,23 @@ static int owner_rank(const pp_exec_t *e, int t)
 	return 0;
 }
 
-/* The streaming writer on the first stage (tp 1): tensor i of the file in progress (kind 0: the
- * model's parameters, 1: the optimizer's m then v) from this rank's stage state, or received from its
- * owner into one tensor's buffer. */
+/* A checkpoint's tensors as the first stage takes them: its own stage state, or one tensor received
+ * from the stage owning it. */
 typedef struct {
 	pp_exec_t *e;
-	float *loc[3];  /* this rank's stage state: parameters, m, v (the strategy model's packed layout) */
-	float *bounce;  /* one tensor received */
-	int kind, next; /* the file being written; its next tensor to fill */
+	float *loc[3]; /* this rank's stage state: parameters, m, v (the strategy model's packed layout) */
+	float *bounce; /* one tensor received */
 } stream_t;
 
-/* Tensor i of file `kind` as the writers take them: the caller's tensor, which of loc, and the tag. */
-static void stream_item(const stream_t *st, int kind, int i, int *t, int *which)
-{
-	int n = st->e->nfull;
-	*t = kind == 0 ? i : i % n;
-	*which = kind == 0 ? 0 : i < n ? 1 : 2;
-}
-
-static int stream_fill(void *ctx, int i, const void **data)
+/* This rank's (tp shard of the) caller's tensor t of state `which`, as loom__tp_write_stream asks for
+ * them in file order: from loc when this rank owns it, else received from its owner, which sends its
+ * tensors in that order (stream_save). */
+static int stage_tensor(void *ctx, int which, int t, const float **data)
 {
 	stream_t *st = ctx;
 	pp_exec_t *e = st->e;
-	int t, which, q, rc;
-	stream_item(st, st->kind, i, &t, &which);
-	st->next = i + 1;
-	if ((q = owner_rank(e, t)) == 0) {
+	int q = owner_rank(e, t), rc;
+	if (q == 0) {
 		*data = st->loc[which] + e->tensors[e->rev[t]].offset;
 		return LOOM_OK;
 	}
@@ -926,45 +917,22 @@ static int stream_fill(void *ctx, int i, const void **data)
 	return LOOM_OK;
 }
 
-/* The tensors of file `kind` still to come from their owners after a writer stopped (from st->next):
- * received and dropped, so that no stage is left waiting. Keeps the first error. */
-static int stream_drain(stream_t *st, int kind, int rc)
-{
-	int count = kind == 0 ? st->e->nfull : 2 * st->e->nfull;
-	for (int i = st->next; i < count; i++) {
-		const void *d;
-		int r = stream_fill(st, i, &d);
-		rc = rc != LOOM_OK ? rc : r;
-	}
-	return rc;
-}
-
-/* With tensor parallelism: this rank's shard of the table's tensor t of state `which`, for the first
- * stage's tp group (loom__tp_write_stream asks in file order, as the owners send). */
-static int stage_shard(void *ctx, int which, int t, const float **shard)
-{
-	stream_t *st = ctx;
-	int n = st->e->nfull, i = which == 0 ? t : which == 1 ? t : n + t;
-	st->kind = which == 0 ? 0 : 1;
-	return stream_fill(st, i, (const void **)shard);
-}
-
 /* A checkpoint as one process's, streamed: the first stage of data-parallel rank 0's pipeline writes
- * model.safetensors and optim.safetensors tensor by tensor in file order, each tensor from its own
- * state or received from the stage owning it, which sends its tensors in that order (with tensor
- * parallelism each tp rank's shards so, which the first stage's tp group unshards as it writes:
- * loom__tp_write_stream); no rank holds more than its stage's state and a tensor. Collective over the
+ * model.safetensors and optim.safetensors tensor by tensor in file order through
+ * loom__tp_write_stream (its tp group, of one rank without tensor parallelism, unsharding as it
+ * writes), each tensor from its own state or received from the stage owning it, which sends its
+ * tensors in that order; no rank holds more than its stage's state and a tensor. Collective over the
  * pipeline (dp rank 0's) once every rank has its stage's state (loc). */
 static int stream_save(pp_exec_t *e, float *const loc[3], const loom_ckpt_writer_t *w)
 {
 	stream_t st = {.e = e, .loc = {loc[0], loc[1], loc[2]}};
-	char path[1200];
+	loom__tp_group_t g;
 	int rc = LOOM_OK;
 	if (e->s != 0) { /* an owner: its tensors, in the writers' order */
 		for (int kind = 0; kind < 2 && rc == LOOM_OK; kind++)
-			for (int i = 0; i < (kind == 0 ? e->nfull : 2 * e->nfull) && rc == LOOM_OK; i++) {
+			for (int i = 0; i < loom__ckpt_count(e->nfull, kind) && rc == LOOM_OK; i++) {
 				int t, which;
-				stream_item(&st, kind, i, &t, &which);
+				loom__ckpt_item(e->nfull, kind, i, &t, &which);
 				if (owner_rank(e, t) != e->s)
 					continue;
 				rc = loom_send(e->cfg.pp, loc[which] + e->tensors[e->rev[t]].offset, e->full[t].numel, LOOM_FLOAT32,
@@ -981,23 +949,8 @@ static int stream_save(pp_exec_t *e, float *const loc[3], const loom_ckpt_writer
 			most = LOOM_MAX(most, e->full[t].numel);
 	if (!(st.bounce = loom_alloc_aligned(most * sizeof(float))))
 		return loom_seterr(LOOM_ENOMEM, "pipeline stage 0: out of memory for receiving a checkpoint's tensor");
-	if (e->tp_size > 1) { /* the first stage's tp group writes, each rank's shards taken as above */
-		loom__tp_group_t g;
-		loom__tp_group_init(&g, e->cfg.tp);
-		rc = loom__tp_write_stream(&g, &e->mc, stage_shard, &st, w);
-		loom_free_aligned(st.bounce);
-		return rc;
-	}
-	/* the writers run only on the active writer; after an error (or without a writer) the remaining
-	 * tensors are still received */
-	int active = w && w->active;
-	if (active && (rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) == LOOM_OK)
-		rc = loom__model_save_fill(path, &e->mc, stream_fill, &st);
-	rc = stream_drain(&st, 0, rc);
-	st.kind = 1, st.next = 0;
-	if (active && rc == LOOM_OK && (rc = loom_ckpt_file(w, "optim.safetensors", path, sizeof path)) == LOOM_OK)
-		rc = loom__optim_save_fill(path, &e->mc, stream_fill, &st);
-	rc = stream_drain(&st, 1, rc);
+	loom__tp_group_init(&g, e->cfg.tp);
+	rc = loom__tp_write_stream(&g, &e->mc, stage_tensor, &st, w);
 	loom_free_aligned(st.bounce);
 	return rc;
 }

@@ -244,14 +244,13 @@ typedef int (*loom__tp_shard_fn)(void *ctx, int which, int t, const float **shar
  * none waiting). */
 int loom__tp_write_stream(const loom__tp_group_t *g, const loom_model_config_t *c, loom__tp_shard_fn get, void *ctx,
                           const loom_ckpt_writer_t *w);
-/* loom__tp_write_stream from whole shard buffers (nshard floats each of p, m, v, laid out as the model's
- * shard table). */
-int loom__tp_write_whole(const loom__tp_group_t *g, const loom_model_config_t *c, size_t nshard, const float *p,
-                         const float *m, const float *v, const loom_ckpt_writer_t *w);
-/* This tp rank's shard (nshard floats, the shard table's layout) of a checkpoint's whole state, into
- * p, m, v (any NULL: not read), reading one full tensor at a time. Not collective. */
-int loom__tp_read_shard(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, size_t nshard, float *p,
-                        float *m, float *v);
+/* loom__tp_write_stream from whole shard buffers (p, m, v, each laid out as the model's shard table). */
+int loom__tp_write_whole(const loom__tp_group_t *g, const loom_model_config_t *c, const float *p, const float *m,
+                         const float *v, const loom_ckpt_writer_t *w);
+/* This tp rank's shard (the shard table's layout) of a checkpoint's whole state, into p, m, v (any
+ * NULL: not read), reading one full tensor at a time. Not collective. */
+int loom__tp_read_shard(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, float *p, float *m,
+                        float *v);
 /* This rank's shard of the table's tensor t alone into p, m, v (its shard's numel floats each; any NULL:
  * not read), with scratch of 3 x the full tensor's numel floats. Not collective. */
 int loom__tp_read_tensor(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, int t, float *p,

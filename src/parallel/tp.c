@@ -237,15 +237,6 @@ int loom__tp_check_whole(const loom__tp_group_t *g, const loom_tensor_info_t *te
 
 enum { TAG_TP_CKPT = 6091 }; /* + 0 parameters, 1 and 2 the moments */
 
-/* Tensor i of file `kind` (0 model.safetensors, 1 optim.safetensors: the moments m of every tensor,
- * then v) as the writers take them: the table's tensor *t of state *which (0 p, 1 m, 2 v). */
-static void ckpt_item(const loom_model_config_t *c, int kind, int i, int *t, int *which)
-{
-	int n = loom_model_num_tensors(c);
-	*t = kind == 0 ? i : i % n;
-	*which = kind == 0 ? 0 : i < n ? 1 : 2;
-}
-
 static int is_split(const loom_model_config_t *c, int t)
 {
 	loom_tensor_info_t fi;
@@ -269,7 +260,7 @@ static int tp_fill(void *ctx, int i, const void **data)
 	const loom__tp_group_t *g = st->g;
 	const float *own;
 	int t, which, rc;
-	ckpt_item(st->c, st->kind, i, &t, &which);
+	loom__ckpt_item(loom_model_num_tensors(st->c), st->kind, i, &t, &which);
 	st->next = i + 1;
 	if ((rc = st->get(st->ctx, which, t, &own)) != LOOM_OK)
 		return rc;
@@ -293,7 +284,7 @@ static int tp_fill(void *ctx, int i, const void **data)
 /* The rest of file st->kind after its writer stopped (or without one): received and dropped. */
 static int tp_drain(tp_stream_t *st, int rc)
 {
-	int count = (st->kind == 0 ? 1 : 2) * loom_model_num_tensors(st->c);
+	int count = loom__ckpt_count(loom_model_num_tensors(st->c), st->kind);
 	for (int i = st->next; i < count; i++) {
 		const void *d;
 		int r = tp_fill(st, i, &d);
@@ -335,10 +326,10 @@ int loom__tp_write_stream(const loom__tp_group_t *g, const loom_model_config_t *
 		goto out;
 	if (g->rank != 0) { /* every tensor's shard taken in the writers' order; the split ones sent */
 		for (int kind = 0; kind < 2 && rc == LOOM_OK; kind++)
-			for (int i = 0; i < (kind == 0 ? n : 2 * n) && rc == LOOM_OK; i++) {
+			for (int i = 0; i < loom__ckpt_count(n, kind) && rc == LOOM_OK; i++) {
 				const float *own;
 				int t, which;
-				ckpt_item(c, kind, i, &t, &which);
+				loom__ckpt_item(n, kind, i, &t, &which);
 				if ((rc = get(ctx, which, t, &own)) != LOOM_OK || !is_split(c, t))
 					continue;
 				loom_tensor_info_t li;
@@ -378,11 +369,10 @@ static int whole_get(void *ctx, int which, int t, const float **shard)
 	return LOOM_OK;
 }
 
-int loom__tp_write_whole(const loom__tp_group_t *g, const loom_model_config_t *c, size_t nshard, const float *p,
-                         const float *m, const float *v, const loom_ckpt_writer_t *w)
+int loom__tp_write_whole(const loom__tp_group_t *g, const loom_model_config_t *c, const float *p, const float *m,
+                         const float *v, const loom_ckpt_writer_t *w)
 {
 	whole_src_t ws = {.c = c, .tp = g->size, .src = {p, m, v}};
-	(void)nshard;
 	return loom__tp_write_stream(g, c, whole_get, &ws, w);
 }
 
@@ -401,13 +391,12 @@ int loom__tp_read_tensor(const loom__tp_group_t *g, const char *dir, const loom_
 	return LOOM_OK;
 }
 
-int loom__tp_read_shard(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, size_t nshard, float *p,
-                        float *m, float *v)
+int loom__tp_read_shard(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, float *p, float *m,
+                        float *v)
 {
 	int n = loom_model_num_tensors(c), rc = LOOM_OK;
 	size_t most = 1;
 	float *scratch;
-	(void)nshard;
 	for (int t = 0; t < n; t++) {
 		loom_tensor_info_t fi;
 		loom_model_tensor_info(c, t, &fi);
@@ -431,14 +420,14 @@ static int tp_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 	/* every data-parallel replica holds the same shards: the group of data-parallel rank 0 writes */
 	if (s->dp_rank != 0)
 		return LOOM_OK;
-	return loom__tp_write_whole(&t->group, &s->mcfg, s->nparams, s->params, s->opt.m, s->opt.v, w);
+	return loom__tp_write_whole(&t->group, &s->mcfg, s->params, s->opt.m, s->opt.v, w);
 }
 
 /* Any checkpoint (DDP's, ZeRO's shards, another tp's): the whole state, and this rank's shard of it. */
 static int tp_load(loom_strategy_t *s, const char *dir, long long step)
 {
 	tp_strategy_t *t = (tp_strategy_t *)s;
-	int rc = loom__tp_read_shard(&t->group, dir, &s->mcfg, s->nparams, s->params, s->opt.m, s->opt.v);
+	int rc = loom__tp_read_shard(&t->group, dir, &s->mcfg, s->params, s->opt.m, s->opt.v);
 	if (rc == LOOM_OK)
 		s->opt.step = step;
 	return rc;

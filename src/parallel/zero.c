@@ -971,7 +971,7 @@ static int zero_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
 	else
 		rc = zero_export(s, p, m, v);
 	if (rc == LOOM_OK && s->dp_rank == 0)
-		rc = loom__tp_write_whole(&z->tpg, &s->mcfg, s->nparams, p, m, v, w);
+		rc = loom__tp_write_whole(&z->tpg, &s->mcfg, p, m, v, w);
 	loom_free_aligned(p), loom_free_aligned(m), loom_free_aligned(v);
 	return rc;
 }
@@ -987,7 +987,7 @@ static int zero_load(loom_strategy_t *s, const char *dir, long long step)
 	size_t bytes = LOOM_MAX(s->nparams, 1) * sizeof(float);
 	if (!(p = loom_alloc_aligned(bytes)) || !(m = loom_alloc_aligned(bytes)) || !(v = loom_alloc_aligned(bytes)))
 		rc = loom_seterr(LOOM_ENOMEM, "zero: rank %d: out of memory to read a checkpoint", s->dp_rank);
-	else if ((rc = loom__tp_read_shard(&z->tpg, dir, &s->mcfg, s->nparams, p, m, v)) == LOOM_OK)
+	else if ((rc = loom__tp_read_shard(&z->tpg, dir, &s->mcfg, p, m, v)) == LOOM_OK)
 		rc = zero_import(s, p, m, v, step);
 	loom_free_aligned(p), loom_free_aligned(m), loom_free_aligned(v);
 	return rc;

@@ -337,7 +337,6 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 			loom_model_opts_t ow = o;
 			loom_model_act_bytes_t aw;
 			ow.B = 1, ow.T = LOOM_MAX(tp, 1), ow.arenas = 1;
-			ow.sequence_parallel = o.sequence_parallel;
 			if ((rc = loom_model_act_bytes(cfg, &ow, &aw)) != LOOM_OK) {
 				free(arenas);
 				return rc;
