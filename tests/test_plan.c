@@ -175,6 +175,14 @@ TEST(plan_gpipe_bubble)
 	pc.schedule_gpipe = 0;
 	CHECK_OK(loom_plan_estimate(&pc, &c, &q));
 	CHECK(q.memory_rank0.activations < p.memory_rank0.activations);
+	/* with tp 2 a stage sends the whole stream (each tp rank its copy), with sequence parallelism its
+	 * rows: half the transfers' bytes (the tied wte's sum, the rest of pp.bytes, is the same) */
+	loom_plan_t t, ts;
+	pc.tp = 2;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &t));
+	pc.sequence_parallel = 1;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &ts));
+	CHECK_FEQ(t.pp.bytes - ts.pp.bytes, 2.0 * pc.M * 4.0 * pc.B * pc.T * loom_model_stream_width(&pc.model) / 2);
 	return 0;
 }
 

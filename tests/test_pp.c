@@ -250,6 +250,22 @@ static int pp_rank(int rank, int nranks, void *arg)
 		want_inflight = 2 * (r->pp - stage - 1) + (V - 1) * r->pp + 1;
 		want_inflight = want_inflight < r->M * V ? want_inflight : r->M * V;
 	}
+	/* The bytes a step sends to the neighbouring stages: per micro-batch and boundary, the activation
+	 * forward and its gradient back, of the positions that pass (all B T; from a shared head's stage
+	 * G-2 those it does not compute itself), with sequence parallelism only this tp rank's rows of them */
+	int G = r->pp * V, N = TT, hr[r->M];
+	long long r0 = r->sp ? (long long)loom_mesh_coord(mesh, LOOM_MESH_TP) * (N / tp) : 0, r1 = r->sp ? r0 + N / tp : N;
+	unsigned long long want_bytes = 0;
+	if (r->pp > 1)
+		CHECK_OK(loom_pp_head_rows(&g_mc, r->schedule, 1, TT, r->pp, V, r->M, r->head_split, hr));
+	for (int c = 0; c < V && r->pp > 1; c++)
+		for (int mb = 0; mb < r->M; mb++)
+			for (int g = c * r->pp + stage - 1; g <= c * r->pp + stage; g++) { /* its input's; its output's */
+				long long lo = rows && g == G - 2 ? hr[mb] : 0, hi = r1;
+				lo = lo > r0 ? lo : r0, lo = lo < hi ? lo : hi;
+				if (g >= 0 && g < G - 1)
+					want_bytes += (unsigned long long)(hi - lo) * (unsigned long long)g_mc.n_embd * sizeof(float);
+			}
 	if (r->trace) {
 		CHECK_OK(loom_trainer_run(tr, NULL, NULL)); /* saves at the last step; writes the trace */
 	} else {
@@ -267,6 +283,7 @@ static int pp_rank(int rank, int nranks, void *arg)
 				CHECK(sm.bubble >= 0.0 && sm.bubble < 1.0);
 				CHECK(sm.bubble_expected >= 0.0 && sm.bubble_expected < 1.0);
 				CHECK_NEAR(sm.bubble_theory, (double)(r->pp - 1) / (V * r->M + r->pp - 1), 1e-12);
+				CHECK_EQ(sm.p2p_bytes, want_bytes);
 			}
 			if (r->dp > 1 || tp > 1)
 				CHECK_OK(loom_trainer_check_replicas(tr));
@@ -552,9 +569,10 @@ TEST(pp_stages_initialize_from_the_seed)
 	return rc;
 }
 
-/* tp 2 x pp 2 with sequence parallelism: the stages exchange the whole activation (block hi-1's output
- * is gathered, the stream gradient after block lo too), so the pipeline is unchanged; both schedules,
- * and a last stage of the head alone whose positions stage 0 shares. */
+/* tp 2 x pp 2 with sequence parallelism: each tp rank sends the next stage only its rows of the
+ * stream, and the previous stage its rows of the stream gradient (pp_rank checks the bytes); both
+ * schedules, and a last stage of the head alone (which gathers its input) whose positions stage 0
+ * shares. */
 TEST(pp_tp2_x_pp2_sequence_parallel)
 {
 	static const char *const scheds[] = {"gpipe", "1f1b"};
@@ -568,9 +586,21 @@ TEST(pp_tp2_x_pp2_sequence_parallel)
 	}
 	teardown();
 	CHECK_EQ(rc, 0);
+	/* the head's positions shared as the FLOPs balance them (13 of 32, 15 in the first micro-batch: tp
+	 * rank 0 sends stage 1 rows [13, 16), or [15, 16), of its [0, 16)), at 16 of 32 (tp rank 0 sends
+	 * nothing), and not at all (the last stage gathers the rows it receives before its head) */
+	static const struct {
+		double split;
+		int rows;
+	} heads[] = {{0.0, 13}, {0.5, 16}, {-1.0, 0}};
 	CHECK_EQ(setup_heavy(1, 4), 0);
-	run_t r = {.dp = 1, .tp = 2, .pp = 2, .M = 4, .schedule = "1f1b", .head_rows = 13, .sp = 1};
-	rc = test_spawn(4, pp_rank, &r, 120, NULL);
+	for (int k = 0; k < 3 && !rc; k++) {
+		run_t r = {.dp = 1, .tp = 2, .pp = 2, .M = 4, .schedule = "1f1b", .head_split = heads[k].split,
+		           .head_rows = heads[k].rows, .sp = 1};
+		rc = test_spawn(4, pp_rank, &r, 120, NULL);
+		if (rc)
+			fprintf(stderr, "tp 2 x pp 2 sequence parallel, head alone, split %g failed\n", heads[k].split);
+	}
 	teardown();
 	return rc;
 }

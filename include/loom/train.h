@@ -223,6 +223,8 @@ typedef struct {
 	                           the layers do not split evenly): 1 - M mean(t) / (sum(t) + (M-1) max(t)) */
 	int max_inflight;     /* the most micro-batches whose activations this rank held at once (1 without
 	                         a pipeline; at most P with 1F1B, M with GPipe) */
+	unsigned long long p2p_bytes; /* pipeline: bytes this rank sent to its neighbouring stages in the step
+	                                 (activations and their gradients; 0 without a pipeline) */
 	double wait_ms;       /* time the training thread waited for the gradients beyond comm_ms: for a
 	                         slower rank (straggler) or the progress thread to be scheduled; not in
 	                         exposed_comm_ms, which is therefore <= comm_ms */

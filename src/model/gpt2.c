@@ -693,8 +693,11 @@ static int sp_rows(const loom_gpt2_t *m, int N)
 	return m->sp ? N / m->tp : N;
 }
 
-/* Block l's input and output on the rows this rank computes (with sequence parallelism block lo's
- * input and block hi-1's output are whole buffers, the others hold this rank's rows only). */
+/* Block l's input and output on the rows this rank computes. With sequence parallelism block lo's
+ * input and block hi-1's output are whole-sized buffers, the others hold this rank's rows only; block
+ * lo's input is whole after the embedding, but a later pipeline stage receives only this rank's rows
+ * of it, and block hi-1's output is gathered whole only for a head on the same stage (a next stage
+ * takes this rank's rows: the pipeline passes each tp rank's rows to the same tp rank). */
 static float *block_in(const loom_gpt2_t *m, const arena_t *ar, int l, int N)
 {
 	return l == m->lo ? ar->in + sp_row0(m, N) * m->cfg.n_embd : stream(m, ar, l);
@@ -843,8 +846,17 @@ static void block_forward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 	int N = B * T;
 	loom__gpt2_param_use(m, l, 0);
 	block_forward_acts(m, l, a, block_in(m, ar, l, N), block_out(m, a, l, N), B, T, 1);
-	if (m->sp && l == m->hi - 1) /* the head's (or the next stage's) input is whole */
+	if (m->sp && l == m->hi - 1 && m->has_head) /* the head's input is whole; a next stage's is not */
 		loom__tp_reduce(m, a->res3, (size_t)N * m->cfg.n_embd, LOOM_TP_ALLGATHER);
+}
+
+/* A stage of the head alone (no block) under sequence parallelism receives this rank's rows of its
+ * input (see block_in): gathered whole, as the head reads every row (with the head's positions shared
+ * with the stage before, rows it does not compute may be stale: it never reads them). */
+static void head_input(loom_gpt2_t *m, arena_t *ar, int N)
+{
+	if (m->sp && m->lo == m->hi && !m->has_embed)
+		loom__tp_reduce(m, ar->in, (size_t)N * m->cfg.n_embd, LOOM_TP_ALLGATHER);
 }
 
 /* ln_f forward on rows [r0, r0 + n) of the stream. */
@@ -861,6 +873,7 @@ static void head_forward(loom_gpt2_t *m, arena_t *ar, const int *targets, int B,
 {
 	int C = m->cfg.n_embd, V = m->cfg.vocab_size;
 	loom__gpt2_param_use(m, m->cfg.n_layer, 0);
+	head_input(m, ar, B * T);
 	lnf_forward(m, ar, 0, B * T);
 	const float *wte = loom__gpt2_param(m, 0);
 	if (targets && m->tp > 1) {
@@ -893,6 +906,7 @@ static void head_forward_backward(loom_gpt2_t *m, arena_t *ar, const int *target
 	double fn = n, fC = C; /* for the flop counts */
 	loom__gpt2_param_use(m, m->cfg.n_layer, 0);
 	loom__gpt2_param_use(m, m->cfg.n_layer, 1);
+	head_input(m, ar, N);
 	lnf_forward(m, ar, r0, n);
 	zero(m, m->dbtc + o, nC);
 	if (m->tp > 1)
@@ -933,8 +947,8 @@ static void recompute(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res_i
 /* With sequence parallelism m->dres is a whole (N,C) buffer of which this rank's rows are current
  * between the blocks: it is all-gathered where a row-parallel matmul's backward needs the whole
  * gradient (g's conjugate), the column-parallel matmuls' input gradients are reduce-scattered onto
- * this rank's rows (f's conjugate), and after block lo it is gathered whole for the embedding or the
- * previous stage. */
+ * this rank's rows (f's conjugate), and after block lo it is gathered whole for the embedding (a
+ * previous pipeline stage takes this rank's rows, which are all its block hi-1 reads). */
 static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 {
 	int C = m->cfg.n_embd, NH = m->NHl, N = B * T, Cl = m->Cl, tp = m->tp, sp = m->sp, Nl = sp_rows(m, N);
@@ -993,7 +1007,7 @@ static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 	ln_backward(m, dres, G(LN1_W), G(LN1_B), dx, res_in, W(LN1_W), a->ln1_mean, a->ln1_rstd, Nl, C);
 	ready(m, lt(l, LN1_B));
 	ready(m, lt(l, LN1_W));
-	if (sp && l == m->lo) /* the embedding's (or the previous stage's) gradient is whole */
+	if (sp && l == m->lo && m->has_embed) /* the embedding's gradient is whole; a previous stage's is not */
 		loom__tp_reduce(m, m->dres, NC, LOOM_TP_ALLGATHER);
 #undef W
 #undef G

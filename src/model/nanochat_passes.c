@@ -103,7 +103,10 @@ static int sp_rows(const nc_t *m, int N)
 	return m->sp ? N / m->tp : N;
 }
 
-/* Block l's input stream on this rank's rows (block lo's input is whole), and its output. */
+/* Block l's input stream on this rank's rows, and its output. With sequence parallelism block lo's
+ * input and block hi-1's output are whole-sized: the input whole after the embedding, this rank's rows
+ * when a previous pipeline stage sent it; the output gathered whole only for a head on this stage (a
+ * next stage takes this rank's rows: the pipeline passes each tp rank's rows to the same tp rank). */
 static float *block_in(const nc_t *m, const nc_arena_t *ar, int l, int N)
 {
 	return l == m->lo ? ar->in + sp_row0(m, N) * 2 * m->d.C : stream(m, ar, l);
@@ -247,14 +250,18 @@ static void block_forward(nc_t *m, nc_arena_t *ar, int l, int B, int T)
 	int N = B * T;
 	loom__nc_param_use(m, l, 0);
 	block_forward_acts(m, l, a, block_in(m, ar, l, N), block_out(m, a, l, N), ar->tok, B, T, 1);
-	if (m->sp && l == m->hi - 1) /* the head's (or the next stage's) input is whole */
+	if (m->sp && l == m->hi - 1 && m->has_head) /* the head's input is whole; a next stage's is not */
 		loom__nc_tp_reduce(m, a->out, (size_t)N * 2 * m->d.C, LOOM_TP_ALLGATHER);
 }
 
-/* The final rmsnorm of rows [r0, r0 + n). */
-static void head_norm(nc_t *m, nc_arena_t *ar, int r0, int n)
+/* The final rmsnorm of rows [r0, r0 + n) of N. A stage of the head alone (no block) under sequence
+ * parallelism receives this rank's rows of its input (see block_in): they are gathered whole first, as
+ * the head reads every row (rows a shared head leaves to the stage before may be stale: unread). */
+static void head_norm(nc_t *m, nc_arena_t *ar, int N, int r0, int n)
 {
 	int C = m->d.C;
+	if (m->sp && m->lo == m->hi && !m->has_embed)
+		loom__nc_tp_reduce(m, ar->in, (size_t)N * 2 * C, LOOM_TP_ALLGATHER);
 	loom__nc_rmsnorm_forward(ar->xf + (size_t)r0 * C, C, ar->rstdf + r0, stream(m, ar, m->hi) + (size_t)r0 * 2 * C,
 	                         2 * C, n, C);
 }
@@ -328,7 +335,7 @@ static void head_forward(nc_t *m, nc_arena_t *ar, const int *targets, int B, int
 {
 	int C = m->d.C, V = m->d.V, N = B * T;
 	loom__nc_param_use(m, m->d.L, 0);
-	head_norm(m, ar, 0, N);
+	head_norm(m, ar, N, 0, N);
 	const float *w = m->pview[m->ntensors - 1];
 	if (targets && m->tp > 1) {
 		tp_classifier(m, ar->losses, NULL, NULL, ar->xf, w, targets, 0.0f, N);
@@ -350,7 +357,7 @@ static void head_forward_backward(nc_t *m, nc_arena_t *ar, const int *targets, i
 	size_t o = (size_t)r0 * C;
 	loom__nc_param_use(m, m->d.L, 0);
 	loom__nc_param_use(m, m->d.L, 1);
-	head_norm(m, ar, r0, n);
+	head_norm(m, ar, N, r0, n);
 	zero(m->dxn + o, (size_t)n * C);
 	if (m->tp > 1)
 		tp_classifier(m, ar->losses + r0, m->dxn + o, m->gview[lm], ar->xf + o, m->pview[lm], targets + r0,
@@ -497,7 +504,7 @@ static void block_backward(nc_t *m, nc_arena_t *ar, int l, int B, int T)
 		m->gview[NC_RESID][l] += (float)s1;
 		m->gview[NC_X0][l] += (float)s2;
 	}
-	if (m->sp && l == m->lo) /* the embedding's (or the previous stage's) gradient is whole */
+	if (m->sp && l == m->lo && m->has_embed) /* the embedding's gradient is whole; a previous stage's is not */
 		loom__nc_tp_reduce(m, m->dres, (size_t)N * 2 * C, LOOM_TP_ALLGATHER);
 	if (l == m->lo && !m->has_embed) {
 		ready(m, NC_X0);

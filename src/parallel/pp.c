@@ -19,7 +19,7 @@
  * takes the rank's tensors from any checkpoint's whole state. The caller's model is read once, at
  * create (the initial parameters): a trainer may free its parameter buffer after that.
  *
- * Per micro-batch, a chunk's activations (B x T x C floats, block_input(hi)) go to the next global
+ * Per micro-batch, a chunk's activations (B x T x C floats, block_input(hi); a part of them: edge) go to the next global
  * stage (rank s+1, or rank 0's chunk c+1 from rank P-1) with loom_isend straight from the arena
  * (waited for only before that arena is reused), and the gradient of its input goes back from a copy
  * of stream_grad (two send buffers per chunk in turn). Messages between two ranks are matched to
@@ -46,7 +46,9 @@
  * and so is the stage model (the same tp_size/tp_rank, its layers only): the tensor table, the
  * stages' counts and the buffer are the shard's. The pipeline communicator joins the ranks with this
  * rank's tp (and dp) coordinate, so activations go between the same tp rank of neighbouring stages
- * (the residual stream is replicated in a tp group: each tp rank sends its own copy), the tied wte's
+ * (the residual stream is replicated in a tp group: each tp rank sends its own copy; with sequence
+ * parallelism each holds and sends only its B T / tp rows, as Megatron's scatter-gather between
+ * stages does, so a transfer is 1/tp of the stream: edge), the tied wte's
  * gradient is summed per tp rank (each holds the same vocabulary rows on the first and last stage),
  * the last stage runs the vocabulary-parallel head, and the gradient norm removes the last stage's
  * wte share summed over its tp group. The caller's model is never run (evaluation goes through the
@@ -122,6 +124,8 @@ typedef struct {
 	int *rows;                    /* M (loom__pp_head_rows: the first and last may differ) */
 	int head;                     /* this rank computes head positions (one of its chunks does) */
 	int tp_size, tp_rank;         /* the model's tensor-parallel shard (1, 0: whole) */
+	int sp;                       /* sequence parallelism: the stream passes as each tp rank's rows (edge) */
+	unsigned long long sent;      /* bytes this rank sent to its neighbours this step */
 	size_t nparams, act;          /* act: floats of one activation (B x T x C); nparams: of the caller's
 	                                 (whole or tp shard) buffer */
 	const loom_tensor_info_t *full; /* the (shard) tensor table of the caller's model, nfull tensors */
@@ -155,17 +159,22 @@ typedef struct {
 
 static void pp_destroy(loom_exec_t *ex);
 
-/* Floats of micro-batch mb's activation (and of its gradient) that stay on chunk c instead of passing
- * to the next global stage (out) or coming from the previous one (in): the rows whose head global
- * stage G-2 computes. */
-static size_t out_off(const pp_exec_t *e, int c, int mb)
+/* The part of micro-batch mb's activation that global stage g sends to g+1, and of its gradient that
+ * g+1 sends back: *off floats into the stream, *count of them. It is positions [lo, B T): lo = 0, or
+ * with the head shared (g = G-2, mb >= 0: training, not evaluation) the rows[mb] whose head stage G-2
+ * computes. With sequence parallelism only this tp rank's rows of them [R0, R0 + B T / tp) pass, to the
+ * same tp rank (every block reads only its rows of the stream and of its gradient; a head-alone last
+ * stage gathers its input itself). */
+static void edge(const pp_exec_t *e, int g, int mb, size_t *off, size_t *count)
 {
-	return e->hrows && e->ch[c].g == e->G - 2 ? (size_t)e->rows[mb] * e->width : 0;
-}
-
-static size_t in_off(const pp_exec_t *e, int c, int mb)
-{
-	return e->hrows && e->ch[c].g == e->G - 1 ? (size_t)e->rows[mb] * e->width : 0;
+	size_t N = (size_t)e->cfg.B * e->cfg.T, lo = e->hrows && g == e->G - 2 && mb >= 0 ? (size_t)e->rows[mb] : 0;
+	size_t hi = N;
+	if (e->sp) {
+		size_t r0 = (size_t)e->tp_rank * (N / (size_t)e->tp_size);
+		lo = LOOM_MAX(lo, r0), hi = r0 + N / (size_t)e->tp_size;
+		lo = LOOM_MIN(lo, hi);
+	}
+	*off = lo * (size_t)e->width, *count = (hi - lo) * (size_t)e->width;
 }
 
 static int prev_rank(const pp_exec_t *e)
@@ -302,7 +311,8 @@ static int build_inbox(pp_exec_t *e, int box, int peer)
 			continue;
 		msg_t *q = &b->q[b->n];
 		q->kind = pl[i].op == 'F' ? 'A' : 'G', q->chunk = to / e->P, q->mb = pl[i].mb;
-		q->count = e->act - (q->kind == 'A' ? in_off(e, q->chunk, q->mb) : out_off(e, q->chunk, q->mb));
+		size_t off;
+		edge(e, q->kind == 'A' ? to - 1 : to, q->mb, &off, &q->count);
 		e->msg_box[msg_key(e, q->kind, q->chunk, q->mb)] = box;
 		e->msg_j[msg_key(e, q->kind, q->chunk, q->mb)] = b->n++;
 	}
@@ -325,6 +335,7 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 	e->P = loom_comm_size(cfg->pp), e->s = loom_comm_rank(cfg->pp), e->M = cfg->M;
 	e->V = cfg->V < 1 ? 1 : cfg->V, e->G = e->P * e->V;
 	e->tp_size = loom_model_tp_size(cfg->model), e->tp_rank = loom_model_tp_rank(cfg->model);
+	e->sp = e->tp_size > 1 && loom_model_sequence_parallel(cfg->model);
 	if (e->tp_size != (cfg->tp ? loom_comm_size(cfg->tp) : 1)) {
 		rc = loom_seterr(LOOM_EINVAL, "pipeline stage %d: the model is tensor-parallel shard %d of %d, but the "
 		                 "tensor-parallel axis has %d rank(s)", e->s, e->tp_rank, e->tp_size,
@@ -620,7 +631,7 @@ static int forward(pp_exec_t *e, int c, int mb)
 {
 	const loom_exec_config_t *cf = &e->cfg;
 	chunk_t *ch = &e->ch[c];
-	size_t bt = (size_t)cf->B * cf->T;
+	size_t bt = (size_t)cf->B * cf->T, off, n;
 	int a = mb % ch->arenas, rc = LOOM_OK;
 	double t0;
 	/* The arena's previous output may still be on its way to the next stage. */
@@ -635,7 +646,8 @@ static int forward(pp_exec_t *e, int c, int mb)
 		/* blocks that read the tokens (nanochat's value embeddings) get them here */
 		if ((rc = loom_model_set_inputs(ch->m, a, e->inputs + mb * bt, cf->B, cf->T)) != LOOM_OK)
 			return rc;
-		if ((rc = receive(e, 'A', c, mb, loom_model_block_input(ch->m, a, ch->lo) + in_off(e, c, mb))) != LOOM_OK)
+		edge(e, ch->g - 1, mb, &off, &n);
+		if ((rc = receive(e, 'A', c, mb, loom_model_block_input(ch->m, a, ch->lo) + off)) != LOOM_OK)
 			return rc;
 	}
 	for (int l = ch->lo; l < ch->hi; l++) {
@@ -644,11 +656,12 @@ static int forward(pp_exec_t *e, int c, int mb)
 			return rc;
 		event(e, c, LOOM_EV_FORWARD, mb, l, t0);
 	}
-	if (ch->g < e->G - 1 &&
-	    (rc = loom_isend(cf->pp, loom_model_block_input(ch->m, a, ch->hi) + out_off(e, c, mb), e->act - out_off(e, c, mb),
-	                     LOOM_FLOAT32, next_rank(e), TAG_ACT + 2 * ((ch->g + 1) / e->P), &ch->act_sends[a])) != LOOM_OK)
-		return rc;
-	return LOOM_OK;
+	if (ch->g == e->G - 1)
+		return LOOM_OK;
+	edge(e, ch->g, mb, &off, &n);
+	e->sent += n * sizeof(float);
+	return loom_isend(cf->pp, loom_model_block_input(ch->m, a, ch->hi) + off, n, LOOM_FLOAT32, next_rank(e),
+	                  TAG_ACT + 2 * ((ch->g + 1) / e->P), &ch->act_sends[a]);
 }
 
 /* The backward of micro-batch mb on chunk c (the head's forward and backward first on the head's). */
@@ -656,7 +669,7 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int c, int mb)
 {
 	const loom_exec_config_t *cf = &e->cfg;
 	chunk_t *ch = &e->ch[c];
-	size_t bt = (size_t)cf->B * cf->T;
+	size_t bt = (size_t)cf->B * cf->T, off, n;
 	int a = mb % ch->arenas, rc = LOOM_OK, k = mb % 2;
 	float *dstream = loom_model_stream_grad(ch->m);
 	double t0;
@@ -672,7 +685,8 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int c, int mb)
 			return rc;
 		event(e, c, LOOM_EV_BACKWARD, mb, -3, t0); /* the head: its forward and backward */
 	}
-	if (ch->g < e->G - 1 && (rc = receive(e, 'G', c, mb, dstream + out_off(e, c, mb))) != LOOM_OK)
+	edge(e, ch->g, mb, &off, &n);
+	if (ch->g < e->G - 1 && (rc = receive(e, 'G', c, mb, dstream + off)) != LOOM_OK)
 		return rc;
 	for (int l = ch->hi - 1; l >= ch->lo; l--) {
 		t0 = loom_now();
@@ -688,8 +702,10 @@ static int backward(pp_exec_t *e, loom_strategy_t *st, int c, int mb)
 	} else {
 		if ((rc = finish(e, &ch->grad_sends[k], rc, LOOM_EV_SEND, mb - 2, prev_rank(e))) != LOOM_OK)
 			return rc;
-		memcpy(ch->grad_sbuf[k], dstream + in_off(e, c, mb), (e->act - in_off(e, c, mb)) * sizeof(float));
-		if ((rc = loom_isend(cf->pp, ch->grad_sbuf[k], e->act - in_off(e, c, mb), LOOM_FLOAT32, prev_rank(e),
+		edge(e, ch->g - 1, mb, &off, &n);
+		memcpy(ch->grad_sbuf[k], dstream + off, n * sizeof(float));
+		e->sent += n * sizeof(float);
+		if ((rc = loom_isend(cf->pp, ch->grad_sbuf[k], n, LOOM_FLOAT32, prev_rank(e),
 		                     TAG_GRAD + 2 * ((ch->g - 1) / e->P), &ch->grad_sends[k])) != LOOM_OK)
 			return rc;
 	}
@@ -749,7 +765,7 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 	double t0;
 	*loss_sum = 0.0;
 	memset(st, 0, sizeof *st);
-	e->wait_ms = 0.0, e->inflight = 0, e->first_t = e->last_t = 0.0;
+	e->wait_ms = 0.0, e->inflight = 0, e->first_t = e->last_t = 0.0, e->sent = 0;
 	for (int k = 0; k < e->V; k++)
 		e->ch[k].busy[0] = e->ch[k].busy[1] = e->ch[k].busy[2] = 0.0;
 	loom_model_zero_grad(e->model);
@@ -808,13 +824,14 @@ static int pp_step(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 	st->comm_ms += ta, st->exposed_comm_ms += ta;
 out:
 	rc = drain(e, rc);
-	st->p2p_wait_ms = e->wait_ms;
+	st->p2p_wait_ms = e->wait_ms, st->p2p_bytes = e->sent;
 	return rc;
 }
 
 /* Evaluation through the stages, forward only: every window's activations go through the global
  * stages in order (chunk c of rank s is global stage c P + s), in arena 0 of each chunk's stage model,
- * whole (a shared head is not split: the last stage computes the loss of every position); sends
+ * all positions (a shared head is not split: the last stage computes the loss of every position; with
+ * sequence parallelism each tp rank's rows, as in training: edge); sends
  * complete before the rank goes on, so its transfers follow its loop of (window, chunk), the same on
  * every rank, and no message crosses another. The last stage's losses reach every rank of the
  * pipeline in one sum (the others add 0). */
@@ -830,10 +847,12 @@ static int pp_eval(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 			return rc;
 		for (int c = 0; c < e->V; c++) {
 			chunk_t *ch = &e->ch[c];
+			size_t off, cnt;
+			edge(e, ch->g - 1, -1, &off, &cnt);
 			if (ch->g == 0)
 				rc = loom_model_embed_forward(ch->m, 0, e->inputs, cf->B, cf->T);
 			else if ((rc = loom_model_set_inputs(ch->m, 0, e->inputs, cf->B, cf->T)) == LOOM_OK &&
-			         (rc = loom_recv(cf->pp, loom_model_block_input(ch->m, 0, ch->lo), e->act, LOOM_FLOAT32,
+			         (rc = loom_recv(cf->pp, loom_model_block_input(ch->m, 0, ch->lo) + off, cnt, LOOM_FLOAT32,
 			                         prev_rank(e), TAG_EVAL + c)) != LOOM_OK)
 				rc = loom_seterr(rc, "pipeline stage %d of %d: evaluation window %d: receiving from stage %d: %s",
 				                 e->s, e->P, j, prev_rank(e), loom_comm_errmsg(cf->pp));
@@ -846,8 +865,9 @@ static int pp_eval(loom_exec_t *ex, loom_strategy_t *s, loom__batch_fn get, void
 					return rc;
 				continue;
 			}
-			if ((rc = loom_send(cf->pp, loom_model_block_input(ch->m, 0, ch->hi), e->act, LOOM_FLOAT32, next_rank(e),
-			                    TAG_EVAL + (ch->g + 1) / e->P)) != LOOM_OK)
+			edge(e, ch->g, -1, &off, &cnt);
+			if ((rc = loom_send(cf->pp, loom_model_block_input(ch->m, 0, ch->hi) + off, cnt, LOOM_FLOAT32,
+			                    next_rank(e), TAG_EVAL + (ch->g + 1) / e->P)) != LOOM_OK)
 				return loom_seterr(rc, "pipeline stage %d of %d: evaluation window %d: sending to stage %d: %s", e->s,
 				                   e->P, j, next_rank(e), loom_comm_errmsg(cf->pp));
 		}

@@ -148,6 +148,8 @@ typedef int (*loom__batch_fn)(void *ctx, int j, int *inputs, int *targets);
 typedef struct {
 	double comm_ms, exposed_comm_ms; /* the strategy's gradient communication (as its stats) */
 	double p2p_wait_ms;              /* time the training thread waited for pipeline transfers */
+	unsigned long long p2p_bytes;    /* bytes this rank sent to its pipeline neighbours (activations and
+	                                    gradients) */
 	int max_inflight;                /* the most micro-batches whose activations were held at once */
 	double bubble;                   /* the stages' mean idle fraction over the schedule's common span
 	                                    (first forward of any stage to last backward of any), from the

@@ -189,6 +189,7 @@ int loom_train_log_write(loom_trainer_t *tr, const loom_step_metrics_t *m)
 		num(f, "bubble", m->bubble, "%.4f");
 		num(f, "bubble_theory", m->bubble_theory, "%.4f");
 		num(f, "bubble_expected", m->bubble_expected, "%.4f");
+		fprintf(f, ",\"p2p_bytes\":%llu", m->p2p_bytes);
 	}
 	fprintf(f, ",\"tokens\":%lld", m->step * loom_trainer_tokens_per_step(tr));
 	loom_train_memory_t mem;

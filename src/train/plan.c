@@ -545,6 +545,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		 * and overlapped, but the pipe's fill and drain wait for 2 (P-1) of them */
 		group_link(c, 2, tp * dp, &pp_bw, &pp_lat);
 		double act = 4.0 * N * loom_model_stream_width(cfg);
+		if (tp > 1 && pc.sequence_parallel && N % tp == 0)
+			act /= tp; /* each tp rank sends its rows only */
 		send = link_time(act, 1, pp_bw, pp_lat);
 		p->pp.bytes = 2.0 * M * V * act; /* interleaved: every chunk's boundary */
 		p->pp.time_s = 2.0 * M * V * send;

@@ -314,6 +314,7 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 		                   tr->window, c->train_data, loom_errmsg());
 	comm_ms += es.comm_ms, exposed_ms += es.exposed_comm_ms;
 	m->bubble = es.bubble, m->bubble_expected = es.bubble_expected, m->max_inflight = es.max_inflight;
+	m->p2p_bytes = es.p2p_bytes;
 	m->bubble_theory = tr->pp ? loom_pp_bubble_ideal(c->pp_schedule, tr->pp_size, c->pp_virtual_stages, c->accum)
 	                          : 0.0;
 	if (tr->dp) { /* the loss of all data-parallel ranks: a blocking all-reduce of one double */
