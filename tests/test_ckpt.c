@@ -123,6 +123,18 @@ TEST(safetensors_round_trip)
 	CHECK_EQ(loom_st_find(st, "nope"), -1);
 	CHECK_OK(loom_st_read_f32(st, 0, back, 6));
 	CHECK(memcmp(back, a, sizeof a) == 0); /* bit-exact */
+	/* a byte range of a tensor, as stored (elements 2..4 of a; the int64 ids), and ranges outside one */
+	memset(back, 0, sizeof back);
+	CHECK_OK(loom_st_read_bytes(st, 0, 2 * sizeof(float), 3 * sizeof(float), back));
+	CHECK(memcmp(back, a + 2, 3 * sizeof(float)) == 0 && back[3] == 0.0f);
+	int64_t idsback[3] = {0};
+	CHECK_OK(loom_st_read_bytes(st, loom_st_find(st, "ids"), 8, 16, idsback));
+	CHECK(idsback[0] == 0 && idsback[1] == INT64_MAX && idsback[2] == 0);
+	CHECK_OK(loom_st_read_bytes(st, loom_st_find(st, "empty"), 0, 0, back));
+	CHECK_EQ(loom_st_read_bytes(st, 0, 4 * sizeof(float), 3 * sizeof(float), back), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "bytes [16, 28) of tensor 'a/weights', which has 24");
+	CHECK_EQ(loom_st_read_bytes(st, 0, 25, 0, back), LOOM_EINVAL);
+	CHECK_EQ(loom_st_read_bytes(st, 5, 0, 0, back), LOOM_EINVAL);
 	CHECK_OK(loom_st_read_f32(st, 1, bfback, 4));
 	CHECK_FEQ(bfback[0], 1.0);
 	CHECK_FEQ(bfback[1], -2.0);

@@ -59,6 +59,10 @@ int loom_st_find(const loom_st_t *st, const char *name);   /* index or -1 */
 /* Copy tensor i into out (numel floats, which must equal the tensor's element count), converting
  * F16/BF16/F64 to f32. LOOM_EFORMAT for other dtypes, LOOM_EINVAL for a size mismatch. */
 int loom_st_read_f32(const loom_st_t *st, int i, float *out, size_t numel);
+/* Copy bytes [off, off + n) of tensor i's data, as stored, into out: read from the file (pread), so
+ * the pages are not mapped into the process (a resume's resident set holds its buffers, not the
+ * files' pages too). LOOM_EINVAL for a range outside the tensor, LOOM_EIO when the read fails. */
+int loom_st_read_bytes(const loom_st_t *st, int i, size_t off, size_t n, void *out);
 int loom_st_meta_count(const loom_st_t *st);
 int loom_st_meta_at(const loom_st_t *st, int i, const char **key, const char **value);
 const char *loom_st_meta(const loom_st_t *st, const char *key); /* NULL when absent */

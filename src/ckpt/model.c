@@ -645,7 +645,8 @@ int loom_optim_load(const char *path, const loom_model_config_t *cfg, float *m, 
 			                 info.shape[0], info.ndim == 2 ? "," : "", info.ndim == 2 ? info.shape[1] : 0);
 			goto out;
 		}
-		memcpy((i < nt ? m : v) + info.offset, t->data, t->nbytes);
+		if ((rc = loom_st_read_bytes(st, k, 0, t->nbytes, (i < nt ? m : v) + info.offset)) != LOOM_OK)
+			goto out;
 	}
 out:
 	loom_st_close(st);

@@ -284,8 +284,7 @@ static int take(const loom_st_t *st, int k, float *dst, size_t n)
 	const loom_st_tensor_t *t = loom_st_get(st, k);
 	if (t->dtype != LOOM_ST_F32 || t->nbytes != n * sizeof(float))
 		return loom_seterr(LOOM_EFORMAT, "%s: tensor '%s' is not F32 of %zu elements", loom_st_path(st), t->name, n);
-	memcpy(dst, t->data, n * sizeof(float));
-	return LOOM_OK;
+	return loom_st_read_bytes(st, k, 0, n * sizeof(float), dst);
 }
 
 /* One file's share of what this rank owns: matrices by name, AdamW slices by overlap. */
@@ -330,8 +329,9 @@ static int read_state_file(loom_strategy_t *s, const char *path, unsigned char *
 			size_t a = LOOM_MAX(lo, pc->offset), b = LOOM_MIN(hi, pc->offset + pc->numel);
 			if (a >= b)
 				continue;
-			memcpy((first ? o->m : o->v) + pc->state + (a - pc->offset), (const float *)tt->data + (a - lo),
-			       (b - a) * sizeof(float));
+			if ((rc = loom_st_read_bytes(st, i, (a - lo) * sizeof(float), (b - a) * sizeof(float),
+			                             (first ? o->m : o->v) + pc->state + (a - pc->offset))) != LOOM_OK)
+				break;
 			*adam_floats += b - a;
 		}
 	}

@@ -207,8 +207,8 @@ static int load_slices(const char *path, const loom_model_config_t *c, size_t of
 		}
 		size_t lo = LOOM_MAX(off, info.offset), hi = LOOM_MIN(off + n, info.offset + info.numel);
 		if (hi > lo)
-			memcpy(dst[i < nt ? 0 : 1] + (lo - off), (const float *)t->data + (lo - info.offset),
-			       (hi - lo) * sizeof(float));
+			rc = loom_st_read_bytes(st, k, (lo - info.offset) * sizeof(float), (hi - lo) * sizeof(float),
+			                        dst[i < nt ? 0 : 1] + (lo - off));
 	}
 	loom_st_close(st);
 	return rc;
@@ -267,9 +267,9 @@ static int load_shards(const char *dir, const char *index, size_t total, size_t 
 			    tm->nbytes != (size_t)cnt * sizeof(float) || tv->nbytes != (size_t)cnt * sizeof(float)) {
 				rc = loom_seterr(LOOM_EFORMAT, "%s: expected tensors exp_avg and exp_avg_sq of %lld F32 values (as "
 				                 "%s says)", path, (long long)cnt, index);
-			} else {
-				memcpy(m + (lo - a), (const float *)tm->data + (lo - (size_t)off), (hi - lo) * sizeof(float));
-				memcpy(v + (lo - a), (const float *)tv->data + (lo - (size_t)off), (hi - lo) * sizeof(float));
+			} else if ((rc = loom_st_read_bytes(st, im, (lo - (size_t)off) * sizeof(float), (hi - lo) * sizeof(float),
+			                                    m + (lo - a))) == LOOM_OK) {
+				rc = loom_st_read_bytes(st, iv, (lo - (size_t)off) * sizeof(float), (hi - lo) * sizeof(float), v + (lo - a));
 			}
 			loom_st_close(st);
 		}
