@@ -489,13 +489,13 @@ out:
 	return rc;
 }
 
-/* The config as __metadata__ pairs (GPT-2's five numbers; another family's file also names its arch
- * and its own fields); bufs holds the number texts. Returns the number of pairs. */
 static int model_save(const char *path, const loom_model_config_t *cfg, const float *params, loom__st_fill_fn fill,
                       void *ctx);
 static int optim_save(const char *path, const loom_model_config_t *cfg, const float *m, const float *v,
                       loom__st_fill_fn fill, void *ctx);
 
+/* The config as __metadata__ pairs (GPT-2's five numbers; another family's file also names its arch
+ * and its own fields); bufs holds the number texts. Returns the number of pairs. */
 static int config_meta(const loom_model_config_t *cfg, const char *kind, char bufs[8][16], const char *meta[22])
 {
 	const char *keys[7] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size", "n_kv_head", "short_window"};

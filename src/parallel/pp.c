@@ -1031,13 +1031,13 @@ static int read_held(pp_exec_t *e, const char *dir, float *p, float *m, float *v
 
 /* Any checkpoint (any strategy, mesh or stage count wrote it): the tensors this rank holds (tp 1:
  * read_held, straight into the strategy's buffers where it holds the stage's state whole; with tensor
- * parallelism each held tensor's shard from its full tensor, loom__tp_read_tensor), and the strategy
+ * parallelism each held tensor's shard from its full tensor, loom__tp_read_tensors), and the strategy
  * its part of those. Not collective. */
 static int pp_load(loom_exec_t *ex, loom_strategy_t *s, const char *dir, long long step)
 {
 	pp_exec_t *e = (pp_exec_t *)ex;
 	size_t n = loom_model_param_count(e->model), bytes = LOOM_MAX(n, 1) * sizeof(float);
-	float *lp = NULL, *lm = NULL, *lv = NULL, *scratch = NULL, *view[3];
+	float *lp = NULL, *lm = NULL, *lv = NULL, *view[3];
 	int rc = LOOM_OK, direct;
 	if (s->muon)
 		return loom_seterr(LOOM_ENOTSUP, "pipeline stage %d: resuming MuonAdamW under pipeline parallel is not "
@@ -1054,29 +1054,14 @@ static int pp_load(loom_exec_t *ex, loom_strategy_t *s, const char *dir, long lo
 	}
 	if (e->tp_size > 1) { /* each held tensor's shard, from its full tensor */
 		loom__tp_group_t g;
-		size_t most = 1;
 		loom__tp_group_init(&g, e->cfg.tp);
-		for (int k = 0; k < e->ntensors; k++) {
-			loom_tensor_info_t fi;
-			loom_model_tensor_info(&e->mc, e->idx[k], &fi);
-			most = LOOM_MAX(most, fi.numel);
-		}
-		if (!(scratch = loom_alloc_aligned(3 * most * sizeof(float)))) {
-			rc = loom_seterr(LOOM_ENOMEM, "pipeline stage %d: out of memory to read a checkpoint", e->s);
-			goto out;
-		}
-		for (int k = 0; k < e->ntensors && rc == LOOM_OK; k++) {
-			size_t to = e->tensors[k].offset;
-			rc = loom__tp_read_tensor(&g, dir, &e->mc, e->idx[k], lp + to, lm + to, lv + to, scratch);
-		}
-		if (rc != LOOM_OK)
+		if ((rc = loom__tp_read_tensors(&g, dir, &e->mc, e->ntensors, e->idx, e->tensors, lp, lm, lv)) != LOOM_OK)
 			goto out;
 	} else if ((rc = read_held(e, dir, lp, lm, lv)) != LOOM_OK) {
 		goto out;
 	}
 	rc = loom__strategy_import(s, lp, lm, lv, step);
 out:
-	loom_free_aligned(scratch);
 	loom_free_aligned(lp), loom_free_aligned(lm), loom_free_aligned(lv);
 	return rc;
 }

@@ -251,10 +251,11 @@ int loom__tp_write_whole(const loom__tp_group_t *g, const loom_model_config_t *c
  * NULL: not read), reading one full tensor at a time. Not collective. */
 int loom__tp_read_shard(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, float *p, float *m,
                         float *v);
-/* This rank's shard of the table's tensor t alone into p, m, v (its shard's numel floats each; any NULL:
- * not read), with scratch of 3 x the full tensor's numel floats. Not collective. */
-int loom__tp_read_tensor(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, int t, float *p,
-                         float *m, float *v, float *scratch);
+/* This rank's shard of the table's tensors idx[k], k < n (idx NULL: tensor k), of a checkpoint's whole
+ * state into p, m, v (any NULL: not read) at offset at[k].offset (at NULL: the shard table's), reading
+ * one full tensor at a time (what a pipeline stage holds, into its packed layout). Not collective. */
+int loom__tp_read_tensors(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, int n,
+                          const int *idx, const loom_tensor_info_t *at, float *p, float *m, float *v);
 
 /* The model's whole state as this rank's strategy holds it, into buffers of the model's table layout
  * (nparams floats each; any NULL: not wanted): the parameters, AdamW's moments; gathered over the

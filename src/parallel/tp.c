@@ -376,8 +376,10 @@ int loom__tp_write_whole(const loom__tp_group_t *g, const loom_model_config_t *c
 	return loom__tp_write_stream(g, c, whole_get, &ws, w);
 }
 
-int loom__tp_read_tensor(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, int t, float *p,
-                         float *m, float *v, float *scratch)
+/* This rank's shard of the table's tensor t alone into p, m, v (any NULL: not read), with scratch of 3
+ * x the full tensor's numel floats. */
+static int read_tensor(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, int t, float *p,
+                       float *m, float *v, float *scratch)
 {
 	loom_tensor_info_t fi;
 	int rc;
@@ -391,27 +393,37 @@ int loom__tp_read_tensor(const loom__tp_group_t *g, const char *dir, const loom_
 	return LOOM_OK;
 }
 
-int loom__tp_read_shard(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, float *p, float *m,
-                        float *v)
+int loom__tp_read_tensors(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, int n,
+                          const int *idx, const loom_tensor_info_t *at, float *p, float *m, float *v)
 {
-	int n = loom_model_num_tensors(c), rc = LOOM_OK;
+	int rc = LOOM_OK;
 	size_t most = 1;
 	float *scratch;
-	for (int t = 0; t < n; t++) {
+	for (int k = 0; k < n; k++) {
 		loom_tensor_info_t fi;
-		loom_model_tensor_info(c, t, &fi);
+		loom_model_tensor_info(c, idx ? idx[k] : k, &fi);
 		most = LOOM_MAX(most, fi.numel);
 	}
 	if (!(scratch = loom_alloc_aligned(3 * most * sizeof(float))))
 		return loom_seterr(LOOM_ENOMEM, "tensor parallel: rank %d: out of memory to read a checkpoint", g->rank);
-	for (int t = 0; t < n && rc == LOOM_OK; t++) {
+	for (int k = 0; k < n && rc == LOOM_OK; k++) {
+		int t = idx ? idx[k] : k;
 		loom_tensor_info_t li;
-		loom_model_shard_info(c, g->size, t, &li);
-		rc = loom__tp_read_tensor(g, dir, c, t, p ? p + li.offset : NULL, m ? m + li.offset : NULL,
-		                          v ? v + li.offset : NULL, scratch);
+		if (at)
+			li = at[k];
+		else
+			loom_model_shard_info(c, g->size, t, &li);
+		size_t o = li.offset;
+		rc = read_tensor(g, dir, c, t, p ? p + o : NULL, m ? m + o : NULL, v ? v + o : NULL, scratch);
 	}
 	loom_free_aligned(scratch);
 	return rc;
+}
+
+int loom__tp_read_shard(const loom__tp_group_t *g, const char *dir, const loom_model_config_t *c, float *p, float *m,
+                        float *v)
+{
+	return loom__tp_read_tensors(g, dir, c, loom_model_num_tensors(c), NULL, NULL, p, m, v);
 }
 
 static int tp_save(loom_strategy_t *s, const loom_ckpt_writer_t *w)
