@@ -50,25 +50,30 @@ TEST(act_ckpt_parse_and_errors)
 	return 0;
 }
 
-/* The probabilities alone are the forward's, bit for bit (several row blocks, odd sizes). */
-TEST(act_ckpt_attention_probs_bit_identical)
+/* What selective recomputation refills (the attention's output and lse) is the forward's, bit for bit,
+ * whatever the thread count (several query blocks, odd sizes). */
+TEST(act_ckpt_attention_recompute_bit_identical)
 {
-	int B = 2, T = 70, C = 24, NH = 3;
-	size_t nqkv = (size_t)B * T * 3 * C, natt = (size_t)B * NH * T * T;
-	float *qkv = malloc(nqkv * sizeof(float)), *out = malloc((size_t)B * T * C * sizeof(float));
-	float *att = malloc(natt * sizeof(float)), *att2 = malloc(natt * sizeof(float));
-	CHECK(qkv && out && att && att2);
+	int B = 2, T = 70, C = 24, NH = 3, saved = loom_num_threads();
+	size_t nqkv = (size_t)B * T * 3 * C, ny = (size_t)B * T * C, nl = (size_t)B * NH * T;
+	float *qkv = malloc(nqkv * sizeof(float)), *out = malloc(ny * sizeof(float)), *out2 = malloc(ny * sizeof(float));
+	float *lse = malloc(nl * sizeof(float)), *lse2 = malloc(nl * sizeof(float));
+	CHECK(qkv && out && out2 && lse && lse2);
 	uint32_t x = 7;
 	for (size_t i = 0; i < nqkv; i++) {
 		x = x * 1664525u + 1013904223u;
 		qkv[i] = (float)((double)(x >> 8) / (1 << 24) * 4.0 - 2.0);
 	}
-	loom__attention_forward(out, att, qkv, B, T, C, NH);
-	memset(att2, 0xff, natt * sizeof(float)); /* NaNs: every entry must be written */
-	loom__attention_probs(att2, qkv, B, T, C, NH);
-	CHECK(memcmp(att, att2, natt * sizeof(float)) == 0);
-	CHECK(att[(size_t)T * T - 1] > 0.0f && att[1] == 0.0f); /* a last row entry; above the diagonal */
-	free(qkv), free(out), free(att), free(att2);
+	loom_set_num_threads(1);
+	loom__attention_forward(out, lse, qkv, B, T, C, NH);
+	loom_set_num_threads(2);
+	memset(out2, 0xff, ny * sizeof(float)); /* NaNs: every entry must be written */
+	memset(lse2, 0xff, nl * sizeof(float));
+	loom__attention_forward(out2, lse2, qkv, B, T, C, NH);
+	loom_set_num_threads(saved);
+	CHECK(memcmp(out, out2, ny * sizeof(float)) == 0);
+	CHECK(memcmp(lse, lse2, nl * sizeof(float)) == 0);
+	free(qkv), free(out), free(out2), free(lse), free(lse2);
 	return 0;
 }
 

@@ -27,34 +27,15 @@ static float *lp(loom_gpt2_t *m, int l, int j)
 	return loom__gpt2_param(m, 2 + LOOM_GPT2_LAYER_TENSORS * l + j);
 }
 
-/* out (C) for query row pos of qkv (rows of 3C) over key/value rows 0..pos; scores: pos+1 floats. */
-static void attend_one(float *out, const float *qkv, int pos, int C, int NH, float *scores)
+/* out (C) for query row pos of qkv (rows of 3C) over key/value rows 0..pos: the training's attention
+ * kernel on one query row at position pos. */
+static void attend_one(float *out, const float *qkv, int pos, int C, int NH)
 {
-	int hs = C / NH, C3 = 3 * C;
-	float scale = 1.0f / sqrtf((float)hs);
-	for (int h = 0; h < NH; h++) {
-		const float *q = qkv + (size_t)pos * C3 + (size_t)h * hs;
-		float mx = -INFINITY, sum = 0.0f, *o = out + (size_t)h * hs;
-		for (int j = 0; j <= pos; j++) {
-			const float *k = qkv + (size_t)j * C3 + C + (size_t)h * hs;
-			float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-			for (int i = 0; i < hs; i++)
-				s += q[i] * k[i];
-			scores[j] = s * scale;
-			mx = scores[j] > mx ? scores[j] : mx;
-		}
-		for (int j = 0; j <= pos; j++)
-			sum += scores[j] = fast_expf(scores[j] - mx);
-		memset(o, 0, sizeof(float) * (size_t)hs);
-		for (int j = 0; j <= pos; j++) {
-			const float *v = qkv + (size_t)j * C3 + 2 * C + (size_t)h * hs;
-			float p = scores[j] / sum;
-#pragma omp simd
-			for (int i = 0; i < hs; i++)
-				o[i] += p * v[i];
-		}
-	}
+	int hs = C / NH;
+	loom__flash_t a = {.q = qkv + (size_t)pos * 3 * C, .k = qkv + C, .v = qkv + 2 * C, .ldq = 3 * C, .ldk = 3 * C,
+	                   .B = 1, .Tq = 1, .Tk = pos + 1, .NH = NH, .NKV = NH, .D = hs, .W = -1, .qpos = pos,
+	                   .scale = 1.0f / sqrtf((float)hs)};
+	loom__flash_forward(&a, out, C, NULL);
 }
 
 /* Bump allocation inside kv->mem (with base NULL it only measures); 64-byte aligned, as gpt2.c's. */
@@ -75,7 +56,7 @@ static size_t layout_kv(const loom_gpt2_t *m, kv_cache_t *kv, char *base)
 	a->ln1 = carve(base, &off, T * C);
 	a->ln1_mean = carve(base, &off, T);
 	a->ln1_rstd = carve(base, &off, T);
-	a->att = carve(base, &off, NH * T * T);
+	a->lse = carve(base, &off, NH * T);
 	a->atty = carve(base, &off, T * C);
 	a->res2 = carve(base, &off, T * C);
 	a->ln2 = carve(base, &off, T * C);
@@ -90,7 +71,6 @@ static size_t layout_kv(const loom_gpt2_t *m, kv_cache_t *kv, char *base)
 	kv->lnf_rstd = carve(base, &off, T);
 	kv->logits = carve(base, &off, V);
 	kv->topk = carve(base, &off, V);
-	kv->scores = carve(base, &off, T);
 	return off;
 }
 
@@ -163,7 +143,7 @@ static void step(loom_gpt2_t *m, kv_cache_t *kv, int tok, int pos)
 		loom__layernorm_forward(a->ln1 + r, a->ln1_mean + pos, a->ln1_rstd + pos, res + r, lp(m, l, LN1_W),
 		                        lp(m, l, LN1_B), 1, C);
 		loom__matmul_forward(qkv + 3 * r, a->ln1 + r, lp(m, l, QKV_W), lp(m, l, QKV_B), 1, C, 3 * C);
-		attend_one(a->atty + r, qkv, pos, C, NH, kv->scores);
+		attend_one(a->atty + r, qkv, pos, C, NH);
 		loom__matmul_forward(a->res2 + r, a->atty + r, lp(m, l, ATTPROJ_W), lp(m, l, ATTPROJ_B), 1, C, C);
 		loom__residual_forward(a->res2 + r, res + r, a->res2 + r, (size_t)C);
 		loom__layernorm_forward(a->ln2 + r, a->ln2_mean + pos, a->ln2_rstd + pos, a->res2 + r, lp(m, l, LN2_W),

@@ -67,7 +67,8 @@ static float *carve(char *base, size_t *off, size_t nfloats)
  * What a layer keeps is the checkpointing mode's: none keeps all of layer_acts_t; blocks keeps res3
  * only (the next block's input) and points every other field at one block's scratch, shared by all
  * layers and arenas, which each forward overwrites and each block_backward refills; selective keeps
- * all but att, which points at one layer's probabilities in the scratch. So the kernels and the
+ * all but atty and lse (the attention's output and log-sum-exp), which point at one layer's in the
+ * scratch and are recomputed by the attention forward before the block's backward. So the kernels and the
  * passes read and write through the same pointers in every mode. */
 static size_t layout_acts(loom_gpt2_t *m, char *base, loom_gpt2_act_bytes_t *bytes)
 {
@@ -76,7 +77,7 @@ static size_t layout_acts(loom_gpt2_t *m, char *base, loom_gpt2_act_bytes_t *byt
 	size_t off = 0, C = (size_t)m->cfg.n_embd, V = (size_t)m->Vl, N = (size_t)m->B * m->T;
 	size_t NH = (size_t)m->NHl, T = (size_t)m->T, Cl = (size_t)m->Cl, mark;
 	size_t Ns = m->sp ? N / (size_t)m->tp : N;
-	size_t att = size_mul(size_mul(size_mul((size_t)m->B, NH), T), T);
+	size_t lse = size_mul(size_mul((size_t)m->B, NH), T);
 	size_t NC = size_mul(N, C), NCl = size_mul(N, Cl), N3 = size_mul(N, 3 * Cl), N4 = size_mul(N, 4 * Cl);
 	size_t NsC = size_mul(Ns, C);
 	layer_acts_t shared = {0}, dummy_layer;
@@ -87,7 +88,7 @@ static size_t layout_acts(loom_gpt2_t *m, char *base, loom_gpt2_act_bytes_t *byt
 		shared.ln1_mean = carve(base, &off, Ns);
 		shared.ln1_rstd = carve(base, &off, Ns);
 		shared.qkv = carve(base, &off, N3);
-		shared.att = carve(base, &off, att);
+		shared.lse = carve(base, &off, lse);
 		shared.atty = carve(base, &off, NCl);
 		shared.res2 = carve(base, &off, NsC);
 		shared.ln2 = carve(base, &off, NsC);
@@ -96,7 +97,8 @@ static size_t layout_acts(loom_gpt2_t *m, char *base, loom_gpt2_act_bytes_t *byt
 		shared.fch = carve(base, &off, N4);
 		shared.fch_gelu = carve(base, &off, N4);
 	} else if (m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE) {
-		shared.att = carve(base, &off, att);
+		shared.lse = carve(base, &off, lse);
+		shared.atty = carve(base, &off, NCl);
 	}
 	bytes->recompute = mark = off;
 	for (int k = 0; k < m->narenas; k++) {
@@ -116,8 +118,9 @@ static size_t layout_acts(loom_gpt2_t *m, char *base, loom_gpt2_act_bytes_t *byt
 			a->ln1_mean = carve(base, &off, Ns);
 			a->ln1_rstd = carve(base, &off, Ns);
 			a->qkv = carve(base, &off, N3);
-			a->att = m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE ? shared.att : carve(base, &off, att);
-			a->atty = carve(base, &off, NCl);
+			int sel = m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE;
+			a->lse = sel ? shared.lse : carve(base, &off, lse);
+			a->atty = sel ? shared.atty : carve(base, &off, NCl);
 			a->res2 = carve(base, &off, NsC);
 			a->ln2 = carve(base, &off, NsC);
 			a->ln2_mean = carve(base, &off, Ns);
@@ -148,7 +151,7 @@ static size_t layout_acts(loom_gpt2_t *m, char *base, loom_gpt2_act_bytes_t *byt
 	m->dqkv = carve(base, &off, N3);
 	m->d4a = carve(base, &off, N4);
 	m->d4b = carve(base, &off, N4);
-	m->att_scratch = carve(base, &off, loom__attention_scratch_floats(m->T, m->att_threads));
+	m->att_scratch = carve(base, &off, loom__attention_scratch_floats(m->B, m->T, Cl, m->att_threads));
 	if (m->sp) { /* the gathers borrow d4a, free whenever a gather is live, when it is large enough */
 		m->sp_gather = 4 * Cl >= C ? m->d4a : carve(base, &off, NC);
 		m->sp_lng = carve(base, &off, 2 * C);
@@ -786,6 +789,13 @@ static void ln_backward(loom_gpt2_t *m, float *dinp, float *dw, float *db, const
 		dw[c] += g[c], db[c] += g[C + c];
 }
 
+/* The profile's count of an attention product pass: k x B x C x the keys each query sees, summed over
+ * the T queries of a sequence (causal: T (T + 1) / 2), as the kernel computes it. */
+static double causal_flops(double k, int B, int T, double C)
+{
+	return k * B * C * ((double)T * (T + 1) / 2.0);
+}
+
 static float *block_out(const loom_gpt2_t *m, layer_acts_t *a, int l, int N)
 {
 	return l == m->hi - 1 ? a->res3 + sp_row0(m, N) * m->cfg.n_embd : a->res3;
@@ -807,7 +817,7 @@ static void block_forward_acts(loom_gpt2_t *m, int l, layer_acts_t *a, const flo
 	PROF(LAYERNORM, loom__layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, W(LN1_W), W(LN1_B), Nl, C));
 	x = sp ? sp_gather(m, a->ln1, N, C) : a->ln1;
 	PROFF(MATMUL, 6 * fN * fC * fCl, loom__matmul_forward(a->qkv, x, W(QKV_W), W(QKV_B), N, C, 3 * Cl));
-	PROFF(ATTENTION, 4.0 * B * T * T * fCl, loom__attention_forward(a->atty, a->att, a->qkv, B, T, Cl, NH));
+	PROFF(ATTENTION, causal_flops(4.0, B, T, fCl), loom__attention_forward(a->atty, a->lse, a->qkv, B, T, Cl, NH));
 	PROFF(MATMUL, 2 * fN * fC * fCl, loom__matmul_forward(sp ? m->dbtc : a->res2, a->atty, W(ATTPROJ_W),
 	                                                      tp > 1 ? NULL : W(ATTPROJ_B), N, Cl, C));
 	if (sp) {
@@ -938,7 +948,8 @@ static void recompute(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res_i
 	if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS)
 		block_forward_acts(m, l, a, res_in, NULL, B, T, 0);
 	else if (m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE)
-		PROFF(ATTENTION_PROBS, 2.0 * B * T * T * m->Cl, loom__attention_probs(a->att, a->qkv, B, T, m->Cl, m->NHl));
+		PROFF(ATTENTION_RECOMPUTE, causal_flops(4.0, B, T, m->Cl),
+		      loom__attention_forward(a->atty, a->lse, a->qkv, B, T, m->Cl, m->NHl));
 	else
 		return;
 	m->recomputes++;
@@ -994,8 +1005,9 @@ static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 	ready(m, lt(l, ATTPROJ_B));
 	ready(m, lt(l, ATTPROJ_W));
 	zero(m, m->dqkv, NCl * 3);
-	PROFF(ATTENTION_BWD, 8.0 * B * T * T * fCl,
-	      loom__attention_backward(m->dqkv, m->att_scratch, m->att_threads, m->dbtc, a->qkv, a->att, B, T, Cl, NH));
+	PROFF(ATTENTION_BWD, causal_flops(8.0, B, T, fCl),
+	      loom__attention_backward(m->dqkv, m->att_scratch, m->att_threads, m->dbtc, a->qkv, a->atty, a->lse, B, T, Cl,
+	                               NH));
 	x = sp ? sp_gather(m, a->ln1, N, C) : a->ln1;
 	zero(m, m->dbtc, NC);
 	PROFF(MATMUL_BWD, 12 * fN * fC * fCl,

@@ -232,9 +232,9 @@ static int g_stream_width(const loom_model_config_t *cfg)
 
 /* The activation formula beside the allocation (loom_model_act_formula; src/train/memory.c prints
  * both). Activations, in floats, of a model holding Lh blocks and `arenas` arenas of B x T (tp: local heads
- * NHl and channels Cl). One layer's full set is F = (4C + 12Cl) BT + 4 BT + B NHl T^2 (16 BTC + 4 BT +
- * B NH T^2 without tp: ln1, qkv, atty, res2, ln2, fch, fch_gelu, res3, four LayerNorm statistics, the
- * attention probabilities). A checkpointing mode drops D of each layer's floats, which then live once,
+ * NHl and channels Cl). One layer's full set is F = (4C + 12Cl) BT + 4 BT + B NHl T (16 BTC + 4 BT +
+ * B NH T without tp: ln1, qkv, atty, res2, ln2, fch, fch_gelu, res3, four LayerNorm statistics, the
+ * attention rows' log-sum-exp; no T x T term: the fused attention keeps none). A checkpointing mode drops D of each layer's floats, which then live once,
  * in the recompute scratch: kept = arenas (Lh (F - D) + BTC + head), scratch = D, with head = BTC + 3 BT
  * (ln_f's output and statistics, the losses) on the model holding it. The rule, as data: */
 /* FLOPs per token of unit u (loom_model_unit_flops): a block's in closed form, 6 x its matmul weights
@@ -253,13 +253,13 @@ static const struct {
 	loom_act_ckpt_t mode;
 	const char *text, *text_sp; /* without and with sequence parallelism */
 } act_rule[] = {
-	{LOOM_ACT_CKPT_NONE, "arenas x (L x F + BTC + head), F = 16BTC + 4BT + B NH T^2",
-	 "arenas x (L x F + 2BTC - BTC/tp + head), F = (16BTC + 4BT + B NH T^2) / tp"},
+	{LOOM_ACT_CKPT_NONE, "arenas x (L x F + BTC + head), F = 16BTC + 4BT + B NH T",
+	 "arenas x (L x F + 2BTC - BTC/tp + head), F = (16BTC + 4BT + B NH T) / tp"},
 	{LOOM_ACT_CKPT_BLOCKS, "arenas x (L x BTC + BTC + head) + (F - BTC) for one block",
-	 "arenas x ((L-1) x BTC/tp + 2BTC + head) + (F - BTC/tp) for one block, F = (16BTC + 4BT + B NH T^2) / tp"},
-	{LOOM_ACT_CKPT_SELECTIVE, "arenas x (L x (F - B NH T^2) + BTC + head) + B NH T^2 for one layer",
-	 "arenas x (L x (F - B NH T^2/tp) + 2BTC - BTC/tp + head) + B NH T^2/tp for one layer, "
-	 "F = (16BTC + 4BT + B NH T^2) / tp"},
+	 "arenas x ((L-1) x BTC/tp + 2BTC + head) + (F - BTC/tp) for one block, F = (16BTC + 4BT + B NH T) / tp"},
+	{LOOM_ACT_CKPT_SELECTIVE, "arenas x (L x (F - A) + BTC + head) + A for one layer, A = BTC + B NH T",
+	 "arenas x (L x (F - A) + 2BTC - BTC/tp + head) + A for one layer, A = (BTC + B NH T) / tp, "
+	 "F = (16BTC + 4BT + B NH T) / tp"},
 };
 
 /* With sequence parallelism (p = tp) every per-layer buffer is 1/p: ln1, res2, ln2, res3 and the four
@@ -273,13 +273,13 @@ static size_t g_act_formula(const loom_model_t *model, int B, int T, const char 
 	loom_act_ckpt_t mode = loom_gpt2_act_ckpt(g);
 	loom_gpt2_layers(g, &lo, &hi, &arenas);
 	double p = sp ? tp : 1;
-	double BT = (double)B * T, C = c->n_embd, Cl = (double)c->n_embd / tp, A = BT * (c->n_head / tp) * T;
+	double BT = (double)B * T, C = c->n_embd, Cl = (double)c->n_embd / tp, A = BT * (c->n_head / tp);
 	double F = (4 * C / p + 12 * Cl) * BT + 4 * BT / p + A, D = 0;
 	double head = hi == c->n_layer ? BT * C + 3 * BT : 0, out = sp && hi > lo ? BT * C * (1 - 1 / p) : 0;
 	if (mode == LOOM_ACT_CKPT_BLOCKS)
 		D = F - BT * C / p;
 	else if (mode == LOOM_ACT_CKPT_SELECTIVE)
-		D = A;
+		D = A + BT * Cl; /* the attention's output and lse, recomputed */
 	*text = "?";
 	for (size_t k = 0; k < LOOM_ARRAY_LEN(act_rule); k++)
 		if (act_rule[k].mode == mode)

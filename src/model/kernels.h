@@ -110,18 +110,44 @@ void loom__gelu_backward(float *dinp, const float *inp, const float *dout, size_
 /* out (N) = inp1 + inp2. (Its backward is dout added to both inputs' gradients.) */
 void loom__residual_forward(float *out, const float *inp1, const float *inp2, size_t N);
 
-/* Causal self-attention. qkv (B,T,3C) holds q, k, v of each position (head h at columns h*hs of
- * each third, hs = C/NH); out (B,T,C); att (B,NH,T,T) keeps the softmax probabilities (zero above
- * the diagonal) for the backward. Scale 1/sqrt(hs). */
-void loom__attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
-/* Only att (B,NH,T,T) of loom__attention_forward, bit-identical to the forward's (same code per block
- * of rows): what selective activation checkpointing recomputes before the backward. */
-void loom__attention_probs(float *att, const float *qkv, int B, int T, int C, int NH);
-/* dqkv (B,T,3C) += ...; scratch holds T*T floats for each of scratch_threads threads
- * (attention_scratch_floats); at most that many threads run. */
+/* ---- attention (flash.c): the one attention kernel of every family ------------------------------ */
+
+/* One attention call's operands and shape. q: B sequences of Tq query rows, ldq floats apart, query
+ * head h at columns [h D, h D + D); k, v: B sequences of Tk key rows, ldk apart, kv head g at columns
+ * [g D, g D + D); query head h reads kv head h / (NH / NKV). Query row i is at position qpos + i, key row
+ * j at kpos + j; a query at position t sees the keys at positions [t - W, t] (W < 0: no window, causal
+ * only). Scores are scale q.k. */
+typedef struct {
+	const float *q, *k, *v;
+	int ldq, ldk;
+	int B, Tq, Tk, NH, NKV, D;
+	int W;          /* window, or -1 */
+	int qpos, kpos; /* positions of query row 0 and key row 0 */
+	float scale;
+} loom__flash_t;
+
+/* out (B,Tq) rows ldo apart, head h at columns h D: softmax(scale q k^T, masked) v; lse (B,NH,Tq), may be
+ * NULL: each row's log-sum-exp of its scores (-inf for a row that sees no key, whose output is 0).
+ * Deterministic whatever the thread count; allocates nothing (its blocks are on the stack). */
+void loom__flash_forward(const loom__flash_t *a, float *out, int ldo, float *lse);
+/* dq (rows lddq apart) +=, dk, dv (rows lddk apart) += the gradients of the forward's output given dout
+ * (rows lddo apart), the forward's out and lse. scratch: loom__flash_scratch_floats(B, Tk, NKV, D,
+ * scratch_threads) floats (per-thread dK/dV partials); at most scratch_threads threads run, and the
+ * result is bit-identical from run to run for a thread count. */
+void loom__flash_backward(const loom__flash_t *a, float *dq, int lddq, float *dk, float *dv, int lddk,
+                          const float *dout, int lddo, const float *out, int ldo, const float *lse, float *scratch,
+                          int scratch_threads);
+size_t loom__flash_scratch_floats(int B, int Tk, int NKV, int D, int nthreads);
+/* Rows of a key block for head size D (chosen from the L2 cache size). */
+int loom__flash_key_block(int D);
+
+/* GPT-2's causal attention on the kernel above: qkv (B,T,3C) holds q, k, v of each position (head h at
+ * columns h*hs of each third, hs = C/NH); out (B,T,C); lse (B,NH,T). Scale 1/sqrt(hs). */
+void loom__attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH);
+/* dqkv (B,T,3C) += ...; scratch: loom__attention_scratch_floats(B, T, C, scratch_threads). */
 void loom__attention_backward(float *dqkv, float *scratch, int scratch_threads, const float *dout, const float *qkv,
-                        const float *att, int B, int T, int C, int NH);
-size_t loom__attention_scratch_floats(int T, int nthreads);
+                              const float *out, const float *lse, int B, int T, int C, int NH);
+size_t loom__attention_scratch_floats(int B, int T, int C, int nthreads);
 
 /* Language-model head fused with softmax and cross-entropy, over chunks of `chunk` positions so
  * that the (N,V) logits never exist whole: for each chunk, logits (chunk,V) = x wte^T into the

@@ -32,7 +32,7 @@ double loom__model_unit_flops_table(const loom_model_config_t *cfg, int unit, in
 	X(CLASSIFIER, "classifier (lm head + softmax + CE, fwd+bwd)")                                 \
 	X(MATMUL_BWD, "matmul_backward")                                                              \
 	X(ATTENTION_BWD, "attention_backward")                                                        \
-	X(ATTENTION_PROBS, "attention_probs (selective recompute)")                                   \
+	X(ATTENTION_RECOMPUTE, "attention_forward (selective recompute)")                             \
 	X(GELU_BWD, "gelu_backward")                                                                  \
 	X(LAYERNORM_BWD, "layernorm_backward")                                                        \
 	X(ENCODER_BWD, "encoder_backward")                                                            \
@@ -53,7 +53,7 @@ typedef struct {
 	 * the last block held: the head's or the next stage's input) */
 	float *ln1, *ln1_mean, *ln1_rstd; /* (N,C), (N), (N) */
 	float *qkv;                       /* (N,3C) */
-	float *att;                       /* (B,NH,T,T) softmax probabilities */
+	float *lse;                       /* (B,NH,T) log-sum-exp of each attention row */
 	float *atty;                      /* (N,C) attention output before c_proj */
 	float *res2;                      /* (N,C) residual after attention */
 	float *ln2, *ln2_mean, *ln2_rstd;
@@ -64,7 +64,7 @@ typedef struct {
 /* One micro-batch's activations: the input of the first block held, each held block's, and the
  * head's when the model holds it. With activation checkpointing some of a layer's pointers point
  * into the model's shared recompute scratch instead of memory of their own (blocks: every field but
- * res3; selective: att), which the block's backward refills before it reads them (gpt2.c). */
+ * res3; selective: atty and lse), which the block's backward refills before it reads them (gpt2.c). */
 typedef struct {
 	float *in;                        /* (N,C) input of block lo: the embedding's output or a received one */
 	layer_acts_t *layers;             /* hi - lo: block l at layers[l - lo] */
@@ -81,7 +81,6 @@ typedef struct {
 	float *lnf, *lnf_mean, *lnf_rstd;
 	float *logits; /* (V) of the newest position */
 	float *topk;   /* (V) scratch of top-k selection */
-	float *scores; /* (T) attention scores of one query row */
 	void *mem;
 } kv_cache_t;
 
@@ -120,7 +119,7 @@ struct loom_gpt2 {
 	float *dbtc;        /* (N,C) */
 	float *dqkv;        /* (N,3C) */
 	float *d4a, *d4b;   /* (N,4C) */
-	float *att_scratch; /* T*T per thread */
+	float *att_scratch; /* the attention backward's dK/dV partials (loom__attention_scratch_floats) */
 	int att_threads;    /* threads att_scratch has room for */
 
 	/* tensor parallelism (tp_model.c): this rank's shard sizes; with tp 1 they are the whole model's */

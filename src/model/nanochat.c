@@ -44,11 +44,11 @@ static size_t layout(nc_t *m, char *base, loom_model_act_bytes_t *bytes)
 	const nc_dims_t *d = &m->d;
 	size_t off = 0, C = (size_t)d->C, N = (size_t)m->B * m->T, T = (size_t)m->T, mark;
 	size_t Q = (size_t)d->nh * d->D, KV = (size_t)d->nkv * d->D, Hd = (size_t)d->hid;
-	size_t att = (size_t)m->B * d->nh * T * T, Ns = m->sp ? N / (size_t)m->tp : N;
+	size_t lse = (size_t)m->B * d->nh * T, Ns = m->sp ? N / (size_t)m->tp : N;
 	nc_layer_t shared = {0}, dummy;
 	nc_arena_t dummy_arena;
 	memset(bytes, 0, sizeof *bytes);
-#define LAYER_BUFS(a, ATT)                                                                                         \
+#define LAYER_BUFS(a, LSE, ATTY)                                                                                         \
 	do {                                                                                                           \
 		(a)->xin = carve(base, &off, Ns * C);                                                                      \
 		(a)->xn1 = carve(base, &off, Ns * C);                                                                      \
@@ -59,20 +59,21 @@ static size_t layout(nc_t *m, char *base, loom_model_act_bytes_t *bytes)
 		(a)->krstd = carve(base, &off, N * d->nkv);                                                                \
 		(a)->v = carve(base, &off, N * KV);                                                                        \
 		(a)->gate = carve(base, &off, N * d->nkv);                                                                 \
-		(a)->att = (ATT);                                                                                          \
-		(a)->atty = carve(base, &off, N * Q);                                                                      \
+		(a)->lse = (LSE);                                                                                          \
+		(a)->atty = (ATTY);                                                                                        \
 		(a)->x2 = carve(base, &off, Ns * C);                                                                       \
 		(a)->xn2 = carve(base, &off, Ns * C);                                                                      \
 		(a)->rstd2 = carve(base, &off, Ns);                                                                        \
 		(a)->fch = carve(base, &off, N * Hd);                                                                      \
 		(a)->act = carve(base, &off, N * Hd);                                                                      \
 	} while (0)
-	if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS) {
-		float *p = carve(base, &off, att);
-		LAYER_BUFS(&shared, p);
-	} else if (m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE) {
-		shared.att = carve(base, &off, att);
+	/* selective: the attention's output and lse are recomputed before the block's backward */
+	if (m->act_ckpt != LOOM_ACT_CKPT_NONE) {
+		shared.lse = carve(base, &off, lse);
+		shared.atty = carve(base, &off, N * Q);
 	}
+	if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS)
+		LAYER_BUFS(&shared, shared.lse, shared.atty);
 	bytes->recompute = mark = off;
 	for (int k = 0; k < m->narenas; k++) {
 		nc_arena_t *ar = base ? &m->arenas[k] : &dummy_arena;
@@ -85,8 +86,8 @@ static size_t layout(nc_t *m, char *base, loom_model_act_bytes_t *bytes)
 			if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS) {
 				*a = shared;
 			} else {
-				float *p = m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE ? shared.att : carve(base, &off, att);
-				LAYER_BUFS(a, p);
+				int sel = m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE;
+				LAYER_BUFS(a, sel ? shared.lse : carve(base, &off, lse), sel ? shared.atty : carve(base, &off, N * Q));
 			}
 			a->out = carve(base, &off, (l == m->hi - 1 ? N : Ns) * 2 * C); /* block hi-1's whole */
 			if (l == m->lo)
@@ -118,13 +119,12 @@ static size_t layout(nc_t *m, char *base, loom_model_act_bytes_t *bytes)
 	m->dk = carve(base, &off, N * KV);
 	m->dv = carve(base, &off, N * KV);
 	m->dkh = carve(base, &off, N * Q);
-	m->dvh = carve(base, &off, N * Q);
 	m->datty = carve(base, &off, N * Q);
 	m->dh1 = carve(base, &off, N * Hd);
 	m->dh2 = carve(base, &off, N * Hd);
 	m->dgate = carve(base, &off, N * d->nkv);
 	m->dscal = carve(base, &off, 2 * N);
-	m->att_scratch = carve(base, &off, T * T * (size_t)m->att_threads);
+	m->att_scratch = carve(base, &off, loom__flash_scratch_floats(m->B, m->T, d->nkv, d->D, m->att_threads));
 	bytes->backward = off - mark;
 	bytes->total = off;
 	return off;

@@ -44,7 +44,6 @@ static size_t layout_kv(const loom_nanochat_t *m, nc_kv_t *kv, char *base)
 	kv->fch = carve(base, &off, 2 * (size_t)d->H);
 	kv->logits = carve(base, &off, (size_t)d->V);
 	kv->topk = carve(base, &off, (size_t)d->V);
-	kv->scores = carve(base, &off, T);
 	return off;
 }
 
@@ -79,7 +78,7 @@ int loom__nc_kv_alloc(loom_nanochat_t *m)
 static void step(loom_nanochat_t *m, nc_kv_t *kv, int tok, int pos)
 {
 	const nc_dims_t *d = &m->d;
-	int C = d->C, D = d->D, NH = d->NH, NKV = d->NKV, Q = NH * D, KV = NKV * D, Hd = d->H, G = NH / NKV;
+	int C = d->C, D = d->D, NH = d->NH, NKV = d->NKV, Q = NH * D, KV = NKV * D, Hd = d->H;
 	int T = m->T;
 	float scale = 1.0f / sqrtf((float)D), *rs = kv->tmp + C;
 	loom__nc_gather(kv->x0, C, m->pview[NC_WTE], C, &tok, 0, d->Vp, 1, C);
@@ -110,31 +109,10 @@ static void step(loom_nanochat_t *m, nc_kv_t *kv, int tok, int pos)
 		loom__nc_rmsnorm_forward(kv->kk, D, rs, kv->kk, D, NKV, D);
 		memcpy(kc + (size_t)pos * KV, kv->kk, sizeof(float) * (size_t)KV);
 		memcpy(vc + (size_t)pos * KV, kv->vv, sizeof(float) * (size_t)KV);
-		int j0 = pos - m->window[l] > 0 ? pos - m->window[l] : 0;
-		for (int h = 0; h < NH; h++) {
-			const float *q = kv->q + (size_t)h * D;
-			int g = h / G;
-			float mx = -INFINITY, sum = 0.0f, *o = kv->y + (size_t)h * D, *sc = kv->scores;
-			for (int j = j0; j <= pos; j++) {
-				const float *k = kc + (size_t)j * KV + (size_t)g * D;
-				float s = 0.0f;
-				for (int i = 0; i < D; i++)
-					s += q[i] * k[i];
-				sc[j] = s * scale;
-				mx = sc[j] > mx ? sc[j] : mx;
-			}
-			for (int j = j0; j <= pos; j++) {
-				sc[j] = fast_expf(sc[j] - mx);
-				sum += sc[j];
-			}
-			memset(o, 0, sizeof(float) * (size_t)D);
-			for (int j = j0; j <= pos; j++) {
-				const float *v = vc + (size_t)j * KV + (size_t)g * D;
-				float p = sc[j] / sum;
-				for (int i = 0; i < D; i++)
-					o[i] += p * v[i];
-			}
-		}
+		/* the training's attention kernel on one query row at position pos over the cached rows */
+		loom__flash_t at = {.q = kv->q, .k = kc, .v = vc, .ldq = Q, .ldk = KV, .B = 1, .Tq = 1, .Tk = pos + 1,
+		                    .NH = NH, .NKV = NKV, .D = D, .W = m->window[l], .qpos = pos, .scale = scale};
+		loom__flash_forward(&at, kv->y, Q, NULL);
 		float *x2 = kv->tmp;
 		loom__gemm(0, 1, 1, C, Q, 1.0f, kv->y, Q, W(NC_O), Q, 0.0f, x2, C);
 		for (int c = 0; c < C; c++)

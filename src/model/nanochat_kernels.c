@@ -3,13 +3,8 @@
  * the softcapped lm head fused with cross-entropy.
  *
  * Conventions as kernels.h: outputs first, backward kernels accumulate (+=), OpenMP over rows or
- * heads, deterministic for a given thread count, no allocation. The attention is GPT-2's (attention.c)
- * reshaped: per (batch, query head) the scores are one sgemm per block of ATT_BLOCK query rows over
- * only the key columns the window and the causal mask leave, [max(0, r0 - W), r1); probabilities
- * outside a row's window [t - W, t] are stored as exact zeros, so the backward's products over wider
- * ranges add nothing. The backward runs per (batch, query head) too, each writing dk, dv of its own
- * head into a per-query-head scratch, summed over each kv head's group afterwards: no two threads
- * write the same memory and the sums are in a fixed order. */
+ * heads, deterministic for a given thread count, no allocation. The attention is the fused kernel
+ * every family uses (flash.c), with nanochat's window and grouped kv heads. */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -18,7 +13,6 @@
 #include "model/nanochat_model.h"
 
 #define PAR_MIN 32768
-#define ATT_BLOCK 64
 
 /* ---- RMSNorm ----------------------------------------------------------------------------------- */
 
@@ -116,129 +110,29 @@ void loom__nc_relu2_backward(float *dx, const float *x, const float *dy, size_t 
 
 /* ---- attention ------------------------------------------------------------------------------------ */
 
-/* Rows [r0, r1) of one head's probabilities P (T,T): scores over key columns [c0, r1), the windowed
- * causal softmax, zeros elsewhere in the rows. q rows ldq apart, k rows ldk apart. */
-static void probs_rows(float *P, const float *q, int ldq, const float *k, int ldk, int r0, int r1, int T, int D, int W,
-                       float scale)
+/* The windowed causal attention with grouped kv heads on the fused kernel (flash.c): q (N, NH D),
+ * k, v (N, NKV D) side by side per position, a query at t sees keys [t - W, t]. */
+static loom__flash_t nc_shape(const float *q, const float *k, const float *v, int B, int T, int NH, int NKV, int D,
+                              int W)
 {
-	int c0 = r0 - W > 0 ? r0 - W : 0;
-	loom__sgemm1(0, 1, r1 - r0, r1 - c0, D, scale, q + (size_t)r0 * ldq, ldq, k + (size_t)c0 * ldk, ldk, 0.0f,
-	             P + (size_t)r0 * T + c0, T);
-	for (int t = r0; t < r1; t++) {
-		float *p = P + (size_t)t * T, mx = -INFINITY, sum = 0.0f;
-		int j0 = t - W > 0 ? t - W : 0;
-#pragma omp simd reduction(max : mx)
-		for (int j = j0; j <= t; j++)
-			mx = p[j] > mx ? p[j] : mx;
-#pragma omp simd reduction(+ : sum)
-		for (int j = j0; j <= t; j++) {
-			p[j] = fast_expf(p[j] - mx);
-			sum += p[j];
-		}
-		float inv = 1.0f / sum;
-#pragma omp simd
-		for (int j = j0; j <= t; j++)
-			p[j] *= inv;
-		memset(p, 0, sizeof(float) * (size_t)j0);
-		memset(p + t + 1, 0, sizeof(float) * (size_t)(T - t - 1));
-	}
+	loom__flash_t a = {.q = q, .k = k, .v = v, .ldq = NH * D, .ldk = NKV * D, .B = B, .Tq = T, .Tk = T, .NH = NH,
+	                   .NKV = NKV, .D = D, .W = W, .scale = 1.0f / sqrtf((float)D)};
+	return a;
 }
 
-static void attention(float *out, float *att, const float *q, const float *k, const float *v, int B, int T, int NH,
-                      int NKV, int D, int W)
-{
-	int G = NH / NKV, ldq = NH * D, ldk = NKV * D;
-	float scale = 1.0f / sqrtf((float)D);
-#pragma omp parallel for schedule(dynamic, 1) if ((double)B * T * T * NH * D >= 1e6)
-	for (int bh = 0; bh < B * NH; bh++) {
-		int b = bh / NH, h = bh % NH, g = h / G;
-		const float *qb = q + (size_t)b * T * ldq + (size_t)h * D, *kb = k + (size_t)b * T * ldk + (size_t)g * D;
-		const float *vb = v + (size_t)b * T * ldk + (size_t)g * D;
-		float *P = att + (size_t)bh * T * T;
-		for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-			int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, c0 = r0 - W > 0 ? r0 - W : 0;
-			probs_rows(P, qb, ldq, kb, ldk, r0, r1, T, D, W, scale);
-			if (out)
-				loom__sgemm1(0, 0, r1 - r0, D, r1 - c0, 1.0f, P + (size_t)r0 * T + c0, T, vb + (size_t)c0 * ldk, ldk,
-				             0.0f, out + ((size_t)b * T + r0) * ldq + (size_t)h * D, ldq);
-		}
-	}
-}
-
-void loom__nc_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
+void loom__nc_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                                 int NH, int NKV, int D, int W)
 {
-	attention(out, att, q, k, v, B, T, NH, NKV, D, W);
+	loom__flash_t a = nc_shape(q, k, v, B, T, NH, NKV, D, W);
+	loom__flash_forward(&a, out, NH * D, lse);
 }
 
-void loom__nc_attention_probs(float *att, const float *q, const float *k, int B, int T, int NH, int NKV, int D, int W)
+void loom__nc_attention_backward(float *dq, float *dk, float *dv, float *scratch, int scratch_threads,
+                                 const float *dout, const float *q, const float *k, const float *v, const float *out,
+                                 const float *lse, int B, int T, int NH, int NKV, int D, int W)
 {
-	attention(NULL, att, q, k, NULL, B, T, NH, NKV, D, W);
-}
-
-void loom__nc_attention_backward(float *dq, float *dk, float *dv, float *dkh, float *dvh, float *scratch,
-                                 int scratch_threads, const float *dout, const float *q, const float *k,
-                                 const float *v, const float *att, int B, int T, int NH, int NKV, int D, int W)
-{
-	int G = NH / NKV, ldq = NH * D, ldk = NKV * D, N = B * T;
-	float scale = 1.0f / sqrtf((float)D);
-	int nt = omp_get_max_threads() < scratch_threads ? omp_get_max_threads() : scratch_threads;
-#pragma omp parallel num_threads(nt) if ((double)B * T * T * NH * D >= 1e6)
-	{
-		float *dS = scratch + (size_t)omp_get_thread_num() * T * T;
-#pragma omp for schedule(dynamic, 1)
-		for (int bh = 0; bh < B * NH; bh++) {
-			int b = bh / NH, h = bh % NH, g = h / G;
-			size_t qo = (size_t)b * T * ldq + (size_t)h * D, ko = (size_t)b * T * ldk + (size_t)g * D;
-			const float *qb = q + qo, *kb = k + ko, *vb = v + ko, *dy = dout + qo;
-			const float *P = att + (size_t)bh * T * T;
-			float *dqb = dq + qo, *dkb = dkh + qo, *dvb = dvh + qo;
-			/* dP = dY V^T over each row block's columns, then dS = P (dP - rowsum(P dP)), zero outside */
-			for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-				int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, c0 = r0 - W > 0 ? r0 - W : 0;
-				loom__sgemm1(0, 1, r1 - r0, r1 - c0, D, 1.0f, dy + (size_t)r0 * ldq, ldq, vb + (size_t)c0 * ldk, ldk,
-				             0.0f, dS + (size_t)r0 * T + c0, T);
-				for (int t = r0; t < r1; t++) {
-					float *d = dS + (size_t)t * T, dot = 0.0f;
-					const float *p = P + (size_t)t * T;
-					int j0 = t - W > 0 ? t - W : 0;
-#pragma omp simd reduction(+ : dot)
-					for (int j = j0; j <= t; j++)
-						dot += p[j] * d[j];
-#pragma omp simd
-					for (int j = j0; j <= t; j++)
-						d[j] = p[j] * (d[j] - dot);
-					memset(d, 0, sizeof(float) * (size_t)j0);
-					memset(d + t + 1, 0, sizeof(float) * (size_t)(T - t - 1));
-				}
-				loom__sgemm1(0, 0, r1 - r0, D, r1 - c0, scale, dS + (size_t)r0 * T + c0, T, kb + (size_t)c0 * ldk, ldk,
-				             1.0f, dqb + (size_t)r0 * ldq, ldq);
-			}
-			/* this head's dK, dV rows [j0, j1) = scale dS^T Q, P^T dY over the rows t in [j0, j1 + W) */
-			for (int j0 = 0; j0 < T; j0 += ATT_BLOCK) {
-				int j1 = j0 + ATT_BLOCK < T ? j0 + ATT_BLOCK : T;
-				int t1 = (long)j1 + W < T ? j1 + W : T;
-				loom__sgemm1(1, 0, j1 - j0, D, t1 - j0, scale, dS + (size_t)j0 * T + j0, T, qb + (size_t)j0 * ldq, ldq,
-				             0.0f, dkb + (size_t)j0 * ldq, ldq);
-				loom__sgemm1(1, 0, j1 - j0, D, t1 - j0, 1.0f, P + (size_t)j0 * T + j0, T, dy + (size_t)j0 * ldq, ldq,
-				             0.0f, dvb + (size_t)j0 * ldq, ldq);
-			}
-		}
-	}
-	/* dk, dv of kv head g += the sums over its G query heads, in head order */
-#pragma omp parallel for schedule(static) if ((long)N * ldq >= PAR_MIN)
-	for (int n = 0; n < N; n++)
-		for (int g = 0; g < NKV; g++)
-			for (int j = 0; j < G; j++) {
-				const float *a = dkh + (size_t)n * ldq + (size_t)(g * G + j) * D;
-				const float *c = dvh + (size_t)n * ldq + (size_t)(g * G + j) * D;
-				float *x = dk + (size_t)n * ldk + (size_t)g * D, *y = dv + (size_t)n * ldk + (size_t)g * D;
-#pragma omp simd
-				for (int i = 0; i < D; i++) {
-					x[i] += a[i];
-					y[i] += c[i];
-				}
-			}
+	loom__flash_t a = nc_shape(q, k, v, B, T, NH, NKV, D, W);
+	loom__flash_backward(&a, dq, NH * D, dk, dv, NKV * D, dout, NH * D, out, NH * D, lse, scratch, scratch_threads);
 }
 
 /* ---- embeddings ----------------------------------------------------------------------------------- */

@@ -81,7 +81,7 @@ typedef struct {
 	float *k, *krstd;    /* (N,nkv D), (N nkv) */
 	float *v;            /* (N,nkv D) with the value embedding mixed in */
 	float *gate;         /* (N,nkv) sigmoid of the gate's logits (value-embedding layers) */
-	float *att;          /* (B,nh,T,T) probabilities */
+	float *lse;          /* (B,nh,T) the attention rows' log-sum-exp */
 	float *atty;         /* (N,nh D) */
 	float *x2;           /* (N,C) after attention's residual */
 	float *xn2, *rstd2;  /* (N,C), (N) */
@@ -101,7 +101,7 @@ typedef struct {
 typedef struct {
 	float *k, *v;  /* L of (T, nkv D) each */
 	float *x, *x0, *xin, *xn, *q, *kk, *vv, *gate, *y, *tmp, *fch; /* one position's scratch */
-	float *logits, *topk, *scores;
+	float *logits, *topk;
 	void *mem;
 } nc_kv_t;
 
@@ -132,7 +132,7 @@ typedef struct loom_nanochat {
 	float *dres;          /* (N,2C) stream gradient [dx | dx0] */
 	float *dx2, *dxin, *dxn; /* (N,C) */
 	float *dq, *dk, *dv;  /* (N,nh D), (N,nkv D), (N,nkv D) */
-	float *dkh, *dvh;     /* (N,nh D) per-query-head dk, dv before the GQA sum */
+	float *dkh;           /* (N,nh D) scratch of the QK-norm backward */
 	float *datty;         /* (N,nh D) */
 	float *dh1, *dh2;     /* (N,hid) */
 	float *dgate;         /* (N,nkv) */
@@ -169,15 +169,15 @@ void loom__nc_rope_backward(float *dx, const float *cos, const float *sin, int N
 /* y = relu(x)^2 and dx += 2 relu(x) dy. */
 void loom__nc_relu2_forward(float *y, const float *x, size_t n);
 void loom__nc_relu2_backward(float *dx, const float *x, const float *dy, size_t n);
-/* Windowed causal GQA attention: q (N,NH D), k, v (N,NKV D), out (N,NH D), att (B,NH,T,T) probabilities
- * (exact zeros outside [t - W, t]); query head h reads kv head h / (NH / NKV). */
-void loom__nc_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
+/* Windowed causal GQA attention on the fused kernel (flash.c): q (N,NH D), k, v (N,NKV D), out (N,NH D),
+ * lse (B,NH,T) each row's log-sum-exp; a query at t sees keys [t - W, t]; query head h reads kv head
+ * h / (NH / NKV). */
+void loom__nc_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                                 int NH, int NKV, int D, int W);
-void loom__nc_attention_probs(float *att, const float *q, const float *k, int B, int T, int NH, int NKV, int D, int W);
-/* dq (N,NH D), dk, dv (N,NKV D) +=; dkh, dvh (N,NH D) scratch; scratch T*T floats per thread. */
-void loom__nc_attention_backward(float *dq, float *dk, float *dv, float *dkh, float *dvh, float *scratch,
-                                 int scratch_threads, const float *dout, const float *q, const float *k,
-                                 const float *v, const float *att, int B, int T, int NH, int NKV, int D, int W);
+/* dq (N,NH D), dk, dv (N,NKV D) +=; scratch: loom__flash_scratch_floats(B, T, NKV, D, scratch_threads). */
+void loom__nc_attention_backward(float *dq, float *dk, float *dv, float *scratch, int scratch_threads,
+                                 const float *dout, const float *q, const float *k, const float *v, const float *out,
+                                 const float *lse, int B, int T, int NH, int NKV, int D, int W);
 /* Rows of a table holding ids [v0, v0 + nrows) (a vocab-parallel shard; v0 0 for a whole one): out (N,
  * cols) = table[ids - v0], zero rows for ids held elsewhere. */
 void loom__nc_gather(float *out, int ldo, const float *table, int ld, const int *ids, int v0, int nrows, int N,

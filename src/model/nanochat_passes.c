@@ -209,7 +209,7 @@ static void block_forward_acts(nc_t *m, int l, nc_layer_t *a, const float *in, f
 	loom__nc_rope_forward(a->k, m->cos, m->sin, N, T, 0, nkv, D);
 	loom__nc_rmsnorm_forward(a->q, D, a->qrstd, a->q, D, N * nh, D);
 	loom__nc_rmsnorm_forward(a->k, D, a->krstd, a->k, D, N * nkv, D);
-	loom__nc_attention_forward(a->atty, a->att, a->q, a->k, a->v, B, T, nh, nkv, D, m->window[l]);
+	loom__nc_attention_forward(a->atty, a->lse, a->q, a->k, a->v, B, T, nh, nkv, D, m->window[l]);
 	if (m->sp) { /* the row-parallel product reduce-scattered onto this rank's rows */
 		linear(m->ftmp, C, a->atty, Q, W(NC_O), N, Q, C);
 		loom__nc_tp_reduce(m, m->ftmp, (size_t)N * C, LOOM_TP_REDUCE_SCATTER);
@@ -381,7 +381,7 @@ static void recompute(nc_t *m, int l, nc_layer_t *a, const float *in, const int 
 	if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS)
 		block_forward_acts(m, l, a, in, NULL, tok, B, T, 0);
 	else if (m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE)
-		loom__nc_attention_probs(a->att, a->q, a->k, B, T, d->nh, d->nkv, d->D, m->window[l]);
+		loom__nc_attention_forward(a->atty, a->lse, a->q, a->k, a->v, B, T, d->nh, d->nkv, d->D, m->window[l]);
 	else
 		return;
 	m->recomputes++;
@@ -426,8 +426,8 @@ static void block_backward(nc_t *m, nc_arena_t *ar, int l, int B, int T)
 	zero(m->dq, (size_t)N * Q);
 	zero(m->dk, (size_t)N * KV);
 	zero(m->dv, (size_t)N * KV);
-	loom__nc_attention_backward(m->dq, m->dk, m->dv, m->dkh, m->dvh, m->att_scratch, m->att_threads, m->datty, a->q,
-	                            a->k, a->v, a->att, B, T, nh, nkv, D, m->window[l]);
+	loom__nc_attention_backward(m->dq, m->dk, m->dv, m->att_scratch, m->att_threads, m->datty, a->q, a->k, a->v,
+	                            a->atty, a->lse, B, T, nh, nkv, D, m->window[l]);
 	/* QK-norm and rotary, backward, in place */
 	zero(m->dkh, (size_t)N * Q);
 	loom__nc_rmsnorm_backward(m->dkh, D, m->dq, D, a->q, D, a->qrstd, N * nh, D);
