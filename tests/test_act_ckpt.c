@@ -154,9 +154,10 @@ TEST(act_ckpt_units_bit_identical)
 }
 
 /* The layout of the `small` preset at the benchmark's B=4, T=256 (every buffer a multiple of 64 bytes,
- * so the byte counts are exact): a none layer is 16 BTC + 4 BT + B NH T^2 floats; blocks keeps BTC per
- * layer and one block's scratch, below 1/L of none's activations plus one block; selective keeps all but
- * the probabilities, whose one layer's worth is the scratch. A blocks model of `small` (B=1, without
+ * so the byte counts are exact): a none layer is 16 BTC + 4 BT + B NH T floats (the last: the attention
+ * rows' lse); blocks keeps BTC per layer and one block's scratch, below 1/L of none's activations plus
+ * one block; selective keeps all but the attention's output and lse, whose one layer's worth is the
+ * scratch. A blocks model of `small` (B=1, without
  * parameter buffers) really allocates what the layout says. */
 TEST(act_ckpt_memory_small)
 {
@@ -164,7 +165,8 @@ TEST(act_ckpt_memory_small)
 	loom_gpt2_act_bytes_t a[3];
 	CHECK_OK(loom_gpt2_preset("small", &cfg));
 	size_t B = 4, T = 256, C = (size_t)cfg.n_embd, NH = (size_t)cfg.n_head, L = (size_t)cfg.n_layer;
-	size_t BTC = 4 * B * T * C, BT = 4 * B * T, A = 4 * B * NH * T * T, F = 16 * BTC + 4 * BT + A;
+	/* bytes: A the attention rows' lse (B,NH,T), S what selective recomputes (lse and the attention's output) */
+	size_t BTC = 4 * B * T * C, BT = 4 * B * T, A = 4 * B * NH * T, F = 16 * BTC + 4 * BT + A, S = A + BTC;
 	size_t head = BTC + 3 * BT; /* ln_f's output and statistics, the losses */
 	for (int k = 0; k < 3; k++) {
 		loom_gpt2_opts_t o = {.B = (int)B, .T = (int)T, .act_ckpt = modes[k]};
@@ -179,14 +181,14 @@ TEST(act_ckpt_memory_small)
 	CHECK_EQ(a[1].per_layer, BTC);
 	CHECK_EQ(a[1].kept, L * BTC + BTC + head);
 	CHECK_EQ(a[1].recompute, F - BTC);
-	CHECK_EQ(a[2].per_layer, F - A);
-	CHECK_EQ(a[2].kept, L * (F - A) + BTC + head);
-	CHECK_EQ(a[2].recompute, A);
+	CHECK_EQ(a[2].per_layer, F - S);
+	CHECK_EQ(a[2].kept, L * (F - S) + BTC + head);
+	CHECK_EQ(a[2].recompute, S);
 	size_t none = a[0].kept + a[0].recompute, blocks = a[1].kept + a[1].recompute;
 	size_t sel = a[2].kept + a[2].recompute;
 	CHECK_MSG(blocks < none / L + a[0].per_layer, "blocks %zu bytes, none %zu / L %zu + one block %zu", blocks, none,
 	          L, a[0].per_layer);
-	CHECK_EQ(none - sel, (L - 1) * A);
+	CHECK_EQ(none - sel, (L - 1) * S);
 	printf("  small, B=4 T=256: activations none %.1f MiB, blocks %.1f MiB (%.1f%%), selective %.1f MiB; "
 	       "shared head scratch %.1f MiB, backward scratch %.1f MiB\n", none / 1048576.0, blocks / 1048576.0,
 	       100.0 * blocks / none, sel / 1048576.0, a[0].head / 1048576.0, a[0].backward / 1048576.0);
