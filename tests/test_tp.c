@@ -163,8 +163,12 @@ static int tp_rank_fn(int rank, int nranks, void *arg)
 	for (int s = first; s <= last; s++) {
 		CHECK_OK(loom_trainer_step(tr, &sm));
 		CHECK_NEAR(sm.loss, c->ref_loss[s], 1e-5 * c->ref_loss[s]);
+		/* the gradient norm of step 5 is the sensitive one: Adam turns the operands' rounding (which the
+		 * row-parallel products and the fused attention's block order change) into a relative 5.5e-6 with the
+		 * former attention kernel and 1.2e-5 with the fused one, against 1e-7 to 6e-7 at the other steps;
+		 * the final parameters are held to 1e-5 below */
 		if (c->sp)
-			CHECK_NEAR(sm.grad_norm, c->ref_norm[s], 1e-5 * c->ref_norm[s]);
+			CHECK_NEAR(sm.grad_norm, c->ref_norm[s], 3e-5 * c->ref_norm[s]);
 		CHECK_OK(loom_trainer_check_replicas(tr));
 	}
 	if (c->save_at) {
@@ -354,7 +358,8 @@ TEST(sp_dp2_tp2_train_matches_one_process)
 
 /* The activation bytes with sequence parallelism, exactly: a layer's ln1, res2, ln2, res3 and the four
  * LayerNorm statistics hold N/p of the N = B T rows, so with the heads and MLP columns already split a
- * layer's kept floats are F/p (F of one process: 16NC + 4N + B NH T^2), except the last block's output
+ * layer's kept floats are F/p (F of one process: 16NC + 4N + B NH T, the last the attention rows' lse),
+ * except the last block's output
  * (whole: the head's input); the recompute scratch of blocks holds one block's N/p-row buffers. The
  * allocation (loom_gpt2_act_bytes), the model's formula (loom_model_act_formula) and the sum written out
  * here agree to the byte (tiny's sizes are multiples of the 64-byte alignment); the backward scratch
@@ -363,7 +368,7 @@ TEST(sp_act_bytes_formula)
 {
 	loom_gpt2_config_t mc;
 	CHECK_OK(loom_gpt2_preset("tiny", &mc));
-	const size_t L = 4, C = 128, NH = 4, N = (size_t)B * T, F1 = 16 * N * C + 4 * N + (size_t)B * NH * T * T;
+	const size_t L = 4, C = 128, NH = 4, N = (size_t)B * T, F1 = 16 * N * C + 4 * N + (size_t)B * NH * T;
 	for (int p = 2; p <= 4; p *= 2)
 		for (int k = 0; k < 3; k++)
 			for (int stage = 0; stage < 2; stage++) { /* the whole model; a first stage of blocks [0, 2) */
@@ -373,7 +378,7 @@ TEST(sp_act_bytes_formula)
 				loom_gpt2_opts_t o1 = {.B = B, .T = T};
 				CHECK_OK(loom_gpt2_act_bytes(&mc, &o, &sp));
 				CHECK_OK(loom_gpt2_act_bytes(&mc, &o1, &one));
-				size_t Ns = N / p, Cl = C / p, A = (size_t)B * (NH / p) * T * T, Lh = stage ? 2 : L;
+				size_t Ns = N / p, Cl = C / p, A = (size_t)B * (NH / p) * T, Lh = stage ? 2 : L;
 				size_t F = 4 * Ns * C + 4 * Ns + 12 * N * Cl + A; /* one layer, every buffer kept */
 				CHECK_EQ(F * p, F1);
 				CHECK_EQ(one.per_layer, F1 * sizeof(float));
@@ -383,11 +388,11 @@ TEST(sp_act_bytes_formula)
 				else if (k == LOOM_ACT_CKPT_BLOCKS)
 					kept = Lh * Ns * C + in + last + head, scratch = F - Ns * C;
 				else
-					kept = Lh * (F - A) + in + last + head, scratch = A;
+					kept = Lh * (F - A - N * Cl) + in + last + head, scratch = A + N * Cl;
 				CHECK_MSG(sp.kept == kept * sizeof(float), "tp %d %s stage %d: kept %zu, formula %zu", p,
 				          loom_act_ckpt_name((loom_act_ckpt_t)k), stage, sp.kept, kept * sizeof(float));
 				CHECK_EQ(sp.recompute, scratch * sizeof(float));
-				CHECK_EQ(sp.per_layer, (k == LOOM_ACT_CKPT_NONE ? F : k == LOOM_ACT_CKPT_BLOCKS ? Ns * C : F - A) *
+				CHECK_EQ(sp.per_layer, (k == LOOM_ACT_CKPT_NONE ? F : k == LOOM_ACT_CKPT_BLOCKS ? Ns * C : F - A - N * Cl) *
 				                           sizeof(float));
 				loom_gpt2_t *m;
 				const char *text;
@@ -467,7 +472,7 @@ TEST(sp_cli)
 	         " --steps %d --total-batch-size 128 --log %s/sp.jsonl", loom, dir, STEPS, dir);
 	CHECK_MSG(test_run_cmd(cmd, out, sizeof out, 60) == 0, "%s:\n%s", cmd, out);
 	CHECK_CONTAINS(out, "[rank 0] sequence parallel: the norms and residual adds run on 32 of the 64 positions");
-	CHECK_CONTAINS(out, "F = (16BTC + 4BT + B NH T^2) / tp");
+	CHECK_CONTAINS(out, "F = (16BTC + 4BT + B NH T) / tp");
 	snprintf(cmd, sizeof cmd, "%s/sp.jsonl", dir);
 	CHECK_EQ(test_read_losses(cmd, got, STEPS + 1, NULL, NULL), STEPS);
 	for (int s = 1; s <= STEPS; s++)
