@@ -31,8 +31,10 @@ PEAK=$("$LOOM" bench gemm --threads 1 | sed -n 's/^hardware peak.*--peak-flops \
 [ -n "$PEAK" ] || { echo "could not read the hardware peak from loom bench gemm" >&2; exit 1; }
 printf 'long_seq: %d tokens per step, %d steps (first %d untimed), 1 thread, FMA peak %s FLOP/s\n' \
 	"$TOKENS" "$STEPS" "$WARMUP" "$PEAK"
-# enough random tokens for every row (the largest vocabulary, GPT-2's)
-$PY bench/random_shard.py "$WORK/train_000000.bin" 1 "$TOKENS" $((STEPS + 1)) 50257 1
+# enough random tokens for every row, in each family's vocabulary
+mkdir -p "$WORK/nanochat" "$WORK/gpt2"
+$PY bench/random_shard.py "$WORK/nanochat/train_000000.bin" 1 "$TOKENS" $((STEPS + 1)) 257 1
+$PY bench/random_shard.py "$WORK/gpt2/train_000000.bin" 1 "$TOKENS" $((STEPS + 1)) 50257 1
 
 ROWS=()
 for t in $TS; do ROWS+=("nanochat $t fp32"); done
@@ -48,7 +50,7 @@ run_row() { # arch T dtype -> "tok/s mfu fpt rss_mib"
 	flags="$(model_flags "$arch" "$t") --batch-size $b --seq-len $t"
 	fpt=$("$LOOM" plan $flags --json | $PY -c 'import json,sys; print(json.load(sys.stdin)["flops_per_token"])')
 	rm -f "$log"
-	OMP_NUM_THREADS=1 /usr/bin/time -f '%M' -o "$WORK/rss" "$LOOM" train --threads 1 --train-data "$WORK/train_*.bin" \
+	OMP_NUM_THREADS=1 /usr/bin/time -f '%M' -o "$WORK/rss" "$LOOM" train --threads 1 --train-data "$WORK/$arch/train_*.bin" \
 		$flags --steps "$STEPS" --warmup 0 --dtype "$dt" --peak-flops "$PEAK" --log "$log" >"$WORK/out" 2>&1 ||
 		{ echo "  ($arch T=$t $dt failed: $(tail -n 1 "$WORK/out"))" >&2; echo "0 0 $fpt 0"; return; }
 	$PY - "$log" "$WARMUP" "$fpt" "$(cat "$WORK/rss")" <<'EOF'
