@@ -21,7 +21,13 @@
 #include "loom/train.h"
 #include "test.h"
 
-enum { STEPS = 8, ACCUM = 2, BB = 2, TT = 16, VOCAB = 100, NTOK = STEPS * ACCUM * BB * TT };
+enum { STEPS = 8, ACCUM = 2, BB = 2, TT_MAX = 512, VOCAB = 100, NTOK_MAX = STEPS * ACCUM * BB * TT_MAX };
+
+/* The sequence length and short window of the run (e2e_cfg): T 16 with S = 5 for every optimizer, and
+ * T 512 with S = 64 (many of the attention kernel's 64-row query blocks, windows that start inside a
+ * block) for AdamW. */
+static int TT = 16, SW = 5;
+#define NTOK (STEPS * ACCUM * BB * TT)
 
 typedef enum { E2E_ADAMW, E2E_MUON, E2E_RECIPE } e2e_kind_t;
 
@@ -34,13 +40,13 @@ typedef enum { E2E_ADAMW, E2E_MUON, E2E_RECIPE } e2e_kind_t;
 #define RECIPE_D_REF 262144.0
 
 /* L3, 4 query heads on 2 kv heads, C 64, T 16, V 100 padded to 128; windows S L L with S = 5 (layer 0
- * sees 6 positions of 16), value embeddings on layers 0 and 2. */
+ * sees 6 positions of 16; SW and TT of the long run), value embeddings on layers 0 and 2. */
 static loom_model_config_t e2e_cfg(void)
 {
 	loom_model_config_t c = {.n_layer = 3, .n_head = 4, .n_embd = 64, .seq_len = TT, .vocab_size = VOCAB};
 	c.arch = LOOM_ARCH_NANOCHAT;
 	c.n_kv_head = 2;
-	c.short_window = 5;
+	c.short_window = SW;
 	snprintf(c.window_pattern, sizeof c.window_pattern, "SL");
 	return c;
 }
@@ -255,7 +261,8 @@ static int e2e(e2e_kind_t kind)
 	loom_model_opts_t mo = {.B = BB, .T = TT};
 	loom_model_t *m = NULL;
 	e2e_opt_t o;
-	int in[NTOK], tg[NTOK], n;
+	static int in[NTOK_MAX], tg[NTOK_MAX];
+	int n;
 	char dir[512], cmd[1400], out[8192];
 	uint32_t seed = 2026;
 	for (int i = 0; i < NTOK; i++) {
@@ -355,6 +362,16 @@ static int e2e(e2e_kind_t kind)
 TEST(nanochat_e2e_adamw)
 {
 	return e2e(E2E_ADAMW);
+}
+
+/* The same AdamW run at T = 512 with a short window of 64: the fused attention kernel over many query and
+ * key blocks, windows starting inside blocks, against float64 PyTorch. */
+TEST(nanochat_e2e_adamw_t512_window64)
+{
+	TT = 512, SW = 64;
+	int rc = e2e(E2E_ADAMW);
+	TT = 16, SW = 5;
+	return rc;
 }
 
 TEST(nanochat_e2e_muonadamw)
