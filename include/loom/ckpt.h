@@ -106,6 +106,11 @@ int loom_model_save_llmc(const char *path, const loom_model_config_t *cfg, const
  * tokenizers). loom_model_save_safetensors calls it (eot -1). Atomic. LOOM_EINVAL for eot out of the
  * vocabulary; LOOM_ESYS/LOOM_EIO naming the file. */
 int loom_model_write_hf_config(const char *model_path, const loom_model_config_t *cfg, int eot);
+/* The path of the config.json that loom_model_write_hf_config (so also loom_model_save of a
+ * .safetensors path) writes beside model_path, into path: the file's directory's config.json
+ * ("./config.json" for a bare file name). For a caller that must not replace a file it was not asked
+ * to write (`loom convert` without --force). LOOM_EINVAL when it does not fit in cap bytes. */
+int loom_model_hf_config_path(const char *model_path, char *path, size_t cap);
 
 /* AdamW state as safetensors: tensors "<name>.exp_avg" (m) and "<name>.exp_avg_sq" (v) for every
  * model tensor (PyTorch's names), with the model config in __metadata__. load checks the config and
