@@ -43,9 +43,10 @@ int cli_model_flag(const char *cmd, int argc, char **argv, int *i, cli_model_fla
 /* Exit with one message for a combination that cannot be resolved (--init-from with size flags, a
  * nanochat flag without --arch nanochat, a GPT-2 preset with it). */
 void cli_model_flags_check(const char *cmd, const cli_model_flags_t *f);
-/* The configuration: from --init-from's file, nanochat's sizing or a GPT-2 preset, with the
- * overrides; *T (the training sequence length, -1: not given) defaults to the model's maximum and
- * may not exceed it. Exits with a message on any error. */
+/* The configuration: from --init-from's file, nanochat's sizing or a GPT-2 preset, each override
+ * replacing only its field; the positions are --n-positions, else the preset's (GPT-2) or *T
+ * (nanochat, as base_train). *T (the training sequence length, -1: not given) defaults to the
+ * model's maximum and may not exceed it. Exits with a message on any error. */
 void cli_model_resolve(const char *cmd, const cli_model_flags_t *f, int *T, loom_model_config_t *out);
 
 #endif

@@ -7,8 +7,9 @@
  * binary (/proc/self/exe) as `loom run --nproc-per-node N loom train ARGS` without --nproc.
  *
  * Sequence lengths: --seq-len is the length T trained on. The model's maximum (its n_positions, the
- * rows of wpe) comes from the preset, from --init-from's file, or from --n-positions; with explicit
- * model flags and no preset it defaults to T. T above the model's maximum is an error. */
+ * rows of wpe) comes from --n-positions, from --init-from's file, else from the GPT-2 preset (tiny's
+ * when --model is not given: the size flags override only their own fields), or for nanochat from T
+ * (base_train's sequence_len). T above the model's maximum is an error (model_flags.c). */
 #include <errno.h>
 #include <glob.h>
 #include <libgen.h>
@@ -43,17 +44,19 @@ static const char *const usage_text =
 	"  --shuffle 0|1          shuffle the order of batches each epoch (default 0)\n"
 	"model (default --model tiny):\n"
 	"  --arch gpt2|nanochat   the model family (default gpt2); nanochat is karpathy/nanochat's GPT (bac5a35)\n"
-	"  --model tiny|small|gpt2  a GPT-2 preset; the flags below override its fields\n"
+	"  --model tiny|small|gpt2  a GPT-2 preset; each flag below overrides only the field it names (the\n"
+	"                         positions stay the preset's unless --n-positions gives them)\n"
 	"  --depth D              nanochat's sizing (base_train): C = ceil(D x aspect / head-dim) x head-dim,\n"
 	"                         heads C / head-dim, L = D; --aspect-ratio A (64) --head-dim H (128)\n"
 	"  --n-kv-head K          nanochat: key/value heads (grouped-query attention; default the heads)\n"
 	"  --window-pattern P     nanochat: S/L per layer, tiled, last layer L (default SSSL)\n"
-	"  --short-window W       nanochat: the S window (default half the sequence length)\n"
-	"  --n-layer L --n-head H --n-embd C --vocab-size V --n-positions P (maximum sequence length)\n"
+	"  --short-window W       nanochat: the S window (default half the model's positions)\n"
+	"  --n-layer L --n-head H --n-embd C --vocab-size V --n-positions P (the model's positions, its maximum\n"
+	"                         sequence length: GPT-2 default the preset's, nanochat's --seq-len as base_train)\n"
 	"  --init-from FILE       start from a model file (.safetensors or llm.c .bin) instead of random init\n"
 	"batch:\n"
 	"  --batch-size B         sequences per micro-batch (default 4)\n"
-	"  --seq-len T            tokens per sequence (default: the model's maximum)\n"
+	"  --seq-len T            tokens per sequence trained on, at most the model's positions (default: them)\n"
 	"  --grad-accum K         micro-batches per optimizer step and rank (default 1), or\n"
 	"  --total-batch-size N   tokens per optimizer step (= B x T x ranks x K; K is derived)\n"
 	"optimization:\n"
