@@ -1,6 +1,7 @@
 /* model_flags.c: the model flags `loom train` and `loom plan` share (the family, a GPT-2 preset or
- * nanochat's sizing, the size overrides, --init-from) and their resolution into one configuration,
- * so that a train command line with `train` replaced by `plan` plans the same model.
+ * nanochat's sizing, the size overrides, --init-from: a model file, a checkpoint directory or a
+ * --save-dir, resolved by loom_model_path as `loom sample --model` is) and their resolution into one
+ * configuration, so that a train command line with `train` replaced by `plan` plans the same model.
  *
  * Each size flag overrides only the field it names. The model's positions (n_positions: GPT-2's wpe
  * rows, nanochat's sequence_len) are --n-positions when given; else GPT-2 keeps the preset's (tiny's
@@ -73,7 +74,7 @@ int cli_model_flag(const char *cmd, int argc, char **argv, int *i, cli_model_fla
 	return 1;
 }
 
-void cli_model_flags_check(const char *cmd, const cli_model_flags_t *f)
+void cli_model_flags_check(const char *cmd, cli_model_flags_t *f)
 {
 	const loom_model_config_t *mc = &f->mc;
 	if (f->init_from && (f->preset || (f->have_model_flags && !(f->n_head_flag && mc->n_layer < 0 && mc->n_embd < 0 &&
@@ -85,6 +86,11 @@ void cli_model_flags_check(const char *cmd, const cli_model_flags_t *f)
 	if (mc->arch == LOOM_ARCH_NANOCHAT && f->preset)
 		cli_die(cmd, "--model %s is a GPT-2 preset; nanochat is sized by --depth D (or --n-layer, --n-embd, --n-head)",
 		        f->preset);
+	if (f->init_from && f->init_from != f->init_file) { /* the same resolution as loom sample --model */
+		if (loom_model_path(f->init_from, f->init_file, sizeof f->init_file) != LOOM_OK)
+			cli_die(cmd, "--init-from: %s", loom_errmsg());
+		f->init_from = f->init_file;
+	}
 }
 
 void cli_model_resolve(const char *cmd, const cli_model_flags_t *f, int *T, loom_model_config_t *out)

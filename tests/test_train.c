@@ -845,3 +845,56 @@ TEST(train_model_flags_keep_positions)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* --init-from takes what `loom sample --model` takes (loom_model_path): a checkpoint directory
+ * starts from its model.safetensors, bit for bit as the file itself does, and a --save-dir from its
+ * newest checkpoint; a directory with neither is one message. */
+TEST(train_init_from_checkpoint_dir)
+{
+	char dir[512], cmd[4096], out[16384], path[700], want[800];
+	static char lines[2][64][160];
+	double loss[2][64];
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train_000000.bin", 3000, 257, 4));
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 --batch-size 2 "
+	         "--seq-len 16 --steps 2 --lr 1e-2 --threads 1 --peak-flops 1e10 --save-dir %s/ck --save-every 1", loom, dir,
+	         dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	static const char *const from[] = {"ck/step_00000001", "ck/step_00000001/model.safetensors"};
+	for (int k = 0; k < 2; k++) {
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --init-from %s/%s --batch-size 2 --seq-len 16 "
+		         "--steps 2 --lr 1e-3 --threads 1 --peak-flops 1e10 --log %s/i%d.jsonl", loom, dir, dir, from[k], dir, k);
+		st = test_run_cmd(cmd, out, sizeof out, 60);
+		CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+		snprintf(want, sizeof want, "model: gpt2 L1 H2 C32 T128 V257, 25088 parameters, from %s/ck/step_00000001/"
+		         "model.safetensors\n", dir);
+		CHECK_CONTAINS(out, want);
+		snprintf(path, sizeof path, "%s/i%d.jsonl", dir, k);
+		CHECK_EQ(test_read_losses(path, loss[k], 64, lines[k], NULL), 2);
+	}
+	for (int s = 1; s <= 2; s++)
+		CHECK_STREQ(lines[0][s], lines[1][s]); /* the directory is its model file, bit for bit */
+	/* a --save-dir: its newest checkpoint */
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --init-from %s/ck --batch-size 2 --seq-len 16 "
+	         "--steps 1 --threads 1 --peak-flops 1e10 --check", loom, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	snprintf(want, sizeof want, ", from %s/ck/step_00000002/model.safetensors\n", dir);
+	CHECK_CONTAINS(out, want);
+	/* neither: one message, as loom sample says it */
+	snprintf(cmd, sizeof cmd, "mkdir %s/empty && %s train --train-data '%s/train_*.bin' --init-from %s/empty --steps 1",
+	         dir, loom, dir, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	snprintf(want, sizeof want, "loom train: --init-from: %s/empty: a directory without model.safetensors or "
+	         "checkpoints (step_NNNNNNNN)\n", dir);
+	CHECK_STREQ(out, want);
+	snprintf(cmd, sizeof cmd, "%s sample --model %s/empty", loom, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	snprintf(want, sizeof want, "loom sample: --model: %s/empty: a directory without model.safetensors or "
+	         "checkpoints (step_NNNNNNNN)\n", dir);
+	CHECK_STREQ(out, want);
+	test_rmdir(dir);
+	return 0;
+}

@@ -179,6 +179,13 @@ void loom_ckpt_abort(loom_ckpt_writer_t *w); /* removes the temp dir; safe after
  * LOOM_EFORMAT when the newest one is damaged or incomplete, naming the file and the problem and
  * listing the older checkpoints that verify (path and *step are still set to the newest one). */
 int loom_ckpt_latest(const char *dir, char *path, size_t cap, int64_t *step);
+/* The model file that `arg` names, as `loom sample --model` and `loom train --init-from` take it:
+ * a file is itself; a directory holding model.safetensors (a checkpoint DIR/step_NNNNNNNN, a model
+ * directory) gives that; a directory of checkpoints (a --save-dir) gives its newest checkpoint's,
+ * verified as loom_ckpt_latest does. Writes the path into path (cap bytes). LOOM_ENOENT naming arg
+ * when it does not exist or is a directory with neither; loom_ckpt_latest's LOOM_EFORMAT (the older
+ * checkpoints that verify listed) when the newest is damaged; LOOM_EINVAL when the path does not fit. */
+int loom_model_path(const char *arg, char *path, size_t cap);
 /* How many step_NNNNNNNN directories DIR holds (0 when DIR does not exist), complete or not. */
 int loom_ckpt_count(const char *dir, int *n);
 /* Verify checkpoint directory `path`: MANIFEST present and intact, each listed file present with its
