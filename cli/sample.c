@@ -42,7 +42,6 @@ static int exists(const char *p)
 	return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
-
 static int is_bpe_dir(const char *dir)
 {
 	char buf[1200];
