@@ -25,7 +25,7 @@ static const char *const usage_text =
 	"\n"
 	"model and batch (as loom train): --model tiny|small|gpt2, --arch gpt2|nanochat, --depth D, --n-layer L,\n"
 	"  --n-head H, --n-embd C, --vocab-size V, --n-positions P, --n-kv-head K, --window-pattern P,\n"
-	"  --short-window W, --init-from FILE (its config), --batch-size B (default 4), --seq-len T,\n"
+	"  --short-window W, --init-from PATH (its config), --batch-size B (default 4), --seq-len T,\n"
 	"  --grad-accum K | --micro-batches M | --total-batch-size N, --optimizer adamw|muon (MuonAdamW's state)\n"
 	"mesh (as loom train): --dp D --tp T --pp P (dp defaults to --nproc / --ranks / (T x P), else 1), --nproc N,\n"
 	"  --zero 0|1|2|3, --pp-schedule gpipe|1f1b|interleaved (or --schedule), --virtual-stages V,\n"

@@ -7,8 +7,9 @@
  * binary (/proc/self/exe) as `loom run --nproc-per-node N loom train ARGS` without --nproc.
  *
  * Sequence lengths: --seq-len is the length T trained on. The model's maximum (its n_positions, the
- * rows of wpe) comes from the preset, from --init-from's file, or from --n-positions; with explicit
- * model flags and no preset it defaults to T. T above the model's maximum is an error. */
+ * rows of wpe) comes from --n-positions, from --init-from's file, else from the GPT-2 preset (tiny's
+ * when --model is not given: the size flags override only their own fields), or for nanochat from T
+ * (base_train's sequence_len). T above the model's maximum is an error (model_flags.c). */
 #include <errno.h>
 #include <glob.h>
 #include <libgen.h>
@@ -43,17 +44,20 @@ static const char *const usage_text =
 	"  --shuffle 0|1          shuffle the order of batches each epoch (default 0)\n"
 	"model (default --model tiny):\n"
 	"  --arch gpt2|nanochat   the model family (default gpt2); nanochat is karpathy/nanochat's GPT (bac5a35)\n"
-	"  --model tiny|small|gpt2  a GPT-2 preset; the flags below override its fields\n"
+	"  --model tiny|small|gpt2  a GPT-2 preset; each flag below overrides only the field it names (the\n"
+	"                         positions stay the preset's unless --n-positions gives them)\n"
 	"  --depth D              nanochat's sizing (base_train): C = ceil(D x aspect / head-dim) x head-dim,\n"
 	"                         heads C / head-dim, L = D; --aspect-ratio A (64) --head-dim H (128)\n"
 	"  --n-kv-head K          nanochat: key/value heads (grouped-query attention; default the heads)\n"
 	"  --window-pattern P     nanochat: S/L per layer, tiled, last layer L (default SSSL)\n"
-	"  --short-window W       nanochat: the S window (default half the sequence length)\n"
-	"  --n-layer L --n-head H --n-embd C --vocab-size V --n-positions P (maximum sequence length)\n"
-	"  --init-from FILE       start from a model file (.safetensors or llm.c .bin) instead of random init\n"
+	"  --short-window W       nanochat: the S window (default half the model's positions)\n"
+	"  --n-layer L --n-head H --n-embd C --vocab-size V --n-positions P (the model's positions, its maximum\n"
+	"                         sequence length: GPT-2 default the preset's, nanochat's --seq-len as base_train)\n"
+	"  --init-from PATH       start from a model instead of random init: a .safetensors or llm.c .bin file, a\n"
+	"                         checkpoint directory (DIR/step_N), or a --save-dir (its newest checkpoint)\n"
 	"batch:\n"
 	"  --batch-size B         sequences per micro-batch (default 4)\n"
-	"  --seq-len T            tokens per sequence (default: the model's maximum)\n"
+	"  --seq-len T            tokens per sequence trained on, at most the model's positions (default: them)\n"
 	"  --grad-accum K         micro-batches per optimizer step and rank (default 1), or\n"
 	"  --total-batch-size N   tokens per optimizer step (= B x T x ranks x K; K is derived)\n"
 	"optimization:\n"
@@ -72,7 +76,8 @@ static const char *const usage_text =
 	"  --warmdown-frac F      with --schedule warmdown: the last F of the steps decay linearly to\n"
 	"                         --min-lr-frac (default 0.5, nanochat's)\n"
 	"  --wd-scale none|epochs with muon: weight decay x sqrt(B/B_ref) x (D_ref/D), D = steps x tokens per\n"
-	"                         step, D_ref = --ref-tokens (constant effective epochs, arXiv 2405.13698)\n"
+	"                         step, D_ref = --ref-tokens, B_ref = --ref-batch-size (constant effective\n"
+	"                         epochs, arXiv 2405.13698)\n"
 	"  --beta1 B1 --beta2 B2 --eps E   AdamW (defaults 0.9, 0.95, 1e-8)\n"
 	"  --grad-clip G          clip the global gradient norm to G, 0 disables (default 1.0)\n"
 	"  --seed S               initialization, shuffle and sampling seed (default 1337)\n"
@@ -114,7 +119,8 @@ static const char *const usage_text =
 	"                         bytes, reduced in fp32; also ZeRO's reduce-scatters)\n"
 	"  --lr-scale S           none|sqrt|linear: scale --lr by (tokens per step / --ref-batch-size)^p,\n"
 	"                         p = 1/2 (sqrt) or 1 (linear); default none\n"
-	"  --ref-batch-size N     tokens per step that --lr was tuned for\n"
+	"  --ref-batch-size N     B_ref, the tokens per step that --lr was tuned for; both --lr-scale and\n"
+	"                         --wd-scale use it (default with --optimizer muon: nanochat's 2^19)\n"
 	"pipeline parallel (data parallel takes the rest of the ranks: dp = ranks / pp):\n"
 	"  --pp P                 split the layers into P stages balanced by FLOPs (the embedding on the\n"
 	"                         first, the head and loss on the last); ranks are ordered dp, then pp\n"
@@ -157,7 +163,9 @@ typedef struct {
 	char tokenizer[1100];
 	int nproc, print_every;
 	loom_lr_scale_t lr_scale;
-	long long ref_batch;
+	long long ref_batch;              /* B_ref of both scalings (loom_ref_batch), 0: none */
+	const char *ref_source;           /* where B_ref came from */
+	double wd_ref;                    /* muon: the weight decay before --wd-scale */
 	double base_lr;                   /* --lr before scaling */
 	int rank, world;
 	int pp;                           /* pipeline stages */
@@ -398,8 +406,8 @@ static void parse(int argc, char **argv, opts_t *o)
 	if (o->wd_scale && (o->tc.optimizer != LOOM_OPTIMIZER_MUON || o->ref_tokens <= 0))
 		cli_die("train", "--wd-scale epochs scales Muon's weight decay: it needs --optimizer muon and --ref-tokens "
 		        "D_REF (the reference run's tokens)");
-	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->lr_scale > 0 && o->ref_batch <= 0)
-		o->ref_batch = (long long)LOOM_MUON_B_REF; /* nanochat's B_ref, 2^19 tokens */
+	/* one B_ref for the LR and the weight-decay scalings, as base_train has */
+	o->ref_batch = loom_ref_batch(o->ref_batch, o->tc.optimizer, &o->ref_source);
 	double scaled;
 	if (loom_lr_scaled(o->tc.lr.peak_lr, o->lr_scale, 1, o->ref_batch, &scaled) != LOOM_OK)
 		cli_die("train", "%s", loom_errmsg()); /* e.g. a scaling without its reference batch */
@@ -570,9 +578,10 @@ static void batch_config(opts_t *o)
 		o->tc.muon.unembedding_lr *= (float)f, o->tc.muon.scalar_lr *= (float)f;
 		o->tc.muon.adamw_lr = (float)(adamw_lr * f);
 		o->tc.muon.total_steps = o->tc.lr.total_steps;
+		o->wd_ref = o->tc.muon.weight_decay;
 		if (o->wd_scale)
 			o->tc.muon.weight_decay = (float)loom_muon_weight_decay_scaled(
-				o->tc.muon.weight_decay, (double)tokens, (double)tokens * (double)o->tc.lr.total_steps,
+				o->wd_ref, (double)tokens, (double)o->ref_batch, (double)tokens * (double)o->tc.lr.total_steps,
 				(double)o->ref_tokens);
 		o->base_lr = 1.0, o->lr_factor = f;
 		return;
@@ -701,6 +710,10 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		       loom_trainer_tokens_per_step(tr));
 	printf("; %lld steps; lr %g (%s, warmup %lld, min %g x)\n", o->tc.lr.total_steps, o->tc.lr.peak_lr,
 	       loom_schedule_name(o->tc.lr.kind), o->tc.lr.warmup, o->tc.lr.min_lr_frac);
+	if (o->lr_scale > 0 || o->wd_scale) /* the one reference batch, said once */
+		printf("B_ref: %lld tokens per step (%s), the reference batch of %s%s%s\n", o->ref_batch, o->ref_source,
+		       o->lr_scale > 0 ? "the learning rate's scaling" : "", o->lr_scale > 0 && o->wd_scale ? " and " : "",
+		       o->wd_scale ? "Muon's weight-decay scaling" : "");
 	if (o->lr_scale > 0 && o->tc.optimizer == LOOM_OPTIMIZER_MUON)
 		printf("lr: every group's rate x %g (%s scaling, %lld tokens per step vs a reference of %lld)\n",
 		       o->lr_factor, loom_lr_scale_name(o->lr_scale), loom_trainer_tokens_per_step(tr),
@@ -709,6 +722,13 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		printf("lr: peak %g = %g x %g (%s scaling, %lld tokens per step vs a reference of %lld)\n", o->tc.lr.peak_lr,
 		       o->base_lr, o->tc.lr.peak_lr / o->base_lr, loom_lr_scale_name(o->lr_scale),
 		       loom_trainer_tokens_per_step(tr), o->ref_batch);
+	if (o->wd_scale) {
+		long long B = loom_trainer_tokens_per_step(tr);
+		printf("weight decay: Muon's %g = %g x sqrt(%lld / B_ref) x (D_ref / D) = %g x %.4g x (%lld / %lld) (epochs "
+		       "scaling: D = %lld steps x %lld tokens, D_ref = --ref-tokens)\n", o->tc.muon.weight_decay, o->wd_ref, B,
+		       o->wd_ref, sqrt((double)B / (double)o->ref_batch), o->ref_tokens, B * o->tc.lr.total_steps,
+		       o->tc.lr.total_steps, B);
+	}
 	if (o->pp > 1 && o->tc.pp_virtual_stages > 1)
 		printf("pipeline parallel: %d stages x dp %d, schedule %s, %d model chunks per stage, %d micro-batches per "
 		       "step (ideal bubble (P-1)/(V M+P-1) = %.1f%%)%s%s\n", o->pp, o->dp, o->tc.pp_schedule,

@@ -777,3 +777,124 @@ TEST(train_peak_cache)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* The file's first cap-1 bytes as a string ("" when it cannot be read). */
+static const char *read_text(const char *path, char *buf, size_t cap)
+{
+	FILE *f = fopen(path, "rb");
+	size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	return buf;
+}
+
+/* A model-size flag overrides only its field: `--model tiny --vocab-size 1024 --seq-len 64` trains the
+ * preset's 128 positions on 64 (the checkpoint says 128), and so do the tiny defaults under
+ * --n-layer without --model; --n-positions alone sets them; --seq-len above them is an error naming
+ * where they came from. nanochat (no preset) takes base_train's sequence_len = --seq-len unless
+ * --n-positions says otherwise. */
+TEST(train_model_flags_keep_positions)
+{
+	char dir[512], cmd[2048], out[16384], path[700], text[4096], want[128];
+	const char *loom = test_loom_bin();
+	loom_model_config_t c;
+	static const struct {
+		const char *flags, *model;
+		int positions;
+	} runs[] = {
+		{"--model tiny --vocab-size 1024", "model: gpt2 L4 H4 C128 T128 V1024", 128},
+		{"--n-layer 1 --n-embd 32 --n-head 2", "model: gpt2 L1 H2 C32 T128 V257", 128},
+		{"--n-layer 1 --n-embd 32 --n-head 2 --n-positions 96", "model: gpt2 L1 H2 C32 T96 V257", 96},
+	};
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train_000000.bin", 3000, 257, 3));
+	for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' %s --batch-size 1 --seq-len 64 --steps 1 "
+		         "--threads 1 --peak-flops 1e10 --save-dir %s/ck%zu", loom, dir, runs[k].flags, dir, k);
+		int st = test_run_cmd(cmd, out, sizeof out, 60);
+		CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+		CHECK_CONTAINS(out, runs[k].model);
+		CHECK_CONTAINS(out, "batch: B=1 T=64 accum=1 -> 64 tokens per step");
+		snprintf(path, sizeof path, "%s/ck%zu/step_00000001/model.safetensors", dir, k);
+		CHECK_OK(loom_model_config(path, 0, &c, NULL));
+		CHECK_EQ(c.seq_len, runs[k].positions);
+		snprintf(path, sizeof path, "%s/ck%zu/step_00000001/config.json", dir, k);
+		snprintf(want, sizeof want, "\"n_positions\": %d,", runs[k].positions);
+		CHECK_CONTAINS(read_text(path, text, sizeof text), want);
+	}
+	/* more than the positions: one message, before training */
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --n-layer 1 --seq-len 256 --steps 1", loom, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_STREQ(out, "loom train: --seq-len 256 exceeds the model's maximum sequence length 128 (the tiny preset's "
+	            "n_positions; give --n-positions 256 for a model of 256 positions)\n");
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --model tiny --n-positions 200 --seq-len 256 "
+	         "--steps 1", loom, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_STREQ(out, "loom train: --seq-len 256 exceeds the model's maximum sequence length 200 (--n-positions 200)\n");
+	/* nanochat: sequence_len follows --seq-len (base_train), or --n-positions */
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --arch nanochat --depth 1 --vocab-size 257 "
+	         "--seq-len 32 --steps 1 --check && %s train --train-data '%s/train_*.bin' --arch nanochat --depth 1 "
+	         "--vocab-size 257 --n-positions 64 --seq-len 32 --steps 1 --check", loom, dir, loom, dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	CHECK_CONTAINS(out, "model: nanochat L1 H1 C128 T32 V257");
+	CHECK_CONTAINS(out, "window pattern SSSL (S = 16 positions)");
+	CHECK_CONTAINS(out, "model: nanochat L1 H1 C128 T64 V257");
+	CHECK_CONTAINS(out, "window pattern SSSL (S = 32 positions)");
+	test_rmdir(dir);
+	return 0;
+}
+
+/* --init-from takes what `loom sample --model` takes (loom_model_path): a checkpoint directory
+ * starts from its model.safetensors, bit for bit as the file itself does, and a --save-dir from its
+ * newest checkpoint; a directory with neither is one message. */
+TEST(train_init_from_checkpoint_dir)
+{
+	char dir[512], cmd[4096], out[16384], path[700], want[800];
+	static char lines[2][64][160];
+	double loss[2][64];
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train_000000.bin", 3000, 257, 4));
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 --batch-size 2 "
+	         "--seq-len 16 --steps 2 --lr 1e-2 --threads 1 --peak-flops 1e10 --save-dir %s/ck --save-every 1", loom, dir,
+	         dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	static const char *const from[] = {"ck/step_00000001", "ck/step_00000001/model.safetensors"};
+	for (int k = 0; k < 2; k++) {
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --init-from %s/%s --batch-size 2 --seq-len 16 "
+		         "--steps 2 --lr 1e-3 --threads 1 --peak-flops 1e10 --log %s/i%d.jsonl", loom, dir, dir, from[k], dir, k);
+		st = test_run_cmd(cmd, out, sizeof out, 60);
+		CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+		snprintf(want, sizeof want, "model: gpt2 L1 H2 C32 T128 V257, 25088 parameters, from %s/ck/step_00000001/"
+		         "model.safetensors\n", dir);
+		CHECK_CONTAINS(out, want);
+		snprintf(path, sizeof path, "%s/i%d.jsonl", dir, k);
+		CHECK_EQ(test_read_losses(path, loss[k], 64, lines[k], NULL), 2);
+	}
+	for (int s = 1; s <= 2; s++)
+		CHECK_STREQ(lines[0][s], lines[1][s]); /* the directory is its model file, bit for bit */
+	/* a --save-dir: its newest checkpoint */
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --init-from %s/ck --batch-size 2 --seq-len 16 "
+	         "--steps 1 --threads 1 --peak-flops 1e10 --check", loom, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	snprintf(want, sizeof want, ", from %s/ck/step_00000002/model.safetensors\n", dir);
+	CHECK_CONTAINS(out, want);
+	/* neither: one message, as loom sample says it */
+	snprintf(cmd, sizeof cmd, "mkdir %s/empty && %s train --train-data '%s/train_*.bin' --init-from %s/empty --steps 1",
+	         dir, loom, dir, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	snprintf(want, sizeof want, "loom train: --init-from: %s/empty: a directory without model.safetensors or "
+	         "checkpoints (step_NNNNNNNN)\n", dir);
+	CHECK_STREQ(out, want);
+	snprintf(cmd, sizeof cmd, "%s sample --model %s/empty", loom, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	snprintf(want, sizeof want, "loom sample: --model: %s/empty: a directory without model.safetensors or "
+	         "checkpoints (step_NNNNNNNN)\n", dir);
+	CHECK_STREQ(out, want);
+	test_rmdir(dir);
+	return 0;
+}

@@ -106,6 +106,11 @@ int loom_model_save_llmc(const char *path, const loom_model_config_t *cfg, const
  * tokenizers). loom_model_save_safetensors calls it (eot -1). Atomic. LOOM_EINVAL for eot out of the
  * vocabulary; LOOM_ESYS/LOOM_EIO naming the file. */
 int loom_model_write_hf_config(const char *model_path, const loom_model_config_t *cfg, int eot);
+/* The path of the config.json that loom_model_write_hf_config (so also loom_model_save of a
+ * .safetensors path) writes beside model_path, into path: the file's directory's config.json
+ * ("./config.json" for a bare file name). For a caller that must not replace a file it was not asked
+ * to write (`loom convert` without --force). LOOM_EINVAL when it does not fit in cap bytes. */
+int loom_model_hf_config_path(const char *model_path, char *path, size_t cap);
 
 /* AdamW state as safetensors: tensors "<name>.exp_avg" (m) and "<name>.exp_avg_sq" (v) for every
  * model tensor (PyTorch's names), with the model config in __metadata__. load checks the config and
@@ -174,6 +179,13 @@ void loom_ckpt_abort(loom_ckpt_writer_t *w); /* removes the temp dir; safe after
  * LOOM_EFORMAT when the newest one is damaged or incomplete, naming the file and the problem and
  * listing the older checkpoints that verify (path and *step are still set to the newest one). */
 int loom_ckpt_latest(const char *dir, char *path, size_t cap, int64_t *step);
+/* The model file that `arg` names, as `loom sample --model` and `loom train --init-from` take it:
+ * a file is itself; a directory holding model.safetensors (a checkpoint DIR/step_NNNNNNNN, a model
+ * directory) gives that; a directory of checkpoints (a --save-dir) gives its newest checkpoint's,
+ * verified as loom_ckpt_latest does. Writes the path into path (cap bytes). LOOM_ENOENT naming arg
+ * when it does not exist or is a directory with neither; loom_ckpt_latest's LOOM_EFORMAT (the older
+ * checkpoints that verify listed) when the newest is damaged; LOOM_EINVAL when the path does not fit. */
+int loom_model_path(const char *arg, char *path, size_t cap);
 /* How many step_NNNNNNNN directories DIR holds (0 when DIR does not exist), complete or not. */
 int loom_ckpt_count(const char *dir, int *n);
 /* Verify checkpoint directory `path`: MANIFEST present and intact, each listed file present with its

@@ -93,6 +93,13 @@ const char *loom_lr_scale_name(loom_lr_scale_t kind); /* "?" when invalid */
 /* *out = lr x (tokens_per_step / ref_tokens)^p with p = 0 (none), 1/2 (sqrt), 1 (linear), in double.
  * LOOM_EINVAL for an invalid kind, or (other than none) ref_tokens or tokens_per_step <= 0. */
 int loom_lr_scaled(double lr, loom_lr_scale_t kind, long long tokens_per_step, long long ref_tokens, double *out);
+/* The one reference batch B_ref (tokens per step) of both batch scalings a run can ask for, the
+ * learning rate's (loom_lr_scaled) and Muon's weight decay's (loom_muon_weight_decay_scaled), as
+ * nanochat's base_train has one B_REF for both: `given` when > 0 (--ref-batch-size), else under
+ * MuonAdamW nanochat's 2^19 (LOOM_MUON_B_REF, where its rates were tuned), else 0 (AdamW's --lr has
+ * no known reference batch: an LR scaling then needs one given). *source (when not NULL) says where
+ * it came from: "--ref-batch-size", "nanochat's default, 2^19" or "none". */
+long long loom_ref_batch(long long given, loom_optimizer_t optimizer, const char **source);
 
 /* ---- the sgemm peak for MFU, measured once and cached ------------------------------------------- */
 

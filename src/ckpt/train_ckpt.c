@@ -336,6 +336,32 @@ int loom_ckpt_count(const char *dir, int *n)
 	return rc;
 }
 
+int loom_model_path(const char *arg, char *path, size_t cap)
+{
+	struct stat sb;
+	char ck[1100];
+	int64_t step;
+	int rc;
+	if (stat(arg, &sb) != 0) {
+		int err = errno;
+		return loom_seterr(err == ENOENT ? LOOM_ENOENT : LOOM_ESYS, "%s: %s", arg,
+		                   err == ENOENT ? "no such file or directory" : strerror(err));
+	}
+	if (!S_ISDIR(sb.st_mode))
+		return snprintf(path, cap, "%s", arg) < (int)cap ? LOOM_OK : loom_seterr(LOOM_EINVAL, "%s: path too long", arg);
+	if (snprintf(path, cap, "%s/model.safetensors", arg) >= (int)cap)
+		return loom_seterr(LOOM_EINVAL, "%s: path too long", arg);
+	if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode))
+		return LOOM_OK;
+	if ((rc = loom_ckpt_latest(arg, ck, sizeof ck, &step)) == LOOM_ENOENT)
+		return loom_seterr(rc, "%s: a directory without model.safetensors or checkpoints (step_NNNNNNNN)", arg);
+	if (rc != LOOM_OK) /* a damaged newest checkpoint: the message lists the older ones that verify */
+		return rc;
+	if (snprintf(path, cap, "%s/model.safetensors", ck) >= (int)cap)
+		return loom_seterr(LOOM_EINVAL, "%s: path too long", ck);
+	return LOOM_OK;
+}
+
 int loom_ckpt_latest(const char *dir, char *path, size_t cap, int64_t *step)
 {
 	int64_t *steps, got;
