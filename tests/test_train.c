@@ -1,6 +1,7 @@
 /* test_train.c: the training loop on a tiny generated dataset: resume is bit-identical, gradient
  * accumulation equals a bigger batch, the JSONL log, settings errors, and `loom train` end to end;
  * the batch arithmetic (accumulation from a total batch, LR scaling) and the sgemm-peak cache. */
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -774,6 +775,131 @@ TEST(train_peak_cache)
 		setenv("XDG_CACHE_HOME", saved, 1), free(saved);
 	else
 		unsetenv("XDG_CACHE_HOME");
+	test_rmdir(dir);
+	return 0;
+}
+
+/* The names in directory `path` but . and .., sorted, space-separated ("" when it does not exist). */
+static void list_dir(const char *path, char *buf, size_t cap)
+{
+	char names[64][256];
+	int n = 0;
+	size_t len = 0;
+	DIR *d = opendir(path);
+	struct dirent *e;
+	buf[0] = 0;
+	if (!d)
+		return;
+	while ((e = readdir(d)) && n < 64)
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+			snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+	closedir(d);
+	qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
+	for (int i = 0; i < n; i++)
+		len += (size_t)snprintf(buf + len, len < cap ? cap - len : 0, "%s%s", i ? " " : "", names[i]);
+}
+
+/* Issue 34: a resume from an older step pruned its own checkpoints (--keep-checkpoints kept the
+ * highest steps, the abandoned branch's) and left the summary naming a deleted one. The newer
+ * checkpoints now move aside into ck/abandoned-at-step_S before the run, so pruning keeps the newest
+ * of the live branch, the summary's checkpoint exists and --resume continues the live branch:
+ * from an older step, from the newest, from the oldest, and twice from the same step. */
+TEST(train_resume_lineage)
+{
+	char dir[512], base[2048], cmd[4096], out[32768], ck[700], got[2048], p[4096];
+	const char *loom = test_loom_bin();
+	struct stat sb;
+	int st;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train_000000.bin", 3000, 257, 1));
+	snprintf(ck, sizeof ck, "%s/ck", dir);
+	snprintf(base, sizeof base, "%s train --train-data '%s/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 "
+	         "--batch-size 2 --seq-len 16 --threads 1 --peak-flops 1e10 --print-every 100 --save-dir %s "
+	         "--save-every 2", loom, dir, ck);
+	snprintf(cmd, sizeof cmd, "%s --steps 12", base);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_MSG(!strstr(out, "checkpoints: "), "a fresh run into an empty directory moved something: %s", out);
+	list_dir(ck, got, sizeof got);
+	CHECK_STREQ(got, "step_00000002 step_00000004 step_00000006 step_00000008 step_00000010 step_00000012");
+
+	/* 1. from an older step (the issue's case): 8, 10 and 12 are the abandoned branch's */
+	snprintf(cmd, sizeof cmd, "%s --steps 9 --keep-checkpoints 2 --resume-from %s/step_00000006", base, ck);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	snprintf(p, sizeof p, "checkpoints: this run continues from step 6, so the 3 newer checkpoints in %s "
+	         "(step_00000008, step_00000010, step_00000012) belong to an abandoned branch: moved aside into "
+	         "%s/abandoned-at-step_00000006 (nothing deleted)\n", ck, ck);
+	CHECK_CONTAINS(out, p);
+	CHECK_MSG(strstr(out, "checkpoints: ") == strstr(out, p), "said more than once: %s", out);
+	snprintf(p, sizeof p, "summary: checkpoint %s/step_00000009\n", ck);
+	CHECK_CONTAINS(out, p);
+	list_dir(ck, got, sizeof got);
+	CHECK_STREQ(got, "abandoned-at-step_00000006 step_00000008 step_00000009");
+	snprintf(p, sizeof p, "%s/abandoned-at-step_00000006", ck);
+	list_dir(p, got, sizeof got);
+	CHECK_STREQ(got, "step_00000008 step_00000010 step_00000012");
+	snprintf(p, sizeof p, "%s/abandoned-at-step_00000006/step_00000012", ck);
+	CHECK_OK(loom_ckpt_verify(p)); /* moved whole */
+	snprintf(p, sizeof p, "%s/step_00000009", ck);
+	CHECK_OK(loom_ckpt_verify(p));
+
+	/* 2. from the newest (--resume): nothing is abandoned, nothing moves */
+	snprintf(cmd, sizeof cmd, "%s --steps 11 --keep-checkpoints 2 --resume", base);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	snprintf(p, sizeof p, "resumed from %s at step 9\n", ck);
+	CHECK_CONTAINS(out, p);
+	CHECK_MSG(!strstr(out, "checkpoints: "), "moved checkpoints on a resume from the newest: %s", out);
+	snprintf(p, sizeof p, "summary: checkpoint %s/step_00000011\n", ck);
+	CHECK_CONTAINS(out, p);
+	list_dir(ck, got, sizeof got);
+	CHECK_STREQ(got, "abandoned-at-step_00000006 step_00000010 step_00000011");
+
+	/* 3. from the oldest of the directory, and 4. from the same step again: a directory of its own */
+	for (int pass = 0; pass < 2; pass++) {
+		snprintf(cmd, sizeof cmd, "%s --steps %d --keep-checkpoints 2 --resume-from %s/step_00000010", base,
+		         pass == 0 ? 12 : 11, ck);
+		st = test_run_cmd(cmd, out, sizeof out, 60);
+		CHECK_MSG(st == 0, "exit %d: %s", st, out);
+		snprintf(p, sizeof p, "the 1 newer checkpoint in %s (step_%08d) belongs to an abandoned branch: moved aside "
+		         "into %s/abandoned-at-step_00000010%s (nothing deleted)\n", ck, pass == 0 ? 11 : 12, ck,
+		         pass == 0 ? "" : ".2");
+		CHECK_CONTAINS(out, p);
+		snprintf(p, sizeof p, "summary: checkpoint %s/step_%08d\n", ck, pass == 0 ? 12 : 11);
+		CHECK_CONTAINS(out, p);
+		snprintf(p, sizeof p, "%s/step_%08d", ck, pass == 0 ? 12 : 11);
+		CHECK_MSG(stat(p, &sb) == 0, "the summary's checkpoint %s does not exist", p);
+	}
+	list_dir(ck, got, sizeof got);
+	CHECK_STREQ(got, "abandoned-at-step_00000006 abandoned-at-step_00000010 abandoned-at-step_00000010.2 "
+	                 "step_00000010 step_00000011");
+	snprintf(p, sizeof p, "%s/abandoned-at-step_00000010", ck);
+	list_dir(p, got, sizeof got);
+	CHECK_STREQ(got, "step_00000011");
+	snprintf(p, sizeof p, "%s/abandoned-at-step_00000010.2", ck);
+	list_dir(p, got, sizeof got);
+	CHECK_STREQ(got, "step_00000012");
+
+	/* --resume continues the live branch: step 11 is the newest, nothing to do at --steps 11 */
+	snprintf(cmd, sizeof cmd, "%s --steps 11 --keep-checkpoints 2 --resume", base);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	snprintf(p, sizeof p, "resumed from %s at step 11\n", ck);
+	CHECK_CONTAINS(out, p);
+
+	/* a fresh run (no --resume) into the directory starts at step 0: every checkpoint there is of an
+	 * earlier run and moves aside, so --resume later finds this run's */
+	snprintf(cmd, sizeof cmd, "%s --steps 2", base);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	snprintf(p, sizeof p, "checkpoints: this run starts from scratch, so the 2 checkpoints in %s "
+	         "(step_00000010, step_00000011) belong to an earlier run: moved aside into "
+	         "%s/abandoned-at-step_00000000 (nothing deleted)\n", ck, ck);
+	CHECK_CONTAINS(out, p);
+	list_dir(ck, got, sizeof got);
+	CHECK_STREQ(got, "abandoned-at-step_00000000 abandoned-at-step_00000006 abandoned-at-step_00000010 "
+	                 "abandoned-at-step_00000010.2 step_00000002");
 	test_rmdir(dir);
 	return 0;
 }
