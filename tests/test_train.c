@@ -903,3 +903,113 @@ TEST(train_resume_lineage)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* The config records of log `path` (up to 4, each cut to 4095 bytes) and its line kinds in order: c
+ * (config), s (step), S (summary), e.g. "csssscsssS". Returns the number of config records. */
+static int log_records(const char *path, char cfg[4][4096], char *kinds, size_t cap)
+{
+	FILE *f = fopen(path, "r");
+	char line[8192];
+	int n = 0;
+	size_t k = 0;
+	kinds[0] = 0;
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof line, f) && k + 1 < cap) {
+		char c = !strncmp(line, "{\"config\":", 10) ? 'c' : !strncmp(line, "{\"step\":", 8) ? 's'
+		         : !strncmp(line, "{\"summary\":", 11) ? 'S' : '?';
+		if (c == 'c' && n < 4)
+			snprintf(cfg[n++], 4096, "%.4095s", line);
+		kinds[k++] = c, kinds[k] = 0;
+	}
+	fclose(f);
+	return n;
+}
+
+/* Issue 34: after a resume that changed the world size, the log kept only the first run's config
+ * record (and `loom plot` labelled the whole run with it). A resume whose settings differ from the
+ * record in force appends one for its segment ("first_step", "resumed_from"); one with the same
+ * settings does not; a resume from before a segment drops that segment's record with its steps; and
+ * the plot labels each segment by its own record (segments with one label as one). */
+TEST(train_log_segments)
+{
+	char dir[512], base[2048], cmd[4096], out[32768], logp[700], p[4096], kinds[64], cfg[4][4096];
+	const char *loom = test_loom_bin();
+	int st;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train_000000.bin", 3000, 257, 1));
+	snprintf(logp, sizeof logp, "%s/r.jsonl", dir);
+	snprintf(base, sizeof base, "%s train --train-data '%s/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 "
+	         "--batch-size 2 --seq-len 16 --total-batch-size 64 --threads 1 --peak-flops 1e10 --print-every 100 "
+	         "--save-dir %s/ck --save-every 2 --log %s", loom, dir, dir, logp);
+	/* 2 ranks for steps 1-8, then one process (accumulation 2) from step 4 */
+	snprintf(cmd, sizeof cmd, "%s --steps 8 --nproc 2", base);
+	st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	snprintf(cmd, sizeof cmd, "%s --steps 8 --resume-from %s/ck/step_00000004", base, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "batch: B=2 T=16 accum=2 -> 64 tokens per step");
+	CHECK_EQ(log_records(logp, cfg, kinds, sizeof kinds), 2);
+	CHECK_STREQ(kinds, "cssssc" "ssssS");
+	CHECK_CONTAINS(cfg[0], "\"threads\":1,\"world\":2,\"dp\":2,\"tp\":1,\"pp\":1,");
+	CHECK_CONTAINS(cfg[0], "\"grad_accum\":1,\"tokens_per_step\":64,");
+	CHECK_MSG(!strstr(cfg[0], "first_step"), "%s", cfg[0]);
+	CHECK_CONTAINS(cfg[1], "\"threads\":1,\"world\":1,\"dp\":1,\"tp\":1,\"pp\":1,");
+	CHECK_CONTAINS(cfg[1], "\"grad_accum\":2,\"tokens_per_step\":64,");
+	snprintf(p, sizeof p, ",\"first_step\":5,\"resumed_from\":\"%s/ck/step_00000004\"}}\n", dir);
+	CHECK_CONTAINS(cfg[1], p);
+	/* a resume inside that segment with its settings (the environment aside) appends no record */
+	snprintf(cmd, sizeof cmd, "%s --steps 8 --resume-from %s/ck/step_00000006", base, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_EQ(log_records(logp, cfg, kinds, sizeof kinds), 2);
+	CHECK_STREQ(kinds, "cssssc" "ssssS");
+
+	/* the plot names both segments, in the SVG's legend and the gnuplot script's titles */
+	const char *seg1 = "r steps 1-4 (L1 C32, 64 tok/step, lr 0.0006, ranks 2)";
+	const char *seg2 = "r steps 5-8 (L1 C32, 64 tok/step, lr 0.0006, accum 2)";
+	snprintf(cmd, sizeof cmd, "%s plot %s -o %s/p.svg && %s plot %s -o %s/p.gp && cat %s/p.svg %s/p.gp", loom, logp,
+	         dir, loom, logp, dir, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "/p.svg (1200 x 450, SVG): 1 run, 8 steps, 2 segments with their own settings\n");
+	snprintf(p, sizeof p, "<text x=\"144\" y=\"%.1f\">%s</text>", 450 - (18.0 * 3 + 8) + 18.0 + 8 + 4, seg1);
+	CHECK_CONTAINS(out, p);
+	snprintf(p, sizeof p, "<text x=\"144\" y=\"%.1f\">%s</text>", 450 - (18.0 * 3 + 8) + 36.0 + 8 + 4, seg2);
+	CHECK_CONTAINS(out, p);
+	snprintf(p, sizeof p, "$run0 every ::0::3 u 1:3 w l lc rgb '#1f77b4' lw 2 title '%s'", seg1);
+	CHECK_CONTAINS(out, p);
+	snprintf(p, sizeof p, "$run0 every ::3::7 u 1:3 w l lc rgb '#1f77b4' lw 2 title '%s'", seg2);
+	CHECK_CONTAINS(out, p);
+	CHECK_CONTAINS(out, "set arrow 1 from first 4.5, graph 0 to first 4.5, graph 1 nohead dt 3 lw 1.5 lc rgb '#1f77b4'\n");
+	CHECK_MSG(!strstr(out, "set arrow 2 "), "one boundary only: %s", out);
+
+	/* extending the same settings to 10 steps: --steps is a setting, so a third record; the plot
+	 * labels steps 5-10 as one segment (the same label) */
+	snprintf(cmd, sizeof cmd, "%s --steps 10 --resume", base);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_EQ(log_records(logp, cfg, kinds, sizeof kinds), 3);
+	CHECK_STREQ(kinds, "cssssc" "ssssc" "ssS");
+	CHECK_CONTAINS(cfg[2], ",\"first_step\":9,");
+	snprintf(cmd, sizeof cmd, "%s plot %s -o %s/p.gp && cat %s/p.gp", loom, logp, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "title 'r steps 5-10 (L1 C32, 64 tok/step, lr 0.0006, accum 2)'");
+
+	/* back on 2 ranks from step 4 with the first settings: the later segments' records go with their
+	 * steps, and the first record describes the run again, so none is appended */
+	snprintf(cmd, sizeof cmd, "%s --steps 8 --nproc 2 --resume-from %s/ck/step_00000004", base, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_EQ(log_records(logp, cfg, kinds, sizeof kinds), 1);
+	CHECK_STREQ(kinds, "cssss" "ssssS");
+	snprintf(cmd, sizeof cmd, "%s plot %s -o %s/p.svg && cat %s/p.svg", loom, logp, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, ">r (L1 C32, 64 tok/step, lr 0.0006, ranks 2): loss (moving average");
+	CHECK_MSG(!strstr(out, "steps 1-"), "segments in a run of one: %s", out);
+	test_rmdir(dir);
+	return 0;
+}
