@@ -900,6 +900,12 @@ TEST(train_resume_lineage)
 	list_dir(ck, got, sizeof got);
 	CHECK_STREQ(got, "abandoned-at-step_00000000 abandoned-at-step_00000006 abandoned-at-step_00000010 "
 	                 "abandoned-at-step_00000010.2 step_00000002");
+	snprintf(cmd, sizeof cmd, "%s info %s", loom, ck);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	snprintf(p, sizeof p, "%s: checkpoint directory (--save-dir): 1 checkpoint, the latest complete one is "
+	         "%s/step_00000002 (step 2)\n%s: 4 abandoned branches moved aside: %s/abandoned-at-step_*\n\n", ck, ck, ck, ck);
+	CHECK_CONTAINS(out, p);
 	test_rmdir(dir);
 	return 0;
 }
