@@ -13,9 +13,11 @@
  * the prediction) appends a config record of its own before its first step line, with "first_step"
  * (the first step it runs) and "resumed_from". So every step line is described by the last config
  * record above it, and a resume at step S keeps the records of segments that start at or before S
- * (a record without "first_step", the run's first, starts at 1) and drops those of abandoned ones. Non-finite numbers are written as null (JSON has no NaN). Lines are flushed as
- * written; before a checkpoint is committed the log is fsync'ed too (loom__train_log_sync), so the line of
- * every step a checkpoint holds is on disk. Invariant of every step line: exposed_comm_ms <= comm_ms (the rest of the wait is wait_ms). */
+ * (a record without "first_step", the run's first, starts at 1) and drops those of abandoned ones.
+ *
+ * Non-finite numbers are written as null (JSON has no NaN). Lines are flushed as written; before a
+ * checkpoint is committed the log is fsync'ed too (loom__train_log_sync), so the line of every step a
+ * checkpoint holds is on disk. Invariant of every step line: exposed_comm_ms <= comm_ms (the rest of the wait is wait_ms). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,9 +160,9 @@ static int same_settings(const char *a, const char *b)
 {
 	json_t va, vb;
 	char err[160];
-	int same = 0;
-	if (loom__json_parse(a, strlen(a), &va, err, sizeof err) == 0 &&
-	    loom__json_parse(b, strlen(b), &vb, err, sizeof err) == 0) {
+	int same = 0, oka = loom__json_parse(a, strlen(a), &va, err, sizeof err) == 0;
+	int okb = loom__json_parse(b, strlen(b), &vb, err, sizeof err) == 0;
+	if (oka && okb) {
 		const json_t *ca = loom__json_get(&va, "config"), *cb = loom__json_get(&vb, "config");
 		same = ca && cb && ca->type == JSON_OBJECT && cb->type == JSON_OBJECT;
 		for (int k = 0; same && k < 2; k++) { /* every key of one is in the other, alike */
@@ -171,9 +173,9 @@ static int same_settings(const char *a, const char *b)
 					same = other && json_same(&x->kids[i], other);
 			}
 		}
-		loom__json_free(&vb);
 	}
 	loom__json_free(&va);
+	loom__json_free(&vb);
 	return same;
 }
 
