@@ -84,7 +84,9 @@ static const char *const usage_text =
 	"checkpoints and logs:\n"
 	"  --save-dir DIR         write training checkpoints DIR/step_NNNNNNNN (always at the end)\n"
 	"  --save-every K         also every K steps\n"
-	"  --keep-checkpoints K   keep only the newest K checkpoints (default 0: all)\n"
+	"  --keep-checkpoints K   keep only the newest K checkpoints (default 0: all); checkpoints of --save-dir\n"
+	"                         newer than the step a run starts from (the resumed one's, or 0) are another\n"
+	"                         branch's: they move aside into DIR/abandoned-at-step_S/ first, never pruned\n"
 	"  --resume               continue from the latest checkpoint in --save-dir (verified; a damaged one is\n"
 	"                         an error listing the older ones that verify)\n"
 	"  --resume-from DIR      continue from this checkpoint directory (e.g. an older one of --save-dir)\n"
@@ -1162,6 +1164,19 @@ int loom_cli_train(int argc, char **argv)
 			       "and started from rank 0's parameters; no step taken\n", o.world, o.world == 1 ? "" : "s");
 		status = 0;
 		goto out;
+	}
+	loom_ckpt_aside_t aside;
+	if (loom_trainer_prepare_save_dir(tr, &aside) != LOOM_OK) { /* rank 0; before anything is written */
+		fprintf(stderr, "loom train: --save-dir: %s\n", loom_errmsg());
+		goto out;
+	}
+	if (aside.n > 0) { /* said once: what moved, and why */
+		char from[64];
+		long long s0 = loom_trainer_steps_done(tr);
+		snprintf(from, sizeof from, s0 > 0 ? "continues from step %lld" : "starts from scratch", s0);
+		printf("checkpoints: this run %s, so the %d %scheckpoint%s in %s (%s) belong%s to %s: moved aside into %s "
+		       "(nothing deleted)\n", from, aside.n, s0 > 0 ? "newer " : "", aside.n == 1 ? "" : "s", o.tc.save_dir,
+		       aside.names, aside.n == 1 ? "s" : "", s0 > 0 ? "an abandoned branch" : "an earlier run", aside.into);
 	}
 	if (o.sample_every > 0 && o.rank == 0) {
 		if (o.tc.tokenizer && loom_tokenizer_load(&r.tok, o.tc.tokenizer) == LOOM_OK)

@@ -916,6 +916,70 @@ TEST(ckpt_prune_recover)
 	return 0;
 }
 
+/* Issue 34: the checkpoints newer than the step a run continues from move aside whole, into a
+ * directory of their own per resume, and pruning and latest see only the live branch afterwards. */
+TEST(ckpt_set_aside)
+{
+	char dir[256], root[512], path[1500], p2[1500];
+	loom_ckpt_aside_t a;
+	int64_t step;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(root, sizeof root, "%s/ckpts", dir);
+	CHECK_OK(loom_ckpt_set_aside(root, 0, &a)); /* no directory: nothing to do */
+	CHECK_EQ(a.n, 0);
+	CHECK_STREQ(a.into, "");
+	for (int s = 10; s <= 40; s += 10)
+		CHECK_OK(ckpt_write(root, s, "data"));
+	/* a damaged newer one moves too (it is the abandoned branch's, not this run's) */
+	snprintf(path, sizeof path, "%s/step_00000040/model.safetensors", root);
+	CHECK(test_write_file(path, "dada", 4) == 0);
+	CHECK_OK(loom_ckpt_set_aside(root, 40, &a)); /* nothing newer than 40 */
+	CHECK_EQ(a.n, 0);
+	CHECK(!exists_path(root, "abandoned-at-step_00000040"));
+	CHECK_OK(loom_ckpt_set_aside(root, 20, &a));
+	CHECK_EQ(a.n, 2);
+	snprintf(path, sizeof path, "%s/abandoned-at-step_00000020", root);
+	CHECK_STREQ(a.into, path);
+	CHECK_STREQ(a.names, "step_00000030, step_00000040");
+	CHECK(!exists_path(root, "step_00000030") && !exists_path(root, "step_00000040"));
+	CHECK(exists_path(root, "step_00000010") && exists_path(root, "step_00000020"));
+	snprintf(path, sizeof path, "%s/abandoned-at-step_00000020/step_00000030", root);
+	CHECK_OK(loom_ckpt_verify(path));
+	CHECK_OK(loom_ckpt_latest(root, path, sizeof path, &step));
+	CHECK_EQ(step, 20);
+	/* the live branch grows past 20; resuming at 20 again abandons it into a second directory */
+	CHECK_OK(ckpt_write(root, 30, "live"));
+	CHECK_OK(loom_ckpt_set_aside(root, 20, &a));
+	CHECK_EQ(a.n, 1);
+	snprintf(path, sizeof path, "%s/abandoned-at-step_00000020.2", root);
+	CHECK_STREQ(a.into, path);
+	CHECK_STREQ(a.names, "step_00000030");
+	snprintf(path, sizeof path, "%s/abandoned-at-step_00000020.2/step_00000030/model.safetensors", root);
+	CHECK_EQ(file_size(path), 4);
+	snprintf(path, sizeof path, "%s/abandoned-at-step_00000020/step_00000030/model.safetensors", root);
+	CHECK_EQ(file_size(path), 4); /* "data", untouched */
+	/* pruning counts only the directory's own checkpoints: the moved ones are never pruned */
+	CHECK_OK(ckpt_write(root, 30, "new!"));
+	CHECK_OK(loom_ckpt_prune(root, 1));
+	CHECK(!exists_path(root, "step_00000010") && !exists_path(root, "step_00000020"));
+	CHECK(exists_path(root, "step_00000030"));
+	CHECK(exists_path(root, "abandoned-at-step_00000020/step_00000040"));
+	CHECK(exists_path(root, "abandoned-at-step_00000020.2/step_00000030"));
+	int n = -1;
+	CHECK_OK(loom_ckpt_count(root, &n));
+	CHECK_EQ(n, 1);
+	/* names already taken (here by files) are skipped */
+	snprintf(path, sizeof path, "%s/abandoned-at-step_00000000", root);
+	snprintf(p2, sizeof p2, "%s/abandoned-at-step_00000000.2", root);
+	CHECK(test_write_file(path, "x", 1) == 0 && test_write_file(p2, "x", 1) == 0);
+	CHECK_OK(loom_ckpt_set_aside(root, 0, &a)); /* the name after them */
+	CHECK_EQ(a.n, 1);
+	CHECK(exists_path(root, "abandoned-at-step_00000000.3/step_00000030"));
+	CHECK_OK(loom_ckpt_set_aside(root, 0, NULL)); /* nothing left; a NULL report */
+	test_rmdir(dir);
+	return 0;
+}
+
 /* Finding 4 and 6 of issue 13: an unusable --save-dir was found only at the first save, and a
  * checkpoint directory could be given as --save-dir (nesting checkpoints inside a checkpoint). */
 TEST(ckpt_save_dir_checks)

@@ -196,13 +196,28 @@ int loom_ckpt_verify(const char *path);
 int loom_ckpt_verify_step(const char *path, int64_t *step);
 /* Delete all but the newest `keep` complete checkpoints in DIR (keep >= 1; any step_ directory older
  * than the oldest kept one goes), and leftovers of interrupted saves and prunes. A checkpoint is
- * renamed to .pruned-step_... before it is deleted, so a kill never leaves part of one under its name. */
+ * renamed to .pruned-step_... before it is deleted, so a kill never leaves part of one under its name.
+ * Only DIR's own step_ directories count: what loom_ckpt_set_aside moved is never pruned. */
 int loom_ckpt_prune(const char *dir, int keep);
 /* Finish what a kill interrupted, before a run writes into DIR: remove .tmp-step_ and .pruned-step_
  * directories, restore an .old-step_ whose replacement was never renamed into place (else remove it),
  * and remove incomplete step_ directories (files missing) older than the newest complete checkpoint,
  * which an interrupted prune of an earlier loom left. Damaged checkpoints are never removed. */
 int loom_ckpt_recover(const char *dir);
+/* What loom_ckpt_set_aside moved: how many checkpoints, where to, and their names. */
+typedef struct {
+	int n;              /* checkpoints moved (0: none, and `into` is "") */
+	char into[1200];    /* DIR/abandoned-at-step_SSSSSSSS[.K] */
+	char names[1024];   /* "step_00000008, step_00000010" (ends ", ..." when they do not fit) */
+} loom_ckpt_aside_t;
+/* Move every step_ directory of DIR newer than `step` (complete or not, damaged or not) into a new
+ * directory DIR/abandoned-at-step_SSSSSSSS, S = step (with ".2", ".3", ... when that name exists):
+ * the checkpoints of a branch that a run continuing from step S abandons, which pruning would keep
+ * over the run's own and a resume would pick as the newest. Each checkpoint moves by one rename, so a
+ * kill leaves every one of them whole under one name or the other; nothing is deleted. Call it after
+ * loom_ckpt_recover (which restores .old-step_ leftovers). *out (may be NULL) says what moved.
+ * LOOM_OK also when nothing is newer (out->n = 0, no directory made); LOOM_ESYS naming the path. */
+int loom_ckpt_set_aside(const char *dir, int64_t step, loom_ckpt_aside_t *out);
 /* Whether `dir` can hold checkpoints: an existing directory or one that can be created (the deepest
  * existing ancestor a writable directory, not in /proc or /sys), and not inside a checkpoint (no
  * ancestor, nor dir itself, holds a MANIFEST or is named step_NNNNNNNN). LOOM_EINVAL naming the

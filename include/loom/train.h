@@ -38,6 +38,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "loom/ckpt.h"
 #include "loom/comm.h"
 #include "loom/error.h"
 #include "loom/gpt2.h"
@@ -300,6 +301,17 @@ void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log *
  * With several ranks every rank calls it (each reads its own loader state) and the next step
  * broadcasts rank 0's parameters; not collective itself. */
 int loom_trainer_resume(loom_trainer_t *tr, const char *path);
+/* Make cfg->save_dir this run's, once the state it starts from is known (after the resume decision,
+ * before the first step): finish what a kill interrupted there (loom_ckpt_recover), then move every
+ * checkpoint newer than the step the state came from (the resumed checkpoint's, else 0) aside
+ * (loom_ckpt_set_aside): they belong to a branch the run abandons (a resume from an older step, or a
+ * fresh start in a directory holding an earlier run's checkpoints), which --keep-checkpoints would
+ * otherwise keep over the run's own and a resume would take for the newest. So pruning keeps the
+ * newest checkpoints of this run's lineage, and the last one the run writes is the newest in the
+ * directory. Rank 0 does it (the others return LOOM_OK with nothing moved); *aside (may be NULL)
+ * says what moved. loom_trainer_run (and loom_trainer_save) call it when the program has not; call
+ * it before them to report what moved. LOOM_ESYS naming the path. */
+int loom_trainer_prepare_save_dir(loom_trainer_t *tr, loom_ckpt_aside_t *aside);
 /* Write a training checkpoint of the current state to cfg->save_dir/step_NNNNNNNN (atomically).
  * Collective with several ranks: the loader states are gathered, then rank 0 writes. */
 int loom_trainer_save(loom_trainer_t *tr);

@@ -6,9 +6,18 @@
  * (a run that died after its last checkpoint leaves lines for steps that will be redone; they are
  * dropped) and append the rest, giving the same step lines as an uninterrupted run. The last line of
  * a run that finished is {"summary":{...}} (loom_train_summary_t); a resume drops it and appends a
- * new one at its end. Non-finite numbers are written as null (JSON has no NaN). Lines are flushed as
- * written; before a checkpoint is committed the log is fsync'ed too (loom__train_log_sync), so the line of
- * every step a checkpoint holds is on disk. Invariant of every step line: exposed_comm_ms <= comm_ms (the rest of the wait is wait_ms). */
+ * new one at its end.
+ *
+ * Segments: a resume whose settings differ from the record in force at its checkpoint (another
+ * world size, accumulation, --steps, mesh, ...; not the environment: version, host, measured peaks,
+ * the prediction) appends a config record of its own before its first step line, with "first_step"
+ * (the first step it runs) and "resumed_from". So every step line is described by the last config
+ * record above it, and a resume at step S keeps the records of segments that start at or before S
+ * (a record without "first_step", the run's first, starts at 1) and drops those of abandoned ones.
+ *
+ * Non-finite numbers are written as null (JSON has no NaN). Lines are flushed as written; before a
+ * checkpoint is committed the log is fsync'ed too (loom__train_log_sync), so the line of every step a
+ * checkpoint holds is on disk. Invariant of every step line: exposed_comm_ms <= comm_ms (the rest of the wait is wait_ms). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,13 +52,33 @@ static long read_line(FILE *in, char **buf, size_t *cap)
 	}
 }
 
-/* Rewrite path keeping only the lines of steps <= keep (atomically: temp file + rename). */
-static int truncate_log(const char *path, long long keep)
+/* The first step of the segment a config record line describes: its "first_step", else 1 (the run's
+ * first record, or one that does not parse). */
+static long long config_first_step(const char *line, size_t len)
+{
+	json_t v;
+	char err[160];
+	long long first = 1;
+	int64_t x;
+	if (loom__json_parse(line, len, &v, err, sizeof err) == 0) {
+		const json_t *c = loom__json_get(&v, "config"), *f = c ? loom__json_get(c, "first_step") : NULL;
+		if (f && loom__json_to_i64(f, &x) == 0)
+			first = x;
+	}
+	loom__json_free(&v);
+	return first;
+}
+
+/* Rewrite path keeping only the lines of steps <= keep and the config records of segments that start
+ * at or before keep (atomically: temp file + rename). *last (NULL when none) gets a copy of the last
+ * config record kept, to be freed. */
+static int truncate_log(const char *path, long long keep, char **last)
 {
 	FILE *in = fopen(path, "r"), *out;
 	char tmp[1100], *line = NULL;
 	size_t cap = 0;
 	long len;
+	*last = NULL;
 	if (!in)
 		return LOOM_OK; /* nothing to keep */
 	snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -59,21 +88,95 @@ static int truncate_log(const char *path, long long keep)
 	}
 	while ((len = read_line(in, &line, &cap)) > 0) {
 		long long step;
-		if ((sscanf(line, "{\"step\":%lld", &step) == 1 && step <= keep) || strncmp(line, "{\"config\":", 10) == 0)
+		int config = strncmp(line, "{\"config\":", 10) == 0;
+		if (config && config_first_step(line, (size_t)len) <= keep) {
+			free(*last);
+			if (!(*last = loom__strdup(line))) {
+				len = -1;
+				loom_seterr(LOOM_ENOMEM, "out of memory for a config record of %ld bytes", (long)strlen(line));
+				break;
+			}
 			fwrite(line, 1, (size_t)len, out);
+		} else if (!config && sscanf(line, "{\"step\":%lld", &step) == 1 && step <= keep) {
+			fwrite(line, 1, (size_t)len, out);
+		}
 	}
 	free(line);
 	fclose(in);
 	if (len < 0) {
 		fclose(out);
 		remove(tmp);
+		free(*last), *last = NULL;
 		return loom_seterr(LOOM_ENOMEM, "log %s: %s", path, loom_errmsg());
 	}
 	if (fclose(out) != 0 || rename(tmp, path) != 0) {
 		remove(tmp);
+		free(*last), *last = NULL;
 		return loom_seterr(LOOM_EIO, "log %s: cannot rewrite it", path);
 	}
 	return LOOM_OK;
+}
+
+/* The keys of a config record that describe where and how fast the run is, not its settings: a resume
+ * that differs only in these continues the segment. */
+static int environment_key(const char *key)
+{
+	static const char *const env[] = {"loom_version", "git", "host", "peak_flops", "peak_source", "gemm_peak_flops",
+	                                  "predicted_step_s", "predicted_memory_bytes", "first_step", "resumed_from"};
+	for (size_t i = 0; i < sizeof env / sizeof *env; i++)
+		if (!strcmp(key, env[i]))
+			return 1;
+	return 0;
+}
+
+/* Two JSON values alike: the same type and, numbers by their text, the same contents in order. */
+static int json_same(const json_t *a, const json_t *b)
+{
+	if (a->type != b->type)
+		return 0;
+	switch (a->type) {
+	case JSON_NULL:
+		return 1;
+	case JSON_BOOL:
+		return a->boolean == b->boolean;
+	case JSON_NUMBER:
+		return strcmp(a->s, b->s) == 0;
+	case JSON_STRING:
+		return a->slen == b->slen && memcmp(a->s, b->s, a->slen) == 0;
+	default: /* array, object */
+		if (a->n != b->n)
+			return 0;
+		for (int i = 0; i < a->n; i++)
+			if ((a->type == JSON_OBJECT && strcmp(a->kids[i].key, b->kids[i].key) != 0) ||
+			    !json_same(&a->kids[i], &b->kids[i]))
+				return 0;
+		return 1;
+	}
+}
+
+/* 1 when config record lines `a` and `b` hold the same settings (every key but the environment's, in
+ * either), 0 when not or when one does not parse. */
+static int same_settings(const char *a, const char *b)
+{
+	json_t va, vb;
+	char err[160];
+	int same = 0, oka = loom__json_parse(a, strlen(a), &va, err, sizeof err) == 0;
+	int okb = loom__json_parse(b, strlen(b), &vb, err, sizeof err) == 0;
+	if (oka && okb) {
+		const json_t *ca = loom__json_get(&va, "config"), *cb = loom__json_get(&vb, "config");
+		same = ca && cb && ca->type == JSON_OBJECT && cb->type == JSON_OBJECT;
+		for (int k = 0; same && k < 2; k++) { /* every key of one is in the other, alike */
+			const json_t *x = k ? cb : ca, *y = k ? ca : cb;
+			for (int i = 0; same && i < x->n; i++) {
+				const json_t *other = loom__json_get(y, x->kids[i].key);
+				if (!environment_key(x->kids[i].key))
+					same = other && json_same(&x->kids[i], other);
+			}
+		}
+	}
+	loom__json_free(&va);
+	loom__json_free(&vb);
+	return same;
 }
 
 static void num(FILE *f, const char *key, double v, const char *fmt);
@@ -97,7 +200,8 @@ static void write_config(loom_trainer_t *tr, FILE *f)
 	fprintf(f, "{\"config\":{\"loom_version\":\"%s\"", loom_version());
 	str(f, "git", loom_git_describe());
 	str(f, "host", host);
-	fprintf(f, ",\"threads\":%d,\"world\":%d,\"dp\":%d", loom_num_threads(), tr->world, tr->dp_size);
+	fprintf(f, ",\"threads\":%d,\"world\":%d,\"dp\":%d,\"tp\":%d,\"pp\":%d", loom_num_threads(), tr->world,
+	        tr->dp_size, tr->tp ? loom_comm_size(tr->tp) : 1, tr->pp_size);
 	fprintf(f, ",\"model\":{\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"n_positions\":%d,\"vocab_size\":%d,"
 	        "\"params\":%zu}", tr->mcfg.n_layer, tr->mcfg.n_head, tr->mcfg.n_embd, tr->mcfg.seq_len,
 	        tr->mcfg.vocab_size, loom_model_num_params(&tr->mcfg));
@@ -138,22 +242,44 @@ static void write_config(loom_trainer_t *tr, FILE *f)
 	fprintf(f, ",\"activation_bytes\":{\"kept\":%zu,\"recompute\":%zu,\"head\":%zu,\"backward\":%zu,\"total\":%zu,"
 	        "\"formula\":%zu}", mem.act.kept, mem.act.recompute, mem.act.head, mem.act.backward, mem.act.total,
 	        mem.act_formula);
+	if (tr->resumed) { /* a segment of its own: where it starts and what it continues */
+		fprintf(f, ",\"first_step\":%lld", tr->base_step + 1);
+		str(f, "resumed_from", tr->resumed_from);
+	}
 	fputs("}}\n", f);
 }
 
 int loom_train_log_open(loom_trainer_t *tr)
 {
 	const char *path = tr->cfg.log_path;
+	char *last = NULL, *record = NULL;
+	size_t len = 0;
+	FILE *m;
 	int rc;
 	if (tr->log)
 		return LOOM_OK;
-	if (tr->resumed && (rc = truncate_log(path, tr->step)) != LOOM_OK)
+	if (tr->resumed && (rc = truncate_log(path, tr->step, &last)) != LOOM_OK)
 		return rc;
+	/* this segment's record; a resume writes it only when its settings differ from the record in force */
+	if (!(m = open_memstream(&record, &len))) {
+		free(last);
+		return loom_seterr(LOOM_ENOMEM, "log %s: out of memory for the config record", path);
+	}
+	write_config(tr, m);
+	if (fclose(m) != 0 || !record) {
+		free(last), free(record);
+		return loom_seterr(LOOM_ENOMEM, "log %s: out of memory for the config record", path);
+	}
+	int write = !tr->resumed || !last || !same_settings(last, record);
+	free(last);
 	tr->log = fopen(path, tr->resumed ? "a" : "w");
-	if (!tr->log)
+	if (!tr->log) {
+		free(record);
 		return loom_seterr(LOOM_ESYS, "cannot open the log file %s for writing", path);
-	if (!tr->resumed)
-		write_config(tr, tr->log);
+	}
+	if (write)
+		fputs(record, tr->log);
+	free(record);
 	if (fflush(tr->log) != 0 || ferror(tr->log))
 		return loom_seterr(LOOM_EIO, "writing the log file %s failed", path);
 	return LOOM_OK;

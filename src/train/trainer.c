@@ -432,9 +432,10 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx)
 	const loom_train_config_t *c = &tr->cfg;
 	loom_step_metrics_t m;
 	int rc;
-	/* Past the resume decision: finish what a kill interrupted in the checkpoint directory (rank 0
-	 * writes it; nothing else writes there before the first save), then open the log. */
-	if (c->save_dir && tr->rank == 0 && (rc = loom_ckpt_recover(c->save_dir)) != LOOM_OK)
+	/* Past the resume decision: finish what a kill interrupted in the checkpoint directory and move an
+	 * abandoned branch aside (rank 0 writes it; nothing else writes there before the first save),
+	 * unless the program did it already, then open the log. */
+	if (!tr->save_dir_ready && (rc = loom_trainer_prepare_save_dir(tr, NULL)) != LOOM_OK)
 		return rc;
 	if (c->log_path && tr->rank == 0 && (rc = loom_train_log_open(tr)) != LOOM_OK)
 		return rc;

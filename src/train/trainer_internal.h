@@ -34,6 +34,9 @@ struct loom_trainer {
 	double *val_losses;             /* eval_batches per-window losses, reduced across ranks */
 	long long step;                 /* optimizer steps done */
 	int resumed;                    /* state came from a checkpoint (the log is appended to) */
+	char resumed_from[1100];        /* that checkpoint's directory ("" when none) */
+	long long base_step;            /* the step the state came from: the checkpoint's, or 0 (lineage) */
+	int save_dir_ready;             /* loom_trainer_prepare_save_dir has run */
 	double flops_per_token;
 	double time_sum;                /* seconds of the steps timed so far (the first one excluded) */
 	long long timed;
