@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "loom/util.h"
 #include "run_opts.h"
 
 static void usage(FILE *f)
@@ -250,6 +251,8 @@ void run_parse_opts(int argc, char **argv, run_opts_t *o)
 			        "  mpirun -np K*N --host a:N,b:N PROGRAM ...\n  srun -N K --ntasks-per-node N --mpi=pmix PROGRAM ...\n"
 			        "(see docs/multinode.md)\n",
 			        nnodes);
+			if (!loom_build_info()->mpi)
+				fprintf(stderr, "and this loom was built without MPI, which all three need: %s\n", RUN_MPI_REMEDY);
 			exit(2);
 		}
 	}

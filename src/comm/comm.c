@@ -170,7 +170,8 @@ static int job_from_env(int *rank, int *size, int *local_rank, int *fam, int *mu
 		if (ln != n)
 			return loom_seterr(LOOM_ENOTSUP,
 			                   "loom_comm_init: rank %ld: the job spans more than one machine (%s=%ld, local size %ld): "
-			                   "this loom was built without MPI (libopenmpi-dev; see docs/multinode.md)",
+			                   "this loom was built without MPI: install libopenmpi-dev and rebuild it (`make` rebuilds "
+			                   "with MPI by itself; see docs/multinode.md)",
 			                   r, e->size, n, ln);
 		if (lr != r)
 			return loom_seterr(LOOM_EINVAL,
