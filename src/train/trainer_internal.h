@@ -34,7 +34,8 @@ struct loom_trainer {
 	double *val_losses;             /* eval_batches per-window losses, reduced across ranks */
 	long long step;                 /* optimizer steps done */
 	int resumed;                    /* state came from a checkpoint (the log is appended to) */
-	double flops_per_token;
+	double flops_per_token;         /* loom_model_flops_per_token at T: MFU's count */
+	double flops_nominal;           /* loom_model_flops_per_token_nominal at T: mfu_nominal's */
 	double time_sum;                /* seconds of the steps timed so far (the first one excluded) */
 	long long timed;
 	int seen_first;
