@@ -3,7 +3,8 @@
  * parallel, ZeRO-3, tensor parallel, dp x tp and activation checkpointing against one process with the
  * same tokens per step (per-step losses within 1e-5 relative); resume bit-identical; MuonAdamW on it
  * at 1 and 2 ranks; the checkpoint's names and shapes against nanochat's state_dict; `loom convert`
- * to nanochat's .pt and back; `loom sample` and `loom info` on its files. */
+ * to nanochat's .pt and back; `loom sample` and `loom info` on its files; MFU at the kernels' FLOPs and at
+ * nanochat's estimate_flops (mfu_nanochat) in the log. */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>

@@ -1,5 +1,6 @@
 /* iface.c: the model interface (loom/model.h): every call dispatches through the model's (or the
- * configuration's) family table. */
+ * configuration's) family table, but the attention FLOP count, computed here from each block's query
+ * heads and window so that both families count it one way (MFU, the planner, the pipeline balance). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
