@@ -34,12 +34,13 @@ struct loom_trainer {
 	double *val_losses;             /* eval_batches per-window losses, reduced across ranks */
 	long long step;                 /* optimizer steps done */
 	int resumed;                    /* state came from a checkpoint (the log is appended to) */
-	double flops_per_token;         /* loom_model_flops_per_token at T: MFU's count */
-	double flops_nominal;           /* loom_model_flops_per_token_nominal at T: mfu_nominal's */
+	double flops_per_token;
 	double time_sum;                /* seconds of the steps timed so far (the first one excluded) */
 	long long timed;
 	int seen_first;
 	double step_ema;                /* moving average of the step time (seconds), from the second step */
+	double flops_nominal;           /* loom_model_flops_per_token_nominal at T (flops_per_token: MFU's
+	                                   loom_model_flops_per_token): mfu_nominal's count */
 	double loss_ema;                /* the losses' moving average before debiasing (checkpoint loop state) */
 	loom_train_summary_t sum;       /* the run so far (log.c) */
 	double t_begin;                 /* loom_now() at the start of the first step of this process */
