@@ -282,8 +282,10 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 		fmt_bytes(p->memory_limit, b[0], 32);
 		printf(" of %s (%s, headroom %.0f%%)", b[0], p->fits ? "fits" : "DOES NOT FIT", 100.0 * p->headroom);
 	}
-	printf("\nflops: %.4g per token (6N + attention), %.4g per step, %.4g per rank and step (with recomputation)\n",
-	       p->flops_per_token, p->flops_per_step, p->flops_per_rank_step);
+	printf("\nflops: %.4g per token (6N + attention inside the causal mask and windows; %s's nominal count %.4g), "
+	       "%.4g per step, %.4g per rank and step (with recomputation)\n", p->flops_per_token,
+	       loom_arch_name(pc->model.arch), loom_model_flops_per_token_nominal(&pc->model, pc->T), p->flops_per_step,
+	       p->flops_per_rank_step);
 	printf("compute: %.1f ms per step per rank (of it the optimizer %.1f ms)\n", 1e3 * p->compute_s,
 	       1e3 * p->optimizer_s);
 	const struct { const char *name; const loom_plan_comm_t *x; int on; } ax[] = {
@@ -333,12 +335,14 @@ static void print_json(const loom_plan_t *p, const loom_cluster_t *c)
 	json_mem("memory_bytes", &p->memory);
 	putchar(',');
 	json_mem("memory_bytes_rank0", &p->memory_rank0);
-	printf(",\"memory_limit_bytes\":%.0f,\"fits\":%s,\"headroom\":%.4f,\"flops_per_token\":%.6g,\"flops_per_step\":%.6g,"
+	printf(",\"memory_limit_bytes\":%.0f,\"fits\":%s,\"headroom\":%.4f,\"flops_per_token\":%.6g,"
+	       "\"flops_per_token_nominal\":%.6g,\"flops_per_step\":%.6g,"
 	       "\"flops_per_rank_step\":%.6g,\"peak_flops\":%.6g,\"compute_s\":%.6g,\"optimizer_s\":%.6g,"
 	       "\"comm_bytes_per_step\":{\"dp\":%.0f,\"tp\":%.0f,\"pp\":%.0f},"
 	       "\"comm_s\":{\"dp\":%.6g,\"tp\":%.6g,\"pp\":%.6g},\"comm_exposed_s\":{\"dp\":%.6g,\"tp\":%.6g,\"pp\":%.6g},"
 	       "\"bubble\":%.6f,\"bubble_theory\":%.6f,\"step_time_s\":%.6g,\"tokens_per_s\":%.6g,\"mfu\":%.6f",
-	       p->memory_limit, p->fits ? "true" : "false", p->headroom, p->flops_per_token, p->flops_per_step,
+	       p->memory_limit, p->fits ? "true" : "false", p->headroom, p->flops_per_token,
+	       loom_model_flops_per_token_nominal(&pc->model, pc->T), p->flops_per_step,
 	       p->flops_per_rank_step, p->peak_flops, p->compute_s, p->optimizer_s, p->dp.bytes, p->tp.bytes, p->pp.bytes,
 	       p->dp.time_s, p->tp.time_s, p->pp.time_s, p->dp.exposed_s, p->tp.exposed_s, p->pp.exposed_s, p->bubble,
 	       p->bubble_theory, p->step_time_s, p->tokens_per_s, p->mfu);

@@ -808,9 +808,11 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	if (o->tc.gemm_flops > 0 && o->tc.peak_flops > 0)
 		snprintf(gemm, sizeof gemm, "; the GEMM reaches %.1f GFLOP/s, %.0f%% of it", o->tc.gemm_flops / 1e9,
 		         100.0 * o->tc.gemm_flops / o->tc.peak_flops);
-	printf("MFU against the hardware's %s peak of %.1f GFLOP/s%s (%s)%s; %.4g FLOP per token\n",
+	printf("MFU against the hardware's %s peak of %.1f GFLOP/s%s (%s)%s; %.4g FLOP per token (attention inside the "
+	       "causal mask and windows; %s's nominal count %.4g, mfu_%s in the log)\n",
 	       loom_compute_dtype_name(o->dtype), o->tc.peak_flops / 1e9, o->world > 1 ? " per rank" : "",
-	       o->tc.peak_source ? o->tc.peak_source : "given", gemm, loom_model_flops_per_token(&o->mc, o->tc.T));
+	       o->tc.peak_source ? o->tc.peak_source : "given", gemm, loom_model_flops_per_token(&o->mc, o->tc.T),
+	       loom_arch_name(o->mc.arch), loom_model_flops_per_token_nominal(&o->mc, o->tc.T), loom_arch_name(o->mc.arch));
 }
 
 static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
@@ -986,7 +988,8 @@ static void print_summary(loom_trainer_t *tr, const opts_t *o, const char *resum
 	       "%.0f best", s.first_step, s.last_step, s.steps, wall, s.wall_s, s.step_s, s.tokens, s.mean_tokens_per_s,
 	       s.best_tokens_per_s);
 	if (o->tc.peak_flops > 0)
-		printf("; MFU %.1f%% mean", 100.0 * s.mean_mfu);
+		printf("; MFU %.1f%% mean (%.1f%% at %s's nominal count)", 100.0 * s.mean_mfu, 100.0 * s.mean_mfu_nominal,
+		       loom_arch_name(o->mc.arch));
 	loom_plan_t p;
 	if (predict(o, &p) && s.steps > 0) {
 		double ms = 1e3 * s.step_s / s.steps, rss = (double)loom_peak_rss_bytes();

@@ -129,10 +129,15 @@ TEST(plan_flops_6nd_plus_attention)
 	CHECK_OK(loom_plan_estimate(&pc, &c, &p));
 	double C = pc.model.n_embd, L = pc.model.n_layer, V = pc.model.vocab_size, T = pc.T;
 	double N = L * 12 * C * C + V * C; /* the matmul weights (the lm head tied to wte) */
-	CHECK_FEQ(p.flops_per_token, 6 * N + 12 * L * C * T);
+	/* attention over the causal triangle only: a query sees (T + 1) / 2 keys on average */
+	CHECK_FEQ(p.flops_per_token, 6 * N + 12 * L * C * (T + 1) / 2);
+	CHECK_FEQ(p.flops_per_token, 5115648.0); /* 6 x 819328 + 4 x 12 x 128 x 65 / 2 */
+	/* the nominal count, the whole T x T: nanoGPT's 6N + 12 L C T */
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&pc.model, pc.T), 6 * N + 12 * L * C * T);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&pc.model, pc.T), 5309184.0);
 	double D = (double)pc.B * pc.T * pc.M * pc.dp; /* tokens per step */
 	CHECK_FEQ(p.tokens_per_step, D);
-	CHECK_FEQ(p.flops_per_step, (6 * N + 12 * L * C * T) * D);
+	CHECK_FEQ(p.flops_per_step, 5115648.0 * D);
 	/* MFU is the model's FLOPs (no recomputation) over the ranks' peak time */
 	CHECK_NEAR(p.mfu, p.flops_per_step / (p.step_time_s * p.world * c.peak_flops_fp32), 1e-12);
 	/* recomputing the blocks adds their forward (a third of their FLOPs) to what a rank runs */
@@ -145,6 +150,11 @@ TEST(plan_flops_6nd_plus_attention)
 	CHECK_NEAR(q.flops_per_rank_step, (p.flops_per_token + blocks / 3) * D / pc.dp, 1e-6 * q.flops_per_rank_step);
 	CHECK_FEQ(q.flops_per_step, p.flops_per_step);
 	CHECK(q.memory.activations < p.memory.activations);
+	/* selective recomputation runs the scores Q K^T again: 2 of attention's 12 FLOPs per key and
+	 * channel, 4 x 2 x 128 x 65 / 2 = 33280 per token */
+	pc.act_ckpt = LOOM_ACT_CKPT_SELECTIVE;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &q));
+	CHECK_NEAR(q.flops_per_rank_step, (5115648.0 + 33280.0) * D / pc.dp, 1e-12 * q.flops_per_rank_step);
 	return 0;
 }
 
@@ -471,6 +481,73 @@ TEST(plan_memory_equals_train)
 		          json_num(r0, "\"activations\":"), act);
 	}
 	test_rmdir(dir);
+	return 0;
+}
+
+/* The keys a causal attention with window W sees over a sequence of T queries, one query at a time: the
+ * reference for loom_model_attn_keys' closed form. */
+static double keys_by_query(int T, int W)
+{
+	double n = 0;
+	for (int t = 0; t < T; t++)
+		n += (t < W ? t : W) + 1; /* keys max(0, t - W)..t */
+	return n;
+}
+
+/* Attention FLOPs as the kernel must do them: each query's keys inside the causal mask and its window,
+ * 12 per key and channel of the query heads (fwd + bwd), averaged over the T positions; GPT-2's counts
+ * (W >= T: the causal triangle) against numbers computed by hand, the nominal 6N + 12 L C T unchanged. */
+TEST(plan_attn_flops_causal_and_windowed)
+{
+	static const int Ts[] = {1, 2, 3, 7, 16, 64, 100, 2048};
+	for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++) {
+		int T = Ts[i], Ws[] = {0, 1, 2, T / 2, T - 2, T - 1, T, 2 * T + 5};
+		for (size_t j = 0; j < sizeof Ws / sizeof *Ws; j++)
+			if (Ws[j] >= 0)
+				CHECK_MSG(loom_model_attn_keys(T, Ws[j]) == keys_by_query(T, Ws[j]), "T %d, W %d: %.17g, by query %.17g",
+				          T, Ws[j], loom_model_attn_keys(T, Ws[j]), keys_by_query(T, Ws[j]));
+	}
+	CHECK_FEQ(loom_model_attn_keys(1, 0), 1.0);       /* one query, itself */
+	CHECK_FEQ(loom_model_attn_keys(5, 0), 5.0);       /* W = 0: every query sees only itself */
+	CHECK_FEQ(loom_model_attn_keys(16, 8), 108.0);    /* 1 + 2 + ... + 9, then 7 x 9 */
+	CHECK_FEQ(loom_model_attn_keys(16, 15), 136.0);   /* the triangle 16 x 17 / 2 */
+	CHECK_FEQ(loom_model_attn_keys(16, 1000), 136.0); /* a window beyond T changes nothing */
+	CHECK_FEQ(loom_model_attn_keys(2048, 1024), 1574400.0); /* 1025 x 3072 / 2 */
+	CHECK_FEQ(loom_model_attn_keys(2048, 2048), 2098176.0); /* 2048 x 2049 / 2 */
+	CHECK_FEQ(loom_model_attn_keys(65536, 65536), 2147516416.0); /* past 2^31: no int overflow */
+	CHECK_FEQ(loom_model_attn_keys(0, 4), 0.0);
+	CHECK_FEQ(loom_model_attn_keys(4, -1), 0.0);
+	CHECK_FEQ(loom_model_attn_flops(64, 16, 8), 5184.0); /* 12 x 64 x 108 / 16 */
+	CHECK_FEQ(loom_model_attn_flops(64, 0, 8), 0.0);
+
+	/* GPT-2 `small` (L6 C384 V50257) at T = 256: 6 x (6 x 12 C^2 + V C) = 179493120, attention
+	 * 6 x 12 x 384 x 257 / 2 = 3552768 (nominal 6 x 12 x 384 x 256 = 7077888) */
+	loom_model_config_t g;
+	CHECK_OK(loom_gpt2_preset("small", &g));
+	CHECK_FEQ(loom_model_flops_per_token(&g, 256), 183045888.0);
+	CHECK_FEQ(loom_gpt2_flops_per_token(&g, 256), 183045888.0);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&g, 256), 186571008.0);
+	CHECK_FEQ(loom_model_block_attn_flops(&g, 0, 256), 592128.0);
+	CHECK_FEQ(loom_model_block_attn_flops(&g, 5, 256), 592128.0);
+	CHECK_FEQ(loom_model_block_attn_flops(&g, 6, 256), 0.0); /* the head has no attention */
+	CHECK_FEQ(loom_model_unit_flops(&g, 0, 256), 72.0 * 384 * 384 + 592128.0);
+	/* T = 1: one key a query, the same in both counts: 12 C per layer */
+	CHECK_FEQ(loom_model_flops_per_token(&g, 1), 179493120.0 + 6 * 12 * 384);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&g, 1), 179493120.0 + 6 * 12 * 384);
+	/* T = 1024 (GPT-2's context) on gpt2 (L12 C768): 12 x 12 x 768 x 1025 / 2 */
+	CHECK_OK(loom_gpt2_preset("gpt2", &g));
+	CHECK_FEQ(loom_model_flops_per_token(&g, 1024) - loom_model_flops_per_token(&g, 0), 56678400.0);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&g, 1024) - loom_model_flops_per_token(&g, 0), 113246208.0);
+
+	/* the plan: a tp rank runs its heads' share, 1/tp of the count like the rest */
+	loom_cluster_t c = test_cluster();
+	loom_plan_t p, q;
+	loom_plan_config_t pc = tiny_config(1, 0);
+	CHECK_OK(loom_plan_estimate(&pc, &c, &p));
+	pc.tp = 2;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &q));
+	CHECK_FEQ(q.flops_per_token, p.flops_per_token);
+	CHECK_FEQ(q.flops_per_rank_step, p.flops_per_step / 2);
 	return 0;
 }
 

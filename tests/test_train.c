@@ -207,11 +207,18 @@ TEST(train_jsonl_log)
 
 	f = fopen(logp, "r");
 	CHECK(f != NULL);
-	/* the config record first, the summary last (test_eco.c checks their contents) */
+	/* the config record first, the summary last (test_eco.c checks their contents). FLOPs per token of
+	 * tiny (L2 C16 V37) at T 8: 6 x (2 x 12 C^2 + V C) = 40416, attention over the causal triangle
+	 * 2 x 12 x 16 x 9 / 2 = 1728 (MFU's count), or the whole 8 x 8 (GPT-2's nominal, mfu_gpt2) 3072 */
+	CHECK_FEQ(loom_gpt2_flops_per_token(&tiny, c.T), 42144.0);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&tiny, c.T), 43488.0);
 	CHECK(fgets(line, sizeof line, f) != NULL);
 	CHECK_MSG(strncmp(line, "{\"config\":{", 11) == 0, "first line: %s", line);
+	CHECK_MSG(field(line, "flops_per_token") == 42144.0 && field(line, "flops_per_token_gpt2") == 43488.0, "%s", line);
 	while (fgets(line, sizeof line, f)) {
 		if (strncmp(line, "{\"summary\":", 11) == 0) {
+			double mean = field(line, "mean_mfu"), nominal = field(line, "mean_mfu_gpt2");
+			CHECK_MSG(mean > 0 && fabs(nominal / mean - 43488.0 / 42144.0) < 2e-3, "%s", line);
 			CHECK_EQ(k, 5);
 			CHECK(fgets(line, sizeof line, f) == NULL);
 			break;
@@ -224,7 +231,10 @@ TEST(train_jsonl_log)
 		double dt = field(line, "dt_ms"), tps = field(line, "tokens_per_s"), mfu = field(line, "mfu");
 		CHECK_MSG(dt > 0 && tps > 0, "%s", line);
 		CHECK_NEAR(tps, 32.0 / (dt * 1e-3), 0.01 * tps); /* B*T*accum = 32 tokens per step */
-		CHECK_NEAR(mfu, tps * loom_gpt2_flops_per_token(&tiny, c.T) / 1e9, 1e-3 * mfu + 1e-4);
+		CHECK_NEAR(mfu, tps * 42144.0 / 1e9, 1e-3 * mfu + 1e-4);
+		double nominal = field(line, "mfu_gpt2");
+		CHECK_NEAR(nominal, tps * 43488.0 / 1e9, 1e-3 * nominal + 1e-4);
+		CHECK_MSG(strstr(line, "mfu_nanochat") == NULL, "%s", line);
 		CHECK_EQ(field(line, "tokens"), 32 * k);
 		double v = field(line, "val_loss");
 		if (k % 2 == 0 || k == 5)

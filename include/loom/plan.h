@@ -125,7 +125,8 @@ typedef struct {
 	double shard_params;       /* per tensor-parallel shard */
 	loom_plan_memory_t memory; /* of the rank that needs the most */
 	loom_plan_memory_t memory_rank0; /* of global rank 0 (stage 0): what its peak_rss_bytes measures */
-	double flops_per_token;    /* forward + backward, 6N + attention (loom_model_flops_per_token) */
+	double flops_per_token;    /* forward + backward, 6N + attention as the kernels do it: the causal,
+	                              windowed keys (loom_model_flops_per_token) */
 	double flops_per_step;     /* all ranks, model FLOPs (recomputation not counted) */
 	double flops_per_rank_step; /* executed on one rank, with recomputation */
 	double tokens_per_step;

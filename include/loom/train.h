@@ -215,7 +215,10 @@ typedef struct {
 	double dt_ms;         /* wall time of the step (micro-steps, clipping, AdamW) */
 	double optim_ms;      /* of which the gradient norm and the AdamW update */
 	double tokens_per_s;  /* B*T*accum*world / dt */
-	double mfu;           /* tokens_per_s * flops_per_token / (world * peak_flops) (0 without a peak) */
+	double mfu;           /* tokens_per_s * flops_per_token / (world * peak_flops) (0 without a peak), at
+	                         loom_model_flops_per_token: attention as the kernels do it */
+	double mfu_nominal;   /* the same at loom_model_flops_per_token_nominal, the family's reference
+	                         implementation's count (nanochat's estimate_flops; GPT-2: 6N + 12 L C T) */
 	double comm_ms;       /* all-reduce time of the step: gradient buckets (on the communicator's
 	                         thread, overlapping backward) and the loss (0 with one rank) */
 	double exposed_comm_ms; /* of which the training thread waited for: not hidden behind backward;
@@ -250,6 +253,7 @@ typedef struct {
 	double mean_tokens_per_s; /* tokens / step_s */
 	double best_tokens_per_s; /* the fastest step's */
 	double mean_mfu;          /* mean over the steps (0 without a peak) */
+	double mean_mfu_nominal;  /* ... of mfu_nominal */
 	double comm_ms, exposed_comm_ms, wait_ms; /* totals over the steps */
 	float final_loss;
 	int has_val;

@@ -181,6 +181,16 @@ static int same_settings(const char *a, const char *b)
 
 static void num(FILE *f, const char *key, double v, const char *fmt);
 
+/* A figure at the family's nominal FLOP count (loom_model_flops_per_token_nominal) under
+ * "<prefix><family>" (mfu_nanochat, mfu_gpt2): as the family's reference implementation counts,
+ * named after it. */
+static void nominal(FILE *f, const loom_trainer_t *tr, const char *prefix, double v, const char *fmt)
+{
+	char key[64];
+	snprintf(key, sizeof key, "%s%s", prefix, loom_arch_name(tr->mcfg.arch));
+	num(f, key, v, fmt);
+}
+
 static void str(FILE *f, const char *key, const char *v)
 {
 	fprintf(f, ",\"%s\":", key);
@@ -233,6 +243,8 @@ static void write_config(loom_trainer_t *tr, FILE *f)
 	num(f, "peak_flops", c->peak_flops, "%.6g");
 	str(f, "peak_source", c->peak_source);
 	num(f, "gemm_peak_flops", c->gemm_flops, "%.6g");
+	num(f, "flops_per_token", tr->flops_per_token, "%.6g");
+	nominal(f, tr, "flops_per_token_", tr->flops_nominal, "%.6g");
 	if (c->predicted_step_s > 0)
 		fprintf(f, ",\"predicted_step_s\":%.6g,\"predicted_memory_bytes\":%.0f", c->predicted_step_s,
 		        c->predicted_memory_bytes);
@@ -306,6 +318,7 @@ int loom_train_log_write(loom_trainer_t *tr, const loom_step_metrics_t *m)
 	num(f, "loss_ema", m->loss_ema, "%.9g");
 	num(f, "tokens_per_s", m->tokens_per_s, "%.1f");
 	num(f, "mfu", m->mfu, "%.4f");
+	nominal(f, tr, "mfu_", m->mfu_nominal, "%.4f");
 	if (tr->world > 1) {
 		num(f, "comm_ms", m->comm_ms, "%.3f");
 		num(f, "exposed_comm_ms", m->exposed_comm_ms, "%.3f");
@@ -348,6 +361,7 @@ void loom__train_summary_add(loom_trainer_t *tr, const loom_step_metrics_t *m)
 	if (m->tokens_per_s > s->best_tokens_per_s)
 		s->best_tokens_per_s = m->tokens_per_s;
 	s->mean_mfu += (m->mfu - s->mean_mfu) / (double)s->steps;
+	s->mean_mfu_nominal += (m->mfu_nominal - s->mean_mfu_nominal) / (double)s->steps;
 	s->comm_ms += m->comm_ms, s->exposed_comm_ms += m->exposed_comm_ms, s->wait_ms += m->wait_ms;
 	s->final_loss = m->loss;
 	if (m->has_val && (!s->has_val || m->val_loss < s->best_val_loss)) {
@@ -376,6 +390,7 @@ int loom__train_log_summary(loom_trainer_t *tr)
 	num(f, "mean_tokens_per_s", s->mean_tokens_per_s, "%.1f");
 	num(f, "best_tokens_per_s", s->best_tokens_per_s, "%.1f");
 	num(f, "mean_mfu", s->mean_mfu, "%.4f");
+	nominal(f, tr, "mean_mfu_", s->mean_mfu_nominal, "%.4f");
 	num(f, "final_loss", s->final_loss, "%.9g");
 	if (s->has_val) {
 		num(f, "best_val_loss", s->best_val_loss, "%.9g");

@@ -487,8 +487,9 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	if (pc.act_ckpt == LOOM_ACT_CKPT_BLOCKS) /* every block's forward again */
 		for (int l = 0; l < L; l++)
 			extra += loom_model_unit_flops(cfg, l, pc.T) / 3.0;
-	else if (pc.act_ckpt == LOOM_ACT_CKPT_SELECTIVE) /* the attention scores again: Q K^T */
-		extra = 2.0 * C * pc.T * L / 2.0;
+	else if (pc.act_ckpt == LOOM_ACT_CKPT_SELECTIVE) /* the attention scores again: Q K^T, 2 of 12 */
+		for (int l = 0; l < L; l++)
+			extra += loom_model_block_attn_flops(cfg, l, pc.T) / 6.0;
 	double recompute = 1.0 + extra / fpt;
 	/* (the elementwise kernels run over every activation whatever is kept: the traffic of a run without
 	 * checkpointing, times the recomputation) */

@@ -253,6 +253,7 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 		goto fail;
 	}
 	tr->flops_per_token = loom_model_flops_per_token(&tr->mcfg, cfg->T);
+	tr->flops_nominal = loom_model_flops_per_token_nominal(&tr->mcfg, cfg->T);
 	if (cfg->profile)
 		loom_model_profile(model, 1);
 	*out = tr;
@@ -346,6 +347,7 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 	m->dt_ms = dt * 1e3;
 	m->tokens_per_s = (double)loom_trainer_tokens_per_step(tr) / dt;
 	m->mfu = c->peak_flops > 0 ? m->tokens_per_s * tr->flops_per_token / (c->peak_flops * tr->world) : 0.0;
+	m->mfu_nominal = c->peak_flops > 0 ? m->tokens_per_s * tr->flops_nominal / (c->peak_flops * tr->world) : 0.0;
 	/* Exposed communication is at most the communication itself: the rest of the training thread's
 	 * wait is for a slower rank (or for the progress thread to be scheduled), reported apart. */
 	m->wait_ms = exposed_ms > comm_ms ? exposed_ms - comm_ms : 0.0;

@@ -42,6 +42,8 @@ struct loom_trainer {
 	long long timed;
 	int seen_first;
 	double step_ema;                /* moving average of the step time (seconds), from the second step */
+	double flops_nominal;           /* loom_model_flops_per_token_nominal at T (flops_per_token: MFU's
+	                                   loom_model_flops_per_token): mfu_nominal's count */
 	double loss_ema;                /* the losses' moving average before debiasing (checkpoint loop state) */
 	loom_train_summary_t sum;       /* the run so far (log.c) */
 	double t_begin;                 /* loom_now() at the start of the first step of this process */
