@@ -363,10 +363,48 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 	return LOOM_OK;
 }
 
-static void mem_total(loom_plan_memory_t *m, const loom_cluster_t *c, int world)
+/* A kernel maps up to this much of a file's cached pages around a page fault (fault_around_bytes). */
+#define FAULT_AROUND 65536.0
+/* The trainer reads about this many tokens' windows of each data set when it starts (its vocabulary
+ * check, src/train/trainer.c check_vocab). */
+#define CHECK_TOKENS 1000000.0
+
+/* Bytes of shards of F bytes a rank has mapped after reading windows of wb bytes: n_check windows
+ * from the start of the (shuffled or not) order that every rank reads alike, then n_rank of its own
+ * of the job's n_job. In order, the span they cover, of which a rank maps its neighbours' windows too
+ * while a window is smaller than what a fault maps; shuffled, the expected cover of that many random
+ * windows of a fault's size each. */
+static double shard_pages(double F, double wb, double n_check, double n_rank, double n_job, int shuffled)
 {
+	double fault = LOOM_MAX(wb, FAULT_AROUND);
+	if (!(F > 0))
+		return 0.0;
+	if (shuffled)
+		return F * (1.0 - exp(-(n_check + n_rank) * fault / F));
+	return LOOM_MIN(F, LOOM_MAX(n_check * wb, LOOM_MIN(n_job * wb, n_rank * fault)));
+}
+
+/* What the run holds beside its steps: the loader's batch and the shards' pages it maps, evaluation's
+ * losses and the validation shards' pages, the threads' scratch; then the process and the total. */
+static void mem_total(loom_plan_memory_t *m, const loom_plan_config_t *pc, const loom_cluster_t *c, int world)
+{
+	double BT = (double)pc->B * pc->T, wb = 2.0 * (BT + 1.0); /* a window: B T + 1 uint16 tokens */
+	double check = ceil(CHECK_TOKENS / BT), steps = (double)LOOM_MAX(pc->steps, 0), M = LOOM_MAX(pc->M, 1);
+	double dp = LOOM_MAX(pc->dp, 1);
+	m->data = 2.0 * 4.0 * BT; /* the trainer's inputs and targets */
+	if (pc->train_bytes > 0) {
+		double W = LOOM_MAX(1.0, floor((pc->train_bytes / 2.0 - 1.0) / BT)); /* windows per epoch */
+		m->data += shard_pages(pc->train_bytes, wb, LOOM_MIN(W, check), steps * M, steps * M * dp, pc->shuffle);
+	}
+	m->eval = 0.0;
+	if (pc->val_bytes > 0 && pc->eval_batches > 0) {
+		double W = LOOM_MAX(1.0, floor((pc->val_bytes / 2.0 - 1.0) / BT)), n = LOOM_MIN(W, pc->eval_batches);
+		m->eval = 8.0 * n + 4.0 * ceil(n / dp) + shard_pages(pc->val_bytes, wb, LOOM_MIN(W, check), n, n, 0);
+	}
+	m->scratch = (double)LOOM_MAX(c->threads - 1, 0) * c->thread_scratch_bytes;
 	m->overhead = c->overhead_bytes + (world > 1 ? c->comm_overhead_bytes : 0.0);
-	m->total = m->params + m->grads + m->optimizer + m->activations + m->comm + m->other + m->overhead;
+	m->total = m->params + m->grads + m->optimizer + m->activations + m->comm + m->other + m->data + m->eval +
+	           m->scratch + m->overhead;
 }
 
 int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, loom_plan_t *p)
@@ -473,13 +511,13 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		loom_plan_memory_t m;
 		if ((rc = stage_memory(&pc, c, &tb_, dp, tp, pp, s, lo, hrows, dp - 1, &m)) != LOOM_OK)
 			goto out;
-		mem_total(&m, c, p->world);
+		mem_total(&m, &pc, c, p->world);
 		if (s == 0 || m.total > p->memory.total)
 			p->memory = m, p->stage = s;
 	}
 	if ((rc = stage_memory(&pc, c, &tb_, dp, tp, pp, 0, lo, hrows, 0, &p->memory_rank0)) != LOOM_OK)
 		goto out;
-	mem_total(&p->memory_rank0, c, p->world);
+	mem_total(&p->memory_rank0, &pc, c, p->world);
 
 	/* Compute per micro-batch: the model's FLOPs per position of the whole model (with recomputation),
 	 * split over tp; the elementwise kernels' traffic in proportion to the kept activations. */
@@ -636,8 +674,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	if (c->memory_shared) /* the node's memory, shared by the ranks on it */
 		limit /= LOOM_MIN(p->world, c->ranks_per_node > 0 ? c->ranks_per_node : p->world);
 	p->memory_limit = limit;
-	p->fits = !(limit > 0) || p->memory.total <= limit;
-	p->headroom = limit > 0 ? 1.0 - p->memory.total / limit : 0.0;
+	p->fits = !(limit > 0) || p->memory.total - p->memory.data <= limit; /* file pages are reclaimable */
+	p->headroom = limit > 0 ? 1.0 - (p->memory.total - p->memory.data) / limit : 0.0;
 out:
 	free(lo), free(rows), free(cost);
 	table_free(&tb_);
