@@ -127,7 +127,8 @@ typedef struct {
 	double data;         /* the data loader's batch buffers and the shards' pages the rank maps (file pages:
 	                        resident, but reclaimable, so not counted against the memory limit) */
 	double eval;         /* evaluation's buffers: the per-window losses and the validation shards' pages */
-	double scratch;      /* the threads beyond the first: stacks, malloc arenas, GEMM packing */
+	double scratch;      /* the threads beyond the first (stacks, malloc arenas, GEMM packing) and the optimizer's
+	                        work buffer (MuonAdamW's Newton-Schulz iterations) */
 	double overhead;     /* the process's baseline (one thread) */
 	double total;        /* the sum: the predicted peak resident set */
 } loom_plan_memory_t;

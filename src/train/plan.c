@@ -209,7 +209,8 @@ static double rank_unit(const table_t *tb, int L, int pp, int V, int s, const in
  * *ns_flops: one step's Newton-Schulz iterations (5, each X X^T, a polynomial of it and its product
  * with X: 4 r^2 c + 2 r^3 for r <= c). tp 1 only (Muon refuses tp). */
 static int muon_state(const loom_plan_config_t *pc, const table_t *tb, int pp, int V, int s, const int *lo,
-                      int hrows, int dp, int dp_rank, double *bytes, double *own, double *adam, double *ns_flops)
+                      int hrows, int dp, int dp_rank, double *bytes, double *own, double *adam, double *ns_flops,
+                      double *scratch)
 {
 	const loom_model_config_t *cfg = &pc->model;
 	int L = cfg->n_layer, n = 0, nm = 0, rc = LOOM_OK;
@@ -239,7 +240,7 @@ static int muon_state(const loom_plan_config_t *pc, const table_t *tb, int pp, i
 		*bytes = 4.0 * (double)(loom_muonadamw_state_floats(t, n, NULL, mats, nm) + (dp > 1 ? total : 0));
 	}
 	*own = (double)(range[1] - range[0]);
-	*adam = 0.0, *ns_flops = 0.0;
+	*adam = 0.0, *ns_flops = 0.0, *scratch = 0.0;
 	for (int i = 0; i < n; i++)
 		if (t[i].opt_group != LOOM_OPT_MATRIX) {
 			size_t a = LOOM_MAX(range[0], t[i].offset), b = LOOM_MIN(range[1], t[i].offset + t[i].numel);
@@ -248,6 +249,7 @@ static int muon_state(const loom_plan_config_t *pc, const table_t *tb, int pp, i
 	for (int k = 0; k < nm; k++) {
 		double r = LOOM_MIN(t[mats[k]].rows, t[mats[k]].cols), c = LOOM_MAX(t[mats[k]].rows, t[mats[k]].cols);
 		*ns_flops += 5.0 * (4.0 * r * r * c + 2.0 * r * r * r);
+		*scratch = LOOM_MAX(*scratch, 4.0 * (double)loom_muon_scratch_floats(t[mats[k]].rows, t[mats[k]].cols));
 	}
 out:
 	free(t), free(mats);
@@ -310,10 +312,11 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 			m->other += 4.0 * P;
 	}
 	if (pc->optimizer == LOOM_OPTIMIZER_MUON) { /* its state instead of AdamW's (and its own ZeRO ranges) */
-		double bytes, own, adam, ns;
-		if ((rc = muon_state(pc, tb, pp, V, s, lo, hrows, dp, dp_rank, &bytes, &own, &adam, &ns)) != LOOM_OK)
+		double bytes, own, adam, ns, work;
+		if ((rc = muon_state(pc, tb, pp, V, s, lo, hrows, dp, dp_rank, &bytes, &own, &adam, &ns, &work)) != LOOM_OK)
 			return rc;
 		m->optimizer = bytes;
+		m->scratch = work; /* the Newton-Schulz iterations' work buffer (the largest owned matrix's) */
 		if (pc->zero > 0 && dp > 1)
 			m->params = 4.0 * (pc->zero == 3 ? own : P), m->grads = 4.0 * (pc->zero == 1 ? P : own);
 	}
@@ -401,7 +404,7 @@ static void mem_total(loom_plan_memory_t *m, const loom_plan_config_t *pc, const
 		double W = LOOM_MAX(1.0, floor((pc->val_bytes / 2.0 - 1.0) / BT)), n = LOOM_MIN(W, pc->eval_batches);
 		m->eval = 8.0 * n + 4.0 * ceil(n / dp) + shard_pages(pc->val_bytes, wb, LOOM_MIN(W, check), n, n, 0);
 	}
-	m->scratch = (double)LOOM_MAX(c->threads - 1, 0) * c->thread_scratch_bytes;
+	m->scratch += (double)LOOM_MAX(c->threads - 1, 0) * c->thread_scratch_bytes; /* (+ the optimizer's work) */
 	m->overhead = c->overhead_bytes + (world > 1 ? c->comm_overhead_bytes : 0.0);
 	m->total = m->params + m->grads + m->optimizer + m->activations + m->comm + m->other + m->data + m->eval +
 	           m->scratch + m->overhead;
@@ -610,8 +613,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	double owned = pc.zero > 0 ? p->memory.optimizer / 8.0 : p->memory.params / 4.0;
 	p->optimizer_s = mem_bw > 0 ? 32.0 * owned / mem_bw : 0.0;
 	if (pc.optimizer == LOOM_OPTIMIZER_MUON) {
-		double bytes, own, adam, ns;
-		if ((rc = muon_state(&pc, tb, pp, V, p->stage, lo, hrows, dp, 0, &bytes, &own, &adam, &ns)) != LOOM_OK)
+		double bytes, own, adam, ns, work;
+		if ((rc = muon_state(&pc, tb, pp, V, p->stage, lo, hrows, dp, 0, &bytes, &own, &adam, &ns, &work)) != LOOM_OK)
 			goto out;
 		p->optimizer_s = (mem_bw > 0 ? 32.0 * (bytes / 4.0 - adam) / mem_bw : 0.0) + ns / rate;
 	}

@@ -34,19 +34,21 @@
  * LOCAL_ELEMENTWISE bytes per byte of a micro-batch's activations. The first two and the co-running
  * factor were fit (a grid) to bench/plan_vs_measured.sh's step times of 2026-11-25 on a quiet machine
  * (co-running 0.9 then); run again on 2026-11-26, that fit over-predicted every 2-rank configuration
- * (+4% to +17%), which the co-run measurement explains (docs/plan.md, "Calibration"). A process holds LOCAL_OVERHEAD
- * before its model (binary, libraries, OpenMP, oneDNN, the loader; `small` at one rank: 781.4 MiB of
- * peak RSS against 760.4 MiB of states and activations), and a rank of a job LOCAL_COMM_OVERHEAD
- * more (the communicator's segments); every thread beyond the first LOCAL_THREAD_SCRATCH (its stack,
- * malloc arena and the GEMM's packing buffers: measured 1.2-3.4 MiB per thread, tiny to nanochat d4,
- * 2026-11-28). */
+ * (+4% to +17%), which the co-run measurement explains (docs/plan.md, "Calibration"). A process holds
+ * LOCAL_OVERHEAD before its model with one thread (binary, libraries, OpenMP, oneDNN; measured
+ * 2026-11-28 as the peak RSS of `tiny`, `small` and nanochat d4 runs on a 5 KB shard less every
+ * part the plan counts: 19.6-19.8 MiB; the data loader's shard pages and evaluation's are parts of
+ * their own now), a rank of a job LOCAL_COMM_OVERHEAD more (the communicator's segments and threads),
+ * and every thread beyond the first LOCAL_THREAD_SCRATCH (its stack, malloc arena and the GEMM's
+ * packing buffers: 0.4-3.4 MiB per thread, growing with the matrices, from `tiny` at T 64 to nanochat
+ * d4 at T 256). */
 #define LOCAL_GEMM_FRACTION 1.0
 #define LOCAL_GEMM_HALF 16.0
 #define LOCAL_CORUN 1.0
 #define LOCAL_ELEMENTWISE 6.0
-#define LOCAL_OVERHEAD (21.0 * MIB)
-#define LOCAL_COMM_OVERHEAD (2.0 * MIB)
-#define LOCAL_THREAD_SCRATCH (3.0 * MIB)
+#define LOCAL_OVERHEAD (19.7 * MIB)
+#define LOCAL_COMM_OVERHEAD (1.5 * MIB)
+#define LOCAL_THREAD_SCRATCH (2.0 * MIB)
 
 static const struct {
 	const char *name;
