@@ -83,7 +83,8 @@ int loom_cluster_local_missing(int threads, loom_compute_dtype_t dt, char *what,
  * LOOM_OK, or LOOM_ENOENT naming a figure that could not be measured (the others are cached). */
 int loom_cluster_local_measure(int threads, loom_compute_dtype_t dt);
 /* The other work on this machine now, as runnable threads competing with one more: one thread's FMA
- * loop for `seconds` against the cached peak f gives C / f - 1 for C CPUs (0 when idle). */
+ * loop for `seconds` against the cached peak f gives C / f - 1 for C CPUs (0 when idle), rounded to a
+ * thousandth (the plan's JSON's precision: --load with the printed figure plans the same). */
 double loom_cluster_measure_load(int cores, double seconds);
 
 typedef enum { LOOM_PLAN_LOOM = 0, LOOM_PLAN_IDEAL = 1 } loom_plan_impl_t;

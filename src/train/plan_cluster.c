@@ -9,6 +9,7 @@
  * elementwise kernels' traffic, the process overhead) were calibrated once on the development machine
  * against `loom train` (docs/plan.md, "Calibration"); a cluster file may override each. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,7 +292,9 @@ double loom_cluster_measure_load(int cores, double seconds)
 	now = loom_fma_peak_flops(1, seconds);
 	if (!(now > 0) || now >= 0.95 * peak)
 		return 0.0;
-	return LOOM_MAX(0.0, cores / (now / peak) - 1.0); /* one thread gets C / (R + 1) of a core */
+	/* one thread gets C / (R + 1) of a core; to a thousandth of a thread, as the plan's JSON gives it,
+	 * so that a plan made with the printed load (--load X) is the same plan */
+	return round(1000.0 * LOOM_MAX(0.0, cores / (now / peak) - 1.0)) / 1000.0;
 }
 
 /* The kinds of figure this machine's cluster reads from the peak cache for `threads` threads per rank
