@@ -1,8 +1,10 @@
-/* plan.c: `loom plan`: parse `loom train`'s model, batch and mesh flags (the others are accepted and
- * ignored, so a train command line with `train` replaced by `plan` plans that run), a cluster and a
- * token budget; print the estimate of loom/plan.h for one configuration (human or --json), or with
- * --search the ranked configurations of a number of ranks. The arithmetic is the library's
- * (src/train/plan.c); the model flags are resolved as `loom train` resolves them (model_config). */
+/* plan.c: `loom plan`: parse `loom train`'s model, batch, mesh and data flags into the trainer's own
+ * config (the others are accepted and ignored, so a train command line with `train` replaced by `plan`
+ * plans that run), a cluster and a token budget; print the estimate of loom/plan.h for one
+ * configuration (human or --json), or with --search the ranked configurations of a number of ranks.
+ * The arithmetic is the library's (src/train/plan.c); the run's plan configuration and this machine's
+ * set-up are loom_plan_config_of_run and loom_plan_local, the calls `loom train` makes for its
+ * start-up line and summary; the model flags are resolved as `loom train` resolves them. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -33,6 +35,8 @@ static const char *const usage_text =
 	"  --pp-head-split auto|off|F, --activation-checkpointing none|blocks|selective, --dtype fp32|bf16,\n"
 	"  --grad-reduce-dtype fp32|bf16, --bucket-mb X, --threads N (threads per rank; local cluster),\n"
 	"  --sequence-parallel (with --tp > 1)\n"
+	"what the run holds beside its steps (as loom train): --train-data GLOB, --val-data GLOB (the shards' sizes:\n"
+	"  the pages a rank maps), --steps N, --shuffle 0|1, --eval-batches M\n"
 	"cluster:\n"
 	"  --cluster local        this machine, measured (default): peaks from the cache (measured once if missing),\n"
 	"                         memory bandwidth now\n"
@@ -49,7 +53,12 @@ static const char *const usage_text =
 	"  --json                 one JSON object (docs/plan.md, \"JSON\")\n"
 	"  --search               rank every mesh, ZeRO stage, recomputation and schedule of --ranks N (or --nodes x\n"
 	"                         the cluster's ranks per node) at the same tokens per step; --top K rows (default 12)\n"
-	"  --ranks N              ranks for --search\n";
+	"  --ranks N              ranks for --search\n"
+	"  --measure              only measure what the peak cache lacks for --threads and --dtype (peaks, memory\n"
+	"                         bandwidths) and cache it; loom train runs this in a process of its own\n"
+	"\n"
+	"loom train prints and logs exactly this plan for its own flags (docs/plan.md, \"One prediction\"); the\n"
+	"defaults are the trainer's: --threads as the run gets them, --load measured\n";
 
 typedef struct {
 	loom_train_config_t tc; /* the run's flags, as `loom train` parses them into its config ... */
