@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -103,6 +104,10 @@ static const char *const usage_text =
 	"                         --dtype, measured with loom's FMA loop as `loom bench gemm` prints it, once,\n"
 	"                         then cached in ~/.cache/loom/hw_peak[_bf16])\n"
 	"  --profile              print the time per kernel at the end\n"
+	"  --load auto|X          other work's runnable threads on this machine, for the prediction `loom plan`\n"
+	"                         makes of this run (default auto: measured at start, 0.5 s, before any rank\n"
+	"                         runs: by --nproc's launcher or a single process; 0 inside a job another\n"
+	"                         launcher started); the start-up line, the log and the summary give it\n"
 	"  --memory-check refuse|warn  before allocating, compare the run's memory estimate with the limits\n"
 	"                         (RLIMIT_AS/DATA, memory cgroup, MemAvailable); refuse (default) stops a run\n"
 	"                         that does not fit, saying what would; warn only says it\n"
@@ -180,6 +185,8 @@ typedef struct {
 	long long ref_tokens;             /* --ref-tokens */
 	double lr_factor;                 /* muon: every group's rate scaled by this (--lr-scale) */
 	int check;                        /* --check: build everything, take no step */
+	double load;                      /* --load (< 0: auto) */
+	const char *load_how;             /* where the load came from, for the prediction's lines */
 } opts_t;
 
 /* Parse a real flag that must be finite and > lo (lo_open) or >= lo, and < hi (hi_open) or <= hi. */
@@ -255,6 +262,7 @@ static void parse(int argc, char **argv, opts_t *o)
 	o->world = 1;
 	o->pp = 1, o->dp = 1;
 	o->tp = 1;
+	o->load = -1;
 #define FLAG(name) cli_flag(argc, argv, &i, name, &v)
 #define DBL(name) cli_parse_double("train", name, v)
 	for (int i = 1; i < argc; i++) {
@@ -335,6 +343,11 @@ static void parse(int argc, char **argv, opts_t *o)
 				cli_die("train", "--peak-flops: %s must be > 0 (FLOP/s, e.g. 1e11)", v);
 		} else if (!strcmp(a, "--profile")) o->profile = 1;
 		else if (FLAG("--memory-check")) cli_memcheck_mode(v);
+		else if (FLAG("--load")) {
+			o->load = !strcmp(v, "auto") ? -1 : cli_parse_double("train", "--load", v);
+			if (o->load < -1 || !isfinite(o->load))
+				cli_die("train", "--load: '%s' is not auto or a number of threads >= 0", v);
+		}
 		else if (FLAG("--activation-checkpointing")) {
 			if (loom_act_ckpt_parse(v, &o->act_ckpt) != LOOM_OK)
 				cli_die("train", "--activation-checkpointing: %s", loom_errmsg());
@@ -434,6 +447,11 @@ static void relaunch(int argc, char **argv, const opts_t *o)
 	ssize_t len;
 	if (o->nproc <= 1 || in_job())
 		return;
+	if (o->load < 0) { /* --load auto: the machine's other work, measured before any rank runs */
+		char load[32];
+		snprintf(load, sizeof load, "%.3f", loom_cluster_measure_load((int)sysconf(_SC_NPROCESSORS_ONLN), 0.5));
+		setenv("LOOM_PLAN_LOAD", load, 1);
+	}
 	if ((len = readlink("/proc/self/exe", exe, sizeof exe - 1)) <= 0)
 		cli_die("train", "--nproc: cannot find this program's path (/proc/self/exe): %s", strerror(errno));
 	exe[len] = 0;
@@ -960,23 +978,62 @@ static void setup_interrupt(int argc, char **argv, const opts_t *o)
 	signal(SIGINT, on_sigint);
 }
 
-/* The planner's prediction for this run (loom/plan.h) on this machine, idle, from the peak cache (no
- * measuring beyond a short memory copy); 0 when it cannot say (no cached peak). */
-static int predict(const opts_t *o, loom_plan_t *p)
+/* The other work on the machine for the prediction (--load): given; measured by --nproc's launcher
+ * before the ranks started (LOOM_PLAN_LOAD); measured now by a process that is the whole run (before it
+ * allocates or runs anything); else, in a job another launcher started, where the other ranks are
+ * already running, 0. */
+static void plan_load(opts_t *o)
 {
-	loom_cluster_t c;
-	loom_plan_config_t pc = {.model = o->mc, .B = o->tc.B, .T = o->tc.T, .M = o->tc.accum, .dp = o->dp, .tp = o->tp,
-	                         .pp = o->pp, .zero = o->dp > 1 ? o->tc.zero : 0, .act_ckpt = o->act_ckpt,
-	                         .dtype = o->dtype, .grad_reduce_bf16 = o->tc.grad_reduce_dtype == LOOM_BFLOAT16,
-	                         .bucket_mb = o->tc.bucket_mb, .pp_head_split = o->tc.pp_head_split};
-	pc.schedule_gpipe = o->tc.pp_schedule && !strcmp(o->tc.pp_schedule, "gpipe");
-	pc.virtual_stages = o->tc.pp_virtual_stages;
-	if (loom_cluster_local(loom_num_threads(), 0, &c) != LOOM_OK || loom_plan_estimate(&pc, &c, p) != LOOM_OK)
-		return 0;
-	return 1;
+	const char *e = getenv("LOOM_PLAN_LOAD");
+	if (o->load >= 0)
+		o->load_how = "--load";
+	else if (e && *e && atof(e) >= 0)
+		o->load = atof(e), o->load_how = "measured at launch";
+	else if (!in_job() && o->nproc <= 1)
+		o->load = loom_cluster_measure_load((int)sysconf(_SC_NPROCESSORS_ONLN), 0.5), o->load_how = "measured at start";
+	else
+		o->load = 0.0, o->load_how = "not measured inside a job: --load";
 }
 
-static void print_summary(loom_trainer_t *tr, const opts_t *o, const char *resume)
+/* The peak cache's figures the prediction and MFU need for this run's threads and dtype: what is missing
+ * is measured by `loom plan --measure` in a process of its own (its GEMM and copy buffers, hundreds of
+ * MiB, would otherwise stay in this rank's peak resident set). */
+static void fill_peak_cache(const opts_t *o)
+{
+	char exe[PATH_MAX], th[16];
+	ssize_t len;
+	if (loom_cluster_local_missing(loom_num_threads(), o->dtype, NULL, 0) == 0 ||
+	    (len = readlink("/proc/self/exe", exe, sizeof exe - 1)) <= 0)
+		return;
+	exe[len] = 0;
+	snprintf(th, sizeof th, "%d", loom_num_threads());
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) { /* only exec after fork: this process has threads */
+		execl(exe, exe, "plan", "--measure", "--threads", th, "--dtype", loom_compute_dtype_name(o->dtype),
+		      (char *)NULL);
+		_exit(127);
+	}
+	int st;
+	if (pid > 0)
+		while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+		}
+}
+
+/* The prediction for this run: `loom plan`'s for the same flags (loom_plan_config_of_run and
+ * loom_plan_local, nothing measured here: the cache was filled by fill_peak_cache); 0 when it cannot
+ * say (no cached hardware peak). */
+static int predict(const opts_t *o, loom_plan_t *p, loom_cluster_t *c)
+{
+	loom_plan_config_t pc;
+	loom_model_opts_t mo = {.B = o->tc.B, .T = o->tc.T, .tp_size = o->tp, .act_ckpt = o->act_ckpt, .dtype = o->dtype,
+	                        .sequence_parallel = o->sp};
+	loom_plan_local_t how = {.threads = loom_num_threads(), .load = o->load, .measure = 0};
+	loom_plan_config_of_run(&o->tc, &o->mc, &mo, o->dp, o->pp, &pc);
+	return loom_plan_local(&pc, &how, c, p) == LOOM_OK;
+}
+
+static void print_summary(loom_trainer_t *tr, const opts_t *o, const loom_plan_t *p, const char *resume)
 {
 	loom_train_summary_t s;
 	char wall[32];
@@ -990,12 +1047,31 @@ static void print_summary(loom_trainer_t *tr, const opts_t *o, const char *resum
 	if (o->tc.peak_flops > 0)
 		printf("; MFU %.1f%% mean (%.1f%% at %s's nominal count)", 100.0 * s.mean_mfu, 100.0 * s.mean_mfu_nominal,
 		       loom_arch_name(o->mc.arch));
-	loom_plan_t p;
-	if (predict(o, &p) && s.steps > 0) {
-		double ms = 1e3 * s.step_s / s.steps, rss = (double)loom_peak_rss_bytes();
-		printf("\nsummary: predicted (loom plan, idle machine) vs measured: step %.1f ms vs %.1f ms mean (%+.0f%%); "
-		       "memory %.1f MiB vs peak RSS %.1f MiB (%+.0f%%)", 1e3 * p.step_time_s, ms, 100.0 * (1e3 * p.step_time_s / ms - 1),
-		       p.memory_rank0.total / 1048576.0, rss / 1048576.0, rss > 0 ? 100.0 * (p.memory_rank0.total / rss - 1) : 0.0);
+	if (p && p->step_time_s > 0 && s.median_steps > 0) {
+		loom_train_memory_t mem;
+		loom_trainer_memory(tr, &mem);
+		loom_plan_measured_t me = {.step_s = s.median_step_s, .optimizer_s = s.median_optim_s,
+		                           .comm_s = s.median_comm_s, .bubble = s.median_bubble,
+		                           .peak_rss = (double)loom_peak_rss_bytes(), .states = (double)mem.model_states,
+		                           .activations = (double)mem.activations};
+		loom_plan_verdict_t v;
+		char which[128];
+		loom_plan_compare(p, &me, &v);
+		if (s.warmup > 0)
+			snprintf(which, sizeof which, "median of steps %lld-%lld, after %d of warm-up", s.first_step + s.warmup,
+			         s.last_step, s.warmup);
+		else
+			snprintf(which, sizeof which, "median of all %lld steps: too few for a warm-up", s.steps);
+		printf("\nsummary: predicted (loom plan, load %.2f) vs measured (%s): step %.1f ms vs %.1f ms (%+.0f%%); "
+		       "memory %.1f MiB vs peak RSS %.1f MiB (%+.0f%%)", o->load, which,
+		       1e3 * p->step_time_s, 1e3 * me.step_s, 100.0 * v.time_error, p->memory_rank0.total / 1048576.0,
+		       me.peak_rss / 1048576.0, 100.0 * v.memory_error);
+		if (v.time_part)
+			printf("\nsummary: the step missed by more than 15%%, most in %s: predicted %.1f ms, measured %.1f ms",
+			       v.time_part, 1e3 * v.time_part_pred, 1e3 * v.time_part_meas);
+		if (v.memory_part)
+			printf("\nsummary: memory missed by more than 10%%, most in %s: predicted %.1f MiB, measured %.1f MiB",
+			       v.memory_part, v.memory_part_pred / 1048576.0, v.memory_part_meas / 1048576.0);
 	}
 	printf("\nsummary: final loss %.6f", s.final_loss);
 	if (s.has_val)
@@ -1020,12 +1096,18 @@ int loom_cli_train(int argc, char **argv)
 	loom_trainer_t *tr = NULL;
 	float *init = NULL;
 	run_ctx_t r;
-	int rc, status = 1;
+	loom_plan_t plan;
+	loom_cluster_t cluster;
+	int rc, status = 1, have_plan = 0;
 	memset(&r, 0, sizeof r);
 	parse(argc, argv, &o);
 	if (o.nproc > 1 && !in_job())
 		validate(&o, o.nproc); /* one message from the launcher, not one per rank */
 	relaunch(argc, argv, &o); /* --nproc N: returns only inside a job or with N = 1 */
+	if (o.check && o.load < 0)
+		o.load = 0.0, o.load_how = "not measured with --check";
+	else
+		plan_load(&o); /* before this process (or any rank) allocates or runs anything */
 	/* Join the job the environment describes; a job of one rank is the single-process trainer. */
 	if (loom_comm_init(&comm) != LOOM_OK)
 		cli_die("train", "joining the data-parallel job: %s", loom_errmsg());
@@ -1102,6 +1184,8 @@ int loom_cli_train(int argc, char **argv)
 	if (o.rank == 0) { /* measured once the settings are known to be good */
 		const char *src = "--peak-flops";
 		int given = o.tc.peak_flops > 0;
+		if (!given && !o.check)
+			fill_peak_cache(&o); /* in a process of its own: what is still missing is measured below */
 		if (!given)
 			o.tc.peak_flops = cached_peak(1, o.dtype, loom_num_threads(), !o.check, &src);
 		o.tc.peak_source = src;
@@ -1135,14 +1219,21 @@ int loom_cli_train(int argc, char **argv)
 		}
 	}
 	if (o.rank == 0) {
-		loom_plan_t p = {0};
 		print_header(&o, tr);
-		if (predict(&o, &p))
-			loom_trainer_set_prediction(tr, p.step_time_s, p.memory_rank0.total);
-		if (p.step_time_s > 0)
-			printf("plan: predicted step %.1f ms (%.0f tok/s, MFU %.1f%%), memory %.1f MiB on this rank (loom plan, "
-			       "idle machine; docs/plan.md)\n", 1e3 * p.step_time_s, p.tokens_per_s, 100.0 * p.mfu,
-			       p.memory_rank0.total / 1048576.0);
+		if ((have_plan = predict(&o, &plan, &cluster))) { /* `loom plan`'s prediction for these flags */
+			int n = loom_plan_json(&plan, &cluster, NULL, 0);
+			char *json = malloc((size_t)n + 1);
+			loom_trainer_set_prediction(tr, plan.step_time_s, plan.memory_rank0.total);
+			if (json) {
+				loom_plan_json(&plan, &cluster, json, (size_t)n + 1);
+				loom_trainer_set_plan_json(tr, json); /* logged in the config record, as --json prints it */
+				free(json);
+			}
+			printf("plan: predicted step %.1f ms (%.0f tok/s, MFU %.1f%%), memory %.1f MiB on this rank (loom plan "
+			       "with these flags: %d thread%s per rank, load %.2f, %s; docs/plan.md)\n", 1e3 * plan.step_time_s,
+			       plan.tokens_per_s, 100.0 * plan.mfu, plan.memory_rank0.total / 1048576.0, cluster.threads,
+			       cluster.threads == 1 ? "" : "s", o.load, o.load_how);
+		}
 	}
 	if (o.world > 1) { /* rank 0's parameters to every rank, verified there (collective) */
 		uint64_t sum;
@@ -1201,7 +1292,7 @@ int loom_cli_train(int argc, char **argv)
 	if (o.rank == 0) {
 		char cmd[6000];
 		resume_command(argc, argv, &o, cmd, sizeof cmd);
-		print_summary(tr, &o, cmd);
+		print_summary(tr, &o, have_plan ? &plan : NULL, cmd);
 	}
 	if (o.profile && r.steps_run > 0 && o.rank == 0) {
 		loom_model_profile_report(model, stdout, r.steps_run);

@@ -3,9 +3,12 @@
  * the search (meshes that do not divide are skipped; a model that fits nowhere says so), the JSON
  * schema, cluster-file errors, and the invariant of src/train/plan.c: the plan's model states and
  * activations equal what `loom train` reports for the same flags. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "loom/gpt2.h"
 #include "loom/plan.h"
@@ -50,7 +53,9 @@ TEST(plan_ddp_fp32_adam_16_bytes_per_param)
 		CHECK_FEQ(p.memory.params + p.memory.grads + p.memory.optimizer, 16 * P);
 		/* the total is every part plus the process overhead */
 		CHECK_FEQ(p.memory.total, p.memory.params + p.memory.grads + p.memory.optimizer + p.memory.activations +
-		                              p.memory.comm + p.memory.other + p.memory.overhead);
+		                              p.memory.comm + p.memory.other + p.memory.data + p.memory.eval +
+		                              p.memory.scratch + p.memory.overhead);
+		CHECK_FEQ(p.memory.data, 8.0 * pc.B * pc.T); /* no shards given: the loader's batch alone */
 	}
 	return 0;
 }
@@ -465,7 +470,9 @@ TEST(plan_memory_equals_train)
 		size_t n = fread(out, 1, sizeof out - 1, f);
 		fclose(f);
 		out[n] = 0;
-		double act = json_num(out, "\"total\":"), states = json_num(out, "\"mem_model_states_bytes\":");
+		const char *ab = strstr(out, "\"activation_bytes\":"); /* (the config's plan has totals too) */
+		CHECK(ab);
+		double act = json_num(ab, "\"total\":"), states = json_num(out, "\"mem_model_states_bytes\":");
 		CHECK(act > 0 && states > 0);
 		/* the same flags, planned */
 		char pcmd[2048], pout[16384];
@@ -590,5 +597,228 @@ TEST(plan_prediction_in_log_and_plot)
 	CHECK_CONTAINS(out, "stroke-dasharray=\"2,3\""); /* 1000 tokens / 0.5 s = 2000 tokens/s, dotted */
 	CHECK_CONTAINS(out, "stroke-dasharray=\"6,4\""); /* the validation line through steps 2 and 4 */
 	test_rmdir(dir);
+	return 0;
+}
+
+/* ---- one prediction: loom train's is loom plan's -------------------------------------------------- */
+
+/* A peak cache of round figures in dir (XDG_CACHE_HOME for this process and the commands it runs), for
+ * 1 and 2 threads per rank, both dtypes and the copy bandwidths: the plans below measure nothing, and
+ * every program that reads this cache sets the machine up alike. */
+static int fake_peak_cache(const char *dir)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	if (setenv("XDG_CACHE_HOME", dir, 1) != 0)
+		return 1;
+	for (int t = 1; t <= 2; t++)
+		if (loom_peak_cache_put_kind(LOOM_PEAK_HW_FP32, t, 100e9 * t) || loom_peak_cache_put_kind(LOOM_PEAK_GEMM_FP32, t, 90e9 * t) ||
+		    loom_peak_cache_put_kind(LOOM_PEAK_HW_BF16, t, 200e9 * t) || loom_peak_cache_put_kind(LOOM_PEAK_GEMM_BF16, t, 150e9 * t))
+			return 1;
+	if (loom_peak_cache_put_kind(LOOM_PEAK_MEM_BW, 1, 12e9) ||
+	    (cpus > 1 && loom_peak_cache_put_kind(LOOM_PEAK_MEM_BW, (int)cpus, 16e9)))
+		return 1;
+	return 0;
+}
+
+/* The JSON object after "key": in text, copied into out (its braces matched; strings hold none). */
+static int json_object(const char *text, const char *key, char *out, size_t cap)
+{
+	const char *p = strstr(text, key), *q;
+	int depth = 0;
+	if (!p)
+		return 1;
+	p += strlen(key);
+	for (q = p; *q; q++) {
+		depth += *q == '{' ? 1 : *q == '}' ? -1 : 0;
+		if (depth == 0)
+			break;
+	}
+	if (*q != '}' || (size_t)(q - p + 1) >= cap)
+		return 1;
+	memcpy(out, p, (size_t)(q - p + 1));
+	out[q - p + 1] = 0;
+	return 0;
+}
+
+static int read_text(const char *path, char *buf, size_t cap)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 1;
+	size_t n = fread(buf, 1, cap - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	return 0;
+}
+
+/* The trainer's prediction (its start-up line, the "plan" of its log's config record) is `loom plan
+ * --json`'s for the same flags, byte for byte: meshes dp 2, tp 2, pp 2 and ZeRO, both families, bf16,
+ * MuonAdamW, evaluation on. And the summary's medians are of the steps after warm-up. */
+TEST(plan_train_same_prediction)
+{
+	char dir[512], cache[700], val[700], cmd[4096], log[800], out[65536], pout[16384], a[16384], b[16384];
+	const char *loom = test_loom_bin();
+	static const char *const runs[] = {
+		"--model tiny --nproc 2",
+		"--model tiny --nproc 2 --tp 2 --sequence-parallel --activation-checkpointing blocks",
+		"--model tiny --nproc 2 --pp 2 --micro-batches 2 --pp-schedule gpipe",
+		"--model tiny --nproc 2 --zero 2 --grad-reduce-dtype bf16",
+		"--arch nanochat --depth 2 --head-dim 64 --nproc 2 --zero 1 --optimizer muon",
+		"--arch nanochat --depth 2 --head-dim 64 --nproc 2 --tp 2",
+		"--arch nanochat --depth 2 --head-dim 64 --nproc 2 --pp 2 --micro-batches 2",
+		"--arch nanochat --depth 2 --head-dim 64 --dtype bf16 --steps 6",
+	};
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	snprintf(cache, sizeof cache, "%s/cache", dir);
+	snprintf(val, sizeof val, "%s/val", dir);
+	CHECK_OK(fake_peak_cache(cache));
+	CHECK_OK(test_make_token_data(dir, 257, 40000));
+	CHECK(mkdir(val, 0755) == 0);
+	CHECK_OK(test_make_token_data(val, 257, 20000));
+	for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+		const char *flags = runs[k], *steps = strstr(flags, "--steps") ? "" : "--steps 3";
+		char common[1500];
+		snprintf(common, sizeof common, "--train-data '%s/train_*.bin' --val-data '%s/train_*.bin' --eval-every 2 "
+		         "--eval-batches 8 --vocab-size 257 --batch-size 2 --seq-len 32 --threads 1 --load 0 %s %s", dir, val,
+		         steps, flags);
+		snprintf(log, sizeof log, "%s/log%zu.jsonl", dir, k);
+		snprintf(cmd, sizeof cmd, "%s train %s --log %s", loom, common, log);
+		int st = test_run_cmd(cmd, out, sizeof out, 180);
+		CHECK_MSG(st == 0, "%s: exit %d: %s", flags, st, out);
+		snprintf(cmd, sizeof cmd, "%s plan %s --json", loom, common);
+		st = test_run_cmd(cmd, pout, sizeof pout, 60);
+		CHECK_MSG(st == 0, "%s: plan: exit %d: %s", flags, st, pout);
+		CHECK_MSG(!strstr(out, "measuring") && !strstr(pout, "measuring"), "%s: measured: %s", flags, out);
+		char text[65536];
+		CHECK_OK(read_text(log, text, sizeof text));
+		CHECK_MSG(json_object(text, "\"plan\":", a, sizeof a) == 0, "%s: no plan in the log: %.300s", flags, text);
+		pout[strcspn(pout, "\n")] = 0;
+		CHECK_MSG(strcmp(a, pout) == 0, "%s:\n  train's plan %s\n  loom plan's  %s", flags, a, pout);
+		/* the start-up line prints the same step and memory */
+		char line[200];
+		snprintf(line, sizeof line, "plan: predicted step %.1f ms", 1e3 * json_num(pout, "\"step_time_s\":"));
+		CHECK_CONTAINS(out, line);
+		CHECK(json_object(pout, "\"memory_bytes_rank0\":", b, sizeof b) == 0);
+		snprintf(line, sizeof line, "memory %.1f MiB on this rank", json_num(b, "\"total\":") / 1048576.0);
+		CHECK_CONTAINS(out, line);
+		CHECK(json_num(b, "\"eval\":") > 0); /* evaluation is on: its buffers are predicted */
+		/* the summary's medians: of the steps after the 2 of warm-up, each of them a step of the log */
+		CHECK_CONTAINS(out, "(median of steps 3-");
+		CHECK(json_object(text, "{\"summary\":", b, sizeof b) == 0);
+		int nsteps = strstr(flags, "--steps 6") ? 6 : 3;
+		CHECK_EQ((int)json_num(b, "\"warmup\":"), 2);
+		CHECK_EQ((int)json_num(b, "\"median_steps\":"), nsteps - 2);
+		double dt[8], med = json_num(b, "\"median_step_s\":");
+		const char *p = text;
+		for (int s = 0; s < nsteps; s++) {
+			p = strstr(p, "{\"step\":");
+			CHECK(p);
+			dt[s] = json_num(p, "\"dt_ms\":");
+			p++;
+		}
+		/* the median of steps 3..n (dt_ms is logged to the microsecond) */
+		for (int i = 2; i < nsteps; i++)
+			for (int j = i + 1; j < nsteps; j++)
+				if (dt[j] < dt[i]) {
+					double t = dt[i];
+					dt[i] = dt[j], dt[j] = t;
+				}
+		int n = nsteps - 2;
+		double want = n % 2 ? dt[2 + n / 2] : 0.5 * (dt[2 + n / 2 - 1] + dt[2 + n / 2]);
+		CHECK_MSG(fabs(1e3 * med - want) < 2e-3, "%s: median %.6f ms, the log's steps give %.6f", flags, 1e3 * med, want);
+	}
+	unsetenv("XDG_CACHE_HOME");
+	test_rmdir(dir);
+	return 0;
+}
+
+/* The memory prediction covers what a run holds with and without evaluation: the data loader's shard
+ * pages, evaluation's losses and the validation shards' pages, a second thread's scratch: the plan's
+ * total against rank 0's measured peak resident set, within 10% (not under AddressSanitizer, whose
+ * shadow memory and quarantine are in every resident set: there the runs and the parts are checked). */
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
+TEST(plan_memory_covers_evaluation)
+{
+	char dir[512], cache[700], val[700], cmd[4096], log[800], out[65536], text[1 << 16], m[4096];
+	const char *loom = test_loom_bin();
+#define GPT "--n-layer 2 --n-head 2 --n-embd 64 "
+	static const char *const runs[] = {
+		GPT "--threads 1 --shuffle 1",
+		GPT "--threads 1 --shuffle 1 --val-data '%s/train_*.bin' --eval-every 4 --eval-batches 200",
+		GPT "--threads 2 --val-data '%s/train_*.bin' --eval-every 4 --eval-batches 200",
+		GPT "--nproc 2 --shuffle 1 --val-data '%s/train_*.bin' --eval-every 4 --eval-batches 200",
+		"--nproc 2 --arch nanochat --depth 2 --head-dim 64 --val-data '%s/train_*.bin' --eval-every 4 --eval-batches 200",
+	};
+#undef GPT
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	snprintf(cache, sizeof cache, "%s/cache", dir);
+	snprintf(val, sizeof val, "%s/val", dir);
+	CHECK_OK(fake_peak_cache(cache));
+	CHECK_OK(test_make_token_data(dir, 257, 3000000)); /* 6 MB: the loader maps what it reads */
+	CHECK(mkdir(val, 0755) == 0);
+	CHECK_OK(test_make_token_data(val, 257, 1500000));
+	for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+		char flags[1000];
+		snprintf(flags, sizeof flags, runs[k], val);
+		snprintf(log, sizeof log, "%s/log%zu.jsonl", dir, k);
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --vocab-size 257 --batch-size 4 --seq-len 128 "
+		         "--steps 8 --load 0 --log %s %s", loom, dir, log, flags);
+		int st = test_run_cmd(cmd, out, sizeof out, 180);
+		CHECK_MSG(st == 0, "%s: exit %d: %s", flags, st, out);
+		CHECK_OK(read_text(log, text, sizeof text));
+		CHECK(json_object(text, "\"memory_bytes_rank0\":", m, sizeof m) == 0);
+		double pred = json_num(m, "\"total\":"), rss = 0.0;
+		for (const char *p = text; (p = strstr(p, "\"peak_rss_bytes\":")); p++)
+			rss = json_num(p, "\"peak_rss_bytes\":") > rss ? json_num(p, "\"peak_rss_bytes\":") : rss;
+		CHECK(rss > 0);
+		CHECK_MSG(UNDER_ASAN || fabs(pred / rss - 1.0) <= 0.10, "%s: predicted %.1f MiB, peak RSS %.1f MiB (%+.1f%%): %s", flags,
+		          pred / 1048576.0, rss / 1048576.0, 100.0 * (pred / rss - 1.0), m);
+		if (strstr(flags, "--eval-every"))
+			CHECK(json_num(m, "\"eval\":") > 1e6); /* the validation shard's pages the check and evaluation read */
+	}
+	unsetenv("XDG_CACHE_HOME");
+	test_rmdir(dir);
+	return 0;
+}
+
+/* loom_plan_compare splits both steps alike and names the part that missed the most, only past 15%
+ * (time) and 10% (memory). */
+TEST(plan_compare_names_the_part)
+{
+	loom_plan_t p;
+	loom_plan_measured_t m;
+	loom_plan_verdict_t v;
+	memset(&p, 0, sizeof p), memset(&m, 0, sizeof m);
+	p.step_time_s = 1.0, p.optimizer_s = 0.1, p.dp.exposed_s = 0.1, p.bubble = 0.0;
+	p.memory_rank0.params = 100, p.memory_rank0.activations = 200, p.memory_rank0.overhead = 700;
+	p.memory_rank0.total = 1000;
+	m.step_s = 1.1, m.optimizer_s = 0.1, m.comm_s = 0.2, m.peak_rss = 1050, m.states = 100, m.activations = 200;
+	loom_plan_compare(&p, &m, &v);
+	CHECK_NEAR(v.time_error, 1.0 / 1.1 - 1.0, 1e-12);
+	CHECK(v.time_part == NULL && v.memory_part == NULL); /* -9%, -5%: within */
+	m.step_s = 2.0, m.comm_s = 1.0; /* communication: 0.1 predicted, 1.0 measured; compute 0.8 both */
+	m.peak_rss = 1300, m.activations = 500; /* activations 200 vs 500, the rest 700 vs 700 */
+	loom_plan_compare(&p, &m, &v);
+	CHECK_STREQ(v.time_part, "communication");
+	CHECK_FEQ(v.time_part_pred, 0.1);
+	CHECK_FEQ(v.time_part_meas, 1.0);
+	CHECK_STREQ(v.memory_part, "activations");
+	CHECK_FEQ(v.memory_part_meas, 500.0);
+	m.comm_s = 0.2, m.optimizer_s = 0.1, m.bubble = 0.5; /* a pipeline idle half of 1.7 s: the bubble */
+	m.peak_rss = 2000, m.activations = 200;                 /* 1700 of buffers and process, 700 predicted */
+	loom_plan_compare(&p, &m, &v);
+	CHECK_STREQ(v.time_part, "bubble");
+	CHECK_FEQ(v.time_part_meas, 0.85);
+	CHECK_STREQ(v.memory_part, "buffers and process");
+	CHECK_FEQ(v.memory_part_pred, 700.0);
 	return 0;
 }

@@ -118,8 +118,12 @@ int loom_peak_cache_path_dtype(loom_compute_dtype_t dt, char *buf, size_t cap);
 int loom_peak_cache_get_dtype(loom_compute_dtype_t dt, int threads, double *flops);
 int loom_peak_cache_put_dtype(loom_compute_dtype_t dt, int threads, double flops);
 /* The same for any kind of peak: the GEMMs' (the calls above) and the hardware's, fp32 and bf16
- * (loom_hw_peak_flops), each in its own file beside gemm_peak (hw_peak, hw_peak_bf16). */
-typedef enum { LOOM_PEAK_GEMM_FP32, LOOM_PEAK_GEMM_BF16, LOOM_PEAK_HW_FP32, LOOM_PEAK_HW_BF16 } loom_peak_kind_t;
+ * (loom_hw_peak_flops), each in its own file beside gemm_peak (hw_peak, hw_peak_bf16); and the memory
+ * copy bandwidth the planner uses (mem_bw: bytes/s of `threads` threads copying at once, read and write
+ * counted; loom/plan.h's loom_cluster_local measures it). */
+typedef enum {
+	LOOM_PEAK_GEMM_FP32, LOOM_PEAK_GEMM_BF16, LOOM_PEAK_HW_FP32, LOOM_PEAK_HW_BF16, LOOM_PEAK_MEM_BW
+} loom_peak_kind_t;
 /* The kind of the hardware's peak (hw = 1) or the GEMM's (hw = 0) for matmuls in precision dt. */
 loom_peak_kind_t loom_peak_kind(int hw, loom_compute_dtype_t dt);
 int loom_peak_cache_path_kind(loom_peak_kind_t kind, char *buf, size_t cap);
@@ -260,7 +264,20 @@ typedef struct {
 	float best_val_loss;      /* the lowest validation loss, and the step after which it was measured */
 	long long best_val_step;
 	char checkpoint[1100];    /* the last checkpoint written, "" when none */
+	/* Medians over this process's steps after the first `warmup` (LOOM_TRAIN_WARMUP, fewer in a run of
+	 * fewer steps: 0 when it ran at most that many), the steps that `loom plan`'s step time predicts;
+	 * over an even sample of them in a run of more than a few thousand steps. */
+	int warmup;               /* steps left out */
+	long long median_steps;   /* steps the medians are of */
+	double median_step_s;     /* the step */
+	double median_optim_s;    /* its optimizer (gradient norm and update) */
+	double median_comm_s;     /* its exposed communication and straggler wait */
+	double median_bubble;     /* a pipeline's idle fraction */
 } loom_train_summary_t;
+
+/* Steps of a process left out of the summary's medians: the first ones run colder (caches, page
+ * faults of the arenas, the communicator's first exchanges). */
+#define LOOM_TRAIN_WARMUP 2
 
 
 typedef struct loom_trainer loom_trainer_t;
@@ -352,6 +369,10 @@ void loom_trainer_set_peak_flops(loom_trainer_t *tr, double flops);
 void loom_trainer_set_peak(loom_trainer_t *tr, double flops, const char *source, double gemm_flops);
 /* The planner's predicted step time and memory, logged with the config (before the first step). */
 void loom_trainer_set_prediction(loom_trainer_t *tr, double step_s, double memory_bytes);
+/* The planner's whole prediction as a JSON object (loom/plan.h's loom_plan_json, copied), logged in
+ * the config record as "plan" beside predicted_step_s and predicted_memory_bytes (before the first
+ * step). LOOM_ENOMEM. */
+int loom_trainer_set_plan_json(loom_trainer_t *tr, const char *json);
 long long loom_trainer_steps_done(const loom_trainer_t *tr);
 int loom_trainer_rank(const loom_trainer_t *tr);  /* global rank; 0 with one process */
 int loom_trainer_world(const loom_trainer_t *tr); /* all ranks of the job; 1 with one process */

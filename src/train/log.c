@@ -248,6 +248,8 @@ static void write_config(loom_trainer_t *tr, FILE *f)
 	if (c->predicted_step_s > 0)
 		fprintf(f, ",\"predicted_step_s\":%.6g,\"predicted_memory_bytes\":%.0f", c->predicted_step_s,
 		        c->predicted_memory_bytes);
+	if (tr->plan_json) /* the planner's whole prediction, as `loom plan --json` prints it */
+		fprintf(f, ",\"plan\":%s", tr->plan_json);
 	loom_train_memory_t mem;
 	loom_trainer_memory(tr, &mem);
 	str(f, "activation_checkpointing", loom_act_ckpt_name(mem.act_ckpt));
@@ -344,6 +346,8 @@ int loom_train_log_write(loom_trainer_t *tr, const loom_step_metrics_t *m)
 	return LOOM_OK;
 }
 
+static void sample_step(loom_trainer_t *tr, const loom_step_metrics_t *m);
+
 void loom__train_summary_add(loom_trainer_t *tr, const loom_step_metrics_t *m)
 {
 	loom_train_summary_t *s = &tr->sum;
@@ -364,6 +368,12 @@ void loom__train_summary_add(loom_trainer_t *tr, const loom_step_metrics_t *m)
 	s->mean_mfu_nominal += (m->mfu_nominal - s->mean_mfu_nominal) / (double)s->steps;
 	s->comm_ms += m->comm_ms, s->exposed_comm_ms += m->exposed_comm_ms, s->wait_ms += m->wait_ms;
 	s->final_loss = m->loss;
+	if (s->steps <= LOOM_TRAIN_WARMUP) { /* the warm-up's own figures, for a run that has nothing else */
+		float *x = tr->first_steps + 4 * (s->steps - 1);
+		x[0] = (float)(m->dt_ms * 1e-3), x[1] = (float)(m->optim_ms * 1e-3);
+		x[2] = (float)((m->exposed_comm_ms + m->wait_ms) * 1e-3), x[3] = (float)m->bubble;
+	}
+	sample_step(tr, m);
 	if (m->has_val && (!s->has_val || m->val_loss < s->best_val_loss)) {
 		s->has_val = 1;
 		s->best_val_loss = m->val_loss;
@@ -371,9 +381,66 @@ void loom__train_summary_add(loom_trainer_t *tr, const loom_step_metrics_t *m)
 	}
 }
 
+/* Keep step m's parts for the medians (after warm-up): every step until the sample is full, then every
+ * other one of those kept and every 2nd step after, and so on (an even sample of the run). */
+static void sample_step(loom_trainer_t *tr, const loom_step_metrics_t *m)
+{
+	enum { CAP = 4096 };
+	if (tr->sum.steps <= LOOM_TRAIN_WARMUP)
+		return;
+	if (!tr->samples) {
+		if (!(tr->samples = malloc(sizeof(float) * 4 * CAP)))
+			return; /* no medians: the summary says so */
+		tr->sample_cap = CAP, tr->sample_stride = 1;
+	}
+	if (tr->sample_seen++ % tr->sample_stride != 0)
+		return;
+	if (tr->nsamples == tr->sample_cap) {
+		for (int k = 0; k < tr->nsamples / 2; k++)
+			memcpy(tr->samples + 4 * k, tr->samples + 4 * (2 * k), 4 * sizeof(float));
+		tr->nsamples /= 2, tr->sample_stride *= 2;
+		if ((tr->sample_seen - 1) % tr->sample_stride != 0)
+			return;
+	}
+	float *x = tr->samples + 4 * tr->nsamples++;
+	x[0] = (float)(m->dt_ms * 1e-3), x[1] = (float)(m->optim_ms * 1e-3);
+	x[2] = (float)((m->exposed_comm_ms + m->wait_ms) * 1e-3), x[3] = (float)m->bubble;
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* The median of part j of the first n of the samples (n x 4 floats); scratch holds n floats. */
+static double median(const float *samples, int n, int j, float *scratch)
+{
+	for (int k = 0; k < n; k++)
+		scratch[k] = samples[4 * k + j];
+	qsort(scratch, (size_t)n, sizeof *scratch, cmp_float);
+	return n % 2 ? scratch[n / 2] : 0.5 * ((double)scratch[n / 2 - 1] + scratch[n / 2]);
+}
+
 int loom_trainer_summary(const loom_trainer_t *tr, loom_train_summary_t *s)
 {
+	float first[4 * LOOM_TRAIN_WARMUP], *scratch;
+	const float *x = tr->samples;
+	int n = tr->nsamples;
 	*s = tr->sum;
+	s->warmup = LOOM_TRAIN_WARMUP;
+	if (n == 0) { /* a run of at most the warm-up: its steps' own figures (the first ones, kept below) */
+		s->warmup = 0;
+		n = (int)LOOM_MIN(s->steps, (long long)LOOM_TRAIN_WARMUP);
+		memcpy(first, tr->first_steps, sizeof first);
+		x = first;
+	}
+	s->median_steps = n;
+	if (n == 0 || !(scratch = malloc(sizeof(float) * (size_t)n)))
+		return LOOM_OK;
+	s->median_step_s = median(x, n, 0, scratch), s->median_optim_s = median(x, n, 1, scratch);
+	s->median_comm_s = median(x, n, 2, scratch), s->median_bubble = median(x, n, 3, scratch);
+	free(scratch);
 	return LOOM_OK;
 }
 
@@ -401,6 +468,13 @@ int loom__train_log_summary(loom_trainer_t *tr)
 		num(f, "exposed_comm_ms", s->exposed_comm_ms, "%.3f");
 		num(f, "wait_ms", s->wait_ms, "%.3f");
 	}
+	loom_train_summary_t med;
+	loom_trainer_summary(tr, &med);
+	fprintf(f, ",\"warmup\":%d,\"median_steps\":%lld", med.warmup, med.median_steps);
+	num(f, "median_step_s", med.median_step_s, "%.6g");
+	num(f, "median_optim_s", med.median_optim_s, "%.6g");
+	num(f, "median_comm_s", med.median_comm_s, "%.6g");
+	num(f, "median_bubble", med.median_bubble, "%.4f");
 	str(f, "checkpoint", s->checkpoint[0] ? s->checkpoint : NULL);
 	fputs("}}\n", f);
 	if (fflush(f) != 0 || ferror(f))

@@ -274,6 +274,7 @@ void loom_trainer_destroy(loom_trainer_t *tr)
 		loom__trace_close(tr->trace, NULL, tr->rank, tr->world);
 	loom__trace_free(tr->trace);
 	free(tr->val_losses);
+	free(tr->samples), free(tr->plan_json);
 	loom_train_log_close(tr);
 	loom_loader_destroy(tr->train);
 	loom_loader_destroy(tr->val);
@@ -498,6 +499,16 @@ void loom_trainer_set_prediction(loom_trainer_t *tr, double step_s, double memor
 {
 	tr->cfg.predicted_step_s = step_s > 0 ? step_s : 0.0;
 	tr->cfg.predicted_memory_bytes = memory_bytes > 0 ? memory_bytes : 0.0;
+}
+
+int loom_trainer_set_plan_json(loom_trainer_t *tr, const char *json)
+{
+	char *copy = NULL;
+	if (json && !(copy = strdup(json)))
+		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory for the plan");
+	free(tr->plan_json);
+	tr->plan_json = copy;
+	return LOOM_OK;
 }
 
 long long loom_trainer_steps_done(const loom_trainer_t *tr)

@@ -46,6 +46,12 @@ struct loom_trainer {
 	                                   loom_model_flops_per_token): mfu_nominal's count */
 	double loss_ema;                /* the losses' moving average before debiasing (checkpoint loop state) */
 	loom_train_summary_t sum;       /* the run so far (log.c) */
+	float *samples;                 /* the steps after warm-up for the summary's medians (log.c): dt, optim,
+	                                   comm, bubble per kept step, every `stride`-th step once full */
+	int nsamples, sample_cap;
+	float first_steps[4 * LOOM_TRAIN_WARMUP]; /* the warm-up's own, for a run of no more steps */
+	long long sample_stride, sample_seen;
+	char *plan_json;                /* the planner's prediction, logged in the config record (or NULL) */
 	double t_begin;                 /* loom_now() at the start of the first step of this process */
 	FILE *log;                      /* opened at the first logged step */
 };
