@@ -145,6 +145,9 @@ TEST(plan_flops_6nd_plus_attention)
 	CHECK_FEQ(p.flops_per_step, 5115648.0 * D);
 	/* MFU is the model's FLOPs (no recomputation) over the ranks' peak time */
 	CHECK_NEAR(p.mfu, p.flops_per_step / (p.step_time_s * p.world * c.peak_flops_fp32), 1e-12);
+	/* what a rank runs adds the fused attention's backward making the scores again: Q K^T, 2 of
+	 * attention's 12 FLOPs per key and channel, 4 x 2 x 128 x 65 / 2 = 33280 per token */
+	CHECK_NEAR(p.flops_per_rank_step, (5115648.0 + 33280.0) * D / pc.dp, 1e-12 * p.flops_per_rank_step);
 	/* recomputing the blocks adds their forward (a third of their FLOPs) to what a rank runs */
 	pc.act_ckpt = LOOM_ACT_CKPT_BLOCKS;
 	loom_plan_t q;
@@ -152,14 +155,15 @@ TEST(plan_flops_6nd_plus_attention)
 	double blocks = 0;
 	for (int l = 0; l < pc.model.n_layer; l++)
 		blocks += loom_model_unit_flops(&pc.model, l, pc.T);
-	CHECK_NEAR(q.flops_per_rank_step, (p.flops_per_token + blocks / 3) * D / pc.dp, 1e-6 * q.flops_per_rank_step);
+	CHECK_NEAR(q.flops_per_rank_step, (p.flops_per_token + 33280.0 + blocks / 3) * D / pc.dp,
+	           1e-6 * q.flops_per_rank_step);
 	CHECK_FEQ(q.flops_per_step, p.flops_per_step);
 	CHECK(q.memory.activations < p.memory.activations);
-	/* selective recomputation runs the scores Q K^T again: 2 of attention's 12 FLOPs per key and
-	 * channel, 4 x 2 x 128 x 65 / 2 = 33280 per token */
+	/* selective recomputation runs the attention's forward again (Q K^T and P V: 4 of its 12 FLOPs per
+	 * key and channel, 66560 per token) */
 	pc.act_ckpt = LOOM_ACT_CKPT_SELECTIVE;
 	CHECK_OK(loom_plan_estimate(&pc, &c, &q));
-	CHECK_NEAR(q.flops_per_rank_step, (5115648.0 + 33280.0) * D / pc.dp, 1e-12 * q.flops_per_rank_step);
+	CHECK_NEAR(q.flops_per_rank_step, (5115648.0 + 33280.0 + 66560.0) * D / pc.dp, 1e-12 * q.flops_per_rank_step);
 	return 0;
 }
 
@@ -554,7 +558,7 @@ TEST(plan_attn_flops_causal_and_windowed)
 	pc.tp = 2;
 	CHECK_OK(loom_plan_estimate(&pc, &c, &q));
 	CHECK_FEQ(q.flops_per_token, p.flops_per_token);
-	CHECK_FEQ(q.flops_per_rank_step, p.flops_per_step / 2);
+	CHECK_FEQ(q.flops_per_rank_step, p.flops_per_rank_step / 2);
 	return 0;
 }
 

@@ -525,12 +525,14 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	/* Compute per micro-batch: the model's FLOPs per position of the whole model (with recomputation),
 	 * split over tp; the elementwise kernels' traffic in proportion to the kept activations. */
 	double C = cfg->n_embd, fpt = p->flops_per_token, extra = 0.0;
-	if (pc.act_ckpt == LOOM_ACT_CKPT_BLOCKS) /* every block's forward again */
-		for (int l = 0; l < L; l++)
+	for (int l = 0; l < L; l++) {
+		double attn = loom_model_block_attn_flops(cfg, l, pc.T);
+		extra += attn / 6.0; /* the fused attention's backward makes the scores again: Q K^T, 2 of 12 */
+		if (pc.act_ckpt == LOOM_ACT_CKPT_BLOCKS) /* every block's forward again */
 			extra += loom_model_unit_flops(cfg, l, pc.T) / 3.0;
-	else if (pc.act_ckpt == LOOM_ACT_CKPT_SELECTIVE) /* the attention scores again: Q K^T, 2 of 12 */
-		for (int l = 0; l < L; l++)
-			extra += loom_model_block_attn_flops(cfg, l, pc.T) / 6.0;
+		else if (pc.act_ckpt == LOOM_ACT_CKPT_SELECTIVE) /* the attention's forward again: 4 of 12 */
+			extra += attn / 3.0;
+	}
 	double recompute = 1.0 + extra / fpt;
 	/* (the elementwise kernels run over every activation whatever is kept: the traffic of a run without
 	 * checkpointing, times the recomputation) */
