@@ -232,3 +232,39 @@ TEST(shm_lifetime_unnamed)
 	CHECK_EQ(test_spawn(3, rank_unnamed, &fallback, 20, env), 0);
 	return 0;
 }
+
+/* Jobs meet only where they share a /dev/shm: two jobs of one LOOM_JOB_ID (loom run, 2 ranks; the
+ * first holds its ranks 1 s after joining, the second starts 0.3 s later) both finish when each has
+ * a /dev/shm of its own (two containers on the host's network), and the second is refused, naming
+ * the first's rank 0, when they share one. */
+TEST(shm_lifetime_same_id_apart)
+{
+	static char cmd[8192], out[16384];
+	char job[1024], dir[512], want[96];
+	int rc;
+	if (!private_shm_possible())
+		return TEST_SKIP("no private /dev/shm can be mounted here (not root, or no unshare)");
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	snprintf(job, sizeof job, "LOOM_TIMEOUT_S=20 LOOM_JOB_ID=apart%d %s run --nproc-per-node 2 %s/comm_prog",
+	         (int)getpid(), test_loom_bin(), test_prog_dir());
+	for (int shared = 0; shared < 2; shared++) {
+		const char *own = shared ? "" : "unshare --mount sh -c 'mount -t tmpfs -o size=256m tmpfs /dev/shm && ";
+		const char *end = shared ? "" : "'";
+		snprintf(cmd, sizeof cmd,
+		         "%sCOMM_PROG_HOLD=1 %s >%s/a 2>&1%s & sleep 0.3; %s%s >%s/b 2>&1%s; echo b=$?; wait $!; echo a=$?; "
+		         "cat %s/a %s/b",
+		         own, job, dir, end, own, job, dir, end, dir, dir);
+		rc = test_run_cmd(cmd, out, sizeof out, 60);
+		CHECK_MSG(rc == 0, "exit %d:\n%s", rc, out);
+		CHECK_MSG(strstr(out, "a=0\n"), "the first job failed (%s /dev/shm):\n%s", shared ? "one" : "two", out);
+		if (!shared) {
+			CHECK_MSG(strstr(out, "b=0\n"), "the second job failed beside the first, in another /dev/shm:\n%s", out);
+		} else {
+			CHECK_CONTAINS(out, "b=1\n");
+			snprintf(want, sizeof want, "/loom-apart%d@w is in use on this host: process ", (int)getpid());
+			CHECK_CONTAINS(out, want);
+		}
+	}
+	test_rmdir(dir);
+	return 0;
+}

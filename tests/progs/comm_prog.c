@@ -5,7 +5,7 @@
  * (without loom_comm_destroy); "R:fail" exit 3 before init, "R:fail-after" exit 3 right after it;
  * "R:kill": every rank all-reduces in a loop (up to 2000 times) and rank R is killed by SIGKILL
  * inside one, 30 ms in, by a thread of its own. The others then report the time their failing call
- * took ("... failed after S s"). */
+ * took ("... failed after S s"). COMM_PROG_HOLD=S: every rank sleeps S seconds after joining. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -73,6 +73,8 @@ int main(void)
 		_Exit(0);
 	if (me == exit_rank && strcmp(how, "fail-after") == 0)
 		_Exit(3);
+	if (getenv("COMM_PROG_HOLD"))
+		usleep((useconds_t)(atof(getenv("COMM_PROG_HOLD")) * 1e6));
 	t0 = now_s();
 	rank = loom_comm_rank(c), n = loom_comm_size(c);
 	if (strcmp(how, "kill") == 0) {

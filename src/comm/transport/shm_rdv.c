@@ -8,9 +8,10 @@
  *     size like a named segment, and the kernel frees it when the last process holding it (a
  *     descriptor or a mapping) ends;
  *   - the creator (rank 0, a sub-group's leader) offers the descriptor on an abstract Unix socket
- *     named like the segment ("@loom-<id>@w"; long names end in a hash), which the kernel also
- *     removes with the last process holding it; the others connect and receive the descriptor
- *     (SCM_RIGHTS). Both sides check that the other runs as the same user.
+ *     named like the segment and the /dev/shm it lives on ("@loom-<id>@w:<dev>"; long names end in
+ *     a hash), which the kernel also removes with the last process holding it; the others connect
+ *     and receive the descriptor (SCM_RIGHTS). Both sides check that the other runs as the same
+ *     user.
  * The world's offer stays open for the job's lifetime (the creator's keeper thread answers): a rank
  * that arrives late, or a second process claiming a rank, maps the segment and is refused with the
  * rank's owner named (shm_segment.c), and a second job with the same id on this host is refused at
@@ -25,6 +26,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -33,21 +35,28 @@
 
 #define RDV_MAGIC 0x317664726d6f6f6cull /* "loomrdv1": the payload of an offer's one message */
 
-/* The abstract address of segment `name` ("/loom-..."): its name without the slash, or, when that
- * does not fit sun_path, its first 89 characters, '~' and a 64-bit FNV-1a hash of all of it. */
+/* The abstract address of segment `name` ("/loom-..."): the name without its slash, ':' and the
+ * device number of /dev/shm in hex, so that only processes sharing a /dev/shm ever meet (two
+ * containers on the host's network, each with its own /dev/shm, keep their jobs apart as they did
+ * when segments had names there). When that does not fit sun_path: the name's first 80 characters,
+ * '~' and a 64-bit FNV-1a hash of all of it. */
 static socklen_t rdv_addr(const char *name, struct sockaddr_un *a, char *shown, size_t cap)
 {
-	const char *n = name[0] == '/' ? name + 1 : name;
-	size_t len = strlen(n), room = sizeof a->sun_path - 2; /* a leading NUL, and snprintf's own */
+	struct stat st;
+	char full[320];
+	size_t len, room = sizeof a->sun_path - 2; /* a leading NUL, and snprintf's own */
+	if (stat("/dev/shm", &st) != 0)
+		st.st_dev = 0;
+	snprintf(full, sizeof full, "%s:%llx", name[0] == '/' ? name + 1 : name, (unsigned long long)st.st_dev);
 	memset(a, 0, sizeof *a);
 	a->sun_family = AF_UNIX;
-	if (len <= room) {
-		memcpy(a->sun_path + 1, n, len);
+	if ((len = strlen(full)) <= room) {
+		memcpy(a->sun_path + 1, full, len);
 	} else {
 		uint64_t h = 1469598103934665603ull;
-		for (const char *p = n; *p; p++)
+		for (const char *p = full; *p; p++)
 			h = (h ^ (unsigned char)*p) * 1099511628211ull;
-		snprintf(a->sun_path + 1, room + 1, "%.89s~%016llx", n, (unsigned long long)h);
+		snprintf(a->sun_path + 1, room + 1, "%.80s~%016llx", full, (unsigned long long)h);
 		len = strlen(a->sun_path + 1);
 	}
 	snprintf(shown, cap, "@%.*s", (int)len, a->sun_path + 1);
