@@ -268,3 +268,33 @@ TEST(shm_lifetime_same_id_apart)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* Offers of names longer than an abstract socket address holds (an 80-character job id and six
+ * levels of splits: "loom-<id>@w-1.0-1.0-1.0-1.0-1.0-1.0", 111 characters) end in a hash of the whole
+ * name; the sub-groups of every level still meet, and each level's two groups apart. */
+static int rank_long_names(int rank, int n, void *arg)
+{
+	char id[81];
+	loom_comm_t *c, *g[7];
+	(void)arg;
+	memset(id, 'x', 80), id[80] = '\0';
+	memcpy(id, getenv("LOOM_JOB_ID"), strlen(getenv("LOOM_JOB_ID")));
+	setenv("LOOM_JOB_ID", id, 1);
+	CHECK_OK(loom_comm_init(&c));
+	g[0] = c;
+	for (int k = 1; k < 7; k++) {
+		int64_t x = 1;
+		CHECK_OK(loom_comm_split(g[k - 1], rank % 2, rank, &g[k]));
+		CHECK_OK(loom_allreduce(g[k], &x, &x, 1, LOOM_INT64, LOOM_SUM));
+		CHECK_EQ(x, rank % 2 ? n / 2 : (n + 1) / 2);
+	}
+	for (int k = 6; k >= 0; k--)
+		CHECK_OK(loom_comm_destroy(g[k]));
+	return 0;
+}
+
+TEST(shm_lifetime_long_names)
+{
+	CHECK_EQ(test_spawn(4, rank_long_names, NULL, 20, NULL), 0);
+	return 0;
+}
