@@ -10,7 +10,9 @@
  * name, so memory still held would show only as used blocks). Where no namespace can be made, the
  * jobs get a unique LOOM_JOB_ID and only /dev/shm/loom-<that id>* is looked at. Every job must
  * really have failed: no rank printed "ok", the launcher's status is non-zero (mpirun, loom run), and
- * `loom run` found nothing to remove. shm_lifetime_unnamed checks the mechanism from inside a job. */
+ * `loom run` found nothing to remove. Names are reused as restarts reuse them: under `loom run`
+ * (--max-restarts 1: every job fails twice) and srun-style, all 10 jobs of a case have the same job
+ * id, and none may find anything of an earlier one in its way. shm_lifetime_unnamed checks the mechanism from inside a job. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,10 +69,12 @@ static void write_script(char *s, size_t cap, int launcher, int c, int private_s
 		    "%s $P >$D/run$i.log 2>&1\n", private_shm ? "" : "-x LOOM_JOB_ID");
 		break;
 	case L_LOOM_RUN:
-		ADD("  $L run --nproc-per-node 3 $P >$D/run$i.log 2>&1\n");
+		if (private_shm) /* one id for every job: each starts where the last one's names were */
+			ADD("  export LOOM_JOB_ID=lt$$\n");
+		ADD("  $L run --max-restarts 1 --nproc-per-node 3 $P >$D/run$i.log 2>&1\n");
 		break;
 	default:
-		ADD("  export SLURM_NTASKS=3 SLURM_NNODES=1 SLURM_JOB_ID=lt$$ SLURM_STEP_ID=$i\n");
+		ADD("  export SLURM_NTASKS=3 SLURM_NNODES=1 SLURM_JOB_ID=lt$$ SLURM_STEP_ID=0\n"); /* one name for all */
 		ADD("  pids=\n  for r in 0 1 2; do SLURM_PROCID=$r SLURM_LOCALID=$r $P >$D/out.$r 2>&1 & "
 		    "pids=\"$pids $!\"; [ $r = %d ] && victim=$!; done\n", cases[c].victim);
 		if (launcher == L_SRUN_KILL)
@@ -83,7 +87,8 @@ static void write_script(char *s, size_t cap, int launcher, int c, int private_s
 	else
 		ADD("  left=$(ls -A /dev/shm | grep \"^loom-$LOOM_JOB_ID\" | tr '\\n' ' '); blocks=-\n");
 	ADD("  echo \"run $i rc=$rc ok=$(grep -c ': ok$' $D/run$i.log) cleaned=$(grep -c 'shared-memory segment' "
-	    "$D/run$i.log) "
+	    "$D/run$i.log) reused=$(grep -c 'in use on this host\\|already taken\\|joined already' $D/run$i.log) "
+	    "restarted=$(grep -c 'restarting all 3 ranks' $D/run$i.log) "
 	    "left=[$left] blocks=$blocks\"\n");
 	ADD("  [ -z \"$left\" ] || rm -f /dev/shm/$left\n"); /* (only where the check fails) */
 	ADD("  i=$((i + 1))\ndone\n");
@@ -109,10 +114,11 @@ static const char *job_log(const char *dir, int i)
 /* One line of the script's output: the run's figures. 0 when it shows a failed job that left nothing. */
 static int check_run(const char *line, int launcher, const char *label, const char *dir)
 {
-	int i, rc, ok, cleaned;
+	int i, rc, ok, cleaned, reused, restarted;
 	char left[512] = "", blocks[64] = "";
 	const char *l = strstr(line, "left=["), *b = strstr(line, "] blocks=");
-	CHECK_MSG(sscanf(line, "run %d rc=%d ok=%d cleaned=%d", &i, &rc, &ok, &cleaned) == 4 && l && b,
+	CHECK_MSG(sscanf(line, "run %d rc=%d ok=%d cleaned=%d reused=%d restarted=%d", &i, &rc, &ok, &cleaned, &reused,
+	                 &restarted) == 6 && l && b,
 	          "%s: unexpected line \"%.200s\"", label, line);
 	snprintf(left, sizeof left, "%.*s", (int)(b - l - 6), l + 6);
 	sscanf(b + 9, "%63s", blocks);
@@ -126,6 +132,9 @@ static int check_run(const char *line, int launcher, const char *label, const ch
 	CHECK_MSG(ok == 0, "%s, run %d: %d rank(s) finished normally; the job should have failed:\n%s", label, i, ok,
 	          job_log(dir, i));
 	CHECK_MSG(cleaned == 0, "%s, run %d: loom run had to remove what the job left:\n%s", label, i, job_log(dir, i));
+	CHECK_MSG(reused == 0, "%s, run %d: a name of an earlier job was in the way:\n%s", label, i, job_log(dir, i));
+	if (launcher == L_LOOM_RUN)
+		CHECK_MSG(restarted == 1, "%s, run %d: loom run did not restart the job once:\n%s", label, i, job_log(dir, i));
 	if (launcher == L_MPIRUN || launcher == L_LOOM_RUN)
 		CHECK_MSG(rc != 0, "%s, run %d: the launcher exited 0:\n%s", label, i, job_log(dir, i));
 	return 0;
