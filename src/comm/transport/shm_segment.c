@@ -2,14 +2,14 @@
  * keeper thread that holds the rank's liveness mutex.
  *
  * Lifetime: nothing of a job has a name in /dev/shm (shm_rdv.c; where /dev/shm has no O_TMPFILE, for
- * the time of one system call). Rank 0 (a group's
- * leader for sub-communicators) creates the segment's memory unnamed, initializes it, publishes
- * `ready`, and offers it on an abstract socket named like the segment; the others fetch it from
- * there, retrying within the deadline (and, for the world, giving up early when rank 0's process is
- * gone). Each rank then claims its record (one process per rank: a second or late claimant is
- * refused, naming the owner), joins and waits until all have. The memory and the offer belong to
- * the processes, so the kernel frees both when the last one ends, however it ends (error exit,
- * SIGTERM from mpirun, SIGKILL at the rendezvous): no name to unlink, nothing for anyone to clean up.
+ * the time of one system call). Rank 0 (a group's leader for sub-communicators) creates the
+ * segment's memory unnamed, initializes it, publishes `ready`, and offers it on an abstract socket
+ * named like the segment; the others fetch it from there, retrying within the deadline (and, for the
+ * world, giving up early when rank 0's process is gone). Each rank then claims its record (one
+ * process per rank: a second or late claimant is refused, naming the owner), joins and waits until
+ * all have. The memory and the offer belong to the processes, so the kernel frees both when the last
+ * one ends, however it ends (error exit, SIGTERM from mpirun, SIGKILL at the rendezvous): no name to
+ * unlink, nothing for anyone to clean up.
  * Layout (shm_internal.h): header | rank records | channels (kind x src x dst) | heap (world only),
  * every part page aligned and the heap 2 MiB aligned. Every byte is reserved before it is written,
  * so a full /dev/shm is an error, never a SIGBUS at the first write to a page tmpfs cannot supply:
@@ -17,11 +17,11 @@
  * block as it is handed out (shm_heap.c), which keeps unused heap free. */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
