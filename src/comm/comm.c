@@ -5,7 +5,8 @@
  * communicators also keep hier.c's same-host and cross-host groups).
  *
  * A job is named by LOOM_JOB_ID (or the launcher's job id): its world communicator is "loom-<id>@w"
- * (the shared-memory transport's segment "/loom-<id>@w"; a second loom_comm_init in the same process,
+ * (the name under which the shared-memory transport offers its segment, which has no name in
+ * /dev/shm: transport/shm_rdv.c; a second loom_comm_init in the same process,
  * after destroy, uses "loom-<id>@g2" and so on, so names never collide with a segment still being
  * torn down). The id is sanitized to [A-Za-z0-9._-], so '@' delimits it: every name of job <id>, and
  * no other job's, starts with "loom-<id>@" (what `loom run` cleans up). Sub-communicators get
