@@ -16,6 +16,7 @@
 #include "attention_tt.h"
 #include "loom/cpu.h"
 #include "loom/loom.h"
+#include "core/util.h"
 #include "model/kernels.h"
 #include "model/nanochat_model.h"
 #include "test.h"
@@ -366,6 +367,50 @@ TEST(flash_bf16_paths)
 			for (int t = 0; t < 4; t++)
 				free(res[p][t]);
 		free(q), free(k), free(v), free(dy), free(lse), free(scr);
+	}
+	return 0;
+}
+
+/* The largest single allocation (loom__alloc_largest) of creating a model, a training pass (forward and
+ * backward) and sampling with the KV cache over a long prompt, for both families: at B=1 T=4096 it is no
+ * larger than at B=16 T=256, the same tokens (a (B,NH,T,T) buffer would make it 4 x 4096^2 x 4 bytes =
+ * 256 MiB at T=4096 against 4 MiB at T=256). */
+static size_t largest_of_a_pass(const loom_model_config_t *c, int B, int T)
+{
+	loom_model_t *m = NULL;
+	int *tok = malloc(sizeof(int) * (size_t)B * T), out[4], n_out = 0;
+	float loss = 0;
+	for (int i = 0; i < B * T; i++)
+		tok[i] = (i * 7 + 3) % c->vocab_size;
+	loom__alloc_largest(1);
+	loom_model_opts_t o = {.B = B, .T = T};
+	if (loom_model_create(&m, c, &o) != LOOM_OK)
+		return (size_t)-1;
+	loom_model_init(m, 5);
+	loom_model_zero_grad(m);
+	int rc = loom_model_forward_backward(m, tok, tok, B, T, 1.0f, &loss);
+	/* sampling: the prompt fills the cache to T - 4 positions (GPT-2's prompt pass is a forward over them) */
+	if (rc == LOOM_OK)
+		rc = loom_model_generate(m, tok, T - 4, 4, 0.0f, 0, 1, -1, out, &n_out, NULL, NULL);
+	size_t big = loom__alloc_largest(0);
+	loom_model_destroy(m);
+	free(tok);
+	return rc == LOOM_OK && isfinite(loss) && n_out == 4 ? big : (size_t)-1;
+}
+
+TEST(flash_no_allocation_grows_with_t_squared)
+{
+	loom_model_config_t g = {.arch = LOOM_ARCH_GPT2, .n_layer = 2, .n_head = 4, .n_embd = 64, .seq_len = 4096,
+	                         .vocab_size = 128};
+	loom_model_config_t n = {.arch = LOOM_ARCH_NANOCHAT, .n_layer = 2, .n_head = 4, .n_kv_head = 2, .n_embd = 64,
+	                         .seq_len = 4096, .vocab_size = 61};
+	snprintf(n.window_pattern, sizeof n.window_pattern, "SL");
+	const loom_model_config_t *cfgs[2] = {&g, &n};
+	for (int f = 0; f < 2; f++) {
+		size_t short_seq = largest_of_a_pass(cfgs[f], 16, 256), long_seq = largest_of_a_pass(cfgs[f], 1, 4096);
+		CHECK_MSG(short_seq != (size_t)-1 && long_seq != (size_t)-1, "family %d: a pass failed: %s", f, loom_errmsg());
+		CHECK_MSG(long_seq <= short_seq, "family %d: the largest allocation at B=1 T=4096 is %zu bytes, at B=16 T=256 "
+		          "%zu", f, long_seq, short_seq);
 	}
 	return 0;
 }

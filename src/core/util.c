@@ -5,6 +5,7 @@
  * fails. It is atomic because the progress thread allocates too. */
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -32,6 +33,21 @@ int loom__fault_alloc_hit(void)
 	return atomic_load(&fault_hit);
 }
 
+/* The largest single allocation since the last loom__alloc_largest(1), for tests of what grows with what. */
+static atomic_size_t largest_alloc;
+
+static void note_size(size_t bytes)
+{
+	size_t m = atomic_load_explicit(&largest_alloc, memory_order_relaxed);
+	while (bytes > m && !atomic_compare_exchange_weak(&largest_alloc, &m, bytes))
+		;
+}
+
+size_t loom__alloc_largest(int reset)
+{
+	return reset ? atomic_exchange(&largest_alloc, 0) : atomic_load(&largest_alloc);
+}
+
 /* 1 when this allocation must fail (injected). */
 static int inject_failure(void)
 {
@@ -50,16 +66,19 @@ static int inject_failure(void)
 
 void *loom__malloc(size_t bytes)
 {
+	note_size(bytes);
 	return inject_failure() ? NULL : malloc(bytes);
 }
 
 void *loom__calloc(size_t n, size_t size)
 {
+	note_size(size && n > SIZE_MAX / size ? SIZE_MAX : n * size);
 	return inject_failure() ? NULL : calloc(n, size);
 }
 
 void *loom__realloc(void *p, size_t bytes)
 {
+	note_size(bytes);
 	return inject_failure() ? NULL : realloc(p, bytes);
 }
 
@@ -71,6 +90,7 @@ char *loom__strdup(const char *s)
 void *loom_alloc_aligned(size_t bytes)
 {
 	void *p = NULL;
+	note_size(bytes);
 	if (inject_failure())
 		return NULL;
 	if (bytes == 0)

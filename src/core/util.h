@@ -29,6 +29,9 @@ char *loom__strdup(const char *s);
  * later one succeeds; n = 0 disables. loom__fault_alloc_hit() is 1 once the failure happened. */
 void loom__fault_alloc_set(long n);
 int loom__fault_alloc_hit(void);
+/* The largest single allocation of those functions (on any thread) since the last call with reset 1
+ * (which also starts the count again), for tests of how memory grows with a size. */
+size_t loom__alloc_largest(int reset);
 /* pthread_create, with a fault-injection point for tests where no pids limit can be set:
  * LOOM_TEST_FAIL_THREAD=name makes the thread of that name fail to start with EAGAIN. Returns
  * pthread_create's result. */
