@@ -364,7 +364,7 @@ TEST(limits_reader_fake_root)
 	return 0;
 }
 
-/* `loom train --batch-size 3000` on tiny (~17 GiB of activations) in a 3 GiB cgroup (fake tree): one
+/* `loom train --batch-size 3000` on tiny (~15 GiB of activations) in a 3 GiB cgroup (fake tree): one
  * message before anything is allocated, naming the estimate, the limit and its file, and a batch size
  * with accumulation that fits; --memory-check warn on a run that fits badly says so and trains. */
 TEST(limits_memcheck_refuses)
@@ -381,7 +381,7 @@ TEST(limits_memcheck_refuses)
 	st = run_timed(cmd, out, 60, &secs);
 	printf("  --batch-size 3000 in a 3 GiB cgroup: exit %d in %.2f s\n", st, secs);
 	CHECK_MSG(st == 1, "exit %d:\n%s", st, out);
-	CHECK_CONTAINS(out, "activations 17.");
+	CHECK_CONTAINS(out, "activations 14.9 GiB");
 	CHECK_CONTAINS(out, "the memory cgroup's limit of 3.0 GiB");
 	CHECK_CONTAINS(out, "/sys/fs/cgroup/job/memory.max");
 	CHECK_CONTAINS(out, "What would fit: --batch-size 375 --grad-accum 8");
@@ -463,8 +463,9 @@ TEST(limits_activation_size_overflow)
 	CHECK_CONTAINS(loom_errmsg(), "larger than the address space");
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));
 	CHECK_OK(test_make_token_data(dir, 64, 3001));
-	snprintf(cmd, sizeof cmd, "%s train --model tiny --n-positions 1048576 --seq-len 1048576 --batch-size 1048576 "
-	         "--train-data '%s/train_*.bin' --steps 1 --threads 1", test_loom_bin(), dir);
+	/* the CLI's largest batch and context (2^40 positions) and width, 64 layers: 2^68 bytes */
+	snprintf(cmd, sizeof cmd, "%s train --model tiny --n-layer 64 --n-embd 65536 --n-positions 1048576 --seq-len 1048576 "
+	         "--batch-size 1048576 --train-data '%s/train_*.bin' --steps 1 --threads 1", test_loom_bin(), dir);
 	int st = run_timed(cmd, out, 60, &secs);
 	CHECK_MSG(st == 1, "exit %d:\n%s", st, out);
 	CHECK_CONTAINS(out, "larger than the address space");
