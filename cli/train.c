@@ -447,7 +447,7 @@ static void relaunch(int argc, char **argv, const opts_t *o)
 	ssize_t len;
 	if (o->nproc <= 1 || in_job())
 		return;
-	if (o->load < 0) { /* --load auto: the machine's other work, measured before any rank runs */
+	if (o->load < 0 && !o->check) { /* --load auto: the machine's other work, measured before any rank runs */
 		char load[32];
 		snprintf(load, sizeof load, "%.3f", loom_cluster_measure_load((int)sysconf(_SC_NPROCESSORS_ONLN), 0.5));
 		setenv("LOOM_PLAN_LOAD", load, 1);
