@@ -372,9 +372,9 @@ TEST(flash_bf16_paths)
 }
 
 /* The largest single allocation (loom__alloc_largest) of creating a model, a training pass (forward and
- * backward) and sampling with the KV cache over a long prompt, for both families: at B=1 T=4096 it is no
- * larger than at B=16 T=256, the same tokens (a (B,NH,T,T) buffer would make it 4 x 4096^2 x 4 bytes =
- * 256 MiB at T=4096 against 4 MiB at T=256). */
+ * backward) and sampling with the KV cache over a long prompt, for both families: at B=1 T=2048 it is no
+ * larger than at B=8 T=256, the same tokens (a (B,NH,T,T) buffer would make it 4 x 2048^2 x 4 bytes =
+ * 64 MiB at T=2048 against 8 MiB at T=256). */
 static size_t largest_of_a_pass(const loom_model_config_t *c, int B, int T)
 {
 	loom_model_t *m = NULL;
@@ -400,16 +400,16 @@ static size_t largest_of_a_pass(const loom_model_config_t *c, int B, int T)
 
 TEST(flash_no_allocation_grows_with_t_squared)
 {
-	loom_model_config_t g = {.arch = LOOM_ARCH_GPT2, .n_layer = 2, .n_head = 4, .n_embd = 64, .seq_len = 4096,
+	loom_model_config_t g = {.arch = LOOM_ARCH_GPT2, .n_layer = 2, .n_head = 4, .n_embd = 64, .seq_len = 2048,
 	                         .vocab_size = 128};
 	loom_model_config_t n = {.arch = LOOM_ARCH_NANOCHAT, .n_layer = 2, .n_head = 4, .n_kv_head = 2, .n_embd = 64,
-	                         .seq_len = 4096, .vocab_size = 61};
+	                         .seq_len = 2048, .vocab_size = 61};
 	snprintf(n.window_pattern, sizeof n.window_pattern, "SL");
 	const loom_model_config_t *cfgs[2] = {&g, &n};
 	for (int f = 0; f < 2; f++) {
-		size_t short_seq = largest_of_a_pass(cfgs[f], 16, 256), long_seq = largest_of_a_pass(cfgs[f], 1, 4096);
+		size_t short_seq = largest_of_a_pass(cfgs[f], 8, 256), long_seq = largest_of_a_pass(cfgs[f], 1, 2048);
 		CHECK_MSG(short_seq != (size_t)-1 && long_seq != (size_t)-1, "family %d: a pass failed: %s", f, loom_errmsg());
-		CHECK_MSG(long_seq <= short_seq, "family %d: the largest allocation at B=1 T=4096 is %zu bytes, at B=16 T=256 "
+		CHECK_MSG(long_seq <= short_seq, "family %d: the largest allocation at B=1 T=2048 is %zu bytes, at B=8 T=256 "
 		          "%zu", f, long_seq, short_seq);
 	}
 	return 0;
