@@ -127,6 +127,15 @@ typedef struct {
 	loom_act_ckpt_t act_ckpt; /* 0: none */
 	loom_compute_dtype_t dtype;
 	int sequence_parallel; /* 1: Megatron sequence parallelism over the tp ranks (needs tp_size > 1) */
+	/* Context parallelism (0: none): this model is rank cp_rank of cp_size N. It holds T rows of each
+	 * sequence of N T positions (T even, N T <= seq_len): the chunks cp_rank and 2N-1-cp_rank of the
+	 * sequence cut into 2N (loom_cp_position), for which the calls pass its rows (inputs, targets: B x T
+	 * of them, loom_cp_take). Everything but attention is position-wise and runs on those rows; the
+	 * attention gathers the group's keys and values through the hook (loom_model_on_cp_reduce), needed
+	 * before any pass. The loss is the mean over the rank's rows: the group's mean is the average of its
+	 * ranks', and so is the gradient, which the data-parallel strategy averages over dp x cp. Training
+	 * passes only: sampling (logits of the last position, generate) refuses such a model. */
+	int cp_size, cp_rank;
 	/* NULL, or per tensor of the family's (shard) table: 1 for the tensors this model holds (a
 	 * pipeline stage's: its blocks', and whatever else its units read). The model's table, parameter
 	 * and gradient buffers and tensor indices are then those tensors only, in table order and packed
@@ -219,6 +228,10 @@ typedef struct {
 	float *(*stream_grad)(loom_model_t *m);
 	int (*tp_size)(const loom_model_t *m);
 	int (*tp_rank)(const loom_model_t *m);
+	/* context parallelism (loom_model_opts_t cp_size, cp_rank): the group's hook, this model's place */
+	void (*on_cp_reduce)(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx);
+	int (*cp_size)(const loom_model_t *m);
+	int (*cp_rank)(const loom_model_t *m);
 	int (*kv_cache_alloc)(loom_model_t *m);
 	int (*generate)(loom_model_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
 	                uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
@@ -280,6 +293,18 @@ double loom_model_unit_flops(const loom_model_config_t *cfg, int unit, int T);
 /* The tensors of unit u (-1..L) are [*first, *end) of the table. */
 void loom_model_unit_tensors(const loom_model_config_t *cfg, int unit, int *first, int *end);
 
+/* ---- context parallelism's layout ------------------------------------------------------------------- */
+
+/* The head-tail layout (Megatron, torchtitan, Llama 3): a sequence of T positions is cut into 2N chunks
+ * of T/(2N); rank r of N holds chunks r and 2N-1-r, in that order, as its T/N rows, so every rank's
+ * causal attention costs the same. LOOM_OK when T divides by 2N (N >= 1), else LOOM_EINVAL saying so
+ * (the message names T and N). */
+int loom_cp_check(int T, int N);
+/* The absolute position of rank r's row t (0 <= t < T/N) of a sequence of T positions. */
+int loom_cp_position(int T, int N, int r, int t);
+/* dst (B, T/N) = rank r's rows of each of the B sequences of src (B, T), in its row order. */
+void loom_cp_take(int *dst, const int *src, int B, int T, int N, int r);
+
 /* ---- instance-level calls ------------------------------------------------------------------------------ */
 
 int loom_model_create(loom_model_t **m, const loom_model_config_t *cfg, const loom_model_opts_t *opts);
@@ -317,6 +342,12 @@ int loom_model_forward_backward(loom_model_t *m, const int *inputs, const int *t
 void loom_model_on_grad_ready(loom_model_t *m, loom_grad_ready_fn fn, void *ctx);
 void loom_model_on_param_use(loom_model_t *m, loom_param_use_fn fn, void *ctx);
 void loom_model_on_tp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx);
+/* The context-parallel group's hook (a model created with cp_size > 1 needs it before any pass): fn is
+ * called with LOOM_TP_ALLGATHER and LOOM_TP_REDUCE_SCATTER only, collective over the group, as the
+ * tensor-parallel hook's operations of those names (rank-ordered parts of buf, in place). */
+void loom_model_on_cp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx);
+int loom_model_cp_size(const loom_model_t *m); /* 1 without context parallelism */
+int loom_model_cp_rank(const loom_model_t *m);
 /* Give arena mb the micro-batch's token ids (B,T) without running the embedding: a pipeline stage
  * that does not hold the embedding calls it before the micro-batch's first block, for families whose
  * blocks read the tokens (nanochat's value embeddings). A no-op for the others. LOOM_EINVAL as

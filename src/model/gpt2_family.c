@@ -187,6 +187,21 @@ static float *g_stream_grad(loom_model_t *m)
 	return loom_gpt2_stream_grad(G(m));
 }
 
+static void g_on_cp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx)
+{
+	loom_gpt2_on_cp_reduce(G(m), fn, ctx);
+}
+
+static int g_cp_size(const loom_model_t *m)
+{
+	return loom_gpt2_cp_size(CG(m));
+}
+
+static int g_cp_rank(const loom_model_t *m)
+{
+	return loom_gpt2_cp_rank(CG(m));
+}
+
 static int g_tp_size(const loom_model_t *m)
 {
 	return loom_gpt2_tp_size(CG(m));
@@ -343,6 +358,9 @@ static const loom_model_family_t gpt2_family = {
 	.stream_grad = g_stream_grad,
 	.tp_size = g_tp_size,
 	.tp_rank = g_tp_rank,
+	.on_cp_reduce = g_on_cp_reduce,
+	.cp_size = g_cp_size,
+	.cp_rank = g_cp_rank,
 	.kv_cache_alloc = g_kv_cache_alloc,
 	.generate = g_generate,
 	.profile = g_profile,

@@ -46,6 +46,7 @@ void loom__tp_group_init(loom__tp_group_t *g, loom_comm_t *comm)
 	g->rank = comm ? loom_comm_rank(comm) : 0;
 	g->size = comm ? loom_comm_size(comm) : 1;
 	g->ms = 0.0;
+	g->name = "tensor parallel";
 }
 
 /* The model's reduction: a blocking collective on the tensor-parallel communicator; with sequence
@@ -62,7 +63,7 @@ int loom__tp_group_reduce(void *ctx, float *buf, size_t n, loom_tp_op_t op)
 	           : loom_allreduce(g->comm, buf, buf, n, LOOM_FLOAT32, op == LOOM_TP_MAX ? LOOM_MAX : LOOM_SUM);
 	g->ms += 1e3 * (loom_now() - t0);
 	if (rc != LOOM_OK)
-		return loom_seterr(rc, "tensor parallel: rank %d of %d: %s of %zu floats: %s", g->rank, g->size, what[op], n,
+		return loom_seterr(rc, "%s: rank %d of %d: %s of %zu floats: %s", g->name, g->rank, g->size, what[op], n,
 		                   loom_comm_errmsg(g->comm));
 	return LOOM_OK;
 }
