@@ -27,7 +27,8 @@ static const char *const usage_text =
 	"  --n-head H, --n-embd C, --vocab-size V, --n-positions P, --n-kv-head K, --window-pattern P,\n"
 	"  --short-window W, --init-from FILE (its config), --batch-size B (default 4), --seq-len T,\n"
 	"  --grad-accum K | --micro-batches M | --total-batch-size N, --optimizer adamw|muon (MuonAdamW's state)\n"
-	"mesh (as loom train): --dp D --tp T --pp P (dp defaults to --nproc / --ranks / (T x P), else 1), --nproc N,\n"
+	"mesh (as loom train): --dp D --tp T --pp P --cp N (dp defaults to --nproc / --ranks / (N x T x P), else 1),\n"
+	"  --nproc N,\n"
 	"  --zero 0|1|2|3, --pp-schedule gpipe|1f1b|interleaved (or --schedule), --virtual-stages V,\n"
 	"  --pp-head-split auto|off|F, --activation-checkpointing none|blocks|selective, --dtype fp32|bf16,\n"
 	"  --grad-reduce-dtype fp32|bf16, --bucket-mb X, --threads N (threads per rank; local cluster),\n"
@@ -99,7 +100,7 @@ static void parse(int argc, char **argv, opts_t *o)
 	o->pc.B = 4, o->pc.T = -1;
 	cli_model_flags_init(&o->mf);
 	o->grad_accum = -1, o->top = 12;
-	o->pc.tp = o->pc.pp = 1;
+	o->pc.tp = o->pc.pp = o->pc.cp = 1;
 	o->cluster = "local";
 	o->load = -1;
 #define FLAG(name) cli_flag(argc, argv, &i, name, &v)
@@ -130,6 +131,7 @@ static void parse(int argc, char **argv, opts_t *o)
 		else if (FLAG("--dp")) o->dp_flag = (int)int_in("--dp", v, 1, 1 << 20);
 		else if (FLAG("--tp")) o->pc.tp = (int)int_in("--tp", v, 1, 4096);
 		else if (FLAG("--pp")) o->pc.pp = (int)int_in("--pp", v, 1, 4096);
+		else if (FLAG("--cp")) o->pc.cp = (int)int_in("--cp", v, 1, 4096);
 		else if (FLAG("--nproc")) o->nproc = (int)int_in("--nproc", v, 1, 1 << 20);
 		else if (FLAG("--zero")) o->pc.zero = (int)int_in("--zero", v, 0, 3);
 		else if (FLAG("--optimizer")) {
@@ -256,7 +258,10 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 	       pc->model.n_head, pc->model.n_embd, pc->model.seq_len, pc->model.vocab_size, p->params, p->params / 1e6);
 	if (pc->tp > 1)
 		printf(", %.0f per tp shard", p->shard_params);
-	printf("\nmesh: dp %d x tp %d x pp %d = %d ranks%s; ZeRO %d; checkpointing %s; %s matmuls%s%s%s\n", pc->dp,
+	char cp[32] = "";
+	if (pc->cp > 1)
+		snprintf(cp, sizeof cp, " x cp %d", pc->cp);
+	printf("\nmesh: dp %d%s x tp %d x pp %d = %d ranks%s; ZeRO %d; checkpointing %s; %s matmuls%s%s%s\n", pc->dp, cp,
 	       pc->tp, pc->pp, p->world, pc->sequence_parallel && pc->tp > 1 ? " (sequence parallel)" : "", pc->zero,
 	       loom_act_ckpt_name(pc->act_ckpt), loom_compute_dtype_name(pc->dtype),
 	       pc->pp > 1 ? "; schedule " : "", pc->pp > 1 ? schedule_name(pc) : "",
@@ -268,8 +273,12 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 	if (c->background_load > 0)
 		printf("load: other work keeps %.1f threads runnable on the %d CPUs: the ranks get %.0f%% of a core per "
 		       "thread\n", c->background_load, c->cores, 100.0 * p->cpu_share);
-	printf("batch: B=%d T=%d micro-batches=%d dp=%d -> %.0f tokens per step\n", pc->B, pc->T, pc->M, pc->dp,
+	printf("batch: B=%d T=%d micro-batches=%d dp=%d -> %.0f tokens per step", pc->B, pc->T, pc->M, pc->dp,
 	       p->tokens_per_step);
+	if (pc->cp > 1)
+		printf("; each sequence over cp %d ranks (%d positions each, two chunks of %d)", pc->cp, pc->T / pc->cp,
+		       pc->T / pc->cp / 2);
+	putchar('\n');
 	fmt_bytes(m->params, b[0], 32), fmt_bytes(m->grads, b[1], 32), fmt_bytes(m->optimizer, b[2], 32);
 	fmt_bytes(m->activations, b[3], 32), fmt_bytes(m->comm, b[4], 32), fmt_bytes(m->overhead, b[5], 32);
 	fmt_bytes(m->total, b[6], 32), fmt_bytes(m->other, b[7], 32);
@@ -287,13 +296,20 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 	printf("compute: %.1f ms per step per rank (of it the optimizer %.1f ms)\n", 1e3 * p->compute_s,
 	       1e3 * p->optimizer_s);
 	const struct { const char *name; const loom_plan_comm_t *x; int on; } ax[] = {
-		{"dp", &p->dp, pc->dp > 1}, {"tp", &p->tp, pc->tp > 1}, {"pp", &p->pp, pc->pp > 1}};
-	for (int k = 0; k < 3; k++)
+		{pc->cp > 1 ? "dp x cp" : "dp", &p->dp, pc->dp * pc->cp > 1}, {"tp", &p->tp, pc->tp > 1},
+		{"pp", &p->pp, pc->pp > 1}, {"cp", &p->cp, pc->cp > 1}};
+	for (int k = 0; k < 4; k++)
 		if (ax[k].on) {
 			fmt_bytes(ax[k].x->bytes, b[0], 32);
-			printf("communication %s: %s per rank and step, %.1f ms, exposed %.1f ms%s\n", ax[k].name, b[0],
+			printf("communication %s: %s per rank and step, %.1f ms, exposed %.1f ms%s", ax[k].name, b[0],
 			       1e3 * ax[k].x->time_s, 1e3 * ax[k].x->exposed_s,
 			       (k == 0 && p->cross_node_dp) || (k == 1 && p->cross_node_tp) ? " (crosses nodes)" : "");
+			if (k == 3) { /* the gathers of a layer, as `loom train` prints them */
+				fmt_bytes(loom_plan_cp_bytes(&pc->model, pc->B, pc->T, pc->cp, pc->tp), b[0], 32);
+				printf(" (keys and values all-gathered: %s per layer forward, twice that backward%s)", b[0],
+				       pc->act_ckpt != LOOM_ACT_CKPT_NONE ? ", once more recomputed" : "");
+			}
+			putchar('\n');
 		}
 	if (pc->pp > 1 && pc->virtual_stages > 1)
 		printf("pipeline: %d model chunks per rank; bubble %.1f%% (simulated schedule; ideal (P-1)/(V M+P-1) = "
@@ -323,10 +339,10 @@ static void print_json(const loom_plan_t *p, const loom_cluster_t *c)
 	const loom_plan_config_t *pc = &p->cfg;
 	printf("{\"cluster\":\"%s\",\"model\":{\"arch\":\"%s\",\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"seq_len\":%d,"
 	       "\"vocab_size\":%d},\"params\":%.0f,\"batch_size\":%d,\"seq_len\":%d,\"micro_batches\":%d,"
-	       "\"dp\":%d,\"tp\":%d,\"pp\":%d,\"world\":%d,\"zero\":%d,\"activation_checkpointing\":\"%s\",\"dtype\":\"%s\","
+	       "\"dp\":%d,\"tp\":%d,\"pp\":%d,\"cp\":%d,\"world\":%d,\"zero\":%d,\"activation_checkpointing\":\"%s\",\"dtype\":\"%s\","
 	       "\"schedule\":\"%s\",\"virtual_stages\":%d,\"impl\":\"%s\",\"tokens_per_step\":%.0f,\"background_load\":%.3f,\"cpu_share\":%.4f,", c->name, loom_arch_name(pc->model.arch),
 	       pc->model.n_layer, pc->model.n_head, pc->model.n_embd, pc->model.seq_len, pc->model.vocab_size, p->params,
-	       pc->B, pc->T, pc->M, pc->dp, pc->tp, pc->pp, p->world, pc->zero, loom_act_ckpt_name(pc->act_ckpt),
+	       pc->B, pc->T, pc->M, pc->dp, pc->tp, pc->pp, pc->cp, p->world, pc->zero, loom_act_ckpt_name(pc->act_ckpt),
 	       loom_compute_dtype_name(pc->dtype), schedule_name(pc), pc->virtual_stages > 1 ? pc->virtual_stages : 1,
 	       pc->impl == LOOM_PLAN_IDEAL ? "ideal" : "loom",
 	       p->tokens_per_step, c->background_load, p->cpu_share);
@@ -335,12 +351,14 @@ static void print_json(const loom_plan_t *p, const loom_cluster_t *c)
 	json_mem("memory_bytes_rank0", &p->memory_rank0);
 	printf(",\"memory_limit_bytes\":%.0f,\"fits\":%s,\"headroom\":%.4f,\"flops_per_token\":%.6g,\"flops_per_step\":%.6g,"
 	       "\"flops_per_rank_step\":%.6g,\"peak_flops\":%.6g,\"compute_s\":%.6g,\"optimizer_s\":%.6g,"
-	       "\"comm_bytes_per_step\":{\"dp\":%.0f,\"tp\":%.0f,\"pp\":%.0f},"
-	       "\"comm_s\":{\"dp\":%.6g,\"tp\":%.6g,\"pp\":%.6g},\"comm_exposed_s\":{\"dp\":%.6g,\"tp\":%.6g,\"pp\":%.6g},"
+	       "\"comm_bytes_per_step\":{\"dp\":%.0f,\"tp\":%.0f,\"pp\":%.0f,\"cp\":%.0f},"
+	       "\"comm_s\":{\"dp\":%.6g,\"tp\":%.6g,\"pp\":%.6g,\"cp\":%.6g},"
+	       "\"comm_exposed_s\":{\"dp\":%.6g,\"tp\":%.6g,\"pp\":%.6g,\"cp\":%.6g},"
 	       "\"bubble\":%.6f,\"bubble_theory\":%.6f,\"step_time_s\":%.6g,\"tokens_per_s\":%.6g,\"mfu\":%.6f",
 	       p->memory_limit, p->fits ? "true" : "false", p->headroom, p->flops_per_token, p->flops_per_step,
 	       p->flops_per_rank_step, p->peak_flops, p->compute_s, p->optimizer_s, p->dp.bytes, p->tp.bytes, p->pp.bytes,
-	       p->dp.time_s, p->tp.time_s, p->pp.time_s, p->dp.exposed_s, p->tp.exposed_s, p->pp.exposed_s, p->bubble,
+	       p->cp.bytes, p->dp.time_s, p->tp.time_s, p->pp.time_s, p->cp.time_s, p->dp.exposed_s, p->tp.exposed_s,
+	       p->pp.exposed_s, p->cp.exposed_s, p->bubble,
 	       p->bubble_theory, p->step_time_s, p->tokens_per_s, p->mfu);
 	if (pc->tokens > 0)
 		printf(",\"tokens\":%.0f,\"steps\":%.0f,\"wall_s\":%.6g,\"cost\":%.6g", pc->tokens, p->steps, p->wall_s, p->cost);
@@ -353,7 +371,10 @@ static void describe(const loom_plan_t *p, char *buf, size_t cap)
 	char v[16] = "";
 	if (pc->pp > 1 && pc->virtual_stages > 1 && !pc->schedule_gpipe)
 		snprintf(v, sizeof v, " V %d", pc->virtual_stages);
-	snprintf(buf, cap, "dp %d x tp %d x pp %d%s, ZeRO %d, ckpt %s%s%s%s", pc->dp, pc->tp, pc->pp,
+	char cp[24] = "";
+	if (pc->cp > 1)
+		snprintf(cp, sizeof cp, " x cp %d", pc->cp);
+	snprintf(buf, cap, "dp %d%s x tp %d x pp %d%s, ZeRO %d, ckpt %s%s%s%s", pc->dp, cp, pc->tp, pc->pp,
 	         pc->sequence_parallel && pc->tp > 1 ? " sp" : "", pc->zero, loom_act_ckpt_name(pc->act_ckpt),
 	         pc->pp > 1 ? ", " : "", pc->pp > 1 ? schedule_name(pc) : "", v);
 }
@@ -362,14 +383,15 @@ static void describe(const loom_plan_t *p, char *buf, size_t cap)
 static void why_slower(const loom_plan_t *top, const loom_plan_t *alt, char *buf, size_t cap)
 {
 	double d_tp = alt->tp.exposed_s - top->tp.exposed_s, d_dp = alt->dp.exposed_s - top->dp.exposed_s;
+	double d_cp = alt->cp.exposed_s - top->cp.exposed_s;
 	double d_pp = alt->pp.exposed_s - top->pp.exposed_s;
 	double d_bub = alt->bubble * (alt->step_time_s) - top->bubble * top->step_time_s;
 	double d_cmp = (alt->flops_per_rank_step / (alt->flops_per_step / alt->world) - 1.0) * alt->compute_s -
 	               (top->flops_per_rank_step / (top->flops_per_step / top->world) - 1.0) * top->compute_s;
 	double d_opt = alt->optimizer_s - top->optimizer_s, best = d_tp;
 	int k = 0;
-	const double d[] = {d_tp, d_dp, d_pp, d_bub, d_cmp, d_opt};
-	for (int i = 1; i < 6; i++)
+	const double d[] = {d_tp, d_dp, d_pp, d_bub, d_cmp, d_opt, d_cp};
+	for (int i = 1; i < 7; i++)
 		if (d[i] > best)
 			best = d[i], k = i;
 	switch (k) {
@@ -387,7 +409,11 @@ static void why_slower(const loom_plan_t *top, const loom_plan_t *alt, char *buf
 		snprintf(buf, cap, "recomputation adds %.0f%% FLOPs",
 		         100.0 * (alt->flops_per_rank_step * alt->world / alt->flops_per_step - 1.0));
 		break;
-	default: snprintf(buf, cap, "optimizer over more parameters per rank: +%.1f ms", 1e3 * d_opt); break;
+	case 5: snprintf(buf, cap, "optimizer over more parameters per rank: +%.1f ms", 1e3 * d_opt); break;
+	default:
+		snprintf(buf, cap, "cp %d's key/value gathers on the training thread: +%.1f ms exposed", alt->cfg.cp,
+		         1e3 * d_cp);
+		break;
 	}
 	if (best <= 0)
 		snprintf(buf, cap, "within the model's noise of the top one (%.1f%% slower)",
@@ -407,10 +433,10 @@ static int search(opts_t *o, const loom_cluster_t *c, int ranks)
 		printf("{\"ranks\":%d,\"estimated\":%d,\"fit\":%d,\"plans\":[", ranks, total, n);
 		for (int k = 0; k < n && k < o->top; k++) {
 			const loom_plan_t *p = &all[k];
-			printf("%s{\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero\":%d,\"activation_checkpointing\":\"%s\",\"schedule\":\"%s\","
+			printf("%s{\"dp\":%d,\"cp\":%d,\"tp\":%d,\"pp\":%d,\"zero\":%d,\"activation_checkpointing\":\"%s\",\"schedule\":\"%s\","
 			       "\"virtual_stages\":%d,\"sequence_parallel\":%s,"
 			       "\"micro_batches\":%d,\"step_time_s\":%.6g,\"tokens_per_s\":%.6g,\"mfu\":%.6f,\"memory_total_bytes\":%.0f,"
-			       "\"headroom\":%.4f,\"cost\":%.6g}", k ? "," : "", p->cfg.dp, p->cfg.tp, p->cfg.pp, p->cfg.zero,
+			       "\"headroom\":%.4f,\"cost\":%.6g}", k ? "," : "", p->cfg.dp, p->cfg.cp, p->cfg.tp, p->cfg.pp, p->cfg.zero,
 			       loom_act_ckpt_name(p->cfg.act_ckpt), schedule_name(&p->cfg),
 			       p->cfg.pp > 1 && p->cfg.virtual_stages > 1 ? p->cfg.virtual_stages : 1,
 			       p->cfg.sequence_parallel && p->cfg.tp > 1 ? "true" : "false", p->cfg.M, p->step_time_s,
@@ -499,9 +525,12 @@ int loom_cli_plan(int argc, char **argv)
 		cli_die("plan", "--search needs --ranks N (or --nodes N with a cluster profile or file)");
 	if (!o.search) {
 		int world = o.nproc ? o.nproc : o.ranks;
-		o.pc.dp = o.dp_flag ? o.dp_flag : world ? world / (o.pc.tp * o.pc.pp) : 1;
-		if (o.pc.dp < 1 || (world && o.pc.dp * o.pc.tp * o.pc.pp != world))
-			cli_die("plan", "--dp %d x --tp %d x --pp %d is not the %d ranks", o.pc.dp, o.pc.tp, o.pc.pp, world);
+		o.pc.dp = o.dp_flag ? o.dp_flag : world ? world / (o.pc.cp * o.pc.tp * o.pc.pp) : 1;
+		if (o.pc.dp < 1 || (world && o.pc.dp * o.pc.cp * o.pc.tp * o.pc.pp != world))
+			cli_die("plan", "--dp %d x --cp %d x --tp %d x --pp %d is not the %d ranks", o.pc.dp, o.pc.cp, o.pc.tp,
+			        o.pc.pp, world);
+		if (o.pc.cp > 1 && loom_cp_check(o.pc.T, o.pc.cp) != LOOM_OK)
+			cli_die("plan", "--cp %d with --seq-len %d: %s", o.pc.cp, o.pc.T, loom_errmsg());
 		if (o.pc.sequence_parallel && o.pc.tp < 2)
 			cli_die("plan", "--sequence-parallel shards the sequence over the tensor-parallel ranks: it needs --tp 2 "
 			        "or more");
@@ -519,7 +548,7 @@ int loom_cli_plan(int argc, char **argv)
 	/* the schedule's conditions (an interleaved schedule without --virtual-stages too), as loom train's */
 	if (!o.search && loom_pp_check(&o.pc.model, o.pp_schedule, o.pc.pp, o.pc.virtual_stages, o.pc.M) != LOOM_OK)
 		cli_die("plan", "%s", loom_errmsg());
-	get_cluster(&o, &c, o.search ? ranks : o.pc.dp * o.pc.tp * o.pc.pp);
+	get_cluster(&o, &c, o.search ? ranks : o.pc.dp * o.pc.cp * o.pc.tp * o.pc.pp);
 	if (o.search) {
 		if (!ranks)
 			ranks = c.nodes * c.ranks_per_node;

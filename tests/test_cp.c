@@ -186,3 +186,80 @@ TEST(cp_attention_matches_whole_cp4)
 {
 	return att_cases(4, 10);
 }
+
+/* ---- training against one process, by the CLI -------------------------------------------------------- */
+
+enum { STEPS = 8, MAXSTEPS = 64 };
+
+/* gpt2 `tiny` (L4 H4 C128, vocabulary 257) and a small nanochat (L4 C64, 4 heads on 2 kv heads, window
+ * pattern SL with a short window of 8 < T = 16), each at 256 tokens per step whatever the mesh */
+#define CP_GPT2                                                                                                 \
+	"--model tiny --batch-size 2 --seq-len 32 --lr 3e-3 --warmup 2 --shuffle 1 --seed 7 --peak-flops 1e10 "       \
+	"--total-batch-size 512"
+#define CP_NC                                                                                                   \
+	"--arch nanochat --n-layer 4 --n-embd 64 --n-head 4 --n-kv-head 2 --window-pattern SL --short-window 8 "    \
+	"--vocab-size 64 --batch-size 2 --seq-len 16 --warmup 1 --shuffle 1 --seed 7 --peak-flops 1e10 "             \
+	"--total-batch-size 256 --lr 2e-3"
+
+#define RUN_OK(cmd, out, timeout)                                                                                \
+	do {                                                                                                         \
+		int st_ = test_run_cmd(cmd, out, sizeof out, timeout);                                                   \
+		CHECK_MSG(st_ == 0, "`%s` exited %d:\n%s", cmd, st_, out);                                               \
+	} while (0)
+
+typedef struct {
+	const char *name, *flags, *want; /* want: a line the run's output must contain (or NULL) */
+} cp_run_t;
+
+/* One process of `base` on data of `vocab`, then each run (its flags added): every step's loss within
+ * 1e-5 relative of one process's. */
+static int cp_runs_match(const char *base, int vocab, const cp_run_t *runs, size_t n)
+{
+	char dir[512], cmd[4096], out[32768], path[1024];
+	double ref[MAXSTEPS] = {0}, got[MAXSTEPS] = {0};
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, vocab, 20001));
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' %s --steps %d --log %s/one.jsonl", loom, dir,
+	         base, STEPS, dir);
+	RUN_OK(cmd, out, 180);
+	snprintf(path, sizeof path, "%s/one.jsonl", dir);
+	CHECK_EQ(test_read_losses(path, ref, MAXSTEPS, NULL, NULL), STEPS);
+	CHECK_MSG(ref[STEPS] < ref[1] - 0.05, "one process did not learn: %g .. %g", ref[1], ref[STEPS]);
+	for (size_t k = 0; k < n; k++) {
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' %s --steps %d --log %s/r%zu.jsonl %s", loom,
+		         dir, base, STEPS, dir, k, runs[k].flags);
+		RUN_OK(cmd, out, 300);
+		if (runs[k].want)
+			CHECK_CONTAINS(out, runs[k].want);
+		snprintf(path, sizeof path, "%s/r%zu.jsonl", dir, k);
+		CHECK_EQ(test_read_losses(path, got, MAXSTEPS, NULL, NULL), STEPS);
+		for (int s = 1; s <= STEPS; s++)
+			CHECK_MSG(fabs(got[s] - ref[s]) <= 1e-5 * ref[s], "%s, step %d: loss %.9g, one process %.9g",
+			          runs[k].name, s, got[s], ref[s]);
+	}
+	test_rmdir(dir);
+	return 0;
+}
+
+TEST(cp_gpt2_matches_one_process)
+{
+	static const cp_run_t runs[] = {
+		{"cp2", "--nproc 2 --cp 2 --check-replicas 1",
+		 "context parallel: cp 2 x dp 1 x tp 1 x pp 1 = 2 ranks; each rank holds 16 of a sequence's 32 positions "
+		 "as 2 chunks of 8 (rank r: chunks r and 3-r of 4; rank 0: positions 0-7 and 24-31)"},
+		{"cp4", "--nproc 4 --cp 4", "gradients averaged over dp x cp = 4 ranks"},
+		{"cp2 selective", "--nproc 2 --cp 2 --activation-checkpointing selective", NULL},
+	};
+	return cp_runs_match(CP_GPT2, 257, runs, sizeof runs / sizeof *runs);
+}
+
+TEST(cp_nanochat_matches_one_process)
+{
+	static const cp_run_t runs[] = {
+		{"cp2", "--nproc 2 --cp 2 --check-replicas 1", NULL},
+		{"cp4", "--nproc 4 --cp 4", NULL},
+		{"cp2 blocks", "--nproc 2 --cp 2 --activation-checkpointing blocks", NULL},
+	};
+	return cp_runs_match(CP_NC, 64, runs, sizeof runs / sizeof *runs);
+}

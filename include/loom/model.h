@@ -175,6 +175,7 @@ typedef struct {
 	size_t (*num_params)(const loom_model_config_t *cfg);
 	double (*flops_per_token)(const loom_model_config_t *cfg, int T);
 	int (*stream_width)(const loom_model_config_t *cfg);
+	int (*kv_width)(const loom_model_config_t *cfg); /* floats of a position's keys (kv heads x head dim) */
 	int (*tp_check)(const loom_model_config_t *cfg, int tp);
 	int (*shard_info)(const loom_model_config_t *cfg, int tp, int i, loom_tensor_info_t *info);
 	size_t (*shard_params)(const loom_model_config_t *cfg, int tp);
@@ -275,6 +276,9 @@ double loom_model_flops_per_token(const loom_model_config_t *cfg, int T);
 /* Floats per position of the residual stream passed between units (GPT-2: C; nanochat: 2C, the
  * stream x and the normalized embedding x0 every block reads). */
 int loom_model_stream_width(const loom_model_config_t *cfg);
+/* Floats of one position's keys in a layer (as many for its values): kv heads x head dim (GPT-2: n_embd).
+ * What context parallelism gathers per layer (of a tensor-parallel shard: / tp). 0 for an invalid arch. */
+int loom_model_kv_width(const loom_model_config_t *cfg);
 int loom_model_tp_check(const loom_model_config_t *cfg, int tp);
 int loom_model_shard_info(const loom_model_config_t *cfg, int tp, int i, loom_tensor_info_t *info);
 size_t loom_model_shard_params(const loom_model_config_t *cfg, int tp);

@@ -240,6 +240,11 @@ static int g_create(loom_model_t **m, const loom_model_config_t *cfg, const loom
 	return rc;
 }
 
+static int g_kv_width(const loom_model_config_t *cfg)
+{
+	return cfg->n_embd;
+}
+
 static int g_stream_width(const loom_model_config_t *cfg)
 {
 	return cfg->n_embd;
@@ -312,6 +317,7 @@ static const loom_model_family_t gpt2_family = {
 	.num_params = loom_gpt2_num_params,
 	.flops_per_token = loom_gpt2_flops_per_token,
 	.stream_width = g_stream_width,
+	.kv_width = g_kv_width,
 	.tp_check = loom_gpt2_tp_check,
 	.shard_info = loom_gpt2_shard_info,
 	.shard_params = loom_gpt2_shard_params,

@@ -114,6 +114,12 @@ double loom_model_flops_per_token(const loom_model_config_t *cfg, int T)
 	return f ? f->flops_per_token(cfg, T) : 0;
 }
 
+int loom_model_kv_width(const loom_model_config_t *cfg)
+{
+	const loom_model_family_t *f = fam(cfg);
+	return f ? f->kv_width(cfg) : 0;
+}
+
 int loom_model_stream_width(const loom_model_config_t *cfg)
 {
 	const loom_model_family_t *f = fam(cfg);

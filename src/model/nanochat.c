@@ -522,6 +522,13 @@ static void nc_on_tp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx)
 	M(m)->tp_ctx = ctx;
 }
 
+static int nc_kv_width(const loom_model_config_t *cfg)
+{
+	loom_model_config_t c;
+	loom__nc_normalize(cfg, &c);
+	return c.n_kv_head * (c.n_embd / c.n_head);
+}
+
 static void nc_on_cp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx)
 {
 	M(m)->cp_fn = fn;
@@ -581,6 +588,7 @@ static const loom_model_family_t nanochat_family = {
 	.num_params = loom__nc_num_params,
 	.flops_per_token = loom__nc_flops_per_token,
 	.stream_width = loom__nc_stream_width,
+	.kv_width = nc_kv_width,
 	.tp_check = loom__nc_tp_check,
 	.shard_info = loom__nc_shard_info,
 	.shard_params = loom__nc_shard_params,
