@@ -305,7 +305,11 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 			       1e3 * ax[k].x->time_s, 1e3 * ax[k].x->exposed_s,
 			       (k == 0 && p->cross_node_dp) || (k == 1 && p->cross_node_tp) ? " (crosses nodes)" : "");
 			if (k == 3) { /* the gathers of a layer, as `loom train` prints them */
-				fmt_bytes(loom_plan_cp_bytes(&pc->model, pc->B, pc->T, pc->cp, pc->tp), b[0], 32);
+				double g = loom_plan_cp_bytes(&pc->model, pc->B, pc->T, pc->cp, pc->tp);
+				if (g < 1048576.0)
+					snprintf(b[0], 32, "%.1f KiB", g / 1024.0);
+				else
+					fmt_bytes(g, b[0], 32);
 				printf(" (keys and values all-gathered: %s per layer forward, twice that backward%s)", b[0],
 				       pc->act_ckpt != LOOM_ACT_CKPT_NONE ? ", once more recomputed" : "");
 			}
@@ -484,15 +488,17 @@ static int search(opts_t *o, const loom_cluster_t *c, int ranks)
 	/* why the top one wins: against the obvious alternatives, the best of each kind that is not it */
 	describe(&all[0], d, sizeof d);
 	printf("why %s is first:\n", d);
-	const char *kinds[] = {"plain data parallel", "ZeRO", "tensor parallel", "pipeline", "recomputation"};
-	for (int kind = 0; kind < 5; kind++)
+	const char *kinds[] = {"plain data parallel", "ZeRO", "tensor parallel", "pipeline", "recomputation",
+	                       "context parallel"};
+	for (int kind = 0; kind < 6; kind++)
 		for (int k = 1; k < n; k++) {
 			const loom_plan_config_t *q = &all[k].cfg, *t = &all[0].cfg;
-			int is = kind == 0 ? (q->tp == 1 && q->pp == 1 && q->zero == 0 && q->act_ckpt == 0)
+			int is = kind == 0 ? (q->tp == 1 && q->pp == 1 && q->cp <= 1 && q->zero == 0 && q->act_ckpt == 0)
 			         : kind == 1 ? q->zero > 0 && t->zero == 0
 			         : kind == 2 ? q->tp > 1 && t->tp == 1
 			         : kind == 3 ? q->pp > 1 && t->pp == 1
-			                     : q->act_ckpt != 0 && t->act_ckpt == 0;
+			         : kind == 4 ? q->act_ckpt != 0 && t->act_ckpt == 0
+			                     : q->cp > 1 && t->cp <= 1;
 			if (!is)
 				continue;
 			describe(&all[k], d, sizeof d);
