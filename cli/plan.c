@@ -101,6 +101,7 @@ static void parse(int argc, char **argv, opts_t *o)
 	cli_model_flags_init(&o->mf);
 	o->grad_accum = -1, o->top = 12;
 	o->pc.tp = o->pc.pp = o->pc.cp = 1;
+	o->pc.cp_gather = loom_cp_attention_ring() == 0; /* LOOM_CP_ATTENTION, as loom train's */
 	o->cluster = "local";
 	o->load = -1;
 #define FLAG(name) cli_flag(argc, argv, &i, name, &v)
@@ -310,7 +311,8 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 					snprintf(b[0], 32, "%.1f KiB", g / 1024.0);
 				else
 					fmt_bytes(g, b[0], 32);
-				printf(" (keys and values all-gathered: %s per layer forward, twice that backward%s)", b[0],
+				printf(" (keys and values %s: %s per layer forward, twice that backward%s)",
+				       pc->cp_gather ? "all-gathered" : "passed around the ring", b[0],
 				       pc->act_ckpt != LOOM_ACT_CKPT_NONE ? ", once more recomputed" : "");
 			}
 			putchar('\n');

@@ -142,9 +142,11 @@ static const char *const usage_text =
 	"                         divisible by T\n"
 	"context parallel (ranks ordered tp fastest, then cp, then dp, then pp; composes with --tp and --pp):\n"
 	"  --cp N                 each sequence split over N ranks: rank r holds 2 chunks of T/(2N) positions\n"
-	"                         (r and 2N-1-r: the causal work is even), attention all-gathers the keys and\n"
-	"                         values of the sequence per layer; gradients are averaged (and ZeRO shards)\n"
-	"                         over dp x cp; --seq-len must divide by 2N; data parallel takes the rest\n"
+	"                         (r and 2N-1-r: the causal work is even); attention passes each layer's keys\n"
+	"                         and values around the N ranks, overlapped with the blocks' work (the ring;\n"
+	"                         LOOM_CP_ATTENTION=gather: one all-gather per layer instead); gradients are\n"
+	"                         averaged (and ZeRO shards) over dp x cp; --seq-len must divide by 2N; data\n"
+	"                         parallel takes the rest\n"
 	"checking:\n"
 	"  --check                validate the flags (with --nproc once, before any rank starts), then build the\n"
 	"                         mesh, model and parallel strategy on every rank and start them from rank 0's\n"
@@ -554,6 +556,8 @@ static void validate(opts_t *o, int world)
 	model_config(o);
 	if (o->cp > 1 && loom_cp_check(o->tc.T, o->cp) != LOOM_OK) /* T is known once the model is */
 		cli_die("train", "--cp %d with --seq-len %d: %s", o->cp, o->tc.T, loom_errmsg());
+	if (o->cp > 1 && loom_cp_attention_ring() < 0)
+		cli_die("train", "--cp %d: %s", o->cp, loom_errmsg());
 	if (loom_model_tp_check(&o->mc, o->tp) != LOOM_OK)
 		cli_die("train", "--tp %d: %s", o->tp, loom_errmsg());
 	if (o->pp > o->mc.n_layer)
@@ -759,10 +763,12 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		int Tl = o->tc.T / o->cp, c = Tl / 2;
 		printf("context parallel: cp %d x dp %d x tp %d x pp %d = %d ranks; each rank holds %d of a sequence's %d "
 		       "positions as 2 chunks of %d (rank r: chunks r and %d-r of %d; rank 0: positions 0-%d and %d-%d); "
-		       "attention all-gathers the keys and values of the sequence per layer (%.2f MiB received per layer "
-		       "forward, twice that backward); gradients averaged over dp x cp = %d ranks\n", o->cp, o->dp, o->tp,
-		       o->pp, o->world, Tl, o->tc.T, c, 2 * o->cp - 1, 2 * o->cp, c - 1, o->tc.T - c, o->tc.T - 1,
-		       cp_gather_bytes(o) / 1048576.0, o->dp * o->cp);
+		       "%s (%.2f MiB received per layer forward, twice that backward); gradients averaged over dp x cp = %d "
+		       "ranks\n", o->cp, o->dp, o->tp, o->pp, o->world, Tl, o->tc.T, c, 2 * o->cp - 1, 2 * o->cp, c - 1,
+		       o->tc.T - c, o->tc.T - 1, loom_cp_attention_ring() == 1 ? "attention passes the keys and values "
+		       "around the ring of the group, overlapped with the blocks' work" : "attention all-gathers the keys "
+		       "and values of the sequence per layer (LOOM_CP_ATTENTION=gather)", cp_gather_bytes(o) / 1048576.0,
+		       o->dp * o->cp);
 	}
 	if (o->tc.mesh && loom_comm_host(o->tc.comm, o->world - 1) > 0) { /* a job spanning hosts */
 		char hosts[256];

@@ -55,6 +55,7 @@ TEST(cp_layout_head_tail)
 
 typedef struct {
 	int N, B, c, NH, NKV, D, W;
+	int ring; /* the form: 1 the ring, 0 the all-gather */
 } att_case_t;
 
 static float urnd(uint32_t *s) /* uniform in [-1, 1) */
@@ -127,13 +128,12 @@ static int att_rank(int rank, int nranks, void *arg)
 	float *lout = calloc((size_t)B * Tl * QD, sizeof(float)), *llse = calloc((size_t)B * NH * Tl, sizeof(float));
 	float *ldq = calloc((size_t)B * Tl * QD, sizeof(float)), *ldk = calloc((size_t)B * Tl * KVD, sizeof(float));
 	float *ldv = calloc((size_t)B * Tl * KVD, sizeof(float));
-	float *mem = calloc(loom__cp_scratch_floats(B, T, KVD), sizeof(float));
+	float *mem = calloc(loom__cp_scratch_floats(B, Tl, N, NH, NKV, D), sizeof(float));
 	loom__tp_group_t g;
 	loom__tp_group_init(&g, comm);
 	g.name = "context parallel";
-	loom__cp_t cp = {.N = N, .r = rank, .fn = loom__tp_group_reduce, .ctx = &g, .scratch = scr,
-	                 .scratch_threads = threads};
-	loom__cp_scratch_point(&cp, mem, B, T, KVD);
+	loom__cp_t cp = {.N = N, .r = rank, .ring = k->ring, .fn = loom__tp_group_reduce, .ctx = &g, .mem = mem,
+	                 .scratch = scr, .scratch_threads = threads};
 	loom__flash_t a = {.q = lq, .k = lk, .v = lv, .ldq = QD, .ldk = KVD, .B = B, .Tq = Tl, .Tk = Tl, .NH = NH,
 	                   .NKV = NKV, .D = D, .W = k->W, .scale = 1.0f / sqrtf((float)D)};
 	CHECK_OK(loom__cp_attention_forward(&cp, &a, lout, QD, llse));
@@ -161,14 +161,17 @@ static int att_rank(int rank, int nranks, void *arg)
 	return 0;
 }
 
-/* Windows: none (-1), 3 (inside a chunk), a chunk, one across two chunk boundaries, the whole sequence. */
+/* Windows: none (-1), 3 (inside a chunk), a chunk, one across two chunk boundaries, the whole sequence;
+ * both forms, the ring and the all-gather. */
 static int att_cases(int N, int c)
 {
 	int windows[] = {-1, 3, c, 2 * c + 1, 2 * N * c};
-	for (size_t w = 0; w < sizeof windows / sizeof *windows; w++) {
-		att_case_t k = {.N = N, .B = 2, .c = c, .NH = 4, .NKV = 2, .D = 8, .W = windows[w]};
-		CHECK_MSG(test_spawn(N, att_rank, &k, 60, NULL) == 0, "cp %d, chunks of %d, window %d", N, c, windows[w]);
-	}
+	for (int ring = 0; ring < 2; ring++)
+		for (size_t w = 0; w < sizeof windows / sizeof *windows; w++) {
+			att_case_t k = {.N = N, .B = 2, .c = c, .NH = 4, .NKV = 2, .D = 8, .W = windows[w], .ring = ring};
+			CHECK_MSG(test_spawn(N, att_rank, &k, 60, NULL) == 0, "cp %d (%s), chunks of %d, window %d", N,
+			          ring ? "ring" : "all-gather", c, windows[w]);
+		}
 	return 0;
 }
 
@@ -213,6 +216,7 @@ enum { STEPS = 8, MAXSTEPS = 64 };
 
 typedef struct {
 	const char *name, *flags, *want; /* want: a line the run's output must contain (or NULL) */
+	const char *env;                 /* NULL, or "NAME=VALUE" for the run's environment */
 } cp_run_t;
 
 /* One process of `base` (+ `extra`, e.g. an optimizer or a dtype) on data of `vocab`, then each run (its
@@ -232,8 +236,9 @@ static int cp_runs_match(const char *base, const char *extra, int vocab, const c
 	CHECK_MSG(ref[STEPS] < ref[1] - 0.05, "one process did not learn: %g .. %g", ref[1], ref[STEPS]);
 	CHECK(rval[4] > 0 && rval[STEPS] > 0);
 	for (size_t k = 0; k < n; k++) {
-		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --val-data '%s/train_*.bin' %s %s --steps %d "
-		         "--log %s/r%zu.jsonl %s", loom, dir, dir, base, extra, STEPS, dir, k, runs[k].flags);
+		snprintf(cmd, sizeof cmd, "%s %s train --train-data '%s/train_*.bin' --val-data '%s/train_*.bin' %s %s --steps %d "
+		         "--log %s/r%zu.jsonl %s", runs[k].env ? runs[k].env : "", loom, dir, dir, base, extra, STEPS, dir, k,
+		         runs[k].flags);
 		RUN_OK(cmd, out, 600);
 		if (runs[k].want)
 			CHECK_CONTAINS(out, runs[k].want);
@@ -257,9 +262,15 @@ TEST(cp_gpt2_matches_one_process)
 		{"cp2", "--nproc 2 --cp 2 --check-replicas 1",
 		 "context parallel: cp 2 x dp 1 x tp 1 x pp 1 = 2 ranks; each rank holds 16 of a sequence's 32 positions "
 		 "as 2 chunks of 8 (rank r: chunks r and 3-r of 4; rank 0: positions 0-7 and 24-31)"},
-		{"cp4", "--nproc 4 --cp 4", "gradients averaged over dp x cp = 4 ranks"},
+		{"cp4", "--nproc 4 --cp 4", "attention passes the keys and values around the ring of the group, "
+		 "overlapped with the blocks' work (0.05 MiB received per layer forward, twice that backward); gradients "
+		 "averaged over dp x cp = 4 ranks"},
 		{"cp2 selective", "--nproc 2 --cp 2 --activation-checkpointing selective", NULL},
 		{"cp2 x dp2 zero3", "--nproc 4 --cp 2 --zero 3", "data parallel: 4 ranks x 1 thread; ZeRO stage 3"},
+		/* the all-gather form (the ring is the default) */
+		{"cp2 gather", "--nproc 2 --cp 2", "attention all-gathers the keys and values", "LOOM_CP_ATTENTION=gather"},
+		{"cp4 gather selective", "--nproc 4 --cp 4 --activation-checkpointing selective", NULL,
+		 "LOOM_CP_ATTENTION=gather"},
 	};
 	return cp_runs_match(CP_GPT2, "", 257, runs, sizeof runs / sizeof *runs, 1e-5);
 }
@@ -271,6 +282,7 @@ TEST(cp_nanochat_matches_one_process)
 		{"cp4", "--nproc 4 --cp 4", NULL},
 		{"cp2 blocks", "--nproc 2 --cp 2 --activation-checkpointing blocks", NULL},
 		{"cp2 x dp2 zero3", "--nproc 4 --cp 2 --zero 3", NULL},
+		{"cp4 gather", "--nproc 4 --cp 4", NULL, "LOOM_CP_ATTENTION=gather"},
 	};
 	return cp_runs_match(CP_NC, "", 64, runs, sizeof runs / sizeof *runs, 1e-5);
 }
@@ -363,6 +375,10 @@ TEST(cp_refuses_bad_seq_len_and_mesh)
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 2);
 	CHECK_CONTAINS(out, "loom train: --cp 2 --tp 1 --pp 1 on 3 ranks: the world of 3 ranks is not divisible by "
 	                    "cp x tp x pp = 2");
+	snprintf(cmd, sizeof cmd, "LOOM_CP_ATTENTION=rings %s train --nproc 2 --cp 2 --train-data '%s/train_*.bin' "
+	         "--model tiny --batch-size 2 --seq-len 32 --steps 2", loom, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 2);
+	CHECK_CONTAINS(out, "loom train: --cp 2: LOOM_CP_ATTENTION='rings': expected ring (the default) or gather");
 	snprintf(cmd, sizeof cmd, "%s plan --model tiny --seq-len 32 --cp 3 --nproc 3 --cluster cpu-node", loom);
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 60), 2);
 	CHECK_CONTAINS(out, "loom plan: --cp 3 with --seq-len 32: context parallel: the sequence length 32 is not "
@@ -429,10 +445,22 @@ TEST(cp_cli_run_and_plan)
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));
 	CHECK_OK(test_make_token_data(dir, 257, 4001));
 	snprintf(cmd, sizeof cmd, "%s run --nproc-per-node 2 %s train --cp 2 --train-data '%s/train_*.bin' --model tiny "
-	         "--batch-size 2 --seq-len 32 --steps 2 --peak-flops 1e10", loom, loom, dir);
+	         "--batch-size 2 --seq-len 32 --steps 2 --peak-flops 1e10 --trace %s/tr", loom, loom, dir, dir);
 	RUN_OK(cmd, out, 120);
 	CHECK_CONTAINS(out, "context parallel: cp 2 x dp 1 x tp 1 x pp 1 = 2 ranks");
 	CHECK_CONTAINS(out, "step 2/2");
+	/* the trace shows the ring's waits: per layer and step one forward, three backward (cp 2), per rank */
+	char path[700];
+	snprintf(path, sizeof path, "%s/tr/trace.json", dir);
+	FILE *f = fopen(path, "r");
+	CHECK(f != NULL);
+	size_t len = fread(out, 1, sizeof out - 1, f);
+	fclose(f);
+	out[len] = 0;
+	int waits = 0;
+	for (const char *p = out; (p = strstr(p, "\"name\":\"cp ring wait\"")) != NULL; p++)
+		waits++;
+	CHECK_EQ(waits, 2 * 2 * 4 * 4);
 	CHECK_EQ(loom_plan_cp_bytes(&(loom_model_config_t){.n_layer = 4, .n_head = 4, .n_embd = 128, .seq_len = 128,
 	                                                   .vocab_size = 257}, 2, 32, 2, 1), 32768.0);
 	snprintf(cmd, sizeof cmd, "%s plan --model tiny --batch-size 2 --seq-len 32 --cp 2 --nproc 2 --cluster cpu-node "

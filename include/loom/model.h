@@ -131,7 +131,7 @@ typedef struct {
 	 * sequence of N T positions (T even, N T <= seq_len): the chunks cp_rank and 2N-1-cp_rank of the
 	 * sequence cut into 2N (loom_cp_position), for which the calls pass its rows (inputs, targets: B x T
 	 * of them, loom_cp_take). Everything but attention is position-wise and runs on those rows; the
-	 * attention gathers the group's keys and values through the hook (loom_model_on_cp_reduce), needed
+	 * attention reaches the group's keys and values through the hook (loom_model_on_cp_reduce), needed
 	 * before any pass. The loss is the mean over the rank's rows: the group's mean is the average of its
 	 * ranks', and so is the gradient, which the data-parallel strategy averages over dp x cp. Training
 	 * passes only: sampling (logits of the last position, generate) refuses such a model. */
@@ -156,7 +156,14 @@ typedef struct {
  * the group size p and rank r's part the floats [r n/p, (r+1) n/p): ALLGATHER fills all of buf from
  * every rank's part (on entry only the own part is read), REDUCE_SCATTER leaves in the own part the
  * group's sum of that part (the other parts are then undefined). */
-typedef enum { LOOM_TP_SUM = 0, LOOM_TP_MAX = 1, LOOM_TP_ALLGATHER = 2, LOOM_TP_REDUCE_SCATTER = 3 } loom_tp_op_t;
+/* The context-parallel hook also passes buffers around the group's ring (ranks in group order, each to
+ * the next): SEND_NEXT starts sending buf (n floats) to rank (r+1) mod p, RECV_PREV starts receiving n
+ * floats from rank (r-1) mod p into buf, WAIT completes every transfer started (buffers untouched until
+ * then; on every rank in the same order, sends and receives of a step paired). */
+typedef enum {
+	LOOM_TP_SUM = 0, LOOM_TP_MAX = 1, LOOM_TP_ALLGATHER = 2, LOOM_TP_REDUCE_SCATTER = 3,
+	LOOM_TP_SEND_NEXT = 4, LOOM_TP_RECV_PREV = 5, LOOM_TP_WAIT = 6
+} loom_tp_op_t;
 typedef int (*loom_tp_reduce_fn)(void *ctx, float *buf, size_t n, loom_tp_op_t op);
 typedef void (*loom_grad_ready_fn)(void *ctx, int tensor_index);
 typedef void (*loom_param_use_fn)(void *ctx, int unit, int phase);
@@ -308,6 +315,11 @@ int loom_cp_check(int T, int N);
 int loom_cp_position(int T, int N, int r, int t);
 /* dst (B, T/N) = rank r's rows of each of the B sequences of src (B, T), in its row order. */
 void loom_cp_take(int *dst, const int *src, int B, int T, int N, int r);
+/* The form of context-parallel attention models created now run, from the environment's
+ * LOOM_CP_ATTENTION: 1 the ring (unset or "ring": keys and values passed around the group, overlapped
+ * with the blocks' work), 0 the all-gather ("gather"); -1 with loom_errmsg for another value (a model
+ * with cp_size > 1 is then refused at create). */
+int loom_cp_attention_ring(void);
 
 /* ---- instance-level calls ------------------------------------------------------------------------------ */
 
@@ -347,8 +359,9 @@ void loom_model_on_grad_ready(loom_model_t *m, loom_grad_ready_fn fn, void *ctx)
 void loom_model_on_param_use(loom_model_t *m, loom_param_use_fn fn, void *ctx);
 void loom_model_on_tp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx);
 /* The context-parallel group's hook (a model created with cp_size > 1 needs it before any pass): fn is
- * called with LOOM_TP_ALLGATHER and LOOM_TP_REDUCE_SCATTER only, collective over the group, as the
- * tensor-parallel hook's operations of those names (rank-ordered parts of buf, in place). */
+ * called with LOOM_TP_ALLGATHER and LOOM_TP_REDUCE_SCATTER, collective over the group, as the
+ * tensor-parallel hook's operations of those names (rank-ordered parts of buf, in place), and (ring
+ * attention) LOOM_TP_SEND_NEXT, LOOM_TP_RECV_PREV and LOOM_TP_WAIT. */
 void loom_model_on_cp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx);
 int loom_model_cp_size(const loom_model_t *m); /* 1 without context parallelism */
 int loom_model_cp_rank(const loom_model_t *m);

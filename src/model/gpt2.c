@@ -155,7 +155,7 @@ static size_t layout_acts(loom_gpt2_t *m, char *base, loom_gpt2_act_bytes_t *byt
 	 * keys and values of one layer live in cp_mem (cp_attention.c) */
 	m->att_scratch = carve(base, &off, loom__attention_scratch_floats(m->B, m->T * m->cp, Cl, m->att_threads));
 	if (m->cp > 1)
-		m->cp_mem = carve(base, &off, loom__cp_scratch_floats(m->B, m->T * m->cp, (int)Cl));
+		m->cp_mem = carve(base, &off, loom__cp_scratch_floats(m->B, m->T, m->cp, m->NHl, m->NHl, (int)Cl / m->NHl));
 	if (m->sp) { /* the gathers borrow d4a, free whenever a gather is live, when it is large enough */
 		m->sp_gather = 4 * Cl >= C ? m->d4a : carve(base, &off, NC);
 		m->sp_lng = carve(base, &off, 2 * C);
@@ -237,6 +237,8 @@ static int check_opts(const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o)
 		return loom_seterr(LOOM_EINVAL, "gpt2 create: context parallel over %d ranks: each holds %d rows of a "
 		                   "sequence of %ld positions (expected an even number, and cp x rows <= seq_len %d)", cp,
 		                   o->T, (long)o->T * cp, cfg->seq_len);
+	if (cp > 1 && loom__cp_ring_env() < 0)
+		return loom_seterr(LOOM_EINVAL, "gpt2 create: %s", loom_errmsg());
 	loom_bf16_path_t path;
 	if (o->dtype == LOOM_COMPUTE_BF16 && (rc = loom_bf16_path(&path)) != LOOM_OK)
 		return rc; /* LOOM_BF16 asks for what cannot run: its message says what is missing */
@@ -273,6 +275,7 @@ static void setup(loom_gpt2_t *m, const loom_gpt2_config_t *cfg, const loom_gpt2
 	m->act_ckpt = (int)o->act_ckpt;
 	m->sp = o->sequence_parallel && tp > 1;
 	m->cp = o->cp_size > 1 ? o->cp_size : 1, m->cp_rank = m->cp > 1 ? o->cp_rank : 0;
+	m->cp_ring = m->cp > 1 && loom__cp_ring_env() == 1;
 }
 
 /* The activations of a batch whose size does not fit in size_t. */
@@ -848,12 +851,11 @@ static double causal_flops_cp(double k, int B, int T, double C, int N, int r)
 }
 #define causal_flops(k, B, T, C) causal_flops_cp((k), (B), (T), (C), m->cp, m->cp_rank)
 
-/* Context parallel: the attention's group, hook and scratch for a call of B x T rows. */
-static loom__cp_t cp_of(loom_gpt2_t *m, int B, int T)
+/* Context parallel: the attention's group, form, hook and scratch. */
+static loom__cp_t cp_of(loom_gpt2_t *m)
 {
-	loom__cp_t cp = {.N = m->cp, .r = m->cp_rank, .fn = m->cp_fn, .ctx = m->cp_ctx, .scratch = m->att_scratch,
-	                 .scratch_threads = m->att_threads};
-	loom__cp_scratch_point(&cp, m->cp_mem, B, T * m->cp, m->Cl);
+	loom__cp_t cp = {.N = m->cp, .r = m->cp_rank, .ring = m->cp_ring, .fn = m->cp_fn, .ctx = m->cp_ctx,
+	                 .mem = m->cp_mem, .scratch = m->att_scratch, .scratch_threads = m->att_threads};
 	return cp;
 }
 
@@ -867,7 +869,7 @@ static void attention_forward(loom_gpt2_t *m, layer_acts_t *a, int B, int T)
 	}
 	if (m->tp_err)
 		return;
-	loom__cp_t cp = cp_of(m, B, T);
+	loom__cp_t cp = cp_of(m);
 	loom__flash_t f = loom__attention_shape(a->qkv, B, T, m->Cl, m->NHl);
 	m->tp_err = loom__cp_attention_forward(&cp, &f, a->atty, m->Cl, a->lse);
 }
@@ -882,7 +884,7 @@ static void attention_backward(loom_gpt2_t *m, layer_acts_t *a, int B, int T)
 	}
 	if (m->tp_err)
 		return;
-	loom__cp_t cp = cp_of(m, B, T);
+	loom__cp_t cp = cp_of(m);
 	loom__flash_t f = loom__attention_shape(a->qkv, B, T, Cl, m->NHl);
 	m->tp_err = loom__cp_attention_backward(&cp, &f, m->dqkv, 3 * Cl, m->dqkv + Cl, m->dqkv + 2 * Cl, 3 * Cl, m->dbtc,
 	                                        Cl, a->atty, Cl, a->lse);

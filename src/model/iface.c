@@ -724,6 +724,11 @@ int loom_cp_check(int T, int N)
 	return LOOM_OK;
 }
 
+int loom_cp_attention_ring(void)
+{
+	return loom__cp_ring_env();
+}
+
 int loom_cp_position(int T, int N, int r, int t)
 {
 	return loom__cp_pos(t, T / N, N, r);

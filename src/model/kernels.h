@@ -155,21 +155,24 @@ static inline int loom__cp_pos(int t, int Tl, int N, int r)
 	return N <= 1 ? t : t < c ? r * c + t : (2 * N - 1 - r) * c + (t - c);
 }
 
-/* A context-parallel rank's side of attention: the group (N ranks, this one r), the model's hook (its
- * LOOM_TP_ALLGATHER and LOOM_TP_REDUCE_SCATTER over the group, in place on rank-ordered parts) and the
- * scratch: parts, kv, dkv of B T 2 KVD floats each (T = N Tl the whole sequence, KVD = NKV D; one
- * allocation of loom__cp_scratch_floats, pointed by loom__cp_scratch_point) and the kernel's backward
- * partials for T keys (loom__flash_scratch_floats(B, T, NKV, D, scratch_threads)). */
+/* A context-parallel rank's side of attention: the group (N ranks, this one r), the form (ring 1: the
+ * ring, the default; 0: the all-gather, cp_attention.c), the model's hook (its LOOM_TP_ALLGATHER and
+ * LOOM_TP_REDUCE_SCATTER, or LOOM_TP_SEND_NEXT, RECV_PREV and WAIT over the group), the scratch mem
+ * (loom__cp_scratch_floats(B, Tl, N, NH, NKV, D) floats for calls of up to B x Tl rows) and the kernel's
+ * backward partials (loom__flash_scratch_floats(B, N Tl, NKV, D, scratch_threads), enough for both). */
 typedef struct {
 	int N, r;
+	int ring;
 	loom_tp_reduce_fn fn;
 	void *ctx;
-	float *parts, *kv, *dkv;
+	float *mem;
 	float *scratch;
 	int scratch_threads;
 } loom__cp_t;
-size_t loom__cp_scratch_floats(int B, int T, int KVD);
-void loom__cp_scratch_point(loom__cp_t *cp, float *mem, int B, int T, int KVD);
+size_t loom__cp_scratch_floats(int B, int Tl, int N, int NH, int NKV, int D);
+/* The form LOOM_CP_ATTENTION asks for: 1 (ring, also when unset) or 0 (gather); -1 for another value
+ * (the message says what was expected). */
+int loom__cp_ring_env(void);
 /* Attention of the rank's local rows: a describes them as one process's call would (q, k, v the local
  * (B, Tl) rows, Tq = Tk = Tl even, qpos/kpos ignored, NH, NKV, D, W, scale); out (B, Tl) rows ldo apart as
  * the kernel's, lse two blocks (B,NH,Tl/2), chunk 0's then chunk 1's. Collective over the group (one

@@ -139,7 +139,7 @@ struct loom_gpt2 {
 	int tp_err;           /* first error of a reduction (tp or cp) in the current pass */
 	/* context parallelism (cp_attention.c): this rank's place, the group's hook, the attention's gather
 	 * scratch (loom__cp_t's, in the activation allocation); T above is the rank's rows of a sequence */
-	int cp, cp_rank;
+	int cp, cp_rank, cp_ring; /* cp_ring: the ring (1) or the all-gather (0), LOOM_CP_ATTENTION's */
 	loom_tp_reduce_fn cp_fn;
 	void *cp_ctx;
 	float *cp_mem;

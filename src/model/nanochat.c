@@ -128,7 +128,7 @@ static size_t layout(nc_t *m, char *base, loom_model_act_bytes_t *bytes)
 	 * and values of one layer live in cp_mem */
 	m->att_scratch = carve(base, &off, loom__flash_scratch_floats(m->B, m->T * m->cp, d->nkv, d->D, m->att_threads));
 	if (m->cp > 1)
-		m->cp_mem = carve(base, &off, loom__cp_scratch_floats(m->B, m->T * m->cp, (int)KV));
+		m->cp_mem = carve(base, &off, loom__cp_scratch_floats(m->B, m->T, m->cp, d->nh, d->nkv, d->D));
 	bytes->backward = off - mark;
 	bytes->total = off;
 	return off;
@@ -170,6 +170,8 @@ static int check_opts(const loom_model_config_t *cfg, const loom_model_opts_t *o
 		return loom_seterr(LOOM_EINVAL, "nanochat create: context parallel over %d ranks: each holds %d rows of a "
 		                   "sequence of %ld positions (expected an even number, and cp x rows <= sequence_len %d)", cp,
 		                   o->T, (long)o->T * cp, cfg->seq_len);
+	if (cp > 1 && loom__cp_ring_env() < 0)
+		return loom_seterr(LOOM_EINVAL, "nanochat create: %s", loom_errmsg());
 	loom_bf16_path_t path;
 	if (o->dtype == LOOM_COMPUTE_BF16 && (rc = loom_bf16_path(&path)) != LOOM_OK)
 		return rc;
@@ -200,6 +202,7 @@ static void setup(nc_t *m, const loom_model_config_t *cfg, const loom_model_opts
 	m->act_ckpt = (int)o->act_ckpt;
 	m->sp = o->sequence_parallel && tp > 1;
 	m->cp = o->cp_size > 1 ? o->cp_size : 1, m->cp_rank = m->cp > 1 ? o->cp_rank : 0;
+	m->cp_ring = m->cp > 1 && loom__cp_ring_env() == 1;
 }
 
 static int nc_act_bytes(const loom_model_config_t *cfg, const loom_model_opts_t *o, loom_model_act_bytes_t *out)

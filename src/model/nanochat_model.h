@@ -149,7 +149,7 @@ typedef struct loom_nanochat {
 	/* context parallelism (loom_model_opts_t cp_size, cp_rank; cp_attention.c): T above is the rank's rows
 	 * of a sequence of cp T positions, cos and sin cover all of them, cp_mem is the attention's gather
 	 * scratch */
-	int cp, cp_rank;
+	int cp, cp_rank, cp_ring; /* cp_ring: the ring (1) or the all-gather (0), LOOM_CP_ATTENTION's */
 	loom_tp_reduce_fn cp_fn;
 	void *cp_ctx;
 	float *cp_mem;

@@ -182,12 +182,11 @@ static void rope(nc_t *m, float *x, int B, int T, int H, int D, int backward)
 			  loom__cp_pos(h * c, T, m->cp, m->cp_rank), H, D);
 }
 
-/* Context parallel: the attention's group, hook and scratch for a call of B x T rows. */
-static loom__cp_t cp_of(nc_t *m, int B, int T)
+/* Context parallel: the attention's group, form, hook and scratch. */
+static loom__cp_t cp_of(nc_t *m)
 {
-	loom__cp_t cp = {.N = m->cp, .r = m->cp_rank, .fn = m->cp_fn, .ctx = m->cp_ctx, .scratch = m->att_scratch,
-	                 .scratch_threads = m->att_threads};
-	loom__cp_scratch_point(&cp, m->cp_mem, B, T * m->cp, m->d.nkv * m->d.D);
+	loom__cp_t cp = {.N = m->cp, .r = m->cp_rank, .ring = m->cp_ring, .fn = m->cp_fn, .ctx = m->cp_ctx,
+	                 .mem = m->cp_mem, .scratch = m->att_scratch, .scratch_threads = m->att_threads};
 	return cp;
 }
 
@@ -202,7 +201,7 @@ static void attention_forward(nc_t *m, int l, nc_layer_t *a, int B, int T)
 	}
 	if (m->tp_err)
 		return;
-	loom__cp_t cp = cp_of(m, B, T);
+	loom__cp_t cp = cp_of(m);
 	loom__flash_t f = loom__nc_attention_shape(a->q, a->k, a->v, B, T, d->nh, d->nkv, d->D, m->window[l]);
 	m->tp_err = loom__cp_attention_forward(&cp, &f, a->atty, d->nh * d->D, a->lse);
 }
@@ -218,7 +217,7 @@ static void attention_backward(nc_t *m, int l, nc_layer_t *a, int B, int T)
 	}
 	if (m->tp_err)
 		return;
-	loom__cp_t cp = cp_of(m, B, T);
+	loom__cp_t cp = cp_of(m);
 	loom__flash_t f = loom__nc_attention_shape(a->q, a->k, a->v, B, T, d->nh, d->nkv, d->D, m->window[l]);
 	m->tp_err = loom__cp_attention_backward(&cp, &f, m->dq, Q, m->dk, m->dv, KV, m->datty, Q, a->atty, Q, a->lse);
 }

@@ -229,6 +229,8 @@ typedef struct {
 	int rank, size;
 	double ms;
 	const char *name; /* the axis in messages (init: "tensor parallel") */
+	loom_request_t *ring[4]; /* the ring transfers started and not yet waited for (LOOM_TP_SEND_NEXT...) */
+	int nring;
 } loom__tp_group_t;
 void loom__tp_group_init(loom__tp_group_t *g, loom_comm_t *comm);
 int loom__tp_group_reduce(void *ctx, float *buf, size_t n, loom_tp_op_t op);

@@ -541,18 +541,33 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		p->tp.bytes = M * count * loom_plan_ring_allreduce_bytes(n, tp);
 		p->tp.time_s = p->tp.exposed_s = M * count * one;
 	}
-	/* cp: per block, the forward's all-gather of the sequence's keys and values, the backward's gather
-	 * again and reduce-scatter of their gradients (the same bytes), one more gather where the attention
-	 * is recomputed (blocks, selective); blocking on the training thread, so all exposed. The group is cp
-	 * ranks tp apart. */
+	/* cp: per block the keys and values of the sequence reach every rank in the forward, again in the
+	 * backward with their gradients going back (the same bytes), once more where the attention is
+	 * recomputed (blocks, selective). The all-gather form (cp_gather) runs them as blocking collectives
+	 * on the training thread: all exposed. The ring passes one rank's pack (B T/cp 2 KV floats) per step
+	 * (cp - 1 steps forward; backward the keys again and their gradients, 2 cp - 1 packs) while the step's
+	 * share of the layer's attention (1/cp of it) computes: a step exposes what its transfers take beyond
+	 * that, and the gradients' last trip home is exposed. The group is cp ranks tp apart. cp_mb: the
+	 * exposed time of a micro-batch through the whole model, cp_fwd its forward's. */
 	double cp_bw, cp_lat, cp_mb = 0.0, cp_fwd = 0.0;
 	group_link(c, cp, tp, &cp_bw, &cp_lat);
 	if (cp > 1) {
-		double g = loom_plan_cp_bytes(cfg, pc.B, pc.T, cp, tp), one = link_time(g, cp - 1, cp_bw, cp_lat);
-		double count = 3.0 + (pc.act_ckpt != LOOM_ACT_CKPT_NONE);
-		cp_mb = count * L * one, cp_fwd = L * one;
-		p->cp.bytes = M * count * Ls * g;
-		p->cp.time_s = p->cp.exposed_s = M * count * Ls * one;
+		double g = loom_plan_cp_bytes(cfg, pc.B, pc.T, cp, tp), ck = pc.act_ckpt != LOOM_ACT_CKPT_NONE;
+		double one = link_time(g, cp - 1, cp_bw, cp_lat), pack = link_time(g / (cp - 1), 1, cp_bw, cp_lat), link;
+		if (pc.cp_gather) {
+			cp_mb = (3.0 + ck) * L * one, cp_fwd = L * one, link = (3.0 + ck) * one;
+		} else {
+			for (int l = 0; l < L; l++) { /* the layer's attention products on this rank, forward */
+				double att = (loom_model_unit_flops(cfg, l, pc.T) - loom_model_unit_flops(cfg, l, 0)) * Nr / 3.0 / tp * slow;
+				double f = (cp - 1) * LOOM_MAX(0.0, pack - att / cp);
+				cp_fwd += f;
+				cp_mb += f * (1.0 + ck) + (cp - 1) * LOOM_MAX(0.0, 2.0 * pack - 2.0 * att / cp) + pack;
+			}
+			link = ((cp - 1) * (1.0 + ck) + (2.0 * cp - 1)) * pack;
+		}
+		p->cp.bytes = M * (3.0 + ck) * Ls * g;
+		p->cp.time_s = M * Ls * link;
+		p->cp.exposed_s = M * cp_mb * Ls / L;
 	}
 
 	/* The step's compute and pipeline: stage costs in FLOPs to seconds, simulated. */

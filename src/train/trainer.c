@@ -183,6 +183,19 @@ static void topology(loom_trainer_t *tr, const loom_train_config_t *c)
 		tr->pp_rank = loom_comm_rank(tr->pp), tr->pp_size = loom_comm_size(tr->pp);
 }
 
+/* The model's context-parallel hook: the group's operation, and with --trace its time when it waited
+ * (a gather, a reduce-scatter, the ring's wait for the keys: the ring's transfers themselves run behind
+ * the blocks' work). */
+static int cp_hook(void *ctx, float *buf, size_t n, loom_tp_op_t op)
+{
+	loom_trainer_t *tr = ctx;
+	double t0 = tr->trace ? loom_now() : 0.0;
+	int rc = loom__tp_group_reduce(&tr->cpg, buf, n, op);
+	if (tr->trace && op != LOOM_TP_SEND_NEXT && op != LOOM_TP_RECV_PREV)
+		loom__trace_event(tr->trace, LOOM_EV_CP, -1, (int)op, t0, loom_now());
+	return rc;
+}
+
 /* Context parallel: this rank's rows (its two head-tail chunks) of the window in tr->inputs, targets. */
 static void take_rows(loom_trainer_t *tr, int *inputs, int *targets)
 {
@@ -265,7 +278,7 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	if (tr->cp_size > 1) { /* the attention's gathers over the context-parallel group */
 		loom__tp_group_init(&tr->cpg, tr->cp);
 		tr->cpg.name = "context parallel";
-		loom_model_on_cp_reduce(eo->model(tr->exec), loom__tp_group_reduce, &tr->cpg);
+		loom_model_on_cp_reduce(eo->model(tr->exec), cp_hook, tr);
 	}
 	/* The strategy spans the ranks holding the same model shard: dp x cp (a context-parallel rank's
 	 * gradient is of its share of the positions; their average is the whole batch's). */
