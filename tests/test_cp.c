@@ -1,10 +1,11 @@
 /* test_cp.c: context parallelism (--cp N): the head-tail layout; the context-parallel attention
- * (src/model/cp_attention.c) of N forked ranks against the fused kernel over the whole sequence, forward
- * (out, lse) and every gradient, for N = 2, 3, 4, windows shorter than a chunk, of a chunk, spanning
- * chunks and none; the mesh's cp axis and dp x cp group; and training (`loom train --cp N`) against one
- * process for both families (gpt2 `tiny`, a small nanochat with a window shorter than T), with ZeRO-3
- * over dp x cp, activation checkpointing, tensor and pipeline parallel; a checkpoint written at cp 2
- * resuming at cp 1 and cp 4; a sequence length not divisible by 2 cp refused before any rank starts. */
+ * (src/model/cp_attention.c), ring and all-gather, of N forked ranks against the fused kernel over the
+ * whole sequence, forward (out, lse) and every gradient, for N = 2, 3, 4, windows shorter than a chunk,
+ * of a chunk, spanning chunks and none; and training (`loom train --cp N`) against one process for both
+ * families (gpt2 `tiny`, a small nanochat with a window shorter than T), with ZeRO-3 over dp x cp,
+ * activation checkpointing, tensor and pipeline parallel, MuonAdamW, bf16 and evaluation; a checkpoint
+ * written at cp 2 resuming at cp 1 and cp 4; a sequence length not divisible by 2 cp refused before
+ * any rank starts; `loom run`, `loom plan` and the trace. (The mesh's cp axis: tests/test_mesh.c.) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
