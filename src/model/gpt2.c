@@ -20,7 +20,10 @@
  * dres after block lo), so the embedding, the head and a pipeline's transfers are those of tp. With activation
  * checkpointing (act_ckpt) an arena keeps only part of each layer's activations and the rest lives in
  * one shared recompute scratch (layout_acts), which block_backward refills with the forward's own
- * kernels before reading it: losses and gradients are bit-identical to keeping everything. */
+ * kernels before reading it: losses and gradients are bit-identical to keeping everything. With context
+ * parallelism (cp > 1) the T rows of a sequence are this rank's two head-tail chunks of a sequence of
+ * cp T positions: the embedding adds their positions' wpe rows, the attention runs over the group
+ * (cp_attention.c, through the cp hook), and everything else is position-wise and unchanged. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -841,15 +844,14 @@ static void ln_backward(loom_gpt2_t *m, float *dinp, float *dw, float *db, const
 }
 
 /* The profile's count of an attention product pass: k x B x C x the keys each query sees, summed over
- * the T queries of a sequence (causal: T (T + 1) / 2), as the kernel computes it; context parallel:
- * over the rank's two chunks of c = T/2 rows, chunk j's queries seeing j c + 1 .. j c + c keys. */
-static double causal_flops_cp(double k, int B, int T, double C, int N, int r)
+ * the T queries of a sequence (causal: T (T + 1) / 2), as the kernel computes it; context parallel
+ * (N ranks): over the rank's two chunks of c = T/2 rows, chunk j's queries seeing j c + 1 .. j c + c keys,
+ * which sum to c^2 (2N - 1) + c (c + 1) for chunks r and 2N-1-r whatever r. */
+static double causal_flops(double k, int B, int T, double C, int N)
 {
 	double c = T / 2, keys = N <= 1 ? (double)T * (T + 1) / 2.0 : c * c * (2.0 * N - 1.0) + c * (c + 1.0);
-	(void)r; /* chunks r and 2N-1-r: the same sum on every rank */
 	return k * B * C * keys;
 }
-#define causal_flops(k, B, T, C) causal_flops_cp((k), (B), (T), (C), m->cp, m->cp_rank)
 
 /* Context parallel: the attention's group, form, hook and scratch. */
 static loom__cp_t cp_of(loom_gpt2_t *m)
@@ -911,7 +913,7 @@ static void block_forward_acts(loom_gpt2_t *m, int l, layer_acts_t *a, const flo
 	PROF(LAYERNORM, loom__layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, W(LN1_W), W(LN1_B), Nl, C));
 	x = sp ? sp_gather(m, a->ln1, N, C) : a->ln1;
 	PROFF(MATMUL, 6 * fN * fC * fCl, loom__matmul_forward(a->qkv, x, W(QKV_W), W(QKV_B), N, C, 3 * Cl));
-	PROFF(ATTENTION, causal_flops(4.0, B, T, fCl), attention_forward(m, a, B, T));
+	PROFF(ATTENTION, causal_flops(4.0, B, T, fCl, m->cp), attention_forward(m, a, B, T));
 	PROFF(MATMUL, 2 * fN * fC * fCl, loom__matmul_forward(sp ? m->dbtc : a->res2, a->atty, W(ATTPROJ_W),
 	                                                      tp > 1 ? NULL : W(ATTPROJ_B), N, Cl, C));
 	if (sp) {
@@ -1042,7 +1044,7 @@ static void recompute(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res_i
 	if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS)
 		block_forward_acts(m, l, a, res_in, NULL, B, T, 0);
 	else if (m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE)
-		PROFF(ATTENTION_RECOMPUTE, causal_flops(4.0, B, T, m->Cl), attention_forward(m, a, B, T));
+		PROFF(ATTENTION_RECOMPUTE, causal_flops(4.0, B, T, m->Cl, m->cp), attention_forward(m, a, B, T));
 	else
 		return;
 	m->recomputes++;
@@ -1098,7 +1100,7 @@ static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 	ready(m, lt(l, ATTPROJ_B));
 	ready(m, lt(l, ATTPROJ_W));
 	zero(m, m->dqkv, NCl * 3);
-	PROFF(ATTENTION_BWD, causal_flops(8.0, B, T, fCl), attention_backward(m, a, B, T));
+	PROFF(ATTENTION_BWD, causal_flops(8.0, B, T, fCl, m->cp), attention_backward(m, a, B, T));
 	x = sp ? sp_gather(m, a->ln1, N, C) : a->ln1;
 	zero(m, m->dbtc, NC);
 	PROFF(MATMUL_BWD, 12 * fN * fC * fCl,

@@ -2,7 +2,9 @@
  * a block's and the head's forward and backward on an arena, the vocab-parallel head, and the
  * whole-model passes composed of them. The invariants are nanochat.c's: no allocation, kernels
  * reach tensors only through the views after the unit's param-use hook, grad-ready once per tensor
- * per micro-step in decreasing index order, one micro-batch's backward at a time. */
+ * per micro-step in decreasing index order, one micro-batch's backward at a time. With context
+ * parallelism (cp > 1) the T rows of a sequence are this rank's two head-tail chunks: the rotary
+ * embeddings take their positions and the attention runs over the group (cp_attention.c). */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
