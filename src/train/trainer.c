@@ -15,7 +15,9 @@
  * bit-identical on every rank, so the norm, clipping and AdamW keep the replicas identical without
  * further communication). Data sharding, the batch and the checkpoints' loader states follow the
  * data-parallel coordinate (dp_rank of dp_size), logging and writing follow the global rank 0; with
- * tp = pp = 1 both are the world rank. Evaluation reads validation windows directly
+ * tp = pp = cp = 1 both are the world rank. With context parallelism the cp ranks of a group read the
+ * same windows and give the model their head-tail rows; the strategy, the loss and the evaluation span
+ * dp x cp (tr->grad), the loader and the checkpoints' loader states the dp coordinate alone. Evaluation reads validation windows directly
  * (loom_loader_window) and does not touch the training state, so evaluating or not never changes
  * the training losses. */
 #include <math.h>
