@@ -1,4 +1,4 @@
-/* bench_gemm.c: `loom bench gemm`: this CPU's features and hardware peaks (loom's FMA and bf16
+/* bench_gemm.c: `loom bench gemm`: this CPU's features, the options loom was built with, and hardware peaks (loom's FMA and bf16
  * dot-product loops: what MFU is relative to; loom train --peak-flops takes the printed number of the
  * --dtype it trains in), and the fp32 and bf16 GEMMs' FLOP/s as fractions of them (the bf16 one on the
  * path `--dtype bf16` takes here, named), with a warning when the GEMM is far below what the CPU can do. */
@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "loom/cpu.h"
 #include "loom/gpt2.h"
+#include "loom/util.h"
 
 static void usage(FILE *f)
 {
@@ -69,6 +70,8 @@ int loom_cli_bench_gemm(int argc, char **argv)
 	       loom_cpu_features_str(cpu));
 	printf("fp32 GEMM: %s; bf16 GEMM: %s\n", loom_gemm_backend_name(), bf16_name);
 	printf("OpenBLAS (LOOM_GEMM=openblas): %s\n", plan.why);
+	printf("loom %s (git %s), built with:\n", loom_version(), loom_git_describe());
+	loom_build_info_print(stdout, "  ");
 	if (M > 0) {
 		double f = 0.0;
 		for (int d = 0; d < nd; d++) {

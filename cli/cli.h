@@ -34,18 +34,22 @@ void cli_die(const char *cmd, const char *fmt, ...) __attribute__((format(printf
  * --n-embd, --vocab-size, --n-positions, --init-from. mc holds the fields given (-1, 0 or "" when not). */
 typedef struct {
 	loom_model_config_t mc;
-	const char *preset, *init_from;
+	const char *preset, *init_from; /* init_from: the model file, once cli_model_flags_check resolved it */
 	int have_model_flags, n_positions, n_head_flag, depth, aspect, head_dim;
+	char init_file[1200];           /* --init-from resolved (loom_model_path) */
 } cli_model_flags_t;
 void cli_model_flags_init(cli_model_flags_t *f);
 /* 1 when argv[*i] is one of them (taken, with its value; *i advanced as cli_flag does), else 0. */
 int cli_model_flag(const char *cmd, int argc, char **argv, int *i, cli_model_flags_t *f);
 /* Exit with one message for a combination that cannot be resolved (--init-from with size flags, a
- * nanochat flag without --arch nanochat, a GPT-2 preset with it). */
-void cli_model_flags_check(const char *cmd, const cli_model_flags_t *f);
-/* The configuration: from --init-from's file, nanochat's sizing or a GPT-2 preset, with the
- * overrides; *T (the training sequence length, -1: not given) defaults to the model's maximum and
- * may not exceed it. Exits with a message on any error. */
+ * nanochat flag without --arch nanochat, a GPT-2 preset with it), and resolve --init-from to its model
+ * file as `loom sample --model` does (a file, a checkpoint directory, a --save-dir's newest: f->init_from
+ * then points at f->init_file), or exit naming what it is not. */
+void cli_model_flags_check(const char *cmd, cli_model_flags_t *f);
+/* The configuration: from --init-from's file, nanochat's sizing or a GPT-2 preset, each override
+ * replacing only its field; the positions are --n-positions, else the preset's (GPT-2) or *T
+ * (nanochat, as base_train). *T (the training sequence length, -1: not given) defaults to the
+ * model's maximum and may not exceed it. Exits with a message on any error. */
 void cli_model_resolve(const char *cmd, const cli_model_flags_t *f, int *T, loom_model_config_t *out);
 
 #endif

@@ -1,11 +1,18 @@
 /* convert.c: `loom convert IN OUT`: GPT-2 model files between safetensors (HF names) and llm.c .bin;
  * nanochat's model_NNNNNN.pt (torch.save) to and from loom's nanochat safetensors, through
- * scripts/nanochat_pt.py (a pickled PyTorch file is read by torch, which a nanochat user has). */
+ * scripts/nanochat_pt.py (a pickled PyTorch file is read by torch, which a nanochat user has).
+ *
+ * Two outputs write a second file beside OUT: a .safetensors its directory's config.json (Hugging
+ * Face's layout), a model_NNNNNN.pt its meta_NNNNNN.json (nanochat's). The user named only OUT, so an
+ * existing one of those is never replaced silently: convert refuses before reading IN, naming the
+ * file, unless --force; what it writes is said in its last line. */
+#include <errno.h>
 #include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,7 +27,7 @@ static int ends_with(const char *s, const char *suffix)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: loom convert IN OUT [--n-head N]\n\n"
+	fprintf(f, "usage: loom convert IN OUT [--n-head N] [--force]\n\n"
 	           "Converts a GPT-2 model between safetensors (Hugging Face names and shapes) and llm.c's .bin\n"
 	           "(version 3, fp32). IN's format is detected from its content; OUT's from its extension\n"
 	           "(.safetensors or .bin). --n-head is needed only for a safetensors file whose metadata and\n"
@@ -28,7 +35,10 @@ static void usage(FILE *f)
 	           "nanochat: IN a model_NNNNNN.pt of nanochat's (meta_NNNNNN.json beside it) and OUT a\n"
 	           ".safetensors gives loom's nanochat model (for --init-from); IN a loom nanochat .safetensors\n"
 	           "and OUT a model_NNNNNN.pt gives nanochat's files. Both run scripts/nanochat_pt.py with\n"
-	           "python3 and torch (LOOM_PYTHON chooses the interpreter).\n");
+	           "python3 and torch (LOOM_PYTHON chooses the interpreter).\n\n"
+	           "A GPT-2 or loom nanochat OUT.safetensors also writes config.json in OUT's directory (./config.json\n"
+	           "for a bare file name), and OUT = model_NNNNNN.pt writes meta_NNNNNN.json beside it. When that file\n"
+	           "exists already, convert refuses, naming it, and writes nothing; --force replaces it.\n");
 }
 
 /* 1 when path starts like a zip archive: torch.save's format. */
@@ -72,8 +82,52 @@ static int find_pt_helper(char *script, size_t cap)
 	return 0;
 }
 
+/* The file beside OUT that converting to OUT writes (none: ""): a .safetensors written by loom its
+ * directory's config.json; a nanochat model_NNNNNN.pt its meta_NNNNNN.json (scripts/nanochat_pt.py,
+ * which refuses other names). */
+static void side_file(const char *out, int from_pt, char *side, size_t cap)
+{
+	char dir[PATH_MAX], base[PATH_MAX];
+	size_t digits;
+	side[0] = 0;
+	if (ends_with(out, ".safetensors") && !from_pt) {
+		if (loom_model_hf_config_path(out, side, cap) != LOOM_OK)
+			cli_die("convert", "%s", loom_errmsg());
+		return;
+	}
+	if (!ends_with(out, ".pt") || snprintf(dir, sizeof dir, "%s", out) >= (int)sizeof dir)
+		return;
+	snprintf(base, sizeof base, "%s", out);
+	const char *b = basename(base);
+	digits = strncmp(b, "model_", 6) ? 0 : strspn(b + 6, "0123456789");
+	if (digits == 0 || strcmp(b + 6 + digits, ".pt"))
+		return; /* the helper says what the name should be */
+	if (snprintf(side, cap, "%s/meta_%.*s.json", dirname(dir), (int)digits, b + 6) >= (int)cap)
+		cli_die("convert", "%s: path too long", out);
+}
+
+/* Refuse to replace `side` (when it exists) unless --force: before anything is read or written.
+ * Returns what the last line says of it: "; wrote SIDE", "; replaced SIDE (--force)" or "". */
+static const char *check_side_file(const char *out, const char *side, int force)
+{
+	static char said[PATH_MAX + 64];
+	struct stat sb;
+	if (!side[0])
+		return "";
+	int exists = stat(side, &sb) == 0, err = errno;
+	snprintf(said, sizeof said, "; %s %s%s", exists ? "replaced" : "wrote", side, exists ? " (--force)" : "");
+	if (exists && !force)
+		cli_die("convert", "%s exists and writing %s would replace it (%s); nothing was written: move it away, "
+		        "convert into another directory, or give --force to replace it", side, out,
+		        ends_with(out, ".pt") ? "nanochat's meta file goes beside its model_NNNNNN.pt"
+		                              : "a .safetensors gets config.json beside it, Hugging Face's layout");
+	if (!exists && err != ENOENT)
+		cli_die("convert", "%s: cannot check whether it exists: %s", side, strerror(err));
+	return said;
+}
+
 /* Run scripts/nanochat_pt.py with mode, in, out. */
-static int run_pt_helper(const char *mode, const char *in, const char *out)
+static int run_pt_helper(const char *mode, const char *in, const char *out, const char *said)
 {
 	char script[PATH_MAX + 64];
 	const char *py = getenv("LOOM_PYTHON") ? getenv("LOOM_PYTHON") : "python3";
@@ -93,14 +147,15 @@ static int run_pt_helper(const char *mode, const char *in, const char *out)
 		;
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
 		return 1;
-	printf("%s -> %s (%s)\n", in, out, mode);
+	printf("%s -> %s (%s)%s\n", in, out, mode, said);
 	return 0;
 }
 
 int loom_cli_convert(int argc, char **argv)
 {
 	const char *in = NULL, *out = NULL, *v;
-	int n_head = 0, rc;
+	char side[PATH_MAX + 32];
+	int n_head = 0, rc, force = 0;
 	loom_model_config_t cfg;
 	loom_model_format_t fmt;
 	float *params;
@@ -113,6 +168,8 @@ int loom_cli_convert(int argc, char **argv)
 			if (x <= 0 || x > 1 << 20)
 				cli_die("convert", "--n-head: %lld must be positive", x);
 			n_head = (int)x;
+		} else if (strcmp(argv[i], "--force") == 0) {
+			force = 1;
 		} else if (argv[i][0] == '-' && argv[i][1] == '-') {
 			usage(stderr);
 			cli_die("convert", "unknown flag '%s'", argv[i]);
@@ -129,13 +186,16 @@ int loom_cli_convert(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	if (is_zip(in)) {
+	int from_pt = is_zip(in);
+	side_file(out, from_pt, side, sizeof side);
+	const char *said = check_side_file(out, side, force);
+	if (from_pt) {
 		if (!ends_with(out, ".safetensors"))
 			cli_die("convert", "%s: a nanochat .pt converts to a .safetensors file", out);
-		return run_pt_helper("to-loom", in, out);
+		return run_pt_helper("to-loom", in, out, said);
 	}
 	if (ends_with(out, ".pt"))
-		return run_pt_helper("to-nanochat", in, out);
+		return run_pt_helper("to-nanochat", in, out, said);
 	if (!ends_with(out, ".bin") && !ends_with(out, ".safetensors"))
 		cli_die("convert", "%s: the output must end in .safetensors or .bin", out);
 	if ((rc = loom_model_config(in, n_head, &cfg, &fmt)) != LOOM_OK ||
@@ -149,8 +209,8 @@ int loom_cli_convert(int argc, char **argv)
 		fprintf(stderr, "loom convert: %s\n", loom_errmsg());
 		return 1;
 	}
-	printf("%s (%s) -> %s (%s): L=%d H=%d C=%d T=%d V=%d, %zu parameters\n", in,
+	printf("%s (%s) -> %s (%s): L=%d H=%d C=%d T=%d V=%d, %zu parameters%s\n", in,
 	       fmt == LOOM_MODEL_LLMC ? "llm.c" : "safetensors", out, ends_with(out, ".bin") ? "llm.c" : "safetensors",
-	       cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, loom_model_num_params(&cfg));
+	       cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, loom_model_num_params(&cfg), said);
 	return 0;
 }

@@ -129,14 +129,20 @@ static int info_other_dir(const char *path)
 	if (lrc != LOOM_OK && lrc != LOOM_ENOENT)  /* the newest checkpoint is damaged: say which and why */
 		cli_die("info", "%s", loom_errmsg());
 	if (lrc == LOOM_OK) {
-		int n = 0;
+		int n = 0, branches = 0;
 		if ((d = opendir(path))) {
-			while ((e = readdir(d)))
+			while ((e = readdir(d))) {
 				n += strncmp(e->d_name, "step_", 5) == 0;
+				branches += strncmp(e->d_name, "abandoned-at-step_", 18) == 0;
+			}
 			closedir(d);
 		}
-		printf("%s: checkpoint directory (--save-dir): %d checkpoint%s, the latest complete one is %s (step %lld)\n\n",
+		printf("%s: checkpoint directory (--save-dir): %d checkpoint%s, the latest complete one is %s (step %lld)\n",
 		       path, n, n == 1 ? "" : "s", latest, (long long)step);
+		if (branches) /* what runs starting from an older step moved aside (docs/train.md, Lineage) */
+			printf("%s: %d abandoned branch%s moved aside: %s/abandoned-at-step_*\n", path, branches,
+			       branches == 1 ? "" : "es", path);
+		putchar('\n');
 		return info_dir(latest);
 	}
 	if (exists(path, "model.safetensors")) {

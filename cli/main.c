@@ -171,7 +171,13 @@ int main(int argc, char **argv)
 		return argc < 2 ? 2 : 0;
 	}
 	if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0 || strcmp(argv[1], "-V") == 0) {
+		loom_bf16_path_t path;
 		printf("loom %s (git %s)\n", loom_version(), loom_git_describe());
+		loom_build_info_print(stdout, NULL);
+		if (loom_bf16_path(&path) == LOOM_OK)
+			printf("bf16 GEMM: %s\n", loom_bf16_path_name(path));
+		else
+			printf("bf16 GEMM: unavailable: %s\n", loom_errmsg());
 		return 0;
 	}
 	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

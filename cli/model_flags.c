@@ -1,6 +1,13 @@
 /* model_flags.c: the model flags `loom train` and `loom plan` share (the family, a GPT-2 preset or
- * nanochat's sizing, the size overrides, --init-from) and their resolution into one configuration,
- * so that a train command line with `train` replaced by `plan` plans the same model. */
+ * nanochat's sizing, the size overrides, --init-from: a model file, a checkpoint directory or a
+ * --save-dir, resolved by loom_model_path as `loom sample --model` is) and their resolution into one
+ * configuration, so that a train command line with `train` replaced by `plan` plans the same model.
+ *
+ * Each size flag overrides only the field it names. The model's positions (n_positions: GPT-2's wpe
+ * rows, nanochat's sequence_len) are --n-positions when given; else GPT-2 keeps the preset's (tiny's
+ * 128 when --model is not given), and nanochat, which has no preset, takes base_train's rule:
+ * sequence_len = the training length (--seq-len, else 256). --seq-len, the length trained on, is
+ * never more than the positions: an error naming where they came from. */
 #include <stdio.h>
 #include <string.h>
 
@@ -67,7 +74,7 @@ int cli_model_flag(const char *cmd, int argc, char **argv, int *i, cli_model_fla
 	return 1;
 }
 
-void cli_model_flags_check(const char *cmd, const cli_model_flags_t *f)
+void cli_model_flags_check(const char *cmd, cli_model_flags_t *f)
 {
 	const loom_model_config_t *mc = &f->mc;
 	if (f->init_from && (f->preset || (f->have_model_flags && !(f->n_head_flag && mc->n_layer < 0 && mc->n_embd < 0 &&
@@ -79,6 +86,11 @@ void cli_model_flags_check(const char *cmd, const cli_model_flags_t *f)
 	if (mc->arch == LOOM_ARCH_NANOCHAT && f->preset)
 		cli_die(cmd, "--model %s is a GPT-2 preset; nanochat is sized by --depth D (or --n-layer, --n-embd, --n-head)",
 		        f->preset);
+	if (f->init_from && f->init_from != f->init_file) { /* the same resolution as loom sample --model */
+		if (loom_model_path(f->init_from, f->init_file, sizeof f->init_file) != LOOM_OK)
+			cli_die(cmd, "--init-from: %s", loom_errmsg());
+		f->init_from = f->init_file;
+	}
 }
 
 void cli_model_resolve(const char *cmd, const cli_model_flags_t *f, int *T, loom_model_config_t *out)
@@ -119,15 +131,22 @@ void cli_model_resolve(const char *cmd, const cli_model_flags_t *f, int *T, loom
 		if (mc->n_head > 0) c.n_head = mc->n_head;
 		if (mc->n_embd > 0) c.n_embd = mc->n_embd;
 		if (mc->vocab_size > 0) c.vocab_size = mc->vocab_size;
-		if (f->n_positions > 0) c.seq_len = f->n_positions;
-		else if (!f->preset && f->have_model_flags && *T > 0) c.seq_len = *T;
+		if (f->n_positions > 0) c.seq_len = f->n_positions; /* nothing else moves the positions */
 	}
 	if (loom_model_config_check(&c) != LOOM_OK)
 		cli_die(cmd, "%s", loom_errmsg());
 	if (*T < 0)
 		*T = c.seq_len;
-	if (*T > c.seq_len)
-		cli_die(cmd, "--seq-len %d exceeds the model's maximum sequence length %d%s", *T, c.seq_len,
-		        f->init_from ? "" : " (raise it with --n-positions)");
+	if (*T > c.seq_len) {
+		char from[200];
+		if (f->init_from)
+			snprintf(from, sizeof from, "the n_positions of --init-from %s", f->init_from);
+		else if (f->n_positions > 0)
+			snprintf(from, sizeof from, "--n-positions %d", f->n_positions);
+		else
+			snprintf(from, sizeof from, "the %s preset's n_positions; give --n-positions %d for a model of %d "
+			         "positions", f->preset ? f->preset : "tiny", *T, *T);
+		cli_die(cmd, "--seq-len %d exceeds the model's maximum sequence length %d (%s)", *T, c.seq_len, from);
+	}
 	*out = c;
 }

@@ -1,9 +1,12 @@
-/* plan.c: `loom plan`: parse `loom train`'s model, batch and mesh flags (the others are accepted and
- * ignored, so a train command line with `train` replaced by `plan` plans that run), a cluster and a
- * token budget; print the estimate of loom/plan.h for one configuration (human or --json), or with
- * --search the ranked configurations of a number of ranks. The arithmetic is the library's
- * (src/train/plan.c); the model flags are resolved as `loom train` resolves them (model_config). */
+/* plan.c: `loom plan`: parse `loom train`'s model, batch, mesh and data flags into the trainer's own
+ * config (the others are accepted and ignored, so a train command line with `train` replaced by `plan`
+ * plans that run), a cluster and a token budget; print the estimate of loom/plan.h for one
+ * configuration (human or --json), or with --search the ranked configurations of a number of ranks.
+ * The arithmetic is the library's (src/train/plan.c); the run's plan configuration and this machine's
+ * set-up are loom_plan_config_of_run and loom_plan_local, the calls `loom train` makes for its
+ * start-up line and summary; the model flags are resolved as `loom train` resolves them. */
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +28,7 @@ static const char *const usage_text =
 	"\n"
 	"model and batch (as loom train): --model tiny|small|gpt2, --arch gpt2|nanochat, --depth D, --n-layer L,\n"
 	"  --n-head H, --n-embd C, --vocab-size V, --n-positions P, --n-kv-head K, --window-pattern P,\n"
-	"  --short-window W, --init-from FILE (its config), --batch-size B (default 4), --seq-len T,\n"
+	"  --short-window W, --init-from PATH (its config), --batch-size B (default 4), --seq-len T,\n"
 	"  --grad-accum K | --micro-batches M | --total-batch-size N, --optimizer adamw|muon (MuonAdamW's state)\n"
 	"mesh (as loom train): --dp D --tp T --pp P --cp N (dp defaults to --nproc / --ranks / (N x T x P), else 1),\n"
 	"  --nproc N,\n"
@@ -33,6 +36,8 @@ static const char *const usage_text =
 	"  --pp-head-split auto|off|F, --activation-checkpointing none|blocks|selective, --dtype fp32|bf16,\n"
 	"  --grad-reduce-dtype fp32|bf16, --bucket-mb X, --threads N (threads per rank; local cluster),\n"
 	"  --sequence-parallel (with --tp > 1)\n"
+	"what the run holds beside its steps (as loom train): --train-data GLOB, --val-data GLOB (the shards' sizes:\n"
+	"  the pages a rank maps), --steps N, --shuffle 0|1, --eval-batches M\n"
 	"cluster:\n"
 	"  --cluster local        this machine, measured (default): peaks from the cache (measured once if missing),\n"
 	"                         memory bandwidth now\n"
@@ -49,27 +54,37 @@ static const char *const usage_text =
 	"  --json                 one JSON object (docs/plan.md, \"JSON\")\n"
 	"  --search               rank every mesh, ZeRO stage, recomputation and schedule of --ranks N (or --nodes x\n"
 	"                         the cluster's ranks per node) at the same tokens per step; --top K rows (default 12)\n"
-	"  --ranks N              ranks for --search\n";
+	"  --ranks N              ranks for --search\n"
+	"  --measure              only measure what the peak cache lacks for --threads and --dtype (peaks, memory\n"
+	"                         bandwidths) and cache it; loom train runs this in a process of its own\n"
+	"\n"
+	"loom train prints and logs exactly this plan for its own flags (docs/plan.md, \"One prediction\"); the\n"
+	"defaults are the trainer's: --threads as the run gets them, --load measured\n";
 
 typedef struct {
-	loom_plan_config_t pc;
+	loom_train_config_t tc; /* the run's flags, as `loom train` parses them into its config ... */
+	loom_model_opts_t mo;   /* ... and its model's options (tp, checkpointing, dtype, sequence parallel) */
+	int pp;
+	loom_model_config_t mc; /* the model they resolve to */
+	loom_plan_config_t pc;  /* what they give (loom_plan_config_of_run), with the planner's own below */
+	double tokens;
+	loom_plan_impl_t impl;
 	cli_model_flags_t mf; /* the model flags as `loom train` takes them (model_flags.c) */
 	const char *cluster;
 	double load;
-	int grad_accum, nproc, dp_flag, threads, json, search, ranks, nodes, top, M_given;
-	const char *pp_schedule; /* --pp-schedule (or the older --schedule gpipe|1f1b), NULL: 1f1b */
+	int grad_accum, nproc, dp_flag, threads, json, search, ranks, nodes, top, measure;
 	long long total_batch;
 } opts_t;
 
 /* Flags of `loom train` that do not change the plan, with a value, and without one. */
 static const char *const ignored_val[] = {
-	"--train-data", "--val-data", "--shuffle", "--matrix-lr", "--embedding-lr", "--unembedding-lr",
-	"--scalar-lr", "--adam-beta1", "--adam-beta2", "--warmdown-frac", "--wd-scale", "--ref-tokens", "--steps", "--lr",
+	"--matrix-lr", "--embedding-lr", "--unembedding-lr",
+	"--scalar-lr", "--adam-beta1", "--adam-beta2", "--warmdown-frac", "--wd-scale", "--ref-tokens", "--lr",
 	"--warmup", "--min-lr-frac", "--weight-decay", "--beta1", "--beta2", "--eps", "--grad-clip", "--seed",
-	"--save-dir", "--save-every", "--keep-checkpoints", "--resume-from", "--eval-every", "--eval-batches",
+	"--save-dir", "--save-every", "--keep-checkpoints", "--resume-from", "--eval-every",
 	"--sample-every", "--log", "--peak-flops", "--print-every", "--check-replicas", "--lr-scale",
-	"--ref-batch-size", "--trace", NULL};
-static const char *const ignored_bool[] = {"--resume", "--profile", NULL};
+	"--ref-batch-size", "--trace", "--memory-check", NULL};
+static const char *const ignored_bool[] = {"--resume", "--profile", "--check", NULL};
 
 static long long int_in(const char *flag, const char *v, long long lo, long long hi)
 {
@@ -97,11 +112,11 @@ static void parse(int argc, char **argv, opts_t *o)
 {
 	const char *v;
 	memset(o, 0, sizeof *o);
-	o->pc.B = 4, o->pc.T = -1;
+	o->tc = loom_train_defaults(); /* as loom train's parse starts */
+	o->tc.B = 4, o->tc.T = -1;
 	cli_model_flags_init(&o->mf);
 	o->grad_accum = -1, o->top = 12;
-	o->pc.tp = o->pc.pp = o->pc.cp = 1;
-	o->pc.cp_gather = loom_cp_attention_ring() == 0; /* LOOM_CP_ATTENTION, as loom train's */
+	o->mo.tp_size = o->pp = o->mo.cp_size = 1;
 	o->cluster = "local";
 	o->load = -1;
 #define FLAG(name) cli_flag(argc, argv, &i, name, &v)
@@ -120,8 +135,13 @@ static void parse(int argc, char **argv, opts_t *o)
 		} else if (cli_model_flag("plan", argc, argv, &i, &o->mf)) {
 			continue;
 		}
-		else if (FLAG("--batch-size")) o->pc.B = (int)int_in("--batch-size", v, 1, 1 << 20);
-		else if (FLAG("--seq-len")) o->pc.T = (int)int_in("--seq-len", v, 1, 1 << 20);
+		else if (FLAG("--batch-size")) o->tc.B = (int)int_in("--batch-size", v, 1, 1 << 20);
+		else if (FLAG("--seq-len")) o->tc.T = (int)int_in("--seq-len", v, 1, 1 << 20);
+		else if (FLAG("--train-data")) o->tc.train_data = v; /* its shards' sizes: the pages a rank maps */
+		else if (FLAG("--val-data")) o->tc.val_data = v;
+		else if (FLAG("--eval-batches")) o->tc.eval_batches = (int)int_in("--eval-batches", v, 1, 1 << 30);
+		else if (FLAG("--steps")) o->tc.lr.total_steps = int_in("--steps", v, 1, 1LL << 40);
+		else if (FLAG("--shuffle")) o->tc.shuffle = (int)int_in("--shuffle", v, 0, 1);
 		else if (FLAG("--grad-accum") || FLAG("--micro-batches")) {
 			int m = (int)int_in(a, v, 1, 1 << 20);
 			if (o->grad_accum > 0 && o->grad_accum != m)
@@ -130,44 +150,41 @@ static void parse(int argc, char **argv, opts_t *o)
 			o->grad_accum = m;
 		} else if (FLAG("--total-batch-size")) o->total_batch = int_in("--total-batch-size", v, 1, 1LL << 50);
 		else if (FLAG("--dp")) o->dp_flag = (int)int_in("--dp", v, 1, 1 << 20);
-		else if (FLAG("--tp")) o->pc.tp = (int)int_in("--tp", v, 1, 4096);
-		else if (FLAG("--pp")) o->pc.pp = (int)int_in("--pp", v, 1, 4096);
-		else if (FLAG("--cp")) o->pc.cp = (int)int_in("--cp", v, 1, 4096);
+		else if (FLAG("--tp")) o->mo.tp_size = (int)int_in("--tp", v, 1, 4096);
+		else if (FLAG("--pp")) o->pp = (int)int_in("--pp", v, 1, 4096);
+		else if (FLAG("--cp")) o->mo.cp_size = (int)int_in("--cp", v, 1, 4096);
 		else if (FLAG("--nproc")) o->nproc = (int)int_in("--nproc", v, 1, 1 << 20);
-		else if (FLAG("--zero")) o->pc.zero = (int)int_in("--zero", v, 0, 3);
+		else if (FLAG("--zero")) o->tc.zero = (int)int_in("--zero", v, 0, 3);
 		else if (FLAG("--optimizer")) {
-			loom_optimizer_t opt;
-			if (loom_optimizer_parse(v, &opt) != LOOM_OK)
+			if (loom_optimizer_parse(v, &o->tc.optimizer) != LOOM_OK)
 				cli_die("plan", "--optimizer: %s", loom_errmsg());
-			o->pc.optimizer = (int)opt;
 		}
 		else if (FLAG("--pp-schedule") || FLAG("--schedule")) {
 			int pp_flag = a[2] == 'p';
 			if (pp_flag || !strcmp(v, "gpipe") || !strcmp(v, "1f1b") || !strcmp(v, "interleaved")) {
-				if (o->pp_schedule && strcmp(o->pp_schedule, v))
-					cli_die("plan", "two pipeline schedules, %s and %s: give one --pp-schedule", o->pp_schedule, v);
-				o->pp_schedule = v;
-				o->pc.schedule_gpipe = !strcmp(v, "gpipe");
+				if (o->tc.pp_schedule && strcmp(o->tc.pp_schedule, v))
+					cli_die("plan", "two pipeline schedules, %s and %s: give one --pp-schedule", o->tc.pp_schedule, v);
+				o->tc.pp_schedule = v;
 			}
 			/* else the LR schedule's (cosine, ...): not the plan's */
-		} else if (FLAG("--virtual-stages")) o->pc.virtual_stages = (int)int_in("--virtual-stages", v, 1, 4096);
+		} else if (FLAG("--virtual-stages")) o->tc.pp_virtual_stages = (int)int_in("--virtual-stages", v, 1, 4096);
 		else if (FLAG("--pp-head-split"))
-			o->pc.pp_head_split = !strcmp(v, "auto") ? 0.0 : !strcmp(v, "off") ? -1.0
+			o->tc.pp_head_split = !strcmp(v, "auto") ? 0.0 : !strcmp(v, "off") ? -1.0
 			                      : cli_parse_double("plan", "--pp-head-split", v);
 		else if (FLAG("--activation-checkpointing")) {
-			if (loom_act_ckpt_parse(v, &o->pc.act_ckpt) != LOOM_OK)
+			if (loom_act_ckpt_parse(v, &o->mo.act_ckpt) != LOOM_OK)
 				cli_die("plan", "--activation-checkpointing: %s", loom_errmsg());
 		} else if (FLAG("--dtype")) {
-			if (loom_compute_dtype_parse(v, &o->pc.dtype) != LOOM_OK)
+			if (loom_compute_dtype_parse(v, &o->mo.dtype) != LOOM_OK)
 				cli_die("plan", "--dtype: %s", loom_errmsg());
 		} else if (FLAG("--grad-reduce-dtype")) {
 			loom_compute_dtype_t g;
 			if (loom_compute_dtype_parse(v, &g) != LOOM_OK)
 				cli_die("plan", "--grad-reduce-dtype: %s", loom_errmsg());
-			o->pc.grad_reduce_bf16 = g == LOOM_COMPUTE_BF16;
-		} else if (FLAG("--bucket-mb")) o->pc.bucket_mb = cli_parse_double("plan", "--bucket-mb", v);
+			o->tc.grad_reduce_dtype = g == LOOM_COMPUTE_BF16 ? LOOM_BFLOAT16 : LOOM_FLOAT32;
+		} else if (FLAG("--bucket-mb")) o->tc.bucket_mb = cli_parse_double("plan", "--bucket-mb", v);
 		else if (FLAG("--threads")) o->threads = (int)int_in("--threads", v, 1, 1024);
-		else if (!strcmp(a, "--sequence-parallel")) o->pc.sequence_parallel = 1;
+		else if (!strcmp(a, "--sequence-parallel")) o->mo.sequence_parallel = 1;
 		else if (FLAG("--cluster")) o->cluster = v;
 		else if (FLAG("--load")) {
 			o->load = !strcmp(v, "auto") ? -1 : cli_parse_double("plan", "--load", v);
@@ -175,13 +192,14 @@ static void parse(int argc, char **argv, opts_t *o)
 				cli_die("plan", "--load: '%s' is not auto or a number of threads >= 0", v);
 		} else if (FLAG("--nodes")) o->nodes = (int)int_in("--nodes", v, 1, 1 << 20);
 		else if (FLAG("--ranks")) o->ranks = (int)int_in("--ranks", v, 1, 1 << 24);
-		else if (FLAG("--tokens")) o->pc.tokens = parse_tokens(v);
+		else if (FLAG("--tokens")) o->tokens = parse_tokens(v);
 		else if (FLAG("--top")) o->top = (int)int_in("--top", v, 1, 100000);
 		else if (FLAG("--impl")) {
 			if (strcmp(v, "loom") && strcmp(v, "ideal"))
 				cli_die("plan", "--impl: '%s' is not one of loom, ideal", v);
-			o->pc.impl = !strcmp(v, "ideal") ? LOOM_PLAN_IDEAL : LOOM_PLAN_LOOM;
+			o->impl = !strcmp(v, "ideal") ? LOOM_PLAN_IDEAL : LOOM_PLAN_LOOM;
 		} else if (!strcmp(a, "--json")) o->json = 1;
+		else if (!strcmp(a, "--measure")) o->measure = 1;
 		else if (!strcmp(a, "--search")) o->search = 1;
 		else
 			cli_die("plan", "unknown flag '%s' (see loom plan --help)", a);
@@ -195,16 +213,16 @@ static void parse(int argc, char **argv, opts_t *o)
 /* The model config as `loom train` resolves it (model_flags.c). */
 static void model_config(opts_t *o)
 {
-	cli_model_resolve("plan", &o->mf, &o->pc.T, &o->pc.model);
+	cli_model_resolve("plan", &o->mf, &o->tc.T, &o->mc);
 }
 
 static void get_cluster(opts_t *o, loom_cluster_t *c, int ranks)
 {
 	int rc;
-	if (!strcmp(o->cluster, "local")) {
-		if (loom_cluster_local(o->threads, 1, c) != LOOM_OK)
+	if (!strcmp(o->cluster, "local")) { /* as loom train sets it up (loom_plan_local) */
+		loom_plan_local_t how = {.threads = o->threads, .load = o->load, .measure = 1};
+		if (loom_cluster_this_machine(&how, o->mo.dtype, c) != LOOM_OK)
 			cli_die("plan", "--cluster local: %s", loom_errmsg());
-		c->background_load = o->load >= 0 ? o->load : loom_cluster_measure_load(c->cores, 0.5);
 		return;
 	}
 	if (strchr(o->cluster, '.') || strchr(o->cluster, '/'))
@@ -254,7 +272,7 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 {
 	const loom_plan_config_t *pc = &p->cfg;
 	const loom_plan_memory_t *m = &p->memory;
-	char b[8][32], t[64];
+	char b[11][32], t[64];
 	printf("plan: %s L%d H%d C%d T%d V%d, %.0f parameters (%.4g M)", loom_arch_name(pc->model.arch), pc->model.n_layer,
 	       pc->model.n_head, pc->model.n_embd, pc->model.seq_len, pc->model.vocab_size, p->params, p->params / 1e6);
 	if (pc->tp > 1)
@@ -282,18 +300,26 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 	putchar('\n');
 	fmt_bytes(m->params, b[0], 32), fmt_bytes(m->grads, b[1], 32), fmt_bytes(m->optimizer, b[2], 32);
 	fmt_bytes(m->activations, b[3], 32), fmt_bytes(m->comm, b[4], 32), fmt_bytes(m->overhead, b[5], 32);
-	fmt_bytes(m->total, b[6], 32), fmt_bytes(m->other, b[7], 32);
+	fmt_bytes(m->total, b[6], 32), fmt_bytes(m->other, b[7], 32), fmt_bytes(m->data, b[8], 32);
+	fmt_bytes(m->eval, b[9], 32), fmt_bytes(m->scratch, b[10], 32);
 	printf("memory per rank%s: parameters %s, gradients %s, optimizer %s, activations %s, communication buffers %s",
 	       pc->pp > 1 ? " (the largest stage)" : "", b[0], b[1], b[2], b[3], b[4]);
 	if (m->other > 0)
 		printf(", other at start-up %s", b[7]);
+	printf(", data %s", b[8]);
+	if (m->eval > 0)
+		printf(", evaluation %s", b[9]);
+	if (m->scratch > 0)
+		printf(", threads' scratch %s", b[10]);
 	printf(", process %s; total %s", b[5], b[6]);
 	if (p->memory_limit > 0) {
 		fmt_bytes(p->memory_limit, b[0], 32);
 		printf(" of %s (%s, headroom %.0f%%)", b[0], p->fits ? "fits" : "DOES NOT FIT", 100.0 * p->headroom);
 	}
-	printf("\nflops: %.4g per token (6N + attention), %.4g per step, %.4g per rank and step (with recomputation)\n",
-	       p->flops_per_token, p->flops_per_step, p->flops_per_rank_step);
+	printf("\nflops: %.4g per token (6N + attention inside the causal mask and windows; %s's nominal count %.4g), "
+	       "%.4g per step, %.4g per rank and step (with recomputation)\n", p->flops_per_token,
+	       loom_arch_name(pc->model.arch), loom_model_flops_per_token_nominal(&pc->model, pc->T), p->flops_per_step,
+	       p->flops_per_rank_step);
 	printf("compute: %.1f ms per step per rank (of it the optimizer %.1f ms)\n", 1e3 * p->compute_s,
 	       1e3 * p->optimizer_s);
 	const struct { const char *name; const loom_plan_comm_t *x; int on; } ax[] = {
@@ -305,7 +331,7 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 			printf("communication %s: %s per rank and step, %.1f ms, exposed %.1f ms%s", ax[k].name, b[0],
 			       1e3 * ax[k].x->time_s, 1e3 * ax[k].x->exposed_s,
 			       (k == 0 && p->cross_node_dp) || (k == 1 && p->cross_node_tp) ? " (crosses nodes)" : "");
-			if (k == 3) { /* the gathers of a layer, as `loom train` prints them */
+			if (k == 3) { /* a layer's transfers, as `loom train` prints them */
 				double g = loom_plan_cp_bytes(&pc->model, pc->B, pc->T, pc->cp, pc->tp);
 				if (g < 1048576.0)
 					snprintf(b[0], 32, "%.1f KiB", g / 1024.0);
@@ -331,44 +357,6 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 			printf(", cost %.2f (%.2f per rank-hour)", p->cost, c->price_rank_hour);
 		putchar('\n');
 	}
-}
-
-static void json_mem(const char *key, const loom_plan_memory_t *m)
-{
-	printf("\"%s\":{\"params\":%.0f,\"grads\":%.0f,\"optimizer\":%.0f,\"activations\":%.0f,\"comm\":%.0f,"
-	       "\"other\":%.0f,\"overhead\":%.0f,\"total\":%.0f}", key, m->params, m->grads, m->optimizer, m->activations,
-	       m->comm, m->other, m->overhead, m->total);
-}
-
-static void print_json(const loom_plan_t *p, const loom_cluster_t *c)
-{
-	const loom_plan_config_t *pc = &p->cfg;
-	printf("{\"cluster\":\"%s\",\"model\":{\"arch\":\"%s\",\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"seq_len\":%d,"
-	       "\"vocab_size\":%d},\"params\":%.0f,\"batch_size\":%d,\"seq_len\":%d,\"micro_batches\":%d,"
-	       "\"dp\":%d,\"tp\":%d,\"pp\":%d,\"cp\":%d,\"world\":%d,\"zero\":%d,\"activation_checkpointing\":\"%s\",\"dtype\":\"%s\","
-	       "\"schedule\":\"%s\",\"virtual_stages\":%d,\"impl\":\"%s\",\"tokens_per_step\":%.0f,\"background_load\":%.3f,\"cpu_share\":%.4f,", c->name, loom_arch_name(pc->model.arch),
-	       pc->model.n_layer, pc->model.n_head, pc->model.n_embd, pc->model.seq_len, pc->model.vocab_size, p->params,
-	       pc->B, pc->T, pc->M, pc->dp, pc->tp, pc->pp, pc->cp, p->world, pc->zero, loom_act_ckpt_name(pc->act_ckpt),
-	       loom_compute_dtype_name(pc->dtype), schedule_name(pc), pc->virtual_stages > 1 ? pc->virtual_stages : 1,
-	       pc->impl == LOOM_PLAN_IDEAL ? "ideal" : "loom",
-	       p->tokens_per_step, c->background_load, p->cpu_share);
-	json_mem("memory_bytes", &p->memory);
-	putchar(',');
-	json_mem("memory_bytes_rank0", &p->memory_rank0);
-	printf(",\"memory_limit_bytes\":%.0f,\"fits\":%s,\"headroom\":%.4f,\"flops_per_token\":%.6g,\"flops_per_step\":%.6g,"
-	       "\"flops_per_rank_step\":%.6g,\"peak_flops\":%.6g,\"compute_s\":%.6g,\"optimizer_s\":%.6g,"
-	       "\"comm_bytes_per_step\":{\"dp\":%.0f,\"tp\":%.0f,\"pp\":%.0f,\"cp\":%.0f},"
-	       "\"comm_s\":{\"dp\":%.6g,\"tp\":%.6g,\"pp\":%.6g,\"cp\":%.6g},"
-	       "\"comm_exposed_s\":{\"dp\":%.6g,\"tp\":%.6g,\"pp\":%.6g,\"cp\":%.6g},"
-	       "\"bubble\":%.6f,\"bubble_theory\":%.6f,\"step_time_s\":%.6g,\"tokens_per_s\":%.6g,\"mfu\":%.6f",
-	       p->memory_limit, p->fits ? "true" : "false", p->headroom, p->flops_per_token, p->flops_per_step,
-	       p->flops_per_rank_step, p->peak_flops, p->compute_s, p->optimizer_s, p->dp.bytes, p->tp.bytes, p->pp.bytes,
-	       p->cp.bytes, p->dp.time_s, p->tp.time_s, p->pp.time_s, p->cp.time_s, p->dp.exposed_s, p->tp.exposed_s,
-	       p->pp.exposed_s, p->cp.exposed_s, p->bubble,
-	       p->bubble_theory, p->step_time_s, p->tokens_per_s, p->mfu);
-	if (pc->tokens > 0)
-		printf(",\"tokens\":%.0f,\"steps\":%.0f,\"wall_s\":%.6g,\"cost\":%.6g", pc->tokens, p->steps, p->wall_s, p->cost);
-	printf("}\n");
 }
 
 static void describe(const loom_plan_t *p, char *buf, size_t cap)
@@ -417,7 +405,7 @@ static void why_slower(const loom_plan_t *top, const loom_plan_t *alt, char *buf
 		break;
 	case 5: snprintf(buf, cap, "optimizer over more parameters per rank: +%.1f ms", 1e3 * d_opt); break;
 	default:
-		snprintf(buf, cap, "cp %d's key/value gathers on the training thread: +%.1f ms exposed", alt->cfg.cp,
+		snprintf(buf, cap, "cp %d's key/value transfers on the training thread: +%.1f ms exposed", alt->cfg.cp,
 		         1e3 * d_cp);
 		break;
 	}
@@ -521,52 +509,104 @@ static int search(opts_t *o, const loom_cluster_t *c, int ranks)
 	return 0;
 }
 
+/* Threads per rank when --threads is not given: what `loom train` runs with, OMP_NUM_THREADS or one per
+ * CPU, where in a job of several ranks `loom run` (and its mpirun) sets OMP_NUM_THREADS=1 when unset. */
+static int default_threads(int world)
+{
+	const char *e = getenv("OMP_NUM_THREADS");
+	return (e && atoi(e) > 0) || world <= 1 ? omp_get_max_threads() : 1;
+}
+
+/* --measure: fill the peak cache for --threads and --dtype (what `loom train` runs in a process of its
+ * own before its first step, so that the measurements' buffers are not in its resident set). */
+static int measure(const opts_t *o)
+{
+	char what[512], path[1000];
+	int threads = o->threads > 0 ? o->threads : 1;
+	if (loom_cluster_local_missing(threads, o->mo.dtype, what, sizeof what) == 0)
+		return 0;
+	if (loom_peak_cache_path_kind(LOOM_PEAK_HW_FP32, path, sizeof path) != LOOM_OK)
+		snprintf(path, sizeof path, "(no cache: %s)", loom_errmsg());
+	else if (strrchr(path, '/'))
+		*strrchr(path, '/') = 0;
+	printf("measuring %s with %d thread%s (once; cached in %s)...\n", what, threads, threads == 1 ? "" : "s", path);
+	fflush(stdout);
+	if (loom_cluster_local_measure(threads, o->mo.dtype) != LOOM_OK)
+		cli_die("plan", "--measure: %s", loom_errmsg());
+	return 0;
+}
+
 int loom_cli_plan(int argc, char **argv)
 {
 	opts_t o;
 	loom_cluster_t c;
 	loom_plan_t p;
 	parse(argc, argv, &o);
+	if (o.measure)
+		return measure(&o);
 	model_config(&o);
-	int ranks = o.search ? (o.ranks ? o.ranks : o.nproc) : 0;
+	int ranks = o.search ? (o.ranks ? o.ranks : o.nproc) : 0, tp = o.mo.tp_size, pp = o.pp, dp = 1;
+	int cp = o.mo.cp_size; /* tp x cp x pp: the ranks that are not data parallel */
 	if (o.search && !ranks && o.nodes <= 0)
 		cli_die("plan", "--search needs --ranks N (or --nodes N with a cluster profile or file)");
 	if (!o.search) {
 		int world = o.nproc ? o.nproc : o.ranks;
-		o.pc.dp = o.dp_flag ? o.dp_flag : world ? world / (o.pc.cp * o.pc.tp * o.pc.pp) : 1;
-		if (o.pc.dp < 1 || (world && o.pc.dp * o.pc.cp * o.pc.tp * o.pc.pp != world))
-			cli_die("plan", "--dp %d x --cp %d x --tp %d x --pp %d is not the %d ranks", o.pc.dp, o.pc.cp, o.pc.tp,
-			        o.pc.pp, world);
-		if (o.pc.cp > 1 && loom_cp_check(o.pc.T, o.pc.cp) != LOOM_OK)
-			cli_die("plan", "--cp %d with --seq-len %d: %s", o.pc.cp, o.pc.T, loom_errmsg());
-		if (o.pc.sequence_parallel && o.pc.tp < 2)
+		dp = o.dp_flag ? o.dp_flag : world ? world / (cp * tp * pp) : 1;
+		if (dp < 1 || (world && dp * cp * tp * pp != world))
+			cli_die("plan", "--dp %d x --cp %d x --tp %d x --pp %d is not the %d ranks", dp, cp, tp, pp, world);
+		if (cp > 1 && loom_cp_check(o.tc.T, cp) != LOOM_OK)
+			cli_die("plan", "--cp %d with --seq-len %d: %s", cp, o.tc.T, loom_errmsg());
+		if (cp > 1 && loom_cp_attention_ring() < 0)
+			cli_die("plan", "--cp %d: %s", cp, loom_errmsg());
+		if (o.mo.sequence_parallel && tp < 2)
 			cli_die("plan", "--sequence-parallel shards the sequence over the tensor-parallel ranks: it needs --tp 2 "
 			        "or more");
-	} else {
-		o.pc.dp = 1;
+		if (o.tc.zero > 0 && dp * cp < 2)
+			cli_die("plan", "--zero %d with dp %d: ZeRO shards the training state over the data-parallel ranks and "
+			        "needs at least 2 (as loom train refuses it)", o.tc.zero, dp);
 	}
 	if (o.total_batch > 0) {
-		long long per = (long long)o.pc.B * o.pc.T * (o.search ? 1 : o.pc.dp);
+		long long per = (long long)o.tc.B * o.tc.T * dp;
 		if (o.total_batch % per)
 			cli_die("plan", "--total-batch-size %lld is not a multiple of B x T x dp = %lld", o.total_batch, per);
-		o.pc.M = (int)(o.total_batch / per);
+		o.tc.accum = (int)(o.total_batch / per);
 	} else {
-		o.pc.M = o.grad_accum > 0 ? o.grad_accum : 1;
+		o.tc.accum = o.grad_accum > 0 ? o.grad_accum : 1;
 	}
 	/* the schedule's conditions (an interleaved schedule without --virtual-stages too), as loom train's */
-	if (!o.search && loom_pp_check(&o.pc.model, o.pp_schedule, o.pc.pp, o.pc.virtual_stages, o.pc.M) != LOOM_OK)
+	if (!o.search && loom_pp_check(&o.mc, o.tc.pp_schedule, pp, o.tc.pp_virtual_stages, o.tc.accum) != LOOM_OK)
 		cli_die("plan", "%s", loom_errmsg());
-	get_cluster(&o, &c, o.search ? ranks : o.pc.dp * o.pc.cp * o.pc.tp * o.pc.pp);
+	if (o.threads <= 0)
+		o.threads = default_threads(o.search ? 1 : dp * cp * tp * pp);
+	/* the run's plan configuration exactly as loom train derives it from the same flags */
+	loom_plan_config_of_run(&o.tc, &o.mc, &o.mo, dp, pp, &o.pc);
+	o.pc.tokens = o.tokens, o.pc.impl = o.impl;
 	if (o.search) {
+		o.pc.zero = o.tc.zero; /* the search varies it */
+		get_cluster(&o, &c, ranks);
 		if (!ranks)
 			ranks = c.nodes * c.ranks_per_node;
 		return search(&o, &c, ranks);
 	}
-	if (loom_plan_estimate(&o.pc, &c, &p) != LOOM_OK)
-		cli_die("plan", "%s", loom_errmsg());
-	if (o.json)
-		print_json(&p, &c);
-	else
+	if (!strcmp(o.cluster, "local")) { /* the one prediction loom train prints and logs */
+		loom_plan_local_t how = {.threads = o.threads, .load = o.load, .measure = 1};
+		if (loom_plan_local(&o.pc, &how, &c, &p) != LOOM_OK)
+			cli_die("plan", "%s", loom_errmsg());
+	} else {
+		get_cluster(&o, &c, dp * cp * tp * pp);
+		if (loom_plan_estimate(&o.pc, &c, &p) != LOOM_OK)
+			cli_die("plan", "%s", loom_errmsg());
+	}
+	if (o.json) {
+		int n = loom_plan_json(&p, &c, NULL, 0);
+		char *buf = malloc((size_t)n + 1);
+		if (!buf)
+			cli_die("plan", "out of memory");
+		loom_plan_json(&p, &c, buf, (size_t)n + 1);
+		printf("%s\n", buf);
+		free(buf);
+	} else {
 		print_human(&p, &c);
+	}
 	return 0;
 }

@@ -8,8 +8,9 @@
  * close (its children may hold them). The first rank that exits non-zero or dies of a signal is the
  * job's failure: the others get SIGTERM, then SIGKILL after LOOM_KILL_GRACE_S (default 5) seconds.
  * SIGINT/SIGTERM/SIGHUP sent to loom run go to every rank the same way (a second one: SIGKILL).
- * Once every rank is gone, /dev/shm/loom-<LOOM_JOB_ID>@* segments left behind are removed ('@'
- * cannot occur in a job id, so another job whose id starts with ours keeps its segments).
+ * Once every rank is gone, /dev/shm/loom-<LOOM_JOB_ID>@* files left behind are removed ('@' cannot
+ * occur in a job id, so another job whose id starts with ours keeps its files). loom's own segments
+ * never have a name there (comm/transport/shm_rdv.c); this is for programs on an older loom.
  * Exit code: 0 when every rank exited 0; 1 when one failed; 2 for bad usage; 126/127 when the
  * program cannot be executed; killed by the same signal when loom run was interrupted. */
 #include <dirent.h>

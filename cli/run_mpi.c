@@ -6,13 +6,15 @@
  * where the -x list forwards LOOM_*, OMP_NUM_THREADS (set to 1 when unset, as for local jobs) and the
  * sanitizers' ASAN_OPTIONS / UBSAN_OPTIONS.
  * LOOM_MPIRUN replaces "mpirun" (a command and its leading arguments, split at spaces: e.g. a
- * wrapper, or "mpirun --mca btl_tcp_if_include eth1"). The command is printed before it runs. */
+ * wrapper, or "mpirun --mca btl_tcp_if_include eth1"). The command is printed before it runs. A loom
+ * built without MPI refuses before running anything, naming the remedy. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "loom/util.h"
 #include "run_opts.h"
 
 extern char **environ;
@@ -22,12 +24,17 @@ extern char **environ;
 
 int run_mpirun(const run_opts_t *o)
 {
-	FILE *f = fopen(o->hostfile, "r");
+	FILE *f;
 	char line[512], hosts[8192] = "", np[32], *argv[MAX_ARGS], *words = NULL, *tok, *save;
 	static char xvars[MAX_ARGS][128];
 	int nh = 0, a = 0, nx = 0;
 	size_t len = 0;
-	if (!f) {
+	if (!loom_build_info()->mpi) { /* its ranks could not join: refuse before mpirun starts any */
+		fprintf(stderr, "loom run: --hostfile %s: this loom was built without MPI (`loom --version` says \"mpi: no\"), "
+		        "so the ranks of a job across hosts cannot join; " RUN_MPI_REMEDY "\n", o->hostfile);
+		return 2;
+	}
+	if (!(f = fopen(o->hostfile, "r"))) {
 		fprintf(stderr, "loom run: --hostfile %s: %s\n", o->hostfile, strerror(errno));
 		return 2;
 	}

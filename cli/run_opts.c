@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "loom/util.h"
 #include "run_opts.h"
 
 static void usage(FILE *f)
@@ -57,7 +58,7 @@ static void usage(FILE *f)
 	        "\n"
 	        "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,\n"
 	        "ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOOM_JOB_ID (fresh unless you set it;\n"
-	        "names the job's /dev/shm/loom-<id>@* segments) and, with more than one rank, OMP_NUM_THREADS=1\n"
+	        "names the job's communicators, loom-<id>@*) and, with more than one rank, OMP_NUM_THREADS=1\n"
 	        "unless it is set (or empty). Each line a rank writes is prefixed \"[rank r] \" on the same\n"
 	        "stream (stdout or stderr); '\\r' progress lines are kept as such. Ranks read loom run's stdin,\n"
 	        "or /dev/null when that is a terminal.\n"
@@ -66,7 +67,7 @@ static void usage(FILE *f)
 	        "LOOM_KILL_GRACE_S seconds (default 5), SIGKILL; loom run names the rank that failed first.\n"
 	        "SIGINT, SIGTERM and SIGHUP are forwarded to the ranks (a second one kills them). Ranks run\n"
 	        "in their own process groups, so their children are signalled too, and die with loom run.\n"
-	        "Shared-memory segments the job left in /dev/shm are removed at the end.\n"
+	        "Files left in /dev/shm under the job's name (/dev/shm/loom-<id>@*) are removed at the end.\n"
 	        "\n"
 	        "Exit code: 0 when every rank exited 0; 1 when a rank failed; 2 for a usage error;\n"
 	        "126/127 when PROGRAM cannot be executed; when interrupted, loom run dies of that signal.\n");
@@ -250,6 +251,8 @@ void run_parse_opts(int argc, char **argv, run_opts_t *o)
 			        "  mpirun -np K*N --host a:N,b:N PROGRAM ...\n  srun -N K --ntasks-per-node N --mpi=pmix PROGRAM ...\n"
 			        "(see docs/multinode.md)\n",
 			        nnodes);
+			if (!loom_build_info()->mpi)
+				fprintf(stderr, "and this loom was built without MPI, which all three need: %s\n", RUN_MPI_REMEDY);
 			exit(2);
 		}
 	}

@@ -4,6 +4,11 @@
 
 #define RUN_MAX_RANKS 1024
 
+/* What to do when a launch needs MPI and this loom was built without it (loom_build_info()->mpi). */
+#define RUN_MPI_REMEDY                                                                              \
+	"install libopenmpi-dev (`make deps` installs what is missing) and run make again: it rebuilds " \
+	"loom with MPI by itself (see docs/multinode.md)"
+
 typedef struct {
 	int nproc;     /* ranks on this node (--nproc-per-node) */
 	int world;     /* ranks in the job: nproc * nnodes */
@@ -25,12 +30,13 @@ typedef struct {
 } run_opts_t;
 
 /* Parse `loom run`'s flags (argv[0] = "run") and environment into *o. Prints the help and exits 0
- * for --help; prints a clear message and exits 2 for anything invalid (--nnodes > 1 included). */
+ * for --help; prints a clear message and exits 2 for anything invalid (--nnodes > 1 included, with
+ * RUN_MPI_REMEDY in a loom built without MPI). */
 void run_parse_opts(int argc, char **argv, run_opts_t *o);
 
 /* --hostfile: build the mpirun command for o (every host of the file runs o->nproc ranks), print
- * it and exec it; returns only on failure (exit code: 2 for a bad hostfile, 127 when mpirun cannot
- * be executed). */
+ * it and exec it; returns only on failure (exit code: 2 for a bad hostfile, or in a loom built
+ * without MPI before anything starts; 127 when mpirun cannot be executed). */
 int run_mpirun(const run_opts_t *o);
 
 #endif

@@ -42,29 +42,6 @@ static int exists(const char *p)
 	return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
-/* Resolve --model: a file, a checkpoint directory, or a directory of checkpoints. */
-static void resolve_model(const char *arg, char *path, size_t cap)
-{
-	struct stat sb;
-	char ck[1100];
-	int64_t step;
-	if (stat(arg, &sb) != 0)
-		cli_die("sample", "--model %s: no such file or directory", arg);
-	if (!S_ISDIR(sb.st_mode)) {
-		snprintf(path, cap, "%s", arg);
-		return;
-	}
-	snprintf(path, cap, "%s/model.safetensors", arg);
-	if (exists(path))
-		return;
-	int rc = loom_ckpt_latest(arg, ck, sizeof ck, &step);
-	if (rc == LOOM_ENOENT)
-		cli_die("sample", "--model %s: a directory without model.safetensors or checkpoints", arg);
-	if (rc != LOOM_OK) /* a damaged newest checkpoint: say so, with the older ones to choose from */
-		cli_die("sample", "--model %s: %s", arg, loom_errmsg());
-	snprintf(path, cap, "%s/model.safetensors", ck);
-}
-
 static int is_bpe_dir(const char *dir)
 {
 	char buf[1200];
@@ -246,7 +223,8 @@ int loom_cli_sample(int argc, char **argv)
 	if (top_k < 0)
 		cli_die("sample", "--top-k %d must be >= 0", top_k);
 	loom_set_num_threads(threads > 0 ? threads : omp_get_max_threads());
-	resolve_model(model_arg, path, sizeof path);
+	if (loom_model_path(model_arg, path, sizeof path) != LOOM_OK) /* a file, a checkpoint, a --save-dir */
+		cli_die("sample", "--model: %s", loom_errmsg());
 	if (loom_model_config(path, n_head, &cfg, NULL) != LOOM_OK)
 		cli_die("sample", "%s", loom_errmsg());
 	load_tokenizer(tok_flag, path, cfg.vocab_size, &tok, &bpe);

@@ -7,8 +7,9 @@
  * binary (/proc/self/exe) as `loom run --nproc-per-node N loom train ARGS` without --nproc.
  *
  * Sequence lengths: --seq-len is the length T trained on. The model's maximum (its n_positions, the
- * rows of wpe) comes from the preset, from --init-from's file, or from --n-positions; with explicit
- * model flags and no preset it defaults to T. T above the model's maximum is an error. */
+ * rows of wpe) comes from --n-positions, from --init-from's file, else from the GPT-2 preset (tiny's
+ * when --model is not given: the size flags override only their own fields), or for nanochat from T
+ * (base_train's sequence_len). T above the model's maximum is an error (model_flags.c). */
 #include <errno.h>
 #include <glob.h>
 #include <libgen.h>
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -43,17 +45,20 @@ static const char *const usage_text =
 	"  --shuffle 0|1          shuffle the order of batches each epoch (default 0)\n"
 	"model (default --model tiny):\n"
 	"  --arch gpt2|nanochat   the model family (default gpt2); nanochat is karpathy/nanochat's GPT (bac5a35)\n"
-	"  --model tiny|small|gpt2  a GPT-2 preset; the flags below override its fields\n"
+	"  --model tiny|small|gpt2  a GPT-2 preset; each flag below overrides only the field it names (the\n"
+	"                         positions stay the preset's unless --n-positions gives them)\n"
 	"  --depth D              nanochat's sizing (base_train): C = ceil(D x aspect / head-dim) x head-dim,\n"
 	"                         heads C / head-dim, L = D; --aspect-ratio A (64) --head-dim H (128)\n"
 	"  --n-kv-head K          nanochat: key/value heads (grouped-query attention; default the heads)\n"
 	"  --window-pattern P     nanochat: S/L per layer, tiled, last layer L (default SSSL)\n"
-	"  --short-window W       nanochat: the S window (default half the sequence length)\n"
-	"  --n-layer L --n-head H --n-embd C --vocab-size V --n-positions P (maximum sequence length)\n"
-	"  --init-from FILE       start from a model file (.safetensors or llm.c .bin) instead of random init\n"
+	"  --short-window W       nanochat: the S window (default half the model's positions)\n"
+	"  --n-layer L --n-head H --n-embd C --vocab-size V --n-positions P (the model's positions, its maximum\n"
+	"                         sequence length: GPT-2 default the preset's, nanochat's --seq-len as base_train)\n"
+	"  --init-from PATH       start from a model instead of random init: a .safetensors or llm.c .bin file, a\n"
+	"                         checkpoint directory (DIR/step_N), or a --save-dir (its newest checkpoint)\n"
 	"batch:\n"
 	"  --batch-size B         sequences per micro-batch (default 4)\n"
-	"  --seq-len T            tokens per sequence (default: the model's maximum)\n"
+	"  --seq-len T            tokens per sequence trained on, at most the model's positions (default: them)\n"
 	"  --grad-accum K         micro-batches per optimizer step and rank (default 1), or\n"
 	"  --total-batch-size N   tokens per optimizer step (= B x T x ranks x K; K is derived)\n"
 	"optimization:\n"
@@ -72,14 +77,17 @@ static const char *const usage_text =
 	"  --warmdown-frac F      with --schedule warmdown: the last F of the steps decay linearly to\n"
 	"                         --min-lr-frac (default 0.5, nanochat's)\n"
 	"  --wd-scale none|epochs with muon: weight decay x sqrt(B/B_ref) x (D_ref/D), D = steps x tokens per\n"
-	"                         step, D_ref = --ref-tokens (constant effective epochs, arXiv 2405.13698)\n"
+	"                         step, D_ref = --ref-tokens, B_ref = --ref-batch-size (constant effective\n"
+	"                         epochs, arXiv 2405.13698)\n"
 	"  --beta1 B1 --beta2 B2 --eps E   AdamW (defaults 0.9, 0.95, 1e-8)\n"
 	"  --grad-clip G          clip the global gradient norm to G, 0 disables (default 1.0)\n"
 	"  --seed S               initialization, shuffle and sampling seed (default 1337)\n"
 	"checkpoints and logs:\n"
 	"  --save-dir DIR         write training checkpoints DIR/step_NNNNNNNN (always at the end)\n"
 	"  --save-every K         also every K steps\n"
-	"  --keep-checkpoints K   keep only the newest K checkpoints (default 0: all)\n"
+	"  --keep-checkpoints K   keep only the newest K checkpoints (default 0: all); checkpoints of --save-dir\n"
+	"                         newer than the step a run starts from (the resumed one's, or 0) are another\n"
+	"                         branch's: they move aside into DIR/abandoned-at-step_S/ first, never pruned\n"
 	"  --resume               continue from the latest checkpoint in --save-dir (verified; a damaged one is\n"
 	"                         an error listing the older ones that verify)\n"
 	"  --resume-from DIR      continue from this checkpoint directory (e.g. an older one of --save-dir)\n"
@@ -96,6 +104,10 @@ static const char *const usage_text =
 	"                         --dtype, measured with loom's FMA loop as `loom bench gemm` prints it, once,\n"
 	"                         then cached in ~/.cache/loom/hw_peak[_bf16])\n"
 	"  --profile              print the time per kernel at the end\n"
+	"  --load auto|X          other work's runnable threads on this machine, for the prediction `loom plan`\n"
+	"                         makes of this run (default auto: measured at start, 0.5 s, before any rank\n"
+	"                         runs: by --nproc's launcher or a single process; 0 inside a job another\n"
+	"                         launcher started); the start-up line, the log and the summary give it\n"
 	"  --memory-check refuse|warn  before allocating, compare the run's memory estimate with the limits\n"
 	"                         (RLIMIT_AS/DATA, memory cgroup, MemAvailable); refuse (default) stops a run\n"
 	"                         that does not fit, saying what would; warn only says it\n"
@@ -114,7 +126,8 @@ static const char *const usage_text =
 	"                         bytes, reduced in fp32; also ZeRO's reduce-scatters)\n"
 	"  --lr-scale S           none|sqrt|linear: scale --lr by (tokens per step / --ref-batch-size)^p,\n"
 	"                         p = 1/2 (sqrt) or 1 (linear); default none\n"
-	"  --ref-batch-size N     tokens per step that --lr was tuned for\n"
+	"  --ref-batch-size N     B_ref, the tokens per step that --lr was tuned for; both --lr-scale and\n"
+	"                         --wd-scale use it (default with --optimizer muon: nanochat's 2^19)\n"
 	"pipeline parallel (data parallel takes the rest of the ranks: dp = ranks / pp):\n"
 	"  --pp P                 split the layers into P stages balanced by FLOPs (the embedding on the\n"
 	"                         first, the head and loss on the last); ranks are ordered dp, then pp\n"
@@ -164,7 +177,9 @@ typedef struct {
 	char tokenizer[1100];
 	int nproc, print_every;
 	loom_lr_scale_t lr_scale;
-	long long ref_batch;
+	long long ref_batch;              /* B_ref of both scalings (loom_ref_batch), 0: none */
+	const char *ref_source;           /* where B_ref came from */
+	double wd_ref;                    /* muon: the weight decay before --wd-scale */
 	double base_lr;                   /* --lr before scaling */
 	int rank, world;
 	int pp;                           /* pipeline stages */
@@ -178,6 +193,8 @@ typedef struct {
 	long long ref_tokens;             /* --ref-tokens */
 	double lr_factor;                 /* muon: every group's rate scaled by this (--lr-scale) */
 	int check;                        /* --check: build everything, take no step */
+	double load;                      /* --load (< 0: auto) */
+	const char *load_how;             /* where the load came from, for the prediction's lines */
 } opts_t;
 
 /* Parse a real flag that must be finite and > lo (lo_open) or >= lo, and < hi (hi_open) or <= hi. */
@@ -253,6 +270,7 @@ static void parse(int argc, char **argv, opts_t *o)
 	o->world = 1;
 	o->pp = 1, o->dp = 1;
 	o->tp = 1, o->cp = 1;
+	o->load = -1;
 #define FLAG(name) cli_flag(argc, argv, &i, name, &v)
 #define DBL(name) cli_parse_double("train", name, v)
 	for (int i = 1; i < argc; i++) {
@@ -333,6 +351,11 @@ static void parse(int argc, char **argv, opts_t *o)
 				cli_die("train", "--peak-flops: %s must be > 0 (FLOP/s, e.g. 1e11)", v);
 		} else if (!strcmp(a, "--profile")) o->profile = 1;
 		else if (FLAG("--memory-check")) cli_memcheck_mode(v);
+		else if (FLAG("--load")) {
+			o->load = !strcmp(v, "auto") ? -1 : cli_parse_double("train", "--load", v);
+			if (o->load < -1 || !isfinite(o->load))
+				cli_die("train", "--load: '%s' is not auto or a number of threads >= 0", v);
+		}
 		else if (FLAG("--activation-checkpointing")) {
 			if (loom_act_ckpt_parse(v, &o->act_ckpt) != LOOM_OK)
 				cli_die("train", "--activation-checkpointing: %s", loom_errmsg());
@@ -407,8 +430,8 @@ static void parse(int argc, char **argv, opts_t *o)
 	if (o->wd_scale && (o->tc.optimizer != LOOM_OPTIMIZER_MUON || o->ref_tokens <= 0))
 		cli_die("train", "--wd-scale epochs scales Muon's weight decay: it needs --optimizer muon and --ref-tokens "
 		        "D_REF (the reference run's tokens)");
-	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->lr_scale > 0 && o->ref_batch <= 0)
-		o->ref_batch = (long long)LOOM_MUON_B_REF; /* nanochat's B_ref, 2^19 tokens */
+	/* one B_ref for the LR and the weight-decay scalings, as base_train has */
+	o->ref_batch = loom_ref_batch(o->ref_batch, o->tc.optimizer, &o->ref_source);
 	double scaled;
 	if (loom_lr_scaled(o->tc.lr.peak_lr, o->lr_scale, 1, o->ref_batch, &scaled) != LOOM_OK)
 		cli_die("train", "%s", loom_errmsg()); /* e.g. a scaling without its reference batch */
@@ -433,6 +456,11 @@ static void relaunch(int argc, char **argv, const opts_t *o)
 	ssize_t len;
 	if (o->nproc <= 1 || in_job())
 		return;
+	if (o->load < 0) { /* --load auto: the machine's other work, measured before any rank runs */
+		char load[32];
+		snprintf(load, sizeof load, "%.3f", loom_cluster_measure_load((int)sysconf(_SC_NPROCESSORS_ONLN), 0.5));
+		setenv("LOOM_PLAN_LOAD", load, 1);
+	}
 	if ((len = readlink("/proc/self/exe", exe, sizeof exe - 1)) <= 0)
 		cli_die("train", "--nproc: cannot find this program's path (/proc/self/exe): %s", strerror(errno));
 	exe[len] = 0;
@@ -589,9 +617,10 @@ static void batch_config(opts_t *o)
 		o->tc.muon.unembedding_lr *= (float)f, o->tc.muon.scalar_lr *= (float)f;
 		o->tc.muon.adamw_lr = (float)(adamw_lr * f);
 		o->tc.muon.total_steps = o->tc.lr.total_steps;
+		o->wd_ref = o->tc.muon.weight_decay;
 		if (o->wd_scale)
 			o->tc.muon.weight_decay = (float)loom_muon_weight_decay_scaled(
-				o->tc.muon.weight_decay, (double)tokens, (double)tokens * (double)o->tc.lr.total_steps,
+				o->wd_ref, (double)tokens, (double)o->ref_batch, (double)tokens * (double)o->tc.lr.total_steps,
 				(double)o->ref_tokens);
 		o->base_lr = 1.0, o->lr_factor = f;
 		return;
@@ -730,6 +759,10 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		       loom_trainer_tokens_per_step(tr));
 	printf("; %lld steps; lr %g (%s, warmup %lld, min %g x)\n", o->tc.lr.total_steps, o->tc.lr.peak_lr,
 	       loom_schedule_name(o->tc.lr.kind), o->tc.lr.warmup, o->tc.lr.min_lr_frac);
+	if (o->lr_scale > 0 || o->wd_scale) /* the one reference batch, said once */
+		printf("B_ref: %lld tokens per step (%s), the reference batch of %s%s%s\n", o->ref_batch, o->ref_source,
+		       o->lr_scale > 0 ? "the learning rate's scaling" : "", o->lr_scale > 0 && o->wd_scale ? " and " : "",
+		       o->wd_scale ? "Muon's weight-decay scaling" : "");
 	if (o->lr_scale > 0 && o->tc.optimizer == LOOM_OPTIMIZER_MUON)
 		printf("lr: every group's rate x %g (%s scaling, %lld tokens per step vs a reference of %lld)\n",
 		       o->lr_factor, loom_lr_scale_name(o->lr_scale), loom_trainer_tokens_per_step(tr),
@@ -738,6 +771,13 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		printf("lr: peak %g = %g x %g (%s scaling, %lld tokens per step vs a reference of %lld)\n", o->tc.lr.peak_lr,
 		       o->base_lr, o->tc.lr.peak_lr / o->base_lr, loom_lr_scale_name(o->lr_scale),
 		       loom_trainer_tokens_per_step(tr), o->ref_batch);
+	if (o->wd_scale) {
+		long long B = loom_trainer_tokens_per_step(tr);
+		printf("weight decay: Muon's %g = %g x sqrt(%lld / B_ref) x (D_ref / D) = %g x %.4g x (%lld / %lld) (epochs "
+		       "scaling: D = %lld steps x %lld tokens, D_ref = --ref-tokens)\n", o->tc.muon.weight_decay, o->wd_ref, B,
+		       o->wd_ref, sqrt((double)B / (double)o->ref_batch), o->ref_tokens, B * o->tc.lr.total_steps,
+		       o->tc.lr.total_steps, B);
+	}
 	if (o->pp > 1 && o->tc.pp_virtual_stages > 1)
 		printf("pipeline parallel: %d stages x dp %d, schedule %s, %d model chunks per stage, %d micro-batches per "
 		       "step (ideal bubble (P-1)/(V M+P-1) = %.1f%%)%s%s\n", o->pp, o->dp, o->tc.pp_schedule,
@@ -826,9 +866,11 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	if (o->tc.gemm_flops > 0 && o->tc.peak_flops > 0)
 		snprintf(gemm, sizeof gemm, "; the GEMM reaches %.1f GFLOP/s, %.0f%% of it", o->tc.gemm_flops / 1e9,
 		         100.0 * o->tc.gemm_flops / o->tc.peak_flops);
-	printf("MFU against the hardware's %s peak of %.1f GFLOP/s%s (%s)%s; %.4g FLOP per token\n",
+	printf("MFU against the hardware's %s peak of %.1f GFLOP/s%s (%s)%s; %.4g FLOP per token (attention inside the "
+	       "causal mask and windows; %s's nominal count %.4g, mfu_%s in the log)\n",
 	       loom_compute_dtype_name(o->dtype), o->tc.peak_flops / 1e9, o->world > 1 ? " per rank" : "",
-	       o->tc.peak_source ? o->tc.peak_source : "given", gemm, loom_model_flops_per_token(&o->mc, o->tc.T));
+	       o->tc.peak_source ? o->tc.peak_source : "given", gemm, loom_model_flops_per_token(&o->mc, o->tc.T),
+	       loom_arch_name(o->mc.arch), loom_model_flops_per_token_nominal(&o->mc, o->tc.T), loom_arch_name(o->mc.arch));
 }
 
 static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
@@ -976,24 +1018,62 @@ static void setup_interrupt(int argc, char **argv, const opts_t *o)
 	signal(SIGINT, on_sigint);
 }
 
-/* The planner's prediction for this run (loom/plan.h) on this machine, idle, from the peak cache (no
- * measuring beyond a short memory copy); 0 when it cannot say (no cached peak). */
-static int predict(const opts_t *o, loom_plan_t *p)
+/* The other work on the machine for the prediction (--load): given; measured by --nproc's launcher
+ * before the ranks started (LOOM_PLAN_LOAD); measured now by a process that is the whole run (before it
+ * allocates or runs anything); else, in a job another launcher started, where the other ranks are
+ * already running, 0. */
+static void plan_load(opts_t *o)
 {
-	loom_cluster_t c;
-	loom_plan_config_t pc = {.model = o->mc, .B = o->tc.B, .T = o->tc.T, .M = o->tc.accum, .dp = o->dp, .tp = o->tp,
-	                         .cp = o->cp,
-	                         .pp = o->pp, .zero = o->dp > 1 ? o->tc.zero : 0, .act_ckpt = o->act_ckpt,
-	                         .dtype = o->dtype, .grad_reduce_bf16 = o->tc.grad_reduce_dtype == LOOM_BFLOAT16,
-	                         .bucket_mb = o->tc.bucket_mb, .pp_head_split = o->tc.pp_head_split};
-	pc.schedule_gpipe = o->tc.pp_schedule && !strcmp(o->tc.pp_schedule, "gpipe");
-	pc.virtual_stages = o->tc.pp_virtual_stages;
-	if (loom_cluster_local(loom_num_threads(), 0, &c) != LOOM_OK || loom_plan_estimate(&pc, &c, p) != LOOM_OK)
-		return 0;
-	return 1;
+	const char *e = getenv("LOOM_PLAN_LOAD");
+	if (o->load >= 0)
+		o->load_how = "--load";
+	else if (e && *e && atof(e) >= 0)
+		o->load = atof(e), o->load_how = "measured at launch";
+	else if (!in_job() && o->nproc <= 1)
+		o->load = loom_cluster_measure_load((int)sysconf(_SC_NPROCESSORS_ONLN), 0.5), o->load_how = "measured at start";
+	else
+		o->load = 0.0, o->load_how = "not measured inside a job: --load";
 }
 
-static void print_summary(loom_trainer_t *tr, const opts_t *o, const char *resume)
+/* The peak cache's figures the prediction and MFU need for this run's threads and dtype: what is missing
+ * is measured by `loom plan --measure` in a process of its own (its GEMM and copy buffers, hundreds of
+ * MiB, would otherwise stay in this rank's peak resident set). */
+static void fill_peak_cache(const opts_t *o)
+{
+	char exe[PATH_MAX], th[16];
+	ssize_t len;
+	if (loom_cluster_local_missing(loom_num_threads(), o->dtype, NULL, 0) == 0 ||
+	    (len = readlink("/proc/self/exe", exe, sizeof exe - 1)) <= 0)
+		return;
+	exe[len] = 0;
+	snprintf(th, sizeof th, "%d", loom_num_threads());
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) { /* only exec after fork: this process has threads */
+		execl(exe, exe, "plan", "--measure", "--threads", th, "--dtype", loom_compute_dtype_name(o->dtype),
+		      (char *)NULL);
+		_exit(127);
+	}
+	int st;
+	if (pid > 0)
+		while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+		}
+}
+
+/* The prediction for this run: `loom plan`'s for the same flags (loom_plan_config_of_run and
+ * loom_plan_local, nothing measured here: the cache was filled by fill_peak_cache); 0 when it cannot
+ * say (no cached hardware peak). */
+static int predict(const opts_t *o, loom_plan_t *p, loom_cluster_t *c)
+{
+	loom_plan_config_t pc;
+	loom_model_opts_t mo = {.B = o->tc.B, .T = o->tc.T, .tp_size = o->tp, .act_ckpt = o->act_ckpt, .dtype = o->dtype,
+	                        .sequence_parallel = o->sp, .cp_size = o->cp};
+	loom_plan_local_t how = {.threads = loom_num_threads(), .load = o->load, .measure = 0};
+	loom_plan_config_of_run(&o->tc, &o->mc, &mo, o->dp, o->pp, &pc);
+	return loom_plan_local(&pc, &how, c, p) == LOOM_OK;
+}
+
+static void print_summary(loom_trainer_t *tr, const opts_t *o, const loom_plan_t *p, const char *resume)
 {
 	loom_train_summary_t s;
 	char wall[32];
@@ -1005,13 +1085,33 @@ static void print_summary(loom_trainer_t *tr, const opts_t *o, const char *resum
 	       "%.0f best", s.first_step, s.last_step, s.steps, wall, s.wall_s, s.step_s, s.tokens, s.mean_tokens_per_s,
 	       s.best_tokens_per_s);
 	if (o->tc.peak_flops > 0)
-		printf("; MFU %.1f%% mean", 100.0 * s.mean_mfu);
-	loom_plan_t p;
-	if (predict(o, &p) && s.steps > 0) {
-		double ms = 1e3 * s.step_s / s.steps, rss = (double)loom_peak_rss_bytes();
-		printf("\nsummary: predicted (loom plan, idle machine) vs measured: step %.1f ms vs %.1f ms mean (%+.0f%%); "
-		       "memory %.1f MiB vs peak RSS %.1f MiB (%+.0f%%)", 1e3 * p.step_time_s, ms, 100.0 * (1e3 * p.step_time_s / ms - 1),
-		       p.memory_rank0.total / 1048576.0, rss / 1048576.0, rss > 0 ? 100.0 * (p.memory_rank0.total / rss - 1) : 0.0);
+		printf("; MFU %.1f%% mean (%.1f%% at %s's nominal count)", 100.0 * s.mean_mfu, 100.0 * s.mean_mfu_nominal,
+		       loom_arch_name(o->mc.arch));
+	if (p && p->step_time_s > 0 && s.median_steps > 0) {
+		loom_train_memory_t mem;
+		loom_trainer_memory(tr, &mem);
+		loom_plan_measured_t me = {.step_s = s.median_step_s, .optimizer_s = s.median_optim_s,
+		                           .comm_s = s.median_comm_s, .bubble = s.median_bubble,
+		                           .peak_rss = (double)loom_peak_rss_bytes(), .states = (double)mem.model_states,
+		                           .activations = (double)mem.activations};
+		loom_plan_verdict_t v;
+		char which[128];
+		loom_plan_compare(p, &me, &v);
+		if (s.warmup > 0)
+			snprintf(which, sizeof which, "median of steps %lld-%lld, after %d of warm-up", s.first_step + s.warmup,
+			         s.last_step, s.warmup);
+		else
+			snprintf(which, sizeof which, "median of all %lld steps: too few for a warm-up", s.steps);
+		printf("\nsummary: predicted (loom plan, load %.2f) vs measured (%s): step %.1f ms vs %.1f ms (%+.0f%%); "
+		       "memory %.1f MiB vs peak RSS %.1f MiB (%+.0f%%)", o->load, which,
+		       1e3 * p->step_time_s, 1e3 * me.step_s, 100.0 * v.time_error, p->memory_rank0.total / 1048576.0,
+		       me.peak_rss / 1048576.0, 100.0 * v.memory_error);
+		if (v.time_part)
+			printf("\nsummary: the step missed by more than 15%%, most in %s: predicted %.1f ms, measured %.1f ms",
+			       v.time_part, 1e3 * v.time_part_pred, 1e3 * v.time_part_meas);
+		if (v.memory_part)
+			printf("\nsummary: memory missed by more than 10%%, most in %s: predicted %.1f MiB, measured %.1f MiB",
+			       v.memory_part, v.memory_part_pred / 1048576.0, v.memory_part_meas / 1048576.0);
 	}
 	printf("\nsummary: final loss %.6f", s.final_loss);
 	if (s.has_val)
@@ -1036,12 +1136,18 @@ int loom_cli_train(int argc, char **argv)
 	loom_trainer_t *tr = NULL;
 	float *init = NULL;
 	run_ctx_t r;
-	int rc, status = 1;
+	loom_plan_t plan;
+	loom_cluster_t cluster;
+	int rc, status = 1, have_plan = 0;
 	memset(&r, 0, sizeof r);
 	parse(argc, argv, &o);
 	if (o.nproc > 1 && !in_job())
 		validate(&o, o.nproc); /* one message from the launcher, not one per rank */
 	relaunch(argc, argv, &o); /* --nproc N: returns only inside a job or with N = 1 */
+	if (o.check && o.load < 0)
+		o.load = 0.0, o.load_how = "not measured with --check";
+	else
+		plan_load(&o); /* before this process (or any rank) allocates or runs anything */
 	/* Join the job the environment describes; a job of one rank is the single-process trainer. */
 	if (loom_comm_init(&comm) != LOOM_OK)
 		cli_die("train", "joining the data-parallel job: %s", loom_errmsg());
@@ -1121,6 +1227,8 @@ int loom_cli_train(int argc, char **argv)
 	if (o.rank == 0) { /* measured once the settings are known to be good */
 		const char *src = "--peak-flops";
 		int given = o.tc.peak_flops > 0;
+		if (!given && !o.check)
+			fill_peak_cache(&o); /* in a process of its own: what is still missing is measured below */
 		if (!given)
 			o.tc.peak_flops = cached_peak(1, o.dtype, loom_num_threads(), !o.check, &src);
 		o.tc.peak_source = src;
@@ -1154,14 +1262,21 @@ int loom_cli_train(int argc, char **argv)
 		}
 	}
 	if (o.rank == 0) {
-		loom_plan_t p = {0};
 		print_header(&o, tr);
-		if (predict(&o, &p))
-			loom_trainer_set_prediction(tr, p.step_time_s, p.memory_rank0.total);
-		if (p.step_time_s > 0)
-			printf("plan: predicted step %.1f ms (%.0f tok/s, MFU %.1f%%), memory %.1f MiB on this rank (loom plan, "
-			       "idle machine; docs/plan.md)\n", 1e3 * p.step_time_s, p.tokens_per_s, 100.0 * p.mfu,
-			       p.memory_rank0.total / 1048576.0);
+		if ((have_plan = predict(&o, &plan, &cluster))) { /* `loom plan`'s prediction for these flags */
+			int n = loom_plan_json(&plan, &cluster, NULL, 0);
+			char *json = malloc((size_t)n + 1);
+			loom_trainer_set_prediction(tr, plan.step_time_s, plan.memory_rank0.total);
+			if (json) {
+				loom_plan_json(&plan, &cluster, json, (size_t)n + 1);
+				loom_trainer_set_plan_json(tr, json); /* logged in the config record, as --json prints it */
+				free(json);
+			}
+			printf("plan: predicted step %.1f ms (%.0f tok/s, MFU %.1f%%), memory %.1f MiB on this rank (loom plan "
+			       "with these flags: %d thread%s per rank, load %.2f, %s; docs/plan.md)\n", 1e3 * plan.step_time_s,
+			       plan.tokens_per_s, 100.0 * plan.mfu, plan.memory_rank0.total / 1048576.0, cluster.threads,
+			       cluster.threads == 1 ? "" : "s", o.load, o.load_how);
+		}
 	}
 	if (o.world > 1) { /* rank 0's parameters to every rank, verified there (collective) */
 		uint64_t sum;
@@ -1188,6 +1303,19 @@ int loom_cli_train(int argc, char **argv)
 		status = 0;
 		goto out;
 	}
+	loom_ckpt_aside_t aside;
+	if (loom_trainer_prepare_save_dir(tr, &aside) != LOOM_OK) { /* rank 0; before anything is written */
+		fprintf(stderr, "loom train: --save-dir: %s\n", loom_errmsg());
+		goto out;
+	}
+	if (aside.n > 0) { /* said once: what moved, and why */
+		char from[64];
+		long long s0 = loom_trainer_steps_done(tr);
+		snprintf(from, sizeof from, s0 > 0 ? "continues from step %lld" : "starts from scratch", s0);
+		printf("checkpoints: this run %s, so the %d %scheckpoint%s in %s (%s) belong%s to %s: moved aside into %s "
+		       "(nothing deleted)\n", from, aside.n, s0 > 0 ? "newer " : "", aside.n == 1 ? "" : "s", o.tc.save_dir,
+		       aside.names, aside.n == 1 ? "s" : "", s0 > 0 ? "an abandoned branch" : "an earlier run", aside.into);
+	}
 	if (o.sample_every > 0 && o.rank == 0) {
 		if (o.tc.tokenizer && loom_tokenizer_load(&r.tok, o.tc.tokenizer) == LOOM_OK)
 			r.have_tok = 1;
@@ -1208,7 +1336,7 @@ int loom_cli_train(int argc, char **argv)
 	if (o.rank == 0) {
 		char cmd[6000];
 		resume_command(argc, argv, &o, cmd, sizeof cmd);
-		print_summary(tr, &o, cmd);
+		print_summary(tr, &o, have_plan ? &plan : NULL, cmd);
 	}
 	if (o.profile && r.steps_run > 0 && o.rank == 0) {
 		loom_model_profile_report(model, stdout, r.steps_run);

@@ -1,8 +1,11 @@
 /* test_build.c: the public surface: a program outside the tree builds against loom through loom.pc
  * and the public headers alone, and runs; the archive defines only loom_ globals; the CLI includes
- * only public headers; the helpers made public for it behave as documented. */
+ * only public headers; the helpers made public for it behave as documented. And the build itself:
+ * a copy of the tree rebuilt with another configuration (MPI off, then on, then other CFLAGS and
+ * LDFLAGS) rebuilds what the change affects and reports what it was built with. */
 #include <dirent.h>
 #include <libgen.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,4 +172,167 @@ TEST(public_util_and_algo_api)
 
 	CHECK_EQ(test_spawn(1, rank_algo_api, NULL, 30, env), 0);
 	return 0;
+}
+
+/* ---- the build tracks its configuration (issue 34: a build that cannot go stale) ---- */
+
+#define BUILD_OUT_CAP (1 << 19)
+
+/* Run `cd DIR && CMD` (printf-style) with make's own variables of an enclosing `make test` removed
+ * (its jobserver and command-line variables are not this build's); the output goes to out. */
+static int in_copy(const char *dir, char *out, double timeout_s, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static int in_copy(const char *dir, char *out, double timeout_s, const char *fmt, ...)
+{
+	char cmd[8192];
+	int n = snprintf(cmd, sizeof cmd, "cd '%s' && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MAKEOVERRIDES -u MPI ", dir);
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(cmd + n, sizeof cmd - (size_t)n, fmt, ap);
+	va_end(ap);
+	return test_run_cmd(cmd, out, BUILD_OUT_CAP, timeout_s);
+}
+
+/* The objects of the copy's build/ that are not newer than `stamp` (relative to the copy), as one
+ * line of paths into out; "" when every object is newer. */
+static int objects_not_newer(const char *dir, const char *stamp, char *out)
+{
+	int rc = in_copy(dir, out, 60, "find build -name '*.o' ! -newer %s | sort | tr '\\n' ' '", stamp);
+	CHECK_MSG(rc == 0, "find failed (%d): %s", rc, out);
+	return 0;
+}
+
+/* `loom run --hostfile` of the copy's loom over the two-host cluster of scripts/netns-cluster.sh
+ * (2 network namespaces x 2 ranks, mpirun between them, as tests/test_multinode.c runs it): a
+ * `loom bench comm` all-reduce of 4 ranks on two hosts joins and is exact. Skipped (1 in *skipped)
+ * where the cluster cannot be made. */
+static int two_host_job(const char *dir, char *out, const char *why_not)
+{
+	char script[4096];
+	int p = (int)getpid() % 100000, rc;
+	if (why_not) {
+		printf("  the two-host job skipped: %s\n", why_not);
+		return 0;
+	}
+	CHECK(realpath("scripts/netns-cluster.sh", script) != NULL);
+	rc = in_copy(dir, out, 150,
+	             "export LOOM_NETNS_PREFIX=lb%d; trap '%s down' EXIT; %s up && LOOM_MPIRUN='%s mpirun' "
+	             "timeout 120 build/loom run --hostfile hosts --nproc-per-node 2 %s/build/loom bench comm --op allreduce "
+	             "-b 1M -e 1M -n 3 -w 1",
+	             p, script, script, script, dir);
+	CHECK_MSG(rc == 0, "the two-host job failed (%d):\n%s", rc, out);
+	CHECK_CONTAINS(out, " -np 4 --host 10.231.7.1:2,10.231.7.2:2 ");
+	CHECK_CONTAINS(out, "# loom bench comm: 4 ranks");
+	CHECK_CONTAINS(out, " h-pipe "); /* the all-reduce across two hosts */
+	CHECK_CONTAINS(out, "# Out of bounds values : 0 OK");
+	rc = test_run_cmd("ip netns list 2>/dev/null | grep '^lb' || true", out, BUILD_OUT_CAP, 10);
+	CHECK_EQ(rc, 0);
+	{
+		char mine[32];
+		snprintf(mine, sizeof mine, "lb%d", p);
+		CHECK_MSG(strstr(out, mine) == NULL, "namespaces left behind: %s", out);
+	}
+	return 0;
+}
+
+/* The body of build_tracks_its_configuration, in the copy `dir`. */
+static int build_configurations(const char *dir, char *out, const char *why_not)
+{
+	char cmd[4096];
+	int rc;
+	/* the tree as the working copy has it (uncommitted and new files included), without build/ */
+	snprintf(cmd, sizeof cmd,
+	         "git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - "
+	         "2>/dev/null | tar -C '%s' -xf - && printf '10.231.7.1\\n10.231.7.2\\n' > '%s/hosts' && "
+	         "printf '#!/bin/sh\\ntouch \"%s/mpirun-ran\"\\n' > '%s/fake-mpirun' && chmod +x '%s/fake-mpirun'",
+	         dir, dir, dir, dir, dir);
+	rc = test_run_cmd(cmd, out, BUILD_OUT_CAP, 120);
+	CHECK_MSG(rc == 0, "copying the tree failed (%d): %s", rc, out);
+
+	/* without MPI */
+	rc = in_copy(dir, out, 1200, "make -j2 MPI=0 all");
+	CHECK_MSG(rc == 0, "make MPI=0 failed (%d):\n%s", rc, out);
+	CHECK_EQ(in_copy(dir, out, 30, "build/loom --version"), 0);
+	CHECK_CONTAINS(out, "\nmpi: no (a job stays on one host; to span hosts, install libopenmpi-dev and run make again");
+	CHECK_EQ(in_copy(dir, out, 30, "grep '^MPI = ' build/compile.stamp"), 0);
+	CHECK_STREQ(out, "MPI = 0 \n");
+	CHECK_EQ(in_copy(dir, out, 60, "nm -g --defined-only build/libloom.a | grep -c ' T loom__mpi_' || true"), 0);
+	CHECK_STREQ(out, "0\n");
+	rc = in_copy(dir, out, 30, "LOOM_MPIRUN='%s/fake-mpirun' build/loom run --hostfile hosts --nproc-per-node 2 "
+	             "build/loom --version", dir);
+	CHECK_EQ(rc, 2);
+	CHECK_CONTAINS(out, "loom run: --hostfile hosts: this loom was built without MPI (`loom --version` says \"mpi: "
+	                    "no\"), so the ranks of a job across hosts cannot join; install libopenmpi-dev (`make deps` "
+	                    "installs what is missing) and run make again: it rebuilds loom with MPI by itself");
+	CHECK_EQ(in_copy(dir, out, 10, "test ! -e mpirun-ran"), 0); /* nothing started */
+	rc = in_copy(dir, out, 30, "build/loom run --nnodes 2 --nproc-per-node 1 build/loom --version");
+	CHECK_EQ(rc, 2);
+	CHECK_CONTAINS(out, "and this loom was built without MPI, which all three need: install libopenmpi-dev");
+
+	/* MPI installed (it is, here): plain make rebuilds everything, without make clean */
+	rc = in_copy(dir, out, 1200, "make -j2 all");
+	CHECK_MSG(rc == 0, "make failed (%d):\n%s", rc, out);
+	CHECK_CONTAINS(out, "build/compile.stamp: changed, rebuilding what depends on it");
+	CHECK_EQ(objects_not_newer(dir, "build/compile.stamp", out), 0);
+	CHECK_MSG(out[0] == '\0', "objects of the MPI=0 build left in place: %s", out);
+	CHECK_EQ(in_copy(dir, out, 30, "grep -c '^MPI = 1 ' build/compile.stamp"), 0);
+	CHECK_EQ(in_copy(dir, out, 30, "build/loom --version"), 0);
+	CHECK_CONTAINS(out, "\nmpi: yes, Open MPI v");
+	CHECK_EQ(in_copy(dir, out, 60, "nm -g --defined-only build/libloom.a | grep -c ' T loom__mpi_layout$' || true"), 0);
+	CHECK_STREQ(out, "1\n");
+	CHECK_EQ(two_host_job(dir, out, why_not), 0);
+
+	/* CFLAGS on the command line: every object again, and the binary says so */
+	rc = in_copy(dir, out, 1200, "make -j2 CFLAGS=-DLOOM_STAMP_TEST=1 all");
+	CHECK_MSG(rc == 0, "make CFLAGS=-DLOOM_STAMP_TEST=1 failed (%d):\n%s", rc, out);
+	CHECK_CONTAINS(out, "build/compile.stamp: changed, rebuilding what depends on it");
+	CHECK_CONTAINS(out, " -MMD -MP -DLOOM_STAMP_TEST=1 -c src/core/error.c ");
+	CHECK_EQ(objects_not_newer(dir, "build/compile.stamp", out), 0);
+	CHECK_MSG(out[0] == '\0', "objects built without the new CFLAGS left in place: %s", out);
+	CHECK_EQ(in_copy(dir, out, 30, "build/loom --version"), 0);
+	CHECK_CONTAINS(out, "\nmpi: yes, Open MPI v");
+	CHECK_CONTAINS(out, "\ncompiler: gcc ");
+	CHECK_CONTAINS(out, ", -O2, CFLAGS -DLOOM_STAMP_TEST=1\n");
+	CHECK_EQ(two_host_job(dir, out, why_not), 0);
+
+	/* the same make again does nothing */
+	rc = in_copy(dir, out, 300, "make -j2 CFLAGS=-DLOOM_STAMP_TEST=1 all && find build -newer build/loom -type f");
+	CHECK_MSG(rc == 0, "make failed (%d):\n%s", rc, out);
+	CHECK_STREQ(out, "");
+	/* a link flag relinks and compiles nothing */
+	rc = in_copy(dir, out, 300, "make -j2 CFLAGS=-DLOOM_STAMP_TEST=1 LDFLAGS=-Wl,-O1 all");
+	CHECK_MSG(rc == 0, "make LDFLAGS=-Wl,-O1 failed (%d):\n%s", rc, out);
+	CHECK_CONTAINS(out, "build/link.stamp: changed, rebuilding what depends on it");
+	CHECK_CONTAINS(out, " -Wl,-O1 -o build/loom ");
+	CHECK_MSG(strstr(out, " -c ") == NULL, "a link flag recompiled:\n%s", out);
+	CHECK_EQ(in_copy(dir, out, 30, "find build/loom build/loom.pc -newer build/link.stamp | sort | tr '\\n' ' '"), 0);
+	CHECK_STREQ(out, "build/loom build/loom.pc ");
+	return 0;
+}
+
+/* A copy of the source tree (git's files, without build/) is built with `make MPI=0`: `loom
+ * --version` says "mpi: no", the archive has no MPI transport, and `loom run --hostfile` and `--nnodes
+ * 2` refuse before starting anything, naming the remedy. Then plain `make` (MPI is installed here)
+ * rebuilds every object (none is older than the stamp), the binary says "mpi: yes", has the MPI
+ * transport and joins a job across two hosts. Then `make CFLAGS=-DLOOM_STAMP_TEST=1`: every object
+ * again, the flag in `loom --version`, and the two-host job; the same make once more does nothing;
+ * and a new LDFLAGS relinks without compiling anything. */
+TEST(build_tracks_its_configuration)
+{
+	static char out[BUILD_OUT_CAP];
+	char dir[512], why_buf[256];
+	const char *why_not = NULL;
+	int rc;
+	if (test_run_cmd("git rev-parse --show-toplevel && command -v make && pkg-config --exists ompi-c", out,
+	                 BUILD_OUT_CAP, 30) != 0)
+		return TEST_SKIP("needs the git checkout, make and OpenMPI's development files (libopenmpi-dev)");
+	if (test_run_cmd("scripts/netns-cluster.sh check", out, BUILD_OUT_CAP, 30) != 0) {
+		out[strcspn(out, "\n")] = '\0';
+		snprintf(why_buf, sizeof why_buf, "two-host cluster unavailable: %.200s", out);
+		why_not = why_buf;
+	}
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	rc = build_configurations(dir, out, why_not);
+	test_rmdir(dir); /* the copy and its build (~150 MB), also after a failure */
+	return rc;
 }

@@ -1,5 +1,6 @@
 /* test_ckpt.c: JSON, safetensors, GPT-2 model files (HF safetensors, llm.c .bin), optimizer state,
  * the key-value state file and atomic training-checkpoint directories. */
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -402,8 +403,9 @@ TEST(llmc_round_trip)
 	/* safetensors -> bin -> safetensors through the CLI */
 	{
 		char cmd[4096], out[4096];
-		snprintf(cmd, sizeof cmd, "%s convert %s %s && %s convert %s %s", test_loom_bin(), st1, bin, test_loom_bin(),
-		         bin, st2);
+		/* --force: b.safetensors' config.json is a.safetensors' (the same model), beside both */
+		snprintf(cmd, sizeof cmd, "%s convert %s %s && %s convert %s %s --force", test_loom_bin(), st1, bin,
+		         test_loom_bin(), bin, st2);
 		CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0);
 		CHECK_CONTAINS(out, "(safetensors) -> ");
 		CHECK_CONTAINS(out, "(llm.c): L=2 H=2 C=8 T=16 V=50");
@@ -461,6 +463,82 @@ TEST(llmc_round_trip)
 	CHECK_ERR(loom_model_config(bin, 0, &cfg, NULL), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), "llm.c model version 4 (expected 3, fp32, or 5, bf16)");
 	free(raw);
+	free(p);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* The file's first cap-1 bytes as a string ("" when it cannot be read). */
+static const char *read_text(const char *path, char *buf, size_t cap)
+{
+	FILE *f = fopen(path, "rb");
+	size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	return buf;
+}
+
+/* `loom convert` writes config.json beside a .safetensors and meta_NNNNNN.json beside nanochat's
+ * model_NNNNNN.pt, files the user did not name: an existing one is never replaced without --force
+ * (the refusal names it and writes nothing), and the last line says which it wrote or replaced. */
+TEST(convert_keeps_unasked_files)
+{
+	char dir[256], path[512], cmd[PATH_MAX + 1024], out[4096], text[256], loom[PATH_MAX];
+	size_t n = loom_gpt2_num_params(&tiny);
+	float *p = malloc(n * sizeof *p);
+	loom_model_config_t cfg;
+	CHECK(realpath(test_loom_bin(), loom) != NULL); /* the commands cd into the test's directory */
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	fill(p, n, 9);
+	snprintf(path, sizeof path, "%s/a.bin", dir);
+	CHECK_OK(loom_model_save(path, &tiny, p));
+	snprintf(cmd, sizeof cmd, "cd %s && mkdir out bare nc && echo mine > out/config.json && echo mine > "
+	         "bare/config.json && echo mine > nc/meta_000006.json", dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0);
+	/* into a directory holding a config.json: refused, nothing written */
+	snprintf(cmd, sizeof cmd, "cd %s && %s convert a.bin out/model.safetensors", dir, loom);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_STREQ(out, "loom convert: out/config.json exists and writing out/model.safetensors would replace it (a "
+	            ".safetensors gets config.json beside it, Hugging Face's layout); nothing was written: move it away, "
+	            "convert into another directory, or give --force to replace it\n");
+	snprintf(path, sizeof path, "%s/out/config.json", dir);
+	CHECK_STREQ(read_text(path, text, sizeof text), "mine\n");
+	snprintf(path, sizeof path, "%s/out/model.safetensors", dir);
+	CHECK_EQ(file_size(path), -1);
+	/* --force replaces it, and says so */
+	snprintf(cmd, sizeof cmd, "cd %s && %s convert a.bin out/model.safetensors --force", dir, loom);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0);
+	CHECK_STREQ(out, "a.bin (llm.c) -> out/model.safetensors (safetensors): L=2 H=2 C=8 T=16 V=50, 2288 parameters; "
+	            "replaced out/config.json (--force)\n");
+	CHECK_OK(loom_model_config(path, 0, &cfg, NULL));
+	CHECK_EQ(cfg.n_layer, 2);
+	snprintf(path, sizeof path, "%s/out/config.json", dir);
+	CHECK_CONTAINS(read_text(path, text, sizeof text), "\"n_layer\": 2,");
+	/* a .bin writes nothing beside it: no refusal there */
+	snprintf(cmd, sizeof cmd, "cd %s && %s convert out/model.safetensors out/b.bin", dir, loom);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0);
+	CHECK(!strstr(out, "config.json"));
+	/* a bare file name writes ./config.json: refused when there is one, said when there is not */
+	snprintf(cmd, sizeof cmd, "cd %s/bare && %s convert ../a.bin m.safetensors", dir, loom);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_CONTAINS(out, "loom convert: ./config.json exists and writing m.safetensors would replace it");
+	snprintf(path, sizeof path, "%s/bare/m.safetensors", dir);
+	CHECK_EQ(file_size(path), -1);
+	snprintf(cmd, sizeof cmd, "cd %s/bare && rm config.json && %s convert ../a.bin m.safetensors", dir, loom);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0);
+	CHECK_CONTAINS(out, "2288 parameters; wrote ./config.json\n");
+	snprintf(path, sizeof path, "%s/bare/config.json", dir);
+	CHECK_CONTAINS(read_text(path, text, sizeof text), "\"n_layer\": 2,");
+	/* nanochat's meta file beside model_NNNNNN.pt: refused before the converter runs */
+	snprintf(cmd, sizeof cmd, "cd %s && %s convert out/model.safetensors nc/model_000006.pt", dir, loom);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_CONTAINS(out, "loom convert: nc/meta_000006.json exists and writing nc/model_000006.pt would replace it "
+	               "(nanochat's meta file goes beside its model_NNNNNN.pt); nothing was written");
+	snprintf(path, sizeof path, "%s/nc/meta_000006.json", dir);
+	CHECK_STREQ(read_text(path, text, sizeof text), "mine\n");
+	snprintf(path, sizeof path, "%s/nc/model_000006.pt", dir);
+	CHECK_EQ(file_size(path), -1);
 	free(p);
 	test_rmdir(dir);
 	return 0;
@@ -834,6 +912,70 @@ TEST(ckpt_prune_recover)
 	int n = -1;
 	CHECK_OK(loom_ckpt_count(root, &n));
 	CHECK_EQ(n, 1);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* Issue 34: the checkpoints newer than the step a run continues from move aside whole, into a
+ * directory of their own per resume, and pruning and latest see only the live branch afterwards. */
+TEST(ckpt_set_aside)
+{
+	char dir[256], root[512], path[1500], p2[1500];
+	loom_ckpt_aside_t a;
+	int64_t step;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(root, sizeof root, "%s/ckpts", dir);
+	CHECK_OK(loom_ckpt_set_aside(root, 0, &a)); /* no directory: nothing to do */
+	CHECK_EQ(a.n, 0);
+	CHECK_STREQ(a.into, "");
+	for (int s = 10; s <= 40; s += 10)
+		CHECK_OK(ckpt_write(root, s, "data"));
+	/* a damaged newer one moves too (it is the abandoned branch's, not this run's) */
+	snprintf(path, sizeof path, "%s/step_00000040/model.safetensors", root);
+	CHECK(test_write_file(path, "dada", 4) == 0);
+	CHECK_OK(loom_ckpt_set_aside(root, 40, &a)); /* nothing newer than 40 */
+	CHECK_EQ(a.n, 0);
+	CHECK(!exists_path(root, "abandoned-at-step_00000040"));
+	CHECK_OK(loom_ckpt_set_aside(root, 20, &a));
+	CHECK_EQ(a.n, 2);
+	snprintf(path, sizeof path, "%s/abandoned-at-step_00000020", root);
+	CHECK_STREQ(a.into, path);
+	CHECK_STREQ(a.names, "step_00000030, step_00000040");
+	CHECK(!exists_path(root, "step_00000030") && !exists_path(root, "step_00000040"));
+	CHECK(exists_path(root, "step_00000010") && exists_path(root, "step_00000020"));
+	snprintf(path, sizeof path, "%s/abandoned-at-step_00000020/step_00000030", root);
+	CHECK_OK(loom_ckpt_verify(path));
+	CHECK_OK(loom_ckpt_latest(root, path, sizeof path, &step));
+	CHECK_EQ(step, 20);
+	/* the live branch grows past 20; resuming at 20 again abandons it into a second directory */
+	CHECK_OK(ckpt_write(root, 30, "live"));
+	CHECK_OK(loom_ckpt_set_aside(root, 20, &a));
+	CHECK_EQ(a.n, 1);
+	snprintf(path, sizeof path, "%s/abandoned-at-step_00000020.2", root);
+	CHECK_STREQ(a.into, path);
+	CHECK_STREQ(a.names, "step_00000030");
+	snprintf(path, sizeof path, "%s/abandoned-at-step_00000020.2/step_00000030/model.safetensors", root);
+	CHECK_EQ(file_size(path), 4);
+	snprintf(path, sizeof path, "%s/abandoned-at-step_00000020/step_00000030/model.safetensors", root);
+	CHECK_EQ(file_size(path), 4); /* "data", untouched */
+	/* pruning counts only the directory's own checkpoints: the moved ones are never pruned */
+	CHECK_OK(ckpt_write(root, 30, "new!"));
+	CHECK_OK(loom_ckpt_prune(root, 1));
+	CHECK(!exists_path(root, "step_00000010") && !exists_path(root, "step_00000020"));
+	CHECK(exists_path(root, "step_00000030"));
+	CHECK(exists_path(root, "abandoned-at-step_00000020/step_00000040"));
+	CHECK(exists_path(root, "abandoned-at-step_00000020.2/step_00000030"));
+	int n = -1;
+	CHECK_OK(loom_ckpt_count(root, &n));
+	CHECK_EQ(n, 1);
+	/* names already taken (here by files) are skipped */
+	snprintf(path, sizeof path, "%s/abandoned-at-step_00000000", root);
+	snprintf(p2, sizeof p2, "%s/abandoned-at-step_00000000.2", root);
+	CHECK(test_write_file(path, "x", 1) == 0 && test_write_file(p2, "x", 1) == 0);
+	CHECK_OK(loom_ckpt_set_aside(root, 0, &a)); /* the name after them */
+	CHECK_EQ(a.n, 1);
+	CHECK(exists_path(root, "abandoned-at-step_00000000.3/step_00000030"));
+	CHECK_OK(loom_ckpt_set_aside(root, 0, NULL)); /* nothing left; a NULL report */
 	test_rmdir(dir);
 	return 0;
 }

@@ -608,15 +608,25 @@ static double max_failed_after(const char *out)
 	return m;
 }
 
+/* 1 when commands can get a /dev/shm of their own (root, unshare(1) present). */
+static int private_shm_possible(void)
+{
+	char out[512];
+	return test_run_cmd("unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs /dev/shm' 2>&1", out, sizeof out, 20) == 0;
+}
+
 /* A rank that exits before joining (exit 0 before loom_comm_init; rank 1, and rank 0 which creates
  * the job's segment), or between init and its first collective, makes the others fail within 2 s
  * naming it (issue 23), under `loom run`, mpirun (when installed) and an srun-style launcher (a shell
- * starting every rank with Slurm's variables, as slurmstepd does); LOOM_TIMEOUT_S is 60. */
+ * starting every rank with Slurm's variables, as slurmstepd does); LOOM_TIMEOUT_S is 60. Each job
+ * runs in a private /dev/shm where one can be made, which holds nothing afterwards (issue 34: under
+ * mpirun, "2:fail" used to leave the world's segment; test_shm_lifetime.c has the full set). */
 TEST(comm_early_exit)
 {
 	static const char *const modes[] = {"1:before", "0:before", "1:after", "2:fail"};
 	static const char *const launchers[] = {"loom run", "mpirun", "srun-style"};
-	static char cmd[2048], out[16384];
+	static char cmd[2048], job[1800], out[16384];
+	int private_shm = private_shm_possible();
 	for (int l = 0; l < 3; l++)
 		for (int m = 0; m < 4; m++) {
 			const char *mode = modes[m];
@@ -624,24 +634,34 @@ TEST(comm_early_exit)
 			int rc, victim = mode[0] - '0';
 			char want[64];
 			if (l == 0)
-				snprintf(cmd, sizeof cmd, "COMM_PROG_EXIT=%s LOOM_TIMEOUT_S=60 %s run --nproc-per-node 3 %s/comm_prog 2>&1",
+				snprintf(job, sizeof job, "COMM_PROG_EXIT=%s LOOM_TIMEOUT_S=60 %s run --nproc-per-node 3 %s/comm_prog 2>&1",
 				         mode, test_loom_bin(), test_prog_dir());
 			else if (l == 1)
-				snprintf(cmd, sizeof cmd,
+				snprintf(job, sizeof job,
 				         "command -v mpirun >/dev/null || { echo no-mpirun; exit 0; }; mpirun --allow-run-as-root "
 				         "--oversubscribe -np 3 -x COMM_PROG_EXIT=%s -x LOOM_TIMEOUT_S=60 %s/comm_prog 2>&1",
 				         mode, test_prog_dir());
 			else
-				snprintf(cmd, sizeof cmd,
+				snprintf(job, sizeof job,
 				         "export COMM_PROG_EXIT=%s LOOM_TIMEOUT_S=60 SLURM_NTASKS=3 SLURM_NNODES=1 SLURM_JOB_ID=ee$$ "
 				         "SLURM_STEP_ID=0; unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE LOOM_JOB_ID; "
 				         "for r in 0 1 2; do SLURM_PROCID=$r SLURM_LOCALID=$r %s/comm_prog 2>&1 & done; wait",
 				         mode, test_prog_dir());
+			if (private_shm) /* (the job's text has no single quote) */
+				snprintf(cmd, sizeof cmd,
+				         "unshare --mount sh -c 'mount -t tmpfs -o size=256m tmpfs /dev/shm || exit 97; { %s; }; "
+				         "rc=$?; echo \"shm left: [$(ls -A /dev/shm)]\"; exit $rc'",
+				         job);
+			else
+				snprintf(cmd, sizeof cmd, "%s", job);
 			t = loom_now();
 			rc = test_run_cmd(cmd, out, sizeof out, 40);
 			t = loom_now() - t;
 			if (strstr(out, "no-mpirun"))
 				continue;
+			if (private_shm)
+				CHECK_MSG(strstr(out, "shm left: []\n"), "%s, %s: /dev/shm holds something of the job afterwards:\n%s",
+				          launchers[l], mode, out);
 			CHECK_MSG(rc != 0 || l == 2, "%s, %s: exit 0, output:\n%s", launchers[l], mode, out);
 			CHECK_MSG(t < 20, "%s, %s: took %.1f s:\n%s", launchers[l], mode, t, out);
 			if (m == 3 && l != 2)

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -402,23 +403,28 @@ static int rank_join_timeout(int rank, int n, void *arg)
 	return 0;
 }
 
-/* A segment left by an earlier job with the same id is refused with advice, not reused. */
+/* A file in /dev/shm named like a segment (left by a loom that named its segments) is neither used
+ * nor in the way: segments have no name there any more. */
 static int rank_stale_segment(int rank, int n, void *arg)
 {
 	char id[64], path[96];
 	loom_comm_t *c = NULL;
-	FILE *f;
-	(void)rank, (void)n, (void)arg;
+	int64_t x = 1;
+	(void)arg;
 	snprintf(id, sizeof id, "%s-stale", getenv("LOOM_JOB_ID"));
 	snprintf(path, sizeof path, "/dev/shm/loom-%s@w", id);
-	f = fopen(path, "w");
-	CHECK(f != NULL);
-	fclose(f);
+	if (rank == 0)
+		CHECK_EQ(test_write_file(path, "old", 3), 0);
 	setenv("LOOM_JOB_ID", id, 1);
-	CHECK_ERR(loom_comm_init(&c), LOOM_ESTATE);
-	CHECK_CONTAINS(loom_errmsg(), "already exists");
-	CHECK_CONTAINS(loom_errmsg(), path);
-	unlink(path);
+	CHECK_OK(loom_comm_init(&c));
+	CHECK_OK(loom_allreduce(c, &x, &x, 1, LOOM_INT64, LOOM_SUM));
+	CHECK_EQ(x, n);
+	CHECK_OK(loom_comm_destroy(c));
+	if (rank == 0) {
+		struct stat st;
+		CHECK_MSG(stat(path, &st) == 0 && st.st_size == 3, "%s was changed or removed", path);
+		unlink(path);
+	}
 	return 0;
 }
 
@@ -428,6 +434,107 @@ TEST(comm_join_failures)
 	const char *env[] = {"LOOM_TIMEOUT_S=0.3", NULL};
 	CHECK_EQ(test_spawn(2, rank_join_timeout, &first, 20, env), 0);
 	CHECK_EQ(test_spawn(3, rank_join_timeout, &last, 20, env), 0);
-	CHECK_EQ(test_spawn(1, rank_stale_segment, NULL, 20, NULL), 0);
+	CHECK_EQ(test_spawn(2, rank_stale_segment, NULL, 20, NULL), 0);
+	return 0;
+}
+
+/* Two jobs with one id on this host: processes 0 and 1 are job A; 2 and 3 are job B (ranks 0 and 1,
+ * the same LOOM_JOB_ID), which starts once A has joined. B's rank 0 is refused at once, naming A's
+ * rank 0; B's rank 1 reaches A's segment and is refused as a late rank, naming A's rank 1: neither
+ * waits for its deadline (20 s). A waits for both refusals (files in dir), then finishes. */
+static int rank_same_id(int proc, int n, void *arg)
+{
+	const char *dir = arg;
+	char path[600], v[16];
+	loom_comm_t *c = NULL;
+	int rank = proc % 2, rc;
+	double t0;
+	(void)n;
+	snprintf(v, sizeof v, "%d", rank);
+	setenv("RANK", v, 1), setenv("LOCAL_RANK", v, 1), setenv("WORLD_SIZE", "2", 1), setenv("LOCAL_WORLD_SIZE", "2", 1);
+	if (proc < 2) {
+		int64_t x = 1;
+		CHECK_OK(loom_comm_init(&c));
+		snprintf(path, sizeof path, "%s/a%d", dir, rank);
+		snprintf(v, sizeof v, "%d", (int)getpid());
+		CHECK_EQ(test_write_file(path, v, strlen(v)), 0);
+		for (int k = 0; k < 2; k++) { /* B's refusals */
+			snprintf(path, sizeof path, "%s/b%d", dir, k);
+			for (t0 = loom_now(); access(path, F_OK) != 0 && loom_now() - t0 < 15;)
+				usleep(10000);
+		}
+		CHECK_OK(loom_allreduce(c, &x, &x, 1, LOOM_INT64, LOOM_SUM));
+		CHECK_EQ(x, 2);
+		CHECK_OK(loom_comm_destroy(c));
+		return 0;
+	} else {
+		char owner[32] = "", want[160];
+		FILE *f;
+		for (int k = 0; k < 2; k++) { /* A has joined: both wrote their pid */
+			snprintf(path, sizeof path, "%s/a%d", dir, k);
+			for (t0 = loom_now(); access(path, F_OK) != 0 && loom_now() - t0 < 15;)
+				usleep(10000);
+		}
+		snprintf(path, sizeof path, "%s/a%d", dir, rank);
+		CHECK((f = fopen(path, "r")) != NULL);
+		CHECK(fgets(owner, sizeof owner, f) != NULL);
+		fclose(f);
+		t0 = loom_now();
+		rc = loom_comm_init(&c);
+		CHECK_MSG(loom_now() - t0 < 2.0, "refused after %.2f s", loom_now() - t0);
+		CHECK_ERR(rc, LOOM_ESTATE);
+		CHECK(c == NULL);
+		if (rank == 0) {
+			snprintf(want, sizeof want, "is in use on this host: process %s (uid %u) offers it on @loom-", owner,
+			         (unsigned)geteuid());
+			CHECK_CONTAINS(loom_errmsg(), want);
+			CHECK_CONTAINS(loom_errmsg(), "use another LOOM_JOB_ID");
+		} else {
+			snprintf(want, sizeof want, "all 2 ranks of /loom-%s@w have joined already (rank 1 is process %s): "
+			         "this process (pid %d) arrived after the job started", getenv("LOOM_JOB_ID"), owner, (int)getpid());
+			CHECK_CONTAINS(loom_errmsg(), want);
+		}
+		snprintf(path, sizeof path, "%s/b%d", dir, rank);
+		CHECK_EQ(test_write_file(path, "", 0), 0);
+		return 0;
+	}
+}
+
+/* A second process claiming a rank while the job gathers: refused at once, naming the first; the
+ * job itself then misses its rank 2 (LOOM_TIMEOUT_S=1). */
+static int rank_twice(int proc, int n, void *arg)
+{
+	loom_comm_t *c = NULL;
+	double t0;
+	int rc;
+	(void)n, (void)arg;
+	if (proc == 2) {
+		usleep(300000); /* after the first rank 1 */
+		setenv("RANK", "1", 1), setenv("LOCAL_RANK", "1", 1);
+	}
+	t0 = loom_now();
+	rc = loom_comm_init(&c);
+	CHECK(c == NULL);
+	if (proc == 2) {
+		CHECK_ERR(rc, LOOM_ESTATE);
+		CHECK_MSG(loom_now() - t0 < 0.9, "refused after %.2f s", loom_now() - t0);
+		CHECK_CONTAINS(loom_errmsg(), "rank 1 of /loom-");
+		CHECK_CONTAINS(loom_errmsg(), "is already taken by process ");
+		CHECK_CONTAINS(loom_errmsg(), "is a second rank 1");
+	} else {
+		CHECK_ERR(rc, LOOM_ETIMEDOUT);
+		CHECK_CONTAINS(loom_errmsg(), "missing: 2");
+	}
+	return 0;
+}
+
+TEST(comm_rank_claimed_twice)
+{
+	char dir[512];
+	const char *env[] = {"LOOM_TIMEOUT_S=20", NULL}, *env1[] = {"LOOM_TIMEOUT_S=1", NULL};
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_EQ(test_spawn(4, rank_same_id, dir, 30, env), 0);
+	test_rmdir(dir);
+	CHECK_EQ(test_spawn(3, rank_twice, NULL, 20, env1), 0);
 	return 0;
 }

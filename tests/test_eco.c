@@ -469,12 +469,12 @@ TEST(plot_writes_svg_and_png)
 	int circles = 0;
 	for (const char *c = svg; (c = strstr(c, "<circle")); c++)
 		circles++;
-	CHECK_EQ(circles, 4);
+	CHECK_EQ(circles, 4 + 1); /* and the legend's validation swatch */
 	free(svg);
 
 	snprintf(cmd, sizeof cmd, "%s plot %s/run.jsonl -o %s/p.txt", loom, dir, dir);
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
-	CHECK_CONTAINS(out, "must end in .svg or .png");
+	CHECK_CONTAINS(out, "must end in .svg, .png or .gp");
 
 	if (test_run_cmd("command -v gnuplot", out, sizeof out, 10) != 0) {
 		fprintf(stderr, "  no gnuplot (scripts/deps.sh installs gnuplot-nox): the PNG is not checked\n");
@@ -496,6 +496,92 @@ TEST(plot_writes_svg_and_png)
 		CHECK_EQ((h[20] << 24 | h[21] << 16 | h[22] << 8 | h[23]), 300);
 		CHECK_MSG(size > 5000, "%s is only %ld bytes", path, size);
 	}
+	test_rmdir(dir);
+	return 0;
+}
+
+/* Issue 34: the demo's picture hid 5 of its 6 validation points under the training curve's noise
+ * (drawn in the run's color before the next curves). Validation now has a style of its own in both
+ * formats: black dashes with a point at every evaluation (filled with the run's color), drawn after
+ * every run's training curves; the per-step loss is light. Checked in the gnuplot script that -o .gp
+ * writes (the one a PNG is drawn from) and in the SVG. */
+TEST(plot_validation_style)
+{
+	char dir[512], cmd[2000], out[4096], path[700];
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	for (int k = 0; k < 2; k++) {
+		snprintf(path, sizeof path, "%s/%s.jsonl", dir, k ? "b" : "a");
+		FILE *f = fopen(path, "w");
+		CHECK(f != NULL);
+		fprintf(f, "{\"config\":{\"model\":{\"n_layer\":2,\"n_embd\":64},\"tokens_per_step\":512,\"lr\":0.001}}\n");
+		for (int s = 1; s <= 60; s++) /* noisy training loss; validation every 10 steps */
+			fprintf(f, "{\"step\":%d,\"loss\":%.3f,\"tokens_per_s\":%d%s%.2f}\n", s, 3.0 + k + (s % 2 ? 0.5 : -0.5), 1000 + s,
+			        s % 10 == 0 ? ",\"val_loss\":" : ",\"x\":", 3.0 + k + s / 100.0);
+		fclose(f);
+	}
+	snprintf(cmd, sizeof cmd, "%s plot %s/a.jsonl %s/b.jsonl -o %s/p.gp", loom, dir, dir, dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "%s: exit %d: %s", cmd, st, out);
+	CHECK_CONTAINS(out, "/p.gp (1200 x 450, gnuplot script): 2 runs, 120 steps\n");
+	snprintf(path, sizeof path, "%s/p.gp", dir);
+	char *gp = slurp(path);
+	CHECK(gp != NULL);
+	snprintf(path, sizeof path, "set output '%s/p.png'\n", dir);
+	CHECK_CONTAINS(gp, path);
+	/* every evaluation is a point of its run's validation block, exactly */
+	CHECK_CONTAINS(gp, "$val0 << EOD\n10 3.1\n20 3.2\n30 3.3\n40 3.4\n50 3.5\n60 3.6\nEOD\n");
+	CHECK_CONTAINS(gp, "$val1 << EOD\n10 4.1\n20 4.2\n30 4.3\n40 4.4\n50 4.5\n60 4.6\nEOD\n");
+	/* the loss panel: both runs' training curves (the per-step loss 70% transparent), then validation in
+	 * black with a point (pt 7) at every evaluation, filled with the run's color */
+	const char *loss = strstr(gp, "set ylabel 'loss'\nplot ");
+	CHECK(loss != NULL);
+	const char *want[] = {
+		"$run0 u 1:2 w l lc rgb '#B31f77b4' lw 1 notitle",
+		"$run0 every ::0::59 u 1:3 w l lc rgb '#1f77b4' lw 2 title 'a (L2 C64, 512 tok/step, lr 0.001)'",
+		"$run1 u 1:2 w l lc rgb '#B3d62728' lw 1 notitle",
+		"$run1 every ::0::59 u 1:3 w l lc rgb '#d62728' lw 2 title 'b (L2 C64, 512 tok/step, lr 0.001)'",
+		"$val0 u 1:2 w lp lc rgb '#000000' lw 1.5 dt 2 pt 7 ps 1.3 title 'a val loss'",
+		"$val0 u 1:2 w p lc rgb '#1f77b4' pt 7 ps 0.7 notitle",
+		"$val1 u 1:2 w lp lc rgb '#000000' lw 1.5 dt 2 pt 7 ps 1.3 title 'b val loss'",
+		"$val1 u 1:2 w p lc rgb '#d62728' pt 7 ps 0.7 notitle",
+		"\nset ylabel 'tokens/s'",
+	};
+	const char *at = loss;
+	for (size_t k = 0; k < sizeof want / sizeof *want; k++) { /* in this order */
+		const char *next = strstr(at, want[k]);
+		CHECK_MSG(next != NULL, "not found after the previous element: %s\nscript:\n%s", want[k], loss);
+		at = next + strlen(want[k]);
+	}
+	CHECK_MSG(!strstr(gp, "val0 u 1:2 w lp lc rgb '#1f77b4'"), "validation in the run's color:\n%s", loss);
+	free(gp);
+	if (test_run_cmd("command -v gnuplot", out, sizeof out, 10) == 0) { /* the script runs as it is */
+		snprintf(cmd, sizeof cmd, "cd %s && gnuplot p.gp && test -s p.png", dir);
+		st = test_run_cmd(cmd, out, sizeof out, 60);
+		CHECK_MSG(st == 0, "%s: exit %d: %s", cmd, st, out);
+		CHECK_MSG(!strstr(out, "arning"), "gnuplot warned: %s", out);
+	}
+
+	/* the SVG: validation after every training curve, black dashes, circles filled with the run's color */
+	snprintf(cmd, sizeof cmd, "%s plot %s/a.jsonl %s/b.jsonl -o %s/p.svg", loom, dir, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "%s: exit %d: %s", cmd, st, out);
+	snprintf(path, sizeof path, "%s/p.svg", dir);
+	char *svg = slurp(path);
+	CHECK(svg != NULL);
+	const char *last_train = NULL, *first_val = strstr(svg, "stroke=\"#000000\" stroke-width=\"1.5\" "
+	                                                       "stroke-dasharray=\"6,4\"");
+	for (const char *c = svg; (c = strstr(c, "<polyline fill=\"none\" stroke=\"#d62728\"")); c++)
+		last_train = c;
+	CHECK(first_val != NULL && last_train != NULL);
+	CHECK_MSG(first_val > last_train, "validation drawn before run b's training curves");
+	int a = 0, b = 0;
+	const char *fa = "r=\"4\" fill=\"#1f77b4\" stroke=\"#000000\"", *fb = "r=\"4\" fill=\"#d62728\" stroke=\"#000000\"";
+	for (const char *c = svg; (c = strstr(c, "<circle ")); c++)
+		a += strncmp(strstr(c, "r="), fa, strlen(fa)) == 0, b += strncmp(strstr(c, "r="), fb, strlen(fb)) == 0;
+	CHECK_EQ(a, 6 + 1); /* every evaluation, and the legend's swatch */
+	CHECK_EQ(b, 6 + 1);
+	free(svg);
 	test_rmdir(dir);
 	return 0;
 }

@@ -369,8 +369,8 @@ TEST(multinode_loom_run_hostfile)
 enum { VOCAB = 64, STEPS = 10, MAXSTEPS = 64 };
 
 #define MODEL_FLAGS                                                                                  \
-	"--n-layer 2 --n-head 2 --n-embd 32 --vocab-size 64 --batch-size 2 --seq-len 16 --lr 1e-2 "     \
-	"--warmup 2 --min-lr-frac 0.1 --shuffle 1 --seed 7 --peak-flops 1e10"
+	"--n-layer 2 --n-head 2 --n-embd 32 --vocab-size 64 --n-positions 16 --batch-size 2 --seq-len 16 "   \
+	"--lr 1e-2 --warmup 2 --min-lr-frac 0.1 --shuffle 1 --seed 7 --peak-flops 1e10"
 
 static int make_data(const char *dir)
 {

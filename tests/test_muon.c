@@ -654,15 +654,21 @@ TEST(muon_schedules)
 	CHECK_FEQ(loom_muon_weight_decay(0.2, 0, 100), 0.2);
 	CHECK_NEAR(loom_muon_weight_decay(0.2, 50, 100), 0.1, 1e-15);
 	CHECK_NEAR(loom_muon_weight_decay(0.2, 99, 100), 0.002, 1e-15);
-	/* batch scalings */
-	CHECK_FEQ(loom_muon_batch_lr_scale(524288), 1.0);
-	CHECK_NEAR(loom_muon_batch_lr_scale(4 * 524288.0), 2.0, 1e-15);
-	CHECK_NEAR(loom_muon_batch_lr_scale(131072), 0.5, 1e-15);
-	CHECK_NEAR(loom_muon_weight_decay_scaled(0.2, 4 * 524288.0, 2e9, 1e9), 0.2 * 2 * 0.5, 1e-15);
-	CHECK_NEAR(loom_muon_weight_decay_scaled(0.2, 524288, 1e9, 1e9), 0.2, 1e-15);
-	CHECK_FEQ(loom_muon_auto_batch(1e9, 1e9), 524288.0);
-	CHECK_FEQ(loom_muon_auto_batch(8e9, 1e9), 1048576.0); /* 2^19 8^0.383 = 2^20.15 -> 2^20 */
-	CHECK_FEQ(loom_muon_auto_batch(1e9 / 8, 1e9), 262144.0);
+	/* batch scalings, against nanochat's B_ref and against another one */
+	const double B_ref = LOOM_MUON_B_REF;
+	CHECK_FEQ(loom_muon_batch_lr_scale(524288, B_ref), 1.0);
+	CHECK_NEAR(loom_muon_batch_lr_scale(4 * 524288.0, B_ref), 2.0, 1e-15);
+	CHECK_NEAR(loom_muon_batch_lr_scale(131072, B_ref), 0.5, 1e-15);
+	CHECK_NEAR(loom_muon_batch_lr_scale(128, 256), 0.70710678118654757, 1e-16);
+	CHECK_NEAR(loom_muon_weight_decay_scaled(0.2, 4 * 524288.0, B_ref, 2e9, 1e9), 0.2 * 2 * 0.5, 1e-15);
+	CHECK_NEAR(loom_muon_weight_decay_scaled(0.2, 524288, B_ref, 1e9, 1e9), 0.2, 1e-15);
+	/* 128 tokens per step for 8 steps, D_ref 2048: 0.2 x sqrt(1/2) x 2 with B_ref 256, x sqrt(2^-12) x 2 with 2^19 */
+	CHECK_NEAR(loom_muon_weight_decay_scaled(0.2, 128, 256, 1024, 2048), 0.28284271247461906, 1e-16);
+	CHECK_NEAR(loom_muon_weight_decay_scaled(0.2, 128, B_ref, 1024, 2048), 0.00625, 1e-17);
+	CHECK_FEQ(loom_muon_auto_batch(1e9, 1e9, B_ref), 524288.0);
+	CHECK_FEQ(loom_muon_auto_batch(8e9, 1e9, B_ref), 1048576.0); /* 2^19 8^0.383 = 2^20.15 -> 2^20 */
+	CHECK_FEQ(loom_muon_auto_batch(1e9 / 8, 1e9, B_ref), 262144.0);
+	CHECK_FEQ(loom_muon_auto_batch(8e9, 1e9, 256), 512.0);
 	return 0;
 }
 

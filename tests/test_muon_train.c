@@ -200,3 +200,46 @@ TEST(muon_recipe_knobs_in_the_log)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* One B_ref for both scalings (base_train's B_REF): with --ref-batch-size 256, 128 tokens per step for
+ * 8 steps and --ref-tokens 2048, Muon's decay is 0.2 x sqrt(128 / 256) x (2048 / 1024) = 0.283 and
+ * every rate x sqrt(128 / 256); without --ref-batch-size both use nanochat's 2^19 (decay 0.00625).
+ * The reference batch is printed once, with where it came from. */
+TEST(muon_one_ref_batch)
+{
+	char dir[512], cmd[4096], out[16384], want[256];
+	const char *loom = test_loom_bin();
+	static const struct {
+		const char *flag, *b_ref;
+		double B_ref;
+	} runs[] = {
+		{"--ref-batch-size 256", "B_ref: 256 tokens per step (--ref-batch-size), the reference batch of the learning "
+		                         "rate's scaling and Muon's weight-decay scaling\n", 256.0},
+		{"", "B_ref: 524288 tokens per step (nanochat's default, 2^19), the reference batch of the learning rate's "
+		     "scaling and Muon's weight-decay scaling\n", 524288.0},
+	};
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, VOCAB, 6001));
+	for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --model tiny --batch-size 2 --seq-len 64 "
+		         "--optimizer muon --weight-decay 0.2 --steps 8 --peak-flops 1e10 --lr-scale sqrt --wd-scale epochs "
+		         "--ref-tokens 2048 %s", loom, dir, runs[k].flag);
+		RUN_OK(cmd, out, 120);
+		double f = sqrt(128.0 / runs[k].B_ref), wd = 0.2 * f * (2048.0 / 1024.0);
+		CHECK_NEAR(wd, k == 0 ? 0.28284271247461906 : 0.00625, 1e-15); /* the figures */
+		snprintf(want, sizeof want, "weight decay %g -> 0", (double)(float)wd);
+		CHECK_CONTAINS(out, want);
+		snprintf(want, sizeof want, "lr: every group's rate x %g (sqrt scaling, 128 tokens per step vs a reference "
+		         "of %.0f)", f, runs[k].B_ref);
+		CHECK_CONTAINS(out, want);
+		CHECK_CONTAINS(out, runs[k].b_ref);
+		const char *b_ref = strstr(out, "B_ref: ");
+		CHECK_MSG(b_ref && !strstr(b_ref + 1, "B_ref: "), "B_ref not printed exactly once:\n%s", out);
+		snprintf(want, sizeof want, "weight decay: Muon's %g = 0.2 x sqrt(128 / B_ref) x (D_ref / D) = 0.2 x %.4g x "
+		         "(2048 / 1024) (epochs scaling: D = 8 steps x 128 tokens, D_ref = --ref-tokens)", (double)(float)wd, f);
+		CHECK_CONTAINS(out, want);
+		CHECK_CONTAINS(out, "step 8/8 | loss ");
+	}
+	test_rmdir(dir);
+	return 0;
+}

@@ -571,8 +571,11 @@ TEST(nanochat_tensor_table)
 	size_t want = 2 * Vp * C + 2 * Vp * 32 + 2 * 2 * 32 + 3 * (10 * C * C + 2 * C * 32) + 6;
 	CHECK_EQ(loom_model_num_params(&c), want);
 	CHECK_EQ(t.offset + t.numel, want);
-	/* nanochat's own estimate_flops() for this configuration (gpt.py at bac5a35, run once by hand) */
-	CHECK_FEQ(loom_model_flops_per_token(&c, 16), 860928.0);
+	/* nanochat's own estimate_flops() for this configuration (gpt.py at bac5a35, run once by hand): 6N =
+	 * 836352 and 12 C min(W, T) for the windows 8, 8, 16 */
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&c, 16), 860928.0);
+	/* as the kernel does them: 108, 108 and 136 keys over the 16 queries, 12 C keys / T each */
+	CHECK_FEQ(loom_model_flops_per_token(&c, 16), 836352.0 + 12.0 * 64 * (108 + 108 + 136) / 16);
 	int first, end;
 	loom_model_unit_tensors(&c, -1, &first, &end);
 	CHECK_EQ(first, 0); CHECK_EQ(end, 3);
@@ -580,6 +583,56 @@ TEST(nanochat_tensor_table)
 	CHECK_EQ(first, 11); CHECK_EQ(end, 17);
 	loom_model_unit_tensors(&c, 3, &first, &end);
 	CHECK_EQ(first, 25); CHECK_EQ(end, 26);
+	return 0;
+}
+
+/* FLOPs as the kernel must do them: a query at t sees min(t, W) + 1 keys (t - W..t), 12 per key and
+ * channel of the query heads (fwd + bwd), averaged over T; nanochat's estimate_flops (12 C min(W, T) a
+ * layer) stays the nominal count. small_cfg: L3 C64 (4 query heads of 16), windows S 8, S 8, L 16,
+ * 6N = 836352. */
+TEST(nanochat_flops_causal_and_windowed)
+{
+	loom_model_config_t c = small_cfg();
+	/* T = 16: the short windows' band, 1 + 2 + ... + 9 + 7 x 9 = 108 keys; the long one's triangle 136 */
+	CHECK_FEQ(loom_model_block_attn_flops(&c, 0, 16), 5184.0); /* 12 x 64 x 108 / 16 */
+	CHECK_FEQ(loom_model_block_attn_flops(&c, 1, 16), 5184.0);
+	CHECK_FEQ(loom_model_block_attn_flops(&c, 2, 16), 6528.0); /* 12 x 64 x 136 / 16 */
+	CHECK_FEQ(loom_model_flops_per_token(&c, 16), 853248.0);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&c, 16), 860928.0); /* + 12 x 64 x (8 + 8 + 16) */
+	/* T = 8 <= every window: the triangle, 36 keys, in every layer */
+	CHECK_FEQ(loom_model_flops_per_token(&c, 8), 836352.0 + 3 * 12.0 * 64 * 36 / 8);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&c, 8), 836352.0 + 3 * 12.0 * 64 * 8);
+	/* T = 1: one key, itself, in both counts */
+	CHECK_FEQ(loom_model_flops_per_token(&c, 1), 838656.0);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&c, 1), 838656.0);
+	/* the units (embedding, blocks, head) add up to the whole: blocks 0 and 2 hold a value embedding's
+	 * gate (6 x 45120 = 270720), block 1 not (270336), the head 6 Vp C = 24576 */
+	CHECK_FEQ(loom_model_unit_flops(&c, -1, 16), 0.0);
+	CHECK_FEQ(loom_model_unit_flops(&c, 0, 16), 270720.0 + 5184.0);
+	CHECK_FEQ(loom_model_unit_flops(&c, 1, 16), 270336.0 + 5184.0);
+	CHECK_FEQ(loom_model_unit_flops(&c, 2, 16), 270720.0 + 6528.0);
+	CHECK_FEQ(loom_model_unit_flops(&c, 3, 16), 24576.0);
+	double sum = 0;
+	for (int u = -1; u <= 3; u++)
+		sum += loom_model_unit_flops(&c, u, 16);
+	CHECK_FEQ(sum, loom_model_flops_per_token(&c, 16));
+	/* a window of 1 (W (W + 1) < 2T): 2 keys a query but the first, 31 over 16 queries, more than the
+	 * nominal count's 1 */
+	c.short_window = 1;
+	CHECK_FEQ(loom_model_block_attn_flops(&c, 0, 16), 1488.0); /* 12 x 64 x 31 / 16 */
+	CHECK_FEQ(loom_model_flops_per_token(&c, 16), 836352.0 + 2 * 1488.0 + 6528.0);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&c, 16), 836352.0 + 12.0 * 64 * (1 + 1 + 16));
+	/* sequence_len 1: the short window is 1 / 2 = 0, a query sees itself only (nominal: nothing) */
+	c = small_cfg();
+	c.seq_len = 1;
+	CHECK_OK(loom_model_config_check(&c));
+	CHECK_EQ(loom__nc_window(&c, 0), 0);
+	CHECK_FEQ(loom_model_block_attn_flops(&c, 0, 1), 768.0);
+	CHECK_FEQ(loom_model_flops_per_token(&c, 1), 838656.0);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&c, 1), 836352.0 + 768.0);
+	/* a refused configuration counts nothing */
+	c.n_head = 3;
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&c, 1), 0.0);
 	return 0;
 }
 
@@ -593,12 +646,23 @@ TEST(nanochat_depth_sizing)
 	CHECK_EQ(c.seq_len, 2048); CHECK_EQ(c.vocab_size, 32768);
 	CHECK_STREQ(c.window_pattern, "SSSL");
 	CHECK_OK(loom_model_config_check(&c));
-	/* 12 C^2 per block, gates on the 10 odd layers, lm_head; attention 12 NH D min(W, T): 5 long, 15 short */
+	/* 12 C^2 per block, gates on the 10 odd layers, lm_head; estimate_flops' attention 12 NH D min(W, T):
+	 * 5 long, 15 short */
 	double C = 1280, mat = 20 * 12 * C * C + 10 * 10 * 32 + 32768 * C;
 	double att = 12.0 * 10 * 128 * (5 * 2048 + 15 * 1024);
-	CHECK_FEQ(loom_model_flops_per_token(&c, 2048), 6 * mat + att);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&c, 2048), 6 * mat + att);
 	/* at T = 512 every window covers the sequence */
-	CHECK_FEQ(loom_model_flops_per_token(&c, 512), 6 * mat + 12.0 * 10 * 128 * 20 * 512);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&c, 512), 6 * mat + 12.0 * 10 * 128 * 20 * 512);
+	/* the kernel's: the long layers' triangle 2048 x 2049 / 2 = 2098176 keys, the short ones' band
+	 * 1025 x 3072 / 2 = 1574400 (queries 0..1024 see t + 1 keys, the rest 1025), counted query by query */
+	double keys_long = 0, keys_short = 0;
+	for (int t = 0; t < 2048; t++)
+		keys_long += t + 1, keys_short += (t < 1024 ? t : 1024) + 1;
+	CHECK_FEQ(keys_long, 2098176.0);
+	CHECK_FEQ(keys_short, 1574400.0);
+	CHECK_FEQ(loom_model_flops_per_token(&c, 2048), 6 * mat + 12.0 * 10 * 128 * (5 * keys_long + 15 * keys_short) / 2048);
+	CHECK_FEQ(loom_model_flops_per_token(&c, 2048), 6 * mat + 255801600.0); /* against the nominal 393216000 */
+	CHECK_FEQ(loom_model_flops_per_token(&c, 512), 6 * mat + 12.0 * 10 * 128 * 20 * 513 / 2);
 	CHECK_OK(loom_nanochat_depth_config(3, 64, 128, 256, 1000, &c)); /* 192 rounds up to 256 */
 	CHECK_EQ(c.n_embd, 256); CHECK_EQ(c.n_head, 2);
 	CHECK_OK(loom_nanochat_depth_config(12, 64, 128, 256, 1000, &c));

@@ -186,7 +186,7 @@ static int opt_init(e2e_opt_t *o, e2e_kind_t kind, loom_model_t *m)
 	o->sched = (loom_lr_schedule_t){.peak_lr = 1.0, .total_steps = STEPS, .kind = LOOM_SCHED_CONSTANT};
 	if (kind == E2E_RECIPE) {
 		const double tokens = BB * TT * ACCUM; /* per optimizer step, one rank */
-		double f = loom_muon_batch_lr_scale(tokens), f2 = 0.0;
+		double f = loom_muon_batch_lr_scale(tokens, LOOM_MUON_B_REF), f2 = 0.0;
 		CHECK_OK(loom_lr_scaled(1.0, LOOM_LR_SCALE_SQRT, (long long)tokens, (long long)LOOM_MUON_B_REF, &f2));
 		CHECK_FEQ(f, f2); /* the CLI's path (loom_lr_scaled) and muon.h's agree */
 		CHECK_NEAR(f, 0.011048543456039806, 1e-17); /* sqrt(64 / 2^19) = 2^-6.5 */
@@ -194,7 +194,8 @@ static int opt_init(e2e_opt_t *o, e2e_kind_t kind, loom_model_t *m)
 		mc.matrix_lr *= (float)f, mc.embedding_lr *= (float)f;
 		mc.unembedding_lr *= (float)f, mc.scalar_lr *= (float)f;
 		mc.adamw_lr *= (float)f;
-		mc.weight_decay = (float)loom_muon_weight_decay_scaled(mc.weight_decay, tokens, tokens * STEPS, RECIPE_D_REF);
+		mc.weight_decay = (float)loom_muon_weight_decay_scaled(mc.weight_decay, tokens, LOOM_MUON_B_REF, tokens * STEPS,
+		                                                   RECIPE_D_REF);
 		CHECK_NEAR(mc.weight_decay, 0.2 * 0.011048543456039806 * 512.0, 1e-7); /* 1.1313708 */
 		o->sched = (loom_lr_schedule_t){.peak_lr = 1.0, .warmup = 1, .total_steps = STEPS,
 		                                .kind = LOOM_SCHED_WARMDOWN, .min_lr_frac = 0.1, .warmdown_frac = 0.5};

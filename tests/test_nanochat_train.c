@@ -3,13 +3,15 @@
  * parallel, ZeRO-3, tensor parallel, dp x tp and activation checkpointing against one process with the
  * same tokens per step (per-step losses within 1e-5 relative); resume bit-identical; MuonAdamW on it
  * at 1 and 2 ranks; the checkpoint's names and shapes against nanochat's state_dict; `loom convert`
- * to nanochat's .pt and back; `loom sample` and `loom info` on its files. */
+ * to nanochat's .pt and back; `loom sample` and `loom info` on its files; MFU at the kernels' FLOPs and at
+ * nanochat's estimate_flops (mfu_nanochat) in the log. */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/model.h"
 #include "test.h"
 
 enum { VOCAB = 64, STEPS = 6, MAXSTEPS = 64 };
@@ -152,6 +154,64 @@ TEST(nanochat_sequence_parallel_matches_one_process)
 	};
 	return runs_match_one_process(runs, sizeof runs / sizeof runs[0],
 	                              "[rank 0] sequence parallel: the norms and residual adds run on 16 of the 32 positions");
+}
+
+/* The number after "key": in a JSON line (NAN when absent). */
+static double json_field(const char *line, const char *key)
+{
+	char pat[64];
+	snprintf(pat, sizeof pat, "\"%s\":", key);
+	const char *p = strstr(line, pat);
+	return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
+/* MFU at the FLOPs the kernels do (each query's keys inside the causal mask and its window) and, as
+ * mfu_nanochat, at nanochat's estimate_flops, in every step record; both counts in the config record,
+ * both means in the summary. NC: L4 C64, windows S 8, L 16, S 8, L 16 at T 16: 6N = 1106688, attention
+ * 12 x 64 x (108 + 136 + 108 + 136) / 16 = 23424 (estimate_flops: 12 x 64 x (8 + 16 + 8 + 16) = 36864). */
+TEST(nanochat_mfu_and_nanochats_own_count)
+{
+	char dir[512], cmd[4096], out[16384], path[1024], line[4096];
+	loom_model_config_t mc = {.n_layer = 4, .n_head = 4, .n_embd = 64, .seq_len = 16, .vocab_size = 64,
+	                          .arch = LOOM_ARCH_NANOCHAT, .n_kv_head = 2, .short_window = 8, .window_pattern = "SL"};
+	const double fpt = 1130112.0, nominal = 1143552.0, peak = 1e10;
+	CHECK_FEQ(loom_model_flops_per_token(&mc, 16), fpt);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&mc, 16), nominal);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, VOCAB, 6001));
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' " NC " --steps 3 --log %s/one.jsonl",
+	         test_loom_bin(), dir, dir);
+	RUN_OK(cmd, out, 120);
+	CHECK_CONTAINS(out, "1.13e+06 FLOP per token (attention inside the causal mask and windows; nanochat's nominal "
+	               "count 1.144e+06, mfu_nanochat in the log)");
+	CHECK_CONTAINS(out, "at nanochat's nominal count)");
+	snprintf(path, sizeof path, "%s/one.jsonl", dir);
+	FILE *f = fopen(path, "r");
+	CHECK(f != NULL);
+	int steps = 0, config = 0, summary = 0;
+	while (fgets(line, sizeof line, f)) {
+		CHECK_MSG(strstr(line, "mfu_gpt2") == NULL && strstr(line, "flops_per_token_gpt2") == NULL, "%s", line);
+		if (strncmp(line, "{\"config\":", 10) == 0) {
+			config++;
+			CHECK_NEAR(json_field(line, "flops_per_token"), fpt, 1e-5 * fpt); /* %.6g */
+			CHECK_NEAR(json_field(line, "flops_per_token_nanochat"), nominal, 1e-5 * nominal);
+		} else if (strncmp(line, "{\"summary\":", 11) == 0) {
+			summary++;
+			double m = json_field(line, "mean_mfu"), n = json_field(line, "mean_mfu_nanochat");
+			CHECK_MSG(m > 0 && fabs(n / m - nominal / fpt) < 2e-3, "%s", line);
+		} else {
+			steps++;
+			double tps = json_field(line, "tokens_per_s"), mfu = json_field(line, "mfu");
+			double nc = json_field(line, "mfu_nanochat");
+			CHECK_MSG(tps > 0, "%s", line);
+			CHECK_NEAR(mfu, tps * fpt / peak, 1e-3 * mfu + 1e-4); /* (1.2% apart: the counts differ) */
+			CHECK_NEAR(nc, tps * nominal / peak, 1e-3 * nc + 1e-4);
+		}
+	}
+	fclose(f);
+	CHECK(config == 1 && steps == 3 && summary == 1);
+	test_rmdir(dir);
+	return 0;
 }
 
 /* Resume continues bit-identically (AdamW at 2 ranks, MuonAdamW at 2 ranks); the checkpoint's model

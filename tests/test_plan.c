@@ -3,9 +3,12 @@
  * the search (meshes that do not divide are skipped; a model that fits nowhere says so), the JSON
  * schema, cluster-file errors, and the invariant of src/train/plan.c: the plan's model states and
  * activations equal what `loom train` reports for the same flags. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "loom/gpt2.h"
 #include "loom/plan.h"
@@ -50,7 +53,9 @@ TEST(plan_ddp_fp32_adam_16_bytes_per_param)
 		CHECK_FEQ(p.memory.params + p.memory.grads + p.memory.optimizer, 16 * P);
 		/* the total is every part plus the process overhead */
 		CHECK_FEQ(p.memory.total, p.memory.params + p.memory.grads + p.memory.optimizer + p.memory.activations +
-		                              p.memory.comm + p.memory.other + p.memory.overhead);
+		                              p.memory.comm + p.memory.other + p.memory.data + p.memory.eval +
+		                              p.memory.scratch + p.memory.overhead);
+		CHECK_FEQ(p.memory.data, 8.0 * pc.B * pc.T); /* no shards given: the loader's batch alone */
 	}
 	return 0;
 }
@@ -129,12 +134,20 @@ TEST(plan_flops_6nd_plus_attention)
 	CHECK_OK(loom_plan_estimate(&pc, &c, &p));
 	double C = pc.model.n_embd, L = pc.model.n_layer, V = pc.model.vocab_size, T = pc.T;
 	double N = L * 12 * C * C + V * C; /* the matmul weights (the lm head tied to wte) */
-	CHECK_FEQ(p.flops_per_token, 6 * N + 12 * L * C * T);
+	/* attention over the causal triangle only: a query sees (T + 1) / 2 keys on average */
+	CHECK_FEQ(p.flops_per_token, 6 * N + 12 * L * C * (T + 1) / 2);
+	CHECK_FEQ(p.flops_per_token, 5115648.0); /* 6 x 819328 + 4 x 12 x 128 x 65 / 2 */
+	/* the nominal count, the whole T x T: nanoGPT's 6N + 12 L C T */
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&pc.model, pc.T), 6 * N + 12 * L * C * T);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&pc.model, pc.T), 5309184.0);
 	double D = (double)pc.B * pc.T * pc.M * pc.dp; /* tokens per step */
 	CHECK_FEQ(p.tokens_per_step, D);
-	CHECK_FEQ(p.flops_per_step, (6 * N + 12 * L * C * T) * D);
+	CHECK_FEQ(p.flops_per_step, 5115648.0 * D);
 	/* MFU is the model's FLOPs (no recomputation) over the ranks' peak time */
 	CHECK_NEAR(p.mfu, p.flops_per_step / (p.step_time_s * p.world * c.peak_flops_fp32), 1e-12);
+	/* what a rank runs adds the fused attention's backward making the scores again: Q K^T, 2 of
+	 * attention's 12 FLOPs per key and channel, 4 x 2 x 128 x 65 / 2 = 33280 per token */
+	CHECK_NEAR(p.flops_per_rank_step, (5115648.0 + 33280.0) * D / pc.dp, 1e-12 * p.flops_per_rank_step);
 	/* recomputing the blocks adds their forward (a third of their FLOPs) to what a rank runs */
 	pc.act_ckpt = LOOM_ACT_CKPT_BLOCKS;
 	loom_plan_t q;
@@ -142,9 +155,15 @@ TEST(plan_flops_6nd_plus_attention)
 	double blocks = 0;
 	for (int l = 0; l < pc.model.n_layer; l++)
 		blocks += loom_model_unit_flops(&pc.model, l, pc.T);
-	CHECK_NEAR(q.flops_per_rank_step, (p.flops_per_token + blocks / 3) * D / pc.dp, 1e-6 * q.flops_per_rank_step);
+	CHECK_NEAR(q.flops_per_rank_step, (p.flops_per_token + 33280.0 + blocks / 3) * D / pc.dp,
+	           1e-6 * q.flops_per_rank_step);
 	CHECK_FEQ(q.flops_per_step, p.flops_per_step);
 	CHECK(q.memory.activations < p.memory.activations);
+	/* selective recomputation runs the attention's forward again (Q K^T and P V: 4 of its 12 FLOPs per
+	 * key and channel, 66560 per token) */
+	pc.act_ckpt = LOOM_ACT_CKPT_SELECTIVE;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &q));
+	CHECK_NEAR(q.flops_per_rank_step, (5115648.0 + 33280.0 + 66560.0) * D / pc.dp, 1e-12 * q.flops_per_rank_step);
 	return 0;
 }
 
@@ -461,7 +480,9 @@ TEST(plan_memory_equals_train)
 		size_t n = fread(out, 1, sizeof out - 1, f);
 		fclose(f);
 		out[n] = 0;
-		double act = json_num(out, "\"total\":"), states = json_num(out, "\"mem_model_states_bytes\":");
+		const char *ab = strstr(out, "\"activation_bytes\":"); /* (the config's plan has totals too) */
+		CHECK(ab);
+		double act = json_num(ab, "\"total\":"), states = json_num(out, "\"mem_model_states_bytes\":");
 		CHECK(act > 0 && states > 0);
 		/* the same flags, planned */
 		char pcmd[2048], pout[16384];
@@ -477,6 +498,73 @@ TEST(plan_memory_equals_train)
 		          json_num(r0, "\"activations\":"), act);
 	}
 	test_rmdir(dir);
+	return 0;
+}
+
+/* The keys a causal attention with window W sees over a sequence of T queries, one query at a time: the
+ * reference for loom_model_attn_keys' closed form. */
+static double keys_by_query(int T, int W)
+{
+	double n = 0;
+	for (int t = 0; t < T; t++)
+		n += (t < W ? t : W) + 1; /* keys max(0, t - W)..t */
+	return n;
+}
+
+/* Attention FLOPs as the kernel must do them: each query's keys inside the causal mask and its window,
+ * 12 per key and channel of the query heads (fwd + bwd), averaged over the T positions; GPT-2's counts
+ * (W >= T: the causal triangle) against numbers computed by hand, the nominal 6N + 12 L C T unchanged. */
+TEST(plan_attn_flops_causal_and_windowed)
+{
+	static const int Ts[] = {1, 2, 3, 7, 16, 64, 100, 2048};
+	for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++) {
+		int T = Ts[i], Ws[] = {0, 1, 2, T / 2, T - 2, T - 1, T, 2 * T + 5};
+		for (size_t j = 0; j < sizeof Ws / sizeof *Ws; j++)
+			if (Ws[j] >= 0)
+				CHECK_MSG(loom_model_attn_keys(T, Ws[j]) == keys_by_query(T, Ws[j]), "T %d, W %d: %.17g, by query %.17g",
+				          T, Ws[j], loom_model_attn_keys(T, Ws[j]), keys_by_query(T, Ws[j]));
+	}
+	CHECK_FEQ(loom_model_attn_keys(1, 0), 1.0);       /* one query, itself */
+	CHECK_FEQ(loom_model_attn_keys(5, 0), 5.0);       /* W = 0: every query sees only itself */
+	CHECK_FEQ(loom_model_attn_keys(16, 8), 108.0);    /* 1 + 2 + ... + 9, then 7 x 9 */
+	CHECK_FEQ(loom_model_attn_keys(16, 15), 136.0);   /* the triangle 16 x 17 / 2 */
+	CHECK_FEQ(loom_model_attn_keys(16, 1000), 136.0); /* a window beyond T changes nothing */
+	CHECK_FEQ(loom_model_attn_keys(2048, 1024), 1574400.0); /* 1025 x 3072 / 2 */
+	CHECK_FEQ(loom_model_attn_keys(2048, 2048), 2098176.0); /* 2048 x 2049 / 2 */
+	CHECK_FEQ(loom_model_attn_keys(65536, 65536), 2147516416.0); /* past 2^31: no int overflow */
+	CHECK_FEQ(loom_model_attn_keys(0, 4), 0.0);
+	CHECK_FEQ(loom_model_attn_keys(4, -1), 0.0);
+	CHECK_FEQ(loom_model_attn_flops(64, 16, 8), 5184.0); /* 12 x 64 x 108 / 16 */
+	CHECK_FEQ(loom_model_attn_flops(64, 0, 8), 0.0);
+
+	/* GPT-2 `small` (L6 C384 V50257) at T = 256: 6 x (6 x 12 C^2 + V C) = 179493120, attention
+	 * 6 x 12 x 384 x 257 / 2 = 3552768 (nominal 6 x 12 x 384 x 256 = 7077888) */
+	loom_model_config_t g;
+	CHECK_OK(loom_gpt2_preset("small", &g));
+	CHECK_FEQ(loom_model_flops_per_token(&g, 256), 183045888.0);
+	CHECK_FEQ(loom_gpt2_flops_per_token(&g, 256), 183045888.0);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&g, 256), 186571008.0);
+	CHECK_FEQ(loom_model_block_attn_flops(&g, 0, 256), 592128.0);
+	CHECK_FEQ(loom_model_block_attn_flops(&g, 5, 256), 592128.0);
+	CHECK_FEQ(loom_model_block_attn_flops(&g, 6, 256), 0.0); /* the head has no attention */
+	CHECK_FEQ(loom_model_unit_flops(&g, 0, 256), 72.0 * 384 * 384 + 592128.0);
+	/* T = 1: one key a query, the same in both counts: 12 C per layer */
+	CHECK_FEQ(loom_model_flops_per_token(&g, 1), 179493120.0 + 6 * 12 * 384);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&g, 1), 179493120.0 + 6 * 12 * 384);
+	/* T = 1024 (GPT-2's context) on gpt2 (L12 C768): 12 x 12 x 768 x 1025 / 2 */
+	CHECK_OK(loom_gpt2_preset("gpt2", &g));
+	CHECK_FEQ(loom_model_flops_per_token(&g, 1024) - loom_model_flops_per_token(&g, 0), 56678400.0);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&g, 1024) - loom_model_flops_per_token(&g, 0), 113246208.0);
+
+	/* the plan: a tp rank runs its heads' share, 1/tp of the count like the rest */
+	loom_cluster_t c = test_cluster();
+	loom_plan_t p, q;
+	loom_plan_config_t pc = tiny_config(1, 0);
+	CHECK_OK(loom_plan_estimate(&pc, &c, &p));
+	pc.tp = 2;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &q));
+	CHECK_FEQ(q.flops_per_token, p.flops_per_token);
+	CHECK_FEQ(q.flops_per_rank_step, p.flops_per_rank_step / 2);
 	return 0;
 }
 
@@ -519,5 +607,230 @@ TEST(plan_prediction_in_log_and_plot)
 	CHECK_CONTAINS(out, "stroke-dasharray=\"2,3\""); /* 1000 tokens / 0.5 s = 2000 tokens/s, dotted */
 	CHECK_CONTAINS(out, "stroke-dasharray=\"6,4\""); /* the validation line through steps 2 and 4 */
 	test_rmdir(dir);
+	return 0;
+}
+
+/* ---- one prediction: loom train's is loom plan's -------------------------------------------------- */
+
+/* A peak cache of round figures in dir (XDG_CACHE_HOME for this process and the commands it runs), for
+ * 1 and 2 threads per rank, both dtypes and the copy bandwidths: the plans below measure nothing, and
+ * every program that reads this cache sets the machine up alike. */
+static int fake_peak_cache(const char *dir)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	if (setenv("XDG_CACHE_HOME", dir, 1) != 0)
+		return 1;
+	for (int t = 1; t <= 2; t++)
+		if (loom_peak_cache_put_kind(LOOM_PEAK_HW_FP32, t, 100e9 * t) || loom_peak_cache_put_kind(LOOM_PEAK_GEMM_FP32, t, 90e9 * t) ||
+		    loom_peak_cache_put_kind(LOOM_PEAK_HW_BF16, t, 200e9 * t) || loom_peak_cache_put_kind(LOOM_PEAK_GEMM_BF16, t, 150e9 * t))
+			return 1;
+	if (loom_peak_cache_put_kind(LOOM_PEAK_MEM_BW, 1, 12e9) ||
+	    (cpus > 1 && loom_peak_cache_put_kind(LOOM_PEAK_MEM_BW, (int)cpus, 16e9)))
+		return 1;
+	return 0;
+}
+
+/* The JSON object after "key": in text, copied into out (its braces matched; strings hold none). */
+static int json_object(const char *text, const char *key, char *out, size_t cap)
+{
+	const char *p = strstr(text, key), *q;
+	int depth = 0;
+	if (!p)
+		return 1;
+	p += strlen(key);
+	for (q = p; *q; q++) {
+		depth += *q == '{' ? 1 : *q == '}' ? -1 : 0;
+		if (depth == 0)
+			break;
+	}
+	if (*q != '}' || (size_t)(q - p + 1) >= cap)
+		return 1;
+	memcpy(out, p, (size_t)(q - p + 1));
+	out[q - p + 1] = 0;
+	return 0;
+}
+
+static int read_text(const char *path, char *buf, size_t cap)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 1;
+	size_t n = fread(buf, 1, cap - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	return 0;
+}
+
+/* The trainer's prediction (its start-up line, the "plan" of its log's config record) is `loom plan
+ * --json`'s for the same flags, byte for byte: meshes dp 2, tp 2, pp 2 and ZeRO, both families, bf16,
+ * MuonAdamW, evaluation on. And the summary's medians are of the steps after warm-up. */
+TEST(plan_train_same_prediction)
+{
+	char dir[512], cache[700], val[700], cmd[4096], log[800], out[65536], pout[16384], a[16384], b[16384];
+	const char *loom = test_loom_bin();
+	static const char *const runs[] = {
+		"--model tiny --nproc 2",
+		"--model tiny --nproc 2 --tp 2 --sequence-parallel --activation-checkpointing blocks",
+		"--model tiny --nproc 2 --pp 2 --micro-batches 2 --pp-schedule gpipe",
+		"--model tiny --nproc 2 --zero 2 --grad-reduce-dtype bf16",
+		"--arch nanochat --depth 2 --head-dim 64 --nproc 2 --zero 1 --optimizer muon",
+		"--arch nanochat --depth 2 --head-dim 64 --nproc 2 --tp 2",
+		"--arch nanochat --depth 2 --head-dim 64 --nproc 2 --pp 2 --micro-batches 2",
+		"--arch nanochat --depth 2 --head-dim 64 --dtype bf16 --steps 6",
+		"--model tiny --nproc 2 --cp 2", /* context parallel: T/cp positions per rank, the ring's transfers */
+		"--arch nanochat --depth 2 --head-dim 64 --nproc 4 --cp 2 --zero 3",
+	};
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	snprintf(cache, sizeof cache, "%s/cache", dir);
+	snprintf(val, sizeof val, "%s/val", dir);
+	CHECK_OK(fake_peak_cache(cache));
+	CHECK_OK(test_make_token_data(dir, 257, 40000));
+	CHECK(mkdir(val, 0755) == 0);
+	CHECK_OK(test_make_token_data(val, 257, 20000));
+	for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+		const char *flags = runs[k], *steps = strstr(flags, "--steps") ? "" : "--steps 3";
+		char common[1500];
+		snprintf(common, sizeof common, "--train-data '%s/train_*.bin' --val-data '%s/train_*.bin' --eval-every 2 "
+		         "--eval-batches 8 --vocab-size 257 --batch-size 2 --seq-len 32 --threads 1 --load 0 %s %s", dir, val,
+		         steps, flags);
+		snprintf(log, sizeof log, "%s/log%zu.jsonl", dir, k);
+		snprintf(cmd, sizeof cmd, "%s train %s --log %s", loom, common, log);
+		int st = test_run_cmd(cmd, out, sizeof out, 180);
+		CHECK_MSG(st == 0, "%s: exit %d: %s", flags, st, out);
+		snprintf(cmd, sizeof cmd, "%s plan %s --json", loom, common);
+		st = test_run_cmd(cmd, pout, sizeof pout, 60);
+		CHECK_MSG(st == 0, "%s: plan: exit %d: %s", flags, st, pout);
+		CHECK_MSG(!strstr(out, "measuring") && !strstr(pout, "measuring"), "%s: measured: %s", flags, out);
+		char text[65536];
+		CHECK_OK(read_text(log, text, sizeof text));
+		CHECK_MSG(json_object(text, "\"plan\":", a, sizeof a) == 0, "%s: no plan in the log: %.300s", flags, text);
+		pout[strcspn(pout, "\n")] = 0;
+		CHECK_MSG(strcmp(a, pout) == 0, "%s:\n  train's plan %s\n  loom plan's  %s", flags, a, pout);
+		/* the start-up line prints the same step and memory */
+		char line[200];
+		snprintf(line, sizeof line, "plan: predicted step %.1f ms", 1e3 * json_num(pout, "\"step_time_s\":"));
+		CHECK_CONTAINS(out, line);
+		CHECK(json_object(pout, "\"memory_bytes_rank0\":", b, sizeof b) == 0);
+		snprintf(line, sizeof line, "memory %.1f MiB on this rank", json_num(b, "\"total\":") / 1048576.0);
+		CHECK_CONTAINS(out, line);
+		CHECK(json_num(b, "\"eval\":") > 0); /* evaluation is on: its buffers are predicted */
+		/* the summary's medians: of the steps after the 2 of warm-up, each of them a step of the log */
+		CHECK_CONTAINS(out, "(median of steps 3-");
+		CHECK(json_object(text, "{\"summary\":", b, sizeof b) == 0);
+		int nsteps = strstr(flags, "--steps 6") ? 6 : 3;
+		CHECK_EQ((int)json_num(b, "\"warmup\":"), 2);
+		CHECK_EQ((int)json_num(b, "\"median_steps\":"), nsteps - 2);
+		double dt[8], med = json_num(b, "\"median_step_s\":");
+		const char *p = text;
+		for (int s = 0; s < nsteps; s++) {
+			p = strstr(p, "{\"step\":");
+			CHECK(p);
+			dt[s] = json_num(p, "\"dt_ms\":");
+			p++;
+		}
+		/* the median of steps 3..n (dt_ms is logged to the microsecond) */
+		for (int i = 2; i < nsteps; i++)
+			for (int j = i + 1; j < nsteps; j++)
+				if (dt[j] < dt[i]) {
+					double t = dt[i];
+					dt[i] = dt[j], dt[j] = t;
+				}
+		int n = nsteps - 2;
+		double want = n % 2 ? dt[2 + n / 2] : 0.5 * (dt[2 + n / 2 - 1] + dt[2 + n / 2]);
+		CHECK_MSG(fabs(1e3 * med - want) < 2e-3, "%s: median %.6f ms, the log's steps give %.6f", flags, 1e3 * med, want);
+	}
+	unsetenv("XDG_CACHE_HOME");
+	test_rmdir(dir);
+	return 0;
+}
+
+/* The memory prediction covers what a run holds with and without evaluation: the data loader's shard
+ * pages, evaluation's losses and the validation shards' pages, a second thread's scratch: the plan's
+ * total against rank 0's measured peak resident set, within 10% (not under AddressSanitizer, whose
+ * shadow memory and quarantine are in every resident set: there the runs and the parts are checked). */
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
+TEST(plan_memory_covers_evaluation)
+{
+	char dir[512], cache[700], val[700], cmd[4096], log[800], out[65536], text[1 << 16], m[4096];
+	const char *loom = test_loom_bin();
+#define GPT "--n-layer 2 --n-head 2 --n-embd 64 "
+	static const char *const runs[] = {
+		GPT "--threads 1 --shuffle 1",
+		GPT "--threads 1 --shuffle 1 --val-data '%s/train_*.bin' --eval-every 4 --eval-batches 200",
+		GPT "--threads 2 --val-data '%s/train_*.bin' --eval-every 4 --eval-batches 200",
+		GPT "--nproc 2 --shuffle 1 --val-data '%s/train_*.bin' --eval-every 4 --eval-batches 200",
+		"--nproc 2 --arch nanochat --depth 2 --head-dim 64 --val-data '%s/train_*.bin' --eval-every 4 --eval-batches 200",
+	};
+#undef GPT
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	snprintf(cache, sizeof cache, "%s/cache", dir);
+	snprintf(val, sizeof val, "%s/val", dir);
+	CHECK_OK(fake_peak_cache(cache));
+	CHECK_OK(test_make_token_data(dir, 257, 3000000)); /* 6 MB: the loader maps what it reads */
+	CHECK(mkdir(val, 0755) == 0);
+	CHECK_OK(test_make_token_data(val, 257, 1500000));
+	for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+		char flags[1000];
+		snprintf(flags, sizeof flags, runs[k], val);
+		snprintf(log, sizeof log, "%s/log%zu.jsonl", dir, k);
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --vocab-size 257 --batch-size 4 --seq-len 128 "
+		         "--steps 8 --load 0 --log %s %s", loom, dir, log, flags);
+		int st = test_run_cmd(cmd, out, sizeof out, 180);
+		CHECK_MSG(st == 0, "%s: exit %d: %s", flags, st, out);
+		CHECK_OK(read_text(log, text, sizeof text));
+		CHECK(json_object(text, "\"memory_bytes_rank0\":", m, sizeof m) == 0);
+		double pred = json_num(m, "\"total\":"), rss = 0.0;
+		for (const char *p = text; (p = strstr(p, "\"peak_rss_bytes\":")); p++)
+			rss = json_num(p, "\"peak_rss_bytes\":") > rss ? json_num(p, "\"peak_rss_bytes\":") : rss;
+		CHECK(rss > 0);
+		CHECK_MSG(UNDER_ASAN || fabs(pred / rss - 1.0) <= 0.10, "%s: predicted %.1f MiB, peak RSS %.1f MiB (%+.1f%%): %s", flags,
+		          pred / 1048576.0, rss / 1048576.0, 100.0 * (pred / rss - 1.0), m);
+		if (strstr(flags, "--eval-every"))
+			CHECK(json_num(m, "\"eval\":") > 1e6); /* the validation shard's pages the check and evaluation read */
+	}
+	unsetenv("XDG_CACHE_HOME");
+	test_rmdir(dir);
+	return 0;
+}
+
+/* loom_plan_compare splits both steps alike and names the part that missed the most, only past 15%
+ * (time) and 10% (memory). */
+TEST(plan_compare_names_the_part)
+{
+	loom_plan_t p;
+	loom_plan_measured_t m;
+	loom_plan_verdict_t v;
+	memset(&p, 0, sizeof p), memset(&m, 0, sizeof m);
+	p.step_time_s = 1.0, p.optimizer_s = 0.1, p.dp.exposed_s = 0.1, p.bubble = 0.0;
+	p.memory_rank0.params = 100, p.memory_rank0.activations = 200, p.memory_rank0.overhead = 700;
+	p.memory_rank0.total = 1000;
+	m.step_s = 1.1, m.optimizer_s = 0.1, m.comm_s = 0.2, m.peak_rss = 1050, m.states = 100, m.activations = 200;
+	loom_plan_compare(&p, &m, &v);
+	CHECK_NEAR(v.time_error, 1.0 / 1.1 - 1.0, 1e-12);
+	CHECK(v.time_part == NULL && v.memory_part == NULL); /* -9%, -5%: within */
+	m.step_s = 2.0, m.comm_s = 1.0; /* communication: 0.1 predicted, 1.0 measured; compute 0.8 both */
+	m.peak_rss = 1300, m.activations = 500; /* activations 200 vs 500, the rest 700 vs 700 */
+	loom_plan_compare(&p, &m, &v);
+	CHECK_STREQ(v.time_part, "communication");
+	CHECK_FEQ(v.time_part_pred, 0.1);
+	CHECK_FEQ(v.time_part_meas, 1.0);
+	CHECK_STREQ(v.memory_part, "activations");
+	CHECK_FEQ(v.memory_part_meas, 500.0);
+	m.comm_s = 0.2, m.optimizer_s = 0.1, m.bubble = 0.5; /* a pipeline idle half of 1.7 s: the bubble */
+	m.peak_rss = 2000, m.activations = 200;                 /* 1700 of buffers and process, 700 predicted */
+	loom_plan_compare(&p, &m, &v);
+	CHECK_STREQ(v.time_part, "bubble");
+	CHECK_FEQ(v.time_part_meas, 0.85);
+	CHECK_STREQ(v.memory_part, "buffers and process");
+	CHECK_FEQ(v.memory_part_pred, 700.0);
 	return 0;
 }

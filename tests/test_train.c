@@ -1,6 +1,7 @@
 /* test_train.c: the training loop on a tiny generated dataset: resume is bit-identical, gradient
  * accumulation equals a bigger batch, the JSONL log, settings errors, and `loom train` end to end;
  * the batch arithmetic (accumulation from a total batch, LR scaling) and the sgemm-peak cache. */
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,11 +207,18 @@ TEST(train_jsonl_log)
 
 	f = fopen(logp, "r");
 	CHECK(f != NULL);
-	/* the config record first, the summary last (test_eco.c checks their contents) */
+	/* the config record first, the summary last (test_eco.c checks their contents). FLOPs per token of
+	 * tiny (L2 C16 V37) at T 8: 6 x (2 x 12 C^2 + V C) = 40416, attention over the causal triangle
+	 * 2 x 12 x 16 x 9 / 2 = 1728 (MFU's count), or the whole 8 x 8 (GPT-2's nominal, mfu_gpt2) 3072 */
+	CHECK_FEQ(loom_gpt2_flops_per_token(&tiny, c.T), 42144.0);
+	CHECK_FEQ(loom_model_flops_per_token_nominal(&tiny, c.T), 43488.0);
 	CHECK(fgets(line, sizeof line, f) != NULL);
 	CHECK_MSG(strncmp(line, "{\"config\":{", 11) == 0, "first line: %s", line);
+	CHECK_MSG(field(line, "flops_per_token") == 42144.0 && field(line, "flops_per_token_gpt2") == 43488.0, "%s", line);
 	while (fgets(line, sizeof line, f)) {
 		if (strncmp(line, "{\"summary\":", 11) == 0) {
+			double mean = field(line, "mean_mfu"), nominal = field(line, "mean_mfu_gpt2");
+			CHECK_MSG(mean > 0 && fabs(nominal / mean - 43488.0 / 42144.0) < 2e-3, "%s", line);
 			CHECK_EQ(k, 5);
 			CHECK(fgets(line, sizeof line, f) == NULL);
 			break;
@@ -223,7 +231,10 @@ TEST(train_jsonl_log)
 		double dt = field(line, "dt_ms"), tps = field(line, "tokens_per_s"), mfu = field(line, "mfu");
 		CHECK_MSG(dt > 0 && tps > 0, "%s", line);
 		CHECK_NEAR(tps, 32.0 / (dt * 1e-3), 0.01 * tps); /* B*T*accum = 32 tokens per step */
-		CHECK_NEAR(mfu, tps * loom_gpt2_flops_per_token(&tiny, c.T) / 1e9, 1e-3 * mfu + 1e-4);
+		CHECK_NEAR(mfu, tps * 42144.0 / 1e9, 1e-3 * mfu + 1e-4);
+		double nominal = field(line, "mfu_gpt2");
+		CHECK_NEAR(nominal, tps * 43488.0 / 1e9, 1e-3 * nominal + 1e-4);
+		CHECK_MSG(strstr(line, "mfu_nanochat") == NULL, "%s", line);
 		CHECK_EQ(field(line, "tokens"), 32 * k);
 		double v = field(line, "val_loss");
 		if (k % 2 == 0 || k == 5)
@@ -774,6 +785,368 @@ TEST(train_peak_cache)
 		setenv("XDG_CACHE_HOME", saved, 1), free(saved);
 	else
 		unsetenv("XDG_CACHE_HOME");
+	test_rmdir(dir);
+	return 0;
+}
+
+/* The file's first cap-1 bytes as a string ("" when it cannot be read). */
+static const char *read_text(const char *path, char *buf, size_t cap)
+{
+	FILE *f = fopen(path, "rb");
+	size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	return buf;
+}
+
+/* A model-size flag overrides only its field: `--model tiny --vocab-size 1024 --seq-len 64` trains the
+ * preset's 128 positions on 64 (the checkpoint says 128), and so do the tiny defaults under
+ * --n-layer without --model; --n-positions alone sets them; --seq-len above them is an error naming
+ * where they came from. nanochat (no preset) takes base_train's sequence_len = --seq-len unless
+ * --n-positions says otherwise. */
+TEST(train_model_flags_keep_positions)
+{
+	char dir[512], cmd[2048], out[16384], path[700], text[4096], want[128];
+	const char *loom = test_loom_bin();
+	loom_model_config_t c;
+	static const struct {
+		const char *flags, *model;
+		int positions;
+	} runs[] = {
+		{"--model tiny --vocab-size 1024", "model: gpt2 L4 H4 C128 T128 V1024", 128},
+		{"--n-layer 1 --n-embd 32 --n-head 2", "model: gpt2 L1 H2 C32 T128 V257", 128},
+		{"--n-layer 1 --n-embd 32 --n-head 2 --n-positions 96", "model: gpt2 L1 H2 C32 T96 V257", 96},
+	};
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train_000000.bin", 3000, 257, 3));
+	for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' %s --batch-size 1 --seq-len 64 --steps 1 "
+		         "--threads 1 --peak-flops 1e10 --save-dir %s/ck%zu", loom, dir, runs[k].flags, dir, k);
+		int st = test_run_cmd(cmd, out, sizeof out, 60);
+		CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+		CHECK_CONTAINS(out, runs[k].model);
+		CHECK_CONTAINS(out, "batch: B=1 T=64 accum=1 -> 64 tokens per step");
+		snprintf(path, sizeof path, "%s/ck%zu/step_00000001/model.safetensors", dir, k);
+		CHECK_OK(loom_model_config(path, 0, &c, NULL));
+		CHECK_EQ(c.seq_len, runs[k].positions);
+		snprintf(path, sizeof path, "%s/ck%zu/step_00000001/config.json", dir, k);
+		snprintf(want, sizeof want, "\"n_positions\": %d,", runs[k].positions);
+		CHECK_CONTAINS(read_text(path, text, sizeof text), want);
+	}
+	/* more than the positions: one message, before training */
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --n-layer 1 --seq-len 256 --steps 1", loom, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_STREQ(out, "loom train: --seq-len 256 exceeds the model's maximum sequence length 128 (the tiny preset's "
+	            "n_positions; give --n-positions 256 for a model of 256 positions)\n");
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --model tiny --n-positions 200 --seq-len 256 "
+	         "--steps 1", loom, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	CHECK_STREQ(out, "loom train: --seq-len 256 exceeds the model's maximum sequence length 200 (--n-positions 200)\n");
+	/* nanochat: sequence_len follows --seq-len (base_train), or --n-positions */
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --arch nanochat --depth 1 --vocab-size 257 "
+	         "--seq-len 32 --steps 1 --check && %s train --train-data '%s/train_*.bin' --arch nanochat --depth 1 "
+	         "--vocab-size 257 --n-positions 64 --seq-len 32 --steps 1 --check", loom, dir, loom, dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	CHECK_CONTAINS(out, "model: nanochat L1 H1 C128 T32 V257");
+	CHECK_CONTAINS(out, "window pattern SSSL (S = 16 positions)");
+	CHECK_CONTAINS(out, "model: nanochat L1 H1 C128 T64 V257");
+	CHECK_CONTAINS(out, "window pattern SSSL (S = 32 positions)");
+	test_rmdir(dir);
+	return 0;
+}
+
+/* --init-from takes what `loom sample --model` takes (loom_model_path): a checkpoint directory
+ * starts from its model.safetensors, bit for bit as the file itself does, and a --save-dir from its
+ * newest checkpoint; a directory with neither is one message. */
+TEST(train_init_from_checkpoint_dir)
+{
+	char dir[512], cmd[4096], out[16384], path[700], want[800];
+	static char lines[2][64][160];
+	double loss[2][64];
+	const char *loom = test_loom_bin();
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train_000000.bin", 3000, 257, 4));
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 --batch-size 2 "
+	         "--seq-len 16 --steps 2 --lr 1e-2 --threads 1 --peak-flops 1e10 --save-dir %s/ck --save-every 1", loom, dir,
+	         dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	static const char *const from[] = {"ck/step_00000001", "ck/step_00000001/model.safetensors"};
+	for (int k = 0; k < 2; k++) {
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --init-from %s/%s --batch-size 2 --seq-len 16 "
+		         "--steps 2 --lr 1e-3 --threads 1 --peak-flops 1e10 --log %s/i%d.jsonl", loom, dir, dir, from[k], dir, k);
+		st = test_run_cmd(cmd, out, sizeof out, 60);
+		CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+		snprintf(want, sizeof want, "model: gpt2 L1 H2 C32 T128 V257, 25088 parameters, from %s/ck/step_00000001/"
+		         "model.safetensors\n", dir);
+		CHECK_CONTAINS(out, want);
+		snprintf(path, sizeof path, "%s/i%d.jsonl", dir, k);
+		CHECK_EQ(test_read_losses(path, loss[k], 64, lines[k], NULL), 2);
+	}
+	for (int s = 1; s <= 2; s++)
+		CHECK_STREQ(lines[0][s], lines[1][s]); /* the directory is its model file, bit for bit */
+	/* a --save-dir: its newest checkpoint */
+	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --init-from %s/ck --batch-size 2 --seq-len 16 "
+	         "--steps 1 --threads 1 --peak-flops 1e10 --check", loom, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "`%s` exited %d:\n%s", cmd, st, out);
+	snprintf(want, sizeof want, ", from %s/ck/step_00000002/model.safetensors\n", dir);
+	CHECK_CONTAINS(out, want);
+	/* neither: one message, as loom sample says it */
+	snprintf(cmd, sizeof cmd, "mkdir %s/empty && %s train --train-data '%s/train_*.bin' --init-from %s/empty --steps 1",
+	         dir, loom, dir, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	snprintf(want, sizeof want, "loom train: --init-from: %s/empty: a directory without model.safetensors or "
+	         "checkpoints (step_NNNNNNNN)\n", dir);
+	CHECK_STREQ(out, want);
+	snprintf(cmd, sizeof cmd, "%s sample --model %s/empty", loom, dir);
+	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
+	snprintf(want, sizeof want, "loom sample: --model: %s/empty: a directory without model.safetensors or "
+	         "checkpoints (step_NNNNNNNN)\n", dir);
+	CHECK_STREQ(out, want);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* The names in directory `path` but . and .., sorted, space-separated ("" when it does not exist). */
+static void list_dir(const char *path, char *buf, size_t cap)
+{
+	char names[64][256];
+	int n = 0;
+	size_t len = 0;
+	DIR *d = opendir(path);
+	struct dirent *e;
+	buf[0] = 0;
+	if (!d)
+		return;
+	while ((e = readdir(d)) && n < 64)
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+			snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+	closedir(d);
+	qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
+	for (int i = 0; i < n; i++)
+		len += (size_t)snprintf(buf + len, len < cap ? cap - len : 0, "%s%s", i ? " " : "", names[i]);
+}
+
+/* Issue 34: a resume from an older step pruned its own checkpoints (--keep-checkpoints kept the
+ * highest steps, the abandoned branch's) and left the summary naming a deleted one. The newer
+ * checkpoints now move aside into ck/abandoned-at-step_S before the run, so pruning keeps the newest
+ * of the live branch, the summary's checkpoint exists and --resume continues the live branch:
+ * from an older step, from the newest, from the oldest, and twice from the same step. */
+TEST(train_resume_lineage)
+{
+	char dir[512], base[2048], cmd[4096], out[32768], ck[700], got[2048], p[4096];
+	const char *loom = test_loom_bin();
+	struct stat sb;
+	int st;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train_000000.bin", 3000, 257, 1));
+	snprintf(ck, sizeof ck, "%s/ck", dir);
+	snprintf(base, sizeof base, "%s train --train-data '%s/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 "
+	         "--batch-size 2 --seq-len 16 --threads 1 --peak-flops 1e10 --print-every 100 --save-dir %s "
+	         "--save-every 2", loom, dir, ck);
+	snprintf(cmd, sizeof cmd, "%s --steps 12", base);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_MSG(!strstr(out, "checkpoints: "), "a fresh run into an empty directory moved something: %s", out);
+	list_dir(ck, got, sizeof got);
+	CHECK_STREQ(got, "step_00000002 step_00000004 step_00000006 step_00000008 step_00000010 step_00000012");
+
+	/* 1. from an older step (the issue's case): 8, 10 and 12 are the abandoned branch's */
+	snprintf(cmd, sizeof cmd, "%s --steps 9 --keep-checkpoints 2 --resume-from %s/step_00000006", base, ck);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	snprintf(p, sizeof p, "checkpoints: this run continues from step 6, so the 3 newer checkpoints in %s "
+	         "(step_00000008, step_00000010, step_00000012) belong to an abandoned branch: moved aside into "
+	         "%s/abandoned-at-step_00000006 (nothing deleted)\n", ck, ck);
+	CHECK_CONTAINS(out, p);
+	CHECK_MSG(strstr(out, "checkpoints: ") == strstr(out, p), "said more than once: %s", out);
+	snprintf(p, sizeof p, "summary: checkpoint %s/step_00000009\n", ck);
+	CHECK_CONTAINS(out, p);
+	list_dir(ck, got, sizeof got);
+	CHECK_STREQ(got, "abandoned-at-step_00000006 step_00000008 step_00000009");
+	snprintf(p, sizeof p, "%s/abandoned-at-step_00000006", ck);
+	list_dir(p, got, sizeof got);
+	CHECK_STREQ(got, "step_00000008 step_00000010 step_00000012");
+	snprintf(p, sizeof p, "%s/abandoned-at-step_00000006/step_00000012", ck);
+	CHECK_OK(loom_ckpt_verify(p)); /* moved whole */
+	snprintf(p, sizeof p, "%s/step_00000009", ck);
+	CHECK_OK(loom_ckpt_verify(p));
+
+	/* 2. from the newest (--resume): nothing is abandoned, nothing moves */
+	snprintf(cmd, sizeof cmd, "%s --steps 11 --keep-checkpoints 2 --resume", base);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	snprintf(p, sizeof p, "resumed from %s at step 9\n", ck);
+	CHECK_CONTAINS(out, p);
+	CHECK_MSG(!strstr(out, "checkpoints: "), "moved checkpoints on a resume from the newest: %s", out);
+	snprintf(p, sizeof p, "summary: checkpoint %s/step_00000011\n", ck);
+	CHECK_CONTAINS(out, p);
+	list_dir(ck, got, sizeof got);
+	CHECK_STREQ(got, "abandoned-at-step_00000006 step_00000010 step_00000011");
+
+	/* 3. from the oldest of the directory, and 4. from the same step again: a directory of its own */
+	for (int pass = 0; pass < 2; pass++) {
+		snprintf(cmd, sizeof cmd, "%s --steps %d --keep-checkpoints 2 --resume-from %s/step_00000010", base,
+		         pass == 0 ? 12 : 11, ck);
+		st = test_run_cmd(cmd, out, sizeof out, 60);
+		CHECK_MSG(st == 0, "exit %d: %s", st, out);
+		snprintf(p, sizeof p, "the 1 newer checkpoint in %s (step_%08d) belongs to an abandoned branch: moved aside "
+		         "into %s/abandoned-at-step_00000010%s (nothing deleted)\n", ck, pass == 0 ? 11 : 12, ck,
+		         pass == 0 ? "" : ".2");
+		CHECK_CONTAINS(out, p);
+		snprintf(p, sizeof p, "summary: checkpoint %s/step_%08d\n", ck, pass == 0 ? 12 : 11);
+		CHECK_CONTAINS(out, p);
+		snprintf(p, sizeof p, "%s/step_%08d", ck, pass == 0 ? 12 : 11);
+		CHECK_MSG(stat(p, &sb) == 0, "the summary's checkpoint %s does not exist", p);
+	}
+	list_dir(ck, got, sizeof got);
+	CHECK_STREQ(got, "abandoned-at-step_00000006 abandoned-at-step_00000010 abandoned-at-step_00000010.2 "
+	                 "step_00000010 step_00000011");
+	snprintf(p, sizeof p, "%s/abandoned-at-step_00000010", ck);
+	list_dir(p, got, sizeof got);
+	CHECK_STREQ(got, "step_00000011");
+	snprintf(p, sizeof p, "%s/abandoned-at-step_00000010.2", ck);
+	list_dir(p, got, sizeof got);
+	CHECK_STREQ(got, "step_00000012");
+
+	/* --resume continues the live branch: step 11 is the newest, nothing to do at --steps 11 */
+	snprintf(cmd, sizeof cmd, "%s --steps 11 --keep-checkpoints 2 --resume", base);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	snprintf(p, sizeof p, "resumed from %s at step 11\n", ck);
+	CHECK_CONTAINS(out, p);
+
+	/* a fresh run (no --resume) into the directory starts at step 0: every checkpoint there is of an
+	 * earlier run and moves aside, so --resume later finds this run's */
+	snprintf(cmd, sizeof cmd, "%s --steps 2", base);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	snprintf(p, sizeof p, "checkpoints: this run starts from scratch, so the 2 checkpoints in %s "
+	         "(step_00000010, step_00000011) belong to an earlier run: moved aside into "
+	         "%s/abandoned-at-step_00000000 (nothing deleted)\n", ck, ck);
+	CHECK_CONTAINS(out, p);
+	list_dir(ck, got, sizeof got);
+	CHECK_STREQ(got, "abandoned-at-step_00000000 abandoned-at-step_00000006 abandoned-at-step_00000010 "
+	                 "abandoned-at-step_00000010.2 step_00000002");
+	snprintf(cmd, sizeof cmd, "%s info %s", loom, ck);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	snprintf(p, sizeof p, "%s: checkpoint directory (--save-dir): 1 checkpoint, the latest complete one is "
+	         "%s/step_00000002 (step 2)\n%s: 4 abandoned branches moved aside: %s/abandoned-at-step_*\n\n", ck, ck, ck, ck);
+	CHECK_CONTAINS(out, p);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* The config records of log `path` (up to 4, each cut to 4095 bytes) and its line kinds in order: c
+ * (config), s (step), S (summary), e.g. "csssscsssS". Returns the number of config records. */
+static int log_records(const char *path, char cfg[4][4096], char *kinds, size_t cap)
+{
+	FILE *f = fopen(path, "r");
+	char line[8192];
+	int n = 0;
+	size_t k = 0;
+	kinds[0] = 0;
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof line, f) && k + 1 < cap) {
+		char c = !strncmp(line, "{\"config\":", 10) ? 'c' : !strncmp(line, "{\"step\":", 8) ? 's'
+		         : !strncmp(line, "{\"summary\":", 11) ? 'S' : '?';
+		if (c == 'c' && n < 4)
+			snprintf(cfg[n++], 4096, "%.4095s", line);
+		kinds[k++] = c, kinds[k] = 0;
+	}
+	fclose(f);
+	return n;
+}
+
+/* Issue 34: after a resume that changed the world size, the log kept only the first run's config
+ * record (and `loom plot` labelled the whole run with it). A resume whose settings differ from the
+ * record in force appends one for its segment ("first_step", "resumed_from"); one with the same
+ * settings does not; a resume from before a segment drops that segment's record with its steps; and
+ * the plot labels each segment by its own record (segments with one label as one). */
+TEST(train_log_segments)
+{
+	char dir[512], base[2048], cmd[4096], out[32768], logp[700], p[4096], kinds[64], cfg[4][4096];
+	const char *loom = test_loom_bin();
+	int st;
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train_000000.bin", 3000, 257, 1));
+	snprintf(logp, sizeof logp, "%s/r.jsonl", dir);
+	snprintf(base, sizeof base, "%s train --train-data '%s/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 "
+	         "--batch-size 2 --seq-len 16 --total-batch-size 64 --threads 1 --peak-flops 1e10 --print-every 100 "
+	         "--save-dir %s/ck --save-every 2 --log %s", loom, dir, dir, logp);
+	/* 2 ranks for steps 1-8, then one process (accumulation 2) from step 4 */
+	snprintf(cmd, sizeof cmd, "%s --steps 8 --nproc 2", base);
+	st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	snprintf(cmd, sizeof cmd, "%s --steps 8 --resume-from %s/ck/step_00000004", base, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "batch: B=2 T=16 accum=2 -> 64 tokens per step");
+	CHECK_EQ(log_records(logp, cfg, kinds, sizeof kinds), 2);
+	CHECK_STREQ(kinds, "cssssc" "ssssS");
+	CHECK_CONTAINS(cfg[0], "\"threads\":1,\"world\":2,\"dp\":2,\"tp\":1,\"pp\":1,");
+	CHECK_CONTAINS(cfg[0], "\"grad_accum\":1,\"tokens_per_step\":64,");
+	CHECK_MSG(!strstr(cfg[0], "first_step"), "%s", cfg[0]);
+	CHECK_CONTAINS(cfg[1], "\"threads\":1,\"world\":1,\"dp\":1,\"tp\":1,\"pp\":1,");
+	CHECK_CONTAINS(cfg[1], "\"grad_accum\":2,\"tokens_per_step\":64,");
+	snprintf(p, sizeof p, ",\"first_step\":5,\"resumed_from\":\"%s/ck/step_00000004\"}}\n", dir);
+	CHECK_CONTAINS(cfg[1], p);
+	/* a resume inside that segment with its settings (the environment aside) appends no record */
+	snprintf(cmd, sizeof cmd, "%s --steps 8 --resume-from %s/ck/step_00000006", base, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_EQ(log_records(logp, cfg, kinds, sizeof kinds), 2);
+	CHECK_STREQ(kinds, "cssssc" "ssssS");
+
+	/* the plot names both segments, in the SVG's legend and the gnuplot script's titles */
+	const char *seg1 = "r steps 1-4 (L1 C32, 64 tok/step, lr 0.0006, ranks 2)";
+	const char *seg2 = "r steps 5-8 (L1 C32, 64 tok/step, lr 0.0006, accum 2)";
+	snprintf(cmd, sizeof cmd, "%s plot %s -o %s/p.svg && %s plot %s -o %s/p.gp && cat %s/p.svg %s/p.gp", loom, logp,
+	         dir, loom, logp, dir, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "/p.svg (1200 x 450, SVG): 1 run, 8 steps, 2 segments with their own settings\n");
+	snprintf(p, sizeof p, "<text x=\"144\" y=\"%.1f\">%s</text>", 450 - (18.0 * 3 + 8) + 18.0 + 8 + 4, seg1);
+	CHECK_CONTAINS(out, p);
+	snprintf(p, sizeof p, "<text x=\"144\" y=\"%.1f\">%s</text>", 450 - (18.0 * 3 + 8) + 36.0 + 8 + 4, seg2);
+	CHECK_CONTAINS(out, p);
+	snprintf(p, sizeof p, "$run0 every ::0::3 u 1:3 w l lc rgb '#1f77b4' lw 2 title '%s'", seg1);
+	CHECK_CONTAINS(out, p);
+	snprintf(p, sizeof p, "$run0 every ::3::7 u 1:3 w l lc rgb '#1f77b4' lw 2 title '%s'", seg2);
+	CHECK_CONTAINS(out, p);
+	CHECK_CONTAINS(out, "set arrow 1 from first 4.5, graph 0 to first 4.5, graph 1 nohead dt 3 lw 1.5 lc rgb '#1f77b4'\n");
+	CHECK_MSG(!strstr(out, "set arrow 2 "), "one boundary only: %s", out);
+
+	/* extending the same settings to 10 steps: --steps is a setting, so a third record; the plot
+	 * labels steps 5-10 as one segment (the same label) */
+	snprintf(cmd, sizeof cmd, "%s --steps 10 --resume", base);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_EQ(log_records(logp, cfg, kinds, sizeof kinds), 3);
+	CHECK_STREQ(kinds, "cssssc" "ssssc" "ssS");
+	CHECK_CONTAINS(cfg[2], ",\"first_step\":9,");
+	snprintf(cmd, sizeof cmd, "%s plot %s -o %s/p.gp && cat %s/p.gp", loom, logp, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, "title 'r steps 5-10 (L1 C32, 64 tok/step, lr 0.0006, accum 2)'");
+
+	/* back on 2 ranks from step 4 with the first settings: the later segments' records go with their
+	 * steps, and the first record describes the run again, so none is appended */
+	snprintf(cmd, sizeof cmd, "%s --steps 8 --nproc 2 --resume-from %s/ck/step_00000004", base, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_EQ(log_records(logp, cfg, kinds, sizeof kinds), 1);
+	CHECK_STREQ(kinds, "cssss" "ssssS");
+	snprintf(cmd, sizeof cmd, "%s plot %s -o %s/p.svg && cat %s/p.svg", loom, logp, dir, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 30);
+	CHECK_MSG(st == 0, "exit %d: %s", st, out);
+	CHECK_CONTAINS(out, ">r (L1 C32, 64 tok/step, lr 0.0006, ranks 2): loss (moving average");
+	CHECK_MSG(!strstr(out, "steps 1-"), "segments in a run of one: %s", out);
 	test_rmdir(dir);
 	return 0;
 }

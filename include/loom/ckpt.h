@@ -106,6 +106,11 @@ int loom_model_save_llmc(const char *path, const loom_model_config_t *cfg, const
  * tokenizers). loom_model_save_safetensors calls it (eot -1). Atomic. LOOM_EINVAL for eot out of the
  * vocabulary; LOOM_ESYS/LOOM_EIO naming the file. */
 int loom_model_write_hf_config(const char *model_path, const loom_model_config_t *cfg, int eot);
+/* The path of the config.json that loom_model_write_hf_config (so also loom_model_save of a
+ * .safetensors path) writes beside model_path, into path: the file's directory's config.json
+ * ("./config.json" for a bare file name). For a caller that must not replace a file it was not asked
+ * to write (`loom convert` without --force). LOOM_EINVAL when it does not fit in cap bytes. */
+int loom_model_hf_config_path(const char *model_path, char *path, size_t cap);
 
 /* AdamW state as safetensors: tensors "<name>.exp_avg" (m) and "<name>.exp_avg_sq" (v) for every
  * model tensor (PyTorch's names), with the model config in __metadata__. load checks the config and
@@ -174,6 +179,13 @@ void loom_ckpt_abort(loom_ckpt_writer_t *w); /* removes the temp dir; safe after
  * LOOM_EFORMAT when the newest one is damaged or incomplete, naming the file and the problem and
  * listing the older checkpoints that verify (path and *step are still set to the newest one). */
 int loom_ckpt_latest(const char *dir, char *path, size_t cap, int64_t *step);
+/* The model file that `arg` names, as `loom sample --model` and `loom train --init-from` take it:
+ * a file is itself; a directory holding model.safetensors (a checkpoint DIR/step_NNNNNNNN, a model
+ * directory) gives that; a directory of checkpoints (a --save-dir) gives its newest checkpoint's,
+ * verified as loom_ckpt_latest does. Writes the path into path (cap bytes). LOOM_ENOENT naming arg
+ * when it does not exist or is a directory with neither; loom_ckpt_latest's LOOM_EFORMAT (the older
+ * checkpoints that verify listed) when the newest is damaged; LOOM_EINVAL when the path does not fit. */
+int loom_model_path(const char *arg, char *path, size_t cap);
 /* How many step_NNNNNNNN directories DIR holds (0 when DIR does not exist), complete or not. */
 int loom_ckpt_count(const char *dir, int *n);
 /* Verify checkpoint directory `path`: MANIFEST present and intact, each listed file present with its
@@ -184,13 +196,28 @@ int loom_ckpt_verify(const char *path);
 int loom_ckpt_verify_step(const char *path, int64_t *step);
 /* Delete all but the newest `keep` complete checkpoints in DIR (keep >= 1; any step_ directory older
  * than the oldest kept one goes), and leftovers of interrupted saves and prunes. A checkpoint is
- * renamed to .pruned-step_... before it is deleted, so a kill never leaves part of one under its name. */
+ * renamed to .pruned-step_... before it is deleted, so a kill never leaves part of one under its name.
+ * Only DIR's own step_ directories count: what loom_ckpt_set_aside moved is never pruned. */
 int loom_ckpt_prune(const char *dir, int keep);
 /* Finish what a kill interrupted, before a run writes into DIR: remove .tmp-step_ and .pruned-step_
  * directories, restore an .old-step_ whose replacement was never renamed into place (else remove it),
  * and remove incomplete step_ directories (files missing) older than the newest complete checkpoint,
  * which an interrupted prune of an earlier loom left. Damaged checkpoints are never removed. */
 int loom_ckpt_recover(const char *dir);
+/* What loom_ckpt_set_aside moved: how many checkpoints, where to, and their names. */
+typedef struct {
+	int n;              /* checkpoints moved (0: none, and `into` is "") */
+	char into[1200];    /* DIR/abandoned-at-step_SSSSSSSS[.K] */
+	char names[1024];   /* "step_00000008, step_00000010" (ends ", ..." when they do not fit) */
+} loom_ckpt_aside_t;
+/* Move every step_ directory of DIR newer than `step` (complete or not, damaged or not) into a new
+ * directory DIR/abandoned-at-step_SSSSSSSS, S = step (with ".2", ".3", ... when that name exists):
+ * the checkpoints of a branch that a run continuing from step S abandons, which pruning would keep
+ * over the run's own and a resume would pick as the newest. Each checkpoint moves by one rename, so a
+ * kill leaves every one of them whole under one name or the other; nothing is deleted. Call it after
+ * loom_ckpt_recover (which restores .old-step_ leftovers). *out (may be NULL) says what moved.
+ * LOOM_OK also when nothing is newer (out->n = 0, no directory made); LOOM_ESYS naming the path. */
+int loom_ckpt_set_aside(const char *dir, int64_t step, loom_ckpt_aside_t *out);
 /* Whether `dir` can hold checkpoints: an existing directory or one that can be created (the deepest
  * existing ancestor a writable directory, not in /proc or /sys), and not inside a checkpoint (no
  * ancestor, nor dir itself, holds a MANIFEST or is named step_NNNNNNNN). LOOM_EINVAL naming the

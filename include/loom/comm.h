@@ -11,8 +11,9 @@
  *   OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE   (mpirun)
  *   SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID        (srun)
  *   none of these: a job of one rank.
- * LOOM_JOB_ID names the job's shared-memory segments (/dev/shm/loom-<LOOM_JOB_ID>*); `loom run` sets
- * it, otherwise it is derived from the launcher's job id (or MASTER_ADDR/MASTER_PORT).
+ * LOOM_JOB_ID names the job's communicators (loom-<LOOM_JOB_ID>@*: the abstract socket on which rank 0
+ * offers each one's shared memory, which has no name in /dev/shm and ends with the job's processes);
+ * `loom run` sets it, otherwise it is derived from the launcher's job id (or MASTER_ADDR/MASTER_PORT).
  * LOOM_ALGO=op:algo[,op:algo...] overrides the algorithm choice; LOOM_DEBUG=1 checks every
  * collective's signature across ranks. LOOM_TIMEOUT_S may be fractional. LOOM_SHM_MB sizes each
  * rank's shared heap (loom_comm_alloc; default 1024 MiB of address space, LOOM_SOLO_SHM_MB in a job

@@ -69,8 +69,10 @@ const loom_tensor_info_t *loom_gpt2_tensors(const loom_gpt2_t *m, int *n);
 /* Index of the tensor called `name` (HF name, "transformer." prefix allowed), or -1. */
 int loom_gpt2_tensor_index(const loom_gpt2_config_t *cfg, const char *name);
 size_t loom_gpt2_num_params(const loom_gpt2_config_t *cfg);
-/* FLOPs of one training token (forward + backward): 6 x (parameters in matmuls, lm head included)
- * + 12 x L x C x T, with T the sequence length actually trained on. */
+/* FLOPs of one training token (forward + backward), as the kernels must do them: 6 x (parameters in
+ * matmuls, lm head included) + 12 x L x C x (T + 1) / 2, the causal triangle's keys a query on average,
+ * with T the sequence length actually trained on (loom/model.h: loom_model_attn_flops). The nominal
+ * 6N + 12 L C T is loom_model_flops_per_token_nominal's. */
 double loom_gpt2_flops_per_token(const loom_gpt2_config_t *cfg, int T);
 
 /* ---- the model ------------------------------------------------------------------------------- */

@@ -180,6 +180,8 @@ typedef struct {
 	int (*num_tensors)(const loom_model_config_t *cfg);
 	int (*tensor_info)(const loom_model_config_t *cfg, int i, loom_tensor_info_t *info);
 	size_t (*num_params)(const loom_model_config_t *cfg);
+	/* loom_model_flops_per_token's count; at T = 0 (no query sees a key) its 6N alone, to which
+	 * loom_model_flops_per_token_nominal adds the reference's attention */
 	double (*flops_per_token)(const loom_model_config_t *cfg, int T);
 	int (*stream_width)(const loom_model_config_t *cfg);
 	int (*kv_width)(const loom_model_config_t *cfg); /* floats of a position's keys (kv heads x head dim) */
@@ -246,8 +248,8 @@ typedef struct {
 	                void *ctx);
 	void (*profile)(loom_model_t *m, int enable);
 	void (*profile_report)(loom_model_t *m, void *file, int steps);
-	/* optional: FLOPs per token (forward + backward) of unit u at sequence length T; NULL takes
-	 * loom_model_unit_flops' count from the parameter table */
+	/* optional: FLOPs per token (forward + backward) of unit u at sequence length T, attention counted
+	 * as loom_model_block_attn_flops; NULL takes loom_model_unit_flops' count from the parameter table */
 	double (*unit_flops)(const loom_model_config_t *cfg, int unit, int T);
 	/* optional: the activation bytes by the family's written formula, for a run of B x T micro-batches
 	 * (a cross-check of act_bytes' allocation, printed beside it), and the formula (static text) */
@@ -277,9 +279,30 @@ int loom_model_tensor_info(const loom_model_config_t *cfg, int i, loom_tensor_in
 /* Index of the tensor called `name` (the family's name; GPT-2 also accepts "transformer."), or -1. */
 int loom_model_tensor_index(const loom_model_config_t *cfg, const char *name);
 size_t loom_model_num_params(const loom_model_config_t *cfg);
-/* FLOPs of one training token (forward + backward) at sequence length T: 6 x matmul parameters plus
- * the attention products (the family's own count, as its reference implementation states it). */
+/* FLOPs of one training token (forward + backward) at sequence length T, as the kernels must do them:
+ * 6 x matmul parameters plus, per block, loom_model_block_attn_flops (the keys inside the causal mask
+ * and the block's window). What MFU, `loom plan` and the pipeline balance count (docs/model.md). */
 double loom_model_flops_per_token(const loom_model_config_t *cfg, int T);
+/* The family's reference implementation's own count, which takes each block's attention as the whole
+ * T x min(W, T) rectangle: 6 x matmul parameters + 12 NH D min(W, T) per block (nanochat's
+ * estimate_flops; for GPT-2, W >= T, nanoGPT's and PaLM's appendix B 6N + 12 L C T), for comparing
+ * with that implementation's logs. Above loom_model_flops_per_token but for windows W with
+ * W (W + 1) < 2T (the rectangle has W keys a query, the kernel W + 1: the query's own). 0 for a
+ * configuration its family refuses. */
+double loom_model_flops_per_token_nominal(const loom_model_config_t *cfg, int T);
+/* Keys that the T queries of a sequence see in all under a causal mask with window W (query t, from 0,
+ * sees keys max(0, t - W)..t): sum over t < T of min(t, W) + 1, exact (closed form, no loop): W >= T - 1
+ * gives the causal triangle T (T + 1) / 2, W = 0 gives T. 0 when T <= 0 or W < 0. */
+double loom_model_attn_keys(int T, int W);
+/* FLOPs per token, forward + backward, of one causal attention of `width` = query heads x head_dim
+ * channels over sequences of T with window W: 12 width loom_model_attn_keys(T, W) / T (forward Q K^T
+ * and P V, 2 each per key and channel; backward dP, dS^T Q, P^T dO, dS K; a flash backward's
+ * recomputed scores are not counted). 0 when T <= 0. */
+double loom_model_attn_flops(int width, int T, int W);
+/* loom_model_attn_flops of block l (0..L-1) of cfg at sequence length T: its query heads x head_dim
+ * and window (GPT-2: the whole causal prefix; nanochat: its window pattern's W for the block); 0 for
+ * another l. The whole model's heads: a tensor-parallel rank does 1/tp of it, as of the rest. */
+double loom_model_block_attn_flops(const loom_model_config_t *cfg, int l, int T);
 /* Floats per position of the residual stream passed between units (GPT-2: C; nanochat: 2C, the
  * stream x and the normalized embedding x0 every block reads). */
 int loom_model_stream_width(const loom_model_config_t *cfg);
@@ -297,9 +320,9 @@ void loom_model_tp_shard_tensor(const loom_model_config_t *cfg, int tp, int r, i
 void loom_model_tp_unshard_tensor(const loom_model_config_t *cfg, int tp, int r, int i, const float *shard, float *full);
 int loom_model_act_bytes(const loom_model_config_t *cfg, const loom_model_opts_t *opts, loom_model_act_bytes_t *out);
 /* FLOPs per token, forward + backward, of unit u (-1..L) at sequence length T, for balancing pipeline
- * stages: the family's own count, or 6 x the unit's matmul parameters (its 2-D tensors but the
- * embeddings, plus for the head the tensors it reads from the embedding: GPT-2's tied lm head) and,
- * for a block, 12 C T for attention's two products. */
+ * stages and the planner: the family's own count, or 6 x the unit's matmul parameters (its 2-D tensors
+ * but the embeddings, plus for the head the tensors it reads from the embedding: GPT-2's tied lm head)
+ * and, for a block, loom_model_block_attn_flops. */
 double loom_model_unit_flops(const loom_model_config_t *cfg, int unit, int T);
 /* The tensors of unit u (-1..L) are [*first, *end) of the table. */
 void loom_model_unit_tensors(const loom_model_config_t *cfg, int unit, int *first, int *end);

@@ -56,16 +56,18 @@ double loom_muon_weight_decay(double wd, long long step, long long steps);
  * f + (1 - f) final_lr_frac. nanochat's defaults: warmup_ratio 0, warmdown_ratio 0.5, final 0. */
 double loom_muon_lr_multiplier(long long step, long long steps, double warmup_ratio, double warmdown_ratio,
                                double final_lr_frac);
-/* nanochat's reference batch, B_ref = 2^19 tokens. */
+/* nanochat's reference batch, B_ref = 2^19 tokens: the default of the one B_ref that every batch
+ * scaling below takes (base_train has one B_REF for the learning rate, the weight decay and the
+ * automatic batch size; `loom train --ref-batch-size` sets it for both of its scalings). */
 #define LOOM_MUON_B_REF 524288.0
 /* Every group's learning rate is scaled by sqrt(B / B_ref), B tokens per optimizer step (exactly 1
  * when B = B_ref). */
-double loom_muon_batch_lr_scale(double tokens_per_step);
+double loom_muon_batch_lr_scale(double tokens_per_step, double B_ref);
 /* Muon's weight decay for a run: wd_ref sqrt(B / B_ref) (D_ref / D), B tokens per step, D the run's
  * token horizon and D_ref the reference one (base_train passes its target_tokens and d12's). */
-double loom_muon_weight_decay_scaled(double wd_ref, double tokens_per_step, double D, double D_ref);
+double loom_muon_weight_decay_scaled(double wd_ref, double tokens_per_step, double B_ref, double D, double D_ref);
 /* base_train's automatic batch size: 2^round(log2(B_ref (D / D_ref)^0.383)) tokens. */
-double loom_muon_auto_batch(double D, double D_ref);
+double loom_muon_auto_batch(double D, double D_ref, double B_ref);
 
 /* ---- DistMuon's ownership rules (pure functions over a parameter table) --------------------------- */
 

@@ -20,6 +20,7 @@
 #include <stddef.h>
 
 #include "loom/model.h"
+#include "loom/train.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -47,6 +48,8 @@ typedef struct {
 	double overhead_bytes;       /* resident memory of a process before the model (binary, libraries,
 	                                threads, the data loader) */
 	double comm_overhead_bytes;  /* more of it in a job of several ranks (the communicator's segments) */
+	double thread_scratch_bytes; /* more of it for every thread of a rank beyond the first (its stack, malloc
+	                                arena, the GEMM's packing buffers) */
 	int cores;                   /* CPUs of a node shared by its ranks' threads (0: not shared: GPUs) */
 	int threads;                 /* threads per rank (CPUs; the peaks above are for this many) */
 	double background_load;      /* other work's runnable threads on a node, competing for its cores
@@ -66,14 +69,22 @@ const char *const *loom_cluster_profiles(void);
 int loom_cluster_load(const char *path, loom_cluster_t *c);
 /* This machine: one node of its CPUs (ranks share them: the planner models the share when ranks x
  * threads exceed them), the hardware's and the GEMM's fp32 peaks for `threads` threads per rank from
- * the peak cache (with measure, measured and cached when missing, a few seconds), bf16's when cached,
- * the memory bandwidth measured now (with measure, about 0.1 s and 32 MiB per CPU of the caller's
- * resident set; else the cpu-node profile's), its memory shared by the ranks, and the constants
- * calibrated on the development machine (docs/plan.md). LOOM_ENOENT when a peak is missing and not
- * measured. */
+ * the peak cache, bf16's when cached, the memory copy bandwidth of one thread and of all CPUs from the
+ * cache (missing: the cpu-node profile's), its memory shared by the ranks, and the constants calibrated
+ * on the development machine (docs/plan.md). With measure, loom_cluster_local_measure(threads, fp32)
+ * first. LOOM_ENOENT when the hardware's peak is missing. */
 int loom_cluster_local(int threads, int measure, loom_cluster_t *c);
+/* How many of the figures loom_cluster_local reads for `threads` threads per rank and matmuls in dt
+ * are not in the peak cache (the hardware's and the GEMM's peaks of fp32, and of bf16 with dt bf16;
+ * the copy bandwidths), naming them in what (may be NULL; cap bytes, ", "-separated). */
+int loom_cluster_local_missing(int threads, loom_compute_dtype_t dt, char *what, size_t cap);
+/* Measure the missing ones and cache them: seconds, and the GEMM's and copies' buffers (hundreds of MiB)
+ * in the caller's resident set, so a trainer does it in another process (`loom plan --measure`).
+ * LOOM_OK, or LOOM_ENOENT naming a figure that could not be measured (the others are cached). */
+int loom_cluster_local_measure(int threads, loom_compute_dtype_t dt);
 /* The other work on this machine now, as runnable threads competing with one more: one thread's FMA
- * loop for `seconds` against the cached peak f gives C / f - 1 for C CPUs (0 when idle). */
+ * loop for `seconds` against the cached peak f gives C / f - 1 for C CPUs (0 when idle), rounded to a
+ * thousandth (the plan's JSON's precision: --load with the printed figure plans the same). */
 double loom_cluster_measure_load(int cores, double seconds);
 
 typedef enum { LOOM_PLAN_LOOM = 0, LOOM_PLAN_IDEAL = 1 } loom_plan_impl_t;
@@ -101,6 +112,12 @@ typedef struct {
 	loom_plan_impl_t impl;
 	int optimizer;             /* loom_optimizer_t: AdamW (0) or MuonAdamW (LOOM_OPTIMIZER_MUON: its state and
 	                              Newton-Schulz iterations; not with tp, nor with ZeRO on a pipeline) */
+	/* What a run holds beside its steps (memory only; all 0: none of it): */
+	long long steps;           /* the run's optimizer steps (the data it reads) */
+	int shuffle;               /* the training windows are read in shuffled order (--shuffle 1) */
+	double train_bytes;        /* bytes of the training shards (0: not known) */
+	double val_bytes;          /* bytes of the validation shards (0: no evaluation) */
+	int eval_batches;          /* validation micro-batches per evaluation (with val_bytes) */
 } loom_plan_config_t;
 
 /* Bytes per rank. */
@@ -111,7 +128,12 @@ typedef struct {
 	                        model's own gradient buffer idle under DDP, pipeline send/receive buffers */
 	double other;        /* loom's pipeline: the whole model's arena (never run), and under ZeRO-3 the
 	                        stage model's own parameter buffer (at start-up) */
-	double overhead;     /* the process's baseline */
+	double data;         /* the data loader's batch buffers and the shards' pages the rank maps (file pages:
+	                        resident, but reclaimable, so not counted against the memory limit) */
+	double eval;         /* evaluation's buffers: the per-window losses and the validation shards' pages */
+	double scratch;      /* the threads beyond the first (stacks, malloc arenas, GEMM packing) and the optimizer's
+	                        work buffer (MuonAdamW's Newton-Schulz iterations) */
+	double overhead;     /* the process's baseline (one thread) */
 	double total;        /* the sum: the predicted peak resident set */
 } loom_plan_memory_t;
 
@@ -128,7 +150,8 @@ typedef struct {
 	double shard_params;       /* per tensor-parallel shard */
 	loom_plan_memory_t memory; /* of the rank that needs the most */
 	loom_plan_memory_t memory_rank0; /* of global rank 0 (stage 0): what its peak_rss_bytes measures */
-	double flops_per_token;    /* forward + backward, 6N + attention (loom_model_flops_per_token) */
+	double flops_per_token;    /* forward + backward, 6N + attention as the kernels do it: the causal,
+	                              windowed keys (loom_model_flops_per_token) */
 	double flops_per_step;     /* all ranks, model FLOPs (recomputation not counted) */
 	double flops_per_rank_step; /* executed on one rank, with recomputation */
 	double tokens_per_step;
@@ -142,7 +165,8 @@ typedef struct {
 	double peak_flops;         /* per rank, of the dtype */
 	double steps, wall_s, cost; /* for cfg.tokens (0 without) */
 	double memory_limit;       /* a rank's memory on the cluster (0: unknown) */
-	int fits;                  /* memory.total <= memory_limit (1 when unknown) */
+	int fits;                  /* memory.total - memory.data <= memory_limit (1 when unknown; the shards' file
+	                              pages are reclaimable) */
 	double headroom;           /* 1 - total / memory (0 when unknown) */
 	int cross_node_tp;         /* the tp group spans nodes */
 	int cross_node_dp;         /* the dp group spans nodes */
@@ -172,6 +196,72 @@ double loom_plan_cp_bytes(const loom_model_config_t *cfg, int B, int T, int cp, 
  * estimated. LOOM_OK (also when none fits: *n = 0); LOOM_ENOMEM. */
 int loom_plan_search(const loom_plan_config_t *base, const loom_cluster_t *c, int ranks, loom_plan_t *out, int cap,
                      int *n, int *total);
+
+/* ---- one prediction for a run: the planner on this machine, as `loom plan` and `loom train` call it -- */
+
+/* The plan configuration of a training run from what `loom train` parses (tc: B, T, accum, zero,
+ * optimizer, the pipeline's schedule, chunks and head split, buckets, the gradients' dtype, steps,
+ * shuffle, the data globs, evaluation), the model (mc) and the options it is created with (mo: tp_size,
+ * act_ckpt, dtype, sequence_parallel, cp_size; T is tc's, the whole sequence), and the mesh's
+ * data-parallel and pipeline sizes. The shards'
+ * sizes come from tc's globs (stat; 0 when nothing matches); the validation set counts only when
+ * evaluation is on (val_data with eval_batches > 0). ZeRO is 0 with one data-parallel rank (dp x cp). Both CLIs
+ * fill tc and mo from the same flags and call this, so the plans cannot differ by their flags. */
+void loom_plan_config_of_run(const loom_train_config_t *tc, const loom_model_config_t *mc, const loom_model_opts_t *mo,
+                             int dp, int pp, loom_plan_config_t *pc);
+
+/* How a run on this machine is planned. */
+typedef struct {
+	int threads;   /* threads per rank (<= 0: 1) */
+	double load;   /* other work's runnable threads on the machine; < 0: measured now (loom_cluster_measure_load,
+	                  0.5 s) */
+	int measure;   /* 1: first measure and cache what the peak cache lacks for threads and the run's dtype
+	                  (loom_cluster_local_measure); 0: what is missing stays missing */
+} loom_plan_local_t;
+
+/* This machine as the cluster of a plan: loom_cluster_local for how->threads (after
+ * loom_cluster_local_measure(threads, dt) with how->measure) and the other work how->load says.
+ * LOOM_ENOENT when the hardware's peak is not cached (and not measured). */
+int loom_cluster_this_machine(const loom_plan_local_t *how, loom_compute_dtype_t dt, loom_cluster_t *c);
+/* The one prediction of a run on this machine: loom_cluster_this_machine, then loom_plan_estimate.
+ * `loom plan --cluster local` and `loom train`'s start-up line and summary call exactly this. *c gets
+ * the cluster. Errors as the two. */
+int loom_plan_local(const loom_plan_config_t *cfg, const loom_plan_local_t *how, loom_cluster_t *c, loom_plan_t *p);
+
+/* The plan as one JSON object (docs/plan.md, "JSON"): what `loom plan --json` prints and `loom train`
+ * logs in its config record ("plan"), byte for byte. Writes at most cap bytes (NUL-terminated) and
+ * returns the length of the whole object, as snprintf. */
+int loom_plan_json(const loom_plan_t *p, const loom_cluster_t *c, char *buf, size_t cap);
+
+/* What a run measured, for loom_plan_compare. Times are medians over the steps after warm-up. */
+typedef struct {
+	double step_s;        /* the step */
+	double optimizer_s;   /* the optimizer (gradient norm and update) */
+	double comm_s;        /* exposed communication and waits for other ranks */
+	double bubble;        /* the pipeline's idle fraction of the step (0 without) */
+	double peak_rss;      /* the process's peak resident set (bytes) */
+	double states;        /* the model states it holds (parameters, gradients, optimizer) */
+	double activations;   /* the model's activation buffers */
+} loom_plan_measured_t;
+
+/* The prediction against the measurement, part by part. The step is split the same way on both sides:
+ * optimizer, communication (dp, tp and pp exposed), bubble (its fraction of what is left) and compute
+ * (the rest); the memory into parameters (the model states), activations, and "buffers and process":
+ * the rest of the peak resident set (communication buffers, data, evaluation, threads, the process),
+ * which the resident set does not split further. */
+typedef struct {
+	double time_error;      /* predicted / measured - 1 */
+	double memory_error;
+	const char *time_part;  /* when |time_error| > 0.15: the part whose prediction missed the most
+	                           ("compute", "communication", "optimizer", "bubble"), else NULL (static) */
+	double time_part_pred, time_part_meas;     /* its seconds */
+	const char *memory_part; /* when |memory_error| > 0.10: "parameters", "activations" or "buffers and
+	                            process", else NULL (static) */
+	double memory_part_pred, memory_part_meas; /* its bytes */
+} loom_plan_verdict_t;
+
+/* Compare plan p (memory: its memory_rank0, what rank 0 measures) with m. */
+void loom_plan_compare(const loom_plan_t *p, const loom_plan_measured_t *m, loom_plan_verdict_t *v);
 
 #ifdef __cplusplus
 }

@@ -46,6 +46,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "loom/ckpt.h"
 #include "loom/comm.h"
 #include "loom/error.h"
 #include "loom/gpt2.h"
@@ -101,6 +102,13 @@ const char *loom_lr_scale_name(loom_lr_scale_t kind); /* "?" when invalid */
 /* *out = lr x (tokens_per_step / ref_tokens)^p with p = 0 (none), 1/2 (sqrt), 1 (linear), in double.
  * LOOM_EINVAL for an invalid kind, or (other than none) ref_tokens or tokens_per_step <= 0. */
 int loom_lr_scaled(double lr, loom_lr_scale_t kind, long long tokens_per_step, long long ref_tokens, double *out);
+/* The one reference batch B_ref (tokens per step) of both batch scalings a run can ask for, the
+ * learning rate's (loom_lr_scaled) and Muon's weight decay's (loom_muon_weight_decay_scaled), as
+ * nanochat's base_train has one B_REF for both: `given` when > 0 (--ref-batch-size), else under
+ * MuonAdamW nanochat's 2^19 (LOOM_MUON_B_REF, where its rates were tuned), else 0 (AdamW's --lr has
+ * no known reference batch: an LR scaling then needs one given). *source (when not NULL) says where
+ * it came from: "--ref-batch-size", "nanochat's default, 2^19" or "none". */
+long long loom_ref_batch(long long given, loom_optimizer_t optimizer, const char **source);
 
 /* ---- the sgemm peak for MFU, measured once and cached ------------------------------------------- */
 
@@ -118,8 +126,12 @@ int loom_peak_cache_path_dtype(loom_compute_dtype_t dt, char *buf, size_t cap);
 int loom_peak_cache_get_dtype(loom_compute_dtype_t dt, int threads, double *flops);
 int loom_peak_cache_put_dtype(loom_compute_dtype_t dt, int threads, double flops);
 /* The same for any kind of peak: the GEMMs' (the calls above) and the hardware's, fp32 and bf16
- * (loom_hw_peak_flops), each in its own file beside gemm_peak (hw_peak, hw_peak_bf16). */
-typedef enum { LOOM_PEAK_GEMM_FP32, LOOM_PEAK_GEMM_BF16, LOOM_PEAK_HW_FP32, LOOM_PEAK_HW_BF16 } loom_peak_kind_t;
+ * (loom_hw_peak_flops), each in its own file beside gemm_peak (hw_peak, hw_peak_bf16); and the memory
+ * copy bandwidth the planner uses (mem_bw: bytes/s of `threads` threads copying at once, read and write
+ * counted; loom/plan.h's loom_cluster_local measures it). */
+typedef enum {
+	LOOM_PEAK_GEMM_FP32, LOOM_PEAK_GEMM_BF16, LOOM_PEAK_HW_FP32, LOOM_PEAK_HW_BF16, LOOM_PEAK_MEM_BW
+} loom_peak_kind_t;
 /* The kind of the hardware's peak (hw = 1) or the GEMM's (hw = 0) for matmuls in precision dt. */
 loom_peak_kind_t loom_peak_kind(int hw, loom_compute_dtype_t dt);
 int loom_peak_cache_path_kind(loom_peak_kind_t kind, char *buf, size_t cap);
@@ -215,7 +227,10 @@ typedef struct {
 	double dt_ms;         /* wall time of the step (micro-steps, clipping, AdamW) */
 	double optim_ms;      /* of which the gradient norm and the AdamW update */
 	double tokens_per_s;  /* B*T*accum*world / dt */
-	double mfu;           /* tokens_per_s * flops_per_token / (world * peak_flops) (0 without a peak) */
+	double mfu;           /* tokens_per_s * flops_per_token / (world * peak_flops) (0 without a peak), at
+	                         loom_model_flops_per_token: attention as the kernels do it */
+	double mfu_nominal;   /* the same at loom_model_flops_per_token_nominal, the family's reference
+	                         implementation's count (nanochat's estimate_flops; GPT-2: 6N + 12 L C T) */
 	double comm_ms;       /* all-reduce time of the step: gradient buckets (on the communicator's
 	                         thread, overlapping backward) and the loss (0 with one rank) */
 	double exposed_comm_ms; /* of which the training thread waited for: not hidden behind backward;
@@ -250,13 +265,27 @@ typedef struct {
 	double mean_tokens_per_s; /* tokens / step_s */
 	double best_tokens_per_s; /* the fastest step's */
 	double mean_mfu;          /* mean over the steps (0 without a peak) */
+	double mean_mfu_nominal;  /* ... of mfu_nominal */
 	double comm_ms, exposed_comm_ms, wait_ms; /* totals over the steps */
 	float final_loss;
 	int has_val;
 	float best_val_loss;      /* the lowest validation loss, and the step after which it was measured */
 	long long best_val_step;
 	char checkpoint[1100];    /* the last checkpoint written, "" when none */
+	/* Medians over this process's steps after the first `warmup` (LOOM_TRAIN_WARMUP, fewer in a run of
+	 * fewer steps: 0 when it ran at most that many), the steps that `loom plan`'s step time predicts;
+	 * over an even sample of them in a run of more than a few thousand steps. */
+	int warmup;               /* steps left out */
+	long long median_steps;   /* steps the medians are of */
+	double median_step_s;     /* the step */
+	double median_optim_s;    /* its optimizer (gradient norm and update) */
+	double median_comm_s;     /* its exposed communication and straggler wait */
+	double median_bubble;     /* a pipeline's idle fraction */
 } loom_train_summary_t;
+
+/* Steps of a process left out of the summary's medians: the first ones run colder (caches, page
+ * faults of the arenas, the communicator's first exchanges). */
+#define LOOM_TRAIN_WARMUP 2
 
 
 typedef struct loom_trainer loom_trainer_t;
@@ -302,6 +331,17 @@ void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log *
  * With several ranks every rank calls it (each reads its own loader state) and the next step
  * broadcasts rank 0's parameters; not collective itself. */
 int loom_trainer_resume(loom_trainer_t *tr, const char *path);
+/* Make cfg->save_dir this run's, once the state it starts from is known (after the resume decision,
+ * before the first step): finish what a kill interrupted there (loom_ckpt_recover), then move every
+ * checkpoint newer than the step the state came from (the resumed checkpoint's, else 0) aside
+ * (loom_ckpt_set_aside): they belong to a branch the run abandons (a resume from an older step, or a
+ * fresh start in a directory holding an earlier run's checkpoints), which --keep-checkpoints would
+ * otherwise keep over the run's own and a resume would take for the newest. So pruning keeps the
+ * newest checkpoints of this run's lineage, and the last one the run writes is the newest in the
+ * directory. Rank 0 does it (the others return LOOM_OK with nothing moved); *aside (may be NULL)
+ * says what moved. loom_trainer_run (and loom_trainer_save) call it when the program has not; call
+ * it before them to report what moved. LOOM_ESYS naming the path. */
+int loom_trainer_prepare_save_dir(loom_trainer_t *tr, loom_ckpt_aside_t *aside);
 /* Write a training checkpoint of the current state to cfg->save_dir/step_NNNNNNNN (atomically).
  * Collective with several ranks: the loader states are gathered, then rank 0 writes. */
 int loom_trainer_save(loom_trainer_t *tr);
@@ -338,6 +378,10 @@ void loom_trainer_set_peak_flops(loom_trainer_t *tr, double flops);
 void loom_trainer_set_peak(loom_trainer_t *tr, double flops, const char *source, double gemm_flops);
 /* The planner's predicted step time and memory, logged with the config (before the first step). */
 void loom_trainer_set_prediction(loom_trainer_t *tr, double step_s, double memory_bytes);
+/* The planner's whole prediction as a JSON object (loom/plan.h's loom_plan_json, copied), logged in
+ * the config record as "plan" beside predicted_step_s and predicted_memory_bytes (before the first
+ * step). LOOM_ENOMEM. */
+int loom_trainer_set_plan_json(loom_trainer_t *tr, const char *json);
 long long loom_trainer_steps_done(const loom_trainer_t *tr);
 int loom_trainer_rank(const loom_trainer_t *tr);  /* global rank; 0 with one process */
 int loom_trainer_world(const loom_trainer_t *tr); /* all ranks of the job; 1 with one process */

@@ -18,10 +18,19 @@
 #include "core/util.h"
 #include "loom/ckpt.h"
 
+int loom_model_hf_config_path(const char *model_path, char *path, size_t cap)
+{
+	char dir[1024];
+	if (snprintf(dir, sizeof dir, "%s", model_path) >= (int)sizeof dir ||
+	    snprintf(path, cap, "%s/config.json", dirname(dir)) >= (int)cap)
+		return loom_seterr(LOOM_EINVAL, "%s: path too long", model_path);
+	return LOOM_OK;
+}
+
 int loom_model_write_hf_config(const char *model_path, const loom_model_config_t *cfg, int eot)
 {
 	atomic_file_t af;
-	char dir[1024], path[1100];
+	char path[1100];
 	int rc;
 	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
 		return rc;
@@ -30,9 +39,8 @@ int loom_model_write_hf_config(const char *model_path, const loom_model_config_t
 	if (eot >= cfg->vocab_size)
 		return loom_seterr(LOOM_EINVAL, "%s: end-of-text token %d outside the vocabulary of %d", model_path, eot,
 		                   cfg->vocab_size);
-	if (snprintf(dir, sizeof dir, "%s", model_path) >= (int)sizeof dir)
-		return loom_seterr(LOOM_EINVAL, "%s: path too long", model_path);
-	snprintf(path, sizeof path, "%s/config.json", dirname(dir));
+	if ((rc = loom_model_hf_config_path(model_path, path, sizeof path)) != LOOM_OK)
+		return rc;
 	if ((rc = loom__atomic_open(&af, path)) != LOOM_OK)
 		return rc;
 	if (cfg->arch == LOOM_ARCH_NANOCHAT) { /* nanochat's GPTConfig (nanochat/gpt.py), as its meta JSON has it */

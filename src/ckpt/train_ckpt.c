@@ -10,6 +10,11 @@
  * a checkpoint to .pruned-step_... before deleting it, so a kill during a prune never leaves a
  * partial directory under a final name. loom_ckpt_recover finishes what a kill interrupted.
  *
+ * A run that continues from step S (a resume of an older checkpoint, or a fresh start at 0) first
+ * moves the step_ directories newer than S into DIR/abandoned-at-step_S (set_aside): they belong to
+ * a branch the run left, and would otherwise outrank its own checkpoints in prune and latest, which
+ * only ever look at step_ directories of DIR itself.
+ *
  * latest() is the newest step_ directory by name, verified in full: a damaged newest checkpoint is
  * an error (naming the file, the problem and the older checkpoints that verify), never a silent
  * fall-back to an older one. MANIFESTs written before checksums (no "checksum" key) are checked by
@@ -336,6 +341,32 @@ int loom_ckpt_count(const char *dir, int *n)
 	return rc;
 }
 
+int loom_model_path(const char *arg, char *path, size_t cap)
+{
+	struct stat sb;
+	char ck[1100];
+	int64_t step;
+	int rc;
+	if (stat(arg, &sb) != 0) {
+		int err = errno;
+		return loom_seterr(err == ENOENT ? LOOM_ENOENT : LOOM_ESYS, "%s: %s", arg,
+		                   err == ENOENT ? "no such file or directory" : strerror(err));
+	}
+	if (!S_ISDIR(sb.st_mode))
+		return snprintf(path, cap, "%s", arg) < (int)cap ? LOOM_OK : loom_seterr(LOOM_EINVAL, "%s: path too long", arg);
+	if (snprintf(path, cap, "%s/model.safetensors", arg) >= (int)cap)
+		return loom_seterr(LOOM_EINVAL, "%s: path too long", arg);
+	if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode))
+		return LOOM_OK;
+	if ((rc = loom_ckpt_latest(arg, ck, sizeof ck, &step)) == LOOM_ENOENT)
+		return loom_seterr(rc, "%s: a directory without model.safetensors or checkpoints (step_NNNNNNNN)", arg);
+	if (rc != LOOM_OK) /* a damaged newest checkpoint: the message lists the older ones that verify */
+		return rc;
+	if (snprintf(path, cap, "%s/model.safetensors", ck) >= (int)cap)
+		return loom_seterr(LOOM_EINVAL, "%s: path too long", ck);
+	return LOOM_OK;
+}
+
 int loom_ckpt_latest(const char *dir, char *path, size_t cap, int64_t *step)
 {
 	int64_t *steps, got;
@@ -475,6 +506,61 @@ int loom_ckpt_recover(const char *dir)
 			rc = vrc;
 	}
 	free(good);
+	free(all);
+	return rc;
+}
+
+int loom_ckpt_set_aside(const char *dir, int64_t step, loom_ckpt_aside_t *out)
+{
+	loom_ckpt_aside_t local;
+	int64_t *all;
+	int nall, rc, first;
+	char from[1400], to[1400];
+	size_t len = 0;
+	if (!out)
+		out = &local;
+	memset(out, 0, sizeof *out);
+	if ((rc = list_steps(dir, 0, &all, &nall)) != LOOM_OK)
+		return rc;
+	for (first = 0; first < nall && all[first] <= step; first++)
+		;
+	if (first == nall) {
+		free(all);
+		return LOOM_OK;
+	}
+	/* a directory of its own for this branch: the same resume point twice gets ".2", ... */
+	for (int k = 1;; k++) {
+		if (k == 1)
+			snprintf(out->into, sizeof out->into, "%s/abandoned-at-step_%08" PRId64, dir, step);
+		else
+			snprintf(out->into, sizeof out->into, "%s/abandoned-at-step_%08" PRId64 ".%d", dir, step, k);
+		if (mkdir(out->into, 0777) == 0)
+			break;
+		if (errno != EEXIST || k == 10000) {
+			rc = loom_seterr(LOOM_ESYS, "checkpoints %s: cannot create %s to move the abandoned branch's "
+			                 "checkpoints into: %s", dir, out->into, strerror(errno));
+			goto out;
+		}
+	}
+	for (int i = first; i < nall; i++) {
+		char name[64];
+		snprintf(name, sizeof name, "step_%08" PRId64, all[i]);
+		snprintf(from, sizeof from, "%s/%s", dir, name);
+		snprintf(to, sizeof to, "%s/%s", out->into, name);
+		if (rename(from, to) != 0) {
+			rc = loom_seterr(LOOM_ESYS, "checkpoint %s: moving it aside to %s: %s%s", from, to, strerror(errno),
+			                 out->n ? " (the newer ones before it were moved)" : "");
+			goto out;
+		}
+		out->n++;
+		if (len < sizeof out->names - 1)
+			len += (size_t)snprintf(out->names + len, sizeof out->names - len, "%s%s", len ? ", " : "", name);
+	}
+	if (len >= sizeof out->names - 1)
+		memcpy(out->names + sizeof out->names - 6, ", ...", 6);
+	if ((rc = loom__fsync_path(out->into)) == LOOM_OK)
+		rc = loom__fsync_path(dir);
+out:
 	free(all);
 	return rc;
 }

@@ -5,7 +5,8 @@
  * communicators also keep hier.c's same-host and cross-host groups).
  *
  * A job is named by LOOM_JOB_ID (or the launcher's job id): its world communicator is "loom-<id>@w"
- * (the shared-memory transport's segment "/loom-<id>@w"; a second loom_comm_init in the same process,
+ * (the name under which the shared-memory transport offers its segment, which has no name in
+ * /dev/shm: transport/shm_rdv.c; a second loom_comm_init in the same process,
  * after destroy, uses "loom-<id>@g2" and so on, so names never collide with a segment still being
  * torn down). The id is sanitized to [A-Za-z0-9._-], so '@' delimits it: every name of job <id>, and
  * no other job's, starts with "loom-<id>@" (what `loom run` cleans up). Sub-communicators get
@@ -170,7 +171,8 @@ static int job_from_env(int *rank, int *size, int *local_rank, int *fam, int *mu
 		if (ln != n)
 			return loom_seterr(LOOM_ENOTSUP,
 			                   "loom_comm_init: rank %ld: the job spans more than one machine (%s=%ld, local size %ld): "
-			                   "this loom was built without MPI (libopenmpi-dev; see docs/multinode.md)",
+			                   "this loom was built without MPI: install libopenmpi-dev and rebuild it (`make` rebuilds "
+			                   "with MPI by itself; see docs/multinode.md)",
 			                   r, e->size, n, ln);
 		if (lr != r)
 			return loom_seterr(LOOM_EINVAL,

@@ -258,14 +258,15 @@ static int g_stream_width(const loom_model_config_t *cfg)
  * in the recompute scratch: kept = arenas (Lh (F - D) + BTC + head), scratch = D, with head = BTC + 3 BT
  * (ln_f's output and statistics, the losses) on the model holding it. The rule, as data: */
 /* FLOPs per token of unit u (loom_model_unit_flops): a block's in closed form, 6 x its matmul weights
- * (qkv 3C^2 + proj C^2 + fc 4C^2 + proj 4C^2) + 12 C T for attention's two products, the same as the
- * parameter table's count without formatting a tensor name per weight (the pipeline partition asks
- * for every block, and the planner's search for thousands of meshes); the others from the table. */
+ * (qkv 3C^2 + proj C^2 + fc 4C^2 + proj 4C^2) + attention's products over the causal triangle
+ * (loom_model_block_attn_flops: 12 C (T + 1) / 2), the same as the parameter table's count without
+ * formatting a tensor name per weight (the pipeline partition asks for every block, and the planner's
+ * search for thousands of meshes); the others from the table. */
 static double g_unit_flops(const loom_model_config_t *cfg, int unit, int T)
 {
 	double C = cfg->n_embd;
 	if (unit >= 0 && unit < cfg->n_layer)
-		return 6.0 * 12.0 * C * C + 12.0 * C * T;
+		return 6.0 * 12.0 * C * C + loom_model_block_attn_flops(cfg, unit, T);
 	return loom__model_unit_flops_table(cfg, unit, T);
 }
 

@@ -1,5 +1,6 @@
 /* iface.c: the model interface (loom/model.h): every call dispatches through the model's (or the
- * configuration's) family table. */
+ * configuration's) family table, but the attention FLOP count, computed here from each block's query
+ * heads and window so that both families count it one way (MFU, the planner, the pipeline balance). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include "model/model.h"
 #include "model/join.h"
 #include "model/nanochat.h"
+#include "model/nanochat_model.h"
 #include "core/util.h"
 
 const loom_model_family_t *loom_model_family(loom_arch_t arch)
@@ -120,6 +122,69 @@ int loom_model_kv_width(const loom_model_config_t *cfg)
 	return f ? f->kv_width(cfg) : 0;
 }
 
+/* ---- attention FLOPs -------------------------------------------------------------------------------
+ *
+ * A causal attention does, per query, 12 FLOPs per key it sees and channel of its heads (forward: Q K^T
+ * and P V, 2 each; backward: dP = dO V^T, dQ = dS K, dK = dS^T Q, dV = P^T dO, 2 each), and the kernels
+ * skip every key outside the causal mask and the window. So the count per token is 12 width times the
+ * keys per query averaged over the sequence's positions, not over the whole T x T (or T x W) rectangle
+ * the reference implementations estimate: with it, MFU cannot pass 100% on long sequences. */
+
+double loom_model_attn_keys(int T, int W)
+{
+	if (T <= 0 || W < 0)
+		return 0.0;
+	long long t = T, w = W;
+	if (w >= t - 1) /* every query sees its whole prefix: 1 + 2 + ... + T */
+		return (double)(t * (t + 1) / 2);
+	/* queries 0..W see t + 1 keys ((W+1)(W+2)/2 in all), the T - W - 1 after them W + 1 each:
+	 * (W + 1)(2T - W) / 2, an integer (one of W + 1 and 2T - W is even) */
+	return (double)((w + 1) * (2 * t - w) / 2);
+}
+
+double loom_model_attn_flops(int width, int T, int W)
+{
+	return T > 0 ? 12.0 * width * loom_model_attn_keys(T, W) / T : 0.0;
+}
+
+/* Block l's window W (a query at t sees keys t - W..t): GPT-2 attends over the whole causal prefix;
+ * nanochat's blocks take theirs from its window pattern. (The one place here that knows a family's
+ * attention: the family table has no window operation, and nanochat's table, nanochat.c, is not this
+ * code's to extend.) */
+static int block_window(const loom_model_config_t *cfg, int l)
+{
+	return cfg->arch == LOOM_ARCH_NANOCHAT ? loom__nc_window(cfg, l) : cfg->seq_len;
+}
+
+/* Query heads x head_dim: the channels whose keys a block's attention visits (n_embd in both
+ * families; GQA shares kv heads, not the queries' work). */
+static int attn_width(const loom_model_config_t *cfg)
+{
+	return cfg->n_head > 0 ? cfg->n_head * (cfg->n_embd / cfg->n_head) : 0;
+}
+
+double loom_model_block_attn_flops(const loom_model_config_t *cfg, int l, int T)
+{
+	if (!fam(cfg) || l < 0 || l >= cfg->n_layer)
+		return 0.0;
+	return loom_model_attn_flops(attn_width(cfg), T, block_window(cfg, l));
+}
+
+/* The family's count at T = 0 is its 6N alone (no query sees a key); the nominal count adds to it the
+ * whole T x min(W, T) rectangle of every block, as the reference implementations do. */
+double loom_model_flops_per_token_nominal(const loom_model_config_t *cfg, int T)
+{
+	const loom_model_family_t *f = fam(cfg);
+	if (!f || f->config_check(cfg) != LOOM_OK)
+		return 0.0;
+	double att = 0.0;
+	for (int l = 0; l < cfg->n_layer && T > 0; l++) {
+		int w = block_window(cfg, l);
+		att += 12.0 * attn_width(cfg) * (w < T ? w : T);
+	}
+	return f->flops_per_token(cfg, 0) + att;
+}
+
 int loom_model_stream_width(const loom_model_config_t *cfg)
 {
 	const loom_model_family_t *f = fam(cfg);
@@ -213,7 +278,7 @@ double loom__model_unit_flops_table(const loom_model_config_t *cfg, int unit, in
 		if ((info.layer == unit && info.opt_group != LOOM_OPT_EMBED) || (unit == cfg->n_layer && info.head_reads))
 			params += (double)info.numel;
 	}
-	return 6.0 * params + (unit >= 0 && unit < cfg->n_layer ? 12.0 * cfg->n_embd * T : 0.0);
+	return 6.0 * params + loom_model_block_attn_flops(cfg, unit, T);
 }
 
 /* ---- a model holding some tensors only (opts.keep), and a join of such models ---------------------

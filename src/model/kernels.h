@@ -84,6 +84,18 @@ void loom__bf16_row(const loom__gemm_ctx_t *ctx, void *slot, size_t at, const fl
  * operands, and the tests'). */
 void loom__bf16_from_f32(uint16_t *dst, const float *src, size_t n);
 float loom__bf16_round(float f);
+/* f rounded to bf16 (nearest even; a NaN stays a quiet NaN): its 16 bits. Inline, for loops that
+ * vectorize (the conversions of matmul_bf16.c and the attention's operands). */
+static inline uint16_t loom__bf16_bits(float f)
+{
+	union {
+		float f;
+		uint32_t u;
+	} x = {f};
+	if ((x.u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((x.u >> 16) | 0x40);
+	return (uint16_t)((x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16);
+}
 
 /* ---- fast kernels ---------------------------------------------------------------------------- */
 

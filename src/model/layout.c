@@ -146,7 +146,8 @@ double loom_gpt2_flops_per_token(const loom_gpt2_config_t *cfg, int T)
 	double C = cfg->n_embd, L = cfg->n_layer, V = cfg->vocab_size;
 	/* matmul weights per layer: qkv 3C^2 + proj C^2 + fc 4C^2 + proj 4C^2 = 12 C^2; plus lm head V C */
 	double matmul_params = L * 12.0 * C * C + V * C;
-	return 6.0 * matmul_params + 12.0 * L * C * T;
+	/* attention over the causal triangle only (W = seq_len >= T): 12 C (T + 1) / 2 a layer */
+	return 6.0 * matmul_params + L * loom_model_attn_flops(cfg->n_embd, T, cfg->seq_len);
 }
 
 /* ---- tensor-parallel shards ---------------------------------------------------------------------- */

@@ -66,11 +66,7 @@ const char *loom_compute_dtype_name(loom_compute_dtype_t dt)
 
 static inline uint16_t to_bf16(float f)
 {
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN stays a (quiet) NaN */
-		return (uint16_t)((u >> 16) | 0x40);
-	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+	return loom__bf16_bits(f);
 }
 
 float loom__bf16_round(float f)

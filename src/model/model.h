@@ -17,8 +17,9 @@ const loom_model_family_t *loom__gpt2_family(void);
 /* The family's tp_copy_tensor (tp_model.c). */
 void loom__gpt2_tp_copy_tensor(const loom_model_config_t *cfg, int tp, int r, int i, float *full, float *shard,
                                int to_shard);
-/* loom_model_unit_flops' count from the parameter table (6 x the unit's matmul parameters, + 12 C T for
- * a block), which a family's own unit_flops must equal (tests/test_plan.c checks GPT-2's). */
+/* loom_model_unit_flops' count from the parameter table (6 x the unit's matmul parameters, + for a block
+ * loom_model_block_attn_flops: its causal, windowed attention), which a family's own unit_flops must
+ * equal (tests/test_plan.c checks GPT-2's). */
 double loom__model_unit_flops_table(const loom_model_config_t *cfg, int unit, int T);
 
 /* Kernels timed by loom_gpt2_profile, in report order. */

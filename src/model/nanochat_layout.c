@@ -274,8 +274,10 @@ int loom__nc_stream_width(const loom_model_config_t *cfg)
 	return 2 * cfg->n_embd;
 }
 
-/* nanochat's estimate_flops: 6 x the parameters outside wte, the value embeddings and the scalars,
- * plus 12 NH D min(W_l, T) per layer (T: the sequence length trained on; gpt.py takes sequence_len). */
+/* FLOPs per token as the kernels must do them: 6 x the parameters outside wte, the value embeddings and
+ * the scalars (estimate_flops' 6N), plus per layer 12 NH D x the keys a query sees on average inside
+ * the causal mask and the layer's window, loom_model_attn_flops (T: the sequence length trained on).
+ * estimate_flops' own 12 NH D min(W_l, T), the whole rectangle, is loom_model_flops_per_token_nominal's. */
 double loom__nc_flops_per_token(const loom_model_config_t *cfg, int T)
 {
 	nc_dims_t d;
@@ -286,10 +288,8 @@ double loom__nc_flops_per_token(const loom_model_config_t *cfg, int T)
 		if (loom__nc_has_ve(l, d.L))
 			n -= (double)d.Vp * d.NKV * d.D;
 	double att = 0.0;
-	for (int l = 0; l < d.L; l++) {
-		int w = loom__nc_window(cfg, l);
-		att += 12.0 * d.NH * d.D * (w < T ? w : T);
-	}
+	for (int l = 0; l < d.L; l++)
+		att += loom_model_attn_flops(d.NH * d.D, T, loom__nc_window(cfg, l));
 	return 6.0 * n + att;
 }
 

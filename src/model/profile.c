@@ -3,9 +3,9 @@
  * When enabled, each kernel call in forward/backward adds its wall time (loom_now() around the call)
  * to its counter; kernels run on all threads, so the times add up to the step time. Matmul-type
  * kernels also count their floating-point operations, so the report shows how far each runs from
- * the sgemm peak (attention counts its full T x T products, as MFU does, although the causal
- * blocks skip part of them). The report divides by the number of steps the caller says it ran,
- * then resets the counters. */
+ * the sgemm peak (attention counts its full T x T products, as the nominal count does, although the
+ * causal blocks skip part of them: MFU counts only the causal triangle, loom_model_flops_per_token).
+ * The report divides by the number of steps the caller says it ran, then resets the counters. */
 #include <stdio.h>
 #include <string.h>
 

@@ -1,8 +1,9 @@
 /* muon_sched.c: nanochat's base_train.py schedules for MuonAdamW as pure functions: the learning-rate
  * multiplier (warmup, constant, linear warmdown), Muon's momentum warmup and weight-decay decay, and
- * the batch-size scalings of learning rate and weight decay. Steps count from 0 at the first update,
- * as base_train's `step` does; each function evaluates base_train's expression in double, in its
- * order, so the values are Python's. */
+ * the batch-size scalings of learning rate and weight decay, all against one reference batch B_ref
+ * that the caller gives (nanochat's is LOOM_MUON_B_REF, 2^19 tokens). Steps count from 0 at the
+ * first update, as base_train's `step` does; each function evaluates base_train's expression in
+ * double, in its order, so the values are Python's. */
 #include <math.h>
 
 #include "loom/muon.h"
@@ -32,19 +33,19 @@ double loom_muon_lr_multiplier(long long step, long long steps, double warmup_ra
 	return progress * 1.0 + (1.0 - progress) * final_lr_frac;
 }
 
-double loom_muon_batch_lr_scale(double tokens_per_step)
+double loom_muon_batch_lr_scale(double tokens_per_step, double B_ref)
 {
-	double ratio = tokens_per_step / LOOM_MUON_B_REF;
+	double ratio = tokens_per_step / B_ref;
 	return ratio == 1.0 ? 1.0 : pow(ratio, 0.5);
 }
 
-double loom_muon_weight_decay_scaled(double wd_ref, double tokens_per_step, double D, double D_ref)
+double loom_muon_weight_decay_scaled(double wd_ref, double tokens_per_step, double B_ref, double D, double D_ref)
 {
-	return wd_ref * sqrt(tokens_per_step / LOOM_MUON_B_REF) * (D_ref / D);
+	return wd_ref * sqrt(tokens_per_step / B_ref) * (D_ref / D);
 }
 
-double loom_muon_auto_batch(double D, double D_ref)
+double loom_muon_auto_batch(double D, double D_ref, double B_ref)
 {
-	double predicted = LOOM_MUON_B_REF * pow(D / D_ref, 0.383);
+	double predicted = B_ref * pow(D / D_ref, 0.383);
 	return pow(2.0, rint(log2(predicted)));
 }

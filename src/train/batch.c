@@ -5,12 +5,14 @@
  * An optimizer step is accum micro-steps of B x T tokens on each of dp data-parallel ranks, so a
  * total of N tokens per step needs N to be a multiple of B x T x dp, and accum = N / (B x T x dp).
  * The LR rules (Goyal et al. for linear, Krizhevsky / Hoffer et al. for sqrt) scale a rate tuned for
- * a reference batch R to the batch N: lr x (N / R)^p, p = 0, 1/2 or 1; computed in double. */
+ * a reference batch R to the batch N: lr x (N / R)^p, p = 0, 1/2 or 1; computed in double. R is the
+ * run's one B_ref, which Muon's weight-decay scaling uses too (loom_ref_batch). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "core/util.h"
+#include "loom/muon.h"
 #include "loom/train.h"
 
 int loom_train_accum(long long total_batch, int B, int T, int dp, int *accum)
@@ -72,4 +74,17 @@ int loom_lr_scaled(double lr, loom_lr_scale_t kind, long long tokens_per_step, l
 	ratio = (double)tokens_per_step / (double)ref_tokens;
 	*out = lr * (kind == LOOM_LR_SCALE_SQRT ? sqrt(ratio) : ratio);
 	return LOOM_OK;
+}
+
+long long loom_ref_batch(long long given, loom_optimizer_t optimizer, const char **source)
+{
+	const char *src = "none";
+	long long B_ref = 0;
+	if (given > 0)
+		src = "--ref-batch-size", B_ref = given;
+	else if (optimizer == LOOM_OPTIMIZER_MUON)
+		src = "nanochat's default, 2^19", B_ref = (long long)LOOM_MUON_B_REF;
+	if (source)
+		*source = src;
+	return B_ref;
 }

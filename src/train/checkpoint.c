@@ -24,7 +24,13 @@
  * over the data-parallel axis; global rank 0 writes. On resume every rank reads the checkpoint (its
  * own loader state and its part of the model and optimizer state) and the next step re-syncs the
  * parameters from rank 0 and verifies them. A ZeRO strategy writes its shards too (zero_ckpt.c), and
- * any strategy reads any strategy's checkpoint. */
+ * any strategy reads any strategy's checkpoint.
+ *
+ * Lineage: a run continuing from step S (resumed, or S = 0 from scratch) owns the checkpoints of
+ * save_dir up to S and those it writes; before its first save the newer ones, of a branch it abandons,
+ * are moved into save_dir/abandoned-at-step_S (loom_trainer_prepare_save_dir). So every checkpoint
+ * the run writes is the newest step_ directory of save_dir when it is committed, --keep-checkpoints
+ * keeps it and the newest of its lineage, and `--resume` continues this run, not the abandoned one. */
 #include <errno.h>
 #include <libgen.h>
 #include <stdio.h>
@@ -174,6 +180,11 @@ int loom_trainer_save(loom_trainer_t *tr)
 		free(loaders);
 		return tr->exec->ops->save(tr->exec, tr->strategy, &w);
 	}
+	if (!tr->save_dir_ready && (rc = loom_trainer_prepare_save_dir(tr, NULL)) != LOOM_OK) { /* a save outside run */
+		tr->exec->ops->save(tr->exec, tr->strategy, NULL); /* still take part, should it be collective */
+		free(loaders);
+		return rc;
+	}
 	if (tr->sum.checkpoint[0] && access(tr->cfg.save_dir, F_OK) != 0 && errno == ENOENT) /* not silently */
 		fprintf(stderr, "loom: warning: the checkpoint directory %s was removed during the run: the checkpoints "
 		        "written to it are lost (the newest was %s); step %lld is saved into it anew\n", tr->cfg.save_dir,
@@ -214,6 +225,22 @@ fail:
 	free(loaders);
 	loom_ckpt_abort(&w);
 	return rc;
+}
+
+int loom_trainer_prepare_save_dir(loom_trainer_t *tr, loom_ckpt_aside_t *aside)
+{
+	int rc;
+	if (aside)
+		memset(aside, 0, sizeof *aside);
+	if (tr->save_dir_ready || !tr->cfg.save_dir || tr->rank != 0) {
+		tr->save_dir_ready = 1;
+		return LOOM_OK;
+	}
+	if ((rc = loom_ckpt_recover(tr->cfg.save_dir)) != LOOM_OK ||
+	    (rc = loom_ckpt_set_aside(tr->cfg.save_dir, tr->base_step, aside)) != LOOM_OK)
+		return rc;
+	tr->save_dir_ready = 1;
+	return LOOM_OK;
 }
 
 /* state.json's integer `key` must equal `want`. */
@@ -318,6 +345,8 @@ int loom_trainer_resume(loom_trainer_t *tr, const char *path)
 	double ema = 0.0;
 	tr->loss_ema = loom_kv_get_f64(kv, "loss_ema", &ema) == LOOM_OK ? ema : 0.0; /* absent in older ones */
 	tr->resumed = 1;
+	snprintf(tr->resumed_from, sizeof tr->resumed_from, "%s", dir);
+	tr->base_step = step;
 	tr->synced = 0; /* the next step broadcasts rank 0's parameters again */
 out:
 	loom_kv_destroy(kv);

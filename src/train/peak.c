@@ -4,10 +4,11 @@
  *
  * Measuring a peak takes 0.5 s (the hardware's) to 2 s (a GEMM's), so a program measures once per
  * kind, thread count and CPU and keeps the result in $XDG_CACHE_HOME/loom/ (or ~/.cache/loom/,
- * /tmp/.cache/loom/ without HOME), a file per kind: hw_peak, hw_peak_bf16, gemm_peak, gemm_peak_bf16;
- * one line "threads cpu-hash flops" per measurement, appended. The CPU hash is of /proc/cpuinfo's
- * first "model name" line, so a home directory shared between machines does not reuse another CPU's
- * figure; a GEMM's peak also hashes the kernels that ran it. Lines that do not parse end the lookup. */
+ * /tmp/.cache/loom/ without HOME), a file per kind: hw_peak, hw_peak_bf16, gemm_peak, gemm_peak_bf16,
+ * and the planner's memory copy bandwidth, mem_bw (bytes/s, keyed by the copying threads); one line
+ * "threads cpu-hash value" per measurement, appended. The CPU hash is of /proc/cpuinfo's first "model
+ * name" line, so a home directory shared between machines does not reuse another CPU's figure; a
+ * GEMM's peak also hashes the kernels that ran it. Lines that do not parse end the lookup. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,7 @@ static const char *kind_file(loom_peak_kind_t kind)
 	case LOOM_PEAK_GEMM_BF16: return "gemm_peak_bf16";
 	case LOOM_PEAK_HW_FP32: return "hw_peak";
 	case LOOM_PEAK_HW_BF16: return "hw_peak_bf16";
+	case LOOM_PEAK_MEM_BW: return "mem_bw";
 	default: return "gemm_peak";
 	}
 }

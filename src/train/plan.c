@@ -215,7 +215,8 @@ static double rank_unit(const table_t *tb, int L, int pp, int V, int s, const in
  * *ns_flops: one step's Newton-Schulz iterations (5, each X X^T, a polynomial of it and its product
  * with X: 4 r^2 c + 2 r^3 for r <= c). tp 1 only (Muon refuses tp). */
 static int muon_state(const loom_plan_config_t *pc, const table_t *tb, int pp, int V, int s, const int *lo,
-                      int hrows, int dp, int dp_rank, double *bytes, double *own, double *adam, double *ns_flops)
+                      int hrows, int dp, int dp_rank, double *bytes, double *own, double *adam, double *ns_flops,
+                      double *scratch)
 {
 	const loom_model_config_t *cfg = &pc->model;
 	int L = cfg->n_layer, n = 0, nm = 0, rc = LOOM_OK;
@@ -245,7 +246,7 @@ static int muon_state(const loom_plan_config_t *pc, const table_t *tb, int pp, i
 		*bytes = 4.0 * (double)(loom_muonadamw_state_floats(t, n, NULL, mats, nm) + (dp > 1 ? total : 0));
 	}
 	*own = (double)(range[1] - range[0]);
-	*adam = 0.0, *ns_flops = 0.0;
+	*adam = 0.0, *ns_flops = 0.0, *scratch = 0.0;
 	for (int i = 0; i < n; i++)
 		if (t[i].opt_group != LOOM_OPT_MATRIX) {
 			size_t a = LOOM_MAX(range[0], t[i].offset), b = LOOM_MIN(range[1], t[i].offset + t[i].numel);
@@ -254,6 +255,7 @@ static int muon_state(const loom_plan_config_t *pc, const table_t *tb, int pp, i
 	for (int k = 0; k < nm; k++) {
 		double r = LOOM_MIN(t[mats[k]].rows, t[mats[k]].cols), c = LOOM_MAX(t[mats[k]].rows, t[mats[k]].cols);
 		*ns_flops += 5.0 * (4.0 * r * r * c + 2.0 * r * r * r);
+		*scratch = LOOM_MAX(*scratch, 4.0 * (double)loom_muon_scratch_floats(t[mats[k]].rows, t[mats[k]].cols));
 	}
 out:
 	free(t), free(mats);
@@ -317,10 +319,11 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 			m->other += 4.0 * P;
 	}
 	if (pc->optimizer == LOOM_OPTIMIZER_MUON) { /* its state instead of AdamW's (and its own ZeRO ranges) */
-		double bytes, own, adam, ns;
-		if ((rc = muon_state(pc, tb, pp, V, s, lo, hrows, dp, dp_rank, &bytes, &own, &adam, &ns)) != LOOM_OK)
+		double bytes, own, adam, ns, work;
+		if ((rc = muon_state(pc, tb, pp, V, s, lo, hrows, dp, dp_rank, &bytes, &own, &adam, &ns, &work)) != LOOM_OK)
 			return rc;
 		m->optimizer = bytes;
+		m->scratch = work; /* the Newton-Schulz iterations' work buffer (the largest owned matrix's) */
 		if (pc->zero > 0 && dp > 1)
 			m->params = 4.0 * (pc->zero == 3 ? own : P), m->grads = 4.0 * (pc->zero == 1 ? P : own);
 	}
@@ -371,10 +374,48 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 	return LOOM_OK;
 }
 
-static void mem_total(loom_plan_memory_t *m, const loom_cluster_t *c, int world)
+/* A kernel maps up to this much of a file's cached pages around a page fault (fault_around_bytes). */
+#define FAULT_AROUND 65536.0
+/* The trainer reads about this many tokens' windows of each data set when it starts (its vocabulary
+ * check, src/train/trainer.c check_vocab). */
+#define CHECK_TOKENS 1000000.0
+
+/* Bytes of shards of F bytes a rank has mapped after reading windows of wb bytes: n_check windows
+ * from the start of the (shuffled or not) order that every rank reads alike, then n_rank of its own
+ * of the job's n_job. In order, the span they cover, of which a rank maps its neighbours' windows too
+ * while a window is smaller than what a fault maps; shuffled, the expected cover of that many random
+ * windows of a fault's size each. */
+static double shard_pages(double F, double wb, double n_check, double n_rank, double n_job, int shuffled)
 {
+	double fault = LOOM_MAX(wb, FAULT_AROUND);
+	if (!(F > 0))
+		return 0.0;
+	if (shuffled)
+		return F * (1.0 - exp(-(n_check + n_rank) * fault / F));
+	return LOOM_MIN(F, LOOM_MAX(n_check * wb, LOOM_MIN(n_job * wb, n_rank * fault)));
+}
+
+/* What the run holds beside its steps: the loader's batch and the shards' pages it maps, evaluation's
+ * losses and the validation shards' pages, the threads' scratch; then the process and the total. */
+static void mem_total(loom_plan_memory_t *m, const loom_plan_config_t *pc, const loom_cluster_t *c, int world)
+{
+	double BT = (double)pc->B * pc->T, wb = 2.0 * (BT + 1.0); /* a window: B T + 1 uint16 tokens */
+	double check = ceil(CHECK_TOKENS / BT), steps = (double)LOOM_MAX(pc->steps, 0), M = LOOM_MAX(pc->M, 1);
+	double dp = LOOM_MAX(pc->dp, 1);
+	m->data = 2.0 * 4.0 * BT; /* the trainer's inputs and targets */
+	if (pc->train_bytes > 0) {
+		double W = LOOM_MAX(1.0, floor((pc->train_bytes / 2.0 - 1.0) / BT)); /* windows per epoch */
+		m->data += shard_pages(pc->train_bytes, wb, LOOM_MIN(W, check), steps * M, steps * M * dp, pc->shuffle);
+	}
+	m->eval = 0.0;
+	if (pc->val_bytes > 0 && pc->eval_batches > 0) {
+		double W = LOOM_MAX(1.0, floor((pc->val_bytes / 2.0 - 1.0) / BT)), n = LOOM_MIN(W, pc->eval_batches);
+		m->eval = 8.0 * n + 4.0 * ceil(n / dp) + shard_pages(pc->val_bytes, wb, LOOM_MIN(W, check), n, n, 0);
+	}
+	m->scratch += (double)LOOM_MAX(c->threads - 1, 0) * c->thread_scratch_bytes; /* (+ the optimizer's work) */
 	m->overhead = c->overhead_bytes + (world > 1 ? c->comm_overhead_bytes : 0.0);
-	m->total = m->params + m->grads + m->optimizer + m->activations + m->comm + m->other + m->overhead;
+	m->total = m->params + m->grads + m->optimizer + m->activations + m->comm + m->other + m->data + m->eval +
+	           m->scratch + m->overhead;
 }
 
 int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, loom_plan_t *p)
@@ -488,22 +529,25 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		loom_plan_memory_t m;
 		if ((rc = stage_memory(&pc, c, &tb_, dg, tp, pp, s, lo, hrows, dg - 1, &m)) != LOOM_OK)
 			goto out;
-		mem_total(&m, c, p->world);
+		mem_total(&m, &pc, c, p->world);
 		if (s == 0 || m.total > p->memory.total)
 			p->memory = m, p->stage = s;
 	}
 	if ((rc = stage_memory(&pc, c, &tb_, dg, tp, pp, 0, lo, hrows, 0, &p->memory_rank0)) != LOOM_OK)
 		goto out;
-	mem_total(&p->memory_rank0, c, p->world);
+	mem_total(&p->memory_rank0, &pc, c, p->world);
 
 	/* Compute per micro-batch: the model's FLOPs per position of the whole model (with recomputation),
 	 * split over tp; the elementwise kernels' traffic in proportion to the kept activations. */
 	double C = cfg->n_embd, fpt = p->flops_per_token, extra = 0.0;
-	if (pc.act_ckpt == LOOM_ACT_CKPT_BLOCKS) /* every block's forward again */
-		for (int l = 0; l < L; l++)
+	for (int l = 0; l < L; l++) {
+		double attn = loom_model_block_attn_flops(cfg, l, pc.T);
+		extra += attn / 6.0; /* the fused attention's backward makes the scores again: Q K^T, 2 of 12 */
+		if (pc.act_ckpt == LOOM_ACT_CKPT_BLOCKS) /* every block's forward again */
 			extra += loom_model_unit_flops(cfg, l, pc.T) / 3.0;
-	else if (pc.act_ckpt == LOOM_ACT_CKPT_SELECTIVE) /* the attention scores again: Q K^T */
-		extra = 2.0 * C * pc.T * L / 2.0;
+		else if (pc.act_ckpt == LOOM_ACT_CKPT_SELECTIVE) /* the attention's forward again: 4 of 12 */
+			extra += attn / 3.0;
+	}
 	double recompute = 1.0 + extra / fpt;
 	/* (the elementwise kernels run over every activation whatever is kept: the traffic of a run without
 	 * checkpointing, times the recomputation) */
@@ -619,8 +663,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	double owned = pc.zero > 0 ? p->memory.optimizer / 8.0 : p->memory.params / 4.0;
 	p->optimizer_s = mem_bw > 0 ? 32.0 * owned / mem_bw : 0.0;
 	if (pc.optimizer == LOOM_OPTIMIZER_MUON) {
-		double bytes, own, adam, ns;
-		if ((rc = muon_state(&pc, tb, pp, V, p->stage, lo, hrows, dg, 0, &bytes, &own, &adam, &ns)) != LOOM_OK)
+		double bytes, own, adam, ns, work;
+		if ((rc = muon_state(&pc, tb, pp, V, p->stage, lo, hrows, dg, 0, &bytes, &own, &adam, &ns, &work)) != LOOM_OK)
 			goto out;
 		p->optimizer_s = (mem_bw > 0 ? 32.0 * (bytes / 4.0 - adam) / mem_bw : 0.0) + ns / rate;
 	}
@@ -684,8 +728,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	if (c->memory_shared) /* the node's memory, shared by the ranks on it */
 		limit /= LOOM_MIN(p->world, c->ranks_per_node > 0 ? c->ranks_per_node : p->world);
 	p->memory_limit = limit;
-	p->fits = !(limit > 0) || p->memory.total <= limit;
-	p->headroom = limit > 0 ? 1.0 - p->memory.total / limit : 0.0;
+	p->fits = !(limit > 0) || p->memory.total - p->memory.data <= limit; /* file pages are reclaimable */
+	p->headroom = limit > 0 ? 1.0 - (p->memory.total - p->memory.data) / limit : 0.0;
 out:
 	free(lo), free(rows), free(cost);
 	table_free(&tb_);

@@ -1,13 +1,15 @@
 /* plan_cluster.c: the planner's clusters (loom/plan.h): the named profiles shipped with loom (each
  * figure's source in docs/plan.md), cluster files in JSON (every key checked: an unknown key, a wrong
  * type or a value out of range is an error naming the file, the key and what was expected), and this
- * machine measured (loom_cluster_local: the hardware and GEMM peaks from the peak cache, or measured
- * and cached as `loom train` does; the memory bandwidth by a short copy loop).
+ * machine measured (loom_cluster_local: the hardware and GEMM peaks and the memory copy bandwidths from
+ * the peak cache, each measured once and cached when missing, so every program that plans for this
+ * machine reads the same figures: `loom plan` and `loom train` cannot disagree about the machine).
  *
  * The constants of the local profile (the efficiency relative to the GEMM's measured peak, the
  * elementwise kernels' traffic, the process overhead) were calibrated once on the development machine
  * against `loom train` (docs/plan.md, "Calibration"); a cluster file may override each. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,16 +35,21 @@
  * LOCAL_ELEMENTWISE bytes per byte of a micro-batch's activations. The first two and the co-running
  * factor were fit (a grid) to bench/plan_vs_measured.sh's step times of 2026-11-25 on a quiet machine
  * (co-running 0.9 then); run again on 2026-11-26, that fit over-predicted every 2-rank configuration
- * (+4% to +17%), which the co-run measurement explains (docs/plan.md, "Calibration"). A process holds LOCAL_OVERHEAD
- * before its model (binary, libraries, OpenMP, oneDNN, the loader; `small` at one rank: 781.4 MiB of
- * peak RSS against 760.4 MiB of states and activations), and a rank of a job LOCAL_COMM_OVERHEAD
- * more (the communicator's segments). */
+ * (+4% to +17%), which the co-run measurement explains (docs/plan.md, "Calibration"). A process holds
+ * LOCAL_OVERHEAD before its model with one thread (binary, libraries, OpenMP, oneDNN; measured
+ * 2026-11-28 as the peak RSS of `tiny`, `small` and nanochat d4 runs on a 5 KB shard less every
+ * part the plan counts: 19.6-19.8 MiB; the data loader's shard pages and evaluation's are parts of
+ * their own now), a rank of a job LOCAL_COMM_OVERHEAD more (the communicator's segments and threads),
+ * and every thread beyond the first LOCAL_THREAD_SCRATCH (its stack, malloc arena and the GEMM's
+ * packing buffers: 0.4-3.4 MiB per thread, growing with the matrices, from `tiny` at T 64 to nanochat
+ * d4 at T 256). */
 #define LOCAL_GEMM_FRACTION 1.0
 #define LOCAL_GEMM_HALF 16.0
 #define LOCAL_CORUN 1.0
 #define LOCAL_ELEMENTWISE 6.0
-#define LOCAL_OVERHEAD (21.0 * MIB)
-#define LOCAL_COMM_OVERHEAD (2.0 * MIB)
+#define LOCAL_OVERHEAD (19.7 * MIB)
+#define LOCAL_COMM_OVERHEAD (1.5 * MIB)
+#define LOCAL_THREAD_SCRATCH (2.0 * MIB)
 
 static const struct {
 	const char *name;
@@ -55,7 +62,8 @@ static const struct {
 	              .memory_shared = 1,
 	              .memory_bw = 10e9, .node_memory_bw = 14e9, .elementwise_bytes_per_act = LOCAL_ELEMENTWISE, .intra_bw = 2.5e9,
 	              .intra_lat = 2e-6, .inter_bw = 3.125e9, .inter_lat = 30e-6, .price_rank_hour = 0.05,
-	              .overhead_bytes = LOCAL_OVERHEAD, .comm_overhead_bytes = LOCAL_COMM_OVERHEAD, .cores = 2,
+	              .overhead_bytes = LOCAL_OVERHEAD, .comm_overhead_bytes = LOCAL_COMM_OVERHEAD,
+	              .thread_scratch_bytes = LOCAL_THREAD_SCRATCH, .cores = 2,
 	              .threads = 1,
 	              .source = "measured on the development machine (loom's FMA loop and GEMM; 25 Gb/s Ethernet "
 	                        "between nodes; price: a 2-vCPU AMD cloud instance, about $0.10/h)"}},
@@ -138,6 +146,7 @@ static const struct {
 	{"price_rank_hour", K_NUM, offsetof(loom_cluster_t, price_rank_hour), -1, 1e9, "a price >= 0"},
 	{"overhead_bytes", K_NUM, offsetof(loom_cluster_t, overhead_bytes), -1, 1e18, "bytes >= 0"},
 	{"comm_overhead_bytes", K_NUM, offsetof(loom_cluster_t, comm_overhead_bytes), -1, 1e18, "bytes >= 0"},
+	{"thread_scratch_bytes", K_NUM, offsetof(loom_cluster_t, thread_scratch_bytes), -1, 1e18, "bytes >= 0"},
 };
 
 static const char *const required[] = {"nodes", "ranks_per_node", "peak_flops_fp32", "memory_bytes", "intra_bw",
@@ -283,25 +292,107 @@ double loom_cluster_measure_load(int cores, double seconds)
 	now = loom_fma_peak_flops(1, seconds);
 	if (!(now > 0) || now >= 0.95 * peak)
 		return 0.0;
-	return LOOM_MAX(0.0, cores / (now / peak) - 1.0); /* one thread gets C / (R + 1) of a core */
+	/* one thread gets C / (R + 1) of a core; to a thousandth of a thread, as the plan's JSON gives it,
+	 * so that a plan made with the printed load (--load X) is the same plan */
+	return round(1000.0 * LOOM_MAX(0.0, cores / (now / peak) - 1.0)) / 1000.0;
+}
+
+/* The kinds of figure this machine's cluster reads from the peak cache for `threads` threads per rank
+ * and matmuls in dt, as (kind, threads) pairs: the hardware's and the GEMM's fp32 peaks, bf16's with
+ * dt bf16, and the copy bandwidth of one thread and of every CPU. Returns the count (at most 6). */
+static int local_figures(int threads, loom_compute_dtype_t dt, loom_peak_kind_t *kind, int *th)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	int n = 0;
+	kind[n] = LOOM_PEAK_HW_FP32, th[n++] = threads;
+	kind[n] = LOOM_PEAK_GEMM_FP32, th[n++] = threads;
+	if (dt == LOOM_COMPUTE_BF16) {
+		kind[n] = LOOM_PEAK_HW_BF16, th[n++] = threads;
+		kind[n] = LOOM_PEAK_GEMM_BF16, th[n++] = threads;
+	}
+	kind[n] = LOOM_PEAK_MEM_BW, th[n++] = 1;
+	if (cpus > 1)
+		kind[n] = LOOM_PEAK_MEM_BW, th[n++] = (int)cpus;
+	return n;
+}
+
+static const char *figure_name(loom_peak_kind_t kind, int threads)
+{
+	switch (kind) {
+	case LOOM_PEAK_HW_FP32: return "the hardware's fp32 peak";
+	case LOOM_PEAK_GEMM_FP32: return "the GEMM's fp32 peak";
+	case LOOM_PEAK_HW_BF16: return "the hardware's bf16 peak";
+	case LOOM_PEAK_GEMM_BF16: return "the GEMM's bf16 peak";
+	default: return threads == 1 ? "one thread's memory bandwidth" : "all CPUs' memory bandwidth";
+	}
+}
+
+int loom_cluster_local_missing(int threads, loom_compute_dtype_t dt, char *what, size_t cap)
+{
+	loom_peak_kind_t kind[6];
+	int th[6], n = local_figures(threads > 0 ? threads : 1, dt, kind, th), missing = 0;
+	size_t len = 0;
+	double v;
+	if (what && cap)
+		what[0] = 0;
+	for (int k = 0; k < n; k++) {
+		if (loom_peak_cache_get_kind(kind[k], th[k], &v) == LOOM_OK && v > 0)
+			continue;
+		if (what && len < cap)
+			len += (size_t)snprintf(what + len, cap - len, "%s%s", missing ? ", " : "", figure_name(kind[k], th[k]));
+		missing++;
+	}
+	return missing;
+}
+
+int loom_cluster_local_measure(int threads, loom_compute_dtype_t dt)
+{
+	loom_peak_kind_t kind[6];
+	int th[6], n, rc = LOOM_OK;
+	const char *src = NULL;
+	threads = threads > 0 ? threads : 1;
+	n = local_figures(threads, dt, kind, th);
+	for (int k = 0; k < n; k++) {
+		double v;
+		if (loom_peak_cache_get_kind(kind[k], th[k], &v) == LOOM_OK && v > 0)
+			continue;
+		switch (kind[k]) {
+		case LOOM_PEAK_HW_FP32: v = loom_hw_peak_flops(LOOM_COMPUTE_FP32, th[k], &src); break;
+		case LOOM_PEAK_HW_BF16: v = loom_hw_peak_flops(LOOM_COMPUTE_BF16, th[k], &src); break;
+		case LOOM_PEAK_GEMM_FP32: v = loom_gemm_peak_flops_dtype(LOOM_COMPUTE_FP32, th[k]); break;
+		case LOOM_PEAK_GEMM_BF16: v = loom_gemm_peak_flops_dtype(LOOM_COMPUTE_BF16, th[k]); break;
+		default: v = copy_bandwidth(th[k]); break;
+		}
+		if (!(v > 0)) {
+			rc = loom_seterr(LOOM_ENOENT, "cluster local: measuring %s with %d thread(s) failed",
+			                 figure_name(kind[k], th[k]), th[k]);
+			continue;
+		}
+		int put = loom_peak_cache_put_kind(kind[k], th[k], v); /* a read-only home: measured every time */
+		(void)put;
+	}
+	return rc;
 }
 
 int loom_cluster_local(int threads, int measure, loom_cluster_t *c)
 {
-	double hw32 = 0, hw16 = 0, gemm = 0;
+	double hw32 = 0, hw16 = 0, gemm = 0, bw1 = 0, bwn = 0;
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-	const char *src = NULL;
 	threads = threads > 0 ? threads : 1;
 	memset(c, 0, sizeof *c);
-	if (loom_peak_cache_get_kind(LOOM_PEAK_HW_FP32, threads, &hw32) != LOOM_OK && measure &&
-	    (hw32 = loom_hw_peak_flops(LOOM_COMPUTE_FP32, threads, &src)) > 0)
-		loom_peak_cache_put_kind(LOOM_PEAK_HW_FP32, threads, hw32);
-	if (loom_peak_cache_get_kind(LOOM_PEAK_GEMM_FP32, threads, &gemm) != LOOM_OK && measure &&
-	    (gemm = loom_gemm_peak_flops_dtype(LOOM_COMPUTE_FP32, threads)) > 0)
-		loom_peak_cache_put_kind(LOOM_PEAK_GEMM_FP32, threads, gemm);
+	if (measure)
+		loom_cluster_local_measure(threads, LOOM_COMPUTE_FP32); /* what is missing; the reads below say */
+	if (loom_peak_cache_get_kind(LOOM_PEAK_HW_FP32, threads, &hw32) != LOOM_OK)
+		hw32 = 0.0;
+	if (loom_peak_cache_get_kind(LOOM_PEAK_GEMM_FP32, threads, &gemm) != LOOM_OK)
+		gemm = 0.0;
 	if (loom_peak_cache_get_kind(LOOM_PEAK_HW_BF16, threads, &hw16) != LOOM_OK)
 		hw16 = 0.0; /* not measured here: bf16 then plans at the fp32 figures */
+	if (loom_peak_cache_get_kind(LOOM_PEAK_MEM_BW, 1, &bw1) != LOOM_OK)
+		bw1 = 0.0;
+	if (cpus > 1 && loom_peak_cache_get_kind(LOOM_PEAK_MEM_BW, (int)cpus, &bwn) != LOOM_OK)
+		bwn = 0.0;
 	if (!(hw32 > 0))
 		return loom_seterr(LOOM_ENOENT, "cluster local: no measured peak for %d thread(s) in the peak cache (run "
 		                   "`loom bench gemm` or `loom train` once, or let plan measure it)", threads);
@@ -317,21 +408,19 @@ int loom_cluster_local(int threads, int measure, loom_cluster_t *c)
 	c->corun_efficiency = LOCAL_CORUN;
 	c->memory_bytes = pages > 0 && page > 0 ? (double)pages * page : 0.0;
 	c->memory_shared = 1;
-	if (measure) {
-		c->memory_bw = copy_bandwidth(1) * threads;
-		c->node_memory_bw = c->cores > 1 ? copy_bandwidth(c->cores) : c->memory_bw;
-	} else { /* nothing measured (it would raise the caller's peak resident set): cpu-node's figures */
-		c->memory_bw = profiles[0].c.memory_bw * threads, c->node_memory_bw = profiles[0].c.node_memory_bw;
-	}
+	/* the copy bandwidths from the cache (measured once, as the peaks; without them cpu-node's figures) */
+	c->memory_bw = (bw1 > 0 ? bw1 : profiles[0].c.memory_bw) * threads;
+	c->node_memory_bw = c->cores > 1 ? (bwn > 0 ? bwn : profiles[0].c.node_memory_bw) : c->memory_bw;
 	c->elementwise_bytes_per_act = LOCAL_ELEMENTWISE;
 	c->intra_bw = c->memory_bw / 4.0; /* calibrated: `loom bench comm`, 2 ranks, 1-16 MiB: 1.8-2.9 GB/s */
 	c->intra_lat = 2e-6;
 	c->inter_bw = 3.125e9, c->inter_lat = 30e-6; /* not measured: 25 Gb/s Ethernet */
 	c->overhead_bytes = LOCAL_OVERHEAD;
 	c->comm_overhead_bytes = LOCAL_COMM_OVERHEAD;
+	c->thread_scratch_bytes = LOCAL_THREAD_SCRATCH;
 	snprintf(c->source, sizeof c->source, "this machine: %d CPUs, hardware peak %.1f GFLOP/s and GEMM %.1f GFLOP/s "
-	         "per rank of %d thread(s) (peak cache), memory copy %.1f GB/s per rank, %.1f GB/s all CPUs (measured "
-	         "now), %.1f GiB", c->cores, hw32 / 1e9, gemm / 1e9, threads, c->memory_bw / 1e9, c->node_memory_bw / 1e9,
-	         c->memory_bytes / GIB);
+	         "per rank of %d thread(s), memory copy %.1f GB/s per rank, %.1f GB/s all CPUs (peak cache%s), %.1f GiB",
+	         c->cores, hw32 / 1e9, gemm / 1e9, threads, c->memory_bw / 1e9, c->node_memory_bw / 1e9,
+	         bw1 > 0 ? "" : "; bandwidths not measured yet: cpu-node's", c->memory_bytes / GIB);
 	return LOOM_OK;
 }

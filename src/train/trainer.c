@@ -312,6 +312,7 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 		goto fail;
 	}
 	tr->flops_per_token = loom_model_flops_per_token(&tr->mcfg, cfg->T);
+	tr->flops_nominal = loom_model_flops_per_token_nominal(&tr->mcfg, cfg->T);
 	if (cfg->profile)
 		loom_model_profile(model, 1);
 	*out = tr;
@@ -334,6 +335,7 @@ void loom_trainer_destroy(loom_trainer_t *tr)
 		loom__trace_close(tr->trace, NULL, tr->rank, tr->world);
 	loom__trace_free(tr->trace);
 	free(tr->val_losses);
+	free(tr->samples), free(tr->plan_json);
 	loom_train_log_close(tr);
 	loom_loader_destroy(tr->train);
 	loom_loader_destroy(tr->val);
@@ -413,6 +415,7 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 	m->dt_ms = dt * 1e3;
 	m->tokens_per_s = (double)loom_trainer_tokens_per_step(tr) / dt;
 	m->mfu = c->peak_flops > 0 ? m->tokens_per_s * tr->flops_per_token / (c->peak_flops * tr->world) : 0.0;
+	m->mfu_nominal = c->peak_flops > 0 ? m->tokens_per_s * tr->flops_nominal / (c->peak_flops * tr->world) : 0.0;
 	/* Exposed communication is at most the communication itself: the rest of the training thread's
 	 * wait is for a slower rank (or for the progress thread to be scheduled), reported apart. */
 	m->wait_ms = exposed_ms > comm_ms ? exposed_ms - comm_ms : 0.0;
@@ -510,9 +513,10 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx)
 	const loom_train_config_t *c = &tr->cfg;
 	loom_step_metrics_t m;
 	int rc;
-	/* Past the resume decision: finish what a kill interrupted in the checkpoint directory (rank 0
-	 * writes it; nothing else writes there before the first save), then open the log. */
-	if (c->save_dir && tr->rank == 0 && (rc = loom_ckpt_recover(c->save_dir)) != LOOM_OK)
+	/* Past the resume decision: finish what a kill interrupted in the checkpoint directory and move an
+	 * abandoned branch aside (rank 0 writes it; nothing else writes there before the first save),
+	 * unless the program did it already, then open the log. */
+	if (!tr->save_dir_ready && (rc = loom_trainer_prepare_save_dir(tr, NULL)) != LOOM_OK)
 		return rc;
 	if (c->log_path && tr->rank == 0 && (rc = loom_train_log_open(tr)) != LOOM_OK)
 		return rc;
@@ -573,6 +577,16 @@ void loom_trainer_set_prediction(loom_trainer_t *tr, double step_s, double memor
 {
 	tr->cfg.predicted_step_s = step_s > 0 ? step_s : 0.0;
 	tr->cfg.predicted_memory_bytes = memory_bytes > 0 ? memory_bytes : 0.0;
+}
+
+int loom_trainer_set_plan_json(loom_trainer_t *tr, const char *json)
+{
+	char *copy = NULL;
+	if (json && !(copy = strdup(json)))
+		return loom_seterr(LOOM_ENOMEM, "trainer: out of memory for the plan");
+	free(tr->plan_json);
+	tr->plan_json = copy;
+	return LOOM_OK;
 }
 
 long long loom_trainer_steps_done(const loom_trainer_t *tr)

@@ -40,13 +40,24 @@ struct loom_trainer {
 	double *val_losses;             /* eval_batches per-window losses, reduced across ranks */
 	long long step;                 /* optimizer steps done */
 	int resumed;                    /* state came from a checkpoint (the log is appended to) */
+	char resumed_from[1100];        /* that checkpoint's directory ("" when none) */
+	long long base_step;            /* the step the state came from: the checkpoint's, or 0 (lineage) */
+	int save_dir_ready;             /* loom_trainer_prepare_save_dir has run */
 	double flops_per_token;
 	double time_sum;                /* seconds of the steps timed so far (the first one excluded) */
 	long long timed;
 	int seen_first;
 	double step_ema;                /* moving average of the step time (seconds), from the second step */
+	double flops_nominal;           /* loom_model_flops_per_token_nominal at T (flops_per_token: MFU's
+	                                   loom_model_flops_per_token): mfu_nominal's count */
 	double loss_ema;                /* the losses' moving average before debiasing (checkpoint loop state) */
 	loom_train_summary_t sum;       /* the run so far (log.c) */
+	float *samples;                 /* the steps after warm-up for the summary's medians (log.c): dt, optim,
+	                                   comm, bubble per kept step, every `stride`-th step once full */
+	int nsamples, sample_cap;
+	float first_steps[4 * LOOM_TRAIN_WARMUP]; /* the warm-up's own, for a run of no more steps */
+	long long sample_stride, sample_seen;
+	char *plan_json;                /* the planner's prediction, logged in the config record (or NULL) */
 	double t_begin;                 /* loom_now() at the start of the first step of this process */
 	FILE *log;                      /* opened at the first logged step */
 };

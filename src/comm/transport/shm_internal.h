@@ -1,5 +1,6 @@
 /* shm_internal.h: what the files of the shared-memory transport share (shm.c: channels; shm_segment.c:
- * segments and the liveness keeper; shm_wait.c: waiting, liveness checks, aborts and the board).
+ * segments and the liveness keeper; shm_rdv.c: how ranks find a segment without a name in /dev/shm;
+ * shm_wait.c: waiting, liveness checks, aborts and the board).
  * Private to src/comm/transport/. */
 #ifndef LOOM_SHM_INTERNAL_H
 #define LOOM_SHM_INTERNAL_H
@@ -23,7 +24,7 @@
 /* ---- shared-memory layout (identical in every process of a job) ---------------------------- */
 
 #define SHM_MAGIC 0x316d68736d6f6f6cull /* "loomshm1" */
-#define SHM_VERSION 3u
+#define SHM_VERSION 4u
 #define SHM_READY 0x52454459u /* header->ready once the creator has initialized the segment */
 #define SHM_MAX_SLOTS 16
 #define SHM_BOARD_BYTES 64
@@ -47,6 +48,7 @@ typedef struct {
 	/* Line 1: membership and progress, read by peers when they diagnose a failure. */
 	_Alignas(64) atomic_int state; /* RANK_* */
 	int pid;
+	atomic_int claim; /* pid of the process that took this rank (0: free): one process per rank */
 	atomic_ullong seq; /* sequence number of the collective this rank last entered */
 	atomic_int coll;   /* its loom_coll_t */
 	atomic_int cpu;    /* where this rank last started waiting (sched_getcpu), to spot shared cores */
@@ -130,6 +132,10 @@ typedef struct loom_job {
 	pthread_mutex_t keeper_lock;
 	pthread_cond_t keeper_cond;
 	int keeper_state; /* 0 starting, 1 holding, 2 asked to stop, <0 failed (-errno) */
+	/* The world's creator with more than one rank: the keeper also answers the world's offer
+	 * (shm_rdv.c) on listen_fd with the segment's descriptor `fd`, until woken on wake_fd to stop.
+	 * proc_end closes both. -1 elsewhere. */
+	int listen_fd, wake_fd;
 } loom_job_t;
 
 /* The shared-memory transport's state of one communicator (loom_xp_state). */
@@ -157,8 +163,9 @@ static inline shm_comm_t *S(const loom_comm_t *c)
 
 /* Geometry of a segment for `n` ranks with `heap_bytes` per rank (0 for sub-communicators). */
 void loom__shm_layout(shm_hdr_t *h, int n, size_t heap_bytes);
-/* Create (create != 0: O_EXCL, initialize, publish) or attach to segment `name` of n ranks, then
- * join it as `rank` and wait until all n ranks joined; the name is unlinked once all have attached.
+/* Create (create != 0: unnamed memory, initialized, offered as `name`: shm_rdv.c) or fetch and map
+ * segment `name` of n ranks, then take `rank` in it and wait until all n ranks joined. Nothing is
+ * ever named in /dev/shm: the memory lives exactly as long as the processes that hold it.
  * Sets S(c)->hdr/base/bytes (and *fd_out when not NULL: the open descriptor, else it is closed).
  * Returns LOOM_OK or an error recorded with loom_comm_fail. */
 int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char *name, int create, size_t heap_bytes,
@@ -170,6 +177,29 @@ void loom__shm_depart(loom_comm_t *c);
  * end of the job (marking the process PROC_EXITED). */
 int loom__shm_proc_start(loom_job_t *j);
 void loom__shm_proc_end(loom_job_t *j);
+
+/* ---- shm_rdv.c: finding a segment without a name in /dev/shm ---------------------------------- */
+
+/* The memory of a new segment `name`: an unnamed file on /dev/shm's tmpfs, freed with the last
+ * process that holds it. Returns its descriptor (close-on-exec), or -1 with errno. */
+int loom__shm_rdv_memory(const char *name);
+/* Offer segment `name` on its abstract socket: *lfd is the listening socket (non-blocking). Returns
+ * LOOM_OK, or an error recorded on c (LOOM_ESTATE naming the process that already offers that name:
+ * a job with the same id). */
+int loom__shm_rdv_offer(loom_comm_t *c, const char *name, int *lfd);
+/* Hand fd to every process of this user waiting on lfd; returns when none waits. Thread-safe for
+ * one caller per lfd. */
+void loom__shm_rdv_serve(int lfd, int fd);
+/* A rank fetching a segment's descriptor; sock < 0 between connections. */
+typedef struct {
+	int sock, pid; /* the connection to the offer, and the pid of the process offering */
+	char shown[128]; /* "@loom-...": the abstract address, for messages */
+} loom_shm_rdv_t;
+/* One non-blocking step: 1 with *fd (close-on-exec) once the segment's creator answered, 0 when
+ * not (yet) offered or not answered yet, or an error recorded on c (LOOM_ESTATE: offered by another
+ * user's process). Call loom__shm_rdv_close when giving up. */
+int loom__shm_rdv_fetch(loom_comm_t *c, const char *name, loom_shm_rdv_t *r, int *fd);
+void loom__shm_rdv_close(loom_shm_rdv_t *r);
 
 /* Blocking transfer on a channel kind; see loom_xp_sendrecv. Tags are checked on CHAN_P2P. */
 int loom__shm_sendrecv(loom_comm_t *c, const loom_xp_ctx_t *ctx, int kind, int dst, const void *sbuf, size_t sbytes,

@@ -1,11 +1,15 @@
 /* shm_segment.c: creating, joining and leaving a communicator's shared-memory segment, and the
  * keeper thread that holds the rank's liveness mutex.
  *
- * Naming and cleanup: rank 0 (a group's leader for sub-communicators) creates the segment with
- * O_EXCL and publishes `ready` once it is initialized; the others retry until it exists and is
- * ready, within the deadline. Every rank then joins and waits until all have; from then on the name
- * is unlinked (every rank tries; all but one get ENOENT) and only the mappings keep the memory, so
- * nothing is left in /dev/shm even after kill -9. A rank that fails to join unlinks the name too.
+ * Lifetime: nothing of a job has a name in /dev/shm (shm_rdv.c; where /dev/shm has no O_TMPFILE, for
+ * the time of one system call). Rank 0 (a group's leader for sub-communicators) creates the
+ * segment's memory unnamed, initializes it, publishes `ready`, and offers it on an abstract socket
+ * named like the segment; the others fetch it from there, retrying within the deadline (and, for the
+ * world, giving up early when rank 0's process is gone). Each rank then claims its record (one
+ * process per rank: a second or late claimant is refused, naming the owner), joins and waits until
+ * all have. The memory and the offer belong to the processes, so the kernel frees both when the last
+ * one ends, however it ends (error exit, SIGTERM from mpirun, SIGKILL at the rendezvous): no name to
+ * unlink, nothing for anyone to clean up.
  * Layout (shm_internal.h): header | rank records | channels (kind x src x dst) | heap (world only),
  * every part page aligned and the heap 2 MiB aligned. Every byte is reserved before it is written,
  * so a full /dev/shm is an error, never a SIGBUS at the first write to a page tmpfs cannot supply:
@@ -13,10 +17,12 @@
  * block as it is handed out (shm_heap.c), which keeps unused heap free. */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -139,13 +145,36 @@ static int map_failed(loom_comm_t *c, const char *name, size_t bytes, int e)
 	                      name, bytes / 1048576.0, strerror(e));
 }
 
+/* Take this rank of the segment at h for this process: one process per rank. Another process that
+ * claims it (a rank started twice, a late arrival, a job with the same id) is refused, with the
+ * process that holds the rank named; it changes nothing in the segment. */
+static int claim_rank(loom_comm_t *c, shm_hdr_t *h, const char *name)
+{
+	shm_rank_t *me = rank_rec(h, S(c)->rank);
+	unsigned joined = atomic_load(&h->attached);
+	int owner = 0;
+	if (atomic_compare_exchange_strong(&me->claim, &owner, (int)getpid()))
+		return LOOM_OK;
+	if (joined >= h->nranks)
+		return loom_comm_fail(c, LOOM_ESTATE,
+		                      "all %u ranks of %s have joined already (rank %d is process %d): this process (pid %d) "
+		                      "arrived after the job started (a rank started twice, or a job with the same "
+		                      "LOOM_JOB_ID?)",
+		                      h->nranks, name, S(c)->rank, owner, (int)getpid());
+	return loom_comm_fail(c, LOOM_ESTATE,
+	                      "rank %d of %s is already taken by process %d: this process (pid %d) is a second rank %d "
+	                      "(a rank started twice, or a job with the same LOOM_JOB_ID?)",
+	                      S(c)->rank, name, owner, (int)getpid(), S(c)->rank);
+}
+
 int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char *name, int create, size_t heap_bytes,
                            int *fd_out)
 {
 	double deadline = loom__shm_deadline(c, ctx), wait = 1e-4, next_rank0_check = 0;
-	int fd = -1, rc = LOOM_OK, world = 0;
+	int fd = -1, lfd = -1, rc = LOOM_OK, world = 0;
 	loom_shm_peers_t peers; /* the world's ranks on this host that have not joined (shm_peers.c) */
-	struct stat st;
+	loom_shm_rdv_t rdv = {.sock = -1};
+	struct stat st = {0};
 	char *base = MAP_FAILED;
 	size_t bytes = 0;
 	shm_hdr_t *h;
@@ -153,14 +182,14 @@ int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char 
 	if (create) {
 		shm_hdr_t tmp;
 		loom__shm_layout(&tmp, S(c)->size, heap_bytes);
-		fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-		if (fd < 0 && errno == EEXIST)
-			return loom_comm_fail(c, LOOM_ESTATE,
-			                      "shared-memory segment %s already exists (left by an earlier job with the same "
-			                      "LOOM_JOB_ID? remove /dev/shm%s or use another LOOM_JOB_ID)",
-			                      name, name);
-		if (fd < 0)
-			return loom_comm_fail(c, LOOM_ESYS, "shm_open(%s): %s", name, strerror(errno));
+		/* The offer first: a name in use (a job with the same id) fails before any memory is made. */
+		if (S(c)->size > 1 && (rc = loom__shm_rdv_offer(c, name, &lfd)) != LOOM_OK)
+			return rc;
+		if ((fd = loom__shm_rdv_memory(name)) < 0) {
+			rc = loom_comm_fail(c, LOOM_ESYS, "cannot create the shared memory of %s in /dev/shm: %s", name,
+			                    strerror(errno));
+			goto fail;
+		}
 		bytes = tmp.total_bytes;
 		if (ftruncate(fd, (off_t)bytes) != 0) {
 			rc = loom_comm_fail(c, LOOM_ESYS, "ftruncate(%s, %zu): %s", name, bytes, strerror(errno));
@@ -182,13 +211,12 @@ int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char 
 		atomic_store_explicit(&h->ready, SHM_READY, memory_order_release);
 	} else {
 		for (;;) {
-			if (fd < 0)
-				fd = shm_open(name, O_RDWR, 0600);
-			if (fd < 0 && errno != ENOENT) {
-				rc = loom_comm_fail(c, LOOM_ESYS, "shm_open(%s): %s", name, strerror(errno));
+			int got = loom__shm_rdv_fetch(c, name, &rdv, &fd);
+			if (got < 0) {
+				rc = got;
 				goto fail;
 			}
-			if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(shm_hdr_t))
+			if (got)
 				break;
 			if (heap_bytes && loom_now() >= next_rank0_check) {
 				char why[160];
@@ -202,12 +230,18 @@ int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char 
 			}
 			if (loom_now() > deadline) {
 				rc = loom_comm_fail(c, LOOM_ETIMEDOUT,
-				                    "timed out after %.3g s (LOOM_TIMEOUT_S) waiting for rank 0 to create %s",
-				                    S(c)->timeout_s, name);
+				                    "timed out after %.3g s (LOOM_TIMEOUT_S) waiting for rank 0 to create %s (and "
+				                    "offer it on the abstract socket %s)",
+				                    S(c)->timeout_s, name, rdv.shown);
 				goto fail;
 			}
 			nap(wait);
 			wait = LOOM_MIN(wait * 2, 0.01);
+		}
+		if (fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(shm_hdr_t)) {
+			rc = loom_comm_fail(c, LOOM_EFORMAT, "%s, offered on %s by process %d, is not a loom segment (%lld bytes)",
+			                    name, rdv.shown, rdv.pid, (long long)st.st_size);
+			goto fail;
 		}
 		bytes = (size_t)st.st_size;
 		base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
@@ -226,19 +260,25 @@ int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char 
 		if (h->magic != SHM_MAGIC || h->version != SHM_VERSION || h->nranks != (uint32_t)S(c)->size ||
 		    h->total_bytes != bytes) {
 			rc = loom_comm_fail(c, LOOM_EFORMAT,
-			                    "%s is not a loom segment for %d ranks (magic %llx version %u, %u ranks, %llu bytes)",
+			                    "%s is not a loom segment for %d ranks (magic %llx version %u, %u ranks, %llu bytes; "
+			                    "offered by process %d: a job with the same LOOM_JOB_ID, or another loom version?)",
 			                    name, S(c)->size, (unsigned long long)h->magic, h->version, h->nranks,
-			                    (unsigned long long)h->total_bytes);
+			                    (unsigned long long)h->total_bytes, rdv.pid);
 			goto fail;
 		}
 	}
+	if ((rc = claim_rank(c, h, name)) != LOOM_OK)
+		goto fail;
 	S(c)->hdr = h;
 	S(c)->base = base;
 	S(c)->bytes = bytes;
 	if (!S(c)->job->hdr) { /* the world segment: it carries the job's heap and liveness mutexes */
+		loom_job_t *j = S(c)->job;
 		world = 1;
-		S(c)->job->hdr = h, S(c)->job->base = base, S(c)->job->bytes = bytes;
-		if ((rc = loom__shm_proc_start(S(c)->job)) != LOOM_OK) {
+		j->hdr = h, j->base = base, j->bytes = bytes, j->fd = fd;
+		j->listen_fd = lfd; /* the keeper answers the world's offer from now on, for the job's lifetime */
+		lfd = -1;
+		if ((rc = loom__shm_proc_start(j)) != LOOM_OK) {
 			rc = loom_comm_fail(c, rc, "%s", loom_errmsg());
 			goto fail_mapped;
 		}
@@ -251,7 +291,7 @@ int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char 
 		atomic_fetch_add(&h->attached, 1);
 		loom__shm_ring_all(c);
 	}
-	/* Wait for everyone, so the name can go: from then on nothing is left behind, even after kill -9. */
+	/* Wait for everyone (a sub-group's leader answering its offer meanwhile). */
 	{
 		double next_lock = loom_now() + LOCK_CHECK_S;
 		wait = 1e-5;
@@ -259,6 +299,8 @@ int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char 
 			double now = loom_now();
 			char why[256];
 			int code = atomic_load(&h->abort_code);
+			if (lfd >= 0)
+				loom__shm_rdv_serve(lfd, fd);
 			if (code != 0) { /* another rank gave up joining: report its reason */
 				rc = loom_comm_fail(c, code, "joining failed on another rank: %s", h->abort_msg);
 				goto fail_mapped;
@@ -302,7 +344,8 @@ int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char 
 			wait = LOOM_MIN(wait * 2, 2e-3);
 		}
 	}
-	shm_unlink(name); /* every rank tries; all but the first get ENOENT */
+	if (lfd >= 0) /* a sub-group's offer ends with its rendezvous */
+		close(lfd);
 	loom__shm_peers_free(&peers);
 	if (fd_out)
 		*fd_out = fd;
@@ -310,17 +353,21 @@ int loom__shm_open_segment(loom_comm_t *c, const loom_xp_ctx_t *ctx, const char 
 		close(fd);
 	return LOOM_OK;
 fail_mapped:
-	if (world) {
+	if (world) { /* the keeper withdraws the world's offer */
 		loom__shm_proc_end(S(c)->job);
-		S(c)->job->hdr = NULL, S(c)->job->base = NULL, S(c)->job->bytes = 0;
+		S(c)->job->hdr = NULL, S(c)->job->base = NULL, S(c)->job->bytes = 0, S(c)->job->fd = -1;
 	}
 	S(c)->hdr = NULL, S(c)->base = NULL, S(c)->bytes = 0;
 fail:
+	/* Nothing to remove: closing the offer and the memory is all, and the kernel does it for a
+	 * process that dies instead. */
+	if (lfd >= 0)
+		close(lfd);
+	loom__shm_rdv_close(&rdv);
 	if (base != MAP_FAILED)
 		munmap(base, bytes);
 	if (fd >= 0)
 		close(fd);
-	shm_unlink(name); /* a failed join must not leave the name behind */
 	loom__shm_peers_free(&peers);
 	return rc;
 }
@@ -343,7 +390,9 @@ void loom__shm_depart(loom_comm_t *c)
 /* The keeper thread locks the rank's robust liveness mutex and holds it until shm_proc_end. A
  * dedicated thread (rather than the caller of loom_comm_init) because a robust mutex is owned by a
  * thread: the application's threads may come and go, the keeper ends only with the process (then
- * peers get EOWNERDEAD) or when the job is left cleanly. */
+ * peers get EOWNERDEAD) or when the job is left cleanly. On the world's creator it also answers the
+ * world's offer (shm_rdv.c) for as long as it runs: the other ranks fetch the segment from it, and
+ * a late one is refused by the segment's claims instead of waiting for a segment nobody offers. */
 static void *keeper_main(void *arg)
 {
 	loom_job_t *j = arg;
@@ -356,6 +405,14 @@ static void *keeper_main(void *arg)
 	pthread_mutex_lock(&j->keeper_lock);
 	j->keeper_state = e ? -e : 1;
 	pthread_cond_broadcast(&j->keeper_cond);
+	for (int serving = j->listen_fd >= 0; !e && serving && j->keeper_state != 2;) {
+		struct pollfd p[2] = {{.fd = j->listen_fd, .events = POLLIN}, {.fd = j->wake_fd, .events = POLLIN}};
+		pthread_mutex_unlock(&j->keeper_lock);
+		if (poll(p, 2, -1) > 0 && (p[0].revents & POLLIN))
+			loom__shm_rdv_serve(j->listen_fd, j->fd);
+		serving = !(p[0].revents & (POLLERR | POLLHUP | POLLNVAL)); /* (never, short of a kernel surprise) */
+		pthread_mutex_lock(&j->keeper_lock);
+	}
 	while (!e && j->keeper_state != 2)
 		pthread_cond_wait(&j->keeper_cond, &j->keeper_lock);
 	pthread_mutex_unlock(&j->keeper_lock);
@@ -366,12 +423,29 @@ static void *keeper_main(void *arg)
 	return NULL;
 }
 
+/* The world's offer ends with the keeper: after it stopped, or when it could not start. */
+static void close_offer(loom_job_t *j)
+{
+	if (j->listen_fd >= 0)
+		close(j->listen_fd);
+	if (j->wake_fd >= 0)
+		close(j->wake_fd);
+	j->listen_fd = j->wake_fd = -1;
+}
+
 int loom__shm_proc_start(loom_job_t *j)
 {
 	int e;
 	pthread_mutex_init(&j->keeper_lock, NULL);
 	pthread_cond_init(&j->keeper_cond, NULL);
 	j->keeper_state = 0;
+	if (j->listen_fd >= 0 && (j->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
+		e = errno;
+		close_offer(j);
+		pthread_cond_destroy(&j->keeper_cond);
+		pthread_mutex_destroy(&j->keeper_lock);
+		return loom_seterr(LOOM_ESYS, "rank %d: eventfd for its keeper thread: %s", j->world_rank, strerror(e));
+	}
 	if ((e = loom__thread_start(&j->keeper, NULL, keeper_main, j, "keeper")) != 0)
 		j->keeper_state = -e;
 	else {
@@ -385,6 +459,7 @@ int loom__shm_proc_start(loom_job_t *j)
 	if (j->keeper_state < 0) {
 		int started = e == 0;
 		e = -j->keeper_state;
+		close_offer(j);
 		pthread_cond_destroy(&j->keeper_cond);
 		pthread_mutex_destroy(&j->keeper_lock);
 		if (!started)
@@ -404,9 +479,13 @@ void loom__shm_proc_end(loom_job_t *j)
 	j->keeper_state = 2;
 	pthread_cond_broadcast(&j->keeper_cond);
 	pthread_mutex_unlock(&j->keeper_lock);
+	if (j->wake_fd >= 0) {
+		uint64_t one = 1;
+		(void)!write(j->wake_fd, &one, sizeof one);
+	}
 	pthread_join(j->keeper, NULL);
+	close_offer(j);
 	pthread_cond_destroy(&j->keeper_cond);
 	pthread_mutex_destroy(&j->keeper_lock);
 	j->keeper_state = 0;
 }
-

@@ -80,7 +80,7 @@ static int shm_open_comm(loom_comm_t *c, loom_comm_t *parent, const char *name, 
 	wait_policy(s);
 	if (!(s->job = loom__calloc(1, sizeof *s->job)))
 		return loom_comm_fail(c, LOOM_ENOMEM, "out of memory");
-	s->job->fd = -1, s->job->refs = 1, s->job->world_rank = s->rank, s->job->world_size = s->size;
+	s->job->fd = -1, s->job->listen_fd = -1, s->job->wake_fd = -1, s->job->refs = 1, s->job->world_rank = s->rank, s->job->world_size = s->size;
 	rc = loom__shm_open_segment(c, ctx, s->name, s->rank == 0, heap_bytes, &s->job->fd);
 	if (rc == LOOM_OK && (rc = loom__shm_heap_init(s->job)) != LOOM_OK)
 		loom_comm_fail(c, rc, "%s", loom_errmsg());
