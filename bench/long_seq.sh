@@ -7,7 +7,8 @@
 # mask and its window: the count `loom plan` and MFU use, read from `loom plan --json` for the same
 # flags), its fraction of the hardware's FMA peak (`loom bench gemm`), the MFU loom printed, and peak RSS
 # (/usr/bin/time). A row whose printed MFU is above 100% or more than 10% away from achieved/peak is
-# marked. With BF16=1 the nanochat T=4096 row runs again with --dtype bf16 (where the CPU has it).
+# marked. With BF16=1 the nanochat T=4096 row runs again with --dtype bf16 (where the CPU has it). Last,
+# nanochat on 2 ranks: cp 2 against dp 2 at T = 4096 and 8192 (CP_TS), the same tokens per step.
 #
 # usage: bench/long_seq.sh [STEPS (default 3)]
 #   env: LOOM (build/loom), TOKENS (8192), WARMUP (1), TS ("256 1024 2048 4096 8192 16384"), REPEAT (1: runs
@@ -86,4 +87,21 @@ if [ -n "${RSS[$k1]:-}" ] && [ -n "${RSS[$k4]:-}" ]; then
 	echo
 	echo "peak RSS, T=4096 B=$((TOKENS / 4096)) over T=1024 B=$((TOKENS / 1024)): $(awk "BEGIN{printf \"%.3f\", ${RSS[$k4]} / ${RSS[$k1]}}")"
 fi
-echo "context parallelism (cp 2 against dp 2): not in this build (--cp is not implemented yet)"
+# Context parallelism against data parallelism on 2 ranks x 1 thread at the same tokens per step (2 T):
+# dp 2 trains one sequence per rank (B = 1), cp 2 two sequences split over both ranks (B = 2, each rank
+# T/2 positions of each); the target is cp 2 >= 0.90 x dp 2's tokens/s.
+echo
+printf '%-9s %6s %-5s %9s %9s\n' model T mesh "tok/s" "RSS MiB"
+for t in ${CP_TS:-4096 8192}; do
+	for mesh in dp2 cp2; do
+		log=$WORK/cp-$mesh-$t.jsonl
+		if [ "$mesh" = dp2 ]; then flags="--batch-size 1"; else flags="--batch-size 2 --cp 2"; fi
+		rm -f "$log"
+		OMP_NUM_THREADS=1 /usr/bin/time -f '%M' -o "$WORK/rss" "$LOOM" train --nproc 2 --threads 1 \
+			--train-data "$WORK/nanochat/train_*.bin" $(model_flags nanochat "$t") --seq-len "$t" $flags \
+			--steps "$STEPS" --warmup 0 --peak-flops "$PEAK" --log "$log" >"$WORK/out" 2>&1 ||
+			{ echo "  (nanochat T=$t $mesh failed: $(tail -n 1 "$WORK/out"))" >&2; continue; }
+		tps=$($PY -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if l.startswith("{\"step\"")][int(sys.argv[2]):]; print("%.1f" % (sum(x["tokens_per_s"] for x in r)/len(r)))' "$log" "$WARMUP")
+		printf '%-9s %6s %-5s %9s %9.0f\n' nanochat "$t" "$mesh" "$tps" "$(($(cat "$WORK/rss") / 1024))"
+	done
+done

@@ -166,13 +166,18 @@ static int info_other_dir(const char *path)
  * data-parallel size). */
 static void print_mesh(const loom_kv_t *kv)
 {
-	int64_t dp, tp, pp, zero;
+	int64_t dp, tp, pp, zero, cp = 1;
 	const char *sched;
+	char cps[32] = "";
+	if (loom_kv_get_i64(kv, "mesh.cp", &cp) != LOOM_OK || cp < 1) /* (recorded since context parallelism) */
+		cp = 1;
+	if (cp > 1)
+		snprintf(cps, sizeof cps, " x cp %lld", (long long)cp);
 	if (loom_kv_get_i64(kv, "mesh.dp", &dp) == LOOM_OK && loom_kv_get_i64(kv, "mesh.tp", &tp) == LOOM_OK &&
 	    loom_kv_get_i64(kv, "mesh.pp", &pp) == LOOM_OK && loom_kv_get_i64(kv, "mesh.zero", &zero) == LOOM_OK &&
 	    loom_kv_get_str(kv, "mesh.pp_schedule", &sched) == LOOM_OK)
-		printf("mesh: dp %lld x tp %lld x pp %lld = %lld rank%s, ZeRO %lld, pipeline schedule %s\n", (long long)dp,
-		       (long long)tp, (long long)pp, (long long)(dp * tp * pp), dp * tp * pp == 1 ? "" : "s",
+		printf("mesh: dp %lld%s x tp %lld x pp %lld = %lld rank%s, ZeRO %lld, pipeline schedule %s\n", (long long)dp,
+		       cps, (long long)tp, (long long)pp, (long long)(dp * cp * tp * pp), dp * cp * tp * pp == 1 ? "" : "s",
 		       (long long)zero, sched);
 	else if (loom_kv_get_i64(kv, "batch.world", &dp) == LOOM_OK)
 		printf("mesh: dp %lld (tp, pp and ZeRO were not recorded by the loom that wrote it)\n", (long long)dp);

@@ -30,7 +30,8 @@ static const char *const usage_text =
 	"  --n-head H, --n-embd C, --vocab-size V, --n-positions P, --n-kv-head K, --window-pattern P,\n"
 	"  --short-window W, --init-from PATH (its config), --batch-size B (default 4), --seq-len T,\n"
 	"  --grad-accum K | --micro-batches M | --total-batch-size N, --optimizer adamw|muon (MuonAdamW's state)\n"
-	"mesh (as loom train): --dp D --tp T --pp P (dp defaults to --nproc / --ranks / (T x P), else 1), --nproc N,\n"
+	"mesh (as loom train): --dp D --tp T --pp P --cp N (dp defaults to --nproc / --ranks / (N x T x P), else 1),\n"
+	"  --nproc N,\n"
 	"  --zero 0|1|2|3, --pp-schedule gpipe|1f1b|interleaved (or --schedule), --virtual-stages V,\n"
 	"  --pp-head-split auto|off|F, --activation-checkpointing none|blocks|selective, --dtype fp32|bf16,\n"
 	"  --grad-reduce-dtype fp32|bf16, --bucket-mb X, --threads N (threads per rank; local cluster),\n"
@@ -115,7 +116,7 @@ static void parse(int argc, char **argv, opts_t *o)
 	o->tc.B = 4, o->tc.T = -1;
 	cli_model_flags_init(&o->mf);
 	o->grad_accum = -1, o->top = 12;
-	o->mo.tp_size = o->pp = 1;
+	o->mo.tp_size = o->pp = o->mo.cp_size = 1;
 	o->cluster = "local";
 	o->load = -1;
 #define FLAG(name) cli_flag(argc, argv, &i, name, &v)
@@ -151,6 +152,7 @@ static void parse(int argc, char **argv, opts_t *o)
 		else if (FLAG("--dp")) o->dp_flag = (int)int_in("--dp", v, 1, 1 << 20);
 		else if (FLAG("--tp")) o->mo.tp_size = (int)int_in("--tp", v, 1, 4096);
 		else if (FLAG("--pp")) o->pp = (int)int_in("--pp", v, 1, 4096);
+		else if (FLAG("--cp")) o->mo.cp_size = (int)int_in("--cp", v, 1, 4096);
 		else if (FLAG("--nproc")) o->nproc = (int)int_in("--nproc", v, 1, 1 << 20);
 		else if (FLAG("--zero")) o->tc.zero = (int)int_in("--zero", v, 0, 3);
 		else if (FLAG("--optimizer")) {
@@ -275,7 +277,10 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 	       pc->model.n_head, pc->model.n_embd, pc->model.seq_len, pc->model.vocab_size, p->params, p->params / 1e6);
 	if (pc->tp > 1)
 		printf(", %.0f per tp shard", p->shard_params);
-	printf("\nmesh: dp %d x tp %d x pp %d = %d ranks%s; ZeRO %d; checkpointing %s; %s matmuls%s%s%s\n", pc->dp,
+	char cp[32] = "";
+	if (pc->cp > 1)
+		snprintf(cp, sizeof cp, " x cp %d", pc->cp);
+	printf("\nmesh: dp %d%s x tp %d x pp %d = %d ranks%s; ZeRO %d; checkpointing %s; %s matmuls%s%s%s\n", pc->dp, cp,
 	       pc->tp, pc->pp, p->world, pc->sequence_parallel && pc->tp > 1 ? " (sequence parallel)" : "", pc->zero,
 	       loom_act_ckpt_name(pc->act_ckpt), loom_compute_dtype_name(pc->dtype),
 	       pc->pp > 1 ? "; schedule " : "", pc->pp > 1 ? schedule_name(pc) : "",
@@ -287,8 +292,12 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 	if (c->background_load > 0)
 		printf("load: other work keeps %.1f threads runnable on the %d CPUs: the ranks get %.0f%% of a core per "
 		       "thread\n", c->background_load, c->cores, 100.0 * p->cpu_share);
-	printf("batch: B=%d T=%d micro-batches=%d dp=%d -> %.0f tokens per step\n", pc->B, pc->T, pc->M, pc->dp,
+	printf("batch: B=%d T=%d micro-batches=%d dp=%d -> %.0f tokens per step", pc->B, pc->T, pc->M, pc->dp,
 	       p->tokens_per_step);
+	if (pc->cp > 1)
+		printf("; each sequence over cp %d ranks (%d positions each, two chunks of %d)", pc->cp, pc->T / pc->cp,
+		       pc->T / pc->cp / 2);
+	putchar('\n');
 	fmt_bytes(m->params, b[0], 32), fmt_bytes(m->grads, b[1], 32), fmt_bytes(m->optimizer, b[2], 32);
 	fmt_bytes(m->activations, b[3], 32), fmt_bytes(m->comm, b[4], 32), fmt_bytes(m->overhead, b[5], 32);
 	fmt_bytes(m->total, b[6], 32), fmt_bytes(m->other, b[7], 32), fmt_bytes(m->data, b[8], 32);
@@ -314,13 +323,25 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 	printf("compute: %.1f ms per step per rank (of it the optimizer %.1f ms)\n", 1e3 * p->compute_s,
 	       1e3 * p->optimizer_s);
 	const struct { const char *name; const loom_plan_comm_t *x; int on; } ax[] = {
-		{"dp", &p->dp, pc->dp > 1}, {"tp", &p->tp, pc->tp > 1}, {"pp", &p->pp, pc->pp > 1}};
-	for (int k = 0; k < 3; k++)
+		{pc->cp > 1 ? "dp x cp" : "dp", &p->dp, pc->dp * pc->cp > 1}, {"tp", &p->tp, pc->tp > 1},
+		{"pp", &p->pp, pc->pp > 1}, {"cp", &p->cp, pc->cp > 1}};
+	for (int k = 0; k < 4; k++)
 		if (ax[k].on) {
 			fmt_bytes(ax[k].x->bytes, b[0], 32);
-			printf("communication %s: %s per rank and step, %.1f ms, exposed %.1f ms%s\n", ax[k].name, b[0],
+			printf("communication %s: %s per rank and step, %.1f ms, exposed %.1f ms%s", ax[k].name, b[0],
 			       1e3 * ax[k].x->time_s, 1e3 * ax[k].x->exposed_s,
 			       (k == 0 && p->cross_node_dp) || (k == 1 && p->cross_node_tp) ? " (crosses nodes)" : "");
+			if (k == 3) { /* a layer's transfers, as `loom train` prints them */
+				double g = loom_plan_cp_bytes(&pc->model, pc->B, pc->T, pc->cp, pc->tp);
+				if (g < 1048576.0)
+					snprintf(b[0], 32, "%.1f KiB", g / 1024.0);
+				else
+					fmt_bytes(g, b[0], 32);
+				printf(" (keys and values %s: %s per layer forward, twice that backward%s)",
+				       pc->cp_gather ? "all-gathered" : "passed around the ring", b[0],
+				       pc->act_ckpt != LOOM_ACT_CKPT_NONE ? ", once more recomputed" : "");
+			}
+			putchar('\n');
 		}
 	if (pc->pp > 1 && pc->virtual_stages > 1)
 		printf("pipeline: %d model chunks per rank; bubble %.1f%% (simulated schedule; ideal (P-1)/(V M+P-1) = "
@@ -344,7 +365,10 @@ static void describe(const loom_plan_t *p, char *buf, size_t cap)
 	char v[16] = "";
 	if (pc->pp > 1 && pc->virtual_stages > 1 && !pc->schedule_gpipe)
 		snprintf(v, sizeof v, " V %d", pc->virtual_stages);
-	snprintf(buf, cap, "dp %d x tp %d x pp %d%s, ZeRO %d, ckpt %s%s%s%s", pc->dp, pc->tp, pc->pp,
+	char cp[24] = "";
+	if (pc->cp > 1)
+		snprintf(cp, sizeof cp, " x cp %d", pc->cp);
+	snprintf(buf, cap, "dp %d%s x tp %d x pp %d%s, ZeRO %d, ckpt %s%s%s%s", pc->dp, cp, pc->tp, pc->pp,
 	         pc->sequence_parallel && pc->tp > 1 ? " sp" : "", pc->zero, loom_act_ckpt_name(pc->act_ckpt),
 	         pc->pp > 1 ? ", " : "", pc->pp > 1 ? schedule_name(pc) : "", v);
 }
@@ -353,14 +377,15 @@ static void describe(const loom_plan_t *p, char *buf, size_t cap)
 static void why_slower(const loom_plan_t *top, const loom_plan_t *alt, char *buf, size_t cap)
 {
 	double d_tp = alt->tp.exposed_s - top->tp.exposed_s, d_dp = alt->dp.exposed_s - top->dp.exposed_s;
+	double d_cp = alt->cp.exposed_s - top->cp.exposed_s;
 	double d_pp = alt->pp.exposed_s - top->pp.exposed_s;
 	double d_bub = alt->bubble * (alt->step_time_s) - top->bubble * top->step_time_s;
 	double d_cmp = (alt->flops_per_rank_step / (alt->flops_per_step / alt->world) - 1.0) * alt->compute_s -
 	               (top->flops_per_rank_step / (top->flops_per_step / top->world) - 1.0) * top->compute_s;
 	double d_opt = alt->optimizer_s - top->optimizer_s, best = d_tp;
 	int k = 0;
-	const double d[] = {d_tp, d_dp, d_pp, d_bub, d_cmp, d_opt};
-	for (int i = 1; i < 6; i++)
+	const double d[] = {d_tp, d_dp, d_pp, d_bub, d_cmp, d_opt, d_cp};
+	for (int i = 1; i < 7; i++)
 		if (d[i] > best)
 			best = d[i], k = i;
 	switch (k) {
@@ -378,7 +403,11 @@ static void why_slower(const loom_plan_t *top, const loom_plan_t *alt, char *buf
 		snprintf(buf, cap, "recomputation adds %.0f%% FLOPs",
 		         100.0 * (alt->flops_per_rank_step * alt->world / alt->flops_per_step - 1.0));
 		break;
-	default: snprintf(buf, cap, "optimizer over more parameters per rank: +%.1f ms", 1e3 * d_opt); break;
+	case 5: snprintf(buf, cap, "optimizer over more parameters per rank: +%.1f ms", 1e3 * d_opt); break;
+	default:
+		snprintf(buf, cap, "cp %d's key/value transfers on the training thread: +%.1f ms exposed", alt->cfg.cp,
+		         1e3 * d_cp);
+		break;
 	}
 	if (best <= 0)
 		snprintf(buf, cap, "within the model's noise of the top one (%.1f%% slower)",
@@ -398,10 +427,10 @@ static int search(opts_t *o, const loom_cluster_t *c, int ranks)
 		printf("{\"ranks\":%d,\"estimated\":%d,\"fit\":%d,\"plans\":[", ranks, total, n);
 		for (int k = 0; k < n && k < o->top; k++) {
 			const loom_plan_t *p = &all[k];
-			printf("%s{\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero\":%d,\"activation_checkpointing\":\"%s\",\"schedule\":\"%s\","
+			printf("%s{\"dp\":%d,\"cp\":%d,\"tp\":%d,\"pp\":%d,\"zero\":%d,\"activation_checkpointing\":\"%s\",\"schedule\":\"%s\","
 			       "\"virtual_stages\":%d,\"sequence_parallel\":%s,"
 			       "\"micro_batches\":%d,\"step_time_s\":%.6g,\"tokens_per_s\":%.6g,\"mfu\":%.6f,\"memory_total_bytes\":%.0f,"
-			       "\"headroom\":%.4f,\"cost\":%.6g}", k ? "," : "", p->cfg.dp, p->cfg.tp, p->cfg.pp, p->cfg.zero,
+			       "\"headroom\":%.4f,\"cost\":%.6g}", k ? "," : "", p->cfg.dp, p->cfg.cp, p->cfg.tp, p->cfg.pp, p->cfg.zero,
 			       loom_act_ckpt_name(p->cfg.act_ckpt), schedule_name(&p->cfg),
 			       p->cfg.pp > 1 && p->cfg.virtual_stages > 1 ? p->cfg.virtual_stages : 1,
 			       p->cfg.sequence_parallel && p->cfg.tp > 1 ? "true" : "false", p->cfg.M, p->step_time_s,
@@ -449,15 +478,17 @@ static int search(opts_t *o, const loom_cluster_t *c, int ranks)
 	/* why the top one wins: against the obvious alternatives, the best of each kind that is not it */
 	describe(&all[0], d, sizeof d);
 	printf("why %s is first:\n", d);
-	const char *kinds[] = {"plain data parallel", "ZeRO", "tensor parallel", "pipeline", "recomputation"};
-	for (int kind = 0; kind < 5; kind++)
+	const char *kinds[] = {"plain data parallel", "ZeRO", "tensor parallel", "pipeline", "recomputation",
+	                       "context parallel"};
+	for (int kind = 0; kind < 6; kind++)
 		for (int k = 1; k < n; k++) {
 			const loom_plan_config_t *q = &all[k].cfg, *t = &all[0].cfg;
-			int is = kind == 0 ? (q->tp == 1 && q->pp == 1 && q->zero == 0 && q->act_ckpt == 0)
+			int is = kind == 0 ? (q->tp == 1 && q->pp == 1 && q->cp <= 1 && q->zero == 0 && q->act_ckpt == 0)
 			         : kind == 1 ? q->zero > 0 && t->zero == 0
 			         : kind == 2 ? q->tp > 1 && t->tp == 1
 			         : kind == 3 ? q->pp > 1 && t->pp == 1
-			                     : q->act_ckpt != 0 && t->act_ckpt == 0;
+			         : kind == 4 ? q->act_ckpt != 0 && t->act_ckpt == 0
+			                     : q->cp > 1 && t->cp <= 1;
 			if (!is)
 				continue;
 			describe(&all[k], d, sizeof d);
@@ -515,17 +546,22 @@ int loom_cli_plan(int argc, char **argv)
 		return measure(&o);
 	model_config(&o);
 	int ranks = o.search ? (o.ranks ? o.ranks : o.nproc) : 0, tp = o.mo.tp_size, pp = o.pp, dp = 1;
+	int cp = o.mo.cp_size; /* tp x cp x pp: the ranks that are not data parallel */
 	if (o.search && !ranks && o.nodes <= 0)
 		cli_die("plan", "--search needs --ranks N (or --nodes N with a cluster profile or file)");
 	if (!o.search) {
 		int world = o.nproc ? o.nproc : o.ranks;
-		dp = o.dp_flag ? o.dp_flag : world ? world / (tp * pp) : 1;
-		if (dp < 1 || (world && dp * tp * pp != world))
-			cli_die("plan", "--dp %d x --tp %d x --pp %d is not the %d ranks", dp, tp, pp, world);
+		dp = o.dp_flag ? o.dp_flag : world ? world / (cp * tp * pp) : 1;
+		if (dp < 1 || (world && dp * cp * tp * pp != world))
+			cli_die("plan", "--dp %d x --cp %d x --tp %d x --pp %d is not the %d ranks", dp, cp, tp, pp, world);
+		if (cp > 1 && loom_cp_check(o.tc.T, cp) != LOOM_OK)
+			cli_die("plan", "--cp %d with --seq-len %d: %s", cp, o.tc.T, loom_errmsg());
+		if (cp > 1 && loom_cp_attention_ring() < 0)
+			cli_die("plan", "--cp %d: %s", cp, loom_errmsg());
 		if (o.mo.sequence_parallel && tp < 2)
 			cli_die("plan", "--sequence-parallel shards the sequence over the tensor-parallel ranks: it needs --tp 2 "
 			        "or more");
-		if (o.tc.zero > 0 && dp < 2)
+		if (o.tc.zero > 0 && dp * cp < 2)
 			cli_die("plan", "--zero %d with dp %d: ZeRO shards the training state over the data-parallel ranks and "
 			        "needs at least 2 (as loom train refuses it)", o.tc.zero, dp);
 	}
@@ -541,7 +577,7 @@ int loom_cli_plan(int argc, char **argv)
 	if (!o.search && loom_pp_check(&o.mc, o.tc.pp_schedule, pp, o.tc.pp_virtual_stages, o.tc.accum) != LOOM_OK)
 		cli_die("plan", "%s", loom_errmsg());
 	if (o.threads <= 0)
-		o.threads = default_threads(o.search ? 1 : dp * tp * pp);
+		o.threads = default_threads(o.search ? 1 : dp * cp * tp * pp);
 	/* the run's plan configuration exactly as loom train derives it from the same flags */
 	loom_plan_config_of_run(&o.tc, &o.mc, &o.mo, dp, pp, &o.pc);
 	o.pc.tokens = o.tokens, o.pc.impl = o.impl;
@@ -557,7 +593,7 @@ int loom_cli_plan(int argc, char **argv)
 		if (loom_plan_local(&o.pc, &how, &c, &p) != LOOM_OK)
 			cli_die("plan", "%s", loom_errmsg());
 	} else {
-		get_cluster(&o, &c, dp * tp * pp);
+		get_cluster(&o, &c, dp * cp * tp * pp);
 		if (loom_plan_estimate(&o.pc, &c, &p) != LOOM_OK)
 			cli_die("plan", "%s", loom_errmsg());
 	}

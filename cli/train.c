@@ -153,6 +153,13 @@ static const char *const usage_text =
 	"                         rank (all-gather before, reduce-scatter after the split matmuls instead of\n"
 	"                         all-reduces), so their activations take 1/T of the memory; B x T must be\n"
 	"                         divisible by T\n"
+	"context parallel (ranks ordered tp fastest, then cp, then dp, then pp; composes with --tp and --pp):\n"
+	"  --cp N                 each sequence split over N ranks: rank r holds 2 chunks of T/(2N) positions\n"
+	"                         (r and 2N-1-r: the causal work is even); attention passes each layer's keys\n"
+	"                         and values around the N ranks, overlapped with the blocks' work (the ring;\n"
+	"                         LOOM_CP_ATTENTION=gather: one all-gather per layer instead); gradients are\n"
+	"                         averaged (and ZeRO shards) over dp x cp; --seq-len must divide by 2N; data\n"
+	"                         parallel takes the rest\n"
 	"checking:\n"
 	"  --check                validate the flags (with --nproc once, before any rank starts), then build the\n"
 	"                         mesh, model and parallel strategy on every rank and start them from rank 0's\n"
@@ -177,6 +184,7 @@ typedef struct {
 	int rank, world;
 	int pp;                           /* pipeline stages */
 	int tp, dp_flag, dp;              /* --tp, --dp (0: derived), the data-parallel size */
+	int cp;                           /* --cp: context-parallel ranks per sequence */
 	int sp;                           /* --sequence-parallel */
 	loom_act_ckpt_t act_ckpt;         /* --activation-checkpointing */
 	loom_compute_dtype_t dtype;       /* --dtype */
@@ -261,7 +269,7 @@ static void parse(int argc, char **argv, opts_t *o)
 	o->print_every = 1;
 	o->world = 1;
 	o->pp = 1, o->dp = 1;
-	o->tp = 1;
+	o->tp = 1, o->cp = 1;
 	o->load = -1;
 #define FLAG(name) cli_flag(argc, argv, &i, name, &v)
 #define DBL(name) cli_parse_double("train", name, v)
@@ -380,6 +388,7 @@ static void parse(int argc, char **argv, opts_t *o)
 		} else if (FLAG("--trace")) o->tc.trace_dir = v;
 		else if (FLAG("--tp")) o->tp = (int)int_in("--tp", v, 1, 4096);
 		else if (FLAG("--dp")) o->dp_flag = (int)int_in("--dp", v, 1, 4096);
+		else if (FLAG("--cp")) o->cp = (int)int_in("--cp", v, 1, 4096);
 		else if (!strcmp(a, "--sequence-parallel")) o->sp = 1;
 		else if (!strcmp(a, "--check")) o->check = 1;
 		else
@@ -500,7 +509,7 @@ static int muon_zero_pp(const opts_t *o)
 {
 	return o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->tc.zero > 0 && o->pp > 1;
 }
-static int zero_dp1(const opts_t *o) { return o->tc.zero > 0 && o->dp == 1; }
+static int zero_dp1(const opts_t *o) { return o->tc.zero > 0 && o->dp * o->cp == 1; }
 static int muon_tp(const opts_t *o) { return o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->tp > 1; }
 
 static const struct {
@@ -557,27 +566,37 @@ static int micro_batches(const opts_t *o)
  * by the --nproc launcher before it starts the ranks, and by every rank (the same answer). */
 static void validate(opts_t *o, int world)
 {
-	long long tp_pp = (long long)o->tp * o->pp;
+	long long tp_pp = (long long)o->tp * o->pp * o->cp;
+	char cp[32] = "", lead[32] = "", cpx[16] = "";
+	if (o->cp > 1) /* the messages name --cp when it is given */
+		snprintf(cp, sizeof cp, " --cp %d", o->cp), snprintf(lead, sizeof lead, "--cp %d ", o->cp),
+		snprintf(cpx, sizeof cpx, "cp x ");
 	if (o->dp_flag && o->dp_flag * tp_pp != world)
-		cli_die("train", "--dp %d --tp %d --pp %d on %d rank%s: dp x tp x pp = %lld is not the number of ranks; "
-		        "give --nproc %lld, or leave --dp out (derived: ranks / (tp x pp))", o->dp_flag, o->tp, o->pp, world,
-		        world == 1 ? "" : "s", o->dp_flag * tp_pp, o->dp_flag * tp_pp);
+		cli_die("train", "--dp %d%s --tp %d --pp %d on %d rank%s: dp x %stp x pp = %lld is not the number of ranks; "
+		        "give --nproc %lld, or leave --dp out (derived: ranks / (%stp x pp))", o->dp_flag, cp, o->tp, o->pp,
+		        world, world == 1 ? "" : "s", cpx, o->dp_flag * tp_pp, o->dp_flag * tp_pp, cpx);
 	if (world % tp_pp)
-		cli_die("train", "--tp %d --pp %d on %d rank%s: the world of %d rank%s is not divisible by tp x pp = %lld "
-		        "(dp = ranks / (tp x pp)); use --nproc a multiple of %lld, or smaller --tp / --pp", o->tp, o->pp,
-		        world, world == 1 ? "" : "s", world, world == 1 ? "" : "s", tp_pp, tp_pp);
+		cli_die("train", "%s--tp %d --pp %d on %d rank%s: the world of %d rank%s is not divisible by %stp x pp = %lld "
+		        "(dp = ranks / (%stp x pp)); use --nproc a multiple of %lld, or smaller %s--tp / --pp", lead, o->tp,
+		        o->pp, world, world == 1 ? "" : "s", world, world == 1 ? "" : "s", cpx, tp_pp, cpx, tp_pp,
+		        o->cp > 1 ? "--cp / " : "");
 	o->dp = world / (int)tp_pp;
 	model_config(o);
+	if (o->cp > 1 && loom_cp_check(o->tc.T, o->cp) != LOOM_OK) /* T is known once the model is */
+		cli_die("train", "--cp %d with --seq-len %d: %s", o->cp, o->tc.T, loom_errmsg());
+	if (o->cp > 1 && loom_cp_attention_ring() < 0)
+		cli_die("train", "--cp %d: %s", o->cp, loom_errmsg());
 	if (loom_model_tp_check(&o->mc, o->tp) != LOOM_OK)
 		cli_die("train", "--tp %d: %s", o->tp, loom_errmsg());
 	if (o->pp > o->mc.n_layer)
 		cli_die("train", "--pp %d for a model of %d layers: every pipeline stage needs at least one layer; use "
 		        "--pp %d or fewer", o->pp, o->mc.n_layer, o->mc.n_layer);
 	int accum = micro_batches(o); /* the pipeline's schedule depends on them */
-	if (o->sp && ((long long)o->tc.B * o->tc.T) % o->tp != 0)
-		cli_die("train", "--sequence-parallel --tp %d: a micro-batch's --batch-size %d x --seq-len %d = %lld positions "
-		        "are not divisible by %d (each tensor-parallel rank holds an equal share)", o->tp, o->tc.B, o->tc.T,
-		        (long long)o->tc.B * o->tc.T, o->tp);
+	if (o->sp && ((long long)o->tc.B * (o->tc.T / o->cp)) % o->tp != 0)
+		cli_die("train", "--sequence-parallel --tp %d: a micro-batch's --batch-size %d x --seq-len %d%s = %lld "
+		        "positions%s are not divisible by %d (each tensor-parallel rank holds an equal share)", o->tp, o->tc.B,
+		        o->tc.T, o->cp > 1 ? " / --cp" : "", (long long)o->tc.B * (o->tc.T / o->cp),
+		        o->cp > 1 ? " of a context-parallel rank" : "", o->tp);
 	if (loom_pp_check(&o->mc, o->tc.pp_schedule, o->pp, o->tc.pp_virtual_stages, accum) != LOOM_OK)
 		cli_die("train", "%s", loom_errmsg());
 	refuse_unsupported(o);
@@ -704,6 +723,13 @@ static void sample(run_ctx_t *r, loom_model_t *model, long long step)
 	printf("\n---\n");
 }
 
+/* Bytes one context-parallel rank receives in a layer's forward all-gather of keys and values (the
+ * planner's figure, loom_plan_cp_bytes). */
+static double cp_gather_bytes(const opts_t *o)
+{
+	return loom_plan_cp_bytes(&o->mc, o->tc.B, o->tc.T, o->cp, o->tp);
+}
+
 /* What this run does, printed by rank 0 before the first step. */
 static void print_header(const opts_t *o, loom_trainer_t *tr)
 {
@@ -722,6 +748,9 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	if (o->pp > 1)
 		printf("batch: B=%d T=%d micro-batches=%d dp=%d -> %lld tokens per step", o->tc.B, o->tc.T, o->tc.accum,
 		       o->dp, loom_trainer_tokens_per_step(tr));
+	else if (o->cp > 1)
+		printf("batch: B=%d T=%d accum=%d ranks=%d (each sequence over cp %d) -> %lld tokens per step", o->tc.B,
+		       o->tc.T, o->tc.accum, o->dp, o->cp, loom_trainer_tokens_per_step(tr));
 	else if (o->world > 1)
 		printf("batch: B=%d T=%d accum=%d ranks=%d -> %lld tokens per step", o->tc.B, o->tc.T, o->tc.accum,
 		       o->dp, loom_trainer_tokens_per_step(tr));
@@ -770,6 +799,17 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		printf("tensor parallel: tp %d x dp %d = %d ranks (Megatron: heads, MLP columns and vocabulary rows split "
 		       "over tp neighbouring ranks; %zu shard parameters per rank)\n", o->tp, o->dp, o->world,
 		       loom_model_shard_params(&o->mc, o->tp));
+	if (o->cp > 1) {
+		int Tl = o->tc.T / o->cp, c = Tl / 2;
+		printf("context parallel: cp %d x dp %d x tp %d x pp %d = %d ranks; each rank holds %d of a sequence's %d "
+		       "positions as 2 chunks of %d (rank r: chunks r and %d-r of %d; rank 0: positions 0-%d and %d-%d); "
+		       "%s (%.2f MiB received per layer forward, twice that backward); gradients averaged over dp x cp = %d "
+		       "ranks\n", o->cp, o->dp, o->tp, o->pp, o->world, Tl, o->tc.T, c, 2 * o->cp - 1, 2 * o->cp, c - 1,
+		       o->tc.T - c, o->tc.T - 1, loom_cp_attention_ring() == 1 ? "attention passes the keys and values "
+		       "around the ring of the group, overlapped with the blocks' work" : "attention all-gathers the keys "
+		       "and values of the sequence per layer (LOOM_CP_ATTENTION=gather)", cp_gather_bytes(o) / 1048576.0,
+		       o->dp * o->cp);
+	}
 	if (o->tc.mesh && loom_comm_host(o->tc.comm, o->world - 1) > 0) { /* a job spanning hosts */
 		char hosts[256];
 		loom_mesh_hosts_describe(o->tc.mesh, hosts, sizeof hosts);
@@ -779,17 +819,17 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		printf("sequence parallel: the norms and residual adds run on %d of the %d positions of a micro-batch "
 		       "per rank (all-gather / reduce-scatter over tp %d instead of all-reduce)\n", o->tc.B * o->tc.T / o->tp,
 		       o->tc.B * o->tc.T, o->tp);
-	if (o->dp > 1) {
+	if (o->dp * o->cp > 1) { /* the strategy's group: dp x cp */
 		if (o->tc.zero > 0)
 			printf("data parallel: %d ranks x %d thread%s; ZeRO stage %d: %s; gradients reduce-scattered in %s",
-			       o->dp, loom_num_threads(), loom_num_threads() == 1 ? "" : "s", o->tc.zero, o->tc.zero == 1 ?
+			       o->dp * o->cp, loom_num_threads(), loom_num_threads() == 1 ? "" : "s", o->tc.zero, o->tc.zero == 1 ?
 			       "AdamW state sharded, gradients reduce-scattered per unit on the last micro-step" : o->tc.zero == 2 ?
 			       "AdamW state and gradients sharded, gradients reduce-scattered per unit every micro-step" :
 			       "parameters, gradients and AdamW state sharded; each unit gathered before use, the next prefetched",
 			       o->tc.grad_reduce_dtype == LOOM_BFLOAT16 ? "bf16" : "fp32");
 		else
 			printf("data parallel: %d ranks x %d thread%s; gradients averaged in %s in buckets of %g MiB (the first "
-			       "%g MiB) on the last of %d micro-step%s", o->dp, loom_num_threads(),
+			       "%g MiB) on the last of %d micro-step%s", o->dp * o->cp, loom_num_threads(),
 			       loom_num_threads() == 1 ? "" : "s", o->tc.grad_reduce_dtype == LOOM_BFLOAT16 ? "bf16" : "fp32",
 			       o->tc.bucket_mb, o->tc.bucket_mb < 1 ? o->tc.bucket_mb : 1.0, o->tc.accum,
 			       o->tc.accum == 1 ? "" : "s");
@@ -1027,7 +1067,7 @@ static int predict(const opts_t *o, loom_plan_t *p, loom_cluster_t *c)
 {
 	loom_plan_config_t pc;
 	loom_model_opts_t mo = {.B = o->tc.B, .T = o->tc.T, .tp_size = o->tp, .act_ckpt = o->act_ckpt, .dtype = o->dtype,
-	                        .sequence_parallel = o->sp};
+	                        .sequence_parallel = o->sp, .cp_size = o->cp};
 	loom_plan_local_t how = {.threads = loom_num_threads(), .load = o->load, .measure = 0};
 	loom_plan_config_of_run(&o->tc, &o->mc, &mo, o->dp, o->pp, &pc);
 	return loom_plan_local(&pc, &how, c, p) == LOOM_OK;
@@ -1120,11 +1160,11 @@ int loom_cli_train(int argc, char **argv)
 	}
 	o.tc.comm = comm;
 	validate(&o, o.world); /* every rank alike (under --nproc the launcher has checked) */
-	if (o.tp > 1 || o.pp > 1 || o.dp_flag) {
-		/* the ranks as dp x tp x pp (tp neighbouring ranks, then dp, then pp); every rank checks the
+	if (o.tp > 1 || o.pp > 1 || o.cp > 1 || o.dp_flag) {
+		/* the ranks as dp x cp x tp x pp (tp neighbouring ranks, then cp, dp, pp); every rank checks the
 		 * sizes before any work */
-		if (loom_mesh_create(&mesh, comm, o.dp_flag, o.tp, o.pp) != LOOM_OK)
-			cli_die("train", "--dp %d --tp %d --pp %d on %d rank%s: %s", o.dp_flag, o.tp, o.pp, o.world,
+		if (loom_mesh_create4(&mesh, comm, o.dp_flag, o.cp, o.tp, o.pp) != LOOM_OK)
+			cli_die("train", "--dp %d --cp %d --tp %d --pp %d on %d rank%s: %s", o.dp_flag, o.cp, o.tp, o.pp, o.world,
 			        o.world == 1 ? "" : "s", loom_errmsg());
 		o.tc.mesh = mesh;
 	}
@@ -1132,7 +1172,8 @@ int loom_cli_train(int argc, char **argv)
 	warn_oversubscription(&o);
 	batch_config(&o);
 	if (cli_train_memory_check(&(cli_memcheck_t){&o.mc, o.tc.B, o.tc.T, o.tc.accum, o.act_ckpt, o.tc.zero, o.dp, o.tp,
-	                                              o.pp, loom_num_threads(), o.dtype, o.rank, o.world, o.sp}) != 0)
+	                                              o.pp, loom_num_threads(), o.dtype, o.rank, o.world, o.sp,
+	                                              o.cp}) != 0)
 		goto out;
 	find_tokenizer(&o);
 	r.o = &o;
@@ -1140,11 +1181,13 @@ int loom_cli_train(int argc, char **argv)
 	/* The strategy says what the model keeps of its own (ZeRO-2/3 keep shards instead); without its
 	 * own parameters the initial ones live in a buffer of ours until the strategy has taken its shard
 	 * (at the parameter sync below). */
-	loom_model_opts_t mo = {.B = o.tc.B, .T = o.tc.T, .tp_size = o.tp,
+	/* with --cp the model holds this rank's T/cp rows of each sequence (its two head-tail chunks) */
+	loom_model_opts_t mo = {.B = o.tc.B, .T = o.tc.T / o.cp, .tp_size = o.tp,
 	                       .tp_rank = mesh ? loom_mesh_coord(mesh, LOOM_MESH_TP) : 0,
 	                       .act_ckpt = o.act_ckpt,
-	                       .dtype = o.dtype, .sequence_parallel = o.sp};
-	loom_train_model_opts(&o.tc, o.dp, o.tp, &mo);
+	                       .dtype = o.dtype, .sequence_parallel = o.sp, .cp_size = o.cp,
+	                       .cp_rank = mesh ? loom_mesh_coord(mesh, LOOM_MESH_CP) : 0};
+	loom_train_model_opts(&o.tc, o.dp * o.cp, o.tp, &mo); /* the strategy spans dp x cp */
 	if ((rc = loom_model_create(&model, &o.mc, &mo)) != LOOM_OK) {
 		fprintf(stderr, "loom train: creating the model: %s%s", loom_errmsg(), rc == LOOM_ENOMEM ? "" : "\n");
 		if (rc == LOOM_ENOMEM) /* the sizes the user can act on */
@@ -1241,13 +1284,14 @@ int loom_cli_train(int argc, char **argv)
 			fprintf(stderr, "loom train: %s\n", loom_errmsg());
 			goto out;
 		}
-		if (o.rank == 0 && o.dp > 1)
+		if (o.rank == 0 && o.dp * o.cp > 1)
 			printf("parameters: broadcast from rank 0 to %d ranks, checksum %016llx verified on every rank\n",
-			       o.dp, (unsigned long long)sum);
+			       o.dp * o.cp, (unsigned long long)sum);
 	}
-	if (o.sample_every > 0 && o.tp > 1) {
+	if (o.sample_every > 0 && (o.tp > 1 || o.cp > 1)) {
 		if (o.rank == 0)
-			printf("note: --sample-every is ignored with --tp (sample from a checkpoint with `loom sample`)\n");
+			printf("note: --sample-every is ignored with --%s (sample from a checkpoint with `loom sample`)\n",
+			       o.tp > 1 ? "tp" : "cp");
 		o.sample_every = 0;
 	}
 	free(init); /* ZeRO-3: each rank has its shard now; the model's views point at gathered buffers */

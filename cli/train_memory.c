@@ -33,9 +33,10 @@ void cli_memcheck_mode(const char *v)
 static int act_bytes(void *ctx, int B, int act_ckpt, size_t *bytes)
 {
 	const cli_memcheck_t *m = ctx;
-	loom_model_opts_t o = {.B = B, .T = m->T, .tp_size = m->tp, .act_ckpt = (loom_act_ckpt_t)act_ckpt,
+	int cp = m->cp > 1 ? m->cp : 1, T = m->T / cp;
+	loom_model_opts_t o = {.B = B, .T = T, .tp_size = m->tp, .act_ckpt = (loom_act_ckpt_t)act_ckpt,
 	                       .dtype = (loom_compute_dtype_t)m->dtype,
-	                       .sequence_parallel = m->sp && ((long long)B * m->T) % m->tp == 0};
+	                       .sequence_parallel = m->sp && ((long long)B * T) % m->tp == 0, .cp_size = cp};
 	loom_model_act_bytes_t a;
 	if (loom_model_act_bytes(m->mc, &o, &a) != LOOM_OK)
 		return -1;
@@ -97,7 +98,8 @@ int cli_train_memory_check(const cli_memcheck_t *m)
 	loom_mem_plan_t p = {
 		.nparams = m->pp > 1 ? (P - emb) / (size_t)m->pp + emb : P,
 		.emb_params = emb / (size_t)m->tp, .block_params = block / (size_t)m->tp,
-		.B = m->B, .T = m->T, .accum = m->accum, .act_ckpt = m->act_ckpt, .zero = m->zero, .dp = m->dp,
+		.B = m->B, .T = m->T / (m->cp > 1 ? m->cp : 1), .accum = m->accum, .act_ckpt = m->act_ckpt, .zero = m->zero,
+		.dp = m->dp * (m->cp > 1 ? m->cp : 1), /* ZeRO shards over dp x cp */
 		.threads = m->threads, .local_ranks = (int)(local > 0 ? local : 1),
 		.heap_bytes = m->world > 1 || getenv("LOOM_SHM_MB") ? (size_t)shm_mb << 20 : (size_t)LOOM_SOLO_SHM_MB << 20,
 		.openblas = m->dtype == LOOM_COMPUTE_FP32 && loom_gemm_backend() == LOOM_GEMM_OPENBLAS,

@@ -10,6 +10,7 @@ typedef struct {
 	int B, T, accum, act_ckpt, zero, dp, tp, pp, threads, dtype;
 	int rank, world;
 	int sp; /* --sequence-parallel */
+	int cp; /* --cp: the model holds T/cp rows of each sequence; the strategy spans dp x cp */
 } cli_memcheck_t;
 
 /* --memory-check refuse|warn (refuse, the default: a run that does not fit stops before it allocates;

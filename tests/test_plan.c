@@ -278,7 +278,7 @@ TEST(plan_search_skips_non_dividing_meshes)
 	loom_plan_config_t pc = tiny_config(1, 0); /* tiny: 4 heads, 4 layers */
 	pc.M = 4;
 	loom_plan_t *out = malloc(sizeof *out * 1000);
-	int n, total, composed = 0, interleaved = 0, sp = 0;
+	int n, total, composed = 0, interleaved = 0, sp = 0, cp = 0;
 	CHECK(out);
 	CHECK_OK(loom_plan_search(&pc, &c, 6, out, 1000, &n, &total));
 	CHECK(n > 0 && n == total);
@@ -294,17 +294,20 @@ TEST(plan_search_skips_non_dividing_meshes)
 			CHECK(q->tp > 1);
 			sp++;
 		}
-		CHECK_EQ(q->dp * q->tp * q->pp, 6);
+		CHECK_EQ(q->dp * q->cp * q->tp * q->pp, 6);
 		CHECK_MSG(q->tp == 1 || q->tp == 2, "tp %d does not divide 4 heads", q->tp);
 		CHECK_MSG(q->dp != 3 && q->dp != 6, "dp %d does not divide 4 micro-batches", q->dp);
+		CHECK_MSG(q->cp == 1 || q->cp == 2, "cp %d: T = 64 is not 2 cp chunks", q->cp); /* not 3, 6 */
 		CHECK_EQ(q->dp * q->M, 4); /* tokens per step kept */
-		CHECK(q->zero == 0 || q->dp > 1); /* ZeRO on the dp axis of any mesh, with several dp ranks */
+		CHECK(q->zero == 0 || q->dp * q->cp > 1); /* ZeRO over dp x cp, with several ranks there */
+		cp += q->cp > 1;
 		if (k)
 			CHECK(out[k].step_time_s >= out[k - 1].step_time_s);
 		composed += q->zero > 0 && (q->tp > 1 || q->pp > 1);
 	}
 	CHECK(composed > 0); /* ZeRO 1-3 on dp 2 x pp 3 among them */
 	CHECK(sp > 0); /* tp 2 with and without sequence parallelism */
+	CHECK(cp > 0); /* cp 2 (x tp 1 or 3 or x pp 3) among them */
 	CHECK_EQ(interleaved, 0); /* no pp of 6 ranks divides M (pp 3: M 4 or 2) with V pp <= 4 layers */
 	/* 4 ranks: pp 2 runs interleaved with V 2 (M 4 on dp 1, M 2 on dp 2), never V 3 or 4 (> 4 layers) */
 	CHECK_OK(loom_plan_search(&pc, &c, 4, out, 1000, &n, &total));
@@ -460,6 +463,9 @@ TEST(plan_memory_equals_train)
 		{"--optimizer muon --nproc 2 --zero 2"},
 		{"--optimizer muon --nproc 2 --zero 3"},
 		{"--optimizer muon --nproc 2 --pp 2 --micro-batches 2"},
+		/* context parallel: a rank's T/cp positions and the attention's gather scratch; ZeRO over dp x cp */
+		{"--nproc 2 --cp 2"},
+		{"--nproc 4 --cp 2 --zero 3 --activation-checkpointing selective"},
 	};
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));
 	CHECK_OK(test_make_token_data(dir, 257, 4000));
@@ -671,6 +677,8 @@ TEST(plan_train_same_prediction)
 		"--arch nanochat --depth 2 --head-dim 64 --nproc 2 --tp 2",
 		"--arch nanochat --depth 2 --head-dim 64 --nproc 2 --pp 2 --micro-batches 2",
 		"--arch nanochat --depth 2 --head-dim 64 --dtype bf16 --steps 6",
+		"--model tiny --nproc 2 --cp 2", /* context parallel: T/cp positions per rank, the ring's transfers */
+		"--arch nanochat --depth 2 --head-dim 64 --nproc 4 --cp 2 --zero 3",
 	};
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));
 	snprintf(cache, sizeof cache, "%s/cache", dir);

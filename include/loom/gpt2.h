@@ -139,7 +139,11 @@ const char *loom_bf16_path_name(loom_bf16_path_t path);
  *     hi-1's output, so a pipeline stage sends the same activation as without it; the head and the
  *     stream gradient leaving block lo). B x T must be divisible by tp_size.
  *   dtype: matmul precision (0: fp32). LOOM_COMPUTE_BF16 runs on loom_bf16_path()'s path; its errors
- *     (LOOM_BF16=native where impossible) are create's. */
+ *     (LOOM_BF16=native where impossible) are create's.
+ *   cp_size, cp_rank: context parallelism (loom/model.h): T is this rank's rows of each sequence of
+ *     cp_size x T positions (the head-tail chunks cp_rank and 2 cp_size - 1 - cp_rank), T even; the
+ *     embedding adds the rows' wpe positions, the attention reaches the group's keys and values
+ *     (loom_gpt2_on_cp_reduce, needed before any pass). */
 typedef loom_model_opts_t loom_gpt2_opts_t;
 
 /* Bytes of a model's activation buffers (the one allocation create makes for them), by role:
@@ -321,6 +325,13 @@ void loom_gpt2_on_param_use(loom_gpt2_t *m, loom_param_use_fn fn, void *ctx);
 void loom_gpt2_on_tp_reduce(loom_gpt2_t *m, loom_tp_reduce_fn fn, void *ctx);
 int loom_gpt2_tp_size(const loom_gpt2_t *m); /* 1 without tensor parallelism */
 int loom_gpt2_tp_rank(const loom_gpt2_t *m);
+/* Context parallelism (opts cp_size > 1): the group's hook (loom/model.h's loom_model_on_cp_reduce):
+ * the ring's transfers and waits in every block's attention forward and backward (and recomputed
+ * attention), or with LOOM_CP_ATTENTION=gather an all-gather per forward and an all-gather and a
+ * reduce-scatter per backward. */
+void loom_gpt2_on_cp_reduce(loom_gpt2_t *m, loom_tp_reduce_fn fn, void *ctx);
+int loom_gpt2_cp_size(const loom_gpt2_t *m); /* 1 without context parallelism */
+int loom_gpt2_cp_rank(const loom_gpt2_t *m);
 /* LOOM_EINVAL (with loom_errmsg naming what is not divisible) when cfg cannot be split tp ways:
  * n_head (and with it n_embd and 4 n_embd) must be divisible by tp. The vocabulary never needs to be:
  * it is padded. LOOM_OK for tp 1. */

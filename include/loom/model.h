@@ -127,6 +127,15 @@ typedef struct {
 	loom_act_ckpt_t act_ckpt; /* 0: none */
 	loom_compute_dtype_t dtype;
 	int sequence_parallel; /* 1: Megatron sequence parallelism over the tp ranks (needs tp_size > 1) */
+	/* Context parallelism (0: none): this model is rank cp_rank of cp_size N. It holds T rows of each
+	 * sequence of N T positions (T even, N T <= seq_len): the chunks cp_rank and 2N-1-cp_rank of the
+	 * sequence cut into 2N (loom_cp_position), for which the calls pass its rows (inputs, targets: B x T
+	 * of them, loom_cp_take). Everything but attention is position-wise and runs on those rows; the
+	 * attention reaches the group's keys and values through the hook (loom_model_on_cp_reduce), needed
+	 * before any pass. The loss is the mean over the rank's rows: the group's mean is the average of its
+	 * ranks', and so is the gradient, which the data-parallel strategy averages over dp x cp. Training
+	 * passes only: sampling (logits of the last position, generate) refuses such a model. */
+	int cp_size, cp_rank;
 	/* NULL, or per tensor of the family's (shard) table: 1 for the tensors this model holds (a
 	 * pipeline stage's: its blocks', and whatever else its units read). The model's table, parameter
 	 * and gradient buffers and tensor indices are then those tensors only, in table order and packed
@@ -147,7 +156,14 @@ typedef struct {
  * the group size p and rank r's part the floats [r n/p, (r+1) n/p): ALLGATHER fills all of buf from
  * every rank's part (on entry only the own part is read), REDUCE_SCATTER leaves in the own part the
  * group's sum of that part (the other parts are then undefined). */
-typedef enum { LOOM_TP_SUM = 0, LOOM_TP_MAX = 1, LOOM_TP_ALLGATHER = 2, LOOM_TP_REDUCE_SCATTER = 3 } loom_tp_op_t;
+/* The context-parallel hook also passes buffers around the group's ring (ranks in group order, each to
+ * the next): SEND_NEXT starts sending buf (n floats) to rank (r+1) mod p, RECV_PREV starts receiving n
+ * floats from rank (r-1) mod p into buf, WAIT completes every transfer started (buffers untouched until
+ * then; on every rank in the same order, sends and receives of a step paired). */
+typedef enum {
+	LOOM_TP_SUM = 0, LOOM_TP_MAX = 1, LOOM_TP_ALLGATHER = 2, LOOM_TP_REDUCE_SCATTER = 3,
+	LOOM_TP_SEND_NEXT = 4, LOOM_TP_RECV_PREV = 5, LOOM_TP_WAIT = 6
+} loom_tp_op_t;
 typedef int (*loom_tp_reduce_fn)(void *ctx, float *buf, size_t n, loom_tp_op_t op);
 typedef void (*loom_grad_ready_fn)(void *ctx, int tensor_index);
 typedef void (*loom_param_use_fn)(void *ctx, int unit, int phase);
@@ -168,6 +184,7 @@ typedef struct {
 	 * loom_model_flops_per_token_nominal adds the reference's attention */
 	double (*flops_per_token)(const loom_model_config_t *cfg, int T);
 	int (*stream_width)(const loom_model_config_t *cfg);
+	int (*kv_width)(const loom_model_config_t *cfg); /* floats of a position's keys (kv heads x head dim) */
 	int (*tp_check)(const loom_model_config_t *cfg, int tp);
 	int (*shard_info)(const loom_model_config_t *cfg, int tp, int i, loom_tensor_info_t *info);
 	size_t (*shard_params)(const loom_model_config_t *cfg, int tp);
@@ -221,6 +238,10 @@ typedef struct {
 	float *(*stream_grad)(loom_model_t *m);
 	int (*tp_size)(const loom_model_t *m);
 	int (*tp_rank)(const loom_model_t *m);
+	/* context parallelism (loom_model_opts_t cp_size, cp_rank): the group's hook, this model's place */
+	void (*on_cp_reduce)(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx);
+	int (*cp_size)(const loom_model_t *m);
+	int (*cp_rank)(const loom_model_t *m);
 	int (*kv_cache_alloc)(loom_model_t *m);
 	int (*generate)(loom_model_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
 	                uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
@@ -285,6 +306,9 @@ double loom_model_block_attn_flops(const loom_model_config_t *cfg, int l, int T)
 /* Floats per position of the residual stream passed between units (GPT-2: C; nanochat: 2C, the
  * stream x and the normalized embedding x0 every block reads). */
 int loom_model_stream_width(const loom_model_config_t *cfg);
+/* Floats of one position's keys in a layer (as many for its values): kv heads x head dim (GPT-2: n_embd).
+ * What context parallelism gathers per layer (of a tensor-parallel shard: / tp). 0 for an invalid arch. */
+int loom_model_kv_width(const loom_model_config_t *cfg);
 int loom_model_tp_check(const loom_model_config_t *cfg, int tp);
 int loom_model_shard_info(const loom_model_config_t *cfg, int tp, int i, loom_tensor_info_t *info);
 size_t loom_model_shard_params(const loom_model_config_t *cfg, int tp);
@@ -302,6 +326,23 @@ int loom_model_act_bytes(const loom_model_config_t *cfg, const loom_model_opts_t
 double loom_model_unit_flops(const loom_model_config_t *cfg, int unit, int T);
 /* The tensors of unit u (-1..L) are [*first, *end) of the table. */
 void loom_model_unit_tensors(const loom_model_config_t *cfg, int unit, int *first, int *end);
+
+/* ---- context parallelism's layout ------------------------------------------------------------------- */
+
+/* The head-tail layout (Megatron, torchtitan, Llama 3): a sequence of T positions is cut into 2N chunks
+ * of T/(2N); rank r of N holds chunks r and 2N-1-r, in that order, as its T/N rows, so every rank's
+ * causal attention costs the same. LOOM_OK when T divides by 2N (N >= 1), else LOOM_EINVAL saying so
+ * (the message names T and N). */
+int loom_cp_check(int T, int N);
+/* The absolute position of rank r's row t (0 <= t < T/N) of a sequence of T positions. */
+int loom_cp_position(int T, int N, int r, int t);
+/* dst (B, T/N) = rank r's rows of each of the B sequences of src (B, T), in its row order. */
+void loom_cp_take(int *dst, const int *src, int B, int T, int N, int r);
+/* The form of context-parallel attention models created now run, from the environment's
+ * LOOM_CP_ATTENTION: 1 the ring (unset or "ring": keys and values passed around the group, overlapped
+ * with the blocks' work), 0 the all-gather ("gather"); -1 with loom_errmsg for another value (a model
+ * with cp_size > 1 is then refused at create). */
+int loom_cp_attention_ring(void);
 
 /* ---- instance-level calls ------------------------------------------------------------------------------ */
 
@@ -340,6 +381,13 @@ int loom_model_forward_backward(loom_model_t *m, const int *inputs, const int *t
 void loom_model_on_grad_ready(loom_model_t *m, loom_grad_ready_fn fn, void *ctx);
 void loom_model_on_param_use(loom_model_t *m, loom_param_use_fn fn, void *ctx);
 void loom_model_on_tp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx);
+/* The context-parallel group's hook (a model created with cp_size > 1 needs it before any pass): fn is
+ * called with LOOM_TP_ALLGATHER and LOOM_TP_REDUCE_SCATTER, collective over the group, as the
+ * tensor-parallel hook's operations of those names (rank-ordered parts of buf, in place), and (ring
+ * attention) LOOM_TP_SEND_NEXT, LOOM_TP_RECV_PREV and LOOM_TP_WAIT. */
+void loom_model_on_cp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx);
+int loom_model_cp_size(const loom_model_t *m); /* 1 without context parallelism */
+int loom_model_cp_rank(const loom_model_t *m);
 /* Give arena mb the micro-batch's token ids (B,T) without running the embedding: a pipeline stage
  * that does not hold the embedding calls it before the micro-batch's first block, for families whose
  * blocks read the tokens (nanochat's value embeddings). A no-op for the others. LOOM_EINVAL as

@@ -95,6 +95,9 @@ typedef struct {
 	int B, T;                  /* micro-batch */
 	int M;                     /* micro-batches (gradient accumulation) per step and data-parallel rank */
 	int dp, tp, pp;            /* mesh (0: 1) */
+	int cp;                    /* context-parallel ranks per sequence (0: 1; loom train --cp): T / cp positions
+	                              of each sequence per rank, the strategy over dp x cp */
+	int cp_gather;             /* 1: cp's attention all-gathers (LOOM_CP_ATTENTION=gather); 0: the ring */
 	int zero;                  /* ZeRO stage 0..3 */
 	loom_act_ckpt_t act_ckpt;
 	int sequence_parallel;     /* --sequence-parallel (where tp > 1 and B T divides by tp) */
@@ -154,7 +157,8 @@ typedef struct {
 	double tokens_per_step;
 	double compute_s;          /* one rank's matmuls, elementwise and optimizer time per step */
 	double optimizer_s;        /* of it the optimizer */
-	loom_plan_comm_t dp, tp, pp;
+	loom_plan_comm_t dp, tp, pp; /* dp: the data-parallel group's (dp x cp with context parallelism) */
+	loom_plan_comm_t cp;       /* the context-parallel attention's transfers (the ring's partly hidden) */
 	double bubble;             /* pipeline: the stages' mean idle fraction (simulated) */
 	double bubble_theory;      /* (P-1)/(V M+P-1), V = 1 but for interleaved (loom_pp_bubble_ideal) */
 	double step_time_s, tokens_per_s, mfu;
@@ -178,6 +182,12 @@ int loom_plan_estimate(const loom_plan_config_t *cfg, const loom_cluster_t *c, l
 /* Ring all-reduce bytes a rank sends for n bytes on N ranks: 2 (N-1)/N n (reduce-scatter and
  * all-gather each (N-1)/N n). */
 double loom_plan_ring_allreduce_bytes(double n, int N);
+/* Bytes a context-parallel rank receives in one layer's forward: the other ranks' keys and values (T the
+ * whole sequence, cp ranks, a tp shard's kv heads), (cp-1)/cp x B T 2 KV x 4 bytes, KV =
+ * loom_model_kv_width / tp, in the ring as in the all-gather. The backward moves twice that (the keys
+ * again, and their gradients), a recomputation of the attention (activation checkpointing) once more.
+ * 0 for cp <= 1. */
+double loom_plan_cp_bytes(const loom_model_config_t *cfg, int B, int T, int cp, int tp);
 
 /* The search: every dp x tp x pp = ranks (tp dividing the heads and at most a node, pp at most the
  * layers), ZeRO stage, recomputation mode and schedule loom can run, at base's B, T and tokens per
@@ -192,9 +202,10 @@ int loom_plan_search(const loom_plan_config_t *base, const loom_cluster_t *c, in
 /* The plan configuration of a training run from what `loom train` parses (tc: B, T, accum, zero,
  * optimizer, the pipeline's schedule, chunks and head split, buckets, the gradients' dtype, steps,
  * shuffle, the data globs, evaluation), the model (mc) and the options it is created with (mo: tp_size,
- * act_ckpt, dtype, sequence_parallel), and the mesh's data-parallel and pipeline sizes. The shards'
+ * act_ckpt, dtype, sequence_parallel, cp_size; T is tc's, the whole sequence), and the mesh's
+ * data-parallel and pipeline sizes. The shards'
  * sizes come from tc's globs (stat; 0 when nothing matches); the validation set counts only when
- * evaluation is on (val_data with eval_batches > 0). ZeRO is 0 with one data-parallel rank. Both CLIs
+ * evaluation is on (val_data with eval_batches > 0). ZeRO is 0 with one data-parallel rank (dp x cp). Both CLIs
  * fill tc and mo from the same flags and call this, so the plans cannot differ by their flags. */
 void loom_plan_config_of_run(const loom_train_config_t *tc, const loom_model_config_t *mc, const loom_model_opts_t *mo,
                              int dp, int pp, loom_plan_config_t *pc);

@@ -25,6 +25,14 @@
  * checkpoints hold the whole model (gathered from the stages), and a pipeline's checkpoint resumes
  * on any mesh with the same data-parallel size (docs/mesh.md).
  *
+ * Context parallelism: on a mesh with cp > 1 the cp ranks of a group read the same windows (B x T, T
+ * the whole sequence) and each gives its model its head-tail rows (loom_cp_take: the model is created
+ * with loom_model_opts_t cp_size = cp, cp_rank = its cp coordinate and T / cp rows; LOOM_EINVAL
+ * otherwise, or when T does not divide by 2 cp); the trainer gives the model the cp group's gathers
+ * (loom_model_on_cp_reduce), the strategy the dp x cp group (loom_mesh_dpcp_comm), over which the loss
+ * and the evaluation are averaged. Losses match one process with the same tokens per step up to float
+ * rounding; checkpoints do not depend on cp (any resumes at any cp).
+ *
  * A training checkpoint (DIR/step_NNNNNNNN/, written through loom/ckpt.h) holds the model, the AdamW
  * state (m, v, step) and the trainer state (step, data-loader state, seed, config). There is no other
  * random state: the shuffle order is a function of (seed, epoch), and samples printed during
@@ -174,7 +182,7 @@ typedef struct {
 	int zero;                  /* ZeRO stage 0..3 */
 	int profile;               /* 1: per-kernel timing of the training steps (loom_model_profile on the
 	                              model from create; evaluations are left out) */
-	loom_mesh_t *mesh;         /* instead of comm: the ranks as a dp x tp x pp mesh (borrowed; must
+	loom_mesh_t *mesh;         /* instead of comm: the ranks as a dp x cp x tp x pp mesh (borrowed; must
 	                              outlive the trainer). The data-parallel axis carries the gradients,
 	                              the data sharding and the checkpoints' loader states; global rank 0
 	                              logs and saves. With tp > 1 the model must have been created as
@@ -300,12 +308,13 @@ int loom_trainer_summary(const loom_trainer_t *tr, loom_train_summary_t *s);
  * tp > 1), LOOM_ENOENT / LOOM_EFORMAT from the data, or LOOM_ENOMEM; the detail is in
  * loom_errmsg(). */
 int loom_trainer_create(loom_trainer_t **tr, const loom_train_config_t *cfg, loom_model_t *model);
-/* Set mo's no_own_grads / no_own_params as the parallel strategy cfg picks on dp data-parallel and tp
- * tensor-parallel ranks needs them (ZeRO-2 keeps the gradients, ZeRO-3 also the parameters, as
- * shards; a pipeline's stages hold both: the model then allocates no whole buffer for them); the rest
- * of mo is left alone, but for a pipeline, whose whole model is never run: B 1 and T tp there, for an
- * arena of the fewest positions. With no_own_params the caller gives the model a buffer of the
- * initial parameters (loom_model_set_param_buffer), which it may free after loom_trainer_sync_params. */
+/* Set mo's no_own_grads / no_own_params as the parallel strategy cfg picks on dp data-parallel (with
+ * context parallelism: dp x cp) and tp tensor-parallel ranks needs them (ZeRO-2 keeps the gradients,
+ * ZeRO-3 also the parameters, as shards; a pipeline's stages hold both: the model then allocates no
+ * whole buffer for them); the rest of mo is left alone, but for a pipeline, whose whole model is never
+ * run: B 1 and T tp (2 tp with cp) there, for an arena of the fewest positions. With no_own_params the
+ * caller gives the model a buffer of the initial parameters (loom_model_set_param_buffer), which it may
+ * free after loom_trainer_sync_params. */
 void loom_train_model_opts(const loom_train_config_t *cfg, int dp, int tp, loom_model_opts_t *mo);
 void loom_trainer_destroy(loom_trainer_t *tr); /* safe on NULL; closes the log */
 

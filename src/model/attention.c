@@ -8,7 +8,7 @@
 
 #include "model/kernels.h"
 
-static loom__flash_t shape(const float *qkv, int B, int T, int C, int NH)
+loom__flash_t loom__attention_shape(const float *qkv, int B, int T, int C, int NH)
 {
 	int hs = C / NH;
 	loom__flash_t a = {.q = qkv, .k = qkv + C, .v = qkv + 2 * C, .ldq = 3 * C, .ldk = 3 * C, .B = B, .Tq = T,
@@ -18,7 +18,7 @@ static loom__flash_t shape(const float *qkv, int B, int T, int C, int NH)
 
 void loom__attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
 {
-	loom__flash_t a = shape(qkv, B, T, C, NH);
+	loom__flash_t a = loom__attention_shape(qkv, B, T, C, NH);
 	loom__flash_forward(&a, out, C, lse);
 }
 
@@ -30,7 +30,7 @@ size_t loom__attention_scratch_floats(int B, int T, int C, int nthreads)
 void loom__attention_backward(float *dqkv, float *scratch, int scratch_threads, const float *dout, const float *qkv,
                               const float *out, const float *lse, int B, int T, int C, int NH)
 {
-	loom__flash_t a = shape(qkv, B, T, C, NH);
+	loom__flash_t a = loom__attention_shape(qkv, B, T, C, NH);
 	loom__flash_backward(&a, dqkv, 3 * C, dqkv + C, dqkv + 2 * C, 3 * C, dout, C, out, C, lse, scratch,
 	                     scratch_threads);
 }

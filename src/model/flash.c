@@ -257,6 +257,12 @@ static int parallel(const loom__flash_t *a)
 	return (double)a->B * a->Tq * keys * a->NH * a->D >= 1e6;
 }
 
+/* Query rows from one sequence to the next (qbs, or Tq: back to back). */
+static inline size_t qstride(const loom__flash_t *a)
+{
+	return a->qbs > 0 ? (size_t)a->qbs : (size_t)a->Tq;
+}
+
 /* Task `task` (query blocks of a head last, so consecutive tasks share K and V) -> pointers. */
 typedef struct {
 	int b, h, g, r0, r1;
@@ -269,7 +275,7 @@ static void task_of(const loom__flash_t *a, int nqb, int task, task_t *t)
 	t->b = bh / a->NH, t->h = bh % a->NH, t->g = t->h / (a->NH / a->NKV);
 	t->r0 = qb * FLASH_BQ;
 	t->r1 = t->r0 + FLASH_BQ < a->Tq ? t->r0 + FLASH_BQ : a->Tq;
-	t->q = a->q + ((size_t)t->b * a->Tq) * a->ldq + (size_t)t->h * a->D;
+	t->q = a->q + ((size_t)t->b * qstride(a)) * a->ldq + (size_t)t->h * a->D;
 	t->k = a->k + ((size_t)t->b * a->Tk) * a->ldk + (size_t)t->g * a->D;
 	t->v = a->v + ((size_t)t->b * a->Tk) * a->ldk + (size_t)t->g * a->D;
 }
@@ -291,7 +297,7 @@ static void forward_task(const loom__flash_t *a, const task_t *t, float *out, in
 	_Alignas(64) float S[FLASH_BQ * FLASH_BK_MAX];
 	float m[FLASH_BQ], l[FLASH_BQ];
 	int D = a->D, nq = t->r1 - t->r0, c0, c1;
-	float *o = out + ((size_t)t->b * a->Tq + t->r0) * ldo + (size_t)t->h * D;
+	float *o = out + ((size_t)t->b * qstride(a) + t->r0) * ldo + (size_t)t->h * D;
 	for (int i = 0; i < nq; i++) {
 		memset(o + (size_t)i * ldo, 0, sizeof(float) * (size_t)D);
 		m[i] = -INFINITY, l[i] = 0.0f;
@@ -402,7 +408,7 @@ static void backward_task(const loom__flash_t *a, const task_t *t, float *dq, in
 	int D = a->D, nq = t->r1 - t->r0, c0, c1;
 	if (!block_keys(a, t->r0, t->r1, &c0, &c1))
 		return;
-	size_t qrow = (size_t)t->b * a->Tq + t->r0;
+	size_t qrow = (size_t)t->b * qstride(a) + t->r0;
 	const float *q = t->q + (size_t)t->r0 * a->ldq, *dy = dout + qrow * lddo + (size_t)t->h * D;
 	const float *y = out + qrow * ldo + (size_t)t->h * D;
 	const float *ls = lse + ((size_t)t->b * a->NH + t->h) * a->Tq + t->r0;

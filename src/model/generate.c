@@ -95,6 +95,9 @@ int loom_gpt2_kv_cache_alloc(loom_gpt2_t *m)
 	if (m->tp > 1)
 		return loom_seterr(LOOM_EINVAL, "gpt2 generate: needs a whole model, this one is tensor-parallel rank %d of "
 		                   "%d (load its checkpoint into a whole model to sample)", m->tp_rank, m->tp);
+	if (m->cp > 1)
+		return loom_seterr(LOOM_EINVAL, "gpt2 generate: needs a whole model, this one is context-parallel rank %d "
+		                   "of %d (load its checkpoint into a whole model to sample)", m->cp_rank, m->cp);
 	if (!(kv = loom__calloc(1, sizeof *kv)) || !(kv->qkv = loom__calloc((size_t)m->cfg.n_layer, sizeof *kv->qkv)) ||
 	    !(kv->mem = loom_alloc_aligned(layout_kv(m, kv, NULL)))) {
 		if (kv)

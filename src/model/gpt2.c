@@ -20,7 +20,10 @@
  * dres after block lo), so the embedding, the head and a pipeline's transfers are those of tp. With activation
  * checkpointing (act_ckpt) an arena keeps only part of each layer's activations and the rest lives in
  * one shared recompute scratch (layout_acts), which block_backward refills with the forward's own
- * kernels before reading it: losses and gradients are bit-identical to keeping everything. */
+ * kernels before reading it: losses and gradients are bit-identical to keeping everything. With context
+ * parallelism (cp > 1) the T rows of a sequence are this rank's two head-tail chunks of a sequence of
+ * cp T positions: the embedding adds their positions' wpe rows, the attention runs over the group
+ * (cp_attention.c, through the cp hook), and everything else is position-wise and unchanged. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -151,7 +154,11 @@ static size_t layout_acts(loom_gpt2_t *m, char *base, loom_gpt2_act_bytes_t *byt
 	m->dqkv = carve(base, &off, N3);
 	m->d4a = carve(base, &off, N4);
 	m->d4b = carve(base, &off, N4);
-	m->att_scratch = carve(base, &off, loom__attention_scratch_floats(m->B, m->T, Cl, m->att_threads));
+	/* context parallel: the kernel's backward partials cover the whole sequence's keys, and the gathered
+	 * keys and values of one layer live in cp_mem (cp_attention.c) */
+	m->att_scratch = carve(base, &off, loom__attention_scratch_floats(m->B, m->T * m->cp, Cl, m->att_threads));
+	if (m->cp > 1)
+		m->cp_mem = carve(base, &off, loom__cp_scratch_floats(m->B, m->T, m->cp, m->NHl, m->NHl, (int)Cl / m->NHl));
 	if (m->sp) { /* the gathers borrow d4a, free whenever a gather is live, when it is large enough */
 		m->sp_gather = 4 * Cl >= C ? m->d4a : carve(base, &off, NC);
 		m->sp_lng = carve(base, &off, 2 * C);
@@ -225,6 +232,16 @@ static int check_opts(const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o)
 		return loom_seterr(LOOM_EINVAL, "gpt2 create: sequence parallelism: the %d x %d = %ld positions of a "
 		                   "micro-batch are not divisible by tp = %d (each rank holds an equal share)", o->B, o->T,
 		                   (long)o->B * o->T, tp);
+	int cp = o->cp_size ? o->cp_size : 1;
+	if (cp < 1 || o->cp_rank < 0 || o->cp_rank >= cp)
+		return loom_seterr(LOOM_EINVAL, "gpt2 create: context-parallel rank %d of %d (expected 0 <= rank < size)",
+		                   o->cp_rank, cp);
+	if (cp > 1 && (o->T % 2 != 0 || (long)o->T * cp > cfg->seq_len))
+		return loom_seterr(LOOM_EINVAL, "gpt2 create: context parallel over %d ranks: each holds %d rows of a "
+		                   "sequence of %ld positions (expected an even number, and cp x rows <= seq_len %d)", cp,
+		                   o->T, (long)o->T * cp, cfg->seq_len);
+	if (cp > 1 && loom__cp_ring_env() < 0)
+		return loom_seterr(LOOM_EINVAL, "gpt2 create: %s", loom_errmsg());
 	loom_bf16_path_t path;
 	if (o->dtype == LOOM_COMPUTE_BF16 && (rc = loom_bf16_path(&path)) != LOOM_OK)
 		return rc; /* LOOM_BF16 asks for what cannot run: its message says what is missing */
@@ -260,6 +277,8 @@ static void setup(loom_gpt2_t *m, const loom_gpt2_config_t *cfg, const loom_gpt2
 	m->att_threads = LOOM_MAX(omp_get_max_threads(), omp_get_num_procs());
 	m->act_ckpt = (int)o->act_ckpt;
 	m->sp = o->sequence_parallel && tp > 1;
+	m->cp = o->cp_size > 1 ? o->cp_size : 1, m->cp_rank = m->cp > 1 ? o->cp_rank : 0;
+	m->cp_ring = m->cp > 1 && loom__cp_ring_env() == 1;
 }
 
 /* The activations of a batch whose size does not fit in size_t. */
@@ -499,6 +518,22 @@ void loom_gpt2_on_tp_reduce(loom_gpt2_t *m, loom_tp_reduce_fn fn, void *ctx)
 	m->tp_ctx = ctx;
 }
 
+void loom_gpt2_on_cp_reduce(loom_gpt2_t *m, loom_tp_reduce_fn fn, void *ctx)
+{
+	m->cp_fn = fn;
+	m->cp_ctx = ctx;
+}
+
+int loom_gpt2_cp_size(const loom_gpt2_t *m)
+{
+	return m->cp;
+}
+
+int loom_gpt2_cp_rank(const loom_gpt2_t *m)
+{
+	return m->cp_rank;
+}
+
 int loom_gpt2_tp_size(const loom_gpt2_t *m)
 {
 	return m->tp;
@@ -585,6 +620,9 @@ static int check_size(const loom_gpt2_t *m, int B, int T, const char *op)
 	if (m->sp && (B * T) % m->tp != 0)
 		return loom_seterr(LOOM_EINVAL, "gpt2 %s: sequence parallelism: the %d x %d positions are not divisible by "
 		                   "tp = %d", op, B, T, m->tp);
+	if (m->cp > 1 && T % 2 != 0)
+		return loom_seterr(LOOM_EINVAL, "gpt2 %s: context parallel: %d rows of each sequence are not two equal "
+		                   "chunks (an even number is needed)", op, T);
 	return LOOM_OK;
 }
 
@@ -619,6 +657,9 @@ static int check_unit(const loom_gpt2_t *m, int mb, int unit, int B, int T, cons
 	if (m->tp > 1 && !m->tp_reduce)
 		return loom_seterr(LOOM_EINVAL, "gpt2 %s: tensor-parallel rank %d of %d has no reduction "
 		                   "(loom_gpt2_on_tp_reduce)", op, m->tp_rank, m->tp);
+	if (m->cp > 1 && !m->cp_fn)
+		return loom_seterr(LOOM_EINVAL, "gpt2 %s: context-parallel rank %d of %d has no gather "
+		                   "(loom_gpt2_on_cp_reduce)", op, m->cp_rank, m->cp);
 	return check_size(m, B, T, op);
 }
 
@@ -630,6 +671,9 @@ static int check_call(const loom_gpt2_t *m, const int *inputs, const int *target
 	if (m->tp > 1 && !targets)
 		return loom_seterr(LOOM_EINVAL, "gpt2 %s: a tensor-parallel model computes losses only (its logits are split "
 		                   "across ranks); load the checkpoint into a whole model to sample", op);
+	if (m->cp > 1 && !targets)
+		return loom_seterr(LOOM_EINVAL, "gpt2 %s: a context-parallel model computes losses only (it holds chunks "
+		                   "of each sequence); load the checkpoint into a whole model to sample", op);
 	if ((rc = loom__gpt2_check_tokens(m, inputs, B, T, "inputs")) != LOOM_OK)
 		return rc;
 	if (targets && (rc = loom__gpt2_check_tokens(m, targets, B, T, "targets")) != LOOM_OK)
@@ -722,6 +766,16 @@ static void embed_forward(loom_gpt2_t *m, arena_t *ar, const int *inputs, int B,
 		loom__tp_embed_forward(m, ar->in, inputs, B, T);
 		return;
 	}
+	if (m->cp > 1) { /* each of the rows' two chunks of every sequence with the wpe rows of its positions */
+		int C = m->cfg.n_embd, c = T / 2;
+		for (int b = 0; b < B; b++)
+			for (int h = 0; h < 2; h++) {
+				size_t row = (size_t)b * T + (size_t)h * c, p0 = (size_t)loom__cp_pos(h * c, T, m->cp, m->cp_rank);
+				PROF(ENCODER, loom__encoder_forward(ar->in + row * C, inputs + row, loom__gpt2_param(m, 0),
+				                                    loom__gpt2_param(m, 1) + p0 * C, 1, c, C));
+			}
+		return;
+	}
 	PROF(ENCODER, loom__encoder_forward(ar->in, inputs, loom__gpt2_param(m, 0), loom__gpt2_param(m, 1), B, T,
 	                                    m->cfg.n_embd));
 }
@@ -790,10 +844,52 @@ static void ln_backward(loom_gpt2_t *m, float *dinp, float *dw, float *db, const
 }
 
 /* The profile's count of an attention product pass: k x B x C x the keys each query sees, summed over
- * the T queries of a sequence (causal: T (T + 1) / 2), as the kernel computes it. */
-static double causal_flops(double k, int B, int T, double C)
+ * the T queries of a sequence (causal: T (T + 1) / 2), as the kernel computes it; context parallel
+ * (N ranks): over the rank's two chunks of c = T/2 rows, chunk j's queries seeing j c + 1 .. j c + c keys,
+ * which sum to c^2 (2N - 1) + c (c + 1) for chunks r and 2N-1-r whatever r. */
+static double causal_flops(double k, int B, int T, double C, int N)
 {
-	return k * B * C * ((double)T * (T + 1) / 2.0);
+	double c = T / 2, keys = N <= 1 ? (double)T * (T + 1) / 2.0 : c * c * (2.0 * N - 1.0) + c * (c + 1.0);
+	return k * B * C * keys;
+}
+
+/* Context parallel: the attention's group, form, hook and scratch. */
+static loom__cp_t cp_of(loom_gpt2_t *m)
+{
+	loom__cp_t cp = {.N = m->cp, .r = m->cp_rank, .ring = m->cp_ring, .fn = m->cp_fn, .ctx = m->cp_ctx,
+	                 .mem = m->cp_mem, .scratch = m->att_scratch, .scratch_threads = m->att_threads};
+	return cp;
+}
+
+/* The attention of a block's rows: one process's kernel, or with context parallelism the group's (the
+ * keys and values of the whole sequence gathered; a failure of the hook is the pass's error). */
+static void attention_forward(loom_gpt2_t *m, layer_acts_t *a, int B, int T)
+{
+	if (m->cp <= 1) {
+		loom__attention_forward(a->atty, a->lse, a->qkv, B, T, m->Cl, m->NHl);
+		return;
+	}
+	if (m->tp_err)
+		return;
+	loom__cp_t cp = cp_of(m);
+	loom__flash_t f = loom__attention_shape(a->qkv, B, T, m->Cl, m->NHl);
+	m->tp_err = loom__cp_attention_forward(&cp, &f, a->atty, m->Cl, a->lse);
+}
+
+static void attention_backward(loom_gpt2_t *m, layer_acts_t *a, int B, int T)
+{
+	int Cl = m->Cl;
+	if (m->cp <= 1) {
+		loom__attention_backward(m->dqkv, m->att_scratch, m->att_threads, m->dbtc, a->qkv, a->atty, a->lse, B, T, Cl,
+		                         m->NHl);
+		return;
+	}
+	if (m->tp_err)
+		return;
+	loom__cp_t cp = cp_of(m);
+	loom__flash_t f = loom__attention_shape(a->qkv, B, T, Cl, m->NHl);
+	m->tp_err = loom__cp_attention_backward(&cp, &f, m->dqkv, 3 * Cl, m->dqkv + Cl, m->dqkv + 2 * Cl, 3 * Cl, m->dbtc,
+	                                        Cl, a->atty, Cl, a->lse);
 }
 
 static float *block_out(const loom_gpt2_t *m, layer_acts_t *a, int l, int N)
@@ -809,7 +905,7 @@ static float *block_out(const loom_gpt2_t *m, layer_acts_t *a, int l, int N)
 static void block_forward_acts(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res, float *out, int B, int T,
                                int whole)
 {
-	int C = m->cfg.n_embd, NH = m->NHl, N = B * T, Cl = m->Cl, tp = m->tp, sp = m->sp, Nl = sp_rows(m, N);
+	int C = m->cfg.n_embd, N = B * T, Cl = m->Cl, tp = m->tp, sp = m->sp, Nl = sp_rows(m, N);
 	size_t NC = (size_t)N * C;
 	double fN = N, fC = C, fCl = Cl; /* for the flop counts */
 	const float *x;
@@ -817,7 +913,7 @@ static void block_forward_acts(loom_gpt2_t *m, int l, layer_acts_t *a, const flo
 	PROF(LAYERNORM, loom__layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, W(LN1_W), W(LN1_B), Nl, C));
 	x = sp ? sp_gather(m, a->ln1, N, C) : a->ln1;
 	PROFF(MATMUL, 6 * fN * fC * fCl, loom__matmul_forward(a->qkv, x, W(QKV_W), W(QKV_B), N, C, 3 * Cl));
-	PROFF(ATTENTION, causal_flops(4.0, B, T, fCl), loom__attention_forward(a->atty, a->lse, a->qkv, B, T, Cl, NH));
+	PROFF(ATTENTION, causal_flops(4.0, B, T, fCl, m->cp), attention_forward(m, a, B, T));
 	PROFF(MATMUL, 2 * fN * fC * fCl, loom__matmul_forward(sp ? m->dbtc : a->res2, a->atty, W(ATTPROJ_W),
 	                                                      tp > 1 ? NULL : W(ATTPROJ_B), N, Cl, C));
 	if (sp) {
@@ -948,8 +1044,7 @@ static void recompute(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res_i
 	if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS)
 		block_forward_acts(m, l, a, res_in, NULL, B, T, 0);
 	else if (m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE)
-		PROFF(ATTENTION_RECOMPUTE, causal_flops(4.0, B, T, m->Cl),
-		      loom__attention_forward(a->atty, a->lse, a->qkv, B, T, m->Cl, m->NHl));
+		PROFF(ATTENTION_RECOMPUTE, causal_flops(4.0, B, T, m->Cl, m->cp), attention_forward(m, a, B, T));
 	else
 		return;
 	m->recomputes++;
@@ -962,7 +1057,7 @@ static void recompute(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res_i
  * previous pipeline stage takes this rank's rows, which are all its block hi-1 reads). */
 static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 {
-	int C = m->cfg.n_embd, NH = m->NHl, N = B * T, Cl = m->Cl, tp = m->tp, sp = m->sp, Nl = sp_rows(m, N);
+	int C = m->cfg.n_embd, N = B * T, Cl = m->Cl, tp = m->tp, sp = m->sp, Nl = sp_rows(m, N);
 	size_t NC = (size_t)N * C, NCl = (size_t)N * Cl, o = sp_row0(m, N) * C;
 	double fN = N, fC = C, fCl = Cl; /* for the flop counts */
 	layer_acts_t *a = &ar->layers[l - m->lo];
@@ -1005,9 +1100,7 @@ static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 	ready(m, lt(l, ATTPROJ_B));
 	ready(m, lt(l, ATTPROJ_W));
 	zero(m, m->dqkv, NCl * 3);
-	PROFF(ATTENTION_BWD, causal_flops(8.0, B, T, fCl),
-	      loom__attention_backward(m->dqkv, m->att_scratch, m->att_threads, m->dbtc, a->qkv, a->atty, a->lse, B, T, Cl,
-	                               NH));
+	PROFF(ATTENTION_BWD, causal_flops(8.0, B, T, fCl, m->cp), attention_backward(m, a, B, T));
 	x = sp ? sp_gather(m, a->ln1, N, C) : a->ln1;
 	zero(m, m->dbtc, NC);
 	PROFF(MATMUL_BWD, 12 * fN * fC * fCl,
@@ -1028,9 +1121,17 @@ static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 static void embed_backward(loom_gpt2_t *m, const int *inputs, int B, int T)
 {
 	loom__gpt2_param_use(m, -1, 1);
-	if (m->tp > 1)
+	if (m->tp > 1) {
 		loom__tp_embed_backward(m, m->dres, inputs, B, T);
-	else
+	} else if (m->cp > 1) {
+		int C = m->cfg.n_embd, c = T / 2;
+		for (int b = 0; b < B; b++)
+			for (int h = 0; h < 2; h++) {
+				size_t row = (size_t)b * T + (size_t)h * c, p0 = (size_t)loom__cp_pos(h * c, T, m->cp, m->cp_rank);
+				PROF(ENCODER_BWD, loom__encoder_backward(loom__gpt2_grad(m, 0), loom__gpt2_grad(m, 1) + p0 * C,
+				                                         m->dres + row * C, inputs + row, 1, c, C));
+			}
+	} else
 		PROF(ENCODER_BWD, loom__encoder_backward(loom__gpt2_grad(m, 0), loom__gpt2_grad(m, 1), m->dres, inputs, B,
 		                                         T, m->cfg.n_embd));
 	ready(m, 1);
@@ -1076,8 +1177,9 @@ int loom_gpt2_head_forward(loom_gpt2_t *m, int mb, const int *targets, int B, in
 	if ((rc = check_unit(m, mb, m->cfg.n_layer, B, T, "head_forward")) != LOOM_OK ||
 	    (targets && (rc = loom__gpt2_check_tokens(m, targets, B, T, "targets")) != LOOM_OK))
 		return rc;
-	if (m->tp > 1 && !targets)
-		return loom_seterr(LOOM_EINVAL, "gpt2 head_forward: a tensor-parallel model computes losses only");
+	if ((m->tp > 1 || m->cp > 1) && !targets)
+		return loom_seterr(LOOM_EINVAL, "gpt2 head_forward: a %s-parallel model computes losses only",
+		                   m->tp > 1 ? "tensor" : "context");
 	loom__gemm_setup(&m->gemm);
 	head_forward(m, &m->arenas[mb], targets, B, T, loss);
 	return tp_status(m);

@@ -187,6 +187,21 @@ static float *g_stream_grad(loom_model_t *m)
 	return loom_gpt2_stream_grad(G(m));
 }
 
+static void g_on_cp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx)
+{
+	loom_gpt2_on_cp_reduce(G(m), fn, ctx);
+}
+
+static int g_cp_size(const loom_model_t *m)
+{
+	return loom_gpt2_cp_size(CG(m));
+}
+
+static int g_cp_rank(const loom_model_t *m)
+{
+	return loom_gpt2_cp_rank(CG(m));
+}
+
 static int g_tp_size(const loom_model_t *m)
 {
 	return loom_gpt2_tp_size(CG(m));
@@ -223,6 +238,11 @@ static int g_create(loom_model_t **m, const loom_model_config_t *cfg, const loom
 	int rc = loom_gpt2_create_opts(&g, cfg, opts);
 	*m = (loom_model_t *)g;
 	return rc;
+}
+
+static int g_kv_width(const loom_model_config_t *cfg)
+{
+	return cfg->n_embd;
 }
 
 static int g_stream_width(const loom_model_config_t *cfg)
@@ -298,6 +318,7 @@ static const loom_model_family_t gpt2_family = {
 	.num_params = loom_gpt2_num_params,
 	.flops_per_token = loom_gpt2_flops_per_token,
 	.stream_width = g_stream_width,
+	.kv_width = g_kv_width,
 	.tp_check = loom_gpt2_tp_check,
 	.shard_info = loom_gpt2_shard_info,
 	.shard_params = loom_gpt2_shard_params,
@@ -344,6 +365,9 @@ static const loom_model_family_t gpt2_family = {
 	.stream_grad = g_stream_grad,
 	.tp_size = g_tp_size,
 	.tp_rank = g_tp_rank,
+	.on_cp_reduce = g_on_cp_reduce,
+	.cp_size = g_cp_size,
+	.cp_rank = g_cp_rank,
 	.kv_cache_alloc = g_kv_cache_alloc,
 	.generate = g_generate,
 	.profile = g_profile,

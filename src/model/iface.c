@@ -116,6 +116,12 @@ double loom_model_flops_per_token(const loom_model_config_t *cfg, int T)
 	return f ? f->flops_per_token(cfg, T) : 0;
 }
 
+int loom_model_kv_width(const loom_model_config_t *cfg)
+{
+	const loom_model_family_t *f = fam(cfg);
+	return f ? f->kv_width(cfg) : 0;
+}
+
 /* ---- attention FLOPs -------------------------------------------------------------------------------
  *
  * A causal attention does, per query, 12 FLOPs per key it sees and channel of its heads (forward: Q K^T
@@ -751,6 +757,54 @@ void loom_model_on_tp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx)
 		loom_model_on_tp_reduce(L->chunks[k], fn, ctx);
 	if (!L || !L->nchunks)
 		m->family->on_tp_reduce(m, fn, ctx);
+}
+
+void loom_model_on_cp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx)
+{
+	struct loom__model_local *L = m->local;
+	for (int k = 0; L && k < L->nchunks; k++)
+		loom_model_on_cp_reduce(L->chunks[k], fn, ctx);
+	if (!L || !L->nchunks)
+		m->family->on_cp_reduce(m, fn, ctx);
+}
+
+int loom_model_cp_size(const loom_model_t *m)
+{
+	return m->family->cp_size(IMPL(m));
+}
+
+int loom_model_cp_rank(const loom_model_t *m)
+{
+	return m->family->cp_rank(IMPL(m));
+}
+
+int loom_cp_check(int T, int N)
+{
+	if (N < 1)
+		return loom_seterr(LOOM_EINVAL, "context parallel: %d ranks (expected >= 1)", N);
+	if (T < 2 * N || T % (2 * N) != 0)
+		return loom_seterr(LOOM_EINVAL, "context parallel: the sequence length %d is not divisible by 2 x cp = %d "
+		                   "(each of the %d ranks holds 2 chunks of T/(2 cp) positions: the head-tail layout); "
+		                   "choose --seq-len a multiple of %d", T, 2 * N, N, 2 * N);
+	return LOOM_OK;
+}
+
+int loom_cp_attention_ring(void)
+{
+	return loom__cp_ring_env();
+}
+
+int loom_cp_position(int T, int N, int r, int t)
+{
+	return loom__cp_pos(t, T / N, N, r);
+}
+
+void loom_cp_take(int *dst, const int *src, int B, int T, int N, int r)
+{
+	int Tl = T / N;
+	for (int b = 0; b < B; b++)
+		for (int t = 0; t < Tl; t++)
+			dst[(size_t)b * Tl + t] = src[(size_t)b * T + loom__cp_pos(t, Tl, N, r)];
 }
 
 int loom_model_embed_forward(loom_model_t *m, int mb, const int *inputs, int B, int T)

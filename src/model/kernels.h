@@ -136,6 +136,10 @@ typedef struct {
 	int W;          /* window, or -1 */
 	int qpos, kpos; /* positions of query row 0 and key row 0 */
 	float scale;
+	/* Query rows from one sequence's first to the next one's, in q, out, dout and dq (0: Tq, the
+	 * sequences back to back): a context-parallel rank runs each of its two chunks of every sequence
+	 * (Tq rows) where they lie in its (B, 2 Tq) rows. lse stays (B,NH,Tq). */
+	int qbs;
 } loom__flash_t;
 
 /* out (B,Tq) rows ldo apart, head h at columns h D: softmax(scale q k^T, masked) v; lse (B,NH,Tq), may be
@@ -153,9 +157,50 @@ size_t loom__flash_scratch_floats(int B, int Tk, int NKV, int D, int nthreads);
 /* Rows of a key block for head size D (chosen from the L2 cache size). */
 int loom__flash_key_block(int D);
 
+/* ---- context-parallel attention (cp_attention.c) ------------------------------------------------- */
+
+/* Absolute position of local row t (0 <= t < Tl) of rank r of N under the head-tail layout (a sequence of
+ * N Tl positions in 2N chunks of Tl/2; rank r holds chunks r and 2N-1-r); t itself when N <= 1. */
+static inline int loom__cp_pos(int t, int Tl, int N, int r)
+{
+	int c = Tl / 2;
+	return N <= 1 ? t : t < c ? r * c + t : (2 * N - 1 - r) * c + (t - c);
+}
+
+/* A context-parallel rank's side of attention: the group (N ranks, this one r), the form (ring 1: the
+ * ring, the default; 0: the all-gather, cp_attention.c), the model's hook (its LOOM_TP_ALLGATHER and
+ * LOOM_TP_REDUCE_SCATTER, or LOOM_TP_SEND_NEXT, RECV_PREV and WAIT over the group), the scratch mem
+ * (loom__cp_scratch_floats(B, Tl, N, NH, NKV, D) floats for calls of up to B x Tl rows) and the kernel's
+ * backward partials (loom__flash_scratch_floats(B, N Tl, NKV, D, scratch_threads), enough for both). */
+typedef struct {
+	int N, r;
+	int ring;
+	loom_tp_reduce_fn fn;
+	void *ctx;
+	float *mem;
+	float *scratch;
+	int scratch_threads;
+} loom__cp_t;
+size_t loom__cp_scratch_floats(int B, int Tl, int N, int NH, int NKV, int D);
+/* The form LOOM_CP_ATTENTION asks for: 1 (ring, also when unset) or 0 (gather); -1 for another value
+ * (the message says what was expected). */
+int loom__cp_ring_env(void);
+/* Attention of the rank's local rows: a describes them as one process's call would (q, k, v the local
+ * (B, Tl) rows, Tq = Tk = Tl even, qpos/kpos ignored, NH, NKV, D, W, scale); out (B, Tl) rows ldo apart as
+ * the kernel's, lse two blocks (B,NH,Tl/2), chunk 0's then chunk 1's. Collective over the group (one
+ * all-gather); returns 0 or the hook's error. */
+int loom__cp_attention_forward(const loom__cp_t *cp, const loom__flash_t *a, float *out, int ldo, float *lse);
+/* dq (rows lddq apart), dk, dv (rows lddk apart) += the gradients of the local rows (dk, dv: the group's
+ * sum over every rank's queries). Collective (an all-gather and a reduce-scatter); 0 or the hook's error. */
+int loom__cp_attention_backward(const loom__cp_t *cp, const loom__flash_t *a, float *dq, int lddq, float *dk,
+                                float *dv, int lddk, const float *dout, int lddo, const float *out, int ldo,
+                                const float *lse);
+
 /* GPT-2's causal attention on the kernel above: qkv (B,T,3C) holds q, k, v of each position (head h at
  * columns h*hs of each third, hs = C/NH); out (B,T,C); lse (B,NH,T). Scale 1/sqrt(hs). */
 void loom__attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH);
+/* Those operands as the kernel takes them (qkv's three strided views), for a caller that runs it itself. */
+loom__flash_t loom__attention_shape(const float *qkv, int B, int T, int C, int NH);
 /* dqkv (B,T,3C) += ...; scratch: loom__attention_scratch_floats(B, T, C, scratch_threads). */
 void loom__attention_backward(float *dqkv, float *scratch, int scratch_threads, const float *dout, const float *qkv,
                               const float *out, const float *lse, int B, int T, int C, int NH);

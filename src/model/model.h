@@ -137,7 +137,13 @@ struct loom_gpt2 {
 	int sp;
 	float *sp_gather; /* (N,C) a LayerNorm output gathered for a matmul: d4a when tp <= 4 (unused then) */
 	float *sp_lng;    /* (2C) one LayerNorm's weight and bias gradient of the local rows, before the sum */
-	int tp_err;           /* first error of a reduction in the current pass */
+	int tp_err;           /* first error of a reduction (tp or cp) in the current pass */
+	/* context parallelism (cp_attention.c): this rank's place, the group's hook, the attention's gather
+	 * scratch (loom__cp_t's, in the activation allocation); T above is the rank's rows of a sequence */
+	int cp, cp_rank, cp_ring; /* cp_ring: the ring (1) or the all-gather (0), LOOM_CP_ATTENTION's */
+	loom_tp_reduce_fn cp_fn;
+	void *cp_ctx;
+	float *cp_mem;
 
 	loom__gemm_ctx_t gemm; /* matmul precision and its bf16 operand scratch (matmul_bf16.c) */
 

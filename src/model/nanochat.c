@@ -124,7 +124,11 @@ static size_t layout(nc_t *m, char *base, loom_model_act_bytes_t *bytes)
 	m->dh2 = carve(base, &off, N * Hd);
 	m->dgate = carve(base, &off, N * d->nkv);
 	m->dscal = carve(base, &off, 2 * N);
-	m->att_scratch = carve(base, &off, loom__flash_scratch_floats(m->B, m->T, d->nkv, d->D, m->att_threads));
+	/* context parallel: the kernel's backward partials cover the whole sequence's keys, the gathered keys
+	 * and values of one layer live in cp_mem */
+	m->att_scratch = carve(base, &off, loom__flash_scratch_floats(m->B, m->T * m->cp, d->nkv, d->D, m->att_threads));
+	if (m->cp > 1)
+		m->cp_mem = carve(base, &off, loom__cp_scratch_floats(m->B, m->T, m->cp, d->nh, d->nkv, d->D));
 	bytes->backward = off - mark;
 	bytes->total = off;
 	return off;
@@ -158,6 +162,16 @@ static int check_opts(const loom_model_config_t *cfg, const loom_model_opts_t *o
 		                   (long)o->B * o->T, tp);
 	if (o->dtype != LOOM_COMPUTE_FP32 && o->dtype != LOOM_COMPUTE_BF16)
 		return loom_seterr(LOOM_EINVAL, "nanochat create: dtype %d (expected fp32 or bf16)", (int)o->dtype);
+	int cp = o->cp_size ? o->cp_size : 1;
+	if (cp < 1 || o->cp_rank < 0 || o->cp_rank >= cp)
+		return loom_seterr(LOOM_EINVAL, "nanochat create: context-parallel rank %d of %d (expected 0 <= rank < size)",
+		                   o->cp_rank, cp);
+	if (cp > 1 && (o->T % 2 != 0 || (long)o->T * cp > cfg->seq_len))
+		return loom_seterr(LOOM_EINVAL, "nanochat create: context parallel over %d ranks: each holds %d rows of a "
+		                   "sequence of %ld positions (expected an even number, and cp x rows <= sequence_len %d)", cp,
+		                   o->T, (long)o->T * cp, cfg->seq_len);
+	if (cp > 1 && loom__cp_ring_env() < 0)
+		return loom_seterr(LOOM_EINVAL, "nanochat create: %s", loom_errmsg());
 	loom_bf16_path_t path;
 	if (o->dtype == LOOM_COMPUTE_BF16 && (rc = loom_bf16_path(&path)) != LOOM_OK)
 		return rc;
@@ -187,6 +201,8 @@ static void setup(nc_t *m, const loom_model_config_t *cfg, const loom_model_opts
 	m->att_threads = LOOM_MAX(omp_get_max_threads(), omp_get_num_procs());
 	m->act_ckpt = (int)o->act_ckpt;
 	m->sp = o->sequence_parallel && tp > 1;
+	m->cp = o->cp_size > 1 ? o->cp_size : 1, m->cp_rank = m->cp > 1 ? o->cp_rank : 0;
+	m->cp_ring = m->cp > 1 && loom__cp_ring_env() == 1;
 }
 
 static int nc_act_bytes(const loom_model_config_t *cfg, const loom_model_opts_t *o, loom_model_act_bytes_t *out)
@@ -218,11 +234,11 @@ static void point_grads(nc_t *m, float *grads)
 }
 
 /* The rotary tables as gpt.py computes them in fp32 (inv_freq = 1 / 10000^(2i/D), angle t inv_freq),
- * then rounded to bfloat16 as it keeps them. */
+ * then rounded to bfloat16 as it keeps them; for every position of a sequence (cp T of them). */
 static void rotary_tables(nc_t *m)
 {
 	int D = m->d.D, h2 = D / 2;
-	for (int t = 0; t < m->T; t++)
+	for (int t = 0; t < m->T * m->cp; t++)
 		for (int i = 0; i < h2; i++) {
 			float e = (float)(2 * i) / (float)D;
 			float inv = 1.0f / powf(10000.0f, e);
@@ -270,10 +286,10 @@ static int nc_create(loom_model_t **out, const loom_model_config_t *cfg, const l
 	if (!(m->mem = loom_alloc_aligned(want)))
 		goto nomem;
 	layout(m, m->mem, &m->act);
-	want = (size_t)m->T * m->d.D * sizeof(float); /* cos and sin: T x D/2 each */
+	want = (size_t)m->T * m->cp * m->d.D * sizeof(float); /* cos and sin: (cp) T x D/2 each */
 	if (!(m->rope = loom_alloc_aligned(want)))
 		goto nomem;
-	m->cos = m->rope, m->sin = m->rope + (size_t)m->T * m->d.D / 2;
+	m->cos = m->rope, m->sin = m->rope + (size_t)m->T * m->cp * m->d.D / 2;
 	rotary_tables(m);
 	loom__gemm_setup_threads();
 	*out = &m->base;
@@ -509,6 +525,29 @@ static void nc_on_tp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx)
 	M(m)->tp_ctx = ctx;
 }
 
+static int nc_kv_width(const loom_model_config_t *cfg)
+{
+	loom_model_config_t c;
+	loom__nc_normalize(cfg, &c);
+	return c.n_kv_head * (c.n_embd / c.n_head);
+}
+
+static void nc_on_cp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx)
+{
+	M(m)->cp_fn = fn;
+	M(m)->cp_ctx = ctx;
+}
+
+static int nc_cp_size(const loom_model_t *m)
+{
+	return CM(m)->cp;
+}
+
+static int nc_cp_rank(const loom_model_t *m)
+{
+	return CM(m)->cp_rank;
+}
+
 static int nc_tp_size(const loom_model_t *m)
 {
 	return CM(m)->tp;
@@ -552,6 +591,7 @@ static const loom_model_family_t nanochat_family = {
 	.num_params = loom__nc_num_params,
 	.flops_per_token = loom__nc_flops_per_token,
 	.stream_width = loom__nc_stream_width,
+	.kv_width = nc_kv_width,
 	.tp_check = loom__nc_tp_check,
 	.shard_info = loom__nc_shard_info,
 	.shard_params = loom__nc_shard_params,
@@ -599,6 +639,9 @@ static const loom_model_family_t nanochat_family = {
 	.stream_grad = loom__nc_stream_grad,
 	.tp_size = nc_tp_size,
 	.tp_rank = nc_tp_rank,
+	.on_cp_reduce = nc_on_cp_reduce,
+	.cp_size = nc_cp_size,
+	.cp_rank = nc_cp_rank,
 	.kv_cache_alloc = nc_kv_cache_alloc,
 	.generate = nc_generate,
 	.profile = nc_profile,

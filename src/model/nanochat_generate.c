@@ -60,9 +60,9 @@ int loom__nc_kv_alloc(loom_nanochat_t *m)
 {
 	if (m->kv)
 		return LOOM_OK;
-	if (!m->has_embed || !m->has_head || m->tp > 1)
-		return loom_seterr(LOOM_EINVAL, "nanochat generate: needs the whole model (blocks [%d, %d) of %d held, tp %d)",
-		                   m->lo, m->hi, m->d.L, m->tp);
+	if (!m->has_embed || !m->has_head || m->tp > 1 || m->cp > 1)
+		return loom_seterr(LOOM_EINVAL, "nanochat generate: needs the whole model (blocks [%d, %d) of %d held, tp %d, "
+		                   "cp %d)", m->lo, m->hi, m->d.L, m->tp, m->cp);
 	nc_kv_t *kv = loom__calloc(1, sizeof *kv);
 	size_t bytes = layout_kv(m, kv ? kv : &(nc_kv_t){0}, NULL);
 	if (!kv || !(kv->mem = loom_alloc_aligned(bytes))) {

@@ -112,7 +112,7 @@ void loom__nc_relu2_backward(float *dx, const float *x, const float *dy, size_t 
 
 /* The windowed causal attention with grouped kv heads on the fused kernel (flash.c): q (N, NH D),
  * k, v (N, NKV D) side by side per position, a query at t sees keys [t - W, t]. */
-static loom__flash_t nc_shape(const float *q, const float *k, const float *v, int B, int T, int NH, int NKV, int D,
+loom__flash_t loom__nc_attention_shape(const float *q, const float *k, const float *v, int B, int T, int NH, int NKV, int D,
                               int W)
 {
 	loom__flash_t a = {.q = q, .k = k, .v = v, .ldq = NH * D, .ldk = NKV * D, .B = B, .Tq = T, .Tk = T, .NH = NH,
@@ -123,7 +123,7 @@ static loom__flash_t nc_shape(const float *q, const float *k, const float *v, in
 void loom__nc_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                                 int NH, int NKV, int D, int W)
 {
-	loom__flash_t a = nc_shape(q, k, v, B, T, NH, NKV, D, W);
+	loom__flash_t a = loom__nc_attention_shape(q, k, v, B, T, NH, NKV, D, W);
 	loom__flash_forward(&a, out, NH * D, lse);
 }
 
@@ -131,7 +131,7 @@ void loom__nc_attention_backward(float *dq, float *dk, float *dv, float *scratch
                                  const float *dout, const float *q, const float *k, const float *v, const float *out,
                                  const float *lse, int B, int T, int NH, int NKV, int D, int W)
 {
-	loom__flash_t a = nc_shape(q, k, v, B, T, NH, NKV, D, W);
+	loom__flash_t a = loom__nc_attention_shape(q, k, v, B, T, NH, NKV, D, W);
 	loom__flash_backward(&a, dq, NH * D, dk, dv, NKV * D, dout, NH * D, out, NH * D, lse, scratch, scratch_threads);
 }
 

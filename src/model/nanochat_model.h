@@ -145,7 +145,14 @@ typedef struct loom_nanochat {
 	int tp, tp_rank, sp;
 	loom_tp_reduce_fn tp_reduce;
 	void *tp_ctx;
-	int tp_err;
+	int tp_err; /* the first error of a reduction (tp or cp) in the current pass */
+	/* context parallelism (loom_model_opts_t cp_size, cp_rank; cp_attention.c): T above is the rank's rows
+	 * of a sequence of cp T positions, cos and sin cover all of them, cp_mem is the attention's gather
+	 * scratch */
+	int cp, cp_rank, cp_ring; /* cp_ring: the ring (1) or the all-gather (0), LOOM_CP_ATTENTION's */
+	loom_tp_reduce_fn cp_fn;
+	void *cp_ctx;
+	float *cp_mem;
 	loom__gemm_ctx_t gemm;
 	nc_kv_t *kv;
 	loom_grad_ready_fn on_ready;
@@ -174,6 +181,9 @@ void loom__nc_relu2_backward(float *dx, const float *x, const float *dy, size_t 
  * h / (NH / NKV). */
 void loom__nc_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                                 int NH, int NKV, int D, int W);
+/* Those operands as the kernel takes them, for a caller that runs it itself (context parallelism). */
+loom__flash_t loom__nc_attention_shape(const float *q, const float *k, const float *v, int B, int T, int NH, int NKV,
+                                       int D, int W);
 /* dq (N,NH D), dk, dv (N,NKV D) +=; scratch: loom__flash_scratch_floats(B, T, NKV, D, scratch_threads). */
 void loom__nc_attention_backward(float *dq, float *dk, float *dv, float *scratch, int scratch_threads,
                                  const float *dout, const float *q, const float *k, const float *v, const float *out,

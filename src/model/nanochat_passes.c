@@ -2,7 +2,9 @@
  * a block's and the head's forward and backward on an arena, the vocab-parallel head, and the
  * whole-model passes composed of them. The invariants are nanochat.c's: no allocation, kernels
  * reach tensors only through the views after the unit's param-use hook, grad-ready once per tensor
- * per micro-step in decreasing index order, one micro-batch's backward at a time. */
+ * per micro-step in decreasing index order, one micro-batch's backward at a time. With context
+ * parallelism (cp > 1) the T rows of a sequence are this rank's two head-tail chunks: the rotary
+ * embeddings take their positions and the attention runs over the group (cp_attention.c). */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -52,6 +54,12 @@ static int check_unit(const nc_t *m, int mb, int unit, int B, int T, const char 
 	if (m->sp && (B * T) % m->tp != 0)
 		return loom_seterr(LOOM_EINVAL, "nanochat %s: sequence parallelism: the %d x %d positions are not divisible "
 		                   "by tp = %d", op, B, T, m->tp);
+	if (m->cp > 1 && !m->cp_fn)
+		return loom_seterr(LOOM_EINVAL, "nanochat %s: context-parallel rank %d of %d has no gather", op, m->cp_rank,
+		                   m->cp);
+	if (m->cp > 1 && T % 2 != 0)
+		return loom_seterr(LOOM_EINVAL, "nanochat %s: context parallel: %d rows of each sequence are not two equal "
+		                   "chunks (an even number is needed)", op, T);
 	return LOOM_OK;
 }
 
@@ -159,6 +167,63 @@ static void linear_backward(float *dx, int lddx, float *dw, const float *dy, int
 	loom__gemm(1, 0, out, in, N, 1.0f, dy, lddy, x, ldx, 1.0f, dw, in);
 }
 
+/* Rotary embeddings of B x T rows of H heads, in place (backward: the transpose): row t of a sequence at
+ * position t, or with context parallelism at its chunk's (the rows' two chunks, each contiguous). */
+static void rope(nc_t *m, float *x, int B, int T, int H, int D, int backward)
+{
+	void (*f)(float *, const float *, const float *, int, int, int, int, int) =
+	    backward ? loom__nc_rope_backward : loom__nc_rope_forward;
+	if (m->cp <= 1) {
+		f(x, m->cos, m->sin, B * T, T, 0, H, D);
+		return;
+	}
+	int c = T / 2;
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < 2; h++)
+			f(x + ((size_t)b * T + (size_t)h * c) * H * D, m->cos, m->sin, c, c,
+			  loom__cp_pos(h * c, T, m->cp, m->cp_rank), H, D);
+}
+
+/* Context parallel: the attention's group, form, hook and scratch. */
+static loom__cp_t cp_of(nc_t *m)
+{
+	loom__cp_t cp = {.N = m->cp, .r = m->cp_rank, .ring = m->cp_ring, .fn = m->cp_fn, .ctx = m->cp_ctx,
+	                 .mem = m->cp_mem, .scratch = m->att_scratch, .scratch_threads = m->att_threads};
+	return cp;
+}
+
+/* Block l's attention from a's q, k, v: one process's kernel, or the context-parallel group's (keys and
+ * values of the whole sequence gathered; a failure of the hook is the pass's error). */
+static void attention_forward(nc_t *m, int l, nc_layer_t *a, int B, int T)
+{
+	const nc_dims_t *d = &m->d;
+	if (m->cp <= 1) {
+		loom__nc_attention_forward(a->atty, a->lse, a->q, a->k, a->v, B, T, d->nh, d->nkv, d->D, m->window[l]);
+		return;
+	}
+	if (m->tp_err)
+		return;
+	loom__cp_t cp = cp_of(m);
+	loom__flash_t f = loom__nc_attention_shape(a->q, a->k, a->v, B, T, d->nh, d->nkv, d->D, m->window[l]);
+	m->tp_err = loom__cp_attention_forward(&cp, &f, a->atty, d->nh * d->D, a->lse);
+}
+
+static void attention_backward(nc_t *m, int l, nc_layer_t *a, int B, int T)
+{
+	const nc_dims_t *d = &m->d;
+	int Q = d->nh * d->D, KV = d->nkv * d->D;
+	if (m->cp <= 1) {
+		loom__nc_attention_backward(m->dq, m->dk, m->dv, m->att_scratch, m->att_threads, m->datty, a->q, a->k, a->v,
+		                            a->atty, a->lse, B, T, d->nh, d->nkv, d->D, m->window[l]);
+		return;
+	}
+	if (m->tp_err)
+		return;
+	loom__cp_t cp = cp_of(m);
+	loom__flash_t f = loom__nc_attention_shape(a->q, a->k, a->v, B, T, d->nh, d->nkv, d->D, m->window[l]);
+	m->tp_err = loom__cp_attention_backward(&cp, &f, m->dq, Q, m->dk, m->dv, KV, m->datty, Q, a->atty, Q, a->lse);
+}
+
 #define LT(l, j) loom__nc_lt(&m->cfg, (l), (j))
 #define W(j) m->pview[LT(l, j)]
 #define G(j) m->gview[LT(l, j)]
@@ -205,11 +270,11 @@ static void block_forward_acts(nc_t *m, int l, nc_layer_t *a, const float *in, f
 			}
 		}
 	}
-	loom__nc_rope_forward(a->q, m->cos, m->sin, N, T, 0, nh, D);
-	loom__nc_rope_forward(a->k, m->cos, m->sin, N, T, 0, nkv, D);
+	rope(m, a->q, B, T, nh, D, 0);
+	rope(m, a->k, B, T, nkv, D, 0);
 	loom__nc_rmsnorm_forward(a->q, D, a->qrstd, a->q, D, N * nh, D);
 	loom__nc_rmsnorm_forward(a->k, D, a->krstd, a->k, D, N * nkv, D);
-	loom__nc_attention_forward(a->atty, a->lse, a->q, a->k, a->v, B, T, nh, nkv, D, m->window[l]);
+	attention_forward(m, l, a, B, T);
 	if (m->sp) { /* the row-parallel product reduce-scattered onto this rank's rows */
 		linear(m->ftmp, C, a->atty, Q, W(NC_O), N, Q, C);
 		loom__nc_tp_reduce(m, m->ftmp, (size_t)N * C, LOOM_TP_REDUCE_SCATTER);
@@ -377,11 +442,10 @@ static void head_forward_backward(nc_t *m, nc_arena_t *ar, const int *targets, i
 
 static void recompute(nc_t *m, int l, nc_layer_t *a, const float *in, const int *tok, int B, int T)
 {
-	const nc_dims_t *d = &m->d;
 	if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS)
 		block_forward_acts(m, l, a, in, NULL, tok, B, T, 0);
 	else if (m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE)
-		loom__nc_attention_forward(a->atty, a->lse, a->q, a->k, a->v, B, T, d->nh, d->nkv, d->D, m->window[l]);
+		attention_forward(m, l, a, B, T);
 	else
 		return;
 	m->recomputes++;
@@ -426,8 +490,7 @@ static void block_backward(nc_t *m, nc_arena_t *ar, int l, int B, int T)
 	zero(m->dq, (size_t)N * Q);
 	zero(m->dk, (size_t)N * KV);
 	zero(m->dv, (size_t)N * KV);
-	loom__nc_attention_backward(m->dq, m->dk, m->dv, m->att_scratch, m->att_threads, m->datty, a->q, a->k, a->v,
-	                            a->atty, a->lse, B, T, nh, nkv, D, m->window[l]);
+	attention_backward(m, l, a, B, T);
 	/* QK-norm and rotary, backward, in place */
 	zero(m->dkh, (size_t)N * Q);
 	loom__nc_rmsnorm_backward(m->dkh, D, m->dq, D, a->q, D, a->qrstd, N * nh, D);
@@ -435,8 +498,8 @@ static void block_backward(nc_t *m, nc_arena_t *ar, int l, int B, int T)
 	zero(m->dkh, (size_t)N * KV);
 	loom__nc_rmsnorm_backward(m->dkh, D, m->dk, D, a->k, D, a->krstd, N * nkv, D);
 	memcpy(m->dk, m->dkh, sizeof(float) * (size_t)N * KV);
-	loom__nc_rope_backward(m->dq, m->cos, m->sin, N, T, 0, nh, D);
-	loom__nc_rope_backward(m->dk, m->cos, m->sin, N, T, 0, nkv, D);
+	rope(m, m->dq, B, T, nh, D, 1);
+	rope(m, m->dk, B, T, nkv, D, 1);
 	/* the projections' weight gradients, the input's gradient summed over q, k, v (and the gate) */
 	zero(m->dxn, (size_t)N * C);
 	xn = sp_gather(m, a->xn1, N);
@@ -605,8 +668,9 @@ int loom__nc_head_forward(loom_model_t *mm, int mb, const int *targets, int B, i
 	if ((rc = check_unit(m, mb, m->d.L, B, T, "head_forward")) != LOOM_OK ||
 	    (targets && (rc = check_tokens(m, targets, B * T, T, "targets")) != LOOM_OK))
 		return rc;
-	if (m->tp > 1 && !targets)
-		return loom_seterr(LOOM_EINVAL, "nanochat head_forward: a tensor-parallel model computes losses only");
+	if ((m->tp > 1 || m->cp > 1) && !targets)
+		return loom_seterr(LOOM_EINVAL, "nanochat head_forward: a %s-parallel model computes losses only",
+		                   m->tp > 1 ? "tensor" : "context");
 	loom__gemm_setup(&m->gemm);
 	head_forward(m, &m->arenas[mb], targets, B, T, loss);
 	return status(m);
@@ -685,8 +749,9 @@ static int check_call(const nc_t *m, const int *inputs, const int *targets, int 
 		                   m->lo, m->hi, m->d.L);
 	if ((rc = check_unit(m, 0, -1, B, T, op)) != LOOM_OK)
 		return rc;
-	if (m->tp > 1 && !targets)
-		return loom_seterr(LOOM_EINVAL, "nanochat %s: a tensor-parallel model computes losses only", op);
+	if ((m->tp > 1 || m->cp > 1) && !targets)
+		return loom_seterr(LOOM_EINVAL, "nanochat %s: a %s-parallel model computes losses only", op,
+		                   m->tp > 1 ? "tensor" : "context");
 	if ((rc = check_tokens(m, inputs, B * T, T, "inputs")) != LOOM_OK)
 		return rc;
 	if (targets && (rc = check_tokens(m, targets, B * T, T, "targets")) != LOOM_OK)

@@ -121,7 +121,8 @@ void loom__tp_embed_forward(loom_gpt2_t *m, float *out, const int *inp, int B, i
 	for (int n = 0; n < B * T; n++) {
 		float *o = out + (size_t)n * C;
 		int id = inp[n] - v0;
-		const float *w = id >= 0 && id < Vv ? wte + (size_t)id * C : NULL, *p = wpe + (size_t)(n % T) * C;
+		const float *w = id >= 0 && id < Vv ? wte + (size_t)id * C : NULL,
+		            *p = wpe + (size_t)loom__cp_pos(n % T, T, m->cp, m->cp_rank) * C; /* the row's position */
 		for (int c = 0; c < C; c++)
 			o[c] = (w ? w[c] : 0.0f) + (first ? p[c] : 0.0f);
 	}
@@ -141,7 +142,7 @@ void loom__tp_embed_backward(loom_gpt2_t *m, const float *dout, const int *inp, 
 		int c1 = LOOM_MIN(c0 + 16, C);
 		for (int n = 0; n < B * T; n++) {
 			const float *d = dout + (size_t)n * C;
-			float *p = dwpe + (size_t)(n % T) * C;
+			float *p = dwpe + (size_t)loom__cp_pos(n % T, T, m->cp, m->cp_rank) * C;
 			int id = inp[n] - v0;
 			for (int c = c0; c < c1; c++)
 				p[c] += d[c];

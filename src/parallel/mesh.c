@@ -1,4 +1,4 @@
-/* mesh.c: the dp x tp x pp device mesh (loom/mesh.h).
+/* mesh.c: the dp x cp x tp x pp device mesh (loom/mesh.h).
  *
  * The rank order is data: `order` lists the axes fastest-varying first, and everything else (the
  * strides, a rank's coordinates, the color and key of each axis's split, the description) is
@@ -8,7 +8,9 @@
  * coord * stride; the communicator of axis a joins exactly the ranks whose other coordinates equal
  * this rank's, ordered by coord[a] (color = the group's first rank, key = coord[a]), so a rank's
  * rank in it is coord[a]. All ranks split the same axes in the same order (the decision depends only
- * on the sizes, which create checks to agree), which keeps the collective splits matched. */
+ * on the sizes, which create checks to agree), which keeps the collective splits matched. The dp x cp
+ * group is split the same way, with both coordinates free (key cp + CP dp). An axis of size 1 (cp by
+ * default) is left out of the description, so a mesh without context parallelism reads as before. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,12 +18,13 @@
 #include "core/util.h"
 #include "loom/mesh.h"
 
-/* Megatron-LM's order: tensor parallel fastest (neighbouring ranks), then data, then pipeline. */
+/* Megatron-LM's order: tensor parallel fastest (neighbouring ranks), then context, data, pipeline. */
 static const struct {
 	loom_mesh_axis_t axis;
 	const char *name;
 } order[LOOM_MESH_AXES] = {
 	{LOOM_MESH_TP, "tp"},
+	{LOOM_MESH_CP, "cp"},
 	{LOOM_MESH_DP, "dp"},
 	{LOOM_MESH_PP, "pp"},
 };
@@ -32,6 +35,8 @@ struct loom_mesh {
 	int sizes[LOOM_MESH_AXES], coords[LOOM_MESH_AXES], strides[LOOM_MESH_AXES];
 	loom_comm_t *comms[LOOM_MESH_AXES];
 	int owned[LOOM_MESH_AXES]; /* comms[a] came from loom_comm_split */
+	loom_comm_t *dpcp;         /* the dp x cp group (NULL: one rank) */
+	int dpcp_owned;
 };
 
 const char *loom_mesh_axis_name(loom_mesh_axis_t axis)
@@ -41,6 +46,18 @@ const char *loom_mesh_axis_name(loom_mesh_axis_t axis)
 			return order[k].name;
 	return "?";
 }
+
+/* "cp N x " (list 1: "cp N, ") when the sizes have a cp axis, else "": the messages of a mesh without
+ * one read as before. */
+static const char *cp_sep(const int s[LOOM_MESH_AXES], int list)
+{
+	static _Thread_local char buf[32];
+	if (s[LOOM_MESH_CP] == 1)
+		return "";
+	snprintf(buf, sizeof buf, list ? "cp %d, " : "cp %d x ", s[LOOM_MESH_CP]);
+	return buf;
+}
+#define cp_text(s) cp_sep((s), 0)
 
 /* The sizes after deriving a 0, checked against the world size. */
 static int resolve(int rank, int world, const int req[LOOM_MESH_AXES], int sizes[LOOM_MESH_AXES])
@@ -54,23 +71,24 @@ static int resolve(int rank, int world, const int req[LOOM_MESH_AXES], int sizes
 		prod *= req[a] > 0 ? req[a] : 1;
 	}
 	if (zeros > 1)
-		return loom_seterr(LOOM_EINVAL, "mesh: rank %d: only one of dp %d, tp %d, pp %d may be 0 (derived)", rank,
-		                   req[LOOM_MESH_DP], req[LOOM_MESH_TP], req[LOOM_MESH_PP]);
+		return loom_seterr(LOOM_EINVAL, "mesh: rank %d: only one of dp %d, %stp %d, pp %d may be 0 (derived)",
+		                   rank, req[LOOM_MESH_DP], cp_sep(req, 1), req[LOOM_MESH_TP], req[LOOM_MESH_PP]);
 	for (int a = 0; a < LOOM_MESH_AXES; a++) {
 		sizes[a] = req[a];
 		if (req[a] == 0) {
 			if (world % prod != 0)
 				return loom_seterr(LOOM_EINVAL, "mesh: rank %d of %d: the world of %d ranks is not divisible by "
-				                   "the other sizes (%d) to derive %s (dp %d, tp %d, pp %d)", rank, world, world, prod,
-				                   loom_mesh_axis_name((loom_mesh_axis_t)a), req[LOOM_MESH_DP],
+				                   "the other sizes (%d) to derive %s (dp %d, %stp %d, pp %d)", rank, world, world,
+				                   prod, loom_mesh_axis_name((loom_mesh_axis_t)a), req[LOOM_MESH_DP], cp_sep(req, 1),
 				                   req[LOOM_MESH_TP], req[LOOM_MESH_PP]);
 			sizes[a] = world / prod;
 			prod = world;
 		}
 	}
 	if (prod != world)
-		return loom_seterr(LOOM_EINVAL, "mesh: rank %d of %d: dp %d x tp %d x pp %d = %d ranks, but the world has %d",
-		                   rank, world, sizes[LOOM_MESH_DP], sizes[LOOM_MESH_TP], sizes[LOOM_MESH_PP], prod, world);
+		return loom_seterr(LOOM_EINVAL, "mesh: rank %d of %d: dp %d x %stp %d x pp %d = %d ranks, but the world has %d",
+		                   rank, world, sizes[LOOM_MESH_DP], cp_text(sizes), sizes[LOOM_MESH_TP],
+		                   sizes[LOOM_MESH_PP], prod, world);
 	return LOOM_OK;
 }
 
@@ -93,18 +111,47 @@ static int check_agree(loom_comm_t *world, int rank, int size, const int req[LOO
 				len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", bad > 1 ? ", " : "", r);
 		}
 	if (bad)
-		rc = loom_seterr(LOOM_EMISMATCH, "mesh: rank %d: rank(s) %s asked for other sizes than rank 0's dp %d x tp "
-		                 "%d x pp %d", rank, list, all[LOOM_MESH_DP], all[LOOM_MESH_TP], all[LOOM_MESH_PP]);
+		rc = loom_seterr(LOOM_EMISMATCH, "mesh: rank %d: rank(s) %s asked for other sizes than rank 0's dp %d x "
+		                 "%stp %d x pp %d", rank, list, all[LOOM_MESH_DP], cp_text(all), all[LOOM_MESH_TP],
+		                 all[LOOM_MESH_PP]);
 	free(all);
 	return rc;
 }
 
 int loom_mesh_create(loom_mesh_t **out, loom_comm_t *world, int dp, int tp, int pp)
 {
+	return loom_mesh_create4(out, world, dp, 1, tp, pp);
+}
+
+/* The dp x cp group: the axis communicators where one of the two is the whole group, else a split with
+ * both coordinates free (color: the group's first rank; key: its place cp + CP dp). */
+static int make_dpcp(loom_mesh_t *m)
+{
+	int dp = m->sizes[LOOM_MESH_DP], cp = m->sizes[LOOM_MESH_CP], rc;
+	if (dp * cp == 1)
+		return LOOM_OK;
+	if (cp == 1 || dp == 1) {
+		m->dpcp = m->comms[cp == 1 ? LOOM_MESH_DP : LOOM_MESH_CP];
+		return LOOM_OK;
+	}
+	if (dp * cp == m->size) {
+		m->dpcp = m->world;
+		return LOOM_OK;
+	}
+	int cd = m->coords[LOOM_MESH_DP], cc = m->coords[LOOM_MESH_CP];
+	int color = m->rank - cd * m->strides[LOOM_MESH_DP] - cc * m->strides[LOOM_MESH_CP];
+	if ((rc = loom_comm_split(m->world, color, cc + cp * cd, &m->dpcp)) != LOOM_OK)
+		return loom_seterr(rc, "mesh: rank %d: creating the dp x cp communicator: %s", m->rank, loom_errmsg());
+	m->dpcp_owned = 1;
+	return LOOM_OK;
+}
+
+int loom_mesh_create4(loom_mesh_t **out, loom_comm_t *world, int dp, int cp, int tp, int pp)
+{
 	int req[LOOM_MESH_AXES], rc;
 	loom_mesh_t *m;
 	*out = NULL;
-	req[LOOM_MESH_DP] = dp, req[LOOM_MESH_TP] = tp, req[LOOM_MESH_PP] = pp;
+	req[LOOM_MESH_DP] = dp, req[LOOM_MESH_CP] = cp, req[LOOM_MESH_TP] = tp, req[LOOM_MESH_PP] = pp;
 	if (!(m = loom__calloc(1, sizeof *m)))
 		return loom_seterr(LOOM_ENOMEM, "mesh: out of memory");
 	m->world = world;
@@ -136,6 +183,8 @@ int loom_mesh_create(loom_mesh_t **out, loom_comm_t *world, int dp, int tp, int 
 		}
 		m->owned[a] = 1;
 	}
+	if ((rc = make_dpcp(m)) != LOOM_OK)
+		goto fail;
 	*out = m;
 	return LOOM_OK;
 fail:
@@ -150,6 +199,8 @@ void loom_mesh_destroy(loom_mesh_t *m)
 	for (int a = 0; a < LOOM_MESH_AXES; a++)
 		if (m->owned[a])
 			loom_comm_destroy(m->comms[a]);
+	if (m->dpcp_owned)
+		loom_comm_destroy(m->dpcp);
 	free(m);
 }
 
@@ -171,6 +222,11 @@ int loom_mesh_coord(const loom_mesh_t *m, loom_mesh_axis_t axis)
 loom_comm_t *loom_mesh_comm(const loom_mesh_t *m, loom_mesh_axis_t axis)
 {
 	return valid(axis) ? m->comms[axis] : NULL;
+}
+
+loom_comm_t *loom_mesh_dpcp_comm(const loom_mesh_t *m)
+{
+	return m->dpcp;
 }
 
 loom_comm_t *loom_mesh_world(const loom_mesh_t *m)
@@ -234,22 +290,37 @@ size_t loom_mesh_describe(const loom_mesh_t *m, char *buf, size_t cap)
 	size_t len = 0;
 	if (cap)
 		buf[0] = 0;
-	APPEND("mesh dp %d x tp %d x pp %d = %d ranks; world rank =", m->sizes[LOOM_MESH_DP], m->sizes[LOOM_MESH_TP],
-	       m->sizes[LOOM_MESH_PP], m->size);
-	for (int k = 0; k < LOOM_MESH_AXES; k++) {
+	int cp = m->sizes[LOOM_MESH_CP];
+	APPEND("mesh dp %d x %stp %d x pp %d = %d ranks; world rank =", m->sizes[LOOM_MESH_DP], cp_text(m->sizes),
+	       m->sizes[LOOM_MESH_TP], m->sizes[LOOM_MESH_PP], m->size);
+	for (int k = 0, n = 0; k < LOOM_MESH_AXES; k++) {
 		loom_mesh_axis_t a = order[k].axis;
+		if (a == LOOM_MESH_CP && cp == 1)
+			continue;
 		if (m->strides[a] == 1)
-			APPEND("%s %s", k ? " +" : "", order[k].name);
+			APPEND("%s %s", n++ ? " +" : "", order[k].name);
 		else
-			APPEND("%s %d*%s", k ? " +" : "", m->strides[a], order[k].name);
+			APPEND("%s %d*%s", n++ ? " +" : "", m->strides[a], order[k].name);
 	}
 	APPEND("\n");
 	for (int k = 0; k < LOOM_MESH_AXES; k++) {
 		loom_mesh_axis_t a = order[k].axis;
+		if (a == LOOM_MESH_CP && cp == 1)
+			continue;
 		int first = m->rank - m->coords[a] * m->strides[a];
 		APPEND("  %s: stride %d, this rank (%d) at %d of {", order[k].name, m->strides[a], m->rank, m->coords[a]);
 		for (int i = 0; i < m->sizes[a]; i++)
 			APPEND("%s%d", i ? ", " : "", first + i * m->strides[a]);
+		APPEND("}\n");
+	}
+	if (cp > 1) { /* the data-parallel group, in its rank order cp + CP dp */
+		int sd = m->strides[LOOM_MESH_DP], sc = m->strides[LOOM_MESH_CP];
+		int first = m->rank - m->coords[LOOM_MESH_DP] * sd - m->coords[LOOM_MESH_CP] * sc;
+		APPEND("  dp x cp: this rank (%d) at %d of {", m->rank,
+		       m->coords[LOOM_MESH_CP] + cp * m->coords[LOOM_MESH_DP]);
+		for (int i = 0; i < m->sizes[LOOM_MESH_DP]; i++)
+			for (int j = 0; j < cp; j++)
+				APPEND("%s%d", i || j ? ", " : "", first + i * sd + j * sc);
 		APPEND("}\n");
 	}
 	return len;

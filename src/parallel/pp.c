@@ -439,6 +439,9 @@ static int pp_create(loom_exec_t **out, const loom_exec_config_t *cfg)
 		o.dtype = loom_model_dtype(cfg->model); /* the stage computes in the whole model's precision */
 		o.tp_size = e->tp_size, o.tp_rank = e->tp_rank;
 		o.sequence_parallel = loom_model_sequence_parallel(cfg->model);
+		/* context parallel: the stage holds the caller's rows of each sequence (cfg->T of them); the
+		 * trainer gives the stage models the group's hook */
+		o.cp_size = loom_model_cp_size(cfg->model), o.cp_rank = loom_model_cp_rank(cfg->model);
 		o.no_own_params = o.no_own_grads = e->V > 1; /* the join's buffers */
 		if ((rc = loom_model_create(&models[c], &e->mc, &o)) != LOOM_OK)
 			goto fail;

@@ -119,6 +119,7 @@ int loom__pp_partition(const loom_model_config_t *cfg, int T, int P, int *lo, do
  * model). */
 typedef enum {
 	LOOM_EV_FORWARD = 0, LOOM_EV_BACKWARD, LOOM_EV_SEND, LOOM_EV_RECV, LOOM_EV_ALLREDUCE, LOOM_EV_OPTIM,
+	LOOM_EV_CP, /* the context-parallel attention's wait for keys (unit: the hook's loom_tp_op_t) */
 	LOOM_EV_KINDS
 } loom__event_kind_t;
 typedef void (*loom__event_fn)(void *ctx, loom__event_kind_t kind, int mb, int unit, double t0, double t1);

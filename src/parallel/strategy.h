@@ -221,11 +221,16 @@ int loom__check_ckpt_model(const char *file, const loom_model_config_t *c);
 
 /* A tensor-parallel group as the strategies use it: the model's reduction over it (loom__tp_group_reduce,
  * the hook of loom_model_on_tp_reduce with the group as its context), the time its all-reduces took
- * since the last take, and the check that the tensors it keeps whole are the same on every rank. */
+ * since the last take, and the check that the tensors it keeps whole are the same on every rank. The
+ * trainer gives a model its context-parallel group's hook the same way (loom_model_on_cp_reduce), with
+ * `name` "context parallel" for the messages. */
 typedef struct {
 	loom_comm_t *comm; /* NULL: one rank */
 	int rank, size;
 	double ms;
+	const char *name; /* the axis in messages (init: "tensor parallel") */
+	loom_request_t *ring[4]; /* the ring transfers started and not yet waited for (LOOM_TP_SEND_NEXT...) */
+	int nring;
 } loom__tp_group_t;
 void loom__tp_group_init(loom__tp_group_t *g, loom_comm_t *comm);
 int loom__tp_group_reduce(void *ctx, float *buf, size_t n, loom_tp_op_t op);

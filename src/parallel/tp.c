@@ -46,23 +46,54 @@ void loom__tp_group_init(loom__tp_group_t *g, loom_comm_t *comm)
 	g->rank = comm ? loom_comm_rank(comm) : 0;
 	g->size = comm ? loom_comm_size(comm) : 1;
 	g->ms = 0.0;
+	g->name = "tensor parallel";
+	g->nring = 0;
+}
+
+/* The ring's point-to-point operations (context parallel's ring attention): start a send to the next
+ * rank or a receive from the previous one, or wait for every one started. At most 4 in flight. */
+#define RING_TAG 0x6370 /* "cp" */
+static int ring_op(loom__tp_group_t *g, float *buf, size_t n, loom_tp_op_t op)
+{
+	int rc = LOOM_OK, next = (g->rank + 1) % g->size, prev = (g->rank + g->size - 1) % g->size;
+	if (op == LOOM_TP_WAIT) {
+		for (int k = 0; k < g->nring; k++) {
+			int r = loom_wait(g->ring[k]);
+			rc = rc ? rc : r;
+		}
+		g->nring = 0;
+		return rc;
+	}
+	if (g->nring == (int)LOOM_ARRAY_LEN(g->ring))
+		return loom_seterr(LOOM_ESTATE, "%s: rank %d: more than %d ring transfers in flight", g->name, g->rank,
+		                   g->nring);
+	rc = op == LOOM_TP_SEND_NEXT ? loom_isend(g->comm, buf, n, LOOM_FLOAT32, next, RING_TAG, &g->ring[g->nring])
+	                             : loom_irecv(g->comm, buf, n, LOOM_FLOAT32, prev, RING_TAG, &g->ring[g->nring]);
+	if (rc == LOOM_OK)
+		g->nring++;
+	return rc;
 }
 
 /* The model's reduction: a blocking collective on the tensor-parallel communicator; with sequence
  * parallelism also the in-place all-gather and reduce-scatter of rank-ordered parts (loom/model.h). */
 int loom__tp_group_reduce(void *ctx, float *buf, size_t n, loom_tp_op_t op)
 {
-	static const char *const what[] = {"all-reduce (sum)", "all-reduce (max)", "all-gather", "reduce-scatter"};
+	static const char *const what[] = {"all-reduce (sum)", "all-reduce (max)", "all-gather", "reduce-scatter",
+	                                   "ring send", "ring receive", "ring wait"};
 	loom__tp_group_t *g = ctx;
 	double t0 = loom_now();
 	size_t part = n / (size_t)g->size;
+	if ((int)op < 0 || (int)op >= (int)LOOM_ARRAY_LEN(what))
+		return loom_seterr(LOOM_EINVAL, "%s: rank %d: operation %d", g->name, g->rank, (int)op);
 	int rc = op == LOOM_TP_ALLGATHER ? loom_allgather(g->comm, buf + (size_t)g->rank * part, buf, part, LOOM_FLOAT32)
 	       : op == LOOM_TP_REDUCE_SCATTER
 	           ? loom_reduce_scatter(g->comm, buf, buf + (size_t)g->rank * part, part, LOOM_FLOAT32, LOOM_SUM)
+	       : op >= LOOM_TP_SEND_NEXT
+	           ? ring_op(g, buf, n, op)
 	           : loom_allreduce(g->comm, buf, buf, n, LOOM_FLOAT32, op == LOOM_TP_MAX ? LOOM_MAX : LOOM_SUM);
 	g->ms += 1e3 * (loom_now() - t0);
 	if (rc != LOOM_OK)
-		return loom_seterr(rc, "tensor parallel: rank %d of %d: %s of %zu floats: %s", g->rank, g->size, what[op], n,
+		return loom_seterr(rc, "%s: rank %d of %d: %s of %zu floats: %s", g->name, g->rank, g->size, what[op], n,
 		                   loom_comm_errmsg(g->comm));
 	return LOOM_OK;
 }

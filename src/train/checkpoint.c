@@ -9,8 +9,9 @@
  *                      the data-parallel size "batch.world": another world size resumes when the
  *                      tokens per step are the same, each rank taking rank 0's position as its own
  *                      in the new world) plus the others for the record (the mesh that wrote it among
- *                      them: "mesh.dp", "mesh.tp", "mesh.pp", "mesh.zero", "mesh.pp_schedule"; older
- *                      checkpoints have only batch.world),
+ *                      them: "mesh.dp", "mesh.tp", "mesh.pp", "mesh.cp", "mesh.zero", "mesh.pp_schedule";
+ *                      older checkpoints have only batch.world; a checkpoint does not depend on cp:
+ *                      the loader states are the data-parallel ranks', which a cp group shares),
  *   config.json        Hugging Face's GPT2Config (bos/eos: the tokenizer's end-of-text token), so
  *                      that the directory loads with GPT2LMHeadModel.from_pretrained,
  *   tokenizer.bin      a copy of the data's tokenizer when one is known (for `loom sample`), and
@@ -103,6 +104,7 @@ static int put_state(loom_trainer_t *tr, loom_kv_t *kv, const loom_loader_state_
 	rc = rc ? rc : loom_kv_set_i64(kv, "mesh.dp", tr->dp_size);
 	rc = rc ? rc : loom_kv_set_i64(kv, "mesh.tp", tr->tp ? loom_comm_size(tr->tp) : 1);
 	rc = rc ? rc : loom_kv_set_i64(kv, "mesh.pp", tr->pp_size);
+	rc = rc ? rc : loom_kv_set_i64(kv, "mesh.cp", tr->cp_size);
 	rc = rc ? rc : loom_kv_set_i64(kv, "mesh.zero", c->zero);
 	rc = rc ? rc : loom_kv_set_str(kv, "mesh.pp_schedule", tr->pp_schedule ? tr->pp_schedule : "1f1b");
 	rc = rc ? rc : loom_kv_set_u64(kv, "seed", c->seed);

@@ -210,8 +210,8 @@ static void write_config(loom_trainer_t *tr, FILE *f)
 	fprintf(f, "{\"config\":{\"loom_version\":\"%s\"", loom_version());
 	str(f, "git", loom_git_describe());
 	str(f, "host", host);
-	fprintf(f, ",\"threads\":%d,\"world\":%d,\"dp\":%d,\"tp\":%d,\"pp\":%d", loom_num_threads(), tr->world,
-	        tr->dp_size, tr->tp ? loom_comm_size(tr->tp) : 1, tr->pp_size);
+	fprintf(f, ",\"threads\":%d,\"world\":%d,\"dp\":%d,\"tp\":%d,\"pp\":%d,\"cp\":%d", loom_num_threads(),
+	        tr->world, tr->dp_size, tr->tp ? loom_comm_size(tr->tp) : 1, tr->pp_size, tr->cp_size);
 	fprintf(f, ",\"model\":{\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"n_positions\":%d,\"vocab_size\":%d,"
 	        "\"params\":%zu}", tr->mcfg.n_layer, tr->mcfg.n_head, tr->mcfg.n_embd, tr->mcfg.seq_len,
 	        tr->mcfg.vocab_size, loom_model_num_params(&tr->mcfg));

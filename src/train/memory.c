@@ -43,7 +43,7 @@ int loom_trainer_memory(const loom_trainer_t *tr, loom_train_memory_t *m)
 	loom_model_model_act_bytes(model, &m->act);
 	m->activations = m->act.total;
 	m->act_ckpt = loom_model_act_ckpt(model);
-	m->act_formula = loom_model_act_formula(model, tr->cfg.B, tr->cfg.T, &m->act_formula_text);
+	m->act_formula = loom_model_act_formula(model, tr->cfg.B, tr->cfg.T / tr->cp_size, &m->act_formula_text);
 	m->zero = N > 1 ? tr->cfg.zero : 0;
 	m->nparams = P;
 	m->dp = (int)N;

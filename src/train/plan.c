@@ -33,6 +33,12 @@ double loom_plan_ring_allreduce_bytes(double n, int N)
 	return N > 1 ? 2.0 * (N - 1) / N * n : 0.0;
 }
 
+double loom_plan_cp_bytes(const loom_model_config_t *cfg, int B, int T, int cp, int tp)
+{
+	double kv = (double)loom_model_kv_width(cfg) / LOOM_MAX(tp, 1);
+	return cp > 1 ? (cp - 1.0) / cp * B * (double)T * 2.0 * kv * 4.0 : 0.0;
+}
+
 /* Seconds for a collective moving `bytes` per rank in `steps` latency-bound hops over a link. */
 static double link_time(double bytes, int steps, double bw, double lat)
 {
@@ -161,7 +167,7 @@ static double overlap(const double *sizes, int n, double t_bwd, double bw, doubl
 }
 
 /* Bandwidth and latency of a group of `size` ranks `stride` apart in the world order (tp fastest, then
- * dp, then pp): intra-node when the group fits in a node, else the inter-node link. */
+ * cp, dp, pp): intra-node when the group fits in a node, else the inter-node link. */
 static int group_link(const loom_cluster_t *c, int size, int stride, double *bw, double *lat)
 {
 	int cross = size > 1 && (long)size * stride > c->ranks_per_node;
@@ -258,7 +264,8 @@ out:
 
 /* Model states, comm buffers and activations of pipeline rank s (its V chunks' blocks, global stages
  * c pp + s of lo, each a stage model with the arenas its chunk's micro-batches in flight need) of
- * data-parallel rank dp_rank. */
+ * data-parallel rank dp_rank of dp (the strategy's group: dp x cp); with context parallelism the model
+ * holds T / cp positions of each sequence and the attention's gather scratch (its activation bytes). */
 static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, const table_t *tb, int dp, int tp, int pp, int s, const int *lo, int hrows, int dp_rank,
                         loom_plan_memory_t *m)
 {
@@ -320,9 +327,10 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 		if (pc->zero > 0 && dp > 1)
 			m->params = 4.0 * (pc->zero == 3 ? own : P), m->grads = 4.0 * (pc->zero == 1 ? P : own);
 	}
-	loom_model_opts_t o = {.B = pc->B, .T = pc->T, .arenas = 1, .tp_size = tp > 1 ? tp : 0, .act_ckpt = pc->act_ckpt,
-	                       .dtype = pc->dtype,
-	                       .sequence_parallel = pc->sequence_parallel && tp > 1 && ((long)pc->B * pc->T) % tp == 0};
+	int cp = LOOM_MAX(pc->cp, 1), T = pc->T / cp; /* the rank's positions of a sequence */
+	loom_model_opts_t o = {.B = pc->B, .T = T, .arenas = 1, .tp_size = tp > 1 ? tp : 0, .act_ckpt = pc->act_ckpt,
+	                       .dtype = pc->dtype, .cp_size = cp,
+	                       .sequence_parallel = pc->sequence_parallel && tp > 1 && ((long)pc->B * T) % tp == 0};
 	loom_model_act_bytes_t a;
 	if (pp > 1) {
 		int *arenas = malloc(sizeof(int) * (size_t)V);
@@ -339,7 +347,7 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 		                                   * their own tensors) */
 			loom_model_opts_t ow = o;
 			loom_model_act_bytes_t aw;
-			ow.B = 1, ow.T = LOOM_MAX(tp, 1), ow.arenas = 1;
+			ow.B = 1, ow.T = LOOM_MAX(tp, 1) * (cp > 1 ? 2 : 1), ow.arenas = 1;
 			if ((rc = loom_model_act_bytes(cfg, &ow, &aw)) != LOOM_OK) {
 				free(arenas);
 				return rc;
@@ -348,11 +356,11 @@ static int stage_memory(const loom_plan_config_t *pc, const loom_cluster_t *c, c
 		}
 		/* a step's tokens; per chunk (a stage model), its receive and send buffers (pp.c: 4 of B T
 		 * width floats) and its activations */
-		m->comm += 2.0 * 4.0 * M * pc->B * pc->T;
+		m->comm += 2.0 * 4.0 * M * pc->B * T;
 		for (int c = 0; c < V; c++) {
 			int g = c * pp + s;
 			o.arenas = arenas[c], o.layer_lo = lo[g], o.layer_hi = lo[g + 1];
-			m->comm += 4.0 * 4.0 * pc->B * pc->T * loom_model_stream_width(cfg);
+			m->comm += 4.0 * 4.0 * pc->B * T * loom_model_stream_width(cfg);
 			if ((rc = loom_model_act_bytes(cfg, &o, &a)) != LOOM_OK)
 				break;
 			m->activations += (double)a.total;
@@ -420,13 +428,17 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	const table_t *tb = &tb_;
 	memset(p, 0, sizeof *p);
 	pc.dp = LOOM_MAX(pc.dp, 1), pc.tp = LOOM_MAX(pc.tp, 1), pc.pp = LOOM_MAX(pc.pp, 1), pc.M = LOOM_MAX(pc.M, 1);
+	pc.cp = LOOM_MAX(pc.cp, 1);
 	if (!(pc.bucket_mb > 0))
 		pc.bucket_mb = 25.0;
-	int dp = pc.dp, tp = pc.tp, pp = pc.pp, M = pc.M, L = cfg->n_layer, N = pc.B * pc.T;
+	/* N: a micro-batch's positions; with context parallelism a rank computes Nr = N / cp of them (Tl of
+	 * each sequence), and the strategy's group is dg = dp x cp */
+	int dp = pc.dp, tp = pc.tp, pp = pc.pp, M = pc.M, L = cfg->n_layer, N = pc.B * pc.T, cp = pc.cp;
+	int Tl = pc.T / cp, Nr = pc.B * Tl, dg = dp * cp;
 	int V = LOOM_MAX(pc.virtual_stages, 1), G = pp * V; /* global pipeline stages */
 	loom_pp_schedule_t kind = plan_schedule(&pc);
 	p->cfg = pc;
-	p->world = dp * tp * pp;
+	p->world = dp * cp * tp * pp;
 	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
 		return rc;
 	if (pc.B < 1 || pc.T < 1 || pc.T > cfg->seq_len)
@@ -434,14 +446,16 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		                   cfg->seq_len);
 	if (tp > 1 && (rc = loom_model_tp_check(cfg, tp)) != LOOM_OK)
 		return rc;
+	if (cp > 1 && (rc = loom_cp_check(pc.T, cp)) != LOOM_OK)
+		return loom_seterr(rc, "plan: --cp %d: %s", cp, loom_errmsg());
 	if (pp > L)
 		return loom_seterr(LOOM_EINVAL, "plan: --pp %d for a model of %d layers (every stage needs a layer)", pp, L);
 	if ((pp > 1 || V > 1) && (rc = loom_pp_check(cfg, loom__pp_schedule_name(kind), pp, V, M)) != LOOM_OK)
 		return loom_seterr(rc, "plan: %s", loom_errmsg());
 	if (pc.zero < 0 || pc.zero > 3)
 		return loom_seterr(LOOM_EINVAL, "plan: ZeRO stage %d (0..3)", pc.zero);
-	if (pc.zero > 0 && dp < 2)
-		return loom_seterr(LOOM_EINVAL, "plan: ZeRO %d needs more than one data-parallel rank", pc.zero);
+	if (pc.zero > 0 && dg < 2)
+		return loom_seterr(LOOM_EINVAL, "plan: ZeRO %d needs more than one data-parallel rank (dp x cp)", pc.zero);
 	if (pc.optimizer == LOOM_OPTIMIZER_MUON && tp > 1) /* as loom train refuses them */
 		return loom_seterr(LOOM_EINVAL, "plan: --optimizer muon with --tp %d: a tensor-parallel shard of a matrix "
 		                   "cannot be orthogonalized alone", tp);
@@ -451,8 +465,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	if (pc.optimizer != LOOM_OPTIMIZER_ADAMW && pc.optimizer != LOOM_OPTIMIZER_MUON)
 		return loom_seterr(LOOM_EINVAL, "plan: optimizer %d (adamw or muon)", pc.optimizer);
 	if (c->nodes > 0 && c->ranks_per_node > 0 && p->world > c->nodes * c->ranks_per_node)
-		return loom_seterr(LOOM_EINVAL, "plan: %d ranks (dp %d x tp %d x pp %d) on a cluster of %d x %d", p->world, dp,
-		                   tp, pp, c->nodes, c->ranks_per_node);
+		return loom_seterr(LOOM_EINVAL, "plan: %d ranks (dp %d x cp %d x tp %d x pp %d) on a cluster of %d x %d",
+		                   p->world, dp, cp, tp, pp, c->nodes, c->ranks_per_node);
 	if (!(c->peak_flops_fp32 > 0) || !(c->efficiency > 0))
 		return loom_seterr(LOOM_EINVAL, "plan: the cluster has no peak FLOP/s or efficiency");
 
@@ -501,8 +515,9 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	}
 	int hrows = 0;
 	if (pp > 1) {
-		if ((rc = loom_pp_stages(cfg, pc.B, pc.T, G, pc.pp_head_split, lo, &hrows)) != LOOM_OK ||
-		    (rc = loom__pp_head_rows(cfg, kind, pc.T, N, pp, V, M, lo, hrows,
+		/* as the executor: on the rank's Tl positions of each sequence */
+		if ((rc = loom_pp_stages(cfg, pc.B, Tl, G, pc.pp_head_split, lo, &hrows)) != LOOM_OK ||
+		    (rc = loom__pp_head_rows(cfg, kind, Tl, Nr, pp, V, M, lo, hrows,
 		                             pc.pp_head_split == 0.0 && (long)G * M <= 512, rows)) != LOOM_OK)
 			goto out;
 	} else {
@@ -512,13 +527,13 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	/* Memory: every stage (the largest is reported), and global rank 0's (stage 0, dp rank 0). */
 	for (int s = 0; s < pp; s++) {
 		loom_plan_memory_t m;
-		if ((rc = stage_memory(&pc, c, &tb_, dp, tp, pp, s, lo, hrows, dp - 1, &m)) != LOOM_OK)
+		if ((rc = stage_memory(&pc, c, &tb_, dg, tp, pp, s, lo, hrows, dg - 1, &m)) != LOOM_OK)
 			goto out;
 		mem_total(&m, &pc, c, p->world);
 		if (s == 0 || m.total > p->memory.total)
 			p->memory = m, p->stage = s;
 	}
-	if ((rc = stage_memory(&pc, c, &tb_, dp, tp, pp, 0, lo, hrows, 0, &p->memory_rank0)) != LOOM_OK)
+	if ((rc = stage_memory(&pc, c, &tb_, dg, tp, pp, 0, lo, hrows, 0, &p->memory_rank0)) != LOOM_OK)
 		goto out;
 	mem_total(&p->memory_rank0, &pc, c, p->world);
 
@@ -536,13 +551,16 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	double recompute = 1.0 + extra / fpt;
 	/* (the elementwise kernels run over every activation whatever is kept: the traffic of a run without
 	 * checkpointing, times the recomputation) */
-	loom_model_opts_t o1 = {.B = pc.B, .T = pc.T, .arenas = 1, .tp_size = tp > 1 ? tp : 0, .dtype = pc.dtype};
+	loom_model_opts_t o1 = {.B = pc.B, .T = Tl, .arenas = 1, .tp_size = tp > 1 ? tp : 0, .dtype = pc.dtype,
+	                        .cp_size = cp};
 	loom_model_act_bytes_t a1;
 	if ((rc = loom_model_act_bytes(cfg, &o1, &a1)) != LOOM_OK)
 		goto out;
-	double mm_mb = fpt * N * recompute / tp / rate; /* seconds of matmuls per micro-batch, whole model */
+	/* (a context-parallel rank's Nr positions cost the sequence's mean per token: the head-tail layout
+	 * gives every rank the same share of the causal attention) */
+	double mm_mb = fpt * Nr * recompute / tp / rate; /* seconds of matmuls per micro-batch, whole model */
 	double el_mb = mem_bw > 0 ? c->elementwise_bytes_per_act * (double)(a1.kept + a1.head) * recompute / mem_bw : 0.0;
-	double slow = (mm_mb + el_mb) / (fpt * N / tp); /* seconds per model FLOP of a micro-batch */
+	double slow = (mm_mb + el_mb) / (fpt * Nr / tp); /* seconds per model FLOP of a micro-batch */
 
 	/* tp: Megatron's f and g, two all-reduces of B T C floats per block in forward and two in backward
 	 * (and the forward's two again when blocks are recomputed), the embedding's and the head's one each;
@@ -550,22 +568,50 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	 * reduce-scatter and an all-gather): 2 forward, 3 backward (4 all-gathers, 2 reduce-scatters), 1.5
 	 * for a recompute (2 all-gathers, 1 reduce-scatter). */
 	double tp_bw, tp_lat, tp_mb = 0.0;
+	int Ls = 0; /* the most blocks a rank runs */
+	for (int s = 0; s < pp; s++) {
+		int n = 0;
+		for (int c = 0; c < V; c++)
+			n += lo[c * pp + s + 1] - lo[c * pp + s];
+		Ls = LOOM_MAX(Ls, n);
+	}
 	p->cross_node_tp = group_link(c, tp, 1, &tp_bw, &tp_lat);
 	if (tp > 1) { /* per micro-batch on the whole model (tp_mb), and on this rank: its stage's blocks */
-		int Ls = 0;
-		for (int s = 0; s < pp; s++) {
-			int n = 0;
-			for (int c = 0; c < V; c++)
-				n += lo[c * pp + s + 1] - lo[c * pp + s];
-			Ls = LOOM_MAX(Ls, n);
-		}
-		int sp = pc.sequence_parallel && N % tp == 0;
-		double ck = pc.act_ckpt == LOOM_ACT_CKPT_BLOCKS ? (sp ? 1.5 : 2.0) : 0.0, n = 4.0 * N * C;
+		int sp = pc.sequence_parallel && Nr % tp == 0;
+		double ck = pc.act_ckpt == LOOM_ACT_CKPT_BLOCKS ? (sp ? 1.5 : 2.0) : 0.0, n = 4.0 * Nr * C;
 		double one = link_time(loom_plan_ring_allreduce_bytes(n, tp), 2 * (tp - 1), tp_bw, tp_lat);
 		double blk = sp ? 5.0 : 4.0, count = (blk + ck) * Ls + 2;
 		tp_mb = ((blk + ck) * L + 2) * one;
 		p->tp.bytes = M * count * loom_plan_ring_allreduce_bytes(n, tp);
 		p->tp.time_s = p->tp.exposed_s = M * count * one;
+	}
+	/* cp: per block the keys and values of the sequence reach every rank in the forward, again in the
+	 * backward with their gradients going back (the same bytes), once more where the attention is
+	 * recomputed (blocks, selective). The all-gather form (cp_gather) runs them as blocking collectives
+	 * on the training thread: all exposed. The ring passes one rank's pack (B T/cp 2 KV floats) per step
+	 * (cp - 1 steps forward; backward the keys again and their gradients, 2 cp - 1 packs) while the step's
+	 * share of the layer's attention (1/cp of it) computes: a step exposes what its transfers take beyond
+	 * that, and the gradients' last trip home is exposed. The group is cp ranks tp apart. cp_mb: the
+	 * exposed time of a micro-batch through the whole model, cp_fwd its forward's. */
+	double cp_bw, cp_lat, cp_mb = 0.0, cp_fwd = 0.0;
+	group_link(c, cp, tp, &cp_bw, &cp_lat);
+	if (cp > 1) {
+		double g = loom_plan_cp_bytes(cfg, pc.B, pc.T, cp, tp), ck = pc.act_ckpt != LOOM_ACT_CKPT_NONE;
+		double one = link_time(g, cp - 1, cp_bw, cp_lat), pack = link_time(g / (cp - 1), 1, cp_bw, cp_lat), link;
+		if (pc.cp_gather) {
+			cp_mb = (3.0 + ck) * L * one, cp_fwd = L * one, link = (3.0 + ck) * one;
+		} else {
+			for (int l = 0; l < L; l++) { /* the layer's attention products on this rank, forward */
+				double att = (loom_model_unit_flops(cfg, l, pc.T) - loom_model_unit_flops(cfg, l, 0)) * Nr / 3.0 / tp * slow;
+				double f = (cp - 1) * LOOM_MAX(0.0, pack - att / cp);
+				cp_fwd += f;
+				cp_mb += f * (1.0 + ck) + (cp - 1) * LOOM_MAX(0.0, 2.0 * pack - 2.0 * att / cp) + pack;
+			}
+			link = ((cp - 1) * (1.0 + ck) + (2.0 * cp - 1)) * pack;
+		}
+		p->cp.bytes = M * (3.0 + ck) * Ls * g;
+		p->cp.time_s = M * Ls * link;
+		p->cp.exposed_s = M * cp_mb * Ls / L;
 	}
 
 	/* The step's compute and pipeline: stage costs in FLOPs to seconds, simulated. */
@@ -573,13 +619,14 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	if (pp > 1) {
 		size_t PM = (size_t)G * M; /* per global stage and micro-batch */
 		double pp_bw, pp_lat, send;
-		loom__pp_head_costs(cfg, pc.T, N, G, M, lo, rows, cost, cost + PM, cost + 2 * PM);
+		loom__pp_head_costs(cfg, Tl, Nr, G, M, lo, rows, cost, cost + PM, cost + 2 * PM);
 		for (int g = 0; g < G; g++) {
 			double blocks = (double)(lo[g + 1] - lo[g]) / L;
 			for (int m = 0; m < M; m++) {
 				size_t k = (size_t)g * M + m;
 				cost[k] *= slow / tp, cost[PM + k] *= slow / tp, cost[2 * PM + k] *= slow / tp;
 				cost[k] += tp_mb * blocks / 2, cost[2 * PM + k] += tp_mb * blocks / 2;
+				cost[k] += cp_fwd * blocks, cost[2 * PM + k] += (cp_mb - cp_fwd) * blocks;
 			}
 		}
 		if ((rc = loom__pp_simulate_v(kind, pp, V, M, cost, cost + PM, cost + 2 * PM, &span, &p->bubble)) != LOOM_OK)
@@ -587,9 +634,9 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		p->bubble_theory = loom__pp_bubble_theory_v(kind, pp, V, M);
 		/* sends: one activation forward and one gradient back per micro-batch and boundary, posted ahead
 		 * and overlapped, but the pipe's fill and drain wait for 2 (P-1) of them */
-		group_link(c, 2, tp * dp, &pp_bw, &pp_lat);
-		double act = 4.0 * N * loom_model_stream_width(cfg);
-		if (tp > 1 && pc.sequence_parallel && N % tp == 0)
+		group_link(c, 2, tp * cp * dp, &pp_bw, &pp_lat);
+		double act = 4.0 * Nr * loom_model_stream_width(cfg);
+		if (tp > 1 && pc.sequence_parallel && Nr % tp == 0)
 			act /= tp; /* each tp rank sends its rows only */
 		send = link_time(act, 1, pp_bw, pp_lat);
 		p->pp.bytes = 2.0 * M * V * act; /* interleaved: every chunk's boundary */
@@ -604,10 +651,10 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		}
 		t_bwd_last = cost[2 * PM + (size_t)M - 1]; /* global stage 0's last backward (M-1) ends the step */
 	} else {
-		span = M * ((mm_mb + el_mb) + tp_mb);
-		t_bwd_last = 2.0 / 3.0 * (mm_mb + el_mb);
+		span = M * ((mm_mb + el_mb) + tp_mb + cp_mb);
+		t_bwd_last = 2.0 / 3.0 * (mm_mb + el_mb) + (cp_mb - cp_fwd);
 	}
-	p->flops_per_rank_step = p->flops_per_step * recompute / (dp * tp * pp);
+	p->flops_per_rank_step = p->flops_per_step * recompute / (dp * cp * tp * pp);
 
 	/* The optimizer: AdamW reads parameters, gradients, m, v and writes three of them (28 bytes a
 	 * parameter it owns), the gradient norm reads the gradients once more. MuonAdamW: that for its AdamW
@@ -617,7 +664,7 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	p->optimizer_s = mem_bw > 0 ? 32.0 * owned / mem_bw : 0.0;
 	if (pc.optimizer == LOOM_OPTIMIZER_MUON) {
 		double bytes, own, adam, ns, work;
-		if ((rc = muon_state(&pc, tb, pp, V, p->stage, lo, hrows, dp, 0, &bytes, &own, &adam, &ns, &work)) != LOOM_OK)
+		if ((rc = muon_state(&pc, tb, pp, V, p->stage, lo, hrows, dg, 0, &bytes, &own, &adam, &ns, &work)) != LOOM_OK)
 			goto out;
 		p->optimizer_s = (mem_bw > 0 ? 32.0 * (bytes / 4.0 - adam) / mem_bw : 0.0) + ns / rate;
 	}
@@ -626,8 +673,9 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	 * per unit (stage 1 on the last micro-step, 2 and 3 on every one), gathers the updated parameters
 	 * after the step (1, 2) or every unit before use (3, prefetching the next: the first one exposed). */
 	double dp_bw, dp_lat, gb = pc.grad_reduce_bf16 ? 0.5 : 1.0;
-	p->cross_node_dp = group_link(c, dp, tp, &dp_bw, &dp_lat);
-	if (dp > 1) {
+	p->cross_node_dp = group_link(c, dg, tp, &dp_bw, &dp_lat); /* the dp x cp group: cp, then dp, from tp up */
+	if (dg > 1) {
+		int dp = dg; /* the strategy's group (dp x cp) below */
 		enum { MAXB = 4096 };
 		double sizes[MAXB], total;
 		if (pc.zero == 0) {
@@ -668,7 +716,7 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		span_step = LOOM_MAX(span * (1.0 - p->bubble), span * p->cpu_share);
 	p->step_time_s = span_step + p->optimizer_s + p->dp.exposed_s + p->pp.exposed_s;
 	/* one rank's busy time: the span without its tp all-reduces and its share of the bubble */
-	p->compute_s = LOOM_MAX(0.0, span * (1.0 - p->bubble) - p->tp.exposed_s) + p->optimizer_s;
+	p->compute_s = LOOM_MAX(0.0, span * (1.0 - p->bubble) - p->tp.exposed_s - p->cp.exposed_s) + p->optimizer_s;
 	p->tokens_per_s = p->tokens_per_step / p->step_time_s;
 	p->mfu = p->flops_per_step / (p->step_time_s * p->world * p->peak_flops);
 	if (pc.tokens > 0) {
@@ -713,37 +761,43 @@ int loom_plan_search(const loom_plan_config_t *base, const loom_cluster_t *c, in
 		for (int pp = 1; pp <= ranks / tp; pp++) {
 			if ((ranks / tp) % pp || pp > cfg->n_layer)
 				continue;
-			int dp = ranks / tp / pp;
-			if (rows % dp)
-				continue; /* the step's micro-batches do not divide over dp */
-			for (int zero = 0; zero <= 3; zero++) {
-				if (zero > 0 && dp < 2)
+			/* context parallel: any cp the sequence length divides into 2 cp chunks */
+			for (int cp = 1; cp <= ranks / tp / pp; cp++) {
+				if ((ranks / tp / pp) % cp || (cp > 1 && loom_cp_check(base->T, cp) != LOOM_OK))
 					continue;
-				/* the pipeline's schedules (sc): 0 1F1B, 1 GPipe, 2-4 interleaved with V = sc chunks per
-				 * rank (the estimate refuses what the schedule cannot run: pp V > layers, M not a multiple
-				 * of pp); sequence parallelism with tp, when it divides a micro-batch's positions */
-				for (int ck = 0; ck <= 2; ck++)
-					for (int sc = 0; sc <= (pp > 1 ? 4 : 0); sc++)
-						for (int sp = 0; sp <= (tp > 1 && ((long)base->B * base->T) % tp == 0); sp++) {
-							loom_plan_config_t pc = *base;
-							loom_plan_t p;
-							pc.dp = dp, pc.tp = tp, pc.pp = pp, pc.zero = zero, pc.M = (int)(rows / dp);
-							pc.act_ckpt = (loom_act_ckpt_t)ck, pc.schedule_gpipe = sc == 1;
-							pc.virtual_stages = sc >= 2 ? sc : 0, pc.sequence_parallel = sp;
-							if (loom_plan_estimate(&pc, c, &p) != LOOM_OK)
-								continue;
-							if ((size_t)count == have) {
-								size_t want = have ? 2 * have : 64;
-								loom_plan_t *g = realloc(all, want * sizeof *g);
-								if (!g) {
-									free(all);
-									return loom_seterr(LOOM_ENOMEM, "plan: out of memory");
+				int dp = ranks / tp / pp / cp;
+				if (rows % dp)
+					continue; /* the step's micro-batches do not divide over dp */
+				for (int zero = 0; zero <= 3; zero++) {
+					if (zero > 0 && dp * cp < 2)
+						continue;
+					/* the pipeline's schedules (sc): 0 1F1B, 1 GPipe, 2-4 interleaved with V = sc chunks per
+					 * rank (the estimate refuses what the schedule cannot run: pp V > layers, M not a multiple
+					 * of pp); sequence parallelism with tp, when it divides a micro-batch's positions */
+					for (int ck = 0; ck <= 2; ck++)
+						for (int sc = 0; sc <= (pp > 1 ? 4 : 0); sc++)
+							for (int sp = 0; sp <= (tp > 1 && ((long)base->B * (base->T / cp)) % tp == 0); sp++) {
+								loom_plan_config_t pc = *base;
+								loom_plan_t p;
+								pc.dp = dp, pc.tp = tp, pc.pp = pp, pc.zero = zero, pc.M = (int)(rows / dp);
+								pc.cp = cp;
+								pc.act_ckpt = (loom_act_ckpt_t)ck, pc.schedule_gpipe = sc == 1;
+								pc.virtual_stages = sc >= 2 ? sc : 0, pc.sequence_parallel = sp;
+								if (loom_plan_estimate(&pc, c, &p) != LOOM_OK)
+									continue;
+								if ((size_t)count == have) {
+									size_t want = have ? 2 * have : 64;
+									loom_plan_t *g = realloc(all, want * sizeof *g);
+									if (!g) {
+										free(all);
+										return loom_seterr(LOOM_ENOMEM, "plan: out of memory");
+									}
+									all = g, have = want;
 								}
-								all = g, have = want;
+								all[count++] = p;
+								fit += p.fits;
 							}
-							all[count++] = p;
-							fit += p.fits;
-						}
+				}
 			}
 		}
 	}

@@ -42,7 +42,8 @@ void loom_plan_config_of_run(const loom_train_config_t *tc, const loom_model_con
 	pc->model = *mc;
 	pc->B = tc->B, pc->T = tc->T, pc->M = LOOM_MAX(tc->accum, 1);
 	pc->dp = LOOM_MAX(dp, 1), pc->tp = LOOM_MAX(mo->tp_size, 1), pc->pp = LOOM_MAX(pp, 1);
-	pc->zero = pc->dp > 1 ? tc->zero : 0;
+	pc->cp = LOOM_MAX(mo->cp_size, 1), pc->cp_gather = loom_cp_attention_ring() == 0; /* --cp, LOOM_CP_ATTENTION */
+	pc->zero = pc->dp * pc->cp > 1 ? tc->zero : 0; /* ZeRO over dp x cp */
 	pc->act_ckpt = mo->act_ckpt;
 	pc->sequence_parallel = pc->tp > 1 && mo->sequence_parallel;
 	pc->dtype = mo->dtype;
@@ -120,12 +121,14 @@ int loom_plan_json(const loom_plan_t *p, const loom_cluster_t *c, char *buf, siz
 		buf[0] = 0;
 	put(&o, "{\"cluster\":\"%s\",\"model\":{\"arch\":\"%s\",\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"seq_len\":%d,"
 	    "\"vocab_size\":%d},\"params\":%.0f,\"batch_size\":%d,\"seq_len\":%d,\"micro_batches\":%d,"
-	    "\"dp\":%d,\"tp\":%d,\"pp\":%d,\"world\":%d,\"zero\":%d,\"activation_checkpointing\":\"%s\",\"dtype\":\"%s\","
+	    "\"dp\":%d,\"tp\":%d,\"pp\":%d,\"cp\":%d,\"world\":%d,\"zero\":%d,\"activation_checkpointing\":\"%s\","
+	    "\"dtype\":\"%s\",\"cp_attention\":\"%s\","
 	    "\"sequence_parallel\":%s,\"optimizer\":\"%s\",\"schedule\":\"%s\",\"virtual_stages\":%d,\"impl\":\"%s\","
 	    "\"tokens_per_step\":%.0f,\"threads\":%d,\"background_load\":%.3f,\"cpu_share\":%.4f,\"run_steps\":%lld,",
 	    c->name, loom_arch_name(pc->model.arch), pc->model.n_layer, pc->model.n_head, pc->model.n_embd,
-	    pc->model.seq_len, pc->model.vocab_size, p->params, pc->B, pc->T, pc->M, pc->dp, pc->tp, pc->pp, p->world,
-	    pc->zero, loom_act_ckpt_name(pc->act_ckpt), loom_compute_dtype_name(pc->dtype),
+	    pc->model.seq_len, pc->model.vocab_size, p->params, pc->B, pc->T, pc->M, pc->dp, pc->tp, pc->pp,
+	    LOOM_MAX(pc->cp, 1), p->world, pc->zero, loom_act_ckpt_name(pc->act_ckpt), loom_compute_dtype_name(pc->dtype),
+	    pc->cp > 1 ? (pc->cp_gather ? "gather" : "ring") : "-",
 	    pc->sequence_parallel && pc->tp > 1 ? "true" : "false",
 	    pc->optimizer == LOOM_OPTIMIZER_MUON ? "muon" : "adamw", schedule_name(pc),
 	    pc->virtual_stages > 1 ? pc->virtual_stages : 1, pc->impl == LOOM_PLAN_IDEAL ? "ideal" : "loom",
@@ -136,13 +139,15 @@ int loom_plan_json(const loom_plan_t *p, const loom_cluster_t *c, char *buf, siz
 	put(&o, ",\"memory_limit_bytes\":%.0f,\"fits\":%s,\"headroom\":%.4f,\"flops_per_token\":%.6g,"
 	    "\"flops_per_token_nominal\":%.6g,\"flops_per_step\":%.6g,"
 	    "\"flops_per_rank_step\":%.6g,\"peak_flops\":%.6g,\"compute_s\":%.6g,\"optimizer_s\":%.6g,"
-	    "\"comm_bytes_per_step\":{\"dp\":%.0f,\"tp\":%.0f,\"pp\":%.0f},"
-	    "\"comm_s\":{\"dp\":%.6g,\"tp\":%.6g,\"pp\":%.6g},\"comm_exposed_s\":{\"dp\":%.6g,\"tp\":%.6g,\"pp\":%.6g},"
+	    "\"comm_bytes_per_step\":{\"dp\":%.0f,\"tp\":%.0f,\"pp\":%.0f,\"cp\":%.0f},"
+	    "\"comm_s\":{\"dp\":%.6g,\"tp\":%.6g,\"pp\":%.6g,\"cp\":%.6g},"
+	    "\"comm_exposed_s\":{\"dp\":%.6g,\"tp\":%.6g,\"pp\":%.6g,\"cp\":%.6g},"
 	    "\"bubble\":%.6f,\"bubble_theory\":%.6f,\"step_time_s\":%.6g,\"tokens_per_s\":%.6g,\"mfu\":%.6f",
 	    p->memory_limit, p->fits ? "true" : "false", p->headroom, p->flops_per_token,
 	    loom_model_flops_per_token_nominal(&pc->model, pc->T), p->flops_per_step,
 	    p->flops_per_rank_step, p->peak_flops, p->compute_s, p->optimizer_s, p->dp.bytes, p->tp.bytes, p->pp.bytes,
-	    p->dp.time_s, p->tp.time_s, p->pp.time_s, p->dp.exposed_s, p->tp.exposed_s, p->pp.exposed_s, p->bubble,
+	    p->cp.bytes, p->dp.time_s, p->tp.time_s, p->pp.time_s, p->cp.time_s, p->dp.exposed_s, p->tp.exposed_s,
+	    p->pp.exposed_s, p->cp.exposed_s, p->bubble,
 	    p->bubble_theory, p->step_time_s, p->tokens_per_s, p->mfu);
 	if (pc->tokens > 0)
 		put(&o, ",\"tokens\":%.0f,\"steps\":%.0f,\"wall_s\":%.6g,\"cost\":%.6g", pc->tokens, p->steps,

@@ -32,7 +32,7 @@ struct loom_trace {
 
 static const char *const kind_name[LOOM_EV_KINDS + 2] = {
 	[LOOM_EV_FORWARD] = "forward", [LOOM_EV_BACKWARD] = "backward", [LOOM_EV_SEND] = "send",
-	[LOOM_EV_RECV] = "recv", [LOOM_EV_ALLREDUCE] = "allreduce", [LOOM_EV_OPTIM] = "optimizer",
+	[LOOM_EV_RECV] = "recv", [LOOM_EV_ALLREDUCE] = "allreduce", [LOOM_EV_OPTIM] = "optimizer", [LOOM_EV_CP] = "cp",
 	[LOOM_EV_KINDS] = "step", [LOOM_EV_KINDS + 1] = "idle",
 };
 
@@ -92,6 +92,9 @@ static void put(FILE *f, int rank, int kind, int mb, int unit, double t0, double
 	else if (kind == LOOM_EV_FORWARD || kind == LOOM_EV_BACKWARD) /* -1 embedding, -3 head, -2 all */
 		snprintf(name, sizeof name, "%c%d %s", kind == LOOM_EV_FORWARD ? 'F' : 'B', mb,
 		         unit == -1 ? "embed" : unit == -3 ? "head" : "model");
+	else if (kind == LOOM_EV_CP) /* unit: the hook's operation */
+		snprintf(name, sizeof name, "cp %s", unit == LOOM_TP_ALLGATHER ? "all-gather"
+		         : unit == LOOM_TP_REDUCE_SCATTER ? "reduce-scatter" : "ring wait");
 	else if (mb >= 0)
 		snprintf(name, sizeof name, "%s mb%d", k, mb);
 	else

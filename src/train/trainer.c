@@ -15,7 +15,9 @@
  * bit-identical on every rank, so the norm, clipping and AdamW keep the replicas identical without
  * further communication). Data sharding, the batch and the checkpoints' loader states follow the
  * data-parallel coordinate (dp_rank of dp_size), logging and writing follow the global rank 0; with
- * tp = pp = 1 both are the world rank. Evaluation reads validation windows directly
+ * tp = pp = cp = 1 both are the world rank. With context parallelism the cp ranks of a group read the
+ * same windows and give the model their head-tail rows; the strategy, the loss and the evaluation span
+ * dp x cp (tr->grad), the loader and the checkpoints' loader states the dp coordinate alone. Evaluation reads validation windows directly
  * (loom_loader_window) and does not touch the training state, so evaluating or not never changes
  * the training losses. */
 #include <math.h>
@@ -122,6 +124,14 @@ static int check_config(const loom_train_config_t *c, loom_model_t *model)
 	if (!(c->pp_head_split < 1.0))
 		return loom_seterr(LOOM_EINVAL, "trainer: pipeline head split %g must be < 1 (a fraction of the positions; "
 		                   "0: balanced by FLOPs, negative: off)", c->pp_head_split);
+	int cp = c->mesh ? loom_mesh_size(c->mesh, LOOM_MESH_CP) : 1;
+	if (cp != loom_model_cp_size(model) || (c->mesh && loom_mesh_coord(c->mesh, LOOM_MESH_CP) != loom_model_cp_rank(model)))
+		return loom_seterr(LOOM_EINVAL, "trainer: rank %d: the mesh puts it at context-parallel rank %d of %d, but the "
+		                   "model was created as rank %d of %d (loom_model_opts_t cp_size, cp_rank)",
+		                   c->mesh ? loom_mesh_world_rank(c->mesh) : 0, c->mesh ? loom_mesh_coord(c->mesh, LOOM_MESH_CP) : 0,
+		                   cp, loom_model_cp_rank(model), loom_model_cp_size(model));
+	if (cp > 1 && (rc = loom_cp_check(c->T, cp)) != LOOM_OK)
+		return loom_seterr(rc, "trainer: --cp %d: %s", cp, loom_errmsg());
 	if (c->mesh) {
 		int tp = loom_mesh_size(c->mesh, LOOM_MESH_TP), pp = loom_mesh_size(c->mesh, LOOM_MESH_PP);
 		if (pp > mc->n_layer)
@@ -146,36 +156,70 @@ static int check_config(const loom_train_config_t *c, loom_model_t *model)
 	return LOOM_OK;
 }
 
-/* Who this rank is: global rank and size, and its data-parallel axis (NULL when it has one rank). */
+/* Who this rank is: global rank and size, its data-parallel axis, its context-parallel axis and the
+ * data-parallel group dp x cp (each NULL when it has one rank). */
 static void topology(loom_trainer_t *tr, const loom_train_config_t *c)
 {
 	tr->world = 1, tr->rank = 0, tr->dp = NULL, tr->tp = NULL, tr->dp_rank = 0, tr->dp_size = 1;
+	tr->cp = tr->grad = NULL, tr->cp_rank = 0, tr->cp_size = 1;
 	if (c->mesh) {
 		tr->world = loom_mesh_world_size(c->mesh), tr->rank = loom_mesh_world_rank(c->mesh);
 		tr->dp = loom_mesh_comm(c->mesh, LOOM_MESH_DP);
 		tr->tp = loom_mesh_comm(c->mesh, LOOM_MESH_TP);
+		tr->cp = loom_mesh_comm(c->mesh, LOOM_MESH_CP);
+		tr->grad = loom_mesh_dpcp_comm(c->mesh);
 	} else if (c->comm) {
 		tr->world = loom_comm_size(c->comm), tr->rank = loom_comm_rank(c->comm);
-		tr->dp = c->comm;
+		tr->dp = tr->grad = c->comm;
 	}
 	if (tr->dp && loom_comm_size(tr->dp) == 1)
 		tr->dp = NULL; /* a communicator of one rank is the same as none */
+	if (tr->grad && loom_comm_size(tr->grad) == 1)
+		tr->grad = NULL;
 	if (tr->dp)
 		tr->dp_rank = loom_comm_rank(tr->dp), tr->dp_size = loom_comm_size(tr->dp);
+	if (tr->cp)
+		tr->cp_rank = loom_comm_rank(tr->cp), tr->cp_size = loom_comm_size(tr->cp);
 	tr->pp = c->mesh ? loom_mesh_comm(c->mesh, LOOM_MESH_PP) : NULL, tr->pp_rank = 0, tr->pp_size = 1;
 	if (tr->pp)
 		tr->pp_rank = loom_comm_rank(tr->pp), tr->pp_size = loom_comm_size(tr->pp);
 }
 
-/* The trainer's loader as the executor's source of micro-batches. */
+/* The model's context-parallel hook: the group's operation, and with --trace its time when it waited
+ * (a gather, a reduce-scatter, the ring's wait for the keys: the ring's transfers themselves run behind
+ * the blocks' work). */
+static int cp_hook(void *ctx, float *buf, size_t n, loom_tp_op_t op)
+{
+	loom_trainer_t *tr = ctx;
+	double t0 = tr->trace ? loom_now() : 0.0;
+	int rc = loom__tp_group_reduce(&tr->cpg, buf, n, op);
+	if (tr->trace && op != LOOM_TP_SEND_NEXT && op != LOOM_TP_RECV_PREV)
+		loom__trace_event(tr->trace, LOOM_EV_CP, -1, (int)op, t0, loom_now());
+	return rc;
+}
+
+/* Context parallel: this rank's rows (its two head-tail chunks) of the window in tr->inputs, targets. */
+static void take_rows(loom_trainer_t *tr, int *inputs, int *targets)
+{
+	loom_cp_take(inputs, tr->inputs, tr->cfg.B, tr->cfg.T, tr->cp_size, tr->cp_rank);
+	loom_cp_take(targets, tr->targets, tr->cfg.B, tr->cfg.T, tr->cp_size, tr->cp_rank);
+}
+
+/* The trainer's loader as the executor's source of micro-batches (with context parallelism every rank
+ * of a group reads the same window and keeps its rows). */
 static int next_batch(void *ctx, int j, int *inputs, int *targets)
 {
 	loom_trainer_t *tr = ctx;
 	loom_loader_state_t st;
+	int rc;
 	(void)j;
 	loom_loader_get_state(tr->train, &st);
 	tr->window = (unsigned long long)st.next_window;
-	return loom_loader_next(tr->train, inputs, targets);
+	if (tr->cp_size == 1)
+		return loom_loader_next(tr->train, inputs, targets);
+	if ((rc = loom_loader_next(tr->train, tr->inputs, tr->targets)) == LOOM_OK)
+		take_rows(tr, inputs, targets);
+	return rc;
 }
 
 int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, loom_model_t *model)
@@ -205,7 +249,11 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	tr->cfg.strategy = tr->strategy_name, tr->cfg.pp_schedule = tr->pp_schedule, tr->cfg.trace_dir = tr->trace_dir;
 	tr->inputs = loom__malloc((size_t)cfg->B * cfg->T * sizeof(int));
 	tr->targets = loom__malloc((size_t)cfg->B * cfg->T * sizeof(int));
-	if (!tr->inputs || !tr->targets) {
+	if (tr->cp_size > 1) {
+		tr->cp_inputs = loom__malloc((size_t)cfg->B * (cfg->T / tr->cp_size) * sizeof(int));
+		tr->cp_targets = loom__malloc((size_t)cfg->B * (cfg->T / tr->cp_size) * sizeof(int));
+	}
+	if (!tr->inputs || !tr->targets || (tr->cp_size > 1 && (!tr->cp_inputs || !tr->cp_targets))) {
 		rc = loom_seterr(LOOM_ENOMEM, "trainer: out of memory for a batch of %d x %d (2 x %zu bytes)", cfg->B, cfg->T,
 		                 (size_t)cfg->B * cfg->T * sizeof(int));
 		goto fail;
@@ -215,8 +263,12 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	/* The executor (with a pipeline axis: this rank's stage, a model of its layers; collective over
 	 * the axis), then the strategy (an unsupported one fails before the data is read), which attaches
 	 * to the executor's model: its gradient view points at the strategy's storage until destroy. */
-	loom_exec_config_t ec = {.model = model, .seed = cfg->seed, .pp = tr->pp, .tp = tr->tp, .B = cfg->B, .T = cfg->T, .M = cfg->accum,
-	                         .schedule = LOOM_PP_1F1B, .inputs = tr->inputs, .targets = tr->targets,
+	/* With context parallelism the model (and so the executor) holds the rank's T/cp rows of each
+	 * sequence: the executor reads them from next_batch and never sees a whole window. */
+	loom_exec_config_t ec = {.model = model, .seed = cfg->seed, .pp = tr->pp, .tp = tr->tp, .B = cfg->B,
+	                         .T = cfg->T / tr->cp_size, .M = cfg->accum, .schedule = LOOM_PP_1F1B,
+	                         .inputs = tr->cp_size > 1 ? tr->cp_inputs : tr->inputs,
+	                         .targets = tr->cp_size > 1 ? tr->cp_targets : tr->targets,
 	                         .on_event = tr->trace ? loom__trace_event : NULL, .event_ctx = tr->trace};
 	if (cfg->pp_schedule)
 		loom__pp_schedule_parse(cfg->pp_schedule, &ec.schedule); /* checked above */
@@ -225,8 +277,15 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	const loom_exec_ops_t *eo = tr->pp ? loom__exec_pipeline() : loom__exec_local();
 	if ((rc = eo->create(&tr->exec, &ec)) != LOOM_OK)
 		goto fail;
+	if (tr->cp_size > 1) { /* the attention's gathers over the context-parallel group */
+		loom__tp_group_init(&tr->cpg, tr->cp);
+		tr->cpg.name = "context parallel";
+		loom_model_on_cp_reduce(eo->model(tr->exec), cp_hook, tr);
+	}
+	/* The strategy spans the ranks holding the same model shard: dp x cp (a context-parallel rank's
+	 * gradient is of its share of the positions; their average is the whole batch's). */
 	loom_strategy_config_t sc = {.name = cfg->strategy, .zero = cfg->zero, .model = eo->model(tr->exec),
-	                             .dp = tr->dp, .tp = tr->tp, .writer = tr->rank == 0, .adamw = cfg->adamw,
+	                             .dp = tr->grad, .tp = tr->tp, .writer = tr->rank == 0, .adamw = cfg->adamw,
 	                             .bucket_mb = cfg->bucket_mb,
 	                             .grad_reduce_dtype = cfg->grad_reduce_dtype, .optimizer = cfg->optimizer,
 	                             .muon = cfg->muon};
@@ -268,6 +327,8 @@ void loom_trainer_destroy(loom_trainer_t *tr)
 	if (!tr)
 		return;
 	loom__strategy_destroy(tr->strategy); /* points the model's gradient view back at its own buffer */
+	if (tr->exec && tr->cp_size > 1)
+		loom_model_on_cp_reduce(tr->exec->ops->model(tr->exec), NULL, NULL);
 	if (tr->exec)
 		tr->exec->ops->destroy(tr->exec);
 	if (tr->trace) /* not closed by a finished run: this rank's events (merged only in a 1-rank job) */
@@ -278,7 +339,7 @@ void loom_trainer_destroy(loom_trainer_t *tr)
 	loom_train_log_close(tr);
 	loom_loader_destroy(tr->train);
 	loom_loader_destroy(tr->val);
-	free(tr->inputs), free(tr->targets);
+	free(tr->inputs), free(tr->targets), free(tr->cp_inputs), free(tr->cp_targets);
 	free(tr->train_data), free(tr->val_data), free(tr->save_dir), free(tr->log_path);
 	free(tr->tokenizer), free(tr->strategy_name), free(tr->pp_schedule), free(tr->trace_dir);
 	free(tr);
@@ -315,15 +376,21 @@ int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m)
 		return loom_seterr(rc, "rank %d: step %lld (data window %llu of '%s'): %s", tr->rank, tr->step + 1,
 		                   tr->window, c->train_data, loom_errmsg());
 	comm_ms += es.comm_ms, exposed_ms += es.exposed_comm_ms;
+	if (tr->cp_size > 1) { /* the attention's gathers: blocking, on the training thread */
+		double ms = loom__tp_group_take_ms(&tr->cpg);
+		comm_ms += ms, exposed_ms += ms;
+	}
 	m->bubble = es.bubble, m->bubble_expected = es.bubble_expected, m->max_inflight = es.max_inflight;
 	m->p2p_bytes = es.p2p_bytes;
 	m->bubble_theory = tr->pp ? loom_pp_bubble_ideal(c->pp_schedule, tr->pp_size, c->pp_virtual_stages, c->accum)
 	                          : 0.0;
-	if (tr->dp) { /* the loss of all data-parallel ranks: a blocking all-reduce of one double */
+	/* the loss of all data-parallel ranks (dp x cp: a context-parallel rank's is the mean over its share of
+	 * the positions, all shares equal): a blocking all-reduce of one double */
+	if (tr->grad) {
 		double ta = loom_now();
-		if ((rc = loom_allreduce(tr->dp, &loss_sum, &loss_sum, 1, LOOM_FLOAT64, LOOM_AVG)) != LOOM_OK)
+		if ((rc = loom_allreduce(tr->grad, &loss_sum, &loss_sum, 1, LOOM_FLOAT64, LOOM_AVG)) != LOOM_OK)
 			return loom_seterr(rc, "rank %d: step %lld: averaging the loss across ranks: %s", tr->rank, tr->step + 1,
-			                   loom_comm_errmsg(tr->dp));
+			                   loom_comm_errmsg(tr->grad));
 		ta = 1e3 * (loom_now() - ta);
 		comm_ms += ta, exposed_ms += ta;
 	}
@@ -374,8 +441,14 @@ typedef struct {
 static int eval_window(void *ctx, int j, int *inputs, int *targets)
 {
 	eval_ctx_t *ec = ctx;
-	uint64_t k = (uint64_t)ec->tr->dp_rank + (uint64_t)j * (uint64_t)ec->tr->dp_size;
-	return loom_loader_window(ec->tr->val, k < ec->n ? k : 0, inputs, targets);
+	loom_trainer_t *tr = ec->tr;
+	uint64_t k = (uint64_t)tr->dp_rank + (uint64_t)j * (uint64_t)tr->dp_size;
+	int rc;
+	if (tr->cp_size == 1)
+		return loom_loader_window(tr->val, k < ec->n ? k : 0, inputs, targets);
+	if ((rc = loom_loader_window(tr->val, k < ec->n ? k : 0, tr->inputs, tr->targets)) == LOOM_OK)
+		take_rows(tr, inputs, targets);
+	return rc;
 }
 
 int loom_trainer_eval(loom_trainer_t *tr, float *val_loss)
@@ -404,6 +477,11 @@ int loom_trainer_eval(loom_trainer_t *tr, float *val_loss)
 	rc = tr->exec->ops->eval(tr->exec, tr->strategy, eval_window, &(eval_ctx_t){tr, n}, count, losses);
 	if (c->profile)
 		loom_model_profile(tr->model, 1);
+	/* context parallel: a window's loss is the mean of its ranks' (each over T/cp of its positions) */
+	if (rc == LOOM_OK && tr->cp && count > 0 &&
+	    (rc = loom_allreduce(tr->cp, losses, losses, (size_t)count, LOOM_FLOAT32, LOOM_AVG)) != LOOM_OK)
+		rc = loom_seterr(rc, "rank %d: evaluation after step %lld: averaging over the context-parallel group: %s",
+		                 tr->rank, tr->step, loom_comm_errmsg(tr->cp));
 	for (int j = 0; rc == LOOM_OK && j < count; j++) {
 		uint64_t k = (uint64_t)tr->dp_rank + (uint64_t)j * (uint64_t)tr->dp_size;
 		if (k < n)
@@ -551,6 +629,6 @@ void loom_train_model_opts(const loom_train_config_t *cfg, int dp, int tp, loom_
 	 * parallelism allows), not a micro-batch */
 	if (cfg->mesh && loom_mesh_size(cfg->mesh, LOOM_MESH_PP) > 1) {
 		mo->no_own_grads = mo->no_own_params = 1;
-		mo->B = 1, mo->T = LOOM_MAX(tp, 1), mo->arenas = 1;
+		mo->B = 1, mo->T = LOOM_MAX(tp, 1) * (mo->cp_size > 1 ? 2 : 1), mo->arenas = 1; /* cp: two chunks */
 	}
 }

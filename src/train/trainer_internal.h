@@ -23,6 +23,12 @@ struct loom_trainer {
 	loom_comm_t *tp;                /* the tensor-parallel axis (borrowed); NULL with one tensor-parallel rank */
 	int dp_rank, dp_size;           /* this rank's data-parallel coordinate and the axis size: the data
 	                                   sharding, the batch and the checkpoints' loader states use these */
+	loom_comm_t *cp;                /* the context-parallel axis (borrowed); NULL with one rank */
+	int cp_rank, cp_size;
+	loom_comm_t *grad;              /* the data-parallel group dp x cp (borrowed): what the strategy reduces
+	                                   and shards over and the loss is averaged over; NULL with one rank */
+	int *cp_inputs, *cp_targets;    /* cp > 1: this rank's B x T/cp rows of the window read (the model's) */
+	loom__tp_group_t cpg;           /* the model's context-parallel hook (cp > 1) */
 	loom_strategy_t *strategy;      /* the parallel strategy: gradients, norm, optimizer, parameter sync */
 	loom_exec_t *exec;              /* runs a step's micro-batches: the local loop or a pipeline stage */
 	loom_comm_t *pp;                /* the pipeline axis (borrowed); NULL with one stage */
