@@ -1,8 +1,8 @@
 /* test_flash.c: the fused attention kernel (src/model/flash.c) against a plain double-precision
  * attention written here and against the T x T kernels loom had before it (tests/attention_tt.c).
  *
- * Shapes cover what the kernel's blocks could get wrong: T = 1, T not a multiple of the 64-row query
- * blocks, T longer than one key block (300 > 256), windows of 0, 1, inside a block, at and beyond T,
+ * Shapes cover what the kernel's blocks could get wrong: T = 1, T not a multiple of the 128-row query
+ * blocks (and around 64, the bf16 path's pairs and tiles), T longer than one key block (300 > 256), windows of 0, 1, inside a block, at and beyond T,
  * and none; as many kv heads as query heads, grouped (4 on 2) and multi-query (4 on 1); query and key
  * rows at other positions (a KV cache's single row, another rank's chunk of keys). Every case runs with
  * 1 and 2 threads and must match to 2e-5 relative to the reference's largest magnitude (float sums in
@@ -159,7 +159,7 @@ static int flash_case(int B, int Tq, int Tk, int NH, int NKV, int D, int W, int 
 
 TEST(flash_causal_and_windows_match_plain_attention)
 {
-	static const int T[] = {1, 63, 64, 65, 300};
+	static const int T[] = {1, 63, 64, 65, 128, 129, 300};
 	for (size_t ti = 0; ti < sizeof T / sizeof T[0]; ti++) {
 		int t = T[ti], windows[] = {-1, 0, 1, 37, t - 1, t, t + 10};
 		for (size_t wi = 0; wi < sizeof windows / sizeof windows[0]; wi++)
