@@ -1,9 +1,9 @@
 /* test_flash.c: the fused attention kernel (src/model/flash.c) against a plain double-precision
  * attention written here and against the T x T kernels loom had before it (tests/attention_tt.c).
  *
- * Shapes cover what the kernel's blocks could get wrong: T = 1, T not a multiple of the 128-row query
- * blocks (and around 64, the bf16 path's pairs and tiles), T longer than one key block (300 > 256), windows of 0, 1, inside a block, at and beyond T,
- * and none; as many kv heads as query heads, grouped (4 on 2) and multi-query (4 on 1); query and key
+ * Shapes cover what the kernel's blocks could get wrong: T = 1, T around and not a multiple of the
+ * 128-row query blocks (and around 64), T longer than one key block (300 > 256), windows of 0, 1,
+ * inside a block, at and beyond T, and none; as many kv heads as query heads, grouped (4 on 2) and multi-query (4 on 1); query and key
  * rows at other positions (a KV cache's single row, another rank's chunk of keys). Every case runs with
  * 1 and 2 threads and must match to 2e-5 relative to the reference's largest magnitude (float sums in
  * another order, the polynomial exp). Two runs at one thread count must give the same bits, and the
