@@ -317,7 +317,7 @@ static double rel_err(const float *x, const float *r, size_t n)
 	return e / (big + 1e-30);
 }
 
-/* The attention in --dtype bf16 (a bf16 GEMM context on the calling thread): every product's operands
+/* The attention's bf16 products (LOOM_ATTN_BF16=1 in a bf16 GEMM context on the calling thread): every product's operands
  * rounded to bf16, fp32 accumulation, on the portable path everywhere and natively (AVX512-BF16) where
  * the CPU has it. Outputs and gradients against the fp32 kernel within bf16's tolerance (operands
  * rounded to 8 significant bits: 2^-8 relative each; measured 2.2e-3 to 5.3e-3 of the largest value,
@@ -330,6 +330,7 @@ TEST(flash_bf16_paths)
 {
 	static const int shapes[][6] = {{2, 150, 4, 2, 64, 37}, {1, 97, 3, 3, 128, -1}, {1, 65, 2, 1, 16, 20}};
 	int saved = loom_num_threads();
+	setenv("LOOM_ATTN_BF16", "1", 1); /* the bf16 products are opt-in (flash.c's precision) */
 	for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
 		int B = shapes[si][0], T = shapes[si][1], NH = shapes[si][2], NKV = shapes[si][3], D = shapes[si][4];
 		uint32_t s = 77u + (uint32_t)si;
@@ -367,6 +368,24 @@ TEST(flash_bf16_paths)
 			for (int t = 0; t < 4; t++)
 				free(res[p][t]);
 		free(q), free(k), free(v), free(dy), free(lse), free(scr);
+	}
+	/* without the opt-in, a bf16 context's attention is fp32's, bit for bit */
+	{
+		enum { B = 1, T = 70, NH = 2, D = 32 };
+		uint32_t s = 5;
+		size_t nq = (size_t)B * T * NH * D;
+		float *q = filled(nq, 2, &s), *k = filled(nq, 2, &s), *v = filled(nq, 1, &s), *o1 = malloc(nq * 4);
+		float *o2 = malloc(nq * 4);
+		loom__flash_t a = {.q = q, .k = k, .v = v, .ldq = NH * D, .ldk = NH * D, .B = B, .Tq = T, .Tk = T, .NH = NH,
+		                   .NKV = NH, .D = D, .W = -1, .scale = 0.2f};
+		loom__gemm_ctx_t ctx = {.dtype = LOOM_COMPUTE_BF16, .path = LOOM_BF16_PORTABLE};
+		unsetenv("LOOM_ATTN_BF16");
+		loom__flash_forward(&a, o1, NH * D, NULL);
+		loom__gemm_use(&ctx);
+		loom__flash_forward(&a, o2, NH * D, NULL);
+		loom__gemm_use(NULL);
+		CHECK(memcmp(o1, o2, nq * 4) == 0);
+		free(q), free(k), free(v), free(o1), free(o2);
 	}
 	return 0;
 }

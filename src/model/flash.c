@@ -28,8 +28,9 @@
  * qpos = kpos = 0; sampling with a KV cache runs one query row at qpos = p over the cached keys; the
  * offsets are also what a context-parallel rank needs for another rank's chunk of keys.
  *
- * Precision: the products run in the calling thread's GEMM precision (loom__gemm_current). In fp32 they
- * are oneDNN's sgemm on the operands in place. In bf16 (--dtype bf16, head size up to FLASH_BF16_DMAX) the
+ * Precision: the products are oneDNN's sgemm on the operands in place (fp32), also under --dtype bf16.
+ * With LOOM_ATTN_BF16=1 they run in the calling thread's GEMM precision (loom__gemm_current): in bf16
+ * (--dtype bf16, head size up to FLASH_BF16_DMAX) the
  * operands of every product (Q, K, V, P, dO, dS) are rounded to bf16 and the products accumulate in
  * fp32: natively with AVX512-BF16's dot-product instruction (mm_bf16 below: operands packed per block
  * into its pair layout), or on the portable path, the same bf16-rounded operands on the fp32 sgemm,
@@ -40,6 +41,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -77,13 +79,18 @@ int loom__flash_key_block(int D)
 	return key_block(D);
 }
 
-/* The precision of this call's products: the calling thread's GEMM context (read outside the parallel
- * regions: it is thread-local), and in bf16 its path; AVX512-BF16 for the native one. */
+/* The precision of this call's products: fp32, unless LOOM_ATTN_BF16=1 and the calling thread's GEMM
+ * context (read outside the parallel regions: it is thread-local) is bf16; then its path, AVX512-BF16
+ * for the native one. Opt-in because the bf16 products do not pay yet: every block packs its K and V
+ * operands again (per query block), which costs more than the products save (`small` in bf16 at T=256:
+ * attention 3x slower than in fp32, the step 12% slower); packing each head's K and V once per call is
+ * what would make it pay. */
 static int precision(int D)
 {
 	loom__gemm_ctx_t *ctx = loom__gemm_current();
 	loom_bf16_path_t path;
-	if (!ctx || ctx->dtype != LOOM_COMPUTE_BF16 || D > FLASH_BF16_DMAX)
+	const char *opt = getenv("LOOM_ATTN_BF16");
+	if (!opt || strcmp(opt, "1") != 0 || !ctx || ctx->dtype != LOOM_COMPUTE_BF16 || D > FLASH_BF16_DMAX)
 		return PREC_FP32;
 	if (ctx->path == LOOM_BF16_PORTABLE || (ctx->path == LOOM_BF16_AUTO && loom_bf16_path(&path) == LOOM_OK &&
 	                                        path == LOOM_BF16_PORTABLE))
