@@ -93,7 +93,7 @@ if [ "${HOLDOUT:-0}" = 1 ]; then
 		"tiny-ddp4|byte|--model tiny --vocab-size 257 --batch-size 4 --seq-len 128|--nproc 4"
 		"nc-d2-T1024-B2|byte|--arch nanochat --depth 2 --vocab-size 257 --batch-size 2 --seq-len 1024|"
 		"nc-d4-T512-t2|byte|$NC4 --batch-size 2 --seq-len 512|--threads 2"
-		"nc-d4-zero2-muon|byte|$NC4 --batch-size 4 --seq-len 256|--nproc 2 --zero 2 --optimizer muon"
+		"nc-d4-zero2|byte|$NC4 --batch-size 4 --seq-len 256|--nproc 2 --zero 2"
 		"nc-d6-T2048|byte|--arch nanochat --depth 6 --vocab-size 257 --batch-size 1 --seq-len 2048|"
 		"nc-d4-cp2|byte|$NC4 --batch-size 2 --seq-len 512|--nproc 2 --cp 2"
 	)

@@ -277,6 +277,16 @@ int test_run_cmd(const char *cmd, char *out, size_t cap, double timeout_s)
 	return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
 }
 
+const char *test_read_text(const char *path, char *buf, size_t cap)
+{
+	FILE *f = fopen(path, "rb");
+	size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	return buf;
+}
+
 int test_write_file(const char *path, const void *p, size_t n)
 {
 	FILE *f = fopen(path, "wb");

@@ -126,9 +126,30 @@ const char *test_prog_dir(void);
 /* Run a shell command, capture up to cap-1 bytes of its combined stdout+stderr into out, wait at
  * most timeout_s (scaled like test_spawn's); returns the exit status (128+signal when killed, -1 on timeout). */
 int test_run_cmd(const char *cmd, char *out, size_t cap, double timeout_s);
+/* Run cmd (test_run_cmd into the array out); fail the test, printing its output, unless it exits 0. */
+#define RUN_OK(cmd, out, timeout)                                                                    \
+	do {                                                                                             \
+		int st_ = test_run_cmd(cmd, out, sizeof out, timeout);                                       \
+		CHECK_MSG(st_ == 0, "`%s` exited %d:\n%s", cmd, st_, out);                                   \
+	} while (0)
+
+/* 1 in a build under AddressSanitizer, whose shadow memory and quarantine are in every resident set
+ * (tests of memory figures check less there). */
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_UNDER_ASAN 1
+#endif
+#endif
+#ifndef TEST_UNDER_ASAN
+#define TEST_UNDER_ASAN 0
+#endif
 
 /* Write n bytes to path (created or truncated); 0 on success, 1 on any failure. */
 int test_write_file(const char *path, const void *p, size_t n);
+/* The file's first cap-1 bytes as a string in buf ("" when it cannot be read); returns buf. */
+const char *test_read_text(const char *path, char *buf, size_t cap);
 
 /* DIR/train_000000.bin: n text-like tokens below vocab (a fixed mix of noise and structure, so a
  * model's loss moves). LOOM_OK or the shard writer's error. */

@@ -468,16 +468,6 @@ TEST(llmc_round_trip)
 	return 0;
 }
 
-/* The file's first cap-1 bytes as a string ("" when it cannot be read). */
-static const char *read_text(const char *path, char *buf, size_t cap)
-{
-	FILE *f = fopen(path, "rb");
-	size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
-	if (f)
-		fclose(f);
-	buf[n] = 0;
-	return buf;
-}
 
 /* `loom convert` writes config.json beside a .safetensors and meta_NNNNNN.json beside nanochat's
  * model_NNNNNN.pt, files the user did not name: an existing one is never replaced without --force
@@ -503,7 +493,7 @@ TEST(convert_keeps_unasked_files)
 	            ".safetensors gets config.json beside it, Hugging Face's layout); nothing was written: move it away, "
 	            "convert into another directory, or give --force to replace it\n");
 	snprintf(path, sizeof path, "%s/out/config.json", dir);
-	CHECK_STREQ(read_text(path, text, sizeof text), "mine\n");
+	CHECK_STREQ(test_read_text(path, text, sizeof text), "mine\n");
 	snprintf(path, sizeof path, "%s/out/model.safetensors", dir);
 	CHECK_EQ(file_size(path), -1);
 	/* --force replaces it, and says so */
@@ -514,7 +504,7 @@ TEST(convert_keeps_unasked_files)
 	CHECK_OK(loom_model_config(path, 0, &cfg, NULL));
 	CHECK_EQ(cfg.n_layer, 2);
 	snprintf(path, sizeof path, "%s/out/config.json", dir);
-	CHECK_CONTAINS(read_text(path, text, sizeof text), "\"n_layer\": 2,");
+	CHECK_CONTAINS(test_read_text(path, text, sizeof text), "\"n_layer\": 2,");
 	/* a .bin writes nothing beside it: no refusal there */
 	snprintf(cmd, sizeof cmd, "cd %s && %s convert out/model.safetensors out/b.bin", dir, loom);
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0);
@@ -529,14 +519,14 @@ TEST(convert_keeps_unasked_files)
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 0);
 	CHECK_CONTAINS(out, "2288 parameters; wrote ./config.json\n");
 	snprintf(path, sizeof path, "%s/bare/config.json", dir);
-	CHECK_CONTAINS(read_text(path, text, sizeof text), "\"n_layer\": 2,");
+	CHECK_CONTAINS(test_read_text(path, text, sizeof text), "\"n_layer\": 2,");
 	/* nanochat's meta file beside model_NNNNNN.pt: refused before the converter runs */
 	snprintf(cmd, sizeof cmd, "cd %s && %s convert out/model.safetensors nc/model_000006.pt", dir, loom);
 	CHECK_EQ(test_run_cmd(cmd, out, sizeof out, 30), 2);
 	CHECK_CONTAINS(out, "loom convert: nc/meta_000006.json exists and writing nc/model_000006.pt would replace it "
 	               "(nanochat's meta file goes beside its model_NNNNNN.pt); nothing was written");
 	snprintf(path, sizeof path, "%s/nc/meta_000006.json", dir);
-	CHECK_STREQ(read_text(path, text, sizeof text), "mine\n");
+	CHECK_STREQ(test_read_text(path, text, sizeof text), "mine\n");
 	snprintf(path, sizeof path, "%s/nc/model_000006.pt", dir);
 	CHECK_EQ(file_size(path), -1);
 	free(p);

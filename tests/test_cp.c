@@ -209,12 +209,6 @@ enum { STEPS = 8, MAXSTEPS = 64 };
 	"--total-batch-size 256 --eval-every 4 --eval-batches 3"
 #define CP_NC CP_NC_BASE " --lr 2e-3"
 
-#define RUN_OK(cmd, out, timeout)                                                                                \
-	do {                                                                                                         \
-		int st_ = test_run_cmd(cmd, out, sizeof out, timeout);                                                   \
-		CHECK_MSG(st_ == 0, "`%s` exited %d:\n%s", cmd, st_, out);                                               \
-	} while (0)
-
 typedef struct {
 	const char *name, *flags, *want; /* want: a line the run's output must contain (or NULL) */
 	const char *env;                 /* NULL, or "NAME=VALUE" for the run's environment */

@@ -45,12 +45,6 @@ static int read_losses(const char *path, double *loss, char lines[][160], double
 }
 
 /* Run `cmd`, which must exit 0; its output goes to out. */
-#define RUN_OK(cmd, out, timeout)                                                                    \
-	do {                                                                                         \
-		int st_ = test_run_cmd(cmd, out, sizeof out, timeout);                                   \
-		CHECK_MSG(st_ == 0, "`%s` exited %d:\n%s", cmd, st_, out);                               \
-	} while (0)
-
 /* `world` ranks with accumulation 1 (and ranks x accum2) against 1 rank with world x accum2 at the
  * same total batch: per-step losses within 1e-5 relative, and the validation losses (5 windows
  * shared unevenly among the ranks) too; --check-replicas 1 verifies after every step that the

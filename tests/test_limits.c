@@ -171,16 +171,6 @@ TEST(limits_full_shm_2ranks)
 	return full_shm(2);
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
 
 /* Run `loom <args>` under an address-space limit of `as_mb` MB (sh's ulimit -v, so no prlimit(1) is
  * needed) with `env` before it, under test_run_cmd's timeout (60 s, scaled by the machine's load):
@@ -209,7 +199,7 @@ static int as_limited(int launcher)
 		const char *env;
 		long mb;
 	} cases[] = {{"LOOM_SHM_MB=16", 300}, {"", 200}};
-	if (UNDER_ASAN)
+	if (TEST_UNDER_ASAN)
 		return free(out), TEST_SKIP("AddressSanitizer reserves terabytes of address space: no address-space limit");
 	CHECK(out);
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));
@@ -254,7 +244,7 @@ TEST(limits_solo_under_1gb)
 	char dir[512], args[2048], *out = malloc(OUT_CAP);
 	double secs;
 	int st;
-	if (UNDER_ASAN)
+	if (TEST_UNDER_ASAN)
 		return free(out), TEST_SKIP("AddressSanitizer reserves terabytes of address space: no address-space limit");
 	CHECK(out);
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));
@@ -524,7 +514,7 @@ TEST(limits_openblas_buffers_checked)
 	char dir[512], args[2048], *out = malloc(OUT_CAP);
 	double secs;
 	int st;
-	if (UNDER_ASAN)
+	if (TEST_UNDER_ASAN)
 		return free(out), TEST_SKIP("AddressSanitizer reserves terabytes of address space: no address-space limit");
 	CHECK(out);
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));

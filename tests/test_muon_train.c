@@ -17,12 +17,6 @@ enum { VOCAB = 64, STEPS = 8, MAXSTEPS = 64 };
 	"--model tiny --batch-size 2 --seq-len 16 --optimizer muon --matrix-lr 0.02 --lr 2e-3 --warmup 1 "           \
 	"--shuffle 1 --seed 7 --peak-flops 1e10 --total-batch-size 384"
 
-#define RUN_OK(cmd, out, timeout)                                                                                \
-	do {                                                                                                         \
-		int st_ = test_run_cmd(cmd, out, sizeof out, timeout);                                                   \
-		CHECK_MSG(st_ == 0, "`%s` exited %d:\n%s", cmd, st_, out);                                               \
-	} while (0)
-
 /* One process, then 2, 3 and 4 ranks (accumulation 12, 6, 4, 3: the same 384 tokens per step): the
  * per-step losses within 1e-6 relative; every rank's parameters are compared bit for bit after every
  * step (--check-replicas 1), so the owners' all-gather gives everyone the same matrices. */

@@ -22,12 +22,6 @@ enum { VOCAB = 64, STEPS = 6, MAXSTEPS = 64 };
 	"--total-batch-size 256"
 #define NC NC_BASE " --lr 2e-3"
 
-#define RUN_OK(cmd, out, timeout)                                                                                \
-	do {                                                                                                         \
-		int st_ = test_run_cmd(cmd, out, sizeof out, timeout);                                                   \
-		CHECK_MSG(st_ == 0, "`%s` exited %d:\n%s", cmd, st_, out);                                               \
-	} while (0)
-
 typedef struct {
 	const char *name, *flags;
 } nc_run_t;

@@ -748,16 +748,6 @@ TEST(plan_train_same_prediction)
  * pages, evaluation's losses and the validation shards' pages, a second thread's scratch: the plan's
  * total against rank 0's measured peak resident set, within 10% (not under AddressSanitizer, whose
  * shadow memory and quarantine are in every resident set: there the runs and the parts are checked). */
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
 TEST(plan_memory_covers_evaluation)
 {
 	char dir[512], cache[700], val[700], cmd[4096], log[800], out[65536], text[1 << 16], m[4096];
@@ -792,7 +782,7 @@ TEST(plan_memory_covers_evaluation)
 		for (const char *p = text; (p = strstr(p, "\"peak_rss_bytes\":")); p++)
 			rss = json_num(p, "\"peak_rss_bytes\":") > rss ? json_num(p, "\"peak_rss_bytes\":") : rss;
 		CHECK(rss > 0);
-		CHECK_MSG(UNDER_ASAN || fabs(pred / rss - 1.0) <= 0.10, "%s: predicted %.1f MiB, peak RSS %.1f MiB (%+.1f%%): %s", flags,
+		CHECK_MSG(TEST_UNDER_ASAN || fabs(pred / rss - 1.0) <= 0.10, "%s: predicted %.1f MiB, peak RSS %.1f MiB (%+.1f%%): %s", flags,
 		          pred / 1048576.0, rss / 1048576.0, 100.0 * (pred / rss - 1.0), m);
 		if (strstr(flags, "--eval-every"))
 			CHECK(json_num(m, "\"eval\":") > 1e6); /* the validation shard's pages the check and evaluation read */

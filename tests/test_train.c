@@ -789,16 +789,6 @@ TEST(train_peak_cache)
 	return 0;
 }
 
-/* The file's first cap-1 bytes as a string ("" when it cannot be read). */
-static const char *read_text(const char *path, char *buf, size_t cap)
-{
-	FILE *f = fopen(path, "rb");
-	size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
-	if (f)
-		fclose(f);
-	buf[n] = 0;
-	return buf;
-}
 
 /* A model-size flag overrides only its field: `--model tiny --vocab-size 1024 --seq-len 64` trains the
  * preset's 128 positions on 64 (the checkpoint says 128), and so do the tiny defaults under
@@ -832,7 +822,7 @@ TEST(train_model_flags_keep_positions)
 		CHECK_EQ(c.seq_len, runs[k].positions);
 		snprintf(path, sizeof path, "%s/ck%zu/step_00000001/config.json", dir, k);
 		snprintf(want, sizeof want, "\"n_positions\": %d,", runs[k].positions);
-		CHECK_CONTAINS(read_text(path, text, sizeof text), want);
+		CHECK_CONTAINS(test_read_text(path, text, sizeof text), want);
 	}
 	/* more than the positions: one message, before training */
 	snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --n-layer 1 --seq-len 256 --steps 1", loom, dir);
