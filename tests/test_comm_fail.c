@@ -538,3 +538,31 @@ TEST(comm_rank_claimed_twice)
 	CHECK_EQ(test_spawn(3, rank_twice, NULL, 20, env1), 0);
 	return 0;
 }
+
+/* A rank that joins and leaves at once (loom_comm_destroy right after init, as `loom train --check`'s
+ * quick ranks do with their sub-communicators) while another is still in its join: the join succeeds
+ * on both. LOOM_TEST_JOIN_PAUSE_S holds rank 0, the sub-group's leader, for 0.5 s after it has found
+ * rank 1 missing and handed it the segment, so rank 1 has joined and left before rank 0 looks at it
+ * again. */
+static int rank_quick_leave(int rank, int n, void *arg)
+{
+	loom_comm_t *c, *sub;
+	(void)n, (void)arg;
+	CHECK_OK(loom_comm_init(&c));
+	if (rank == 0) { /* the sub-group's leader: rank 1 is already asking for its offer */
+		usleep(300000);
+		setenv("LOOM_TEST_JOIN_PAUSE_S", "0.5", 1);
+	}
+	CHECK_OK(loom_comm_split(c, 0, rank, &sub));
+	unsetenv("LOOM_TEST_JOIN_PAUSE_S");
+	CHECK_OK(loom_comm_destroy(sub));
+	CHECK_OK(loom_comm_destroy(c));
+	return 0;
+}
+
+TEST(comm_join_then_quick_leave)
+{
+	const char *env[] = {"LOOM_TIMEOUT_S=20", NULL};
+	CHECK_EQ(test_spawn(2, rank_quick_leave, NULL, 30, env), 0);
+	return 0;
+}
