@@ -3,11 +3,12 @@
  *
  * Shapes cover what the kernel's blocks could get wrong: T = 1, T around and not a multiple of the
  * 128-row query blocks (and around 64), T longer than one key block (300 > 256), windows of 0, 1,
- * inside a block, at and beyond T, and none; as many kv heads as query heads, grouped (4 on 2) and multi-query (4 on 1); query and key
- * rows at other positions (a KV cache's single row, another rank's chunk of keys). Every case runs with
- * 1 and 2 threads and must match to 2e-5 relative to the reference's largest magnitude (float sums in
- * another order, the polynomial exp). Two runs at one thread count must give the same bits, and the
- * model's activation memory must not grow with T at a fixed B x T. */
+ * inside a block, at and beyond T, and none; as many kv heads as query heads, grouped (4 on 2) and
+ * multi-query (4 on 1); query and key rows at other positions (a KV cache's single row, another
+ * rank's chunk of keys). Every case runs with 1 and 2 threads and must match to 2e-5 relative to the
+ * reference's largest magnitude (float sums in another order, the polynomial exp). Two runs at one
+ * thread count must give the same bits, and the model's activation memory must not grow with T at a
+ * fixed B x T. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -276,7 +277,8 @@ TEST(flash_matches_the_former_tt_kernels)
 
 /* No activation buffer is sized by T x T: at a fixed B x T tokens, every role of the activation
  * memory of both families (and every checkpointing mode, tp 2 with sequence parallelism) is the same
- * at T = 256 and T = 4096 (the head's last-position logits are per sequence); with the former (B,NH,T,T) probabilities it grew 16-fold. */
+ * at T = 256 and T = 4096 (the head's last-position logits are per sequence); with the former
+ * (B,NH,T,T) probabilities it grew 16-fold. */
 TEST(flash_activation_memory_does_not_grow_with_t)
 {
 	loom_model_config_t g = {.arch = LOOM_ARCH_GPT2, .n_layer = 2, .n_head = 4, .n_embd = 64, .seq_len = 4096,
@@ -317,15 +319,15 @@ static double rel_err(const float *x, const float *r, size_t n)
 	return e / (big + 1e-30);
 }
 
-/* The attention's bf16 products (LOOM_ATTN_BF16=1 in a bf16 GEMM context on the calling thread): every product's operands
- * rounded to bf16, fp32 accumulation, on the portable path everywhere and natively (AVX512-BF16) where
- * the CPU has it. Outputs and gradients against the fp32 kernel within bf16's tolerance (operands
- * rounded to 8 significant bits: 2^-8 relative each; measured 2.2e-3 to 5.3e-3 of the largest value,
- * allowed 2e-2), yet not equal to fp32's (the rounding happened: above 1e-4), and the native path against
- * the portable one within 1e-3 (the same rounded operands summed in another order, measured 5e-8 to
- * 2e-5: a P or dS on a rounding boundary may round one bf16 step apart, so not to fp32's precision; a
- * wrong packing is O(1)). Head sizes 64
- * and 128 (the path's largest), odd T, windowed and grouped. */
+/* The attention's bf16 products (LOOM_ATTN_BF16=1 in a bf16 GEMM context on the calling thread): every
+ * product's operands rounded to bf16, fp32 accumulation, on the portable path everywhere and natively
+ * (AVX512-BF16) where the CPU has it. Outputs and gradients against the fp32 kernel within bf16's
+ * tolerance (operands rounded to 8 significant bits: 2^-8 relative each; measured 2.2e-3 to 5.3e-3 of
+ * the largest value, allowed 2e-2), yet not equal to fp32's (the rounding happened: above 1e-4), and
+ * the native path against the portable one within 1e-3 (the same rounded operands summed in another
+ * order, measured 5e-8 to 2e-5: a P or dS on a rounding boundary may round one bf16 step apart, so not
+ * to fp32's precision; a wrong packing is O(1)). Head sizes 64 and 128 (the path's largest), odd T,
+ * windowed and grouped. Without the opt-in, a bf16 context's attention is fp32's, bit for bit. */
 TEST(flash_bf16_paths)
 {
 	static const int shapes[][6] = {{2, 150, 4, 2, 64, 37}, {1, 97, 3, 3, 128, -1}, {1, 65, 2, 1, 16, 20}};

@@ -4,14 +4,14 @@
  *
  * Why this shape: the scores of a sequence are T x T, but softmax(S) V only needs, per query row, a
  * running maximum m, a running sum l and the output accumulated so far. So the queries are taken in
- * blocks of FLASH_BQ rows (128: the sgemms' shapes measured 10-15% faster than at 64), the keys in blocks of bk rows (bk from the L2 size: the block's K, V and
- * scores stay in cache), and each (query block, key block) pair is one sgemm for S = scale Q K^T, an
- * online-softmax update (rescale the rows' output by e^(m_old - m_new), P = e^(S - m_new)) and one sgemm
- * O += P V. Key blocks wholly above the causal diagonal or before a row block's window are never
- * visited; inside a block, entries outside a row's [t - W, t] are exact zeros. What the backward needs
- * is the output and one log-sum-exp per row (lse = m + log l): it recomputes P = e^(S - lse) block by
- * block, with D = rowsum(dO * O), dS = P (dP - D), dP = dO V^T, and accumulates dV += P^T dO,
- * dK += scale dS^T Q, dQ += scale dS K.
+ * blocks of FLASH_BQ rows (128: the block products measured 10-15% faster than at 64), the keys in
+ * blocks of bk rows (bk from the L2 size: the block's K, V and scores stay in cache), and each (query
+ * block, key block) pair is one sgemm for S = scale Q K^T, an online-softmax update (rescale the rows'
+ * output by e^(m_old - m_new), P = e^(S - m_new)) and one sgemm O += P V. Key blocks wholly above the
+ * causal diagonal or before a row block's window are never visited; inside a block, entries outside a
+ * row's [t - W, t] are exact zeros. What the backward needs is the output and one log-sum-exp per row
+ * (lse = m + log l): it recomputes P = e^(S - lse) block by block, with D = rowsum(dO * O),
+ * dS = P (dP - D), dP = dO V^T, and accumulates dV += P^T dO, dK += scale dS^T Q, dQ += scale dS K.
  *
  * Work and determinism: the forward runs tasks (batch, head, query block) on the OpenMP threads, each
  * writing only its own rows of out and lse, so its bits do not depend on the thread count. The
@@ -30,12 +30,11 @@
  *
  * Precision: the products are oneDNN's sgemm on the operands in place (fp32), also under --dtype bf16.
  * With LOOM_ATTN_BF16=1 they run in the calling thread's GEMM precision (loom__gemm_current): in bf16
- * (--dtype bf16, head size up to FLASH_BF16_DMAX) the
- * operands of every product (Q, K, V, P, dO, dS) are rounded to bf16 and the products accumulate in
- * fp32: natively with AVX512-BF16's dot-product instruction (mm_bf16 below: operands packed per block
- * into its pair layout), or on the portable path, the same bf16-rounded operands on the fp32 sgemm,
- * which is what every other bf16 matmul of loom does on a CPU without it. The softmax, the running
- * statistics and every accumulator stay fp32. */
+ * (--dtype bf16, head size up to FLASH_BF16_DMAX) the operands of every product (Q, K, V, P, dO, dS)
+ * are rounded to bf16 and the products accumulate in fp32: natively with AVX512-BF16's dot-product
+ * instruction (mm_bf16 below: operands packed per block into its pair layout), or on the portable
+ * path, the same bf16-rounded operands on the fp32 sgemm, which is what every other bf16 matmul of loom
+ * does on a CPU without it. The softmax, the running statistics and every accumulator stay fp32. */
 #include <immintrin.h>
 #include <limits.h>
 #include <math.h>
@@ -420,7 +419,8 @@ static void backward_task(const loom__flash_t *a, const task_t *t, float *dq, in
 	const float *y = out + qrow * ldo + (size_t)t->h * D;
 	const float *ls = lse + ((size_t)t->b * a->NH + t->h) * a->Tq + t->r0;
 	float *dqb = dq + qrow * lddq + (size_t)t->h * D;
-	float *dkb = dk + (size_t)t->b * a->Tk * ldkv + (size_t)t->g * D, *dvb = dv + (size_t)t->b * a->Tk * ldkv + (size_t)t->g * D;
+	size_t kvo = (size_t)t->b * a->Tk * ldkv + (size_t)t->g * D;
+	float *dkb = dk + kvo, *dvb = dv + kvo;
 	for (int i = 0; i < nq; i++) {
 		const float *x = dy + (size_t)i * lddo, *z = y + (size_t)i * ldo;
 		float s = 0.0f;
