@@ -185,7 +185,12 @@ static int in_copy(const char *dir, char *out, double timeout_s, const char *fmt
 static int in_copy(const char *dir, char *out, double timeout_s, const char *fmt, ...)
 {
 	char cmd[8192];
-	int n = snprintf(cmd, sizeof cmd, "cd '%s' && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MAKEOVERRIDES -u MPI ", dir);
+	/* make puts the variables of its own command line (make test SANITIZER=...) into its recipes'
+	 * environment too: the copy's make must see none of them */
+	int n = snprintf(cmd, sizeof cmd,
+	                 "cd '%s' && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MAKEOVERRIDES -u MPI -u SANITIZER -u ARCH "
+	                 "-u OPT -u CC -u CFLAGS -u CPPFLAGS -u LDFLAGS -u LDLIBS ",
+	                 dir);
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(cmd + n, sizeof cmd - (size_t)n, fmt, ap);

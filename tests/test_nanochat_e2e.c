@@ -245,7 +245,10 @@ static const char *kind_name(e2e_kind_t k)
  *    sanitizer build (other code generation, other roundings) has more of them: AdamW 0.8% of lm_head's
  *    elements, 0.63% of an attn.c_proj's, hence 2%. float32
  *    torch (the reference run in float32) lands as far or farther: 3.3e-4 of the max under AdamW, 5e-3
- *    under MuonAdamW (the test prints it). A wrong rate, decay or group moves every element of a
+ *    under MuonAdamW (the test prints it). So an outlier may also reach twice what float32 torch misses
+ *    the same tensor by, where that is more than OUTLIER_TOL: with the fused attention kernel the
+ *    sanitizer build's MuonAdamW run has h.0.mlp.c_fc[2417] at 2.1e-3 of its max, where float32 torch
+ *    misses that tensor by 2.1e-3 too. A wrong rate, decay or group moves every element of a
  *    tensor, far more than OUTLIER_FRAC of them;
  *  - every tensor moved by at least MOVE_FACTOR PARAM_TOL max, so a rate wrong by 10% or more shows
  *    (the least moved, the recipe's resid_lambdas at 0.01 x scalar_lr x sqrt(64 / 2^19), moved 2.1e-4);
@@ -339,10 +342,11 @@ static int e2e(e2e_kind_t kind)
 		if (getenv("LOOM_TEST_VERBOSE"))
 			fprintf(stderr, "    %-36s loom %.3g (%zu of %zu beyond %.0e), float32 torch %.3g, moved %.3g\n",
 			        tt[i].name, w / mx, nover, tt[i].numel, PARAM_TOL, w32 / mx, move / mx);
-		if (nover > allowed || w > OUTLIER_TOL * mx) /* every tensor that is off, then fail */
+		if (nover > allowed || w > fmax(OUTLIER_TOL * mx, 2.0 * w32)) /* every tensor that is off, then fail */
 			fprintf(stderr, "  %s: %s: %zu elements beyond %.0e x max %.3g (at most %zu allowed), the worst [%zu]: "
-			        "loom %.9g, the reference %.9g (diff %.3g, at most %.0e x max)\n", kind_name(kind), tt[i].name,
-			        nover, PARAM_TOL, mx, allowed, wi, p[o0 + wi], rfinal[o0 + wi], w, OUTLIER_TOL), bad++;
+			        "loom %.9g, the reference %.9g (diff %.3g, at most %.0e x max or twice float32 torch's %.3g)\n",
+			        kind_name(kind), tt[i].name, nover, PARAM_TOL, mx, allowed, wi, p[o0 + wi], rfinal[o0 + wi], w,
+			        OUTLIER_TOL, w32), bad++;
 		if (move < MOVE_FACTOR * PARAM_TOL * mx)
 			fprintf(stderr, "  %s: %s moved by %.3g only (max %.3g): the comparison would not see a wrong rate\n",
 			        kind_name(kind), tt[i].name, move, mx), bad++;

@@ -1086,8 +1086,9 @@ TEST(train_log_segments)
 	CHECK_CONTAINS(cfg[1], "\"grad_accum\":2,\"tokens_per_step\":64,");
 	snprintf(p, sizeof p, ",\"first_step\":5,\"resumed_from\":\"%s/ck/step_00000004\"}}\n", dir);
 	CHECK_CONTAINS(cfg[1], p);
-	/* a resume inside that segment with its settings (the environment aside) appends no record */
-	snprintf(cmd, sizeof cmd, "%s --steps 8 --resume-from %s/ck/step_00000006", base, dir);
+	/* a resume inside that segment with its settings (the environment aside: here another --load, so
+	 * another prediction) appends no record */
+	snprintf(cmd, sizeof cmd, "%s --steps 8 --resume-from %s/ck/step_00000006 --load 0.37", base, dir);
 	st = test_run_cmd(cmd, out, sizeof out, 60);
 	CHECK_MSG(st == 0, "exit %d: %s", st, out);
 	CHECK_EQ(log_records(logp, cfg, kinds, sizeof kinds), 2);

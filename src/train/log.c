@@ -122,7 +122,8 @@ static int truncate_log(const char *path, long long keep, char **last)
 static int environment_key(const char *key)
 {
 	static const char *const env[] = {"loom_version", "git", "host", "peak_flops", "peak_source", "gemm_peak_flops",
-	                                  "predicted_step_s", "predicted_memory_bytes", "first_step", "resumed_from"};
+	                                  "predicted_step_s", "predicted_memory_bytes", "plan", "first_step",
+	                                  "resumed_from"};
 	for (size_t i = 0; i < sizeof env / sizeof *env; i++)
 		if (!strcmp(key, env[i]))
 			return 1;
