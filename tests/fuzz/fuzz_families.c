@@ -34,3 +34,10 @@ const loom_model_family_t *loom__nanochat_family(void)
 {
 	return &nanochat;
 }
+
+/* Context parallelism's choice of form lives with its kernels (cp_attention.c), which the fuzzers do not
+ * link; iface.c's loom_cp_attention_ring asks it, and no file reader calls that. */
+int loom__cp_ring_env(void)
+{
+	return 1;
+}
