@@ -232,16 +232,8 @@ static int check_opts(const loom_gpt2_config_t *cfg, const loom_gpt2_opts_t *o)
 		return loom_seterr(LOOM_EINVAL, "gpt2 create: sequence parallelism: the %d x %d = %ld positions of a "
 		                   "micro-batch are not divisible by tp = %d (each rank holds an equal share)", o->B, o->T,
 		                   (long)o->B * o->T, tp);
-	int cp = o->cp_size ? o->cp_size : 1;
-	if (cp < 1 || o->cp_rank < 0 || o->cp_rank >= cp)
-		return loom_seterr(LOOM_EINVAL, "gpt2 create: context-parallel rank %d of %d (expected 0 <= rank < size)",
-		                   o->cp_rank, cp);
-	if (cp > 1 && (o->T % 2 != 0 || (long)o->T * cp > cfg->seq_len))
-		return loom_seterr(LOOM_EINVAL, "gpt2 create: context parallel over %d ranks: each holds %d rows of a "
-		                   "sequence of %ld positions (expected an even number, and cp x rows <= seq_len %d)", cp,
-		                   o->T, (long)o->T * cp, cfg->seq_len);
-	if (cp > 1 && loom__cp_ring_env() < 0)
-		return loom_seterr(LOOM_EINVAL, "gpt2 create: %s", loom_errmsg());
+	if ((rc = loom__cp_opts_check("gpt2", "seq_len", cfg, o)) != LOOM_OK)
+		return rc;
 	loom_bf16_path_t path;
 	if (o->dtype == LOOM_COMPUTE_BF16 && (rc = loom_bf16_path(&path)) != LOOM_OK)
 		return rc; /* LOOM_BF16 asks for what cannot run: its message says what is missing */

@@ -778,6 +778,22 @@ int loom_model_cp_rank(const loom_model_t *m)
 	return m->family->cp_rank(IMPL(m));
 }
 
+int loom__cp_opts_check(const char *who, const char *len_name, const loom_model_config_t *cfg,
+                        const loom_model_opts_t *o)
+{
+	int cp = o->cp_size ? o->cp_size : 1;
+	if (cp < 1 || o->cp_rank < 0 || o->cp_rank >= cp)
+		return loom_seterr(LOOM_EINVAL, "%s create: context-parallel rank %d of %d (expected 0 <= rank < size)", who,
+		                   o->cp_rank, cp);
+	if (cp > 1 && (o->T % 2 != 0 || (long)o->T * cp > cfg->seq_len))
+		return loom_seterr(LOOM_EINVAL, "%s create: context parallel over %d ranks: each holds %d rows of a "
+		                   "sequence of %ld positions (expected an even number, and cp x rows <= %s %d)", who, cp,
+		                   o->T, (long)o->T * cp, len_name, cfg->seq_len);
+	if (cp > 1 && loom__cp_ring_env() < 0)
+		return loom_seterr(LOOM_EINVAL, "%s create: %s", who, loom_errmsg());
+	return LOOM_OK;
+}
+
 int loom_cp_check(int T, int N)
 {
 	if (N < 1)

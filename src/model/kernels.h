@@ -185,6 +185,11 @@ size_t loom__cp_scratch_floats(int B, int Tl, int N, int NH, int NKV, int D);
 /* The form LOOM_CP_ATTENTION asks for: 1 (ring, also when unset) or 0 (gather); -1 for another value
  * (the message says what was expected). */
 int loom__cp_ring_env(void);
+/* A family's create: the cp options of o against cfg (rank in range, an even number of local rows that
+ * fit the sequence, LOOM_CP_ATTENTION valid); LOOM_EINVAL with "<who> create: ..." naming len_name, the
+ * family's name of the sequence length. */
+int loom__cp_opts_check(const char *who, const char *len_name, const loom_model_config_t *cfg,
+                        const loom_model_opts_t *o);
 /* Attention of the rank's local rows: a describes them as one process's call would (q, k, v the local
  * (B, Tl) rows, Tq = Tk = Tl even, qpos/kpos ignored, NH, NKV, D, W, scale); out (B, Tl) rows ldo apart as
  * the kernel's, lse two blocks (B,NH,Tl/2), chunk 0's then chunk 1's. Collective over the group (one

@@ -162,16 +162,8 @@ static int check_opts(const loom_model_config_t *cfg, const loom_model_opts_t *o
 		                   (long)o->B * o->T, tp);
 	if (o->dtype != LOOM_COMPUTE_FP32 && o->dtype != LOOM_COMPUTE_BF16)
 		return loom_seterr(LOOM_EINVAL, "nanochat create: dtype %d (expected fp32 or bf16)", (int)o->dtype);
-	int cp = o->cp_size ? o->cp_size : 1;
-	if (cp < 1 || o->cp_rank < 0 || o->cp_rank >= cp)
-		return loom_seterr(LOOM_EINVAL, "nanochat create: context-parallel rank %d of %d (expected 0 <= rank < size)",
-		                   o->cp_rank, cp);
-	if (cp > 1 && (o->T % 2 != 0 || (long)o->T * cp > cfg->seq_len))
-		return loom_seterr(LOOM_EINVAL, "nanochat create: context parallel over %d ranks: each holds %d rows of a "
-		                   "sequence of %ld positions (expected an even number, and cp x rows <= sequence_len %d)", cp,
-		                   o->T, (long)o->T * cp, cfg->seq_len);
-	if (cp > 1 && loom__cp_ring_env() < 0)
-		return loom_seterr(LOOM_EINVAL, "nanochat create: %s", loom_errmsg());
+	if ((rc = loom__cp_opts_check("nanochat", "sequence_len", cfg, o)) != LOOM_OK)
+		return rc;
 	loom_bf16_path_t path;
 	if (o->dtype == LOOM_COMPUTE_BF16 && (rc = loom_bf16_path(&path)) != LOOM_OK)
 		return rc;
