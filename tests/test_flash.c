@@ -19,7 +19,7 @@
 #include "loom/loom.h"
 #include "core/util.h"
 #include "model/kernels.h"
-#include "model/nanochat_model.h"
+#include "model/nanochat/nanochat_model.h"
 #include "test.h"
 
 static float urnd(uint32_t *s) /* uniform in [-1, 1) */

@@ -10,7 +10,7 @@
 
 #include "core/util.h"
 #include "loom/gpt2.h"
-#include "model/model.h"
+#include "model/gpt2/model.h"
 #include "model/rng.h"
 #include "test.h"
 

@@ -13,7 +13,7 @@
 #include "loom/model.h"
 #include "loom/nanochat.h"
 #include "core/util.h"
-#include "model/nanochat_model.h"
+#include "model/nanochat/nanochat_model.h"
 #include "test.h"
 
 /* L3, 4 query heads sharing 2 kv heads, head_dim 16, windows S S L with S = 8 < T = 16; layers 0 and

@@ -13,7 +13,7 @@
 #include "loom/gpt2.h"
 #include "loom/plan.h"
 #include "loom/train.h"
-#include "model/model.h"
+#include "model/gpt2/model.h"
 #include "parallel/pp.h"
 #include "test.h"
 

@@ -7,10 +7,10 @@
 #include <string.h>
 
 #include "loom/model.h"
-#include "model/model.h"
+#include "model/gpt2/model.h"
 #include "model/join.h"
-#include "model/nanochat.h"
-#include "model/nanochat_model.h"
+#include "model/nanochat/nanochat.h"
+#include "model/nanochat/nanochat_model.h"
 #include "core/util.h"
 
 const loom_model_family_t *loom_model_family(loom_arch_t arch)

@@ -3,8 +3,8 @@
  * kernels (no BLAS, oneDNN or OpenMP). The library's own tables (gpt2_family.c, nanochat.c) hold the
  * same functions and the model's instance operations besides. */
 #include "loom/gpt2.h"
-#include "model/nanochat.h"
-#include "model/nanochat_model.h"
+#include "model/nanochat/nanochat.h"
+#include "model/nanochat/nanochat_model.h"
 
 static int g_width(const loom_model_config_t *cfg)
 {

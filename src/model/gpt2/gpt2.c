@@ -32,7 +32,7 @@
 
 #include "core/util.h"
 #include "model/kernels.h"
-#include "model/model.h"
+#include "model/gpt2/model.h"
 #include "model/rng.h"
 
 /* Positions per chunk of the fused classifier (override: LOOM_CLS_CHUNK). See classifier.c. */

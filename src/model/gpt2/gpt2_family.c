@@ -2,7 +2,7 @@
  * loom_gpt2_* call of the same name (loom/gpt2.h), so a model reached through the interface behaves
  * exactly as one reached directly. */
 #include "core/util.h"
-#include "model/model.h"
+#include "model/gpt2/model.h"
 
 #define G(m) ((loom_gpt2_t *)(m))
 #define CG(m) ((const loom_gpt2_t *)(m))

@@ -11,7 +11,7 @@
 
 #include "core/util.h"
 #include "model/fastmath.h"
-#include "model/nanochat_model.h"
+#include "model/nanochat/nanochat_model.h"
 
 typedef loom_nanochat_t nc_t;
 

@@ -15,7 +15,7 @@
 
 #include "core/util.h"
 #include "model/fastmath.h"
-#include "model/nanochat_model.h"
+#include "model/nanochat/nanochat_model.h"
 #include "model/rng.h"
 
 static float *carve(char *base, size_t *off, size_t nfloats)

@@ -22,8 +22,8 @@
 
 #include "core/util.h"
 #include "model/fastmath.h"
-#include "model/nanochat.h"
-#include "model/nanochat_model.h"
+#include "model/nanochat/nanochat.h"
+#include "model/nanochat/nanochat_model.h"
 #include "model/rng.h"
 
 #define DEFAULT_CHUNK 512

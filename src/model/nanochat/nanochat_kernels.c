@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "model/fastmath.h"
-#include "model/nanochat_model.h"
+#include "model/nanochat/nanochat_model.h"
 
 #define PAR_MIN 32768
 

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "core/util.h"
-#include "model/nanochat_model.h"
+#include "model/nanochat/nanochat_model.h"
 
 void loom__nc_normalize(const loom_model_config_t *cfg, loom_model_config_t *out)
 {

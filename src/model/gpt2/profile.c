@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "core/util.h"
-#include "model/model.h"
+#include "model/gpt2/model.h"
 
 static const char *const prof_names[PROF_COUNT] = {
 #define PROF_NAME_(name, text) text,

@@ -20,7 +20,7 @@
 #include "core/util.h"
 #include "model/fastmath.h"
 #include "model/kernels.h"
-#include "model/model.h"
+#include "model/gpt2/model.h"
 
 int loom__tp_geom(const loom_tensor_info_t *full, int tp, loom__tp_geom_t *g)
 {

@@ -17,7 +17,7 @@
 #include "core/util.h"
 #include "model/fastmath.h"
 #include "model/kernels.h"
-#include "model/model.h"
+#include "model/gpt2/model.h"
 #include "model/rng.h"
 
 enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B };
