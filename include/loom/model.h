@@ -33,9 +33,19 @@ extern "C" {
 
 /* ---- configuration ------------------------------------------------------------------------------ */
 
-typedef enum { LOOM_ARCH_GPT2 = 0, LOOM_ARCH_NANOCHAT = 1 } loom_arch_t;
+typedef enum { LOOM_ARCH_GPT2 = 0, LOOM_ARCH_NANOCHAT = 1, LOOM_ARCH_LLAMA = 2 } loom_arch_t;
 
 #define LOOM_WINDOW_PATTERN_MAX 32
+
+/* RoPE's frequency scaling (transformers' `rope_scaling` / `rope_parameters`). */
+typedef enum { LOOM_ROPE_DEFAULT = 0, LOOM_ROPE_LLAMA3 = 1 } loom_rope_type_t;
+typedef struct {
+	loom_rope_type_t type;
+	/* llama3: wavelengths below original_max_position_embeddings / high_freq_factor are kept, those
+	 * above original / low_freq_factor divided by factor, those between blended */
+	double factor, low_freq_factor, high_freq_factor;
+	int original_max_position_embeddings;
+} loom_rope_scaling_t;
 
 /* One configuration type for every family. The first five fields are GPT-2's, in GPT-2's order (so
  * `{L, NH, C, T, V}` is a GPT-2 configuration); a zero-initialized field takes its family's default. */
@@ -50,6 +60,20 @@ typedef struct {
 	int n_kv_head;     /* key/value heads, dividing n_head (0: n_head) */
 	int short_window;  /* the `S` window W: a query sees itself and W positions before it (0: seq_len / 2) */
 	char window_pattern[LOOM_WINDOW_PATTERN_MAX]; /* per-layer `S`/`L`, tiled, last layer `L` ("": "SSSL") */
+	/* llama only (LOOM_ARCH_LLAMA: transformers' LlamaForCausalLM and Qwen2ForCausalLM; n_kv_head
+	 * above is num_key_value_heads, seq_len max_position_embeddings): */
+	int head_dim;             /* 0: n_embd / n_head */
+	int intermediate_size;    /* the SwiGLU MLP's width (0: the family's default) */
+	double rope_theta;        /* 0: 10000 */
+	double rms_norm_eps;      /* 0: 1e-6 */
+	loom_rope_scaling_t rope_scaling;
+	int tie_word_embeddings;  /* 1: the lm head is the embedding (no lm_head.weight) */
+	int attention_bias;       /* 1: biases on q, k, v and o (Llama's attention_bias) */
+	int qkv_bias;             /* 1: biases on q, k and v only (Qwen2) */
+	int mlp_bias;             /* 1: biases on gate, up and down */
+	int qwen2;                /* 1: model_type "qwen2" (Qwen2ForCausalLM) when written out */
+	int has_token_ids;        /* 1: bos_token_id and eos_token_id below are set */
+	int bos_token_id, eos_token_id;
 } loom_model_config_t;
 
 /* "gpt2" | "nanochat" to the arch; LOOM_EINVAL naming the families for another name. */

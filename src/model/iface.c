@@ -20,6 +20,8 @@ const loom_model_family_t *loom_model_family(loom_arch_t arch)
 		return loom__gpt2_family();
 	case LOOM_ARCH_NANOCHAT:
 		return loom__nanochat_family();
+	case LOOM_ARCH_LLAMA:
+		break; /* no family implements it yet */
 	}
 	return NULL;
 }
