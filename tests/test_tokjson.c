@@ -580,3 +580,192 @@ TEST(tokjson_pieces)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* ---- writing ------------------------------------------------------------------------------------------ */
+
+/* The ids of a and b agree on every text of tests/ref/tokjson_expected.txt (and plain and special modes). */
+static int same_ids(loom_bpe_t *a, loom_bpe_t *b, int flags)
+{
+	FILE *f = fopen("tests/ref/tokjson_expected.txt", "r");
+	char *line = NULL;
+	size_t lcap = 0;
+	int lines = 0;
+	CHECK_MSG(f, "tests/ref/tokjson_expected.txt not found (run from the source tree)");
+	while (getline(&line, &lcap, f) > 0) {
+		static char text[4096];
+		char *p = line + strcspn(line, " \n");
+		size_t len = 0, na, nb;
+		int *ia, *ib, ok;
+		for (p += *p == ' '; hexval(p[0]) >= 0 && hexval(p[1]) >= 0 && len < sizeof text; p += 2)
+			text[len++] = (char)(hexval(p[0]) * 16 + hexval(p[1]));
+		CHECK_OK(loom_bpe_encode(a, text, len, flags, &ia, &na));
+		CHECK_OK(loom_bpe_encode(b, text, len, flags, &ib, &nb));
+		ok = na == nb && (na == 0 || memcmp(ia, ib, na * sizeof *ia) == 0);
+		if (!ok)
+			fprintf(stderr, "  \"%.*s\": the two tokenizers disagree\n", (int)len, text);
+		free(ia), free(ib);
+		if (!ok) {
+			free(line), fclose(f);
+			return -1;
+		}
+		lines++;
+	}
+	free(line);
+	fclose(f);
+	return lines;
+}
+
+TEST(tokjson_save_and_train)
+{
+	char gdir[1024], dir[256], path[700], tdir[300], jdir[300], in[300];
+	loom_bpe_t *a, *b;
+	struct stat sb;
+	if (gpt2_dir(gdir, sizeof gdir))
+		return 1;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(path, sizeof path, "%s/saved.json", dir);
+	/* GPT-2's directory saved as tokenizer.json: the same ids, plain and with special tokens */
+	CHECK_OK(loom_bpe_load(&a, gdir));
+	CHECK_OK(loom_bpe_save_json(a, path));
+	CHECK_OK(loom_bpe_load(&b, path));
+	CHECK_EQ(loom_bpe_vocab_size(b), 50257);
+	CHECK_EQ(loom_bpe_num_merges(b), 50000);
+	CHECK(same_ids(a, b, 0) >= 400);
+	CHECK(same_ids(a, b, LOOM_BPE_SPECIAL) >= 400);
+	loom_bpe_destroy(a), loom_bpe_destroy(b);
+	/* Every variant saved and read back: the same ids (template, added tokens, steps, ignore_merges kept) */
+	for (int v = 0; v < 4; v++) {
+		CHECK(load_variant(variants[v], gdir, dir, &a) == 0);
+		CHECK_OK(loom_bpe_save_json(a, path));
+		CHECK_OK(loom_bpe_load(&b, path));
+		CHECK_EQ(loom_bpe_vocab_size(b), loom_bpe_vocab_size(a));
+		CHECK_EQ(loom_bpe_doc_start(b), loom_bpe_doc_start(a));
+		CHECK_STREQ(loom_bpe_pattern(b), loom_bpe_pattern(a));
+		CHECK_MSG(same_ids(a, b, LOOM_BPE_SPECIAL | LOOM_BPE_TEMPLATE) >= 400, "%s saved", variants[v]);
+		CHECK(same_ids(a, b, 0) >= 400);
+		loom_bpe_destroy(a), loom_bpe_destroy(b);
+	}
+	/* Training with json = 1 writes tokenizer.json alone, which gives the ids of the files format; with a
+	 * pattern other than GPT-2's too */
+	snprintf(in, sizeof in, "%s/corpus.txt", dir);
+	{
+		char text[20000];
+		size_t len = 0;
+		for (int i = 0; len < 15000; i++)
+			len += (size_t)sprintf(text + len, "The quick brown fox %d jumps over the lazy dog's 12345 tails.\n", i % 37);
+		CHECK(test_write_file(in, text, len) == 0);
+	}
+	for (int gpt4 = 0; gpt4 < 2; gpt4++) {
+		const char *files[1] = {in};
+		loom_bpe_train_opts_t o = {.vocab_size = 320, .pattern = gpt4 ? loom_bpe_pattern_gpt4 : NULL};
+		snprintf(tdir, sizeof tdir, "%s/files%d", dir, gpt4), snprintf(jdir, sizeof jdir, "%s/json%d", dir, gpt4);
+		CHECK_OK(loom_bpe_train(files, 1, tdir, &o, NULL));
+		o.json = 1;
+		CHECK_OK(loom_bpe_train(files, 1, jdir, &o, NULL));
+		snprintf(path, sizeof path, "%s/vocab.json", jdir);
+		CHECK(stat(path, &sb) != 0);
+		snprintf(path, sizeof path, "%s/tokenizer.json", jdir);
+		CHECK(stat(path, &sb) == 0);
+		CHECK_OK(loom_bpe_load(&a, tdir));
+		CHECK_OK(loom_bpe_load(&b, jdir));
+		CHECK_EQ(loom_bpe_vocab_size(b), 320);
+		CHECK_EQ(loom_bpe_eot(b), 319);
+		CHECK_EQ(loom_bpe_num_merges(b), loom_bpe_num_merges(a));
+		CHECK_MSG(strstr(loom_bpe_pattern(b), loom_bpe_pattern(a)), "%s lacks %s", loom_bpe_pattern(b),
+		          loom_bpe_pattern(a));
+		CHECK(same_ids(a, b, LOOM_BPE_SPECIAL) >= 400);
+		loom_bpe_destroy(a), loom_bpe_destroy(b);
+	}
+	test_rmdir(dir);
+	return 0;
+}
+
+/* The CLI with --tokenizer FILE.json: encode (the reference's ids), info, convert, a refusal, and the
+ * whole path: train --format json, data prepare, train a tiny model, sample with the data directory. */
+TEST(tokjson_cli)
+{
+	char gdir[1024], dir[256], cmd[8192], out[8192], path[600];
+	loom_bpe_t *t;
+	int rc;
+	if (gpt2_dir(gdir, sizeof gdir))
+		return 1;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	CHECK(load_variant("llama3", gdir, dir, &t) == 0);
+	loom_bpe_destroy(t);
+	/* the reference's line for "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>" */
+	snprintf(cmd, sizeof cmd, "printf '<|start_header_id|>user<|end_header_id|>\\n\\nWhat is 2+2?<|eot_id|>' | %s "
+	         "tokenizer encode --tokenizer %s/llama3.json --allow-special --add-special-tokens", test_loom_bin(), dir);
+	RUN_OK(cmd, out, 60);
+	CHECK_STREQ(out, "50257 50259 7220 50260 628 2061 318 220 17 10 17 30 50261\n");
+	snprintf(cmd, sizeof cmd, "echo '50257 50259 7220 50260 628' | %s tokenizer decode --tokenizer %s/llama3.json",
+	         test_loom_bin(), dir);
+	RUN_OK(cmd, out, 60);
+	CHECK_STREQ(out, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n");
+	snprintf(cmd, sizeof cmd, "%s tokenizer info --tokenizer %s/llama3.json", test_loom_bin(), dir);
+	RUN_OK(cmd, out, 60);
+	CHECK_CONTAINS(out, "vocab 50263, merges 50000, end-of-text 50256, document start 50257");
+	CHECK_CONTAINS(out, "pattern: Split /(?i:'s|'t|'re|'ve|'m|'ll|'d)|");
+	snprintf(cmd, sizeof cmd, "%s tokenizer convert --tokenizer %s --out %s/gpt2.json && printf 'Hello world' | %s "
+	         "tokenizer encode --tokenizer %s/gpt2.json", test_loom_bin(), gdir, dir, test_loom_bin(), dir);
+	RUN_OK(cmd, out, 60);
+	CHECK_CONTAINS(out, "(vocab 50257, merges 50000)\n15496 995\n");
+	/* a refusal through the CLI names the piece */
+	snprintf(path, sizeof path, "%s/unigram.json", dir);
+	CHECK(write_tiny(path, "Unigram", NULL, NULL, NULL) == 0);
+	snprintf(cmd, sizeof cmd, "echo hi | %s tokenizer encode --tokenizer %s", test_loom_bin(), path);
+	rc = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_EQ(rc, 2);
+	CHECK_CONTAINS(out, "model.type: model \"Unigram\" is not supported (loom implements byte-level BPE) (not supported)");
+	/* data prepare with the Llama-style file: every document starts with its BOS; the data directory holds
+	 * tokenizer.json */
+	snprintf(path, sizeof path, "%s/corpus.txt", dir);
+	CHECK(test_write_file(path, "one doc\n%\ntwo doc<|eot_id|>\n", 28) == 0);
+	snprintf(cmd, sizeof cmd, "%s data prepare --input %s --out %s/data --doc-sep %% --val-fraction 0 --tokenizer "
+	         "%s/llama3.json", test_loom_bin(), path, dir, dir);
+	RUN_OK(cmd, out, 60);
+	CHECK_CONTAINS(out, "vocab 50263 (documents start with 50257) -> ");
+	CHECK_CONTAINS(out, "/data/tokenizer.json, tokenizer.bin\n");
+	{
+		loom_shard_t sh;
+		int *ids;
+		size_t n;
+		snprintf(path, sizeof path, "%s/data", dir);
+		CHECK_OK(loom_bpe_load(&t, path));
+		CHECK_EQ(loom_bpe_doc_start(t), 50257);
+		snprintf(path, sizeof path, "%s/data/train_000000.bin", dir);
+		CHECK_OK(loom_shard_open(&sh, path));
+		CHECK_OK(loom_bpe_encode(t, "two doc<|eot_id|>\n", 18, 0, &ids, &n)); /* documents are plain text */
+		CHECK_EQ(sh.n_tokens, 1 + 3 + 1 + n);
+		CHECK_EQ(sh.tokens[0], 50257);
+		CHECK_EQ(sh.tokens[4], 50257);
+		for (size_t i = 0; i < n; i++)
+			CHECK_EQ(sh.tokens[5 + i], ids[i]);
+		free(ids);
+		loom_shard_close(&sh);
+		loom_bpe_destroy(t);
+	}
+	/* the whole path with loom's own tokenizer.json */
+	snprintf(path, sizeof path, "%s/fortunes.txt", dir);
+	{
+		char text[30000];
+		size_t len = 0;
+		for (int i = 0; len < 25000; i++)
+			len += (size_t)sprintf(text + len, "fortune %d: the quick brown fox jumps over the lazy dog.\n%%\n", i % 50);
+		CHECK(test_write_file(path, text, len) == 0);
+	}
+	snprintf(cmd, sizeof cmd,
+	         "%s tokenizer train --vocab-size 320 --input %s --out %s/tok --format json --quiet && "
+	         "%s data prepare --input %s --out %s/fdata --doc-sep %% --tokenizer %s/tok/tokenizer.json && "
+	         "%s train --train-data '%s/fdata/train_*.bin' --steps 2 --n-layer 1 --n-head 2 --n-embd 16 --vocab-size 320 "
+	         "--n-positions 32 --batch-size 2 --threads 1 --save-dir %s/ckpt && "
+	         "%s sample --model %s/ckpt --tokenizer %s/fdata/tokenizer.json --prompt 'the lazy' --max-tokens 4 "
+	         "--temperature 0 --threads 1", test_loom_bin(), path, dir, test_loom_bin(), path, dir, dir, test_loom_bin(),
+	         dir, dir, test_loom_bin(), dir, dir);
+	RUN_OK(cmd, out, 120);
+	CHECK_CONTAINS(out, "wrote ");
+	CHECK_CONTAINS(out, "/tok/tokenizer.json (vocab 320, end-of-text 319)");
+	CHECK_CONTAINS(out, "vocab 320 (end-of-text 319) -> ");
+	CHECK_CONTAINS(out, "\nthe lazy");
+	test_rmdir(dir);
+	return 0;
+}
