@@ -247,6 +247,7 @@ struct loom_bpe {
 	added_t *added;      /* longest first (leftmost-longest matching) */
 	int n_added;
 	unsigned char first[2][256]; /* first[normalized][b]: some added token of that pass starts with b */
+	int n_plain[2];      /* added tokens of each pass not marked special (matched without LOOM_BPE_SPECIAL) */
 	int tmpl[2][LOOM__BPE_MAX_TEMPLATE], n_tmpl[2]; /* ids before / after the text (TemplateProcessing) */
 	int32_t (*merge_list)[2]; /* merges in rank order (for saving) */
 	int32_t *made_by;    /* while merges are added: highest rank of a merge producing each token */
@@ -668,6 +669,7 @@ int loom__bpe_add_token(loom_bpe_t *t, int id, const char *content, size_t len, 
 	t->added[k] = (added_t){id, special != 0, normalized != 0};
 	t->n_added++;
 	t->first[normalized != 0][(unsigned char)content[0]] = 1;
+	t->n_plain[normalized != 0] += !special;
 	if (len == strlen(LOOM_BPE_EOT_TEXT) && memcmp(content, LOOM_BPE_EOT_TEXT, len) == 0)
 		t->eot = id;
 	return LOOM_OK;
@@ -1086,6 +1088,8 @@ static int split_added(loom_bpe_t *t, int pass, const unsigned char *p, size_t n
 		return LOOM_OK;
 	if (pass == 2)
 		return run_step(t, 0, p, n);
+	if (!(t->flags & LOOM_BPE_SPECIAL) && t->n_plain[pass] == 0) /* nothing this pass can match */
+		return split_added(t, pass + 1, p, n);
 	for (size_t i = 0; i < n; i++) {
 		const added_t *hit = NULL;
 		if (!t->first[pass][p[i]])
