@@ -769,3 +769,46 @@ TEST(tokjson_cli)
 	test_rmdir(dir);
 	return 0;
 }
+
+/* Every allocation of loading and encoding a tokenizer.json fails in turn: LOOM_ENOMEM each time, nothing
+ * leaked (the sanitizer build checks), and once none fails the ids are right. */
+TEST(tokjson_alloc_failures)
+{
+	char dir[256], path[600];
+	int n_fail = 0;
+	CHECK(test_mkdtemp(dir, sizeof dir) == 0);
+	snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+	CHECK(write_tiny(path, NULL, ", \"ignore_merges\": true",
+	                 SEQ("{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\s+\"}, \"behavior\": \"Isolated\"}, "
+	                     "{\"type\": \"Digits\"}, " BYTELEVEL) ", \"added_tokens\": [{\"id\": 258, \"content\": "
+	                     "\"<|endoftext|>\", \"special\": true}, {\"id\": 300, \"content\": \"<s>\", \"special\": true}], "
+	                     "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [" SPECIAL_S ", " SEQ_A "], "
+	                     "\"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [300]}}}",
+	                 NULL) == 0);
+	for (long k = 1; k < 20000; k++) {
+		loom_bpe_t *t = NULL;
+		int *ids = NULL;
+		size_t n = 0;
+		loom__fault_alloc_set(k);
+		int rc = loom_bpe_load(&t, path);
+		if (rc == LOOM_OK)
+			rc = loom_bpe_encode(t, "abc ab<|endoftext|>x", 20, LOOM_BPE_SPECIAL | LOOM_BPE_TEMPLATE, &ids, &n);
+		int hit = loom__fault_alloc_hit();
+		loom__fault_alloc_set(0);
+		if (!hit) {
+			CHECK_OK(rc);
+			CHECK_EQ(n, 6); /* <s> "abc" " " "ab" <|endoftext|> "x" */
+			CHECK(ids[0] == 300 && ids[1] == 257 && ids[2] == ' ' && ids[3] == 256 && ids[4] == 258 && ids[5] == 'x');
+			free(ids);
+			loom_bpe_destroy(t);
+			break;
+		}
+		free(ids);
+		loom_bpe_destroy(t);
+		CHECK_MSG(rc == LOOM_ENOMEM, "allocation %ld: %d (%s)", k, rc, loom_errmsg());
+		n_fail++;
+	}
+	CHECK(n_fail > 300); /* the JSON values alone are more */
+	test_rmdir(dir);
+	return 0;
+}
