@@ -42,12 +42,13 @@ void loom__gemm_setup_threads(void);
  * is fp32. err keeps the first failure of a pass (loom_errmsg has its detail) until loom__gemm_status.
  * An operand "in the ctx's format" is what the path multiplies: bf16 values (uint16_t) on the native
  * path, bf16-rounded fp32 values (float) on the portable one. */
-enum { LOOM_BF16_SLOT_A, LOOM_BF16_SLOT_B, LOOM_BF16_SLOT_HOLD0, LOOM_BF16_SLOT_HOLD1, LOOM_BF16_SLOTS };
+enum { LOOM_BF16_SLOT_A, LOOM_BF16_SLOT_B, LOOM_BF16_SLOT_HOLD0, LOOM_BF16_SLOT_HOLD1, LOOM_BF16_SLOT_ATTN, LOOM_BF16_SLOTS };
 typedef struct {
 	int dtype; /* loom_compute_dtype_t */
 	int path;  /* loom_bf16_path_t: AUTO (0) is loom_bf16_path()'s choice, fixed at the first bf16 call */
 	/* scratch slots in the ctx's format: A and B are the GEMM's own conversions; HOLD0/1 keep an
-	 * operand a kernel converted once for several GEMMs (loom__bf16_hold) */
+	 * operand a kernel converted once for several GEMMs (loom__bf16_hold); ATTN is the attention
+	 * kernel's (flash.c: its keys and values packed once per call) */
 	void *buf[LOOM_BF16_SLOTS];
 	size_t cap[LOOM_BF16_SLOTS]; /* bytes at buf[k] */
 	int err;
@@ -75,8 +76,8 @@ int loom__gemm_bf16x(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K,
 /* src (n) converted into scratch slot HOLD0 or HOLD1 of ctx, in its format, valid until that slot is
  * held again; NULL (ctx->err set) when out of memory or the path cannot be chosen. */
 const void *loom__bf16_hold(loom__gemm_ctx_t *ctx, int slot, const float *src, size_t n);
-/* Slot HOLD0/HOLD1 with room for n values in ctx's format, for a kernel that writes its operand
- * itself (with loom__bf16_row, one thread per row); NULL (ctx->err set) as loom__bf16_hold. */
+/* Slot HOLD0/HOLD1 (or ATTN, flash.c's) with room for n values in ctx's format, for a kernel that writes
+ * its operand itself (with loom__bf16_row, one thread per row); NULL (ctx->err set) as loom__bf16_hold. */
 void *loom__bf16_slot(loom__gemm_ctx_t *ctx, int slot, size_t n);
 /* Values [at, at + n) of a slot in ctx's format = src (n) converted; this thread. */
 void loom__bf16_row(const loom__gemm_ctx_t *ctx, void *slot, size_t at, const float *src, int n);
