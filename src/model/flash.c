@@ -102,9 +102,6 @@ static int precision(int D)
 
 /* ---- bf16 operands and products ------------------------------------------------------------------ */
 
-/* An operand in the native layouts: "A" rows of K values (K rounded up to even, the pad 0) for the
- * left factor; "B" the right factor (K, N) as pairs along K: element (k, n) at
- * [((k / 2) np + n) 2 + k % 2], np = N rounded up to 32, every pad 0. */
 static inline int up2(int x)
 {
 	return (x + 1) & ~1;
@@ -115,49 +112,13 @@ static inline int up32(int x)
 	return (x + 31) & ~31;
 }
 
-/* A (rows, cols) from src rows lds apart; with t, A = src^T (src is (cols, rows)). */
-static void pack_a(uint16_t *dst, const float *src, int lds, int rows, int cols, int t)
-{
-	int ld = up2(cols);
-	for (int r = 0; r < rows; r++) {
-		uint16_t *d = dst + (size_t)r * ld;
-		if (t)
-			for (int c = 0; c < cols; c++)
-				d[c] = loom__bf16_bits(src[(size_t)c * lds + r]);
-		else
-#pragma omp simd
-			for (int c = 0; c < cols; c++)
-				d[c] = loom__bf16_bits(src[(size_t)r * lds + c]);
-		if (cols & 1)
-			d[cols] = 0;
-	}
-}
-
-/* B (K, N) from src rows lds apart: with t, B = src^T (src is (N, K): a K or V block for Q K^T, dO V^T);
- * else src itself (src is (K, N)). */
-static void pack_b(uint16_t *dst, const float *src, int lds, int K, int N, int t)
-{
-	int np = up32(N), K2 = up2(K) / 2;
-	memset(dst, 0, sizeof(uint16_t) * (size_t)K2 * np * 2);
-	if (t)
-		for (int n = 0; n < N; n++)
-			for (int k = 0; k < K; k++)
-				dst[((size_t)(k >> 1) * np + n) * 2 + (k & 1)] = loom__bf16_bits(src[(size_t)n * lds + k]);
-	else
-		for (int k = 0; k < K; k++) {
-			uint16_t *d = dst + (size_t)(k >> 1) * np * 2 + (k & 1);
-			const float *x = src + (size_t)k * lds;
-			for (int n = 0; n < N; n++)
-				d[2 * n] = loom__bf16_bits(x[n]);
-		}
-}
-
-/* C (M, N), rows ldc apart, = alpha A B (+ C when acc): A and B packed as above, fp32 accumulation of
- * the bf16 products (vdpbf16ps). Tiles of 6 rows x 32 columns: 12 accumulators. */
+/* As amx_mm (below), with AVX512-BF16's dot-product instruction (vdpbf16ps): tiles of 6 rows x 32
+ * columns, 12 accumulators. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
-mm_bf16(int M, int N, int K, float alpha, const uint16_t *A, const uint16_t *B, int acc, float *C, int ldc)
+mm_bf16(int M, int N, int K, float alpha, const uint16_t *A, int lda, const uint16_t *B, int ldb, int acc, float *C,
+        int ldc)
 {
-	int lda = up2(K), K2 = lda / 2, np = up32(N);
+	int K2 = up2(K) / 2, np = ldb;
 	__m512 va = _mm512_set1_ps(alpha);
 	for (int j0 = 0; j0 < N; j0 += 32) {
 		int nj = N - j0;
@@ -399,21 +360,28 @@ static void transpose_bf16(uint16_t *dst, int ldd, const float *src, int lds, in
  * dQ += dS K), B Tk NKV D values each (rounded up to 32 rows and columns); then each thread's
  * per-task operands (Q and dO as A and in pairs, P and dS as A and transposed). Nothing is T x T. */
 enum { FORM_KT, FORM_VN, FORM_VT, FORM_KN, FORMS };
+typedef void mm_fn(int M, int N, int K, float alpha, const uint16_t *A, int lda, const uint16_t *B, int ldb, int acc,
+                   float *C, int ldc);
 typedef struct {
 	uint16_t *form[FORMS];
-	uint16_t *thr;     /* per-thread areas, thr_n values apart */
+	uint16_t *thr;      /* per-thread areas, thr_n values apart */
+	mm_fn *mm;          /* the products: amx_mm or mm_bf16 */
+	int tiles;          /* 1: amx_mm (each thread configures its tiles) */
 	size_t head, thr_n; /* values of one (sequence, kv head) of a form; of a thread's area */
 	int Tkp, Dp, bk;
-} amx_call_t;
+} packs_t;
 
 static int amx_bk(int D)
 {
 	return key_block(D); /* 64..256: a multiple of 32 */
 }
 
-/* The slot for a, nthreads threads; 0, or -1 (ctx->err set) when it cannot be had. */
-static int amx_setup(const loom__flash_t *a, amx_call_t *c, int nthreads)
+/* The slot for a, nthreads threads, and the products of prec (PREC_AMX or PREC_BF16); 0, or -1
+ * (ctx->err set) when the memory cannot be had. */
+static int packs_setup(const loom__flash_t *a, packs_t *c, int nthreads, int prec)
 {
+	c->tiles = prec == PREC_AMX;
+	c->mm = c->tiles ? amx_mm : mm_bf16;
 	c->Tkp = up32(a->Tk), c->Dp = up32(a->D), c->bk = amx_bk(a->D);
 	c->head = (size_t)c->Tkp * c->Dp;
 	c->thr_n = 4 * (size_t)FLASH_BQ * c->Dp + 4 * (size_t)FLASH_BQ * FLASH_BK_MAX;
@@ -429,7 +397,7 @@ static int amx_setup(const loom__flash_t *a, amx_call_t *c, int nthreads)
 
 /* The forms in `want` (bits 1 << FORM_*) packed from a's keys and values, on the threads of the
  * enclosing parallel region (an orphaned for: its barrier ends the packing). */
-static void amx_pack(const loom__flash_t *a, const amx_call_t *c, int want)
+static void packs_fill(const loom__flash_t *a, const packs_t *c, int want)
 {
 	int nb = c->Tkp / 32, units = FORMS * a->B * a->NKV * nb;
 #pragma omp for schedule(static)
@@ -521,14 +489,12 @@ static void task_of(const loom__flash_t *a, int nqb, int task, task_t *t)
 	t->v = a->v + ((size_t)t->b * a->Tk) * a->ldk + (size_t)t->g * a->D;
 }
 
-/* The bf16 operands of a task, on its stack: room for the native packings (A and B forms of Q and dO,
- * both forms of a K and a V block, P's and dS's) or the portable path's rounded copies, whichever is
- * larger (the portable one: fp32 copies of Q, dO, K, V). */
+/* The portable path's operands of a task, on its stack: fp32 copies of Q, dO and a K and a V block,
+ * rounded to bf16. */
 #define BF16_QF (FLASH_BQ * FLASH_BF16_DMAX)
 #define BF16_KF (FLASH_BF16_BK * FLASH_BF16_DMAX)
 typedef struct {
 	_Alignas(64) float q[BF16_QF], dy[BF16_QF], k[BF16_KF], v[BF16_KF];
-	_Alignas(64) uint16_t p[FLASH_BQ * FLASH_BF16_BK], pt[FLASH_BQ * FLASH_BF16_BK];
 } bf16_ops_t;
 
 /* One task of the forward: rows [r0, r1) of head h, out rows accumulated in place. */
@@ -544,10 +510,7 @@ static void forward_task(const loom__flash_t *a, const task_t *t, float *out, in
 		m[i] = -INFINITY, l[i] = 0.0f;
 	}
 	const float *q = t->q + (size_t)t->r0 * a->ldq;
-	uint16_t *qa = NULL, *kt = NULL, *vb = NULL;
-	if (prec == PREC_BF16)
-		qa = (uint16_t *)ops->q, kt = (uint16_t *)ops->k, vb = (uint16_t *)ops->v, pack_a(qa, q, a->ldq, nq, D, 0);
-	else if (prec == PREC_BF16_PORTABLE)
+	if (prec == PREC_BF16_PORTABLE)
 		round_copy(ops->q, q, a->ldq, nq, D);
 	if (block_keys(a, t->r0, t->r1, &c0, &c1)) {
 		for (int j0 = c0; j0 < c1; j0 += bk) {
@@ -556,10 +519,6 @@ static void forward_task(const loom__flash_t *a, const task_t *t, float *out, in
 			/* S = scale Q K^T */
 			if (prec == PREC_FP32) {
 				loom__sgemm1(0, 1, nq, nk, D, a->scale, q, a->ldq, kj, a->ldk, 0.0f, S, nk);
-			} else if (prec == PREC_BF16) {
-				pack_b(kt, kj, a->ldk, D, nk, 1);
-				pack_b(vb, vj, a->ldk, nk, D, 0);
-				mm_bf16(nq, nk, D, a->scale, qa, kt, 0, S, nk);
 			} else {
 				round_copy(ops->k, kj, a->ldk, nk, D);
 				round_copy(ops->v, vj, a->ldk, nk, D);
@@ -596,9 +555,6 @@ static void forward_task(const loom__flash_t *a, const task_t *t, float *out, in
 			/* O += P V */
 			if (prec == PREC_FP32) {
 				loom__sgemm1(0, 0, nq, D, nk, 1.0f, S, nk, vj, a->ldk, 1.0f, o, ldo);
-			} else if (prec == PREC_BF16) {
-				pack_a(ops->p, S, nk, nq, nk, 0);
-				mm_bf16(nq, D, nk, 1.0f, ops->p, vb, 1, o, ldo);
 			} else {
 				round_copy(S, S, nk, nq, nk);
 				loom__sgemm1(0, 0, nq, D, nk, 1.0f, S, nk, ops->v, D, 1.0f, o, ldo);
@@ -619,8 +575,8 @@ static void forward_task(const loom__flash_t *a, const task_t *t, float *out, in
 /* The forward's task on AMX: as forward_task, with Q packed once per task, the keys and values read
  * from the call's packs, P written in bf16 by the softmax itself. The key blocks start at a multiple of
  * 32 (the packs' pairs; keys before a row's first are zeros of P as any masked key). */
-static void forward_task_amx(const loom__flash_t *a, const task_t *t, float *out, int ldo, float *lse,
-                             const amx_call_t *c, uint16_t *w)
+static void forward_task_packed(const loom__flash_t *a, const task_t *t, float *out, int ldo, float *lse,
+                             const packs_t *c, uint16_t *w)
 {
 	_Alignas(64) float S[FLASH_BQ * FLASH_BK_MAX];
 	float m[FLASH_BQ], l[FLASH_BQ];
@@ -637,7 +593,7 @@ static void forward_task_amx(const loom__flash_t *a, const task_t *t, float *out
 		rows_bf16(qa, Dp, t->q + (size_t)t->r0 * a->ldq, a->ldq, nq, D);
 		for (int j0 = c0 & ~31; j0 < c1; j0 += c->bk) {
 			int nk = c1 - j0 < c->bk ? c1 - j0 : c->bk, nkp = up32(nk);
-			amx_mm(nq, nkp, Dp, 1.0f, qa, Dp, kt + (size_t)j0 * 2, c->Tkp, 0, S, nkp); /* S = Q K^T */
+			c->mm(nq, nkp, Dp, 1.0f, qa, Dp, kt + (size_t)j0 * 2, c->Tkp, 0, S, nkp); /* S = Q K^T */
 			for (int i = 0; i < nq; i++) {
 				float *s = S + (size_t)i * nkp, mx = -INFINITY, sum = 0.0f, sc = a->scale;
 				uint16_t *p = pa + (size_t)i * nkp;
@@ -668,7 +624,7 @@ static void forward_task_amx(const loom__flash_t *a, const task_t *t, float *out
 						oi[d] *= alpha;
 				}
 			}
-			amx_mm(nq, D, nkp, 1.0f, pa, nkp, vn + (size_t)j0 * Dp, Dp, 1, o, ldo); /* O += P V */
+			c->mm(nq, D, nkp, 1.0f, pa, nkp, vn + (size_t)j0 * Dp, Dp, 1, o, ldo); /* O += P V */
 		}
 	}
 	float *ls = lse ? lse + ((size_t)t->b * a->NH + t->h) * a->Tq + t->r0 : NULL;
@@ -685,29 +641,30 @@ static void forward_task_amx(const loom__flash_t *a, const task_t *t, float *out
 void loom__flash_forward(const loom__flash_t *a, float *out, int ldo, float *lse)
 {
 	int nqb, n = ntasks_of(a, &nqb), prec = precision(a->D), par = parallel(a);
-	int bk = prec == PREC_FP32 ? key_block(a->D) : FLASH_BF16_BK;
-	amx_call_t c;
-	if (prec == PREC_AMX && amx_setup(a, &c, par ? omp_get_max_threads() : 1) != 0)
+	int bk = prec == PREC_FP32 ? key_block(a->D) : FLASH_BF16_BK, packed = prec == PREC_AMX || prec == PREC_BF16;
+	packs_t c;
+	if (packed && packs_setup(a, &c, par ? omp_get_max_threads() : 1, prec) != 0)
+		packed = 0,
 		prec = PREC_FP32; /* no memory: the context keeps the error, which the model's pass returns */
 	/* the longest query blocks (the last of each head under the causal mask) first */
 #pragma omp parallel if (par)
 	{
-		bf16_ops_t ops_, *ops = prec == PREC_BF16 || prec == PREC_BF16_PORTABLE ? &ops_ : NULL;
-		if (prec == PREC_AMX) {
-			amx_pack(a, &c, 1 << FORM_KT | 1 << FORM_VN);
+		bf16_ops_t ops_, *ops = prec == PREC_BF16_PORTABLE ? &ops_ : NULL;
+		if (packed)
+			packs_fill(a, &c, 1 << FORM_KT | 1 << FORM_VN);
+		if (packed && c.tiles)
 			amx_begin();
-		}
 #pragma omp for schedule(dynamic, 1)
 		for (int i = 0; i < n; i++) {
 			task_t t;
 			int bh = i % (a->B * a->NH), qb = nqb - 1 - i / (a->B * a->NH);
 			task_of(a, nqb, bh * nqb + qb, &t);
-			if (prec == PREC_AMX)
-				forward_task_amx(a, &t, out, ldo, lse, &c, c.thr + (size_t)omp_get_thread_num() * c.thr_n);
+			if (packed)
+				forward_task_packed(a, &t, out, ldo, lse, &c, c.thr + (size_t)omp_get_thread_num() * c.thr_n);
 			else
 				forward_task(a, &t, out, ldo, lse, bk, prec, ops);
 		}
-		if (prec == PREC_AMX)
+		if (packed && c.tiles)
 			amx_end();
 	}
 }
@@ -742,16 +699,8 @@ static void backward_task(const loom__flash_t *a, const task_t *t, float *dq, in
 			s += x[d] * z[d];
 		Dr[i] = s;
 	}
-	/* bf16: the native packings of Q and dO (A forms and, for dK and dV, B forms), or their rounded copies;
-	 * per key block both forms of K and V (native) or their rounded copies (portable) */
-	uint16_t *qa = NULL, *qb = NULL, *da = NULL, *db = NULL, *kt = NULL, *kb = NULL, *vt = NULL, *vb = NULL;
-	if (prec == PREC_BF16) {
-		size_t qa_n = (size_t)FLASH_BQ * up2(D), kb_n = (size_t)up2(FLASH_BF16_BK) * up32(D);
-		qa = (uint16_t *)ops->q, qb = qa + qa_n, da = (uint16_t *)ops->dy, db = da + qa_n;
-		kt = (uint16_t *)ops->k, kb = kt + kb_n, vt = (uint16_t *)ops->v, vb = vt + kb_n;
-		pack_a(qa, q, a->ldq, nq, D, 0), pack_b(qb, q, a->ldq, nq, D, 0);
-		pack_a(da, dy, lddo, nq, D, 0), pack_b(db, dy, lddo, nq, D, 0);
-	} else if (prec == PREC_BF16_PORTABLE) {
+	/* bf16 (portable): Q and dO rounded once, each key block's K and V per block */
+	if (prec == PREC_BF16_PORTABLE) {
 		round_copy(ops->q, q, a->ldq, nq, D);
 		round_copy(ops->dy, dy, lddo, nq, D);
 	}
@@ -762,11 +711,6 @@ static void backward_task(const loom__flash_t *a, const task_t *t, float *dq, in
 		if (prec == PREC_FP32) {
 			loom__sgemm1(0, 1, nq, nk, D, a->scale, q, a->ldq, kj, a->ldk, 0.0f, P, nk);
 			loom__sgemm1(0, 1, nq, nk, D, 1.0f, dy, lddo, vj, a->ldk, 0.0f, dP, nk);
-		} else if (prec == PREC_BF16) {
-			pack_b(kt, kj, a->ldk, D, nk, 1), pack_b(kb, kj, a->ldk, nk, D, 0);
-			pack_b(vt, vj, a->ldk, D, nk, 1), pack_b(vb, vj, a->ldk, nk, D, 0);
-			mm_bf16(nq, nk, D, a->scale, qa, kt, 0, P, nk);
-			mm_bf16(nq, nk, D, 1.0f, da, vt, 0, dP, nk);
 		} else {
 			round_copy(ops->k, kj, a->ldk, nk, D);
 			round_copy(ops->v, vj, a->ldk, nk, D);
@@ -795,13 +739,6 @@ static void backward_task(const loom__flash_t *a, const task_t *t, float *dq, in
 			loom__sgemm1(1, 0, nk, D, nq, 1.0f, P, nk, dy, lddo, 1.0f, dvb + (size_t)j0 * ldkv, ldkv);
 			loom__sgemm1(1, 0, nk, D, nq, a->scale, dP, nk, q, a->ldq, 1.0f, dkb + (size_t)j0 * ldkv, ldkv);
 			loom__sgemm1(0, 0, nq, D, nk, a->scale, dP, nk, kj, a->ldk, 1.0f, dqb, lddq);
-		} else if (prec == PREC_BF16) {
-			pack_a(ops->pt, P, nk, nk, nq, 1);
-			mm_bf16(nk, D, nq, 1.0f, ops->pt, db, 1, dvb + (size_t)j0 * ldkv, ldkv);
-			pack_a(ops->pt, dP, nk, nk, nq, 1);
-			mm_bf16(nk, D, nq, a->scale, ops->pt, qb, 1, dkb + (size_t)j0 * ldkv, ldkv);
-			pack_a(ops->p, dP, nk, nq, nk, 0);
-			mm_bf16(nq, D, nk, a->scale, ops->p, kb, 1, dqb, lddq);
 		} else {
 			round_copy(P, P, nk, nq, nk);
 			round_copy(dP, dP, nk, nq, nk);
@@ -815,9 +752,9 @@ static void backward_task(const loom__flash_t *a, const task_t *t, float *dq, in
 /* The backward's task on AMX: Q and dO packed once per task (as A, and in pairs for dK and dV), the
  * keys and values from the call's packs; P and dS rounded to bf16 as A and transposed (the scale
  * multiplies dS's products, as on the other paths). Key blocks from a multiple of 32 as in the forward. */
-static void backward_task_amx(const loom__flash_t *a, const task_t *t, float *dq, int lddq, float *dk, float *dv,
+static void backward_task_packed(const loom__flash_t *a, const task_t *t, float *dq, int lddq, float *dk, float *dv,
                               int ldkv, const float *dout, int lddo, const float *out, int ldo, const float *lse,
-                              const amx_call_t *c, uint16_t *w)
+                              const packs_t *c, uint16_t *w)
 {
 	_Alignas(64) float P[FLASH_BQ * FLASH_BK_MAX], dP[FLASH_BQ * FLASH_BK_MAX];
 	float Dr[FLASH_BQ];
@@ -850,8 +787,8 @@ static void backward_task_amx(const loom__flash_t *a, const task_t *t, float *dq
 	pairs_k(dk2, Dp, dy, lddo, nq, D, 0, nqp);
 	for (int j0 = c0 & ~31; j0 < c1; j0 += c->bk) {
 		int nk = c1 - j0 < c->bk ? c1 - j0 : c->bk, nkp = up32(nk);
-		amx_mm(nq, nkp, Dp, 1.0f, qa, Dp, kt + (size_t)j0 * 2, c->Tkp, 0, P, nkp); /* S = Q K^T */
-		amx_mm(nq, nkp, Dp, 1.0f, da, Dp, vt + (size_t)j0 * 2, c->Tkp, 0, dP, nkp); /* dP = dO V^T */
+		c->mm(nq, nkp, Dp, 1.0f, qa, Dp, kt + (size_t)j0 * 2, c->Tkp, 0, P, nkp); /* S = Q K^T */
+		c->mm(nq, nkp, Dp, 1.0f, da, Dp, vt + (size_t)j0 * 2, c->Tkp, 0, dP, nkp); /* dP = dO V^T */
 		/* P = e^(scale S - lse), dS = P (dP - D), exact zeros outside each row's keys */
 		for (int i = 0; i < nq; i++) {
 			float *p = P + (size_t)i * nkp, *g = dP + (size_t)i * nkp, li = ls[i], di = Dr[i], sc = a->scale;
@@ -872,9 +809,9 @@ static void backward_task_amx(const loom__flash_t *a, const task_t *t, float *dq
 		rows_bf16(sa, nkp, dP, nkp, nq, nkp);
 		transpose_bf16(pt, nqp, P, nkp, nq, nkp);
 		transpose_bf16(st, nqp, dP, nkp, nq, nkp);
-		amx_mm(nk, D, nqp, 1.0f, pt, nqp, dk2, Dp, 1, dvb + (size_t)j0 * ldkv, ldkv);        /* dV += P^T dO */
-		amx_mm(nk, D, nqp, a->scale, st, nqp, qk, Dp, 1, dkb + (size_t)j0 * ldkv, ldkv);         /* dK += dS^T Q */
-		amx_mm(nq, D, nkp, a->scale, sa, nkp, kn + (size_t)j0 * Dp, Dp, 1, dqb, lddq);           /* dQ += dS K */
+		c->mm(nk, D, nqp, 1.0f, pt, nqp, dk2, Dp, 1, dvb + (size_t)j0 * ldkv, ldkv);        /* dV += P^T dO */
+		c->mm(nk, D, nqp, a->scale, st, nqp, qk, Dp, 1, dkb + (size_t)j0 * ldkv, ldkv);         /* dK += dS^T Q */
+		c->mm(nq, D, nkp, a->scale, sa, nkp, kn + (size_t)j0 * Dp, Dp, 1, dqb, lddq);           /* dQ += dS K */
 	}
 }
 
@@ -883,40 +820,41 @@ void loom__flash_backward(const loom__flash_t *a, float *dq, int lddq, float *dk
                           int scratch_threads)
 {
 	int nqb, n = ntasks_of(a, &nqb), KVD = a->NKV * a->D, prec = precision(a->D);
-	int bk = prec == PREC_FP32 ? key_block(a->D) : FLASH_BF16_BK;
+	int bk = prec == PREC_FP32 ? key_block(a->D) : FLASH_BF16_BK, packed = prec == PREC_AMX || prec == PREC_BF16;
 	int nt = omp_get_max_threads() < scratch_threads ? omp_get_max_threads() : scratch_threads;
 	if (nt < 1 || !parallel(a))
 		nt = 1;
-	amx_call_t c;
-	if (prec == PREC_AMX && amx_setup(a, &c, nt) != 0)
+	packs_t c;
+	if (packed && packs_setup(a, &c, nt, prec) != 0)
+		packed = 0,
 		prec = PREC_FP32; /* no memory: the context keeps the error, which the model's pass returns */
 	size_t part = (size_t)a->B * a->Tk * KVD; /* floats of one partial dk (and as many of dv) */
 #pragma omp parallel num_threads(nt) if (nt > 1)
 	{
 		int tid = omp_get_thread_num(), T = omp_get_num_threads();
-		bf16_ops_t ops_, *ops = prec == PREC_BF16 || prec == PREC_BF16_PORTABLE ? &ops_ : NULL;
+		bf16_ops_t ops_, *ops = prec == PREC_BF16_PORTABLE ? &ops_ : NULL;
 		float *pk = dk, *pv = dv;
 		int ld = lddk;
 		if (tid > 0) {
 			pk = scratch + (size_t)(tid - 1) * 2 * part, pv = pk + part, ld = KVD;
 			memset(pk, 0, sizeof(float) * 2 * part);
 		}
-		if (prec == PREC_AMX) {
-			amx_pack(a, &c, 1 << FORM_KT | 1 << FORM_VT | 1 << FORM_KN);
+		if (packed)
+			packs_fill(a, &c, 1 << FORM_KT | 1 << FORM_VT | 1 << FORM_KN);
+		if (packed && c.tiles)
 			amx_begin();
-		}
 		/* round-robin: fixed for a thread count; consecutive query blocks of a head on different threads */
 #pragma omp for schedule(static, 1)
 		for (int i = 0; i < n; i++) {
 			task_t t;
 			task_of(a, nqb, i, &t);
-			if (prec == PREC_AMX)
-				backward_task_amx(a, &t, dq, lddq, pk, pv, ld, dout, lddo, out, ldo, lse, &c,
-				                  c.thr + (size_t)tid * c.thr_n);
+			if (packed)
+				backward_task_packed(a, &t, dq, lddq, pk, pv, ld, dout, lddo, out, ldo, lse, &c,
+				                     c.thr + (size_t)tid * c.thr_n);
 			else
 				backward_task(a, &t, dq, lddq, pk, pv, ld, dout, lddo, out, ldo, lse, bk, prec, ops);
 		}
-		if (prec == PREC_AMX)
+		if (packed && c.tiles)
 			amx_end();
 		/* the partials added to dk, dv in thread order (the for's barrier has passed) */
 		if (T > 1) {
