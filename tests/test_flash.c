@@ -325,11 +325,10 @@ static double rel_err(const float *x, const float *r, size_t n)
  * Outputs and gradients against the fp32 kernel within bf16's tolerance (operands rounded to 8
  * significant bits: 2^-8 relative each; measured 2.2e-3 to 5.3e-3 of the largest value, allowed 2e-2),
  * yet not equal to fp32's (the rounding happened: above 1e-4), and each native path against the
- * portable one within 1e-3 (the same rounded operands summed in another order, measured 5e-8 to 2e-5;
- * AMX folds the scale into dS before rounding it, a bf16 step on some values: measured up to 4e-3 of a
- * value, 1e-4 of the largest; a wrong packing is O(1)). Head sizes 64 and 128 (the bf16 path's
- * largest) and 16, odd T and T over two AMX key blocks, windowed and grouped. LOOM_ATTN_BF16=0 keeps a
- * bf16 context's attention fp32's, bit for bit. */
+ * portable one within 1e-3 (the same rounded operands summed in another order, measured 5e-8 to 2e-5:
+ * a P or dS on a rounding boundary may round one bf16 step apart; a wrong packing is O(1)). Head sizes 64 and 128 (the bf16 path's
+ * largest) and 16, odd T and T over two key blocks, windowed and grouped. LOOM_ATTN_BF16=0 keeps a
+ * bf16 context's attention fp32's, bit for bit; another value than 1, 0, avx512 is refused at create. */
 TEST(flash_bf16_paths)
 {
 	static const int shapes[][6] = {{2, 150, 4, 2, 64, 37}, {1, 97, 3, 3, 128, -1}, {1, 65, 2, 1, 16, 20},
@@ -406,6 +405,22 @@ TEST(flash_bf16_paths)
 		CHECK(memcmp(o1, o2, nq * 4) != 0);
 		loom__gemm_ctx_free(&ctx);
 		free(q), free(k), free(v), free(o1), free(o2);
+	}
+	/* a bad value stops the model's create, naming the variable and what it accepts */
+	{
+		loom_model_config_t n = {.arch = LOOM_ARCH_NANOCHAT, .n_layer = 1, .n_head = 2, .n_kv_head = 2, .n_embd = 32,
+		                         .seq_len = 16, .vocab_size = 61};
+		loom_model_opts_t o = {.B = 1, .T = 16};
+		loom_model_t *m = NULL;
+		setenv("LOOM_ATTN_BF16", "amx", 1);
+		int rc = loom_model_create(&m, &n, &o);
+		unsetenv("LOOM_ATTN_BF16");
+		CHECK_EQ(rc, LOOM_EINVAL);
+		CHECK_MSG(strstr(loom_errmsg(), "LOOM_ATTN_BF16='amx': expected 1") != NULL, "%s", loom_errmsg());
+		if (rc == LOOM_OK)
+			loom_model_destroy(m);
+		CHECK_EQ(loom_model_create(&m, &n, &o), LOOM_OK);
+		loom_model_destroy(m);
 	}
 	return 0;
 }

@@ -45,6 +45,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "core/util.h"
 #include "loom/cpu.h"
 #include "model/fastmath.h"
 #include "model/kernels.h"
@@ -81,6 +82,16 @@ int loom__flash_key_block(int D)
 
 static int amx_ok(void);
 
+int loom__flash_bf16_env(void)
+{
+	const char *e = getenv("LOOM_ATTN_BF16");
+	if (!e || !*e || strcmp(e, "1") == 0 || strcmp(e, "0") == 0 || strcmp(e, "avx512") == 0)
+		return e && strcmp(e, "0") == 0 ? 0 : e && strcmp(e, "avx512") == 0 ? 2 : 1;
+	loom_seterr(LOOM_EINVAL, "LOOM_ATTN_BF16='%s': expected 1 (the default: bf16 products under --dtype bf16), 0 "
+	            "(fp32 products) or avx512 (AVX512-BF16 even where AMX is)", e);
+	return -1;
+}
+
 /* The precision of this call's products: the calling thread's GEMM context's (read outside the parallel
  * regions: it is thread-local). fp32 for an fp32 context, a head larger than FLASH_BF16_DMAX or
  * LOOM_ATTN_BF16=0; in bf16 the context's path: portable, or natively AMX (where the CPU and the OS
@@ -89,13 +100,13 @@ static int precision(int D)
 {
 	loom__gemm_ctx_t *ctx = loom__gemm_current();
 	loom_bf16_path_t path;
-	const char *opt = getenv("LOOM_ATTN_BF16");
-	if (!ctx || ctx->dtype != LOOM_COMPUTE_BF16 || D > FLASH_BF16_DMAX || (opt && strcmp(opt, "0") == 0))
+	int opt = loom__flash_bf16_env(); /* a bad value was refused at the model's create; here the default */
+	if (!ctx || ctx->dtype != LOOM_COMPUTE_BF16 || D > FLASH_BF16_DMAX || opt == 0)
 		return PREC_FP32;
 	if (ctx->path == LOOM_BF16_PORTABLE || (ctx->path == LOOM_BF16_AUTO && loom_bf16_path(&path) == LOOM_OK &&
 	                                        path == LOOM_BF16_PORTABLE))
 		return PREC_BF16_PORTABLE;
-	if (!(opt && strcmp(opt, "avx512") == 0) && amx_ok())
+	if (opt != 2 && amx_ok())
 		return PREC_AMX;
 	return loom_cpu()->avx512_bf16 ? PREC_BF16 : PREC_BF16_PORTABLE;
 }

@@ -155,6 +155,10 @@ void loom__flash_backward(const loom__flash_t *a, float *dq, int lddq, float *dk
                           const float *dout, int lddo, const float *out, int ldo, const float *lse, float *scratch,
                           int scratch_threads);
 size_t loom__flash_scratch_floats(int B, int Tk, int NKV, int D, int nthreads);
+/* The attention's products LOOM_ATTN_BF16 asks for in a bf16 context: 1 (unset, "" or 1: bf16, AMX where
+ * it can), 0 (fp32), 2 ("avx512": bf16 without AMX); -1 for another value (the message says what was
+ * expected). The families' create refuses -1 (loom__cp_opts_check). */
+int loom__flash_bf16_env(void);
 /* Rows of a key block for head size D (chosen from the L2 cache size). */
 int loom__flash_key_block(int D);
 
@@ -187,8 +191,8 @@ size_t loom__cp_scratch_floats(int B, int Tl, int N, int NH, int NKV, int D);
  * (the message says what was expected). */
 int loom__cp_ring_env(void);
 /* A family's create: the cp options of o against cfg (rank in range, an even number of local rows that
- * fit the sequence, LOOM_CP_ATTENTION valid); LOOM_EINVAL with "<who> create: ..." naming len_name, the
- * family's name of the sequence length. */
+ * fit the sequence, LOOM_CP_ATTENTION valid) and the attention's LOOM_ATTN_BF16; LOOM_EINVAL with
+ * "<who> create: ..." naming len_name, the family's name of the sequence length. */
 int loom__cp_opts_check(const char *who, const char *len_name, const loom_model_config_t *cfg,
                         const loom_model_opts_t *o);
 /* Attention of the rank's local rows: a describes them as one process's call would (q, k, v the local
