@@ -11,7 +11,7 @@
 # nanochat on 2 ranks: cp 2 against dp 2 at T = 4096 and 8192 (CP_TS), the same tokens per step.
 #
 # usage: bench/long_seq.sh [STEPS (default 3)]
-#   env: LOOM (build/loom), TOKENS (8192), WARMUP (1), TS ("256 1024 2048 4096 8192 16384"), GPT2_TS ("1024
+#   env: LOOM (build/loom), TOKENS (8192), WARMUP (1), TS ("256 1024 2048 4096 8192 16384"; "none" skips), GPT2_TS ("1024
 #        4096"), CP_TS ("4096 8192"; "none" skips), REPEAT (1: runs per row, alternating, best kept), BF16 (0),
 #        KEEP=1 keeps the work dir
 set -euo pipefail
@@ -39,7 +39,7 @@ $PY bench/random_shard.py "$WORK/nanochat/train_000000.bin" 1 "$TOKENS" $((STEPS
 $PY bench/random_shard.py "$WORK/gpt2/train_000000.bin" 1 "$TOKENS" $((STEPS + 1)) 50257 1
 
 ROWS=()
-for t in $TS; do ROWS+=("nanochat $t fp32"); done
+for t in $TS; do [ "$t" = none ] || ROWS+=("nanochat $t fp32"); done
 for t in ${GPT2_TS-1024 4096}; do [ "$t" = none ] || ROWS+=("gpt2 $t fp32"); done
 [ "${BF16:-0}" = 1 ] && ROWS+=("nanochat 4096 bf16")
 
