@@ -326,25 +326,31 @@ static double rel_err(const float *x, const float *r, size_t n)
  * significant bits: 2^-8 relative each; measured 2.2e-3 to 5.3e-3 of the largest value, allowed 2e-2),
  * yet not equal to fp32's (the rounding happened: above 1e-4), and each native path against the
  * portable one within 1e-3 (the same rounded operands summed in another order, measured 5e-8 to 2e-5:
- * a P or dS on a rounding boundary may round one bf16 step apart; a wrong packing is O(1)). Head sizes 64 and 128 (the bf16 path's
- * largest) and 16, odd T and T over two key blocks, windowed and grouped. LOOM_ATTN_BF16=0 keeps a
- * bf16 context's attention fp32's, bit for bit; another value than 1, 0, avx512 is refused at create. */
+ * a P or dS on a rounding boundary may round one bf16 step apart; a wrong packing is O(1)). Head sizes
+ * 64, 128 (the bf16 path's largest), 32 and 16; odd T and T over two key blocks, windowed and grouped;
+ * queries and keys at other positions (keys from an odd position, one query row over a cache).
+ * LOOM_ATTN_BF16=0 keeps a bf16 context's attention fp32's, bit for bit; a value other than 1, 0 and
+ * avx512 is refused at create. */
 TEST(flash_bf16_paths)
 {
-	static const int shapes[][6] = {{2, 150, 4, 2, 64, 37}, {1, 97, 3, 3, 128, -1}, {1, 65, 2, 1, 16, 20},
-	                                {1, 300, 2, 1, 64, 200}};
+	/* B, Tq, Tk, NH, NKV, D, W, qpos, kpos: the last two another rank's chunk of keys and a KV cache's row */
+	static const int shapes[][9] = {{2, 150, 150, 4, 2, 64, 37, 0, 0}, {1, 97, 97, 3, 3, 128, -1, 0, 0},
+	                                {1, 65, 65, 2, 1, 16, 20, 0, 0},   {1, 300, 300, 2, 1, 64, 200, 0, 0},
+	                                {1, 70, 90, 2, 2, 64, 100, 113, 7}, {2, 1, 77, 4, 2, 32, -1, 76, 0}};
 	enum { FP32, PORTABLE, AVX512, AMX, NP };
 	static const char *names[NP] = {"fp32", "portable", "avx512-bf16", "amx"};
 	int saved = loom_num_threads(), have[NP] = {1, 1, loom_cpu()->avx512_bf16, loom_cpu()->amx_bf16};
 	for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-		int B = shapes[si][0], T = shapes[si][1], NH = shapes[si][2], NKV = shapes[si][3], D = shapes[si][4];
+		int B = shapes[si][0], Tq = shapes[si][1], Tk = shapes[si][2], NH = shapes[si][3], NKV = shapes[si][4];
+		int D = shapes[si][5];
 		uint32_t s = 77u + (uint32_t)si;
-		size_t nq = (size_t)B * T * NH * D, nk = (size_t)B * T * NKV * D, nl = (size_t)B * NH * T;
+		size_t nq = (size_t)B * Tq * NH * D, nk = (size_t)B * Tk * NKV * D, nl = (size_t)B * NH * Tq;
 		float *q = filled(nq, 2, &s), *k = filled(nk, 2, &s), *v = filled(nk, 1, &s), *dy = filled(nq, 1, &s);
 		float *res[NP][4] = {{0}}; /* out, dq, dk, dv */
-		float *lse = malloc(nl * 4), *scr = calloc(loom__flash_scratch_floats(B, T, NKV, D, 2) + 1, 4);
-		loom__flash_t a = {.q = q, .k = k, .v = v, .ldq = NH * D, .ldk = NKV * D, .B = B, .Tq = T, .Tk = T, .NH = NH,
-		                   .NKV = NKV, .D = D, .W = shapes[si][5], .scale = 1.0f / sqrtf((float)D)};
+		float *lse = malloc(nl * 4), *scr = calloc(loom__flash_scratch_floats(B, Tk, NKV, D, 2) + 1, 4);
+		loom__flash_t a = {.q = q, .k = k, .v = v, .ldq = NH * D, .ldk = NKV * D, .B = B, .Tq = Tq, .Tk = Tk, .NH = NH,
+		                   .NKV = NKV, .D = D, .W = shapes[si][6], .qpos = shapes[si][7], .kpos = shapes[si][8],
+		                   .scale = 1.0f / sqrtf((float)D)};
 		for (int p = 0; p < NP; p++) {
 			if (!have[p])
 				continue;

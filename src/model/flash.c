@@ -28,13 +28,18 @@
  * qpos = kpos = 0; sampling with a KV cache runs one query row at qpos = p over the cached keys; the
  * offsets are also what a context-parallel rank needs for another rank's chunk of keys.
  *
- * Precision: the products are oneDNN's sgemm on the operands in place (fp32), also under --dtype bf16.
- * With LOOM_ATTN_BF16=1 they run in the calling thread's GEMM precision (loom__gemm_current): in bf16
- * (--dtype bf16, head size up to FLASH_BF16_DMAX) the operands of every product (Q, K, V, P, dO, dS)
- * are rounded to bf16 and the products accumulate in fp32: natively with AVX512-BF16's dot-product
- * instruction (mm_bf16 below: operands packed per block into its pair layout), or on the portable
- * path, the same bf16-rounded operands on the fp32 sgemm, which is what every other bf16 matmul of loom
- * does on a CPU without it. The softmax, the running statistics and every accumulator stay fp32. */
+ * Precision: the products run in the calling thread's GEMM precision (loom__gemm_current). In fp32
+ * they are oneDNN's sgemm on the operands in place. In bf16 (--dtype bf16, head size up to
+ * FLASH_BF16_DMAX; LOOM_ATTN_BF16=0 keeps fp32) the operands of every product (Q, K, V, P, dO, dS) are
+ * rounded to bf16 and the products accumulate in fp32, as every bf16 matmul of loom: natively, the
+ * keys and values of each (sequence, kv head) are packed once per call into the layouts the products
+ * read (the bf16 context's ATTN slot: B T NKV D values per form, never T x T), Q and dO once per task,
+ * P and dS per block as the softmax writes them, and the products are AMX tiles (amx_mm: 2 x 2 tiles
+ * of 16 x 16 fp32 per 32 x 32 block of C; this CPU's bf16 rate is about 4x its fp32 FMA rate) or,
+ * without AMX, AVX512-BF16's vdpbf16ps (mm_bf16; about fp32's rate, so slower than fp32 there once
+ * the packing is paid); on the portable path the same bf16-rounded operands go to the fp32 sgemm,
+ * which is what every other bf16 matmul of loom does on a CPU without native bf16. The softmax, the
+ * running statistics and every accumulator stay fp32. */
 #include <immintrin.h>
 #include <limits.h>
 #include <math.h>
@@ -349,18 +354,28 @@ static void pairs_t(uint16_t *dst, int ldp, int kp, const float *src, int lds, i
 	}
 }
 
-/* dst (cols, ldd) = src^T in bf16: src (rows, cols) rows lds apart, dst's columns rows..ldd zero. */
+/* dst (cols, ldd) = src^T in bf16: src (rows, cols) rows lds apart, dst's columns rows..ldd zero (ldd
+ * even). Two source rows at a time make one 32-bit pair of each destination row; 16 destination rows
+ * at a time stay in the L1. */
 static void transpose_bf16(uint16_t *dst, int ldd, const float *src, int lds, int rows, int cols)
 {
+	uint32_t *d = (uint32_t *)dst;
+	size_t h = (size_t)ldd / 2;
 	for (int c0 = 0; c0 < cols; c0 += 16) {
 		int nc = cols - c0 < 16 ? cols - c0 : 16;
-		for (int r = 0; r < rows; r++) {
-			const float *x = src + (size_t)r * lds + c0;
-			for (int c = 0; c < nc; c++)
-				dst[(size_t)(c0 + c) * ldd + r] = loom__bf16_bits(x[c]);
+		for (int r = 0; r < ldd; r += 2) {
+			const float *x = src + (size_t)r * lds + c0, *y = x + lds;
+			uint32_t *dr = d + (size_t)c0 * h + (size_t)r / 2;
+			if (r + 1 < rows)
+				for (int c = 0; c < nc; c++)
+					dr[(size_t)c * h] = bf16_pair(x[c], y[c]);
+			else if (r < rows)
+				for (int c = 0; c < nc; c++)
+					dr[(size_t)c * h] = bf16_pair(x[c], 0.0f);
+			else
+				for (int c = 0; c < nc; c++)
+					dr[(size_t)c * h] = 0u;
 		}
-		for (int c = 0; c < nc; c++)
-			memset(dst + (size_t)(c0 + c) * ldd + rows, 0, sizeof(uint16_t) * (size_t)(ldd - rows));
 	}
 }
 

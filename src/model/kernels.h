@@ -145,7 +145,9 @@ typedef struct {
 
 /* out (B,Tq) rows ldo apart, head h at columns h D: softmax(scale q k^T, masked) v; lse (B,NH,Tq), may be
  * NULL: each row's log-sum-exp of its scores (-inf for a row that sees no key, whose output is 0).
- * Deterministic whatever the thread count; allocates nothing (its blocks are on the stack). */
+ * Deterministic whatever the thread count. fp32 allocates nothing (its blocks are on the stack); in a
+ * bf16 context the native path packs K and V into the context's ATTN slot (grown once, B Tk NKV D
+ * values per form; a failure to grow it is kept in ctx->err and the call runs in fp32). */
 void loom__flash_forward(const loom__flash_t *a, float *out, int ldo, float *lse);
 /* dq (rows lddq apart) +=, dk, dv (rows lddk apart) += the gradients of the forward's output given dout
  * (rows lddo apart), the forward's out and lse. scratch: loom__flash_scratch_floats(B, Tk, NKV, D,
