@@ -321,7 +321,8 @@ static double rel_err(const float *x, const float *r, size_t n)
 
 /* The attention's bf16 products (a bf16 GEMM context on the calling thread): every product's operands
  * rounded to bf16, fp32 accumulation, on the portable path everywhere, natively with AVX512-BF16
- * (LOOM_ATTN_BF16=avx512) where the CPU has it and with AMX where it has that (the default there).
+ * (LOOM_ATTN_BF16=avx512) where the CPU has it and with AMX where it has that (the default there; elsewhere
+ * the default keeps fp32, LOOM_ATTN_BF16=1 asks for the portable path's bf16).
  * Outputs and gradients against the fp32 kernel within bf16's tolerance (operands rounded to 8
  * significant bits: 2^-8 relative each; measured 2.2e-3 to 5.3e-3 of the largest value, allowed 2e-2),
  * yet not equal to fp32's (the rounding happened: above 1e-4), and each native path against the
@@ -329,8 +330,8 @@ static double rel_err(const float *x, const float *r, size_t n)
  * a P or dS on a rounding boundary may round one bf16 step apart; a wrong packing is O(1)). Head sizes
  * 64, 128 (the bf16 path's largest), 32 and 16; odd T and T over two key blocks, windowed and grouped;
  * queries and keys at other positions (keys from an odd position, one query row over a cache).
- * LOOM_ATTN_BF16=0 keeps a bf16 context's attention fp32's, bit for bit; a value other than 1, 0 and
- * avx512 is refused at create. */
+ * LOOM_ATTN_BF16=0 keeps a bf16 context's attention fp32's, bit for bit, as does the default on the
+ * portable path; a value other than 1, 0 and avx512 is refused at create. */
 TEST(flash_bf16_paths)
 {
 	/* B, Tq, Tk, NH, NKV, D, W, qpos, kpos: the last two another rank's chunk of keys and a KV cache's row */
@@ -358,6 +359,8 @@ TEST(flash_bf16_paths)
 			res[p][0] = malloc(nq * 4), res[p][1] = calloc(nq, 4), res[p][2] = calloc(nk, 4), res[p][3] = calloc(nk, 4);
 			if (p == AVX512)
 				setenv("LOOM_ATTN_BF16", "avx512", 1);
+			if (p == PORTABLE) /* the default keeps the portable path's attention fp32: ask for bf16 */
+				setenv("LOOM_ATTN_BF16", "1", 1);
 			loom_set_num_threads(2);
 			loom__gemm_use(p != FP32 ? &ctx : NULL);
 			loom__flash_forward(&a, res[p][0], NH * D, lse);
@@ -404,12 +407,28 @@ TEST(flash_bf16_paths)
 		loom__gemm_use(NULL);
 		unsetenv("LOOM_ATTN_BF16");
 		CHECK(memcmp(o1, o2, nq * 4) == 0);
-		/* and without it the default is bf16 (the outputs differ) */
+		/* unset, the portable path keeps fp32 too (bf16 attention pays only on AMX); 1 asks for bf16 */
 		loom__gemm_use(&ctx);
 		loom__flash_forward(&a, o2, NH * D, NULL);
 		loom__gemm_use(NULL);
+		CHECK(memcmp(o1, o2, nq * 4) == 0);
+		setenv("LOOM_ATTN_BF16", "1", 1);
+		loom__gemm_use(&ctx);
+		loom__flash_forward(&a, o2, NH * D, NULL);
+		loom__gemm_use(NULL);
+		unsetenv("LOOM_ATTN_BF16");
 		CHECK(memcmp(o1, o2, nq * 4) != 0);
 		loom__gemm_ctx_free(&ctx);
+		/* a native context: unset, bf16 on AMX where the CPU has it (outputs differ), fp32 elsewhere */
+		loom__gemm_ctx_t nat = {.dtype = LOOM_COMPUTE_BF16, .path = LOOM_BF16_NATIVE};
+		if (loom_cpu()->avx512_bf16) {
+			loom__gemm_use(&nat);
+			loom__flash_forward(&a, o2, NH * D, NULL);
+			loom__gemm_use(NULL);
+			CHECK_MSG((memcmp(o1, o2, nq * 4) != 0) == (loom_cpu()->amx_bf16 != 0), "amx %d",
+			          loom_cpu()->amx_bf16);
+			loom__gemm_ctx_free(&nat);
+		}
 		free(q), free(k), free(v), free(o1), free(o2);
 	}
 	/* a bad value stops the model's create, naming the variable and what it accepts */

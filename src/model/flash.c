@@ -90,17 +90,25 @@ static int amx_ok(void);
 int loom__flash_bf16_env(void)
 {
 	const char *e = getenv("LOOM_ATTN_BF16");
-	if (!e || !*e || strcmp(e, "1") == 0 || strcmp(e, "0") == 0 || strcmp(e, "avx512") == 0)
-		return e && strcmp(e, "0") == 0 ? 0 : e && strcmp(e, "avx512") == 0 ? 2 : 1;
-	loom_seterr(LOOM_EINVAL, "LOOM_ATTN_BF16='%s': expected 1 (the default: bf16 products under --dtype bf16), 0 "
-	            "(fp32 products) or avx512 (AVX512-BF16 even where AMX is)", e);
+	if (!e || !*e)
+		return 3;
+	if (strcmp(e, "0") == 0 || strcmp(e, "1") == 0)
+		return e[0] - '0';
+	if (strcmp(e, "avx512") == 0)
+		return 2;
+	loom_seterr(LOOM_EINVAL, "LOOM_ATTN_BF16='%s': expected 1 (bf16 products on every path), 0 (fp32 products), "
+	            "avx512 (AVX512-BF16 even where AMX is) or unset (bf16 on AMX tiles, else fp32)", e);
 	return -1;
 }
 
 /* The precision of this call's products: the calling thread's GEMM context's (read outside the parallel
  * regions: it is thread-local). fp32 for an fp32 context, a head larger than FLASH_BF16_DMAX or
- * LOOM_ATTN_BF16=0; in bf16 the context's path: portable, or natively AMX (where the CPU and the OS
- * allow it, unless LOOM_ATTN_BF16=avx512) or AVX512-BF16. */
+ * LOOM_ATTN_BF16=0. In bf16, by default, AMX where the CPU and the OS allow it and the context's path is
+ * native, else fp32: only AMX makes the attention's bf16 products pay (without it the packing and
+ * conversions cost more than vdpbf16ps or the portable rounding save: on the Sapphire Rapids VM
+ * AVX512-BF16 attention ran the step at 1008 tokens/s against fp32's 1356). LOOM_ATTN_BF16=1 asks for
+ * bf16 on the context's path whatever it is (portable, AMX, AVX512-BF16), avx512 for AVX512-BF16 where
+ * AMX is too. */
 static int precision(int D)
 {
 	loom__gemm_ctx_t *ctx = loom__gemm_current();
@@ -108,8 +116,11 @@ static int precision(int D)
 	int opt = loom__flash_bf16_env(); /* a bad value was refused at the model's create; here the default */
 	if (!ctx || ctx->dtype != LOOM_COMPUTE_BF16 || D > FLASH_BF16_DMAX || opt == 0)
 		return PREC_FP32;
-	if (ctx->path == LOOM_BF16_PORTABLE || (ctx->path == LOOM_BF16_AUTO && loom_bf16_path(&path) == LOOM_OK &&
-	                                        path == LOOM_BF16_PORTABLE))
+	int portable = ctx->path == LOOM_BF16_PORTABLE ||
+	               (ctx->path == LOOM_BF16_AUTO && loom_bf16_path(&path) == LOOM_OK && path == LOOM_BF16_PORTABLE);
+	if (opt == 3)
+		return !portable && amx_ok() ? PREC_AMX : PREC_FP32;
+	if (portable)
 		return PREC_BF16_PORTABLE;
 	if (opt != 2 && amx_ok())
 		return PREC_AMX;

@@ -157,8 +157,9 @@ void loom__flash_backward(const loom__flash_t *a, float *dq, int lddq, float *dk
                           const float *dout, int lddo, const float *out, int ldo, const float *lse, float *scratch,
                           int scratch_threads);
 size_t loom__flash_scratch_floats(int B, int Tk, int NKV, int D, int nthreads);
-/* The attention's products LOOM_ATTN_BF16 asks for in a bf16 context: 1 (unset, "" or 1: bf16, AMX where
- * it can), 0 (fp32), 2 ("avx512": bf16 without AMX); -1 for another value (the message says what was
+/* The attention's products LOOM_ATTN_BF16 asks for in a bf16 context: 3 (unset or "": bf16 on AMX where
+ * the CPU has it, else fp32), 1 (bf16 on every path), 0 (fp32), 2 ("avx512": bf16 without AMX); -1 for
+ * another value (the message says what was
  * expected). The families' create refuses -1 (loom__cp_opts_check). */
 int loom__flash_bf16_env(void);
 /* Rows of a key block for head size D (chosen from the L2 cache size). */
