@@ -289,6 +289,8 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 	       c->nodes, c->nodes == 1 ? "" : "s", c->ranks_per_node, p->peak_flops / 1e12,
 	       loom_compute_dtype_name(pc->dtype), c->efficiency,
 	       p->oversubscribed ? "; oversubscribed: the ranks' threads share fewer cores" : "", c->source);
+	if (c->figures[0])
+		printf("figures: %s (docs/plan.md, \"Calibration\")\n", c->figures);
 	if (c->background_load > 0)
 		printf("load: other work keeps %.1f threads runnable on the %d CPUs: the ranks get %.0f%% of a core per "
 		       "thread\n", c->background_load, c->cores, 100.0 * p->cpu_share);
