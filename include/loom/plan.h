@@ -35,7 +35,7 @@ int loom_peak_cache_put_share(loom_peak_kind_t kind, int threads, double value, 
 
 /* ---- this machine's calibration (src/train/plan_calib.c; docs/plan.md, "Calibration") ------------- */
 
-/* The grid of the calibration: one block's matmuls at widths 64, 128, 256, 512, 768 (512 rows), the
+/* The grid of the calibration: one block's matmuls at widths 64, 128, 256, 512, 768 (1024 rows), the
  * attention kernel at head sizes 64, 128 and sequences of 128, 512, 2048 positions. */
 #define LOOM_CALIB_WIDTHS 5
 #define LOOM_CALIB_HEAD_DIMS 2
@@ -53,7 +53,7 @@ int loom_calib_seq(int k);
 /* The measured rates (0: not measured). */
 typedef struct {
 	double mm[2][LOOM_CALIB_WIDTHS];   /* [0 fp32, 1 bf16]: FLOP/s of one block's matmuls, forward and backward,
-	                                      at width loom_calib_width(k) (the model's kernels, 512 rows) */
+	                                      at width loom_calib_width(k) (the model's kernels, 1024 rows) */
 	double attn[LOOM_CALIB_HEAD_DIMS][LOOM_CALIB_SEQS]; /* counted FLOP/s of the attention kernel, forward
 	                                      and backward (fp32), causal, at (head size, T) of the grid */
 } loom_calib_t;

@@ -8,7 +8,7 @@
  * transposed operands), which reached 0.6 of it on one CPU and 0.95 on another, and the attention
  * kernel runs at a fraction of the GEMM's rate that depends on the head size and the sequence. So the
  * calibration times (1) the model's matmul kernels (loom__matmul_forward/backward, in fp32 and in
- * bf16) over one block's four weight shapes (C x 3C, C x C, C x 4C, 4C x C) at 512 rows, at widths
+ * bf16) over one block's four weight shapes (C x 3C, C x C, C x 4C, 4C x C) at 1024 rows, at widths
  * 64 to 768, and (2) the attention kernel (src/model/flash.c, forward then backward) at head sizes 64
  * and 128 and sequences of 128, 512 and 2048 positions, counted as the model counts attention (12 x
  * heads x head size x the keys inside the causal mask). The planner interpolates both (log width,
@@ -44,7 +44,14 @@
 static const int widths[LOOM_CALIB_WIDTHS] = {64, 128, 256, 512, 768};
 static const int head_dims[LOOM_CALIB_HEAD_DIMS] = {64, 128};
 static const int seqs[LOOM_CALIB_SEQS] = {128, 512, 2048};
-#define MM_ROWS 512
+#define MM_ROWS 1024
+#define MM_PASSES 64
+
+static int by_value(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
 
 int loom_calib_width(int k)
 {
@@ -189,36 +196,49 @@ static void fill(float *x, size_t n, int salt)
 }
 
 /* One block's matmuls forward and backward at width w (the model's kernels, this thread's precision):
- * FLOP/s, the best of `passes` passes (the first warms the packing buffers and the threads). */
-static double mm_rate(int w, int passes)
+ * FLOP/s, the median of the passes after the first (which warms the packing buffers and the threads),
+ * as many as fit in `seconds` (at least 3). Each shape has operands of its own and a pass first evicts the caches (a write of
+ * 16 MiB), as in training, where a block's products meet operands the kernels before them evicted:
+ * timed on warm caches, the products ran 10-20% faster than inside training. */
+static double mm_rate(int w, double seconds)
 {
 	static const int shape[4][2] = {{1, 3}, {1, 1}, {1, 4}, {4, 1}}; /* (in, out) in units of w */
-	size_t N = MM_ROWS, big = (size_t)4 * w;
-	float *inp = loom_alloc_aligned(sizeof(float) * N * big), *out = loom_alloc_aligned(sizeof(float) * N * big);
-	float *wt = loom_alloc_aligned(sizeof(float) * big * w), *dwt = loom_alloc_aligned(sizeof(float) * big * w);
-	float *bias = loom_alloc_aligned(sizeof(float) * big), *dbias = loom_alloc_aligned(sizeof(float) * big);
-	float *dinp = loom_alloc_aligned(sizeof(float) * N * big);
-	double best = 0.0, flops = 0.0;
-	if (!inp || !out || !wt || !dwt || !bias || !dbias || !dinp)
-		goto out;
-	fill(inp, N * big, 1), fill(out, N * big, 2), fill(wt, big * w, 3), fill(bias, big, 4);
-	memset(dwt, 0, sizeof(float) * big * w), memset(dbias, 0, sizeof(float) * big), memset(dinp, 0, sizeof(float) * N * big);
-	for (int s = 0; s < 4; s++)
-		flops += 6.0 * N * shape[s][0] * w * shape[s][1] * w;
-	for (int p = 0; p < passes; p++) {
-		double t = loom_now();
+	size_t N = MM_ROWS, nflush = (size_t)4 << 20;
+	float *buf[4][6], *flush = loom_alloc_aligned(sizeof(float) * nflush);
+	double best = 0.0, flops = 0.0, start, rate[MM_PASSES];
+	int ok = flush != NULL, np = 0;
+	memset(buf, 0, sizeof buf);
+	for (int s = 0; s < 4; s++) {
+		size_t C = (size_t)shape[s][0] * w, OC = (size_t)shape[s][1] * w;
+		size_t sz[6] = {N * C, N * OC, C * OC, C * OC, OC, N * C}; /* inp, out, weight, dweight, bias, dinp */
+		for (int b = 0; b < 6; b++) {
+			buf[s][b] = loom_alloc_aligned(sizeof(float) * sz[b]);
+			ok = ok && buf[s][b];
+			if (buf[s][b])
+				fill(buf[s][b], sz[b], s * 6 + b);
+		}
+		flops += 6.0 * N * C * OC;
+	}
+	start = loom_now();
+	for (int p = 0; ok && (p < 3 || loom_now() - start < seconds) && p < MM_PASSES; p++, np++) {
+		double t = 0.0;
 		for (int s = 0; s < 4; s++) {
 			int C = shape[s][0] * w, OC = shape[s][1] * w;
-			loom__matmul_forward(out, inp, wt, bias, (int)N, C, OC);
-			loom__matmul_backward(dinp, dwt, dbias, out, inp, wt, (int)N, C, OC);
+			memset(flush, p & 0xff, sizeof(float) * nflush);
+			double t0 = loom_now();
+			loom__matmul_forward(buf[s][1], buf[s][0], buf[s][2], buf[s][4], (int)N, C, OC);
+			loom__matmul_backward(buf[s][5], buf[s][3], buf[s][4], buf[s][1], buf[s][0], buf[s][2], (int)N, C, OC);
+			t += loom_now() - t0;
 		}
-		t = loom_now() - t;
-		if (t > 0 && flops / t > best)
-			best = flops / t;
+		rate[p] = t > 0 ? flops / t : 0.0;
 	}
-out:
-	loom_free_aligned(inp), loom_free_aligned(out), loom_free_aligned(wt), loom_free_aligned(dwt);
-	loom_free_aligned(bias), loom_free_aligned(dbias), loom_free_aligned(dinp);
+	if (np > 1) /* the median of the passes after the first (training's products run at their typical speed,
+	             * not their luckiest; a loaded machine shows in the CPU share instead) */
+		qsort(rate + 1, (size_t)np - 1, sizeof *rate, by_value), best = rate[1 + (np - 1) / 2];
+	for (int s = 0; s < 4; s++)
+		for (int b = 0; b < 6; b++)
+			loom_free_aligned(buf[s][b]);
+	loom_free_aligned(flush);
 	return best;
 }
 
@@ -277,7 +297,7 @@ static int measure_real(const char *name, int threads, double *value, double *sh
 	if (sscanf(name, "mm_%4[a-z0-9]_w%d", dt, &w) == 2) {
 		loom__gemm_ctx_t ctx = {.dtype = !strcmp(dt, "bf16") ? LOOM_COMPUTE_BF16 : LOOM_COMPUTE_FP32};
 		loom__gemm_setup(&ctx); /* bf16: as the model runs it, operand conversions included */
-		*value = mm_rate(w, 3);
+		*value = mm_rate(w, 0.05);
 		if (loom__gemm_status(&ctx) != LOOM_OK)
 			*value = 0.0;
 		loom__gemm_setup_threads();
