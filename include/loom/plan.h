@@ -56,6 +56,8 @@ typedef struct {
 	                                      at width loom_calib_width(k) (the model's kernels, 1024 rows) */
 	double attn[LOOM_CALIB_HEAD_DIMS][LOOM_CALIB_SEQS]; /* counted FLOP/s of the attention kernel, forward
 	                                      and backward (fp32), causal, at (head size, T) of the grid */
+	double adamw;                      /* parameters per second of the optimizer's step (the gradients' sum of
+	                                      squares and AdamW, one rank alone) */
 } loom_calib_t;
 
 /* Key of this machine and build: /proc/cpuinfo's model name and flags, loom_build_info, the GEMM's
@@ -87,7 +89,7 @@ int loom_calib_get(const char *name, int threads, int measure, double *value, in
 typedef int (*loom_calib_measure_fn)(const char *name, int threads, void *ctx, double *value, double *share);
 void loom_calib_set_measure(loom_calib_measure_fn fn, void *ctx);
 /* How many figures of a run in dt with threads threads the cache does not trust (fp32's matmuls, bf16's
- * with dt bf16, the attention), naming them in what (may be NULL). */
+ * with dt bf16, the attention, the optimizer: "adamw"), naming them in what (may be NULL). */
 int loom_calib_missing(int threads, loom_compute_dtype_t dt, char *what, size_t cap);
 /* Measure them (about a second with one thread; the buffers, under 100 MiB, in the caller's resident
  * set). LOOM_OK, or LOOM_ENOTSUP when one could not be measured. */

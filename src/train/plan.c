@@ -673,6 +673,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	 * iterations' matmuls at the GEMM's rate. */
 	double owned = pc.zero > 0 ? p->memory.optimizer / 8.0 : p->memory.params / 4.0;
 	p->optimizer_s = mem_bw > 0 ? 32.0 * owned / mem_bw : 0.0;
+	if (c->calib.adamw > 0) /* measured alone; ranks that share the memory bus as the bandwidth says */
+		p->optimizer_s = owned / c->calib.adamw * (mem_bw > 0 && c->memory_bw > 0 ? c->memory_bw / mem_bw : 1.0);
 	if (pc.optimizer == LOOM_OPTIMIZER_MUON) {
 		double bytes, own, adam, ns, work;
 		if ((rc = muon_state(&pc, tb, pp, V, p->stage, lo, hrows, dg, 0, &bytes, &own, &adam, &ns, &work)) != LOOM_OK)

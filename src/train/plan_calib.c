@@ -12,7 +12,8 @@
  * 64 to 768, and (2) the attention kernel (src/model/flash.c, forward then backward) at head sizes 64
  * and 128 and sequences of 128, 512 and 2048 positions, counted as the model counts attention (12 x
  * heads x head size x the keys inside the causal mask). The planner interpolates both (log width,
- * log T). The memory-bound parts keep the copy bandwidth of the peak cache (peak.c).
+ * log T), and (3) the optimizer's step (the gradients' sum of squares and AdamW) per parameter. The
+ * elementwise kernels keep the copy bandwidth of the peak cache (peak.c).
  *
  * The cache: $XDG_CACHE_HOME/loom/calib (beside the peak cache), one line per measurement,
  * "name threads key value share time", appended. key hashes the CPU (/proc/cpuinfo's model name and
@@ -37,6 +38,7 @@
 
 #include "core/util.h"
 #include "loom/gpt2.h"
+#include "loom/optim.h"
 #include "loom/plan.h"
 #include "loom/train.h"
 #include "model/kernels.h"
@@ -275,6 +277,34 @@ out:
 	return best;
 }
 
+/* The optimizer's step as the trainer runs it on a rank's parameters: the gradients' sum of squares
+ * (the norm) and AdamW over ADAMW_FLOATS parameters (128 MiB of parameters, gradients and moments:
+ * beyond the caches, as a model's are): parameters per second, the median of 3 after a warm-up. */
+#define ADAMW_FLOATS ((size_t)8 << 20)
+static double adamw_rate(void)
+{
+	size_t n = ADAMW_FLOATS;
+	float *p = loom_alloc_aligned(sizeof(float) * n), *g = loom_alloc_aligned(sizeof(float) * n);
+	loom_optim_segment_t seg = {0, n, 1};
+	loom_adamw_t o;
+	double rate[4] = {0}, best = 0.0;
+	int ok = p && g && loom_adamw_init(&o, &(loom_adamw_config_t){0.9f, 0.95f, 1e-8f, 0.1f}, n, &seg, 1) == LOOM_OK;
+	if (ok) {
+		fill(p, n, 9), fill(g, n, 10);
+		for (int r = 0; r < 4; r++) {
+			double t = loom_now(), sq = loom_grad_sumsq(g, n);
+			loom_adamw_step(&o, p, g, 1e-4f, sq > 0 ? 1.0f : 0.0f);
+			t = loom_now() - t;
+			rate[r] = t > 0 ? (double)n / t : 0.0;
+		}
+		qsort(rate + 1, 3, sizeof *rate, by_value);
+		best = rate[2];
+		loom_adamw_free(&o);
+	}
+	loom_free_aligned(p), loom_free_aligned(g);
+	return best;
+}
+
 /* A figure's name: mm_fp32_w<width>, mm_bf16_w<width>, attn_d<D>_t<T>. */
 static void mm_name(char *buf, size_t cap, loom_compute_dtype_t dt, int k)
 {
@@ -304,6 +334,8 @@ static int measure_real(const char *name, int threads, double *value, double *sh
 		loom__gemm_ctx_free(&ctx);
 	} else if (sscanf(name, "attn_d%d_t%d", &d, &t) == 2) {
 		*value = attn_rate(d, t, threads, 3);
+	} else if (!strcmp(name, "adamw")) {
+		*value = adamw_rate();
 	}
 	double wall = loom_now() - t0;
 	*share = wall > 0 ? LOOM_MIN(1.0, (cpu_seconds() - c0) / (wall * threads)) : 1.0; /* (idle OpenMP threads spin: at most 1) */
@@ -355,7 +387,8 @@ static int each_figure(loom_compute_dtype_t dt, void (*fn)(const char *name, voi
 	for (int d = 0; d < LOOM_CALIB_HEAD_DIMS; d++)
 		for (int t = 0; t < LOOM_CALIB_SEQS; t++, n++)
 			attn_name(name, sizeof name, d, t), fn(name, ctx);
-	return n;
+	fn("adamw", ctx);
+	return n + 1;
 }
 
 typedef struct {
@@ -414,6 +447,9 @@ int loom_calib_read(int threads, loom_calib_t *cal)
 			if (rc == LOOM_OK || rc == LOOM_ESTATE)
 				cal->attn[d][t] = v, n++;
 		}
+	rc = loom_calib_get("adamw", threads, 0, &v, NULL);
+	if (rc == LOOM_OK || rc == LOOM_ESTATE)
+		cal->adamw = v, n++;
 	return n;
 }
 

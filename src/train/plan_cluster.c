@@ -437,11 +437,12 @@ int loom_cluster_local(int threads, int measure, loom_cluster_t *c)
 	loom_calib_read(threads, &c->calib);
 	int mm32 = loom_calib_mm_rate(&c->calib, LOOM_COMPUTE_FP32, 256) > 0;
 	int mm16 = loom_calib_mm_rate(&c->calib, LOOM_COMPUTE_BF16, 256) > 0;
-	int att = loom_calib_attn_rate(&c->calib, 64, 512) > 0;
-	snprintf(c->figures, sizeof c->figures, "measured: peaks%s%s%s%s; assumed: %s%selementwise traffic %g B/B, "
+	int att = loom_calib_attn_rate(&c->calib, 64, 512) > 0, opt = c->calib.adamw > 0;
+	snprintf(c->figures, sizeof c->figures, "measured: peaks%s%s%s%s%s; assumed: %s%s%selementwise traffic %g B/B, "
 	         "links", mm32 ? ", fp32 matmuls" : "", mm16 ? ", bf16 matmuls" : "", att ? ", attention" : "",
-	         bw1 > 0 ? ", memory bandwidth" : "", mm32 ? "" : "matmuls (GEMM peak x width factor), ",
-	         att ? "" : "attention (at the matmuls' rate), ", LOCAL_ELEMENTWISE);
+	         opt ? ", optimizer" : "", bw1 > 0 ? ", memory bandwidth" : "",
+	         mm32 ? "" : "matmuls (GEMM peak x width factor), ", att ? "" : "attention (at the matmuls' rate), ",
+	         opt ? "" : "optimizer (32 B per parameter), ", LOCAL_ELEMENTWISE);
 	snprintf(c->source, sizeof c->source, "this machine: %d CPUs, hardware peak %.1f GFLOP/s and GEMM %.1f GFLOP/s "
 	         "per rank of %d thread(s), memory copy %.1f GB/s per rank, %.1f GB/s all CPUs (peak cache%s), %.1f GiB",
 	         c->cores, hw32 / 1e9, gemm / 1e9, threads, c->memory_bw / 1e9, c->node_memory_bw / 1e9,
