@@ -63,6 +63,9 @@ typedef struct {
 /* Key of this machine and build: /proc/cpuinfo's model name and flags, loom_build_info, the GEMM's
  * backend and the executable's size and modification time (hashed, never 0). */
 unsigned long loom_calib_key(void);
+/* The key of another program on this library's build (exe: its path), e.g. a test filling the cache
+ * for build/loom; the executable's part is left out when it cannot be stat'ed. */
+unsigned long loom_calib_key_of(const char *exe);
 /* The cache file ($XDG_CACHE_HOME/loom/calib, beside the peak cache's). LOOM_EINVAL when too long. */
 int loom_calib_cache_path(char *buf, size_t cap);
 /* What the cache holds for a figure: the best value of its entries, and whether it is trusted. */

@@ -88,8 +88,13 @@ static unsigned long djb2(unsigned long h, const char *s)
 unsigned long loom_calib_key(void)
 {
 	static unsigned long key;
-	if (key)
-		return key;
+	if (!key)
+		key = loom_calib_key_of("/proc/self/exe");
+	return key;
+}
+
+unsigned long loom_calib_key_of(const char *exe)
+{
 	unsigned long h = 5381;
 	char line[4096], buf[64];
 	FILE *f = fopen("/proc/cpuinfo", "r");
@@ -107,12 +112,11 @@ unsigned long loom_calib_key(void)
 	h = djb2(h, b->onednn), h = djb2(h, b->arch), h = djb2(h, b->opt), h = djb2(h, b->cflags);
 	h = djb2(h, b->sanitizer), h = djb2(h, b->compiler), h = djb2(h, loom_gemm_backend_name());
 	struct stat st;
-	if (stat("/proc/self/exe", &st) == 0) { /* the build: a rebuilt binary measures again */
+	if (exe && stat(exe, &st) == 0) { /* the build: a rebuilt binary measures again */
 		snprintf(buf, sizeof buf, "%lld %lld", (long long)st.st_size, (long long)st.st_mtime);
 		h = djb2(h, buf);
 	}
-	key = h ? h : 1;
-	return key;
+	return h ? h : 1;
 }
 
 int loom_calib_cache_path(char *buf, size_t cap)
@@ -465,7 +469,9 @@ static double interp(const int *xs, const double *ys, int n, double x)
 	if (x <= xs[0])
 		return ys[0];
 	for (int k = 1; k < n; k++)
-		if (x <= xs[k]) {
+		if (x == xs[k]) {
+			return ys[k];
+		} else if (x < xs[k]) {
 			double f = (log(x) - log(xs[k - 1])) / (log(xs[k]) - log(xs[k - 1]));
 			return exp(log(ys[k - 1]) + f * (log(ys[k]) - log(ys[k - 1])));
 		}
