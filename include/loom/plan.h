@@ -151,12 +151,13 @@ int loom_cluster_load(const char *path, loom_cluster_t *c);
 /* This machine: one node of its CPUs (ranks share them: the planner models the share when ranks x
  * threads exceed them), the hardware's and the GEMM's fp32 peaks for `threads` threads per rank from
  * the peak cache, bf16's when cached, the memory copy bandwidth of one thread and of all CPUs from the
- * cache (missing: the cpu-node profile's), its memory shared by the ranks, and the constants calibrated
- * on the development machine (docs/plan.md). With measure, loom_cluster_local_measure(threads, fp32)
- * first. LOOM_ENOENT when the hardware's peak is missing. */
+ * cache (missing: the cpu-node profile's), its memory shared by the ranks, the kernels' measured rates
+ * (loom_calib_read: c->calib; c->figures says what was measured and what assumed), and the constants
+ * calibrated on the development machine (docs/plan.md). With measure, loom_cluster_local_measure(threads,
+ * fp32) first. LOOM_ENOENT when the hardware's peak is missing. */
 int loom_cluster_local(int threads, int measure, loom_cluster_t *c);
 /* How many of the figures loom_cluster_local reads for `threads` threads per rank and matmuls in dt
- * are not in the peak cache (the hardware's and the GEMM's peaks of fp32, and of bf16 with dt bf16;
+ * are not in the peak cache or the calibration's, or are not trusted there (taken under load, too old) (the hardware's and the GEMM's peaks of fp32, and of bf16 with dt bf16;
  * the copy bandwidths), naming them in what (may be NULL; cap bytes, ", "-separated). */
 int loom_cluster_local_missing(int threads, loom_compute_dtype_t dt, char *what, size_t cap);
 /* Measure the missing ones and cache them: seconds, and the GEMM's and copies' buffers (hundreds of MiB)

@@ -5,9 +5,11 @@
  * the peak cache, each measured once and cached when missing, so every program that plans for this
  * machine reads the same figures: `loom plan` and `loom train` cannot disagree about the machine).
  *
- * The constants of the local profile (the efficiency relative to the GEMM's measured peak, the
- * elementwise kernels' traffic, the process overhead) were calibrated once on the development machine
- * against `loom train` (docs/plan.md, "Calibration"); a cluster file may override each. */
+ * The local cluster carries this machine's measured kernel rates (plan_calib.c: the block's matmuls, the
+ * attention, the optimizer), which the planner uses instead of the efficiency and width factor below;
+ * those, the elementwise kernels' traffic and the process overhead are constants calibrated on the
+ * development machine against `loom train` (docs/plan.md, "Calibration"), the fallback when nothing is
+ * measured; a cluster file may override each. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
