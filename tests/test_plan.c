@@ -887,15 +887,15 @@ TEST(plan_calib_cache)
 	CHECK_EQ(loom_calib_get("mm_fp32_w64", 1, 0, &v, &now), LOOM_ENOENT);
 	CHECK_OK(loom_calib_get("mm_fp32_w64", 1, 1, &v, &now));
 	CHECK_EQ(f.calls, 1); CHECK_EQ(now, 1); CHECK_FEQ(v, 100e9);
-	CHECK_OK(loom_calib_get("mm_fp32_w64", 1, 1, &v, &now));
+	CHECK_OK(loom_calib_get("mm_fp32_w64", 1, 2, &v, &now));
 	CHECK_EQ(f.calls, 1); CHECK_EQ(now, 0); CHECK_FEQ(v, 100e9);
 	/* keying: another thread count is another figure; another machine's (or build's) entry is not read */
-	CHECK_OK(loom_calib_get("mm_fp32_w64", 2, 1, &v, &now));
+	CHECK_OK(loom_calib_get("mm_fp32_w64", 2, 2, &v, &now));
 	CHECK_EQ(f.calls, 2); CHECK_FEQ(v, 200e9);
 	CHECK_OK(loom_calib_append("mm_fp32_w128", 1, key + 1, 999e9, 1.0));
 	CHECK_EQ(loom_calib_get("mm_fp32_w128", 1, 0, &v, NULL), LOOM_ENOENT);
 	CHECK_OK(loom_calib_append("mm_fp32_w64", 1, key + 1, 999e9, 1.0));
-	CHECK_OK(loom_calib_get("mm_fp32_w64", 1, 1, &v, NULL));
+	CHECK_OK(loom_calib_get("mm_fp32_w64", 1, 2, &v, NULL));
 	CHECK_FEQ(v, 100e9); CHECK_EQ(f.calls, 2);
 	CHECK(loom_calib_key_of("/nonexistent") != loom_calib_key_of(test_loom_bin()));
 
@@ -904,14 +904,16 @@ TEST(plan_calib_cache)
 	CHECK_OK(loom_calib_append("attn_d64_t128", 1, key, 5e9, 0.3));
 	CHECK_EQ(loom_calib_get("attn_d64_t128", 1, 0, &v, NULL), LOOM_ESTATE);
 	CHECK_FEQ(v, 5e9);
+	CHECK_EQ(loom_calib_get("attn_d64_t128", 1, 1, &v, NULL), LOOM_ESTATE); /* 1: only what has no entry */
+	CHECK_FEQ(v, 5e9); CHECK_EQ(f.calls, 2);
 	f.value = 80e9;
-	CHECK_OK(loom_calib_get("attn_d64_t128", 1, 1, &v, &now));
+	CHECK_OK(loom_calib_get("attn_d64_t128", 1, 2, &v, &now));
 	CHECK_EQ(f.calls, 3); CHECK_EQ(now, 1); CHECK_FEQ(v, 80e9);
 	CHECK_OK(loom_calib_lookup("attn_d64_t128", 1, key, &e));
 	CHECK_EQ(e.entries, 2); CHECK_EQ(e.quiet, 1); CHECK_EQ(e.trusted, 1);
 	/* a poisoned entry after a good one changes nothing */
 	CHECK_OK(loom_calib_append("mm_fp32_w64", 1, key, 1e9, 0.2));
-	CHECK_OK(loom_calib_get("mm_fp32_w64", 1, 1, &v, NULL));
+	CHECK_OK(loom_calib_get("mm_fp32_w64", 1, 2, &v, NULL));
 	CHECK_FEQ(v, 100e9); CHECK_EQ(f.calls, 3);
 
 	/* stale: a quiet entry older than LOOM_CALIB_MAX_AGE is measured again */
@@ -923,22 +925,22 @@ TEST(plan_calib_cache)
 	fclose(fp);
 	CHECK_EQ(loom_calib_get("mm_fp32_w256", 1, 0, &v, NULL), LOOM_ESTATE);
 	CHECK_FEQ(v, 70e9);
-	CHECK_OK(loom_calib_get("mm_fp32_w256", 1, 1, &v, &now));
+	CHECK_OK(loom_calib_get("mm_fp32_w256", 1, 2, &v, &now));
 	CHECK_EQ(f.calls, 4); CHECK_EQ(now, 1); CHECK_FEQ(v, 80e9);
 
 	/* a machine never quiet: measured LOOM_CALIB_TRIES times, then the best of them is kept */
 	f.share = 0.5;
 	for (int k = 0; k < LOOM_CALIB_TRIES; k++) {
 		f.value = (k == 1 ? 50e9 : 40e9);
-		rc = loom_calib_get("mm_fp32_w512", 1, 1, &v, NULL);
+		rc = loom_calib_get("mm_fp32_w512", 1, 2, &v, NULL);
 		CHECK_EQ(rc, k + 1 < LOOM_CALIB_TRIES ? LOOM_ESTATE : LOOM_OK);
 	}
 	CHECK_EQ(f.calls, 4 + LOOM_CALIB_TRIES); CHECK_FEQ(v, 50e9);
-	CHECK_OK(loom_calib_get("mm_fp32_w512", 1, 1, &v, NULL));
+	CHECK_OK(loom_calib_get("mm_fp32_w512", 1, 2, &v, NULL));
 	CHECK_EQ(f.calls, 4 + LOOM_CALIB_TRIES);
 	/* a measurement that fails leaves the figure missing */
 	f.fail = 1;
-	CHECK_EQ(loom_calib_get("mm_fp32_w768", 1, 1, &v, NULL), LOOM_ENOENT);
+	CHECK_EQ(loom_calib_get("mm_fp32_w768", 1, 2, &v, NULL), LOOM_ENOENT);
 	CHECK_EQ(loom_calib_missing(1, LOOM_COMPUTE_FP32, NULL, 0),
 	         LOOM_CALIB_WIDTHS + LOOM_CALIB_HEAD_DIMS * LOOM_CALIB_SEQS + 1 - 4); /* w64, w256, w512, attn_d64_t128 trusted */
 	f.fail = 0;

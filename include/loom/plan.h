@@ -29,7 +29,7 @@ extern "C" {
 /* The peak cache's robustness (src/train/peak.c): whether the cache trusts its figure of a kind for
  * threads (a line measured quiet, share >= LOOM_CALIB_QUIET, in the last LOOM_CALIB_MAX_AGE; or
  * LOOM_CALIB_TRIES lines), and a measurement appended with its CPU share (loom_peak_cache_put_kind
- * appends share 1). Lookups (loom_peak_cache_get_kind) give the best of the lines. */
+ * appends share 1). Lookups (loom_peak_cache_get_kind) give the latest quiet line, else the best line. */
 int loom_peak_cache_trusted(loom_peak_kind_t kind, int threads);
 int loom_peak_cache_put_share(loom_peak_kind_t kind, int threads, double value, double share);
 
@@ -70,7 +70,7 @@ unsigned long loom_calib_key_of(const char *exe);
 int loom_calib_cache_path(char *buf, size_t cap);
 /* What the cache holds for a figure: the best value of its entries, and whether it is trusted. */
 typedef struct {
-	double value;     /* the best (highest) entry, 0 when none */
+	double value;     /* the latest quiet entry, else the best (highest) suspect one; 0 when none */
 	double share;     /* its CPU share */
 	double age_s;     /* its age */
 	int entries;      /* entries for the name, threads and key */
@@ -82,9 +82,10 @@ typedef struct {
 int loom_calib_lookup(const char *name, int threads, unsigned long key, loom_calib_entry_t *e);
 /* Append one measurement. LOOM_OK, LOOM_EINVAL (value or threads <= 0), LOOM_EIO. */
 int loom_calib_append(const char *name, int threads, unsigned long key, double value, double share);
-/* The figure for this machine (loom_calib_key): the cache's best; with measure, measured first when the
- * cache does not trust it (missing, taken under load, too old), and appended. LOOM_OK (trusted),
- * LOOM_ESTATE (*value is the best but suspect: measure was 0, or the measurement was under load too),
+/* The figure for this machine (loom_calib_key): the cache's (loom_calib_entry_t value); measured first and appended with
+ * measure 1 when the cache has no entry, with measure 2 also when it does not trust it (taken under
+ * load, too old). LOOM_OK (trusted), LOOM_ESTATE (*value is the best but suspect: not measured again,
+ * or the measurement was under load too),
  * LOOM_ENOENT (nothing: *value 0). *measured_now (may be NULL): 1 when it was measured by this call. */
 int loom_calib_get(const char *name, int threads, int measure, double *value, int *measured_now);
 /* The measurement hook (tests inject a deterministic one; NULL: the real kernels): the figure's value
@@ -94,9 +95,10 @@ void loom_calib_set_measure(loom_calib_measure_fn fn, void *ctx);
 /* How many figures of a run in dt with threads threads the cache does not trust (fp32's matmuls, bf16's
  * with dt bf16, the attention, the optimizer: "adamw"), naming them in what (may be NULL). */
 int loom_calib_missing(int threads, loom_compute_dtype_t dt, char *what, size_t cap);
-/* Measure them (about a second with one thread; the buffers, under 100 MiB, in the caller's resident
- * set). LOOM_OK, or LOOM_ENOTSUP when one could not be measured. */
-int loom_calib_measure(int threads, loom_compute_dtype_t dt);
+/* Measure the ones the cache has no entry of, with suspect also those it does not trust (about 1-3 s with
+ * one thread; the buffers, under 200 MiB, in the caller's resident set). LOOM_OK, or LOOM_ENOTSUP when
+ * one could not be measured. */
+int loom_calib_measure(int threads, loom_compute_dtype_t dt, int suspect);
 /* Every figure the cache holds for threads (trusted or suspect) into *cal; returns how many. */
 int loom_calib_read(int threads, loom_calib_t *cal);
 /* The block matmuls' rate at a width (interpolated in log width, clamped to the grid) in dt, and the
@@ -160,10 +162,14 @@ int loom_cluster_local(int threads, int measure, loom_cluster_t *c);
  * are not in the peak cache or the calibration's, or are not trusted there (taken under load, too old) (the hardware's and the GEMM's peaks of fp32, and of bf16 with dt bf16;
  * the copy bandwidths), naming them in what (may be NULL; cap bytes, ", "-separated). */
 int loom_cluster_local_missing(int threads, loom_compute_dtype_t dt, char *what, size_t cap);
-/* Measure the missing ones and cache them: seconds, and the GEMM's and copies' buffers (hundreds of MiB)
- * in the caller's resident set, so a trainer does it in another process (`loom plan --measure`).
- * LOOM_OK, or LOOM_ENOENT naming a figure that could not be measured (the others are cached). */
+/* Measure the missing ones and those the caches do not trust and cache them: seconds, and the GEMM's
+ * and copies' buffers (hundreds of MiB) in the caller's resident set, so a trainer does it in another
+ * process (`loom plan --measure`). LOOM_OK, or LOOM_ENOENT naming a figure that could not be measured
+ * (the others are cached). */
 int loom_cluster_local_measure(int threads, loom_compute_dtype_t dt);
+/* The same with suspect 0: only what the caches hold no entry of (a suspect figure stays as it is, so
+ * that two plans made one after the other read the same figures: `loom plan` after `loom train`). */
+int loom_cluster_local_fill(int threads, loom_compute_dtype_t dt, int suspect);
 /* The other work on this machine now, as runnable threads competing with one more: one thread's FMA
  * loop for `seconds` against the cached peak f gives C / f - 1 for C CPUs (0 when idle), rounded to a
  * thousandth (the plan's JSON's precision: --load with the printed figure plans the same). */

@@ -13,8 +13,10 @@
  * skipped.
  *
  * A figure measured while other work ran is too low (a copy bandwidth of 3.8 GB/s against 29 quiet was
- * seen), so a lookup takes the best of the lines (load only lowers a peak: a poisoned line never wins
- * over a good one), and loom_peak_cache_trusted says whether one line was taken on a quiet machine
+ * seen), so a lookup takes the latest line measured quiet (share >= LOOM_CALIB_QUIET: a poisoned line
+ * never wins over it), else the best of the lines (load only lowers a peak; not the best of the quiet
+ * ones: the luckiest of several runs is no typical figure, and the load loom_cluster_measure_load
+ * derives from the FMA peak would see a busy machine in an idle one), and loom_peak_cache_trusted says whether one line was taken on a quiet machine
  * (share >= LOOM_CALIB_QUIET) in the last LOOM_CALIB_MAX_AGE; the planner measures again when not (at
  * most LOOM_CALIB_TRIES times: a machine that is never quiet keeps the best of them). */
 #include <stdio.h>
@@ -123,8 +125,8 @@ int loom_peak_cache_get_dtype(loom_compute_dtype_t dt, int threads, double *flop
 	                                flops);
 }
 
-/* The best (highest) value of the file's lines for threads on this CPU, how many lines there are, and
- * how many of them the cache trusts: measured with a CPU share of at least LOOM_CALIB_QUIET (other work
+/* The figure of the file's lines for threads on this CPU (the latest line measured quiet, else the best
+ * of the others), how many lines there are, and how many of them the cache trusts: measured with a CPU share of at least LOOM_CALIB_QUIET (other work
  * did not take the CPUs meanwhile) less than LOOM_CALIB_MAX_AGE ago. A line of the first format
  * ("threads cpu-hash value", before loom recorded the share) is never trusted, so it is measured again
  * once. LOOM_OK (also when nothing matches: *n 0), or the path's error. */
@@ -133,7 +135,7 @@ static int scan(loom_peak_kind_t kind, int threads, double *best, int *n, int *q
 	char path[1000], line[256];
 	unsigned long h = cpu_hash(kind), fh;
 	int t, rc, got;
-	double v, share, when, now = (double)time(NULL);
+	double v, share, when, now = (double)time(NULL), latest = 0.0;
 	FILE *f;
 	*best = 0.0, *n = *quiet = 0;
 	if ((rc = loom_peak_cache_path_kind(kind, path, sizeof path)) != LOOM_OK)
@@ -145,10 +147,13 @@ static int scan(loom_peak_kind_t kind, int threads, double *best, int *n, int *q
 		if (got < 3 || t != threads || fh != h || !(v > 0))
 			continue; /* another thread count or CPU, or a torn line */
 		(*n)++;
+		if (got == 5 && share >= LOOM_CALIB_QUIET) /* the latest quiet line */
+			latest = v, *quiet += now - when <= LOOM_CALIB_MAX_AGE;
 		*best = v > *best ? v : *best;
-		*quiet += got == 5 && share >= LOOM_CALIB_QUIET && now - when <= LOOM_CALIB_MAX_AGE;
 	}
 	fclose(f);
+	if (latest > 0)
+		*best = latest;
 	return LOOM_OK;
 }
 

@@ -501,7 +501,9 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	/* measured on this machine (plan_calib.c): the block's matmuls at width C' and the attention kernel
 	 * at the model's head size and T, instead of the peak's efficiency and width factor */
 	int hd = cfg->head_dim > 0 ? cfg->head_dim : cfg->n_embd / LOOM_MAX(cfg->n_head, 1);
-	double mm_meas = loom_calib_mm_rate(&c->calib, pc.dtype, Cs), att_meas = loom_calib_attn_rate(&c->calib, hd, pc.T);
+	double mm_meas = loom_calib_mm_rate(&c->calib, pc.dtype, Cs);
+	/* (a context-parallel rank runs the kernel on its chunks of T / cp rows: the rate of that length) */
+	double att_meas = loom_calib_attn_rate(&c->calib, hd, pc.T / LOOM_MAX(pc.cp, 1));
 	if (mm_meas > 0)
 		rate = mm_meas * share;
 	double att_rate = att_meas > 0 ? att_meas * share : 0.0;

@@ -20,9 +20,9 @@
  * flags), the library's build (loom_build_info) and the executable (its size and modification time:
  * a rebuilt loom, e.g. a faster attention kernel, is measured again). share is the CPU time the
  * measuring threads got over the wall time: below LOOM_CALIB_QUIET other work took the CPUs during the
- * measurement, so the figure is suspect. A lookup takes the best (highest) of the entries for the key
- * (load only ever lowers a rate, so a poisoned entry can never win over a good one) and trusts it when
- * one quiet entry younger than LOOM_CALIB_MAX_AGE exists, or LOOM_CALIB_TRIES entries were taken (a
+ * measurement, so the figure is suspect. A lookup takes the latest quiet entry for the key (a poisoned
+ * one never wins over it), else the best (highest) of the suspect ones (load only ever lowers a rate),
+ * and trusts it when one quiet entry younger than LOOM_CALIB_MAX_AGE exists, or LOOM_CALIB_TRIES entries were taken (a
  * machine that is never quiet: the best of them); otherwise it is measured again.
  *
  * Not thread-safe: measurements use every CPU, and the measurement hook (loom_calib_set_measure) is
@@ -140,7 +140,7 @@ int loom_calib_lookup(const char *name, int threads, unsigned long key, loom_cal
 	FILE *f;
 	int rc, th;
 	unsigned long k;
-	double v, share, when, now = (double)time(NULL);
+	double v, share, when, now = (double)time(NULL), latest = 0.0, lshare = 0.0, lage = 0.0;
 	memset(e, 0, sizeof *e);
 	if ((rc = loom_calib_cache_path(path, sizeof path)) != LOOM_OK)
 		return rc;
@@ -152,12 +152,14 @@ int loom_calib_lookup(const char *name, int threads, unsigned long key, loom_cal
 		if (strcmp(nm, name) || th != threads || k != key || !(v > 0))
 			continue;
 		e->entries++;
+		if (share >= LOOM_CALIB_QUIET) /* the latest quiet entry */
+			latest = v, lshare = share, lage = now - when, e->quiet += now - when <= LOOM_CALIB_MAX_AGE;
 		if (v > e->value)
 			e->value = v, e->share = share, e->age_s = now - when;
-		if (share >= LOOM_CALIB_QUIET && now - when <= LOOM_CALIB_MAX_AGE)
-			e->quiet++;
 	}
 	fclose(f);
+	if (latest > 0)
+		e->value = latest, e->share = lshare, e->age_s = lage;
 	e->trusted = e->entries > 0 && (e->quiet > 0 || e->entries >= LOOM_CALIB_TRIES);
 	return LOOM_OK;
 }
@@ -358,7 +360,7 @@ int loom_calib_get(const char *name, int threads, int measure, double *value, in
 		*measured_now = 0;
 	if ((rc = loom_calib_lookup(name, threads, key, &e)) != LOOM_OK)
 		return rc;
-	if (!e.trusted && measure) {
+	if (measure >= 2 ? !e.trusted : measure == 1 && e.entries == 0) {
 		double v = 0.0, share = 0.0;
 		rc = hook_fn ? hook_fn(name, threads, hook_ctx, &v, &share) : measure_real(name, threads, &v, &share);
 		if (rc == LOOM_OK && v > 0) {
@@ -423,9 +425,9 @@ int loom_calib_missing(int threads, loom_compute_dtype_t dt, char *what, size_t 
 	return w.missing;
 }
 
-int loom_calib_measure(int threads, loom_compute_dtype_t dt)
+int loom_calib_measure(int threads, loom_compute_dtype_t dt, int suspect)
 {
-	walk_t w = {.threads = threads > 0 ? threads : 1, .measure = 1};
+	walk_t w = {.threads = threads > 0 ? threads : 1, .measure = suspect ? 2 : 1};
 	each_figure(dt, walk_one, &w);
 	return w.failed ? loom_seterr(LOOM_ENOTSUP, "calibration: %d figure(s) could not be measured", w.failed) : LOOM_OK;
 }

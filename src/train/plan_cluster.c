@@ -361,6 +361,11 @@ static double cpu_seconds(void)
 
 int loom_cluster_local_measure(int threads, loom_compute_dtype_t dt)
 {
+	return loom_cluster_local_fill(threads, dt, 1);
+}
+
+int loom_cluster_local_fill(int threads, loom_compute_dtype_t dt, int suspect)
+{
 	loom_peak_kind_t kind[6];
 	int th[6], n, rc = LOOM_OK;
 	const char *src = NULL;
@@ -368,7 +373,8 @@ int loom_cluster_local_measure(int threads, loom_compute_dtype_t dt)
 	n = local_figures(threads, dt, kind, th);
 	for (int k = 0; k < n; k++) {
 		double v, c0 = cpu_seconds(), t0 = loom_now();
-		if (loom_peak_cache_trusted(kind[k], th[k]))
+		if (suspect ? loom_peak_cache_trusted(kind[k], th[k])
+		            : loom_peak_cache_get_kind(kind[k], th[k], &v) == LOOM_OK && v > 0)
 			continue; /* (a line taken under load, or before the share was recorded: measured again) */
 		switch (kind[k]) {
 		case LOOM_PEAK_HW_FP32: v = loom_hw_peak_flops(LOOM_COMPUTE_FP32, th[k], &src); break;
@@ -386,7 +392,7 @@ int loom_cluster_local_measure(int threads, loom_compute_dtype_t dt)
 		int put = loom_peak_cache_put_share(kind[k], th[k], v, share); /* a read-only home: measured every time */
 		(void)put;
 	}
-	if (loom_calib_measure(threads, dt) != LOOM_OK && rc == LOOM_OK)
+	if (loom_calib_measure(threads, dt, suspect) != LOOM_OK && rc == LOOM_OK)
 		rc = loom_seterr(LOOM_ENOENT, "cluster local: %s", loom_errmsg());
 	return rc;
 }
@@ -399,7 +405,7 @@ int loom_cluster_local(int threads, int measure, loom_cluster_t *c)
 	threads = threads > 0 ? threads : 1;
 	memset(c, 0, sizeof *c);
 	if (measure)
-		loom_cluster_local_measure(threads, LOOM_COMPUTE_FP32); /* what is missing; the reads below say */
+		loom_cluster_local_fill(threads, LOOM_COMPUTE_FP32, 0); /* what is missing; the reads below say */
 	if (loom_peak_cache_get_kind(LOOM_PEAK_HW_FP32, threads, &hw32) != LOOM_OK)
 		hw32 = 0.0;
 	if (loom_peak_cache_get_kind(LOOM_PEAK_GEMM_FP32, threads, &gemm) != LOOM_OK)

@@ -66,8 +66,10 @@ void loom_plan_config_of_run(const loom_train_config_t *tc, const loom_model_con
 int loom_cluster_this_machine(const loom_plan_local_t *how, loom_compute_dtype_t dt, loom_cluster_t *c)
 {
 	int threads = how->threads > 0 ? how->threads : 1, rc;
-	if (how->measure)
-		loom_cluster_local_measure(threads, dt); /* what could not be measured shows below */
+	if (how->measure) /* what the caches hold nothing of (what could not be measured shows below); a
+	                   * suspect figure is measured again by `loom plan --measure` alone, so that a plan
+	                   * made after a run's reads the figures the run's did */
+		loom_cluster_local_fill(threads, dt, 0);
 	if ((rc = loom_cluster_local(threads, 0, c)) != LOOM_OK)
 		return rc;
 	c->background_load = how->load >= 0 ? how->load : loom_cluster_measure_load(c->cores, 0.5);
