@@ -82,11 +82,11 @@ typedef struct {
 int loom_calib_lookup(const char *name, int threads, unsigned long key, loom_calib_entry_t *e);
 /* Append one measurement. LOOM_OK, LOOM_EINVAL (value or threads <= 0), LOOM_EIO. */
 int loom_calib_append(const char *name, int threads, unsigned long key, double value, double share);
-/* The figure for this machine (loom_calib_key): the cache's (loom_calib_entry_t value); measured first and appended with
- * measure 1 when the cache has no entry, with measure 2 also when it does not trust it (taken under
- * load, too old). LOOM_OK (trusted), LOOM_ESTATE (*value is the best but suspect: not measured again,
- * or the measurement was under load too),
- * LOOM_ENOENT (nothing: *value 0). *measured_now (may be NULL): 1 when it was measured by this call. */
+/* The figure for this machine (loom_calib_key): the cache's (loom_calib_entry_t value); measured first and appended
+ * with measure 1 when the cache has no entry, with measure 2 also when it does not trust it (taken under load, too
+ * old). LOOM_OK (trusted), LOOM_ESTATE (*value is the best but suspect: not measured again, or the measurement was
+ * under load too), LOOM_ENOENT (nothing: *value 0). *measured_now (may be NULL): 1 when it was measured by this
+ * call. */
 int loom_calib_get(const char *name, int threads, int measure, double *value, int *measured_now);
 /* The measurement hook (tests inject a deterministic one; NULL: the real kernels): the figure's value
  * and the CPU share of the measurement; LOOM_OK or an error. Process-wide; not thread-safe. */
@@ -158,9 +158,10 @@ int loom_cluster_load(const char *path, loom_cluster_t *c);
  * calibrated on the development machine (docs/plan.md). With measure, loom_cluster_local_measure(threads,
  * fp32) first. LOOM_ENOENT when the hardware's peak is missing. */
 int loom_cluster_local(int threads, int measure, loom_cluster_t *c);
-/* How many of the figures loom_cluster_local reads for `threads` threads per rank and matmuls in dt
- * are not in the peak cache or the calibration's, or are not trusted there (taken under load, too old) (the hardware's and the GEMM's peaks of fp32, and of bf16 with dt bf16;
- * the copy bandwidths), naming them in what (may be NULL; cap bytes, ", "-separated). */
+/* How many of the figures loom_cluster_local reads for `threads` threads per rank and matmuls in dt are not in the
+ * peak cache or the calibration's, or are not trusted there (taken under load, too old) (the hardware's and the
+ * GEMM's peaks of fp32, and of bf16 with dt bf16; the copy bandwidths), naming them in what (may be NULL; cap
+ * bytes, ", "-separated). */
 int loom_cluster_local_missing(int threads, loom_compute_dtype_t dt, char *what, size_t cap);
 /* Measure the missing ones and those the caches do not trust and cache them: seconds, and the GEMM's
  * and copies' buffers (hundreds of MiB) in the caller's resident set, so a trainer does it in another

@@ -1,24 +1,23 @@
-/* peak.c: the cache of measured peaks (loom/train.h): the hardware's (the FMA throughput loop of
- * loom/cpu.h, fp32 and bf16), which MFU is relative to, and the GEMM's in each matmul precision, which
- * `loom train` prints beside it as the fraction of the hardware the GEMM reaches.
+/* peak.c: the cache of measured peaks (loom/train.h): the hardware's (the FMA throughput loop of loom/cpu.h, fp32
+ * and bf16), which MFU is relative to, and the GEMM's in each matmul precision, which `loom train` prints beside it
+ * as the fraction of the hardware the GEMM reaches.
  *
- * Measuring a peak takes 0.5 s (the hardware's) to 2 s (a GEMM's), so a program measures once per
- * kind, thread count and CPU and keeps the result in $XDG_CACHE_HOME/loom/ (or ~/.cache/loom/,
- * /tmp/.cache/loom/ without HOME), a file per kind: hw_peak, hw_peak_bf16, gemm_peak, gemm_peak_bf16,
- * and the planner's memory copy bandwidth, mem_bw (bytes/s, keyed by the copying threads); one line
- * "threads cpu-hash value share time" per measurement, appended (share: the CPU time the measuring
- * threads got over the wall time; time: when, in seconds since the epoch). The CPU hash is of
- * /proc/cpuinfo's first "model name" line, so a home directory shared between machines does not reuse
- * another CPU's figure; a GEMM's peak also hashes the kernels that ran it. Lines that do not parse are
- * skipped.
+ * Measuring a peak takes 0.5 s (the hardware's) to 2 s (a GEMM's), so a program measures once per kind, thread
+ * count and CPU and keeps the result in $XDG_CACHE_HOME/loom/ (or ~/.cache/loom/, /tmp/.cache/loom/ without HOME),
+ * a file per kind: hw_peak, hw_peak_bf16, gemm_peak, gemm_peak_bf16, and the planner's memory copy bandwidth,
+ * mem_bw (bytes/s, keyed by the copying threads); one line "threads cpu-hash value share time" per measurement,
+ * appended (share: the CPU time the measuring threads got over the wall time; time: when, in seconds since the
+ * epoch). The CPU hash is of /proc/cpuinfo's first "model name" line, so a home directory shared between machines
+ * does not reuse another CPU's figure; a GEMM's peak also hashes the kernels that ran it. Lines that do not parse
+ * are skipped.
  *
- * A figure measured while other work ran is too low (a copy bandwidth of 3.8 GB/s against 29 quiet was
- * seen), so a lookup takes the latest line measured quiet (share >= LOOM_CALIB_QUIET: a poisoned line
- * never wins over it), else the best of the lines (load only lowers a peak; not the best of the quiet
- * ones: the luckiest of several runs is no typical figure, and the load loom_cluster_measure_load
- * derives from the FMA peak would see a busy machine in an idle one), and loom_peak_cache_trusted says whether one line was taken on a quiet machine
- * (share >= LOOM_CALIB_QUIET) in the last LOOM_CALIB_MAX_AGE; the planner measures again when not (at
- * most LOOM_CALIB_TRIES times: a machine that is never quiet keeps the best of them). */
+ * A figure measured while other work ran is too low (a copy bandwidth of 3.8 GB/s against 29 quiet was seen), so a
+ * lookup takes the latest line measured quiet (share >= LOOM_CALIB_QUIET: a poisoned line never wins over it), else
+ * the best of the lines (load only lowers a peak; not the best of the quiet ones: the luckiest of several runs is
+ * no typical figure, and the load loom_cluster_measure_load derives from the FMA peak would see a busy machine in
+ * an idle one), and loom_peak_cache_trusted says whether one line was taken on a quiet machine (share >=
+ * LOOM_CALIB_QUIET) in the last LOOM_CALIB_MAX_AGE; the planner measures again when not (at most LOOM_CALIB_TRIES
+ * times: a machine that is never quiet keeps the best of them). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,10 +124,10 @@ int loom_peak_cache_get_dtype(loom_compute_dtype_t dt, int threads, double *flop
 	                                flops);
 }
 
-/* The figure of the file's lines for threads on this CPU (the latest line measured quiet, else the best
- * of the others), how many lines there are, and how many of them the cache trusts: measured with a CPU share of at least LOOM_CALIB_QUIET (other work
- * did not take the CPUs meanwhile) less than LOOM_CALIB_MAX_AGE ago. A line of the first format
- * ("threads cpu-hash value", before loom recorded the share) is never trusted, so it is measured again
+/* The figure of the file's lines for threads on this CPU (the latest line measured quiet, else the best of the
+ * others), how many lines there are, and how many of them the cache trusts: measured with a CPU share of at least
+ * LOOM_CALIB_QUIET (other work did not take the CPUs meanwhile) less than LOOM_CALIB_MAX_AGE ago. A line of the
+ * first format ("threads cpu-hash value", before loom recorded the share) is never trusted, so it is measured again
  * once. LOOM_OK (also when nothing matches: *n 0), or the path's error. */
 static int scan(loom_peak_kind_t kind, int threads, double *best, int *n, int *quiet)
 {

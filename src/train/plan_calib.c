@@ -203,11 +203,11 @@ static void fill(float *x, size_t n, int salt)
 		x[i] = (float)((i * 7 + (size_t)salt) % 23) * 0.01f - 0.11f;
 }
 
-/* One block's matmuls forward and backward at width w (the model's kernels, this thread's precision):
- * FLOP/s, the median of the passes after the first (which warms the packing buffers and the threads),
- * as many as fit in `seconds` (at least 3). Each shape has operands of its own and a pass first evicts the caches (a write of
- * 16 MiB), as in training, where a block's products meet operands the kernels before them evicted:
- * timed on warm caches, the products ran 10-20% faster than inside training. */
+/* One block's matmuls forward and backward at width w (the model's kernels, this thread's precision): FLOP/s, the
+ * median of the passes after the first (which warms the packing buffers and the threads), as many as fit in
+ * `seconds` (at least 3). Each shape has operands of its own and a pass first evicts the caches (a write of 16
+ * MiB), as in training, where a block's products meet operands the kernels before them evicted: timed on warm
+ * caches, the products ran 10-20% faster than inside training. */
 static double mm_rate(int w, double seconds)
 {
 	static const int shape[4][2] = {{1, 3}, {1, 1}, {1, 4}, {4, 1}}; /* (in, out) in units of w */
@@ -260,7 +260,8 @@ static double attn_rate(int D, int T, int threads, int passes)
 	float *v = loom_alloc_aligned(sizeof(float) * n), *o = loom_alloc_aligned(sizeof(float) * n);
 	float *dq = loom_alloc_aligned(sizeof(float) * n), *dk = loom_alloc_aligned(sizeof(float) * n);
 	float *dv = loom_alloc_aligned(sizeof(float) * n), *dout = loom_alloc_aligned(sizeof(float) * n);
-	float *lse = loom_alloc_aligned(sizeof(float) * (size_t)NH * T), *scratch = loom_alloc_aligned(sizeof(float) * (ns ? ns : 1));
+	float *lse = loom_alloc_aligned(sizeof(float) * (size_t)NH * T);
+	float *scratch = loom_alloc_aligned(sizeof(float) * (ns ? ns : 1));
 	double best = 0.0, flops = 12.0 * NH * D * ((double)T * (T + 1) / 2.0);
 	if (!q || !k || !v || !o || !dq || !dk || !dv || !dout || !lse || !scratch)
 		goto out;
@@ -344,7 +345,8 @@ static int measure_real(const char *name, int threads, double *value, double *sh
 		*value = adamw_rate();
 	}
 	double wall = loom_now() - t0;
-	*share = wall > 0 ? LOOM_MIN(1.0, (cpu_seconds() - c0) / (wall * threads)) : 1.0; /* (idle OpenMP threads spin: at most 1) */
+	/* (idle OpenMP threads spin and count: at most 1) */
+	*share = wall > 0 ? LOOM_MIN(1.0, (cpu_seconds() - c0) / (wall * threads)) : 1.0;
 	loom_set_num_threads(saved);
 	return *value > 0 ? LOOM_OK : loom_seterr(LOOM_ENOTSUP, "calibration: measuring %s with %d thread(s) failed", name,
 	                                          threads);
