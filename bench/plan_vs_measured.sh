@@ -16,11 +16,14 @@
 # alternating through the list, so each half has every kind of run). Two factors (a for the plan's
 # compute span, b for the rest: optimizer and exposed communication) are fit to the fit half (a grid,
 # least squared log error), and the check half is reported with them: a factor far from 1 says which
-# constants of src/train/plan_cluster.c to move (a: LOCAL_GEMM_FRACTION, the width factor; b: the
-# memory bandwidth's and the links' figures), and the check half's errors whether that would hold.
+# figures are off (a: the kernels' rates the calibration measured, src/train/plan_calib.c, or with
+# nothing measured the constants of src/train/plan_cluster.c; b: the optimizer's rate, the memory
+# bandwidth's and the links' figures), and the check half's errors whether that would hold. The
+# machine's figures (peaks, the kernels' rates) are measured by the first run that lacks them (docs/
+# plan.md, "Calibration"); the JSON's "figures" says which were.
 #
 # Each configuration trains on random tokens, one thread per rank unless the row says --threads 2.
-# Run it under the machine's benchmark lock on a quiet machine:
+# Run it under the machine's benchmark lock on a quiet machine (ONLY= splits it into parts):
 #   flock /tmp/loom-bench.lock bench/plan_vs_measured.sh
 #
 # HOLDOUT=1 runs instead 11 configurations that are not in the list above and that no constant of the

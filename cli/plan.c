@@ -55,8 +55,9 @@ static const char *const usage_text =
 	"  --search               rank every mesh, ZeRO stage, recomputation and schedule of --ranks N (or --nodes x\n"
 	"                         the cluster's ranks per node) at the same tokens per step; --top K rows (default 12)\n"
 	"  --ranks N              ranks for --search\n"
-	"  --measure              only measure what the peak cache lacks for --threads and --dtype (peaks, memory\n"
-	"                         bandwidths) and cache it; loom train runs this in a process of its own\n"
+	"  --measure              only measure what the peak cache lacks or does not trust for --threads and --dtype\n"
+	"                         (peaks, memory bandwidths, the kernels' rates: docs/plan.md, \"Calibration\") and\n"
+	"                         cache it; loom train runs this in a process of its own\n"
 	"\n"
 	"loom train prints and logs exactly this plan for its own flags (docs/plan.md, \"One prediction\"); the\n"
 	"defaults are the trainer's: --threads as the run gets them, --load measured\n";
@@ -289,6 +290,8 @@ static void print_human(const loom_plan_t *p, const loom_cluster_t *c)
 	       c->nodes, c->nodes == 1 ? "" : "s", c->ranks_per_node, p->peak_flops / 1e12,
 	       loom_compute_dtype_name(pc->dtype), c->efficiency,
 	       p->oversubscribed ? "; oversubscribed: the ranks' threads share fewer cores" : "", c->source);
+	if (c->figures[0])
+		printf("figures: %s (docs/plan.md, \"Calibration\")\n", c->figures);
 	if (c->background_load > 0)
 		printf("load: other work keeps %.1f threads runnable on the %d CPUs: the ranks get %.0f%% of a core per "
 		       "thread\n", c->background_load, c->cores, 100.0 * p->cpu_share);

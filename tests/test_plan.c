@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "loom/gpt2.h"
@@ -627,6 +628,27 @@ static int fake_peak_cache(const char *dir)
 	if (loom_peak_cache_put_kind(LOOM_PEAK_MEM_BW, 1, 12e9) ||
 	    (cpus > 1 && loom_peak_cache_put_kind(LOOM_PEAK_MEM_BW, (int)cpus, 16e9)))
 		return 1;
+	/* the kernels' rates, for the loom binary the tests run (its key: loom_calib_key_of) */
+	unsigned long key = loom_calib_key_of(test_loom_bin());
+	char name[64];
+	for (int t = 1; t <= 2; t++) {
+		for (int k = 0; k < LOOM_CALIB_WIDTHS; k++) {
+			snprintf(name, sizeof name, "mm_fp32_w%d", loom_calib_width(k));
+			if (loom_calib_append(name, t, key, 60e9 * t, 1.0))
+				return 1;
+			snprintf(name, sizeof name, "mm_bf16_w%d", loom_calib_width(k));
+			if (loom_calib_append(name, t, key, 120e9 * t, 1.0))
+				return 1;
+		}
+		for (int d = 0; d < LOOM_CALIB_HEAD_DIMS; d++)
+			for (int q = 0; q < LOOM_CALIB_SEQS; q++) {
+				snprintf(name, sizeof name, "attn_d%d_t%d", loom_calib_head_dim(d), loom_calib_seq(q));
+				if (loom_calib_append(name, t, key, 30e9 * t, 1.0))
+					return 1;
+			}
+		if (loom_calib_append("adamw", t, key, 4e8, 1.0))
+			return 1;
+	}
 	return 0;
 }
 
@@ -822,5 +844,173 @@ TEST(plan_compare_names_the_part)
 	CHECK_FEQ(v.time_part_meas, 0.85);
 	CHECK_STREQ(v.memory_part, "buffers and process");
 	CHECK_FEQ(v.memory_part_pred, 700.0);
+	return 0;
+}
+
+/* The calibration's cache (src/train/plan_calib.c) with a fake measurement: a figure is measured once
+ * and then read; another thread count or another machine's key is another figure; an entry taken
+ * under load (CPU share below LOOM_CALIB_QUIET) or too old is measured again, and the best entry wins,
+ * so a poisoned one never replaces a good one; a machine never quiet keeps the best of
+ * LOOM_CALIB_TRIES. */
+typedef struct {
+	int calls;
+	double value, share;
+	int fail;
+} fake_measure_t;
+
+static int fake_measure(const char *name, int threads, void *ctx, double *value, double *share)
+{
+	fake_measure_t *f = ctx;
+	(void)name;
+	f->calls++;
+	*value = f->value * threads, *share = f->share;
+	return f->fail ? LOOM_ENOTSUP : LOOM_OK;
+}
+
+TEST(plan_calib_cache)
+{
+	char dir[512], path[1000];
+	const char *old = getenv("XDG_CACHE_HOME");
+	char saved[1000] = "";
+	fake_measure_t f = {0, 100e9, 1.0, 0};
+	double v;
+	int now, rc = 0;
+	unsigned long key = loom_calib_key();
+	loom_calib_entry_t e;
+	if (old)
+		snprintf(saved, sizeof saved, "%s", old);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK(setenv("XDG_CACHE_HOME", dir, 1) == 0);
+	loom_calib_set_measure(fake_measure, &f);
+
+	/* missing: measured once, then read */
+	CHECK_EQ(loom_calib_get("mm_fp32_w64", 1, 0, &v, &now), LOOM_ENOENT);
+	CHECK_OK(loom_calib_get("mm_fp32_w64", 1, 1, &v, &now));
+	CHECK_EQ(f.calls, 1); CHECK_EQ(now, 1); CHECK_FEQ(v, 100e9);
+	CHECK_OK(loom_calib_get("mm_fp32_w64", 1, 2, &v, &now));
+	CHECK_EQ(f.calls, 1); CHECK_EQ(now, 0); CHECK_FEQ(v, 100e9);
+	/* keying: another thread count is another figure; another machine's (or build's) entry is not read */
+	CHECK_OK(loom_calib_get("mm_fp32_w64", 2, 2, &v, &now));
+	CHECK_EQ(f.calls, 2); CHECK_FEQ(v, 200e9);
+	CHECK_OK(loom_calib_append("mm_fp32_w128", 1, key + 1, 999e9, 1.0));
+	CHECK_EQ(loom_calib_get("mm_fp32_w128", 1, 0, &v, NULL), LOOM_ENOENT);
+	CHECK_OK(loom_calib_append("mm_fp32_w64", 1, key + 1, 999e9, 1.0));
+	CHECK_OK(loom_calib_get("mm_fp32_w64", 1, 2, &v, NULL));
+	CHECK_FEQ(v, 100e9); CHECK_EQ(f.calls, 2);
+	CHECK(loom_calib_key_of("/nonexistent") != loom_calib_key_of(test_loom_bin()));
+
+	/* a poisoned entry (measured under load: 5 GFLOP/s at a share of 0.3) is suspect: read as the best
+	 * there is without measuring, measured again when allowed; the quiet figure then wins */
+	CHECK_OK(loom_calib_append("attn_d64_t128", 1, key, 5e9, 0.3));
+	CHECK_EQ(loom_calib_get("attn_d64_t128", 1, 0, &v, NULL), LOOM_ESTATE);
+	CHECK_FEQ(v, 5e9);
+	CHECK_EQ(loom_calib_get("attn_d64_t128", 1, 1, &v, NULL), LOOM_ESTATE); /* 1: only what has no entry */
+	CHECK_FEQ(v, 5e9); CHECK_EQ(f.calls, 2);
+	f.value = 80e9;
+	CHECK_OK(loom_calib_get("attn_d64_t128", 1, 2, &v, &now));
+	CHECK_EQ(f.calls, 3); CHECK_EQ(now, 1); CHECK_FEQ(v, 80e9);
+	CHECK_OK(loom_calib_lookup("attn_d64_t128", 1, key, &e));
+	CHECK_EQ(e.entries, 2); CHECK_EQ(e.quiet, 1); CHECK_EQ(e.trusted, 1);
+	/* a poisoned entry after a good one changes nothing */
+	CHECK_OK(loom_calib_append("mm_fp32_w64", 1, key, 1e9, 0.2));
+	CHECK_OK(loom_calib_get("mm_fp32_w64", 1, 2, &v, NULL));
+	CHECK_FEQ(v, 100e9); CHECK_EQ(f.calls, 3);
+
+	/* stale: a quiet entry older than LOOM_CALIB_MAX_AGE is measured again */
+	CHECK_OK(loom_calib_cache_path(path, sizeof path));
+	FILE *fp = fopen(path, "a");
+	CHECK(fp != NULL);
+	fprintf(fp, "mm_fp32_w256 1 %lu 7.0e+10 1.000 %lld\n", key, (long long)(time(NULL) - 31 * 86400));
+	fprintf(fp, "a torn line\n");
+	fclose(fp);
+	CHECK_EQ(loom_calib_get("mm_fp32_w256", 1, 0, &v, NULL), LOOM_ESTATE);
+	CHECK_FEQ(v, 70e9);
+	CHECK_OK(loom_calib_get("mm_fp32_w256", 1, 2, &v, &now));
+	CHECK_EQ(f.calls, 4); CHECK_EQ(now, 1); CHECK_FEQ(v, 80e9);
+
+	/* a machine never quiet: measured LOOM_CALIB_TRIES times, then the best of them is kept */
+	f.share = 0.5;
+	for (int k = 0; k < LOOM_CALIB_TRIES; k++) {
+		f.value = (k == 1 ? 50e9 : 40e9);
+		rc = loom_calib_get("mm_fp32_w512", 1, 2, &v, NULL);
+		CHECK_EQ(rc, k + 1 < LOOM_CALIB_TRIES ? LOOM_ESTATE : LOOM_OK);
+	}
+	CHECK_EQ(f.calls, 4 + LOOM_CALIB_TRIES); CHECK_FEQ(v, 50e9);
+	CHECK_OK(loom_calib_get("mm_fp32_w512", 1, 2, &v, NULL));
+	CHECK_EQ(f.calls, 4 + LOOM_CALIB_TRIES);
+	/* a measurement that fails leaves the figure missing */
+	f.fail = 1;
+	CHECK_EQ(loom_calib_get("mm_fp32_w768", 1, 2, &v, NULL), LOOM_ENOENT);
+	CHECK_EQ(loom_calib_missing(1, LOOM_COMPUTE_FP32, NULL, 0),
+	         LOOM_CALIB_WIDTHS + LOOM_CALIB_HEAD_DIMS * LOOM_CALIB_SEQS + 1 - 4); /* w64, w256, w512, attn_d64_t128 trusted */
+	f.fail = 0;
+
+	/* the peak cache: a copy bandwidth measured under load is not trusted and loses to a quiet one */
+	CHECK_OK(loom_peak_cache_put_share(LOOM_PEAK_MEM_BW, 1, 3.8e9, 0.4));
+	CHECK_EQ(loom_peak_cache_trusted(LOOM_PEAK_MEM_BW, 1), 0);
+	CHECK_OK(loom_peak_cache_get_kind(LOOM_PEAK_MEM_BW, 1, &v));
+	CHECK_FEQ(v, 3.8e9);
+	CHECK_OK(loom_peak_cache_put_share(LOOM_PEAK_MEM_BW, 1, 29e9, 1.0));
+	CHECK_EQ(loom_peak_cache_trusted(LOOM_PEAK_MEM_BW, 1), 1);
+	CHECK_OK(loom_peak_cache_get_kind(LOOM_PEAK_MEM_BW, 1, &v));
+	CHECK_FEQ(v, 29e9);
+	CHECK_OK(loom_peak_cache_put_share(LOOM_PEAK_MEM_BW, 1, 2e9, 0.3));
+	CHECK_OK(loom_peak_cache_get_kind(LOOM_PEAK_MEM_BW, 1, &v));
+	CHECK_FEQ(v, 29e9);
+
+	loom_calib_set_measure(NULL, NULL);
+	if (old)
+		setenv("XDG_CACHE_HOME", saved, 1);
+	else
+		unsetenv("XDG_CACHE_HOME");
+	test_rmdir(dir);
+	return 0;
+}
+
+/* The planner on measured rates: the block's matmuls at the calibration's rate for the width, the
+ * attention at its own, the optimizer at its parameters per second; without them the GEMM peak's
+ * efficiency (the documented fallback). */
+TEST(plan_uses_measured_rates)
+{
+	loom_cluster_t c = test_cluster(), c2;
+	loom_plan_config_t pc = tiny_config(1, 0);
+	loom_plan_t p0, p1, p2;
+	double fatt = 0.0, N = (double)pc.B * pc.T;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &p0));
+	for (int k = 0; k < LOOM_CALIB_WIDTHS; k++)
+		c.calib.mm[0][k] = 100e9;
+	for (int d = 0; d < LOOM_CALIB_HEAD_DIMS; d++)
+		for (int q = 0; q < LOOM_CALIB_SEQS; q++)
+			c.calib.attn[d][q] = 25e9;
+	c.calib.adamw = 1e9;
+	c2 = c;
+	for (int k = 0; k < LOOM_CALIB_WIDTHS; k++)
+		c2.calib.mm[0][k] = 200e9;
+	CHECK_OK(loom_plan_estimate(&pc, &c, &p1));
+	CHECK_OK(loom_plan_estimate(&pc, &c2, &p2));
+	for (int l = 0; l < pc.model.n_layer; l++)
+		fatt += loom_model_block_attn_flops(&pc.model, l, pc.T);
+	/* halving the matmuls' time takes exactly half of their seconds off the step */
+	CHECK_NEAR(p1.step_time_s - p2.step_time_s, (p1.flops_per_token - fatt) * N / 200e9, 1e-12);
+	/* the optimizer: P parameters at 1e9 a second (one rank, its bandwidth its own) */
+	CHECK_NEAR(p1.optimizer_s, p1.params / 1e9, 1e-12);
+	/* the attention at its rate: doubling it takes half its seconds off */
+	c2 = c;
+	for (int d = 0; d < LOOM_CALIB_HEAD_DIMS; d++)
+		for (int q = 0; q < LOOM_CALIB_SEQS; q++)
+			c2.calib.attn[d][q] = 50e9;
+	CHECK_OK(loom_plan_estimate(&pc, &c2, &p2));
+	CHECK_NEAR(p1.step_time_s - p2.step_time_s, fatt * N / 50e9, 1e-12);
+	CHECK(fabs(p0.step_time_s - p1.step_time_s) > 1e-6); /* the fallback differs */
+	/* the rates interpolate in log width and log T, clamped at the grid's ends */
+	loom_calib_t cal;
+	memset(&cal, 0, sizeof cal);
+	for (int k = 0; k < LOOM_CALIB_WIDTHS; k++)
+		cal.mm[1][k] = 10e9 * (k + 1);
+	CHECK_FEQ(loom_calib_mm_rate(&cal, LOOM_COMPUTE_BF16, 32), 10e9);
+	CHECK_FEQ(loom_calib_mm_rate(&cal, LOOM_COMPUTE_BF16, 128), 20e9);
+	CHECK_NEAR(loom_calib_mm_rate(&cal, LOOM_COMPUTE_BF16, 181.0193359837561), sqrt(20e9 * 30e9), 1e-3);
+	CHECK_FEQ(loom_calib_mm_rate(&cal, LOOM_COMPUTE_BF16, 4096), 50e9);
+	CHECK_FEQ(loom_calib_mm_rate(&cal, LOOM_COMPUTE_FP32, 128), 0.0); /* fp32 not measured */
 	return 0;
 }

@@ -26,6 +26,86 @@
 extern "C" {
 #endif
 
+/* The peak cache's robustness (src/train/peak.c): whether the cache trusts its figure of a kind for
+ * threads (a line measured quiet, share >= LOOM_CALIB_QUIET, in the last LOOM_CALIB_MAX_AGE; or
+ * LOOM_CALIB_TRIES lines), and a measurement appended with its CPU share (loom_peak_cache_put_kind
+ * appends share 1). Lookups (loom_peak_cache_get_kind) give the latest quiet line, else the best line. */
+int loom_peak_cache_trusted(loom_peak_kind_t kind, int threads);
+int loom_peak_cache_put_share(loom_peak_kind_t kind, int threads, double value, double share);
+
+/* ---- this machine's calibration (src/train/plan_calib.c; docs/plan.md, "Calibration") ------------- */
+
+/* The grid of the calibration: one block's matmuls at widths 64, 128, 256, 512, 768 (1024 rows), the
+ * attention kernel at head sizes 64, 128 and sequences of 128, 512, 2048 positions. */
+#define LOOM_CALIB_WIDTHS 5
+#define LOOM_CALIB_HEAD_DIMS 2
+#define LOOM_CALIB_SEQS 3
+int loom_calib_width(int k);    /* the grid's values (0 out of range) */
+int loom_calib_head_dim(int k);
+int loom_calib_seq(int k);
+/* A measurement the cache trusts: the CPU time its threads got over the wall time (share) at least
+ * this (below: other work took the CPUs), taken at most LOOM_CALIB_MAX_AGE seconds ago; or, on a
+ * machine never quiet, the best of LOOM_CALIB_TRIES measurements. */
+#define LOOM_CALIB_QUIET 0.9
+#define LOOM_CALIB_MAX_AGE (30.0 * 86400.0)
+#define LOOM_CALIB_TRIES 3
+
+/* The measured rates (0: not measured). */
+typedef struct {
+	double mm[2][LOOM_CALIB_WIDTHS];   /* [0 fp32, 1 bf16]: FLOP/s of one block's matmuls, forward and backward,
+	                                      at width loom_calib_width(k) (the model's kernels, 1024 rows) */
+	double attn[LOOM_CALIB_HEAD_DIMS][LOOM_CALIB_SEQS]; /* counted FLOP/s of the attention kernel, forward
+	                                      and backward (fp32), causal, at (head size, T) of the grid */
+	double adamw;                      /* parameters per second of the optimizer's step (the gradients' sum of
+	                                      squares and AdamW, one rank alone) */
+} loom_calib_t;
+
+/* Key of this machine and build: /proc/cpuinfo's model name and flags, loom_build_info, the GEMM's
+ * backend and the executable's size and modification time (hashed, never 0). */
+unsigned long loom_calib_key(void);
+/* The key of another program on this library's build (exe: its path), e.g. a test filling the cache
+ * for build/loom; the executable's part is left out when it cannot be stat'ed. */
+unsigned long loom_calib_key_of(const char *exe);
+/* The cache file ($XDG_CACHE_HOME/loom/calib, beside the peak cache's). LOOM_EINVAL when too long. */
+int loom_calib_cache_path(char *buf, size_t cap);
+/* What the cache holds for a figure: the best value of its entries, and whether it is trusted. */
+typedef struct {
+	double value;     /* the latest quiet entry, else the best (highest) suspect one; 0 when none */
+	double share;     /* its CPU share */
+	double age_s;     /* its age */
+	int entries;      /* entries for the name, threads and key */
+	int quiet;        /* of them, quiet and younger than LOOM_CALIB_MAX_AGE */
+	int trusted;      /* quiet > 0, or entries >= LOOM_CALIB_TRIES */
+} loom_calib_entry_t;
+/* Read the cache's entries of name (e.g. "mm_fp32_w256", "attn_d64_t512") for threads and key into *e
+ * (zeros when there are none, or no file). LOOM_OK; LOOM_EINVAL for a path too long. */
+int loom_calib_lookup(const char *name, int threads, unsigned long key, loom_calib_entry_t *e);
+/* Append one measurement. LOOM_OK, LOOM_EINVAL (value or threads <= 0), LOOM_EIO. */
+int loom_calib_append(const char *name, int threads, unsigned long key, double value, double share);
+/* The figure for this machine (loom_calib_key): the cache's (loom_calib_entry_t value); measured first and appended
+ * with measure 1 when the cache has no entry, with measure 2 also when it does not trust it (taken under load, too
+ * old). LOOM_OK (trusted), LOOM_ESTATE (*value is the best but suspect: not measured again, or the measurement was
+ * under load too), LOOM_ENOENT (nothing: *value 0). *measured_now (may be NULL): 1 when it was measured by this
+ * call. */
+int loom_calib_get(const char *name, int threads, int measure, double *value, int *measured_now);
+/* The measurement hook (tests inject a deterministic one; NULL: the real kernels): the figure's value
+ * and the CPU share of the measurement; LOOM_OK or an error. Process-wide; not thread-safe. */
+typedef int (*loom_calib_measure_fn)(const char *name, int threads, void *ctx, double *value, double *share);
+void loom_calib_set_measure(loom_calib_measure_fn fn, void *ctx);
+/* How many figures of a run in dt with threads threads the cache does not trust (fp32's matmuls, bf16's
+ * with dt bf16, the attention, the optimizer: "adamw"), naming them in what (may be NULL). */
+int loom_calib_missing(int threads, loom_compute_dtype_t dt, char *what, size_t cap);
+/* Measure the ones the cache has no entry of, with suspect also those it does not trust (about 1-3 s with
+ * one thread; the buffers, under 200 MiB, in the caller's resident set). LOOM_OK, or LOOM_ENOTSUP when
+ * one could not be measured. */
+int loom_calib_measure(int threads, loom_compute_dtype_t dt, int suspect);
+/* Every figure the cache holds for threads (trusted or suspect) into *cal; returns how many. */
+int loom_calib_read(int threads, loom_calib_t *cal);
+/* The block matmuls' rate at a width (interpolated in log width, clamped to the grid) in dt, and the
+ * attention's at a head size and T: 0 when the figures are not all measured. */
+double loom_calib_mm_rate(const loom_calib_t *cal, loom_compute_dtype_t dt, double width);
+double loom_calib_attn_rate(const loom_calib_t *cal, int head_dim, int T);
+
 /* A cluster: identical ranks, ranks_per_node of them on each of nodes nodes. Figures are per rank. */
 typedef struct {
 	char name[64];
@@ -55,6 +135,9 @@ typedef struct {
 	double background_load;      /* other work's runnable threads on a node, competing for its cores
 	                                (CPUs; 0: none): the ranks' share is cores / (their threads + this) */
 	char source[512];            /* where the figures come from */
+	loom_calib_t calib;          /* this machine's measured kernel rates (loom_cluster_local; 0: not measured,
+	                                the peak x efficiency x width factor then) */
+	char figures[320];           /* which figures were measured and which assumed (loom_cluster_local) */
 } loom_cluster_t;
 
 /* The named profiles shipped with loom ("cpu-node", "a100-8x80g", "h100-8x", "mi300x-8x"; docs/plan.md
@@ -70,18 +153,24 @@ int loom_cluster_load(const char *path, loom_cluster_t *c);
 /* This machine: one node of its CPUs (ranks share them: the planner models the share when ranks x
  * threads exceed them), the hardware's and the GEMM's fp32 peaks for `threads` threads per rank from
  * the peak cache, bf16's when cached, the memory copy bandwidth of one thread and of all CPUs from the
- * cache (missing: the cpu-node profile's), its memory shared by the ranks, and the constants calibrated
- * on the development machine (docs/plan.md). With measure, loom_cluster_local_measure(threads, fp32)
- * first. LOOM_ENOENT when the hardware's peak is missing. */
+ * cache (missing: the cpu-node profile's), its memory shared by the ranks, the kernels' measured rates
+ * (loom_calib_read: c->calib; c->figures says what was measured and what assumed), and the constants
+ * calibrated on the development machine (docs/plan.md). With measure, loom_cluster_local_measure(threads,
+ * fp32) first. LOOM_ENOENT when the hardware's peak is missing. */
 int loom_cluster_local(int threads, int measure, loom_cluster_t *c);
-/* How many of the figures loom_cluster_local reads for `threads` threads per rank and matmuls in dt
- * are not in the peak cache (the hardware's and the GEMM's peaks of fp32, and of bf16 with dt bf16;
- * the copy bandwidths), naming them in what (may be NULL; cap bytes, ", "-separated). */
+/* How many of the figures loom_cluster_local reads for `threads` threads per rank and matmuls in dt are not in the
+ * peak cache or the calibration's, or are not trusted there (taken under load, too old) (the hardware's and the
+ * GEMM's peaks of fp32, and of bf16 with dt bf16; the copy bandwidths), naming them in what (may be NULL; cap
+ * bytes, ", "-separated). */
 int loom_cluster_local_missing(int threads, loom_compute_dtype_t dt, char *what, size_t cap);
-/* Measure the missing ones and cache them: seconds, and the GEMM's and copies' buffers (hundreds of MiB)
- * in the caller's resident set, so a trainer does it in another process (`loom plan --measure`).
- * LOOM_OK, or LOOM_ENOENT naming a figure that could not be measured (the others are cached). */
+/* Measure the missing ones and those the caches do not trust and cache them: seconds, and the GEMM's
+ * and copies' buffers (hundreds of MiB) in the caller's resident set, so a trainer does it in another
+ * process (`loom plan --measure`). LOOM_OK, or LOOM_ENOENT naming a figure that could not be measured
+ * (the others are cached). */
 int loom_cluster_local_measure(int threads, loom_compute_dtype_t dt);
+/* The same with suspect 0: only what the caches hold no entry of (a suspect figure stays as it is, so
+ * that two plans made one after the other read the same figures: `loom plan` after `loom train`). */
+int loom_cluster_local_fill(int threads, loom_compute_dtype_t dt, int suspect);
 /* The other work on this machine now, as runnable threads competing with one more: one thread's FMA
  * loop for `seconds` against the cached peak f gives C / f - 1 for C CPUs (0 when idle), rounded to a
  * thousandth (the plan's JSON's precision: --load with the printed figure plans the same). */

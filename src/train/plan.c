@@ -498,6 +498,15 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 		share *= 1.0 - (1.0 - c->corun_efficiency) * LOOM_MAX(0.0, busy - 1.0) / (c->cores - 1.0);
 	}
 	double rate = p->peak_flops * c->efficiency * size * share, mem_bw = c->memory_bw * share;
+	/* measured on this machine (plan_calib.c): the block's matmuls at width C' and the attention kernel
+	 * at the model's head size and T, instead of the peak's efficiency and width factor */
+	int hd = cfg->head_dim > 0 ? cfg->head_dim : cfg->n_embd / LOOM_MAX(cfg->n_head, 1);
+	double mm_meas = loom_calib_mm_rate(&c->calib, pc.dtype, Cs);
+	/* (a context-parallel rank runs the kernel on its chunks of T / cp rows: the rate of that length) */
+	double att_meas = loom_calib_attn_rate(&c->calib, hd, pc.T / LOOM_MAX(pc.cp, 1));
+	if (mm_meas > 0)
+		rate = mm_meas * share;
+	double att_rate = att_meas > 0 ? att_meas * share : 0.0;
 	if (c->node_memory_bw > 0) { /* the node's memory bus, shared by its ranks */
 		int local = LOOM_MIN(p->world, c->ranks_per_node > 0 ? c->ranks_per_node : p->world);
 		mem_bw = LOOM_MIN(mem_bw, c->node_memory_bw / local);
@@ -539,15 +548,17 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 
 	/* Compute per micro-batch: the model's FLOPs per position of the whole model (with recomputation),
 	 * split over tp; the elementwise kernels' traffic in proportion to the kept activations. */
-	double C = cfg->n_embd, fpt = p->flops_per_token, extra = 0.0;
+	double C = cfg->n_embd, fpt = p->flops_per_token, extra = 0.0, fatt = 0.0, xmm = 0.0, xatt = 0.0;
 	for (int l = 0; l < L; l++) {
 		double attn = loom_model_block_attn_flops(cfg, l, pc.T);
+		fatt += attn;
 		extra += attn / 6.0; /* the fused attention's backward makes the scores again: Q K^T, 2 of 12 */
 		if (pc.act_ckpt == LOOM_ACT_CKPT_BLOCKS) /* every block's forward again */
-			extra += loom_model_unit_flops(cfg, l, pc.T) / 3.0;
+			xmm += (loom_model_unit_flops(cfg, l, pc.T) - attn) / 3.0, xatt += attn / 3.0;
 		else if (pc.act_ckpt == LOOM_ACT_CKPT_SELECTIVE) /* the attention's forward again: 4 of 12 */
-			extra += attn / 3.0;
+			xatt += attn / 3.0;
 	}
+	extra += xmm + xatt;
 	double recompute = 1.0 + extra / fpt;
 	/* (the elementwise kernels run over every activation whatever is kept: the traffic of a run without
 	 * checkpointing, times the recomputation) */
@@ -559,6 +570,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	/* (a context-parallel rank's Nr positions cost the sequence's mean per token: the head-tail layout
 	 * gives every rank the same share of the causal attention) */
 	double mm_mb = fpt * Nr * recompute / tp / rate; /* seconds of matmuls per micro-batch, whole model */
+	if (att_rate > 0) /* the attention at its own measured rate (its backward's scores included) */
+		mm_mb = (fpt - fatt + xmm) * Nr / tp / rate + (fatt + xatt) * Nr / tp / att_rate;
 	double el_mb = mem_bw > 0 ? c->elementwise_bytes_per_act * (double)(a1.kept + a1.head) * recompute / mem_bw : 0.0;
 	double slow = (mm_mb + el_mb) / (fpt * Nr / tp); /* seconds per model FLOP of a micro-batch */
 
@@ -662,6 +675,8 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	 * iterations' matmuls at the GEMM's rate. */
 	double owned = pc.zero > 0 ? p->memory.optimizer / 8.0 : p->memory.params / 4.0;
 	p->optimizer_s = mem_bw > 0 ? 32.0 * owned / mem_bw : 0.0;
+	if (c->calib.adamw > 0) /* measured alone; ranks that share the memory bus as the bandwidth says */
+		p->optimizer_s = owned / c->calib.adamw * (mem_bw > 0 && c->memory_bw > 0 ? c->memory_bw / mem_bw : 1.0);
 	if (pc.optimizer == LOOM_OPTIMIZER_MUON) {
 		double bytes, own, adam, ns, work;
 		if ((rc = muon_state(&pc, tb, pp, V, p->stage, lo, hrows, dg, 0, &bytes, &own, &adam, &ns, &work)) != LOOM_OK)

@@ -5,14 +5,17 @@
  * the peak cache, each measured once and cached when missing, so every program that plans for this
  * machine reads the same figures: `loom plan` and `loom train` cannot disagree about the machine).
  *
- * The constants of the local profile (the efficiency relative to the GEMM's measured peak, the
- * elementwise kernels' traffic, the process overhead) were calibrated once on the development machine
- * against `loom train` (docs/plan.md, "Calibration"); a cluster file may override each. */
+ * The local cluster carries this machine's measured kernel rates (plan_calib.c: the block's matmuls, the
+ * attention, the optimizer), which the planner uses instead of the efficiency and width factor below;
+ * those, the elementwise kernels' traffic and the process overhead are constants calibrated on the
+ * development machine against `loom train` (docs/plan.md, "Calibration"), the fallback when nothing is
+ * measured; a cluster file may override each. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ckpt/json.h"
@@ -336,16 +339,32 @@ int loom_cluster_local_missing(int threads, loom_compute_dtype_t dt, char *what,
 	if (what && cap)
 		what[0] = 0;
 	for (int k = 0; k < n; k++) {
-		if (loom_peak_cache_get_kind(kind[k], th[k], &v) == LOOM_OK && v > 0)
+		if (loom_peak_cache_trusted(kind[k], th[k]) && loom_peak_cache_get_kind(kind[k], th[k], &v) == LOOM_OK && v > 0)
 			continue;
 		if (what && len < cap)
 			len += (size_t)snprintf(what + len, cap - len, "%s%s", missing ? ", " : "", figure_name(kind[k], th[k]));
 		missing++;
 	}
-	return missing;
+	char cal[512];
+	int nc = loom_calib_missing(threads > 0 ? threads : 1, dt, cal, sizeof cal);
+	if (nc && what && len < cap)
+		len += (size_t)snprintf(what + len, cap - len, "%sthe kernels' rates (%s)", missing ? ", " : "", cal);
+	return missing + nc;
+}
+
+static double cpu_seconds(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
 int loom_cluster_local_measure(int threads, loom_compute_dtype_t dt)
+{
+	return loom_cluster_local_fill(threads, dt, 1);
+}
+
+int loom_cluster_local_fill(int threads, loom_compute_dtype_t dt, int suspect)
 {
 	loom_peak_kind_t kind[6];
 	int th[6], n, rc = LOOM_OK;
@@ -353,9 +372,10 @@ int loom_cluster_local_measure(int threads, loom_compute_dtype_t dt)
 	threads = threads > 0 ? threads : 1;
 	n = local_figures(threads, dt, kind, th);
 	for (int k = 0; k < n; k++) {
-		double v;
-		if (loom_peak_cache_get_kind(kind[k], th[k], &v) == LOOM_OK && v > 0)
-			continue;
+		double v, c0 = cpu_seconds(), t0 = loom_now();
+		if (suspect ? loom_peak_cache_trusted(kind[k], th[k])
+		            : loom_peak_cache_get_kind(kind[k], th[k], &v) == LOOM_OK && v > 0)
+			continue; /* (a line taken under load, or before the share was recorded: measured again) */
 		switch (kind[k]) {
 		case LOOM_PEAK_HW_FP32: v = loom_hw_peak_flops(LOOM_COMPUTE_FP32, th[k], &src); break;
 		case LOOM_PEAK_HW_BF16: v = loom_hw_peak_flops(LOOM_COMPUTE_BF16, th[k], &src); break;
@@ -368,9 +388,12 @@ int loom_cluster_local_measure(int threads, loom_compute_dtype_t dt)
 			                 figure_name(kind[k], th[k]), th[k]);
 			continue;
 		}
-		int put = loom_peak_cache_put_kind(kind[k], th[k], v); /* a read-only home: measured every time */
+		double wall = loom_now() - t0, share = wall > 0 ? LOOM_MIN(1.0, (cpu_seconds() - c0) / (wall * th[k])) : 1.0;
+		int put = loom_peak_cache_put_share(kind[k], th[k], v, share); /* a read-only home: measured every time */
 		(void)put;
 	}
+	if (loom_calib_measure(threads, dt, suspect) != LOOM_OK && rc == LOOM_OK)
+		rc = loom_seterr(LOOM_ENOENT, "cluster local: %s", loom_errmsg());
 	return rc;
 }
 
@@ -382,7 +405,7 @@ int loom_cluster_local(int threads, int measure, loom_cluster_t *c)
 	threads = threads > 0 ? threads : 1;
 	memset(c, 0, sizeof *c);
 	if (measure)
-		loom_cluster_local_measure(threads, LOOM_COMPUTE_FP32); /* what is missing; the reads below say */
+		loom_cluster_local_fill(threads, LOOM_COMPUTE_FP32, 0); /* what is missing; the reads below say */
 	if (loom_peak_cache_get_kind(LOOM_PEAK_HW_FP32, threads, &hw32) != LOOM_OK)
 		hw32 = 0.0;
 	if (loom_peak_cache_get_kind(LOOM_PEAK_GEMM_FP32, threads, &gemm) != LOOM_OK)
@@ -418,6 +441,16 @@ int loom_cluster_local(int threads, int measure, loom_cluster_t *c)
 	c->overhead_bytes = LOCAL_OVERHEAD;
 	c->comm_overhead_bytes = LOCAL_COMM_OVERHEAD;
 	c->thread_scratch_bytes = LOCAL_THREAD_SCRATCH;
+	/* the kernels' measured rates: the matmuls of a block and the attention (plan_calib.c) */
+	loom_calib_read(threads, &c->calib);
+	int mm32 = loom_calib_mm_rate(&c->calib, LOOM_COMPUTE_FP32, 256) > 0;
+	int mm16 = loom_calib_mm_rate(&c->calib, LOOM_COMPUTE_BF16, 256) > 0;
+	int att = loom_calib_attn_rate(&c->calib, 64, 512) > 0, opt = c->calib.adamw > 0;
+	snprintf(c->figures, sizeof c->figures, "measured: peaks%s%s%s%s%s; assumed: %s%s%selementwise traffic %g B/B, "
+	         "links", mm32 ? ", fp32 matmuls" : "", mm16 ? ", bf16 matmuls" : "", att ? ", attention" : "",
+	         opt ? ", optimizer" : "", bw1 > 0 ? ", memory bandwidth" : "",
+	         mm32 ? "" : "matmuls (GEMM peak x width factor), ", att ? "" : "attention (at the matmuls' rate), ",
+	         opt ? "" : "optimizer (32 B per parameter), ", LOCAL_ELEMENTWISE);
 	snprintf(c->source, sizeof c->source, "this machine: %d CPUs, hardware peak %.1f GFLOP/s and GEMM %.1f GFLOP/s "
 	         "per rank of %d thread(s), memory copy %.1f GB/s per rank, %.1f GB/s all CPUs (peak cache%s), %.1f GiB",
 	         c->cores, hw32 / 1e9, gemm / 1e9, threads, c->memory_bw / 1e9, c->node_memory_bw / 1e9,

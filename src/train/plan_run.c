@@ -66,8 +66,10 @@ void loom_plan_config_of_run(const loom_train_config_t *tc, const loom_model_con
 int loom_cluster_this_machine(const loom_plan_local_t *how, loom_compute_dtype_t dt, loom_cluster_t *c)
 {
 	int threads = how->threads > 0 ? how->threads : 1, rc;
-	if (how->measure)
-		loom_cluster_local_measure(threads, dt); /* what could not be measured shows below */
+	if (how->measure) /* what the caches hold nothing of (what could not be measured shows below); a
+	                   * suspect figure is measured again by `loom plan --measure` alone, so that a plan
+	                   * made after a run's reads the figures the run's did */
+		loom_cluster_local_fill(threads, dt, 0);
 	if ((rc = loom_cluster_local(threads, 0, c)) != LOOM_OK)
 		return rc;
 	c->background_load = how->load >= 0 ? how->load : loom_cluster_measure_load(c->cores, 0.5);
@@ -124,7 +126,8 @@ int loom_plan_json(const loom_plan_t *p, const loom_cluster_t *c, char *buf, siz
 	    "\"dp\":%d,\"tp\":%d,\"pp\":%d,\"cp\":%d,\"world\":%d,\"zero\":%d,\"activation_checkpointing\":\"%s\","
 	    "\"dtype\":\"%s\",\"cp_attention\":\"%s\","
 	    "\"sequence_parallel\":%s,\"optimizer\":\"%s\",\"schedule\":\"%s\",\"virtual_stages\":%d,\"impl\":\"%s\","
-	    "\"tokens_per_step\":%.0f,\"threads\":%d,\"background_load\":%.3f,\"cpu_share\":%.4f,\"run_steps\":%lld,",
+	    "\"tokens_per_step\":%.0f,\"threads\":%d,\"background_load\":%.3f,\"cpu_share\":%.4f,\"run_steps\":%lld,"
+	    "\"figures\":\"%s\",",
 	    c->name, loom_arch_name(pc->model.arch), pc->model.n_layer, pc->model.n_head, pc->model.n_embd,
 	    pc->model.seq_len, pc->model.vocab_size, p->params, pc->B, pc->T, pc->M, pc->dp, pc->tp, pc->pp,
 	    LOOM_MAX(pc->cp, 1), p->world, pc->zero, loom_act_ckpt_name(pc->act_ckpt), loom_compute_dtype_name(pc->dtype),
@@ -132,7 +135,8 @@ int loom_plan_json(const loom_plan_t *p, const loom_cluster_t *c, char *buf, siz
 	    pc->sequence_parallel && pc->tp > 1 ? "true" : "false",
 	    pc->optimizer == LOOM_OPTIMIZER_MUON ? "muon" : "adamw", schedule_name(pc),
 	    pc->virtual_stages > 1 ? pc->virtual_stages : 1, pc->impl == LOOM_PLAN_IDEAL ? "ideal" : "loom",
-	    p->tokens_per_step, c->threads > 0 ? c->threads : 1, c->background_load, p->cpu_share, pc->steps);
+	    p->tokens_per_step, c->threads > 0 ? c->threads : 1, c->background_load, p->cpu_share, pc->steps,
+	    c->figures[0] ? c->figures : "assumed: the cluster's figures");
 	json_mem(&o, "memory_bytes", &p->memory);
 	put(&o, ",");
 	json_mem(&o, "memory_bytes_rank0", &p->memory_rank0);
