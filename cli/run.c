@@ -573,7 +573,7 @@ int loom_cli_run(int argc, char **argv)
 			return 1;
 	run_parse_opts(argc, argv, &o);
 	if (o.hostfile)
-		return run_mpirun(&o);
+		return o.elastic ? run_elastic(&o) : run_mpirun(&o);
 	r = calloc((size_t)o.nproc, sizeof *r);
 	if (!r || setup_signals() != 0) {
 		fprintf(stderr, "loom run: cannot set up: %s\n", strerror(errno));
