@@ -520,6 +520,8 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx)
 		return rc;
 	if (c->log_path && tr->rank == 0 && (rc = loom_train_log_open(tr)) != LOOM_OK)
 		return rc;
+	if (tr->log && c->log_event && (fprintf(tr->log, "%s\n", c->log_event) < 0 || fflush(tr->log) != 0))
+		return loom_seterr(LOOM_EIO, "log %s: cannot write the event row", c->log_path);
 	while (tr->step < c->lr.total_steps) {
 		if ((rc = loom_trainer_step(tr, &m)) != LOOM_OK)
 			return rc;
@@ -587,6 +589,11 @@ int loom_trainer_set_plan_json(loom_trainer_t *tr, const char *json)
 	free(tr->plan_json);
 	tr->plan_json = copy;
 	return LOOM_OK;
+}
+
+void loom_trainer_set_log_event(loom_trainer_t *tr, const char *json)
+{
+	tr->cfg.log_event = json;
 }
 
 long long loom_trainer_steps_done(const loom_trainer_t *tr)
