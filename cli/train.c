@@ -998,6 +998,9 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 {
 	run_ctx_t *r = ctx;
 	char eta[32], mfu[16] = "-";
+	const char *nap = getenv("LOOM_STEP_SLEEP_MS");
+	if (nap && atoi(nap) > 0) /* tests of faults and launchers: a tiny model's steps made slow, without the CPU */
+		usleep((useconds_t)atoi(nap) * 1000u);
 	int w = snprintf(NULL, 0, "%lld", m->total), stop = elastic_stop_requested(r, m);
 	if (stop != 0) /* collective: before rank 0's printing */
 		return 1;
