@@ -50,6 +50,7 @@ typedef struct {
 	int alive;     /* answered its last probe */
 	pid_t probe;   /* a probe in flight, or 0 */
 	double probe_deadline;
+	char why[200]; /* why its last probe failed */
 } host_t;
 
 typedef struct {
@@ -90,9 +91,9 @@ static double env_seconds(const char *name, double def)
 	return d;
 }
 
-/* Start cmd in a process group of its own, with stdout/stderr to /dev/null when quiet. Returns the
- * pid, or -1. */
-static pid_t start(char *const *argv, int quiet)
+/* Start cmd in a process group of its own, with stdin from /dev/null and stdout/stderr to the file
+ * `out` when it is not NULL. Returns the pid, or -1. */
+static pid_t start(char *const *argv, const char *out)
 {
 	pid_t pid;
 	fflush(NULL);
@@ -100,10 +101,16 @@ static pid_t start(char *const *argv, int quiet)
 	if (pid == 0) {
 		setpgid(0, 0);
 		signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGHUP, SIG_DFL);
-		if (quiet) {
-			int null = open("/dev/null", O_RDWR);
+		if (out) {
+			int null = open("/dev/null", O_RDONLY), fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0666);
 			if (null >= 0)
-				dup2(null, 0), dup2(null, 1), dup2(null, 2);
+				dup2(null, 0);
+			if (fd >= 0)
+				dup2(fd, 1), dup2(fd, 2);
+			fprintf(stderr, "probe:");
+			for (char *const *a = argv; *a; a++)
+				fprintf(stderr, " %s", *a);
+			fprintf(stderr, "\n");
 		}
 		execvp(argv[0], argv);
 		fprintf(stderr, "loom run: cannot execute %s: %s\n", argv[0], strerror(errno));
@@ -122,7 +129,9 @@ static void probe_start(elastic_t *e, int i)
 	char *prog[] = {"true", NULL};
 	if (e->h[i].probe > 0 || run_mpirun_cmd(&cmd, &name, 1, 1, prog) != 0)
 		return;
-	e->h[i].probe = start(cmd.argv, 1);
+	char log[1200];
+	snprintf(log, sizeof log, "%s/probe.%d.log", e->dir, i);
+	e->h[i].probe = start(cmd.argv, log);
 	e->h[i].probe_deadline = now_s() + e->probe_timeout_s;
 	run_mpirun_cmd_free(&cmd);
 	if (e->h[i].probe < 0)
@@ -148,6 +157,23 @@ static int probe_poll(elastic_t *e, int i)
 	}
 	h->probe = 0;
 	h->alive = p > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+	if (!h->alive) { /* the probe's last line says why, if anything */
+		char log[1200], line[512];
+		FILE *f;
+		snprintf(log, sizeof log, "%s/probe.%d.log", e->dir, i);
+		if (p == 0)
+			snprintf(h->why, sizeof h->why, "no answer within %g s", e->probe_timeout_s);
+		else
+			snprintf(h->why, sizeof h->why, "its probe failed");
+		if ((f = fopen(log, "r"))) {
+			while (fgets(line, sizeof line, f)) {
+				line[strcspn(line, "\n")] = '\0';
+				if (line[0] && line[0] != '-' && line[0] != ' ' && strlen(h->why) < 40)
+					snprintf(h->why + strlen(h->why), sizeof h->why - strlen(h->why), ": %.150s", line);
+			}
+			fclose(f);
+		}
+	}
 	return 1;
 }
 
@@ -205,8 +231,11 @@ static int read_rank_files(const elastic_t *e, const char *what, char *text, siz
 			*max_step = step;
 		if (first < 0 || atoi(de->d_name + strlen(prefix)) < first) {
 			first = atoi(de->d_name + strlen(prefix));
+			rewind(f);
 			n = fread(text, 1, cap - 1, f);
 			text[n] = '\0';
+			if (strncmp(text, "step ", 5) == 0 && strchr(text, '\n')) /* the message is the next line */
+				memmove(text, strchr(text, '\n') + 1, strlen(strchr(text, '\n') + 1) + 1);
 			text[strcspn(text, "\n")] = '\0';
 		}
 		fclose(f);
@@ -268,7 +297,6 @@ int run_elastic(const run_opts_t *o)
 	int rc;
 	char cause[1200] = "", rule[300] = "", summary[8192] = "", list[2048];
 	long long last_step = -1;
-	double lost_at = 0;
 	struct sigaction sa;
 	if (!loom_build_info()->mpi) {
 		fprintf(stderr, "loom run: --nnodes %d:%d --hostfile %s: this loom was built without MPI; " RUN_MPI_REMEDY "\n",
@@ -328,10 +356,13 @@ int run_elastic(const run_opts_t *o)
 			for (int i = 0; i < e.nh; i++)
 				down[i] = !e.h[i].alive;
 			host_list(&e, down, list, sizeof list);
-			run_note("elastic: %d host%s can run the job (%s), fewer than --nnodes' MIN %d%s%s%s: ending it. Its "
+			for (int i = 0; i < e.nh; i++)
+				if (down[i])
+					run_note("elastic: host %s: %s", e.h[i].name, e.h[i].why);
+			run_note("elastic: %d host%s can run the job (%s), fewer than --nnodes' MIN %d%s%s: ending it. Its "
 			         "checkpoints are kept: run the same command again (with the program's --resume) once enough "
 			         "hosts answer", nuse, nuse == 1 ? "" : "s", alive > nuse ? "the batch rule leaves some out" :
-			         "the others do not answer", o->nnodes_min, list[0] ? "; not answering: " : "", list, "");
+			         "the others do not answer", o->nnodes_min, list[0] ? "; not answering: " : "", list);
 			if (cause[0])
 				run_note("elastic: the last change: %s", cause);
 			if (summary[0])
@@ -367,13 +398,13 @@ int run_elastic(const run_opts_t *o)
 		if (run_mpirun_cmd(&cmd, names, nuse, o->nproc, o->argv) != 0)
 			return 1;
 		host_list(&e, use, list, sizeof list);
-		run_note("elastic: attempt %d on %d host%s (%s), %d ranks%s%s", e.attempt, nuse, nuse == 1 ? "" : "s", list,
-		         nuse * o->nproc, lost_at > 0 ? "; " : "", lost_at > 0 ? "after a lost host" : "");
+		run_note("elastic: attempt %d on %d host%s (%s), %d ranks%s%.300s", e.attempt, nuse, nuse == 1 ? "" : "s", list,
+		         nuse * o->nproc, cause[0] ? "; after " : "", cause);
 		fprintf(stderr, "loom run: running:");
 		for (int i = 0; i < cmd.argc; i++)
 			fprintf(stderr, " %s", cmd.argv[i]);
 		fprintf(stderr, "\n");
-		pid = start(cmd.argv, 0);
+		pid = start(cmd.argv, NULL);
 		run_mpirun_cmd_free(&cmd);
 		if (pid < 0) {
 			fprintf(stderr, "loom run: cannot start mpirun: %s\n", strerror(errno));
@@ -462,6 +493,8 @@ int run_elastic(const run_opts_t *o)
 			         shrink == 1 ? " is" : "s are", shrink == 1 ? "" : "s");
 			run_note("elastic: %s", rule);
 			json_safe(rule);
+			if (!cause[0] || strncmp(cause, "batch rule", 10) == 0)
+				snprintf(cause, sizeof cause, "batch rule: %d host%s answer", nuse, nuse == 1 ? "" : "s");
 			e.attempt++;
 			continue;
 		}
@@ -477,7 +510,6 @@ int run_elastic(const run_opts_t *o)
 		/* a failure: which hosts of the job still answer? */
 		for (int i = 0; i < e.nh; i++)
 			want[i] = use[i];
-		double t_probe = now_s();
 		probe_all(&e, want);
 		int lost[RUN_MAX_HOSTS], nlost = 0;
 		for (int i = 0; i < e.nh; i++)
@@ -485,10 +517,14 @@ int run_elastic(const run_opts_t *o)
 		last_step = vstep;
 		if (nlost > 0) {
 			host_list(&e, lost, list, sizeof list);
-			snprintf(cause, sizeof cause, "host lost: %.600s (no answer within %g s; the ranks' verdict: %.300s)", list,
-			         e.probe_timeout_s, verdict[0] ? verdict : "mpirun failed");
+			for (int i = 0; i < e.nh; i++)
+				if (lost[i]) { /* the first lost host's probe says why */
+					snprintf(text, sizeof text, "%s", e.h[i].why);
+					break;
+				}
+			snprintf(cause, sizeof cause, "host lost: %.600s (%.200s; the ranks' verdict: %.300s)", list, text,
+			         verdict[0] ? verdict : "mpirun failed");
 			shrink = 0, rule[0] = '\0', changes++;
-			lost_at = t_probe;
 			run_note("elastic: %s", cause);
 			size_t len = strlen(summary);
 			snprintf(summary + len, sizeof summary - len, "  change %d: %s; last step done %lld\n", changes, cause,
