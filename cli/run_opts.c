@@ -72,6 +72,12 @@ static void usage(FILE *f)
 	        "in their own process groups, so their children are signalled too, and die with loom run.\n"
 	        "Files left in /dev/shm under the job's name (/dev/shm/loom-<id>@*) are removed at the end.\n"
 	        "\n"
+	        "Elastic (--nnodes MIN:MAX --hostfile FILE): a lost host shrinks the job to the hosts that answer\n"
+	        "(at least MIN), a host that answers again grows it back at the next checkpoint (at most MAX);\n"
+	        "loom train --resume continues on the new mesh. LOOM_ELASTIC_PROBE_S (default 5) and\n"
+	        "LOOM_ELASTIC_PROBE_TIMEOUT_S (default 10) time the probes of hosts; --max-restarts counts\n"
+	        "failures only. See docs/launcher.md.\n"
+	        "\n"
 	        "Exit code: 0 when every rank exited 0; 1 when a rank failed; 2 for a usage error;\n"
 	        "126/127 when PROGRAM cannot be executed; when interrupted, loom run dies of that signal.\n");
 }

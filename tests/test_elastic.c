@@ -393,3 +393,16 @@ TEST(elastic_batch_rule)
 	test_rmdir(dir);
 	return no_namespaces_left();
 }
+
+/* The same with ZeRO-3: the parameters and AdamW's moments are sharded over dp, and each change
+ * reshards them (dp 3 -> 2 -> 3) through the checkpoint. */
+TEST(elastic_shrink_grow_zero3)
+{
+	return shrink_grow("--zero 3");
+}
+
+/* The same with MuonAdamW (DistMuon's ownership of the matrices over dp changes with each mesh). */
+TEST(elastic_shrink_grow_muon)
+{
+	return shrink_grow("--optimizer muon");
+}
