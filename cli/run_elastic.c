@@ -331,6 +331,9 @@ int run_elastic(const run_opts_t *o)
 	if (!getenv("OMP_NUM_THREADS") || !*getenv("OMP_NUM_THREADS"))
 		setenv("OMP_NUM_THREADS", "1", 1);
 	setenv("LOOM_ELASTIC_DIR", e.dir, 1);
+	if (!getenv("LOOM_TIMEOUT_S") || !*getenv("LOOM_TIMEOUT_S"))
+		run_note("elastic: LOOM_TIMEOUT_S is not set, so the ranks take the default 300 s to give up on a lost host "
+		         "before the launcher can act; set it (e.g. 30, above the longest step and checkpoint save)");
 	for (int i = 0; i < e.nh; i++)
 		want[i] = 1;
 	probe_all(&e, want); /* a host that does not answer now is not used until it does */
