@@ -244,7 +244,7 @@ static int read_rank_files(const elastic_t *e, const char *what, char *text, siz
 	return first;
 }
 
-/* Remove the protocol files of every attempt (the directory is ours). */
+/* Remove the protocol files of every attempt and the probes' logs (the directory is ours). */
 static void clear_dir(const elastic_t *e)
 {
 	char path[1400];
@@ -255,7 +255,7 @@ static void clear_dir(const elastic_t *e)
 	while ((de = readdir(d)))
 		if (de->d_name[0] != '.' && (strncmp(de->d_name, "failed.", 7) == 0 || strncmp(de->d_name, "refused.", 8) == 0 ||
 		                             strncmp(de->d_name, "stop-request.", 13) == 0 ||
-		                             strncmp(de->d_name, "stopped.", 8) == 0)) {
+		                             strncmp(de->d_name, "stopped.", 8) == 0 || strncmp(de->d_name, "probe.", 6) == 0)) {
 			snprintf(path, sizeof path, "%s/%s", e->dir, de->d_name);
 			unlink(path);
 		}
