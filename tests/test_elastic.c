@@ -70,7 +70,8 @@ static void train_cmd(char *buf, size_t cap, const char *dir, int steps, int tot
 /* Run `inner` (a shell script, cwd dir) after bringing a three-host cluster up, with the cluster's
  * teardown in a trap and `fault` in the background; loom run's output goes to dir/out.txt (the fault
  * watches it) and then to out. Returns loom run's exit status. */
-static int on_cluster(const char *dir, const char *fault, const char *inner, char *out, double timeout_s)
+static int on_cluster_hosts(const char *dir, int nhosts, const char *fault, const char *inner, char *out,
+                            double timeout_s)
 {
 	static char cmd[16384];
 	char *script = realpath("scripts/netns-cluster.sh", NULL);
@@ -79,16 +80,21 @@ static int on_cluster(const char *dir, const char *fault, const char *inner, cha
 	snprintf(cmd, sizeof cmd,
 	         "cd %s && export LOOM_NETNS_PREFIX=le%d LOOM_NETNS_HOSTS=3; "
 	         "trap '%s down; rm -f /dev/shm/vader_segment.le%d*' EXIT; %s up || exit 99; "
-	         "printf '10.231.7.1\\n10.231.7.2\\n10.231.7.3\\n' > hosts; : > out.txt; mkdir -p dt; "
+	         "seq 1 %d | sed 's/^/10.231.7./' > hosts; : > out.txt; mkdir -p dt; "
 	         "( %s ) > fault.txt 2>&1 & fp=$!; "
 	         "LOOM_MPIRUN='%s mpirun' LOOM_TIMEOUT_S=5 LOOM_ELASTIC_PROBE_S=1 LOOM_ELASTIC_PROBE_TIMEOUT_S=10 "
 	         "ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 %s > out.txt 2>&1; rc=$?; "
 	         "sleep 0.5; kill $fp 2>/dev/null; wait; cat out.txt fault.txt; "
 	         "for h in 0 1 2; do ip netns pids le%d$h | xargs -r kill -CONT 2>/dev/null; done; exit $rc",
-	         dir, prefix(), script, prefix(), script, fault, script, inner, prefix());
+	         dir, prefix(), script, prefix(), script, nhosts, fault, script, inner, prefix());
 	free(script);
 	rc = test_run_cmd(cmd, out, OUT_CAP, timeout_s);
 	return rc;
+}
+
+static int on_cluster(const char *dir, const char *fault, const char *inner, char *out, double timeout_s)
+{
+	return on_cluster_hosts(dir, 3, fault, inner, out, timeout_s);
 }
 
 /* Every step 1..n has exactly one line in the log; returns the count of event rows, *rows their text. */
@@ -400,4 +406,57 @@ TEST(elastic_batch_rule)
 TEST(elastic_shrink_grow_zero3)
 {
 	return shrink_grow("--zero 3", "");
+}
+
+/* dp 2 x tp 2 on two hosts (tp inside a host, dp across), --nnodes 1:2: host 1 (10.231.7.2) lost after
+ * step 20 shrinks the job to one host, dp 1 x tp 2 (tp fixed, dp shrinks), and its return grows it back;
+ * the end equals one process without tp. */
+TEST(elastic_tp2_two_hosts_to_one)
+{
+	enum { N = 50 }; /* the divergence from one process grows with the steps: 8e-6 at 60 */
+	static char out[OUT_CAP], train[4096], inner[8192], fault[4096], rows[4][1024], a[700], b[700];
+	const char *why = cluster_unavailable();
+	char dir[512], *loom;
+	int p = prefix(), rc;
+	double worst;
+	if (why)
+		return TEST_SKIP("%s", why);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, 64, 6001));
+	CHECK_OK(reference(dir, N, 128, "", out));
+	loom = realpath(test_loom_bin(), NULL);
+	CHECK(loom != NULL);
+	train_cmd(train, sizeof train, dir, N, 128, "ck", "--tp 2");
+	snprintf(inner, sizeof inner,
+	         "LOOM_DATA_TRACE=%s/dt LOOM_STEP_SLEEP_MS=100 timeout 200 %s run --nnodes 1:2 --hostfile hosts "
+	         "--nproc-per-node 2 --elastic-dir %s/ed %s", dir, loom, dir, train);
+	free(loom);
+	snprintf(fault, sizeof fault,
+	         "for i in $(seq 6000); do [ -d ck/step_00000020 ] && break; sleep 0.01; done; "
+	         "ip netns pids le%d1 | xargs -r kill -STOP; ip -n le%d1 link set le%de1 down; "
+	         "for i in $(seq 6000); do grep -q 'attempt 1 on 1 host' out.txt && break; sleep 0.05; done; "
+	         "for i in $(seq 6000); do awk '/\"event\"/{e=1} e && /^[{]\"step\":/{f=1} END{exit !f}' ck.jsonl && break; "
+	         "sleep 0.01; done; ip -n le%d1 link set le%de1 up; ip netns pids le%d1 | xargs -r kill -CONT",
+	         p, p, p, p, p, p);
+	rc = on_cluster_hosts(dir, 2, fault, inner, out, 240);
+	CHECK_MSG(rc == 0, "the elastic run in %s: exit %d:\n%s", dir, rc, out);
+	CHECK_CONTAINS(out, "loom run: elastic: attempt 0 on 2 hosts (10.231.7.1, 10.231.7.2), 4 ranks");
+	CHECK_CONTAINS(out, "loom run: elastic: host lost: 10.231.7.2");
+	CHECK_CONTAINS(out, "loom run: elastic: attempt 1 on 1 host (10.231.7.1), 2 ranks");
+	CHECK_CONTAINS(out, "loom run: elastic: attempt 2 on 2 hosts");
+	snprintf(a, sizeof a, "%s/ck.jsonl", dir);
+	CHECK_EQ(check_log(a, N, rows, 4), 2);
+	CHECK_CONTAINS(rows[0], "\"old_mesh\":{\"world\":4,\"dp\":2,\"cp\":1,\"tp\":2,");
+	CHECK_CONTAINS(rows[0], "\"new_mesh\":{\"world\":2,\"dp\":1,\"cp\":1,\"tp\":2,");
+	CHECK_CONTAINS(rows[0], "\"accum\":4,\"total_batch\":128");
+	CHECK_CONTAINS(rows[1], "\"new_mesh\":{\"world\":4,\"dp\":2,\"cp\":1,\"tp\":2,");
+	snprintf(a, sizeof a, "%s/ck/step_%08d/model.safetensors", dir, N);
+	snprintf(b, sizeof b, "%s/ref/step_%08d/model.safetensors", dir, N);
+	CHECK_OK(params_close(a, b, &worst));
+	snprintf(a, sizeof a, "%s/ck.jsonl", dir), snprintf(b, sizeof b, "%s/ref.jsonl", dir);
+	CHECK_OK(losses_close(a, b, N));
+	CHECK_OK(check_traces(dir, N, 4));
+	printf("  dp 2 x tp 2 -> dp 1 x tp 2 -> dp 2 x tp 2: final parameters within %.2g relative of one process\n", worst);
+	test_rmdir(dir);
+	return no_namespaces_left();
 }
