@@ -460,3 +460,28 @@ TEST(elastic_tp2_two_hosts_to_one)
 	test_rmdir(dir);
 	return no_namespaces_left();
 }
+
+/* Elastic usage errors stop before anything starts, with exit 2 and a message naming the flag. */
+TEST(elastic_bad_usage)
+{
+	static const struct {
+		const char *args, *want;
+	} cases[] = {
+		{"--nnodes 2:3 true", "elastic MIN:MAX runs over a hostfile: loom run --nnodes 2:3 --hostfile FILE"},
+		{"--elastic-dir /tmp/x true", "--elastic-dir is for an elastic job (--nnodes MIN:MAX --hostfile FILE)"},
+		{"--nnodes 3:2 --hostfile /nonexistent true", "--nnodes: 3 is out of range (expected 1..2)"},
+#ifdef LOOM_HAVE_MPI
+		{"--nnodes 1:2 --hostfile /nonexistent/hosts true", "--hostfile /nonexistent/hosts: No such file or directory"},
+#else
+		{"--nnodes 1:2 --hostfile /nonexistent/hosts true", "this loom was built without MPI"},
+#endif
+	};
+	static char out[8192], cmd[1024];
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		snprintf(cmd, sizeof cmd, "%s run %s 2>&1", test_loom_bin(), cases[i].args);
+		int rc = test_run_cmd(cmd, out, sizeof out, 30);
+		CHECK_MSG(rc == 2, "loom run %s: exit %d (expected 2):\n%s", cases[i].args, rc, out);
+		CHECK_CONTAINS(out, cases[i].want);
+	}
+	return 0;
+}
