@@ -23,6 +23,10 @@
  *   refused.aK.rR    rank R cannot keep the global batch on this world: "<message>"
  *   stop-request.aK  the launcher's request: save and stop at the next checkpoint boundary
  *   stopped.aK       rank 0: "step S": it saved step S and stopped at that request
+ *   started.aK.rR    rank R joined the job (loom_comm_init returned): until every rank has, nothing
+ *                    bounds a start that hangs (MPI_Init has no deadline), so an attempt whose ranks
+ *                    have not all joined within LOOM_ELASTIC_START_TIMEOUT_S (default 120) is ended
+ *                    as failed, and its hosts probed, like one with a verdict
  * and the environment of attempt K: LOOM_ELASTIC_DIR, LOOM_ELASTIC_ATTEMPT, and for the attempt after
  * a change, the change (LOOM_ELASTIC_CAUSE, _TIME, _OLD_WORLD, _LAST_STEP, _RULE), which loom train
  * writes to its JSONL log as an event row once it knows the step it resumed from.
@@ -58,7 +62,7 @@ typedef struct {
 	host_t h[RUN_MAX_HOSTS];
 	int nh;
 	char dir[1024];
-	double probe_s, probe_timeout_s;
+	double probe_s, probe_timeout_s, start_timeout_s;
 	int attempt;
 } elastic_t;
 
@@ -168,7 +172,8 @@ static int probe_poll(elastic_t *e, int i)
 		if ((f = fopen(log, "r"))) {
 			while (fgets(line, sizeof line, f)) {
 				line[strcspn(line, "\n")] = '\0';
-				if (line[0] && line[0] != '-' && line[0] != ' ' && strlen(h->why) < 40)
+				if (line[0] && line[0] != '-' && line[0] != ' ' && strncmp(line, "probe:", 6) != 0 &&
+				    strlen(h->why) < 40)
 					snprintf(h->why + strlen(h->why), sizeof h->why - strlen(h->why), ": %.150s", line);
 			}
 			fclose(f);
@@ -221,8 +226,8 @@ static int read_rank_files(const elastic_t *e, const char *what, char *text, siz
 		FILE *f;
 		size_t n;
 		long long step;
-		if (strncmp(de->d_name, prefix, strlen(prefix)) != 0)
-			continue;
+		if (strncmp(de->d_name, prefix, strlen(prefix)) != 0 || strstr(de->d_name, ".tmp"))
+			continue; /* a rank's file being written (it is renamed into place when complete) */
 		(*count)++;
 		snprintf(path, sizeof path, "%s/%s", e->dir, de->d_name);
 		if (!(f = fopen(path, "r")))
@@ -255,7 +260,8 @@ static void clear_dir(const elastic_t *e)
 	while ((de = readdir(d)))
 		if (de->d_name[0] != '.' && (strncmp(de->d_name, "failed.", 7) == 0 || strncmp(de->d_name, "refused.", 8) == 0 ||
 		                             strncmp(de->d_name, "stop-request.", 13) == 0 ||
-		                             strncmp(de->d_name, "stopped.", 8) == 0 || strncmp(de->d_name, "probe.", 6) == 0)) {
+		                             strncmp(de->d_name, "stopped.", 8) == 0 || strncmp(de->d_name, "probe.", 6) == 0 ||
+		                             strncmp(de->d_name, "started.", 8) == 0)) {
 			snprintf(path, sizeof path, "%s/%s", e->dir, de->d_name);
 			unlink(path);
 		}
@@ -324,6 +330,7 @@ int run_elastic(const run_opts_t *o)
 	}
 	e.probe_s = env_seconds("LOOM_ELASTIC_PROBE_S", 5);
 	e.probe_timeout_s = env_seconds("LOOM_ELASTIC_PROBE_TIMEOUT_S", 10);
+	e.start_timeout_s = env_seconds("LOOM_ELASTIC_START_TIMEOUT_S", 120);
 	clear_dir(&e);
 	memset(&sa, 0, sizeof sa);
 	sa.sa_handler = on_signal;
@@ -339,8 +346,8 @@ int run_elastic(const run_opts_t *o)
 	probe_all(&e, want); /* a host that does not answer now is not used until it does */
 	for (;;) {
 		pid_t pid;
-		int st = 0, verdicts = 0, refusals = 0, stop_asked = 0;
-		double verdict_at = 0, kill_at = 0, next_probe = now_s() + e.probe_s;
+		int st = 0, verdicts = 0, refusals = 0, stop_asked = 0, joined = 0;
+		double verdict_at = 0, kill_at = 0, next_probe = now_s() + e.probe_s, started_at = now_s();
 		char verdict[1100] = "", path[1400], text[1100];
 		long long vstep = -1;
 		/* the hosts of this attempt: the first alive ones of the file, at most MAX, less the batch rule's */
@@ -436,6 +443,16 @@ int run_elastic(const run_opts_t *o)
 				         o->grace_s);
 				kill(-pid, SIGTERM), kill(pid, SIGTERM);
 			}
+			if (verdict_at == 0 && joined < nuse * o->nproc) { /* the start's watchdog */
+				read_rank_files(&e, "started", text, sizeof text, &joined, NULL);
+				if (joined < nuse * o->nproc && now >= started_at + e.start_timeout_s) {
+					snprintf(verdict, sizeof verdict, "only %d of %d ranks joined within %g s "
+					         "(LOOM_ELASTIC_START_TIMEOUT_S)", joined, nuse * o->nproc, e.start_timeout_s);
+					verdict_at = now, kill_at = now + o->grace_s;
+					run_note("elastic: %s: ending this mpirun (SIGTERM, SIGKILL after %g s)", verdict, o->grace_s);
+					kill(-pid, SIGTERM), kill(pid, SIGTERM);
+				}
+			}
 			if (kill_at > 0 && now >= kill_at) {
 				kill(-pid, SIGKILL), kill(pid, SIGKILL);
 				kill_at = 0;
@@ -501,7 +518,7 @@ int run_elastic(const run_opts_t *o)
 			e.attempt++;
 			continue;
 		}
-		if (!verdicts && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+		if (!verdicts && !verdict[0] && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
 			if (summary[0])
 				fprintf(stderr, "loom run: elastic summary: %d membership change%s, %d failure%s:\n%s", changes,
 				        changes == 1 ? "" : "s", failures, failures == 1 ? "" : "s", summary);

@@ -1279,6 +1279,7 @@ int loom_cli_train(int argc, char **argv)
 	if (loom_comm_init(&comm) != LOOM_OK)
 		cli_die("train", "joining the data-parallel job: %s", loom_errmsg());
 	o.rank = loom_comm_rank(comm), o.world = loom_comm_size(comm);
+	elastic_write("started", o.rank, "joined\n"); /* the launcher's watchdog of the start (run_elastic.c) */
 	if (o.nproc > 0 && o.nproc != o.world)
 		cli_die("train", "--nproc %d, but this process is already rank %d of a job of %d", o.nproc, o.rank, o.world);
 	if (o.world == 1) {

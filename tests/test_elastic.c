@@ -485,3 +485,57 @@ TEST(elastic_bad_usage)
 	}
 	return 0;
 }
+
+/* A flapping host: host 2 is lost after step 10, returns, and is lost again the moment the job starts
+ * growing back onto it (the start of attempt 2: mpirun cannot reach its daemon, or its ranks hang in
+ * their start, which LOOM_ELASTIC_START_TIMEOUT_S bounds, or they fail at their deadline), then returns
+ * for good: four membership changes, none counted as a failure, and the run still ends like the
+ * uninterrupted one. */
+TEST(elastic_flapping_host)
+{
+	enum { N = 60 };
+	static char out[OUT_CAP], train[4096], inner[8192], fault[8192], rows[8][1024], a[700], b[700];
+	const char *why = cluster_unavailable();
+	char dir[512], *loom;
+	int p = prefix(), rc;
+	double worst;
+	if (why)
+		return TEST_SKIP("%s", why);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(test_make_token_data(dir, 64, 6001));
+	CHECK_OK(reference(dir, N, 192, "", out));
+	loom = realpath(test_loom_bin(), NULL);
+	CHECK(loom != NULL);
+	train_cmd(train, sizeof train, dir, N, 192, "ck", "");
+	snprintf(inner, sizeof inner,
+	         "LOOM_ELASTIC_START_TIMEOUT_S=15 LOOM_STEP_SLEEP_MS=100 timeout 300 %s run --nnodes 2:3 --hostfile hosts "
+	         "--nproc-per-node 1 --elastic-dir %s/ed %s", loom, dir, train);
+	free(loom);
+	snprintf(fault, sizeof fault,
+	         "down() { ip netns pids le%d2 | xargs -r kill -STOP; ip -n le%d2 link set le%de2 down; echo \"DOWN $1\"; }; "
+	         "up() { ip -n le%d2 link set le%de2 up; ip netns pids le%d2 | xargs -r kill -CONT; echo \"UP $1\"; }; "
+	         "stepped() { awk -v k=$1 '/\"event\"/{e++} e>=k && /^[{]\"step\":/{f=1} END{exit !f}' ck.jsonl; }; "
+	         "for i in $(seq 6000); do [ -d ck/step_00000010 ] && break; sleep 0.01; done; down 1; "
+	         "for i in $(seq 6000); do stepped 1 && break; sleep 0.02; done; up 1; "
+	         "for i in $(seq 6000); do grep -q 'attempt 2 on 3 hosts' out.txt && break; sleep 0.01; done; down 2; "
+	         "for i in $(seq 9000); do stepped 3 && break; sleep 0.02; done; up 2",
+	         p, p, p, p, p, p);
+	rc = on_cluster(dir, fault, inner, out, 280);
+	CHECK_MSG(rc == 0, "the elastic run in %s: exit %d:\n%s", dir, rc, out);
+	CHECK_CONTAINS(out, "UP 2");
+	CHECK_CONTAINS(out, "loom run: elastic: attempt 3 on 2 hosts");
+	CHECK_CONTAINS(out, "loom run: elastic: attempt 4 on 3 hosts");
+	CHECK_CONTAINS(out, "elastic summary: 4 membership changes, 0 failures");
+	snprintf(a, sizeof a, "%s/ck.jsonl", dir);
+	CHECK_EQ(check_log(a, N, rows, 8), 4);
+	CHECK_CONTAINS(rows[2], "\"cause\":\"host lost: 10.231.7.3");
+	CHECK_CONTAINS(rows[2], "\"old_mesh\":{\"world\":3,");
+	CHECK_CONTAINS(rows[3], "\"new_mesh\":{\"world\":3,");
+	snprintf(a, sizeof a, "%s/ck/step_%08d/model.safetensors", dir, N);
+	snprintf(b, sizeof b, "%s/ref/step_%08d/model.safetensors", dir, N);
+	CHECK_OK(params_close(a, b, &worst));
+	snprintf(a, sizeof a, "%s/ck.jsonl", dir), snprintf(b, sizeof b, "%s/ref.jsonl", dir);
+	CHECK_OK(losses_close(a, b, N));
+	test_rmdir(dir);
+	return no_namespaces_left();
+}
