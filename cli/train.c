@@ -1480,8 +1480,7 @@ int loom_cli_train(int argc, char **argv)
 	status = 0;
 out:
 	if (status != 0 && comm && elastic_dir()) /* the launcher acts on the first verdict */
-		elastic_write("failed", o.rank, "step %lld\nrank %d: %s\n", tr ? loom_trainer_steps_done(tr) : -1LL, o.rank,
-		              loom_errmsg());
+		elastic_write("failed", o.rank, "step %lld\n%s\n", tr ? loom_trainer_steps_done(tr) : -1LL, loom_errmsg());
 	loom_trainer_destroy(tr); /* before the model, the mesh and the communicator it uses */
 	loom_model_destroy(model);
 	loom_mesh_destroy(mesh);
