@@ -572,8 +572,13 @@ int loom_cli_run(int argc, char **argv)
 		if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) < 0)
 			return 1;
 	run_parse_opts(argc, argv, &o);
-	if (o.hostfile)
+	if (o.hostfile && !o.elastic)
 		return run_mpirun(&o);
+	if (o.hostfile) {
+		int rc = run_elastic(&o);
+		free(o.show), free(o.py_argv);
+		return rc;
+	}
 	r = calloc((size_t)o.nproc, sizeof *r);
 	if (!r || setup_signals() != 0) {
 		fprintf(stderr, "loom run: cannot set up: %s\n", strerror(errno));

@@ -1,7 +1,7 @@
 /* run_opts.c: `loom run`'s flags (torchrun's, in both spellings), their checks, and the help text.
  *
  * Invariants: after run_parse_opts returns, every field is valid (1 <= nproc <= RUN_MAX_RANKS,
- * nnodes == 1, 0 <= node_rank < nnodes, 1 <= port <= 65535, job_id made of [A-Za-z0-9_.-] so it is
+ * nnodes == 1 (elastic: 1 <= nnodes_min <= nnodes_max, with a hostfile), 0 <= node_rank < nnodes, 1 <= port <= 65535, job_id made of [A-Za-z0-9_.-] so it is
  * safe in /dev/shm names) and argv holds at least PROGRAM. Anything else ends the process with
  * exit code 2 and a message naming the flag, the value and what was expected. */
 #include <arpa/inet.h>
@@ -29,7 +29,10 @@ static void usage(FILE *f)
 	        "\n"
 	        "  --nproc-per-node N   ranks to start (default 1; 'auto' or 'cpu': one per CPU)\n"
 	        "  --standalone         single-node job on a free local port (MASTER_PORT)\n"
-	        "  --nnodes K           nodes in the job; only 1 is supported yet (also MIN:MAX)\n"
+	        "  --nnodes K           nodes in the job: 1, or with --hostfile MIN:MAX (elastic: lose and\n"
+	        "                       regain hosts between MIN and MAX without an operator; docs/launcher.md)\n"
+	        "  --elastic-dir DIR    with --nnodes MIN:MAX: the launcher's files shared with the ranks (default\n"
+	        "                       .loom-elastic-<job id> here; on a filesystem every host sees, as --save-dir)\n"
 	        "  --node-rank I        this node's rank (GROUP_RANK), 0 <= I < K (default 0)\n"
 	        "  --master-addr A      MASTER_ADDR (default 127.0.0.1)\n"
 	        "  --master-port P      MASTER_PORT (default 29500)\n"
@@ -68,6 +71,12 @@ static void usage(FILE *f)
 	        "SIGINT, SIGTERM and SIGHUP are forwarded to the ranks (a second one kills them). Ranks run\n"
 	        "in their own process groups, so their children are signalled too, and die with loom run.\n"
 	        "Files left in /dev/shm under the job's name (/dev/shm/loom-<id>@*) are removed at the end.\n"
+	        "\n"
+	        "Elastic (--nnodes MIN:MAX --hostfile FILE): a lost host shrinks the job to the hosts that answer\n"
+	        "(at least MIN), a host that answers again grows it back at the next checkpoint (at most MAX);\n"
+	        "loom train --resume continues on the new mesh. LOOM_ELASTIC_PROBE_S (default 5) and\n"
+	        "LOOM_ELASTIC_PROBE_TIMEOUT_S (default 10) time the probes of hosts; --max-restarts counts\n"
+	        "failures only. See docs/launcher.md.\n"
 	        "\n"
 	        "Exit code: 0 when every rank exited 0; 1 when a rank failed; 2 for a usage error;\n"
 	        "126/127 when PROGRAM cannot be executed; when interrupted, loom run dies of that signal.\n");
@@ -208,6 +217,10 @@ void run_parse_opts(int argc, char **argv, run_opts_t *o)
 			if (!*v)
 				cli_die("run", "--master-addr: empty address");
 			o->addr = v;
+		} else if (flag2(argc, argv, &i, "--elastic-dir", &v)) {
+			if (!*v)
+				cli_die("run", "--elastic-dir: empty path");
+			o->elastic_dir = v;
 		} else if (flag2(argc, argv, &i, "--hostfile", &v)) {
 			o->hostfile = v;
 		} else if (flag2(argc, argv, &i, "--master-port", &v)) {
@@ -243,19 +256,26 @@ void run_parse_opts(int argc, char **argv, run_opts_t *o)
 		snprintf(lo, sizeof lo, "%.*s", colon ? (int)(colon - nnodes) : (int)strlen(nnodes), nnodes);
 		max = parse_range("--nnodes", colon ? colon + 1 : nnodes, 1, 1L << 20);
 		if (colon)
-			parse_range("--nnodes", lo, 1, max);
-		if (max > 1) {
+			o->nnodes_min = (int)parse_range("--nnodes", lo, 1, max);
+		if (colon && o->hostfile) { /* elastic over the hostfile's hosts (run_elastic.c) */
+			o->elastic = 1, o->nnodes_max = (int)(max < RUN_MAX_HOSTS ? max : RUN_MAX_HOSTS);
+		} else if (max > 1) {
 			fprintf(stderr,
 			        "loom run: --nnodes %s: loom does not rendezvous across hosts as torchrun does; start a multi-node "
 			        "job with\n  loom run --hostfile FILE --nproc-per-node N PROGRAM ...   (runs mpirun for you)\n"
 			        "  mpirun -np K*N --host a:N,b:N PROGRAM ...\n  srun -N K --ntasks-per-node N --mpi=pmix PROGRAM ...\n"
 			        "(see docs/multinode.md)\n",
 			        nnodes);
+			if (colon)
+				fprintf(stderr, "elastic MIN:MAX runs over a hostfile: loom run --nnodes %s --hostfile FILE "
+				        "--nproc-per-node N PROGRAM ... (docs/launcher.md)\n", nnodes);
 			if (!loom_build_info()->mpi)
 				fprintf(stderr, "and this loom was built without MPI, which all three need: %s\n", RUN_MPI_REMEDY);
 			exit(2);
 		}
 	}
+	if (o->elastic_dir && !o->elastic)
+		cli_die("run", "--elastic-dir is for an elastic job (--nnodes MIN:MAX --hostfile FILE)");
 	if (node_rank)
 		o->node_rank = (int)parse_range("--node-rank", node_rank, 0, o->nnodes - 1);
 	o->port = port ? (int)parse_range("--master-port", port, 1, 65535) : 29500;

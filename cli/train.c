@@ -18,6 +18,7 @@
 #include <omp.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -551,12 +552,53 @@ static void refuse_unsupported(const opts_t *o)
 	}
 }
 
-/* Micro-batches per step and rank: from --total-batch-size = B x T x dp x accum, or --grad-accum. */
+/* ---- elastic jobs (loom run --nnodes MIN:MAX: cli/run_elastic.c states the protocol) ----------- */
+
+/* The launcher's directory of protocol files, or NULL outside an elastic job. */
+static const char *elastic_dir(void)
+{
+	const char *d = getenv("LOOM_ELASTIC_DIR");
+	return d && *d ? d : NULL;
+}
+
+/* Write DIR/<what>.a<attempt>[.r<rank>] (rank < 0: none) atomically: a temporary file, then rename. */
+static void elastic_write(const char *what, int rank, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void elastic_write(const char *what, int rank, const char *fmt, ...)
+{
+	const char *dir = elastic_dir(), *att = getenv("LOOM_ELASTIC_ATTEMPT");
+	char path[PATH_MAX], tmp[PATH_MAX + 16];
+	va_list ap;
+	FILE *f;
+	if (!dir)
+		return;
+	if (rank >= 0)
+		snprintf(path, sizeof path, "%s/%s.a%d.r%d", dir, what, att ? atoi(att) : 0, rank);
+	else
+		snprintf(path, sizeof path, "%s/%s.a%d", dir, what, att ? atoi(att) : 0);
+	snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+	if (!(f = fopen(tmp, "w"))) {
+		fprintf(stderr, "loom train: elastic: cannot write %s: %s\n", tmp, strerror(errno));
+		return;
+	}
+	va_start(ap, fmt);
+	vfprintf(f, fmt, ap);
+	va_end(ap);
+	if (fclose(f) != 0 || rename(tmp, path) != 0) {
+		fprintf(stderr, "loom train: elastic: cannot write %s: %s\n", path, strerror(errno));
+		remove(tmp);
+	}
+}
+
+/* Micro-batches per step and rank: from --total-batch-size = B x T x dp x accum, or --grad-accum. In an
+ * elastic job a world that cannot keep the global batch is refused to the launcher too, which then
+ * runs on fewer hosts (its batch rule). */
 static int micro_batches(const opts_t *o)
 {
 	int accum = o->grad_accum > 0 ? o->grad_accum : 1;
-	if (o->total_batch > 0 && loom_train_accum(o->total_batch, o->tc.B, o->tc.T, o->dp, &accum) != LOOM_OK)
+	if (o->total_batch > 0 && loom_train_accum(o->total_batch, o->tc.B, o->tc.T, o->dp, &accum) != LOOM_OK) {
+		elastic_write("refused", o->rank, "dp %d: %s\n", o->dp, loom_errmsg());
 		cli_die("train", "%s", loom_errmsg());
+	}
 	return accum;
 }
 
@@ -699,7 +741,86 @@ typedef struct {
 	/* the steps since the last printed line, which the next line averages over */
 	int iv_steps;
 	double iv_ms, iv_comm, iv_exposed, iv_wait, iv_mfu;
+	/* elastic jobs: the world's communicator (NULL: one process) and whether the run stopped at the
+	 * launcher's request */
+	loom_comm_t *world;
+	int elastic_stop;
 } run_ctx_t;
+
+/* At a checkpoint boundary of an elastic job: did the launcher ask the ranks to save and stop (its
+ * stop-request file, which rank 0 looks for and broadcasts, so every rank stops at the same step)?
+ * The checkpoint of this step is committed already. Returns 1 to stop, 0 to go on, -1 on error. */
+static int elastic_stop_requested(run_ctx_t *r, const loom_step_metrics_t *m)
+{
+	const char *dir = elastic_dir(), *att = getenv("LOOM_ELASTIC_ATTEMPT");
+	char path[PATH_MAX];
+	struct stat sb;
+	int32_t stop = 0;
+	if (!dir || !m->saved || m->step >= m->total)
+		return 0;
+	snprintf(path, sizeof path, "%s/stop-request.a%d", dir, att ? atoi(att) : 0);
+	if (r->o->rank == 0)
+		stop = stat(path, &sb) == 0;
+	if (r->world && loom_broadcast(r->world, &stop, 1, LOOM_INT32, 0) != LOOM_OK) {
+		fprintf(stderr, "loom train: rank %d: elastic: the stop decision after step %lld: %s\n", r->o->rank, m->step,
+		        loom_comm_errmsg(r->world));
+		return -1;
+	}
+	if (stop) {
+		r->elastic_stop = 1;
+		if (r->o->rank == 0) {
+			elastic_write("stopped", -1, "step %lld\n", m->step);
+			printf("elastic: saved step %lld and stopping at the launcher's request (%s): it grows the job\n",
+			       m->step, path);
+		}
+	}
+	return stop;
+}
+
+/* The last step a JSONL log has a line of (0: none, or no log). */
+static long long log_last_step(const char *path)
+{
+	FILE *f = path ? fopen(path, "r") : NULL;
+	char line[512];
+	long long last = 0, s;
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof line, f))
+		if (sscanf(line, "{\"step\":%lld", &s) == 1 && s > last)
+			last = s;
+	fclose(f);
+	return last;
+}
+
+/* The attempt after a membership change: its event row for the log (into buf, set as the trainer's
+ * log_event) and a line on rank 0's output. resumed: the step this attempt starts from. */
+static void elastic_event(opts_t *o, loom_trainer_t *tr, char *buf, size_t cap)
+{
+	long long resumed = loom_trainer_steps_done(tr);
+	const char *cause = getenv("LOOM_ELASTIC_CAUSE"), *when = getenv("LOOM_ELASTIC_TIME");
+	const char *old = getenv("LOOM_ELASTIC_OLD_WORLD"), *last = getenv("LOOM_ELASTIC_LAST_STEP");
+	const char *rule = getenv("LOOM_ELASTIC_RULE");
+	long long done = last ? atoll(last) : -1, logged = log_last_step(o->tc.log_path), lost;
+	int shard = o->tp * o->pp * o->cp, old_world = old ? atoi(old) : 0;
+	if (!elastic_dir() || !cause || !*cause)
+		return;
+	if (logged > done)
+		done = logged;
+	loom_trainer_set_log_event(tr, buf);
+	lost = done > resumed ? done - resumed : 0;
+	snprintf(buf, cap, "{\"event\":\"elastic\",\"step\":%lld,\"time\":\"%s\",\"cause\":\"%s\",\"old_mesh\":{\"world\":%d,"
+	         "\"dp\":%d,\"cp\":%d,\"tp\":%d,\"pp\":%d},\"new_mesh\":{\"world\":%d,\"dp\":%d,\"cp\":%d,\"tp\":%d,\"pp\":%d},"
+	         "\"resumed_from\":%lld,\"steps_lost\":%lld,\"accum\":%d,\"total_batch\":%lld,\"recovery\":\"checkpoint\"%s%s%s}",
+	         resumed, when ? when : "", cause, old_world, shard > 0 ? old_world / shard : 0, o->cp, o->tp, o->pp, o->world,
+	         o->dp, o->cp, o->tp, o->pp, resumed, lost, o->tc.accum,
+	         (long long)o->tc.B * o->tc.T * o->dp * o->tc.accum, rule && *rule ? ",\"rule\":\"" : "",
+	         rule && *rule ? rule : "", rule && *rule ? "\"" : "");
+	if (o->rank == 0)
+		printf("elastic: %s: mesh dp %d -> %d (tp %d, pp %d, cp %d), accumulation %d, resumed from step %lld's "
+		       "checkpoint (recovery from the checkpoint on disk), %lld step%s lost%s%s\n", cause,
+		       shard > 0 ? old_world / shard : 0, o->dp, o->tp, o->pp, o->cp, o->tc.accum, resumed, lost,
+		       lost == 1 ? "" : "s", rule && *rule ? "; " : "", rule && *rule ? rule : "");
+}
 
 static void print_token(void *ctx, int id)
 {
@@ -877,7 +998,12 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 {
 	run_ctx_t *r = ctx;
 	char eta[32], mfu[16] = "-";
-	int w = snprintf(NULL, 0, "%lld", m->total);
+	const char *nap = getenv("LOOM_STEP_SLEEP_MS");
+	if (nap && atoi(nap) > 0) /* tests of faults and launchers: a tiny model's steps made slow, without the CPU */
+		usleep((useconds_t)atoi(nap) * 1000u);
+	int w = snprintf(NULL, 0, "%lld", m->total), stop = elastic_stop_requested(r, m);
+	if (stop != 0) /* collective: before rank 0's printing */
+		return 1;
 	if (r->o->rank != 0) /* rank 0 prints for the job */
 		return 0;
 	r->steps_run++;
@@ -1136,6 +1262,7 @@ int loom_cli_train(int argc, char **argv)
 	loom_trainer_t *tr = NULL;
 	float *init = NULL;
 	run_ctx_t r;
+	static char elastic_row[4096];
 	loom_plan_t plan;
 	loom_cluster_t cluster;
 	int rc, status = 1, have_plan = 0;
@@ -1152,6 +1279,7 @@ int loom_cli_train(int argc, char **argv)
 	if (loom_comm_init(&comm) != LOOM_OK)
 		cli_die("train", "joining the data-parallel job: %s", loom_errmsg());
 	o.rank = loom_comm_rank(comm), o.world = loom_comm_size(comm);
+	elastic_write("started", o.rank, "joined\n"); /* the launcher's watchdog of the start (run_elastic.c) */
 	if (o.nproc > 0 && o.nproc != o.world)
 		cli_die("train", "--nproc %d, but this process is already rank %d of a job of %d", o.nproc, o.rank, o.world);
 	if (o.world == 1) {
@@ -1261,6 +1389,7 @@ int loom_cli_train(int argc, char **argv)
 				       loom_trainer_steps_done(tr), o.tc.lr.total_steps);
 		}
 	}
+	elastic_event(&o, tr, elastic_row, sizeof elastic_row);
 	if (o.rank == 0) {
 		print_header(&o, tr);
 		if ((have_plan = predict(&o, &plan, &cluster))) { /* `loom plan`'s prediction for these flags */
@@ -1328,7 +1457,12 @@ int loom_cli_train(int argc, char **argv)
 			r.have_tok = 0;
 	}
 	setup_interrupt(argc, argv, &o);
+	r.world = comm;
 	if ((rc = loom_trainer_run(tr, on_step, &r)) != LOOM_OK) {
+		if (r.elastic_stop) { /* saved; the launcher starts the job again on more hosts */
+			status = 0;
+			goto out;
+		}
 		fprintf(stderr, "loom train: %s\n", loom_errmsg());
 		goto out;
 	}
@@ -1345,6 +1479,8 @@ int loom_cli_train(int argc, char **argv)
 	}
 	status = 0;
 out:
+	if (status != 0 && comm && elastic_dir()) /* the launcher acts on the first verdict */
+		elastic_write("failed", o.rank, "step %lld\n%s\n", tr ? loom_trainer_steps_done(tr) : -1LL, loom_errmsg());
 	loom_trainer_destroy(tr); /* before the model, the mesh and the communicator it uses */
 	loom_model_destroy(model);
 	loom_mesh_destroy(mesh);

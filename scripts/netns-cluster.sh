@@ -1,14 +1,15 @@
 #!/bin/sh
-# netns-cluster.sh: a two-host cluster on one machine, for loom's multi-node tests and benchmark.
+# netns-cluster.sh: a cluster of two (or more) hosts on one machine, for loom's multi-node tests and benchmark.
 #
 #   scripts/netns-cluster.sh up        create it (idempotent: an existing one is torn down first)
 #   scripts/netns-cluster.sh down      remove every namespace, link and qdisc it created
-#   scripts/netns-cluster.sh mpirun ARGS...   run mpirun from host 0 over both hosts
-#   scripts/netns-cluster.sh exec H CMD...    run CMD on host H (0 or 1) in its namespaces
+#   scripts/netns-cluster.sh mpirun ARGS...   run mpirun from host 0 over every host
+#   scripts/netns-cluster.sh exec H CMD...    run CMD on host H (0, 1, ...) in its namespaces
 #   scripts/netns-cluster.sh check     exit 0 when the cluster can be made here (root, ip netns)
 #
-# Two network namespaces (the hosts, ${P}0 and ${P}1) each with one veth to a bridge that lives in a
-# third namespace (${P}sw), addresses ${NET}.1 and ${NET}.2/24, nothing in the root namespace. Each
+# LOOM_NETNS_HOSTS (default 2, at most 8) network namespaces (the hosts, ${P}0, ${P}1, ...) each with
+# one veth to a bridge that lives in one more namespace (${P}sw), addresses ${NET}.1, ${NET}.2, ...
+# /24, nothing in the root namespace (the elastic tests use three hosts: docs/launcher.md). Each
 # host's link is rate limited with tc tbf (LOOM_NETNS_RATE, default 2gbit; netem is not available
 # everywhere) on the host side's egress: each direction of the link has the rate to itself (full
 # duplex, like an Ethernet port). The bucket (LOOM_NETNS_BURST, default 256kb: 1 ms at 2 Gbit/s)
@@ -23,7 +24,7 @@
 #
 # Environment: LOOM_NETNS_PREFIX (default loomh), LOOM_NETNS_NET (default 10.231.7),
 # LOOM_NETNS_RATE (default 2gbit), LOOM_NETNS_BURST (default 256kb), LOOM_NETNS_MTU (default 1500),
-# LOOM_NETNS_PPN (ranks per host for `mpirun`, default 2).
+# LOOM_NETNS_PPN (ranks per host for `mpirun`, default 2), LOOM_NETNS_HOSTS (hosts, default 2).
 set -eu
 P=${LOOM_NETNS_PREFIX:-loomh}
 NET=${LOOM_NETNS_NET:-10.231.7}
@@ -31,10 +32,14 @@ RATE=${LOOM_NETNS_RATE:-2gbit}
 BURST=${LOOM_NETNS_BURST:-256kb}
 MTU=${LOOM_NETNS_MTU:-1500}
 PPN=${LOOM_NETNS_PPN:-2}
+NH=${LOOM_NETNS_HOSTS:-2}
+case "$NH" in [2-8]) ;; *) echo "netns-cluster.sh: LOOM_NETNS_HOSTS=$NH: expected 2..8" >&2; exit 2 ;; esac
+HOSTS=$(seq 0 $((NH - 1)))
 SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 
 down() {
-	for n in "${P}0" "${P}1" "${P}sw"; do
+	# every host a cluster of this prefix may have, whatever LOOM_NETNS_HOSTS it was made with
+	for n in "${P}0" "${P}1" "${P}2" "${P}3" "${P}4" "${P}5" "${P}6" "${P}7" "${P}sw"; do
 		ip netns del "$n" 2>/dev/null || true
 	done
 }
@@ -45,7 +50,7 @@ up() {
 	ip -n "${P}sw" link add "${P}br" type bridge
 	ip -n "${P}sw" link set "${P}br" mtu "$MTU" up
 	ip -n "${P}sw" link set lo up
-	for h in 0 1; do
+	for h in $HOSTS; do
 		ip netns add "${P}$h"
 		ip -n "${P}$h" link set lo up
 		ip link add "${P}e$h" netns "${P}$h" mtu "$MTU" type veth peer name "${P}p$h" netns "${P}sw" mtu "$MTU"
@@ -79,9 +84,9 @@ exec)
 	on_host "$@"
 	;;
 mpirun)
-	# Without --host among the arguments (as `loom run --hostfile` gives), both hosts with PPN ranks each.
+	# Without --host among the arguments (as `loom run --hostfile` gives), every host with PPN ranks.
 	shift
-	hosts="--host $NET.1:$PPN,$NET.2:$PPN"
+	hosts="--host $(for h in $HOSTS; do printf '%s' "${sep:-}$NET.$((h + 1)):$PPN"; sep=,; done)"
 	for a in "$@"; do [ "$a" = --host ] && hosts=""; done
 	# shellcheck disable=SC2086
 	on_host 0 mpirun --allow-run-as-root $hosts \
@@ -96,7 +101,7 @@ mpirun)
 	on_host "$((${host##*.} - 1))" sh -c "$*"
 	;;
 *)
-	sed -n '2,23p' "$0"
+	sed -n '2,26p' "$0"
 	exit 2
 	;;
 esac

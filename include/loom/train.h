@@ -162,6 +162,10 @@ typedef struct {
 	int save_every;            /* every K steps (and at the last step); 0: only at the end */
 	int keep_checkpoints;      /* after saving, delete all but the newest K checkpoints; 0: keep all */
 	const char *log_path;      /* JSONL, one object per step (appended to when resuming), or NULL */
+	const char *log_event;     /* one JSON object written to the log as a line of its own when the run
+	                              opens it, before its first step (an elastic membership change:
+	                              {"event":"elastic","step":S,...}, S the step resumed from; a resume
+	                              at or after S keeps it), or NULL; borrowed */
 	double peak_flops;         /* FLOP/s of one rank for MFU (against world x this); <= 0: MFU is 0 */
 	const char *peak_source;   /* where peak_flops came from, for the log (e.g. "AVX-512 FMA loop,
 	                              measured"), or NULL; borrowed: must outlive the trainer */
@@ -382,6 +386,9 @@ void loom_trainer_set_prediction(loom_trainer_t *tr, double step_s, double memor
  * the config record as "plan" beside predicted_step_s and predicted_memory_bytes (before the first
  * step). LOOM_ENOMEM. */
 int loom_trainer_set_plan_json(loom_trainer_t *tr, const char *json);
+/* An event row for the log (loom_train_config_t's log_event; borrowed: it must outlive the run), before
+ * the first step. */
+void loom_trainer_set_log_event(loom_trainer_t *tr, const char *json);
 long long loom_trainer_steps_done(const loom_trainer_t *tr);
 int loom_trainer_rank(const loom_trainer_t *tr);  /* global rank; 0 with one process */
 int loom_trainer_world(const loom_trainer_t *tr); /* all ranks of the job; 1 with one process */

@@ -69,8 +69,8 @@ static long long config_first_step(const char *line, size_t len)
 	return first;
 }
 
-/* Rewrite path keeping only the lines of steps <= keep and the config records of segments that start
- * at or before keep (atomically: temp file + rename). *last (NULL when none) gets a copy of the last
+/* Rewrite path keeping only the lines of steps <= keep, the event rows at steps <= keep and the config
+ * records of segments that start at or before keep (atomically: temp file + rename). *last (NULL when none) gets a copy of the last
  * config record kept, to be freed. */
 static int truncate_log(const char *path, long long keep, char **last)
 {
@@ -99,6 +99,8 @@ static int truncate_log(const char *path, long long keep, char **last)
 			fwrite(line, 1, (size_t)len, out);
 		} else if (!config && sscanf(line, "{\"step\":%lld", &step) == 1 && step <= keep) {
 			fwrite(line, 1, (size_t)len, out);
+		} else if (sscanf(line, "{\"event\":\"%*[a-z_]\",\"step\":%lld", &step) == 1 && step <= keep) {
+			fwrite(line, 1, (size_t)len, out); /* an event row at step S (train.h: log_event) */
 		}
 	}
 	free(line);

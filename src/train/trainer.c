@@ -21,8 +21,10 @@
  * (loom_loader_window) and does not touch the training state, so evaluating or not never changes
  * the training losses. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/util.h"
 #include "loom/ckpt.h"
@@ -215,6 +217,10 @@ static int next_batch(void *ctx, int j, int *inputs, int *targets)
 	(void)j;
 	loom_loader_get_state(tr->train, &st);
 	tr->window = (unsigned long long)st.next_window;
+	if (tr->data_trace) /* the global position: window k, and where its tokens start */
+		fprintf(tr->data_trace, "step %lld window %llu token %llu\n", tr->step + 1, tr->window,
+		        (unsigned long long)loom_loader_window_start(tr->train, st.next_window) * (unsigned long long)tr->cfg.B *
+		            (unsigned long long)tr->cfg.T);
 	if (tr->cp_size == 1)
 		return loom_loader_next(tr->train, inputs, targets);
 	if ((rc = loom_loader_next(tr->train, tr->inputs, tr->targets)) == LOOM_OK)
@@ -299,6 +305,19 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 		goto fail;
 	if ((rc = check_vocab(tr, tr->train, "training", cfg->train_data)) != LOOM_OK)
 		goto fail;
+	{ /* LOOM_DATA_TRACE=DIR: "step S window K token OFFSET" per window read, to DIR/data.rR.pPID (audits the
+	   * global data order across restarts and mesh changes: docs/launcher.md) */
+		const char *dt = getenv("LOOM_DATA_TRACE");
+		if (dt && *dt) {
+			char path[4096];
+			snprintf(path, sizeof path, "%s/data.r%d.p%d", dt, tr->rank, (int)getpid());
+			if (!(tr->data_trace = fopen(path, "a"))) {
+				rc = loom_seterr(LOOM_ESYS, "rank %d: LOOM_DATA_TRACE: cannot create %s", tr->rank, path);
+				goto fail;
+			}
+			setvbuf(tr->data_trace, NULL, _IOLBF, 0);
+		}
+	}
 	if (cfg->val_data && *cfg->val_data) {
 		lo.shuffle = 0, lo.rank = 0, lo.world = 1;
 		if ((rc = loom_loader_create(&tr->val, cfg->val_data, &lo)) != LOOM_OK)
@@ -334,6 +353,8 @@ void loom_trainer_destroy(loom_trainer_t *tr)
 	if (tr->trace) /* not closed by a finished run: this rank's events (merged only in a 1-rank job) */
 		loom__trace_close(tr->trace, NULL, tr->rank, tr->world);
 	loom__trace_free(tr->trace);
+	if (tr->data_trace)
+		fclose(tr->data_trace);
 	free(tr->val_losses);
 	free(tr->samples), free(tr->plan_json);
 	loom_train_log_close(tr);
@@ -520,6 +541,8 @@ int loom_trainer_run(loom_trainer_t *tr, loom_train_step_fn fn, void *ctx)
 		return rc;
 	if (c->log_path && tr->rank == 0 && (rc = loom_train_log_open(tr)) != LOOM_OK)
 		return rc;
+	if (tr->log && c->log_event && (fprintf(tr->log, "%s\n", c->log_event) < 0 || fflush(tr->log) != 0))
+		return loom_seterr(LOOM_EIO, "log %s: cannot write the event row", c->log_path);
 	while (tr->step < c->lr.total_steps) {
 		if ((rc = loom_trainer_step(tr, &m)) != LOOM_OK)
 			return rc;
@@ -587,6 +610,11 @@ int loom_trainer_set_plan_json(loom_trainer_t *tr, const char *json)
 	free(tr->plan_json);
 	tr->plan_json = copy;
 	return LOOM_OK;
+}
+
+void loom_trainer_set_log_event(loom_trainer_t *tr, const char *json)
+{
+	tr->cfg.log_event = json;
 }
 
 long long loom_trainer_steps_done(const loom_trainer_t *tr)

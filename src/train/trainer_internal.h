@@ -60,6 +60,7 @@ struct loom_trainer {
 	char *plan_json;                /* the planner's prediction, logged in the config record (or NULL) */
 	double t_begin;                 /* loom_now() at the start of the first step of this process */
 	FILE *log;                      /* opened at the first logged step */
+	FILE *data_trace;               /* LOOM_DATA_TRACE=DIR: the windows this rank reads, or NULL */
 };
 
 /* trace.c: record this rank's timed events (the executor's, the optimizer's) and write them as a
