@@ -1,10 +1,18 @@
-/* test_llama.c: the Llama / Qwen2 family (src/model/llama/): configuration checks, the parameter
- * table in transformers' names and shapes, FLOPs, tensor-parallel shards. */
+/* test_llama.c: the Llama / Qwen2 family (src/model/llama/) through the model interface: 8 AdamW steps
+ * against a float64 PyTorch reference written from transformers' math (tests/ref/llama_ref.py,
+ * /usr/bin/python3 with torch) on a SmolLM2-shaped tiny model, an untied one with llama3 rope scaling,
+ * a Qwen2-shaped one with q/k/v biases and one with attention and MLP biases (logits at every position,
+ * every gradient, every step's loss, the final parameters); configuration checks, the parameter table in
+ * transformers' names and shapes, FLOPs, tensor-parallel shards, units against the whole model, hooks,
+ * KV-cache sampling against the full forward, activation checkpointing bit-identical. */
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "loom/model.h"
+#include "loom/optim.h"
 #include "model/llama/llama_model.h"
 #include "test.h"
 
@@ -229,4 +237,254 @@ TEST(llama_rope_frequencies)
 	CHECK_FEQ(f[0], 1.0);          /* wavelength 2 pi: kept */
 	CHECK_NEAR(f[7], pow(1e5, -14.0 / 16) / 8, 1e-18); /* the longest: divided */
 	return 0;
+}
+
+/* ---- against the float64 reference ------------------------------------------------------------------ */
+
+static uint32_t lcg(uint32_t *s)
+{
+	*s = *s * 1664525u + 1013904223u;
+	return *s >> 8;
+}
+
+static float urand(uint32_t *s) /* uniform in [-1, 1) */
+{
+	return (float)lcg(s) / 8388608.0f - 1.0f;
+}
+
+/* Init, then make every tensor non-degenerate: norm weights around 1, biases random, matrices larger
+ * than 0.02 so the attention is not uniform and the logits spread. */
+static void test_params(loom_model_t *m, uint64_t seed)
+{
+	int n;
+	uint32_t s = (uint32_t)seed * 2654435761u + 1;
+	const loom_tensor_info_t *tt = loom_model_tensors(m, &n);
+	loom_model_init(m, seed);
+	for (int i = 0; i < n; i++) {
+		float *p = loom_model_tensor_param(m, i);
+		const char *nm = tt[i].name;
+		for (size_t k = 0; k < tt[i].numel; k++) {
+			if (strstr(nm, "norm"))
+				p[k] = 1.0f + 0.3f * urand(&s);
+			else if (strstr(nm, "bias"))
+				p[k] = 0.2f * urand(&s);
+			else
+				p[k] *= 8.0f;
+		}
+	}
+}
+
+static void make_tokens(int *in, int *tg, int n, int V, uint32_t seed)
+{
+	for (int i = 0; i < n; i++) {
+		in[i] = (int)(lcg(&seed) % (uint32_t)V);
+		tg[i] = (int)(lcg(&seed) % (uint32_t)V);
+	}
+}
+
+static int write_file(const char *dir, const char *name, const void *p, size_t n)
+{
+	char path[700];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	return test_write_file(path, p, n);
+}
+
+static double *read_f64(const char *dir, const char *name, size_t n)
+{
+	char path[700];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	FILE *f = fopen(path, "rb");
+	double *p = f ? malloc(n * sizeof(double)) : NULL;
+	if (p && fread(p, sizeof(double), n, f) != n) {
+		free(p);
+		p = NULL;
+	}
+	if (f)
+		fclose(f);
+	return p;
+}
+
+/* The configuration in transformers' names, for the reference. */
+static void write_config(FILE *f, const loom_model_config_t *c0, int B, int T, int steps, const loom_adamw_config_t *a,
+                         float lr)
+{
+	loom_model_config_t c;
+	loom__ll_normalize(c0, &c);
+	fprintf(f, "{\"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, "
+	        "\"hidden_size\": %d, \"head_dim\": %d, \"intermediate_size\": %d, \"max_position_embeddings\": %d, "
+	        "\"vocab_size\": %d, \"rope_theta\": %.17g, \"rms_norm_eps\": %.17g, ", c.n_layer, c.n_head, c.n_kv_head,
+	        c.n_embd, c.head_dim, c.intermediate_size, c.seq_len, c.vocab_size, c.rope_theta, c.rms_norm_eps);
+	if (c.rope_scaling.type == LOOM_ROPE_LLAMA3)
+		fprintf(f, "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": %.17g, "
+		        "\"high_freq_factor\": %.17g, \"original_max_position_embeddings\": %d}, ", c.rope_scaling.factor,
+		        c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor,
+		        c.rope_scaling.original_max_position_embeddings);
+	fprintf(f, "\"B\": %d, \"T\": %d, \"steps\": %d, \"lr\": %.9g, \"beta1\": %.9g, \"beta2\": %.9g, \"eps\": %.9g, "
+	        "\"weight_decay\": %.9g}\n", B, T, steps, (double)lr, (double)a->beta1, (double)a->beta2, (double)a->eps,
+	        (double)a->weight_decay);
+}
+
+enum { STEPS = 8, MAX_BT = 64 };
+
+/* Configuration c on STEPS random batches of B x T, seeded by seed, against the reference: step 0's
+ * logits at every position (a forward of each prefix gives its last position's) and gradients, every
+ * step's loss within 1e-5 relative, the parameters after the last AdamW step. The yardstick of each
+ * comparison is float64 torch, with room for 4 x what float32 arithmetic alone misses by (the same
+ * reference run in float32). */
+static int vs_torch(loom_model_config_t c, int B, int T, uint64_t seed)
+{
+	int in[STEPS * MAX_BT], tg[STEPS * MAX_BT], n, BT = B * T;
+	char dir[512], path[700], cmd[1400], out[8192];
+	loom_model_t *m = NULL;
+	loom_model_opts_t o = {.B = B, .T = T};
+	loom_adamw_config_t ac = loom_adamw_defaults();
+	loom_adamw_t opt;
+	const float lr = 3e-3f;
+	CHECK(BT <= MAX_BT);
+	CHECK_OK(loom_model_create(&m, &c, &o));
+	test_params(m, seed);
+	make_tokens(in, tg, STEPS * BT, c.vocab_size, (uint32_t)seed + 4);
+	size_t np = loom_model_num_params(&c);
+	const loom_tensor_info_t *tt = loom_model_tensors(m, &n);
+	float *params = loom_model_params(m);
+
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK(write_file(dir, "params.bin", params, np * sizeof(float)) == 0);
+	CHECK(write_file(dir, "inputs.bin", in, sizeof(int) * (size_t)STEPS * BT) == 0);
+	CHECK(write_file(dir, "targets.bin", tg, sizeof(int) * (size_t)STEPS * BT) == 0);
+	snprintf(path, sizeof path, "%s/tensors.txt", dir);
+	FILE *f = fopen(path, "w");
+	CHECK(f != NULL);
+	for (int i = 0; i < n; i++) {
+		fprintf(f, "%s %zu %zu", tt[i].name, tt[i].offset, tt[i].shape[0]);
+		if (tt[i].ndim == 2)
+			fprintf(f, " %zu", tt[i].shape[1]);
+		fprintf(f, "\n");
+	}
+	CHECK(fclose(f) == 0);
+	snprintf(path, sizeof path, "%s/config.json", dir);
+	CHECK((f = fopen(path, "w")) != NULL);
+	write_config(f, &c, B, T, STEPS, &ac, lr);
+	CHECK(fclose(f) == 0);
+	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 /usr/bin/python3 tests/ref/llama_ref.py %s", dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "'%s' exited with %d (run from the source root; needs python3-torch):\n%s", cmd, st, out);
+	size_t nl = (size_t)BT * c.vocab_size;
+	double *rloss = read_f64(dir, "losses.bin", STEPS), *rlog = read_f64(dir, "logits.bin", nl);
+	double *rg = read_f64(dir, "grads.bin", np), *rfin = read_f64(dir, "final.bin", np);
+	double *rloss32 = read_f64(dir, "losses_f32.bin", STEPS), *rg32 = read_f64(dir, "grads_f32.bin", np);
+	double *rfin32 = read_f64(dir, "final_f32.bin", np);
+	CHECK(rloss && rlog && rg && rfin && rloss32 && rg32 && rfin32);
+
+	/* step 0's logits at every position */
+	double worst_logit = 0.0, big = 0.0;
+	for (size_t i = 0; i < nl; i++)
+		big = fmax(big, fabs(rlog[i]));
+	double tol_logit = 1e-5 * fmax(1.0, big);
+	for (int t = 1; t <= T; t++) {
+		int pin[MAX_BT];
+		for (int b = 0; b < B; b++)
+			memcpy(pin + b * t, in + b * T, sizeof(int) * (size_t)t);
+		CHECK_OK(loom_model_forward(m, pin, NULL, B, t, NULL));
+		const float *lg = loom_model_logits(m);
+		for (int b = 0; b < B; b++)
+			for (int v = 0; v < c.vocab_size; v++) {
+				double r = rlog[((size_t)b * T + t - 1) * c.vocab_size + v], e = fabs(lg[b * c.vocab_size + v] - r);
+				worst_logit = fmax(worst_logit, e);
+				CHECK_MSG(e <= tol_logit, "logit b%d t%d v%d: loom %.9g, torch %.9g (diff %.3g > %.3g)", b, t - 1, v,
+				          lg[b * c.vocab_size + v], r, e, tol_logit);
+			}
+	}
+	CHECK_MSG(big > 1.0, "the largest logit is %.3g: the test's parameters are degenerate", big);
+
+	/* the steps: loss, step 0's gradients, AdamW */
+	CHECK_OK(loom_adamw_init_model(&opt, &ac, &c));
+	double worst = 0.0, worst32 = 0.0, worst_loss = 0.0;
+	for (int s = 0; s < STEPS; s++) {
+		float loss = 0.0f;
+		loom_model_zero_grad(m);
+		CHECK_OK(loom_model_forward_backward(m, in + s * BT, tg + s * BT, B, T, 1.0f, &loss));
+		double e = fabs(loss - rloss[s]) / rloss[s];
+		worst_loss = fmax(worst_loss, e);
+		CHECK_MSG(e <= 1e-5, "step %d: loss loom %.9g, torch %.12g (relative %.3g > 1e-5)", s, loss, rloss[s], e);
+		if (s == 0) {
+			for (int i = 0; i < n; i++) { /* float32's worst error relative to each tensor's largest */
+				double mx = 0.0, w32 = 0.0;
+				for (size_t k = tt[i].offset; k < tt[i].offset + tt[i].numel; k++) {
+					mx = fmax(mx, fabs(rg[k]));
+					w32 = fmax(w32, fabs(rg32[k] - rg[k]));
+				}
+				CHECK_MSG(mx > 0.0, "%s: torch's gradient is all zero", tt[i].name);
+				worst32 = fmax(worst32, w32 / mx);
+			}
+			double tol_rel = fmax(1e-5, 4.0 * worst32);
+			for (int i = 0; i < n; i++) {
+				const float *g = loom_model_tensor_grad(m, i);
+				double mx = 0.0, w = 0.0;
+				size_t wi = 0, off = tt[i].offset;
+				for (size_t k = 0; k < tt[i].numel; k++)
+					mx = fmax(mx, fabs(rg[off + k]));
+				for (size_t k = 0; k < tt[i].numel; k++)
+					if (fabs(g[k] - rg[off + k]) > w)
+						w = fabs(g[k] - rg[off + k]), wi = k;
+				worst = fmax(worst, w / mx);
+				CHECK_MSG(w <= tol_rel * mx, "%s[%zu]: loom %.9g, torch %.9g (diff %.3g > %.3g x max %.3g)",
+				          tt[i].name, wi, g[wi], rg[off + wi], w, tol_rel, mx);
+			}
+		}
+		CHECK_OK(loom_adamw_step(&opt, params, loom_model_grads(m), lr, 1.0f));
+	}
+	/* the parameters after the last step: AdamW moves each by about lr a step, so a gradient's sign
+	 * flipped by rounding where it is ~0 moves a parameter by up to 2 lr; float32 torch shows how many */
+	double wfin = 0.0, wfin32 = 0.0;
+	for (size_t k = 0; k < np; k++) {
+		wfin = fmax(wfin, fabs(params[k] - rfin[k]));
+		wfin32 = fmax(wfin32, fabs(rfin32[k] - rfin[k]));
+	}
+	double tol_fin = fmax(1e-5, 4.0 * wfin32);
+	CHECK_MSG(wfin <= tol_fin, "final parameters: worst difference %.3g > %.3g (float32 torch %.3g)", wfin, tol_fin,
+	          wfin32);
+	fprintf(stderr, "  vs torch float64: losses %.3g relative (8 steps), logits %.3g absolute, gradients %.3g of each "
+	        "tensor's max (float32 torch %.3g), final parameters %.3g (float32 torch %.3g)\n", worst_loss, worst_logit,
+	        worst, worst32, wfin, wfin32);
+	loom_adamw_free(&opt);
+	free(rloss), free(rlog), free(rg), free(rfin), free(rloss32), free(rg32), free(rfin32);
+	loom_model_destroy(m);
+	if (!getenv("LOOM_TEST_KEEP"))
+		test_rmdir(dir);
+	return 0;
+}
+
+/* SmolLM2-shaped: tied embeddings, GQA 4:2, head_dim 16 given (48 / 4 = 12), rope_theta 1e5, eps 1e-5 */
+TEST(llama_vs_torch_smollm2)
+{
+	return vs_torch(smol_cfg(), 2, 16, 7);
+}
+
+/* Untied, llama3 rope scaling with the three regimes (original 32: wavelengths below 8 kept, above 32
+ * divided by 8, 2 pi x 10^0.5 = 19.9 blended), T below max_position_embeddings */
+TEST(llama_vs_torch_untied_llama3)
+{
+	loom_model_config_t c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .seq_len = 32, .vocab_size = 80,
+	                         .arch = LOOM_ARCH_LLAMA, .n_kv_head = 2, .intermediate_size = 96};
+	c.rope_scaling = (loom_rope_scaling_t){.type = LOOM_ROPE_LLAMA3, .factor = 8, .low_freq_factor = 1,
+	                                       .high_freq_factor = 4, .original_max_position_embeddings = 32};
+	return vs_torch(c, 2, 16, 11);
+}
+
+/* Qwen2-shaped: biases on q, k and v, one kv head for 4 query heads, rope_theta 1e6, eps 1e-6, untied */
+TEST(llama_vs_torch_qwen2)
+{
+	loom_model_config_t c = {.n_layer = 2, .n_head = 4, .n_embd = 32, .seq_len = 16, .vocab_size = 72,
+	                         .arch = LOOM_ARCH_LLAMA, .n_kv_head = 1, .intermediate_size = 48, .rope_theta = 1e6,
+	                         .rms_norm_eps = 1e-6, .qkv_bias = 1, .qwen2 = 1};
+	return vs_torch(c, 2, 16, 13);
+}
+
+/* Llama's attention_bias (q, k, v, o) and mlp_bias (gate, up, down), tied, 3 layers, T = 12 */
+TEST(llama_vs_torch_biases)
+{
+	loom_model_config_t c = smol_cfg();
+	c.n_layer = 3, c.attention_bias = 1, c.mlp_bias = 1;
+	return vs_torch(c, 2, 12, 17);
 }
