@@ -10,7 +10,8 @@
  * reports tensor i to the grad-ready callback once per micro-step as soon as nothing later adds to it,
  * so over a whole model indices arrive strictly decreasing: lm_head (untied), model.norm, each block's
  * from mlp.down_proj's bias down to input_layernorm, and embed_tokens last (tied: the head's share and
- * the embedding's; a model without the embedding reports it after the head). With activation
+ * the embedding's; a model without the embedding reports it right after the head's, as GPT-2 does
+ * with its tied wte). With activation
  * checkpointing a block keeps only its output and block_backward recomputes the rest with the
  * forward's own code. */
 #include <math.h>
