@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "core/util.h"
+#include "loom/llama.h"
 #include "model/llama/llama_model.h"
 
 int loom__ll_default_intermediate(int C)
@@ -445,4 +446,72 @@ void loom__ll_tp_shard(const loom_model_config_t *cfg, int tp, int r, const floa
 void loom__ll_tp_unshard(const loom_model_config_t *cfg, int tp, int r, const float *shard, float *full)
 {
 	shard_copy(cfg, tp, r, full, (float *)shard, 0);
+}
+
+int loom_llama_preset(const char *name, loom_model_config_t *cfg)
+{
+	static const struct {
+		const char *name;
+		int L, NH, NKV, C, I, V, T;
+		double theta;
+	} presets[] = {
+		{"smollm2-135m", 30, 9, 3, 576, 1536, 49152, 8192, 1e5},
+		{"smollm2-360m", 32, 15, 5, 960, 2560, 49152, 8192, 1e5},
+		{"tiny", 4, 4, 2, 128, 384, 50257, 256, 1e4},
+	};
+	for (size_t k = 0; name && k < sizeof presets / sizeof *presets; k++) {
+		if (strcmp(name, presets[k].name) != 0)
+			continue;
+		memset(cfg, 0, sizeof *cfg);
+		cfg->arch = LOOM_ARCH_LLAMA;
+		cfg->n_layer = presets[k].L, cfg->n_head = presets[k].NH, cfg->n_kv_head = presets[k].NKV;
+		cfg->n_embd = presets[k].C, cfg->intermediate_size = presets[k].I, cfg->vocab_size = presets[k].V;
+		cfg->seq_len = presets[k].T, cfg->rope_theta = presets[k].theta, cfg->rms_norm_eps = 1e-5;
+		cfg->tie_word_embeddings = 1;
+		return LOOM_OK;
+	}
+	return loom_seterr(LOOM_EINVAL, "llama preset '%s' is not one of smollm2-135m, smollm2-360m, tiny",
+	                   name ? name : "(null)");
+}
+
+int loom_llama_rope_scaling_parse(const char *text, loom_rope_scaling_t *s)
+{
+	loom_rope_scaling_t r = {0};
+	int used = 0;
+	if (text && strcmp(text, "default") == 0) {
+		*s = r;
+		return LOOM_OK;
+	}
+	if (!text || sscanf(text, "llama3:%lf:%lf:%lf:%d%n", &r.factor, &r.low_freq_factor, &r.high_freq_factor,
+	                    &r.original_max_position_embeddings, &used) != 4 || text[used] != '\0')
+		return loom_seterr(LOOM_EINVAL, "rope scaling '%s': expected default or llama3:FACTOR:LOW:HIGH:ORIGINAL (e.g. "
+		                   "llama3:8:1:4:8192)", text ? text : "(null)");
+	r.type = LOOM_ROPE_LLAMA3;
+	*s = r;
+	return LOOM_OK;
+}
+
+void loom_llama_describe(const loom_model_config_t *cfg, char *buf, size_t cap)
+{
+	loom_model_config_t c;
+	size_t n = 0;
+	if (!cap)
+		return;
+	loom__ll_normalize(cfg, &c);
+#define ADD(...) (n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__), n = n < cap ? n : cap - 1)
+	buf[0] = '\0';
+	ADD("%d kv heads, head_dim %d, intermediate %d, rope_theta %g", c.n_kv_head, c.head_dim, c.intermediate_size,
+	    c.rope_theta);
+	if (c.rope_scaling.type == LOOM_ROPE_LLAMA3)
+		ADD(" (llama3 scaling: factor %g, low %g, high %g, original %d)", c.rope_scaling.factor,
+		    c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor,
+		    c.rope_scaling.original_max_position_embeddings);
+	ADD(", rms_norm_eps %g, %s embeddings", c.rms_norm_eps, c.tie_word_embeddings ? "tied" : "untied");
+	if (c.attention_bias)
+		ADD(", biases on q, k, v, o");
+	else if (c.qkv_bias)
+		ADD(", biases on q, k, v (Qwen2)");
+	if (c.mlp_bias)
+		ADD(", biases on gate, up, down");
+#undef ADD
 }

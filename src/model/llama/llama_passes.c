@@ -418,14 +418,14 @@ static void head_forward_backward(ll_t *m, ll_arena_t *ar, const int *targets, i
 		                                  m->pview[hw], targets + r0, grad_scale / (float)N, n, C, V);
 	if (loss)
 		*loss = mean_loss(ar->losses + r0, n, N);
-	if (!m->d.tied)
-		ready(m, hw);
 	zero(m->dres + o, (size_t)n * C);
 	zero(m->dnw, (size_t)C);
 	loom__ll_rmsnorm_backward(m->dres + o, C, m->dnw, m->dxn + o, C, stream(m, ar, m->hi) + o, C,
 	                          m->pview[m->norm_i], ar->rstdf + r0, n, C);
 	for (int c = 0; c < C; c++) /* every rank holds the whole rows here: no group sum */
 		m->gview[m->norm_i][c] += m->dnw[c];
+	if (!m->d.tied) /* reported once the head is done with its tensors (a strategy may move them then) */
+		ready(m, hw);
 	ready(m, m->norm_i);
 	if (m->d.tied && !m->has_embed)
 		ready(m, 0); /* this model adds nothing else to embed_tokens */
