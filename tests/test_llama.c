@@ -341,7 +341,9 @@ static int vs_torch(loom_model_config_t c, int B, int T, uint64_t seed)
 	loom_model_opts_t o = {.B = B, .T = T};
 	loom_adamw_config_t ac = loom_adamw_defaults();
 	loom_adamw_t opt;
-	const float lr = 3e-3f;
+	/* (AdamW moves a parameter whose gradient is ~0 by up to lr whichever sign rounding gives it, so the
+	 * later steps' losses drift from float64 in proportion to lr: at 1e-3 they stay 10x inside 1e-5) */
+	const float lr = 1e-3f;
 	CHECK(BT <= MAX_BT);
 	CHECK_OK(loom_model_create(&m, &c, &o));
 	test_params(m, seed);
@@ -401,13 +403,14 @@ static int vs_torch(loom_model_config_t c, int B, int T, uint64_t seed)
 
 	/* the steps: loss, step 0's gradients, AdamW */
 	CHECK_OK(loom_adamw_init_model(&opt, &ac, &c));
-	double worst = 0.0, worst32 = 0.0, worst_loss = 0.0;
+	double worst = 0.0, worst32 = 0.0, worst_loss = 0.0, worst_loss32 = 0.0;
 	for (int s = 0; s < STEPS; s++) {
 		float loss = 0.0f;
 		loom_model_zero_grad(m);
 		CHECK_OK(loom_model_forward_backward(m, in + s * BT, tg + s * BT, B, T, 1.0f, &loss));
 		double e = fabs(loss - rloss[s]) / rloss[s];
 		worst_loss = fmax(worst_loss, e);
+		worst_loss32 = fmax(worst_loss32, fabs(rloss32[s] - rloss[s]) / rloss[s]);
 		CHECK_MSG(e <= 1e-5, "step %d: loss loom %.9g, torch %.12g (relative %.3g > 1e-5)", s, loss, rloss[s], e);
 		if (s == 0) {
 			for (int i = 0; i < n; i++) { /* float32's worst error relative to each tensor's largest */
@@ -446,9 +449,9 @@ static int vs_torch(loom_model_config_t c, int B, int T, uint64_t seed)
 	double tol_fin = fmax(1e-5, 4.0 * wfin32);
 	CHECK_MSG(wfin <= tol_fin, "final parameters: worst difference %.3g > %.3g (float32 torch %.3g)", wfin, tol_fin,
 	          wfin32);
-	fprintf(stderr, "  vs torch float64: losses %.3g relative (8 steps), logits %.3g absolute, gradients %.3g of each "
-	        "tensor's max (float32 torch %.3g), final parameters %.3g (float32 torch %.3g)\n", worst_loss, worst_logit,
-	        worst, worst32, wfin, wfin32);
+	fprintf(stderr, "  vs torch float64: losses %.3g relative (8 steps; float32 torch %.3g), logits %.3g absolute, "
+	        "gradients %.3g of each tensor's max (float32 torch %.3g), final parameters %.3g (float32 torch %.3g)\n",
+	        worst_loss, worst_loss32, worst_logit, worst, worst32, wfin, wfin32);
 	loom_adamw_free(&opt);
 	free(rloss), free(rlog), free(rg), free(rfin), free(rloss32), free(rg32), free(rfin32);
 	loom_model_destroy(m);
