@@ -1251,3 +1251,15 @@ TEST(llama_tied_pipeline_match_one_process)
 	CHECK_CONTAINS(out, "--zero 3 with --pp 2: an untied llama model (--tie-word-embeddings 0) does not yet train");
 	return llama_runs_match(runs, sizeof runs / sizeof runs[0], "--tie-word-embeddings 1");
 }
+
+/* MuonAdamW on llama (Muon on the blocks' matrices; the untied embedding, lm_head, norms and biases in
+ * AdamW groups): it learns, DistMuon at 2 ranks and ZeRO-1 x 2 equal one process within 1e-5, and
+ * --lr is accepted (the norms' and biases' rate). */
+TEST(llama_muon_matches_one_process)
+{
+	static const char *const runs[][2] = {
+		{"dp2 muon", "--nproc 2 --check-replicas 1"},
+		{"zero1 muon", "--nproc 2 --zero 1"},
+	};
+	return llama_runs_match(runs, sizeof runs / sizeof runs[0], "--optimizer muon");
+}
