@@ -31,11 +31,15 @@ void cli_die(const char *cmd, const char *fmt, ...) __attribute__((format(printf
 
 /* The model flags `loom train` and `loom plan` share (model_flags.c): --arch, --model, --depth,
  * --aspect-ratio, --head-dim, --n-kv-head, --window-pattern, --short-window, --n-layer, --n-head,
- * --n-embd, --vocab-size, --n-positions, --init-from. mc holds the fields given (-1, 0 or "" when not). */
+ * --n-embd, --vocab-size, --n-positions, --init-from, and llama's --intermediate-size, --rope-theta,
+ * --rms-norm-eps, --rope-scaling, --tie-word-embeddings, --attention-bias, --qkv-bias, --mlp-bias.
+ * mc holds the fields given (-1, 0 or "" when not). */
 typedef struct {
 	loom_model_config_t mc;
 	const char *preset, *init_from; /* init_from: the model file, once cli_model_flags_check resolved it */
 	int have_model_flags, n_positions, n_head_flag, depth, aspect, head_dim;
+	int llama_flags;                        /* 1 when a llama-only flag was given */
+	int tie, attention_bias, qkv_bias, mlp_bias, rope_scaling_given; /* -1: not given */
 	char init_file[1200];           /* --init-from resolved (loom_model_path) */
 } cli_model_flags_t;
 void cli_model_flags_init(cli_model_flags_t *f);

@@ -32,6 +32,7 @@
 #include "loom/comm.h"
 #include "loom/data.h"
 #include "loom/gpt2.h"
+#include "loom/llama.h"
 #include "loom/mesh.h"
 #include "loom/plan.h"
 #include "loom/train.h"
@@ -45,12 +46,23 @@ static const char *const usage_text =
 	"  --val-data GLOB        validation shards; evaluated every --eval-every steps and at the end\n"
 	"  --shuffle 0|1          shuffle the order of batches each epoch (default 0)\n"
 	"model (default --model tiny):\n"
-	"  --arch gpt2|nanochat   the model family (default gpt2); nanochat is karpathy/nanochat's GPT (bac5a35)\n"
-	"  --model tiny|small|gpt2  a GPT-2 preset; each flag below overrides only the field it names (the\n"
-	"                         positions stay the preset's unless --n-positions gives them)\n"
+	"  --arch gpt2|nanochat|llama  the model family (default gpt2); nanochat is karpathy/nanochat's GPT\n"
+	"                         (bac5a35), llama transformers' LlamaForCausalLM / Qwen2ForCausalLM\n"
+	"  --model tiny|small|gpt2  a GPT-2 preset (--arch llama: smollm2-135m|smollm2-360m|tiny); each flag\n"
+	"                         below overrides only the field it names (the positions stay the preset's\n"
+	"                         unless --n-positions gives them)\n"
 	"  --depth D              nanochat's sizing (base_train): C = ceil(D x aspect / head-dim) x head-dim,\n"
 	"                         heads C / head-dim, L = D; --aspect-ratio A (64) --head-dim H (128)\n"
-	"  --n-kv-head K          nanochat: key/value heads (grouped-query attention; default the heads)\n"
+	"  --n-kv-head K          nanochat, llama: key/value heads (grouped-query attention; default the heads,\n"
+	"                         llama the preset's)\n"
+	"  --head-dim D           llama: channels per head (default n-embd / n-head)\n"
+	"  --intermediate-size I  llama: the SwiGLU MLP's width (default the preset's; with --n-embd C alone,\n"
+	"                         8C/3 rounded up to 256)\n"
+	"  --rope-theta X --rms-norm-eps E  llama: rotary base and RMSNorm epsilon\n"
+	"  --rope-scaling S       llama: default, or llama3:FACTOR:LOW:HIGH:ORIGINAL (Llama 3.1's scaling)\n"
+	"  --tie-word-embeddings 0|1  llama: the lm head is the embedding (default the preset's, 1)\n"
+	"  --attention-bias 0|1 --mlp-bias 0|1  llama: biases on q, k, v, o / gate, up, down (default 0)\n"
+	"  --qkv-bias 0|1         llama: biases on q, k and v only: Qwen2ForCausalLM (default 0)\n"
 	"  --window-pattern P     nanochat: S/L per layer, tiled, last layer L (default SSSL)\n"
 	"  --short-window W       nanochat: the S window (default half the model's positions)\n"
 	"  --n-layer L --n-head H --n-embd C --vocab-size V --n-positions P (the model's positions, its maximum\n"
@@ -512,6 +524,10 @@ static int muon_zero_pp(const opts_t *o)
 }
 static int zero_dp1(const opts_t *o) { return o->tc.zero > 0 && o->dp * o->cp == 1; }
 static int muon_tp(const opts_t *o) { return o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->tp > 1; }
+static int llama_untied_zero_pp(const opts_t *o)
+{
+	return o->mc.arch == LOOM_ARCH_LLAMA && !o->mc.tie_word_embeddings && o->tc.zero >= 2 && o->pp > 1;
+}
 
 static const struct {
 	int (*applies)(const opts_t *o);
@@ -523,6 +539,9 @@ static const struct {
 	{muon_tp, NAME_OPTIMIZER | NAME_TP, "a tensor-parallel shard of a matrix cannot be orthogonalized alone; use "
 	                                    "--optimizer adamw with --tp, or --optimizer muon without --tp (data "
 	                                    "parallel, ZeRO 1-3 and --pp run it)"},
+	{llama_untied_zero_pp, NAME_ZERO | NAME_PP, "an untied llama model (--tie-word-embeddings 0) does not yet train "
+	                                            "to one process's numbers under ZeRO 2/3 with a pipeline (an open "
+	                                            "bug); use --zero 1 or 0 with --pp, or tied embeddings"},
 	{muon_zero_pp, NAME_OPTIMIZER | NAME_ZERO | NAME_PP, "MuonAdamW's matrices are not sharded over a pipeline "
 	                                                     "stage's data-parallel ranks yet; use --zero 0 with --pp, "
 	                                                     "or --optimizer adamw"},
@@ -860,6 +879,11 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 	if (o->mc.arch == LOOM_ARCH_NANOCHAT)
 		printf("nanochat: %d kv heads, window pattern %s (S = %d positions), vocabulary padded to a multiple of 64\n",
 		       o->mc.n_kv_head, o->mc.window_pattern, o->mc.short_window);
+	if (o->mc.arch == LOOM_ARCH_LLAMA) {
+		char d[400];
+		loom_llama_describe(&o->mc, d, sizeof d);
+		printf("llama: %s\n", d);
+	}
 	if (o->tc.optimizer == LOOM_OPTIMIZER_MUON)
 		printf("optimizer: MuonAdamW: Muon matrices lr %g (momentum 0.85 -> 0.95 over 300 steps, weight decay %g "
 		       "-> 0), AdamW embeddings %g, lm head %g (x (C/768)^-0.5 = %.4f), scalars %g; the schedule multiplies "
