@@ -9,6 +9,8 @@
 #include "loom/model.h"
 #include "model/gpt2/model.h"
 #include "model/join.h"
+#include "model/llama/llama.h"
+#include "model/llama/llama_model.h"
 #include "model/nanochat/nanochat.h"
 #include "model/nanochat/nanochat_model.h"
 #include "core/util.h"
@@ -21,7 +23,7 @@ const loom_model_family_t *loom_model_family(loom_arch_t arch)
 	case LOOM_ARCH_NANOCHAT:
 		return loom__nanochat_family();
 	case LOOM_ARCH_LLAMA:
-		break; /* no family implements it yet */
+		return loom__llama_family();
 	}
 	return NULL;
 }
@@ -32,7 +34,9 @@ int loom_arch_parse(const char *name, loom_arch_t *arch)
 		return *arch = LOOM_ARCH_GPT2, LOOM_OK;
 	if (name && strcmp(name, "nanochat") == 0)
 		return *arch = LOOM_ARCH_NANOCHAT, LOOM_OK;
-	return loom_seterr(LOOM_EINVAL, "model family '%s' is not one of gpt2, nanochat", name ? name : "(null)");
+	if (name && strcmp(name, "llama") == 0)
+		return *arch = LOOM_ARCH_LLAMA, LOOM_OK;
+	return loom_seterr(LOOM_EINVAL, "model family '%s' is not one of gpt2, nanochat, llama", name ? name : "(null)");
 }
 
 const char *loom_arch_name(loom_arch_t arch)
@@ -46,14 +50,18 @@ static const loom_model_family_t *fam(const loom_model_config_t *cfg)
 {
 	const loom_model_family_t *f = loom_model_family(cfg->arch);
 	if (!f)
-		loom_seterr(LOOM_EINVAL, "model configuration: arch %d is not a model family (gpt2, nanochat)", (int)cfg->arch);
+		loom_seterr(LOOM_EINVAL, "model configuration: arch %d is not a model family (gpt2, nanochat, llama)", (int)cfg->arch);
 	return f;
 }
 
-/* cfg with nanochat's defaults filled in (GPT-2 ignores those fields). */
+/* cfg with its family's defaults filled in (GPT-2 ignores the other families' fields). */
 static loom_model_config_t resolved(const loom_model_config_t *cfg)
 {
 	loom_model_config_t c = *cfg;
+	if (c.arch == LOOM_ARCH_LLAMA) {
+		loom__ll_normalize(cfg, &c);
+		return c;
+	}
 	if (c.arch == LOOM_ARCH_GPT2) {
 		c.n_kv_head = c.short_window = 0;
 		memset(c.window_pattern, 0, sizeof c.window_pattern);
@@ -68,12 +76,27 @@ static loom_model_config_t resolved(const loom_model_config_t *cfg)
 	return c;
 }
 
+/* The llama fields of two normalized configurations (token ids are metadata: not compared). */
+static int llama_equal(const loom_model_config_t *x, const loom_model_config_t *y)
+{
+	const loom_rope_scaling_t *a = &x->rope_scaling, *b = &y->rope_scaling;
+	int rope = a->type == b->type && (a->type == LOOM_ROPE_DEFAULT ||
+	                                  (a->factor == b->factor && a->low_freq_factor == b->low_freq_factor &&
+	                                   a->high_freq_factor == b->high_freq_factor &&
+	                                   a->original_max_position_embeddings == b->original_max_position_embeddings));
+	return rope && x->head_dim == y->head_dim && x->intermediate_size == y->intermediate_size &&
+	       x->rope_theta == y->rope_theta && x->rms_norm_eps == y->rms_norm_eps &&
+	       x->tie_word_embeddings == y->tie_word_embeddings && x->attention_bias == y->attention_bias &&
+	       x->qkv_bias == y->qkv_bias && x->mlp_bias == y->mlp_bias && x->qwen2 == y->qwen2;
+}
+
 int loom_model_config_equal(const loom_model_config_t *a, const loom_model_config_t *b)
 {
 	loom_model_config_t x = resolved(a), y = resolved(b);
 	return x.arch == y.arch && x.n_layer == y.n_layer && x.n_head == y.n_head && x.n_embd == y.n_embd &&
 	       x.seq_len == y.seq_len && x.vocab_size == y.vocab_size && x.n_kv_head == y.n_kv_head &&
-	       x.short_window == y.short_window && strcmp(x.window_pattern, y.window_pattern) == 0;
+	       x.short_window == y.short_window && strcmp(x.window_pattern, y.window_pattern) == 0 &&
+	       (x.arch != LOOM_ARCH_LLAMA || llama_equal(&x, &y));
 }
 
 int loom_model_config_check(const loom_model_config_t *cfg)
@@ -158,11 +181,16 @@ static int block_window(const loom_model_config_t *cfg, int l)
 	return cfg->arch == LOOM_ARCH_NANOCHAT ? loom__nc_window(cfg, l) : cfg->seq_len;
 }
 
-/* Query heads x head_dim: the channels whose keys a block's attention visits (n_embd in both
- * families; GQA shares kv heads, not the queries' work). */
+/* Query heads x head_dim: the channels whose keys a block's attention visits (n_embd for GPT-2 and
+ * nanochat; Llama's head_dim may differ from n_embd / n_head; GQA shares kv heads, not the queries'
+ * work). */
 static int attn_width(const loom_model_config_t *cfg)
 {
-	return cfg->n_head > 0 ? cfg->n_head * (cfg->n_embd / cfg->n_head) : 0;
+	if (cfg->n_head <= 0)
+		return 0;
+	if (cfg->arch == LOOM_ARCH_LLAMA && cfg->head_dim > 0)
+		return cfg->n_head * cfg->head_dim;
+	return cfg->n_head * (cfg->n_embd / cfg->n_head);
 }
 
 double loom_model_block_attn_flops(const loom_model_config_t *cfg, int l, int T)
