@@ -250,21 +250,22 @@ static int detect(const char *path, loom_model_format_t *fmt)
 	return LOOM_OK;
 }
 
-/* A Hugging Face directory of the llama family, given as the directory (holding no model.safetensors:
- * a sharded one) or as its model.safetensors.index.json: 1, else 0. A directory holding checkpoints or
- * model.safetensors resolves to that file (loom_model_path), written into buf. */
+/* A Hugging Face directory of shards, given as the directory or as its model.safetensors.index.json:
+ * 1, else 0. A Hugging Face directory holding one model.safetensors gives that file, written into buf
+ * (any other directory is left to the reader, which refuses it). */
 static int hf_sharded(const char **path, char *buf, size_t cap)
 {
 	struct stat sb;
 	size_t n = strlen(*path);
 	if (n >= 11 && strcmp(*path + n - 11, ".index.json") == 0)
 		return 1;
-	if (stat(*path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+	if (!loom_hf_dir_is(*path))
 		return 0;
-	if (loom_model_path(*path, buf, cap) != LOOM_OK || (stat(buf, &sb) == 0 && S_ISDIR(sb.st_mode)))
-		return 1; /* loom_model_path gives the directory itself for a sharded one; else the reader's error */
-	*path = buf;
-	return 0;
+	if (snprintf(buf, cap, "%s/model.safetensors", *path) < (int)cap && stat(buf, &sb) == 0) {
+		*path = buf;
+		return 0;
+	}
+	return 1;
 }
 
 int loom_model_config(const char *path, int n_head_hint, loom_model_config_t *cfg, loom_model_format_t *fmt)
