@@ -1,10 +1,20 @@
-/* test_llama.c: the Llama / Qwen2 family (src/model/llama/): configuration checks, the parameter
- * table in transformers' names and shapes, FLOPs, tensor-parallel shards. */
+/* test_llama.c: the Llama / Qwen2 family (src/model/llama/) through the model interface: 8 AdamW steps
+ * against a float64 PyTorch reference written from transformers' math (tests/ref/llama_ref.py,
+ * /usr/bin/python3 with torch) on a SmolLM2-shaped tiny model, an untied one with llama3 rope scaling,
+ * a Qwen2-shaped one with q/k/v biases and one with attention and MLP biases (logits at every position,
+ * every gradient, every step's loss, the final parameters); configuration checks, the parameter table in
+ * transformers' names and shapes, FLOPs, tensor-parallel shards, units against the whole model, hooks,
+ * KV-cache sampling against the full forward, activation checkpointing bit-identical. */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "loom/model.h"
+#include "loom/optim.h"
+#include "core/util.h"
 #include "model/llama/llama_model.h"
 #include "test.h"
 
@@ -228,5 +238,931 @@ TEST(llama_rope_frequencies)
 	}
 	CHECK_FEQ(f[0], 1.0);          /* wavelength 2 pi: kept */
 	CHECK_NEAR(f[7], pow(1e5, -14.0 / 16) / 8, 1e-18); /* the longest: divided */
+	return 0;
+}
+
+/* ---- against the float64 reference ------------------------------------------------------------------ */
+
+static uint32_t lcg(uint32_t *s)
+{
+	*s = *s * 1664525u + 1013904223u;
+	return *s >> 8;
+}
+
+static float urand(uint32_t *s) /* uniform in [-1, 1) */
+{
+	return (float)lcg(s) / 8388608.0f - 1.0f;
+}
+
+/* Init, then make every tensor non-degenerate: norm weights around 1, biases random, matrices larger
+ * than 0.02 so the attention is not uniform and the logits spread. */
+static void test_params(loom_model_t *m, uint64_t seed)
+{
+	int n;
+	uint32_t s = (uint32_t)seed * 2654435761u + 1;
+	const loom_tensor_info_t *tt = loom_model_tensors(m, &n);
+	loom_model_init(m, seed);
+	for (int i = 0; i < n; i++) {
+		float *p = loom_model_tensor_param(m, i);
+		const char *nm = tt[i].name;
+		for (size_t k = 0; k < tt[i].numel; k++) {
+			if (strstr(nm, "norm"))
+				p[k] = 1.0f + 0.3f * urand(&s);
+			else if (strstr(nm, "bias"))
+				p[k] = 0.2f * urand(&s);
+			else
+				p[k] *= 8.0f;
+		}
+	}
+}
+
+static void make_tokens(int *in, int *tg, int n, int V, uint32_t seed)
+{
+	for (int i = 0; i < n; i++) {
+		in[i] = (int)(lcg(&seed) % (uint32_t)V);
+		tg[i] = (int)(lcg(&seed) % (uint32_t)V);
+	}
+}
+
+static int write_file(const char *dir, const char *name, const void *p, size_t n)
+{
+	char path[700];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	return test_write_file(path, p, n);
+}
+
+static double *read_f64(const char *dir, const char *name, size_t n)
+{
+	char path[700];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	FILE *f = fopen(path, "rb");
+	double *p = f ? malloc(n * sizeof(double)) : NULL;
+	if (p && fread(p, sizeof(double), n, f) != n) {
+		free(p);
+		p = NULL;
+	}
+	if (f)
+		fclose(f);
+	return p;
+}
+
+/* The configuration in transformers' names, for the reference. */
+static void write_config(FILE *f, const loom_model_config_t *c0, int B, int T, int steps, const loom_adamw_config_t *a,
+                         float lr)
+{
+	loom_model_config_t c;
+	loom__ll_normalize(c0, &c);
+	fprintf(f, "{\"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, "
+	        "\"hidden_size\": %d, \"head_dim\": %d, \"intermediate_size\": %d, \"max_position_embeddings\": %d, "
+	        "\"vocab_size\": %d, \"rope_theta\": %.17g, \"rms_norm_eps\": %.17g, ", c.n_layer, c.n_head, c.n_kv_head,
+	        c.n_embd, c.head_dim, c.intermediate_size, c.seq_len, c.vocab_size, c.rope_theta, c.rms_norm_eps);
+	if (c.rope_scaling.type == LOOM_ROPE_LLAMA3)
+		fprintf(f, "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": %.17g, "
+		        "\"high_freq_factor\": %.17g, \"original_max_position_embeddings\": %d}, ", c.rope_scaling.factor,
+		        c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor,
+		        c.rope_scaling.original_max_position_embeddings);
+	fprintf(f, "\"B\": %d, \"T\": %d, \"steps\": %d, \"lr\": %.9g, \"beta1\": %.9g, \"beta2\": %.9g, \"eps\": %.9g, "
+	        "\"weight_decay\": %.9g}\n", B, T, steps, (double)lr, (double)a->beta1, (double)a->beta2, (double)a->eps,
+	        (double)a->weight_decay);
+}
+
+enum { STEPS = 8, MAX_BT = 64 };
+
+/* Configuration c on STEPS random batches of B x T, seeded by seed, against the reference: step 0's
+ * logits at every position (a forward of each prefix gives its last position's) and gradients, every
+ * step's loss within 1e-5 relative, the parameters after the last AdamW step. The yardstick of each
+ * comparison is float64 torch, with room for 4 x what float32 arithmetic alone misses by (the same
+ * reference run in float32). */
+static int vs_torch(loom_model_config_t c, int B, int T, uint64_t seed)
+{
+	int in[STEPS * MAX_BT], tg[STEPS * MAX_BT], n, BT = B * T;
+	char dir[512], path[700], cmd[1400], out[8192];
+	loom_model_t *m = NULL;
+	loom_model_opts_t o = {.B = B, .T = T};
+	loom_adamw_config_t ac = loom_adamw_defaults();
+	loom_adamw_t opt;
+	const float lr = 3e-3f;
+	CHECK(BT <= MAX_BT);
+	CHECK_OK(loom_model_create(&m, &c, &o));
+	test_params(m, seed);
+	make_tokens(in, tg, STEPS * BT, c.vocab_size, (uint32_t)seed + 4);
+	size_t np = loom_model_num_params(&c);
+	const loom_tensor_info_t *tt = loom_model_tensors(m, &n);
+	float *params = loom_model_params(m);
+
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK(write_file(dir, "params.bin", params, np * sizeof(float)) == 0);
+	CHECK(write_file(dir, "inputs.bin", in, sizeof(int) * (size_t)STEPS * BT) == 0);
+	CHECK(write_file(dir, "targets.bin", tg, sizeof(int) * (size_t)STEPS * BT) == 0);
+	snprintf(path, sizeof path, "%s/tensors.txt", dir);
+	FILE *f = fopen(path, "w");
+	CHECK(f != NULL);
+	for (int i = 0; i < n; i++) {
+		fprintf(f, "%s %zu %zu", tt[i].name, tt[i].offset, tt[i].shape[0]);
+		if (tt[i].ndim == 2)
+			fprintf(f, " %zu", tt[i].shape[1]);
+		fprintf(f, "\n");
+	}
+	CHECK(fclose(f) == 0);
+	snprintf(path, sizeof path, "%s/config.json", dir);
+	CHECK((f = fopen(path, "w")) != NULL);
+	write_config(f, &c, B, T, STEPS, &ac, lr);
+	CHECK(fclose(f) == 0);
+	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 /usr/bin/python3 tests/ref/llama_ref.py %s", dir);
+	int st = test_run_cmd(cmd, out, sizeof out, 120);
+	CHECK_MSG(st == 0, "'%s' exited with %d (run from the source root; needs python3-torch):\n%s", cmd, st, out);
+	size_t nl = (size_t)BT * c.vocab_size;
+	double *rloss = read_f64(dir, "losses.bin", STEPS), *rlog = read_f64(dir, "logits.bin", nl);
+	double *rg = read_f64(dir, "grads.bin", np), *rfin = read_f64(dir, "final.bin", np);
+	double *rloss32 = read_f64(dir, "losses_f32.bin", STEPS), *rg32 = read_f64(dir, "grads_f32.bin", np);
+	double *rfin32 = read_f64(dir, "final_f32.bin", np);
+	CHECK(rloss && rlog && rg && rfin && rloss32 && rg32 && rfin32);
+
+	/* step 0's logits at every position */
+	double worst_logit = 0.0, big = 0.0;
+	for (size_t i = 0; i < nl; i++)
+		big = fmax(big, fabs(rlog[i]));
+	double tol_logit = 1e-5 * fmax(1.0, big);
+	for (int t = 1; t <= T; t++) {
+		int pin[MAX_BT];
+		for (int b = 0; b < B; b++)
+			memcpy(pin + b * t, in + b * T, sizeof(int) * (size_t)t);
+		CHECK_OK(loom_model_forward(m, pin, NULL, B, t, NULL));
+		const float *lg = loom_model_logits(m);
+		for (int b = 0; b < B; b++)
+			for (int v = 0; v < c.vocab_size; v++) {
+				double r = rlog[((size_t)b * T + t - 1) * c.vocab_size + v], e = fabs(lg[b * c.vocab_size + v] - r);
+				worst_logit = fmax(worst_logit, e);
+				CHECK_MSG(e <= tol_logit, "logit b%d t%d v%d: loom %.9g, torch %.9g (diff %.3g > %.3g)", b, t - 1, v,
+				          lg[b * c.vocab_size + v], r, e, tol_logit);
+			}
+	}
+	CHECK_MSG(big > 1.0, "the largest logit is %.3g: the test's parameters are degenerate", big);
+
+	/* the steps: loss, step 0's gradients, AdamW */
+	CHECK_OK(loom_adamw_init_model(&opt, &ac, &c));
+	double worst = 0.0, worst32 = 0.0, worst_loss = 0.0;
+	for (int s = 0; s < STEPS; s++) {
+		float loss = 0.0f;
+		loom_model_zero_grad(m);
+		CHECK_OK(loom_model_forward_backward(m, in + s * BT, tg + s * BT, B, T, 1.0f, &loss));
+		double e = fabs(loss - rloss[s]) / rloss[s];
+		worst_loss = fmax(worst_loss, e);
+		CHECK_MSG(e <= 1e-5, "step %d: loss loom %.9g, torch %.12g (relative %.3g > 1e-5)", s, loss, rloss[s], e);
+		if (s == 0) {
+			for (int i = 0; i < n; i++) { /* float32's worst error relative to each tensor's largest */
+				double mx = 0.0, w32 = 0.0;
+				for (size_t k = tt[i].offset; k < tt[i].offset + tt[i].numel; k++) {
+					mx = fmax(mx, fabs(rg[k]));
+					w32 = fmax(w32, fabs(rg32[k] - rg[k]));
+				}
+				CHECK_MSG(mx > 0.0, "%s: torch's gradient is all zero", tt[i].name);
+				worst32 = fmax(worst32, w32 / mx);
+			}
+			double tol_rel = fmax(1e-5, 4.0 * worst32);
+			for (int i = 0; i < n; i++) {
+				const float *g = loom_model_tensor_grad(m, i);
+				double mx = 0.0, w = 0.0;
+				size_t wi = 0, off = tt[i].offset;
+				for (size_t k = 0; k < tt[i].numel; k++)
+					mx = fmax(mx, fabs(rg[off + k]));
+				for (size_t k = 0; k < tt[i].numel; k++)
+					if (fabs(g[k] - rg[off + k]) > w)
+						w = fabs(g[k] - rg[off + k]), wi = k;
+				worst = fmax(worst, w / mx);
+				CHECK_MSG(w <= tol_rel * mx, "%s[%zu]: loom %.9g, torch %.9g (diff %.3g > %.3g x max %.3g)",
+				          tt[i].name, wi, g[wi], rg[off + wi], w, tol_rel, mx);
+			}
+		}
+		CHECK_OK(loom_adamw_step(&opt, params, loom_model_grads(m), lr, 1.0f));
+	}
+	/* the parameters after the last step: AdamW moves each by about lr a step, so a gradient's sign
+	 * flipped by rounding where it is ~0 moves a parameter by up to 2 lr; float32 torch shows how many */
+	double wfin = 0.0, wfin32 = 0.0;
+	for (size_t k = 0; k < np; k++) {
+		wfin = fmax(wfin, fabs(params[k] - rfin[k]));
+		wfin32 = fmax(wfin32, fabs(rfin32[k] - rfin[k]));
+	}
+	double tol_fin = fmax(1e-5, 4.0 * wfin32);
+	CHECK_MSG(wfin <= tol_fin, "final parameters: worst difference %.3g > %.3g (float32 torch %.3g)", wfin, tol_fin,
+	          wfin32);
+	fprintf(stderr, "  vs torch float64: losses %.3g relative (8 steps), logits %.3g absolute, gradients %.3g of each "
+	        "tensor's max (float32 torch %.3g), final parameters %.3g (float32 torch %.3g)\n", worst_loss, worst_logit,
+	        worst, worst32, wfin, wfin32);
+	loom_adamw_free(&opt);
+	free(rloss), free(rlog), free(rg), free(rfin), free(rloss32), free(rg32), free(rfin32);
+	loom_model_destroy(m);
+	if (!getenv("LOOM_TEST_KEEP"))
+		test_rmdir(dir);
+	return 0;
+}
+
+/* SmolLM2-shaped: tied embeddings, GQA 4:2, head_dim 16 given (48 / 4 = 12), rope_theta 1e5, eps 1e-5 */
+TEST(llama_vs_torch_smollm2)
+{
+	return vs_torch(smol_cfg(), 2, 16, 7);
+}
+
+/* Untied, llama3 rope scaling with the three regimes (original 32: wavelengths below 8 kept, above 32
+ * divided by 8, 2 pi x 10^0.5 = 19.9 blended), T below max_position_embeddings */
+TEST(llama_vs_torch_untied_llama3)
+{
+	loom_model_config_t c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .seq_len = 32, .vocab_size = 80,
+	                         .arch = LOOM_ARCH_LLAMA, .n_kv_head = 2, .intermediate_size = 96};
+	c.rope_scaling = (loom_rope_scaling_t){.type = LOOM_ROPE_LLAMA3, .factor = 8, .low_freq_factor = 1,
+	                                       .high_freq_factor = 4, .original_max_position_embeddings = 32};
+	return vs_torch(c, 2, 16, 11);
+}
+
+/* Qwen2-shaped: biases on q, k and v, one kv head for 4 query heads, rope_theta 1e6, eps 1e-6, untied */
+TEST(llama_vs_torch_qwen2)
+{
+	loom_model_config_t c = {.n_layer = 2, .n_head = 4, .n_embd = 32, .seq_len = 16, .vocab_size = 72,
+	                         .arch = LOOM_ARCH_LLAMA, .n_kv_head = 1, .intermediate_size = 48, .rope_theta = 1e6,
+	                         .rms_norm_eps = 1e-6, .qkv_bias = 1, .qwen2 = 1};
+	return vs_torch(c, 2, 16, 13);
+}
+
+/* Llama's attention_bias (q, k, v, o) and mlp_bias (gate, up, down), tied, 3 layers, T = 12 */
+TEST(llama_vs_torch_biases)
+{
+	loom_model_config_t c = smol_cfg();
+	c.n_layer = 3, c.attention_bias = 1, c.mlp_bias = 1;
+	return vs_torch(c, 2, 12, 17);
+}
+
+/* ---- hooks, units, arenas, stages, views ------------------------------------------------------------ */
+
+/* A model exercising every optional tensor: untied, Llama's attention and MLP biases, GQA 4:2. */
+static loom_model_config_t bias_cfg(void)
+{
+	loom_model_config_t c = smol_cfg();
+	c.tie_word_embeddings = 0, c.attention_bias = 1, c.mlp_bias = 1;
+	return c;
+}
+
+typedef struct {
+	int order[512], n;
+	int uses[512][2], nuse;
+} hooks_t;
+
+static void on_ready(void *ctx, int i)
+{
+	hooks_t *h = ctx;
+	if (h->n < 512)
+		h->order[h->n++] = i;
+}
+
+static void on_use(void *ctx, int unit, int phase)
+{
+	hooks_t *h = ctx;
+	if (h->nuse < 512)
+		h->uses[h->nuse][0] = unit, h->uses[h->nuse++][1] = phase;
+}
+
+/* Grad-ready fires once per tensor in strictly decreasing order (embed_tokens last, tied or not),
+ * param-use (unit, phase) as GPT-2's; two micro-steps of half the scale equal one. */
+TEST(llama_hooks_order)
+{
+	for (int tied = 0; tied < 2; tied++) {
+		loom_model_config_t c = tied ? smol_cfg() : bias_cfg();
+		enum { B = 2, T = 12 };
+		int in[B * T], tg[B * T], n;
+		loom_model_t *m = NULL;
+		loom_model_opts_t o = {.B = B, .T = T};
+		hooks_t h;
+		memset(&h, 0, sizeof h);
+		CHECK_OK(loom_model_create(&m, &c, &o));
+		test_params(m, 3);
+		make_tokens(in, tg, B * T, c.vocab_size, 5);
+		loom_model_tensors(m, &n);
+		CHECK_EQ(n, tied ? 1 + 2 * 9 + 1 : 1 + 2 * 16 + 2);
+		loom_model_on_grad_ready(m, on_ready, &h);
+		loom_model_on_param_use(m, on_use, &h);
+		loom_model_zero_grad(m);
+		float loss;
+		CHECK_OK(loom_model_forward_backward(m, in, tg, B, T, 1.0f, &loss));
+		CHECK_EQ(h.n, n);
+		for (int i = 0; i < n; i++)
+			CHECK_EQ(h.order[i], n - 1 - i);
+		int want[8][2] = {{-1, 0}, {0, 0}, {1, 0}, {2, 0}, {2, 1}, {1, 1}, {0, 1}, {-1, 1}};
+		CHECK_EQ(h.nuse, 8);
+		for (int i = 0; i < 8; i++) {
+			CHECK_EQ(h.uses[i][0], want[i][0]);
+			CHECK_EQ(h.uses[i][1], want[i][1]);
+		}
+		size_t np = loom_model_param_count(m);
+		float *g1 = malloc(np * sizeof(float));
+		CHECK(g1 != NULL);
+		memcpy(g1, loom_model_grads(m), np * sizeof(float));
+		loom_model_zero_grad(m);
+		h.n = 0;
+		CHECK_OK(loom_model_forward_backward(m, in, tg, B, T, 0.5f, &loss));
+		CHECK_OK(loom_model_forward_backward(m, in, tg, B, T, 0.5f, &loss));
+		CHECK_EQ(h.n, 2 * n);
+		for (size_t i = 0; i < np; i++)
+			CHECK_MSG(fabsf(loom_model_grads(m)[i] - g1[i]) <= 1e-6f * fabsf(g1[i]) + 1e-9f,
+			          "gradient %zu: %.9g after two halves, %.9g in one", i, loom_model_grads(m)[i], g1[i]);
+		free(g1);
+		loom_model_destroy(m);
+	}
+	return 0;
+}
+
+/* The unit calls on two interleaved arenas, and the head split in two row ranges, give the whole-model
+ * pass's losses and gradients. */
+TEST(llama_units_arenas_rows)
+{
+	loom_model_config_t c = bias_cfg();
+	enum { B = 2, T = 13 };
+	int in[2][B * T], tg[2][B * T], L = c.n_layer;
+	loom_model_t *a = NULL, *u = NULL;
+	loom_model_opts_t o1 = {.B = B, .T = T}, o2 = {.B = B, .T = T, .arenas = 2};
+	CHECK_OK(loom_model_create(&a, &c, &o1));
+	CHECK_OK(loom_model_create(&u, &c, &o2));
+	test_params(a, 9);
+	memcpy(loom_model_params(u), loom_model_params(a), loom_model_param_count(a) * sizeof(float));
+	make_tokens(in[0], tg[0], B * T, c.vocab_size, 21);
+	make_tokens(in[1], tg[1], B * T, c.vocab_size, 22);
+	float la[2], lu[2], part;
+	loom_model_zero_grad(a);
+	loom_model_zero_grad(u);
+	for (int k = 0; k < 2; k++)
+		CHECK_OK(loom_model_forward_backward(a, in[k], tg[k], B, T, 0.5f, &la[k]));
+	for (int k = 0; k < 2; k++) {
+		CHECK_OK(loom_model_embed_forward(u, k, in[k], B, T));
+		for (int l = 0; l < L; l++)
+			CHECK_OK(loom_model_block_forward(u, k, l, B, T));
+	}
+	for (int k = 1; k >= 0; k--) {
+		int split = 7;
+		CHECK_OK(loom_model_head_forward_backward_rows(u, k, tg[k], B, T, 0, split, 0.5f, &lu[k]));
+		CHECK_OK(loom_model_head_forward_backward_rows(u, k, tg[k], B, T, split, B * T - split, 0.5f, &part));
+		lu[k] += part;
+		for (int l = L - 1; l >= 0; l--)
+			CHECK_OK(loom_model_block_backward(u, k, l, B, T));
+		CHECK_OK(loom_model_embed_backward(u, k, in[k], B, T));
+	}
+	for (int k = 0; k < 2; k++)
+		CHECK_MSG(fabsf(la[k] - lu[k]) <= 1e-6f * la[k], "arena %d: loss %.9g whole, %.9g by units", k, la[k], lu[k]);
+	size_t np = loom_model_param_count(a);
+	double worst = 0.0;
+	for (size_t i = 0; i < np; i++)
+		worst = fmax(worst, fabs(loom_model_grads(a)[i] - loom_model_grads(u)[i]));
+	CHECK_MSG(worst <= 1e-6, "gradients differ by %.3g between the whole pass and the unit calls", worst);
+	/* errors name the call */
+	CHECK_ERR(loom_model_block_forward(u, 2, 0, B, T), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "llama block_forward: arena 2 out of range [0, 2)");
+	in[0][3] = c.vocab_size;
+	CHECK_ERR(loom_model_embed_forward(u, 0, in[0], B, T), LOOM_EINVAL);
+	CHECK_CONTAINS(loom_errmsg(), "token id 96 at inputs[b=0][t=3] is outside the vocabulary [0, 96)");
+	loom_model_destroy(a);
+	loom_model_destroy(u);
+	return 0;
+}
+
+/* Two pipeline stages (blocks [0,1) with the embedding, [1,2) with the head) of the tied model equal the
+ * whole model: embed_tokens' gradient is the sum of the embedding's share (stage 0) and the tied head's
+ * (stage 1), every other tensor's one stage's, bit for bit. Stage 1 reports norm, then embed_tokens (it
+ * adds nothing else to it), then block 1's tensors; stage 0 its own in decreasing order. */
+TEST(llama_stages_match_whole)
+{
+	loom_model_config_t c = smol_cfg();
+	enum { B = 2, T = 12 };
+	int in[B * T], tg[B * T], n, C = c.n_embd;
+	loom_model_t *w = NULL, *s0 = NULL, *s1 = NULL;
+	loom_model_opts_t ow = {.B = B, .T = T}, o0 = {.B = B, .T = T, .layer_hi = 1}, o1 = {.B = B, .T = T, .layer_lo = 1};
+	CHECK_OK(loom_model_create(&w, &c, &ow));
+	CHECK_OK(loom_model_create(&s0, &c, &o0));
+	CHECK_OK(loom_model_create(&s1, &c, &o1));
+	CHECK_EQ(loom_model_stream_width(&c), C);
+	test_params(w, 4);
+	size_t np = loom_model_param_count(w);
+	memcpy(loom_model_params(s0), loom_model_params(w), np * sizeof(float));
+	memcpy(loom_model_params(s1), loom_model_params(w), np * sizeof(float));
+	make_tokens(in, tg, B * T, c.vocab_size, 8);
+	loom_model_zero_grad(w), loom_model_zero_grad(s0), loom_model_zero_grad(s1);
+	hooks_t h0, h1;
+	memset(&h0, 0, sizeof h0), memset(&h1, 0, sizeof h1);
+	loom_model_on_grad_ready(s0, on_ready, &h0);
+	loom_model_on_grad_ready(s1, on_ready, &h1);
+	float lw, ls;
+	CHECK_OK(loom_model_forward_backward(w, in, tg, B, T, 1.0f, &lw));
+	CHECK_OK(loom_model_embed_forward(s0, 0, in, B, T));
+	CHECK_OK(loom_model_block_forward(s0, 0, 0, B, T));
+	memcpy(loom_model_block_input(s1, 0, 1), loom_model_block_input(s0, 0, 1), sizeof(float) * B * T * C);
+	CHECK_OK(loom_model_block_forward(s1, 0, 1, B, T));
+	CHECK_OK(loom_model_head_forward_backward(s1, 0, tg, B, T, 1.0f, &ls));
+	CHECK_OK(loom_model_block_backward(s1, 0, 1, B, T));
+	memcpy(loom_model_stream_grad(s0), loom_model_stream_grad(s1), sizeof(float) * B * T * C);
+	CHECK_OK(loom_model_block_backward(s0, 0, 0, B, T));
+	CHECK_OK(loom_model_embed_backward(s0, 0, in, B, T));
+	CHECK_FEQ(lw, ls);
+	const loom_tensor_info_t *tt = loom_model_tensors(w, &n);
+	for (int i = 0; i < n; i++) {
+		const float *gw = loom_model_tensor_grad(w, i), *g0 = loom_model_tensor_grad(s0, i);
+		const float *g1 = loom_model_tensor_grad(s1, i);
+		for (size_t k = 0; k < tt[i].numel; k++) {
+			float sum = tt[i].head_reads ? g0[k] + g1[k] : tt[i].layer >= 1 ? g1[k] : g0[k];
+			CHECK_MSG(tt[i].head_reads ? fabsf(sum - gw[k]) <= 1e-6f * fabsf(gw[k]) + 1e-9f : sum == gw[k],
+			          "%s[%zu]: whole %.9g, stages %.9g", tt[i].name, k, gw[k], sum);
+		}
+	}
+	int f1, e1;
+	loom_model_unit_tensors(&c, 1, &f1, &e1);
+	CHECK_EQ(h1.n, 1 + (e1 - f1) + 1);
+	CHECK_EQ(h1.order[0], n - 1);
+	CHECK_EQ(h1.order[1], 0); /* the head's share is its last: reported with the head's, as GPT-2's */
+	for (int i = 2; i < h1.n; i++)
+		CHECK_EQ(h1.order[i], e1 - 1 - (i - 2));
+	CHECK_EQ(h0.n, f1);
+	for (int i = 0; i < h0.n; i++)
+		CHECK_EQ(h0.order[i], f1 - 1 - i);
+	loom_model_destroy(w), loom_model_destroy(s0), loom_model_destroy(s1);
+	return 0;
+}
+
+/* Views: a model with no buffers of its own, every unit pointed at caller memory, trains exactly as one
+ * with its own; zero_grad clears split views. */
+TEST(llama_views_external)
+{
+	loom_model_config_t c = bias_cfg();
+	enum { B = 1, T = 10 };
+	int in[B * T], tg[B * T];
+	loom_model_t *a = NULL, *v = NULL;
+	loom_model_opts_t oa = {.B = B, .T = T}, ov = {.B = B, .T = T, .no_own_params = 1, .no_own_grads = 1};
+	CHECK_OK(loom_model_create(&a, &c, &oa));
+	CHECK_OK(loom_model_create(&v, &c, &ov));
+	CHECK(loom_model_params(v) == NULL && loom_model_tensor_param(v, 0) == NULL);
+	test_params(a, 5);
+	size_t np = loom_model_param_count(a);
+	float *p = malloc(np * sizeof(float)), *g = calloc(np, sizeof(float));
+	CHECK(p && g);
+	memcpy(p, loom_model_params(a), np * sizeof(float));
+	const loom_tensor_info_t *tt = loom_model_tensors(v, NULL);
+	for (int u = -1; u <= c.n_layer; u++) {
+		int first, end;
+		loom_model_unit_tensors(&c, u, &first, &end);
+		CHECK_OK(loom_model_set_unit_view(v, u, p + tt[first].offset, g + tt[first].offset));
+	}
+	make_tokens(in, tg, B * T, c.vocab_size, 2);
+	loom_model_zero_grad(a);
+	for (size_t i = 0; i < np; i++)
+		g[i] = 1.0f;
+	loom_model_zero_grad(v);
+	for (size_t i = 0; i < np; i++)
+		CHECK(g[i] == 0.0f);
+	float la, lv;
+	CHECK_OK(loom_model_forward_backward(a, in, tg, B, T, 1.0f, &la));
+	CHECK_OK(loom_model_forward_backward(v, in, tg, B, T, 1.0f, &lv));
+	CHECK_FEQ(la, lv);
+	CHECK(memcmp(g, loom_model_grads(a), np * sizeof(float)) == 0);
+	free(p), free(g);
+	loom_model_destroy(a), loom_model_destroy(v);
+	return 0;
+}
+
+/* ZeRO-3's use of the hooks: a model with no parameters of its own; before each block or the head
+ * runs, the hook fills one shared buffer with that unit's parameters (NaN first, so a read through a
+ * stale view shows) and points the unit's views at it. The embedding unit (which the tied head reads)
+ * stays pointed at the master copy. Losses and gradients equal a plain model's bit for bit. */
+typedef struct {
+	loom_model_t *m;
+	const loom_model_config_t *c;
+	const float *master;
+	float *gather;
+	int uses;
+} gather_t;
+
+static void gather_unit(void *ctx, int unit, int phase)
+{
+	gather_t *g = ctx;
+	int first, end;
+	const loom_tensor_info_t *tt = loom_model_tensors(g->m, NULL);
+	(void)phase;
+	g->uses++;
+	if (unit < 0)
+		return;
+	loom_model_unit_tensors(g->c, unit, &first, &end);
+	size_t off = tt[first].offset, n = tt[end - 1].offset + tt[end - 1].numel - off;
+	for (size_t i = 0; i < n; i++)
+		g->gather[i] = NAN;
+	for (int u = 0; u <= g->c->n_layer; u++) /* every other unit's views at poison */
+		loom_model_set_unit_view(g->m, u, g->gather + n, NULL);
+	memcpy(g->gather, g->master + off, n * sizeof(float));
+	loom_model_set_unit_view(g->m, unit, g->gather, NULL);
+}
+
+TEST(llama_param_use_hook_gathers_units)
+{
+	loom_model_config_t c = smol_cfg();
+	enum { B = 2, T = 12 };
+	int in[B * T], tg[B * T];
+	loom_model_t *a = NULL, *z = NULL;
+	loom_model_opts_t oa = {.B = B, .T = T}, oz = {.B = B, .T = T, .no_own_params = 1};
+	CHECK_OK(loom_model_create(&a, &c, &oa));
+	CHECK_OK(loom_model_create(&z, &c, &oz));
+	test_params(a, 8);
+	make_tokens(in, tg, B * T, c.vocab_size, 9);
+	size_t np = loom_model_param_count(a);
+	gather_t g = {.m = z, .c = &c, .master = loom_model_params(a), .gather = malloc(2 * np * sizeof(float))};
+	CHECK(g.gather != NULL);
+	for (size_t i = 0; i < 2 * np; i++)
+		g.gather[i] = NAN;
+	CHECK_OK(loom_model_set_unit_view(z, -1, loom_model_params(a), NULL));
+	loom_model_on_param_use(z, gather_unit, &g);
+	float la, lz;
+	loom_model_zero_grad(a), loom_model_zero_grad(z);
+	CHECK_OK(loom_model_forward_backward(a, in, tg, B, T, 1.0f, &la));
+	CHECK_OK(loom_model_forward_backward(z, in, tg, B, T, 1.0f, &lz));
+	CHECK_EQ(g.uses, 2 * (c.n_layer + 2));
+	CHECK_FEQ(la, lz);
+	CHECK(memcmp(loom_model_grads(a), loom_model_grads(z), np * sizeof(float)) == 0);
+	free(g.gather);
+	loom_model_destroy(a), loom_model_destroy(z);
+	return 0;
+}
+
+/* ---- init, sampling, activation checkpointing, bf16, allocation failures ------------------------------ */
+
+/* transformers' _init_weights: matrices N(0, 0.02), norms 1, biases 0; a tp shard's init is the whole
+ * model's at its positions. */
+TEST(llama_init_values)
+{
+	loom_model_config_t c = bias_cfg();
+	loom_model_t *m = NULL;
+	loom_model_opts_t o = {.B = 1, .T = 4};
+	int n;
+	CHECK_OK(loom_model_create(&m, &c, &o));
+	loom_model_init(m, 5);
+	const loom_tensor_info_t *tt = loom_model_tensors(m, &n);
+	for (int i = 0; i < n; i++) {
+		const float *p = loom_model_tensor_param(m, i);
+		double s = 0.0, s2 = 0.0;
+		for (size_t k = 0; k < tt[i].numel; k++)
+			s += p[k], s2 += (double)p[k] * p[k];
+		if (tt[i].ndim == 2) {
+			double sd = sqrt(s2 / (double)tt[i].numel);
+			CHECK_MSG(sd > 0.017 && sd < 0.023 && fabs(s / (double)tt[i].numel) < 0.004, "%s: std %.4g mean %.4g",
+			          tt[i].name, sd, s / (double)tt[i].numel);
+		} else {
+			float want = strstr(tt[i].name, "norm") ? 1.0f : 0.0f;
+			for (size_t k = 0; k < tt[i].numel; k++)
+				CHECK_FEQ(p[k], want);
+		}
+	}
+	size_t np = loom_model_num_params(&c), ns = loom_model_shard_params(&c, 2);
+	float *shard = malloc(ns * sizeof(float));
+	CHECK(shard != NULL);
+	for (int r = 0; r < 2; r++) {
+		loom_model_t *s = NULL;
+		loom_model_opts_t os = {.B = 1, .T = 4, .tp_size = 2, .tp_rank = r};
+		CHECK_OK(loom_model_create(&s, &c, &os));
+		loom_model_init(s, 5);
+		loom_model_tp_shard(&c, 2, r, loom_model_params(m), shard);
+		CHECK(memcmp(shard, loom_model_params(s), ns * sizeof(float)) == 0);
+		loom_model_destroy(s);
+	}
+	(void)np;
+	free(shard);
+	loom_model_destroy(m);
+	return 0;
+}
+
+typedef struct {
+	loom_model_t *m;
+	float logits[16][96];
+	int n;
+} gen_t;
+
+static void keep_logits(void *ctx, int tok)
+{
+	gen_t *g = ctx;
+	(void)tok;
+	if (g->n < 16)
+		memcpy(g->logits[g->n++], ((loom_llama_t *)g->m)->kv->logits, sizeof g->logits[0]);
+}
+
+/* The KV cache's logits at every generated position equal a full forward's over the context there;
+ * greedy tokens are the argmax; sampling is reproducible and its errors are clear. */
+TEST(llama_generate_kv_cache_matches_forward)
+{
+	for (int k = 0; k < 2; k++) {
+		loom_model_config_t c = k ? bias_cfg() : smol_cfg();
+		enum { T = 16 };
+		loom_model_t *m = NULL;
+		loom_model_opts_t o = {.B = 1, .T = T};
+		int prompt[3] = {5, 17, 33}, out[T], n_out = 0, ctx[T];
+		gen_t g;
+		memset(&g, 0, sizeof g);
+		if (k) /* llama3 scaling in the cache's rotary too */
+			c.rope_scaling = (loom_rope_scaling_t){.type = LOOM_ROPE_LLAMA3, .factor = 4, .low_freq_factor = 1,
+			                                       .high_freq_factor = 2, .original_max_position_embeddings = 16};
+		CHECK_OK(loom_model_create(&m, &c, &o));
+		test_params(m, 12);
+		g.m = m;
+		CHECK_OK(loom_model_generate(m, prompt, 3, 20, 0.0f, 0, 1, -1, out, &n_out, keep_logits, &g));
+		CHECK_EQ(n_out, T - 3);
+		CHECK_EQ(g.n, n_out);
+		memcpy(ctx, prompt, sizeof prompt);
+		memcpy(ctx + 3, out, sizeof(int) * (size_t)n_out);
+		double worst = 0.0;
+		for (int j = 0; j < n_out; j++) {
+			int t = 3 + j;
+			CHECK_OK(loom_model_forward(m, ctx, NULL, 1, t, NULL));
+			const float *lg = loom_model_logits(m);
+			int best = 0;
+			for (int v = 0; v < c.vocab_size; v++) {
+				worst = fmax(worst, fabs(lg[v] - g.logits[j][v]));
+				CHECK_MSG(fabsf(lg[v] - g.logits[j][v]) <= 2e-5f * fmaxf(1.0f, fabsf(lg[v])),
+				          "position %d, logit %d: cache %.9g, forward %.9g", t - 1, v, g.logits[j][v], lg[v]);
+				best = lg[v] > lg[best] ? v : best;
+			}
+			CHECK_EQ(out[j], best);
+		}
+		fprintf(stderr, "  KV-cache logits within %.3g of the full forward's over %d positions\n", worst, n_out);
+		int a[8], b[8], na, nb;
+		CHECK_OK(loom_model_generate(m, prompt, 3, 8, 1.0f, 5, 99, -1, a, &na, NULL, NULL));
+		CHECK_OK(loom_model_generate(m, prompt, 3, 8, 1.0f, 5, 99, -1, b, &nb, NULL, NULL));
+		CHECK_EQ(na, 8);
+		CHECK(memcmp(a, b, sizeof a) == 0);
+		CHECK_OK(loom_model_generate(m, prompt, 3, 8, 3.0f, 1, 7, -1, b, &nb, NULL, NULL));
+		CHECK(memcmp(b, out, sizeof(int) * 8) == 0);
+		CHECK_ERR(loom_model_generate(m, prompt, 0, 8, 0.0f, 0, 1, -1, b, &nb, NULL, NULL), LOOM_EINVAL);
+		prompt[1] = c.vocab_size;
+		CHECK_ERR(loom_model_generate(m, prompt, 3, 8, 0.0f, 0, 1, -1, b, &nb, NULL, NULL), LOOM_EINVAL);
+		CHECK_CONTAINS(loom_errmsg(), "llama generate: prompt token 96 at 1 is outside the vocabulary [0, 96)");
+		loom_model_destroy(m);
+	}
+	return 0;
+}
+
+/* blocks and selective checkpointing: losses and gradients bit-identical to none (whole passes and
+ * units on two arenas), one recompute per block backward, fewer bytes kept. */
+TEST(llama_act_ckpt_bit_identical)
+{
+	loom_model_config_t c = bias_cfg();
+	enum { B = 2, T = 16 };
+	int in[2][B * T], tg[2][B * T], L = c.n_layer;
+	loom_model_t *m[3] = {NULL, NULL, NULL};
+	loom_act_ckpt_t modes[3] = {LOOM_ACT_CKPT_NONE, LOOM_ACT_CKPT_BLOCKS, LOOM_ACT_CKPT_SELECTIVE};
+	float loss[3][2];
+	make_tokens(in[0], tg[0], B * T, c.vocab_size, 31);
+	make_tokens(in[1], tg[1], B * T, c.vocab_size, 32);
+	for (int k = 0; k < 3; k++) {
+		loom_model_opts_t o = {.B = B, .T = T, .arenas = 2, .act_ckpt = modes[k]};
+		loom_model_act_bytes_t want, got;
+		CHECK_OK(loom_model_create(&m[k], &c, &o));
+		CHECK_OK(loom_model_act_bytes(&c, &o, &want));
+		loom_model_model_act_bytes(m[k], &got);
+		CHECK(memcmp(&want, &got, sizeof want) == 0);
+		CHECK_EQ(want.total, want.kept + want.recompute + want.head + want.backward);
+		test_params(m[k], 6);
+		loom_model_zero_grad(m[k]);
+		CHECK_OK(loom_model_forward_backward(m[k], in[0], tg[0], B, T, 0.5f, &loss[k][0]));
+		for (int a = 0; a < 2; a++) {
+			CHECK_OK(loom_model_embed_forward(m[k], a, in[a], B, T));
+			for (int l = 0; l < L; l++)
+				CHECK_OK(loom_model_block_forward(m[k], a, l, B, T));
+		}
+		for (int a = 1; a >= 0; a--) {
+			CHECK_OK(loom_model_head_forward_backward(m[k], a, tg[a], B, T, 0.25f, &loss[k][a]));
+			for (int l = L - 1; l >= 0; l--)
+				CHECK_OK(loom_model_block_backward(m[k], a, l, B, T));
+			CHECK_OK(loom_model_embed_backward(m[k], a, in[a], B, T));
+		}
+		CHECK_EQ(loom_model_recomputes(m[k]), k == 0 ? 0 : 3 * L);
+	}
+	size_t np = loom_model_param_count(m[0]);
+	for (int k = 1; k < 3; k++) {
+		CHECK_FEQ(loss[k][0], loss[0][0]);
+		CHECK_FEQ(loss[k][1], loss[0][1]);
+		CHECK_MSG(memcmp(loom_model_grads(m[k]), loom_model_grads(m[0]), np * sizeof(float)) == 0,
+		          "%s: gradients differ from none", loom_act_ckpt_name(modes[k]));
+	}
+	loom_model_act_bytes_t none, blocks, sel;
+	loom_model_model_act_bytes(m[0], &none);
+	loom_model_model_act_bytes(m[1], &blocks);
+	loom_model_model_act_bytes(m[2], &sel);
+	CHECK_EQ(blocks.per_layer, (size_t)B * T * c.n_embd * sizeof(float)); /* the block's output only */
+	CHECK(blocks.kept < none.kept && sel.kept < none.kept);
+	size_t lse = ((size_t)B * 4 * T * sizeof(float) + 63) / 64 * 64;
+	size_t atty = ((size_t)B * T * 4 * 16 * sizeof(float) + 63) / 64 * 64; /* NH x head_dim = 64 != C */
+	CHECK_EQ(none.kept - sel.kept, 2 * (size_t)L * (lse + atty));
+	for (int k = 0; k < 3; k++)
+		loom_model_destroy(m[k]);
+	return 0;
+}
+
+/* bf16 matmuls (loom's bf16 GEMM path): the loss and gradients near fp32's, not equal. */
+TEST(llama_bf16_close_to_fp32)
+{
+	loom_model_config_t c = bias_cfg();
+	enum { B = 2, T = 16 };
+	int in[B * T], tg[B * T];
+	loom_model_t *f = NULL, *h = NULL;
+	loom_model_opts_t of = {.B = B, .T = T}, oh = {.B = B, .T = T, .dtype = LOOM_COMPUTE_BF16};
+	CHECK_OK(loom_model_create(&f, &c, &of));
+	CHECK_OK(loom_model_create(&h, &c, &oh));
+	CHECK_EQ(loom_model_dtype(h), LOOM_COMPUTE_BF16);
+	test_params(f, 2);
+	size_t np = loom_model_param_count(f);
+	memcpy(loom_model_params(h), loom_model_params(f), np * sizeof(float));
+	make_tokens(in, tg, B * T, c.vocab_size, 3);
+	float lf, lh;
+	loom_model_zero_grad(f), loom_model_zero_grad(h);
+	CHECK_OK(loom_model_forward_backward(f, in, tg, B, T, 1.0f, &lf));
+	CHECK_OK(loom_model_forward_backward(h, in, tg, B, T, 1.0f, &lh));
+	CHECK_MSG(fabsf(lf - lh) <= 1e-2f * lf && lf != lh, "loss fp32 %.9g, bf16 %.9g", lf, lh);
+	double d2 = 0, n2 = 0;
+	for (size_t i = 0; i < np; i++) {
+		double d = (double)loom_model_grads(h)[i] - loom_model_grads(f)[i];
+		d2 += d * d, n2 += (double)loom_model_grads(f)[i] * loom_model_grads(f)[i];
+	}
+	CHECK_MSG(sqrt(d2 / n2) < 5e-2, "bf16 gradients off by %.3g of their norm", sqrt(d2 / n2));
+	fprintf(stderr, "  bf16: loss %.3g relative, gradients %.3g of their norm from fp32\n", fabs(lf - lh) / lf,
+	        sqrt(d2 / n2));
+	loom_model_destroy(f), loom_model_destroy(h);
+	return 0;
+}
+
+/* Every allocation of create and of the KV cache failing in turn: a clean LOOM_ENOMEM, nothing leaked
+ * (under ASan), then a model that works. */
+TEST(llama_alloc_failures_clean)
+{
+	loom_model_config_t c = smol_cfg();
+	loom_model_opts_t o = {.B = 1, .T = 8, .arenas = 2};
+	loom_model_t *m = NULL;
+	int failed = 0, prompt[2] = {1, 2}, out[2], n_out;
+	for (long k = 1; k < 40; k++) {
+		loom__fault_alloc_set(k);
+		int rc = loom_model_create(&m, &c, &o);
+		int hit = loom__fault_alloc_hit();
+		loom__fault_alloc_set(0);
+		if (!hit) {
+			CHECK_OK(rc);
+			break;
+		}
+		CHECK_ERR(rc, LOOM_ENOMEM);
+		CHECK(m == NULL);
+		failed++;
+	}
+	CHECK(failed >= 8 && m != NULL);
+	loom_model_init(m, 1);
+	loom__fault_alloc_set(1);
+	int rc = loom_model_generate(m, prompt, 2, 2, 0.0f, 0, 1, -1, out, &n_out, NULL, NULL);
+	loom__fault_alloc_set(0);
+	CHECK_ERR(rc, LOOM_ENOMEM);
+	CHECK_OK(loom_model_generate(m, prompt, 2, 2, 0.0f, 0, 1, -1, out, &n_out, NULL, NULL));
+	CHECK_EQ(n_out, 2);
+	loom_model_destroy(m);
+	return 0;
+}
+
+/* ---- tensor parallelism: two ranks as two threads of this process -------------------------------------- */
+
+enum { TP_SCRATCH = 1 << 20 };
+
+typedef struct {
+	pthread_barrier_t bar;
+	float *slot[2];
+	float *scratch[2];
+	long calls[2];
+} tp_group_t;
+
+typedef struct {
+	tp_group_t *g;
+	int rank, rc;
+	loom_model_t *m;
+	const int *in, *tg;
+	int B, T;
+	float loss, loss_fwd;
+} tp_rank_t;
+
+/* The group's operations (loom/model.h): both ranks publish their buffer, each computes the result from
+ * both (the same bits on both) into its scratch, and copies it back once both have read. */
+static int tp_reduce_cb(void *ctx, float *buf, size_t n, loom_tp_op_t op)
+{
+	tp_rank_t *r = ctx;
+	tp_group_t *g = r->g;
+	if (n > TP_SCRATCH || (op != LOOM_TP_SUM && op != LOOM_TP_MAX && op != LOOM_TP_ALLGATHER &&
+	                       op != LOOM_TP_REDUCE_SCATTER))
+		return LOOM_EINVAL;
+	g->slot[r->rank] = buf;
+	g->calls[r->rank]++;
+	pthread_barrier_wait(&g->bar);
+	const float *a = g->slot[0], *b = g->slot[1];
+	float *s = g->scratch[r->rank];
+	size_t h = n / 2;
+	for (size_t i = 0; i < n; i++)
+		s[i] = op == LOOM_TP_SUM ? a[i] + b[i] : op == LOOM_TP_MAX ? fmaxf(a[i], b[i])
+		     : op == LOOM_TP_ALLGATHER ? (i < h ? a[i] : b[i])
+		                               : ((i < h) == (r->rank == 0) ? a[i] + b[i] : buf[i]);
+	pthread_barrier_wait(&g->bar);
+	memcpy(buf, s, n * sizeof(float));
+	return LOOM_OK;
+}
+
+static void *tp_run(void *arg)
+{
+	tp_rank_t *r = arg;
+	r->rc = loom_model_forward(r->m, r->in, r->tg, r->B, r->T, &r->loss_fwd);
+	if (r->rc == LOOM_OK)
+		r->rc = loom_model_forward_backward(r->m, r->in, r->tg, r->B, r->T, 1.0f, &r->loss);
+	return NULL;
+}
+
+/* tp 2 with and without sequence parallelism, on the model with every bias (split with q, k, v, gate and
+ * up; whole for o and down) and an untied vocab-parallel head, then the tied model: rank r takes kv head
+ * r and query heads 2r, 2r+1, half the MLP and half the vocabulary. The loss and every gradient (the
+ * shards put back together) equal one process's within 1e-5 of each tensor's largest; blocks
+ * checkpointing changes no bit. */
+TEST(llama_tp2_matches_one_process)
+{
+	for (int variant = 0; variant < 3; variant++) {
+		loom_model_config_t c = variant == 2 ? smol_cfg() : bias_cfg();
+		int sp = variant == 1;
+		enum { B = 2, T = 16 };
+		int in[B * T], tg[B * T], n;
+		loom_model_t *one = NULL, *rk[2] = {NULL, NULL};
+		loom_model_opts_t o1 = {.B = B, .T = T};
+		tp_group_t g;
+		tp_rank_t r[2];
+		pthread_t th[2];
+		memset(&g, 0, sizeof g);
+		CHECK_OK(loom_model_create(&one, &c, &o1));
+		test_params(one, 17);
+		make_tokens(in, tg, B * T, c.vocab_size, 19);
+		size_t np = loom_model_num_params(&c), ns = loom_model_shard_params(&c, 2);
+		float *full = calloc(np, sizeof(float)), *full2 = calloc(np, sizeof(float));
+		CHECK(full && full2);
+		CHECK(pthread_barrier_init(&g.bar, NULL, 2) == 0);
+		for (int k = 0; k < 2; k++) {
+			loom_model_opts_t o = {.B = B, .T = T, .tp_size = 2, .tp_rank = k, .sequence_parallel = sp};
+			CHECK_OK(loom_model_create(&rk[k], &c, &o));
+			CHECK_EQ(loom_model_param_count(rk[k]), ns);
+			CHECK_EQ(loom_model_sequence_parallel(rk[k]), sp);
+			loom_model_tp_shard(&c, 2, k, loom_model_params(one), loom_model_params(rk[k]));
+			loom_model_zero_grad(rk[k]);
+			g.scratch[k] = malloc(TP_SCRATCH * sizeof(float));
+			CHECK(g.scratch[k] != NULL);
+			r[k] = (tp_rank_t){.g = &g, .rank = k, .m = rk[k], .in = in, .tg = tg, .B = B, .T = T};
+			loom_model_on_tp_reduce(rk[k], tp_reduce_cb, &r[k]);
+		}
+		float l1, lf1;
+		loom_model_zero_grad(one);
+		CHECK_OK(loom_model_forward(one, in, tg, B, T, &lf1));
+		CHECK_OK(loom_model_forward_backward(one, in, tg, B, T, 1.0f, &l1));
+		for (int k = 0; k < 2; k++)
+			CHECK(pthread_create(&th[k], NULL, tp_run, &r[k]) == 0);
+		for (int k = 0; k < 2; k++)
+			pthread_join(th[k], NULL);
+		for (int k = 0; k < 2; k++) {
+			CHECK_OK(r[k].rc);
+			CHECK_FEQ(r[k].loss, r[0].loss);
+			CHECK_MSG(fabsf(r[k].loss - l1) <= 1e-5f * l1 && fabsf(r[k].loss_fwd - lf1) <= 1e-5f * lf1,
+			          "rank %d: loss %.9g (forward %.9g), one process %.9g", k, r[k].loss, r[k].loss_fwd, l1);
+			loom_model_tp_unshard(&c, 2, k, loom_model_grads(rk[k]), full);
+		}
+		CHECK_EQ(g.calls[0], g.calls[1]);
+		const loom_tensor_info_t *tt = loom_model_tensors(one, &n);
+		double worst = 0.0;
+		for (int i = 0; i < n; i++) {
+			const float *g1 = loom_model_tensor_grad(one, i), *gt = full + tt[i].offset;
+			double mx = 0.0, w = 0.0;
+			for (size_t k = 0; k < tt[i].numel; k++)
+				mx = fmax(mx, fabs(g1[k])), w = fmax(w, fabs(g1[k] - gt[k]));
+			worst = fmax(worst, w / mx);
+			CHECK_MSG(mx > 0.0 && w <= 1e-5 * mx, "%s: tp 2 gradient off by %.3g (max %.3g)", tt[i].name, w, mx);
+		}
+		fprintf(stderr, "  tp 2%s%s: loss %.3g relative, gradients %.3g of each tensor's max from one process; %ld "
+		        "group operations per rank\n", sp ? " + sequence parallel" : "", variant == 2 ? " (tied)" : "",
+		        fabs(r[0].loss - l1) / l1, worst, g.calls[0]);
+		for (int k = 0; k < 2; k++) {
+			loom_model_opts_t o = {.B = B, .T = T, .tp_size = 2, .tp_rank = k, .sequence_parallel = sp,
+			                       .act_ckpt = LOOM_ACT_CKPT_BLOCKS};
+			loom_model_destroy(rk[k]);
+			CHECK_OK(loom_model_create(&rk[k], &c, &o));
+			loom_model_tp_shard(&c, 2, k, loom_model_params(one), loom_model_params(rk[k]));
+			loom_model_zero_grad(rk[k]);
+			r[k].m = rk[k];
+			loom_model_on_tp_reduce(rk[k], tp_reduce_cb, &r[k]);
+		}
+		for (int k = 0; k < 2; k++)
+			CHECK(pthread_create(&th[k], NULL, tp_run, &r[k]) == 0);
+		for (int k = 0; k < 2; k++)
+			pthread_join(th[k], NULL);
+		for (int k = 0; k < 2; k++) {
+			CHECK_OK(r[k].rc);
+			loom_model_tp_unshard(&c, 2, k, loom_model_grads(rk[k]), full2);
+			CHECK_EQ(loom_model_recomputes(rk[k]), c.n_layer);
+		}
+		CHECK(memcmp(full, full2, np * sizeof(float)) == 0);
+		for (int k = 0; k < 2; k++)
+			loom_model_destroy(rk[k]), free(g.scratch[k]);
+		pthread_barrier_destroy(&g.bar);
+		free(full), free(full2);
+		loom_model_destroy(one);
+	}
 	return 0;
 }
