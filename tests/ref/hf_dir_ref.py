@@ -8,8 +8,9 @@ files are written and read by hand: 8-byte little-endian header length, JSON hea
                             F32; and DIR/../expect.safetensors, every tensor's values as float32.
   hf_dir_ref.py check DIR   a directory loom wrote: config.json's keys and values are LlamaConfig's
                             (or Qwen2Config's), every file's header is valid safetensors with
-                            {"format": "pt"}, names and shapes are those transformers derives from the
-                            config, the index (if any) matches the shards; prints one summary line.
+                            {"format": "pt"} (a training checkpoint's model.safetensors: plus loom's
+                            keys), names and shapes are those transformers derives from the config,
+                            the index (if any) matches the shards; prints one summary line.
 """
 import json, os, struct, sys
 
@@ -132,11 +133,12 @@ def check(d):
         "Qwen2ForCausalLM" if cfg["model_type"] == "qwen2" else "LlamaForCausalLM"]
     want = expected_shapes(cfg)
     idx = os.path.join(d, "model.safetensors.index.json")
-    files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+    files = sorted(f for f in os.listdir(d) if f.startswith("model") and f.endswith(".safetensors"))
     got, dtypes, total = {}, set(), 0
     for fn in files:
         h, nbytes = read_header(os.path.join(d, fn))
-        assert h.pop("__metadata__") == {"format": "pt"}, fn
+        meta = h.pop("__metadata__")
+        assert meta["format"] == "pt" and (meta == {"format": "pt"} or "hf_config" in meta), fn  # loom's own adds keys
         end = 0
         for name, v in sorted(h.items(), key=lambda kv: kv[1]["data_offsets"][0]):
             a, e = v["data_offsets"]
