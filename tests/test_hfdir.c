@@ -609,3 +609,48 @@ TEST(hfdir_load_streams)
 	test_rmdir(root);
 	return 0;
 }
+
+/* End to end: `loom train --init-from DIR` on a directory written by Python (BF16/F16/F32 shards, no
+ * --arch or size flags) trains exactly as from the same weights converted to loom's file, and its
+ * checkpoint directory is a Hugging Face directory (transformers' names, config.json) with the same
+ * configuration and token ids. */
+TEST(hfdir_train_from_dir)
+{
+	char root[256], cmd[4096], out[16384], want[1024], path[700];
+	static char lines[2][16][160];
+	double loss[2][16];
+	const char *loom = test_loom_bin();
+	loom_model_config_t py, ck;
+	CHECK(test_mkdtemp(root, sizeof root) == 0);
+	snprintf(cmd, sizeof cmd, "/usr/bin/python3 tests/ref/hf_dir_ref.py write %s/py", root);
+	RUN_OK(cmd, out, 120);
+	CHECK_OK(test_make_token_data(root, 64, 4000));
+	snprintf(cmd, sizeof cmd, "mkdir %s/m && %s convert %s/py %s/m/model.safetensors", root, loom, root, root);
+	RUN_OK(cmd, out, 60);
+	static const char *const from[2] = {"py", "m/model.safetensors"};
+	for (int k = 0; k < 2; k++) {
+		snprintf(cmd, sizeof cmd, "%s train --train-data '%s/train_*.bin' --init-from %s/%s --batch-size 2 --seq-len 16 "
+		         "--steps 8 --lr 1e-3 --threads 1 --peak-flops 1e10 --log %s/%d.jsonl%s%s%s", loom, root, root, from[k],
+		         root, k, k ? "" : " --save-dir ", k ? "" : root, k ? "" : "/ck --save-every 8");
+		RUN_OK(cmd, out, 120);
+		snprintf(want, sizeof want, ", from %s/%s\n", root, from[k]);
+		CHECK_CONTAINS(out, want);
+		snprintf(path, sizeof path, "%s/%d.jsonl", root, k);
+		CHECK_EQ(test_read_losses(path, loss[k], 16, lines[k], NULL), 8);
+	}
+	for (int s = 1; s <= 8; s++)
+		CHECK_STREQ(lines[0][s], lines[1][s]);
+	CHECK(loss[0][8] < loss[0][1]);
+	snprintf(path, sizeof path, "%s/ck/step_00000008", root);
+	snprintf(cmd, sizeof cmd, "/usr/bin/python3 tests/ref/hf_dir_ref.py check %s", path);
+	RUN_OK(cmd, out, 120);
+	CHECK_CONTAINS(out, "ok llama 21 tensors 1 files float32 index=0");
+	snprintf(cmd, sizeof cmd, "%s/py", root);
+	CHECK_OK(loom_hf_dir_config(cmd, &py, NULL));
+	CHECK_OK(loom_hf_dir_config(path, &ck, NULL));
+	CHECK(loom_model_config_equal(&py, &ck));
+	CHECK_EQ(ck.bos_token_id, 1);
+	CHECK_EQ(ck.eos_token_id, 2);
+	test_rmdir(root);
+	return 0;
+}
