@@ -26,8 +26,9 @@ for mode in warm cold; do
 		[ $mode = cold ] && drop || true
 		out=$(build/tests/hf_load "$dir")
 		load=$(awk '{print $2}' <<<"$out"); rss=$(awk '{print $8}' <<<"$out"); fp32=$(awk '{print $6}' <<<"$out")
-		awk -v m=$mode -v r=$round -v c="$(echo "$t1 - $t0" | bc)" -v l="$load" -v rss="$rss" -v f="$fp32" 'BEGIN {
-			printf "%s round %d: cat %.3f s, load %.3f s (%.2fx), peak RSS %.3f GB = %.3fx the fp32 %.3f GB\n",
-			       m, r, c, l, l / c, rss / 1e9, rss / f, f / 1e9 }'
+		rc=$(awk '{print $10}' <<<"$out")
+		awk -v m=$mode -v r=$round -v c="$(echo "$t1 - $t0" | bc)" -v l="$load" -v rc="$rc" -v rss="$rss" -v f="$fp32" 'BEGIN {
+			printf "%s round %d: cat %.3f s | load %.3f s (%.2fx; of it read+convert %.3f s, %.2fx) | peak RSS %.3f GB = %.3fx the fp32 %.3f GB\n",
+			       m, r, c, l, l / c, rc, rc / c, rss / 1e9, rss / f, f / 1e9 }'
 	done
 done

@@ -158,8 +158,8 @@ int loom_hf_dir_is(const char *dir);
  * LOOM_ENOTSUP naming the file and the tensor; LOOM_ENOENT when a file is missing. */
 int loom_hf_dir_config(const char *dir, loom_model_config_t *cfg, loom_hf_info_t *info);
 /* Load the weights into params (loom_model_num_params(cfg) floats, the table's layout), converted to
- * fp32, tensor by tensor through a buffer of at most 4 MB: nothing else as large as a tensor is
- * allocated and no file page stays mapped, so the peak memory is params plus a few MB. */
+ * fp32, tensor by tensor through a buffer of 256 KB: nothing else as large as a tensor is
+ * allocated and no file page stays mapped, so the peak memory is params plus that buffer. */
 int loom_hf_dir_load(const char *dir, const loom_model_config_t *cfg, float *params);
 
 typedef struct {
