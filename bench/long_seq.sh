@@ -11,8 +11,9 @@
 # nanochat on 2 ranks: cp 2 against dp 2 at T = 4096 and 8192 (CP_TS), the same tokens per step.
 #
 # usage: bench/long_seq.sh [STEPS (default 3)]
-#   env: LOOM (build/loom), TOKENS (8192), WARMUP (1), TS ("256 1024 2048 4096 8192 16384"), REPEAT (1: runs
-#        per row, alternating, best kept), BF16 (0), KEEP=1 keeps the work dir
+#   env: LOOM (build/loom), TOKENS (8192), WARMUP (1), TS ("256 1024 2048 4096 8192 16384"; "none" skips), GPT2_TS ("1024
+#        4096"), CP_TS ("4096 8192"; "none" skips), REPEAT (1: runs per row, alternating, best kept), BF16 (0),
+#        KEEP=1 keeps the work dir
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-3}
@@ -38,8 +39,8 @@ $PY bench/random_shard.py "$WORK/nanochat/train_000000.bin" 1 "$TOKENS" $((STEPS
 $PY bench/random_shard.py "$WORK/gpt2/train_000000.bin" 1 "$TOKENS" $((STEPS + 1)) 50257 1
 
 ROWS=()
-for t in $TS; do ROWS+=("nanochat $t fp32"); done
-ROWS+=("gpt2 1024 fp32" "gpt2 4096 fp32")
+for t in $TS; do [ "$t" = none ] || ROWS+=("nanochat $t fp32"); done
+for t in ${GPT2_TS-1024 4096}; do [ "$t" = none ] || ROWS+=("gpt2 $t fp32"); done
 [ "${BF16:-0}" = 1 ] && ROWS+=("nanochat 4096 bf16")
 
 model_flags() { # arch T
@@ -92,7 +93,9 @@ fi
 # T/2 positions of each); the target is cp 2 >= 0.90 x dp 2's tokens/s.
 echo
 printf '%-9s %6s %-5s %9s %9s\n' model T mesh "tok/s" "RSS MiB"
-for t in ${CP_TS:-4096 8192}; do
+CP_TS=${CP_TS:-4096 8192}
+[ "$CP_TS" = none ] && CP_TS=
+for t in $CP_TS; do
 	for mesh in dp2 cp2; do
 		log=$WORK/cp-$mesh-$t.jsonl
 		if [ "$mesh" = dp2 ]; then flags="--batch-size 1"; else flags="--batch-size 2 --cp 2"; fi

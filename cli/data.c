@@ -11,7 +11,7 @@
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: loom data prepare --input FILE... --out DIR [--val-fraction 0.05] [--shard-tokens N]\n"
-	           "                         [--doc-sep LINE] [--tokenizer DIR]\n\n"
+	           "                         [--doc-sep LINE] [--tokenizer PATH]\n\n"
 	           "Tokenizes text with the byte-level tokenizer (vocab 257: bytes 0-255, end-of-text 256 before every\n"
 	           "document) into DIR/train_NNNNNN.bin and DIR/val_NNNNNN.bin (llm.c token shards) and writes\n"
 	           "DIR/tokenizer.bin (llm.c tokenizer, version 2).\n\n"
@@ -24,10 +24,12 @@ static void usage(FILE *f)
 	           "  --shard-tokens N    tokens per shard file (default 100M; e.g. 100M, 1M, 4096)\n"
 	           "  --doc-sep LINE      lines equal to LINE separate documents (e.g. %% for fortune files);\n"
 	           "                      default: each file is one document\n"
-	           "  --tokenizer DIR     a BPE tokenizer directory (vocab.json + merges.txt, or encoder.json +\n"
-	           "                      vocab.bpe, e.g. GPT-2's, or one from `loom tokenizer train`) instead of\n"
-	           "                      bytes: its <|endoftext|> id starts every document, and its files are\n"
-	           "                      copied into DIR (so --tokenizer DIR works for `loom sample` too)\n");
+	           "  --tokenizer PATH    a BPE tokenizer instead of bytes: a Hugging Face tokenizer.json, or a\n"
+	           "                      directory (tokenizer.json, vocab.json + merges.txt, or encoder.json +\n"
+	           "                      vocab.bpe, e.g. GPT-2's, or one from `loom tokenizer train`): its\n"
+	           "                      post-processor's BOS (e.g. Llama 3's <|begin_of_text|>), else its\n"
+	           "                      <|endoftext|> id, starts every document, and its files are copied into\n"
+	           "                      DIR (so --tokenizer DIR works for `loom sample` too)\n");
 }
 
 static int access_ok(const char *dir)
@@ -108,8 +110,13 @@ static int prepare(int argc, char **argv)
 			fprintf(stderr, "loom data prepare: %s\n", loom_errmsg());
 			return 1;
 		}
-		printf("tokenizer: BPE from %s, vocab %d (end-of-text %d) -> %s/vocab.json, merges.txt%s\n", o.tokenizer,
-		       loom_bpe_vocab_size(t), loom_bpe_eot(t), o.out_dir, access_ok(o.out_dir) ? ", tokenizer.bin" : "");
+		char json[1100];
+		snprintf(json, sizeof json, "%s/tokenizer.json", o.out_dir);
+		printf("tokenizer: BPE from %s, vocab %d (%s %d) -> %s/%s%s\n", o.tokenizer, loom_bpe_vocab_size(t),
+		       loom_bpe_doc_start(t) == loom_bpe_eot(t) ? "end-of-text" : "documents start with", loom_bpe_doc_start(t),
+		       o.out_dir,
+		       access(json, R_OK) == 0 ? "tokenizer.json" : "vocab.json, merges.txt",
+		       access_ok(o.out_dir) ? ", tokenizer.bin" : "");
 		loom_bpe_destroy(t);
 	} else
 		printf("tokenizer: byte-level, vocab %d (end-of-text %d) -> %s/tokenizer.bin\n", LOOM_BYTE_VOCAB, LOOM_BYTE_EOT,

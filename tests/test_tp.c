@@ -695,3 +695,31 @@ TEST(tp_dead_rank_is_reported)
 	test_rmdir(c.dir);
 	return 0;
 }
+
+/* The shard table tiles the shard: offsets follow one another from 0 to loom_gpt2_shard_params at every
+ * tp, and agree with the per-tensor walk the closed form replaced (figures from that walk, at ff0bafd). */
+TEST(tp_gpt2_shard_offsets_tile_the_shard)
+{
+	loom_gpt2_config_t b = {5, 6, 96, 64, 257};
+	static const size_t last_off[3] = {590112, 299664, 202816}, i41_off[3] = {403680, 205920, 139968};
+	for (int tp = 1; tp <= 5; tp++) {
+		int n = loom_gpt2_num_tensors(&b);
+		size_t off = 0;
+		loom_tensor_info_t t;
+		for (int i = 0; i < n; i++) {
+			CHECK_OK(loom_gpt2_shard_info(&b, tp, i, &t));
+			CHECK_MSG(t.offset == off, "tp %d tensor %d (%s): offset %zu, the tensors before end at %zu", tp, i,
+			          t.name, t.offset, off);
+			off += t.numel;
+		}
+		CHECK_EQ(loom_gpt2_shard_params(&b, tp), off);
+		CHECK_ERR(loom_gpt2_shard_info(&b, tp, n, &t), LOOM_EINVAL);
+		if (tp <= 3) {
+			CHECK_OK(loom_gpt2_shard_info(&b, tp, n - 1, &t));
+			CHECK_EQ(t.offset, last_off[tp - 1]);
+			CHECK_OK(loom_gpt2_shard_info(&b, tp, 2 + 12 * 3 + 5, &t));
+			CHECK_EQ(t.offset, i41_off[tp - 1]);
+		}
+	}
+	return 0;
+}

@@ -131,14 +131,19 @@ struct loom__bpe_splitter {
 
 int loom__bpe_splitter_create(loom__bpe_splitter_t **out, const char *pattern)
 {
+	return loom__bpe_splitter_create_ex(out, pattern, 0);
+}
+
+int loom__bpe_splitter_create_ex(loom__bpe_splitter_t **out, const char *pattern, int literal)
+{
 	int err = 0, rc = LOOM_OK;
 	PCRE2_SIZE off = 0;
 	loom__bpe_splitter_t *sp = loom__calloc(1, sizeof *sp);
 	*out = NULL;
 	if (!sp)
 		return loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory for the regex");
-	sp->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
-	                       &err, &off, NULL);
+	sp->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_MATCH_INVALID_UTF |
+	                       (literal ? PCRE2_LITERAL : PCRE2_UCP), &err, &off, NULL);
 	if (!sp->re) {
 		PCRE2_UCHAR msg[256];
 		pcre2_get_error_message(err, msg, sizeof msg);
@@ -212,8 +217,22 @@ typedef struct {
 	int32_t rank, pos;
 } cand_t;
 
+/* One pre-tokenization step: a regex split (pieces and the gaps between matches, "Isolated"), after
+ * prepending a space to a piece that does not start with one when prefix_space is set. */
+typedef struct {
+	loom__bpe_splitter_t *sp; /* NULL: no split */
+	char *pattern;            /* as given (for saving), NULL with sp */
+	int kind, literal, prefix_space;
+} step_t;
+
+/* A token matched in the text before pre-tokenization (its bytes are tok[id]). */
+typedef struct {
+	int id, special, normalized;
+} added_t;
+
 struct loom_bpe {
 	int vocab_size, eot, n_merges, well_formed;
+	int n_model;         /* tokens of the model's vocabulary (the rest are added tokens) */
 	unsigned char **tok; /* tok[id]: bytes of the token (NUL-terminated), NULL for ids not in use */
 	uint32_t *tok_len;
 	uint32_t *vmap;      /* bytes -> id + 1; 0 = empty */
@@ -222,9 +241,18 @@ struct loom_bpe {
 	size_t mmap_cap;
 	int byte_id[256];
 	uint64_t seed;       /* random per tokenizer: a hostile file cannot pick colliding slots */
-	char *pattern;
-	loom__bpe_splitter_t *split;
+	char *pattern;       /* description of the pre-tokenizer (loom_bpe_pattern) */
+	step_t steps[LOOM__BPE_MAX_STEPS];
+	int n_steps, ignore_merges;
+	added_t *added;      /* longest first (leftmost-longest matching) */
+	int n_added;
+	unsigned char first[2][256]; /* first[normalized][b]: some added token of that pass starts with b */
+	int n_plain[2];      /* added tokens of each pass not marked special (matched without LOOM_BPE_SPECIAL) */
+	int tmpl[2][LOOM__BPE_MAX_TEMPLATE], n_tmpl[2]; /* ids before / after the text (TemplateProcessing) */
+	int32_t (*merge_list)[2]; /* merges in rank order (for saving) */
+	int32_t *made_by;    /* while merges are added: highest rank of a merge producing each token */
 	/* encode state */
+	int flags;
 	int *sym, *nxt, *prv;
 	cand_t *heap;
 	size_t scratch_cap, heap_cap;
@@ -296,7 +324,13 @@ void loom_bpe_destroy(loom_bpe_t *t)
 	free(t->vmap);
 	free(t->mmap);
 	free(t->pattern);
-	loom__bpe_splitter_destroy(t->split);
+	for (int i = 0; i < t->n_steps; i++) {
+		loom__bpe_splitter_destroy(t->steps[i].sp);
+		free(t->steps[i].pattern);
+	}
+	free(t->added);
+	free(t->merge_list);
+	free(t->made_by);
 	free(t->sym), free(t->nxt), free(t->prv), free(t->heap), free(t->out);
 	free(t->cache), free(t->pool);
 	free(t);
@@ -316,8 +350,23 @@ static size_t pow2_at_least(size_t n)
 	return c;
 }
 
-/* Fill the vocabulary from the parsed JSON object. */
-static int load_vocab(loom_bpe_t *t, const json_t *root, const char *path)
+int loom__bpe_new(loom_bpe_t **out)
+{
+	loom_bpe_t *t;
+	init_tables();
+	*out = NULL;
+	if (!(t = loom__calloc(1, sizeof *t)))
+		return loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory");
+	/* Hash-flooding defence: slots depend on a secret seed, so a vocabulary or merges crafted to
+	 * collide cannot make loading quadratic. Results never depend on slots. */
+	if (getrandom(&t->seed, sizeof t->seed, GRND_NONBLOCK) != (ssize_t)sizeof t->seed)
+		t->seed = (uint64_t)(loom_now() * 1e9) ^ (uint64_t)(uintptr_t)t;
+	t->eot = -1;
+	*out = t;
+	return LOOM_OK;
+}
+
+int loom__bpe_load_vocab(loom_bpe_t *t, const json_t *root, const char *path)
 {
 	int rc = LOOM_OK, max_id = -1;
 	unsigned char *buf = NULL;
@@ -340,6 +389,7 @@ static int load_vocab(loom_bpe_t *t, const json_t *root, const char *path)
 		return loom_seterr(LOOM_EFORMAT, "%s: id %d for a vocabulary of %d tokens (ids must be below the token count "
 		                   "+ %d)", path, max_id, root->n, BPE_ID_SLACK);
 	t->vocab_size = max_id + 1;
+	t->n_model = root->n;
 	t->tok = loom__calloc((size_t)t->vocab_size, sizeof *t->tok);
 	t->tok_len = loom__calloc((size_t)t->vocab_size, sizeof *t->tok_len);
 	t->vmap_cap = pow2_at_least(2 * (size_t)root->n);
@@ -393,34 +443,100 @@ done:
 	return rc;
 }
 
+int loom__bpe_merges_begin(loom_bpe_t *t, size_t max_merges)
+{
+	if (max_merges > (size_t)INT32_MAX / 4)
+		return loom_seterr(LOOM_EFORMAT, "tokenizer: %zu merges are too many", max_merges);
+	t->mmap_cap = pow2_at_least(2 * max_merges + 2);
+	t->mmap = loom__calloc(t->mmap_cap, sizeof *t->mmap);
+	t->made_by = loom__malloc((size_t)t->vocab_size * sizeof *t->made_by);
+	t->merge_list = loom__malloc((max_merges + 1) * sizeof *t->merge_list);
+	if (!t->mmap || !t->made_by || !t->merge_list)
+		return loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory for %zu merges", max_merges);
+	for (int i = 0; i < t->vocab_size; i++)
+		t->made_by[i] = -1;
+	t->well_formed = 1;
+	t->n_merges = 0;
+	return LOOM_OK;
+}
+
+int loom__bpe_merge_add(loom_bpe_t *t, const char *sa, size_t la, const char *sb, size_t lb)
+{
+	unsigned char *a = loom__malloc(la + 1), *b = loom__malloc(lb + 1), *ab = loom__malloc(la + lb + 2);
+	int rc = LOOM__MERGE_OK;
+	if (!a || !b || !ab) {
+		rc = LOOM__MERGE_NOMEM;
+		goto done;
+	}
+	long na = unmap(sa, la, a), nb = unmap(sb, lb, b);
+	if (na <= 0 || nb <= 0) {
+		rc = na <= 0 ? LOOM__MERGE_BAD_FIRST : LOOM__MERGE_BAD_SECOND;
+		goto done;
+	}
+	int ia = vocab_find(t, a, (size_t)na), ib = vocab_find(t, b, (size_t)nb);
+	memcpy(ab, a, (size_t)na), memcpy(ab + na, b, (size_t)nb);
+	int iab = vocab_find(t, ab, (size_t)(na + nb));
+	if (ia < 0 || ib < 0 || iab < 0) {
+		rc = ia < 0 ? LOOM__MERGE_NO_FIRST : ib < 0 ? LOOM__MERGE_NO_SECOND : LOOM__MERGE_NO_RESULT;
+		goto done;
+	}
+	uint64_t k = pair_key(ia, ib);
+	size_t s = mix64(k ^ t->seed) & (t->mmap_cap - 1);
+	while (t->mmap[s].key && t->mmap[s].key != k)
+		s = (s + 1) & (t->mmap_cap - 1);
+	/* A repeated merge takes its later rank, as the reference's dict(zip(merges, ranks)) does. */
+	t->mmap[s].key = k, t->mmap[s].rank = t->n_merges, t->mmap[s].result = iab;
+	if (t->made_by[iab] >= 0) /* a token made by two merges (or a repeated merge): be conservative */
+		t->well_formed = 0;
+	t->made_by[iab] = t->n_merges;
+	t->merge_list[t->n_merges][0] = ia, t->merge_list[t->n_merges][1] = ib;
+	t->n_merges++;
+done:
+	free(a), free(b), free(ab);
+	return rc;
+}
+
+void loom__bpe_merges_end(loom_bpe_t *t)
+{
+	/* Well formed: a merge's tokens are bytes or made by lower-ranked merges only (see the top). */
+	for (size_t s = 0; s < t->mmap_cap && t->well_formed; s++) {
+		if (!t->mmap[s].key)
+			continue;
+		int l = (int)(t->mmap[s].key >> 32) - 1, r = (int)(uint32_t)t->mmap[s].key;
+		if (t->made_by[l] >= t->mmap[s].rank || t->made_by[r] >= t->mmap[s].rank)
+			t->well_formed = 0;
+	}
+	free(t->made_by);
+	t->made_by = NULL;
+}
+
+const char *loom__bpe_merge_error(int code)
+{
+	switch (code) {
+	case LOOM__MERGE_BAD_FIRST: return "the first token is not a byte-level token string";
+	case LOOM__MERGE_BAD_SECOND: return "the second token is not a byte-level token string";
+	case LOOM__MERGE_NO_FIRST: return "the first token is not in the vocabulary";
+	case LOOM__MERGE_NO_SECOND: return "the second token is not in the vocabulary";
+	case LOOM__MERGE_NO_RESULT: return "the merged token is not in the vocabulary";
+	case LOOM__MERGE_NOMEM: return "out of memory";
+	default: return "ok";
+	}
+}
+
 /* Read the merges, one "A B" per line (rank = order), into the pair table. */
 static int load_merges(loom_bpe_t *t, char *text, size_t len, const char *path)
 {
-	int rc = LOOM_OK, line = 0, n_merges = 0;
-	int32_t *made_by = NULL; /* highest rank of a merge producing each token (-1: none) */
-	unsigned char *a = loom__malloc(len + 1), *b = loom__malloc(len + 1), *ab = loom__malloc(2 * len + 2);
-	if (!a || !b || !ab) {
-		rc = loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
-		goto done;
-	}
-	for (size_t i = 0; i < len; i++) /* upper bound on lines, for the table size */
-		n_merges += text[i] == '\n';
-	t->mmap_cap = pow2_at_least(2 * (size_t)n_merges + 2);
-	t->mmap = loom__calloc(t->mmap_cap, sizeof *t->mmap);
-	made_by = loom__malloc((size_t)t->vocab_size * sizeof *made_by);
-	if (!t->mmap || !made_by) {
-		rc = loom_seterr(LOOM_ENOMEM, "%s: out of memory for %d merges", path, n_merges);
-		goto done;
-	}
-	for (int i = 0; i < t->vocab_size; i++)
-		made_by[i] = -1;
-	t->well_formed = 1;
-	n_merges = 0;
+	int rc = LOOM_OK, line = 0;
+	size_t n_lines = 0;
+	for (size_t i = 0; i < len; i++) /* upper bound on merges, for the table size */
+		n_lines += text[i] == '\n';
+	if ((rc = loom__bpe_merges_begin(t, n_lines + 1)) != LOOM_OK)
+		return loom_seterr(rc, "%s: %s", path, loom_errmsg());
 	for (char *p = text, *end = text + len; p < end;) {
 		char *nl = memchr(p, '\n', (size_t)(end - p)), *e = nl ? nl : end;
 		char *f[3];
 		size_t fl[3];
-		int nf = 0;
+		int nf = 0, mrc;
 		line++;
 		if (e > p && e[-1] == '\r')
 			e--;
@@ -439,52 +555,156 @@ static int load_merges(loom_bpe_t *t, char *text, size_t len, const char *path)
 		}
 		if (nf == 0)
 			goto next;
-		if (nf != 2) {
-			rc = loom_seterr(LOOM_EFORMAT, "%s:%d: expected two tokens separated by a space, found %s: \"%.*s\"", path,
-			                 line, nf < 2 ? "one" : "more", (int)LOOM_MIN(e - p, 60), p);
-			goto done;
-		}
-		long na = unmap(f[0], fl[0], a), nb = unmap(f[1], fl[1], b);
-		if (na <= 0 || nb <= 0) {
-			rc = loom_seterr(LOOM_EFORMAT, "%s:%d: \"%.*s\" is not a byte-level token string", path, line,
-			                 (int)(na <= 0 ? fl[0] : fl[1]), na <= 0 ? f[0] : f[1]);
-			goto done;
-		}
-		int ia = vocab_find(t, a, (size_t)na), ib = vocab_find(t, b, (size_t)nb);
-		memcpy(ab, a, (size_t)na), memcpy(ab + na, b, (size_t)nb);
-		int iab = vocab_find(t, ab, (size_t)(na + nb));
-		if (ia < 0 || ib < 0 || iab < 0) {
-			rc = loom_seterr(LOOM_EFORMAT, "%s:%d: merge \"%.*s %.*s\": %s is not in the vocabulary", path, line,
-			                 (int)fl[0], f[0], (int)fl[1], f[1],
-			                 ia < 0 ? "the first token" : ib < 0 ? "the second token" : "the merged token");
-			goto done;
-		}
-		uint64_t k = pair_key(ia, ib);
-		size_t s = mix64(k ^ t->seed) & (t->mmap_cap - 1);
-		while (t->mmap[s].key && t->mmap[s].key != k)
-			s = (s + 1) & (t->mmap_cap - 1);
-		/* A repeated merge takes its later rank, as the reference's dict(zip(merges, ranks)) does. */
-		t->mmap[s].key = k, t->mmap[s].rank = n_merges, t->mmap[s].result = iab;
-		if (made_by[iab] >= 0) /* a token made by two merges (or a repeated merge): be conservative */
-			t->well_formed = 0;
-		made_by[iab] = n_merges;
-		n_merges++;
+		if (nf != 2)
+			return loom_seterr(LOOM_EFORMAT, "%s:%d: expected two tokens separated by a space, found %s: \"%.*s\"",
+			                   path, line, nf < 2 ? "one" : "more", (int)LOOM_MIN(e - p, 60), p);
+		if ((mrc = loom__bpe_merge_add(t, f[0], fl[0], f[1], fl[1])) == LOOM__MERGE_NOMEM)
+			return loom_seterr(LOOM_ENOMEM, "%s: out of memory", path);
+		if (mrc == LOOM__MERGE_BAD_FIRST || mrc == LOOM__MERGE_BAD_SECOND)
+			return loom_seterr(LOOM_EFORMAT, "%s:%d: \"%.*s\" is not a byte-level token string", path, line,
+			                   (int)(mrc == LOOM__MERGE_BAD_FIRST ? fl[0] : fl[1]),
+			                   mrc == LOOM__MERGE_BAD_FIRST ? f[0] : f[1]);
+		if (mrc != LOOM__MERGE_OK)
+			return loom_seterr(LOOM_EFORMAT, "%s:%d: merge \"%.*s %.*s\": %s is not in the vocabulary", path, line,
+			                   (int)fl[0], f[0], (int)fl[1], f[1],
+			                   mrc == LOOM__MERGE_NO_FIRST    ? "the first token"
+			                   : mrc == LOOM__MERGE_NO_SECOND ? "the second token"
+			                                                  : "the merged token");
 	next:
 		p = nl ? nl + 1 : end;
 	}
-	t->n_merges = n_merges;
-	/* Well formed: a merge's tokens are bytes or made by lower-ranked merges only (see the top). */
-	for (size_t s = 0; s < t->mmap_cap && t->well_formed; s++) {
-		if (!t->mmap[s].key)
-			continue;
-		int l = (int)(t->mmap[s].key >> 32) - 1, r = (int)(uint32_t)t->mmap[s].key;
-		if (made_by[l] >= t->mmap[s].rank || made_by[r] >= t->mmap[s].rank)
-			t->well_formed = 0;
-	}
-done:
-	free(a), free(b), free(ab), free(made_by);
+	loom__bpe_merges_end(t);
 	return rc;
 }
+
+int loom__bpe_add_step(loom_bpe_t *t, int kind, const char *pattern, int literal, int prefix_space)
+{
+	step_t *s;
+	int rc;
+	if (t->n_steps == LOOM__BPE_MAX_STEPS)
+		return loom_seterr(LOOM_EFORMAT, "tokenizer: more than %d pre-tokenization steps", LOOM__BPE_MAX_STEPS);
+	s = &t->steps[t->n_steps];
+	memset(s, 0, sizeof *s);
+	s->kind = kind, s->literal = literal, s->prefix_space = prefix_space;
+	if (pattern) {
+		if (!(s->pattern = loom__strdup(pattern)))
+			return loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory");
+		if ((rc = loom__bpe_splitter_create_ex(&s->sp, pattern, literal)) != LOOM_OK) {
+			free(s->pattern);
+			s->pattern = NULL;
+			return rc;
+		}
+	}
+	t->n_steps++;
+	return LOOM_OK;
+}
+
+int loom__bpe_step(const loom_bpe_t *t, int i, const char **pattern, int *literal, int *prefix_space)
+{
+	if (i < 0 || i >= t->n_steps)
+		return -1;
+	*pattern = t->steps[i].pattern, *literal = t->steps[i].literal, *prefix_space = t->steps[i].prefix_space;
+	return t->steps[i].kind;
+}
+
+int loom__bpe_set_pattern_text(loom_bpe_t *t, const char *description)
+{
+	free(t->pattern);
+	if (!(t->pattern = loom__strdup(description)))
+		return loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory");
+	return LOOM_OK;
+}
+
+void loom__bpe_set_ignore_merges(loom_bpe_t *t, int on) { t->ignore_merges = on; }
+int loom__bpe_ignore_merges(const loom_bpe_t *t) { return t->ignore_merges; }
+
+int loom__bpe_add_token(loom_bpe_t *t, int id, const char *content, size_t len, int special, int normalized)
+{
+	added_t *na;
+	if (len == 0)
+		return loom_seterr(LOOM_EFORMAT, "added token %d has empty content", id);
+	if (id < 0 || id >= BPE_MAX_ID || id >= t->n_model + BPE_ID_SLACK)
+		return loom_seterr(LOOM_EFORMAT, "added token \"%.40s\" has id %d (expected an id in [0, %d))", content, id,
+		                   LOOM_MIN(BPE_MAX_ID, t->n_model + BPE_ID_SLACK));
+	for (int i = 0; i < t->n_added; i++) {
+		const added_t *a = &t->added[i];
+		if (a->id == id)
+			return loom_seterr(LOOM_EFORMAT, "added token id %d appears twice", id);
+		if (t->tok_len[a->id] == len && memcmp(t->tok[a->id], content, len) == 0)
+			return loom_seterr(LOOM_EFORMAT, "added token \"%.40s\" appears twice (ids %d and %d)", content, a->id, id);
+	}
+	if (id < t->vocab_size && t->tok[id]) { /* also in the model's vocabulary: the same text, as in GPT-2's file */
+		if (t->tok_len[id] != len || memcmp(t->tok[id], content, len) != 0)
+			return loom_seterr(LOOM_EFORMAT, "added token \"%.40s\" has id %d, which the vocabulary gives to a "
+			                   "different token", content, id);
+	} else {
+		if (id >= t->vocab_size) {
+			unsigned char **nt = loom__realloc(t->tok, (size_t)(id + 1) * sizeof *nt);
+			if (!nt)
+				return loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory");
+			t->tok = nt;
+			uint32_t *nl = loom__realloc(t->tok_len, (size_t)(id + 1) * sizeof *nl);
+			if (!nl)
+				return loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory");
+			t->tok_len = nl;
+			for (int i = t->vocab_size; i <= id; i++)
+				t->tok[i] = NULL, t->tok_len[i] = 0;
+			t->vocab_size = id + 1;
+		}
+		if (!(t->tok[id] = loom__malloc(len + 1)))
+			return loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory");
+		memcpy(t->tok[id], content, len);
+		t->tok[id][len] = 0;
+		t->tok_len[id] = (uint32_t)len;
+	}
+	if (!(na = loom__realloc(t->added, (size_t)(t->n_added + 1) * sizeof *na)))
+		return loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory");
+	t->added = na;
+	/* insertion keeps the list longest first (ties: file order), so the first match is the longest */
+	int k = t->n_added;
+	while (k > 0 && t->tok_len[t->added[k - 1].id] < len) {
+		t->added[k] = t->added[k - 1];
+		k--;
+	}
+	t->added[k] = (added_t){id, special != 0, normalized != 0};
+	t->n_added++;
+	t->first[normalized != 0][(unsigned char)content[0]] = 1;
+	t->n_plain[normalized != 0] += !special;
+	if (len == strlen(LOOM_BPE_EOT_TEXT) && memcmp(content, LOOM_BPE_EOT_TEXT, len) == 0)
+		t->eot = id;
+	return LOOM_OK;
+}
+
+int loom__bpe_added(const loom_bpe_t *t, int i, int *id, int *special, int *normalized)
+{
+	if (i < 0 || i >= t->n_added)
+		return -1;
+	*id = t->added[i].id, *special = t->added[i].special, *normalized = t->added[i].normalized;
+	return 0;
+}
+
+int loom__bpe_set_template(loom_bpe_t *t, const int *before, int n_before, const int *after, int n_after)
+{
+	if (n_before > LOOM__BPE_MAX_TEMPLATE || n_after > LOOM__BPE_MAX_TEMPLATE)
+		return loom_seterr(LOOM_EFORMAT, "more than %d special tokens on one side of the text", LOOM__BPE_MAX_TEMPLATE);
+	for (int i = 0; i < n_before + n_after; i++) {
+		int id = i < n_before ? before[i] : after[i - n_before];
+		if (id < 0 || id >= t->vocab_size || !t->tok[id])
+			return loom_seterr(LOOM_EFORMAT, "special token id %d is not in the vocabulary", id);
+	}
+	memcpy(t->tmpl[0], before, (size_t)n_before * sizeof *before);
+	memcpy(t->tmpl[1], after, (size_t)n_after * sizeof *after);
+	t->n_tmpl[0] = n_before, t->n_tmpl[1] = n_after;
+	return LOOM_OK;
+}
+
+int loom__bpe_template(const loom_bpe_t *t, int after, const int **ids)
+{
+	*ids = t->tmpl[after != 0];
+	return t->n_tmpl[after != 0];
+}
+
+const int32_t (*loom__bpe_merge_list(const loom_bpe_t *t))[2] { return (const int32_t(*)[2])t->merge_list; }
 
 static int load_file(const char *dir, const char *name, char *path, size_t cap, char **text, size_t *len)
 {
@@ -492,7 +712,8 @@ static int load_file(const char *dir, const char *name, char *path, size_t cap, 
 	return loom__read_file_max(path, BPE_FILE_MAX, text, len);
 }
 
-int loom_bpe_load(loom_bpe_t **out, const char *dir)
+/* The directory format: vocab.json + merges.txt (or encoder.json + vocab.bpe) and pattern.txt. */
+static int load_dir(loom_bpe_t **out, const char *dir)
 {
 	int rc = LOOM_OK;
 	char path[4096], *text = NULL, err[256];
@@ -502,31 +723,23 @@ int loom_bpe_load(loom_bpe_t **out, const char *dir)
 	loom_bpe_t *t = NULL;
 	memset(&root, 0, sizeof root);
 	*out = NULL;
-	init_tables();
-	if (!dir)
-		return loom_seterr(LOOM_EINVAL, "tokenizer: no directory given");
 	snprintf(path, sizeof path, "%s/%s", dir, vname);
 	if (!file_exists(path))
 		vname = "encoder.json", mname = "vocab.bpe";
 	snprintf(path, sizeof path, "%s/%s", dir, vname);
 	if (!file_exists(path))
-		return loom_seterr(LOOM_ENOENT, "%s: not a tokenizer directory (expected vocab.json + merges.txt, or "
-		                   "encoder.json + vocab.bpe)", dir);
-	t = loom__calloc(1, sizeof *t);
-	if (!t)
-		return loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory");
-	/* Hash-flooding defence: slots depend on a secret seed, so a vocab.json or merges.txt crafted to
-	 * collide cannot make loading quadratic. Results never depend on slots. */
-	if (getrandom(&t->seed, sizeof t->seed, GRND_NONBLOCK) != (ssize_t)sizeof t->seed)
-		t->seed = (uint64_t)(loom_now() * 1e9) ^ (uint64_t)(uintptr_t)t;
+		return loom_seterr(LOOM_ENOENT, "%s: not a tokenizer directory (expected tokenizer.json, vocab.json + "
+		                   "merges.txt, or encoder.json + vocab.bpe)", dir);
+	if ((rc = loom__bpe_new(&t)) != LOOM_OK)
+		return rc;
 	if ((rc = load_file(dir, vname, path, sizeof path, &text, &len)) != LOOM_OK)
 		goto done;
-	if (loom__json_parse(text, len, &root, err, sizeof err) != 0) {
+	if ((rc = loom__json_parse(text, len, &root, err, sizeof err)) != 0) {
 		/* the parser reports allocation failures in its text too */
-		rc = loom_seterr(strstr(err, "out of memory") ? LOOM_ENOMEM : LOOM_EFORMAT, "%s: bad JSON %s", path, err);
+		rc = loom_seterr(rc == LOOM_ENOMEM ? LOOM_ENOMEM : LOOM_EFORMAT, "%s: bad JSON %s", path, err);
 		goto done;
 	}
-	if ((rc = load_vocab(t, &root, path)) != LOOM_OK)
+	if ((rc = loom__bpe_load_vocab(t, &root, path)) != LOOM_OK)
 		goto done;
 	loom__json_free(&root);
 	memset(&root, 0, sizeof root);
@@ -551,10 +764,13 @@ int loom_bpe_load(loom_bpe_t **out, const char *dir)
 		rc = loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory");
 		goto done;
 	}
-	if ((rc = loom__bpe_splitter_create(&t->split, t->pattern)) != LOOM_OK) {
+	if ((rc = loom__bpe_add_step(t, LOOM__BPE_STEP_SPLIT, t->pattern, 0, 0)) != LOOM_OK) {
 		loom_seterr(rc, "%s/pattern.txt: %s", dir, loom_errmsg());
 		goto done;
 	}
+	/* "<|endoftext|>" is GPT-2's one special token: matched in the text when the caller allows it */
+	if (t->eot >= 0 && (rc = loom__bpe_add_token(t, t->eot, LOOM_BPE_EOT_TEXT, strlen(LOOM_BPE_EOT_TEXT), 1, 0)) != 0)
+		goto done;
 done:
 	loom__json_free(&root);
 	free(text);
@@ -565,8 +781,34 @@ done:
 	return rc;
 }
 
+int loom_bpe_load(loom_bpe_t **out, const char *path)
+{
+	struct stat sb;
+	char json[4096];
+	*out = NULL;
+	init_tables();
+	if (!path)
+		return loom_seterr(LOOM_EINVAL, "tokenizer: no path given");
+	if (stat(path, &sb) != 0)
+		return loom_seterr(LOOM_ENOENT, "%s: not a tokenizer directory or tokenizer.json (no such file or directory)",
+		                   path);
+	if (S_ISREG(sb.st_mode))
+		return loom__bpe_load_json(out, path);
+	/* A directory holding tokenizer.json is read from it, as transformers' fast tokenizers do, even when
+	 * vocab.json + merges.txt are there too (Hugging Face's GPT-2 directory has all three). */
+	if (snprintf(json, sizeof json, "%s/tokenizer.json", path) < (int)sizeof json && file_exists(json))
+		return loom__bpe_load_json(out, json);
+	return load_dir(out, path);
+}
+
+int loom__bpe_model_token(const loom_bpe_t *t, int id)
+{
+	return id >= 0 && id < t->vocab_size && t->tok[id] && vocab_find(t, t->tok[id], t->tok_len[id]) == id;
+}
+
 int loom_bpe_vocab_size(const loom_bpe_t *t) { return t->vocab_size; }
 int loom_bpe_eot(const loom_bpe_t *t) { return t->eot; }
+int loom_bpe_doc_start(const loom_bpe_t *t) { return t->n_tmpl[0] > 0 ? t->tmpl[0][0] : t->eot; }
 int loom_bpe_num_merges(const loom_bpe_t *t) { return t->n_merges; }
 const char *loom_bpe_pattern(const loom_bpe_t *t) { return t->pattern; }
 
@@ -598,6 +840,8 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
 
 static int emit(loom_bpe_t *t, const int *ids, size_t n)
 {
+	if (n == 0)
+		return LOOM_OK;
 	if (grow((void **)&t->out, &t->out_cap, t->n_out + n, sizeof *t->out) != 0)
 		return loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory for %zu ids", t->n_out + n);
 	memcpy(t->out + t->n_out, ids, n * sizeof *ids);
@@ -755,6 +999,11 @@ static int encode_piece(const unsigned char *p, size_t n, void *arg)
 	uint64_t h = 0;
 	if (n > (size_t)INT32_MAX / 2) /* positions are ints */
 		return loom_seterr(LOOM_EINVAL, "tokenizer: a piece of %zu bytes (one class of characters) is too long", n);
+	if (t->ignore_merges) { /* Llama 3's rule: a piece that is a token whole is that token */
+		int id = vocab_find(t, p, n);
+		if (id >= 0)
+			return emit(t, &id, 1);
+	}
 	if (n <= CACHE_MAX_PIECE) {
 		if (!t->cache) {
 			t->cache = loom__calloc(CACHE_SLOTS, sizeof *t->cache);
@@ -790,27 +1039,92 @@ static int encode_piece(const unsigned char *p, size_t n, void *arg)
 	return emit(t, t->sym, m);
 }
 
-int loom_bpe_encode(loom_bpe_t *t, const char *text, size_t len, int allow_special, int **ids, size_t *n)
+typedef struct {
+	loom_bpe_t *t;
+	int step;
+} step_arg_t;
+
+static int run_step(loom_bpe_t *t, int k, const unsigned char *p, size_t n);
+
+static int step_piece(const unsigned char *p, size_t n, void *arg)
+{
+	step_arg_t *a = arg;
+	return run_step(a->t, a->step, p, n);
+}
+
+/* Pre-tokenization step k on one piece, then the steps after it, then BPE on each final piece. */
+static int run_step(loom_bpe_t *t, int k, const unsigned char *p, size_t n)
+{
+	const step_t *s;
+	unsigned char *buf = NULL;
+	int rc;
+	if (k == t->n_steps)
+		return encode_piece(p, n, t);
+	s = &t->steps[k];
+	if (s->prefix_space && p[0] != ' ') { /* ByteLevel's add_prefix_space, per piece as Hugging Face's */
+		if (!(buf = loom__malloc(n + 1)))
+			return loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory for a piece of %zu bytes", n + 1);
+		buf[0] = ' ';
+		memcpy(buf + 1, p, n);
+		p = buf, n++;
+	}
+	if (s->sp) {
+		step_arg_t a = {t, k + 1};
+		rc = loom__bpe_split(s->sp, (const char *)p, n, step_piece, &a);
+	} else
+		rc = run_step(t, k + 1, p, n);
+	free(buf);
+	return rc;
+}
+
+/* Split p[0..n) on the added tokens of pass 0 (normalized false) then pass 1 (normalized true), as
+ * Hugging Face's AddedVocabulary does: the leftmost match, the longest there; the text between goes
+ * to the next pass, and after the last to pre-tokenization. */
+static int split_added(loom_bpe_t *t, int pass, const unsigned char *p, size_t n)
+{
+	size_t start = 0;
+	int rc;
+	if (n == 0)
+		return LOOM_OK;
+	if (pass == 2)
+		return run_step(t, 0, p, n);
+	if (!(t->flags & LOOM_BPE_SPECIAL) && t->n_plain[pass] == 0) /* nothing this pass can match */
+		return split_added(t, pass + 1, p, n);
+	for (size_t i = 0; i < n; i++) {
+		const added_t *hit = NULL;
+		if (!t->first[pass][p[i]])
+			continue;
+		for (int k = 0; k < t->n_added && !hit; k++) {
+			const added_t *a = &t->added[k];
+			size_t len = t->tok_len[a->id];
+			if (a->normalized == pass && (!a->special || (t->flags & LOOM_BPE_SPECIAL)) && len <= n - i &&
+			    memcmp(p + i, t->tok[a->id], len) == 0)
+				hit = a;
+		}
+		if (!hit)
+			continue;
+		if ((rc = split_added(t, pass + 1, p + start, i - start)) != LOOM_OK || (rc = emit(t, &hit->id, 1)) != LOOM_OK)
+			return rc;
+		i += t->tok_len[hit->id] - 1;
+		start = i + 1;
+	}
+	return split_added(t, pass + 1, p + start, n - start);
+}
+
+int loom_bpe_encode(loom_bpe_t *t, const char *text, size_t len, int flags, int **ids, size_t *n)
 {
 	int rc = LOOM_OK;
-	const char *eot = LOOM_BPE_EOT_TEXT;
-	size_t eot_len = strlen(eot);
 	if (!t || (!text && len) || !ids || !n)
 		return loom_seterr(LOOM_EINVAL, "tokenizer: encode needs a tokenizer, text and outputs");
 	*ids = NULL, *n = 0;
 	t->n_out = 0;
-	for (size_t pos = 0; pos < len;) {
-		const char *hit = allow_special && t->eot >= 0 ? memmem(text + pos, len - pos, eot, eot_len) : NULL;
-		size_t seg = hit ? (size_t)(hit - (text + pos)) : len - pos;
-		if (seg > 0 && (rc = loom__bpe_split(t->split, text + pos, seg, encode_piece, t)) != LOOM_OK)
-			goto done;
-		pos += seg;
-		if (hit) {
-			if ((rc = emit(t, &t->eot, 1)) != LOOM_OK)
-				goto done;
-			pos += eot_len;
-		}
-	}
+	t->flags = flags;
+	if ((flags & LOOM_BPE_TEMPLATE) && (rc = emit(t, t->tmpl[0], (size_t)t->n_tmpl[0])) != LOOM_OK)
+		goto done;
+	if ((rc = split_added(t, 0, (const unsigned char *)text, len)) != LOOM_OK)
+		goto done;
+	if ((flags & LOOM_BPE_TEMPLATE) && (rc = emit(t, t->tmpl[1], (size_t)t->n_tmpl[1])) != LOOM_OK)
+		goto done;
 	if (t->n_out > 0) {
 		if (!(*ids = loom__malloc(t->n_out * sizeof **ids))) {
 			rc = loom_seterr(LOOM_ENOMEM, "tokenizer: out of memory for %zu ids", t->n_out);

@@ -490,7 +490,26 @@ int loom_bpe_train(const char *const *files, int n_files, const char *out_dir, c
 			        (long long)top.count);
 	}
 	sum.merge_s = loom_now() - t1;
-	if ((rc = write_outputs(out_dir, tok, tok_len, n_tok, (const int32_t(*)[2])merges, sum.merges, pattern)) != LOOM_OK)
+	if (opts->json) {
+		/* tokenizer.json: written through the directory format, so both come from one writer and the file is
+		 * what loom_bpe_save_json makes of the loaded tokenizer (the same ids, which tests check) */
+		char tmp[4096], json[4096];
+		loom_bpe_t *t = NULL;
+		if (snprintf(tmp, sizeof tmp, "%s/.train-%ld", out_dir, (long)getpid()) >= (int)sizeof tmp ||
+		    snprintf(json, sizeof json, "%s/tokenizer.json", out_dir) >= (int)sizeof json) {
+			rc = loom_seterr(LOOM_EINVAL, "tokenizer train: output path %s too long", out_dir);
+			goto done;
+		}
+		if ((rc = write_outputs(tmp, tok, tok_len, n_tok, (const int32_t(*)[2])merges, sum.merges, pattern)) ==
+		    LOOM_OK && (rc = loom_bpe_load(&t, tmp)) == LOOM_OK)
+			rc = loom_bpe_save_json(t, json);
+		loom_bpe_destroy(t);
+		if (loom__rm_rf(tmp) != LOOM_OK && rc == LOOM_OK)
+			rc = loom_seterr(LOOM_ESYS, "tokenizer train: cannot remove %s", tmp);
+		if (rc != LOOM_OK)
+			goto done;
+	} else if ((rc = write_outputs(out_dir, tok, tok_len, n_tok, (const int32_t(*)[2])merges, sum.merges, pattern)) !=
+	           LOOM_OK)
 		goto done;
 	sum.total_s = loom_now() - t0;
 	if (summary)

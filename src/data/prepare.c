@@ -1,7 +1,8 @@
 /* prepare.c: `loom data prepare`: text files -> token shards + tokenizer (llm.c formats), with the
- * byte-level tokenizer or a BPE tokenizer directory (loom/tokenizer.h).
+ * byte-level tokenizer or a BPE tokenizer: a directory or a tokenizer.json (loom/tokenizer.h).
  *
- * Each document becomes end-of-text (256, or the BPE tokenizer's "<|endoftext|>") followed by its
+ * Each document becomes end-of-text (256, or the BPE tokenizer's document start: "<|endoftext|>", or
+ * the BOS of a tokenizer.json's post-processor such as Llama 3's "<|begin_of_text|>") followed by its
  * tokens (its bytes, or its BPE ids encoded as plain text), so every document starts with EOT.
  * Documents are whole files, or the pieces of a file between lines equal to a separator (fortune
  * files use "%"); empty documents are dropped. The validation split is deterministic and takes whole
@@ -78,9 +79,27 @@ static int sw_push_doc(shard_writer_t *w, const doc_t *d)
 	return rc;
 }
 
-/* Copy the BPE tokenizer's files into the new set's directory `out` as vocab.json, merges.txt (and
- * pattern.txt), so that the shards' directory is itself a tokenizer directory. The source may be the
- * output directory itself (its files are copied into the new set before it replaces the old). */
+static int copy_file(const char *a, const char *b)
+{
+	char *text = NULL;
+	size_t len = 0;
+	atomic_file_t af;
+	int rc;
+	if ((rc = loom__read_file_max(a, (size_t)256 << 20, &text, &len)) == LOOM_OK && (rc = loom__atomic_open(&af, b)) == LOOM_OK) {
+		if ((rc = loom__atomic_write(&af, text, len)) == LOOM_OK)
+			rc = loom__atomic_commit(&af);
+		else
+			loom__atomic_abort(&af);
+	}
+	free(text);
+	return rc;
+}
+
+/* Copy the BPE tokenizer's files into the new set's directory `out`: a tokenizer.json (the source
+ * itself, or the one in the source directory, which loom_bpe_load reads first) as tokenizer.json;
+ * else vocab.json, merges.txt (and pattern.txt). So the shards' directory is itself a tokenizer
+ * directory. The source may be the output directory itself (its files are copied into the new set
+ * before it replaces the old). */
 static int copy_tokenizer(const char *src, const char *out)
 {
 	static const char *const names[][2] = {{"vocab.json", "vocab.json"}, {"merges.txt", "merges.txt"},
@@ -88,22 +107,20 @@ static int copy_tokenizer(const char *src, const char *out)
 	                                       {"pattern.txt", "pattern.txt"}};
 	char a[1300], b[1300];
 	int rc = LOOM_OK, copied[3] = {0, 0, 0};
+	struct stat sb;
+	snprintf(b, sizeof b, "%s/tokenizer.json", out);
+	if (stat(src, &sb) == 0 && S_ISREG(sb.st_mode))
+		return copy_file(src, b);
+	snprintf(a, sizeof a, "%s/tokenizer.json", src);
+	if (stat(a, &sb) == 0 && S_ISREG(sb.st_mode))
+		return copy_file(a, b);
 	for (size_t i = 0; i < sizeof names / sizeof names[0] && rc == LOOM_OK; i++) {
 		int slot = i == 4 ? 2 : (int)(i % 2);
-		char *text = NULL;
-		size_t len = 0;
-		atomic_file_t af;
 		snprintf(a, sizeof a, "%s/%s", src, names[i][0]);
 		snprintf(b, sizeof b, "%s/%s", out, names[i][1]);
 		if (copied[slot] || access(a, R_OK) != 0)
 			continue;
-		if ((rc = loom__read_file_max(a, (size_t)64 << 20, &text, &len)) == LOOM_OK && (rc = loom__atomic_open(&af, b)) == LOOM_OK) {
-			if ((rc = loom__atomic_write(&af, text, len)) == LOOM_OK)
-				rc = loom__atomic_commit(&af);
-			else
-				loom__atomic_abort(&af);
-		}
-		free(text);
+		rc = copy_file(a, b);
 		copied[slot] = 1;
 	}
 	return rc; /* no pattern.txt: GPT-2's (the new set has none, so a stale one goes with the old set) */
@@ -115,7 +132,7 @@ static int save_bpe_table(const loom_bpe_t *bpe, const char *path)
 {
 	loom_tokenizer_t tok = {0};
 	int rc = LOOM_OK, v = loom_bpe_vocab_size(bpe);
-	tok.vocab_size = v, tok.eot_token = loom_bpe_eot(bpe);
+	tok.vocab_size = v, tok.eot_token = loom_bpe_doc_start(bpe);
 	tok.bytes = loom__calloc((size_t)v, sizeof *tok.bytes);
 	tok.lengths = loom__calloc((size_t)v, sizeof *tok.lengths);
 	if (!tok.bytes || !tok.lengths) {
@@ -186,7 +203,8 @@ static int is_shard_name(const char *s)
 
 static int is_owned_name(const char *s)
 {
-	static const char *const own[] = {"tokenizer.bin", "vocab.json", "merges.txt", "pattern.txt", LOOM_SHARD_INDEX};
+	static const char *const own[] = {"tokenizer.bin", "vocab.json", "merges.txt", "pattern.txt", "tokenizer.json",
+	                                  LOOM_SHARD_INDEX};
 	for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
 		if (!strcmp(s, own[i]))
 			return 1;
@@ -245,7 +263,8 @@ static int swap_in(const char *tmp, const char *out, int *removed)
 			return rc;
 		return loom__rm_rf(tmp); /* the old set */
 	}
-	static const char *const stale[] = {LOOM_SHARD_INDEX, "tokenizer.bin", "pattern.txt"};
+	static const char *const stale[] = {LOOM_SHARD_INDEX, "tokenizer.bin", "pattern.txt", "tokenizer.json", "vocab.json",
+	                                    "merges.txt"};
 	for (size_t i = 0; i < sizeof stale / sizeof stale[0]; i++) {
 		snprintf(b, sizeof b, "%s/%s", out, stale[i]);
 		if (unlink(b) != 0 && errno != ENOENT)
@@ -401,9 +420,9 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 	if (o->tokenizer) {
 		if ((rc = loom_bpe_load(&bpe, o->tokenizer)) != LOOM_OK)
 			goto out;
-		if ((eot = loom_bpe_eot(bpe)) < 0 || loom_bpe_vocab_size(bpe) > 65536) {
+		if ((eot = loom_bpe_doc_start(bpe)) < 0 || loom_bpe_vocab_size(bpe) > 65536) {
 			rc = loom_seterr(LOOM_EINVAL, "data prepare: tokenizer %s: %s", o->tokenizer,
-			                 eot < 0 ? "has no \"<|endoftext|>\" token to separate documents"
+			                 eot < 0 ? "has no \"<|endoftext|>\" token nor a post-processor BOS to start documents"
 			                         : "has more than 65536 tokens (shards hold uint16)");
 			goto out;
 		}

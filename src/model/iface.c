@@ -821,6 +821,8 @@ int loom__cp_opts_check(const char *who, const char *len_name, const loom_model_
 		                   o->T, (long)o->T * cp, len_name, cfg->seq_len);
 	if (cp > 1 && loom__cp_ring_env() < 0)
 		return loom_seterr(LOOM_EINVAL, "%s create: %s", who, loom_errmsg());
+	if (loom__flash_bf16_env() < 0) /* the attention kernel's precision option, read by every pass */
+		return loom_seterr(LOOM_EINVAL, "%s create: %s", who, loom_errmsg());
 	return LOOM_OK;
 }
 

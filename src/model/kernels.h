@@ -42,12 +42,13 @@ void loom__gemm_setup_threads(void);
  * is fp32. err keeps the first failure of a pass (loom_errmsg has its detail) until loom__gemm_status.
  * An operand "in the ctx's format" is what the path multiplies: bf16 values (uint16_t) on the native
  * path, bf16-rounded fp32 values (float) on the portable one. */
-enum { LOOM_BF16_SLOT_A, LOOM_BF16_SLOT_B, LOOM_BF16_SLOT_HOLD0, LOOM_BF16_SLOT_HOLD1, LOOM_BF16_SLOTS };
+enum { LOOM_BF16_SLOT_A, LOOM_BF16_SLOT_B, LOOM_BF16_SLOT_HOLD0, LOOM_BF16_SLOT_HOLD1, LOOM_BF16_SLOT_ATTN, LOOM_BF16_SLOTS };
 typedef struct {
 	int dtype; /* loom_compute_dtype_t */
 	int path;  /* loom_bf16_path_t: AUTO (0) is loom_bf16_path()'s choice, fixed at the first bf16 call */
 	/* scratch slots in the ctx's format: A and B are the GEMM's own conversions; HOLD0/1 keep an
-	 * operand a kernel converted once for several GEMMs (loom__bf16_hold) */
+	 * operand a kernel converted once for several GEMMs (loom__bf16_hold); ATTN is the attention
+	 * kernel's (flash.c: its keys and values packed once per call) */
 	void *buf[LOOM_BF16_SLOTS];
 	size_t cap[LOOM_BF16_SLOTS]; /* bytes at buf[k] */
 	int err;
@@ -75,8 +76,8 @@ int loom__gemm_bf16x(loom__gemm_ctx_t *ctx, int ta, int tb, int M, int N, int K,
 /* src (n) converted into scratch slot HOLD0 or HOLD1 of ctx, in its format, valid until that slot is
  * held again; NULL (ctx->err set) when out of memory or the path cannot be chosen. */
 const void *loom__bf16_hold(loom__gemm_ctx_t *ctx, int slot, const float *src, size_t n);
-/* Slot HOLD0/HOLD1 with room for n values in ctx's format, for a kernel that writes its operand
- * itself (with loom__bf16_row, one thread per row); NULL (ctx->err set) as loom__bf16_hold. */
+/* Slot HOLD0/HOLD1 (or ATTN, flash.c's) with room for n values in ctx's format, for a kernel that writes
+ * its operand itself (with loom__bf16_row, one thread per row); NULL (ctx->err set) as loom__bf16_hold. */
 void *loom__bf16_slot(loom__gemm_ctx_t *ctx, int slot, size_t n);
 /* Values [at, at + n) of a slot in ctx's format = src (n) converted; this thread. */
 void loom__bf16_row(const loom__gemm_ctx_t *ctx, void *slot, size_t at, const float *src, int n);
@@ -144,7 +145,9 @@ typedef struct {
 
 /* out (B,Tq) rows ldo apart, head h at columns h D: softmax(scale q k^T, masked) v; lse (B,NH,Tq), may be
  * NULL: each row's log-sum-exp of its scores (-inf for a row that sees no key, whose output is 0).
- * Deterministic whatever the thread count; allocates nothing (its blocks are on the stack). */
+ * Deterministic whatever the thread count. fp32 allocates nothing (its blocks are on the stack); in a
+ * bf16 context the native path packs K and V into the context's ATTN slot (grown once, B Tk NKV D
+ * values per form; a failure to grow it is kept in ctx->err and the call runs in fp32). */
 void loom__flash_forward(const loom__flash_t *a, float *out, int ldo, float *lse);
 /* dq (rows lddq apart) +=, dk, dv (rows lddk apart) += the gradients of the forward's output given dout
  * (rows lddo apart), the forward's out and lse. scratch: loom__flash_scratch_floats(B, Tk, NKV, D,
@@ -154,6 +157,11 @@ void loom__flash_backward(const loom__flash_t *a, float *dq, int lddq, float *dk
                           const float *dout, int lddo, const float *out, int ldo, const float *lse, float *scratch,
                           int scratch_threads);
 size_t loom__flash_scratch_floats(int B, int Tk, int NKV, int D, int nthreads);
+/* The attention's products LOOM_ATTN_BF16 asks for in a bf16 context: 3 (unset or "": bf16 on AMX where
+ * the CPU has it, else fp32), 1 (bf16 on every path), 0 (fp32), 2 ("avx512": bf16 without AMX); -1 for
+ * another value (the message says what was
+ * expected). The families' create refuses -1 (loom__cp_opts_check). */
+int loom__flash_bf16_env(void);
 /* Rows of a key block for head size D (chosen from the L2 cache size). */
 int loom__flash_key_block(int D);
 
@@ -186,8 +194,8 @@ size_t loom__cp_scratch_floats(int B, int Tl, int N, int NH, int NKV, int D);
  * (the message says what was expected). */
 int loom__cp_ring_env(void);
 /* A family's create: the cp options of o against cfg (rank in range, an even number of local rows that
- * fit the sequence, LOOM_CP_ATTENTION valid); LOOM_EINVAL with "<who> create: ..." naming len_name, the
- * family's name of the sequence length. */
+ * fit the sequence, LOOM_CP_ATTENTION valid) and the attention's LOOM_ATTN_BF16; LOOM_EINVAL with
+ * "<who> create: ..." naming len_name, the family's name of the sequence length. */
 int loom__cp_opts_check(const char *who, const char *len_name, const loom_model_config_t *cfg,
                         const loom_model_opts_t *o);
 /* Attention of the rank's local rows: a describes them as one process's call would (q, k, v the local

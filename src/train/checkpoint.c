@@ -126,7 +126,7 @@ static int put_state(loom_trainer_t *tr, loom_kv_t *kv, const loom_loader_state_
 /* Copy the BPE tokenizer files beside the tokenizer file `tok` (those that exist) into the checkpoint. */
 static int copy_bpe_files(const loom_ckpt_writer_t *w, const char *tok)
 {
-	static const char *const names[] = {"vocab.json", "merges.txt", "pattern.txt"};
+	static const char *const names[] = {"vocab.json", "merges.txt", "pattern.txt", "tokenizer.json"};
 	char dir[1100], src[1200], dst[1200];
 	snprintf(dir, sizeof dir, "%s", tok);
 	dirname(dir);

@@ -56,3 +56,9 @@ int loom__cp_ring_env(void)
 {
 	return 1;
 }
+
+/* Likewise the attention kernel's precision option (flash.c), which iface.c's create check asks. */
+int loom__flash_bf16_env(void)
+{
+	return 1;
+}

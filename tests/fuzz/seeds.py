@@ -105,6 +105,39 @@ put("bpe", 0, json.dumps(vocab) + "\0" + mtext)
 put("bpe", 1, json.dumps(vocab) + "\0" + mtext + "\0hello world<|endoftext|> hello")
 put("bpe", 2, json.dumps({spell[b]: b for b in range(256)}) + "\0")
 
+# tokenizer.json: the same vocabulary and merges under GPT-2's, Llama 3's and SmolLM2's pre-tokenizers,
+# added tokens and a BOS template; merges as strings and as pairs; a few near misses
+def tokjson(pre, merges_pairs=False, post=None, added=None, extra=None):
+    d = {"version": "1.0", "truncation": None, "padding": None, "normalizer": None,
+         "added_tokens": added if added is not None else
+         [{"id": len(vocab) - 1, "content": "<|endoftext|>", "special": True, "normalized": False}],
+         "pre_tokenizer": pre, "post_processor": post, "decoder": {"type": "ByteLevel"},
+         "model": {"type": "BPE", "ignore_merges": merges_pairs, "vocab": vocab,
+                   "merges": [list(m) for m in merges] if merges_pairs else ["%s %s" % m for m in merges]}}
+    d.update(extra or {})
+    return json.dumps(d)
+
+bl = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}
+l3 = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+      "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+bos = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                {"Sequence": {"id": "A", "type_id": 0}}],
+       "special_tokens": {"<s>": {"id": "<s>", "ids": [len(vocab)], "tokens": ["<s>"]}}}
+put("tokjson", 0, tokjson({"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}))
+put("tokjson", 1, tokjson({"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": l3},
+                                                                   "behavior": "Isolated", "invert": False}, bl]},
+                          True, bos, [{"id": len(vocab) - 1, "content": "<|endoftext|>", "special": True},
+                                      {"id": len(vocab), "content": "<s>", "special": True, "normalized": False},
+                                      {"id": len(vocab) + 1, "content": "ll", "special": False, "normalized": True}])
+    + "\0hello <s> world<|endoftext|> 1234")
+put("tokjson", 2, tokjson({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
+                                                                   {"type": "ByteLevel", "add_prefix_space": True}]}))
+put("tokjson", 3, tokjson({"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"String": "o"},
+                                                                   "behavior": "Isolated", "invert": True}, bl]}))
+put("tokjson", 4, tokjson(bl, extra={"normalizer": {"type": "NFC"}}))
+put("tokjson", 5, tokjson({"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "\\s"},
+                                                                   "behavior": "Removed"}, bl]}))
+
 # JSON: a state file, a config.json, a MANIFEST-like state, odd JSON
 put("state", 0, json.dumps({"format": "loom-state", "version": 1, "values": {"step": 10, "lr": 0.0003, "name": "x",
                                                                          "nan": "nan", "big": 18446744073709551615}}))

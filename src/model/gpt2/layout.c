@@ -167,23 +167,57 @@ int loom_gpt2_tp_check(const loom_gpt2_config_t *cfg, int tp)
 	return LOOM_OK;
 }
 
+/* Tensor k of the table as tp ranks hold it (shape and numel of one rank's part; offset unset). */
+static int shard_one(const loom_gpt2_config_t *cfg, int tp, int k, loom_tensor_info_t *info)
+{
+	int rc = loom_gpt2_tensor_info(cfg, k, info);
+	if (rc != LOOM_OK)
+		return rc;
+	if (tp > 1 && info->tp_dim >= 0) {
+		size_t S = strstr(info->name, "c_attn") ? 3 : 1, D = info->shape[info->tp_dim];
+		info->shape[info->tp_dim] = S * ((D / S + (size_t)tp - 1) / (size_t)tp);
+		info->numel = info->ndim == 2 ? info->shape[0] * info->shape[1] : info->shape[0];
+	}
+	return LOOM_OK;
+}
+
+/* The offset is the shard sizes of the tensors before i, in closed form: the two embeddings, whole
+ * layers (every layer's tensors have layer 0's sizes), then the tensors before i in its layer or in the
+ * tail. A per-tensor walk over everything before i made a caller's loop over the table quadratic (a
+ * 96-layer `loom plan --search` spent 10 s here). */
 int loom_gpt2_shard_info(const loom_gpt2_config_t *cfg, int tp, int i, loom_tensor_info_t *info)
 {
-	int rc;
-	size_t off = 0;
+	int rc, n = loom_gpt2_num_tensors(cfg), LT = LOOM_GPT2_LAYER_TENSORS;
+	size_t off = 0, layer = 0;
 	if (tp < 1)
 		tp = 1;
-	for (int k = 0; k <= i; k++) {
-		if ((rc = loom_gpt2_tensor_info(cfg, k, info)) != LOOM_OK)
+	if (i < 0 || i >= n)
+		return loom_seterr(LOOM_EINVAL, "tensor index %d out of range [0, %d)", i, n);
+	for (int k = 0; k < 2 && k < i; k++) {
+		if ((rc = shard_one(cfg, tp, k, info)) != LOOM_OK)
 			return rc;
-		if (tp > 1 && info->tp_dim >= 0) {
-			size_t S = strstr(info->name, "c_attn") ? 3 : 1, D = info->shape[info->tp_dim];
-			info->shape[info->tp_dim] = S * ((D / S + (size_t)tp - 1) / (size_t)tp);
-			info->numel = info->ndim == 2 ? info->shape[0] * info->shape[1] : info->shape[0];
-		}
-		info->offset = off;
 		off += info->numel;
 	}
+	if (i > 2) {
+		int in_layers = i < n - 2, full = in_layers ? (i - 2) / LT : cfg->n_layer;
+		int part = in_layers ? (i - 2) % LT : 0;
+		for (int j = 0; j < LT; j++) {
+			if ((rc = shard_one(cfg, tp, 2 + j, info)) != LOOM_OK)
+				return rc;
+			layer += info->numel;
+			if (j < part)
+				off += info->numel;
+		}
+		off += (size_t)full * layer;
+		for (int k = n - 2; k < i; k++) {
+			if ((rc = shard_one(cfg, tp, k, info)) != LOOM_OK)
+				return rc;
+			off += info->numel;
+		}
+	}
+	if ((rc = shard_one(cfg, tp, i, info)) != LOOM_OK)
+		return rc;
+	info->offset = off;
 	return LOOM_OK;
 }
 
