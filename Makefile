@@ -208,12 +208,13 @@ FUZZ_CC      ?= clang
 FUZZ_FLAGS   := -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -g -O1 -fno-omit-frame-pointer
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_LIB_SRC := src/core/error.c src/core/util.c src/core/fileio.c src/core/crc32c.c src/ckpt/json.c src/ckpt/kv.c \
-                src/ckpt/safetensors.c src/ckpt/llmc.c src/ckpt/model.c src/ckpt/hf_config.c src/ckpt/train_ckpt.c \
+                src/ckpt/safetensors.c src/ckpt/llmc.c src/ckpt/model.c src/ckpt/hf_config.c src/ckpt/hf_dir.c \
+                src/ckpt/train_ckpt.c \
                 src/model/gpt2/layout.c src/model/iface.c src/model/nanochat/nanochat_layout.c src/model/llama/llama_layout.c \
                 tests/fuzz/fuzz_families.c \
                 src/data/shard.c src/data/shard_index.c src/data/tokenizer.c src/data/bpe.c src/data/bpe_train.c \
                 src/data/tokenizer_json.c
-FUZZ_NAMES   := safetensors llmc shard index tokenizer bpe tokjson state manifest cluster
+FUZZ_NAMES   := safetensors llmc shard index tokenizer bpe tokjson state manifest cluster hfconfig
 FUZZ_BIN     := $(FUZZ_NAMES:%=build/fuzz/fuzz_%)
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=build/fuzz/obj/%.o)
 

@@ -1,4 +1,5 @@
 /* convert.c: `loom convert IN OUT`: GPT-2 model files between safetensors (HF names) and llm.c .bin;
+ * the llama family between Hugging Face directories (sharded or not, BF16/F16/F32) and loom's files;
  * nanochat's model_NNNNNN.pt (torch.save) to and from loom's nanochat safetensors, through
  * scripts/nanochat_pt.py (a pickled PyTorch file is read by torch, which a nanochat user has).
  *
@@ -27,7 +28,13 @@ static int ends_with(const char *s, const char *suffix)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: loom convert IN OUT [--n-head N] [--force]\n\n"
+	fprintf(f, "usage: loom convert IN OUT [--n-head N] [--dtype f32|bf16] [--shard-size BYTES] [--force]\n\n"
+	           "Llama / Qwen2 (Hugging Face directories): IN a directory holding config.json and model.safetensors\n"
+	           "or the shards of model.safetensors.index.json (BF16, F16 or F32), or a loom .safetensors of the\n"
+	           "llama family; OUT a .safetensors (loom's file, fp32, config.json beside it) or a directory (no\n"
+	           "extension), written as transformers writes one: config.json, model.safetensors or shards of at\n"
+	           "most --shard-size bytes (default 5000000000) with the index, F32 or --dtype bf16. An existing\n"
+	           "OUT directory is refused unless --force (it is then replaced whole).\n\n"
 	           "Converts a GPT-2 model between safetensors (Hugging Face names and shapes) and llm.c's .bin\n"
 	           "(version 3, fp32). IN's format is detected from its content; OUT's from its extension\n"
 	           "(.safetensors or .bin). --n-head is needed only for a safetensors file whose metadata and\n"
@@ -151,11 +158,45 @@ static int run_pt_helper(const char *mode, const char *in, const char *out, cons
 	return 0;
 }
 
+/* IN (any model loom reads) to the Hugging Face directory OUT; the llama family only. */
+static int convert_to_dir(const char *in, const char *out, int n_head, int bf16, size_t shard, int force)
+{
+	loom_model_config_t cfg;
+	loom_hf_save_opts_t o = {bf16 ? LOOM_ST_BF16 : LOOM_ST_F32, shard, -1, force};
+	struct stat sb;
+	float *params;
+	int rc, existed = stat(out, &sb) == 0;
+	if (existed && !force)
+		cli_die("convert", "%s exists; nothing was written: a Hugging Face directory is written whole into a new "
+		        "directory, or give --force to replace it", out);
+	if ((rc = loom_model_load_alloc(in, n_head, &cfg, &params)) != LOOM_OK) {
+		fprintf(stderr, "loom convert: %s\n", loom_errmsg());
+		return 1;
+	}
+	if (cfg.arch != LOOM_ARCH_LLAMA) {
+		free(params);
+		cli_die("convert", "%s: a %s model; Hugging Face directories are written for the llama family (Llama, "
+		        "Qwen2): give OUT a .safetensors or .bin name", in, loom_arch_name(cfg.arch));
+	}
+	rc = loom_hf_dir_save(out, &cfg, params, &o);
+	free(params);
+	if (rc != LOOM_OK) {
+		fprintf(stderr, "loom convert: %s\n", loom_errmsg());
+		return 1;
+	}
+	printf("%s -> %s (Hugging Face directory, %s%s): %s L=%d H=%d KV=%d C=%d V=%d, %zu parameters%s\n", in, out,
+	       bf16 ? "BF16" : "F32", shard ? ", sharded" : "", cfg.qwen2 ? "qwen2" : "llama", cfg.n_layer, cfg.n_head,
+	       cfg.n_kv_head ? cfg.n_kv_head : cfg.n_head, cfg.n_embd, cfg.vocab_size, loom_model_num_params(&cfg),
+	       existed ? " (replaced, --force)" : "");
+	return 0;
+}
+
 int loom_cli_convert(int argc, char **argv)
 {
 	const char *in = NULL, *out = NULL, *v;
 	char side[PATH_MAX + 32];
-	int n_head = 0, rc, force = 0;
+	int n_head = 0, rc, force = 0, bf16 = 0;
+	long long shard = 0;
 	loom_model_config_t cfg;
 	loom_model_format_t fmt;
 	float *params;
@@ -168,6 +209,13 @@ int loom_cli_convert(int argc, char **argv)
 			if (x <= 0 || x > 1 << 20)
 				cli_die("convert", "--n-head: %lld must be positive", x);
 			n_head = (int)x;
+		} else if (cli_flag(argc, argv, &i, "--dtype", &v)) {
+			if (strcmp(v, "bf16") != 0 && strcmp(v, "f32") != 0)
+				cli_die("convert", "--dtype: '%s' is not one of f32, bf16", v);
+			bf16 = strcmp(v, "bf16") == 0;
+		} else if (cli_flag(argc, argv, &i, "--shard-size", &v)) {
+			if ((shard = cli_parse_int("convert", "--shard-size", v)) <= 0)
+				cli_die("convert", "--shard-size: %lld must be positive", shard);
 		} else if (strcmp(argv[i], "--force") == 0) {
 			force = 1;
 		} else if (argv[i][0] == '-' && argv[i][1] == '-') {
@@ -186,7 +234,13 @@ int loom_cli_convert(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	int from_pt = is_zip(in);
+	int from_pt = is_zip(in), to_dir = !ends_with(out, ".safetensors") && !ends_with(out, ".bin") &&
+	                                   !ends_with(out, ".pt");
+	if ((bf16 || shard) && !to_dir)
+		cli_die("convert", "--dtype and --shard-size are for a Hugging Face directory OUT (a path without "
+		        ".safetensors, .bin or .pt); %s is not one", out);
+	if (to_dir)
+		return convert_to_dir(in, out, n_head, bf16, (size_t)shard, force);
 	side_file(out, from_pt, side, sizeof side);
 	const char *said = check_side_file(out, side, force);
 	if (from_pt) {
@@ -210,7 +264,7 @@ int loom_cli_convert(int argc, char **argv)
 		return 1;
 	}
 	printf("%s (%s) -> %s (%s): L=%d H=%d C=%d T=%d V=%d, %zu parameters%s\n", in,
-	       fmt == LOOM_MODEL_LLMC ? "llm.c" : "safetensors", out, ends_with(out, ".bin") ? "llm.c" : "safetensors",
+	       fmt == LOOM_MODEL_LLMC ? "llm.c" : fmt == LOOM_MODEL_HF_SHARDED ? "Hugging Face shards" : "safetensors", out, ends_with(out, ".bin") ? "llm.c" : "safetensors",
 	       cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, loom_model_num_params(&cfg), said);
 	return 0;
 }

@@ -1,5 +1,5 @@
 /* info.c: `loom info FILE`: what a file holds: a model (safetensors or llm.c .bin: config, every
- * tensor, parameter count), a token shard (token count), a tokenizer, a state file, or a training
+ * tensor, parameter count; a Hugging Face directory of the llama family, sharded or not), a token shard (token count), a tokenizer, a state file, or a training
  * checkpoint directory (its files, verified against its MANIFEST). */
 #include <dirent.h>
 #include <stdint.h>
@@ -28,6 +28,41 @@ static void print_shape(const size_t *shape, int ndim)
 	printf("%-22s", buf);
 }
 
+/* The llama family's configuration in transformers' words. */
+static void print_llama(const loom_model_config_t *c)
+{
+	printf("%s (%s): num_hidden_layers=%d num_attention_heads=%d num_key_value_heads=%d hidden_size=%d head_dim=%d "
+	       "intermediate_size=%d max_position_embeddings=%d vocab_size=%d rope_theta=%g rope_scaling=%s "
+	       "rms_norm_eps=%g tie_word_embeddings=%s biases: q/k/v %s, o %s, mlp %s", c->qwen2 ? "qwen2" : "llama",
+	       c->qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM", c->n_layer, c->n_head, c->n_kv_head ? c->n_kv_head :
+	       c->n_head, c->n_embd, c->head_dim ? c->head_dim : c->n_embd / c->n_head, c->intermediate_size, c->seq_len,
+	       c->vocab_size, c->rope_theta, c->rope_scaling.type == LOOM_ROPE_LLAMA3 ? "llama3" : "none",
+	       c->rms_norm_eps, c->tie_word_embeddings ? "true" : "false",
+	       c->attention_bias || c->qkv_bias ? "yes" : "no", c->attention_bias ? "yes" : "no", c->mlp_bias ? "yes" : "no");
+	if (c->has_token_ids)
+		printf(" bos=%d eos=%d", c->bos_token_id, c->eos_token_id);
+	printf(", %zu parameters\n", loom_model_num_params(c));
+}
+
+/* A Hugging Face directory of shards: the configuration, the files, then each file's tensors. */
+static int info_safetensors(const char *path, int n_head);
+static int info_hf_sharded(const char *path)
+{
+	loom_model_config_t cfg;
+	loom_hf_info_t hi;
+	printf("%s: a Hugging Face model directory (config.json, model.safetensors.index.json)\n", path);
+	if (loom_hf_dir_config(path, &cfg, &hi) != LOOM_OK) {
+		printf("not a loadable model: %s\n", loom_errmsg());
+		return 1;
+	}
+	printf("%d shards, tensors in %s%s, config.json torch_dtype %s%s\n", hi.n_files, loom_st_dtype_name(hi.dtype),
+	       hi.mixed_dtypes ? " (and others)" : "", hi.torch_dtype[0] ? hi.torch_dtype : "(none)",
+	       hi.rope_parameters ? ", rope from rope_parameters (transformers 5)" : "");
+	print_llama(&cfg);
+	printf("(each shard: loom info %s/model-NNNNN-of-%05d.safetensors)\n", path, hi.n_files);
+	return 0;
+}
+
 static int info_safetensors(const char *path, int n_head)
 {
 	loom_st_t *st;
@@ -44,6 +79,8 @@ static int info_safetensors(const char *path, int n_head)
 	}
 	if (loom_model_config(path, n_head, &cfg, NULL) != LOOM_OK)
 		printf("not a loadable model: %s\n", loom_errmsg());
+	else if (cfg.arch == LOOM_ARCH_LLAMA)
+		print_llama(&cfg);
 	else if (cfg.arch == LOOM_ARCH_GPT2)
 		printf("GPT-2: n_layer=%d n_head=%d n_embd=%d n_positions=%d vocab_size=%d, %zu parameters\n", cfg.n_layer,
 		       cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, loom_model_num_params(&cfg));
@@ -145,6 +182,8 @@ static int info_other_dir(const char *path)
 		putchar('\n');
 		return info_dir(latest);
 	}
+	if (!exists(path, "model.safetensors") && exists(path, "model.safetensors.index.json"))
+		return info_hf_sharded(path);
 	if (exists(path, "model.safetensors")) {
 		snprintf(sp, sizeof sp, "%s/model.safetensors", path);
 		printf("%s: a model directory%s\n", path, exists(path, "config.json") ? " (with Hugging Face's config.json)" : "");

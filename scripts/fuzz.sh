@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fuzz.sh SECONDS [NAME...]: build the libFuzzer harnesses (make fuzz) and run each (all by default:
-# safetensors llmc shard index tokenizer bpe tokjson state manifest cluster) for SECONDS, from the seed corpus that
+# safetensors llmc shard index tokenizer bpe tokjson state manifest cluster hfconfig) for SECONDS, from the seed corpus that
 # tests/fuzz/seeds.py writes plus what earlier runs kept in build/fuzz/corpus/NAME. Fails on any
 # crash, sanitizer report, leak, input slower than 1 s (-timeout=1) or allocation over 100 MB
 # (-malloc_limit_mb); the input is kept in build/fuzz/artifacts/. Prints executions per harness.
@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:?usage: scripts/fuzz.sh SECONDS [NAME...]}"
 shift
-names="${*:-safetensors llmc shard index tokenizer bpe tokjson state manifest cluster}"
+names="${*:-safetensors llmc shard index tokenizer bpe tokjson state manifest cluster hfconfig}"
 make --no-print-directory -j2 fuzz >/dev/null
 seeds=build/fuzz/seeds
 rm -rf "$seeds"

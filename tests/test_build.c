@@ -40,7 +40,8 @@ TEST(pkgconfig_example)
  * with its own matmul_forward or read_file links against loom. */
 TEST(archive_symbols_prefixed)
 {
-	char bin[4096], cmd[8400], out[16384];
+	char bin[4096], cmd[8400];
+	static char out[1 << 16]; /* the list passed 16 KB with the llama family, tokenizer.json and HF directories */
 	snprintf(bin, sizeof bin, "%s", test_loom_bin());
 	snprintf(cmd, sizeof cmd, "nm -g --defined-only %s/libloom.a | awk 'NF == 3 {print $3}' | sort -u", dirname(bin));
 	int rc = test_run_cmd(cmd, out, sizeof out, 60);

@@ -78,10 +78,13 @@ int loom_st_write(const char *path, const loom_st_tensor_t *tensors, int n, cons
 #define LOOM_LLMC_MAGIC 20240326
 #define LOOM_LLMC_VERSION 3 /* fp32, padded vocabulary; version 5 (bf16) is read too */
 
-/* Which format a model file is: by magic (llm.c .bin starts with 20240326), else safetensors. */
-typedef enum { LOOM_MODEL_SAFETENSORS, LOOM_MODEL_LLMC } loom_model_format_t;
+/* Which format a model file is: by magic (llm.c .bin starts with 20240326), else safetensors;
+ * LOOM_MODEL_HF_SHARDED a Hugging Face directory of shards (its model.safetensors.index.json). */
+typedef enum { LOOM_MODEL_SAFETENSORS, LOOM_MODEL_LLMC, LOOM_MODEL_HF_SHARDED } loom_model_format_t;
 
-/* Read a model file's configuration. safetensors: the shapes give V, T, C and L, n_head comes from
+/* Read a model file's configuration. A model of the llama family (a .safetensors beside a config.json
+ * of model_type "llama" / "qwen2", loom's own file of it, a directory of shards or its index):
+ * loom_hf_dir_config's. Other safetensors: the shapes give V, T, C and L, n_head comes from
  * __metadata__ "n_head", else from config.json beside the file (HF layout), else from n_head_hint
  * (> 0; e.g. the CLI's --n-head); LOOM_EINVAL naming the file when none has it. llm.c .bin: the
  * header. Writes the format to *fmt when fmt is not NULL. */
@@ -111,6 +114,69 @@ int loom_model_write_hf_config(const char *model_path, const loom_model_config_t
  * ("./config.json" for a bare file name). For a caller that must not replace a file it was not asked
  * to write (`loom convert` without --force). LOOM_EINVAL when it does not fit in cap bytes. */
 int loom_model_hf_config_path(const char *model_path, char *path, size_t cap);
+
+/* ---- Hugging Face directories of the llama family (docs/hf.md) ------------------------------------ */
+
+/* What config.json and the weights say beyond the model's configuration. */
+typedef struct {
+	char model_type[16];   /* "llama" | "qwen2" */
+	char torch_dtype[16];  /* config.json's "torch_dtype" (transformers 5: "dtype"); "" when absent */
+	int rope_parameters;   /* 1: the rope came from transformers 5's "rope_parameters" */
+	int n_files;           /* safetensors files read: 1, or the shards of the index (directory reads only) */
+	loom_st_dtype_t dtype; /* the weights' dtype (directory reads only; the first tensor's) */
+	int mixed_dtypes;      /* 1 when the tensors do not all have that dtype */
+} loom_hf_info_t;
+
+/* Parse the text of a config.json of LlamaForCausalLM (model_type "llama") or Qwen2ForCausalLM
+ * ("qwen2") into cfg (arch LOOM_ARCH_LLAMA; every field the model needs) and info (may be NULL).
+ * Reads the rope either as rope_theta + rope_scaling (type/rope_type "default" or "llama3") or as
+ * transformers 5's rope_parameters. bos/eos_token_id may be an integer, a list (the first is taken)
+ * or null. `what` names the file in messages. LOOM_EFORMAT for malformed JSON, a missing size, a
+ * value of the wrong type or out of range; LOOM_ENOTSUP for what loom does not implement (another
+ * model_type or architecture, hidden_act other than "silu", another rope type, Qwen2's sliding
+ * window, dropout, quantized weights), naming the field. Thread-safe. */
+int loom_hf_config_parse(const char *text, size_t len, const char *what, loom_model_config_t *cfg,
+                         loom_hf_info_t *info);
+/* The same from the file at path (at most 1 MB). */
+int loom_hf_config_read(const char *path, loom_model_config_t *cfg, loom_hf_info_t *info);
+/* Write cfg (arch LOOM_ARCH_LLAMA) as transformers writes config.json: its keys sorted, rope_theta
+ * and rope_scaling (which transformers 4 and 5 both read), "torch_dtype" torch_dtype ("float32",
+ * "bfloat16"). bos/eos_token_id are cfg's when it has them, else eot (eot < 0: vocab_size - 1).
+ * Atomic. LOOM_EINVAL for a configuration the class cannot express (Llama with q/k/v biases only,
+ * Qwen2 with an o or MLP bias) or an eot outside the vocabulary. */
+int loom_hf_config_write(const char *path, const loom_model_config_t *cfg, const char *torch_dtype, int eot);
+
+/* 1 when dir holds config.json and model.safetensors or model.safetensors.index.json, else 0. */
+int loom_hf_dir_is(const char *dir);
+/* The configuration of the model in dir (a directory as above; also accepted: the path of its
+ * model.safetensors or model.safetensors.index.json) from its config.json, and every weight checked
+ * against the family's parameter table: each tensor of the table present once (lm_head.weight may be
+ * absent only when the embeddings are tied), with the table's shape, in F32, BF16 or F16; no other
+ * tensor (transformers 4's rotary_emb.inv_freq buffers aside, derived from the config); a tied
+ * lm_head.weight is checked equal to the embedding when loaded. The shards are those of weight_map
+ * (plain file names inside dir), each tensor in the shard weight_map names. LOOM_EFORMAT /
+ * LOOM_ENOTSUP naming the file and the tensor; LOOM_ENOENT when a file is missing. */
+int loom_hf_dir_config(const char *dir, loom_model_config_t *cfg, loom_hf_info_t *info);
+/* Load the weights into params (loom_model_num_params(cfg) floats, the table's layout), converted to
+ * fp32, tensor by tensor through a buffer of 256 KB: nothing else as large as a tensor is
+ * allocated and no file page stays mapped, so the peak memory is params plus that buffer. */
+int loom_hf_dir_load(const char *dir, const loom_model_config_t *cfg, float *params);
+
+typedef struct {
+	loom_st_dtype_t dtype; /* LOOM_ST_F32 (0, the default) or LOOM_ST_BF16 (rounded to nearest even) */
+	size_t shard_bytes;    /* a new shard when the next tensor would take one past this (0: 5 GB,
+	                          transformers' default); one shard is model.safetensors, no index */
+	int eot;               /* bos/eos for a configuration without token ids (loom_hf_config_write) */
+	int replace;           /* 1: an existing dir is replaced; else LOOM_EINVAL naming it */
+} loom_hf_save_opts_t;
+/* Write the model as a Hugging Face directory dir: config.json, model.safetensors or shards
+ * model-0000K-of-0000N.safetensors with model.safetensors.index.json (metadata.total_size, weight_map
+ * sorted), every tensor of the family's table under its name (transformers'), with metadata
+ * {"format": "pt"}. Atomic as a whole: written into a temporary directory beside dir and renamed
+ * into place (an existing dir, when replaced, is renamed aside first and removed after), so dir is
+ * never half-written. opts may be NULL (F32, 5 GB shards, eot -1, no replace). */
+int loom_hf_dir_save(const char *dir, const loom_model_config_t *cfg, const float *params,
+                     const loom_hf_save_opts_t *opts);
 
 /* AdamW state as safetensors: tensors "<name>.exp_avg" (m) and "<name>.exp_avg_sq" (v) for every
  * model tensor (PyTorch's names), with the model config in __metadata__. load checks the config and
@@ -181,7 +247,9 @@ void loom_ckpt_abort(loom_ckpt_writer_t *w); /* removes the temp dir; safe after
 int loom_ckpt_latest(const char *dir, char *path, size_t cap, int64_t *step);
 /* The model file that `arg` names, as `loom sample --model` and `loom train --init-from` take it:
  * a file is itself; a directory holding model.safetensors (a checkpoint DIR/step_NNNNNNNN, a model
- * directory) gives that; a directory of checkpoints (a --save-dir) gives its newest checkpoint's,
+ * directory) gives that; a Hugging Face directory of shards (config.json and
+ * model.safetensors.index.json, loom_hf_dir_is) gives the directory itself, which loom_model_config
+ * and loom_model_load take; a directory of checkpoints (a --save-dir) gives its newest checkpoint's,
  * verified as loom_ckpt_latest does. Writes the path into path (cap bytes). LOOM_ENOENT naming arg
  * when it does not exist or is a directory with neither; loom_ckpt_latest's LOOM_EFORMAT (the older
  * checkpoints that verify listed) when the newest is damaged; LOOM_EINVAL when the path does not fit. */

@@ -179,6 +179,9 @@ int loom_model_save_llmc(const char *path, const loom_model_config_t *cfg, const
 	float *buf;
 	atomic_file_t af;
 	int rc;
+	if (cfg->arch != LOOM_ARCH_GPT2)
+		return loom_seterr(LOOM_EINVAL, "%s: llm.c's .bin holds GPT-2 only, not a %s model (save it as "
+		                   ".safetensors)", path, loom_arch_name(cfg->arch));
 	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
 		return rc;
 	h[0] = LOOM_LLMC_MAGIC, h[1] = LOOM_LLMC_VERSION, h[2] = cfg->seq_len, h[3] = cfg->vocab_size;
@@ -247,9 +250,33 @@ static int detect(const char *path, loom_model_format_t *fmt)
 	return LOOM_OK;
 }
 
+/* A Hugging Face directory of shards, given as the directory or as its model.safetensors.index.json:
+ * 1, else 0. A Hugging Face directory holding one model.safetensors gives that file, written into buf
+ * (any other directory is left to the reader, which refuses it). */
+static int hf_sharded(const char **path, char *buf, size_t cap)
+{
+	struct stat sb;
+	size_t n = strlen(*path);
+	if (n >= 11 && strcmp(*path + n - 11, ".index.json") == 0)
+		return 1;
+	if (!loom_hf_dir_is(*path))
+		return 0;
+	if (snprintf(buf, cap, "%s/model.safetensors", *path) < (int)cap && stat(buf, &sb) == 0) {
+		*path = buf;
+		return 0;
+	}
+	return 1;
+}
+
 int loom_model_config(const char *path, int n_head_hint, loom_model_config_t *cfg, loom_model_format_t *fmt)
 {
 	loom_model_format_t f;
+	char buf[1200];
+	if (hf_sharded(&path, buf, sizeof buf)) {
+		if (fmt)
+			*fmt = LOOM_MODEL_HF_SHARDED;
+		return loom_hf_dir_config(path, cfg, NULL);
+	}
 	int rc = detect(path, &f);
 	if (rc != LOOM_OK)
 		return rc;
@@ -261,6 +288,9 @@ int loom_model_config(const char *path, int n_head_hint, loom_model_config_t *cf
 int loom_model_load(const char *path, const loom_model_config_t *cfg, float *params)
 {
 	loom_model_format_t f;
+	char buf[1200];
+	if (hf_sharded(&path, buf, sizeof buf))
+		return loom_hf_dir_load(path, cfg, params);
 	int rc = detect(path, &f);
 	if (rc != LOOM_OK)
 		return rc;

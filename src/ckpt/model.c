@@ -434,6 +434,10 @@ int loom__st_model_config(const char *path, int n_head_hint, loom_model_config_t
 	memset(cfg, 0, sizeof *cfg);
 	if ((rc = loom_st_open(&st, path)) != LOOM_OK)
 		return rc;
+	if (loom__hf_is_llama_file(path, st)) { /* the llama family: config.json or its copy in __metadata__ */
+		loom_st_close(st);
+		return loom_hf_dir_config(path, cfg, NULL);
+	}
 	if ((rc = file_arch(st, path, &arch)) == LOOM_OK) {
 		if (arch == LOOM_ARCH_GPT2) {
 			rc = gpt2_config(st, path, n_head_hint, cfg);
@@ -457,6 +461,11 @@ int loom__st_model_load(const char *path, const loom_model_config_t *cfg, float 
 	if ((rc = loom_st_open(&st, path)) != LOOM_OK) {
 		free(which);
 		return rc;
+	}
+	if (cfg->arch == LOOM_ARCH_LLAMA) {
+		loom_st_close(st);
+		free(which);
+		return loom_hf_dir_load(path, cfg, params);
 	}
 	if (cfg->arch != LOOM_ARCH_GPT2) {
 		rc = family_load(st, path, cfg, params);
@@ -496,7 +505,7 @@ static int optim_save(const char *path, const loom_model_config_t *cfg, const fl
 
 /* The config as __metadata__ pairs (GPT-2's five numbers; another family's file also names its arch
  * and its own fields); bufs holds the number texts. Returns the number of pairs. */
-static int config_meta(const loom_model_config_t *cfg, const char *kind, char bufs[8][16], const char *meta[22])
+static int config_meta(const loom_model_config_t *cfg, const char *kind, char bufs[8][16], const char *meta[26])
 {
 	const char *keys[7] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size", "n_kv_head", "short_window"};
 	int vals[7] = {cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->seq_len, cfg->vocab_size, cfg->n_kv_head,
@@ -536,7 +545,7 @@ static int model_save(const char *path, const loom_model_config_t *cfg, const fl
 	loom_st_tensor_t *t;
 	loom_tensor_info_t *info;
 	char bufs[8][16];
-	const char *meta[22];
+	const char *meta[26];
 	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
 		return rc;
 	nt = loom_model_num_tensors(cfg);
@@ -555,7 +564,13 @@ static int model_save(const char *path, const loom_model_config_t *cfg, const fl
 		t[i].data = params ? params + info[i].offset : NULL;
 		t[i].nbytes = info[i].numel * sizeof(float);
 	}
-	rc = loom__st_write_fill(path, t, nt, meta, config_meta(cfg, loom_arch_name(cfg->arch), bufs, meta), fill, ctx);
+	int n_meta = config_meta(cfg, loom_arch_name(cfg->arch), bufs, meta);
+	char *hf = NULL; /* the llama family's configuration has more than numbers: its config.json, whole */
+	if (cfg->arch == LOOM_ARCH_LLAMA && (rc = loom__hf_config_text(cfg, "float32", -1, &hf)) == LOOM_OK)
+		meta[2 * n_meta] = "hf_config", meta[2 * n_meta + 1] = hf, n_meta++;
+	if (rc == LOOM_OK)
+		rc = loom__st_write_fill(path, t, nt, meta, n_meta, fill, ctx);
+	free(hf);
 	free(t), free(info);
 	return rc ? rc : loom_model_write_hf_config(path, cfg, -1);
 }
@@ -579,7 +594,7 @@ static int optim_save(const char *path, const loom_model_config_t *cfg, const fl
 	loom_st_tensor_t *t;
 	char (*names)[LOOM_TENSOR_NAME_MAX + 16];
 	char bufs[8][16];
-	const char *meta[22];
+	const char *meta[26];
 	if ((rc = loom_model_config_check(cfg)) != LOOM_OK)
 		return rc;
 	nt = loom_model_num_tensors(cfg);

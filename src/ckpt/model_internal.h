@@ -2,6 +2,7 @@
 #ifndef LOOM_CKPT_MODEL_INTERNAL_H
 #define LOOM_CKPT_MODEL_INTERNAL_H
 
+#include "ckpt/json.h"
 #include "loom/ckpt.h"
 
 /* Limits on the dimensions of a model read from a file (docs/model.md). They are far above any GPT-2
@@ -45,5 +46,38 @@ static inline int loom__ckpt_count(int n, int kind)
 {
 	return kind == 0 ? n : 2 * n;
 }
+
+/* The llama family's config.json (loom_hf_config_write's text) in a malloc'ed string, which loom's
+ * own model files of the family carry in __metadata__ "hf_config". LOOM_EINVAL / LOOM_ENOMEM. */
+int loom__hf_config_text(const loom_model_config_t *cfg, const char *torch_dtype, int eot, char **text);
+
+/* ---- Hugging Face directories (hf_dir.c) ---- */
+
+/* F16 bits to float (safetensors.c). */
+float loom__half_to_f32(uint16_t h);
+/* The parameter table of cfg, malloc'ed into *tab (*n tensors): the family's (loom__hf_family_table),
+ * or a caller's (tests of the directory code with a table of their own). */
+typedef int (*loom__hf_table_fn)(const loom_model_config_t *cfg, loom_tensor_info_t **tab, int *n);
+int loom__hf_family_table(const loom_model_config_t *cfg, loom_tensor_info_t **tab, int *n);
+/* loom_hf_dir_config / _load / _save with the table from `table` (NULL: the family's). */
+int loom__hf_config(const char *arg, loom__hf_table_fn table, loom_model_config_t *cfg, loom_hf_info_t *info);
+int loom__hf_load(const char *arg, loom__hf_table_fn table, const loom_model_config_t *cfg, float *params);
+int loom__hf_save(const char *dir, loom__hf_table_fn table, const loom_model_config_t *cfg, const float *params,
+                  const loom_hf_save_opts_t *opts);
+/* A parsed model.safetensors.index.json: weight_map (tensor -> file) and its distinct files, sorted. */
+typedef struct {
+	json_t root;
+	const json_t *map;   /* the weight_map object */
+	const char **files;  /* nf distinct shard names (into root) */
+	int nf;
+} loom__hf_index_t;
+/* LOOM_EFORMAT naming `what` for malformed JSON, no weight_map, a file name that is not a plain
+ * *.safetensors name inside the directory, a tensor listed twice. Free with loom__hf_index_free
+ * either way. */
+int loom__hf_index_parse(const char *text, size_t len, const char *what, loom__hf_index_t *ix);
+void loom__hf_index_free(loom__hf_index_t *ix);
+/* 1 when the open file `st` at path holds a llama-family model: loom's (__metadata__ arch "llama") or
+ * Hugging Face's (config.json beside it with model_type "llama" / "qwen2"). */
+int loom__hf_is_llama_file(const char *path, const loom_st_t *st);
 
 #endif

@@ -337,7 +337,7 @@ const char *loom_st_meta(const loom_st_t *st, const char *key)
 	return NULL;
 }
 
-static float half_to_f32(uint16_t h)
+float loom__half_to_f32(uint16_t h)
 {
 	uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
 	float f;
@@ -407,7 +407,7 @@ int loom_st_read_f32(const loom_st_t *st, int i, float *out, size_t numel)
 		return LOOM_OK;
 	case LOOM_ST_F16:
 		for (size_t j = 0; j < n; j++)
-			out[j] = half_to_f32((uint16_t)(p[2 * j] | (p[2 * j + 1] << 8)));
+			out[j] = loom__half_to_f32((uint16_t)(p[2 * j] | (p[2 * j + 1] << 8)));
 		return LOOM_OK;
 	case LOOM_ST_F64:
 		for (size_t j = 0; j < n; j++) {

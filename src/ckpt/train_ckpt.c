@@ -358,6 +358,8 @@ int loom_model_path(const char *arg, char *path, size_t cap)
 		return loom_seterr(LOOM_EINVAL, "%s: path too long", arg);
 	if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode))
 		return LOOM_OK;
+	if (loom_hf_dir_is(arg)) /* a Hugging Face directory of shards: the directory itself */
+		return snprintf(path, cap, "%s", arg) < (int)cap ? LOOM_OK : loom_seterr(LOOM_EINVAL, "%s: path too long", arg);
 	if ((rc = loom_ckpt_latest(arg, ck, sizeof ck, &step)) == LOOM_ENOENT)
 		return loom_seterr(rc, "%s: a directory without model.safetensors or checkpoints (step_NNNNNNNN)", arg);
 	if (rc != LOOM_OK) /* a damaged newest checkpoint: the message lists the older ones that verify */

@@ -179,3 +179,22 @@ put("cluster", 0, json.dumps({"nodes": 2, "ranks_per_node": 2, "peak_flops_fp32"
 put("cluster", 1, json.dumps({"profile": "a100-8x80g", "nodes": 4, "price_per_rank_hour": 2.5}))
 put("cluster", 2, json.dumps({"profile": "cpu-node", "ranks_per_node": 0}))
 put("cluster", 3, '{"nodes": 1, "ranks_per_node": 2, "peak_flops_fp32": -1}')
+
+# Hugging Face config.json / model.safetensors.index.json (fuzz_hfconfig): the config of the harness's
+# tiny model (transformers 4's layout, then 5's), Qwen2's, near misses, and an index
+tiny = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 8, "vocab_size": 4,
+        "max_position_embeddings": 4, "tie_word_embeddings": True, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 2}, "bos_token_id": 1, "eos_token_id": [2, 3],
+        "hidden_act": "silu", "torch_dtype": "bfloat16"}
+put("hfconfig", 0, json.dumps(tiny, indent=2))
+v5 = dict(tiny, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, dtype="float32")
+del v5["rope_scaling"], v5["rope_theta"]
+put("hfconfig", 1, json.dumps(v5))
+put("hfconfig", 2, json.dumps(dict(tiny, model_type="qwen2", architectures=["Qwen2ForCausalLM"],
+                                   use_sliding_window=False, tie_word_embeddings=False)))
+put("hfconfig", 3, json.dumps(dict(tiny, num_key_value_heads=3, head_dim=7)))
+put("hfconfig", 4, json.dumps({"metadata": {"total_size": 1024},
+                               "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                                              "model.norm.weight": "model-00002-of-00002.safetensors"}}))
