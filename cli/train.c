@@ -524,10 +524,6 @@ static int muon_zero_pp(const opts_t *o)
 }
 static int zero_dp1(const opts_t *o) { return o->tc.zero > 0 && o->dp * o->cp == 1; }
 static int muon_tp(const opts_t *o) { return o->tc.optimizer == LOOM_OPTIMIZER_MUON && o->tp > 1; }
-static int llama_untied_zero_pp(const opts_t *o)
-{
-	return o->mc.arch == LOOM_ARCH_LLAMA && !o->mc.tie_word_embeddings && o->tc.zero >= 2 && o->pp > 1;
-}
 
 static const struct {
 	int (*applies)(const opts_t *o);
@@ -539,9 +535,6 @@ static const struct {
 	{muon_tp, NAME_OPTIMIZER | NAME_TP, "a tensor-parallel shard of a matrix cannot be orthogonalized alone; use "
 	                                    "--optimizer adamw with --tp, or --optimizer muon without --tp (data "
 	                                    "parallel, ZeRO 1-3 and --pp run it)"},
-	{llama_untied_zero_pp, NAME_ZERO | NAME_PP, "an untied llama model (--tie-word-embeddings 0) does not yet train "
-	                                            "to one process's numbers under ZeRO 2/3 with a pipeline (an open "
-	                                            "bug); use --zero 1 or 0 with --pp, or tied embeddings"},
 	{muon_zero_pp, NAME_OPTIMIZER | NAME_ZERO | NAME_PP, "MuonAdamW's matrices are not sharded over a pipeline "
 	                                                     "stage's data-parallel ranks yet; use --zero 0 with --pp, "
 	                                                     "or --optimizer adamw"},

@@ -1234,8 +1234,7 @@ TEST(llama_strategies_match_one_process)
 }
 
 /* The tied model (the head reads embed_tokens: its gradient summed over the first and last stages):
- * pp 2, ZeRO-3 x pp 2, tp 2 x pp 2 against one process. The untied model under ZeRO 2/3 with a
- * pipeline is refused (its gradients differ from one process's: an open bug), with a message. */
+ * pp 2, ZeRO-3 x pp 2, tp 2 x pp 2 against one process. */
 TEST(llama_tied_pipeline_match_one_process)
 {
 	static const char *const runs[][2] = {
@@ -1243,13 +1242,21 @@ TEST(llama_tied_pipeline_match_one_process)
 		{"zero3 x pp2 tied", "--nproc 4 --pp 2 --zero 3"},
 		{"tp2 x pp2 tied", "--nproc 4 --tp 2 --pp 2"},
 	};
-	char cmd[2048], out[8192];
-	snprintf(cmd, sizeof cmd, "%s train --train-data /nonexistent/train_*.bin " LL_BASE " --steps 2 --nproc 4 --pp 2 "
-	         "--zero 3", test_loom_bin());
-	int st = test_run_cmd(cmd, out, sizeof out, 60);
-	CHECK(st != 0);
-	CHECK_CONTAINS(out, "--zero 3 with --pp 2: an untied llama model (--tie-word-embeddings 0) does not yet train");
 	return llama_runs_match(runs, sizeof runs / sizeof runs[0], "--tie-word-embeddings 1");
+}
+
+/* The untied model under ZeRO 2/3 with a pipeline (4 micro-batches per step): the first stage's
+ * embedding unit is not deferred (no stage shares embed_tokens), so ZeRO reduce-scatters it every
+ * micro-batch, and before the next micro-batch's backward adds into its staging the previous
+ * reduce-scatter must be complete and its result in the shard (it once was not: a race on the staging
+ * buffer, the gradient norm 4% high and different run to run). Against one process within 1e-5. */
+TEST(llama_untied_zero_pipeline_match_one_process)
+{
+	static const char *const runs[][2] = {
+		{"zero2 x pp2 untied", "--nproc 4 --pp 2 --zero 2"},
+		{"zero3 x pp2 untied", "--nproc 4 --pp 2 --zero 3"},
+	};
+	return llama_runs_match(runs, sizeof runs / sizeof runs[0], "");
 }
 
 /* MuonAdamW on llama (Muon on the blocks' matrices; the untied embedding, lm_head, norms and biases in

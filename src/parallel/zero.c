@@ -446,9 +446,12 @@ static void lend_stage(zero_t *z, int k)
 	unit_t *u = &z->units[k];
 	if (z->err)
 		return;
-	if (u->stage && !u->deferred && u->unit != -1 && u->reduced) {
+	if (u->stage && !u->deferred && u->reduced) {
 		/* a pipeline's next micro-batch reaches the unit before finish_grads: its previous gradient
-		 * is reduced into the shard first, and its staging lent anew */
+		 * is reduced into the shard first, and its staging lent anew. The embedding too, when it is
+		 * not deferred (an untied llama's first stage): otherwise the next micro-batch would add into
+		 * emb_stage while its reduce-scatter is still in flight on it, in place, and launch another
+		 * over the half-reduced buffer (losing the first request) */
 		int rc = finish_unit(z, u);
 		if (rc != LOOM_OK) {
 			z->err = rc;
