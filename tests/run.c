@@ -402,6 +402,13 @@ static int run_forked(int i, double timeout_s)
 	return 1;
 }
 
+const char *test_cluster_off(void)
+{
+	const char *e = getenv("LOOM_TEST_CLUSTER");
+	return e && strcmp(e, "0") == 0 ? "LOOM_TEST_CLUSTER=0: the cluster tests run in CI's plain pass, not its sanitizer pass"
+	                                : NULL;
+}
+
 int main(int argc, char **argv)
 {
 	int n = (int)(sizeof tests / sizeof tests[0]), passed = 0, failed = 0, skipped = 0, fork_mode = 1, nnames = 0;

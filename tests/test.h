@@ -146,6 +146,11 @@ int test_run_cmd(const char *cmd, char *out, size_t cap, double timeout_s);
 #define TEST_UNDER_ASAN 0
 #endif
 
+/* NULL, or why the network-namespace cluster tests (multinode_*, elastic_*) are off: LOOM_TEST_CLUSTER=0,
+ * which CI's sanitizer pass sets (.ci/run: those tests spend their minutes in outages and timeouts, and
+ * run in the plain pass). */
+const char *test_cluster_off(void);
+
 /* Write n bytes to path (created or truncated); 0 on success, 1 on any failure. */
 int test_write_file(const char *path, const void *p, size_t n);
 /* The file's first cap-1 bytes as a string in buf ("" when it cannot be read); returns buf. */

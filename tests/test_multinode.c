@@ -32,6 +32,8 @@ static const char *cluster_unavailable(void)
 {
 	static char why[256];
 	char out[512] = "";
+	if (test_cluster_off())
+		return test_cluster_off();
 #ifndef LOOM_HAVE_MPI
 	return "built without MPI (make MPI=0, or pkg-config ompi-c not found)";
 #endif
