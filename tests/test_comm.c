@@ -572,6 +572,38 @@ TEST(comm_invalid_args)
 	return 0;
 }
 
+/* Destroy waits for this rank's messages to be consumed. A peer still consuming call k's while the
+ * next call's message waits behind it is in call k+1, not past it: destroy must look at the oldest
+ * message again when the tail moves (it once named k+1's as gone past, about 1 run in 40 of
+ * comm_invalid_args). Rank 1 sends two eager broadcasts and destroys while rank 0, a little late,
+ * receives them; repeated on fresh sub-communicators to hit the window. */
+static int rank_settle(int rank, int n, void *arg)
+{
+	loom_comm_t *c, *sub;
+	(void)n, (void)arg;
+	CHECK_OK(loom_comm_init(&c));
+	for (int it = 0; it < 150; it++) {
+		float a = rank == 1 ? (float)it : -1, b = rank == 1 ? (float)-it : -1;
+		CHECK_OK(loom_comm_split(c, 0, rank, &sub));
+		if (rank == 0)
+			for (volatile int spin = 0; spin < (it % 7) * 3000; spin++)
+				;
+		CHECK_OK(loom_broadcast(sub, &a, 1, LOOM_FLOAT32, 1));
+		CHECK_OK(loom_broadcast(sub, &b, 1, LOOM_FLOAT32, 1));
+		CHECK_FEQ(a, it);
+		CHECK_FEQ(b, -it);
+		CHECK_OK(loom_comm_destroy(sub));
+	}
+	CHECK_OK(loom_comm_destroy(c));
+	return 0;
+}
+
+TEST(comm_destroy_settles_consumed_messages)
+{
+	CHECK_EQ(test_spawn(2, rank_settle, NULL, 30, NULL), 0);
+	return 0;
+}
+
 /* Eight ranks on (probably) fewer cores: waits must sleep, not spin, for this to finish quickly. */
 static int rank_crowd(int rank, int n, void *arg)
 {

@@ -182,47 +182,52 @@ typedef struct {
 	shm_chan_t *ch;
 	shm_rank_t *peer; /* its record in this communicator's segment */
 	unsigned head;
-	uint64_t k; /* sequence number of this rank's oldest message the peer has not consumed */
+	unsigned tail; /* the channel's tail when k was read */
+	uint64_t k;    /* sequence number of this rank's oldest message the peer has not consumed */
 } out_t;
 
-/* Consumed, rejected, or the peer went past call k. The peer's seq is read before the tail. */
+/* Consumed (the tail moved on), rejected, or the peer went past call k. The peer's seq is read
+ * before the tail: a peer past call k has consumed what it would of k's messages. */
 static int out_settled(void *arg)
 {
 	out_t *o = arg;
 	uint64_t ps = atomic_load_explicit(&o->peer->seq, memory_order_acquire);
-	if (atomic_load_explicit(&o->ch->tail, memory_order_acquire) == o->head)
+	if (atomic_load_explicit(&o->ch->tail, memory_order_acquire) != o->tail)
 		return 1;
 	return atomic_load_explicit(&o->ch->err, memory_order_acquire) || ps > o->k;
 }
 
+/* Every message of this rank's to p consumed, or the oldest one that is not named. The oldest is
+ * looked at again whenever the tail moves: a peer past call k while a message of k+1 waits (it
+ * consumed k's while this rank watched) is a peer still in k+1, not one that went past it. */
 static int settle_outgoing(loom_comm_t *c, const loom_xp_ctx_t *ctx, int p)
 {
 	shm_comm_t *s = S(c);
 	shm_hdr_t *h = s->hdr;
 	out_t o;
-	shm_waiter_t w;
 	shm_slot_t *sl;
 	loom_xp_sig_t g;
 	char mine[220], theirs[400], d[200];
-	unsigned tail;
 	int rc;
 	o.ch = chan_of(h, CHAN_COLL, s->rank, p);
 	o.peer = rank_rec(h, p);
 	o.head = atomic_load_explicit(&o.ch->head, memory_order_relaxed);
-	tail = atomic_load_explicit(&o.ch->tail, memory_order_acquire);
-	if (tail == o.head)
-		return LOOM_OK;
-	o.k = o.ch->slot[tail % h->nslots].seq;
-	if (!out_settled(&o)) {
-		loom__shm_waiter_init(&w, c, ctx, 1);
-		w.npeers = 1, w.peers[0] = p, w.dst = p, w.small = 1;
-		while (!out_settled(&o))
-			if ((rc = loom__shm_waiter_idle(&w, out_settled, &o)) != LOOM_OK)
-				return rc;
+	for (;;) {
+		o.tail = atomic_load_explicit(&o.ch->tail, memory_order_acquire);
+		if (o.tail == o.head)
+			return LOOM_OK;
+		o.k = o.ch->slot[o.tail % h->nslots].seq;
+		if (!out_settled(&o)) {
+			shm_waiter_t w;
+			loom__shm_waiter_init(&w, c, ctx, 1);
+			w.npeers = 1, w.peers[0] = p, w.dst = p, w.small = 1;
+			while (!out_settled(&o))
+				if ((rc = loom__shm_waiter_idle(&w, out_settled, &o)) != LOOM_OK)
+					return rc;
+		}
+		if (atomic_load_explicit(&o.ch->tail, memory_order_acquire) == o.tail)
+			break;
 	}
-	tail = atomic_load_explicit(&o.ch->tail, memory_order_acquire);
-	if (tail == o.head)
-		return LOOM_OK;
 	if (atomic_load_explicit(&o.ch->err, memory_order_acquire)) { /* the peer failed, naming both calls */
 		char msg[SHM_ABORT_MSG];
 		int code = atomic_load(&h->abort_code);
@@ -230,7 +235,7 @@ static int settle_outgoing(loom_comm_t *c, const loom_xp_ctx_t *ctx, int p)
 		return loom_comm_fail(c, code ? code : LOOM_EMISMATCH, "rank %d rejected this rank's message: %s", p,
 		                      code ? msg : "(no detail)");
 	}
-	sl = &o.ch->slot[tail % h->nslots];
+	sl = &o.ch->slot[o.tail % h->nslots];
 	g = (loom_xp_sig_t){sl->sig_count, sl->sig_shape, sl->sig_root};
 	loom_xp_sig_describe(d, sizeof d, sl->seq, &g);
 	snprintf(mine, sizeof mine, "called %s", d);
