@@ -161,9 +161,9 @@ static void read_run(const char *path, run_t *r)
 	snprintf(r->base, sizeof r->base, "%.*s", (int)(blen > 6 && !strcmp(base + blen - 6, ".jsonl") ? blen - 6 : blen),
 	         base);
 	if (r->seg[0].label[0])
-		snprintf(r->name, sizeof r->name, "%s (%s)", r->base, r->seg[0].label);
+		snprintf(r->name, sizeof r->name, "%.127s (%.200s)", r->base, r->seg[0].label);
 	else
-		snprintf(r->name, sizeof r->name, "%s", r->base);
+		snprintf(r->name, sizeof r->name, "%.127s", r->base);
 	long w = r->n / 50 > 1 ? r->n / 50 : 1;
 	smooth(r->loss, r->loss_avg, r->n, w);
 	smooth(r->tps, r->tps_avg, r->n, w);
@@ -173,7 +173,7 @@ static void read_run(const char *path, run_t *r)
 static void seg_name(const run_t *r, int g, char *buf, size_t cap)
 {
 	const seg_t *s = &r->seg[g];
-	snprintf(buf, cap, "%s steps %.0f-%.0f%s%s%s", r->base, r->step[s->lo], r->step[s->hi], s->label[0] ? " (" : "",
+	snprintf(buf, cap, "%.80s steps %.0f-%.0f%s%.200s%s", r->base, r->step[s->lo], r->step[s->hi], s->label[0] ? " (" : "",
 	         s->label, s->label[0] ? ")" : "");
 }
 

@@ -408,10 +408,11 @@ static void reap(job_t *j)
 		int k = culprit_of(j, first);
 		if (k != first) { /* first gave up waiting for k: k is the failure */
 			rank_t *c = &j->r[k];
-			char why[400];
+			char why[400], theirs[256];
 			snprintf(why, sizeof why, "%s", c->blames >= 0 || !c->why[0] ? "" : c->why);
-			snprintf(c->why, sizeof c->why, "stopped making progress%s%.60s (rank %d reported: %.250s)",
-			         why[0] ? ": it " : "", why, first, j->r[first].why);
+			snprintf(theirs, sizeof theirs, "%.250s", j->r[first].why); /* (another rank's: k != first) */
+			snprintf(c->why, sizeof c->why, "stopped making progress%s%.60s (rank %d reported: %s)",
+			         why[0] ? ": it " : "", why, first, theirs);
 			c->hung = 1;
 			if (!c->done)
 				kill(-c->pid, SIGKILL), kill(c->pid, SIGKILL); /* a stopped rank ignores SIGTERM */

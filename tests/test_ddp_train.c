@@ -282,7 +282,7 @@ TEST(ddp_train_rank_killed)
 	CHECK(d != NULL);
 	while ((e = readdir(d)))
 		if (!strncmp(e->d_name, "step_", 5) && strlen(e->d_name) == 13 && strcmp(e->d_name, latest) > 0)
-			snprintf(latest, sizeof latest, "%s", e->d_name);
+			snprintf(latest, sizeof latest, "%.*s", (int)sizeof latest - 1, e->d_name);
 	closedir(d);
 	long long last = atoll(latest + 5);
 	CHECK(last >= 10);

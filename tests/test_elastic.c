@@ -38,7 +38,7 @@ static const char *cluster_unavailable(void)
 #endif
 	if (test_run_cmd("scripts/netns-cluster.sh check", out, sizeof out, 30) != 0) {
 		out[strcspn(out, "\n")] = '\0';
-		snprintf(why, sizeof why, "cluster unavailable: %s", out[0] ? out : "scripts/netns-cluster.sh check failed");
+		snprintf(why, sizeof why, "cluster unavailable: %.200s", out[0] ? out : "scripts/netns-cluster.sh check failed");
 		return why;
 	}
 	return NULL;
@@ -127,25 +127,56 @@ static int check_log(const char *path, int n, char rows[][1024], int max_rows)
  * whole model (an elementwise ratio is meaningless at the zero crossings). The reduction order differs
  * between world sizes, and training amplifies that: at --lr 1e-2 an uninterrupted dp 3 run and one
  * process differ by 1e-3 after 60 steps, at 1e-3 (these tests) by 5e-6, so the tests train at 1e-3. */
-static int params_close(const char *a, const char *b, double *worst)
+/* The key bias (the middle third of GPT-2's c_attn.bias) has a gradient of exactly zero: it adds
+ * q . b_k to every score of a query's row, which the softmax cancels. Its computed gradient is rounding
+ * noise (1e-10), which an Adam whose eps is as small (MuonAdamW's groups: 1e-10, as nanochat) turns
+ * into steps of the learning rate's size: it walks at random, a walk that changes with the reduction
+ * order (dp 3 and one process end 8e-4 apart after 40 steps at lr 1e-3, every other parameter within
+ * 1e-6) and with nothing the model computes. Such elements are left out when skip_key_bias is set. */
+static int key_bias_element(const loom_model_config_t *cfg, size_t i)
+{
+	char name[64];
+	loom_tensor_info_t t;
+	for (int l = 0; l < cfg->n_layer; l++) {
+		snprintf(name, sizeof name, "h.%d.attn.c_attn.bias", l);
+		int k = loom_model_tensor_index(cfg, name);
+		if (k >= 0 && loom_model_tensor_info(cfg, k, &t) == 0 && i >= t.offset + t.numel / 3 &&
+		    i < t.offset + 2 * t.numel / 3)
+			return 1;
+	}
+	return 0;
+}
+
+static int params_close_but(const char *a, const char *b, double *worst, int skip_key_bias)
 {
 	loom_model_config_t ca, cb;
 	float *pa = NULL, *pb = NULL;
 	double maxabs = 0, maxdiff = 0;
+	size_t skipped = 0;
 	CHECK_OK(loom_model_load_alloc(a, 2, &ca, &pa));
 	CHECK_OK(loom_model_load_alloc(b, 2, &cb, &pb));
 	size_t n = loom_model_num_params(&ca);
 	CHECK_EQ(n, loom_model_num_params(&cb));
 	for (size_t i = 0; i < n; i++) {
+		if (skip_key_bias && key_bias_element(&ca, i)) {
+			skipped++;
+			continue;
+		}
 		double d = fabs((double)pa[i] - (double)pb[i]), m = fabs((double)pb[i]);
 		maxdiff = d > maxdiff ? d : maxdiff;
 		maxabs = m > maxabs ? m : maxabs;
 	}
 	free(pa), free(pb);
+	CHECK_EQ(skipped, skip_key_bias ? (size_t)ca.n_layer * ca.n_embd : 0);
 	*worst = maxdiff / maxabs;
 	CHECK_MSG(*worst <= 1e-5, "%s vs %s: max |diff| %.3g, max |param| %.3g: %.3g relative (expected <= 1e-5)", a, b,
 	          maxdiff, maxabs, *worst);
 	return 0;
+}
+
+static int params_close(const char *a, const char *b, double *worst)
+{
+	return params_close_but(a, b, worst, 0);
 }
 
 /* Every step's loss in log `got` within 1e-5 relative of the reference log's. */
@@ -299,7 +330,7 @@ static int shrink_grow(const char *extra, const char *ref_extra)
 	/* the parameters and the data */
 	snprintf(a, sizeof a, "%s/ck/step_%08d/model.safetensors", dir, N);
 	snprintf(b, sizeof b, "%s/ref/step_%08d/model.safetensors", dir, N);
-	CHECK_OK(params_close(a, b, &worst));
+	CHECK_OK(params_close_but(a, b, &worst, strstr(extra, "muon") != NULL));
 	snprintf(a, sizeof a, "%s/ck.jsonl", dir), snprintf(b, sizeof b, "%s/ref.jsonl", dir);
 	CHECK_OK(losses_close(a, b, N));
 	CHECK_OK(check_traces(dir, N, 6));
@@ -408,6 +439,16 @@ TEST(elastic_batch_rule)
 TEST(elastic_shrink_grow_zero3)
 {
 	return shrink_grow("--zero 3", "");
+}
+
+/* ZeRO-1 with MuonAdamW: DistMuon's owners of the matrices and ZeRO-1's shards of the AdamW groups'
+ * moments change with dp at each change; against one process with MuonAdamW, without ZeRO (the key
+ * bias left out of the comparison: key_bias_element). The matrices train at 2e-3: Muon's
+ * orthogonalisation amplifies the reduction order's rounding as a higher rate does (at its default
+ * 0.02 an uninterrupted dp 3 run ends 2e-5 from one process after 60 steps, at 2e-3 8e-7). */
+TEST(elastic_shrink_grow_zero1_muon)
+{
+	return shrink_grow("--zero 1 --optimizer muon --matrix-lr 2e-3", "--optimizer muon --matrix-lr 2e-3");
 }
 
 /* dp 2 x tp 2 on two hosts (tp inside a host, dp across), --nnodes 1:2: host 1 (10.231.7.2) lost after

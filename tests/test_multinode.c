@@ -39,7 +39,7 @@ static const char *cluster_unavailable(void)
 #endif
 	if (test_run_cmd("scripts/netns-cluster.sh check", out, sizeof out, 30) != 0) {
 		out[strcspn(out, "\n")] = '\0';
-		snprintf(why, sizeof why, "two-host cluster unavailable: %s", out[0] ? out : "scripts/netns-cluster.sh check failed");
+		snprintf(why, sizeof why, "two-host cluster unavailable: %.200s", out[0] ? out : "scripts/netns-cluster.sh check failed");
 		return why;
 	}
 	return NULL;
@@ -55,8 +55,8 @@ static int cluster_mpirun_pre(const char *pre, const char *args, char *out, doub
 	snprintf(cmd, sizeof cmd,
 	         "export LOOM_NETNS_PREFIX=lt%d; trap 'scripts/netns-cluster.sh down; rm -f /dev/shm/vader_segment.lt%d[01].*' "
 	         "EXIT; scripts/netns-cluster.sh up && "
-	         "{ %s timeout %.0f scripts/netns-cluster.sh mpirun -np 4 -x ASAN_OPTIONS=detect_leaks=0 -x LOOM_TIMEOUT_S=60 "
-	         "-x OMP_NUM_THREADS=1 %s; }",
+	         "{ %.500s timeout %.0f scripts/netns-cluster.sh mpirun -np 4 -x ASAN_OPTIONS=detect_leaks=0 -x LOOM_TIMEOUT_S=60 "
+	         "-x OMP_NUM_THREADS=1 %.3000s; }",
 	         (int)getpid() % 100000, (int)getpid() % 100000, pre, timeout_s, args);
 	t0 = now_s();
 	rc = test_run_cmd(cmd, out, OUT_CAP, timeout_s + 30);

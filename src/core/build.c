@@ -94,7 +94,7 @@ static void fill(void)
 	info.mpi = 1;
 	if (MPI_Get_library_version(mv, &len) == MPI_SUCCESS) {
 		mv[strcspn(mv, ",\n")] = '\0'; /* "Open MPI v4.1.4, package: ..., ident: ..." */
-		snprintf(info.mpi_library, sizeof info.mpi_library, "%s", mv);
+		snprintf(info.mpi_library, sizeof info.mpi_library, "%.*s", (int)sizeof info.mpi_library - 1, mv);
 	} else {
 		snprintf(info.mpi_library, sizeof info.mpi_library, "MPI %d.%d (library version unknown)", MPI_VERSION,
 		         MPI_SUBVERSION);
@@ -108,7 +108,7 @@ static void fill(void)
 	if (pcre2_config(PCRE2_CONFIG_VERSION, pv) < 0)
 		snprintf(pv, sizeof pv, "unknown");
 	(void)pcre2_config(PCRE2_CONFIG_JIT, &jit);
-	snprintf(info.pcre2, sizeof info.pcre2, "%s%s", pv, jit ? " + JIT" : "");
+	snprintf(info.pcre2, sizeof info.pcre2, "%.40s%s", pv, jit ? " + JIT" : "");
 	info.arch = LOOM_BUILD_ARCH;
 	info.isa = ISA_BASE ISA_BW ISA_VL ISA_DQ ISA_VNNI ISA_BF16 ISA_FMA;
 	info.opt = LOOM_BUILD_OPT;

@@ -209,7 +209,7 @@ static void update_range(loom_adamw_t *o, float *p, const float *g, size_t lo, s
 
 int loom_adamw_step(loom_adamw_t *o, float *params, const float *grads, float lr, float grad_scale)
 {
-	factors_t f;
+	factors_t f = {0}; /* (set by factors; zeroed for -O3's uninitialized-use analysis) */
 	int rc = factors(o, lr, grad_scale, &f);
 	if (rc != LOOM_OK)
 		return rc;
@@ -227,7 +227,7 @@ int loom_adamw_step(loom_adamw_t *o, float *params, const float *grads, float lr
 
 int loom_adamw_step_ref(loom_adamw_t *o, float *params, const float *grads, float lr, float grad_scale)
 {
-	factors_t f;
+	factors_t f = {0}; /* (set by factors; zeroed for -O3's uninitialized-use analysis) */
 	int rc = factors(o, lr, grad_scale, &f);
 	if (rc != LOOM_OK)
 		return rc;
