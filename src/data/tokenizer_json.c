@@ -536,6 +536,15 @@ static void write_template_side(FILE *f, const loom_bpe_t *t, int after, int *fi
 	}
 }
 
+/* One sequence of a template with the special tokens around it: "[BOS, ]{Sequence id}[, EOS]". */
+static void write_template_segment(FILE *f, const loom_bpe_t *t, const char *seq, int type_id, int *first)
+{
+	write_template_side(f, t, 0, first);
+	fprintf(f, "%s{\"Sequence\": {\"id\": \"%s\", \"type_id\": %d}}", *first ? "" : ", ", seq, type_id);
+	*first = 0;
+	write_template_side(f, t, 1, first);
+}
+
 int loom_bpe_save_json(const loom_bpe_t *t, const char *path)
 {
 	atomic_file_t af;
@@ -582,25 +591,11 @@ int loom_bpe_save_json(const loom_bpe_t *t, const char *path)
 			fputs("null", f);
 		else {
 			fputs("{\"type\": \"TemplateProcessing\", \"single\": [", f);
-			write_template_side(f, t, 0, &first);
-			fputs(first ? "" : ", ", f);
-			fputs("{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}", f);
-			first = 0;
-			write_template_side(f, t, 1, &first);
+			write_template_segment(f, t, "A", 0, &first);
 			fputs("], \"pair\": [", f);
 			first = 1;
-			write_template_side(f, t, 0, &first);
-			fputs(first ? "" : ", ", f);
-			fputs("{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}", f);
-			first = 0;
-			write_template_side(f, t, 1, &first);
-			fputs(", ", f);
-			first = 1;
-			write_template_side(f, t, 0, &first);
-			fputs(first ? "" : ", ", f);
-			fputs("{\"Sequence\": {\"id\": \"B\", \"type_id\": 1}}", f);
-			first = 0;
-			write_template_side(f, t, 1, &first);
+			write_template_segment(f, t, "A", 0, &first);
+			write_template_segment(f, t, "B", 1, &first);
 			fputs("], \"special_tokens\": {", f);
 			first = 1;
 			for (int side = 0; side < 2; side++) {
