@@ -144,7 +144,9 @@ static int get(const loom_kv_t *kv, const char *key, const entry_t **e)
 	return LOOM_OK;
 }
 
-int loom_kv_get_i64(const loom_kv_t *kv, const char *key, int64_t *v)
+/* An integer entry through conv (loom__json_to_i64 or _u64: 0 when it fits); what names the type. */
+static int get_int(const loom_kv_t *kv, const char *key, int (*conv)(const json_t *, void *), void *v,
+                   const char *what)
 {
 	const entry_t *e;
 	json_t j = {.type = JSON_NUMBER};
@@ -152,24 +154,30 @@ int loom_kv_get_i64(const loom_kv_t *kv, const char *key, int64_t *v)
 	if (rc)
 		return rc;
 	j.s = e->text;
-	if (e->is_str || loom__json_to_i64(&j, v))
-		return loom_seterr(LOOM_EFORMAT, "%s: '%s' is %s%s%s, expected a 64-bit integer", src(kv), key,
-		                   e->is_str ? "the string \"" : "", e->text, e->is_str ? "\"" : "");
+	if (e->is_str || conv(&j, v))
+		return loom_seterr(LOOM_EFORMAT, "%s: '%s' is %s%s%s, expected %s", src(kv), key,
+		                   e->is_str ? "the string \"" : "", e->text, e->is_str ? "\"" : "", what);
 	return LOOM_OK;
+}
+
+static int to_i64(const json_t *j, void *v)
+{
+	return loom__json_to_i64(j, v);
+}
+
+static int to_u64(const json_t *j, void *v)
+{
+	return loom__json_to_u64(j, v);
+}
+
+int loom_kv_get_i64(const loom_kv_t *kv, const char *key, int64_t *v)
+{
+	return get_int(kv, key, to_i64, v, "a 64-bit integer");
 }
 
 int loom_kv_get_u64(const loom_kv_t *kv, const char *key, uint64_t *v)
 {
-	const entry_t *e;
-	json_t j = {.type = JSON_NUMBER};
-	int rc = get(kv, key, &e);
-	if (rc)
-		return rc;
-	j.s = e->text;
-	if (e->is_str || loom__json_to_u64(&j, v))
-		return loom_seterr(LOOM_EFORMAT, "%s: '%s' is %s%s%s, expected an unsigned 64-bit integer", src(kv), key,
-		                   e->is_str ? "the string \"" : "", e->text, e->is_str ? "\"" : "");
-	return LOOM_OK;
+	return get_int(kv, key, to_u64, v, "an unsigned 64-bit integer");
 }
 
 int loom_kv_get_f64(const loom_kv_t *kv, const char *key, double *v)
