@@ -1,6 +1,7 @@
 /* run.c: the test runner. `run` runs every test, each in a forked child under a timeout;
  * `run NAME...` runs the named ones (in-process when a single name is given, for gdb; --fork to
- * keep the child). Last line: "N passed, N failed" (then ", N skipped" when a test
+ * keep the child). Each forked test's line gives its wall and CPU time (its processes' user + system).
+ * Last line: "N passed, N failed" (then ", N skipped" when a test
  * skipped: TEST_SKIP, for tests that cannot run here, each with a one-line reason). Also the multi-rank harness from test.h. */
 #include <dirent.h>
 #include <errno.h>
@@ -9,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -360,10 +362,15 @@ void test_rmdir(const char *path)
 
 /* ---- runner ---- */
 
+/* CPU seconds (user + system) of the last forked test and the processes it waited for: a test far
+ * below its wall time waits (timeouts, sleeps, outages) rather than computes. */
+static double last_cpu_s = -1;
+
 static int run_forked(int i, double timeout_s)
 {
 	int st;
 	pid_t p;
+	struct rusage ru;
 	test_deadline_t deadline;
 	deadline_init(&deadline, timeout_s);
 	fflush(NULL);
@@ -378,10 +385,14 @@ static int run_forked(int i, double timeout_s)
 		perror("fork");
 		return 1;
 	}
+	last_cpu_s = -1;
 	for (;;) {
-		pid_t w = waitpid(p, &st, WNOHANG);
-		if (w == p)
+		pid_t w = wait4(p, &st, WNOHANG, &ru);
+		if (w == p) {
+			last_cpu_s = (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+			             1e-6 * (double)ru.ru_stime.tv_usec;
 			break;
+		}
 		if (deadline_expired(&deadline)) {
 			fprintf(stderr, "  test %s timed out after %.0f s (load factor %.2f)\n", tests[i].name,
 			        deadline_limit(&deadline), deadline.factor);
@@ -450,8 +461,12 @@ int main(int argc, char **argv)
 		fflush(stdout);
 		t0 = now_s();
 		rc = fork_mode ? run_forked(i, timeout_s) : tests[i].fn();
-		printf("[ %s ] %s (%.2f s)\n", rc == 0 ? " OK " : rc == TEST_SKIPPED ? "SKIP" : "FAIL", tests[i].name,
-		       now_s() - t0);
+		if (fork_mode && last_cpu_s >= 0)
+			printf("[ %s ] %s (%.2f s, cpu %.2f s)\n", rc == 0 ? " OK " : rc == TEST_SKIPPED ? "SKIP" : "FAIL",
+			       tests[i].name, now_s() - t0, last_cpu_s);
+		else
+			printf("[ %s ] %s (%.2f s)\n", rc == 0 ? " OK " : rc == TEST_SKIPPED ? "SKIP" : "FAIL", tests[i].name,
+			       now_s() - t0);
 		fflush(stdout);
 		if (rc == TEST_SKIPPED)
 			skipped++;
