@@ -212,8 +212,8 @@ FUZZ_LIB_SRC := src/core/error.c src/core/util.c src/core/fileio.c src/core/crc3
                 src/ckpt/train_ckpt.c \
                 src/model/gpt2/layout.c src/model/iface.c src/model/nanochat/nanochat_layout.c src/model/llama/llama_layout.c \
                 tests/fuzz/fuzz_families.c \
-                src/data/shard.c src/data/shard_index.c src/data/tokenizer.c src/data/bpe.c src/data/bpe_train.c \
-                src/data/tokenizer_json.c
+                src/data/shard.c src/data/shard_index.c src/data/loader.c src/data/tokenizer.c src/data/bpe.c \
+                src/data/bpe_train.c src/data/tokenizer_json.c
 FUZZ_NAMES   := safetensors llmc shard index tokenizer bpe tokjson state manifest cluster hfconfig
 FUZZ_BIN     := $(FUZZ_NAMES:%=build/fuzz/fuzz_%)
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=build/fuzz/obj/%.o)

@@ -29,7 +29,9 @@ static void usage(FILE *f)
 	           "                      vocab.bpe, e.g. GPT-2's, or one from `loom tokenizer train`): its\n"
 	           "                      post-processor's BOS (e.g. Llama 3's <|begin_of_text|>), else its\n"
 	           "                      <|endoftext|> id, starts every document, and its files are copied into\n"
-	           "                      DIR (so --tokenizer DIR works for `loom sample` too)\n");
+	           "                      DIR (so --tokenizer DIR works for `loom sample` too); a vocabulary of\n"
+	           "                      more than 65536 ids (Llama 3's, Qwen2's) gives uint32 shards (llm.c's\n"
+	           "                      llama-3 format, magic 20240801 version 7), else uint16 as llm.c's GPT-2\n");
 }
 
 static int access_ok(const char *dir)
@@ -121,6 +123,11 @@ static int prepare(int argc, char **argv)
 	} else
 		printf("tokenizer: byte-level, vocab %d (end-of-text %d) -> %s/tokenizer.bin\n", LOOM_BYTE_VOCAB, LOOM_BYTE_EOT,
 		       o.out_dir);
+	if (s.token_bytes == 4)
+		printf("shards: uint32 tokens (llm.c's llama-3 format, magic %d version %d: the vocabulary exceeds %d ids)\n",
+		       LOOM_SHARD32_MAGIC, LOOM_SHARD32_VERSION, LOOM_SHARD16_MAX_VOCAB);
+	else
+		printf("shards: uint16 tokens (llm.c's format, magic %d version %d)\n", LOOM_SHARD_MAGIC, LOOM_SHARD_VERSION);
 	return 0;
 }
 

@@ -296,15 +296,13 @@ int loom_cli_info(int argc, char **argv)
 	if (fread(&magic, 4, 1, f) != 1)
 		magic = 0;
 	fclose(f);
-	if (magic == LOOM_SHARD_MAGIC) {
+	if (magic == LOOM_SHARD_MAGIC || magic == LOOM_SHARD32_MAGIC) {
 		loom_shard_t s;
-		uint16_t maxtok = 0;
 		if (loom_shard_open(&s, path) != LOOM_OK)
 			return fail();
-		for (size_t i = 0; i < s.n_tokens; i++)
-			maxtok = s.tokens[i] > maxtok ? s.tokens[i] : maxtok;
-		printf("%s: token shard (llm.c format, version 1): %zu tokens, largest token id %u\n", path, s.n_tokens,
-		       (unsigned)maxtok);
+		printf("%s: token shard (llm.c format, %s): %zu tokens, largest token id %u\n", path,
+		       s.token_bytes == 4 ? "magic 20240801 version 7, uint32 tokens" : "magic 20240520 version 1, uint16 tokens",
+		       s.n_tokens, (unsigned)loom_shard_max_token(&s));
 		loom_shard_close(&s);
 		return 0;
 	}

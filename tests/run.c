@@ -304,17 +304,23 @@ int test_write_file(const char *path, const void *p, size_t n)
 int test_make_token_data(const char *dir, int vocab, int n)
 {
 	char path[4200];
-	uint16_t *t = malloc((size_t)n * sizeof *t);
-	uint32_t x = 12345;
+	uint32_t *t = malloc((size_t)n * sizeof *t), x = 12345;
 	int rc;
 	if (!t)
 		return LOOM_ENOMEM;
 	for (int i = 0; i < n; i++) {
 		x = x * 1664525u + 1013904223u;
-		t[i] = (uint16_t)((x >> 24) % 3 == 0 ? (x >> 8) % (uint32_t)vocab : (uint32_t)(i * 7 + i / 5) % (uint32_t)vocab);
+		t[i] = (x >> 24) % 3 == 0 ? (x >> 8) % (uint32_t)vocab : (uint32_t)(i * 7 + i / 5) % (uint32_t)vocab;
 	}
 	snprintf(path, sizeof path, "%s/train_000000.bin", dir);
-	rc = loom_shard_write(path, t, (size_t)n);
+	if (vocab > LOOM_SHARD16_MAX_VOCAB) { /* as `loom data prepare` writes them: uint32 only when needed */
+		rc = loom_shard_write32(path, t, (size_t)n);
+	} else {
+		uint16_t *t16 = (uint16_t *)t; /* narrowed in place, front to back */
+		for (int i = 0; i < n; i++)
+			t16[i] = (uint16_t)t[i];
+		rc = loom_shard_write(path, t16, (size_t)n);
+	}
 	free(t);
 	return rc;
 }

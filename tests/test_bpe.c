@@ -692,12 +692,12 @@ TEST(bpe_data_prepare)
 		for (int d = 0; d < 4; d++) {
 			int *ids;
 			size_t n;
-			CHECK_EQ(sh.tokens[pos], 299);
+			CHECK_EQ(loom_shard_token(&sh, pos), 299);
 			pos++;
 			CHECK_OK(loom_bpe_encode(t, docs[d], strlen(docs[d]), 0, &ids, &n));
 			CHECK(pos + n <= sh.n_tokens);
 			for (size_t i = 0; i < n; i++)
-				CHECK_EQ(sh.tokens[pos + i], ids[i]);
+				CHECK_EQ(loom_shard_token(&sh, pos + i), ids[i]);
 			pos += n;
 			free(ids);
 		}

@@ -89,7 +89,7 @@ TEST(shard_errors)
 	CHECK(test_write_file(path, buf, sizeof buf - 2) == 0);
 	CHECK_ERR(loom_shard_open(&s, path), LOOM_EFORMAT);
 	CHECK_CONTAINS(loom_errmsg(), path);
-	CHECK_CONTAINS(loom_errmsg(), "header says 10 tokens, so 1044 bytes expected, but the file has 1042 bytes");
+	CHECK_CONTAINS(loom_errmsg(), "header says 10 uint16 tokens, so 1044 bytes expected, but the file has 1042 bytes");
 	/* shorter than the header */
 	CHECK(test_write_file(path, buf, 100) == 0);
 	CHECK_ERR(loom_shard_open(&s, path), LOOM_EFORMAT);

@@ -736,10 +736,10 @@ TEST(tokjson_cli)
 		CHECK_OK(loom_shard_open(&sh, path));
 		CHECK_OK(loom_bpe_encode(t, "two doc<|eot_id|>\n", 18, 0, &ids, &n)); /* documents are plain text */
 		CHECK_EQ(sh.n_tokens, 1 + 3 + 1 + n);
-		CHECK_EQ(sh.tokens[0], 50257);
-		CHECK_EQ(sh.tokens[4], 50257);
+		CHECK_EQ(loom_shard_token(&sh, 0), 50257);
+		CHECK_EQ(loom_shard_token(&sh, 4), 50257);
 		for (size_t i = 0; i < n; i++)
-			CHECK_EQ(sh.tokens[5 + i], ids[i]);
+			CHECK_EQ(loom_shard_token(&sh, 5 + i), ids[i]);
 		free(ids);
 		loom_shard_close(&sh);
 		loom_bpe_destroy(t);

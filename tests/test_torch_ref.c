@@ -33,11 +33,13 @@ static int record(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 }
 
 /* One run at sequence length T (positions seq_len): the default T = 12 and, for the attention kernel's
- * blocks (many 64-row query blocks, several key blocks), T = 512; clip between its steps' gradient norms. */
-static int torch_case(int seq_len, int T, double clip)
+ * blocks (many 64-row query blocks, several key blocks), T = 512; clip between its steps' gradient norms.
+ * The data uses 61 ids: 0-60 in a uint16 shard, or with vocab > 65536 the last 61 ids of the vocabulary
+ * in a uint32 shard (llm.c's llama-3 format, which the reference reads too). */
+static int torch_case(int seq_len, int T, double clip, int vocab)
 {
 	enum { NTOK = 12000 };
-	loom_gpt2_config_t mc = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = seq_len, .vocab_size = 61};
+	loom_gpt2_config_t mc = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = seq_len, .vocab_size = vocab};
 	const int B = 2;
 	char dir[512], path[700], cmd[1400], out[4096];
 	loom_gpt2_t *model = NULL;
@@ -45,7 +47,8 @@ static int torch_case(int seq_len, int T, double clip)
 	record_t r;
 	size_t n = loom_gpt2_num_params(&mc);
 	static uint16_t tok[NTOK];
-	uint32_t x = 12345;
+	static uint32_t tok32[NTOK];
+	uint32_t x = 12345, base = vocab > LOOM_SHARD16_MAX_VOCAB ? (uint32_t)vocab - 61u : 0u;
 	FILE *f;
 	int clipped = 0;
 	double worst_loss = 0.0, worst_grad = 0.0;
@@ -55,10 +58,14 @@ static int torch_case(int seq_len, int T, double clip)
 	/* data: a noisy periodic sequence, so that there is something to learn */
 	for (int i = 0; i < NTOK; i++) {
 		x = x * 1664525u + 1013904223u;
-		tok[i] = (uint16_t)((x >> 24) % 8 == 0 ? (x >> 8) % 61u : (uint32_t)(i * 7) % 61u);
+		tok32[i] = base + ((x >> 24) % 8 == 0 ? (x >> 8) % 61u : (uint32_t)(i * 7) % 61u);
+		tok[i] = (uint16_t)tok32[i];
 	}
 	snprintf(path, sizeof path, "%s/data.bin", dir);
-	CHECK_OK(loom_shard_write(path, tok, NTOK));
+	if (base)
+		CHECK_OK(loom_shard_write32(path, tok32, NTOK));
+	else
+		CHECK_OK(loom_shard_write(path, tok, NTOK));
 	CHECK_OK(loom_gpt2_create(&model, &mc, B, T));
 	loom_gpt2_init(model, 42);
 	/* GPT-2's init keeps pre-activations so small (std ~0.1) that GELU's tanh and erf forms, or a
@@ -160,10 +167,16 @@ static int torch_case(int seq_len, int T, double clip)
 
 TEST(torch_reference)
 {
-	return torch_case(16, 12, 2.0);
+	return torch_case(16, 12, 2.0, 61);
 }
 
 TEST(torch_reference_t512)
 {
-	return torch_case(512, 512, 1.2); /* its norms: 0.85 to 1.96 */
+	return torch_case(512, 512, 1.2, 61); /* its norms: 0.85 to 1.96 */
+}
+
+/* A vocabulary of 70000 ids read from uint32 shards. */
+TEST(torch_reference_uint32_vocab)
+{
+	return torch_case(16, 12, 2.0, 70000);
 }

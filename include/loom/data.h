@@ -1,8 +1,10 @@
 /* loom/data.h: token shards (llm.c's format), the byte-level / llm.c tokenizer, the data loader and
  * `loom data prepare`.
  *
- * Shard file: a header of 256 int32 (little-endian): [0] magic 20240520, [1] version 1, [2] token
- * count N; then N uint16 tokens. Datasets prepared for llm.c (e.g. its FineWeb shards) load as they are.
+ * Shard file: a header of 256 int32 (little-endian): [0] magic, [1] version, [2] token count N; then N
+ * tokens: uint16 for magic 20240520 version 1 (llm.c's "gpt-2" shards), uint32 for magic 20240801
+ * version 7 (llm.c's "llama-3" shards, for vocabularies of more than 65536 ids). Datasets prepared for
+ * llm.c (e.g. its FineWeb shards) load as they are.
  *
  * Loader: the shards matched by a glob, sorted by name, are one concatenated token stream of N tokens.
  * For micro-batches of B x T tokens there are W = (N-1)/(B*T) windows per epoch; window k (counting
@@ -29,32 +31,50 @@ extern "C" {
 
 /* ---- shards ---------------------------------------------------------------------------------- */
 
-#define LOOM_SHARD_MAGIC 20240520
+#define LOOM_SHARD_MAGIC 20240520   /* uint16 tokens (llm.c's "gpt-2" shards) */
 #define LOOM_SHARD_VERSION 1
+#define LOOM_SHARD32_MAGIC 20240801 /* uint32 tokens (llm.c's "llama-3" shards) */
+#define LOOM_SHARD32_VERSION 7
+#define LOOM_SHARD16_MAX_VOCAB 65536 /* the most ids a uint16 shard can hold; more need uint32 shards */
 #define LOOM_SHARD_HEADER_INTS 256
 /* The index `loom data prepare` writes beside its shards (text: each set's shard and token counts,
  * each shard's size). When a loader's shards have one beside them, the loader checks that
  * every shard of the set is there with its size; shards without one (llm.c's) load unchecked. */
 #define LOOM_SHARD_INDEX "shards.index"
 
-/* A read-only, memory-mapped shard. Caller-owned struct; fields are read-only for the caller. */
+/* A read-only, memory-mapped shard. Caller-owned struct; fields are read-only for the caller. Tokens
+ * are read in the file's width (never widened in memory): use loom_shard_token, or cast tokens to
+ * uint16_t / uint32_t by token_bytes. */
 typedef struct {
 	char *path;              /* owned copy of the file name */
-	const uint16_t *tokens;  /* n_tokens tokens, inside the mapping */
+	const void *tokens;      /* n_tokens tokens of token_bytes each, inside the mapping */
+	int token_bytes;         /* 2 (uint16, version 1) or 4 (uint32, version 7) */
 	size_t n_tokens;
 	void *map;               /* whole-file mapping (internal) */
 	size_t map_bytes;
 } loom_shard_t;
 
-/* Map and validate a shard. LOOM_ENOENT/LOOM_EIO when it cannot be opened, LOOM_EFORMAT when the
- * magic or version is wrong or the file size is not 1024 + 2*N bytes (the message names the file,
- * what was found and what was expected). On failure *s is left closed (safe to loom_shard_close). */
+/* Token i (< n_tokens) of an open shard. */
+static inline uint32_t loom_shard_token(const loom_shard_t *s, size_t i)
+{
+	return s->token_bytes == 4 ? ((const uint32_t *)s->tokens)[i] : ((const uint16_t *)s->tokens)[i];
+}
+
+/* Map and validate a shard of either width. LOOM_ENOENT/LOOM_EIO when it cannot be opened,
+ * LOOM_EFORMAT when the magic is neither 20240520 nor 20240801, the version is not the magic's
+ * (1 with 20240520, 7 with 20240801), or the file size is not 1024 + N * token_bytes (the message
+ * names the file, what was found and what was expected). On failure *s is left closed (safe to
+ * loom_shard_close). */
 int loom_shard_open(loom_shard_t *s, const char *path);
 void loom_shard_close(loom_shard_t *s); /* idempotent; zeroes *s */
+/* The largest token id of an open shard (a scan of its tokens); 0 for an empty shard. */
+uint32_t loom_shard_max_token(const loom_shard_t *s);
 
-/* Write n tokens as a shard, atomically (temp file in the same directory, fsync, rename).
- * LOOM_EIO/LOOM_ESYS naming the file on failure. */
+/* Write n tokens as a uint16 shard (magic 20240520, version 1), or as a uint32 shard (magic
+ * 20240801, version 7: loom_shard_write32), atomically (temp file in the same directory, fsync,
+ * rename). LOOM_EINVAL for n >= 2^31, LOOM_EIO/LOOM_ESYS naming the file on failure. */
 int loom_shard_write(const char *path, const uint16_t *tokens, size_t n);
+int loom_shard_write32(const char *path, const uint32_t *tokens, size_t n);
 
 /* ---- tokenizer ------------------------------------------------------------------------------- */
 
@@ -100,6 +120,10 @@ typedef struct {
 	/* next() yields windows rank, rank + world, rank + 2 world, ...; world <= 0 means rank 0 of 1. */
 	int rank;
 	int world;
+	/* The model's vocabulary: every token a window reads must be < vocab_size, else the read is
+	 * LOOM_EINVAL naming the shard and the token's offset. 0: only ids above INT32_MAX are refused
+	 * (LOOM_EFORMAT), as no int holds them. */
+	int vocab_size;
 } loom_loader_opts_t;
 
 /* The complete position of a loader: a plain struct that a trainer stores in its checkpoint and
@@ -117,7 +141,8 @@ typedef struct {
 typedef struct loom_loader loom_loader_t;
 
 /* Open every shard matching `pattern` (glob(3), sorted by name). LOOM_ENOENT when nothing matches,
- * LOOM_EFORMAT for a bad shard, LOOM_EINVAL (naming the glob, N, B and T) when there is not even one
+ * LOOM_EFORMAT for a bad shard or for shards of both widths (uint16 and uint32: two data sets),
+ * LOOM_EINVAL (naming the glob, N, B and T) when there is not even one
  * window (N - 1 < B*T) or B, T, rank or world are invalid. */
 int loom_loader_create(loom_loader_t **ld, const char *pattern, const loom_loader_opts_t *opts);
 void loom_loader_destroy(loom_loader_t *ld); /* safe on NULL */
@@ -125,11 +150,15 @@ void loom_loader_destroy(loom_loader_t *ld); /* safe on NULL */
 uint64_t loom_loader_num_tokens(const loom_loader_t *ld);
 uint64_t loom_loader_windows_per_epoch(const loom_loader_t *ld); /* W */
 int loom_loader_num_shards(const loom_loader_t *ld);
+/* Bytes per token of the loader's shards: 2 (uint16) or 4 (uint32). */
+int loom_loader_token_bytes(const loom_loader_t *ld);
 /* The largest token id in all the shards (a full scan of the mapped tokens, about 50 ms per 100M
  * tokens): lets a trainer check the whole data set against its vocabulary once, at start. */
-int loom_loader_max_token(const loom_loader_t *ld);
+uint32_t loom_loader_max_token(const loom_loader_t *ld);
 
 /* Fill inputs and targets (B*T ints each) with window k, independent of the loader's position.
+ * LOOM_EINVAL / LOOM_EFORMAT for a token id at or above the limit (opts.vocab_size), naming the shard,
+ * the token's offset in it and the window (inputs and targets are then partly written).
  * Thread-safe for concurrent calls (reads only). */
 int loom_loader_window(const loom_loader_t *ld, uint64_t k, int *inputs, int *targets);
 /* Index (in units of windows, i.e. the start token is this x B*T) that window k reads: the
@@ -165,12 +194,15 @@ typedef struct {
 	int train_shards, val_shards;
 	int removed_shards;        /* old train_/val_ shards of DIR replaced */
 	int val_tail_split;        /* 1 when val is the tail of the token stream (too few documents) */
+	int token_bytes;           /* the shards' tokens: 2 (uint16) or 4 (uint32, a vocabulary above 65536) */
 } loom_prepare_summary_t;
 
 /* Tokenize text files with the byte tokenizer into OUT/train_000000.bin.. and OUT/val_000000.bin..,
  * and write OUT/tokenizer.bin (llm.c format, version 2). Every document is end-of-text (256)
  * followed by its bytes. With opts->tokenizer, documents are BPE-encoded as plain text and preceded
- * by the tokenizer's "<|endoftext|>" id (LOOM_EINVAL when it has none or more than 65536 tokens);
+ * by the tokenizer's document start (its post-processor's BOS, else "<|endoftext|>"; LOOM_EINVAL when
+ * it has neither); shards hold uint16 tokens when the tokenizer has at most 65536 ids (its added
+ * tokens included), else uint32 (magic 20240801, version 7: llm.c's llama-3 shards);
  * the tokenizer's files are copied into OUT as vocab.json + merges.txt (+ pattern.txt), so OUT is
  * itself a tokenizer directory, and OUT/tokenizer.bin holds its table when llm.c's format can (every
  * id used, tokens of at most 255 bytes, as GPT-2's). Validation split, deterministic: document i (0-based over all inputs in

@@ -207,6 +207,7 @@ typedef struct {
 	double train_bytes;        /* bytes of the training shards (0: not known) */
 	double val_bytes;          /* bytes of the validation shards (0: no evaluation) */
 	int eval_batches;          /* validation micro-batches per evaluation (with val_bytes) */
+	int token_bytes;           /* bytes per token of the shards: 2 (uint16; 0 means 2) or 4 (uint32) */
 } loom_plan_config_t;
 
 /* Bytes per rank. */

@@ -237,9 +237,9 @@ static int detect(const char *path, loom_model_format_t *fmt)
 	n = pread(fd, &magic, 4, 0);
 	close(fd);
 	/* other files of loom's that a model path may name by mistake: say what they are */
-	if (n == 4 && magic == LOOM_SHARD_MAGIC)
+	if (n == 4 && (magic == LOOM_SHARD_MAGIC || magic == LOOM_SHARD32_MAGIC))
 		return loom_seterr(LOOM_EFORMAT, "%s is a token shard (llm.c data, magic %d), not a model: give a model file "
-		                   "(.safetensors, llm.c .bin) or a checkpoint directory", path, LOOM_SHARD_MAGIC);
+		                   "(.safetensors, llm.c .bin) or a checkpoint directory", path, magic);
 	if (n == 4 && magic == LOOM_TOKENIZER_MAGIC)
 		return loom_seterr(LOOM_EFORMAT, "%s is a tokenizer (llm.c format, magic %d), not a model: give a model file "
 		                   "(.safetensors, llm.c .bin) or a checkpoint directory", path, LOOM_TOKENIZER_MAGIC);

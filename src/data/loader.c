@@ -9,7 +9,12 @@
  * The tail of each epoch (fewer than B*T tokens after the last full window) is never read.
  * A set `loom data prepare` wrote has an index beside it (LOOM_SHARD_INDEX): every shard it lists for
  * the set the glob names must be there with its size, so a half-written or half-deleted data set is
- * an error naming the missing file; shards without an index (llm.c's) load unchecked. */
+ * an error naming the missing file; shards without an index (llm.c's) load unchecked.
+ * Shards are read in their own width (uint16 or uint32, straight from the mapping: nothing is widened
+ * in memory), and all the shards of one loader have the same width: a glob matching both is refused,
+ * since one tokenizer writes one width, so a mix is two data sets. Every token a window reads is
+ * checked against the vocabulary (opts.vocab_size; without one, against the largest int) as it is
+ * copied, so an id the model cannot embed is an error naming the shard and the token's offset. */
 #include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +30,8 @@ struct loom_loader {
 	loom_shard_t *shards;
 	uint64_t *start; /* start[i]: index of shard i's first token in the concatenation */
 	int n_shards;
+	int token_bytes;  /* of every shard: 2 or 4 */
+	uint32_t limit;   /* token ids must be below this: opts.vocab_size, else 2^31 (an int) */
 	uint64_t n_tokens, windows; /* N and W */
 	loom_loader_opts_t o;
 	uint64_t next; /* next window index for loom_loader_next */
@@ -171,10 +178,13 @@ int loom_loader_create(loom_loader_t **out, const char *pattern, const loom_load
 	if (opts->world > 0 && (opts->rank < 0 || opts->rank >= opts->world))
 		return loom_seterr(LOOM_EINVAL, "loader %s: rank %d outside [0, world=%d)", pattern, opts->rank,
 		                   opts->world);
+	if (opts->vocab_size < 0)
+		return loom_seterr(LOOM_EINVAL, "loader %s: vocabulary size %d is negative", pattern, opts->vocab_size);
 	ld = loom__calloc(1, sizeof *ld);
 	if (!ld)
 		return loom_seterr(LOOM_ENOMEM, "loader %s: out of memory", pattern);
 	ld->o = *opts;
+	ld->limit = opts->vocab_size > 0 ? (uint32_t)opts->vocab_size : (uint32_t)INT32_MAX + 1u;
 	if (ld->o.world <= 0)
 		ld->o.world = 1, ld->o.rank = 0;
 	ld->pattern = loom__strdup(pattern);
@@ -212,6 +222,15 @@ int loom_loader_create(loom_loader_t **out, const char *pattern, const loom_load
 		if ((rc = loom_shard_open(&ld->shards[i], g.gl_pathv[i])) != LOOM_OK)
 			goto out;
 		ld->n_shards++;
+		if (i == 0)
+			ld->token_bytes = ld->shards[0].token_bytes;
+		if (ld->shards[i].token_bytes != ld->token_bytes) {
+			rc = loom_seterr(LOOM_EFORMAT, "loader '%s': %s holds uint%d tokens but %s holds uint%d: one data set "
+			                 "is written in one width by one tokenizer, so these are two data sets (give a glob "
+			                 "that matches one)", pattern, g.gl_pathv[i], 8 * ld->shards[i].token_bytes,
+			                 g.gl_pathv[0], 8 * ld->token_bytes);
+			goto out;
+		}
 		ld->start[i] = ld->n_tokens;
 		ld->n_tokens += ld->shards[i].n_tokens;
 	}
@@ -250,17 +269,19 @@ int loom_loader_num_shards(const loom_loader_t *ld)
 	return ld->n_shards;
 }
 
-int loom_loader_max_token(const loom_loader_t *ld)
+uint32_t loom_loader_max_token(const loom_loader_t *ld)
 {
-	unsigned m = 0;
+	uint32_t m = 0;
 	for (int i = 0; i < ld->n_shards; i++) {
-		const uint16_t *t = ld->shards[i].tokens;
-		uint16_t sm = 0;
-		for (size_t j = 0; j < ld->shards[i].n_tokens; j++) /* vectorizes */
-			sm = t[j] > sm ? t[j] : sm;
+		uint32_t sm = loom_shard_max_token(&ld->shards[i]);
 		m = sm > m ? sm : m;
 	}
-	return (int)m;
+	return m;
+}
+
+int loom_loader_token_bytes(const loom_loader_t *ld)
+{
+	return ld->token_bytes;
 }
 
 uint64_t loom_loader_window_start(const loom_loader_t *ld, uint64_t k)
@@ -269,6 +290,42 @@ uint64_t loom_loader_window_start(const loom_loader_t *ld, uint64_t k)
 	if (!ld->o.shuffle)
 		return p;
 	return permute(p, ld->windows, mix64(ld->o.seed ^ mix64(epoch ^ 0x5DEECE66Dull)));
+}
+
+/* The error for token `at` of shard sh, outside the loader's limit, read by window k. */
+static int bad_token(const loom_loader_t *ld, const loom_shard_t *sh, uint64_t at, uint64_t k)
+{
+	uint32_t id = loom_shard_token(sh, at);
+	unsigned long long byte = (unsigned long long)(LOOM_SHARD_HEADER_INTS * 4 + at * (uint64_t)sh->token_bytes);
+	if (ld->o.vocab_size > 0)
+		return loom_seterr(LOOM_EINVAL, "loader '%s': %s: token id %u at token %llu (byte %llu; window %llu) is "
+		                   "outside the model's vocabulary of %d: the data was tokenized for another model",
+		                   ld->pattern, sh->path, id, (unsigned long long)at, byte, (unsigned long long)k,
+		                   ld->o.vocab_size);
+	return loom_seterr(LOOM_EFORMAT, "loader '%s': %s: token id %u at token %llu (byte %llu; window %llu) is above "
+	                   "%d, the largest id loom reads (a damaged shard?)", ld->pattern, sh->path, id,
+	                   (unsigned long long)at, byte, (unsigned long long)k, INT32_MAX);
+}
+
+/* Copy tokens [off, off + take) of shard sh to positions got, got+1, ... of a window of bt + 1 (inputs
+ * take the first bt, targets the last bt), in the shard's width. Returns take, or the index in the
+ * range of the first id >= limit (where it stops). */
+static uint64_t copy_tokens(const loom_shard_t *sh, uint64_t off, uint64_t take, uint64_t got, uint64_t bt,
+                            uint32_t limit, int *inputs, int *targets)
+{
+	const uint16_t *t16 = sh->token_bytes == 2 ? (const uint16_t *)sh->tokens + off : NULL;
+	const uint32_t *t32 = sh->token_bytes == 4 ? (const uint32_t *)sh->tokens + off : NULL;
+	for (uint64_t j = 0; j < take; j++) {
+		uint32_t tok = t16 ? t16[j] : t32[j];
+		uint64_t t = got + j;
+		if (tok >= limit)
+			return j;
+		if (t < bt)
+			inputs[t] = (int)tok;
+		if (t > 0)
+			targets[t - 1] = (int)tok;
+	}
+	return take;
 }
 
 int loom_loader_window(const loom_loader_t *ld, uint64_t k, int *inputs, int *targets)
@@ -287,7 +344,7 @@ int loom_loader_window(const loom_loader_t *ld, uint64_t k, int *inputs, int *ta
 	i = lo;
 	while (got < need) {
 		const loom_shard_t *sh;
-		uint64_t off, take;
+		uint64_t off, take, bad;
 		if (i >= ld->n_shards) /* cannot happen: s + bt + 1 <= N by the choice of W */
 			return loom_seterr(LOOM_ESTATE, "loader %s: window %llu runs past the end of the data", ld->pattern,
 			                   (unsigned long long)k);
@@ -298,14 +355,8 @@ int loom_loader_window(const loom_loader_t *ld, uint64_t k, int *inputs, int *ta
 			continue;
 		}
 		take = LOOM_MIN(sh->n_tokens - off, need - got);
-		for (uint64_t j = 0; j < take; j++) {
-			int tok = sh->tokens[off + j];
-			uint64_t t = got + j;
-			if (t < bt)
-				inputs[t] = tok;
-			if (t > 0)
-				targets[t - 1] = tok;
-		}
+		if ((bad = copy_tokens(sh, off, take, got, bt, ld->limit, inputs, targets)) < take)
+			return bad_token(ld, sh, off + bad, k);
 		got += take;
 	}
 	return LOOM_OK;

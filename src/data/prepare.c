@@ -9,6 +9,9 @@
  * documents: document i goes to val iff floor((i+1) f) > floor(i f) (evenly spread, round(n f) of
  * them, document 0 always in train); only when that selects none (fewer than 1/f documents) does val
  * become the last ceil(f x tokens) tokens of the stream, after an EOT. Inputs are held in memory.
+ * Shards hold uint16 tokens (llm.c's "gpt-2" format) when the tokenizer's ids fit (at most 65536 of
+ * them, its added tokens included), else uint32 (llm.c's "llama-3" format): the narrowest that holds
+ * every id, so a uint16 set is byte for byte what it was before uint32 shards existed.
  *
  * Output: the whole new set (shards, tokenizer files and the index LOOM_SHARD_INDEX giving each
  * shard's size and each set's shard count) is written into a temporary directory beside OUT and put
@@ -45,7 +48,8 @@ static int doc_token(const doc_t *d, size_t t)
 
 typedef struct {
 	const char *dir, *prefix;
-	uint16_t *buf;
+	void *buf;  /* cap tokens of width bytes: uint16_t or uint32_t */
+	int width;
 	size_t n, cap;
 	int index;
 	uint64_t total;
@@ -57,7 +61,8 @@ static int sw_flush(shard_writer_t *w)
 	int rc;
 	if (snprintf(path, sizeof path, "%s/%s_%06d.bin", w->dir, w->prefix, w->index) >= (int)sizeof path)
 		return loom_seterr(LOOM_EINVAL, "data prepare: output path %s too long", w->dir);
-	if ((rc = loom_shard_write(path, w->buf, w->n)) != LOOM_OK)
+	rc = w->width == 4 ? loom_shard_write32(path, w->buf, w->n) : loom_shard_write(path, w->buf, w->n);
+	if (rc != LOOM_OK)
 		return rc;
 	w->index++;
 	w->n = 0;
@@ -66,7 +71,10 @@ static int sw_flush(shard_writer_t *w)
 
 static int sw_push(shard_writer_t *w, int tok)
 {
-	w->buf[w->n++] = (uint16_t)tok;
+	if (w->width == 4)
+		((uint32_t *)w->buf)[w->n++] = (uint32_t)tok;
+	else
+		((uint16_t *)w->buf)[w->n++] = (uint16_t)tok;
 	w->total++;
 	return w->n == w->cap ? sw_flush(w) : LOOM_OK;
 }
@@ -374,7 +382,7 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 	doc_t *docs = NULL;
 	size_t n_docs = 0, docs_cap = 0, shard_tokens = o->shard_tokens ? o->shard_tokens : 100000000;
 	unsigned char *is_val = NULL;
-	shard_writer_t tw = {NULL, "train", NULL, 0, 0, 0, 0}, vw = {NULL, "val", NULL, 0, 0, 0, 0};
+	shard_writer_t tw = {NULL, "train", NULL, 2, 0, 0, 0, 0}, vw = {NULL, "val", NULL, 2, 0, 0, 0, 0};
 	uint64_t total = 0;
 	loom_tokenizer_t tok = {0};
 	loom_bpe_t *bpe = NULL;
@@ -420,12 +428,13 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 	if (o->tokenizer) {
 		if ((rc = loom_bpe_load(&bpe, o->tokenizer)) != LOOM_OK)
 			goto out;
-		if ((eot = loom_bpe_doc_start(bpe)) < 0 || loom_bpe_vocab_size(bpe) > 65536) {
-			rc = loom_seterr(LOOM_EINVAL, "data prepare: tokenizer %s: %s", o->tokenizer,
-			                 eot < 0 ? "has no \"<|endoftext|>\" token nor a post-processor BOS to start documents"
-			                         : "has more than 65536 tokens (shards hold uint16)");
+		if ((eot = loom_bpe_doc_start(bpe)) < 0) {
+			rc = loom_seterr(LOOM_EINVAL, "data prepare: tokenizer %s: has no \"<|endoftext|>\" token nor a "
+			                 "post-processor BOS to start documents", o->tokenizer);
 			goto out;
 		}
+		if (loom_bpe_vocab_size(bpe) > LOOM_SHARD16_MAX_VOCAB) /* ids 0..vocab-1, added tokens included */
+			tw.width = vw.width = 4;
 		for (size_t i = 0; i < n_docs; i++) /* documents are plain text: "<|endoftext|>" in them is not special */
 			if ((rc = loom_bpe_encode(bpe, docs[i].p, docs[i].len, 0, &docs[i].ids, &docs[i].len)) != LOOM_OK)
 				goto out;
@@ -465,8 +474,8 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 		have_tmp = 1;
 	}
 	tw.cap = vw.cap = (size_t)LOOM_MIN((uint64_t)shard_tokens, total + 1);
-	tw.buf = loom__malloc(tw.cap * sizeof *tw.buf);
-	vw.buf = loom__malloc(vw.cap * sizeof *vw.buf);
+	tw.buf = loom__malloc(tw.cap * (size_t)tw.width);
+	vw.buf = loom__malloc(vw.cap * (size_t)vw.width);
 	if (!tw.buf || !vw.buf) {
 		rc = loom_seterr(LOOM_ENOMEM, "data prepare: out of memory for shard buffers");
 		goto out;
@@ -520,6 +529,7 @@ int loom_data_prepare(const loom_prepare_opts_t *o, loom_prepare_summary_t *sum)
 	have_tmp = 0;
 	sum->train_tokens = tw.total, sum->val_tokens = vw.total;
 	sum->train_shards = tw.index, sum->val_shards = vw.index;
+	sum->token_bytes = tw.width;
 out:
 	if (have_tmp) /* any failure before the swap: the old set is untouched */
 		loom__rm_rf(tmp);

@@ -399,17 +399,18 @@ static double shard_pages(double F, double wb, double n_check, double n_rank, do
  * losses and the validation shards' pages, the threads' scratch; then the process and the total. */
 static void mem_total(loom_plan_memory_t *m, const loom_plan_config_t *pc, const loom_cluster_t *c, int world)
 {
-	double BT = (double)pc->B * pc->T, wb = 2.0 * (BT + 1.0); /* a window: B T + 1 uint16 tokens */
+	double tb = pc->token_bytes == 4 ? 4.0 : 2.0;            /* bytes per token: uint16 or uint32 shards */
+	double BT = (double)pc->B * pc->T, wb = tb * (BT + 1.0); /* a window: B T + 1 tokens */
 	double check = ceil(CHECK_TOKENS / BT), steps = (double)LOOM_MAX(pc->steps, 0), M = LOOM_MAX(pc->M, 1);
 	double dp = LOOM_MAX(pc->dp, 1);
 	m->data = 2.0 * 4.0 * BT; /* the trainer's inputs and targets */
 	if (pc->train_bytes > 0) {
-		double W = LOOM_MAX(1.0, floor((pc->train_bytes / 2.0 - 1.0) / BT)); /* windows per epoch */
+		double W = LOOM_MAX(1.0, floor((pc->train_bytes / tb - 1.0) / BT)); /* windows per epoch */
 		m->data += shard_pages(pc->train_bytes, wb, LOOM_MIN(W, check), steps * M, steps * M * dp, pc->shuffle);
 	}
 	m->eval = 0.0;
 	if (pc->val_bytes > 0 && pc->eval_batches > 0) {
-		double W = LOOM_MAX(1.0, floor((pc->val_bytes / 2.0 - 1.0) / BT)), n = LOOM_MIN(W, pc->eval_batches);
+		double W = LOOM_MAX(1.0, floor((pc->val_bytes / tb - 1.0) / BT)), n = LOOM_MIN(W, pc->eval_batches);
 		m->eval = 8.0 * n + 4.0 * ceil(n / dp) + shard_pages(pc->val_bytes, wb, LOOM_MIN(W, check), n, n, 0);
 	}
 	m->scratch += (double)LOOM_MAX(c->threads - 1, 0) * c->thread_scratch_bytes; /* (+ the optimizer's work) */

@@ -18,19 +18,31 @@
 #include <sys/stat.h>
 
 #include "core/util.h"
+#include "loom/data.h"
 #include "loom/plan.h"
 
-/* Bytes of the files a glob matches (0: none). */
-static double glob_bytes(const char *pattern)
+/* Bytes of the files a glob matches (0: none), and in *token_bytes the width of their tokens: 4 when
+ * the first is a uint32 shard (magic LOOM_SHARD32_MAGIC), else 2 (the loader refuses a mix). */
+static double glob_bytes(const char *pattern, int *token_bytes)
 {
 	glob_t g;
 	double sum = 0.0;
 	struct stat st;
+	*token_bytes = 2;
 	if (!pattern || !*pattern || glob(pattern, 0, NULL, &g) != 0)
 		return 0.0;
 	for (size_t k = 0; k < g.gl_pathc; k++)
-		if (stat(g.gl_pathv[k], &st) == 0 && S_ISREG(st.st_mode))
+		if (stat(g.gl_pathv[k], &st) == 0 && S_ISREG(st.st_mode)) {
+			if (sum == 0.0) {
+				FILE *f = fopen(g.gl_pathv[k], "rb");
+				int32_t magic = 0;
+				if (f && fread(&magic, 4, 1, f) == 1 && magic == LOOM_SHARD32_MAGIC)
+					*token_bytes = 4;
+				if (f)
+					fclose(f);
+			}
 			sum += (double)st.st_size;
+		}
 	globfree(&g);
 	return sum;
 }
@@ -56,9 +68,10 @@ void loom_plan_config_of_run(const loom_train_config_t *tc, const loom_model_con
 	pc->optimizer = (int)tc->optimizer;
 	pc->steps = LOOM_MAX(tc->lr.total_steps, 0);
 	pc->shuffle = tc->shuffle;
-	pc->train_bytes = glob_bytes(tc->train_data);
+	pc->train_bytes = glob_bytes(tc->train_data, &pc->token_bytes);
 	if (tc->val_data && *tc->val_data && tc->eval_batches > 0) { /* evaluated at least at the last step */
-		pc->val_bytes = glob_bytes(tc->val_data);
+		int val_token_bytes; /* the trainer refuses validation data of another width */
+		pc->val_bytes = glob_bytes(tc->val_data, &val_token_bytes);
 		pc->eval_batches = tc->eval_batches;
 	}
 }

@@ -57,23 +57,17 @@ static int dup_str(char **dst, const char *src)
 	return *dst ? LOOM_OK : loom_seterr(LOOM_ENOMEM, "trainer: out of memory");
 }
 
-/* Every token of the first windows (about 1M tokens) of a data set must be a valid id of the model. */
-static int check_vocab(loom_trainer_t *tr, loom_loader_t *ld, const char *what, const char *glob)
+/* Every token of the first windows (about 1M tokens) of a data set must be a valid id of the model,
+ * checked at start; the loader (created with the model's vocab_size) checks every later window as it
+ * reads it, so an id the model cannot embed is always an error naming the shard and offset. */
+static int check_vocab(loom_trainer_t *tr, loom_loader_t *ld, const char *what)
 {
 	uint64_t W = loom_loader_windows_per_epoch(ld), bt = (uint64_t)tr->cfg.B * (uint64_t)tr->cfg.T;
 	uint64_t n = LOOM_MIN(W, (1000000 + bt - 1) / bt);
-	int V = tr->mcfg.vocab_size;
 	for (uint64_t k = 0; k < n; k++) {
 		int rc = loom_loader_window(ld, k, tr->inputs, tr->targets);
 		if (rc != LOOM_OK)
-			return rc;
-		for (uint64_t i = 0; i < bt; i++) {
-			int a = tr->inputs[i], b = tr->targets[i];
-			if (a >= V || b >= V)
-				return loom_seterr(LOOM_EINVAL, "%s data '%s': token id %d (in window %llu) is outside the "
-				                   "model's vocabulary of %d: the data was tokenized for another model",
-				                   what, glob, a >= V ? a : b, (unsigned long long)k, V);
-		}
+			return loom_seterr(rc, "%s data: %s", what, loom_errmsg());
 	}
 	return LOOM_OK;
 }
@@ -301,9 +295,10 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 	memset(&lo, 0, sizeof lo);
 	lo.B = cfg->B, lo.T = cfg->T, lo.shuffle = cfg->shuffle, lo.seed = cfg->seed;
 	lo.rank = tr->dp_rank, lo.world = tr->dp_size;
+	lo.vocab_size = tr->mcfg.vocab_size;
 	if ((rc = loom_loader_create(&tr->train, cfg->train_data, &lo)) != LOOM_OK)
 		goto fail;
-	if ((rc = check_vocab(tr, tr->train, "training", cfg->train_data)) != LOOM_OK)
+	if ((rc = check_vocab(tr, tr->train, "training")) != LOOM_OK)
 		goto fail;
 	{ /* LOOM_DATA_TRACE=DIR: "step S window K token OFFSET" per window read, to DIR/data.rR.pPID (audits the
 	   * global data order across restarts and mesh changes: docs/launcher.md) */
@@ -322,8 +317,14 @@ int loom_trainer_create(loom_trainer_t **out, const loom_train_config_t *cfg, lo
 		lo.shuffle = 0, lo.rank = 0, lo.world = 1;
 		if ((rc = loom_loader_create(&tr->val, cfg->val_data, &lo)) != LOOM_OK)
 			goto fail;
-		if ((rc = check_vocab(tr, tr->val, "validation", cfg->val_data)) != LOOM_OK)
+		if ((rc = check_vocab(tr, tr->val, "validation")) != LOOM_OK)
 			goto fail;
+		if (loom_loader_token_bytes(tr->val) != loom_loader_token_bytes(tr->train)) { /* one tokenizer, one width */
+			rc = loom_seterr(LOOM_EINVAL, "trainer: the training data '%s' holds uint%d tokens but the validation "
+			                 "data '%s' uint%d (one tokenizer writes one width: the data of two tokenizers?)", cfg->train_data,
+			                 8 * loom_loader_token_bytes(tr->train), cfg->val_data, 8 * loom_loader_token_bytes(tr->val));
+			goto fail;
+		}
 	}
 	if (tr->val && !(tr->val_losses = loom__calloc((size_t)LOOM_MIN((uint64_t)cfg->eval_batches,
 	                                                          loom_loader_windows_per_epoch(tr->val)), sizeof(double)))) {

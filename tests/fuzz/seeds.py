@@ -76,9 +76,16 @@ for i, (ver, es) in enumerate([(3, 4), (5, 2)]):
     put("llmc", i, h + b"\x3f" * ((P + (Vp - V) * C) * es))
 put("llmc", 2, struct.pack("<8i", 20240326, 3, 2**31 - 14, 2**31 - 1, 1, 1, 2**30, 2**31 - 1) + b"\0" * 992)
 
-# token shard: [20240520, 1, N] + N uint16
+# token shard: [20240520, 1, N] + N uint16, or [20240801, 7, N] + N uint32 (llm.c's llama-3 shards);
+# then the pairs that are refused (a uint16 magic with the uint32 version and the reverse)
 for i, n in enumerate([0, 5]):
     put("shard", i, struct.pack("<3i", 20240520, 1, n) + b"\0" * (1024 - 12) + struct.pack("<%dH" % n, *range(n)))
+for i, n in enumerate([0, 5]):
+    put("shard", 2 + i, struct.pack("<3i", 20240801, 7, n) + b"\0" * (1024 - 12) +
+        struct.pack("<%dI" % n, *[65530 + 3 * k for k in range(n)]))
+put("shard", 4, struct.pack("<3i", 20240520, 7, 2) + b"\0" * (1024 - 12) + struct.pack("<2I", 1, 70000))
+put("shard", 5, struct.pack("<3i", 20240801, 1, 2) + b"\0" * (1024 - 12) + struct.pack("<2H", 1, 2))
+put("shard", 6, struct.pack("<3i", 20240801, 7, 3) + b"\0" * (1024 - 12) + struct.pack("<3I", 1, 2**31, 2**32 - 1))
 
 # llm.c tokenizer v2: [20240328, 2, vocab, eot] + (len, bytes) per token
 toks = [bytes([b]) for b in range(256)] + [b"<|endoftext|>"]

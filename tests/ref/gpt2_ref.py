@@ -85,8 +85,10 @@ def main():
         P[name] = torch.nn.Parameter(torch.from_numpy(flat[off:off + n].copy()).view(*shape))
         off += n
     raw = np.fromfile(os.path.join(out, "data.bin"), dtype=np.int32, count=256)
-    assert raw[0] == 20240520 and raw[1] == 1, "data.bin is not a shard"
-    tokens = np.fromfile(os.path.join(out, "data.bin"), dtype=np.uint16, offset=1024).astype(np.int64)
+    # llm.c's shards: uint16 (magic 20240520, version 1) or uint32 (20240801, version 7)
+    assert (int(raw[0]), int(raw[1])) in ((20240520, 1), (20240801, 7)), "data.bin is not a shard"
+    width = np.uint16 if raw[0] == 20240520 else np.uint32
+    tokens = np.fromfile(os.path.join(out, "data.bin"), dtype=width, offset=1024).astype(np.int64)
     assert tokens.size == raw[2]
     W = (tokens.size - 1) // (B * Tt)
 
