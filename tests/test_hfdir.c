@@ -2,7 +2,8 @@
  * config.json in both rope layouts and every refusal, single and sharded directories in F32, BF16 and
  * F16 read back exactly, what loom writes checked by an independent Python reader
  * (tests/ref/hf_dir_ref.py), a directory written by Python loaded with the same values, refusals of
- * malformed directories, and that loading streams (no allocation as large as a tensor). */
+ * malformed directories, that loading streams (no allocation as large as a tensor), and that the
+ * load's threads write every parameter exactly. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include "ckpt/model_internal.h"
 #include "core/util.h"
 #include "loom/ckpt.h"
+#include "loom/gpt2.h"
 #include "loom/model.h"
 #include "test.h"
 
@@ -606,6 +608,80 @@ TEST(hfdir_load_streams)
 			CHECK_FEQ(got[i], bf ? bf16_round(w[i]) : w[i]);
 	}
 	free(w), free(got);
+	test_rmdir(root);
+	return 0;
+}
+
+/* The first parameter where got and want differ (as bits), -1 when none. */
+static long first_diff(const float *got, const float *want, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (memcmp(&got[i], &want[i], sizeof *got) != 0)
+			return (long)i;
+	return -1;
+}
+
+/* The load's threads: a directory whose embedding spans several of the 8 MB pieces the threads claim,
+ * each read in 256 KB chunks, neither size dividing the tensor (V = 9001), loaded on 1, 2 and 3
+ * threads into a buffer of NaNs, gives every parameter bit for bit (F32 in shards, BF16 in one file),
+ * and so does loom_model_load_alloc (whose buffer is not zeroed). Every other format's loader writes
+ * every float too (GPT-2's .bin and .safetensors, nanochat's .safetensors), so none needs a zeroed
+ * buffer. */
+TEST(hfdir_load_threads)
+{
+	char root[256], dir[512];
+	loom_model_config_t c = smol(), back;
+	c.vocab_size = 9001, c.n_embd = 512, c.n_head = 8, c.n_kv_head = 2, c.head_dim = 64, c.intermediate_size = 64;
+	c.n_layer = 1, c.has_token_ids = 0;
+	size_t n = loom_model_num_params(&c), embed = (size_t)c.vocab_size * (size_t)c.n_embd;
+	float *w = rand_params(&c, 29), *want = malloc(n * sizeof *want), *got = malloc(n * sizeof *got), *alloc;
+	int saved = loom_num_threads();
+	long d;
+	CHECK(want && got && test_mkdtemp(root, sizeof root) == 0);
+	for (int bf = 0; bf < 2; bf++) {
+		loom_hf_save_opts_t o = {bf ? LOOM_ST_BF16 : LOOM_ST_F32, bf ? 0 : embed * 4 + 1, -1, 0};
+		snprintf(dir, sizeof dir, "%s/%s", root, bf ? "bf16" : "f32");
+		CHECK_OK(loom_hf_dir_save(dir, &c, w, &o));
+		CHECK_EQ(file_exists(dir, "model.safetensors.index.json"), !bf);
+		for (size_t i = 0; i < n; i++)
+			want[i] = bf ? bf16_round(w[i]) : w[i];
+		CHECK_OK(loom_model_config(dir, 0, &back, NULL));
+		for (int t = 1; t <= 3; t++) {
+			loom_set_num_threads(t);
+			memset(got, 0xff, n * sizeof *got);
+			int rc = loom_model_load(dir, &back, got);
+			loom_set_num_threads(saved);
+			CHECK_OK(rc);
+			d = first_diff(got, want, n);
+			CHECK_MSG(d < 0, "%s on %d threads: parameter %ld is %.9g, expected %.9g", dir, t, d, got[d], want[d]);
+		}
+		CHECK_OK(loom_model_load_alloc(dir, 0, &back, &alloc));
+		d = first_diff(alloc, want, n);
+		CHECK_MSG(d < 0, "%s by loom_model_load_alloc: parameter %ld is %.9g, expected %.9g", dir, d, alloc[d], want[d]);
+		free(alloc);
+	}
+	free(w), free(want), free(got);
+	/* the other families' files */
+	loom_model_config_t g = {.n_layer = 2, .n_head = 4, .n_embd = 32, .seq_len = 16, .vocab_size = 40};
+	loom_model_config_t nc = {.n_layer = 3, .n_head = 4, .n_embd = 64, .seq_len = 16, .vocab_size = 61,
+	                          .arch = LOOM_ARCH_NANOCHAT, .n_kv_head = 2};
+	snprintf(nc.window_pattern, sizeof nc.window_pattern, "SSL");
+	const struct {
+		const loom_model_config_t *cfg;
+		const char *name;
+	} files[] = {{&g, "gpt2.bin"}, {&g, "gpt2.safetensors"}, {&nc, "nanochat.safetensors"}};
+	for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
+		n = loom_model_num_params(files[f].cfg);
+		w = rand_params(files[f].cfg, 31 + (uint32_t)f), got = malloc(n * sizeof *got);
+		snprintf(dir, sizeof dir, "%s/%s", root, files[f].name);
+		CHECK_OK(loom_model_save(dir, files[f].cfg, w));
+		CHECK_OK(loom_model_config(dir, files[f].cfg->n_head, &back, NULL));
+		memset(got, 0xff, n * sizeof *got);
+		CHECK_OK(loom_model_load(dir, &back, got));
+		d = first_diff(got, w, n);
+		CHECK_MSG(d < 0, "%s: parameter %ld is %.9g, expected %.9g", dir, d, got[d], w[d]);
+		free(w), free(got);
+	}
 	test_rmdir(root);
 	return 0;
 }

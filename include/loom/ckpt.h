@@ -93,9 +93,11 @@ int loom_model_config(const char *path, int n_head_hint, loom_model_config_t *cf
  * must be what loom_model_config returns for this file. safetensors: accepts a "transformer."
  * prefix, ignores attn.bias / attn.masked_bias buffers and an lm_head.weight equal to wte; F16/BF16
  * are converted. Missing, extra or wrong-shaped tensors give LOOM_EFORMAT naming the tensor.
- * llm.c: transposes its (out, in) matrices to HF's Conv1D (in, out) and drops the padded rows. */
+ * llm.c: transposes its (out, in) matrices to HF's Conv1D (in, out) and drops the padded rows.
+ * Every one of the floats is written (params need not be zeroed: loom_alloc_uninit); a Hugging Face
+ * directory or a llama-family file is read on up to loom_num_threads() threads (OpenMP's). */
 int loom_model_load(const char *path, const loom_model_config_t *cfg, float *params);
-/* Both in one: *params is allocated with loom_alloc_aligned semantics (free with free()). */
+/* Both in one: *params is allocated by loom_alloc_uninit (free with free()); NULL on failure. */
 int loom_model_load_alloc(const char *path, int n_head_hint, loom_model_config_t *cfg, float **params);
 /* Save as llm.c .bin (version 3, vocab padded to a multiple of 128 with zero rows) when path ends in
  * ".bin", else as safetensors with HF names and shapes and the config in __metadata__ (n_layer,

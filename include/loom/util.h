@@ -18,6 +18,11 @@ double loom_now(void);
  * caller owns it; free it with loom_free_aligned (or free()). */
 void *loom_alloc_aligned(size_t bytes);
 void loom_free_aligned(void *p);
+/* Like loom_alloc_aligned, but not zero-filled: for a buffer the caller overwrites whole before
+ * reading it (parameters being loaded), so that its pages are faulted in once, by the writes that
+ * fill it and on the threads that write, instead of by a zeroing pass first. Free it with
+ * loom_free_aligned (or free()). */
+void *loom_alloc_uninit(size_t bytes);
 
 /* The library's version, and `git describe --always --dirty` of the tree it was built from
  * ("unknown" outside a git checkout). Static strings. */

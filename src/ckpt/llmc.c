@@ -303,7 +303,9 @@ int loom_model_load_alloc(const char *path, int n_head_hint, loom_model_config_t
 	*params = NULL;
 	if ((rc = loom_model_config(path, n_head_hint, cfg, NULL)) != LOOM_OK)
 		return rc;
-	*params = loom_alloc_aligned(loom_model_num_params(cfg) * sizeof(float));
+	/* not zeroed: every loader writes every parameter (test model_load_writes_every_parameter), so the
+	 * pages are faulted in once, by the load's writes */
+	*params = loom_alloc_uninit(loom_model_num_params(cfg) * sizeof(float));
 	if (!*params)
 		return loom_seterr(LOOM_ENOMEM, "%s: out of memory for %zu parameters (%zu bytes)", path,
 		                   loom_model_num_params(cfg), loom_model_num_params(cfg) * sizeof(float));

@@ -53,6 +53,8 @@ int loom__hf_config_text(const loom_model_config_t *cfg, const char *torch_dtype
 
 /* ---- Hugging Face directories (hf_dir.c) ---- */
 
+/* The open file descriptor of st (for posix_fadvise; loom_st_read_bytes is the way to read). */
+int loom__st_fd(const loom_st_t *st);
 /* F16 bits to float (safetensors.c). */
 float loom__half_to_f32(uint16_t h);
 /* The parameter table of cfg, malloc'ed into *tab (*n tensors): the family's (loom__hf_family_table),

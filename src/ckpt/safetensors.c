@@ -383,6 +383,11 @@ int loom_st_read_bytes(const loom_st_t *st, int i, size_t off, size_t n, void *o
 	return LOOM_OK;
 }
 
+int loom__st_fd(const loom_st_t *st)
+{
+	return st->fd;
+}
+
 int loom_st_read_f32(const loom_st_t *st, int i, float *out, size_t numel)
 {
 	const loom_st_tensor_t *t = loom_st_get(st, i);

@@ -87,17 +87,22 @@ char *loom__strdup(const char *s)
 	return inject_failure() ? NULL : strdup(s);
 }
 
-void *loom_alloc_aligned(size_t bytes)
+void *loom_alloc_uninit(size_t bytes)
 {
 	void *p = NULL;
 	note_size(bytes);
 	if (inject_failure())
 		return NULL;
-	if (bytes == 0)
-		bytes = 1;
-	if (posix_memalign(&p, 64, bytes) != 0)
+	if (posix_memalign(&p, 64, bytes ? bytes : 1) != 0)
 		return NULL;
-	memset(p, 0, bytes);
+	return p;
+}
+
+void *loom_alloc_aligned(size_t bytes)
+{
+	void *p = loom_alloc_uninit(bytes);
+	if (p)
+		memset(p, 0, bytes);
 	return p;
 }
 

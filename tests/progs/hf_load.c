@@ -2,8 +2,8 @@
  * parameters and print how long that took and the process's peak resident set, for bench/hf_load.sh:
  *   hf_load DIR  ->  "load_s 1.234 params 1235814400 fp32_bytes 4943257600 maxrss_bytes 4950000000"
  * load_s covers loom_model_config (headers, table matching), the parameters' allocation
- * (loom_alloc_aligned: zeroed, so their pages are faulted in there) and loom_model_load;
- * read_convert_s the load alone. */
+ * (loom_alloc_uninit, as loom_model_load_alloc: not zeroed, so their pages are faulted in by the
+ * load's writes, on its threads) and loom_model_load; read_convert_s the load alone. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -24,7 +24,7 @@ int main(int argc, char **argv)
 	}
 	clock_gettime(CLOCK_MONOTONIC, &a);
 	if (loom_model_config(argv[1], 0, &cfg, NULL) != LOOM_OK ||
-	    !(p = loom_alloc_aligned(loom_model_num_params(&cfg) * sizeof *p)) ||
+	    !(p = loom_alloc_uninit(loom_model_num_params(&cfg) * sizeof *p)) ||
 	    clock_gettime(CLOCK_MONOTONIC, &m) != 0 || loom_model_load(argv[1], &cfg, p) != LOOM_OK) {
 		fprintf(stderr, "hf_load: %s\n", loom_errmsg());
 		return 1;
