@@ -34,10 +34,8 @@ static const char *name_of(const loom__fam_t *f)
 float *loom__fam_carve(char *base, size_t *off, size_t nfloats)
 {
 	float *p = base ? (float *)(base + *off) : NULL;
-	if (*off == SIZE_MAX || nfloats > (SIZE_MAX - 63 - *off) / sizeof(float))
-		*off = SIZE_MAX;
-	else
-		*off += (nfloats * sizeof(float) + 63) / 64 * 64;
+	size_t b = loom__fam_size_mul(nfloats, sizeof(float));
+	*off = b > SIZE_MAX - 63 || *off > SIZE_MAX - 63 - b ? SIZE_MAX : *off + (b + 63) / 64 * 64;
 	return p;
 }
 
@@ -793,16 +791,13 @@ void loom__fam_kv_free(void *kv)
 	}
 }
 
-int loom__fam_sample(loom__fam_t *f, loom__fam_step_fn step, const float *logits, float *topk, const int *prompt,
-                     int n_prompt, int max_new, float temperature, int top_k, uint64_t seed, int stop_token, int *out,
-                     int *n_out, void (*on_token)(void *ctx, int token), void *ctx)
+void loom__fam_sample(loom__fam_t *f, loom__fam_step_fn step, const float *logits, float *topk, int n_prompt,
+                      int max_new, float temperature, int top_k, uint64_t seed, int stop_token, int *out, int *n_out,
+                      void (*on_token)(void *ctx, int token), void *ctx)
 {
 	int V = f->cfg.vocab_size, T = f->T;
 	rng_t r;
-	loom__gemm_setup(&f->gemm);
 	rng_seed(&r, seed);
-	for (int p = 0; p < n_prompt; p++)
-		step(f, prompt[p], p);
 	for (int pos = n_prompt; *n_out < max_new && pos < T; pos++) {
 		int tok = loom__sample_token(logits, V, temperature, top_k, topk, &r);
 		out[(*n_out)++] = tok;
@@ -812,5 +807,21 @@ int loom__fam_sample(loom__fam_t *f, loom__fam_step_fn step, const float *logits
 			break;
 		step(f, tok, pos);
 	}
+}
+
+int loom__fam_generate(loom_model_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
+                       uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
+                       void *ctx)
+{
+	loom__fam_t *f = F(m);
+	int rc;
+	if ((rc = loom__fam_generate_check(f, prompt, n_prompt, max_new, temperature, top_k, out, n_out)) != LOOM_OK ||
+	    (rc = f->kind->kv_cache_alloc(m)) != LOOM_OK)
+		return rc;
+	loom__gemm_setup(&f->gemm);
+	for (int p = 0; p < n_prompt; p++)
+		f->kind->step(f, prompt[p], p);
+	loom__fam_sample(f, f->kind->step, f->kv_logits, f->kv_topk, n_prompt, max_new, temperature, top_k, seed,
+	                 stop_token, out, n_out, on_token, ctx);
 	return loom__gemm_status(&f->gemm);
 }

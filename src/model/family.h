@@ -67,6 +67,8 @@ typedef struct loom__fam {
 	loom_param_use_fn on_use;
 	void *on_use_ctx;
 	void *mem; /* the one allocation holding every activation buffer */
+	float *kv_logits, *kv_topk; /* the KV cache's logits of the newest position and top-k scratch (V each),
+	                             * once the cache exists */
 } loom__fam_t;
 
 /* What the shared code asks of a family. The passes run on a checked call (arena, unit, sizes, token
@@ -101,6 +103,10 @@ struct loom__fam_kind {
 	float *(*stream)(loom__fam_t *f, int mb, int l);
 	/* A block call's further check (NULL: none), e.g. that the arena has its token ids. */
 	int (*block_check)(const loom__fam_t *f, int mb, const char *op);
+	/* Sampling (loom__fam_generate): the KV cache's allocation (the table's kv_cache_alloc; it sets
+	 * f->kv_logits and f->kv_topk), and one position's forward with it. */
+	int (*kv_cache_alloc)(loom_model_t *m);
+	void (*step)(loom__fam_t *f, int token, int pos);
 };
 
 #define LOOM__FAM(m) ((loom__fam_t *)(m))
@@ -115,8 +121,15 @@ int loom__fam_create(const loom__fam_kind_t *k, loom_model_t **out, const loom_m
 int loom__fam_act_bytes(const loom__fam_kind_t *k, const loom_model_config_t *cfg, const loom_model_opts_t *o,
                         loom_model_act_bytes_t *out);
 void loom__fam_destroy(loom_model_t *m);
-/* 64-byte aligned carving of nfloats from base at *off (base NULL: count only); SIZE_MAX stays. */
+/* The layouts' bump allocation: nfloats at base + *off (base NULL: measure only), offsets 64-byte aligned;
+ * *off saturates at SIZE_MAX instead of wrapping, so a batch too large for the address space is refused
+ * as such (create's LOOM_ENOMEM "larger than the address space"), never allocated by a wrapped count. */
 float *loom__fam_carve(char *base, size_t *off, size_t nfloats);
+/* a * b, or SIZE_MAX when that does not fit. */
+static inline size_t loom__fam_size_mul(size_t a, size_t b)
+{
+	return b && a > SIZE_MAX / b ? SIZE_MAX : a * b;
+}
 
 /* ---- table operations on the shared state (loom/model.h's of the same names) -------------------------- */
 
@@ -234,6 +247,12 @@ void loom__fam_attention_backward(loom__fam_t *f, const loom__flash_t *a, float 
 
 /* ---- sampling ---------------------------------------------------------------------------------------- */
 
+/* The table's generate on the kind's KV cache and step (loom/gpt2.h's contract): the arguments checked,
+ * the prompt run position by position in the model's precision, then loom__fam_sample; the gemm status. */
+int loom__fam_generate(loom_model_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
+                       uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
+                       void *ctx);
+
 /* generate's argument checks (loom/gpt2.h's contract: *n_out = 0 first), LOOM_EINVAL naming the family
  * and the argument. */
 int loom__fam_generate_check(const loom__fam_t *f, const int *prompt, int n_prompt, int max_new, float temperature,
@@ -246,11 +265,11 @@ int loom__fam_kv_alloc(loom__fam_t *f, size_t size, size_t (*layout)(const loom_
 void loom__fam_kv_free(void *kv);
 /* One position's forward with the KV cache, its logits left where the sampling loop reads them. */
 typedef void (*loom__fam_step_fn)(loom__fam_t *f, int token, int pos);
-/* The sampling loop of a checked generate: the prompt run through step, then up to max_new tokens sampled
- * from logits (V of them; topk V floats of scratch) at temperature and top_k (loom__sample_token) until
- * stop_token or the model's T; the gemm status. */
-int loom__fam_sample(loom__fam_t *f, loom__fam_step_fn step, const float *logits, float *topk, const int *prompt,
-                     int n_prompt, int max_new, float temperature, int top_k, uint64_t seed, int stop_token, int *out,
-                     int *n_out, void (*on_token)(void *ctx, int token), void *ctx);
+/* The sampling loop of a checked generate whose prompt (n_prompt tokens) has run: up to max_new tokens
+ * sampled from logits (V of them; topk V floats of scratch) at temperature and top_k (loom__sample_token,
+ * seeded with seed), each given to on_token and run through step, until stop_token or the model's T. */
+void loom__fam_sample(loom__fam_t *f, loom__fam_step_fn step, const float *logits, float *topk, int n_prompt,
+                      int max_new, float temperature, int top_k, uint64_t seed, int stop_token, int *out, int *n_out,
+                      void (*on_token)(void *ctx, int token), void *ctx);
 
 #endif

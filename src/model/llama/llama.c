@@ -242,7 +242,7 @@ static const loom_model_family_t llama_family = {
 	.init = ll_init,
 	.set_inputs = NULL,
 	.kv_cache_alloc = loom__ll_kv_cache_alloc,
-	.generate = loom__ll_generate,
+	.generate = loom__fam_generate,
 	.profile = ll_profile,
 	.profile_report = ll_profile_report,
 	.unit_flops = loom__ll_unit_flops,
@@ -266,6 +266,8 @@ static const loom__fam_kind_t llama_kind = {
 	.block_backward = loom__ll_block_backward,
 	.embed_backward = loom__ll_embed_backward,
 	.stream = loom__ll_stream,
+	.kv_cache_alloc = loom__ll_kv_cache_alloc,
+	.step = loom__ll_step,
 };
 
 const loom_model_family_t *loom__llama_family(void)

@@ -48,6 +48,7 @@ int loom__ll_kv_cache_alloc(loom_model_t *mm)
 	if ((rc = loom__fam_kv_alloc(&m->f, sizeof(ll_kv_t), layout_kv, &kv)) != LOOM_OK)
 		return rc;
 	m->kv = kv;
+	m->f.kv_logits = m->kv->logits, m->f.kv_topk = m->kv->topk;
 	return LOOM_OK;
 }
 
@@ -61,7 +62,7 @@ static void lin1(float *y, const float *x, const float *w, const float *b, int k
 }
 
 /* Position pos with token tok through the whole network; kv->logits gets its logits. */
-static void step(loom__fam_t *f, int tok, int pos)
+void loom__ll_step(loom__fam_t *f, int tok, int pos)
 {
 	loom_llama_t *m = (loom_llama_t *)f;
 	ll_kv_t *kv = m->kv;
@@ -98,17 +99,4 @@ static void step(loom__fam_t *f, int tok, int pos)
 	}
 	loom__ll_rmsnorm_forward(kv->xn, C, kv->rs, kv->x, C, m->f.pview[m->norm_i], m->eps, 1, C);
 	lin1(kv->logits, kv->xn, m->f.pview[m->head_i], NULL, C, d->V);
-}
-
-int loom__ll_generate(loom_model_t *mm, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
-                      uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
-                      void *ctx)
-{
-	loom_llama_t *m = (loom_llama_t *)mm;
-	int rc;
-	if ((rc = loom__fam_generate_check(&m->f, prompt, n_prompt, max_new, temperature, top_k, out, n_out)) != LOOM_OK ||
-	    (rc = loom__ll_kv_cache_alloc(mm)) != LOOM_OK)
-		return rc;
-	return loom__fam_sample(&m->f, step, m->kv->logits, m->kv->topk, prompt, n_prompt, max_new, temperature, top_k,
-	                        seed, stop_token, out, n_out, on_token, ctx);
 }

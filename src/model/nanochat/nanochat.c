@@ -282,7 +282,7 @@ static const loom_model_family_t nanochat_family = {
 	.init = nc_init,
 	.set_inputs = loom__nc_set_inputs,
 	.kv_cache_alloc = loom__nc_kv_cache_alloc,
-	.generate = loom__nc_generate,
+	.generate = loom__fam_generate,
 	.profile = nc_profile,
 	.profile_report = nc_profile_report,
 	LOOM__FAM_TABLE_OPS,
@@ -305,6 +305,8 @@ static const loom__fam_kind_t nanochat_kind = {
 	.block_backward = loom__nc_block_backward,
 	.embed_backward = loom__nc_embed_backward,
 	.stream = loom__nc_stream,
+	.kv_cache_alloc = loom__nc_kv_cache_alloc,
+	.step = loom__nc_step,
 	.block_check = loom__nc_block_check,
 };
 

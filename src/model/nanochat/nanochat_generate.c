@@ -51,11 +51,12 @@ int loom__nc_kv_cache_alloc(loom_model_t *mm)
 	if ((rc = loom__fam_kv_alloc(&m->f, sizeof(nc_kv_t), layout_kv, &kv)) != LOOM_OK)
 		return rc;
 	m->kv = kv;
+	m->f.kv_logits = m->kv->logits, m->f.kv_topk = m->kv->topk;
 	return LOOM_OK;
 }
 
 /* Position pos with token tok through the whole network; kv->logits gets its logits. */
-static void step(loom__fam_t *f, int tok, int pos)
+void loom__nc_step(loom__fam_t *f, int tok, int pos)
 {
 	loom_nanochat_t *m = (loom_nanochat_t *)f;
 	nc_kv_t *kv = m->kv;
@@ -109,17 +110,4 @@ static void step(loom__fam_t *f, int tok, int pos)
 	}
 	loom__nc_rmsnorm_forward(kv->xn, C, rs, kv->x, C, 1, C);
 	loom__nc_logits(kv->logits, kv->xn, C, m->f.pview[m->f.ntensors - 1], 1, C, d->V);
-}
-
-int loom__nc_generate(loom_model_t *mm, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
-                      uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
-                      void *ctx)
-{
-	loom_nanochat_t *m = (loom_nanochat_t *)mm;
-	int rc;
-	if ((rc = loom__fam_generate_check(&m->f, prompt, n_prompt, max_new, temperature, top_k, out, n_out)) != LOOM_OK ||
-	    (rc = loom__nc_kv_cache_alloc(mm)) != LOOM_OK)
-		return rc;
-	return loom__fam_sample(&m->f, step, m->kv->logits, m->kv->topk, prompt, n_prompt, max_new, temperature, top_k,
-	                        seed, stop_token, out, n_out, on_token, ctx);
 }

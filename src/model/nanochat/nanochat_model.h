@@ -195,8 +195,7 @@ int loom__nc_set_inputs(loom_model_t *m, int mb, const int *inputs, int B, int T
 
 /* ---- sampling (nanochat_generate.c), the family table's entries of the same names ---- */
 int loom__nc_kv_cache_alloc(loom_model_t *m);
-int loom__nc_generate(loom_model_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
-                      uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
-                      void *ctx);
+/* Position pos with token tok through the whole network with the KV cache; kv->logits gets its logits. */
+void loom__nc_step(loom__fam_t *f, int tok, int pos);
 
 #endif
