@@ -17,6 +17,7 @@
 
 #include "core/util.h"
 #include "model/family.h"
+#include "model/fastmath.h"
 #include "model/rng.h"
 
 #define DEFAULT_CHUNK 512
@@ -218,6 +219,53 @@ void loom__fam_destroy(loom_model_t *m)
 	free(f->pview);
 	free(f->gview);
 	free(f);
+}
+
+/* ---- tensor-parallel shards ---------------------------------------------------------------------------- */
+
+void loom__fam_tp_copy_tensor(const loom_model_config_t *cfg, int tp, int r, int i, float *full, float *shard,
+                              int to_shard)
+{
+	const loom_model_family_t *fam = loom_model_family(cfg->arch);
+	loom_tensor_info_t f, s;
+	fam->shard_info(cfg, 1, i, &f);
+	fam->shard_info(cfg, tp, i, &s);
+	size_t cols = f.ndim == 2 ? f.shape[1] : f.shape[0];
+	size_t srows = s.ndim == 2 ? s.shape[0] : 1, scols = s.ndim == 2 ? s.shape[1] : s.shape[0];
+	size_t r0 = 0, c0 = 0;
+	if (f.tp_dim == 0 && f.ndim == 2)
+		r0 = (size_t)r * srows;
+	else if (f.tp_dim == 0 || f.tp_dim == 1) /* a split vector, or a matrix split by columns */
+		c0 = (size_t)r * scols;
+	for (size_t a = 0; a < srows; a++) {
+		float *pf = full + (r0 + a) * cols + c0, *ps = shard + a * scols;
+		if (to_shard)
+			memcpy(ps, pf, scols * sizeof(float));
+		else
+			memcpy(pf, ps, scols * sizeof(float));
+	}
+}
+
+static void shard_copy(const loom_model_config_t *cfg, int tp, int r, float *full, float *shard, int to_shard)
+{
+	const loom_model_family_t *fam = loom_model_family(cfg->arch);
+	int n = fam->num_tensors(cfg);
+	for (int i = 0; i < n; i++) {
+		loom_tensor_info_t f, s;
+		fam->shard_info(cfg, 1, i, &f);
+		fam->shard_info(cfg, tp, i, &s);
+		loom__fam_tp_copy_tensor(cfg, tp, r, i, full + f.offset, shard + s.offset, to_shard);
+	}
+}
+
+void loom__fam_tp_shard(const loom_model_config_t *cfg, int tp, int r, const float *full, float *shard)
+{
+	shard_copy(cfg, tp, r, (float *)full, shard, 1); /* full is only read */
+}
+
+void loom__fam_tp_unshard(const loom_model_config_t *cfg, int tp, int r, const float *shard, float *full)
+{
+	shard_copy(cfg, tp, r, full, (float *)shard, 0); /* shard is only read */
 }
 
 /* ---- the shared state -------------------------------------------------------------------------------- */
@@ -705,6 +753,66 @@ void loom__fam_rope(const loom__fam_t *f, loom__fam_rope_fn fn, float *x, int B,
 		for (int h = 0; h < 2; h++)
 			fn(x + ((size_t)b * T + (size_t)h * c) * H * D, f->cos, f->sin, c, c,
 			   loom__cp_pos(h * c, T, f->cp, f->cp_rank), H, D);
+}
+
+void loom__fam_tp_classifier(loom__fam_t *f, float *losses, float *dx, float *dw, const float *x, const float *w,
+                             const int *targets, float dloss, int N, int C, int v0, int Vv, loom__fam_logits_fn logits,
+                             float softcap)
+{
+	const float inv = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+	for (int n0 = 0; n0 < N; n0 += f->chunk) {
+		int nc = LOOM_MIN(f->chunk, N - n0);
+		float *mx = f->tp_stats, *sums = f->tp_stats + nc, *z = f->logits;
+		if (Vv > 0 && logits)
+			logits(z, x + (size_t)n0 * C, C, w, nc, C, Vv);
+		else if (Vv > 0)
+			loom__gemm(0, 1, nc, Vv, C, 1.0f, x + (size_t)n0 * C, C, w, C, 0.0f, z, Vv);
+		for (int i = 0; i < nc; i++) {
+			const float *zi = z + (size_t)i * Vv;
+			float v = -INFINITY;
+#pragma omp simd reduction(max : v)
+			for (int j = 0; j < Vv; j++)
+				v = zi[j] > v ? zi[j] : v;
+			mx[i] = v;
+		}
+		loom__fam_tp_reduce(f, mx, (size_t)nc, LOOM_TP_MAX);
+#pragma omp parallel for schedule(static) if ((long)nc * Vv >= 32768)
+		for (int i = 0; i < nc; i++) {
+			const float *zi = z + (size_t)i * Vv;
+			float s = 0.0f;
+			int t = targets[n0 + i] - v0;
+#pragma omp simd reduction(+ : s)
+			for (int j = 0; j < Vv; j++)
+				s += fast_expf(zi[j] - mx[i]);
+			sums[2 * i] = s;
+			sums[2 * i + 1] = t >= 0 && t < Vv ? zi[t] : 0.0f;
+		}
+		loom__fam_tp_reduce(f, sums, 2 * (size_t)nc, LOOM_TP_SUM);
+		for (int i = 0; i < nc; i++)
+			losses[n0 + i] = logf(sums[2 * i]) + mx[i] - sums[2 * i + 1];
+		if (!dx || Vv == 0)
+			continue;
+#pragma omp parallel for schedule(static) if ((long)nc * Vv >= 32768)
+		for (int i = 0; i < nc; i++) {
+			float *zi = z + (size_t)i * Vv, g = dloss / sums[2 * i];
+			int t = targets[n0 + i] - v0;
+			if (softcap > 0.0f) { /* through the cap: d(c tanh(z/c))/dz = 1 - (logit/c)^2 */
+#pragma omp simd
+				for (int j = 0; j < Vv; j++) {
+					float c = zi[j], u = c * inv;
+					zi[j] = (g * fast_expf(c - mx[i]) - (j == t ? dloss : 0.0f)) * (1.0f - u * u);
+				}
+			} else {
+#pragma omp simd
+				for (int j = 0; j < Vv; j++)
+					zi[j] = g * fast_expf(zi[j] - mx[i]) - (j == t ? dloss : 0.0f);
+			}
+		}
+		loom__gemm(0, 0, nc, C, Vv, 1.0f, z, Vv, w, C, 1.0f, dx + (size_t)n0 * C, C);
+		loom__gemm(1, 0, Vv, C, nc, 1.0f, z, Vv, x + (size_t)n0 * C, C, 1.0f, dw, C);
+	}
+	if (dx)
+		loom__fam_tp_reduce(f, dx, (size_t)N * C, LOOM_TP_SUM);
 }
 
 /* Context parallel: the attention's group, form, hook and scratch. */

@@ -131,6 +131,16 @@ static inline size_t loom__fam_size_mul(size_t a, size_t b)
 	return b && a > SIZE_MAX / b ? SIZE_MAX : a * b;
 }
 
+/* ---- tensor-parallel shards (the table's tp_shard, tp_unshard, tp_copy_tensor) ------------------------ */
+
+/* By the family's shard table (cfg->arch's shard_info at 1 and at tp): a tensor split on dimension 0 is
+ * rank r's rows (a vector: its elements), on dimension 1 its columns; to_shard 1 copies full -> shard,
+ * else back. nanochat and llama (GPT-2's fused qkv splits in sections: its own, tp_model.c). */
+void loom__fam_tp_copy_tensor(const loom_model_config_t *cfg, int tp, int r, int i, float *full, float *shard,
+                              int to_shard);
+void loom__fam_tp_shard(const loom_model_config_t *cfg, int tp, int r, const float *full, float *shard);
+void loom__fam_tp_unshard(const loom_model_config_t *cfg, int tp, int r, const float *shard, float *full);
+
 /* ---- table operations on the shared state (loom/model.h's of the same names) -------------------------- */
 
 const loom_model_config_t *loom__fam_config(const loom_model_t *m);
@@ -232,6 +242,17 @@ static inline int loom__fam_sp_rows(const loom__fam_t *f, int N)
 /* x (N/tp,C) this rank's rows all-gathered into f->ftmp (N,C), which is returned; without sequence
  * parallelism x itself. */
 const float *loom__fam_sp_gather(loom__fam_t *f, const float *x, int N, int C);
+/* A head's logits kernel: out (N,V) from x (N,C; rows ldx apart) and w (V,C). */
+typedef void (*loom__fam_logits_fn)(float *out, const float *x, int ldx, const float *w, int N, int C, int V);
+/* The vocab-parallel head (tp > 1): this rank's rows of the head's matrix w hold ids [v0, v0 + Vv). Per
+ * chunk of positions (f->chunk) the local logits (x w^T, or logits' when given: softcap > 0 is its cap
+ * for the gradient), the group's row maxima, then the sums of exponentials and the target logits (one
+ * reduction of both) give losses (N); with dx, dx (N,C) += the local dlogits w (partial sums, reduced
+ * once at the end) and dw += dlogits^T x, dlogits of dloss x each loss. The full logits never exist on
+ * one rank; f->logits and f->tp_stats are the scratch. */
+void loom__fam_tp_classifier(loom__fam_t *f, float *losses, float *dx, float *dw, const float *x, const float *w,
+                             const int *targets, float dloss, int N, int C, int v0, int Vv, loom__fam_logits_fn logits,
+                             float softcap);
 /* A rotary kernel: in place on n rows (of H heads of D) at positions pos0 + i % Tseq. */
 typedef void (*loom__fam_rope_fn)(float *x, const float *cos, const float *sin, int n, int Tseq, int pos0, int H,
                                   int D);

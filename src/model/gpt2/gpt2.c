@@ -36,6 +36,8 @@
 #include "model/gpt2/model.h"
 #include "model/rng.h"
 
+#define G2(f) ((loom_gpt2_t *)(f))
+
 /* Tensor index of layer l's j-th tensor (j in the order of gpt2.h). */
 static int lt(int l, int j)
 {
@@ -450,8 +452,10 @@ static float *block_in(const loom_gpt2_t *m, const arena_t *ar, int l, int N)
 	return l == m->f.lo ? ar->in + loom__fam_sp_row0(&m->f, N) * m->f.cfg.n_embd : stream(m, ar, l);
 }
 
-static void embed_forward(loom_gpt2_t *m, arena_t *ar, const int *inputs, int B, int T)
+static void embed_forward(loom__fam_t *f, int mb, const int *inputs, int B, int T)
 {
+	loom_gpt2_t *m = G2(f);
+	arena_t *ar = &m->arenas[mb];
 	loom__gpt2_param_use(m, -1, 0);
 	if (m->f.tp > 1) {
 		loom__tp_embed_forward(m, ar->in, inputs, B, T);
@@ -614,8 +618,10 @@ void loom__gpt2_block_forward(loom_gpt2_t *m, int l, layer_acts_t *a, const floa
 	block_forward_acts(m, l, a, res, a->res3, B, T, 1);
 }
 
-static void block_forward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
+static void block_forward(loom__fam_t *f, int mb, int l, int B, int T)
 {
+	loom_gpt2_t *m = G2(f);
+	arena_t *ar = &m->arenas[mb];
 	layer_acts_t *a = &ar->layers[l - m->f.lo];
 	int N = B * T;
 	loom__gpt2_param_use(m, l, 0);
@@ -643,8 +649,10 @@ static void lnf_forward(loom_gpt2_t *m, arena_t *ar, int r0, int n)
 	                                        loom__gpt2_param(m, nt - 1), n, (int)C));
 }
 
-static void head_forward(loom_gpt2_t *m, arena_t *ar, const int *targets, int B, int T, float *loss)
+static void head_forward(loom__fam_t *f, int mb, const int *targets, int B, int T, float *loss)
 {
+	loom_gpt2_t *m = G2(f);
+	arena_t *ar = &m->arenas[mb];
 	int C = m->f.cfg.n_embd, V = m->f.cfg.vocab_size;
 	loom__gpt2_param_use(m, m->f.cfg.n_layer, 0);
 	head_input(m, ar, B * T);
@@ -672,9 +680,11 @@ static void head_forward(loom_gpt2_t *m, arena_t *ar, const int *targets, int B,
  * them for a whole model; a part when a pipeline splits the head's positions between two stages):
  * gradients scaled by grad_scale / N, *loss the rows' summed losses / N (so the parts of a split add
  * up to the mean), dres written on those rows only. */
-static void head_forward_backward(loom_gpt2_t *m, arena_t *ar, const int *targets, int N, int r0, int n,
-                                  float grad_scale, float *loss)
+static void head_forward_backward(loom__fam_t *f, int mb, const int *targets, int N, int r0, int n, float grad_scale,
+                                  float *loss)
 {
+	loom_gpt2_t *m = G2(f);
+	arena_t *ar = &m->arenas[mb];
 	int C = m->f.cfg.n_embd, V = m->f.cfg.vocab_size, nt = m->f.ntensors;
 	size_t nC = (size_t)n * C, o = (size_t)r0 * C;
 	double fn = n, fC = C; /* for the flop counts */
@@ -723,8 +733,10 @@ static void recompute(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res_i
  * gradient (g's conjugate), the column-parallel matmuls' input gradients are reduce-scattered onto
  * this rank's rows (f's conjugate), and after block lo it is gathered whole for the embedding (a
  * previous pipeline stage takes this rank's rows, which are all its block hi-1 reads). */
-static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
+static void block_backward(loom__fam_t *f, int mb, int l, int B, int T)
 {
+	loom_gpt2_t *m = G2(f);
+	arena_t *ar = &m->arenas[mb];
 	int C = m->f.cfg.n_embd, N = B * T, Cl = m->Cl, tp = m->f.tp, sp = m->f.sp, Nl = loom__fam_sp_rows(&m->f, N);
 	size_t NC = (size_t)N * C, NCl = (size_t)N * Cl, o = loom__fam_sp_row0(&m->f, N) * C;
 	double fN = N, fC = C, fCl = Cl; /* for the flop counts */
@@ -786,8 +798,10 @@ static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 #undef G
 }
 
-static void embed_backward(loom_gpt2_t *m, const int *inputs, int B, int T)
+static void embed_backward(loom__fam_t *f, int mb, const int *inputs, int B, int T)
 {
+	loom_gpt2_t *m = G2(f);
+	(void)mb;
 	loom__gpt2_param_use(m, -1, 1);
 	if (m->f.tp > 1) {
 		loom__tp_embed_backward(m, m->f.dres, inputs, B, T);
@@ -809,43 +823,9 @@ static void embed_backward(loom_gpt2_t *m, const int *inputs, int B, int T)
 /* ---- the passes on the shared base (loom__fam_kind_t): family.c checks each call, sets the gemm up
  * and reports the pass's status (its first reduction failure, else the gemm's) --------------------------- */
 
-#define G2(f) ((loom_gpt2_t *)(f))
-
 static float *kind_stream(loom__fam_t *f, int mb, int l)
 {
 	return stream(G2(f), &G2(f)->arenas[mb], l);
-}
-
-static void kind_embed_forward(loom__fam_t *f, int mb, const int *inputs, int B, int T)
-{
-	embed_forward(G2(f), &G2(f)->arenas[mb], inputs, B, T);
-}
-
-static void kind_block_forward(loom__fam_t *f, int mb, int l, int B, int T)
-{
-	block_forward(G2(f), &G2(f)->arenas[mb], l, B, T);
-}
-
-static void kind_head_forward(loom__fam_t *f, int mb, const int *targets, int B, int T, float *loss)
-{
-	head_forward(G2(f), &G2(f)->arenas[mb], targets, B, T, loss);
-}
-
-static void kind_head_forward_backward(loom__fam_t *f, int mb, const int *targets, int N, int r0, int n,
-                                       float grad_scale, float *loss)
-{
-	head_forward_backward(G2(f), &G2(f)->arenas[mb], targets, N, r0, n, grad_scale, loss);
-}
-
-static void kind_block_backward(loom__fam_t *f, int mb, int l, int B, int T)
-{
-	block_backward(G2(f), &G2(f)->arenas[mb], l, B, T);
-}
-
-static void kind_embed_backward(loom__fam_t *f, int mb, const int *inputs, int B, int T)
-{
-	(void)mb;
-	embed_backward(G2(f), inputs, B, T);
 }
 
 const loom__fam_kind_t loom__gpt2_kind = {
@@ -857,12 +837,12 @@ const loom__fam_kind_t loom__gpt2_kind = {
 	.layout = layout_acts,
 	.alloc = alloc,
 	.release = release,
-	.embed_forward = kind_embed_forward,
-	.block_forward = kind_block_forward,
-	.head_forward = kind_head_forward,
-	.head_forward_backward = kind_head_forward_backward,
-	.block_backward = kind_block_backward,
-	.embed_backward = kind_embed_backward,
+	.embed_forward = embed_forward,
+	.block_forward = block_forward,
+	.head_forward = head_forward,
+	.head_forward_backward = head_forward_backward,
+	.block_backward = block_backward,
+	.embed_backward = embed_backward,
 	.stream = kind_stream,
 };
 

@@ -69,7 +69,7 @@ void loom__ll_step(loom__fam_t *f, int tok, int pos)
 	const ll_dims_t *d = &m->d;
 	int C = d->C, D = d->D, NH = d->NH, NKV = d->NKV, Q = NH * D, KV = NKV * D, I = d->I, T = m->f.T;
 	float scale = (float)(1.0 / sqrt((double)D));
-	loom__ll_gather(kv->x, m->f.pview[0], &tok, 0, d->V, 1, C);
+	loom__rows_gather(kv->x, C, m->f.pview[0], C, &tok, 0, d->V, 1, C);
 	for (int l = 0; l < d->L; l++) {
 #define W(j) (loom__ll_lt(d, l, (j)) >= 0 ? m->f.pview[loom__ll_lt(d, l, (j))] : NULL)
 		float *kc = kv->k + (size_t)l * T * KV, *vc = kv->v + (size_t)l * T * KV;

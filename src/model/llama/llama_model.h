@@ -69,10 +69,6 @@ int loom__ll_kv_width(const loom_model_config_t *cfg);
 int loom__ll_tp_check(const loom_model_config_t *cfg, int tp);
 int loom__ll_shard_info(const loom_model_config_t *cfg, int tp, int i, loom_tensor_info_t *info);
 size_t loom__ll_shard_params(const loom_model_config_t *cfg, int tp);
-void loom__ll_tp_shard(const loom_model_config_t *cfg, int tp, int r, const float *full, float *shard);
-void loom__ll_tp_unshard(const loom_model_config_t *cfg, int tp, int r, const float *shard, float *full);
-void loom__ll_tp_copy_tensor(const loom_model_config_t *cfg, int tp, int r, int i, float *full, float *shard,
-                             int to_shard);
 
 /* ---- the model ---------------------------------------------------------------------------------- */
 
@@ -137,10 +133,6 @@ void loom__ll_swiglu_backward(float *dg, float *du, const float *dact, const flo
 /* y (N,n) rows ldy apart += b (n) on each row; db (n) += the column sums of dy. */
 void loom__ll_bias_forward(float *y, int ldy, const float *b, int N, int n);
 void loom__ll_bias_backward(float *db, const float *dy, int lddy, int N, int n);
-/* Rows of a table holding ids [v0, v0 + nrows): out (N, cols) = table[ids - v0], zero rows elsewhere;
- * and dtable[ids[n] - v0] += d[n] for the ids held, deterministic. */
-void loom__ll_gather(float *out, const float *table, const int *ids, int v0, int nrows, int N, int cols);
-void loom__ll_scatter_add(float *dtable, const float *d, const int *ids, int v0, int nrows, int N, int cols);
 
 /* ---- the passes (llama_passes.c): the family's loom__fam_kind_t entries (model/family.h) ---- */
 void loom__ll_embed_forward(loom__fam_t *f, int mb, const int *inputs, int B, int T);

@@ -25,7 +25,8 @@ typedef loom_llama_t ll_t;
 
 #define M(mm) ((ll_t *)(mm))
 
-/* ---- the units' passes ------------------------------------------------------------------------------ */
+/* ---- the units' passes: the family's loom__fam_kind_t entries (family.c checks each call, sets the gemm
+ * up and reports the pass's status) ---------------------------------------------------------------------- */
 
 static float *stream(const ll_t *m, const ll_arena_t *ar, int l)
 {
@@ -74,12 +75,14 @@ static void norm_grad_add(ll_t *m, float *gw)
 		gw[c] += m->dnw[c];
 }
 
-static void embed_forward(ll_t *m, ll_arena_t *ar, const int *inputs, int B, int T)
+void loom__ll_embed_forward(loom__fam_t *f, int mb, const int *inputs, int B, int T)
 {
+	ll_t *m = M(f);
+	ll_arena_t *ar = &m->arenas[mb];
 	int C = m->d.C, N = B * T;
 	loom__fam_param_use(&m->f, -1, 0);
 	/* x = embed_tokens[tok] (vocab-parallel: each rank's rows, summed over the group) */
-	loom__ll_gather(ar->in, m->f.pview[0], inputs, m->f.tp_rank * m->d.vl, m->d.vl, N, C);
+	loom__rows_gather(ar->in, C, m->f.pview[0], C, inputs, m->f.tp_rank * m->d.vl, m->d.vl, N, C);
 	loom__fam_tp_reduce(&m->f, ar->in, (size_t)N * C, LOOM_TP_SUM);
 }
 
@@ -170,8 +173,10 @@ static void block_forward_acts(ll_t *m, int l, ll_layer_t *a, const float *in, f
 	}
 }
 
-static void block_forward(ll_t *m, ll_arena_t *ar, int l, int B, int T)
+void loom__ll_block_forward(loom__fam_t *f, int mb, int l, int B, int T)
 {
+	ll_t *m = M(f);
+	ll_arena_t *ar = &m->arenas[mb];
 	ll_layer_t *a = &ar->layers[l - m->f.lo];
 	int N = B * T;
 	loom__fam_param_use(&m->f, l, 0);
@@ -191,60 +196,19 @@ static void head_norm(ll_t *m, ll_arena_t *ar, int N, int r0, int n)
 	                         m->f.pview[m->norm_i], m->eps, n, C);
 }
 
-/* The vocab-parallel head (tp > 1): this rank's rows of the head's matrix hold ids [v0, v0 + vl). Per
- * chunk of positions the local logits, the group's row maxima, then the sums of exponentials and the
- * target logits (one reduction of both); with dx, dx (N,C) += the local dlogits W (partial sums,
- * reduced once at the end) and dw += dlogits^T x. The full logits never exist on one rank. */
+/* The vocab-parallel head (tp > 1, family.c): this rank's rows of the head's matrix hold ids
+ * [v0, v0 + vl). */
 static void tp_classifier(ll_t *m, float *losses, float *dx, float *dw, const float *x, const float *w,
                           const int *targets, float dloss, int N)
 {
-	int C = m->d.C, v0 = m->f.tp_rank * m->d.vl, Vv = m->d.vl;
-	for (int n0 = 0; n0 < N; n0 += m->f.chunk) {
-		int nc = LOOM_MIN(m->f.chunk, N - n0);
-		float *mx = m->f.tp_stats, *sums = m->f.tp_stats + nc, *z = m->f.logits;
-		loom__gemm(0, 1, nc, Vv, C, 1.0f, x + (size_t)n0 * C, C, w, C, 0.0f, z, Vv);
-		for (int i = 0; i < nc; i++) {
-			const float *zi = z + (size_t)i * Vv;
-			float v = -INFINITY;
-#pragma omp simd reduction(max : v)
-			for (int j = 0; j < Vv; j++)
-				v = zi[j] > v ? zi[j] : v;
-			mx[i] = v;
-		}
-		loom__fam_tp_reduce(&m->f, mx, (size_t)nc, LOOM_TP_MAX);
-#pragma omp parallel for schedule(static) if ((long)nc * Vv >= 32768)
-		for (int i = 0; i < nc; i++) {
-			const float *zi = z + (size_t)i * Vv;
-			float s = 0.0f;
-			int t = targets[n0 + i] - v0;
-#pragma omp simd reduction(+ : s)
-			for (int j = 0; j < Vv; j++)
-				s += fast_expf(zi[j] - mx[i]);
-			sums[2 * i] = s;
-			sums[2 * i + 1] = t >= 0 && t < Vv ? zi[t] : 0.0f;
-		}
-		loom__fam_tp_reduce(&m->f, sums, 2 * (size_t)nc, LOOM_TP_SUM);
-		for (int i = 0; i < nc; i++)
-			losses[n0 + i] = logf(sums[2 * i]) + mx[i] - sums[2 * i + 1];
-		if (!dx)
-			continue;
-#pragma omp parallel for schedule(static) if ((long)nc * Vv >= 32768)
-		for (int i = 0; i < nc; i++) {
-			float *zi = z + (size_t)i * Vv, g = dloss / sums[2 * i];
-			int t = targets[n0 + i] - v0;
-#pragma omp simd
-			for (int j = 0; j < Vv; j++)
-				zi[j] = g * fast_expf(zi[j] - mx[i]) - (j == t ? dloss : 0.0f);
-		}
-		loom__gemm(0, 0, nc, C, Vv, 1.0f, z, Vv, w, C, 1.0f, dx + (size_t)n0 * C, C);
-		loom__gemm(1, 0, Vv, C, nc, 1.0f, z, Vv, x + (size_t)n0 * C, C, 1.0f, dw, C);
-	}
-	if (dx)
-		loom__fam_tp_reduce(&m->f, dx, (size_t)N * C, LOOM_TP_SUM);
+	loom__fam_tp_classifier(&m->f, losses, dx, dw, x, w, targets, dloss, N, m->d.C, m->f.tp_rank * m->d.vl, m->d.vl,
+	                        NULL, 0.0f);
 }
 
-static void head_forward(ll_t *m, ll_arena_t *ar, const int *targets, int B, int T, float *loss)
+void loom__ll_head_forward(loom__fam_t *f, int mb, const int *targets, int B, int T, float *loss)
 {
+	ll_t *m = M(f);
+	ll_arena_t *ar = &m->arenas[mb];
 	int C = m->d.C, V = m->d.V, N = B * T;
 	loom__fam_param_use(&m->f, m->d.L, 0);
 	head_norm(m, ar, N, 0, N);
@@ -263,9 +227,11 @@ static void head_forward(ll_t *m, ll_arena_t *ar, const int *targets, int B, int
 	}
 }
 
-static void head_forward_backward(ll_t *m, ll_arena_t *ar, const int *targets, int N, int r0, int n, float grad_scale,
-                                  float *loss)
+void loom__ll_head_forward_backward(loom__fam_t *f, int mb, const int *targets, int N, int r0, int n,
+                                    float grad_scale, float *loss)
 {
+	ll_t *m = M(f);
+	ll_arena_t *ar = &m->arenas[mb];
 	int C = m->d.C, V = m->d.V, hw = m->head_i;
 	size_t o = (size_t)r0 * C;
 	loom__fam_param_use(&m->f, m->d.L, 0);
@@ -304,8 +270,10 @@ static void recompute(ll_t *m, int l, ll_layer_t *a, const float *in, int B, int
 	m->f.recomputes++;
 }
 
-static void block_backward(ll_t *m, ll_arena_t *ar, int l, int B, int T)
+void loom__ll_block_backward(loom__fam_t *f, int mb, int l, int B, int T)
 {
+	ll_t *m = M(f);
+	ll_arena_t *ar = &m->arenas[mb];
 	const ll_dims_t *d = &m->d;
 	int C = d->C, N = B * T, D = d->D, nh = d->nh, nkv = d->nkv, Q = nh * D, KV = nkv * D, I = d->il;
 	int Nl = loom__fam_sp_rows(&m->f, N);
@@ -375,11 +343,13 @@ static void block_backward(ll_t *m, ll_arena_t *ar, int l, int B, int T)
 		loom__fam_tp_reduce(&m->f, m->f.dres, (size_t)N * C, LOOM_TP_ALLGATHER);
 }
 
-static void embed_backward(ll_t *m, const int *inputs, int B, int T)
+void loom__ll_embed_backward(loom__fam_t *f, int mb, const int *inputs, int B, int T)
 {
+	ll_t *m = M(f);
+	(void)mb;
 	int C = m->d.C, N = B * T;
 	loom__fam_param_use(&m->f, -1, 1);
-	loom__ll_scatter_add(m->f.gview[0], m->f.dres, inputs, m->f.tp_rank * m->d.vl, m->d.vl, N, C);
+	loom__rows_scatter_add(m->f.gview[0], C, m->f.dres, C, inputs, m->f.tp_rank * m->d.vl, m->d.vl, N, C);
 	loom__fam_ready(&m->f, 0);
 }
 
@@ -387,41 +357,10 @@ static void embed_backward(ll_t *m, const int *inputs, int B, int T)
 #undef W
 #undef G
 
-/* ---- the family's passes (loom__fam_kind_t): family.c checks the call, sets the gemm up and reports ---- */
+/* ---- the rest of the family's loom__fam_kind_t ------------------------------------------------------- */
 
 float *loom__ll_stream(loom__fam_t *f, int mb, int l)
 {
 	return stream(M(f), &M(f)->arenas[mb], l);
 }
 
-void loom__ll_embed_forward(loom__fam_t *f, int mb, const int *inputs, int B, int T)
-{
-	embed_forward(M(f), &M(f)->arenas[mb], inputs, B, T);
-}
-
-void loom__ll_block_forward(loom__fam_t *f, int mb, int l, int B, int T)
-{
-	block_forward(M(f), &M(f)->arenas[mb], l, B, T);
-}
-
-void loom__ll_head_forward(loom__fam_t *f, int mb, const int *targets, int B, int T, float *loss)
-{
-	head_forward(M(f), &M(f)->arenas[mb], targets, B, T, loss);
-}
-
-void loom__ll_head_forward_backward(loom__fam_t *f, int mb, const int *targets, int N, int r0, int n,
-                                    float grad_scale, float *loss)
-{
-	head_forward_backward(M(f), &M(f)->arenas[mb], targets, N, r0, n, grad_scale, loss);
-}
-
-void loom__ll_block_backward(loom__fam_t *f, int mb, int l, int B, int T)
-{
-	block_backward(M(f), &M(f)->arenas[mb], l, B, T);
-}
-
-void loom__ll_embed_backward(loom__fam_t *f, int mb, const int *inputs, int B, int T)
-{
-	(void)mb;
-	embed_backward(M(f), inputs, B, T);
-}

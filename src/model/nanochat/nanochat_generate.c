@@ -64,7 +64,7 @@ void loom__nc_step(loom__fam_t *f, int tok, int pos)
 	int C = d->C, D = d->D, NH = d->NH, NKV = d->NKV, Q = NH * D, KV = NKV * D, Hd = d->H;
 	int T = m->f.T;
 	float scale = 1.0f / sqrtf((float)D), *rs = kv->tmp + C;
-	loom__nc_gather(kv->x0, C, m->f.pview[NC_WTE], C, &tok, 0, d->Vp, 1, C);
+	loom__rows_gather(kv->x0, C, m->f.pview[NC_WTE], C, &tok, 0, d->Vp, 1, C);
 	loom__nc_rmsnorm_forward(kv->x0, C, rs, kv->x0, C, 1, C);
 	memcpy(kv->x, kv->x0, sizeof(float) * (size_t)C);
 	for (int l = 0; l < d->L; l++) {

@@ -66,10 +66,6 @@ int loom__nc_stream_width(const loom_model_config_t *cfg);
 int loom__nc_tp_check(const loom_model_config_t *cfg, int tp);
 int loom__nc_shard_info(const loom_model_config_t *cfg, int tp, int i, loom_tensor_info_t *info);
 size_t loom__nc_shard_params(const loom_model_config_t *cfg, int tp);
-void loom__nc_tp_shard(const loom_model_config_t *cfg, int tp, int r, const float *full, float *shard);
-void loom__nc_tp_unshard(const loom_model_config_t *cfg, int tp, int r, const float *shard, float *full);
-void loom__nc_tp_copy_tensor(const loom_model_config_t *cfg, int tp, int r, int i, float *full, float *shard,
-                             int to_shard);
 
 /* ---- the model ---------------------------------------------------------------------------------- */
 
@@ -151,13 +147,6 @@ loom__flash_t loom__nc_attention_shape(const float *q, const float *k, const flo
 void loom__nc_attention_backward(float *dq, float *dk, float *dv, float *scratch, int scratch_threads,
                                  const float *dout, const float *q, const float *k, const float *v, const float *out,
                                  const float *lse, int B, int T, int NH, int NKV, int D, int W);
-/* Rows of a table holding ids [v0, v0 + nrows) (a vocab-parallel shard; v0 0 for a whole one): out (N,
- * cols) = table[ids - v0], zero rows for ids held elsewhere. */
-void loom__nc_gather(float *out, int ldo, const float *table, int ld, const int *ids, int v0, int nrows, int N,
-                     int cols);
-/* dtable[ids[n] - v0] += d[n] for the ids held, deterministic (columns split over threads). */
-void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const int *ids, int v0, int nrows, int N,
-                          int cols);
 /* Softcapped lm head + cross-entropy over N rows in chunks (x (N,C), w (V,C) the real vocabulary's
  * rows of lm_head): losses (N); with dx, dx (N,C) += and dw (V,C) += the gradient of dloss * losses. */
 void loom__nc_classifier(float *losses, float *dx, float *dw, float *logits, int chunk, const float *x, const float *w,

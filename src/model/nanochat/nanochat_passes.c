@@ -17,7 +17,8 @@ typedef loom_nanochat_t nc_t;
 
 #define M(mm) ((nc_t *)(mm))
 
-/* ---- the units' passes ------------------------------------------------------------------------------ */
+/* ---- the units' passes: the family's loom__fam_kind_t entries (family.c checks each call, sets the gemm
+ * up and reports the pass's status) ---------------------------------------------------------------------- */
 
 static float *stream(const nc_t *m, const nc_arena_t *ar, int l)
 {
@@ -38,14 +39,16 @@ static float *block_out(const nc_t *m, nc_layer_t *a, int l, int N)
 	return l == m->f.hi - 1 ? a->out + loom__fam_sp_row0(&m->f, N) * 2 * m->d.C : a->out;
 }
 
-static void embed_forward(nc_t *m, nc_arena_t *ar, const int *inputs, int B, int T)
+void loom__nc_embed_forward(loom__fam_t *f, int mb, const int *inputs, int B, int T)
 {
+	nc_t *m = M(f);
+	nc_arena_t *ar = &m->arenas[mb];
 	int C = m->d.C, N = B * T;
 	loom__fam_param_use(&m->f, -1, 0);
 	memcpy(ar->tok, inputs, sizeof(int) * (size_t)N);
 	ar->has_tok = 1;
 	/* x = wte[tok] (vocab-parallel: each rank's rows, summed over the group), both halves rmsnorm(x) */
-	loom__nc_gather(m->f.ftmp, C, m->f.pview[NC_WTE], C, inputs, m->f.tp_rank * m->d.vl, m->d.vl, N, C);
+	loom__rows_gather(m->f.ftmp, C, m->f.pview[NC_WTE], C, inputs, m->f.tp_rank * m->d.vl, m->d.vl, N, C);
 	loom__fam_tp_reduce(&m->f, m->f.ftmp, (size_t)N * C, LOOM_TP_SUM);
 	loom__nc_rmsnorm_forward(ar->in + C, 2 * C, ar->rstd0, m->f.ftmp, C, N, C);
 #pragma omp parallel for schedule(static) if ((long)N * C >= 32768)
@@ -175,8 +178,10 @@ static void block_forward_acts(nc_t *m, int l, nc_layer_t *a, const float *in, f
 	}
 }
 
-static void block_forward(nc_t *m, nc_arena_t *ar, int l, int B, int T)
+void loom__nc_block_forward(loom__fam_t *f, int mb, int l, int B, int T)
 {
+	nc_t *m = M(f);
+	nc_arena_t *ar = &m->arenas[mb];
 	nc_layer_t *a = &ar->layers[l - m->f.lo];
 	int N = B * T;
 	loom__fam_param_use(&m->f, l, 0);
@@ -197,65 +202,20 @@ static void head_norm(nc_t *m, nc_arena_t *ar, int N, int r0, int n)
 	                         2 * C, n, C);
 }
 
-/* The vocab-parallel head (tp > 1): this rank's lm_head rows hold ids [v0, v0 + vl), of which Vv are
- * real. Per chunk of positions the softcapped local logits, the group's row maxima (max), then the
- * sums of exponentials and the target logits (sum, one reduction of both); with dx, dx (N,C) += the
- * local dlogits W (partial sums, reduced once at the end) and dw += dlogits^T x. The full logits
- * never exist on one rank. */
+/* The vocab-parallel head (tp > 1, family.c): this rank's lm_head rows hold ids [v0, v0 + vl), of which
+ * Vv are real; softcapped logits. */
 static void tp_classifier(nc_t *m, float *losses, float *dx, float *dw, const float *x, const float *w,
                           const int *targets, float dloss, int N)
 {
-	int C = m->d.C, v0 = m->f.tp_rank * m->d.vl, Vv = LOOM_MAX(0, LOOM_MIN(m->d.vl, m->d.V - v0));
-	const float inv = 1.0f / NC_SOFTCAP;
-	for (int n0 = 0; n0 < N; n0 += m->f.chunk) {
-		int nc = LOOM_MIN(m->f.chunk, N - n0);
-		float *mx = m->f.tp_stats, *sums = m->f.tp_stats + nc, *z = m->f.logits;
-		if (Vv > 0)
-			loom__nc_logits(z, x + (size_t)n0 * C, C, w, nc, C, Vv);
-		for (int i = 0; i < nc; i++) {
-			const float *zi = z + (size_t)i * Vv;
-			float v = -INFINITY;
-#pragma omp simd reduction(max : v)
-			for (int j = 0; j < Vv; j++)
-				v = zi[j] > v ? zi[j] : v;
-			mx[i] = v;
-		}
-		loom__fam_tp_reduce(&m->f, mx, (size_t)nc, LOOM_TP_MAX);
-#pragma omp parallel for schedule(static) if ((long)nc * Vv >= 32768)
-		for (int i = 0; i < nc; i++) {
-			const float *zi = z + (size_t)i * Vv;
-			float s = 0.0f;
-			int t = targets[n0 + i] - v0;
-#pragma omp simd reduction(+ : s)
-			for (int j = 0; j < Vv; j++)
-				s += fast_expf(zi[j] - mx[i]);
-			sums[2 * i] = s;
-			sums[2 * i + 1] = t >= 0 && t < Vv ? zi[t] : 0.0f;
-		}
-		loom__fam_tp_reduce(&m->f, sums, 2 * (size_t)nc, LOOM_TP_SUM);
-		for (int i = 0; i < nc; i++)
-			losses[n0 + i] = logf(sums[2 * i]) + mx[i] - sums[2 * i + 1];
-		if (!dx || Vv == 0)
-			continue;
-#pragma omp parallel for schedule(static) if ((long)nc * Vv >= 32768)
-		for (int i = 0; i < nc; i++) {
-			float *zi = z + (size_t)i * Vv, g = dloss / sums[2 * i];
-			int t = targets[n0 + i] - v0;
-#pragma omp simd
-			for (int j = 0; j < Vv; j++) {
-				float c = zi[j], u = c * inv;
-				zi[j] = (g * fast_expf(c - mx[i]) - (j == t ? dloss : 0.0f)) * (1.0f - u * u);
-			}
-		}
-		loom__gemm(0, 0, nc, C, Vv, 1.0f, z, Vv, w, C, 1.0f, dx + (size_t)n0 * C, C);
-		loom__gemm(1, 0, Vv, C, nc, 1.0f, z, Vv, x + (size_t)n0 * C, C, 1.0f, dw, C);
-	}
-	if (dx)
-		loom__fam_tp_reduce(&m->f, dx, (size_t)N * C, LOOM_TP_SUM);
+	int v0 = m->f.tp_rank * m->d.vl, Vv = LOOM_MAX(0, LOOM_MIN(m->d.vl, m->d.V - v0));
+	loom__fam_tp_classifier(&m->f, losses, dx, dw, x, w, targets, dloss, N, m->d.C, v0, Vv, loom__nc_logits,
+	                        NC_SOFTCAP);
 }
 
-static void head_forward(nc_t *m, nc_arena_t *ar, const int *targets, int B, int T, float *loss)
+void loom__nc_head_forward(loom__fam_t *f, int mb, const int *targets, int B, int T, float *loss)
 {
+	nc_t *m = M(f);
+	nc_arena_t *ar = &m->arenas[mb];
 	int C = m->d.C, V = m->d.V, N = B * T;
 	loom__fam_param_use(&m->f, m->d.L, 0);
 	head_norm(m, ar, N, 0, N);
@@ -273,9 +233,11 @@ static void head_forward(nc_t *m, nc_arena_t *ar, const int *targets, int B, int
 	}
 }
 
-static void head_forward_backward(nc_t *m, nc_arena_t *ar, const int *targets, int N, int r0, int n, float grad_scale,
-                                  float *loss)
+void loom__nc_head_forward_backward(loom__fam_t *f, int mb, const int *targets, int N, int r0, int n,
+                                    float grad_scale, float *loss)
 {
+	nc_t *m = M(f);
+	nc_arena_t *ar = &m->arenas[mb];
 	int C = m->d.C, V = m->d.V, lm = m->f.ntensors - 1;
 	size_t o = (size_t)r0 * C;
 	loom__fam_param_use(&m->f, m->d.L, 0);
@@ -309,8 +271,10 @@ static void recompute(nc_t *m, int l, nc_layer_t *a, const float *in, const int 
 	m->f.recomputes++;
 }
 
-static void block_backward(nc_t *m, nc_arena_t *ar, int l, int B, int T)
+void loom__nc_block_backward(loom__fam_t *f, int mb, int l, int B, int T)
 {
+	nc_t *m = M(f);
+	nc_arena_t *ar = &m->arenas[mb];
 	const nc_dims_t *d = &m->d;
 	int C = d->C, N = B * T, D = d->D, nh = d->nh, nkv = d->nkv, Q = nh * D, KV = nkv * D, Hd = d->hid;
 	int ve = loom__nc_has_ve(l, d->L), Nl = loom__fam_sp_rows(&m->f, N);
@@ -388,7 +352,7 @@ static void block_backward(nc_t *m, nc_arena_t *ar, int l, int B, int T)
 		}
 		linear_backward(m->dxn, C, G(NC_GATE), m->dgate, nkv, xn, C, W(NC_GATE), N, NC_GATE_CH, nkv);
 		loom__fam_ready(&m->f, LT(l, NC_GATE));
-		loom__nc_scatter_add(G(NC_VE), KV, m->dv, KV, tok, 0, d->Vp, N, KV);
+		loom__rows_scatter_add(G(NC_VE), KV, m->dv, KV, tok, 0, d->Vp, N, KV);
 		loom__fam_ready(&m->f, LT(l, NC_VE));
 	}
 	loom__fam_tp_reduce(&m->f, m->dxn, (size_t)N * C, m->f.sp ? LOOM_TP_REDUCE_SCATTER : LOOM_TP_SUM);
@@ -433,8 +397,10 @@ static void block_backward(nc_t *m, nc_arena_t *ar, int l, int B, int T)
 	}
 }
 
-static void embed_backward(nc_t *m, nc_arena_t *ar, const int *inputs, int B, int T)
+void loom__nc_embed_backward(loom__fam_t *f, int mb, const int *inputs, int B, int T)
 {
+	nc_t *m = M(f);
+	nc_arena_t *ar = &m->arenas[mb];
 	int C = m->d.C, N = B * T;
 	loom__fam_param_use(&m->f, -1, 1);
 	/* both halves of the stream are x0 = rmsnorm(wte[tok]) */
@@ -450,14 +416,14 @@ static void embed_backward(nc_t *m, nc_arena_t *ar, const int *inputs, int B, in
 	loom__nc_rmsnorm_backward(m->dxn, C, m->dx2, C, ar->in + C, 2 * C, ar->rstd0, N, C);
 	loom__fam_ready(&m->f, NC_X0);
 	loom__fam_ready(&m->f, NC_RESID);
-	loom__nc_scatter_add(m->f.gview[NC_WTE], C, m->dxn, C, inputs, m->f.tp_rank * m->d.vl, m->d.vl, N, C);
+	loom__rows_scatter_add(m->f.gview[NC_WTE], C, m->dxn, C, inputs, m->f.tp_rank * m->d.vl, m->d.vl, N, C);
 	loom__fam_ready(&m->f, NC_WTE);
 }
 
 #undef W
 #undef G
 
-/* ---- the family's passes (loom__fam_kind_t): family.c checks the call, sets the gemm up and reports ---- */
+/* ---- the rest of the family's loom__fam_kind_t ------------------------------------------------------- */
 
 int loom__nc_set_inputs(loom_model_t *mm, int mb, const int *inputs, int B, int T)
 {
@@ -488,33 +454,3 @@ float *loom__nc_stream(loom__fam_t *f, int mb, int l)
 	return stream(M(f), &M(f)->arenas[mb], l);
 }
 
-void loom__nc_embed_forward(loom__fam_t *f, int mb, const int *inputs, int B, int T)
-{
-	embed_forward(M(f), &M(f)->arenas[mb], inputs, B, T);
-}
-
-void loom__nc_block_forward(loom__fam_t *f, int mb, int l, int B, int T)
-{
-	block_forward(M(f), &M(f)->arenas[mb], l, B, T);
-}
-
-void loom__nc_head_forward(loom__fam_t *f, int mb, const int *targets, int B, int T, float *loss)
-{
-	head_forward(M(f), &M(f)->arenas[mb], targets, B, T, loss);
-}
-
-void loom__nc_head_forward_backward(loom__fam_t *f, int mb, const int *targets, int N, int r0, int n,
-                                    float grad_scale, float *loss)
-{
-	head_forward_backward(M(f), &M(f)->arenas[mb], targets, N, r0, n, grad_scale, loss);
-}
-
-void loom__nc_block_backward(loom__fam_t *f, int mb, int l, int B, int T)
-{
-	block_backward(M(f), &M(f)->arenas[mb], l, B, T);
-}
-
-void loom__nc_embed_backward(loom__fam_t *f, int mb, const int *inputs, int B, int T)
-{
-	embed_backward(M(f), &M(f)->arenas[mb], inputs, B, T);
-}
