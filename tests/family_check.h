@@ -86,5 +86,9 @@ typedef struct {
 int fc_tp_reduce(void *ctx, float *buf, size_t n, loom_tp_op_t op);
 /* A rank's thread: forward, then forward_backward, on its model (rc, loss_fwd, loss). */
 void *fc_tp_run(void *arg);
+/* Two tp ranks (sp: with sequence parallelism) against one process: a shard's init is the whole model's
+ * at its positions; the loss and every gradient (the shards put back together) within 1e-5 of each
+ * tensor's largest, the ranks' group operations paired; blocks checkpointing changes no bit. */
+int fc_tp2_matches_one_process(const loom_model_config_t *c, fc_params_fn params, int sp);
 
 #endif

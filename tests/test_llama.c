@@ -650,92 +650,9 @@ TEST(llama_alloc_failures_clean)
  * checkpointing changes no bit. */
 TEST(llama_tp2_matches_one_process)
 {
-	for (int variant = 0; variant < 3; variant++) {
-		loom_model_config_t c = variant == 2 ? smol_cfg() : bias_cfg();
-		int sp = variant == 1;
-		enum { B = 2, T = 16 };
-		int in[B * T], tg[B * T], n;
-		loom_model_t *one = NULL, *rk[2] = {NULL, NULL};
-		loom_model_opts_t o1 = {.B = B, .T = T};
-		fc_tp_group_t g;
-		fc_tp_rank_t r[2];
-		pthread_t th[2];
-		memset(&g, 0, sizeof g);
-		CHECK_OK(loom_model_create(&one, &c, &o1));
-		test_params(one, 17);
-		fc_make_tokens(in, tg, B * T, c.vocab_size, 19);
-		size_t np = loom_model_num_params(&c), ns = loom_model_shard_params(&c, 2);
-		float *full = calloc(np, sizeof(float)), *full2 = calloc(np, sizeof(float));
-		CHECK(full && full2);
-		CHECK(pthread_barrier_init(&g.bar, NULL, 2) == 0);
-		for (int k = 0; k < 2; k++) {
-			loom_model_opts_t o = {.B = B, .T = T, .tp_size = 2, .tp_rank = k, .sequence_parallel = sp};
-			CHECK_OK(loom_model_create(&rk[k], &c, &o));
-			CHECK_EQ(loom_model_param_count(rk[k]), ns);
-			CHECK_EQ(loom_model_sequence_parallel(rk[k]), sp);
-			loom_model_tp_shard(&c, 2, k, loom_model_params(one), loom_model_params(rk[k]));
-			loom_model_zero_grad(rk[k]);
-			g.scratch[k] = malloc(FC_TP_SCRATCH * sizeof(float));
-			CHECK(g.scratch[k] != NULL);
-			r[k] = (fc_tp_rank_t){.g = &g, .rank = k, .m = rk[k], .in = in, .tg = tg, .B = B, .T = T};
-			loom_model_on_tp_reduce(rk[k], fc_tp_reduce, &r[k]);
-		}
-		float l1, lf1;
-		loom_model_zero_grad(one);
-		CHECK_OK(loom_model_forward(one, in, tg, B, T, &lf1));
-		CHECK_OK(loom_model_forward_backward(one, in, tg, B, T, 1.0f, &l1));
-		for (int k = 0; k < 2; k++)
-			CHECK(pthread_create(&th[k], NULL, fc_tp_run, &r[k]) == 0);
-		for (int k = 0; k < 2; k++)
-			pthread_join(th[k], NULL);
-		for (int k = 0; k < 2; k++) {
-			CHECK_OK(r[k].rc);
-			CHECK_FEQ(r[k].loss, r[0].loss);
-			CHECK_MSG(fabsf(r[k].loss - l1) <= 1e-5f * l1 && fabsf(r[k].loss_fwd - lf1) <= 1e-5f * lf1,
-			          "rank %d: loss %.9g (forward %.9g), one process %.9g", k, r[k].loss, r[k].loss_fwd, l1);
-			loom_model_tp_unshard(&c, 2, k, loom_model_grads(rk[k]), full);
-		}
-		CHECK_EQ(g.calls[0], g.calls[1]);
-		const loom_tensor_info_t *tt = loom_model_tensors(one, &n);
-		double worst = 0.0;
-		for (int i = 0; i < n; i++) {
-			const float *g1 = loom_model_tensor_grad(one, i), *gt = full + tt[i].offset;
-			double mx = 0.0, w = 0.0;
-			for (size_t k = 0; k < tt[i].numel; k++)
-				mx = fmax(mx, fabs(g1[k])), w = fmax(w, fabs(g1[k] - gt[k]));
-			worst = fmax(worst, w / mx);
-			CHECK_MSG(mx > 0.0 && w <= 1e-5 * mx, "%s: tp 2 gradient off by %.3g (max %.3g)", tt[i].name, w, mx);
-		}
-		fprintf(stderr, "  tp 2%s%s: loss %.3g relative, gradients %.3g of each tensor's max from one process; %ld "
-		        "group operations per rank\n", sp ? " + sequence parallel" : "", variant == 2 ? " (tied)" : "",
-		        fabs(r[0].loss - l1) / l1, worst, g.calls[0]);
-		for (int k = 0; k < 2; k++) {
-			loom_model_opts_t o = {.B = B, .T = T, .tp_size = 2, .tp_rank = k, .sequence_parallel = sp,
-			                       .act_ckpt = LOOM_ACT_CKPT_BLOCKS};
-			loom_model_destroy(rk[k]);
-			CHECK_OK(loom_model_create(&rk[k], &c, &o));
-			loom_model_tp_shard(&c, 2, k, loom_model_params(one), loom_model_params(rk[k]));
-			loom_model_zero_grad(rk[k]);
-			r[k].m = rk[k];
-			loom_model_on_tp_reduce(rk[k], fc_tp_reduce, &r[k]);
-		}
-		for (int k = 0; k < 2; k++)
-			CHECK(pthread_create(&th[k], NULL, fc_tp_run, &r[k]) == 0);
-		for (int k = 0; k < 2; k++)
-			pthread_join(th[k], NULL);
-		for (int k = 0; k < 2; k++) {
-			CHECK_OK(r[k].rc);
-			loom_model_tp_unshard(&c, 2, k, loom_model_grads(rk[k]), full2);
-			CHECK_EQ(loom_model_recomputes(rk[k]), c.n_layer);
-		}
-		CHECK(memcmp(full, full2, np * sizeof(float)) == 0);
-		for (int k = 0; k < 2; k++)
-			loom_model_destroy(rk[k]), free(g.scratch[k]);
-		pthread_barrier_destroy(&g.bar);
-		free(full), free(full2);
-		loom_model_destroy(one);
-	}
-	return 0;
+	loom_model_config_t untied = bias_cfg(), tied = smol_cfg();
+	return fc_tp2_matches_one_process(&untied, test_params, 0) || fc_tp2_matches_one_process(&untied, test_params, 1) ||
+	       fc_tp2_matches_one_process(&tied, test_params, 0);
 }
 
 /* ---- `loom train --arch llama` through every strategy ----------------------------------------------- */

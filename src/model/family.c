@@ -462,6 +462,17 @@ void loom__fam_zero_grad(loom_model_t *m)
 			loom__fam_zero(f->gview[i], f->tensors[i].numel);
 }
 
+void loom__fam_profile(loom_model_t *m, int enable)
+{
+	(void)m, (void)enable;
+}
+
+void loom__fam_profile_report(loom_model_t *m, void *file, int steps)
+{
+	(void)steps;
+	fprintf((FILE *)file, "%s: no per-kernel profile (not implemented for this family)\n", name_of(F(m)));
+}
+
 float *loom__fam_stream_grad(loom_model_t *m)
 {
 	return F(m)->dres;

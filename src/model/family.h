@@ -172,6 +172,9 @@ int loom__fam_cp_rank(const loom_model_t *m);
 const float *loom__fam_last_logits(const loom_model_t *m);
 void loom__fam_zero_grad(loom_model_t *m);
 float *loom__fam_stream_grad(loom_model_t *m);
+/* A family without per-kernel timing (all but GPT-2): profile does nothing, the report says so. */
+void loom__fam_profile(loom_model_t *m, int enable);
+void loom__fam_profile_report(loom_model_t *m, void *file, int steps);
 
 /* The unit calls and the whole-model passes on the kind's passes (loom/gpt2.h's contract). */
 int loom__fam_embed_forward(loom_model_t *m, int mb, const int *inputs, int B, int T);

@@ -198,17 +198,6 @@ static void ll_init(loom_model_t *mm, uint64_t seed)
 	}
 }
 
-static void ll_profile(loom_model_t *m, int enable)
-{
-	(void)m, (void)enable; /* no per-kernel timing in this family yet */
-}
-
-static void ll_profile_report(loom_model_t *m, void *file, int steps)
-{
-	(void)m, (void)steps;
-	fprintf((FILE *)file, "llama: no per-kernel profile (not implemented for this family)\n");
-}
-
 static const loom__fam_kind_t llama_kind;
 
 static int ll_create(loom_model_t **out, const loom_model_config_t *cfg, const loom_model_opts_t *o)
@@ -243,8 +232,8 @@ static const loom_model_family_t llama_family = {
 	.set_inputs = NULL,
 	.kv_cache_alloc = loom__ll_kv_cache_alloc,
 	.generate = loom__fam_generate,
-	.profile = ll_profile,
-	.profile_report = ll_profile_report,
+	.profile = loom__fam_profile,
+	.profile_report = loom__fam_profile_report,
 	.unit_flops = loom__ll_unit_flops,
 	LOOM__FAM_TABLE_OPS,
 };

@@ -238,17 +238,6 @@ static int nc_kv_width(const loom_model_config_t *cfg)
 	return c.n_kv_head * (c.n_embd / c.n_head);
 }
 
-static void nc_profile(loom_model_t *m, int enable)
-{
-	(void)m, (void)enable; /* no per-kernel timing in this family yet */
-}
-
-static void nc_profile_report(loom_model_t *m, void *file, int steps)
-{
-	(void)m, (void)steps;
-	fprintf((FILE *)file, "nanochat: no per-kernel profile (not implemented for this family)\n");
-}
-
 static const loom__fam_kind_t nanochat_kind;
 
 static int nc_create(loom_model_t **out, const loom_model_config_t *cfg, const loom_model_opts_t *o)
@@ -283,8 +272,8 @@ static const loom_model_family_t nanochat_family = {
 	.set_inputs = loom__nc_set_inputs,
 	.kv_cache_alloc = loom__nc_kv_cache_alloc,
 	.generate = loom__fam_generate,
-	.profile = nc_profile,
-	.profile_report = nc_profile_report,
+	.profile = loom__fam_profile,
+	.profile_report = loom__fam_profile_report,
 	LOOM__FAM_TABLE_OPS,
 };
 
