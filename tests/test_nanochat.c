@@ -14,6 +14,7 @@
 #include "loom/nanochat.h"
 #include "core/util.h"
 #include "model/nanochat/nanochat_model.h"
+#include "family_check.h"
 #include "test.h"
 
 /* L3, 4 query heads sharing 2 kv heads, head_dim 16, windows S S L with S = 8 < T = 16; layers 0 and
@@ -25,17 +26,6 @@ static loom_model_config_t small_cfg(void)
 	c.n_kv_head = 2;
 	snprintf(c.window_pattern, sizeof c.window_pattern, "SSL");
 	return c;
-}
-
-static uint32_t lcg(uint32_t *s)
-{
-	*s = *s * 1664525u + 1013904223u;
-	return *s >> 8;
-}
-
-static float urand(uint32_t *s) /* uniform in [-1, 1) */
-{
-	return (float)lcg(s) / 8388608.0f - 1.0f;
 }
 
 /* Init, then make every tensor non-degenerate: the zero-initialized projections and gates random, the
@@ -51,47 +41,17 @@ static void test_params(loom_model_t *m, uint64_t seed)
 		const char *nm = tt[i].name;
 		for (size_t k = 0; k < tt[i].numel; k++) {
 			if (strstr(nm, "c_proj"))
-				p[k] = 0.15f * urand(&s);
+				p[k] = 0.15f * fc_urand(&s);
 			else if (strstr(nm, "ve_gate"))
-				p[k] = 0.5f * urand(&s);
+				p[k] = 0.5f * fc_urand(&s);
 			else if (strcmp(nm, "resid_lambdas") == 0)
-				p[k] = 1.0f + 0.3f * urand(&s);
+				p[k] = 1.0f + 0.3f * fc_urand(&s);
 			else if (strcmp(nm, "x0_lambdas") == 0)
-				p[k] = 0.1f + 0.3f * urand(&s);
+				p[k] = 0.1f + 0.3f * fc_urand(&s);
 			else if (strcmp(nm, "lm_head.weight") == 0)
 				p[k] *= 300.0f;
 		}
 	}
-}
-
-static void make_tokens(int *in, int *tg, int n, int V, uint32_t seed)
-{
-	for (int i = 0; i < n; i++) {
-		in[i] = (int)(lcg(&seed) % (uint32_t)V);
-		tg[i] = (int)(lcg(&seed) % (uint32_t)V);
-	}
-}
-
-static int write_file(const char *dir, const char *name, const void *p, size_t n)
-{
-	char path[700];
-	snprintf(path, sizeof path, "%s/%s", dir, name);
-	return test_write_file(path, p, n);
-}
-
-static double *read_f64(const char *dir, const char *name, size_t n)
-{
-	char path[700];
-	snprintf(path, sizeof path, "%s/%s", dir, name);
-	FILE *f = fopen(path, "rb");
-	double *p = f ? malloc(n * sizeof(double)) : NULL;
-	if (p && fread(p, sizeof(double), n, f) != n) {
-		free(p);
-		p = NULL;
-	}
-	if (f)
-		fclose(f);
-	return p;
 }
 
 enum { MAX_BT = 512 };
@@ -107,14 +67,14 @@ static int vs_torch(loom_model_config_t c, int B, int T, uint64_t seed)
 	CHECK(B * T <= MAX_BT);
 	CHECK_OK(loom_model_create(&m, &c, &o));
 	test_params(m, seed);
-	make_tokens(in, tg, B * T, c.vocab_size, (uint32_t)seed + 4);
+	fc_make_tokens(in, tg, B * T, c.vocab_size, (uint32_t)seed + 4);
 	size_t np = loom_model_num_params(&c);
 	const loom_tensor_info_t *tt = loom_model_tensors(m, &n);
 
 	CHECK_OK(test_mkdtemp(dir, sizeof dir));
-	CHECK(write_file(dir, "params.bin", loom_model_params(m), np * sizeof(float)) == 0);
-	CHECK(write_file(dir, "inputs.bin", in, sizeof(int) * (size_t)B * T) == 0);
-	CHECK(write_file(dir, "targets.bin", tg, sizeof(int) * (size_t)B * T) == 0);
+	CHECK(fc_write_file(dir, "params.bin", loom_model_params(m), np * sizeof(float)) == 0);
+	CHECK(fc_write_file(dir, "inputs.bin", in, sizeof(int) * (size_t)B * T) == 0);
+	CHECK(fc_write_file(dir, "targets.bin", tg, sizeof(int) * (size_t)B * T) == 0);
 	snprintf(path, sizeof path, "%s/tensors.txt", dir);
 	FILE *f = fopen(path, "w");
 	CHECK(f != NULL);
@@ -137,9 +97,9 @@ static int vs_torch(loom_model_config_t c, int B, int T, uint64_t seed)
 	int st = test_run_cmd(cmd, out, sizeof out, 120);
 	CHECK_MSG(st == 0, "'%s' exited with %d (run from the source root; needs python3-torch):\n%s", cmd, st, out);
 	size_t nl = (size_t)B * T * c.vocab_size;
-	double *rloss = read_f64(dir, "loss.bin", 1), *rlog = read_f64(dir, "logits.bin", nl), *rg = read_f64(dir, "grads.bin", np);
-	double *rloss32 = read_f64(dir, "loss_f32.bin", 1), *rlog32 = read_f64(dir, "logits_f32.bin", nl);
-	double *rg32 = read_f64(dir, "grads_f32.bin", np);
+	double *rloss = fc_read_f64(dir, "loss.bin", 1), *rlog = fc_read_f64(dir, "logits.bin", nl), *rg = fc_read_f64(dir, "grads.bin", np);
+	double *rloss32 = fc_read_f64(dir, "loss_f32.bin", 1), *rlog32 = fc_read_f64(dir, "logits_f32.bin", nl);
+	double *rg32 = fc_read_f64(dir, "grads_f32.bin", np);
 	CHECK(rloss && rlog && rg && rloss32 && rlog32 && rg32);
 	/* The yardstick: float64 is the truth; each comparison allows 1e-6 relative, or 4 x what float32
 	 * arithmetic alone (the same reference run in float32) misses by where that is more: a float32
@@ -252,73 +212,12 @@ TEST(nanochat_vs_torch_long_mqa)
 
 /* ---- hooks, units, arenas, stages, views ------------------------------------------------------------ */
 
-typedef struct {
-	int order[512], n;
-	int uses[512][2], nuse;
-} hooks_t;
-
-static void on_ready(void *ctx, int i)
-{
-	hooks_t *h = ctx;
-	if (h->n < 512)
-		h->order[h->n++] = i;
-}
-
-static void on_use(void *ctx, int unit, int phase)
-{
-	hooks_t *h = ctx;
-	if (h->nuse < 512)
-		h->uses[h->nuse][0] = unit, h->uses[h->nuse++][1] = phase;
-}
-
 /* Grad-ready fires once per tensor, in strictly decreasing order (wte last), param-use (unit, phase) as
  * GPT-2's; a second micro-step fires them all again and accumulates. */
 TEST(nanochat_hooks_order)
 {
 	loom_model_config_t c = small_cfg();
-	enum { B = 2, T = 12 };
-	int in[B * T], tg[B * T], n;
-	loom_model_t *m = NULL;
-	loom_model_opts_t o = {.B = B, .T = T};
-	hooks_t h;
-	memset(&h, 0, sizeof h);
-	CHECK_OK(loom_model_create(&m, &c, &o));
-	test_params(m, 3);
-	make_tokens(in, tg, B * T, c.vocab_size, 5);
-	loom_model_tensors(m, &n);
-	CHECK_EQ(n, 3 + 8 + 6 + 8 + 1);
-	loom_model_on_grad_ready(m, on_ready, &h);
-	loom_model_on_param_use(m, on_use, &h);
-	loom_model_zero_grad(m);
-	float loss;
-	CHECK_OK(loom_model_forward_backward(m, in, tg, B, T, 1.0f, &loss));
-	CHECK_EQ(h.n, n);
-	for (int i = 0; i < n; i++)
-		CHECK_EQ(h.order[i], n - 1 - i);
-	/* (-1,0) (0,0) (1,0) (2,0) (3,0) (3,1) (2,1) (1,1) (0,1) (-1,1) */
-	int want[10][2] = {{-1, 0}, {0, 0}, {1, 0}, {2, 0}, {3, 0}, {3, 1}, {2, 1}, {1, 1}, {0, 1}, {-1, 1}};
-	CHECK_EQ(h.nuse, 10);
-	for (int i = 0; i < 10; i++) {
-		CHECK_EQ(h.uses[i][0], want[i][0]);
-		CHECK_EQ(h.uses[i][1], want[i][1]);
-	}
-	/* accumulation: two micro-steps of scale 1/2 equal one of scale 1 (the same batch) up to rounding:
-	 * the GEMMs add their products into the gradient inside the sum */
-	size_t np = loom_model_param_count(m);
-	float *g1 = malloc(np * sizeof(float));
-	CHECK(g1 != NULL);
-	memcpy(g1, loom_model_grads(m), np * sizeof(float));
-	loom_model_zero_grad(m);
-	h.n = 0;
-	CHECK_OK(loom_model_forward_backward(m, in, tg, B, T, 0.5f, &loss));
-	CHECK_OK(loom_model_forward_backward(m, in, tg, B, T, 0.5f, &loss));
-	CHECK_EQ(h.n, 2 * n);
-	for (size_t i = 0; i < np; i++)
-		CHECK_MSG(fabsf(loom_model_grads(m)[i] - g1[i]) <= 1e-6f * fabsf(g1[i]) + 1e-9f, "gradient %zu: %.9g after two halves, %.9g in one", i,
-		          loom_model_grads(m)[i], g1[i]);
-	free(g1);
-	loom_model_destroy(m);
-	return 0;
+	return fc_hooks_order(&c, test_params, 3 + 8 + 6 + 8 + 1);
 }
 
 /* The unit calls on two interleaved arenas, and the head split in two row ranges, give the whole-model
@@ -326,48 +225,7 @@ TEST(nanochat_hooks_order)
 TEST(nanochat_units_arenas_rows)
 {
 	loom_model_config_t c = small_cfg();
-	enum { B = 2, T = 13 };
-	int in[2][B * T], tg[2][B * T], L = c.n_layer;
-	loom_model_t *a = NULL, *u = NULL;
-	loom_model_opts_t o1 = {.B = B, .T = T}, o2 = {.B = B, .T = T, .arenas = 2};
-	CHECK_OK(loom_model_create(&a, &c, &o1));
-	CHECK_OK(loom_model_create(&u, &c, &o2));
-	test_params(a, 9);
-	memcpy(loom_model_params(u), loom_model_params(a), loom_model_param_count(a) * sizeof(float));
-	make_tokens(in[0], tg[0], B * T, c.vocab_size, 21);
-	make_tokens(in[1], tg[1], B * T, c.vocab_size, 22);
-	float la[2], lu[2], part;
-	loom_model_zero_grad(a);
-	loom_model_zero_grad(u);
-	for (int k = 0; k < 2; k++)
-		CHECK_OK(loom_model_forward_backward(a, in[k], tg[k], B, T, 0.5f, &la[k]));
-	/* both forwards first, then the backwards in reverse arena order */
-	for (int k = 0; k < 2; k++) {
-		CHECK_OK(loom_model_embed_forward(u, k, in[k], B, T));
-		for (int l = 0; l < L; l++)
-			CHECK_OK(loom_model_block_forward(u, k, l, B, T));
-	}
-	for (int k = 1; k >= 0; k--) {
-		int split = 7;
-		CHECK_OK(loom_model_head_forward_backward_rows(u, k, tg[k], B, T, 0, split, 0.5f, &lu[k]));
-		CHECK_OK(loom_model_head_forward_backward_rows(u, k, tg[k], B, T, split, B * T - split, 0.5f, &part));
-		lu[k] += part;
-		for (int l = L - 1; l >= 0; l--)
-			CHECK_OK(loom_model_block_backward(u, k, l, B, T));
-		CHECK_OK(loom_model_embed_backward(u, k, in[k], B, T));
-	}
-	for (int k = 0; k < 2; k++)
-		CHECK_MSG(fabsf(la[k] - lu[k]) <= 1e-6f * la[k], "arena %d: loss %.9g whole, %.9g by units", k, la[k], lu[k]);
-	/* the fused head over all rows and the split one differ only in the classifier's chunking of the
-	 * loss sum; the gradients must agree to float rounding, the block gradients exactly in order */
-	size_t np = loom_model_param_count(a);
-	double worst = 0.0;
-	for (size_t i = 0; i < np; i++)
-		worst = fmax(worst, fabs(loom_model_grads(a)[i] - loom_model_grads(u)[i]));
-	CHECK_MSG(worst <= 1e-6, "gradients differ by %.3g between the whole pass and the unit calls", worst);
-	loom_model_destroy(a);
-	loom_model_destroy(u);
-	return 0;
+	return fc_units_arenas_rows(&c, test_params);
 }
 
 /* Two pipeline stages (blocks [0,2) with the embedding, [2,3) with the head) passing the 2C-wide stream
@@ -390,12 +248,12 @@ TEST(nanochat_stages_match_whole)
 	size_t np = loom_model_param_count(w);
 	memcpy(loom_model_params(s0), loom_model_params(w), np * sizeof(float));
 	memcpy(loom_model_params(s1), loom_model_params(w), np * sizeof(float));
-	make_tokens(in, tg, B * T, c.vocab_size, 8);
+	fc_make_tokens(in, tg, B * T, c.vocab_size, 8);
 	loom_model_zero_grad(w), loom_model_zero_grad(s0), loom_model_zero_grad(s1);
-	hooks_t h0, h1;
+	fc_hooks_t h0, h1;
 	memset(&h0, 0, sizeof h0), memset(&h1, 0, sizeof h1);
-	loom_model_on_grad_ready(s0, on_ready, &h0);
-	loom_model_on_grad_ready(s1, on_ready, &h1);
+	loom_model_on_grad_ready(s0, fc_on_ready, &h0);
+	loom_model_on_grad_ready(s1, fc_on_ready, &h1);
 	float lw, ls;
 	CHECK_OK(loom_model_forward_backward(w, in, tg, B, T, 1.0f, &lw));
 	CHECK_OK(loom_model_embed_forward(s0, 0, in, B, T));
@@ -441,39 +299,7 @@ TEST(nanochat_stages_match_whole)
 TEST(nanochat_views_external)
 {
 	loom_model_config_t c = small_cfg();
-	enum { B = 1, T = 10 };
-	int in[B * T], tg[B * T];
-	loom_model_t *a = NULL, *v = NULL;
-	loom_model_opts_t oa = {.B = B, .T = T}, ov = {.B = B, .T = T, .no_own_params = 1, .no_own_grads = 1};
-	CHECK_OK(loom_model_create(&a, &c, &oa));
-	CHECK_OK(loom_model_create(&v, &c, &ov));
-	CHECK(loom_model_params(v) == NULL && loom_model_tensor_param(v, 0) == NULL);
-	test_params(a, 5);
-	size_t np = loom_model_param_count(a);
-	float *p = malloc(np * sizeof(float)), *g = calloc(np, sizeof(float));
-	CHECK(p && g);
-	memcpy(p, loom_model_params(a), np * sizeof(float));
-	for (int u = -1; u <= c.n_layer; u++) {
-		int first, end;
-		loom_model_unit_tensors(&c, u, &first, &end);
-		const loom_tensor_info_t *tt = loom_model_tensors(v, NULL);
-		CHECK_OK(loom_model_set_unit_view(v, u, p + tt[first].offset, g + tt[first].offset));
-	}
-	make_tokens(in, tg, B * T, c.vocab_size, 2);
-	loom_model_zero_grad(a);
-	for (size_t i = 0; i < np; i++)
-		g[i] = 1.0f;
-	loom_model_zero_grad(v);
-	for (size_t i = 0; i < np; i++)
-		CHECK(g[i] == 0.0f);
-	float la, lv;
-	CHECK_OK(loom_model_forward_backward(a, in, tg, B, T, 1.0f, &la));
-	CHECK_OK(loom_model_forward_backward(v, in, tg, B, T, 1.0f, &lv));
-	CHECK_FEQ(la, lv);
-	CHECK(memcmp(g, loom_model_grads(a), np * sizeof(float)) == 0);
-	free(p), free(g);
-	loom_model_destroy(a), loom_model_destroy(v);
-	return 0;
+	return fc_views_external(&c, test_params);
 }
 
 /* ---- configuration, sizing, init ----------------------------------------------------------------------- */
@@ -736,215 +562,31 @@ TEST(nanochat_init_values)
 
 /* ---- sampling, activation checkpointing, bf16 ----------------------------------------------------------- */
 
-typedef struct {
-	loom_model_t *m;
-	float logits[16][61];
-	int n;
-} gen_t;
-
-static void keep_logits(void *ctx, int tok)
-{
-	gen_t *g = ctx;
-	(void)tok;
-	if (g->n < 16)
-		memcpy(g->logits[g->n++], ((loom_nanochat_t *)g->m)->kv->logits, sizeof g->logits[0]);
-}
-
 /* The KV cache's logits at every generated position equal a full forward's over the context there,
- * the short windows included (positions past 8 attend over a window); greedy tokens are the argmax. */
+ * the short windows included (positions past 8 attend over a window); greedy tokens are the argmax;
+ * sampling is reproducible and its errors are clear (family_check.c). */
 TEST(nanochat_generate_kv_cache_matches_forward)
 {
 	loom_model_config_t c = small_cfg();
-	enum { T = 16 };
-	loom_model_t *m = NULL;
-	loom_model_opts_t o = {.B = 1, .T = T};
-	int prompt[3] = {5, 17, 33}, out[T], n_out = 0, ctx[T];
-	gen_t g;
-	memset(&g, 0, sizeof g);
-	CHECK_OK(loom_model_create(&m, &c, &o));
-	test_params(m, 12);
-	g.m = m;
-	CHECK_OK(loom_model_generate(m, prompt, 3, 20, 0.0f, 0, 1, -1, out, &n_out, keep_logits, &g));
-	CHECK_EQ(n_out, T - 3); /* stops when the context reaches T */
-	CHECK_EQ(g.n, n_out);
-	memcpy(ctx, prompt, sizeof prompt);
-	memcpy(ctx + 3, out, sizeof(int) * (size_t)n_out);
-	double worst = 0.0;
-	for (int k = 0; k < n_out; k++) {
-		int t = 3 + k; /* the logits that chose out[k] are position t - 1's */
-		CHECK_OK(loom_model_forward(m, ctx, NULL, 1, t, NULL));
-		const float *lg = loom_model_logits(m);
-		int best = 0;
-		for (int v = 0; v < c.vocab_size; v++) {
-			worst = fmax(worst, fabs(lg[v] - g.logits[k][v]));
-			CHECK_MSG(fabsf(lg[v] - g.logits[k][v]) <= 2e-5f, "position %d, logit %d: cache %.9g, forward %.9g", t - 1,
-			          v, g.logits[k][v], lg[v]);
-			best = lg[v] > lg[best] ? v : best;
-		}
-		CHECK_EQ(out[k], best);
-	}
-	fprintf(stderr, "  KV-cache logits within %.3g of the full forward's over %d positions\n", worst, n_out);
-	/* sampling: the same seed gives the same tokens; top_k 1 is greedy; a stop token ends early */
-	int a[8], b[8], na, nb;
-	CHECK_OK(loom_model_generate(m, prompt, 3, 8, 1.0f, 5, 99, -1, a, &na, NULL, NULL));
-	CHECK_OK(loom_model_generate(m, prompt, 3, 8, 1.0f, 5, 99, -1, b, &nb, NULL, NULL));
-	CHECK_EQ(na, 8);
-	CHECK(memcmp(a, b, sizeof a) == 0);
-	CHECK_OK(loom_model_generate(m, prompt, 3, 8, 3.0f, 1, 7, -1, b, &nb, NULL, NULL));
-	CHECK(memcmp(b, out, sizeof(int) * 8) == 0);
-	int first = 0;
-	while (out[first] != out[4])
-		first++;
-	CHECK_OK(loom_model_generate(m, prompt, 3, 8, 0.0f, 0, 1, out[4], b, &nb, NULL, NULL));
-	CHECK_EQ(nb, first + 1);
-	CHECK_EQ(b[nb - 1], out[4]);
-	CHECK_ERR(loom_model_generate(m, prompt, 0, 8, 0.0f, 0, 1, -1, b, &nb, NULL, NULL), LOOM_EINVAL);
-	prompt[1] = 61;
-	CHECK_ERR(loom_model_generate(m, prompt, 3, 8, 0.0f, 0, 1, -1, b, &nb, NULL, NULL), LOOM_EINVAL);
-	loom_model_destroy(m);
-	return 0;
+	return fc_generate_matches_forward(&c, test_params, 2e-5f, 0);
 }
 
 /* blocks and selective checkpointing: losses and gradients bit-identical to none (whole passes and
  * units on two arenas), one recompute per block backward, fewer bytes kept. */
 TEST(nanochat_act_ckpt_bit_identical)
 {
-	loom_model_config_t c = small_cfg();
-	enum { B = 2, T = 16 };
-	int in[2][B * T], tg[2][B * T], L = c.n_layer;
-	loom_model_t *m[3] = {NULL, NULL, NULL};
-	loom_act_ckpt_t modes[3] = {LOOM_ACT_CKPT_NONE, LOOM_ACT_CKPT_BLOCKS, LOOM_ACT_CKPT_SELECTIVE};
-	float loss[3][2];
-	make_tokens(in[0], tg[0], B * T, c.vocab_size, 31);
-	make_tokens(in[1], tg[1], B * T, c.vocab_size, 32);
-	for (int k = 0; k < 3; k++) {
-		loom_model_opts_t o = {.B = B, .T = T, .arenas = 2, .act_ckpt = modes[k]};
-		loom_model_act_bytes_t want, got;
-		CHECK_OK(loom_model_create(&m[k], &c, &o));
-		CHECK_OK(loom_model_act_bytes(&c, &o, &want));
-		loom_model_model_act_bytes(m[k], &got);
-		CHECK(memcmp(&want, &got, sizeof want) == 0);
-		CHECK_EQ(want.total, want.kept + want.recompute + want.head + want.backward);
-		test_params(m[k], 6);
-		loom_model_zero_grad(m[k]);
-		CHECK_OK(loom_model_forward_backward(m[k], in[0], tg[0], B, T, 0.5f, &loss[k][0]));
-		for (int a = 0; a < 2; a++) {
-			CHECK_OK(loom_model_embed_forward(m[k], a, in[a], B, T));
-			for (int l = 0; l < L; l++)
-				CHECK_OK(loom_model_block_forward(m[k], a, l, B, T));
-		}
-		for (int a = 1; a >= 0; a--) {
-			CHECK_OK(loom_model_head_forward_backward(m[k], a, tg[a], B, T, 0.25f, &loss[k][a]));
-			for (int l = L - 1; l >= 0; l--)
-				CHECK_OK(loom_model_block_backward(m[k], a, l, B, T));
-			CHECK_OK(loom_model_embed_backward(m[k], a, in[a], B, T));
-		}
-		CHECK_EQ(loom_model_recomputes(m[k]), k == 0 ? 0 : 3 * L);
-	}
-	size_t np = loom_model_param_count(m[0]);
-	for (int k = 1; k < 3; k++) {
-		CHECK_FEQ(loss[k][0], loss[0][0]);
-		CHECK_FEQ(loss[k][1], loss[0][1]);
-		CHECK_MSG(memcmp(loom_model_grads(m[k]), loom_model_grads(m[0]), np * sizeof(float)) == 0,
-		          "%s: gradients differ from none", loom_act_ckpt_name(modes[k]));
-	}
-	loom_model_act_bytes_t none, blocks, sel;
-	loom_model_model_act_bytes(m[0], &none);
-	loom_model_model_act_bytes(m[1], &blocks);
-	loom_model_model_act_bytes(m[2], &sel);
-	/* blocks keeps only each block's output (2 C per position) */
-	CHECK_EQ(blocks.per_layer, (size_t)B * T * 2 * c.n_embd * sizeof(float));
-	CHECK(blocks.kept < none.kept && sel.kept < none.kept);
-	/* selective recomputes the attention's output (N, NH D) and lse (B, NH, T): 2 arenas x 3 layers of them,
-	 * each buffer rounded up to 64 bytes */
-	size_t lse = ((size_t)B * 4 * T * sizeof(float) + 63) / 64 * 64;
-	size_t atty = ((size_t)B * T * c.n_embd * sizeof(float) + 63) / 64 * 64;
-	CHECK_EQ(none.kept - sel.kept, 2 * 3 * (lse + atty));
-	for (int k = 0; k < 3; k++)
-		loom_model_destroy(m[k]);
-	return 0;
+	loom_model_config_t c = small_cfg(); /* the stream is [x | x0]: 2 C per position */
+	return fc_act_ckpt_bit_identical(&c, test_params);
 }
 
-/* bf16 matmuls (loom's bf16 GEMM path): the loss and gradients near fp32's. */
+/* bf16 matmuls (loom's bf16 GEMM path): the loss and gradients near fp32's (family_check.c). */
 TEST(nanochat_bf16_close_to_fp32)
 {
 	loom_model_config_t c = small_cfg();
-	enum { B = 2, T = 16 };
-	int in[B * T], tg[B * T];
-	loom_model_t *f = NULL, *h = NULL;
-	loom_model_opts_t of = {.B = B, .T = T}, oh = {.B = B, .T = T, .dtype = LOOM_COMPUTE_BF16};
-	CHECK_OK(loom_model_create(&f, &c, &of));
-	CHECK_OK(loom_model_create(&h, &c, &oh));
-	CHECK_EQ(loom_model_dtype(h), LOOM_COMPUTE_BF16);
-	test_params(f, 2);
-	size_t np = loom_model_param_count(f);
-	memcpy(loom_model_params(h), loom_model_params(f), np * sizeof(float));
-	make_tokens(in, tg, B * T, c.vocab_size, 3);
-	float lf, lh;
-	loom_model_zero_grad(f), loom_model_zero_grad(h);
-	CHECK_OK(loom_model_forward_backward(f, in, tg, B, T, 1.0f, &lf));
-	CHECK_OK(loom_model_forward_backward(h, in, tg, B, T, 1.0f, &lh));
-	CHECK_MSG(fabsf(lf - lh) <= 1e-2f * lf && lf != lh, "loss fp32 %.9g, bf16 %.9g", lf, lh);
-	double d2 = 0, n2 = 0;
-	for (size_t i = 0; i < np; i++) {
-		double d = (double)loom_model_grads(h)[i] - loom_model_grads(f)[i];
-		d2 += d * d, n2 += (double)loom_model_grads(f)[i] * loom_model_grads(f)[i];
-	}
-	CHECK_MSG(sqrt(d2 / n2) < 5e-2, "bf16 gradients off by %.3g of their norm", sqrt(d2 / n2));
-	fprintf(stderr, "  bf16: loss %.3g relative, gradients %.3g of their norm from fp32\n", fabs(lf - lh) / lf,
-	        sqrt(d2 / n2));
-	loom_model_destroy(f), loom_model_destroy(h);
-	return 0;
+	return fc_bf16_close_to_fp32(&c, test_params);
 }
 
 /* ---- tensor parallelism: two ranks as two threads of this process -------------------------------------- */
-
-enum { TP_SCRATCH = 1 << 20 };
-
-typedef struct {
-	pthread_barrier_t bar;
-	float *slot[2];
-	float *scratch[2];
-	long calls[2];
-} tp_group_t;
-
-typedef struct {
-	tp_group_t *g;
-	int rank, rc;
-	loom_model_t *m;
-	const int *in, *tg;
-	int B, T;
-	float loss, loss_fwd;
-} tp_rank_t;
-
-/* The group's reduction: both ranks publish their buffer, each computes slot 0 op slot 1 (the same
- * bits on both) into its scratch, and copies it back once both have read. */
-static int tp_reduce_cb(void *ctx, float *buf, size_t n, loom_tp_op_t op)
-{
-	tp_rank_t *r = ctx;
-	tp_group_t *g = r->g;
-	if (n > TP_SCRATCH)
-		return LOOM_EINVAL;
-	g->slot[r->rank] = buf;
-	g->calls[r->rank]++;
-	pthread_barrier_wait(&g->bar);
-	const float *a = g->slot[0], *b = g->slot[1];
-	float *s = g->scratch[r->rank];
-	for (size_t i = 0; i < n; i++)
-		s[i] = op == LOOM_TP_SUM ? a[i] + b[i] : fmaxf(a[i], b[i]);
-	pthread_barrier_wait(&g->bar);
-	memcpy(buf, s, n * sizeof(float));
-	return LOOM_OK;
-}
-
-static void *tp_run(void *arg)
-{
-	tp_rank_t *r = arg;
-	r->rc = loom_model_forward(r->m, r->in, r->tg, r->B, r->T, &r->loss_fwd);
-	if (r->rc == LOOM_OK)
-		r->rc = loom_model_forward_backward(r->m, r->in, r->tg, r->B, r->T, 1.0f, &r->loss);
-	return NULL;
-}
 
 /* Split by kv-head groups (rank r: kv head r, query heads 2r, 2r+1), MLP columns, vocabulary rows:
  * the loss and every gradient (the ranks' shards put back together) equal one process's within 1e-5;
@@ -952,199 +594,29 @@ static void *tp_run(void *arg)
 TEST(nanochat_tp2_matches_one_process)
 {
 	loom_model_config_t c = small_cfg();
-	enum { B = 2, T = 16 };
-	int in[B * T], tg[B * T], n;
-	loom_model_t *one = NULL, *rk[2] = {NULL, NULL};
-	loom_model_opts_t o1 = {.B = B, .T = T};
-	tp_group_t g;
-	tp_rank_t r[2];
-	pthread_t th[2];
-	memset(&g, 0, sizeof g);
+	loom_tensor_info_t si;
 	CHECK_OK(loom_model_tp_check(&c, 2));
 	CHECK_ERR(loom_model_tp_check(&c, 4), LOOM_EINVAL); /* 2 kv heads */
 	CHECK_CONTAINS(loom_errmsg(), "n_kv_head 2 is not divisible by tp 4");
-	CHECK_OK(loom_model_create(&one, &c, &o1));
-	test_params(one, 17);
-	make_tokens(in, tg, B * T, c.vocab_size, 19);
-	size_t np = loom_model_num_params(&c), ns = loom_model_shard_params(&c, 2);
-	CHECK_EQ(2 * ns, np + 2 * 3); /* everything split in two but the 2 x L scalars */
-	float *full = calloc(np, sizeof(float)), *shard = malloc(ns * sizeof(float));
-	CHECK(full && shard);
-	CHECK(pthread_barrier_init(&g.bar, NULL, 2) == 0);
-	for (int k = 0; k < 2; k++) {
-		loom_model_opts_t o = {.B = B, .T = T, .tp_size = 2, .tp_rank = k};
-		CHECK_OK(loom_model_create(&rk[k], &c, &o));
-		CHECK_EQ(loom_model_param_count(rk[k]), ns);
-		/* init of a shard = the shard of the whole init */
-		loom_model_t *w = NULL;
-		CHECK_OK(loom_model_create(&w, &c, &o1));
-		loom_model_init(w, 77);
-		loom_model_init(rk[k], 77);
-		loom_model_tp_shard(&c, 2, k, loom_model_params(w), shard);
-		CHECK(memcmp(shard, loom_model_params(rk[k]), ns * sizeof(float)) == 0);
-		loom_model_destroy(w);
-		loom_model_tp_shard(&c, 2, k, loom_model_params(one), loom_model_params(rk[k]));
-		loom_model_zero_grad(rk[k]);
-		g.scratch[k] = malloc(TP_SCRATCH * sizeof(float));
-		CHECK(g.scratch[k] != NULL);
-		r[k] = (tp_rank_t){.g = &g, .rank = k, .m = rk[k], .in = in, .tg = tg, .B = B, .T = T};
-		loom_model_on_tp_reduce(rk[k], tp_reduce_cb, &r[k]);
-	}
-	loom_tensor_info_t si;
+	CHECK_EQ(2 * loom_model_shard_params(&c, 2), loom_model_num_params(&c) + 2 * 3); /* all split but 2 x L scalars */
 	CHECK_OK(loom_model_shard_info(&c, 2, 3, &si)); /* value_embeds.0: kv head r's 16 columns */
 	CHECK_EQ(si.shape[0], 64); CHECK_EQ(si.shape[1], 16);
 	CHECK_OK(loom_model_shard_info(&c, 2, 4, &si)); /* its gate: kv head r's row */
 	CHECK_EQ(si.shape[0], 1); CHECK_EQ(si.shape[1], 32);
-	float l1, lf1;
-	loom_model_zero_grad(one);
-	CHECK_OK(loom_model_forward(one, in, tg, B, T, &lf1));
-	CHECK_OK(loom_model_forward_backward(one, in, tg, B, T, 1.0f, &l1));
-	for (int k = 0; k < 2; k++)
-		CHECK(pthread_create(&th[k], NULL, tp_run, &r[k]) == 0);
-	for (int k = 0; k < 2; k++)
-		pthread_join(th[k], NULL);
-	for (int k = 0; k < 2; k++) {
-		CHECK_OK(r[k].rc);
-		CHECK_FEQ(r[k].loss, r[0].loss);
-		CHECK_MSG(fabsf(r[k].loss - l1) <= 1e-5f * l1 && fabsf(r[k].loss_fwd - lf1) <= 1e-5f * lf1,
-		          "rank %d: loss %.9g (forward %.9g), one process %.9g", k, r[k].loss, r[k].loss_fwd, l1);
-		loom_model_tp_unshard(&c, 2, k, loom_model_grads(rk[k]), full);
-	}
-	CHECK_EQ(g.calls[0], g.calls[1]);
-	const loom_tensor_info_t *tt = loom_model_tensors(one, &n);
-	double worst = 0.0;
-	for (int i = 0; i < n; i++) {
-		const float *g1 = loom_model_tensor_grad(one, i), *gt = full + tt[i].offset;
-		double mx = 0.0, w = 0.0;
-		for (size_t k = 0; k < tt[i].numel; k++)
-			mx = fmax(mx, fabs(g1[k])), w = fmax(w, fabs(g1[k] - gt[k]));
-		worst = fmax(worst, w / mx);
-		CHECK_MSG(mx > 0.0 && w <= 1e-5 * mx, "%s: tp 2 gradient off by %.3g (max %.3g)", tt[i].name, w, mx);
-	}
-	fprintf(stderr, "  tp 2: loss %.3g relative, gradients %.3g of each tensor's max from one process; %ld "
-	        "reductions per rank\n", fabs(r[0].loss - l1) / l1, worst, g.calls[0]);
-	/* the same ranks with blocks checkpointing: the recomputation reruns the forward's reductions,
-	 * and the gradients are bit-identical */
-	float *full2 = calloc(np, sizeof(float));
-	CHECK(full2 != NULL);
-	for (int k = 0; k < 2; k++) {
-		loom_model_opts_t o = {.B = B, .T = T, .tp_size = 2, .tp_rank = k, .act_ckpt = LOOM_ACT_CKPT_BLOCKS};
-		loom_model_destroy(rk[k]);
-		CHECK_OK(loom_model_create(&rk[k], &c, &o));
-		loom_model_tp_shard(&c, 2, k, loom_model_params(one), loom_model_params(rk[k]));
-		loom_model_zero_grad(rk[k]);
-		r[k].m = rk[k];
-		loom_model_on_tp_reduce(rk[k], tp_reduce_cb, &r[k]);
-	}
-	for (int k = 0; k < 2; k++)
-		CHECK(pthread_create(&th[k], NULL, tp_run, &r[k]) == 0);
-	for (int k = 0; k < 2; k++)
-		pthread_join(th[k], NULL);
-	for (int k = 0; k < 2; k++) {
-		CHECK_OK(r[k].rc);
-		loom_model_tp_unshard(&c, 2, k, loom_model_grads(rk[k]), full2);
-		CHECK_EQ(loom_model_recomputes(rk[k]), c.n_layer);
-	}
-	CHECK(memcmp(full, full2, np * sizeof(float)) == 0);
-	free(full2);
-	for (int k = 0; k < 2; k++)
-		loom_model_destroy(rk[k]), free(g.scratch[k]);
-	pthread_barrier_destroy(&g.bar);
-	free(full), free(shard);
-	loom_model_destroy(one);
-	return 0;
+	return fc_tp2_matches_one_process(&c, test_params, 0);
 }
 
-/* Every allocation of create and of the KV cache failing in turn: a clean LOOM_ENOMEM, nothing leaked
- * (under ASan), then a model that works. */
+/* Every allocation of create and of the KV cache failing in turn (family_check.c). */
 TEST(nanochat_alloc_failures_clean)
 {
 	loom_model_config_t c = small_cfg();
-	loom_model_opts_t o = {.B = 1, .T = 8, .arenas = 2};
-	loom_model_t *m = NULL;
-	int failed = 0, prompt[2] = {1, 2}, out[2], n_out;
-	for (long k = 1; k < 40; k++) {
-		loom__fault_alloc_set(k);
-		int rc = loom_model_create(&m, &c, &o);
-		int hit = loom__fault_alloc_hit();
-		loom__fault_alloc_set(0);
-		if (!hit) {
-			CHECK_OK(rc);
-			break;
-		}
-		CHECK_ERR(rc, LOOM_ENOMEM);
-		CHECK(m == NULL);
-		failed++;
-	}
-	CHECK(failed >= 8 && m != NULL);
-	loom_model_init(m, 1);
-	loom__fault_alloc_set(1);
-	int rc = loom_model_generate(m, prompt, 2, 2, 0.0f, 0, 1, -1, out, &n_out, NULL, NULL);
-	loom__fault_alloc_set(0);
-	CHECK_ERR(rc, LOOM_ENOMEM);
-	CHECK_OK(loom_model_generate(m, prompt, 2, 2, 0.0f, 0, 1, -1, out, &n_out, NULL, NULL));
-	CHECK_EQ(n_out, 2);
-	loom_model_destroy(m);
-	return 0;
+	return fc_alloc_failures_clean(&c);
 }
 
-/* ZeRO-3's use of the hooks: a model with no parameters of its own; before each unit runs, the hook
- * fills one shared buffer with that unit's parameters (NaN first, so a read through a stale view
- * shows) and points the unit's views at it. The embedding unit (wte and the scalars every block
- * reads) stays pointed at the master copy. Losses and gradients equal a plain model's bit for bit. */
-typedef struct {
-	loom_model_t *m;
-	const loom_model_config_t *c;
-	const float *master;
-	float *gather;
-	int uses;
-} gather_t;
-
-static void gather_unit(void *ctx, int unit, int phase)
-{
-	gather_t *g = ctx;
-	int first, end;
-	const loom_tensor_info_t *tt = loom_model_tensors(g->m, NULL);
-	(void)phase;
-	g->uses++;
-	if (unit < 0)
-		return;
-	loom_model_unit_tensors(g->c, unit, &first, &end);
-	size_t off = tt[first].offset, n = tt[end - 1].offset + tt[end - 1].numel - off;
-	for (size_t i = 0; i < n; i++)
-		g->gather[i] = NAN;
-	for (int u = 0; u <= g->c->n_layer; u++) /* every other unit's views at poison */
-		loom_model_set_unit_view(g->m, u, g->gather + n, NULL);
-	memcpy(g->gather, g->master + off, n * sizeof(float));
-	loom_model_set_unit_view(g->m, unit, g->gather, NULL);
-}
-
+/* ZeRO-3's use of the hooks (family_check.c): the embedding unit (wte and the scalars every block reads)
+ * stays pointed at the master copy. */
 TEST(nanochat_param_use_hook_gathers_units)
 {
 	loom_model_config_t c = small_cfg();
-	enum { B = 2, T = 12 };
-	int in[B * T], tg[B * T];
-	loom_model_t *a = NULL, *z = NULL;
-	loom_model_opts_t oa = {.B = B, .T = T}, oz = {.B = B, .T = T, .no_own_params = 1};
-	CHECK_OK(loom_model_create(&a, &c, &oa));
-	CHECK_OK(loom_model_create(&z, &c, &oz));
-	test_params(a, 8);
-	make_tokens(in, tg, B * T, c.vocab_size, 9);
-	size_t np = loom_model_param_count(a);
-	gather_t g = {.m = z, .c = &c, .master = loom_model_params(a), .gather = malloc(2 * np * sizeof(float))};
-	CHECK(g.gather != NULL);
-	for (size_t i = 0; i < 2 * np; i++)
-		g.gather[i] = NAN;
-	CHECK_OK(loom_model_set_unit_view(z, -1, loom_model_params(a), NULL));
-	loom_model_on_param_use(z, gather_unit, &g);
-	float la, lz;
-	loom_model_zero_grad(a), loom_model_zero_grad(z);
-	CHECK_OK(loom_model_forward_backward(a, in, tg, B, T, 1.0f, &la));
-	CHECK_OK(loom_model_forward_backward(z, in, tg, B, T, 1.0f, &lz));
-	CHECK_EQ(g.uses, 2 * (c.n_layer + 2));
-	CHECK_FEQ(la, lz);
-	CHECK(memcmp(loom_model_grads(a), loom_model_grads(z), np * sizeof(float)) == 0);
-	free(g.gather);
-	loom_model_destroy(a), loom_model_destroy(z);
-	return 0;
+	return fc_param_use_gathers_units(&c, test_params);
 }

@@ -19,6 +19,7 @@
 #include "loom/muon.h"
 #include "loom/optim.h"
 #include "loom/train.h"
+#include "family_check.h"
 #include "test.h"
 
 enum { STEPS = 8, ACCUM = 2, BB = 2, TT_MAX = 512, VOCAB = 100, NTOK_MAX = STEPS * ACCUM * BB * TT_MAX };
@@ -51,17 +52,6 @@ static loom_model_config_t e2e_cfg(void)
 	return c;
 }
 
-static uint32_t lcg(uint32_t *s)
-{
-	*s = *s * 1664525u + 1013904223u;
-	return *s >> 8;
-}
-
-static float urand(uint32_t *s) /* uniform in [-1, 1) */
-{
-	return (float)lcg(s) / 8388608.0f - 1.0f;
-}
-
 /* nanochat's init leaves the output projections and the value-embedding gates at zero. Then every
  * block adds nothing to the stream, x stays a multiple of x0 and the final RMSNorm cancels the scale:
  * the first step's gradients of resid_lambdas and x0_lambdas are only RMSNorm's eps at work (4e-11
@@ -80,30 +70,8 @@ static void init_params(loom_model_t *m)
 		float *p = loom_model_tensor_param(m, i);
 		float a = strstr(tt[i].name, "c_proj") ? 0.05f : strstr(tt[i].name, "ve_gate") ? 0.5f : 0.0f;
 		for (size_t k = 0; a > 0.0f && k < tt[i].numel; k++)
-			p[k] = a * urand(&s);
+			p[k] = a * fc_urand(&s);
 	}
-}
-
-static int write_at(const char *dir, const char *name, const void *p, size_t n)
-{
-	char path[700];
-	snprintf(path, sizeof path, "%s/%s", dir, name);
-	return test_write_file(path, p, n);
-}
-
-static double *read_f64(const char *dir, const char *name, size_t n)
-{
-	char path[700];
-	snprintf(path, sizeof path, "%s/%s", dir, name);
-	FILE *f = fopen(path, "rb");
-	double *p = f ? malloc(n * sizeof(double)) : NULL;
-	if (p && fread(p, sizeof(double), n, f) != n) {
-		free(p);
-		p = NULL;
-	}
-	if (f)
-		fclose(f);
-	return p;
 }
 
 /* The reference's inputs: the model, the run's knobs, the table, the parameters and the tokens. */
@@ -113,9 +81,9 @@ static int write_inputs(const char *dir, const loom_model_config_t *c, e2e_kind_
 	char path[700];
 	int n;
 	const loom_tensor_info_t *tt = loom_model_tensors(m, &n);
-	CHECK(write_at(dir, "params.bin", loom_model_params(m), loom_model_param_count(m) * sizeof(float)) == 0);
-	CHECK(write_at(dir, "inputs.bin", in, sizeof(int) * NTOK) == 0);
-	CHECK(write_at(dir, "targets.bin", tg, sizeof(int) * NTOK) == 0);
+	CHECK(fc_write_file(dir, "params.bin", loom_model_params(m), loom_model_param_count(m) * sizeof(float)) == 0);
+	CHECK(fc_write_file(dir, "inputs.bin", in, sizeof(int) * NTOK) == 0);
+	CHECK(fc_write_file(dir, "targets.bin", tg, sizeof(int) * NTOK) == 0);
 	snprintf(path, sizeof path, "%s/tensors.txt", dir);
 	FILE *f = fopen(path, "w");
 	CHECK(f != NULL);
@@ -270,8 +238,8 @@ static int e2e(e2e_kind_t kind)
 	char dir[512], cmd[1400], out[8192];
 	uint32_t seed = 2026;
 	for (int i = 0; i < NTOK; i++) {
-		in[i] = (int)(lcg(&seed) % VOCAB);
-		tg[i] = (int)(lcg(&seed) % VOCAB);
+		in[i] = (int)(fc_lcg(&seed) % VOCAB);
+		tg[i] = (int)(fc_lcg(&seed) % VOCAB);
 	}
 	CHECK_OK(loom_model_create(&m, &c, &mo));
 	init_params(m);
@@ -288,9 +256,9 @@ static int e2e(e2e_kind_t kind)
 	snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 /usr/bin/python3 tests/ref/nanochat_train_ref.py %s", dir);
 	int st = test_run_cmd(cmd, out, sizeof out, 300);
 	CHECK_MSG(st == 0, "'%s' exited with %d (run from the source root; needs python3-torch):\n%s", cmd, st, out);
-	double *rloss = read_f64(dir, "losses.bin", STEPS), *rsched = read_f64(dir, "sched.bin", STEPS);
-	double *rscales = read_f64(dir, "scales.bin", 2), *rfinal = read_f64(dir, "final.bin", np);
-	double *rloss32 = read_f64(dir, "losses_f32.bin", STEPS), *rfinal32 = read_f64(dir, "final_f32.bin", np);
+	double *rloss = fc_read_f64(dir, "losses.bin", STEPS), *rsched = fc_read_f64(dir, "sched.bin", STEPS);
+	double *rscales = fc_read_f64(dir, "scales.bin", 2), *rfinal = fc_read_f64(dir, "final.bin", np);
+	double *rloss32 = fc_read_f64(dir, "losses_f32.bin", STEPS), *rfinal32 = fc_read_f64(dir, "final_f32.bin", np);
 	CHECK(rloss && rsched && rscales && rfinal && rloss32 && rfinal32);
 
 	if (opt_init(&o, kind, m))

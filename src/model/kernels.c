@@ -196,6 +196,40 @@ void loom__encoder_backward(float *dwte, float *dwpe, const float *dout, const i
 	}
 }
 
+void loom__rows_gather(float *out, int ldo, const float *table, int ld, const int *ids, int v0, int nrows, int N,
+                       int cols)
+{
+#pragma omp parallel for schedule(static) if ((long)N * cols >= PAR_MIN)
+	for (int n = 0; n < N; n++) {
+		int r = ids[n] - v0;
+		if (r >= 0 && r < nrows)
+			memcpy(out + (size_t)n * ldo, table + (size_t)r * ld, sizeof(float) * (size_t)cols);
+		else
+			memset(out + (size_t)n * ldo, 0, sizeof(float) * (size_t)cols);
+	}
+}
+
+void loom__rows_scatter_add(float *dtable, int ld, const float *d, int ldd, const int *ids, int v0, int nrows, int N,
+                            int cols)
+{
+	/* columns split over threads: a repeated id is accumulated by one thread, in row order */
+#pragma omp parallel if ((long)N * cols >= PAR_MIN)
+	{
+		int c0, c1;
+		split_range(cols, omp_get_num_threads(), omp_get_thread_num(), 16, &c0, &c1);
+		for (int n = 0; n < N; n++) {
+			int r = ids[n] - v0;
+			if (r < 0 || r >= nrows)
+				continue;
+			const float *s = d + (size_t)n * ldd;
+			float *w = dtable + (size_t)r * ld;
+#pragma omp simd
+			for (int c = c0; c < c1; c++)
+				w[c] += s[c];
+		}
+	}
+}
+
 /* ---- LayerNorm ------------------------------------------------------------------------------- */
 
 void loom__layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,

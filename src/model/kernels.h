@@ -103,6 +103,14 @@ static inline uint16_t loom__bf16_bits(float f)
 /* out (N,C) = wte[inp] + wpe[t]; inp (B,T) token ids already checked to be in [0,V). */
 void loom__encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C);
 void loom__encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C);
+/* The rows of a table (rows ld apart) holding ids [v0, v0 + nrows) (a vocab-parallel shard; v0 0 for a
+ * whole one): out (N, cols; rows ldo apart) = table[ids - v0], zero rows for ids held elsewhere (nanochat,
+ * llama); and dtable[ids[n] - v0] += d[n] (rows ldd apart) for the ids held, deterministic (columns split
+ * over threads, a repeated id accumulated in row order). */
+void loom__rows_gather(float *out, int ldo, const float *table, int ld, const int *ids, int v0, int nrows, int N,
+                       int cols);
+void loom__rows_scatter_add(float *dtable, int ld, const float *d, int ldd, const int *ids, int v0, int nrows, int N,
+                            int cols);
 
 /* out (N,C), mean (N), rstd (N) from inp (N,C), weight (C), bias (C); eps 1e-5, biased variance. */
 void loom__layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,

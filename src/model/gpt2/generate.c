@@ -38,39 +38,31 @@ static void attend_one(float *out, const float *qkv, int pos, int C, int NH)
 	loom__flash_forward(&a, out, C, NULL);
 }
 
-/* Bump allocation inside kv->mem (with base NULL it only measures); 64-byte aligned, as gpt2.c's. */
-static float *carve(char *base, size_t *off, size_t nfloats)
-{
-	float *p = base ? (float *)(base + *off) : NULL;
-	*off += (nfloats * sizeof(float) + 63) / 64 * 64;
-	return p;
-}
-
 static size_t layout_kv(const loom_gpt2_t *m, kv_cache_t *kv, char *base)
 {
-	size_t off = 0, C = (size_t)m->cfg.n_embd, V = (size_t)m->cfg.vocab_size, T = (size_t)m->T;
-	size_t NH = (size_t)m->cfg.n_head;
+	size_t off = 0, C = (size_t)m->f.cfg.n_embd, V = (size_t)m->f.cfg.vocab_size, T = (size_t)m->f.T;
+	size_t NH = (size_t)m->f.cfg.n_head;
 	layer_acts_t *a = &kv->scratch;
-	for (int l = 0; l < m->cfg.n_layer; l++)
-		kv->qkv[l] = carve(base, &off, T * 3 * C);
-	a->ln1 = carve(base, &off, T * C);
-	a->ln1_mean = carve(base, &off, T);
-	a->ln1_rstd = carve(base, &off, T);
-	a->lse = carve(base, &off, NH * T);
-	a->atty = carve(base, &off, T * C);
-	a->res2 = carve(base, &off, T * C);
-	a->ln2 = carve(base, &off, T * C);
-	a->ln2_mean = carve(base, &off, T);
-	a->ln2_rstd = carve(base, &off, T);
-	a->fch = carve(base, &off, T * 4 * C);
-	a->fch_gelu = carve(base, &off, T * 4 * C);
-	kv->res[0] = carve(base, &off, T * C);
-	kv->res[1] = carve(base, &off, T * C);
-	kv->lnf = carve(base, &off, T * C);
-	kv->lnf_mean = carve(base, &off, T);
-	kv->lnf_rstd = carve(base, &off, T);
-	kv->logits = carve(base, &off, V);
-	kv->topk = carve(base, &off, V);
+	for (int l = 0; l < m->f.cfg.n_layer; l++)
+		kv->qkv[l] = loom__fam_carve(base, &off, T * 3 * C);
+	a->ln1 = loom__fam_carve(base, &off, T * C);
+	a->ln1_mean = loom__fam_carve(base, &off, T);
+	a->ln1_rstd = loom__fam_carve(base, &off, T);
+	a->lse = loom__fam_carve(base, &off, NH * T);
+	a->atty = loom__fam_carve(base, &off, T * C);
+	a->res2 = loom__fam_carve(base, &off, T * C);
+	a->ln2 = loom__fam_carve(base, &off, T * C);
+	a->ln2_mean = loom__fam_carve(base, &off, T);
+	a->ln2_rstd = loom__fam_carve(base, &off, T);
+	a->fch = loom__fam_carve(base, &off, T * 4 * C);
+	a->fch_gelu = loom__fam_carve(base, &off, T * 4 * C);
+	kv->res[0] = loom__fam_carve(base, &off, T * C);
+	kv->res[1] = loom__fam_carve(base, &off, T * C);
+	kv->lnf = loom__fam_carve(base, &off, T * C);
+	kv->lnf_mean = loom__fam_carve(base, &off, T);
+	kv->lnf_rstd = loom__fam_carve(base, &off, T);
+	kv->logits = loom__fam_carve(base, &off, V);
+	kv->topk = loom__fam_carve(base, &off, V);
 	return off;
 }
 
@@ -89,22 +81,22 @@ int loom_gpt2_kv_cache_alloc(loom_gpt2_t *m)
 	kv_cache_t *kv;
 	if (m->kv)
 		return LOOM_OK;
-	if (!m->has_embed || !m->has_head)
+	if (!m->f.has_embed || !m->f.has_head)
 		return loom_seterr(LOOM_EINVAL, "gpt2 generate: needs every layer, the model holds blocks [%d, %d) of %d",
-		                   m->lo, m->hi, m->cfg.n_layer);
-	if (m->tp > 1)
+		                   m->f.lo, m->f.hi, m->f.cfg.n_layer);
+	if (m->f.tp > 1)
 		return loom_seterr(LOOM_EINVAL, "gpt2 generate: needs a whole model, this one is tensor-parallel rank %d of "
-		                   "%d (load its checkpoint into a whole model to sample)", m->tp_rank, m->tp);
-	if (m->cp > 1)
+		                   "%d (load its checkpoint into a whole model to sample)", m->f.tp_rank, m->f.tp);
+	if (m->f.cp > 1)
 		return loom_seterr(LOOM_EINVAL, "gpt2 generate: needs a whole model, this one is context-parallel rank %d "
-		                   "of %d (load its checkpoint into a whole model to sample)", m->cp_rank, m->cp);
-	if (!(kv = loom__calloc(1, sizeof *kv)) || !(kv->qkv = loom__calloc((size_t)m->cfg.n_layer, sizeof *kv->qkv)) ||
+		                   "of %d (load its checkpoint into a whole model to sample)", m->f.cp_rank, m->f.cp);
+	if (!(kv = loom__calloc(1, sizeof *kv)) || !(kv->qkv = loom__calloc((size_t)m->f.cfg.n_layer, sizeof *kv->qkv)) ||
 	    !(kv->mem = loom_alloc_aligned(layout_kv(m, kv, NULL)))) {
 		if (kv)
 			free(kv->qkv);
 		free(kv);
 		return loom_seterr(LOOM_ENOMEM, "gpt2 generate: out of memory for the KV cache (L%d, T %d, C%d)",
-		                   m->cfg.n_layer, m->T, m->cfg.n_embd);
+		                   m->f.cfg.n_layer, m->f.T, m->f.cfg.n_embd);
 	}
 	layout_kv(m, kv, kv->mem);
 	m->kv = kv;
@@ -115,7 +107,7 @@ int loom_gpt2_kv_cache_alloc(loom_gpt2_t *m)
  * of the last position in kv->logits. */
 static void prompt_forward(loom_gpt2_t *m, kv_cache_t *kv, const int *prompt, int n)
 {
-	int C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->cfg.n_layer, nt = m->ntensors;
+	int C = m->f.cfg.n_embd, V = m->f.cfg.vocab_size, L = m->f.cfg.n_layer, nt = m->f.ntensors;
 	loom__gpt2_param_use(m, -1, 0);
 	loom__encoder_forward(kv->res[0], prompt, loom__gpt2_param(m, 0), loom__gpt2_param(m, 1), 1, n, C);
 	for (int l = 0; l < L; l++) {
@@ -132,9 +124,11 @@ static void prompt_forward(loom_gpt2_t *m, kv_cache_t *kv, const int *prompt, in
 }
 
 /* Run token `tok` at position pos (rows 0..pos-1 already cached) and leave its logits in kv->logits. */
-static void step(loom_gpt2_t *m, kv_cache_t *kv, int tok, int pos)
+static void step(loom__fam_t *f, int tok, int pos)
 {
-	int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size, L = m->cfg.n_layer, nt = m->ntensors;
+	loom_gpt2_t *m = (loom_gpt2_t *)f;
+	kv_cache_t *kv = m->kv;
+	int C = m->f.cfg.n_embd, NH = m->f.cfg.n_head, V = m->f.cfg.vocab_size, L = m->f.cfg.n_layer, nt = m->f.ntensors;
 	size_t r = (size_t)pos * C;
 	layer_acts_t *a = &kv->scratch;
 	loom__gpt2_param_use(m, -1, 0);
@@ -224,33 +218,12 @@ int loom_gpt2_generate(loom_gpt2_t *m, const int *prompt, int n_prompt, int max_
                        void *ctx)
 {
 	int rc;
-	rng_t r;
-	if (n_out)
-		*n_out = 0;
-	if (!n_out || (max_new > 0 && !out) || max_new < 0)
-		return loom_seterr(LOOM_EINVAL, "gpt2 generate: max_new %d with out %s and n_out %s", max_new,
-		                   out ? "given" : "NULL", n_out ? "given" : "NULL");
-	if (n_prompt < 1 || n_prompt > m->T)
-		return loom_seterr(LOOM_EINVAL, "gpt2 generate: prompt of %d tokens (expected 1 to %d, the model's T)",
-		                   n_prompt, m->T);
-	if (!(temperature >= 0.0f) || !isfinite(temperature) || top_k < 0)
-		return loom_seterr(LOOM_EINVAL, "gpt2 generate: temperature %g, top_k %d (expected >= 0 each)",
-		                   (double)temperature, top_k);
-	if ((rc = loom__gpt2_check_tokens(m, prompt, 1, n_prompt, "prompt")) != LOOM_OK)
+	if ((rc = loom__fam_generate_check(&m->f, prompt, n_prompt, max_new, temperature, top_k, out, n_out)) != LOOM_OK ||
+	    (rc = loom_gpt2_kv_cache_alloc(m)) != LOOM_OK)
 		return rc;
-	if ((rc = loom_gpt2_kv_cache_alloc(m)) != LOOM_OK)
-		return rc;
-	loom__gemm_setup_threads();
-	rng_seed(&r, seed);
+	loom__gemm_setup_threads(); /* sampling runs in fp32 */
 	prompt_forward(m, m->kv, prompt, n_prompt);
-	for (int pos = n_prompt; *n_out < max_new && pos < m->T; pos++) {
-		int tok = loom__sample_token(m->kv->logits, m->cfg.vocab_size, temperature, top_k, m->kv->topk, &r);
-		out[(*n_out)++] = tok;
-		if (on_token)
-			on_token(ctx, tok);
-		if (tok == stop_token || *n_out == max_new || pos + 1 == m->T)
-			break;
-		step(m, m->kv, tok, pos);
-	}
+	loom__fam_sample(&m->f, step, m->kv->logits, m->kv->topk, n_prompt, max_new, temperature, top_k, seed, stop_token,
+	                 out, n_out, on_token, ctx);
 	return LOOM_OK;
 }

@@ -1,215 +1,16 @@
 /* gpt2_family.c: GPT-2 as a model family (loom/model.h): its table of operations, each one the
- * loom_gpt2_* call of the same name (loom/gpt2.h), so a model reached through the interface behaves
- * exactly as one reached directly. */
+ * loom_gpt2_* call of the same name (loom/gpt2.h) or, for the shared state and the unit calls, the
+ * shared base's (model/family.c) that the loom_gpt2_* call is too, so a model reached through the
+ * interface behaves exactly as one reached directly. */
 #include "core/util.h"
 #include "model/gpt2/model.h"
 
 #define G(m) ((loom_gpt2_t *)(m))
 #define CG(m) ((const loom_gpt2_t *)(m))
 
-static void g_destroy(loom_model_t *m)
-{
-	loom_gpt2_destroy(G(m));
-}
-
-static const loom_model_config_t *g_config(const loom_model_t *m)
-{
-	return loom_gpt2_config(CG(m));
-}
-
-static loom_compute_dtype_t g_dtype(const loom_model_t *m)
-{
-	return loom_gpt2_dtype(CG(m));
-}
-
-static const loom_tensor_info_t *g_tensors(const loom_model_t *m, int *n)
-{
-	return loom_gpt2_tensors(CG(m), n);
-}
-
-static size_t g_param_count(const loom_model_t *m)
-{
-	return loom_gpt2_param_count(CG(m));
-}
-
-static float *g_params(loom_model_t *m)
-{
-	return loom_gpt2_params(G(m));
-}
-
-static float *g_grads(loom_model_t *m)
-{
-	return loom_gpt2_grads(G(m));
-}
-
-static int g_set_grad_buffer(loom_model_t *m, float *grads)
-{
-	return loom_gpt2_set_grad_buffer(G(m), grads);
-}
-
-static int g_set_param_buffer(loom_model_t *m, float *params)
-{
-	return loom_gpt2_set_param_buffer(G(m), params);
-}
-
-static int g_own_grads(loom_model_t *m)
-{
-	return loom_gpt2_own_grads(G(m));
-}
-
-static int g_set_tensor_view(loom_model_t *m, int tensor, float *param, float *grad)
-{
-	return loom_gpt2_set_tensor_view(G(m), tensor, param, grad);
-}
-
-static int g_set_unit_view(loom_model_t *m, int unit, float *params, float *grads)
-{
-	return loom_gpt2_set_unit_view(G(m), unit, params, grads);
-}
-
-static float *g_tensor_param(loom_model_t *m, int tensor)
-{
-	return loom_gpt2_tensor_param(G(m), tensor);
-}
-
-static float *g_tensor_grad(loom_model_t *m, int tensor)
-{
-	return loom_gpt2_tensor_grad(G(m), tensor);
-}
-
 static void g_init(loom_model_t *m, uint64_t seed)
 {
 	loom_gpt2_init(G(m), seed);
-}
-
-static void g_layers(const loom_model_t *m, int *lo, int *hi, int *arenas)
-{
-	loom_gpt2_layers(CG(m), lo, hi, arenas);
-}
-
-static loom_act_ckpt_t g_act_ckpt(const loom_model_t *m)
-{
-	return loom_gpt2_act_ckpt(CG(m));
-}
-
-static int g_sequence_parallel(const loom_model_t *m)
-{
-	return loom_gpt2_sequence_parallel(CG(m));
-}
-
-static long long g_recomputes(const loom_model_t *m)
-{
-	return loom_gpt2_recomputes(CG(m));
-}
-
-static void g_model_act_bytes(const loom_model_t *m, loom_model_act_bytes_t *out)
-{
-	loom_gpt2_model_act_bytes(CG(m), out);
-}
-
-static int g_forward(loom_model_t *m, const int *inputs, const int *targets, int B, int T, float *loss)
-{
-	return loom_gpt2_forward(G(m), inputs, targets, B, T, loss);
-}
-
-static const float *g_logits(const loom_model_t *m)
-{
-	return loom_gpt2_logits(CG(m));
-}
-
-static void g_zero_grad(loom_model_t *m)
-{
-	loom_gpt2_zero_grad(G(m));
-}
-
-static int g_forward_backward(loom_model_t *m, const int *inputs, const int *targets, int B, int T, float grad_scale, float *loss)
-{
-	return loom_gpt2_forward_backward(G(m), inputs, targets, B, T, grad_scale, loss);
-}
-
-static void g_on_grad_ready(loom_model_t *m, loom_grad_ready_fn fn, void *ctx)
-{
-	loom_gpt2_on_grad_ready(G(m), fn, ctx);
-}
-
-static void g_on_param_use(loom_model_t *m, loom_param_use_fn fn, void *ctx)
-{
-	loom_gpt2_on_param_use(G(m), fn, ctx);
-}
-
-static void g_on_tp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx)
-{
-	loom_gpt2_on_tp_reduce(G(m), fn, ctx);
-}
-
-static int g_embed_forward(loom_model_t *m, int mb, const int *inputs, int B, int T)
-{
-	return loom_gpt2_embed_forward(G(m), mb, inputs, B, T);
-}
-
-static int g_block_forward(loom_model_t *m, int mb, int l, int B, int T)
-{
-	return loom_gpt2_block_forward(G(m), mb, l, B, T);
-}
-
-static int g_head_forward(loom_model_t *m, int mb, const int *targets, int B, int T, float *loss)
-{
-	return loom_gpt2_head_forward(G(m), mb, targets, B, T, loss);
-}
-
-static int g_head_forward_backward(loom_model_t *m, int mb, const int *targets, int B, int T, float grad_scale, float *loss)
-{
-	return loom_gpt2_head_forward_backward(G(m), mb, targets, B, T, grad_scale, loss);
-}
-
-static int g_head_forward_backward_rows(loom_model_t *m, int mb, const int *targets, int B, int T, int row0, int rows, float grad_scale, float *loss)
-{
-	return loom_gpt2_head_forward_backward_rows(G(m), mb, targets, B, T, row0, rows, grad_scale, loss);
-}
-
-static int g_block_backward(loom_model_t *m, int mb, int l, int B, int T)
-{
-	return loom_gpt2_block_backward(G(m), mb, l, B, T);
-}
-
-static int g_embed_backward(loom_model_t *m, int mb, const int *inputs, int B, int T)
-{
-	return loom_gpt2_embed_backward(G(m), mb, inputs, B, T);
-}
-
-static float *g_block_input(loom_model_t *m, int mb, int l)
-{
-	return loom_gpt2_block_input(G(m), mb, l);
-}
-
-static float *g_stream_grad(loom_model_t *m)
-{
-	return loom_gpt2_stream_grad(G(m));
-}
-
-static void g_on_cp_reduce(loom_model_t *m, loom_tp_reduce_fn fn, void *ctx)
-{
-	loom_gpt2_on_cp_reduce(G(m), fn, ctx);
-}
-
-static int g_cp_size(const loom_model_t *m)
-{
-	return loom_gpt2_cp_size(CG(m));
-}
-
-static int g_cp_rank(const loom_model_t *m)
-{
-	return loom_gpt2_cp_rank(CG(m));
-}
-
-static int g_tp_size(const loom_model_t *m)
-{
-	return loom_gpt2_tp_size(CG(m));
-}
-
-static int g_tp_rank(const loom_model_t *m)
-{
-	return loom_gpt2_tp_rank(CG(m));
 }
 
 static int g_kv_cache_alloc(loom_model_t *m)
@@ -309,7 +110,7 @@ static size_t g_act_formula(const loom_model_t *model, int B, int T, const char 
 	return (size_t)(floats * sizeof(float));
 }
 
-static const loom_model_family_t gpt2_family = {
+const loom_model_family_t loom__gpt2_table = {
 	.name = "gpt2",
 	.arch = LOOM_ARCH_GPT2,
 	.config_check = loom_gpt2_config_check,
@@ -327,47 +128,7 @@ static const loom_model_family_t gpt2_family = {
 	.tp_copy_tensor = loom__gpt2_tp_copy_tensor,
 	.act_bytes = loom_gpt2_act_bytes,
 	.create = g_create,
-	.destroy = g_destroy,
-	.config = g_config,
-	.dtype = g_dtype,
-	.tensors = g_tensors,
-	.param_count = g_param_count,
-	.params = g_params,
-	.grads = g_grads,
-	.set_grad_buffer = g_set_grad_buffer,
-	.set_param_buffer = g_set_param_buffer,
-	.own_grads = g_own_grads,
-	.set_tensor_view = g_set_tensor_view,
-	.set_unit_view = g_set_unit_view,
-	.tensor_param = g_tensor_param,
-	.tensor_grad = g_tensor_grad,
 	.init = g_init,
-	.layers = g_layers,
-	.act_ckpt = g_act_ckpt,
-	.sequence_parallel = g_sequence_parallel,
-	.recomputes = g_recomputes,
-	.model_act_bytes = g_model_act_bytes,
-	.forward = g_forward,
-	.logits = g_logits,
-	.zero_grad = g_zero_grad,
-	.forward_backward = g_forward_backward,
-	.on_grad_ready = g_on_grad_ready,
-	.on_param_use = g_on_param_use,
-	.on_tp_reduce = g_on_tp_reduce,
-	.embed_forward = g_embed_forward,
-	.block_forward = g_block_forward,
-	.head_forward = g_head_forward,
-	.head_forward_backward = g_head_forward_backward,
-	.head_forward_backward_rows = g_head_forward_backward_rows,
-	.block_backward = g_block_backward,
-	.embed_backward = g_embed_backward,
-	.block_input = g_block_input,
-	.stream_grad = g_stream_grad,
-	.tp_size = g_tp_size,
-	.tp_rank = g_tp_rank,
-	.on_cp_reduce = g_on_cp_reduce,
-	.cp_size = g_cp_size,
-	.cp_rank = g_cp_rank,
 	.kv_cache_alloc = g_kv_cache_alloc,
 	.generate = g_generate,
 	.profile = g_profile,
@@ -375,9 +136,10 @@ static const loom_model_family_t gpt2_family = {
 	.set_inputs = NULL, /* GPT-2's blocks do not read the tokens */
 	.act_formula = g_act_formula,
 	.unit_flops = g_unit_flops,
+	LOOM__FAM_TABLE_OPS,
 };
 
 const loom_model_family_t *loom__gpt2_family(void)
 {
-	return &gpt2_family;
+	return &loom__gpt2_table;
 }

@@ -10,9 +10,12 @@
 #include <stdint.h>
 
 #include "loom/gpt2.h"
+#include "model/family.h"
 #include "model/kernels.h"
 
-/* GPT-2's family table (gpt2_family.c). */
+/* GPT-2's family table (gpt2_family.c), and what the shared base (model/family.c) asks of it (gpt2.c). */
+extern const loom_model_family_t loom__gpt2_table;
+extern const loom__fam_kind_t loom__gpt2_kind;
 const loom_model_family_t *loom__gpt2_family(void);
 /* The family's tp_copy_tensor (tp_model.c). */
 void loom__gpt2_tp_copy_tensor(const loom_model_config_t *cfg, int tp, int r, int i, float *full, float *shard,
@@ -86,94 +89,45 @@ typedef struct {
 } kv_cache_t;
 
 struct loom_gpt2 {
-	loom_model_t base; /* first: the family (loom/model.h); a loom_gpt2_t * is a loom_model_t * */
-	loom_gpt2_config_t cfg;
-	int B, T;   /* capacity of one arena given at create */
-	int lo, hi; /* blocks held: [lo, hi) */
-	int has_embed, has_head;
-	int narenas;
-	size_t nparams;
-	int ntensors;
-	loom_tensor_info_t *tensors; /* the table, ntensors entries */
-	float *params;               /* the last whole parameter buffer set: params_own or the caller's */
-	float *grads;                /* the same for gradients */
-	float *params_own, *grads_own;
-	float **pview, **gview; /* ntensors each: tensor i's parameters and gradient now */
-	int grad_split;         /* some gradient view was set on its own since the last whole buffer */
-
+	loom__fam_t f; /* first: the state every family shares (model/family.h); a loom_gpt2_t * is a
+	                * loom_model_t * */
 	arena_t *arenas;
-	float *losses; /* arena 0's losses, when the model holds the head */
 
-	/* activation checkpointing (loom_act_ckpt_t): what the arenas keep; the recompute scratch's
-	 * buffers are reached through the layers' pointers */
-	int act_ckpt;
-	long long recomputes;         /* recomputations run since create */
-	loom_gpt2_act_bytes_t act;    /* the layout's byte counts, by role */
-
-	/* shared by all arenas: head scratch and outputs */
-	float *logits;      /* (chunk,V) scratch of the fused classifier, >= V floats */
-	float *last_logits; /* (B,V) logits of the last position of each row */
-	int chunk;          /* positions per classifier chunk */
-
-	/* backward scratch, shared by all arenas (one micro-batch's backward at a time) */
-	float *dres;        /* (N,C) gradient of the residual stream */
+	/* backward scratch, shared by all arenas (one micro-batch's backward at a time); f.dres is the
+	 * residual stream's gradient (N,C), f.att_scratch the attention backward's dK/dV partials */
 	float *dbtc;        /* (N,C) */
 	float *dqkv;        /* (N,3C) */
 	float *d4a, *d4b;   /* (N,4C) */
-	float *att_scratch; /* the attention backward's dK/dV partials (loom__attention_scratch_floats) */
-	int att_threads;    /* threads att_scratch has room for */
 
 	/* tensor parallelism (tp_model.c): this rank's shard sizes; with tp 1 they are the whole model's */
-	int tp, tp_rank;
 	int Cl, NHl;          /* local channels of attention (C/tp) and heads (NH/tp); 4*Cl is the MLP's */
 	int Vl, Vv, v0;       /* wte rows held (padded vocabulary / tp), of which valid, first vocab id */
-	float *tp_stats;      /* (3*chunk) per-position reduction scratch of the vocab-parallel loss */
-	loom_tp_reduce_fn tp_reduce;
-	void *tp_ctx;
 	/* sequence parallelism (Megatron-SP, gpt2.c): the residual stream between a block's tensor-parallel
 	 * regions (res2, res3, ln1, ln2 and their statistics) holds this rank's rows [tp_rank N/tp,
 	 * (tp_rank+1) N/tp) only; the stream at a unit boundary (block lo's input, block hi-1's output, the
 	 * head and dres after the blocks) stays whole */
-	int sp;
 	float *sp_gather; /* (N,C) a LayerNorm output gathered for a matmul: d4a when tp <= 4 (unused then) */
 	float *sp_lng;    /* (2C) one LayerNorm's weight and bias gradient of the local rows, before the sum */
-	int tp_err;           /* first error of a reduction (tp or cp) in the current pass */
-	/* context parallelism (cp_attention.c): this rank's place, the group's hook, the attention's gather
-	 * scratch (loom__cp_t's, in the activation allocation); T above is the rank's rows of a sequence */
-	int cp, cp_rank, cp_ring; /* cp_ring: the ring (1) or the all-gather (0), LOOM_CP_ATTENTION's */
-	loom_tp_reduce_fn cp_fn;
-	void *cp_ctx;
-	float *cp_mem;
-
-	loom__gemm_ctx_t gemm; /* matmul precision and its bf16 operand scratch (matmul_bf16.c) */
 
 	kv_cache_t *kv; /* NULL until the first generate or loom_gpt2_kv_cache_alloc */
-
-	loom_grad_ready_fn on_ready;
-	void *on_ready_ctx;
-	loom_param_use_fn on_use;
-	void *on_use_ctx;
 
 	int prof_on;
 	double prof_s[PROF_COUNT];
 	double prof_flops[PROF_COUNT];
 	long prof_calls[PROF_COUNT];
-	void *mem; /* the one allocation holding every activation buffer */
 };
 
 /* Pointer to tensor i's parameters / gradients (its current views). */
 static inline float *loom__gpt2_param(loom_gpt2_t *m, int i)
 {
-	return m->pview[i];
+	return m->f.pview[i];
 }
 
 static inline float *loom__gpt2_grad(loom_gpt2_t *m, int i)
 {
-	return m->gview[i];
+	return m->f.gview[i];
 }
 
-/* Check that every token id of ids (n of them, called `what`) is in [0, V). LOOM_EINVAL otherwise. */
-int loom__gpt2_check_tokens(const loom_gpt2_t *m, const int *ids, int B, int T, const char *what);
 /* Block l's forward over B x T positions from res_in (N,C) into a's buffers (output: a->res3). The one
  * implementation behind loom_gpt2_block_forward and the sampling prompt. */
 void loom__gpt2_block_forward(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res_in, int B, int T);

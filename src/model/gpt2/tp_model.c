@@ -102,11 +102,11 @@ void loom_gpt2_tp_unshard(const loom_gpt2_config_t *cfg, int tp, int r, const fl
 void loom__tp_reduce(loom_gpt2_t *m, float *buf, size_t n, loom_tp_op_t op)
 {
 	double t0 = m->prof_on ? loom_now() : 0.0;
-	if (m->tp_err)
+	if (m->f.tp_err)
 		return;
-	int rc = m->tp_reduce(m->tp_ctx, buf, n, op);
+	int rc = m->f.tp_reduce(m->f.tp_ctx, buf, n, op);
 	if (rc != LOOM_OK)
-		m->tp_err = rc;
+		m->f.tp_err = rc;
 	if (m->prof_on)
 		loom__gpt2_prof_add(m, PROF_TP_REDUCE, t0, 0.0);
 }
@@ -114,15 +114,15 @@ void loom__tp_reduce(loom_gpt2_t *m, float *buf, size_t n, loom_tp_op_t op)
 void loom__tp_embed_forward(loom_gpt2_t *m, float *out, const int *inp, int B, int T)
 {
 	/* out (B*T,C); wte local (Vl,C) for ids [v0, v0 + Vv); wpe (T,C) */
-	int C = m->cfg.n_embd, v0 = m->v0, Vv = m->Vv, first = m->tp_rank == 0;
-	const float *wte = m->pview[0], *wpe = m->pview[1];
+	int C = m->f.cfg.n_embd, v0 = m->v0, Vv = m->Vv, first = m->f.tp_rank == 0;
+	const float *wte = m->f.pview[0], *wpe = m->f.pview[1];
 	double t0 = m->prof_on ? loom_now() : 0.0;
 #pragma omp parallel for schedule(static)
 	for (int n = 0; n < B * T; n++) {
 		float *o = out + (size_t)n * C;
 		int id = inp[n] - v0;
 		const float *w = id >= 0 && id < Vv ? wte + (size_t)id * C : NULL,
-		            *p = wpe + (size_t)loom__cp_pos(n % T, T, m->cp, m->cp_rank) * C; /* the row's position */
+		            *p = wpe + (size_t)loom__cp_pos(n % T, T, m->f.cp, m->f.cp_rank) * C; /* the row's position */
 		for (int c = 0; c < C; c++)
 			o[c] = (w ? w[c] : 0.0f) + (first ? p[c] : 0.0f);
 	}
@@ -133,8 +133,8 @@ void loom__tp_embed_forward(loom_gpt2_t *m, float *out, const int *inp, int B, i
 
 void loom__tp_embed_backward(loom_gpt2_t *m, const float *dout, const int *inp, int B, int T)
 {
-	int C = m->cfg.n_embd, v0 = m->v0, Vv = m->Vv;
-	float *dwte = m->gview[0], *dwpe = m->gview[1];
+	int C = m->f.cfg.n_embd, v0 = m->v0, Vv = m->Vv;
+	float *dwte = m->f.gview[0], *dwpe = m->f.gview[1];
 	double t0 = m->prof_on ? loom_now() : 0.0;
 	/* channels split over threads: every thread walks all positions, so no two write one float */
 #pragma omp parallel for schedule(static)
@@ -142,7 +142,7 @@ void loom__tp_embed_backward(loom_gpt2_t *m, const float *dout, const int *inp, 
 		int c1 = LOOM_MIN(c0 + 16, C);
 		for (int n = 0; n < B * T; n++) {
 			const float *d = dout + (size_t)n * C;
-			float *p = dwpe + (size_t)loom__cp_pos(n % T, T, m->cp, m->cp_rank) * C;
+			float *p = dwpe + (size_t)loom__cp_pos(n % T, T, m->f.cp, m->f.cp_rank) * C;
 			int id = inp[n] - v0;
 			for (int c = c0; c < c1; c++)
 				p[c] += d[c];
@@ -161,8 +161,8 @@ void loom__tp_classifier(loom_gpt2_t *m, float *losses, float *dx, float *dwte, 
                          const int *targets, float dloss, int N)
 {
 	/* losses (N), dx (N,C), dwte (Vl,C) local, x (N,C), wte (Vl,C) local, targets (N) global ids */
-	int C = m->cfg.n_embd, V = m->Vv, v0 = m->v0, chunk = m->chunk;
-	float *logits = m->logits, *mx = m->tp_stats, *st = m->tp_stats + chunk; /* st: (sum, target logit) pairs */
+	int C = m->f.cfg.n_embd, V = m->Vv, v0 = m->v0, chunk = m->f.chunk;
+	float *logits = m->f.logits, *mx = m->f.tp_stats, *st = m->f.tp_stats + chunk; /* st: (sum, target logit) pairs */
 	/* bf16 (as loom__classifier_forward_backward): the local wte converted once for every chunk */
 	loom__gemm_ctx_t *bf = loom__gemm_current();
 	const void *wte16 = bf && V > 0 ? loom__bf16_hold(bf, LOOM_BF16_SLOT_HOLD0, wte, (size_t)V * C) : NULL;

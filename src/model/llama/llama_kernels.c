@@ -1,6 +1,6 @@
 /* llama_kernels.c: the kernels the Llama family adds to the shared ones: RMSNorm with a weight (in
  * fp32, as LlamaRMSNorm computes it), rotary embeddings in transformers' rotate_half layout, the
- * SwiGLU activation, bias rows, and the vocabulary-sharded row gather / scatter-add.
+ * SwiGLU activation and bias rows (the row gather / scatter-add of the embedding are kernels.c's).
  *
  * Conventions as kernels.h: outputs first, backward kernels accumulate (+=), OpenMP over rows (or
  * columns, for sums over rows, so that they are deterministic for a thread count), no allocation. */
@@ -153,40 +153,5 @@ void loom__ll_bias_backward(float *db, const float *dy, int lddy, int N, int n)
 		}
 		for (int c = c0; c < c1; c++)
 			db[c] += acc[c - c0];
-	}
-}
-
-/* ---- embeddings ----------------------------------------------------------------------------------- */
-
-void loom__ll_gather(float *out, const float *table, const int *ids, int v0, int nrows, int N, int cols)
-{
-#pragma omp parallel for schedule(static) if ((long)N * cols >= PAR_MIN)
-	for (int n = 0; n < N; n++) {
-		int r = ids[n] - v0;
-		if (r >= 0 && r < nrows)
-			memcpy(out + (size_t)n * cols, table + (size_t)r * cols, sizeof(float) * (size_t)cols);
-		else
-			memset(out + (size_t)n * cols, 0, sizeof(float) * (size_t)cols);
-	}
-}
-
-void loom__ll_scatter_add(float *dtable, const float *d, const int *ids, int v0, int nrows, int N, int cols)
-{
-	/* columns split over threads: a repeated id is accumulated by one thread, in row order */
-#pragma omp parallel if ((long)N * cols >= PAR_MIN)
-	{
-		int nt = omp_get_num_threads(), t = omp_get_thread_num();
-		int per = ((cols + nt - 1) / nt + 15) / 16 * 16;
-		int c0 = per * t < cols ? per * t : cols, c1 = per * (t + 1) < cols ? per * (t + 1) : cols;
-		for (int n = 0; n < N; n++) {
-			int r = ids[n] - v0;
-			if (r < 0 || r >= nrows)
-				continue;
-			const float *s = d + (size_t)n * cols;
-			float *w = dtable + (size_t)r * cols;
-#pragma omp simd
-			for (int c = c0; c < c1; c++)
-				w[c] += s[c];
-		}
 	}
 }

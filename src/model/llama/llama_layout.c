@@ -403,51 +403,6 @@ int loom__ll_tp_check(const loom_model_config_t *cfg, int tp)
 	return LOOM_OK;
 }
 
-/* Copy between tensor i's whole values and rank r's shard: to_shard 1 copies full -> shard, else back. */
-void loom__ll_tp_copy_tensor(const loom_model_config_t *cfg, int tp, int r, int i, float *full, float *shard,
-                             int to_shard)
-{
-	loom_tensor_info_t f, s;
-	info_tp(cfg, 1, i, &f);
-	info_tp(cfg, tp, i, &s);
-	size_t rows = f.ndim == 2 ? f.shape[0] : 1, cols = f.ndim == 2 ? f.shape[1] : f.shape[0];
-	size_t srows = s.ndim == 2 ? s.shape[0] : 1, scols = s.ndim == 2 ? s.shape[1] : s.shape[0];
-	size_t r0 = 0, c0 = 0;
-	if (f.tp_dim == 0 && f.ndim == 2)
-		r0 = (size_t)r * srows;
-	else if (f.tp_dim == 0 || f.tp_dim == 1) /* a split vector, or a matrix split by columns */
-		c0 = (size_t)r * scols;
-	(void)rows;
-	for (size_t a = 0; a < srows; a++) {
-		float *pf = full + (r0 + a) * cols + c0, *ps = shard + a * scols;
-		if (to_shard)
-			memcpy(ps, pf, scols * sizeof(float));
-		else
-			memcpy(pf, ps, scols * sizeof(float));
-	}
-}
-
-static void shard_copy(const loom_model_config_t *cfg, int tp, int r, float *full, float *shard, int to_shard)
-{
-	int n = loom__ll_num_tensors(cfg);
-	for (int i = 0; i < n; i++) {
-		loom_tensor_info_t f, s;
-		info_tp(cfg, 1, i, &f);
-		info_tp(cfg, tp, i, &s);
-		loom__ll_tp_copy_tensor(cfg, tp, r, i, full + f.offset, shard + s.offset, to_shard);
-	}
-}
-
-void loom__ll_tp_shard(const loom_model_config_t *cfg, int tp, int r, const float *full, float *shard)
-{
-	shard_copy(cfg, tp, r, (float *)full, shard, 1);
-}
-
-void loom__ll_tp_unshard(const loom_model_config_t *cfg, int tp, int r, const float *shard, float *full)
-{
-	shard_copy(cfg, tp, r, full, (float *)shard, 0);
-}
-
 int loom_llama_preset(const char *name, loom_model_config_t *cfg)
 {
 	static const struct {

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "loom/model.h"
+#include "model/family.h"
 #include "model/fastmath.h"
 #include "model/kernels.h"
 
@@ -68,10 +69,6 @@ int loom__ll_kv_width(const loom_model_config_t *cfg);
 int loom__ll_tp_check(const loom_model_config_t *cfg, int tp);
 int loom__ll_shard_info(const loom_model_config_t *cfg, int tp, int i, loom_tensor_info_t *info);
 size_t loom__ll_shard_params(const loom_model_config_t *cfg, int tp);
-void loom__ll_tp_shard(const loom_model_config_t *cfg, int tp, int r, const float *full, float *shard);
-void loom__ll_tp_unshard(const loom_model_config_t *cfg, int tp, int r, const float *shard, float *full);
-void loom__ll_tp_copy_tensor(const loom_model_config_t *cfg, int tp, int r, int i, float *full, float *shard,
-                             int to_shard);
 
 /* ---- the model ---------------------------------------------------------------------------------- */
 
@@ -96,59 +93,25 @@ typedef struct {
 } ll_arena_t;
 
 typedef struct {
+	void *mem;     /* first: the buffers' allocation (loom__fam_kv_alloc) */
 	float *k, *v;  /* L of (T, nkv D) each */
 	float *x, *xn, *q, *kk, *vv, *y, *x2, *g, *u, *rs;
 	float *logits, *topk;
-	void *mem;
 } ll_kv_t;
 
 typedef struct loom_llama {
-	loom_model_t base;
-	loom_model_config_t cfg; /* normalized */
+	loom__fam_t f; /* first: the state every family shares (model/family.h) */
 	ll_dims_t d;
-	int B, T, lo, hi, has_embed, has_head, narenas, act_ckpt;
 	float eps;
-	size_t nparams;
-	int ntensors;
 	int norm_i, head_i; /* the final norm's tensor, the one the head multiplies by */
-	loom_tensor_info_t *tensors;
-	float *params, *grads, *params_own, *grads_own;
-	float **pview, **gview;
-	int grad_split;
 	ll_arena_t *arenas;
-	long long recomputes;
-	loom_model_act_bytes_t act;
-	float *cos, *sin; /* (cp T, D/2) rotary tables */
-	float *rope;
-	/* head scratch */
-	float *logits, *last_logits;
-	float *tp_stats;
-	int chunk;
-	float *ftmp; /* (N,C) forward scratch: a row-parallel product before its sum, sequence-parallel gathers */
-	/* backward scratch (one micro-batch's backward at a time) */
-	float *dres;             /* (N,C) stream gradient */
+	/* backward scratch (one micro-batch's backward at a time); f.dres is the stream's gradient (N,C) */
 	float *dx2, *dxn;        /* (N,C) */
 	float *dq, *dk, *dv;     /* (N,nh D), (N,nkv D), (N,nkv D) */
 	float *datty;            /* (N,nh D) */
 	float *dact, *dg, *du;   /* (N,il) */
 	float *dnw;              /* (C) a norm weight's gradient of this call, before it is summed in */
-	float *att_scratch;
-	int att_threads;
-	int tp, tp_rank, sp;
-	loom_tp_reduce_fn tp_reduce;
-	void *tp_ctx;
-	int tp_err;
-	int cp, cp_rank, cp_ring;
-	loom_tp_reduce_fn cp_fn;
-	void *cp_ctx;
-	float *cp_mem;
-	loom__gemm_ctx_t gemm;
 	ll_kv_t *kv;
-	loom_grad_ready_fn on_ready;
-	void *on_ready_ctx;
-	loom_param_use_fn on_use;
-	void *on_use_ctx;
-	void *mem;
 } loom_llama_t;
 
 /* ---- kernels (llama_kernels.c); backward kernels accumulate (+=) -------------------------------- */
@@ -170,34 +133,20 @@ void loom__ll_swiglu_backward(float *dg, float *du, const float *dact, const flo
 /* y (N,n) rows ldy apart += b (n) on each row; db (n) += the column sums of dy. */
 void loom__ll_bias_forward(float *y, int ldy, const float *b, int N, int n);
 void loom__ll_bias_backward(float *db, const float *dy, int lddy, int N, int n);
-/* Rows of a table holding ids [v0, v0 + nrows): out (N, cols) = table[ids - v0], zero rows elsewhere;
- * and dtable[ids[n] - v0] += d[n] for the ids held, deterministic. */
-void loom__ll_gather(float *out, const float *table, const int *ids, int v0, int nrows, int N, int cols);
-void loom__ll_scatter_add(float *dtable, const float *d, const int *ids, int v0, int nrows, int N, int cols);
 
-/* ---- the passes (llama_passes.c), the family table's entries of the same names ---- */
-int loom__ll_embed_forward(loom_model_t *m, int mb, const int *inputs, int B, int T);
-int loom__ll_block_forward(loom_model_t *m, int mb, int l, int B, int T);
-int loom__ll_head_forward(loom_model_t *m, int mb, const int *targets, int B, int T, float *loss);
-int loom__ll_head_forward_backward(loom_model_t *m, int mb, const int *targets, int B, int T, float grad_scale,
-                                   float *loss);
-int loom__ll_head_forward_backward_rows(loom_model_t *m, int mb, const int *targets, int B, int T, int row0, int rows,
-                                        float grad_scale, float *loss);
-int loom__ll_block_backward(loom_model_t *m, int mb, int l, int B, int T);
-int loom__ll_embed_backward(loom_model_t *m, int mb, const int *inputs, int B, int T);
-float *loom__ll_block_input(loom_model_t *m, int mb, int l);
-float *loom__ll_stream_grad(loom_model_t *m);
-int loom__ll_forward(loom_model_t *m, const int *inputs, const int *targets, int B, int T, float *loss);
-const float *loom__ll_last_logits(const loom_model_t *m);
-void loom__ll_zero_grad(loom_model_t *m);
-int loom__ll_forward_backward(loom_model_t *m, const int *inputs, const int *targets, int B, int T, float grad_scale,
-                              float *loss);
+/* ---- the passes (llama_passes.c): the family's loom__fam_kind_t entries (model/family.h) ---- */
+void loom__ll_embed_forward(loom__fam_t *f, int mb, const int *inputs, int B, int T);
+void loom__ll_block_forward(loom__fam_t *f, int mb, int l, int B, int T);
+void loom__ll_head_forward(loom__fam_t *f, int mb, const int *targets, int B, int T, float *loss);
+void loom__ll_head_forward_backward(loom__fam_t *f, int mb, const int *targets, int N, int r0, int n,
+                                    float grad_scale, float *loss);
+void loom__ll_block_backward(loom__fam_t *f, int mb, int l, int B, int T);
+void loom__ll_embed_backward(loom__fam_t *f, int mb, const int *inputs, int B, int T);
+float *loom__ll_stream(loom__fam_t *f, int mb, int l);
 
-/* ---- shared by llama.c, llama_passes.c and llama_generate.c ---- */
-void loom__ll_kv_free(loom_llama_t *m);
-int loom__ll_kv_alloc(loom_llama_t *m);
-int loom__ll_generate(loom_llama_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
-                      uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
-                      void *ctx);
+/* ---- sampling (llama_generate.c), the family table's entries of the same names ---- */
+int loom__ll_kv_cache_alloc(loom_model_t *m);
+/* Position pos with token tok through the whole network with the KV cache; kv->logits gets its logits. */
+void loom__ll_step(loom__fam_t *f, int tok, int pos);
 
 #endif

@@ -16,77 +16,60 @@
 #include "core/util.h"
 #include "model/fastmath.h"
 #include "model/nanochat/nanochat_model.h"
-#include "model/rng.h"
 
-static float *carve(char *base, size_t *off, size_t nfloats)
+static size_t layout_kv(const loom__fam_t *f, void *cache, char *base)
 {
-	float *p = base ? (float *)(base + *off) : NULL;
-	*off += (nfloats * sizeof(float) + 63) / 64 * 64;
-	return p;
-}
-
-static size_t layout_kv(const loom_nanochat_t *m, nc_kv_t *kv, char *base)
-{
+	const loom_nanochat_t *m = (const loom_nanochat_t *)f;
+	nc_kv_t *kv = cache;
 	const nc_dims_t *d = &m->d;
-	size_t off = 0, T = (size_t)m->T, C = (size_t)d->C, KV = (size_t)d->NKV * d->D, Q = (size_t)d->NH * d->D;
-	kv->k = carve(base, &off, (size_t)d->L * T * KV);
-	kv->v = carve(base, &off, (size_t)d->L * T * KV);
-	kv->x = carve(base, &off, C);
-	kv->x0 = carve(base, &off, C);
-	kv->xin = carve(base, &off, C);
-	kv->xn = carve(base, &off, C);
-	kv->q = carve(base, &off, Q);
-	kv->kk = carve(base, &off, KV);
-	kv->vv = carve(base, &off, KV);
-	kv->gate = carve(base, &off, (size_t)d->NKV);
-	kv->y = carve(base, &off, Q);
-	kv->tmp = carve(base, &off, C + 2 * (size_t)d->NH + (size_t)d->NKV);
-	kv->fch = carve(base, &off, 2 * (size_t)d->H);
-	kv->logits = carve(base, &off, (size_t)d->V);
-	kv->topk = carve(base, &off, (size_t)d->V);
+	size_t off = 0, T = (size_t)m->f.T, C = (size_t)d->C, KV = (size_t)d->NKV * d->D, Q = (size_t)d->NH * d->D;
+	kv->k = loom__fam_carve(base, &off, (size_t)d->L * T * KV);
+	kv->v = loom__fam_carve(base, &off, (size_t)d->L * T * KV);
+	kv->x = loom__fam_carve(base, &off, C);
+	kv->x0 = loom__fam_carve(base, &off, C);
+	kv->xin = loom__fam_carve(base, &off, C);
+	kv->xn = loom__fam_carve(base, &off, C);
+	kv->q = loom__fam_carve(base, &off, Q);
+	kv->kk = loom__fam_carve(base, &off, KV);
+	kv->vv = loom__fam_carve(base, &off, KV);
+	kv->gate = loom__fam_carve(base, &off, (size_t)d->NKV);
+	kv->y = loom__fam_carve(base, &off, Q);
+	kv->tmp = loom__fam_carve(base, &off, C + 2 * (size_t)d->NH + (size_t)d->NKV);
+	kv->fch = loom__fam_carve(base, &off, 2 * (size_t)d->H);
+	kv->logits = loom__fam_carve(base, &off, (size_t)d->V);
+	kv->topk = loom__fam_carve(base, &off, (size_t)d->V);
 	return off;
 }
 
-void loom__nc_kv_free(loom_nanochat_t *m)
+int loom__nc_kv_cache_alloc(loom_model_t *mm)
 {
-	if (m->kv) {
-		loom_free_aligned(m->kv->mem);
-		free(m->kv);
-		m->kv = NULL;
-	}
-}
-
-int loom__nc_kv_alloc(loom_nanochat_t *m)
-{
+	loom_nanochat_t *m = (loom_nanochat_t *)mm;
+	void *kv;
+	int rc;
 	if (m->kv)
 		return LOOM_OK;
-	if (!m->has_embed || !m->has_head || m->tp > 1 || m->cp > 1)
-		return loom_seterr(LOOM_EINVAL, "nanochat generate: needs the whole model (blocks [%d, %d) of %d held, tp %d, "
-		                   "cp %d)", m->lo, m->hi, m->d.L, m->tp, m->cp);
-	nc_kv_t *kv = loom__calloc(1, sizeof *kv);
-	size_t bytes = layout_kv(m, kv ? kv : &(nc_kv_t){0}, NULL);
-	if (!kv || !(kv->mem = loom_alloc_aligned(bytes))) {
-		free(kv);
-		return loom_seterr(LOOM_ENOMEM, "nanochat generate: out of memory for the KV cache (%zu bytes)", bytes);
-	}
-	layout_kv(m, kv, kv->mem);
+	if ((rc = loom__fam_kv_alloc(&m->f, sizeof(nc_kv_t), layout_kv, &kv)) != LOOM_OK)
+		return rc;
 	m->kv = kv;
+	m->f.kv_logits = m->kv->logits, m->f.kv_topk = m->kv->topk;
 	return LOOM_OK;
 }
 
 /* Position pos with token tok through the whole network; kv->logits gets its logits. */
-static void step(loom_nanochat_t *m, nc_kv_t *kv, int tok, int pos)
+void loom__nc_step(loom__fam_t *f, int tok, int pos)
 {
+	loom_nanochat_t *m = (loom_nanochat_t *)f;
+	nc_kv_t *kv = m->kv;
 	const nc_dims_t *d = &m->d;
 	int C = d->C, D = d->D, NH = d->NH, NKV = d->NKV, Q = NH * D, KV = NKV * D, Hd = d->H;
-	int T = m->T;
+	int T = m->f.T;
 	float scale = 1.0f / sqrtf((float)D), *rs = kv->tmp + C;
-	loom__nc_gather(kv->x0, C, m->pview[NC_WTE], C, &tok, 0, d->Vp, 1, C);
+	loom__rows_gather(kv->x0, C, m->f.pview[NC_WTE], C, &tok, 0, d->Vp, 1, C);
 	loom__nc_rmsnorm_forward(kv->x0, C, rs, kv->x0, C, 1, C);
 	memcpy(kv->x, kv->x0, sizeof(float) * (size_t)C);
 	for (int l = 0; l < d->L; l++) {
-#define W(j) m->pview[loom__nc_lt(&m->cfg, l, (j))]
-		float r = m->pview[NC_RESID][l], z = m->pview[NC_X0][l];
+#define W(j) m->f.pview[loom__nc_lt(&m->f.cfg, l, (j))]
+		float r = m->f.pview[NC_RESID][l], z = m->f.pview[NC_X0][l];
 		float *kc = kv->k + (size_t)l * T * KV, *vc = kv->v + (size_t)l * T * KV;
 		for (int c = 0; c < C; c++)
 			kv->xin[c] = r * kv->x[c] + z * kv->x0[c];
@@ -103,8 +86,8 @@ static void step(loom_nanochat_t *m, nc_kv_t *kv, int tok, int pos)
 					kv->vv[h * D + i] += g * e[h * D + i];
 			}
 		}
-		loom__nc_rope_forward(kv->q, m->cos, m->sin, 1, 1, pos, NH, D);
-		loom__nc_rope_forward(kv->kk, m->cos, m->sin, 1, 1, pos, NKV, D);
+		loom__nc_rope_forward(kv->q, m->f.cos, m->f.sin, 1, 1, pos, NH, D);
+		loom__nc_rope_forward(kv->kk, m->f.cos, m->f.sin, 1, 1, pos, NKV, D);
 		loom__nc_rmsnorm_forward(kv->q, D, rs, kv->q, D, NH, D);
 		loom__nc_rmsnorm_forward(kv->kk, D, rs, kv->kk, D, NKV, D);
 		memcpy(kc + (size_t)pos * KV, kv->kk, sizeof(float) * (size_t)KV);
@@ -126,44 +109,5 @@ static void step(loom_nanochat_t *m, nc_kv_t *kv, int tok, int pos)
 #undef W
 	}
 	loom__nc_rmsnorm_forward(kv->xn, C, rs, kv->x, C, 1, C);
-	loom__nc_logits(kv->logits, kv->xn, C, m->pview[m->ntensors - 1], 1, C, d->V);
-}
-
-int loom__nc_generate(loom_nanochat_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
-                      uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
-                      void *ctx)
-{
-	int rc;
-	rng_t r;
-	if (n_out)
-		*n_out = 0;
-	if (!n_out || (max_new > 0 && !out) || max_new < 0)
-		return loom_seterr(LOOM_EINVAL, "nanochat generate: max_new %d with out %s and n_out %s", max_new,
-		                   out ? "given" : "NULL", n_out ? "given" : "NULL");
-	if (!prompt || n_prompt < 1 || n_prompt > m->T)
-		return loom_seterr(LOOM_EINVAL, "nanochat generate: prompt of %d tokens (expected 1 to %d, the model's T)",
-		                   n_prompt, m->T);
-	if (!(temperature >= 0.0f) || !isfinite(temperature) || top_k < 0)
-		return loom_seterr(LOOM_EINVAL, "nanochat generate: temperature %g, top_k %d (expected >= 0 each)",
-		                   (double)temperature, top_k);
-	for (int i = 0; i < n_prompt; i++)
-		if (prompt[i] < 0 || prompt[i] >= m->d.V)
-			return loom_seterr(LOOM_EINVAL, "nanochat generate: prompt token %d at %d is outside the vocabulary [0, %d)",
-			                   prompt[i], i, m->d.V);
-	if ((rc = loom__nc_kv_alloc(m)) != LOOM_OK)
-		return rc;
-	loom__gemm_setup(&m->gemm);
-	rng_seed(&r, seed);
-	for (int p = 0; p < n_prompt; p++)
-		step(m, m->kv, prompt[p], p);
-	for (int pos = n_prompt; *n_out < max_new && pos < m->T; pos++) {
-		int tok = loom__sample_token(m->kv->logits, m->d.V, temperature, top_k, m->kv->topk, &r);
-		out[(*n_out)++] = tok;
-		if (on_token)
-			on_token(ctx, tok);
-		if (tok == stop_token || *n_out == max_new || pos + 1 == m->T)
-			break;
-		step(m, m->kv, tok, pos);
-	}
-	return loom__gemm_status(&m->gemm);
+	loom__nc_logits(kv->logits, kv->xn, C, m->f.pview[m->f.ntensors - 1], 1, C, d->V);
 }

@@ -1,6 +1,6 @@
 /* nanochat_kernels.c: the kernels nanochat's GPT adds to GPT-2's: parameter-free RMSNorm, rotary
- * embeddings, relu^2, windowed causal attention with grouped kv heads, row gather / scatter-add and
- * the softcapped lm head fused with cross-entropy.
+ * embeddings, relu^2, windowed causal attention with grouped kv heads and the softcapped lm head fused
+ * with cross-entropy (the embedding's row gather / scatter-add are kernels.c's).
  *
  * Conventions as kernels.h: outputs first, backward kernels accumulate (+=), OpenMP over rows or
  * heads, deterministic for a given thread count, no allocation. The attention is the fused kernel
@@ -133,43 +133,6 @@ void loom__nc_attention_backward(float *dq, float *dk, float *dv, float *scratch
 {
 	loom__flash_t a = loom__nc_attention_shape(q, k, v, B, T, NH, NKV, D, W);
 	loom__flash_backward(&a, dq, NH * D, dk, dv, NKV * D, dout, NH * D, out, NH * D, lse, scratch, scratch_threads);
-}
-
-/* ---- embeddings ----------------------------------------------------------------------------------- */
-
-void loom__nc_gather(float *out, int ldo, const float *table, int ld, const int *ids, int v0, int nrows, int N,
-                     int cols)
-{
-#pragma omp parallel for schedule(static) if ((long)N * cols >= PAR_MIN)
-	for (int n = 0; n < N; n++) {
-		int r = ids[n] - v0;
-		if (r >= 0 && r < nrows)
-			memcpy(out + (size_t)n * ldo, table + (size_t)r * ld, sizeof(float) * (size_t)cols);
-		else
-			memset(out + (size_t)n * ldo, 0, sizeof(float) * (size_t)cols);
-	}
-}
-
-void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const int *ids, int v0, int nrows, int N,
-                          int cols)
-{
-	/* columns split over threads: a repeated id is accumulated by one thread, in row order */
-#pragma omp parallel if ((long)N * cols >= PAR_MIN)
-	{
-		int nt = omp_get_num_threads(), t = omp_get_thread_num();
-		int per = ((cols + nt - 1) / nt + 15) / 16 * 16;
-		int c0 = per * t < cols ? per * t : cols, c1 = per * (t + 1) < cols ? per * (t + 1) : cols;
-		for (int n = 0; n < N; n++) {
-			int r = ids[n] - v0;
-			if (r < 0 || r >= nrows)
-				continue;
-			const float *s = d + (size_t)n * ldd;
-			float *w = dtable + (size_t)r * ld;
-#pragma omp simd
-			for (int c = c0; c < c1; c++)
-				w[c] += s[c];
-		}
-	}
 }
 
 /* ---- the softcapped head ---------------------------------------------------------------------------- */

@@ -311,46 +311,6 @@ int loom__nc_tp_check(const loom_model_config_t *cfg, int tp)
 	return LOOM_OK;
 }
 
-/* Copy between the full layout and rank r's shard: to_shard 1 copies full -> shard, else back. */
-void loom__nc_tp_copy_tensor(const loom_model_config_t *cfg, int tp, int r, int i, float *full, float *shard,
-                             int to_shard)
-{
-	loom_tensor_info_t f, s;
-	info_tp(cfg, 1, i, &f);
-	info_tp(cfg, tp, i, &s);
-	size_t cols = f.ndim == 2 ? f.shape[1] : f.shape[0];
-	size_t srows = s.ndim == 2 ? s.shape[0] : 1, scols = s.ndim == 2 ? s.shape[1] : s.shape[0];
-	size_t r0 = f.tp_dim == 0 ? (size_t)r * srows : 0, c0 = f.tp_dim == 1 ? (size_t)r * scols : 0;
-	for (size_t a = 0; a < srows; a++) {
-		float *pf = full + (r0 + a) * cols + c0, *ps = shard + a * scols;
-		if (to_shard)
-			memcpy(ps, pf, scols * sizeof(float));
-		else
-			memcpy(pf, ps, scols * sizeof(float));
-	}
-}
-
-static void shard_copy(const loom_model_config_t *cfg, int tp, int r, float *full, float *shard, int to_shard)
-{
-	int n = loom__nc_num_tensors(cfg);
-	for (int i = 0; i < n; i++) {
-		loom_tensor_info_t f, s;
-		info_tp(cfg, 1, i, &f);
-		info_tp(cfg, tp, i, &s);
-		loom__nc_tp_copy_tensor(cfg, tp, r, i, full + f.offset, shard + s.offset, to_shard);
-	}
-}
-
-void loom__nc_tp_shard(const loom_model_config_t *cfg, int tp, int r, const float *full, float *shard)
-{
-	shard_copy(cfg, tp, r, (float *)full, shard, 1);
-}
-
-void loom__nc_tp_unshard(const loom_model_config_t *cfg, int tp, int r, const float *shard, float *full)
-{
-	shard_copy(cfg, tp, r, full, (float *)shard, 0);
-}
-
 int loom_nanochat_depth_config(int depth, int aspect_ratio, int head_dim, int seq_len, int vocab_size,
                                loom_model_config_t *cfg)
 {

@@ -20,6 +20,7 @@
 
 #include "loom/model.h"
 #include "loom/nanochat.h"
+#include "model/family.h"
 #include "model/fastmath.h"
 #include "model/kernels.h"
 
@@ -65,10 +66,6 @@ int loom__nc_stream_width(const loom_model_config_t *cfg);
 int loom__nc_tp_check(const loom_model_config_t *cfg, int tp);
 int loom__nc_shard_info(const loom_model_config_t *cfg, int tp, int i, loom_tensor_info_t *info);
 size_t loom__nc_shard_params(const loom_model_config_t *cfg, int tp);
-void loom__nc_tp_shard(const loom_model_config_t *cfg, int tp, int r, const float *full, float *shard);
-void loom__nc_tp_unshard(const loom_model_config_t *cfg, int tp, int r, const float *shard, float *full);
-void loom__nc_tp_copy_tensor(const loom_model_config_t *cfg, int tp, int r, int i, float *full, float *shard,
-                             int to_shard);
 
 /* ---- the model ---------------------------------------------------------------------------------- */
 
@@ -99,37 +96,21 @@ typedef struct {
 } nc_arena_t;
 
 typedef struct {
+	void *mem;     /* first: the buffers' allocation (loom__fam_kv_alloc) */
 	float *k, *v;  /* L of (T, nkv D) each */
 	float *x, *x0, *xin, *xn, *q, *kk, *vv, *gate, *y, *tmp, *fch; /* one position's scratch */
 	float *logits, *topk;
-	void *mem;
 } nc_kv_t;
 
 typedef struct loom_nanochat {
-	loom_model_t base;
-	loom_model_config_t cfg; /* normalized */
+	loom__fam_t f; /* first: the state every family shares (model/family.h) */
 	nc_dims_t d;
-	int B, T, lo, hi, has_embed, has_head, narenas, act_ckpt;
 	int *window; /* L */
-	size_t nparams;
-	int ntensors;
-	loom_tensor_info_t *tensors;
-	float *params, *grads, *params_own, *grads_own;
-	float **pview, **gview;
-	int grad_split;
 	nc_arena_t *arenas;
-	long long recomputes;
-	loom_model_act_bytes_t act;
-	float *cos, *sin; /* (T, D/2) rotary tables, bf16-rounded as gpt.py keeps them (in `rope`) */
-	float *rope;
-	/* head scratch */
-	float *logits, *last_logits;
-	float *tp_stats; /* (3 chunk) the vocab-parallel head's per-position reductions */
-	int chunk;
-	/* forward scratch (one forward at a time, any arena) */
-	float *ftmp; /* (N,C) */
-	/* backward scratch (one micro-batch's backward at a time) */
-	float *dres;          /* (N,2C) stream gradient [dx | dx0] */
+	/* backward scratch (one micro-batch's backward at a time); f.dres is the stream's gradient (N,2C)
+	 * [dx | dx0]. Sequence parallelism (nanochat_passes.c): xin, xn1, x2, xn2, their rstd and a block's
+	 * output hold the rank's rows [tp_rank N/tp, (tp_rank+1) N/tp) only (the output of block hi-1 stays
+	 * whole), f.ftmp doubles as the buffer of the gathers */
 	float *dx2, *dxin, *dxn; /* (N,C) */
 	float *dq, *dk, *dv;  /* (N,nh D), (N,nkv D), (N,nkv D) */
 	float *dkh;           /* (N,nh D) scratch of the QK-norm backward */
@@ -137,29 +118,7 @@ typedef struct loom_nanochat {
 	float *dh1, *dh2;     /* (N,hid) */
 	float *dgate;         /* (N,nkv) */
 	float *dscal;         /* (N) per-row partial sums of the scalars' gradients */
-	float *att_scratch;
-	int att_threads;
-	/* tensor parallelism; sp: sequence parallelism (nanochat_passes.c): xin, xn1, x2, xn2, their rstd
-	 * and a block's output hold the rank's rows [tp_rank N/tp, (tp_rank+1) N/tp) only (the output of
-	 * block hi-1 stays whole), ftmp doubles as the buffer of the gathers */
-	int tp, tp_rank, sp;
-	loom_tp_reduce_fn tp_reduce;
-	void *tp_ctx;
-	int tp_err; /* the first error of a reduction (tp or cp) in the current pass */
-	/* context parallelism (loom_model_opts_t cp_size, cp_rank; cp_attention.c): T above is the rank's rows
-	 * of a sequence of cp T positions, cos and sin cover all of them, cp_mem is the attention's gather
-	 * scratch */
-	int cp, cp_rank, cp_ring; /* cp_ring: the ring (1) or the all-gather (0), LOOM_CP_ATTENTION's */
-	loom_tp_reduce_fn cp_fn;
-	void *cp_ctx;
-	float *cp_mem;
-	loom__gemm_ctx_t gemm;
 	nc_kv_t *kv;
-	loom_grad_ready_fn on_ready;
-	void *on_ready_ctx;
-	loom_param_use_fn on_use;
-	void *on_use_ctx;
-	void *mem;
 } loom_nanochat_t;
 
 /* ---- kernels (nanochat_kernels.c); backward kernels accumulate (+=) ------------------------------ */
@@ -188,13 +147,6 @@ loom__flash_t loom__nc_attention_shape(const float *q, const float *k, const flo
 void loom__nc_attention_backward(float *dq, float *dk, float *dv, float *scratch, int scratch_threads,
                                  const float *dout, const float *q, const float *k, const float *v, const float *out,
                                  const float *lse, int B, int T, int NH, int NKV, int D, int W);
-/* Rows of a table holding ids [v0, v0 + nrows) (a vocab-parallel shard; v0 0 for a whole one): out (N,
- * cols) = table[ids - v0], zero rows for ids held elsewhere. */
-void loom__nc_gather(float *out, int ldo, const float *table, int ld, const int *ids, int v0, int nrows, int N,
-                     int cols);
-/* dtable[ids[n] - v0] += d[n] for the ids held, deterministic (columns split over threads). */
-void loom__nc_scatter_add(float *dtable, int ld, const float *d, int ldd, const int *ids, int v0, int nrows, int N,
-                          int cols);
 /* Softcapped lm head + cross-entropy over N rows in chunks (x (N,C), w (V,C) the real vocabulary's
  * rows of lm_head): losses (N); with dx, dx (N,C) += and dw (V,C) += the gradient of dloss * losses. */
 void loom__nc_classifier(float *losses, float *dx, float *dw, float *logits, int chunk, const float *x, const float *w,
@@ -216,32 +168,23 @@ static inline float loom__nc_tanhf(float x)
 	return x2 <= 1.0f ? p / q : far;
 }
 
-/* ---- the passes (nanochat_passes.c), the family table's entries of the same names ---- */
+/* ---- the passes (nanochat_passes.c): the family's loom__fam_kind_t entries (model/family.h) ---- */
+void loom__nc_embed_forward(loom__fam_t *f, int mb, const int *inputs, int B, int T);
+void loom__nc_block_forward(loom__fam_t *f, int mb, int l, int B, int T);
+void loom__nc_head_forward(loom__fam_t *f, int mb, const int *targets, int B, int T, float *loss);
+void loom__nc_head_forward_backward(loom__fam_t *f, int mb, const int *targets, int N, int r0, int n,
+                                    float grad_scale, float *loss);
+void loom__nc_block_backward(loom__fam_t *f, int mb, int l, int B, int T);
+void loom__nc_embed_backward(loom__fam_t *f, int mb, const int *inputs, int B, int T);
+float *loom__nc_stream(loom__fam_t *f, int mb, int l);
+/* A block call's arena has its token ids (the value embeddings read them). */
+int loom__nc_block_check(const loom__fam_t *f, int mb, const char *op);
+/* The family table's set_inputs. */
 int loom__nc_set_inputs(loom_model_t *m, int mb, const int *inputs, int B, int T);
-int loom__nc_embed_forward(loom_model_t *m, int mb, const int *inputs, int B, int T);
-int loom__nc_block_forward(loom_model_t *m, int mb, int l, int B, int T);
-int loom__nc_head_forward(loom_model_t *m, int mb, const int *targets, int B, int T, float *loss);
-int loom__nc_head_forward_backward(loom_model_t *m, int mb, const int *targets, int B, int T, float grad_scale,
-                                   float *loss);
-int loom__nc_head_forward_backward_rows(loom_model_t *m, int mb, const int *targets, int B, int T, int row0, int rows,
-                                        float grad_scale, float *loss);
-int loom__nc_block_backward(loom_model_t *m, int mb, int l, int B, int T);
-int loom__nc_embed_backward(loom_model_t *m, int mb, const int *inputs, int B, int T);
-float *loom__nc_block_input(loom_model_t *m, int mb, int l);
-float *loom__nc_stream_grad(loom_model_t *m);
-int loom__nc_forward(loom_model_t *m, const int *inputs, const int *targets, int B, int T, float *loss);
-const float *loom__nc_last_logits(const loom_model_t *m);
-void loom__nc_zero_grad(loom_model_t *m);
-int loom__nc_forward_backward(loom_model_t *m, const int *inputs, const int *targets, int B, int T, float grad_scale,
-                              float *loss);
 
-/* ---- shared by nanochat.c, nanochat_passes.c and nanochat_generate.c ---- */
-void loom__nc_param_use(loom_nanochat_t *m, int unit, int phase);
-void loom__nc_kv_free(loom_nanochat_t *m);
-int loom__nc_kv_alloc(loom_nanochat_t *m);
-int loom__nc_generate(loom_nanochat_t *m, const int *prompt, int n_prompt, int max_new, float temperature, int top_k,
-                      uint64_t seed, int stop_token, int *out, int *n_out, void (*on_token)(void *ctx, int token),
-                      void *ctx);
-void loom__nc_tp_reduce(loom_nanochat_t *m, float *buf, size_t n, loom_tp_op_t op);
+/* ---- sampling (nanochat_generate.c), the family table's entries of the same names ---- */
+int loom__nc_kv_cache_alloc(loom_model_t *m);
+/* Position pos with token tok through the whole network with the KV cache; kv->logits gets its logits. */
+void loom__nc_step(loom__fam_t *f, int tok, int pos);
 
 #endif
