@@ -21,8 +21,8 @@
  * checkpointing (act_ckpt) an arena keeps only part of each layer's activations and the rest lives in
  * one shared recompute scratch (layout_acts), which block_backward refills with the forward's own
  * kernels before reading it: losses and gradients are bit-identical to keeping everything. With context
- * parallelism (cp > 1) the T rows of a sequence are this rank's two head-tail chunks of a sequence of
- * cp T positions: the embedding adds their positions' wpe rows, the attention runs over the group
+ * parallelism (cp > 1) the T rows of a sequence are this rank's chunks of a sequence of cp T positions
+ * (the layout of kernels.h's loom__cp_chunk; head-tail for GPT-2, whose attention is causal only): the embedding adds their positions' wpe rows, the attention runs over the group
  * (cp_attention.c, through the cp hook), and everything else is position-wise and unchanged. */
 #include <math.h>
 #include <omp.h>
@@ -271,6 +271,7 @@ static void setup(loom_gpt2_t *m, const loom_gpt2_config_t *cfg, const loom_gpt2
 	m->sp = o->sequence_parallel && tp > 1;
 	m->cp = o->cp_size > 1 ? o->cp_size : 1, m->cp_rank = m->cp > 1 ? o->cp_rank : 0;
 	m->cp_ring = m->cp > 1 && loom__cp_ring_env() == 1;
+	m->cp_T = -1, m->cp_K = 2; /* the layout's K, computed at the first pass (loom__cp_chunks_memo) */
 }
 
 /* The activations of a batch whose size does not fit in size_t. */
@@ -758,11 +759,12 @@ static void embed_forward(loom_gpt2_t *m, arena_t *ar, const int *inputs, int B,
 		loom__tp_embed_forward(m, ar->in, inputs, B, T);
 		return;
 	}
-	if (m->cp > 1) { /* each of the rows' two chunks of every sequence with the wpe rows of its positions */
-		int C = m->cfg.n_embd, c = T / 2;
+	if (m->cp > 1) { /* each of the rows' chunks of every sequence with the wpe rows of its positions */
+		int C = m->cfg.n_embd, K = loom__cp_chunks_memo(&m->cfg, m->cp, T, &m->cp_T, &m->cp_K), c = T / K;
 		for (int b = 0; b < B; b++)
-			for (int h = 0; h < 2; h++) {
-				size_t row = (size_t)b * T + (size_t)h * c, p0 = (size_t)loom__cp_pos(h * c, T, m->cp, m->cp_rank);
+			for (int h = 0; h < K; h++) {
+				size_t row = (size_t)b * T + (size_t)h * c;
+				size_t p0 = (size_t)loom__cp_pos(h * c, T, m->cp, m->cp_rank, K);
 				PROF(ENCODER, loom__encoder_forward(ar->in + row * C, inputs + row, loom__gpt2_param(m, 0),
 				                                    loom__gpt2_param(m, 1) + p0 * C, 1, c, C));
 			}
@@ -836,20 +838,22 @@ static void ln_backward(loom_gpt2_t *m, float *dinp, float *dw, float *db, const
 }
 
 /* The profile's count of an attention product pass: k x B x C x the keys each query sees, summed over
- * the T queries of a sequence (causal: T (T + 1) / 2), as the kernel computes it; context parallel
- * (N ranks): over the rank's two chunks of c = T/2 rows, chunk j's queries seeing j c + 1 .. j c + c keys,
- * which sum to c^2 (2N - 1) + c (c + 1) for chunks r and 2N-1-r whatever r. */
-static double causal_flops(double k, int B, int T, double C, int N)
+ * the T queries of a sequence (causal: T (T + 1) / 2), as the kernel computes it; context parallel: over
+ * the rank's chunks (loom__cp_rank_keys; every rank's share is the same under the causal mask). */
+static double causal_flops(double k, int B, int T, double C, loom_gpt2_t *m)
 {
-	double c = T / 2, keys = N <= 1 ? (double)T * (T + 1) / 2.0 : c * c * (2.0 * N - 1.0) + c * (c + 1.0);
+	double keys = m->cp <= 1 ? (double)T * (T + 1) / 2.0
+	                         : loom__cp_rank_keys(m->cp * T, m->cp, loom__cp_chunks_memo(&m->cfg, m->cp, T, &m->cp_T,
+	                                                                                    &m->cp_K), m->cp_rank, -1);
 	return k * B * C * keys;
 }
 
 /* Context parallel: the attention's group, form, hook and scratch. */
-static loom__cp_t cp_of(loom_gpt2_t *m)
+static loom__cp_t cp_of(loom_gpt2_t *m, int T)
 {
-	loom__cp_t cp = {.N = m->cp, .r = m->cp_rank, .ring = m->cp_ring, .fn = m->cp_fn, .ctx = m->cp_ctx,
-	                 .mem = m->cp_mem, .scratch = m->att_scratch, .scratch_threads = m->att_threads};
+	loom__cp_t cp = {.N = m->cp, .r = m->cp_rank, .K = loom__cp_chunks_memo(&m->cfg, m->cp, T, &m->cp_T, &m->cp_K),
+	                 .ring = m->cp_ring, .fn = m->cp_fn, .ctx = m->cp_ctx, .mem = m->cp_mem, .scratch = m->att_scratch,
+	                 .scratch_threads = m->att_threads};
 	return cp;
 }
 
@@ -863,7 +867,7 @@ static void attention_forward(loom_gpt2_t *m, layer_acts_t *a, int B, int T)
 	}
 	if (m->tp_err)
 		return;
-	loom__cp_t cp = cp_of(m);
+	loom__cp_t cp = cp_of(m, T);
 	loom__flash_t f = loom__attention_shape(a->qkv, B, T, m->Cl, m->NHl);
 	m->tp_err = loom__cp_attention_forward(&cp, &f, a->atty, m->Cl, a->lse);
 }
@@ -878,7 +882,7 @@ static void attention_backward(loom_gpt2_t *m, layer_acts_t *a, int B, int T)
 	}
 	if (m->tp_err)
 		return;
-	loom__cp_t cp = cp_of(m);
+	loom__cp_t cp = cp_of(m, T);
 	loom__flash_t f = loom__attention_shape(a->qkv, B, T, Cl, m->NHl);
 	m->tp_err = loom__cp_attention_backward(&cp, &f, m->dqkv, 3 * Cl, m->dqkv + Cl, m->dqkv + 2 * Cl, 3 * Cl, m->dbtc,
 	                                        Cl, a->atty, Cl, a->lse);
@@ -905,7 +909,7 @@ static void block_forward_acts(loom_gpt2_t *m, int l, layer_acts_t *a, const flo
 	PROF(LAYERNORM, loom__layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, W(LN1_W), W(LN1_B), Nl, C));
 	x = sp ? sp_gather(m, a->ln1, N, C) : a->ln1;
 	PROFF(MATMUL, 6 * fN * fC * fCl, loom__matmul_forward(a->qkv, x, W(QKV_W), W(QKV_B), N, C, 3 * Cl));
-	PROFF(ATTENTION, causal_flops(4.0, B, T, fCl, m->cp), attention_forward(m, a, B, T));
+	PROFF(ATTENTION, causal_flops(4.0, B, T, fCl, m), attention_forward(m, a, B, T));
 	PROFF(MATMUL, 2 * fN * fC * fCl, loom__matmul_forward(sp ? m->dbtc : a->res2, a->atty, W(ATTPROJ_W),
 	                                                      tp > 1 ? NULL : W(ATTPROJ_B), N, Cl, C));
 	if (sp) {
@@ -1036,7 +1040,7 @@ static void recompute(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res_i
 	if (m->act_ckpt == LOOM_ACT_CKPT_BLOCKS)
 		block_forward_acts(m, l, a, res_in, NULL, B, T, 0);
 	else if (m->act_ckpt == LOOM_ACT_CKPT_SELECTIVE)
-		PROFF(ATTENTION_RECOMPUTE, causal_flops(4.0, B, T, m->Cl, m->cp), attention_forward(m, a, B, T));
+		PROFF(ATTENTION_RECOMPUTE, causal_flops(4.0, B, T, m->Cl, m), attention_forward(m, a, B, T));
 	else
 		return;
 	m->recomputes++;
@@ -1092,7 +1096,7 @@ static void block_backward(loom_gpt2_t *m, arena_t *ar, int l, int B, int T)
 	ready(m, lt(l, ATTPROJ_B));
 	ready(m, lt(l, ATTPROJ_W));
 	zero(m, m->dqkv, NCl * 3);
-	PROFF(ATTENTION_BWD, causal_flops(8.0, B, T, fCl, m->cp), attention_backward(m, a, B, T));
+	PROFF(ATTENTION_BWD, causal_flops(8.0, B, T, fCl, m), attention_backward(m, a, B, T));
 	x = sp ? sp_gather(m, a->ln1, N, C) : a->ln1;
 	zero(m, m->dbtc, NC);
 	PROFF(MATMUL_BWD, 12 * fN * fC * fCl,
@@ -1116,10 +1120,11 @@ static void embed_backward(loom_gpt2_t *m, const int *inputs, int B, int T)
 	if (m->tp > 1) {
 		loom__tp_embed_backward(m, m->dres, inputs, B, T);
 	} else if (m->cp > 1) {
-		int C = m->cfg.n_embd, c = T / 2;
+		int C = m->cfg.n_embd, K = loom__cp_chunks_memo(&m->cfg, m->cp, T, &m->cp_T, &m->cp_K), c = T / K;
 		for (int b = 0; b < B; b++)
-			for (int h = 0; h < 2; h++) {
-				size_t row = (size_t)b * T + (size_t)h * c, p0 = (size_t)loom__cp_pos(h * c, T, m->cp, m->cp_rank);
+			for (int h = 0; h < K; h++) {
+				size_t row = (size_t)b * T + (size_t)h * c;
+				size_t p0 = (size_t)loom__cp_pos(h * c, T, m->cp, m->cp_rank, K);
 				PROF(ENCODER_BWD, loom__encoder_backward(loom__gpt2_grad(m, 0), loom__gpt2_grad(m, 1) + p0 * C,
 				                                         m->dres + row * C, inputs + row, 1, c, C));
 			}

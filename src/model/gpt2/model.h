@@ -141,6 +141,7 @@ struct loom_gpt2 {
 	/* context parallelism (cp_attention.c): this rank's place, the group's hook, the attention's gather
 	 * scratch (loom__cp_t's, in the activation allocation); T above is the rank's rows of a sequence */
 	int cp, cp_rank, cp_ring; /* cp_ring: the ring (1) or the all-gather (0), LOOM_CP_ATTENTION's */
+	int cp_T, cp_K;           /* the layout's chunks per rank K for calls of cp_T rows (loom__cp_chunks_memo) */
 	loom_tp_reduce_fn cp_fn;
 	void *cp_ctx;
 	float *cp_mem;

@@ -187,6 +187,7 @@ static void setup(ll_t *m, const loom_model_config_t *cfg, const loom_model_opts
 	m->sp = o->sequence_parallel && tp > 1;
 	m->cp = o->cp_size > 1 ? o->cp_size : 1, m->cp_rank = m->cp > 1 ? o->cp_rank : 0;
 	m->cp_ring = m->cp > 1 && loom__cp_ring_env() == 1;
+	m->cp_T = -1, m->cp_K = 2; /* the layout's K, computed at the first pass (loom__cp_chunks_memo) */
 }
 
 static int ll_act_bytes(const loom_model_config_t *cfg, const loom_model_opts_t *o, loom_model_act_bytes_t *out)

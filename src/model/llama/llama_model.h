@@ -139,6 +139,7 @@ typedef struct loom_llama {
 	void *tp_ctx;
 	int tp_err;
 	int cp, cp_rank, cp_ring;
+	int cp_T, cp_K; /* the layout's chunks per rank K for calls of cp_T rows (loom__cp_chunks_memo) */
 	loom_tp_reduce_fn cp_fn;
 	void *cp_ctx;
 	float *cp_mem;

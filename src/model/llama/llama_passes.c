@@ -10,8 +10,8 @@
  * are added once, after the sum. With sequence parallelism the residual side (norms, residual adds)
  * holds this rank's rows only: the f point becomes an all-gather and its backward a reduce-scatter,
  * the g point a reduce-scatter; a norm's weight gradient from this rank's rows is summed over the
- * group. With context parallelism (cp > 1) the T rows of a sequence are this rank's two head-tail
- * chunks: the rotary embeddings take their positions and the attention runs over the group
+ * group. With context parallelism (cp > 1) the T rows of a sequence are this rank's chunks of the
+ * layout (kernels.h, loom__cp_chunk): the rotary embeddings take their positions and the attention runs over the group
  * (cp_attention.c). */
 #include <math.h>
 #include <omp.h>
@@ -189,17 +189,18 @@ static void rope(ll_t *m, float *x, int B, int T, int H, int D, int backward)
 		f(x, m->cos, m->sin, B * T, T, 0, H, D);
 		return;
 	}
-	int c = T / 2;
+	int K = loom__cp_chunks_memo(&m->cfg, m->cp, T, &m->cp_T, &m->cp_K), c = T / K;
 	for (int b = 0; b < B; b++)
-		for (int h = 0; h < 2; h++)
+		for (int h = 0; h < K; h++)
 			f(x + ((size_t)b * T + (size_t)h * c) * H * D, m->cos, m->sin, c, c,
-			  loom__cp_pos(h * c, T, m->cp, m->cp_rank), H, D);
+			  loom__cp_pos(h * c, T, m->cp, m->cp_rank, K), H, D);
 }
 
-static loom__cp_t cp_of(ll_t *m)
+static loom__cp_t cp_of(ll_t *m, int T)
 {
-	loom__cp_t cp = {.N = m->cp, .r = m->cp_rank, .ring = m->cp_ring, .fn = m->cp_fn, .ctx = m->cp_ctx,
-	                 .mem = m->cp_mem, .scratch = m->att_scratch, .scratch_threads = m->att_threads};
+	loom__cp_t cp = {.N = m->cp, .r = m->cp_rank, .K = loom__cp_chunks_memo(&m->cfg, m->cp, T, &m->cp_T, &m->cp_K),
+	                 .ring = m->cp_ring, .fn = m->cp_fn, .ctx = m->cp_ctx, .mem = m->cp_mem, .scratch = m->att_scratch,
+	                 .scratch_threads = m->att_threads};
 	return cp;
 }
 
@@ -224,7 +225,7 @@ static void attention_forward(ll_t *m, ll_layer_t *a, int B, int T)
 	}
 	if (m->tp_err)
 		return;
-	loom__cp_t cp = cp_of(m);
+	loom__cp_t cp = cp_of(m, T);
 	m->tp_err = loom__cp_attention_forward(&cp, &f, a->atty, Q, a->lse);
 }
 
@@ -239,7 +240,7 @@ static void attention_backward(ll_t *m, ll_layer_t *a, int B, int T)
 	}
 	if (m->tp_err)
 		return;
-	loom__cp_t cp = cp_of(m);
+	loom__cp_t cp = cp_of(m, T);
 	m->tp_err = loom__cp_attention_backward(&cp, &f, m->dq, Q, m->dk, m->dv, KV, m->datty, Q, a->atty, Q, a->lse);
 }
 

@@ -150,6 +150,7 @@ typedef struct loom_nanochat {
 	 * of a sequence of cp T positions, cos and sin cover all of them, cp_mem is the attention's gather
 	 * scratch */
 	int cp, cp_rank, cp_ring; /* cp_ring: the ring (1) or the all-gather (0), LOOM_CP_ATTENTION's */
+	int cp_T, cp_K;           /* the layout's chunks per rank K for calls of cp_T rows (loom__cp_chunks_memo) */
 	loom_tp_reduce_fn cp_fn;
 	void *cp_ctx;
 	float *cp_mem;

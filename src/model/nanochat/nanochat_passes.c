@@ -3,8 +3,8 @@
  * whole-model passes composed of them. The invariants are nanochat.c's: no allocation, kernels
  * reach tensors only through the views after the unit's param-use hook, grad-ready once per tensor
  * per micro-step in decreasing index order, one micro-batch's backward at a time. With context
- * parallelism (cp > 1) the T rows of a sequence are this rank's two head-tail chunks: the rotary
- * embeddings take their positions and the attention runs over the group (cp_attention.c). */
+ * parallelism (cp > 1) the T rows of a sequence are this rank's chunks of the layout (kernels.h,
+ * loom__cp_chunk: head-tail pairs, K of them per rank): the rotary embeddings take their positions and the attention runs over the group (cp_attention.c). */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -177,18 +177,19 @@ static void rope(nc_t *m, float *x, int B, int T, int H, int D, int backward)
 		f(x, m->cos, m->sin, B * T, T, 0, H, D);
 		return;
 	}
-	int c = T / 2;
+	int K = loom__cp_chunks_memo(&m->cfg, m->cp, T, &m->cp_T, &m->cp_K), c = T / K;
 	for (int b = 0; b < B; b++)
-		for (int h = 0; h < 2; h++)
+		for (int h = 0; h < K; h++)
 			f(x + ((size_t)b * T + (size_t)h * c) * H * D, m->cos, m->sin, c, c,
-			  loom__cp_pos(h * c, T, m->cp, m->cp_rank), H, D);
+			  loom__cp_pos(h * c, T, m->cp, m->cp_rank, K), H, D);
 }
 
 /* Context parallel: the attention's group, form, hook and scratch. */
-static loom__cp_t cp_of(nc_t *m)
+static loom__cp_t cp_of(nc_t *m, int T)
 {
-	loom__cp_t cp = {.N = m->cp, .r = m->cp_rank, .ring = m->cp_ring, .fn = m->cp_fn, .ctx = m->cp_ctx,
-	                 .mem = m->cp_mem, .scratch = m->att_scratch, .scratch_threads = m->att_threads};
+	loom__cp_t cp = {.N = m->cp, .r = m->cp_rank, .K = loom__cp_chunks_memo(&m->cfg, m->cp, T, &m->cp_T, &m->cp_K),
+	                 .ring = m->cp_ring, .fn = m->cp_fn, .ctx = m->cp_ctx, .mem = m->cp_mem, .scratch = m->att_scratch,
+	                 .scratch_threads = m->att_threads};
 	return cp;
 }
 
@@ -203,7 +204,7 @@ static void attention_forward(nc_t *m, int l, nc_layer_t *a, int B, int T)
 	}
 	if (m->tp_err)
 		return;
-	loom__cp_t cp = cp_of(m);
+	loom__cp_t cp = cp_of(m, T);
 	loom__flash_t f = loom__nc_attention_shape(a->q, a->k, a->v, B, T, d->nh, d->nkv, d->D, m->window[l]);
 	m->tp_err = loom__cp_attention_forward(&cp, &f, a->atty, d->nh * d->D, a->lse);
 }
@@ -219,7 +220,7 @@ static void attention_backward(nc_t *m, int l, nc_layer_t *a, int B, int T)
 	}
 	if (m->tp_err)
 		return;
-	loom__cp_t cp = cp_of(m);
+	loom__cp_t cp = cp_of(m, T);
 	loom__flash_t f = loom__nc_attention_shape(a->q, a->k, a->v, B, T, d->nh, d->nkv, d->D, m->window[l]);
 	m->tp_err = loom__cp_attention_backward(&cp, &f, m->dq, Q, m->dk, m->dv, KV, m->datty, Q, a->atty, Q, a->lse);
 }
