@@ -938,12 +938,23 @@ static void print_header(const opts_t *o, loom_trainer_t *tr)
 		       "over tp neighbouring ranks; %zu shard parameters per rank)\n", o->tp, o->dp, o->world,
 		       loom_model_shard_params(&o->mc, o->tp));
 	if (o->cp > 1) {
-		int Tl = o->tc.T / o->cp, c = Tl / 2;
+		int Tl = o->tc.T / o->cp, K = loom_cp_chunks(&o->mc, o->tc.T, o->cp), c = Tl / K, n = 0;
+		char who[128], pos[256] = "";
+		if (K > 2) /* the layout's segments (loom_cp_chunks: the windows need them to balance) */
+			snprintf(who, sizeof who, "chunks r and %d-r of each of %d segments of %d chunks, which balances the "
+			         "windows", 2 * o->cp - 1, K / 2, 2 * o->cp);
+		else
+			snprintf(who, sizeof who, "chunks r and %d-r of %d", 2 * o->cp - 1, 2 * o->cp);
+		for (int h = 0; h < K; h++) {
+			int p0 = loom_cp_position(o->tc.T, o->cp, K, 0, h * c);
+			n += snprintf(pos + n, sizeof pos - (size_t)n, "%s%d-%d", h == 0 ? "" : h == K - 1 ? " and " : ", ", p0,
+			              p0 + c - 1);
+		}
 		printf("context parallel: cp %d x dp %d x tp %d x pp %d = %d ranks; each rank holds %d of a sequence's %d "
-		       "positions as 2 chunks of %d (rank r: chunks r and %d-r of %d; rank 0: positions 0-%d and %d-%d); "
+		       "positions as %d chunks of %d (rank r: %s; rank 0: positions %s); "
 		       "%s (%.2f MiB received per layer forward, twice that backward); gradients averaged over dp x cp = %d "
-		       "ranks\n", o->cp, o->dp, o->tp, o->pp, o->world, Tl, o->tc.T, c, 2 * o->cp - 1, 2 * o->cp, c - 1,
-		       o->tc.T - c, o->tc.T - 1, loom_cp_attention_ring() == 1 ? "attention passes the keys and values "
+		       "ranks\n", o->cp, o->dp, o->tp, o->pp, o->world, Tl, o->tc.T, K, c, who, pos,
+		       loom_cp_attention_ring() == 1 ? "attention passes the keys and values "
 		       "around the ring of the group, overlapped with the blocks' work" : "attention all-gathers the keys "
 		       "and values of the sequence per layer (LOOM_CP_ATTENTION=gather)", cp_gather_bytes(o) / 1048576.0,
 		       o->dp * o->cp);

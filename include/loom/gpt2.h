@@ -141,7 +141,8 @@ const char *loom_bf16_path_name(loom_bf16_path_t path);
  *   dtype: matmul precision (0: fp32). LOOM_COMPUTE_BF16 runs on loom_bf16_path()'s path; its errors
  *     (LOOM_BF16=native where impossible) are create's.
  *   cp_size, cp_rank: context parallelism (loom/model.h): T is this rank's rows of each sequence of
- *     cp_size x T positions (the head-tail chunks cp_rank and 2 cp_size - 1 - cp_rank), T even; the
+ *     cp_size x T positions (the chunks of loom_cp_chunks' layout: for GPT-2, causal only, the
+ *     head-tail chunks cp_rank and 2 cp_size - 1 - cp_rank), T even; the
  *     embedding adds the rows' wpe positions, the attention reaches the group's keys and values
  *     (loom_gpt2_on_cp_reduce, needed before any pass). */
 typedef loom_model_opts_t loom_gpt2_opts_t;

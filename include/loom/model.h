@@ -152,9 +152,9 @@ typedef struct {
 	loom_compute_dtype_t dtype;
 	int sequence_parallel; /* 1: Megatron sequence parallelism over the tp ranks (needs tp_size > 1) */
 	/* Context parallelism (0: none): this model is rank cp_rank of cp_size N. It holds T rows of each
-	 * sequence of N T positions (T even, N T <= seq_len): the chunks cp_rank and 2N-1-cp_rank of the
-	 * sequence cut into 2N (loom_cp_position), for which the calls pass its rows (inputs, targets: B x T
-	 * of them, loom_cp_take). Everything but attention is position-wise and runs on those rows; the
+	 * sequence of N T positions (T even, N T <= seq_len): its K chunks of the layout (loom_cp_position,
+	 * K = loom_cp_chunks(cfg, N T, N); K = 2: the chunks cp_rank and 2N-1-cp_rank of the sequence cut
+	 * into 2N), for which the calls pass its rows (inputs, targets: B x T of them, loom_cp_take). Everything but attention is position-wise and runs on those rows; the
 	 * attention reaches the group's keys and values through the hook (loom_model_on_cp_reduce), needed
 	 * before any pass. The loss is the mean over the rank's rows: the group's mean is the average of its
 	 * ranks', and so is the gradient, which the data-parallel strategy averages over dp x cp. Training
@@ -353,15 +353,26 @@ void loom_model_unit_tensors(const loom_model_config_t *cfg, int unit, int *firs
 
 /* ---- context parallelism's layout ------------------------------------------------------------------- */
 
-/* The head-tail layout (Megatron, torchtitan, Llama 3): a sequence of T positions is cut into 2N chunks
- * of T/(2N); rank r of N holds chunks r and 2N-1-r, in that order, as its T/N rows, so every rank's
- * causal attention costs the same. LOOM_OK when T divides by 2N (N >= 1), else LOOM_EINVAL saying so
- * (the message names T and N). */
+/* The layout: a sequence of T positions is cut into N K chunks of T/(N K), K even (the chunks per
+ * rank), taken as K/2 segments of 2N chunks; in each segment rank r of N holds the head-tail pair
+ * (Megatron, torchtitan, Llama 3), the segment's chunks r and 2N-1-r, so rank r's chunks are 2N s + r
+ * and 2N s + 2N-1-r for s < K/2, in that order, as its T/N rows. K = 2 is the head-tail layout, which
+ * balances the causal mask; a window (nanochat's short window T/2) needs more segments to be balanced
+ * too (loom_cp_chunks). LOOM_OK when T divides by 2N (N >= 1), else LOOM_EINVAL saying so (the
+ * message names T and N). */
 int loom_cp_check(int T, int N);
-/* The absolute position of rank r's row t (0 <= t < T/N) of a sequence of T positions. */
-int loom_cp_position(int T, int N, int r, int t);
-/* dst (B, T/N) = rank r's rows of each of the B sequences of src (B, T), in its row order. */
-void loom_cp_take(int *dst, const int *src, int B, int T, int N, int r);
+/* The chunks per rank K of cfg's layout over N ranks at sequence length T (which passes loom_cp_check):
+ * of K = 2, 4, 8 (those that divide T by N K), the one whose most loaded rank sees the fewest keys over
+ * all blocks (their causal masks and windows: loom_model_attn_keys per chunk), a larger K only when it
+ * lightens that rank by more than 1%. 2 for any causal model without windows (GPT-2); 4 for nanochat's
+ * "SSSL" at N = 2 and T a multiple of 8. 1 when N <= 1. Every rank and the model compute it from the same
+ * cfg, T and N, so they agree; models created with cp_size > 1 take theirs from it at create. */
+int loom_cp_chunks(const loom_model_config_t *cfg, int T, int N);
+/* The absolute position of rank r's row t (0 <= t < T/N) of a sequence of T positions, K chunks per rank. */
+int loom_cp_position(int T, int N, int K, int r, int t);
+/* dst (B, T/N) = rank r's rows of each of the B sequences of src (B, T), in its row order (K chunks per
+ * rank). */
+void loom_cp_take(int *dst, const int *src, int B, int T, int N, int K, int r);
 /* The form of context-parallel attention models created now run, from the environment's
  * LOOM_CP_ATTENTION: 1 the ring (unset or "ring": keys and values passed around the group, overlapped
  * with the blocks' work), 0 the all-gather ("gather"); -1 with loom_errmsg for another value (a model

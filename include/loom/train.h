@@ -26,7 +26,8 @@
  * on any mesh with the same data-parallel size (docs/mesh.md).
  *
  * Context parallelism: on a mesh with cp > 1 the cp ranks of a group read the same windows (B x T, T
- * the whole sequence) and each gives its model its head-tail rows (loom_cp_take: the model is created
+ * the whole sequence) and each gives its model its rows of the layout (loom_cp_chunks of the model's
+ * configuration, loom_cp_take: the model is created
  * with loom_model_opts_t cp_size = cp, cp_rank = its cp coordinate and T / cp rows; LOOM_EINVAL
  * otherwise, or when T does not divide by 2 cp); the trainer gives the model the cp group's gathers
  * (loom_model_on_cp_reduce), the strategy the dp x cp group (loom_mesh_dpcp_comm), over which the loss

@@ -2,16 +2,25 @@
  * families, in two forms: the ring of Ring Attention (the default) and the all-gather of Llama 3's
  * context parallelism (LOOM_CP_ATTENTION=gather; the tests' reference beside the whole-sequence kernel).
  *
- * Layout (head-tail): a sequence of T positions is cut into 2N chunks of c = T/(2N); rank r of the
- * context-parallel group holds chunks r and 2N-1-r, so its Tl = 2c local rows of a sequence are
- * positions [r c, (r+1) c) then [(2N-1-r) c, (2N-r) c). Under the causal mask the keys a chunk sees
- * grow with its index, and every rank's pair sums to the same work.
+ * Layout (kernels.h, loom__cp_chunk; chosen by loom_cp_chunks in iface.c): a sequence of T positions
+ * is cut into N K chunks of c = T/(N K), K even, grouped in K/2 segments of 2N; in each segment rank r
+ * holds the head-tail pair, chunks r and 2N-1-r, so its Tl = K c rows are its K chunks in position
+ * order. Under the causal mask the keys a chunk sees grow with its index, and every pair sums to the
+ * same work (K = 2 is Megatron's head-tail layout). A window breaks that: with nanochat's short window
+ * T/2, N = 2, K = 2, the chunks' work on a windowed layer (keys over queries, in c^2) is 0.5, 1.5, 2, 2,
+ * so rank 0 (chunks 0, 3) does 2.5 and rank 1 (1, 2) 3.5, and rank 0 waits for rank 1 at every
+ * windowed layer (measured: ~1.3x its attention time there, at T = 4096 and 8192). With K = 4 the
+ * first segment lies inside the window (causal: balanced) and the second sees W keys per query
+ * everywhere (balanced), so every layer is even, and every step of the ring too. loom_cp_chunks
+ * counts each K the sequence allows against the model's windows and takes the one whose most loaded
+ * rank does least. The layout is one for all layers (activations are sharded by position between
+ * them), and the rest of the model only sees positions (loom__cp_pos).
  *
  * Ring: each rank packs its keys and values chunk-major, [chunk 0: (B, c, 2 KVD) | chunk 1: ...], as
  * [k | v] per row. In step s (0..N-1) it holds rank (r - s) mod N's pack: it starts passing it on to
  * rank r+1 (and receiving the next from rank r-1) through the model's hook, then runs the kernel for
- * each pair of its query chunks and the held key chunks that the causal mask and the window leave any
- * key of (qpos, kpos the chunks' positions), merging each partial output into the rows' output by the
+ * each pair of its K query chunks and the K held key chunks that the causal mask and the window leave
+ * any key of (qpos, kpos the chunks' positions), merging each partial output into the rows' output by the
  * log-sum-exps (out = (e^(l1-m) o1 + e^(l2-m) o2) / (e^(l1-m) + e^(l2-m)), lse = m + log(...)), and
  * waits for the transfer: the keys travel while the blocks compute. The backward passes the packs
  * around again with an accumulator of their dK, dV: in step s each rank adds the gradient its queries
@@ -38,21 +47,23 @@
 #include "core/util.h"
 #include "model/kernels.h"
 
-/* The chunk of global index j (0..2N-1): its owner and its place (0 or 1) among the owner's two; the
- * global index of rank r's chunk h. */
+/* The chunk of global index j (0..N K - 1): its owner and its place (0..K-1) among the owner's chunks
+ * (the inverse of loom__cp_chunk). */
 static inline int chunk_owner(int N, int j)
 {
-	return j < N ? j : 2 * N - 1 - j;
+	int i = j % (2 * N);
+	return i < N ? i : 2 * N - 1 - i;
 }
 
-static inline int chunk_half(int N, int j)
+static inline int chunk_local(int N, int j)
 {
-	return j < N ? 0 : 1;
+	return 2 * (j / (2 * N)) + (j % (2 * N) < N ? 0 : 1);
 }
 
-static inline int chunk_of(int N, int r, int h)
+/* Chunks per rank: the layout's K (2, head-tail, when unset). */
+static inline int chunks(const loom__cp_t *cp)
 {
-	return h == 0 ? r : 2 * N - 1 - r;
+	return cp->K > 0 ? cp->K : 2;
 }
 
 /* Floats of one rank's pack of keys and values: B Tl 2 KVD. */
@@ -63,7 +74,7 @@ static size_t pack_floats(int B, int Tl, int KVD)
 
 size_t loom__cp_scratch_floats(int B, int Tl, int N, int NH, int NKV, int D)
 {
-	size_t pack = pack_floats(B, Tl, NKV * D), c = (size_t)Tl / 2;
+	size_t pack = pack_floats(B, Tl, NKV * D), c = (size_t)Tl / 2; /* the largest chunk (K = 2) */
 	size_t ring = 5 * pack + (size_t)B * Tl * (size_t)NH * D + (size_t)B * NH * c;
 	size_t gather = 3 * pack * (size_t)N;
 	return ring > gather ? ring : gather;
@@ -73,14 +84,14 @@ size_t loom__cp_scratch_floats(int B, int Tl, int N, int NH, int NKV, int D)
 
 /* Copy rows between the rank-ordered parts (N of (B, Tl, w)) and position order (B, T, w): to_pos 1
  * gathers parts into pos, 0 scatters pos into parts. */
-static void reorder(float *parts, float *pos, int N, int B, int Tl, size_t w, int to_pos)
+static void reorder(float *parts, float *pos, int N, int K, int B, int Tl, size_t w, int to_pos)
 {
-	int c = Tl / 2, T = N * Tl;
+	int c = Tl / K, T = N * Tl;
 	size_t part = (size_t)B * Tl * w;
 #pragma omp parallel for collapse(2) schedule(static) if ((size_t)B * T * w >= 65536)
 	for (int b = 0; b < B; b++)
-		for (int j = 0; j < 2 * N; j++) {
-			float *p = parts + (size_t)chunk_owner(N, j) * part + ((size_t)b * Tl + (size_t)chunk_half(N, j) * c) * w;
+		for (int j = 0; j < N * K; j++) {
+			float *p = parts + (size_t)chunk_owner(N, j) * part + ((size_t)b * Tl + (size_t)chunk_local(N, j) * c) * w;
 			float *q = pos + ((size_t)b * T + (size_t)j * c) * w;
 			if (to_pos)
 				memcpy(q, p, sizeof(float) * (size_t)c * w);
@@ -115,30 +126,30 @@ static int gather_kv(const loom__cp_t *cp, const loom__flash_t *a, const gather_
 	int rc = cp->fn(cp->ctx, g->parts, (size_t)cp->N * part, LOOM_TP_ALLGATHER);
 	if (rc != 0)
 		return rc;
-	reorder(g->parts, g->kv, cp->N, B, Tl, w, 1);
+	reorder(g->parts, g->kv, cp->N, chunks(cp), B, Tl, w, 1);
 	return 0;
 }
 
-/* The kernel's operands for local chunk h (0, 1) of a: its c queries where they lie among the Tl rows
+/* The kernel's operands for local chunk h (0..K-1) of a: its c queries where they lie among the Tl rows
  * of each sequence, against the T gathered keys. */
 static loom__flash_t gather_shape(const loom__cp_t *cp, const loom__flash_t *a, const gather_bufs_t *g, int h)
 {
-	int c = a->Tq / 2, KVD = a->NKV * a->D;
+	int c = a->Tq / chunks(cp), KVD = a->NKV * a->D;
 	loom__flash_t f = *a;
 	f.q = a->q + (size_t)h * c * a->ldq;
 	f.k = g->kv, f.v = g->kv + KVD, f.ldk = 2 * KVD;
 	f.Tq = c, f.qbs = a->Tq, f.Tk = cp->N * a->Tq;
-	f.qpos = chunk_of(cp->N, cp->r, h) * c, f.kpos = 0;
+	f.qpos = loom__cp_chunk(cp->N, cp->r, h) * c, f.kpos = 0;
 	return f;
 }
 
 static int gather_forward(const loom__cp_t *cp, const loom__flash_t *a, float *out, int ldo, float *lse)
 {
 	gather_bufs_t g = gather_bufs(cp, a);
-	int rc, c = a->Tq / 2;
+	int rc, K = chunks(cp), c = a->Tq / K;
 	if ((rc = gather_kv(cp, a, &g)) != 0)
 		return rc;
-	for (int h = 0; h < 2; h++) {
+	for (int h = 0; h < K; h++) {
 		loom__flash_t f = gather_shape(cp, a, &g, h);
 		loom__flash_forward(&f, out + (size_t)h * c * ldo, ldo, lse + (size_t)h * a->B * a->NH * c);
 	}
@@ -149,18 +160,18 @@ static int gather_backward(const loom__cp_t *cp, const loom__flash_t *a, float *
                            int lddk, const float *dout, int lddo, const float *out, int ldo, const float *lse)
 {
 	gather_bufs_t g = gather_bufs(cp, a);
-	int rc, B = a->B, Tl = a->Tq, c = Tl / 2, KVD = a->NKV * a->D, T = cp->N * Tl;
+	int rc, B = a->B, Tl = a->Tq, K = chunks(cp), c = Tl / K, KVD = a->NKV * a->D, T = cp->N * Tl;
 	size_t w = 2 * (size_t)KVD, part = (size_t)B * Tl * w;
 	if ((rc = gather_kv(cp, a, &g)) != 0)
 		return rc;
 	memset(g.dkv, 0, sizeof(float) * (size_t)B * T * w);
-	for (int h = 0; h < 2; h++) {
+	for (int h = 0; h < K; h++) {
 		loom__flash_t f = gather_shape(cp, a, &g, h);
 		size_t o = (size_t)h * c;
 		loom__flash_backward(&f, dq + o * lddq, lddq, g.dkv, g.dkv + KVD, (int)w, dout + o * lddo, lddo,
 		                     out + o * ldo, ldo, lse + o * B * a->NH, cp->scratch, cp->scratch_threads);
 	}
-	reorder(g.parts, g.dkv, cp->N, B, Tl, w, 0);
+	reorder(g.parts, g.dkv, cp->N, K, B, Tl, w, 0);
 	if ((rc = cp->fn(cp->ctx, g.parts, (size_t)cp->N * part, LOOM_TP_REDUCE_SCATTER)) != 0)
 		return rc;
 	const float *mine = g.parts + (size_t)cp->r * part;
@@ -201,10 +212,10 @@ static ring_bufs_t ring_bufs(const loom__cp_t *cp, const loom__flash_t *a)
 	return g;
 }
 
-/* The rank's keys and values, chunk-major: pack (2, B, c, 2 KVD) from the local rows (B, Tl). */
-static void pack_kv(float *pack, const loom__flash_t *a)
+/* The rank's keys and values, chunk-major: pack (K, B, c, 2 KVD) from the local rows (B, Tl). */
+static void pack_kv(float *pack, const loom__flash_t *a, int K)
 {
-	int B = a->B, Tl = a->Tq, c = Tl / 2, KVD = a->NKV * a->D;
+	int B = a->B, Tl = a->Tq, c = Tl / K, KVD = a->NKV * a->D;
 	size_t w = 2 * (size_t)KVD;
 #pragma omp parallel for collapse(2) schedule(static) if ((size_t)B * Tl * w >= 65536)
 	for (int b = 0; b < B; b++)
@@ -229,12 +240,12 @@ static int pair_sees(int jq, int jk, int c, int W)
 static loom__flash_t ring_shape(const loom__cp_t *cp, const loom__flash_t *a, const float *pack, int src, int hq,
                                 int hk)
 {
-	int c = a->Tq / 2, KVD = a->NKV * a->D;
+	int c = a->Tq / chunks(cp), KVD = a->NKV * a->D;
 	loom__flash_t f = *a;
 	f.q = a->q + (size_t)hq * c * a->ldq;
-	f.Tq = c, f.qbs = a->Tq, f.qpos = chunk_of(cp->N, cp->r, hq) * c;
+	f.Tq = c, f.qbs = a->Tq, f.qpos = loom__cp_chunk(cp->N, cp->r, hq) * c;
 	f.k = pack + (size_t)hk * a->B * c * 2 * KVD, f.v = f.k + KVD, f.ldk = 2 * KVD;
-	f.Tk = c, f.kpos = chunk_of(cp->N, src, hk) * c;
+	f.Tk = c, f.kpos = loom__cp_chunk(cp->N, src, hk) * c;
 	return f;
 }
 
@@ -279,22 +290,24 @@ static int wait_all(const loom__cp_t *cp, int rc)
 static int ring_forward(const loom__cp_t *cp, const loom__flash_t *a, float *out, int ldo, float *lse)
 {
 	ring_bufs_t g = ring_bufs(cp, a);
-	int rc = 0, N = cp->N, B = a->B, c = a->Tq / 2, NH = a->NH, D = a->D, have[2] = {0, 0};
-	pack_kv(g.kv[0], a);
+	int rc = 0, N = cp->N, K = chunks(cp), B = a->B, c = a->Tq / K, NH = a->NH, D = a->D;
+	unsigned have = 0; /* bit hq: query chunk hq's rows hold a result */
+	pack_kv(g.kv[0], a, K);
 	for (int s = 0; s < N && rc == 0; s++) {
 		int src = (cp->r - s + N) % N;
 		float *held = g.kv[s % 2];
 		if (s < N - 1 && (rc = shift(cp, held, g.kv[(s + 1) % 2], g.pack)) != 0)
 			break;
-		for (int hq = 0; hq < 2; hq++)
-			for (int hk = 0; hk < 2; hk++) {
-				if (!pair_sees(chunk_of(N, cp->r, hq), chunk_of(N, src, hk), c, a->W))
+		for (int hq = 0; hq < K; hq++)
+			for (int hk = 0; hk < K; hk++) {
+				if (!pair_sees(loom__cp_chunk(N, cp->r, hq), loom__cp_chunk(N, src, hk), c, a->W))
 					continue;
 				loom__flash_t f = ring_shape(cp, a, held, src, hq, hk);
 				float *o = out + (size_t)hq * c * ldo, *l = lse + (size_t)hq * B * NH * c;
-				if (!have[hq]) { /* the first keys (its own chunk's, at s = 0): straight into the rows */
+				if (!(have >> hq & 1)) { /* the first keys (at s = 0; its own chunk's at the latest): straight
+				                          * into the rows */
 					loom__flash_forward(&f, o, ldo, l);
-					have[hq] = 1;
+					have |= 1u << hq;
 					continue;
 				}
 				float *po = g.pout + (size_t)hq * c * NH * D;
@@ -311,20 +324,21 @@ static int ring_backward(const loom__cp_t *cp, const loom__flash_t *a, float *dq
                          int lddk, const float *dout, int lddo, const float *out, int ldo, const float *lse)
 {
 	ring_bufs_t g = ring_bufs(cp, a);
-	int rc = 0, N = cp->N, B = a->B, Tl = a->Tq, c = Tl / 2, NH = a->NH, KVD = a->NKV * a->D, cur = 0;
+	int rc = 0, N = cp->N, K = chunks(cp), B = a->B, Tl = a->Tq, c = Tl / K, NH = a->NH, KVD = a->NKV * a->D;
+	int cur = 0;
 	/* acc[cur]: the accumulator of the keys held (arrived with them; at step 0 this rank's share alone),
 	 * acc[1 - cur] the one leaving; dkv[2] this step's share from step 1 on */
 	float *acc[2] = {g.dkv[0], g.dkv[1]};
-	pack_kv(g.kv[0], a);
+	pack_kv(g.kv[0], a, K);
 	for (int s = 0; s < N && rc == 0; s++) {
 		int src = (cp->r - s + N) % N;
 		float *held = g.kv[s % 2], *share = s == 0 ? acc[cur] : g.dkv[2];
 		if (s < N - 1 && (rc = shift(cp, held, g.kv[(s + 1) % 2], g.pack)) != 0)
 			break;
 		memset(share, 0, sizeof(float) * g.pack);
-		for (int hq = 0; hq < 2; hq++)
-			for (int hk = 0; hk < 2; hk++) {
-				if (!pair_sees(chunk_of(N, cp->r, hq), chunk_of(N, src, hk), c, a->W))
+		for (int hq = 0; hq < K; hq++)
+			for (int hk = 0; hk < K; hk++) {
+				if (!pair_sees(loom__cp_chunk(N, cp->r, hq), loom__cp_chunk(N, src, hk), c, a->W))
 					continue;
 				loom__flash_t f = ring_shape(cp, a, held, src, hq, hk);
 				float *pk = share + (size_t)hk * B * c * 2 * KVD;

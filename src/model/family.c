@@ -109,6 +109,7 @@ static void setup(loom__fam_t *f, const loom__fam_kind_t *k, const loom_model_co
 	f->sp = o->sequence_parallel && tp > 1;
 	f->cp = o->cp_size > 1 ? o->cp_size : 1, f->cp_rank = f->cp > 1 ? o->cp_rank : 0;
 	f->cp_ring = f->cp > 1 && loom__cp_ring_env() == 1;
+	f->cp_T = -1, f->cp_K = 2; /* the layout's K, computed at the first pass (loom__cp_chunks_memo) */
 	k->setup(f, cfg);
 }
 
@@ -753,17 +754,17 @@ const float *loom__fam_sp_gather(loom__fam_t *f, const float *x, int N, int C)
 	return f->ftmp;
 }
 
-void loom__fam_rope(const loom__fam_t *f, loom__fam_rope_fn fn, float *x, int B, int T, int H, int D)
+void loom__fam_rope(loom__fam_t *f, loom__fam_rope_fn fn, float *x, int B, int T, int H, int D)
 {
 	if (f->cp <= 1) {
 		fn(x, f->cos, f->sin, B * T, T, 0, H, D);
 		return;
 	}
-	int c = T / 2;
+	int K = loom__fam_cp_chunks(f, T), c = T / K;
 	for (int b = 0; b < B; b++)
-		for (int h = 0; h < 2; h++)
+		for (int h = 0; h < K; h++)
 			fn(x + ((size_t)b * T + (size_t)h * c) * H * D, f->cos, f->sin, c, c,
-			   loom__cp_pos(h * c, T, f->cp, f->cp_rank), H, D);
+			   loom__cp_pos(h * c, T, f->cp, f->cp_rank, K), H, D);
 }
 
 void loom__fam_tp_classifier(loom__fam_t *f, float *losses, float *dx, float *dw, const float *x, const float *w,
@@ -827,11 +828,16 @@ void loom__fam_tp_classifier(loom__fam_t *f, float *losses, float *dx, float *dw
 }
 
 /* Context parallel: the attention's group, form, hook and scratch. */
-static loom__cp_t cp_of(loom__fam_t *f)
+static loom__cp_t cp_of(loom__fam_t *f, int T)
 {
-	loom__cp_t cp = {.N = f->cp, .r = f->cp_rank, .ring = f->cp_ring, .fn = f->cp_fn, .ctx = f->cp_ctx,
-	                 .mem = f->cp_mem, .scratch = f->att_scratch, .scratch_threads = f->att_threads};
+	loom__cp_t cp = {.N = f->cp, .r = f->cp_rank, .K = loom__fam_cp_chunks(f, T), .ring = f->cp_ring, .fn = f->cp_fn,
+	                 .ctx = f->cp_ctx, .mem = f->cp_mem, .scratch = f->att_scratch, .scratch_threads = f->att_threads};
 	return cp;
+}
+
+int loom__fam_cp_chunks(loom__fam_t *f, int T)
+{
+	return loom__cp_chunks_memo(&f->cfg, f->cp, T, &f->cp_T, &f->cp_K);
 }
 
 void loom__fam_attention_forward(loom__fam_t *f, const loom__flash_t *a, float *out, int ldo, float *lse)
@@ -842,7 +848,7 @@ void loom__fam_attention_forward(loom__fam_t *f, const loom__flash_t *a, float *
 	}
 	if (f->tp_err)
 		return;
-	loom__cp_t cp = cp_of(f);
+	loom__cp_t cp = cp_of(f, a->Tq);
 	f->tp_err = loom__cp_attention_forward(&cp, a, out, ldo, lse);
 }
 
@@ -855,7 +861,7 @@ void loom__fam_attention_backward(loom__fam_t *f, const loom__flash_t *a, float 
 	}
 	if (f->tp_err)
 		return;
-	loom__cp_t cp = cp_of(f);
+	loom__cp_t cp = cp_of(f, a->Tq);
 	f->tp_err = loom__cp_attention_backward(&cp, a, dq, ldq, dk, dv, ldk, dout, ldo, out, ldo, lse);
 }
 

@@ -58,6 +58,7 @@ typedef struct loom__fam {
 	int tp_err; /* the first error of a reduction (tp or cp) in the current pass */
 	/* context parallelism (cp_attention.c): T is the rank's rows of a sequence of cp T positions */
 	int cp, cp_rank, cp_ring; /* cp_ring: the ring (1) or the all-gather (0), LOOM_CP_ATTENTION's */
+	int cp_T, cp_K;           /* the layout's chunks per rank K for calls of cp_T rows (loom__cp_chunks_memo) */
 	loom_tp_reduce_fn cp_fn;
 	void *cp_ctx;
 	float *cp_mem;
@@ -261,7 +262,9 @@ typedef void (*loom__fam_rope_fn)(float *x, const float *cos, const float *sin, 
                                   int D);
 /* fn over B x T rows of H heads, in place: row t of a sequence at position t, or with context parallelism
  * at its chunk's (the rows' two chunks, each contiguous). */
-void loom__fam_rope(const loom__fam_t *f, loom__fam_rope_fn fn, float *x, int B, int T, int H, int D);
+/* Context parallel: the layout's chunks per rank for passes of T local rows (kernels.h, loom__cp_chunk). */
+int loom__fam_cp_chunks(loom__fam_t *f, int T);
+void loom__fam_rope(loom__fam_t *f, loom__fam_rope_fn fn, float *x, int B, int T, int H, int D);
 /* The attention a describes (the local rows), out (ldo) and lse: one process's kernel, or the
  * context-parallel group's (a failure of the hook is the pass's error); and its backward (dq ldq, dk
  * and dv ldk, dout/out ldo; the scratch is f's). */

@@ -842,17 +842,58 @@ int loom_cp_attention_ring(void)
 	return loom__cp_ring_env();
 }
 
-int loom_cp_position(int T, int N, int r, int t)
+int loom_cp_position(int T, int N, int K, int r, int t)
 {
-	return loom__cp_pos(t, T / N, N, r);
+	return loom__cp_pos(t, T / N, N, r, K);
 }
 
-void loom_cp_take(int *dst, const int *src, int B, int T, int N, int r)
+void loom_cp_take(int *dst, const int *src, int B, int T, int N, int K, int r)
 {
 	int Tl = T / N;
 	for (int b = 0; b < B; b++)
 		for (int t = 0; t < Tl; t++)
-			dst[(size_t)b * Tl + t] = src[(size_t)b * T + loom__cp_pos(t, Tl, N, r)];
+			dst[(size_t)b * Tl + t] = src[(size_t)b * T + loom__cp_pos(t, Tl, N, r, K)];
+}
+
+double loom__cp_rank_keys(int T, int N, int K, int r, int W)
+{
+	int w = W < 0 ? T : W;
+	if (N <= 1)
+		return loom_model_attn_keys(T, w);
+	int c = T / (N * K);
+	double keys = 0.0;
+	for (int h = 0; h < K; h++) {
+		int j = loom__cp_chunk(N, r, h);
+		keys += loom_model_attn_keys((j + 1) * c, w) - loom_model_attn_keys(j * c, w);
+	}
+	return keys;
+}
+
+/* The layout's choice: the causal mask alone is balanced by any K (each segment's head-tail pairs sum
+ * to the same keys), but a window is not: with nanochat's short window T/2, head-tail (K = 2) gives
+ * rank 0 of 2 the chunks 0 and 3 (keys 0.5 + 2 in units of c^2 on a windowed layer) and rank 1 the
+ * chunks 1 and 2 (1.5 + 2), while K = 4 cuts the sequence into two halves of 4 chunks, each balanced
+ * on its own (the first half is causal for every query, the second sees W keys per query). So every K
+ * the sequence allows (2, 4, 8) is counted over the blocks' windows, and the most loaded rank decides;
+ * a larger K must lighten it by more than 1% (its smaller chunks cost more kernel calls and merges). */
+int loom_cp_chunks(const loom_model_config_t *cfg, int T, int N)
+{
+	if (N <= 1)
+		return 1;
+	int best = 2;
+	double least = -1.0;
+	for (int K = 2; K <= LOOM_CP_MAX_CHUNKS && T % (N * K) == 0; K *= 2) {
+		double most = 0.0;
+		for (int r = 0; r < N; r++) {
+			double keys = 0.0;
+			for (int l = 0; fam(cfg) && l < cfg->n_layer; l++)
+				keys += loom__cp_rank_keys(T, N, K, r, block_window(cfg, l));
+			most = most > keys ? most : keys;
+		}
+		if (least < 0.0 || most < 0.99 * least)
+			best = K, least = most;
+	}
+	return best;
 }
 
 int loom_model_embed_forward(loom_model_t *m, int mb, const int *inputs, int B, int T)

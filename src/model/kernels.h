@@ -175,21 +175,51 @@ int loom__flash_key_block(int D);
 
 /* ---- context-parallel attention (cp_attention.c) ------------------------------------------------- */
 
-/* Absolute position of local row t (0 <= t < Tl) of rank r of N under the head-tail layout (a sequence of
- * N Tl positions in 2N chunks of Tl/2; rank r holds chunks r and 2N-1-r); t itself when N <= 1. */
-static inline int loom__cp_pos(int t, int Tl, int N, int r)
+/* The context-parallel layout (loom_cp_position): a sequence of N Tl positions is cut into N K chunks
+ * of c = Tl/K (K even: chunks per rank); it is K/2 segments of 2N chunks, and in each segment rank r
+ * holds the head-tail pair, the segment's chunks r and 2N-1-r. Rank r's local chunk h (0..K-1) is
+ * global chunk loom__cp_chunk(N, r, h); its rows are its chunks in that (increasing) order. K = 2 is
+ * Megatron's head-tail layout. */
+static inline int loom__cp_chunk(int N, int r, int h)
 {
-	int c = Tl / 2;
-	return N <= 1 ? t : t < c ? r * c + t : (2 * N - 1 - r) * c + (t - c);
+	return (h / 2) * 2 * N + (h % 2 ? 2 * N - 1 - r : r);
 }
 
-/* A context-parallel rank's side of attention: the group (N ranks, this one r), the form (ring 1: the
- * ring, the default; 0: the all-gather, cp_attention.c), the model's hook (its LOOM_TP_ALLGATHER and
- * LOOM_TP_REDUCE_SCATTER, or LOOM_TP_SEND_NEXT, RECV_PREV and WAIT over the group), the scratch mem
- * (loom__cp_scratch_floats(B, Tl, N, NH, NKV, D) floats for calls of up to B x Tl rows) and the kernel's
- * backward partials (loom__flash_scratch_floats(B, N Tl, NKV, D, scratch_threads), enough for both). */
+/* The most chunks per rank loom_cp_chunks chooses. */
+#define LOOM_CP_MAX_CHUNKS 8
+
+/* A model's chunks per rank for calls of Tl rows (a sequence of N Tl positions): loom_cp_chunks of its
+ * configuration, remembered in *memo_T, *memo_K for the last Tl (every pass asks; the trainer computes
+ * the same from the same figures, so its rows and the model's positions agree). */
+static inline int loom__cp_chunks_memo(const loom_model_config_t *cfg, int N, int Tl, int *memo_T, int *memo_K)
+{
+	if (*memo_T != Tl)
+		*memo_K = loom_cp_chunks(cfg, N * Tl, N), *memo_T = Tl;
+	return *memo_K;
+}
+
+/* Absolute position of local row t (0 <= t < Tl) of rank r of N holding K chunks; t itself when N <= 1. */
+static inline int loom__cp_pos(int t, int Tl, int N, int r, int K)
+{
+	if (N <= 1)
+		return t;
+	int c = Tl / K;
+	return loom__cp_chunk(N, r, t / c) * c + t % c;
+}
+
+/* Keys that rank r's queries see in all, summed over its K chunks of a sequence of T positions (N
+ * ranks), under the causal mask and the window W (a query at t sees keys t - W..t; W < 0: none): the
+ * rank's attention work, exact (loom_model_attn_keys per chunk). */
+double loom__cp_rank_keys(int T, int N, int K, int r, int W);
+
+/* A context-parallel rank's side of attention: the group (N ranks, this one r, K chunks each), the form
+ * (ring 1: the ring, the default; 0: the all-gather, cp_attention.c), the model's hook (its
+ * LOOM_TP_ALLGATHER and LOOM_TP_REDUCE_SCATTER, or LOOM_TP_SEND_NEXT, RECV_PREV and WAIT over the
+ * group), the scratch mem (loom__cp_scratch_floats(B, Tl, N, NH, NKV, D) floats for calls of up to
+ * B x Tl rows) and the kernel's backward partials (loom__flash_scratch_floats(B, N Tl, NKV, D, scratch_threads), enough for both). */
 typedef struct {
 	int N, r;
+	int K; /* chunks per rank (the layout: loom__cp_chunk; loom_cp_chunks chooses it) */
 	int ring;
 	loom_tp_reduce_fn fn;
 	void *ctx;

@@ -568,8 +568,9 @@ int loom_plan_estimate(const loom_plan_config_t *pcfg, const loom_cluster_t *c, 
 	loom_model_act_bytes_t a1;
 	if ((rc = loom_model_act_bytes(cfg, &o1, &a1)) != LOOM_OK)
 		goto out;
-	/* (a context-parallel rank's Nr positions cost the sequence's mean per token: the head-tail layout
-	 * gives every rank the same share of the causal attention) */
+	/* (a context-parallel rank's Nr positions cost the sequence's mean per token: the layout,
+	 * loom_cp_chunks, gives every rank the same share of the attention, windows included when the
+	 * sequence divides into enough chunks) */
 	double mm_mb = fpt * Nr * recompute / tp / rate; /* seconds of matmuls per micro-batch, whole model */
 	if (att_rate > 0) /* the attention at its own measured rate (its backward's scores included) */
 		mm_mb = (fpt - fatt + xmm) * Nr / tp / rate + (fatt + xatt) * Nr / tp / att_rate;

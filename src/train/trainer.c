@@ -16,7 +16,7 @@
  * further communication). Data sharding, the batch and the checkpoints' loader states follow the
  * data-parallel coordinate (dp_rank of dp_size), logging and writing follow the global rank 0; with
  * tp = pp = cp = 1 both are the world rank. With context parallelism the cp ranks of a group read the
- * same windows and give the model their head-tail rows; the strategy, the loss and the evaluation span
+ * same windows and give the model their rows of the layout (loom_cp_chunks, loom_cp_take); the strategy, the loss and the evaluation span
  * dp x cp (tr->grad), the loader and the checkpoints' loader states the dp coordinate alone. Evaluation reads validation windows directly
  * (loom_loader_window) and does not touch the training state, so evaluating or not never changes
  * the training losses. */
@@ -194,11 +194,13 @@ static int cp_hook(void *ctx, float *buf, size_t n, loom_tp_op_t op)
 	return rc;
 }
 
-/* Context parallel: this rank's rows (its two head-tail chunks) of the window in tr->inputs, targets. */
+/* Context parallel: this rank's rows (its chunks of the layout, loom_cp_chunks of the model's
+ * configuration: the model computes the same) of the window in tr->inputs, targets. */
 static void take_rows(loom_trainer_t *tr, int *inputs, int *targets)
 {
-	loom_cp_take(inputs, tr->inputs, tr->cfg.B, tr->cfg.T, tr->cp_size, tr->cp_rank);
-	loom_cp_take(targets, tr->targets, tr->cfg.B, tr->cfg.T, tr->cp_size, tr->cp_rank);
+	int K = loom_cp_chunks(loom_model_get_config(tr->model), tr->cfg.T, tr->cp_size);
+	loom_cp_take(inputs, tr->inputs, tr->cfg.B, tr->cfg.T, tr->cp_size, K, tr->cp_rank);
+	loom_cp_take(targets, tr->targets, tr->cfg.B, tr->cfg.T, tr->cp_size, K, tr->cp_rank);
 }
 
 /* The trainer's loader as the executor's source of micro-batches (with context parallelism every rank

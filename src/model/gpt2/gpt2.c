@@ -22,8 +22,9 @@
  * checkpointing (act_ckpt) an arena keeps only part of each layer's activations and the rest lives in
  * one shared recompute scratch (layout_acts), which block_backward refills with the forward's own
  * kernels before reading it: losses and gradients are bit-identical to keeping everything. With context
- * parallelism (cp > 1) the T rows of a sequence are this rank's two head-tail chunks of a sequence of
- * cp T positions: the embedding adds their positions' wpe rows, the attention runs over the group
+ * parallelism (cp > 1) the T rows of a sequence are this rank's chunks of a sequence of cp T positions
+ * (the layout of kernels.h's loom__cp_chunk; head-tail for GPT-2, whose attention is causal only): the
+ * embedding adds their positions' wpe rows, the attention runs over the group
  * (cp_attention.c, through the cp hook), and everything else is position-wise and unchanged. */
 #include <math.h>
 #include <omp.h>
@@ -461,11 +462,12 @@ static void embed_forward(loom__fam_t *f, int mb, const int *inputs, int B, int 
 		loom__tp_embed_forward(m, ar->in, inputs, B, T);
 		return;
 	}
-	if (m->f.cp > 1) { /* each of the rows' two chunks of every sequence with the wpe rows of its positions */
-		int C = m->f.cfg.n_embd, c = T / 2;
+	if (m->f.cp > 1) { /* each of the rows' chunks of every sequence with the wpe rows of its positions */
+		int C = m->f.cfg.n_embd, K = loom__fam_cp_chunks(&m->f, T), c = T / K;
 		for (int b = 0; b < B; b++)
-			for (int h = 0; h < 2; h++) {
-				size_t row = (size_t)b * T + (size_t)h * c, p0 = (size_t)loom__cp_pos(h * c, T, m->f.cp, m->f.cp_rank);
+			for (int h = 0; h < K; h++) {
+				size_t row = (size_t)b * T + (size_t)h * c;
+				size_t p0 = (size_t)loom__cp_pos(h * c, T, m->f.cp, m->f.cp_rank, K);
 				PROF(ENCODER, loom__encoder_forward(ar->in + row * C, inputs + row, loom__gpt2_param(m, 0),
 				                                    loom__gpt2_param(m, 1) + p0 * C, 1, c, C));
 			}
@@ -539,12 +541,12 @@ static void ln_backward(loom_gpt2_t *m, float *dinp, float *dw, float *db, const
 }
 
 /* The profile's count of an attention product pass: k x B x C x the keys each query sees, summed over
- * the T queries of a sequence (causal: T (T + 1) / 2), as the kernel computes it; context parallel
- * (N ranks): over the rank's two chunks of c = T/2 rows, chunk j's queries seeing j c + 1 .. j c + c keys,
- * which sum to c^2 (2N - 1) + c (c + 1) for chunks r and 2N-1-r whatever r. */
-static double causal_flops(double k, int B, int T, double C, int N)
+ * the T queries of a sequence (causal: T (T + 1) / 2), as the kernel computes it; context parallel: over
+ * the rank's chunks (loom__cp_rank_keys; every rank's share is the same under the causal mask). */
+static double causal_flops(double k, int B, int T, double C, loom_gpt2_t *m)
 {
-	double c = T / 2, keys = N <= 1 ? (double)T * (T + 1) / 2.0 : c * c * (2.0 * N - 1.0) + c * (c + 1.0);
+	double keys = m->f.cp <= 1 ? (double)T * (T + 1) / 2.0
+	                           : loom__cp_rank_keys(m->f.cp * T, m->f.cp, loom__fam_cp_chunks(&m->f, T), m->f.cp_rank, -1);
 	return k * B * C * keys;
 }
 
@@ -585,7 +587,7 @@ static void block_forward_acts(loom_gpt2_t *m, int l, layer_acts_t *a, const flo
 	PROF(LAYERNORM, loom__layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, W(LN1_W), W(LN1_B), Nl, C));
 	x = sp ? sp_gather(m, a->ln1, N, C) : a->ln1;
 	PROFF(MATMUL, 6 * fN * fC * fCl, loom__matmul_forward(a->qkv, x, W(QKV_W), W(QKV_B), N, C, 3 * Cl));
-	PROFF(ATTENTION, causal_flops(4.0, B, T, fCl, m->f.cp), attention_forward(m, a, B, T));
+	PROFF(ATTENTION, causal_flops(4.0, B, T, fCl, m), attention_forward(m, a, B, T));
 	PROFF(MATMUL, 2 * fN * fC * fCl, loom__matmul_forward(sp ? m->dbtc : a->res2, a->atty, W(ATTPROJ_W),
 	                                                      tp > 1 ? NULL : W(ATTPROJ_B), N, Cl, C));
 	if (sp) {
@@ -722,7 +724,7 @@ static void recompute(loom_gpt2_t *m, int l, layer_acts_t *a, const float *res_i
 	if (m->f.act_ckpt == LOOM_ACT_CKPT_BLOCKS)
 		block_forward_acts(m, l, a, res_in, NULL, B, T, 0);
 	else if (m->f.act_ckpt == LOOM_ACT_CKPT_SELECTIVE)
-		PROFF(ATTENTION_RECOMPUTE, causal_flops(4.0, B, T, m->Cl, m->f.cp), attention_forward(m, a, B, T));
+		PROFF(ATTENTION_RECOMPUTE, causal_flops(4.0, B, T, m->Cl, m), attention_forward(m, a, B, T));
 	else
 		return;
 	m->f.recomputes++;
@@ -780,7 +782,7 @@ static void block_backward(loom__fam_t *f, int mb, int l, int B, int T)
 	ready(m, lt(l, ATTPROJ_B));
 	ready(m, lt(l, ATTPROJ_W));
 	zero(m, m->dqkv, NCl * 3);
-	PROFF(ATTENTION_BWD, causal_flops(8.0, B, T, fCl, m->f.cp), attention_backward(m, a, B, T));
+	PROFF(ATTENTION_BWD, causal_flops(8.0, B, T, fCl, m), attention_backward(m, a, B, T));
 	x = sp ? sp_gather(m, a->ln1, N, C) : a->ln1;
 	zero(m, m->dbtc, NC);
 	PROFF(MATMUL_BWD, 12 * fN * fC * fCl,
@@ -806,10 +808,11 @@ static void embed_backward(loom__fam_t *f, int mb, const int *inputs, int B, int
 	if (m->f.tp > 1) {
 		loom__tp_embed_backward(m, m->f.dres, inputs, B, T);
 	} else if (m->f.cp > 1) {
-		int C = m->f.cfg.n_embd, c = T / 2;
+		int C = m->f.cfg.n_embd, K = loom__fam_cp_chunks(&m->f, T), c = T / K;
 		for (int b = 0; b < B; b++)
-			for (int h = 0; h < 2; h++) {
-				size_t row = (size_t)b * T + (size_t)h * c, p0 = (size_t)loom__cp_pos(h * c, T, m->f.cp, m->f.cp_rank);
+			for (int h = 0; h < K; h++) {
+				size_t row = (size_t)b * T + (size_t)h * c;
+				size_t p0 = (size_t)loom__cp_pos(h * c, T, m->f.cp, m->f.cp_rank, K);
 				PROF(ENCODER_BWD, loom__encoder_backward(loom__gpt2_grad(m, 0), loom__gpt2_grad(m, 1) + p0 * C,
 				                                         m->f.dres + row * C, inputs + row, 1, c, C));
 			}

@@ -115,6 +115,7 @@ void loom__tp_embed_forward(loom_gpt2_t *m, float *out, const int *inp, int B, i
 {
 	/* out (B*T,C); wte local (Vl,C) for ids [v0, v0 + Vv); wpe (T,C) */
 	int C = m->f.cfg.n_embd, v0 = m->v0, Vv = m->Vv, first = m->f.tp_rank == 0;
+	int K = m->f.cp > 1 ? loom__fam_cp_chunks(&m->f, T) : 1;
 	const float *wte = m->f.pview[0], *wpe = m->f.pview[1];
 	double t0 = m->prof_on ? loom_now() : 0.0;
 #pragma omp parallel for schedule(static)
@@ -122,7 +123,7 @@ void loom__tp_embed_forward(loom_gpt2_t *m, float *out, const int *inp, int B, i
 		float *o = out + (size_t)n * C;
 		int id = inp[n] - v0;
 		const float *w = id >= 0 && id < Vv ? wte + (size_t)id * C : NULL,
-		            *p = wpe + (size_t)loom__cp_pos(n % T, T, m->f.cp, m->f.cp_rank) * C; /* the row's position */
+		            *p = wpe + (size_t)loom__cp_pos(n % T, T, m->f.cp, m->f.cp_rank, K) * C; /* the row's position */
 		for (int c = 0; c < C; c++)
 			o[c] = (w ? w[c] : 0.0f) + (first ? p[c] : 0.0f);
 	}
@@ -134,6 +135,7 @@ void loom__tp_embed_forward(loom_gpt2_t *m, float *out, const int *inp, int B, i
 void loom__tp_embed_backward(loom_gpt2_t *m, const float *dout, const int *inp, int B, int T)
 {
 	int C = m->f.cfg.n_embd, v0 = m->v0, Vv = m->Vv;
+	int K = m->f.cp > 1 ? loom__fam_cp_chunks(&m->f, T) : 1;
 	float *dwte = m->f.gview[0], *dwpe = m->f.gview[1];
 	double t0 = m->prof_on ? loom_now() : 0.0;
 	/* channels split over threads: every thread walks all positions, so no two write one float */
@@ -142,7 +144,7 @@ void loom__tp_embed_backward(loom_gpt2_t *m, const float *dout, const int *inp, 
 		int c1 = LOOM_MIN(c0 + 16, C);
 		for (int n = 0; n < B * T; n++) {
 			const float *d = dout + (size_t)n * C;
-			float *p = dwpe + (size_t)loom__cp_pos(n % T, T, m->f.cp, m->f.cp_rank) * C;
+			float *p = dwpe + (size_t)loom__cp_pos(n % T, T, m->f.cp, m->f.cp_rank, K) * C;
 			int id = inp[n] - v0;
 			for (int c = c0; c < c1; c++)
 				p[c] += d[c];

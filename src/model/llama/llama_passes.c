@@ -10,9 +10,9 @@
  * are added once, after the sum. With sequence parallelism the residual side (norms, residual adds)
  * holds this rank's rows only: the f point becomes an all-gather and its backward a reduce-scatter,
  * the g point a reduce-scatter; a norm's weight gradient from this rank's rows is summed over the
- * group. With context parallelism (cp > 1) the T rows of a sequence are this rank's two head-tail
- * chunks: the rotary embeddings take their positions and the attention runs over the group
- * (cp_attention.c). */
+ * group. With context parallelism (cp > 1) the T rows of a sequence are this rank's chunks of
+ * the layout (kernels.h, loom__cp_chunk): the rotary embeddings take their positions and the attention
+ * runs over the group (cp_attention.c). */
 #include <math.h>
 #include <omp.h>
 #include <string.h>

@@ -3,8 +3,9 @@
  * whole-model passes composed of them. The invariants are nanochat.c's: no allocation, kernels
  * reach tensors only through the views after the unit's param-use hook, grad-ready once per tensor
  * per micro-step in decreasing index order, one micro-batch's backward at a time. With context
- * parallelism (cp > 1) the T rows of a sequence are this rank's two head-tail chunks: the rotary
- * embeddings take their positions and the attention runs over the group (cp_attention.c). */
+ * parallelism (cp > 1) the T rows of a sequence are this rank's chunks of the layout (kernels.h,
+ * loom__cp_chunk: head-tail pairs, K of them per rank): the rotary embeddings take their positions and
+ * the attention runs over the group (cp_attention.c). */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
