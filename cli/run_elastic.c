@@ -8,7 +8,7 @@
  *   stopped host's daemon), probes every host of the job (an mpirun of `true` there, as the job's own
  *   command reaches it), drops those that do not answer within LOOM_ELASTIC_PROBE_TIMEOUT_S and
  *   starts again on the rest; the program resumes from its newest complete checkpoint (loom train
- *   --resume reshards it onto any mesh). A failure with every host answering is a failure proper:
+ *   --resume reshards it onto any mesh), or from the state the survivors keep in RAM (below). A failure with every host answering is a failure proper:
  *   it counts against --max-restarts, membership changes do not.
  * - grow: while the job runs on fewer than MAX hosts, the hosts not in it are probed every
  *   LOOM_ELASTIC_PROBE_S; when one answers, the launcher asks the ranks to save and stop at their
@@ -23,6 +23,9 @@
  *   refused.aK.rR    rank R cannot keep the global batch on this world: "<message>"
  *   stop-request.aK  the launcher's request: save and stop at the next checkpoint boundary
  *   stopped.aK       rank 0: "step S": it saved step S and stopped at that request
+ *   rescue.aK.rR     rank R, the first of its host (its "keeper"), before its verdict: "step S\ndisk D\n",
+ *                    it keeps step S's whole training state in RAM on its host (D: the newest step on
+ *                    disk it knows of), or "none\n<why>\n"
  *   started.aK.rR    rank R joined the job (loom_comm_init returned): until every rank has, nothing
  *                    bounds a start that hangs (MPI_Init has no deadline), so an attempt whose ranks
  *                    have not all joined within LOOM_ELASTIC_START_TIMEOUT_S (default 120) is ended
@@ -32,7 +35,16 @@
  * writes to its JSONL log as an event row once it knows the step it resumed from.
  *
  * The batch rule: a world whose data-parallel size cannot keep --total-batch-size (the trainer
- * refuses it) is shrunk one host at a time until it can; the hosts left out wait as spares. */
+ * refuses it) is shrunk one host at a time until it can; the hosts left out wait as spares.
+ *
+ * The in-memory path (--elastic-rescue 1, the default; issue 36): the ranks get LOOM_ELASTIC_RESCUE_DIR
+ * (/dev/shm/loom-rescue-<job id>) and LOOM_ELASTIC_NPROC; on the first verdict the launcher waits, at
+ * most LOOM_ELASTIC_RESCUE_TIMEOUT_S, until each host of the attempt has its keeper's verdict (written
+ * after its rescue) or has failed its probe, and only then ends mpirun. The next attempt gets
+ * LOOM_ELASTIC_RESCUE_STEP=S (and _DISK_STEP) when every one of its hosts keeps the same step S,
+ * newer than the disk's (rescue_choice), else LOOM_ELASTIC_RECOVERY_WHY; the trainer side is
+ * cli/train.c's elastic_rescue. At the end of the job the directory is removed on every host that
+ * answers. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -610,9 +622,16 @@ int run_elastic(const run_opts_t *o)
 						waiting++;
 				}
 				if (waiting == 0 || now >= collect_until) {
-					collecting = 0, kill_at = now + o->grace_s;
-					run_note("elastic: %s: ending this mpirun (SIGTERM, SIGKILL after %g s)",
-					         waiting ? "not every host answered in time" : "every host has answered", o->grace_s);
+					/* a host known lost: mpirun would wait on its daemon whatever the grace, and every keeper
+					 * has written; SIGTERM reaches the ranks at once, so SIGKILL follows after 1 s */
+					int gone = 0;
+					for (int i = 0; i < e.nh; i++)
+						gone += use[i] && probed[i] && !e.h[i].alive;
+					double grace = gone && !waiting && o->grace_s > 1 ? 1 : o->grace_s;
+					collecting = 0, kill_at = now + grace;
+					run_note("elastic: %s%s: ending this mpirun (SIGTERM, SIGKILL after %g s)",
+					         waiting ? "not every host answered in time" : "every host has answered",
+					         gone ? " or is lost" : "", grace);
 					kill(-pid, SIGTERM), kill(pid, SIGTERM);
 				}
 			}

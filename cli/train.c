@@ -811,13 +811,13 @@ typedef struct {
  * "step S\ndisk D\n" (D: the newest step on disk this rank knows of, -1 none), or "none\n<why>\n".
  * No communication (the communicator is broken). Bounded: the launcher waits for the keepers'
  * verdicts at most LOOM_ELASTIC_RESCUE_TIMEOUT_S, so a rescue finished later is dropped. */
-static void elastic_rescue(run_ctx_t *r, loom_trainer_t *tr, int run_rc)
+static void elastic_rescue(run_ctx_t *r, loom_trainer_t *tr, int run_rc, int rank)
 {
 	char dir[PATH_MAX], why[700] = "";
 	const char *t = getenv("LOOM_ELASTIC_RESCUE_TIMEOUT_S"), *no;
 	double t0 = loom_now(), limit = t && atof(t) > 0 ? atof(t) : 20.0;
 	int rc;
-	if (rescue_dir(dir, sizeof dir) != 0 || !rescue_keeper(r->o->rank))
+	if (rescue_dir(dir, sizeof dir) != 0 || !rescue_keeper(rank))
 		return;
 	char given[PATH_MAX + 32], manifest[PATH_MAX + 64];
 	struct stat sb;
@@ -826,33 +826,33 @@ static void elastic_rescue(run_ctx_t *r, loom_trainer_t *tr, int run_rc)
 		/* failed before training from the state it was given, which is still in place (a host lost
 		 * again during the restart): it is still this host's rescue */
 		const char *d = getenv("LOOM_ELASTIC_DISK_STEP");
-		elastic_write("rescue", r->o->rank, "step %s\ndisk %lld\n", getenv("LOOM_ELASTIC_RESCUE_STEP"),
+		elastic_write("rescue", rank, "step %s\ndisk %lld\n", getenv("LOOM_ELASTIC_RESCUE_STEP"),
 		              d ? atoll(d) : -1LL);
 		return;
 	}
 	if (!tr || !r->training)
-		snprintf(why, sizeof why, "rank %d failed before its training loop", r->o->rank);
+		snprintf(why, sizeof why, "rank %d failed before its training loop", rank);
 	else if (run_rc != LOOM_EPEERLOST && run_rc != LOOM_ETIMEDOUT)
-		snprintf(why, sizeof why, "rank %d failed with '%s', not a lost peer", r->o->rank, loom_strerror(run_rc));
+		snprintf(why, sizeof why, "rank %d failed with '%s', not a lost peer", rank, loom_strerror(run_rc));
 	else if ((no = loom_trainer_replica_why(tr)))
 		snprintf(why, sizeof why, "%s", no);
 	else if ((rc = loom_trainer_remove_replica(dir)) != LOOM_OK || /* an older rescue of this host */
 	         (rc = loom_trainer_save_replica(tr, dir)) != LOOM_OK)
-		snprintf(why, sizeof why, "rank %d could not keep its state: %s", r->o->rank, loom_errmsg());
+		snprintf(why, sizeof why, "rank %d could not keep its state: %s", rank, loom_errmsg());
 	else if (loom_now() - t0 > limit) {
 		snprintf(why, sizeof why, "rank %d kept its state in %.1f s, past LOOM_ELASTIC_RESCUE_TIMEOUT_S %g",
-		         r->o->rank, loom_now() - t0, limit);
+		         rank, loom_now() - t0, limit);
 		loom_trainer_remove_replica(dir);
 	} else {
-		elastic_write("rescue", r->o->rank, "step %lld\ndisk %lld\n", loom_trainer_steps_done(tr), r->disk_step);
+		elastic_write("rescue", rank, "step %lld\ndisk %lld\n", loom_trainer_steps_done(tr), r->disk_step);
 		fprintf(stderr, "loom train: rank %d: elastic: kept step %lld's training state in memory (%s, %.2f s) for "
-		        "the restart\n", r->o->rank, loom_trainer_steps_done(tr), dir, loom_now() - t0);
+		        "the restart\n", rank, loom_trainer_steps_done(tr), dir, loom_now() - t0);
 		return;
 	}
 	for (char *c = why; *c; c++) /* one line, safe in the launcher's JSON */
 		if (*c == '\n' || *c == '"' || *c == '\\')
 			*c = ' ';
-	elastic_write("rescue", r->o->rank, "none\n%s\n", why);
+	elastic_write("rescue", rank, "none\n%s\n", why);
 }
 
 /* At a checkpoint boundary of an elastic job: did the launcher ask the ranks to save and stop (its
@@ -1629,7 +1629,7 @@ out:
 	if (status != 0 && comm && elastic_dir()) { /* the launcher acts on the first verdict: the rescue first */
 		char msg[1024];
 		snprintf(msg, sizeof msg, "%s", loom_errmsg());
-		elastic_rescue(&r, tr, run_rc);
+		elastic_rescue(&r, tr, run_rc, o.rank);
 		elastic_write("failed", o.rank, "step %lld\n%s\n", tr ? loom_trainer_steps_done(tr) : -1LL, msg);
 	}
 	loom_trainer_destroy(tr); /* before the model, the mesh and the communicator it uses */

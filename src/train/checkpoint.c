@@ -30,7 +30,13 @@
  * save_dir up to S and those it writes; before its first save the newer ones, of a branch it abandons,
  * are moved into save_dir/abandoned-at-step_S (loom_trainer_prepare_save_dir). So every checkpoint
  * the run writes is the newest step_ directory of save_dir when it is committed, --keep-checkpoints
- * keeps it and the newest of its lineage, and `--resume` continues this run, not the abandoned one. */
+ * keeps it and the newest of its lineage, and `--resume` continues this run, not the abandoned one.
+ *
+ * A replica checkpoint (loom_trainer_save_replica) is the same directory written by one rank alone,
+ * without communication, when that rank holds the whole state (pure data parallel): every data-parallel
+ * rank's loader position follows from the step, so it is written without gathering them. An elastic
+ * job keeps one in RAM per host when a peer is lost (cli/run_elastic.c), and resumes from it like from
+ * any checkpoint. */
 #include <errno.h>
 #include <libgen.h>
 #include <stdio.h>
