@@ -542,6 +542,9 @@ TEST(elastic_bad_usage)
 	} cases[] = {
 		{"--nnodes 2:3 true", "elastic MIN:MAX runs over a hostfile: loom run --nnodes 2:3 --hostfile FILE"},
 		{"--elastic-dir /tmp/x true", "--elastic-dir is for an elastic job (--nnodes MIN:MAX --hostfile FILE)"},
+		{"--elastic-rescue 1 true", "--elastic-rescue is for an elastic job (--nnodes MIN:MAX --hostfile FILE)"},
+		{"--nnodes 2:3 --hostfile h --elastic-rescue yes true", "--elastic-rescue yes: expected 0 (recover from the "
+		                                                         "checkpoint on disk) or 1"},
 		{"--nnodes 3:2 --hostfile /nonexistent true", "--nnodes: 3 is out of range (expected 1..2)"},
 #ifdef LOOM_HAVE_MPI
 		{"--nnodes 1:2 --hostfile /nonexistent/hosts true", "--hostfile /nonexistent/hosts: No such file or directory"},
