@@ -8,7 +8,7 @@
  *   stopped host's daemon), probes every host of the job (an mpirun of `true` there, as the job's own
  *   command reaches it), drops those that do not answer within LOOM_ELASTIC_PROBE_TIMEOUT_S and
  *   starts again on the rest; the program resumes from its newest complete checkpoint (loom train
- *   --resume reshards it onto any mesh). A failure with every host answering is a failure proper:
+ *   --resume reshards it onto any mesh), or from the state the survivors keep in RAM (below). A failure with every host answering is a failure proper:
  *   it counts against --max-restarts, membership changes do not.
  * - grow: while the job runs on fewer than MAX hosts, the hosts not in it are probed every
  *   LOOM_ELASTIC_PROBE_S; when one answers, the launcher asks the ranks to save and stop at their
@@ -23,6 +23,9 @@
  *   refused.aK.rR    rank R cannot keep the global batch on this world: "<message>"
  *   stop-request.aK  the launcher's request: save and stop at the next checkpoint boundary
  *   stopped.aK       rank 0: "step S": it saved step S and stopped at that request
+ *   rescue.aK.rR     rank R, the first of its host (its "keeper"), before its verdict: "step S\ndisk D\n",
+ *                    it keeps step S's whole training state in RAM on its host (D: the newest step on
+ *                    disk it knows of), or "none\n<why>\n"
  *   started.aK.rR    rank R joined the job (loom_comm_init returned): until every rank has, nothing
  *                    bounds a start that hangs (MPI_Init has no deadline), so an attempt whose ranks
  *                    have not all joined within LOOM_ELASTIC_START_TIMEOUT_S (default 120) is ended
@@ -32,7 +35,16 @@
  * writes to its JSONL log as an event row once it knows the step it resumed from.
  *
  * The batch rule: a world whose data-parallel size cannot keep --total-batch-size (the trainer
- * refuses it) is shrunk one host at a time until it can; the hosts left out wait as spares. */
+ * refuses it) is shrunk one host at a time until it can; the hosts left out wait as spares.
+ *
+ * The in-memory path (--elastic-rescue 1, the default; issue 36): the ranks get LOOM_ELASTIC_RESCUE_DIR
+ * (/dev/shm/loom-rescue-<job id>) and LOOM_ELASTIC_NPROC; on the first verdict the launcher waits, at
+ * most LOOM_ELASTIC_RESCUE_TIMEOUT_S, until each host of the attempt has its keeper's verdict (written
+ * after its rescue) or has failed its probe, and only then ends mpirun. The next attempt gets
+ * LOOM_ELASTIC_RESCUE_STEP=S (and _DISK_STEP) when every one of its hosts keeps the same step S,
+ * newer than the disk's (rescue_choice), else LOOM_ELASTIC_RECOVERY_WHY; the trainer side is
+ * cli/train.c's elastic_rescue. At the end of the job the directory is removed on every host that
+ * answers. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -45,6 +57,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "loom/train.h"
 #include "loom/util.h"
 #include "run_opts.h"
 #include "run_output.h"
@@ -55,6 +68,10 @@ typedef struct {
 	pid_t probe;   /* a probe in flight, or 0 */
 	double probe_deadline;
 	char why[200]; /* why its last probe failed */
+	/* the in-memory path: the step whose state this host keeps in RAM (its keeper's rescue file), or
+	 * -1, and why not */
+	long long rescue_step;
+	char rescue_why[300];
 } host_t;
 
 typedef struct {
@@ -64,6 +81,12 @@ typedef struct {
 	char dir[1024];
 	double probe_s, probe_timeout_s, start_timeout_s;
 	int attempt;
+	/* the in-memory path (--elastic-rescue): the directory every host keeps its rescue under
+	 * (/dev/shm/loom-rescue-<job id>), how long a failed attempt's keepers are waited for, and the
+	 * newest checkpoint step on disk the keepers know of */
+	char shm[600];
+	double rescue_timeout_s;
+	long long rescue_disk;
 } elastic_t;
 
 static volatile sig_atomic_t got_signal;
@@ -125,12 +148,12 @@ static pid_t start(char *const *argv, const char *out)
 	return pid;
 }
 
-/* Start a probe of host i: `mpirun -np 1 --host NAME:1 true`, as the job reaches it. */
-static void probe_start(elastic_t *e, int i)
+/* Start a probe of host i: `mpirun -np 1 --host NAME:1 true`, as the job reaches it (or with prog
+ * instead of true: a command run there, collected like a probe). */
+static void probe_run(elastic_t *e, int i, char **prog)
 {
 	static run_cmd_t cmd;
 	const char *name = e->h[i].name;
-	char *prog[] = {"true", NULL};
 	if (e->h[i].probe > 0 || run_mpirun_cmd(&cmd, &name, 1, 1, prog) != 0)
 		return;
 	char log[1200];
@@ -140,6 +163,12 @@ static void probe_start(elastic_t *e, int i)
 	run_mpirun_cmd_free(&cmd);
 	if (e->h[i].probe < 0)
 		e->h[i].probe = 0;
+}
+
+static void probe_start(elastic_t *e, int i)
+{
+	char *prog[] = {"true", NULL};
+	probe_run(e, i, prog);
 }
 
 /* Collect host i's probe if it ended (or kill it past its deadline: no answer). Returns 1 when the
@@ -261,7 +290,7 @@ static void clear_dir(const elastic_t *e)
 		if (de->d_name[0] != '.' && (strncmp(de->d_name, "failed.", 7) == 0 || strncmp(de->d_name, "refused.", 8) == 0 ||
 		                             strncmp(de->d_name, "stop-request.", 13) == 0 ||
 		                             strncmp(de->d_name, "stopped.", 8) == 0 || strncmp(de->d_name, "probe.", 6) == 0 ||
-		                             strncmp(de->d_name, "started.", 8) == 0)) {
+		                             strncmp(de->d_name, "started.", 8) == 0 || strncmp(de->d_name, "rescue.", 7) == 0)) {
 			snprintf(path, sizeof path, "%s/%s", e->dir, de->d_name);
 			unlink(path);
 		}
@@ -292,6 +321,104 @@ static void utc_now(char *buf, size_t cap)
 	struct tm tm;
 	gmtime_r(&t, &tm);
 	strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+/* The keepers' rescue files of the attempt that ended (rescue.aK.rR, R the first rank of each host of
+ * `use`): each host's step kept in RAM, or -1 and why not; e->rescue_disk the newest step on disk
+ * they know of. Hosts not in the attempt keep nothing of its state. */
+static void read_rescues(elastic_t *e, const int *use)
+{
+	int k = 0;
+	e->rescue_disk = -1;
+	for (int i = 0; i < e->nh; i++) {
+		host_t *h = &e->h[i];
+		char path[1400], line[400] = "";
+		long long step = -1, disk = -1;
+		FILE *f;
+		h->rescue_step = -1;
+		if (!use[i]) {
+			snprintf(h->rescue_why, sizeof h->rescue_why, "it was not in the job");
+			continue;
+		}
+		snprintf(path, sizeof path, "%s/rescue.a%d.r%d", e->dir, e->attempt, k++ * e->o->nproc);
+		if (!(f = fopen(path, "r"))) {
+			snprintf(h->rescue_why, sizeof h->rescue_why, "no word from its first rank within %g s "
+			         "(LOOM_ELASTIC_RESCUE_TIMEOUT_S)", e->rescue_timeout_s);
+			continue;
+		}
+		if (fscanf(f, "step %lld\ndisk %lld", &step, &disk) == 2 && step >= 0) {
+			h->rescue_step = step;
+			if (disk > e->rescue_disk)
+				e->rescue_disk = disk;
+		} else {
+			rewind(f);
+			if (fgets(line, sizeof line, f) && fgets(line, sizeof line, f))
+				line[strcspn(line, "\n")] = '\0';
+			snprintf(h->rescue_why, sizeof h->rescue_why, "%.250s", line[0] ? line : "an unreadable rescue file");
+		}
+		fclose(f);
+	}
+}
+
+/* The recovery of the attempt on `use`: from the state its hosts keep in RAM when every one keeps the
+ * same step s, newer than the newest checkpoint on disk (returns s), else -1 with why. */
+static long long rescue_choice(const elastic_t *e, const int *use, char *why, size_t cap)
+{
+	long long s = -2;
+	why[0] = '\0';
+	if (!e->o->elastic_rescue) {
+		snprintf(why, cap, "the in-memory path is off (--elastic-rescue 0)");
+		return -1;
+	}
+	for (int i = 0; i < e->nh; i++) {
+		if (!use[i])
+			continue;
+		if (e->h[i].rescue_step < 0) {
+			snprintf(why, cap, "host %s keeps no state in memory: %s", e->h[i].name, e->h[i].rescue_why);
+			return -1;
+		}
+		if (s == -2)
+			s = e->h[i].rescue_step;
+		else if (s != e->h[i].rescue_step) {
+			size_t n = (size_t)snprintf(why, cap, "the hosts keep different steps (a step completed on some ranks "
+			                            "only):");
+			for (int j = 0; j < e->nh && n < cap; j++)
+				if (use[j])
+					n += (size_t)snprintf(why + n, cap - n, " %s step %lld", e->h[j].name, e->h[j].rescue_step);
+			return -1;
+		}
+	}
+	if (s < 0) {
+		snprintf(why, cap, "no host keeps state in memory");
+		return -1;
+	}
+	if (s <= e->rescue_disk) {
+		snprintf(why, cap, "the state kept in memory (step %lld) is not newer than the checkpoint on disk (step %lld)",
+		         s, e->rescue_disk);
+		return -1;
+	}
+	return s;
+}
+
+/* The end of the job: remove the rescue directory on every host that answers (an mpirun of rm there,
+ * all at once, each bounded like a probe) and here. */
+static void rescue_cleanup(elastic_t *e)
+{
+	char *prog[] = {"rm", "-rf", e->shm, NULL};
+	int left = 0;
+	if (!e->o->elastic_rescue)
+		return;
+	for (int i = 0; i < e->nh; i++)
+		if (e->h[i].alive)
+			probe_run(e, i, prog), left += e->h[i].probe > 0;
+	while (left > 0) {
+		for (int i = 0; i < e->nh; i++)
+			if (e->h[i].probe > 0 && probe_poll(e, i))
+				left--;
+		if (left > 0)
+			usleep(20000);
+	}
+	loom_trainer_remove_replica(e->shm);
 }
 
 int run_elastic(const run_opts_t *o)
@@ -331,6 +458,20 @@ int run_elastic(const run_opts_t *o)
 	e.probe_s = env_seconds("LOOM_ELASTIC_PROBE_S", 5);
 	e.probe_timeout_s = env_seconds("LOOM_ELASTIC_PROBE_TIMEOUT_S", 10);
 	e.start_timeout_s = env_seconds("LOOM_ELASTIC_START_TIMEOUT_S", 120);
+	e.rescue_timeout_s = env_seconds("LOOM_ELASTIC_RESCUE_TIMEOUT_S", 20);
+	e.rescue_disk = -1;
+	for (int i = 0; i < e.nh; i++)
+		e.h[i].rescue_step = -1, snprintf(e.h[i].rescue_why, sizeof e.h[i].rescue_why, "nothing failed yet");
+	snprintf(e.shm, sizeof e.shm, "/dev/shm/loom-rescue-%s", o->job_id);
+	unsetenv("LOOM_ELASTIC_RESCUE_STEP"), unsetenv("LOOM_ELASTIC_DISK_STEP"), unsetenv("LOOM_ELASTIC_RECOVERY_WHY");
+	if (o->elastic_rescue) { /* the ranks' side: cli/train.c's elastic_rescue */
+		char v[64];
+		setenv("LOOM_ELASTIC_RESCUE_DIR", e.shm, 1);
+		snprintf(v, sizeof v, "%d", o->nproc), setenv("LOOM_ELASTIC_NPROC", v, 1);
+		snprintf(v, sizeof v, "%g", e.rescue_timeout_s), setenv("LOOM_ELASTIC_RESCUE_TIMEOUT_S", v, 1);
+	} else {
+		unsetenv("LOOM_ELASTIC_RESCUE_DIR");
+	}
 	clear_dir(&e);
 	memset(&sa, 0, sizeof sa);
 	sa.sa_handler = on_signal;
@@ -346,8 +487,8 @@ int run_elastic(const run_opts_t *o)
 	probe_all(&e, want); /* a host that does not answer now is not used until it does */
 	for (;;) {
 		pid_t pid;
-		int st = 0, verdicts = 0, refusals = 0, stop_asked = 0, joined = 0;
-		double verdict_at = 0, kill_at = 0, next_probe = now_s() + e.probe_s, started_at = now_s();
+		int st = 0, verdicts = 0, refusals = 0, stop_asked = 0, joined = 0, collecting = 0, probed[RUN_MAX_HOSTS] = {0};
+		double verdict_at = 0, kill_at = 0, collect_until = 0, next_probe = now_s() + e.probe_s, started_at = now_s();
 		char verdict[1100] = "", path[1400], text[1100];
 		long long vstep = -1;
 		/* the hosts of this attempt: the first alive ones of the file, at most MAX, less the batch rule's */
@@ -375,6 +516,7 @@ int run_elastic(const run_opts_t *o)
 			         "the others do not answer", o->nnodes_min, list[0] ? "; not answering: " : "", list);
 			if (cause[0])
 				run_note("elastic: the last change: %s", cause);
+			rescue_cleanup(&e);
 			if (summary[0])
 				fprintf(stderr, "loom run: elastic summary: %d membership change%s, %d failure%s:\n%s", changes,
 				        changes == 1 ? "" : "s", failures, failures == 1 ? "" : "s", summary);
@@ -401,9 +543,24 @@ int run_elastic(const run_opts_t *o)
 				setenv("LOOM_ELASTIC_RULE", rule, 1);
 			else
 				unsetenv("LOOM_ELASTIC_RULE");
+			char why[900];
+			long long s = rescue_choice(&e, use, why, sizeof why);
+			if (s >= 0) {
+				snprintf(v, sizeof v, "%lld", s), setenv("LOOM_ELASTIC_RESCUE_STEP", v, 1);
+				snprintf(v, sizeof v, "%lld", e.rescue_disk), setenv("LOOM_ELASTIC_DISK_STEP", v, 1);
+				unsetenv("LOOM_ELASTIC_RECOVERY_WHY");
+				run_note("elastic: recovery in memory: every host of the attempt keeps step %lld's training state in RAM "
+				         "(%s/<host>; the newest checkpoint on disk is of step %lld)", s, e.shm, e.rescue_disk);
+			} else {
+				unsetenv("LOOM_ELASTIC_RESCUE_STEP"), unsetenv("LOOM_ELASTIC_DISK_STEP");
+				json_safe(why);
+				setenv("LOOM_ELASTIC_RECOVERY_WHY", why, 1);
+				run_note("elastic: recovery from the checkpoint on disk: %s", why);
+			}
 		} else {
 			unsetenv("LOOM_ELASTIC_CAUSE"), unsetenv("LOOM_ELASTIC_TIME"), unsetenv("LOOM_ELASTIC_OLD_WORLD");
 			unsetenv("LOOM_ELASTIC_LAST_STEP"), unsetenv("LOOM_ELASTIC_RULE");
+			unsetenv("LOOM_ELASTIC_RESCUE_STEP"), unsetenv("LOOM_ELASTIC_DISK_STEP"), unsetenv("LOOM_ELASTIC_RECOVERY_WHY");
 		}
 		if (run_mpirun_cmd(&cmd, names, nuse, o->nproc, o->argv) != 0)
 			return 1;
@@ -438,10 +595,45 @@ int run_elastic(const run_opts_t *o)
 			}
 			if (verdict_at == 0 && read_rank_files(&e, "failed", text, sizeof text, &verdicts, NULL) >= 0) {
 				snprintf(verdict, sizeof verdict, "%s", text);
-				verdict_at = now, kill_at = now + o->grace_s;
-				run_note("elastic: a rank failed (%.300s): ending this mpirun (SIGTERM, SIGKILL after %g s)", verdict,
-				         o->grace_s);
-				kill(-pid, SIGTERM), kill(pid, SIGTERM);
+				verdict_at = now;
+				if (o->elastic_rescue) { /* first the keepers' rescues: probe the hosts meanwhile */
+					collecting = 1, collect_until = now + e.rescue_timeout_s;
+					for (int i = 0; i < e.nh; i++)
+						if (use[i])
+							probe_start(&e, i);
+					run_note("elastic: a rank failed (%.300s): waiting for each host's state in memory (at most %g s, "
+					         "LOOM_ELASTIC_RESCUE_TIMEOUT_S) while probing the hosts", verdict, e.rescue_timeout_s);
+				} else {
+					kill_at = now + o->grace_s;
+					run_note("elastic: a rank failed (%.300s): ending this mpirun (SIGTERM, SIGKILL after %g s)", verdict,
+					         o->grace_s);
+					kill(-pid, SIGTERM), kill(pid, SIGTERM);
+				}
+			}
+			if (collecting) { /* every host of the job: its first rank's verdict (after its rescue), or lost */
+				int waiting = 0, k = 0;
+				for (int i = 0; i < e.nh; i++) {
+					if (!use[i])
+						continue;
+					if (probe_poll(&e, i))
+						probed[i] = 1;
+					snprintf(path, sizeof path, "%s/failed.a%d.r%d", e.dir, e.attempt, k++ * o->nproc);
+					if (!exists(path) && !(probed[i] && !e.h[i].alive))
+						waiting++;
+				}
+				if (waiting == 0 || now >= collect_until) {
+					/* a host known lost: mpirun would wait on its daemon whatever the grace, and every keeper
+					 * has written; SIGTERM reaches the ranks at once, so SIGKILL follows after 1 s */
+					int gone = 0;
+					for (int i = 0; i < e.nh; i++)
+						gone += use[i] && probed[i] && !e.h[i].alive;
+					double grace = gone && !waiting && o->grace_s > 1 ? 1 : o->grace_s;
+					collecting = 0, kill_at = now + grace;
+					run_note("elastic: %s%s: ending this mpirun (SIGTERM, SIGKILL after %g s)",
+					         waiting ? "not every host answered in time" : "every host has answered",
+					         gone ? " or is lost" : "", grace);
+					kill(-pid, SIGTERM), kill(pid, SIGTERM);
+				}
 			}
 			if (verdict_at == 0 && joined < nuse * o->nproc) { /* the start's watchdog */
 				read_rank_files(&e, "started", text, sizeof text, &joined, NULL);
@@ -503,6 +695,9 @@ int run_elastic(const run_opts_t *o)
 			size_t len = strlen(summary);
 			snprintf(summary + len, sizeof summary - len, "  change %d: %s; stopped after step %lld's checkpoint\n",
 			         changes, cause, last_step);
+			for (int i = 0; i < e.nh; i++) /* the checkpoint is the newest state: nothing in RAM is */
+				e.h[i].rescue_step = -1, snprintf(e.h[i].rescue_why, sizeof e.h[i].rescue_why, "the job grows from "
+				                                  "step %lld's checkpoint, saved at the launcher's request", last_step);
 			e.attempt++;
 			continue;
 		}
@@ -522,14 +717,17 @@ int run_elastic(const run_opts_t *o)
 			if (summary[0])
 				fprintf(stderr, "loom run: elastic summary: %d membership change%s, %d failure%s:\n%s", changes,
 				        changes == 1 ? "" : "s", failures, failures == 1 ? "" : "s", summary);
+			rescue_cleanup(&e);
 			clear_dir(&e);
 			if (!o->elastic_dir)
 				rmdir(e.dir);
 			return 0;
 		}
-		/* a failure: which hosts of the job still answer? */
+		/* a failure: what each host keeps in RAM, and which hosts of the job still answer (those not
+		 * probed yet while the rescues were awaited) */
+		read_rescues(&e, use);
 		for (int i = 0; i < e.nh; i++)
-			want[i] = use[i];
+			want[i] = use[i] && !probed[i];
 		probe_all(&e, want);
 		int lost[RUN_MAX_HOSTS], nlost = 0;
 		for (int i = 0; i < e.nh; i++)
@@ -555,6 +753,7 @@ int run_elastic(const run_opts_t *o)
 			         verdict[0] ? verdict : "mpirun failed");
 			if (failures > o->max_restarts) {
 				run_note("elastic: job failed: %s; --max-restarts %d reached", cause, o->max_restarts);
+				rescue_cleanup(&e);
 				if (summary[0])
 					fprintf(stderr, "loom run: elastic summary: %d membership change%s, %d failure%s:\n%s", changes,
 					        changes == 1 ? "" : "s", failures, failures == 1 ? "" : "s", summary);

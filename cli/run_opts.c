@@ -33,6 +33,9 @@ static void usage(FILE *f)
 	        "                       regain hosts between MIN and MAX without an operator; docs/launcher.md)\n"
 	        "  --elastic-dir DIR    with --nnodes MIN:MAX: the launcher's files shared with the ranks (default\n"
 	        "                       .loom-elastic-<job id> here; on a filesystem every host sees, as --save-dir)\n"
+	        "  --elastic-rescue 0|1 with --nnodes MIN:MAX: after a lost host, restart from the training state\n"
+	        "                       the survivors keep in RAM (/dev/shm, one copy per host) when every rank\n"
+	        "                       holds a whole replica (default 1); 0: always from the checkpoint on disk\n"
 	        "  --node-rank I        this node's rank (GROUP_RANK), 0 <= I < K (default 0)\n"
 	        "  --master-addr A      MASTER_ADDR (default 127.0.0.1)\n"
 	        "  --master-port P      MASTER_PORT (default 29500)\n"
@@ -221,6 +224,11 @@ void run_parse_opts(int argc, char **argv, run_opts_t *o)
 			if (!*v)
 				cli_die("run", "--elastic-dir: empty path");
 			o->elastic_dir = v;
+		} else if (flag2(argc, argv, &i, "--elastic-rescue", &v)) {
+			if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
+				cli_die("run", "--elastic-rescue %s: expected 0 (recover from the checkpoint on disk) or 1 (from the "
+				        "survivors' state in memory when they hold whole replicas)", v);
+			o->elastic_rescue = v[0] == '1', o->elastic_rescue_set = 1;
 		} else if (flag2(argc, argv, &i, "--hostfile", &v)) {
 			o->hostfile = v;
 		} else if (flag2(argc, argv, &i, "--master-port", &v)) {
@@ -276,6 +284,10 @@ void run_parse_opts(int argc, char **argv, run_opts_t *o)
 	}
 	if (o->elastic_dir && !o->elastic)
 		cli_die("run", "--elastic-dir is for an elastic job (--nnodes MIN:MAX --hostfile FILE)");
+	if (o->elastic_rescue_set && !o->elastic)
+		cli_die("run", "--elastic-rescue is for an elastic job (--nnodes MIN:MAX --hostfile FILE)");
+	if (!o->elastic_rescue_set)
+		o->elastic_rescue = 1;
 	if (node_rank)
 		o->node_rank = (int)parse_range("--node-rank", node_rank, 0, o->nnodes - 1);
 	o->port = port ? (int)parse_range("--master-port", port, 1, 65535) : 29500;

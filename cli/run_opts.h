@@ -34,6 +34,8 @@ typedef struct {
 	int elastic;             /* 1: MIN:MAX given with --hostfile */
 	int nnodes_min, nnodes_max;
 	const char *elastic_dir; /* --elastic-dir: the launcher's and the ranks' protocol files, or NULL */
+	int elastic_rescue;      /* --elastic-rescue 0|1 (default 1): the in-memory recovery path */
+	int elastic_rescue_set;  /* --elastic-rescue given */
 } run_opts_t;
 
 /* An mpirun command line (run_mpi.c) and the storage its words point into. */

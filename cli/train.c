@@ -36,6 +36,7 @@
 #include "loom/mesh.h"
 #include "loom/plan.h"
 #include "loom/train.h"
+#include "loom/util.h"
 #include "train_memory.h"
 
 static const char *const usage_text =
@@ -601,6 +602,45 @@ static void elastic_write(const char *what, int rank, const char *fmt, ...)
 	}
 }
 
+/* ---- the in-memory recovery path (issue 36; cli/run_elastic.c decides which path a restart takes) ---- */
+
+/* This host's rescue directory, LOOM_ELASTIC_RESCUE_DIR/<host name>, into buf (the launcher gives the
+ * same directory to every host; the host name keeps hosts that share a /dev/shm apart). Returns 0, or
+ * -1 outside an elastic job or with the path off (loom run --elastic-rescue 0). */
+static int rescue_dir(char *buf, size_t cap)
+{
+	const char *d = getenv("LOOM_ELASTIC_RESCUE_DIR");
+	char host[256];
+	if (!elastic_dir() || !d || !*d)
+		return -1;
+	if (gethostname(host, sizeof host) != 0)
+		snprintf(host, sizeof host, "localhost");
+	host[sizeof host - 1] = '\0';
+	snprintf(buf, cap, "%s/%s", d, host);
+	return 0;
+}
+
+/* 1 on the rank that keeps its host's rescue: the host's first (the launcher places LOOM_ELASTIC_NPROC
+ * consecutive ranks on each host). */
+static int rescue_keeper(int rank)
+{
+	const char *n = getenv("LOOM_ELASTIC_NPROC");
+	int nproc = n && atoi(n) > 0 ? atoi(n) : 1;
+	return rank % nproc == 0;
+}
+
+/* The launcher chose the in-memory path (LOOM_ELASTIC_RESCUE_STEP): this host's rescue of that step
+ * into buf. Returns 0, or -1 when it did not. */
+static int rescue_path(char *buf, size_t cap)
+{
+	const char *s = getenv("LOOM_ELASTIC_RESCUE_STEP");
+	char dir[PATH_MAX];
+	if (!s || !*s || rescue_dir(dir, sizeof dir) != 0)
+		return -1;
+	snprintf(buf, cap, "%s/step_%08lld", dir, atoll(s));
+	return 0;
+}
+
 /* Micro-batches per step and rank: from --total-batch-size = B x T x dp x accum, or --grad-accum. In an
  * elastic job a world that cannot keep the global batch is refused to the launcher too, which then
  * runs on fewer hosts (its batch rule). */
@@ -757,7 +797,63 @@ typedef struct {
 	 * launcher's request */
 	loom_comm_t *world;
 	int elastic_stop;
+	/* the in-memory recovery (elastic_rescue): 1 once the training loop runs; the newest step this run
+	 * knows to be in a committed checkpoint on disk (-1: none); 1 when resumed from a rescue */
+	int training;
+	long long disk_step;
+	int rescued;
 } run_ctx_t;
+
+/* After a failed attempt, on each host's keeper: when a peer was lost (the comm's LOOM_EPEERLOST or
+ * its deadline) during the training loop and this rank holds the whole training state, that state is
+ * still the last completed step's (a step's collectives precede its update: trainer.c), so write it as
+ * a checkpoint into this host's rescue directory (in RAM) and tell the launcher: rescue.aK.rR holds
+ * "step S\ndisk D\n" (D: the newest step on disk this rank knows of, -1 none), or "none\n<why>\n".
+ * No communication (the communicator is broken). Bounded: the launcher waits for the keepers'
+ * verdicts at most LOOM_ELASTIC_RESCUE_TIMEOUT_S, so a rescue finished later is dropped. */
+static void elastic_rescue(run_ctx_t *r, loom_trainer_t *tr, int run_rc, int rank)
+{
+	char dir[PATH_MAX], why[700] = "";
+	const char *t = getenv("LOOM_ELASTIC_RESCUE_TIMEOUT_S"), *no;
+	double t0 = loom_now(), limit = t && atof(t) > 0 ? atof(t) : 20.0;
+	int rc;
+	if (rescue_dir(dir, sizeof dir) != 0 || !rescue_keeper(rank))
+		return;
+	char given[PATH_MAX + 32], manifest[PATH_MAX + 64];
+	struct stat sb;
+	if ((!tr || !r->training) && rescue_path(given, sizeof given) == 0 &&
+	    snprintf(manifest, sizeof manifest, "%s/MANIFEST", given) > 0 && stat(manifest, &sb) == 0) {
+		/* failed before training from the state it was given, which is still in place (a host lost
+		 * again during the restart): it is still this host's rescue */
+		const char *d = getenv("LOOM_ELASTIC_DISK_STEP");
+		elastic_write("rescue", rank, "step %s\ndisk %lld\n", getenv("LOOM_ELASTIC_RESCUE_STEP"),
+		              d ? atoll(d) : -1LL);
+		return;
+	}
+	if (!tr || !r->training)
+		snprintf(why, sizeof why, "rank %d failed before its training loop", rank);
+	else if (run_rc != LOOM_EPEERLOST && run_rc != LOOM_ETIMEDOUT)
+		snprintf(why, sizeof why, "rank %d failed with '%s', not a lost peer", rank, loom_strerror(run_rc));
+	else if ((no = loom_trainer_replica_why(tr)))
+		snprintf(why, sizeof why, "%s", no);
+	else if ((rc = loom_trainer_remove_replica(dir)) != LOOM_OK || /* an older rescue of this host */
+	         (rc = loom_trainer_save_replica(tr, dir)) != LOOM_OK)
+		snprintf(why, sizeof why, "rank %d could not keep its state: %s", rank, loom_errmsg());
+	else if (loom_now() - t0 > limit) {
+		snprintf(why, sizeof why, "rank %d kept its state in %.1f s, past LOOM_ELASTIC_RESCUE_TIMEOUT_S %g",
+		         rank, loom_now() - t0, limit);
+		loom_trainer_remove_replica(dir);
+	} else {
+		elastic_write("rescue", rank, "step %lld\ndisk %lld\n", loom_trainer_steps_done(tr), r->disk_step);
+		fprintf(stderr, "loom train: rank %d: elastic: kept step %lld's training state in memory (%s, %.2f s) for "
+		        "the restart\n", rank, loom_trainer_steps_done(tr), dir, loom_now() - t0);
+		return;
+	}
+	for (char *c = why; *c; c++) /* one line, safe in the launcher's JSON */
+		if (*c == '\n' || *c == '"' || *c == '\\')
+			*c = ' ';
+	elastic_write("rescue", rank, "none\n%s\n", why);
+}
 
 /* At a checkpoint boundary of an elastic job: did the launcher ask the ranks to save and stop (its
  * stop-request file, which rank 0 looks for and broadcasts, so every rank stops at the same step)?
@@ -806,8 +902,16 @@ static long long log_last_step(const char *path)
 
 /* The attempt after a membership change: its event row for the log (into buf, set as the trainer's
  * log_event) and a line on rank 0's output. resumed: the step this attempt starts from. */
-static void elastic_event(opts_t *o, loom_trainer_t *tr, char *buf, size_t cap)
+static void elastic_event(opts_t *o, loom_trainer_t *tr, int rescued, char *buf, size_t cap)
 {
+	char dir[PATH_MAX];
+	const char *why = loom_trainer_replica_why(tr), *said = getenv("LOOM_ELASTIC_RECOVERY_WHY");
+	if (rescued)
+		why = NULL;
+	else if (rescue_dir(dir, sizeof dir) != 0)
+		why = "the in-memory path is off (loom run --elastic-rescue 0)";
+	else if (!why)
+		why = said && *said ? said : "no rescue in memory";
 	long long resumed = loom_trainer_steps_done(tr);
 	const char *cause = getenv("LOOM_ELASTIC_CAUSE"), *when = getenv("LOOM_ELASTIC_TIME");
 	const char *old = getenv("LOOM_ELASTIC_OLD_WORLD"), *last = getenv("LOOM_ELASTIC_LAST_STEP");
@@ -822,15 +926,17 @@ static void elastic_event(opts_t *o, loom_trainer_t *tr, char *buf, size_t cap)
 	lost = done > resumed ? done - resumed : 0;
 	snprintf(buf, cap, "{\"event\":\"elastic\",\"step\":%lld,\"time\":\"%s\",\"cause\":\"%s\",\"old_mesh\":{\"world\":%d,"
 	         "\"dp\":%d,\"cp\":%d,\"tp\":%d,\"pp\":%d},\"new_mesh\":{\"world\":%d,\"dp\":%d,\"cp\":%d,\"tp\":%d,\"pp\":%d},"
-	         "\"resumed_from\":%lld,\"steps_lost\":%lld,\"accum\":%d,\"total_batch\":%lld,\"recovery\":\"checkpoint\"%s%s%s}",
+	         "\"resumed_from\":%lld,\"steps_lost\":%lld,\"accum\":%d,\"total_batch\":%lld,\"recovery\":\"%s\"%s%s%s%s%s%s}",
 	         resumed, when ? when : "", cause, old_world, shard > 0 ? old_world / shard : 0, o->cp, o->tp, o->pp, o->world,
 	         o->dp, o->cp, o->tp, o->pp, resumed, lost, o->tc.accum,
-	         (long long)o->tc.B * o->tc.T * o->dp * o->tc.accum, rule && *rule ? ",\"rule\":\"" : "",
+	         (long long)o->tc.B * o->tc.T * o->dp * o->tc.accum, rescued ? "memory" : "checkpoint",
+	         why ? ",\"recovery_why\":\"" : "", why ? why : "", why ? "\"" : "", rule && *rule ? ",\"rule\":\"" : "",
 	         rule && *rule ? rule : "", rule && *rule ? "\"" : "");
 	if (o->rank == 0)
 		printf("elastic: %s: mesh dp %d -> %d (tp %d, pp %d, cp %d), accumulation %d, resumed from step %lld's "
-		       "checkpoint (recovery from the checkpoint on disk), %lld step%s lost%s%s\n", cause,
-		       shard > 0 ? old_world / shard : 0, o->dp, o->tp, o->pp, o->cp, o->tc.accum, resumed, lost,
+		       "%s%s%s), %lld step%s lost%s%s\n", cause, shard > 0 ? old_world / shard : 0, o->dp, o->tp, o->pp, o->cp,
+		       o->tc.accum, resumed, rescued ? "state kept in memory by the survivors (recovery in memory" :
+		       "checkpoint (recovery from the checkpoint on disk", why ? ": " : "", why ? why : "", lost,
 		       lost == 1 ? "" : "s", rule && *rule ? "; " : "", rule && *rule ? rule : "");
 }
 
@@ -1029,6 +1135,8 @@ static int on_step(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
 	const char *nap = getenv("LOOM_STEP_SLEEP_MS");
 	if (nap && atoi(nap) > 0) /* tests of faults and launchers: a tiny model's steps made slow, without the CPU */
 		usleep((useconds_t)atoi(nap) * 1000u);
+	if (m->saved) /* committed by rank 0 before this callback (the run loop returns when a save fails) */
+		r->disk_step = m->step;
 	int w = snprintf(NULL, 0, "%lld", m->total), stop = elastic_stop_requested(r, m);
 	if (stop != 0) /* collective: before rank 0's printing */
 		return 1;
@@ -1293,8 +1401,9 @@ int loom_cli_train(int argc, char **argv)
 	static char elastic_row[4096];
 	loom_plan_t plan;
 	loom_cluster_t cluster;
-	int rc, status = 1, have_plan = 0;
+	int rc, run_rc = LOOM_OK, status = 1, have_plan = 0;
 	memset(&r, 0, sizeof r);
+	r.disk_step = -1;
 	parse(argc, argv, &o);
 	if (o.nproc > 1 && !in_job())
 		validate(&o, o.nproc); /* one message from the launcher, not one per rank */
@@ -1396,28 +1505,37 @@ int loom_cli_train(int argc, char **argv)
 		/* Starting from scratch only when there is no checkpoint at all: anything else that fails
 		 * (a damaged newest checkpoint, a missing key) stops here, before anything is written. */
 		int n = 0;
+		char rescue[PATH_MAX + 32];
 		const char *from = o.resume_from ? o.resume_from : o.tc.save_dir;
-		if (!o.resume_from && loom_ckpt_count(o.tc.save_dir, &n) != LOOM_OK) {
+		if (rescue_path(rescue, sizeof rescue) == 0) { /* the launcher chose the survivors' state in memory */
+			const char *d = getenv("LOOM_ELASTIC_DISK_STEP");
+			from = rescue, r.rescued = 1, r.disk_step = d ? atoll(d) : -1;
+		}
+		if (!o.resume_from && !r.rescued && loom_ckpt_count(o.tc.save_dir, &n) != LOOM_OK) {
 			fprintf(stderr, "loom train: --resume: %s\n", loom_errmsg());
 			goto out;
 		}
-		if (!o.resume_from && n == 0) {
+		if (!o.resume_from && !r.rescued && n == 0) {
 			if (o.rank == 0)
 				printf("resume: no checkpoint in %s yet, starting from scratch\n", o.tc.save_dir);
 		} else if ((rc = loom_trainer_resume(tr, from)) != LOOM_OK) {
-			fprintf(stderr, "loom train: %s\n", loom_errmsg());
+			fprintf(stderr, "loom train: %s%s\n", loom_errmsg(), r.rescued ? " (the state kept in memory that the "
+			        "launcher chose for this restart: LOOM_ELASTIC_RESCUE_STEP)" : "");
 			if (o.rank == 0 && !o.resume_from && rc == LOOM_EFORMAT)
 				fprintf(stderr, "loom train: nothing was written or removed; continue from an older checkpoint with "
 				        "--resume-from DIR/step_NNNNNNNN, or move the damaged one away\n");
 			goto out;
-		} else if (o.rank == 0) {
-			printf("resumed from %s at step %lld\n", from, loom_trainer_steps_done(tr));
-			if (loom_trainer_steps_done(tr) >= o.tc.lr.total_steps)
+		} else {
+			if (!r.rescued)
+				r.disk_step = loom_trainer_steps_done(tr);
+			if (o.rank == 0)
+				printf("resumed from %s at step %lld\n", from, loom_trainer_steps_done(tr));
+			if (o.rank == 0 && loom_trainer_steps_done(tr) >= o.tc.lr.total_steps)
 				printf("nothing to do: the checkpoint is at step %lld, --steps is %lld\n",
 				       loom_trainer_steps_done(tr), o.tc.lr.total_steps);
 		}
 	}
-	elastic_event(&o, tr, elastic_row, sizeof elastic_row);
+	elastic_event(&o, tr, r.rescued, elastic_row, sizeof elastic_row);
 	if (o.rank == 0) {
 		print_header(&o, tr);
 		if ((have_plan = predict(&o, &plan, &cluster))) { /* `loom plan`'s prediction for these flags */
@@ -1444,6 +1562,17 @@ int loom_cli_train(int argc, char **argv)
 		if (o.rank == 0 && o.dp * o.cp > 1)
 			printf("parameters: broadcast from rank 0 to %d ranks, checksum %016llx verified on every rank\n",
 			       o.dp * o.cp, (unsigned long long)sum);
+	}
+	if (r.rescued) { /* every rank has read its host's rescue: the host's keeper frees the memory */
+		char dir[PATH_MAX];
+		if (comm && loom_barrier(comm) != LOOM_OK) {
+			fprintf(stderr, "loom train: rank %d: elastic: the barrier after loading the state kept in memory: %s\n",
+			        o.rank, loom_comm_errmsg(comm));
+			goto out;
+		}
+		if (rescue_keeper(o.rank) && rescue_dir(dir, sizeof dir) == 0 && loom_trainer_remove_replica(dir) != LOOM_OK)
+			fprintf(stderr, "loom train: rank %d: elastic: %s (the launcher removes it at the end of the job)\n",
+			        o.rank, loom_errmsg());
 	}
 	if (o.sample_every > 0 && (o.tp > 1 || o.cp > 1)) {
 		if (o.rank == 0)
@@ -1486,7 +1615,8 @@ int loom_cli_train(int argc, char **argv)
 	}
 	setup_interrupt(argc, argv, &o);
 	r.world = comm;
-	if ((rc = loom_trainer_run(tr, on_step, &r)) != LOOM_OK) {
+	r.training = 1;
+	if ((rc = run_rc = loom_trainer_run(tr, on_step, &r)) != LOOM_OK) {
 		if (r.elastic_stop) { /* saved; the launcher starts the job again on more hosts */
 			status = 0;
 			goto out;
@@ -1507,8 +1637,12 @@ int loom_cli_train(int argc, char **argv)
 	}
 	status = 0;
 out:
-	if (status != 0 && comm && elastic_dir()) /* the launcher acts on the first verdict */
-		elastic_write("failed", o.rank, "step %lld\n%s\n", tr ? loom_trainer_steps_done(tr) : -1LL, loom_errmsg());
+	if (status != 0 && comm && elastic_dir()) { /* the launcher acts on the first verdict: the rescue first */
+		char msg[1024];
+		snprintf(msg, sizeof msg, "%s", loom_errmsg());
+		elastic_rescue(&r, tr, run_rc, o.rank);
+		elastic_write("failed", o.rank, "step %lld\n%s\n", tr ? loom_trainer_steps_done(tr) : -1LL, msg);
+	}
 	loom_trainer_destroy(tr); /* before the model, the mesh and the communicator it uses */
 	loom_model_destroy(model);
 	loom_mesh_destroy(mesh);

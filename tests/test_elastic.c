@@ -274,10 +274,13 @@ static int reference(const char *dir, int steps, int total, const char *extra, c
 	return 0;
 }
 
-/* Host 2 (10.231.7.3) is lost once step 20 is committed (every process in it stopped, its link down);
- * it returns once the launcher runs on two hosts. The job shrinks to 2 hosts, grows back to 3 and
- * ends like the uninterrupted run. */
-static int shrink_grow(const char *extra, const char *ref_extra)
+/* Host 2 (10.231.7.3) is lost (every process in it stopped, its link down) once step 20 is committed,
+ * or with `memory` mid-interval, once step 22 is logged; it returns once the launcher runs on two
+ * hosts. The job shrinks to 2 hosts, grows back to 3 and ends like the uninterrupted run. With
+ * `memory` (pure data parallel: every rank a whole replica) the shrink resumes from the state the
+ * survivors kept in RAM, losing no step; otherwise from the checkpoint, with the reason in the event
+ * row (`why`). Either way nothing is left in /dev/shm. */
+static int shrink_grow(const char *extra, const char *ref_extra, int memory, const char *why_not)
 {
 	enum { N = 60 };
 	static char out[OUT_CAP], train[4096], inner[8192], fault[4096], rows[4][1024], a[700], b[700];
@@ -293,40 +296,63 @@ static int shrink_grow(const char *extra, const char *ref_extra)
 	loom = realpath(test_loom_bin(), NULL);
 	CHECK(loom != NULL);
 	train_cmd(train, sizeof train, dir, N, 192, "ck", extra);
+	char shm[128];
+	snprintf(shm, sizeof shm, "/dev/shm/loom-rescue-le%d", p);
 	snprintf(inner, sizeof inner,
-	         "LOOM_DATA_TRACE=%s/dt LOOM_STEP_SLEEP_MS=100 timeout 200 %s run --nnodes 2:3 --hostfile "
+	         "LOOM_JOB_ID=le%d LOOM_DATA_TRACE=%s/dt LOOM_STEP_SLEEP_MS=100 timeout 200 %s run --nnodes 2:3 --hostfile "
 	         "hosts --nproc-per-node 1 --elastic-dir %s/ed %s",
-	         dir, loom, dir, train);
+	         p, dir, loom, dir, train);
 	free(loom);
 	snprintf(fault, sizeof fault,
-	         "for i in $(seq 6000); do [ -d ck/step_00000020 ] && break; sleep 0.01; done; "
+	         "for i in $(seq 6000); do %s && break; sleep 0.01; done; "
 	         "ip netns pids le%d2 | xargs -r kill -STOP; ip -n le%d2 link set le%de2 down; echo \"FAULT $(date +%%s.%%N)\"; "
 	         "for i in $(seq 6000); do grep -q 'attempt 1 on 2 hosts' out.txt && break; sleep 0.05; done; "
 	         "for i in $(seq 6000); do awk '/\"event\"/{e=1} e && /^[{]\"step\":/{f=1} END{exit !f}' ck.jsonl && break; "
 	         "sleep 0.01; done; echo \"FIRST2 $(date +%%s.%%N)\"; "
 	         "ip -n le%d2 link set le%de2 up; ip netns pids le%d2 | xargs -r kill -CONT; echo \"RETURN $(date +%%s.%%N)\"",
-	         p, p, p, p, p, p);
+	         memory ? "grep -q '^{\"step\":22,' ck.jsonl" : "[ -d ck/step_00000020 ]", p, p, p, p, p, p);
 	rc = on_cluster(dir, fault, inner, out, 240);
 	CHECK_MSG(rc == 0, "the elastic run in %s: exit %d:\n%s", dir, rc, out);
+	CHECK_MSG(access(shm, F_OK) != 0, "%s is left behind after the job:\n%s", shm, out);
 	CHECK_CONTAINS(out, "loom run: elastic: attempt 0 on 3 hosts");
 	CHECK_CONTAINS(out, "loom run: elastic: host lost: 10.231.7.3");
 	CHECK_CONTAINS(out, "loom run: elastic: attempt 1 on 2 hosts (10.231.7.1, 10.231.7.2), 2 ranks");
 	CHECK_CONTAINS(out, "loom run: elastic: host 10.231.7.3 answers: asking the ranks to save and stop");
 	CHECK_CONTAINS(out, "loom run: elastic: attempt 2 on 3 hosts");
 	CHECK_CONTAINS(out, "elastic summary: 2 membership changes, 0 failures");
-	CHECK_CONTAINS(out, "accumulation 3, resumed from step 20's checkpoint");
+	long long resumed = 20;
+	if (memory) { /* resumed from the survivors' state of the last step they completed: 22 or 23 */
+		const char *at = strstr(out, "accumulation 3, resumed from step ");
+		CHECK_CONTAINS(out, "loom run: elastic: recovery in memory: every host of the attempt keeps step ");
+		CHECK_CONTAINS(out, "'s training state in memory (/dev/shm/loom-rescue-");
+		CHECK_MSG(at != NULL, "no resume line:\n%s", out);
+		resumed = atoll(at + strlen("accumulation 3, resumed from step "));
+		CHECK_MSG(resumed > 20 && resumed < 25, "resumed from step %lld (expected the step before the loss, 21-24)",
+		          resumed);
+		CHECK_CONTAINS(out, "'s state kept in memory by the survivors (recovery in memory), 0 steps lost");
+	} else {
+		CHECK_CONTAINS(out, "accumulation 3, resumed from step 20's checkpoint (recovery from the checkpoint on disk: ");
+		CHECK_CONTAINS(out, why_not);
+	}
 	/* the log: each step once, and the two changes */
 	snprintf(a, sizeof a, "%s/ck.jsonl", dir);
 	CHECK_EQ(check_log(a, N, rows, 4), 2);
 	CHECK_CONTAINS(rows[0], "\"cause\":\"host lost: 10.231.7.3");
 	CHECK_CONTAINS(rows[0], "\"old_mesh\":{\"world\":3,\"dp\":3,");
 	CHECK_CONTAINS(rows[0], "\"new_mesh\":{\"world\":2,\"dp\":2,");
-	CHECK_CONTAINS(rows[0], "\"step\":20,");
-	CHECK_CONTAINS(rows[0], "\"resumed_from\":20,\"steps_lost\":0,\"accum\":3,\"total_batch\":192");
+	snprintf(a, sizeof a, "\"step\":%lld,", resumed);
+	CHECK_CONTAINS(rows[0], a);
+	snprintf(a, sizeof a, "\"resumed_from\":%lld,\"steps_lost\":0,\"accum\":3,\"total_batch\":192,\"recovery\":\"%s\"",
+	         resumed, memory ? "memory" : "checkpoint");
+	CHECK_CONTAINS(rows[0], a);
+	if (!memory) {
+		snprintf(a, sizeof a, "\"recovery_why\":\"%s", why_not);
+		CHECK_CONTAINS(rows[0], a);
+	}
 	CHECK_CONTAINS(rows[1], "\"cause\":\"grow: host 10.231.7.3 answers\"");
 	CHECK_CONTAINS(rows[1], "\"old_mesh\":{\"world\":2,\"dp\":2,");
 	CHECK_CONTAINS(rows[1], "\"new_mesh\":{\"world\":3,\"dp\":3,");
-	CHECK_CONTAINS(rows[1], "\"steps_lost\":0,\"accum\":2,\"total_batch\":192");
+	CHECK_CONTAINS(rows[1], "\"steps_lost\":0,\"accum\":2,\"total_batch\":192,\"recovery\":\"checkpoint\"");
 	/* the parameters and the data */
 	snprintf(a, sizeof a, "%s/ck/step_%08d/model.safetensors", dir, N);
 	snprintf(b, sizeof b, "%s/ref/step_%08d/model.safetensors", dir, N);
@@ -339,16 +365,19 @@ static int shrink_grow(const char *extra, const char *ref_extra)
 		if (f && g)
 			t_fault = atof(f + 6), t_first = atof(g + 7);
 	}
-	printf("  %s: host lost after step 20: the first step on two hosts %.1f s after the loss (LOOM_TIMEOUT_S=5, "
-	       "probe timeout 10 s); final parameters within %.2g relative of the uninterrupted run\n",
-	       extra[0] ? extra : "dp", t_first - t_fault, worst);
+	printf("  %s: host lost after step %s: the first step on two hosts %.1f s after the loss (LOOM_TIMEOUT_S=5, "
+	       "probe timeout 10 s; recovery %s, from step %lld); final parameters within %.2g relative of the "
+	       "uninterrupted run\n", extra[0] ? extra : "dp", memory ? "22" : "20's checkpoint", t_first - t_fault,
+	       memory ? "in memory" : "from the checkpoint", resumed, worst);
 	test_rmdir(dir);
 	return no_namespaces_left();
 }
 
+/* Pure data parallel: host 2 is lost between checkpoints (after step 22; the checkpoints are every 5)
+ * and the survivors restart from the state they kept in RAM: no step lost. */
 TEST(elastic_shrink_grow)
 {
-	return shrink_grow("", "");
+	return shrink_grow("", "", 1, NULL);
 }
 
 /* --nnodes 3:3: losing a host leaves two, fewer than MIN: the job ends (exit 1) saying so, with its
@@ -438,7 +467,7 @@ TEST(elastic_batch_rule)
  * steps equal DDP's). */
 TEST(elastic_shrink_grow_zero3)
 {
-	return shrink_grow("--zero 3", "");
+	return shrink_grow("--zero 3", "", 0, "ZeRO shards the optimizer state");
 }
 
 /* ZeRO-1 with MuonAdamW: DistMuon's owners of the matrices and ZeRO-1's shards of the AdamW groups'
@@ -448,7 +477,8 @@ TEST(elastic_shrink_grow_zero3)
  * 0.02 an uninterrupted dp 3 run ends 2e-5 from one process after 60 steps, at 2e-3 8e-7). */
 TEST(elastic_shrink_grow_zero1_muon)
 {
-	return shrink_grow("--zero 1 --optimizer muon --matrix-lr 2e-3", "--optimizer muon --matrix-lr 2e-3");
+	return shrink_grow("--zero 1 --optimizer muon --matrix-lr 2e-3", "--optimizer muon --matrix-lr 2e-3", 0,
+	                   "MuonAdamW's matrices are updated by their owner ranks");
 }
 
 /* dp 2 x tp 2 on two hosts (tp inside a host, dp across), --nnodes 1:2: host 1 (10.231.7.2) lost after
@@ -512,6 +542,9 @@ TEST(elastic_bad_usage)
 	} cases[] = {
 		{"--nnodes 2:3 true", "elastic MIN:MAX runs over a hostfile: loom run --nnodes 2:3 --hostfile FILE"},
 		{"--elastic-dir /tmp/x true", "--elastic-dir is for an elastic job (--nnodes MIN:MAX --hostfile FILE)"},
+		{"--elastic-rescue 1 true", "--elastic-rescue is for an elastic job (--nnodes MIN:MAX --hostfile FILE)"},
+		{"--nnodes 2:3 --hostfile h --elastic-rescue yes true", "--elastic-rescue yes: expected 0 (recover from the "
+		                                                         "checkpoint on disk) or 1"},
 		{"--nnodes 3:2 --hostfile /nonexistent true", "--nnodes: 3 is out of range (expected 1..2)"},
 #ifdef LOOM_HAVE_MPI
 		{"--nnodes 1:2 --hostfile /nonexistent/hosts true", "--hostfile /nonexistent/hosts: No such file or directory"},

@@ -1,12 +1,14 @@
-/* test_train.c: the training loop on a tiny generated dataset: resume is bit-identical, gradient
- * accumulation equals a bigger batch, the JSONL log, settings errors, and `loom train` end to end;
- * the batch arithmetic (accumulation from a total batch, LR scaling) and the sgemm-peak cache. */
+/* test_train.c: the training loop on a tiny generated dataset: resume is bit-identical (also from a
+ * replica checkpoint, as an elastic job keeps in RAM), gradient accumulation equals a bigger batch,
+ * the JSONL log, settings errors, and `loom train` end to end; the batch arithmetic (accumulation
+ * from a total batch, LR scaling) and the sgemm-peak cache. */
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/crc32c.h"
 #include "loom/ckpt.h"
@@ -1138,6 +1140,85 @@ TEST(train_log_segments)
 	CHECK_MSG(st == 0, "exit %d: %s", st, out);
 	CHECK_CONTAINS(out, ">r (L1 C32, 64 tok/step, lr 0.0006, ranks 2): loss (moving average");
 	CHECK_MSG(!strstr(out, "steps 1-"), "segments in a run of one: %s", out);
+	test_rmdir(dir);
+	return 0;
+}
+
+/* A replica checkpoint (loom_trainer_save_replica: what an elastic job's survivors keep in RAM) is the
+ * checkpoint loom_trainer_save writes, byte for byte, and a run resumed from it ends bit-identical to
+ * the uninterrupted one. */
+typedef struct {
+	const char *dir;
+	int rc;
+} replica_ctx_t;
+
+static int save_replica_at_3(void *ctx, loom_trainer_t *tr, const loom_step_metrics_t *m)
+{
+	replica_ctx_t *r = ctx;
+	if (m->step == 3)
+		r->rc = loom_trainer_save_replica(tr, r->dir);
+	return 0;
+}
+
+TEST(train_replica_checkpoint)
+{
+	static const char *const files[] = {"model.safetensors", "optim.safetensors", "state.json"};
+	char dir[512], data[700], ck[700], rep[700], path_a[900], path_b[900], bad[1000];
+	loom_gpt2_t *a = NULL, *b = NULL;
+	loom_trainer_t *ta = NULL, *tb = NULL;
+	size_t n = loom_gpt2_num_params(&tiny);
+	CHECK_OK(test_mkdtemp(dir, sizeof dir));
+	CHECK_OK(make_shard(dir, "train_000000.bin", 3000, tiny.vocab_size, 1));
+	snprintf(data, sizeof data, "%s/train_*.bin", dir);
+	snprintf(ck, sizeof ck, "%s/ck", dir);
+	snprintf(rep, sizeof rep, "%s/rescue/host", dir);
+	loom_train_config_t c = base_config(data);
+	c.save_dir = ck, c.save_every = 3;
+	CHECK_OK(loom_gpt2_create(&a, &tiny, c.B, c.T));
+	loom_gpt2_init(a, 9);
+	CHECK_OK(loom_trainer_create(&ta, &c, loom_gpt2_model(a)));
+	CHECK(loom_trainer_replica_why(ta) == NULL);
+	replica_ctx_t r = {rep, -99};
+	CHECK_OK(loom_trainer_run(ta, save_replica_at_3, &r));
+	CHECK_OK(r.rc);
+	for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+		char *x, *y;
+		size_t nx, ny;
+		snprintf(path_a, sizeof path_a, "%s/step_00000003/%s", ck, files[i]);
+		snprintf(path_b, sizeof path_b, "%s/step_00000003/%s", rep, files[i]);
+		CHECK_OK(read_all(path_a, &x, &nx));
+		CHECK_OK(read_all(path_b, &y, &ny));
+		CHECK_MSG(nx == ny && memcmp(x, y, nx) == 0, "%s: the replica's %zu bytes differ from the checkpoint's %zu",
+		          files[i], ny, nx);
+		free(x), free(y);
+	}
+	snprintf(path_b, sizeof path_b, "%s/step_00000003", rep);
+	CHECK_OK(loom_ckpt_verify(path_b));
+
+	/* resumed from the replica: the same end, bit for bit */
+	CHECK_OK(loom_gpt2_create(&b, &tiny, c.B, c.T));
+	loom_gpt2_init(b, 77);
+	c.save_dir = NULL;
+	CHECK_OK(loom_trainer_create(&tb, &c, loom_gpt2_model(b)));
+	CHECK_OK(loom_trainer_resume(tb, path_b));
+	CHECK_EQ(loom_trainer_steps_done(tb), 3);
+	CHECK_OK(loom_trainer_run(tb, NULL, NULL));
+	CHECK(memcmp(loom_gpt2_params(a), loom_gpt2_params(b), n * sizeof(float)) == 0);
+	const loom_adamw_t *oa = loom_trainer_optimizer(ta), *ob = loom_trainer_optimizer(tb);
+	CHECK(memcmp(oa->m, ob->m, n * sizeof(float)) == 0 && memcmp(oa->v, ob->v, n * sizeof(float)) == 0);
+
+	/* a directory that cannot be made: an error naming it, nothing written */
+	snprintf(bad, sizeof bad, "%s/model.safetensors/x", path_b);
+	CHECK_ERR(loom_trainer_save_replica(tb, bad), LOOM_ESYS);
+	CHECK_CONTAINS(loom_errmsg(), "a replica checkpoint of step 6 into ");
+	CHECK_CONTAINS(loom_errmsg(), bad);
+	CHECK_OK(loom_trainer_remove_replica(rep));
+	CHECK(access(rep, F_OK) != 0);
+	CHECK_OK(loom_trainer_remove_replica(rep)); /* gone already: fine */
+	loom_trainer_destroy(ta);
+	loom_trainer_destroy(tb);
+	loom_gpt2_destroy(a);
+	loom_gpt2_destroy(b);
 	test_rmdir(dir);
 	return 0;
 }

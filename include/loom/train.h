@@ -351,6 +351,22 @@ int loom_trainer_prepare_save_dir(loom_trainer_t *tr, loom_ckpt_aside_t *aside);
  * Collective with several ranks: the loader states are gathered, then rank 0 writes. */
 int loom_trainer_save(loom_trainer_t *tr);
 
+/* NULL when this rank holds the whole training state (parameters and optimizer state: pure data
+ * parallel, tp = pp = cp = 1, no ZeRO, AdamW), so that loom_trainer_save_replica can write it alone;
+ * otherwise why not (a static sentence). Thread-safe. */
+const char *loom_trainer_replica_why(const loom_trainer_t *tr);
+/* Write the training state of the last completed step (loom_trainer_steps_done) as a complete
+ * single-process checkpoint dir/step_NNNNNNNN (atomically, as loom_trainer_save), with every
+ * data-parallel rank's loader position, without any communication: what an elastic job's survivors
+ * keep in memory when a peer is lost during the next step (cli/run_elastic.c). Valid after a step
+ * failed in a collective, before its update ran (the trainer's state is then still the last step's).
+ * LOOM_ENOTSUP with loom_trainer_replica_why's reason; the writer's errors naming dir. */
+int loom_trainer_save_replica(loom_trainer_t *tr, const char *dir);
+
+/* Remove dir and everything in it (the replica checkpoints written there): LOOM_OK when it does not
+ * exist, LOOM_ESYS naming the path otherwise. */
+int loom_trainer_remove_replica(const char *dir);
+
 /* One optimizer step (accum micro-steps, clipping, AdamW); fills *m (without val_loss/saved).
  * Collective with several ranks. */
 int loom_trainer_step(loom_trainer_t *tr, loom_step_metrics_t *m);

@@ -30,7 +30,13 @@
  * save_dir up to S and those it writes; before its first save the newer ones, of a branch it abandons,
  * are moved into save_dir/abandoned-at-step_S (loom_trainer_prepare_save_dir). So every checkpoint
  * the run writes is the newest step_ directory of save_dir when it is committed, --keep-checkpoints
- * keeps it and the newest of its lineage, and `--resume` continues this run, not the abandoned one. */
+ * keeps it and the newest of its lineage, and `--resume` continues this run, not the abandoned one.
+ *
+ * A replica checkpoint (loom_trainer_save_replica) is the same directory written by one rank alone,
+ * without communication, when that rank holds the whole state (pure data parallel): every data-parallel
+ * rank's loader position follows from the step, so it is written without gathering them. An elastic
+ * job keeps one in RAM per host when a peer is lost (cli/run_elastic.c), and resumes from it like from
+ * any checkpoint. */
 #include <errno.h>
 #include <libgen.h>
 #include <stdio.h>
@@ -156,12 +162,45 @@ static int copy_bpe_files(const loom_ckpt_writer_t *w, const char *tok)
 	return LOOM_OK;
 }
 
+/* Write checkpoint w (begun) of the current state with the data-parallel ranks' loader states, and
+ * commit it; aborts it on failure. Not collective (the strategy's save on an active writer). */
+static int write_checkpoint(loom_trainer_t *tr, loom_ckpt_writer_t *w, const loom_loader_state_t *loaders)
+{
+	loom_kv_t *kv = NULL;
+	char path[1200];
+	int rc;
+	if ((rc = tr->exec->ops->save(tr->exec, tr->strategy, w)) != LOOM_OK)
+		goto fail;
+	int eot = -1;
+	if (tr->cfg.tokenizer) {
+		loom_tokenizer_t tok;
+		if ((rc = loom_tokenizer_load(&tok, tr->cfg.tokenizer)) != LOOM_OK)
+			goto fail;
+		eot = tok.eot_token < tr->mcfg.vocab_size ? tok.eot_token : -1;
+		if ((rc = loom_ckpt_file(w, "tokenizer.bin", path, sizeof path)) == LOOM_OK)
+			rc = loom_tokenizer_save(&tok, path);
+		loom_tokenizer_free(&tok);
+		if (rc != LOOM_OK || (rc = copy_bpe_files(w, tr->cfg.tokenizer)) != LOOM_OK)
+			goto fail;
+	}
+	if ((rc = loom_ckpt_file(w, "model.safetensors", path, sizeof path)) ||
+	    (rc = loom_model_write_hf_config(path, &tr->mcfg, eot)))
+		goto fail;
+	if ((rc = loom_kv_create(&kv)) || (rc = put_state(tr, kv, loaders)) ||
+	    (rc = loom_ckpt_file(w, "state.json", path, sizeof path)) || (rc = loom_kv_save(kv, path)))
+		goto fail;
+	loom_kv_destroy(kv);
+	return loom_ckpt_commit(w);
+fail:
+	loom_kv_destroy(kv);
+	loom_ckpt_abort(w);
+	return rc;
+}
+
 int loom_trainer_save(loom_trainer_t *tr)
 {
 	loom_ckpt_writer_t w;
-	loom_kv_t *kv = NULL;
 	loom_loader_state_t *loaders;
-	char path[1200];
 	int rc;
 	if (!tr->cfg.save_dir)
 		return loom_seterr(LOOM_EINVAL, "trainer: no checkpoint directory (--save-dir)");
@@ -194,37 +233,63 @@ int loom_trainer_save(loom_trainer_t *tr)
 		free(loaders);
 		return rc;
 	}
-	if ((rc = tr->exec->ops->save(tr->exec, tr->strategy, &w)) != LOOM_OK)
-		goto fail;
-	int eot = -1;
-	if (tr->cfg.tokenizer) {
-		loom_tokenizer_t tok;
-		if ((rc = loom_tokenizer_load(&tok, tr->cfg.tokenizer)) != LOOM_OK)
-			goto fail;
-		eot = tok.eot_token < tr->mcfg.vocab_size ? tok.eot_token : -1;
-		if ((rc = loom_ckpt_file(&w, "tokenizer.bin", path, sizeof path)) == LOOM_OK)
-			rc = loom_tokenizer_save(&tok, path);
-		loom_tokenizer_free(&tok);
-		if (rc != LOOM_OK || (rc = copy_bpe_files(&w, tr->cfg.tokenizer)) != LOOM_OK)
-			goto fail;
-	}
-	if ((rc = loom_ckpt_file(&w, "model.safetensors", path, sizeof path)) ||
-	    (rc = loom_model_write_hf_config(path, &tr->mcfg, eot)))
-		goto fail;
-	if ((rc = loom_kv_create(&kv)) || (rc = put_state(tr, kv, loaders)) ||
-	    (rc = loom_ckpt_file(&w, "state.json", path, sizeof path)) || (rc = loom_kv_save(kv, path)))
-		goto fail;
-	loom_kv_destroy(kv);
+	rc = write_checkpoint(tr, &w, loaders);
 	free(loaders);
-	if ((rc = loom_ckpt_commit(&w)) != LOOM_OK)
+	if (rc != LOOM_OK)
 		return rc;
 	snprintf(tr->sum.checkpoint, sizeof tr->sum.checkpoint, "%s", w.final_);
 	return tr->cfg.keep_checkpoints > 0 ? loom_ckpt_prune(tr->cfg.save_dir, tr->cfg.keep_checkpoints) : LOOM_OK;
-fail:
-	loom_kv_destroy(kv);
+}
+
+const char *loom_trainer_replica_why(const loom_trainer_t *tr)
+{
+	const loom_strategy_t *s = tr->strategy;
+	if (tr->pp_size > 1)
+		return "a pipeline stage holds only its layers (--pp > 1)";
+	if (tr->tp)
+		return "a tensor-parallel rank holds only its shard of the weights (--tp > 1)";
+	if (tr->cp_size > 1)
+		return "context parallelism (--cp > 1) is not covered";
+	if (s->muon)
+		return "MuonAdamW's matrices are updated by their owner ranks and then gathered, so a failure during "
+		       "the update leaves the replicas apart";
+	if (s->own_count != s->nparams || !s->params)
+		return "ZeRO shards the optimizer state (and at stage 3 the parameters): no rank holds a whole replica";
+	return NULL;
+}
+
+int loom_trainer_save_replica(loom_trainer_t *tr, const char *dir)
+{
+	loom_ckpt_writer_t w;
+	loom_loader_state_t *loaders;
+	const char *why = loom_trainer_replica_why(tr);
+	uint64_t W = loom_loader_windows_per_epoch(tr->train);
+	int rc;
+	if (why)
+		return loom_seterr(LOOM_ENOTSUP, "rank %d: a replica checkpoint of step %lld: %s", tr->rank, tr->step, why);
+	if (!(loaders = loom__calloc((size_t)tr->dp_size, sizeof *loaders)))
+		return loom_seterr(LOOM_ENOMEM, "rank %d: a replica checkpoint: out of memory", tr->rank);
+	/* every data-parallel rank's position follows from the step (trainer.c's invariant); mid-step the
+	 * loader has moved on to the interrupted step's windows, which the state saved here has not used */
+	loom_loader_get_state(tr->train, &loaders[0]);
+	for (int r = 0; r < tr->dp_size; r++) {
+		loaders[r] = loaders[0];
+		loaders[r].rank = r, loaders[r].world = tr->dp_size;
+		loaders[r].next_window = (uint64_t)tr->step * (uint64_t)tr->cfg.accum * (uint64_t)tr->dp_size + (uint64_t)r;
+		loaders[r].epoch = W ? loaders[r].next_window / W : 0;
+	}
+	if ((rc = loom_ckpt_begin(&w, dir, tr->step)) == LOOM_OK)
+		rc = write_checkpoint(tr, &w, loaders);
 	free(loaders);
-	loom_ckpt_abort(&w);
-	return rc;
+	if (rc != LOOM_OK)
+		return loom_seterr(rc, "rank %d: a replica checkpoint of step %lld into %s: %s", tr->rank, tr->step, dir,
+		                   loom_errmsg());
+	return LOOM_OK;
+}
+
+int loom_trainer_remove_replica(const char *dir)
+{
+	return loom__rm_rf(dir);
 }
 
 int loom_trainer_prepare_save_dir(loom_trainer_t *tr, loom_ckpt_aside_t *aside)

@@ -13,7 +13,10 @@
  * order (the steps, evaluations, replica checks and saves of the run loop depend only on the step
  * number), and the strategy keeps the replicas consistent (for DDP: the averaged gradients are
  * bit-identical on every rank, so the norm, clipping and AdamW keep the replicas identical without
- * further communication). Data sharding, the batch and the checkpoints' loader states follow the
+ * further communication). A step that fails in a collective returns before its optimizer update
+ * (with a replicated strategy every collective of a step precedes it), so the state stays that of the
+ * last completed step, tr->step: what loom_trainer_save_replica writes for an elastic job's restart
+ * without the disk (checkpoint.c). Data sharding, the batch and the checkpoints' loader states follow the
  * data-parallel coordinate (dp_rank of dp_size), logging and writing follow the global rank 0; with
  * tp = pp = cp = 1 both are the world rank. With context parallelism the cp ranks of a group read the
  * same windows and give the model their rows of the layout (loom_cp_chunks, loom_cp_take); the strategy, the loss and the evaluation span
