@@ -499,7 +499,7 @@ typedef struct {
 	size_t *first;       /* first[j]: the number of pieces before tensor order[j]; first[nt]: all of them */
 	atomic_size_t next;  /* the next piece to claim */
 	atomic_int failed;   /* set by the first thread that fails: the others stop claiming */
-	int rc;              /* that failure (under the critical section), with its message: */
+	int rc;              /* that failure (written by the thread that set failed), with its message: */
 	char msg[1024];      /* loom_seterr's message is the failing thread's own */
 } load_t;
 
@@ -541,11 +541,10 @@ static void load_pieces(load_t *L, unsigned char *buf)
 				to_f32(t->dtype, buf, out, n / es);
 		}
 		if (rc != LOOM_OK) {
-#pragma omp critical(loom_hf_load_error)
-			if (!atomic_load(&L->failed)) {
+			int none = 0; /* the first failure claims rc and msg (read after the threads join) */
+			if (atomic_compare_exchange_strong(&L->failed, &none, 1)) {
 				L->rc = rc;
 				snprintf(L->msg, sizeof L->msg, "%s", loom_errmsg());
-				atomic_store(&L->failed, 1);
 			}
 			break;
 		}
