@@ -211,17 +211,29 @@ static int probe_poll(elastic_t *e, int i)
 	return 1;
 }
 
-/* Probe the hosts with want[i] set, all at once, and wait for every answer (at most the probe timeout). */
+/* Probe the hosts with want[i] set, all at once, and wait for every answer (at most the probe timeout).
+ * A probe that fails outright (not one that times out: a lost host) is started again, up to twice,
+ * 0.2 s later: Open MPI's mpiruns starting together can race on their session directory ("A call to
+ * mkdir was unable to create the desired directory"), which says nothing about the host. */
 static void probe_all(elastic_t *e, const int *want)
 {
-	int left = 0;
+	int left = 0, tries[RUN_MAX_HOSTS] = {0};
 	for (int i = 0; i < e->nh; i++)
 		if (want[i])
 			probe_start(e, i), left++;
 	while (left > 0) {
-		for (int i = 0; i < e->nh; i++)
-			if (want[i] && probe_poll(e, i))
-				left--;
+		for (int i = 0; i < e->nh; i++) {
+			if (!want[i] || !probe_poll(e, i))
+				continue;
+			if (!e->h[i].alive && strncmp(e->h[i].why, "no answer", 9) != 0 &&
+			    tries[i] < 2) {
+				tries[i]++;
+				usleep(200000);
+				probe_start(e, i);
+				continue;
+			}
+			left--;
+		}
 		if (left > 0)
 			usleep(20000);
 	}
