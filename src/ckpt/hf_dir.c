@@ -27,7 +27,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#ifdef _OPENMP /* (the fuzz harnesses build the loaders without OpenMP: one thread) */
 #include <omp.h>
+#define hf_max_threads() omp_get_max_threads()
+#define hf_thread_num() omp_get_thread_num()
+#else
+#define hf_max_threads() 1
+#define hf_thread_num() 0
+#endif
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -558,7 +565,7 @@ static int load_all(hfset_t *s, float *params)
 {
 	load_t L;
 	unsigned char *bufs[HF_MAX_THREADS] = {0};
-	int nth = omp_get_max_threads(), rc = LOOM_OK;
+	int nth = hf_max_threads(), rc = LOOM_OK;
 	memset(&L, 0, sizeof L);
 	L.s = s, L.params = params;
 	L.order = loom__malloc((size_t)s->nt * sizeof *L.order);
@@ -585,7 +592,7 @@ static int load_all(hfset_t *s, float *params)
 	atomic_init(&L.next, 0);
 	atomic_init(&L.failed, 0);
 #pragma omp parallel num_threads(nth) if (nth > 1)
-	load_pieces(&L, bufs[omp_get_thread_num()]);
+	load_pieces(&L, bufs[hf_thread_num()]);
 	if (atomic_load(&L.failed))
 		rc = loom_seterr(L.rc, "%s", L.msg);
 out:
